@@ -1,0 +1,53 @@
+# `make demo` and `make test` work on a fresh clone of a fresh machine: they create .venv
+# if it is missing, install the project into it, then run.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# The CPU build of torch; installed first where there is no CUDA so that the project's
+# unpinned `torch` requirement is already met and no CUDA packages are pulled.
+CPU_TORCH ?= torch==2.13.0
+DEMO_DB ?= db/results.db
+
+.PHONY: install test demo lint bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "CUDA found: installing the project's torch requirement as is"; \
+	else \
+		echo "no CUDA: installing the CPU build $(CPU_TORCH) first"; \
+		$(PY) -m pip install -q "$(CPU_TORCH)"; \
+	fi
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# A CPU-sized sweep of the main job (end-to-end model timing) into $(DEMO_DB),
+# then the stored table.
+demo: $(STAMP)
+	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
+		--batch-size 4 --mode forward,train --precision fp32,bf16 --warmup 2 --steps 5
+	$(VENV)/bin/cs336sys sql --db $(DEMO_DB) \
+		"SELECT size, context_length AS ctx, mode, precision, status, \
+		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \
+		        round(opt_ms_mean, 1) AS opt_ms, round(step_ms_mean, 1) AS step_ms, \
+		        round(tokens_per_s) AS tokens_per_s, round(tflops, 4) AS tflops \
+		   FROM model_runs \
+		  WHERE invocation_id = (SELECT id FROM invocations WHERE command = 'model' \
+		                          ORDER BY started DESC LIMIT 1) \
+		  ORDER BY created"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/cli_startup.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,4 @@
+from cs336sys.cli import main
+
+if __name__ == "__main__":
+    main()

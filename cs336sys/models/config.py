@@ -1,0 +1,94 @@
+"""Model sizes: a frozen config, the named presets, and the exact parameter count.
+
+This module must not import torch: the CLI imports it to validate `--size` and friends and
+has to start fast.
+
+The presets are the CS336 assignment-2 table (GPT-2 small..xl shapes, Radford et al. 2019,
+plus 2.7B and 10B). `tiny` is not a GPT-2 size; it is the assignment-1 TinyStories model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cs336sys.attention import registry
+
+# name -> (d_model, d_ff, num_layers, num_heads)
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (512, 1344, 4, 16),
+    "small": (768, 3072, 12, 12),
+    "medium": (1024, 4096, 24, 16),
+    "large": (1280, 5120, 36, 20),
+    "xl": (1600, 6400, 48, 25),
+    "2.7B": (2560, 10240, 32, 32),
+    "10B": (4608, 12288, 50, 36),
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Transformer LM; `attention` names an entry of the attention registry."""
+
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int = 10_000
+    context_length: int = 512
+    rope_theta: float = 10_000.0
+    attention: str = "naive"
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
+
+    def validate(self) -> None:
+        """Raise ValueError, with one sentence saying what is wrong, if the shape is invalid."""
+        for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}.")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}."
+            )
+        if self.d_head % 2 != 0:
+            raise ValueError(
+                f"d_head = d_model / num_heads = {self.d_head} must be even, because RoPE "
+                "rotates pairs of dimensions."
+            )
+        if self.attention not in registry.names():
+            raise ValueError(
+                f"unknown attention {self.attention!r}; choose from {', '.join(registry.names())}."
+            )
+
+
+def from_preset(size: str, **overrides: object) -> ModelConfig:
+    """The config for preset `size`, with non-None `overrides` (any ModelConfig field) applied."""
+    if size not in PRESETS:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(PRESETS)}")
+    d_model, d_ff, num_layers, num_heads = PRESETS[size]
+    config = ModelConfig(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads)
+    # None means "not given on the command line", so the preset's value stays.
+    given = {key: value for key, value in overrides.items() if value is not None}
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise TypeError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+    config = dataclasses.replace(config, **given)
+    config.validate()
+    return config
+
+
+def param_count(config: ModelConfig) -> int:
+    """Exact number of parameters of `TransformerLM(config)`, computed from the shapes.
+
+    Embedding V*d; per layer q, k, v, o projections 4*d*d, SwiGLU w1, w2, w3 3*d*d_ff and two
+    RMSNorm gains 2*d; final RMSNorm d; untied LM head d*V. No biases anywhere.
+    """
+    d, d_ff, n_layers, vocab = config.d_model, config.d_ff, config.num_layers, config.vocab_size
+    per_layer = 4 * d * d + 3 * d * d_ff + 2 * d
+    return vocab * d + n_layers * per_layer + d + d * vocab

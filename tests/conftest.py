@@ -1,0 +1,46 @@
+import pytest
+
+# A model small enough that a CLI sweep point takes milliseconds on a CPU.
+MICRO = [
+    "--size",
+    "tiny",
+    "--d-model",
+    "64",
+    "--d-ff",
+    "128",
+    "--num-layers",
+    "2",
+    "--num-heads",
+    "4",
+    "--vocab-size",
+    "256",
+    "--batch-size",
+    "2",
+    "--warmup",
+    "1",
+    "--steps",
+    "3",
+    "--device",
+    "cpu",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def db_path(tmp_path, monkeypatch):
+    monkeypatch.delenv("CS336SYS_DB", raising=False)
+    return tmp_path / "results.db"
