@@ -1,0 +1,75 @@
+"""Devices: resolve the user's choice, synchronise, and know each GPU's peak throughput."""
+
+from __future__ import annotations
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+# Dense peak TFLOP/s from NVIDIA's data sheets (no sparsity), by precision of the matmuls.
+# "fp32" is plain FP32 on CUDA cores; "tf32" is used instead when torch allows TF32 matmuls.
+# Order matters: the first key contained in the device name wins ("H100 PCIe" before "H100").
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0},
+    "H100": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},  # SXM5
+    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    "L40S": {"fp32": 91.6, "tf32": 183.0, "bf16": 366.0, "fp16": 366.0},
+    "A10G": {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
+    "V100": {"fp32": 15.7, "fp16": 125.0},
+}
+
+
+def peak_tflops(device_name: str | None, precision: str, tf32: bool = False) -> float | None:
+    """The GPU's dense peak for `precision` (fp32|bf16|fp16), or None where unknown (CPUs)."""
+    if not device_name:
+        return None
+    for key, peaks in PEAK_TFLOPS.items():
+        if key.lower() in device_name.lower():
+            if precision == "fp32" and tf32:
+                return peaks.get("tf32", peaks.get("fp32"))
+            return peaks.get(precision)
+    return None
+
+
+def validate_device(name: str) -> None:
+    """Raise ValueError (user-facing) for a device that is unknown or not present."""
+    base = name.split(":", 1)[0]
+    if base not in DEVICE_CHOICES:
+        raise ValueError(f"unknown device {name!r}; choose from auto, cpu, cuda, cuda:N")
+    if base == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine")
+        if ":" in name:
+            index = name.split(":", 1)[1]
+            if not index.isdigit() or int(index) >= torch.cuda.device_count():
+                raise ValueError(
+                    f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
+
+
+def resolve_device(name: str) -> str:
+    """'auto' -> 'cuda' when CUDA is there, else 'cpu'; validates the rest."""
+    validate_device(name)
+    if name == "auto":
+        import torch
+
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return "cuda:0" if name == "cuda" else name
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work, so a host timer measures the device's time."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: str) -> str | None:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return None

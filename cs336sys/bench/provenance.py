@@ -1,0 +1,94 @@
+"""Where and how a measurement was taken: device, versions, host, git commit.
+
+Every probe degrades to None instead of failing: a machine without nvidia-smi, a checkout
+without git, or an install outside any checkout still records what it can.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import cs336sys
+
+_PACKAGE_DIR = Path(cs336sys.__file__).resolve().parent
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info(path: str | Path = _PACKAGE_DIR) -> dict[str, Any]:
+    """Commit of the checkout holding `path` and whether tracked files differ from it.
+
+    Outside a git checkout (or in one without commits) both are None.
+    """
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=Path(path))
+    if not commit:
+        return {"git_commit": None, "git_dirty": None}
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(path))
+    return {"git_commit": commit, "git_dirty": None if status is None else int(bool(status))}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _driver_version() -> str | None:
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.splitlines()[0].strip() if out else None
+
+
+def collect(device: str = "cpu") -> dict[str, Any]:
+    """Provenance of a measurement on `device` ('cpu', 'cuda', 'cuda:N').
+
+    On CUDA the GPU fields describe the GPUs; on CPU `gpu` is 'cpu' and `cpu` names the model.
+    """
+    import torch
+
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "device": device,
+        "cpu": cpu_model(),
+        "torch_version": torch.__version__,
+        "triton_version": _version("triton"),
+        "python_version": platform.python_version(),
+        "cs336sys_version": cs336sys.__version__,
+        "cuda_version": torch.version.cuda,
+        "driver_version": None,
+        "gpu": "cpu",
+        "gpu_count": 0,
+        "gpu_memory_gb": None,
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        info.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            gpu_memory_gb=round(props.total_memory / 2**30, 2),
+            driver_version=_driver_version(),
+        )
+    info.update(git_info())
+    return info

@@ -1,0 +1,76 @@
+"""The Result of one sweep point, and the guard that turns exceptions into Results.
+
+Out-of-memory is a result, not a crash (DESIGN.md): the point gets status `oom` and the sweep
+goes on; any other exception becomes status `error` with its message. KeyboardInterrupt is
+not caught, so Ctrl-C still stops a sweep (rows already written stay).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Result:
+    status: str  # ok | oom | error | skipped
+    metrics: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, Any] | None = None
+    error: str | None = None
+    duration_s: float | None = None
+
+
+_OOM_MARKERS = (
+    "out of memory",  # CUDA: "CUDA out of memory. Tried to allocate ..."
+    "can't allocate memory",  # CPU: "DefaultCPUAllocator: can't allocate memory"
+    "not enough memory",
+)
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MARKERS)
+
+
+def free_memory() -> None:
+    """Give back what a failed point held, so the next point starts clean."""
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+    """Run one point; never raises except KeyboardInterrupt/SystemExit."""
+    t0 = time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a stored row
+        first_line = (
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        )
+        if is_oom(exc):
+            result = Result("oom", error=first_line)
+        else:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            result = Result("error", error=first_line + "\n\n" + tb)
+        del exc  # drop the traceback's frames (and their tensors) before freeing memory
+        free_memory()
+    result.duration_s = time.perf_counter() - t0
+    return result

@@ -1,0 +1,193 @@
+"""The results store: one SQLite file, written by experiments, read by SQL and reports.
+
+Layout and rules come from DESIGN.md: `invocations` (one per CLI call, with provenance),
+`runs` (one per measured point, UUID ids), one view per experiment, WAL so several
+processes can write, and rows written as each point finishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from cs336sys.store import schema, views
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+STATUSES = ("ok", "oom", "error", "skipped")
+# How long a writer waits for another process's write lock before giving up.
+BUSY_TIMEOUT_S = 60.0
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used; the message is meant for the user."""
+
+
+def now() -> str:
+    """UTC in SQLite's own datetime format, so `created >= datetime('now', '-1 day')` works."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def check_path(path: str | Path) -> Path:
+    """Refuse a path that exists but is not a SQLite database, before anything is written."""
+    path = Path(path)
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a SQLite database")
+    if path.exists() and path.stat().st_size > 0:
+        with open(path, "rb") as f:
+            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise StoreError(f"{path} is not a SQLite database")
+    return path
+
+
+def point_key(experiment: str, settings: dict[str, Any]) -> str:
+    """Identity of a sweep point: the same experiment with the same settings."""
+    text = experiment + "\n" + json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _dumps(obj: Any) -> str:
+    # NaN/inf are not JSON; store them as null rather than produce unreadable JSON.
+    return json.dumps(_finite(obj), default=str)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+class Store:
+    """A results store opened for writing; migrates an older schema on open."""
+
+    def __init__(self, path: str | Path):
+        self.path = check_path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            schema.migrate(conn)
+            views.ensure_views(conn)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open {self.path}: {exc}") from exc
+        except schema.SchemaError as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+        self.conn = conn
+        self.db = sqlite_utils.Database(conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def begin_invocation(self, provenance: dict[str, Any], argv: list[str], command: str) -> str:
+        inv_id = str(uuid.uuid4())
+        row = {k: provenance.get(k) for k in _PROVENANCE_COLUMNS}
+        row.update(id=inv_id, command=command, argv=json.dumps(argv), started=now())
+        self.db["invocations"].insert(row)
+        return inv_id
+
+    def finish_invocation(self, invocation_id: str, exit_status: int) -> None:
+        self.db["invocations"].update(
+            invocation_id, {"finished": now(), "exit_status": int(exit_status)}
+        )
+
+    def add_run(
+        self,
+        invocation_id: str,
+        experiment: str,
+        status: str,
+        settings: dict[str, Any],
+        metrics: dict[str, Any] | None = None,
+        samples: dict[str, Any] | None = None,
+        error: str | None = None,
+        started: str | None = None,
+        duration_s: float | None = None,
+    ) -> str:
+        """Write one measured point at once (so a crash later keeps it); returns its id."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        run_id = str(uuid.uuid4())
+        self.db["runs"].insert(
+            {
+                "id": run_id,
+                "invocation_id": invocation_id,
+                "experiment": experiment,
+                "status": status,
+                "error": error,
+                "settings": _dumps(settings),
+                "metrics": _dumps(metrics or {}),
+                "samples": None if samples is None else _dumps(samples),
+                "started": started,
+                "created": now(),
+                "duration_s": duration_s,
+                "point_key": point_key(experiment, settings),
+            }
+        )
+        return run_id
+
+    # -- reading --------------------------------------------------------------------------
+
+    def done_points(self, experiment: str, git_commit: str | None) -> set[str]:
+        """Point keys already stored with status ok for this commit (for --resume)."""
+        if git_commit is None:
+            return set()
+        rows = self.conn.execute(
+            "SELECT r.point_key FROM runs r JOIN invocations i ON i.id = r.invocation_id "
+            "WHERE r.experiment = ? AND r.status = 'ok' AND i.git_commit = ?",
+            (experiment, git_commit),
+        )
+        return {r[0] for r in rows}
+
+    def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
+        return list(self.db.query(sql, params))
+
+
+_PROVENANCE_COLUMNS = (
+    "host",
+    "device",
+    "gpu",
+    "gpu_count",
+    "gpu_memory_gb",
+    "cpu",
+    "cuda_version",
+    "driver_version",
+    "torch_version",
+    "triton_version",
+    "python_version",
+    "cs336sys_version",
+    "git_commit",
+    "git_dirty",
+)
+
+
+def connect_readonly(path: str | Path) -> sqlite3.Connection:
+    """A connection that cannot change the store: opened read-only and query_only."""
+    path = check_path(path)
+    if not path.exists():
+        raise StoreError(f"no results store at {path} (run an experiment first, or pass --db)")
+    try:
+        conn = sqlite3.connect(
+            f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S
+        )
+        conn.execute("PRAGMA query_only = ON")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open {path}: {exc}") from exc
+    return conn

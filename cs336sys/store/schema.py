@@ -1,0 +1,101 @@
+"""Schema of the results store and its migrations.
+
+The schema version lives in SQLite's `PRAGMA user_version`. Each migration moves the store
+from version N-1 to N; an old results.db is brought forward step by step on open, inside one
+IMMEDIATE transaction so that two processes opening it at once do not both migrate it.
+Views are derived, not migrated: see views.py.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+# Version N is reached by running MIGRATIONS[N - 1].
+MIGRATIONS: list[list[str]] = [
+    # v1: invocations (one per CLI call) and runs (one per measured point of a sweep).
+    [
+        """
+        CREATE TABLE invocations (
+            id TEXT PRIMARY KEY,            -- UUID, so stores from several machines merge
+            command TEXT,
+            argv TEXT,                      -- JSON list
+            started TEXT,                   -- UTC, 'YYYY-MM-DD HH:MM:SS.ffffff'
+            finished TEXT,
+            exit_status INTEGER,            -- NULL while running (or if the process was killed)
+            host TEXT,
+            device TEXT,                    -- the device the command measured on: 'cuda:0', 'cpu'
+            gpu TEXT,                       -- GPU name, or 'cpu'
+            gpu_count INTEGER,
+            gpu_memory_gb REAL,
+            cpu TEXT,                       -- CPU model
+            cuda_version TEXT,
+            driver_version TEXT,
+            torch_version TEXT,
+            triton_version TEXT,
+            python_version TEXT,
+            cs336sys_version TEXT,
+            git_commit TEXT,                -- NULL outside a git checkout
+            git_dirty INTEGER
+        )
+        """,
+        """
+        CREATE TABLE runs (
+            id TEXT PRIMARY KEY,            -- UUID
+            invocation_id TEXT REFERENCES invocations(id),
+            experiment TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('ok', 'oom', 'error', 'skipped')),
+            error TEXT,
+            settings TEXT NOT NULL,         -- JSON object: the point of the sweep
+            metrics TEXT NOT NULL,          -- JSON object: what was measured or derived
+            samples TEXT,                   -- JSON object: raw samples, warm-up included
+            started TEXT,
+            created TEXT,                   -- when the row was written
+            duration_s REAL
+        )
+        """,
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
+    ],
+    # v2: a key per point, so `--resume` finds points already measured; indexes for reports.
+    [
+        "ALTER TABLE runs ADD COLUMN point_key TEXT",
+        "CREATE INDEX runs_point_key ON runs (point_key)",
+        "CREATE INDEX runs_experiment_created ON runs (experiment, created)",
+        "CREATE INDEX runs_invocation ON runs (invocation_id)",
+    ],
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaError(Exception):
+    """The database cannot be used by this version of cs336sys."""
+
+
+def version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Bring the schema to `target`; returns the version found before migrating.
+
+    `conn` must be in autocommit mode (isolation_level=None).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = version(conn)
+        if found > SCHEMA_VERSION:
+            raise SchemaError(
+                f"the store has schema version {found}, newer than this cs336sys knows "
+                f"({SCHEMA_VERSION}); upgrade cs336sys"
+            )
+        for v in range(found, target):
+            for statement in MIGRATIONS[v]:
+                conn.execute(statement)
+        if target > found:
+            # PRAGMA does not take parameters; target is an int we computed.
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+        conn.execute("COMMIT")
+        return found
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

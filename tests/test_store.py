@@ -1,0 +1,205 @@
+"""The results store: provenance, views, concurrent writers, migrations, refusals."""
+
+import json
+import multiprocessing as mp
+import sqlite3
+import subprocess
+
+import pytest
+
+from cs336sys.bench import provenance
+from cs336sys.store import SCHEMA_VERSION, Store, StoreError, connect_readonly, schema, views
+
+PROV = {
+    "host": "h",
+    "device": "cpu",
+    "gpu": "cpu",
+    "cpu": "some cpu",
+    "git_commit": "abc",
+    "git_dirty": 0,
+}
+
+
+def test_provenance_fields_filled_on_cpu():
+    info = provenance.collect("cpu")
+    for key in (
+        "host",
+        "device",
+        "gpu",
+        "gpu_count",
+        "cpu",
+        "torch_version",
+        "python_version",
+        "cs336sys_version",
+        "git_commit",
+        "git_dirty",
+    ):
+        assert key in info
+    assert info["gpu"] == "cpu" and info["gpu_count"] == 0
+    for key in ("host", "cpu", "torch_version", "python_version", "cs336sys_version"):
+        assert info[key], key
+    import torch
+
+    assert info["torch_version"] == torch.__version__
+
+
+def _git(cwd, *args):
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_git_info_commit_and_dirty_flag(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    head = _git(tmp_path, "rev-parse", "HEAD")
+    assert provenance.git_info(tmp_path) == {"git_commit": head, "git_dirty": 0}
+    (tmp_path / "untracked.txt").write_text("not part of the commit")
+    assert provenance.git_info(tmp_path)["git_dirty"] == 0
+    (tmp_path / "a.txt").write_text("two")
+    assert provenance.git_info(tmp_path) == {"git_commit": head, "git_dirty": 1}
+
+
+def test_git_info_outside_a_checkout_is_null(tmp_path):
+    assert provenance.git_info(tmp_path) == {"git_commit": None, "git_dirty": None}
+
+
+def test_views_flatten_settings_and_metrics(db_path):
+    with Store(db_path) as s:
+        inv = s.begin_invocation(PROV, ["cs336sys", "model"], "model")
+        s.add_run(
+            inv,
+            "model",
+            "ok",
+            {"size": "tiny", "mode": "train", "compile": False},
+            {"step_ms_mean": 12.5, "tflops": float("nan")},
+            samples={"step_ms": [12, 13]},
+        )
+        s.add_run(inv, "other", "ok", {"size": "x"}, {})
+        s.finish_invocation(inv, 0)
+        rows = s.query("SELECT * FROM model_runs")
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["size"], row["mode"], row["compile"], row["step_ms_mean"]) == (
+        "tiny",
+        "train",
+        0,
+        12.5,
+    )
+    assert row["tflops"] is None  # NaN is stored as null, the JSON stays valid
+    assert (row["gpu"], row["git_commit"], row["status"]) == ("cpu", "abc", "ok")
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    inv_row = conn.execute("SELECT exit_status, finished, argv FROM invocations").fetchone()
+    assert inv_row[0] == 0 and inv_row[1] and json.loads(inv_row[2]) == ["cs336sys", "model"]
+
+
+def test_run_ids_are_uuids_and_status_is_checked(db_path):
+    import uuid
+
+    with Store(db_path) as s:
+        inv = s.begin_invocation(PROV, [], "t")
+        rid = s.add_run(inv, "model", "oom", {"size": "xl"})
+        assert uuid.UUID(rid).version == 4
+        with pytest.raises(ValueError):
+            s.add_run(inv, "model", "crashed", {"size": "xl"})
+
+
+def _writer(path, n, tag):
+    with Store(path) as s:
+        inv = s.begin_invocation(PROV, [tag], "t")
+        for i in range(n):
+            s.add_run(inv, "model", "ok", {"writer": tag, "i": i}, {"step_ms_mean": float(i)})
+        s.finish_invocation(inv, 0)
+
+
+def test_two_processes_writing_at_once_lose_no_rows(db_path):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(db_path), 150, t)) for t in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    conn = sqlite3.connect(db_path)
+    counts = dict(
+        conn.execute("SELECT json_extract(settings, '$.writer'), count(*) FROM runs GROUP BY 1")
+    )
+    assert counts == {"a": 150, "b": 150}
+    assert conn.execute("SELECT count(DISTINCT id) FROM runs").fetchone()[0] == 300
+
+
+def test_older_schema_is_migrated_and_keeps_its_rows(db_path):
+    # A store as version 1 of the schema left it, with one run in it.
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    schema.migrate(conn, target=1)
+    assert schema.version(conn) == 1
+    conn.execute(
+        "INSERT INTO invocations (id, command, gpu, git_commit) VALUES ('i1', 'model', 'cpu', 'c0')"
+    )
+    conn.execute(
+        "INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, created) "
+        "VALUES ('r1', 'i1', 'model', 'ok', ?, ?, '2026-01-01 00:00:00')",
+        (json.dumps({"size": "small", "mode": "train"}), json.dumps({"step_ms_mean": 3.0})),
+    )
+    conn.close()
+
+    with Store(db_path) as s:
+        assert schema.version(s.conn) == SCHEMA_VERSION
+        cols = {r["name"] for r in s.query("PRAGMA table_info(runs)")}
+        assert "point_key" in cols
+        rows = s.query("SELECT run_id, size, mode, step_ms_mean, git_commit FROM model_runs")
+        assert rows == [
+            {
+                "run_id": "r1",
+                "size": "small",
+                "mode": "train",
+                "step_ms_mean": 3.0,
+                "git_commit": "c0",
+            }
+        ]
+        inv = s.begin_invocation(PROV, [], "t")  # and the migrated store takes new rows
+        s.add_run(inv, "model", "ok", {"size": "tiny"}, {})
+        assert s.query("SELECT count(*) AS n FROM runs")[0]["n"] == 2
+
+
+def test_newer_schema_is_refused(db_path):
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store(db_path)
+
+
+def test_a_file_that_is_not_sqlite_is_refused_and_untouched(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("my precious notes\n")
+    with pytest.raises(StoreError, match="not a SQLite database"):
+        Store(path)
+    with pytest.raises(StoreError, match="not a SQLite database"):
+        connect_readonly(path)
+    assert path.read_text() == "my precious notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_views_are_recreated_but_a_users_own_view_survives(db_path, monkeypatch):
+    Store(db_path).close()
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE VIEW my_view AS SELECT 1 AS one")
+    conn.commit()
+    conn.close()
+    extended = dict(views.VIEWS)
+    extended["extra_runs"] = ("extra", ["a"], ["b"])
+    monkeypatch.setattr(views, "VIEWS", extended)
+    with Store(db_path) as s:
+        names = {r["name"] for r in s.query("SELECT name FROM sqlite_master WHERE type='view'")}
+    assert {"model_runs", "extra_runs", "my_view"} <= names
+
+
+def test_readonly_connection_cannot_write(db_path):
+    Store(db_path).close()
+    conn = connect_readonly(db_path)
+    with pytest.raises(sqlite3.OperationalError):
+        conn.execute("DELETE FROM runs")
