@@ -1,0 +1,55 @@
+"""The `cs336sys` command line (Typer). Thin: options -> specs -> run -> store -> print.
+
+Importing this package must not import torch, so that `cs336sys --help` and `cs336sys sql`
+answer at once; commands import what they need inside their bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cs336sys import __version__
+from cs336sys.cli.env import env
+from cs336sys.cli.model import model
+from cs336sys.cli.sql import sql
+
+app = typer.Typer(
+    name="cs336sys",
+    help="A lab bench for LLM-systems work: measure a Transformer's training step, store "
+    "every point in SQLite (db/results.db), compare runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cs336sys {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """A lab bench for LLM-systems work.
+
+    Example:
+
+        cs336sys model --size small --mode train --precision fp32,bf16
+    """
+
+
+app.command()(env)
+app.command()(sql)
+app.command()(model)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,37 @@
+"""`cs336sys env`: what would be recorded with a measurement taken here."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, fail
+
+
+def env(
+    db: DbOption = DEFAULT_DB,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Print what would be recorded with a measurement: device, versions, git commit.
+
+    Example:
+
+        cs336sys env --json
+    """
+    from cs336sys.bench.device import resolve_device
+    from cs336sys.bench.provenance import collect
+
+    try:
+        resolved = resolve_device(device)
+    except ValueError as exc:
+        fail(exc)
+    info = {**collect(resolved), "db": str(db)}
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    width = max(map(len, info))
+    for key, value in info.items():
+        typer.echo(f"{key:<{width}}  {'' if value is None else value}")

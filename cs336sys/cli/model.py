@@ -1,0 +1,252 @@
+"""`cs336sys model`: end-to-end timing of the Transformer LM over a sweep of settings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    DbOption,
+    check_db,
+    choices,
+    fail,
+    positive_ints,
+    progress,
+    recording,
+    table,
+)
+
+ListOpt = list[str] | None
+# On CPU the default context is short enough for a laptop to finish a step in seconds.
+DEFAULT_CONTEXT = {"cuda": 512, "cpu": 128}
+
+
+def model(
+    size: Annotated[
+        ListOpt, typer.Option(help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]")
+    ] = None,
+    context_length: Annotated[
+        ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
+    ] = None,
+    batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")] = None,
+    mode: Annotated[ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")] = None,
+    precision: Annotated[
+        ListOpt,
+        typer.Option(help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"),
+    ] = None,
+    attention: Annotated[
+        ListOpt, typer.Option(help="Attention implementation(s) from the registry: naive, sdpa. [default: naive]")
+    ] = None,
+    optimizer: Annotated[ListOpt, typer.Option(help="adamw (our own) and/or torch-adamw; train mode only. [default: adamw]")] = None,
+    compile: Annotated[
+        bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
+    ] = False,
+    warmup: Annotated[int, typer.Option(help="Untimed warm-up steps.")] = 5,
+    steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
+    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
+    num_layers: Annotated[
+        int | None, typer.Option(help="Override the preset's num_layers.")
+    ] = None,
+    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
+    vocab_size: Annotated[
+        int | None, typer.Option(help="Override the vocabulary size (10000).")
+    ] = None,
+    nvtx: Annotated[
+        bool, typer.Option("--nvtx", help="Emit NVTX ranges (for nsys); no-op without CUDA.")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
+    ] = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Time forward, backward and optimizer steps of the Transformer LM; one row per point.
+
+    Every list option takes comma lists or repetition, and the sweep is their cartesian product. Weights and data are random. Out-of-memory points are stored with status `oom` and the sweep goes on; other failures are stored as `error` (exit code 1 at the end).
+
+    Example:
+
+        cs336sys model --size small,medium --precision fp32,bf16
+    """  # noqa: E501
+    from cs336sys.bench.sweep import expand
+    from cs336sys.experiments.model import MODES, OPTIMIZERS, PRECISIONS
+
+    # -- validate everything before anything is written --------------------------------
+    sizes = _sizes(size)
+    modes = choices(mode, MODES, "--mode", default=["train"])
+    precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
+    optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
+    batch_sizes = positive_ints(batch_size, "--batch-size", default=[4])
+    if steps <= 0:
+        fail(f"--steps must be positive, got {steps}")
+    if warmup < 0:
+        fail(f"--warmup must be zero or more, got {warmup}")
+    from cs336sys.attention.registry import names as attention_names
+    from cs336sys.bench.sweep import split_list
+
+    attentions = split_list(attention) or ["naive"]
+    for a in attentions:
+        if a not in attention_names():
+            fail(f"--attention: unknown value {a!r}; choose from {', '.join(attention_names())}")
+    overrides = dict(
+        d_model=d_model,
+        d_ff=d_ff,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        vocab_size=vocab_size,
+    )
+    for name, value in overrides.items():
+        if value is not None and value <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+    from cs336sys.bench.device import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except ValueError as exc:
+        fail(exc)
+    contexts = positive_ints(
+        context_length,
+        "--context-length",
+        default=[DEFAULT_CONTEXT["cuda" if dev.startswith("cuda") else "cpu"]],
+    )
+    check_db(db)
+
+    from cs336sys.experiments.model import EXPERIMENT, ModelSpec
+    from cs336sys.models.config import from_preset
+
+    specs = []
+    for point in expand(
+        {
+            "size": sizes,
+            "context_length": contexts,
+            "batch_size": batch_sizes,
+            "mode": modes,
+            "precision": precisions,
+            "attention": attentions,
+            "optimizer": optimizers,
+        }
+    ):
+        try:
+            cfg = from_preset(
+                point["size"],
+                context_length=point["context_length"],
+                attention=point["attention"],
+                **overrides,
+            )
+        except ValueError as exc:
+            fail(exc)
+        specs.append(
+            ModelSpec(
+                size=point["size"],
+                d_model=cfg.d_model,
+                d_ff=cfg.d_ff,
+                num_layers=cfg.num_layers,
+                num_heads=cfg.num_heads,
+                vocab_size=cfg.vocab_size,
+                context_length=point["context_length"],
+                batch_size=point["batch_size"],
+                mode=point["mode"],
+                precision=point["precision"],
+                compile=compile,
+                attention=point["attention"],
+                optimizer=point["optimizer"] if point["mode"] == "train" else "none",
+                warmup=warmup,
+                steps=steps,
+                device=dev,
+                seed=seed,
+                nvtx=nvtx,
+            )
+        )
+    specs = list(dict.fromkeys(specs))  # the optimizer axis collapses for non-train modes
+
+    # -- measure ----------------------------------------------------------------------------
+    from cs336sys.bench.result import guarded
+    from cs336sys.experiments.model import run
+    from cs336sys.store.db import now, point_key
+
+    results = []
+    with recording(db, "model", dev) as rec:
+        if resume:
+            done = rec.store.done_points(EXPERIMENT, rec.provenance.get("git_commit"))
+            todo = [s for s in specs if point_key(EXPERIMENT, s.settings()) not in done]
+            if len(todo) < len(specs):
+                typer.echo(
+                    f"--resume: skipping {len(specs) - len(todo)} point(s) already stored", err=True
+                )
+            specs = todo
+        for spec in progress(specs, "model", show=_label):
+            started = now()
+            result = guarded(run, spec)
+            rec.add(EXPERIMENT, spec.settings(), result, started)
+            results.append((spec, result))
+        typer.echo(_summary(results))
+        if rec.errors:
+            raise typer.Exit(1)
+
+
+def _sizes(values: ListOpt) -> list[str]:
+    from cs336sys.bench.sweep import split_list
+    from cs336sys.models.config import PRESETS
+
+    sizes = split_list(values) or ["small"]
+    for s in sizes:
+        if s not in PRESETS:
+            fail(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    return sizes
+
+
+def _label(spec) -> str:
+    return f"{spec.size} T={spec.context_length} {spec.mode} {spec.precision}"
+
+
+def _ms(metrics: dict, phase: str) -> str:
+    mean = metrics.get(f"{phase}_ms_mean")
+    if mean is None:
+        return ""
+    return f"{mean:.2f} ± {metrics.get(f'{phase}_ms_std') or 0:.2f}"
+
+
+def _summary(results) -> str:
+    rows = []
+    for spec, r in results:
+        m = r.metrics
+        rows.append(
+            [
+                spec.size,
+                spec.context_length,
+                spec.batch_size,
+                spec.mode,
+                spec.precision,
+                spec.attention + ("+compile" if spec.compile else ""),
+                r.status,
+                _ms(m, "fwd"),
+                _ms(m, "bwd"),
+                _ms(m, "opt"),
+                _ms(m, "step"),
+                f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") else "",
+                f"{m['tflops']:.3g}" if m.get("tflops") else "",
+                f"{m['mfu']:.1%}" if m.get("mfu") else "",
+            ]
+        )
+    headers = [
+        "size",
+        "ctx",
+        "batch",
+        "mode",
+        "precision",
+        "attention",
+        "status",
+        "fwd ms",
+        "bwd ms",
+        "opt ms",
+        "step ms",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU",
+    ]
+    return table(rows, headers, numparse=False)

@@ -1,0 +1,81 @@
+"""`cs336sys sql`: read-only SQL over the results store."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+
+
+def sql(
+    query: Annotated[str, typer.Argument(help="One SQL statement; it may only read.")],
+    db: DbOption = DEFAULT_DB,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of objects.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV with a header row.")] = False,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            "-p",
+            help="Value for a ? placeholder (repeatable, in order); numbers bind as numbers.",
+        ),
+    ] = None,
+) -> None:
+    """Run a read-only SQL query on the results store and print the rows.
+
+    The store is opened read-only: a statement that would write is refused. Query the views (model_runs: one per experiment) or the tables runs and invocations.
+
+    Example:
+
+        cs336sys sql "SELECT size, mode, step_ms_mean FROM model_runs"
+    """
+    from cs336sys.store.db import StoreError, connect_readonly
+
+    if as_json and as_csv:
+        fail("choose one of --json and --csv")
+    try:
+        conn = connect_readonly(db)
+    except StoreError as exc:
+        fail(exc)
+    try:
+        cursor = conn.execute(query, tuple(_number_or_text(p) for p in param or ()))
+        headers = [d[0] for d in cursor.description or ()]
+        rows = cursor.fetchall()
+    except sqlite3.OperationalError as exc:
+        if "readonly" in str(exc) or "query_only" in str(exc):
+            fail(f"refused: `cs336sys sql` is read-only ({exc})")
+        fail(f"SQL error: {exc}")
+    except sqlite3.Error as exc:
+        fail(f"SQL error: {exc}")
+    finally:
+        conn.close()
+
+    if as_json:
+        typer.echo(
+            json.dumps([dict(zip(headers, r, strict=True)) for r in rows], indent=2, default=str)
+        )
+    elif as_csv:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(headers)
+        writer.writerows(rows)
+        typer.echo(buf.getvalue(), nl=False)
+    elif headers:
+        typer.echo(table(rows, headers))
+        typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+def _number_or_text(value: str) -> int | float | str:
+    # JSON-extracted view columns are typed; '16' would never equal the integer 16.
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value

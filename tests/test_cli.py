@@ -1,0 +1,332 @@
+"""The CLI through typer's CliRunner against a temporary database."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cs336sys import __version__
+from cs336sys.cli import app
+from cs336sys.models.flops import step_flops
+from cs336sys.models.transformer import TransformerLM
+from tests.conftest import MICRO
+
+runner = CliRunner()
+
+
+def invoke(*args, **kw):
+    return runner.invoke(app, [str(a) for a in args], **kw)
+
+
+def rows(db, sql="SELECT * FROM model_runs ORDER BY created"):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute(sql)]
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.stdout.strip() == f"cs336sys {__version__}"
+
+
+def test_every_command_has_help_with_an_example():
+    names = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert {"env", "sql", "model"} <= set(names)
+    for name in names:
+        result = invoke(name, "--help")
+        assert result.exit_code == 0, name
+        assert "Example" in result.stdout and f"cs336sys {name}" in result.stdout, name
+
+
+def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
+    result = invoke(
+        "model", *MICRO, "--context-length", "16,32", "--mode", "forward,train", "--db", db_path
+    )
+    assert result.exit_code == 0, result.output
+    got = rows(db_path)
+    assert [(r["context_length"], r["mode"]) for r in got] == [
+        (16, "forward"),
+        (16, "train"),
+        (32, "forward"),
+        (32, "train"),
+    ]
+    for r in got:
+        assert r["status"] == "ok" and r["error"] is None
+        assert (r["size"], r["d_model"], r["d_ff"], r["num_layers"], r["num_heads"]) == (
+            "tiny",
+            64,
+            128,
+            2,
+            4,
+        )
+        assert (r["batch_size"], r["precision"], r["attention"], r["compile"]) == (
+            2,
+            "fp32",
+            "naive",
+            0,
+        )
+        assert (r["warmup"], r["steps"], r["device"], r["gpu"]) == (1, 3, "cpu", "cpu")
+        assert r["tokens_per_step"] == 2 * r["context_length"]
+        assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / (r["step_ms_mean"] / 1e3))
+        assert r["tflops"] == pytest.approx(r["flops_per_step"] / (r["step_ms_mean"] / 1e3) / 1e12)
+        assert r["mfu"] is None  # no known peak for a CPU
+        if r["mode"] == "forward":
+            assert (
+                r["bwd_ms_mean"] is None and r["opt_ms_mean"] is None and r["optimizer"] == "none"
+            )
+        else:
+            assert r["bwd_ms_mean"] > 0 and r["opt_ms_mean"] > 0 and r["optimizer"] == "adamw"
+    # Raw samples: exactly `steps` timed and `warmup` untimed; the summary is their mean.
+    raw = rows(
+        db_path, "SELECT samples, metrics FROM runs WHERE json_extract(settings,'$.mode')='train'"
+    )
+    samples, metrics = json.loads(raw[0]["samples"]), json.loads(raw[0]["metrics"])
+    assert len(samples["step_ms"]) == 3 and len(samples["warmup"]["step_ms"]) == 1
+    assert metrics["step_ms_mean"] == pytest.approx(sum(samples["step_ms"]) / 3)
+    assert metrics["step_ms_min"] == min(samples["step_ms"])
+    # Derived figures are computed from the shapes.
+    from cs336sys.models.config import from_preset
+
+    cfg = from_preset(
+        "tiny", d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256, context_length=16
+    )
+    assert metrics["flops_per_step"] == step_flops(cfg, 2, 16, "train")
+    assert metrics["params"] == sum(p.numel() for p in TransformerLM(cfg).parameters())
+    inv = rows(db_path, "SELECT * FROM invocations")
+    assert len(inv) == 1 and inv[0]["exit_status"] == 0 and inv[0]["command"] == "model"
+    assert inv[0]["torch_version"] == torch.__version__
+    assert "train" in result.stdout and "step ms" in result.stdout  # the sweep table
+
+
+def test_list_options_accept_commas_and_repetition(db_path):
+    result = invoke(
+        "model",
+        *MICRO,
+        "--context-length",
+        "16",
+        "--precision",
+        "fp32",
+        "--precision",
+        "bf16,fp32",
+        "--mode",
+        "forward",
+        "--db",
+        db_path,
+    )
+    assert result.exit_code == 0, result.output
+    assert [r["precision"] for r in rows(db_path)] == ["fp32", "bf16"]
+    assert {r["logits_dtype"] for r in rows(db_path)} == {"float32", "bfloat16"}
+
+
+def test_db_from_environment_variable(tmp_path, monkeypatch):
+    path = tmp_path / "from-env.db"
+    monkeypatch.setenv("CS336SYS_DB", str(path))
+    result = invoke("model", *MICRO, "--context-length", "8", "--mode", "forward")
+    assert result.exit_code == 0, result.output
+    assert len(rows(path)) == 1
+
+
+def _fail_at(monkeypatch, context_length, exc):
+    original = TransformerLM.forward
+
+    def forward(self, token_ids, *a, **kw):
+        if token_ids.shape[1] == context_length:
+            raise exc
+        return original(self, token_ids, *a, **kw)
+
+    monkeypatch.setattr(TransformerLM, "forward", forward)
+
+
+def test_simulated_oom_is_a_row_and_the_sweep_goes_on(db_path, monkeypatch):
+    _fail_at(
+        monkeypatch,
+        16,
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB"),
+    )
+    result = invoke(
+        "model", *MICRO, "--context-length", "8,16,32", "--mode", "train", "--db", db_path
+    )
+    assert result.exit_code == 0, result.output
+    got = rows(db_path)
+    assert [(r["context_length"], r["status"]) for r in got] == [(8, "ok"), (16, "oom"), (32, "ok")]
+    assert "out of memory" in got[1]["error"] and got[1]["step_ms_mean"] is None
+    assert "oom" in result.stdout
+
+
+def test_other_exceptions_are_error_rows(db_path, monkeypatch):
+    _fail_at(monkeypatch, 8, ValueError("boom"))
+    result = invoke(
+        "model", *MICRO, "--context-length", "8,16", "--mode", "forward", "--db", db_path
+    )
+    assert result.exit_code == 1  # the sweep finished, but a point failed
+    got = rows(db_path)
+    assert [(r["context_length"], r["status"]) for r in got] == [(8, "error"), (16, "ok")]
+    assert got[0]["error"].startswith("ValueError: boom")
+    assert rows(db_path, "SELECT exit_status FROM invocations")[0]["exit_status"] == 1
+
+
+BAD_INPUTS = [
+    (["--size", "huge"], "unknown size"),
+    (["--attention", "magic"], "unknown value 'magic'"),
+    (["--d-model", "66", "--num-heads", "4"], "divisible"),
+    (["--steps", "0"], "--steps must be positive"),
+    (["--steps", "-3"], "--steps must be positive"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--mode", "inference"], "--mode"),
+    (["--precision", "fp8"], "--precision"),
+    (["--context-length", "abc"], "not an integer"),
+    (["--context-length", "0"], "must be positive"),
+    (["--batch-size", "-2"], "must be positive"),
+    (["--device", "tpu"], "unknown device"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, args, message):
+    result = invoke("model", *MICRO, "--context-length", "8", *args, "--db", db_path)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], result.stderr
+    assert not db_path.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_is_bad_input(db_path):
+    result = invoke("model", *MICRO, "--device", "cuda", "--db", db_path)
+    assert result.exit_code == 2 and "CUDA is not available" in result.stderr
+    assert not db_path.exists()
+
+
+def test_db_that_is_not_sqlite_is_bad_input_and_untouched(tmp_path):
+    path = tmp_path / "results.db"
+    path.write_bytes(b"not a database, but something precious\n")
+    for args in (["model", *MICRO, "--context-length", "8"], ["sql", "SELECT 1"]):
+        result = invoke(*args, "--db", path)
+        assert result.exit_code == 2 and "not a SQLite database" in result.stderr
+    assert path.read_bytes() == b"not a database, but something precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.db"]
+
+
+def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
+    from cs336sys.bench import provenance
+
+    monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
+    assert (
+        invoke(
+            "model", *MICRO, "--context-length", "8", "--mode", "forward", "--db", db_path
+        ).exit_code
+        == 0
+    )
+    result = invoke(
+        "model",
+        *MICRO,
+        "--context-length",
+        "8,16",
+        "--mode",
+        "forward",
+        "--resume",
+        "--db",
+        db_path,
+    )
+    assert result.exit_code == 0 and "skipping 1 point" in result.stderr
+    assert [r["context_length"] for r in rows(db_path)] == [8, 16]
+
+
+@pytest.fixture
+def filled_db(db_path):
+    assert (
+        invoke(
+            "model", *MICRO, "--context-length", "8,16", "--mode", "forward", "--db", db_path
+        ).exit_code
+        == 0
+    )
+    return db_path
+
+
+def test_sql_prints_table_json_and_csv(filled_db):
+    q = "SELECT context_length, mode FROM model_runs ORDER BY context_length"
+    table = invoke("sql", q, "--db", filled_db)
+    assert table.exit_code == 0
+    assert table.stdout.split("\n")[0].split() == ["context_length", "mode"]
+    assert table.stdout.split("\n")[2].split() == ["8", "forward"]
+    as_json = invoke("sql", q, "--json", "--db", filled_db)
+    assert json.loads(as_json.stdout) == [
+        {"context_length": 8, "mode": "forward"},
+        {"context_length": 16, "mode": "forward"},
+    ]
+    as_csv = invoke("sql", q, "--csv", "--db", filled_db)
+    assert as_csv.stdout == "context_length,mode\n8,forward\n16,forward\n"
+    param = invoke(
+        "sql",
+        "SELECT count(*) AS n FROM model_runs WHERE context_length = ?",
+        "-p",
+        "16",
+        "--json",
+        "--db",
+        filled_db,
+    )
+    assert json.loads(param.stdout) == [{"n": 1}]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM runs",
+        "INSERT INTO invocations (id) VALUES ('x')",
+        "DROP TABLE runs",
+        "CREATE TABLE t (x)",
+        "UPDATE runs SET status = 'error'",
+        "PRAGMA user_version = 7",
+    ],
+)
+def test_sql_refuses_writes(filled_db, statement):
+    before = rows(filled_db, "SELECT id, status FROM runs")
+    result = invoke("sql", statement, "--db", filled_db)
+    assert result.exit_code == 2 and "read-only" in result.stderr, result.output
+    assert rows(filled_db, "SELECT id, status FROM runs") == before
+    assert sqlite3.connect(filled_db).execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_sql_errors_and_missing_store(filled_db, tmp_path):
+    result = invoke("sql", "SELEC nonsense", "--db", filled_db)
+    assert result.exit_code == 2 and "SQL error" in result.stderr
+    missing = tmp_path / "nowhere.db"
+    result = invoke("sql", "SELECT 1", "--db", missing)
+    assert result.exit_code == 2 and "no results store" in result.stderr
+    assert not missing.exists()
+
+
+def test_env_prints_what_would_be_recorded():
+    result = invoke("env", "--json", "--device", "cpu")
+    assert result.exit_code == 0
+    info = json.loads(result.stdout)
+    assert info["gpu"] == "cpu" and info["torch_version"] == torch.__version__
+    assert {"git_commit", "git_dirty", "cpu", "host", "python_version"} <= set(info)
+
+
+def test_help_and_sql_do_not_import_torch(filled_db):
+    code = (
+        "import sys; from cs336sys.cli import app\n"
+        "for args in (['--help'], ['sql', 'SELECT count(*) FROM model_runs', '--db', sys.argv[1]]):\n"
+        "    try: app(args)\n"
+        "    except SystemExit as e: assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(filled_db)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+def test_compiled_model_runs_and_is_recorded(db_path):
+    result = invoke(
+        "model", *MICRO, "--context-length", "16", "--mode", "train", "--compile", "--db", db_path
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = rows(db_path)
+    assert row["status"] == "ok" and row["compile"] == 1 and row["step_ms_mean"] > 0
