@@ -62,15 +62,16 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     try:
         result = fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a stored row
-        first_line = (
-            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        )
+        message = str(exc).strip()
+        first_line = f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
         if is_oom(exc):
             result = Result("oom", error=first_line)
         else:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             result = Result("error", error=first_line + "\n\n" + tb)
-        del exc  # drop the traceback's frames (and their tensors) before freeing memory
+    if result.status in ("oom", "error"):
+        # Only here, after the except block, are the exception and its traceback gone, and
+        # with them the failed point's frames and the tensors they held.
         free_memory()
     result.duration_s = time.perf_counter() - t0
     return result

@@ -25,21 +25,34 @@ DEFAULT_CONTEXT = {"cuda": 512, "cpu": 128}
 
 def model(
     size: Annotated[
-        ListOpt, typer.Option(help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]")
+        ListOpt,
+        typer.Option(
+            help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]"
+        ),
     ] = None,
     context_length: Annotated[
         ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
     ] = None,
     batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")] = None,
-    mode: Annotated[ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")] = None,
+    mode: Annotated[
+        ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
+    ] = None,
     precision: Annotated[
         ListOpt,
-        typer.Option(help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"),
+        typer.Option(
+            help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"
+        ),
     ] = None,
     attention: Annotated[
-        ListOpt, typer.Option(help="Attention implementation(s) from the registry: naive, sdpa. [default: naive]")
+        ListOpt,
+        typer.Option(
+            help="Attention implementation(s) from the registry: naive, sdpa. [default: naive]"
+        ),
     ] = None,
-    optimizer: Annotated[ListOpt, typer.Option(help="adamw (our own) and/or torch-adamw; train mode only. [default: adamw]")] = None,
+    optimizer: Annotated[
+        ListOpt,
+        typer.Option(help="adamw (our own) and/or torch-adamw; train mode only. [default: adamw]"),
+    ] = None,
     compile: Annotated[
         bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
     ] = False,

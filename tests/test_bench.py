@@ -1,0 +1,103 @@
+"""Measuring machinery: sweep expansion, stats, OOM capture, device and peak tables."""
+
+import statistics
+import weakref
+
+import pytest
+import torch
+
+from cs336sys.bench import result as result_mod
+from cs336sys.bench.device import peak_tflops, resolve_device
+from cs336sys.bench.result import Result, guarded, is_oom
+from cs336sys.bench.stats import summarize
+from cs336sys.bench.sweep import expand, split_list
+
+
+def test_split_list_accepts_commas_and_repetition():
+    assert split_list(["small,medium", "large", " small , xl,"]) == [
+        "small",
+        "medium",
+        "large",
+        "xl",
+    ]
+    assert split_list(None) == [] and split_list([]) == []
+
+
+def test_expand_is_the_cartesian_product_first_axis_slowest():
+    points = expand({"a": [1, 2], "b": ["x", "y", "z"]})
+    assert len(points) == 6
+    assert points[:3] == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"}]
+    assert expand({"a": [1], "b": []}) == []
+
+
+def test_summarize_matches_statistics_module():
+    xs = [3.0, 1.0, 4.0, 1.0, 5.0]
+    s = summarize(xs)
+    assert s == {
+        "mean": statistics.fmean(xs),
+        "std": statistics.stdev(xs),
+        "min": 1.0,
+        "median": 3.0,
+        "max": 5.0,
+    }
+    assert summarize([2.0])["std"] == 0.0
+    assert summarize([]) == dict.fromkeys(("mean", "std", "min", "median", "max"))
+
+
+def test_oom_detection():
+    assert is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert is_oom(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")
+    )
+    assert is_oom(MemoryError())
+    assert not is_oom(RuntimeError("shape mismatch"))
+    assert not is_oom(ValueError("out of memory"))  # only RuntimeErrors carry allocator messages
+
+
+def test_guarded_turns_exceptions_into_results_and_frees_the_failed_points_tensors(monkeypatch):
+    refs = []
+    alive_when_freed = []
+    monkeypatch.setattr(
+        result_mod, "free_memory", lambda: alive_when_freed.append(refs[0]() is not None)
+    )
+
+    def point():
+        big = torch.ones(1000)
+        refs.append(weakref.ref(big))
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    r = guarded(point)
+    assert r.status == "oom" and r.error.startswith("OutOfMemoryError: CUDA out of memory")
+    assert alive_when_freed == [False]  # the tensor was already gone when memory was freed
+
+    r = guarded(lambda: 1 / 0)
+    assert (
+        r.status == "error" and r.error.startswith("ZeroDivisionError") and "Traceback" in r.error
+    )
+    ok = guarded(lambda: Result("ok", metrics={"x": 1}))
+    assert ok.status == "ok" and ok.duration_s >= 0
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        guarded(interrupted)
+
+
+def test_peak_table():
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peak_tflops("NVIDIA H200", "fp32") == 67.0
+    assert peak_tflops("NVIDIA H200", "fp32", tf32=True) == 494.7
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert peak_tflops(None, "bf16") is None and peak_tflops("Some CPU", "fp32") is None
+
+
+def test_resolve_device_on_cpu():
+    assert resolve_device("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == "cpu"
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:0")
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("tpu")
