@@ -69,9 +69,9 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
         else:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             result = Result("error", error=first_line + "\n\n" + tb)
-    if result.status in ("oom", "error"):
-        # Only here, after the except block, are the exception and its traceback gone, and
-        # with them the failed point's frames and the tensors they held.
-        free_memory()
+    # Every point hands its memory back so the next one starts from an empty cache (a large
+    # point after a small one must not OOM on the small one's leftovers). Only here, after the
+    # except block, are a failed point's exception, traceback, frames and tensors gone.
+    free_memory()
     result.duration_s = time.perf_counter() - t0
     return result

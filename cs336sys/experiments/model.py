@@ -142,6 +142,9 @@ def run(spec: ModelSpec) -> Result:
             times["step_ms"] = times["fwd_ms"]
         return times
 
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
     with nvtx_enabled(spec.nvtx):
@@ -167,5 +170,9 @@ def run(spec: ModelSpec) -> Result:
         peak_tflops=peak,
         mfu=tflops / peak if peak else None,
         logits_dtype=logits_dtype[0],
+        # CUDA only: peak bytes held by tensors (allocated) and by the caching allocator
+        # (reserved) over warm-up and timed steps. CPU memory is the memory experiment's job.
+        peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20 if on_cuda else None,
+        peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20 if on_cuda else None,
     )
     return Result("ok", metrics=metrics, samples={**timed, "warmup": warm})

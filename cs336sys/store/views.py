@@ -64,6 +64,8 @@ VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
             "peak_tflops",
             "mfu",
             "logits_dtype",
+            "peak_allocated_mb",
+            "peak_reserved_mb",
         ],
     ),
 }

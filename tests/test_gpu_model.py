@@ -1,0 +1,81 @@
+"""The model benchmark on CUDA (marked gpu: skipped without CUDA, run on a lent GPU)."""
+
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from cs336sys.cli import app
+
+pytestmark = pytest.mark.gpu
+runner = CliRunner()
+
+
+def _rows(db):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute("SELECT * FROM model_runs ORDER BY created")]
+
+
+def test_cuda_point_records_gpu_mfu_and_memory(tmp_path):
+    db = tmp_path / "r.db"
+    result = runner.invoke(
+        app,
+        [
+            "model",
+            "--size",
+            "small",
+            "--context-length",
+            "256",
+            "--mode",
+            "train",
+            "--precision",
+            "fp32,bf16",
+            "--device",
+            "cuda",
+            "--warmup",
+            "2",
+            "--steps",
+            "3",
+            "--db",
+            str(db),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = _rows(db)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    import torch
+
+    for r in rows:
+        assert r["gpu"] == torch.cuda.get_device_name(0) and r["device"] == "cuda:0"
+        assert r["peak_allocated_mb"] > 0 and r["peak_reserved_mb"] >= r["peak_allocated_mb"]
+        if r["peak_tflops"] is not None:  # a GPU in the peak table
+            assert 0 < r["mfu"] < 1
+    assert [r["logits_dtype"] for r in rows] == ["float32", "bfloat16"]
+
+
+def test_real_oom_is_a_row_and_the_sweep_goes_on(tmp_path):
+    # 10B in fp32 with AdamW needs ~16 bytes per parameter, ~160 GB: more than any single GPU.
+    db = tmp_path / "r.db"
+    result = runner.invoke(
+        app,
+        [
+            "model",
+            "--size",
+            "10B,tiny",
+            "--context-length",
+            "128",
+            "--mode",
+            "train",
+            "--device",
+            "cuda",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--db",
+            str(db),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert [(r["size"], r["status"]) for r in _rows(db)] == [("10B", "oom"), ("tiny", "ok")]
