@@ -1,4 +1,12 @@
+import os
+
 import pytest
+import torch
+
+# Without CUDA, Triton kernels can only run in the interpreter; the flag must be set before
+# any kernel module is imported (triton.jit reads it when a kernel is defined).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # A model small enough that a CLI sweep point takes milliseconds on a CPU.
 MICRO = [

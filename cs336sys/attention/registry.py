@@ -21,6 +21,8 @@ from typing import Any
 _REGISTRY: dict[str, str] = {
     "naive": "cs336sys.attention.reference:naive_attention",
     "sdpa": "cs336sys.attention.reference:sdpa_attention",
+    "compiled": "cs336sys.attention.compiled:compiled_attention",
+    "flash-torch": "cs336sys.attention.flash_torch:flash_attention_torch",
 }
 
 
