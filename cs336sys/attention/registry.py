@@ -23,6 +23,7 @@ _REGISTRY: dict[str, str] = {
     "sdpa": "cs336sys.attention.reference:sdpa_attention",
     "compiled": "cs336sys.attention.compiled:compiled_attention",
     "flash-torch": "cs336sys.attention.flash_torch:flash_attention_torch",
+    "triton": "cs336sys.attention.flash_triton:flash_attention_triton",
 }
 
 

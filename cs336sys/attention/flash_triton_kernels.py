@@ -1,0 +1,467 @@
+"""Triton kernels of FlashAttention-2: forward, and backward without atomics.
+
+    forward   _attn_fwd_kernel          Dao 2023, Algorithm 1: O and the logsumexp L
+    backward  _attn_bwd_preprocess      D = rowsum(O * dO)          (Algorithm 2, line 4)
+              _attn_bwd_dkdv_kernel     dK, dV: one program per key tile, loop over query tiles
+              _attn_bwd_dq_kernel       dQ:     one program per query tile, loop over key tiles
+
+The host side (input checks, tile sizes, autotuning, the autograd.Function) is in
+`flash_triton.py`; this file holds only `@triton.jit` code, written after Triton's
+fused-attention tutorial and the Triton kernel of the flash-attention repository.
+
+Conventions shared by every kernel:
+- Tensors arrive as contiguous (B*H, T, HEAD_DIM) blocks: the launch grid's second axis is
+  the (batch, head) pair and the first axis is the tile of the sequence a program owns.
+- Pointer arithmetic with masks only (no block pointers or TMA descriptors, whose API differs
+  between Triton releases). The head dimension is padded to BLOCK_D, the next power of two,
+  and masked when HEAD_DIM != BLOCK_D; sequence tails are masked on load and store.
+- Scores live in base 2: qk_scale = log2(e) / sqrt(d) is folded into S, so the softmax uses
+  exp2, which is one MUFU instruction on NVIDIA GPUs (exp is exp2 plus a multiply). L is
+  stored as a natural-log logsumexp, and the backward multiplies it by log2(e) again.
+- Causal masking is top-left aligned (query i sees keys j <= i, also when T_q != T_k), as
+  torch SDPA. Tiles that are entirely masked are never visited. Each key loop is split into
+  an unmasked stage over tiles that are fully visible and inside the sequence, and a masked
+  stage for the tiles on the diagonal or at the sequence tail, so the hot loop carries no
+  mask arithmetic. Masked scores get -1e6 ADDED (not -inf), as the Triton tutorial does: an
+  entirely masked row of a tile then gives exp2(-1e6 - m) = 0 instead of NaN from inf - inf.
+- Every output is written with a plain store, never accumulated, so the autotuner may
+  re-run a kernel on the same buffers.
+- PRECISION is tl.dot's input_precision ("ieee" for float32 inputs so that fp32 means fp32,
+  not TF32). UPCAST_DOT and ROUND_BF16 work around two bfloat16 bugs of the Triton 3.9
+  interpreter, and the launcher sets them only when interpreted: its tl.dot returns garbage
+  for bf16 operands, so they are upcast to float32 (exact for products of bf16 values), and
+  its float32 -> bf16 casts truncate, so values are rounded first (see _cast).
+- Argument lists are laid out by hand (`# fmt: skip`) in groups: tensors, pointers and
+  strides, ranges and sizes, then constexprs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
+MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)  # added to masked scores (base-2 units)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """acc + a @ b with a float32 accumulator (see UPCAST_DOT in the module docstring)."""
+    if UPCAST_DOT:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _cast(x, dtype, ROUND_BF16: tl.constexpr):
+    """x.to(dtype), rounding float32 to the nearest bfloat16 also in the interpreter.
+
+    The Triton 3.9 interpreter truncates float32 -> bfloat16 casts, a 1-ulp error that is
+    always towards zero; summed over a row of P~ or dS that bias more than doubles the
+    gradients' error. With ROUND_BF16 (set only when interpreted) x is first rounded to
+    nearest-even on its bit pattern, so the truncating cast is exact. GPUs round natively.
+    """
+    if ROUND_BF16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _load_rows(
+    ptrs, rows, n_rows, offs_d,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
+):  # fmt: skip
+    """Load a (rows, BLOCK_D) tile; zeros past the sequence end and the true head dim.
+
+    The constexpr branches keep a tile that is known to be in bounds free of any mask, so its
+    loads vectorise fully (flash-attention's EVEN_M / EVEN_HEADDIM trick).
+    """
+    if CHECK_ROWS:
+        if HEAD_DIM == BLOCK_D:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            x = tl.load(
+                ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0
+            )
+    else:
+        if HEAD_DIM == BLOCK_D:
+            x = tl.load(ptrs)
+        else:
+            x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return x
+
+
+@triton.jit
+def _store_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a (rows, BLOCK_D) tile, dropping rows past the sequence end and the head-dim pad."""
+    if HEAD_DIM == BLOCK_D:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _score_mask(i, j, N_Q, N_K, IS_CAUSAL: tl.constexpr):
+    """0 where query i may see key j, else MASKED_SCORE.
+
+    i and j are query and key indices already broadcastable to the score tile's shape, so
+    the same helper builds S's mask ((Q, 1), (1, K)) and S^T's ((1, Q), (K, 1)).
+    """
+    keep = (i < N_Q) & (j < N_K)
+    if IS_CAUSAL:
+        keep = keep & (j <= i)
+    return tl.where(keep, 0.0, MASKED_SCORE)
+
+
+@triton.jit
+def _query_tile_key_ranges(
+    start_m, N_K, Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr
+):
+    """Key ranges for a query tile: [0, full_end) needs no mask, [full_end, hi) does.
+
+    Full tiles lie inside the sequence and, when causal, end at or before the tile's first
+    query (start_n + K_TILE - 1 <= start_m). Causal key tiles from start_m + Q_TILE on are
+    invisible to every query of the tile and are skipped.
+    """
+    full_end = N_K // K_TILE * K_TILE
+    hi = N_K
+    if IS_CAUSAL:
+        full_end = tl.minimum(full_end, (start_m + 1) // K_TILE * K_TILE)
+        hi = tl.minimum(hi, start_m + Q_TILE)
+    return full_end, hi
+
+
+# --------------------------------------------------------------------------------------------
+# Forward (Dao 2023, Algorithm 1)
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q,
+    K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+    lo, hi, N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11)."""
+    for start_n in range(lo, hi, K_TILE):
+        start_n = tl.multiple_of(start_n, K_TILE)
+        offs_kn = start_n + offs_n
+        k = _load_rows(
+            K_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        )
+        # S_i^(j) = Q_i K_j^T, already scaled into base 2 (line 8)
+        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        s = s * qk_scale
+        if MASKED:
+            s += _score_mask(offs_m[:, None], offs_kn[None, :], N_Q, N_K, IS_CAUSAL)
+        # m_i^(j) = max(m_i^(j-1), rowmax(S)); P~ = exp(S - m_i^(j)); the previous l_i and
+        # O_i are rescaled by exp(m_i^(j-1) - m_i^(j)) (lines 9-10). Every row has a finite
+        # max after the first tile: the first tile holds key 0, which every query sees.
+        m_ij = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_ij[:, None])
+        alpha = tl.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_rows(
+            V_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        )
+        # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
+        # the low-precision tensor cores; l_i keeps the float32 P~.
+        acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION, UPCAST_DOT)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, Out, L,
+    stride_qb, stride_qt, stride_kb, stride_kt,
+    N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, batch*head): writes O_i (Q_TILE, HEAD_DIM) and L_i.
+
+    Q and Out are (B*H, N_Q, HEAD_DIM) with strides (stride_qb, stride_qt, 1); K and V are
+    (B*H, N_K, HEAD_DIM) with strides (stride_kb, stride_kt, 1); L is (B*H, N_Q) float32.
+    """
+    start_m = tl.program_id(0) * Q_TILE
+    bh = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
+    offs_m = start_m + tl.arange(0, Q_TILE)
+    offs_n = tl.arange(0, K_TILE)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_ptrs = Q + bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
+    K_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    V_ptrs = V + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    # Q_i stays on chip for the whole key loop (Algorithm 1, line 4: load Q_i once).
+    q = _load_rows(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+
+    # On-chip statistics and accumulator, float32 whatever the input dtype (line 5).
+    m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([Q_TILE], dtype=tl.float32)
+    acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
+
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        0, full_end,  # fully visible key tiles: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        full_end, hi,  # diagonal and tail key tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+
+    # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers
+    # this division to the end), and L_i = m_i + log(l_i), converted back to natural log.
+    acc = acc / l_i[:, None]
+    L_i = (m_i + tl.log2(l_i)) * LN2
+    o_ptrs = Out + bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
+    _store_rows(
+        o_ptrs, _cast(acc, Out.dtype.element_ty, ROUND_BF16),
+        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
+    )  # fmt: skip
+    tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
+
+
+# --------------------------------------------------------------------------------------------
+# Backward (Dao 2023, Algorithm 2, split into a dK/dV pass and a dQ pass so that no two
+# programs write the same rows: no atomics, at the cost of computing S and P twice).
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    Out, dO, D, stride_qb, stride_qt, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr,
+):  # fmt: skip
+    """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4); D is (B*H, N_Q).
+
+    D_i equals rowsum(P_i * dP_i), the term that the softmax Jacobian subtracts in
+    dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
+    """
+    start_m = tl.program_id(0) * Q_TILE
+    bh = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, Q_TILE)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs = bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
+    o = _load_rows(Out + offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    do = _load_rows(dO + offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    tl.store(D + bh * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v,
+    Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+    lo, hi, N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14).
+
+    Works on transposed tiles (S^T = K_j Q_i^T, as the Triton tutorial does) so that P^T and
+    dS^T are the left operands of the dV and dK products without a register transpose.
+    """
+    for start_m in range(lo, hi, Q_TILE):
+        start_m = tl.multiple_of(start_m, Q_TILE)
+        offs_qm = start_m + offs_m
+        q = _load_rows(
+            Q_ptrs + start_m * stride_qt, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        )
+        do = _load_rows(
+            dO_ptrs + start_m * stride_qt, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        )
+        if MASKED:
+            L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
+            D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
+        else:
+            L2_i = tl.load(L_ptrs + offs_qm) * LOG2E
+            D_i = tl.load(D_ptrs + offs_qm)
+        # P^T = exp(S^T - L) recomputed from the saved logsumexp (line 9), in base 2.
+        sT = _dot(k, tl.trans(q), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        sT = sT * qk_scale
+        if MASKED:
+            sT += _score_mask(offs_qm[None, :], offs_n[:, None], N_Q, N_K, IS_CAUSAL)
+        pT = tl.exp2(sT - L2_i[None, :])
+        # dV_j += P^T dO_i (line 10)
+        dv = _dot(_cast(pT, do.dtype, ROUND_BF16), do, dv, PRECISION, UPCAST_DOT)
+        # dP^T = V_j dO_i^T (line 11); dS^T = P^T * (dP^T - D_i) (line 13)
+        dpT = _dot(v, tl.trans(do), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        dsT = pT * (dpT - D_i[None, :])
+        # dK_j += dS^T Q_i (line 14); the softmax scale is applied once, after the loop.
+        dk = _dot(_cast(dsT, q.dtype, ROUND_BF16), q, dk, PRECISION, UPCAST_DOT)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, dO, L, D, dK, dV,
+    stride_qb, stride_qt, stride_kb, stride_kt,
+    N_Q, N_K, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """One program per (key tile, batch*head): writes dK_j and dV_j (K_TILE, HEAD_DIM).
+
+    K_j and V_j stay on chip while the program walks the query tiles (Algorithm 2's outer
+    loop over j); Q, dO, L and D are re-read per query tile. Layouts as in _attn_fwd_kernel,
+    with dO like Q, dK and dV like K, and D like L.
+    """
+    start_n = tl.program_id(0) * K_TILE
+    bh = tl.program_id(1).to(tl.int64)
+    offs_n = start_n + tl.arange(0, K_TILE)
+    offs_m = tl.arange(0, Q_TILE)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    kv_offs = bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    k = _load_rows(K + kv_offs, offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True)
+    v = _load_rows(V + kv_offs, offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True)
+    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+
+    q_offs = bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
+    Q_ptrs = Q + q_offs
+    dO_ptrs = dO + q_offs
+    L_ptrs = L + bh * N_Q
+    D_ptrs = D + bh * N_Q
+
+    # Query tiles, in three ranges. Causal: tiles before `lo` end before key start_n and see
+    # none of these keys (skipped); tiles from `lo` to `diag_end` straddle the diagonal
+    # (masked); from `diag_end` on, the tile's first query start_m >= start_n + K_TILE - 1
+    # sees every key of the tile. Then a masked tail tile if N_Q is not a multiple of Q_TILE.
+    # Padded keys of a tail key tile (k = v = 0) produce rows of dK, dV that are not stored
+    # and never mix with real keys' rows, so the unmasked range needs no key mask.
+    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
+    full_end = N_Q // Q_TILE * Q_TILE
+    lo = 0
+    diag_end = 0
+    if IS_CAUSAL:
+        lo = start_n // Q_TILE * Q_TILE
+        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+        lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+        diag_end, full_end,  # query tiles that see every key of this tile: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+        tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+
+    # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
+    dk = dk * sm_scale
+    _store_rows(
+        dK + kv_offs, _cast(dk, dK.dtype.element_ty, ROUND_BF16),
+        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
+    )  # fmt: skip
+    _store_rows(
+        dV + kv_offs, _cast(dv, dV.dtype.element_ty, ROUND_BF16),
+        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
+    )  # fmt: skip
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, L2_i, D_i,
+    K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+    lo, hi, N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
+    for start_n in range(lo, hi, K_TILE):
+        start_n = tl.multiple_of(start_n, K_TILE)
+        offs_kn = start_n + offs_n
+        k = _load_rows(
+            K_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        )
+        v = _load_rows(
+            V_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        )
+        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        s = s * qk_scale
+        if MASKED:
+            s += _score_mask(offs_m[:, None], offs_kn[None, :], N_Q, N_K, IS_CAUSAL)
+        p = tl.exp2(s - L2_i[:, None])
+        dp = _dot(do, tl.trans(v), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        ds = p * (dp - D_i[:, None])
+        # dQ_i += dS K_j (line 15), scaled once after the loop.
+        dq = _dot(_cast(ds, k.dtype, ROUND_BF16), k, dq, PRECISION, UPCAST_DOT)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, dO, L, D, dQ,
+    stride_qb, stride_qt, stride_kb, stride_kt,
+    N_Q, N_K, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, batch*head): writes dQ_i (Q_TILE, HEAD_DIM).
+
+    Walks the same key tiles as the forward, with Q_i, dO_i, L_i and D_i kept on chip.
+    """
+    start_m = tl.program_id(0) * Q_TILE
+    bh = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, Q_TILE)
+    offs_n = tl.arange(0, K_TILE)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_offs = bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
+    q = _load_rows(Q + q_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    do = _load_rows(dO + q_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
+    D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    K_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    V_ptrs = V + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
+
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        0, full_end,  # fully visible key tiles: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        full_end, hi,  # diagonal and tail key tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+
+    dq = dq * sm_scale
+    _store_rows(
+        dQ + q_offs, _cast(dq, dQ.dtype.element_ty, ROUND_BF16),
+        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
+    )  # fmt: skip
+
+
+# The kernels were defined by the interpreter exactly when triton.jit saw TRITON_INTERPRET=1
+# at import time; asking the kernel object avoids re-implementing that environment parsing.
+INTERPRETED: bool = isinstance(_attn_fwd_kernel, InterpretedFunction)

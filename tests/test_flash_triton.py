@@ -1,0 +1,222 @@
+"""FlashAttention-2 Triton kernels against the float64 reference in tests/attention_ref.py.
+
+Without CUDA the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1 before
+any kernel module is imported), which uses 16 x 16 tiles; the shapes below are chosen so that
+sequences span several tiles, end mid-tile, and exercise both the unmasked and the masked
+stage of every key loop. On a CUDA host the same tests run the compiled, autotuned kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from cs336sys.attention import flash_triton, registry  # noqa: E402
+from cs336sys.attention.flash_triton import (  # noqa: E402
+    FlashAttention2Triton,
+    check_available,
+    flash_attention_triton,
+)
+from tests.attention_ref import assert_close, make_inputs, reference, torch_error  # noqa: E402
+
+DEVICE = "cpu" if flash_triton.INTERPRETED else "cuda"
+if DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover
+    pytest.skip("Triton kernels need CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+
+
+def run_flash(shape_q, shape_kv, dtype, is_causal, seed=0, q_scale=1.0):
+    """(got, ref, torch_err): O, L, dQ, dK, dV of the kernels and of the float64 reference."""
+    q, k, v, do = make_inputs(shape_q, shape_kv, dtype, seed=seed, device=DEVICE)
+    if q_scale != 1.0:
+        q = (q.float() * q_scale).to(dtype)
+    ref = reference(q, k, v, do, is_causal)
+    err = torch_error(q, k, v, do, is_causal, ref) if dtype != torch.float32 else None
+
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    o = FlashAttention2Triton.apply(qg, kg, vg, is_causal)
+    lse = o.grad_fn.saved_tensors[4]
+    o.backward(do)
+    got = {"o": o, "lse": lse, "dq": qg.grad, "dk": kg.grad, "dv": vg.grad}
+
+    for name, like in (("o", q), ("dq", q), ("dk", k), ("dv", v)):
+        assert got[name].shape == like.shape and got[name].dtype == dtype, name
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    ref = {n: t.to(DEVICE) for n, t in ref.items()}
+    return got, ref, err
+
+
+# (shape of q, shape of k and v): 3-D (B, T, D) and 4-D (B, H, T, D); lengths that end mid-tile
+# or on a tile boundary, T_q > T_k, T_q < T_k, a single query, head dims 16 to 80.
+SHAPES = [
+    pytest.param((2, 2, 37, 32), (2, 2, 37, 32), id="4d-37-d32"),
+    pytest.param((2, 64, 16), (2, 64, 16), id="3d-64-d16"),
+    pytest.param((1, 2, 50, 48), (1, 2, 21, 48), id="4d-more-queries-d48"),
+    pytest.param((2, 21, 80), (2, 50, 80), id="3d-fewer-queries-d80"),
+    pytest.param((1, 2, 1, 16), (1, 2, 33, 16), id="4d-one-query"),
+]
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape_q, shape_kv", SHAPES)
+def test_float32_matches_reference(shape_q, shape_kv, is_causal):
+    got, ref, _ = run_flash(shape_q, shape_kv, torch.float32, is_causal)
+    assert_close(got, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(
+    "shape_q, shape_kv, is_causal",
+    [
+        pytest.param((2, 2, 37, 32), (2, 2, 37, 32), True, id="4d-causal"),
+        pytest.param((2, 37, 48), (2, 37, 48), False, id="3d-full-d48"),
+        pytest.param((1, 2, 50, 32), (1, 2, 21, 32), True, id="more-queries-causal"),
+        pytest.param((1, 2, 21, 16), (1, 2, 50, 16), False, id="fewer-queries-full"),
+    ],
+)
+def test_low_precision_within_pytorch_error(shape_q, shape_kv, is_causal, dtype):
+    # Tolerance: twice PyTorch's own error in that dtype (plus 1e-3 of the magnitude).
+    got, ref, err = run_flash(shape_q, shape_kv, dtype, is_causal, seed=1)
+    assert_close(got, ref, dtype, err)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_head_dim_128(dtype, is_causal):
+    got, ref, err = run_flash((1, 2, 40, 128), (1, 2, 40, 128), dtype, is_causal, seed=2)
+    assert_close(got, ref, dtype, err)
+
+
+@pytest.mark.parametrize("d", [16, 24, 48, 80, 96, 112, 128])
+def test_forward_head_dims(d):
+    # Powers of two and padded head dims (BLOCK_D = next power of two, masked), forward only.
+    q, k, v, _ = make_inputs((1, 2, 20, d), (1, 2, 20, d), torch.float16, seed=d, device=DEVICE)
+    o = flash_attention_triton(q, k, v, is_causal=True)
+    ref = reference(q, k, v, torch.zeros_like(q), True)["o"].to(DEVICE)
+    err = (o.double() - ref).abs().max().item()
+    assert err < 2e-3, err  # fp16 rounding of O (|O| < 2) plus the fp16 product P~ V
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the autotuner picks the tiles on CUDA")
+@pytest.mark.parametrize("tiles", [(32, 16), (16, 32), (64, 16)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("n_queries, n_keys", [(45, 45), (70, 29), (29, 70)])
+def test_unequal_tiles(monkeypatch, tiles, n_queries, n_keys):
+    # The GPU configs use Q_TILE != K_TILE; the causal ranges (which key tiles are skipped,
+    # masked or fully visible) must hold for those too, not only for the interpreter's 16 x 16.
+    monkeypatch.setattr(flash_triton, "INTERPRETER_TILES", tiles)
+    shape_q, shape_kv = (1, 2, n_queries, 16), (1, 2, n_keys, 16)
+    got, ref, _ = run_flash(shape_q, shape_kv, torch.float32, True, seed=3)
+    assert_close(got, ref, torch.float32)
+
+
+def test_large_scores_rescale_online_softmax():
+    # Peaked rows (scores of order +-30): the running max changes between key tiles, so the
+    # rescaling by exp(m_old - m_new) must be right, and exp must not overflow.
+    got, ref, _ = run_flash((1, 2, 45, 32), (1, 2, 45, 32), torch.float32, True, q_scale=8.0)
+    assert_close(got, ref, torch.float32)
+
+
+def test_non_contiguous_inputs():
+    # The model hands over (B, H, T, D) views of a (B, T, H, D) projection.
+    q, k, v, do = make_inputs((2, 19, 2, 16), (2, 35, 2, 16), torch.float32, device=DEVICE)
+    q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
+    assert not q.is_contiguous()
+    ref = reference(q, k, v, do, False)
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    assert not qg.is_contiguous()
+    o = flash_attention_triton(qg, kg, vg)
+    o.backward(do)
+    got = {"o": o, "dq": qg.grad, "dk": kg.grad, "dv": vg.grad}
+    assert_close(got, {n: t.to(DEVICE) for n, t in ref.items()}, torch.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# The autograd contract: what forward saves for backward
+
+
+@pytest.mark.parametrize(
+    "shape_q, shape_kv", [((2, 20, 16), (2, 24, 16)), ((2, 3, 20, 16), (2, 3, 24, 16))]
+)
+def test_saves_exactly_q_k_v_o_and_logsumexp(shape_q, shape_kv):
+    q, k, v, _ = make_inputs(shape_q, shape_kv, torch.float32, device=DEVICE)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        o = FlashAttention2Triton.apply(q, k, v, True)
+
+    # Exactly (Q, K, V, O, L), the caller's own tensors first: O(T d) memory, no P.
+    assert len(packed) == 5
+    assert packed[0] is q and packed[1] is k and packed[2] is v and packed[3] is o
+    lse = packed[4]
+    assert lse.shape == shape_q[:-1] and lse.dtype == torch.float32  # (B, [H,] T_q)
+    ref = reference(q, k, v, torch.zeros_like(q), True)["lse"].to(DEVICE)
+    assert (lse.double() - ref).abs().max().item() < 1e-5
+
+    assert [t.shape for t in o.grad_fn.saved_tensors] == [t.shape for t in packed]
+
+
+def test_backward_returns_no_gradient_for_is_causal():
+    q, k, v, do = make_inputs((1, 17, 16), (1, 17, 16), torch.float32, device=DEVICE)
+    q.requires_grad_()
+    o = FlashAttention2Triton.apply(q, k, v, True)
+    grads = o.grad_fn.apply(do)
+    assert len(grads) == 4 and grads[3] is None
+    assert grads[0].shape == q.shape
+
+
+def test_apply_signature_and_output_is_not_a_view():
+    q, k, v, _ = make_inputs((1, 2, 17, 16), (1, 2, 17, 16), torch.float32, device=DEVICE)
+    q.requires_grad_()
+    full = FlashAttention2Triton.apply(q, k, v)  # is_causal defaults to False
+    torch.testing.assert_close(full, flash_attention_triton(q, k, v, is_causal=False))
+    causal = FlashAttention2Triton.apply(q, k, v, is_causal=True)
+    assert not torch.allclose(causal, full)
+    causal += 1  # an output the caller owns, so in-place updates are allowed
+
+
+# --------------------------------------------------------------------------------------------
+# Availability and input checks
+
+
+def test_cpu_tensors_without_interpreter_raise_clear_error(monkeypatch):
+    monkeypatch.setattr(flash_triton, "INTERPRETED", False)
+    with pytest.raises(RuntimeError, match="needs CUDA, or TRITON_INTERPRET=1"):
+        check_available(torch.device("cpu"))
+    q = torch.randn(1, 16, 16)
+    with pytest.raises(RuntimeError, match="needs CUDA, or TRITON_INTERPRET=1"):
+        flash_attention_triton(q, q, q)
+
+
+def test_cuda_tensors_with_interpreter_raise(monkeypatch):
+    monkeypatch.setattr(flash_triton, "INTERPRETED", True)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        check_available("cuda")
+    check_available("cpu")  # the interpreter runs CPU tensors
+
+
+@pytest.mark.parametrize(
+    "q_shape, kv_shape, kv_dtype, message",
+    [
+        ((1, 16, 8), (1, 16, 8), torch.float32, "head dim"),
+        ((1, 16, 160), (1, 16, 160), torch.float32, "head dim"),
+        ((1, 16, 16), (1, 16, 16), torch.float16, "dtype"),
+        ((1, 16, 16), (2, 16, 16), torch.float32, "leading dims"),
+        ((1, 16, 16), (1, 16, 32), torch.float32, "head dim"),
+    ],
+)
+def test_rejects_bad_inputs(q_shape, kv_shape, kv_dtype, message):
+    q = torch.randn(q_shape, device=DEVICE)
+    kv = torch.randn(kv_shape, device=DEVICE).to(kv_dtype)
+    with pytest.raises(ValueError, match=message):
+        flash_attention_triton(q, kv, kv)
+
+
+def test_registered_as_triton():
+    assert registry.get("triton") is flash_attention_triton
