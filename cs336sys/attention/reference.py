@@ -49,3 +49,51 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with the registry's signature."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool = False,
+    do: torch.Tensor | None = None,
+    max_elements: int = 2**26,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """float32 O, and (dQ, dK, dV) when the upstream gradient `do` is given.
+
+    The benchmark's per-point correctness check. It walks over chunks of queries so that at
+    most `max_elements` scores exist at once: checking a 65536-long sequence must not need
+    the (T, T) matrix that the kernel under test was written to avoid. Gradients follow
+    FlashAttention-2's backward (Dao 2023, eq. after Alg. 1): dV = Pᵀ dO, dP = dO Vᵀ,
+    dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = dS K / √d, dK = dSᵀ Q / √d.
+    """
+    q32, k32, v32 = (t.detach().float() for t in (q, k, v))
+    do32 = None if do is None else do.detach().float()
+    n_queries, d = q32.shape[-2:]
+    n_keys = k32.shape[-2]
+    rows = max(1, q32.numel() // (n_queries * d))  # batch (x heads)
+    chunk = max(1, min(n_queries, max_elements // max(1, rows * n_keys)))
+    scale = 1.0 / math.sqrt(d)
+
+    o = torch.empty_like(q32)
+    if do32 is not None:
+        dq, dk, dv = torch.empty_like(q32), torch.zeros_like(k32), torch.zeros_like(v32)
+    for start in range(0, n_queries, chunk):
+        end = min(start + chunk, n_queries)
+        q_c = q32[..., start:end, :]  # (..., c, D)
+        s = q_c @ k32.transpose(-2, -1) * scale  # (..., c, Tk)
+        if is_causal:  # top-left aligned, like naive_attention and SDPA
+            i = torch.arange(start, end, device=q.device)[:, None]
+            j = torch.arange(n_keys, device=q.device)[None, :]
+            s = s.masked_fill(j > i, float("-inf"))
+        p = torch.softmax(s, dim=-1)  # (..., c, Tk)
+        o_c = p @ v32  # (..., c, D)
+        o[..., start:end, :] = o_c
+        if do32 is not None:
+            do_c = do32[..., start:end, :]  # (..., c, D)
+            dv += p.transpose(-2, -1) @ do_c
+            dp = do_c @ v32.transpose(-2, -1)  # (..., c, Tk)
+            ds = p * (dp - (do_c * o_c).sum(dim=-1, keepdim=True))
+            dq[..., start:end, :] = ds @ k32 * scale
+            dk += ds.transpose(-2, -1) @ q_c * scale
+    return o, (None if do32 is None else (dq, dk, dv))

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from cs336sys import __version__
+from cs336sys.cli.attention import attention
 from cs336sys.cli.env import env
 from cs336sys.cli.model import model
 from cs336sys.cli.sql import sql
@@ -49,6 +50,7 @@ def _root(
 app.command()(env)
 app.command()(sql)
 app.command()(model)
+app.command()(attention)
 
 
 def main() -> None:

@@ -75,6 +75,23 @@ def check_db(db: Path) -> None:
         fail(exc)
 
 
+def check_triton(on_cuda: bool, option: str) -> None:
+    """Refuse the Triton kernels where they cannot run, before anything is written."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        fail(f"{option} needs the triton package (pip install triton)")
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if not on_cuda and not interpreting:
+        fail(f"{option} needs CUDA, or TRITON_INTERPRET=1 to run the kernels in Triton's "
+             "interpreter on CPU (slow; rows are marked interpreted)")  # fmt: skip
+    if on_cuda and interpreting:
+        fail(
+            "TRITON_INTERPRET=1 runs Triton kernels on CPU tensors only: unset it, or pass --device cpu"
+        )
+
+
 class Recorder:
     """One CLI invocation in the store: its provenance row and a row per finished point."""
 

@@ -10,6 +10,7 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     DbOption,
     check_db,
+    check_triton,
     choices,
     fail,
     positive_ints,
@@ -122,6 +123,8 @@ def model(
         dev = resolve_device(device)
     except ValueError as exc:
         fail(exc)
+    if "triton" in attentions:
+        check_triton(dev.startswith("cuda"), "--attention triton")
     contexts = positive_ints(
         context_length,
         "--context-length",

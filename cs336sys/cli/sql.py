@@ -29,7 +29,7 @@ def sql(
 ) -> None:
     """Run a read-only SQL query on the results store and print the rows.
 
-    The store is opened read-only: a statement that would write is refused. Query the views (model_runs: one per experiment) or the tables runs and invocations.
+    The store is opened read-only: a statement that would write is refused. Query the views (one per experiment: model_runs, attention_runs) or the tables runs and invocations.
 
     Example:
 

@@ -102,6 +102,7 @@ def run(spec: ModelSpec) -> Result:
     )
     training = spec.mode != "forward"
     logits_dtype: list[str] = []
+    losses: list = []
 
     def sync() -> None:
         synchronize(spec.device)
@@ -116,6 +117,7 @@ def run(spec: ModelSpec) -> Result:
         sync()
         t1 = time.perf_counter()
         times = {"fwd_ms": (t1 - t0) * 1e3}
+        losses.append(loss.detach())  # read back after the loop: no extra sync per step
         if not logits_dtype:
             logits_dtype.append(str(logits.dtype).removeprefix("torch."))
         if training:
@@ -175,4 +177,6 @@ def run(spec: ModelSpec) -> Result:
         peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20 if on_cuda else None,
         peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20 if on_cuda else None,
     )
-    return Result("ok", metrics=metrics, samples={**timed, "warmup": warm})
+    loss_values = [float(v) for v in losses]  # warm-up and timed steps, in order
+    metrics.update(loss_first=loss_values[0], loss_last=loss_values[-1])
+    return Result("ok", metrics=metrics, samples={**timed, "loss": loss_values, "warmup": warm})

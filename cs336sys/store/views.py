@@ -66,6 +66,47 @@ VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
             "logits_dtype",
             "peak_allocated_mb",
             "peak_reserved_mb",
+            "loss_first",
+            "loss_last",
+        ],
+    ),
+    "attention_runs": (
+        "attention",
+        [
+            "impl",
+            "seq",
+            "d_head",
+            "heads",
+            "batch",
+            "dtype",
+            "causal",
+            "pass",
+            "timer",
+            "sdpa_backend",
+            "warmup",
+            "iters",
+            "device",
+            "seed",
+        ],
+        [
+            *(
+                f"{p}_ms{s}"
+                for p in ("fwd", "bwd", "e2e")
+                for s in ("", "_std", "_min", "_median", "_max")
+            ),
+            "mem_before_bwd_bytes",
+            "saved_bytes",
+            "peak_bytes",
+            "flops_fwd",
+            "flops_bwd",
+            "flops_e2e",
+            "tflops_fwd",
+            "tflops_bwd",
+            "tflops_e2e",
+            "max_err",
+            "max_err_grad",
+            "interpreted",
+            "sdpa_backend_used",
         ],
     ),
 }
