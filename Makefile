@@ -28,11 +28,15 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# A CPU-sized sweep of the main job (end-to-end model timing) into $(DEMO_DB),
-# then the stored table.
+# CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table), and
+# attention implementations side by side, the Triton kernels through the interpreter.
 demo: $(STAMP)
 	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
 		--batch-size 4 --mode forward,train --precision fp32,bf16 --warmup 2 --steps 5
+	$(VENV)/bin/cs336sys attention --db $(DEMO_DB) --impl naive,sdpa,flash-torch \
+		--seq 128,256,512 --d-head 32,64 --batch 4 --warmup 2 --iters 10
+	TRITON_INTERPRET=1 $(VENV)/bin/cs336sys attention --db $(DEMO_DB) --impl triton \
+		--device cpu --seq 64 --d-head 32 --batch 1 --warmup 1 --iters 2
 	$(VENV)/bin/cs336sys sql --db $(DEMO_DB) \
 		"SELECT size, context_length AS ctx, mode, precision, status, \
 		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \
@@ -48,6 +52,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/cli_startup.py
+	$(PY) benchmarks/attention_memory.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -253,7 +253,7 @@ def _summary(results) -> str:
         rows.append([
             impl + (" (interp.)" if m.get("interpreted") else ""), spec.seq, spec.d_head,
             spec.dtype, r.status, _ms(m, "fwd_ms"), _ms(m, "bwd_ms"), _ms(m, "e2e_ms"),
-            "" if mem is None else f"{mem / 2**20:.1f}",
+            "" if mem is None else f"{mem / 2**20:.2f}",
             "" if tflops is None else f"{tflops:.3g}",
             "" if m.get("max_err") is None else f"{max(m['max_err'], m.get('max_err_grad') or 0):.1e}",
             f"{base / mine:.2f}x" if base and mine else "",

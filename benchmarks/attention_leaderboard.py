@@ -1,0 +1,116 @@
+"""GPU benchmark (issue 3): the leaderboard shape, forward+backward, with do_bench.
+
+Batch 1, 16 heads of d 64, seq 16384, bf16, causal. Goal: triton under 5.4 ms end to end
+(faster than the FlashAttention-2 CUDA kernel, ~6.8 ms at its published 284 TFLOP/s for
+causal d 64 at 16k on H100) and at least 15x faster than naive. Reports triton, sdpa (flash
+backend) and naive side by side, optionally runs the flash-benchmarking preset too, and writes
+a markdown report under reports/attention-<gpu>/.
+
+    python benchmarks/attention_leaderboard.py [--flash-benchmarking] [--db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+GOAL_MS = 5.4
+GOAL_VS_NAIVE = 15.0
+
+
+def cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "cs336sys", *args], check=False)
+
+
+def fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default="db/results.db")
+    parser.add_argument(
+        "--flash-benchmarking",
+        action="store_true",
+        help="also run the flash-benchmarking preset (minutes)",
+    )
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs CUDA", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.get_device_name(0)
+    cli(
+        "attention",
+        "--preset",
+        "leaderboard",
+        "--impl",
+        "triton,sdpa,naive",
+        "--sdpa-backend",
+        "flash",
+        "--db",
+        args.db,
+    )
+    if args.flash_benchmarking:
+        cli("attention", "--preset", "flash-benchmarking", "--db", args.db)
+
+    conn = sqlite3.connect(args.db)
+    conn.row_factory = sqlite3.Row
+    last = conn.execute(
+        "SELECT id FROM invocations WHERE command = 'attention' AND argv LIKE '%leaderboard%' "
+        "ORDER BY started DESC LIMIT 1"
+    ).fetchone()["id"]
+    rows = conn.execute(
+        "SELECT impl, sdpa_backend_used, status, fwd_ms_median, bwd_ms_median, e2e_ms_median, "
+        "tflops_e2e, max_err_grad FROM attention_runs WHERE invocation_id = ?",
+        (last,),
+    ).fetchall()
+    naive = next(
+        (r["e2e_ms_median"] for r in rows if r["impl"] == "naive" and r["status"] == "ok"), None
+    )
+    lines = [
+        f"# Attention leaderboard shape on {gpu}",
+        "",
+        "Batch 1, 16 heads, d 64, seq 16384, bf16, causal; medians of "
+        "`triton.testing.do_bench`. Measured with `python benchmarks/attention_leaderboard.py`.",
+        "",
+        "| impl | status | fwd ms | bwd ms | fwd+bwd ms | TFLOP/s | vs naive | max grad err |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    triton_ms = None
+    for r in rows:
+        impl = r["impl"] + (f" ({r['sdpa_backend_used']})" if r["sdpa_backend_used"] else "")
+        e2e = r["e2e_ms_median"]
+        if r["impl"] == "triton":
+            triton_ms = e2e
+        vs = f"{naive / e2e:.1f}x" if naive and e2e else ""
+        lines.append(
+            f"| {impl} | {r['status']} | {fmt(r['fwd_ms_median'])} | {fmt(r['bwd_ms_median'])} "
+            f"| {fmt(e2e)} | {fmt(r['tflops_e2e'])} | {vs} | {fmt(r['max_err_grad'])} |"
+        )
+    ok = (
+        triton_ms is not None
+        and triton_ms < GOAL_MS
+        and (naive is None or naive / triton_ms >= GOAL_VS_NAIVE)
+    )
+    lines += [
+        "",
+        f"Goal: triton fwd+bwd < {GOAL_MS} ms and >= {GOAL_VS_NAIVE}x naive: "
+        f"{'met' if ok else 'not met'}.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = Path("reports") / ("attention-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "leaderboard.md").write_text(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
