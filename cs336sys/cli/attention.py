@@ -193,19 +193,12 @@ def attention(
     # -- measure ----------------------------------------------------------------------------
     from cs336sys.bench.result import Result, guarded
     from cs336sys.experiments.attention import run
-    from cs336sys.store.db import now, point_key
+    from cs336sys.store.db import now
 
     results = []
     oom_at: dict[tuple, int] = {}  # (impl, dtype, d_head, batch) -> shortest seq that OOM'd
     with recording(db, "attention", dev) as rec:
-        if resume:
-            done = rec.store.done_points(EXPERIMENT, rec.provenance.get("git_commit"))
-            todo = [s for s in specs if point_key(EXPERIMENT, s.settings()) not in done]
-            if len(todo) < len(specs):
-                typer.echo(
-                    f"--resume: skipping {len(specs) - len(todo)} point(s) already stored", err=True
-                )
-            specs = todo
+        specs = rec.pending(EXPERIMENT, specs, resume)
         for spec in progress(specs, "attention", show=_label):
             family = (spec.impl, spec.dtype, spec.d_head, spec.batch)
             started = now()

@@ -101,6 +101,20 @@ class Recorder:
         self.provenance = provenance
         self.errors = 0
 
+    def pending(self, experiment: str, specs: list, resume: bool) -> list:
+        """The specs still to run: with --resume, those not stored ok for this git commit."""
+        if not resume:
+            return specs
+        from cs336sys.store.db import point_key
+
+        done = self.store.done_points(experiment, self.provenance.get("git_commit"))
+        todo = [s for s in specs if point_key(experiment, s.settings()) not in done]
+        if len(todo) < len(specs):
+            typer.echo(
+                f"--resume: skipping {len(specs) - len(todo)} point(s) already stored", err=True
+            )
+        return todo
+
     def add(self, experiment: str, settings: dict[str, Any], result: Any, started: str) -> str:
         if result.status == "error":
             self.errors += 1

@@ -183,18 +183,11 @@ def model(
     # -- measure ----------------------------------------------------------------------------
     from cs336sys.bench.result import guarded
     from cs336sys.experiments.model import run
-    from cs336sys.store.db import now, point_key
+    from cs336sys.store.db import now
 
     results = []
     with recording(db, "model", dev) as rec:
-        if resume:
-            done = rec.store.done_points(EXPERIMENT, rec.provenance.get("git_commit"))
-            todo = [s for s in specs if point_key(EXPERIMENT, s.settings()) not in done]
-            if len(todo) < len(specs):
-                typer.echo(
-                    f"--resume: skipping {len(specs) - len(todo)} point(s) already stored", err=True
-                )
-            specs = todo
+        specs = rec.pending(EXPERIMENT, specs, resume)
         for spec in progress(specs, "model", show=_label):
             started = now()
             result = guarded(run, spec)
