@@ -1,0 +1,295 @@
+"""Run a function on N ranks: spawned locally, or joined under torchrun.
+
+    results = launch(worker, world_size=2, args=(spec,))   # spawn 2 local processes
+    def worker(ctx: RankContext, spec): ...                 # runs on every rank
+
+Locally, `launch` spawns `world_size` processes that meet on a free port of 127.0.0.1 through
+env:// rendezvous (Gloo on CPU; NCCL on CUDA with one GPU per rank). Under torchrun (RANK,
+WORLD_SIZE and LOCAL_RANK set, see `under_torchrun`) it joins the existing group instead and
+runs the function in this very process: the same command works on a laptop and across nodes.
+
+Failure is loud and fast: the first rank that raises ends the run with a WorkerError that
+carries that rank's traceback; the other ranks, probably blocked in a collective, are killed
+rather than left to time out, and every worker is reaped, also on Ctrl-C. The process-group
+timeout is the backstop where nothing can kill the peers (ranks on other nodes).
+
+Rank 0 streams results to the caller with `ctx.emit(obj)` while the run goes on, so rows can
+be stored as each point finishes (DESIGN.md); `on_emit` receives them in the parent.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+# How long a collective may block before the group gives up. Generous, because a 1 GB
+# all-reduce over Gloo on a laptop takes seconds; override with CS336SYS_DIST_TIMEOUT.
+DEFAULT_TIMEOUT_S = 300.0
+BACKENDS = ("gloo", "nccl")
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class WorkerError(RuntimeError):
+    """A rank failed. `rank` is the first rank that reported, `traceback` its traceback."""
+
+    def __init__(self, rank: int, message: str, tb: str, pids: list[int] | None = None):
+        super().__init__(f"rank {rank} failed: {message}")
+        self.rank = rank
+        self.traceback = tb
+        self.pids = pids or []
+
+
+@dataclass
+class RankContext:
+    """What a worker needs to know about its place in the group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str  # "cpu" or "cuda:<local_rank>"
+    _emit: Callable[[Any], None] | None = field(default=None, repr=False)
+
+    def emit(self, obj: Any) -> None:
+        """Send a picklable object to the caller's `on_emit`; only rank 0's are delivered."""
+        if self.rank == 0 and self._emit is not None:
+            self._emit(obj)
+
+
+def under_torchrun() -> bool:
+    """True when torchrun (or any env:// launcher) started this process as one rank."""
+    return all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def torchrun_world_size() -> int | None:
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
+
+
+def default_backend(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def max_local_world_size(device: str) -> int:
+    """How many ranks this host runs well: one per GPU on CUDA, one per core on CPU."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def check_world_size(world_size: int, backend: str) -> None:
+    """Raise ValueError with one sentence if this host cannot run `world_size` local ranks."""
+    if world_size < 1:
+        raise ValueError(f"world size must be at least 1, got {world_size}")
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if world_size > gpus:
+            raise ValueError(
+                f"world size {world_size} needs {world_size} GPUs for NCCL (one per rank); "
+                f"this host has {gpus}"
+            )
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timeout_s() -> float:
+    return float(os.environ.get("CS336SYS_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    backend: str = "gloo",
+    args: tuple = (),
+    on_emit: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """Run `fn(ctx, *args)` on every rank; return the list of the ranks' return values.
+
+    Under torchrun the list holds only this rank's value, and `world_size` must match the
+    group torchrun made. `fn` must be importable by name (a module-level function), because
+    spawned workers import it afresh.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if under_torchrun():
+        return [_join_torchrun(fn, world_size, backend, args, on_emit)]
+    check_world_size(world_size, backend)
+    return _spawn(fn, world_size, backend, args, on_emit)
+
+
+# -- under torchrun ---------------------------------------------------------------------------
+
+
+def _join_torchrun(fn, world_size, backend, args, on_emit):
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    ws = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if world_size != ws:
+        raise ValueError(f"torchrun started {ws} ranks but world size {world_size} was asked")
+    created = not dist.is_initialized()
+    ctx = _init(rank, ws, local_rank, backend, on_emit)
+    try:
+        return fn(ctx, *args)
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def _init(rank, world_size, local_rank, backend, emit) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s()),
+        )
+    return RankContext(rank, world_size, local_rank, backend, device, emit)
+
+
+# -- local spawn ------------------------------------------------------------------------------
+
+
+def _worker(fn, rank, world_size, backend, port, args, messages) -> None:
+    """Entry point of a spawned rank: set up the group, run, report, tear down."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    try:
+        import torch
+
+        if backend == "gloo":
+            # Ranks share the host's cores: without this each would start one thread per core
+            # and they would fight over them, which distorts every timing.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        ctx = _init(rank, world_size, rank, backend, lambda obj: messages.put(("emit", 0, obj)))
+        value = fn(ctx, *args)
+        messages.put(("done", rank, value))
+    except BaseException as exc:  # report everything, Ctrl-C included, then die
+        messages.put(("error", rank, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        return
+    try:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    except Exception:  # the parent has the result already; teardown noise is not news
+        pass
+
+
+def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn is also safe with threads
+    messages = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(fn, rank, world_size, backend, port, args, messages),
+            daemon=True,
+            name=f"cs336sys-rank{rank}",
+        )
+        for rank in range(world_size)
+    ]
+    finished = False
+    try:
+        for p in procs:
+            p.start()
+        results = _collect(procs, messages, world_size, on_emit)
+        finished = True
+        return results
+    finally:
+        # After a failure the others are likely blocked in a collective: kill them now
+        # rather than wait for the group timeout.
+        _reap(procs, grace_s=10.0 if finished else 0.0)
+        messages.close()
+
+
+def _collect(procs, messages, world_size, on_emit) -> list[Any]:
+    results: dict[int, Any] = {}
+    pids = [p.pid for p in procs]
+    while len(results) < world_size:
+        try:
+            kind, rank, payload = messages.get(timeout=0.5)
+        except queue.Empty:
+            # A rank that died without a word (segfault, OOM killer, SIGKILL).
+            for rank, p in enumerate(procs):
+                if rank not in results and not p.is_alive() and messages.empty():
+                    raise WorkerError(
+                        rank,
+                        f"process exited with code {p.exitcode} without reporting",
+                        "",
+                        pids,
+                    ) from None
+            continue
+        if kind == "emit":
+            if on_emit is not None:
+                on_emit(payload)
+        elif kind == "done":
+            results[rank] = payload
+        else:
+            message, tb = payload
+            dead = _silently_dead(procs, reported={*results, rank})
+            if dead is not None:
+                # A peer that vanished is the cause; this rank only saw its connection drop.
+                raise WorkerError(
+                    dead,
+                    f"process exited with code {procs[dead].exitcode} without reporting "
+                    f"(rank {rank} then failed: {message})",
+                    tb,
+                    pids,
+                )
+            raise WorkerError(rank, message, tb, pids)
+    return [results[r] for r in range(world_size)]
+
+
+def _silently_dead(procs, reported: set[int]) -> int | None:
+    for rank, p in enumerate(procs):
+        if rank not in reported:
+            p.join(timeout=0.2)
+            if p.exitcode not in (None, 0):
+                return rank
+    return None
+
+
+def _reap(procs, grace_s: float) -> None:
+    """Leave no worker behind: wait up to `grace_s`, then terminate, then kill; reap all."""
+    for p in procs:
+        if p.pid is not None and grace_s > 0:
+            p.join(timeout=grace_s)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join()

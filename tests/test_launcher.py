@@ -1,0 +1,127 @@
+"""The launcher: ranks meet and compute, a failing or dying rank fails the run fast with its
+error, a hung collective hits the group timeout, and no worker outlives the run."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from cs336sys.parallel.launcher import WorkerError, check_world_size, launch
+
+
+def _sum_ranks(ctx, scale):
+    t = torch.full((3,), float(ctx.rank + 1))
+    dist.all_reduce(t)
+    ctx.emit(("from", ctx.rank))
+    return ctx.rank, ctx.world_size, (t * scale).tolist()
+
+
+def _raise_on_rank1(ctx):
+    if ctx.rank == 1:
+        raise ValueError("rank one is broken")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # rank 0 blocks here until it is killed
+    return "unreachable"
+
+
+def _die_on_rank1(ctx):
+    if ctx.rank == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def _hang_on_rank1(ctx):
+    if ctx.rank == 1:
+        time.sleep(600)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # times out: rank 1 never joins
+
+
+def _pids_gone(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return True
+
+
+def test_ranks_compute_and_rank0_streams():
+    got = []
+    values = launch(_sum_ranks, 2, args=(10.0,), on_emit=got.append)
+    assert values == [(0, 2, [30.0] * 3), (1, 2, [30.0] * 3)]
+    assert got == [("from", 0)]  # only rank 0's messages reach the caller
+
+
+def test_a_rank_that_raises_fails_the_run_with_its_traceback():
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerError) as info:
+        launch(_raise_on_rank1, 2)
+    err = info.value
+    assert err.rank == 1 and "rank one is broken" in str(err)
+    assert "_raise_on_rank1" in err.traceback  # the failing rank's own traceback
+    assert time.perf_counter() - t0 < 30  # rank 0 was killed, not left to time out
+    assert len(err.pids) == 2 and _pids_gone(err.pids)
+
+
+def test_a_rank_that_dies_silently_is_reported():
+    with pytest.raises(WorkerError, match="exited with code 3") as info:
+        launch(_die_on_rank1, 2)
+    assert info.value.rank == 1 and _pids_gone(info.value.pids)
+
+
+def test_a_hung_collective_hits_the_group_timeout(monkeypatch):
+    monkeypatch.setenv("CS336SYS_DIST_TIMEOUT", "4")  # spawned ranks inherit the environment
+    t0 = time.perf_counter()
+    with pytest.raises(WorkerError) as info:
+        launch(_hang_on_rank1, 2)
+    assert info.value.rank == 0  # the rank that waited reports; the sleeper is killed
+    assert time.perf_counter() - t0 < 40
+    assert _pids_gone(info.value.pids)
+
+
+def test_ctrl_c_leaves_no_worker_behind(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        sys.path.insert(0, {os.getcwd()!r})
+        from cs336sys.parallel.launcher import launch
+        from tests.test_launcher import _sleep_and_report
+
+        if __name__ == "__main__":
+            launch(_sleep_and_report, 2, args=({str(tmp_path)!r},))
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 2:
+        assert time.time() < deadline and proc.poll() is None, "workers did not start"
+        time.sleep(0.2)
+    pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) != 0
+    deadline = time.time() + 10
+    while not _pids_gone(pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _pids_gone(pids)
+
+
+def _sleep_and_report(ctx, folder):
+    # Only the parent gets the signal, as when Ctrl-C hits a launcher run in the background.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with open(os.path.join(folder, f"{ctx.rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_nccl_world_larger_than_the_gpus_is_refused():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=f"needs {gpus + 1} GPUs"):
+        check_world_size(gpus + 1, "nccl")
