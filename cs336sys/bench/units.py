@@ -1,0 +1,50 @@
+"""Byte sizes with units, as users type them: `1MB`, `512KiB`, `1.5GB`, `4096`.
+
+Decimal units (KB, MB, GB = 10^3, 10^6, 10^9) as nccl-tests and network people count;
+binary units (KiB, MiB, GiB = 2^10, 2^20, 2^30) when written with the `i`. No torch here:
+the CLI parses sizes before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'10MB' -> 10_000_000; '1MiB' -> 1_048_576. ValueError with one sentence otherwise."""
+    m = _SIZE.match(str(text))
+    unit = m.group(2).upper() if m else None
+    if m is None or unit not in _UNITS:
+        raise ValueError(
+            f"{text!r} is not a size; write a number with an optional unit "
+            "B, KB, MB, GB (powers of 1000) or KiB, MiB, GiB (powers of 1024)"
+        )
+    value = float(m.group(1)) * _UNITS[unit]
+    if value < 1:
+        raise ValueError(f"{text!r} is less than one byte")
+    return int(value)
+
+
+def format_size(n: float) -> str:
+    """10_000_000 -> '10MB', 1_048_576 -> '1MiB', 1234 -> '1.23KB' (short, for tables)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale:g}{unit}"
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{int(n)}B"

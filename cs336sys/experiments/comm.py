@@ -1,0 +1,171 @@
+"""Collective communication benchmark: the time of one collective at a size and world size.
+
+Methodology follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+- S is the buffer size in bytes: the tensor for all-reduce and broadcast, the gathered output
+  for all-gather, the input that is scattered for reduce-scatter (so every op moves S);
+- algbw = S / t;  busbw = algbw * factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for
+  all-gather and reduce-scatter and 1 for broadcast: the bandwidth each link must sustain,
+  comparable to the hardware's peak whatever n is.
+Each timed iteration starts after a barrier and ends with a device sync. Per rank the mean
+over iterations is taken; the stored time is the mean over ranks, with min and max over
+ranks beside it. The result of the op is checked once per point against the exact expected
+values and the number of wrong elements is stored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cs336sys.bench.result import Result
+from cs336sys.experiments.ranks import gather, over_ranks, serve
+
+EXPERIMENT = "comm"
+OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def busbw_factor(op: str, n: int) -> float:
+    return {
+        "all-reduce": 2 * (n - 1) / n,
+        "all-gather": (n - 1) / n,
+        "reduce-scatter": (n - 1) / n,
+        "broadcast": 1.0,
+    }[op]
+
+
+def buffer_bytes(requested: int, dtype: str, world_size: int) -> int:
+    """The size actually moved: whole elements, a multiple of the world size (for the
+    ops that split the buffer into equal shards), at least one element per rank."""
+    elt = DTYPE_BYTES[dtype]
+    numel = max(world_size, requested // elt // world_size * world_size)
+    return numel * elt
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    op: str
+    size_bytes: int  # S as defined above, already rounded by buffer_bytes
+    world_size: int
+    backend: str
+    dtype: str
+    warmup: int
+    iters: int
+    device: str  # "cpu" or "cuda": each rank uses its own cuda:<local_rank>
+
+    def settings(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def worker(ctx: Any, specs: list[CommSpec]) -> None:
+    """Launcher entry point: every point of one world size, on every rank."""
+    serve(ctx, specs, run)
+
+
+# Checked and filled in chunks so a 1 GB buffer needs no 8-byte-per-element temporaries.
+_CHUNK = 1 << 24
+
+
+def _pattern(rank: int, index):
+    """Small exact integers, rank-dependent, so sums over ranks are exact even in bf16."""
+    return (index % 3) + (rank % 3)
+
+
+def _fill(buf, rank: int) -> None:
+    import torch
+
+    for start in range(0, buf.numel(), _CHUNK):
+        end = min(start + _CHUNK, buf.numel())
+        buf[start:end] = _pattern(rank, torch.arange(start, end, device=buf.device))
+
+
+def _count_wrong(out, expected_at) -> int:
+    """Elements of `out` that differ from `expected_at(global indices)` (float64)."""
+    import torch
+
+    wrong = 0
+    for start in range(0, out.numel(), _CHUNK):
+        end = min(start + _CHUNK, out.numel())
+        index = torch.arange(start, end, device=out.device)
+        wrong += int((out[start:end].double() != expected_at(index).double()).sum())
+    return wrong
+
+
+def _make_op(op: str, numel: int, n: int, rank: int, dtype, device):
+    """(input, run, output, expected_at) for this rank; `run()` does the collective once."""
+    import torch
+    import torch.distributed as dist
+
+    # torch 2.13 renamed the tensor forms; the GPU hosts' torch 2.11 has only the old names.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    shard = numel // n
+    rank_sum = sum(r % 3 for r in range(n))  # sum over ranks of the rank term of _pattern
+
+    def summed(index):  # the pattern summed over all ranks
+        return n * (index % 3) + rank_sum
+
+    if op in ("all-reduce", "broadcast"):
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        _fill(buf, rank)
+        if op == "all-reduce":
+            return buf, (lambda: dist.all_reduce(buf)), buf, summed
+        return buf, (lambda: dist.broadcast(buf, src=0)), buf, (lambda i: _pattern(0, i))
+    if op == "all-gather":
+        inp = torch.empty(shard, dtype=dtype, device=device)
+        _fill(inp, rank)
+        out = torch.empty(numel, dtype=dtype, device=device)
+        # out[j] came from rank j // shard, element j % shard
+        return inp, (lambda: all_gather(out, inp)), out, (lambda j: _pattern(j // shard, j % shard))
+    if op == "reduce-scatter":
+        inp = torch.empty(numel, dtype=dtype, device=device)
+        _fill(inp, rank)
+        out = torch.empty(shard, dtype=dtype, device=device)
+        # this rank owns global elements rank*shard ... (rank+1)*shard - 1
+        return inp, (lambda: reduce_scatter(out, inp)), out, (lambda k: summed(rank * shard + k))
+    raise ValueError(f"unknown op {op!r}")
+
+
+def run(ctx: Any, spec: CommSpec) -> Result:
+    import torch
+    import torch.distributed as dist
+
+    from cs336sys.bench.device import synchronize
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    n, rank, device = ctx.world_size, ctx.rank, ctx.device
+    numel = spec.size_bytes // DTYPE_BYTES[spec.dtype]
+    source, op, output, expected_at = _make_op(spec.op, numel, n, rank, dtype, device)
+
+    # Correctness, once: the first call on the patterned input against the exact values.
+    op()
+    synchronize(device)
+    wrong = _count_wrong(output, expected_at)
+    # Time on zeros: repeated in-place reductions of the pattern would grow to inf.
+    source.zero_()
+
+    times: list[float] = []
+    for i in range(spec.warmup + spec.iters):
+        dist.barrier()
+        synchronize(device)
+        t0 = time.perf_counter()
+        op()
+        synchronize(device)
+        if i >= spec.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+
+    per_rank = gather({"times": times, "wrong": wrong})
+    means = [sum(r["times"]) / len(r["times"]) for r in per_rank]
+    metrics: dict[str, Any] = over_ranks("time_ms", means)
+    t_s = metrics["time_ms_mean"] / 1e3
+    algbw = spec.size_bytes / t_s / 1e9
+    metrics.update(
+        time_ms_median=sorted(times)[len(times) // 2],  # rank 0's, for a robust look
+        algbw_gbps=algbw,
+        busbw_gbps=algbw * busbw_factor(spec.op, n),
+        wrong=sum(r["wrong"] for r in per_rank),
+        numel=numel,
+    )
+    samples = {f"rank{r}": p["times"] for r, p in enumerate(per_rank)}
+    return Result("ok", metrics=metrics, samples=samples)

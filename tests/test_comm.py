@@ -1,0 +1,135 @@
+"""`cs336sys comm` and its pieces: sizes with units, the exact-result check, every op on two
+Gloo ranks with no wrong element, nccl-tests' bandwidth formulas, and bad input."""
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cs336sys.bench.units import format_size, parse_size
+from cs336sys.cli import app
+from cs336sys.experiments import comm as exp
+
+runner = CliRunner()
+
+
+def rows(db, sql="SELECT * FROM comm_runs ORDER BY created"):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute(sql)]
+
+
+@pytest.mark.parametrize(
+    "text, n",
+    [("1MB", 10**6), ("10MB", 10**7), ("1GB", 10**9), ("1.5KB", 1500), ("4KiB", 4096),
+     ("1MiB", 2**20), ("2gib", 2 * 2**30), ("4096", 4096), ("16 B", 16)],
+)  # fmt: skip
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "MB", "1XB", "-1MB", "0.1B", "1e3"])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_format_size_round_trips_the_defaults():
+    for text in ("1MB", "10MB", "100MB", "1GB", "1MiB"):
+        assert format_size(parse_size(text)) == text
+
+
+def test_buffer_bytes_rounds_to_whole_shards():
+    assert exp.buffer_bytes(10**6, "fp32", 2) == 10**6
+    assert exp.buffer_bytes(10**6 + 3, "fp32", 2) == 10**6  # 250000 elements, even
+    assert exp.buffer_bytes(10, "bf16", 4) == 8  # 4 elements: one per rank
+    assert exp.buffer_bytes(1, "fp32", 6) == 24  # at least one element per rank
+
+
+@pytest.mark.parametrize("op", exp.OPS)
+@pytest.mark.parametrize("rank", [0, 2])
+def test_expected_values_match_a_hand_simulation(op, rank):
+    """The exact expected output of each op, against a plain-Python simulation of 3 ranks."""
+    n, numel = 3, 12
+    shard = numel // n
+    inputs = {r: [(i % 3) + (r % 3) for i in range(numel)] for r in range(n)}
+    if op == "all-reduce":
+        want = [sum(inputs[r][i] for r in range(n)) for i in range(numel)]
+    elif op == "broadcast":
+        want = inputs[0]
+    elif op == "all-gather":  # rank r contributes the first `shard` elements of its pattern
+        want = [inputs[r][i] for r in range(n) for i in range(shard)]
+    else:
+        want = [sum(inputs[r][rank * shard + i] for r in range(n)) for i in range(shard)]
+    _, _, out, expected_at = exp._make_op(op, numel, n, rank, torch.float32, "cpu")
+    out.copy_(torch.tensor(want, dtype=torch.float32))
+    assert exp._count_wrong(out, expected_at) == 0
+    out[1] += 1
+    out[-1] -= 2
+    assert exp._count_wrong(out, expected_at) == 2
+
+
+def test_busbw_factors_follow_nccl_tests():
+    assert exp.busbw_factor("all-reduce", 4) == pytest.approx(1.5)
+    assert exp.busbw_factor("all-gather", 4) == pytest.approx(0.75)
+    assert exp.busbw_factor("reduce-scatter", 2) == pytest.approx(0.5)
+    assert exp.busbw_factor("broadcast", 8) == 1.0
+
+
+def test_every_op_on_two_gloo_ranks_is_exact(db_path):
+    result = runner.invoke(
+        app,
+        ["comm", "--db", str(db_path), "--op", "all-reduce,all-gather,reduce-scatter,broadcast",
+         "--size", "4KB,1MB", "--dtype", "fp32,bf16", "--world-size", "2", "--warmup", "1",
+         "--iters", "3"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = rows(db_path)
+    assert len(got) == 16
+    for r in got:
+        assert r["status"] == "ok" and r["wrong"] == 0
+        assert r["backend"] == "gloo" and r["world_size"] == 2 and r["device"] == "cpu"
+        assert r["time_ms_min"] <= r["time_ms_mean"] <= r["time_ms_max"]
+        algbw = r["size_bytes"] / (r["time_ms_mean"] / 1e3) / 1e9
+        assert r["algbw_gbps"] == pytest.approx(algbw)
+        assert r["busbw_gbps"] == pytest.approx(algbw * exp.busbw_factor(r["op"], 2))
+    assert {r["size_bytes"] for r in got} == {4000, 10**6}
+    assert "busbw GB/s" in result.stdout
+
+
+def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "cs336sys", "comm", "--db", str(db_path), "--size", "1KB",
+           "--op", "all-reduce,broadcast", "--warmup", "1", "--iters", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = rows(db_path)
+    assert [(r["op"], r["world_size"], r["wrong"]) for r in got] == [
+        ("all-reduce", 2, 0),
+        ("broadcast", 2, 0),
+    ]
+    conn = sqlite3.connect(db_path)
+    assert conn.execute("SELECT count(*), max(exit_status) FROM invocations").fetchone() == (1, 0)
+    assert proc.stdout.count("busbw GB/s") == 1  # one table, from rank 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--size", "10XB"], "--size"),
+        (["--op", "all-to-all"], "--op"),
+        (["--world-size", "0"], "--world-size must be positive"),
+        (["--dtype", "fp64"], "--dtype"),
+        (["--iters", "0"], "--iters"),
+        (["--backend", "mpi"], "--backend"),
+        (["--backend", "nccl", "--device", "cpu"], "nccl needs CUDA"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(db_path, args, message):
+    result = runner.invoke(app, ["comm", "--db", str(db_path), *args])
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not db_path.exists()
