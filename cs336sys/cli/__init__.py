@@ -12,6 +12,8 @@ import typer
 
 from cs336sys import __version__
 from cs336sys.cli.attention import attention
+from cs336sys.cli.comm import comm
+from cs336sys.cli.ddp import ddp
 from cs336sys.cli.env import env
 from cs336sys.cli.model import model
 from cs336sys.cli.sql import sql
@@ -51,6 +53,8 @@ app.command()(env)
 app.command()(sql)
 app.command()(model)
 app.command()(attention)
+app.command()(comm)
+app.command()(ddp)
 
 
 def main() -> None:

@@ -1,0 +1,174 @@
+"""`cs336sys ddp`: a data-parallel training step with each DDP variant, against torch DDP."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, choices, fail, positive_ints, table
+
+ListOpt = list[str] | None
+DEFAULT_BUCKETS = [1.0, 10.0, 100.0, 1000.0]
+# A laptop finishes a tiny-model step in about a second; a GPU gets the GPT-2 XL shape.
+DEFAULTS = {
+    "cpu": dict(size="tiny", context_length=128, global_batch=4),
+    "cuda": dict(size="xl", context_length=512, global_batch=8),
+}
+
+
+def ddp(
+    impl: Annotated[
+        ListOpt,
+        typer.Option(help="naive, flat, overlap, bucketed and/or torch. [default: all five]"),
+    ] = None,
+    bucket_mb: Annotated[
+        ListOpt, typer.Option(help="Bucket caps in MiB, for bucketed. [default: 1,10,100,1000]")
+    ] = None,
+    size: Annotated[
+        str | None, typer.Option(help="Model size preset. [default: tiny on CPU, xl on GPU]")
+    ] = None,
+    context_length: Annotated[
+        int | None, typer.Option(help="Sequence length. [default: 128 on CPU, 512 on GPU]")
+    ] = None,
+    global_batch: Annotated[
+        int | None,
+        typer.Option(
+            help="Sequences per step over all ranks, split evenly. [default: 4 CPU, 8 GPU]"
+        ),
+    ] = None,
+    world_size: Annotated[ListOpt, typer.Option(help="Ranks. [default: 2]")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="gloo or nccl. [default: nccl on CUDA, else gloo]")
+    ] = None,
+    precision: Annotated[ListOpt, typer.Option(help="fp32 and/or bf16 (autocast).")] = None,
+    warmup: Annotated[int, typer.Option(help="Untimed steps per point.")] = 3,
+    steps: Annotated[int, typer.Option(help="Timed steps per point.")] = 10,
+    device: Annotated[
+        str, typer.Option(help="auto, cpu or cuda (picks the default backend).")
+    ] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
+    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
+    num_layers: Annotated[
+        int | None, typer.Option(help="Override the preset's num_layers.")
+    ] = None,
+    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
+    vocab_size: Annotated[
+        int | None, typer.Option(help="Override the vocabulary size (10000).")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
+    ] = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Time data-parallel training steps; store step time and the exposed gradient communication.
+
+    Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch (DistributedDataParallel). comm_ms is the time a step waits on communication; comm_fraction its share of the step.
+
+    Examples:
+
+        cs336sys ddp --impl bucketed,torch --bucket-mb 1,10,100 --world-size 2
+
+        torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --global-batch 32
+    """  # noqa: E501
+    from cs336sys.bench.sweep import split_list
+    from cs336sys.cli.distributed import rank0_recording, resolve_backend, run_groups, world_sizes
+    from cs336sys.experiments import ddp as exp
+    from cs336sys.models.config import PRESETS, from_preset
+
+    impls = choices(impl, exp.IMPLS, "--impl", default=exp.IMPLS)
+    buckets = []
+    for b in split_list(bucket_mb) or DEFAULT_BUCKETS:
+        try:
+            buckets.append(float(b))
+        except ValueError:
+            fail(f"--bucket-mb: {b!r} is not a number")
+        if buckets[-1] <= 0:
+            fail(f"--bucket-mb must be positive, got {b}")
+    precisions = choices(precision, exp.PRECISIONS, "--precision", default=["fp32"])
+    if steps <= 0:
+        fail(f"--steps must be positive, got {steps}")
+    if warmup < 0:
+        fail(f"--warmup must be zero or more, got {warmup}")
+    be, dev = resolve_backend(backend, device)
+    wss = world_sizes(world_size, be, [2])
+    defaults = DEFAULTS[dev]
+    size = size or defaults["size"]
+    if size not in PRESETS:
+        fail(f"--size: unknown size {size!r}; choose from {', '.join(PRESETS)}")
+    ctx_len = positive_ints([str(context_length)], "--context-length")[0] if context_length is not None else defaults["context_length"]  # fmt: skip
+    batch = global_batch if global_batch is not None else defaults["global_batch"]
+    if batch <= 0:
+        fail(f"--global-batch must be positive, got {batch}")
+    for n in wss:
+        if batch % n:
+            fail(f"--global-batch {batch} does not split evenly over {n} ranks")
+    overrides = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                     vocab_size=vocab_size)  # fmt: skip
+    for name, value in overrides.items():
+        if value is not None and value <= 0:
+            fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+    try:
+        cfg = from_preset(size, context_length=ctx_len, **overrides)
+    except ValueError as exc:
+        fail(exc)
+    check_db(db)
+
+    groups: dict[int, list] = {}
+    for n in wss:
+        for prec in precisions:
+            for name in impls:
+                for b in _bucket_axis(name, buckets, exp.TORCH_BUCKET_MB):
+                    groups.setdefault(n, []).append(exp.DDPSpec(
+                        impl=name, bucket_mb=b, world_size=n, backend=be, device=dev, size=size,
+                        d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
+                        num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, context_length=ctx_len,
+                        global_batch=batch, precision=prec, warmup=warmup, steps=steps, seed=seed,
+                    ))  # fmt: skip
+
+    with rank0_recording(db, "ddp", "cuda:0" if dev == "cuda" else "cpu", resume) as rec:
+        groups = {n: rec.pending(exp.EXPERIMENT, s, resume) for n, s in groups.items()}
+        groups = {n: s for n, s in groups.items() if s}
+        results = run_groups(rec, exp.EXPERIMENT, groups, exp.worker, be)
+        from cs336sys.cli.distributed import torchrun_rank
+
+        if torchrun_rank() in (None, 0):
+            typer.echo(_summary(results))
+        if rec.errors:
+            raise typer.Exit(1)
+
+
+def _bucket_axis(impl: str, buckets: list[float], torch_default: float) -> list:
+    """Bucket caps to sweep: the list for bucketed; torch DDP's own cap, recorded as run."""
+    if impl == "bucketed":
+        return buckets
+    return [torch_default] if impl == "torch" else [None]
+
+
+def _ms(m: dict, phase: str) -> str:
+    mean = m.get(f"{phase}_ms_mean")
+    return "" if mean is None else f"{mean:.1f} ± {m.get(f'{phase}_ms_std') or 0:.1f}"
+
+
+def _summary(results) -> str:
+    # Step time relative to torch DDP at the same world size and precision, where it ran.
+    def key(spec):
+        return (spec.world_size, spec.precision)
+
+    base = {key(s): r.metrics["step_ms_mean"] for s, r in results if s.impl == "torch" and r.status == "ok"}  # fmt: skip
+    rows = []
+    for spec, r in results:
+        m = r.metrics
+        ref = base.get(key(spec))
+        rows.append([
+            spec.impl + (f" {spec.bucket_mb:g}MiB" if spec.bucket_mb else ""), spec.world_size,
+            spec.precision, r.status, _ms(m, "step"), _ms(m, "comm"),
+            "" if m.get("comm_fraction") is None else f"{m['comm_fraction']:.1%}",
+            "" if m.get("allreduce_calls") is None else f"{m['allreduce_calls']:g}",
+            "" if m.get("comm_bytes") is None else f"{m['comm_bytes'] / 2**20:.1f}",
+            f"{m['step_ms_mean'] / ref:.2f}x" if ref and m.get("step_ms_mean") else "",
+        ])  # fmt: skip
+    headers = ["impl", "ranks", "precision", "status", "step ms", "comm ms", "comm %",
+               "all-reduces", "MiB/step", "vs torch"]  # fmt: skip
+    return table(rows, headers, numparse=False)

@@ -1,0 +1,103 @@
+"""`cs336sys ddp`: every variant trains the same model on two Gloo ranks, the ranks end with
+identical weights, the communication counters match the model, and bad input is refused."""
+
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from cs336sys.cli import app
+from cs336sys.models.config import ModelConfig
+from cs336sys.models.transformer import TransformerLM
+
+runner = CliRunner()
+MICRO = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+         "--num-heads", "4", "--vocab-size", "256", "--context-length", "32",
+         "--global-batch", "4", "--warmup", "1", "--steps", "3"]  # fmt: skip
+
+
+def rows(db):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute("SELECT * FROM ddp_runs ORDER BY created")]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    db = tmp_path_factory.mktemp("ddp") / "results.db"
+    result = runner.invoke(
+        app, ["ddp", "--db", str(db), *MICRO, "--bucket-mb", "0.001,1000", "--world-size", "2"]
+    )
+    return db, result
+
+
+def test_every_variant_runs_and_ranks_agree(swept):
+    db, result = swept
+    assert result.exit_code == 0, result.output
+    got = rows(db)
+    assert [(r["impl"], r["bucket_mb"]) for r in got] == [
+        ("naive", None), ("flat", None), ("overlap", None), ("bucketed", 0.001),
+        ("bucketed", 1000.0), ("torch", 25.0),
+    ]  # fmt: skip
+    for r in got:
+        assert r["status"] == "ok" and r["world_size"] == 2 and r["backend"] == "gloo"
+        assert r["param_max_diff"] == 0.0  # every rank holds the same weights after training
+        assert 0 <= r["comm_fraction"] < 1
+        assert r["step_ms_mean"] > 0 and r["comm_ms_mean"] >= 0
+    assert "vs torch" in result.stdout
+
+
+def test_communication_counters_match_the_model(swept):
+    db, _ = swept
+    cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+                      context_length=32)  # fmt: skip
+    model = TransformerLM(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    by_impl = {(r["impl"], r["bucket_mb"]): r for r in rows(db)}
+    for r in by_impl.values():
+        assert r["comm_bytes"] == grad_bytes  # every gradient, once per step
+        assert r["params"] == sum(p.numel() for p in params)
+    assert by_impl["naive", None]["allreduce_calls"] == len(params)
+    assert by_impl["overlap", None]["allreduce_calls"] == len(params)
+    assert by_impl["flat", None]["allreduce_calls"] == 1
+    assert by_impl["bucketed", 1000.0]["allreduce_calls"] == 1  # one bucket holds everything
+    assert by_impl["bucketed", 1000.0]["buckets"] == 1
+    assert by_impl["bucketed", 0.001]["allreduce_calls"] == len(params)  # 1 KiB: one each
+    assert by_impl["torch", 25.0]["allreduce_calls"] >= 1
+
+
+def test_same_seed_same_first_loss_for_every_variant(swept):
+    """All variants start from rank 0's weights and see the same batch: same first loss."""
+    db, _ = swept
+    losses = {r["loss_first"] for r in rows(db)}
+    assert max(losses) - min(losses) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--global-batch", "5"], "does not split evenly over 2 ranks"),
+        (["--impl", "zero"], "--impl"),
+        (["--bucket-mb", "0"], "--bucket-mb must be positive"),
+        (["--bucket-mb", "big"], "not a number"),
+        (["--size", "huge"], "--size"),
+        (["--precision", "fp8"], "--precision"),
+        (["--steps", "0"], "--steps"),
+        (["--backend", "nccl", "--device", "cpu"], "nccl needs CUDA"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(db_path, args, message):
+    result = runner.invoke(app, ["ddp", "--db", str(db_path), *MICRO, *args])
+    assert result.exit_code == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not db_path.exists()
+
+
+def test_torch_default_bucket_is_what_torch_uses():
+    import torch.nn.parallel.distributed as torch_ddp
+
+    from cs336sys.experiments.ddp import TORCH_BUCKET_MB
+
+    # bucket_cap_mb=None means this module constant in the installed torch
+    assert getattr(torch_ddp, "_DEFAULT_BUCKET_CAP_MB", 25) == TORCH_BUCKET_MB
