@@ -28,8 +28,9 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table), and
-# attention implementations side by side, the Triton kernels through the interpreter.
+# CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table),
+# attention implementations side by side (the Triton kernels through the interpreter),
+# collectives and the DDP variants on two Gloo ranks.
 demo: $(STAMP)
 	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
 		--batch-size 4 --mode forward,train --precision fp32,bf16 --warmup 2 --steps 5
@@ -37,6 +38,10 @@ demo: $(STAMP)
 		--seq 128,256,512 --d-head 32,64 --batch 4 --warmup 2 --iters 10
 	TRITON_INTERPRET=1 $(VENV)/bin/cs336sys attention --db $(DEMO_DB) --impl triton \
 		--device cpu --seq 64 --d-head 32 --batch 1 --warmup 1 --iters 2
+	$(VENV)/bin/cs336sys comm --db $(DEMO_DB) --op all-reduce,all-gather,reduce-scatter,broadcast \
+		--size 1MB,10MB --world-size 2 --warmup 2 --iters 10
+	$(VENV)/bin/cs336sys ddp --db $(DEMO_DB) --world-size 2 --context-length 64 \
+		--bucket-mb 1,10,100 --warmup 1 --steps 3
 	$(VENV)/bin/cs336sys sql --db $(DEMO_DB) \
 		"SELECT size, context_length AS ctx, mode, precision, status, \
 		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \
@@ -53,6 +58,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/cli_startup.py
 	$(PY) benchmarks/attention_memory.py
+	$(PY) benchmarks/comm_overhead.py
+	$(PY) benchmarks/ddp_cpu.py
 
 clean-venv:
 	rm -rf $(VENV)

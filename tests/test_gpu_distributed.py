@@ -1,0 +1,56 @@
+"""comm and ddp on NCCL (marked gpu; they also need at least two GPUs, one per rank)."""
+
+import sqlite3
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cs336sys.cli import app
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+        reason="NCCL needs one GPU per rank: at least 2 GPUs",
+    ),
+]
+runner = CliRunner()
+
+
+def _rows(db, view):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute(f"SELECT * FROM {view} ORDER BY created")]
+
+
+def test_comm_sweep_on_nccl_is_exact(tmp_path):
+    db = tmp_path / "r.db"
+    result = runner.invoke(
+        app,
+        ["comm", "--db", str(db), "--op", "all-reduce,all-gather,reduce-scatter,broadcast",
+         "--size", "1MB,100MB", "--dtype", "fp32,bf16", "--world-size", "2", "--iters", "10"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = _rows(db, "comm_runs")
+    assert len(got) == 16
+    for r in got:
+        assert r["backend"] == "nccl" and r["status"] == "ok" and r["wrong"] == 0
+        assert r["busbw_gbps"] > 0
+
+
+def test_ddp_sweep_on_nccl_keeps_ranks_identical(tmp_path):
+    db = tmp_path / "r.db"
+    result = runner.invoke(
+        app,
+        ["ddp", "--db", str(db), "--size", "small", "--context-length", "256",
+         "--global-batch", "8", "--world-size", "2", "--bucket-mb", "10,100", "--warmup", "2",
+         "--steps", "5"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = _rows(db, "ddp_runs")
+    assert {r["impl"] for r in got} == {"naive", "flat", "overlap", "bucketed", "torch"}
+    for r in got:
+        assert r["backend"] == "nccl" and r["status"] == "ok"
+        assert r["param_max_diff"] == 0.0
+        assert 0 <= r["comm_fraction"] < 1
