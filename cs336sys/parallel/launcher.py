@@ -15,6 +15,8 @@ timeout is the backstop where nothing can kill the peers (ranks on other nodes).
 
 Rank 0 streams results to the caller with `ctx.emit(obj)` while the run goes on, so rows can
 be stored as each point finishes (DESIGN.md); `on_emit` receives them in the parent.
+Return and emit plain Python values or numpy arrays, not tensors: torch shares CPU tensors
+between processes through file descriptors that vanish when the rank exits.
 """
 
 from __future__ import annotations
