@@ -357,3 +357,45 @@ def test_nvtx_ranges_are_a_no_op_switch_on_cpu():
                 assert _NVTX_ENABLED.get() is False
             assert _NVTX_ENABLED.get() is True
     assert _NVTX_ENABLED.get() is False
+
+
+@pytest.mark.parametrize("spec", ["every:1", "every:2", "sqrt", "every:3"])
+def test_checkpointing_keeps_gradients_and_saves_memory(spec):
+    """Checkpointed groups of blocks: identical gradients (float64), far fewer saved bytes."""
+    import dataclasses
+
+    from cs336sys.bench.memory import saved_tensor_bytes
+    from cs336sys.models.config import ModelConfig
+
+    base = ModelConfig(d_model=64, d_ff=128, num_layers=3, num_heads=4, vocab_size=256,
+                       context_length=32)  # fmt: skip
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    grads, saved = {}, {}
+    for ck in ("none", spec):
+        torch.manual_seed(0)
+        m = TransformerLM(dataclasses.replace(base, checkpoint=ck)).double()
+        loss, saved[ck] = saved_tensor_bytes(lambda m=m: m(x).logsumexp(-1).mean())
+        loss.backward()
+        grads[ck] = [p.grad for p in m.parameters()]
+    for a, b in zip(grads["none"], grads[spec], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert saved["none"] >= 2 * saved[spec]
+
+
+@pytest.mark.parametrize(
+    "spec, layers, want",
+    [("none", 12, None), ("every:1", 12, 1), ("every:4", 12, 4), ("sqrt", 12, 3), ("sqrt", 48, 7),
+     ("sqrt", 2, 1)],
+)  # fmt: skip
+def test_checkpoint_group_sizes(spec, layers, want):
+    from cs336sys.models.config import checkpoint_group
+
+    assert checkpoint_group(spec, layers) == want
+
+
+@pytest.mark.parametrize("spec", ["every:0", "every:13", "every", "all", "every:-1"])
+def test_checkpoint_specs_refused(spec):
+    from cs336sys.models.config import checkpoint_group
+
+    with pytest.raises(ValueError):
+        checkpoint_group(spec, 12)

@@ -57,6 +57,12 @@ def model(
     compile: Annotated[
         bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
     ] = False,
+    checkpoint: Annotated[
+        ListOpt,
+        typer.Option(
+            help="Activation checkpointing: none, every:K (groups of K blocks), sqrt. [default: none]"
+        ),
+    ] = None,
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps.")] = 5,
     steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
@@ -86,6 +92,58 @@ def model(
 
         cs336sys model --size small,medium --precision fp32,bf16
     """  # noqa: E501
+    dev, specs = model_specs(
+        size=size, context_length=context_length, batch_size=batch_size, mode=mode,
+        precision=precision, attention=attention, optimizer=optimizer, compile=compile,
+        checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
+        d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+        vocab_size=vocab_size, nvtx=nvtx,
+    )  # fmt: skip
+    check_db(db)
+    # -- measure ----------------------------------------------------------------------------
+    from cs336sys.bench.result import guarded
+    from cs336sys.experiments.model import EXPERIMENT, run
+    from cs336sys.store.db import now
+
+    results = []
+    with recording(db, "model", dev) as rec:
+        specs = rec.pending(EXPERIMENT, specs, resume)
+        for spec in progress(specs, "model", show=_label):
+            started = now()
+            result = guarded(run, spec)
+            rec.add(EXPERIMENT, spec.settings(), result, started)
+            results.append((spec, result))
+        typer.echo(_summary(results))
+        if rec.errors:
+            raise typer.Exit(1)
+
+
+def model_specs(
+    *,
+    size: ListOpt,
+    context_length: ListOpt,
+    batch_size: ListOpt,
+    mode: ListOpt,
+    precision: ListOpt,
+    attention: ListOpt,
+    optimizer: ListOpt,
+    compile: bool,
+    checkpoint: ListOpt,
+    warmup: int,
+    steps: int,
+    device: str,
+    seed: int,
+    d_model: int | None,
+    d_ff: int | None,
+    num_layers: int | None,
+    num_heads: int | None,
+    vocab_size: int | None,
+    nvtx: bool = False,
+) -> tuple[str, list]:
+    """Validate the model options (exit 2 on bad input) and expand them into ModelSpecs.
+
+    Shared by every command that runs the model (`model`, `memory`, `profile model`).
+    """  # fmt: skip
     from cs336sys.bench.sweep import expand
     from cs336sys.experiments.model import MODES, OPTIMIZERS, PRECISIONS
 
@@ -130,11 +188,11 @@ def model(
         "--context-length",
         default=[DEFAULT_CONTEXT["cuda" if dev.startswith("cuda") else "cpu"]],
     )
-    check_db(db)
 
-    from cs336sys.experiments.model import EXPERIMENT, ModelSpec
+    from cs336sys.experiments.model import ModelSpec
     from cs336sys.models.config import from_preset
 
+    checkpoints = split_list(checkpoint) or ["none"]
     specs = []
     for point in expand(
         {
@@ -145,6 +203,7 @@ def model(
             "precision": precisions,
             "attention": attentions,
             "optimizer": optimizers,
+            "checkpoint": checkpoints,
         }
     ):
         try:
@@ -152,10 +211,11 @@ def model(
                 point["size"],
                 context_length=point["context_length"],
                 attention=point["attention"],
+                checkpoint=point["checkpoint"],
                 **overrides,
             )
         except ValueError as exc:
-            fail(exc)
+            fail(f"--checkpoint: {exc}" if "checkpoint" in str(exc) else exc)
         specs.append(
             ModelSpec(
                 size=point["size"],
@@ -176,26 +236,14 @@ def model(
                 device=dev,
                 seed=seed,
                 nvtx=nvtx,
+                # Forward-only passes save nothing for backward: checkpointing changes nothing.
+                checkpoint=point["checkpoint"] if point["mode"] != "forward" else "none",
             )
         )
-    specs = list(dict.fromkeys(specs))  # the optimizer axis collapses for non-train modes
+    # the optimizer and checkpoint axes collapse for the modes they do not apply to
+    specs = list(dict.fromkeys(specs))
 
-    # -- measure ----------------------------------------------------------------------------
-    from cs336sys.bench.result import guarded
-    from cs336sys.experiments.model import run
-    from cs336sys.store.db import now
-
-    results = []
-    with recording(db, "model", dev) as rec:
-        specs = rec.pending(EXPERIMENT, specs, resume)
-        for spec in progress(specs, "model", show=_label):
-            started = now()
-            result = guarded(run, spec)
-            rec.add(EXPERIMENT, spec.settings(), result, started)
-            results.append((spec, result))
-        typer.echo(_summary(results))
-        if rec.errors:
-            raise typer.Exit(1)
+    return dev, specs
 
 
 def _sizes(values: ListOpt) -> list[str]:
@@ -232,6 +280,7 @@ def _summary(results) -> str:
                 spec.mode,
                 spec.precision,
                 spec.attention + ("+compile" if spec.compile else ""),
+                spec.checkpoint,
                 r.status,
                 _ms(m, "fwd"),
                 _ms(m, "bwd"),
@@ -249,6 +298,7 @@ def _summary(results) -> str:
         "mode",
         "precision",
         "attention",
+        "checkpoint",
         "status",
         "fwd ms",
         "bwd ms",

@@ -43,6 +43,7 @@ class ModelSpec:
     device: str
     seed: int
     nvtx: bool = False
+    checkpoint: str = "none"
 
     def config(self) -> ModelConfig:
         return ModelConfig(
@@ -53,6 +54,7 @@ class ModelSpec:
             vocab_size=self.vocab_size,
             context_length=self.context_length,
             attention=self.attention,
+            checkpoint=self.checkpoint,
         )
 
     def settings(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ plus 2.7B and 10B). `tiny` is not a GPT-2 size; it is the assignment-1 TinyStori
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from cs336sys.attention import registry
@@ -38,6 +39,10 @@ class ModelConfig:
     context_length: int = 512
     rope_theta: float = 10_000.0
     attention: str = "naive"
+    # Activation checkpointing: "none", "every:K" (groups of K blocks) or "sqrt" (groups of
+    # about sqrt(num_layers) blocks, Chen et al. 2016, "Training Deep Nets with Sublinear
+    # Memory Cost").
+    checkpoint: str = "none"
 
     @property
     def d_head(self) -> int:
@@ -60,10 +65,25 @@ class ModelConfig:
                 f"d_head = d_model / num_heads = {self.d_head} must be even, because RoPE "
                 "rotates pairs of dimensions."
             )
+        checkpoint_group(self.checkpoint, self.num_layers)  # raises ValueError if invalid
         if self.attention not in registry.names():
             raise ValueError(
                 f"unknown attention {self.attention!r}; choose from {', '.join(registry.names())}."
             )
+
+
+def checkpoint_group(spec: str, num_layers: int) -> int | None:
+    """Blocks per checkpointed group for `spec` (none -> None); ValueError if it is invalid."""
+    if spec == "none":
+        return None
+    if spec == "sqrt":
+        return max(1, round(math.sqrt(num_layers)))
+    head, _, k = spec.partition(":")
+    if head != "every" or not k.isdigit() or int(k) < 1:
+        raise ValueError(f"checkpoint must be none, every:K (K >= 1) or sqrt, got {spec!r}.")
+    if int(k) > num_layers:
+        raise ValueError(f"checkpoint {spec}: K={k} is larger than num_layers={num_layers}.")
+    return int(k)
 
 
 def from_preset(size: str, **overrides: object) -> ModelConfig:

@@ -23,9 +23,10 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from cs336sys.attention import registry
-from cs336sys.models.config import ModelConfig
+from cs336sys.models.config import ModelConfig, checkpoint_group
 from cs336sys.models.nvtx import nvtx_range
 
 
@@ -189,6 +190,11 @@ class TransformerLM(nn.Module):
             elif isinstance(module, nn.Embedding):
                 nn.init.trunc_normal_(module.weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
 
+    def _run_layers(self, x: torch.Tensor, positions: torch.Tensor, start: int, end: int):
+        for layer in self.layers[start:end]:
+            x = layer(x, positions)  # (B, T, C)
+        return x
+
     def forward(
         self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -201,7 +207,21 @@ class TransformerLM(nn.Module):
             token_positions = torch.arange(T, device=token_ids.device)  # (T,)
 
         x = self.token_embeddings(token_ids)  # (B, T, C)
-        for layer in self.layers:
-            x = layer(x, token_positions)  # (B, T, C)
+        group = checkpoint_group(self.config.checkpoint, len(self.layers))
+        if group is None or not torch.is_grad_enabled():
+            for layer in self.layers:
+                x = layer(x, token_positions)  # (B, T, C)
+        else:
+            # Keep only each group's input for backward and recompute the group's activations
+            # then: memory for one group at a time, at the cost of a second forward.
+            for start in range(0, len(self.layers), group):
+                x = checkpoint(
+                    self._run_layers,
+                    x,
+                    token_positions,
+                    start,
+                    start + group,
+                    use_reentrant=False,  # the recommended mode: works with kwargs and no-grad inputs
+                )  # (B, T, C)
         x = self.ln_final(x)  # (B, T, C)
         return self.lm_head(x)  # (B, T, V)

@@ -49,6 +49,7 @@ VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
             "compile",
             "attention",
             "optimizer",
+            "checkpoint",
             "warmup",
             "steps",
             "device",
