@@ -1,0 +1,286 @@
+"""Mixed precision, up close: where low-precision accumulation loses accuracy, and which
+dtypes autocast really produces.
+
+Two cases, both from CS336 assignment 2 (§"Mixed precision", problems
+`mixed_precision_accumulation` and `benchmarking_mixed_precision` (a)):
+
+- accumulate: add `value` (0.01) `additions` (1000) times into a sum, in four dtype
+  combinations, and compare with the exact decimal answer (10). The four variants mirror the
+  assignment's code line for line, including creating the addend tensor inside the loop.
+  Each error is split into the part due to rounding the addend to its dtype (`addend` is
+  the value actually added) and the part due to rounding the running sum.
+- autocast: the assignment's ToyModel (fc1 = Linear(in, 10, bias=False), ReLU,
+  LayerNorm(10), fc2 = Linear(10, out, bias=False)) run once forward and backward under
+  `torch.autocast(device, dtype)`. Forward hooks record the dtype each module actually
+  returned; the row also says whether autocast was enabled at all and whether the hardware
+  computes in that dtype natively (rather than converting to float32 for arithmetic).
+
+Which ops autocast casts is device-specific (torch docs, "Automatic Mixed Precision
+package", op lists for CUDA and CPU): on CUDA `layer_norm` is in the float32 list, so the
+LayerNorm output is float32; on CPU it is in neither list and runs in its input's dtype.
+`nll_loss` is in the float32 list on both, so the cross-entropy loss is float32.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from typing import Any
+
+from cs336sys.bench.result import Result
+
+EXPERIMENT = "precision"
+KINDS = ("accumulate", "autocast")
+AUTOCAST_DTYPES = ("bf16", "fp16")
+_TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+# variant -> (accumulator dtype, addend dtype, addend explicitly upcast to float32 first)
+VARIANTS: dict[str, tuple[str, str, bool]] = {
+    "fp32": ("float32", "float32", False),  # s = fp32; s += fp32(0.01)
+    "fp16": ("float16", "float16", False),  # s = fp16; s += fp16(0.01)
+    "fp16-into-fp32": ("float32", "float16", False),  # s = fp32; s += fp16(0.01)
+    "fp16-upcast": ("float32", "float16", True),  # s = fp32; s += fp16(0.01).type(fp32)
+}
+
+
+@dataclass(frozen=True)
+class AccumulateSpec:
+    variant: str
+    accumulator_dtype: str
+    value_dtype: str
+    upcast: bool
+    additions: int
+    value: float
+    device: str
+
+    @classmethod
+    def of(cls, variant: str, additions: int, value: float, device: str) -> AccumulateSpec:
+        acc, val, upcast = VARIANTS[variant]
+        return cls(variant, acc, val, upcast, additions, value, device)
+
+    def settings(self) -> dict[str, Any]:
+        return {"kind": "accumulate", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class AutocastSpec:
+    dtype: str  # bf16 | fp16
+    in_features: int
+    out_features: int
+    batch_size: int
+    device: str
+    seed: int = 0
+
+    def settings(self) -> dict[str, Any]:
+        return {"kind": "autocast", **asdict(self)}
+
+
+def run(spec: AccumulateSpec | AutocastSpec) -> Result:
+    if isinstance(spec, AccumulateSpec):
+        return run_accumulate(spec)
+    return run_autocast(spec)
+
+
+# -- accumulate ------------------------------------------------------------------------------
+
+
+def exact_target(additions: int, value: float) -> float:
+    """additions · value in decimal arithmetic (1000 · 0.01 = 10 exactly), as a float."""
+    return float(Decimal(repr(value)) * additions)
+
+
+def run_accumulate(spec: AccumulateSpec) -> Result:
+    import torch
+
+    acc = getattr(torch, spec.accumulator_dtype)
+    val = getattr(torch, spec.value_dtype)
+    device = torch.device(spec.device)
+    # The assignment's loop, as written there: a fresh 0-d tensor per addition.
+    s = torch.tensor(0, dtype=acc, device=device)
+    for _ in range(spec.additions):
+        x = torch.tensor(spec.value, dtype=val, device=device)
+        s += x.type(torch.float32) if spec.upcast else x
+    result = s.item()  # a Python float holds any float16/float32 value exactly
+    addend = torch.tensor(spec.value, dtype=val).item()  # what 0.01 becomes in value_dtype
+    target = exact_target(spec.additions, spec.value)
+    # additions · addend in float64 is exact here (an 11- or 24-bit significand times a
+    # small integer), so it is the sum with no rounding of the running total.
+    ideal = addend * spec.additions
+    return Result(
+        "ok",
+        metrics={
+            "result_dtype": str(s.dtype).removeprefix("torch."),
+            "target": target,
+            "result": result,
+            "error_vs_target": result - target,
+            "abs_error": abs(result - target),
+            "rel_error": abs(result - target) / abs(target) if target else None,
+            "addend": addend,
+            # error from representing `value` in value_dtype, and from rounding the sum
+            "addend_error_total": ideal - target,
+            "sum_rounding_error": result - ideal,
+        },
+    )
+
+
+# -- autocast -----------------------------------------------------------------------------
+
+
+def toy_model(in_features: int, out_features: int):
+    """CS336 assignment 2's ToyModel: fc1 -> ReLU -> LayerNorm -> fc2."""
+    import torch.nn as nn
+
+    class ToyModel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(in_features, 10, bias=False)
+            self.ln = nn.LayerNorm(10)
+            self.fc2 = nn.Linear(10, out_features, bias=False)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            x = self.relu(self.fc1(x))
+            x = self.ln(x)
+            return self.fc2(x)
+
+    return ToyModel()
+
+
+def _name(dtypes) -> str:
+    """'float32', or 'float32,bfloat16' when tensors disagree (sorted, so rows compare)."""
+    return ",".join(sorted({str(d).removeprefix("torch.") for d in dtypes}))
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    import torch
+
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return torch.is_autocast_enabled()
+
+
+def open_autocast(device_type: str, dtype):
+    """Enter torch.autocast; returns (context, None) or (None, why autocast cannot run).
+
+    torch raises for an unsupported CUDA dtype (bfloat16 before Ampere) and, on CPU, warns
+    and silently disables itself; both become a reason, so the row says so instead of
+    recording float32 dtypes as if autocast had run.
+    """
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ctx = torch.autocast(device_type, dtype=dtype)
+            ctx.__enter__()
+        except (RuntimeError, ValueError) as exc:
+            return None, f"torch.autocast({device_type!r}, {dtype}) refused: {exc}"
+    if not _autocast_enabled(device_type):
+        ctx.__exit__(None, None, None)
+        said = "; ".join(str(w.message) for w in caught) or "no reason given"
+        return None, f"torch.autocast({device_type!r}, {dtype}) disabled itself: {said}"
+    return ctx, None
+
+
+def native_support(device: str, dtype: str) -> tuple[bool | None, str]:
+    """Whether the device's matrix units compute in `dtype` (bf16|fp16), and the evidence.
+
+    CUDA: bfloat16 tensor-core math from compute capability 8.0 (Ampere), float16 from 5.3.
+    CPU: bfloat16 dot products need AVX512-BF16 or AMX (AMX-BF16 ships with AMX tiles);
+    float16 needs AVX512-FP16 or AMX-FP16, which is what oneDNN's fp16 check tests. Without
+    them the kernels convert to float32 to compute. (Element-wise kernels such as ReLU and
+    LayerNorm compute in float32 internally on every device; "native" is about matmuls.)
+    None where torch offers no check.
+    """
+    import torch
+
+    if device.startswith("cuda"):
+        cc = torch.cuda.get_device_capability(device)
+        need = (8, 0) if dtype == "bf16" else (5, 3)
+        return cc >= need, f"sm_{cc[0]}{cc[1]}; native {dtype} from sm_{need[0]}{need[1]}"
+    if device != "cpu":
+        return None, f"no check for {device}"
+
+    def check(fn) -> bool | None:
+        try:
+            return bool(fn())
+        except (AttributeError, RuntimeError):  # private helpers that older torch lacks
+            return None
+
+    cpu = torch.cpu
+    if dtype == "bf16":
+        checks = {
+            "AVX512-BF16": check(lambda: cpu._is_avx512_bf16_supported()),
+            "AMX": check(lambda: cpu._is_amx_tile_supported()),
+        }
+    else:
+        checks = {
+            "AVX512-FP16 or AMX-FP16": check(lambda: torch.ops.mkldnn._is_mkldnn_fp16_supported())
+        }
+        if checks["AVX512-FP16 or AMX-FP16"] is None:  # a build without oneDNN
+            checks = {"AMX-FP16": check(lambda: cpu._is_amx_fp16_supported())}
+    known = {k: v for k, v in checks.items() if v is not None}
+    capability = f"cpu {torch.backends.cpu.get_cpu_capability()}"
+    if not known:
+        return None, f"{capability}; torch has no {dtype} feature check"
+    have = [k for k, v in known.items() if v]
+    if have:
+        return True, f"{capability}; has {', '.join(have)}"
+    return False, f"{capability}; no {' or '.join(known)}: {dtype} math runs via float32"
+
+
+def run_autocast(spec: AutocastSpec) -> Result:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(spec.seed)
+    device = torch.device(spec.device)
+    dtype = getattr(torch, _TORCH_DTYPE[spec.dtype])
+    with device:
+        model = toy_model(spec.in_features, spec.out_features)
+    x = torch.randn(spec.batch_size, spec.in_features, device=device)  # (B, in)
+    y = torch.randint(0, spec.out_features, (spec.batch_size,), device=device)  # (B,)
+    native, basis = native_support(spec.device, spec.dtype)
+    metrics: dict[str, Any] = {"native": native, "native_basis": basis}
+
+    seen: dict[str, str] = {}
+
+    def record(name: str):
+        def hook(_module, _inputs, output) -> None:  # returning None keeps the output as is
+            seen.setdefault(name, _name([output.dtype]))
+
+        return hook
+
+    ctx, why_not = open_autocast(device.type, dtype)
+    if ctx is None:
+        return Result("skipped", metrics={**metrics, "autocast_enabled": False}, error=why_not)
+    hooks = [getattr(model, n).register_forward_hook(record(n)) for n in ("fc1", "relu", "ln")]
+    try:
+        # Parameters are not cast in place: autocast casts copies per op (and caches them).
+        param_dtype = _name(p.dtype for p in model.parameters())
+        logits = model(x)  # (B, out)
+        loss = F.cross_entropy(logits, y)
+    finally:
+        ctx.__exit__(None, None, None)
+        for h in hooks:
+            h.remove()
+    loss.backward()
+    return Result(
+        "ok",
+        metrics={
+            **metrics,
+            "autocast_enabled": True,
+            "param_dtype": param_dtype,
+            "fc1_dtype": seen["fc1"],
+            "relu_dtype": seen["relu"],
+            "ln_dtype": seen["ln"],
+            "logits_dtype": _name([logits.dtype]),
+            "loss_dtype": _name([loss.dtype]),
+            "grad_dtype": _name(p.grad.dtype for p in model.parameters()),
+            "loss": loss.item(),
+        },
+    )
