@@ -116,6 +116,61 @@ def attention(
 
         cs336sys attention --seq 16384 --impl triton,sdpa --dtype bf16
     """  # noqa: E501
+    dev, specs = attention_specs(
+        impl=impl, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=dtype, causal=causal,
+        passes=passes, warmup=warmup, iters=iters, timer=timer, sdpa_backend=sdpa_backend,
+        preset=preset, device=device, seed=seed,
+    )  # fmt: skip
+    check_db(db)
+
+    # -- measure ----------------------------------------------------------------------------
+    from cs336sys.bench.result import Result, guarded
+    from cs336sys.experiments.attention import EXPERIMENT, run
+    from cs336sys.store.db import now
+
+    results = []
+    oom_at: dict[tuple, int] = {}  # (impl, dtype, d_head, batch) -> shortest seq that OOM'd
+    with recording(db, "attention", dev) as rec:
+        specs = rec.pending(EXPERIMENT, specs, resume)
+        for spec in progress(specs, "attention", show=_label):
+            family = (spec.impl, spec.dtype, spec.d_head, spec.batch)
+            started = now()
+            if skip_after_oom and family in oom_at and spec.seq > oom_at[family]:
+                result = Result("skipped", error=f"skipped: seq {oom_at[family]} ran out of memory "
+                                f"for this impl, d_head, dtype and batch (--no-skip-after-oom runs it)")  # fmt: skip
+            else:
+                result = guarded(run, spec)
+                if result.status == "oom":
+                    oom_at[family] = min(spec.seq, oom_at.get(family, spec.seq))
+            rec.add(EXPERIMENT, spec.settings(), result, started)
+            results.append((spec, result))
+        typer.echo(_summary(results))
+        if rec.errors:
+            raise typer.Exit(1)
+
+
+def attention_specs(
+    *,
+    impl: ListOpt,
+    seq: ListOpt,
+    d_head: ListOpt,
+    batch: ListOpt,
+    heads: int | None,
+    dtype: ListOpt,
+    causal: bool | None,
+    passes: str | None,
+    warmup: int | None,
+    iters: int | None,
+    timer: str | None,
+    sdpa_backend: str,
+    preset: str | None,
+    device: str,
+    seed: int,
+) -> tuple[str, list]:
+    """Validate the attention options (exit 2 on bad input) and expand them into AttentionSpecs.
+
+    Shared by the commands that run attention points (`attention`, `profile attention`).
+    """
     from cs336sys.attention.registry import names as attention_names
     from cs336sys.bench.device import resolve_device
     from cs336sys.bench.sweep import split_list
@@ -174,10 +229,9 @@ def attention(
                 fail(f"--d-head {d}: flash-torch and triton support head dims {lo} to {hi}")
     if "triton" in impls:
         check_triton(on_cuda, "--impl triton")
-    check_db(db)
 
     from cs336sys.bench.sweep import expand
-    from cs336sys.experiments.attention import EXPERIMENT, AttentionSpec
+    from cs336sys.experiments.attention import AttentionSpec
 
     specs = [
         AttentionSpec(
@@ -189,31 +243,7 @@ def attention(
         for p in expand({"impl": impls, "dtype": dtypes, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
     ]  # fmt: skip
-
-    # -- measure ----------------------------------------------------------------------------
-    from cs336sys.bench.result import Result, guarded
-    from cs336sys.experiments.attention import run
-    from cs336sys.store.db import now
-
-    results = []
-    oom_at: dict[tuple, int] = {}  # (impl, dtype, d_head, batch) -> shortest seq that OOM'd
-    with recording(db, "attention", dev) as rec:
-        specs = rec.pending(EXPERIMENT, specs, resume)
-        for spec in progress(specs, "attention", show=_label):
-            family = (spec.impl, spec.dtype, spec.d_head, spec.batch)
-            started = now()
-            if skip_after_oom and family in oom_at and spec.seq > oom_at[family]:
-                result = Result("skipped", error=f"skipped: seq {oom_at[family]} ran out of memory "
-                                f"for this impl, d_head, dtype and batch (--no-skip-after-oom runs it)")  # fmt: skip
-            else:
-                result = guarded(run, spec)
-                if result.status == "oom":
-                    oom_at[family] = min(spec.seq, oom_at.get(family, spec.seq))
-            rec.add(EXPERIMENT, spec.settings(), result, started)
-            results.append((spec, result))
-        typer.echo(_summary(results))
-        if rec.errors:
-            raise typer.Exit(1)
+    return dev, specs
 
 
 def _label(spec) -> str:

@@ -131,6 +131,11 @@ class Recorder:
             duration_s=result.duration_s,
         )
 
+    def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        """Store a profiled run's op/kernel summary rows (table kernel_stats)."""
+        if rows:
+            self.store.add_kernel_stats(run_id, rows)
+
 
 @contextmanager
 def recording(db: Path, command: str, device: str) -> Iterator[Recorder]:

@@ -10,10 +10,16 @@ profiling runs:
 
 The switch is a ContextVar rather than a global so that concurrent runs (threads, tests) do
 not flip each other's setting. On machines without CUDA every range is a no-op.
+
+`profiler_ranges(True)` makes the same ranges visible to torch.profiler as well, as
+`record_function("cs336sys::<name>")` on any device: `cs336sys profile` uses them to split a
+step into phases and naive attention into QKᵀ, softmax and PV. Off by default, so nothing
+changes (and nothing is paid) outside profiling runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +29,11 @@ import torch
 _NVTX_ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "cs336sys_nvtx_enabled", default=False
 )
+_PROFILER_RANGES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cs336sys_profiler_ranges", default=False
+)
+# Prefix of the record_function names, so a profile can tell our ranges from torch's ops.
+RANGE_PREFIX = "cs336sys::"
 
 
 @contextmanager
@@ -36,12 +47,34 @@ def nvtx_enabled(flag: bool = True) -> Iterator[None]:
 
 
 @contextmanager
+def profiler_ranges(flag: bool = True) -> Iterator[None]:
+    """Also mark every `nvtx_range` as a torch.profiler range (`cs336sys::<name>`) in here."""
+    token = _PROFILER_RANGES.set(bool(flag))
+    try:
+        yield
+    finally:
+        _PROFILER_RANGES.reset(token)
+
+
+@contextmanager
 def nvtx_range(name: str) -> Iterator[None]:
-    """An NVTX range named `name` when enabled and CUDA is available, else nothing."""
+    """An NVTX range named `name` when enabled and CUDA is available, else nothing.
+
+    Inside `profiler_ranges(True)` it is also a torch.profiler range `cs336sys::<name>`.
+    """
     # While torch.compile traces, skip the ContextVar lookup entirely so that the range
     # never causes a graph break; compiled regions are profiled as one kernel group anyway.
-    if not torch.compiler.is_compiling() and _NVTX_ENABLED.get() and torch.cuda.is_available():
-        with torch.cuda.nvtx.range(name):
-            yield
-    else:
+    if torch.compiler.is_compiling():
+        yield
+        return
+    record = _PROFILER_RANGES.get()
+    nvtx = _NVTX_ENABLED.get() and torch.cuda.is_available()
+    if not (record or nvtx):
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        if record:
+            stack.enter_context(torch.profiler.record_function(RANGE_PREFIX + name))
+        if nvtx:
+            stack.enter_context(torch.cuda.nvtx.range(name))
         yield

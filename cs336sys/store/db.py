@@ -143,6 +143,11 @@ class Store:
         )
         return run_id
 
+    def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> int:
+        """Write a profiled run's op/kernel summary (`kernel_stats`, linked to runs.id)."""
+        self.db["kernel_stats"].insert_all({**row, "run_id": run_id} for row in rows)
+        return len(rows)
+
     # -- reading --------------------------------------------------------------------------
 
     def done_points(self, experiment: str, git_commit: str | None) -> set[str]:

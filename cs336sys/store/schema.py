@@ -62,6 +62,25 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX runs_experiment_created ON runs (experiment, created)",
         "CREATE INDEX runs_invocation ON runs (invocation_id)",
     ],
+    # v3: the op/kernel summary of a profiled run (`cs336sys profile`), rows linked to runs.
+    [
+        """
+        CREATE TABLE kernel_stats (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(id),
+            phase TEXT NOT NULL,            -- forward | backward | optimizer
+            rank INTEGER NOT NULL,          -- 1 = most time in the phase; '(other)' comes last
+            name TEXT NOT NULL,             -- kernel name (CUDA) or op name (CPU)
+            calls INTEGER NOT NULL,         -- over all profiled steps
+            total_ms REAL NOT NULL,         -- over all profiled steps
+            mean_ms REAL NOT NULL,          -- per call
+            share REAL NOT NULL,            -- of the phase's summed op/kernel time
+            time_basis TEXT NOT NULL CHECK (time_basis IN ('cuda', 'cpu'))
+                                            -- cuda: kernel time on the GPU; cpu: op self time
+        )
+        """,
+        "CREATE INDEX kernel_stats_run ON kernel_stats (run_id, phase, rank)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,359 @@
+"""`cs336sys profile model|attention`: torch.profiler over the measured steps, per phase.
+
+The options are those of `cs336sys model` and `cs336sys attention`, validated and expanded
+by the same functions (`model_specs`, `attention_specs`), plus --top, --trace, --nsys/--exec
+and --nvtx. Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
+rows of `kernel_stats` linked to it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, fail, progress, recording, table
+
+ListOpt = list[str] | None
+
+profile_app = typer.Typer(name="profile", no_args_is_help=True)
+
+
+@profile_app.callback()
+def _profile() -> None:
+    """Profile the measured steps of a model or attention point, phase by phase.
+
+    Example:
+
+        cs336sys profile model --size small --context-length 256 --top 15
+    """
+
+
+# -- options shared by both subcommands --------------------------------------------------
+Top = Annotated[int, typer.Option(help="Ops/kernels kept per phase; the rest is one (other) row.")]
+Trace = Annotated[
+    Path | None,
+    typer.Option(
+        help="Write a Chrome trace (chrome://tracing, ui.perfetto.dev); several points get "
+        "-1, -2, ... before the suffix.",
+    ),
+]
+Nsys = Annotated[
+    bool,
+    typer.Option(
+        "--nsys",
+        help="Print the Nsight Systems command that captures only the measured steps (NVTX "
+        "range 'measured_steps'), instead of profiling here. Needs nsys and CUDA.",
+    ),
+]
+Exec = Annotated[bool, typer.Option("--exec", help="With --nsys: also run that command.")]
+Nvtx = Annotated[
+    bool,
+    typer.Option(
+        "--nvtx",
+        help="Mark phases and the measured steps with NVTX ranges in place of torch.profiler "
+        "(what the --nsys command runs; nsys and torch.profiler cannot share CUPTI).",
+    ),
+]
+Resume = Annotated[bool, typer.Option("--resume", help="Skip points stored ok for this commit.")]
+
+
+def profile_model(
+    size: Annotated[ListOpt, typer.Option(help="Size preset(s). [default: small]")] = None,
+    context_length: Annotated[
+        ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
+    ] = None,
+    batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")] = None,
+    mode: Annotated[
+        ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
+    ] = None,
+    precision: Annotated[
+        ListOpt, typer.Option(help="fp32, bf16 and/or fp16 (autocast). [default: fp32]")
+    ] = None,
+    attention: Annotated[
+        ListOpt, typer.Option(help="Attention implementation(s). [default: naive]")
+    ] = None,
+    optimizer: Annotated[
+        ListOpt, typer.Option(help="adamw and/or torch-adamw; train mode only. [default: adamw]")
+    ] = None,
+    compile: Annotated[
+        bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
+    ] = False,
+    checkpoint: Annotated[
+        ListOpt, typer.Option(help="Activation checkpointing: none, every:K, sqrt. [default: none]")
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up steps, run before the profiler.")] = 5,
+    steps: Annotated[int, typer.Option(help="Profiled (measured) steps.")] = 10,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
+    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
+    num_layers: Annotated[
+        int | None, typer.Option(help="Override the preset's num_layers.")
+    ] = None,
+    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="Override the vocabulary size.")] = None,
+    top: Top = 10,
+    trace: Trace = None,
+    nsys: Nsys = False,
+    exec_: Exec = False,
+    nvtx: Nvtx = False,
+    resume: Resume = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
+
+    Same options as `cs336sys model`. Warm-up steps run outside the profiler; each measured step's forward, backward and optimizer phases are summarised separately: name, calls, total and mean time, share of the phase (CUDA: kernel time; CPU: op self time). With naive attention the forward's QKᵀ, softmax and PV are also set against their FLOPs.
+
+    Example:
+
+        cs336sys profile model --size small --context-length 256 --mode train --top 15
+    """  # noqa: E501
+    from cs336sys.cli.model import model_specs
+
+    dev, points = model_specs(
+        size=size, context_length=context_length, batch_size=batch_size, mode=mode,
+        precision=precision, attention=attention, optimizer=optimizer, compile=compile,
+        checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
+        d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+        vocab_size=vocab_size,
+    )  # fmt: skip
+    args = _args(
+        ("--size", size), ("--context-length", context_length), ("--batch-size", batch_size),
+        ("--mode", mode), ("--precision", precision), ("--attention", attention),
+        ("--optimizer", optimizer), ("--compile", compile), ("--checkpoint", checkpoint),
+        ("--warmup", warmup), ("--steps", steps), ("--device", device), ("--seed", seed),
+        ("--d-model", d_model), ("--d-ff", d_ff), ("--num-layers", num_layers),
+        ("--num-heads", num_heads), ("--vocab-size", vocab_size),
+    )  # fmt: skip
+    _profile_points("model", dev, points, args, top, trace, nsys, exec_, nvtx, resume, db)
+
+
+def profile_attention(
+    impl: Annotated[
+        ListOpt, typer.Option(help="naive, compiled, sdpa, flash-torch, triton. [default: all]")
+    ] = None,
+    seq: Annotated[ListOpt, typer.Option(help="Sequence length(s).")] = None,
+    d_head: Annotated[ListOpt, typer.Option(help="Head dimension(s).")] = None,
+    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 8]")] = None,
+    heads: Annotated[
+        int | None, typer.Option(help="Heads, for (batch, heads, seq, d) inputs.")
+    ] = None,
+    dtype: Annotated[ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")] = None,
+    causal: Annotated[
+        bool | None, typer.Option("--causal/--no-causal", help="Causal mask. [default: causal]")
+    ] = None,
+    passes: Annotated[
+        str | None, typer.Option("--pass", help="forward, backward or both. [default: both]")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Warm-up calls, before the profiler. [default: 10]")
+    ] = None,
+    iters: Annotated[
+        int | None, typer.Option(help="Profiled (measured) calls. [default: 100]")
+    ] = None,
+    sdpa_backend: Annotated[
+        str, typer.Option(help="For --impl sdpa: auto, flash, efficient or math.")
+    ] = "auto",
+    preset: Annotated[
+        str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
+    top: Top = 10,
+    trace: Trace = None,
+    nsys: Nsys = False,
+    exec_: Exec = False,
+    nvtx: Nvtx = False,
+    resume: Resume = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
+
+    Same options as `cs336sys attention` (but no --timer: the profiler times). For naive attention the forward's QKᵀ (2·B·H·T²·d FLOPs, with scale and mask), softmax (5·B·H·T²) and PV (2·B·H·T²·d) get their time and achieved GFLOP/s.
+
+    Example:
+
+        cs336sys profile attention --impl naive,sdpa --seq 1024 --d-head 64 --iters 20
+    """  # noqa: E501
+    from cs336sys.cli.attention import attention_specs
+
+    dev, points = attention_specs(
+        impl=impl, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=dtype, causal=causal,
+        passes=passes, warmup=warmup, iters=iters, timer="loop", sdpa_backend=sdpa_backend,
+        preset=preset, device=device, seed=seed,
+    )  # fmt: skip
+    args = _args(
+        ("--impl", impl), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
+        ("--heads", heads), ("--dtype", dtype), ("--pass", passes), ("--warmup", warmup),
+        ("--iters", iters), ("--sdpa-backend", sdpa_backend), ("--preset", preset),
+        ("--device", device), ("--seed", seed),
+    ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])  # fmt: skip
+    _profile_points("attention", dev, points, args, top, trace, nsys, exec_, nvtx, resume, db)
+
+
+profile_app.command("model")(profile_model)
+profile_app.command("attention")(profile_attention)
+
+
+def _profile_points(target, dev, points, args, top, trace, nsys, exec_, nvtx, resume, db):
+    """Validate the profiling options, then print/run nsys or profile and store each point."""
+    if top <= 0:
+        fail(f"--top must be positive, got {top}")
+    if exec_ and not nsys:
+        fail("--exec runs the Nsight Systems command: pass --nsys too")
+    if nsys and nvtx:
+        fail("--nsys already runs the command with --nvtx: pass one of them")
+    if trace is not None and (nsys or nvtx):
+        fail("--trace writes torch.profiler's trace, which --nsys/--nvtx do not run")
+    if trace is not None:
+        _check_writable(trace)
+    check_db(db)
+    if nsys:
+        _nsys(target, dev, [*args, "--top", str(top), "--db", str(db)], exec_)
+
+    from cs336sys.bench.result import guarded
+    from cs336sys.experiments.profile import EXPERIMENT, ProfileSpec, run
+    from cs336sys.store.db import now
+
+    specs = [
+        ProfileSpec(target, point, top, nvtx=nvtx, trace=_trace_path(trace, i, len(points)))
+        for i, point in enumerate(points, start=1)
+    ]
+    results = []
+    with recording(db, f"profile {target}", dev) as rec:
+        specs = rec.pending(EXPERIMENT, specs, resume)
+        for spec in progress(specs, f"profile {target}", show=_label):
+            started = now()
+            result = guarded(run, spec)
+            run_id = rec.add(EXPERIMENT, spec.settings(), result, started)
+            rec.add_kernel_stats(run_id, getattr(result, "kernels", []))
+            results.append((spec, result))
+        typer.echo(_report(results))
+        if rec.errors:
+            raise typer.Exit(1)
+
+
+def _args(*pairs: tuple[str, Any]) -> list[str]:
+    """Options as a command line: lists joined by commas, flags for True, None left out."""
+    out: list[str] = []
+    for flag, value in pairs:
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+        else:
+            out += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+    return out
+
+
+def _check_writable(path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        fail(f"--trace: {path} is a directory")
+    if not parent.is_dir():
+        fail(f"--trace: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        fail(f"--trace: {path} is not writable")
+
+
+def _trace_path(trace: Path | None, index: int, count: int) -> str | None:
+    if trace is None:
+        return None
+    if count == 1:
+        return str(trace)
+    return str(trace.with_name(f"{trace.stem}-{index}{trace.suffix}"))
+
+
+def nsys_command(nsys: str, target: str, args: list[str], output: str) -> list[str]:
+    """The nsys command line that records only the measured steps of `cs336sys profile`.
+
+    The child runs with --nvtx: no torch.profiler (one CUPTI client at a time), NVTX ranges
+    for the phases, and the range 'measured_steps' around the measured steps only, which
+    --capture-range=nvtx starts and --capture-range-end=stop ends the capture on. Ranges
+    pushed by name are unregistered NVTX strings, which nsys matches only when
+    NSYS_NVTX_PROFILER_REGISTER_ONLY=0 (Nsight Systems user guide, "NVTX capture range").
+    """
+    from cs336sys.experiments.profile import MEASURED_RANGE
+
+    return [
+        nsys, "profile", "--trace=cuda,nvtx,osrt", "--capture-range=nvtx",
+        f"--nvtx-capture={MEASURED_RANGE}", "--capture-range-end=stop",
+        "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0", "--force-overwrite=true",
+        f"--output={output}", sys.executable, "-m", "cs336sys", "profile", target, *args, "--nvtx",
+    ]  # fmt: skip
+
+
+def _nsys(target: str, dev: str, args: list[str], run_it: bool) -> None:
+    path = shutil.which("nsys")
+    if path is None:
+        fail("--nsys: Nsight Systems (nsys) is not installed or not on PATH")
+    if not _nvtx_on(dev):
+        fail(f"--nsys needs a CUDA device: NVTX ranges are emitted only on CUDA (device {dev})")
+    cmd = nsys_command(path, target, args, f"cs336sys-profile-{target}")
+    typer.echo(shlex.join(cmd))
+    if not run_it:
+        raise typer.Exit(0)
+    import subprocess
+
+    raise typer.Exit(subprocess.run(cmd, check=False).returncode)
+
+
+def _nvtx_on(dev: str) -> bool:
+    """Whether NVTX ranges are emitted for `dev` (models/nvtx.py: only with CUDA)."""
+    return dev.startswith("cuda")
+
+
+def _label(spec) -> str:
+    p = spec.point
+    if spec.target == "model":
+        return f"{p.size} T={p.context_length} {p.mode} {p.precision}"
+    return f"{p.impl} seq={p.seq} d={p.d_head} {p.dtype}"
+
+
+def _f(value: float | None, fmt: str = ".3f") -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def _report(results) -> str:
+    """The sweep's table, naive attention's parts, then each point's top ops per phase."""
+    rows, parts, blocks = [], [], []
+    for spec, r in results:
+        m = r.metrics
+        rows.append([_label(spec), r.status, m.get("time_basis", ""),
+                     *(_f(m.get(f"{p}_ms")) for p in ("fwd", "bwd", "opt")),
+                     *(_f(m.get(f"{p}_profiled_ms")) for p in ("fwd", "bwd", "opt"))])  # fmt: skip
+        fwd = m.get("fwd_profiled_ms")
+        for key, name in (("qk", "QKᵀ (+scale, mask)"), ("softmax", "softmax"), ("pv", "PV")):
+            if m.get(f"{key}_ms") is not None:
+                share = m[f"{key}_ms"] / fwd if fwd else None
+                parts.append([_label(spec), name, _f(m[f"{key}_ms"]),
+                              _f(m.get(f"{key}_flops"), ".4g"), _f(m.get(f"{key}_gflops"), ".4g"),
+                              _f(share, ".1%")])  # fmt: skip
+        for phase in ("forward", "backward", "optimizer"):
+            ops = [k for k in getattr(r, "kernels", []) if k["phase"] == phase]
+            if not ops:
+                continue
+            what = "kernel time" if ops[0]["time_basis"] == "cuda" else "CPU self time"
+            head = f"{_label(spec)} | {phase} | {what} over {m.get('profiled_steps')} steps"
+            body = table(
+                [[k["rank"], _short(k["name"]), k["calls"], _f(k["total_ms"]),
+                  _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")] for k in ops],
+                ["#", "name", "calls", "total ms", "mean ms", "share"], numparse=False,
+            )  # fmt: skip
+            blocks.append(f"{head}\n{body}")
+    out = [table(rows, ["point", "status", "basis", "fwd ms", "bwd ms", "opt ms",
+                        "fwd prof. ms", "bwd prof. ms", "opt prof. ms"], numparse=False)]  # fmt: skip
+    if parts:
+        out.append("naive attention, forward, per step:\n" + table(
+            parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))  # fmt: skip
+    return "\n\n".join(out + blocks)
+
+
+def _short(name: str, width: int = 72) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"

@@ -1,0 +1,143 @@
+"""torch.profiler events -> per-phase op/kernel summaries and the naive-attention breakdown.
+
+A profiled step marks its phases with the ranges `cs336sys::forward`, `cs336sys::backward`
+and `cs336sys::optimizer` (`nvtx_range` inside `profiler_ranges(True)`, models/nvtx.py), and
+naive attention marks `cs336sys::scores`, `cs336sys::softmax` and `cs336sys::final matmul`.
+Every op or kernel is attributed to the range that contains its *start on the host*:
+
+- CPU: each op event with its self CPU time (time in child ops excluded, so aten::matmul ->
+  aten::bmm is not counted twice). User annotations (our ranges, `Optimizer.step#...`) are
+  not ops: their self time is Python between ops, and is left out.
+- CUDA: each kernel (and memcpy/memset) with its device time, attributed by the host event
+  that launched it. The launch lies inside the phase range even though the kernel runs a
+  little later; the profiled step ends each phase with a device sync inside its range.
+
+Attribution by time, not by the call tree, because on CUDA the autograd engine runs the
+backward ops on a worker thread of its own, outside the tree of the `backward` range.
+Time stamps are the profiler's microseconds; everything returned is in milliseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+RANGE_PREFIX = "cs336sys::"  # the prefix of models/nvtx.py, kept here torch-free
+PHASES = ("forward", "backward", "optimizer")
+# Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
+PARTS = {"qk": "scores", "softmax": "softmax", "pv": "final matmul"}
+OTHER = "(other)"
+
+
+class Spans:
+    """Non-overlapping [start, end] intervals of one range name, searchable by time."""
+
+    def __init__(self, spans: Iterable[tuple[float, float]]):
+        ordered = sorted(spans)
+        self.starts = [s for s, _ in ordered]
+        self.ends = [e for _, e in ordered]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def contains(self, t: float) -> bool:
+        i = bisect.bisect_right(self.starts, t) - 1
+        return i >= 0 and t <= self.ends[i]
+
+    def total(self) -> float:
+        return sum(e - s for s, e in zip(self.starts, self.ends, strict=True))
+
+
+@dataclass(frozen=True)
+class Item:
+    """One op call (CPU) or one kernel (CUDA): its name, host start and duration, in µs."""
+
+    name: str
+    start: float
+    duration: float
+
+
+def ranges(events: Iterable[Any]) -> dict[str, Spans]:
+    """Our ranges by name without the prefix: {'forward': Spans, 'scores': Spans, ...}."""
+    found: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        if e.name.startswith(RANGE_PREFIX):
+            span = (e.time_range.start, e.time_range.end)
+            found.setdefault(e.name[len(RANGE_PREFIX) :], []).append(span)
+    return {name: Spans(spans) for name, spans in found.items()}
+
+
+def _is_cpu(e: Any) -> bool:
+    return str(e.device_type).rsplit(".", 1)[-1] == "CPU"
+
+
+def items(events: Iterable[Any], on_cuda: bool) -> list[Item]:
+    """The timed things: kernels with device time on CUDA, ops with self CPU time on CPU."""
+    out = []
+    for e in events:
+        if not _is_cpu(e) or e.is_async:
+            continue
+        if on_cuda:
+            if getattr(e, "is_legacy", False):  # the legacy profiler's per-op totals
+                continue
+            out += [Item(k.name, e.time_range.start, k.duration) for k in e.kernels]
+        elif not (e.name.startswith(RANGE_PREFIX) or getattr(e, "is_user_annotation", False)):
+            out.append(Item(e.name, e.time_range.start, e.self_cpu_time_total))
+    return out
+
+
+def summarize(
+    events: Iterable[Any], on_cuda: bool, top: int
+) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, float]]:
+    """(kernel_stats rows, ms per phase, ms per attention part) over all profiled steps.
+
+    Rows, per phase: the `top` names by total time (rank 1 = most), then one `(other)` row
+    for the rest, so the shares of a phase sum to 1. `share` is of the phase's total: the sum
+    of the phase's op self times (CPU) or kernel times (CUDA), not of its wall time. Parts
+    count only what ran inside the forward phase (a checkpointed recompute is backward).
+    """
+    events = list(events)
+    spans = ranges(events)
+    basis = "cuda" if on_cuda else "cpu"
+    per_phase: dict[str, dict[str, list[float]]] = {}  # phase -> name -> [calls, µs]
+    parts = {key: 0.0 for key in PARTS if PARTS[key] in spans}
+    for item in items(events, on_cuda):
+        phase = next((p for p in PHASES if p in spans and spans[p].contains(item.start)), None)
+        if phase is None:
+            continue
+        acc = per_phase.setdefault(phase, {}).setdefault(item.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += item.duration
+        if phase == "forward":
+            for key in parts:
+                if spans[PARTS[key]].contains(item.start):
+                    parts[key] += item.duration
+
+    rows: list[dict[str, Any]] = []
+    totals: dict[str, float] = {}
+    for phase in PHASES:
+        names = per_phase.get(phase)
+        if not names:
+            continue
+        total = sum(us for _, us in names.values())
+        totals[phase] = total / 1e3
+        ranked = sorted(names.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        head, rest = ranked[:top], ranked[top:]
+        if rest:
+            head.append((OTHER, [sum(c for _, (c, _) in rest), sum(us for _, (_, us) in rest)]))
+        for rank, (name, (calls, us)) in enumerate(head, start=1):
+            rows.append(
+                {
+                    "phase": phase,
+                    "rank": rank,
+                    "name": name,
+                    "calls": int(calls),
+                    "total_ms": us / 1e3,
+                    "mean_ms": us / 1e3 / calls,
+                    "share": us / total if total > 0 else 0.0,
+                    "time_basis": basis,
+                }
+            )
+    return rows, totals, {key: us / 1e3 for key, us in parts.items()}

@@ -1,0 +1,325 @@
+"""`cs336sys profile`: phase attribution, kernel_stats rows, the attention breakdown, traces,
+nsys, bad input, and the v2 -> v3 store migration."""
+
+import json
+import sqlite3
+import stat
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cs336sys.cli import app
+from cs336sys.experiments import profile_events
+from cs336sys.experiments.profile_events import summarize
+from cs336sys.models import nvtx
+from cs336sys.store import Store, schema
+from tests.conftest import MICRO
+
+runner = CliRunner()
+ATTN = ["--seq", "32", "--d-head", "16", "--batch", "2", "--heads", "2"]
+ATTN += ["--warmup", "1", "--iters", "2", "--device", "cpu"]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def rows(db, sql):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute(sql)]
+
+
+# -- attribution, against hand-made events ---------------------------------------------------
+
+
+def _event(name, start, end, self_us=0.0, kernels=(), **kw):
+    fields = dict(name=name, time_range=SimpleNamespace(start=start, end=end),
+                  self_cpu_time_total=self_us, kernels=list(kernels), device_type="DeviceType.CPU",
+                  is_async=False, is_user_annotation=name.startswith("cs336sys::"))  # fmt: skip
+    return SimpleNamespace(**{**fields, **kw})
+
+
+def _kernel(name, us):
+    return SimpleNamespace(name=name, device=0, duration=us)
+
+
+EVENTS = [
+    _event("cs336sys::forward", 0, 100, self_us=7),
+    _event("cs336sys::scores", 10, 40),
+    _event("aten::mm", 12, 30, self_us=10, kernels=[_kernel("gemm", 4)]),
+    _event("aten::div", 31, 39, self_us=6, kernels=[_kernel("div_k", 1)]),
+    _event("cs336sys::softmax", 41, 60),
+    _event("aten::softmax", 42, 59, self_us=8, kernels=[_kernel("softmax_k", 2)]),
+    _event("aten::mm", 70, 90, self_us=12, kernels=[_kernel("gemm", 6)]),
+    _event("Optimizer.step#AdamW.step", 71, 72, self_us=50, is_user_annotation=True),
+    _event("aten::mm", 95, 99, self_us=3, is_async=True, kernels=[_kernel("async", 99)]),
+    _event("aten::add", 101, 104, self_us=100, kernels=[_kernel("outside", 100)]),  # no phase
+    _event("cs336sys::backward", 200, 300),
+    _event("cs336sys::scores", 210, 220),  # a checkpointed recompute: backward, not a part
+    _event("aten::mm", 211, 215, self_us=20, kernels=[_kernel("gemm", 8)]),
+    _event("MmBackward0", 250, 260, self_us=5, kernels=[_kernel("gemm", 2), _kernel("copy", 1)]),
+    _event("gemm", 251, 253, self_us=0, device_type="DeviceType.CUDA"),  # a device event
+]
+
+
+def test_cpu_attribution_uses_op_self_time_by_phase():
+    kernels, totals, parts = summarize(EVENTS, on_cuda=False, top=1)
+    # forward: mm 10 + 12, div 6, softmax 8 (ranges, annotations, async, outside: left out)
+    assert totals == {"forward": 36 / 1e3, "backward": 25 / 1e3}
+    assert parts == {"qk": 16 / 1e3, "softmax": 8 / 1e3}  # no PV range: no PV part
+    got = [(k["phase"], k["rank"], k["name"], k["calls"], k["total_ms"], k["share"])
+           for k in kernels]  # fmt: skip
+    assert got == [
+        ("forward", 1, "aten::mm", 2, 22 / 1e3, 22 / 36),
+        ("forward", 2, "(other)", 2, 14 / 1e3, 14 / 36),
+        ("backward", 1, "aten::mm", 1, 20 / 1e3, 20 / 25),
+        ("backward", 2, "(other)", 1, 5 / 1e3, 5 / 25),
+    ]
+    assert kernels[0]["mean_ms"] == 11 / 1e3 and {k["time_basis"] for k in kernels} == {"cpu"}
+
+
+def test_cuda_attribution_uses_kernel_time_of_the_launching_event():
+    kernels, totals, parts = summarize(EVENTS, on_cuda=True, top=10)
+    assert totals == {"forward": 13 / 1e3, "backward": 11 / 1e3}
+    assert parts == {"qk": 5 / 1e3, "softmax": 2 / 1e3}
+    by = {(k["phase"], k["name"]): (k["calls"], k["total_ms"]) for k in kernels}
+    assert by == {
+        ("forward", "gemm"): (2, 10 / 1e3),
+        ("forward", "softmax_k"): (1, 2 / 1e3),
+        ("forward", "div_k"): (1, 1 / 1e3),
+        ("backward", "gemm"): (2, 10 / 1e3),
+        ("backward", "copy"): (1, 1 / 1e3),
+    }
+    assert [k["rank"] for k in kernels if k["phase"] == "forward"] == [1, 2, 3]
+    assert {k["time_basis"] for k in kernels} == {"cuda"}
+
+
+def test_ranges_are_profiler_events_only_when_asked():
+    assert profile_events.RANGE_PREFIX == nvtx.RANGE_PREFIX
+    x = torch.ones(4, 4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with nvtx.nvtx_range("forward"):
+            x @ x
+        with nvtx.profiler_ranges(True), nvtx.nvtx_range("backward"):
+            x @ x
+    names = {e.name for e in prof.events()}
+    assert "cs336sys::backward" in names and "cs336sys::forward" not in names
+
+
+# -- the commands, on a micro model ----------------------------------------------------------
+
+
+def test_profile_model_rows_and_kernel_stats(db_path):
+    result = invoke("profile", "model", *MICRO, "--context-length", "16", "--top", "1000",
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = rows(db_path, "SELECT * FROM profile_runs")
+    assert (run["status"], run["target"], run["profiler"], run["mode"]) == (
+        "ok",
+        "model",
+        "torch",
+        "train",
+    )
+    assert (run["time_basis"], run["profiled_steps"], run["steps"], run["warmup"]) == (
+        "cpu",
+        3,
+        3,
+        1,
+    )
+    stats = rows(db_path, "SELECT * FROM kernel_stats ORDER BY phase, rank")
+    assert {s["run_id"] for s in stats} == {run["run_id"]}
+    for phase, short in (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt")):
+        mine = [s for s in stats if s["phase"] == phase]
+        assert mine and sum(s["share"] for s in mine) == pytest.approx(1.0)
+        assert [s["rank"] for s in mine] == list(range(1, len(mine) + 1))
+        assert all(s["total_ms"] > 0 or s["calls"] > 0 for s in mine)
+        for s in mine:
+            assert s["mean_ms"] == pytest.approx(s["total_ms"] / s["calls"])
+        # the summed op self time, per step; on one thread it fits inside the phase's wall time
+        total = sum(s["total_ms"] for s in mine)
+        assert run[f"{short}_profiled_ms"] == pytest.approx(total / 3)
+        assert 0 < run[f"{short}_profiled_ms"] <= run[f"{short}_ms"]
+    calls = {(s["phase"], s["name"]): s["calls"] for s in stats}
+    # Only the 3 measured steps, warm-up excluded: 15 bias-free Linear layers per forward
+    # (2 layers x q, k, v, o, w1, w2, w3, and the LM head) are one aten::mm each; backward
+    # takes two (input and weight gradients); attention is 2 bmm per layer.
+    assert calls[("forward", "aten::mm")] == 3 * 15
+    assert calls[("backward", "aten::mm")] == 3 * 30
+    assert calls[("forward", "aten::bmm")] == 3 * 2 * 2
+    # Naive attention's parts against their FLOPs, summed over the 2 layers (B 2, H 4, T 16, d 16).
+    assert run["qk_flops"] == run["pv_flops"] == 2 * (2 * 2 * 4 * 16 * 16 * 16)
+    assert run["softmax_flops"] == 2 * (5 * 2 * 4 * 16 * 16)
+    for part in ("qk", "softmax", "pv"):
+        assert run[f"{part}_ms"] > 0
+        assert run[f"{part}_gflops"] == pytest.approx(
+            run[f"{part}_flops"] / run[f"{part}_ms"] / 1e6
+        )
+    assert run["qk_ms"] + run["softmax_ms"] + run["pv_ms"] < run["fwd_profiled_ms"]
+    assert "aten::mm" in result.stdout and "QKᵀ" in result.stdout
+
+
+def test_profile_attention_breakdown_and_sdpa(db_path):
+    result = invoke("profile", "attention", *ATTN, "--impl", "naive,sdpa", "--top", "3",
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = rows(db_path, "SELECT * FROM profile_runs ORDER BY created")
+    assert [(r["impl"], r["status"]) for r in got] == [("naive", "ok"), ("sdpa", "ok")]
+    naive, sdpa = got
+    scores = 2 * 2 * 32 * 32  # B·H·T²
+    assert (naive["qk_flops"], naive["softmax_flops"], naive["pv_flops"]) == (
+        2 * scores * 16, 5 * scores, 2 * scores * 16
+    )  # fmt: skip
+    for part in ("qk", "softmax", "pv"):
+        assert naive[f"{part}_ms"] > 0 and naive[f"{part}_gflops"] > 0
+    assert sdpa["qk_ms"] is None  # no naive ranges in the fused kernel
+    for r in got:
+        stats = rows(db_path, f"SELECT * FROM kernel_stats WHERE run_id = '{r['run_id']}'")
+        assert {s["phase"] for s in stats} == {"forward", "backward"}
+        for phase in ("forward", "backward"):
+            shares = [s["share"] for s in stats if s["phase"] == phase]
+            assert len(shares) <= 4 and sum(shares) == pytest.approx(1.0)
+    calls = rows(db_path, "SELECT calls FROM kernel_stats WHERE phase = 'forward' "
+                 f"AND name = 'aten::bmm' AND run_id = '{naive['run_id']}'")  # fmt: skip
+    assert calls == [{"calls": 2 * 2}]  # QKᵀ and PV, in each of the 2 measured calls
+
+
+def test_trace_writes_valid_chrome_json(db_path, tmp_path):
+    trace = tmp_path / "trace.json"
+    args = ["profile", "attention", *ATTN, "--impl", "naive", "--pass", "forward"]
+    assert invoke(*args, "--trace", trace, "--db", db_path).exit_code == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {"cs336sys::forward", "cs336sys::scores"} <= {e.get("name") for e in events}
+    assert invoke(*args, "--seq", "16,32", "--trace", trace, "--db", db_path).exit_code == 0
+    for name in ("trace-1.json", "trace-2.json"):
+        assert "traceEvents" in json.loads((tmp_path / name).read_text())
+    paths = rows(db_path, "SELECT trace_path FROM profile_runs ORDER BY created")
+    assert [p["trace_path"] for p in paths] == [
+        str(trace),
+        *(str(tmp_path / f"trace-{i}.json") for i in (1, 2)),
+    ]
+
+
+def test_nvtx_mode_profiles_nothing_and_still_times(db_path):
+    result = invoke("profile", "model", *MICRO, "--context-length", "8", "--mode", "forward",
+                    "--nvtx", "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = rows(db_path, "SELECT * FROM profile_runs")
+    assert run["profiler"] == "nvtx" and run["fwd_ms"] > 0 and run["fwd_profiled_ms"] is None
+    assert rows(db_path, "SELECT count(*) AS n FROM kernel_stats") == [{"n": 0}]
+
+
+def test_nsys_without_nsys_is_bad_input(db_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nsys here
+    result = invoke("profile", "model", *MICRO, "--nsys", "--db", db_path)
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: --nsys: Nsight Systems (nsys) is not installed or not on PATH"
+    ]
+    assert not db_path.exists()
+
+
+def test_nsys_prints_and_runs_the_capture_command(db_path, tmp_path, monkeypatch):
+    from cs336sys.cli import profile as cli_profile
+
+    fake = tmp_path / "nsys"
+    log = tmp_path / "argv.txt"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\nexit 3\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(cli_profile, "_nvtx_on", lambda dev: True)  # as if on a GPU
+    args = ["profile", "model", *MICRO, "--context-length", "8,16", "--top", "7"]
+    printed = invoke(*args, "--nsys", "--db", db_path)
+    assert printed.exit_code == 0 and not log.exists()
+    line = printed.stdout.strip()
+    for part in ("profile --trace=cuda,nvtx,osrt --capture-range=nvtx",
+                 "--nvtx-capture=measured_steps --capture-range-end=stop",
+                 "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0",
+                 "-m cs336sys profile model --size tiny --context-length 8,16",
+                 "--num-layers 2", "--top 7", f"--db {db_path} --nvtx"):  # fmt: skip
+        assert part in line, (part, line)
+    ran = invoke(*args, "--nsys", "--exec", "--db", db_path)
+    assert ran.exit_code == 3  # nsys's own exit status
+    argv = log.read_text().split("\n")
+    assert argv[0] == "profile" and argv[-2:] == ["--nvtx", ""] and "--capture-range=nvtx" in argv
+    assert not db_path.exists()  # the parent writes nothing; the child under nsys does
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--top", "0"], "--top must be positive"),
+        (["--exec"], "--exec runs the Nsight Systems command"),
+        (["--trace", "{tmp}/missing/t.json"], "does not exist"),
+        (["--trace", "{tmp}"], "is a directory"),
+        (["--nvtx", "--trace", "{tmp}/t.json"], "--nsys/--nvtx do not run"),
+        (["--checkpoint", "every:9"], "--checkpoint"),
+        (["--size", "huge"], "unknown size"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, extra, message):
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    result = invoke("profile", "model", *MICRO, "--context-length", "8", *extra, "--db", db_path)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], lines
+    assert not db_path.exists()
+
+
+def test_bad_attention_input_uses_the_attention_validation(db_path):
+    result = invoke("profile", "attention", *ATTN, "--impl", "magic", "--db", db_path)
+    assert result.exit_code == 2 and "--impl: unknown value 'magic'" in result.stderr
+    assert not db_path.exists()
+
+
+def test_help_has_examples():
+    for args in (["profile"], ["profile", "model"], ["profile", "attention"]):
+        result = invoke(*args, "--help")
+        assert result.exit_code == 0 and "Example" in result.stdout
+        assert f"cs336sys {' '.join(args)}" in result.stdout
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+def test_v2_store_is_migrated_and_keeps_its_rows(db_path):
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    schema.migrate(conn, target=2)
+    conn.execute("INSERT INTO invocations (id, command, gpu) VALUES ('i1', 'model', 'cpu')")
+    conn.execute(
+        "INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, point_key)"
+        " VALUES ('r1', 'i1', 'model', 'ok', ?, ?, 'k1')",
+        (json.dumps({"size": "small"}), json.dumps({"step_ms_mean": 3.0})),
+    )
+    conn.close()
+    with Store(db_path) as s:
+        assert schema.version(s.conn) == schema.SCHEMA_VERSION == 3
+        assert s.query("SELECT run_id, size, step_ms_mean FROM model_runs") == [
+            {"run_id": "r1", "size": "small", "step_ms_mean": 3.0}
+        ]
+        row = {"phase": "forward", "rank": 1, "name": "aten::mm", "calls": 2, "total_ms": 1.5,
+               "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}  # fmt: skip
+        assert s.add_kernel_stats("r1", [row]) == 1
+        assert s.query("SELECT run_id, name, calls, share FROM kernel_stats") == [
+            {"run_id": "r1", "name": "aten::mm", "calls": 2, "share": 1.0}
+        ]
+        with pytest.raises(sqlite3.IntegrityError):  # linked to runs: no orphan rows
+            s.add_kernel_stats("no-such-run", [row])
+
+
+@pytest.mark.gpu
+def test_profile_on_cuda_ranks_kernels_by_device_time(db_path):
+    micro = [a if a != "cpu" else "cuda" for a in MICRO]
+    result = invoke("profile", "model", *micro, "--context-length", "64", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    (run,) = rows(db_path, "SELECT * FROM profile_runs")
+    assert run["time_basis"] == "cuda" and run["qk_ms"] > 0 and run["fwd_profiled_ms"] > 0
+    stats = rows(db_path, "SELECT * FROM kernel_stats")
+    assert {s["time_basis"] for s in stats} == {"cuda"}
+    assert {s["phase"] for s in stats} == {"forward", "backward", "optimizer"}
+    assert not any(s["name"].startswith("aten::") for s in stats)  # kernels, not ops
+    for phase in ("forward", "backward", "optimizer"):
+        shares = [s["share"] for s in stats if s["phase"] == phase]
+        assert sum(shares) == pytest.approx(1.0)
