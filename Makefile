@@ -30,7 +30,8 @@ test: $(STAMP)
 
 # CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table),
 # attention implementations side by side (the Triton kernels through the interpreter),
-# collectives and the DDP variants on two Gloo ranks.
+# collectives and the DDP variants on two Gloo ranks, precision experiments, profiles,
+# and a memory sweep with checkpointing.
 demo: $(STAMP)
 	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
 		--batch-size 4 --mode forward,train --precision fp32,bf16 --warmup 2 --steps 5
@@ -42,6 +43,16 @@ demo: $(STAMP)
 		--size 1MB,10MB --world-size 2 --warmup 2 --iters 10
 	$(VENV)/bin/cs336sys ddp --db $(DEMO_DB) --world-size 2 --context-length 64 \
 		--bucket-mb 1,10,100 --warmup 1 --steps 3
+	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
+		--batch-size 4 --mode forward,train --checkpoint none,every:1,sqrt --warmup 1 --steps 2
+	$(VENV)/bin/cs336sys memory residuals --db $(DEMO_DB) --size tiny --context-length 128 \
+		--impl eager,compiled
+	$(VENV)/bin/cs336sys precision accumulate --db $(DEMO_DB)
+	$(VENV)/bin/cs336sys precision autocast --db $(DEMO_DB) --dtype bf16,fp16
+	$(VENV)/bin/cs336sys profile model --db $(DEMO_DB) --size tiny --context-length 64 \
+		--batch-size 4 --warmup 2 --steps 3 --top 8
+	$(VENV)/bin/cs336sys profile attention --db $(DEMO_DB) --impl naive,sdpa --seq 256 \
+		--d-head 64 --batch 4 --heads 4 --warmup 2 --iters 5 --top 5
 	$(VENV)/bin/cs336sys sql --db $(DEMO_DB) \
 		"SELECT size, context_length AS ctx, mode, precision, status, \
 		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \

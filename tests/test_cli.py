@@ -33,13 +33,30 @@ def test_version():
     assert result.exit_code == 0 and result.stdout.strip() == f"cs336sys {__version__}"
 
 
+def _command_paths():
+    """Every command and subcommand, as argv paths: ['model'], ['precision', 'autocast'], ..."""
+    import typer.main
+
+    def walk(cmd, path):
+        yield path
+        if hasattr(cmd, "commands"):  # a group (typer vendors click, so no isinstance)
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, [*path, name])
+
+    root = typer.main.get_command(app)
+    return [p for p in walk(root, []) if p]
+
+
 def test_every_command_has_help_with_an_example():
-    names = [c.name or c.callback.__name__ for c in app.registered_commands]
-    assert {"env", "sql", "model"} <= set(names)
-    for name in names:
-        result = invoke(name, "--help")
+    paths = _command_paths()
+    assert {("env",), ("sql",), ("model",), ("comm",), ("ddp",)} <= {tuple(p) for p in paths}
+    for path in paths:
+        result = invoke(*path, "--help")
+        name = " ".join(path)
         assert result.exit_code == 0, name
-        assert "Example" in result.stdout and f"cs336sys {name}" in result.stdout, name
+        assert "Example" in result.stdout, name
+        # the example shows this command (for a group: one of its subcommands)
+        assert f"cs336sys {name}" in " ".join(result.stdout.split()), name
 
 
 def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
@@ -303,7 +320,10 @@ def test_sql_refuses_writes(filled_db, statement):
     result = invoke("sql", statement, "--db", filled_db)
     assert result.exit_code == 2 and "read-only" in result.stderr, result.output
     assert rows(filled_db, "SELECT id, status FROM runs") == before
-    assert sqlite3.connect(filled_db).execute("PRAGMA user_version").fetchone()[0] == 2
+    from cs336sys.store.schema import SCHEMA_VERSION
+
+    version = sqlite3.connect(filled_db).execute("PRAGMA user_version").fetchone()[0]
+    assert version == SCHEMA_VERSION  # not changed by `PRAGMA user_version = 7`
 
 
 def test_sql_errors_and_missing_store(filled_db, tmp_path):

@@ -15,7 +15,10 @@ from cs336sys.cli.attention import attention
 from cs336sys.cli.comm import comm
 from cs336sys.cli.ddp import ddp
 from cs336sys.cli.env import env
+from cs336sys.cli.memory import memory_app
 from cs336sys.cli.model import model
+from cs336sys.cli.precision import precision
+from cs336sys.cli.profile import profile_app
 from cs336sys.cli.sql import sql
 
 app = typer.Typer(
@@ -55,6 +58,9 @@ app.command()(model)
 app.command()(attention)
 app.command()(comm)
 app.command()(ddp)
+app.add_typer(memory_app, name="memory")
+app.add_typer(precision, name="precision")
+app.add_typer(profile_app, name="profile")
 
 
 def main() -> None:

@@ -1,0 +1,115 @@
+"""What one TransformerBlock keeps for backward, eager and compiled, and which ops keep it.
+
+`cs336sys memory residuals` answers the CS336 question "how much activation memory does a
+block need, in units of its residual-stream input?": one block of the chosen size is run
+forward on a random (B, T, d) input that requires grad, and the bytes saved for backward are
+counted with saved-tensor hooks (each storage once, parameters excluded), then attributed
+to autograd node names by walking the graph (`saved_by_node`). Under torch.compile the
+whole block becomes one `CompiledFunctionBackward` node, and what it saves is what
+AOTAutograd's min-cut partitioner chose to keep rather than recompute (Ansel et al. 2024,
+"PyTorch 2", §4.2); the comparison with eager shows what that choice is worth.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cs336sys.bench.result import Result
+from cs336sys.experiments.memory import block_saved_bytes
+
+EXPERIMENT = "memory-residuals"
+IMPLS = ("eager", "compiled")
+TOP = 5
+
+
+@dataclass(frozen=True)
+class ResidualsSpec:
+    size: str
+    d_model: int
+    d_ff: int
+    num_heads: int
+    context_length: int
+    batch_size: int
+    precision: str
+    impl: str  # eager | compiled
+    attention: str
+    device: str
+    seed: int
+
+    def settings(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run(spec: ResidualsSpec) -> Result:
+    import torch
+
+    from cs336sys.bench.device import synchronize
+    from cs336sys.bench.saved_tensors import saved_by_node, saved_bytes_excluding
+    from cs336sys.models.config import ModelConfig
+    from cs336sys.models.transformer import TransformerBlock
+
+    torch.manual_seed(spec.seed)
+    device = torch.device(spec.device)
+    config = ModelConfig(
+        d_model=spec.d_model,
+        d_ff=spec.d_ff,
+        num_layers=1,
+        num_heads=spec.num_heads,
+        context_length=spec.context_length,
+        attention=spec.attention,
+    )
+    with device:
+        block = TransformerBlock(config)
+    params = list(block.parameters())
+    B, T, d = spec.batch_size, spec.context_length, spec.d_model
+    x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
+    positions = torch.arange(T, device=device)  # (T,)
+    fn = torch.compile(block) if spec.impl == "compiled" else block
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+
+    def forward() -> torch.Tensor:
+        autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+        with autocast:
+            return fn(x, positions)  # (B, T, d)
+
+    compile_s = None
+    if spec.impl == "compiled":  # compile outside the measurement: it allocates for itself
+        t0 = time.perf_counter()
+        forward()
+        synchronize(spec.device)
+        compile_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    out, saved = saved_bytes_excluding(forward, exclude=params)
+    synchronize(spec.device)
+    fwd_ms = (time.perf_counter() - t0) * 1e3
+    per_node = saved_by_node(out, exclude=params)
+    del out
+
+    walked = sum(per_node.values())
+    residual = B * T * d * x.element_size()
+    analytic = (
+        block_saved_bytes(B, T, d, spec.d_ff, spec.num_heads)
+        if spec.precision == "fp32" and spec.attention == "naive" and spec.impl == "eager"
+        else None  # counted for the eager fp32 block with naive attention only
+    )
+    metrics: dict[str, Any] = {
+        "saved_bytes": saved,
+        "walked_bytes": round(walked),
+        "analytic_bytes": analytic,
+        "residual_bytes": residual,
+        "saved_per_residual": saved / residual,
+        "nodes_saving": len(per_node),
+        "fwd_ms": fwd_ms,
+        "compile_s": compile_s,
+    }
+    top = list(per_node.items())[:TOP]
+    for i in range(TOP):
+        name, nbytes = top[i] if i < len(top) else (None, None)
+        metrics[f"top{i + 1}_op"] = name
+        metrics[f"top{i + 1}_bytes"] = round(nbytes) if nbytes is not None else None
+        metrics[f"top{i + 1}_share"] = nbytes / walked if nbytes is not None and walked else None
+    samples = {"saved_by_node": {k: round(v) for k, v in per_node.items()}}
+    return Result("ok", metrics=metrics, samples=samples)

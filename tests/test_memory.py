@@ -1,0 +1,266 @@
+"""`cs336sys memory` and its parts: the live-tensor tracker, saved-bytes accounting, the
+timeline, the CLI's rows and its refusals. Expected bytes are counted by hand from shapes."""
+
+import json
+import sqlite3
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cs336sys.bench.live_tensors import LiveTensorTracker
+from cs336sys.bench.saved_tensors import saved_by_node, saved_bytes_excluding
+from cs336sys.cli import app
+from cs336sys.experiments.memory import block_saved_bytes
+from cs336sys.models.config import ModelConfig, param_count
+from cs336sys.models.transformer import TransformerBlock, TransformerLM
+from tests.conftest import MICRO
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def rows(db, sql):
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    return [dict(r) for r in conn.execute(sql)]
+
+
+# -- the tracker ---------------------------------------------------------------------------
+
+
+def test_tracker_counts_a_hand_computed_allocation_pattern():
+    tracker = LiveTensorTracker(record=True)
+    with tracker:
+        a = torch.empty(1000)  # 4000 B
+        b = torch.empty(250, dtype=torch.float64)  # 2000 B -> 6000
+        v = a[10:]  # a view: same storage, nothing new
+        b.add_(1)  # in place: nothing new
+        assert tracker.current == 6000
+        c = a + 1  # 4000 B -> 10000 (the peak)
+        del a
+        assert tracker.current == 10000  # the view v keeps a's storage alive
+        del v
+        assert tracker.current == 6000
+        del c
+        d = torch.empty(3000, dtype=torch.uint8)  # 3000 B -> 5000
+        out = torch.empty(0)
+        torch.add(torch.ones(10), 1, out=out)  # ones: 40 B, freed; out resized 0 -> 40 B
+    assert (tracker.current, tracker.peak) == (5040, 10000)
+    deltas = [e.delta for e in tracker.events]
+    assert deltas == [4000, 2000, 4000, -4000, -4000, 3000, 40, 40, -40]
+    assert [e.live for e in tracker.events][-1] == 5040
+    del b, d, out
+    assert tracker.current == 0  # frees are counted outside the `with` block too
+
+
+def test_tracker_sees_backward_and_adopted_tensors():
+    """y = relu(x @ w).sum(); every step of forward and backward counted by hand."""
+    w = torch.randn(64, 64, requires_grad=True)  # 16384 B, made before the tracker
+    x = torch.randn(8, 64)  # 2048 B
+    tracker = LiveTensorTracker()
+    assert tracker.adopt([w, x, x[1:]]) == 16384 + 2048  # a view of x is not counted again
+    with tracker:
+        with tracker.phase("forward"):
+            y = (x @ w).relu().sum()  # mm output freed once relu made its own: +2048 +4
+        assert tracker.current == 18432 + 2048 + 4
+        assert tracker.peak == 18432 + 2048 + 2048  # mm and relu outputs both alive
+        tracker.reset_peak()
+        y.backward()
+    # backward: ones (4) and threshold_backward (2048) alive when w.grad (16384) is made
+    assert tracker.peak == 18432 + 4 + 4 + 2048 + 16384
+    del y
+    assert tracker.current == 18432 + 16384  # w, x and w.grad
+    w.grad = None
+    assert tracker.current == 18432
+    assert tracker.phases[0][0] == "forward"
+
+
+def test_model_init_is_parameters_plus_rope_tables():
+    cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+                      context_length=32)  # fmt: skip
+    tracker = LiveTensorTracker()
+    with tracker:
+        model = TransformerLM(cfg)
+    rope = cfg.num_layers * 2 * cfg.context_length * (cfg.d_head // 2) * 4  # cos, sin fp32
+    assert tracker.current == 4 * param_count(cfg) + rope
+    del model
+    assert tracker.current == 0
+
+
+# -- saved bytes ---------------------------------------------------------------------------
+
+
+def test_block_saved_bytes_match_the_analytic_count():
+    B, T, d, d_ff, H = 2, 32, 64, 128, 4
+    cfg = ModelConfig(d_model=d, d_ff=d_ff, num_layers=1, num_heads=H, context_length=T)
+    block = TransformerBlock(cfg)
+    x = torch.randn(B, T, d, requires_grad=True)
+    params = list(block.parameters())
+    out, saved = saved_bytes_excluding(lambda: block(x, torch.arange(T)), exclude=params)
+    analytic = block_saved_bytes(B, T, d, d_ff, H)
+    # by hand: 10 B·T·d + 4 B·T·d_ff + B·H·T² + 2 B·T + 2 T·d_head floats, and the T² mask
+    assert analytic == 4 * (10 * 4096 + 4 * 8192 + 8192 + 128 + 1024) + 1024
+    assert saved == pytest.approx(analytic, rel=0.10)
+    by_node = saved_by_node(out, exclude=params)
+    assert sum(by_node.values()) == pytest.approx(saved, abs=16)  # + the scale's fp64 scalar
+    assert by_node["SoftmaxBackward0"] == pytest.approx(B * H * T * T * 4 / 2)  # shared with bmm
+    assert by_node["SiluBackward0"] == B * T * d_ff * 4
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def _memory(db, *args):
+    return invoke("memory", *MICRO, "--db", db, *args)
+
+
+def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
+    snap = tmp_path / "snap"
+    result = _memory(db_path, "--context-length", "64", "--mode", "forward,train",
+                     "--checkpoint", "none,every:1", "--snapshot", snap)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = rows(db_path, "SELECT * FROM memory_runs ORDER BY created")
+    assert [(r["mode"], r["checkpoint"]) for r in got] == [
+        ("forward", "none"),
+        ("train", "none"),
+        ("train", "every:1"),
+    ]
+    cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+                      context_length=64)  # fmt: skip
+    P, B, T = param_count(cfg), 2, 64
+    rope = 2 * 2 * T * 8 * 4
+    for r in got:
+        assert r["status"] == "ok" and r["peak_source"] == "live_tensors"
+        assert r["params"] == P and r["param_bytes"] == 4 * P
+        assert r["init_bytes"] == 4 * P + rope
+        assert r["residual_bytes"] == B * T * 64 * 4 and r["residual_dtype"] == "float32"
+        phases = [r[k] for k in ("fwd_peak_bytes", "bwd_peak_bytes", "opt_peak_bytes")]
+        assert r["peak_bytes"] == max(p for p in phases if p is not None)
+        assert r["peak_bytes"] >= r["init_bytes"] + r["saved_bytes"]
+        assert r["snapshot_png"].endswith(".png") and r["snapshot_pickle"] is None
+        assert open(r["snapshot_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    fwd, none, every1 = got
+    assert fwd["saved_bytes"] == 0 and fwd["before_opt_bytes"] is None
+    assert fwd["grad_bytes"] == 0 and fwd["lowest_peak"] is None  # nothing to compare with
+    for r in (none, every1):
+        # params, grads, AdamW's two moments, RoPE tables, token ids and targets, the loss
+        assert r["before_opt_bytes"] == 16 * P + rope + 2 * B * T * 8 + 4
+        assert r["after_opt_bytes"] == r["before_opt_bytes"]  # AdamW updates in place
+        assert (r["grad_bytes"], r["optim_bytes"]) == (4 * P, 8 * P)
+        assert r["saved_bytes"] == r["act_bytes_analytic"]  # fp32, naive: counted exactly
+        assert r["peak_bytes"] >= r["before_opt_bytes"]
+    assert none["checkpoint_group"] is None and every1["checkpoint_group"] == 1
+    assert none["saved_bytes"] >= 2 * every1["saved_bytes"]
+    # the same updates with and without recomputation: the measured step's loss agrees
+    assert every1["loss"] == pytest.approx(none["loss"], rel=1e-6)
+    lowest = min(none["peak_bytes"], every1["peak_bytes"])
+    assert none["peak_bytes"] != every1["peak_bytes"]  # activations, not AdamW, set the peak
+    for r in (none, every1):
+        assert r["lowest_peak"] == (r["peak_bytes"] == lowest)
+    assert "<- lowest" in result.stdout and "peak MiB" in result.stdout
+    inv = rows(db_path, "SELECT command, exit_status FROM invocations")
+    assert inv == [{"command": "memory", "exit_status": 0}]
+
+
+def test_oom_is_a_row_and_does_not_compete_for_lowest(db_path, monkeypatch):
+    original = TransformerLM.forward
+
+    def forward(self, token_ids, *a, **kw):
+        if self.config.checkpoint == "every:2":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+        return original(self, token_ids, *a, **kw)
+
+    monkeypatch.setattr(TransformerLM, "forward", forward)
+    result = _memory(db_path, "--context-length", "16", "--checkpoint", "none,every:2,every:1")
+    assert result.exit_code == 0, result.output
+    got = rows(db_path, "SELECT checkpoint, status, lowest_peak FROM memory_runs ORDER BY created")
+    assert [(r["checkpoint"], r["status"]) for r in got] == [
+        ("none", "ok"), ("every:2", "oom"), ("every:1", "ok")]  # fmt: skip
+    assert got[1]["lowest_peak"] is None and got[0]["lowest_peak"] + got[2]["lowest_peak"] >= 1
+
+
+def test_residuals_rows(db_path):
+    result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "64", "--d-ff", "128",
+                    "--num-heads", "4", "--context-length", "32", "--batch-size", "2",
+                    "--impl", "eager", "--device", "cpu", "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (r,) = rows(db_path, "SELECT * FROM memory_residuals_runs")
+    assert (r["impl"], r["status"], r["d_model"], r["batch_size"]) == ("eager", "ok", 64, 2)
+    assert r["analytic_bytes"] == block_saved_bytes(2, 32, 64, 128, 4)
+    assert r["saved_bytes"] == pytest.approx(r["analytic_bytes"], rel=0.10)
+    assert r["residual_bytes"] == 2 * 32 * 64 * 4
+    assert r["saved_per_residual"] == pytest.approx(r["saved_bytes"] / r["residual_bytes"])
+    tops = [(r[f"top{i}_op"], r[f"top{i}_bytes"], r[f"top{i}_share"]) for i in range(1, 6)]
+    assert all(op and op.endswith("Backward0") for op, _, _ in tops)
+    assert [b for _, b, _ in tops] == sorted((b for _, b, _ in tops), reverse=True)
+    for _, nbytes, share in tops:
+        assert share == pytest.approx(nbytes / r["walked_bytes"], rel=1e-3)
+    samples = json.loads(rows(db_path, "SELECT samples FROM runs")[0]["samples"])
+    assert sum(samples["saved_by_node"].values()) == pytest.approx(r["walked_bytes"], abs=8)
+    assert "MulBackward0" in result.stdout
+
+
+@pytest.mark.slow
+def test_residuals_compiled_is_one_node(db_path):
+    result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+                    "--num-heads", "2", "--context-length", "16", "--impl", "eager,compiled",
+                    "--device", "cpu", "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    eager, compiled = rows(db_path, "SELECT * FROM memory_residuals_runs ORDER BY created")
+    assert compiled["status"] == "ok" and compiled["top1_op"] == "CompiledFunctionBackward"
+    assert compiled["top1_share"] == 1.0 and compiled["top2_op"] is None
+    assert compiled["analytic_bytes"] is None and compiled["compile_s"] > 0
+    assert 0 < compiled["saved_bytes"] <= eager["saved_bytes"]
+
+
+@pytest.mark.gpu
+def test_memory_on_cuda_uses_the_allocator_and_writes_the_pickle(db_path, tmp_path):
+    args = [a if a != "cpu" else "cuda" for a in MICRO]
+    result = invoke("memory", *args, "--context-length", "64", "--snapshot", tmp_path,
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (r,) = rows(db_path, "SELECT * FROM memory_runs")
+    assert r["peak_source"] == "cuda_allocator" and r["peak_reserved_bytes"] is not None
+    assert r["peak_bytes"] >= r["before_opt_bytes"] >= 16 * r["params"]
+    assert r["snapshot_pickle"].endswith(".pickle") and r["snapshot_png"].endswith(".png")
+    with open(r["snapshot_pickle"], "rb") as f:
+        assert f.read(1) == b"\x80"  # a pickle
+
+
+# -- help and bad input ----------------------------------------------------------------------
+
+
+def test_help_has_examples():
+    for cmd in (["memory"], ["memory", "residuals"]):
+        result = invoke(*cmd, "--help")
+        assert result.exit_code == 0
+        assert "Example" in result.stdout and f"cs336sys {' '.join(cmd)}" in result.stdout
+
+
+BAD = [
+    (["memory", *MICRO, "--checkpoint", "every:3"], "larger than num_layers"),
+    (["memory", *MICRO, "--mode", "forward-backward"], "--mode"),
+    (["memory", *MICRO, "--checkpoint", "all"], "--checkpoint"),
+    (["memory", *MICRO, "--snapshot", "{file}"], "not a directory"),
+    (["memory", *MICRO, "--snapshot", "{file}/sub"], "not a directory"),
+    (["memory", "--size", "xl", "residuals"], "belongs after the subcommand"),
+    (["memory", "residuals", "--impl", "jit"], "--impl"),
+    (["memory", "residuals", "--size", "huge"], "unknown size"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, args, message):
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    args = [a.replace("{file}", str(afile)) for a in args]
+    result = invoke(*args, "--db", db_path)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], result.stderr
+    assert not db_path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
