@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, choices, fail, positive_ints, table
+from cs336sys.cli.options import DFF, DModel, NumHeads, NumLayers, Resume, VocabSize
 
 ListOpt = list[str] | None
 DEFAULT_BUCKETS = [1.0, 10.0, 100.0, 1000.0]
@@ -48,18 +49,12 @@ def ddp(
         str, typer.Option(help="auto, cpu or cuda (picks the default backend).")
     ] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
-    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
-    num_layers: Annotated[
-        int | None, typer.Option(help="Override the preset's num_layers.")
-    ] = None,
-    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
-    vocab_size: Annotated[
-        int | None, typer.Option(help="Override the vocabulary size (10000).")
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
-    ] = False,
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    resume: Resume = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.

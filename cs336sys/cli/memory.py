@@ -20,6 +20,23 @@ from cs336sys.cli.common import (
     recording,
     table,
 )
+from cs336sys.cli.options import (
+    DFF,
+    Attention,
+    BatchSize,
+    Checkpoint,
+    ContextLength,
+    Device,
+    DModel,
+    NumHeads,
+    NumLayers,
+    Optimizer,
+    Precision,
+    Resume,
+    Seed,
+    Size,
+    VocabSize,
+)
 
 ListOpt = list[str] | None
 MIB = 2**20
@@ -30,37 +47,19 @@ memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_
 @memory_app.callback(invoke_without_command=True)
 def memory(
     ctx: typer.Context,
-    size: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]"
-        ),
-    ] = None,
-    context_length: Annotated[
-        ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
-    ] = None,
-    batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")] = None,
+    size: Size = None,
+    context_length: ContextLength = None,
+    batch_size: BatchSize = None,
     mode: Annotated[
         ListOpt,
         typer.Option(
             help="forward (no grad) and/or train (forward, backward, AdamW step). [default: train]"
         ),
     ] = None,
-    precision: Annotated[
-        ListOpt, typer.Option(help="fp32, bf16 and/or fp16 (autocast). [default: fp32]")
-    ] = None,
-    checkpoint: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Activation checkpointing: none, every:K (groups of K blocks), sqrt. [default: none]"
-        ),
-    ] = None,
-    attention: Annotated[
-        ListOpt, typer.Option(help="Attention implementation(s): naive, sdpa, ... [default: naive]")
-    ] = None,
-    optimizer: Annotated[
-        ListOpt, typer.Option(help="adamw (our own) and/or torch-adamw. [default: adamw]")
-    ] = None,
+    precision: Precision = None,
+    checkpoint: Checkpoint = None,
+    attention: Attention = None,
+    optimizer: Optimizer = None,
     snapshot: Annotated[
         Path | None,
         typer.Option(
@@ -72,20 +71,14 @@ def memory(
     steps: Annotated[
         int, typer.Option(help="Timed steps (untracked), before the measured one.")
     ] = 3,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
-    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
-    num_layers: Annotated[
-        int | None, typer.Option(help="Override the preset's num_layers.")
-    ] = None,
-    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
-    vocab_size: Annotated[
-        int | None, typer.Option(help="Override the vocabulary size (10000).")
-    ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
-    ] = False,
+    device: Device = "auto",
+    seed: Seed = 0,
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    resume: Resume = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Peak memory of a forward pass or training step, next to its analytic breakdown; one row per point.
@@ -144,28 +137,20 @@ def residuals(
     size: Annotated[
         ListOpt, typer.Option(help="Size preset(s) of the block. [default: small]")
     ] = None,
-    context_length: Annotated[
-        ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
-    ] = None,
+    context_length: ContextLength = None,
     batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 1]")] = None,
-    precision: Annotated[
-        ListOpt, typer.Option(help="fp32, bf16 and/or fp16 (autocast). [default: fp32]")
-    ] = None,
+    precision: Precision = None,
     impl: Annotated[
         ListOpt,
         typer.Option(help="eager and/or compiled (torch.compile). [default: eager,compiled]"),
     ] = None,
-    attention: Annotated[
-        ListOpt, typer.Option(help="Attention implementation(s). [default: naive]")
-    ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
-    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
-    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
-    ] = False,
+    attention: Attention = None,
+    device: Device = "auto",
+    seed: Seed = 0,
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_heads: NumHeads = None,
+    resume: Resume = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Bytes one TransformerBlock saves for backward, eager and compiled, and the top 5 operations by saved bytes.

@@ -18,6 +18,24 @@ from cs336sys.cli.common import (
     recording,
     table,
 )
+from cs336sys.cli.options import (
+    DFF,
+    Attention,
+    BatchSize,
+    Checkpoint,
+    Compile,
+    ContextLength,
+    Device,
+    DModel,
+    NumHeads,
+    NumLayers,
+    Optimizer,
+    Precision,
+    Resume,
+    Seed,
+    Size,
+    VocabSize,
+)
 
 ListOpt = list[str] | None
 # On CPU the default context is short enough for a laptop to finish a step in seconds.
@@ -25,63 +43,30 @@ DEFAULT_CONTEXT = {"cuda": 512, "cpu": 128}
 
 
 def model(
-    size: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]"
-        ),
-    ] = None,
-    context_length: Annotated[
-        ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
-    ] = None,
-    batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")] = None,
+    size: Size = None,
+    context_length: ContextLength = None,
+    batch_size: BatchSize = None,
     mode: Annotated[
         ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
     ] = None,
-    precision: Annotated[
-        ListOpt,
-        typer.Option(
-            help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"
-        ),
-    ] = None,
-    attention: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Attention implementation(s) from the registry: naive, sdpa. [default: naive]"
-        ),
-    ] = None,
-    optimizer: Annotated[
-        ListOpt,
-        typer.Option(help="adamw (our own) and/or torch-adamw; train mode only. [default: adamw]"),
-    ] = None,
-    compile: Annotated[
-        bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
-    ] = False,
-    checkpoint: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Activation checkpointing: none, every:K (groups of K blocks), sqrt. [default: none]"
-        ),
-    ] = None,
+    precision: Precision = None,
+    attention: Attention = None,
+    optimizer: Optimizer = None,
+    compile: Compile = False,
+    checkpoint: Checkpoint = None,
     warmup: Annotated[int, typer.Option(help="Untimed warm-up steps.")] = 5,
     steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
-    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
-    num_layers: Annotated[
-        int | None, typer.Option(help="Override the preset's num_layers.")
-    ] = None,
-    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
-    vocab_size: Annotated[
-        int | None, typer.Option(help="Override the vocabulary size (10000).")
-    ] = None,
+    device: Device = "auto",
+    seed: Seed = 0,
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
     nvtx: Annotated[
         bool, typer.Option("--nvtx", help="Emit NVTX ranges (for nsys); no-op without CUDA.")
     ] = False,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
-    ] = False,
+    resume: Resume = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time forward, backward and optimizer steps of the Transformer LM; one row per point.

@@ -18,6 +18,24 @@ from typing import Annotated, Any
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, fail, progress, recording, table
+from cs336sys.cli.options import (
+    DFF,
+    Attention,
+    BatchSize,
+    Checkpoint,
+    Compile,
+    ContextLength,
+    Device,
+    DModel,
+    NumHeads,
+    NumLayers,
+    Optimizer,
+    Precision,
+    Resume,
+    Seed,
+    Size,
+    VocabSize,
+)
 
 ListOpt = list[str] | None
 
@@ -60,44 +78,29 @@ Nvtx = Annotated[
         "(what the --nsys command runs; nsys and torch.profiler cannot share CUPTI).",
     ),
 ]
-Resume = Annotated[bool, typer.Option("--resume", help="Skip points stored ok for this commit.")]
 
 
 def profile_model(
-    size: Annotated[ListOpt, typer.Option(help="Size preset(s). [default: small]")] = None,
-    context_length: Annotated[
-        ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
-    ] = None,
-    batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")] = None,
+    size: Size = None,
+    context_length: ContextLength = None,
+    batch_size: BatchSize = None,
     mode: Annotated[
         ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
     ] = None,
-    precision: Annotated[
-        ListOpt, typer.Option(help="fp32, bf16 and/or fp16 (autocast). [default: fp32]")
-    ] = None,
-    attention: Annotated[
-        ListOpt, typer.Option(help="Attention implementation(s). [default: naive]")
-    ] = None,
-    optimizer: Annotated[
-        ListOpt, typer.Option(help="adamw and/or torch-adamw; train mode only. [default: adamw]")
-    ] = None,
-    compile: Annotated[
-        bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
-    ] = False,
-    checkpoint: Annotated[
-        ListOpt, typer.Option(help="Activation checkpointing: none, every:K, sqrt. [default: none]")
-    ] = None,
+    precision: Precision = None,
+    attention: Attention = None,
+    optimizer: Optimizer = None,
+    compile: Compile = False,
+    checkpoint: Checkpoint = None,
     warmup: Annotated[int, typer.Option(help="Warm-up steps, run before the profiler.")] = 5,
     steps: Annotated[int, typer.Option(help="Profiled (measured) steps.")] = 10,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
-    d_model: Annotated[int | None, typer.Option(help="Override the preset's d_model.")] = None,
-    d_ff: Annotated[int | None, typer.Option(help="Override the preset's d_ff.")] = None,
-    num_layers: Annotated[
-        int | None, typer.Option(help="Override the preset's num_layers.")
-    ] = None,
-    num_heads: Annotated[int | None, typer.Option(help="Override the preset's num_heads.")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="Override the vocabulary size.")] = None,
+    device: Device = "auto",
+    seed: Seed = 0,
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
     top: Top = 10,
     trace: Trace = None,
     nsys: Nsys = False,
@@ -163,7 +166,7 @@ def profile_attention(
     preset: Annotated[
         str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    device: Device = "auto",
     seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
     top: Top = 10,
     trace: Trace = None,

@@ -1,0 +1,59 @@
+"""Option types shared by the commands that run the model (`model`, `memory`, `profile
+model`, and the shape overrides of `ddp`): one declaration, one help text, everywhere.
+
+Each is an `Annotated` type; a command gives the default, e.g. `size: Size = None`.
+No torch here (imported by `cs336sys.cli`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+ListOpt = list[str] | None
+
+Size = Annotated[
+    ListOpt,
+    typer.Option(
+        help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]"
+    ),
+]
+ContextLength = Annotated[
+    ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
+]
+BatchSize = Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")]
+Precision = Annotated[
+    ListOpt,
+    typer.Option(
+        help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"
+    ),
+]
+Attention = Annotated[
+    ListOpt,
+    typer.Option(
+        help="Attention implementation(s) from the registry: naive, sdpa, compiled, flash-torch, "
+        "triton. [default: naive]"
+    ),
+]
+Optimizer = Annotated[
+    ListOpt,
+    typer.Option(help="adamw (our own) and/or torch-adamw; train mode only. [default: adamw]"),
+]
+Compile = Annotated[
+    bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
+]
+Checkpoint = Annotated[
+    ListOpt,
+    typer.Option(
+        help="Activation checkpointing: none, every:K (groups of K blocks), sqrt. [default: none]"
+    ),
+]
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+Seed = Annotated[int, typer.Option(help="Seed for weights and data.")]
+DModel = Annotated[int | None, typer.Option(help="Override the preset's d_model.")]
+DFF = Annotated[int | None, typer.Option(help="Override the preset's d_ff.")]
+NumLayers = Annotated[int | None, typer.Option(help="Override the preset's num_layers.")]
+NumHeads = Annotated[int | None, typer.Option(help="Override the preset's num_heads.")]
+VocabSize = Annotated[int | None, typer.Option(help="Override the vocabulary size (10000).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Skip points stored ok for this commit.")]
