@@ -71,6 +71,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/attention_memory.py
 	$(PY) benchmarks/comm_overhead.py
 	$(PY) benchmarks/ddp_cpu.py
+	$(PY) benchmarks/memory_cpu.py
 
 clean-venv:
 	rm -rf $(VENV)
