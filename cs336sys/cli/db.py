@@ -1,0 +1,145 @@
+"""`cs336sys db export|merge`: take runs out of a store, or combine stores from several machines.
+
+Thin: options are checked here (bad input exits 2 with one line and writes nothing), the
+work is in cs336sys/store/transfer.py. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+
+db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
+
+
+@db_app.callback()
+def _db() -> None:
+    """Export stored runs to CSV/JSONL, or merge another machine's store into this one.
+
+    Example:
+
+        cs336sys db merge h100.db --db db/results.db
+    """
+
+
+@db_app.command()
+def export(
+    fmt: Annotated[str, typer.Option("--format", help="csv or jsonl.")] = "csv",
+    experiment: Annotated[
+        list[str] | None,
+        typer.Option(help="Only these experiments (repeatable or comma list). [default: all]"),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write to this file (replaced whole) instead of stdout.", dir_okay=False),
+    ] = None,
+    samples: Annotated[
+        bool, typer.Option("--samples", help="Include each run's raw samples (big).")
+    ] = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Export stored runs as CSV or JSONL, one record per run.
+
+    Each record is the run, its invocation's provenance (gpu, host, git commit and dirty flag, library versions), its settings and its metrics. CSV flattens settings and metrics into settings.KEY and metrics.KEY columns (the union of keys, in order of first appearance; an empty cell is null); JSONL keeps them as nested objects, one run per line. Runs come oldest first.
+
+    Example:
+
+        cs336sys db export --format csv --experiment model,attention --out runs.csv
+    """
+    from cs336sys.bench.sweep import split_list
+    from cs336sys.store.db import StoreError
+    from cs336sys.store.transfer import FORMATS, export, known_experiments, open_untouched
+
+    if fmt not in FORMATS:
+        fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
+    if out is not None and out.is_dir():
+        fail(f"--out: {out} is a directory")
+    if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
+        fail("--out would overwrite the store itself")
+    try:
+        conn = open_untouched(db)
+        known = known_experiments(conn)
+    except StoreError as exc:
+        fail(exc)
+    except sqlite3.DatabaseError as exc:
+        fail(f"cannot read {db} as a results store: {exc}")
+    try:
+        wanted = split_list(experiment)
+        for name in wanted:
+            if name not in known:
+                fail(f"--experiment: unknown value {name!r}; choose from {', '.join(known)}")
+        if out is None:
+            n = export(conn, sys.stdout, fmt, wanted, samples)
+        else:
+            n = _export_to_file(conn, out, fmt, wanted, samples)
+    finally:
+        conn.close()
+    where = "" if out is None else f" to {out}"
+    typer.echo(f"exported {n} run{'s' if n != 1 else ''}{where}", err=True)
+
+
+def _export_to_file(conn, out: Path, fmt: str, wanted: list[str], samples: bool) -> int:
+    """Write beside `out` and rename at the end: a failed export leaves no half file."""
+    from cs336sys.store.transfer import export
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            n = export(conn, fh, fmt, wanted, samples)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return n
+
+
+@db_app.command()
+def merge(
+    other: Annotated[
+        Path, typer.Argument(help="The store to take rows from; it is only read.", dir_okay=False)
+    ],
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Merge another store's invocations and runs into --db.
+
+    Ids are UUIDs, so rows already present (merged before, or the same store) are skipped, never duplicated; the kernel_stats of newly added runs come along; everything happens in one transaction. OTHER is never modified: it is copied to a temporary snapshot, migrated there if its schema is older, and refused if newer than this cs336sys knows. --db is created if missing.
+
+    Example:
+
+        cs336sys db merge a100.db --db db/results.db
+    """
+    from cs336sys.store.db import StoreError, check_path
+    from cs336sys.store.transfer import check_other, merge
+
+    try:
+        check_path(db)
+        check_other(other, db)
+        counts = merge(db, other)
+    except StoreError as exc:
+        fail(exc)
+    rows = [
+        ["invocations", counts.invocations_added, counts.invocations_present],
+        ["runs", counts.runs_added, counts.runs_present],
+        ["kernel_stats", counts.kernel_stats_added, ""],
+    ]
+    typer.echo(f"merged {other} (schema v{counts.other_version}) into {db}")
+    typer.echo(table(rows, ["table", "added", "already present"]))
+    differing = counts.invocations_differing + counts.runs_differing
+    if differing:
+        typer.echo(
+            f"note: {counts.invocations_differing} invocation(s) and {counts.runs_differing} "
+            f"run(s) have the same id in both stores but different content; kept those in {db}",
+            err=True,
+        )

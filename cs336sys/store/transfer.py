@@ -1,0 +1,316 @@
+"""Moving rows between results stores: export to CSV/JSONL, and merge one store into another.
+
+Why merge works at all: DESIGN.md gives `invocations.id` and `runs.id` UUIDs, so a store
+filled on an H100 box and one filled on an A100 box never reuse an id for different points,
+and the same row merged twice keeps its id. Merging is therefore `INSERT OR IGNORE` keyed
+on those ids (https://sqlite.org/lang_conflict.html), all in one transaction so that an
+error leaves this store as it was. `kernel_stats` rows carry a local INTEGER id, not a
+UUID, so they are copied only for runs the merge newly added (copying them for a run that
+was already here would duplicate its profile).
+
+OTHER is never written to. It is read through SQLite's online backup API into a temporary
+snapshot (https://sqlite.org/backup.html), which gives a consistent copy even while another
+process writes OTHER; an older schema is migrated in that snapshot, never in OTHER.
+Library code: nothing here prints; errors are `StoreError` with a message for the user.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from cs336sys.store import schema, views
+from cs336sys.store.db import (
+    _PROVENANCE_COLUMNS,
+    BUSY_TIMEOUT_S,
+    Store,
+    StoreError,
+    check_path,
+)
+
+FORMATS = ("csv", "jsonl")
+
+# Per run, in this order: the run's own columns, then its invocation's provenance.
+RUN_COLUMNS = (
+    "run_id",
+    "invocation_id",
+    "experiment",
+    "status",
+    "error",
+    "started",
+    "created",
+    "duration_s",
+    "point_key",
+)
+INVOCATION_COLUMNS = ("command", "argv", *_PROVENANCE_COLUMNS)
+
+
+# -- export ----------------------------------------------------------------------------
+
+
+def known_experiments(conn: sqlite3.Connection) -> list[str]:
+    """Experiments a filter may name: those with a view, then any other stored in `runs`."""
+    names = [exp for exp, _, _ in views.VIEWS.values()]
+    stored = [r[0] for r in conn.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1")]
+    return list(dict.fromkeys([*names, *stored]))
+
+
+def records(
+    conn: sqlite3.Connection, experiments: Sequence[str] = (), samples: bool = False
+) -> Iterator[dict[str, Any]]:
+    """One dict per run (oldest first), with provenance and parsed settings/metrics.
+
+    Reads `SELECT r.*` and picks columns by name, so a store at an older schema version
+    (no `point_key` before v2) exports too, with those fields None.
+    """
+    where, params = "", list(experiments)
+    if experiments:
+        where = f"WHERE r.experiment IN ({', '.join('?' * len(experiments))})"
+    inv_cols = ", ".join(f"i.{c} AS inv_{c}" for c in INVOCATION_COLUMNS)
+    cursor = conn.execute(
+        f"SELECT r.*, {inv_cols} FROM runs r LEFT JOIN invocations i ON i.id = r.invocation_id "
+        f"{where} ORDER BY r.created, r.id",
+        params,
+    )
+    names = [d[0] for d in cursor.description]
+    for values in cursor:
+        row = dict(zip(names, values, strict=True))
+        rec: dict[str, Any] = {c: row.get("id" if c == "run_id" else c) for c in RUN_COLUMNS}
+        rec.update({c: row[f"inv_{c}"] for c in INVOCATION_COLUMNS})
+        rec["settings"] = _loads(row["settings"], {})
+        rec["metrics"] = _loads(row["metrics"], {})
+        if samples:
+            rec["samples"] = _loads(row.get("samples"), None)
+        yield rec
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    return default if text is None else json.loads(text)
+
+
+def write_jsonl(recs: Iterable[dict[str, Any]], out: IO[str]) -> int:
+    """One JSON object per line (https://jsonlines.org), settings/metrics kept nested."""
+    n = 0
+    for rec in recs:
+        out.write(json.dumps(rec) + "\n")
+        n += 1
+    return n
+
+
+def write_csv(recs: Iterable[dict[str, Any]], out: IO[str]) -> int:
+    """A header row, then one row per run; settings.* and metrics.* become columns.
+
+    The columns are the union of keys over the exported runs, in order of first
+    appearance, so two exports of the same rows have the same header. Cells: None is
+    empty, booleans/lists/dicts are JSON text, numbers are Python's shortest repr (which
+    float() reads back exactly).
+    """
+    rows = list(recs)  # the header needs every run's keys before the first row is written
+    keys: dict[str, dict[str, None]] = {"settings": {}, "metrics": {}}
+    for rec in rows:
+        for part in ("settings", "metrics"):
+            keys[part].update(dict.fromkeys(rec[part]))
+    base = [*RUN_COLUMNS, *INVOCATION_COLUMNS]
+    flat = [f"{part}.{k}" for part in ("settings", "metrics") for k in keys[part]]
+    tail = ["samples"] if rows and "samples" in rows[0] else []
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*base, *flat, *tail])
+    for rec in rows:
+        cells = [rec[c] for c in base]
+        cells += [rec[p].get(k) for p in ("settings", "metrics") for k in keys[p]]
+        cells += [rec[c] for c in tail]
+        writer.writerow([_cell(v) for v in cells])
+    return len(rows)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (bool, list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def export(
+    conn: sqlite3.Connection,
+    out: IO[str],
+    fmt: str,
+    experiments: Sequence[str] = (),
+    samples: bool = False,
+) -> int:
+    """Write the runs (all, or of `experiments`) to `out`; returns how many."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+    recs = records(conn, experiments, samples)
+    return write_csv(recs, out) if fmt == "csv" else write_jsonl(recs, out)
+
+
+# -- merge -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """What a merge did. `*_differing`: ids present in both stores with different content
+    (this store's row was kept; e.g. an invocation still running when OTHER was copied)."""
+
+    other_version: int
+    invocations_added: int
+    invocations_present: int
+    invocations_differing: int
+    runs_added: int
+    runs_present: int
+    runs_differing: int
+    kernel_stats_added: int
+
+
+def check_other(other: str | Path, this: str | Path) -> Path:
+    """Refuse an OTHER that is missing, not a SQLite file, or the same file as THIS."""
+    other = check_path(other)
+    if not other.exists():
+        raise StoreError(f"no results store at {other}")
+    if other.stat().st_size == 0:
+        raise StoreError(f"{other} is empty, not a results store")
+    this = Path(this)
+    if this.exists() and os.path.samefile(other, this):
+        raise StoreError(f"{other} is the store being merged into (--db); nothing to merge")
+    return other
+
+
+def open_untouched(path: str | Path) -> sqlite3.Connection:
+    """Open a store for reading without leaving any trace beside it.
+
+    A read-only open of a WAL-mode database creates `-wal`/`-shm` files beside it and
+    leaves them there (https://sqlite.org/wal.html, "Read-Only Databases"). When the store
+    has no `-wal` file no connection has it open in WAL mode (SQLite keeps the file while
+    one does), so it is read with `immutable=1`, which creates nothing; otherwise plain
+    `mode=ro` reads the live WAL consistently. (A writer that opens the store during the
+    read is not seen by an immutable read: merge or export again after it finishes.)
+    """
+    path = check_path(path)
+    if not path.exists():
+        raise StoreError(f"no results store at {path} (run an experiment first, or pass --db)")
+    uri = path.resolve().as_uri()
+    wal = path.with_name(path.name + "-wal")
+    uri += "?mode=ro" if wal.exists() else "?mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+        conn.execute("PRAGMA query_only = ON")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open {path}: {exc}") from exc
+    return conn
+
+
+def snapshot(other: Path, dest: Path) -> int:
+    """Copy OTHER into `dest` with the backup API, migrate the copy; returns OTHER's version."""
+    try:
+        src = open_untouched(other)
+        try:
+            dst = sqlite3.connect(dest, isolation_level=None)
+            try:
+                src.backup(dst)
+                found = schema.version(dst)
+                tables = {r[0] for r in dst.execute("SELECT name FROM sqlite_master")}
+                if found == 0 or not {"invocations", "runs"} <= tables:
+                    raise StoreError(f"{other} is a SQLite database but not a results store")
+                schema.migrate(dst)  # refuses a newer version; migrates an older one
+            finally:
+                dst.close()
+        finally:
+            src.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot read {other}: {exc}") from exc
+    except schema.SchemaError as exc:
+        raise StoreError(f"{other}: {exc}") from exc
+    return found
+
+
+def merge(this: str | Path, other: str | Path) -> MergeCounts:
+    """Add OTHER's invocations, runs and their kernel_stats to THIS, in one transaction.
+
+    THIS is created if missing and migrated like any store opened for writing.
+    """
+    other = check_other(other, this)
+    with tempfile.TemporaryDirectory(prefix="cs336sys-merge-") as tmp:
+        copy = Path(tmp) / "other.db"
+        found = snapshot(other, copy)
+        with Store(this) as store:
+            counts = _merge_attached(store.conn, copy)
+    return MergeCounts(other_version=found, **counts)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    # PRAGMA takes no parameters; `table` is one of our own table names.
+    return [r[1] for r in conn.execute(f"PRAGMA main.table_info({table})")]
+
+
+def _merge_attached(conn: sqlite3.Connection, copy: Path) -> dict[str, int]:
+    """INSERT OR IGNORE from the attached snapshot. `conn` is in autocommit mode."""
+    conn.execute("ATTACH DATABASE ? AS other", (str(copy),))
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            counts = {}
+            for table in ("invocations", "runs"):
+                cols = _columns(conn, table)
+                total = conn.execute(f"SELECT count(*) FROM other.{table}").fetchone()[0]
+                same = " AND ".join(f"m.{c} IS o.{c}" for c in cols)
+                differing = conn.execute(
+                    f"SELECT count(*) FROM other.{table} o JOIN main.{table} m ON m.id = o.id "
+                    f"WHERE NOT ({same})"
+                ).fetchone()[0]
+                if table == "runs":  # remember which runs are new, for kernel_stats
+                    conn.execute(
+                        "CREATE TEMP TABLE merge_new_runs AS SELECT id FROM other.runs "
+                        "WHERE id NOT IN (SELECT id FROM main.runs)"
+                    )
+                col_list = ", ".join(cols)
+                added = conn.execute(
+                    f"INSERT OR IGNORE INTO main.{table} ({col_list}) "
+                    f"SELECT {col_list} FROM other.{table} ORDER BY rowid"
+                ).rowcount
+                counts.update(
+                    {
+                        f"{table}_added": added,
+                        f"{table}_present": total - added,
+                        f"{table}_differing": differing,
+                    }
+                )
+            # kernel_stats.id is a local rowid: let THIS number the copied rows.
+            cols = ", ".join(c for c in _columns(conn, "kernel_stats") if c != "id")
+            counts["kernel_stats_added"] = conn.execute(
+                f"INSERT INTO main.kernel_stats ({cols}) SELECT {cols} FROM other.kernel_stats "
+                "WHERE run_id IN (SELECT id FROM temp.merge_new_runs) ORDER BY id"
+            ).rowcount
+            conn.execute("DROP TABLE temp.merge_new_runs")
+            conn.execute("COMMIT")
+        except sqlite3.IntegrityError as exc:
+            conn.execute("ROLLBACK")
+            raise StoreError(f"merge refused, nothing written: {exc}") from exc
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    finally:
+        conn.execute("DETACH DATABASE other")
+    return counts
+
+
+__all__ = [
+    "FORMATS",
+    "MergeCounts",
+    "check_other",
+    "export",
+    "known_experiments",
+    "merge",
+    "open_untouched",
+    "records",
+    "snapshot",
+    "write_csv",
+    "write_jsonl",
+]

@@ -1,0 +1,347 @@
+"""`cs336sys db export|merge`: nothing lost or duplicated, OTHER untouched, bad input refused."""
+
+import csv
+import hashlib
+import io
+import json
+import sqlite3
+
+import pytest
+from typer.testing import CliRunner
+
+from cs336sys.cli import app
+from cs336sys.store import SCHEMA_VERSION, Store, schema
+from cs336sys.store.transfer import merge
+
+runner = CliRunner()
+
+TRICKY = 'a,b "quoted"\nsecond line'
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def prov(machine):
+    return {
+        "host": f"host-{machine}",
+        "device": "cuda:0",
+        "gpu": f"GPU {machine}",
+        "gpu_count": 1,
+        "gpu_memory_gb": 80.0,
+        "torch_version": "2.11.0",
+        "python_version": "3.11.7",
+        "git_commit": f"c0ffee{machine}",
+        "git_dirty": 1,
+    }
+
+
+def kstats(n):
+    return [
+        {
+            "phase": "forward",
+            "rank": i + 1,
+            "name": f"kernel_{i}",
+            "calls": 3 * (i + 1),
+            "total_ms": 1.5 * (i + 1),
+            "mean_ms": 0.5,
+            "share": 0.25,
+            "time_basis": "cuda",
+        }
+        for i in range(n)
+    ]
+
+
+def fill(path, machine):
+    """A store as one machine leaves it: two invocations, runs of every status, a profile."""
+    with Store(path) as s:
+        inv = s.begin_invocation(prov(machine), ["cs336sys", "model"], "model")
+        s.add_run(
+            inv,
+            "model",
+            "ok",
+            {"size": "small", "mode": "train", "compile": True},
+            {"step_ms_mean": 12.25, "tflops": 0.1},
+            samples={"step_ms": [12.0, 12.5]},
+            started="2026-01-01 00:00:00.000000",
+            duration_s=1.25,
+        )
+        s.add_run(inv, "model", "oom", {"size": "xl", "mode": "train"}, error="CUDA out of memory")
+        s.finish_invocation(inv, 0)
+        inv = s.begin_invocation(prov(machine), ["cs336sys", "profile", "model"], "profile")
+        rid = s.add_run(inv, "profile", "ok", {"target": "model", "note": TRICKY}, {"top": 2})
+        s.add_kernel_stats(rid, kstats(2))
+        s.add_run(inv, "attention", "error", {"impl": "triton", "seq": 128}, error="boom")
+        s.add_run(inv, "attention", "skipped", {"impl": "naive", "seq": 65536})
+        s.finish_invocation(inv, 1)
+
+
+def table_rows(path, table):
+    conn = sqlite3.connect(path)
+    conn.row_factory = sqlite3.Row
+    rows = [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY id")]
+    conn.close()
+    return rows
+
+
+def export_text(path, fmt, *extra):
+    result = invoke("db", "export", "--format", fmt, "--samples", "--db", path, *extra)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def fingerprint(path):
+    """Bytes, mtime and the directory listing (a read must not leave -wal/-shm files)."""
+    return (
+        hashlib.sha256(path.read_bytes()).hexdigest(),
+        path.stat().st_mtime_ns,
+        sorted(p.name for p in path.parent.iterdir()),
+    )
+
+
+def test_export_then_merge_loses_nothing_and_leaves_other_untouched(tmp_path, db_path):
+    a = tmp_path / "a" / "a.db"
+    a.parent.mkdir()
+    fill(a, "A")
+    before = fingerprint(a)
+    result = invoke("db", "merge", a, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert fingerprint(a) == before
+    for table in ("invocations", "runs", "kernel_stats"):
+        assert table_rows(db_path, table) == table_rows(a, table), table
+    assert len(table_rows(db_path, "runs")) == 5
+    assert len(table_rows(db_path, "kernel_stats")) == 2
+    for fmt in ("csv", "jsonl"):
+        assert export_text(db_path, fmt) == export_text(a, fmt)
+    assert fingerprint(a) == before  # neither merge nor export leaves -wal/-shm beside it
+    # the table printed: 2 invocations, 5 runs, 2 kernel_stats rows added
+    lines = [ln.split() for ln in result.stdout.splitlines()]
+    assert ["invocations", "2", "0"] in lines and ["runs", "5", "0"] in lines
+    assert ["kernel_stats", "2"] in lines
+
+
+def test_merging_the_same_store_twice_adds_nothing(tmp_path, db_path):
+    a = tmp_path / "a.db"
+    fill(a, "A")
+    first = merge(db_path, a)
+    assert (first.invocations_added, first.runs_added, first.kernel_stats_added) == (2, 5, 2)
+    snapshot = {t: table_rows(db_path, t) for t in ("invocations", "runs", "kernel_stats")}
+    again = merge(db_path, a)
+    assert (again.invocations_added, again.runs_added, again.kernel_stats_added) == (0, 0, 0)
+    assert (again.invocations_present, again.runs_present) == (2, 5)
+    assert (again.invocations_differing, again.runs_differing) == (0, 0)
+    assert {t: table_rows(db_path, t) for t in snapshot} == snapshot
+
+
+def test_two_machines_merge_to_the_union(tmp_path, db_path):
+    a, c = tmp_path / "a.db", tmp_path / "c.db"
+    fill(a, "A")
+    fill(c, "C")
+    merge(db_path, a)
+    counts = merge(db_path, c)
+    assert (counts.invocations_added, counts.runs_added, counts.kernel_stats_added) == (2, 5, 2)
+    for table in ("invocations", "runs"):
+        ids = {r["id"] for r in table_rows(db_path, table)}
+        assert ids == {r["id"] for r in table_rows(a, table) + table_rows(c, table)}
+    ks = table_rows(db_path, "kernel_stats")
+    assert len(ks) == 4 and len({r["id"] for r in ks}) == 4  # renumbered, not clashing
+    gpus = [json.loads(line)["gpu"] for line in export_text(db_path, "jsonl").splitlines()]
+    assert sorted(gpus) == ["GPU A"] * 5 + ["GPU C"] * 5
+    # merging into a store that already has C's runs adds only A's (profile rows follow)
+    d = tmp_path / "d.db"
+    merge(d, c)
+    counts = merge(d, db_path)
+    assert (counts.runs_added, counts.runs_present, counts.kernel_stats_added) == (5, 5, 2)
+
+
+def test_csv_round_trips_values(db_path):
+    with Store(db_path) as s:
+        inv = s.begin_invocation(prov("A"), ["x"], "model")
+        s.add_run(inv, "model", "ok", {"size": TRICKY, "layers": 4}, {"ms": 0.1, "big": 1e300})
+        s.add_run(inv, "model", "oom", {"mode": "train", "size": "s"}, {"ms": None, "n": -7})
+        s.finish_invocation(inv, 0)
+    rows = list(csv.DictReader(io.StringIO(export_text(db_path, "csv"))))
+    header = list(rows[0])
+    # union of keys in order of first appearance, settings before metrics, samples last
+    assert header[:9] == [
+        "run_id",
+        "invocation_id",
+        "experiment",
+        "status",
+        "error",
+        "started",
+        "created",
+        "duration_s",
+        "point_key",
+    ]
+    assert {"gpu", "host", "git_commit", "git_dirty", "torch_version"} <= set(header[9:-7])
+    # union of keys in order of first appearance, settings before metrics, samples last
+    assert header[-7:] == [
+        "settings.size",
+        "settings.layers",
+        "settings.mode",
+        "metrics.ms",
+        "metrics.big",
+        "metrics.n",
+        "samples",
+    ]
+    first, second = rows
+    assert first["settings.size"] == TRICKY
+    assert int(first["settings.layers"]) == 4 and first["settings.mode"] == ""
+    assert float(first["metrics.ms"]) == 0.1 and float(first["metrics.big"]) == 1e300
+    assert second["metrics.ms"] == "" and int(second["metrics.n"]) == -7
+    assert (first["status"], second["status"]) == ("ok", "oom")
+    assert first["gpu"] == "GPU A" and first["git_dirty"] == "1" and first["error"] == ""
+    assert first["host"] == "host-A" and first["torch_version"] == "2.11.0"
+
+
+def test_jsonl_is_one_object_per_run_with_nested_settings(tmp_path, db_path):
+    fill(db_path, "A")
+    lines = export_text(db_path, "jsonl").splitlines()
+    assert len(lines) == 5
+    recs = [json.loads(line) for line in lines]
+    ids = [r["id"] for r in table_rows(db_path, "runs")]
+    assert sorted(r["run_id"] for r in recs) == sorted(ids)
+    (prof,) = [r for r in recs if r["experiment"] == "profile"]
+    assert prof["settings"] == {"target": "model", "note": TRICKY}
+    assert prof["metrics"] == {"top": 2} and prof["status"] == "ok"
+    (model,) = [r for r in recs if r["status"] == "ok" and r["experiment"] == "model"]
+    assert model["samples"] == {"step_ms": [12.0, 12.5]}
+    assert model["settings"]["compile"] is True and model["duration_s"] == 1.25
+    assert model["gpu"] == "GPU A" and model["git_commit"] == "c0ffeeA"
+    assert json.loads(model["argv"]) == ["cs336sys", "model"]
+    # default: no samples; --experiment filters (comma list or repeated)
+    out = invoke("db", "export", "--format", "jsonl", "--experiment", "attention", "--db", db_path)
+    recs = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["experiment"] for r in recs] == ["attention", "attention"]
+    assert "samples" not in recs[0]
+    out = invoke("db", "export", "--experiment", "model,profile", "--db", db_path)
+    assert len(list(csv.DictReader(io.StringIO(out.stdout)))) == 3
+    # --out writes the file, stdout stays empty
+    target = tmp_path / "out" / "runs.jsonl"
+    out = invoke("db", "export", "--format", "jsonl", "--out", target, "--db", db_path)
+    assert out.exit_code == 0 and out.stdout == "" and len(target.read_text().splitlines()) == 5
+
+
+def _old_store(path, version):
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn, target=version)
+    conn.execute("INSERT INTO invocations (id, command, gpu) VALUES ('i-old', 'model', 'V100')")
+    conn.execute(
+        "INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, created) "
+        "VALUES ('r-old', 'i-old', 'model', 'ok', '{\"size\": \"small\"}', "
+        "'{\"step_ms_mean\": 3.0}', '2025-01-01 00:00:00')"
+    )
+    conn.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_schema_merges_and_is_not_migrated_in_place(tmp_path, db_path, version):
+    old = tmp_path / "other" / "old.db"
+    old.parent.mkdir()
+    _old_store(old, version)
+    before = fingerprint(old)
+    counts = merge(db_path, old)
+    assert fingerprint(old) == before
+    assert counts.other_version == version and counts.runs_added == 1
+    (run,) = table_rows(db_path, "runs")
+    assert (run["id"], run["invocation_id"], run["settings"]) == (
+        "r-old",
+        "i-old",
+        '{"size": "small"}',
+    )
+    conn = sqlite3.connect(old)
+    assert schema.version(conn) == version
+    conn.close()
+    rec = json.loads(export_text(old, "jsonl"))  # export reads the old schema as it is
+    assert rec["run_id"] == "r-old" and rec["point_key"] is None and rec["gpu"] == "V100"
+
+
+def assert_refused(result, *absent):
+    assert result.exit_code == 2, result.output
+    err = result.stderr.strip()
+    assert err.startswith("Error:") and "\n" not in err, err
+    for path in absent:
+        assert not path.exists(), path
+    return err
+
+
+def test_merge_refuses_bad_other(tmp_path, db_path):
+    missing = tmp_path / "missing.db"
+    assert "no results store" in assert_refused(
+        invoke("db", "merge", missing, "--db", db_path), db_path
+    )
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    assert "not a SQLite" in assert_refused(invoke("db", "merge", text, "--db", db_path), db_path)
+    foreign = tmp_path / "foreign.db"
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.close()
+    err = assert_refused(invoke("db", "merge", foreign, "--db", db_path), db_path)
+    assert "not a results store" in err
+    newer = tmp_path / "newer.db"
+    fill(newer, "N")
+    conn = sqlite3.connect(newer)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    err = assert_refused(invoke("db", "merge", newer, "--db", db_path), db_path)
+    assert "newer" in err and "upgrade" in err
+    fill(db_path, "A")
+    before = fingerprint(db_path)
+    err = assert_refused(invoke("db", "merge", db_path, "--db", db_path))
+    assert "same" in err or "being merged into" in err
+    assert fingerprint(db_path) == before
+
+
+def test_failed_merge_writes_nothing(tmp_path, db_path):
+    # An orphan run (its invocation missing) breaks the foreign key: the whole merge rolls back.
+    bad = tmp_path / "bad.db"
+    fill(bad, "B")
+    conn = sqlite3.connect(bad)
+    conn.execute("DELETE FROM invocations WHERE command = 'profile'")
+    conn.commit()
+    conn.close()
+    fill(db_path, "A")
+    before = {t: table_rows(db_path, t) for t in ("invocations", "runs", "kernel_stats")}
+    assert_refused(invoke("db", "merge", bad, "--db", db_path))
+    assert {t: table_rows(db_path, t) for t in before} == before
+
+
+def test_export_refuses_bad_input(tmp_path, db_path):
+    out = tmp_path / "x.csv"
+    assert_refused(invoke("db", "export", "--db", db_path, "--out", out), db_path, out)
+    fill(db_path, "A")
+    err = assert_refused(
+        invoke("db", "export", "--format", "xml", "--db", db_path, "--out", out), out
+    )
+    assert "--format" in err
+    err = assert_refused(
+        invoke("db", "export", "--experiment", "model,nope", "--db", db_path, "--out", out), out
+    )
+    assert "'nope'" in err
+    foreign = tmp_path / "foreign.db"
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.close()
+    err = assert_refused(invoke("db", "export", "--db", foreign, "--out", out), out)
+    assert "results store" in err
+    # an experiment with a view but no rows is not an error: just a header
+    res = invoke("db", "export", "--experiment", "comm", "--db", db_path)
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 1
+
+
+def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):
+    # While a writer holds OTHER open, its newest rows may live only in OTHER-wal: the
+    # snapshot must see them, and the differing-content count flags a row that changed.
+    live = tmp_path / "live" / "live.db"
+    live.parent.mkdir()
+    fill(live, "L")
+    merge(db_path, live)
+    with Store(live) as writer:
+        inv = writer.begin_invocation(prov("L"), ["x"], "model")
+        writer.add_run(inv, "model", "ok", {"size": "late"}, {"step_ms_mean": 1.0})
+        assert live.with_name("live.db-wal").exists()
+        counts = merge(db_path, live)
+        writer.finish_invocation(inv, 0)
+        finished = merge(db_path, live)
+    assert (counts.invocations_added, counts.runs_added, counts.runs_present) == (1, 1, 5)
+    assert (finished.invocations_added, finished.invocations_differing) == (0, 1)
+    (late,) = [r for r in table_rows(db_path, "runs") if '"late"' in r["settings"]]
+    assert late["status"] == "ok"
