@@ -13,6 +13,7 @@ import typer
 from cs336sys import __version__
 from cs336sys.cli.attention import attention
 from cs336sys.cli.comm import comm
+from cs336sys.cli.db import db_app
 from cs336sys.cli.ddp import ddp
 from cs336sys.cli.env import env
 from cs336sys.cli.memory import memory_app
@@ -61,6 +62,7 @@ app.command()(ddp)
 app.add_typer(memory_app, name="memory")
 app.add_typer(precision, name="precision")
 app.add_typer(profile_app, name="profile")
+app.add_typer(db_app, name="db")
 
 
 def main() -> None:
