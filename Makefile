@@ -8,8 +8,11 @@ STAMP  := $(VENV)/.installed
 # unpinned `torch` requirement is already met and no CUDA packages are pulled.
 CPU_TORCH ?= torch==2.13.0
 DEMO_DB ?= db/results.db
+DEMO_REPORT ?= reports/demo
+# When this make started (UTC): the demo's report covers what the demo itself ran.
+DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
 
-.PHONY: install test demo lint bench clean-venv
+.PHONY: install test demo lint bench clean-venv browser
 
 install: $(STAMP)
 
@@ -25,13 +28,26 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# The report tests open the HTML in headless Chromium, from Debian's packages. Installed
+# here when missing and apt-get can run (as root); otherwise those tests say how.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		true; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing chromium (Debian package) for the report tests"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+			>/dev/null) || echo "apt-get could not install chromium: the report browser tests will fail"; \
+	else \
+		echo "chromium not found and cannot be installed here: the report browser tests will fail"; \
+	fi
 
 # CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table),
 # attention implementations side by side (the Triton kernels through the interpreter),
 # collectives and the DDP variants on two Gloo ranks, precision experiments, profiles,
-# and a memory sweep with checkpointing.
+# and a memory sweep with checkpointing; then the report of exactly those runs.
 demo: $(STAMP)
 	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
 		--batch-size 4 --mode forward,train --precision fp32,bf16 --warmup 2 --steps 5
@@ -45,6 +61,8 @@ demo: $(STAMP)
 		--bucket-mb 1,10,100 --warmup 1 --steps 3
 	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
 		--batch-size 4 --mode forward,train --checkpoint none,every:1,sqrt --warmup 1 --steps 2
+	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
+		--batch-size 4 --mode train --warmup 1 --steps 1 --snapshot $(DEMO_REPORT)/snapshots
 	$(VENV)/bin/cs336sys memory residuals --db $(DEMO_DB) --size tiny --context-length 128 \
 		--impl eager,compiled
 	$(VENV)/bin/cs336sys precision accumulate --db $(DEMO_DB)
@@ -62,6 +80,8 @@ demo: $(STAMP)
 		  WHERE invocation_id = (SELECT id FROM invocations WHERE command = 'model' \
 		                          ORDER BY started DESC LIMIT 1) \
 		  ORDER BY created"
+	$(VENV)/bin/cs336sys report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT) \
+		--title "cs336sys demo (CPU-sized sweeps)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -72,6 +92,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/comm_overhead.py
 	$(PY) benchmarks/ddp_cpu.py
 	$(PY) benchmarks/memory_cpu.py
+	$(PY) benchmarks/report_speed.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -20,6 +20,7 @@ from cs336sys.cli.memory import memory_app
 from cs336sys.cli.model import model
 from cs336sys.cli.precision import precision
 from cs336sys.cli.profile import profile_app
+from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
 
 app = typer.Typer(
@@ -62,6 +63,7 @@ app.command()(ddp)
 app.add_typer(memory_app, name="memory")
 app.add_typer(precision, name="precision")
 app.add_typer(profile_app, name="profile")
+app.command()(report)
 app.add_typer(db_app, name="db")
 
 

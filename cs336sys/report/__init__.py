@@ -1,0 +1,1 @@
+"""Reports: stored runs -> tables, plots and comparisons -> HTML and markdown (templates/)."""

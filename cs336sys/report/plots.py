@@ -1,0 +1,194 @@
+"""Line plots for reports: matplotlib with the Agg backend (no display), returned as PNG bytes.
+
+Every plot has labelled axes with units and a legend; an axis goes logarithmic when its
+values span more than two decades (seq 128..16384, message sizes 1 KB..1 GB), as in the
+latency/bandwidth plots of the FlashAttention and nccl-tests write-ups. Several panels
+(one per head dim, say) share one legend and one colour per series, so a line keeps its
+colour from panel to panel.
+
+Tick labels are plain text (1024, 16k, 1M), never mathtext: laying out mathtext labels on
+log axes cost more than the rest of a 10,000-run report put together (issue 6 benchmark).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Series = dict[str, list[tuple[float, float]]]
+_MAX_COLS = 4
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A plot to draw: what panel_plot takes. Sections describe their plots; a Drawer
+    draws every plot of a report at once (on several cores where it can)."""
+
+    panels: dict[str, Series]
+    xlabel: str
+    ylabel: str
+    title: str
+    logx: bool | None = None
+    logy: bool | None = None
+
+    @classmethod
+    def lines(cls, series: Series, xlabel: str, ylabel: str, title: str, **log) -> Plot:
+        """A single panel."""
+        return cls({"": series}, xlabel, ylabel, title, **log)
+
+    def draw(self) -> bytes:
+        return panel_plot(self.panels, self.xlabel, self.ylabel, self.title, self.logx, self.logy)
+
+
+class Drawer:
+    """Draws a report's plots, on every core where it can.
+
+    Drawing is most of a report's time (issue 6: 10,000 runs in under 5 s on 2 cores), and
+    importing matplotlib alone takes most of a second, so on Linux `Drawer(start=True)` forks
+    one worker per core at once: they import matplotlib while the caller is still reading the
+    store, then draw the plots side by side. Elsewhere (macOS and Windows do not fork safely),
+    on one core, or with start=False, plots are drawn in this process, one after another.
+
+        with Drawer(start=True) as drawer:
+            ...                      # read the store, build the tables
+            pngs = drawer.draw(plots)
+    """
+
+    def __init__(self, start: bool = True) -> None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self._pool = None
+        if start and cores > 1 and sys.platform.startswith("linux"):
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(
+                cores, mp_context=multiprocessing.get_context("fork"),
+                initializer=_import_matplotlib,
+            )  # fmt: skip
+            self._pool.submit(int)  # launches the workers now (fork launches them all)
+
+    def __enter__(self) -> Drawer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def draw(self, plots: list[Plot]) -> list[bytes]:
+        """PNG bytes of every plot, in order."""
+        if self._pool is None or len(plots) < 2:
+            return [p.draw() for p in plots]
+        return list(self._pool.map(Plot.draw, plots))
+
+
+def _import_matplotlib() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.figure  # noqa: F401  (loads the font manager and its cache)
+    from matplotlib import font_manager
+
+    font_manager.fontManager.findfont("DejaVu Sans")
+
+
+def _spans_decades(values: Sequence[float]) -> bool:
+    pos = [v for v in values if v is not None and v > 0]
+    return bool(pos) and max(pos) / min(pos) > 100
+
+
+def short(v: float, _pos: object = None) -> str:
+    """A tick label: 512, 16384, 150k, 1.5M, 2G (SI prefixes from 10^5), 0.25."""
+    if v == 0:
+        return "0"
+    if float(v).is_integer() and abs(v) < 1e5:
+        return str(int(v))
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    if abs(v) >= 1e5:
+        return f"{v / 1e3:.3g}k"
+    return f"{v:.4g}"
+
+
+def panel_plot(
+    panels: dict[str, Series],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool | None = None,
+    logy: bool | None = None,
+) -> bytes:
+    """One panel per key (its title), side by side, sharing axes scales and one legend."""
+    _import_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
+
+    all_pts = [p for series in panels.values() for pts in series.values() for p in pts]
+    xs, ys = [p[0] for p in all_pts], [p[1] for p in all_pts]
+    int_x = all(float(x).is_integer() for x in xs)
+    # Powers of two (seq 128..65536) read best on a base-2 axis; sizes in bytes on base 10.
+    pow2_x = int_x and len(set(xs)) > 1 and all(x > 0 and int(x) & (int(x) - 1) == 0 for x in xs)
+    logx = (_spans_decades(xs) or pow2_x) if logx is None else logx
+    logy = _spans_decades(ys) if logy is None else logy
+    labels = list(dict.fromkeys(k for s in panels.values() for k in s))
+    colours = {k: f"C{i % 10}" for i, k in enumerate(labels)}
+    styles = {k: ("-", "--", ":", "-.")[(i // 10) % 4] for i, k in enumerate(labels)}
+
+    n = len(panels)
+    cols = min(n, _MAX_COLS)
+    rows = -(-n // cols)
+    legend_rows = -(-len(labels) // 3)
+    legend_in = 0.17 * legend_rows + 0.15  # inches: one line of 7-pt text per row
+    fig = Figure(figsize=(3.4 * cols + 3.0 * (cols == 1), 3.0 * rows + legend_in),
+                 dpi=100)  # fmt: skip
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
+        for label, pts in series.items():
+            pts = sorted(p for p in pts if p[1] is not None)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
+                    color=colours[label], linestyle=styles[label], label=label)  # fmt: skip
+        if name:
+            ax.set_title(name, fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    ax0 = axes.flat[0]
+    if logx:
+        ax0.set_xscale("log", base=2 if pow2_x else 10)
+    elif int_x:
+        ax0.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if logy:
+        ax0.set_yscale("log")
+    for axis, is_log in ((ax0.xaxis, logx), (ax0.yaxis, logy)):
+        axis.set_major_formatter(FuncFormatter(short))
+        if is_log:  # majors only: minor ticks on log axes cost a quarter of a plot's time
+            axis.set_minor_locator(NullLocator())
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel, fontsize=9)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=9)
+    for ax in axes.flat:
+        ax.tick_params(labelsize=8)
+    # The legend goes below the panels, in its own band, so many series never squeeze them.
+    legend_h = legend_in / fig.get_figheight()
+    fig.legend(*_handles(axes, labels), loc="lower center", ncol=min(3, len(labels)),
+               fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.subplots_adjust(left=0.1 if cols > 1 else 0.12, right=0.98, top=1 - 0.45 / fig.get_figheight(),
+                        bottom=legend_h + 0.55 / fig.get_figheight(), wspace=0.08, hspace=0.3)  # fmt: skip
+    buf = io.BytesIO()
+    # No timestamps in the file: the same data gives the same bytes.
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _handles(axes, labels: list[str]) -> tuple[list, list[str]]:
+    """One legend entry per label, taken from whichever panel drew it."""
+    found = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            found.setdefault(lab, h)
+    return [found[k] for k in labels], labels

@@ -1,0 +1,225 @@
+"""Report sections: the tables and plots each experiment calls for, from its view's rows.
+
+A table shows one line per measured point: the latest row stored for the same GPU and the
+same settings (a re-run replaces an earlier one; `n` counts them). Metric cells of a point
+that did not finish say why (OOM, error, skipped) instead of a number. Experiment-specific
+builders live in sections_exp.py; this module holds the containers and shared helpers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cs336sys.report.plots import Plot, Series
+
+Row = dict[str, Any]
+# Settings that say how a point was measured, not which point it is.
+QUIET = frozenset({"device", "seed", "warmup", "steps", "iters", "snapshot"})
+# Model dimensions that a size preset fixes: worth naming only when overridden.
+_BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+@dataclass
+class Figure:
+    title: str
+    name: str  # file name stem, unique in the report
+    plot: Plot | None = None  # drawn into `png` by render.build, all plots at once
+    png: bytes = b""
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def skey(row: Row, drop: Iterable[str] = ()) -> str:
+    """The point's identity: its settings (minus `drop`) as canonical JSON."""
+    s = {k: v for k, v in row["_settings"].items() if k not in set(drop)}
+    return json.dumps(s, sort_keys=True, default=str)
+
+
+def latest(rows: list[Row]) -> list[Row]:
+    """The last row per (GPU, settings), in first-seen order, with `_n` = rows of that point."""
+    out: dict[tuple, Row] = {}
+    counts: dict[tuple, int] = {}
+    for r in rows:  # oldest first, so the last one wins
+        k = (r.get("gpu"), skey(r))
+        counts[k] = counts.get(k, 0) + 1
+        out[k] = r
+    for k, r in out.items():
+        r["_n"] = counts[k]
+    return list(out.values())
+
+
+def num(x: Any, digits: int = 3) -> str:
+    """A number to `digits` significant figures; '' for missing."""
+    if x is None:
+        return ""
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        if abs(x) >= 10**digits:
+            return f"{x:,.0f}"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def text(x: Any) -> str:
+    return "" if x is None else num(x)
+
+
+def status_or(row: Row, value: str) -> str:
+    """The value for an ok point; OOM / error / skipped for one that did not finish."""
+    st = row.get("status")
+    if st == "ok":
+        return value
+    return "OOM" if st == "oom" else st or ""
+
+
+def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
+    m, s = row.get(mean), row.get(std)
+    if m is None:
+        return status_or(row, "")
+    return status_or(row, num(m, digits) + ("" if s is None else f" ± {num(s, 2)}"))
+
+
+def mib(x: Any) -> str:
+    return "" if x is None else f"{x / 2**20:,.1f}"
+
+
+def pct(x: Any) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
+    """Setting keys (QUIET and `shown` aside) whose value differs between rows, sorted."""
+    skip = QUIET | set(shown)
+    keys = sorted({k for r in rows for k in r["_settings"]} - skip)
+
+    def differs(k: str, within: str | None = None) -> bool:
+        seen: dict[Any, set[str]] = {}
+        for r in rows:
+            s = r["_settings"]
+            seen.setdefault(s.get(within) if within else None, set()).add(
+                json.dumps(s.get(k), default=str)
+            )
+        return any(len(v) > 1 for v in seen.values())
+
+    return [k for k in keys if differs(k, "size" if k in _BY_SIZE else None)]
+
+
+def with_gpu(
+    rows: list[Row], headers: list[str], cells: Callable[[Row], list[str]], shown: Iterable[str]
+) -> Table:
+    """A table, with a leading GPU column only when the rows come from more than one GPU,
+    and a trailing "other settings" column naming the settings outside `shown` that differ
+    between rows (e.g. `attention=flash-torch`), so two lines never look like one point."""
+    many = len({r.get("gpu") for r in rows}) > 1
+    extra = varying(rows, shown)
+    body = [
+        ([text(r.get("gpu"))] if many else [])
+        + cells(r)
+        + ([" ".join(f"{k}={text(r['_settings'].get(k))}" for k in extra)] if extra else [])
+        for r in rows
+    ]
+    return Table("", (["gpu"] if many else []) + headers + (["other settings"] if extra else []),
+                 body)  # fmt: skip
+
+
+def panels(
+    rows: list[Row],
+    x: str,
+    y: str,
+    facet: str | None = None,
+    scale: float = 1.0,
+    first: Sequence[str] = (),
+) -> dict[str, Series]:
+    """The ok rows as lines of (x, y): one line per point identity without `x` (GPU included),
+    in one panel per value of `facet` (one panel titled "" without it).
+
+    A line's label names only what tells it apart from the other lines (`impl=triton
+    dtype=bf16`, plus the GPU when there are several), `first` keys leading; the same line
+    has the same label in every panel.
+    """
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
+            groups.setdefault((r.get("gpu"), skey(r, drop=QUIET | {x})), []).append(r)
+    heads = [g[0] for g in groups.values()]
+    keys = varying(heads, shown=(x, facet) if facet else (x,))
+    keys = [k for k in first if k in keys] + [k for k in keys if k not in first]
+    if not keys:  # one line: name it by its leading settings
+        keys = [k for k in first if heads and k in heads[0]["_settings"]]
+    many_gpus = len({r.get("gpu") for r in heads}) > 1
+    out: dict[str, Series] = {}
+    for g in sorted(groups.values(), key=lambda g: _order(g[0]["_settings"].get(facet))):
+        s = g[0]["_settings"]
+        label = " ".join([f"{k}={text(s.get(k))}" for k in keys]
+                         + ([text(g[0].get("gpu"))] if many_gpus else [])) or y  # fmt: skip
+        panel = f"{facet}={text(s.get(facet))}" if facet else ""
+        out.setdefault(panel, {})[label] = [(r[x], r[y] * scale) for r in g]
+    return out
+
+
+def series(rows: list[Row], x: str, y: str, scale: float = 1.0, first: Sequence[str] = ()) -> Series:
+    """panels() without facets: the one panel's lines ({} when no row has both x and y)."""
+    return panels(rows, x, y, scale=scale, first=first).get("", {})
+
+
+def _order(v: Any) -> tuple:
+    """Numbers before text, numbers by value: panels d=16, 32, 64, 128 in that order."""
+    return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+
+
+def speedups(
+    rows: list[Row], key: str, a: Any, b: Any, metric: str, label: Callable[[Row], str]
+) -> list[list[str]]:
+    """Points differing only in `key` (a vs b): metric at a, at b, and a/b (>1: b faster)."""
+    groups: dict[tuple, dict[Any, Row]] = {}
+    for r in rows:
+        if r.get("status") != "ok" or r.get(metric) is None:
+            continue
+        groups.setdefault((r.get("gpu"), skey(r, drop=(key,))), {})[r["_settings"].get(key)] = r
+    out = []
+    for pair in groups.values():
+        if a in pair and b in pair:
+            ra, rb = pair[a], pair[b]
+            out.append(
+                [label(ra), num(ra[metric]), num(rb[metric]), f"{ra[metric] / rb[metric]:.2f}×"]
+            )
+    return out
+
+
+def nonempty_columns(rows: list[Row], columns: list[str]) -> list[str]:
+    """The columns that hold a value in at least one row (precision kinds differ in keys)."""
+    return [c for c in columns if any(r.get(c) is not None for r in rows)]
+
+
+def generic(rows: list[Row], settings: list[str], metrics: list[str]) -> Table:
+    cols = nonempty_columns(rows, settings) + nonempty_columns(rows, metrics)
+    metric_set = set(metrics)
+    body = [
+        [status_or(r, text(r.get(c))) if c in metric_set else text(r.get(c)) for c in cols]
+        + [r["status"]]
+        for r in rows
+    ]
+    return Table("", [*cols, "status"], body)

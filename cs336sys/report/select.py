@@ -1,0 +1,183 @@
+"""Which stored runs a report covers: time range, experiment, GPU, commit and settings filters.
+
+Every user value reaches SQLite as a bound parameter (`?`), never spliced into the SQL text:
+`--where "size=x'; DROP TABLE runs; --"` is just a value that matches no row. Setting keys
+go into a JSON path (`'$.' || ?`), so they are checked to be plain identifiers first.
+Times are compared as text in the store's own format ('YYYY-MM-DD HH:MM:SS.ffffff', UTC),
+which sorts like the instants it names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from cs336sys.store.views import VIEWS
+
+FMT = "%Y-%m-%d %H:%M:%S.%f"
+EXPERIMENTS = {exp: view for view, (exp, _, _) in VIEWS.items()}
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_AGO = re.compile(r"^(\d+)\s*([dhw])$")
+
+
+class SelectionError(ValueError):
+    """A filter the user gave cannot be understood; the message names it."""
+
+
+def parse_time(text: str, now: datetime, end: bool = False) -> str:
+    """`today`, `yesterday`, `7d`/`12h`/`2w` (ago), an ISO date or datetime -> store format.
+
+    With end=True (for --until) a whole day (`today`, `2026-01-05`) means the end of that day,
+    so `--since 2026-01-05 --until 2026-01-05` is that one day. Naive datetimes are UTC,
+    like the store; aware ones are converted to UTC.
+    """
+    s = text.strip().lower()
+    day = now.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    bump = timedelta(days=1) if end else timedelta(0)
+    if s == "today":
+        return (day + bump).strftime(FMT)
+    if s == "yesterday":
+        return (day - timedelta(days=1) + bump).strftime(FMT)
+    m = _AGO.match(s)
+    if m:
+        n, unit = int(m.group(1)), m.group(2)
+        delta = {"d": timedelta(days=n), "h": timedelta(hours=n), "w": timedelta(weeks=n)}[unit]
+        return (now.astimezone(timezone.utc) - delta).strftime(FMT)
+    try:
+        if re.match(r"^\d{4}-\d{2}-\d{2}$", s):
+            return (datetime.fromisoformat(s) + bump).strftime(FMT)
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise SelectionError(
+            f"cannot read time {text!r}: use today, yesterday, 7d, 12h, 2026-01-05 or "
+            "2026-01-05T13:00"
+        ) from None
+    if t.tzinfo is not None:
+        t = t.astimezone(timezone.utc).replace(tzinfo=None)
+    return t.strftime(FMT)
+
+
+def parse_where(items: list[str]) -> list[tuple[str, str]]:
+    """`KEY=VALUE` on settings; the key must be a plain identifier (it enters a JSON path)."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not _KEY.match(key):
+            raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
+        out.append((key, value))
+    return out
+
+
+@dataclass(frozen=True)
+class Selection:
+    since: str | None = None
+    until: str | None = None
+    experiments: tuple[str, ...] = ()
+    gpu: str | None = None
+    commit: str | None = None
+    invocation: str | None = None
+    where: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def clause(self) -> tuple[str, list[Any]]:
+        """SQL condition over `runs r` joined with `invocations i`, and its parameters."""
+        conds: list[str] = []
+        params: list[Any] = []
+        if self.since:
+            conds.append("r.created >= ?")
+            params.append(self.since)
+        if self.until:
+            conds.append("r.created < ?")
+            params.append(self.until)
+        if self.experiments:
+            conds.append(f"r.experiment IN ({', '.join('?' * len(self.experiments))})")
+            params.extend(self.experiments)
+        if self.gpu:
+            conds.append("i.gpu = ?")
+            params.append(self.gpu)
+        if self.commit:
+            # A prefix, as people type short hashes; LIKE wildcards in the value are escaped.
+            conds.append("i.git_commit LIKE ? ESCAPE '\\'")
+            params.append(_like_prefix(self.commit))
+        if self.invocation:
+            conds.append("r.invocation_id LIKE ? ESCAPE '\\'")
+            params.append(_like_prefix(self.invocation))
+        for key, value in self.where:
+            # Typed values (16, true) and text both match: the JSON value or its text form.
+            conds.append(
+                "(json_extract(r.settings, '$.' || ?) = ? "
+                "OR CAST(json_extract(r.settings, '$.' || ?) AS TEXT) = ?)"
+            )
+            params.extend([key, _typed(value), key, value])
+        return (" AND ".join(conds) or "1"), params
+
+
+def _like_prefix(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _typed(value: str) -> Any:
+    low = value.strip().lower()
+    if low in ("true", "false"):
+        return 1 if low == "true" else 0
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def present(conn: sqlite3.Connection, sel: Selection) -> list[str]:
+    """The experiments with selected runs, sorted."""
+    where, params = sel.clause()
+    return sorted(
+        e for (e,) in conn.execute(
+            "SELECT DISTINCT r.experiment FROM runs r LEFT JOIN invocations i "
+            f"ON i.id = r.invocation_id WHERE {where}", params,
+        )
+    )  # fmt: skip
+
+
+def load(
+    conn: sqlite3.Connection, sel: Selection, found: list[str] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Rows of each experiment's view (plus settings and samples JSON), oldest first;
+    `found` is present(conn, sel) when the caller has it already."""
+    where, params = sel.clause()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for exp in present(conn, sel) if found is None else found:
+        view = EXPERIMENTS.get(exp)
+        if view is None:
+            continue  # an experiment this version has no view for
+        sql = (
+            f'SELECT v.*, r.settings AS _settings, r.samples AS _samples FROM "{view}" v '
+            "JOIN runs r ON r.id = v.run_id LEFT JOIN invocations i ON i.id = r.invocation_id "
+            f"WHERE {where} ORDER BY r.created, r.id"
+        )
+        cur = conn.execute(sql, params)
+        names = [d[0] for d in cur.description]
+        rows = []
+        for values in cur:
+            row = dict(zip(names, values, strict=True))
+            row["_settings"] = json.loads(row["_settings"] or "{}")
+            rows.append(row)
+        out[exp] = rows
+    return out
+
+
+def invocations(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
+    """The invocations behind the selected runs, with their run counts by status."""
+    where, params = sel.clause()
+    cur = conn.execute(
+        "SELECT i.*, r.status AS _status, count(*) AS _n FROM runs r "
+        f"LEFT JOIN invocations i ON i.id = r.invocation_id WHERE {where} "
+        "GROUP BY r.invocation_id, r.status ORDER BY i.started, i.id",
+        params,
+    )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, v, strict=True)) for v in cur]

@@ -1,0 +1,236 @@
+"""`cs336sys report` against a fixed store (tests/report_fixture.py).
+
+The golden markdown is regenerated with `UPDATE_GOLDEN=1 pytest -q tests/test_report.py`;
+review the diff before keeping it.
+"""
+
+import hashlib
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cs336sys.cli import app
+from cs336sys.report.compare import changed
+from cs336sys.report.plots import short
+from cs336sys.report.sections import panels, with_gpu
+from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
+from tests.report_fixture import HOSTILE, QUOTED, build
+
+GOLDEN = Path(__file__).parent / "golden" / "report.md"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("fixture") / "results.db")
+
+
+def report(store, out, *args):
+    return runner.invoke(app, ["report", "--db", str(store), "--out", str(out), *map(str, args)])
+
+
+def sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_golden_markdown(store, tmp_path):
+    result = report(store, tmp_path, "--since", "2026-01-01", "--format", "md")
+    assert result.exit_code == 0, result.output
+    got = (tmp_path / "report.md").read_text()
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text()
+    # the images the markdown references are written beside it, as PNG files
+    refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", got)
+    assert len(refs) == 6
+    for ref in refs:
+        assert (tmp_path / ref).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.stdout.splitlines()[0] == str(tmp_path / "report.md")
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_html_is_self_contained_and_escapes_hostile_settings(store, tmp_path):
+    result = report(store, tmp_path, "--format", "html", "--title", "<b>T</b>")
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "report.html").read_text()
+    assert HOSTILE not in html and "<script" not in html and "<b>T</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;T&lt;/b&gt;" in html
+    assert "it&#39;s &#34;quoted&#34;" in html
+    # every plot embedded, nothing that loads from elsewhere
+    assert html.count('src="data:image/png;base64,') == 6
+    assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", html, re.I)
+    assert not re.search(r"url\(|@import|<link|<script|<iframe", html, re.I)
+    for title in ("Model:", "Attention:", "Memory: peaks", "Memory: saved", "Collectives:",
+                  "DDP:", "Profile:", "Precision:"):  # fmt: skip
+        assert f"<h2>{title}" in html
+    assert "<td class=\"oom\">OOM</td>" in html and "@media print" in html
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_where_with_quotes_and_semicolons_is_only_a_value(store, tmp_path):
+    before = sha(store)
+    result = report(store, tmp_path / "a", "--where", "variant=x'; DROP TABLE runs; --", "--format", "md")
+    assert result.exit_code == 0, result.output
+    assert "No stored runs match this selection." in (tmp_path / "a" / "report.md").read_text()
+    result = report(store, tmp_path / "b", "--where", f"variant={QUOTED}", "--format", "md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert md.count("## ") == 1 and "## Precision" in md
+    body = [ln for ln in md.splitlines() if ln.startswith("| accumulate")]
+    assert len(body) == 1 and "DROP TABLE runs" in body[0]
+    assert "ok 1 (in 1 invocations)" in md
+    assert sha(store) == before
+
+
+def test_filters_select_exactly_the_matching_runs(store, tmp_path):
+    # typed --where: the integer 256 in the settings JSON matches the text '256'
+    result = report(store, tmp_path / "a", "--where", "context_length=256", "--format", "md")
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert result.exit_code == 0 and md.count("## ") == 1 and "ok 2 " in md
+    # a commit prefix and a GPU: inv-b (commit bbbb, H100) has 4 model rows
+    result = report(store, tmp_path / "b", "--commit", "bbbb", "--gpu", "NVIDIA H100 80GB HBM3",
+                    "--format", "md")  # fmt: skip
+    md = (tmp_path / "b" / "report.md").read_text()
+    assert result.exit_code == 0
+    assert "- **Runs by status:** ok 2, error 1, skipped 1 (in 1 invocations)" in md
+    assert "- **Commits:** bbbb2222bbbb (dirty)" in md
+    # experiments as a list; until a day means the end of that day
+    result = report(store, tmp_path / "c", "--experiment", "comm,ddp", "--until", "2026-01-06",
+                    "--format", "md")  # fmt: skip
+    md = (tmp_path / "c" / "report.md").read_text()
+    assert re.findall(r"^## (\w+)", md, re.M) == ["Collectives", "DDP"]
+    result = report(store, tmp_path / "d", "--until", "2026-01-05", "--format", "md")
+    md = (tmp_path / "d" / "report.md").read_text()
+    assert "ok 3, oom 1 (in 1 invocations)" in md  # only inv-a's rows
+
+
+def test_compare_flags_a_real_change_and_not_noise(store, tmp_path):
+    result = report(store, tmp_path, "--compare", "aaaa", "bbbb", "--format", "md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    assert "by commit" in md
+    # the matched points differ only in precision, so that alone names them
+    rows = [ln for ln in md.splitlines() if ln.startswith("| precision=")]
+    assert "| precision=fp32 | 100 | 120 | 1.200 | 98–102 | 118–122 | changed +20% |" in rows
+    assert "| precision=bf16 | 50 | 51 | 1.020 | 49–51 | 50–52 |  |" in rows
+    assert len(rows) == 2  # the compiled point exists only at A; error/oom rows never match
+
+
+def test_changed_needs_both_the_threshold_and_disjoint_ranges():
+    def p(mean, lo=None, hi=None):
+        return {"mean": mean, "lo": lo, "hi": hi}
+
+    assert changed(p(100, 99, 101), p(106, 105, 107))  # +6%, disjoint
+    assert not changed(p(100, 90, 110), p(106, 100, 112))  # +6%, overlapping: noise
+    assert not changed(p(100, 99, 101), p(104, 103.5, 104.5))  # disjoint but only +4%
+    assert changed(p(100), p(94))  # no spread known: the 5% rule alone
+    assert not changed(p(100), p(95.5))
+
+
+def test_parse_time_against_hand_computed_instants():
+    now = datetime(2026, 1, 6, 15, 30, 0, tzinfo=timezone.utc)
+    assert parse_time("today", now) == "2026-01-06 00:00:00.000000"
+    assert parse_time("today", now, end=True) == "2026-01-07 00:00:00.000000"
+    assert parse_time("yesterday", now) == "2026-01-05 00:00:00.000000"
+    assert parse_time("7d", now) == "2025-12-30 15:30:00.000000"
+    assert parse_time("12h", now) == "2026-01-06 03:30:00.000000"
+    assert parse_time("2026-01-02", now) == "2026-01-02 00:00:00.000000"
+    assert parse_time("2026-01-02", now, end=True) == "2026-01-03 00:00:00.000000"
+    assert parse_time("2026-01-02T10:00:00+02:00", now) == "2026-01-02 08:00:00.000000"
+    assert parse_time("2026-01-02 10:00", now) == "2026-01-02 10:00:00.000000"
+    for bad in ("last week", "7x", "2026-13-01", ""):
+        with pytest.raises(SelectionError):
+            parse_time(bad, now)
+
+
+def test_where_values_are_bound_never_spliced():
+    sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "n=16"]))).clause()
+    assert "a'b" not in sql and "size" not in sql and params == ["size", "a'b;--", "size",
+                                                                 "a'b;--", "n", 16, "n", "16"]  # fmt: skip
+    for bad in ("novalue", "=x", "a.b=1", "x') OR 1=1 --=y"):
+        with pytest.raises(SelectionError):
+            parse_where([bad])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--experiment", "modle"], "--experiment: unknown value 'modle'"),
+        (["--since", "last tuesday"], "cannot read time 'last tuesday'"),
+        (["--where", "size"], "expected KEY=VALUE"),
+        (["--format", "pdf"], "--format: unknown value 'pdf'"),
+        (["--compare", "aaaa", "zzzz"], "'zzzz' matches no commit"),
+        (["--compare", "aaaa", "cpu"], "'aaaa' is a commit but 'cpu' is a gpu"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(store, tmp_path, args, message):
+    before = sha(store)
+    result = report(store, tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], lines
+    assert not (tmp_path / "out").exists() and sha(store) == before
+
+
+def test_missing_store_is_refused_and_not_created(db_path, tmp_path):
+    result = report(db_path, tmp_path / "out")
+    assert result.exit_code == 2 and "no results store" in result.stderr
+    assert not db_path.exists() and not (tmp_path / "out").exists()
+
+
+def test_empty_selection_says_so(store, tmp_path):
+    result = report(store, tmp_path, "--since", "2030-01-01")
+    assert result.exit_code == 0 and "No stored runs match" in result.stderr
+    for name in ("report.md", "report.html"):
+        assert "No stored runs match this selection." in (tmp_path / name).read_text()
+    assert "<h2>" not in (tmp_path / "report.html").read_text()
+
+
+def _row(gpu, seq, ms, **settings):
+    s = {"impl": "naive", "d_head": 64, "dtype": "bf16", "seq": seq, "seed": 0, **settings}
+    return {"gpu": gpu, "status": "ok", "seq": seq, "ms": ms, "_settings": s}
+
+
+def test_lines_split_by_every_setting_and_gpu_and_name_only_what_differs():
+    rows = [
+        _row("H100", 128, 1.0), _row("H100", 256, 2.0),
+        _row("A100", 128, 1.5), _row("A100", 256, 3.0),
+        _row("H100", 128, 0.5, impl="triton"), _row("H100", 256, 0.7, impl="triton"),
+        _row("H100", 128, 0.9, d_head=128, seed=1),  # another panel; the seed never matters
+        {**_row("H100", 512, 9.0), "status": "oom"},  # not a point on any line
+    ]  # fmt: skip
+    got = panels(rows, "seq", "ms", facet="d_head", first=("impl",))
+    assert got == {
+        "d_head=64": {
+            "impl=naive H100": [(128, 1.0), (256, 2.0)],
+            "impl=naive A100": [(128, 1.5), (256, 3.0)],
+            "impl=triton H100": [(128, 0.5), (256, 0.7)],
+        },
+        "d_head=128": {"impl=naive H100": [(128, 0.9)]},
+    }
+    # one line: named by its leading settings, not by a metric's column name
+    assert panels(rows[:2], "seq", "ms", first=("impl", "dtype")) == {
+        "": {"impl=naive dtype=bf16": [(128, 1.0), (256, 2.0)]}
+    }
+
+
+def test_a_table_names_settings_it_does_not_show_when_they_differ():
+    rows = [_row("H100", 128, 1.0, attention="naive"), _row("H100", 128, 1.1, attention="flash")]
+    t = with_gpu(rows, ["impl", "ms"], lambda r: [r["_settings"]["impl"], str(r["ms"])],
+                 shown=("impl", "seq", "d_head", "dtype"))  # fmt: skip
+    assert t.headers == ["impl", "ms", "other settings"]
+    assert t.rows == [["naive", "1.0", "attention=naive"], ["naive", "1.1", "attention=flash"]]
+    t = with_gpu(rows[:1] + [_row("A100", 128, 2.0, attention="naive")], ["ms"],
+                 lambda r: [str(r["ms"])], shown=())  # fmt: skip
+    assert t.headers == ["gpu", "ms"] and t.rows == [["H100", "1.0"], ["A100", "2.0"]]
+
+
+def test_tick_labels_are_plain_numbers():
+    assert [short(v) for v in (0, 0.25, 128, 16384, 65536, 1e5, 1.5e6, 2e9)] == [
+        "0", "0.25", "128", "16384", "65536", "100k", "1.5M", "2G"
+    ]  # fmt: skip
