@@ -59,6 +59,18 @@ def test_every_command_has_help_with_an_example():
         assert f"cs336sys {name}" in " ".join(result.stdout.split()), name
 
 
+def test_hand_written_defaults_reach_the_help():
+    """A default written into a help text survives rendering (Rich markup used to eat
+    "[default: ...]" as a style tag)."""
+    for path, default in (
+        (["model"], "[default: small]"),
+        (["attention"], "[default: 256,1024,4096,8192,16384]"),
+        (["report"], "[default: both]"),
+    ):
+        result = invoke(*path, "--help")
+        assert default in " ".join(result.stdout.split()), path
+
+
 def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
     result = invoke(
         "model", *MICRO, "--context-length", "16,32", "--mode", "forward,train", "--db", db_path

@@ -30,6 +30,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with Rich markup on, "[default: small]" was read as a
+    # style tag and silently dropped from every --help.
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
