@@ -210,6 +210,7 @@ BAD_INPUTS = [
     (["--precision", "fp8"], "--precision"),
     (["--context-length", "abc"], "not an integer"),
     (["--context-length", "0"], "must be positive"),
+    (["--context-length", "65537"], "above the model's maximum context length 65536"),
     (["--batch-size", "-2"], "must be positive"),
     (["--device", "tpu"], "unknown device"),
 ]

@@ -247,6 +247,10 @@ BAD = [
     (["memory", *MICRO, "--checkpoint", "all"], "--checkpoint"),
     (["memory", *MICRO, "--snapshot", "{file}"], "not a directory"),
     (["memory", *MICRO, "--snapshot", "{file}/sub"], "not a directory"),
+    # os.access says yes to root here; the write is tried
+    (["memory", *MICRO, "--snapshot", "/proc/cs336sys-snapshot"], "cannot write in /proc"),
+    (["memory", "--size", "tiny", "--context-length", "100000"], "maximum context length"),
+    (["memory", "residuals", "--size", "tiny", "--context-length", "100000"], "maximum context"),
     (["memory", "--size", "xl", "residuals"], "belongs after the subcommand"),
     (["memory", "residuals", "--impl", "jit"], "--impl"),
     (["memory", "residuals", "--size", "huge"], "unknown size"),

@@ -189,6 +189,11 @@ def test_presets_and_overrides():
     assert from_preset("small", d_model=None, context_length=128).d_model == 768
     assert from_preset("small", d_model=None, context_length=128).context_length == 128
     assert from_preset("xl", attention="sdpa").attention == "sdpa"
+    # the maximum context length is a limit of the config, raised by a library user at will
+    assert from_preset("tiny", context_length=65_536).context_length == 65_536
+    with pytest.raises(ValueError, match="above the model's maximum context length 65536"):
+        from_preset("tiny", context_length=65_537)
+    assert from_preset("tiny", context_length=10**5, max_context_length=10**5).context_length == 10**5
 
 
 @pytest.mark.parametrize(

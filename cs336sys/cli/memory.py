@@ -4,7 +4,7 @@ accounted; `cs336sys memory residuals`: what one block saves for backward, by op
 from __future__ import annotations
 
 import json
-import os
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -230,8 +230,12 @@ def _check_snapshot(path: Path | None) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         fail(f"--snapshot {path}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        fail(f"--snapshot {path}: {existing} is not writable")
+    # Try it: os.access says yes to root even on /proc or a read-only mount.
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        fail(f"--snapshot {path}: cannot write in {existing} ({exc.strerror or exc})")
     return str(path)
 
 

@@ -37,6 +37,11 @@ class ModelConfig:
     num_heads: int
     vocab_size: int = 10_000
     context_length: int = 512
+    # The longest sequence the model accepts, like GPT-2's n_ctx or Llama's
+    # max_position_embeddings: the longest sequence the attention benchmarks use (issue 3),
+    # and a cap that turns a mistyped --context-length 1000000 into a clear refusal instead
+    # of a run that swaps the host before it fails (issue 5, "Bad input").
+    max_context_length: int = 65_536
     rope_theta: float = 10_000.0
     attention: str = "naive"
     # Activation checkpointing: "none", "every:K" (groups of K blocks) or "sqrt" (groups of
@@ -50,10 +55,16 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Raise ValueError, with one sentence saying what is wrong, if the shape is invalid."""
-        for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+        for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length",
+                     "max_context_length"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.context_length > self.max_context_length:
+            raise ValueError(
+                f"context_length={self.context_length} is above the model's maximum context "
+                f"length {self.max_context_length}."
+            )
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta!r}.")
         if self.d_model % self.num_heads != 0:
