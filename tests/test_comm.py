@@ -1,9 +1,11 @@
 """`cs336sys comm` and its pieces: sizes with units, the exact-result check, every op on two
 Gloo ranks with no wrong element, nccl-tests' bandwidth formulas, and bad input."""
 
+import json
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,6 +42,11 @@ def test_parse_size_refuses(text):
 def test_format_size_round_trips_the_defaults():
     for text in ("1MB", "10MB", "100MB", "1GB", "1MiB"):
         assert format_size(parse_size(text)) == text
+    # 1MB rounded down to whole shards of 3 ranks (999,996 B) still reads as a size
+    assert format_size(exp.buffer_bytes(10**6, "fp32", 3)) == "1MB"
+    assert [format_size(n) for n in (999, 1234, 999_400, 2 * 10**9)] == [
+        "999B", "1.23KB", "999KB", "2GB"
+    ]  # fmt: skip
 
 
 def test_buffer_bytes_rounds_to_whole_shards():
@@ -114,6 +121,20 @@ def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
     conn = sqlite3.connect(db_path)
     assert conn.execute("SELECT count(*), max(exit_status) FROM invocations").fetchone() == (1, 0)
     assert proc.stdout.count("busbw GB/s") == 1  # one table, from rank 0
+
+
+def test_under_torchrun_a_failed_point_is_stored_by_rank0_and_ends_the_run(db_path, tmp_path):
+    script = Path(__file__).parent / "torchrun_failing_sweep.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(script), str(db_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode != 0 and "boom at point 2" in proc.stderr
+    conn = sqlite3.connect(db_path)
+    got = conn.execute("SELECT settings, status, error FROM runs ORDER BY created").fetchall()
+    assert [(json.loads(s)["n"], st) for s, st, _ in got] == [(1, "ok"), (2, "error")]
+    assert got[1][2].startswith("RuntimeError: boom at point 2 on rank 0")
+    assert conn.execute("SELECT count(*), max(exit_status) FROM invocations").fetchone()[0] == 1
+    assert conn.execute("SELECT exit_status FROM invocations").fetchone()[0] != 0
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,10 @@ def test_every_variant_runs_and_ranks_agree(swept):
         assert r["param_max_diff"] == 0.0  # every rank holds the same weights after training
         assert 0 <= r["comm_fraction"] < 1
         assert r["step_ms_mean"] > 0 and r["comm_ms_mean"] >= 0
+        # each rank's own mean lies under the mean of the per-step slowest rank
+        assert r["step_ms_rank_min"] <= r["step_ms_rank_mean"] <= r["step_ms_rank_max"]
+        assert r["step_ms_rank_max"] <= r["step_ms_mean"] * (1 + 1e-12)
+        assert r["comm_ms_rank_min"] <= r["comm_ms_rank_max"] <= r["comm_ms_mean"] * (1 + 1e-12)
     assert "vs torch" in result.stdout
 
 

@@ -41,10 +41,11 @@ def parse_size(text: str) -> int:
 
 def format_size(n: float) -> str:
     """10_000_000 -> '10MB', 1_048_576 -> '1MiB', 1234 -> '1.23KB' (short, for tables)."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale:g}{unit}"
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if n >= scale:
+    decimal = (("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+    for unit, scale in (*decimal, ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale and n % scale == 0:  # exact: 2GB, not 1.86GiB; 1MiB, not 1.05MB
+            return f"{int(n // scale)}{unit}"
+    for unit, scale in decimal:
+        if n >= scale * 0.9995:  # 999,996 B is '1MB', not '1e+03KB'
             return f"{n / scale:.3g}{unit}"
     return f"{int(n)}B"

@@ -10,6 +10,7 @@ traceback) and a fresh group runs the points that remain.
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -133,6 +134,16 @@ def run_groups(
                     results.append((failed, result))
                     bar.update(1)
                     todo = todo[len(done) + 1 :]
+                except Exception as exc:
+                    if torchrun_rank() is None:
+                        raise
+                    # Under torchrun the group is torchrun's and cannot be rebuilt without the
+                    # failed rank: rank 0 stores the point it failed on, then the run ends.
+                    failed = todo[len(done)]
+                    status = "oom" if is_oom(exc) else "error"
+                    text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".strip()
+                    rec.add(experiment, failed.settings(), Result(status, error=text), started)
+                    raise
     return results
 
 

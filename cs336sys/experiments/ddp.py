@@ -16,13 +16,14 @@ rank's (every rank waits for it at the next collective); mean and std are over s
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
-from cs336sys.experiments.ranks import gather, serve
+from cs336sys.experiments.ranks import gather, over_ranks, serve
 from cs336sys.models.config import ModelConfig
 
 EXPERIMENT = "ddp"
@@ -157,6 +158,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics: dict[str, Any] = {}
     for phase in PHASES:
         metrics.update(flatten(f"{phase}_ms", slowest[phase]))
+    for phase in ("step", "comm"):  # how far the ranks drift apart: each rank's own mean
+        metrics.update(over_ranks(f"{phase}_ms_rank", [statistics.fmean(r[phase]) for r in per_rank]))
     n_params = sum(p.numel() for p in model.parameters())
     metrics.update(
         comm_fraction=metrics["comm_ms_mean"] / metrics["step_ms_mean"],

@@ -144,6 +144,7 @@ VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
         ],
         [
             *_timing("step", "fwd", "bwd", "comm", "opt"),
+            *(f"{p}_ms_rank_{s}" for p in ("step", "comm") for s in ("mean", "min", "max")),
             "comm_fraction",
             "allreduce_calls",
             "comm_bytes",
