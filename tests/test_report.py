@@ -228,6 +228,10 @@ def test_a_table_names_settings_it_does_not_show_when_they_differ():
     t = with_gpu(rows[:1] + [_row("A100", 128, 2.0, attention="naive")], ["ms"],
                  lambda r: [str(r["ms"])], shown=())  # fmt: skip
     assert t.headers == ["gpu", "ms"] and t.rows == [["H100", "1.0"], ["A100", "2.0"]]
+    # a setting only one kind of row has (sdpa's backend) is not a difference between rows
+    rows = [_row("H100", 128, 1.0), _row("H100", 128, 0.4, impl="sdpa", sdpa_backend="auto")]
+    t = with_gpu(rows, ["impl"], lambda r: [r["_settings"]["impl"]], shown=("impl", "seq"))
+    assert t.headers == ["impl"] and t.rows == [["naive"], ["sdpa"]]
 
 
 def test_tick_labels_are_plain_numbers():

@@ -54,7 +54,7 @@ PLOTTED = frozenset({"model", "attention", "memory", "comm", "ddp"})
 
 _SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 _MODEL_SHOWN = (*_SIZE, "context_length", "batch_size", "mode", "precision", "compile",
-                "checkpoint")  # fmt: skip
+                "checkpoint", "attention", "optimizer")  # fmt: skip
 
 
 def _model_label(r: Row, gpu: bool = False) -> str:
@@ -71,11 +71,13 @@ def _model_label(r: Row, gpu: bool = False) -> str:
 def model(rows: list[Row]) -> Section:
     sec = Section("model", TITLES["model"])
     pts = latest(rows)
-    heads = ["size", "ctx", "batch", "mode", "precision", "compile", "ckpt", "fwd ms", "bwd ms",
-             "opt ms", "step ms", "tokens/s", "TFLOP/s", "MFU", "n"]  # fmt: skip
+    heads = ["size", "ctx", "batch", "mode", "precision", "compile", "ckpt", "attention",
+             "optimizer", "fwd ms", "bwd ms", "opt ms", "step ms", "tokens/s", "TFLOP/s", "MFU",
+             "n"]  # fmt: skip
     t = with_gpu(pts, heads, lambda r: [
         text(r["size"]), text(r["context_length"]), text(r["batch_size"]), text(r["mode"]),
-        text(r["precision"]), num(bool(r["compile"])), text(r["checkpoint"]),
+        text(r["precision"]), num(bool(r["compile"])), text(r["checkpoint"]), text(r["attention"]),
+        text(r["optimizer"]),
         *(mean_std(r, f"{p}_ms_mean", f"{p}_ms_std") for p in ("fwd", "bwd", "opt", "step")),
         status_or(r, num(r["tokens_per_s"])), status_or(r, num(r["tflops"])),
         status_or(r, pct(r["mfu"])), str(r["_n"]),
@@ -105,9 +107,9 @@ def model(rows: list[Row]) -> Section:
     if warm:
         sec.tables.append(Table("Warm-up effect: first step against timed mean",
                                 ["point", "first step ms", "timed mean ms", "first/mean"], warm))  # fmt: skip
-        sec.figures.append(Figure("Step time per step, warm-up included", "model-warmup",
-                                  plot=Plot.lines(lines, "step (1 = first warm-up step)",
-                                                  "step time (ms)", "Warm-up effect", logx=False)))  # fmt: skip
+        _plot(sec, "Step time per step, warm-up included", "model-warmup",
+              Plot.lines(lines, "step (1 = first warm-up step)", "step time (ms)",
+                         "Warm-up effect", logx=False))  # fmt: skip
     for key, a, b, title in (
         ("precision", "fp32", "bf16", "Speedup fp32 → bf16 (step time)"),
         ("compile", False, True, "Speedup eager → compiled (step time)"),
@@ -136,16 +138,12 @@ def attention(rows: list[Row]) -> Section:
     first = ("impl", "dtype")
     lat = panels(pts, "seq", "_ms", facet="d_head", first=first)
     mem = panels(pts, "seq", "mem_before_bwd_bytes", facet="d_head", scale=2**-20, first=first)
-    if lat:
-        sec.figures.append(Figure("Latency against sequence length", "attention-latency",
-                                  plot=Plot(lat, "sequence length (tokens)",
-                                            "forward+backward (or forward) time (ms)",
-                                            "Attention latency", logx=True, logy=True)))  # fmt: skip
-    if mem:
-        sec.figures.append(Figure("Memory held before backward", "attention-memory",
-                                  plot=Plot(mem, "sequence length (tokens)",
-                                            "memory before backward (MiB)",
-                                            "Attention memory", logx=True)))  # fmt: skip
+    _plot(sec, "Latency against sequence length", "attention-latency",
+          Plot(lat, "sequence length (tokens)", "forward+backward (or forward) time (ms)",
+               "Attention latency", logx=True, logy=True))  # fmt: skip
+    _plot(sec, "Memory held before backward", "attention-memory",
+          Plot(mem, "sequence length (tokens)", "memory before backward (MiB)",
+               "Attention memory", logx=True))  # fmt: skip
     return sec
 
 
@@ -169,16 +167,20 @@ def memory(rows: list[Row]) -> Section:
                                 ["point", "checkpoint", "peak MiB", "peak ratio",
                                  "step time ratio", ""], trade))  # fmt: skip
     lines = series(pts, "context_length", "peak_bytes", scale=2**-20, first=("size", "mode"))
-    if lines:
-        sec.figures.append(Figure("Peak memory against context length", "memory-peak",
-                                  plot=Plot.lines(lines, "context length (tokens)", "peak memory (MiB)",
-                                                  "Peak memory")))  # fmt: skip
+    _plot(sec, "Peak memory against context length", "memory-peak",
+          Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
     for i, r in enumerate(pts):
         png = r.get("snapshot_png")
         if png and Path(png).is_file():
             sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['context_length']}",
                                       f"memory-timeline-{i}", png=Path(png).read_bytes()))  # fmt: skip
     return sec
+
+
+def _plot(sec: Section, title: str, name: str, plot: Plot) -> None:
+    """Add the plot to the section unless it is only lone points (see Plot.informative)."""
+    if plot.informative:
+        sec.figures.append(Figure(title, name, plot=plot))
 
 
 def _checkpoint_tradeoff(pts: list[Row]) -> list[list[str]]:
@@ -219,10 +221,9 @@ def comm(rows: list[Row]) -> Section:
     t.title = "Collectives (nccl-tests formulas for bus bandwidth)"
     sec.tables.append(t)
     lines = series(pts, "size_bytes", "busbw_gbps", first=("op", "backend", "world_size"))
-    if lines:
-        sec.figures.append(Figure("Bus bandwidth against message size", "comm-busbw",
-                                  plot=Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)",
-                                                  "Bus bandwidth", logx=True)))  # fmt: skip
+    _plot(sec, "Bus bandwidth against message size", "comm-busbw",
+          Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
+                     logx=True))  # fmt: skip
     return sec
 
 
@@ -240,11 +241,10 @@ def ddp(rows: list[Row]) -> Section:
     t.title = "Step time and exposed communication per implementation"
     sec.tables.append(t)
     lines = series(pts, "bucket_mb", "step_ms_mean", first=("impl", "world_size"))
-    lines = {k: v for k, v in lines.items() if len(v) > 1}
-    if lines:
-        sec.figures.append(Figure("Bucket-size sweep", "ddp-buckets",
-                                  plot=Plot.lines(lines, "bucket size (MB)", "step time (ms)",
-                                                  "Step time against bucket size", logx=True)))  # fmt: skip
+    lines = {k: v for k, v in lines.items() if len(v) > 1}  # the bucketed sweeps only
+    _plot(sec, "Bucket-size sweep", "ddp-buckets",
+          Plot.lines(lines, "bucket size (MB)", "step time (ms)", "Step time against bucket size",
+                     logx=True))  # fmt: skip
     return sec
 
 

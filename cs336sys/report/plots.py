@@ -39,6 +39,13 @@ class Plot:
         """A single panel."""
         return cls({"": series}, xlabel, ylabel, title, **log)
 
+    @property
+    def informative(self) -> bool:
+        """Some line has two x values: a plot of lone points says nothing a table does not."""
+        return any(
+            len({x for x, _ in pts}) > 1 for series in self.panels.values() for pts in series.values()
+        )
+
     def draw(self) -> bytes:
         return panel_plot(self.panels, self.xlabel, self.ylabel, self.title, self.logx, self.logy)
 
@@ -140,9 +147,14 @@ def panel_plot(
     n = len(panels)
     cols = min(n, _MAX_COLS)
     rows = -(-n // cols)
-    legend_rows = -(-len(labels) // 3)
+    # As many legend columns as the longest label lets fit (7-pt text: ~5.3 px a character,
+    # ~45 px for the line sample and gaps), at most 3, so no label runs off the figure.
+    width_px = 100 * (3.4 * cols + 3.0 * (cols == 1))
+    longest = max((len(k) for k in labels), default=1)
+    ncol = max(1, min(3, len(labels), int(0.95 * width_px // (5.3 * longest + 45))))
+    legend_rows = -(-len(labels) // ncol)
     legend_in = 0.17 * legend_rows + 0.15  # inches: one line of 7-pt text per row
-    fig = Figure(figsize=(3.4 * cols + 3.0 * (cols == 1), 3.0 * rows + legend_in),
+    fig = Figure(figsize=(width_px / 100, 3.0 * rows + legend_in),
                  dpi=100)  # fmt: skip
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
@@ -174,8 +186,7 @@ def panel_plot(
         ax.tick_params(labelsize=8)
     # The legend goes below the panels, in its own band, so many series never squeeze them.
     legend_h = legend_in / fig.get_figheight()
-    fig.legend(*_handles(axes, labels), loc="lower center", ncol=min(3, len(labels)),
-               fontsize=7, frameon=False)
+    fig.legend(*_handles(axes, labels), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.1 if cols > 1 else 0.12, right=0.98, top=1 - 0.45 / fig.get_figheight(),
                         bottom=legend_h + 0.55 / fig.get_figheight(), wspace=0.08, hspace=0.3)  # fmt: skip

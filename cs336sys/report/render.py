@@ -9,6 +9,7 @@ The markdown has the same tables; its images are PNG files in a folder beside it
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
@@ -146,10 +147,18 @@ def _html_cells(cells: list[str]) -> Markup:
 
 
 def _cell_class(cell: str) -> str:
-    """Cells that say a point did not finish, and flagged comparisons, stand out."""
+    """Cells that say a point did not finish, and flagged comparisons, stand out; numbers
+    are right-aligned (the default), text such as kernel names left-aligned."""
     if cell in ("OOM", "error", "skipped"):
         return ' class="oom"'
-    return ' class="flag"' if cell.startswith("changed") else ""
+    if cell.startswith("changed"):
+        return ' class="flag"'
+    return "" if not cell or _NUMBER.match(cell) else ' class="t"'
+
+
+# 1,234  0.5 ± 0.01  1.2e-05  2.35×  21.0%  98–102: what num(), mean_std(), pct() and the
+# ratio/range cells write.
+_NUMBER = re.compile(r"^[-+]?[\d,.]+(e[-+]?\d+)?( ± [\d,.e+-]+)?[×%]?(–[\d,.e+-]+)?$")
 
 
 def write(report: Report, out: Path, formats: list[str], stem: str = "report") -> list[Path]:

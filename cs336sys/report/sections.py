@@ -48,8 +48,10 @@ class Section:
 
 
 def skey(row: Row, drop: Iterable[str] = ()) -> str:
-    """The point's identity: its settings (minus `drop`) as canonical JSON."""
-    s = {k: v for k, v in row["_settings"].items() if k not in set(drop)}
+    """The point's identity: its settings as canonical JSON, without `drop` and without the
+    QUIET ones (a re-run with more steps measures the same point)."""
+    skip = QUIET | set(drop)
+    s = {k: v for k, v in row["_settings"].items() if k not in skip}
     return json.dumps(s, sort_keys=True, default=str)
 
 
@@ -111,7 +113,11 @@ def pct(x: Any) -> str:
 
 
 def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
-    """Setting keys (QUIET and `shown` aside) whose value differs between rows, sorted."""
+    """Setting keys (QUIET and `shown` aside) whose value differs between rows, sorted.
+
+    Unset (None) is "does not apply", not a value: sdpa_backend, set for sdpa rows only,
+    does not differ between naive and sdpa rows; the impl column tells them apart.
+    """
     skip = QUIET | set(shown)
     keys = sorted({k for r in rows for k in r["_settings"]} - skip)
 
@@ -119,9 +125,10 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
         seen: dict[Any, set[str]] = {}
         for r in rows:
             s = r["_settings"]
-            seen.setdefault(s.get(within) if within else None, set()).add(
-                json.dumps(s.get(k), default=str)
-            )
+            if s.get(k) is not None:
+                seen.setdefault(s.get(within) if within else None, set()).add(
+                    json.dumps(s[k], default=str)
+                )
         return any(len(v) > 1 for v in seen.values())
 
     return [k for k in keys if differs(k, "size" if k in _BY_SIZE else None)]
@@ -138,7 +145,8 @@ def with_gpu(
     body = [
         ([text(r.get("gpu"))] if many else [])
         + cells(r)
-        + ([" ".join(f"{k}={text(r['_settings'].get(k))}" for k in extra)] if extra else [])
+        + ([" ".join(f"{k}={text(r['_settings'][k])}" for k in extra
+                     if r["_settings"].get(k) is not None)] if extra else [])  # fmt: skip
         for r in rows
     ]
     return Table("", (["gpu"] if many else []) + headers + (["other settings"] if extra else []),
@@ -163,7 +171,7 @@ def panels(
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
-            groups.setdefault((r.get("gpu"), skey(r, drop=QUIET | {x})), []).append(r)
+            groups.setdefault((r.get("gpu"), skey(r, drop=(x,))), []).append(r)
     heads = [g[0] for g in groups.values()]
     keys = varying(heads, shown=(x, facet) if facet else (x,))
     keys = [k for k in first if k in keys] + [k for k in keys if k not in first]
@@ -173,7 +181,7 @@ def panels(
     out: dict[str, Series] = {}
     for g in sorted(groups.values(), key=lambda g: _order(g[0]["_settings"].get(facet))):
         s = g[0]["_settings"]
-        label = " ".join([f"{k}={text(s.get(k))}" for k in keys]
+        label = " ".join([f"{k}={text(s[k])}" for k in keys if s.get(k) is not None]
                          + ([text(g[0].get("gpu"))] if many_gpus else [])) or y  # fmt: skip
         panel = f"{facet}={text(s.get(facet))}" if facet else ""
         out.setdefault(panel, {})[label] = [(r[x], r[y] * scale) for r in g]
