@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+from cs336sys.store.views import typed
 
 
 def sql(
@@ -44,7 +45,7 @@ def sql(
     except StoreError as exc:
         fail(exc)
     try:
-        cursor = conn.execute(query, tuple(_number_or_text(p) for p in param or ()))
+        cursor = conn.execute(query, tuple(typed(p) for p in param or ()))
         headers = [d[0] for d in cursor.description or ()]
         rows = cursor.fetchall()
     except sqlite3.OperationalError as exc:
@@ -69,13 +70,3 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
-
-
-def _number_or_text(value: str) -> int | float | str:
-    # JSON-extracted view columns are typed; '16' would never equal the integer 16.
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value

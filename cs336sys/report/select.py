@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from cs336sys.store.views import VIEWS
+from cs336sys.store.views import VIEWS, typed
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
 EXPERIMENTS = {exp: view for view, (exp, _, _) in VIEWS.items()}
@@ -121,15 +121,11 @@ def _like_prefix(value: str) -> str:
 
 
 def _typed(value: str) -> Any:
+    """As the settings JSON holds it: numbers as numbers, true/false as SQLite's 1/0."""
     low = value.strip().lower()
     if low in ("true", "false"):
         return 1 if low == "true" else 0
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
+    return typed(value)
 
 
 def present(conn: sqlite3.Connection, sel: Selection) -> list[str]:

@@ -373,3 +373,15 @@ def ensure_views(conn: sqlite3.Connection) -> None:
 def _meta(conn: sqlite3.Connection, key: str) -> str | None:
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return row[0] if row else None
+
+
+def typed(value: str) -> int | float | str:
+    """A value typed on the command line, as a view column holds it: '16' -> 16, '0.5' ->
+    0.5, anything else as text. View columns come from json_extract, so they are typed, and
+    the text '16' would never equal the integer 16."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
