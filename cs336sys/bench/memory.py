@@ -25,3 +25,53 @@ def saved_tensor_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return out, sum(storages.values())
+
+
+class CudaProbe:
+    """The allocator's figures, relative to what was allocated before the point began."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.torch, self.device = torch, device
+        self.base = torch.cuda.memory_allocated(device)
+        self.base_reserved = torch.cuda.memory_reserved(device)
+
+    def current(self) -> int:
+        return self.torch.cuda.memory_allocated(self.device) - self.base
+
+    def reset_peak(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return self.torch.cuda.max_memory_allocated(self.device) - self.base
+
+    def peak_reserved(self) -> int | None:
+        return self.torch.cuda.max_memory_reserved(self.device) - self.base_reserved
+
+
+class TrackerProbe:
+    """The live-tensor tracker's figures, with CudaProbe's interface (CPU)."""
+
+    def __init__(self, tracker) -> None:
+        self.tracker = tracker
+
+    def current(self) -> int:
+        return self.tracker.current
+
+    def reset_peak(self) -> None:
+        self.tracker.reset_peak()
+
+    def peak(self) -> int:
+        return self.tracker.peak
+
+    def peak_reserved(self) -> None:
+        return None  # no caching allocator to reserve anything
+
+
+def optimizer_tensors(optimizer) -> list:
+    """The tensors in an optimizer's state (moments, step counts held as tensors)."""
+    if optimizer is None:
+        return []
+    states = optimizer.state.values()
+    return [v for state in states for v in state.values() if hasattr(v, "untyped_storage")]

@@ -97,9 +97,9 @@ def _make_op(op: str, numel: int, n: int, rank: int, dtype, device):
     import torch
     import torch.distributed as dist
 
-    # torch 2.13 renamed the tensor forms; the GPU hosts' torch 2.11 has only the old names.
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    from cs336sys.parallel.collectives import all_gather_flat as all_gather
+    from cs336sys.parallel.collectives import reduce_scatter_flat as reduce_scatter
+
     shard = numel // n
     rank_sum = sum(r % 3 for r in range(n))  # sum over ranks of the rank term of _pattern
 

@@ -109,59 +109,13 @@ def model_saved_bytes(config: ModelConfig, batch: int, seq: int) -> int:
 # -- measuring ------------------------------------------------------------------------------
 
 
-class _CudaProbe:
-    """The allocator's figures, relative to what was allocated before the point began."""
-
-    def __init__(self, device) -> None:
-        import torch
-
-        self.torch, self.device = torch, device
-        self.base = torch.cuda.memory_allocated(device)
-        self.base_reserved = torch.cuda.memory_reserved(device)
-
-    def current(self) -> int:
-        return self.torch.cuda.memory_allocated(self.device) - self.base
-
-    def reset_peak(self) -> None:
-        self.torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak(self) -> int:
-        return self.torch.cuda.max_memory_allocated(self.device) - self.base
-
-    def peak_reserved(self) -> int | None:
-        return self.torch.cuda.max_memory_reserved(self.device) - self.base_reserved
-
-
-class _TrackerProbe:
-    def __init__(self, tracker) -> None:
-        self.tracker = tracker
-
-    def current(self) -> int:
-        return self.tracker.current
-
-    def reset_peak(self) -> None:
-        self.tracker.reset_peak()
-
-    def peak(self) -> int:
-        return self.tracker.peak
-
-    def peak_reserved(self) -> None:
-        return None  # no caching allocator to reserve anything
-
-
-def _optimizer_tensors(optimizer) -> list:
-    if optimizer is None:
-        return []
-    states = optimizer.state.values()
-    return [v for state in states for v in state.values() if hasattr(v, "untyped_storage")]
-
-
 def run(spec: MemorySpec) -> Result:
     import torch
     import torch.nn.functional as F
 
     from cs336sys.bench.device import synchronize
     from cs336sys.bench.live_tensors import LiveTensorTracker
+    from cs336sys.bench.memory import CudaProbe, TrackerProbe, optimizer_tensors
     from cs336sys.bench.saved_tensors import saved_bytes_excluding
     from cs336sys.bench.timeline import cuda_memory_history, draw_timeline
     from cs336sys.experiments.model import _make_optimizer
@@ -178,12 +132,12 @@ def run(spec: MemorySpec) -> Result:
     # -- 1. the model, measured as it is made ---------------------------------------------
     tracker = None
     if on_cuda:
-        probe: Any = _CudaProbe(device)
+        probe: Any = CudaProbe(device)
         with device:
             model = TransformerLM(config)
     else:
         tracker = LiveTensorTracker()
-        probe = _TrackerProbe(tracker)
+        probe = TrackerProbe(tracker)
         with tracker:
             model = TransformerLM(config)
     init_bytes = probe.current()
@@ -274,7 +228,7 @@ def run(spec: MemorySpec) -> Result:
         # The PNG needs the tracker's events on CUDA too, next to the allocator's figure.
         tracker = LiveTensorTracker(probe=lambda: probe.current())
     if tracker is not None:
-        tracker.adopt([*params, *model.buffers(), *_optimizer_tensors(optimizer), x, y])
+        tracker.adopt([*params, *model.buffers(), *optimizer_tensors(optimizer), x, y])
         if scaler is not None:
             tracker.adopt(t for t in vars(scaler).values() if isinstance(t, torch.Tensor))
         if snapshot is not None:

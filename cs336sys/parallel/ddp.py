@@ -51,6 +51,19 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+@torch.no_grad()
+def broadcast_from_rank0(module: nn.Module) -> None:
+    """Rank 0's parameters (frozen ones too) and buffers on every rank: the replicas must be
+    identical, not only in what they train."""
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.is_contiguous():
+            dist.broadcast(t.detach(), src=0)
+        else:  # collectives need contiguous memory
+            tmp = t.detach().contiguous()
+            dist.broadcast(tmp, src=0)
+            t.copy_(tmp)
+
+
 @dataclass
 class _Reduction:
     """One all-reduce in flight: which gradients it carries and the buffer it reduces."""
@@ -78,19 +91,8 @@ class _DDPBase(nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        self._broadcast_from_rank0()
-
-    @torch.no_grad()
-    def _broadcast_from_rank0(self) -> None:
-        # All parameters, frozen ones too, and buffers: the replicas must be identical, not
-        # only in what they train. Not counted: the counters are about gradient traffic.
-        for t in [*self.module.parameters(), *self.module.buffers()]:
-            if t.is_contiguous():
-                dist.broadcast(t.detach(), src=0)
-            else:  # collectives need contiguous memory
-                tmp = t.detach().contiguous()
-                dist.broadcast(tmp, src=0)
-                t.copy_(tmp)
+        # Not counted: the counters are about gradient traffic.
+        broadcast_from_rank0(module)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
