@@ -57,6 +57,18 @@ def test_tracker_counts_a_hand_computed_allocation_pattern():
     assert tracker.current == 0  # frees are counted outside the `with` block too
 
 
+def test_tracker_counts_no_memory_for_meta_tensors():
+    """A meta tensor's storage reports its size but holds nothing (FSDP keeps shape-only
+    placeholders of its weights between forwards)."""
+    tracker = LiveTensorTracker()
+    with tracker:
+        placeholder = torch.empty(1000, 1000, device="meta")
+        real = torch.empty(10)
+        assert (tracker.current, placeholder.untyped_storage().nbytes()) == (40, 4_000_000)
+    del real
+    assert tracker.current == 0
+
+
 def test_tracker_sees_backward_and_adopted_tensors():
     """y = relu(x @ w).sum(); every step of forward and backward counted by hand."""
     w = torch.randn(64, 64, requires_grad=True)  # 16384 B, made before the tracker

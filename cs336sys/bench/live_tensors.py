@@ -17,6 +17,10 @@ preservation), so the finalizer fires when the memory is released, wherever that
 Views and in-place results share their input's storage and are not counted again; every
 storage is counted once, however many tensors view it.
 
+Storages resized directly (`UntypedStorage.resize_`, which is not an ATen op: FSDP2 frees
+and re-allocates its unsharded weights this way) are seen too: while the tracker is entered,
+`resize_` reports to it.
+
 What it does not see: memory inside an operator that never becomes a tensor (a kernel's
 workspace), and tensors created before the tracker was entered, unless `adopt`ed.
 
@@ -57,12 +61,27 @@ class Event:
 
 
 def storage_key(t: torch.Tensor) -> tuple[int, int] | None:
-    """(id of the C++ storage, bytes), or None for tensors without a plain storage."""
+    """(id of the C++ storage, bytes), or None for tensors without a plain storage.
+
+    Meta tensors have a storage that reports bytes but holds none (shape-only placeholders,
+    such as FSDP's for weights between forwards): they are not memory.
+    """
+    if t.device.type == "meta":
+        return None
+    local = getattr(t, "_local_tensor", None)  # a DTensor: its memory is its local shard's
+    if isinstance(local, torch.Tensor):
+        t = local
     try:
         storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, fake tensors
         return None
     return storage._cdata, storage.nbytes()
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage:
+    """The storage behind t (a DTensor's local shard's), for tensors storage_key accepts."""
+    local = getattr(t, "_local_tensor", None)
+    return (local if isinstance(local, torch.Tensor) else t).untyped_storage()
 
 
 class LiveTensorTracker(TorchDispatchMode):
@@ -143,8 +162,25 @@ class LiveTensorTracker(TorchDispatchMode):
         added = 0
         for t in tensors:
             if isinstance(t, torch.Tensor) and storage_key(t) is not None:
-                added += self._track(t.untyped_storage(), "adopted")
+                added += self._track(_storage(t), "adopted")
         return added
+
+    def __enter__(self):
+        resize = torch.UntypedStorage.resize_
+        tracker = self
+
+        def tracked_resize(storage, size):
+            out = resize(storage, size)
+            tracker._track(storage, "storage.resize_")
+            return out
+
+        self._resize = resize
+        torch.UntypedStorage.resize_ = tracked_resize
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -155,10 +191,10 @@ class LiveTensorTracker(TorchDispatchMode):
         }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and (k := storage_key(t)) is not None:
-                if k[0] not in inputs:  # a view or in-place result is not a new storage
-                    self._track(t.untyped_storage(), str(func.overloadpacket))
-                elif k[0] in self._live:  # an out= argument may have been resized
-                    self._track(t.untyped_storage(), str(func.overloadpacket))
+                # a view or in-place result is not a new storage; an out= argument may have
+                # been resized
+                if k[0] not in inputs or k[0] in self._live:
+                    self._track(_storage(t), str(func.overloadpacket))
         return out
 
     # -- phases and peaks ---------------------------------------------------------------------
