@@ -1,4 +1,5 @@
-"""Distributed training on several ranks: the launcher and the DDP family.
+"""Distributed training on several ranks: the launcher, the DDP family, optimizer state
+sharding (ShardedOptimizer) and fully sharded data parallelism (FSDP).
 
 Importing this package does not import torch: the launcher imports it when it runs, and the
 DDP names below load on first use. The CLI still imports it inside commands only.
@@ -19,12 +20,18 @@ _DDP_NAMES = (
 )
 
 
-def __getattr__(name: str):
-    if name in _DDP_NAMES:
-        from cs336sys.parallel import ddp
+_SHARDING_NAMES = {"ShardedOptimizer": "sharded_optimizer", "FSDP": "fsdp"}
 
-        return getattr(ddp, name)
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _DDP_NAMES:
+        return getattr(importlib.import_module("cs336sys.parallel.ddp"), name)
+    if name in _SHARDING_NAMES:
+        return getattr(importlib.import_module(f"cs336sys.parallel.{_SHARDING_NAMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["RankContext", "WorkerError", "launch", "under_torchrun", *_DDP_NAMES]
+__all__ = ["RankContext", "WorkerError", "launch", "under_torchrun", *_DDP_NAMES,
+           *_SHARDING_NAMES]  # fmt: skip

@@ -1,0 +1,322 @@
+"""Fully sharded data parallelism, written to be read (ZeRO stage 3, Rajbhandari et al. 2020;
+PyTorch FSDP, Zhao et al. 2023).
+
+Every parameter with two or more dimensions (embedding, linear and any other weight matrix)
+is sharded: its fp32 values are flattened, padded to a multiple of the world size, and each
+rank keeps one contiguous slice as the Parameter the optimizer steps. One-dimensional
+parameters (norm gains, biases) are small and stay replicated, like DDP's.
+
+A module that holds sharded weights is a *unit*. Around each unit's forward:
+
+  pre-forward   its full weights are all-gathered (a slice from every rank) and put on the
+                module, and the gathers of the next two units are started (prefetch, never
+                more than two units ahead: the memory of three units' weights at most);
+  forward       the module computes with the full weights as with any tensor;
+  post-forward  the full weights are dropped from the module. Autograd would keep them alive
+                for backward, so a saved-tensor hook replaces each saved full weight by a
+                token while the unit runs, and backward gathers the weight again when it
+                unpacks the token.
+
+In backward, the gradient of a full weight arrives (summed over every use) in the autograd
+Function that gathered it, which starts an async reduce-scatter: each rank receives the sum
+over ranks of its slice of the gradient. finish_gradient_synchronization waits for them,
+turns sums into means, sets them as the slices' .grad (fp32), and all-reduces the gradients
+of the replicated parameters.
+
+With compute_dtype (bf16/fp16), slices are cast before the all-gather, so communication and
+compute run in that dtype, and gradients are reduce-scattered in it; the master slices, the
+gradients the optimizer sees and the optimizer state stay fp32.
+
+    fsdp = FSDP(model, compute_dtype=torch.bfloat16)  # broadcasts rank 0's weights, shards
+    opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)  # slices + replicated params
+    loss_fn(fsdp(x), y).backward()
+    fsdp.finish_gradient_synchronization()
+    opt.step(); opt.zero_grad()
+    fsdp.full_state_dict()  # {name: full tensor} by the names of the unwrapped model
+
+A weight shared by two modules (tied embedding and LM head) is one slice, gathered for each
+use; both uses' gradients reach it. Parameters with requires_grad=False are left as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from cs336sys.parallel.collectives import all_gather_flat, reduce_scatter_flat
+from cs336sys.parallel.ddp import broadcast_from_rank0
+
+PREFETCH = 2  # units whose gathers may run ahead of the unit computing
+
+
+@dataclass
+class Sharded:
+    """One sharded weight: this rank's fp32 slice of it, and how to rebuild the whole."""
+
+    names: list[str]  # its names in the unwrapped module (several when tied)
+    shape: torch.Size
+    numel: int
+    shard: nn.Parameter  # (padded numel / world,) fp32: what the optimizer steps
+    grad_parts: list[tuple[torch.Tensor, dist.Work | None]] = field(default_factory=list)
+
+
+@dataclass
+class Unit:
+    """A module that holds sharded weights directly, and which of its attributes they are."""
+
+    index: int
+    module: nn.Module
+    attrs: list[tuple[str, Sharded]]  # (attribute name on module, sharded weight)
+
+
+class FSDP(nn.Module):
+    """Shards `module`'s weights over the ranks; see the module docstring."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("FSDP needs an initialised process group (see parallel.launch)")
+        self.module = module
+        self.compute_dtype = compute_dtype
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.comm_calls = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
+        self.comm_bytes = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
+        broadcast_from_rank0(module)  # every rank shards the same weights
+        self.sharded: list[Sharded] = []
+        self.units: list[Unit] = []
+        self._shard_module()
+        self.shards = nn.ParameterList([s.shard for s in self.sharded])
+        self.replicated = [p for p in module.parameters() if p.requires_grad]  # 1-D, left
+        self._gathered: dict[int, tuple[list[torch.Tensor], list]] = {}  # unit -> (fulls, works)
+        self._regathered: dict[int, torch.Tensor] = {}  # id(Sharded) -> full, in backward
+        self._hooks: dict[int, ExitStack] = {}
+        for unit in self.units:
+            unit.module.register_forward_pre_hook(self._make_pre_forward(unit))
+            unit.module.register_forward_hook(self._make_post_forward(unit))
+
+    # -- sharding ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _shard_module(self) -> None:
+        by_param: dict[int, Sharded] = {}
+        names = {}  # id(param) -> every name it has (tied weights have several)
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        for module in self.module.modules():
+            attrs = []
+            for attr, p in list(module.named_parameters(recurse=False)):
+                if p.dim() < 2 or not p.requires_grad:
+                    continue
+                if id(p) not in by_param:
+                    by_param[id(p)] = self._shard(p, names[id(p)])
+                attrs.append((attr, by_param[id(p)]))
+                # The module no longer owns the weight: between forwards it holds a meta
+                # placeholder (shape and dtype, no memory); in its forward, the full weight.
+                del module._parameters[attr]
+                setattr(module, attr, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            if attrs:
+                self.units.append(Unit(len(self.units), module, attrs))
+        self.sharded = list(by_param.values())
+
+    def _shard(self, p: nn.Parameter, names: list[str]) -> Sharded:
+        per_rank = math.ceil(p.numel() / self.world_size)
+        flat = torch.zeros(per_rank * self.world_size, dtype=torch.float32, device=p.device)
+        flat[: p.numel()] = p.detach().reshape(-1)  # (padded,) the tail is padding
+        mine = flat[self.rank * per_rank : (self.rank + 1) * per_rank].clone()  # (per_rank,)
+        return Sharded(names, p.shape, p.numel(), nn.Parameter(mine))
+
+    # -- gathering -----------------------------------------------------------------------
+
+    def _start_gather(self, s: Sharded):
+        """(full padded buffer in the compute dtype, work) for one weight: async all-gather."""
+        shard = s.shard.detach()
+        if self.compute_dtype is not None:
+            shard = shard.to(self.compute_dtype)  # cast before communication
+        out = torch.empty(shard.numel() * self.world_size, dtype=shard.dtype, device=shard.device)
+        self.comm_calls["all_gather"] += 1
+        self.comm_bytes["all_gather"] += out.numel() * out.element_size()
+        return out, all_gather_flat(out, shard, async_op=True)
+
+    def _prefetch(self, index: int) -> None:
+        if index < len(self.units) and index not in self._gathered:
+            parts = [self._start_gather(s) for _, s in self.units[index].attrs]
+            self._gathered[index] = ([b for b, _ in parts], [w for _, w in parts])
+
+    def _take(self, unit: Unit) -> list[torch.Tensor]:
+        """The unit's full weights (gathered now, or by an earlier prefetch), shaped."""
+        self._prefetch(unit.index)
+        buffers, works = self._gathered.pop(unit.index)
+        for w in works:
+            w.wait()
+        return [b[: s.numel].view(s.shape) for b, (_, s) in zip(buffers, unit.attrs, strict=True)]
+
+    def _regather(self, s: Sharded) -> torch.Tensor:
+        """The full weight again, in backward (once per backward however many uses)."""
+        if id(s) not in self._regathered:
+            buffer, work = self._start_gather(s)
+            work.wait()
+            self._regathered[id(s)] = buffer[: s.numel].view(s.shape)
+        return self._regathered[id(s)]
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def _make_pre_forward(self, unit: Unit):
+        def pre_forward(module, args):
+            if self.compute_dtype is not None:  # inputs in the dtype of the weights
+                args = tuple(self._cast(a) for a in args)
+            fulls = self._take(unit)
+            for ahead in range(1, PREFETCH + 1):
+                self._prefetch(unit.index + ahead)
+            if torch.is_grad_enabled():
+                stack = ExitStack()
+                stack.enter_context(self._saved_as_tokens(fulls, unit))
+                self._hooks[unit.index] = stack
+            for (attr, s), full in zip(unit.attrs, fulls, strict=True):
+                setattr(module, attr, _Gathered.apply(s.shard, full, self, s))
+            return args
+
+        return pre_forward
+
+    def _cast(self, x):
+        if torch.is_tensor(x) and x.is_floating_point():
+            return x.to(self.compute_dtype)
+        return x
+
+    def _make_post_forward(self, unit: Unit):
+        def post_forward(module, args, output):
+            stack = self._hooks.pop(unit.index, None)
+            if stack is not None:
+                stack.close()
+            for attr, s in unit.attrs:  # free the full weights: back to placeholders
+                setattr(module, attr, torch.empty(s.shape, dtype=self._dtype(), device="meta"))
+
+        return post_forward
+
+    def _dtype(self) -> torch.dtype:
+        return self.compute_dtype or torch.float32
+
+    def _saved_as_tokens(self, fulls: list[torch.Tensor], unit: Unit):
+        """While the unit runs, autograd saves its full weights as tokens, not tensors."""
+        storages = {f.untyped_storage().data_ptr(): s for f, (_, s) in zip(fulls, unit.attrs, strict=True)}
+
+        def pack(t: torch.Tensor):
+            s = storages.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
+            if s is None:
+                return t
+            return _Token(s, t.shape, t.stride(), t.storage_offset())
+
+        def unpack(x):
+            if not isinstance(x, _Token):
+                return x
+            full = self._regather(x.sharded)
+            return full.as_strided(x.shape, x.stride, x.offset)
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    # -- the training step ---------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        try:
+            if self.compute_dtype is None:
+                return self.module(*args, **kwargs)
+            # Replicated parameters in the compute dtype too, through a differentiable cast:
+            # their gradients still reach the fp32 parameters. (functional_call swaps them in
+            # for this call only; tied names follow their first name.)
+            cast = {n: p.to(self.compute_dtype) for n, p in self.module.named_parameters()
+                    if p.is_floating_point()}  # fmt: skip
+            args = tuple(self._cast(a) for a in args)
+            return torch.func.functional_call(self.module, cast, args, kwargs)
+        finally:
+            # Gathers prefetched for units this forward did not run would be stale after
+            # the optimizer step: wait for them (collectives must complete) and drop them.
+            for _, works in self._gathered.values():
+                for w in works:
+                    w.wait()
+            self._gathered.clear()
+
+    def _grad_ready(self, s: Sharded, grad_full: torch.Tensor) -> None:
+        """Called from backward with a full weight's gradient: start reduce-scattering it."""
+        self._regathered.pop(id(s), None)  # every use of the weight is done with it
+        per_rank = s.shard.numel()
+        flat = torch.zeros(per_rank * self.world_size, dtype=grad_full.dtype, device=grad_full.device)
+        flat[: s.numel] = grad_full.reshape(-1)  # (padded,)
+        out = torch.empty(per_rank, dtype=flat.dtype, device=flat.device)
+        self.comm_calls["reduce_scatter"] += 1
+        self.comm_bytes["reduce_scatter"] += flat.numel() * flat.element_size()
+        s.grad_parts.append((out, reduce_scatter_flat(out, flat, async_op=True)))
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self) -> None:
+        """Slices get the mean gradient of their part of each weight (fp32); replicated
+        parameters the mean of their gradients. The only call between backward and step."""
+        for s in self.sharded:
+            if not s.grad_parts:
+                continue
+            total = None
+            for out, work in s.grad_parts:
+                work.wait()
+                total = out.float() if total is None else total + out.float()
+            s.grad_parts.clear()
+            total /= self.world_size
+            s.shard.grad = total if s.shard.grad is None else s.shard.grad + total
+        self._regathered.clear()
+        params = [p for p in self.replicated]
+        groups: dict[tuple, list[nn.Parameter]] = {}
+        for p in params:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        for group in groups.values():
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in group]
+            flat = _flatten_dense_tensors(grads)  # (sum of numels,)
+            self.comm_calls["all_reduce"] += 1
+            self.comm_bytes["all_reduce"] += flat.numel() * flat.element_size()
+            dist.all_reduce(flat)
+            flat /= self.world_size
+            for p, g in zip(group, _unflatten_dense_tensors(flat, grads), strict=True):
+                p.grad = g.clone()
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer, whole, by the names of the unwrapped module (each
+        name of a tied weight). A collective: call it on every rank."""
+        out = {}
+        for s in self.sharded:
+            buffer = torch.empty(s.shard.numel() * self.world_size, dtype=torch.float32,
+                                 device=s.shard.device)  # fmt: skip
+            all_gather_flat(buffer, s.shard.detach())
+            for name in s.names:
+                out[name] = buffer[: s.numel].view(s.shape).clone()
+        out.update({n: p.detach().clone() for n, p in self.module.named_parameters()})
+        out.update({n: b.detach().clone() for n, b in self.module.named_buffers()})
+        return out
+
+
+@dataclass
+class _Token:
+    """A full weight that autograd saved, by reference: gathered again when unpacked."""
+
+    sharded: Sharded
+    shape: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+class _Gathered(torch.autograd.Function):
+    """shard -> the full weight gathered from it; backward hands the full weight's gradient
+    to FSDP, which reduce-scatters it (async) back to the shard in
+    finish_gradient_synchronization, so autograd gets no gradient for the shard itself."""
+
+    @staticmethod
+    def forward(ctx, shard, full, fsdp, sharded):
+        ctx.fsdp, ctx.sharded = fsdp, sharded
+        return full
+
+    @staticmethod
+    def backward(ctx, grad_full):
+        ctx.fsdp._grad_ready(ctx.sharded, grad_full)
+        return None, None, None, None

@@ -1,0 +1,204 @@
+"""ShardedOptimizer and FSDP against single-process training (CPU, Gloo, 2 ranks).
+
+One launch runs every case, 3 rounds each from fresh seeds (tests/sharding_workers.py); the
+tests compare what the ranks return with references trained here in one process on the
+whole batch, from the same initial weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cs336sys.parallel import launch
+from cs336sys.parallel.fsdp import FSDP
+from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
+from tests import sharding_workers as w
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return launch(w.run_all, w.WORLD_SIZE)
+
+
+def _one_thread(fn):
+    # Tiny tensors: more threads only add OpenMP hand-offs (see test_ddp_wrappers.py).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+# -- ShardedOptimizer ------------------------------------------------------------------------
+
+
+def sharded_reference(kind: str, initial: dict, round_: int) -> tuple[dict, list]:
+    """The unsharded optimizer, same groups, same unfreezing, whole batch."""
+    model = w.OptToy().double()
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in initial.items()})
+    groups, cls, defaults = w.opt_groups(model, kind)
+    opt = cls(groups, **defaults)
+    losses = []
+    for step in range(w.OPT_STEPS):
+        if step == w.UNFREEZE_AT:
+            model.late.requires_grad_(True)
+            opt.add_param_group({"params": model.late.parameters(), **w.LATE_GROUP})
+        x, y = w.opt_batch(round_, step)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return {k: v.detach().float().numpy() for k, v in model.state_dict().items()}, losses
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_sharded_optimizer_matches_the_unsharded_one(runs, kind):
+    for round_ in range(w.ROUNDS):
+        r0, r1 = (rank["sharded"][kind][round_] for rank in runs)
+        ref, ref_losses = _one_thread(
+            lambda r0=r0, round_=round_: sharded_reference(kind, r0["initial"], round_)
+        )
+        for r in (r0, r1):
+            assert r["is_optimizer"] and r["grads_cleared"]
+            np.testing.assert_allclose(r["losses"], ref_losses, rtol=1e-6)
+            for k, v in ref.items():
+                np.testing.assert_allclose(r["final"][k], v, rtol=1e-6, atol=1e-7, err_msg=k)
+                assert np.array_equal(r["final"][k], r0["final"][k]), f"ranks differ on {k}"
+        # the layer unfrozen mid-training was trained from then on
+        assert not np.allclose(r0["final"]["late.weight"], r0["initial"]["late.weight"])
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_each_rank_holds_state_only_for_its_shard(runs, kind):
+    names = [n for n, _ in w.OptToy().named_parameters()]
+    sizes = dict((n, p.numel()) for n, p in w.OptToy().named_parameters())
+    per_state = 2 if kind == "adamw" else 1  # AdamW: two moments; SGD: the momentum buffer
+    for round_ in range(w.ROUNDS):
+        r0, r1 = (rank["sharded"][kind][round_] for rank in runs)
+        # every parameter has exactly one owner, and its state lives there only
+        assert sorted(r0["owned"] + r1["owned"]) == sorted(names)
+        assert not set(r0["owned"]) & set(r1["owned"])
+        for r in (r0, r1):
+            assert r["state_params"] == r["owned"]
+            assert r["state_elements"] == per_state * sum(sizes[n] for n in r["owned"])
+        # balanced by elements: each rank within the largest parameter of half
+        total = sum(sizes.values())
+        for r in (r0, r1):
+            assert abs(sum(sizes[n] for n in r["owned"]) - total / 2) <= max(sizes.values())
+
+
+def test_sharded_optimizer_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="process group"):
+        ShardedOptimizer([torch.nn.Parameter(torch.zeros(2))], torch.optim.SGD, lr=0.1)
+
+
+# -- FSDP ------------------------------------------------------------------------------------
+
+
+def fsdp_reference(case: str, initial: dict, round_: int) -> dict:
+    """One process, whole batch; with a compute dtype, every parameter cast to it for the
+    forward (as FSDP does) while the fp32 parameters are what the optimizer steps."""
+    tied, frozen, dtype, kind = w.FSDP_CASES[case]
+    model = w.TinyLM(tied, frozen)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
+    opt = w.make_optimizer(kind, model.parameters())
+
+    def forward(tokens):
+        if dtype is None:
+            return model(tokens)
+        cast = {n: p.to(dtype) for n, p in model.named_parameters()}
+        return torch.func.functional_call(model, cast, (tokens,))
+
+    for step in range(w.FSDP_STEPS):
+        x, y = w.lm_batch(round_, step)
+        torch.nn.functional.cross_entropy(forward(x).float().flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return {k: v.detach().numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("case", list(w.FSDP_CASES))
+def test_fsdp_matches_single_process_training(runs, case):
+    tied, frozen, dtype, _ = w.FSDP_CASES[case]
+    # fp32: the same sums in another order; fp16: the issue's bound for the same casting
+    tol = 1e-4 if dtype is not None else 1e-6
+    for round_ in range(w.ROUNDS):
+        r0, r1 = (rank["fsdp"][case][round_] for rank in runs)
+        ref = _one_thread(lambda r0=r0, round_=round_: fsdp_reference(case, r0["initial"], round_))
+        assert r0["final"].keys() == ref.keys()  # names of the unwrapped model, tied included
+        for r in (r0, r1):
+            assert r["initial"].keys() == ref.keys()
+            for k, v in r0["initial"].items():  # every rank sharded rank 0's weights
+                assert np.array_equal(r["initial"][k], v), k
+            for k, v in ref.items():
+                np.testing.assert_allclose(r["final"][k], v, rtol=tol, atol=tol, err_msg=k)
+        assert not np.allclose(r0["final"]["fc1.weight"], r0["initial"]["fc1.weight"])
+        if tied:
+            assert np.array_equal(r0["final"]["head.weight"], r0["final"]["emb.weight"])
+        if frozen:
+            assert r0["frozen_left"] and r1["frozen_left"]
+            assert np.array_equal(r0["final"]["proj.weight"], r0["initial"]["proj.weight"])
+
+
+@pytest.mark.parametrize("case", list(w.FSDP_CASES))
+def test_fsdp_gradients_after_synchronization(runs, case):
+    for round_ in range(w.ROUNDS):
+        r0, r1 = (rank["fsdp"][case][round_] for rank in runs)
+        for r in (r0, r1):
+            # every slice's gradient has the slice's shape and is fp32, whatever computed it
+            assert r["grads"]["sharded"]
+            for grad_shape, shape, dtype in r["grads"]["sharded"]:
+                assert grad_shape == shape and dtype == "torch.float32"
+        # replicated parameters (norms, biases) got the same averaged gradient on each rank
+        assert r0["grads"]["replicated"].keys() == r1["grads"]["replicated"].keys()
+        assert {"fc1.bias", "norm.weight", "ln_f.bias"} <= set(r0["grads"]["replicated"])
+        for k, v in r0["grads"]["replicated"].items():
+            assert np.array_equal(v, r1["grads"]["replicated"][k]), k
+
+
+def test_fsdp_per_rank_parameters_are_about_half(runs):
+    for case in ("fp32-adamw", "tied", "frozen"):
+        for rank in runs:
+            r = rank["fsdp"][case][0]
+            # the slices (with their padding) plus the small replicated vectors
+            assert r["param_bytes"] < 0.6 * r["full_param_bytes"], case
+            assert r["param_bytes"] >= 0.5 * r["full_param_bytes"] * 0.9, case
+
+
+def test_fsdp_prefetches_at_most_two_units_ahead(runs):
+    for rank in runs:
+        g = rank["gathers"]
+        # six layers: while layer i computes, layers i+1 and i+2 are being gathered
+        assert g["ahead"] == [2, 2, 2, 2, 1, 0]
+
+
+def test_fsdp_forward_keeps_no_full_weight_for_backward(runs):
+    for rank in runs:
+        g = rank["gathers"]
+        # What a forward leaves alive is activations (a few hundred bytes per layer), not
+        # one of the six 64 KiB full weights autograd would otherwise save.
+        assert 0 < g["kept"] < g["weight_bytes"] / 4, g["kept"]
+        assert g["grads_ok"]
+
+
+def test_fsdp_all_gathers_in_forward_and_again_in_backward(runs):
+    r = runs[0]["fsdp"]["fp32-adamw"][0]
+    # 5 sharded weights; forward gathers each (emb, fc1, fc2, proj, head); backward gathers
+    # again those a backward needs (all but the embedding's): per step 5 + 4, 5 reduce-
+    # scatters, one all-reduce of the replicated gradients
+    assert r["calls"] == {
+        "all_gather": 9 * w.FSDP_STEPS,
+        "reduce_scatter": 5 * w.FSDP_STEPS,
+        "all_reduce": w.FSDP_STEPS,
+    }
+
+
+def test_fsdp_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="process group"):
+        FSDP(torch.nn.Linear(2, 2))
