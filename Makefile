@@ -46,7 +46,8 @@ browser:
 
 # CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table),
 # attention implementations side by side (the Triton kernels through the interpreter),
-# collectives and the DDP variants on two Gloo ranks, precision experiments, profiles,
+# collectives, the DDP variants and the sharded ones (optimizer state, FSDP) on two Gloo
+# ranks, precision experiments, profiles,
 # and a memory sweep with checkpointing; then the report of exactly those runs.
 demo: $(STAMP)
 	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
@@ -59,6 +60,8 @@ demo: $(STAMP)
 		--size 1MB,10MB --world-size 2 --warmup 2 --iters 10
 	$(VENV)/bin/cs336sys ddp --db $(DEMO_DB) --world-size 2 --context-length 64 \
 		--bucket-mb 1,10,100 --warmup 1 --steps 3
+	$(VENV)/bin/cs336sys ddp --db $(DEMO_DB) --world-size 2 --context-length 64 \
+		--impl torch,fsdp,torch-fsdp --shard-optimizer --zero --warmup 1 --steps 3
 	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
 		--batch-size 4 --mode forward,train --checkpoint none,every:1,sqrt --warmup 1 --steps 2
 	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
@@ -92,6 +95,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/comm_overhead.py
 	$(PY) benchmarks/ddp_cpu.py
 	$(PY) benchmarks/memory_cpu.py
+	$(PY) benchmarks/sharding_cpu.py
 	$(PY) benchmarks/report_speed.py
 
 clean-venv:

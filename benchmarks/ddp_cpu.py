@@ -39,12 +39,10 @@ def main() -> int:
     variants += [("bucketed", float(b)) for b in args.bucket_mb.split(",")]
     variants += [("torch", exp.TORCH_BUCKET_MB)]
     specs = [
-        exp.DDPSpec(
-            impl=impl, bucket_mb=b, world_size=2, backend="gloo", device="cpu", size=args.size,
-            d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
-            context_length=args.context_length, global_batch=args.global_batch,
-            precision="fp32", warmup=args.warmup, steps=args.steps, seed=0,
+        exp.DDPSpec.of(
+            cfg, args.size, impl=impl, bucket_mb=b, optimizer_sharding="none", world_size=2,
+            backend="gloo", device="cpu", global_batch=args.global_batch, precision="fp32",
+            warmup=args.warmup, steps=args.steps, seed=0,
         )
         for _ in range(args.rounds)
         for impl, b in variants

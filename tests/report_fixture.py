@@ -124,6 +124,20 @@ def build(path: Path) -> Path:
         m = {**_stats("step", step, 1), **_stats("comm", step * 0.2, 0.5),
              "comm_fraction": 0.2, "tokens_per_s": 1000 / step}  # fmt: skip
         run("inv-c", "ddp", "ok", tc.format(next(k)), s, m)
+    # the sharded family (issue 7): per-rank memory, measured next to the expectation
+    P = 2**20  # parameters of a made-up model, all fp32: 4 MiB of weights
+    for impl, sharding, shard in (("torch", "none", 1), ("torch", "own", 1), ("fsdp", None, 2)):
+        s = {"impl": impl, "bucket_mb": 25.0 if impl == "torch" else None,
+             "optimizer_sharding": sharding, "world_size": 2, "backend": "gloo", "size": "tiny",
+             "device": "cpu"}  # fmt: skip
+        state = 8 * P / (2 if sharding == "own" or impl == "fsdp" else 1)
+        m = {**_stats("step", 120, 1), **_stats("comm", 12, 0.5), "comm_fraction": 0.1,
+             "comm_bytes": 4 * P * (3 if impl == "fsdp" else 1), "tokens_per_s": 8.0,
+             "mem_before_opt_params_bytes": 4 * P / shard, "expected_params_bytes": 4 * P / shard,
+             "mem_before_opt_grads_bytes": 4 * P / shard, "expected_grads_bytes": 4 * P / shard,
+             "mem_after_opt_opt_state_bytes": state, "expected_opt_state_bytes": state,
+             "mem_before_opt_bytes": 16 * P / shard + state, "mem_peak_bytes": 30 * P}  # fmt: skip
+        run("inv-c", "ddp", "ok", tc.format(next(k)), s, m)
     for variant in (HOSTILE, QUOTED):
         run("inv-c", "precision", "ok", tc.format(next(k)),
             {"kind": "accumulate", "variant": variant, "accumulator_dtype": "float16",

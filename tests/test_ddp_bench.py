@@ -58,9 +58,18 @@ def test_communication_counters_match_the_model(swept):
     model = TransformerLM(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     by_impl = {(r["impl"], r["bucket_mb"]): r for r in rows(db)}
-    for r in by_impl.values():
-        assert r["comm_bytes"] == grad_bytes  # every gradient, once per step
+    for (impl, _), r in by_impl.items():
+        assert r["allreduce_bytes"] == grad_bytes  # every gradient, once per step
+        # torch DDP also broadcasts rank 0's buffers (the RoPE tables) before every forward,
+        # with a few bytes of its own bookkeeping
+        if impl == "torch":
+            assert buffer_bytes <= r["broadcast_bytes"] <= buffer_bytes + 256
+        else:
+            assert r["broadcast_bytes"] == 0
+        assert r["allgather_bytes"] == r["reducescatter_bytes"] == 0
+        assert r["comm_bytes"] == r["allreduce_bytes"] + r["broadcast_bytes"]
         assert r["params"] == sum(p.numel() for p in params)
     assert by_impl["naive", None]["allreduce_calls"] == len(params)
     assert by_impl["overlap", None]["allreduce_calls"] == len(params)
@@ -83,6 +92,7 @@ def test_same_seed_same_first_loss_for_every_variant(swept):
     [
         (["--global-batch", "5"], "does not split evenly over 2 ranks"),
         (["--impl", "zero"], "--impl"),
+        (["--impl", "fsdp2"], "--impl"),
         (["--bucket-mb", "0"], "--bucket-mb must be positive"),
         (["--bucket-mb", "big"], "not a number"),
         (["--size", "huge"], "--size"),
@@ -105,3 +115,59 @@ def test_torch_default_bucket_is_what_torch_uses():
 
     # bucket_cap_mb=None means this module constant in the installed torch
     assert getattr(torch_ddp, "_DEFAULT_BUCKET_CAP_MB", 25) == TORCH_BUCKET_MB
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    db = tmp_path_factory.mktemp("sharded") / "results.db"
+    result = runner.invoke(app, ["ddp", "--db", str(db), *MICRO, "--impl",
+                                 "naive,torch,fsdp,torch-fsdp", "--shard-optimizer", "--zero"])  # fmt: skip
+    return db, result
+
+
+def test_sharded_variants_run_and_store_their_memory(sharded):
+    db, result = sharded
+    assert result.exit_code == 0, result.output
+    got = {(r["impl"], r["optimizer_sharding"]): r for r in rows(db)}
+    assert list(got) == [("naive", "none"), ("naive", "own"), ("naive", "zero"),
+                         ("torch", "none"), ("torch", "own"), ("torch", "zero"),
+                         ("fsdp", None), ("torch-fsdp", None)]  # fmt: skip
+    cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+                      context_length=32)  # fmt: skip
+    model = TransformerLM(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    n_1d = sum(p.numel() for p in model.parameters() if p.dim() == 1)
+    sharded_2d = [p.numel() for p in model.parameters() if p.dim() >= 2]
+    for (impl, sharding), r in got.items():
+        assert r["status"] == "ok" and r["world_size"] == 2
+        parts = [r[f"mem_before_opt_{k}_bytes"] for k in ("params", "grads", "opt_state")]
+        assert r["mem_before_opt_bytes"] >= sum(parts) > 0  # the live total holds the parts
+        assert r["mem_peak_bytes"] >= r["mem_before_opt_bytes"]
+        assert r["mem_init_opt_state_bytes"] == 0 and r["mem_init_grads_bytes"] == 0
+        if impl in ("naive", "torch"):  # replicas: whole parameters and gradients
+            assert r["mem_before_opt_params_bytes"] == r["mem_before_opt_grads_bytes"] == 4 * n
+            assert r["param_max_diff"] == 0.0
+        if sharding == "none":
+            assert r["mem_after_opt_opt_state_bytes"] == 8 * n == r["expected_opt_state_bytes"]
+        if sharding in ("own", "zero"):
+            # about half the AdamW state, within the largest parameter of the balance
+            state = r["mem_after_opt_opt_state_bytes"]
+            assert abs(state - 4 * n) <= 8 * max(p.numel() for p in model.parameters())
+            assert r["broadcast_bytes"] >= 4 * n  # every updated parameter from its owner
+        if impl == "fsdp":
+            padded = sum(-(-k // 2) for k in sharded_2d)  # each slice: ceil(numel / 2)
+            assert r["mem_before_opt_params_bytes"] == 4 * (padded + n_1d)
+            assert r["mem_before_opt_grads_bytes"] == 4 * (padded + n_1d)
+            assert r["mem_after_opt_opt_state_bytes"] == 8 * (padded + n_1d)
+            assert r["expected_params_bytes"] == pytest.approx(4 * (n - n_1d) / 2 + 4 * n_1d)
+            assert r["reducescatter_bytes"] == 4 * 2 * padded  # every padded gradient, once
+            assert r["allgather_bytes"] > 4 * 2 * padded  # forward, and again in backward
+            assert r["allreduce_bytes"] == 4 * n_1d  # the replicated gradients
+            assert r["param_max_diff"] == 0.0  # replicated parameters agree
+        if impl == "torch-fsdp":
+            assert r["mem_before_opt_params_bytes"] == pytest.approx(2 * n, rel=0.02)
+            assert r["allgather_bytes"] > 0 and r["reducescatter_bytes"] > 0
+            assert r["param_max_diff"] is None
+    losses = {round(r["loss_first"], 4) for r in got.values()}  # one model, one batch
+    assert len(losses) == 1, losses
+    assert "+sharded opt" in result.stdout and "+ZeRO" in result.stdout

@@ -54,3 +54,28 @@ def test_ddp_sweep_on_nccl_keeps_ranks_identical(tmp_path):
         assert r["backend"] == "nccl" and r["status"] == "ok"
         assert r["param_max_diff"] == 0.0
         assert 0 <= r["comm_fraction"] < 1
+
+
+def test_sharded_sweep_on_nccl_divides_the_memory(tmp_path):
+    db = tmp_path / "r.db"
+    result = runner.invoke(
+        app,
+        ["ddp", "--db", str(db), "--size", "small", "--context-length", "256",
+         "--global-batch", "8", "--world-size", "2", "--impl", "torch,fsdp,torch-fsdp",
+         "--shard-optimizer", "--zero", "--precision", "fp32,bf16", "--warmup", "2",
+         "--steps", "5"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    got = {(r["impl"], r["optimizer_sharding"], r["precision"]): r for r in _rows(db, "ddp_runs")}
+    assert len(got) == 10
+    for (impl, _, _), r in got.items():
+        assert r["backend"] == "nccl" and r["status"] == "ok"
+        assert r["mem_before_opt_params_bytes"] == pytest.approx(r["expected_params_bytes"], rel=0.01)
+        assert r["mem_after_opt_opt_state_bytes"] == pytest.approx(
+            r["expected_opt_state_bytes"], rel=0.02
+        )
+        if impl != "torch-fsdp":
+            assert r["param_max_diff"] == 0.0
+    for precision in ("fp32", "bf16"):
+        full = got["torch", "none", precision]["mem_after_opt_opt_state_bytes"]
+        assert got["torch", "own", precision]["mem_after_opt_opt_state_bytes"] <= 0.6 * full

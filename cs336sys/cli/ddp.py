@@ -21,8 +21,26 @@ DEFAULTS = {
 def ddp(
     impl: Annotated[
         ListOpt,
-        typer.Option(help="naive, flat, overlap, bucketed and/or torch. [default: all five]"),
+        typer.Option(
+            help="naive, flat, overlap, bucketed, torch (replicas), fsdp and/or torch-fsdp "
+            "(sharded). [default: the five replica impls]"
+        ),
     ] = None,
+    shard_optimizer: Annotated[
+        bool,
+        typer.Option(
+            "--shard-optimizer",
+            help="Also run each replica impl with its AdamW state sharded by "
+            "cs336sys.parallel.ShardedOptimizer.",
+        ),
+    ] = False,
+    zero: Annotated[
+        bool,
+        typer.Option(
+            "--zero",
+            help="Also run each replica impl with torch's ZeroRedundancyOptimizer.",
+        ),
+    ] = False,
     bucket_mb: Annotated[
         ListOpt, typer.Option(help="Bucket caps in MiB, for bucketed. [default: 1,10,100,1000]")
     ] = None,
@@ -59,11 +77,13 @@ def ddp(
 ) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.
 
-    Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch (DistributedDataParallel). comm_ms is the time a step waits on communication; comm_fraction its share of the step.
+    Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch (DistributedDataParallel) keep full replicas; fsdp (cs336sys.parallel.FSDP) and torch-fsdp (FSDP2) shard weights, gradients and optimizer state. comm_ms is the time a step waits on gradient communication; comm_fraction its share of the step. Each point also stores this rank's memory after init and around the optimizer step (parameters, gradients, optimizer state, beside the analytic expectation) and the bytes of each kind of collective in one step.
 
     Examples:
 
         cs336sys ddp --impl bucketed,torch --bucket-mb 1,10,100 --world-size 2
+
+        cs336sys ddp --impl torch,fsdp,torch-fsdp --shard-optimizer --zero
 
         torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --global-batch 32
     """  # noqa: E501
@@ -72,7 +92,8 @@ def ddp(
     from cs336sys.experiments import ddp as exp
     from cs336sys.models.config import PRESETS, from_preset
 
-    impls = choices(impl, exp.IMPLS, "--impl", default=exp.IMPLS)
+    impls = choices(impl, exp.IMPLS, "--impl", default=exp.REPLICA_IMPLS)
+    shardings = ["none"] + ["own"] * shard_optimizer + ["zero"] * zero
     buckets = []
     for b in split_list(bucket_mb) or DEFAULT_BUCKETS:
         try:
@@ -114,12 +135,11 @@ def ddp(
     for n in wss:
         for prec in precisions:
             for name in impls:
-                for b in _bucket_axis(name, buckets, exp.TORCH_BUCKET_MB):
-                    groups.setdefault(n, []).append(exp.DDPSpec(
-                        impl=name, bucket_mb=b, world_size=n, backend=be, device=dev, size=size,
-                        d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-                        num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, context_length=ctx_len,
-                        global_batch=batch, precision=prec, warmup=warmup, steps=steps, seed=seed,
+                for b, sharding in _points(name, buckets, shardings, exp.TORCH_BUCKET_MB):
+                    groups.setdefault(n, []).append(exp.DDPSpec.of(
+                        cfg, size, impl=name, bucket_mb=b, optimizer_sharding=sharding,
+                        world_size=n, backend=be, device=dev, global_batch=batch,
+                        precision=prec, warmup=warmup, steps=steps, seed=seed,
                     ))  # fmt: skip
 
     with rank0_recording(db, "ddp", "cuda:0" if dev == "cuda" else "cpu", resume) as rec:
@@ -134,11 +154,14 @@ def ddp(
             raise typer.Exit(1)
 
 
-def _bucket_axis(impl: str, buckets: list[float], torch_default: float) -> list:
-    """Bucket caps to sweep: the list for bucketed; torch DDP's own cap, recorded as run."""
-    if impl == "bucketed":
-        return buckets
-    return [torch_default] if impl == "torch" else [None]
+def _points(impl: str, buckets: list[float], shardings: list[str], torch_default: float) -> list:
+    """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
+    (torch DDP's own cap recorded for torch), each sharding for the replica impls; the FSDPs
+    have neither (they shard the optimizer state anyway)."""
+    if impl in ("fsdp", "torch-fsdp"):
+        return [(None, None)]
+    caps = buckets if impl == "bucketed" else [torch_default] if impl == "torch" else [None]
+    return [(b, sh) for b in caps for sh in shardings]
 
 
 def _ms(m: dict, phase: str) -> str:
@@ -151,19 +174,31 @@ def _summary(results) -> str:
     def key(spec):
         return (spec.world_size, spec.precision)
 
-    base = {key(s): r.metrics["step_ms_mean"] for s, r in results if s.impl == "torch" and r.status == "ok"}  # fmt: skip
+    base = {key(s): r.metrics["step_ms_mean"] for s, r in results
+            if s.impl == "torch" and s.optimizer_sharding == "none" and r.status == "ok"}  # fmt: skip
     rows = []
     for spec, r in results:
         m = r.metrics
         ref = base.get(key(spec))
         rows.append([
-            spec.impl + (f" {spec.bucket_mb:g}MiB" if spec.bucket_mb else ""), spec.world_size,
-            spec.precision, r.status, _ms(m, "step"), _ms(m, "comm"),
+            _label(spec), spec.world_size, spec.precision, r.status, _ms(m, "step"),
+            _ms(m, "comm"),
             "" if m.get("comm_fraction") is None else f"{m['comm_fraction']:.1%}",
-            "" if m.get("allreduce_calls") is None else f"{m['allreduce_calls']:g}",
-            "" if m.get("comm_bytes") is None else f"{m['comm_bytes'] / 2**20:.1f}",
+            _mib(m.get("comm_bytes")), _mib(m.get("mem_before_opt_params_bytes")),
+            _mib(m.get("mem_before_opt_grads_bytes")), _mib(m.get("mem_after_opt_opt_state_bytes")),
+            _mib(m.get("mem_peak_bytes")),
             f"{m['step_ms_mean'] / ref:.2f}x" if ref and m.get("step_ms_mean") else "",
         ])  # fmt: skip
     headers = ["impl", "ranks", "precision", "status", "step ms", "comm ms", "comm %",
-               "all-reduces", "MiB/step", "vs torch"]  # fmt: skip
+               "comm MiB/step", "params MiB", "grads MiB", "opt state MiB", "peak MiB",
+               "vs torch"]  # fmt: skip
     return table(rows, headers, numparse=False)
+
+
+def _label(spec) -> str:
+    out = spec.impl + (f" {spec.bucket_mb:g}MiB" if spec.bucket_mb else "")
+    return out + {"own": " +sharded opt", "zero": " +ZeRO"}.get(spec.optimizer_sharding or "", "")
+
+
+def _mib(x) -> str:
+    return "" if x is None else f"{x / 2**20:.1f}"

@@ -230,16 +230,30 @@ def comm(rows: list[Row]) -> Section:
 def ddp(rows: list[Row]) -> Section:
     sec = Section("ddp", TITLES["ddp"])
     pts = latest(rows)
-    heads = ["impl", "world", "backend", "bucket MB", "size", "step ms", "comm ms",
-             "comm fraction", "tokens/s", "n"]  # fmt: skip
+    heads = ["impl", "opt sharding", "world", "backend", "bucket MB", "size", "step ms",
+             "comm ms", "comm fraction", "comm MiB/step", "tokens/s", "n"]  # fmt: skip
     t = with_gpu(pts, heads, lambda r: [
-        text(r["impl"]), text(r["world_size"]), text(r["backend"]), text(r["bucket_mb"]),
-        text(r["size"]), mean_std(r, "step_ms_mean", "step_ms_std"),
+        text(r["impl"]), text(r["optimizer_sharding"]), text(r["world_size"]), text(r["backend"]),
+        text(r["bucket_mb"]), text(r["size"]), mean_std(r, "step_ms_mean", "step_ms_std"),
         mean_std(r, "comm_ms_mean", "comm_ms_std"), status_or(r, pct(r["comm_fraction"])),
-        status_or(r, num(r["tokens_per_s"])), str(r["_n"]),
-    ], shown=("impl", "world_size", "backend", "bucket_mb", *_SIZE))  # fmt: skip
+        status_or(r, mib(r["comm_bytes"])), status_or(r, num(r["tokens_per_s"])), str(r["_n"]),
+    ], shown=("impl", "optimizer_sharding", "world_size", "backend", "bucket_mb", *_SIZE))  # fmt: skip
     t.title = "Step time and exposed communication per implementation"
     sec.tables.append(t)
+    measured = [r for r in pts if r.get("mem_before_opt_params_bytes") is not None]
+    if measured:  # rows from before issue 7 have no memory figures
+        m = with_gpu(measured, ["impl", "opt sharding", "world", "params MiB", "grads MiB",
+                                "opt state MiB", "live before step MiB", "peak MiB"], lambda r: [
+            text(r["impl"]), text(r["optimizer_sharding"]), text(r["world_size"]),
+            *(f"{mib(r[f'mem_{w}_{k}_bytes'])} ({mib(r[f'expected_{k}_bytes'])})"
+              for w, k in (("before_opt", "params"), ("before_opt", "grads"),
+                           ("after_opt", "opt_state"))),
+            mib(r["mem_before_opt_bytes"]), mib(r["mem_peak_bytes"]),
+        ], shown=("impl", "optimizer_sharding", "world_size", "bucket_mb", *_SIZE))  # fmt: skip
+        m.title = "Memory per rank: measured (analytic expectation)"
+        m.note = ("Rank 0, in the step after warm-up. Parameters and gradients just before the "
+                  "optimizer step, optimizer state just after it; 'live' counts everything.")
+        sec.tables.append(m)
     lines = series(pts, "bucket_mb", "step_ms_mean", first=("impl", "world_size"))
     lines = {k: v for k, v in lines.items() if len(v) > 1}  # the bucketed sweeps only
     _plot(sec, "Bucket-size sweep", "ddp-buckets",

@@ -156,9 +156,11 @@ def _cell_class(cell: str) -> str:
     return "" if not cell or _NUMBER.match(cell) else ' class="t"'
 
 
-# 1,234  0.5 ± 0.01  1.2e-05  2.35×  21.0%  98–102: what num(), mean_std(), pct() and the
-# ratio/range cells write.
-_NUMBER = re.compile(r"^[-+]?[\d,.]+(e[-+]?\d+)?( ± [\d,.e+-]+)?[×%]?(–[\d,.e+-]+)?$")
+# 1,234  0.5 ± 0.01  1.2e-05  2.35×  21.0%  98–102  0.4 (0.4): what num(), mean_std(), pct()
+# and the ratio, range and measured-(expected) cells write.
+_NUMBER = re.compile(
+    r"^[-+]?[\d,.]+(e[-+]?\d+)?( ± [\d,.e+-]+)?[×%]?(–[\d,.e+-]+)?( \([\d,.e+-]+\))?$"
+)
 
 
 def write(report: Report, out: Path, formats: list[str], stem: str = "report") -> list[Path]:

@@ -129,6 +129,7 @@ VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
         [
             "impl",
             "bucket_mb",
+            "optimizer_sharding",
             "world_size",
             "backend",
             "device",
@@ -148,6 +149,17 @@ VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
             "comm_fraction",
             "allreduce_calls",
             "comm_bytes",
+            *(f"{k}_{u}" for k in ("allreduce", "broadcast", "allgather", "reducescatter")
+              for u in ("calls", "bytes")),  # fmt: skip
+            # per-rank memory (rank 0): live bytes, and what parameters, gradients and
+            # optimizer state hold, after init and around the optimizer step (issue 7)
+            *(f"mem_{w}{part}_bytes" for w in ("init", "before_opt", "after_opt")
+              for part in ("", "_params", "_grads", "_opt_state")),  # fmt: skip
+            "mem_peak_bytes",
+            "mem_peak_bytes_max_rank",
+            "expected_params_bytes",
+            "expected_grads_bytes",
+            "expected_opt_state_bytes",
             "buckets",
             "params",
             "tokens_per_s",

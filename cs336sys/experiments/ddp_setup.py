@@ -1,0 +1,145 @@
+"""How one point of `cs336sys ddp` is put together, and what its memory per rank should be.
+
+The data-parallel family (issues 4 and 7), all around the same Transformer LM and AdamW:
+
+  naive, flat, overlap, bucketed, torch   full replicas, gradients averaged (cs336sys.parallel
+                                          DDP wrappers; torch = DistributedDataParallel), each
+                                          with the optimizer state
+                                            none  whole on every rank,
+                                            own   sharded by cs336sys.parallel.ShardedOptimizer,
+                                            zero  sharded by torch's ZeroRedundancyOptimizer;
+  fsdp                                    cs336sys.parallel.FSDP: weights, gradients and
+                                          optimizer state sharded;
+  torch-fsdp                              FSDP2: fully_shard on every block, then the root.
+
+Precision bf16 means autocast for the replicated impls and each FSDP's own mixed precision
+(compute in bf16, fp32 master weights) for the sharded ones.
+
+Expected bytes per rank, for P trainable parameters of which P1 are one-dimensional, n ranks,
+fp32 weights and gradients and AdamW's two fp32 moments (Rajbhandari et al. 2020, Fig. 1:
+"Ψ" there is P here):
+
+              parameters        gradients         optimizer state
+  replicas    4P                4P                8P   (own, zero: 8P / n)
+  fsdp        4(P - P1)/n + 4P1 same              2 x parameters
+  torch-fsdp  4P / n            4P / n            8P / n
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
+FSDP_IMPLS = ("fsdp", "torch-fsdp")
+IMPLS = REPLICA_IMPLS + FSDP_IMPLS
+SHARDINGS = ("none", "own", "zero")  # of the optimizer state, for the replica impls
+LR, WEIGHT_DECAY = 1e-4, 0.01
+
+
+@dataclass
+class Setup:
+    """A wrapped model ready to train, and where its parts live on this rank."""
+
+    module: Any  # what the step calls: the wrapper (or the FSDP2-sharded model)
+    optimizer: Any
+    state_holder: Any  # the optimizer object whose .state holds this rank's state
+    finish: Callable[[], None]  # between backward and optimizer.step()
+    autocast: bool  # precision through torch.autocast (replicas) or the wrapper (FSDP)
+    params: list  # this rank's parameter tensors (local shards of sharded ones)
+    replicated: list  # the parameters every rank must hold identically
+
+
+def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device):
+    """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds."""
+    import torch
+
+    from cs336sys.models.adamw import AdamW
+    from cs336sys.parallel.ddp import make_ddp
+
+    bf16 = precision == "bf16"
+    if impl in REPLICA_IMPLS:
+        wrapper = make_ddp(impl, model, bucket_size_mb=bucket_mb)
+        params = list(model.parameters())
+        if sharding == "own":
+            from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
+
+            opt = ShardedOptimizer(params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
+            holder = opt.local
+        elif sharding == "zero":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            opt = ZeroRedundancyOptimizer(params, optimizer_class=AdamW, lr=LR,
+                                          weight_decay=WEIGHT_DECAY)  # fmt: skip
+            holder = opt.optim
+        else:
+            opt = holder = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        return Setup(wrapper, opt, holder, wrapper.finish_gradient_synchronization, True, params,
+                     params)  # fmt: skip
+    if impl == "fsdp":
+        from cs336sys.parallel.fsdp import FSDP
+
+        wrapper = FSDP(model, compute_dtype=torch.bfloat16 if bf16 else None)
+        params = list(wrapper.parameters())
+        opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        return Setup(wrapper, opt, opt, wrapper.finish_gradient_synchronization, False, params,
+                     wrapper.replicated)  # fmt: skip
+    if impl == "torch-fsdp":
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from cs336sys.parallel.ddp import broadcast_from_rank0
+
+        # fully_shard keeps each rank's own slice of whatever that rank built: start from
+        # rank 0's weights, as the other wrappers do, or the ranks shard different models.
+        broadcast_from_rank0(model)
+        mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()  # fmt: skip
+        for block in model.layers:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        return Setup(model, opt, opt, lambda: None, False, list(model.parameters()), [])
+    raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
+
+
+def _local(t):
+    """A DTensor's local shard (FSDP2), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _bytes(tensors) -> int:
+    """Bytes of the storages behind `tensors`, each storage once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or t.device.type == "meta":
+            continue
+        storage = _local(t).untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def split(setup: Setup) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state, by inspection."""
+    from cs336sys.bench.memory import optimizer_tensors
+
+    state = optimizer_tensors(setup.state_holder) if setup.state_holder is not None else []
+    return {
+        "params": _bytes(setup.params),
+        "grads": _bytes(p.grad for p in setup.params),
+        "opt_state": _bytes(t for t in state if _local(t).dim() > 0),  # not step counters
+    }
+
+
+def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:
+    """The bytes per rank of the table in the module docstring."""
+    if impl == "fsdp":
+        params = 4 * (n_params - n_1d) / world + 4 * n_1d
+    elif impl == "torch-fsdp":
+        params = 4 * n_params / world
+    else:
+        params = 4 * n_params
+    state = 2 * params if impl in FSDP_IMPLS else 8 * n_params / (world if sharding in ("own", "zero") else 1)  # fmt: skip
+    return {"params": params, "grads": params, "opt_state": state}
