@@ -19,7 +19,6 @@ from pathlib import Path
 
 from cs336sys.experiments import ddp as exp
 from cs336sys.models.config import from_preset
-from cs336sys.parallel.launcher import launch
 
 
 def main() -> int:
@@ -47,18 +46,7 @@ def main() -> int:
         for _ in range(args.rounds)
         for impl, b in variants
     ]  # fmt: skip
-    got: dict[tuple, list[dict]] = {}
-
-    def keep(message):
-        index, _, result = message
-        spec = specs[index]
-        if result.status != "ok":
-            raise RuntimeError(f"{spec.impl} {spec.bucket_mb}: {result.status} {result.error}")
-        got.setdefault((spec.impl, spec.bucket_mb), []).append(result.metrics)
-        print(f"  {spec.impl} {spec.bucket_mb or ''}: {result.metrics['step_ms_mean']:.0f} ms",
-              file=sys.stderr)  # fmt: skip
-
-    launch(exp.worker, 2, "gloo", args=(specs,), on_emit=keep)
+    got = exp.run_specs(specs, key=lambda s: (s.impl, s.bucket_mb))
 
     def med(key, name):
         return statistics.median(m[name] for m in got[key])

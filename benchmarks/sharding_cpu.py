@@ -23,7 +23,6 @@ from pathlib import Path
 
 from cs336sys.experiments import ddp as exp
 from cs336sys.models.config import from_preset
-from cs336sys.parallel.launcher import launch
 
 VARIANTS = [  # (impl, bucket MiB, optimizer sharding, label)
     ("torch", exp.TORCH_BUCKET_MB, "none", "DDP"),
@@ -56,18 +55,7 @@ def main() -> int:
         for _ in range(args.rounds)
         for impl, b, sharding, _ in VARIANTS
     ]  # fmt: skip
-    got: dict[tuple, list[dict]] = {}
-
-    def keep(message):
-        index, _, result = message
-        spec = specs[index]
-        key = (spec.impl, spec.optimizer_sharding)
-        if result.status != "ok":
-            raise RuntimeError(f"{key}: {result.status} {result.error}")
-        got.setdefault(key, []).append(result.metrics)
-        print(f"  {key}: {result.metrics['step_ms_mean']:.0f} ms", file=sys.stderr)
-
-    launch(exp.worker, 2, "gloo", args=(specs,), on_emit=keep)
+    got = exp.run_specs(specs, key=lambda s: (s.impl, s.optimizer_sharding))
 
     def med(key, name):
         return statistics.median(m[name] for m in got[key])

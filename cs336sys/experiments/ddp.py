@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -90,6 +91,28 @@ class DDPSpec:
 def worker(ctx: Any, specs: list[DDPSpec]) -> None:
     """Launcher entry point: every point of one world size, on every rank."""
     serve(ctx, specs, run)
+
+
+def run_specs(specs: list[DDPSpec], key: Callable[[DDPSpec], Any]) -> dict[Any, list[dict]]:
+    """Run `specs` (one world size) in one local process group, as the benchmarks do:
+    {key(spec): [metrics, ...]} in the order the points finish; a point that is not ok raises.
+    Progress goes to stderr."""
+    import sys
+
+    from cs336sys.parallel.launcher import launch
+
+    got: dict[Any, list[dict]] = {}
+
+    def keep(message):
+        index, _, result = message
+        spec = specs[index]
+        if result.status != "ok":
+            raise RuntimeError(f"{key(spec)}: {result.status} {result.error}")
+        got.setdefault(key(spec), []).append(result.metrics)
+        print(f"  {key(spec)}: {result.metrics['step_ms_mean']:.0f} ms", file=sys.stderr)
+
+    launch(worker, specs[0].world_size, specs[0].backend, args=(specs,), on_emit=keep)
+    return got
 
 
 def _batch(spec: DDPSpec, rank: int, device):
