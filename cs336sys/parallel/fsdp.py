@@ -119,7 +119,7 @@ class FSDP(nn.Module):
                 # The module no longer owns the weight: between forwards it holds a meta
                 # placeholder (shape and dtype, no memory); in its forward, the full weight.
                 del module._parameters[attr]
-                setattr(module, attr, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+                setattr(module, attr, torch.empty(p.shape, dtype=self._dtype(), device="meta"))
             if attrs:
                 self.units.append(Unit(len(self.units), module, attrs))
         self.sharded = list(by_param.values())
