@@ -17,6 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from _sweep import collect
+
 from cs336sys.experiments import ddp as exp
 from cs336sys.models.config import from_preset
 
@@ -46,7 +48,7 @@ def main() -> int:
         for _ in range(args.rounds)
         for impl, b in variants
     ]  # fmt: skip
-    got = exp.run_specs(specs, key=lambda s: (s.impl, s.bucket_mb))
+    got = collect(exp.EXPERIMENT, specs, key=lambda s: (s.impl, s.bucket_mb))
 
     def med(key, name):
         return statistics.median(m[name] for m in got[key])

@@ -19,25 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from cs336sys.bench.result import guarded
-from cs336sys.experiments.memory import MemorySpec, run
-from cs336sys.experiments.model import ModelSpec
+from _sweep import collect
+
+from cs336sys.experiments import memory
 from cs336sys.models.config import checkpoint_group, from_preset
 
 CHECKPOINTS = ("none", "every:1", "sqrt")
 MIB = 2**20
-
-
-def spec(checkpoint: str, args: argparse.Namespace) -> MemorySpec:
-    cfg = from_preset("tiny", context_length=args.context_length, checkpoint=checkpoint)
-    model = ModelSpec(
-        size="tiny", d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-        num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, context_length=args.context_length,
-        batch_size=args.batch_size, mode="train", precision="fp32", compile=False,
-        attention="naive", optimizer="adamw", warmup=args.warmup, steps=args.steps,
-        device="cpu", seed=0, checkpoint=checkpoint,
-    )  # fmt: skip
-    return MemorySpec(model, snapshot=str(args.out))
 
 
 def main() -> int:
@@ -49,13 +37,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("reports/memory-cpu"))
     args = parser.parse_args()
 
-    results = {}
-    for ck in CHECKPOINTS:
-        r = guarded(run, spec(ck, args))
-        if r.status != "ok":
-            print(f"{ck}: {r.status}: {r.error}", file=sys.stderr)
-            return 1
-        results[ck] = r.metrics
+    specs = memory.specs(
+        size=["tiny"], context_length=[args.context_length], batch_size=[args.batch_size],
+        mode=["train"], checkpoint=list(CHECKPOINTS), warmup=args.warmup, steps=args.steps,
+        device="cpu", snapshot=args.out,
+    )  # fmt: skip
+    got = collect(memory.EXPERIMENT, specs, key=lambda s: s.model.checkpoint)
+    results = {ck: got[ck][0] for ck in CHECKPOINTS}
     base = results["none"]
     lowest = min(CHECKPOINTS, key=lambda ck: results[ck]["peak_bytes"])
     layers = from_preset("tiny").num_layers

@@ -50,7 +50,7 @@ def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
              "seq": 2 ** rng.randint(7, 16), "d_head": rng.choice([16, 32, 64, 128]),
              "dtype": rng.choice(["fp32", "bf16"]), "pass": "fwd+bwd", "device": "cuda"}  # fmt: skip
         f = s["seq"] / 1e3
-        return s, {"fwd_ms": f, "bwd_ms": 2 * f, "e2e_ms": 3 * f, "e2e_ms_min": 2.9 * f,
+        return s, {"fwd_ms_mean": f, "bwd_ms_mean": 2 * f, "e2e_ms_mean": 3 * f, "e2e_ms_min": 2.9 * f,
                    "e2e_ms_max": 3.1 * f, "mem_before_bwd_bytes": s["seq"] ** 2 * 4}, None  # fmt: skip
     if exp == "memory":
         s = {"size": rng.choice(["small", "medium", "large"]),
@@ -74,7 +74,7 @@ def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
                 {"result": 9.95, "target": 10.0}, None)  # fmt: skip
     s = {"target": "model", "size": rng.choice(["small", "medium"]), "mode": "train",
          "precision": "bf16", "device": "cuda"}  # fmt: skip
-    return s, {"time_basis": "cuda", "step_ms": 50.0}, None
+    return s, {"time_basis": "cuda", "step_ms_mean": 50.0}, None
 
 
 def build(path: Path, n_runs: int, seed: int = 0) -> None:

@@ -21,6 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from _sweep import collect
+
 from cs336sys.experiments import ddp as exp
 from cs336sys.models.config import from_preset
 
@@ -55,7 +57,7 @@ def main() -> int:
         for _ in range(args.rounds)
         for impl, b, sharding, _ in VARIANTS
     ]  # fmt: skip
-    got = exp.run_specs(specs, key=lambda s: (s.impl, s.optimizer_sharding))
+    got = collect(exp.EXPERIMENT, specs, key=lambda s: (s.impl, s.optimizer_sharding))
 
     def med(key, name):
         return statistics.median(m[name] for m in got[key])

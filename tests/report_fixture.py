@@ -93,8 +93,8 @@ def build(path: Path) -> Path:
                 run("inv-c", "attention", "oom", tc.format(next(k)), s, {}, error="OutOfMemoryError")
                 continue
             f = (seq / 128) ** (2 if impl == "naive" else 1.5) * 0.05
-            m = {"fwd_ms": f, "fwd_ms_std": f / 50, "bwd_ms": 2 * f, "bwd_ms_std": f / 25,
-                 "e2e_ms": 3 * f, "e2e_ms_std": f / 20, "e2e_ms_min": 2.9 * f,
+            m = {"fwd_ms_mean": f, "fwd_ms_std": f / 50, "bwd_ms_mean": 2 * f,
+                 "bwd_ms_std": f / 25, "e2e_ms_mean": 3 * f, "e2e_ms_std": f / 20, "e2e_ms_min": 2.9 * f,
                  "e2e_ms_max": 3.1 * f,
                  "mem_before_bwd_bytes": seq * seq * 16 * 2 * (4 if impl == "naive" else 0) + seq * 64 * 16 * 2 * 4}  # fmt: skip
             run("inv-c", "attention", "ok", tc.format(next(k)), s, m)
@@ -146,7 +146,7 @@ def build(path: Path) -> Path:
     rid = run("inv-c", "profile", "ok", tc.format(next(k)),
               {"target": "model", "profiler": "torch", "size": "small", "mode": "train",
                "precision": "bf16", "device": "cuda"},
-              {"time_basis": "cuda", "fwd_ms": 3.0, "bwd_ms": 6.0, "opt_ms": 1.0, "step_ms": 10.0})  # fmt: skip
+              {"time_basis": "cuda", "fwd_ms_mean": 3.0, "bwd_ms_mean": 6.0, "opt_ms_mean": 1.0, "step_ms_mean": 10.0})  # fmt: skip
     store.add_kernel_stats(rid, [
         {"phase": "forward", "rank": 1, "name": "sm90_xmma_gemm_bf16", "calls": 30,
          "total_ms": 6.0, "mean_ms": 0.2, "share": 0.6, "time_basis": "cuda"},

@@ -349,7 +349,7 @@ def test_config_modules_do_not_import_torch():
 
 
 def test_nvtx_ranges_are_a_no_op_switch_on_cpu():
-    from cs336sys.models.nvtx import _NVTX_ENABLED, nvtx_enabled, nvtx_range
+    from cs336sys.bench.nvtx import _NVTX_ENABLED, nvtx_enabled, nvtx_range
 
     model = make_model().eval()
     tokens = random_tokens(1, 8)

@@ -10,10 +10,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from cs336sys.bench import nvtx
 from cs336sys.cli import app
 from cs336sys.experiments import profile_events
 from cs336sys.experiments.profile_events import summarize
-from cs336sys.models import nvtx
 from cs336sys.store import Store, schema
 from tests.conftest import MICRO
 

@@ -1,22 +1,26 @@
-"""Run under torchrun by tests/test_comm.py: a two-point sweep whose second point raises on
-every rank, through the same rank-0 recording and run_groups the `comm` and `ddp` commands
-use. Usage: torchrun --nproc-per-node 2 tests/torchrun_failing_sweep.py DB"""
+"""Run under torchrun by tests/test_comm.py: a three-point sweep whose second point raises on
+every rank, through the same recording and sweep runner the `comm` and `ddp` commands use.
+Usage: torchrun --nproc-per-node 2 tests/torchrun_failing_sweep.py DB"""
 
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from cs336sys.bench.declaration import Experiment
 from cs336sys.bench.result import Result
-from cs336sys.cli.distributed import rank0_recording, run_groups
-from cs336sys.experiments.ranks import serve
+from cs336sys.cli.common import recording
+from cs336sys.experiments.ranks import torchrun_rank
+from cs336sys.experiments.sweep import run_sweep
 
 
 @dataclass(frozen=True)
 class Point:
     n: int
+    world_size: int = 2
+    backend: str = "gloo"
 
     def settings(self):
-        return asdict(self)
+        return {"n": self.n}
 
 
 def point(ctx, spec):
@@ -25,10 +29,9 @@ def point(ctx, spec):
     return Result("ok", metrics={"n": spec.n})
 
 
-def worker(ctx, specs):
-    serve(ctx, specs, point)
-
+FIXTURE = Experiment(kind="comm", view="comm_runs", title="fixture", spec=Point, run=point,
+                     settings=("n",), metrics=(), tables=(), distributed=True)
 
 if __name__ == "__main__":
-    with rank0_recording(Path(sys.argv[1]), "fixture", "cpu", resume=False) as rec:
-        run_groups(rec, "comm", {2: [Point(1), Point(2), Point(3)]}, worker, "gloo")
+    with recording(Path(sys.argv[1]), "fixture", "cpu", torchrun_rank()) as rec:
+        run_sweep(FIXTURE, [Point(1), Point(2), Point(3)], rec)

@@ -21,7 +21,12 @@ class Result:
     metrics: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] | None = None
     error: str | None = None
+    # When the point started (bench.clock.now) and how long it took; the sweep runner
+    # stamps both where the experiment did not.
+    started: str | None = None
     duration_s: float | None = None
+    # Rows for tables linked to the run, by table name (a profile's `kernel_stats`).
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 _OOM_MARKERS = (

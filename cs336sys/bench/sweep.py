@@ -1,10 +1,18 @@
-"""Sweep expansion: list-valued options become the cartesian product of their values."""
+"""Sweep expansion: list-valued options become the cartesian product of their values; each
+point has a key, and a point that cannot be built is a SpecError."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from collections.abc import Iterable
 from typing import Any
+
+
+class SpecError(ValueError):
+    """A sweep option that cannot be turned into points; the message names the option the
+    way the command line spells it (`--size: unknown size 'huge'; ...`)."""
 
 
 def split_list(values: Iterable[str] | None) -> list[str]:
@@ -25,3 +33,74 @@ def expand(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
         dict(zip(names, combo, strict=True))
         for combo in itertools.product(*(axes[n] for n in names))
     ]
+
+
+def point_key(experiment: str, settings: dict[str, Any]) -> str:
+    """Identity of a sweep point: the same experiment with the same settings (`--resume`)."""
+    text = experiment + "\n" + json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def choices(
+    values: Iterable[str] | None, allowed: Iterable[str], option: str, default: Iterable[str] = ()
+) -> list[str]:
+    """Split a list option and check every value is one of `allowed` (SpecError if not)."""
+    allowed = list(allowed)
+    out = split_list(values) or list(default)
+    for v in out:
+        if v not in allowed:
+            raise SpecError(f"{option}: unknown value {v!r}; choose from {', '.join(allowed)}")
+    return out
+
+
+def positive_ints(
+    values: Iterable[Any] | None, option: str, default: Iterable[int] = ()
+) -> list[int]:
+    """Split a list option of positive integers (`--context-length 128,256`)."""
+    items = split_list(values)
+    if not items:
+        return list(default)
+    out = []
+    for v in items:
+        try:
+            n = int(v)
+        except ValueError:
+            raise SpecError(f"{option}: {v!r} is not an integer") from None
+        if n <= 0:
+            raise SpecError(f"{option} must be positive, got {n}")
+        out.append(n)
+    return out
+
+
+def counts(warmup: int, steps: int, steps_option: str = "--steps") -> None:
+    """Refuse a non-positive number of timed steps or a negative warm-up."""
+    if steps <= 0:
+        raise SpecError(f"{steps_option} must be positive, got {steps}")
+    if warmup < 0:
+        raise SpecError(f"--warmup must be zero or more, got {warmup}")
+
+
+def device_choice(choice: str) -> str:
+    """The device for `--device` (auto, cpu, cuda, cuda:N), or SpecError."""
+    from cs336sys.bench.device import resolve_device
+
+    try:
+        return resolve_device(choice)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def check_triton(on_cuda: bool, option: str) -> None:
+    """Refuse the Triton kernels where they cannot run, before anything is written."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        raise SpecError(f"{option} needs the triton package (pip install triton)")
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if not on_cuda and not interpreting:
+        raise SpecError(f"{option} needs CUDA, or TRITON_INTERPRET=1 to run the kernels in "
+                        "Triton's interpreter on CPU (slow; rows are marked interpreted)")  # fmt: skip
+    if on_cuda and interpreting:
+        raise SpecError("TRITON_INTERPRET=1 runs Triton kernels on CPU tensors only: unset it, "
+                        "or pass --device cpu")  # fmt: skip

@@ -6,11 +6,18 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, choices, fail, table
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    Bar,
+    DbOption,
+    check_db,
+    fail,
+    recording,
+    show,
+    user_errors,
+)
 
 ListOpt = list[str] | None
-DEFAULT_SIZES = ["1MB", "10MB", "100MB", "1GB"]
-DEFAULT_WORLD_SIZES = [2, 4, 6]
 
 
 def comm(
@@ -56,61 +63,28 @@ def comm(
 
         torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --size 1GB
     """  # noqa: E501
-    from cs336sys.bench.sweep import expand, split_list
-    from cs336sys.bench.units import parse_size
-    from cs336sys.cli.distributed import rank0_recording, resolve_backend, run_groups, world_sizes
     from cs336sys.experiments import comm as exp
+    from cs336sys.experiments.ranks import torchrun_rank
+    from cs336sys.experiments.sweep import run_sweep
 
-    ops = choices(op, exp.OPS, "--op", default=["all-reduce"])
-    try:
-        sizes = [parse_size(s) for s in split_list(size) or DEFAULT_SIZES]
-    except ValueError as exc:
-        fail(f"--size: {exc}")
-    dtypes = choices(dtype, tuple(exp.DTYPE_BYTES), "--dtype", default=["fp32"])
-    if iters <= 0:
-        fail(f"--iters must be positive, got {iters}")
-    if warmup < 0:
-        fail(f"--warmup must be zero or more, got {warmup}")
-    be, dev = resolve_backend(backend, device)
-    sizes_ws = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
+    rank = torchrun_rank()
+    if rank is not None and resume:
+        # Ranks must run identical point lists; only rank 0 can read its store.
+        fail("--resume is not supported under torchrun")
+    with user_errors():
+        specs = exp.specs(op=op, size=size, world_size=world_size, backend=backend, dtype=dtype,
+                          warmup=warmup, iters=iters, device=device)  # fmt: skip
     check_db(db)
-
-    groups: dict[int, list] = {}
-    for p in expand({"world_size": sizes_ws, "op": ops, "dtype": dtypes, "size": sizes}):
-        n = p["world_size"]
-        spec = exp.CommSpec(
-            op=p["op"], size_bytes=exp.buffer_bytes(p["size"], p["dtype"], n), world_size=n,
-            backend=be, dtype=p["dtype"], warmup=warmup, iters=iters, device=dev,
-        )  # fmt: skip
-        groups.setdefault(n, []).append(spec)
-
-    with rank0_recording(db, "comm", "cuda:0" if dev == "cuda" else "cpu", resume) as rec:
-        groups = {n: rec.pending(exp.EXPERIMENT, s, resume) for n, s in groups.items()}
-        groups = {n: s for n, s in groups.items() if s}
-        results = run_groups(rec, exp.EXPERIMENT, groups, exp.worker, be)
-        from cs336sys.cli.distributed import torchrun_rank
-
-        if torchrun_rank() in (None, 0):
-            typer.echo(_summary(results))
-        if rec.errors:
-            raise typer.Exit(1)
+    device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
+    with recording(db, "comm", device_name, rank) as rec:
+        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
+                           progress=Bar("comm", label, on=not rank))  # fmt: skip
+        if not rank:
+            show(exp.EXPERIMENT, points)
 
 
-def _summary(results) -> str:
+def label(spec) -> str:
+    """A point in a few words, for the progress bar."""
     from cs336sys.bench.units import format_size
 
-    rows = []
-    for spec, r in results:
-        m = r.metrics
-        rows.append([
-            spec.op, spec.backend, spec.world_size, spec.dtype, format_size(spec.size_bytes),
-            r.status,
-            "" if m.get("time_ms_mean") is None else f"{m['time_ms_mean']:.3f}",
-            "" if m.get("time_ms_max") is None else f"{m['time_ms_max']:.3f}",
-            "" if m.get("algbw_gbps") is None else f"{m['algbw_gbps']:.3g}",
-            "" if m.get("busbw_gbps") is None else f"{m['busbw_gbps']:.3g}",
-            m.get("wrong", ""),
-        ])  # fmt: skip
-    headers = ["op", "backend", "ranks", "dtype", "size", "status", "time ms", "max ms",
-               "algbw GB/s", "busbw GB/s", "wrong"]  # fmt: skip
-    return table(rows, headers, numparse=False)
+    return f"{spec.op} {format_size(spec.size_bytes)} n={spec.world_size}"

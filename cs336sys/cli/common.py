@@ -1,20 +1,20 @@
-"""Plumbing shared by the subcommands: the --db option, user errors, recording an
-invocation and its runs, sweep progress, and table output.
+"""Plumbing shared by the subcommands: the --db option, user errors, the store recorder as
+a sweep's sink, a progress bar, and the table printed when a sweep ends.
 
-Nothing here imports torch; commands import heavy modules inside their bodies.
+A command that measures reads: options -> `exp.specs(...)` inside `user_errors()` ->
+`run_sweep` inside `recording(...)` -> `show(...)`. Nothing here imports torch; commands
+import heavy modules inside their bodies.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-
-from cs336sys.bench.sweep import split_list
 
 DEFAULT_DB = Path("db/results.db")
 
@@ -35,34 +35,25 @@ def fail(message: object) -> NoReturn:
     raise typer.Exit(2)
 
 
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the library's SpecError (an option it cannot use) into one line and exit 2."""
+    from cs336sys.bench.sweep import SpecError
+
+    try:
+        yield
+    except SpecError as exc:
+        fail(exc)
+
+
 def choices(
     values: Sequence[str] | None, allowed: Sequence[str], option: str, default: Sequence[str] = ()
 ) -> list[str]:
-    """Split a list option and check every value is one of `allowed`."""
-    out = split_list(values) or list(default)
-    for v in out:
-        if v not in allowed:
-            fail(f"{option}: unknown value {v!r}; choose from {', '.join(allowed)}")
-    return out
+    """Split a list option and check every value is one of `allowed` (exit 2 if not)."""
+    from cs336sys.bench.sweep import choices as checked
 
-
-def positive_ints(
-    values: Sequence[str] | None, option: str, default: Sequence[int] = ()
-) -> list[int]:
-    """Split a list option of positive integers (`--context-length 128,256`)."""
-    items = split_list(values)
-    if not items:
-        return list(default)
-    out = []
-    for v in items:
-        try:
-            n = int(v)
-        except ValueError:
-            fail(f"{option}: {v!r} is not an integer")
-        if n <= 0:
-            fail(f"{option} must be positive, got {n}")
-        out.append(n)
-    return out
+    with user_errors():
+        return checked(values, allowed, option, default)
 
 
 def check_db(db: Path) -> None:
@@ -75,81 +66,31 @@ def check_db(db: Path) -> None:
         fail(exc)
 
 
-def check_triton(on_cuda: bool, option: str) -> None:
-    """Refuse the Triton kernels where they cannot run, before anything is written."""
-    import importlib.util
-    import os
+class NullSink:
+    """The sink of ranks other than 0 under torchrun: they measure but never write."""
 
-    if importlib.util.find_spec("triton") is None:
-        fail(f"{option} needs the triton package (pip install triton)")
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    if not on_cuda and not interpreting:
-        fail(f"{option} needs CUDA, or TRITON_INTERPRET=1 to run the kernels in Triton's "
-             "interpreter on CPU (slow; rows are marked interpreted)")  # fmt: skip
-    if on_cuda and interpreting:
-        fail(
-            "TRITON_INTERPRET=1 runs Triton kernels on CPU tensors only: unset it, or pass --device cpu"
-        )
+    errors = 0
 
-
-class Recorder:
-    """One CLI invocation in the store: its provenance row and a row per finished point."""
-
-    def __init__(self, store: Any, invocation_id: str, provenance: dict[str, Any]):
-        self.store = store
-        self.invocation_id = invocation_id
-        self.provenance = provenance
-        self.errors = 0
-
-    def pending(self, experiment: str, specs: list, resume: bool) -> list:
-        """The specs still to run: with --resume, those not stored ok for this git commit."""
-        if not resume:
-            return specs
-        from cs336sys.store.db import point_key
-
-        done = self.store.done_points(experiment, self.provenance.get("git_commit"))
-        todo = [s for s in specs if point_key(experiment, s.settings()) not in done]
-        if len(todo) < len(specs):
-            typer.echo(
-                f"--resume: skipping {len(specs) - len(todo)} point(s) already stored", err=True
-            )
-        return todo
-
-    def add(self, experiment: str, settings: dict[str, Any], result: Any, started: str) -> str:
-        if result.status == "error":
-            self.errors += 1
-            typer.echo(f"\nerror at {_brief(settings)}: {result.error.splitlines()[0]}", err=True)
-        return self.store.add_run(
-            self.invocation_id,
-            experiment,
-            result.status,
-            settings,
-            metrics=result.metrics,
-            samples=result.samples,
-            error=result.error,
-            started=started,
-            duration_s=result.duration_s,
-        )
-
-    def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> None:
-        """Store a profiled run's op/kernel summary rows (table kernel_stats)."""
-        if rows:
-            self.store.add_kernel_stats(run_id, rows)
+    def add(self, *args: Any) -> None:
+        return None
 
 
 @contextmanager
-def recording(db: Path, command: str, device: str) -> Iterator[Recorder]:
-    """Open the store, write the invocation row, and always record how it ended."""
-    from cs336sys.bench.provenance import collect
-    from cs336sys.store.db import Store, StoreError
+def recording(db: Path, command: str, device: str, rank: int | None = None) -> Iterator[Any]:
+    """The store's Recorder for this invocation, as the sweep's sink; records how the
+    command ended, and ends it with exit code 1 when a point was stored as `error`.
+    Under torchrun (`rank` given) only rank 0 writes."""
+    if rank:
+        sink = NullSink()
+        yield sink
+        return
+    from cs336sys.store.db import StoreError
+    from cs336sys.store.recorder import Recorder
 
-    provenance = collect(device)
     try:
-        store = Store(db)
+        rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]])
     except StoreError as exc:
         fail(exc)
-    inv = store.begin_invocation(provenance, ["cs336sys", *sys.argv[1:]], command)
-    rec = Recorder(store, inv, provenance)
     status = 1
     try:
         yield rec
@@ -161,24 +102,51 @@ def recording(db: Path, command: str, device: str) -> Iterator[Recorder]:
         status = exc.exit_code
         raise
     finally:
-        store.finish_invocation(inv, status)
-        store.close()
+        rec.close(status)
+    if rec.errors:
+        raise typer.Exit(1)
 
 
-def progress(items: Sequence[Any], label: str, show: Any = None) -> Iterator[Any]:
-    """Iterate a sweep with a progress bar on stderr (stdout stays clean for tables)."""
-    with typer.progressbar(
-        items,
-        label=label,
-        file=sys.stderr,
-        show_pos=True,
-        item_show_func=(lambda it: show(it) if it is not None and show else None),
-    ) as bar:
-        yield from bar
+class Bar:
+    """The sweep runner's progress, as a bar on stderr (stdout stays clean for tables)."""
+
+    def __init__(self, label: str, show: Callable[[Any], str] | None = None, on: bool = True):
+        self.label, self.show, self.on = label, show, on
+        self.bar: Any = None
+
+    def start(self, experiment: Any, total: int) -> None:
+        if self.on:
+            self.bar = typer.progressbar(
+                length=total, label=self.label, file=sys.stderr, show_pos=True,
+                item_show_func=lambda spec: self.show(spec) if spec is not None and self.show else None,
+            )  # fmt: skip
+            self.bar.__enter__()
+
+    def resumed(self, skipped: int) -> None:
+        typer.echo(f"--resume: skipping {skipped} point(s) already stored", err=True)
+
+    def advance(self, point: Any) -> None:
+        result = point.result
+        if result.status == "error" and self.on:
+            brief = " ".join(f"{k}={v}" for k, v in point.spec.settings().items()
+                             if k not in ("device", "seed"))  # fmt: skip
+            typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
+        if self.bar is not None:
+            self.bar.current_item = point.spec  # shown by item_show_func
+            self.bar.update(1)
+
+    def finish(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
 
 
-def _brief(settings: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in settings.items() if k not in ("device", "seed"))
+def show(experiment: Any, points: Iterable[Any]) -> None:
+    """Print the experiment's declared tables over the finished points."""
+    from cs336sys.report.tables import as_text, point_tables, row_of
+
+    rows = [row_of(p.spec, p.result) for p in points]
+    typer.echo(as_text(point_tables(experiment.tables, rows, status=True)))
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], numparse: bool = True) -> str:

@@ -6,16 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    DbOption,
-    check_db,
-    choices,
-    fail,
-    progress,
-    recording,
-    table,
-)
+from cs336sys.cli.common import DEFAULT_DB, Bar, DbOption, check_db, recording, show, user_errors
 
 ListOpt = list[str] | None
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
@@ -41,31 +32,16 @@ def _group() -> None:
     """
 
 
-def _device(device: str) -> str:
-    from cs336sys.bench.device import resolve_device
+def _measure(db, command: str, specs: list, label) -> list:
+    """Run the points and print the experiment's tables (the kind's table only)."""
+    from cs336sys.experiments import precision as exp
+    from cs336sys.experiments.sweep import run_sweep
 
-    try:
-        return resolve_device(device)
-    except ValueError as exc:
-        fail(exc)
-
-
-def _measure(db, command: str, dev: str, specs: list, label) -> list:
-    from cs336sys.bench.result import guarded
-    from cs336sys.experiments.precision import EXPERIMENT, run
-    from cs336sys.store.db import now
-
-    results = []
-    with recording(db, command, dev) as rec:
-        for spec in progress(specs, command, show=label):
-            started = now()
-            result = guarded(run, spec)
-            rec.add(EXPERIMENT, spec.settings(), result, started)
-            results.append((spec, result))
-        if rec.errors:
-            typer.echo(_table(command, results))
-            raise typer.Exit(1)
-    return results
+    check_db(db)
+    with recording(db, command, specs[0].device) as rec:
+        points = run_sweep(exp.EXPERIMENT, specs, rec, progress=Bar(command, label))
+        show(exp.EXPERIMENT, points)
+    return points
 
 
 @precision.command()
@@ -90,18 +66,12 @@ def accumulate(
 
         cs336sys precision accumulate --variant fp32,fp16
     """  # noqa: E501
-    from cs336sys.experiments.precision import VARIANTS, AccumulateSpec
+    from cs336sys.experiments import precision as exp
 
-    variants = choices(variant, list(VARIANTS), "--variant", default=list(VARIANTS))
-    if additions <= 0:
-        fail(f"--additions must be positive, got {additions}")
-    if not (value == value and abs(value) != float("inf")):
-        fail(f"--value must be a finite number, got {value}")
-    dev = _device(device)
-    check_db(db)
-    specs = [AccumulateSpec.of(v, additions, value, dev) for v in variants]
-    results = _measure(db, "precision accumulate", dev, specs, lambda s: s.variant)
-    typer.echo(_table("precision accumulate", results))
+    with user_errors():
+        specs = exp.accumulate_specs(variant=variant, additions=additions, value=value,
+                                     device=device)  # fmt: skip
+    _measure(db, "precision accumulate", specs, lambda s: s.variant)
 
 
 @precision.command()
@@ -122,52 +92,12 @@ def autocast(
 
         cs336sys precision autocast --dtype bf16,fp16 --device cpu
     """  # noqa: E501
-    from cs336sys.experiments.precision import AUTOCAST_DTYPES, AutocastSpec
+    from cs336sys.experiments import precision as exp
 
-    dtypes = choices(dtype, AUTOCAST_DTYPES, "--dtype", default=["bf16"])
-    for name, n in (("in-features", in_features), ("out-features", out_features),
-                    ("batch-size", batch_size)):  # fmt: skip
-        if n <= 0:
-            fail(f"--{name} must be positive, got {n}")
-    dev = _device(device)
-    check_db(db)
-    specs = [AutocastSpec(d, in_features, out_features, batch_size, dev, seed) for d in dtypes]
-    results = _measure(db, "precision autocast", dev, specs, lambda s: s.dtype)
-    typer.echo(_table("precision autocast", results))
-    for spec, r in results:
-        if r.status == "skipped":
-            typer.echo(f"{spec.dtype} on {spec.device}: {r.error}", err=True)
-
-
-def _table(command: str, results) -> str:
-    if command == "precision accumulate":
-        rows = [
-            [s.variant, s.accumulator_dtype, s.value_dtype + (" -> float32" if s.upcast else ""),
-             r.status, _num(r.metrics.get("result")), _num(r.metrics.get("error_vs_target"), "+.6g"),
-             _num(r.metrics.get("addend"))]
-            for s, r in results
-        ]  # fmt: skip
-        headers = ["variant", "sum dtype", "value dtype", "status", "result", "error vs exact",
-                   "addend as stored"]  # fmt: skip
-        return table(rows, headers, numparse=False)
-    cols = ("param", "fc1", "relu", "ln", "logits", "loss", "grad")
-    rows = [
-        [s.dtype, s.device, r.status, *(r.metrics.get(f"{c}_dtype", "") for c in cols),
-         _native(r.metrics)]
-        for s, r in results
-    ]  # fmt: skip
-    headers = ["autocast", "device", "status", "params", "fc1", "relu", "layernorm", "logits",
-               "loss", "grads", "native"]  # fmt: skip
-    return table(rows, headers, numparse=False)
-
-
-def _native(m: dict) -> str:
-    answer = {True: "yes", False: "no"}.get(m.get("native"), "unknown")
-    return f"{answer} ({m['native_basis']})" if m.get("native_basis") else answer
-
-
-def _num(x: float | None, fmt: str = "") -> str:
-    """repr() by default: the shortest text that reads back as exactly the stored float."""
-    if x is None:
-        return ""
-    return format(x, fmt) if fmt else repr(x)
+    with user_errors():
+        specs = exp.autocast_specs(dtype=dtype, in_features=in_features,
+                                   out_features=out_features, batch_size=batch_size,
+                                   device=device, seed=seed)  # fmt: skip
+    for p in _measure(db, "precision autocast", specs, lambda s: s.dtype):
+        if p.result.status == "skipped":
+            typer.echo(f"{p.spec.dtype} on {p.spec.device}: {p.result.error}", err=True)

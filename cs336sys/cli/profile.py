@@ -17,7 +17,17 @@ from typing import Annotated, Any
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, fail, progress, recording, table
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    Bar,
+    DbOption,
+    check_db,
+    fail,
+    recording,
+    show,
+    table,
+    user_errors,
+)
 from cs336sys.cli.options import (
     DFF,
     Attention,
@@ -117,15 +127,16 @@ def profile_model(
 
         cs336sys profile model --size small --context-length 256 --mode train --top 15
     """  # noqa: E501
-    from cs336sys.cli.model import model_specs
+    from cs336sys.experiments import model
 
-    dev, points = model_specs(
-        size=size, context_length=context_length, batch_size=batch_size, mode=mode,
-        precision=precision, attention=attention, optimizer=optimizer, compile=compile,
-        checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
-        d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-        vocab_size=vocab_size,
-    )  # fmt: skip
+    with user_errors():
+        points = model.specs(
+            size=size, context_length=context_length, batch_size=batch_size, mode=mode,
+            precision=precision, attention=attention, optimizer=optimizer, compile=compile,
+            checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
+            d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+            vocab_size=vocab_size,
+        )  # fmt: skip
     args = _args(
         ("--size", size), ("--context-length", context_length), ("--batch-size", batch_size),
         ("--mode", mode), ("--precision", precision), ("--attention", attention),
@@ -134,7 +145,7 @@ def profile_model(
         ("--d-model", d_model), ("--d-ff", d_ff), ("--num-layers", num_layers),
         ("--num-heads", num_heads), ("--vocab-size", vocab_size),
     )  # fmt: skip
-    _profile_points("model", dev, points, args, top, trace, nsys, exec_, nvtx, resume, db)
+    _profile_points("model", points, args, top, trace, nsys, exec_, nvtx, resume, db)
 
 
 def profile_attention(
@@ -184,30 +195,34 @@ def profile_attention(
 
         cs336sys profile attention --impl naive,sdpa --seq 1024 --d-head 64 --iters 20
     """  # noqa: E501
-    from cs336sys.cli.attention import attention_specs
+    from cs336sys.experiments import attention
 
-    dev, points = attention_specs(
-        impl=impl, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=dtype, causal=causal,
-        passes=passes, warmup=warmup, iters=iters, timer="loop", sdpa_backend=sdpa_backend,
-        preset=preset, device=device, seed=seed,
-    )  # fmt: skip
+    with user_errors():
+        points = attention.specs(
+            impl=impl, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=dtype,
+            causal=causal, passes=passes, warmup=warmup, iters=iters, timer="loop",
+            sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
+        )  # fmt: skip
     args = _args(
         ("--impl", impl), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
         ("--heads", heads), ("--dtype", dtype), ("--pass", passes), ("--warmup", warmup),
         ("--iters", iters), ("--sdpa-backend", sdpa_backend), ("--preset", preset),
         ("--device", device), ("--seed", seed),
     ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])  # fmt: skip
-    _profile_points("attention", dev, points, args, top, trace, nsys, exec_, nvtx, resume, db)
+    _profile_points("attention", points, args, top, trace, nsys, exec_, nvtx, resume, db)
 
 
 profile_app.command("model")(profile_model)
 profile_app.command("attention")(profile_attention)
 
 
-def _profile_points(target, dev, points, args, top, trace, nsys, exec_, nvtx, resume, db):
+def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume, db):
     """Validate the profiling options, then print/run nsys or profile and store each point."""
-    if top <= 0:
-        fail(f"--top must be positive, got {top}")
+    from cs336sys.experiments import profile as exp
+    from cs336sys.experiments.sweep import run_sweep
+
+    with user_errors():
+        specs = exp.specs(target, points, top=top, nvtx=nvtx, trace=trace)
     if exec_ and not nsys:
         fail("--exec runs the Nsight Systems command: pass --nsys too")
     if nsys and nvtx:
@@ -217,29 +232,14 @@ def _profile_points(target, dev, points, args, top, trace, nsys, exec_, nvtx, re
     if trace is not None:
         _check_writable(trace)
     check_db(db)
+    dev = points[0].device
     if nsys:
         _nsys(target, dev, [*args, "--top", str(top), "--db", str(db)], exec_)
-
-    from cs336sys.bench.result import guarded
-    from cs336sys.experiments.profile import EXPERIMENT, ProfileSpec, run
-    from cs336sys.store.db import now
-
-    specs = [
-        ProfileSpec(target, point, top, nvtx=nvtx, trace=_trace_path(trace, i, len(points)))
-        for i, point in enumerate(points, start=1)
-    ]
-    results = []
     with recording(db, f"profile {target}", dev) as rec:
-        specs = rec.pending(EXPERIMENT, specs, resume)
-        for spec in progress(specs, f"profile {target}", show=_label):
-            started = now()
-            result = guarded(run, spec)
-            run_id = rec.add(EXPERIMENT, spec.settings(), result, started)
-            rec.add_kernel_stats(run_id, getattr(result, "kernels", []))
-            results.append((spec, result))
-        typer.echo(_report(results))
-        if rec.errors:
-            raise typer.Exit(1)
+        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
+                           progress=Bar(f"profile {target}", _label))  # fmt: skip
+        show(exp.EXPERIMENT, points)
+        typer.echo(_details(points))
 
 
 def _args(*pairs: tuple[str, Any]) -> list[str]:
@@ -263,14 +263,6 @@ def _check_writable(path: Path) -> None:
         fail(f"--trace: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         fail(f"--trace: {path} is not writable")
-
-
-def _trace_path(trace: Path | None, index: int, count: int) -> str | None:
-    if trace is None:
-        return None
-    if count == 1:
-        return str(trace)
-    return str(trace.with_name(f"{trace.stem}-{index}{trace.suffix}"))
 
 
 def nsys_command(nsys: str, target: str, args: list[str], output: str) -> list[str]:
@@ -308,7 +300,7 @@ def _nsys(target: str, dev: str, args: list[str], run_it: bool) -> None:
 
 
 def _nvtx_on(dev: str) -> bool:
-    """Whether NVTX ranges are emitted for `dev` (models/nvtx.py: only with CUDA)."""
+    """Whether NVTX ranges are emitted for `dev` (bench/nvtx.py: only with CUDA)."""
     return dev.startswith("cuda")
 
 
@@ -323,35 +315,32 @@ def _f(value: float | None, fmt: str = ".3f") -> str:
     return "" if value is None else format(value, fmt)
 
 
-def _report(results) -> str:
-    """The sweep's table, naive attention's parts, then each point's top ops per phase."""
-    rows, parts, blocks = [], [], []
-    for spec, r in results:
-        m = r.metrics
-        rows.append([_label(spec), r.status, m.get("time_basis", ""),
-                     *(_f(m.get(f"{p}_ms")) for p in ("fwd", "bwd", "opt")),
-                     *(_f(m.get(f"{p}_profiled_ms")) for p in ("fwd", "bwd", "opt"))])  # fmt: skip
-        fwd = m.get("fwd_profiled_ms")
+def _details(points) -> str:
+    """Naive attention's parts against their FLOPs, then each point's top ops per phase."""
+    parts, blocks = [], []
+    for p in points:
+        m = p.result.metrics
+        fwd = m.get("fwd_profiled_ms_mean")
         for key, name in (("qk", "QKᵀ (+scale, mask)"), ("softmax", "softmax"), ("pv", "PV")):
-            if m.get(f"{key}_ms") is not None:
-                share = m[f"{key}_ms"] / fwd if fwd else None
-                parts.append([_label(spec), name, _f(m[f"{key}_ms"]),
+            if m.get(f"{key}_ms_mean") is not None:
+                share = m[f"{key}_ms_mean"] / fwd if fwd else None
+                parts.append([_label(p.spec), name, _f(m[f"{key}_ms_mean"]),
                               _f(m.get(f"{key}_flops"), ".4g"), _f(m.get(f"{key}_gflops"), ".4g"),
                               _f(share, ".1%")])  # fmt: skip
+        kernels = p.result.tables.get("kernel_stats", [])
         for phase in ("forward", "backward", "optimizer"):
-            ops = [k for k in getattr(r, "kernels", []) if k["phase"] == phase]
+            ops = [k for k in kernels if k["phase"] == phase]
             if not ops:
                 continue
             what = "kernel time" if ops[0]["time_basis"] == "cuda" else "CPU self time"
-            head = f"{_label(spec)} | {phase} | {what} over {m.get('profiled_steps')} steps"
+            head = f"{_label(p.spec)} | {phase} | {what} over {m.get('profiled_steps')} steps"
             body = table(
                 [[k["rank"], _short(k["name"]), k["calls"], _f(k["total_ms"]),
                   _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")] for k in ops],
                 ["#", "name", "calls", "total ms", "mean ms", "share"], numparse=False,
             )  # fmt: skip
             blocks.append(f"{head}\n{body}")
-    out = [table(rows, ["point", "status", "basis", "fwd ms", "bwd ms", "opt ms",
-                        "fwd prof. ms", "bwd prof. ms", "opt prof. ms"], numparse=False)]  # fmt: skip
+    out = []
     if parts:
         out.append("naive attention, forward, per step:\n" + table(
             parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))  # fmt: skip

@@ -56,16 +56,16 @@ def report(
     """
     from cs336sys.report.render import FORMATS, build, write
     from cs336sys.report.select import (
-        EXPERIMENTS,
         Selection,
         SelectionError,
+        experiments,
         parse_time,
         parse_where,
     )
     from cs336sys.store.db import StoreError, connect_readonly
 
     formats = choices(fmt, FORMATS, "--format", default=FORMATS)
-    exps = choices(experiment, sorted(EXPERIMENTS), "--experiment")
+    exps = choices(experiment, sorted(experiments()), "--experiment")
     now = datetime.now(timezone.utc)
     try:
         sel = Selection(

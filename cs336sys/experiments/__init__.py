@@ -1,2 +1,14 @@
-"""One module per experiment kind. Each exposes a frozen Spec dataclass (one sweep point)
-and `run(spec) -> Result`, a pure function of the spec plus the device."""
+"""One module per experiment kind. Each declares its `EXPERIMENT` (bench/declaration.py):
+a frozen Spec dataclass (one sweep point), `specs(...)` that validates a sweep's options and
+expands them, `run(spec) -> Result` (a pure function of the spec plus the device), its
+metrics and its table. `run_sweep` (sweep.py) runs the points of any of them:
+
+    from cs336sys.experiments import model, run_sweep
+    points = run_sweep(model.EXPERIMENT, model.specs(size=["tiny"], context_length=[64]))
+
+Importing this package does not import torch.
+"""
+
+from cs336sys.experiments.sweep import Point, run_sweep
+
+__all__ = ["Point", "run_sweep"]

@@ -10,14 +10,33 @@ paper's convention (Dao 2023, §4.1): 4·B·H·Tq·Tk·d for the forward, halved
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.bench.declaration import (
+    Column,
+    Experiment,
+    Metric,
+    Ratio,
+    Table,
+    settings_keys,
+    timing,
+)
+from cs336sys.bench.dtypes import PRECISIONS
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import STATS, summarize
+from cs336sys.bench.sweep import (
+    SpecError,
+    check_triton,
+    choices,
+    device_choice,
+    expand,
+    positive_ints,
+    split_list,
+)
 
-EXPERIMENT = "attention"
-DTYPES = ("fp32", "bf16", "fp16")
+DTYPES = tuple(PRECISIONS)
 PASSES = ("forward", "backward", "both")
 TIMERS = ("loop", "do-bench")
 SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
@@ -39,32 +58,136 @@ class AttentionSpec:
     impl: str
     seq: int
     d_head: int
-    batch: int
     heads: int | None  # None: 3-D inputs (batch, seq, d)
+    batch: int
     dtype: str
     causal: bool
-    passes: str  # forward | backward | both
-    warmup: int
-    iters: int
+    passes: str  # forward | backward | both; the setting is called `pass`
     timer: str  # loop | do-bench
     sdpa_backend: str | None  # only for impl == "sdpa"
+    warmup: int
+    iters: int
     device: str
     seed: int = 0
 
     def settings(self) -> dict[str, Any]:
-        return {
-            "impl": self.impl, "seq": self.seq, "d_head": self.d_head, "heads": self.heads,
-            "batch": self.batch, "dtype": self.dtype, "causal": self.causal,
-            "pass": self.passes, "warmup": self.warmup, "iters": self.iters,
-            "timer": self.timer, "sdpa_backend": self.sdpa_backend, "device": self.device,
-            "seed": self.seed,
-        }  # fmt: skip
+        return {_RENAMED.get(k, k): v for k, v in vars(self).items()}
 
     @property
     def shape(self) -> tuple[int, ...]:
         if self.heads is None:
             return (self.batch, self.seq, self.d_head)
         return (self.batch, self.heads, self.seq, self.d_head)
+
+
+_RENAMED = {"passes": "pass"}  # `pass` is a Python keyword
+
+# Presets fill in what the user did not give; an explicit option always wins.
+PRESETS: dict[str, dict[str, Any]] = {
+    # CS336 assignment 2, "pytorch_attention": where naive attention's memory goes.
+    "pytorch-attention": dict(
+        batch=[8], heads=None, d_head=[16, 32, 64, 128], seq=[256, 1024, 4096, 8192, 16384],
+        iters=100, passes="both",
+    ),
+    # CS336 assignment 2, "flash_benchmarking": Triton FlashAttention-2 against naive.
+    "flash-benchmarking": dict(
+        batch=[1], heads=None, causal=True, seq=[2**i for i in range(7, 17)],
+        d_head=[16, 32, 64, 128], dtype=["bf16", "fp32"], impl=["naive", "triton"],
+        passes="both",
+    ),
+    # The CS336 leaderboard shape: causal, 16 heads of 64, 16k tokens, bf16, fwd+bwd.
+    "leaderboard": dict(
+        batch=[1], heads=16, d_head=[64], seq=[16384], dtype=["bf16"], causal=True,
+        passes="both", impl=["triton", "sdpa", "naive"], timer_cuda="do-bench",
+    ),
+}  # fmt: skip
+
+DEFAULTS: dict[str, Any] = dict(
+    seq=[256, 1024, 4096, 8192, 16384], d_head=[16, 32, 64, 128], batch=[8], heads=None,
+    dtype=["fp32"], causal=True, passes="both", warmup=10, iters=100, timer="loop",
+)  # fmt: skip
+DEFAULT_IMPLS = {"cuda": ["naive", "compiled", "sdpa", "flash-torch", "triton"],
+                 "cpu": ["naive", "sdpa", "flash-torch"]}  # fmt: skip
+
+
+def specs(
+    *,
+    impl: Iterable[str] | None = None,
+    seq: Iterable[Any] | None = None,
+    d_head: Iterable[Any] | None = None,
+    batch: Iterable[Any] | None = None,
+    heads: int | None = None,
+    dtype: Iterable[str] | None = None,
+    causal: bool | None = None,
+    passes: str | None = None,
+    warmup: int | None = None,
+    iters: int | None = None,
+    timer: str | None = None,
+    sdpa_backend: str = "auto",
+    preset: str | None = None,
+    device: str = "auto",
+    seed: int = 0,
+) -> list[AttentionSpec]:
+    """The points of an attention sweep; an option left None takes the preset's value, then
+    the default. SpecError names the first bad option.
+
+    Shared by the commands that run attention points (`attention`, `profile attention`).
+    """
+    from cs336sys.bench.registry import ATTENTION
+
+    if preset is not None and preset not in PRESETS:
+        raise SpecError(f"--preset: unknown value {preset!r}; choose from {', '.join(PRESETS)}")
+    chosen = PRESETS.get(preset, {})
+
+    def pick(name: str, given: Any) -> Any:
+        return given if given is not None else chosen.get(name, DEFAULTS.get(name))
+
+    dev = device_choice(device)
+    on_cuda = dev.startswith("cuda")
+    impls = split_list(impl) or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]
+    impls = choices(impls, ATTENTION.names(), "--impl")
+    seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
+    d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
+    batches = positive_ints(batch, "--batch") or pick("batch", None)
+    n_heads = pick("heads", heads)
+    if n_heads is not None and n_heads <= 0:
+        raise SpecError(f"--heads must be positive, got {n_heads}")
+    dtypes = choices(dtype, DTYPES, "--dtype") or pick("dtype", None)
+    is_causal = pick("causal", causal)
+    which = pick("passes", passes)
+    if which not in PASSES:
+        raise SpecError(f"--pass: unknown value {which!r}; choose from {', '.join(PASSES)}")
+    n_warmup, n_iters = pick("warmup", warmup), pick("iters", iters)
+    if n_iters <= 0:
+        raise SpecError(f"--iters must be positive, got {n_iters}")
+    if n_warmup < 0:
+        raise SpecError(f"--warmup must be zero or more, got {n_warmup}")
+    how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
+                                                     DEFAULTS["timer"])  # fmt: skip
+    if how not in TIMERS:
+        raise SpecError(f"--timer: unknown value {how!r}; choose from {', '.join(TIMERS)}")
+    if how == "do-bench" and not on_cuda:
+        raise SpecError("--timer do-bench needs CUDA (triton.testing.do_bench times with CUDA events)")
+    if sdpa_backend not in SDPA_BACKENDS:
+        raise SpecError(f"--sdpa-backend: unknown value {sdpa_backend!r}; choose from "
+                        f"{', '.join(SDPA_BACKENDS)}")  # fmt: skip
+    if any(i in FLASH_IMPLS for i in impls):
+        lo, hi = FLASH_D_RANGE
+        for d in d_heads:
+            if not lo <= d <= hi:
+                raise SpecError(f"--d-head {d}: flash-torch and triton support head dims {lo} to {hi}")
+    if "triton" in impls:
+        check_triton(on_cuda, "--impl triton")
+    return [
+        AttentionSpec(
+            impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],
+            dtype=p["dtype"], causal=is_causal, passes=which, timer=how,
+            sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
+            iters=n_iters, device=dev, seed=seed,
+        )
+        for p in expand({"impl": impls, "dtype": dtypes, "d_head": d_heads, "batch": batches,
+                         "seq": seqs})
+    ]  # fmt: skip
 
 
 def flops_forward(spec: AttentionSpec) -> float:
@@ -109,7 +232,9 @@ def run(spec: AttentionSpec) -> Result:
 
     device = spec.device
     on_cuda = device.startswith("cuda")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    from cs336sys.bench.dtypes import torch_dtype
+
+    dtype = torch_dtype(spec.dtype)
     backward = spec.passes != "forward"
 
     gen = torch.Generator(device=device).manual_seed(spec.seed)
@@ -191,8 +316,7 @@ def run(spec: AttentionSpec) -> Result:
     flops = {"fwd": fwd, "bwd": 2.5 * fwd, "e2e": 3.5 * fwd}
     for phase, values in samples.items():
         stats = summarize(values)
-        metrics[phase] = stats["mean"]  # fwd_ms, bwd_ms, e2e_ms: the mean
-        metrics.update({f"{phase}_{s}": stats[s] for s in STATS if s != "mean"})
+        metrics.update({f"{phase}_{s}": stats[s] for s in STATS})
         short = phase.removesuffix("_ms")
         metrics[f"tflops_{short}"] = flops[short] / (stats["median"] / 1e3) / 1e12
     metrics.update(flops_fwd=flops["fwd"], flops_bwd=flops["bwd"], flops_e2e=flops["e2e"])
@@ -212,3 +336,84 @@ def _interpreted(impl: str) -> bool:
     from cs336sys.attention import flash_triton
 
     return bool(flash_triton.INTERPRETED)
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def _impl(row: Mapping[str, Any]) -> str:
+    """The implementation, with the SDPA backend that ran and an interpreter mark."""
+    impl = str(row.get("impl"))
+    if row.get("sdpa_backend_used"):
+        impl += f"[{row['sdpa_backend_used']}]"
+    return impl + (" (interp.)" if row.get("interpreted") else "")
+
+
+def _main_ms(row: Mapping[str, Any]) -> float | None:
+    """What a point is compared by: end-to-end time, else forward, else backward."""
+    return row.get("e2e_ms_mean") or row.get("fwd_ms_mean") or row.get("bwd_ms_mean")
+
+
+def _tflops(row: Mapping[str, Any]) -> float | None:
+    return row.get("tflops_e2e") or row.get("tflops_fwd") or row.get("tflops_bwd")
+
+
+def _max_err(row: Mapping[str, Any]) -> float | None:
+    if row.get("max_err") is None:
+        return None
+    return max(row["max_err"], row.get("max_err_grad") or 0.0)
+
+
+TABLE = Table(
+    "Latency (mean ± std), memory held before backward, throughput, error",
+    (
+        Column("impl", "impl", cell=_impl, setting=True),
+        Column("d", "d_head", setting=True),
+        Column("seq", "seq", setting=True),
+        Column("heads", "heads", setting=True),
+        Column("batch", "batch", setting=True),
+        Column("dtype", "dtype", setting=True),
+        Column("pass", "pass", setting=True),
+        Column("fwd ms", "fwd_ms", "mean_std"),
+        Column("bwd ms", "bwd_ms", "mean_std"),
+        Column("e2e ms", "e2e_ms", "mean_std"),
+        Column("mem before bwd MiB", "mem_before_bwd_bytes", "mib"),
+        Column("TFLOP/s", cell=_tflops, fmt="num"),
+        Column("max err", cell=_max_err, fmt="sci"),
+        Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"}, ("impl", "sdpa_backend"))),
+    ),
+    note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "
+    "a float32 reference. vs naive: naive's time over this one at the same shape.",
+)
+
+EXPERIMENT = Experiment(
+    kind="attention",
+    view="attention_runs",
+    title="Attention: implementations by sequence length",
+    spec=AttentionSpec,
+    run=run,
+    settings=settings_keys(AttentionSpec, rename=_RENAMED),
+    metrics=(
+        *timing("fwd_ms", "forward call"),
+        *timing("bwd_ms", "backward call"),
+        *timing("e2e_ms", "forward and backward, end to end"),
+        Metric("mem_before_bwd_bytes", "bytes", "memory in use before backward (CUDA: "
+               "allocated; CPU: saved for backward)"),  # fmt: skip
+        Metric("saved_bytes", "bytes", "bytes saved for backward (saved-tensor hooks)"),
+        Metric("peak_bytes", "bytes", "CUDA: peak allocated over the timed passes"),
+        Metric("flops_fwd", "FLOP", "forward FLOPs, 4·B·H·T²·d, halved when causal"),
+        Metric("flops_bwd", "FLOP", "backward FLOPs, 2.5 × forward"),
+        Metric("flops_e2e", "FLOP", "forward + backward FLOPs"),
+        Metric("tflops_fwd", "TFLOP/s", "forward FLOPs / median forward time"),
+        Metric("tflops_bwd", "TFLOP/s", "backward FLOPs / median backward time"),
+        Metric("tflops_e2e", "TFLOP/s", "end-to-end FLOPs / median end-to-end time"),
+        Metric("max_err", "", "max |O - O_ref| against a float32 reference"),
+        Metric("max_err_grad", "", "max error of dQ, dK, dV against the reference"),
+        Metric("interpreted", "", "Triton ran in its CPU interpreter"),
+        Metric("sdpa_backend_used", "", "the SDPA backend torch's dispatcher chose"),
+    ),
+    tables=(TABLE,),
+    compare="e2e_ms",
+    oom_axis="seq",
+    renamed={"fwd_ms": "fwd_ms_mean", "bwd_ms": "bwd_ms_mean", "e2e_ms": "e2e_ms_mean"},
+)

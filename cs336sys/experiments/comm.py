@@ -15,15 +15,19 @@ values and the number of wrong elements is stored.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.bench.dtypes import PRECISIONS, itemsize
 from cs336sys.bench.result import Result
-from cs336sys.experiments.ranks import gather, over_ranks, serve
+from cs336sys.bench.sweep import SpecError, choices, counts, expand, split_list
+from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
 
-EXPERIMENT = "comm"
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DEFAULT_SIZES = ["1MB", "10MB", "100MB", "1GB"]
+DEFAULT_WORLD_SIZES = [2, 4, 6]
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -38,7 +42,7 @@ def busbw_factor(op: str, n: int) -> float:
 def buffer_bytes(requested: int, dtype: str, world_size: int) -> int:
     """The size actually moved: whole elements, a multiple of the world size (for the
     ops that split the buffer into equal shards), at least one element per rank."""
-    elt = DTYPE_BYTES[dtype]
+    elt = itemsize(dtype)
     numel = max(world_size, requested // elt // world_size * world_size)
     return numel * elt
 
@@ -58,9 +62,35 @@ class CommSpec:
         return asdict(self)
 
 
-def worker(ctx: Any, specs: list[CommSpec]) -> None:
-    """Launcher entry point: every point of one world size, on every rank."""
-    serve(ctx, specs, run)
+def specs(
+    *,
+    op: Iterable[str] | None = None,
+    size: Iterable[str] | None = None,
+    world_size: Iterable[Any] | None = None,
+    backend: str | None = None,
+    dtype: Iterable[str] | None = None,
+    warmup: int = 5,
+    iters: int = 20,
+    device: str = "auto",
+) -> list[CommSpec]:
+    """The points of a collectives sweep, world size slowest. SpecError names a bad option."""
+    from cs336sys.bench.units import parse_size
+
+    ops = choices(op, OPS, "--op", default=["all-reduce"])
+    try:
+        sizes = [parse_size(s) for s in split_list(size) or DEFAULT_SIZES]
+    except ValueError as exc:
+        raise SpecError(f"--size: {exc}") from None
+    dtypes = choices(dtype, tuple(PRECISIONS), "--dtype", default=["fp32"])
+    counts(warmup, iters, "--iters")
+    be, dev = backend_and_device(backend, device)
+    worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
+    return [
+        CommSpec(op=p["op"], size_bytes=buffer_bytes(p["size"], p["dtype"], p["world_size"]),
+                 world_size=p["world_size"], backend=be, dtype=p["dtype"], warmup=warmup,
+                 iters=iters, device=dev)
+        for p in expand({"world_size": worlds, "op": ops, "dtype": dtypes, "size": sizes})
+    ]  # fmt: skip
 
 
 # Checked and filled in chunks so a 1 GB buffer needs no 8-byte-per-element temporaries.
@@ -128,14 +158,14 @@ def _make_op(op: str, numel: int, n: int, rank: int, dtype, device):
 
 
 def run(ctx: Any, spec: CommSpec) -> Result:
-    import torch
     import torch.distributed as dist
 
     from cs336sys.bench.device import synchronize
+    from cs336sys.bench.dtypes import torch_dtype
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    dtype = torch_dtype(spec.dtype)
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
-    numel = spec.size_bytes // DTYPE_BYTES[spec.dtype]
+    numel = spec.size_bytes // itemsize(spec.dtype)
     source, op, output, expected_at = _make_op(spec.op, numel, n, rank, dtype, device)
 
     # Correctness, once: the first call on the patterned input against the exact values.
@@ -169,3 +199,47 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     )
     samples = {f"rank{r}": p["times"] for r, p in enumerate(per_rank)}
     return Result("ok", metrics=metrics, samples=samples)
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+TABLE = Table(
+    "Collectives (nccl-tests formulas for bus bandwidth)",
+    (
+        Column("op", "op", setting=True),
+        Column("backend", "backend", setting=True),
+        Column("ranks", "world_size", setting=True),
+        Column("dtype", "dtype", setting=True),
+        Column("size", "size_bytes", "size", setting=True),
+        Column("time ms", "time_ms_mean", "num"),
+        Column("max ms", "time_ms_max", "num"),
+        Column("algbw GB/s", "algbw_gbps", "num"),
+        Column("busbw GB/s", "busbw_gbps", "num"),
+        Column("wrong", "wrong"),
+    ),
+    note="time: each rank's mean over iterations, averaged over ranks (max: the slowest "
+    "rank). busbw = algbw × 2(n-1)/n for all-reduce, (n-1)/n for all-gather and "
+    "reduce-scatter, 1 for broadcast.",
+)
+
+EXPERIMENT = Experiment(
+    kind="comm",
+    view="comm_runs",
+    title="Collectives: bus bandwidth",
+    spec=CommSpec,
+    run=run,
+    settings=settings_keys(CommSpec),
+    metrics=(
+        Metric("time_ms_mean", "ms", "each rank's mean over iterations, averaged over ranks"),
+        Metric("time_ms_min", "ms", "the fastest rank's mean"),
+        Metric("time_ms_max", "ms", "the slowest rank's mean"),
+        Metric("time_ms_median", "ms", "rank 0's median over iterations"),
+        Metric("algbw_gbps", "GB/s", "S / time"),
+        Metric("busbw_gbps", "GB/s", "algbw × the op's bus factor (nccl-tests)"),
+        Metric("wrong", "", "elements that differ from the exact expected values"),
+        Metric("numel", "", "elements in the buffer"),
+    ),
+    tables=(TABLE,),
+    compare="time_ms",
+    distributed=True,
+)

@@ -2,8 +2,9 @@
 
 One DDPSpec is one point: every rank builds the Transformer LM from its own seed (the wrapper
 broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
-untimed and `steps` timed steps of forward, backward, finish_gradient_synchronization and
-optimizer, each phase ending with a device sync. A phase's time per step is the slowest
+untimed and `steps` timed steps of the training step (experiments/step.py): forward,
+backward, finish_gradient_synchronization and optimizer, each phase ending with a device
+sync. A phase's time per step is the slowest
 rank's (every rank waits for it at the next collective); mean and std are over steps.
 
 `comm_ms` is the time a step is blocked on gradient communication:
@@ -17,7 +18,7 @@ rank's (every rank waits for it at the next collective); mean and std are over s
 - torch-fsdp: FSDP2 reduce-scatters inside backward: backward time minus the backward time
   with set_requires_gradient_sync(False), as for torch.
 
-One more step, after the warm-up and not timed, is measured for memory and traffic (issue 7):
+One more step, after the warm-up and not timed, is measured for memory and traffic:
 the bytes live on this rank (CUDA: the allocator; CPU: the live-tensor tracker, which has
 watched since before the model was built) after the model and wrapper were made, directly
 before and directly after the optimizer step, with the bytes held in parameters, gradients
@@ -29,21 +30,35 @@ per rank: the row has rank 0's, and the max over ranks of the step's peak.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from cs336sys.bench.declaration import (
+    Column,
+    Experiment,
+    Metric,
+    Ratio,
+    Table,
+    settings_keys,
+    timing,
+)
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
-from cs336sys.experiments.ddp_setup import IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
-from cs336sys.experiments.ranks import gather, over_ranks, serve
-from cs336sys.models.config import ModelConfig
+from cs336sys.bench.sweep import SpecError, choices, counts, positive_ints, split_list
+from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
+from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
+from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
-EXPERIMENT = "ddp"
 PRECISIONS = ("fp32", "bf16")
 TORCH_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, recorded as what ran
 PHASES = ("fwd", "bwd", "comm", "opt", "step")
+DEFAULT_BUCKETS = [1.0, 10.0, 100.0, 1000.0]
+# A laptop finishes a tiny-model step in about a second; a GPU gets the GPT-2 XL shape.
+DEFAULTS = {
+    "cpu": dict(size="tiny", context_length=128, global_batch=4),
+    "cuda": dict(size="xl", context_length=512, global_batch=8),
+}
 
 
 @dataclass(frozen=True)
@@ -88,41 +103,93 @@ class DDPSpec:
         return asdict(self)
 
 
-def worker(ctx: Any, specs: list[DDPSpec]) -> None:
-    """Launcher entry point: every point of one world size, on every rank."""
-    serve(ctx, specs, run)
+def specs(
+    *,
+    impl: Iterable[str] | None = None,
+    shard_optimizer: bool = False,
+    zero: bool = False,
+    bucket_mb: Iterable[Any] | None = None,
+    size: str | None = None,
+    context_length: int | None = None,
+    global_batch: int | None = None,
+    world_size: Iterable[Any] | None = None,
+    backend: str | None = None,
+    precision: Iterable[str] | None = None,
+    warmup: int = 3,
+    steps: int = 10,
+    device: str = "auto",
+    seed: int = 0,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    vocab_size: int | None = None,
+) -> list[DDPSpec]:
+    """The points of a data-parallel sweep, world size slowest. SpecError names a bad option.
+
+    Each replica impl runs with each optimizer sharding asked for (none; own with
+    shard_optimizer; zero), bucketed once per bucket cap; the FSDPs have neither."""
+    impls = choices(impl, IMPLS, "--impl", default=REPLICA_IMPLS)
+    shardings = ["none"] + ["own"] * shard_optimizer + ["zero"] * zero
+    buckets = []
+    for b in split_list(bucket_mb) or DEFAULT_BUCKETS:
+        try:
+            buckets.append(float(b))
+        except ValueError:
+            raise SpecError(f"--bucket-mb: {b!r} is not a number") from None
+        if buckets[-1] <= 0:
+            raise SpecError(f"--bucket-mb must be positive, got {b}")
+    precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
+    counts(warmup, steps)
+    be, dev = backend_and_device(backend, device)
+    worlds = world_sizes(world_size, be, [2])
+    defaults = DEFAULTS[dev]
+    size = size or defaults["size"]
+    if size not in PRESETS:
+        raise SpecError(f"--size: unknown size {size!r}; choose from {', '.join(PRESETS)}")
+    ctx_len = (positive_ints([context_length], "--context-length")[0]
+               if context_length is not None else defaults["context_length"])  # fmt: skip
+    batch = global_batch if global_batch is not None else defaults["global_batch"]
+    if batch <= 0:
+        raise SpecError(f"--global-batch must be positive, got {batch}")
+    for n in worlds:
+        if batch % n:
+            raise SpecError(f"--global-batch {batch} does not split evenly over {n} ranks")
+    overrides = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                     vocab_size=vocab_size)  # fmt: skip
+    for name, value in overrides.items():
+        if value is not None and value <= 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    try:
+        cfg = from_preset(size, context_length=ctx_len, **overrides)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    return [
+        DDPSpec.of(cfg, size, impl=name, bucket_mb=b, optimizer_sharding=sharding, world_size=n,
+                   backend=be, device=dev, global_batch=batch, precision=prec, warmup=warmup,
+                   steps=steps, seed=seed)
+        for n in worlds
+        for prec in precisions
+        for name in impls
+        for b, sharding in _points(name, buckets, shardings)
+    ]  # fmt: skip
 
 
-def run_specs(specs: list[DDPSpec], key: Callable[[DDPSpec], Any]) -> dict[Any, list[dict]]:
-    """Run `specs` (one world size) in one local process group, as the benchmarks do:
-    {key(spec): [metrics, ...]} in the order the points finish; a point that is not ok raises.
-    Progress goes to stderr."""
-    import sys
-
-    from cs336sys.parallel.launcher import launch
-
-    got: dict[Any, list[dict]] = {}
-
-    def keep(message):
-        index, _, result = message
-        spec = specs[index]
-        if result.status != "ok":
-            raise RuntimeError(f"{key(spec)}: {result.status} {result.error}")
-        got.setdefault(key(spec), []).append(result.metrics)
-        print(f"  {key(spec)}: {result.metrics['step_ms_mean']:.0f} ms", file=sys.stderr)
-
-    launch(worker, specs[0].world_size, specs[0].backend, args=(specs,), on_emit=keep)
-    return got
+def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
+    """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
+    (torch DDP's own cap recorded for torch), each sharding for the replica impls; the FSDPs
+    have neither (they shard the optimizer state anyway)."""
+    if impl in FSDP_IMPLS:
+        return [(None, None)]
+    caps = buckets if impl == "bucketed" else [TORCH_BUCKET_MB] if impl == "torch" else [None]
+    return [(b, sh) for b in caps for sh in shardings]
 
 
 def _batch(spec: DDPSpec, rank: int, device):
     """This rank's equal, contiguous slice of one global batch that every rank draws alike."""
-    import torch
+    from cs336sys.experiments.step import make_batch
 
-    g = torch.Generator().manual_seed(spec.seed + 1)
-    shape = (spec.global_batch, spec.context_length)
-    x = torch.randint(0, spec.vocab_size, shape, generator=g)  # (B, T)
-    y = torch.randint(0, spec.vocab_size, shape, generator=g)  # (B, T)
+    x, y = make_batch(spec.seed, spec.global_batch, spec.context_length, spec.vocab_size)
     local = spec.global_batch // spec.world_size
     part = slice(rank * local, (rank + 1) * local)
     return x[part].to(device), y[part].to(device)  # (B / world, T)
@@ -130,13 +197,11 @@ def _batch(spec: DDPSpec, rank: int, device):
 
 def run(ctx: Any, spec: DDPSpec) -> Result:
     import torch
-    import torch.nn.functional as F
 
-    from cs336sys.bench.device import synchronize
     from cs336sys.bench.live_tensors import LiveTensorTracker
     from cs336sys.bench.memory import CudaProbe, TrackerProbe
     from cs336sys.experiments import ddp_setup
-    from cs336sys.models.transformer import TransformerLM
+    from cs336sys.experiments.step import Step, make_model
     from cs336sys.parallel.comm_counter import CommCounter
 
     device = torch.device(ctx.device)
@@ -146,51 +211,27 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if tracker is not None:
         tracker.__enter__()  # watches from before the model exists; left before timing
     try:
-        torch.manual_seed(spec.seed + 1000 * ctx.rank)  # distinct on purpose: the wrapper syncs
-        with device:
-            model = TransformerLM(spec.config())
+        # Distinct weights per rank on purpose: the wrapper must make them rank 0's.
+        model = make_model(spec.config(), ctx.device, spec.seed + 1000 * ctx.rank)
         # Counted, not kept: a list of the parameters would keep the full weights alive
         # after FSDP has sharded them.
         n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_1d = sum(p.numel() for p in model.parameters() if p.requires_grad and p.dim() < 2)
         setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
                                 spec.precision, model, device)  # fmt: skip
+        del model
         memory = {"init": probe.current(), **_prefixed("init", ddp_setup.split(setup))}
         x, y = _batch(spec, ctx.rank, device)
-        amp = torch.bfloat16 if spec.precision == "bf16" and setup.autocast else None
-
-        def sync() -> None:
-            synchronize(ctx.device)
-
-        def forward_backward() -> tuple[float, float, Any]:
-            t0 = time.perf_counter()
-            with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
-                logits = setup.module(x)  # (B / world, T, V)
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-            sync()
-            t1 = time.perf_counter()
-            loss.backward()
-            sync()
-            return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3, loss.detach()
-
-        def step(before_optimizer=lambda: None, after_optimizer=lambda: None):
-            t0 = time.perf_counter()
-            fwd, bwd, loss = forward_backward()
-            t2 = time.perf_counter()
-            setup.finish()
-            sync()
-            t3 = time.perf_counter()
-            before_optimizer()
-            setup.optimizer.step()
-            after_optimizer()
-            setup.optimizer.zero_grad(set_to_none=True)
-            sync()
-            t4 = time.perf_counter()
-            return (fwd, bwd, (t3 - t2) * 1e3, (t4 - t3) * 1e3, (t4 - t0) * 1e3), loss
-
+        step = Step(
+            model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
+            device=ctx.device, optimizer=setup.optimizer, finish=setup.finish,
+            # the replicas train under autocast; the FSDPs cast for themselves
+            amp_dtype=torch.bfloat16 if spec.precision == "bf16" and setup.autocast else None,
+        )  # fmt: skip
         losses = []
         for _ in range(spec.warmup):
-            losses.append(step()[1])
+            step()
+            losses.append(step.last_loss)
 
         # The measured step: memory at the optimizer step, and every collective of a step.
         def read(when):
@@ -198,7 +239,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
         probe.reset_peak()
         with CommCounter() as comm:
-            losses.append(step(read("before_opt"), read("after_opt"))[1])
+            step(before_optimizer=read("before_opt"), after_optimizer=read("after_opt"))
+            losses.append(step.last_loss)
         memory["peak"] = probe.peak()
     finally:
         if tracker is not None:
@@ -206,18 +248,17 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     times: dict[str, list[float]] = {p: [] for p in PHASES}
     for _ in range(spec.steps):
-        phase_ms, loss = step()
-        losses.append(loss)
-        for phase, ms in zip(PHASES, phase_ms, strict=True):
-            times[phase].append(ms)
+        for phase, ms in step().items():
+            times[phase.removesuffix("_ms")].append(ms)
+        losses.append(step.last_loss)
 
     if spec.impl in ("torch", "torch-fsdp"):
         # Backward without gradient reduction, to see how much of backward was waiting on it.
+        no_optimizer = replace(step, optimizer=None, finish=None, mode="forward-backward")
         nosync = []
         for _ in range(spec.steps):
             with _no_grad_sync(spec.impl, setup.module):
-                nosync.append(forward_backward()[1])
-            setup.optimizer.zero_grad(set_to_none=True)
+                nosync.append(no_optimizer()["bwd_ms"])
         times["comm"] = [max(0.0, b - c) for b, c in zip(times["bwd"], nosync, strict=True)]
 
     diff = _param_spread(setup)
@@ -292,3 +333,83 @@ def _param_spread(setup) -> float | None:
         dist.all_reduce(lo, op=dist.ReduceOp.MIN)
         spread = max(spread, float((hi - lo).max()))
     return spread
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding."""
+    out = str(row.get("impl")) + (f" {row['bucket_mb']:g}MiB" if row.get("bucket_mb") else "")
+    return out + {"own": " +sharded opt", "zero": " +ZeRO"}.get(row.get("optimizer_sharding") or "", "")
+
+
+def label_of(spec: DDPSpec) -> str:
+    return label(spec.settings())
+
+
+TABLE = Table(
+    "Step time, exposed communication and memory per rank",
+    (
+        Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "optimizer_sharding")),
+        Column("ranks", "world_size", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("step ms", "step_ms", "mean_std"),
+        Column("comm ms", "comm_ms", "mean_std"),
+        Column("comm %", "comm_fraction", "pct"),
+        Column("comm MiB/step", "comm_bytes", "mib"),
+        Column("params MiB", "mem_before_opt_params_bytes", "mib"),
+        Column("grads MiB", "mem_before_opt_grads_bytes", "mib"),
+        Column("opt state MiB", "mem_after_opt_opt_state_bytes", "mib"),
+        Column("peak MiB", "mem_peak_bytes", "mib"),
+        Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
+                                       {"impl": "torch", "optimizer_sharding": "none"},
+                                       ("impl", "bucket_mb", "optimizer_sharding"),
+                                       speedup=False)),  # fmt: skip
+    ),
+    note="comm ms: the time a step waits on gradient communication. Memory is rank 0's. "
+    "vs torch: step time over torch DDP's at the same world size and precision.",
+)
+
+EXPERIMENT = Experiment(
+    kind="ddp",
+    view="ddp_runs",
+    title="DDP: step time and communication",
+    spec=DDPSpec,
+    run=run,
+    settings=settings_keys(DDPSpec),
+    metrics=(
+        *timing("step_ms", "whole step, the slowest rank's"),
+        *timing("fwd_ms", "forward pass with the loss"),
+        *timing("bwd_ms", "backward pass"),
+        *timing("comm_ms", "time waiting on gradient communication"),
+        *timing("opt_ms", "optimizer step and zero_grad"),
+        *(Metric(f"{p}_ms_rank_{s}", "ms", f"{s} over ranks of each rank's mean {p} time")
+          for p in ("step", "comm") for s in ("mean", "min", "max")),  # fmt: skip
+        Metric("comm_fraction", "", "comm_ms_mean / step_ms_mean"),
+        Metric("comm_bytes", "bytes", "bytes of every collective in one step (nccl-tests' S)"),
+        *(Metric(f"{k}_{u}", "bytes" if u == "bytes" else "", f"{k} {u} in one step")
+          for k in ("allreduce", "broadcast", "allgather", "reducescatter")
+          for u in ("calls", "bytes")),  # fmt: skip
+        # per-rank memory (rank 0): live bytes, and what parameters, gradients and optimizer
+        # state hold, after init and around the optimizer step
+        *(Metric(f"mem_{w}{part}_bytes", "bytes", f"rank 0, {w.replace('_', ' ')}: "
+                 f"{part.strip('_').replace('_', ' ') or 'live'}")
+          for w in ("init", "before_opt", "after_opt")
+          for part in ("", "_params", "_grads", "_opt_state")),  # fmt: skip
+        Metric("mem_peak_bytes", "bytes", "rank 0's peak in the measured step"),
+        Metric("mem_peak_bytes_max_rank", "bytes", "the highest peak over ranks"),
+        Metric("expected_params_bytes", "bytes", "analytic parameter bytes per rank"),
+        Metric("expected_grads_bytes", "bytes", "analytic gradient bytes per rank"),
+        Metric("expected_opt_state_bytes", "bytes", "analytic optimizer-state bytes per rank"),
+        Metric("buckets", "", "gradient buckets (bucketed)"),
+        Metric("params", "", "trainable parameters of the model"),
+        Metric("tokens_per_s", "tokens/s", "global batch tokens / mean step time"),
+        Metric("param_max_diff", "", "largest difference of a replicated weight between ranks"),
+        Metric("loss_first", "", "loss of the first step (rank 0)"),
+        Metric("loss_last", "", "loss of the last timed step (rank 0)"),
+    ),
+    tables=(TABLE,),
+    compare="step_ms",
+    distributed=True,
+)

@@ -1,7 +1,8 @@
 """Memory of the Transformer LM's forward pass or training step, measured and accounted.
 
-One MemorySpec is one point of a sweep: a ModelSpec (built by the CLI's `model_specs`, the
-same validation and expansion as `cs336sys model`) plus where to write a snapshot. `run`:
+One MemorySpec is one point of a sweep: a ModelSpec (built by `model.specs`, the same
+validation and expansion as `cs336sys model`) plus where to write a snapshot. `run` takes
+the training step of experiments/step.py and:
 
 1. builds the model and measures the bytes it holds after initialisation;
 2. runs `warmup` untracked steps (the optimizer's state exists from the first one on) and
@@ -23,17 +24,20 @@ B·T·d·bytes that each checkpointed group keeps.
 from __future__ import annotations
 
 import contextlib
-import time
+import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
+from cs336sys.bench.sweep import SpecError, choices
+from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.models.config import ModelConfig, checkpoint_group
 
-EXPERIMENT = "memory"
 MODES = ("forward", "train")
 
 
@@ -44,7 +48,7 @@ class MemorySpec:
 
     def settings(self) -> dict[str, Any]:
         s = self.model.settings()
-        for unused in ("compile", "nvtx"):  # always off here: not part of the point
+        for unused in _UNUSED:  # always off here: not part of the point
             s.pop(unused, None)
         s["snapshot"] = self.snapshot
         return s
@@ -55,6 +59,41 @@ class MemorySpec:
         parts = [m.size, f"T{m.context_length}", f"B{m.batch_size}", m.mode, m.precision,
                  m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]  # fmt: skip
         return "memory-" + "-".join(parts)
+
+
+_UNUSED = ("compile", "nvtx")
+
+
+def specs(*, mode: Iterable[str] | None = None, snapshot: str | Path | None = None,
+          **model_options: Any) -> list[MemorySpec]:  # fmt: skip
+    """The points of a memory sweep: `model.specs(**model_options)` (no compile, no NVTX)
+    with `mode` forward or train, each writing its timeline into `snapshot` (a directory,
+    created if missing) when given. SpecError names the first bad option."""
+    modes = choices(mode, MODES, "--mode", default=["train"])
+    points = model_exp.specs(mode=modes, compile=False, **model_options)
+    where = check_snapshot(snapshot)
+    return [MemorySpec(p, snapshot=where) for p in points]
+
+
+def check_snapshot(path: str | Path | None) -> str | None:
+    """Refuse a --snapshot directory that cannot be created or written, before any work."""
+    if path is None:
+        return None
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"--snapshot {path}: exists and is not a directory")
+    existing = path
+    while not existing.exists():  # the nearest ancestor that exists must be a writable dir
+        existing = existing.parent
+    if not existing.is_dir():
+        raise SpecError(f"--snapshot {path}: {existing} is not a directory")
+    # Try it: os.access says yes to root even on /proc or a read-only mount.
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        raise SpecError(f"--snapshot {path}: cannot write in {existing} ({exc.strerror or exc})") from None
+    return str(path)
 
 
 # -- analytic accounting --------------------------------------------------------------------
@@ -111,18 +150,14 @@ def model_saved_bytes(config: ModelConfig, batch: int, seq: int) -> int:
 
 def run(spec: MemorySpec) -> Result:
     import torch
-    import torch.nn.functional as F
 
-    from cs336sys.bench.device import synchronize
     from cs336sys.bench.live_tensors import LiveTensorTracker
     from cs336sys.bench.memory import CudaProbe, TrackerProbe, optimizer_tensors
     from cs336sys.bench.saved_tensors import saved_bytes_excluding
     from cs336sys.bench.timeline import cuda_memory_history, draw_timeline
-    from cs336sys.experiments.model import _make_optimizer
-    from cs336sys.models.transformer import TransformerLM
+    from cs336sys.experiments.step import make_model, make_step, run_steps
 
     m = spec.model
-    torch.manual_seed(m.seed)
     device = torch.device(m.device)
     on_cuda = device.type == "cuda"
     config = m.config()
@@ -133,71 +168,24 @@ def run(spec: MemorySpec) -> Result:
     tracker = None
     if on_cuda:
         probe: Any = CudaProbe(device)
-        with device:
-            model = TransformerLM(config)
+        model = make_model(config, m.device, m.seed)
     else:
         tracker = LiveTensorTracker()
         probe = TrackerProbe(tracker)
         with tracker:
-            model = TransformerLM(config)
+            model = make_model(config, m.device, m.seed)
     init_bytes = probe.current()
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
-    optimizer = _make_optimizer(m.optimizer, params) if training else None
-
+    step = make_step(model, batch_size=m.batch_size, context_length=m.context_length,
+                     mode=m.mode, precision=m.precision, optimizer=m.optimizer, compile=False,
+                     device=m.device, seed=m.seed)  # fmt: skip
     B, T = m.batch_size, m.context_length
-    x = torch.randint(0, config.vocab_size, (B, T), device=device)  # (B, T)
-    y = torch.randint(0, config.vocab_size, (B, T), device=device)  # (B, T)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(m.precision)
-    scaler = torch.amp.GradScaler(device.type) if m.precision == "fp16" and training else None
-
-    def forward_loss() -> torch.Tensor:
-        # The logits (B, T, V) die when this returns, as in a training loop that keeps only
-        # the loss; log-softmax's output stays if autograd saved it.
-        grad_mode = contextlib.nullcontext() if training else torch.no_grad()
-        autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
-        with grad_mode, autocast:
-            logits = model(x)  # (B, T, V)
-            return F.cross_entropy(logits.flatten(0, 1), y.flatten())
-
     no_phase = contextlib.nullcontext
     live: dict[str, float] = {}
 
-    def step(phase=lambda label: no_phase(), forward=forward_loss) -> dict[str, float]:
-        """One step; `phase(label)` wraps each phase, `live` gets the optimizer readings."""
-        t0 = time.perf_counter()
-        with phase("forward"):
-            loss = forward()
-            synchronize(m.device)
-        t1 = time.perf_counter()
-        times = {"fwd_ms": (t1 - t0) * 1e3}
-        if training:
-            with phase("backward"):
-                (scaler.scale(loss) if scaler else loss).backward()
-                synchronize(m.device)
-            t2 = time.perf_counter()
-            with phase("optimizer"):
-                live["before_opt"] = probe.current()
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                synchronize(m.device)
-                live["after_opt"] = probe.current()
-                optimizer.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
-            times.update(bwd_ms=(t2 - t1) * 1e3, opt_ms=(t3 - t2) * 1e3)
-        times["step_ms"] = (time.perf_counter() - t0) * 1e3
-        live["loss"] = float(loss.detach())
-        return times
-
     # -- 2. warm-up and timed steps, untracked --------------------------------------------
-    warm: dict[str, list[float]] = {}
-    timed: dict[str, list[float]] = {}
-    for i in range(m.warmup + m.steps):
-        for k, v in step().items():
-            (warm if i < m.warmup else timed).setdefault(k, []).append(v)
+    warm, timed, losses = run_steps(step, m.warmup, m.steps)
 
     # -- 3. the measured step ----------------------------------------------------------------
     peaks: dict[str, int] = {}
@@ -220,7 +208,9 @@ def run(spec: MemorySpec) -> Result:
     saved: list[int] = []
 
     def measured_forward() -> torch.Tensor:
-        loss, nbytes = saved_bytes_excluding(forward_loss, exclude=params)
+        # The logits (B, T, V) die when the loss is returned, as in a training loop that
+        # keeps only the loss; log-softmax's output stays if autograd saved it.
+        loss, nbytes = saved_bytes_excluding(step.loss, exclude=params)
         saved.append(nbytes)
         return loss
 
@@ -228,17 +218,21 @@ def run(spec: MemorySpec) -> Result:
         # The PNG needs the tracker's events on CUDA too, next to the allocator's figure.
         tracker = LiveTensorTracker(probe=lambda: probe.current())
     if tracker is not None:
-        tracker.adopt([*params, *model.buffers(), *optimizer_tensors(optimizer), x, y])
-        if scaler is not None:
-            tracker.adopt(t for t in vars(scaler).values() if isinstance(t, torch.Tensor))
+        tracker.adopt([*params, *model.buffers(), *optimizer_tensors(step.optimizer), step.x,
+                       step.y])  # fmt: skip
+        if step.scaler is not None:
+            tracker.adopt(t for t in vars(step.scaler).values() if isinstance(t, torch.Tensor))
         if snapshot is not None:
             tracker.start_recording()
     pickle = snapshot / f"{spec.label()}.pickle" if snapshot is not None and on_cuda else None
     if snapshot is not None:
         snapshot.mkdir(parents=True, exist_ok=True)
     with cuda_memory_history(pickle), tracker if tracker is not None else no_phase():
-        step(phase, forward=measured_forward)
+        step(phase, forward=measured_forward,
+             before_optimizer=lambda: live.update(before_opt=probe.current()),
+             after_optimizer=lambda: live.update(after_opt=probe.current()))  # fmt: skip
     hook.remove()
+    live["loss"] = float(step.last_loss)
     peak = max(peaks.values())
 
     png = None
@@ -278,9 +272,98 @@ def run(spec: MemorySpec) -> Result:
         residual_bytes=B * T * config.d_model * residual_dtype.itemsize,
         residual_dtype=str(residual_dtype).removeprefix("torch."),
         checkpoint_group=checkpoint_group(m.checkpoint, m.num_layers),
-        lowest_peak=None,  # set by the CLI once every checkpoint setting of the group ran
+        lowest_peak=None,  # set by mark_lowest once every checkpoint setting of the group ran
         loss=live.get("loss"),
+        loss_first=losses[0] if losses else live.get("loss"),
         snapshot_png=str(png) if png else None,
         snapshot_pickle=str(pickle) if pickle else None,
     )
     return Result("ok", metrics=metrics, samples={**timed, "warmup": warm})
+
+
+# -- the checkpointing trade-off ----------------------------------------------------------------
+
+
+def checkpoint_group_of(spec: MemorySpec) -> tuple:
+    """Points that differ only in --checkpoint form a group."""
+    return tuple(sorted((k, str(v)) for k, v in spec.settings().items() if k != "checkpoint"))
+
+
+def mark_lowest(group: list[tuple[MemorySpec, Result]]) -> None:
+    """Once a group has run, flag the ok points with the lowest peak (`lowest_peak` true, the
+    others false; left null where fewer than two points ran ok). Ties are all marked."""
+    ok = [r for _, r in group if r.status == "ok"]
+    if len(ok) < 2:  # nothing to compare with
+        return
+    lowest = min(r.metrics["peak_bytes"] for r in ok)
+    for r in ok:
+        r.metrics["lowest_peak"] = r.metrics["peak_bytes"] == lowest
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+TABLE = Table(
+    "Peak memory by context length and mode",
+    (
+        Column("size", "size", setting=True),
+        Column("ctx", "context_length", setting=True),
+        Column("batch", "batch_size", setting=True),
+        Column("mode", "mode", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("ckpt", "checkpoint", setting=True),
+        Column("peak MiB", "peak_bytes", "mib"),
+        Column("fwd peak MiB", "fwd_peak_bytes", "mib"),
+        Column("bwd peak MiB", "bwd_peak_bytes", "mib"),
+        Column("opt peak MiB", "opt_peak_bytes", "mib"),
+        Column("saved MiB", "saved_bytes", "mib"),
+        Column("activations MiB (analytic)", "act_bytes_analytic", "mib"),
+        Column("step ms", "step_ms", "mean_std"),
+        Column("peak", cell=lambda r: "<- lowest" if r.get("lowest_peak") else ""),
+    ),
+    note="Peaks are those of one measured step after the timed ones; 'saved' is what autograd "
+    "keeps for backward. '<- lowest' marks the lowest peak among points that differ only "
+    "in checkpointing.",
+)
+
+EXPERIMENT = Experiment(
+    kind="memory",
+    view="memory_runs",
+    title="Memory: peaks and activation checkpointing",
+    spec=MemorySpec,
+    run=run,
+    settings=(*settings_keys(ModelSpec, drop=_UNUSED), "snapshot"),
+    metrics=(
+        Metric("peak_source", "", "cuda_allocator or live_tensors: where the bytes come from"),
+        Metric("init_bytes", "bytes", "live after the model was built"),
+        Metric("peak_bytes", "bytes", "peak of the measured step"),
+        Metric("peak_reserved_bytes", "bytes", "CUDA: peak reserved by the caching allocator"),
+        Metric("fwd_peak_bytes", "bytes", "peak of the forward phase"),
+        Metric("bwd_peak_bytes", "bytes", "peak of the backward phase"),
+        Metric("opt_peak_bytes", "bytes", "peak of the optimizer phase"),
+        Metric("before_opt_bytes", "bytes", "live just before optimizer.step()"),
+        Metric("after_opt_bytes", "bytes", "live just after optimizer.step()"),
+        Metric("saved_bytes", "bytes", "saved for backward, parameters excluded"),
+        Metric("params", "", "parameters of the model"),
+        Metric("param_bytes", "bytes", "analytic: 4P"),
+        Metric("grad_bytes", "bytes", "analytic: 4P when training"),
+        Metric("optim_bytes", "bytes", "analytic: AdamW's two moments, 8P"),
+        Metric("act_bytes_analytic", "bytes", "analytic activations (fp32, naive attention)"),
+        Metric("residual_bytes", "bytes", "the residual stream B·T·d, what a checkpointed "
+               "group keeps"),  # fmt: skip
+        Metric("residual_dtype", "", "dtype of the residual stream"),
+        Metric("checkpoint_group", "", "blocks per checkpointed group (K)"),
+        Metric("lowest_peak", "", "lowest peak among the points that differ in checkpoint"),
+        *timing("fwd_ms", "forward pass with the loss"),
+        *timing("bwd_ms", "backward pass"),
+        *timing("opt_ms", "optimizer step and zero_grad"),
+        *timing("step_ms", "whole step"),
+        Metric("loss", "", "loss of the measured step"),
+        Metric("loss_first", "", "loss of the first step"),
+        Metric("snapshot_png", "", "the timeline PNG written with --snapshot"),
+        Metric("snapshot_pickle", "", "CUDA: the memory_viz pickle written with --snapshot"),
+    ),
+    tables=(TABLE,),
+    compare="peak_bytes",
+    group_by=checkpoint_group_of,
+    across=mark_lowest,
+)

@@ -13,13 +13,16 @@ AOTAutograd's min-cut partitioner chose to keep rather than recompute (Ansel et 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.bench.result import Result
+from cs336sys.bench.sweep import choices
+from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.memory import block_saved_bytes
 
-EXPERIMENT = "memory-residuals"
 IMPLS = ("eager", "compiled")
 TOP = 5
 
@@ -42,10 +45,44 @@ class ResidualsSpec:
         return asdict(self)
 
 
+def specs(
+    *,
+    impl: Iterable[str] | None = None,
+    size: Iterable[str] | None = None,
+    context_length: Iterable[Any] | None = None,
+    batch_size: Iterable[Any] | None = None,
+    precision: Iterable[str] | None = None,
+    attention: Iterable[str] | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    num_heads: int | None = None,
+) -> list[ResidualsSpec]:
+    """The points of a `memory residuals` sweep, validated as `model.specs` validates the
+    model options (layers play no part: one block)."""
+    impls = choices(impl, IMPLS, "--impl", default=list(IMPLS))
+    points = model_exp.specs(
+        size=size, context_length=context_length, batch_size=batch_size or ["1"],
+        mode=["forward"], precision=precision, attention=attention, warmup=0, steps=1,
+        device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads,
+    )  # fmt: skip
+    return [
+        ResidualsSpec(
+            size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
+            context_length=p.context_length, batch_size=p.batch_size, precision=p.precision,
+            impl=i, attention=p.attention, device=p.device, seed=p.seed,
+        )  # fmt: skip
+        for p in points
+        for i in impls
+    ]
+
+
 def run(spec: ResidualsSpec) -> Result:
     import torch
 
     from cs336sys.bench.device import synchronize
+    from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.bench.saved_tensors import saved_by_node, saved_bytes_excluding
     from cs336sys.models.config import ModelConfig
     from cs336sys.models.transformer import TransformerBlock
@@ -67,7 +104,7 @@ def run(spec: ResidualsSpec) -> Result:
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
     positions = torch.arange(T, device=device)  # (T,)
     fn = torch.compile(block) if spec.impl == "compiled" else block
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+    amp_dtype = autocast_dtype(spec.precision)
 
     def forward() -> torch.Tensor:
         autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
@@ -113,3 +150,58 @@ def run(spec: ResidualsSpec) -> Result:
         metrics[f"top{i + 1}_share"] = nbytes / walked if nbytes is not None and walked else None
     samples = {"saved_by_node": {k: round(v) for k, v in per_node.items()}}
     return Result("ok", metrics=metrics, samples=samples)
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def _top(row: Mapping[str, Any]) -> str:
+    """`BmmBackward0 33%, SoftmaxBackward0 27%, ...`"""
+    out = []
+    for i in range(1, TOP + 1):
+        op, share = row.get(f"top{i}_op"), row.get(f"top{i}_share")
+        if op is not None:
+            out.append(op if share is None else f"{op} {share:.0%}")
+    return ", ".join(out)
+
+
+TABLE = Table(
+    "Bytes one block saves for backward, by operation",
+    (
+        Column("size", "size", setting=True),
+        Column("ctx", "context_length", setting=True),
+        Column("batch", "batch_size", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("impl", "impl", setting=True),
+        Column("saved MiB", "saved_bytes", "mib"),
+        Column("analytic MiB", "analytic_bytes", "mib"),
+        Column("residual MiB", "residual_bytes", "mib"),
+        Column("saved / residual", "saved_per_residual", "num"),
+        Column("top operations (share)", cell=_top),
+    ),
+)
+
+EXPERIMENT = Experiment(
+    kind="memory-residuals",
+    view="memory_residuals_runs",
+    title="Memory: saved residuals per block",
+    spec=ResidualsSpec,
+    run=run,
+    settings=settings_keys(ResidualsSpec),
+    metrics=(
+        Metric("saved_bytes", "bytes", "saved for backward (saved-tensor hooks)"),
+        Metric("walked_bytes", "bytes", "the same, attributed by walking the autograd graph"),
+        Metric("analytic_bytes", "bytes", "counted from the code (eager fp32 naive only)"),
+        Metric("residual_bytes", "bytes", "the block's input, B·T·d"),
+        Metric("saved_per_residual", "", "saved bytes in units of the residual stream"),
+        Metric("nodes_saving", "", "autograd nodes that save something"),
+        *(Metric(f"top{i}_{k}", u, f"the {i}. operation by saved bytes: {w}")
+          for i in range(1, TOP + 1)
+          for k, u, w in (("op", "", "its node name"), ("bytes", "bytes", "its bytes"),
+                          ("share", "", "its share"))),  # fmt: skip
+        Metric("fwd_ms", "ms", "the measured forward (one call)"),
+        Metric("compile_s", "s", "torch.compile's first call"),
+    ),
+    tables=(TABLE,),
+    compare="saved_bytes",
+)

@@ -1,26 +1,38 @@
 """End-to-end timing of the Transformer LM: forward, backward and optimizer step.
 
-One ModelSpec is one point of a sweep; `run(spec)` builds the model with random weights,
-feeds it random tokens, runs `warmup` untimed steps and `steps` timed ones, and returns a
-Result. Each phase ends with a device sync, so the host timer measures the device's work
-(DESIGN.md, "Measuring honestly"); raw samples of warm-up and timed steps are kept.
+One ModelSpec is one point of a sweep; `specs(...)` validates a sweep's options and expands
+them (what `cs336sys model` and every command that runs the model call), and `run(spec)`
+builds the model with random weights, runs `warmup` untimed steps and `steps` timed ones of
+the training step (experiments/step.py), and returns a Result. Each phase ends with a
+device sync, so the host timer measures the device's work (DESIGN.md, "Measuring
+honestly"); raw samples of warm-up and timed steps are kept.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
-from cs336sys.models.config import ModelConfig
+from cs336sys.bench.sweep import (
+    SpecError,
+    check_triton,
+    choices,
+    counts,
+    device_choice,
+    expand,
+    positive_ints,
+    split_list,
+)
+from cs336sys.experiments.step import MODES, OPTIMIZERS
+from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
-MODES = ("forward", "forward-backward", "train")
 PRECISIONS = ("fp32", "bf16", "fp16")
-OPTIMIZERS = ("adamw", "torch-adamw")
-EXPERIMENT = "model"
+# On CPU the default context is short enough for a laptop to finish a step in seconds.
+DEFAULT_CONTEXT = {"cuda": 512, "cpu": 128}
 
 
 @dataclass(frozen=True)
@@ -38,12 +50,12 @@ class ModelSpec:
     compile: bool
     attention: str
     optimizer: str
-    warmup: int
-    steps: int
-    device: str
-    seed: int
-    nvtx: bool = False
     checkpoint: str = "none"
+    warmup: int = 5
+    steps: int = 10
+    device: str = "cpu"
+    seed: int = 0
+    nvtx: bool = False
 
     def config(self) -> ModelConfig:
         return ModelConfig(
@@ -61,105 +73,102 @@ class ModelSpec:
         return asdict(self)
 
 
-def _make_optimizer(name: str, params):
-    import torch
+def specs(
+    *,
+    size: Iterable[str] | None = None,
+    context_length: Iterable[Any] | None = None,
+    batch_size: Iterable[Any] | None = None,
+    mode: Iterable[str] | None = None,
+    precision: Iterable[str] | None = None,
+    attention: Iterable[str] | None = None,
+    optimizer: Iterable[str] | None = None,
+    compile: bool = False,
+    checkpoint: Iterable[str] | None = None,
+    warmup: int = 5,
+    steps: int = 10,
+    device: str = "auto",
+    seed: int = 0,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    vocab_size: int | None = None,
+    nvtx: bool = False,
+) -> list[ModelSpec]:
+    """The points of a model sweep: the cartesian product of the list options (each a list,
+    comma lists allowed), validated. SpecError names the first bad option.
 
-    from cs336sys.models.adamw import AdamW
+    Shared by every command that runs the model (`model`, `memory`, `profile model`).
+    """  # fmt: skip
+    sizes = split_list(size) or ["small"]
+    for s in sizes:
+        if s not in PRESETS:
+            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    modes = choices(mode, MODES, "--mode", default=["train"])
+    precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
+    optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
+    batch_sizes = positive_ints(batch_size, "--batch-size", default=[4])
+    counts(warmup, steps)
+    from cs336sys.bench.registry import ATTENTION
 
-    if name == "adamw":
-        return AdamW(params, lr=1e-4, weight_decay=0.01)
-    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+    attentions = choices(attention, ATTENTION.names(), "--attention", default=["naive"])
+    overrides = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                     vocab_size=vocab_size)  # fmt: skip
+    for name, value in overrides.items():
+        if value is not None and value <= 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    dev = device_choice(device)
+    if "triton" in attentions:
+        check_triton(dev.startswith("cuda"), "--attention triton")
+    contexts = positive_ints(context_length, "--context-length",
+                             default=[DEFAULT_CONTEXT["cuda" if dev.startswith("cuda") else "cpu"]])  # fmt: skip
+    out = []
+    for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
+                     "mode": modes, "precision": precisions, "attention": attentions,
+                     "optimizer": optimizers, "checkpoint": split_list(checkpoint) or ["none"]}):  # fmt: skip
+        try:
+            cfg = from_preset(p["size"], context_length=p["context_length"],
+                              attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip
+        except ValueError as exc:
+            raise SpecError(f"--checkpoint: {exc}" if "checkpoint" in str(exc) else str(exc)) from None
+        out.append(ModelSpec(
+            size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, context_length=p["context_length"],
+            batch_size=p["batch_size"], mode=p["mode"], precision=p["precision"], compile=compile,
+            attention=p["attention"],
+            optimizer=p["optimizer"] if p["mode"] == "train" else "none",
+            # Forward-only passes save nothing for backward: checkpointing changes nothing.
+            checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
+            warmup=warmup, steps=steps, device=dev, seed=seed, nvtx=nvtx,
+        ))  # fmt: skip
+    # the optimizer and checkpoint axes collapse for the modes they do not apply to
+    return list(dict.fromkeys(out))
 
 
 def run(spec: ModelSpec) -> Result:
     import torch
-    import torch.nn.functional as F
 
-    from cs336sys.bench.device import device_name, peak_tflops, synchronize
+    from cs336sys.bench.device import device_name, peak_tflops
+    from cs336sys.bench.nvtx import nvtx_enabled
+    from cs336sys.experiments.step import make_model, make_step, run_steps
     from cs336sys.models.flops import step_flops
-    from cs336sys.models.nvtx import nvtx_enabled, nvtx_range
-    from cs336sys.models.transformer import TransformerLM
 
-    torch.manual_seed(spec.seed)
-    device = torch.device(spec.device)
     config = spec.config()
-    with device:  # initialise on the device: a 10B model would take minutes on the host
-        model = TransformerLM(config)
+    model = make_model(config, spec.device, spec.seed)
     n_params = sum(p.numel() for p in model.parameters())
-    fwd_model = torch.compile(model) if spec.compile else model
-    optimizer = (
-        _make_optimizer(spec.optimizer, model.parameters()) if spec.mode == "train" else None
-    )
-
-    B, T = spec.batch_size, spec.context_length
-    x = torch.randint(0, config.vocab_size, (B, T), device=device)  # (B, T)
-    y = torch.randint(0, config.vocab_size, (B, T), device=device)  # (B, T)
-
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
-    # fp16 needs loss scaling so small gradients do not flush to zero (Micikevicius et al. 2018).
-    scaler = (
-        torch.amp.GradScaler(device.type)
-        if spec.precision == "fp16" and spec.mode != "forward"
-        else None
-    )
-    training = spec.mode != "forward"
-    logits_dtype: list[str] = []
-    losses: list = []
-
-    def sync() -> None:
-        synchronize(spec.device)
-
-    def one_step() -> dict[str, float]:
-        t0 = time.perf_counter()
-        grad_mode = contextlib.nullcontext() if training else torch.no_grad()
-        autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
-        with nvtx_range("forward"), grad_mode, autocast:
-            logits = fwd_model(x)  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        sync()
-        t1 = time.perf_counter()
-        times = {"fwd_ms": (t1 - t0) * 1e3}
-        losses.append(loss.detach())  # read back after the loop: no extra sync per step
-        if not logits_dtype:
-            logits_dtype.append(str(logits.dtype).removeprefix("torch."))
-        if training:
-            with nvtx_range("backward"):
-                (scaler.scale(loss) if scaler else loss).backward()
-            sync()
-            t2 = time.perf_counter()
-            times["bwd_ms"] = (t2 - t1) * 1e3
-            if optimizer is not None:
-                with nvtx_range("optimizer"):
-                    if scaler:
-                        scaler.step(optimizer)
-                        scaler.update()
-                    else:
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                sync()
-                t3 = time.perf_counter()
-                times["opt_ms"] = (t3 - t2) * 1e3
-            times["step_ms"] = (time.perf_counter() - t0) * 1e3
-            if optimizer is None:
-                model.zero_grad(set_to_none=True)  # untimed: forward-backward has no optimizer
-        else:
-            times["step_ms"] = times["fwd_ms"]
-        return times
-
-    on_cuda = device.type == "cuda"
+    step = make_step(model, batch_size=spec.batch_size, context_length=spec.context_length,
+                     mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
+                     compile=spec.compile, device=spec.device, seed=spec.seed)  # fmt: skip
+    on_cuda = spec.device.startswith("cuda")
     if on_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    warm: dict[str, list[float]] = {}
-    timed: dict[str, list[float]] = {}
+        torch.cuda.reset_peak_memory_stats(spec.device)
     with nvtx_enabled(spec.nvtx):
-        for i in range(spec.warmup + spec.steps):
-            target = warm if i < spec.warmup else timed
-            for k, v in one_step().items():
-                target.setdefault(k, []).append(v)
+        warm, timed, losses = run_steps(step, spec.warmup, spec.steps)
 
     metrics: dict[str, Any] = {}
     for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(phase, timed.get(phase, [])))
+    B, T = spec.batch_size, spec.context_length
     step_s = metrics["step_ms_mean"] / 1e3
     flops = step_flops(config, B, T, spec.mode)
     tflops = flops / step_s / 1e12
@@ -173,12 +182,67 @@ def run(spec: ModelSpec) -> Result:
         tflops=tflops,
         peak_tflops=peak,
         mfu=tflops / peak if peak else None,
-        logits_dtype=logits_dtype[0],
+        logits_dtype=step.logits_dtype,
         # CUDA only: peak bytes held by tensors (allocated) and by the caching allocator
         # (reserved) over warm-up and timed steps. CPU memory is the memory experiment's job.
-        peak_allocated_mb=torch.cuda.max_memory_allocated(device) / 2**20 if on_cuda else None,
-        peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20 if on_cuda else None,
+        peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
+        peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,
+        loss_first=losses[0],
+        loss_last=losses[-1],
     )
-    loss_values = [float(v) for v in losses]  # warm-up and timed steps, in order
-    metrics.update(loss_first=loss_values[0], loss_last=loss_values[-1])
-    return Result("ok", metrics=metrics, samples={**timed, "loss": loss_values, "warmup": warm})
+    return Result("ok", metrics=metrics, samples={**timed, "loss": losses, "warmup": warm})
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+TABLE = Table(
+    "Time per phase (mean ± std over timed steps)",
+    (
+        Column("size", "size", setting=True),
+        Column("ctx", "context_length", setting=True),
+        Column("batch", "batch_size", setting=True),
+        Column("mode", "mode", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("compile", "compile", "yes_no", setting=True),
+        Column("ckpt", "checkpoint", setting=True),
+        Column("attention", "attention", setting=True),
+        Column("optimizer", "optimizer", setting=True),
+        Column("fwd ms", "fwd_ms", "mean_std"),
+        Column("bwd ms", "bwd_ms", "mean_std"),
+        Column("opt ms", "opt_ms", "mean_std"),
+        Column("step ms", "step_ms", "mean_std"),
+        Column("tokens/s", "tokens_per_s", "num"),
+        Column("TFLOP/s", "tflops", "num"),
+        Column("MFU", "mfu", "pct"),
+    ),
+    note="MFU is shown only where the GPU's peak is known.",
+)
+
+EXPERIMENT = Experiment(
+    kind="model",
+    view="model_runs",
+    title="Model: end-to-end training step",
+    spec=ModelSpec,
+    run=run,
+    settings=settings_keys(ModelSpec),
+    metrics=(
+        *timing("fwd_ms", "forward pass with the loss"),
+        *timing("bwd_ms", "backward pass"),
+        *timing("opt_ms", "optimizer step and zero_grad"),
+        *timing("step_ms", "whole step"),
+        Metric("params", "", "parameters of the model"),
+        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
+        Metric("tokens_per_s", "tokens/s", "tokens per step / mean step time"),
+        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
+        Metric("tflops", "TFLOP/s", "achieved: FLOPs per step / mean step time"),
+        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
+        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        Metric("logits_dtype", "", "dtype of the logits under autocast"),
+        Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors"),
+        Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
+        Metric("loss_first", "", "loss of the first (warm-up) step"),
+        Metric("loss_last", "", "loss of the last timed step"),
+    ),
+    tables=(TABLE,),
+    compare="step_ms",
+)

@@ -24,16 +24,18 @@ LayerNorm output is float32; on CPU it is in neither list and runs in its input'
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.bench.dtypes import TORCH_NAMES as _TORCH_DTYPE
 from cs336sys.bench.result import Result
+from cs336sys.bench.sweep import SpecError, choices, device_choice
 
-EXPERIMENT = "precision"
 KINDS = ("accumulate", "autocast")
 AUTOCAST_DTYPES = ("bf16", "fp16")
-_TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 # variant -> (accumulator dtype, addend dtype, addend explicitly upcast to float32 first)
 VARIANTS: dict[str, tuple[str, str, bool]] = {
@@ -74,6 +76,31 @@ class AutocastSpec:
 
     def settings(self) -> dict[str, Any]:
         return {"kind": "autocast", **asdict(self)}
+
+
+def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1000,
+                     value: float = 0.01, device: str = "auto") -> list[AccumulateSpec]:  # fmt: skip
+    """One point per accumulation variant (default all four). SpecError for a bad option."""
+    variants = choices(variant, list(VARIANTS), "--variant", default=list(VARIANTS))
+    if additions <= 0:
+        raise SpecError(f"--additions must be positive, got {additions}")
+    if not (value == value and abs(value) != float("inf")):
+        raise SpecError(f"--value must be a finite number, got {value}")
+    dev = device_choice(device)
+    return [AccumulateSpec.of(v, additions, value, dev) for v in variants]
+
+
+def autocast_specs(*, dtype: Iterable[str] | None = None, in_features: int = 16,
+                   out_features: int = 4, batch_size: int = 8, device: str = "auto",
+                   seed: int = 0) -> list[AutocastSpec]:  # fmt: skip
+    """One point per autocast dtype (default bf16). SpecError for a bad option."""
+    dtypes = choices(dtype, AUTOCAST_DTYPES, "--dtype", default=["bf16"])
+    for name, n in (("in-features", in_features), ("out-features", out_features),
+                    ("batch-size", batch_size)):  # fmt: skip
+        if n <= 0:
+            raise SpecError(f"--{name} must be positive, got {n}")
+    dev = device_choice(device)
+    return [AutocastSpec(d, in_features, out_features, batch_size, dev, seed) for d in dtypes]
 
 
 def run(spec: AccumulateSpec | AutocastSpec) -> Result:
@@ -284,3 +311,81 @@ def run_autocast(spec: AutocastSpec) -> Result:
             "loss": loss.item(),
         },
     )
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def _value_dtype(row: Mapping[str, Any]) -> str:
+    return str(row.get("value_dtype")) + (" -> float32" if row.get("upcast") else "")
+
+
+def _native(row: Mapping[str, Any]) -> str:
+    answer = {True: "yes", False: "no"}.get(row.get("native"), "unknown")
+    return f"{answer} ({row['native_basis']})" if row.get("native_basis") else answer
+
+
+ACCUMULATE = Table(
+    "Accumulation: the sum against the exact answer",
+    (
+        Column("kind", "kind", setting=True),
+        Column("variant", "variant", setting=True),
+        Column("sum dtype", "accumulator_dtype", setting=True),
+        Column("value dtype", cell=_value_dtype, setting=True, covers=("value_dtype", "upcast")),
+        Column("result", "result", "exact"),
+        Column("error vs exact", "error_vs_target", "exact"),
+        Column("addend as stored", "addend", "exact"),
+    ),
+    where={"kind": "accumulate"},
+    note="Results are exact floats (the shortest decimal that reads back as the stored value).",
+)
+AUTOCAST = Table(
+    "Autocast: the dtypes each module returned",
+    (
+        Column("kind", "kind", setting=True),
+        Column("autocast", "dtype", setting=True),
+        Column("device", "device", setting=True),
+        Column("params", "param_dtype"),
+        Column("fc1", "fc1_dtype"),
+        Column("relu", "relu_dtype"),
+        Column("layernorm", "ln_dtype"),
+        Column("logits", "logits_dtype"),
+        Column("loss", "loss_dtype"),
+        Column("grads", "grad_dtype"),
+        Column("native", cell=_native),
+    ),
+    where={"kind": "autocast"},
+)
+
+EXPERIMENT = Experiment(
+    kind="precision",
+    view="precision_runs",
+    title="Precision: accumulation and autocast",
+    spec=(AccumulateSpec, AutocastSpec),
+    run=run,
+    settings=tuple(dict.fromkeys(("kind", *settings_keys(AccumulateSpec),
+                                  *settings_keys(AutocastSpec)))),  # fmt: skip
+    metrics=(
+        Metric("result_dtype", "", "dtype of the sum"),
+        Metric("target", "", "additions × value in exact decimal arithmetic"),
+        Metric("result", "", "the sum, exactly as computed"),
+        Metric("error_vs_target", "", "result - target"),
+        Metric("abs_error", "", "|result - target|"),
+        Metric("rel_error", "", "|result - target| / |target|"),
+        Metric("addend", "", "the value as stored in the values' dtype"),
+        Metric("addend_error_total", "", "additions × addend - target: the addend's rounding"),
+        Metric("sum_rounding_error", "", "result - additions × addend: the running sum's rounding"),
+        Metric("autocast_enabled", "", "whether autocast ran at all"),
+        Metric("param_dtype", "", "parameters inside autocast"),
+        Metric("fc1_dtype", "", "fc1's output"),
+        Metric("relu_dtype", "", "ReLU's output"),
+        Metric("ln_dtype", "", "LayerNorm's output"),
+        Metric("logits_dtype", "", "the logits"),
+        Metric("loss_dtype", "", "the cross-entropy loss"),
+        Metric("grad_dtype", "", "the parameters' gradients"),
+        Metric("loss", "", "the loss value"),
+        Metric("native", "", "whether the matrix units compute in the dtype"),
+        Metric("native_basis", "", "the evidence for `native`"),
+    ),
+    tables=(ACCUMULATE, AUTOCAST),
+)

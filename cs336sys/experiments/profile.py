@@ -1,9 +1,10 @@
 """Profiling: where the measured steps of a model or attention point spend their time.
 
 One ProfileSpec wraps one point of `cs336sys model` (a ModelSpec) or `cs336sys attention`
-(an AttentionSpec). `run(spec)` builds the point the way those experiments do, runs the
-warm-up steps *outside* the profiler, then the measured steps inside `torch.profiler`, each
-phase (forward, backward, optimizer) in a range of its own that ends with a device sync.
+(an AttentionSpec). `run(spec)` builds the point the way those experiments do (a model point
+is the training step of experiments/step.py), runs the warm-up steps *outside* the profiler,
+then the measured steps inside `torch.profiler`, each phase (forward, backward, optimizer)
+in a range of its own that ends with a device sync.
 profile_events.py attributes every op (CPU: self CPU time) or kernel (CUDA: device time) to
 its phase and ranks them; the rows go to the `kernel_stats` table, linked to the run.
 
@@ -24,21 +25,25 @@ captures, so warm-up never enters the report.
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
 from cs336sys.bench.result import Result
+from cs336sys.bench.stats import flatten
+from cs336sys.bench.sweep import SpecError
+from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec
 from cs336sys.experiments.model import ModelSpec
-from cs336sys.experiments.profile_events import PHASES, summarize
+from cs336sys.experiments.profile_events import summarize
 
-EXPERIMENT = "profile"
 TARGETS = ("model", "attention")
 MEASURED_RANGE = "measured_steps"
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+# Settings of the profiled point that say nothing about the profile: the model's own NVTX
+# switch (`profiler` says what ran) and the attention benchmark's timer (unused here).
+_NOT_SETTINGS = ("nvtx", "timer")
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,7 @@ class ProfileSpec:
     trace: str | None = None  # Chrome trace file to write (an output, not a setting)
 
     def settings(self) -> dict[str, Any]:
-        base = dict(self.point.settings())
-        base.pop("nvtx", None)  # the model's own NVTX switch; `profiler` says what ran
-        base.pop("timer", None)  # the attention benchmark's timer: not used here
+        base = {k: v for k, v in self.point.settings().items() if k not in _NOT_SETTINGS}
         return {
             "target": self.target,
             "profiler": "nvtx" if self.nvtx else "torch",
@@ -67,42 +70,51 @@ class ProfileSpec:
         return p.warmup, (p.steps if isinstance(p, ModelSpec) else p.iters)
 
 
-@dataclass
-class ProfileResult(Result):
-    kernels: list[dict[str, Any]] = field(default_factory=list)  # kernel_stats rows
+def specs(target: str, points: Iterable[ModelSpec | AttentionSpec], *, top: int = 10,
+          nvtx: bool = False, trace: str | None = None) -> list[ProfileSpec]:  # fmt: skip
+    """Profile each of `points` (from model.specs or attention.specs). With several points,
+    the trace `stem.json` becomes `stem-1.json`, `stem-2.json`, ..."""
+    from pathlib import Path
+
+    if target not in TARGETS:
+        raise SpecError(f"target must be one of {TARGETS}, not {target!r}")
+    if top <= 0:
+        raise SpecError(f"--top must be positive, got {top}")
+    points = list(points)
+
+    def trace_path(index: int) -> str | None:
+        if trace is None:
+            return None
+        if len(points) == 1:
+            return str(trace)
+        t = Path(trace)
+        return str(t.with_name(f"{t.stem}-{index}{t.suffix}"))
+
+    return [ProfileSpec(target, p, top, nvtx=nvtx, trace=trace_path(i))
+            for i, p in enumerate(points, start=1)]  # fmt: skip
 
 
 @dataclass
 class _Steps:
-    """A built point: one step runs its phases through `phase(name, times)`."""
+    """A built point: `one_step(phase)` runs one step, returns {phase}_ms times."""
 
     one_step: Callable[[Callable], dict[str, float]]
     context: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
     part_flops: dict[str, float] = field(default_factory=dict)  # per step, naive attention
+    losses: list = field(default_factory=list)  # model steps: each step's loss
 
 
 def run(spec: ProfileSpec) -> Result:
-    from cs336sys.bench.device import synchronize
-    from cs336sys.models.nvtx import nvtx_enabled, nvtx_range, profiler_ranges
+    from cs336sys.bench.nvtx import nvtx_enabled, nvtx_range, profiler_ranges
 
-    device = spec.point.device
-    on_cuda = device.startswith("cuda")
+    on_cuda = spec.point.device.startswith("cuda")
     n_warmup, n_steps = spec.steps
     built = _model(spec.point) if spec.target == "model" else _attention(spec.point)
-
-    @contextlib.contextmanager
-    def phase(name: str, times: dict[str, float]) -> Iterator[None]:
-        t0 = time.perf_counter()
-        with nvtx_range(name):
-            yield
-            synchronize(device)  # inside the range: its kernels finish within it
-        times[name] = (time.perf_counter() - t0) * 1e3
-
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
 
     def collect(target: dict[str, list[float]]) -> None:
-        for name, ms in built.one_step(phase).items():
+        for name, ms in built.one_step(nvtx_range).items():
             target.setdefault(name, []).append(ms)
 
     prof = None
@@ -133,20 +145,18 @@ def run(spec: ProfileSpec) -> Result:
         "time_basis": "cuda" if on_cuda else "cpu",
         "profiled_steps": n_steps,
     }
-    for name in PHASES:
+    for name in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         if name in timed:
-            metrics[f"{SHORT[name]}_ms"] = statistics.fmean(timed[name])
-    step = [sum(ms) for ms in zip(*timed.values(), strict=True)]
-    metrics["step_ms"] = statistics.fmean(step)
+            metrics.update(flatten(name, timed[name]))
     kernels: list[dict[str, Any]] = []
     if prof is not None:
         kernels, totals, parts = summarize(prof.events(), on_cuda, spec.top)
         for name, ms in totals.items():
-            metrics[f"{SHORT[name]}_profiled_ms"] = ms / n_steps
+            metrics[f"{SHORT[name]}_profiled_ms_mean"] = ms / n_steps
         for key, ms in parts.items():
             per_step = ms / n_steps
             flops = built.part_flops.get(key)
-            metrics[f"{key}_ms"] = per_step
+            metrics[f"{key}_ms_mean"] = per_step
             metrics[f"{key}_flops"] = flops
             metrics[f"{key}_gflops"] = (
                 flops / (per_step / 1e3) / 1e9 if flops and per_step else None
@@ -154,9 +164,12 @@ def run(spec: ProfileSpec) -> Result:
         if spec.trace:
             prof.export_chrome_trace(spec.trace)
             metrics["trace_path"] = spec.trace
-    samples = {f"{SHORT[k]}_ms": v for k, v in timed.items()}
-    samples["warmup"] = {f"{SHORT[k]}_ms": v for k, v in warm.items()}
-    return ProfileResult("ok", metrics=metrics, samples=samples, kernels=kernels)
+    if built.losses:
+        losses = [float(v) for v in built.losses]
+        metrics.update(loss_first=losses[0], loss_last=losses[-1])
+    samples: dict[str, Any] = dict(timed)
+    samples["warmup"] = warm
+    return Result("ok", metrics=metrics, samples=samples, tables={"kernel_stats": kernels})
 
 
 def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[str, float]:
@@ -166,57 +179,27 @@ def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[
 
 
 def _model(spec: ModelSpec) -> _Steps:
-    """A model step as experiments/model.py runs it, phases marked for the profiler."""
-    import torch
-    import torch.nn.functional as F
+    """The training step as every model experiment takes it (experiments/step.py)."""
+    from cs336sys.experiments.step import make_model, make_step
 
-    from cs336sys.experiments.model import _make_optimizer
-    from cs336sys.models.transformer import TransformerLM
-
-    torch.manual_seed(spec.seed)
-    device = torch.device(spec.device)
     config = spec.config()
-    with device:
-        model = TransformerLM(config)
-    fwd_model = torch.compile(model) if spec.compile else model
-    training = spec.mode != "forward"
-    optimizer = (
-        _make_optimizer(spec.optimizer, model.parameters()) if spec.mode == "train" else None
-    )
-    B, T = spec.batch_size, spec.context_length
-    x = torch.randint(0, config.vocab_size, (B, T), device=device)  # (B, T)
-    y = torch.randint(0, config.vocab_size, (B, T), device=device)  # (B, T)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
-    # fp16 needs loss scaling so small gradients do not flush to zero (Micikevicius et al. 2018).
-    scaler = torch.amp.GradScaler(device.type) if spec.precision == "fp16" and training else None
+    step = make_step(make_model(config, spec.device, spec.seed), batch_size=spec.batch_size,
+                     context_length=spec.context_length, mode=spec.mode,
+                     precision=spec.precision, optimizer=spec.optimizer, compile=spec.compile,
+                     device=spec.device, seed=spec.seed)  # fmt: skip
+    losses: list = []
 
     def one_step(phase: Callable) -> dict[str, float]:
-        times: dict[str, float] = {}
-        grad_mode = contextlib.nullcontext() if training else torch.no_grad()
-        autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
-        with phase("forward", times), grad_mode, autocast:
-            logits = fwd_model(x)  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        if training:
-            with phase("backward", times):
-                (scaler.scale(loss) if scaler else loss).backward()
-            if optimizer is None:
-                model.zero_grad(set_to_none=True)  # outside every phase: not profiled
-            else:
-                with phase("optimizer", times):
-                    if scaler:
-                        scaler.step(optimizer)
-                        scaler.update()
-                    else:
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+        times = step(phase)
+        losses.append(step.last_loss)
         return times
 
     parts: dict[str, float] = {}
     if spec.attention == "naive" and not spec.compile:
-        per_call = attention_part_flops(B, config.num_heads, T, config.d_head)
+        per_call = attention_part_flops(spec.batch_size, config.num_heads, spec.context_length,
+                                        config.d_head)  # fmt: skip
         parts = {k: v * config.num_layers for k, v in per_call.items()}
-    return _Steps(one_step, part_flops=parts)
+    return _Steps(one_step, part_flops=parts, losses=losses)
 
 
 def _attention(spec: AttentionSpec) -> _Steps:
@@ -224,13 +207,15 @@ def _attention(spec: AttentionSpec) -> _Steps:
     import torch
 
     from cs336sys.attention import registry
+    from cs336sys.bench.dtypes import torch_dtype
     from cs336sys.experiments.attention import _sdpa_context
+    from cs336sys.experiments.step import timed_phase
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
     backward = spec.passes != "forward"
     gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
     q, k, v, dout = (
-        torch.randn(spec.shape, generator=gen, device=spec.device, dtype=dtype) for _ in range(4)
+        torch.randn(spec.shape, generator=gen, device=spec.device, dtype=torch_dtype(spec.dtype))
+        for _ in range(4)
     )
     for t in (q, k, v):
         t.requires_grad_(backward)
@@ -239,11 +224,12 @@ def _attention(spec: AttentionSpec) -> _Steps:
     def one_step(phase: Callable) -> dict[str, float]:
         times: dict[str, float] = {}
         q.grad = k.grad = v.grad = None
-        with phase("forward", times):
+        with timed_phase(spec.device, "fwd", times, phase):
             out = fn(q, k, v, is_causal=spec.causal)  # (..., T, d)
         if backward:
-            with phase("backward", times):
+            with timed_phase(spec.device, "bwd", times, phase):
                 out.backward(dout)
+        times["step_ms"] = sum(times.values())
         return times
 
     parts = attention_part_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head)
@@ -258,3 +244,74 @@ def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
         if "No available kernel" in message or "No viable backend" in message:
             return f"sdpa backend {point.sdpa_backend!r} cannot run these inputs: {message}"
     return None
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """The profiled point in a few words."""
+    if row.get("target") == "model":
+        return f"{row.get('size')} T={row.get('context_length')} {row.get('mode')} {row.get('precision')}"
+    return f"{row.get('impl')} seq={row.get('seq')} d={row.get('d_head')} {row.get('dtype')}"
+
+
+_SETTINGS = tuple(dict.fromkeys((
+    "target", "profiler", "top",
+    *settings_keys(ModelSpec, drop=_NOT_SETTINGS),
+    *settings_keys(AttentionSpec, drop=_NOT_SETTINGS, rename=_ATTENTION_RENAMED),
+)))  # fmt: skip
+
+TABLE = Table(
+    "Profiled points: wall time per phase, and the summed op or kernel time in it",
+    (
+        Column("point", cell=label, setting=True, covers=(
+            "target", "size", "context_length", "mode", "precision", "impl", "seq", "d_head",
+            "dtype")),  # fmt: skip
+        Column("basis", "time_basis"),
+        Column("fwd ms", "fwd_ms", "mean_std"),
+        Column("bwd ms", "bwd_ms", "mean_std"),
+        Column("opt ms", "opt_ms", "mean_std"),
+        Column("fwd prof. ms", "fwd_profiled_ms_mean", "num"),
+        Column("bwd prof. ms", "bwd_profiled_ms_mean", "num"),
+        Column("opt prof. ms", "opt_profiled_ms_mean", "num"),
+    ),
+    note="basis cuda: kernel time on the GPU; cpu: op self time. Phase times are taken under "
+    "the profiler: compare speed with the model and attention experiments, not with these.",
+)
+
+_RENAMED_PROFILE = {
+    **{f"{p}_ms": f"{p}_ms_mean" for p in ("fwd", "bwd", "opt", "step")},
+    **{f"{p}_profiled_ms": f"{p}_profiled_ms_mean" for p in ("fwd", "bwd", "opt")},
+    **{f"{p}_ms": f"{p}_ms_mean" for p in ("qk", "softmax", "pv")},
+}
+
+EXPERIMENT = Experiment(
+    kind="profile",
+    view="profile_runs",
+    title="Profile: top kernels",
+    spec=ProfileSpec,
+    run=run,
+    settings=_SETTINGS,
+    metrics=(
+        Metric("time_basis", "", "cuda: kernel time on the GPU; cpu: op self time"),
+        Metric("profiled_steps", "", "steps under the profiler"),
+        *timing("fwd_ms", "forward phase under the profiler, wall"),
+        *timing("bwd_ms", "backward phase under the profiler, wall"),
+        *timing("opt_ms", "optimizer phase under the profiler, wall"),
+        *timing("step_ms", "whole step under the profiler, wall"),
+        *(Metric(f"{p}_profiled_ms_mean", "ms", f"summed op/kernel time of the {p} phase, "
+                 "mean per step") for p in ("fwd", "bwd", "opt")),  # fmt: skip
+        *(m for part in ("qk", "softmax", "pv") for m in (
+            Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step"),
+            Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),
+            Metric(f"{part}_gflops", "GFLOP/s", f"naive attention's {part}, achieved"),
+        )),  # fmt: skip
+        Metric("trace_path", "", "the Chrome trace written with --trace"),
+        Metric("loss_first", "", "model: loss of the first step"),
+        Metric("loss_last", "", "model: loss of the last profiled step"),
+    ),
+    tables=(TABLE,),
+    compare="step_ms",
+    renamed=_RENAMED_PROFILE,
+)

@@ -1,30 +1,35 @@
 """What every distributed experiment does on its ranks: run the points of a sweep in one
 process group and summarise per-rank measurements over ranks.
 
-`serve` is the worker body handed to the launcher: it runs each point on every rank (the
-ranks stay in lock-step because they run the same points in the same order) and rank 0
-emits `(index, started, Result)` as each point finishes, so the caller stores it at once.
+`serve` is the worker body the sweep runner's `process_groups` hands to the launcher: it
+runs each point on every rank (the ranks stay in lock-step because they run the same points
+in the same order) and rank 0 emits `(index, Result)` as each point finishes, so the caller
+stores it at once. `backend_and_device` and `world_sizes` validate a distributed sweep's
+options the same way for every command.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from cs336sys.bench.clock import now
 from cs336sys.bench.result import Result
+from cs336sys.bench.sweep import SpecError, device_choice, positive_ints
 
 
-def serve(ctx: Any, specs: Sequence[Any], point: Callable[[Any, Any], Result]) -> None:
-    from cs336sys.store.db import now
-
+def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> None:
+    """On every rank: `run(ctx, spec)` for each spec in order; rank 0 emits each Result."""
     for index, spec in enumerate(specs):
         started = now()
         t0 = time.perf_counter()
-        result = point(ctx, spec)
+        result = run(ctx, spec)
+        result.started = started
         result.duration_s = time.perf_counter() - t0
-        ctx.emit((index, started, result))
+        ctx.emit((index, result))
 
 
 def gather(value: Any) -> list[Any]:
@@ -43,3 +48,47 @@ def over_ranks(prefix: str, per_rank: Sequence[float]) -> dict[str, float]:
         f"{prefix}_min": min(per_rank),
         f"{prefix}_max": max(per_rank),
     }
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun started it, else None (no torch import)."""
+    from cs336sys.parallel.launcher import under_torchrun
+
+    return int(os.environ["RANK"]) if under_torchrun() else None
+
+
+def backend_and_device(backend: str | None, device: str) -> tuple[str, str]:
+    """(backend, device) from the options: NCCL needs CUDA, Gloo runs on CPU tensors."""
+    from cs336sys.parallel.launcher import BACKENDS, default_backend
+
+    dev = device_choice(device)
+    if backend is None:
+        backend = default_backend(dev)
+    if backend not in BACKENDS:
+        raise SpecError(f"--backend: unknown value {backend!r}; choose from {', '.join(BACKENDS)}")
+    if backend == "nccl" and not dev.startswith("cuda"):
+        raise SpecError("--backend nccl needs CUDA GPUs (one per rank); use --backend gloo on CPU")
+    if backend == "gloo":
+        dev = "cpu"  # Gloo here moves CPU tensors; GPU collectives are NCCL's job
+    return backend, "cuda" if dev.startswith("cuda") else "cpu"
+
+
+def world_sizes(values: Iterable[Any] | None, backend: str, default: Sequence[int]) -> list[int]:
+    """The --world-size list: under torchrun its world; defaults capped at what the host runs."""
+    from cs336sys.parallel.launcher import check_world_size, max_local_world_size
+
+    given = positive_ints(values, "--world-size")
+    if torchrun_rank() is not None:
+        ws = int(os.environ["WORLD_SIZE"])
+        if given and given != [ws]:
+            raise SpecError(f"--world-size {','.join(map(str, given))}: torchrun started {ws} ranks")
+        return [ws]
+    cap = max_local_world_size("cuda" if backend == "nccl" else "cpu")
+    if not given:
+        given = [w for w in default if w <= cap] or [min(default)]
+    for w in given:
+        try:
+            check_world_size(w, backend)
+        except ValueError as exc:
+            raise SpecError(f"--world-size: {exc}") from None
+    return given

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from cs336sys.attention import registry
+from cs336sys.bench.registry import ATTENTION as registry
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESETS: dict[str, tuple[int, int, int, int]] = {

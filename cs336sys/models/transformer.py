@@ -25,9 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from cs336sys.attention import registry
+from cs336sys.bench.nvtx import nvtx_range
+from cs336sys.bench.registry import ATTENTION as registry
 from cs336sys.models.config import ModelConfig, checkpoint_group
-from cs336sys.models.nvtx import nvtx_range
 
 
 class RMSNorm(nn.Module):

@@ -16,20 +16,22 @@ import dataclasses
 import sqlite3
 from typing import Any
 
+from cs336sys.bench.declaration import catalog
 from cs336sys.report.sections import QUIET, Row, Table, num, skey, text, varying
 from cs336sys.report.select import Selection, SelectionError, load
 
 THRESHOLD = 0.05
-# experiment -> (metric label, mean column, min column, max column)
-METRIC = {
-    "model": ("step ms", "step_ms_mean", "step_ms_min", "step_ms_max"),
-    "attention": ("e2e ms", "e2e_ms", "e2e_ms_min", "e2e_ms_max"),
-    "comm": ("time ms", "time_ms_mean", "time_ms_min", "time_ms_max"),
-    "ddp": ("step ms", "step_ms_mean", "step_ms_min", "step_ms_max"),
-    "memory": ("peak bytes", "peak_bytes", None, None),
-    "memory-residuals": ("saved bytes", "saved_bytes", None, None),
-    "profile": ("step ms", "step_ms", None, None),
-}
+
+
+def metrics() -> dict[str, tuple[str, str, str | None, str | None]]:
+    """experiment -> (metric label, mean column, min column, max column): the metric each
+    experiment declares for comparison (bench/declaration.py, `compare`)."""
+    out = {}
+    for e in catalog():
+        if e.compare is not None:
+            label, mean, _unit, lo, hi = e.compare_columns()
+            out[e.kind] = (label, mean, lo, hi)
+    return out
 
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> str:
@@ -61,9 +63,9 @@ def _side(sel: Selection, kind: str, token: str) -> Selection:
     return dataclasses.replace(sel, **{field: token})
 
 
-def _aggregate(rows: list[Row], exp: str) -> dict[str, dict[str, Any]]:
+def _aggregate(rows: list[Row], metric: tuple) -> dict[str, dict[str, Any]]:
     """Per point: mean of the runs' means, lowest min, highest max (ok runs only)."""
-    _, mean, lo, hi = METRIC[exp]
+    _, mean, lo, hi = metric
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
         if r["status"] != "ok" or r.get(mean) is None:
@@ -96,10 +98,11 @@ def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> tuple[s
     kind = resolve(conn, a, b)
     rows_a, rows_b = load(conn, _side(sel, kind, a)), load(conn, _side(sel, kind, b))
     tables = []
+    declared = metrics()
     for exp in sorted(set(rows_a) & set(rows_b)):
-        if exp not in METRIC:
+        if exp not in declared:
             continue
-        pa, pb = _aggregate(rows_a[exp], exp), _aggregate(rows_b[exp], exp)
+        pa, pb = _aggregate(rows_a[exp], declared[exp]), _aggregate(rows_b[exp], declared[exp])
         both = sorted(set(pa) & set(pb))
         # Name a point by what tells it apart from the others (all its settings if alone).
         heads = [pa[k]["row"] for k in both]
@@ -112,7 +115,7 @@ def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> tuple[s
             body.append([label(x["row"], keys), num(x["mean"]), num(y["mean"]), f"{ratio:.3f}",
                          _range(x), _range(y), flag])  # fmt: skip
         if body:
-            metric = METRIC[exp][0]
+            metric = declared[exp][0]
             tables.append(Table(f"{exp}: {metric}", ["point", f"A {metric}", f"B {metric}", "B/A",
                                                      "A min–max", "B min–max", "flag"], body))  # fmt: skip
     return kind, tables

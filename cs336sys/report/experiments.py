@@ -1,11 +1,14 @@
-"""One section builder per experiment: the tables and plots the field expects for it.
+"""A report section per experiment: its declared tables, then what the field expects
+beside them.
 
-model: the per-phase breakdown of the training step with throughput and MFU (as in the
-CS336 assignment 2 benchmarking tables), the warm-up effect from raw samples, and the
-fp32->bf16 and eager->compiled speedups. attention: forward/backward latency and memory by
-implementation and sequence length (FlashAttention-2 paper, Fig. 4-5 style, log-log).
-comm: bus bandwidth against message size (nccl-tests). ddp: step time, exposed
-communication, bucket-size sweep. memory: peaks and the checkpointing trade-off.
+Each section opens with the experiment's own tables (bench/declaration.py, drawn by
+report/tables.py exactly as the command prints them). Then, per experiment:
+model: the warm-up effect from raw samples and the fp32->bf16 and eager->compiled speedups
+(as in the CS336 assignment 2 benchmarking tables). attention: latency and memory against
+sequence length (FlashAttention-2 paper, Fig. 4-5 style, log-log). memory: the
+checkpointing trade-off, peaks against context length, timelines. comm: bus bandwidth
+against message size (nccl-tests). ddp: memory per rank against the analytic figure, the
+bucket-size sweep. profile: the top kernels of each phase.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cs336sys.bench.declaration import Experiment
 from cs336sys.report.plots import Plot
 from cs336sys.report.sections import (
     Figure,
     Row,
     Section,
     Table,
-    generic,
     latest,
-    mean_std,
     mib,
     num,
     panels,
@@ -31,30 +33,14 @@ from cs336sys.report.sections import (
     series,
     skey,
     speedups,
-    status_or,
     text,
     with_gpu,
 )
-from cs336sys.store.views import VIEWS
+from cs336sys.report.tables import point_tables
 
-TITLES = {
-    "model": "Model: end-to-end training step",
-    "attention": "Attention: implementations by sequence length",
-    "memory": "Memory: peaks and activation checkpointing",
-    "memory-residuals": "Memory: saved residuals per block",
-    "comm": "Collectives: bus bandwidth",
-    "ddp": "DDP: step time and communication",
-    "profile": "Profile: top kernels",
-    "precision": "Precision: accumulation and autocast",
-}
-ORDER = list(TITLES)
 # The experiments whose sections draw plots (memory timelines are PNGs already).
 PLOTTED = frozenset({"model", "attention", "memory", "comm", "ddp"})
-
-
 _SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
-_MODEL_SHOWN = (*_SIZE, "context_length", "batch_size", "mode", "precision", "compile",
-                "checkpoint", "attention", "optimizer")  # fmt: skip
 
 
 def _model_label(r: Row, gpu: bool = False) -> str:
@@ -68,24 +54,8 @@ def _model_label(r: Row, gpu: bool = False) -> str:
     ])  # fmt: skip
 
 
-def model(rows: list[Row]) -> Section:
-    sec = Section("model", TITLES["model"])
-    pts = latest(rows)
-    heads = ["size", "ctx", "batch", "mode", "precision", "compile", "ckpt", "attention",
-             "optimizer", "fwd ms", "bwd ms", "opt ms", "step ms", "tokens/s", "TFLOP/s", "MFU",
-             "n"]  # fmt: skip
-    t = with_gpu(pts, heads, lambda r: [
-        text(r["size"]), text(r["context_length"]), text(r["batch_size"]), text(r["mode"]),
-        text(r["precision"]), num(bool(r["compile"])), text(r["checkpoint"]), text(r["attention"]),
-        text(r["optimizer"]),
-        *(mean_std(r, f"{p}_ms_mean", f"{p}_ms_std") for p in ("fwd", "bwd", "opt", "step")),
-        status_or(r, num(r["tokens_per_s"])), status_or(r, num(r["tflops"])),
-        status_or(r, pct(r["mfu"])), str(r["_n"]),
-    ], shown=_MODEL_SHOWN)  # fmt: skip
-    t.title = "Time per phase (mean ± std over timed steps)"
-    t.note = "MFU is shown only where the GPU's peak is known."
-    sec.tables.append(t)
-
+def model(sec: Section, pts: list[Row]) -> None:
+    """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups."""
     many = len({r.get("gpu") for r in pts}) > 1
 
     def label(r: Row) -> str:
@@ -117,24 +87,12 @@ def model(rows: list[Row]) -> Section:
         body = speedups(pts, key, a, b, "step_ms_mean", label)
         if body:
             sec.tables.append(Table(title, ["point (A)", f"A={a} ms", f"B={b} ms", "A/B"], body))
-    return sec
 
 
-def attention(rows: list[Row]) -> Section:
-    sec = Section("attention", TITLES["attention"])
-    pts = latest(rows)
-    heads = ["impl", "d", "seq", "heads", "batch", "dtype", "pass", "fwd ms", "bwd ms", "e2e ms",
-             "mem before bwd MiB", "n"]  # fmt: skip
-    t = with_gpu(pts, heads, lambda r: [
-        text(r["impl"]), text(r["d_head"]), text(r["seq"]), text(r["heads"]), text(r["batch"]),
-        text(r["dtype"]), text(r["pass"]),
-        *(mean_std(r, f"{p}_ms", f"{p}_ms_std") for p in ("fwd", "bwd", "e2e")),
-        status_or(r, mib(r["mem_before_bwd_bytes"])), str(r["_n"]),
-    ], shown=("impl", "d_head", "seq", "heads", "batch", "dtype", "pass"))  # fmt: skip
-    t.title = "Latency (mean ± std) and memory held before backward"
-    sec.tables.append(t)
+def attention(sec: Section, pts: list[Row]) -> None:
+    """Latency and memory against sequence length, one panel per head dim."""
     for r in pts:  # forward-only sweeps have no e2e time: plot what was measured
-        r["_ms"] = r["e2e_ms"] if r["e2e_ms"] is not None else r["fwd_ms"]
+        r["_ms"] = r["e2e_ms_mean"] if r["e2e_ms_mean"] is not None else r["fwd_ms_mean"]
     first = ("impl", "dtype")
     lat = panels(pts, "seq", "_ms", facet="d_head", first=first)
     mem = panels(pts, "seq", "mem_before_bwd_bytes", facet="d_head", scale=2**-20, first=first)
@@ -144,23 +102,10 @@ def attention(rows: list[Row]) -> Section:
     _plot(sec, "Memory held before backward", "attention-memory",
           Plot(mem, "sequence length (tokens)", "memory before backward (MiB)",
                "Attention memory", logx=True))  # fmt: skip
-    return sec
 
 
-def memory(rows: list[Row]) -> Section:
-    sec = Section("memory", TITLES["memory"])
-    pts = latest(rows)
-    heads = ["size", "ctx", "batch", "mode", "precision", "ckpt", "peak MiB", "fwd peak MiB",
-             "bwd peak MiB", "opt peak MiB", "activations MiB (analytic)", "step ms", "n"]  # fmt: skip
-    t = with_gpu(pts, heads, lambda r: [
-        text(r["size"]), text(r["context_length"]), text(r["batch_size"]), text(r["mode"]),
-        text(r["precision"]), text(r["checkpoint"]),
-        *(status_or(r, mib(r[k])) for k in ("peak_bytes", "fwd_peak_bytes", "bwd_peak_bytes",
-                                            "opt_peak_bytes", "act_bytes_analytic")),
-        mean_std(r, "step_ms_mean", "step_ms_std"), str(r["_n"]),
-    ], shown=(*_SIZE, "context_length", "batch_size", "mode", "precision", "checkpoint"))  # fmt: skip
-    t.title = "Peak memory by context length and mode"
-    sec.tables.append(t)
+def memory(sec: Section, pts: list[Row]) -> None:
+    """The checkpointing trade-off, peaks against context length, the timelines."""
     trade = _checkpoint_tradeoff(pts)
     if trade:
         sec.tables.append(Table("Checkpointing trade-off against no checkpointing",
@@ -174,7 +119,6 @@ def memory(rows: list[Row]) -> Section:
         if png and Path(png).is_file():
             sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['context_length']}",
                                       f"memory-timeline-{i}", png=Path(png).read_bytes()))  # fmt: skip
-    return sec
 
 
 def _plot(sec: Section, title: str, name: str, plot: Plot) -> None:
@@ -208,38 +152,16 @@ def _checkpoint_tradeoff(pts: list[Row]) -> list[list[str]]:
     return out
 
 
-def comm(rows: list[Row]) -> Section:
-    sec = Section("comm", TITLES["comm"])
-    pts = latest(rows)
-    heads = ["op", "backend", "world", "size bytes", "dtype", "time ms", "algbw GB/s",
-             "busbw GB/s", "wrong", "n"]  # fmt: skip
-    t = with_gpu(pts, heads, lambda r: [
-        text(r["op"]), text(r["backend"]), text(r["world_size"]), text(r["size_bytes"]),
-        text(r["dtype"]), status_or(r, num(r["time_ms_mean"])), status_or(r, num(r["algbw_gbps"])),
-        status_or(r, num(r["busbw_gbps"])), text(r["wrong"]), str(r["_n"]),
-    ], shown=("op", "backend", "world_size", "size_bytes", "dtype"))  # fmt: skip
-    t.title = "Collectives (nccl-tests formulas for bus bandwidth)"
-    sec.tables.append(t)
+def comm(sec: Section, pts: list[Row]) -> None:
+    """Bus bandwidth against message size."""
     lines = series(pts, "size_bytes", "busbw_gbps", first=("op", "backend", "world_size"))
     _plot(sec, "Bus bandwidth against message size", "comm-busbw",
           Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
                      logx=True))  # fmt: skip
-    return sec
 
 
-def ddp(rows: list[Row]) -> Section:
-    sec = Section("ddp", TITLES["ddp"])
-    pts = latest(rows)
-    heads = ["impl", "opt sharding", "world", "backend", "bucket MB", "size", "step ms",
-             "comm ms", "comm fraction", "comm MiB/step", "tokens/s", "n"]  # fmt: skip
-    t = with_gpu(pts, heads, lambda r: [
-        text(r["impl"]), text(r["optimizer_sharding"]), text(r["world_size"]), text(r["backend"]),
-        text(r["bucket_mb"]), text(r["size"]), mean_std(r, "step_ms_mean", "step_ms_std"),
-        mean_std(r, "comm_ms_mean", "comm_ms_std"), status_or(r, pct(r["comm_fraction"])),
-        status_or(r, mib(r["comm_bytes"])), status_or(r, num(r["tokens_per_s"])), str(r["_n"]),
-    ], shown=("impl", "optimizer_sharding", "world_size", "backend", "bucket_mb", *_SIZE))  # fmt: skip
-    t.title = "Step time and exposed communication per implementation"
-    sec.tables.append(t)
+def ddp(sec: Section, pts: list[Row]) -> None:
+    """Memory per rank against the analytic figure, and the bucket-size sweep."""
     measured = [r for r in pts if r.get("mem_before_opt_params_bytes") is not None]
     if measured:  # rows from before issue 7 have no memory figures
         m = with_gpu(measured, ["impl", "opt sharding", "world", "params MiB", "grads MiB",
@@ -259,16 +181,10 @@ def ddp(rows: list[Row]) -> Section:
     _plot(sec, "Bucket-size sweep", "ddp-buckets",
           Plot.lines(lines, "bucket size (MB)", "step time (ms)", "Step time against bucket size",
                      logx=True))  # fmt: skip
-    return sec
 
 
-def profile(rows: list[Row], kernels: dict[str, list[dict[str, Any]]]) -> Section:
-    sec = Section("profile", TITLES["profile"])
-    pts = latest(rows)
-    t = generic(pts, ["target", "size", "impl", "seq", "context_length", "mode", "precision"],
-                ["time_basis", "fwd_ms", "bwd_ms", "opt_ms", "step_ms"])  # fmt: skip
-    t.title = "Profiled points"
-    sec.tables.append(t)
+def profile(sec: Section, pts: list[Row], kernels: dict[str, list[dict[str, Any]]]) -> None:
+    """The top kernels (or ops) of each phase of each profiled point."""
     for r in pts:
         ks = kernels.get(r["run_id"], [])
         if not ks:
@@ -280,27 +196,22 @@ def profile(rows: list[Row], kernels: dict[str, list[dict[str, Any]]]) -> Sectio
             [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["total_ms"]),
               num(k["mean_ms"]), pct(k["share"])] for k in ks],
         ))  # fmt: skip
+
+
+_EXTRAS = {"model": model, "attention": attention, "memory": memory, "comm": comm, "ddp": ddp}
+
+
+def build(experiment: Experiment, rows: list[Row], kernels: dict[str, list[dict[str, Any]]]) -> Section:
+    """The section of one experiment: its declared tables over the latest row of each point,
+    then its extra tables and plots."""
+    sec = Section(experiment.kind, experiment.title)
+    pts = latest(rows)
+    sec.tables.extend(point_tables(experiment.tables, pts, counts=True))
+    if experiment.kind == "profile":
+        profile(sec, pts, kernels)
+    elif experiment.kind in _EXTRAS:
+        _EXTRAS[experiment.kind](sec, pts)
     return sec
-
-
-def _generic_section(exp: str, rows: list[Row]) -> Section:
-    view = next(v for v, (e, _, _) in VIEWS.items() if e == exp)
-    _, settings, metrics = VIEWS[view]
-    sec = Section(exp, TITLES.get(exp, exp))
-    t = generic(latest(rows), settings, metrics)
-    t.title = f"All points ({view})"
-    sec.tables.append(t)
-    return sec
-
-
-def build(exp: str, rows: list[Row], kernels: dict[str, list[dict[str, Any]]]) -> Section:
-    builders = {"model": model, "attention": attention, "memory": memory, "comm": comm,
-                "ddp": ddp}  # fmt: skip
-    if exp == "profile":
-        return profile(rows, kernels)
-    if exp in builders:
-        return builders[exp](rows)
-    return _generic_section(exp, rows)
 
 
 def data_uri(png: bytes) -> str:

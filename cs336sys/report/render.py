@@ -19,13 +19,23 @@ from typing import Any
 from markupsafe import Markup, escape
 
 import cs336sys
+from cs336sys.bench.declaration import catalog
 from cs336sys.report import experiments
 from cs336sys.report.compare import compare
 from cs336sys.report.plots import Drawer
 from cs336sys.report.sections import Section, Table
 from cs336sys.report.select import Selection, invocations, load, present
 
-TEMPLATES = Path(cs336sys.__file__).resolve().parent.parent / "templates"
+
+def _templates() -> Path:
+    """An installed wheel ships them as cs336sys/templates/; a source checkout (and the
+    editable install) has them in the repository's top-level templates/."""
+    package = Path(cs336sys.__file__).resolve().parent
+    shipped = package / "templates"
+    return shipped if shipped.is_dir() else package.parent / "templates"
+
+
+TEMPLATES = _templates()
 FORMATS = ("html", "md")
 _VERSIONS = ("torch_version", "triton_version", "python_version", "cuda_version",
              "cs336sys_version")  # fmt: skip
@@ -102,10 +112,10 @@ def build(
         rows = load(conn, sel, found)
         kernels = _kernels(conn, [r["run_id"] for r in rows.get("profile", [])])
         report = Report(title, filters, _provenance(invocations(conn, sel), rows))
-        order = {e: i for i, e in enumerate(experiments.ORDER)}
-        for exp in sorted(rows, key=lambda e: (order.get(e, len(order)), e)):
-            if rows[exp]:
-                report.sections.append(experiments.build(exp, rows[exp], kernels))
+        declared = {e.kind: e for e in catalog()}
+        for kind, experiment in declared.items():  # in the declared order
+            if rows.get(kind):
+                report.sections.append(experiments.build(experiment, rows[kind], kernels))
         if compare_ab:
             report.compare_kind, report.comparison = compare(conn, sel, *compare_ab)
             report.compare_ab = compare_ab

@@ -16,12 +16,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from cs336sys.store.views import VIEWS, typed
+from cs336sys.bench.declaration import catalog
+from cs336sys.store.views import typed
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
-EXPERIMENTS = {exp: view for view, (exp, _, _) in VIEWS.items()}
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGO = re.compile(r"^(\d+)\s*([dhw])$")
+
+
+def experiments() -> dict[str, str]:
+    """Experiment kind -> its view, as declared (bench/declaration.py)."""
+    return {e.kind: e.view for e in catalog()}
 
 
 class SelectionError(ValueError):
@@ -145,9 +150,10 @@ def load(
     """Rows of each experiment's view (plus settings and samples JSON), oldest first;
     `found` is present(conn, sel) when the caller has it already."""
     where, params = sel.clause()
+    views = experiments()
     out: dict[str, list[dict[str, Any]]] = {}
     for exp in present(conn, sel) if found is None else found:
-        view = EXPERIMENTS.get(exp)
+        view = views.get(exp)
         if view is None:
             continue  # an experiment this version has no view for
         sql = (

@@ -1,23 +1,33 @@
-"""SQLite results store (sqlite-utils): invocations, runs, one view per experiment."""
+"""SQLite results store (sqlite-utils): invocations, runs, one view per experiment.
 
-from cs336sys.store.db import (
-    STATUSES,
-    Store,
-    StoreError,
-    check_path,
-    connect_readonly,
-    now,
-    point_key,
-)
-from cs336sys.store.schema import SCHEMA_VERSION
+The names below are imported on first use (PEP 562), so that `import cs336sys.store.views`
+(what `cs336sys sql` needs) does not import sqlite-utils, which imports numpy.
+"""
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "STATUSES",
-    "Store",
-    "StoreError",
-    "check_path",
-    "connect_readonly",
-    "now",
-    "point_key",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "STATUSES": "cs336sys.store.db",
+    "Store": "cs336sys.store.db",
+    "StoreError": "cs336sys.store.db",
+    "check_path": "cs336sys.store.db",
+    "connect_readonly": "cs336sys.store.db",
+    "now": "cs336sys.store.db",
+    "point_key": "cs336sys.store.db",
+    "Recorder": "cs336sys.store.recorder",
+    "SCHEMA_VERSION": "cs336sys.store.schema",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -7,17 +7,18 @@ processes can write, and rows written as each point finishes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
+from cs336sys.bench.clock import now
+from cs336sys.bench.sweep import point_key
+from cs336sys.store import schema
+from cs336sys.store.views import ensure_views
 
-from cs336sys.store import schema, views
+__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now", "point_key"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 STATUSES = ("ok", "oom", "error", "skipped")
@@ -27,11 +28,6 @@ BUSY_TIMEOUT_S = 60.0
 
 class StoreError(Exception):
     """The store cannot be opened or used; the message is meant for the user."""
-
-
-def now() -> str:
-    """UTC in SQLite's own datetime format, so `created >= datetime('now', '-1 day')` works."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def check_path(path: str | Path) -> Path:
@@ -44,12 +40,6 @@ def check_path(path: str | Path) -> Path:
             if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
                 raise StoreError(f"{path} is not a SQLite database")
     return path
-
-
-def point_key(experiment: str, settings: dict[str, Any]) -> str:
-    """Identity of a sweep point: the same experiment with the same settings."""
-    text = experiment + "\n" + json.dumps(settings, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _dumps(obj: Any) -> str:
@@ -78,11 +68,13 @@ class Store:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA foreign_keys = ON")
             schema.migrate(conn)
-            views.ensure_views(conn)
+            ensure_views(conn)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
         except schema.SchemaError as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
+        import sqlite_utils  # here, not at the top: it imports numpy, and `cs336sys sql` must not
+
         self.conn = conn
         self.db = sqlite_utils.Database(conn)
 
@@ -120,8 +112,11 @@ class Store:
         error: str | None = None,
         started: str | None = None,
         duration_s: float | None = None,
+        tables: dict[str, list[dict[str, Any]]] | None = None,
     ) -> str:
-        """Write one measured point at once (so a crash later keeps it); returns its id."""
+        """Write one measured point at once (so a crash later keeps it); returns its id.
+
+        `tables` holds rows for tables linked to the run (`kernel_stats`), written with it."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
         run_id = str(uuid.uuid4())
@@ -141,7 +136,17 @@ class Store:
                 "point_key": point_key(experiment, settings),
             }
         )
+        for table, rows in (tables or {}).items():
+            if table not in _LINKED_TABLES:
+                raise ValueError(f"no table {table!r} is linked to runs; known: {_LINKED_TABLES}")
+            self.add_kernel_stats(run_id, rows)
         return run_id
+
+    def update_metrics(self, run_id: str, updates: dict[str, Any]) -> None:
+        """Set metrics of a stored run (a value derived once its sweep group had run)."""
+        metrics = json.loads(self.db["runs"].get(run_id)["metrics"])
+        metrics.update(updates)
+        self.db["runs"].update(run_id, {"metrics": _dumps(metrics)})
 
     def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> int:
         """Write a profiled run's op/kernel summary (`kernel_stats`, linked to runs.id)."""
@@ -165,6 +170,7 @@ class Store:
         return list(self.db.query(sql, params))
 
 
+_LINKED_TABLES = ("kernel_stats",)
 _PROVENANCE_COLUMNS = (
     "host",
     "device",

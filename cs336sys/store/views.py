@@ -1,8 +1,9 @@
 """One SQL view per experiment, flattening the JSON settings and metrics into columns.
 
-Views are derived from this table of column names, so adding a column or an experiment is
-a change here only: when the definitions differ from those a store was created with, the
-views are dropped and re-created on the next write-open (the rows themselves never change).
+Views are derived from the experiments' declarations (bench/declaration.py): a Spec's
+settings and the declared metrics become columns, so adding a column or an experiment is a
+change to its declaration only. When the definitions differ from those a store was created
+with, the views are dropped and re-created on the next write-open (the rows never change).
 """
 
 from __future__ import annotations
@@ -24,317 +25,30 @@ _COMMON = [
     "r.error",
 ]
 
-_STATS = ("mean", "std", "min", "median", "max")
+def _derived() -> tuple[dict[str, tuple[str, list[str], list[str]]], dict[str, dict[str, str]]]:
+    """(VIEWS, RENAMED) from the experiments' declarations (bench/declaration.py)."""
+    from cs336sys.bench.declaration import catalog
+
+    views = {e.view: (e.kind, list(e.settings), list(e.metric_names)) for e in catalog()}
+    renamed = {e.view: dict(e.renamed) for e in catalog() if e.renamed}
+    return views, renamed
 
 
-def _timing(*phases: str) -> list[str]:
-    return [f"{p}_ms_{s}" for p in phases for s in _STATS]
+def __getattr__(name: str):
+    """`VIEWS` (view name -> (experiment, settings keys, metrics keys)) and `RENAMED` (view
+    name -> {old column: metric}), derived on first use, so importing this module stays
+    cheap for `cs336sys sql`."""
+    if name in ("VIEWS", "RENAMED"):
+        views, renamed = _derived()
+        globals().setdefault("VIEWS", views)
+        globals().setdefault("RENAMED", renamed)
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# view name -> (experiment, settings keys, metrics keys)
-VIEWS: dict[str, tuple[str, list[str], list[str]]] = {
-    "model_runs": (
-        "model",
-        [
-            "size",
-            "d_model",
-            "d_ff",
-            "num_layers",
-            "num_heads",
-            "vocab_size",
-            "context_length",
-            "batch_size",
-            "mode",
-            "precision",
-            "compile",
-            "attention",
-            "optimizer",
-            "checkpoint",
-            "warmup",
-            "steps",
-            "device",
-            "seed",
-        ],
-        [
-            *_timing("fwd", "bwd", "opt", "step"),
-            "params",
-            "tokens_per_step",
-            "tokens_per_s",
-            "flops_per_step",
-            "tflops",
-            "peak_tflops",
-            "mfu",
-            "logits_dtype",
-            "peak_allocated_mb",
-            "peak_reserved_mb",
-            "loss_first",
-            "loss_last",
-        ],
-    ),
-    "attention_runs": (
-        "attention",
-        [
-            "impl",
-            "seq",
-            "d_head",
-            "heads",
-            "batch",
-            "dtype",
-            "causal",
-            "pass",
-            "timer",
-            "sdpa_backend",
-            "warmup",
-            "iters",
-            "device",
-            "seed",
-        ],
-        [
-            *(
-                f"{p}_ms{s}"
-                for p in ("fwd", "bwd", "e2e")
-                for s in ("", "_std", "_min", "_median", "_max")
-            ),
-            "mem_before_bwd_bytes",
-            "saved_bytes",
-            "peak_bytes",
-            "flops_fwd",
-            "flops_bwd",
-            "flops_e2e",
-            "tflops_fwd",
-            "tflops_bwd",
-            "tflops_e2e",
-            "max_err",
-            "max_err_grad",
-            "interpreted",
-            "sdpa_backend_used",
-        ],
-    ),
-    "comm_runs": (
-        "comm",
-        ["op", "backend", "device", "world_size", "size_bytes", "dtype", "warmup", "iters"],
-        [
-            "time_ms_mean",
-            "time_ms_min",
-            "time_ms_max",
-            "time_ms_median",
-            "algbw_gbps",
-            "busbw_gbps",
-            "wrong",
-            "numel",
-        ],
-    ),
-    "ddp_runs": (
-        "ddp",
-        [
-            "impl",
-            "bucket_mb",
-            "optimizer_sharding",
-            "world_size",
-            "backend",
-            "device",
-            "size",
-            "d_model",
-            "num_layers",
-            "context_length",
-            "global_batch",
-            "precision",
-            "warmup",
-            "steps",
-            "seed",
-        ],
-        [
-            *_timing("step", "fwd", "bwd", "comm", "opt"),
-            *(f"{p}_ms_rank_{s}" for p in ("step", "comm") for s in ("mean", "min", "max")),
-            "comm_fraction",
-            "allreduce_calls",
-            "comm_bytes",
-            *(f"{k}_{u}" for k in ("allreduce", "broadcast", "allgather", "reducescatter")
-              for u in ("calls", "bytes")),  # fmt: skip
-            # per-rank memory (rank 0): live bytes, and what parameters, gradients and
-            # optimizer state hold, after init and around the optimizer step (issue 7)
-            *(f"mem_{w}{part}_bytes" for w in ("init", "before_opt", "after_opt")
-              for part in ("", "_params", "_grads", "_opt_state")),  # fmt: skip
-            "mem_peak_bytes",
-            "mem_peak_bytes_max_rank",
-            "expected_params_bytes",
-            "expected_grads_bytes",
-            "expected_opt_state_bytes",
-            "buckets",
-            "params",
-            "tokens_per_s",
-            "param_max_diff",
-            "loss_first",
-            "loss_last",
-        ],
-    ),
-    "precision_runs": (
-        "precision",
-        [
-            "kind",
-            "variant",
-            "accumulator_dtype",
-            "value_dtype",
-            "upcast",
-            "additions",
-            "value",
-            "dtype",
-            "in_features",
-            "out_features",
-            "batch_size",
-            "device",
-            "seed",
-        ],
-        [
-            "result_dtype",
-            "target",
-            "result",
-            "error_vs_target",
-            "abs_error",
-            "rel_error",
-            "addend",
-            "addend_error_total",
-            "sum_rounding_error",
-            "autocast_enabled",
-            "param_dtype",
-            "fc1_dtype",
-            "relu_dtype",
-            "ln_dtype",
-            "logits_dtype",
-            "loss_dtype",
-            "grad_dtype",
-            "loss",
-            "native",
-            "native_basis",
-        ],
-    ),
-    "profile_runs": (
-        "profile",
-        [
-            "target",
-            "profiler",
-            "top",
-            # a model point (target = 'model')
-            "size",
-            "d_model",
-            "d_ff",
-            "num_layers",
-            "num_heads",
-            "vocab_size",
-            "context_length",
-            "batch_size",
-            "mode",
-            "precision",
-            "compile",
-            "attention",
-            "optimizer",
-            "checkpoint",
-            "steps",
-            # an attention point (target = 'attention')
-            "impl",
-            "seq",
-            "d_head",
-            "heads",
-            "batch",
-            "dtype",
-            "causal",
-            "pass",
-            "sdpa_backend",
-            "iters",
-            "warmup",
-            "device",
-            "seed",
-        ],
-        [
-            "time_basis",
-            "profiled_steps",
-            "fwd_ms",
-            "bwd_ms",
-            "opt_ms",
-            "step_ms",
-            "fwd_profiled_ms",
-            "bwd_profiled_ms",
-            "opt_profiled_ms",
-            *(f"{part}_{m}" for part in ("qk", "softmax", "pv") for m in ("ms", "flops", "gflops")),
-            "trace_path",
-        ],
-    ),
-    "memory_runs": (
-        "memory",
-        [
-            "size",
-            "d_model",
-            "d_ff",
-            "num_layers",
-            "num_heads",
-            "vocab_size",
-            "context_length",
-            "batch_size",
-            "mode",
-            "precision",
-            "attention",
-            "optimizer",
-            "checkpoint",
-            "warmup",
-            "steps",
-            "device",
-            "seed",
-            "snapshot",
-        ],
-        [
-            "peak_source",
-            "init_bytes",
-            "peak_bytes",
-            "peak_reserved_bytes",
-            "fwd_peak_bytes",
-            "bwd_peak_bytes",
-            "opt_peak_bytes",
-            "before_opt_bytes",
-            "after_opt_bytes",
-            "saved_bytes",
-            "params",
-            "param_bytes",
-            "grad_bytes",
-            "optim_bytes",
-            "act_bytes_analytic",
-            "residual_bytes",
-            "residual_dtype",
-            "checkpoint_group",
-            "lowest_peak",
-            *_timing("fwd", "bwd", "opt", "step"),
-            "loss",
-            "snapshot_png",
-            "snapshot_pickle",
-        ],
-    ),
-    "memory_residuals_runs": (
-        "memory-residuals",
-        [
-            "size",
-            "d_model",
-            "d_ff",
-            "num_heads",
-            "context_length",
-            "batch_size",
-            "precision",
-            "impl",
-            "attention",
-            "device",
-            "seed",
-        ],
-        [
-            "saved_bytes",
-            "walked_bytes",
-            "analytic_bytes",
-            "residual_bytes",
-            "saved_per_residual",
-            "nodes_saving",
-            *(f"top{i}_{k}" for i in range(1, 6) for k in ("op", "bytes", "share")),
-            "fwd_ms",
-            "compile_s",
-        ],
-    ),
-}
+def _get(name: str):
+    """VIEWS or RENAMED as the module holds it now (a test may have replaced it)."""
+    return globals()[name] if name in globals() else __getattr__(name)
 
 
 def _quote(name: str) -> str:
@@ -342,10 +56,24 @@ def _quote(name: str) -> str:
 
 
 def view_sql(name: str) -> str:
-    experiment, settings, metrics = VIEWS[name]
+    experiment, settings, metrics = _get("VIEWS")[name]
+    renamed = _get("RENAMED").get(name, {})
+    old_of = {new: old for old, new in renamed.items()}
+
+    def metric(k: str) -> str:
+        # A renamed metric: rows stored before the rename hold it under its old key, and
+        # stored rows are never rewritten, so the column reads either.
+        if k in old_of:
+            return (f"coalesce(json_extract(r.metrics, '$.{k}'), "
+                    f"json_extract(r.metrics, '$.{old_of[k]}'))")  # fmt: skip
+        return f"json_extract(r.metrics, '$.{k}')"
+
     cols = list(_COMMON)
     cols += [f"json_extract(r.settings, '$.{k}') AS {_quote(k)}" for k in settings]
-    cols += [f"json_extract(r.metrics, '$.{k}') AS {_quote(k)}" for k in metrics]
+    cols += [f"{metric(k)} AS {_quote(k)}" for k in metrics]
+    # The old names of renamed metrics stay columns for one release (README, "Where results
+    # go"), holding the same values as the new ones.
+    cols += [f"{metric(new)} AS {_quote(old)}" for old, new in renamed.items() if old not in metrics]
     body = ",\n       ".join(cols)
     return (
         f"CREATE VIEW {_quote(name)} AS\nSELECT {body}\n"
@@ -355,12 +83,13 @@ def view_sql(name: str) -> str:
 
 
 def signature() -> str:
-    text = "\n".join(view_sql(n) for n in sorted(VIEWS))
+    text = "\n".join(view_sql(n) for n in sorted(_get("VIEWS")))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def ensure_views(conn: sqlite3.Connection) -> None:
     """(Re-)create the views if their definitions changed. Autocommit connection."""
+    VIEWS = _get("VIEWS")
     sig = signature()
     if _meta(conn, "views") == sig:
         return

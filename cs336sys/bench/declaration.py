@@ -1,0 +1,162 @@
+"""What an experiment declares about itself, once: its kind, its Spec, its run, its metrics
+and the table that shows its points.
+
+Everything else is derived from the declaration:
+
+- the SQL view (store/views.py): one column per setting of the Spec and per metric;
+- the command's printed table and the report's main table (report/tables.py): `tables`;
+- `report --compare` (report/compare.py): the `compare` metric and its min/max;
+- the sweep runner's skip-after-OOM (experiments/sweep.py): `oom_axis`.
+
+Naming rule for metrics: a statistic over timed steps is `<name>_<stat>` with stat one of
+mean, std, min, median, max, always (`step_ms_mean`, never a bare `step_ms` for a mean);
+`timing()` declares the five at once. A metric that is one reading is a bare name
+(`peak_bytes`). Renamed columns stay in the view under their old names for one release
+(`renamed`, README "Where results go").
+
+The declarations live with their experiments (experiments/<kind>.py) and are listed in
+experiments/catalog.py. The store and the report sit below experiments/ and never import
+it: they ask `catalog()` here, which the package root (cs336sys/__init__.py, the one place
+that wires the layers together) points at experiments/catalog.py. No torch here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+STATS = ("mean", "std", "min", "median", "max")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured or derived value of a point: its column name, unit and meaning."""
+
+    name: str
+    unit: str  # "ms", "bytes", "TFLOP/s", "" for counts and labels
+    meaning: str  # one line, for README and `--help` readers
+
+
+def timing(base: str, meaning: str, unit: str = "ms") -> tuple[Metric, ...]:
+    """The five statistics of one timed quantity: `<base>_mean`, `_std`, `_min`, ..."""
+    return tuple(Metric(f"{base}_{s}", unit, f"{meaning}, {s} of the timed samples") for s in STATS)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a point table. The cell is the row's `key` (a setting or metric), or
+    `cell(row)`, formatted as `fmt`; `ratio` makes it a relative column.
+
+    fmt: text (the value as is), num (3 significant figures), exact (the shortest text that
+    reads back as the same float), mean_std (`key` is a timed base: `<key>_mean ± <key>_std`),
+    mib (bytes in MiB), pct (a fraction as %), sci (1.2e-05), size (bytes with a unit),
+    yes_no. Metric cells of a point that did not finish say OOM, error or skipped instead.
+    """
+
+    header: str
+    key: str | None = None
+    fmt: str = "text"
+    cell: Callable[[Mapping[str, Any]], str] | None = None
+    setting: bool = False  # shows the point's identity (never replaced by OOM/error)
+    ratio: Ratio | None = None
+    covers: tuple[str, ...] = ()  # further settings this column shows (a label of several)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """`metric` of a row against the same point of the baseline (`against`): baseline / row
+    when `speedup` (2.00x = twice as fast), else row / baseline. Rows are the same point when
+    all settings but `vary` (and the device) are equal."""
+
+    metric: Callable[[Mapping[str, Any]], float | None]
+    against: Mapping[str, Any]
+    vary: tuple[str, ...]
+    speedup: bool = True
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of points: the rows whose settings match `where`, with these columns."""
+
+    title: str
+    columns: tuple[Column, ...]
+    where: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment kind, declared once (see the module docstring)."""
+
+    kind: str  # runs.experiment
+    view: str  # its SQL view
+    title: str  # its report section
+    spec: type | tuple[type, ...]  # the frozen dataclass(es) of one point
+    run: Callable[..., Any]  # run(spec) -> Result, or run(ctx, spec) when distributed
+    settings: tuple[str, ...]  # the Spec's settings keys, in view order
+    metrics: tuple[Metric, ...]
+    tables: tuple[Table, ...]
+    compare: str | None = None  # the metric --compare sets side by side (a timed base or a name)
+    distributed: bool = False  # run on a process group per world size
+    oom_axis: str | None = None  # after an OOM, skip the points larger along this setting
+    # Points that are one measurement with one setting changed: called with every
+    # (spec, Result) of such a group once the group has run, may set metrics across them.
+    group_by: Callable[[Any], Any] | None = None
+    across: Callable[[list[tuple[Any, Any]]], None] | None = None
+    renamed: Mapping[str, str] = field(default_factory=dict)  # old column -> new metric
+
+    def runner(self) -> Callable[..., Any]:
+        """`run` as its module holds it now: the name is looked up at call time, as a call of
+        `module.run(spec)` would (a test may replace the module's `run`)."""
+        module = sys.modules.get(self.run.__module__)
+        return getattr(module, self.run.__name__, self.run)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.metrics)
+
+    def metric(self, name: str) -> Metric:
+        return next(m for m in self.metrics if m.name == name)
+
+    def compare_columns(self) -> tuple[str, str, str, str | None, str | None]:
+        """(label, mean column, unit, min column, max column) of the compared metric."""
+        if self.compare is None:
+            raise ValueError(f"{self.kind} declares no metric to compare")
+        names = self.metric_names
+        if f"{self.compare}_mean" in names:
+            unit = self.metric(f"{self.compare}_mean").unit
+            base = self.compare.removesuffix(f"_{unit}")
+            return (f"{base} {unit}", f"{self.compare}_mean", unit,
+                    f"{self.compare}_min", f"{self.compare}_max")  # fmt: skip
+        unit = self.metric(self.compare).unit
+        return f"{self.compare.removesuffix(f'_{unit}')} {unit}", self.compare, unit, None, None
+
+
+def settings_keys(spec: type, drop: tuple[str, ...] = (), rename: Mapping[str, str] = ()) -> tuple[str, ...]:  # fmt: skip
+    """The settings keys of a Spec dataclass: its field names, `rename`d, without `drop`."""
+    rename = dict(rename)
+    return tuple(rename.get(f.name, f.name) for f in fields(spec) if f.name not in drop)
+
+
+# -- the catalog ------------------------------------------------------------------------------
+
+_provider: Callable[[], tuple[Experiment, ...]] | None = None
+
+
+def provide(catalog: Callable[[], tuple[Experiment, ...]]) -> None:
+    """Install the function that lists every Experiment (called by the package root)."""
+    global _provider
+    _provider = catalog
+
+
+def catalog() -> tuple[Experiment, ...]:
+    """Every declared Experiment, in the order reports show them."""
+    if _provider is None:  # pragma: no cover - the package root always provides one
+        return ()
+    return _provider()
+
+
+def by_kind() -> dict[str, Experiment]:
+    return {e.kind: e for e in catalog()}

@@ -1,0 +1,31 @@
+"""Every experiment's declaration, in the order reports show them.
+
+The package root points bench.declaration.catalog() here, so that the store's views and the
+report's sections, which sit below experiments/, are derived from these declarations
+without importing experiments/ (README, "Architecture"). Importing this module imports no
+torch: experiments import it inside their `run`.
+"""
+
+from __future__ import annotations
+
+from cs336sys.experiments import (
+    attention,
+    comm,
+    ddp,
+    memory,
+    memory_residuals,
+    model,
+    precision,
+    profile,
+)
+
+EXPERIMENTS = (
+    model.EXPERIMENT,
+    attention.EXPERIMENT,
+    memory.EXPERIMENT,
+    memory_residuals.EXPERIMENT,
+    comm.EXPERIMENT,
+    ddp.EXPERIMENT,
+    profile.EXPERIMENT,
+    precision.EXPERIMENT,
+)

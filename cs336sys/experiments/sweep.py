@@ -1,0 +1,221 @@
+"""The sweep runner: the one loop over the points of a sweep, for every experiment.
+
+    from cs336sys.experiments import model, run_sweep
+    from cs336sys.store import Recorder
+
+    specs = model.specs(size=["tiny"], context_length=[64, 128], precision=["fp32", "bf16"])
+    with Recorder("db/results.db", command="notebook") as rec:
+        points = run_sweep(model.EXPERIMENT, specs, rec)   # the rows `cs336sys model` writes
+    [(p.spec.context_length, p.result.metrics["step_ms_mean"]) for p in points]
+
+`run_sweep` is the only place that loops over specs. It applies `--resume` (points the sink
+already holds ok for this commit are not run again) and skip-after-OOM (once a point runs
+out of memory, the points larger along the experiment's `oom_axis`, all else equal, are
+stored as `skipped`), stamps when each point started and how long it took, hands every
+finished point to the sink at once (so Ctrl-C or a crash keeps what was done), reports
+progress, and, for experiments that compare points of a group (memory's lowest peak), lets
+the experiment set metrics across the group when its last point has run.
+
+How a point runs is the executor's business. `local` runs one point at a time in this
+process, an exception becoming an `error` or `oom` Result (bench/result.py). Distributed
+experiments run on `process_groups`: one process group per world size, spawned locally or
+joined under torchrun, every rank running the same points in lock-step, rank 0 reporting
+each Result as it finishes. A failed point ends its group: it is stored, and a fresh group
+runs the points that remain; under torchrun the group cannot be rebuilt, so the failed
+point is stored and the run ends with the failure.
+
+Library code: nothing here prints (DESIGN.md); the CLI passes a Progress that draws a bar.
+Experiments never import the store: a sink is anything with `add`.
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cs336sys.bench.clock import now
+from cs336sys.bench.declaration import Experiment
+from cs336sys.bench.result import Result, guarded, is_oom
+from cs336sys.bench.sweep import point_key
+
+
+@dataclass
+class Point:
+    """A finished point: its spec, its Result, and what the sink returned for it (run id)."""
+
+    spec: Any
+    result: Result
+    handle: Any = None
+
+
+class Sink(Protocol):
+    """Where finished points go. Optional: `done(experiment) -> set of point keys` stored
+    ok (needed for resume) and `update(handle, result)` (metrics set across a group)."""
+
+    def add(self, experiment: Experiment, spec: Any, result: Result) -> Any: ...
+
+
+class Progress(Protocol):
+    def start(self, experiment: Experiment, total: int) -> None: ...
+    def resumed(self, skipped: int) -> None: ...
+    def advance(self, point: Point) -> None: ...
+    def finish(self) -> None: ...
+
+
+class Quiet:
+    """No progress at all (the default: library code shows nothing)."""
+
+    def start(self, experiment: Experiment, total: int) -> None:
+        pass
+
+    def resumed(self, skipped: int) -> None:
+        pass
+
+    def advance(self, point: Point) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+Skip = Callable[[Any], Result | None]
+Emit = Callable[[Any, Result], None]
+Executor = Callable[[Experiment, list, Skip, Emit], None]
+
+
+def run_sweep(
+    experiment: Experiment,
+    specs: Iterable[Any],
+    sink: Sink | None = None,
+    *,
+    resume: bool = False,
+    skip_after_oom: bool = True,
+    progress: Progress | None = None,
+    executor: Executor | None = None,
+) -> list[Point]:
+    """Run every point of `specs` (Specs of `experiment`), hand each to `sink` as it
+    finishes, and return the finished points in the order they finished."""
+    progress = progress or Quiet()
+    specs = list(specs)
+    if resume:
+        if sink is None or not hasattr(sink, "done"):
+            raise ValueError("resume needs a sink that knows what it holds (a Recorder)")
+        done = sink.done(experiment)
+        todo = [s for s in specs if point_key(experiment.kind, s.settings()) not in done]
+        if len(todo) < len(specs):
+            progress.resumed(len(specs) - len(todo))
+        specs = todo
+
+    points: list[Point] = []
+    oom_at: dict[str, Any] = {}  # the other settings -> smallest oom_axis value that OOM'd
+    axis = experiment.oom_axis if skip_after_oom else None
+    group_of = experiment.group_by if experiment.across is not None else None
+    sizes = Counter(group_of(s) for s in specs) if group_of else Counter()
+    groups: dict[Any, list[Point]] = {}
+
+    def family(spec: Any) -> str:
+        return point_key(experiment.kind, {k: v for k, v in spec.settings().items() if k != axis})
+
+    def skip(spec: Any) -> Result | None:
+        if axis is None:
+            return None
+        smallest = oom_at.get(family(spec))
+        value = spec.settings()[axis]
+        if smallest is None or value <= smallest:
+            return None
+        return Result("skipped", error=f"skipped: {axis} {smallest} ran out of memory with the "
+                                       "same other settings (--no-skip-after-oom runs it)")  # fmt: skip
+
+    def emit(spec: Any, result: Result) -> None:
+        if result.started is None:
+            result.started = now()
+        handle = sink.add(experiment, spec, result) if sink is not None else None
+        point = Point(spec, result, handle)
+        points.append(point)
+        if axis is not None and result.status == "oom":
+            value = spec.settings()[axis]
+            key = family(spec)
+            oom_at[key] = min(value, oom_at.get(key, value))
+        if group_of is not None:
+            _across(experiment, sink, groups.setdefault(group_of(spec), []), point,
+                    sizes[group_of(spec)])  # fmt: skip
+        progress.advance(point)
+
+    run = executor or (process_groups if experiment.distributed else local)
+    progress.start(experiment, len(specs))
+    try:
+        run(experiment, specs, skip, emit)
+    finally:
+        progress.finish()
+    return points
+
+
+def _across(experiment: Experiment, sink: Any, group: list[Point], point: Point, size: int) -> None:
+    """Once the group's last point has run, let the experiment set metrics across it, and
+    give the sink the results whose metrics changed."""
+    group.append(point)
+    if len(group) < size:
+        return
+    before = [copy.deepcopy(p.result.metrics) for p in group]
+    experiment.across([(p.spec, p.result) for p in group])
+    for p, old in zip(group, before, strict=True):
+        if p.result.metrics != old and sink is not None and hasattr(sink, "update"):
+            sink.update(p.handle, p.result)
+
+
+# -- executors --------------------------------------------------------------------------------
+
+
+def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
+    """One point at a time, in this process; `experiment.run(spec)`."""
+    for spec in specs:
+        started = now()
+        result = skip(spec) or guarded(experiment.runner(), spec)
+        result.started = result.started or started
+        emit(spec, result)
+
+
+def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
+    """`experiment.run(ctx, spec)` on every rank of one process group per world size (the
+    specs' `world_size` and `backend`), rank 0's Results emitted as they finish."""
+    from cs336sys.experiments.ranks import serve
+    from cs336sys.parallel.launcher import WorkerError, launch, under_torchrun
+
+    by_world: dict[int, list] = {}
+    for spec in specs:
+        by_world.setdefault(spec.world_size, []).append(spec)
+    for world, group in by_world.items():
+        todo = list(group)
+        while todo:
+            finished: list[int] = []
+
+            def arrived(message: tuple, todo: list = todo, finished: list = finished) -> None:
+                index, result = message
+                finished.append(index)
+                emit(todo[index], result)
+
+            started = now()
+            try:
+                launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
+                       on_emit=arrived)  # fmt: skip
+                todo = []
+            except WorkerError as exc:
+                failed = todo[len(finished)]
+                status = "oom" if is_oom(exc) else "error"
+                text = f"{exc}\n{exc.traceback}".strip()
+                emit(failed, Result(status, error=text, started=started))
+                todo = todo[len(finished) + 1 :]
+            except Exception as exc:
+                if not under_torchrun():
+                    raise
+                # torchrun's group cannot be rebuilt without the failed rank: store the point
+                # it failed on, then end the run with the failure.
+                failed = todo[len(finished)]
+                status = "oom" if is_oom(exc) else "error"
+                text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".strip()
+                emit(failed, Result(status, error=text, started=started))
+                raise

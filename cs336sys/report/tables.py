@@ -1,0 +1,148 @@
+"""An experiment's declared tables (bench/declaration.py) as rows of text cells.
+
+One function draws them for the report's main table of each section and for the table a
+command prints when its sweep ends, so the two always show the same columns in the same
+format. A row is a dict of the point's settings and metrics by name (a view row in the
+report; `row_of(spec, result)` after a sweep), plus `status` and the settings JSON as
+`_settings` (what tells points apart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from cs336sys.bench.declaration import Column, Ratio
+from cs336sys.bench.declaration import Table as Declared
+from cs336sys.report.sections import (
+    Row,
+    Table,
+    mean_std,
+    mib,
+    num,
+    pct,
+    skey,
+    status_or,
+    text,
+    with_gpu,
+)
+
+
+def row_of(spec: Any, result: Any) -> Row:
+    """A finished point as a table row, keyed like its view's columns."""
+    settings = spec.settings()
+    return {**result.metrics, **settings, "status": result.status, "_settings": settings}
+
+
+def _exact(x: Any) -> str:
+    """repr() of a float: the shortest text that reads back as exactly the stored value."""
+    return repr(x) if isinstance(x, float) else text(x)
+
+
+def _size(x: Any) -> str:
+    from cs336sys.bench.units import format_size
+
+    return "" if x is None else format_size(int(x))
+
+
+_FORMATS = {
+    "text": text,
+    "num": num,
+    "exact": _exact,
+    "mib": mib,
+    "pct": pct,
+    "sci": lambda x: "" if x is None else f"{x:.1e}",
+    "size": _size,
+    "yes_no": lambda x: "" if x is None else num(bool(x)),
+}
+
+
+def cell(column: Column, row: Row) -> str:
+    """One cell, without the ratio columns (see `cells`)."""
+    if column.fmt == "mean_std":
+        return mean_std(row, f"{column.key}_mean", f"{column.key}_std")
+    value = column.cell(row) if column.cell is not None else row.get(column.key)
+    formatted = _FORMATS[column.fmt](value)
+    return formatted if column.setting else status_or(row, formatted)
+
+
+def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
+    """Each row's metric against its baseline's: the baseline is the ok row of the same
+    point (settings but `vary` equal, same GPU) whose settings match `against`."""
+    base: dict[tuple, float] = {}
+    for r in rows:
+        s = r["_settings"]
+        if r.get("status") == "ok" and all(s.get(k) == v for k, v in ratio.against.items()):
+            value = ratio.metric(r)
+            if value:
+                base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), value)
+    out = []
+    for r in rows:
+        ref, mine = base.get((r.get("gpu"), skey(r, drop=ratio.vary))), ratio.metric(r)
+        value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None
+        out.append(status_or(r, "" if value is None else f"{value:.2f}×"))
+    return out
+
+
+def matching(declared: Declared, rows: Iterable[Row]) -> list[Row]:
+    """The rows the declared table is about (its `where` on the settings)."""
+    return [r for r in rows if all(r["_settings"].get(k) == v for k, v in declared.where.items())]
+
+
+def shown(declared: Declared) -> list[str]:
+    """The settings the table's columns show."""
+    out = []
+    for c in declared.columns:
+        if c.setting:
+            out += ([c.key] if c.key else []) + list(c.covers)
+    return out
+
+
+_STATUS = Column("status", "status", setting=True)
+
+
+def point_table(declared: Declared, rows: list[Row], counts: bool = False,
+                status: bool = False) -> Table:  # fmt: skip
+    """The declared table over `rows`: a GPU column when they come from several GPUs, an
+    "other settings" column naming what else tells them apart, with `counts` the number
+    of stored runs per point (`_n`, see sections.latest) and with `status` a status column
+    after the settings (the command's printout)."""
+    rows = matching(declared, rows)
+    columns = list(declared.columns)
+    if status:
+        at = max((i + 1 for i, c in enumerate(columns) if c.setting), default=0)
+        columns.insert(at, _STATUS)
+    ratios = {i: _ratios(c.ratio, rows) for i, c in enumerate(columns) if c.ratio is not None}
+    index = {id(r): i for i, r in enumerate(rows)}
+
+    def cells(r: Row) -> list[str]:
+        out = [ratios[i][index[id(r)]] if i in ratios else cell(c, r) for i, c in enumerate(columns)]
+        return out + ([str(r["_n"])] if counts else [])
+
+    heads = [c.header for c in columns] + (["n"] if counts else [])
+    t = with_gpu(rows, heads, cells, shown=shown(declared))
+    t.title, t.note = declared.title, declared.note
+    return t
+
+
+def point_tables(tables: Iterable[Declared], rows: list[Row], counts: bool = False,
+                 status: bool = False) -> list[Table]:  # fmt: skip
+    """Every declared table that has rows."""
+    out = []
+    for declared in tables:
+        t = point_table(declared, rows, counts, status)
+        if t.rows:
+            out.append(t)
+    return out
+
+
+def as_text(tables: list[Table]) -> str:
+    """Tables as aligned text for a terminal (title above each, note below)."""
+    from tabulate import tabulate
+
+    parts = []
+    for t in tables:
+        body = tabulate(t.rows, headers=t.headers, tablefmt="simple", disable_numparse=True)
+        parts.append("\n".join(x for x in (t.title, body, t.note) if x))
+    return "\n\n".join(parts)
+

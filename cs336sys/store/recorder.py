@@ -1,0 +1,96 @@
+"""A sweep's sink that writes to a results store: one invocation row, one run row per point.
+
+The sweep runner (experiments/sweep.py) hands every finished point to a sink; this is the
+one that stores it, used by every `cs336sys` command and by anyone running a sweep from
+Python:
+
+    from cs336sys.experiments import model, run_sweep
+    from cs336sys.store import Recorder
+
+    with Recorder("db/results.db", command="notebook", device="cpu") as rec:
+        points = run_sweep(model.EXPERIMENT, model.specs(size=["tiny"]), rec)
+
+The rows are those the CLI writes for the same sweep: same experiment, settings, metrics,
+samples, provenance. The invocation records how the block ended: 0, 1 when a point was
+stored as `error`, 130 on Ctrl-C, 1 on any other exception (the rows already written stay).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from cs336sys.store.db import Store
+
+
+class Recorder:
+    """One invocation in the store at `db`; `add` writes a point as soon as it finished."""
+
+    def __init__(
+        self,
+        db: str | Path,
+        command: str,
+        device: str = "cpu",
+        argv: list[str] | None = None,
+    ) -> None:
+        from cs336sys.bench.provenance import collect
+
+        self.provenance = collect(device)
+        self.store = Store(db)  # StoreError: not a results store, newer schema, ...
+        self.invocation_id = self.store.begin_invocation(
+            self.provenance, list(sys.argv if argv is None else argv), command
+        )
+        self.errors = 0
+
+    # -- the sink the sweep runner writes to ------------------------------------------------
+
+    def add(self, experiment: Any, spec: Any, result: Any) -> str:
+        """Store one point (`experiment` is its declaration); returns the run id."""
+        if result.status == "error":
+            self.errors += 1
+        return self.store.add_run(
+            self.invocation_id,
+            experiment.kind,
+            result.status,
+            spec.settings(),
+            metrics=result.metrics,
+            samples=result.samples,
+            error=result.error,
+            started=result.started,
+            duration_s=result.duration_s,
+            tables=result.tables,
+        )
+
+    def update(self, run_id: str, result: Any) -> None:
+        """Store metrics set after the point was written (across a group of points)."""
+        self.store.update_metrics(run_id, result.metrics)
+
+    def done(self, experiment: Any) -> set[str]:
+        """Point keys stored with status ok at this git commit (for `--resume`)."""
+        return self.store.done_points(experiment.kind, self.provenance.get("git_commit"))
+
+    # -- the invocation -----------------------------------------------------------------------
+
+    def close(self, exit_status: int | None = None) -> None:
+        """Record how the invocation ended (default: 1 if a point failed, else 0)."""
+        if exit_status is None:
+            exit_status = 1 if self.errors else 0
+        try:
+            self.store.finish_invocation(self.invocation_id, exit_status)
+        finally:
+            self.store.close()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: Any) -> None:
+        if kind is None:
+            self.close()
+        elif issubclass(kind, KeyboardInterrupt):
+            self.close(130)
+        elif issubclass(kind, SystemExit):
+            code = exc.code if isinstance(exc, SystemExit) else 1
+            self.close(code if isinstance(code, int) else 1)
+        else:
+            self.close(1)
