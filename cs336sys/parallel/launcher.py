@@ -258,6 +258,10 @@ def _collect(procs, messages, world_size, on_emit) -> list[Any]:
             results[rank] = payload
         else:
             message, tb = payload
+            # Rank 0 may have finished (and emitted) the point before this one after this
+            # rank already failed: a Queue does not order messages of different processes.
+            # Deliver what is still on its way before reporting the failure.
+            _drain(messages, on_emit)
             dead = _silently_dead(procs, reported={*results, rank})
             if dead is not None:
                 # A peer that vanished is the cause; this rank only saw its connection drop.
@@ -270,6 +274,21 @@ def _collect(procs, messages, world_size, on_emit) -> list[Any]:
                 )
             raise WorkerError(rank, message, tb, pids)
     return [results[r] for r in range(world_size)]
+
+
+def _drain(messages, on_emit, quiet_s: float = 0.3, limit_s: float = 3.0) -> None:
+    """Hand rank 0's emits still in the queue to `on_emit`, until it has been quiet for
+    `quiet_s` (at most `limit_s`); other ranks' later errors are dropped, the first counts."""
+    import time
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            kind, _rank, payload = messages.get(timeout=quiet_s)
+        except queue.Empty:
+            return
+        if kind == "emit" and on_emit is not None:
+            on_emit(payload)
 
 
 def _silently_dead(procs, reported: set[int]) -> int | None:
