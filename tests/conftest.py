@@ -1,4 +1,5 @@
 import os
+import sqlite3
 
 import pytest
 import torch
@@ -52,3 +53,35 @@ def pytest_collection_modifyitems(config, items):
 def db_path(tmp_path, monkeypatch):
     monkeypatch.delenv("CS336SYS_DB", raising=False)
     return tmp_path / "results.db"
+
+
+# -- what every CLI test needs ----------------------------------------------------------------
+
+
+def invoke(*args, **kw):
+    """Run `cs336sys ARGS...` in this process (typer's CliRunner), every argument as text."""
+    from typer.testing import CliRunner
+
+    from cs336sys.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], **kw)
+
+
+def query(db, sql, params=()):
+    """The rows of `sql` on the store at `db`, as dicts."""
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def view_rows(view):
+    """`rows(db, sql=...)` for a test file about one view: its rows, oldest first, unless
+    `sql` asks for something else."""
+
+    def rows(db, sql=f"SELECT * FROM {view} ORDER BY created"):
+        return query(db, sql)
+
+    return rows

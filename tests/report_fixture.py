@@ -124,7 +124,7 @@ def build(path: Path) -> Path:
         m = {**_stats("step", step, 1), **_stats("comm", step * 0.2, 0.5),
              "comm_fraction": 0.2, "tokens_per_s": 1000 / step}  # fmt: skip
         run("inv-c", "ddp", "ok", tc.format(next(k)), s, m)
-    # the sharded family (issue 7): per-rank memory, measured next to the expectation
+    # the sharded family: per-rank memory, measured next to the expectation
     P = 2**20  # parameters of a made-up model, all fp32: 4 MiB of weights
     for impl, sharding, shard in (("torch", "none", 1), ("torch", "own", 1), ("fsdp", None, 2)):
         s = {"impl": impl, "bucket_mb": 25.0 if impl == "torch" else None,

@@ -1,29 +1,19 @@
 """The attention benchmark: chunked reference, the CLI sweep, OOM handling, bad input."""
 
 import json
-import sqlite3
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from cs336sys.attention.reference import attention_reference
-from cs336sys.cli import app
 from cs336sys.experiments import attention as attention_exp
 from tests.attention_ref import make_inputs, reference
+from tests.conftest import invoke, view_rows
 
-runner = CliRunner()
+rows = view_rows('attention_runs')
 SMALL = ["--d-head", "16", "--batch", "2", "--warmup", "1", "--iters", "3", "--device", "cpu"]
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def rows(db, sql="SELECT * FROM attention_runs ORDER BY created"):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(sql)]
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -7,25 +7,16 @@ import sys
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from cs336sys import __version__
 from cs336sys.cli import app
 from cs336sys.models.flops import step_flops
 from cs336sys.models.transformer import TransformerLM
-from tests.conftest import MICRO
+from tests.conftest import MICRO, invoke, view_rows
 
-runner = CliRunner()
-
-
-def invoke(*args, **kw):
-    return runner.invoke(app, [str(a) for a in args], **kw)
+rows = view_rows('model_runs')
 
 
-def rows(db, sql="SELECT * FROM model_runs ORDER BY created"):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(sql)]
 
 
 def test_version():
@@ -368,6 +359,28 @@ def test_help_and_sql_do_not_import_torch(filled_db):
         [sys.executable, "-c", code, str(filled_db)], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, heavy",
+    [
+        (["--help"], ("torch", "numpy", "sqlite_utils")),
+        (["sql", "SELECT count(*) FROM model_runs", "--db", "{db}"], ("torch", "numpy")),
+    ],
+)
+def test_help_and_sql_import_nothing_heavy(filled_db, args, heavy):
+    """--help and sql answer at once: sqlite-utils imports numpy, torch takes seconds."""
+    code = (
+        "import json, sys; from cs336sys.cli import app\n"
+        "try: app(json.loads(sys.argv[1]))\n"
+        "except SystemExit as e: assert e.code == 0, e.code\n"
+        "print(json.dumps(sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)))\n"
+    )
+    argv = [a.format(db=filled_db) for a in args]
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(argv), json.dumps(heavy)],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
 @pytest.mark.slow

@@ -14,14 +14,11 @@ from typer.testing import CliRunner
 from cs336sys.bench.units import format_size, parse_size
 from cs336sys.cli import app
 from cs336sys.experiments import comm as exp
+from tests.conftest import view_rows
 
 runner = CliRunner()
+rows = view_rows('comm_runs')
 
-
-def rows(db, sql="SELECT * FROM comm_runs ORDER BY created"):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(sql)]
 
 
 @pytest.mark.parametrize(

@@ -7,19 +7,13 @@ import json
 import sqlite3
 
 import pytest
-from typer.testing import CliRunner
 
-from cs336sys.cli import app
 from cs336sys.store import SCHEMA_VERSION, Store, schema
 from cs336sys.store.transfer import merge
-
-runner = CliRunner()
+from tests.conftest import invoke
 
 TRICKY = 'a,b "quoted"\nsecond line'
 
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def prov(machine):

@@ -1,7 +1,6 @@
 """`cs336sys ddp`: every variant trains the same model on two Gloo ranks, the ranks end with
 identical weights, the communication counters match the model, and bad input is refused."""
 
-import sqlite3
 
 import pytest
 from typer.testing import CliRunner
@@ -9,17 +8,14 @@ from typer.testing import CliRunner
 from cs336sys.cli import app
 from cs336sys.models.config import ModelConfig
 from cs336sys.models.transformer import TransformerLM
+from tests.conftest import view_rows
 
 runner = CliRunner()
+rows = view_rows('ddp_runs')
 MICRO = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
          "--num-heads", "4", "--vocab-size", "256", "--context-length", "32",
          "--global-batch", "4", "--warmup", "1", "--steps", "3"]  # fmt: skip
 
-
-def rows(db):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute("SELECT * FROM ddp_runs ORDER BY created")]
 
 
 @pytest.fixture(scope="module")

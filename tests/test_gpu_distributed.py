@@ -1,12 +1,11 @@
 """comm and ddp on NCCL (marked gpu; they also need at least two GPUs, one per rank)."""
 
-import sqlite3
-
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from cs336sys.cli import app
+from tests.conftest import view_rows
 
 pytestmark = [
     pytest.mark.gpu,
@@ -19,9 +18,7 @@ runner = CliRunner()
 
 
 def _rows(db, view):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(f"SELECT * FROM {view} ORDER BY created")]
+    return view_rows(view)(db)
 
 
 def test_comm_sweep_on_nccl_is_exact(tmp_path):

@@ -1,20 +1,16 @@
 """The model benchmark on CUDA (marked gpu: skipped without CUDA, run on a lent GPU)."""
 
-import sqlite3
-
 import pytest
 from typer.testing import CliRunner
 
 from cs336sys.cli import app
+from tests.conftest import view_rows
 
 pytestmark = pytest.mark.gpu
 runner = CliRunner()
 
 
-def _rows(db):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute("SELECT * FROM model_runs ORDER BY created")]
+_rows = view_rows("model_runs")
 
 
 def test_cuda_point_records_gpu_mfu_and_memory(tmp_path):

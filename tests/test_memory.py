@@ -2,31 +2,20 @@
 timeline, the CLI's rows and its refusals. Expected bytes are counted by hand from shapes."""
 
 import json
-import sqlite3
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from cs336sys.bench.live_tensors import LiveTensorTracker
 from cs336sys.bench.saved_tensors import saved_by_node, saved_bytes_excluding
-from cs336sys.cli import app
 from cs336sys.experiments.memory import block_saved_bytes
 from cs336sys.models.config import ModelConfig, param_count
 from cs336sys.models.transformer import TransformerBlock, TransformerLM
-from tests.conftest import MICRO
+from tests.conftest import MICRO, invoke, view_rows
 
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
+rows = view_rows('memory_runs')
 
 
-def rows(db, sql):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(sql)]
 
 
 # -- the tracker ---------------------------------------------------------------------------

@@ -2,29 +2,19 @@
 dtypes autocast produces against torch's own autocast op lists."""
 
 import ast
-import sqlite3
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from cs336sys.cli import app
 from cs336sys.experiments import precision as exp
+from tests.conftest import invoke, view_rows
 
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
+rows = view_rows('precision_runs')
 
 
-def rows(db, where=""):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(f"SELECT * FROM precision_runs {where} ORDER BY created")]
 
 
 # -- accumulate --------------------------------------------------------------------------------

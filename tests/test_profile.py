@@ -8,28 +8,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from cs336sys.bench import nvtx
-from cs336sys.cli import app
 from cs336sys.experiments import profile_events
 from cs336sys.experiments.profile_events import summarize
 from cs336sys.store import Store, schema
-from tests.conftest import MICRO
+from tests.conftest import MICRO, invoke, view_rows
 
-runner = CliRunner()
+rows = view_rows('profile_runs')
 ATTN = ["--seq", "32", "--d-head", "16", "--batch", "2", "--heads", "2"]
 ATTN += ["--warmup", "1", "--iters", "2", "--device", "cpu"]
 
 
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def rows(db, sql):
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    return [dict(r) for r in conn.execute(sql)]
 
 
 # -- attribution, against hand-made events ---------------------------------------------------

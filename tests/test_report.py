@@ -11,17 +11,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from cs336sys.cli import app
 from cs336sys.report.compare import changed
 from cs336sys.report.plots import short
 from cs336sys.report.sections import panels, with_gpu
 from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
+from tests.conftest import invoke
 from tests.report_fixture import HOSTILE, QUOTED, build
 
 GOLDEN = Path(__file__).parent / "golden" / "report.md"
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +28,7 @@ def store(tmp_path_factory):
 
 
 def report(store, out, *args):
-    return runner.invoke(app, ["report", "--db", str(store), "--out", str(out), *map(str, args)])
+    return invoke("report", "--db", store, "--out", out, *args)
 
 
 def sha(path):

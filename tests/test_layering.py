@@ -1,0 +1,151 @@
+"""The package's layers (README, "Architecture"), checked on its imports.
+
+    cli -> experiments -> {report, attention} -> {store, bench, parallel, models}
+
+Nothing below imports anything above; experiments never import the store; attention does
+not import models; bench, the measuring machinery, imports no other layer; store/ has no
+import cycle. Every import counts, also those inside functions (the lazy ones that keep
+`cs336sys --help` fast). The package root, cs336sys/__init__.py, wires the layers together
+and may import any of them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import cs336sys
+
+ROOT = Path(cs336sys.__file__).parent
+
+# layer -> the layers it may import (its own always)
+ALLOWED = {
+    "cli": {"experiments", "report", "attention", "store", "bench", "parallel", "models"},
+    "experiments": {"report", "attention", "bench", "parallel", "models"},
+    "report": {"store", "bench"},
+    "attention": {"bench"},
+    "store": {"bench"},
+    "models": {"bench"},
+    "parallel": {"bench"},
+    "bench": set(),
+}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = ["cs336sys", *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _nodes(tree: ast.AST, at_import: bool):
+    """Every node, or (at_import) those that run when the module is imported: not the
+    bodies of functions."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not (at_import and isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)):
+                todo.append(child)
+
+
+def imports(source: str, module: str, is_package: bool, known: set[str],
+            at_import: bool = False) -> set[str]:  # fmt: skip
+    """The cs336sys modules `source` imports, anywhere in it or (at_import) when it is
+    imported; relative imports resolved; a `from package import name` is an import of the
+    submodule when `name` is one. At import time, importing a submodule first imports every
+    package above it: those count too."""
+    out: set[str] = set()
+    for node in _nodes(ast.parse(source), at_import):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module if is_package else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}".rstrip(".")
+            subs = {f"{base}.{a.name}" for a in node.names} & known
+            out |= subs or {base}
+    if at_import:
+        out |= {m.rsplit(".", k)[0] for m in out for k in range(1, m.count(".") + 1)}
+    return {m for m in out if m == "cs336sys" or m.startswith("cs336sys.")}
+
+
+def layer(module: str) -> str | None:
+    """cs336sys.<layer>.…; None for the package root (cs336sys, cs336sys.__main__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+def graph(root: Path = ROOT, at_import: bool = False) -> dict[str, set[str]]:
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    known = set(files)
+    return {m: imports(p.read_text(), m, p.name == "__init__.py", known, at_import) - {m}
+            for m, p in files.items()}  # fmt: skip
+
+
+def forbidden(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(edges.items()):
+        here = layer(module)
+        if here is None:
+            continue
+        for target in sorted(targets):
+            there = layer(target)
+            if there is not None and there != here and there not in ALLOWED[here]:
+                bad.append(f"{module} imports {target} ({here} -> {there})")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]], inside: str) -> list[list[str]]:
+    """Import cycles among the modules under `inside`."""
+    nodes = {m for m in edges if m == inside or m.startswith(inside + ".")}
+    found, state = [], {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for t in sorted(edges[m] & nodes):
+            if state.get(t) == "open":
+                found.append(path[path.index(t):] + [t] if t in path else [m, t])
+            elif t not in state:
+                visit(t, [*path, t])
+        state[m] = "done"
+
+    for m in sorted(nodes):
+        if m not in state:
+            visit(m, [m])
+    return found
+
+
+def test_no_layer_imports_one_above_it():
+    assert forbidden(graph()) == []
+
+
+def test_store_has_no_import_cycle():
+    assert cycles(graph(at_import=True), "cs336sys.store") == []
+
+
+def test_the_checker_sees_a_forbidden_edge(tmp_path):
+    """The checker itself: an upward import inside a function, a relative one, and a cycle."""
+    pkg = tmp_path / "cs336sys"
+    for sub in ("store", "bench", "experiments", "models", "attention"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("import cs336sys.cli\n")  # the root may
+    (pkg / "experiments" / "run.py").write_text("def f():\n    from cs336sys.store import db\n")
+    (pkg / "attention" / "k.py").write_text("from ..models import cfg\n")
+    (pkg / "models" / "cfg.py").write_text("from cs336sys.bench import clock\n")
+    (pkg / "bench" / "clock.py").write_text("")
+    (pkg / "store" / "db.py").write_text("from cs336sys.store import views\n")
+    (pkg / "store" / "views.py").write_text("def lazy():\n    from . import db\n")
+    assert forbidden(graph(pkg)) == [
+        "cs336sys.attention.k imports cs336sys.models.cfg (attention -> models)",
+        "cs336sys.experiments.run imports cs336sys.store.db (experiments -> store)",
+    ]
+    assert cycles(graph(pkg, at_import=True), "cs336sys.store") == []  # views imports db lazily
+    # a package whose __init__ imports a submodule that imports from the package
+    (pkg / "store" / "__init__.py").write_text("from cs336sys.store.db import views\n")
+    assert cycles(graph(pkg, at_import=True), "cs336sys.store") == [
+        ["cs336sys.store", "cs336sys.store.db", "cs336sys.store"]
+    ]

@@ -1,0 +1,195 @@
+"""The sweep runner (experiments/sweep.py), from plain Python: the rows it writes are the
+CLI's, and --resume, skip-after-OOM, failures, groups and process groups are handled once,
+here, for every experiment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cs336sys.bench.sweep import point_key
+from cs336sys.experiments import model, run_sweep
+from cs336sys.experiments.sweep import Quiet
+from cs336sys.store import Recorder
+from tests.conftest import MICRO, invoke, query
+from tests.sweep_workers import TOY, TOY_RANKS, Toy
+
+
+class ListSink:
+    """Keeps what it is handed, in order; `done` answers for resume."""
+
+    def __init__(self, done=()):
+        self.added, self.updated, self._done = [], [], set(done)
+
+    def add(self, experiment, spec, result):
+        self.added.append((experiment.kind, spec, result.status))
+        return len(self.added) - 1
+
+    def update(self, handle, result):
+        self.updated.append((handle, dict(result.metrics)))
+
+    def done(self, experiment):
+        return self._done
+
+
+class Events(Quiet):
+    def __init__(self):
+        self.events = []
+
+    def start(self, experiment, total):
+        self.events.append(("start", total))
+
+    def resumed(self, skipped):
+        self.events.append(("resumed", skipped))
+
+    def advance(self, point):
+        self.events.append(("advance", point.spec.n))
+
+    def finish(self):
+        self.events.append(("finish",))
+
+
+# -- the rows: Python and the CLI alike ---------------------------------------------------------
+
+
+def test_run_sweep_from_python_writes_the_rows_the_cli_writes(tmp_path, monkeypatch):
+    monkeypatch.delenv("CS336SYS_DB", raising=False)
+    cli_db, py_db = tmp_path / "cli.db", tmp_path / "python.db"
+    result = invoke("model", *MICRO, "--context-length", "16,32", "--mode", "forward,train",
+                    "--db", cli_db)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    specs = model.specs(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4,
+                        vocab_size=256, batch_size=[2], warmup=1, steps=3, device="cpu",
+                        context_length=[16, 32], mode=["forward", "train"])  # fmt: skip
+    with Recorder(py_db, command="model", device="cpu") as rec:
+        points = run_sweep(model.EXPERIMENT, specs, rec)
+    assert [p.result.status for p in points] == ["ok"] * 4
+
+    sql = "SELECT experiment, status, settings, metrics, samples, point_key FROM runs ORDER BY created"
+    cli, py = query(cli_db, sql), query(py_db, sql)
+    assert len(cli) == len(py) == 4
+    for a, b in zip(cli, py, strict=True):
+        assert (a["experiment"], a["status"], a["settings"], a["point_key"]) == (
+            b["experiment"], b["status"], b["settings"], b["point_key"])  # fmt: skip
+        ma, mb = json.loads(a["metrics"]), json.loads(b["metrics"])
+        assert ma.keys() == mb.keys()
+        assert json.loads(a["samples"]).keys() == json.loads(b["samples"]).keys()
+        # what does not depend on the clock is equal: same seed, same model, same loss
+        for k in ("params", "tokens_per_step", "flops_per_step", "logits_dtype", "loss_first",
+                  "loss_last"):  # fmt: skip
+            assert ma[k] == mb[k], k
+    prov = "SELECT host, device, gpu, cpu, torch_version, git_commit, git_dirty, exit_status FROM invocations"
+    assert query(cli_db, prov) == query(py_db, prov)
+    view = "SELECT * FROM model_runs ORDER BY created"
+    for a, b in zip(query(cli_db, view), query(py_db, view), strict=True):
+        assert {k for k, v in a.items() if v is not None} == {k for k, v in b.items() if v is not None}
+
+
+def test_every_metric_a_point_stores_is_declared(tmp_path):
+    """What `run` returns is what the view shows: no metric or setting outside the
+    experiment's declaration (local experiments, one cheap point each)."""
+    from cs336sys.experiments import attention, memory, memory_residuals, precision, profile
+
+    tiny = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+                batch_size=[2], context_length=[16], warmup=1, steps=1, device="cpu")  # fmt: skip
+    attn = dict(seq=[32], d_head=[16], batch=[1], warmup=1, iters=1, device="cpu")
+    cases = [
+        (model.EXPERIMENT, model.specs(**tiny)),
+        (attention.EXPERIMENT, attention.specs(impl=["naive", "sdpa"], **attn)),
+        (memory.EXPERIMENT, memory.specs(**tiny, snapshot=tmp_path / "snap")),
+        (memory_residuals.EXPERIMENT, memory_residuals.specs(
+            impl=["eager"], size=["tiny"], d_model=64, d_ff=128, num_heads=4,
+            context_length=[16], device="cpu")),  # fmt: skip
+        (precision.EXPERIMENT, precision.accumulate_specs(variant=["fp16"], additions=10,
+                                                          device="cpu")),  # fmt: skip
+        (precision.EXPERIMENT, precision.autocast_specs(device="cpu")),
+        (profile.EXPERIMENT, profile.specs("model", model.specs(**tiny), top=3)),
+        (profile.EXPERIMENT, profile.specs("attention", attention.specs(impl=["naive"], **attn))),
+    ]
+    for experiment, specs in cases:
+        for p in run_sweep(experiment, specs):
+            assert p.result.status in ("ok", "skipped"), (experiment.kind, p.result.error)
+            assert set(p.result.metrics) <= set(experiment.metric_names), experiment.kind
+            assert set(p.spec.settings()) <= set(experiment.settings), experiment.kind
+
+
+# -- what the runner does, on a toy experiment --------------------------------------------------
+
+
+def test_points_reach_the_sink_as_they_finish_with_start_and_duration():
+    sink, events = ListSink(), Events()
+    points = run_sweep(TOY, [Toy(1), Toy(13), Toy(3)], sink, progress=events)
+    assert [(p.spec.n, p.result.status) for p in points] == [(1, "ok"), (13, "error"), (3, "ok")]
+    assert [s for _, _, s in sink.added] == ["ok", "error", "ok"]
+    assert [p.handle for p in points] == [0, 1, 2]
+    assert "ValueError: unlucky" in points[1].result.error
+    assert points[0].result.metrics == {"twice": 2}
+    assert all(p.result.started and p.result.duration_s >= 0 for p in points)
+    assert events.events == [("start", 3), ("advance", 1), ("advance", 13), ("advance", 3),
+                             ("finish",)]  # fmt: skip
+
+
+def test_resume_runs_only_the_points_the_sink_does_not_hold():
+    specs = [Toy(1, size=1), Toy(2, size=2), Toy(3, size=3)]
+    done = {point_key("toy", s.settings()) for s in specs[:2]}
+    sink, events = ListSink(done=done), Events()
+    points = run_sweep(TOY, specs, sink, resume=True, progress=events)
+    assert [p.spec.n for p in points] == [3]
+    assert ("resumed", 2) in events.events
+    with pytest.raises(ValueError, match="resume"):
+        run_sweep(TOY, specs, resume=True)  # no sink to ask
+
+
+def test_after_an_oom_larger_points_of_the_same_family_are_skipped():
+    specs = [Toy(1, size=32), Toy(2, size=64), Toy(3, size=128), Toy(4, size=32, family="b"),
+             Toy(5, size=256), Toy(6, size=128, family="b")]  # fmt: skip
+    got = [(p.spec.n, p.result.status) for p in run_sweep(TOY, specs, ListSink())]
+    assert got == [(1, "ok"), (2, "oom"), (3, "skipped"), (4, "ok"), (5, "skipped"), (6, "ok")]
+    skipped = run_sweep(TOY, specs[:3])[2].result
+    assert "size 64 ran out of memory" in skipped.error
+    got = [p.result.status for p in run_sweep(TOY, specs[:3], skip_after_oom=False)]
+    assert got == ["ok", "oom", "oom"]
+
+
+def test_metrics_set_across_a_group_reach_the_sink_when_the_group_is_complete():
+    def best(group):
+        lowest = min(r.metrics["twice"] for _, r in group)
+        for _, r in group:
+            r.metrics["lowest"] = r.metrics["twice"] == lowest
+
+    grouped = TOY.__class__(**{**vars(TOY), "group_by": lambda s: s.family, "across": best})
+    sink = ListSink()
+    specs = [Toy(3), Toy(1, family="b"), Toy(2), Toy(4, family="b"), Toy(5, family="c")]
+    points = run_sweep(grouped, specs, sink)
+    assert [(h, m["lowest"]) for h, m in sink.updated] == [(0, False), (2, True), (1, True),
+                                                           (3, False), (4, True)]  # fmt: skip
+    assert [p.result.metrics["lowest"] for p in points] == [False, True, True, False, True]
+
+
+def test_ctrl_c_stops_the_sweep_and_keeps_what_was_stored(monkeypatch):
+    import tests.sweep_workers as workers
+
+    def interrupted(spec):
+        if spec.n == 2:
+            raise KeyboardInterrupt
+        return workers.Result("ok", metrics={"twice": 2 * spec.n})
+
+    monkeypatch.setattr(workers, "run", interrupted)
+    sink, events = ListSink(), Events()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(TOY, [Toy(1), Toy(2), Toy(3)], sink, progress=events)
+    assert [s.n for _, s, _ in sink.added] == [1]
+    assert events.events[-1] == ("finish",)
+
+
+def test_a_failed_point_ends_its_process_group_and_a_fresh_one_runs_the_rest():
+    specs = [Toy(1, world_size=2), Toy(2, world_size=2), Toy(3, world_size=2)]
+    sink = ListSink()
+    points = run_sweep(TOY_RANKS, specs, sink)
+    assert [(p.spec.n, p.result.status) for p in points] == [(1, "ok"), (2, "error"), (3, "ok")]
+    assert points[0].result.metrics == {"sum": 3, "ranks": 2}  # (1 + rank 0) + (1 + rank 1)
+    assert points[2].result.metrics == {"sum": 3 + 4, "ranks": 2}
+    assert "rank 1 gives up at n=2" in points[1].result.error
+    assert all(p.result.started and p.result.duration_s is not None for p in points)
+    assert [s.n for _, s, _ in sink.added] == [1, 2, 3]
