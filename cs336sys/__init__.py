@@ -8,7 +8,7 @@ look up what a higher one provides through registries in bench/, and only the pa
 which sits above every layer, fills them. Nothing imported here imports torch.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def _wire() -> None:

@@ -1,6 +1,7 @@
 """How one point of `cs336sys ddp` is put together, and what its memory per rank should be.
 
-The data-parallel family (issues 4 and 7), all around the same Transformer LM and AdamW:
+The data-parallel family (README, "cs336sys ddp" and "Sharding"), all around the same
+Transformer LM and AdamW:
 
   naive, flat, overlap, bucketed, torch   full replicas, gradients averaged (cs336sys.parallel
                                           DDP wrappers; torch = DistributedDataParallel), each

@@ -31,6 +31,7 @@ Experiments never import the store: a sink is anything with `add`.
 from __future__ import annotations
 
 import copy
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -192,22 +193,28 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
         todo = list(group)
         while todo:
             finished: list[int] = []
+            # when the point now running started: at the launch, then as each one finishes
+            since = [now(), time.perf_counter()]
 
-            def arrived(message: tuple, todo: list = todo, finished: list = finished) -> None:
+            def arrived(message: tuple, todo: list = todo, finished: list = finished,
+                        since: list = since) -> None:  # fmt: skip
                 index, result = message
                 finished.append(index)
+                since[:] = [now(), time.perf_counter()]
                 emit(todo[index], result)
 
-            started = now()
+            def failure(status: str, text: str, since: list = since) -> Result:
+                return Result(status, error=text, started=since[0],
+                              duration_s=time.perf_counter() - since[1])  # fmt: skip
+
             try:
                 launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
                        on_emit=arrived)  # fmt: skip
                 todo = []
             except WorkerError as exc:
                 failed = todo[len(finished)]
-                status = "oom" if is_oom(exc) else "error"
-                text = f"{exc}\n{exc.traceback}".strip()
-                emit(failed, Result(status, error=text, started=started))
+                emit(failed, failure("oom" if is_oom(exc) else "error",
+                                     f"{exc}\n{exc.traceback}".strip()))  # fmt: skip
                 todo = todo[len(finished) + 1 :]
             except Exception as exc:
                 if not under_torchrun():
@@ -215,7 +222,6 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 # torchrun's group cannot be rebuilt without the failed rank: store the point
                 # it failed on, then end the run with the failure.
                 failed = todo[len(finished)]
-                status = "oom" if is_oom(exc) else "error"
                 text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".strip()
-                emit(failed, Result(status, error=text, started=started))
+                emit(failed, failure("oom" if is_oom(exc) else "error", text))
                 raise

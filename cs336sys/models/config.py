@@ -38,9 +38,9 @@ class ModelConfig:
     vocab_size: int = 10_000
     context_length: int = 512
     # The longest sequence the model accepts, like GPT-2's n_ctx or Llama's
-    # max_position_embeddings: the longest sequence the attention benchmarks use (issue 3),
+    # max_position_embeddings: the longest sequence the attention benchmarks use (65,536),
     # and a cap that turns a mistyped --context-length 1000000 into a clear refusal instead
-    # of a run that swaps the host before it fails (issue 5, "Bad input").
+    # of a run that swaps the host before it fails (README, "cs336sys memory", "Bad input").
     max_context_length: int = 65_536
     rope_theta: float = 10_000.0
     attention: str = "naive"

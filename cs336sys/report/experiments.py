@@ -129,7 +129,8 @@ def _plot(sec: Section, title: str, name: str, plot: Plot) -> None:
 
 def _checkpoint_tradeoff(pts: list[Row]) -> list[list[str]]:
     """Each point measured with and without checkpointing: peak and step time against `none`,
-    the checkpointing with the lowest peak marked (issue 5: the sweep over K)."""
+    the checkpointing with the lowest peak marked (README, "Activation checkpointing trade-off";
+    Chen et al. 2016 for the sweep over K)."""
     many = len({r.get("gpu") for r in pts}) > 1
     groups: dict[tuple, list[Row]] = {}
     for r in pts:
@@ -163,7 +164,7 @@ def comm(sec: Section, pts: list[Row]) -> None:
 def ddp(sec: Section, pts: list[Row]) -> None:
     """Memory per rank against the analytic figure, and the bucket-size sweep."""
     measured = [r for r in pts if r.get("mem_before_opt_params_bytes") is not None]
-    if measured:  # rows from before issue 7 have no memory figures
+    if measured:  # rows stored before the sharding release have no memory figures
         m = with_gpu(measured, ["impl", "opt sharding", "world", "params MiB", "grads MiB",
                                 "opt state MiB", "live before step MiB", "peak MiB"], lambda r: [
             text(r["impl"]), text(r["optimizer_sharding"]), text(r["world_size"]),

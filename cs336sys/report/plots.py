@@ -7,7 +7,7 @@ latency/bandwidth plots of the FlashAttention and nccl-tests write-ups. Several 
 colour from panel to panel.
 
 Tick labels are plain text (1024, 16k, 1M), never mathtext: laying out mathtext labels on
-log axes cost more than the rest of a 10,000-run report put together (issue 6 benchmark).
+log axes cost more than the rest of a 10,000-run report put together (benchmarks/report_speed.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class Plot:
 class Drawer:
     """Draws a report's plots, on every core where it can.
 
-    Drawing is most of a report's time (issue 6: 10,000 runs in under 5 s on 2 cores), and
+    Drawing is most of a report's time (README, "cs336sys report": 10,000 runs in under 5 s on
+    2 cores), and
     importing matplotlib alone takes most of a second, so on Linux `Drawer(start=True)` forks
     one worker per core at once: they import matplotlib while the caller is still reading the
     store, then draw the plots side by side. Elsewhere (macOS and Windows do not fork safely),
