@@ -9,10 +9,8 @@ only when `get(name)` is called or a FlashAttention class is first accessed:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from cs336sys.attention.registry import get, names, register
+from cs336sys.bench.lazy import attributes
 
 _LAZY = {
     "FlashAttention2Torch": "cs336sys.attention.flash_torch",
@@ -22,10 +20,4 @@ _LAZY = {
 __all__ = ["FlashAttention2Torch", "FlashAttention2Triton", "get", "names", "register"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes(globals(), _LAZY)

@@ -37,23 +37,22 @@ RANGE_PREFIX = "cs336sys::"
 
 
 @contextmanager
-def nvtx_enabled(flag: bool = True) -> Iterator[None]:
+def _switched(var: contextvars.ContextVar[bool], flag: bool) -> Iterator[None]:
+    token = var.set(bool(flag))
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def nvtx_enabled(flag: bool = True) -> contextlib.AbstractContextManager[None]:
     """Turn NVTX ranges on (or off) for the code run inside this block."""
-    token = _NVTX_ENABLED.set(bool(flag))
-    try:
-        yield
-    finally:
-        _NVTX_ENABLED.reset(token)
+    return _switched(_NVTX_ENABLED, flag)
 
 
-@contextmanager
-def profiler_ranges(flag: bool = True) -> Iterator[None]:
+def profiler_ranges(flag: bool = True) -> contextlib.AbstractContextManager[None]:
     """Also mark every `nvtx_range` as a torch.profiler range (`cs336sys::<name>`) in here."""
-    token = _PROFILER_RANGES.set(bool(flag))
-    try:
-        yield
-    finally:
-        _PROFILER_RANGES.reset(token)
+    return _switched(_PROFILER_RANGES, flag)
 
 
 @contextmanager

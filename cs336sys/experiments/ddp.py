@@ -47,6 +47,7 @@ from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, choices, counts, positive_ints, split_list
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
+from cs336sys.experiments.model import shape_overrides
 from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
@@ -90,14 +91,7 @@ class DDPSpec:
                    vocab_size=config.vocab_size, context_length=config.context_length, **point)  # fmt: skip
 
     def config(self) -> ModelConfig:
-        return ModelConfig(
-            d_model=self.d_model,
-            d_ff=self.d_ff,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            vocab_size=self.vocab_size,
-            context_length=self.context_length,
-        )
+        return ModelConfig.of(self)
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,11 +149,8 @@ def specs(
     for n in worlds:
         if batch % n:
             raise SpecError(f"--global-batch {batch} does not split evenly over {n} ranks")
-    overrides = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-                     vocab_size=vocab_size)  # fmt: skip
-    for name, value in overrides.items():
-        if value is not None and value <= 0:
-            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                                num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
     try:
         cfg = from_preset(size, context_length=ctx_len, **overrides)
     except ValueError as exc:
@@ -198,6 +189,7 @@ def _batch(spec: DDPSpec, rank: int, device):
 def run(ctx: Any, spec: DDPSpec) -> Result:
     import torch
 
+    from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.bench.live_tensors import LiveTensorTracker
     from cs336sys.bench.memory import CudaProbe, TrackerProbe
     from cs336sys.experiments import ddp_setup
@@ -226,7 +218,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
             device=ctx.device, optimizer=setup.optimizer, finish=setup.finish,
             # the replicas train under autocast; the FSDPs cast for themselves
-            amp_dtype=torch.bfloat16 if spec.precision == "bf16" and setup.autocast else None,
+            amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,
         )  # fmt: skip
         losses = []
         for _ in range(spec.warmup):

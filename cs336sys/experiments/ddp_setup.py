@@ -56,10 +56,11 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds."""
     import torch
 
+    from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.models.adamw import AdamW
     from cs336sys.parallel.ddp import make_ddp
 
-    bf16 = precision == "bf16"
+    low = autocast_dtype(precision)  # None for fp32
     if impl in REPLICA_IMPLS:
         wrapper = make_ddp(impl, model, bucket_size_mb=bucket_mb)
         params = list(model.parameters())
@@ -81,7 +82,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     if impl == "fsdp":
         from cs336sys.parallel.fsdp import FSDP
 
-        wrapper = FSDP(model, compute_dtype=torch.bfloat16 if bf16 else None)
+        wrapper = FSDP(model, compute_dtype=low)
         params = list(wrapper.parameters())
         opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
         return Setup(wrapper, opt, opt, wrapper.finish_gradient_synchronization, False, params,
@@ -97,7 +98,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         # rank 0's weights, as the other wrappers do, or the ranks shard different models.
         broadcast_from_rank0(model)
         mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else MixedPrecisionPolicy()  # fmt: skip
+        mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low) if low else MixedPrecisionPolicy()
         for block in model.layers:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
+from cs336sys.bench.dtypes import PRECISIONS
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import (
@@ -30,7 +31,6 @@ from cs336sys.bench.sweep import (
 from cs336sys.experiments.step import MODES, OPTIMIZERS
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 # On CPU the default context is short enough for a laptop to finish a step in seconds.
 DEFAULT_CONTEXT = {"cuda": 512, "cpu": 128}
 
@@ -58,16 +58,7 @@ class ModelSpec:
     nvtx: bool = False
 
     def config(self) -> ModelConfig:
-        return ModelConfig(
-            d_model=self.d_model,
-            d_ff=self.d_ff,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            vocab_size=self.vocab_size,
-            context_length=self.context_length,
-            attention=self.attention,
-            checkpoint=self.checkpoint,
-        )
+        return ModelConfig.of(self)
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,11 +103,8 @@ def specs(
     from cs336sys.bench.registry import ATTENTION
 
     attentions = choices(attention, ATTENTION.names(), "--attention", default=["naive"])
-    overrides = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-                     vocab_size=vocab_size)  # fmt: skip
-    for name, value in overrides.items():
-        if value is not None and value <= 0:
-            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                                num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
     dev = device_choice(device)
     if "triton" in attentions:
         check_triton(dev.startswith("cuda"), "--attention triton")
@@ -143,6 +131,14 @@ def specs(
         ))  # fmt: skip
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
+
+
+def shape_overrides(**given: int | None) -> dict[str, int | None]:
+    """The --d-model, --d-ff, ... overrides of a size preset, each positive or None."""
+    for name, value in given.items():
+        if value is not None and value <= 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return given
 
 
 def run(spec: ModelSpec) -> Result:

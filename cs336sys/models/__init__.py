@@ -7,9 +7,9 @@ imported on first attribute access.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cs336sys.bench.lazy import attributes
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
 from cs336sys.models.flops import STEP_MODES, forward_flops, step_flops
 
@@ -36,13 +36,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # cache, so __getattr__ runs once per name
-    return value
+__getattr__ = attributes(globals(), _LAZY)
 
 
 def __dir__() -> list[str]:

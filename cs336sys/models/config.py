@@ -53,6 +53,13 @@ class ModelConfig:
     def d_head(self) -> int:
         return self.d_model // self.num_heads
 
+    @classmethod
+    def of(cls, point: object) -> ModelConfig:
+        """The config a sweep point describes: its attributes named like fields (d_model,
+        d_ff, ..., context_length, attention, checkpoint); the others keep their defaults."""
+        names = (f.name for f in dataclasses.fields(cls))
+        return cls(**{n: getattr(point, n) for n in names if hasattr(point, n)})
+
     def validate(self) -> None:
         """Raise ValueError, with one sentence saying what is wrong, if the shape is invalid."""
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length",

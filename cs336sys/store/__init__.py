@@ -6,8 +6,7 @@ The names below are imported on first use (PEP 562), so that `import cs336sys.st
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cs336sys.bench.lazy import attributes
 
 _LAZY = {
     "STATUSES": "cs336sys.store.db",
@@ -24,10 +23,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes(globals(), _LAZY)
