@@ -1,7 +1,7 @@
 """`cs336sys profile model|attention`: torch.profiler over the measured steps, per phase.
 
 The options are those of `cs336sys model` and `cs336sys attention`, validated and expanded
-by the same functions (`model_specs`, `attention_specs`), plus --top, --trace, --nsys/--exec
+by the same functions (`model.specs`, `attention.specs`), plus --top, --trace, --nsys/--exec
 and --nvtx. Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
 rows of `kernel_stats` linked to it.
 """

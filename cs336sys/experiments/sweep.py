@@ -174,9 +174,11 @@ def _across(experiment: Experiment, sink: Any, group: list[Point], point: Point,
 def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
     """One point at a time, in this process; `experiment.run(spec)`."""
     for spec in specs:
-        started = now()
+        started, t0 = now(), time.perf_counter()
         result = skip(spec) or guarded(experiment.runner(), spec)
         result.started = result.started or started
+        if result.duration_s is None:  # a skipped point: the time it took to decide so
+            result.duration_s = time.perf_counter() - t0
         emit(spec, result)
 
 

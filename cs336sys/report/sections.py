@@ -3,7 +3,8 @@
 A table shows one line per measured point: the latest row stored for the same GPU and the
 same settings (a re-run replaces an earlier one; `n` counts them). Metric cells of a point
 that did not finish say why (OOM, error, skipped) instead of a number. Experiment-specific
-builders live in sections_exp.py; this module holds the containers and shared helpers.
+builders live in experiments.py, the declared tables are drawn by tables.py; this module
+holds the containers and shared helpers.
 """
 
 from __future__ import annotations
@@ -215,19 +216,3 @@ def speedups(
                 [label(ra), num(ra[metric]), num(rb[metric]), f"{ra[metric] / rb[metric]:.2f}×"]
             )
     return out
-
-
-def nonempty_columns(rows: list[Row], columns: list[str]) -> list[str]:
-    """The columns that hold a value in at least one row (precision kinds differ in keys)."""
-    return [c for c in columns if any(r.get(c) is not None for r in rows)]
-
-
-def generic(rows: list[Row], settings: list[str], metrics: list[str]) -> Table:
-    cols = nonempty_columns(rows, settings) + nonempty_columns(rows, metrics)
-    metric_set = set(metrics)
-    body = [
-        [status_or(r, text(r.get(c))) if c in metric_set else text(r.get(c)) for c in cols]
-        + [r["status"]]
-        for r in rows
-    ]
-    return Table("", [*cols, "status"], body)
