@@ -20,8 +20,6 @@ ATTN = ["--seq", "32", "--d-head", "16", "--batch", "2", "--heads", "2"]
 ATTN += ["--warmup", "1", "--iters", "2", "--device", "cpu"]
 
 
-
-
 # -- attribution, against hand-made events ---------------------------------------------------
 
 
@@ -85,6 +83,45 @@ def test_cuda_attribution_uses_kernel_time_of_the_launching_event():
     }
     assert [k["rank"] for k in kernels if k["phase"] == "forward"] == [1, 2, 3]
     assert {k["time_basis"] for k in kernels} == {"cuda"}
+
+
+def test_cuda_phases_come_from_host_ranges_and_backward_kernels_of_autograds_thread_count():
+    """A profile shaped like a CUDA one (an H100 run, README of the reference stores): every
+    range twice, on the host (main thread) and as a device-side copy that spans only the
+    kernels the main thread launched; the backward's ops and kernels on autograd's own thread.
+    The device copy of backward covers only `loss.backward()`'s fill kernel (1 µs)."""
+    main, worker, cuda = 1, 2, "DeviceType.CUDA"
+    events = [
+        _event("cs336sys::forward", 0, 100, thread=main),
+        _event("cs336sys::forward", 5, 60, device_type=cuda, thread=main),  # device copy
+        _event("aten::mm", 10, 20, self_us=3, kernels=[_kernel("gemm", 40)], thread=main),
+        _event("aten::softmax", 21, 30, self_us=2, kernels=[_kernel("softmax_k", 10)], thread=main),
+        _event("cs336sys::backward", 200, 300, thread=main),
+        _event("cs336sys::backward", 201, 202, device_type=cuda, thread=main),  # 1 µs copy
+        _event("aten::fill_", 200.5, 201, self_us=1, kernels=[_kernel("fill", 1)], thread=main),
+        _event("MmBackward0", 210, 260, self_us=2, thread=worker),
+        _event("aten::mm", 211, 230, self_us=4, kernels=[_kernel("gemm", 80)], thread=worker),
+        _event("aten::mm", 231, 250, self_us=4, kernels=[_kernel("gemm", 70)], thread=worker),
+        _event("SoftmaxBackward0", 261, 280, self_us=1, thread=worker),
+        _event("aten::_softmax_backward_data", 262, 279, self_us=2,
+               kernels=[_kernel("softmax_bwd_k", 15)], thread=worker),  # fmt: skip
+        _event("cs336sys::optimizer", 300, 350, thread=main),
+        _event("cs336sys::optimizer", 305, 340, device_type=cuda, thread=main),
+        _event("aten::_foreach_add_", 306, 310, self_us=3, kernels=[_kernel("adam_k", 20)],
+               thread=main),  # fmt: skip
+    ]
+    kernels, totals, _ = summarize(events, on_cuda=True, top=10)
+    phase_of = {(k["phase"], k["name"]): (k["calls"], k["total_ms"]) for k in kernels}
+    assert phase_of == {
+        ("forward", "gemm"): (1, 40 / 1e3),
+        ("forward", "softmax_k"): (1, 10 / 1e3),
+        ("backward", "gemm"): (2, 150 / 1e3),
+        ("backward", "softmax_bwd_k"): (1, 15 / 1e3),
+        ("backward", "fill"): (1, 1 / 1e3),
+        ("optimizer", "adam_k"): (1, 20 / 1e3),
+    }
+    assert totals == {"forward": 50 / 1e3, "backward": 166 / 1e3, "optimizer": 20 / 1e3}
+    assert totals["backward"] > totals["forward"]
 
 
 def test_ranges_are_profiler_events_only_when_asked():
@@ -313,3 +350,15 @@ def test_profile_on_cuda_ranks_kernels_by_device_time(db_path):
     for phase in ("forward", "backward", "optimizer"):
         shares = [s["share"] for s in stats if s["phase"] == phase]
         assert sum(shares) == pytest.approx(1.0)
+
+
+@pytest.mark.gpu
+def test_profile_on_cuda_finds_the_backward_kernels(db_path):
+    """Backward launches its kernels from autograd's own thread; they are backward's, and a
+    train step's backward does about twice the forward's work."""
+    micro = [a if a != "cpu" else "cuda" for a in MICRO]
+    result = invoke("profile", "model", *micro, "--context-length", "128", "--mode", "train",
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (run,) = rows(db_path, "SELECT * FROM profile_runs")
+    assert run["bwd_profiled_ms_mean"] > run["fwd_profiled_ms_mean"] > 0

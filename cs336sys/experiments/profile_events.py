@@ -60,10 +60,17 @@ class Item:
 
 
 def ranges(events: Iterable[Any]) -> dict[str, Spans]:
-    """Our ranges by name without the prefix: {'forward': Spans, 'scores': Spans, ...}."""
+    """Our ranges by name without the prefix: {'forward': Spans, 'scores': Spans, ...}.
+
+    Only the host-side events define a range. On CUDA the profiler also reports each range
+    a second time, as a device-side copy (device type CUDA) spanning only the kernels that
+    the main thread launched inside it; for backward that is the one fill kernel of
+    `loss.backward()` (1 µs), because autograd launches the rest from its own thread. Such a
+    copy would overlap the host range and hide it from the search below.
+    """
     found: dict[str, list[tuple[float, float]]] = {}
     for e in events:
-        if e.name.startswith(RANGE_PREFIX):
+        if e.name.startswith(RANGE_PREFIX) and _is_cpu(e):
             span = (e.time_range.start, e.time_range.end)
             found.setdefault(e.name[len(RANGE_PREFIX) :], []).append(span)
     return {name: Spans(spans) for name, spans in found.items()}
