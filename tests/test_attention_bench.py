@@ -111,6 +111,15 @@ def test_4d_inputs_and_sdpa_backends(db_path):
     assert last["status"] == "skipped" and "efficient" in last["error"]
 
 
+def test_sdpa_cudnn_is_a_backend_and_a_skipped_row_where_it_cannot_run(db_path):
+    result = invoke("attention", *SMALL, "--impl", "sdpa", "--sdpa-backend", "cudnn", "--seq",
+                    "32", "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (r,) = rows(db_path)
+    assert (r["sdpa_backend"], r["status"]) == ("cudnn", "skipped")  # no cuDNN on a CPU
+    assert "sdpa backend 'cudnn' cannot run these inputs" in r["error"]
+
+
 def test_oom_then_longer_sequences_are_skipped(db_path, monkeypatch):
     real_run = attention_exp.run
 
@@ -166,7 +175,7 @@ BAD = [
     (["--dtype", "fp8"], "--dtype"),
     (["--timer", "do-bench"], "needs CUDA"),
     (["--timer", "stopwatch"], "--timer"),
-    (["--sdpa-backend", "cudnn"], "--sdpa-backend"),
+    (["--sdpa-backend", "fastest"], "--sdpa-backend"),
     (["--impl", "flash-torch", "--d-head", "8"], "head dims 16 to 128"),
     (["--iters", "0"], "--iters must be positive"),
     (["--seq", "-4"], "must be positive"),

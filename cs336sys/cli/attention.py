@@ -51,7 +51,7 @@ def attention(
         ),
     ] = None,
     sdpa_backend: Annotated[
-        str, typer.Option(help="For --impl sdpa: auto, flash, efficient or math.")
+        str, typer.Option(help="For --impl sdpa: auto, flash, efficient, math or cudnn.")
     ] = "auto",
     preset: Annotated[
         str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")

@@ -172,7 +172,7 @@ def profile_attention(
         int | None, typer.Option(help="Profiled (measured) calls. [default: 100]")
     ] = None,
     sdpa_backend: Annotated[
-        str, typer.Option(help="For --impl sdpa: auto, flash, efficient or math.")
+        str, typer.Option(help="For --impl sdpa: auto, flash, efficient, math or cudnn.")
     ] = "auto",
     preset: Annotated[
         str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")

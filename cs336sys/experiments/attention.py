@@ -39,7 +39,7 @@ from cs336sys.bench.sweep import (
 DTYPES = tuple(PRECISIONS)
 PASSES = ("forward", "backward", "both")
 TIMERS = ("loop", "do-bench")
-SDPA_BACKENDS = ("auto", "flash", "efficient", "math")
+SDPA_BACKENDS = ("auto", "flash", "efficient", "math", "cudnn")
 # Implementations whose kernels support only these head dims (the contract).
 FLASH_IMPLS = ("flash-torch", "triton")
 FLASH_D_RANGE = (16, 128)
@@ -206,6 +206,8 @@ def _sdpa_context(spec: AttentionSpec):
         "flash": SDPBackend.FLASH_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,
         "math": SDPBackend.MATH,
+        # cuDNN's fused attention (torch >= 2.4), the fastest SDPA backend on Hopper
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
     }[spec.sdpa_backend]
     return sdpa_kernel(backend)
 
