@@ -101,3 +101,24 @@ def test_resolve_device_on_cpu():
             resolve_device("cuda:0")
     with pytest.raises(ValueError, match="unknown device"):
         resolve_device("tpu")
+
+
+def test_a_phase_is_launch_bound_when_its_host_time_is_most_of_its_wall_time():
+    from cs336sys.bench.timing import LAUNCH_BOUND, launch_bound, launch_metrics
+
+    assert LAUNCH_BOUND == 0.9
+    assert launch_bound(9.0, 10.0, "cuda:0") is True  # the GPU waited for the host
+    assert launch_bound(8.9, 10.0, "cuda:0") is False
+    assert launch_bound(10.0, 10.0, "cpu") is None  # synchronous: host time is wall time
+    assert launch_bound(None, 10.0, "cuda:0") is None
+    samples = {"fwd_ms": [10.0, 12.0], "fwd_host_ms": [9.8, 10.6],  # 10.2 of 11: bound
+               "bwd_ms": [20.0, 20.0], "bwd_host_ms": [2.0, 2.0],
+               "opt_ms": [5.0], "opt_host_ms": [4.9]}  # fmt: skip
+    got = launch_metrics(samples, ("fwd", "bwd", "opt", "comm"), "cuda:0")
+    assert got == {"fwd_host_ms_mean": pytest.approx(10.2), "bwd_host_ms_mean": 2.0,
+                   "opt_host_ms_mean": 4.9, "launch_bound": True,
+                   "launch_bound_phases": "fwd,opt"}  # fmt: skip
+    on_cpu = launch_metrics(samples, ("fwd",), "cpu")
+    assert on_cpu["launch_bound"] is None and on_cpu["launch_bound_phases"] is None
+    none = launch_metrics({"fwd_ms": [1.0]}, ("fwd",), "cuda:0")  # do_bench: no host times
+    assert none == {"launch_bound": None, "launch_bound_phases": None}

@@ -75,3 +75,19 @@ def test_real_oom_is_a_row_and_the_sweep_goes_on(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert [(r["size"], r["status"]) for r in _rows(db)] == [("10B", "oom"), ("tiny", "ok")]
+
+
+def test_small_bf16_train_is_launch_bound_and_2_7b_fp32_is_not(tmp_path):
+    """On an H100 small's bf16 step takes 13-18 ms of wall time for about 6 ms of kernels:
+    the host launches slower than the GPU runs. 2.7B in fp32 keeps the GPU busy."""
+    db = tmp_path / "r.db"
+    for size, precision in (("small", "bf16"), ("2.7B", "fp32")):
+        result = runner.invoke(app, ["model", "--size", size, "--precision", precision,
+                                     "--mode", "train", "--batch-size", "4", "--context-length",
+                                     "512", "--device", "cuda", "--warmup", "3", "--steps", "5",
+                                     "--db", str(db)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    small, big = _rows(db)
+    assert small["launch_bound"] == 1 and small["launch_bound_phases"]
+    assert big["launch_bound"] == 0 and big["launch_bound_phases"] == ""
+    assert 0 < big["fwd_host_ms_mean"] < big["fwd_ms_mean"]

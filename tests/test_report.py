@@ -236,3 +236,27 @@ def test_tick_labels_are_plain_numbers():
     assert [short(v) for v in (0, 0.25, 128, 16384, 65536, 1e5, 1.5e6, 2e9)] == [
         "0", "0.25", "128", "16384", "65536", "100k", "1.5M", "2G"
     ]  # fmt: skip
+
+
+def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_measured():
+    """The printed and the report's tables: std/mean above 10 % adds the median and a note;
+    the host-bound column (CUDA only) is left out where no point has it."""
+    from cs336sys.experiments import model
+    from cs336sys.report.tables import point_table
+
+    def row(step, std, phases=None):
+        s = {"size": "small", "context_length": 512, "precision": "bf16", "batch_size": step}
+        return {**s, "mode": "train", "status": "ok", "_settings": s, "gpu": "H100",
+                "step_ms_mean": step, "step_ms_std": std, "step_ms_median": step - 1,
+                "launch_bound_phases": phases}  # fmt: skip
+
+    steady, spiky = row(20.0, 1.0), row(20.0, 5.0, "fwd,bwd")
+    t = point_table(model.TABLE, [steady, spiky])
+    step = t.headers.index("step ms")
+    assert t.rows[0][step] == "20 ± 1"
+    assert t.rows[1][step] == "20 ± 5 (median 19, noisy)"
+    assert t.rows[1][t.headers.index("host-bound")] == "fwd,bwd"
+    assert "noisy: the std is more than 10 % of the mean" in t.note
+    assert "host-bound: the phases whose host time" in t.note
+    t = point_table(model.TABLE, [steady])
+    assert "host-bound" not in t.headers and "noisy" not in t.note and "host-bound" not in t.note

@@ -69,8 +69,11 @@ def test_a_step_times_every_phase_and_the_data_does_not_depend_on_the_device():
     seen = []
     times = step(phase=lambda name: _record(seen, name))
     assert seen == ["forward", "backward", "optimizer"]
-    assert set(times) == {"fwd_ms", "bwd_ms", "opt_ms", "step_ms"}
+    assert set(times) == {"fwd_ms", "bwd_ms", "opt_ms", "step_ms", "fwd_host_ms", "bwd_host_ms",
+                          "opt_host_ms"}  # fmt: skip
     assert times["step_ms"] >= times["fwd_ms"] + times["bwd_ms"] + times["opt_ms"]
+    # the host time is the part of the phase until its calls returned, before the sync
+    assert all(0 < times[f"{p}_host_ms"] <= times[f"{p}_ms"] for p in ("fwd", "bwd", "opt"))
     assert step.logits_dtype == "float32" and step.last_loss.requires_grad is False
     assert all(p.grad is None for p in step.model.parameters())  # zero_grad(set_to_none)
 

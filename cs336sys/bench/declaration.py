@@ -44,6 +44,17 @@ def timing(base: str, meaning: str, unit: str = "ms") -> tuple[Metric, ...]:
     return tuple(Metric(f"{base}_{s}", unit, f"{meaning}, {s} of the timed samples") for s in STATS)
 
 
+def launch(phases: tuple[str, ...]) -> tuple[Metric, ...]:
+    """The host-time metrics of timed phases (bench/timing.py, launch-bound)."""
+    return (
+        *(Metric(f"{p}_host_ms_mean", "ms", f"host time of the {p} phase until its calls "
+                 "returned, before the sync, mean") for p in phases),  # fmt: skip
+        Metric("launch_bound", "", "CUDA: some phase's host time was at least 90 % of its "
+               "wall time (None elsewhere)"),  # fmt: skip
+        Metric("launch_bound_phases", "", "CUDA: the launch-bound phases, e.g. fwd,bwd"),
+    )
+
+
 @dataclass(frozen=True)
 class Column:
     """A column of a point table. The cell is the row's `key` (a setting or metric), or
@@ -62,6 +73,8 @@ class Column:
     setting: bool = False  # shows the point's identity (never replaced by OOM/error)
     ratio: Ratio | None = None
     covers: tuple[str, ...] = ()  # further settings this column shows (a label of several)
+    optional: bool = False  # left out of a table where no row has a value for it
+    note: str = ""  # added to the table's note where the column is shown
 
 
 @dataclass(frozen=True)
@@ -160,3 +173,14 @@ def catalog() -> tuple[Experiment, ...]:
 
 def by_kind() -> dict[str, Experiment]:
     return {e.kind: e for e in catalog()}
+
+
+HOST_BOUND = Column(
+    "host-bound",
+    "launch_bound_phases",
+    optional=True,
+    note="host-bound: the phases whose host time (until their calls returned, before the "
+    "sync) was at least 90 % of their wall time on the GPU, so the GPU waited for Python and "
+    "kernel launches and the time is the host's. A larger batch, torch.compile or CUDA "
+    "graphs help; faster kernels do not.",
+)

@@ -1,4 +1,12 @@
-"""Timers: a host loop with a device sync around every call, or Triton's do_bench."""
+"""Timers: a host loop with a device sync around every call, or Triton's do_bench; and the
+launch-bound rule.
+
+A call on CUDA returns as soon as its kernels are queued; the sync then waits for the GPU.
+The host time (until the call returns) beside the synced wall time says who waited for
+whom: when the host time is most of the wall time, the GPU was starved by Python and kernel
+launches, and the point measures the host, not the GPU. Larger batches, torch.compile or
+CUDA graphs help such a point; faster kernels do not.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,35 @@ from typing import Any
 
 from cs336sys.bench.device import synchronize
 
+# A phase whose host time is at least this share of its wall time is launch-bound.
+LAUNCH_BOUND = 0.9
+
+
+def launch_bound(host_ms: float | None, wall_ms: float | None, device: str) -> bool | None:
+    """Whether a phase was launch-bound: only on CUDA (elsewhere work is synchronous and the
+    host time is the wall time), None without both times."""
+    if not device.startswith("cuda") or host_ms is None or not wall_ms:
+        return None
+    return host_ms >= LAUNCH_BOUND * wall_ms
+
+
+def launch_metrics(samples: dict[str, list[float]], phases: tuple[str, ...], device: str) -> dict[str, Any]:  # fmt: skip
+    """From samples {<phase>_ms: [...], <phase>_host_ms: [...]}: `<phase>_host_ms_mean` per
+    phase, `launch_bound` (any phase; None off CUDA) and `launch_bound_phases` ("fwd,bwd")."""
+    out: dict[str, Any] = {}
+    bound = []
+    for phase in phases:
+        host, wall = samples.get(f"{phase}_host_ms"), samples.get(f"{phase}_ms")
+        if not host or not wall:
+            continue
+        out[f"{phase}_host_ms_mean"] = sum(host) / len(host)
+        if launch_bound(out[f"{phase}_host_ms_mean"], sum(wall) / len(wall), device):
+            bound.append(phase)
+    cuda = device.startswith("cuda") and any(f"{p}_host_ms_mean" in out for p in phases)
+    out["launch_bound"] = bool(bound) if cuda else None
+    out["launch_bound_phases"] = ",".join(bound) if cuda else None
+    return out
+
 
 def time_loop(
     fn: Callable[..., Any],
@@ -15,12 +52,14 @@ def time_loop(
     iters: int,
     device: str,
     setup: Callable[[], Any] | None = None,
+    host: list[float] | None = None,
 ) -> list[float]:
     """Milliseconds of `iters` calls after `warmup` untimed ones.
 
     `setup()` runs untimed before each call and its result is passed to `fn` (e.g. a forward
     pass whose output the timed backward consumes). The device is synchronised before the
-    clock starts and before it stops, so the time is the device's, not the launch's.
+    clock starts and before it stops, so the time is the device's, not the launch's. `host`,
+    when given, gets each timed call's host time (until it returned, before the sync).
     """
     samples = []
     for i in range(warmup + iters):
@@ -28,9 +67,12 @@ def time_loop(
         synchronize(device)
         t0 = time.perf_counter()
         fn(arg) if setup is not None else fn()
+        returned = time.perf_counter()
         synchronize(device)
         if i >= warmup:
             samples.append((time.perf_counter() - t0) * 1e3)
+            if host is not None:
+                host.append((returned - t0) * 1e3)
     return samples
 
 

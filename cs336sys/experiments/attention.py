@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.bench.declaration import (
+    HOST_BOUND,
     Column,
     Experiment,
     Metric,
     Ratio,
     Table,
+    launch,
     settings_keys,
     timing,
 )
@@ -230,7 +232,7 @@ def run(spec: AttentionSpec) -> Result:
     from cs336sys.attention import registry
     from cs336sys.attention.reference import attention_reference
     from cs336sys.bench.memory import saved_tensor_bytes
-    from cs336sys.bench.timing import time_do_bench, time_loop
+    from cs336sys.bench.timing import launch_metrics, time_do_bench, time_loop
 
     device = spec.device
     on_cuda = device.startswith("cuda")
@@ -295,8 +297,11 @@ def run(spec: AttentionSpec) -> Result:
         if on_cuda:  # the peak is that of the timed passes: inputs, activations, gradients
             torch.cuda.reset_peak_memory_stats(device)
 
+        # The loop timer also keeps each call's host time (until it returned, before the
+        # sync), for the launch-bound flag; do_bench times with CUDA events only.
+        host: dict[str, list[float]] = {}
         if spec.passes in ("forward", "both"):
-            samples["fwd_ms"] = _time(spec, forward, time_loop, time_do_bench, (q, k, v))
+            samples["fwd_ms"] = _time(spec, forward, (q, k, v), host.setdefault("fwd_host_ms", []))
         if backward:
             if spec.timer == "do-bench":
                 out = fresh_forward()
@@ -307,12 +312,11 @@ def run(spec: AttentionSpec) -> Result:
             else:
                 samples["bwd_ms"] = time_loop(
                     lambda out: out.backward(dout), spec.warmup, spec.iters, device,
-                    setup=fresh_forward,
+                    setup=fresh_forward, host=host.setdefault("bwd_host_ms", []),
                 )  # fmt: skip
         if spec.passes == "both":
-            samples["e2e_ms"] = _time(
-                spec, lambda: fresh_forward().backward(dout), time_loop, time_do_bench, (q, k, v)
-            )
+            samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout), (q, k, v),
+                                      host.setdefault("e2e_host_ms", []))  # fmt: skip
 
     fwd = flops_forward(spec)
     flops = {"fwd": fwd, "bwd": 2.5 * fwd, "e2e": 3.5 * fwd}
@@ -323,13 +327,16 @@ def run(spec: AttentionSpec) -> Result:
         metrics[f"tflops_{short}"] = flops[short] / (stats["median"] / 1e3) / 1e12
     metrics.update(flops_fwd=flops["fwd"], flops_bwd=flops["bwd"], flops_e2e=flops["e2e"])
     metrics["peak_bytes"] = torch.cuda.max_memory_allocated(device) if on_cuda else None
-    return Result("ok", metrics=metrics, samples=samples)
+    metrics.update(launch_metrics({**samples, **host}, ("fwd", "bwd", "e2e"), device))
+    return Result("ok", metrics=metrics, samples={**samples, **{k: v for k, v in host.items() if v}})
 
 
-def _time(spec, fn, time_loop, time_do_bench, grads) -> list[float]:
+def _time(spec, fn, grads, host: list[float]) -> list[float]:
+    from cs336sys.bench.timing import time_do_bench, time_loop
+
     if spec.timer == "do-bench":
         return time_do_bench(fn, grad_to_none=list(grads))
-    return time_loop(fn, spec.warmup, spec.iters, spec.device)
+    return time_loop(fn, spec.warmup, spec.iters, spec.device, host=host)
 
 
 def _interpreted(impl: str) -> bool:
@@ -383,6 +390,7 @@ TABLE = Table(
         Column("TFLOP/s", cell=_tflops, fmt="num"),
         Column("max err", cell=_max_err, fmt="sci"),
         Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"}, ("impl", "sdpa_backend"))),
+        HOST_BOUND,
     ),
     note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "
     "a float32 reference. vs naive: naive's time over this one at the same shape.",
@@ -413,6 +421,7 @@ EXPERIMENT = Experiment(
         Metric("max_err_grad", "", "max error of dQ, dK, dV against the reference"),
         Metric("interpreted", "", "Triton ran in its CPU interpreter"),
         Metric("sdpa_backend_used", "", "the SDPA backend torch's dispatcher chose"),
+        *launch(("fwd", "bwd", "e2e")),
     ),
     tables=(TABLE,),
     compare="e2e_ms",

@@ -35,11 +35,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cs336sys.bench.declaration import (
+    HOST_BOUND,
     Column,
     Experiment,
     Metric,
     Ratio,
     Table,
+    launch,
     settings_keys,
     timing,
 )
@@ -192,6 +194,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.bench.live_tensors import LiveTensorTracker
     from cs336sys.bench.memory import CudaProbe, TrackerProbe
+    from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments import ddp_setup
     from cs336sys.experiments.step import Step, make_model
     from cs336sys.parallel.comm_counter import CommCounter
@@ -238,11 +241,15 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         if tracker is not None:
             tracker.__exit__(None, None, None)
 
-    times: dict[str, list[float]] = {p: [] for p in PHASES}
+    times: dict[str, list[float]] = {p: [] for p in PHASES}  # and <phase>_host
     for _ in range(spec.steps):
         for phase, ms in step().items():
-            times[phase.removesuffix("_ms")].append(ms)
+            times.setdefault(phase.removesuffix("_ms"), []).append(ms)
         losses.append(step.last_loss)
+    # this rank's host time per phase against its wall time (bench/timing.py), before the
+    # exposed communication of torch's DDP and FSDP2 replaces the comm phase below
+    host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},
+                                ("fwd", "bwd", "comm", "opt"), ctx.device)  # fmt: skip
 
     if spec.impl in ("torch", "torch-fsdp"):
         # Backward without gradient reduction, to see how much of backward was waiting on it.
@@ -283,6 +290,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         loss_first=float(losses[0]),
         loss_last=float(losses[-1]),
     )
+    metrics.update(host_bound)  # rank 0's
     samples = {"ranks": [r["times"] for r in per_rank], "loss": [float(v) for v in losses]}
     return Result("ok", metrics=metrics, samples=samples)
 
@@ -358,6 +366,7 @@ TABLE = Table(
                                        {"impl": "torch", "optimizer_sharding": "none"},
                                        ("impl", "bucket_mb", "optimizer_sharding"),
                                        speedup=False)),  # fmt: skip
+        HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication. Memory is rank 0's. "
     "vs torch: step time over torch DDP's at the same world size and precision.",
@@ -400,6 +409,7 @@ EXPERIMENT = Experiment(
         Metric("param_max_diff", "", "largest difference of a replicated weight between ranks"),
         Metric("loss_first", "", "loss of the first step (rank 0)"),
         Metric("loss_last", "", "loss of the last timed step (rank 0)"),
+        *launch(("fwd", "bwd", "comm", "opt")),
     ),
     tables=(TABLE,),
     compare="step_ms",

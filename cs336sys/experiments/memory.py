@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
+from cs336sys.bench.declaration import (
+    HOST_BOUND,
+    Column,
+    Experiment,
+    Metric,
+    Table,
+    launch,
+    settings_keys,
+    timing,
+)
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, choices
@@ -155,6 +164,7 @@ def run(spec: MemorySpec) -> Result:
     from cs336sys.bench.memory import CudaProbe, TrackerProbe, optimizer_tensors
     from cs336sys.bench.saved_tensors import saved_bytes_excluding
     from cs336sys.bench.timeline import cuda_memory_history, draw_timeline
+    from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments.step import make_model, make_step, run_steps
 
     m = spec.model
@@ -278,6 +288,7 @@ def run(spec: MemorySpec) -> Result:
         snapshot_png=str(png) if png else None,
         snapshot_pickle=str(pickle) if pickle else None,
     )
+    metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
     return Result("ok", metrics=metrics, samples={**timed, "warmup": warm})
 
 
@@ -319,6 +330,7 @@ TABLE = Table(
         Column("activations MiB (analytic)", "act_bytes_analytic", "mib"),
         Column("step ms", "step_ms", "mean_std"),
         Column("peak", cell=lambda r: "<- lowest" if r.get("lowest_peak") else ""),
+        HOST_BOUND,
     ),
     note="Peaks are those of one measured step after the timed ones; 'saved' is what autograd "
     "keeps for backward. '<- lowest' marks the lowest peak among points that differ only "
@@ -361,6 +373,7 @@ EXPERIMENT = Experiment(
         Metric("loss_first", "", "loss of the first step"),
         Metric("snapshot_png", "", "the timeline PNG written with --snapshot"),
         Metric("snapshot_pickle", "", "CUDA: the memory_viz pickle written with --snapshot"),
+        *launch(("fwd", "bwd", "opt")),
     ),
     tables=(TABLE,),
     compare="peak_bytes",

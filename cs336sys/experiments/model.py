@@ -14,7 +14,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
+from cs336sys.bench.declaration import (
+    HOST_BOUND,
+    Column,
+    Experiment,
+    Metric,
+    Table,
+    launch,
+    settings_keys,
+    timing,
+)
 from cs336sys.bench.dtypes import PRECISIONS
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
@@ -146,6 +155,7 @@ def run(spec: ModelSpec) -> Result:
 
     from cs336sys.bench.device import device_name, peak_tflops
     from cs336sys.bench.nvtx import nvtx_enabled
+    from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments.step import make_model, make_step, run_steps
     from cs336sys.models.flops import step_flops
 
@@ -186,6 +196,7 @@ def run(spec: ModelSpec) -> Result:
         loss_first=losses[0],
         loss_last=losses[-1],
     )
+    metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), spec.device))
     return Result("ok", metrics=metrics, samples={**timed, "loss": losses, "warmup": warm})
 
 
@@ -210,6 +221,7 @@ TABLE = Table(
         Column("tokens/s", "tokens_per_s", "num"),
         Column("TFLOP/s", "tflops", "num"),
         Column("MFU", "mfu", "pct"),
+        HOST_BOUND,
     ),
     note="MFU is shown only where the GPU's peak is known.",
 )
@@ -238,6 +250,7 @@ EXPERIMENT = Experiment(
         Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
         Metric("loss_first", "", "loss of the first (warm-up) step"),
         Metric("loss_last", "", "loss of the last timed step"),
+        *launch(("fwd", "bwd", "opt")),
     ),
     tables=(TABLE,),
     compare="step_ms",

@@ -83,7 +83,8 @@ def make_batch(seed: int, batch_size: int, context_length: int, vocab_size: int)
 @dataclass
 class Step:
     """A model ready to step. Call it to run one step; it returns each phase's milliseconds
-    ({fwd,bwd,comm,opt,step}_ms, for the phases this step has)."""
+    ({fwd,bwd,comm,opt,step}_ms, for the phases this step has) and each phase's host time
+    ({fwd,...}_host_ms, until its calls returned)."""
 
     model: Any  # whose gradients zero_grad clears when there is no optimizer
     forward_module: Any  # what the forward calls: the model, compiled, or wrapped (DDP, FSDP)
@@ -162,14 +163,18 @@ class Step:
 @contextlib.contextmanager
 def timed_phase(device: str, short: str, times: dict[str, float], phase: Callable) -> Iterator[None]:
     """Time one phase into `times[f"{short}_ms"]`, inside `phase(name)`, ending with a device
-    sync inside the range so that the phase's kernels finish within it."""
+    sync inside the range so that the phase's kernels finish within it; the host time until
+    the phase's calls returned, before the sync, goes into `times[f"{short}_host_ms"]`
+    (bench/timing.py, launch-bound)."""
     from cs336sys.bench.device import synchronize
 
     t0 = time.perf_counter()
     with phase(PHASES[short]):
         yield
+        host = time.perf_counter()
         synchronize(device)
     times[f"{short}_ms"] = (time.perf_counter() - t0) * 1e3
+    times[f"{short}_host_ms"] = (host - t0) * 1e3
 
 
 def make_step(

@@ -57,12 +57,32 @@ _FORMATS = {
 }
 
 
+# A timed quantity whose std is more than this share of its mean is noisy: its mean is not a
+# figure to quote alone, so its median is shown beside it.
+NOISY = 0.10
+NOISY_NOTE = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
+              "median stands beside the mean.")  # fmt: skip
+
+
+def noisy(row: Row, base: str) -> bool:
+    """Whether the timed quantity `base` (its `_mean`, `_std`) of an ok row is noisy."""
+    mean, std = row.get(f"{base}_mean"), row.get(f"{base}_std")
+    return row.get("status") == "ok" and bool(mean) and std is not None and std / mean > NOISY
+
+
+def value(column: Column, row: Row) -> Any:
+    return column.cell(row) if column.cell is not None else row.get(column.key)
+
+
 def cell(column: Column, row: Row) -> str:
     """One cell, without the ratio columns (see `cells`)."""
     if column.fmt == "mean_std":
-        return mean_std(row, f"{column.key}_mean", f"{column.key}_std")
-    value = column.cell(row) if column.cell is not None else row.get(column.key)
-    formatted = _FORMATS[column.fmt](value)
+        text = mean_std(row, f"{column.key}_mean", f"{column.key}_std")
+        median = row.get(f"{column.key}_median")
+        if noisy(row, column.key) and median is not None:
+            text += f" (median {num(median)}, noisy)"
+        return text
+    formatted = _FORMATS[column.fmt](value(column, row))
     return formatted if column.setting else status_or(row, formatted)
 
 
@@ -108,7 +128,8 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
     of stored runs per point (`_n`, see sections.latest) and with `status` a status column
     after the settings (the command's printout)."""
     rows = matching(declared, rows)
-    columns = list(declared.columns)
+    columns = [c for c in declared.columns
+               if not c.optional or any(value(c, r) is not None for r in rows)]  # fmt: skip
     if status:
         at = max((i + 1 for i, c in enumerate(columns) if c.setting), default=0)
         columns.insert(at, _STATUS)
@@ -121,7 +142,10 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
 
     heads = [c.header for c in columns] + (["n"] if counts else [])
     t = with_gpu(rows, heads, cells, shown=shown(declared))
-    t.title, t.note = declared.title, declared.note
+    notes = [declared.note, *(c.note for c in columns if c.note)]
+    if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
+        notes.append(NOISY_NOTE)
+    t.title, t.note = declared.title, " ".join(n for n in notes if n)
     return t
 
 
