@@ -220,3 +220,22 @@ def test_rejects_bad_inputs(q_shape, kv_shape, kv_dtype, message):
 
 def test_registered_as_triton():
     assert registry.get("triton") is flash_attention_triton
+
+
+def test_pinned_tiles_are_the_first_candidate_that_fits_the_call():
+    """What the GPU tests run instead of autotuning (flash_triton.pinned_tiles)."""
+
+    def pinned(name, dtype, d, n):
+        named = {"BLOCK_D": d, "Q": torch.empty(1, dtype=dtype), "N_Q": n, "N_K": n}
+        return flash_triton.pinned_config(name, named)
+
+    wide = pinned("fwd", torch.bfloat16, 64, 16384)
+    assert (wide.kwargs, wide.num_warps) == ({"Q_TILE": 128, "K_TILE": 128}, 8)
+    assert wide in flash_triton.FWD_CONFIGS
+    short = pinned("fwd", torch.bfloat16, 64, 40)  # no tile longer than the sequence
+    assert max(short.kwargs.values()) <= 64 and short in flash_triton.FWD_CONFIGS
+    assert pinned("dq", torch.float32, 128, 4096) in flash_triton.FP32_CONFIGS
+    assert flash_triton._AUTOTUNE.get() is True
+    with flash_triton.pinned_tiles():
+        assert flash_triton._AUTOTUNE.get() is False
+    assert flash_triton._AUTOTUNE.get() is True

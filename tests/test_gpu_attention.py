@@ -1,6 +1,13 @@
-"""Attention on CUDA (marked gpu: skipped without CUDA, run on a lent GPU)."""
+"""Attention on CUDA (marked gpu: skipped without CUDA, run on a lent GPU).
 
-import sqlite3
+Fast on purpose: every gpu test together should take under two minutes of an H100. Autotuning
+compiles and times every fitting tile candidate for every new shape (320 s for the earlier
+version of this file), and flash-torch's compiled backward compiles per shape. Here the
+Triton kernels run pinned tiles (flash_triton.pinned_tiles) and flash-torch's backward runs
+eagerly (the same function, uncompiled); one test keeps each of autotuning and the compiled
+backward. The cases cover every dtype, causal and not, odd lengths and head dims 16 to 128
+pairwise rather than as a full product.
+"""
 
 import pytest
 import torch
@@ -8,22 +15,43 @@ from typer.testing import CliRunner
 
 from cs336sys.cli import app
 from tests.attention_ref import assert_close, make_inputs, reference, torch_error
+from tests.conftest import view_rows
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("fast_kernels")]
 runner = CliRunner()
+rows = view_rows("attention_runs")
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+CASES = [  # (shape, dtype, causal): each dtype, both maskings, d 16, 64, 80, 128, odd lengths
+    ((2, 300, 64), F32, True),
+    ((2, 300, 64), BF16, False),
+    ((1, 4, 1000, 128), F16, True),
+    ((1, 4, 1000, 128), BF16, True),
+    ((2, 2, 257, 80), F32, False),
+    ((2, 2, 257, 80), F16, False),
+    ((1, 2, 129, 16), BF16, True),
+    ((1, 2, 129, 16), F32, True),
+]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("shape", [(2, 300, 64), (1, 4, 1000, 128), (2, 2, 257, 80)])
-def test_flash_kernels_on_cuda_match_float64(dtype, causal, shape):
+@pytest.fixture
+def fast_kernels(monkeypatch):
+    from cs336sys.attention import flash_triton
+
+    monkeypatch.setenv("CS336SYS_FLASH_TORCH_COMPILE", "0")
+    with flash_triton.pinned_tiles():
+        yield
+
+
+def check_both(shape, dtype, causal, impls=None):
+    """FlashAttention2Torch and FlashAttention2Triton against float64: O, dQ, dK, dV."""
     from cs336sys.attention import FlashAttention2Torch, FlashAttention2Triton
 
     q, k, v, do = make_inputs(shape, shape, dtype, device="cuda")
     ref = reference(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal)
     ref = {n: t.cuda() for n, t in ref.items()}
     err = None if dtype == torch.float32 else torch_error(q, k, v, do, causal, ref)
-    for fn in (FlashAttention2Torch, FlashAttention2Triton):
+    for fn in impls or (FlashAttention2Torch, FlashAttention2Triton):
         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
         o = fn.apply(qq, kk, vv, causal)
         o.backward(do)
@@ -31,31 +59,37 @@ def test_flash_kernels_on_cuda_match_float64(dtype, causal, shape):
         assert_close(got, ref, dtype, err)
 
 
-def test_leaderboard_preset_runs_with_do_bench(tmp_path):
+@pytest.mark.parametrize("shape, dtype, causal", CASES)
+def test_flash_kernels_on_cuda_match_float64(shape, dtype, causal):
+    check_both(shape, dtype, causal)
+
+
+def test_autotuned_triton_kernels_match_float64():
+    """Autotuning on: a short sequence, so the pruner keeps few candidates to compile."""
+    from cs336sys.attention import FlashAttention2Triton, flash_triton
+
+    with flash_triton.pinned_tiles(False):
+        check_both((1, 2, 63, 64), BF16, True, impls=(FlashAttention2Triton,))
+
+
+def test_compiled_flash_torch_backward_matches_float64(monkeypatch):
+    from cs336sys.attention import FlashAttention2Torch
+
+    monkeypatch.setenv("CS336SYS_FLASH_TORCH_COMPILE", "1")
+    check_both((1, 2, 257, 64), BF16, True, impls=(FlashAttention2Torch,))
+
+
+def test_leaderboard_preset_runs_with_do_bench_and_sdpa_backends_by_name(tmp_path):
     db = tmp_path / "r.db"
-    result = runner.invoke(
-        app,
-        [
-            "attention",
-            "--preset",
-            "leaderboard",
-            "--impl",
-            "triton,sdpa",
-            "--sdpa-backend",
-            "flash",
-            "--db",
-            str(db),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    conn = sqlite3.connect(db)
-    got = conn.execute(
-        "SELECT impl, status, timer, interpreted, sdpa_backend_used, max_err_grad, "
-        "e2e_ms FROM attention_runs ORDER BY created"
-    ).fetchall()
-    assert [(g[0], g[1], g[2], g[3]) for g in got] == [
-        ("triton", "ok", "do-bench", 0),
-        ("sdpa", "ok", "do-bench", 0),
+    for impl, backend in (("triton,sdpa", "flash"), ("sdpa", "cudnn")):
+        result = runner.invoke(app, ["attention", "--preset", "leaderboard", "--impl", impl,
+                                     "--sdpa-backend", backend, "--db", str(db)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    got = [(r["impl"], r["status"], r["timer"], r["interpreted"], r["sdpa_backend_used"])
+           for r in rows(db)]  # fmt: skip
+    assert got == [
+        ("triton", "ok", "do-bench", 0, None),
+        ("sdpa", "ok", "do-bench", 0, "flash"),
+        ("sdpa", "ok", "do-bench", 0, "cudnn"),
     ]
-    assert got[1][4] == "flash"
-    assert all(g[5] < 0.05 and g[6] > 0 for g in got)
+    assert all(r["max_err_grad"] < 0.05 and r["e2e_ms_mean"] > 0 for r in rows(db))

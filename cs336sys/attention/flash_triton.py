@@ -28,9 +28,13 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -228,11 +232,42 @@ def _autotuned(name: str):
     )(_KERNELS[name])
 
 
+# Autotuning compiles and times every fitting candidate for every new shape: the GPU tests
+# spent 320 s of an H100 on it. Where the tiles are not what is being measured (tests, quick
+# checks) they can be pinned: each kernel then runs the first candidate that fits the call,
+# in the order of the lists above (`pinned_tiles()`, or CS336SYS_TRITON_AUTOTUNE=0).
+_AUTOTUNE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cs336sys_triton_autotune", default=os.environ.get("CS336SYS_TRITON_AUTOTUNE", "1") != "0"
+)
+
+
+@contextlib.contextmanager
+def pinned_tiles(pinned: bool = True) -> Iterator[None]:
+    """Inside, the kernels run pinned tiles instead of autotuning (on CUDA)."""
+    token = _AUTOTUNE.set(not pinned)
+    try:
+        yield
+    finally:
+        _AUTOTUNE.reset(token)
+
+
+def pinned_config(name: str, named_args: dict) -> Any:
+    """The config kernel `name` runs with pinned tiles: the first candidate the pruner keeps
+    for these arguments (their head dim, dtype and sequence lengths)."""
+    return _pruner(_TUNING[name])(None, named_args)[0]
+
+
 def _launch(name: str, grid, *args, **constexprs) -> None:
-    """Launch kernel `name`: fixed 16 x 16 tiles in the interpreter, autotuned on CUDA."""
+    """Launch kernel `name`: fixed 16 x 16 tiles in the interpreter, autotuned (or pinned)
+    on CUDA."""
+    kernel = _KERNELS[name]
     if INTERPRETED:
         q_tile, k_tile = INTERPRETER_TILES
-        _KERNELS[name][grid](*args, **constexprs, Q_TILE=q_tile, K_TILE=k_tile)
+        kernel[grid](*args, **constexprs, Q_TILE=q_tile, K_TILE=k_tile)
+    elif not _AUTOTUNE.get():
+        cfg = pinned_config(name, {**dict(zip(kernel.arg_names, args, strict=False)), **constexprs})
+        kernel[grid](*args, **constexprs, **cfg.kwargs, num_warps=cfg.num_warps,
+                     num_stages=cfg.num_stages)  # fmt: skip
     else:
         _autotuned(name)[grid](*args, **constexprs)
 
