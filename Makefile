@@ -12,7 +12,7 @@ DEMO_REPORT ?= reports/demo
 # When this make started (UTC): the demo's report covers what the demo itself ran.
 DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
 
-.PHONY: install test demo lint bench clean-venv browser
+.PHONY: install test demo lint bench clean-venv browser gpu-check wheels
 
 install: $(STAMP)
 
@@ -97,6 +97,26 @@ bench: $(STAMP)
 	$(PY) benchmarks/memory_cpu.py
 	$(PY) benchmarks/sharding_cpu.py
 	$(PY) benchmarks/report_speed.py
+
+# On a GPU host where torch and Triton are installed and nothing can be downloaded (README,
+# "On a GPU"): the checkout runs as it is, with the system's Python, and sqlite-utils and the
+# two packages it needs that such hosts lack arrive as wheels in $(WHEELS), made beforehand by
+# `make wheels` on a machine that reaches the registry.
+GPU_PYTHON ?= python3
+WHEELS ?= .whl
+GPU_SITE ?= /tmp/cs336sys-site
+GPU_WHEELS := sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
+
+gpu-check:
+	@if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
+		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade \
+			--target $(GPU_SITE) $(WHEELS)/*.whl; \
+	fi
+	@PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+wheels: $(STAMP)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d $(WHEELS) \
+		$(GPU_WHEELS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -322,6 +322,7 @@ TABLE = Table(
         Column("mode", "mode", setting=True),
         Column("precision", "precision", setting=True),
         Column("ckpt", "checkpoint", setting=True),
+        Column("optimizer", "optimizer", setting=True),
         Column("peak MiB", "peak_bytes", "mib"),
         Column("fwd peak MiB", "fwd_peak_bytes", "mib"),
         Column("bwd peak MiB", "bwd_peak_bytes", "mib"),

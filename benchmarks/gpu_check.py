@@ -1,0 +1,185 @@
+"""`make gpu-check`: everything cs336sys knows to check on a GPU, in one command.
+
+For a machine where torch and Triton are installed already and nothing can be downloaded
+(README, "On a GPU"). In order:
+
+1. every `gpu`-marked test (pytest -m gpu; target: under 120 s on an H100);
+2. the reference set, each step a `cs336sys` command into one results store:
+   - triton against SDPA (cuDNN where SDPA picks it) over head dims 16..128 and sequences
+     1k..64k, bf16, causal, 16 heads, do_bench;
+   - the leaderboard shape: triton and naive, then SDPA's cuDNN and flash backends by name;
+   - the model sweep small..2.7B x fp32/bf16 x forward/forward-backward/train at context 512;
+   - memory for xl at context 128 and 2048;
+   - profile model for small and xl in bf16;
+3. the report of exactly that run, in HTML and markdown, into reports/<gpu>/ (the store is
+   results.db beside it), and one .tar.gz of both to copy off the machine;
+4. a verdict table: each target README sets, the figure measured, met or not.
+
+    python benchmarks/gpu_check.py [--out DIR] [--archive FILE] [--skip-tests]
+
+Exits 2 without CUDA (one line), 1 when a test failed or a step could not run, 0 otherwise
+(a target not met is a finding, shown in the verdict, not a failure of the check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTENTION = ["--impl", "triton,sdpa", "--seq", "1024,4096,16384,65536", "--d-head", "16,32,64,128",
+             "--dtype", "bf16", "--batch", "1", "--heads", "16", "--causal", "--timer", "do-bench"]  # fmt: skip
+LEADERBOARD = ["--preset", "leaderboard"]
+STEPS = [  # (what, cs336sys arguments)
+    ("attention: triton vs SDPA, d 16..128 x seq 1k..64k", ["attention", *ATTENTION]),
+    ("leaderboard: triton and naive", ["attention", *LEADERBOARD, "--impl", "triton,naive"]),
+    ("leaderboard: SDPA cuDNN", ["attention", *LEADERBOARD, "--impl", "sdpa", "--sdpa-backend", "cudnn"]),
+    ("leaderboard: SDPA flash (FlashAttention-2)",
+     ["attention", *LEADERBOARD, "--impl", "sdpa", "--sdpa-backend", "flash"]),
+    ("model: small..2.7B x fp32/bf16 x 3 modes, context 512",
+     ["model", "--size", "small,medium,large,xl,2.7B", "--mode", "forward,forward-backward,train",
+      "--precision", "fp32,bf16", "--context-length", "512", "--warmup", "3", "--steps", "6"]),
+    ("memory: xl at context 128 and 2048",
+     ["memory", "--size", "xl", "--context-length", "128,2048", "--mode", "forward,train",
+      "--precision", "fp32,bf16"]),
+    ("profile model: small and xl, bf16",
+     ["profile", "model", "--size", "small,xl", "--precision", "bf16", "--context-length", "512",
+      "--warmup", "3", "--steps", "5"]),
+]  # fmt: skip
+TESTS_TARGET_S, CHECK_TARGET_S = 120.0, 480.0
+LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # README, "cs336sys attention"
+
+
+def slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (the folder under reports/)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def run(cmd: list[str], log) -> tuple[int, float]:
+    t0 = time.monotonic()
+    print("$ " + " ".join(cmd), file=log, flush=True)
+    rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    return rc, time.monotonic() - t0
+
+
+def one(conn: sqlite3.Connection, sql: str, *params):
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else row[0]
+
+
+def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list[tuple[str, str, str]]:  # fmt: skip
+    """(target, measured, met) rows from the store this check wrote."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    recent = "created >= ?"
+    shape = "seq = 16384 AND d_head = 64 AND heads = 16 AND dtype = 'bf16' AND causal = 1"
+
+    def e2e(where: str):
+        return one(conn, f"SELECT min(e2e_ms_median) FROM attention_runs WHERE status = 'ok' AND "
+                         f"{recent} AND {shape} AND {where}", since)  # fmt: skip
+
+    triton, naive = e2e("impl = 'triton'"), e2e("impl = 'naive'")
+    cudnn = e2e("impl = 'sdpa' AND sdpa_backend_used = 'cudnn'")
+
+    def model(size: str, precision: str, column: str):
+        return one(conn, f"SELECT {column} FROM model_runs WHERE status = 'ok' AND {recent} AND "
+                         "size = ? AND precision = ? AND mode = 'train' ORDER BY created DESC",
+                   since, size, precision)  # fmt: skip
+
+    def profiled(size: str, column: str):
+        return one(conn, f"SELECT {column} FROM profile_runs WHERE status = 'ok' AND {recent} "
+                         "AND size = ? ORDER BY created DESC", since, size)  # fmt: skip
+
+    def ms(x):
+        return "not measured" if x is None else f"{x:.3f} ms"
+
+    def met(ok):
+        return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+    rows = [
+        ("gpu tests under 120 s", "skipped" if tests_s is None else f"{tests_s:.0f} s",
+         met(None if tests_s is None else tests_s < TESTS_TARGET_S)),
+        ("gpu-check under 8 minutes", f"{total_s / 60:.1f} min", met(total_s < CHECK_TARGET_S)),
+        (f"leaderboard: triton fwd+bwd under {LEADERBOARD_MS} ms", ms(triton),
+         met(None if triton is None else triton < LEADERBOARD_MS)),
+        (f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive",
+         "not measured" if None in (triton, naive) else f"{naive / triton:.1f}x",
+         met(None if None in (triton, naive) else naive / triton >= VS_NAIVE)),
+        ("leaderboard: triton faster than SDPA cuDNN in the same run",
+         "not measured" if None in (triton, cudnn) else f"{triton:.3f} vs {cudnn:.3f} ms",
+         met(None if None in (triton, cudnn) else triton < cudnn)),
+    ]  # fmt: skip
+    small, big = model("small", "bf16", "launch_bound"), model("2.7B", "fp32", "launch_bound")
+    rows.append(("small bf16 train (batch 4, context 512) is launch-bound",
+                 str(model("small", "bf16", "launch_bound_phases")), met(None if small is None else small == 1)))  # fmt: skip
+    rows.append(("2.7B fp32 train is not launch-bound", str(model("2.7B", "fp32", "launch_bound_phases")),
+                 met(None if big is None else big == 0)))  # fmt: skip
+    for size in ("small", "xl"):
+        f, b = profiled(size, "fwd_profiled_ms_mean"), profiled(size, "bwd_profiled_ms_mean")
+        rows.append((f"profile {size}: backward kernel time above forward's",
+                     "not measured" if None in (f, b) else f"{b:.1f} vs {f:.1f} ms",
+                     met(None if None in (f, b) else b > f)))  # fmt: skip
+    conn.close()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="report folder [default: reports/<gpu>]")
+    parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
+    parser.add_argument("--skip-tests", action="store_true", help="only the reference set")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("Error: make gpu-check needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    gpu = torch.cuda.get_device_name(0)
+    out = args.out or ROOT / "reports" / slug(gpu)
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "results.db"  # an earlier check's rows stay; the report covers this one only
+    since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    py, t0, failed = sys.executable, time.monotonic(), []
+    with open(out / "gpu-check.log", "a") as log:
+        tests_s = None
+        if not args.skip_tests:
+            rc, tests_s = run([py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], log)
+            print(f"gpu tests: exit {rc}, {tests_s:.0f} s", flush=True)
+            if rc != 0:
+                failed.append("gpu tests")
+        for what, argv in STEPS:
+            rc, secs = run([py, "-m", "cs336sys", *argv, "--db", str(db)], log)
+            print(f"{what}: exit {rc}, {secs:.0f} s", flush=True)
+            if rc not in (0, 1):  # 1: some point stored as error; 2: refused, nothing stored
+                failed.append(what)
+        title = f"{gpu}: make gpu-check"
+        rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", since, "--out",
+                     str(out), "--title", title], log)  # fmt: skip
+        if rc != 0:
+            failed.append("report")
+    total = time.monotonic() - t0
+    rows = verdict(db, tests_s, total, since)
+    table = ["| target | measured | |", "| --- | --- | --- |", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
+    text = "\n".join([f"# make gpu-check on {gpu}", "", *table, ""])
+    (out / "verdict.md").write_text(text)
+    archive = args.archive or out.with_suffix(".tar.gz")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    print(text)
+    print(f"report: {out}/report.html; store: {db}; archive: {archive}")
+    if failed:
+        print(f"failed: {', '.join(failed)} (see {out / 'gpu-check.log'})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
