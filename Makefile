@@ -109,7 +109,7 @@ GPU_WHEELS := sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
 
 gpu-check:
 	@if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
-		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade \
+		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --root-user-action=ignore \
 			--target $(GPU_SITE) $(WHEELS)/*.whl; \
 	fi
 	@PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

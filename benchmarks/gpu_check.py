@@ -130,18 +130,41 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
     return rows
 
 
+# What the checkout needs besides torch and Triton; the GPU hosts lack the first three, which
+# `make wheels` fetches. (numpy comes with torch.)
+NEEDED = ("sqlite_utils", "sqlite_fts4", "click_default_group", "typer", "jinja2", "matplotlib",
+          "tabulate", "pytest")  # fmt: skip
+
+
+def preflight() -> str | None:
+    """Why this machine cannot run the check, in one line; None when it can."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return f"make gpu-check needs torch with CUDA; {sys.executable} has no torch"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "make gpu-check needs a CUDA GPU (torch.cuda.is_available() is False)"
+    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"make gpu-check: {', '.join(missing)} missing; make wheels (where the "
+                "registry is reachable) puts sqlite-utils and its needs in .whl/")  # fmt: skip
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="report folder [default: reports/<gpu>]")
     parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
     parser.add_argument("--skip-tests", action="store_true", help="only the reference set")
     args = parser.parse_args()
+    problem = preflight()
+    if problem:
+        print(f"Error: {problem}", file=sys.stderr)
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("Error: make gpu-check needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)  # fmt: skip
-        return 2
     gpu = torch.cuda.get_device_name(0)
     out = args.out or ROOT / "reports" / slug(gpu)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,12 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
     assert out.stderr.splitlines() == [
         "Error: make gpu-check needs a CUDA GPU (torch.cuda.is_available() is False)"
     ]
+    # a Python without torch (the CPU boxes' system Python, say): one line too
+    out = subprocess.run([sys.executable, "-S", "-c", f"import runpy, sys; sys.argv = [{str(SCRIPT)!r}]; "
+                          f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
+    assert "needs torch with CUDA" in out.stderr
     assert not (tmp_path / "r").exists()
 
 
