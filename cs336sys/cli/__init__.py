@@ -6,6 +6,7 @@ answer at once; commands import what they need inside their bodies.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -71,4 +72,17 @@ app.add_typer(db_app, name="db")
 
 
 def main() -> None:
-    app()
+    from cs336sys.bench.result import Terminated, stop_on_sigterm
+
+    stop_on_sigterm()  # so that a SIGTERM reaps the ranks and stores the interrupted point
+    if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        # One rank of torchrun's: end with its agent, from the start (an agent killed while
+        # this rank still imports would leave it running otherwise).
+        from cs336sys.parallel.launcher import die_with_parent
+
+        die_with_parent(os.getppid())
+    try:
+        app()
+    except Terminated as exc:
+        typer.echo(f"{exc}: the points finished so far are stored", err=True)
+        raise SystemExit(143) from None

@@ -84,6 +84,7 @@ def recording(db: Path, command: str, device: str, rank: int | None = None) -> I
         sink = NullSink()
         yield sink
         return
+    from cs336sys.bench.result import Terminated
     from cs336sys.store.db import StoreError
     from cs336sys.store.recorder import Recorder
 
@@ -97,6 +98,9 @@ def recording(db: Path, command: str, device: str, rank: int | None = None) -> I
         status = 1 if rec.errors else 0
     except KeyboardInterrupt:
         status = 130
+        raise
+    except Terminated:
+        status = 143  # 128 + SIGTERM, as a shell reports it
         raise
     except typer.Exit as exc:
         status = exc.exit_code

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from cs336sys.bench.clock import now
 from cs336sys.bench.declaration import Experiment
-from cs336sys.bench.result import Result, guarded, is_oom
+from cs336sys.bench.result import Result, Terminated, guarded, is_oom
 from cs336sys.bench.sweep import point_key
 
 
@@ -175,7 +175,12 @@ def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
     """One point at a time, in this process; `experiment.run(spec)`."""
     for spec in specs:
         started, t0 = now(), time.perf_counter()
-        result = skip(spec) or guarded(experiment.runner(), spec)
+        try:
+            result = skip(spec) or guarded(experiment.runner(), spec)
+        except Terminated as exc:  # the interrupted point is stored, then the sweep ends
+            emit(spec, Result("error", error=str(exc), started=started,
+                              duration_s=time.perf_counter() - t0))  # fmt: skip
+            raise
         result.started = result.started or started
         if result.duration_s is None:  # a skipped point: the time it took to decide so
             result.duration_s = time.perf_counter() - t0
@@ -213,6 +218,9 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
                        on_emit=arrived)  # fmt: skip
                 todo = []
+            except Terminated as exc:  # the ranks are reaped; store the point, then end
+                emit(todo[len(finished)], failure("error", str(exc)))
+                raise
             except WorkerError as exc:
                 failed = todo[len(finished)]
                 emit(failed, failure("oom" if is_oom(exc) else "error",

@@ -22,7 +22,6 @@ between processes through file descriptors that vanish when the rank exits.
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import traceback
 from collections.abc import Callable
@@ -109,7 +108,18 @@ def free_port() -> int:
 
 
 def timeout_s() -> float:
-    return float(os.environ.get("CS336SYS_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    """The process-group timeout: CS336SYS_DIST_TIMEOUT seconds, or DEFAULT_TIMEOUT_S.
+    ValueError, in one sentence, for anything but a positive finite number."""
+    text = os.environ.get("CS336SYS_DIST_TIMEOUT")
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise ValueError(f"CS336SYS_DIST_TIMEOUT must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def launch(
@@ -145,6 +155,7 @@ def _join_torchrun(fn, world_size, backend, args, on_emit):
     if world_size != ws:
         raise ValueError(f"torchrun started {ws} ranks but world size {world_size} was asked")
     created = not dist.is_initialized()
+    die_with_parent(os.getppid())  # torchrun's agent: its ranks end with it
     ctx = _init(rank, ws, local_rank, backend, on_emit)
     try:
         return fn(ctx, *args)
@@ -172,10 +183,52 @@ def _init(rank, world_size, local_rank, backend, emit) -> RankContext:
 
 
 # -- local spawn ------------------------------------------------------------------------------
+#
+# Each rank reports on a pipe of its own. A multiprocessing.Queue would need named semaphores,
+# which the resource tracker reports as leaked when the parent is killed; a pipe needs none,
+# and a rank that dies closes its end, which the parent sees at once.
 
 
-def _worker(fn, rank, world_size, backend, port, args, messages) -> None:
+_WATCHED: int | None = None  # the parent this process already dies with
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when `parent` (its parent's pid) ends, also when the parent is
+    SIGKILLed: a rank must never outlive the command that started it (README, "Several
+    GPUs, several machines").
+
+    Linux delivers SIGKILL at the parent's death (prctl PR_SET_PDEATHSIG); elsewhere, and in
+    case the parent died before the call, a daemon thread watches the parent pid.
+    """
+    import signal
+    import threading
+    import time
+
+    global _WATCHED
+    if _WATCHED == parent:
+        return
+    _WATCHED = parent
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:  # gone already
+        os._exit(1)
+    threading.Thread(target=watch, name="cs336sys-parent-watch", daemon=True).start()
+
+
+def _worker(fn, rank, world_size, backend, port, args, conn, parent) -> None:
     """Entry point of a spawned rank: set up the group, run, report, tear down."""
+    die_with_parent(parent)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -191,11 +244,14 @@ def _worker(fn, rank, world_size, backend, port, args, messages) -> None:
             # Ranks share the host's cores: without this each would start one thread per core
             # and they would fight over them, which distorts every timing.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        ctx = _init(rank, world_size, rank, backend, lambda obj: messages.put(("emit", 0, obj)))
+        ctx = _init(rank, world_size, rank, backend, lambda obj: conn.send(("emit", obj)))
         value = fn(ctx, *args)
-        messages.put(("done", rank, value))
+        conn.send(("done", value))
     except BaseException as exc:  # report everything, Ctrl-C included, then die
-        messages.put(("error", rank, (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        try:
+            conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        except OSError:  # the parent is gone
+            pass
         return
     try:
         import torch.distributed as dist
@@ -209,12 +265,12 @@ def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn is also safe with threads
-    messages = ctx.Queue()
     port = free_port()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent's end, rank's end)
     procs = [
         ctx.Process(
             target=_worker,
-            args=(fn, rank, world_size, backend, port, args, messages),
+            args=(fn, rank, world_size, backend, port, args, pipes[rank][1], os.getpid()),
             daemon=True,
             name=f"cs336sys-rank{rank}",
         )
@@ -222,70 +278,81 @@ def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
     ]
     finished = False
     try:
-        for p in procs:
+        for p, (_, end) in zip(procs, pipes, strict=True):
             p.start()
-        results = _collect(procs, messages, world_size, on_emit)
+            end.close()  # the rank holds it now: its death closes the pipe
+        results = _collect(procs, [r for r, _ in pipes], on_emit)
         finished = True
         return results
     finally:
-        # After a failure the others are likely blocked in a collective: kill them now
-        # rather than wait for the group timeout.
+        # After a failure or a signal the others are likely blocked in a collective: kill
+        # them now rather than wait for the group timeout.
         _reap(procs, grace_s=10.0 if finished else 0.0)
-        messages.close()
+        for r, _ in pipes:
+            r.close()
 
 
-def _collect(procs, messages, world_size, on_emit) -> list[Any]:
+def _collect(procs, conns, on_emit) -> list[Any]:
+    from multiprocessing.connection import wait
+
     results: dict[int, Any] = {}
     pids = [p.pid for p in procs]
-    while len(results) < world_size:
-        try:
-            kind, rank, payload = messages.get(timeout=0.5)
-        except queue.Empty:
-            # A rank that died without a word (segfault, OOM killer, SIGKILL).
-            for rank, p in enumerate(procs):
-                if rank not in results and not p.is_alive() and messages.empty():
+    rank_of = {id(c): rank for rank, c in enumerate(conns)}
+    open_ = list(conns)
+    while len(results) < len(procs):
+        for conn in wait(open_, timeout=0.5):
+            rank = rank_of[id(conn)]
+            try:
+                kind, payload = conn.recv()
+            except (EOFError, OSError):  # the rank ended
+                open_.remove(conn)
+                if rank not in results:
+                    procs[rank].join(timeout=1.0)
                     raise WorkerError(
                         rank,
-                        f"process exited with code {p.exitcode} without reporting",
+                        f"process exited with code {procs[rank].exitcode} without reporting",
                         "",
                         pids,
                     ) from None
-            continue
-        if kind == "emit":
-            if on_emit is not None:
-                on_emit(payload)
-        elif kind == "done":
-            results[rank] = payload
-        else:
-            message, tb = payload
-            # Rank 0 may have finished (and emitted) the point before this one after this
-            # rank already failed: a Queue does not order messages of different processes.
-            # Deliver what is still on its way before reporting the failure.
-            _drain(messages, on_emit)
-            dead = _silently_dead(procs, reported={*results, rank})
-            if dead is not None:
-                # A peer that vanished is the cause; this rank only saw its connection drop.
-                raise WorkerError(
-                    dead,
-                    f"process exited with code {procs[dead].exitcode} without reporting "
-                    f"(rank {rank} then failed: {message})",
-                    tb,
-                    pids,
-                )
-            raise WorkerError(rank, message, tb, pids)
-    return [results[r] for r in range(world_size)]
+                continue
+            if kind == "emit":
+                if on_emit is not None and rank == 0:
+                    on_emit(payload)
+            elif kind == "done":
+                results[rank] = payload
+            else:
+                message, tb = payload
+                # Rank 0 may have finished (and emitted) the point before this one after this
+                # rank already failed: pipes of different ranks are not ordered. Deliver what
+                # rank 0 still has on its way before reporting the failure.
+                if rank != 0:
+                    _drain(conns[0], on_emit)
+                dead = _silently_dead(procs, reported={*results, rank})
+                if dead is not None:
+                    # A peer that vanished is the cause; this rank only saw its connection drop.
+                    raise WorkerError(
+                        dead,
+                        f"process exited with code {procs[dead].exitcode} without reporting "
+                        f"(rank {rank} then failed: {message})",
+                        tb,
+                        pids,
+                    )
+                raise WorkerError(rank, message, tb, pids)
+    return [results[r] for r in range(len(procs))]
 
 
-def _drain(messages, on_emit, quiet_s: float = 0.3, limit_s: float = 3.0) -> None:
-    """Hand rank 0's emits still in the queue to `on_emit`, until it has been quiet for
-    `quiet_s` (at most `limit_s`); other ranks' later errors are dropped, the first counts."""
+def _drain(conn, on_emit, quiet_s: float = 0.3, limit_s: float = 3.0) -> None:
+    """Hand rank 0's emits still in its pipe to `on_emit`, until it has been quiet for
+    `quiet_s` (at most `limit_s`)."""
     import time
 
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
         try:
-            kind, _rank, payload = messages.get(timeout=quiet_s)
-        except queue.Empty:
+            if not conn.poll(quiet_s):
+                return
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
             return
         if kind == "emit" and on_emit is not None:
             on_emit(payload)

@@ -12,7 +12,8 @@ Python:
 
 The rows are those the CLI writes for the same sweep: same experiment, settings, metrics,
 samples, provenance. The invocation records how the block ended: 0, 1 when a point was
-stored as `error`, 130 on Ctrl-C, 1 on any other exception (the rows already written stay).
+stored as `error`, 130 on Ctrl-C, 143 on SIGTERM (where the CLI's handler turns it into
+Terminated), 1 on any other exception (the rows already written stay).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cs336sys.bench.result import Terminated
 from cs336sys.store.db import Store
 
 
@@ -89,6 +91,8 @@ class Recorder:
             self.close()
         elif issubclass(kind, KeyboardInterrupt):
             self.close(130)
+        elif issubclass(kind, Terminated):
+            self.close(143)
         elif issubclass(kind, SystemExit):
             code = exc.code if isinstance(exc, SystemExit) else 1
             self.close(code if isinstance(code, int) else 1)

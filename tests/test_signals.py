@@ -1,0 +1,164 @@
+"""No rank outlives its command: SIGTERM and SIGKILL to `cs336sys comm`, and SIGKILL to
+torchrun's agent, end every rank within seconds and free the group's port; a SIGTERM stores
+the interrupted point as `error` and the invocation's exit status. (Linux: /proc.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+]
+LONG = ["comm", "--op", "all-reduce", "--size", "256MB", "--iters", "100000", "--warmup", "0",
+        "--world-size", "2", "--device", "cpu"]  # fmt: skip
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below `root`."""
+    parents = {int(p.name): _parent_of(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()}
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        kids = {c for c, p in parents.items() if p == pid}
+        todo += list(kids - found)
+        found |= kids
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":  # a zombie has ended; its parent just has not reaped it
+            out.add(pid)
+    return out
+
+
+def _is_rank(pid: int) -> bool:
+    """A rank: spawned by the launcher (spawn_main), or started by torchrun (RANK at exec)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"spawn_main" in cmdline or any(e.startswith(b"RANK=") for e in env)
+
+
+def listening(pids: set[int]) -> set[int]:
+    """TCP ports the processes `pids` listen on (rank 0 holds the group's store)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "0A" and f[9] in inodes:  # LISTEN
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def ranks(root: int, n: int, timeout: float = 90.0) -> tuple[set[int], set[int]]:
+    """Wait until `n` ranks below `root` are in their collectives; their pids and ports."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = {pid for pid in descendants(root) if _is_rank(pid)}
+        ports = listening(found)
+        if len(found) >= n and ports:
+            time.sleep(3.0)  # past init, into the all-reduces
+            return found, ports
+        time.sleep(0.3)
+    raise AssertionError(f"{n} ranks did not start")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def gone_within(pids: set[int], seconds: float) -> float:
+    """Seconds until none of `pids` is alive; fails after `seconds`."""
+    t0 = time.time()
+    while alive(pids):
+        assert time.time() - t0 < seconds, f"still alive: {alive(pids)}"
+        time.sleep(0.05)
+    return time.time() - t0
+
+
+def start(args: list[str], db: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("CS336SYS_DB", None)
+    return subprocess.Popen([sys.executable, "-m", "cs336sys", *args, "--db", str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+
+
+def test_sigterm_ends_every_rank_and_stores_the_interrupted_point(tmp_path):
+    db = tmp_path / "r.db"
+    proc = start(LONG, db)
+    pids, ports = ranks(proc.pid, 2)
+    proc.send_signal(signal.SIGTERM)
+    took = gone_within(pids, 5.0)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert all(port_free(p) for p in ports)
+    assert "Traceback" not in err and "leaked semaphore" not in err
+    assert err.strip().splitlines()[-1].startswith("terminated by signal 15")
+    conn = sqlite3.connect(db)
+    (status, error), = conn.execute("SELECT status, error FROM runs").fetchall()
+    assert status == "error" and error.startswith("terminated")
+    assert conn.execute("SELECT exit_status FROM invocations").fetchone() == (143,)
+    print(f"SIGTERM to the last rank gone: {took:.2f} s")
+
+
+def test_sigkill_of_the_command_ends_every_rank(tmp_path):
+    proc = start(LONG, tmp_path / "r.db")
+    pids, ports = ranks(proc.pid, 2)
+    proc.kill()
+    gone_within(pids, 5.0)
+    _, err = proc.communicate(timeout=30)
+    assert all(port_free(p) for p in ports)
+    assert "leaked semaphore" not in err
+
+
+def test_ranks_end_with_torchruns_agent(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "cs336sys", *LONG[:-4], "--db", str(tmp_path / "r.db")]  # no --world-size  # fmt: skip
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path)  # fmt: skip
+    pids, ports = ranks(agent.pid, 2)
+    agent.kill()
+    gone_within(pids, 5.0)
+    agent.communicate(timeout=30)
+    assert all(port_free(p) for p in ports)
