@@ -339,3 +339,36 @@ def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):
     assert (finished.invocations_added, finished.invocations_differing) == (0, 1)
     (late,) = [r for r in table_rows(db_path, "runs") if '"late"' in r["settings"]]
     assert late["status"] == "ok"
+
+
+def test_a_run_and_its_kernel_stats_are_one_write(db_path):
+    bad = {"phase": "forward", "rank": 1, "calls": 1, "total_ms": 1.0, "mean_ms": 1.0,
+           "share": 1.0, "time_basis": "cpu"}  # no name: kernel_stats refuses it  # fmt: skip
+    with Store(db_path) as s:
+        inv = s.begin_invocation(prov("A"), [], "profile")
+        with pytest.raises(sqlite3.IntegrityError):
+            s.add_run(inv, "profile", "ok", {"target": "model"}, tables={"kernel_stats": [bad]})
+        assert s.query("SELECT count(*) AS n FROM runs")[0]["n"] == 0  # rolled back together
+        s.add_run(inv, "profile", "ok", {"target": "model"},
+                  tables={"kernel_stats": [{**bad, "name": "mm"}]})  # fmt: skip
+        assert [r["n"] for r in s.query("SELECT count(*) AS n FROM kernel_stats")] == [1]
+
+
+def test_merge_adds_the_kernel_stats_a_run_here_lacks(tmp_path):
+    other, this = tmp_path / "other.db", tmp_path / "this.db"
+    row = {"phase": "forward", "rank": 1, "name": "mm", "calls": 2, "total_ms": 1.5,
+           "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}  # fmt: skip
+    with Store(other) as s:
+        inv = s.begin_invocation(prov("A"), [], "profile")
+        rid = s.add_run(inv, "profile", "ok", {"target": "model"}, tables={"kernel_stats": [row]})
+    # THIS has the run without its stats, as a Ctrl-C between the writes once left it
+    assert invoke("db", "merge", other, "--db", this).exit_code == 0
+    conn = sqlite3.connect(this)
+    conn.execute("DELETE FROM kernel_stats")
+    conn.commit()
+    conn.close()
+    assert invoke("db", "merge", other, "--db", this).exit_code == 0
+    assert table_rows(this, "kernel_stats") == table_rows(other, "kernel_stats")
+    assert invoke("db", "merge", other, "--db", this).exit_code == 0  # and only once
+    assert len(table_rows(this, "kernel_stats")) == 1
+    assert table_rows(this, "runs")[0]["id"] == rid

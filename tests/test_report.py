@@ -260,3 +260,46 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
     assert "host-bound: the phases whose host time" in t.note
     t = point_table(model.TABLE, [steady])
     assert "host-bound" not in t.headers and "noisy" not in t.note and "host-bound" not in t.note
+
+
+PAYLOADS = ["[x](javascript:alert(1))", "![i](http://a/x.png)", "\n# h", "|", "```\nfence",
+            "www.example.com"]  # fmt: skip
+
+
+def test_markdown_report_values_are_inert(tmp_path):
+    """A stored value (settings, GPU name, versions, kernel names, error text) or the title
+    can start no heading, list, table row or fence, and make no link or image."""
+    import re
+
+    from cs336sys.store import Store
+
+    db = tmp_path / "hostile.db"
+    evil = " ".join(PAYLOADS)
+    prov = {"host": evil, "gpu": evil, "gpu_count": 1, "torch_version": evil, "git_commit": "c1"}
+    with Store(db) as s:
+        inv = s.begin_invocation(prov, [], "model")
+        s.add_run(inv, "model", "ok", {"size": evil, "context_length": 8, "mode": "train"},
+                  {"step_ms_mean": 1.0})  # fmt: skip
+        s.add_run(inv, "model", "error", {"size": "x", "context_length": 8}, error=evil)
+        rid = s.add_run(inv, "profile", "ok", {"target": "model", "size": evil}, {})
+        s.add_kernel_stats(rid, [{"phase": "forward", "rank": 1, "name": evil, "calls": 1,
+                                  "total_ms": 1.0, "mean_ms": 1.0, "share": 1.0,
+                                  "time_basis": "cpu"}])  # fmt: skip
+    result = invoke("report", "--db", db, "--out", tmp_path / "out", "--format", "md",
+                    "--title", evil)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "out" / "report.md").read_text()
+    unescaped = re.compile(r"(?<!\\)[\[\]`]")
+    for line in md.splitlines():
+        if line.startswith("![") and line.endswith(".png)"):  # our own plots
+            continue
+        assert not unescaped.search(line), line
+        assert "://" not in line and "www." not in line, line
+        assert not line.startswith(("# h", "fence", "```")), line
+        if line.startswith("#"):  # only our headings: the title and the sections
+            assert line.startswith(("# ", "## ")) and "\\[x\\]" in line or line.startswith("## ")
+    # table rows keep their column count: a value's pipe is escaped
+    for table in re.findall(r"((?:^\|.*\|$\n?)+)", md, re.M):
+        widths = {len(re.findall(r"(?<!\\)\|", row)) for row in table.strip().splitlines()}
+        assert len(widths) == 1, table
+    assert "\\[x\\](javascript:alert(1))" in md and "!\\[i\\](http:/&#47;a/x.png)" in md

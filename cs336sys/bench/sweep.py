@@ -41,12 +41,28 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+# Upper bounds where a typo would run for days (README, "Bad input").
+MAX_STEPS = 10**6
+MAX_SEED = 2**62  # seeds are offset per rank and for the data: stay inside torch's 64 bits
+
+
+def listed(values: Iterable[Any] | None, option: str, default: Iterable[Any] = ()) -> list[Any]:
+    """A list option's items; `default` when it was not given. Given but empty (`--size ""`)
+    is a SpecError: an empty value must not quietly mean the default."""
+    if values is None:
+        return list(default)
+    values = list(values)
+    if not values or any(not str(v).strip(" ,") for v in values):
+        raise SpecError(f"{option}: empty value; give at least one")
+    return split_list(values)
+
+
 def choices(
     values: Iterable[str] | None, allowed: Iterable[str], option: str, default: Iterable[str] = ()
 ) -> list[str]:
     """Split a list option and check every value is one of `allowed` (SpecError if not)."""
     allowed = list(allowed)
-    out = split_list(values) or list(default)
+    out = listed(values, option, default)
     for v in out:
         if v not in allowed:
             raise SpecError(f"{option}: unknown value {v!r}; choose from {', '.join(allowed)}")
@@ -57,9 +73,9 @@ def positive_ints(
     values: Iterable[Any] | None, option: str, default: Iterable[int] = ()
 ) -> list[int]:
     """Split a list option of positive integers (`--context-length 128,256`)."""
-    items = split_list(values)
-    if not items:
-        return list(default)
+    items = listed(values, option, default)
+    if values is None:
+        return items
     out = []
     for v in items:
         try:
@@ -73,11 +89,21 @@ def positive_ints(
 
 
 def counts(warmup: int, steps: int, steps_option: str = "--steps") -> None:
-    """Refuse a non-positive number of timed steps or a negative warm-up."""
+    """Refuse a non-positive number of timed steps, a negative warm-up, and either above
+    MAX_STEPS."""
     if steps <= 0:
         raise SpecError(f"{steps_option} must be positive, got {steps}")
     if warmup < 0:
         raise SpecError(f"--warmup must be zero or more, got {warmup}")
+    for option, n in ((steps_option, steps), ("--warmup", warmup)):
+        if n > MAX_STEPS:
+            raise SpecError(f"{option} must be at most {MAX_STEPS:,}, got {n:,}")
+
+
+def check_seed(seed: int) -> None:
+    """Seeds are torch's 64-bit integers, offset per rank and for the data."""
+    if not 0 <= seed <= MAX_SEED:
+        raise SpecError(f"--seed must be from 0 to 2**62 ({MAX_SEED}), got {seed}")
 
 
 def device_choice(choice: str) -> str:

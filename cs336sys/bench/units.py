@@ -21,6 +21,7 @@ _UNITS = {
     "GIB": 2**30,
     "TIB": 2**40,
 }
+MAX_BYTES = 2**40
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -36,6 +37,8 @@ def parse_size(text: str) -> int:
     value = float(m.group(1)) * _UNITS[unit]
     if value < 1:
         raise ValueError(f"{text!r} is less than one byte")
+    if value > MAX_BYTES:
+        raise ValueError(f"{text!r} is more than 1TiB, larger than any buffer a benchmark needs")
     return int(value)
 
 

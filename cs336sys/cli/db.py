@@ -55,8 +55,8 @@ def export(
         cs336sys db export --format csv --experiment model,attention --out runs.csv
     """
     from cs336sys.bench.sweep import split_list
-    from cs336sys.store.db import StoreError
-    from cs336sys.store.transfer import FORMATS, export, known_experiments, open_untouched
+    from cs336sys.store.db import StoreError, connect_readonly
+    from cs336sys.store.transfer import FORMATS, export, known_experiments
 
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
@@ -65,7 +65,7 @@ def export(
     if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
         fail("--out would overwrite the store itself")
     try:
-        conn = open_untouched(db)
+        conn = connect_readonly(db)
         known = known_experiments(conn)
     except StoreError as exc:
         fail(exc)
@@ -80,6 +80,10 @@ def export(
             n = export(conn, sys.stdout, fmt, wanted, samples)
         else:
             n = _export_to_file(conn, out, fmt, wanted, samples)
+    except OSError as exc:  # --out where nothing can be written
+        fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
+    except sqlite3.DatabaseError as exc:
+        fail(f"cannot read {db} as a results store: {exc}")
     finally:
         conn.close()
     where = "" if out is None else f" to {out}"

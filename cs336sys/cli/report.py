@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
@@ -54,6 +55,7 @@ def report(
 
         cs336sys report --since today --experiment model,attention --out reports/
     """
+    from cs336sys.bench.paths import why_unwritable
     from cs336sys.report.render import FORMATS, build, write
     from cs336sys.report.select import (
         Selection,
@@ -69,8 +71,8 @@ def report(
     now = datetime.now(timezone.utc)
     try:
         sel = Selection(
-            since=parse_time(since, now) if since else None,
-            until=parse_time(until, now, end=True) if until else None,
+            since=parse_time(since, now) if since is not None else None,
+            until=parse_time(until, now, end=True) if until is not None else None,
             experiments=tuple(exps),
             gpu=gpu,
             commit=commit,
@@ -84,6 +86,10 @@ def report(
         conn = connect_readonly(db)
     except StoreError as exc:
         fail(exc)
+    problem = why_unwritable(out)
+    if problem:
+        conn.close()
+        fail(f"--out {out}: {problem}")
     filters = [f"{k} {v}" for k, v in (("since", since), ("until", until), ("gpu", gpu),
                                         ("commit", commit)) if v]  # fmt: skip
     filters += [f"experiment {', '.join(exps)}"] if exps else []
@@ -92,9 +98,16 @@ def report(
         rep = build(conn, sel, title, filters, compare_ab=tuple(compare) if compare else None)
     except SelectionError as exc:
         fail(exc)
+    except sqlite3.DatabaseError as exc:  # damaged pages past the header and schema
+        fail(f"cannot read {db} as a results store: {exc}")
     finally:
         conn.close()
     if not rep.sections:
         typer.echo("No stored runs match this selection; the report says so.", err=True)
-    for path in write(rep, out, formats):
+    try:
+        written = write(rep, out, formats)
+    except OSError as exc:
+        fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
+    for path in written:
         typer.echo(str(path))
+

@@ -40,17 +40,23 @@ def sql(
 
     if as_json and as_csv:
         fail("choose one of --json and --csv")
+    if not query.strip():
+        fail("the SQL statement is empty")
+    try:
+        params = tuple(typed(p) for p in param or ())
+    except ValueError as exc:
+        fail(f"--param: {exc}")
     try:
         conn = connect_readonly(db)
     except StoreError as exc:
         fail(exc)
     try:
-        cursor = conn.execute(query, tuple(typed(p) for p in param or ()))
+        cursor = conn.execute(query, params)
         headers = [d[0] for d in cursor.description or ()]
         rows = cursor.fetchall()
-    except sqlite3.OperationalError as exc:
-        if "readonly" in str(exc) or "query_only" in str(exc):
-            fail(f"refused: `cs336sys sql` is read-only ({exc})")
+    except sqlite3.DatabaseError as exc:
+        if any(w in str(exc) for w in ("readonly", "query_only", "not authorized", "denied")):
+            fail(f"refused: `cs336sys sql` is read-only and creates nothing ({exc})")
         fail(f"SQL error: {exc}")
     except sqlite3.Error as exc:
         fail(f"SQL error: {exc}")

@@ -30,12 +30,14 @@ from cs336sys.bench.result import Result
 from cs336sys.bench.stats import STATS, summarize
 from cs336sys.bench.sweep import (
     SpecError,
+    check_seed,
     check_triton,
     choices,
+    counts,
     device_choice,
     expand,
+    listed,
     positive_ints,
-    split_list,
 )
 
 DTYPES = tuple(PRECISIONS)
@@ -146,7 +148,7 @@ def specs(
 
     dev = device_choice(device)
     on_cuda = dev.startswith("cuda")
-    impls = split_list(impl) or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]
+    impls = listed(impl, "--impl") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]  # fmt: skip
     impls = choices(impls, ATTENTION.names(), "--impl")
     seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
     d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
@@ -160,10 +162,8 @@ def specs(
     if which not in PASSES:
         raise SpecError(f"--pass: unknown value {which!r}; choose from {', '.join(PASSES)}")
     n_warmup, n_iters = pick("warmup", warmup), pick("iters", iters)
-    if n_iters <= 0:
-        raise SpecError(f"--iters must be positive, got {n_iters}")
-    if n_warmup < 0:
-        raise SpecError(f"--warmup must be zero or more, got {n_warmup}")
+    counts(n_warmup, n_iters, "--iters")
+    check_seed(seed)
     how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
                                                      DEFAULTS["timer"])  # fmt: skip
     if how not in TIMERS:

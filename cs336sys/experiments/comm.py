@@ -22,7 +22,7 @@ from typing import Any
 from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.bench.dtypes import PRECISIONS, itemsize
 from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import SpecError, choices, counts, expand, split_list
+from cs336sys.bench.sweep import SpecError, choices, counts, expand, listed
 from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
@@ -78,7 +78,7 @@ def specs(
 
     ops = choices(op, OPS, "--op", default=["all-reduce"])
     try:
-        sizes = [parse_size(s) for s in split_list(size) or DEFAULT_SIZES]
+        sizes = [parse_size(s) for s in listed(size, "--size", DEFAULT_SIZES)]
     except ValueError as exc:
         raise SpecError(f"--size: {exc}") from None
     dtypes = choices(dtype, tuple(PRECISIONS), "--dtype", default=["fp32"])

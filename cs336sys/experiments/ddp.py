@@ -47,7 +47,7 @@ from cs336sys.bench.declaration import (
 )
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
-from cs336sys.bench.sweep import SpecError, choices, counts, positive_ints, split_list
+from cs336sys.bench.sweep import SpecError, check_seed, choices, counts, listed, positive_ints
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
 from cs336sys.experiments.model import shape_overrides
 from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
@@ -128,7 +128,7 @@ def specs(
     impls = choices(impl, IMPLS, "--impl", default=REPLICA_IMPLS)
     shardings = ["none"] + ["own"] * shard_optimizer + ["zero"] * zero
     buckets = []
-    for b in split_list(bucket_mb) or DEFAULT_BUCKETS:
+    for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:
             buckets.append(float(b))
         except ValueError:
@@ -137,6 +137,7 @@ def specs(
             raise SpecError(f"--bucket-mb must be positive, got {b}")
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
     counts(warmup, steps)
+    check_seed(seed)
     be, dev = backend_and_device(backend, device)
     worlds = world_sizes(world_size, be, [2])
     defaults = DEFAULTS[dev]

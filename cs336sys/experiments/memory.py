@@ -24,7 +24,6 @@ B·T·d·bytes that each checkpointed group keeps.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
+from cs336sys.bench.paths import why_unwritable
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, choices
@@ -88,20 +88,9 @@ def check_snapshot(path: str | Path | None) -> str | None:
     """Refuse a --snapshot directory that cannot be created or written, before any work."""
     if path is None:
         return None
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise SpecError(f"--snapshot {path}: exists and is not a directory")
-    existing = path
-    while not existing.exists():  # the nearest ancestor that exists must be a writable dir
-        existing = existing.parent
-    if not existing.is_dir():
-        raise SpecError(f"--snapshot {path}: {existing} is not a directory")
-    # Try it: os.access says yes to root even on /proc or a read-only mount.
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        raise SpecError(f"--snapshot {path}: cannot write in {existing} ({exc.strerror or exc})") from None
+    problem = why_unwritable(path)
+    if problem:
+        raise SpecError(f"--snapshot {path}: {problem}")
     return str(path)
 
 

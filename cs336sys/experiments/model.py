@@ -29,13 +29,14 @@ from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import (
     SpecError,
+    check_seed,
     check_triton,
     choices,
     counts,
     device_choice,
     expand,
+    listed,
     positive_ints,
-    split_list,
 )
 from cs336sys.experiments.step import MODES, OPTIMIZERS
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
@@ -100,7 +101,7 @@ def specs(
 
     Shared by every command that runs the model (`model`, `memory`, `profile model`).
     """  # fmt: skip
-    sizes = split_list(size) or ["small"]
+    sizes = listed(size, "--size", ["small"])
     for s in sizes:
         if s not in PRESETS:
             raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
@@ -109,6 +110,7 @@ def specs(
     optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
     batch_sizes = positive_ints(batch_size, "--batch-size", default=[4])
     counts(warmup, steps)
+    check_seed(seed)
     from cs336sys.bench.registry import ATTENTION
 
     attentions = choices(attention, ATTENTION.names(), "--attention", default=["naive"])
@@ -122,7 +124,7 @@ def specs(
     out = []
     for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
                      "mode": modes, "precision": precisions, "attention": attentions,
-                     "optimizer": optimizers, "checkpoint": split_list(checkpoint) or ["none"]}):  # fmt: skip
+                     "optimizer": optimizers, "checkpoint": listed(checkpoint, "--checkpoint", ["none"])}):  # fmt: skip
         try:
             cfg = from_preset(p["size"], context_length=p["context_length"],
                               attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip

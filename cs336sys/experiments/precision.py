@@ -32,7 +32,7 @@ from typing import Any
 from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.bench.dtypes import TORCH_NAMES as _TORCH_DTYPE
 from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import SpecError, choices, device_choice
+from cs336sys.bench.sweep import MAX_STEPS, SpecError, check_seed, choices, device_choice
 
 KINDS = ("accumulate", "autocast")
 AUTOCAST_DTYPES = ("bf16", "fp16")
@@ -84,6 +84,8 @@ def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1
     variants = choices(variant, list(VARIANTS), "--variant", default=list(VARIANTS))
     if additions <= 0:
         raise SpecError(f"--additions must be positive, got {additions}")
+    if additions > MAX_STEPS:
+        raise SpecError(f"--additions must be at most {MAX_STEPS:,}, got {additions:,}")
     if not (value == value and abs(value) != float("inf")):
         raise SpecError(f"--value must be a finite number, got {value}")
     dev = device_choice(device)
@@ -99,6 +101,7 @@ def autocast_specs(*, dtype: Iterable[str] | None = None, in_features: int = 16,
                     ("batch-size", batch_size)):  # fmt: skip
         if n <= 0:
             raise SpecError(f"--{name} must be positive, got {n}")
+    check_seed(seed)
     dev = device_choice(device)
     return [AutocastSpec(d, in_features, out_features, batch_size, dev, seed) for d in dtypes]
 

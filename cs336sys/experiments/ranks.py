@@ -59,8 +59,12 @@ def torchrun_rank() -> int | None:
 
 def backend_and_device(backend: str | None, device: str) -> tuple[str, str]:
     """(backend, device) from the options: NCCL needs CUDA, Gloo runs on CPU tensors."""
-    from cs336sys.parallel.launcher import BACKENDS, default_backend
+    from cs336sys.parallel.launcher import BACKENDS, default_backend, timeout_s
 
+    try:
+        timeout_s()  # checked here, before any rank starts
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     dev = device_choice(device)
     if backend is None:
         backend = default_backend(dev)

@@ -50,8 +50,11 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
     m = _AGO.match(s)
     if m:
         n, unit = int(m.group(1)), m.group(2)
-        delta = {"d": timedelta(days=n), "h": timedelta(hours=n), "w": timedelta(weeks=n)}[unit]
-        return (now.astimezone(timezone.utc) - delta).strftime(FMT)
+        try:
+            delta = {"d": timedelta(days=n), "h": timedelta(hours=n), "w": timedelta(weeks=n)}[unit]
+            return (now.astimezone(timezone.utc) - delta).strftime(FMT)
+        except OverflowError:
+            raise SelectionError(f"time {text!r} is further back than dates go") from None
     try:
         if re.match(r"^\d{4}-\d{2}-\d{2}$", s):
             return (datetime.fromisoformat(s) + bump).strftime(FMT)
@@ -74,6 +77,10 @@ def parse_where(items: list[str]) -> list[tuple[str, str]]:
         key = key.strip()
         if not sep or not _KEY.match(key):
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
+        try:
+            _typed(value)
+        except ValueError as exc:
+            raise SelectionError(f"--where {item!r}: {exc}") from None
         out.append((key, value))
     return out
 

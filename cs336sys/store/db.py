@@ -18,7 +18,8 @@ from cs336sys.bench.sweep import point_key
 from cs336sys.store import schema
 from cs336sys.store.views import ensure_views
 
-__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now", "point_key"]
+__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now",
+           "open_untouched", "point_key", "store_problem"]  # fmt: skip
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 STATUSES = ("ok", "oom", "error", "skipped")
@@ -31,15 +32,61 @@ class StoreError(Exception):
 
 
 def check_path(path: str | Path) -> Path:
-    """Refuse a path that exists but is not a SQLite database, before anything is written."""
+    """Refuse, before anything is written or created, a path that cannot be a results store:
+    a directory, a path under a file, a file that is not SQLite, and a SQLite database that
+    is not a results store (someone's own database: never written into, not even its journal
+    mode). A missing or empty file is fine: it becomes a store."""
     path = Path(path)
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise StoreError(f"{path}: {parent} is a file, not a directory")
+            break
     if path.exists() and path.stat().st_size > 0:
         with open(path, "rb") as f:
             if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
                 raise StoreError(f"{path} is not a SQLite database")
+        try:
+            conn = open_untouched(path)
+            try:
+                problem = store_problem(conn)
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        if problem:
+            raise StoreError(f"{path} {problem}; refusing to touch it")
     return path
+
+
+def store_problem(conn: sqlite3.Connection) -> str | None:
+    """Why the database behind `conn` is not a results store, or None when it is one: a
+    schema version and the tables every version has (meta, invocations, runs)."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"meta", "invocations", "runs"} <= tables or schema.version(conn) == 0:
+        return "is a SQLite database but not a results store (it lacks cs336sys's tables)"
+    return None
+
+
+def open_untouched(path: str | Path) -> sqlite3.Connection:
+    """Open a store for reading without leaving any trace beside it.
+
+    A read-only open of a WAL-mode database creates `-wal`/`-shm` files beside it and
+    leaves them there (https://sqlite.org/wal.html, "Read-Only Databases"). When the store
+    has no `-wal` file no connection has it open in WAL mode (SQLite keeps the file while
+    one does), so it is read with `immutable=1`, which creates nothing and also reads from
+    read-only media; otherwise plain `mode=ro` reads the live WAL consistently. (A writer
+    that opens the store during the read is not seen by an immutable read.)
+    """
+    path = Path(path)
+    uri = path.resolve().as_uri()
+    wal = path.with_name(path.name + "-wal")
+    uri += "?mode=ro" if wal.exists() else "?mode=ro&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    conn.execute("PRAGMA query_only = ON")
+    return conn
 
 
 def _dumps(obj: Any) -> str:
@@ -116,31 +163,51 @@ class Store:
     ) -> str:
         """Write one measured point at once (so a crash later keeps it); returns its id.
 
-        `tables` holds rows for tables linked to the run (`kernel_stats`), written with it."""
+        `tables` holds rows for tables linked to the run (`kernel_stats`), written in the same
+        transaction: a run is never stored without them (Ctrl-C between the two writes used
+        to leave an `ok` profile run with no kernel_stats)."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
-        run_id = str(uuid.uuid4())
-        self.db["runs"].insert(
-            {
-                "id": run_id,
-                "invocation_id": invocation_id,
-                "experiment": experiment,
-                "status": status,
-                "error": error,
-                "settings": _dumps(settings),
-                "metrics": _dumps(metrics or {}),
-                "samples": None if samples is None else _dumps(samples),
-                "started": started,
-                "created": now(),
-                "duration_s": duration_s,
-                "point_key": point_key(experiment, settings),
-            }
-        )
-        for table, rows in (tables or {}).items():
+        for table in tables or {}:
             if table not in _LINKED_TABLES:
                 raise ValueError(f"no table {table!r} is linked to runs; known: {_LINKED_TABLES}")
-            self.add_kernel_stats(run_id, rows)
+        run_id = str(uuid.uuid4())
+        row = {
+            "id": run_id,
+            "invocation_id": invocation_id,
+            "experiment": experiment,
+            "status": status,
+            "error": error,
+            "settings": _dumps(settings),
+            "metrics": _dumps(metrics or {}),
+            "samples": None if samples is None else _dumps(samples),
+            "started": started,
+            "created": now(),
+            "duration_s": duration_s,
+            "point_key": point_key(experiment, settings),
+        }
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute(
+                f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                tuple(row.values()),
+            )
+            for table, rows in (tables or {}).items():
+                self._insert_linked(table, run_id, rows)
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
         return run_id
+
+    def _insert_linked(self, table: str, run_id: str, rows: list[dict[str, Any]]) -> None:
+        """Rows of a table linked to runs (within the caller's transaction, or autocommit)."""
+        for row in rows:
+            full = {**row, "run_id": run_id}
+            self.conn.execute(
+                f"INSERT INTO {table} ({', '.join(full)}) VALUES ({', '.join('?' * len(full))})",
+                tuple(full.values()),
+            )
 
     def update_metrics(self, run_id: str, updates: dict[str, Any]) -> None:
         """Set metrics of a stored run (a value derived once its sweep group had run)."""
@@ -150,7 +217,13 @@ class Store:
 
     def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> int:
         """Write a profiled run's op/kernel summary (`kernel_stats`, linked to runs.id)."""
-        self.db["kernel_stats"].insert_all({**row, "run_id": run_id} for row in rows)
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._insert_linked("kernel_stats", run_id, rows)
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
         return len(rows)
 
     # -- reading --------------------------------------------------------------------------
@@ -190,15 +263,23 @@ _PROVENANCE_COLUMNS = (
 
 
 def connect_readonly(path: str | Path) -> sqlite3.Connection:
-    """A connection that cannot change the store: opened read-only and query_only."""
+    """A connection that can neither change the store nor create any file: opened untouched
+    (see open_untouched) and query_only, with an authorizer that refuses ATTACH (which
+    would create the attached file) before SQLite touches the filesystem."""
     path = check_path(path)
     if not path.exists():
         raise StoreError(f"no results store at {path} (run an experiment first, or pass --db)")
     try:
-        conn = sqlite3.connect(
-            f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S
-        )
-        conn.execute("PRAGMA query_only = ON")
+        conn = open_untouched(path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc
+    conn.set_authorizer(_read_only)
     return conn
+
+
+def _read_only(action: int, *args: object) -> int:
+    # ATTACH (and VACUUM INTO, which attaches its target) would create files; DETACH is
+    # refused with it. Everything else a read-only, query_only connection may do.
+    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK

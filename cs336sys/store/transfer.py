@@ -29,10 +29,11 @@ from typing import IO, Any
 from cs336sys.store import schema, views
 from cs336sys.store.db import (
     _PROVENANCE_COLUMNS,
-    BUSY_TIMEOUT_S,
     Store,
     StoreError,
     check_path,
+    open_untouched,
+    store_problem,
 )
 
 FORMATS = ("csv", "jsonl")
@@ -183,42 +184,28 @@ def check_other(other: str | Path, this: str | Path) -> Path:
     return other
 
 
-def open_untouched(path: str | Path) -> sqlite3.Connection:
-    """Open a store for reading without leaving any trace beside it.
-
-    A read-only open of a WAL-mode database creates `-wal`/`-shm` files beside it and
-    leaves them there (https://sqlite.org/wal.html, "Read-Only Databases"). When the store
-    has no `-wal` file no connection has it open in WAL mode (SQLite keeps the file while
-    one does), so it is read with `immutable=1`, which creates nothing; otherwise plain
-    `mode=ro` reads the live WAL consistently. (A writer that opens the store during the
-    read is not seen by an immutable read: merge or export again after it finishes.)
-    """
+def _open_other(path: str | Path) -> sqlite3.Connection:
     path = check_path(path)
     if not path.exists():
         raise StoreError(f"no results store at {path} (run an experiment first, or pass --db)")
-    uri = path.resolve().as_uri()
-    wal = path.with_name(path.name + "-wal")
-    uri += "?mode=ro" if wal.exists() else "?mode=ro&immutable=1"
     try:
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
-        conn.execute("PRAGMA query_only = ON")
+        return open_untouched(path)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc
-    return conn
 
 
 def snapshot(other: Path, dest: Path) -> int:
     """Copy OTHER into `dest` with the backup API, migrate the copy; returns OTHER's version."""
     try:
-        src = open_untouched(other)
+        src = _open_other(other)
         try:
             dst = sqlite3.connect(dest, isolation_level=None)
             try:
                 src.backup(dst)
                 found = schema.version(dst)
-                tables = {r[0] for r in dst.execute("SELECT name FROM sqlite_master")}
-                if found == 0 or not {"invocations", "runs"} <= tables:
-                    raise StoreError(f"{other} is a SQLite database but not a results store")
+                problem = store_problem(dst)
+                if problem:
+                    raise StoreError(f"{other} {problem}")
                 schema.migrate(dst)  # refuses a newer version; migrates an older one
             finally:
                 dst.close()
@@ -265,11 +252,6 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path) -> dict[str, int]:
                     f"SELECT count(*) FROM other.{table} o JOIN main.{table} m ON m.id = o.id "
                     f"WHERE NOT ({same})"
                 ).fetchone()[0]
-                if table == "runs":  # remember which runs are new, for kernel_stats
-                    conn.execute(
-                        "CREATE TEMP TABLE merge_new_runs AS SELECT id FROM other.runs "
-                        "WHERE id NOT IN (SELECT id FROM main.runs)"
-                    )
                 col_list = ", ".join(cols)
                 added = conn.execute(
                     f"INSERT OR IGNORE INTO main.{table} ({col_list}) "
@@ -282,13 +264,20 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path) -> dict[str, int]:
                         f"{table}_differing": differing,
                     }
                 )
-            # kernel_stats.id is a local rowid: let THIS number the copied rows.
+            # kernel_stats.id is a local rowid: let THIS number the copied rows. They are
+            # copied for every run of OTHER that has none here: the new runs, and runs that
+            # an older cs336sys stored without them (a Ctrl-C between the two writes).
+            conn.execute(
+                "CREATE TEMP TABLE merge_stats_runs AS SELECT DISTINCT run_id FROM "
+                "other.kernel_stats WHERE run_id IN (SELECT id FROM main.runs) AND run_id NOT "
+                "IN (SELECT run_id FROM main.kernel_stats)"
+            )
             cols = ", ".join(c for c in _columns(conn, "kernel_stats") if c != "id")
             counts["kernel_stats_added"] = conn.execute(
                 f"INSERT INTO main.kernel_stats ({cols}) SELECT {cols} FROM other.kernel_stats "
-                "WHERE run_id IN (SELECT id FROM temp.merge_new_runs) ORDER BY id"
+                "WHERE run_id IN (SELECT run_id FROM temp.merge_stats_runs) ORDER BY id"
             ).rowcount
-            conn.execute("DROP TABLE temp.merge_new_runs")
+            conn.execute("DROP TABLE temp.merge_stats_runs")
             conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
             conn.execute("ROLLBACK")

@@ -122,7 +122,10 @@ def typed(value: str) -> int | float | str:
     the text '16' would never equal the integer 16."""
     for kind in (int, float):
         try:
-            return kind(value)
+            number = kind(value)
         except ValueError:
-            pass
+            continue
+        if kind is int and not -(2**63) <= number < 2**63:
+            raise ValueError(f"{value} is outside SQLite's 64-bit integer range")
+        return number
     return value

@@ -1,0 +1,155 @@
+"""Bad input, as a hostile user types it: one clear line on stderr, exit code 2, and the
+store as it was (README, "Bad input"). Keep the list growing: every input that once slipped
+through (a traceback, an error row, a write) gets a line here."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from cs336sys.store import Store
+from tests.conftest import MICRO, invoke
+
+BIG = "9" * 400
+ATTN = ["attention", "--seq", "32", "--d-head", "16", "--batch", "1", "--device", "cpu"]
+COMM = ["comm", "--size", "1KB", "--world-size", "2"]
+DDP = ["ddp", "--size", "tiny", "--context-length", "16", "--world-size", "2"]
+
+# (what, arguments; {store}, {file}, {foreign}, {truncated}, {corrupted} are filled in)
+CASES = [
+    # a --db that cannot be a store
+    ("db under a file", ["model", *MICRO, "--db", "{file}/results.db"], "is a file, not a directory"),
+    ("foreign SQLite for a command that writes", ["model", *MICRO, "--db", "{foreign}"], "not a results store"),
+    ("foreign SQLite for sql", ["sql", "SELECT 1", "--db", "{foreign}"], "not a results store"),
+    ("report on a foreign store", ["report", "--db", "{foreign}", "--out", "{out}"], "not a results store"),
+    ("report on a truncated store", ["report", "--db", "{truncated}", "--out", "{out}"], "cannot"),
+    ("report on a corrupted store", ["report", "--db", "{corrupted}", "--out", "{out}"], "malformed"),
+    # times, paths and numbers out of range
+    ("since 99999999d", ["report", "--since", "99999999d", "--out", "{out}"], "further back"),
+    ("since 10000000000d", ["report", "--since", "10000000000d", "--out", "{out}"], "further back"),
+    ("since 9999999999w", ["report", "--since", "9999999999w", "--out", "{out}"], "further back"),
+    ("report --out impossible", ["report", "--out", "{file}/sub"], "--out"),
+    ("report --out unwritable", ["report", "--out", "/proc/cs336sys/report"], "--out"),
+    ("export --out impossible", ["db", "export", "--out", "/proc/cs336sys/runs.csv"], "--out"),
+    ("sql --param beyond 64 bits", ["sql", "SELECT ?", "-p", "9" * 30], "64-bit"),
+    ("report --where beyond 64 bits", ["report", "--where", f"seed={'9' * 30}", "--out", "{out}"], "64-bit"),
+    ("comm --size with 400 digits", [*COMM, "--size", BIG], "--size"),
+    ("model --seed beyond 64 bits", ["model", *MICRO, "--seed", str(2**64)], "--seed"),
+    ("attention --seed beyond 64 bits", [*ATTN, "--seed", str(2**64)], "--seed"),
+    ("memory --seed beyond 64 bits", ["memory", *MICRO, "--seed", str(2**64)], "--seed"),
+    ("ddp --seed beyond 64 bits", [*DDP, "--seed", str(2**64)], "--seed"),
+    ("autocast --seed beyond 64 bits", ["precision", "autocast", "--seed", str(2**64)], "--seed"),
+    # empty values are not the default
+    ("model --size ''", ["model", *MICRO[2:], "--size", ""], "--size: empty"),
+    ("model --mode ''", ["model", *MICRO, "--mode", ""], "--mode: empty"),
+    ("attention --impl ''", [*ATTN, "--impl", ""], "--impl: empty"),
+    ("attention --dtype ''", [*ATTN, "--dtype", ""], "--dtype: empty"),
+    ("comm --size ''", ["comm", "--world-size", "2", "--size", ""], "--size: empty"),
+    ("comm --size 1KB --size ''", [*COMM, "--size", ""], "--size: empty"),
+    ("report --since ''", ["report", "--since", "", "--out", "{out}"], "cannot read time"),
+    ("sql ''", ["sql", ""], "empty"),
+    # a typo that would run for days
+    ("model --steps 10M", ["model", *MICRO, "--steps", "10000000"], "at most 1,000,000"),
+    ("attention --iters 10M", [*ATTN, "--iters", "10000000"], "at most 1,000,000"),
+    ("comm --iters 10M", [*COMM, "--iters", "10000000"], "at most 1,000,000"),
+    ("accumulate --additions 10M", ["precision", "accumulate", "--additions", "10000000"], "at most 1,000,000"),
+]  # fmt: skip
+TIMEOUTS = ["abc", "0", "-1", "nan", "inf", ""]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A real store with one run, and the bad files the cases name."""
+    monkeypatch.delenv("CS336SYS_DB", raising=False)
+    monkeypatch.delenv("CS336SYS_DIST_TIMEOUT", raising=False)
+    here = tmp_path / "files"
+    here.mkdir()
+    store = here / "store.db"
+    with Store(store) as s:
+        inv = s.begin_invocation({"gpu": "cpu", "git_commit": "c"}, [], "model")
+        s.add_run(inv, "model", "ok", {"size": "tiny", "seed": 1}, {"step_ms_mean": 1.0})
+    con = sqlite3.connect(store)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.execute("PRAGMA journal_mode = DELETE")
+    con.close()
+    data = store.read_bytes()
+    (here / "truncated.db").write_bytes(data[:100])
+    page = 4096
+    corrupted = bytearray(data)
+    corrupted[2 * page : 2 * page + 64] = b"\xff" * 64  # a page past sqlite_master
+    (here / "corrupted.db").write_bytes(bytes(corrupted))
+    foreign = sqlite3.connect(here / "foreign.db")
+    foreign.execute("CREATE TABLE notes (x)")
+    foreign.execute("INSERT INTO notes VALUES ('my precious notes')")
+    foreign.commit()
+    foreign.close()
+    (here / "file").write_text("not a folder")
+    names = {"store": store, "file": here / "file", "foreign": here / "foreign.db",
+             "truncated": here / "truncated.db", "corrupted": here / "corrupted.db",
+             "out": tmp_path / "out"}  # fmt: skip
+    return here, names
+
+
+def _check(here: Path, names: dict, args: list[str], message: str, env=None) -> None:
+    before = _digest(here)
+    argv = [a.format(**names) for a in args]
+    if "--db" not in argv and argv[0] not in ("db",) or argv[:2] == ["db", "export"]:
+        argv += ["--db", str(names["store"])]
+    result = invoke(*argv)
+    assert result.exit_code == 2, (argv, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], lines
+    assert "Traceback" not in result.output
+    assert _digest(here) == before, "a file beside the store changed"  # nothing written
+    assert not names["out"].exists()
+
+
+@pytest.mark.parametrize("what, args, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_the_store_unchanged(files, what, args, message):
+    here, names = files
+    _check(here, names, args, message)
+
+
+@pytest.mark.parametrize("value", TIMEOUTS)
+def test_a_bad_dist_timeout_is_refused_before_any_rank_starts(files, monkeypatch, value):
+    here, names = files
+    monkeypatch.setenv("CS336SYS_DIST_TIMEOUT", value)
+    for args in (COMM, DDP):
+        _check(here, names, args, "CS336SYS_DIST_TIMEOUT must be a positive number")
+
+
+def test_a_foreign_database_keeps_its_journal_mode_and_bytes(files):
+    here, names = files
+    foreign = names["foreign"]
+    con = sqlite3.connect(foreign)
+    assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    con.close()
+    for command in (["model", *MICRO], ["precision", "accumulate"], ["db", "merge", str(names["store"])]):
+        _check(here, names, [*command, "--db", str(foreign)], "not a results store")
+    con = sqlite3.connect(foreign)
+    assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    assert con.execute("SELECT x FROM notes").fetchall() == [("my precious notes",)]
+    with pytest.raises(Exception, match="not a results store"):
+        Store(foreign)
+
+
+def test_sql_creates_no_file(files, tmp_path):
+    here, names = files
+    for statement in (f"ATTACH '{tmp_path / 'new.db'}' AS n", f"VACUUM INTO '{tmp_path / 'copy.db'}'"):
+        _check(here, names, ["sql", statement], "read-only")
+    assert not (tmp_path / "new.db").exists() and not (tmp_path / "copy.db").exists()
+
+
+def test_an_empty_or_new_file_becomes_a_store(tmp_path):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    for path in (empty, tmp_path / "new" / "results.db"):
+        with Store(path) as s:
+            assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 0}]
