@@ -97,6 +97,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/memory_cpu.py
 	$(PY) benchmarks/sharding_cpu.py
 	$(PY) benchmarks/report_speed.py
+	$(PY) benchmarks/stop_time.py
 
 # On a GPU host where torch and Triton are installed and nothing can be downloaded (README,
 # "On a GPU"): the checkout runs as it is, with the system's Python, and sqlite-utils and the
