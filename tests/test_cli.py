@@ -272,6 +272,26 @@ def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
     assert [r["context_length"] for r in rows(db_path)] == [8, 16]
 
 
+def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_path, monkeypatch):
+    from cs336sys.bench import provenance
+
+    monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
+    args = ["model", *MICRO, "--context-length", "8", "--mode", "forward"]
+    other = tmp_path / "h100.db"  # the same commit and point, measured on another box
+    assert invoke(*args, "--db", other).exit_code == 0
+    conn = sqlite3.connect(other)
+    conn.execute("UPDATE invocations SET host = 'gpu-box', gpu = 'NVIDIA H100 80GB HBM3', "
+                 "gpu_count = 1")  # fmt: skip
+    conn.commit()
+    conn.close()
+    assert invoke("db", "merge", other, "--db", db_path).exit_code == 0
+    result = invoke(*args, "--resume", "--db", db_path)
+    assert result.exit_code == 0 and "skipping" not in result.stderr
+    assert len(rows(db_path)) == 2  # measured here too
+    result = invoke(*args, "--resume", "--db", db_path)  # and now stored here: skipped
+    assert "skipping 1 point" in result.stderr and len(rows(db_path)) == 2
+
+
 @pytest.fixture
 def filled_db(db_path):
     assert (

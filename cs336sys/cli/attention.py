@@ -66,7 +66,7 @@ def attention(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
+        bool, typer.Option("--resume", help="Skip points stored ok by this commit on this machine.")
     ] = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:

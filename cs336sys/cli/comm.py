@@ -49,7 +49,7 @@ def comm(
         str, typer.Option(help="auto, cpu or cuda (picks the default backend).")
     ] = "auto",
     resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok for this commit.")
+        bool, typer.Option("--resume", help="Skip points stored ok by this commit on this machine.")
     ] = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:

@@ -9,7 +9,7 @@
     [(p.spec.context_length, p.result.metrics["step_ms_mean"]) for p in points]
 
 `run_sweep` is the only place that loops over specs. It applies `--resume` (points the sink
-already holds ok for this commit are not run again) and skip-after-OOM (once a point runs
+already holds ok for this commit on this machine are not run again) and skip-after-OOM (once a point runs
 out of memory, the points larger along the experiment's `oom_axis`, all else equal, are
 stored as `skipped`), stamps when each point started and how long it took, hands every
 finished point to the sink at once (so Ctrl-C or a crash keeps what was done), reports

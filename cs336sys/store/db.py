@@ -228,14 +228,18 @@ class Store:
 
     # -- reading --------------------------------------------------------------------------
 
-    def done_points(self, experiment: str, git_commit: str | None) -> set[str]:
-        """Point keys already stored with status ok for this commit (for --resume)."""
-        if git_commit is None:
+    def done_points(self, experiment: str, provenance: dict[str, Any]) -> set[str]:
+        """Point keys already stored with status ok by the same code on the same machine (for
+        --resume): the same git commit, host, GPU (name and count) or CPU model, and torch,
+        Triton and CUDA versions. A point merged from another machine is another
+        measurement and is run again."""
+        if provenance.get("git_commit") is None:
             return set()
+        same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
         rows = self.conn.execute(
             "SELECT r.point_key FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-            "WHERE r.experiment = ? AND r.status = 'ok' AND i.git_commit = ?",
-            (experiment, git_commit),
+            f"WHERE r.experiment = ? AND r.status = 'ok' AND {same}",
+            (experiment, *(provenance.get(c) for c in MACHINE)),
         )
         return {r[0] for r in rows}
 
@@ -244,6 +248,9 @@ class Store:
 
 
 _LINKED_TABLES = ("kernel_stats",)
+# What makes two stored points the same measurement besides their settings (--resume).
+MACHINE = ("git_commit", "host", "gpu", "gpu_count", "cpu", "torch_version", "triton_version",
+           "cuda_version")  # fmt: skip
 _PROVENANCE_COLUMNS = (
     "host",
     "device",

@@ -69,8 +69,8 @@ class Recorder:
         self.store.update_metrics(run_id, result.metrics)
 
     def done(self, experiment: Any) -> set[str]:
-        """Point keys stored with status ok at this git commit (for `--resume`)."""
-        return self.store.done_points(experiment.kind, self.provenance.get("git_commit"))
+        """Point keys stored ok by this code on this machine (for `--resume`)."""
+        return self.store.done_points(experiment.kind, self.provenance)
 
     # -- the invocation -----------------------------------------------------------------------
 
