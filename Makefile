@@ -11,8 +11,10 @@ DEMO_DB ?= db/results.db
 DEMO_REPORT ?= reports/demo
 # When this make started (UTC): the demo's report covers what the demo itself ran.
 DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
+CLI := $(VENV)/bin/cs336sys
+REPORT = $(CLI) report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT)
 
-.PHONY: install test demo lint bench clean-venv browser gpu-check wheels
+.PHONY: install test demo demo-full lint bench clean-venv browser gpu-check wheels
 
 install: $(STAMP)
 
@@ -44,37 +46,56 @@ browser:
 		echo "chromium not found and cannot be installed here: the report browser tests will fail"; \
 	fi
 
-# CPU-sized sweeps into $(DEMO_DB): end-to-end model timing (then its stored table),
-# attention implementations side by side (the Triton kernels through the interpreter),
-# collectives, the DDP variants and the sharded ones (optimizer state, FSDP) on two Gloo
-# ranks, precision experiments, profiles,
-# and a memory sweep with checkpointing; then the report of exactly those runs.
+# `make demo`: a first run in minutes (issue 14) -- one small sweep of each kind of
+# experiment into $(DEMO_DB), then the report of exactly those runs. fp32 only: bf16/fp16 are
+# emulated (and 30x slower) on CPUs without AVX512-BF16/FP16; `make demo-full` has them.
 demo: $(STAMP)
-	$(VENV)/bin/cs336sys model --db $(DEMO_DB) --size tiny --context-length 64,128 \
-		--batch-size 4 --mode forward,train --precision fp32,bf16 --warmup 2 --steps 5
-	$(VENV)/bin/cs336sys attention --db $(DEMO_DB) --impl naive,sdpa,flash-torch \
+	$(CLI) model --db $(DEMO_DB) --size tiny --seq 64,128 --batch 4 --mode forward,train \
+		--warmup 1 --iters 3
+	$(CLI) attention --db $(DEMO_DB) --attention naive,sdpa,flash-torch --seq 128,256 \
+		--d-head 32 --batch 2 --warmup 1 --iters 5
+	$(CLI) comm --db $(DEMO_DB) --op all-reduce,all-gather --bytes 1MB,10MB --world-size 2 \
+		--warmup 1 --iters 5
+	$(CLI) ddp --db $(DEMO_DB) --world-size 2 --seq 64 --impl flat,bucketed,torch,fsdp \
+		--bucket-mb 1 --warmup 1 --iters 2
+	$(CLI) memory --db $(DEMO_DB) --size tiny --seq 128 --batch 2 --mode train \
+		--checkpoint none,every:1 --warmup 1 --iters 1
+	$(CLI) precision accumulate --db $(DEMO_DB)
+	$(CLI) profile model --db $(DEMO_DB) --size tiny --seq 64 --batch 2 --warmup 1 --iters 2 \
+		--top 8
+	$(REPORT) --title "cs336sys demo (a first run: small CPU sweeps)"
+
+# `make demo-full`: the CPU-sized sweeps of everything: end-to-end model timing in fp32 and
+# bf16 (then its stored table), attention implementations side by side (the Triton kernels
+# through the interpreter), collectives, the DDP variants and the sharded ones (optimizer
+# state, FSDP) on two Gloo ranks, precision experiments, profiles, and a memory sweep with
+# checkpointing; then the report of exactly those runs.
+demo-full: $(STAMP)
+	$(CLI) model --db $(DEMO_DB) --size tiny --seq 64,128 \
+		--batch 4 --mode forward,train --precision fp32,bf16 --warmup 2 --iters 5
+	$(CLI) attention --db $(DEMO_DB) --attention naive,sdpa,flash-torch \
 		--seq 128,256,512 --d-head 32,64 --batch 4 --warmup 2 --iters 10
-	TRITON_INTERPRET=1 $(VENV)/bin/cs336sys attention --db $(DEMO_DB) --impl triton \
+	TRITON_INTERPRET=1 $(CLI) attention --db $(DEMO_DB) --attention triton \
 		--device cpu --seq 64 --d-head 32 --batch 1 --warmup 1 --iters 2
-	$(VENV)/bin/cs336sys comm --db $(DEMO_DB) --op all-reduce,all-gather,reduce-scatter,broadcast \
-		--size 1MB,10MB --world-size 2 --warmup 2 --iters 10
-	$(VENV)/bin/cs336sys ddp --db $(DEMO_DB) --world-size 2 --context-length 64 \
-		--bucket-mb 1,10,100 --warmup 1 --steps 3
-	$(VENV)/bin/cs336sys ddp --db $(DEMO_DB) --world-size 2 --context-length 64 \
-		--impl torch,fsdp,torch-fsdp --shard-optimizer --zero --warmup 1 --steps 3
-	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
-		--batch-size 4 --mode forward,train --checkpoint none,every:1,sqrt --warmup 1 --steps 2
-	$(VENV)/bin/cs336sys memory --db $(DEMO_DB) --size tiny --context-length 256 \
-		--batch-size 4 --mode train --warmup 1 --steps 1 --snapshot $(DEMO_REPORT)/snapshots
-	$(VENV)/bin/cs336sys memory residuals --db $(DEMO_DB) --size tiny --context-length 128 \
+	$(CLI) comm --db $(DEMO_DB) --op all-reduce,all-gather,reduce-scatter,broadcast \
+		--bytes 1MB,10MB --world-size 2 --warmup 2 --iters 10
+	$(CLI) ddp --db $(DEMO_DB) --world-size 2 --seq 64 \
+		--bucket-mb 1,10,100 --warmup 1 --iters 3
+	$(CLI) ddp --db $(DEMO_DB) --world-size 2 --seq 64 \
+		--impl torch,fsdp,torch-fsdp --shard-optimizer --zero --warmup 1 --iters 3
+	$(CLI) memory --db $(DEMO_DB) --size tiny --seq 256 \
+		--batch 4 --mode forward,train --checkpoint none,every:1,sqrt --warmup 1 --iters 2
+	$(CLI) memory --db $(DEMO_DB) --size tiny --seq 256 \
+		--batch 4 --mode train --warmup 1 --iters 1 --snapshot $(DEMO_REPORT)/snapshots
+	$(CLI) memory residuals --db $(DEMO_DB) --size tiny --seq 128 \
 		--impl eager,compiled
-	$(VENV)/bin/cs336sys precision accumulate --db $(DEMO_DB)
-	$(VENV)/bin/cs336sys precision autocast --db $(DEMO_DB) --dtype bf16,fp16
-	$(VENV)/bin/cs336sys profile model --db $(DEMO_DB) --size tiny --context-length 64 \
-		--batch-size 4 --warmup 2 --steps 3 --top 8
-	$(VENV)/bin/cs336sys profile attention --db $(DEMO_DB) --impl naive,sdpa --seq 256 \
+	$(CLI) precision accumulate --db $(DEMO_DB)
+	$(CLI) precision autocast --db $(DEMO_DB) --precision bf16,fp16
+	$(CLI) profile model --db $(DEMO_DB) --size tiny --seq 64 \
+		--batch 4 --warmup 2 --iters 3 --top 8
+	$(CLI) profile attention --db $(DEMO_DB) --attention naive,sdpa --seq 256 \
 		--d-head 64 --batch 4 --heads 4 --warmup 2 --iters 5 --top 5
-	$(VENV)/bin/cs336sys sql --db $(DEMO_DB) \
+	$(CLI) sql --db $(DEMO_DB) \
 		"SELECT size, context_length AS ctx, mode, precision, status, \
 		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \
 		        round(opt_ms_mean, 1) AS opt_ms, round(step_ms_mean, 1) AS step_ms, \
@@ -83,8 +104,7 @@ demo: $(STAMP)
 		  WHERE invocation_id = (SELECT id FROM invocations WHERE command = 'model' \
 		                          ORDER BY started DESC LIMIT 1) \
 		  ORDER BY created"
-	$(VENV)/bin/cs336sys report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT) \
-		--title "cs336sys demo (CPU-sized sweeps)"
+	$(REPORT) --title "cs336sys demo (CPU-sized sweeps)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,7 @@ all-reduces between two device syncs, time / iters. `cs336sys comm` adds a barri
 sync around every iteration and gathers per-rank times. Both run here on the same ranks
 and sizes, alternating, `--rounds` times; the medians are compared.
 
-    python benchmarks/comm_overhead.py [--size 1MB,10MB,100MB] [--world-size 2] [--rounds 7]
+    python benchmarks/comm_overhead.py [--bytes 1MB,10MB,100MB] [--world-size 2] [--rounds 7]
 
 Exits 1 unless comm's busbw is within 5% of the minimal loop's at every size.
 """
@@ -57,7 +57,7 @@ def _both(ctx, sizes: list[int], warmup: int, iters: int, rounds: int, backend: 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="1MB,10MB,100MB")
+    parser.add_argument("--bytes", default="1MB,10MB,100MB")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--backend", default=None)
     parser.add_argument("--warmup", type=int, default=5)
@@ -68,7 +68,7 @@ def main() -> int:
 
     backend = args.backend or default_backend("cuda" if torch.cuda.is_available() else "cpu")
     n = args.world_size
-    sizes = [exp.buffer_bytes(parse_size(s), "fp32", n) for s in args.size.split(",")]
+    sizes = [exp.buffer_bytes(parse_size(s), "fp32", n) for s in args.bytes.split(",")]
     rows = launch(_both, n, backend, args=(sizes, args.warmup, args.iters, args.rounds, backend))[0]
 
     factor = exp.busbw_factor("all-reduce", n)

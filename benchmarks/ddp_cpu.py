@@ -5,7 +5,7 @@ Two Gloo ranks train the tiny Transformer LM. All variants run in one process gr
 turn, for `--rounds` rounds (so slow drifts of a shared machine hit them all alike); each
 variant's figure is the median over rounds of its mean step time.
 
-    python benchmarks/ddp_cpu.py [--rounds 3] [--steps 8] [--bucket-mb 1,10,25,100] [--out DIR]
+    python benchmarks/ddp_cpu.py [--rounds 3] [--iters 8] [--bucket-mb 1,10,25,100] [--out DIR]
 
 Exits 1 unless bucketed at torch's own bucket cap (25 MiB) is within 10% of torch DDP.
 """
@@ -26,11 +26,11 @@ from cs336sys.models.config import from_preset
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
-    parser.add_argument("--context-length", type=int, default=128)
-    parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--bucket-mb", default="1,10,25,100")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="reports/ddp-cpu")
     args = parser.parse_args()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTENTION = ["--impl", "triton,sdpa", "--seq", "1024,4096,16384,65536", "--d-head", "16,32,64,128",
-             "--dtype", "bf16", "--batch", "1", "--heads", "16", "--causal", "--timer", "do-bench"]  # fmt: skip
+             "--precision", "bf16", "--batch", "1", "--heads", "16", "--causal", "--timer", "do-bench"]  # fmt: skip
 LEADERBOARD = ["--preset", "leaderboard"]
 STEPS = [  # (what, cs336sys arguments)
     ("attention: triton vs SDPA, d 16..128 x seq 1k..64k", ["attention", *ATTENTION]),
@@ -46,13 +46,13 @@ STEPS = [  # (what, cs336sys arguments)
      ["attention", *LEADERBOARD, "--impl", "sdpa", "--sdpa-backend", "flash"]),
     ("model: small..2.7B x fp32/bf16 x 3 modes, context 512",
      ["model", "--size", "small,medium,large,xl,2.7B", "--mode", "forward,forward-backward,train",
-      "--precision", "fp32,bf16", "--context-length", "512", "--warmup", "3", "--steps", "6"]),
+      "--precision", "fp32,bf16", "--seq", "512", "--warmup", "3", "--iters", "6"]),
     ("memory: xl at context 128 and 2048",
-     ["memory", "--size", "xl", "--context-length", "128,2048", "--mode", "forward,train",
+     ["memory", "--size", "xl", "--seq", "128,2048", "--mode", "forward,train",
       "--precision", "fp32,bf16"]),
     ("profile model: small and xl, bf16",
-     ["profile", "model", "--size", "small,xl", "--precision", "bf16", "--context-length", "512",
-      "--warmup", "3", "--steps", "5"]),
+     ["profile", "model", "--size", "small,xl", "--precision", "bf16", "--seq", "512",
+      "--warmup", "3", "--iters", "5"]),
 ]  # fmt: skip
 TESTS_TARGET_S, CHECK_TARGET_S = 120.0, 480.0
 LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # README, "cs336sys attention"

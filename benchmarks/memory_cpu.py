@@ -4,7 +4,7 @@ Runs the memory experiment (`cs336sys.experiments.memory.run`, the code behind
 `cs336sys memory`) for the `tiny` preset with checkpointing none, every:1 and sqrt, and
 writes a markdown table, with each point's memory timeline, to reports/memory-cpu/:
 
-    python benchmarks/memory_cpu.py [--context-length 256] [--batch-size 4] [--out DIR]
+    python benchmarks/memory_cpu.py [--seq 256] [--batch 4] [--out DIR]
 
 Peaks are live tensor bytes (the tracker in cs336sys/bench/live_tensors.py), not RSS. Step
 times come from untracked steps, so they carry no measuring overhead; on a shared CPU other
@@ -30,10 +30,10 @@ MIB = 2**20
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("reports/memory-cpu"))
     args = parser.parse_args()
 

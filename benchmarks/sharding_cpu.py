@@ -8,7 +8,7 @@ rank 0's, measured by the live-tensor tracker in one step after warm-up (paramet
 gradients just before the optimizer step, optimizer state just after it); step time is the
 median over rounds of each variant's mean.
 
-    python benchmarks/sharding_cpu.py [--rounds 2] [--steps 4] [--out reports/sharding-cpu]
+    python benchmarks/sharding_cpu.py [--rounds 2] [--iters 4] [--out reports/sharding-cpu]
 
 Exits 1 unless the sharded optimizer holds at most 60% of DDP's optimizer state per rank
 (a saving of at least 40%) at world size 2.
@@ -39,10 +39,10 @@ MIB = 2**20
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny")
-    parser.add_argument("--context-length", type=int, default=128)
-    parser.add_argument("--global-batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default="reports/sharding-cpu")
     args = parser.parse_args()

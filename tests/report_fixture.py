@@ -155,5 +155,42 @@ def build(path: Path) -> Path:
         {"phase": "backward", "rank": 1, "name": "sm90_xmma_gemm_bf16", "calls": 60,
          "total_ms": 15.0, "mean_ms": 0.25, "share": 0.75, "time_basis": "cuda"},
     ])  # fmt: skip
+    _issue14(run, tc, k)
     store.close()
     return path
+
+
+# The value a float32 running sum of 0.01 gives after 1000 additions: the report shows it
+# to the last digit, never rounded to 10.
+F32_SUM = 10.000133514404297
+OPT_PEAK = 1100 * 2**20  # the optimizer step's peak: the same with or without checkpointing
+
+
+def _issue14(run, tc, k) -> None:
+    """Rows for what each section must show (issue 14): Triton points timed under
+    TRITON_INTERPRET=1 beside native CPU naive ones at the same shapes; a checkpointing group
+    whose step peak the optimizer sets (checkpointing lowers only the activation peaks); a
+    float32 sum with all its digits."""
+    for impl in ("naive", "triton"):
+        for seq in (128, 256):
+            s = {"impl": impl, "seq": seq, "d_head": 32, "heads": 4, "batch": 1,
+                 "dtype": "fp32", "causal": True, "pass": "fwd+bwd", "device": "cpu"}  # fmt: skip
+            f = (seq / 128) ** 2 * (0.2 if impl == "naive" else 10.0)
+            m = {"fwd_ms_mean": f, "fwd_ms_std": f / 50, "bwd_ms_mean": 2 * f, "bwd_ms_std": f / 25,
+                 "e2e_ms_mean": 3 * f, "e2e_ms_std": f / 20, "e2e_ms_median": 3 * f,
+                 "tflops_e2e": 1e-3 / f, "max_err": 1e-6 if impl == "naive" else 7e-7,
+                 "mem_before_bwd_bytes": seq * seq * 4 * 4 * 4, "interpreted": impl == "triton"}  # fmt: skip
+            run("inv-c", "attention", "ok", tc.format(next(k)), s, m)
+    for ckpt, act in (("none", 1.0), ("every:1", 0.4), ("sqrt", 0.5)):
+        s = {"size": "medium", "context_length": 128, "batch_size": 4, "mode": "train",
+             "precision": "fp32", "checkpoint": ckpt, "device": "cuda"}  # fmt: skip
+        fwd, bwd = (600 + 400 * act) * 2**20, (700 + 380 * act) * 2**20
+        m = {"peak_bytes": max(fwd, bwd, OPT_PEAK), "fwd_peak_bytes": fwd, "bwd_peak_bytes": bwd,
+             "opt_peak_bytes": OPT_PEAK, "saved_bytes": 300 * act * 2**20,
+             "optim_bytes": 400 * 2**20, **_stats("step", 200 * (2 - act), 2)}  # fmt: skip
+        run("inv-c", "memory", "ok", tc.format(next(k)), s, m)
+    run("inv-c", "precision", "ok", tc.format(next(k)),
+        {"kind": "accumulate", "variant": "float32 sum", "accumulator_dtype": "float32",
+         "value_dtype": "float32", "additions": 1000, "device": "cpu"},
+        {"result": F32_SUM, "target": 10.0, "error_vs_target": F32_SUM - 10.0,
+         "addend": 0.009999999776482582})  # fmt: skip

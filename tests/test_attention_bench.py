@@ -172,7 +172,7 @@ BAD = [
     (["--impl", "magic"], "unknown value 'magic'"),
     (["--preset", "fastest"], "--preset"),
     (["--pass", "sideways"], "--pass"),
-    (["--dtype", "fp8"], "--dtype"),
+    (["--precision", "fp8"], "--precision"),
     (["--timer", "do-bench"], "needs CUDA"),
     (["--timer", "stopwatch"], "--timer"),
     (["--sdpa-backend", "fastest"], "--sdpa-backend"),

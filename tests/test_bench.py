@@ -39,9 +39,14 @@ def test_summarize_matches_statistics_module():
         "min": 1.0,
         "median": 3.0,
         "max": 5.0,
+        # numpy's default percentiles on [1, 1, 3, 4, 5], by hand: p at (n-1)·q = 4q
+        "p10": 1.0,  # 0.4: between 1 and 1
+        "p90": 4.6,  # 3.6: 4 + 0.6·(5 - 4)
+        "iqr": 3.0,  # Q3 at 3.0 is 4, Q1 at 1.0 is 1
     }
-    assert summarize([2.0])["std"] == 0.0
-    assert summarize([]) == dict.fromkeys(("mean", "std", "min", "median", "max"))
+    assert summarize([2.0]) == {"mean": 2.0, "std": 0.0, "min": 2.0, "median": 2.0, "max": 2.0,
+                                "p10": 2.0, "p90": 2.0, "iqr": 0.0}  # fmt: skip
+    assert summarize([]) == dict.fromkeys(("mean", "std", "min", "median", "max", "p10", "p90", "iqr"))
 
 
 def test_oom_detection():

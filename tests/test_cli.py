@@ -54,8 +54,8 @@ def test_hand_written_defaults_reach_the_help():
     """A default written into a help text survives rendering (Rich markup used to eat
     "[default: ...]" as a style tag)."""
     for path, default in (
-        (["model"], "[default: small]"),
-        (["attention"], "[default: 256,1024,4096,8192,16384]"),
+        (["model"], "[default: small on CUDA, tiny on CPU]"),
+        (["attention"], "[default: 256,1024,4096,8192,16384 on CUDA, 128,256,512,1024 on CPU]"),
         (["report"], "[default: both]"),
     ):
         result = invoke(*path, "--help")
@@ -64,7 +64,7 @@ def test_hand_written_defaults_reach_the_help():
 
 def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
     result = invoke(
-        "model", *MICRO, "--context-length", "16,32", "--mode", "forward,train", "--db", db_path
+        "model", *MICRO, "--seq", "16,32", "--mode", "forward,train", "--db", db_path
     )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
@@ -127,7 +127,7 @@ def test_list_options_accept_commas_and_repetition(db_path):
     result = invoke(
         "model",
         *MICRO,
-        "--context-length",
+        "--seq",
         "16",
         "--precision",
         "fp32",
@@ -146,7 +146,7 @@ def test_list_options_accept_commas_and_repetition(db_path):
 def test_db_from_environment_variable(tmp_path, monkeypatch):
     path = tmp_path / "from-env.db"
     monkeypatch.setenv("CS336SYS_DB", str(path))
-    result = invoke("model", *MICRO, "--context-length", "8", "--mode", "forward")
+    result = invoke("model", *MICRO, "--seq", "8", "--mode", "forward")
     assert result.exit_code == 0, result.output
     assert len(rows(path)) == 1
 
@@ -169,7 +169,7 @@ def test_simulated_oom_is_a_row_and_the_sweep_goes_on(db_path, monkeypatch):
         torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB"),
     )
     result = invoke(
-        "model", *MICRO, "--context-length", "8,16,32", "--mode", "train", "--db", db_path
+        "model", *MICRO, "--seq", "8,16,32", "--mode", "train", "--db", db_path
     )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
@@ -181,7 +181,7 @@ def test_simulated_oom_is_a_row_and_the_sweep_goes_on(db_path, monkeypatch):
 def test_other_exceptions_are_error_rows(db_path, monkeypatch):
     _fail_at(monkeypatch, 8, ValueError("boom"))
     result = invoke(
-        "model", *MICRO, "--context-length", "8,16", "--mode", "forward", "--db", db_path
+        "model", *MICRO, "--seq", "8,16", "--mode", "forward", "--db", db_path
     )
     assert result.exit_code == 1  # the sweep finished, but a point failed
     got = rows(db_path)
@@ -194,22 +194,22 @@ BAD_INPUTS = [
     (["--size", "huge"], "unknown size"),
     (["--attention", "magic"], "unknown value 'magic'"),
     (["--d-model", "66", "--num-heads", "4"], "divisible"),
-    (["--steps", "0"], "--steps must be positive"),
-    (["--steps", "-3"], "--steps must be positive"),
+    (["--iters", "0"], "--iters must be positive"),
+    (["--iters", "-3"], "--iters must be positive"),
     (["--warmup", "-1"], "--warmup"),
     (["--mode", "inference"], "--mode"),
     (["--precision", "fp8"], "--precision"),
-    (["--context-length", "abc"], "not an integer"),
-    (["--context-length", "0"], "must be positive"),
-    (["--context-length", "65537"], "above the model's maximum context length 65536"),
-    (["--batch-size", "-2"], "must be positive"),
+    (["--seq", "abc"], "not an integer"),
+    (["--seq", "0"], "must be positive"),
+    (["--seq", "65537"], "above the model's maximum context length 65536"),
+    (["--batch", "-2"], "must be positive"),
     (["--device", "tpu"], "unknown device"),
 ]
 
 
 @pytest.mark.parametrize("args,message", BAD_INPUTS)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, args, message):
-    result = invoke("model", *MICRO, "--context-length", "8", *args, "--db", db_path)
+    result = invoke("model", *MICRO, "--seq", "8", *args, "--db", db_path)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], result.stderr
@@ -228,7 +228,7 @@ def test_triton_attention_without_cuda_or_interpreter_is_bad_input(db_path, monk
         pytest.skip("this machine has CUDA")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     result = invoke(
-        "model", *MICRO, "--context-length", "8", "--attention", "triton", "--db", db_path
+        "model", *MICRO, "--seq", "8", "--attention", "triton", "--db", db_path
     )
     assert (
         result.exit_code == 2
@@ -240,7 +240,7 @@ def test_triton_attention_without_cuda_or_interpreter_is_bad_input(db_path, monk
 def test_db_that_is_not_sqlite_is_bad_input_and_untouched(tmp_path):
     path = tmp_path / "results.db"
     path.write_bytes(b"not a database, but something precious\n")
-    for args in (["model", *MICRO, "--context-length", "8"], ["sql", "SELECT 1"]):
+    for args in (["model", *MICRO, "--seq", "8"], ["sql", "SELECT 1"]):
         result = invoke(*args, "--db", path)
         assert result.exit_code == 2 and "not a SQLite database" in result.stderr
     assert path.read_bytes() == b"not a database, but something precious\n"
@@ -253,14 +253,14 @@ def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
     monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
     assert (
         invoke(
-            "model", *MICRO, "--context-length", "8", "--mode", "forward", "--db", db_path
+            "model", *MICRO, "--seq", "8", "--mode", "forward", "--db", db_path
         ).exit_code
         == 0
     )
     result = invoke(
         "model",
         *MICRO,
-        "--context-length",
+        "--seq",
         "8,16",
         "--mode",
         "forward",
@@ -276,7 +276,7 @@ def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_pa
     from cs336sys.bench import provenance
 
     monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
-    args = ["model", *MICRO, "--context-length", "8", "--mode", "forward"]
+    args = ["model", *MICRO, "--seq", "8", "--mode", "forward"]
     other = tmp_path / "h100.db"  # the same commit and point, measured on another box
     assert invoke(*args, "--db", other).exit_code == 0
     conn = sqlite3.connect(other)
@@ -296,7 +296,7 @@ def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_pa
 def filled_db(db_path):
     assert (
         invoke(
-            "model", *MICRO, "--context-length", "8,16", "--mode", "forward", "--db", db_path
+            "model", *MICRO, "--seq", "8,16", "--mode", "forward", "--db", db_path
         ).exit_code
         == 0
     )
@@ -406,7 +406,7 @@ def test_help_and_sql_import_nothing_heavy(filled_db, args, heavy):
 @pytest.mark.slow
 def test_compiled_model_runs_and_is_recorded(db_path):
     result = invoke(
-        "model", *MICRO, "--context-length", "16", "--mode", "train", "--compile", "--db", db_path
+        "model", *MICRO, "--seq", "16", "--mode", "train", "--compile", "--db", db_path
     )
     assert result.exit_code == 0, result.output
     (row,) = rows(db_path)
@@ -420,7 +420,7 @@ def test_model_trains_with_each_attention(db_path, attention):
     result = invoke(
         "model",
         *MICRO,
-        "--context-length",
+        "--seq",
         "24",
         "--mode",
         "train",
@@ -428,7 +428,7 @@ def test_model_trains_with_each_attention(db_path, attention):
         attention,
         "--warmup",
         "0",
-        "--steps",
+        "--iters",
         "4",
         "--db",
         db_path,

@@ -87,7 +87,7 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
     result = runner.invoke(
         app,
         ["comm", "--db", str(db_path), "--op", "all-reduce,all-gather,reduce-scatter,broadcast",
-         "--size", "4KB,1MB", "--dtype", "fp32,bf16", "--world-size", "2", "--warmup", "1",
+         "--bytes", "4KB,1MB", "--precision", "fp32,bf16", "--world-size", "2", "--warmup", "1",
          "--iters", "3"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -106,7 +106,7 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
 
 def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "cs336sys", "comm", "--db", str(db_path), "--size", "1KB",
+           "-m", "cs336sys", "comm", "--db", str(db_path), "--bytes", "1KB",
            "--op", "all-reduce,broadcast", "--warmup", "1", "--iters", "2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,10 +137,10 @@ def test_under_torchrun_a_failed_point_is_stored_by_rank0_and_ends_the_run(db_pa
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--size", "10XB"], "--size"),
+        (["--bytes", "10XB"], "--bytes"),
         (["--op", "all-to-all"], "--op"),
         (["--world-size", "0"], "--world-size must be positive"),
-        (["--dtype", "fp64"], "--dtype"),
+        (["--precision", "fp64"], "--precision"),
         (["--iters", "0"], "--iters"),
         (["--backend", "mpi"], "--backend"),
         (["--backend", "nccl", "--device", "cpu"], "nccl needs CUDA"),

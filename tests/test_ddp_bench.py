@@ -13,8 +13,8 @@ from tests.conftest import view_rows
 runner = CliRunner()
 rows = view_rows('ddp_runs')
 MICRO = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
-         "--num-heads", "4", "--vocab-size", "256", "--context-length", "32",
-         "--global-batch", "4", "--warmup", "1", "--steps", "3"]  # fmt: skip
+         "--num-heads", "4", "--vocab-size", "256", "--seq", "32",
+         "--batch", "4", "--warmup", "1", "--iters", "3"]  # fmt: skip
 
 
 
@@ -86,14 +86,14 @@ def test_same_seed_same_first_loss_for_every_variant(swept):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--global-batch", "5"], "does not split evenly over 2 ranks"),
+        (["--batch", "5"], "does not split evenly over 2 ranks"),
         (["--impl", "zero"], "--impl"),
         (["--impl", "fsdp2"], "--impl"),
         (["--bucket-mb", "0"], "--bucket-mb must be positive"),
         (["--bucket-mb", "big"], "not a number"),
         (["--size", "huge"], "--size"),
         (["--precision", "fp8"], "--precision"),
-        (["--steps", "0"], "--steps"),
+        (["--iters", "0"], "--iters"),
         (["--backend", "nccl", "--device", "cpu"], "nccl needs CUDA"),
     ],
 )

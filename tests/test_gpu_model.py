@@ -21,7 +21,7 @@ def test_cuda_point_records_gpu_mfu_and_memory(tmp_path):
             "model",
             "--size",
             "small",
-            "--context-length",
+            "--seq",
             "256",
             "--mode",
             "train",
@@ -31,7 +31,7 @@ def test_cuda_point_records_gpu_mfu_and_memory(tmp_path):
             "cuda",
             "--warmup",
             "2",
-            "--steps",
+            "--iters",
             "3",
             "--db",
             str(db),
@@ -59,7 +59,7 @@ def test_real_oom_is_a_row_and_the_sweep_goes_on(tmp_path):
             "model",
             "--size",
             "10B,tiny",
-            "--context-length",
+            "--seq",
             "128",
             "--mode",
             "train",
@@ -67,7 +67,7 @@ def test_real_oom_is_a_row_and_the_sweep_goes_on(tmp_path):
             "cuda",
             "--warmup",
             "1",
-            "--steps",
+            "--iters",
             "2",
             "--db",
             str(db),
@@ -83,8 +83,8 @@ def test_small_bf16_train_is_launch_bound_and_2_7b_fp32_is_not(tmp_path):
     db = tmp_path / "r.db"
     for size, precision in (("small", "bf16"), ("2.7B", "fp32")):
         result = runner.invoke(app, ["model", "--size", size, "--precision", precision,
-                                     "--mode", "train", "--batch-size", "4", "--context-length",
-                                     "512", "--device", "cuda", "--warmup", "3", "--steps", "5",
+                                     "--mode", "train", "--batch", "4", "--seq",
+                                     "512", "--device", "cuda", "--warmup", "3", "--iters", "5",
                                      "--db", str(db)])  # fmt: skip
         assert result.exit_code == 0, result.output
     small, big = _rows(db)

@@ -15,8 +15,8 @@ from tests.conftest import MICRO, invoke
 
 BIG = "9" * 400
 ATTN = ["attention", "--seq", "32", "--d-head", "16", "--batch", "1", "--device", "cpu"]
-COMM = ["comm", "--size", "1KB", "--world-size", "2"]
-DDP = ["ddp", "--size", "tiny", "--context-length", "16", "--world-size", "2"]
+COMM = ["comm", "--bytes", "1KB", "--world-size", "2"]
+DDP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2"]
 
 # (what, arguments; {store}, {file}, {foreign}, {truncated}, {corrupted} are filled in)
 CASES = [
@@ -36,7 +36,7 @@ CASES = [
     ("export --out impossible", ["db", "export", "--out", "/proc/cs336sys/runs.csv"], "--out"),
     ("sql --param beyond 64 bits", ["sql", "SELECT ?", "-p", "9" * 30], "64-bit"),
     ("report --where beyond 64 bits", ["report", "--where", f"seed={'9' * 30}", "--out", "{out}"], "64-bit"),
-    ("comm --size with 400 digits", [*COMM, "--size", BIG], "--size"),
+    ("comm --bytes with 400 digits", [*COMM, "--bytes", BIG], "--bytes"),
     ("model --seed beyond 64 bits", ["model", *MICRO, "--seed", str(2**64)], "--seed"),
     ("attention --seed beyond 64 bits", [*ATTN, "--seed", str(2**64)], "--seed"),
     ("memory --seed beyond 64 bits", ["memory", *MICRO, "--seed", str(2**64)], "--seed"),
@@ -45,14 +45,14 @@ CASES = [
     # empty values are not the default
     ("model --size ''", ["model", *MICRO[2:], "--size", ""], "--size: empty"),
     ("model --mode ''", ["model", *MICRO, "--mode", ""], "--mode: empty"),
-    ("attention --impl ''", [*ATTN, "--impl", ""], "--impl: empty"),
-    ("attention --dtype ''", [*ATTN, "--dtype", ""], "--dtype: empty"),
-    ("comm --size ''", ["comm", "--world-size", "2", "--size", ""], "--size: empty"),
-    ("comm --size 1KB --size ''", [*COMM, "--size", ""], "--size: empty"),
+    ("attention --impl ''", [*ATTN, "--impl", ""], "--attention: empty"),
+    ("attention --precision ''", [*ATTN, "--precision", ""], "--precision: empty"),
+    ("comm --bytes ''", ["comm", "--world-size", "2", "--bytes", ""], "--bytes: empty"),
+    ("comm --bytes 1KB --bytes ''", [*COMM, "--bytes", ""], "--bytes: empty"),
     ("report --since ''", ["report", "--since", "", "--out", "{out}"], "cannot read time"),
     ("sql ''", ["sql", ""], "empty"),
     # a typo that would run for days
-    ("model --steps 10M", ["model", *MICRO, "--steps", "10000000"], "at most 1,000,000"),
+    ("model --iters 10M", ["model", *MICRO, "--iters", "10000000"], "at most 1,000,000"),
     ("attention --iters 10M", [*ATTN, "--iters", "10000000"], "at most 1,000,000"),
     ("comm --iters 10M", [*COMM, "--iters", "10000000"], "at most 1,000,000"),
     ("accumulate --additions 10M", ["precision", "accumulate", "--additions", "10000000"], "at most 1,000,000"),

@@ -121,7 +121,7 @@ def _memory(db, *args):
 
 def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     snap = tmp_path / "snap"
-    result = _memory(db_path, "--context-length", "64", "--mode", "forward,train",
+    result = _memory(db_path, "--seq", "64", "--mode", "forward,train",
                      "--checkpoint", "none,every:1", "--snapshot", snap)  # fmt: skip
     assert result.exit_code == 0, result.output
     got = rows(db_path, "SELECT * FROM memory_runs ORDER BY created")
@@ -162,7 +162,12 @@ def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     assert none["peak_bytes"] != every1["peak_bytes"]  # activations, not AdamW, set the peak
     for r in (none, every1):
         assert r["lowest_peak"] == (r["peak_bytes"] == lowest)
-    assert "<- lowest" in result.stdout and "peak MiB" in result.stdout
+    # the printed table compares what checkpointing changes against `none`
+    table = result.stdout.splitlines()
+    head = next(line for line in table if "bwd peak vs none" in line)
+    assert "saved vs none" in head and "peak MiB" in head
+    ratio = every1["saved_bytes"] / none["saved_bytes"]
+    assert any(f"{ratio:.2f}×" in line and "every:1" in line for line in table)
     inv = rows(db_path, "SELECT command, exit_status FROM invocations")
     assert inv == [{"command": "memory", "exit_status": 0}]
 
@@ -176,7 +181,7 @@ def test_oom_is_a_row_and_does_not_compete_for_lowest(db_path, monkeypatch):
         return original(self, token_ids, *a, **kw)
 
     monkeypatch.setattr(TransformerLM, "forward", forward)
-    result = _memory(db_path, "--context-length", "16", "--checkpoint", "none,every:2,every:1")
+    result = _memory(db_path, "--seq", "16", "--checkpoint", "none,every:2,every:1")
     assert result.exit_code == 0, result.output
     got = rows(db_path, "SELECT checkpoint, status, lowest_peak FROM memory_runs ORDER BY created")
     assert [(r["checkpoint"], r["status"]) for r in got] == [
@@ -186,7 +191,7 @@ def test_oom_is_a_row_and_does_not_compete_for_lowest(db_path, monkeypatch):
 
 def test_residuals_rows(db_path):
     result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "64", "--d-ff", "128",
-                    "--num-heads", "4", "--context-length", "32", "--batch-size", "2",
+                    "--num-heads", "4", "--seq", "32", "--batch", "2",
                     "--impl", "eager", "--device", "cpu", "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path, "SELECT * FROM memory_residuals_runs")
@@ -208,7 +213,7 @@ def test_residuals_rows(db_path):
 @pytest.mark.slow
 def test_residuals_compiled_is_one_node(db_path):
     result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
-                    "--num-heads", "2", "--context-length", "16", "--impl", "eager,compiled",
+                    "--num-heads", "2", "--seq", "16", "--impl", "eager,compiled",
                     "--device", "cpu", "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     eager, compiled = rows(db_path, "SELECT * FROM memory_residuals_runs ORDER BY created")
@@ -221,7 +226,7 @@ def test_residuals_compiled_is_one_node(db_path):
 @pytest.mark.gpu
 def test_memory_on_cuda_uses_the_allocator_and_writes_the_pickle(db_path, tmp_path):
     args = [a if a != "cpu" else "cuda" for a in MICRO]
-    result = invoke("memory", *args, "--context-length", "64", "--snapshot", tmp_path,
+    result = invoke("memory", *args, "--seq", "64", "--snapshot", tmp_path,
                     "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path, "SELECT * FROM memory_runs")
@@ -250,8 +255,8 @@ BAD = [
     (["memory", *MICRO, "--snapshot", "{file}/sub"], "not a directory"),
     # os.access says yes to root here; the write is tried
     (["memory", *MICRO, "--snapshot", "/proc/cs336sys-snapshot"], "cannot write in /proc"),
-    (["memory", "--size", "tiny", "--context-length", "100000"], "maximum context length"),
-    (["memory", "residuals", "--size", "tiny", "--context-length", "100000"], "maximum context"),
+    (["memory", "--size", "tiny", "--seq", "100000"], "maximum context length"),
+    (["memory", "residuals", "--size", "tiny", "--seq", "100000"], "maximum context"),
     (["memory", "--size", "xl", "residuals"], "belongs after the subcommand"),
     (["memory", "residuals", "--impl", "jit"], "--impl"),
     (["memory", "residuals", "--size", "huge"], "unknown size"),

@@ -161,7 +161,7 @@ OBSERVED_COLUMNS = ("param_dtype", "fc1_dtype", "relu_dtype", "ln_dtype", "logit
 
 
 def test_autocast_bf16_on_cpu_matches_torch_op_lists(db_path):
-    result = invoke("precision", "autocast", "--dtype", "bf16", "--device", "cpu", "--db", db_path)
+    result = invoke("precision", "autocast", "--precision", "bf16", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     [r] = rows(db_path)
     assert (r["status"], r["kind"], r["dtype"], r["device"]) == ("ok", "autocast", "bf16", "cpu")
@@ -184,7 +184,7 @@ def test_autocast_bf16_on_cpu_matches_torch_op_lists(db_path):
 
 
 def test_autocast_fp16_on_cpu_is_observed_not_crashed(db_path):
-    result = invoke("precision", "autocast", "--dtype", "fp16", "--device", "cpu", "--db", db_path)
+    result = invoke("precision", "autocast", "--precision", "fp16", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     [r] = rows(db_path)
     if r["status"] == "skipped":  # an older torch may not autocast float16 on CPU
@@ -202,7 +202,7 @@ def test_autocast_that_disables_itself_is_a_stored_skip(db_path, monkeypatch):
     # float64 is no autocast dtype on CPU: torch warns and disables autocast. The row must say
     # so rather than record float32 dtypes as if autocast had run.
     monkeypatch.setitem(exp._TORCH_DTYPE, "fp16", "float64")
-    result = invoke("precision", "autocast", "--dtype", "bf16,fp16", "--device", "cpu",
+    result = invoke("precision", "autocast", "--precision", "bf16,fp16", "--device", "cpu",
                     "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     ok, skipped = rows(db_path)
@@ -219,7 +219,7 @@ def test_autocast_that_disables_itself_is_a_stored_skip(db_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_autocast_on_cuda_matches_torch_op_lists(db_path):
-    result = invoke("precision", "autocast", "--dtype", "bf16,fp16", "--device", "cuda",
+    result = invoke("precision", "autocast", "--precision", "bf16,fp16", "--device", "cuda",
                     "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     for r in rows(db_path):
@@ -256,10 +256,10 @@ BAD = [
     (["accumulate", "--additions", "0"], "--additions must be positive"),
     (["accumulate", "--value", "nan"], "--value must be a finite number"),
     (["accumulate", "--device", "tpu"], "unknown device"),
-    (["autocast", "--dtype", "fp8"], "--dtype: unknown value 'fp8'"),
-    (["autocast", "--dtype", "fp32"], "--dtype: unknown value 'fp32'"),
+    (["autocast", "--precision", "fp8"], "--precision: unknown value 'fp8'"),
+    (["autocast", "--precision", "fp32"], "--precision: unknown value 'fp32'"),
     (["autocast", "--in-features", "0"], "--in-features must be positive"),
-    (["autocast", "--batch-size", "-1"], "--batch-size must be positive"),
+    (["autocast", "--batch", "-1"], "--batch must be positive"),
 ]
 
 

@@ -140,7 +140,7 @@ def test_ranges_are_profiler_events_only_when_asked():
 
 
 def test_profile_model_rows_and_kernel_stats(db_path):
-    result = invoke("profile", "model", *MICRO, "--context-length", "16", "--top", "1000",
+    result = invoke("profile", "model", *MICRO, "--seq", "16", "--top", "1000",
                     "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
@@ -230,7 +230,7 @@ def test_trace_writes_valid_chrome_json(db_path, tmp_path):
 
 
 def test_nvtx_mode_profiles_nothing_and_still_times(db_path):
-    result = invoke("profile", "model", *MICRO, "--context-length", "8", "--mode", "forward",
+    result = invoke("profile", "model", *MICRO, "--seq", "8", "--mode", "forward",
                     "--nvtx", "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
@@ -257,14 +257,14 @@ def test_nsys_prints_and_runs_the_capture_command(db_path, tmp_path, monkeypatch
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setattr(cli_profile, "_nvtx_on", lambda dev: True)  # as if on a GPU
-    args = ["profile", "model", *MICRO, "--context-length", "8,16", "--top", "7"]
+    args = ["profile", "model", *MICRO, "--seq", "8,16", "--top", "7"]
     printed = invoke(*args, "--nsys", "--db", db_path)
     assert printed.exit_code == 0 and not log.exists()
     line = printed.stdout.strip()
     for part in ("profile --trace=cuda,nvtx,osrt --capture-range=nvtx",
                  "--nvtx-capture=measured_steps --capture-range-end=stop",
                  "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0",
-                 "-m cs336sys profile model --size tiny --context-length 8,16",
+                 "-m cs336sys profile model --size tiny --seq 8,16",
                  "--num-layers 2", "--top 7", f"--db {db_path} --nvtx"):  # fmt: skip
         assert part in line, (part, line)
     ran = invoke(*args, "--nsys", "--exec", "--db", db_path)
@@ -288,7 +288,7 @@ def test_nsys_prints_and_runs_the_capture_command(db_path, tmp_path, monkeypatch
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, extra, message):
     extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
-    result = invoke("profile", "model", *MICRO, "--context-length", "8", *extra, "--db", db_path)
+    result = invoke("profile", "model", *MICRO, "--seq", "8", *extra, "--db", db_path)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], lines
@@ -297,7 +297,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, e
 
 def test_bad_attention_input_uses_the_attention_validation(db_path):
     result = invoke("profile", "attention", *ATTN, "--impl", "magic", "--db", db_path)
-    assert result.exit_code == 2 and "--impl: unknown value 'magic'" in result.stderr
+    assert result.exit_code == 2 and "--attention: unknown value 'magic'" in result.stderr
     assert not db_path.exists()
 
 
@@ -322,7 +322,7 @@ def test_v2_store_is_migrated_and_keeps_its_rows(db_path):
     )
     conn.close()
     with Store(db_path) as s:
-        assert schema.version(s.conn) == schema.SCHEMA_VERSION == 3
+        assert schema.version(s.conn) == schema.SCHEMA_VERSION == 4
         assert s.query("SELECT run_id, size, step_ms_mean FROM model_runs") == [
             {"run_id": "r1", "size": "small", "step_ms_mean": 3.0}
         ]
@@ -339,7 +339,7 @@ def test_v2_store_is_migrated_and_keeps_its_rows(db_path):
 @pytest.mark.gpu
 def test_profile_on_cuda_ranks_kernels_by_device_time(db_path):
     micro = [a if a != "cpu" else "cuda" for a in MICRO]
-    result = invoke("profile", "model", *micro, "--context-length", "64", "--db", db_path)
+    result = invoke("profile", "model", *micro, "--seq", "64", "--db", db_path)
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
     assert run["time_basis"] == "cuda" and run["qk_ms"] > 0 and run["fwd_profiled_ms"] > 0
@@ -357,7 +357,7 @@ def test_profile_on_cuda_finds_the_backward_kernels(db_path):
     """Backward launches its kernels from autograd's own thread; they are backward's, and a
     train step's backward does about twice the forward's work."""
     micro = [a if a != "cpu" else "cuda" for a in MICRO]
-    result = invoke("profile", "model", *micro, "--context-length", "128", "--mode", "train",
+    result = invoke("profile", "model", *micro, "--seq", "128", "--mode", "train",
                     "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.report.compare import changed
 from cs336sys.report.plots import short
 from cs336sys.report.sections import panels, with_gpu
 from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
@@ -45,7 +44,7 @@ def test_golden_markdown(store, tmp_path):
     assert got == GOLDEN.read_text()
     # the images the markdown references are written beside it, as PNG files
     refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", got)
-    assert len(refs) == 6
+    assert len(refs) == 7
     for ref in refs:
         assert (tmp_path / ref).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.stdout.splitlines()[0] == str(tmp_path / "report.md")
@@ -60,7 +59,7 @@ def test_html_is_self_contained_and_escapes_hostile_settings(store, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;T&lt;/b&gt;" in html
     assert "it&#39;s &#34;quoted&#34;" in html
     # every plot embedded, nothing that loads from elsewhere
-    assert html.count('src="data:image/png;base64,') == 6
+    assert html.count('src="data:image/png;base64,') == 7  # with the model's step chart
     assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", html, re.I)
     assert not re.search(r"url\(|@import|<link|<script|<iframe", html, re.I)
     for title in ("Model:", "Attention:", "Memory: peaks", "Memory: saved", "Collectives:",
@@ -107,29 +106,6 @@ def test_filters_select_exactly_the_matching_runs(store, tmp_path):
     assert "ok 3, oom 1 (in 1 invocations)" in md  # only inv-a's rows
 
 
-def test_compare_flags_a_real_change_and_not_noise(store, tmp_path):
-    result = report(store, tmp_path, "--compare", "aaaa", "bbbb", "--format", "md")
-    assert result.exit_code == 0, result.output
-    md = (tmp_path / "report.md").read_text()
-    assert "by commit" in md
-    # the matched points differ only in precision, so that alone names them
-    rows = [ln for ln in md.splitlines() if ln.startswith("| precision=")]
-    assert "| precision=fp32 | 100 | 120 | 1.200 | 98–102 | 118–122 | changed +20% |" in rows
-    assert "| precision=bf16 | 50 | 51 | 1.020 | 49–51 | 50–52 |  |" in rows
-    assert len(rows) == 2  # the compiled point exists only at A; error/oom rows never match
-
-
-def test_changed_needs_both_the_threshold_and_disjoint_ranges():
-    def p(mean, lo=None, hi=None):
-        return {"mean": mean, "lo": lo, "hi": hi}
-
-    assert changed(p(100, 99, 101), p(106, 105, 107))  # +6%, disjoint
-    assert not changed(p(100, 90, 110), p(106, 100, 112))  # +6%, overlapping: noise
-    assert not changed(p(100, 99, 101), p(104, 103.5, 104.5))  # disjoint but only +4%
-    assert changed(p(100), p(94))  # no spread known: the 5% rule alone
-    assert not changed(p(100), p(95.5))
-
-
 def test_parse_time_against_hand_computed_instants():
     now = datetime(2026, 1, 6, 15, 30, 0, tzinfo=timezone.utc)
     assert parse_time("today", now) == "2026-01-06 00:00:00.000000"
@@ -147,9 +123,9 @@ def test_parse_time_against_hand_computed_instants():
 
 
 def test_where_values_are_bound_never_spliced():
-    sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "n=16"]))).clause()
+    sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "seq=16"]))).clause()
     assert "a'b" not in sql and "size" not in sql and params == ["size", "a'b;--", "size",
-                                                                 "a'b;--", "n", 16, "n", "16"]  # fmt: skip
+                                                                 "a'b;--", "seq", 16, "seq", "16"]  # fmt: skip
     for bad in ("novalue", "=x", "a.b=1", "x') OR 1=1 --=y"):
         with pytest.raises(SelectionError):
             parse_where([bad])
@@ -161,6 +137,7 @@ def test_where_values_are_bound_never_spliced():
         (["--experiment", "modle"], "--experiment: unknown value 'modle'"),
         (["--since", "last tuesday"], "cannot read time 'last tuesday'"),
         (["--where", "size"], "expected KEY=VALUE"),
+        (["--where", "context_lenght=128"], "no experiment has a setting 'context_lenght'; did you mean 'context_length'?"),
         (["--format", "pdf"], "--format: unknown value 'pdf'"),
         (["--compare", "aaaa", "zzzz"], "'zzzz' matches no commit"),
         (["--compare", "aaaa", "cpu"], "'aaaa' is a commit but 'cpu' is a gpu"),
@@ -254,7 +231,10 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
     t = point_table(model.TABLE, [steady, spiky])
     step = t.headers.index("step ms")
     assert t.rows[0][step] == "20 ± 1"
-    assert t.rows[1][step] == "20 ± 5 (median 19, noisy)"
+    assert t.rows[1][step] == "20 ± 5 (median 19, noisy)"  # stored before p10/p90/IQR
+    spiky.update(step_ms_p10=18.0, step_ms_p90=27.5, step_ms_iqr=2.25)
+    t = point_table(model.TABLE, [steady, spiky])
+    assert t.rows[1][step] == "20 ± 5 (median 19, p10–p90 18–27.5, IQR 2.25, noisy)"
     assert t.rows[1][t.headers.index("host-bound")] == "fwd,bwd"
     assert "noisy: the std is more than 10 % of the mean" in t.note
     assert "host-bound: the phases whose host time" in t.note

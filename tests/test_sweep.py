@@ -56,7 +56,7 @@ class Events(Quiet):
 def test_run_sweep_from_python_writes_the_rows_the_cli_writes(tmp_path, monkeypatch):
     monkeypatch.delenv("CS336SYS_DB", raising=False)
     cli_db, py_db = tmp_path / "cli.db", tmp_path / "python.db"
-    result = invoke("model", *MICRO, "--context-length", "16,32", "--mode", "forward,train",
+    result = invoke("model", *MICRO, "--seq", "16,32", "--mode", "forward,train",
                     "--db", cli_db)  # fmt: skip
     assert result.exit_code == 0, result.output
     specs = model.specs(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-STATS = ("mean", "std", "min", "median", "max")
+from cs336sys.bench.stats import STATS
 
 
 @dataclass(frozen=True)

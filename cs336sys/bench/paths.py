@@ -27,3 +27,36 @@ def why_unwritable(folder: str | Path) -> str | None:
     except OSError as exc:
         return f"cannot write in {existing} ({exc.strerror or exc})"
     return None
+
+
+def git_top(start: str | Path | None = None) -> Path | None:
+    """The top folder of the git checkout `start` (default: the current folder) is in, or
+    None outside one. A `.git` file counts too (worktrees, submodules)."""
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def user_data_dir() -> Path:
+    """Where a user's own data goes: $XDG_DATA_HOME or ~/.local/share on Linux, Application
+    Support on macOS, %LOCALAPPDATA% on Windows; a `cs336sys` folder in it."""
+    import os
+    import sys
+
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    elif sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "cs336sys"
+
+
+def default_store(start: str | Path | None = None) -> Path:
+    """The results store a command uses without --db or CS336SYS_DB: db/results.db at the
+    top of the git checkout you stand in (never a new ./db in whatever folder that is), or
+    results.db in the user's data folder outside a checkout (README, "The store")."""
+    top = git_top(start)
+    return top / "db" / "results.db" if top is not None else user_data_dir() / "results.db"

@@ -72,7 +72,7 @@ def choices(
 def positive_ints(
     values: Iterable[Any] | None, option: str, default: Iterable[int] = ()
 ) -> list[int]:
-    """Split a list option of positive integers (`--context-length 128,256`)."""
+    """Split a list option of positive integers (`--seq 128,256`)."""
     items = listed(values, option, default)
     if values is None:
         return items
@@ -88,7 +88,7 @@ def positive_ints(
     return out
 
 
-def counts(warmup: int, steps: int, steps_option: str = "--steps") -> None:
+def counts(warmup: int, steps: int, steps_option: str = "--iters") -> None:
     """Refuse a non-positive number of timed steps, a negative warm-up, and either above
     MAX_STEPS."""
     if steps <= 0:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys.bench.device import synchronize
+from cs336sys.bench.progress import step_done
 
 # A phase whose host time is at least this share of its wall time is launch-bound.
 LAUNCH_BOUND = 0.9
@@ -73,6 +74,7 @@ def time_loop(
             samples.append((time.perf_counter() - t0) * 1e3)
             if host is not None:
                 host.append((returned - t0) * 1e3)
+        step_done(i + 1, warmup + iters)
     return samples
 
 

@@ -10,6 +10,7 @@ import os
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from cs336sys import __version__
 from cs336sys.cli.attention import attention
@@ -24,12 +25,23 @@ from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
 
+
+class Root(TyperGroup):
+    """The root group: rewrites the old spellings of options (cli/vocabulary.py) for the
+    command named on the line before anything parses them."""
+
+    def parse_args(self, ctx, args):  # noqa: ANN001, ANN201 (click's signature)
+        from cs336sys.cli.vocabulary import aliases_for, command_path, rewrite
+
+        return super().parse_args(ctx, rewrite(args, aliases_for(command_path(self, args))))
+
+
 app = typer.Typer(
     name="cs336sys",
-    help="A lab bench for LLM-systems work: measure a Transformer's training step, store "
-    "every point in SQLite (db/results.db), compare runs.",
+    cls=Root,
     no_args_is_help=True,
-    add_completion=False,
+    # `cs336sys --install-completion` sets up tab completion for bash, zsh, fish, PowerShell.
+    add_completion=True,
     pretty_exceptions_enable=False,
     # Help texts are plain text: with Rich markup on, "[default: small]" was read as a
     # style tag and silently dropped from every --help.
@@ -50,11 +62,17 @@ def _root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
-    """A lab bench for LLM-systems work.
+    """A lab bench for LLM-systems work: each command measures, stores every point in
+    SQLite tagged with the GPU, commit and settings, and prints a table; `report` compares
+    stored runs.
 
-    Example:
+    Examples:
 
-        cs336sys model --size small --mode train --precision fp32,bf16
+        cs336sys model --size tiny --precision fp32,bf16
+
+        cs336sys attention --seq 1024,4096 --attention sdpa,flash-torch
+
+        cs336sys report --since today --out reports/
     """
 
 
@@ -84,5 +102,6 @@ def main() -> None:
     try:
         app()
     except Terminated as exc:
-        typer.echo(f"{exc}: the points finished so far are stored", err=True)
+        if not getattr(exc, "announced", False):
+            typer.echo(f"{exc}: the points finished so far are stored", err=True)
         raise SystemExit(143) from None

@@ -6,30 +6,57 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, Bar, DbOption, check_db, recording, show, user_errors
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    Bar,
+    DbOption,
+    check_db,
+    emulated,
+    recording,
+    show,
+    user_errors,
+)
+from cs336sys.cli.options import Label, Resume
 
 ListOpt = list[str] | None
 
+# Shared with `profile attention` (cli/profile.py): one declaration, one help text.
+AttentionImpl = Annotated[
+    ListOpt,
+    typer.Option(
+        "--attention",
+        "--impl",
+        help="Attention implementation(s): naive, compiled, sdpa, flash-torch, triton. "
+        "[default: all but triton and compiled on CPU]",
+    ),
+]
+AttentionSeq = Annotated[
+    ListOpt,
+    typer.Option(
+        help="Sequence length(s). [default: 256,1024,4096,8192,16384 on CUDA, "
+        "128,256,512,1024 on CPU]"
+    ),
+]
+DHead = Annotated[
+    ListOpt, typer.Option(help="Head dimension(s). [default: 16,32,64,128 on CUDA, 32,64 on CPU]")
+]
+AttentionBatch = Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 8 on CUDA, 4 on CPU]")]
+Heads = Annotated[
+    int | None,
+    typer.Option(help="Heads, for (batch, heads, seq, d) inputs; omit for (batch, seq, d)."),
+]
+AttentionPrecision = Annotated[
+    ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")
+]
+
 
 def attention(
-    impl: Annotated[
-        ListOpt,
-        typer.Option(
-            help="naive, compiled, sdpa, flash-torch, triton. [default: all but triton/compiled on CPU]"
-        ),
-    ] = None,
-    seq: Annotated[
-        ListOpt, typer.Option(help="Sequence length(s). [default: 256,1024,4096,8192,16384]")
-    ] = None,
-    d_head: Annotated[
-        ListOpt, typer.Option(help="Head dimension(s). [default: 16,32,64,128]")
-    ] = None,
-    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 8]")] = None,
-    heads: Annotated[
-        int | None,
-        typer.Option(help="Heads, for (batch, heads, seq, d) inputs; omit for (batch, seq, d)."),
-    ] = None,
-    dtype: Annotated[ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")] = None,
+    attention: AttentionImpl = None,
+    seq: AttentionSeq = None,
+    d_head: DHead = None,
+    batch: AttentionBatch = None,
+    heads: Heads = None,
+    precision: AttentionPrecision = None,
     causal: Annotated[
         bool | None, typer.Option("--causal/--no-causal", help="Causal mask. [default: causal]")
     ] = None,
@@ -39,10 +66,13 @@ def attention(
     ] = None,
     warmup: Annotated[
         int | None,
-        typer.Option(help="Untimed calls before each timed pass (loop timer). [default: 10]"),
+        typer.Option(
+            help="Untimed calls before each timed pass (loop timer). [default: 10 on CUDA, 3 on CPU]"
+        ),
     ] = None,
     iters: Annotated[
-        int | None, typer.Option(help="Timed calls per pass (loop timer). [default: 100]")
+        int | None,
+        typer.Option(help="Timed calls per pass (loop timer). [default: 100 on CUDA, 10 on CPU]"),
     ] = None,
     timer: Annotated[
         str | None,
@@ -51,7 +81,7 @@ def attention(
         ),
     ] = None,
     sdpa_backend: Annotated[
-        str, typer.Option(help="For --impl sdpa: auto, flash, efficient, math or cudnn.")
+        str, typer.Option(help="For sdpa: auto, flash, efficient, math or cudnn.")
     ] = "auto",
     preset: Annotated[
         str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
@@ -65,35 +95,35 @@ def attention(
     ] = True,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok by this commit on this machine.")
-    ] = False,
+    resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time attention implementations forward, backward and end to end; one row per point.
 
-    Each point is checked once against a float32 reference (max_err), and records the memory in use before backward (CUDA: allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without CUDA, --impl triton needs TRITON_INTERPRET=1 (rows are marked interpreted).
+    Each point is checked once against a float32 reference (max_err), and records the memory in use before backward (CUDA: allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl is another name for --attention here.
 
     Example:
 
-        cs336sys attention --seq 16384 --impl triton,sdpa --dtype bf16
+        cs336sys attention --seq 16384 --attention triton,sdpa --precision bf16
     """  # noqa: E501
     from cs336sys.experiments import attention as exp
     from cs336sys.experiments.sweep import run_sweep
 
     with user_errors():
         specs = exp.specs(
-            impl=impl, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=dtype,
+            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer=timer,
             sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
         )  # fmt: skip
     check_db(db)
-    with recording(db, "attention", specs[0].device) as rec:
+    emulated(specs[0].device, [s.dtype for s in specs])
+    with recording(db, "attention", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           skip_after_oom=skip_after_oom, progress=Bar("attention", label))  # fmt: skip
+                           skip_after_oom=skip_after_oom, progress=Bar("attention", point_name))  # fmt: skip
         show(exp.EXPERIMENT, points)
 
 
-def label(spec) -> str:
+def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
     return f"{spec.impl} seq={spec.seq} d={spec.d_head} {spec.dtype}"

@@ -12,10 +12,12 @@ from cs336sys.cli.common import (
     DbOption,
     check_db,
     fail,
+    oversubscribed,
     recording,
     show,
     user_errors,
 )
+from cs336sys.cli.options import Label, Resume
 
 ListOpt = list[str] | None
 
@@ -27,10 +29,12 @@ def comm(
             help="all-reduce, all-gather, reduce-scatter, broadcast. [default: all-reduce]"
         ),
     ] = None,
-    size: Annotated[
+    bytes_: Annotated[
         ListOpt,
         typer.Option(
-            help="Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). [default: 1MB,10MB,100MB,1GB]"
+            "--bytes",
+            help="Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). "
+            "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
         ),
     ] = None,
     world_size: Annotated[
@@ -42,15 +46,20 @@ def comm(
     backend: Annotated[
         str | None, typer.Option(help="gloo or nccl. [default: nccl on CUDA, else gloo]")
     ] = None,
-    dtype: Annotated[ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")] = None,
-    warmup: Annotated[int, typer.Option(help="Untimed iterations per point.")] = 5,
-    iters: Annotated[int, typer.Option(help="Timed iterations per point.")] = 20,
+    precision: Annotated[
+        ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Untimed iterations per point. [default: 5 on CUDA, 2 on CPU]")
+    ] = None,
+    iters: Annotated[
+        int | None, typer.Option(help="Timed iterations per point. [default: 20 on CUDA, 10 on CPU]")
+    ] = None,
     device: Annotated[
         str, typer.Option(help="auto, cpu or cuda (picks the default backend).")
     ] = "auto",
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Skip points stored ok by this commit on this machine.")
-    ] = False,
+    resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time collectives across ranks; store time, algbw and busbw (nccl-tests' formulas).
@@ -59,9 +68,9 @@ def comm(
 
     Examples:
 
-        cs336sys comm --op all-reduce,all-gather --size 1MB,100MB --world-size 2
+        cs336sys comm --op all-reduce,all-gather --bytes 1MB,100MB --world-size 2
 
-        torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --size 1GB
+        torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB
     """  # noqa: E501
     from cs336sys.experiments import comm as exp
     from cs336sys.experiments.ranks import torchrun_rank
@@ -72,18 +81,20 @@ def comm(
         # Ranks must run identical point lists; only rank 0 can read its store.
         fail("--resume is not supported under torchrun")
     with user_errors():
-        specs = exp.specs(op=op, size=size, world_size=world_size, backend=backend, dtype=dtype,
-                          warmup=warmup, iters=iters, device=device)  # fmt: skip
+        specs = exp.specs(op=op, size=bytes_, world_size=world_size, backend=backend,
+                          dtype=precision, warmup=warmup, iters=iters, device=device)  # fmt: skip
     check_db(db)
+    if not rank:
+        oversubscribed(specs)
     device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
-    with recording(db, "comm", device_name, rank) as rec:
+    with recording(db, "comm", device_name, rank, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("comm", label, on=not rank))  # fmt: skip
+                           progress=Bar("comm", point_name, on=not rank))  # fmt: skip
         if not rank:
             show(exp.EXPERIMENT, points)
 
 
-def label(spec) -> str:
+def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
     from cs336sys.bench.units import format_size
 

@@ -9,6 +9,7 @@ import heavy modules inside their bodies.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,22 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+# Stands for "not given": resolved by `_default_store` when the command runs, so that the
+# store is found from the folder the user stands in (bench/paths.py, default_store).
 DEFAULT_DB = Path("db/results.db")
+
+
+def _default_store(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
+    """--db as given, CS336SYS_DB, else db/results.db at the top of this git checkout (or the
+    user's data folder outside one)."""
+    from cs336sys.bench.paths import default_store
+
+    source = ctx.get_parameter_source(param.name)
+    # By name: typer may bring its own copy of click, whose ParameterSource is another enum.
+    if getattr(source, "name", "") in ("DEFAULT", "DEFAULT_MAP"):
+        return default_store()
+    return value
+
 
 DbOption = Annotated[
     Path,
@@ -25,6 +41,9 @@ DbOption = Annotated[
         envvar="CS336SYS_DB",
         help="SQLite results store (or set CS336SYS_DB).",
         dir_okay=False,
+        callback=_default_store,
+        show_default="db/results.db at the top of this git checkout, else "
+        "results.db in the user data folder",
     ),
 ]
 
@@ -66,6 +85,42 @@ def check_db(db: Path) -> None:
         fail(exc)
 
 
+# Measured on this project's 2-core CI box (a Xeon with AVX512-BF16 but no AVX512-FP16):
+# `cs336sys model --size tiny --precision fp32,fp16 --device cpu`, median step time, fp16
+# emulated via float32 took 30.6x fp32's (benchmarks/emulated_precision.py measures it again).
+EMULATED_SLOWDOWN = 30
+
+
+def emulated(device: str, precisions: Iterable[str]) -> None:
+    """One line on stderr for each 16-bit precision this CPU only emulates: such a sweep
+    is not stuck, it is slow (issue 14: bf16 on a CPU without AVX512-BF16 ran 18 minutes)."""
+    if not device.startswith("cpu"):
+        return
+    from cs336sys.experiments.precision import native_support
+
+    for dtype in dict.fromkeys(p for p in precisions if p in ("bf16", "fp16")):
+        native, why = native_support("cpu", dtype)
+        if native is False:
+            typer.echo(f"warning: {dtype} is emulated on this CPU ({why}); expect each step "
+                       f"to take about {EMULATED_SLOWDOWN}x as long as in fp32", err=True)  # fmt: skip
+
+
+def oversubscribed(specs: Iterable[Any]) -> None:
+    """One line on stderr when Gloo ranks outnumber the cores this process may use: the
+    ranks then share cores and the times measure that contention too."""
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    worlds = sorted({s.world_size for s in specs if s.backend == "gloo" and s.world_size > cores})
+    if worlds:
+        typer.echo(f"warning: --world-size {','.join(map(str, worlds))} runs more ranks than "
+                   f"the {cores} CPU core(s) here: ranks share cores, so times include that "
+                   "contention", err=True)  # fmt: skip
+
+
 class NullSink:
     """The sink of ranks other than 0 under torchrun: they measure but never write."""
 
@@ -76,9 +131,12 @@ class NullSink:
 
 
 @contextmanager
-def recording(db: Path, command: str, device: str, rank: int | None = None) -> Iterator[Any]:
+def recording(
+    db: Path, command: str, device: str, rank: int | None = None, label: str | None = None
+) -> Iterator[Any]:
     """The store's Recorder for this invocation, as the sweep's sink; records how the
-    command ended, and ends it with exit code 1 when a point was stored as `error`.
+    command ended, names the store on stderr at the end (after Ctrl-C: how many points it
+    holds and how to go on), and ends with exit code 1 when a point was stored as `error`.
     Under torchrun (`rank` given) only rank 0 writes."""
     if rank:
         sink = NullSink()
@@ -89,57 +147,121 @@ def recording(db: Path, command: str, device: str, rank: int | None = None) -> I
     from cs336sys.store.recorder import Recorder
 
     try:
-        rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]])
+        rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label)
     except StoreError as exc:
         fail(exc)
     status = 1
+
+    def stopped(why: str) -> None:
+        typer.echo(f"\n{why}: {rec.added} point(s) stored in {db}; run the same command with "
+                   "--resume to measure the rest", err=True)  # fmt: skip
+
     try:
         yield rec
         status = 1 if rec.errors else 0
     except KeyboardInterrupt:
         status = 130
-        raise
-    except Terminated:
+        stopped("Interrupted")
+        raise typer.Exit(130) from None  # not click's "Aborted!" with exit code 1
+    except Terminated as exc:
         status = 143  # 128 + SIGTERM, as a shell reports it
+        stopped(str(exc))
+        exc.announced = True  # main() need not say it again
         raise
     except typer.Exit as exc:
         status = exc.exit_code
         raise
     finally:
         rec.close(status)
+    typer.echo(f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})",
+               err=True)  # fmt: skip
     if rec.errors:
         raise typer.Exit(1)
 
 
 class Bar:
-    """The sweep runner's progress, as a bar on stderr (stdout stays clean for tables)."""
+    """The sweep's progress on stderr (stdout stays clean for tables): on a terminal a bar
+    that moves per point and names the running point and its step; elsewhere (a log, CI)
+    plain lines: one per finished point, and one every EVERY_S seconds inside a long one."""
 
-    def __init__(self, label: str, show: Callable[[Any], str] | None = None, on: bool = True):
+    EVERY_S = 10.0
+
+    def __init__(
+        self,
+        label: str,
+        show: Callable[[Any], str] | None = None,
+        on: bool = True,
+        tty: bool | None = None,
+    ):
         self.label, self.show, self.on = label, show, on
+        self.tty = sys.stderr.isatty() if tty is None else tty
         self.bar: Any = None
+        self.total = self.done = 0
+        self.current: Any = None  # the spec of the point now running
+        self.step = ""  # "step 3/15" inside it
+        self._last = 0.0
+        self._hook: Any = None
+
+    def _name(self, spec: Any) -> str:
+        return self.show(spec) if spec is not None and self.show else ""
 
     def start(self, experiment: Any, total: int) -> None:
-        if self.on:
+        if not self.on:
+            return
+        from cs336sys.bench.progress import on_step
+
+        self.total = total
+        if self.tty:
             self.bar = typer.progressbar(
                 length=total, label=self.label, file=sys.stderr, show_pos=True,
-                item_show_func=lambda spec: self.show(spec) if spec is not None and self.show else None,
+                item_show_func=lambda _: f"{self._name(self.current)} {self.step}".strip() or None,
             )  # fmt: skip
             self.bar.__enter__()
+        else:
+            typer.echo(f"{self.label}: {total} point(s)", err=True)
+        self._hook = on_step(self.tick)
+        self._hook.__enter__()
 
     def resumed(self, skipped: int) -> None:
         typer.echo(f"--resume: skipping {skipped} point(s) already stored", err=True)
 
+    def begin(self, spec: Any) -> None:
+        self.current, self.step, self._last = spec, "", time.monotonic()
+
+    def tick(self, done: int, total: int, point: Any = None) -> None:
+        """A step of the running point finished (`point` given by distributed runs)."""
+        now = time.monotonic()
+        if point is not None and point is not self.current:
+            self.current, self._last = point, now
+        self.step = f"step {done}/{total}"
+        if self.bar is not None:
+            if now - self._last >= 0.1 or done == total:
+                self._last = now
+                self.bar.render_progress()
+        elif self.on and now - self._last >= self.EVERY_S:
+            self._last = now
+            typer.echo(f"{self.label} [{self.done + 1}/{self.total}] "
+                       f"{self._name(self.current)}: {self.step}", err=True)  # fmt: skip
+
     def advance(self, point: Any) -> None:
+        self.done += 1
         result = point.result
         if result.status == "error" and self.on:
             brief = " ".join(f"{k}={v}" for k, v in point.spec.settings().items()
                              if k not in ("device", "seed"))  # fmt: skip
             typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
+        self.step = ""
         if self.bar is not None:
-            self.bar.current_item = point.spec  # shown by item_show_func
             self.bar.update(1)
+        elif self.on:
+            took = f" in {result.duration_s:.1f} s" if result.duration_s is not None else ""
+            typer.echo(f"{self.label} [{self.done}/{self.total}] {self._name(point.spec)}: "
+                       f"{result.status}{took}", err=True)  # fmt: skip
 
     def finish(self) -> None:
+        if self._hook is not None:
+            self._hook.__exit__(None, None, None)
+            self._hook = None
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
             self.bar = None

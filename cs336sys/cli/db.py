@@ -44,6 +44,17 @@ def export(
     samples: Annotated[
         bool, typer.Option("--samples", help="Include each run's raw samples (big).")
     ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Runs created since: today, yesterday, 7d, 12h, 2026-01-05 or an ISO datetime (UTC)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Runs created before this (same forms; a day means its end).")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE on the run's settings or its label, host, command (repeatable)."),
+    ] = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export stored runs as CSV or JSONL, one record per run.
@@ -53,13 +64,27 @@ def export(
     Example:
 
         cs336sys db export --format csv --experiment model,attention --out runs.csv
+
+        cs336sys db export --since 7d --where label=baseline --format jsonl
     """
+    from datetime import datetime, timezone
+
     from cs336sys.bench.sweep import split_list
+    from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
 
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
+    now = datetime.now(timezone.utc)
+    try:  # the same filters as `report`, as one SQL condition
+        condition = Selection(
+            since=parse_time(since, now) if since is not None else None,
+            until=parse_time(until, now, end=True) if until is not None else None,
+            where=tuple(parse_where(where or [])),
+        ).clause()
+    except SelectionError as exc:
+        fail(exc)
     if out is not None and out.is_dir():
         fail(f"--out: {out} is a directory")
     if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
@@ -77,9 +102,9 @@ def export(
             if name not in known:
                 fail(f"--experiment: unknown value {name!r}; choose from {', '.join(known)}")
         if out is None:
-            n = export(conn, sys.stdout, fmt, wanted, samples)
+            n = export(conn, sys.stdout, fmt, wanted, samples, condition)
         else:
-            n = _export_to_file(conn, out, fmt, wanted, samples)
+            n = _export_to_file(conn, out, fmt, wanted, samples, condition)
     except OSError as exc:  # --out where nothing can be written
         fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
     except sqlite3.DatabaseError as exc:
@@ -90,7 +115,7 @@ def export(
     typer.echo(f"exported {n} run{'s' if n != 1 else ''}{where}", err=True)
 
 
-def _export_to_file(conn, out: Path, fmt: str, wanted: list[str], samples: bool) -> int:
+def _export_to_file(conn, out: Path, fmt: str, wanted: list[str], samples: bool, condition) -> int:
     """Write beside `out` and rename at the end: a failed export leaves no half file."""
     from cs336sys.store.transfer import export
 
@@ -101,7 +126,7 @@ def _export_to_file(conn, out: Path, fmt: str, wanted: list[str], samples: bool)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            n = export(conn, fh, fmt, wanted, samples)
+            n = export(conn, fh, fmt, wanted, samples, condition)
         os.replace(tmp, out)
     except BaseException:
         os.unlink(tmp)

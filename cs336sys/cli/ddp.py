@@ -11,12 +11,14 @@ from cs336sys.cli.common import (
     Bar,
     DbOption,
     check_db,
+    emulated,
     fail,
+    oversubscribed,
     recording,
     show,
     user_errors,
 )
-from cs336sys.cli.options import DFF, DModel, NumHeads, NumLayers, Resume, VocabSize
+from cs336sys.cli.options import DFF, DModel, Label, NumHeads, NumLayers, Resume, VocabSize
 
 ListOpt = list[str] | None
 
@@ -48,24 +50,31 @@ def ddp(
         ListOpt, typer.Option(help="Bucket caps in MiB, for bucketed. [default: 1,10,100,1000]")
     ] = None,
     size: Annotated[
-        str | None, typer.Option(help="Model size preset. [default: tiny on CPU, xl on GPU]")
+        ListOpt, typer.Option(help="Model size preset(s). [default: xl on CUDA, tiny on CPU]")
     ] = None,
-    context_length: Annotated[
-        int | None, typer.Option(help="Sequence length. [default: 128 on CPU, 512 on GPU]")
+    seq: Annotated[
+        ListOpt, typer.Option(help="Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
     ] = None,
-    global_batch: Annotated[
-        int | None,
+    batch: Annotated[
+        ListOpt,
         typer.Option(
-            help="Sequences per step over all ranks, split evenly. [default: 4 CPU, 8 GPU]"
+            help="Sequences per step over all ranks (the global batch), split evenly. "
+            "[default: 8 on CUDA, 4 on CPU]"
         ),
     ] = None,
     world_size: Annotated[ListOpt, typer.Option(help="Ranks. [default: 2]")] = None,
     backend: Annotated[
         str | None, typer.Option(help="gloo or nccl. [default: nccl on CUDA, else gloo]")
     ] = None,
-    precision: Annotated[ListOpt, typer.Option(help="fp32 and/or bf16 (autocast).")] = None,
-    warmup: Annotated[int, typer.Option(help="Untimed steps per point.")] = 3,
-    steps: Annotated[int, typer.Option(help="Timed steps per point.")] = 10,
+    precision: Annotated[
+        ListOpt, typer.Option(help="fp32, bf16 and/or fp16 (autocast). [default: fp32]")
+    ] = None,
+    warmup: Annotated[
+        int | None, typer.Option(help="Untimed steps per point. [default: 3 on CUDA, 2 on CPU]")
+    ] = None,
+    iters: Annotated[
+        int | None, typer.Option(help="Timed steps per point. [default: 10 on CUDA, 5 on CPU]")
+    ] = None,
     device: Annotated[
         str, typer.Option(help="auto, cpu or cuda (picks the default backend).")
     ] = "auto",
@@ -76,6 +85,7 @@ def ddp(
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
     resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.
@@ -88,7 +98,9 @@ def ddp(
 
         cs336sys ddp --impl torch,fsdp,torch-fsdp --shard-optimizer --zero
 
-        torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --global-batch 32
+        cs336sys ddp --impl flat --size tiny,small --seq 128,256 --batch 4,8
+
+        torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32
     """  # noqa: E501
     from cs336sys.experiments import ddp as exp
     from cs336sys.experiments.ranks import torchrun_rank
@@ -101,14 +113,17 @@ def ddp(
     with user_errors():
         specs = exp.specs(
             impl=impl, shard_optimizer=shard_optimizer, zero=zero, bucket_mb=bucket_mb, size=size,
-            context_length=context_length, global_batch=global_batch, world_size=world_size,
-            backend=backend, precision=precision, warmup=warmup, steps=steps, device=device,
+            context_length=seq, global_batch=batch, world_size=world_size,
+            backend=backend, precision=precision, warmup=warmup, steps=iters, device=device,
             seed=seed, d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size,
         )  # fmt: skip
     check_db(db)
+    if not rank:
+        oversubscribed(specs)
+        emulated(specs[0].device, [s.precision for s in specs])
     device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
-    with recording(db, "ddp", device_name, rank) as rec:
+    with recording(db, "ddp", device_name, rank, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
                            progress=Bar("ddp", exp.label_of, on=not rank))  # fmt: skip
         if not rank:

@@ -13,6 +13,7 @@ from cs336sys.cli.common import (
     Bar,
     DbOption,
     check_db,
+    emulated,
     fail,
     recording,
     show,
@@ -21,17 +22,18 @@ from cs336sys.cli.common import (
 from cs336sys.cli.options import (
     DFF,
     Attention,
-    BatchSize,
+    Batch,
     Checkpoint,
-    ContextLength,
     Device,
     DModel,
+    Label,
     NumHeads,
     NumLayers,
     Optimizer,
     Precision,
     Resume,
     Seed,
+    Seq,
     Size,
     VocabSize,
 )
@@ -45,8 +47,8 @@ memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_
 def memory(
     ctx: typer.Context,
     size: Size = None,
-    context_length: ContextLength = None,
-    batch_size: BatchSize = None,
+    seq: Seq = None,
+    batch: Batch = None,
     mode: Annotated[
         ListOpt,
         typer.Option(
@@ -65,7 +67,7 @@ def memory(
         ),
     ] = None,
     warmup: Annotated[int, typer.Option(help="Untracked warm-up steps.")] = 1,
-    steps: Annotated[
+    iters: Annotated[
         int, typer.Option(help="Timed steps (untracked), before the measured one.")
     ] = 3,
     device: Device = "auto",
@@ -76,6 +78,7 @@ def memory(
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
     resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Peak memory of a forward pass or training step, next to its analytic breakdown; one row per point.
@@ -96,14 +99,15 @@ def memory(
 
     with user_errors():
         specs = exp.specs(
-            mode=mode, snapshot=snapshot, size=size, context_length=context_length,
-            batch_size=batch_size, precision=precision, attention=attention, optimizer=optimizer,
-            checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
+            mode=mode, snapshot=snapshot, size=size, context_length=seq, batch_size=batch,
+            precision=precision, attention=attention, optimizer=optimizer,
+            checkpoint=checkpoint, warmup=warmup, steps=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size,
         )  # fmt: skip
     check_db(db)
-    with recording(db, "memory", specs[0].model.device) as rec:
+    emulated(specs[0].model.device, [s.model.precision for s in specs])
+    with recording(db, "memory", specs[0].model.device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("memory", _label))
         show(exp.EXPERIMENT, points)
 
@@ -113,8 +117,8 @@ def residuals(
     size: Annotated[
         ListOpt, typer.Option(help="Size preset(s) of the block. [default: small]")
     ] = None,
-    context_length: ContextLength = None,
-    batch_size: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 1]")] = None,
+    seq: Seq = None,
+    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 1]")] = None,
     precision: Precision = None,
     impl: Annotated[
         ListOpt,
@@ -127,6 +131,7 @@ def residuals(
     d_ff: DFF = None,
     num_heads: NumHeads = None,
     resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Bytes one TransformerBlock saves for backward, eager and compiled, and the top 5 operations by saved bytes.
@@ -135,19 +140,19 @@ def residuals(
 
     Example:
 
-        cs336sys memory residuals --size xl --context-length 2048
+        cs336sys memory residuals --size xl --seq 2048
     """  # noqa: E501
     from cs336sys.experiments import memory_residuals as exp
     from cs336sys.experiments.sweep import run_sweep
 
     with user_errors():
         specs = exp.specs(
-            impl=impl, size=size, context_length=context_length, batch_size=batch_size,
+            impl=impl, size=size, context_length=seq, batch_size=batch,
             precision=precision, attention=attention, device=device, seed=seed, d_model=d_model,
             d_ff=d_ff, num_heads=num_heads,
         )  # fmt: skip
     check_db(db)
-    with recording(db, "memory residuals", specs[0].device) as rec:
+    with recording(db, "memory residuals", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
                            progress=Bar("memory residuals", lambda s: f"{s.size} T={s.context_length} {s.impl}"))  # fmt: skip
         show(exp.EXPERIMENT, points)

@@ -6,24 +6,36 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, Bar, DbOption, check_db, recording, show, user_errors
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    Bar,
+    DbOption,
+    check_db,
+    emulated,
+    recording,
+    show,
+    user_errors,
+)
 from cs336sys.cli.options import (
     DFF,
     Attention,
-    BatchSize,
+    Batch,
     Checkpoint,
     Compile,
-    ContextLength,
     Device,
     DModel,
+    Iters,
+    Label,
     NumHeads,
     NumLayers,
     Optimizer,
     Precision,
     Resume,
     Seed,
+    Seq,
     Size,
     VocabSize,
+    Warmup,
 )
 
 ListOpt = list[str] | None
@@ -31,8 +43,8 @@ ListOpt = list[str] | None
 
 def model(
     size: Size = None,
-    context_length: ContextLength = None,
-    batch_size: BatchSize = None,
+    seq: Seq = None,
+    batch: Batch = None,
     mode: Annotated[
         ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
     ] = None,
@@ -41,8 +53,8 @@ def model(
     optimizer: Optimizer = None,
     compile: Compile = False,
     checkpoint: Checkpoint = None,
-    warmup: Annotated[int, typer.Option(help="Untimed warm-up steps.")] = 5,
-    steps: Annotated[int, typer.Option(help="Timed steps.")] = 10,
+    warmup: Warmup = None,
+    iters: Iters = None,
     device: Device = "auto",
     seed: Seed = 0,
     d_model: DModel = None,
@@ -54,6 +66,7 @@ def model(
         bool, typer.Option("--nvtx", help="Emit NVTX ranges (for nsys); no-op without CUDA.")
     ] = False,
     resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time forward, backward and optimizer steps of the Transformer LM; one row per point.
@@ -62,25 +75,25 @@ def model(
 
     Example:
 
-        cs336sys model --size small,medium --precision fp32,bf16
+        cs336sys model --size small,medium --precision fp32,bf16 --seq 256
     """  # noqa: E501
     from cs336sys.experiments import model as exp
     from cs336sys.experiments.sweep import run_sweep
 
     with user_errors():
         specs = exp.specs(
-            size=size, context_length=context_length, batch_size=batch_size, mode=mode,
-            precision=precision, attention=attention, optimizer=optimizer, compile=compile,
-            checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
-            d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size, nvtx=nvtx,
+            size=size, context_length=seq, batch_size=batch, mode=mode, precision=precision,
+            attention=attention, optimizer=optimizer, compile=compile, checkpoint=checkpoint,
+            warmup=warmup, steps=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
+            num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, nvtx=nvtx,
         )  # fmt: skip
     check_db(db)
-    with recording(db, "model", specs[0].device) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("model", label))
+    emulated(specs[0].device, [s.precision for s in specs])
+    with recording(db, "model", specs[0].device, label=label) as rec:
+        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("model", point_name))
         show(exp.EXPERIMENT, points)
 
 
-def label(spec) -> str:
+def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
     return f"{spec.size} T={spec.context_length} {spec.mode} {spec.precision}"

@@ -1,8 +1,9 @@
-"""Option types shared by the commands that run the model (`model`, `memory`, `profile
-model`, and the shape overrides of `ddp`): one declaration, one help text, everywhere.
+"""Option types shared by the commands: one declaration, one name and one help text for a
+concept everywhere (cli/vocabulary.py lists the names).
 
-Each is an `Annotated` type; a command gives the default, e.g. `size: Size = None`.
-No torch here (imported by `cs336sys.cli`).
+Each is an `Annotated` type; a command gives the default, e.g. `size: Size = None`. Defaults
+that depend on the device are resolved by the experiment's `specs` (None here) and written
+into the help by hand. No torch here (imported by `cs336sys.cli`).
 """
 
 from __future__ import annotations
@@ -16,17 +17,31 @@ ListOpt = list[str] | None
 Size = Annotated[
     ListOpt,
     typer.Option(
-        help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. [default: small]"
+        help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. "
+        "[default: small on CUDA, tiny on CPU]"
     ),
 ]
-ContextLength = Annotated[
-    ListOpt, typer.Option(help="Sequence length(s); default 512 on CUDA, 128 on CPU.")
+Seq = Annotated[
+    ListOpt, typer.Option(help="Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
 ]
-BatchSize = Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")]
+Batch = Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")]
 Precision = Annotated[
     ListOpt,
     typer.Option(
         help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"
+    ),
+]
+Warmup = Annotated[
+    int | None, typer.Option(help="Untimed warm-up steps. [default: 5 on CUDA, 2 on CPU]")
+]
+Iters = Annotated[
+    int | None, typer.Option(help="Timed steps. [default: 10 on CUDA, 5 on CPU]")
+]
+Label = Annotated[
+    str | None,
+    typer.Option(
+        help="Free text stored on this invocation, e.g. 'baseline' or 'after fusing'; "
+        "filter with report --where label=TEXT."
     ),
 ]
 Attention = Annotated[
@@ -56,4 +71,7 @@ DFF = Annotated[int | None, typer.Option(help="Override the preset's d_ff.")]
 NumLayers = Annotated[int | None, typer.Option(help="Override the preset's num_layers.")]
 NumHeads = Annotated[int | None, typer.Option(help="Override the preset's num_heads.")]
 VocabSize = Annotated[int | None, typer.Option(help="Override the vocabulary size (10000).")]
-Resume = Annotated[bool, typer.Option("--resume", help="Skip points stored ok by this commit on this machine.")]
+Resume = Annotated[
+    bool,
+    typer.Option("--resume", help="Skip points stored ok by this commit on this machine."),
+]

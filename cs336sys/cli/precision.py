@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, Bar, DbOption, check_db, recording, show, user_errors
+from cs336sys.cli.options import Label
 
 ListOpt = list[str] | None
 DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
@@ -28,18 +29,18 @@ def _group() -> None:
     Example:
 
         cs336sys precision accumulate
-        cs336sys precision autocast --dtype bf16,fp16
+        cs336sys precision autocast --precision bf16,fp16
     """
 
 
-def _measure(db, command: str, specs: list, label) -> list:
+def _measure(db, command: str, specs: list, name, label: str | None) -> list:
     """Run the points and print the experiment's tables (the kind's table only)."""
     from cs336sys.experiments import precision as exp
     from cs336sys.experiments.sweep import run_sweep
 
     check_db(db)
-    with recording(db, command, specs[0].device) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, progress=Bar(command, label))
+    with recording(db, command, specs[0].device, label=label) as rec:
+        points = run_sweep(exp.EXPERIMENT, specs, rec, progress=Bar(command, name))
         show(exp.EXPERIMENT, points)
     return points
 
@@ -56,6 +57,7 @@ def accumulate(
     additions: Annotated[int, typer.Option(help="How many times to add the value.")] = 1000,
     value: Annotated[float, typer.Option(help="The value added each time.")] = 0.01,
     device: DeviceOpt = "auto",
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Add 0.01 a thousand times in four dtype combinations; error against the exact 10.
@@ -71,17 +73,18 @@ def accumulate(
     with user_errors():
         specs = exp.accumulate_specs(variant=variant, additions=additions, value=value,
                                      device=device)  # fmt: skip
-    _measure(db, "precision accumulate", specs, lambda s: s.variant)
+    _measure(db, "precision accumulate", specs, lambda s: s.variant, label)
 
 
 @precision.command()
 def autocast(
-    dtype: Annotated[ListOpt, typer.Option(help="bf16 and/or fp16. [default: bf16]")] = None,
+    precision: Annotated[ListOpt, typer.Option(help="bf16 and/or fp16. [default: bf16]")] = None,
     in_features: Annotated[int, typer.Option(help="The toy model's input width.")] = 16,
     out_features: Annotated[int, typer.Option(help="The toy model's output width.")] = 4,
-    batch_size: Annotated[int, typer.Option(help="Rows in the random batch.")] = 8,
+    batch: Annotated[ListOpt, typer.Option(help="Rows in the random batch. [default: 8]")] = None,
     device: DeviceOpt = "auto",
     seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """The dtypes autocast produces in the CS336 toy model, as observed on this device.
@@ -90,14 +93,14 @@ def autocast(
 
     Example:
 
-        cs336sys precision autocast --dtype bf16,fp16 --device cpu
+        cs336sys precision autocast --precision bf16,fp16 --device cpu
     """  # noqa: E501
     from cs336sys.experiments import precision as exp
 
     with user_errors():
-        specs = exp.autocast_specs(dtype=dtype, in_features=in_features,
-                                   out_features=out_features, batch_size=batch_size,
+        specs = exp.autocast_specs(dtype=precision, in_features=in_features,
+                                   out_features=out_features, batch_size=batch or [8],
                                    device=device, seed=seed)  # fmt: skip
-    for p in _measure(db, "precision autocast", specs, lambda s: s.dtype):
+    for p in _measure(db, "precision autocast", specs, lambda s: s.dtype, label):
         if p.result.status == "skipped":
             typer.echo(f"{p.spec.dtype} on {p.spec.device}: {p.result.error}", err=True)

@@ -17,6 +17,14 @@ from typing import Annotated, Any
 
 import typer
 
+from cs336sys.cli.attention import (
+    AttentionBatch,
+    AttentionImpl,
+    AttentionPrecision,
+    AttentionSeq,
+    DHead,
+    Heads,
+)
 from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
@@ -31,18 +39,19 @@ from cs336sys.cli.common import (
 from cs336sys.cli.options import (
     DFF,
     Attention,
-    BatchSize,
+    Batch,
     Checkpoint,
     Compile,
-    ContextLength,
     Device,
     DModel,
+    Label,
     NumHeads,
     NumLayers,
     Optimizer,
     Precision,
     Resume,
     Seed,
+    Seq,
     Size,
     VocabSize,
 )
@@ -58,7 +67,7 @@ def _profile() -> None:
 
     Example:
 
-        cs336sys profile model --size small --context-length 256 --top 15
+        cs336sys profile model --size small --seq 256 --top 15
     """
 
 
@@ -92,8 +101,8 @@ Nvtx = Annotated[
 
 def profile_model(
     size: Size = None,
-    context_length: ContextLength = None,
-    batch_size: BatchSize = None,
+    seq: Seq = None,
+    batch: Batch = None,
     mode: Annotated[
         ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
     ] = None,
@@ -102,8 +111,13 @@ def profile_model(
     optimizer: Optimizer = None,
     compile: Compile = False,
     checkpoint: Checkpoint = None,
-    warmup: Annotated[int, typer.Option(help="Warm-up steps, run before the profiler.")] = 5,
-    steps: Annotated[int, typer.Option(help="Profiled (measured) steps.")] = 10,
+    warmup: Annotated[
+        int | None,
+        typer.Option(help="Warm-up steps, run before the profiler. [default: 5 on CUDA, 2 on CPU]"),
+    ] = None,
+    iters: Annotated[
+        int | None, typer.Option(help="Profiled (measured) steps. [default: 10 on CUDA, 5 on CPU]")
+    ] = None,
     device: Device = "auto",
     seed: Seed = 0,
     d_model: DModel = None,
@@ -117,6 +131,7 @@ def profile_model(
     exec_: Exec = False,
     nvtx: Nvtx = False,
     resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
@@ -125,40 +140,36 @@ def profile_model(
 
     Example:
 
-        cs336sys profile model --size small --context-length 256 --mode train --top 15
+        cs336sys profile model --size small --seq 256 --mode train --top 15
     """  # noqa: E501
     from cs336sys.experiments import model
 
     with user_errors():
         points = model.specs(
-            size=size, context_length=context_length, batch_size=batch_size, mode=mode,
+            size=size, context_length=seq, batch_size=batch, mode=mode,
             precision=precision, attention=attention, optimizer=optimizer, compile=compile,
-            checkpoint=checkpoint, warmup=warmup, steps=steps, device=device, seed=seed,
+            checkpoint=checkpoint, warmup=warmup, steps=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size,
         )  # fmt: skip
     args = _args(
-        ("--size", size), ("--context-length", context_length), ("--batch-size", batch_size),
+        ("--size", size), ("--seq", seq), ("--batch", batch),
         ("--mode", mode), ("--precision", precision), ("--attention", attention),
         ("--optimizer", optimizer), ("--compile", compile), ("--checkpoint", checkpoint),
-        ("--warmup", warmup), ("--steps", steps), ("--device", device), ("--seed", seed),
+        ("--warmup", warmup), ("--iters", iters), ("--device", device), ("--seed", seed),
         ("--d-model", d_model), ("--d-ff", d_ff), ("--num-layers", num_layers),
-        ("--num-heads", num_heads), ("--vocab-size", vocab_size),
+        ("--num-heads", num_heads), ("--vocab-size", vocab_size), ("--label", label),
     )  # fmt: skip
-    _profile_points("model", points, args, top, trace, nsys, exec_, nvtx, resume, db)
+    _profile_points("model", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
 
 
 def profile_attention(
-    impl: Annotated[
-        ListOpt, typer.Option(help="naive, compiled, sdpa, flash-torch, triton. [default: all]")
-    ] = None,
-    seq: Annotated[ListOpt, typer.Option(help="Sequence length(s).")] = None,
-    d_head: Annotated[ListOpt, typer.Option(help="Head dimension(s).")] = None,
-    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 8]")] = None,
-    heads: Annotated[
-        int | None, typer.Option(help="Heads, for (batch, heads, seq, d) inputs.")
-    ] = None,
-    dtype: Annotated[ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")] = None,
+    attention: AttentionImpl = None,
+    seq: AttentionSeq = None,
+    d_head: DHead = None,
+    batch: AttentionBatch = None,
+    heads: Heads = None,
+    precision: AttentionPrecision = None,
     causal: Annotated[
         bool | None, typer.Option("--causal/--no-causal", help="Causal mask. [default: causal]")
     ] = None,
@@ -166,13 +177,15 @@ def profile_attention(
         str | None, typer.Option("--pass", help="forward, backward or both. [default: both]")
     ] = None,
     warmup: Annotated[
-        int | None, typer.Option(help="Warm-up calls, before the profiler. [default: 10]")
+        int | None,
+        typer.Option(help="Warm-up calls, before the profiler. [default: 10 on CUDA, 3 on CPU]"),
     ] = None,
     iters: Annotated[
-        int | None, typer.Option(help="Profiled (measured) calls. [default: 100]")
+        int | None,
+        typer.Option(help="Profiled (measured) calls. [default: 100 on CUDA, 10 on CPU]"),
     ] = None,
     sdpa_backend: Annotated[
-        str, typer.Option(help="For --impl sdpa: auto, flash, efficient, math or cudnn.")
+        str, typer.Option(help="For sdpa: auto, flash, efficient, math or cudnn.")
     ] = "auto",
     preset: Annotated[
         str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
@@ -185,6 +198,7 @@ def profile_attention(
     exec_: Exec = False,
     nvtx: Nvtx = False,
     resume: Resume = False,
+    label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
@@ -193,30 +207,30 @@ def profile_attention(
 
     Example:
 
-        cs336sys profile attention --impl naive,sdpa --seq 1024 --d-head 64 --iters 20
+        cs336sys profile attention --attention naive,sdpa --seq 1024 --d-head 64 --iters 20
     """  # noqa: E501
-    from cs336sys.experiments import attention
+    from cs336sys.experiments import attention as attention_exp
 
     with user_errors():
-        points = attention.specs(
-            impl=impl, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=dtype,
+        points = attention_exp.specs(
+            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer="loop",
             sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
         )  # fmt: skip
     args = _args(
-        ("--impl", impl), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
-        ("--heads", heads), ("--dtype", dtype), ("--pass", passes), ("--warmup", warmup),
+        ("--attention", attention), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
+        ("--heads", heads), ("--precision", precision), ("--pass", passes), ("--warmup", warmup),
         ("--iters", iters), ("--sdpa-backend", sdpa_backend), ("--preset", preset),
-        ("--device", device), ("--seed", seed),
+        ("--device", device), ("--seed", seed), ("--label", label),
     ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])  # fmt: skip
-    _profile_points("attention", points, args, top, trace, nsys, exec_, nvtx, resume, db)
+    _profile_points("attention", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
 
 
 profile_app.command("model")(profile_model)
 profile_app.command("attention")(profile_attention)
 
 
-def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume, db):
+def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume, db, label):
     """Validate the profiling options, then print/run nsys or profile and store each point."""
     from cs336sys.experiments import profile as exp
     from cs336sys.experiments.sweep import run_sweep
@@ -235,7 +249,7 @@ def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume,
     dev = points[0].device
     if nsys:
         _nsys(target, dev, [*args, "--top", str(top), "--db", str(db)], exec_)
-    with recording(db, f"profile {target}", dev) as rec:
+    with recording(db, f"profile {target}", dev, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
                            progress=Bar(f"profile {target}", _label))  # fmt: skip
         show(exp.EXPERIMENT, points)

@@ -37,10 +37,28 @@ def report(
     compare: Annotated[
         tuple[str, str] | None,
         typer.Option(
-            help="Two commits, invocation ids or GPUs: matching points side by side with B/A.",
+            help="Two commits, invocation ids, labels or GPUs: the report covers only their runs, and "
+            "every point measured on both sides gets B/A and a verdict (1.23x slower, from a "
+            "Mann-Whitney U test on the raw samples), also printed as a table.",
             metavar="A B",
         ),
     ] = None,
+    fail_on_regression: Annotated[
+        float | None,
+        typer.Option(
+            help="With --compare: exit 1 (after writing the report) when a significant "
+            "regression is worse than PCT percent (1.12x slower is 12), for CI.",
+            metavar="PCT",
+        ),
+    ] = None,
+    history: Annotated[
+        bool,
+        typer.Option(
+            "--history",
+            help="Plot each point's median across commits, in time order, and list the steps "
+            "(regressions and improvements) found in the raw samples; steps are also printed.",
+        ),
+    ] = False,
     fmt: Annotated[ListOpt, typer.Option("--format", help="html and/or md. [default: both]")] = None,
     out: Annotated[Path, typer.Option(help="Folder to write the report into.")] = Path("reports"),
     title: Annotated[str, typer.Option(help="Title of the report.")] = "cs336sys report",
@@ -49,11 +67,17 @@ def report(
     """Render stored runs as a report: one section per experiment, a provenance header, and with --compare the same points side by side.
 
     Writes report.html (one self-contained file, plots embedded) and report.md (images in
-    report_files/ beside it) into --out, and prints the paths written.
+    report_files/ beside it) into --out, and prints the paths written. With --compare (and
+    --history) it prints the compared points (the steps) first; with --fail-on-regression
+    it exits 1 after writing when a significant regression exceeds PCT percent.
 
     Example:
 
         cs336sys report --since today --experiment model,attention --out reports/
+
+        cs336sys report --compare 3f2c1e9 8a41b07 --fail-on-regression 10
+
+        cs336sys report --history --experiment model --where size=small
     """
     from cs336sys.bench.paths import why_unwritable
     from cs336sys.report.render import FORMATS, build, write
@@ -66,6 +90,10 @@ def report(
     )
     from cs336sys.store.db import StoreError, connect_readonly
 
+    if fail_on_regression is not None and not compare:
+        fail("--fail-on-regression needs --compare A B")
+    if fail_on_regression is not None and not fail_on_regression >= 0:
+        fail(f"--fail-on-regression must be a percentage of 0 or more, got {fail_on_regression}")
     formats = choices(fmt, FORMATS, "--format", default=FORMATS)
     exps = choices(experiment, sorted(experiments()), "--experiment")
     now = datetime.now(timezone.utc)
@@ -95,7 +123,8 @@ def report(
     filters += [f"experiment {', '.join(exps)}"] if exps else []
     filters += [f"where {w}" for w in where or []]
     try:
-        rep = build(conn, sel, title, filters, compare_ab=tuple(compare) if compare else None)
+        rep = build(conn, sel, title, filters, compare_ab=tuple(compare) if compare else None,
+                    history=history)  # fmt: skip
     except SelectionError as exc:
         fail(exc)
     except sqlite3.DatabaseError as exc:  # damaged pages past the header and schema
@@ -108,6 +137,18 @@ def report(
         written = write(rep, out, formats)
     except OSError as exc:
         fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
+    if rep.compared is not None:
+        typer.echo(rep.compared.text())
+    if rep.history is not None:
+        typer.echo(rep.history.text())
     for path in written:
         typer.echo(str(path))
+    if rep.compared is not None and fail_on_regression is not None:
+        worse = rep.compared.regressions(fail_on_regression)
+        if worse:
+            typer.echo(f"Regression: {len(worse)} point{'s' * (len(worse) != 1)} worse than "
+                       f"{fail_on_regression:g}%: " + "; ".join(
+                           f"{c.experiment} {c.point} {c.verdict} ({c.how})" for c in worse),
+                       err=True)  # fmt: skip
+            raise typer.Exit(1)
 

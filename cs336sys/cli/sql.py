@@ -30,12 +30,16 @@ def sql(
 ) -> None:
     """Run a read-only SQL query on the results store and print the rows.
 
-    The store is opened read-only: a statement that would write is refused. Query the views (one per experiment: model_runs, attention_runs) or the tables runs and invocations.
+    The store is opened read-only: a statement that would write is refused.
 
-    Example:
+    Views, one per experiment, one column per setting and metric: model_runs, attention_runs, memory_runs, memory_residuals_runs, comm_runs, ddp_runs, profile_runs, precision_runs. Every view starts with run_id, invocation_id, created, gpu, host, git_commit, git_dirty, label, status and error. Tables: runs (settings, metrics and raw samples as JSON), invocations (one per command: argv, provenance, label, exit status), kernel_stats (profile summaries, by run_id).
+
+    Examples:
 
         cs336sys sql "SELECT size, mode, step_ms_mean FROM model_runs"
-    """
+
+        cs336sys sql "SELECT impl, seq, fwd_ms_mean FROM attention_runs WHERE label = ?" -p baseline --csv
+    """  # noqa: E501
     from cs336sys.store.db import StoreError, connect_readonly
 
     if as_json and as_csv:

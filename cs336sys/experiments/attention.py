@@ -112,6 +112,11 @@ DEFAULTS: dict[str, Any] = dict(
 )  # fmt: skip
 DEFAULT_IMPLS = {"cuda": ["naive", "compiled", "sdpa", "flash-torch", "triton"],
                  "cpu": ["naive", "sdpa", "flash-torch"]}  # fmt: skip
+# On a CPU the GPU sweep would take hours (naive attention at 16k tokens materialises an
+# 8 GiB score matrix per batch of 8): shorter sequences, fewer calls, a point in seconds.
+CPU_DEFAULTS: dict[str, Any] = dict(
+    seq=[128, 256, 512, 1024], d_head=[32, 64], batch=[4], warmup=3, iters=10,
+)  # fmt: skip
 
 
 def specs(
@@ -143,20 +148,22 @@ def specs(
         raise SpecError(f"--preset: unknown value {preset!r}; choose from {', '.join(PRESETS)}")
     chosen = PRESETS.get(preset, {})
 
-    def pick(name: str, given: Any) -> Any:
-        return given if given is not None else chosen.get(name, DEFAULTS.get(name))
-
     dev = device_choice(device)
     on_cuda = dev.startswith("cuda")
-    impls = listed(impl, "--impl") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]  # fmt: skip
-    impls = choices(impls, ATTENTION.names(), "--impl")
+    defaults = DEFAULTS if on_cuda else {**DEFAULTS, **CPU_DEFAULTS}
+
+    def pick(name: str, given: Any) -> Any:
+        return given if given is not None else chosen.get(name, defaults.get(name))
+
+    impls = listed(impl, "--attention") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]  # fmt: skip
+    impls = choices(impls, ATTENTION.names(), "--attention")
     seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
     d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
     batches = positive_ints(batch, "--batch") or pick("batch", None)
     n_heads = pick("heads", heads)
     if n_heads is not None and n_heads <= 0:
         raise SpecError(f"--heads must be positive, got {n_heads}")
-    dtypes = choices(dtype, DTYPES, "--dtype") or pick("dtype", None)
+    dtypes = choices(dtype, DTYPES, "--precision") or pick("dtype", None)
     is_causal = pick("causal", causal)
     which = pick("passes", passes)
     if which not in PASSES:
@@ -179,7 +186,7 @@ def specs(
             if not lo <= d <= hi:
                 raise SpecError(f"--d-head {d}: flash-torch and triton support head dims {lo} to {hi}")
     if "triton" in impls:
-        check_triton(on_cuda, "--impl triton")
+        check_triton(on_cuda, "--attention triton")
     return [
         AttentionSpec(
             impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],

@@ -21,13 +21,20 @@ from typing import Any
 
 from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.bench.dtypes import PRECISIONS, itemsize
+from cs336sys.bench.progress import step_done
 from cs336sys.bench.result import Result
 from cs336sys.bench.sweep import SpecError, choices, counts, expand, listed
 from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
-DEFAULT_SIZES = ["1MB", "10MB", "100MB", "1GB"]
 DEFAULT_WORLD_SIZES = [2, 4, 6]
+# nccl-tests' range on GPUs; on a CPU, Gloo moves 1 GB in seconds, so a point of 25 of them
+# would take minutes: up to 100 MB and fewer iterations there (issue 14).
+DEFAULTS = {
+    "cuda": dict(size=["1MB", "10MB", "100MB", "1GB"], warmup=5, iters=20),
+    "cpu": dict(size=["1MB", "10MB", "100MB"], warmup=2, iters=10),
+}
+DEFAULT_SIZES = DEFAULTS["cuda"]["size"]
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -69,21 +76,26 @@ def specs(
     world_size: Iterable[Any] | None = None,
     backend: str | None = None,
     dtype: Iterable[str] | None = None,
-    warmup: int = 5,
-    iters: int = 20,
+    warmup: int | None = None,
+    iters: int | None = None,
     device: str = "auto",
 ) -> list[CommSpec]:
-    """The points of a collectives sweep, world size slowest. SpecError names a bad option."""
+    """The points of a collectives sweep, world size slowest. SpecError names a bad option.
+    `size` is the buffer size (the CLI's --bytes); what is not given takes the device's
+    default (DEFAULTS)."""
     from cs336sys.bench.units import parse_size
 
     ops = choices(op, OPS, "--op", default=["all-reduce"])
-    try:
-        sizes = [parse_size(s) for s in listed(size, "--size", DEFAULT_SIZES)]
-    except ValueError as exc:
-        raise SpecError(f"--size: {exc}") from None
-    dtypes = choices(dtype, tuple(PRECISIONS), "--dtype", default=["fp32"])
-    counts(warmup, iters, "--iters")
     be, dev = backend_and_device(backend, device)
+    defaults = DEFAULTS[dev]
+    try:
+        sizes = [parse_size(s) for s in listed(size, "--bytes", defaults["size"])]
+    except ValueError as exc:
+        raise SpecError(f"--bytes: {exc}") from None
+    dtypes = choices(dtype, tuple(PRECISIONS), "--precision", default=["fp32"])
+    warmup = defaults["warmup"] if warmup is None else warmup
+    iters = defaults["iters"] if iters is None else iters
+    counts(warmup, iters, "--iters")
     worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
     return [
         CommSpec(op=p["op"], size_bytes=buffer_bytes(p["size"], p["dtype"], p["world_size"]),
@@ -184,6 +196,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
         synchronize(device)
         if i >= spec.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
+        step_done(i + 1, spec.warmup + spec.iters)
 
     per_rank = gather({"times": times, "wrong": wrong})
     means = [sum(r["times"]) / len(r["times"]) for r in per_rank]

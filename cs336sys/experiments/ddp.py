@@ -45,6 +45,7 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
+from cs336sys.bench.progress import step_done
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, check_seed, choices, counts, listed, positive_ints
@@ -59,8 +60,8 @@ PHASES = ("fwd", "bwd", "comm", "opt", "step")
 DEFAULT_BUCKETS = [1.0, 10.0, 100.0, 1000.0]
 # A laptop finishes a tiny-model step in about a second; a GPU gets the GPT-2 XL shape.
 DEFAULTS = {
-    "cpu": dict(size="tiny", context_length=128, global_batch=4),
-    "cuda": dict(size="xl", context_length=512, global_batch=8),
+    "cpu": dict(size="tiny", context_length=128, global_batch=4, warmup=2, steps=5),
+    "cuda": dict(size="xl", context_length=512, global_batch=8, warmup=3, steps=10),
 }
 
 
@@ -105,14 +106,14 @@ def specs(
     shard_optimizer: bool = False,
     zero: bool = False,
     bucket_mb: Iterable[Any] | None = None,
-    size: str | None = None,
-    context_length: int | None = None,
-    global_batch: int | None = None,
+    size: Iterable[str] | str | None = None,
+    context_length: Iterable[Any] | int | None = None,
+    global_batch: Iterable[Any] | int | None = None,
     world_size: Iterable[Any] | None = None,
     backend: str | None = None,
     precision: Iterable[str] | None = None,
-    warmup: int = 3,
-    steps: int = 10,
+    warmup: int | None = None,
+    steps: int | None = None,
     device: str = "auto",
     seed: int = 0,
     d_model: int | None = None,
@@ -123,8 +124,10 @@ def specs(
 ) -> list[DDPSpec]:
     """The points of a data-parallel sweep, world size slowest. SpecError names a bad option.
 
-    Each replica impl runs with each optimizer sharding asked for (none; own with
-    shard_optimizer; zero), bucketed once per bucket cap; the FSDPs have neither."""
+    `size`, `context_length` and `global_batch` are lists (a single value is one point) and
+    sweep like every list option. Each replica impl runs with each optimizer sharding asked
+    for (none; own with shard_optimizer; zero), bucketed once per bucket cap; the FSDPs
+    have neither."""
     impls = choices(impl, IMPLS, "--impl", default=REPLICA_IMPLS)
     shardings = ["none"] + ["own"] * shard_optimizer + ["zero"] * zero
     buckets = []
@@ -136,37 +139,51 @@ def specs(
         if buckets[-1] <= 0:
             raise SpecError(f"--bucket-mb must be positive, got {b}")
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
-    counts(warmup, steps)
     check_seed(seed)
     be, dev = backend_and_device(backend, device)
     worlds = world_sizes(world_size, be, [2])
     defaults = DEFAULTS[dev]
-    size = size or defaults["size"]
-    if size not in PRESETS:
-        raise SpecError(f"--size: unknown size {size!r}; choose from {', '.join(PRESETS)}")
-    ctx_len = (positive_ints([context_length], "--context-length")[0]
-               if context_length is not None else defaults["context_length"])  # fmt: skip
-    batch = global_batch if global_batch is not None else defaults["global_batch"]
-    if batch <= 0:
-        raise SpecError(f"--global-batch must be positive, got {batch}")
-    for n in worlds:
-        if batch % n:
-            raise SpecError(f"--global-batch {batch} does not split evenly over {n} ranks")
+    warmup = defaults["warmup"] if warmup is None else warmup
+    steps = defaults["steps"] if steps is None else steps
+    counts(warmup, steps)
+    sizes = listed(_items(size), "--size", [defaults["size"]])
+    for s in sizes:
+        if s not in PRESETS:
+            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    ctx_lens = positive_ints(_items(context_length), "--seq", [defaults["context_length"]])
+    batches = positive_ints(_items(global_batch), "--batch", [defaults["global_batch"]])
+    for batch in batches:
+        for n in worlds:
+            if batch % n:
+                raise SpecError(f"--batch {batch} does not split evenly over {n} ranks")
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
-    try:
-        cfg = from_preset(size, context_length=ctx_len, **overrides)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
+    configs = {}
+    for s in sizes:
+        for t in ctx_lens:
+            try:
+                configs[s, t] = from_preset(s, context_length=t, **overrides)
+            except ValueError as exc:
+                raise SpecError(str(exc)) from None
     return [
-        DDPSpec.of(cfg, size, impl=name, bucket_mb=b, optimizer_sharding=sharding, world_size=n,
-                   backend=be, device=dev, global_batch=batch, precision=prec, warmup=warmup,
-                   steps=steps, seed=seed)
+        DDPSpec.of(configs[s, t], s, impl=name, bucket_mb=b, optimizer_sharding=sharding,
+                   world_size=n, backend=be, device=dev, global_batch=batch, precision=prec,
+                   warmup=warmup, steps=steps, seed=seed)
         for n in worlds
+        for s in sizes
+        for t in ctx_lens
+        for batch in batches
         for prec in precisions
         for name in impls
         for b, sharding in _points(name, buckets, shardings)
     ]  # fmt: skip
+
+
+def _items(value: Any) -> list[Any] | None:
+    """A list option given as one value (the Python API's `size="tiny"`) or as a list."""
+    if value is None or isinstance(value, (list, tuple)):
+        return value
+    return [value]
 
 
 def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
@@ -225,9 +242,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,
         )  # fmt: skip
         losses = []
-        for _ in range(spec.warmup):
+        total = spec.warmup + 1 + spec.steps  # warm-up, the measured step, the timed steps
+        for i in range(spec.warmup):
             step()
             losses.append(step.last_loss)
+            step_done(i + 1, total)
 
         # The measured step: memory at the optimizer step, and every collective of a step.
         def read(when):
@@ -243,10 +262,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             tracker.__exit__(None, None, None)
 
     times: dict[str, list[float]] = {p: [] for p in PHASES}  # and <phase>_host
-    for _ in range(spec.steps):
+    for i in range(spec.steps):
         for phase, ms in step().items():
             times.setdefault(phase.removesuffix("_ms"), []).append(ms)
         losses.append(step.last_loss)
+        step_done(spec.warmup + 2 + i, total)
     # this rank's host time per phase against its wall time (bench/timing.py), before the
     # exposed communication of torch's DDP and FSDP2 replaces the comm phase below
     host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},

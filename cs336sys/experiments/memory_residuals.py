@@ -63,7 +63,8 @@ def specs(
     model options (layers play no part: one block)."""
     impls = choices(impl, IMPLS, "--impl", default=list(IMPLS))
     points = model_exp.specs(
-        size=size, context_length=context_length, batch_size=batch_size or ["1"],
+        size=["small"] if size is None else size, context_length=context_length,
+        batch_size=["1"] if batch_size is None else batch_size,
         mode=["forward"], precision=precision, attention=attention, warmup=0, steps=1,
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads,
     )  # fmt: skip

@@ -41,8 +41,12 @@ from cs336sys.bench.sweep import (
 from cs336sys.experiments.step import MODES, OPTIMIZERS
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
-# On CPU the default context is short enough for a laptop to finish a step in seconds.
-DEFAULT_CONTEXT = {"cuda": 512, "cpu": 128}
+# Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
+# and timed steps) finishes in seconds (issue 14: `small` took a minute a point on 2 cores).
+DEFAULTS = {
+    "cuda": dict(size="small", context_length=512, warmup=5, steps=10),
+    "cpu": dict(size="tiny", context_length=128, warmup=2, steps=5),
+}
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,8 @@ def specs(
     optimizer: Iterable[str] | None = None,
     compile: bool = False,
     checkpoint: Iterable[str] | None = None,
-    warmup: int = 5,
-    steps: int = 10,
+    warmup: int | None = None,
+    steps: int | None = None,
     device: str = "auto",
     seed: int = 0,
     d_model: int | None = None,
@@ -97,18 +101,23 @@ def specs(
     nvtx: bool = False,
 ) -> list[ModelSpec]:
     """The points of a model sweep: the cartesian product of the list options (each a list,
-    comma lists allowed), validated. SpecError names the first bad option.
+    comma lists allowed), validated. SpecError names the first bad option. What is not
+    given takes the device's default (DEFAULTS).
 
     Shared by every command that runs the model (`model`, `memory`, `profile model`).
     """  # fmt: skip
-    sizes = listed(size, "--size", ["small"])
+    dev = device_choice(device)
+    defaults = DEFAULTS["cuda" if dev.startswith("cuda") else "cpu"]
+    warmup = defaults["warmup"] if warmup is None else warmup
+    steps = defaults["steps"] if steps is None else steps
+    sizes = listed(size, "--size", [defaults["size"]])
     for s in sizes:
         if s not in PRESETS:
             raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
     modes = choices(mode, MODES, "--mode", default=["train"])
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
     optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
-    batch_sizes = positive_ints(batch_size, "--batch-size", default=[4])
+    batch_sizes = positive_ints(batch_size, "--batch", default=[4])
     counts(warmup, steps)
     check_seed(seed)
     from cs336sys.bench.registry import ATTENTION
@@ -116,11 +125,9 @@ def specs(
     attentions = choices(attention, ATTENTION.names(), "--attention", default=["naive"])
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
-    dev = device_choice(device)
     if "triton" in attentions:
         check_triton(dev.startswith("cuda"), "--attention triton")
-    contexts = positive_ints(context_length, "--context-length",
-                             default=[DEFAULT_CONTEXT["cuda" if dev.startswith("cuda") else "cpu"]])  # fmt: skip
+    contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
     out = []
     for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
                      "mode": modes, "precision": precisions, "attention": attentions,

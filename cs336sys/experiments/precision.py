@@ -32,7 +32,14 @@ from typing import Any
 from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.bench.dtypes import TORCH_NAMES as _TORCH_DTYPE
 from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import MAX_STEPS, SpecError, check_seed, choices, device_choice
+from cs336sys.bench.sweep import (
+    MAX_STEPS,
+    SpecError,
+    check_seed,
+    choices,
+    device_choice,
+    positive_ints,
+)
 
 KINDS = ("accumulate", "autocast")
 AUTOCAST_DTYPES = ("bf16", "fp16")
@@ -93,17 +100,19 @@ def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1
 
 
 def autocast_specs(*, dtype: Iterable[str] | None = None, in_features: int = 16,
-                   out_features: int = 4, batch_size: int = 8, device: str = "auto",
-                   seed: int = 0) -> list[AutocastSpec]:  # fmt: skip
-    """One point per autocast dtype (default bf16). SpecError for a bad option."""
-    dtypes = choices(dtype, AUTOCAST_DTYPES, "--dtype", default=["bf16"])
-    for name, n in (("in-features", in_features), ("out-features", out_features),
-                    ("batch-size", batch_size)):  # fmt: skip
+                   out_features: int = 4, batch_size: int | Iterable[Any] = 8,
+                   device: str = "auto", seed: int = 0) -> list[AutocastSpec]:  # fmt: skip
+    """One point per autocast dtype (default bf16) and batch size (one or a list).
+    SpecError for a bad option."""
+    dtypes = choices(dtype, AUTOCAST_DTYPES, "--precision", default=["bf16"])
+    for name, n in (("in-features", in_features), ("out-features", out_features)):
         if n <= 0:
             raise SpecError(f"--{name} must be positive, got {n}")
+    batches = positive_ints([batch_size] if isinstance(batch_size, int) else batch_size, "--batch")
     check_seed(seed)
     dev = device_choice(device)
-    return [AutocastSpec(d, in_features, out_features, batch_size, dev, seed) for d in dtypes]
+    return [AutocastSpec(d, in_features, out_features, b, dev, seed)
+            for d in dtypes for b in batches]  # fmt: skip
 
 
 def run(spec: AccumulateSpec | AutocastSpec) -> Result:

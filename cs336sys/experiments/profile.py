@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
+from cs336sys.bench.progress import step_done
 from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError
@@ -113,9 +114,13 @@ def run(spec: ProfileSpec) -> Result:
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
 
+    done = [0]
+
     def collect(target: dict[str, list[float]]) -> None:
         for name, ms in built.one_step(nvtx_range).items():
             target.setdefault(name, []).append(ms)
+        done[0] += 1
+        step_done(done[0], n_warmup + n_steps)
 
     prof = None
     try:

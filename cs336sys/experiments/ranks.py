@@ -10,6 +10,7 @@ options the same way for every command.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -20,13 +21,29 @@ from cs336sys.bench.clock import now
 from cs336sys.bench.result import Result
 from cs336sys.bench.sweep import SpecError, device_choice, positive_ints
 
+# Rank 0 tells the parent how far a point has got at most this often (and at its last step).
+STEP_EVERY_S = 0.5
+
 
 def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> None:
-    """On every rank: `run(ctx, spec)` for each spec in order; rank 0 emits each Result."""
+    """On every rank: `run(ctx, spec)` for each spec in order; rank 0 emits each Result, and
+    `("step", index, done, total)` as the point's steps go by when the parent listens to
+    steps through a pipe (a spawned rank; under torchrun rank 0 reports them itself)."""
+    from cs336sys.bench.progress import hooked, on_step
+
+    forward = ctx.rank == 0 and not hooked()
     for index, spec in enumerate(specs):
+        last = [0.0]
+
+        def step(done: int, total: int, _point: Any, index: int = index, last: list = last) -> None:
+            if done == total or time.monotonic() - last[0] >= STEP_EVERY_S:
+                last[0] = time.monotonic()
+                ctx.emit(("step", index, done, total))
+
         started = now()
         t0 = time.perf_counter()
-        result = run(ctx, spec)
+        with on_step(step) if forward else contextlib.nullcontext():
+            result = run(ctx, spec)
         result.started = started
         result.duration_s = time.perf_counter() - t0
         ctx.emit((index, result))

@@ -217,6 +217,8 @@ def make_step(
 def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, dict, list]:
     """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
     every step's loss), samples as {phase_ms: [ms, ...]}."""
+    from cs336sys.bench.progress import step_done
+
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
     losses = []
@@ -224,4 +226,5 @@ def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, d
         for k, v in step(**call).items():
             (warm if i < warmup else timed).setdefault(k, []).append(v)
         losses.append(step.last_loss)  # read back later: no extra sync per step
+        step_done(i + 1, warmup + steps)
     return warm, timed, [float(v) for v in losses]

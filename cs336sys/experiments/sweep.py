@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from cs336sys.bench.clock import now
 from cs336sys.bench.declaration import Experiment
+from cs336sys.bench.progress import step_done
 from cs336sys.bench.result import Result, Terminated, guarded, is_oom
 from cs336sys.bench.sweep import point_key
 
@@ -61,6 +62,9 @@ class Sink(Protocol):
 
 
 class Progress(Protocol):
+    """What the runner reports; a Progress may also have `begin(spec)`, called before a
+    point runs in this process. Steps inside a point arrive through bench/progress.py."""
+
     def start(self, experiment: Experiment, total: int) -> None: ...
     def resumed(self, skipped: int) -> None: ...
     def advance(self, point: Point) -> None: ...
@@ -121,7 +125,12 @@ def run_sweep(
     def family(spec: Any) -> str:
         return point_key(experiment.kind, {k: v for k, v in spec.settings().items() if k != axis})
 
+    begin = getattr(progress, "begin", None)  # optional: told which point runs next
+
     def skip(spec: Any) -> Result | None:
+        """What to store instead of running `spec` (None: run it); asked just before."""
+        if begin is not None:
+            begin(spec)
         if axis is None:
             return None
         smallest = oom_at.get(family(spec))
@@ -205,6 +214,10 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
 
             def arrived(message: tuple, todo: list = todo, finished: list = finished,
                         since: list = since) -> None:  # fmt: skip
+                if message[0] == "step":  # rank 0 is so far into a point
+                    _, index, done, total = message
+                    step_done(done, total, todo[index])
+                    return
                 index, result = message
                 finished.append(index)
                 since[:] = [now(), time.perf_counter()]

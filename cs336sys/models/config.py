@@ -39,7 +39,7 @@ class ModelConfig:
     context_length: int = 512
     # The longest sequence the model accepts, like GPT-2's n_ctx or Llama's
     # max_position_embeddings: the longest sequence the attention benchmarks use (65,536),
-    # and a cap that turns a mistyped --context-length 1000000 into a clear refusal instead
+    # and a cap that turns a mistyped --seq 1000000 into a clear refusal instead
     # of a run that swaps the host before it fails (README, "cs336sys memory", "Bad input").
     max_context_length: int = 65_536
     rope_theta: float = 10_000.0

@@ -1,57 +1,238 @@
-"""`--compare A B`: the same points measured two ways, side by side with the ratio B/A.
+"""`--compare A B`: the same points measured two ways, side by side, every change labelled.
 
-A and B are two git commits (prefixes allowed), two invocation ids (prefixes allowed) or two
-GPU names; which one is found by matching the invocations table, in that order. Points match
-when experiment and settings are equal. A change is flagged only when it exceeds the noise:
-the two runs' min–max ranges do not overlap (each mean lies outside the other's spread) and
-the means differ by more than 5%. Where a metric has no min/max (peak memory), the 5% rule
-alone decides. This is the usual "ranges disjoint and effect above threshold" test used for
-benchmark regressions (e.g. pyperf's `compare_to` and asv's `continuous` both refuse to call
-a change significant while the samples overlap).
+A and B are two git commits (prefixes allowed), two invocation ids (prefixes allowed), two
+labels (`--label`, exactly) or two GPU names; which one is found by matching the invocations
+table, in that order. The report
+then covers the runs of A and of B only (`sides`), within the rest of the selection.
+
+Points match when experiment and settings are equal, and the GPU too unless A and B are
+GPUs. Each side's value is the median of the point's raw timed samples (pooled over re-runs
+of the point on that side), B/A the ratio of the medians. Whether B differs from A is
+decided on the raw samples (bench/significance.py): a change counts only when the
+Mann-Whitney U test gives p < 0.05 *and* the medians are more than 5% apart (THRESHOLD).
+With too few samples for the test ever to reach p < 0.05 (3 vs 3, say) a difference above
+5% is "too few samples to tell", never a change.
+
+A change is labelled by what it means for the metric's unit: time up is "slower" and down
+"faster" (ms); memory up "bigger", down "smaller" (bytes); a rate up (TFLOP/s, GB/s,
+tokens/s: higher is better) is "faster", down "slower". The label gives the factor,
+max(B/A, A/B): "1.25x faster". A regression is a change for the worse: slower or bigger.
+
+Where the raw samples are (runs.samples, JSON; the warm-up is never used):
+
+- `{"<metric>": [...], "warmup": {...}}`: model, attention, memory, profile keep every
+  phase's timed samples under its metric's name (`step_ms`, `e2e_ms`), the warm-up apart;
+- `{"rank0": [...], "rank1": [...]}`: comm, each rank's timed iterations; per iteration the
+  mean over ranks (`time_ms_mean` is the mean of the ranks' means);
+- `{"ranks": [{"step": [...], ...}, ...]}`: ddp, each rank's timed steps per phase; per step
+  the slowest rank's (`step_ms` is the slowest rank's).
+
+Metrics that are single readings (peak_bytes, saved_bytes: counts of bytes, not noisy
+timings) have no samples: the threshold alone decides, and the table says "one reading".
+A timed metric stored without raw samples (older rows) cannot be tested: a difference
+above 5% there is "no samples to tell".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.bench.declaration import catalog
+from cs336sys.bench.significance import ALPHA, THRESHOLD, judge
 from cs336sys.report.sections import QUIET, Row, Table, num, skey, text, varying
-from cs336sys.report.select import Selection, SelectionError, load
+from cs336sys.report.select import Selection, SelectionError, invocations, load, present
 
-THRESHOLD = 0.05
+__all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "sides"]
+
+METHOD = (
+    f"Each value is the median of the point's timed samples; a change is labelled only when "
+    f"the Mann-Whitney U test on the raw samples gives p < {ALPHA:g} and the medians differ "
+    f"by more than {100 * THRESHOLD:g}%. Memory in bytes is one reading per run: the "
+    f"{100 * THRESHOLD:g}% threshold alone decides."
+)
 
 
-def metrics() -> dict[str, tuple[str, str, str | None, str | None]]:
-    """experiment -> (metric label, mean column, min column, max column): the metric each
-    experiment declares for comparison (bench/declaration.py, `compare`)."""
+@dataclass(frozen=True)
+class Metric:
+    """The metric an experiment declares for comparison (bench/declaration.py, `compare`)."""
+
+    name: str  # the declared name: a timed base (step_ms) or a single reading (peak_bytes)
+    label: str  # "step ms"
+    column: str  # the view column holding each run's value: step_ms_mean, peak_bytes
+    unit: str
+    timed: bool  # a statistic over timed samples (else one reading per run)
+
+    @property
+    def words(self) -> tuple[int, str, str]:
+        """(+1 higher is better, -1 lower is better, 0 unknown; word for up; word for down)."""
+        return direction(self.unit)
+
+
+def metrics() -> dict[str, Metric]:
+    """experiment -> the metric it declares for comparison."""
     out = {}
     for e in catalog():
         if e.compare is not None:
-            label, mean, _unit, lo, hi = e.compare_columns()
-            out[e.kind] = (label, mean, lo, hi)
+            label, column, unit, lo, _hi = e.compare_columns()
+            out[e.kind] = Metric(e.compare, label, column, unit, timed=lo is not None)
     return out
 
 
+_TIME = {"ns", "us", "µs", "ms", "s"}
+_BYTES = {"bytes", "B", "KB", "MB", "GB", "KiB", "MiB", "GiB"}
+
+
+def direction(unit: str) -> tuple[int, str, str]:
+    """What up and down mean for a metric in `unit`: time and memory are better lower, rates
+    (anything per second: TFLOP/s, GB/s, tokens/s) better higher."""
+    if unit in _TIME:
+        return -1, "slower", "faster"
+    if unit in _BYTES:
+        return -1, "bigger", "smaller"
+    if unit.endswith("/s"):
+        return 1, "faster", "slower"
+    return 0, "higher", "lower"
+
+
+def timed_samples(samples: Any, name: str) -> list[float]:
+    """The timed samples of the metric `name` in a run's samples JSON (see the module
+    docstring for the layouts); [] when there are none."""
+    if isinstance(samples, (str, bytes)):
+        try:
+            samples = json.loads(samples)
+        except ValueError:
+            return []
+    if not isinstance(samples, dict):
+        return []
+    if _numbers(samples.get(name)):
+        return [float(v) for v in samples[name]]
+    ranks = samples.get("ranks")
+    if isinstance(ranks, list) and ranks and all(isinstance(r, dict) for r in ranks):
+        base = name.removesuffix("_ms")
+        per = [r.get(base, r.get(name)) for r in ranks]
+        if all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
+            return [float(max(step)) for step in zip(*per, strict=True)]
+    per = [v for k, v in samples.items() if re.fullmatch(r"rank\d+", k)]
+    if per and all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
+        return [sum(step) / len(step) for step in zip(*per, strict=True)]
+    return []
+
+
+def _numbers(v: Any) -> bool:
+    return (
+        isinstance(v, list)
+        and bool(v)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    )
+
+
+@dataclass
+class Side:
+    """A point on one side: its runs' values and their pooled timed samples."""
+
+    row: Row  # the latest run (names the point)
+    values: list[float] = field(default_factory=list)  # one per run: the column's value
+    samples: list[float] = field(default_factory=list)  # raw timed samples, every run's
+
+
+def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tuple, Side]:
+    """Per point (GPU unless by_gpu=False, settings): the ok runs' values and samples."""
+    out: dict[tuple, Side] = {}
+    for r in rows:
+        if r.get("status") != "ok" or r.get(metric.column) is None:
+            continue
+        key = (r.get("gpu") if by_gpu else None, skey(r))
+        side = out.setdefault(key, Side(r))
+        side.row = r
+        side.values.append(float(r[metric.column]))
+        if metric.timed:
+            side.samples += timed_samples(r.get("_samples"), metric.name)
+    return out
+
+
+@dataclass(frozen=True)
+class Change:
+    """One point, A against B."""
+
+    experiment: str
+    point: str  # the settings that tell it apart from the other compared points
+    metric: Metric
+    a: float
+    b: float
+    ratio: float | None  # b / a
+    p: float | None
+    n_a: int  # samples (or runs, for single readings)
+    n_b: int
+    verdict: str  # "1.23x slower", "unchanged", "too few samples to tell", ...
+    kind: str  # "regression", "improvement", "unchanged", "undecided"; "changed" (no direction)
+    how: str  # "p=0.002", "p<0.001", "one reading", "no samples"
+
+    @property
+    def factor(self) -> float:
+        """max(B/A, A/B): 1.25 for both 1.25x slower and 1.25x faster."""
+        if not self.ratio:
+            return float("inf")
+        return max(self.ratio, 1 / self.ratio)
+
+    @property
+    def percent(self) -> float:
+        """How much worse or better, in percent of the label's factor: 1.12x slower is 12."""
+        return 100 * (self.factor - 1)
+
+
+def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side) -> Change:
+    """B against A for one point: the verdict and whether it is a regression."""
+    sign, up, down = metric.words
+    tested = metric.timed and bool(a.samples) and bool(b.samples)
+    xa, xb = (a.samples, b.samples) if tested else (a.values, b.values)
+    j = judge(xa, xb, tested=tested)
+    if tested:
+        how = "p<0.001" if j.p < 0.001 else f"p={j.p:.3f}"
+    else:
+        how = "no samples" if metric.timed else "one reading"
+    outcome, reason = j.outcome, j.reason
+    if metric.timed and not tested and outcome in ("up", "down"):
+        outcome, reason = "unknown", "no samples to tell"
+    if outcome in ("up", "down"):
+        factor = max(j.ratio, 1 / j.ratio)
+        verdict = f"{factor:.2f}x {up if outcome == 'up' else down}"
+        better = (outcome == "up") == (sign > 0)
+        kind = "changed" if sign == 0 else "improvement" if better else "regression"
+    elif outcome == "same":
+        verdict, kind = "unchanged", "unchanged"
+    else:
+        verdict, kind = reason, "undecided"
+    return Change(experiment, point, metric, j.a, j.b, j.ratio, j.p,
+                  len(xa), len(xb), verdict, kind, how)  # fmt: skip
+
+
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> str:
-    """Which invocations column both A and B name: 'commit', 'invocation' or 'gpu'."""
+    """Which invocations column both A and B name: 'commit', 'invocation', 'label' (the
+    --label of an invocation, exactly) or 'gpu'."""
+    has_label = any(r[1] == "label" for r in conn.execute("PRAGMA table_info(invocations)"))
     probes = {
         "commit": "SELECT 1 FROM invocations WHERE git_commit LIKE ? ESCAPE '\\' LIMIT 1",
         "invocation": "SELECT 1 FROM invocations WHERE id LIKE ? ESCAPE '\\' LIMIT 1",
+        **({"label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1"} if has_label else {}),
         "gpu": "SELECT 1 FROM invocations WHERE gpu = ? LIMIT 1",
     }
 
     def kinds(token: str) -> list[str]:
         pat = token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         return [k for k, q in probes.items()
-                if conn.execute(q, (token if k == "gpu" else pat,)).fetchone()]  # fmt: skip
+                if conn.execute(q, (token if k in ("gpu", "label") else pat,)).fetchone()]  # fmt: skip
 
     ka, kb = kinds(a), kinds(b)
     if not ka:
-        raise SelectionError(f"--compare: {a!r} matches no commit, invocation id or GPU")
+        raise SelectionError(f"--compare: {a!r} matches no commit, invocation id, label or GPU")
     if not kb:
-        raise SelectionError(f"--compare: {b!r} matches no commit, invocation id or GPU")
+        raise SelectionError(f"--compare: {b!r} matches no commit, invocation id, label or GPU")
     common = [k for k in ka if k in kb]
     if not common:
         raise SelectionError(f"--compare: {a!r} is a {ka[0]} but {b!r} is a {kb[0]}")
@@ -59,67 +240,132 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> str:
 
 
 def _side(sel: Selection, kind: str, token: str) -> Selection:
-    field = {"commit": "commit", "invocation": "invocation", "gpu": "gpu"}[kind]
-    return dataclasses.replace(sel, **{field: token})
+    return dataclasses.replace(sel, **{kind: token})  # the fields are named like the kinds
 
 
-def _aggregate(rows: list[Row], metric: tuple) -> dict[str, dict[str, Any]]:
-    """Per point: mean of the runs' means, lowest min, highest max (ok runs only)."""
-    _, mean, lo, hi = metric
-    out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if r["status"] != "ok" or r.get(mean) is None:
-            continue
-        p = out.setdefault(skey(r), {"means": [], "lo": None, "hi": None, "row": r})
-        p["means"].append(r[mean])
-        for col, which, pick in ((lo, "lo", min), (hi, "hi", max)):
-            if col and r.get(col) is not None:
-                p[which] = r[col] if p[which] is None else pick(p[which], r[col])
-    for p in out.values():
-        p["mean"] = sum(p["means"]) / len(p["means"])
-    return out
+@dataclass
+class Sides:
+    """The runs of A and of B within a selection, and both together for the report."""
+
+    kind: str  # 'commit', 'invocation' or 'gpu'
+    a: dict[str, list[Row]]
+    b: dict[str, list[Row]]
+    rows: dict[str, list[Row]]  # A's and B's, each run once, oldest first
+    invocations: list[dict[str, Any]]  # of A's and B's runs, by status (select.invocations)
 
 
-def changed(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """More than 5% apart and outside each other's min–max (when both ranges are known)."""
-    if a["mean"] == 0 or abs(b["mean"] / a["mean"] - 1) <= THRESHOLD:
-        return False
-    if None in (a["lo"], a["hi"], b["lo"], b["hi"]):
-        return True
-    return b["lo"] > a["hi"] or b["hi"] < a["lo"]
-
-
-def label(row: Row, keys: list[str]) -> str:
-    return " ".join(f"{k}={text(row['_settings'].get(k))}" for k in keys)
-
-
-def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> tuple[str, list[Table]]:
-    """('commit' | 'invocation' | 'gpu', one table per experiment with matching points)."""
+def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> Sides:
+    """Load A's and B's runs; raises SelectionError when A or B names nothing."""
     kind = resolve(conn, a, b)
-    rows_a, rows_b = load(conn, _side(sel, kind, a)), load(conn, _side(sel, kind, b))
-    tables = []
+    sa, sb = _side(sel, kind, a), _side(sel, kind, b)
+    found = sorted(set(present(conn, sa)) | set(present(conn, sb)))
+    rows_a, rows_b = load(conn, sa, found), load(conn, sb, found)
+    rows: dict[str, list[Row]] = {}
+    for exp in found:
+        seen: dict[str, Row] = {}
+        for r in (*rows_a.get(exp, []), *rows_b.get(exp, [])):
+            seen.setdefault(r["run_id"], r)
+        if seen:
+            rows[exp] = sorted(seen.values(), key=lambda r: (r["created"] or "", r["run_id"]))
+    invs = {(i["id"], i["_status"]): i for i in (*invocations(conn, sa), *invocations(conn, sb))}
+    ordered = sorted(invs.values(), key=lambda i: (i["started"] or "", i["id"] or ""))
+    return Sides(kind, rows_a, rows_b, rows, ordered)
+
+
+@dataclass
+class Comparison:
+    """Every point measured on both sides, A against B."""
+
+    kind: str
+    a: str
+    b: str
+    changes: list[Change]
+    tables: list[Table]  # one per experiment, for the report
+
+    def counts(self) -> Counter:
+        """Points by verdict word: faster, slower, bigger, ..., unchanged, undecided."""
+        c: Counter = Counter()
+        for ch in self.changes:
+            c[ch.verdict.split()[-1] if ch.kind in ("regression", "improvement", "changed")
+              else ch.kind] += 1  # fmt: skip
+        return c
+
+    def summary(self) -> str:
+        """'N points compared: X faster, Y slower, Z unchanged' (and the other verdicts)."""
+        c = self.counts()
+        parts = [f"{c['faster']} faster", f"{c['slower']} slower"]
+        parts += [f"{c[w]} {w}" for w in ("bigger", "smaller", "higher", "lower") if c[w]]
+        parts.append(f"{c['unchanged']} unchanged")
+        if c["undecided"]:
+            parts.append(f"{c['undecided']} undecided (too few or no samples)")
+        n = len(self.changes)
+        return f"{n} point{'s' * (n != 1)} compared: " + ", ".join(parts)
+
+    def regressions(self, percent: float) -> list[Change]:
+        """The regressions worse than `percent` (1.12x slower is 12 percent worse)."""
+        return [c for c in self.changes if c.kind == "regression" and c.percent > percent]
+
+    def text(self) -> str:
+        """The compared points as a plain-text table and the summary line, for a terminal."""
+        head = f"Comparison by {self.kind}: {self.a} (A) against {self.b} (B)"
+        if not self.changes:
+            return f"{head}\nNo point was measured on both sides.\n{self.summary()}"
+        rows = [[c.experiment, c.point, c.metric.label, num(c.a), num(c.b), _ratio(c.ratio),
+                 c.verdict, c.how] for c in self.changes]  # fmt: skip
+        table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"], rows)
+        return f"{head}\n{table}\n{self.summary()}"
+
+
+def _ratio(r: float | None) -> str:
+    return "" if r is None else f"{r:.3f}"
+
+
+def text_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart."""
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+        for line in (headers, *rows)
+    )
+
+
+def point_labels(heads: list[Row]) -> list[str]:
+    """Each point named by the settings that tell it apart from the others (all its settings
+    when alone), and its GPU when they are on several."""
+    keys = varying(heads) or (sorted(set(heads[0]["_settings"]) - QUIET) if heads else [])
+    many = len({r.get("gpu") for r in heads}) > 1
+    return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
+                      if r["_settings"].get(k) is not None]
+                     + ([f"on {text(r.get('gpu'))}"] if many else []))
+            for r in heads]  # fmt: skip
+
+
+def compare_sides(s: Sides, a: str, b: str) -> Comparison:
+    """A against B, point by point, one table per experiment (in the declared order)."""
     declared = metrics()
-    for exp in sorted(set(rows_a) & set(rows_b)):
-        if exp not in declared:
+    by_gpu = s.kind != "gpu"
+    changes, tables = [], []
+    for exp, metric in declared.items():
+        pa = aggregate(s.a.get(exp, []), metric, by_gpu)
+        pb = aggregate(s.b.get(exp, []), metric, by_gpu)
+        both = sorted(set(pa) & set(pb), key=lambda k: (str(k[0]), k[1]))
+        if not both:
             continue
-        pa, pb = _aggregate(rows_a[exp], declared[exp]), _aggregate(rows_b[exp], declared[exp])
-        both = sorted(set(pa) & set(pb))
-        # Name a point by what tells it apart from the others (all its settings if alone).
-        heads = [pa[k]["row"] for k in both]
-        keys = varying(heads) or sorted(set(heads[0]["_settings"]) - QUIET) if heads else []
-        body = []
-        for key in both:
-            x, y = pa[key], pb[key]
-            ratio = y["mean"] / x["mean"] if x["mean"] else float("nan")
-            flag = f"changed {100 * (ratio - 1):+.0f}%" if changed(x, y) else ""
-            body.append([label(x["row"], keys), num(x["mean"]), num(y["mean"]), f"{ratio:.3f}",
-                         _range(x), _range(y), flag])  # fmt: skip
-        if body:
-            metric = declared[exp][0]
-            tables.append(Table(f"{exp}: {metric}", ["point", f"A {metric}", f"B {metric}", "B/A",
-                                                     "A min–max", "B min–max", "flag"], body))  # fmt: skip
-    return kind, tables
+        names = point_labels([pb[k].row for k in both])
+        found = [
+            assess(exp, name, metric, pa[k], pb[k]) for k, name in zip(both, names, strict=True)
+        ]
+        changes += found
+        what = "median of the timed samples" if metric.timed else "one reading per run"
+        tables.append(Table(
+            f"{exp}: {metric.label} ({what})",
+            ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
+            [[c.point, num(c.a), num(c.b), _ratio(c.ratio), c.verdict, c.how,
+              f"{c.n_a}/{c.n_b}"] for c in found],
+        ))  # fmt: skip
+    return Comparison(s.kind, a, b, changes, tables)
 
 
-def _range(p: dict[str, Any]) -> str:
-    return "" if p["lo"] is None or p["hi"] is None else f"{num(p['lo'])}–{num(p['hi'])}"
+def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> Comparison:
+    """A against B within the selection; raises SelectionError when A or B names nothing."""
+    return compare_sides(sides(conn, sel, a, b), a, b)

@@ -50,6 +50,42 @@ class Plot:
         return panel_plot(self.panels, self.xlabel, self.ylabel, self.title, self.logx, self.logy)
 
 
+@dataclass(frozen=True)
+class Bar:
+    """One bar of a Bars plot: its group (an x label shared by neighbouring bars, e.g. the
+    model size) and own label (the precision), the stacked parts (one value per part name,
+    None where not measured), the measured total written above the stack, the side panel's
+    value and a short note written above the side bar (e.g. the MFU)."""
+
+    group: str
+    label: str
+    parts: tuple[float | None, ...]
+    total: float | None = None
+    side: float | None = None
+    side_note: str = ""
+
+
+@dataclass(frozen=True)
+class Bars:
+    """Stacked bars (the step time split into its phases) beside a second panel of plain
+    bars at the same positions (tokens/s, the MFU written above each)."""
+
+    bars: tuple[Bar, ...]
+    parts: tuple[str, ...]  # names of the stacked parts, bottom first
+    ylabel: str
+    side_label: str
+    title: str
+    side_title: str = ""
+
+    @property
+    def informative(self) -> bool:
+        """Two bars or more: one bar says nothing the table does not."""
+        return len(self.bars) > 1
+
+    def draw(self) -> bytes:
+        return bar_plot(self)
+
+
 class Drawer:
     """Draws a report's plots, on every core where it can.
 
@@ -85,11 +121,15 @@ class Drawer:
         if self._pool is not None:
             self._pool.shutdown()
 
-    def draw(self, plots: list[Plot]) -> list[bytes]:
+    def draw(self, plots: list[Plot | Bars]) -> list[bytes]:
         """PNG bytes of every plot, in order."""
         if self._pool is None or len(plots) < 2:
             return [p.draw() for p in plots]
-        return list(self._pool.map(Plot.draw, plots))
+        return list(self._pool.map(_draw, plots))
+
+
+def _draw(plot: Plot | Bars) -> bytes:
+    return plot.draw()
 
 
 def _import_matplotlib() -> None:
@@ -204,3 +244,116 @@ def _handles(axes, labels: list[str]) -> tuple[list, list[str]]:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             found.setdefault(lab, h)
     return [found[k] for k in labels], labels
+
+
+# The part that is left when the parts do not add up to the measured total (a phase not
+# timed, or time between phases) is drawn when it is more than this share of the total.
+_REST = 0.02
+
+
+def bar_plot(plot: Bars) -> bytes:
+    """Stacked bars on the left (a colour per part, the total above each bar), plain bars at
+    the same positions on the right (their note above each); bars of one group side by side,
+    groups apart, each bar labelled with its label over its group."""
+    _import_matplotlib()
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    xs: list[float] = []
+    x, last = 0.0, None
+    for b in plot.bars:
+        if last is not None:
+            x += 1.0 if b.group == last else 1.6  # a gap between groups
+        xs.append(x)
+        last = b.group
+    # Each bar's own label under it (turned upright when there are several per group), the
+    # group's once below those, centred under its bars.
+    centres: dict[str, list[float]] = {}
+    for xi, b in zip(xs, plot.bars, strict=True):
+        centres.setdefault(b.group, []).append(xi)
+    labelled = any(b.label for b in plot.bars)
+    upright = labelled and len(plot.bars) > len(centres)
+    drop_pt = 7 * 0.62 * max((len(b.label) for b in plot.bars), default=0) + 6 if upright else 12
+    rests = []
+    for b in plot.bars:
+        known = sum(p for p in b.parts if p is not None)
+        rest = (b.total - known) if b.total is not None else 0.0
+        rests.append(rest if b.total and rest > _REST * b.total else 0.0)
+    parts = [*plot.parts, *(["rest of step"] if any(rests) else [])]
+    side = any(b.side is not None for b in plot.bars)
+    n = len(plot.bars)
+    width_in = min(12.4, max(7.0, 0.55 * n * (1.6 if side else 1.0) + 2.2))
+    fig = Figure(figsize=(width_in, 3.5 + (drop_pt + 12) / 72), dpi=100)
+    axes = fig.subplots(1, 2 if side else 1, squeeze=False,
+                        gridspec_kw={"width_ratios": [3, 2]} if side else None)[0]  # fmt: skip
+    ax = axes[0]
+    bottom = [0.0] * n
+    for i, name in enumerate(parts):
+        heights = [((b.parts[i] if i < len(b.parts) else rests[j]) or 0.0)
+                   for j, b in enumerate(plot.bars)]  # fmt: skip
+        if not any(heights):
+            continue
+        ax.bar(xs, heights, 0.8, bottom=bottom, color="C7" if i >= len(plot.parts) else f"C{i}",
+               label=name, edgecolor="white", linewidth=0.5)  # fmt: skip
+        bottom = [a + h for a, h in zip(bottom, heights, strict=True)]
+    top = max(bottom, default=0.0) or 1.0
+    for xi, b, h in zip(xs, plot.bars, bottom, strict=True):
+        total = b.total if b.total is not None else h
+        ax.text(xi, h + 0.01 * top, short_num(total), ha="center", va="bottom", fontsize=6.5)
+    ax.set_ylim(0, top * 1.1)
+    ax.set_ylabel(plot.ylabel, fontsize=9)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    if side:
+        ax2 = axes[1]
+        vals = [b.side or 0.0 for b in plot.bars]
+        ax2.bar(xs, vals, 0.8, color="C4")
+        log = _spans_decades(vals)
+        if log:
+            ax2.set_yscale("log")
+            ax2.yaxis.set_minor_locator(NullLocator())
+            ax2.set_ylim(min(v for v in vals if v > 0) / 2, max(vals) * 3)
+        else:
+            ax2.set_ylim(0, max(vals, default=1.0) * 1.15 or 1.0)
+        for xi, b, v in zip(xs, plot.bars, vals, strict=True):
+            if b.side_note and v:
+                ax2.text(xi, v * (1.08 if log else 1.0) + (0 if log else 0.01 * max(vals)),
+                         b.side_note, ha="center", va="bottom", fontsize=6.5 if n <= 12 else 5.5)  # fmt: skip
+        ax2.set_ylabel(plot.side_label, fontsize=9)
+        ax2.yaxis.set_major_formatter(FuncFormatter(_kilo))
+        if plot.side_title:
+            ax2.set_title(plot.side_title, fontsize=8)
+    for a in axes:
+        a.set_xticks(xs)
+        a.set_xticklabels([b.label for b in plot.bars] if labelled else [], fontsize=7,
+                          rotation=90 if upright else 0)  # fmt: skip
+        for group, at in centres.items():
+            a.annotate(group, xy=(sum(at) / len(at), 0), xycoords=("data", "axes fraction"),
+                       xytext=(0, -drop_pt - (4 if labelled else 0)), textcoords="offset points",
+                       ha="center", va="top", fontsize=8, fontweight="bold")  # fmt: skip
+        a.tick_params(axis="y", labelsize=8)
+        if a is ax:
+            a.yaxis.set_major_formatter(FuncFormatter(short))
+        a.grid(True, axis="y", alpha=0.3)
+        a.set_axisbelow(True)
+    fig.suptitle(plot.title, fontsize=10)
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=0.08, right=0.99, top=1 - 0.45 / height,
+                        bottom=(drop_pt + 24) / 72 / height, wspace=0.22)  # fmt: skip
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _kilo(v: float, _pos: object = None) -> str:
+    """A tick label of a count: 0, 500, 20k, 1.5M."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:.4g}"
+
+
+def short_num(v: float) -> str:
+    """A value written on a bar: three significant figures, thousands grouped (74.7, 1,234)."""
+    if v >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"

@@ -21,7 +21,9 @@ from markupsafe import Markup, escape
 import cs336sys
 from cs336sys.bench.declaration import catalog
 from cs336sys.report import experiments
-from cs336sys.report.compare import compare
+from cs336sys.report.compare import METHOD, Comparison, compare_sides, sides
+from cs336sys.report.history import History
+from cs336sys.report.history import build as build_history
 from cs336sys.report.plots import Drawer
 from cs336sys.report.sections import Section, Table
 from cs336sys.report.select import Selection, invocations, load, present
@@ -50,6 +52,10 @@ class Report:
     compare_kind: str | None = None
     compare_ab: tuple[str, str] | None = None
     comparison: list[Table] = field(default_factory=list)
+    compared: Comparison | None = None  # every compared point, for the CLI (report/compare.py)
+    compare_note: str = ""  # how a change is decided
+    compare_summary: str = ""  # "N points compared: X faster, Y slower, Z unchanged"
+    history: History | None = None  # with --history; its sections lead report.sections
 
 
 def _kernels(conn: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -105,20 +111,31 @@ def build(
     title: str,
     filters: list[str],
     compare_ab: tuple[str, str] | None = None,
+    history: bool = False,
 ) -> Report:
-    """Read the selection and build every section; raises SelectionError for bad --compare."""
-    found = present(conn, sel)
+    """Read the selection and build every section; raises SelectionError for bad --compare.
+
+    With compare_ab the report covers only the runs of A and of B (report/compare.py); with
+    history it starts with the history sections (report/history.py)."""
+    both = sides(conn, sel, *compare_ab) if compare_ab else None
+    found = sorted(both.rows) if both else present(conn, sel)
     with Drawer(start=bool(set(found) & experiments.PLOTTED)) as drawer:
-        rows = load(conn, sel, found)
+        rows = both.rows if both else load(conn, sel, found)
         kernels = _kernels(conn, [r["run_id"] for r in rows.get("profile", [])])
-        report = Report(title, filters, _provenance(invocations(conn, sel), rows))
+        invs = both.invocations if both else invocations(conn, sel)
+        report = Report(title, filters, _provenance(invs, rows))
         declared = {e.kind: e for e in catalog()}
         for kind, experiment in declared.items():  # in the declared order
             if rows.get(kind):
                 report.sections.append(experiments.build(experiment, rows[kind], kernels))
-        if compare_ab:
-            report.compare_kind, report.comparison = compare(conn, sel, *compare_ab)
-            report.compare_ab = compare_ab
+        if both and compare_ab:
+            report.compared = compare_sides(both, *compare_ab)
+            report.compare_kind, report.comparison = both.kind, report.compared.tables
+            report.compare_ab, report.compare_note = compare_ab, METHOD
+            report.compare_summary = report.compared.summary()
+        if history and rows:
+            report.history = build_history(rows)  # its plots are drawn there, not by the Drawer
+            report.sections[:0] = report.history.sections
         figures = [f for s in report.sections for f in s.figures if f.plot is not None]
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
             fig.png = png
@@ -174,10 +191,19 @@ def _cell_class(cell: str) -> str:
     are right-aligned (the default), text such as kernel names left-aligned."""
     if cell in ("OOM", "error", "skipped"):
         return ' class="oom"'
-    if cell.startswith("changed"):
-        return ' class="flag"'
-    return "" if not cell or _NUMBER.match(cell) else ' class="t"'
+    verdict = _VERDICT.match(cell)  # compare.py's "1.23x slower": regressions red, gains green
+    if verdict:
+        return ' class="worse"' if verdict.group(1) in ("slower", "bigger") else ' class="better"'
+    if not cell or _NUMBER.match(cell):
+        return ""
+    # A long word (a kernel name) may break anywhere, so it never widens a table past the page.
+    return ' class="t long"' if max(map(len, cell.split()), default=0) > _LONG else ' class="t"'
 
+
+_LONG = 32
+
+
+_VERDICT = re.compile(r"^[\d.]+x (slower|bigger|faster|smaller)$")
 
 # 1,234  0.5 ± 0.01  1.2e-05  2.35×  21.0%  98–102  0.4 (0.4): what num(), mean_std(), pct()
 # and the ratio, range and measured-(expected) cells write.

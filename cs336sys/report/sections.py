@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.report.plots import Plot, Series
+from cs336sys.report.plots import Bars, Plot, Series
 
 Row = dict[str, Any]
 # Settings that say how a point was measured, not which point it is.
@@ -29,14 +29,18 @@ class Table:
     headers: list[str]
     rows: list[list[str]]
     note: str = ""
+    # Settings that are the same in every row, lifted out of the columns into one line
+    # above the table ("ctx=512, batch=4"), so a wide table keeps only what tells rows apart.
+    constant: str = ""
 
 
 @dataclass
 class Figure:
     title: str
     name: str  # file name stem, unique in the report
-    plot: Plot | None = None  # drawn into `png` by render.build, all plots at once
+    plot: Plot | Bars | None = None  # drawn into `png` by render.build, all plots at once
     png: bytes = b""
+    note: str = ""  # under the plot: what it leaves out ("showing 8 of 13 series; ...")
 
 
 @dataclass
@@ -152,6 +156,18 @@ def with_gpu(
     ]
     return Table("", (["gpu"] if many else []) + headers + (["other settings"] if extra else []),
                  body)  # fmt: skip
+
+
+def left_out(kept: Sequence[str], every: Sequence[str], what: str = "series", most: int = 10) -> str:
+    """The note under a capped plot: how many of `every` it shows and which it leaves out
+    (the first `most` by name, then a count); '' when nothing is left out."""
+    missing = [k for k in every if k not in set(kept)]
+    if not missing:
+        return ""
+    names = ", ".join(missing[:most])
+    if len(missing) > most:
+        names += f" and {len(missing) - most} more"
+    return f"Showing {len(every) - len(missing)} of {len(every)} {what}; left out: {names}."
 
 
 def panels(

@@ -69,14 +69,33 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
     return t.strftime(FMT)
 
 
+# --where keys that are the invocation's, not a setting of the point (`--label`, issue 14).
+INVOCATION_KEYS = ("label", "host", "command")
+
+
+def known_keys() -> set[str]:
+    """What --where may name: any declared experiment's settings, and INVOCATION_KEYS."""
+    return {k for e in catalog() for k in e.settings} | set(INVOCATION_KEYS)
+
+
 def parse_where(items: list[str]) -> list[tuple[str, str]]:
-    """`KEY=VALUE` on settings; the key must be a plain identifier (it enters a JSON path)."""
+    """`KEY=VALUE` on settings or INVOCATION_KEYS; the key must be one of known_keys() (a
+    typo would otherwise select nothing, silently) and a plain identifier (it enters a
+    JSON path)."""
+    import difflib
+
     out = []
+    known = known_keys()
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not _KEY.match(key):
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
+                                 f"(settings, or {', '.join(INVOCATION_KEYS)})")  # fmt: skip
         try:
             _typed(value)
         except ValueError as exc:
@@ -93,6 +112,7 @@ class Selection:
     gpu: str | None = None
     commit: str | None = None
     invocation: str | None = None
+    label: str | None = None  # the invocation's --label, exactly
     where: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def clause(self) -> tuple[str, list[Any]]:
@@ -118,7 +138,14 @@ class Selection:
         if self.invocation:
             conds.append("r.invocation_id LIKE ? ESCAPE '\\'")
             params.append(_like_prefix(self.invocation))
+        if self.label is not None:
+            conds.append("i.label = ?")
+            params.append(self.label)
         for key, value in self.where:
+            if key in INVOCATION_KEYS:  # the invocation's own column; never a setting name
+                conds.append(f"i.{key} = ?")
+                params.append(value)
+                continue
             # Typed values (16, true) and text both match: the JSON value or its text form.
             conds.append(
                 "(json_extract(r.settings, '$.' || ?) = ? "

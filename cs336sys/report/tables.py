@@ -9,7 +9,7 @@ report; `row_of(spec, result)` after a sweep), plus `status` and the settings JS
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cs336sys.bench.declaration import Column, Ratio
@@ -61,7 +61,10 @@ _FORMATS = {
 # figure to quote alone, so its median is shown beside it.
 NOISY = 0.10
 NOISY_NOTE = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
-              "median stands beside the mean.")  # fmt: skip
+              "median, the 10th-90th percentiles and the interquartile range stand beside the "
+              "mean.")  # fmt: skip
+NOISY_NOTE_SHORT = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
+                    "median stands beside the mean (p10, p90 and IQR are stored).")  # fmt: skip
 
 
 def noisy(row: Row, base: str) -> bool:
@@ -74,13 +77,17 @@ def value(column: Column, row: Row) -> Any:
     return column.cell(row) if column.cell is not None else row.get(column.key)
 
 
-def cell(column: Column, row: Row) -> str:
-    """One cell, without the ratio columns (see `cells`)."""
+def cell(column: Column, row: Row, spread: bool = True) -> str:
+    """One cell, without the ratio columns (see `cells`). A noisy timed cell gets its median
+    and, with `spread` (the report; the terminal's table stays narrow), its p10–p90 and IQR."""
     if column.fmt == "mean_std":
         text = mean_std(row, f"{column.key}_mean", f"{column.key}_std")
         median = row.get(f"{column.key}_median")
         if noisy(row, column.key) and median is not None:
-            text += f" (median {num(median)}, noisy)"
+            p10, p90, iqr = (row.get(f"{column.key}_{s}") for s in ("p10", "p90", "iqr"))
+            extra = (f", p10–p90 {num(p10)}–{num(p90)}, IQR {num(iqr)}"
+                     if spread and None not in (p10, p90, iqr) else "")  # None: stored before 0.2.1
+            text += f" (median {num(median)}{extra}, noisy)"
         return text
     formatted = _FORMATS[column.fmt](value(column, row))
     return formatted if column.setting else status_or(row, formatted)
@@ -122,11 +129,18 @@ _STATUS = Column("status", "status", setting=True)
 
 
 def point_table(declared: Declared, rows: list[Row], counts: bool = False,
-                status: bool = False) -> Table:  # fmt: skip
+                status: bool = False, keep: Callable[[Row], bool] | None = None,
+                lift: bool = False) -> Table:  # fmt: skip
     """The declared table over `rows`: a GPU column when they come from several GPUs, an
     "other settings" column naming what else tells them apart, with `counts` the number
     of stored runs per point (`_n`, see sections.latest) and with `status` a status column
-    after the settings (the command's printout)."""
+    after the settings and noisy cells without their percentiles (the command's printout,
+    kept narrow for a terminal).
+
+    `keep` shows only the rows it accepts, while ratio columns still find their baseline
+    among all rows (interpreted Triton points against native naive). With `lift`, setting
+    columns whose cell is the same in every row (two rows or more) leave the table for its
+    `constant` line, so a wide table keeps only the columns that tell its rows apart."""
     rows = matching(declared, rows)
     columns = [c for c in declared.columns
                if not c.optional or any(value(c, r) is not None for r in rows)]  # fmt: skip
@@ -135,26 +149,37 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
         columns.insert(at, _STATUS)
     ratios = {i: _ratios(c.ratio, rows) for i, c in enumerate(columns) if c.ratio is not None}
     index = {id(r): i for i, r in enumerate(rows)}
+    if keep is not None:
+        rows = [r for r in rows if keep(r)]
 
     def cells(r: Row) -> list[str]:
-        out = [ratios[i][index[id(r)]] if i in ratios else cell(c, r) for i, c in enumerate(columns)]
+        out = [ratios[i][index[id(r)]] if i in ratios else cell(c, r, spread=not status)
+               for i, c in enumerate(columns)]  # fmt: skip
         return out + ([str(r["_n"])] if counts else [])
 
     heads = [c.header for c in columns] + (["n"] if counts else [])
     t = with_gpu(rows, heads, cells, shown=shown(declared))
     notes = [declared.note, *(c.note for c in columns if c.note)]
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
-        notes.append(NOISY_NOTE)
+        notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
     t.title, t.note = declared.title, " ".join(n for n in notes if n)
+    if lift and len(t.rows) > 1:
+        at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
+        same = [at + i for i, c in enumerate(columns) if c.setting
+                and len({row[at + i] for row in t.rows}) == 1]  # fmt: skip
+        t.constant = ", ".join(f"{t.headers[i]}={t.rows[0][i]}" for i in same if t.rows[0][i])
+        t.headers = [h for i, h in enumerate(t.headers) if i not in same]
+        t.rows = [[c for i, c in enumerate(row) if i not in same] for row in t.rows]
     return t
 
 
 def point_tables(tables: Iterable[Declared], rows: list[Row], counts: bool = False,
-                 status: bool = False) -> list[Table]:  # fmt: skip
-    """Every declared table that has rows."""
+                 status: bool = False, keep: Callable[[Row], bool] | None = None,
+                 lift: bool = False) -> list[Table]:  # fmt: skip
+    """Every declared table that has rows (see point_table for `keep` and `lift`)."""
     out = []
     for declared in tables:
-        t = point_table(declared, rows, counts, status)
+        t = point_table(declared, rows, counts, status, keep, lift)
         if t.rows:
             out.append(t)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,22 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """Put the store in WAL mode (several writers, readers never blocked). Switching needs
+    the file to itself, and SQLite answers "database is locked" at once, without its busy
+    timeout, while another process is creating the same new store: wait for it here."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 class Store:
     """A results store opened for writing; migrates an older schema on open."""
 
@@ -112,7 +129,7 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-            conn.execute("PRAGMA journal_mode = WAL")
+            _wal(conn)
             conn.execute("PRAGMA foreign_keys = ON")
             schema.migrate(conn)
             ensure_views(conn)
@@ -136,10 +153,12 @@ class Store:
 
     # -- writing --------------------------------------------------------------------------
 
-    def begin_invocation(self, provenance: dict[str, Any], argv: list[str], command: str) -> str:
+    def begin_invocation(
+        self, provenance: dict[str, Any], argv: list[str], command: str, label: str | None = None
+    ) -> str:
         inv_id = str(uuid.uuid4())
         row = {k: provenance.get(k) for k in _PROVENANCE_COLUMNS}
-        row.update(id=inv_id, command=command, argv=json.dumps(argv), started=now())
+        row.update(id=inv_id, command=command, argv=json.dumps(argv), started=now(), label=label)
         self.db["invocations"].insert(row)
         return inv_id
 

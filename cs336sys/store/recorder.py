@@ -35,15 +35,18 @@ class Recorder:
         command: str,
         device: str = "cpu",
         argv: list[str] | None = None,
+        label: str | None = None,
     ) -> None:
         from cs336sys.bench.provenance import collect
 
         self.provenance = collect(device)
         self.store = Store(db)  # StoreError: not a results store, newer schema, ...
+        self.path = Path(db)
         self.invocation_id = self.store.begin_invocation(
-            self.provenance, list(sys.argv if argv is None else argv), command
+            self.provenance, list(sys.argv if argv is None else argv), command, label
         )
         self.errors = 0
+        self.added = 0  # points stored by this invocation
 
     # -- the sink the sweep runner writes to ------------------------------------------------
 
@@ -51,7 +54,7 @@ class Recorder:
         """Store one point (`experiment` is its declaration); returns the run id."""
         if result.status == "error":
             self.errors += 1
-        return self.store.add_run(
+        run_id = self.store.add_run(
             self.invocation_id,
             experiment.kind,
             result.status,
@@ -63,6 +66,8 @@ class Recorder:
             duration_s=result.duration_s,
             tables=result.tables,
         )
+        self.added += 1
+        return run_id
 
     def update(self, run_id: str, result: Any) -> None:
         """Store metrics set after the point was written (across a group of points)."""

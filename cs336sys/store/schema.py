@@ -81,6 +81,8 @@ MIGRATIONS: list[list[str]] = [
         """,
         "CREATE INDEX kernel_stats_run ON kernel_stats (run_id, phase, rank)",
     ],
+    # v4: a free-text label per invocation (`--label`, issue 14), for --where and reports.
+    ["ALTER TABLE invocations ADD COLUMN label TEXT"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -50,7 +50,7 @@ RUN_COLUMNS = (
     "duration_s",
     "point_key",
 )
-INVOCATION_COLUMNS = ("command", "argv", *_PROVENANCE_COLUMNS)
+INVOCATION_COLUMNS = ("command", "argv", "label", *_PROVENANCE_COLUMNS)
 
 
 # -- export ----------------------------------------------------------------------------
@@ -64,17 +64,28 @@ def known_experiments(conn: sqlite3.Connection) -> list[str]:
 
 
 def records(
-    conn: sqlite3.Connection, experiments: Sequence[str] = (), samples: bool = False
+    conn: sqlite3.Connection,
+    experiments: Sequence[str] = (),
+    samples: bool = False,
+    condition: tuple[str, Sequence[Any]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """One dict per run (oldest first), with provenance and parsed settings/metrics.
 
-    Reads `SELECT r.*` and picks columns by name, so a store at an older schema version
-    (no `point_key` before v2) exports too, with those fields None.
+    `condition` is extra SQL over `runs r` joined with `invocations i` and its parameters
+    (what `db export --since/--where` selects, built by report/select.py). Reads `SELECT r.*`
+    and picks columns by name, so a store at an older schema version (no `point_key` before
+    v2, no `label` before v4) exports too, with those fields None.
     """
-    where, params = "", list(experiments)
+    conds, params = [], list(experiments)
     if experiments:
-        where = f"WHERE r.experiment IN ({', '.join('?' * len(experiments))})"
-    inv_cols = ", ".join(f"i.{c} AS inv_{c}" for c in INVOCATION_COLUMNS)
+        conds.append(f"r.experiment IN ({', '.join('?' * len(experiments))})")
+    if condition is not None:
+        conds.append(f"({condition[0]})")
+        params.extend(condition[1])
+    where = f"WHERE {' AND '.join(conds)}" if conds else ""
+    present = {r[1] for r in conn.execute("PRAGMA table_info(invocations)")}
+    inv_cols = ", ".join(f"i.{c} AS inv_{c}" if c in present else f"NULL AS inv_{c}"
+                         for c in INVOCATION_COLUMNS)  # fmt: skip
     cursor = conn.execute(
         f"SELECT r.*, {inv_cols} FROM runs r LEFT JOIN invocations i ON i.id = r.invocation_id "
         f"{where} ORDER BY r.created, r.id",
@@ -145,11 +156,13 @@ def export(
     fmt: str,
     experiments: Sequence[str] = (),
     samples: bool = False,
+    condition: tuple[str, Sequence[Any]] | None = None,
 ) -> int:
-    """Write the runs (all, or of `experiments`) to `out`; returns how many."""
+    """Write the runs (all, or of `experiments`, and meeting `condition`: see `records`) to
+    `out`; returns how many."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
-    recs = records(conn, experiments, samples)
+    recs = records(conn, experiments, samples, condition)
     return write_csv(recs, out) if fmt == "csv" else write_jsonl(recs, out)
 
 

@@ -21,6 +21,7 @@ _COMMON = [
     "i.host",
     "i.git_commit",
     "i.git_dirty",
+    "i.label",
     "r.status",
     "r.error",
 ]

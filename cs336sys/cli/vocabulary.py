@@ -1,0 +1,89 @@
+"""One option name per concept, in every command (issue 14), and the old spellings kept as
+hidden aliases until 0.3.
+
+    --seq        sequence length           (was --context-length in model, memory, ddp, profile)
+    --batch      sequences per step        (was --batch-size; ddp's --global-batch)
+    --precision  fp32, bf16, fp16          (was --dtype in attention, comm, precision autocast)
+    --iters      timed iterations          (was --steps in model, memory, ddp, profile model)
+    --warmup     untimed iterations before them
+    --attention  the attention implementation (attention commands also take --impl)
+    --impl       the implementation under test (attention, ddp, memory residuals)
+    --size       a model size preset; comm's buffer size is --bytes (was --size)
+    --label      free text stored on the invocation
+
+An alias is not declared on the command, so --help shows only the shared name; the root
+group rewrites an old spelling to the new one before the command parses its arguments and
+says so once on stderr. No torch here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# Python parameter name -> the option every command that has the concept spells it with.
+SHARED = {
+    "seq": "--seq",
+    "batch": "--batch",
+    "precision": "--precision",
+    "iters": "--iters",
+    "warmup": "--warmup",
+    "attention": "--attention",
+    "size": "--size",
+    "label": "--label",
+    "world_size": "--world-size",
+    "device": "--device",
+    "seed": "--seed",
+    "resume": "--resume",
+    "db": "--db",
+}
+
+# Old spelling -> new, in every command (0.2 names; accepted until 0.3).
+ALIASES = {
+    "--context-length": "--seq",
+    "--batch-size": "--batch",
+    "--global-batch": "--batch",
+    "--dtype": "--precision",
+    "--steps": "--iters",
+}
+# Old spellings that meant something else elsewhere: per command path.
+COMMAND_ALIASES = {"comm": {"--size": "--bytes"}}
+
+
+def aliases_for(path: Sequence[str]) -> dict[str, str]:
+    """The old -> new spellings that apply in the command at `path` (e.g. ['memory'])."""
+    return {**ALIASES, **COMMAND_ALIASES.get(" ".join(path), {})}
+
+
+def command_path(group: Any, args: Sequence[str]) -> list[str]:
+    """The subcommand names at the front of `args`, walking down from the root `group`."""
+    path: list[str] = []
+    cmd = group
+    for token in args:
+        commands = getattr(cmd, "commands", None)
+        if token.startswith("-") or not commands or token not in commands:
+            break
+        path.append(token)
+        cmd = commands[token]
+    return path
+
+
+def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True) -> list[str]:
+    """`args` with old spellings (`--steps 5`, `--steps=5`) replaced by the new ones; stops at
+    `--`. Each old spelling used is named once on stderr."""
+    out, said = [], set()
+    for i, token in enumerate(args):
+        if token == "--":
+            out.extend(args[i:])
+            break
+        name, eq, value = token.partition("=")
+        new = aliases.get(name) if name.startswith("--") else None
+        if new is None:
+            out.append(token)
+            continue
+        out.append(new + eq + value)
+        if warn and name not in said:
+            said.add(name)
+            print(f"note: {name} is now {new} (the old name is accepted until 0.3)", file=sys.stderr)
+    return out

@@ -1,0 +1,264 @@
+"""`report --history`: each point's compared metric across commits, with its steps marked.
+
+A point (experiment, GPU, settings) measured at two commits or more has a history: per
+commit, the median of the experiment's compared metric (report/compare.py: step time for
+model, end-to-end time for attention, ...) over the raw timed samples of the point's runs
+at that commit. Commits go in the time order of their first run in the selection; a dirty
+checkout is a commit of its own (`abc1234-dirty`), since it measured other code.
+
+A step is a pair of consecutive commits of a point whose samples differ by the rule of
+`--compare` (bench/significance.py): Mann-Whitney U p < 0.05 on the raw samples *and*
+medians more than 5% apart. Each step is a regression (slower, bigger) or an improvement.
+
+The report gets one section per experiment with a history: the table of every step, and
+one plot per point (median per commit, the samples' min–max shaded, steps marked: red
+triangles for regressions, green for improvements, pointing the way the metric went).
+Plots are capped at MAX_PLOTS for the whole report, points with steps first, then those
+with the most commits; the section says which points were left out. The step table is
+capped at MAX_STEPS rows.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+from dataclasses import dataclass, field
+
+from cs336sys.bench.significance import ALPHA, THRESHOLD
+from cs336sys.report.compare import (
+    Change,
+    Metric,
+    Side,
+    assess,
+    metrics,
+    point_labels,
+    text_table,
+    timed_samples,
+)
+from cs336sys.report.sections import Figure, Row, Section, Table, num, skey
+
+MAX_PLOTS = 12
+MAX_STEPS = 100
+STEP_KINDS = ("regression", "improvement", "changed")
+METHOD = (
+    "Each commit's value is the median of the point's timed samples at that commit (memory "
+    "in bytes: one reading per run); commits are in the time order of their first run. A "
+    f"step is a pair of consecutive commits whose raw samples differ significantly "
+    f"(Mann-Whitney U, p < {ALPHA:g}) and whose medians are more than {100 * THRESHOLD:g}% "
+    "apart (memory: the threshold alone)."
+)
+
+
+@dataclass
+class Commit:
+    key: tuple[str, bool]  # (git commit, dirty)
+    first: str  # created of its first run in the selection
+
+    @property
+    def label(self) -> str:
+        return self.key[0][:7] + ("-dirty" if self.key[1] else "")
+
+
+@dataclass
+class Track:
+    """One point's history."""
+
+    experiment: str
+    point: str
+    metric: Metric
+    commits: list[Commit]
+    sides: list[Side]  # per commit
+    steps: list[tuple[int, Change]] = field(default_factory=list)  # (index of `after`, change)
+
+    def medians(self) -> list[float]:
+        return [statistics.median(_values(self.metric, s)) for s in self.sides]
+
+
+def _values(metric: Metric, side: Side) -> list[float]:
+    return side.samples if metric.timed and side.samples else side.values
+
+
+@dataclass
+class History:
+    tracks: list[Track]  # every point with a history, in report order
+    plotted: list[Track]
+    sections: list[Section]
+    one_commit: int = 0  # points measured at a single commit (no history)
+    no_commit: int = 0  # ok runs without a git commit (left out)
+
+    @property
+    def steps(self) -> list[tuple[Track, int, Change]]:
+        return [(t, i, c) for t in self.tracks for i, c in t.steps]
+
+    def summary(self) -> str:
+        n, steps = len(self.tracks), self.steps
+        kinds = [c.kind for _, _, c in steps]
+        worse, better = kinds.count("regression"), kinds.count("improvement")
+        return (f"History: {n} point{'s' * (n != 1)} measured at two commits or more; "
+                f"{len(steps)} step{'s' * (len(steps) != 1)} detected ({worse} "
+                f"regression{'s' * (worse != 1)}, {better} improvement{'s' * (better != 1)})")  # fmt: skip
+
+    def text(self) -> str:
+        """The steps as a plain-text table under a summary line, for a terminal."""
+        lines = [self.summary()]
+        if self.steps:
+            rows = [[t.experiment, *_step_row(t, i, c, metric=True)]
+                    for t, i, c in self.steps[:MAX_STEPS]]  # fmt: skip
+            lines.append(text_table(["experiment", "point", "commits", "metric", "before",
+                                     "after", "after/before", "verdict", "p"], rows))  # fmt: skip
+            if len(self.steps) > MAX_STEPS:
+                lines.append(f"(the first {MAX_STEPS} of {len(self.steps)} steps)")
+        return "\n".join(lines)
+
+
+def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
+    """point, commits (before → after), (metric,) before, after, after/before, verdict, p."""
+    return [t.point, f"{t.commits[i - 1].label} → {t.commits[i].label}",
+            *([t.metric.label] if metric else []), num(c.a), num(c.b),
+            "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]  # fmt: skip
+
+
+def build(rows: dict[str, list[Row]], draw: bool = True) -> History:
+    """The history of every point in `rows` (experiment -> view rows with `_settings` and
+    `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty."""
+    order: dict[tuple[str, bool], str] = {}
+    no_commit = 0
+    for exp_rows in rows.values():
+        for r in exp_rows:
+            if r.get("status") != "ok":
+                continue
+            if not r.get("git_commit"):
+                no_commit += 1
+                continue
+            k = (r["git_commit"], bool(r.get("git_dirty")))
+            order[k] = min(order.get(k, r["created"] or ""), r["created"] or "")
+    rank = {k: i for i, k in enumerate(sorted(order, key=lambda k: (order[k], k)))}
+
+    tracks: list[Track] = []
+    one_commit = 0
+    for exp, metric in metrics().items():
+        groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
+        for r in rows.get(exp, []):
+            if r.get("status") != "ok" or r.get(metric.column) is None or not r.get("git_commit"):
+                continue
+            at = groups.setdefault((r.get("gpu"), skey(r)), {})
+            side = at.setdefault((r["git_commit"], bool(r.get("git_dirty"))), Side(r))
+            side.row = r
+            side.values.append(float(r[metric.column]))
+            if metric.timed:
+                side.samples += timed_samples(r.get("_samples"), metric.name)
+        many = {k: at for k, at in groups.items() if len(at) > 1}
+        one_commit += len(groups) - len(many)
+        if not many:
+            continue
+        keys = sorted(many, key=lambda k: (str(k[0]), k[1]))
+        heads = [max(many[k].values(), key=lambda s: s.row["created"] or "").row for k in keys]
+        for key, label in zip(keys, point_labels(heads), strict=True):
+            at = many[key]
+            ck = sorted(at, key=lambda c: rank[c])
+            t = Track(exp, label, metric, [Commit(c, order[c]) for c in ck], [at[c] for c in ck])
+            for i in range(1, len(ck)):
+                change = assess(exp, label, metric, t.sides[i - 1], t.sides[i])
+                if change.kind in STEP_KINDS:
+                    t.steps.append((i, change))
+            tracks.append(t)
+
+    chosen = sorted(tracks, key=lambda t: (not t.steps, -len(t.commits)))[:MAX_PLOTS]
+    plotted = [t for t in tracks if t in chosen]  # in report order
+    history = History(tracks, plotted, [], one_commit, no_commit)
+    history.sections = _sections(history, draw)
+    return history
+
+
+def _sections(h: History, draw: bool) -> list[Section]:
+    left = [t for t in h.tracks if t not in h.plotted]
+    general = []
+    if h.one_commit:
+        general.append(f"{h.one_commit} point{'s' * (h.one_commit != 1)} measured at one commit "
+                       "only ha" + ("ve" if h.one_commit != 1 else "s") + " no history.")  # fmt: skip
+    if h.no_commit:
+        general.append(f"{h.no_commit} run{'s' * (h.no_commit != 1)} without a git commit "
+                       "left out.")  # fmt: skip
+    if left:
+        names = ", ".join(f"{t.experiment} {t.point}" for t in left[:10])
+        more = f" and {len(left) - 10} more" if len(left) > 10 else ""
+        general.append(
+            f"Plotted {len(h.plotted)} of {len(h.tracks)} points with a history (at most "
+            f"{MAX_PLOTS}: those with steps first, then those with the most commits); left "
+            f"out: {names}{more}. Their steps are in the tables; narrow the selection with "
+            "--experiment and --where to plot them."
+        )
+    if not h.tracks:
+        return [Section("history", "History by commit", notes=[
+            "No point of this selection was measured at two commits or more: no history.",
+            *general])]  # fmt: skip
+    out = []
+    shown = 0
+    for exp in dict.fromkeys(t.experiment for t in h.tracks):
+        tracks = [t for t in h.tracks if t.experiment == exp]
+        metric = tracks[0].metric
+        sec = Section(f"history-{exp}", f"History: {exp}, {metric.label} by commit",
+                      notes=[METHOD] + (general if not out else []))  # fmt: skip
+        steps = [(t, i, c) for t in tracks for i, c in t.steps]
+        if steps:
+            rows = [_step_row(t, i, c) for t, i, c in steps[:MAX_STEPS]]
+            note = (f"The first {MAX_STEPS} of {len(steps)} steps."
+                    if len(steps) > MAX_STEPS else "")  # fmt: skip
+            sec.tables.append(Table("Steps detected", ["point", "commits",
+                                    f"before {metric.label}", f"after {metric.label}",
+                                    "after/before", "verdict", "p"], rows, note))  # fmt: skip
+        else:
+            sec.notes.append(f"No step detected in {len(tracks)} point"
+                             f"{'s' * (len(tracks) != 1)} with a history.")  # fmt: skip
+        for t in tracks:
+            if t not in h.plotted:
+                continue
+            shown += 1
+            fig = Figure(f"{t.point}: median {metric.label} per commit", f"history-{exp}-{shown}")
+            if draw:
+                fig.png = plot(t)
+            sec.figures.append(fig)
+        out.append(sec)
+    return out
+
+
+def plot(t: Track) -> bytes:
+    """A point's history as PNG bytes: median per commit, min–max shaded, steps marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.ticker import FuncFormatter
+
+    from cs336sys.report.plots import short
+
+    xs = list(range(len(t.commits)))
+    med = t.medians()
+    lo = [min(_values(t.metric, s)) for s in t.sides]
+    hi = [max(_values(t.metric, s)) for s in t.sides]
+    fig = MplFigure(figsize=(max(4.5, 0.45 * len(xs) + 2.5), 3.2), dpi=100)
+    ax = fig.subplots()
+    ax.fill_between(xs, lo, hi, color="C0", alpha=0.15, linewidth=0, label="min–max")
+    ax.plot(xs, med, marker="o", markersize=3, color="C0", label="median")
+    labelled = set()
+    for kind, colour in (("regression", "#c00000"), ("improvement", "#1a7f37"), ("changed", "C1")):
+        for up in (True, False):  # the triangle points the way the metric went
+            at = [i for i, c in t.steps if c.kind == kind and ((c.ratio or 0) > 1) == up]
+            if at:
+                ax.plot(at, [med[i] for i in at], linestyle="none", marker="^" if up else "v",
+                        markersize=9, color=colour, label=None if kind in labelled else kind)  # fmt: skip
+                labelled.add(kind)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([c.label for c in t.commits], rotation=45 if len(xs) > 6 else 0,
+                       ha="right" if len(xs) > 6 else "center", fontsize=8)  # fmt: skip
+    ax.yaxis.set_major_formatter(FuncFormatter(short))
+    ax.tick_params(axis="y", labelsize=8)
+    ax.set_xlabel("commit (in the order of its first run)", fontsize=9)
+    ax.set_ylabel(t.metric.label, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title(f"{t.experiment} {t.point}", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()

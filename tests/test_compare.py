@@ -1,0 +1,426 @@
+"""`report --compare`, `--fail-on-regression` and `--history`, and the Mann-Whitney U test
+behind them (bench/significance.py), checked against exact values and textbook tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from cs336sys.bench.significance import (
+    _counts,
+    exact_p,
+    judge,
+    mann_whitney_u,
+    min_p,
+    ranks,
+)
+from cs336sys.report import history as history_mod
+from cs336sys.report.compare import direction, timed_samples
+from tests.conftest import invoke
+from tests.report_fixture import build as build_fixture
+
+# -- the test itself --------------------------------------------------------------------------
+
+
+def test_ranks_share_the_mean_rank_of_ties():
+    assert ranks([10, 20, 20, 30, 20]) == [1, 3, 3, 5, 3]
+    assert ranks([3.0, 1.0, 2.0]) == [3, 1, 2]
+
+
+def test_exact_p_values_counted_by_hand():
+    # 3 vs 3, no overlap: 1 arrangement of C(6,3)=20 at each extreme -> 2/20
+    r = mann_whitney_u([1, 2, 3], [4, 5, 6])
+    assert r.exact and r.u == 0 and r.p == pytest.approx(0.1)
+    assert mann_whitney_u([1, 2], [3, 4]).p == pytest.approx(1 / 3)  # 2 of C(4,2)=6
+    assert mann_whitney_u([1, 2, 3, 4], [5, 6, 7, 8]).p == pytest.approx(2 / 70)
+    # 5 vs 5 with U=2 (7>5, 7>6): U=0,1,2 have 1,1,2 arrangements of 252 -> 2*4/252
+    r = mann_whitney_u([1, 2, 3, 4, 7], [5, 6, 8, 9, 10])
+    assert r.u == 2 and r.p == pytest.approx(8 / 252)
+    # two-sided: swapping the samples changes U to n1*n2 - U, not p
+    s = mann_whitney_u([5, 6, 8, 9, 10], [1, 2, 3, 4, 7])
+    assert s.u == 23 and s.p == pytest.approx(r.p)
+    # the counts of U are a distribution over the C(m+n, m) arrangements
+    assert _counts(5, 5)[:6] == (1, 1, 2, 3, 5, 7)
+    for m, n in ((1, 1), (3, 5), (8, 8)):
+        assert sum(_counts(m, n)) == math.comb(m + n, m)
+
+
+# Critical values of U, two-sided alpha = 0.05 (e.g. Siegel & Castellan, table J; the
+# tables in most statistics textbooks): the largest U with p <= 0.05.
+CRITICAL = {(3, 5): 0, (3, 8): 2, (4, 4): 0, (4, 6): 2, (4, 8): 4, (5, 5): 2, (5, 8): 6,
+            (6, 6): 5, (6, 8): 8, (7, 7): 8, (7, 8): 10, (8, 8): 13}  # fmt: skip
+
+
+@pytest.mark.parametrize("sizes, critical", CRITICAL.items())
+def test_exact_test_reproduces_textbook_critical_values(sizes, critical):
+    m, n = sizes
+    assert exact_p(critical, m, n) <= 0.05 < exact_p(critical + 1, m, n)
+
+
+def test_normal_approximation_with_ties_and_continuity_by_hand():
+    # pooled: 1(x) 2 2 2 (x,x,y) 3 3 (x,y) 4 4 (y,y) 5(y); ranks 1, 3,3,3, 5.5,5.5, 7.5,7.5, 9
+    x, y = [1, 2, 2, 3], [2, 3, 4, 4, 5]
+    r = mann_whitney_u(x, y)
+    assert not r.exact and r.u == pytest.approx(1 + 3 + 3 + 5.5 - 10)  # 2.5
+    # var = n1 n2 / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1))), ties of 3, 2 and 2
+    var = 4 * 5 / 12 * (10 - (24 + 6 + 6) / (9 * 8))
+    z = (17.5 - 10 - 0.5) / math.sqrt(var)
+    assert r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
+    assert r.p == pytest.approx(0.078546, abs=1e-6)
+    # beyond 8 values: the normal approximation, here U = 0 of 10 vs 10
+    r = mann_whitney_u(range(10), range(10, 20))
+    z = (100 - 50 - 0.5) / math.sqrt(10 * 10 / 12 * 21)
+    assert not r.exact and r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
+    assert mann_whitney_u([2, 2, 2], [2, 2, 2, 2]).p == 1.0  # nothing to tell apart
+
+
+def test_few_samples_can_never_be_significant():
+    assert min_p(2, 2) == pytest.approx(1 / 3)
+    assert min_p(3, 3) == pytest.approx(0.1)
+    assert min_p(3, 4) > 0.05 > min_p(4, 4)
+    j = judge([99, 100, 101], [119, 120, 121])  # 20% apart, but 3 vs 3
+    assert j.outcome == "unknown" and j.reason == "too few samples to tell" and j.p == 0.1
+
+
+def test_judge_needs_both_significance_and_the_threshold():
+    rng = random.Random(1)
+    a = [100 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(10)]
+    assert judge(a, [v * 1.3 for v in a]).outcome == "up"
+    assert judge(a, [v * 0.8 for v in a]).outcome == "down"
+    small = judge(a, [v * 1.03 for v in a])
+    assert small.p < 0.05 and small.outcome == "same"  # the test is sure; 3% is noise
+    # the same distribution twice: nothing
+    b = [100 * (1 + rng.uniform(-0.02, 0.02)) for _ in range(10)]
+    assert judge(a, b).outcome == "same"
+    # wide noise, medians 10% apart: not significant with enough samples to tell
+    wide_a = [100, 60, 140, 80, 120, 95, 105, 70, 130, 100]
+    wide_b = [v * 1.1 for v in reversed(wide_a)][:9] + [40.0]
+    w = judge(wide_a, wide_b)
+    assert w.p >= 0.05 and w.outcome == "same" and w.reason == "not significant"
+    # single readings: the threshold alone, no p
+    assert judge([1000], [1200], tested=False).outcome == "up"
+    assert judge([1000], [1040], tested=False).outcome == "same"
+    assert judge([1000], [1200], tested=False).p is None
+
+
+def test_directions_by_unit():
+    assert direction("ms") == (-1, "slower", "faster")
+    assert direction("bytes") == (-1, "bigger", "smaller")
+    assert direction("TFLOP/s") == (1, "faster", "slower")
+    assert direction("GB/s")[0] == 1 and direction("")[0] == 0
+
+
+def test_timed_samples_of_each_layout_never_the_warmup():
+    model = {"step_ms": [10, 11], "fwd_ms": [3, 4], "warmup": {"step_ms": [500, 90]}}
+    assert timed_samples(json.dumps(model), "step_ms") == [10, 11]
+    comm = {"rank0": [1.0, 3.0], "rank1": [3.0, 5.0]}  # per iteration, the mean over ranks
+    assert timed_samples(comm, "time_ms") == [2.0, 4.0]
+    ddp = {"ranks": [{"step": [10, 30], "fwd": [1, 1]}, {"step": [20, 25], "fwd": [1, 1]}],
+           "loss": [2.0, 1.9]}  # per step, the slowest rank  # fmt: skip
+    assert timed_samples(ddp, "step_ms") == [20, 30]
+    assert timed_samples(None, "step_ms") == [] and timed_samples("{", "step_ms") == []
+    assert timed_samples({"saved_by_node": {"mm": 3}}, "saved_bytes") == []
+
+
+# -- stores for the command -------------------------------------------------------------------
+
+H100 = "NVIDIA H100 80GB HBM3"
+A = "a1a1a1a1" * 5
+B = "b2b2b2b2" * 5
+C = "c3c3c3c3" * 5
+
+
+class Builder:
+    """A store with invocations at given commits and runs with given samples."""
+
+    def __init__(self, path: Path):
+        from cs336sys.store.db import Store
+
+        self.path, self.store, self.n = path, Store(path), 0
+
+    def invocation(self, inv: str, commit: str | None, started: str, gpu: str = H100,
+                   dirty: int = 0) -> None:  # fmt: skip
+        self.store.db["invocations"].insert({
+            "id": inv, "command": "test", "argv": "[]", "started": started, "finished": started,
+            "exit_status": 0, "host": "lab", "device": "cuda", "gpu": gpu, "gpu_count": 1,
+            "torch_version": "2.11.0", "git_commit": commit, "git_dirty": dirty,
+        })  # fmt: skip
+
+    def run(self, inv, exp, settings, metrics, samples=None, created="2026-02-01 00:00:00.000000"):
+        from cs336sys.store.db import point_key
+
+        self.n += 1
+        self.store.db["runs"].insert({
+            "id": f"run-{self.n:04d}", "invocation_id": inv, "experiment": exp, "status": "ok",
+            "settings": json.dumps(settings), "metrics": json.dumps(metrics),
+            "samples": None if samples is None else json.dumps(samples), "created": created,
+            "started": created, "duration_s": 1.0, "point_key": point_key(exp, settings),
+        })  # fmt: skip
+
+    def model(self, inv, created, precision, steps, size="small", context=128):
+        s = {"size": size, "context_length": context, "batch_size": 4, "mode": "train",
+             "precision": precision, "compile": False, "device": "cuda", "seed": 0}  # fmt: skip
+        mean = sum(steps) / len(steps)
+        m = {"step_ms_mean": mean, "step_ms_min": min(steps), "step_ms_max": max(steps),
+             "step_ms_median": sorted(steps)[len(steps) // 2], "step_ms_std": 0.0}  # fmt: skip
+        self.run(
+            inv, "model", s, m, {"step_ms": steps, "warmup": {"step_ms": [10 * mean]}}, created
+        )
+
+    def memory(self, inv, created, peak):
+        s = {"size": "small", "context_length": 128, "batch_size": 4, "mode": "train",
+             "precision": "fp32", "checkpoint": "none", "device": "cuda"}  # fmt: skip
+        self.run(inv, "memory", s, {"peak_bytes": peak}, None, created)
+
+    def close(self) -> Path:
+        self.store.close()
+        return self.path
+
+
+def noisy(center: float, n: int, seed: int, spread: float = 0.02) -> list[float]:
+    rng = random.Random(seed)
+    return [center * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def regress_db(tmp_path_factory):
+    """Commits A and B on one H100; B: fp32 30% slower, bf16 the same, tf32 20% faster,
+    memory 20% bigger, a 3-vs-3 point 20% slower; commit C has a run of its own."""
+    b = Builder(tmp_path_factory.mktemp("regress") / "results.db")
+    b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
+    b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
+    b.invocation("inv-c", C, "2026-02-03 10:00:00.000000")
+    ta, tb = "2026-02-01 10:0{}:00.000000", "2026-02-02 10:0{}:00.000000"
+    b.model("inv-a", ta.format(1), "fp32", noisy(100, 10, 1))
+    b.model("inv-b", tb.format(1), "fp32", noisy(130, 10, 2))
+    b.model("inv-a", ta.format(2), "bf16", noisy(50, 10, 3))
+    b.model("inv-b", tb.format(2), "bf16", noisy(50, 10, 4))
+    b.model("inv-a", ta.format(3), "tf32", noisy(80, 10, 5))
+    b.model("inv-b", tb.format(3), "tf32", noisy(64, 10, 6))
+    b.model("inv-a", ta.format(4), "fp16", [99.0, 100.0, 101.0], size="medium")
+    b.model("inv-b", tb.format(4), "fp16", [119.0, 120.0, 121.0], size="medium")
+    b.memory("inv-a", ta.format(5), 1000 * 2**20)
+    b.memory("inv-b", tb.format(5), 1200 * 2**20)
+    b.model("inv-c", "2026-02-03 10:01:00.000000", "fp32", noisy(100, 10, 7), context=777)
+    return b.close()
+
+
+def report(db, out, *args):
+    return invoke("report", "--db", db, "--out", out, *args)
+
+
+def _table_line(stdout: str, *cells: str) -> str:
+    found = [ln for ln in stdout.splitlines() if all(c in ln for c in cells)]
+    assert len(found) == 1, (cells, stdout)
+    return found[0]
+
+
+def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress_db, tmp_path):
+    result = report(regress_db, tmp_path, "--compare", "a1a1", "b2b2")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.startswith("Comparison by commit: a1a1 (A) against b2b2 (B)\n")
+    header = out.splitlines()[1].split()
+    assert header == ["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"]
+    fp32 = _table_line(out, "model", "precision=fp32")
+    assert re.search(r"1\.\d+x slower\s+p<0\.001$", fp32) and "step ms" in fp32
+    assert re.search(r"unchanged\s+p=0\.\d+$", _table_line(out, "precision=bf16"))
+    assert re.search(r"1\.2\dx faster\s+p<0\.001$", _table_line(out, "precision=tf32"))
+    assert "too few samples to tell  p=0.100" in _table_line(out, "precision=fp16")
+    assert re.search(r"1\.20x bigger\s+one reading$", _table_line(out, "memory"))
+    summary = ("5 points compared: 1 faster, 1 slower, 1 bigger, 1 unchanged, "
+               "1 undecided (too few or no samples)")  # fmt: skip
+    lines = out.splitlines()
+    at = lines.index(summary)  # the table, its summary, then the paths written
+    assert lines[at + 1 : at + 3] == [str(tmp_path / "report.html"), str(tmp_path / "report.md")]
+    assert all(Path(p).is_file() for p in lines[at + 1 :])
+    # the 30% slower point: B/A is the ratio of the medians, near 1.3
+    assert 1.25 < float(fp32.split()[-4]) < 1.35
+
+
+def test_compare_report_covers_only_a_and_b(regress_db, tmp_path):
+    result = report(regress_db, tmp_path, "--compare", "a1a1", "b2b2")
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert ">777<" not in html and "| 777 |" not in md  # commit C's run...
+    for text in (html, md):
+        assert "c3c3c3c3" not in text  # ...and commit
+        assert "a1a1a1a1a1a1" in text and "b2b2b2b2b2b2" in text
+    assert "ok 10 (in 2 invocations)" in md
+    assert re.search(r'<td class="worse">1\.\d+x slower</td>', html)
+    assert '<td class="better">1.2' in html and '<td class="worse">1.20x bigger</td>' in html
+    assert "Mann-Whitney U" in html and "5 points compared: 1 faster" in html
+    assert "| precision=fp16 size=medium |" in md or "too few samples to tell" in md
+    # without --compare the same selection has commit C's run too
+    result = report(regress_db, tmp_path / "all", "--format", "md")
+    assert "| 777 |" in (tmp_path / "all" / "report.md").read_text()
+
+
+def test_fail_on_regression_exits_1_after_writing(regress_db, tmp_path):
+    result = report(regress_db, tmp_path / "a", "--compare", "a1a1", "b2b2",
+                    "--fail-on-regression", "10", "--format", "md")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert (tmp_path / "a" / "report.md").exists()  # written before the exit
+    err = result.stderr.strip()
+    assert err.startswith("Regression: 2 points worse than 10%: ")
+    assert "precision=fp32" in err and "1.20x bigger" in err and "tf32" not in err
+    # 30% and 20% are not worse than 50 (and an improvement never fails)
+    result = report(regress_db, tmp_path / "b", "--compare", "a1a1", "b2b2",
+                    "--fail-on-regression", "50", "--format", "md")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # between 20 and 30: only the slower step
+    result = report(regress_db, tmp_path / "c", "--compare", "a1a1", "b2b2",
+                    "--fail-on-regression", "25", "--format", "md")  # fmt: skip
+    assert result.exit_code == 1 and "Regression: 1 point worse than 25%" in result.stderr
+    # B against A the other way round: fp32 is now faster, tf32 slower (1/0.8 = 1.25x)
+    result = report(regress_db, tmp_path / "d", "--compare", "b2b2", "a1a1",
+                    "--fail-on-regression", "10", "--format", "md")  # fmt: skip
+    assert result.exit_code == 1 and "tf32" in result.stderr and "fp32" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--fail-on-regression", "10"], "--fail-on-regression needs --compare A B"),
+        (["--compare", "a1a1", "b2b2", "--fail-on-regression", "-5"], "0 or more"),
+    ],
+)
+def test_fail_on_regression_bad_input(regress_db, tmp_path, args, message):
+    result = report(regress_db, tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_same_distribution_twice_flags_nothing(tmp_path):
+    b = Builder(tmp_path / "results.db")
+    b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
+    b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
+    for i, ctx in enumerate((64, 128, 256, 512, 1024, 2048)):
+        b.model("inv-a", f"2026-02-01 10:{i:02d}:00.000000", "fp32", noisy(ctx, 12, i, 0.04),
+                context=ctx)  # fmt: skip
+        b.model("inv-b", f"2026-02-02 10:{i:02d}:00.000000", "fp32",
+                noisy(ctx, 12, 100 + i, 0.04), context=ctx)  # fmt: skip
+    result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6],
+                    "--fail-on-regression", "0")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "6 points compared: 0 faster, 0 slower, 6 unchanged" in result.stdout
+    assert 'class="worse"' not in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_compare_by_gpu_matches_points_across_gpus(tmp_path):
+    b = Builder(tmp_path / "results.db")
+    b.invocation("inv-h", A, "2026-02-01 10:00:00.000000", gpu=H100)
+    b.invocation("inv-x", A, "2026-02-01 11:00:00.000000", gpu="NVIDIA A100-SXM4-80GB")
+    b.model("inv-h", "2026-02-01 10:01:00.000000", "bf16", noisy(50, 8, 1))
+    b.model("inv-x", "2026-02-01 11:01:00.000000", "bf16", noisy(100, 8, 2))
+    result = report(b.close(), tmp_path / "out", "--compare", "NVIDIA A100-SXM4-80GB", H100,
+                    "--format", "md")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "Comparison by gpu" in result.stdout
+    assert re.search(r"2\.0\dx faster\s+p<0\.001", result.stdout)
+    assert "1 point compared: 1 faster, 0 slower, 0 unchanged" in result.stdout
+
+
+def test_fixture_change_with_three_samples_a_side_is_too_few_to_tell(tmp_path):
+    db = build_fixture(tmp_path / "fixture.db")
+    result = report(db, tmp_path / "out", "--compare", "aaaa", "bbbb", "--format", "md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| precision=fp32 | 100 | 120 | 1.200 | too few samples to tell | p=0.100 | 3/3 |" in md
+    assert "| precision=bf16 | 50 | 51 | 1.020 | unchanged | p=0.200 | 3/3 |" in md
+    assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 undecided" in md
+
+
+# -- history ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def history_db(tmp_path_factory):
+    """Five commits, in time order e, a, d, b, c (not their hashes' order): size=small fp32
+    steps up at the third and back down at the fifth; bf16 stays flat; one medium point at
+    a single commit; memory without samples."""
+    b = Builder(tmp_path_factory.mktemp("history") / "results.db")
+    commits = ["e5" * 20, "a1" * 20, "d4" * 20, "b2" * 20, "c3" * 20]
+    centers = [100, 101, 130, 131, 100]
+    for i, (commit, center) in enumerate(zip(commits, centers, strict=True)):
+        inv, t = f"inv-{i}", f"2026-03-0{i + 1} 10:00:00.000000"
+        b.invocation(inv, commit, t)
+        b.model(inv, f"2026-03-0{i + 1} 10:01:00.000000", "fp32", noisy(center, 10, i))
+        b.model(inv, f"2026-03-0{i + 1} 10:02:00.000000", "bf16", noisy(50, 10, 50 + i))
+    b.model("inv-0", "2026-03-01 10:03:00.000000", "fp32", noisy(300, 10, 99), size="medium")
+    return b.close()
+
+
+def test_history_marks_steps_in_commit_time_order(history_db, tmp_path):
+    result = report(history_db, tmp_path, "--history", "--experiment", "model",
+                    "--where", "size=small")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.startswith("History: 2 points measured at two commits or more; 2 steps detected "
+                          "(1 regression, 1 improvement)\n")  # fmt: skip
+    up = _table_line(out, "a1a1a1a → d4d4d4d")
+    down = _table_line(out, "b2b2b2b → c3c3c3c")
+    assert "precision=fp32" in up and re.search(r"1\.\d+x slower\s+p<0\.001$", up)
+    assert "precision=fp32" in down and re.search(r"1\.\d+x faster\s+p<0\.001$", down)
+    assert "bf16" not in out
+    md = (tmp_path / "report.md").read_text()
+    assert md.index("## History: model, step ms by commit") < md.index("## Model")
+    assert "**Steps detected**" in md and "| precision=fp32 | a1a1a1a → d4d4d4d |" in md
+    images = re.findall(r"!\[([^\]]*)\]\((report_files/history-[^)]+)\)", md)
+    assert [t for t, _ in images] == [
+        "precision=bf16: median step ms per commit",
+        "precision=fp32: median step ms per commit",
+    ]
+    for _, ref in images:
+        assert (tmp_path / ref).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    html = (tmp_path / "report.html").read_text()
+    assert '<section id="history-model">' in html and '<td class="worse">' in html
+    assert '<td class="better">' in html and "Mann-Whitney U" in html
+
+
+def test_history_caps_the_plots_and_says_what_it_left_out(history_db, tmp_path, monkeypatch):
+    monkeypatch.setattr(history_mod, "MAX_PLOTS", 1)
+    result = report(history_db, tmp_path, "--history", "--experiment", "model", "--format", "md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    assert len(re.findall(r"!\[[^\]]*\]\(report_files/history-", md)) == 1
+    assert "Plotted 1 of 2 points with a history" in md
+    assert "left out: model precision=bf16." in md
+    assert "1 point measured at one commit only has no history." in md
+
+
+def test_history_of_a_selection_without_two_commits_says_so(regress_db, tmp_path):
+    result = report(regress_db, tmp_path, "--history", "--commit", "a1a1", "--format", "md")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("History: 0 points measured at two commits or more; 0 steps")
+    assert (
+        "No point of this selection was measured at two commits or more"
+        in (tmp_path / "report.md").read_text()
+    )
+
+
+def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_commit():
+    def row(commit, dirty, day, center, seed):
+        steps = noisy(center, 8, seed)
+        s = {"size": "small", "precision": "fp32", "seed": seed}  # the seed never matters
+        return {"status": "ok", "git_commit": commit, "git_dirty": dirty, "gpu": H100,
+                "created": f"2026-04-0{day} 00:00:00.000000", "_settings": s,
+                "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}  # fmt: skip
+
+    rows = [row(B, 0, 1, 100, 1), row(B, 1, 2, 150, 2), row(A, 0, 3, 100, 3), row(None, 0, 4, 1, 4)]
+    h = history_mod.build({"model": rows}, draw=False)
+    (track,) = h.tracks
+    assert [c.label for c in track.commits] == ["b2b2b2b", "b2b2b2b-dirty", "a1a1a1a"]
+    assert [i for i, _ in track.steps] == [1, 2]
+    assert [c.verdict[-6:] for _, c in track.steps] == ["slower", "faster"]
+    assert h.no_commit == 1 and "1 run without a git commit left out." in h.sections[0].notes
+    assert [f.png for f in h.sections[0].figures] == [b""]
+    assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]

@@ -1,0 +1,302 @@
+"""A user's first hour (issue 14): one option vocabulary with the old spellings as hidden
+aliases, --label, the store named at the end and found from the git checkout, progress
+inside a point, Ctrl-C that says how to go on, and the warnings a CPU run needs."""
+
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from cs336sys.cli.vocabulary import ALIASES, COMMAND_ALIASES, SHARED
+from tests.conftest import MICRO, invoke, query
+
+# The commands that measure and store (the others read: sql, report, db, env).
+EXPERIMENTS = {
+    ("model",), ("attention",), ("comm",), ("ddp",), ("memory",), ("memory", "residuals"),
+    ("precision", "accumulate"), ("precision", "autocast"), ("profile", "model"),
+    ("profile", "attention"),
+}  # fmt: skip
+# Options that choose points: each a list that sweeps, wherever a command has it.
+SWEPT = ("size", "seq", "batch", "precision", "attention", "world_size", "mode", "impl")
+
+
+def _commands():
+    """(path, click command) for every command and subcommand; a group with a callback
+    that measures (`memory`) counts as a command too."""
+    import typer.main
+
+    from cs336sys.cli import app
+
+    def walk(cmd, path):
+        if path and any(p.param_type_name == "option" and p.name != "help" for p in cmd.params):
+            yield tuple(path), cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    return dict(walk(typer.main.get_command(app), []))
+
+
+def _options(cmd):
+    return [p for p in cmd.params if p.param_type_name == "option"]
+
+
+def test_one_name_per_concept_across_every_command():
+    commands = _commands()
+    assert EXPERIMENTS <= set(commands)
+    seen = {}
+    for path, cmd in commands.items():
+        for opt in _options(cmd):
+            names = opt.opts + opt.secondary_opts
+            # the shared concept is spelled the shared way
+            if opt.name in SHARED:
+                assert SHARED[opt.name] in names, (path, opt.name, names)
+                seen.setdefault(opt.name, []).append(path)
+            # no command shows an old spelling
+            old = {*ALIASES, *COMMAND_ALIASES.get(" ".join(path), {})}
+            assert not old & set(names), (path, names)
+            if path in EXPERIMENTS and opt.name in SWEPT:
+                assert opt.multiple, f"{' '.join(path)} {names[0]} does not sweep"
+        if path in EXPERIMENTS:
+            assert "label" in {o.name for o in _options(cmd)}, path
+    # the concepts the issue names really are shared by several commands
+    for concept in ("seq", "batch", "precision", "iters", "attention", "label"):
+        assert len(seen[concept]) >= 3, (concept, seen.get(concept))
+    # comm's buffer size has its own name; --size is a model preset wherever it appears
+    comm = {n for o in _options(commands[("comm",)]) for n in o.opts}
+    assert "--bytes" in comm and "--size" not in comm
+
+
+def test_old_spellings_still_work_with_a_note(db_path):
+    old = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+           "--num-heads", "4", "--vocab-size", "256", "--device", "cpu", "--warmup", "1",
+           "--batch-size", "2", "--context-length=16", "--steps", "2", "--mode", "forward"]  # fmt: skip
+    result = invoke(*old, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert "note: --context-length is now --seq" in result.stderr
+    assert "note: --steps is now --iters" in result.stderr
+    (row,) = query(db_path, "SELECT context_length, batch_size, steps FROM model_runs")
+    assert row == {"context_length": 16, "batch_size": 2, "steps": 2}
+    # comm's old --size is its --bytes (checked before any rank starts)
+    bad = invoke("comm", "--size", "10XB", "--world-size", "2", "--db", db_path)
+    assert bad.exit_code == 2 and "--bytes" in bad.stderr
+    # a value that happens to look like an old spelling is left alone after `--`
+    from cs336sys.cli.vocabulary import rewrite
+
+    assert rewrite(["--steps", "3", "--", "--steps"], ALIASES, warn=False) == [
+        "--iters", "3", "--", "--steps"]  # fmt: skip
+
+
+def test_ddp_sweeps_size_seq_and_batch():
+    from cs336sys.experiments import ddp
+
+    specs = ddp.specs(impl=["flat"], size=["tiny", "small"], context_length=["32,64"],
+                      global_batch=[2, 4], world_size=[2], device="cpu")  # fmt: skip
+    got = {(s.size, s.context_length, s.global_batch) for s in specs}
+    assert got == {(s, t, b) for s in ("tiny", "small") for t in (32, 64) for b in (2, 4)}
+    # a single value still works from Python, as before
+    (one,) = ddp.specs(impl=["flat"], size="tiny", context_length=32, global_batch=2,
+                       world_size=[2], device="cpu")  # fmt: skip
+    assert (one.size, one.context_length, one.global_batch) == ("tiny", 32, 2)
+    bad = invoke("ddp", "--batch", "4,3", "--world-size", "2", "--device", "cpu")
+    assert bad.exit_code == 2 and "--batch 3 does not split evenly over 2 ranks" in bad.stderr
+
+
+def test_label_is_stored_and_selects_runs(db_path, tmp_path):
+    args = ["model", *MICRO, "--seq", "8", "--mode", "forward", "--db", db_path]
+    assert invoke(*args, "--label", "before fusing").exit_code == 0
+    assert invoke(*args).exit_code == 0
+    labels = [r["label"] for r in query(db_path, "SELECT label FROM invocations ORDER BY started")]
+    assert labels == ["before fusing", None]
+    assert [r["label"] for r in query(db_path, "SELECT label FROM model_runs ORDER BY created")] == [
+        "before fusing", None]  # fmt: skip
+    out = tmp_path / "rep"
+    result = invoke("report", "--where", "label=before fusing", "--format", "md", "--out", out,
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text()
+    assert "before fusing" in text
+    export = invoke("db", "export", "--where", "label=before fusing", "--format", "jsonl",
+                    "--db", db_path)  # fmt: skip
+    assert export.exit_code == 0 and len(export.stdout.splitlines()) == 1
+
+
+def test_every_measuring_command_names_its_store(db_path):
+    result = invoke("precision", "accumulate", "--variant", "fp32", "--db", db_path)
+    assert result.exit_code == 0
+    assert result.stderr.strip().splitlines()[-1].startswith(f"1 point(s) stored in {db_path}")
+
+
+def _run_cli(args, cwd, env):
+    return subprocess.run([sys.executable, "-m", "cs336sys", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_default_store_is_at_the_top_of_the_checkout_or_in_the_user_data_folder(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CS336SYS_DB"}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    checkout = tmp_path / "project"
+    (checkout / ".git").mkdir(parents=True)
+    deep = checkout / "notes" / "today"
+    deep.mkdir(parents=True)
+    result = _run_cli(["precision", "accumulate", "--variant", "fp32"], deep, env)
+    assert result.returncode == 0, result.stderr
+    assert (checkout / "db" / "results.db").is_file()
+    assert not (deep / "db").exists()
+    assert f"stored in {checkout / 'db' / 'results.db'}" in result.stderr
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    result = _run_cli(["precision", "accumulate", "--variant", "fp32"], outside, env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "data" / "cs336sys" / "results.db").is_file()
+    assert not (outside / "db").exists()
+    # reading commands look in the same place
+    result = _run_cli(["sql", "SELECT count(*) AS n FROM runs", "--json"], outside, env)
+    assert result.returncode == 0 and '"n": 1' in result.stdout
+
+
+def test_ctrl_c_says_how_many_points_are_stored_and_how_to_resume(db_path, monkeypatch):
+    from cs336sys.experiments import model
+
+    real, calls = model.run, []
+
+    def run(spec):
+        calls.append(spec)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(spec)
+
+    monkeypatch.setattr(model, "run", run)
+    result = invoke("model", *MICRO, "--seq", "8,16,32", "--mode", "forward", "--db", db_path)
+    assert result.exit_code == 130
+    assert "Interrupted: 1 point(s) stored in" in result.stderr
+    assert "--resume" in result.stderr
+    assert len(query(db_path, "SELECT * FROM runs")) == 1
+    (inv,) = query(db_path, "SELECT exit_status FROM invocations")
+    assert inv["exit_status"] == 130
+
+
+def test_progress_moves_per_step_in_plain_lines_when_not_a_terminal(db_path, monkeypatch):
+    from cs336sys.cli.common import Bar
+
+    monkeypatch.setattr(Bar, "EVERY_S", 0.0)  # a line for every step
+    result = invoke("model", *MICRO, "--seq", "8,16", "--mode", "forward", "--db", db_path)
+    assert result.exit_code == 0
+    err = result.stderr.splitlines()
+    assert "model: 2 point(s)" in err
+    # warm-up 1 + 3 timed steps, then the point's own line
+    assert [line for line in err if line.startswith("model [1/2]")] == [
+        *(f"model [1/2] tiny T=8 forward fp32: step {i}/4" for i in range(1, 5)),
+        next(line for line in err if line.startswith("model [1/2]") and ": ok in " in line),
+    ]
+    assert any(line.startswith("model [2/2] tiny T=16 forward fp32: ok in ") for line in err)
+    assert "\x1b" not in result.stderr and "\r" not in result.stderr  # no bar drawing in a log
+
+
+def test_progress_reaches_the_parent_from_distributed_ranks(db_path, monkeypatch):
+    from cs336sys.cli.common import Bar
+
+    monkeypatch.setattr(Bar, "EVERY_S", 0.0)
+    result = invoke("ddp", "--impl", "flat", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+                    "--num-layers", "1", "--num-heads", "2", "--vocab-size", "64", "--seq", "8",
+                    "--batch", "2", "--world-size", "2", "--warmup", "1", "--iters", "2",
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # warm-up 1, the measured step, 2 timed: rank 0 reports its last step at least
+    assert "ddp [1/1]" in result.stderr and "step 4/4" in result.stderr
+
+
+def test_emulated_precision_warns_once_with_the_expected_slowdown(monkeypatch, capsys):
+    from cs336sys.cli import common
+    from cs336sys.experiments import precision
+
+    monkeypatch.setattr(precision, "native_support",
+                        lambda dev, dt: (dt == "bf16", f"no {dt} units"))  # fmt: skip
+    common.emulated("cpu", ["fp32", "fp16", "bf16", "fp16"])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"warning: fp16 is emulated on this CPU (no fp16 units); expect each step "
+                     f"to take about {common.EMULATED_SLOWDOWN}x as long as in fp32"]  # fmt: skip
+    common.emulated("cuda:0", ["fp16"])  # GPUs are not second-guessed
+    assert capsys.readouterr().err == ""
+
+
+def test_more_ranks_than_cores_warns(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from cs336sys.cli import common
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    specs = [SimpleNamespace(world_size=w, backend="gloo") for w in (2, 4, 4)]
+    common.oversubscribed(specs)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --world-size 4 runs more ranks than the 2 CPU core(s)")
+    common.oversubscribed([SimpleNamespace(world_size=8, backend="nccl")])
+    assert capsys.readouterr().err == ""
+
+
+def test_root_help_has_examples_and_completion():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert "Examples:" in text and "cs336sys model --size tiny" in text
+    assert "--install-completion" in text and "--show-completion" in text
+
+
+def test_cpu_defaults_are_small_enough_for_seconds():
+    """The defaults a CPU gets: a tiny model, short sweeps, few steps (issue 14)."""
+    from cs336sys.experiments import attention, comm, ddp, model
+
+    (m,) = model.specs(device="cpu")
+    assert (m.size, m.context_length, m.warmup, m.steps) == ("tiny", 128, 2, 5)
+    a = attention.specs(device="cpu")
+    assert max(s.seq for s in a) <= 1024 and a[0].iters == 10
+    c = comm.specs(device="cpu", world_size=[2])
+    assert max(s.size_bytes for s in c) <= 100 * 10**6 and c[0].iters == 10
+    d = ddp.specs(device="cpu", impl=["flat"], world_size=[2])
+    assert (d[0].size, d[0].steps) == ("tiny", 5)
+
+
+def test_store_migrates_to_label(tmp_path):
+    """A v3 store (before --label) gains the column on open and keeps its rows."""
+    from cs336sys.store import schema
+    from cs336sys.store.db import Store
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    schema.migrate(conn, 3)
+    conn.execute("INSERT INTO invocations (id, command) VALUES ('a', 'model')")
+    conn.close()
+    with Store(path):
+        pass
+    assert query(path, "SELECT id, label FROM invocations") == [{"id": "a", "label": None}]
+
+
+@pytest.mark.parametrize("path", [["sql"]])
+def test_sql_help_lists_every_view(path):
+    from cs336sys.bench.declaration import catalog
+
+    text = " ".join(invoke(*path, "--help").stdout.split())
+    for e in catalog():
+        assert e.view in text, e.view
+
+
+def test_compare_two_labelled_runs_of_the_same_code(db_path, tmp_path):
+    """Two runs of the same code, told apart by --label: the compare covers only them and
+    gives each point a verdict. (Whether it flags anything depends on the machine: millisecond
+    steps on a busy 2-core box drift between runs, which is a real difference, so this test
+    does not assert "unchanged"; tests/test_compare.py does, on controlled samples.)"""
+    args = ["model", *MICRO, "--seq", "8,16", "--mode", "forward", "--iters", "8", "--db", db_path]
+    for label in ("a", "b", "other"):
+        assert invoke(*args, "--label", label).exit_code == 0
+    out = tmp_path / "cmp"
+    result = invoke("report", "--compare", "a", "b", "--format", "md", "--out", out,
+                    "--db", db_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "Comparison by label: a (A) against b (B)" in result.stdout
+    assert "2 points compared:" in result.stdout
+    md = (out / "report.md").read_text()
+    # the report's runs are a's and b's only: 2 invocations of 2 points
+    assert "ok 4" in md and "ok 6" not in md
+    bad = invoke("report", "--compare", "a", "nope", "--out", out, "--db", db_path)
+    assert bad.exit_code == 2 and "matches no commit, invocation id, label or GPU" in bad.stderr

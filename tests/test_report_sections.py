@@ -1,0 +1,297 @@
+"""What each report section shows (issue 14, "Reports show what each experiment is about").
+
+Built through the library (report/render.py's build and write, what `cs336sys report` calls)
+from the fixed store of tests/report_fixture.py, from rows made here, and from the committed
+H100 store (reports/h100/results.db). Expected figures are worked out by hand from the
+stored values, never read back from the code under test.
+"""
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from cs336sys.bench.declaration import by_kind, catalog
+from cs336sys.report import experiments
+from cs336sys.report.plots import Bars, Plot
+from cs336sys.report.render import build, write
+from cs336sys.report.sections import Section, latest
+from cs336sys.report.select import Selection, load
+from cs336sys.report.tables import point_table
+from cs336sys.store.db import connect_readonly
+from tests.report_fixture import F32_SUM, OPT_PEAK
+from tests.report_fixture import build as build_fixture
+
+H100_DB = Path(__file__).resolve().parent.parent / "reports" / "h100" / "results.db"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return build_fixture(tmp_path_factory.mktemp("fixture") / "results.db")
+
+
+@pytest.fixture(scope="module")
+def rendered(store, tmp_path_factory):
+    """The fixture's report, built and written as HTML and markdown."""
+    out = tmp_path_factory.mktemp("out")
+    conn = connect_readonly(store)
+    try:
+        rep = build(conn, Selection(), "fixture", [])
+    finally:
+        conn.close()
+    write(rep, out, ["html", "md"])
+    return rep, (out / "report.html").read_text(), (out / "report.md").read_text()
+
+
+def section(rep, kind: str) -> Section:
+    return next(s for s in rep.sections if s.id == kind)
+
+
+def table(sec: Section, title_start: str):
+    return next(t for t in sec.tables if t.title.startswith(title_start))
+
+
+def column(t, header: str) -> list[str]:
+    i = t.headers.index(header)
+    return [row[i] for row in t.rows]
+
+
+# -- precision ---------------------------------------------------------------------------------
+
+
+def test_precision_shows_every_digit_of_the_sum(rendered):
+    rep, html, md = rendered
+    t = table(section(rep, "precision"), "Accumulation")
+    row = next(r for r in t.rows if "float32 sum" in r)
+    assert row[t.headers.index("result")] == "10.000133514404297" == repr(F32_SUM)
+    assert row[t.headers.index("error vs exact")] == repr(F32_SUM - 10.0)
+    assert row[t.headers.index("addend as stored")] == "0.009999999776482582"
+    assert "<td>10.000133514404297</td>" in html
+    assert re.search(r"^\| float32 sum \|.*\| 10\.000133514404297 \|", md, re.M)
+
+
+# -- checkpointing -----------------------------------------------------------------------------
+
+
+def test_checkpointing_compares_activation_peaks_and_shows_the_optimizer_apart(rendered):
+    """The fixture's medium group: the optimizer step (1100 MiB) sets every point's step
+    peak, so the step peaks are all equal; the forward and backward peaks and the saved
+    bytes are what checkpointing lowers, each against `none`."""
+    rep, html, md = rendered
+    t = table(section(rep, "memory"), "Checkpointing trade-off")
+    assert t.headers == [
+        "point", "checkpoint", "fwd peak MiB", "fwd peak vs none", "bwd peak MiB",
+        "bwd peak vs none", "saved MiB", "saved vs none", "step time vs none",
+        "optimizer step peak MiB", "optimizer state MiB (AdamW, 8P)", "step peak set by",
+    ]  # fmt: skip
+    rows = {r[1]: r for r in t.rows if r[0] == "medium T=128 B=4 train fp32"}
+    assert list(rows) == ["none", "every:1", "sqrt"]  # the baseline first
+
+    def cells(ckpt):
+        return dict(zip(t.headers, rows[ckpt], strict=True))
+
+    # fixture: fwd = 600 + 400·a, bwd = 700 + 380·a MiB, saved = 300·a MiB, step = 200·(2 - a)
+    # ms, with a = 1 (none), 0.4 (every:1), 0.5 (sqrt)
+    none, every, sqrt = cells("none"), cells("every:1"), cells("sqrt")
+    assert (none["fwd peak MiB"], none["bwd peak MiB"], none["saved MiB"]) == ("1,000.0", "1,080.0", "300.0")
+    assert [none[k] for k in ("fwd peak vs none", "bwd peak vs none", "saved vs none",
+                              "step time vs none")] == ["1.00×"] * 4  # fmt: skip
+    assert (every["fwd peak MiB"], every["fwd peak vs none"]) == ("760.0", "0.76×")  # 760/1000
+    assert (every["bwd peak MiB"], every["bwd peak vs none"]) == ("852.0", "0.79×")  # 852/1080
+    assert (every["saved MiB"], every["saved vs none"]) == ("120.0", "0.40×")
+    assert every["step time vs none"] == "1.60×"  # 320 / 200 ms
+    assert (sqrt["bwd peak vs none"], sqrt["saved vs none"]) == ("0.82×", "0.50×")  # 890/1080
+    for c in (none, every, sqrt):  # the optimizer, apart: unchanged by checkpointing
+        assert c["optimizer step peak MiB"] == f"{OPT_PEAK / 2**20:,.1f}" == "1,100.0"
+        assert c["optimizer state MiB (AdamW, 8P)"] == "400.0"
+        assert c["step peak set by"] == "optimizer"
+    # the small group: the backward pass sets its peak
+    small = [r for r in t.rows if r[0].startswith("small T=128")]
+    assert [r[t.headers.index("step peak set by")] for r in small] == ["backward", "backward"]
+    assert not any("lowest" in c for r in t.rows for c in r)  # every row was "lowest" at 1.00×
+    assert "| medium T=128 B=4 train fp32 | every:1 | 760.0 | 0.76× | 852.0 | 0.79× |" in md
+
+
+def test_checkpointing_groups_never_mix_settings_or_gpus():
+    """A group is the points equal in everything but checkpoint (GPU included): a point with
+    no `none` beside it is not compared with another point's `none`."""
+
+    def row(ckpt, gpu="H100", ctx=128, fwd=100.0):
+        s = {"size": "s", "context_length": ctx, "batch_size": 1, "mode": "train",
+             "precision": "fp32", "checkpoint": ckpt}  # fmt: skip
+        return {**s, "_settings": s, "status": "ok", "gpu": gpu, "peak_bytes": 300 * 2**20,
+                "fwd_peak_bytes": fwd * 2**20, "bwd_peak_bytes": 2 * fwd * 2**20,
+                "opt_peak_bytes": 300 * 2**20, "saved_bytes": fwd * 2**20, "step_ms_mean": 10.0}  # fmt: skip
+
+    rows = [row("none"), row("sqrt", fwd=50.0), row("sqrt", gpu="A100", fwd=70.0),
+            row("sqrt", ctx=256, fwd=60.0)]  # fmt: skip
+    sec = Section("memory", "m")
+    experiments.memory(sec, latest(rows))
+    t = table(sec, "Checkpointing trade-off")
+    assert [(r[0], r[1], r[3]) for r in t.rows] == [
+        ("s T=128 B=1 train fp32 [H100]", "none", "1.00×"),
+        ("s T=128 B=1 train fp32 [H100]", "sqrt", "0.50×"),
+    ]
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+
+def test_interpreted_points_have_their_own_table_and_stay_off_the_plots(rendered):
+    rep, html, md = rendered
+    sec = section(rep, "attention")
+    native = table(sec, "Latency (mean ± std)")
+    interp = next(t for t in sec.tables if "interpreted" in t.title)
+    assert native is not interp and "TRITON_INTERPRET=1" in interp.title
+    impls = column(native, "impl")
+    assert "triton (interp.)" not in impls and impls.count("naive") == 5  # 3 cuda (one OOM) + 2 cpu
+    assert "impl=triton (interp.)" in interp.constant  # the same in both rows: above the table
+    assert column(interp, "seq") == ["128", "256"]
+    # vs naive: the native CPU naive point of the same shape, 3·0.2·s² over 3·10·s² ms
+    assert column(interp, "vs naive") == ["0.02×", "0.02×"]
+    assert column(interp, "TFLOP/s") == ["0.0001", "2.5e-05"]  # 1e-3 / (10·s²)
+    assert column(interp, "max err") == ["7.0e-07", "7.0e-07"]
+    for name in ("attention-latency", "attention-memory"):
+        fig = next(f for f in sec.figures if f.name == name)
+        assert isinstance(fig.plot, Plot)
+        labels = {lab for series in fig.plot.panels.values() for lab in series}
+        assert labels == {"impl=naive dtype=bf16 heads=16", "impl=flash-triton dtype=bf16 heads=16",
+                          "impl=naive dtype=fp32 heads=4"}  # no impl=triton (interpreted)
+        assert set(fig.plot.panels) == {"d_head=32", "d_head=64"}
+        assert "Left out: 2 interpreted points" in fig.note
+    # the native plot's d=32 panel holds the CPU naive line only, its two points by hand
+    lat = next(f for f in sec.figures if f.name == "attention-latency").plot
+    assert list(lat.panels["d_head=32"].values()) == [[(128, pytest.approx(0.6)),
+                                                       (256, pytest.approx(2.4))]]
+    assert "Left out: 2 interpreted points" in html and "— Triton interpreted" in md
+
+
+# -- capped plots ------------------------------------------------------------------------------
+
+
+def _model_row(size, step, n):
+    s = {"size": size, "context_length": 128 * n, "batch_size": 4, "mode": "train",
+         "precision": "fp32", "compile": False}  # fmt: skip
+    smp = {"step_ms": [step, step], "warmup": {"step_ms": [3 * step]}}
+    return {**s, "_settings": s, "status": "ok", "gpu": "H100", "_samples": json.dumps(smp),
+            "step_ms_mean": step, "fwd_ms_mean": step / 3, "bwd_ms_mean": step / 2,
+            "opt_ms_mean": step / 6, "tokens_per_s": 512 * n / step, "mfu": None}  # fmt: skip
+
+
+def test_the_warmup_plot_says_which_series_it_leaves_out():
+    rows = [_model_row("small", 10.0 + n, n) for n in range(1, 14)]  # 13 points
+    sec = Section("model", "m")
+    experiments.model(sec, latest(rows))
+    warm = table(sec, "Warm-up effect")
+    assert len(warm.rows) == 13
+    fig = next(f for f in sec.figures if f.name == "model-warmup")
+    assert len(fig.plot.panels[""]) == 8
+    left = [f"small T={128 * n} B=4 train fp32" for n in range(9, 14)]
+    assert fig.note == ("Showing 8 of 13 series (the table above has every point); left out: "
+                        + ", ".join(left) + ".")  # fmt: skip
+    # at most 8 series: nothing is left out, nothing is said
+    sec = Section("model", "m")
+    experiments.model(sec, latest(rows[:8]))
+    assert next(f for f in sec.figures if f.name == "model-warmup").note == ""
+
+
+def test_the_bucket_plot_is_in_mib_and_names_the_series_it_leaves_out(rendered):
+    rep, html, _ = rendered
+    fig = next(f for f in section(rep, "ddp").figures if f.name == "ddp-buckets")
+    assert fig.plot.xlabel == "bucket size (MiB)"
+    assert list(fig.plot.panels[""]) == ["impl=bucketed"]
+    # the torch DDP points (bucket 25 MiB) each have one bucket size: in the table only
+    assert fig.note.startswith("Showing 1 of 3 series (those with one bucket size are in the "
+                               "table); left out: impl=torch")  # fmt: skip
+    assert "bucket size (MB)" not in html
+
+
+def test_every_capped_plot_of_the_fixture_says_so_in_its_caption(rendered):
+    """Each figure whose plot leaves something out has a note; the HTML caption and the
+    markdown carry it."""
+    rep, html, md = rendered
+    notes = [f.note for s in rep.sections for f in s.figures if f.note]
+    assert len(notes) >= 3  # attention latency and memory, ddp buckets
+    for note in notes:
+        assert note in md or note.replace("'", "&#39;") in html
+    assert html.count("<figcaption>") == sum(len(s.figures) for s in rep.sections)
+
+
+# -- model -------------------------------------------------------------------------------------
+
+
+def test_the_model_chart_stacks_the_phases_per_size_and_precision(rendered):
+    """The fixture's train points (latest per point): small fp32 at B (120 ms), small bf16
+    at B (51 ms), small bf16 compiled at A (40 ms); phases 0.3 / 0.6 / 0.1 of the step."""
+    rep, html, md = rendered
+    fig = next(f for f in section(rep, "model").figures if f.name == "model-steps")
+    bars = fig.plot
+    assert isinstance(bars, Bars) and bars.parts == ("forward", "backward", "optimizer")
+    assert [(b.group, b.label) for b in bars.bars] == [
+        ("small", "fp32"), ("small", "bf16"), ("small", "bf16 compiled")]  # fmt: skip
+    fp32, bf16, _ = bars.bars
+    assert fp32.parts == pytest.approx((36.0, 72.0, 12.0)) and fp32.total == 120.0
+    assert fp32.side == pytest.approx(512 / 120 * 1e3) and fp32.side_note == ""  # no fp32 peak
+    assert bf16.side_note == f"{100 * 0.001 * 512 / 51 / 989:.1f}%"
+    png = fig.png
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width > height and width <= 1240  # beside each other, within the page
+    assert 'alt="Step time by phase, tokens/s and MFU"' in html
+    assert "![Step time by phase, tokens/s and MFU](report_files/model-steps.png)" in md
+
+
+def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
+    """The committed H100 store: train, then forward-backward, then forward; sizes small to
+    2.7B by parameter count; naive fp32 and bf16 at every size, SDPA and Triton bf16 at small
+    and xl (the attention sweep of the model command)."""
+    conn = connect_readonly(H100_DB)
+    try:
+        rows = load(conn, Selection(experiments=("model",)))["model"]
+    finally:
+        conn.close()
+    sec = experiments.build(by_kind()["model"], rows, {})
+    charts = [f for f in sec.figures if isinstance(f.plot, Bars)]
+    assert [f.title for f in charts] == [f"Step time by phase, tokens/s and MFU: mode={m}"
+                                         for m in ("train", "forward-backward", "forward")]  # fmt: skip
+    train = [(b.group, b.label) for b in charts[0].plot.bars]
+    assert [g for g, _ in train] == ["small"] * 4 + ["medium"] * 2 + ["large"] * 2 + ["xl"] * 4 + ["2.7B"] * 2
+    assert train[:4] == [("small", "fp32 naive"), ("small", "bf16 naive"), ("small", "bf16 sdpa"),
+                         ("small", "bf16 triton")]  # fmt: skip
+    # 2.7B fp32 train: 327 + 680 + 94.8 ms of a 1,102 ms step, MFU 57.7 % (the table's figures)
+    big = next(b for b in charts[0].plot.bars if (b.group, b.label) == ("2.7B", "fp32 naive"))
+    assert [round(p) for p in big.parts] == [327, 680, 95] and round(big.total) == 1102
+    assert big.side_note == "57.7%"
+    assert all(f.note == "" for f in charts)  # nothing capped
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def test_settings_the_same_in_every_row_go_above_the_table(rendered):
+    rep, html, md = rendered
+    t = table(section(rep, "model"), "Time per phase")
+    assert t.constant == "ctx=128, batch=4, mode=train, ckpt=none, attention=naive, optimizer=adamw"
+    assert t.headers[:3] == ["size", "precision", "compile"]
+    assert "ctx" not in t.headers and "mode" not in t.headers
+    assert f'<p class="constant">Same in every row: {t.constant}</p>' in html
+    assert f"Same in every row: {t.constant}" in md
+    # the command's own printout keeps every column
+    model = by_kind()["model"].tables[0]
+    two = [_model_row("small", 10.0, 1), _model_row("medium", 20.0, 1)]
+    printed = point_table(model, two, status=True)
+    assert printed.constant == "" and "ctx" in printed.headers
+    lifted = point_table(model, two, lift=True)
+    assert lifted.constant == "ctx=128, batch=4, mode=train, precision=fp32, compile=no"
+    assert lifted.headers[0] == "size" and [r[0] for r in lifted.rows] == ["small", "medium"]
+
+
+def test_table_headers_say_mib_for_binary_bytes_and_gb_only_for_decimal():
+    """Byte columns are MiB (2^20); 'GB/s' only where the value is 10^9 bytes per second
+    (comm's algbw and busbw, computed as bytes / s / 1e9); no bare MB anywhere."""
+    headers = [c.header for e in catalog() for t in e.tables for c in t.columns]
+    decimal = [h for h in headers if re.search(r"\b[KMGT]B\b", h)]
+    assert sorted(decimal) == ["algbw GB/s", "busbw GB/s"]
+    assert any("MiB" in h for h in headers)
