@@ -424,3 +424,51 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
     assert h.no_commit == 1 and "1 run without a git commit left out." in h.sections[0].notes
     assert [f.png for f in h.sections[0].figures] == [b""]
     assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]
+
+
+def test_reruns_make_the_runs_the_unit_so_run_to_run_drift_is_noise(tmp_path):
+    """Four runs a side of the same code whose levels drift from run to run (as on a shared
+    VM: each run's steps tight, the runs 10 % apart): pooled samples would call it, the
+    runs' medians do not. A real 30 % step over four runs a side is still found."""
+    b = Builder(tmp_path / "results.db")
+    b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
+    b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
+    levels_a, levels_b = (100, 112, 104, 108), (110, 101, 113, 106)  # interleaved: same code
+    for i, (la, lb) in enumerate(zip(levels_a, levels_b, strict=True)):
+        b.model("inv-a", f"2026-02-01 10:{i:02d}:00.000000", "fp32", noisy(la, 10, i, 0.005))
+        b.model("inv-b", f"2026-02-02 10:{i:02d}:00.000000", "fp32", noisy(lb, 10, 50 + i, 0.005))
+        b.model("inv-a", f"2026-02-01 11:{i:02d}:00.000000", "bf16", noisy(la / 2, 10, 9 + i, 0.005))
+        b.model("inv-b", f"2026-02-02 11:{i:02d}:00.000000", "bf16",
+                noisy(1.3 * lb / 2, 10, 90 + i, 0.005))  # fmt: skip
+    result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6], "--format", "md")
+    assert result.exit_code == 0, result.output
+    fp32 = _table_line(result.stdout, "precision=fp32")
+    assert "unchanged" in fp32 and "(4 vs 4 runs)" in fp32
+    bf16 = _table_line(result.stdout, "precision=bf16")
+    assert re.search(r"1\.\d\dx slower\s+p=0\.029 \(4 vs 4 runs\)", bf16)  # 4 vs 4: p = 2/70
+
+
+def test_two_runs_a_side_are_too_few_runs_to_tell(tmp_path):
+    b = Builder(tmp_path / "results.db")
+    b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
+    b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
+    for i in range(2):
+        b.model("inv-a", f"2026-02-01 10:{i:02d}:00.000000", "fp32", noisy(100, 10, i))
+        b.model("inv-b", f"2026-02-02 10:{i:02d}:00.000000", "fp32", noisy(150, 10, 9 + i))
+    result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6], "--format", "md")
+    assert "too few runs to tell" in _table_line(result.stdout, "step ms")
+
+
+def test_threshold_sets_the_smallest_change_that_counts(regress_db, tmp_path):
+    # the fixture's fp32 step is 1.30x slower: a change at 5 % and at 25 %, not at 40 %
+    for pct, word in (("5", "slower"), ("25", "slower"), ("40", "unchanged")):
+        result = report(regress_db, tmp_path / pct, "--compare", "a1a1", "b2b2",
+                        "--threshold", pct, "--format", "md")  # fmt: skip
+        assert result.exit_code == 0, result.output
+        line = next(ln for ln in result.stdout.splitlines()
+                    if "precision=fp32" in ln and "step ms" in ln)  # fmt: skip
+        assert word in line, (pct, line)
+    md = (tmp_path / "40" / "report.md").read_text()
+    assert "more than 40%" in md
+    bad = report(regress_db, tmp_path / "bad", "--compare", "a1a1", "b2b2", "--threshold", "-1")
+    assert bad.exit_code == 2 and "--threshold" in bad.stderr and not (tmp_path / "bad").exists()

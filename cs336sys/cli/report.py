@@ -51,6 +51,14 @@ def report(
             metavar="PCT",
         ),
     ] = None,
+    threshold: Annotated[
+        float,
+        typer.Option(
+            help="With --compare or --history: the smallest change in percent that counts "
+            "(beside p < 0.05). Raise it where runs of the same code drift further apart.",
+            metavar="PCT",
+        ),
+    ] = 5.0,
     history: Annotated[
         bool,
         typer.Option(
@@ -94,6 +102,8 @@ def report(
         fail("--fail-on-regression needs --compare A B")
     if fail_on_regression is not None and not fail_on_regression >= 0:
         fail(f"--fail-on-regression must be a percentage of 0 or more, got {fail_on_regression}")
+    if not 0 <= threshold < 1000:
+        fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
     formats = choices(fmt, FORMATS, "--format", default=FORMATS)
     exps = choices(experiment, sorted(experiments()), "--experiment")
     now = datetime.now(timezone.utc)
@@ -124,7 +134,7 @@ def report(
     filters += [f"where {w}" for w in where or []]
     try:
         rep = build(conn, sel, title, filters, compare_ab=tuple(compare) if compare else None,
-                    history=history)  # fmt: skip
+                    history=history, threshold=threshold / 100)  # fmt: skip
     except SelectionError as exc:
         fail(exc)
     except sqlite3.DatabaseError as exc:  # damaged pages past the header and schema

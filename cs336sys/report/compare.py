@@ -8,10 +8,12 @@ then covers the runs of A and of B only (`sides`), within the rest of the select
 Points match when experiment and settings are equal, and the GPU too unless A and B are
 GPUs. Each side's value is the median of the point's raw timed samples (pooled over re-runs
 of the point on that side), B/A the ratio of the medians. Whether B differs from A is
-decided on the raw samples (bench/significance.py): a change counts only when the
-Mann-Whitney U test gives p < 0.05 *and* the medians are more than 5% apart (THRESHOLD).
-With too few samples for the test ever to reach p < 0.05 (3 vs 3, say) a difference above
-5% is "too few samples to tell", never a change.
+decided by the Mann-Whitney U test (bench/significance.py): a change counts only when it
+gives p < 0.05 *and* the medians are more than 5% apart (THRESHOLD, or --threshold). The
+test's unit is the run (each run's median) where either side ran the point more than once,
+since runs of the same code drift apart by more than steps scatter within a run; with one
+run a side it is the raw samples. With too few for the test ever to reach p < 0.05 (3 vs 3,
+say) a difference above the threshold is "too few samples (runs) to tell", never a change.
 
 A change is labelled by what it means for the metric's unit: time up is "slower" and down
 "faster" (ms); memory up "bigger", down "smaller" (bytes); a rate up (TFLOP/s, GB/s,
@@ -39,6 +41,7 @@ import dataclasses
 import json
 import re
 import sqlite3
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,14 +51,24 @@ from cs336sys.bench.significance import ALPHA, THRESHOLD, judge
 from cs336sys.report.sections import QUIET, Row, Table, num, skey, text, varying
 from cs336sys.report.select import Selection, SelectionError, invocations, load, present
 
-__all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "sides"]
+__all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "method", "sides"]
 
-METHOD = (
-    f"Each value is the median of the point's timed samples; a change is labelled only when "
-    f"the Mann-Whitney U test on the raw samples gives p < {ALPHA:g} and the medians differ "
-    f"by more than {100 * THRESHOLD:g}%. Memory in bytes is one reading per run: the "
-    f"{100 * THRESHOLD:g}% threshold alone decides."
-)
+
+
+def method(threshold: float = THRESHOLD) -> str:
+    """The rule, in words, for the report."""
+    pct = f"{100 * threshold:g}%"
+    return (
+        f"Each value is the median of the point's timed samples; a change is labelled only "
+        f"when the Mann-Whitney U test gives p < {ALPHA:g} and the medians differ by more "
+        f"than {pct}. The test takes the runs as its unit (each run's median) where a side "
+        f"ran the point more than once, so that run-to-run drift counts as noise; with one "
+        f"run a side it takes the raw samples, which cannot see that drift. Memory in bytes "
+        f"is one reading per run: the {pct} threshold alone decides."
+    )
+
+
+METHOD = method()
 
 
 @dataclass(frozen=True)
@@ -134,11 +147,23 @@ def _numbers(v: Any) -> bool:
 
 @dataclass
 class Side:
-    """A point on one side: its runs' values and their pooled timed samples."""
+    """A point on one side: its runs' values, their pooled timed samples, and each run's
+    median (the unit of the test when the point ran more than once)."""
 
     row: Row  # the latest run (names the point)
     values: list[float] = field(default_factory=list)  # one per run: the column's value
     samples: list[float] = field(default_factory=list)  # raw timed samples, every run's
+    runs: list[float] = field(default_factory=list)  # one per run with samples: its median
+
+    def add(self, r: Row, metric: Metric) -> None:
+        """One more ok run of the point (the latest names it)."""
+        self.row = r
+        self.values.append(float(r[metric.column]))
+        if metric.timed:
+            mine = timed_samples(r.get("_samples"), metric.name)
+            self.samples += mine
+            if mine:
+                self.runs.append(statistics.median(mine))
 
 
 def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tuple, Side]:
@@ -148,11 +173,7 @@ def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tupl
         if r.get("status") != "ok" or r.get(metric.column) is None:
             continue
         key = (r.get("gpu") if by_gpu else None, skey(r))
-        side = out.setdefault(key, Side(r))
-        side.row = r
-        side.values.append(float(r[metric.column]))
-        if metric.timed:
-            side.samples += timed_samples(r.get("_samples"), metric.name)
+        out.setdefault(key, Side(r)).add(r, metric)
     return out
 
 
@@ -186,17 +207,30 @@ class Change:
         return 100 * (self.factor - 1)
 
 
-def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side) -> Change:
-    """B against A for one point: the verdict and whether it is a regression."""
+def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
+           threshold: float = THRESHOLD) -> Change:  # fmt: skip
+    """B against A for one point: the verdict and whether it is a regression.
+
+    The test's unit: where either side ran the point more than once, each run's median (a
+    second run of the same code drifts by more than its steps scatter within a run: 8-18 %
+    between single runs on a shared 2-core VM, all p < 0.01 on the pooled samples); else the
+    pooled timed samples of the one run a side."""
     sign, up, down = metric.words
     tested = metric.timed and bool(a.samples) and bool(b.samples)
-    xa, xb = (a.samples, b.samples) if tested else (a.values, b.values)
-    j = judge(xa, xb, tested=tested)
+    by_runs = tested and max(len(a.runs), len(b.runs)) > 1
+    if by_runs:
+        xa, xb = a.runs, b.runs
+    else:
+        xa, xb = (a.samples, b.samples) if tested else (a.values, b.values)
+    j = judge(xa, xb, tested=tested, threshold=threshold)
     if tested:
         how = "p<0.001" if j.p < 0.001 else f"p={j.p:.3f}"
+        how += f" ({len(xa)} vs {len(xb)} runs)" if by_runs else ""
     else:
         how = "no samples" if metric.timed else "one reading"
     outcome, reason = j.outcome, j.reason
+    if by_runs and reason == "too few samples to tell":
+        reason = "too few runs to tell"
     if metric.timed and not tested and outcome in ("up", "down"):
         outcome, reason = "unknown", "no samples to tell"
     if outcome in ("up", "down"):
@@ -340,7 +374,7 @@ def point_labels(heads: list[Row]) -> list[str]:
             for r in heads]  # fmt: skip
 
 
-def compare_sides(s: Sides, a: str, b: str) -> Comparison:
+def compare_sides(s: Sides, a: str, b: str, threshold: float = THRESHOLD) -> Comparison:
     """A against B, point by point, one table per experiment (in the declared order)."""
     declared = metrics()
     by_gpu = s.kind != "gpu"
@@ -353,7 +387,8 @@ def compare_sides(s: Sides, a: str, b: str) -> Comparison:
             continue
         names = point_labels([pb[k].row for k in both])
         found = [
-            assess(exp, name, metric, pa[k], pb[k]) for k, name in zip(both, names, strict=True)
+            assess(exp, name, metric, pa[k], pb[k], threshold)
+            for k, name in zip(both, names, strict=True)
         ]
         changes += found
         what = "median of the timed samples" if metric.timed else "one reading per run"
@@ -366,6 +401,7 @@ def compare_sides(s: Sides, a: str, b: str) -> Comparison:
     return Comparison(s.kind, a, b, changes, tables)
 
 
-def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> Comparison:
+def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str,
+            threshold: float = THRESHOLD) -> Comparison:  # fmt: skip
     """A against B within the selection; raises SelectionError when A or B names nothing."""
-    return compare_sides(sides(conn, sel, a, b), a, b)
+    return compare_sides(sides(conn, sel, a, b), a, b, threshold)

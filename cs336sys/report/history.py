@@ -33,20 +33,27 @@ from cs336sys.report.compare import (
     metrics,
     point_labels,
     text_table,
-    timed_samples,
 )
 from cs336sys.report.sections import Figure, Row, Section, Table, num, skey
 
 MAX_PLOTS = 12
 MAX_STEPS = 100
 STEP_KINDS = ("regression", "improvement", "changed")
-METHOD = (
-    "Each commit's value is the median of the point's timed samples at that commit (memory "
-    "in bytes: one reading per run); commits are in the time order of their first run. A "
-    f"step is a pair of consecutive commits whose raw samples differ significantly "
-    f"(Mann-Whitney U, p < {ALPHA:g}) and whose medians are more than {100 * THRESHOLD:g}% "
-    "apart (memory: the threshold alone)."
-)
+
+
+def method(threshold: float = THRESHOLD) -> str:
+    """The rule, in words, for the report."""
+    return (
+        "Each commit's value is the median of the point's timed samples at that commit "
+        "(memory in bytes: one reading per run); commits are in the time order of their "
+        "first run. A step is a pair of consecutive commits that differ significantly "
+        f"(Mann-Whitney U, p < {ALPHA:g}: over each run's median where a commit ran the point "
+        f"more than once, else over the raw samples) and whose medians are more than "
+        f"{100 * threshold:g}% apart (memory: the threshold alone)."
+    )
+
+
+METHOD = method()
 
 
 @dataclass
@@ -85,6 +92,7 @@ class History:
     sections: list[Section]
     one_commit: int = 0  # points measured at a single commit (no history)
     no_commit: int = 0  # ok runs without a git commit (left out)
+    threshold: float = THRESHOLD
 
     @property
     def steps(self) -> list[tuple[Track, int, Change]]:
@@ -118,7 +126,7 @@ def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
             "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]  # fmt: skip
 
 
-def build(rows: dict[str, list[Row]], draw: bool = True) -> History:
+def build(rows: dict[str, list[Row]], draw: bool = True, threshold: float = THRESHOLD) -> History:
     """The history of every point in `rows` (experiment -> view rows with `_settings` and
     `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty."""
     order: dict[tuple[str, bool], str] = {}
@@ -142,11 +150,7 @@ def build(rows: dict[str, list[Row]], draw: bool = True) -> History:
             if r.get("status") != "ok" or r.get(metric.column) is None or not r.get("git_commit"):
                 continue
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
-            side = at.setdefault((r["git_commit"], bool(r.get("git_dirty"))), Side(r))
-            side.row = r
-            side.values.append(float(r[metric.column]))
-            if metric.timed:
-                side.samples += timed_samples(r.get("_samples"), metric.name)
+            at.setdefault((r["git_commit"], bool(r.get("git_dirty"))), Side(r)).add(r, metric)
         many = {k: at for k, at in groups.items() if len(at) > 1}
         one_commit += len(groups) - len(many)
         if not many:
@@ -158,14 +162,14 @@ def build(rows: dict[str, list[Row]], draw: bool = True) -> History:
             ck = sorted(at, key=lambda c: rank[c])
             t = Track(exp, label, metric, [Commit(c, order[c]) for c in ck], [at[c] for c in ck])
             for i in range(1, len(ck)):
-                change = assess(exp, label, metric, t.sides[i - 1], t.sides[i])
+                change = assess(exp, label, metric, t.sides[i - 1], t.sides[i], threshold)
                 if change.kind in STEP_KINDS:
                     t.steps.append((i, change))
             tracks.append(t)
 
     chosen = sorted(tracks, key=lambda t: (not t.steps, -len(t.commits)))[:MAX_PLOTS]
     plotted = [t for t in tracks if t in chosen]  # in report order
-    history = History(tracks, plotted, [], one_commit, no_commit)
+    history = History(tracks, plotted, [], one_commit, no_commit, threshold)
     history.sections = _sections(history, draw)
     return history
 
@@ -198,7 +202,7 @@ def _sections(h: History, draw: bool) -> list[Section]:
         tracks = [t for t in h.tracks if t.experiment == exp]
         metric = tracks[0].metric
         sec = Section(f"history-{exp}", f"History: {exp}, {metric.label} by commit",
-                      notes=[METHOD] + (general if not out else []))  # fmt: skip
+                      notes=[method(h.threshold)] + (general if not out else []))  # fmt: skip
         steps = [(t, i, c) for t in tracks for i, c in t.steps]
         if steps:
             rows = [_step_row(t, i, c) for t, i, c in steps[:MAX_STEPS]]

@@ -20,8 +20,9 @@ from markupsafe import Markup, escape
 
 import cs336sys
 from cs336sys.bench.declaration import catalog
+from cs336sys.bench.significance import THRESHOLD
 from cs336sys.report import experiments
-from cs336sys.report.compare import METHOD, Comparison, compare_sides, sides
+from cs336sys.report.compare import Comparison, compare_sides, method, sides
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
 from cs336sys.report.plots import Drawer
@@ -112,6 +113,7 @@ def build(
     filters: list[str],
     compare_ab: tuple[str, str] | None = None,
     history: bool = False,
+    threshold: float = THRESHOLD,
 ) -> Report:
     """Read the selection and build every section; raises SelectionError for bad --compare.
 
@@ -129,12 +131,13 @@ def build(
             if rows.get(kind):
                 report.sections.append(experiments.build(experiment, rows[kind], kernels))
         if both and compare_ab:
-            report.compared = compare_sides(both, *compare_ab)
+            report.compared = compare_sides(both, *compare_ab, threshold=threshold)
             report.compare_kind, report.comparison = both.kind, report.compared.tables
-            report.compare_ab, report.compare_note = compare_ab, METHOD
+            report.compare_ab, report.compare_note = compare_ab, method(threshold)
             report.compare_summary = report.compared.summary()
         if history and rows:
-            report.history = build_history(rows)  # its plots are drawn there, not by the Drawer
+            # its plots are drawn there, not by the Drawer
+            report.history = build_history(rows, threshold=threshold)
             report.sections[:0] = report.history.sections
         figures = [f for s in report.sections for f in s.figures if f.plot is not None]
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
