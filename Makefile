@@ -33,17 +33,20 @@ $(STAMP): pyproject.toml
 test: $(STAMP) browser
 	$(PY) -m pytest -q
 
-# The report tests open the HTML in headless Chromium, from Debian's packages. Installed
-# here when missing and apt-get can run (as root); otherwise those tests say how.
+# The report tests open the HTML in headless Chromium and read its PDF with poppler's
+# pdftotext, from Debian's packages. Installed here when missing and apt-get can run (as
+# root); otherwise those tests say how.
 browser:
-	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+	@if (command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1) \
+		&& command -v pdftotext >/dev/null 2>&1; then \
 		true; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		echo "installing chromium (Debian package) for the report tests"; \
+		echo "installing chromium and poppler-utils (Debian packages) for the report tests"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
-			>/dev/null) || echo "apt-get could not install chromium: the report browser tests will fail"; \
+			poppler-utils >/dev/null) \
+			|| echo "apt-get could not install chromium/poppler-utils: the report browser tests will fail"; \
 	else \
-		echo "chromium not found and cannot be installed here: the report browser tests will fail"; \
+		echo "chromium or pdftotext not found and cannot be installed here: the report browser tests will fail"; \
 	fi
 
 # `make demo`: a first run in minutes (issue 14) -- one small sweep of each kind of

@@ -264,7 +264,7 @@ def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
     big = next(b for b in charts[0].plot.bars if (b.group, b.label) == ("2.7B", "fp32 naive"))
     assert [round(p) for p in big.parts] == [327, 680, 95] and round(big.total) == 1102
     assert big.side_note == "57.7%"
-    assert all(f.note == "" for f in charts)  # nothing capped
+    assert all(f.note == "MFU is shown where the GPU's peak is known." for f in charts)  # nothing capped
 
 
 # -- tables ------------------------------------------------------------------------------------

@@ -162,8 +162,9 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
               "model-steps" + (f"-{i + 1}" if i else ""),
               Bars(tuple(shown), tuple(p for _, p in _PHASES), "step time (ms, mean)", "tokens/s",
                    "Step time by phase per size and precision" + (f" ({name})" if name else ""),
-                   side_title="tokens/s, MFU above each bar (where the GPU's peak is known)"),
-              note=" ".join(n for n in notes if n))  # fmt: skip
+                   side_title="MFU above each bar" if any(b.side_note for b in shown) else ""),
+              note=" ".join(n for n in [*notes, "MFU is shown where the GPU's peak is known."]
+                            if n))  # fmt: skip
 
 
 def _rank(v: Any, order: tuple) -> int:

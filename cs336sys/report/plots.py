@@ -300,7 +300,8 @@ def bar_plot(plot: Bars) -> bytes:
     for xi, b, h in zip(xs, plot.bars, bottom, strict=True):
         total = b.total if b.total is not None else h
         ax.text(xi, h + 0.01 * top, short_num(total), ha="center", va="bottom", fontsize=6.5)
-    ax.set_ylim(0, top * 1.1)
+    # headroom for the legend's rows (one per phase), so it never sits on a bar's total
+    ax.set_ylim(0, top * (1.1 + 0.07 * len(parts)))
     ax.set_ylabel(plot.ylabel, fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     if side:
@@ -320,7 +321,7 @@ def bar_plot(plot: Bars) -> bytes:
                          b.side_note, ha="center", va="bottom", fontsize=6.5 if n <= 12 else 5.5)  # fmt: skip
         ax2.set_ylabel(plot.side_label, fontsize=9)
         ax2.yaxis.set_major_formatter(FuncFormatter(_kilo))
-        if plot.side_title:
+        if plot.side_title:  # short: one line over a panel 2/5 of the figure wide
             ax2.set_title(plot.side_title, fontsize=8)
     for a in axes:
         a.set_xticks(xs)
