@@ -90,7 +90,10 @@ def test_a_hung_collective_hits_the_group_timeout(monkeypatch):
 def test_ctrl_c_leaves_no_worker_behind(tmp_path):
     script = textwrap.dedent(
         f"""
-        import os, sys, time
+        import os, signal, sys, time
+        # Ctrl-C as a terminal delivers it: a shell without job control (CI's `cmd &`) starts
+        # its background commands with SIGINT ignored, and Python keeps that disposition.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.getcwd()!r})
         from cs336sys.parallel.launcher import launch
         from tests.test_launcher import _sleep_and_report
