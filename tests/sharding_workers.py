@@ -7,12 +7,16 @@ that vanish with the rank).
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from cs336sys.parallel.comm_counter import CommCounter
 from cs336sys.parallel.fsdp import FSDP
 from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 
@@ -177,11 +181,15 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
     initial = fsdp.full_state_dict()  # rank 0's weights, whole, as every rank now shards them
     opt = make_optimizer(kind, fsdp.parameters())
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
-    grads = {}
+    grads, gathered = {}, None
     for step in range(FSDP_STEPS):
         x, y = lm_batch(round_, step)
-        lm_loss(fsdp, x[part], y[part]).backward()
-        fsdp.finish_gradient_synchronization()
+        # the second step's all-gathers, counted by torch's dispatcher rather than by FSDP
+        with CommCounter() if step == 1 else contextlib.nullcontext() as comm:
+            lm_loss(fsdp, x[part], y[part]).backward()
+            fsdp.finish_gradient_synchronization()
+        if step == 1:
+            gathered = comm.bytes["all_gather"]
         if step == FSDP_STEPS - 1:
             grads = {
                 "sharded": [(tuple(p.grad.shape), tuple(p.shape), str(p.grad.dtype))
@@ -197,7 +205,7 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
         full_param_bytes=sum(p.numel() * 4 for p in model_params(tied, frozen)),
         frozen_left=frozen and type(fsdp.module.proj.weight) is nn.Parameter
         and not fsdp.module.proj.weight.requires_grad,
-        calls=dict(fsdp.comm_calls),
+        calls=dict(fsdp.comm_calls), gathered_bytes=gathered,
     )  # fmt: skip
 
 
@@ -257,9 +265,80 @@ def gathers_and_memory(ctx) -> dict:
         after_forward = _settled(tracker)
         out.backward()
         fsdp.finish_gradient_synchronization()
+        del out
+        after_step = _settled(tracker)
     weight_bytes = 128 * 128 * 4
     return dict(ahead=ahead, kept=after_forward - before, weight_bytes=weight_bytes,
-                grads_ok=all(p.grad is not None for p in fsdp.shards))  # fmt: skip
+                grads_ok=all(p.grad is not None for p in fsdp.shards),
+                left=after_step - before,
+                grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in fsdp.shards))  # fmt: skip
+
+
+class _Marker(torch.autograd.Function):
+    """Identity; its backward (which runs just before the backward of the layer before it)
+    records how many all-gathers the step has issued so far."""
+
+    @staticmethod
+    def forward(ctx, x, log, comm):
+        ctx.log, ctx.comm = log, comm
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.log.append(ctx.comm.calls["all_gather"])
+        return grad, None, None
+
+
+class MarkedTower(Tower):
+    """Tower with a _Marker after each layer, logging into `log` from the counter `comm`."""
+
+    log: list
+    comm: CommCounter
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = _Marker.apply(torch.tanh(layer(x)), self.log, self.comm)
+        return x
+
+
+def backward_gathers(ctx) -> dict:
+    """All-gathers issued before each Tower layer's backward starts, counted by torch's
+    dispatcher, last layer first."""
+    torch.manual_seed(0)
+    fsdp = FSDP(MarkedTower())
+    x = torch.randn(1, 128, requires_grad=True)  # so that every layer saves its weight
+    with CommCounter() as comm:
+        fsdp.module.log, fsdp.module.comm = [], comm
+        out = fsdp(x).sum()
+        forward = comm.calls["all_gather"]
+        out.backward()
+        fsdp.finish_gradient_synchronization()
+    return dict(forward=forward, before_layer=[n - forward for n in fsdp.module.log],
+                total=comm.calls["all_gather"])
+
+
+def comm_time(ctx, delay_s: float = 0.25) -> dict:
+    """Rank 1 starts its forward, and its backward, `delay_s` late: rank 0's all-gathers in
+    each wait that long for rank 1's part, while its finish_gradient_synchronization does
+    not wait at all."""
+    torch.manual_seed(0)
+    fsdp = FSDP(Tower())
+    x = torch.randn(1, 128)
+    steps = []
+    for _ in range(2):  # the second step also prefetches by the first one's order
+        dist.barrier()
+        t0 = time.perf_counter()
+        if ctx.rank == 1:
+            time.sleep(delay_s)
+        out = fsdp(x).sum()
+        if ctx.rank == 1:
+            time.sleep(delay_s)
+        out.backward()
+        t1 = time.perf_counter()
+        fsdp.finish_gradient_synchronization()
+        t2 = time.perf_counter()
+        steps.append(dict(comm_ms=fsdp.comm_ms, step_ms=(t2 - t0) * 1e3, finish_ms=(t2 - t1) * 1e3))
+    return dict(delay_ms=delay_s * 1e3, steps=steps)
 
 
 def run_all(ctx) -> dict:
@@ -268,4 +347,6 @@ def run_all(ctx) -> dict:
         "sharded": {k: [train_sharded(ctx, k, r) for r in range(ROUNDS)] for k in ("adamw", "sgd")},
         "fsdp": {c: [train_fsdp(ctx, c, r) for r in range(ROUNDS)] for c in FSDP_CASES},
         "gathers": gathers_and_memory(ctx),
+        "backward_gathers": backward_gathers(ctx),
+        "comm_time": comm_time(ctx),
     }

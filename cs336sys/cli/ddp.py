@@ -90,7 +90,7 @@ def ddp(
 ) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.
 
-    Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch (DistributedDataParallel) keep full replicas; fsdp (cs336sys.parallel.FSDP) and torch-fsdp (FSDP2) shard weights, gradients and optimizer state. comm_ms is the time a step waits on gradient communication; comm_fraction its share of the step. Each point also stores this rank's memory after init and around the optimizer step (parameters, gradients, optimizer state, beside the analytic expectation) and the bytes of each kind of collective in one step.
+    Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch (DistributedDataParallel) keep full replicas; fsdp (cs336sys.parallel.FSDP) and torch-fsdp (FSDP2) shard weights, gradients and optimizer state. comm_ms is the time a step waits on gradient communication (fsdp: the time any of its collectives is in flight); comm_fraction its share of the step. Each point also stores this rank's memory after init and around the optimizer step (parameters, gradients, optimizer state, beside the analytic expectation) and the bytes of each kind of collective in one step.
 
     Examples:
 
