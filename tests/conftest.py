@@ -1,5 +1,8 @@
+import atexit
 import os
+import shutil
 import sqlite3
+import tempfile
 
 import pytest
 import torch
@@ -8,6 +11,14 @@ import torch
 # any kernel module is imported (triton.jit reads it when a kernel is defined).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# torch.compile's cache (inductor's C++ and Triton files) in a folder of this session: two
+# test runs on one machine sharing /tmp/torchinductor_$USER raced on a half-written .so
+# ("file too short"). Subprocesses inherit it.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="cs336sys-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 # A model small enough that a CLI sweep point takes milliseconds on a CPU.
 MICRO = [

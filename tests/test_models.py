@@ -364,7 +364,7 @@ def test_nvtx_ranges_are_a_no_op_switch_on_cpu():
     assert _NVTX_ENABLED.get() is False
 
 
-@pytest.mark.parametrize("spec", ["every:1", "every:2", "sqrt", "every:3"])
+@pytest.mark.parametrize("spec", ["every:1", "every:2", "sqrt", "every:3", "groups:2,1", "groups:1,2"])
 def test_checkpointing_keeps_gradients_and_saves_memory(spec):
     """Checkpointed groups of blocks: identical gradients (float64), far fewer saved bytes."""
     import dataclasses
@@ -398,9 +398,36 @@ def test_checkpoint_group_sizes(spec, layers, want):
     assert checkpoint_group(spec, layers) == want
 
 
-@pytest.mark.parametrize("spec", ["every:0", "every:13", "every", "all", "every:-1"])
+@pytest.mark.parametrize(
+    "spec",
+    ["every:0", "every:13", "every", "all", "every:-1", "groups:", "groups:6,5", "groups:6,6,1",
+     "groups:12,0", "groups:a,b", "groups:6,-6,12"],
+)  # fmt: skip
 def test_checkpoint_specs_refused(spec):
-    from cs336sys.models.config import checkpoint_group
+    from cs336sys.models.config import checkpoint_group, checkpoint_groups
 
     with pytest.raises(ValueError):
         checkpoint_group(spec, 12)
+    with pytest.raises(ValueError):
+        checkpoint_groups(spec, 12)
+
+
+@pytest.mark.parametrize(
+    "spec, layers, want",
+    [("none", 12, None), ("every:4", 12, [4, 4, 4]), ("every:5", 12, [5, 5, 2]),
+     ("sqrt", 34, [6, 6, 6, 6, 6, 4]), ("groups:14,14,6", 34, [14, 14, 6]), ("groups:34", 34, [34])],
+)  # fmt: skip
+def test_checkpoint_groups_uneven(spec, layers, want):
+    """Each group's block count in order; the largest one is `checkpoint_group`'s K."""
+    from cs336sys.models.config import checkpoint_group, checkpoint_groups
+
+    assert checkpoint_groups(spec, layers) == want
+    assert checkpoint_group(spec, layers) == (max(want) if want else None)
+
+
+def test_checkpoint_list_keeps_group_counts_together():
+    from cs336sys.bench.sweep import checkpoint_list
+
+    assert checkpoint_list(["none,groups:14,14,6", "sqrt"]) == ["none", "groups:14,14,6", "sqrt"]
+    assert checkpoint_list(["groups:1,1,groups:2"]) == ["groups:1,1", "groups:2"]
+    assert checkpoint_list(None) == ["none"]

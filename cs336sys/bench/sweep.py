@@ -57,6 +57,20 @@ def listed(values: Iterable[Any] | None, option: str, default: Iterable[Any] = (
     return split_list(values)
 
 
+def checkpoint_list(values: Iterable[Any] | None, option: str = "--checkpoint") -> list[str]:
+    """`--checkpoint none,groups:14,14,6,sqrt` -> ['none', 'groups:14,14,6', 'sqrt']: the
+    block counts after `groups:` belong to it, not to the list (issue 17)."""
+    listed(values, option, ["none"])  # refuses an empty value
+    out: list[str] = []
+    tokens = [t.strip() for v in values or ["none"] for t in str(v).split(",") if t.strip()]
+    for token in tokens:
+        if token.isdigit() and out and out[-1].startswith("groups:"):
+            out[-1] += "," + token
+        else:
+            out.append(token)
+    return list(dict.fromkeys(out))
+
+
 def choices(
     values: Iterable[str] | None, allowed: Iterable[str], option: str, default: Iterable[str] = ()
 ) -> list[str]:

@@ -46,7 +46,7 @@ from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, choices
 from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.model import ModelSpec
-from cs336sys.models.config import ModelConfig, checkpoint_group
+from cs336sys.models.config import ModelConfig, checkpoint_group, checkpoint_groups
 
 MODES = ("forward", "train")
 
@@ -134,12 +134,11 @@ def model_saved_bytes(config: ModelConfig, batch: int, seq: int) -> int:
     and nll_loss's total weight (one fp32 scalar).
     """
     B, T, d, V = batch, seq, config.d_model, config.vocab_size
-    group = checkpoint_group(config.checkpoint, config.num_layers)
-    if group is None:
+    groups = checkpoint_groups(config.checkpoint, config.num_layers)
+    if groups is None:
         blocks = config.num_layers * block_saved_bytes(B, T, d, config.d_ff, config.num_heads)
     else:
-        n_groups = -(-config.num_layers // group)  # ceil
-        blocks = n_groups * 4 * B * T * d + 8 * T
+        blocks = len(groups) * 4 * B * T * d + 8 * T
     outside = 8 * B * T + 4 * (2 * B * T * d + B * T) + 4 * B * T * d + 4 * B * T * V + 8 * B * T
     return blocks + outside + 4  # + nll_loss's total_weight, one fp32 scalar
 

@@ -31,6 +31,7 @@ from cs336sys.bench.sweep import (
     SpecError,
     check_seed,
     check_triton,
+    checkpoint_list,
     choices,
     counts,
     device_choice,
@@ -127,11 +128,13 @@ def specs(
                                 num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
     if "triton" in attentions:
         check_triton(dev.startswith("cuda"), "--attention triton")
+    if "adamw-triton" in optimizers and "train" in modes:
+        check_triton(dev.startswith("cuda"), "--optimizer adamw-triton")
     contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
     out = []
     for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
                      "mode": modes, "precision": precisions, "attention": attentions,
-                     "optimizer": optimizers, "checkpoint": listed(checkpoint, "--checkpoint", ["none"])}):  # fmt: skip
+                     "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):  # fmt: skip
         try:
             cfg = from_preset(p["size"], context_length=p["context_length"],
                               attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip

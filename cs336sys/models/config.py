@@ -24,7 +24,11 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
     "xl": (1600, 6400, 48, 25),
     "2.7B": (2560, 10240, 32, 32),
     "10B": (4608, 12288, 50, 36),
+    # The CS336 2026 leaderboard model (issues 16, 17): a Qwen-sized 8B with an untied head.
+    "8b": (4096, 11008, 34, 32),
 }
+# Presets whose vocabulary is not the default 10,000: the 8B uses Qwen's tokenizer.
+PRESET_VOCAB: dict[str, int] = {"8b": 151_936}
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,9 @@ class ModelConfig:
     max_context_length: int = 65_536
     rope_theta: float = 10_000.0
     attention: str = "naive"
-    # Activation checkpointing: "none", "every:K" (groups of K blocks) or "sqrt" (groups of
+    # Activation checkpointing: "none", "every:K" (groups of K blocks), "sqrt" (groups of
     # about sqrt(num_layers) blocks, Chen et al. 2016, "Training Deep Nets with Sublinear
-    # Memory Cost").
+    # Memory Cost") or "groups:A,B,..." (uneven groups summing to num_layers).
     checkpoint: str = "none"
 
     @property
@@ -83,22 +87,55 @@ class ModelConfig:
                 f"d_head = d_model / num_heads = {self.d_head} must be even, because RoPE "
                 "rotates pairs of dimensions."
             )
-        checkpoint_group(self.checkpoint, self.num_layers)  # raises ValueError if invalid
+        checkpoint_groups(self.checkpoint, self.num_layers)  # raises ValueError if invalid
         if self.attention not in registry.names():
             raise ValueError(
                 f"unknown attention {self.attention!r}; choose from {', '.join(registry.names())}."
             )
 
 
+def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
+    """The blocks of each checkpointed group, in order, for `spec` (none -> None); ValueError
+    if it is invalid.
+
+    every:K   groups of K blocks, the last one shorter when K does not divide num_layers;
+    sqrt      every:K with K about sqrt(num_layers) (Chen et al. 2016);
+    groups:A,B,...  uneven groups that sum to num_layers (issue 17: e.g. groups:14,14,6 for
+              the 34-layer 8B, to find the largest model that fits one GPU and its cost).
+    """
+    if spec == "none":
+        return None
+    head, _, rest = spec.partition(":")
+    if head == "groups":
+        sizes = rest.split(",")
+        if not rest or not all(s.strip().isdigit() and int(s) >= 1 for s in sizes):
+            raise ValueError(
+                f"checkpoint {spec}: groups:A,B,... takes positive block counts, e.g. groups:2,2,1."
+            )
+        groups = [int(s) for s in sizes]
+        if sum(groups) != num_layers:
+            raise ValueError(
+                f"checkpoint {spec}: the groups sum to {sum(groups)}, not num_layers={num_layers}."
+            )
+        return groups
+    k = checkpoint_group(spec, num_layers)
+    return [k] * (num_layers // k) + ([num_layers % k] if num_layers % k else [])
+
+
 def checkpoint_group(spec: str, num_layers: int) -> int | None:
-    """Blocks per checkpointed group for `spec` (none -> None); ValueError if it is invalid."""
+    """Blocks per checkpointed group for `spec` (none -> None; the largest group for uneven
+    groups:A,B,...); ValueError if it is invalid."""
     if spec == "none":
         return None
     if spec == "sqrt":
         return max(1, round(math.sqrt(num_layers)))
+    if spec.startswith("groups:"):
+        return max(checkpoint_groups(spec, num_layers))
     head, _, k = spec.partition(":")
     if head != "every" or not k.isdigit() or int(k) < 1:
-        raise ValueError(f"checkpoint must be none, every:K (K >= 1) or sqrt, got {spec!r}.")
+        raise ValueError(
+            f"checkpoint must be none, every:K (K >= 1), sqrt or groups:A,B,..., got {spec!r}."
+        )
     if int(k) > num_layers:
         raise ValueError(f"checkpoint {spec}: K={k} is larger than num_layers={num_layers}.")
     return int(k)
@@ -109,7 +146,8 @@ def from_preset(size: str, **overrides: object) -> ModelConfig:
     if size not in PRESETS:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(PRESETS)}")
     d_model, d_ff, num_layers, num_heads = PRESETS[size]
-    config = ModelConfig(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads)
+    config = ModelConfig(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                         vocab_size=PRESET_VOCAB.get(size, 10_000))  # fmt: skip
     # None means "not given on the command line", so the preset's value stays.
     given = {key: value for key, value in overrides.items() if value is not None}
     fields = {f.name for f in dataclasses.fields(ModelConfig)}

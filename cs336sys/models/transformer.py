@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cs336sys.bench.nvtx import nvtx_range
 from cs336sys.bench.registry import ATTENTION as registry
-from cs336sys.models.config import ModelConfig, checkpoint_group
+from cs336sys.models.config import ModelConfig, checkpoint_groups
 
 
 class RMSNorm(nn.Module):
@@ -198,6 +198,13 @@ class TransformerLM(nn.Module):
     def forward(
         self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None
     ) -> torch.Tensor:
+        return self.lm_head(self.hidden(token_ids, token_positions))  # (B, T, V)
+
+    def hidden(
+        self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The final-norm hidden states (B, T, C) the LM head reads: what a fused LM head +
+        cross-entropy takes instead of the (B, T, V) logits (models/fused_ce.py, issue 17)."""
         B, T = token_ids.shape
         if T > self.config.context_length:
             raise ValueError(
@@ -207,21 +214,22 @@ class TransformerLM(nn.Module):
             token_positions = torch.arange(T, device=token_ids.device)  # (T,)
 
         x = self.token_embeddings(token_ids)  # (B, T, C)
-        group = checkpoint_group(self.config.checkpoint, len(self.layers))
-        if group is None or not torch.is_grad_enabled():
+        groups = checkpoint_groups(self.config.checkpoint, len(self.layers))
+        if groups is None or not torch.is_grad_enabled():
             for layer in self.layers:
                 x = layer(x, token_positions)  # (B, T, C)
         else:
             # Keep only each group's input for backward and recompute the group's activations
             # then: memory for one group at a time, at the cost of a second forward.
-            for start in range(0, len(self.layers), group):
+            start = 0
+            for size in groups:
                 x = checkpoint(
                     self._run_layers,
                     x,
                     token_positions,
                     start,
-                    start + group,
+                    start + size,
                     use_reentrant=False,  # the recommended mode: works with kwargs and no-grad inputs
                 )  # (B, T, C)
-        x = self.ln_final(x)  # (B, T, C)
-        return self.lm_head(x)  # (B, T, V)
+                start += size
+        return self.ln_final(x)  # (B, T, C)
