@@ -17,7 +17,7 @@ ListOpt = list[str] | None
 Size = Annotated[
     ListOpt,
     typer.Option(
-        help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B. "
+        help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 leaderboard's). "
         "[default: small on CUDA, tiny on CPU]"
     ),
 ]
@@ -53,7 +53,10 @@ Attention = Annotated[
 ]
 Optimizer = Annotated[
     ListOpt,
-    typer.Option(help="adamw (our own) and/or torch-adamw; train mode only. [default: adamw]"),
+    typer.Option(
+        help="adamw (our own), adamw-foreach, adamw-triton (fused kernel), torch-adamw, "
+        "torch-adamw-fused; train mode only. [default: adamw]"
+    ),
 ]
 Compile = Annotated[
     bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
@@ -61,7 +64,8 @@ Compile = Annotated[
 Checkpoint = Annotated[
     ListOpt,
     typer.Option(
-        help="Activation checkpointing: none, every:K (groups of K blocks), sqrt. [default: none]"
+        help="Activation checkpointing: none, every:K (groups of K blocks), sqrt, or "
+        "groups:A,B,... (uneven groups summing to the layers). [default: none]"
     ),
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
@@ -70,7 +74,9 @@ DModel = Annotated[int | None, typer.Option(help="Override the preset's d_model.
 DFF = Annotated[int | None, typer.Option(help="Override the preset's d_ff.")]
 NumLayers = Annotated[int | None, typer.Option(help="Override the preset's num_layers.")]
 NumHeads = Annotated[int | None, typer.Option(help="Override the preset's num_heads.")]
-VocabSize = Annotated[int | None, typer.Option(help="Override the vocabulary size (10000).")]
+VocabSize = Annotated[
+    int | None, typer.Option(help="Override the vocabulary size (10000; 151936 for 8b).")
+]
 Resume = Annotated[
     bool,
     typer.Option("--resume", help="Skip points stored ok by this commit on this machine."),

@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("forward", "forward-backward", "train")
-OPTIMIZERS = ("adamw", "torch-adamw")
+# ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
+# its default (foreach on CUDA, a loop on CPU) and fused=True, the production baseline.
+OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-triton", "torch-adamw", "torch-adamw-fused")
 LR, WEIGHT_DECAY = 1e-4, 0.01
 PHASES = {"fwd": "forward", "bwd": "backward", "comm": "comm", "opt": "optimizer"}
 
@@ -57,15 +59,19 @@ def make_model(config: Any, device: str, seed: int) -> Any:
 
 
 def make_optimizer(name: str, params: Any) -> Any:
-    """`adamw` (ours, cs336sys.models.AdamW) or `torch-adamw`, lr 1e-4, weight decay 0.01."""
+    """One of OPTIMIZERS over `params`, lr 1e-4, weight decay 0.01: ours (cs336sys.models
+    AdamW and its fused versions) or torch.optim.AdamW, default or fused=True."""
     import torch
 
     from cs336sys.models.adamw import AdamW
+    from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
 
-    if name == "adamw":
-        return AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
-    if name == "torch-adamw":
-        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    ours = {"adamw": AdamW, "adamw-foreach": AdamWForeach, "adamw-triton": AdamWTriton}
+    if name in ours:
+        return ours[name](params, lr=LR, weight_decay=WEIGHT_DECAY)
+    if name in ("torch-adamw", "torch-adamw-fused"):
+        fused = name == "torch-adamw-fused" or None  # None: torch's default for the device
+        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
 
 

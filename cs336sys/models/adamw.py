@@ -9,6 +9,15 @@ agree to float rounding:
     m   <- beta1 * m + (1 - beta1) * g
     v   <- beta2 * v + (1 - beta2) * g^2
     p   <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+Mixed precision (issue 17): a bfloat16 or float16 parameter gets float32 moments, and its
+update is computed in float32 from a float32 copy of the weights and gradient, then rounded
+to the parameter's dtype once. A 16-bit v would flush small squared gradients, and rounding
+the weights after the decay and again after the update would round twice per step. The one
+rounding left still drops any update below half a bf16 ulp of its weight (2^-9 of it or
+less): that is what 16-bit weights without a float32 master copy mean. torch.optim.AdamW
+keeps a 16-bit parameter's state in its dtype instead; for float32 (and float64) parameters
+the two are the same. The fused versions (adamw_fused.py) follow this rule too.
 """
 
 from __future__ import annotations
@@ -18,6 +27,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+# Parameters of these dtypes keep float32 state and are updated in float32 (docstring).
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def state_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype of `p`'s moments: float32 for a 16-bit parameter, else p's own."""
+    return torch.float32 if p.dtype in LOW_PRECISION else p.dtype
 
 
 class AdamW(torch.optim.Optimizer):
@@ -40,6 +57,18 @@ class AdamW(torch.optim.Optimizer):
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's, keeping a 16-bit parameter's moments float32: torch casts every floating
+        state tensor to its parameter's dtype, which would round them to 16 bits."""
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params, strict=True):
+            saved = state_dict["state"].get(i)
+            if p.dtype in LOW_PRECISION and saved:
+                for key in ("exp_avg", "exp_avg_sq"):
+                    self.state[p][key] = saved[key].to(p.device, torch.float32, copy=True)
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         loss = None
@@ -59,16 +88,22 @@ class AdamW(torch.optim.Optimizer):
 
                 state = self.state[p]
                 if not state:
+                    like = dict(dtype=state_dtype(p), memory_format=torch.preserve_format)
                     state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(p, **like)
+                    state["exp_avg_sq"] = torch.zeros_like(p, **like)
                 state["step"] += 1
                 t = state["step"]
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                # A 16-bit parameter is updated in a float32 copy, rounded back once at the end.
+                low = p.dtype in LOW_PRECISION
+                weights = p.float() if low else p
+                if low:
+                    grad = grad.float()
 
                 # Decoupled weight decay: shrink the weights directly instead of adding
                 # wd * p to the gradient, so decay is not rescaled by the adaptive denominator.
-                p.mul_(1 - lr * wd)
+                weights.mul_(1 - lr * wd)
 
                 exp_avg.lerp_(grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -78,6 +113,8 @@ class AdamW(torch.optim.Optimizer):
                 bias_correction2 = 1 - beta2**t
                 step_size = lr / bias_correction1
                 denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
-                p.addcdiv_(exp_avg, denom, value=-step_size)
+                weights.addcdiv_(exp_avg, denom, value=-step_size)
+                if low:
+                    p.copy_(weights)
 
         return loss
