@@ -64,7 +64,12 @@ def collect(device: str = "cpu") -> dict[str, Any]:
     """Provenance of a measurement on `device` ('cpu', 'cuda', 'cuda:N').
 
     On CUDA the GPU fields describe the GPUs; on CPU `gpu` is 'cpu' and `cpu` names the model.
+    Device 'none' is a command that computes on no device (`cs336sys plan`): torch is not
+    imported (its version comes from the package metadata, the CUDA version is left out)
+    and the GPU fields are nvidia-smi's, where there is one.
     """
+    if device == "none":
+        return _without_torch()
     import torch
 
     info: dict[str, Any] = {
@@ -90,5 +95,40 @@ def collect(device: str = "cpu") -> dict[str, Any]:
             gpu_memory_gb=round(props.total_memory / 2**30, 2),
             driver_version=_driver_version(),
         )
+    info.update(git_info())
+    return info
+
+
+def smi_gpus() -> tuple[str, int, float | None] | None:
+    """(name of the first GPU, how many, its memory in GiB) from nvidia-smi, without torch;
+    None where there is no nvidia-smi or it fails."""
+    out = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+    lines = [line.split(",") for line in (out or "").splitlines() if "," in line]
+    if not lines:
+        return None
+    name, mib = lines[0][0].strip(), lines[0][1].strip()
+    try:
+        gib = round(float(mib) / 1024, 2)
+    except ValueError:  # "[N/A]"
+        gib = None
+    return name, len(lines), gib
+
+
+def _without_torch() -> dict[str, Any]:
+    gpu = smi_gpus()
+    info: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "device": "none",
+        "cpu": cpu_model(),
+        "torch_version": _version("torch"),
+        "triton_version": _version("triton"),
+        "python_version": platform.python_version(),
+        "cs336sys_version": cs336sys.__version__,
+        "cuda_version": None,
+        "driver_version": _driver_version() if gpu else None,
+        "gpu": gpu[0] if gpu else "cpu",
+        "gpu_count": gpu[1] if gpu else 0,
+        "gpu_memory_gb": gpu[2] if gpu else None,
+    }
     info.update(git_info())
     return info

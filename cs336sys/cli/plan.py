@@ -1,0 +1,177 @@
+"""`cs336sys plan`: step time, communication and memory per device of DP, FSDP, TP and
+FSDP+TP, from a GPU's data sheet or from what this GPU measured. Computes on no device and
+imports no torch, so it answers at once."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, fail, recording, user_errors
+from cs336sys.cli.options import DFF, DModel, Label, NumHeads, NumLayers, VocabSize
+
+ListOpt = list[str] | None
+
+
+class Beside:
+    """The sweep's sink: the store's Recorder, each dp or fsdp point first given the
+    metrics of the ddp run the store holds for it (report/plan.py, ddp_match)."""
+
+    def __init__(self, rec, conn) -> None:  # noqa: ANN001
+        self.rec, self.conn, self.errors = rec, conn, 0
+
+    def add(self, experiment, spec, result):  # noqa: ANN001, ANN201
+        from cs336sys.report.plan import beside, ddp_match
+
+        if self.conn is not None and result.status == "ok":
+            run = ddp_match(self.conn, spec.settings())
+            if run is not None:
+                result.metrics.update(beside(result.metrics, run))
+        return self.rec.add(experiment, spec, result)
+
+
+def plan(
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Model preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model)."
+        ),
+    ] = "8b",  # fmt: skip
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            help="Global batch of one step in tokens, whole sequences. [default: 256 sequences]"
+        ),
+    ] = None,  # fmt: skip
+    seq: Annotated[int | None, typer.Option(help="Tokens per sequence. [default: 4096]")] = None,
+    strategy: Annotated[
+        ListOpt, typer.Option(help="dp, fsdp, tp and/or fsdp-tp. [default: all]")
+    ] = None,
+    n: Annotated[
+        ListOpt, typer.Option("--n", help="Degrees: devices per strategy. [default: 1,2,4,8]")
+    ] = None,  # fmt: skip
+    hardware: Annotated[
+        ListOpt,
+        typer.Option(
+            help="GPU preset(s): a100, h100, h200, b200 (data "
+            "sheets). [default: h100 without --measured]"
+        ),
+    ] = None,  # fmt: skip
+    measured: Annotated[
+        bool,
+        typer.Option(
+            "--measured",
+            help="C and W as this GPU measured them: the best stored model TFLOP/s and comm busbw.",
+        ),
+    ] = False,  # fmt: skip
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            help="With --measured: the stored GPU name to use "
+            "(e.g. from a merged store). [default: this "
+            "machine's, 'cpu' without one]"
+        ),
+    ] = None,  # fmt: skip
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    label: Label = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Plan DP, FSDP, TP and FSDP+TP at each degree: compute and communication time per
+    collective (ring formulas), whether communication hides behind compute, the largest
+    degree before the step is communication-bound (closed form and number), and memory per
+    device against the GPU's; one row per point (experiment `plan`). Where the store holds
+    ddp runs of the same model, batch and world size, they are set beside the plan.
+
+    Example:
+
+        cs336sys plan --model 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
+    """
+    from cs336sys.experiments import plan as exp
+    from cs336sys.experiments.sweep import run_sweep
+
+    check_db(db)
+    with user_errors():
+        boxes: list = list(exp.hardware_presets(hardware)) if hardware or not measured else []
+    if measured:
+        boxes.append(_measured(db, gpu))
+    with user_errors():
+        specs = exp.specs(size=model, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
+                          d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                          vocab_size=vocab_size)  # fmt: skip
+    conn = _reader(db)
+    try:
+        with recording(db, "plan", "none", label=label) as rec:
+            # Rows of arithmetic, written in a burst: WAL's NORMAL sync (this connection only)
+            # survives a crash of the process; only a power cut could lose the last rows,
+            # which the same command writes again. FULL's sync per row cost a second here.
+            rec.store.conn.execute("PRAGMA synchronous = NORMAL")
+            points = run_sweep(exp.EXPERIMENT, specs, Beside(rec, conn), executor=exp.arithmetic)
+            _show(exp, points)
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _reader(db):  # noqa: ANN001, ANN202
+    """A read-only connection to the store for the ddp lookup, or None before it exists."""
+    from cs336sys.store.db import StoreError, connect_readonly
+
+    try:
+        return connect_readonly(db) if db.exists() and db.stat().st_size else None
+    except StoreError:
+        return None
+
+
+def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
+    """This GPU's Hardware from the store, or exit 2 naming the command to run first."""
+    import os
+
+    from cs336sys.bench.provenance import smi_gpus
+    from cs336sys.experiments.plan import Hardware
+    from cs336sys.report.plan import NoMeasurement, measured
+    from cs336sys.store.db import StoreError, connect_readonly
+
+    if gpu is None:
+        found = smi_gpus()
+        gpu = found[0] if found else "cpu"
+    if not db.exists():
+        fail(f"--measured: no results store at {db}; run `cs336sys model --precision bf16` and "
+             "`cs336sys comm --op all-reduce,all-gather,reduce-scatter` on this GPU first")  # fmt: skip
+    try:
+        conn = connect_readonly(db)
+    except StoreError as exc:
+        fail(exc)
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if gpu == "cpu" else None
+        m = measured(conn, gpu, host_memory=host)
+    except NoMeasurement as exc:
+        fail(exc)
+    finally:
+        conn.close()
+    return Hardware(m.gpu, m.flops, m.egress, m.memory_bytes, m.source)
+
+
+def _show(exp, points) -> None:  # noqa: ANN001
+    """The time and memory tables, the closed forms, the plan beside measured runs."""
+    from cs336sys.report.plan import MEASURED, inequalities, measured_rows
+    from cs336sys.report.tables import as_text, point_tables, row_of
+
+    rows = [row_of(p.spec, p.result) for p in points]
+    ok = [r for r in rows if r["status"] == "ok"]
+    tables = point_tables(exp.EXPERIMENT.tables, ok, lift=True)
+    extra = [t for t in (inequalities(ok),) if t]
+    extra += point_tables([MEASURED], measured_rows(ok), lift=False)
+    for t in tables:  # the settings every row shares, lifted out of the columns
+        t.title += f" ({t.constant})" if t.constant else ""
+    typer.echo(as_text(tables + extra))
+    for source in dict.fromkeys(p.spec.source for p in points):
+        typer.echo(f"source: {source}")
+    for p in points:
+        if p.result.status != "ok":  # stored too, with the reason
+            typer.echo(f"{p.spec.device_name} {p.spec.strategy} N={p.spec.n}: {p.result.error}",
+                       err=True)  # fmt: skip

@@ -1,0 +1,483 @@
+"""`cs336sys plan`: step time, communication and memory per device of DP, FSDP, TP and
+FSDP+TP at each degree, for a whole Transformer LM on a given GPU. Nothing runs on a device:
+a point is arithmetic (parallel/plan_math.py has the collectives and the single-FFN
+derivation; this module applies them to every layer, the embedding and the LM head).
+
+Conventions (README, "cs336sys plan", explains every column):
+
+- B is the global batch in tokens of one forward and backward (no gradient accumulation),
+  whole sequences of `seq` tokens. DP and FSDP give each device B/N tokens; TP gives every
+  device all B; FSDP+TP (N = X*Y) gives each TP group of Y devices B/X.
+- FLOPs are models/flops.py's (PaLM: matmuls only, backward = 2 x forward, attention's
+  T x T scores counted in full); every strategy splits them evenly over the N devices.
+- bf16 mixed precision (Rajbhandari et al. 2020, ZeRO, section 3.1): bf16 weights (2 bytes
+  a parameter) and gradients (2), and AdamW's fp32 master weights, first and second
+  moments (12): 16 bytes a parameter, what DP keeps whole on every device. Collectives move
+  bf16 (2 bytes an element).
+- DP all-reduces every gradient once in backward. FSDP (ZeRO-3, every tensor sharded,
+  each padded to a multiple of N elements) all-gathers the weights in forward and again in
+  backward and reduce-scatters the gradients. TP (Megatron-LM, Shoeybi et al. 2019) splits
+  q, k, v and w1, w3 by columns, o and w2 by rows, the embedding and LM head by vocabulary,
+  and keeps the RMSNorm gains whole: per layer two all-reduces of the B x D activations in
+  forward (after o and after w2) and two in backward (the gradients of the inputs of q, k, v
+  and of w1, w3), plus one for the embedding in forward and one for the LM head's input in
+  backward. The loss's all-reduces (a max and a sum per token) are left out: 8 bytes a token.
+  FSDP+TP shards each TP shard over X devices and picks the split X*Y = N, Y dividing the
+  heads and X the sequences, with the shortest step.
+- Communication hides when in forward and in backward it takes no longer than that phase's
+  compute (every collective overlapped). Step time = max(forward compute, forward comm) +
+  max(backward compute, backward comm); the optimizer step is left out.
+- Activations (what autograd saves, bf16, counted tensor by tensor as Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models", section 4.1, do for
+  GPT), per token and layer of this model (RMSNorm, RoPE, SwiGLU, no dropout; attention by
+  FlashAttention-2, which keeps a logsumexp per head, 4 bytes, instead of the T x T scores):
+  attention 2D (norm input) + 2D (q, k, v input) + 6D (q, k, v) + 2D (o input) + 4H;
+  SwiGLU 2D (norm input) + 2D (w1, w3 input) + 8F (w1 out, w3 out, silu, product):
+  16D + 8F + 4H bytes. Under TP the inputs of the norms and of the split matmuls are whole
+  on every device (no sequence parallelism: Korthikanti's Table 2, "tensor parallel"), the
+  rest is divided by Y: 8D + (8D + 8F + 4H) / Y. The head: the final norm's and the LM
+  head's inputs 4D, and the logits in bf16 with their fp32 log-softmax, 6V (6V / Y under
+  TP). Full checkpointing of each layer keeps its input, 2D a token a layer, and recomputes
+  one layer at a time in backward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cs336sys.bench.clock import now
+from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.bench.result import Result
+from cs336sys.bench.sweep import SpecError, choices, positive_ints
+from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
+from cs336sys.models.flops import forward_flops
+from cs336sys.parallel import plan_math as pm
+
+STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
+E = pm.E  # bytes per bf16 element
+BYTES_PER_PARAM = {"params": 2, "grads": 2, "opt_state": 12}  # ZeRO's 2 + 2 + 12
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device: C (dense bf16 FLOP/s), W (egress bytes/s, per direction) and memory."""
+
+    name: str
+    flops: float
+    egress: float
+    memory_bytes: int
+    source: str  # where the figures come from (a data sheet; or the stored runs used)
+
+
+GiB = 2**30
+# Data sheets give dense bf16 (half their "with sparsity" figure), NVLink as the total of
+# both directions (W is half of it) and memory in GB, read here as GiB: about what the driver
+# reports (an H100 SXM shows 79.6 GiB in nvidia-smi; a B200 179 GiB).
+HARDWARE: dict[str, Hardware] = {
+    # NVIDIA A100 Tensor Core GPU data sheet (2021): BF16 312 TFLOPS dense (624 sparse),
+    # A100 80GB SXM, NVLink 3 600 GB/s.
+    "a100": Hardware("A100 SXM 80GB", 312e12, 300e9, 80 * GiB, "NVIDIA A100 data sheet"),
+    # NVIDIA H100 Tensor Core GPU data sheet (2023), SXM5: BF16 1,979 TFLOPS with sparsity,
+    # 80 GB HBM3, NVLink 4 900 GB/s.
+    "h100": Hardware("H100 SXM 80GB", 989.4e12, 450e9, 80 * GiB, "NVIDIA H100 data sheet"),
+    # NVIDIA H200 Tensor Core GPU data sheet (2024), SXM: BF16 1,979 TFLOPS with sparsity,
+    # 141 GB HBM3e, NVLink 900 GB/s.
+    "h200": Hardware("H200 SXM 141GB", 989.4e12, 450e9, 141 * GiB, "NVIDIA H200 data sheet"),
+    # NVIDIA HGX B200 data sheet (2024), per GPU of eight: FP16/BF16 36 PFLOPS with sparsity
+    # for the eight (2.25 PFLOPS dense each), 1.44 TB HBM3e for the eight (180 GB each),
+    # NVLink 5 1.8 TB/s per GPU.
+    "b200": Hardware("B200 180GB", 2.25e15, 900e9, 180 * GiB, "NVIDIA HGX B200 data sheet"),
+}
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    size: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    seq: int  # tokens per sequence
+    batch_tokens: int  # B: global batch of one step, in tokens
+    strategy: str
+    n: int  # degree
+    hardware: str  # a HARDWARE key, or "measured"
+    device_name: str  # the device's name (not `gpu`: the views have the invocation's)
+    flops: float  # C
+    egress: float  # W
+    memory_bytes: int
+    source: str
+
+    def config(self) -> ModelConfig:
+        return ModelConfig(d_model=self.d_model, d_ff=self.d_ff, num_layers=self.num_layers,
+                           num_heads=self.num_heads, vocab_size=self.vocab_size,
+                           context_length=self.seq, max_context_length=max(self.seq, 65_536))  # fmt: skip
+
+    def settings(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def specs(
+    *,
+    size: str = "8b",
+    seq: int | None = None,
+    batch: int | None = None,
+    strategy: Iterable[str] | None = None,
+    n: Iterable[Any] | None = None,
+    hardware: Iterable[Hardware] = (),
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    vocab_size: int | None = None,
+) -> list[PlanSpec]:
+    """The points of a plan: every hardware x strategy x degree. SpecError names a bad
+    option: an unknown size or strategy, a non-positive value, a batch that is not whole
+    sequences, a TP degree that does not divide the heads, a DP or FSDP degree that does
+    not divide the batch's sequences."""
+    if size not in PRESETS:
+        raise SpecError(f"--model: unknown model {size!r}; choose from {', '.join(PRESETS)}")
+    for name, value in (("--seq", seq), ("--batch", batch), ("--d-model", d_model),
+                        ("--d-ff", d_ff), ("--num-layers", num_layers),
+                        ("--num-heads", num_heads), ("--vocab-size", vocab_size)):  # fmt: skip
+        if value is not None and value <= 0:
+            raise SpecError(f"{name} must be positive, got {value}")
+    seq = seq or 4096
+    batch = batch or 256 * seq  # 1M tokens at 4096, a common LLM batch
+    if batch % seq:
+        raise SpecError(f"--batch {batch} is not a whole number of --seq {seq} token sequences")
+    try:
+        cfg = from_preset(size, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                          num_heads=num_heads, vocab_size=vocab_size,
+                          context_length=seq, max_context_length=max(seq, 65_536))  # fmt: skip
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    strategies = choices(strategy, STRATEGIES, "--strategy", default=list(STRATEGIES))
+    degrees = positive_ints(n, "--n", default=[1, 2, 4, 8])
+    for d in degrees:  # a degree no strategy asked for can take is a typo
+        why = [problem(s, d, cfg.num_heads, batch // seq) for s in strategies]
+        if all(why):
+            raise SpecError(f"--n {d}: {why[0]}" if len(why) == 1 else
+                            f"--n {d} fits none of the strategies: {'; '.join(why)}")  # fmt: skip
+    return [
+        PlanSpec(size=size, d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
+                 num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, seq=seq, batch_tokens=batch,
+                 strategy=s, n=d, hardware=key, device_name=hw.name, flops=hw.flops, egress=hw.egress,
+                 memory_bytes=hw.memory_bytes, source=hw.source)
+        for key, hw in listed_hardware(hardware) for s in strategies for d in degrees
+    ]  # fmt: skip
+
+
+def listed_hardware(hardware: Iterable[Any]) -> list[tuple[str, Hardware]]:
+    """(key, Hardware) pairs: a preset key, or a Hardware (measured) keyed 'measured'."""
+    out = []
+    for h in hardware:
+        out.append((h, HARDWARE[h]) if isinstance(h, str) else ("measured", h))
+    if not out:
+        raise SpecError("--hardware: give a preset or --measured")
+    return out
+
+
+def hardware_presets(values: Iterable[str] | None) -> list[str]:
+    """The --hardware list, checked against HARDWARE."""
+    return choices(values, tuple(HARDWARE), "--hardware", default=["h100"])
+
+
+def problem(strategy: str, n: int, heads: int, sequences: int) -> str | None:
+    """Why `strategy` cannot run at degree `n` (None if it can): TP splits the heads
+    evenly, DP and FSDP give each device whole sequences, FSDP+TP needs a split of both."""
+    if strategy == "tp" and heads % n:
+        return f"tp splits the {heads} heads evenly; {n} does not divide {heads}"
+    if strategy in ("dp", "fsdp") and sequences % n:
+        return (
+            f"{strategy} gives each device whole sequences; {n} does not divide the "
+            f"batch's {sequences} sequences"
+        )
+    if strategy == "fsdp-tp" and not splits(n, heads, sequences):
+        return f"fsdp-tp finds no split X*Y = {n} with Y dividing {heads} heads and X {sequences} sequences"
+    return None
+
+
+def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
+    """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
+    return [(n // y, y) for y in range(1, n + 1)
+            if n % y == 0 and heads % y == 0 and sequences % (n // y) == 0]  # fmt: skip
+
+
+# -- the whole model ----------------------------------------------------------------------------
+
+
+def tensors(cfg: ModelConfig, y: int = 1) -> list[int]:
+    """Elements of each parameter tensor on one device of a TP group of `y` (y=1: the
+    whole model; sums to param_count). Split tensors round up: vocabulary and d_ff are
+    padded to a multiple of y, as Megatron pads its vocabulary."""
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    split_v, split_f = math.ceil(v / y) * d, math.ceil(f / y) * d
+    per_layer = [d * d // y] * 4 + [split_f] * 3 + [d, d]  # q k v o, w1 w2 w3, two norms
+    return [split_v, *per_layer * cfg.num_layers, d, split_v]  # embedding ... final norm, head
+
+
+def sharded(numels: list[int], x: int) -> int:
+    """Elements one of `x` FSDP devices holds: each tensor padded to a multiple of x."""
+    return sum(math.ceil(k / x) for k in numels)
+
+
+def activation_bytes(cfg: ModelConfig, y: int = 1) -> tuple[float, float, float]:
+    """(per layer, checkpointed per layer, head) activation bytes per token under TP `y`
+    (module docstring)."""
+    d, f, h, v = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.vocab_size
+    layer = 8 * d + (8 * d + 8 * f + 4 * h) / y
+    return layer, 2 * d, 4 * d + 6 * v / y
+
+
+def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
+    """Every metric of the point for the split x (FSDP or DP degree) * y (TP degree)."""
+    cfg = spec.config()
+    n, c, w, b = spec.n, spec.flops, spec.egress, spec.batch_tokens
+    fwd_flops = forward_flops(cfg, b // spec.seq, spec.seq)
+    comp_f, comp_b = fwd_flops / (n * c), 2 * fwd_flops / (n * c)
+    local = tensors(cfg, y)
+    tp_bytes = E * sum(local)  # weights of one TP shard (the whole model when y = 1)
+    acts = E * (b // x) * cfg.d_model  # one all-reduce of the activations a device sees
+    tp_reduces = 2 * cfg.num_layers + 1  # per phase
+    ag = rs = ar = 0.0  # seconds per step of each kind of collective
+    comm_f = comm_b = 0.0
+    moved = 0  # bytes: S of every collective of the step, summed (as ddp's comm_bytes)
+    if spec.strategy == "dp" and n > 1:
+        ar = comm_b = pm.all_reduce_s(tp_bytes, n, w)
+        moved = tp_bytes
+    elif spec.strategy in ("fsdp", "fsdp-tp") and x > 1:
+        ag1 = pm.all_gather_s(tp_bytes, x, w)
+        rs = pm.reduce_scatter_s(tp_bytes, x, w)
+        ag = 2 * ag1
+        comm_f, comm_b = ag1, ag1 + rs
+        moved = 3 * tp_bytes
+    if spec.strategy in ("tp", "fsdp-tp") and y > 1:
+        tp = tp_reduces * pm.all_reduce_s(acts, y, w)
+        ar = 2 * tp
+        comm_f, comm_b = comm_f + tp, comm_b + tp
+        moved += 2 * tp_reduces * acts
+    hides = comm_f <= comp_f and comm_b <= comp_b
+    # memory per device
+    shard = sharded(local, x) if spec.strategy in ("fsdp", "fsdp-tp") else sum(local)
+    mem = {k: per * shard for k, per in BYTES_PER_PARAM.items()}
+    # FSDP: a unit gathered for compute and the next one prefetched, in bf16
+    unit = max(sum(local[1:10]), local[0])  # a layer, or the embedding (= the head)
+    gathered = 2 * E * unit if x > 1 and spec.strategy != "dp" else 0
+    layer, kept, head = activation_bytes(cfg, y)
+    tokens = b // x  # tokens one device's forward sees
+    static = sum(mem.values()) + gathered
+    act = tokens * (cfg.num_layers * layer + head)
+    act_ckpt = tokens * (cfg.num_layers * kept + layer + head)
+    per_seq, per_seq_ckpt = act / (tokens / spec.seq), act_ckpt / (tokens / spec.seq)
+    cap = spec.memory_bytes
+    return dict(
+        fsdp_degree=x if spec.strategy != "tp" else 1, tp_degree=y,
+        tokens_per_device=tokens, flops_per_step=3 * fwd_flops,
+        compute_fwd_ms=comp_f * 1e3, compute_bwd_ms=comp_b * 1e3, compute_ms=(comp_f + comp_b) * 1e3,
+        comm_fwd_ms=comm_f * 1e3, comm_bwd_ms=comm_b * 1e3, comm_ms=(comm_f + comm_b) * 1e3,
+        allgather_ms=ag * 1e3, reducescatter_ms=rs * 1e3, allreduce_ms=ar * 1e3,
+        comm_bytes=moved,
+        step_ms=(max(comp_f, comm_f) + max(comp_b, comm_b)) * 1e3,
+        step_serial_ms=(comp_f + comp_b + comm_f + comm_b) * 1e3,
+        hides=hides, comm_bound=not hides,
+        mem_params_bytes=mem["params"], mem_grads_bytes=mem["grads"],
+        mem_opt_state_bytes=mem["opt_state"], mem_gathered_bytes=gathered,
+        mem_act_bytes=act, mem_act_ckpt_bytes=act_ckpt,
+        mem_total_bytes=static + act, mem_total_ckpt_bytes=static + act_ckpt,
+        fits=static + act <= cap, fits_ckpt=static + act_ckpt <= cap,
+        # whole sequences per device (per TP group) that fit beside the static bytes
+        fit_seqs=max(0, math.floor((cap - static) / per_seq)),
+        fit_seqs_ckpt=max(0, math.floor((cap - static) / per_seq_ckpt)),
+    )  # fmt: skip
+
+
+def n_max(spec: PlanSpec) -> float:
+    """The largest degree at which the whole model's step still hides its communication,
+    from the same per-phase comparison as `evaluate`, solved for N (a real number; the
+    padding of FSDP shards and TP's rounding of the vocabulary left out):
+    DP, FSDP  N <= 1 + F_fwd W / (C P e)  (forward and backward give the same bound);
+    TP        N <= 1 + F_fwd W / (C (2L+1) 2 B D e)  (forward binds);
+    FSDP+TP   plan_math.best_split_n_max with a = P e/W, k = (2L+1) 2 B D e/W, budget
+              F_fwd/C in forward and twice each in backward but k."""
+    cfg = spec.config()
+    fwd = forward_flops(cfg, spec.batch_tokens // spec.seq, spec.seq) / spec.flops
+    weights = E * param_count(cfg) / spec.egress
+    acts = (2 * cfg.num_layers + 1) * 2 * E * spec.batch_tokens * cfg.d_model / spec.egress
+    if spec.strategy in ("dp", "fsdp"):
+        return 1 + fwd / weights
+    if spec.strategy == "tp":
+        return 1 + fwd / acts
+    return min(
+        pm.best_split_n_max(weights, acts, fwd), pm.best_split_n_max(2 * weights, acts, 2 * fwd)
+    )
+
+
+def arithmetic(experiment: Experiment, specs: list, skip: Any, emit: Any) -> None:
+    """run_sweep's executor for points that are arithmetic (experiments/sweep.py, Executor):
+    one after another, in this process, without the guard of `local`, which after every
+    point collects garbage and empties the CUDA cache (importing torch to do so): a plan
+    point holds no memory to give back, and an exception in it is a bug to see."""
+    for spec in specs:
+        started, t0 = now(), time.perf_counter()
+        result = skip(spec) or experiment.runner()(spec)
+        result.started, result.duration_s = started, time.perf_counter() - t0
+        emit(spec, result)
+
+
+def run(spec: PlanSpec) -> Result:
+    """The point's metrics; `skipped` (with the reason) where the strategy cannot take the
+    degree while another strategy of the same sweep can (TP at 64 devices of 32 heads)."""
+    cfg = spec.config()
+    sequences = spec.batch_tokens // spec.seq
+    why = problem(spec.strategy, spec.n, cfg.num_heads, sequences)
+    if why:
+        return Result("skipped", error=f"skipped: {why}")
+    if spec.strategy == "dp" or spec.strategy == "fsdp":
+        options = [(spec.n, 1)]
+    elif spec.strategy == "tp":
+        options = [(1, spec.n)]
+    else:
+        options = splits(spec.n, cfg.num_heads, sequences)
+    best = min(
+        (evaluate(spec, x, y) for x, y in options), key=lambda m: (m["step_ms"], m["comm_ms"])
+    )
+    limit = n_max(spec)
+    ffn = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops, spec.egress)
+    metrics = dict(
+        best,
+        params=param_count(cfg),
+        n_max=math.floor(limit),
+        n_max_ffn=math.floor(ffn),
+        inequality=pm.INEQUALITY[spec.strategy],
+    )
+    return Result("ok", metrics=metrics)
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def gib(x: Any) -> str:
+    return "" if x is None else f"{x / GiB:,.1f}"
+
+
+def _split(r: Any) -> str:
+    return f"{r.get('fsdp_degree')}x{r.get('tp_degree')}" if r.get("strategy") == "fsdp-tp" else ""
+
+
+POINT = (
+    Column(
+        "hardware",
+        "device_name",
+        setting=True,
+        covers=("hardware", "flops", "egress", "memory_bytes", "source"),
+    ),
+    Column("strategy", "strategy", setting=True),
+    Column("N", "n", setting=True),
+)
+TIME = Table(
+    "Step time and communication per device (bf16, ring collectives)",
+    (
+        *POINT,
+        Column("X×Y", cell=_split, optional=True),
+        Column("compute ms", "compute_ms", "num"),
+        Column("all-gather ms", "allgather_ms", "num"),
+        Column("reduce-scatter ms", "reducescatter_ms", "num"),
+        Column("all-reduce ms", "allreduce_ms", "num"),
+        Column("step ms", "step_ms", "num"),
+        Column("hides", "hides", "yes_no"),
+        Column("N max", "n_max", "num"),
+        Column("N max (FFN)", "n_max_ffn", "num"),
+    ),
+    note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
+    "all-reduce: 2(N-1)/N S/W, summed over the step. step: max(compute, comm) per phase, "
+    "forward plus backward. hides: communication no longer than compute in both phases. "
+    "N max: the largest degree that still hides, for the whole model (and for one FFN layer).",
+)
+MEMORY = Table(
+    "Memory per device (GiB; bf16 weights and gradients, fp32 AdamW state)",
+    (
+        *POINT,
+        Column("params", cell=lambda r: gib(r.get("mem_params_bytes"))),
+        Column("grads", cell=lambda r: gib(r.get("mem_grads_bytes"))),
+        Column("optimizer", cell=lambda r: gib(r.get("mem_opt_state_bytes"))),
+        Column("gathered", cell=lambda r: gib(r.get("mem_gathered_bytes"))),
+        Column("activations", cell=lambda r: gib(r.get("mem_act_bytes"))),
+        Column("act. ckpt", cell=lambda r: gib(r.get("mem_act_ckpt_bytes"))),
+        Column("total", cell=lambda r: gib(r.get("mem_total_bytes"))),
+        Column("total ckpt", cell=lambda r: gib(r.get("mem_total_ckpt_bytes"))),
+        Column("GPU", cell=lambda r: gib(r.get("memory_bytes"))),
+        Column("fits", "fits", "yes_no"),
+        Column("fits ckpt", "fits_ckpt", "yes_no"),
+        Column("seqs that fit", "fit_seqs"),
+        Column("seqs ckpt", "fit_seqs_ckpt"),
+    ),
+    note="params 2, grads 2, optimizer 12 bytes a parameter, sharded N ways by FSDP (each "
+    "tensor padded to a multiple of N), Y ways by TP. gathered: two FSDP units in bf16. "
+    "activations: the tokens one device sees x (L (16D + 8F + 4H) + 4D + 6V) bytes, with "
+    "TP's split; ckpt: 2D a token a layer plus one layer recomputed. seqs that fit: whole "
+    "sequences per device that fit beside the rest.",
+)
+EXPERIMENT = Experiment(
+    kind="plan",
+    view="plan_runs",
+    title="Plan: parallelism from first principles against measured numbers",
+    spec=PlanSpec,
+    run=run,
+    settings=settings_keys(PlanSpec),
+    metrics=(
+        Metric("fsdp_degree", "", "X: devices the weights are sharded (dp: replicated) over"),
+        Metric("tp_degree", "", "Y: devices each matmul is split over (1 without TP)"),
+        Metric("tokens_per_device", "tokens", "tokens one device's forward sees"),
+        Metric("flops_per_step", "FLOP", "forward + backward matmul FLOPs of the global batch"),
+        Metric("compute_fwd_ms", "ms", "forward FLOPs / (N C)"),
+        Metric("compute_bwd_ms", "ms", "backward FLOPs (2 x forward) / (N C)"),
+        Metric("compute_ms", "ms", "forward + backward compute"),
+        Metric("comm_fwd_ms", "ms", "communication in forward, per device"),
+        Metric("comm_bwd_ms", "ms", "communication in backward, per device"),
+        Metric("comm_ms", "ms", "communication of the step"),
+        Metric("allgather_ms", "ms", "all-gathers of the step: (N-1)/N S/W each"),
+        Metric("reducescatter_ms", "ms", "reduce-scatters of the step: (N-1)/N S/W each"),
+        Metric("allreduce_ms", "ms", "all-reduces of the step: 2(N-1)/N S/W each"),
+        Metric("step_ms", "ms", "max(compute, comm) in forward + the same in backward"),
+        Metric("step_serial_ms", "ms", "compute + comm, nothing overlapped"),
+        Metric("hides", "", "communication no longer than compute in both phases"),
+        Metric("comm_bound", "", "not hides"),
+        Metric("n_max", "", "largest degree that still hides, whole model"),
+        Metric("n_max_ffn", "", "largest degree that still hides, one FFN layer (closed form)"),
+        Metric("inequality", "", "the closed-form condition for hiding"),
+        Metric("params", "", "parameters of the model"),
+        *(
+            Metric(f"mem_{k}_bytes", "bytes", f"per device: {k.replace('_', ' ')}")
+            for k in (
+                "params",
+                "grads",
+                "opt_state",
+                "gathered",
+                "act",
+                "act_ckpt",
+                "total",
+                "total_ckpt",
+            )
+        ),  # fmt: skip
+        Metric("fits", "", "total <= the GPU's memory"),
+        Metric("fits_ckpt", "", "total with checkpointing <= the GPU's memory"),
+        Metric("fit_seqs", "", "whole sequences per device that fit"),
+        Metric("fit_seqs_ckpt", "", "the same with checkpointing"),
+        Metric("comm_bytes", "bytes", "the plan's bytes of every collective in one step (S)"),
+        Metric("measured_run_id", "", "the ddp run set beside this point"),
+        Metric("measured_impl", "", "its impl"),
+        Metric("measured_step_ms", "ms", "its step time, mean"),
+        Metric("measured_comm_ms", "ms", "its exposed communication, mean"),
+        Metric("measured_comm_bytes", "bytes", "bytes its collectives moved in one step"),
+        Metric("measured_step_ratio", "", "measured / planned step time"),
+        Metric("measured_comm_ratio", "", "measured / planned communication"),
+    ),
+    tables=(TIME, MEMORY),
+    compare="step_ms",
+)

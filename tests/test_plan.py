@@ -1,0 +1,345 @@
+"""`cs336sys plan` (issue 16): the ring collectives and the closed forms against hand-worked
+numbers, the whole-model accounting against its own closed forms and exact parameter
+counts, --measured's choice of rows, the plan beside ddp runs, and bad input."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from cs336sys.experiments import plan as exp
+from cs336sys.models.config import from_preset, param_count
+from cs336sys.parallel import plan_math as pm
+from cs336sys.store.db import Store, point_key
+from tests.conftest import invoke, query
+
+# -- the ring collectives, by hand --------------------------------------------------------------
+
+S, W = 8e9, 1e11  # an 8 GB buffer at 100 GB/s egress
+
+
+def test_ring_collectives_hand_worked():
+    # 4 devices: each sends 3 shards of 2 GB = 6 GB at 100 GB/s = 0.06 s
+    assert pm.all_gather_s(S, 4, W) == pytest.approx(0.06)
+    assert pm.reduce_scatter_s(S, 4, W) == pytest.approx(0.06)
+    # all-reduce = reduce-scatter + all-gather: 12 GB sent, 0.12 s; the alternate, two-step
+    # form costs exactly the same
+    assert pm.all_reduce_s(S, 4, W) == pytest.approx(0.12)
+    assert pm.all_reduce_two_step_s(S, 4, W) == pytest.approx(0.12)
+    # through one root: it receives 3 x 8 GB and sends 3 x 8 GB: 48 GB, 0.48 s
+    assert pm.all_reduce_naive_s(S, 4, W) == pytest.approx(0.48)
+    # binary tree, unpipelined: log2(4) = 2 levels up and 2 down of 8 GB: 0.32 s
+    assert pm.all_reduce_tree_s(S, 4, W) == pytest.approx(0.32)
+    for f in (pm.all_gather_s, pm.reduce_scatter_s, pm.all_reduce_s, pm.all_reduce_two_step_s,
+              pm.all_reduce_naive_s, pm.all_reduce_tree_s):  # fmt: skip
+        assert f(S, 1, W) == 0  # alone, nothing moves
+
+
+# -- the single-FFN derivation, by hand --------------------------------------------------------
+
+# B = 4096 tokens, D = 1024, F = 4096, C = 1e15 FLOP/s, W = 1e11 B/s: C/W = 10,000 FLOPs a byte.
+B, D, F, C = 4096, 1024, 4096, 1e15
+FWD_FLOPS = 4 * 4096 * 1024 * 4096  # 4BDF = 68,719,476,736
+WEIGHT_BYTES = 2 * 2 * 1024 * 4096  # W1 and W2 in bf16 = 16,777,216
+
+
+def test_ffn_dp_hand_worked():
+    # N = 4: forward 4BDF/(NC) = 68,719,476,736 / 4e15 = 1.7179869184e-5 s, backward twice
+    fwd, bwd = pm.ffn_compute_s(B, D, F, 4, C)
+    assert fwd == pytest.approx(1.7179869184e-5) and bwd == pytest.approx(3.4359738368e-5)
+    # backward all-reduces 16,777,216 bytes: 2 * 3/4 * 16,777,216 / 1e11 = 2.5165824e-4 s
+    assert pm.ffn_comm_s("dp", B, D, F, 4, W) == pytest.approx((0.0, 2.5165824e-4))
+    # comm-bound: B/N = 1024 < (N-1)/N * C/W = 7,500; the largest N is 1 + BW/C = 1.4096
+    assert pm.ffn_n_max("dp", B, F, C, W) == pytest.approx(1.4096)
+    # with 2^24 tokens, 1 + 2^24 * 1e-4 = 1678.7216: N = 1678 hides, 1679 does not
+    big = 2**24
+    assert pm.ffn_n_max("dp", big, F, C, W) == pytest.approx(1678.7216)
+    for n, hides in ((1678, True), (1679, False)):
+        _, b = pm.ffn_compute_s(big, D, F, n, C)
+        assert (pm.ffn_comm_s("dp", big, D, F, n, W)[1] <= b) is hides
+
+
+def test_ffn_fsdp_hand_worked():
+    # N = 4: forward all-gathers the weights, 3/4 * 16,777,216 / 1e11 = 1.2582912e-4 s;
+    # backward all-gathers them again and reduce-scatters the gradients, twice that
+    assert pm.ffn_comm_s("fsdp", B, D, F, 4, W) == pytest.approx((1.2582912e-4, 2.5165824e-4))
+    assert pm.ffn_n_max("fsdp", B, F, C, W) == pm.ffn_n_max("dp", B, F, C, W)
+
+
+def test_ffn_tp_hand_worked():
+    # N = 4: one all-reduce of the B x D activations in bf16, 8,388,608 bytes, each way:
+    # 2 * 3/4 * 8,388,608 / 1e11 = 1.2582912e-4 s
+    assert pm.ffn_comm_s("tp", B, D, F, 4, W) == pytest.approx((1.2582912e-4, 1.2582912e-4))
+    # 1 + F W / C = 1 + 4096e-4 = 1.4096: independent of B
+    assert pm.ffn_n_max("tp", B, F, C, W) == pytest.approx(1.4096)
+    assert pm.ffn_n_max("tp", 100 * B, F, C, W) == pytest.approx(1.4096)
+
+
+def test_ffn_fsdp_tp_hand_worked():
+    # X = 2, Y = 2: FSDP gathers half the weights over 2: 1/2 * 8,388,608 / 1e11 = 4.194304e-5;
+    # TP all-reduces B/X = 2048 tokens' activations over 2: 2 * 1/2 * 4,194,304 / 1e11 = 4.194304e-5
+    fwd, bwd = pm.ffn_comm_s("fsdp-tp", B, D, F, 4, W, x=2, y=2)
+    assert fwd == pytest.approx(8.388608e-5) and bwd == pytest.approx(12.582912e-5)
+    # the closed form: compute-bound iff (X-1)/B + (Y-1)/F <= W/C
+    lhs, budget = 1 / B + 1 / F, W / C  # 4.8828125e-4 > 1e-4: comm-bound
+    assert (fwd <= pm.ffn_compute_s(B, D, F, 4, C)[0]) is (lhs <= budget) is False
+
+
+def test_best_split_against_brute_force():
+    """The largest N = X*Y with (X-1)a + (Y-1)k <= budget, against a scan over real X."""
+    for a, k, budget in ((1 / 4096, 1 / 11008, 4e-4), (1e-3, 1e-6, 1e-3), (1e-6, 1e-3, 1e-3)):
+        bound = pm.best_split_n_max(a, k, budget)
+
+        def feasible(n, a=a, k=k, budget=budget):
+            xs = [1 + i * (n - 1) / 20000 for i in range(20001)]  # X from 1 to n
+            return min((x - 1) * a + (n / x - 1) * k for x in xs) <= budget * (1 + 1e-9)
+
+        assert feasible(bound * 0.999) and not feasible(bound * 1.01)
+
+
+# -- the whole model ---------------------------------------------------------------------------
+
+
+def _spec(strategy, n, size="tiny", hardware="h100", seq=128, batch=None, **dims):
+    return exp.specs(size=size, seq=seq, batch=batch or 24 * seq, strategy=[strategy],
+                     n=[str(n)], hardware=[hardware], **dims)[0]  # fmt: skip
+
+
+def test_tensors_sum_to_the_exact_parameter_count():
+    for size in ("tiny", "8b"):
+        cfg = from_preset(size)
+        assert sum(exp.tensors(cfg)) == param_count(cfg)
+    # embedding and head 2 x 151,936 x 4096 = 1,244,659,712; 34 layers of 4 x 4096^2 +
+    # 3 x 4096 x 11,008 + 2 x 4096 = 202,383,360; the final norm 4096
+    assert param_count(from_preset("8b")) == 1_244_659_712 + 34 * 202_383_360 + 4096
+
+
+def test_whole_model_dp_hand_worked():
+    """DP on 2 H100s: compute is the FLOPs over N C, the all-reduce moves 2 bytes a parameter."""
+    spec = _spec("dp", 2)
+    m = exp.run(spec).metrics
+    cfg = spec.config()
+    # forward matmul FLOPs of 24 sequences of 128 tokens (tiny: D 512, F 1344, 4 layers,
+    # 16 heads of 32, V 10,000), per token 4 x (8 x 512^2 + 6 x 512 x 1344) + 2 x 512 x 10,000
+    # = 35,143,680, x 3072 tokens = 107,961,384,960; attention 4 layers x 24 x 16 heads x
+    # 2 x (2 x 128^2 x 32) = 3,221,225,472
+    fwd = 107_961_384_960 + 3_221_225_472
+    assert m["flops_per_step"] == 3 * fwd
+    assert m["compute_fwd_ms"] == pytest.approx(fwd / (2 * 989.4e12) * 1e3)
+    p = param_count(cfg)
+    assert m["allreduce_ms"] == pytest.approx(2 * (1 / 2) * 2 * p / 450e9 * 1e3)
+    assert m["comm_fwd_ms"] == 0 and m["allgather_ms"] == 0
+    assert m["comm_bytes"] == 2 * p
+    # memory: 2 + 2 + 12 bytes a parameter, whole on each device
+    assert (m["mem_params_bytes"], m["mem_grads_bytes"], m["mem_opt_state_bytes"]) == (2 * p, 2 * p, 12 * p)
+    # activations of the 12 sequences one device sees: 128 x 12 tokens x
+    # (4 layers x (16 x 512 + 8 x 1344 + 4 x 16) + 4 x 512 + 6 x 10000)
+    per_token = 4 * (16 * 512 + 8 * 1344 + 4 * 16) + 4 * 512 + 6 * 10_000
+    assert m["mem_act_bytes"] == 12 * 128 * per_token
+    # checkpointed: 2D a token a layer kept, one layer recomputed
+    assert m["mem_act_ckpt_bytes"] == 12 * 128 * (4 * 2 * 512 + 16 * 512 + 8 * 1344 + 4 * 16 + 4 * 512 + 6 * 10_000)
+
+
+def test_whole_model_tp_and_fsdp_hand_worked():
+    spec = _spec("tp", 4)
+    m = exp.run(spec).metrics
+    # per phase 2 x 4 layers + 1 all-reduces of all 3072 tokens x 512 x 2 bytes over 4 devices
+    one = 2 * (3 / 4) * 3072 * 512 * 2 / 450e9
+    assert m["comm_fwd_ms"] == pytest.approx(9 * one * 1e3) and m["comm_bwd_ms"] == pytest.approx(9 * one * 1e3)
+    assert m["tokens_per_device"] == 3072  # every device sees the whole batch
+    m = exp.run(_spec("fsdp", 4)).metrics
+    p = param_count(from_preset("tiny"))
+    gather = (3 / 4) * 2 * p / 450e9 * 1e3
+    assert (m["comm_fwd_ms"], m["comm_bwd_ms"]) == (pytest.approx(gather), pytest.approx(2 * gather))
+    assert m["allgather_ms"] == pytest.approx(2 * gather) and m["reducescatter_ms"] == pytest.approx(gather)
+
+
+@pytest.mark.parametrize("strategy", exp.STRATEGIES)
+def test_alone_nothing_is_communicated(strategy):
+    m = exp.run(_spec(strategy, 1)).metrics
+    assert m["comm_ms"] == m["allgather_ms"] == m["reducescatter_ms"] == m["allreduce_ms"] == 0
+    assert m["step_ms"] == pytest.approx(m["compute_ms"]) and m["hides"]
+
+
+def test_fsdp_parameters_are_dp_over_n_plus_padding():
+    """Per device, FSDP holds exactly (DP's parameters + padding) / N: every tensor padded to a
+    multiple of N elements. N = 3 leaves remainders (512 x 10000 = 5,120,000 = 1 mod 3)."""
+    dp = exp.run(_spec("dp", 3)).metrics
+    fsdp = exp.run(_spec("fsdp", 3)).metrics
+    cfg = from_preset("tiny")
+    padding = sum(-k % 3 for k in exp.tensors(cfg))
+    assert padding > 0
+    assert 3 * fsdp["mem_params_bytes"] == dp["mem_params_bytes"] + 2 * padding
+    assert 3 * fsdp["mem_opt_state_bytes"] == dp["mem_opt_state_bytes"] + 12 * padding
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp", "tp"])
+def test_n_max_is_where_the_step_stops_hiding(strategy):
+    """The whole-model closed form against the phase-by-phase evaluation on either side."""
+    spec = _spec(strategy, 1, size="8b", seq=4096, batch=4096 * 256, hardware="b200")
+    limit = math.floor(exp.n_max(spec))
+    for n, hides in ((limit, True), (limit + 1, False)):
+        point = exp.PlanSpec(**{**spec.settings(), "n": n})
+        x, y = (1, n) if strategy == "tp" else (n, 1)
+        assert exp.evaluate(point, x, y)["hides"] is hides
+
+
+def test_the_8b_on_two_b200():
+    """What the closing note of issue 16 says: on 2 x B200 every strategy hides its
+    communication; DP's 16 bytes a parameter (122 GiB) leave room for 2 sequences of 4096."""
+    for strategy in exp.STRATEGIES:
+        m = exp.run(_spec(strategy, 2, size="8b", seq=4096, batch=4096 * 256, hardware="b200")).metrics
+        assert m["hides"]
+    m = exp.run(_spec("dp", 2, size="8b", seq=4096, batch=4096 * 256, hardware="b200")).metrics
+    assert 16 * 8_125_698_048 == m["mem_params_bytes"] + m["mem_grads_bytes"] + m["mem_opt_state_bytes"]
+    assert m["fit_seqs"] == 2
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+CPU, H100 = "cpu", "NVIDIA H100 80GB HBM3"
+
+
+def _store(path, model=(), comm=(), ddp=()):
+    """A store with invocations on two GPUs and the given (gpu, status, settings, metrics) runs."""
+    store = Store(path)
+    for gpu in (CPU, H100):
+        store.db["invocations"].insert({
+            "id": f"inv-{gpu}", "command": "fixture", "argv": "[]", "started": "2026-01-05",
+            "finished": "2026-01-05", "exit_status": 0, "host": "lab", "gpu": gpu,
+            "gpu_count": 0 if gpu == CPU else 1, "gpu_memory_gb": None if gpu == CPU else 79.19,
+        })  # fmt: skip
+    ids = []
+    for exp_name, runs in (("model", model), ("comm", comm), ("ddp", ddp)):
+        for i, (gpu, status, settings, metrics) in enumerate(runs):
+            rid = f"{exp_name}-{gpu}-{i}"
+            store.db["runs"].insert({
+                "id": rid, "invocation_id": f"inv-{gpu}", "experiment": exp_name, "status": status,
+                "settings": json.dumps(settings), "metrics": json.dumps(metrics),
+                "created": f"2026-01-05 10:00:0{i}.000000", "point_key": point_key(exp_name, settings),
+            })  # fmt: skip
+            ids.append(rid)
+    store.close()
+    return ids
+
+
+MODEL = [
+    (CPU, "ok", {"precision": "fp32"}, {"tflops": 0.5}),
+    (CPU, "ok", {"precision": "bf16"}, {"tflops": 0.2}),
+    (CPU, "error", {"precision": "fp32"}, {"tflops": 9.0}),  # not ok: never used
+    (H100, "ok", {"precision": "bf16"}, {"tflops": 700.0}),
+]
+COMM = [
+    (CPU, "ok", {"op": "all-reduce"}, {"busbw_gbps": 3.0, "wrong": 0}),
+    (CPU, "ok", {"op": "all-gather"}, {"busbw_gbps": 4.0, "wrong": 0}),
+    (CPU, "ok", {"op": "reduce-scatter"}, {"busbw_gbps": 8.0, "wrong": 5}),  # wrong results
+    (H100, "ok", {"op": "all-reduce"}, {"busbw_gbps": 360.0, "wrong": 0}),
+]
+
+
+def _plans(db):
+    return [{**r, "_s": json.loads(r["settings"]), "_m": json.loads(r["metrics"])}
+            for r in query(db, "SELECT * FROM runs WHERE experiment = 'plan' ORDER BY created")]  # fmt: skip
+
+
+def test_measured_picks_this_gpus_best_rows(db_path):
+    ids = _store(db_path, MODEL, COMM)
+    r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
+               "--n", "1,2", "--measured", "--gpu", CPU, "--db", db_path)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    plans = _plans(db_path)
+    assert len(plans) == 2
+    s = plans[0]["_s"]
+    # the fastest ok model row (fp32 at 0.5 TFLOP/s), the fastest correct comm row (4 GB/s)
+    assert (s["flops"], s["egress"], s["hardware"], s["device_name"]) == (0.5e12, 4e9, "measured", CPU)
+    assert "model-cpu-0"[:8] in s["source"] and "comm-cpu-1"[:8] in s["source"]
+    assert ids  # the other GPU's rows were there to be passed over
+    r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
+               "--n", 2, "--measured", "--gpu", H100, "--db", db_path)  # fmt: skip
+    s = _plans(db_path)[-1]["_s"]
+    assert (s["flops"], s["egress"], s["memory_bytes"]) == (700e12, 360e9, int(79.19 * 2**30))
+
+
+def test_measured_without_rows_says_what_to_run(db_path):
+    r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path)
+    assert r.exit_code == 2 and "cs336sys model" in r.stderr and not db_path.exists()
+    _store(db_path, model=MODEL[3:], comm=COMM[3:])  # rows of the H100 only
+    r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path)
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "cs336sys model" in r.stderr and H100 in r.stderr
+    _store(db_path.with_name("b.db"), model=MODEL[:2], comm=COMM[3:])
+    r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path.with_name("b.db"))
+    assert r.exit_code == 2 and "cs336sys comm" in r.stderr
+    assert _plans(db_path) == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--hardware", "tpu9"], "--hardware"),
+    (["--strategy", "tp", "--n", 3], "does not divide"),  # 32 heads
+    (["--strategy", "dp", "--n", 3], "does not divide"),  # 256 sequences
+    (["--batch", 1000, "--seq", 300], "whole number"),
+    (["--batch", 0], "positive"),
+    (["--seq", -4], "positive"),
+    (["--n", 0], "positive"),
+    (["--d-model", 0], "positive"),
+    (["--model", "huge"], "unknown model"),
+])  # fmt: skip
+def test_bad_input_exits_2_with_one_line(db_path, args, says):
+    r = invoke("plan", *args, "--db", db_path)
+    assert r.exit_code == 2, r.output
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not db_path.exists()
+
+
+def test_a_degree_one_strategy_cannot_take_is_skipped_with_the_reason(db_path):
+    r = invoke("plan", "--strategy", "tp,fsdp", "--n", 64, "--hardware", "b200", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    by = {p["_s"]["strategy"]: p for p in _plans(db_path)}
+    assert by["tp"]["status"] == "skipped" and "32 heads" in by["tp"]["error"]
+    assert by["fsdp"]["status"] == "ok"
+
+
+def test_plan_meets_measurement(db_path):
+    """A ddp run of the same model, batch tokens and world size on the plan's GPU is set
+    beside the planned dp point, with measured / planned ratios."""
+    tiny = {"d_model": 512, "d_ff": 1344, "num_layers": 4, "num_heads": 16, "vocab_size": 10_000}
+    ddp = {**tiny, "impl": "flat", "optimizer_sharding": "none", "world_size": 2,
+           "context_length": 128, "global_batch": 8, "precision": "fp32"}  # fmt: skip
+    runs = [
+        (CPU, "ok", ddp, {"step_ms_mean": 900.0, "comm_ms_mean": 30.0, "comm_bytes": 1e8}),
+        (CPU, "ok", {**ddp, "world_size": 4}, {"step_ms_mean": 1.0, "comm_ms_mean": 1.0}),
+        (H100, "ok", ddp, {"step_ms_mean": 2.0, "comm_ms_mean": 1.0}),  # another GPU
+    ]
+    _store(db_path, MODEL, COMM, runs)
+    r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp,tp",
+               "--n", 2, "--measured", "--gpu", CPU, "--db", db_path)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    by = {p["_s"]["strategy"]: p["_m"] for p in _plans(db_path)}
+    m = by["dp"]
+    assert m["measured_run_id"] == "ddp-cpu-0" and m["measured_impl"] == "flat fp32"
+    assert m["measured_step_ratio"] == pytest.approx(900.0 / m["step_ms"])
+    assert m["measured_comm_ratio"] == pytest.approx(30.0 / m["comm_ms"])
+    assert "measured_run_id" not in by["tp"]  # no ddp run is TP
+    assert "Plan meets measurement" in r.stdout
+
+
+def test_plan_imports_no_torch(tmp_path):
+    """The command answers at once: torch (seconds to import) is never loaded."""
+    code = ("import sys; from typer.testing import CliRunner; from cs336sys.cli import app; "
+            f"r = CliRunner().invoke(app, ['plan', '--model', '8b', '--hardware', 'h100,b200', "
+            f"'--n', '2,4,8,16,64', '--db', {str(tmp_path / 'p.db')!r}]); "
+            "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_report_has_the_plan_section(db_path, tmp_path):
+    r = invoke("plan", "--hardware", "h100,b200", "--n", "2,4,8,16", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "rep"
+    r = invoke("report", "--db", db_path, "--out", out)
+    assert r.exit_code == 0, r.output
+    md = (out / "report.md").read_text()
+    assert "Plan: parallelism" in md and "When communication stops hiding" in md
+    assert "Step time against degree" in md
