@@ -239,3 +239,143 @@ def test_pinned_tiles_are_the_first_candidate_that_fits_the_call():
     with flash_triton.pinned_tiles():
         assert flash_triton._AUTOTUNE.get() is False
     assert flash_triton._AUTOTUNE.get() is True
+
+
+# --------------------------------------------------------------------------------------------
+# Launch plans (issue 15): one plan per call signature, reused without re-checking or copying
+
+
+def grads_of(q, k, v, do, is_causal):
+    """O, dQ, dK, dV of the kernels, on leaf copies of q, k, v (clone keeps their strides)."""
+    qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    assert [t.stride() for t in (qg, kg, vg)] == [t.stride() for t in (q, k, v)]
+    o = flash_attention_triton(qg, kg, vg, is_causal)
+    o.backward(do)
+    return {"o": o.detach(), "dq": qg.grad, "dk": kg.grad, "dv": vg.grad}
+
+
+def check_against_reference(q, k, v, do, is_causal, dtype=torch.float32):
+    ref = {n: t.to(DEVICE) for n, t in reference(q, k, v, do, is_causal).items()}
+    err = torch_error(q, k, v, do, is_causal, ref) if dtype != torch.float32 else None
+    assert_close(grads_of(q, k, v, do, is_causal), ref, dtype, err)
+
+
+def plans(kind):
+    return [p for key, p in flash_triton._PLANS.items() if key[0] == kind]
+
+
+def test_second_call_with_the_same_signature_reuses_the_plan(monkeypatch):
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    for seed in range(3):  # new values, same shapes, strides and dtype: one plan each way
+        q, k, v, do = make_inputs((1, 2, 37, 32), (1, 2, 37, 32), torch.float32, seed=seed,
+                                  device=DEVICE)  # fmt: skip
+        check_against_reference(q, k, v, do, True)
+    (fwd,), (bwd,) = plans("fwd"), plans("bwd")
+    assert (fwd.hits, bwd.hits) == (2, 2)
+    assert not fwd.views and not bwd.views
+
+
+def test_a_new_shape_dtype_mask_or_layout_gets_its_own_plan(monkeypatch):
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    base = ((1, 2, 21, 16), (1, 2, 21, 16), torch.float32, True)
+    variants = [
+        base,
+        ((1, 2, 29, 16), (1, 2, 29, 16), torch.float32, True),  # shape
+        ((1, 2, 21, 16), (1, 2, 21, 16), torch.float16, True),  # dtype
+        ((1, 2, 21, 16), (1, 2, 21, 16), torch.float32, False),  # mask
+    ]
+    for n, (shape_q, shape_kv, dtype, causal) in enumerate(variants, start=1):
+        q, k, v, do = make_inputs(shape_q, shape_kv, dtype, seed=n, device=DEVICE)
+        check_against_reference(q, k, v, do, causal, dtype)
+        assert len(plans("fwd")) == len(plans("bwd")) == n
+    # strides: the same values, with k and v as (B, H, T, D) views of (B, T, H, D)
+    q, k, v, do = make_inputs(*base[:3], seed=1, device=DEVICE)
+    k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    check_against_reference(q, k, v, do, True)
+    assert len(plans("fwd")) == len(variants) + 1
+    assert all(p.hits == 0 for p in flash_triton._PLANS.values())
+
+
+class RecordingKernel:
+    """A kernel wrapper that records the tensors each launch receives, then runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.arg_names, self.seen = kernel, kernel.arg_names, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.seen.append([(a.data_ptr(), a.stride()) for a in args if torch.is_tensor(a)])
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_strided_views_reach_the_kernels_without_a_copy(monkeypatch):
+    # The model's inputs: (B, H, T, D) views of (B, T, H, D) projections, for two calls.
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    spies = {n: RecordingKernel(flash_triton._KERNELS[n]) for n in ("fwd", "dkdv", "dq")}
+    for name, spy in spies.items():
+        monkeypatch.setitem(flash_triton._KERNELS, name, spy)
+    for seed in range(2):
+        q, k, v, do = make_inputs((2, 19, 2, 16), (2, 35, 2, 16), torch.float32, seed=seed,
+                                  device=DEVICE)  # fmt: skip
+        q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
+        assert not q.is_contiguous()
+        check_against_reference(q, k, v, do, True)
+        o = flash_attention_triton(q, k, v, True)
+        assert o.stride() == q.stride()  # O in the callers' memory order: its transpose is free
+        q_ptr, q_stride = spies["fwd"].seen[-1][0]
+        assert q_ptr == q.data_ptr() and q_stride == q.stride()  # the caller's tensor itself
+    assert [len(s.seen) for s in spies.values()] == [4, 2, 2]
+    # every tensor the backward kernels read kept its (B, T, H, D) layout: no copies
+    assert all(stride[1] == 16 for seen in spies["dq"].seen for _, stride in seen[:4])
+    fwd_and_bwd = [(p.hits, p.views) for p in flash_triton._PLANS.values()]
+    assert fwd_and_bwd == [(3, False), (1, False)]  # 4 forward calls, 2 backward, one layout
+
+
+@pytest.mark.parametrize(
+    "layout", ["5d", "head-dim-strided", "3d"], ids=["5d", "head-dim-strided", "3d"]
+)
+def test_inputs_that_need_a_view_or_a_copy(monkeypatch, layout):
+    # Leading dims flattened (5-D), a head dim that is not unit-stride (copied), 3-D inputs;
+    # each called twice, so that both the first (planning) call and a reuse are checked.
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    shape = {"5d": (2, 1, 2, 23, 16), "head-dim-strided": (1, 2, 23, 16), "3d": (2, 23, 16)}
+    for seed in range(2):
+        q, k, v, do = make_inputs(shape[layout], shape[layout], torch.float32, seed=seed,
+                                  device=DEVICE)  # fmt: skip
+        if layout == "head-dim-strided":
+            q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+            assert q.stride(-1) != 1
+        check_against_reference(q, k, v, do, True)
+    assert all(p.hits == 1 for p in flash_triton._PLANS.values())
+    assert all(p.views == (layout != "3d") for p in flash_triton._PLANS.values())
+
+
+def test_direct_launch_passes_every_argument_in_signature_order(monkeypatch):
+    # On CUDA a reused plan runs the compiled kernel handle with all arguments positional,
+    # constexprs included (flash_triton._Launch). Here a stand-in "handle" runs the
+    # interpreted kernel with exactly those positional arguments; O must still be right.
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    q, k, v, do = make_inputs((1, 2, 37, 32), (1, 2, 45, 32), torch.float32, device=DEVICE)
+    flash_attention_triton(q, k, v, True)
+    (plan,) = plans("fwd")
+    first = plan.launches[0]
+    ran = []
+
+    class Handle:  # what CompiledKernel[grid] returns: a runner taking all args positionally
+        def __getitem__(self, grid):
+            assert grid == first.grid
+
+            def runner(*args):
+                ran.append(len(args))
+                first.kernel[grid](*args)
+
+            return runner
+
+    direct = flash_triton._Launch(first.kernel, first.grid, first.args, first.meta, None, Handle())
+    monkeypatch.setattr(plan, "launches", (direct,))
+    o = flash_attention_triton(q, k, v, True)
+    assert ran == [len(first.kernel.arg_names)]
+    ref = reference(q, k, v, do, True)["o"].to(DEVICE)
+    assert (o.double() - ref).abs().max().item() < 1e-5

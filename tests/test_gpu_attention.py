@@ -72,6 +72,46 @@ def test_autotuned_triton_kernels_match_float64():
         check_both((1, 2, 63, 64), BF16, True, impls=(FlashAttention2Triton,))
 
 
+def as_layout(t, layout):
+    """A copy of t, 'contiguous', 'misaligned' (2 bytes past a 16-byte boundary, which Triton
+    specializes pointers on) or 'transposed' (the model's (B, H, T, D) views of (B, T, H, D));
+    a leaf that can require grad."""
+    if layout == "misaligned":
+        base = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+        out = base[1:].view(t.shape)
+    elif layout == "transposed":
+        out = torch.empty_like(t.transpose(1, 2), memory_format=torch.contiguous_format)
+        out = out.transpose(1, 2)  # (B, T, H, D) memory, seen as (B, H, T, D)
+    else:
+        out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    return out.copy_(t)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "misaligned", "transposed"])
+def test_reused_launch_plans_run_the_compiled_kernel_handle(monkeypatch, layout):
+    """Issue 15: the first call of a signature plans and compiles, later ones launch the
+    compiled kernel handle directly; each layout gets its own plan and stays exact."""
+    from cs336sys.attention import flash_triton
+
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "DIRECT_LAUNCH", True)  # opt-in until proven on a GPU
+    shape, dtype, causal = (1, 2, 257, 64), BF16, True
+    q, k, v, do = make_inputs(shape, shape, dtype, device="cuda")
+    ref = reference(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal)
+    ref = {n: t.cuda() for n, t in ref.items()}
+    err = torch_error(q, k, v, do, causal, ref)
+    for _ in range(3):
+        qq, kk, vv = (as_layout(t, layout).requires_grad_() for t in (q, k, v))
+        assert (qq.data_ptr() % 16 != 0) == (layout == "misaligned")
+        assert qq.is_contiguous() == (layout != "transposed")
+        o = flash_triton.FlashAttention2Triton.apply(qq, kk, vv, causal)
+        o.backward(as_layout(do, layout))
+        assert_close({"o": o, "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, ref, dtype, err)
+    plans = list(flash_triton._PLANS.values())
+    assert [(p.hits, p.views) for p in plans] == [(2, False), (2, False)]  # forward, backward
+    assert all(launch.run is not None for p in plans for launch in p.launches)
+
+
 def test_compiled_flash_torch_backward_matches_float64(monkeypatch):
     from cs336sys.attention import FlashAttention2Torch
 

@@ -10,14 +10,16 @@ once. The backward (Algorithm 2) recomputes P = exp(S - L) from L instead of sto
 dK and dV with one program per key tile looping over query tiles, then dQ with one program
 per query tile looping over key tiles. Splitting dQ from dK/dV means no two programs write
 the same rows, so there are no atomics and the results are deterministic. The kernels are in
-`flash_triton_kernels.py`; this module checks inputs, picks tile sizes and launches them.
+`flash_triton_kernels.py`, their tile sizes in `flash_triton_tuning.py`; this module checks
+inputs and launches them, through a launch plan cached per call signature (issue 15).
 
     o = flash_attention_triton(q, k, v, is_causal=True)   # q (B, [H,] T_q, D); k, v (B, [H,] T_k, D)
     o = FlashAttention2Triton.apply(q, k, v, True)         # the same, as an autograd.Function
 
 Inputs are float32, bfloat16 or float16 with a head dim from 16 to 128 (any, not only powers
 of two), and any sequence lengths. With `is_causal`, query i sees keys j <= i, top-left
-aligned as in torch SDPA, also when T_q != T_k.
+aligned as in torch SDPA, also when T_q != T_k. Any strides with a unit one along the head
+dim are taken as they are (no copy), and O comes back in q's memory order.
 
 On CUDA the tile sizes, warps and pipeline stages are autotuned per (T_q, T_k, head dim,
 causal, dtype). Without CUDA the kernels run only in Triton's interpreter, which must be
@@ -28,26 +30,31 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
-import inspect
 import math
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
+from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS, ...: re-exported)
+    _AUTOTUNE,
+    _KERNELS,
+    DKDV_CONFIGS,
+    DQ_CONFIGS,
+    FP32_CONFIGS,
+    FWD_CONFIGS,
+    _autotuned,
+    pinned_config,
+    pinned_tiles,
+)
 
 __all__ = ["INTERPRETED", "FlashAttention2Triton", "check_available", "flash_attention_triton"]
 
 # The kernels were defined by Triton's interpreter (TRITON_INTERPRET=1 at import time), so they
 # run on CPU tensors only; otherwise they are compiled for CUDA.
 INTERPRETED: bool = kernels.INTERPRETED
-
 
 
 def _squeeze_interpreted_scalars() -> None:
@@ -100,191 +107,120 @@ def check_available(device: torch.device | str) -> None:
         )
 
 
-# --------------------------------------------------------------------------------------------
-# Tile sizes: autotuned on CUDA, fixed in the interpreter
-#
-# Each kernel owns one tile for its whole life (forward and dQ: a query tile; dK/dV: a key
-# tile), kept on chip, and streams tiles of the other sequence through shared memory,
-# num_stages deep. The candidate lists are small and hand-picked, as in Triton's
-# fused-attention tutorial; a per-call pruner then drops the configs that would not fit
-# (shared memory) or would spill registers. Its estimates were calibrated against the
-# shared memory, registers and spills of sm_90 compiles of these kernels.
-
-# Shared memory a config may plan for. H100 and H200 have 227 KiB per block; deeper
-# pipelines than fit below this do not pay for the occupancy they cost.
-SMEM_BUDGET = 200 * 1024
-
-
-def _config(q_tile: int, k_tile: int, warps: int, stages: int):
-    return triton.Config({"Q_TILE": q_tile, "K_TILE": k_tile}, num_warps=warps, num_stages=stages)
-
-
-# 16-bit inputs: tensor-core dots. Wide owned tiles re-read the streamed operand fewer times.
-FWD_CONFIGS = [
-    _config(*c)
-    for c in [
-        (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4),
-        (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 3),
-    ]
-]  # fmt: skip
-DKDV_CONFIGS = [
-    _config(*c)
-    for c in [
-        (32, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 2),
-        (32, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2),
-    ]
-]  # fmt: skip
-DQ_CONFIGS = [
-    _config(*c)
-    for c in [
-        (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 2),
-        (64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 4, 2),
-    ]
-]  # fmt: skip
-# float32 inputs: input_precision="ieee" runs the dots on the CUDA cores (FMA), where each
-# thread holds whole rows of both operands, so only small tiles stay in registers.
-FP32_CONFIGS = [
-    _config(*c)
-    for c in [
-        (16, 16, 4, 2), (32, 16, 8, 2), (16, 32, 8, 2), (32, 32, 4, 2), (64, 32, 8, 2),
-        (32, 64, 8, 2), (64, 64, 8, 2),
-    ]
-]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Tuning:
-    """What a kernel keeps on chip, for the pruner's shared-memory and register estimates."""
-
-    configs: list  # candidates for 16-bit inputs (float32 inputs use FP32_CONFIGS)
-    owned: str  # "Q_TILE" or "K_TILE": the tile a program owns
-    n_owned: int  # (owned, BLOCK_D) operands held in shared memory for the whole program
-    n_streamed: int  # (streamed, BLOCK_D) operands loaded per key/query step, per stage
-    n_acc: int  # float32 (owned, BLOCK_D) accumulators in registers
-    n_scores: int  # float32 (Q_TILE, K_TILE) tiles live at once (S, P, dP, dS)
-    max_regs: int  # most estimated float32 values per thread before ptxas spills
-
-
-_TUNING = {
-    "fwd": _Tuning(FWD_CONFIGS, "Q_TILE", 1, 2, 1, 1, 128),
-    "dkdv": _Tuning(DKDV_CONFIGS, "K_TILE", 2, 2, 2, 2, 160),
-    "dq": _Tuning(DQ_CONFIGS, "Q_TILE", 2, 2, 1, 2, 128),
-}
-
-
-# float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
-FP32_MAX_PRODUCTS_PER_THREAD = 256
-
-
-def _fits(cfg, t: _Tuning, block_d: int, elem: int) -> bool:
-    """Whether a config's tiles fit shared memory and registers, for this head dim and dtype."""
-    q_tile, k_tile = cfg.kwargs["Q_TILE"], cfg.kwargs["K_TILE"]
-    owned = cfg.kwargs[t.owned]
-    streamed = k_tile if t.owned == "Q_TILE" else q_tile
-    smem = (owned * t.n_owned + streamed * t.n_streamed * cfg.num_stages) * block_d * elem
-    threads = 32 * cfg.num_warps
-    if elem == 4:
-        regs_ok = q_tile * k_tile * block_d / threads <= FP32_MAX_PRODUCTS_PER_THREAD
-    else:
-        regs_ok = (t.n_acc * owned * block_d + t.n_scores * q_tile * k_tile) / threads <= t.max_regs
-    return smem <= SMEM_BUDGET and regs_ok
-
-
-def _pruner(t: _Tuning):
-    """early_config_prune for triton.autotune: keep the configs that fit this call."""
-
-    def prune(configs, named_args, **kwargs):
-        args = {**named_args, **kwargs}
-        block_d, elem = args["BLOCK_D"], args["Q"].element_size()
-        # A tile longer than the (power-of-two rounded) sequence only computes padding.
-        cap = {
-            "Q_TILE": max(16, triton.next_power_of_2(args["N_Q"])),
-            "K_TILE": max(16, triton.next_power_of_2(args["N_K"])),
-        }
-        pool = FP32_CONFIGS if elem == 4 else t.configs
-        fitting = [c for c in pool if _fits(c, t, block_d, elem)]
-        kept = [c for c in fitting if all(c.kwargs[n] <= cap[n] for n in cap)]
-        # Never prune everything: fall back to the smallest tiles.
-        smallest = min(fitting or pool, key=lambda c: c.kwargs["Q_TILE"] * c.kwargs["K_TILE"])
-        return kept or [smallest]
-
-    return prune
-
-
-_KERNELS = {
-    "fwd": kernels._attn_fwd_kernel,
-    "dkdv": kernels._attn_bwd_dkdv_kernel,
-    "dq": kernels._attn_bwd_dq_kernel,
-}
-# The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
-# the dtypes of the tensor arguments to this key itself.
-TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]
-
-
-_AUTOTUNE_PARAMETERS = inspect.signature(triton.autotune).parameters
-
-
-@functools.cache
-def _autotuned(name: str):
-    """The kernel wrapped in triton.autotune, built on first use (CUDA only)."""
-    tuning = _TUNING[name]
-    # Keep the tuning results on disk where this Triton can: every command is a new process,
-    # and tuning the same shape again (timing every candidate; compiled kernels are cached on
-    # disk by Triton anyway) is wasted where GPU time is scarce. Tuning cost most of the H100
-    # reference sweep: 246 s for 16 shapes.
-    cache = {"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMETERS else {}
-    # Every config is listed (16-bit and float32) so that the pruner may return any of them.
-    return triton.autotune(
-        configs=tuning.configs + FP32_CONFIGS,
-        key=TUNING_KEY,
-        prune_configs_by={"early_config_prune": _pruner(tuning)},
-        **cache,
-    )(_KERNELS[name])
-
-
-# Autotuning compiles and times every fitting candidate for every new shape: the GPU tests
-# spent 320 s of an H100 on it. Where the tiles are not what is being measured (tests, quick
-# checks) they can be pinned: each kernel then runs the first candidate that fits the call,
-# in the order of the lists above (`pinned_tiles()`, or CS336SYS_TRITON_AUTOTUNE=0).
-_AUTOTUNE: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "cs336sys_triton_autotune", default=os.environ.get("CS336SYS_TRITON_AUTOTUNE", "1") != "0"
-)
-
-
-@contextlib.contextmanager
-def pinned_tiles(pinned: bool = True) -> Iterator[None]:
-    """Inside, the kernels run pinned tiles instead of autotuning (on CUDA)."""
-    token = _AUTOTUNE.set(not pinned)
-    try:
-        yield
-    finally:
-        _AUTOTUNE.reset(token)
-
-
-def pinned_config(name: str, named_args: dict) -> Any:
-    """The config kernel `name` runs with pinned tiles: the first candidate the pruner keeps
-    for these arguments (their head dim, dtype and sequence lengths)."""
-    return _pruner(_TUNING[name])(None, named_args)[0]
-
-
-def _launch(name: str, grid, *args, **constexprs) -> None:
-    """Launch kernel `name`: fixed 16 x 16 tiles in the interpreter, autotuned (or pinned)
-    on CUDA."""
-    kernel = _KERNELS[name]
-    if INTERPRETED:
-        q_tile, k_tile = INTERPRETER_TILES
-        kernel[grid](*args, **constexprs, Q_TILE=q_tile, K_TILE=k_tile)
-    elif not _AUTOTUNE.get():
-        cfg = pinned_config(name, {**dict(zip(kernel.arg_names, args, strict=False)), **constexprs})
-        kernel[grid](*args, **constexprs, **cfg.kwargs, num_warps=cfg.num_warps,
-                     num_stages=cfg.num_stages)  # fmt: skip
-    else:
-        _autotuned(name)[grid](*args, **constexprs)
-
-
 def _on_device(t: torch.Tensor):
     """Triton launches on the current CUDA device: make it t's device."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# Launch plans: what a call needs beyond its tensors, worked out once per call signature
+#
+# Issue 15: at seq 1024 one forward call cost 0.19 ms of host time on an H100 host while its
+# kernel ran 0.14 ms, and the model calls attention 48 times per xl forward. Most of that was
+# per-call work whose answer never changes for the same inputs: input checks, `.contiguous()`
+# copies, the autotuner's key and cache lookup, and Triton's argument binding and
+# specialization key. A call now looks up a plan keyed on everything that decides the launch
+# (`_signature`: shapes, strides, dtypes, devices, pointer alignment; causal; tiling mode),
+# allocates its outputs and launches. The first call with a new key takes the full path
+# (checks, tile choice, Triton's own launcher, which compiles) and records the plan.
+
+# After that first launch, every call goes through Triton's JIT launcher with the chosen tiles
+# passed explicitly (skipping the autotuner's lookup). With CS336SYS_TRITON_DIRECT_LAUNCH=1,
+# calls on CUDA launch the compiled kernel handle directly instead: opt-in until it has run on
+# a GPU (issue 15; written and tested against a stand-in handle on a CPU-only machine).
+DIRECT_LAUNCH = os.environ.get("CS336SYS_TRITON_DIRECT_LAUNCH", "0") == "1"
+
+
+class _Launch:
+    """One kernel launch with everything but the tensor arguments fixed.
+
+    `args` are the arguments after the tensors (strides, sizes, scales) and `meta` the
+    constexprs with the chosen tiles and compile options. Given `compiled`, the CompiledKernel
+    that Triton's launcher returned for the same arguments, calls run that handle with every
+    argument in signature order, constexprs included, as JITFunction.run does (Triton 3.6 to
+    3.9). That is sound because the plan's key fixes all that Triton specialized the kernel on:
+    dtypes, integer values (sizes, strides) and 16-byte alignment of the pointers.
+    """
+
+    __slots__ = ("kernel", "grid", "args", "meta", "device", "run", "run_args")
+
+    def __init__(self, kernel, grid, args, meta, device, compiled=None):
+        self.kernel, self.grid, self.args, self.meta = kernel, grid, args, meta
+        self.device = device  # CUDA device index, None on CPU (the interpreter)
+        self.run = self.run_args = None
+        if compiled is not None:
+            if hasattr(compiled, "result"):  # a future, where Triton compiles asynchronously
+                compiled = compiled.result()
+            # Every parameter after the tensors: `args` by position, then constexprs by name.
+            n_constexprs = sum(n in meta for n in kernel.arg_names)
+            n_tensors = len(kernel.arg_names) - len(args) - n_constexprs
+            names = kernel.arg_names[n_tensors:]
+            named = {**dict(zip(names, args, strict=False)), **meta}
+            self.run_args = tuple(named[n] for n in names)
+            self.run = compiled[grid]
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        if self.device is not None and torch.cuda.current_device() != self.device:
+            with torch.cuda.device(self.device):
+                return self(*tensors)
+        if self.run is not None:
+            self.run(*tensors, *self.run_args)
+        else:
+            self.kernel[self.grid](*tensors, *self.args, **self.meta)
+
+
+@dataclass(eq=False)
+class _Plan:
+    """The launches of one call signature, and how many calls reused them."""
+
+    launches: tuple[_Launch, ...]
+    views: bool  # a tensor must go through _kernel_view (a reshape or a copy) on every call
+    hits: int = 0
+
+
+_PLANS: dict[tuple, _Plan] = {}  # one entry per call signature seen; a few dozen in a sweep
+
+
+def _signature(*tensors: torch.Tensor) -> tuple:
+    """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
+    and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
+    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get())
+    return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
+
+
+def _fixed_tiles(name: str, named_args: dict) -> tuple[dict, dict]:
+    """Tiles and compile options of kernel `name` where nothing is tuned: the preprocess
+    kernel, the interpreter, and pinned tiles on CUDA (`pinned_tiles`)."""
+    if name == "pre":  # a streaming row reduction: one fixed tile
+        return {"Q_TILE": INTERPRETER_TILES[0] if INTERPRETED else 64}, {}
+    if INTERPRETED:
+        return dict(zip(("Q_TILE", "K_TILE"), INTERPRETER_TILES, strict=True)), {}
+    cfg = pinned_config(name, named_args)
+    return dict(cfg.kwargs), {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def _first_launch(name: str, grid_of, tensors: tuple, args: tuple, constexprs: dict) -> _Launch:
+    """Launch kernel `name` through Triton's launcher with the tiles it gets here (fixed in the
+    interpreter, pinned or autotuned on CUDA) and return the _Launch that repeats it.
+
+    grid_of(tiles) -> grid, for the tile sizes (a dict with Q_TILE and/or K_TILE).
+    """
+    kernel = _KERNELS[name]
+    with _on_device(tensors[0]):
+        if name == "pre" or INTERPRETED or not _AUTOTUNE.get():
+            named = dict(zip(kernel.arg_names, (*tensors, *args), strict=False))
+            tiles, options = _fixed_tiles(name, {**named, **constexprs})
+            meta, grid = {**constexprs, **tiles, **options}, grid_of(tiles)
+            compiled = kernel[grid](*tensors, *args, **meta)
+        else:
+            tuner = _autotuned(name)
+            compiled = tuner[grid_of](*tensors, *args, **constexprs)
+            cfg = tuner.best_config
+            options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            meta, grid = {**constexprs, **cfg.kwargs, **options}, grid_of(cfg.kwargs)
+        device = tensors[0].device.index if tensors[0].is_cuda else None
+        direct = DIRECT_LAUNCH and not INTERPRETED and compiled is not None
+        return _Launch(kernel, grid, args, meta, device, compiled if direct else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,9 +252,29 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_available(q.device)
 
 
-def _as_3d(t: torch.Tensor) -> torch.Tensor:
-    """(..., T, D) -> contiguous (N, T, D): each (batch, head) pair is one program column."""
-    return t.contiguous().view(-1, t.shape[-2], t.shape[-1])
+def _kernel_view(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernels take it: (B, T, D) or (B, H, T, D), any strides but a unit one along
+    D. A copy only where no view has that form (D not unit-stride, or leading dims beyond
+    two that do not flatten); the model's (B, H, T, D) views of (B, T, H, D) pass as they are.
+    """
+    if t.dim() > 4:
+        t = t.reshape(-1, *t.shape[-2:])  # (N, T, D)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _new_like(t: torch.Tensor) -> torch.Tensor:
+    """An output for input t: t's layout where the kernels can write it as it is (O then
+    comes in the model's (B, T, H, D) memory order, so its transpose back is free), else
+    contiguous in t's shape."""
+    if t.dim() <= 4 and t.stride(-1) == 1:
+        return torch.empty_like(t)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _bht_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of a kernel view; a 3-D one has a single head."""
+    s = t.stride()
+    return (s[0], 0, s[1]) if t.dim() == 3 else s[:3]
 
 
 def _dot_flags(dtype: torch.dtype) -> dict:
@@ -344,104 +300,107 @@ def attention_forward(
 
     L is the natural-log logsumexp of each row of scaled scores, over the keys it sees.
     """
-    _check_inputs(q, k, v)
-    q3, k3, v3 = _as_3d(q), _as_3d(k), _as_3d(v)
-    n, n_q, d = q3.shape
-    n_k = k3.shape[1]
-    # Allocated in the caller's shape, not as views of (N, T_q, ...) buffers: autograd forbids
+    key = ("fwd", bool(is_causal), *_signature(q, k, v))
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_inputs(q, k, v)
+    # Allocated in the caller's shape, not as views of other buffers: autograd forbids
     # in-place changes to a view returned by a custom Function, and O is handed to the model.
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (..., T_q, D)
+    o = _new_like(q)  # (..., T_q, D)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # (..., T_q)
-    o3, lse2 = o.view(n, n_q, d), lse.view(n, n_q)
-
-    def grid(meta):
-        return (triton.cdiv(n_q, meta["Q_TILE"]), n)
-
-    with _on_device(q):
-        _launch(
-            "fwd", grid, q3, k3, v3, o3, lse2,
-            q3.stride(0), q3.stride(1), k3.stride(0), k3.stride(1),
-            n_q, n_k, LOG2E / math.sqrt(d),
-            HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=bool(is_causal),
-            **_dot_flags(q.dtype),
-        )  # fmt: skip
+    if plan is None:
+        _PLANS[key] = _forward_plan(q, k, v, o, lse, bool(is_causal))
+    elif plan.views:
+        plan.hits += 1
+        plan.launches[0](*map(_kernel_view, (q, k, v, o)), lse)
+    else:
+        plan.hits += 1
+        plan.launches[0](q, k, v, o, lse)
     return o, lse
 
 
-def _bwd_preprocess(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """Launch the preprocess kernel: D = rowsum(O * dO), float32 (N, T_q).
+def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
+    """Plan, and run, the first forward call of a signature (inputs already checked)."""
+    views = tuple(map(_kernel_view, (q, k, v, o)))
+    q4, k4, v4, o4 = views
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
 
-    Called by attention_backward with checked, contiguous (N, T_q, D) tensors.
-    """
-    n, n_q, d = o.shape
-    delta = torch.empty(n, n_q, dtype=torch.float32, device=o.device)
-    q_tile = INTERPRETER_TILES[0] if INTERPRETED else 64
-    with _on_device(o):
-        kernels._attn_bwd_preprocess[(triton.cdiv(n_q, q_tile), n)](
-            o, do, delta, o.stride(0), o.stride(1), n_q,
-            HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), Q_TILE=q_tile,
-        )  # fmt: skip
-    return delta
+    def grid(tiles):
+        return (triton.cdiv(n_q, tiles["Q_TILE"]), heads, batch)
 
-
-def _bwd_dkdv(q, k, v, do, lse, delta, is_causal):
-    """Launch the dK/dV kernel; returns dK, dV like k and v.
-
-    Called by attention_backward with checked, contiguous (N, T, D) tensors, L and D (N, T_q).
-    """
-    n, n_q, d = q.shape
-    n_k = k.shape[1]
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-
-    def grid(meta):
-        return (triton.cdiv(n_k, meta["K_TILE"]), n)
-
-    with _on_device(q):
-        _launch(
-            "dkdv", grid, q, k, v, do, lse, delta, dk, dv,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d),
-            HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=bool(is_causal),
-            **_dot_flags(q.dtype),
-        )  # fmt: skip
-    return dk, dv
-
-
-def _bwd_dq(q, k, v, do, lse, delta, is_causal):
-    """Launch the dQ kernel; returns dQ like q. Inputs as for _bwd_dkdv."""
-    n, n_q, d = q.shape
-    n_k = k.shape[1]
-    dq = torch.empty_like(q)
-
-    def grid(meta):
-        return (triton.cdiv(n_q, meta["Q_TILE"]), n)
-
-    with _on_device(q):
-        _launch(
-            "dq", grid, q, k, v, do, lse, delta, dq,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d),
-            HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=bool(is_causal),
-            **_dot_flags(q.dtype),
-        )  # fmt: skip
-    return dq
+    args = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4), *_bht_strides(o4),
+            n_q, n_k, LOG2E / math.sqrt(d))  # fmt: skip
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
+                      **_dot_flags(q.dtype))  # fmt: skip
+    launch = _first_launch("fwd", grid, (*views, lse), args, constexprs)
+    return _Plan((launch,), any(a is not b for a, b in zip(views, (q, k, v, o), strict=True)))
 
 
 def attention_backward(q, k, v, o, lse, do, is_causal=False):
-    """dQ, dK, dV (shaped and typed like q, k, v) from the forward's O and L and dO."""
-    _check_inputs(q, k, v)
-    if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:-1]:
-        raise ValueError(
-            f"expected O and dO shaped like q {tuple(q.shape)} and L like {tuple(q.shape[:-1])}, "
-            f"got {tuple(o.shape)}, {tuple(do.shape)} and {tuple(lse.shape)}"
-        )
-    q3, k3, v3, o3 = _as_3d(q), _as_3d(k), _as_3d(v), _as_3d(o)
-    do3 = _as_3d(do.to(q.dtype))
-    lse3 = lse.contiguous().view(q3.shape[:2])  # (N, T_q)
-    delta = _bwd_preprocess(o3, do3)
-    dk, dv = _bwd_dkdv(q3, k3, v3, do3, lse3, delta, is_causal)
-    dq = _bwd_dq(q3, k3, v3, do3, lse3, delta, is_causal)
-    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+    """dQ, dK, dV (shaped and typed like q, k, v) from the forward's O and L and dO.
+
+    Three launches: D = rowsum(O * dO), float32 (..., T_q), then dK and dV, then dQ.
+    """
+    key = ("bwd", bool(is_causal), *_signature(q, k, v, o, lse, do))
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_inputs(q, k, v)
+        if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:-1]:
+            raise ValueError(
+                f"expected O and dO shaped like q {tuple(q.shape)} and L like "
+                f"{tuple(q.shape[:-1])}, got {tuple(o.shape)}, {tuple(do.shape)} and "
+                f"{tuple(lse.shape)}"
+            )
+    if do.dtype != q.dtype:
+        do = do.to(q.dtype)
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)  # like L
+    dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
+    tensors = (q, k, v, o, lse, do, dq, dk, dv)
+    if plan is None:
+        _PLANS[key] = _backward_plan(*tensors, delta, bool(is_causal))
+        return dq, dk, dv
+    plan.hits += 1
+    if plan.views:
+        tensors = (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
+                   *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
+    q, k, v, o, lse, do, dq4, dk4, dv4 = tensors
+    pre, dkdv, dq_ = plan.launches
+    pre(o, do, delta)
+    dkdv(q, k, v, do, lse, delta, dk4, dv4)
+    dq_(q, k, v, do, lse, delta, dq4)
+    return dq, dk, dv
+
+
+def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _Plan:
+    """Plan, and run, the first backward call of a signature (inputs already checked)."""
+    given = (q, k, v, o, lse, do, dq, dk, dv)
+    views = (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
+             *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
+    q4, k4, v4, o4, lse, do4, dq4, dk4, dv4 = views
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
+    sizes = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d))
+    constexprs = dict(**sizes, IS_CAUSAL=is_causal, **_dot_flags(q.dtype))
+    scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
+    qkv_do = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4), *_bht_strides(do4))
+
+    def grid(length, tile):
+        return lambda tiles: (triton.cdiv(length, tiles[tile]), heads, batch)
+
+    pre = _first_launch(
+        "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
+        (*_bht_strides(o4), *_bht_strides(do4), n_q), sizes,
+    )  # fmt: skip
+    dkdv = _first_launch(
+        "dkdv", grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4),
+        (*qkv_do, *_bht_strides(dk4), *_bht_strides(dv4), *scales), constexprs,
+    )  # fmt: skip
+    dq_ = _first_launch(
+        "dq", grid(n_q, "Q_TILE"), (q4, k4, v4, do4, lse, delta, dq4),
+        (*qkv_do, *_bht_strides(dq4), *scales), constexprs,
+    )  # fmt: skip
+    return _Plan((pre, dkdv, dq_), any(a is not b for a, b in zip(views, given, strict=True)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,4 +438,8 @@ def flash_attention_triton(
     (B, H, T, D); float32, bfloat16 or float16; 16 <= D <= 128. Returns (..., T_q, D) in q's
     dtype. With `is_causal`, query i sees keys j <= i (top-left aligned, as torch SDPA).
     """
-    return FlashAttention2Triton.apply(q, k, v, is_causal)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttention2Triton.apply(q, k, v, is_causal)
+    # Nothing to differentiate: skip autograd.Function's bookkeeping, a few microseconds of
+    # host time per call (issue 15).
+    return attention_forward(q, k, v, is_causal)[0]

@@ -10,8 +10,10 @@ The host side (input checks, tile sizes, autotuning, the autograd.Function) is i
 fused-attention tutorial and the Triton kernel of the flash-attention repository.
 
 Conventions shared by every kernel:
-- Tensors arrive as contiguous (B*H, T, HEAD_DIM) blocks: the launch grid's second axis is
-  the (batch, head) pair and the first axis is the tile of the sequence a program owns.
+- Tensors arrive as (B, H, T, HEAD_DIM) with any batch, head and sequence strides (passed
+  per tensor, so the model's (B, H, T, D) views of a (B, T, H, D) projection need no copy)
+  and a unit stride along HEAD_DIM. The launch grid is (sequence tiles, H, B): a program
+  owns one tile of one (batch, head) pair. L and D are ours, contiguous (B*H, T) float32.
 - Pointer arithmetic with masks only (no block pointers or TMA descriptors, whose API differs
   between Triton releases). The head dimension is padded to BLOCK_D, the next power of two,
   and masked when HEAD_DIM != BLOCK_D; sequence tails are masked on load and store.
@@ -143,7 +145,7 @@ def _query_tile_key_ranges(
 @triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
-    K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+    K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -169,7 +171,7 @@ def _attn_fwd_inner(
         alpha = tl.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(
-            V_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+            V_ptrs + start_n * stride_vt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
         )
         # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
         # the low-precision tensor cores; l_i keeps the float32 P~.
@@ -181,26 +183,29 @@ def _attn_fwd_inner(
 @triton.jit
 def _attn_fwd_kernel(
     Q, K, V, Out, L,
-    stride_qb, stride_qt, stride_kb, stride_kt,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
     N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
-    """One program per (query tile, batch*head): writes O_i (Q_TILE, HEAD_DIM) and L_i.
+    """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i.
 
-    Q and Out are (B*H, N_Q, HEAD_DIM) with strides (stride_qb, stride_qt, 1); K and V are
-    (B*H, N_K, HEAD_DIM) with strides (stride_kb, stride_kt, 1); L is (B*H, N_Q) float32.
+    Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
+    (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
     """
     start_m = tl.program_id(0) * Q_TILE
-    bh = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
+    h = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h  # row of L
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q_ptrs = Q + bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
-    K_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
-    V_ptrs = V + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
+    K_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
+    V_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
     # Q_i stays on chip for the whole key loop (Algorithm 1, line 4: load Q_i once).
     q = _load_rows(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
 
@@ -211,13 +216,13 @@ def _attn_fwd_kernel(
 
     full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16,
     )  # fmt: skip
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16,
@@ -227,7 +232,7 @@ def _attn_fwd_kernel(
     # this division to the end), and L_i = m_i + log(l_i), converted back to natural log.
     acc = acc / l_i[:, None]
     L_i = (m_i + tl.log2(l_i)) * LN2
-    o_ptrs = Out + bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
+    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     _store_rows(
         o_ptrs, _cast(acc, Out.dtype.element_ty, ROUND_BF16),
         offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
@@ -242,7 +247,9 @@ def _attn_fwd_kernel(
 
 @triton.jit
 def _attn_bwd_preprocess(
-    Out, dO, D, stride_qb, stride_qt, N_Q,
+    Out, dO, D,
+    stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot,
+    N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr,
 ):  # fmt: skip
     """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4); D is (B*H, N_Q).
@@ -251,19 +258,22 @@ def _attn_bwd_preprocess(
     dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
     """
     start_m = tl.program_id(0) * Q_TILE
-    bh = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_d = tl.arange(0, BLOCK_D)
-    offs = bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
-    o = _load_rows(Out + offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
-    do = _load_rows(dO + offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    o_offs = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
+    do_offs = b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :]
+    o = _load_rows(Out + o_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    do = _load_rows(dO + do_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     tl.store(D + bh * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
 
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+    Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n, offs_d,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -281,7 +291,7 @@ def _attn_bwd_dkdv_inner(
             Q_ptrs + start_m * stride_qt, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
         )
         do = _load_rows(
-            dO_ptrs + start_m * stride_qt, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
+            dO_ptrs + start_m * stride_dot, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
         )
         if MASKED:
             L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
@@ -308,33 +318,43 @@ def _attn_bwd_dkdv_inner(
 @triton.jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, dO, L, D, dK, dV,
-    stride_qb, stride_qt, stride_kb, stride_kt,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+    stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
     N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
-    """One program per (key tile, batch*head): writes dK_j and dV_j (K_TILE, HEAD_DIM).
+    """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM).
 
     K_j and V_j stay on chip while the program walks the query tiles (Algorithm 2's outer
-    loop over j); Q, dO, L and D are re-read per query tile. Layouts as in _attn_fwd_kernel,
-    with dO like Q, dK and dV like K, and D like L.
+    loop over j); Q, dO, L and D are re-read per query tile. Layouts as in _attn_fwd_kernel:
+    dO shaped like Q, dK and dV like K, each with its own strides; D like L.
     """
     start_n = tl.program_id(0) * K_TILE
-    bh = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h
     offs_n = start_n + tl.arange(0, K_TILE)
     offs_m = tl.arange(0, Q_TILE)
     offs_d = tl.arange(0, BLOCK_D)
 
-    kv_offs = bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
-    k = _load_rows(K + kv_offs, offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True)
-    v = _load_rows(V + kv_offs, offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True)
+    rows_n = offs_n[:, None]
+    k = _load_rows(
+        K + b * stride_kb + h * stride_kh + rows_n * stride_kt + offs_d[None, :],
+        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True,
+    )  # fmt: skip
+    v = _load_rows(
+        V + b * stride_vb + h * stride_vh + rows_n * stride_vt + offs_d[None, :],
+        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True,
+    )  # fmt: skip
     dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
 
-    q_offs = bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
-    Q_ptrs = Q + q_offs
-    dO_ptrs = dO + q_offs
+    rows_m = offs_m[:, None]
+    Q_ptrs = Q + b * stride_qb + h * stride_qh + rows_m * stride_qt + offs_d[None, :]
+    dO_ptrs = dO + b * stride_dob + h * stride_doh + rows_m * stride_dot + offs_d[None, :]
     L_ptrs = L + bh * N_Q
     D_ptrs = D + bh * N_Q
 
@@ -352,19 +372,22 @@ def _attn_bwd_dkdv_kernel(
         lo = start_n // Q_TILE * Q_TILE
         diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot,
+        offs_m, offs_n, offs_d,
         lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot,
+        offs_m, offs_n, offs_d,
         diag_end, full_end,  # query tiles that see every key of this tile: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, offs_m, offs_n, offs_d,
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot,
+        offs_m, offs_n, offs_d,
         tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16,
@@ -373,19 +396,19 @@ def _attn_bwd_dkdv_kernel(
     # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
     dk = dk * sm_scale
     _store_rows(
-        dK + kv_offs, _cast(dk, dK.dtype.element_ty, ROUND_BF16),
-        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
+        dK + b * stride_dkb + h * stride_dkh + rows_n * stride_dkt + offs_d[None, :],
+        _cast(dk, dK.dtype.element_ty, ROUND_BF16), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
     )  # fmt: skip
     _store_rows(
-        dV + kv_offs, _cast(dv, dV.dtype.element_ty, ROUND_BF16),
-        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
+        dV + b * stride_dvb + h * stride_dvh + rows_n * stride_dvt + offs_d[None, :],
+        _cast(dv, dV.dtype.element_ty, ROUND_BF16), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
     )  # fmt: skip
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
     dq, q, do, L2_i, D_i,
-    K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+    K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -399,7 +422,7 @@ def _attn_bwd_dq_inner(
             K_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
         )
         v = _load_rows(
-            V_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+            V_ptrs + start_n * stride_vt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
         )
         s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         s = s * qk_scale
@@ -416,40 +439,50 @@ def _attn_bwd_dq_inner(
 @triton.jit
 def _attn_bwd_dq_kernel(
     Q, K, V, dO, L, D, dQ,
-    stride_qb, stride_qt, stride_kb, stride_kt,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+    stride_dqb, stride_dqh, stride_dqt,
     N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
-    """One program per (query tile, batch*head): writes dQ_i (Q_TILE, HEAD_DIM).
+    """One program per (query tile, head, batch): writes dQ_i (Q_TILE, HEAD_DIM).
 
     Walks the same key tiles as the forward, with Q_i, dO_i, L_i and D_i kept on chip.
     """
     start_m = tl.program_id(0) * Q_TILE
-    bh = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
     offs_d = tl.arange(0, BLOCK_D)
 
-    q_offs = bh * stride_qb + offs_m[:, None] * stride_qt + offs_d[None, :]
-    q = _load_rows(Q + q_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
-    do = _load_rows(dO + q_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    rows_m = offs_m[:, None]
+    q = _load_rows(
+        Q + b * stride_qb + h * stride_qh + rows_m * stride_qt + offs_d[None, :],
+        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True,
+    )  # fmt: skip
+    do = _load_rows(
+        dO + b * stride_dob + h * stride_doh + rows_m * stride_dot + offs_d[None, :],
+        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True,
+    )  # fmt: skip
     L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
     D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
-    K_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
-    V_ptrs = V + bh * stride_kb + offs_n[:, None] * stride_kt + offs_d[None, :]
+    K_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
+    V_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
     dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
 
     full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
     dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16,
     )  # fmt: skip
     dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, offs_m, offs_n, offs_d,
+        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16,
@@ -457,8 +490,8 @@ def _attn_bwd_dq_kernel(
 
     dq = dq * sm_scale
     _store_rows(
-        dQ + q_offs, _cast(dq, dQ.dtype.element_ty, ROUND_BF16),
-        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
+        dQ + b * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :],
+        _cast(dq, dQ.dtype.element_ty, ROUND_BF16), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
     )  # fmt: skip
 
 

@@ -1,0 +1,185 @@
+"""Tile sizes of the FlashAttention-2 Triton kernels: autotuned on CUDA, or pinned.
+
+The candidate configs per kernel, the pruner that keeps those fitting a call, the autotuned
+kernels, and `pinned_tiles()` for when tiles are not what is measured. The host launchers in
+`flash_triton.py` use these once per call signature (issue 15) and reuse the choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import triton
+
+from cs336sys.attention import flash_triton_kernels as kernels
+
+# Each kernel owns one tile for its whole life (forward and dQ: a query tile; dK/dV: a key
+# tile), kept on chip, and streams tiles of the other sequence through shared memory,
+# num_stages deep. The candidate lists are small and hand-picked, as in Triton's
+# fused-attention tutorial; a per-call pruner then drops the configs that would not fit
+# (shared memory) or would spill registers. Its estimates were calibrated against the
+# shared memory, registers and spills of sm_90 compiles of these kernels.
+
+# Shared memory a config may plan for. H100 and H200 have 227 KiB per block; deeper
+# pipelines than fit below this do not pay for the occupancy they cost.
+SMEM_BUDGET = 200 * 1024
+
+
+def _config(q_tile: int, k_tile: int, warps: int, stages: int):
+    return triton.Config({"Q_TILE": q_tile, "K_TILE": k_tile}, num_warps=warps, num_stages=stages)
+
+
+# 16-bit inputs: tensor-core dots. Wide owned tiles re-read the streamed operand fewer times.
+FWD_CONFIGS = [
+    _config(*c)
+    for c in [
+        (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4),
+        (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 3),
+    ]
+]  # fmt: skip
+DKDV_CONFIGS = [
+    _config(*c)
+    for c in [
+        (32, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 2),
+        (32, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2),
+    ]
+]  # fmt: skip
+DQ_CONFIGS = [
+    _config(*c)
+    for c in [
+        (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 2),
+        (64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 4, 2),
+    ]
+]  # fmt: skip
+# float32 inputs: input_precision="ieee" runs the dots on the CUDA cores (FMA), where each
+# thread holds whole rows of both operands, so only small tiles stay in registers.
+FP32_CONFIGS = [
+    _config(*c)
+    for c in [
+        (16, 16, 4, 2), (32, 16, 8, 2), (16, 32, 8, 2), (32, 32, 4, 2), (64, 32, 8, 2),
+        (32, 64, 8, 2), (64, 64, 8, 2),
+    ]
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Tuning:
+    """What a kernel keeps on chip, for the pruner's shared-memory and register estimates."""
+
+    configs: list  # candidates for 16-bit inputs (float32 inputs use FP32_CONFIGS)
+    owned: str  # "Q_TILE" or "K_TILE": the tile a program owns
+    n_owned: int  # (owned, BLOCK_D) operands held in shared memory for the whole program
+    n_streamed: int  # (streamed, BLOCK_D) operands loaded per key/query step, per stage
+    n_acc: int  # float32 (owned, BLOCK_D) accumulators in registers
+    n_scores: int  # float32 (Q_TILE, K_TILE) tiles live at once (S, P, dP, dS)
+    max_regs: int  # most estimated float32 values per thread before ptxas spills
+
+
+_TUNING = {
+    "fwd": _Tuning(FWD_CONFIGS, "Q_TILE", 1, 2, 1, 1, 128),
+    "dkdv": _Tuning(DKDV_CONFIGS, "K_TILE", 2, 2, 2, 2, 160),
+    "dq": _Tuning(DQ_CONFIGS, "Q_TILE", 2, 2, 1, 2, 128),
+}
+
+
+# float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
+FP32_MAX_PRODUCTS_PER_THREAD = 256
+
+
+def _fits(cfg, t: _Tuning, block_d: int, elem: int) -> bool:
+    """Whether a config's tiles fit shared memory and registers, for this head dim and dtype."""
+    q_tile, k_tile = cfg.kwargs["Q_TILE"], cfg.kwargs["K_TILE"]
+    owned = cfg.kwargs[t.owned]
+    streamed = k_tile if t.owned == "Q_TILE" else q_tile
+    smem = (owned * t.n_owned + streamed * t.n_streamed * cfg.num_stages) * block_d * elem
+    threads = 32 * cfg.num_warps
+    if elem == 4:
+        regs_ok = q_tile * k_tile * block_d / threads <= FP32_MAX_PRODUCTS_PER_THREAD
+    else:
+        regs_ok = (t.n_acc * owned * block_d + t.n_scores * q_tile * k_tile) / threads <= t.max_regs
+    return smem <= SMEM_BUDGET and regs_ok
+
+
+def _pruner(t: _Tuning):
+    """early_config_prune for triton.autotune: keep the configs that fit this call."""
+
+    def prune(configs, named_args, **kwargs):
+        args = {**named_args, **kwargs}
+        block_d, elem = args["BLOCK_D"], args["Q"].element_size()
+        # A tile longer than the (power-of-two rounded) sequence only computes padding.
+        cap = {
+            "Q_TILE": max(16, triton.next_power_of_2(args["N_Q"])),
+            "K_TILE": max(16, triton.next_power_of_2(args["N_K"])),
+        }
+        pool = FP32_CONFIGS if elem == 4 else t.configs
+        fitting = [c for c in pool if _fits(c, t, block_d, elem)]
+        kept = [c for c in fitting if all(c.kwargs[n] <= cap[n] for n in cap)]
+        # Never prune everything: fall back to the smallest tiles.
+        smallest = min(fitting or pool, key=lambda c: c.kwargs["Q_TILE"] * c.kwargs["K_TILE"])
+        return kept or [smallest]
+
+    return prune
+
+
+_KERNELS = {
+    "pre": kernels._attn_bwd_preprocess,
+    "fwd": kernels._attn_fwd_kernel,
+    "dkdv": kernels._attn_bwd_dkdv_kernel,
+    "dq": kernels._attn_bwd_dq_kernel,
+}
+# The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
+# the dtypes of the tensor arguments to this key itself.
+TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]
+
+
+_AUTOTUNE_PARAMETERS = inspect.signature(triton.autotune).parameters
+
+
+@functools.cache
+def _autotuned(name: str):
+    """The kernel wrapped in triton.autotune, built on first use (CUDA only)."""
+    tuning = _TUNING[name]
+    # Keep the tuning results on disk where this Triton can: every command is a new process,
+    # and tuning the same shape again (timing every candidate; compiled kernels are cached on
+    # disk by Triton anyway) is wasted where GPU time is scarce. Tuning cost most of the H100
+    # reference sweep: 246 s for 16 shapes.
+    cache = {"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMETERS else {}
+    # Every config is listed (16-bit and float32) so that the pruner may return any of them.
+    return triton.autotune(
+        configs=tuning.configs + FP32_CONFIGS,
+        key=TUNING_KEY,
+        prune_configs_by={"early_config_prune": _pruner(tuning)},
+        **cache,
+    )(_KERNELS[name])
+
+
+# Autotuning compiles and times every fitting candidate for every new shape: the GPU tests
+# spent 320 s of an H100 on it. Where the tiles are not what is being measured (tests, quick
+# checks) they can be pinned: each kernel then runs the first candidate that fits the call,
+# in the order of the lists above (`pinned_tiles()`, or CS336SYS_TRITON_AUTOTUNE=0).
+_AUTOTUNE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "cs336sys_triton_autotune", default=os.environ.get("CS336SYS_TRITON_AUTOTUNE", "1") != "0"
+)
+
+
+@contextlib.contextmanager
+def pinned_tiles(pinned: bool = True) -> Iterator[None]:
+    """Inside, the kernels run pinned tiles instead of autotuning (on CUDA)."""
+    token = _AUTOTUNE.set(not pinned)
+    try:
+        yield
+    finally:
+        _AUTOTUNE.reset(token)
+
+
+def pinned_config(name: str, named_args: dict) -> Any:
+    """The config kernel `name` runs with pinned tiles: the first candidate the pruner keeps
+    for these arguments (their head dim, dtype and sequence lengths)."""
+    return _pruner(_TUNING[name])(None, named_args)[0]
