@@ -66,6 +66,8 @@ demo: $(STAMP)
 	$(CLI) precision accumulate --db $(DEMO_DB)
 	$(CLI) profile model --db $(DEMO_DB) --size tiny --seq 64 --batch 2 --warmup 1 --iters 2 \
 		--top 8
+	$(CLI) step --db $(DEMO_DB) --size tiny --seq 64 --batch 2 \
+		--switches none,fused-adamw,fused-ce,fused-adamw+fused-ce --warmup 1 --iters 3
 	$(REPORT) --title "cs336sys demo (a first run: small CPU sweeps)"
 
 # `make demo-full`: the CPU-sized sweeps of everything: end-to-end model timing in fp32 and
@@ -98,6 +100,9 @@ demo-full: $(STAMP)
 		--batch 4 --warmup 2 --iters 3 --top 8
 	$(CLI) profile attention --db $(DEMO_DB) --attention naive,sdpa --seq 256 \
 		--d-head 64 --batch 4 --heads 4 --warmup 2 --iters 5 --top 5
+	$(CLI) step --db $(DEMO_DB) --size tiny --seq 128 --batch 4 \
+		--switches none,fused-adamw,fused-ce,fused-adamw+fused-ce --checkpoint none,sqrt \
+		--warmup 1 --iters 5
 	$(CLI) sql --db $(DEMO_DB) \
 		"SELECT size, context_length AS ctx, mode, precision, status, \
 		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \

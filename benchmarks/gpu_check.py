@@ -11,6 +11,9 @@ For a machine where torch and Triton are installed already and nothing can be do
    - the model sweep small..2.7B x fp32/bf16 x forward/forward-backward/train at context 512;
    - memory for xl at context 128 and 2048;
    - profile model for small and xl in bf16;
+   - the training step of xl (context 512, batch 4) with each optimisation alone and all;
+   then benchmarks/attention_host_overhead.py: host us per triton forward call at seq 1024
+   (issue 15), into host-overhead.json beside the store;
 3. the report of exactly that run, in HTML and markdown, into reports/<gpu>/ (the store is
    results.db beside it), and one .tar.gz of both to copy off the machine;
 4. a verdict table: each target README sets, the figure measured, met or not.
@@ -53,7 +56,10 @@ STEPS = [  # (what, cs336sys arguments)
     ("profile model: small and xl, bf16",
      ["profile", "model", "--size", "small,xl", "--precision", "bf16", "--seq", "512",
       "--warmup", "3", "--iters", "5"]),
+    ("step: xl at context 512, batch 4, each switch alone and all (issue 17)",
+     ["step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation"]),
 ]  # fmt: skip
+STEP_MFU = 0.45  # issue 17: the xl bf16 train step with every switch on
 TESTS_TARGET_S, CHECK_TARGET_S = 120.0, 480.0
 LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # README, "cs336sys attention"
 
@@ -121,6 +127,12 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
                  str(model("small", "bf16", "launch_bound_phases")), met(None if small is None else small == 1)))  # fmt: skip
     rows.append(("2.7B fp32 train is not launch-bound", str(model("2.7B", "fp32", "launch_bound_phases")),
                  met(None if big is None else big == 0)))  # fmt: skip
+    mfu = one(conn, f"SELECT mfu FROM step_runs WHERE status = 'ok' AND {recent} AND size = 'xl' "
+                    "AND switches = 'fused-adamw+fused-ce+flash+compile' ORDER BY created DESC",
+              since)  # fmt: skip
+    rows.append((f"step: xl bf16 with every switch at {STEP_MFU:.0%} MFU or more",
+                 "not measured" if mfu is None else f"{mfu:.1%}",
+                 met(None if mfu is None else mfu >= STEP_MFU)))  # fmt: skip
     for size in ("small", "xl"):
         f, b = profiled(size, "fwd_profiled_ms_mean"), profiled(size, "bwd_profiled_ms_mean")
         rows.append((f"profile {size}: backward kernel time above forward's",
@@ -128,6 +140,17 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
                      met(None if None in (f, b) else b > f)))  # fmt: skip
     conn.close()
     return rows
+
+
+def host_overhead(path: Path) -> tuple[str, str, str]:
+    """The verdict row of benchmarks/attention_host_overhead.py (issue 15), from its JSON."""
+    import json
+
+    got = json.loads(path.read_text()) if path.exists() else {}
+    us, target = got.get("ours_forward_us"), got.get("target_us", 40.0)
+    return (f"attention host cost: triton forward at seq 1024 at most {target:g} us per call",
+            "not measured" if us is None else f"{us:.1f} us",
+            "n/a" if us is None else ("met" if us <= target else "NOT met"))  # fmt: skip
 
 
 # What the checkout needs besides torch and Triton; the GPU hosts lack the first three, which
@@ -183,6 +206,12 @@ def main() -> int:
             print(f"{what}: exit {rc}, {secs:.0f} s", flush=True)
             if rc not in (0, 1):  # 1: some point stored as error; 2: refused, nothing stored
                 failed.append(what)
+        host = out / "host-overhead.json"  # issue 15; not a cs336sys command, so not in STEPS
+        host.unlink(missing_ok=True)
+        rc, secs = run([py, "benchmarks/attention_host_overhead.py", "--json", str(host)], log)
+        print(f"attention host overhead: exit {rc}, {secs:.0f} s", flush=True)
+        if rc != 0:
+            failed.append("attention host overhead")
         title = f"{gpu}: make gpu-check"
         rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", since, "--out",
                      str(out), "--title", title], log)  # fmt: skip
@@ -190,6 +219,7 @@ def main() -> int:
             failed.append("report")
     total = time.monotonic() - t0
     rows = verdict(db, tests_s, total, since)
+    rows.append(host_overhead(out / "host-overhead.json"))
     table = ["| target | measured | |", "| --- | --- | --- |", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
     text = "\n".join([f"# make gpu-check on {gpu}", "", *table, ""])
     (out / "verdict.md").write_text(text)

@@ -78,12 +78,26 @@ def time_loop(
     return samples
 
 
-def time_do_bench(fn: Callable[[], Any], grad_to_none: list | None = None) -> list[float]:
-    """Milliseconds per call from `triton.testing.do_bench` (CUDA events, L2 flushed)."""
+def time_do_bench(
+    fn: Callable[[], Any],
+    grad_to_none: list | None = None,
+    *,
+    calls: int | None = None,
+    call_ms: float | None = None,
+) -> list[float]:
+    """Milliseconds per call from `triton.testing.do_bench` (CUDA events, L2 flushed).
+
+    do_bench repeats for 100 ms after 25 ms of warm-up, whatever a call costs; a training step
+    of seconds then gets one timed call. With `calls` and `call_ms` (an estimate of one call),
+    the repetition time asks for about `calls` timed calls after one warm-up call.
+    """
     from triton.testing import do_bench
 
+    budget = {}
+    if calls is not None and call_ms is not None:
+        budget = dict(warmup=max(call_ms, 1.0), rep=max(calls * call_ms, 1.0))
     try:
-        times = do_bench(fn, grad_to_none=grad_to_none, return_mode="all")
+        times = do_bench(fn, grad_to_none=grad_to_none, return_mode="all", **budget)
     except (AssertionError, TypeError, ValueError):  # older Triton: no return_mode="all"
-        times = do_bench(fn, grad_to_none=grad_to_none, quantiles=[0.2, 0.5, 0.8])
+        times = do_bench(fn, grad_to_none=grad_to_none, quantiles=[0.2, 0.5, 0.8], **budget)
     return [float(t) for t in (times if isinstance(times, (list, tuple)) else [times])]

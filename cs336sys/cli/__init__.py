@@ -20,9 +20,11 @@ from cs336sys.cli.ddp import ddp
 from cs336sys.cli.env import env
 from cs336sys.cli.memory import memory_app
 from cs336sys.cli.model import model
+from cs336sys.cli.plan import plan
 from cs336sys.cli.precision import precision
 from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
+from cs336sys.cli.speedrun import step
 from cs336sys.cli.sql import sql
 
 
@@ -82,6 +84,8 @@ app.command()(model)
 app.command()(attention)
 app.command()(comm)
 app.command()(ddp)
+app.command()(plan)
+app.command()(step)
 app.add_typer(memory_app, name="memory")
 app.add_typer(precision, name="precision")
 app.add_typer(profile_app, name="profile")

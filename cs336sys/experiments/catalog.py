@@ -15,8 +15,10 @@ from cs336sys.experiments import (
     memory,
     memory_residuals,
     model,
+    plan,
     precision,
     profile,
+    speedrun,
 )
 
 EXPERIMENTS = (
@@ -26,6 +28,8 @@ EXPERIMENTS = (
     memory_residuals.EXPERIMENT,
     comm.EXPERIMENT,
     ddp.EXPERIMENT,
+    plan.EXPERIMENT,
     profile.EXPERIMENT,
     precision.EXPERIMENT,
+    speedrun.EXPERIMENT,
 )

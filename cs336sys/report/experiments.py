@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.bench.declaration import Experiment
+from cs336sys.report.plan import section as plan_section
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
     Figure,
@@ -38,10 +39,11 @@ from cs336sys.report.sections import (
     varying,
     with_gpu,
 )
+from cs336sys.report.speedrun import section as step_section
 from cs336sys.report.tables import point_tables
 
 # The experiments whose sections draw plots (memory timelines are PNGs already).
-PLOTTED = frozenset({"model", "attention", "memory", "comm", "ddp"})
+PLOTTED = frozenset({"model", "attention", "memory", "comm", "ddp", "plan", "step"})
 WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table has them all)
 _SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
@@ -334,7 +336,8 @@ _APART = {
     "attention": (interpreted, " — Triton interpreted (TRITON_INTERPRET=1): the CPU emulates "
                   "the kernel, so these times are not comparable to native ones"),
 }
-_EXTRAS = {"model": model, "attention": attention, "memory": memory, "comm": comm, "ddp": ddp}
+_EXTRAS = {"model": model, "attention": attention, "memory": memory, "comm": comm, "ddp": ddp,
+           "plan": plan_section, "step": step_section}  # fmt: skip
 
 
 def build(experiment: Experiment, rows: list[Row], kernels: dict[str, list[dict[str, Any]]]) -> Section:

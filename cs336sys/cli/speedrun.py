@@ -1,0 +1,136 @@
+"""`cs336sys step`: the leaderboard's training step, with each optimisation a switch."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    Bar,
+    DbOption,
+    check_db,
+    emulated,
+    recording,
+    show,
+    user_errors,
+)
+from cs336sys.cli.options import (
+    DFF,
+    Batch,
+    Checkpoint,
+    Device,
+    DModel,
+    Label,
+    NumHeads,
+    NumLayers,
+    Resume,
+    Seed,
+    Size,
+    VocabSize,
+)
+
+ListOpt = list[str] | None
+
+
+def step(
+    size: Size = None,
+    seq: Annotated[
+        ListOpt, typer.Option(help="Context length(s). [default: 8192 on CUDA, 128 on CPU]")
+    ] = None,
+    batch: Batch = None,
+    switches: Annotated[
+        ListOpt,
+        typer.Option(
+            help="Switch sets: none, fused-adamw, fused-ce, flash, compile, sets joined with + "
+            "(fused-adamw+fused-ce), all, or ablation (none, each alone, all). "
+            "[default: ablation on CUDA, none,fused-adamw,fused-ce on CPU]"
+        ),
+    ] = None,
+    checkpoint: Checkpoint = None,
+    precision: Annotated[
+        ListOpt,
+        typer.Option(help="Autocast dtype: bf16 and/or fp32. [default: bf16 on CUDA, fp32 on CPU]"),
+    ] = None,
+    param_dtype: Annotated[
+        ListOpt,
+        typer.Option(
+            help="Weights: fp32 (master weights under autocast) and/or bf16 (16-bit weights, "
+            "fp32 optimizer state). [default: fp32]"
+        ),
+    ] = None,
+    attention: Annotated[
+        str | None,
+        typer.Option(help="The baseline attention that flash replaces. [default: sdpa]"),
+    ] = None,
+    adamw: Annotated[
+        str | None,
+        typer.Option(
+            help="What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
+            "[default: triton on CUDA, foreach on CPU]"
+        ),
+    ] = None,
+    ce: Annotated[
+        str, typer.Option(help="What fused-ce runs: torch (chunked) or triton.")
+    ] = "torch",
+    warm_cache: Annotated[
+        bool,
+        typer.Option(
+            "--warm-cache",
+            help="Compile with the inductor and Triton caches already there, instead of from "
+            "empty ones as the leaderboard's 10-minute rule counts.",
+        ),
+    ] = False,
+    warmup: Annotated[
+        int | None,
+        typer.Option(help="Steps after the first one, untimed. [default: 2 on CUDA, 1 on CPU]"),
+    ] = None,
+    iters: Annotated[
+        int | None,
+        typer.Option(help="Timed steps (do_bench's repetitions on CUDA). [default: 5, 3 on CPU]"),
+    ] = None,
+    device: Device = "auto",
+    seed: Seed = 0,
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+    resume: Resume = False,
+    label: Label = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
+    cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch
+    set, so that each optimisation's gain shows alone and together.
+
+    The default on CUDA is the leaderboard's 8B scaled to one GPU (8 of its 34 layers, context 8192, batch 2); --num-layers, --seq, --batch and --vocab-size scale it. --checkpoint groups:A,B,... finds the largest model that fits. Out-of-memory points are stored as `oom` and the sweep goes on.
+
+    Example:
+
+        cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
+    """  # noqa: E501
+    from cs336sys.experiments import speedrun as exp
+    from cs336sys.experiments.sweep import run_sweep
+
+    with user_errors():
+        specs = exp.specs(
+            size=size, context_length=seq, batch_size=batch, precision=precision,
+            param_dtype=param_dtype, switches=switches, checkpoint=checkpoint,
+            attention=attention, adamw=adamw, ce=ce, cold_cache=not warm_cache, warmup=warmup,
+            steps=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
+            num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size,
+        )  # fmt: skip
+    check_db(db)
+    emulated(specs[0].device, [s.precision for s in specs])
+    with recording(db, "step", specs[0].device, label=label) as rec:
+        points = run_sweep(
+            exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("step", point_name)
+        )
+        show(exp.EXPERIMENT, points)
+
+
+def point_name(spec) -> str:
+    """A point in a few words, for the progress bar."""
+    return f"{spec.size} L={spec.num_layers} T={spec.context_length} {spec.switches}"

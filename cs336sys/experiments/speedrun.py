@@ -1,0 +1,465 @@
+"""The training-step speedrun (issue 17): one full training step timed the way the CS336 2026
+leaderboard times it, with each optimisation a switch.
+
+The leaderboard's step is
+
+    optimizer.zero_grad(); loss = cross_entropy(model(x), y) summed over the batch;
+    loss.backward(); optimizer.step()
+
+on the 8B config (d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936, context 32768,
+batch 2, bf16, causal), timed with `triton.testing.do_bench`. Here the whole step is one
+function with no sync inside (unlike `cs336sys model`, which times each phase): do_bench on
+CUDA, the loop timer (a sync before and after each call) on a CPU. `--num-layers`, `--seq`,
+`--batch` and `--vocab-size` scale the config down to one GPU.
+
+The switches, each alone or together (`fused-adamw+fused-ce`, `all`, or `ablation` for none,
+each alone and all):
+
+    fused-adamw  our fused AdamW instead of the reference loop (models/adamw.py): the Triton
+                 kernel on CUDA, the multi-tensor (foreach) one on a CPU, `--adamw` picks;
+    fused-ce     the LM head and cross-entropy fused (models/fused_ce.py): the (B·T, V) logits
+                 are never materialised;
+    flash        our Triton FlashAttention-2 (causal) as the model's attention instead of the
+                 baseline `--attention` (SDPA by default);
+    compile      torch.compile of each block, from an empty cache: the compile time and the
+                 point's wall time are stored, next to the leaderboard's 10-minute rule.
+
+Activation checkpointing is an axis of its own (`--checkpoint none,groups:14,14,6`): it buys
+memory, not time, and finding the largest model that fits is what it is for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cs336sys.bench.declaration import (
+    Column,
+    Experiment,
+    Metric,
+    Ratio,
+    Table,
+    settings_keys,
+    timing,
+)
+from cs336sys.bench.result import Result
+from cs336sys.bench.stats import flatten
+from cs336sys.bench.sweep import (
+    SpecError,
+    check_seed,
+    check_triton,
+    checkpoint_list,
+    choices,
+    counts,
+    device_choice,
+    expand,
+    listed,
+    positive_ints,
+)
+from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+
+SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
+ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
+CE_IMPLS = ("torch", "triton")  # what fused-ce runs
+BASELINE_OPTIMIZER = "adamw"  # the reference loop: 7 elementwise kernels per parameter
+LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
+PARAM_DTYPES = ("fp32", "bf16")
+
+# A GPU gets the 8B scaled to one H100 (issue 17: 8 layers at context 8192, batch 2); a CPU
+# a point that finishes in seconds, in fp32 (bf16 is emulated on CPUs without AVX512-BF16).
+DEFAULTS = {
+    "cuda": dict(size="8b", num_layers=8, context_length=8192, batch_size=2, warmup=2, steps=5,
+                 adamw="triton", attention="sdpa", switches="ablation", precision="bf16"),
+    "cpu": dict(size="tiny", num_layers=None, context_length=128, batch_size=2, warmup=1,
+                steps=3, adamw="foreach", attention="sdpa", switches="none,fused-adamw,fused-ce",
+                precision="fp32"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    size: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    context_length: int
+    batch_size: int
+    precision: str  # autocast dtype: bf16 (the leaderboard's) or fp32
+    param_dtype: str  # fp32 master weights under autocast, or bf16 weights (fp32 optimizer state)
+    switches: str  # "none" or the switches on, "+"-joined in SWITCHES order
+    optimizer: str  # what ran, resolved from the switches
+    loss: str  # materialised | fused-torch | fused-triton
+    attention: str
+    compile: bool
+    checkpoint: str = "none"
+    timer: str = "loop"  # do_bench (CUDA) | loop
+    cold_cache: bool = True  # compile: fresh inductor and Triton caches for the point
+    warmup: int = 1
+    steps: int = 3
+    device: str = "cpu"
+    seed: int = 0
+
+    def config(self) -> ModelConfig:
+        return ModelConfig.of(self)
+
+    def settings(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str, ...]]:
+    """`--switches none,fused-ce,fused-adamw+fused-ce,all` -> the switch sets, in order.
+    `ablation` is none, each switch alone, and all of them."""
+    out: list[tuple[str, ...]] = []
+    for item in listed(values, "--switches", default.split(",")):
+        if item == "ablation":
+            sets = [(), *((s,) for s in SWITCHES), SWITCHES]
+        elif item == "all":
+            sets = [SWITCHES]
+        elif item == "none":
+            sets = [()]
+        else:
+            names = [n.strip() for n in item.split("+")]
+            for n in names:
+                if n not in SWITCHES:
+                    raise SpecError(f"--switches: unknown switch {n!r}; choose from "
+                                    f"{', '.join(SWITCHES)}, or none, all, ablation")  # fmt: skip
+            sets = [tuple(s for s in SWITCHES if s in names)]
+        out += [s for s in sets if s not in out]
+    return out
+
+
+def specs(
+    *,
+    size: Iterable[str] | None = None,
+    context_length: Iterable[Any] | None = None,
+    batch_size: Iterable[Any] | None = None,
+    precision: Iterable[str] | None = None,
+    param_dtype: Iterable[str] | None = None,
+    switches: Iterable[str] | None = None,
+    checkpoint: Iterable[str] | None = None,
+    attention: str | None = None,
+    adamw: str | None = None,
+    ce: str = "torch",
+    cold_cache: bool = True,
+    warmup: int | None = None,
+    steps: int | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    vocab_size: int | None = None,
+) -> list[StepSpec]:
+    """The points of a step sweep (the product of the list options), validated; SpecError
+    names the first bad option. What is not given takes the device's default (DEFAULTS)."""
+    dev = device_choice(device)
+    on_cuda = dev.startswith("cuda")
+    defaults = DEFAULTS["cuda" if on_cuda else "cpu"]
+    warmup = defaults["warmup"] if warmup is None else warmup
+    steps = defaults["steps"] if steps is None else steps
+    counts(warmup, steps)
+    check_seed(seed)
+    sizes = listed(size, "--size", [defaults["size"]])
+    for s in sizes:
+        if s not in PRESETS:
+            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    if num_layers is None and size is None:
+        num_layers = defaults["num_layers"]  # the default 8B is scaled down to fit
+    for name, value in dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                            num_heads=num_heads, vocab_size=vocab_size).items():  # fmt: skip
+        if value is not None and value <= 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    precisions = choices(
+        precision, ("bf16", "fp32"), "--precision", default=[defaults["precision"]]
+    )
+    param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
+    sets = parse_switches(switches, defaults["switches"])
+    adamw = adamw or defaults["adamw"]
+    if adamw not in ADAMW_IMPLS:
+        raise SpecError(f"--adamw: unknown value {adamw!r}; choose from {', '.join(ADAMW_IMPLS)}")
+    if ce not in CE_IMPLS:
+        raise SpecError(f"--ce: unknown value {ce!r}; choose from {', '.join(CE_IMPLS)}")
+    from cs336sys.bench.registry import ATTENTION
+
+    attention = attention or defaults["attention"]
+    if attention not in ATTENTION.names():
+        raise SpecError(f"--attention: unknown value {attention!r}; choose from "
+                        f"{', '.join(ATTENTION.names())}")  # fmt: skip
+    on = {s for switch_set in sets for s in switch_set}
+    if "flash" in on or attention == "triton":
+        check_triton(on_cuda, "--switches flash")
+    if "fused-adamw" in on and adamw == "triton":
+        check_triton(on_cuda, "--switches fused-adamw (--adamw triton)")
+    if "fused-ce" in on and ce == "triton":
+        check_triton(on_cuda, "--switches fused-ce (--ce triton)")
+    if "fused-adamw" in on and adamw == "torch-fused" and not on_cuda:
+        raise SpecError("--adamw torch-fused: torch's fused AdamW is benchmarked on CUDA only")
+    contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
+    batches = positive_ints(batch_size, "--batch", default=[defaults["batch_size"]])
+    out = []
+    for p in expand({"size": sizes, "context_length": contexts, "batch_size": batches,
+                     "precision": precisions, "param_dtype": param_dtypes,
+                     "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
+        try:
+            cfg = from_preset(p["size"], context_length=p["context_length"],
+                              checkpoint=p["checkpoint"], d_model=d_model, d_ff=d_ff,
+                              num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
+        except ValueError as exc:
+            text = str(exc)
+            raise SpecError(f"--checkpoint: {text}" if "checkpoint" in text else text) from None
+        on = p["switches"]
+        out.append(StepSpec(
+            size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
+            context_length=p["context_length"], batch_size=p["batch_size"],
+            precision=p["precision"], param_dtype=p["param_dtype"],
+            switches="+".join(on) or "none",
+            optimizer=f"adamw-{adamw}" if "fused-adamw" in on else BASELINE_OPTIMIZER,
+            loss=f"fused-{ce}" if "fused-ce" in on else "materialised",
+            attention="triton" if "flash" in on else attention,
+            compile="compile" in on, checkpoint=p["checkpoint"],
+            timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
+            warmup=warmup, steps=steps, device=dev, seed=seed,
+        ))  # fmt: skip
+    return list(dict.fromkeys(out))
+
+
+# -- the step ---------------------------------------------------------------------------------
+
+
+def optimizer_name(spec: StepSpec) -> str:
+    """The name `make_optimizer` knows for the spec's optimizer (torch-fused is torch's)."""
+    return "torch-adamw-fused" if spec.optimizer == "adamw-torch-fused" else spec.optimizer
+
+
+def build(spec: StepSpec) -> tuple[Any, Any, Any]:
+    """(model, optimizer, step function) for a point; the step function runs one leaderboard
+    step and returns its loss, detached."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from cs336sys.bench.dtypes import autocast_dtype, torch_dtype
+    from cs336sys.experiments.step import make_batch, make_model, make_optimizer
+
+    config = dataclasses.replace(spec.config(), attention=spec.attention)
+    model = make_model(config, spec.device, spec.seed)
+    if spec.param_dtype != "fp32":
+        model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
+    if spec.compile:
+        for layer in model.layers:
+            if os.environ.get("TRITON_INTERPRET") == "1":
+                # Dynamo cannot trace Triton's interpreter (numpy on host pointers): under it
+                # the kernel runs eagerly, a graph break. On a GPU the kernel is traced.
+                layer.attn.attention_fn = torch.compiler.disable(layer.attn.attention_fn)
+            layer.compile()  # per block, so checkpointing still wraps groups of blocks
+    optimizer = make_optimizer(optimizer_name(spec), model.parameters())
+    x, y = make_batch(spec.seed, spec.batch_size, spec.context_length, config.vocab_size)
+    x, y = x.to(spec.device), y.to(spec.device)  # (B, T) each
+    amp = autocast_dtype(spec.precision)
+    device_type = torch.device(spec.device).type
+    fused_impl = spec.loss.removeprefix("fused-") if spec.loss != "materialised" else None
+    if fused_impl is not None:
+        from cs336sys.models.fused_ce import linear_cross_entropy
+
+    def train_step() -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
+            if fused_impl is None:
+                logits = model(x)  # (B, T, V), materialised
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+            else:
+                h = model.hidden(x)  # (B, T, C): the logits are made a chunk of rows at a time
+                loss = linear_cross_entropy(h, model.lm_head.weight, y, reduction="sum",
+                                            impl=fused_impl)  # fmt: skip
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return model, optimizer, train_step
+
+
+@contextlib.contextmanager
+def empty_compile_cache(enabled: bool) -> Iterator[None]:
+    """Fresh inductor and Triton cache folders and a reset dynamo, so that a compiled point
+    pays the compile a first run pays (the leaderboard's rule is from an empty cache)."""
+    if not enabled:
+        yield
+        return
+    import torch
+
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    before = {n: os.environ.get(n) for n in names}
+    with tempfile.TemporaryDirectory(prefix="cs336sys-compile-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            torch._dynamo.reset()
+
+
+def run(spec: StepSpec) -> Result:
+    import torch
+
+    from cs336sys.bench.device import device_name, peak_tflops, synchronize
+    from cs336sys.bench.timing import time_do_bench, time_loop
+    from cs336sys.models.flops import step_flops
+
+    t_start = time.perf_counter()
+    on_cuda = spec.device.startswith("cuda")
+    losses: list[Any] = []
+    with empty_compile_cache(spec.cold_cache):
+        model, optimizer, train_step = build(spec)
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(spec.device)
+
+        def step() -> None:
+            losses.append(train_step())
+
+        # The first call pays torch.compile, autotuning and the allocator's first requests.
+        synchronize(spec.device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(spec.device)
+        first_s = time.perf_counter() - t0
+        warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
+        if spec.timer == "do_bench":
+            estimate = sorted(warm)[len(warm) // 2] if warm else first_s * 1e3
+            samples = time_do_bench(step, calls=spec.steps, call_ms=estimate)
+        else:
+            samples = time_loop(step, 0, spec.steps, spec.device)
+        wall_s = time.perf_counter() - t_start
+    peak_cpu = None if on_cuda or spec.compile else tensor_peak_bytes(model, optimizer, train_step)
+
+    config = spec.config()
+    metrics: dict[str, Any] = flatten("step_ms", samples)
+    B, T = spec.batch_size, spec.context_length
+    step_s = metrics["step_ms_median"] / 1e3
+    flops = step_flops(config, B, T, "train")
+    tflops = flops / step_s / 1e12
+    peak = peak_tflops(device_name(spec.device), spec.precision)
+    n_params = sum(p.numel() for p in model.parameters())
+    metrics.update(
+        params=n_params,
+        tokens_per_step=B * T,
+        tokens_per_s=B * T / step_s,
+        flops_per_step=flops,
+        tflops=tflops,
+        peak_tflops=peak,
+        mfu=tflops / peak if peak else None,
+        peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
+        peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,
+        peak_tensor_mb=peak_cpu / 2**20 if peak_cpu is not None else None,
+        first_step_s=first_s,
+        compile_s=max(first_s - step_s, 0.0) if spec.compile else None,
+        wall_s=wall_s,
+        within_limit=wall_s <= LIMIT_S,
+        loss_first=float(losses[0]),
+        loss_last=float(losses[-1]),
+    )
+    return Result("ok", metrics=metrics,
+                  samples={"step_ms": samples, "warmup": {"step_ms": warm},
+                           "loss": [float(v) for v in losses]})  # fmt: skip
+
+
+def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
+    """CPU: the peak bytes of live tensors over one more step (bench/live_tensors.py), with
+    the weights, gradients' homes and optimizer state counted from the start, as CUDA's
+    max_memory_allocated counts them."""
+    from cs336sys.bench.live_tensors import LiveTensorTracker
+    from cs336sys.bench.memory import optimizer_tensors
+
+    tracker = LiveTensorTracker()
+    tracker.adopt([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)])
+    with tracker:
+        train_step()
+    return tracker.peak
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+def _vs_none(row: Any) -> float | None:
+    return row.get("step_ms_median")
+
+
+TABLE = Table(
+    "One training step, each optimisation switched on",
+    (
+        Column("size", "size", setting=True),
+        Column("layers", "num_layers", setting=True),
+        Column("ctx", "context_length", setting=True),
+        Column("batch", "batch_size", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("params", "param_dtype", setting=True),
+        Column("ckpt", "checkpoint", setting=True),
+        Column("switches", "switches", setting=True),
+        Column("step ms", "step_ms", "mean_std"),
+        Column("median ms", "step_ms_median", "num"),
+        Column(
+            "vs none",
+            ratio=Ratio(
+                _vs_none,
+                {"switches": "none"},
+                ("switches", "optimizer", "loss", "attention", "compile", "cold_cache"),
+            ),
+        ),  # fmt: skip
+        Column("tokens/s", "tokens_per_s", "num"),
+        Column("MFU", "mfu", "pct"),
+        Column("peak MiB", "peak_allocated_mb", "num", optional=True),
+        Column("tensor peak MiB", "peak_tensor_mb", "num", optional=True),
+        Column("compile s", "compile_s", "num", optional=True),
+        Column("wall s", "wall_s", "num"),
+    ),
+    note="vs none: the step time with no switch over this one's, at the same settings "
+    "(2.00x = twice as fast). wall s: the point from model build to its last timed step, "
+    f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
+)
+
+EXPERIMENT = Experiment(
+    kind="step",
+    view="step_runs",
+    title="Training step: what each optimisation buys",
+    spec=StepSpec,
+    run=run,
+    settings=settings_keys(StepSpec),
+    metrics=(
+        *timing(
+            "step_ms", "one leaderboard step: zero_grad, forward, summed loss, backward, AdamW"
+        ),
+        Metric("params", "", "parameters of the model"),
+        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
+        Metric("tokens_per_s", "tokens/s", "tokens per step / median step time"),
+        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
+        Metric("tflops", "TFLOP/s", "achieved: FLOPs per step / median step time"),
+        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
+        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors over the point"),
+        Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
+        Metric("peak_tensor_mb", "MiB", "CPU: peak bytes of live tensors over one step"),
+        Metric("first_step_s", "s", "the first step: compile, autotuning and first allocations"),
+        Metric("compile_s", "s", "compile: the first step's time beyond a median step"),
+        Metric("wall_s", "s", "the point's wall time, model build to the last timed step"),
+        Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
+        Metric("loss_first", "", "loss of the first step (summed over the batch's tokens)"),
+        Metric("loss_last", "", "loss of the last timed step"),
+    ),
+    tables=(TABLE,),
+    compare="step_ms",
+)

@@ -1,0 +1,63 @@
+"""The report's plot for `cs336sys step` (issue 17): what each optimisation buys.
+
+One chart per configuration (model shape, context, batch, precision, weights, checkpointing,
+GPU): a bar per switch set, the median step time, with the speed-up over no switch written
+above its tokens/s bar. The table above it has every figure; the chart shows the ranking.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cs336sys.report.plots import Bar, Bars
+from cs336sys.report.sections import Figure, Row, Section, left_out, text
+
+MAX_CHARTS = 6
+# What makes two step points the same configuration (the switches vary within a chart).
+_CONFIG = ("size", "num_layers", "context_length", "batch_size", "precision", "param_dtype",
+           "checkpoint", "d_model", "vocab_size")  # fmt: skip
+_SWITCH_ORDER = ("none", "fused-adamw", "fused-ce", "flash", "compile")
+
+
+def _order(switches: str) -> tuple[int, int, str]:
+    """none first, then single switches in their order, then sets by size."""
+    names = switches.split("+")
+    first = _SWITCH_ORDER.index(names[0]) if names[0] in _SWITCH_ORDER else len(_SWITCH_ORDER)
+    return (len(names) if switches != "none" else 0, first, switches)
+
+
+def _title(s: dict[str, Any], gpu: Any) -> str:
+    return (f"{s.get('size')} L={s.get('num_layers')} T={s.get('context_length')} "
+            f"B={s.get('batch_size')} {s.get('precision')} weights={s.get('param_dtype')} "
+            f"ckpt={s.get('checkpoint')}" + (f" [{gpu}]" if gpu else ""))  # fmt: skip
+
+
+def section(sec: Section, pts: list[Row]) -> None:
+    """A bar chart of step time per switch set, one per configuration."""
+    ok = [r for r in pts if r.get("status") == "ok" and r.get("step_ms_median")]
+    charts: dict[tuple, list[Row]] = {}
+    for r in ok:
+        s = r["_settings"]
+        charts.setdefault((r.get("gpu"), *(str(s.get(k)) for k in _CONFIG)), []).append(r)
+    titles = [_title(g[0]["_settings"], g[0].get("gpu")) for g in charts.values()]
+    for i, g in enumerate(list(charts.values())[:MAX_CHARTS]):
+        g = sorted(g, key=lambda r: _order(r["_settings"].get("switches", "")))
+        base = next((r["step_ms_median"] for r in g if r["_settings"].get("switches") == "none"),
+                    None)  # fmt: skip
+        bars = tuple(
+            Bar("", r["_settings"].get("switches", ""), (r["step_ms_median"],),
+                r["step_ms_median"], r.get("tokens_per_s"),
+                f"{base / r['step_ms_median']:.2f}×" if base else "")
+            for r in g
+        )  # fmt: skip
+        plot = Bars(bars, ("step",), "step time (ms, median)", "tokens/s",
+                    f"Step time per switch set ({titles[i]})",
+                    side_title="speed-up over none above each bar" if base else "")  # fmt: skip
+        if not plot.informative:
+            continue
+        note = (
+            left_out(titles[:MAX_CHARTS], titles, "configurations") if i == MAX_CHARTS - 1 else ""
+        )
+        sec.figures.append(Figure(f"What each switch buys: {text(titles[i])}",
+                                  "step-switches" + (f"-{i + 1}" if i else ""), plot=plot,
+                                  note=note))  # fmt: skip

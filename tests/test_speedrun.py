@@ -1,0 +1,117 @@
+"""`cs336sys step` (issue 17): the leaderboard's training step with each optimisation a
+switch. The switches must not change what is computed: all of them on give the plain step's
+losses, step after step."""
+
+import json
+import sqlite3
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cs336sys.bench.sweep import SpecError
+from cs336sys.cli import app
+from cs336sys.experiments import speedrun
+from tests.conftest import MICRO
+
+runner = CliRunner()
+# A model of milliseconds a step: 2 layers, d 64, 4 heads, vocabulary 256.
+SHAPE = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+             context_length=[32], batch_size=[2], device="cpu")  # fmt: skip
+
+
+def test_switch_sets_expand_in_a_fixed_order():
+    sets = speedrun.parse_switches(["ablation"], "none")
+    assert sets == [(), ("fused-adamw",), ("fused-ce",), ("flash",), ("compile",),
+                    ("fused-adamw", "fused-ce", "flash", "compile")]  # fmt: skip
+    # A set is the same whatever order its names come in; repeats collapse.
+    assert speedrun.parse_switches(["fused-ce+fused-adamw,fused-adamw+fused-ce", "none"], "") == [
+        ("fused-adamw", "fused-ce"), ()]  # fmt: skip
+    with pytest.raises(SpecError, match="unknown switch 'fused-everything'"):
+        speedrun.parse_switches(["fused-everything"], "none")
+
+
+def test_specs_resolve_what_each_switch_runs():
+    plain, everything = speedrun.specs(**SHAPE, switches=["none,all"])
+    assert (plain.switches, plain.optimizer, plain.loss, plain.attention, plain.compile,
+            plain.cold_cache) == ("none", "adamw", "materialised", "sdpa", False, False)  # fmt: skip
+    assert (everything.switches, everything.optimizer, everything.loss, everything.attention,
+            everything.compile, everything.cold_cache) == (
+        "fused-adamw+fused-ce+flash+compile", "adamw-foreach", "fused-torch", "triton", True, True)  # fmt: skip
+    assert plain.timer == "loop" and plain.precision == "fp32"  # a CPU's defaults
+    (triton_adamw,) = speedrun.specs(**SHAPE, switches=["fused-adamw"], adamw="triton")
+    assert triton_adamw.optimizer == "adamw-triton"
+
+
+def _losses(switches, **extra):
+    (spec,) = speedrun.specs(**SHAPE, switches=[switches], warmup=0, steps=2, **extra)
+    result = speedrun.run(spec)
+    assert result.status == "ok", result.error
+    return result.samples["loss"], result
+
+
+@pytest.mark.slow
+def test_every_switch_on_gives_the_plain_steps_losses():
+    """First step plus two timed ones: the same loss trajectory with fused AdamW (Triton, run
+    by the interpreter), the fused LM head + cross-entropy, our FlashAttention-2 and compiled
+    blocks as with none of them."""
+    plain, _ = _losses("none")
+    fused, result = _losses("all", adamw="triton")
+    assert len(plain) == len(fused) == 3
+    assert plain[0] != plain[2]  # the optimizer moved the weights: the trajectory says something
+    torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=1e-5, atol=0)
+    m = result.metrics
+    assert m["compile_s"] > 0 and m["first_step_s"] > m["compile_s"]
+    assert m["within_limit"] is True and m["wall_s"] <= speedrun.LIMIT_S
+
+
+@pytest.mark.slow
+def test_bf16_switches_keep_the_trajectory_within_bf16_rounding():
+    plain, _ = _losses("none", precision=["bf16"])
+    fused, _ = _losses("fused-adamw+fused-ce+flash", precision=["bf16"])
+    # Summed over 64 tokens of ln(256) = 5.5 each: bf16 matmuls round at 2^-8 relative.
+    torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=2e-2, atol=0)
+
+
+def test_bf16_weights_train_with_fp32_optimizer_state():
+    losses, result = _losses("fused-adamw", param_dtype=["bf16"])
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert result.metrics["params"] > 0
+
+
+def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
+    out = runner.invoke(app, ["step", *MICRO, "--seq", "16", "--switches", "none,fused-ce",
+                              "--checkpoint", "none,groups:1,1", "--db", str(db_path)])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    with sqlite3.connect(db_path) as con:
+        rows = con.execute("select switches, checkpoint, loss, step_ms_median, loss_first, status "
+                           "from step_runs order by switches, checkpoint").fetchall()  # fmt: skip
+        samples = con.execute("select samples from runs").fetchall()
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("fused-ce", "groups:1,1", "fused-torch"), ("fused-ce", "none", "fused-torch"),
+        ("none", "groups:1,1", "materialised"), ("none", "none", "materialised")]  # fmt: skip
+    assert all(r[5] == "ok" and r[3] > 0 for r in rows)
+    # Checkpointing and the fused loss change how, not what: the same first loss everywhere.
+    firsts = [r[4] for r in rows]
+    assert max(firsts) - min(firsts) <= 1e-4 * abs(firsts[0])
+    assert all(len(json.loads(s)["loss"]) == 1 + 1 + 3 for (s,) in samples)  # first, warm-up, timed
+    assert "vs none" in out.output and "groups:1,1" in out.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--d-model", "100", "--num-heads", "3"], "not divisible by num_heads"),
+        (["--switches", "turbo"], "unknown switch 'turbo'"),
+        (["--checkpoint", "groups:1,2"], "sum to 3, not num_layers=2"),
+        (["--adamw", "fastest"], "--adamw: unknown value"),
+        (["--num-layers", "0"], "--num-layers must be positive"),
+        (["--precision", "fp16"], "--precision: unknown value"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message):
+    out = runner.invoke(app, ["step", *MICRO, *args, "--db", str(db_path)])
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+    assert len([line for line in out.output.splitlines() if line.strip()]) == 1
+    assert not db_path.exists()
