@@ -49,6 +49,7 @@ from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS
     pinned_config,
     pinned_tiles,
 )
+from cs336sys.bench.triton_support import check_available as _available
 
 __all__ = ["INTERPRETED", "FlashAttention2Triton", "check_available", "flash_attention_triton"]
 
@@ -93,18 +94,7 @@ LOG2E = 1.4426950408889634
 
 def check_available(device: torch.device | str) -> None:
     """Raise RuntimeError unless the kernels can run on tensors on `device`."""
-    device_type = torch.device(device).type
-    if device_type == "cuda" and INTERPRETED:
-        raise RuntimeError(
-            "--impl triton got CUDA tensors but TRITON_INTERPRET=1 was set when its kernels "
-            "were defined, so they run only in Triton's interpreter on CPU tensors; unset "
-            "TRITON_INTERPRET to run them on the GPU."
-        )
-    if device_type != "cuda" and not INTERPRETED:
-        raise RuntimeError(
-            "--impl triton needs CUDA, or TRITON_INTERPRET=1 to run the kernels in Triton's "
-            "interpreter on CPU."
-        )
+    _available(device, INTERPRETED, "--impl triton")
 
 
 def _on_device(t: torch.Tensor):

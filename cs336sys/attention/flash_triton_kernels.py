@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from cs336sys.bench.triton_support import interpreted, round_bf16
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
@@ -66,11 +67,7 @@ def _cast(x, dtype, ROUND_BF16: tl.constexpr):
     gradients' error. With ROUND_BF16 (set only when interpreted) x is first rounded to
     nearest-even on its bit pattern, so the truncating cast is exact. GPUs round natively.
     """
-    if ROUND_BF16:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
+    return round_bf16(x, ROUND_BF16).to(dtype)
 
 
 @triton.jit
@@ -497,4 +494,4 @@ def _attn_bwd_dq_kernel(
 
 # The kernels were defined by the interpreter exactly when triton.jit saw TRITON_INTERPRET=1
 # at import time; asking the kernel object avoids re-implementing that environment parsing.
-INTERPRETED: bool = isinstance(_attn_fwd_kernel, InterpretedFunction)
+INTERPRETED: bool = interpreted(_attn_fwd_kernel)

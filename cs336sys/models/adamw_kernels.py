@@ -44,7 +44,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from cs336sys.bench.triton_support import check_available as _available
+from cs336sys.bench.triton_support import interpreted, round_bf16
 
 # BLOCK elements per step of a program: 8 per thread with 8 warps, two 16-byte fp32 loads.
 # A multi-tensor program owns CHUNK elements of one tensor (torch uses 65536 per block).
@@ -84,10 +86,7 @@ def _adamw_block(
     denom = tl.div_rn(tl.sqrt_rn(v), bias_correction2_sqrt) + eps
     p = p + tl.div_rn(neg_step_size * m, denom)
 
-    if ROUND_BF16:
-        bits = p.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
-        p = bits.to(tl.float32, bitcast=True)
+    p = round_bf16(p, ROUND_BF16)
     tl.store(p_ptr + offs, p.to(p_in.dtype), mask=mask)
     tl.store(m_ptr + offs, m, mask=mask)  # the moments are float32 (the launchers check)
     tl.store(v_ptr + offs, v, mask=mask)
@@ -146,23 +145,12 @@ def _adamw_multi_kernel(
 
 
 # Defined by Triton's interpreter (TRITON_INTERPRET=1 at import time): runs on CPU tensors only.
-INTERPRETED: bool = isinstance(_adamw_kernel, InterpretedFunction)
+INTERPRETED: bool = interpreted(_adamw_kernel)
 
 
 def check_available(device: torch.device | str) -> None:
     """Raise RuntimeError unless the kernels can run on tensors on `device`."""
-    device_type = torch.device(device).type
-    if device_type == "cuda" and INTERPRETED:
-        raise RuntimeError(
-            "adamw-triton got CUDA tensors but TRITON_INTERPRET=1 was set when its kernels were "
-            "defined, so they run only in Triton's interpreter on CPU tensors; unset "
-            "TRITON_INTERPRET to run them on the GPU."
-        )
-    if device_type != "cuda" and not INTERPRETED:
-        raise RuntimeError(
-            "adamw-triton needs CUDA, or TRITON_INTERPRET=1 to run its kernels in Triton's "
-            "interpreter on CPU."
-        )
+    _available(device, INTERPRETED, "adamw-triton")
 
 
 def _check(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
+
+from cs336sys.bench.triton_support import check_available as _available
+from cs336sys.bench.triton_support import interpreted, round_bf16
 
 __all__ = ["INTERPRETED", "check_available", "softmax_cross_entropy_"]
 
@@ -32,21 +34,6 @@ __all__ = ["INTERPRETED", "check_available", "softmax_cross_entropy_"]
 GPU_BLOCK_V, GPU_WARPS = 32768, 32
 INTERPRETER_BLOCK_V = 4096
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@triton.jit
-def _round_bf16(x, ROUND_BF16: tl.constexpr):
-    """x rounded to the nearest bfloat16 (as float32) when ROUND_BF16.
-
-    The Triton 3.9 interpreter truncates float32 -> bfloat16 casts (GPUs round to nearest);
-    rounding first makes its truncation exact. Same fix as `_cast` in
-    cs336sys/attention/flash_triton_kernels.py (models may not import attention).
-    """
-    if ROUND_BF16:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x
 
 
 @triton.jit
@@ -85,28 +72,18 @@ def _softmax_ce_kernel(
             mask = cols < n_cols
             x = tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
             grad = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * scale
-            grad = _round_bf16(grad, ROUND_BF16)
+            grad = round_bf16(grad, ROUND_BF16)
             tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
 # The kernel was defined by Triton's interpreter (TRITON_INTERPRET=1 at import time), so it
 # runs on CPU tensors only; otherwise it is compiled for CUDA.
-INTERPRETED: bool = isinstance(_softmax_ce_kernel, InterpretedFunction)
+INTERPRETED: bool = interpreted(_softmax_ce_kernel)
 
 
 def check_available(device: torch.device | str) -> None:
     """Raise RuntimeError unless the kernel can run on tensors on `device`."""
-    device_type = torch.device(device).type
-    if device_type == "cuda" and INTERPRETED:
-        raise RuntimeError(
-            "impl='triton' got CUDA tensors but TRITON_INTERPRET=1 was set when its kernel was "
-            "defined, so it runs only in Triton's interpreter on CPU tensors."
-        )
-    if device_type != "cuda" and not INTERPRETED:
-        raise RuntimeError(
-            "impl='triton' needs CUDA, or TRITON_INTERPRET=1 to run the kernel in Triton's "
-            "interpreter on CPU."
-        )
+    _available(device, INTERPRETED, "impl='triton'")
 
 
 def softmax_cross_entropy_(

@@ -1,0 +1,51 @@
+"""What every Triton kernel module of the package shares (attention/flash_triton*, and
+models/adamw_kernels, models/fused_ce_triton): whether Triton's interpreter defined the
+kernels, the one refusal when tensors are on the wrong side of that, and the interpreter's
+bfloat16 rounding fix. Imported only by kernel modules, so importing triton here is fine.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+def interpreted(kernel: object) -> bool:
+    """True when `kernel` was defined by Triton's interpreter (TRITON_INTERPRET=1 at import
+    time): it then runs on CPU tensors only; otherwise it is compiled for CUDA."""
+    return isinstance(kernel, InterpretedFunction)
+
+
+def check_available(device: torch.device | str, is_interpreted: bool, what: str) -> None:
+    """Raise RuntimeError, naming `what` (e.g. "adamw-triton"), unless kernels defined
+    `is_interpreted` can run on tensors on `device`."""
+    device_type = torch.device(device).type
+    if device_type == "cuda" and is_interpreted:
+        raise RuntimeError(
+            f"{what} got CUDA tensors but TRITON_INTERPRET=1 was set when its kernels were "
+            "defined, so they run only in Triton's interpreter on CPU tensors; unset "
+            "TRITON_INTERPRET to run them on the GPU."
+        )
+    if device_type != "cuda" and not is_interpreted:
+        raise RuntimeError(
+            f"{what} needs CUDA, or TRITON_INTERPRET=1 to run its kernels in Triton's "
+            "interpreter on CPU."
+        )
+
+
+@triton.jit
+def round_bf16(x, ROUND_BF16: tl.constexpr):
+    """float32 x rounded to the nearest bfloat16 (still float32) when ROUND_BF16.
+
+    The Triton 3.9 interpreter truncates float32 -> bfloat16 casts, a 1-ulp error always
+    towards zero (summed over a row of P~ or dS it more than doubles attention's gradient
+    error). Rounding to nearest-even on the bit pattern first makes the truncating cast
+    exact. Set it only when interpreted: GPUs round natively.
+    """
+    if ROUND_BF16:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536  # -65536 = 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x
