@@ -115,3 +115,22 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message
     assert message in out.output
     assert len([line for line in out.output.splitlines() if line.strip()]) == 1
     assert not db_path.exists()
+
+
+def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path, monkeypatch):
+    """--num-layers 2,3,4 finds the largest model that fits: 3 runs out of memory, so 4 is
+    stored as skipped without running (a real OOM needs a GPU; the run raises one here)."""
+    real = speedrun.run
+
+    def run(spec):
+        if spec.num_layers >= 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(spec)
+
+    monkeypatch.setattr(speedrun, "run", run)
+    out = runner.invoke(app, ["step", *MICRO, "--seq", "16", "--num-layers", "4,2,3",
+                              "--switches", "none", "--db", str(db_path)])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    with sqlite3.connect(db_path) as con:
+        rows = con.execute("select num_layers, status from step_runs order by num_layers").fetchall()
+    assert rows == [(2, "ok"), (3, "oom"), (4, "skipped")]

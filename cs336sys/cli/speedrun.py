@@ -24,7 +24,6 @@ from cs336sys.cli.options import (
     DModel,
     Label,
     NumHeads,
-    NumLayers,
     Resume,
     Seed,
     Size,
@@ -94,7 +93,14 @@ def step(
     seed: Seed = 0,
     d_model: DModel = None,
     d_ff: DFF = None,
-    num_layers: NumLayers = None,
+    num_layers: Annotated[
+        ListOpt,
+        typer.Option(
+            help="Override the preset's num_layers; a list (8,12,16) finds the largest that "
+            "fits: after an out-of-memory the larger counts are skipped. [default: 8 for the "
+            "default 8b on CUDA]"
+        ),
+    ] = None,
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
     resume: Resume = False,

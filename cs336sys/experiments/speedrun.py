@@ -154,7 +154,7 @@ def specs(
     seed: int = 0,
     d_model: int | None = None,
     d_ff: int | None = None,
-    num_layers: int | None = None,
+    num_layers: Iterable[Any] | int | None = None,
     num_heads: int | None = None,
     vocab_size: int | None = None,
 ) -> list[StepSpec]:
@@ -173,8 +173,13 @@ def specs(
             raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
     if num_layers is None and size is None:
         num_layers = defaults["num_layers"]  # the default 8B is scaled down to fit
-    for name, value in dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
-                            num_heads=num_heads, vocab_size=vocab_size).items():  # fmt: skip
+    if isinstance(num_layers, int):
+        num_layers = [num_layers]
+    # A list of layer counts finds the largest model that fits: smallest first, and after an
+    # out-of-memory the larger ones with the same other settings are skipped (oom_axis).
+    layers = sorted(positive_ints(num_layers, "--num-layers")) if num_layers else [None]
+    for name, value in dict(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
+                            vocab_size=vocab_size).items():  # fmt: skip
         if value is not None and value <= 0:
             raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
     precisions = choices(
@@ -205,13 +210,14 @@ def specs(
     contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
     batches = positive_ints(batch_size, "--batch", default=[defaults["batch_size"]])
     out = []
-    for p in expand({"size": sizes, "context_length": contexts, "batch_size": batches,
+    for p in expand({"size": sizes, "num_layers": layers, "context_length": contexts,
+                     "batch_size": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
                      "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
         try:
             cfg = from_preset(p["size"], context_length=p["context_length"],
                               checkpoint=p["checkpoint"], d_model=d_model, d_ff=d_ff,
-                              num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
+                              num_layers=p["num_layers"], num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
         except ValueError as exc:
             text = str(exc)
             raise SpecError(f"--checkpoint: {text}" if "checkpoint" in text else text) from None
@@ -462,4 +468,5 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="step_ms",
+    oom_axis="num_layers",
 )
