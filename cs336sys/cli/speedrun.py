@@ -18,7 +18,6 @@ from cs336sys.cli.common import (
 )
 from cs336sys.cli.options import (
     DFF,
-    Batch,
     Checkpoint,
     Device,
     DModel,
@@ -26,7 +25,6 @@ from cs336sys.cli.options import (
     NumHeads,
     Resume,
     Seed,
-    Size,
     VocabSize,
 )
 
@@ -34,11 +32,17 @@ ListOpt = list[str] | None
 
 
 def step(
-    size: Size = None,
+    size: Annotated[
+        ListOpt,
+        typer.Option(
+            help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
+            "leaderboard's). [default: 8b on CUDA, tiny on CPU]"
+        ),
+    ] = None,
     seq: Annotated[
         ListOpt, typer.Option(help="Context length(s). [default: 8192 on CUDA, 128 on CPU]")
     ] = None,
-    batch: Batch = None,
+    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 2]")] = None,
     switches: Annotated[
         ListOpt,
         typer.Option(
@@ -111,7 +115,7 @@ def step(
     cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch
     set, so that each optimisation's gain shows alone and together.
 
-    The default on CUDA is the leaderboard's 8B scaled to one GPU (8 of its 34 layers, context 8192, batch 2); --num-layers, --seq, --batch and --vocab-size scale it. --checkpoint groups:A,B,... finds the largest model that fits. Out-of-memory points are stored as `oom` and the sweep goes on.
+    The default on CUDA is the leaderboard's 8B scaled to one GPU (8 of its 34 layers, context 8192, batch 2); --num-layers, --seq, --batch and --vocab-size scale it. A list of --num-layers (with --checkpoint none, sqrt or groups:A,B,...) finds the largest model that fits: out-of-memory points are stored as `oom`, larger layer counts are then skipped, and the sweep goes on.
 
     Example:
 
