@@ -8,6 +8,8 @@ stage of every key loop. On a CUDA host the same tests run the compiled, autotun
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -238,6 +240,12 @@ def test_pinned_tiles_are_the_first_candidate_that_fits_the_call():
     assert flash_triton._AUTOTUNE.get() is True
     with flash_triton.pinned_tiles():
         assert flash_triton._AUTOTUNE.get() is False
+        # Seen in other threads too: on CUDA autograd runs backward in a device thread.
+        seen = []
+        worker = threading.Thread(target=lambda: seen.append(flash_triton._AUTOTUNE.get()))
+        worker.start()
+        worker.join()
+        assert seen == [False]
     assert flash_triton._AUTOTUNE.get() is True
 
 

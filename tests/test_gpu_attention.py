@@ -112,6 +112,53 @@ def test_reused_launch_plans_run_the_compiled_kernel_handle(monkeypatch, layout)
     assert all(launch.run is not None for p in plans for launch in p.launches)
 
 
+TMA_CASES = [  # the descriptor kernels: each dtype, both maskings, padded head dims, odd lengths
+    ((1, 4, 1000, 128), BF16, True),
+    ((1, 4, 1000, 64), F16, False),
+    ((2, 2, 257, 80), BF16, False),
+    ((1, 2, 129, 16), F16, True),
+    ((2, 300, 64), F32, True),
+]
+
+
+@pytest.mark.parametrize("shape, dtype, causal", TMA_CASES)
+def test_tma_kernels_on_hopper_match_float64(monkeypatch, shape, dtype, causal):
+    """Issue 15: the kernels of flash_triton_tma.py, forced (they are opt-in), on an H100."""
+    from cs336sys.attention import FlashAttention2Triton, flash_triton
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA descriptors need compute capability 9 (Hopper) or newer")
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "FORCE_TMA", True)
+    check_both(shape, dtype, causal, impls=(FlashAttention2Triton,))
+    assert [p.variant for p in flash_triton._PLANS.values()] == ["tma", "tma"]
+
+
+def test_opted_in_tma_kernels_run_the_leaderboard_layout_and_reuse_plans(monkeypatch):
+    """CS336SYS_TRITON_TMA=1 on Hopper picks them for bf16 (not fp32), also for the model's
+    (B, H, T, D) views, with plans reused and launched as compiled handles."""
+    from cs336sys.attention import flash_triton
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA descriptors need compute capability 9 (Hopper) or newer")
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "TMA", True)
+    monkeypatch.setattr(flash_triton, "DIRECT_LAUNCH", True)
+    shape, causal = (1, 4, 513, 64), True
+    q, k, v, do = make_inputs(shape, shape, BF16, device="cuda")
+    ref = {n: t.cuda() for n, t in reference(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal).items()}
+    err = torch_error(q, k, v, do, causal, ref)
+    for _ in range(3):
+        qq, kk, vv = (as_layout(t, "transposed").requires_grad_() for t in (q, k, v))
+        o = flash_triton.FlashAttention2Triton.apply(qq, kk, vv, causal)
+        o.backward(as_layout(do, "transposed"))
+        assert_close({"o": o, "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, ref, BF16, err)
+    plans = list(flash_triton._PLANS.values())
+    assert [(p.variant, p.hits, p.views) for p in plans] == [("tma", 2, False)] * 2
+    flash_triton.flash_attention_triton(q.float(), k.float(), v.float(), causal)
+    assert list(flash_triton._PLANS.values())[-1].variant == "pointer"
+
+
 def test_compiled_flash_torch_backward_matches_float64(monkeypatch):
     from cs336sys.attention import FlashAttention2Torch
 

@@ -25,11 +25,16 @@ On CUDA the tile sizes, warps and pipeline stages are autotuned per (T_q, T_k, h
 causal, dtype). Without CUDA the kernels run only in Triton's interpreter, which must be
 switched on with TRITON_INTERPRET=1 before this module is imported; it then uses fixed
 16 x 16 tiles.
+
+With CS336SYS_TRITON_TMA=1, GPUs of compute capability >= 9 (Hopper) run the kernel variants of
+`flash_triton_tma.py`, which move tiles through tensor descriptors (TMA); opt-in until they
+have been measured on an H100 (issue 15).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ import torch
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
+from cs336sys.attention.flash_triton_tma import ensure_allocator, tma_layout_ok
 from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS, ...: re-exported)
     _AUTOTUNE,
     _KERNELS,
@@ -95,6 +101,32 @@ LOG2E = 1.4426950408889634
 def check_available(device: torch.device | str) -> None:
     """Raise RuntimeError unless the kernels can run on tensors on `device`."""
     _available(device, INTERPRETED, "--impl triton")
+
+
+# Hopper path (issue 15): the kernels of flash_triton_tma.py load and store tiles through
+# tensor descriptors (TMA) instead of per-element pointers and masks. Opt-in until measured
+# on an H100 (written and checked on a CPU-only machine, in the interpreter and by offline
+# sm_90 compiles): a plan runs them only where CS336SYS_TRITON_TMA=1, the GPU has compute
+# capability >= 9, the inputs are 16-bit and every tensor's layout suits TMA (tma_layout_ok);
+# else the pointer kernels, which stay the default and the only path for older GPUs. float32
+# keeps them too: its FMA dots reading TMA-filled shared memory spilled registers in sm_90
+# compiles (Triton 3.6 and 3.9), the pointer kernels did not. FORCE_TMA runs the descriptor
+# kernels wherever the layout allows, any dtype, the interpreter included: what tests set.
+TMA = os.environ.get("CS336SYS_TRITON_TMA", "0") == "1"
+FORCE_TMA = False
+
+
+@functools.cache
+def _hopper_or_newer(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def _variant(*views: torch.Tensor) -> str:
+    """"tma" or "pointer": the kernels a new plan launches for these kernel views."""
+    t = views[0]
+    on_hopper = t.is_cuda and _hopper_or_newer(t.device.index)
+    wanted = FORCE_TMA or (TMA and on_hopper and t.dtype != torch.float32)
+    return "tma" if wanted and tma_layout_ok(*views) else "pointer"
 
 
 def _on_device(t: torch.Tensor):
@@ -165,6 +197,7 @@ class _Plan:
 
     launches: tuple[_Launch, ...]
     views: bool  # a tensor must go through _kernel_view (a reshape or a copy) on every call
+    variant: str = "pointer"  # or "tma": the descriptor kernels of flash_triton_tma.py
     hits: int = 0
 
 
@@ -174,7 +207,7 @@ _PLANS: dict[tuple, _Plan] = {}  # one entry per call signature seen; a few doze
 def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
-    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get())
+    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
@@ -300,7 +333,10 @@ def attention_forward(
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # (..., T_q)
     if plan is None:
         _PLANS[key] = _forward_plan(q, k, v, o, lse, bool(is_causal))
-    elif plan.views:
+        return o, lse
+    if plan.variant == "tma":
+        ensure_allocator()  # per thread (a ContextVar): cheap when already set
+    if plan.views:
         plan.hits += 1
         plan.launches[0](*map(_kernel_view, (q, k, v, o)), lse)
     else:
@@ -323,8 +359,13 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
             n_q, n_k, LOG2E / math.sqrt(d))  # fmt: skip
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
                       **_dot_flags(q.dtype))  # fmt: skip
-    launch = _first_launch("fwd", grid, (*views, lse), args, constexprs)
-    return _Plan((launch,), any(a is not b for a, b in zip(views, (q, k, v, o), strict=True)))
+    variant = _variant(*views)
+    if variant == "tma":
+        ensure_allocator()
+    name = "fwd_tma" if variant == "tma" else "fwd"
+    launch = _first_launch(name, grid, (*views, lse), args, constexprs)
+    copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
+    return _Plan((launch,), copied, variant)
 
 
 def attention_backward(q, k, v, o, lse, do, is_causal=False):
@@ -351,6 +392,8 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
         _PLANS[key] = _backward_plan(*tensors, delta, bool(is_causal))
         return dq, dk, dv
     plan.hits += 1
+    if plan.variant == "tma":
+        ensure_allocator()  # autograd runs the backward in its own thread on CUDA
     if plan.views:
         tensors = (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
                    *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
@@ -378,19 +421,25 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     def grid(length, tile):
         return lambda tiles: (triton.cdiv(length, tiles[tile]), heads, batch)
 
+    variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
+    if variant == "tma":
+        ensure_allocator()
+    suffix = "_tma" if variant == "tma" else ""
+
     pre = _first_launch(
         "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
         (*_bht_strides(o4), *_bht_strides(do4), n_q), sizes,
     )  # fmt: skip
     dkdv = _first_launch(
-        "dkdv", grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4),
+        "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4),
         (*qkv_do, *_bht_strides(dk4), *_bht_strides(dv4), *scales), constexprs,
     )  # fmt: skip
     dq_ = _first_launch(
-        "dq", grid(n_q, "Q_TILE"), (q4, k4, v4, do4, lse, delta, dq4),
+        "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, do4, lse, delta, dq4),
         (*qkv_do, *_bht_strides(dq4), *scales), constexprs,
     )  # fmt: skip
-    return _Plan((pre, dkdv, dq_), any(a is not b for a, b in zip(views, given, strict=True)))
+    copied = any(a is not b for a, b in zip(views, given, strict=True))
+    return _Plan((pre, dkdv, dq_), copied, variant)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Conventions shared by every kernel:
   and a unit stride along HEAD_DIM. The launch grid is (sequence tiles, H, B): a program
   owns one tile of one (batch, head) pair. L and D are ours, contiguous (B*H, T) float32.
 - Pointer arithmetic with masks only (no block pointers or TMA descriptors, whose API differs
-  between Triton releases). The head dimension is padded to BLOCK_D, the next power of two,
+  between Triton releases; the opt-in descriptor variants for Hopper are in
+  flash_triton_tma.py). The head dimension is padded to BLOCK_D, the next power of two,
   and masked when HEAD_DIM != BLOCK_D; sequence tails are masked on load and store.
 - Scores live in base 2: qk_scale = log2(e) / sqrt(d) is folded into S, so the softmax uses
   exp2, which is one MUFU instruction on NVIDIA GPUs (exp is exp2 plus a multiply). L is

@@ -8,7 +8,6 @@ kernels, and `pinned_tiles()` for when tiles are not what is measured. The host 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import inspect
 import os
@@ -19,6 +18,7 @@ from typing import Any
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
+from cs336sys.attention import flash_triton_tma as tma_kernels
 
 # Each kernel owns one tile for its whole life (forward and dQ: a query tile; dK/dV: a key
 # tile), kept on chip, and streams tiles of the other sequence through shared memory,
@@ -87,6 +87,12 @@ _TUNING = {
     "dkdv": _Tuning(DKDV_CONFIGS, "K_TILE", 2, 2, 2, 2, 160),
     "dq": _Tuning(DQ_CONFIGS, "Q_TILE", 2, 2, 1, 2, 128),
 }
+# The descriptor (TMA) kernels of flash_triton_tma.py hold the same tiles on chip: the same
+# candidates and estimates, tuned and cached under their own names. Offline sm_90 compiles
+# (Triton 3.6 and 3.9, bf16, d 64-128) used the shared memory estimated here to within 1 KiB,
+# without spills (forward and dQ: 3-33 % fewer registers than the pointer kernels, dK/dV
+# about as many); their speed is unmeasured (issue 15).
+_TUNING.update({f"{name}_tma": _TUNING[name] for name in ("fwd", "dkdv", "dq")})
 
 
 # float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
@@ -133,6 +139,9 @@ _KERNELS = {
     "fwd": kernels._attn_fwd_kernel,
     "dkdv": kernels._attn_bwd_dkdv_kernel,
     "dq": kernels._attn_bwd_dq_kernel,
+    "fwd_tma": tma_kernels._attn_fwd_tma_kernel,
+    "dkdv_tma": tma_kernels._attn_bwd_dkdv_tma_kernel,
+    "dq_tma": tma_kernels._attn_bwd_dq_tma_kernel,
 }
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
 # the dtypes of the tensor arguments to this key itself.
@@ -164,14 +173,32 @@ def _autotuned(name: str):
 # spent 320 s of an H100 on it. Where the tiles are not what is being measured (tests, quick
 # checks) they can be pinned: each kernel then runs the first candidate that fits the call,
 # in the order of the lists above (`pinned_tiles()`, or CS336SYS_TRITON_AUTOTUNE=0).
-_AUTOTUNE: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "cs336sys_triton_autotune", default=os.environ.get("CS336SYS_TRITON_AUTOTUNE", "1") != "0"
-)
+# Process-wide, not a ContextVar: on CUDA autograd runs backward in its own device thread,
+# where a ContextVar set around `.backward()` is not seen, so backward autotuned anyway.
+class _Switch:
+    """A process-wide flag with ContextVar-like get/set/reset."""
+
+    def __init__(self, value: bool) -> None:
+        self._value = value
+
+    def get(self) -> bool:
+        return self._value
+
+    def set(self, value: bool) -> bool:
+        old, self._value = self._value, value
+        return old
+
+    def reset(self, token: bool) -> None:
+        self._value = token
+
+
+_AUTOTUNE = _Switch(os.environ.get("CS336SYS_TRITON_AUTOTUNE", "1") != "0")
 
 
 @contextlib.contextmanager
 def pinned_tiles(pinned: bool = True) -> Iterator[None]:
-    """Inside, the kernels run pinned tiles instead of autotuning (on CUDA)."""
+    """Inside, the kernels run pinned tiles instead of autotuning (on CUDA), in every thread
+    (backward's included)."""
     token = _AUTOTUNE.set(not pinned)
     try:
         yield

@@ -1,0 +1,353 @@
+"""FlashAttention-2 kernels that move tiles through tensor descriptors (TMA), for Hopper.
+
+    forward   _attn_fwd_tma_kernel       as _attn_fwd_kernel
+    backward  _attn_bwd_dkdv_tma_kernel  as _attn_bwd_dkdv_kernel (D comes from the same
+              _attn_bwd_dq_tma_kernel    as _attn_bwd_dq_kernel  pointer preprocess kernel)
+
+Issue 15 lists tensor descriptors among the levers for beating cuDNN on an H100. These kernels
+do the same math as the pointer kernels in `flash_triton_kernels.py` (online softmax in base
+2, causal tile skipping with masks only on the diagonal and tail tiles, an atomic-free
+backward with separate dK/dV and dQ kernels) and take the same arguments, so the launch
+plans, tile candidates and autotuning of `flash_triton.py` apply to them unchanged. What
+differs is how tiles of Q, K, V, O, dO, dQ, dK and dV travel between global and shared memory:
+
+- Each program builds 2-D descriptors over its own (batch, head) slice of each tensor: shape
+  (T, HEAD_DIM), strides (stride_t, 1), block (tile, BLOCK_D). On sm_90 a descriptor load is
+  one asynchronous TMA copy into shared memory issued by a single thread, instead of a
+  vector load per thread with per-element addresses and masks in registers.
+- Out of bounds, TMA fills rows past T and columns past HEAD_DIM (BLOCK_D is the next power
+  of two) with zeros on loads and drops them on stores, which replaces every load and store
+  mask. Scores still need the tail and causal mask: a zero key scores 0, not -inf.
+- TMA needs a 16-byte aligned base and row stride and a unit stride along HEAD_DIM. The host
+  checks this per launch plan (`tma_layout_ok`); other layouts run the pointer kernels.
+- Descriptors made inside a kernel are written to a global-memory scratch that Triton's
+  launcher requests from the allocator given to `triton.set_allocator` (`ensure_allocator`).
+- L and D, (B*H, T) float32 rows, are still read and written through pointers: they are
+  1-D and O(T), as in Triton's fused-attention tutorial.
+
+Opt-in (`CS336SYS_TRITON_TMA=1`, on GPUs of compute capability >= 9) until these kernels have
+been measured on an H100: they were written and checked on a CPU-only machine, through
+Triton's interpreter (3.9 and 3.6) and offline sm_90 compiles.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from cs336sys.attention.flash_triton_kernels import (
+    LN2,
+    LOG2E,
+    _cast,
+    _dot,
+    _query_tile_key_ranges,
+    _score_mask,
+)
+
+# --------------------------------------------------------------------------------------------
+# Host side: when the descriptors are allowed, and their scratch memory
+
+
+def tma_layout_ok(*tensors: torch.Tensor) -> bool:
+    """Whether every (B, [H,] T, D) kernel view can back a TMA descriptor per (batch, head).
+
+    The slice base (data_ptr plus batch and head offsets) and the row stride must be 16-byte
+    aligned and D unit-stride. A dimension of size one adds no offset, so its stride is free.
+    """
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or (t.stride(-2) * size) % 16:
+            return False
+        offsets = zip(t.shape[:-2], t.stride()[:-2], strict=True)  # batch (and head) strides
+        if any((s * size) % 16 for n, s in offsets if n > 1):
+            return False
+    return True
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory for in-kernel descriptors (triton.set_allocator's contract), on the
+    current CUDA device, where the launchers of flash_triton.py launch."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+try:  # where Triton 3.6 to 3.9 keep the allocator, to tell whether one was set
+    from triton.runtime._allocation import _NULL_ALLOCATOR, _allocator
+except ImportError:  # pragma: no cover (another release: always set ours)
+    _allocator = _NULL_ALLOCATOR = None
+
+
+def ensure_allocator() -> None:
+    """Give Triton an allocator for descriptor scratch unless the caller already set one.
+
+    Triton 3.6 to 3.9 keep the allocator in a ContextVar, which is per thread: one set in the
+    forward's thread is not seen by autograd's backward thread on CUDA. So the launchers call
+    this before every descriptor launch (a ContextVar read; a set only the first time in a
+    thread). Triton's fused-attention and persistent-matmul tutorials call set_allocator
+    once, in their main thread, with a function like _scratch.
+    """
+    if _allocator is None or _allocator.get() is _NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels. Argument lists are exactly those of the pointer kernels (`# fmt: skip` groups:
+# tensors, strides, sizes and scales, constexprs); see flash_triton_kernels.py for the math.
+
+
+@triton.jit
+def _slice_desc(
+    base, b, h, stride_b, stride_h, stride_t, n_rows,
+    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Descriptor of the (n_rows, HEAD_DIM) slice of batch b, head h, in (ROWS, BLOCK_D) tiles;
+    loads pad with zeros past n_rows and HEAD_DIM, stores drop what lies there."""
+    return tl.make_tensor_descriptor(
+        base + b * stride_b + h * stride_h,
+        shape=[n_rows, HEAD_DIM],
+        strides=[stride_t, 1],
+        block_shape=[ROWS, BLOCK_D],
+    )
+
+
+@triton.jit
+def _attn_fwd_tma_inner(
+    acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n,
+    lo, hi, N_Q, N_K, qk_scale,
+    Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over the key tiles [lo, hi) (Dao 2023, Algorithm 1, lines 6-11)."""
+    for start_n in range(lo, hi, K_TILE):
+        start_n = tl.multiple_of(start_n, K_TILE)
+        k = k_desc.load([start_n, 0])  # (K_TILE, BLOCK_D), zeros past N_K and HEAD_DIM
+        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        s = s * qk_scale
+        if MASKED:
+            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
+        m_ij = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_ij[:, None])
+        alpha = tl.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = v_desc.load([start_n, 0])
+        acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION, UPCAST_DOT)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_tma_kernel(
+    Q, K, V, Out, L,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i."""
+    start_m = tl.program_id(0) * Q_TILE
+    h = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h
+    offs_m = start_m + tl.arange(0, Q_TILE)
+    offs_n = tl.arange(0, K_TILE)
+
+    q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
+    k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
+    v_desc = _slice_desc(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
+    q = q_desc.load([start_m, 0])  # stays on chip for the whole key loop
+
+    m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([Q_TILE], dtype=tl.float32)
+    acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
+
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    acc, l_i, m_i = _attn_fwd_tma_inner(
+        acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n,
+        0, full_end,  # fully visible key tiles: no mask
+        N_Q, N_K, qk_scale, Q_TILE, K_TILE, IS_CAUSAL, False, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    acc, l_i, m_i = _attn_fwd_tma_inner(
+        acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n,
+        full_end, hi,  # diagonal and tail key tiles: masked
+        N_Q, N_K, qk_scale, Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+
+    acc = acc / l_i[:, None]
+    L_i = (m_i + tl.log2(l_i)) * LN2  # natural-log logsumexp
+    o_desc = _slice_desc(Out, b, h, stride_ob, stride_oh, stride_ot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
+    o_desc.store([start_m, 0], _cast(acc, Out.dtype.element_ty, ROUND_BF16))  # tail rows dropped
+    tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
+
+
+@triton.jit
+def _attn_bwd_dkdv_tma_inner(
+    dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
+    lo, hi, N_Q, N_K, qk_scale,
+    Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14), on
+    transposed score tiles as the pointer kernel does."""
+    for start_m in range(lo, hi, Q_TILE):
+        start_m = tl.multiple_of(start_m, Q_TILE)
+        offs_qm = start_m + offs_m
+        q = q_desc.load([start_m, 0])
+        do = do_desc.load([start_m, 0])
+        if MASKED:
+            L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
+            D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
+        else:
+            L2_i = tl.load(L_ptrs + offs_qm) * LOG2E
+            D_i = tl.load(D_ptrs + offs_qm)
+        sT = _dot(k, tl.trans(q), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        sT = sT * qk_scale
+        if MASKED:
+            sT += _score_mask(offs_qm[None, :], offs_n[:, None], N_Q, N_K, IS_CAUSAL)
+        pT = tl.exp2(sT - L2_i[None, :])
+        dv = _dot(_cast(pT, do.dtype, ROUND_BF16), do, dv, PRECISION, UPCAST_DOT)
+        dpT = _dot(v, tl.trans(do), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        dsT = pT * (dpT - D_i[None, :])
+        dk = _dot(_cast(dsT, q.dtype, ROUND_BF16), q, dk, PRECISION, UPCAST_DOT)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_tma_kernel(
+    Q, K, V, dO, L, D, dK, dV,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+    stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+    N_Q, N_K, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM)."""
+    start_n = tl.program_id(0) * K_TILE
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h
+    offs_n = start_n + tl.arange(0, K_TILE)
+    offs_m = tl.arange(0, Q_TILE)
+
+    k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
+    v_desc = _slice_desc(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
+    q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
+    do_desc = _slice_desc(
+        dO, b, h, stride_dob, stride_doh, stride_dot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D
+    )
+    k = k_desc.load([start_n, 0])
+    v = v_desc.load([start_n, 0])
+    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    L_ptrs = L + bh * N_Q
+    D_ptrs = D + bh * N_Q
+
+    # The same three query ranges as _attn_bwd_dkdv_kernel: diagonal tiles (masked), tiles
+    # that see every key of this tile (no mask), the tail tile (masked). Causal tiles before
+    # `lo` see none of these keys and are skipped.
+    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
+    full_end = N_Q // Q_TILE * Q_TILE
+    lo = 0
+    diag_end = 0
+    if IS_CAUSAL:
+        lo = start_n // Q_TILE * Q_TILE
+        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
+    dk, dv = _attn_bwd_dkdv_tma_inner(
+        dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
+        lo, tl.minimum(diag_end, q_end), N_Q, N_K, qk_scale,
+        Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_tma_inner(
+        dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
+        diag_end, full_end, N_Q, N_K, qk_scale,
+        Q_TILE, K_TILE, IS_CAUSAL, False, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_tma_inner(
+        dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
+        tl.maximum(full_end, diag_end), q_end, N_Q, N_K, qk_scale,
+        Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+
+    dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores S / sqrt(d)
+    dk_desc = _slice_desc(
+        dK, b, h, stride_dkb, stride_dkh, stride_dkt, N_K, HEAD_DIM, K_TILE, BLOCK_D
+    )
+    dv_desc = _slice_desc(
+        dV, b, h, stride_dvb, stride_dvh, stride_dvt, N_K, HEAD_DIM, K_TILE, BLOCK_D
+    )
+    dk_desc.store([start_n, 0], _cast(dk, dK.dtype.element_ty, ROUND_BF16))
+    dv_desc.store([start_n, 0], _cast(dv, dV.dtype.element_ty, ROUND_BF16))
+
+
+@triton.jit
+def _attn_bwd_dq_tma_inner(
+    dq, q, do, L2_i, D_i, k_desc, v_desc, offs_m, offs_n,
+    lo, hi, N_Q, N_K, qk_scale,
+    Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
+    for start_n in range(lo, hi, K_TILE):
+        start_n = tl.multiple_of(start_n, K_TILE)
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        s = s * qk_scale
+        if MASKED:
+            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
+        p = tl.exp2(s - L2_i[:, None])
+        dp = _dot(do, tl.trans(v), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        ds = p * (dp - D_i[:, None])
+        dq = _dot(_cast(ds, k.dtype, ROUND_BF16), k, dq, PRECISION, UPCAST_DOT)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_tma_kernel(
+    Q, K, V, dO, L, D, dQ,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
+    stride_dqb, stride_dqh, stride_dqt,
+    N_Q, N_K, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, head, batch): writes dQ_i (Q_TILE, HEAD_DIM)."""
+    start_m = tl.program_id(0) * Q_TILE
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    bh = b * tl.num_programs(1) + h
+    offs_m = start_m + tl.arange(0, Q_TILE)
+    offs_n = tl.arange(0, K_TILE)
+
+    q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
+    do_desc = _slice_desc(
+        dO, b, h, stride_dob, stride_doh, stride_dot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D
+    )
+    k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
+    v_desc = _slice_desc(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
+    q = q_desc.load([start_m, 0])
+    do = do_desc.load([start_m, 0])
+    L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
+    D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
+
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    dq = _attn_bwd_dq_tma_inner(
+        dq, q, do, L2_i, D_i, k_desc, v_desc, offs_m, offs_n, 0, full_end, N_Q, N_K, qk_scale,
+        Q_TILE, K_TILE, IS_CAUSAL, False, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+    dq = _attn_bwd_dq_tma_inner(
+        dq, q, do, L2_i, D_i, k_desc, v_desc, offs_m, offs_n, full_end, hi, N_Q, N_K, qk_scale,
+        Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    )  # fmt: skip
+
+    dq = dq * sm_scale
+    dq_desc = _slice_desc(
+        dQ, b, h, stride_dqb, stride_dqh, stride_dqt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D
+    )
+    dq_desc.store([start_m, 0], _cast(dq, dQ.dtype.element_ty, ROUND_BF16))
