@@ -14,7 +14,7 @@ DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
 CLI := $(VENV)/bin/cs336sys
 REPORT = $(CLI) report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT)
 
-.PHONY: install test demo demo-full lint bench clean-venv browser gpu-check wheels
+.PHONY: install test demo demo-full lint bench clean-venv browser gpu-check gpu-owed wheels
 
 install: $(STAMP)
 
@@ -136,12 +136,23 @@ WHEELS ?= .whl
 GPU_SITE ?= /tmp/cs336sys-site
 GPU_WHEELS := sqlite-utils==4.2.1 sqlite-fts4==1.0.3 click-default-group==1.2.4
 
+# The wheels of $(WHEELS), when there are any, into $(GPU_SITE) (put on PYTHONPATH below).
+define GPU_WHEELS_INSTALL
+@if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
+	$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --root-user-action=ignore \
+		--target $(GPU_SITE) $(WHEELS)/*.whl; \
+fi
+endef
+
 gpu-check:
-	@if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
-		$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --root-user-action=ignore \
-			--target $(GPU_SITE) $(WHEELS)/*.whl; \
-	fi
+	$(GPU_WHEELS_INSTALL)
 	@PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# `make gpu-owed`: the GPU figures issues 15-17 still owe (benchmarks/gpu_owed.py --list),
+# cheapest first, into reports/<gpu>/owed/; same setup as gpu-check.
+gpu-owed:
+	$(GPU_WHEELS_INSTALL)
+	@PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) benchmarks/gpu_owed.py $(GPU_OWED_ARGS)
 
 wheels: $(STAMP)
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d $(WHEELS) \

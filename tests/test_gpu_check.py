@@ -75,3 +75,38 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     assert rows["2.7B fp32 train is not launch-bound"] == ("", "met")
     assert rows["profile small: backward kernel time above forward's"] == ("12.0 vs 6.0 ms", "met")
     assert rows["profile xl: backward kernel time above forward's"] == ("not measured", "n/a")
+
+
+OWED = ROOT / "benchmarks" / "gpu_owed.py"
+
+
+def _owed(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(OWED), *args], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+
+
+def test_gpu_owed_lists_its_steps_and_refuses_bad_numbers(tmp_path):
+    """`make gpu-owed` (issues 15-17's GPU figures): each listed command names a script or
+    command that exists, and a bad --only is one line, exit 2, before anything runs."""
+    listed = _owed("--list")
+    assert listed.returncode == 0, listed.stderr
+    commands = [line.split()[0] for line in listed.stdout.splitlines() if line.startswith("   ")]
+    scripts = [c for c in commands if c.endswith(".py")]
+    assert scripts and all((ROOT / s).exists() for s in scripts)
+    assert listed.stdout.count("\n   ") == listed.stdout.count("issue 1")
+    bad = _owed("--only", "0,99", "--out", str(tmp_path / "o"))
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+    assert "--only takes step numbers" in bad.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the machine without CUDA"
+)
+def test_gpu_owed_without_cuda_says_so_in_one_line(tmp_path):
+    out = _owed("--out", str(tmp_path / "o"))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "Error: make gpu-owed needs a CUDA GPU (torch.cuda.is_available() is False)"
+    ]
+    assert not (tmp_path / "o").exists()

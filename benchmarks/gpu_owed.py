@@ -1,0 +1,120 @@
+"""`make gpu-owed`: the GPU figures issues 15-17 still owe, in one command, for a session
+that is lent a GPU for minutes (after `make gpu-check`, or instead of it when time is short).
+
+Each step is a command; its output goes to owed.log and its figures into the store
+(cs336sys commands) or the log (benchmarks/ scripts), under reports/<gpu>/owed/:
+
+- issue 15: the host cost per call (40 us target), the leaderboard shape with the pointer
+  kernels, the opt-in TMA kernels and cuDNN side by side, and the TMA GPU tests;
+- issue 17: the AdamW step over xl's parameters (ours against torch fused), the fused LM head
+  + cross-entropy at the leaderboard's size, the xl step with each switch (45 % MFU target),
+  the 8B at 8 layers, and the largest 8B that fits at context 8192 with checkpointing;
+
+then the report of the stored rows. Steps run in this order, cheapest first, so that a
+session cut short still has the first figures; `--only` picks some by number.
+
+    python benchmarks/gpu_owed.py [--out DIR] [--only 1,2,5] [--list]
+
+Exits 2 without CUDA (one line), 1 when a step could not run, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpu_check import ROOT, preflight, run, slug
+
+PY = sys.executable
+CLI = [PY, "-m", "cs336sys"]
+TMA = {"CS336SYS_TRITON_TMA": "1"}
+STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra environment)
+    ("issue 15: host cost per triton call at seq 1024 (target 40 us)",
+     [PY, "benchmarks/attention_host_overhead.py"], {}),
+    ("issue 15: TMA kernels against float64 on this GPU",
+     [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+      "tests/test_gpu_attention.py", "-k", "tma or plans"], {}),
+    ("issue 15: leaderboard shape, pointer vs TMA vs cuDNN (target < 4.4 ms, below cuDNN)",
+     [PY, "benchmarks/attention_leaderboard.py", "--tma", "--db", "{db}"], TMA),
+    ("issue 17: AdamW over xl's parameters, fp32 (target: adamw-triton <= torch fused)",
+     [PY, "benchmarks/adamw.py", "--size", "xl"], {}),
+    ("issue 17: AdamW over xl's parameters, bf16 weights with fp32 moments",
+     [PY, "benchmarks/adamw.py", "--size", "xl", "--param-dtype", "bf16"], {}),
+    ("issue 17: fused LM head + CE at rows 65,536, vocab 151,936, d 4096",
+     [PY, "benchmarks/fused_ce.py"], {}),
+    ("issue 17: xl step at context 512, batch 4, each switch (target 45 % MFU with all)",
+     [*CLI, "step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation",
+      "--db", "{db}"], {}),
+    ("issue 17: the 8B at 8 layers, context 8192, batch 2, each switch",
+     [*CLI, "step", "--db", "{db}"], {}),
+    ("issue 17: the largest 8B that fits at context 8192, batch 2, all switches",
+     [*CLI, "step", "--size", "8b", "--seq", "8192", "--batch", "2", "--param-dtype", "bf16",
+      "--num-layers", "8,12,16,20,24,28,34", "--checkpoint", "sqrt", "--switches", "all",
+      "--iters", "3", "--db", "{db}"], {}),
+]  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="folder [default: reports/<gpu>/owed]")
+    parser.add_argument("--only", help="comma list of step numbers (see --list)")
+    parser.add_argument("--list", action="store_true", help="print the steps and exit")
+    args = parser.parse_args()
+    if args.list:
+        for i, (what, argv, env) in enumerate(STEPS, 1):
+            prefix = " ".join(f"{k}={v}" for k, v in env.items())
+            print(f"{i}. {what}\n   {prefix + ' ' if prefix else ''}{shlex.join(argv[1:])}")
+        return 0
+    try:
+        only = {int(x) for x in args.only.split(",")} if args.only else set(range(1, len(STEPS) + 1))
+    except ValueError:
+        print(f"Error: --only takes step numbers 1..{len(STEPS)}, got {args.only!r}", file=sys.stderr)
+        return 2
+    if not only <= set(range(1, len(STEPS) + 1)):
+        print(f"Error: --only takes step numbers 1..{len(STEPS)}, got {args.only!r}", file=sys.stderr)
+        return 2
+    problem = preflight()
+    if problem:
+        print(f"Error: {problem.replace('make gpu-check', 'make gpu-owed')}", file=sys.stderr)
+        return 2
+    import torch
+
+    gpu = torch.cuda.get_device_name(0)
+    out = args.out or ROOT / "reports" / slug(gpu) / "owed"
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "results.db"
+    since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+    failed, t0 = [], time.monotonic()
+    with open(out / "owed.log", "a") as log:
+        for i, (what, argv, env) in enumerate(STEPS, 1):
+            if i not in only:
+                continue
+            print(f"\n## {i}. {what}", file=log, flush=True)
+            os.environ.update(env)
+            try:
+                rc, secs = run([a.replace("{db}", str(db)) for a in argv], log)
+            finally:
+                for k in env:
+                    os.environ.pop(k, None)
+            print(f"{i}. {what}: exit {rc}, {secs:.0f} s", flush=True)
+            if rc not in (0, 1) or (rc == 1 and argv[:2] != CLI[:2]):
+                failed.append(str(i))
+        if db.exists():
+            rc, _ = run([*CLI, "report", "--db", str(db), "--since", since, "--out", str(out),
+                         "--title", f"{gpu}: what issues 15-17 owed"], log)  # fmt: skip
+            if rc != 0:
+                failed.append("report")
+    print(f"{time.monotonic() - t0:.0f} s; log: {out / 'owed.log'}; report: {out}/report.html")
+    if failed:
+        print(f"failed: {', '.join(failed)} (see the log)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
