@@ -39,7 +39,7 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
-from cs336sys.experiments.step import MODES, OPTIMIZERS
+from cs336sys.experiments.step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
@@ -165,15 +165,12 @@ def shape_overrides(**given: int | None) -> dict[str, int | None]:
 def run(spec: ModelSpec) -> Result:
     import torch
 
-    from cs336sys.bench.device import device_name, peak_tflops
     from cs336sys.bench.nvtx import nvtx_enabled
     from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments.step import make_model, make_step, run_steps
-    from cs336sys.models.flops import step_flops
 
     config = spec.config()
     model = make_model(config, spec.device, spec.seed)
-    n_params = sum(p.numel() for p in model.parameters())
     step = make_step(model, batch_size=spec.batch_size, context_length=spec.context_length,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
                      compile=spec.compile, device=spec.device, seed=spec.seed)  # fmt: skip
@@ -186,20 +183,9 @@ def run(spec: ModelSpec) -> Result:
     metrics: dict[str, Any] = {}
     for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(phase, timed.get(phase, [])))
-    B, T = spec.batch_size, spec.context_length
-    step_s = metrics["step_ms_mean"] / 1e3
-    flops = step_flops(config, B, T, spec.mode)
-    tflops = flops / step_s / 1e12
-    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-    peak = peak_tflops(device_name(spec.device), spec.precision, tf32=tf32)
+    metrics.update(throughput(model, spec.batch_size, spec.context_length, spec.mode,
+                              metrics["step_ms_mean"], spec.device, spec.precision))  # fmt: skip
     metrics.update(
-        params=n_params,
-        tokens_per_step=B * T,
-        tokens_per_s=B * T / step_s,
-        flops_per_step=flops,
-        tflops=tflops,
-        peak_tflops=peak,
-        mfu=tflops / peak if peak else None,
         logits_dtype=step.logits_dtype,
         # CUDA only: peak bytes held by tensors (allocated) and by the caching allocator
         # (reserved) over warm-up and timed steps. CPU memory is the memory experiment's job.
@@ -250,13 +236,7 @@ EXPERIMENT = Experiment(
         *timing("bwd_ms", "backward pass"),
         *timing("opt_ms", "optimizer step and zero_grad"),
         *timing("step_ms", "whole step"),
-        Metric("params", "", "parameters of the model"),
-        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
-        Metric("tokens_per_s", "tokens/s", "tokens per step / mean step time"),
-        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
-        Metric("tflops", "TFLOP/s", "achieved: FLOPs per step / mean step time"),
-        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
-        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        *throughput_metrics("mean"),
         Metric("logits_dtype", "", "dtype of the logits under autocast"),
         Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors"),
         Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),

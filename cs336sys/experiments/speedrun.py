@@ -61,6 +61,7 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
+from cs336sys.experiments.step import throughput, throughput_metrics
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
 
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
@@ -323,9 +324,8 @@ def empty_compile_cache(enabled: bool) -> Iterator[None]:
 def run(spec: StepSpec) -> Result:
     import torch
 
-    from cs336sys.bench.device import device_name, peak_tflops, synchronize
+    from cs336sys.bench.device import synchronize
     from cs336sys.bench.timing import time_do_bench, time_loop
-    from cs336sys.models.flops import step_flops
 
     t_start = time.perf_counter()
     on_cuda = spec.device.startswith("cuda")
@@ -353,22 +353,11 @@ def run(spec: StepSpec) -> Result:
         wall_s = time.perf_counter() - t_start
     peak_cpu = None if on_cuda or spec.compile else tensor_peak_bytes(model, optimizer, train_step)
 
-    config = spec.config()
     metrics: dict[str, Any] = flatten("step_ms", samples)
-    B, T = spec.batch_size, spec.context_length
     step_s = metrics["step_ms_median"] / 1e3
-    flops = step_flops(config, B, T, "train")
-    tflops = flops / step_s / 1e12
-    peak = peak_tflops(device_name(spec.device), spec.precision)
-    n_params = sum(p.numel() for p in model.parameters())
+    metrics.update(throughput(model, spec.batch_size, spec.context_length, "train",
+                              metrics["step_ms_median"], spec.device, spec.precision))  # fmt: skip
     metrics.update(
-        params=n_params,
-        tokens_per_step=B * T,
-        tokens_per_s=B * T / step_s,
-        flops_per_step=flops,
-        tflops=tflops,
-        peak_tflops=peak,
-        mfu=tflops / peak if peak else None,
         peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
         peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,
         peak_tensor_mb=peak_cpu / 2**20 if peak_cpu is not None else None,
@@ -449,13 +438,7 @@ EXPERIMENT = Experiment(
         *timing(
             "step_ms", "one leaderboard step: zero_grad, forward, summed loss, backward, AdamW"
         ),
-        Metric("params", "", "parameters of the model"),
-        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
-        Metric("tokens_per_s", "tokens/s", "tokens per step / median step time"),
-        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
-        Metric("tflops", "TFLOP/s", "achieved: FLOPs per step / median step time"),
-        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
-        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        *throughput_metrics("median"),
         Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors over the point"),
         Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
         Metric("peak_tensor_mb", "MiB", "CPU: peak bytes of live tensors over one step"),

@@ -234,3 +234,47 @@ def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, d
         losses.append(step.last_loss)  # read back later: no extra sync per step
         step_done(i + 1, warmup + steps)
     return warm, timed, [float(v) for v in losses]
+
+
+# -- what a step's time means: throughput, shared by `model` and `step` ---------------------
+
+
+def throughput_metrics(stat: str) -> tuple:
+    """The declarations of `throughput`'s metrics, from the `stat` ("mean" or "median") of
+    the step time they divide by."""
+    from cs336sys.bench.declaration import Metric
+
+    return (
+        Metric("params", "", "parameters of the model"),
+        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
+        Metric("tokens_per_s", "tokens/s", f"tokens per step / {stat} step time"),
+        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
+        Metric("tflops", "TFLOP/s", f"achieved: FLOPs per step / {stat} step time"),
+        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
+        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+    )
+
+
+def throughput(model: Any, batch_size: int, context_length: int, mode: str, step_ms: float,
+               device: str, precision: str) -> dict[str, Any]:  # fmt: skip
+    """params, tokens per step and per second, model FLOPs, achieved TFLOP/s and MFU (where
+    the GPU's peak is known) of a step of `mode` that took `step_ms`."""
+    import torch
+
+    from cs336sys.bench.device import device_name, peak_tflops
+    from cs336sys.models.flops import step_flops
+
+    tokens, step_s = batch_size * context_length, step_ms / 1e3
+    flops = step_flops(model.config, batch_size, context_length, mode)
+    tflops = flops / step_s / 1e12
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    peak = peak_tflops(device_name(device), precision, tf32=tf32)
+    return dict(
+        params=sum(p.numel() for p in model.parameters()),
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step_s,
+        flops_per_step=flops,
+        tflops=tflops,
+        peak_tflops=peak,
+        mfu=tflops / peak if peak else None,
+    )
