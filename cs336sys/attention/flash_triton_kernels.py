@@ -15,9 +15,12 @@ Conventions shared by every kernel:
   and a unit stride along HEAD_DIM. The launch grid is (sequence tiles, H, B): a program
   owns one tile of one (batch, head) pair. L and D are ours, contiguous (B*H, T) float32.
 - Pointer arithmetic with masks only (no block pointers or TMA descriptors, whose API differs
-  between Triton releases; the opt-in descriptor variants for Hopper are in
-  flash_triton_tma.py). The head dimension is padded to BLOCK_D, the next power of two,
+  between Triton releases). The head dimension is padded to BLOCK_D, the next power of two,
   and masked when HEAD_DIM != BLOCK_D; sequence tails are masked on load and store.
+- The opt-in descriptor (TMA) kernels for Hopper in flash_triton_tma.py share this file's
+  loops: a loop's tile sources (`*_src`) are pointers or tensor descriptors, and its TMA
+  constexpr tells _load_tile which. Triton compiles each constexpr value separately, so the
+  pointer kernels never contain a descriptor operation, nor the TMA kernels a mask.
 - Scores live in base 2: qk_scale = log2(e) / sqrt(d) is folded into S, so the softmax uses
   exp2, which is one MUFU instruction on NVIDIA GPUs (exp is exp2 plus a multiply). L is
   stored as a natural-log logsumexp, and the backward multiplies it by log2(e) again.
@@ -43,98 +46,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336sys.bench.triton_support import interpreted, round_bf16
-
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
-LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
-MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)  # added to masked scores (base-2 units)
-
-
-@triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    """acc + a @ b with a float32 accumulator (see UPCAST_DOT in the module docstring)."""
-    if UPCAST_DOT:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision=PRECISION)
-
-
-@triton.jit
-def _cast(x, dtype, ROUND_BF16: tl.constexpr):
-    """x.to(dtype), rounding float32 to the nearest bfloat16 also in the interpreter.
-
-    The Triton 3.9 interpreter truncates float32 -> bfloat16 casts, a 1-ulp error that is
-    always towards zero; summed over a row of P~ or dS that bias more than doubles the
-    gradients' error. With ROUND_BF16 (set only when interpreted) x is first rounded to
-    nearest-even on its bit pattern, so the truncating cast is exact. GPUs round natively.
-    """
-    return round_bf16(x, ROUND_BF16).to(dtype)
-
-
-@triton.jit
-def _load_rows(
-    ptrs, rows, n_rows, offs_d,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
-):  # fmt: skip
-    """Load a (rows, BLOCK_D) tile; zeros past the sequence end and the true head dim.
-
-    The constexpr branches keep a tile that is known to be in bounds free of any mask, so its
-    loads vectorise fully (flash-attention's EVEN_M / EVEN_HEADDIM trick).
-    """
-    if CHECK_ROWS:
-        if HEAD_DIM == BLOCK_D:
-            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
-        else:
-            x = tl.load(
-                ptrs, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM), other=0.0
-            )
-    else:
-        if HEAD_DIM == BLOCK_D:
-            x = tl.load(ptrs)
-        else:
-            x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return x
-
-
-@triton.jit
-def _store_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store a (rows, BLOCK_D) tile, dropping rows past the sequence end and the head-dim pad."""
-    if HEAD_DIM == BLOCK_D:
-        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
-    else:
-        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
-
-
-@triton.jit
-def _score_mask(i, j, N_Q, N_K, IS_CAUSAL: tl.constexpr):
-    """0 where query i may see key j, else MASKED_SCORE.
-
-    i and j are query and key indices already broadcastable to the score tile's shape, so
-    the same helper builds S's mask ((Q, 1), (1, K)) and S^T's ((1, Q), (K, 1)).
-    """
-    keep = (i < N_Q) & (j < N_K)
-    if IS_CAUSAL:
-        keep = keep & (j <= i)
-    return tl.where(keep, 0.0, MASKED_SCORE)
-
-
-@triton.jit
-def _query_tile_key_ranges(
-    start_m, N_K, Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr
-):
-    """Key ranges for a query tile: [0, full_end) needs no mask, [full_end, hi) does.
-
-    Full tiles lie inside the sequence and, when causal, end at or before the tile's first
-    query (start_n + K_TILE - 1 <= start_m). Causal key tiles from start_m + Q_TILE on are
-    invisible to every query of the tile and are skipped.
-    """
-    full_end = N_K // K_TILE * K_TILE
-    hi = N_K
-    if IS_CAUSAL:
-        full_end = tl.minimum(full_end, (start_m + 1) // K_TILE * K_TILE)
-        hi = tl.minimum(hi, start_m + Q_TILE)
-    return full_end, hi
-
+from cs336sys.attention.flash_triton_tiles import (
+    LN2,
+    LOG2E,
+    _cast,
+    _dot,
+    _load_rows,
+    _load_tile,
+    _query_tile_key_ranges,
+    _score_mask,
+    _store_rows,
+    _tile_program,
+)
+from cs336sys.bench.triton_support import interpreted
 
 # --------------------------------------------------------------------------------------------
 # Forward (Dao 2023, Algorithm 1)
@@ -143,24 +67,26 @@ def _query_tile_key_ranges(
 @triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
-    K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11)."""
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
-        offs_kn = start_n + offs_n
-        k = _load_rows(
-            K_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        k = _load_tile(
+            K_src, start_n, offs_n, stride_kt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
         )
         # S_i^(j) = Q_i K_j^T, already scaled into base 2 (line 8)
         s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         s = s * qk_scale
+        # Key indices are formed here, not hoisted above the loads: the TMA variant needs them
+        # only for the mask, and hoisting them cost its sm_90 compiles up to 20 registers.
         if MASKED:
-            s += _score_mask(offs_m[:, None], offs_kn[None, :], N_Q, N_K, IS_CAUSAL)
+            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
         # m_i^(j) = max(m_i^(j-1), rowmax(S)); P~ = exp(S - m_i^(j)); the previous l_i and
         # O_i are rescaled by exp(m_i^(j-1) - m_i^(j)) (lines 9-10). Every row has a finite
         # max after the first tile: the first tile holds key 0, which every query sees.
@@ -168,14 +94,40 @@ def _attn_fwd_inner(
         p = tl.exp2(s - m_ij[:, None])
         alpha = tl.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(
-            V_ptrs + start_n * stride_vt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        v = _load_tile(
+            V_src, start_n, offs_n, stride_vt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
         )
         # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
         # the low-precision tensor cores; l_i keeps the float32 P~.
         acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION, UPCAST_DOT)
         m_i = m_ij
     return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_loop(
+    acc, l_i, m_i, q,
+    K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
+    N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """The key loop of the query tile at start_m, unmasked tiles first (Algorithm 1, 6-11)."""
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        0, full_end,  # fully visible key tiles: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+    return _attn_fwd_inner(
+        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        full_end, hi,  # diagonal and tail key tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -193,10 +145,7 @@ def _attn_fwd_kernel(
     Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
     (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
     """
-    start_m = tl.program_id(0) * Q_TILE
-    h = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h  # row of L
+    start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
     offs_d = tl.arange(0, BLOCK_D)
@@ -212,18 +161,10 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([Q_TILE], dtype=tl.float32)
     acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        0, full_end,  # fully visible key tiles: no mask
+    acc, l_i, m_i = _attn_fwd_loop(
+        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        full_end, hi,  # diagonal and tail key tiles: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+        PRECISION, UPCAST_DOT, ROUND_BF16, False,
     )  # fmt: skip
 
     # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers
@@ -255,10 +196,7 @@ def _attn_bwd_preprocess(
     D_i equals rowsum(P_i * dP_i), the term that the softmax Jacobian subtracts in
     dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
     """
-    start_m = tl.program_id(0) * Q_TILE
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h
+    start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_d = tl.arange(0, BLOCK_D)
     o_offs = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
@@ -271,11 +209,12 @@ def _attn_bwd_preprocess(
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n, offs_d,
+    Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n, offs_d,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14).
 
@@ -285,11 +224,11 @@ def _attn_bwd_dkdv_inner(
     for start_m in range(lo, hi, Q_TILE):
         start_m = tl.multiple_of(start_m, Q_TILE)
         offs_qm = start_m + offs_m
-        q = _load_rows(
-            Q_ptrs + start_m * stride_qt, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        q = _load_tile(
+            Q_src, start_m, offs_m, stride_qt, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
         )
-        do = _load_rows(
-            dO_ptrs + start_m * stride_dot, offs_qm, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        do = _load_tile(
+            dO_src, start_m, offs_m, stride_dot, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
         )
         if MASKED:
             L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
@@ -314,6 +253,55 @@ def _attn_bwd_dkdv_inner(
 
 
 @triton.jit
+def _attn_bwd_dkdv_loop(
+    dk, dv, k, v,
+    Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, start_n, offs_m, offs_n, offs_d,
+    N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """The query loop of the key tile at start_n (Algorithm 2, lines 6-14), in three ranges.
+
+    Causal: query tiles before `lo` end before key start_n and see none of these keys
+    (skipped); tiles from `lo` to `diag_end` straddle the diagonal (masked); from `diag_end`
+    on, the tile's first query start_m >= start_n + K_TILE - 1 sees every key of the tile.
+    Then a masked tail tile if N_Q is not a multiple of Q_TILE. Padded keys of a tail key
+    tile (k = v = 0) produce rows of dK, dV that are not stored and never mix with real
+    keys' rows, so the unmasked range needs no key mask.
+    """
+    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
+    full_end = N_Q // Q_TILE * Q_TILE
+    lo = 0
+    diag_end = 0
+    if IS_CAUSAL:
+        lo = start_n // Q_TILE * Q_TILE
+        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot,
+        offs_m, offs_n, offs_d,
+        lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot,
+        offs_m, offs_n, offs_d,
+        diag_end, full_end,  # query tiles that see every key of this tile: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+    return _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot,
+        offs_m, offs_n, offs_d,
+        tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+
+
+@triton.jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, dO, L, D, dK, dV,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
@@ -330,10 +318,7 @@ def _attn_bwd_dkdv_kernel(
     loop over j); Q, dO, L and D are re-read per query tile. Layouts as in _attn_fwd_kernel:
     dO shaped like Q, dK and dV like K, each with its own strides; D like L.
     """
-    start_n = tl.program_id(0) * K_TILE
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h
+    start_n, h, b, bh = _tile_program(K_TILE)
     offs_n = start_n + tl.arange(0, K_TILE)
     offs_m = tl.arange(0, Q_TILE)
     offs_d = tl.arange(0, BLOCK_D)
@@ -353,42 +338,10 @@ def _attn_bwd_dkdv_kernel(
     rows_m = offs_m[:, None]
     Q_ptrs = Q + b * stride_qb + h * stride_qh + rows_m * stride_qt + offs_d[None, :]
     dO_ptrs = dO + b * stride_dob + h * stride_doh + rows_m * stride_dot + offs_d[None, :]
-    L_ptrs = L + bh * N_Q
-    D_ptrs = D + bh * N_Q
-
-    # Query tiles, in three ranges. Causal: tiles before `lo` end before key start_n and see
-    # none of these keys (skipped); tiles from `lo` to `diag_end` straddle the diagonal
-    # (masked); from `diag_end` on, the tile's first query start_m >= start_n + K_TILE - 1
-    # sees every key of the tile. Then a masked tail tile if N_Q is not a multiple of Q_TILE.
-    # Padded keys of a tail key tile (k = v = 0) produce rows of dK, dV that are not stored
-    # and never mix with real keys' rows, so the unmasked range needs no key mask.
-    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
-    full_end = N_Q // Q_TILE * Q_TILE
-    lo = 0
-    diag_end = 0
-    if IS_CAUSAL:
-        lo = start_n // Q_TILE * Q_TILE
-        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot,
-        offs_m, offs_n, offs_d,
-        lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot,
-        offs_m, offs_n, offs_d,
-        diag_end, full_end,  # query tiles that see every key of this tile: no mask
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L_ptrs, D_ptrs, stride_qt, stride_dot,
-        offs_m, offs_n, offs_d,
-        tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    dk, dv = _attn_bwd_dkdv_loop(
+        dk, dv, k, v, Q_ptrs, dO_ptrs, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
+        start_n, offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
     )  # fmt: skip
 
     # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
@@ -406,32 +359,58 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit
 def _attn_bwd_dq_inner(
     dq, q, do, L2_i, D_i,
-    K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
-        offs_kn = start_n + offs_n
-        k = _load_rows(
-            K_ptrs + start_n * stride_kt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        k = _load_tile(
+            K_src, start_n, offs_n, stride_kt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
         )
-        v = _load_rows(
-            V_ptrs + start_n * stride_vt, offs_kn, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED
+        v = _load_tile(
+            V_src, start_n, offs_n, stride_vt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
         )
         s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         s = s * qk_scale
         if MASKED:
-            s += _score_mask(offs_m[:, None], offs_kn[None, :], N_Q, N_K, IS_CAUSAL)
+            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
         p = tl.exp2(s - L2_i[:, None])
         dp = _dot(do, tl.trans(v), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         ds = p * (dp - D_i[:, None])
         # dQ_i += dS K_j (line 15), scaled once after the loop.
         dq = _dot(_cast(ds, k.dtype, ROUND_BF16), k, dq, PRECISION, UPCAST_DOT)
     return dq
+
+
+@triton.jit
+def _attn_bwd_dq_loop(
+    dq, q, do, L2_i, D_i,
+    K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
+    N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """The key loop of the query tile at start_m, over the forward's key tiles and stages."""
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        0, full_end,  # fully visible key tiles: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+    return _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        full_end, hi,  # diagonal and tail key tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -449,10 +428,7 @@ def _attn_bwd_dq_kernel(
 
     Walks the same key tiles as the forward, with Q_i, dO_i, L_i and D_i kept on chip.
     """
-    start_m = tl.program_id(0) * Q_TILE
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h
+    start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
     offs_d = tl.arange(0, BLOCK_D)
@@ -472,18 +448,10 @@ def _attn_bwd_dq_kernel(
     V_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
     dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        0, full_end,  # fully visible key tiles: no mask
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, offs_m, offs_n, offs_d,
-        full_end, hi,  # diagonal and tail key tiles: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    dq = _attn_bwd_dq_loop(
+        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m,
+        offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
     )  # fmt: skip
 
     dq = dq * sm_scale

@@ -5,11 +5,12 @@
               _attn_bwd_dq_tma_kernel    as _attn_bwd_dq_kernel  pointer preprocess kernel)
 
 Issue 15 lists tensor descriptors among the levers for beating cuDNN on an H100. These kernels
-do the same math as the pointer kernels in `flash_triton_kernels.py` (online softmax in base
-2, causal tile skipping with masks only on the diagonal and tail tiles, an atomic-free
-backward with separate dK/dV and dQ kernels) and take the same arguments, so the launch
-plans, tile candidates and autotuning of `flash_triton.py` apply to them unchanged. What
-differs is how tiles of Q, K, V, O, dO, dQ, dK and dV travel between global and shared memory:
+run the very loops of the pointer kernels in `flash_triton_kernels.py` (online softmax in
+base 2, causal tile skipping with masks only on the diagonal and tail tiles, an atomic-free
+backward with separate dK/dV and dQ kernels), passing them descriptors and TMA=True, and
+take the same arguments, so the launch plans, tile candidates and autotuning of
+`flash_triton.py` apply to them unchanged. What differs is how tiles of Q, K, V, O, dO, dQ,
+dK and dV travel between global and shared memory:
 
 - Each program builds 2-D descriptors over its own (batch, head) slice of each tensor: shape
   (T, HEAD_DIM), strides (stride_t, 1), block (tile, BLOCK_D). On sm_90 a descriptor load is
@@ -37,13 +38,11 @@ import triton
 import triton.language as tl
 
 from cs336sys.attention.flash_triton_kernels import (
-    LN2,
-    LOG2E,
-    _cast,
-    _dot,
-    _query_tile_key_ranges,
-    _score_mask,
+    _attn_bwd_dkdv_loop,
+    _attn_bwd_dq_loop,
+    _attn_fwd_loop,
 )
+from cs336sys.attention.flash_triton_tiles import LN2, LOG2E, _cast, _tile_program
 
 # --------------------------------------------------------------------------------------------
 # Host side: when the descriptors are allowed, and their scratch memory
@@ -92,7 +91,8 @@ def ensure_allocator() -> None:
 
 # --------------------------------------------------------------------------------------------
 # Kernels. Argument lists are exactly those of the pointer kernels (`# fmt: skip` groups:
-# tensors, strides, sizes and scales, constexprs); see flash_triton_kernels.py for the math.
+# tensors, strides, sizes and scales, constexprs), and so are the loops, in
+# flash_triton_kernels.py with the math; here only the tiles' sources and stores differ.
 
 
 @triton.jit
@@ -111,31 +111,6 @@ def _slice_desc(
 
 
 @triton.jit
-def _attn_fwd_tma_inner(
-    acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n,
-    lo, hi, N_Q, N_K, qk_scale,
-    Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
-    """Online softmax over the key tiles [lo, hi) (Dao 2023, Algorithm 1, lines 6-11)."""
-    for start_n in range(lo, hi, K_TILE):
-        start_n = tl.multiple_of(start_n, K_TILE)
-        k = k_desc.load([start_n, 0])  # (K_TILE, BLOCK_D), zeros past N_K and HEAD_DIM
-        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        s = s * qk_scale
-        if MASKED:
-            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
-        m_ij = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_ij[:, None])
-        alpha = tl.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = v_desc.load([start_n, 0])
-        acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION, UPCAST_DOT)
-        m_i = m_ij
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _attn_fwd_tma_kernel(
     Q, K, V, Out, L,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
@@ -146,12 +121,10 @@ def _attn_fwd_tma_kernel(
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i."""
-    start_m = tl.program_id(0) * Q_TILE
-    h = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h
+    start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
+    offs_d = tl.arange(0, BLOCK_D)  # for the loops' signature: descriptors need no offsets
 
     q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
     k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
@@ -162,16 +135,10 @@ def _attn_fwd_tma_kernel(
     l_i = tl.zeros([Q_TILE], dtype=tl.float32)
     acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
-    acc, l_i, m_i = _attn_fwd_tma_inner(
-        acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n,
-        0, full_end,  # fully visible key tiles: no mask
-        N_Q, N_K, qk_scale, Q_TILE, K_TILE, IS_CAUSAL, False, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    acc, l_i, m_i = _attn_fwd_tma_inner(
-        acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n,
-        full_end, hi,  # diagonal and tail key tiles: masked
-        N_Q, N_K, qk_scale, Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    acc, l_i, m_i = _attn_fwd_loop(
+        acc, l_i, m_i, q, k_desc, v_desc, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        PRECISION, UPCAST_DOT, ROUND_BF16, True,
     )  # fmt: skip
 
     acc = acc / l_i[:, None]
@@ -179,38 +146,6 @@ def _attn_fwd_tma_kernel(
     o_desc = _slice_desc(Out, b, h, stride_ob, stride_oh, stride_ot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
     o_desc.store([start_m, 0], _cast(acc, Out.dtype.element_ty, ROUND_BF16))  # tail rows dropped
     tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
-
-
-@triton.jit
-def _attn_bwd_dkdv_tma_inner(
-    dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
-    lo, hi, N_Q, N_K, qk_scale,
-    Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
-    """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14), on
-    transposed score tiles as the pointer kernel does."""
-    for start_m in range(lo, hi, Q_TILE):
-        start_m = tl.multiple_of(start_m, Q_TILE)
-        offs_qm = start_m + offs_m
-        q = q_desc.load([start_m, 0])
-        do = do_desc.load([start_m, 0])
-        if MASKED:
-            L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
-            D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
-        else:
-            L2_i = tl.load(L_ptrs + offs_qm) * LOG2E
-            D_i = tl.load(D_ptrs + offs_qm)
-        sT = _dot(k, tl.trans(q), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        sT = sT * qk_scale
-        if MASKED:
-            sT += _score_mask(offs_qm[None, :], offs_n[:, None], N_Q, N_K, IS_CAUSAL)
-        pT = tl.exp2(sT - L2_i[None, :])
-        dv = _dot(_cast(pT, do.dtype, ROUND_BF16), do, dv, PRECISION, UPCAST_DOT)
-        dpT = _dot(v, tl.trans(do), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        dsT = pT * (dpT - D_i[None, :])
-        dk = _dot(_cast(dsT, q.dtype, ROUND_BF16), q, dk, PRECISION, UPCAST_DOT)
-    return dk, dv
 
 
 @triton.jit
@@ -225,12 +160,10 @@ def _attn_bwd_dkdv_tma_kernel(
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM)."""
-    start_n = tl.program_id(0) * K_TILE
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h
+    start_n, h, b, bh = _tile_program(K_TILE)
     offs_n = start_n + tl.arange(0, K_TILE)
     offs_m = tl.arange(0, Q_TILE)
+    offs_d = tl.arange(0, BLOCK_D)  # for the loops' signature: descriptors need no offsets
 
     k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
     v_desc = _slice_desc(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
@@ -242,33 +175,11 @@ def _attn_bwd_dkdv_tma_kernel(
     v = v_desc.load([start_n, 0])
     dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
-    L_ptrs = L + bh * N_Q
-    D_ptrs = D + bh * N_Q
 
-    # The same three query ranges as _attn_bwd_dkdv_kernel: diagonal tiles (masked), tiles
-    # that see every key of this tile (no mask), the tail tile (masked). Causal tiles before
-    # `lo` see none of these keys and are skipped.
-    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
-    full_end = N_Q // Q_TILE * Q_TILE
-    lo = 0
-    diag_end = 0
-    if IS_CAUSAL:
-        lo = start_n // Q_TILE * Q_TILE
-        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
-    dk, dv = _attn_bwd_dkdv_tma_inner(
-        dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
-        lo, tl.minimum(diag_end, q_end), N_Q, N_K, qk_scale,
-        Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_tma_inner(
-        dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
-        diag_end, full_end, N_Q, N_K, qk_scale,
-        Q_TILE, K_TILE, IS_CAUSAL, False, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_tma_inner(
-        dk, dv, k, v, q_desc, do_desc, L_ptrs, D_ptrs, offs_m, offs_n,
-        tl.maximum(full_end, diag_end), q_end, N_Q, N_K, qk_scale,
-        Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    dk, dv = _attn_bwd_dkdv_loop(
+        dk, dv, k, v, q_desc, do_desc, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
+        start_n, offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, True,
     )  # fmt: skip
 
     dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores S / sqrt(d)
@@ -283,29 +194,6 @@ def _attn_bwd_dkdv_tma_kernel(
 
 
 @triton.jit
-def _attn_bwd_dq_tma_inner(
-    dq, q, do, L2_i, D_i, k_desc, v_desc, offs_m, offs_n,
-    lo, hi, N_Q, N_K, qk_scale,
-    Q_TILE: tl.constexpr, K_TILE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
-    """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
-    for start_n in range(lo, hi, K_TILE):
-        start_n = tl.multiple_of(start_n, K_TILE)
-        k = k_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
-        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        s = s * qk_scale
-        if MASKED:
-            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
-        p = tl.exp2(s - L2_i[:, None])
-        dp = _dot(do, tl.trans(v), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        ds = p * (dp - D_i[:, None])
-        dq = _dot(_cast(ds, k.dtype, ROUND_BF16), k, dq, PRECISION, UPCAST_DOT)
-    return dq
-
-
-@triton.jit
 def _attn_bwd_dq_tma_kernel(
     Q, K, V, dO, L, D, dQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
@@ -317,12 +205,10 @@ def _attn_bwd_dq_tma_kernel(
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch): writes dQ_i (Q_TILE, HEAD_DIM)."""
-    start_m = tl.program_id(0) * Q_TILE
-    h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2).to(tl.int64)
-    bh = b * tl.num_programs(1) + h
+    start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
+    offs_d = tl.arange(0, BLOCK_D)  # for the loops' signature: descriptors need no offsets
 
     q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
     do_desc = _slice_desc(
@@ -336,14 +222,10 @@ def _attn_bwd_dq_tma_kernel(
     D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
 
-    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
-    dq = _attn_bwd_dq_tma_inner(
-        dq, q, do, L2_i, D_i, k_desc, v_desc, offs_m, offs_n, 0, full_end, N_Q, N_K, qk_scale,
-        Q_TILE, K_TILE, IS_CAUSAL, False, PRECISION, UPCAST_DOT, ROUND_BF16,
-    )  # fmt: skip
-    dq = _attn_bwd_dq_tma_inner(
-        dq, q, do, L2_i, D_i, k_desc, v_desc, offs_m, offs_n, full_end, hi, N_Q, N_K, qk_scale,
-        Q_TILE, K_TILE, IS_CAUSAL, True, PRECISION, UPCAST_DOT, ROUND_BF16,
+    dq = _attn_bwd_dq_loop(
+        dq, q, do, L2_i, D_i, k_desc, v_desc, stride_kt, stride_vt, start_m,
+        offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, True,
     )  # fmt: skip
 
     dq = dq * sm_scale

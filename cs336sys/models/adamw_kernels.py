@@ -33,8 +33,8 @@ Conventions:
   memory, so the exact forms cost nothing measurable.
 - ROUND_BF16 works around the Triton 3.9 interpreter's float32 -> bfloat16 cast, which
   truncates: the value is rounded to nearest-even on its bit pattern first, so the
-  truncating cast is exact (as flash_triton_kernels._cast does; models/ may not import
-  attention/, so the three lines are repeated here). GPUs round natively.
+  truncating cast is exact (bench/triton_support.round_bf16, which the attention and
+  cross-entropy kernels use too). GPUs round natively.
 """
 
 from __future__ import annotations
