@@ -236,6 +236,8 @@ COMM = [
     (CPU, "ok", {"op": "all-gather"}, {"busbw_gbps": 4.0, "wrong": 0}),
     (CPU, "ok", {"op": "reduce-scatter"}, {"busbw_gbps": 8.0, "wrong": 5}),  # wrong results
     (H100, "ok", {"op": "all-reduce"}, {"busbw_gbps": 360.0, "wrong": 0}),
+    # not a ring collective: its busbw is not the W of (N-1)/N S/W, passed over while any is
+    (CPU, "ok", {"op": "broadcast"}, {"busbw_gbps": 6.0, "wrong": 0}),
 ]
 
 
@@ -252,7 +254,8 @@ def test_measured_picks_this_gpus_best_rows(db_path):
     plans = _plans(db_path)
     assert len(plans) == 2
     s = plans[0]["_s"]
-    # the fastest ok model row (fp32 at 0.5 TFLOP/s), the fastest correct comm row (4 GB/s)
+    # the fastest ok model row (fp32 at 0.5 TFLOP/s), the fastest correct ring collective
+    # (all-gather, 4 GB/s; the broadcast's 6 GB/s is not the formulas' W)
     assert (s["flops"], s["egress"], s["hardware"], s["device_name"]) == (0.5e12, 4e9, "measured", CPU)
     assert "model-cpu-0"[:8] in s["source"] and "comm-cpu-1"[:8] in s["source"]
     assert ids  # the other GPU's rows were there to be passed over
@@ -265,11 +268,11 @@ def test_measured_picks_this_gpus_best_rows(db_path):
 def test_measured_without_rows_says_what_to_run(db_path):
     r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path)
     assert r.exit_code == 2 and "cs336sys model" in r.stderr and not db_path.exists()
-    _store(db_path, model=MODEL[3:], comm=COMM[3:])  # rows of the H100 only
+    _store(db_path, model=MODEL[3:], comm=COMM[3:4])  # rows of the H100 only
     r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path)
     assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "cs336sys model" in r.stderr and H100 in r.stderr
-    _store(db_path.with_name("b.db"), model=MODEL[:2], comm=COMM[3:])
+    _store(db_path.with_name("b.db"), model=MODEL[:2], comm=COMM[3:4])
     r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path.with_name("b.db"))
     assert r.exit_code == 2 and "cs336sys comm" in r.stderr
     assert _plans(db_path) == []

@@ -53,7 +53,9 @@ def _rows(conn: sqlite3.Connection, sql: str, params: tuple) -> list[dict[str, A
 def measured(conn: sqlite3.Connection, gpu: str, host_memory: int | None = None) -> Measured:
     """C from the ok `model` row with the highest TFLOP/s on `gpu` (the invocations' GPU
     name, 'cpu' for CPU runs), W from the ok `comm` row with the highest bus bandwidth that
-    got every element right; NoMeasurement names the command to run when either is
+    got every element right, among the ring collectives the plan's formulas are for
+    (all-reduce, all-gather, reduce-scatter: their busbw is nccl-tests' W) when there are
+    any, else among every op; NoMeasurement names the command to run when either is
     missing. Memory is the GPU's as the model run recorded it (`host_memory` for 'cpu')."""
     model = _rows(conn, """
         SELECT r.id, i.gpu_memory_gb, json_extract(r.metrics, '$.tflops') AS tflops,
@@ -69,7 +71,8 @@ def measured(conn: sqlite3.Connection, gpu: str, host_memory: int | None = None)
          WHERE r.experiment = 'comm' AND r.status = 'ok' AND i.gpu = ?
            AND json_extract(r.metrics, '$.busbw_gbps') > 0
            AND coalesce(json_extract(r.metrics, '$.wrong'), 0) = 0
-         ORDER BY busbw DESC, r.created DESC LIMIT 1""", (gpu,))  # fmt: skip
+         ORDER BY op IN ('all-reduce', 'all-gather', 'reduce-scatter') DESC, busbw DESC,
+                  r.created DESC LIMIT 1""", (gpu,))  # fmt: skip
     if not model or not comm:
         stored = [r[0] for r in conn.execute(
             "SELECT DISTINCT i.gpu FROM runs r JOIN invocations i ON i.id = r.invocation_id "
