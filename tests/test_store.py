@@ -203,3 +203,19 @@ def test_readonly_connection_cannot_write(db_path):
     conn = connect_readonly(db_path)
     with pytest.raises(sqlite3.OperationalError):
         conn.execute("DELETE FROM runs")
+
+
+def test_a_store_being_created_by_another_process_is_not_refused(db_path):
+    """What a second process sees while the first creates the store: a WAL-mode database
+    without a table yet (the migration is one transaction). It becomes the store; a database
+    with anyone else's table is still refused."""
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA journal_mode = WAL")  # what the creator does before migrating
+    assert db_path.stat().st_size > 0
+    with Store(db_path) as s:  # no "not a results store"
+        assert schema.version(s.conn) == SCHEMA_VERSION
+    conn.close()
+    foreign = db_path.with_name("foreign.db")
+    sqlite3.connect(foreign).execute("CREATE TABLE notes (x)").connection.close()
+    with pytest.raises(StoreError, match="not a results store"):
+        Store(foreign)

@@ -36,7 +36,8 @@ def check_path(path: str | Path) -> Path:
     """Refuse, before anything is written or created, a path that cannot be a results store:
     a directory, a path under a file, a file that is not SQLite, and a SQLite database that
     is not a results store (someone's own database: never written into, not even its journal
-    mode). A missing or empty file is fine: it becomes a store."""
+    mode). A missing or empty file, or a SQLite database with nothing in it, is fine: it
+    becomes a store."""
     path = Path(path)
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
@@ -52,7 +53,7 @@ def check_path(path: str | Path) -> Path:
         try:
             conn = open_untouched(path)
             try:
-                problem = store_problem(conn)
+                problem = None if _no_tables(conn) else store_problem(conn)
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
@@ -60,6 +61,14 @@ def check_path(path: str | Path) -> Path:
         if problem:
             raise StoreError(f"{path} {problem}; refusing to touch it")
     return path
+
+
+def _no_tables(conn: sqlite3.Connection) -> bool:
+    """An empty database, or a store another process is creating right now: it switched the
+    new file to WAL, and its migration (one transaction) has not committed yet. Either way
+    it becomes a store, like an empty file; refusing it made one of two processes that open a
+    new store at once fail (a flaky test_store test)."""
+    return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
 
 
 def store_problem(conn: sqlite3.Connection) -> str | None:
