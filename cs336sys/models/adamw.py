@@ -75,46 +75,55 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-
         for group in self.param_groups:
-            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                if grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients.")
-
-                state = self.state[p]
-                if not state:
-                    like = dict(dtype=state_dtype(p), memory_format=torch.preserve_format)
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, **like)
-                    state["exp_avg_sq"] = torch.zeros_like(p, **like)
-                state["step"] += 1
-                t = state["step"]
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                # A 16-bit parameter is updated in a float32 copy, rounded back once at the end.
-                low = p.dtype in LOW_PRECISION
-                weights = p.float() if low else p
-                if low:
-                    grad = grad.float()
-
-                # Decoupled weight decay: shrink the weights directly instead of adding
-                # wd * p to the gradient, so decay is not rescaled by the adaptive denominator.
-                weights.mul_(1 - lr * wd)
-
-                exp_avg.lerp_(grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-
-                # Bias corrections undo the zero initialisation of m and v (Kingma & Ba 2015).
-                bias_correction1 = 1 - beta1**t
-                bias_correction2 = 1 - beta2**t
-                step_size = lr / bias_correction1
-                denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
-                weights.addcdiv_(exp_avg, denom, value=-step_size)
-                if low:
-                    p.copy_(weights)
-
+            self._update_group(group)
         return loss
+
+    def _stepped(self, group: dict[str, Any]) -> list[tuple[torch.Tensor, dict[str, Any]]]:
+        """(param, state) of every parameter of `group` with a gradient, its step counted and
+        its state made on first use: step 0 and zero moments (float32 for a 16-bit
+        parameter). The fused versions (adamw_fused.py) update the same list."""
+        out = []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("AdamW does not support sparse gradients.")
+            state = self.state[p]
+            if not state:
+                like = dict(dtype=state_dtype(p), memory_format=torch.preserve_format)
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, **like)
+                state["exp_avg_sq"] = torch.zeros_like(p, **like)
+            state["step"] += 1
+            out.append((p, state))
+        return out
+
+    def _update_group(self, group: dict[str, Any]) -> None:
+        """The update, one parameter at a time (the readable reference)."""
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        for p, state in self._stepped(group):
+            grad, t = p.grad, state["step"]
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            # A 16-bit parameter is updated in a float32 copy, rounded back once at the end.
+            low = p.dtype in LOW_PRECISION
+            weights = p.float() if low else p
+            if low:
+                grad = grad.float()
+
+            # Decoupled weight decay: shrink the weights directly instead of adding
+            # wd * p to the gradient, so decay is not rescaled by the adaptive denominator.
+            weights.mul_(1 - lr * wd)
+
+            exp_avg.lerp_(grad, 1 - beta1)  # m = beta1 m + (1 - beta1) g
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+
+            # Bias corrections undo the zero initialisation of m and v (Kingma & Ba 2015).
+            bias_correction1 = 1 - beta1**t
+            bias_correction2 = 1 - beta2**t
+            step_size = lr / bias_correction1
+            denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
+            weights.addcdiv_(exp_avg, denom, value=-step_size)
+            if low:
+                p.copy_(weights)

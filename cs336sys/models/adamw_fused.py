@@ -23,57 +23,24 @@ float32, then rounded once (adamw.py, "Mixed precision").
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 
 import torch
 
-from cs336sys.models.adamw import LOW_PRECISION, AdamW, state_dtype
-
-
-def _init_state(state: dict, p: torch.Tensor) -> None:
-    """The reference's state: step 0 and zero moments (float32 for a 16-bit parameter)."""
-    like = dict(dtype=state_dtype(p), memory_format=torch.preserve_format)
-    state["step"] = 0
-    state["exp_avg"] = torch.zeros_like(p, **like)
-    state["exp_avg_sq"] = torch.zeros_like(p, **like)
-
-
-def _stepped(optimizer: AdamW, group: dict) -> list[tuple[torch.Tensor, dict]]:
-    """(param, state) of every parameter of `group` with a gradient, its step counted."""
-    out = []
-    for p in group["params"]:
-        if p.grad is None:
-            continue
-        if p.grad.is_sparse:
-            raise RuntimeError("AdamW does not support sparse gradients.")
-        state = optimizer.state[p]
-        if not state:
-            _init_state(state, p)
-        state["step"] += 1
-        out.append((p, state))
-    return out
+from cs336sys.models.adamw import LOW_PRECISION, AdamW
 
 
 class AdamWForeach(AdamW):
     """AdamW as multi-tensor ops: each of the reference's ops once per (device, dtype, step)
     bucket of a group instead of once per parameter."""
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        for group in self.param_groups:
-            # foreach ops take tensors of one device and dtype; the bias corrections are
-            # scalars per bucket, so parameters at different step counts go apart too.
-            buckets: dict[tuple, list[tuple[torch.Tensor, dict]]] = defaultdict(list)
-            for p, state in _stepped(self, group):
-                buckets[(p.device, p.dtype, state["step"])].append((p, state))
-            for (_, dtype, t), members in buckets.items():
-                self._update(group, dtype, t, members)
-        return loss
+    def _update_group(self, group: dict) -> None:
+        # foreach ops take tensors of one device and dtype; the bias corrections are
+        # scalars per bucket, so parameters at different step counts go apart too.
+        buckets: dict[tuple, list[tuple[torch.Tensor, dict]]] = defaultdict(list)
+        for p, state in self._stepped(group):
+            buckets[(p.device, p.dtype, state["step"])].append((p, state))
+        for (_, dtype, t), members in buckets.items():
+            self._update(group, dtype, t, members)
 
     @staticmethod
     def _update(group: dict, dtype: torch.dtype, t: int, members: list) -> None:
@@ -120,30 +87,22 @@ class AdamWTriton(AdamW):
         for device in {p.device for group in self.param_groups for p in group["params"]}:
             adamw_kernels.check_available(device)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                         weight_decay=group["weight_decay"])  # fmt: skip
-            if not self.multi_tensor:
-                for p, state in _stepped(self, group):
-                    self._kernels.adamw_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
-                                               step=state["step"], **hyper)  # fmt: skip
-                continue
-            # one launch per device and step count (the kernel splits dtypes itself)
-            buckets: dict[tuple, list[tuple[torch.Tensor, dict]]] = defaultdict(list)
-            for p, state in _stepped(self, group):
-                buckets[(p.device, state["step"])].append((p, state))
-            for (_, t), members in buckets.items():
-                self._kernels.adamw_update_many(
-                    [p for p, _ in members], [p.grad for p, _ in members],
-                    [s["exp_avg"] for _, s in members], [s["exp_avg_sq"] for _, s in members],
-                    step=t, **hyper,
-                )  # fmt: skip
-        return loss
+    def _update_group(self, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                     weight_decay=group["weight_decay"])  # fmt: skip
+        if not self.multi_tensor:
+            for p, state in self._stepped(group):
+                self._kernels.adamw_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
+                                           step=state["step"], **hyper)  # fmt: skip
+            return
+        # one launch per device and step count (the kernel splits dtypes itself)
+        buckets: dict[tuple, list[tuple[torch.Tensor, dict]]] = defaultdict(list)
+        for p, state in self._stepped(group):
+            buckets[(p.device, state["step"])].append((p, state))
+        for (_, t), members in buckets.items():
+            self._kernels.adamw_update_many(
+                [p for p, _ in members], [p.grad for p, _ in members],
+                [s["exp_avg"] for _, s in members], [s["exp_avg_sq"] for _, s in members],
+                step=t, **hyper,
+            )  # fmt: skip
