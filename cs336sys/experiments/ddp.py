@@ -53,9 +53,9 @@ from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, check_seed, choices, counts, listed, positive_ints
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
-from cs336sys.experiments.model import shape_overrides
+from cs336sys.experiments.model import preset_sizes, shape_overrides
 from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
-from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+from cs336sys.models.config import ModelConfig, from_preset
 
 PRECISIONS = ("fp32", "bf16")
 TORCH_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, recorded as what ran
@@ -149,10 +149,7 @@ def specs(
     warmup = defaults["warmup"] if warmup is None else warmup
     steps = defaults["steps"] if steps is None else steps
     counts(warmup, steps)
-    sizes = listed(_items(size), "--size", [defaults["size"]])
-    for s in sizes:
-        if s not in PRESETS:
-            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    sizes = preset_sizes(_items(size), defaults["size"])
     ctx_lens = positive_ints(_items(context_length), "--seq", [defaults["context_length"]])
     batches = positive_ints(_items(global_batch), "--batch", [defaults["global_batch"]])
     for batch in batches:

@@ -111,10 +111,7 @@ def specs(
     defaults = DEFAULTS["cuda" if dev.startswith("cuda") else "cpu"]
     warmup = defaults["warmup"] if warmup is None else warmup
     steps = defaults["steps"] if steps is None else steps
-    sizes = listed(size, "--size", [defaults["size"]])
-    for s in sizes:
-        if s not in PRESETS:
-            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    sizes = preset_sizes(size, defaults["size"])
     modes = choices(mode, MODES, "--mode", default=["train"])
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
     optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
@@ -135,11 +132,8 @@ def specs(
     for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
                      "mode": modes, "precision": precisions, "attention": attentions,
                      "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):  # fmt: skip
-        try:
-            cfg = from_preset(p["size"], context_length=p["context_length"],
-                              attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip
-        except ValueError as exc:
-            raise SpecError(f"--checkpoint: {exc}" if "checkpoint" in str(exc) else str(exc)) from None
+        cfg = preset_config(p["size"], context_length=p["context_length"],
+                            attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip
         out.append(ModelSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
             num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, context_length=p["context_length"],
@@ -152,6 +146,24 @@ def specs(
         ))  # fmt: skip
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
+
+
+def preset_sizes(values: Iterable[Any] | None, default: str) -> list[str]:
+    """The --size list, each a preset (SpecError naming the presets if not)."""
+    sizes = listed(values, "--size", [default])
+    for s in sizes:
+        if s not in PRESETS:
+            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    return sizes
+
+
+def preset_config(size: str, **fields: Any) -> ModelConfig:
+    """from_preset(size, **fields), its ValueError a SpecError (named --checkpoint where the
+    checkpoint spec is what is wrong)."""
+    try:
+        return from_preset(size, **fields)
+    except ValueError as exc:
+        raise SpecError(f"--checkpoint: {exc}" if "checkpoint" in str(exc) else str(exc)) from None
 
 
 def shape_overrides(**given: int | None) -> dict[str, int | None]:

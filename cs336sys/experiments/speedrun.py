@@ -61,8 +61,9 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
+from cs336sys.experiments.model import preset_config, preset_sizes, shape_overrides
 from cs336sys.experiments.step import throughput, throughput_metrics
-from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+from cs336sys.models.config import ModelConfig
 
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
 ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
@@ -168,10 +169,7 @@ def specs(
     steps = defaults["steps"] if steps is None else steps
     counts(warmup, steps)
     check_seed(seed)
-    sizes = listed(size, "--size", [defaults["size"]])
-    for s in sizes:
-        if s not in PRESETS:
-            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
+    sizes = preset_sizes(size, defaults["size"])
     if num_layers is None and size is None:
         num_layers = defaults["num_layers"]  # the default 8B is scaled down to fit
     if isinstance(num_layers, int):
@@ -179,10 +177,8 @@ def specs(
     # A list of layer counts finds the largest model that fits: smallest first, and after an
     # out-of-memory the larger ones with the same other settings are skipped (oom_axis).
     layers = sorted(positive_ints(num_layers, "--num-layers")) if num_layers else [None]
-    for name, value in dict(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
-                            vocab_size=vocab_size).items():  # fmt: skip
-        if value is not None and value <= 0:
-            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
+                                vocab_size=vocab_size)  # fmt: skip
     precisions = choices(
         precision, ("bf16", "fp32"), "--precision", default=[defaults["precision"]]
     )
@@ -215,13 +211,8 @@ def specs(
                      "batch_size": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
                      "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
-        try:
-            cfg = from_preset(p["size"], context_length=p["context_length"],
-                              checkpoint=p["checkpoint"], d_model=d_model, d_ff=d_ff,
-                              num_layers=p["num_layers"], num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
-        except ValueError as exc:
-            text = str(exc)
-            raise SpecError(f"--checkpoint: {text}" if "checkpoint" in text else text) from None
+        cfg = preset_config(p["size"], context_length=p["context_length"],
+                            checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)  # fmt: skip
         on = p["switches"]
         out.append(StepSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
@@ -390,10 +381,6 @@ def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
 # -- the declaration ------------------------------------------------------------------------
 
 
-def _vs_none(row: Any) -> float | None:
-    return row.get("step_ms_median")
-
-
 TABLE = Table(
     "One training step, each optimisation switched on",
     (
@@ -410,7 +397,7 @@ TABLE = Table(
         Column(
             "vs none",
             ratio=Ratio(
-                _vs_none,
+                lambda r: r.get("step_ms_median"),
                 {"switches": "none"},
                 ("switches", "optimizer", "loss", "attention", "compile", "cold_cache"),
             ),

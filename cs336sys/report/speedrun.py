@@ -16,14 +16,12 @@ MAX_CHARTS = 6
 # What makes two step points the same configuration (the switches vary within a chart).
 _CONFIG = ("size", "num_layers", "context_length", "batch_size", "precision", "param_dtype",
            "checkpoint", "d_model", "vocab_size")  # fmt: skip
-_SWITCH_ORDER = ("none", "fused-adamw", "fused-ce", "flash", "compile")
 
 
-def _order(switches: str) -> tuple[int, int, str]:
-    """none first, then single switches in their order, then sets by size."""
-    names = switches.split("+")
-    first = _SWITCH_ORDER.index(names[0]) if names[0] in _SWITCH_ORDER else len(_SWITCH_ORDER)
-    return (len(names) if switches != "none" else 0, first, switches)
+def _order(switches: str) -> int:
+    """none first, then single switches, then larger sets; within a size, the order the
+    sweep ran them (experiments/speedrun.py expands --switches in SWITCHES order)."""
+    return 0 if switches == "none" else len(switches.split("+"))
 
 
 def _title(s: dict[str, Any], gpu: Any) -> str:
