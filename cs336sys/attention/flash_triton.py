@@ -200,6 +200,14 @@ class _Plan:
     variant: str = "pointer"  # or "tma": the descriptor kernels of flash_triton_tma.py
     hits: int = 0
 
+    def reuse(self) -> None:
+        """Count a call that runs this plan again. Descriptor kernels need Triton's allocator
+        in the calling thread (a ContextVar, and autograd runs the backward in its own thread
+        on CUDA): one read once it is set."""
+        self.hits += 1
+        if self.variant == "tma":
+            ensure_allocator()
+
 
 _PLANS: dict[tuple, _Plan] = {}  # one entry per call signature seen; a few dozen in a sweep
 
@@ -229,6 +237,8 @@ def _first_launch(name: str, grid_of, tensors: tuple, args: tuple, constexprs: d
     grid_of(tiles) -> grid, for the tile sizes (a dict with Q_TILE and/or K_TILE).
     """
     kernel = _KERNELS[name]
+    if name.endswith("_tma"):
+        ensure_allocator()  # descriptor scratch for Triton's launcher
     with _on_device(tensors[0]):
         if name == "pre" or INTERPRETED or not _AUTOTUNE.get():
             named = dict(zip(kernel.arg_names, (*tensors, *args), strict=False))
@@ -334,13 +344,10 @@ def attention_forward(
     if plan is None:
         _PLANS[key] = _forward_plan(q, k, v, o, lse, bool(is_causal))
         return o, lse
-    if plan.variant == "tma":
-        ensure_allocator()  # per thread (a ContextVar): cheap when already set
+    plan.reuse()
     if plan.views:
-        plan.hits += 1
         plan.launches[0](*map(_kernel_view, (q, k, v, o)), lse)
     else:
-        plan.hits += 1
         plan.launches[0](q, k, v, o, lse)
     return o, lse
 
@@ -360,8 +367,6 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
                       **_dot_flags(q.dtype))  # fmt: skip
     variant = _variant(*views)
-    if variant == "tma":
-        ensure_allocator()
     name = "fwd_tma" if variant == "tma" else "fwd"
     launch = _first_launch(name, grid, (*views, lse), args, constexprs)
     copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
@@ -391,12 +396,9 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     if plan is None:
         _PLANS[key] = _backward_plan(*tensors, delta, bool(is_causal))
         return dq, dk, dv
-    plan.hits += 1
-    if plan.variant == "tma":
-        ensure_allocator()  # autograd runs the backward in its own thread on CUDA
+    plan.reuse()
     if plan.views:
-        tensors = (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
-                   *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
+        tensors = _backward_views(*tensors)
     q, k, v, o, lse, do, dq4, dk4, dv4 = tensors
     pre, dkdv, dq_ = plan.launches
     pre(o, do, delta)
@@ -405,11 +407,16 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     return dq, dk, dv
 
 
+def _backward_views(q, k, v, o, lse, do, dq, dk, dv) -> tuple[torch.Tensor, ...]:
+    """The backward's tensors as its kernels take them; L as contiguous (B*H, T_q) rows."""
+    return (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
+            *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
+
+
 def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _Plan:
     """Plan, and run, the first backward call of a signature (inputs already checked)."""
     given = (q, k, v, o, lse, do, dq, dk, dv)
-    views = (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
-             *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
+    views = _backward_views(*given)
     q4, k4, v4, o4, lse, do4, dq4, dk4, dv4 = views
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
@@ -422,8 +429,6 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
         return lambda tiles: (triton.cdiv(length, tiles[tile]), heads, batch)
 
     variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
-    if variant == "tma":
-        ensure_allocator()
     suffix = "_tma" if variant == "tma" else ""
 
     pre = _first_launch(
@@ -482,3 +487,10 @@ def flash_attention_triton(
     # Nothing to differentiate: skip autograd.Function's bookkeeping, a few microseconds of
     # host time per call (issue 15).
     return attention_forward(q, k, v, is_causal)[0]
+
+
+if INTERPRETED:
+    # torch.compile cannot trace Triton's interpreter (NumPy on host pointers): a model with
+    # this attention under --compile runs the kernel eagerly there, a graph break. On a GPU
+    # dynamo traces the compiled kernels.
+    flash_attention_triton = torch.compiler.disable(flash_attention_triton)

@@ -55,6 +55,7 @@ from cs336sys.attention.flash_triton_tiles import (
     _load_tile,
     _query_tile_key_ranges,
     _score_mask,
+    _slice_ptrs,
     _store_rows,
     _tile_program,
 )
@@ -67,7 +68,7 @@ from cs336sys.bench.triton_support import interpreted
 @triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
-    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -77,9 +78,7 @@ def _attn_fwd_inner(
     """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11)."""
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
-        k = _load_tile(
-            K_src, start_n, offs_n, stride_kt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
-        )
+        k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
         # S_i^(j) = Q_i K_j^T, already scaled into base 2 (line 8)
         s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         s = s * qk_scale
@@ -94,9 +93,7 @@ def _attn_fwd_inner(
         p = tl.exp2(s - m_ij[:, None])
         alpha = tl.exp2(m_i - m_ij)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(
-            V_src, start_n, offs_n, stride_vt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
-        )
+        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
         # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
         # the low-precision tensor cores; l_i keeps the float32 P~.
         acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION, UPCAST_DOT)
@@ -106,28 +103,35 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _attn_fwd_loop(
-    acc, l_i, m_i, q,
-    K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
+    q, K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n,
     N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
 ):  # fmt: skip
-    """The key loop of the query tile at start_m, unmasked tiles first (Algorithm 1, 6-11)."""
+    """O_i (float32) and L_i of the query tile at start_m (Algorithm 1, lines 5-13): the key
+    loop, unmasked tiles first, then the epilogue."""
+    # On-chip statistics and accumulator, float32 whatever the input dtype (line 5).
+    m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([Q_TILE], dtype=tl.float32)
+    acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
     full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
-    return _attn_fwd_inner(
-        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
+    # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers
+    # this division to the end), and L_i = m_i + log(l_i), converted back to natural log.
+    return acc / l_i[:, None], (m_i + tl.log2(l_i)) * LN2
 
 
 @triton.jit
@@ -148,34 +152,21 @@ def _attn_fwd_kernel(
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
-    offs_d = tl.arange(0, BLOCK_D)
 
-    q_ptrs = Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :]
-    K_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
-    V_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
+    q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
+    K_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
+    V_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
     # Q_i stays on chip for the whole key loop (Algorithm 1, line 4: load Q_i once).
-    q = _load_rows(q_ptrs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True)
+    q = _load_rows(q_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
 
-    # On-chip statistics and accumulator, float32 whatever the input dtype (line 5).
-    m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([Q_TILE], dtype=tl.float32)
-    acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
-
-    acc, l_i, m_i = _attn_fwd_loop(
-        acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
+    o, L_i = _attn_fwd_loop(
+        q, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m, offs_m, offs_n,
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         PRECISION, UPCAST_DOT, ROUND_BF16, False,
     )  # fmt: skip
 
-    # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers
-    # this division to the end), and L_i = m_i + log(l_i), converted back to natural log.
-    acc = acc / l_i[:, None]
-    L_i = (m_i + tl.log2(l_i)) * LN2
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
-    _store_rows(
-        o_ptrs, _cast(acc, Out.dtype.element_ty, ROUND_BF16),
-        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
-    )  # fmt: skip
+    o_ptrs = _slice_ptrs(Out, b, h, stride_ob, stride_oh, stride_ot, offs_m, BLOCK_D)
+    _store_rows(o_ptrs, _cast(o, Out.dtype.element_ty, ROUND_BF16), offs_m, N_Q, HEAD_DIM, BLOCK_D)
     tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
 
 
@@ -199,17 +190,19 @@ def _attn_bwd_preprocess(
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_d = tl.arange(0, BLOCK_D)
+    # Offsets summed before they meet the base pointer, unlike _slice_ptrs: with the pointer
+    # added first, an sm_90 compile of this kernel (fp16, d 80) took 52 registers, not 32.
     o_offs = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
     do_offs = b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :]
-    o = _load_rows(Out + o_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
-    do = _load_rows(dO + do_offs, offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    o = _load_rows(Out + o_offs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    do = _load_rows(dO + do_offs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     tl.store(D + bh * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
 
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n, offs_d,
+    Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -224,12 +217,8 @@ def _attn_bwd_dkdv_inner(
     for start_m in range(lo, hi, Q_TILE):
         start_m = tl.multiple_of(start_m, Q_TILE)
         offs_qm = start_m + offs_m
-        q = _load_tile(
-            Q_src, start_m, offs_m, stride_qt, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
-        )
-        do = _load_tile(
-            dO_src, start_m, offs_m, stride_dot, N_Q, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
-        )
+        q = _load_tile(Q_src, start_m, offs_m, stride_qt, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        do = _load_tile(dO_src, start_m, offs_m, stride_dot, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
         if MASKED:
             L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
             D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
@@ -254,15 +243,15 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit
 def _attn_bwd_dkdv_loop(
-    dk, dv, k, v,
-    Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, start_n, offs_m, offs_n, offs_d,
-    N_Q, N_K, qk_scale,
+    k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, start_n, offs_m, offs_n,
+    N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
 ):  # fmt: skip
-    """The query loop of the key tile at start_n (Algorithm 2, lines 6-14), in three ranges.
+    """dK_j and dV_j (float32) of the key tile at start_n (Algorithm 2, lines 6-14): the
+    query loop, in three ranges.
 
     Causal: query tiles before `lo` end before key start_n and see none of these keys
     (skipped); tiles from `lo` to `diag_end` straddle the diagonal (masked); from `diag_end`
@@ -271,6 +260,8 @@ def _attn_bwd_dkdv_loop(
     tile (k = v = 0) produce rows of dK, dV that are not stored and never mix with real
     keys' rows, so the unmasked range needs no key mask.
     """
+    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
     q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
     full_end = N_Q // Q_TILE * Q_TILE
     lo = 0
@@ -279,26 +270,25 @@ def _attn_bwd_dkdv_loop(
         lo = start_n // Q_TILE * Q_TILE
         diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot,
-        offs_m, offs_n, offs_d,
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
         lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot,
-        offs_m, offs_n, offs_d,
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
         diag_end, full_end,  # query tiles that see every key of this tile: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
-    return _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot,
-        offs_m, offs_n, offs_d,
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
         tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
+    # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
+    return dk * sm_scale, dv
 
 
 @triton.jit
@@ -321,45 +311,30 @@ def _attn_bwd_dkdv_kernel(
     start_n, h, b, bh = _tile_program(K_TILE)
     offs_n = start_n + tl.arange(0, K_TILE)
     offs_m = tl.arange(0, Q_TILE)
-    offs_d = tl.arange(0, BLOCK_D)
 
-    rows_n = offs_n[:, None]
-    k = _load_rows(
-        K + b * stride_kb + h * stride_kh + rows_n * stride_kt + offs_d[None, :],
-        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True,
-    )  # fmt: skip
-    v = _load_rows(
-        V + b * stride_vb + h * stride_vh + rows_n * stride_vt + offs_d[None, :],
-        offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D, True,
-    )  # fmt: skip
-    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    k_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
+    k = _load_rows(k_ptrs, offs_n, N_K, HEAD_DIM, BLOCK_D, True)
+    v_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
+    v = _load_rows(v_ptrs, offs_n, N_K, HEAD_DIM, BLOCK_D, True)
 
-    rows_m = offs_m[:, None]
-    Q_ptrs = Q + b * stride_qb + h * stride_qh + rows_m * stride_qt + offs_d[None, :]
-    dO_ptrs = dO + b * stride_dob + h * stride_doh + rows_m * stride_dot + offs_d[None, :]
+    Q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
+    dO_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
     dk, dv = _attn_bwd_dkdv_loop(
-        dk, dv, k, v, Q_ptrs, dO_ptrs, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
-        start_n, offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        k, v, Q_ptrs, dO_ptrs, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
+        start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
         HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
     )  # fmt: skip
 
-    # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
-    dk = dk * sm_scale
-    _store_rows(
-        dK + b * stride_dkb + h * stride_dkh + rows_n * stride_dkt + offs_d[None, :],
-        _cast(dk, dK.dtype.element_ty, ROUND_BF16), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
-    )  # fmt: skip
-    _store_rows(
-        dV + b * stride_dvb + h * stride_dvh + rows_n * stride_dvt + offs_d[None, :],
-        _cast(dv, dV.dtype.element_ty, ROUND_BF16), offs_n, N_K, offs_d, HEAD_DIM, BLOCK_D,
-    )  # fmt: skip
+    dk_ptrs = _slice_ptrs(dK, b, h, stride_dkb, stride_dkh, stride_dkt, offs_n, BLOCK_D)
+    _store_rows(dk_ptrs, _cast(dk, dK.dtype.element_ty, ROUND_BF16), offs_n, N_K, HEAD_DIM, BLOCK_D)
+    dv_ptrs = _slice_ptrs(dV, b, h, stride_dvb, stride_dvh, stride_dvt, offs_n, BLOCK_D)
+    _store_rows(dv_ptrs, _cast(dv, dV.dtype.element_ty, ROUND_BF16), offs_n, N_K, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
     dq, q, do, L2_i, D_i,
-    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
     lo, hi, N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -369,12 +344,8 @@ def _attn_bwd_dq_inner(
     """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
-        k = _load_tile(
-            K_src, start_n, offs_n, stride_kt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
-        )
-        v = _load_tile(
-            V_src, start_n, offs_n, stride_vt, N_K, offs_d, HEAD_DIM, BLOCK_D, MASKED, TMA
-        )
+        k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
         s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         s = s * qk_scale
         if MASKED:
@@ -389,28 +360,30 @@ def _attn_bwd_dq_inner(
 
 @triton.jit
 def _attn_bwd_dq_loop(
-    dq, q, do, L2_i, D_i,
-    K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
-    N_Q, N_K, qk_scale,
+    q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n,
+    N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
 ):  # fmt: skip
-    """The key loop of the query tile at start_m, over the forward's key tiles and stages."""
+    """dQ_i (float32) of the query tile at start_m: the key loop, over the forward's key
+    tiles and stages. L2_i is L_i in base 2."""
+    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
     full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
     dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
-    return _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n, offs_d,
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
+    return dq * sm_scale  # w.r.t. the scaled scores, as dK
 
 
 @triton.jit
@@ -431,34 +404,24 @@ def _attn_bwd_dq_kernel(
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
-    offs_d = tl.arange(0, BLOCK_D)
 
-    rows_m = offs_m[:, None]
-    q = _load_rows(
-        Q + b * stride_qb + h * stride_qh + rows_m * stride_qt + offs_d[None, :],
-        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True,
-    )  # fmt: skip
-    do = _load_rows(
-        dO + b * stride_dob + h * stride_doh + rows_m * stride_dot + offs_d[None, :],
-        offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D, True,
-    )  # fmt: skip
+    q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
+    q = _load_rows(q_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
+    do_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
+    do = _load_rows(do_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
     L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
     D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
-    K_ptrs = K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :]
-    V_ptrs = V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :]
-    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
+    K_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
+    V_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
 
     dq = _attn_bwd_dq_loop(
-        dq, q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m,
-        offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m,
+        offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
         HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
     )  # fmt: skip
 
-    dq = dq * sm_scale
-    _store_rows(
-        dQ + b * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :],
-        _cast(dq, dQ.dtype.element_ty, ROUND_BF16), offs_m, N_Q, offs_d, HEAD_DIM, BLOCK_D,
-    )  # fmt: skip
+    dq_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
+    _store_rows(dq_ptrs, _cast(dq, dQ.dtype.element_ty, ROUND_BF16), offs_m, N_Q, HEAD_DIM, BLOCK_D)
 
 
 # The kernels were defined by the interpreter exactly when triton.jit saw TRITON_INTERPRET=1

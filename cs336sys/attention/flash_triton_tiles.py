@@ -49,15 +49,23 @@ def _cast(x, dtype, ROUND_BF16: tl.constexpr):
 
 
 @triton.jit
+def _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, rows, BLOCK_D: tl.constexpr):
+    """Pointers to rows `rows` (a 1-D range) of batch b, head h, as a (rows, BLOCK_D) block:
+    the pointer counterpart of flash_triton_tma._slice_desc, masked by _load_rows."""
+    slice_base = base + b * stride_b + h * stride_h
+    return slice_base + rows[:, None] * stride_t + tl.arange(0, BLOCK_D)[None, :]
+
+
+@triton.jit
 def _load_rows(
-    ptrs, rows, n_rows, offs_d,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
-):  # fmt: skip
+    ptrs, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr
+):
     """Load a (rows, BLOCK_D) tile; zeros past the sequence end and the true head dim.
 
     The constexpr branches keep a tile that is known to be in bounds free of any mask, so its
     loads vectorise fully (flash-attention's EVEN_M / EVEN_HEADDIM trick).
     """
+    offs_d = tl.arange(0, BLOCK_D)
     if CHECK_ROWS:
         if HEAD_DIM == BLOCK_D:
             x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
@@ -75,30 +83,32 @@ def _load_rows(
 
 @triton.jit
 def _load_tile(
-    src, start, offs, stride_t, n_rows, offs_d,
+    src, start, offs, stride_t, n_rows,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """Rows start + offs (offs = arange(0, tile)) of a (n_rows, HEAD_DIM) slice, zero padded.
 
     TMA: src is the slice's tensor descriptor, which pads out of bounds itself (offs,
-    stride_t, n_rows and offs_d are unused). Otherwise src points at the slice's rows offs
-    and _load_rows masks. Since Triton compiles a jit function once per constexpr value, a
-    loop that loads through this helper serves both kernel variants with no runtime branch.
+    stride_t and n_rows are unused). Otherwise src points at the slice's rows offs
+    (_slice_ptrs) and _load_rows masks. Since Triton compiles a jit function once per
+    constexpr value, a loop that loads through this helper serves both kernel variants with
+    no runtime branch.
     """
     if TMA:
         x = src.load([start, 0])
     else:
         rows = start + offs
-        x = _load_rows(src + start * stride_t, rows, n_rows, offs_d, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+        x = _load_rows(src + start * stride_t, rows, n_rows, HEAD_DIM, BLOCK_D, CHECK_ROWS)
     return x
 
 
 @triton.jit
-def _store_rows(ptrs, x, rows, n_rows, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_rows(ptrs, x, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Store a (rows, BLOCK_D) tile, dropping rows past the sequence end and the head-dim pad."""
     if HEAD_DIM == BLOCK_D:
         tl.store(ptrs, x, mask=rows[:, None] < n_rows)
     else:
+        offs_d = tl.arange(0, BLOCK_D)
         tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
 
 

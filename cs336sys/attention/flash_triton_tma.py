@@ -42,7 +42,7 @@ from cs336sys.attention.flash_triton_kernels import (
     _attn_bwd_dq_loop,
     _attn_fwd_loop,
 )
-from cs336sys.attention.flash_triton_tiles import LN2, LOG2E, _cast, _tile_program
+from cs336sys.attention.flash_triton_tiles import LOG2E, _cast, _tile_program
 
 # --------------------------------------------------------------------------------------------
 # Host side: when the descriptors are allowed, and their scratch memory
@@ -124,27 +124,20 @@ def _attn_fwd_tma_kernel(
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
-    offs_d = tl.arange(0, BLOCK_D)  # for the loops' signature: descriptors need no offsets
 
     q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
     k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
     v_desc = _slice_desc(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
     q = q_desc.load([start_m, 0])  # stays on chip for the whole key loop
 
-    m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([Q_TILE], dtype=tl.float32)
-    acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
-
-    acc, l_i, m_i = _attn_fwd_loop(
-        acc, l_i, m_i, q, k_desc, v_desc, stride_kt, stride_vt, start_m, offs_m, offs_n, offs_d,
+    o, L_i = _attn_fwd_loop(
+        q, k_desc, v_desc, stride_kt, stride_vt, start_m, offs_m, offs_n,
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         PRECISION, UPCAST_DOT, ROUND_BF16, True,
     )  # fmt: skip
 
-    acc = acc / l_i[:, None]
-    L_i = (m_i + tl.log2(l_i)) * LN2  # natural-log logsumexp
     o_desc = _slice_desc(Out, b, h, stride_ob, stride_oh, stride_ot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
-    o_desc.store([start_m, 0], _cast(acc, Out.dtype.element_ty, ROUND_BF16))  # tail rows dropped
+    o_desc.store([start_m, 0], _cast(o, Out.dtype.element_ty, ROUND_BF16))  # tail rows dropped
     tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
 
 
@@ -163,7 +156,6 @@ def _attn_bwd_dkdv_tma_kernel(
     start_n, h, b, bh = _tile_program(K_TILE)
     offs_n = start_n + tl.arange(0, K_TILE)
     offs_m = tl.arange(0, Q_TILE)
-    offs_d = tl.arange(0, BLOCK_D)  # for the loops' signature: descriptors need no offsets
 
     k_desc = _slice_desc(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
     v_desc = _slice_desc(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D)
@@ -173,16 +165,13 @@ def _attn_bwd_dkdv_tma_kernel(
     )
     k = k_desc.load([start_n, 0])
     v = v_desc.load([start_n, 0])
-    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
 
     dk, dv = _attn_bwd_dkdv_loop(
-        dk, dv, k, v, q_desc, do_desc, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
-        start_n, offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        k, v, q_desc, do_desc, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
+        start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
         HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, True,
     )  # fmt: skip
 
-    dk = dk * sm_scale  # dS is taken w.r.t. the scaled scores S / sqrt(d)
     dk_desc = _slice_desc(
         dK, b, h, stride_dkb, stride_dkh, stride_dkt, N_K, HEAD_DIM, K_TILE, BLOCK_D
     )
@@ -208,7 +197,6 @@ def _attn_bwd_dq_tma_kernel(
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
-    offs_d = tl.arange(0, BLOCK_D)  # for the loops' signature: descriptors need no offsets
 
     q_desc = _slice_desc(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D)
     do_desc = _slice_desc(
@@ -220,15 +208,13 @@ def _attn_bwd_dq_tma_kernel(
     do = do_desc.load([start_m, 0])
     L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
     D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
-    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
 
     dq = _attn_bwd_dq_loop(
-        dq, q, do, L2_i, D_i, k_desc, v_desc, stride_kt, stride_vt, start_m,
-        offs_m, offs_n, offs_d, N_Q, N_K, qk_scale,
+        q, do, L2_i, D_i, k_desc, v_desc, stride_kt, stride_vt, start_m,
+        offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
         HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, True,
     )  # fmt: skip
 
-    dq = dq * sm_scale
     dq_desc = _slice_desc(
         dQ, b, h, stride_dqb, stride_dqh, stride_dqt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D
     )
