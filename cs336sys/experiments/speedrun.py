@@ -255,10 +255,6 @@ def build(spec: StepSpec) -> tuple[Any, Any, Any]:
         model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
     if spec.compile:
         for layer in model.layers:
-            if os.environ.get("TRITON_INTERPRET") == "1":
-                # Dynamo cannot trace Triton's interpreter (numpy on host pointers): under it
-                # the kernel runs eagerly, a graph break. On a GPU the kernel is traced.
-                layer.attn.attention_fn = torch.compiler.disable(layer.attn.attention_fn)
             layer.compile()  # per block, so checkpointing still wraps groups of blocks
     optimizer = make_optimizer(optimizer_name(spec), model.parameters())
     x, y = make_batch(spec.seed, spec.batch_size, spec.context_length, config.vocab_size)
