@@ -122,10 +122,22 @@ def test_label_is_stored_and_selects_runs(db_path, tmp_path):
     assert export.exit_code == 0 and len(export.stdout.splitlines()) == 1
 
 
-def test_every_measuring_command_names_its_store(db_path):
-    result = invoke("precision", "accumulate", "--variant", "fp32", "--db", db_path)
-    assert result.exit_code == 0
-    assert result.stderr.strip().splitlines()[-1].startswith(f"1 point(s) stored in {db_path}")
+@pytest.mark.parametrize("args", [
+    ["precision", "accumulate", "--variant", "fp32"],
+    ["model", *MICRO, "--seq", "8", "--mode", "forward"],
+    ["step", *MICRO, "--seq", "8", "--switches", "none"],
+    ["attention", "--attention", "naive", "--seq", "16", "--d-head", "16", "--batch", "1",
+     "--warmup", "0", "--iters", "1", "--device", "cpu"],
+    ["plan", "--model", "tiny", "--strategy", "dp", "--n", "2"],
+], ids=lambda a: a[0])  # fmt: skip
+def test_every_measuring_command_names_its_store(db_path, args):
+    result = invoke(*args, "--db", db_path)
+    assert result.exit_code == 0, result.output
+    (inv,) = query(db_path, "SELECT id FROM invocations")
+    (n,) = query(db_path, "SELECT count(*) AS n FROM runs")
+    assert n["n"] >= 1
+    said = f"{n['n']} point(s) stored in {db_path} (invocation {inv['id'][:8]})"
+    assert result.stderr.strip().splitlines()[-1] == said
 
 
 def _run_cli(args, cwd, env):

@@ -257,8 +257,10 @@ def test_measured_picks_this_gpus_best_rows(db_path):
     # the fastest ok model row (fp32 at 0.5 TFLOP/s), the fastest correct ring collective
     # (all-gather, 4 GB/s; the broadcast's 6 GB/s is not the formulas' W)
     assert (s["flops"], s["egress"], s["hardware"], s["device_name"]) == (0.5e12, 4e9, "measured", CPU)
-    assert "model-cpu-0"[:8] in s["source"] and "comm-cpu-1"[:8] in s["source"]
-    assert ids  # the other GPU's rows were there to be passed over
+    # and names them (run ids cut to 8 characters), with the precision and op that single
+    # them out: the fp32 model row, the all-gather row
+    assert s["source"] == (f"measured: model run {ids[0][:8]} (fp32, 0.5 TFLOP/s), "
+                           f"comm run {ids[len(MODEL) + 1][:8]} (all-gather, busbw 4 GB/s)")  # fmt: skip
     r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
                "--n", 2, "--measured", "--gpu", H100, "--db", db_path)  # fmt: skip
     s = _plans(db_path)[-1]["_s"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -15,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import query
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
 ]
-LONG = ["comm", "--op", "all-reduce", "--size", "256MB", "--iters", "100000", "--warmup", "0",
+LONG = ["comm", "--op", "all-reduce", "--bytes", "256MB", "--iters", "100000", "--warmup", "0",
         "--world-size", "2", "--device", "cpu"]  # fmt: skip
 
 
@@ -135,10 +136,9 @@ def test_sigterm_ends_every_rank_and_stores_the_interrupted_point(tmp_path):
     assert all(port_free(p) for p in ports)
     assert "Traceback" not in err and "leaked semaphore" not in err
     assert err.strip().splitlines()[-1].startswith("terminated by signal 15")
-    conn = sqlite3.connect(db)
-    (status, error), = conn.execute("SELECT status, error FROM runs").fetchall()
-    assert status == "error" and error.startswith("terminated")
-    assert conn.execute("SELECT exit_status FROM invocations").fetchone() == (143,)
+    (run,) = query(db, "SELECT status, error FROM runs")
+    assert run["status"] == "error" and run["error"].startswith("terminated")
+    assert query(db, "SELECT exit_status FROM invocations") == [{"exit_status": 143}]
     print(f"SIGTERM to the last rank gone: {took:.2f} s")
 
 

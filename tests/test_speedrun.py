@@ -3,18 +3,14 @@ switch. The switches must not change what is computed: all of them on give the p
 losses, step after step."""
 
 import json
-import sqlite3
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from cs336sys.bench.sweep import SpecError
-from cs336sys.cli import app
 from cs336sys.experiments import speedrun
-from tests.conftest import MICRO
+from tests.conftest import MICRO, invoke, query
 
-runner = CliRunner()
 # A model of milliseconds a step: 2 layers, d 64, 4 heads, vocabulary 256.
 SHAPE = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
              context_length=[32], batch_size=[2], device="cpu")  # fmt: skip
@@ -76,17 +72,27 @@ def test_bf16_switches_keep_the_trajectory_within_bf16_rounding():
 def test_bf16_weights_train_with_fp32_optimizer_state():
     losses, result = _losses("fused-adamw", param_dtype=["bf16"])
     assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[0] != losses[-1]  # the bf16 weights moved
     assert result.metrics["params"] > 0
+    # What the point builds: weights in bf16, AdamW's moments in fp32 after a step.
+    (spec,) = speedrun.specs(**SHAPE, switches=["fused-adamw"], param_dtype=["bf16"])
+    model, optimizer, train_step = speedrun.build(spec)
+    train_step()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    moments = [t for state in optimizer.state.values() for t in state.values()
+               if torch.is_tensor(t) and t.dim() > 0]  # fmt: skip
+    assert len(moments) == 2 * len(list(model.parameters()))
+    assert {t.dtype for t in moments} == {torch.float32}
 
 
 def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
-    out = runner.invoke(app, ["step", *MICRO, "--seq", "16", "--switches", "none,fused-ce",
-                              "--checkpoint", "none,groups:1,1", "--db", str(db_path)])  # fmt: skip
+    out = invoke("step", *MICRO, "--seq", "16", "--switches", "none,fused-ce",
+                 "--checkpoint", "none,groups:1,1", "--db", db_path)  # fmt: skip
     assert out.exit_code == 0, out.output
-    with sqlite3.connect(db_path) as con:
-        rows = con.execute("select switches, checkpoint, loss, step_ms_median, loss_first, status "
-                           "from step_runs order by switches, checkpoint").fetchall()  # fmt: skip
-        samples = con.execute("select samples from runs").fetchall()
+    rows = [tuple(r.values()) for r in query(
+        db_path, "select switches, checkpoint, loss, step_ms_median, loss_first, status "
+                 "from step_runs order by switches, checkpoint")]  # fmt: skip
+    samples = [(r["samples"],) for r in query(db_path, "select samples from runs")]
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("fused-ce", "groups:1,1", "fused-torch"), ("fused-ce", "none", "fused-torch"),
         ("none", "groups:1,1", "materialised"), ("none", "none", "materialised")]  # fmt: skip
@@ -110,7 +116,7 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message):
-    out = runner.invoke(app, ["step", *MICRO, *args, "--db", str(db_path)])
+    out = invoke("step", *MICRO, *args, "--db", db_path)
     assert out.exit_code == 2, out.output
     assert message in out.output
     assert len([line for line in out.output.splitlines() if line.strip()]) == 1
@@ -128,9 +134,8 @@ def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path
         return real(spec)
 
     monkeypatch.setattr(speedrun, "run", run)
-    out = runner.invoke(app, ["step", *MICRO, "--seq", "16", "--num-layers", "4,2,3",
-                              "--switches", "none", "--db", str(db_path)])  # fmt: skip
+    out = invoke("step", *MICRO, "--seq", "16", "--num-layers", "4,2,3", "--switches", "none",
+                 "--db", db_path)  # fmt: skip
     assert out.exit_code == 0, out.output
-    with sqlite3.connect(db_path) as con:
-        rows = con.execute("select num_layers, status from step_runs order by num_layers").fetchall()
-    assert rows == [(2, "ok"), (3, "oom"), (4, "skipped")]
+    rows = query(db_path, "select num_layers, status from step_runs order by num_layers")
+    assert [(r["num_layers"], r["status"]) for r in rows] == [(2, "ok"), (3, "oom"), (4, "skipped")]
