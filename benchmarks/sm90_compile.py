@@ -1,0 +1,225 @@
+"""Compile every Triton kernel of cs336sys for sm_90 (H100) offline, without a GPU, and print
+what the build says about each: registers, spills, shared memory, how wide its global loads
+and stores are, and the Hopper instructions in it.
+
+    python benchmarks/sm90_compile.py [--only attention,adamw,ce] [--json]
+    PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
+
+Each kernel is specialised as its launcher would be at a large shape (pointers and the
+integer sizes Triton sees 16-byte aligned / divisible by 16 where the launch would make them
+so), and compiled by Triton's CUDA backend for GPUTarget("cuda", 90, 32); `cuobjdump
+-res-usage` (shipped with Triton) reads the cubin. No speed figure: registers and spills say
+whether a config can run at full occupancy, and `ld/st 16B` whether a memory-bound kernel
+moves 16 bytes per instruction (issue 17: AdamW's multi-tensor kernel did not, before its
+alignment hint moved onto the pointer). Needs no GPU; the tests use `compile_sm90`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from cs336sys.attention import flash_triton_kernels as pointer
+from cs336sys.attention import flash_triton_tma as tma
+from cs336sys.models import adamw_kernels as adamw
+from cs336sys.models import fused_ce_triton as ce
+
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+@dataclass
+class Build:
+    registers: int
+    stack: int  # bytes of spilled registers per thread
+    shared: int  # bytes of shared memory
+    wide_loads: int  # ld.global.v4 in the PTX: 16 bytes per thread and instruction
+    narrow_loads: int  # every other ld.global
+    wide_stores: int
+    narrow_stores: int
+    tma_copies: int
+    wgmma: int
+
+    def __str__(self) -> str:
+        return (f"REG {self.registers} STACK {self.stack} | smem {self.shared} B | "
+                f"ld 16B {self.wide_loads}/{self.wide_loads + self.narrow_loads}, "
+                f"st 16B {self.wide_stores}/{self.wide_stores + self.narrow_stores} | "
+                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma")  # fmt: skip
+
+
+def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[str],
+                 warps: int, stages: int = 3) -> Build:  # fmt: skip
+    """Compile `kernel` for sm_90. types: argument -> Triton type ("*bf16", "i32", "fp32")
+    for every argument that is not in constexprs; aligned: the arguments a launch would see
+    16-byte aligned (pointers) or divisible by 16 (integers)."""
+    signature = {n: "constexpr" if n in constexprs else types[n] for n in kernel.arg_names}
+    hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n in aligned}  # fmt: skip
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, hints), target=TARGET,
+                              options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout  # fmt: skip
+    resources = dict(re.findall(r"(REG|STACK):(\d+)", usage))
+    ptx = compiled.asm["ptx"]
+    loads, stores = re.findall(r"ld\.global(\S*)", ptx), re.findall(r"st\.global(\S*)", ptx)
+    return Build(
+        registers=int(resources.get("REG", 0)), stack=int(resources.get("STACK", 0)),
+        shared=compiled.metadata.shared,
+        wide_loads=sum(".v4" in x for x in loads), narrow_loads=sum(".v4" not in x for x in loads),
+        wide_stores=sum(".v4" in x for x in stores),
+        narrow_stores=sum(".v4" not in x for x in stores),
+        tma_copies=ptx.count("cp.async.bulk.tensor"), wgmma=ptx.count("wgmma.mma_async"),
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# FlashAttention-2: the pointer kernels and the TMA ones, configs the tile pruner keeps.
+
+BF16, FP32 = "*bf16", "*fp32"
+ATTENTION_KERNELS = {  # name -> (pointer kernel, TMA kernel)
+    "fwd": ("_attn_fwd_kernel", "_attn_fwd_tma_kernel"),
+    "dkdv": ("_attn_bwd_dkdv_kernel", "_attn_bwd_dkdv_tma_kernel"),
+    "dq": ("_attn_bwd_dq_kernel", "_attn_bwd_dq_tma_kernel"),
+}
+FWD, DKDV, DQ = [BF16] * 4 + [FP32], [BF16] * 4 + [FP32] * 2 + [BF16] * 2, [BF16] * 4 + [FP32] * 2 + [BF16]
+# (kernel, pointer types, constexprs, warps, stages)
+ATTENTION_CASES = [
+    ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=128, IS_CAUSAL=True), 8, 2),
+    ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=64, IS_CAUSAL=True), 8, 3),
+    ("fwd", FWD, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=128, K_TILE=64, IS_CAUSAL=True), 8, 3),
+    ("fwd", FWD, dict(HEAD_DIM=80, BLOCK_D=128, Q_TILE=128, K_TILE=64, IS_CAUSAL=False), 8, 3),
+    ("dkdv", DKDV, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=64, K_TILE=128, IS_CAUSAL=True), 8, 2),
+    ("dkdv", DKDV, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=32, K_TILE=128, IS_CAUSAL=True), 8, 2),
+    ("dq", DQ, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=64, IS_CAUSAL=True), 8, 2),
+    ("dq", DQ, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=128, K_TILE=32, IS_CAUSAL=True), 8, 2),
+    ("fwd", [FP32] * 5, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=32, K_TILE=32, IS_CAUSAL=True), 4, 2),
+    ("dkdv", [FP32] * 8, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=16, K_TILE=16, IS_CAUSAL=False), 4, 2),
+]  # fmt: skip
+ATTENTION_SCALARS = ("qk_scale", "sm_scale")
+
+
+def attention_builds():
+    """(label, Build or exception) per attention config and kernel variant."""
+    for name, pointers, constexprs, warps, stages in ATTENTION_CASES:
+        precision = "ieee" if pointers[0] == FP32 else "tf32"
+        c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
+        for variant, module, kernel_name in (("pointer", pointer, ATTENTION_KERNELS[name][0]),
+                                             ("tma", tma, ATTENTION_KERNELS[name][1])):  # fmt: skip
+            kernel = getattr(module, kernel_name)
+            args = [n for n in kernel.arg_names if n not in c]
+            types = {n: (pointers[i] if i < len(pointers)
+                         else "fp32" if n in ATTENTION_SCALARS else "i32")
+                     for i, n in enumerate(args)}  # fmt: skip
+            aligned = {n for n in args if n not in ATTENTION_SCALARS}
+            label = (f"{variant:7s} {name:4s} {pointers[0]} d{c['HEAD_DIM']} "
+                     f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")  # fmt: skip
+            yield label, _try(kernel, types, c, aligned, warps, stages)
+
+
+# --------------------------------------------------------------------------------------------
+# AdamW (models/adamw_kernels.py) and the cross-entropy step (models/fused_ce_triton.py).
+
+ADAMW_SCALARS = ("decay", "one_minus_beta1", "beta2", "one_minus_beta2",
+                 "bias_correction2_sqrt", "eps", "neg_step_size")  # fmt: skip
+PARAM_TYPES = {"fp32": ("*fp32", tl.float32), "bf16": ("*bf16", tl.bfloat16)}
+
+
+def adamw_multi(param: str) -> Build:
+    """The multi-tensor kernel as adamw_update_many launches it: tables of addresses."""
+    kernel = adamw._adamw_multi_kernel
+    types = {"addresses": "*i64", "numels": "*i64", "chunk_tensor": "*i32",
+             "chunk_start": "*i64", "n_tensors": "i32", **dict.fromkeys(ADAMW_SCALARS, "fp32")}  # fmt: skip
+    constexprs = dict(P_DTYPE=PARAM_TYPES[param][1], CHUNK_SIZE=adamw.CHUNK,
+                      BLOCK_SIZE=adamw.BLOCK, LERP_SMALL=True, ROUND_BF16=False)  # fmt: skip
+    aligned = {"addresses", "numels", "chunk_tensor", "chunk_start"}
+    return compile_sm90(kernel, types, constexprs, aligned, adamw.NUM_WARPS)
+
+
+def adamw_single(param: str) -> Build:
+    """The one-tensor kernel, for a tensor whose element count is a multiple of 16."""
+    kernel = adamw._adamw_kernel
+    p = PARAM_TYPES[param][0]
+    types = {"p_ptr": p, "g_ptr": p, "m_ptr": "*fp32", "v_ptr": "*fp32", "n_elements": "i64",
+             **dict.fromkeys(ADAMW_SCALARS, "fp32")}  # fmt: skip
+    constexprs = dict(BLOCK_SIZE=adamw.BLOCK, LERP_SMALL=True, ROUND_BF16=False)
+    aligned = {"p_ptr", "g_ptr", "m_ptr", "v_ptr", "n_elements"}
+    return compile_sm90(kernel, types, constexprs, aligned, adamw.NUM_WARPS)
+
+
+def cross_entropy(dtype: str) -> Build:
+    """The softmax/gradient step over a row of 151,936 logits, as launched on a GPU."""
+    kernel = ce._softmax_ce_kernel
+    types = {"logits_ptr": f"*{dtype}", "targets_ptr": "*i64", "loss_ptr": "*fp32",
+             "scale_ptr": "*fp32", "stride_row": "i64", "n_cols": "i32", "ignore_index": "i32"}  # fmt: skip
+    constexprs = dict(BLOCK_V=ce.GPU_BLOCK_V, WRITE_GRAD=True, ROUND_BF16=False)
+    aligned = {"logits_ptr", "targets_ptr", "loss_ptr", "scale_ptr", "stride_row", "n_cols"}
+    return compile_sm90(kernel, types, constexprs, aligned, ce.GPU_WARPS)
+
+
+def _try(*args) -> Build | Exception:
+    try:
+        return compile_sm90(*args)
+    except Exception as exc:  # noqa: BLE001 (a config that does not compile is a finding)
+        return exc
+
+
+def _call(fn, arg) -> Build | Exception:
+    try:
+        return fn(arg)
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+GROUPS = {
+    "attention": attention_builds,
+    "adamw": lambda: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
+                      (("multi", adamw_multi), ("single", adamw_single)) for p in PARAM_TYPES),
+    "ce": lambda: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),
+}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(GROUPS), help="comma list of " + ", ".join(GROUPS))
+    parser.add_argument("--json", action="store_true", help="one JSON object per kernel build")
+    args = parser.parse_args()
+    groups = args.only.split(",")
+    if not set(groups) <= set(GROUPS):
+        print(f"Error: --only takes {', '.join(GROUPS)}, got {','.join(groups)!r}", file=sys.stderr)
+        return 2
+    if not args.json:
+        print(f"triton {triton.__version__}, sm_90")
+    failed = 0
+    for group in groups:
+        for label, build in GROUPS[group]():
+            if args.json:
+                fields = ({"error": str(build)} if isinstance(build, Exception)
+                          else dataclasses.asdict(build))  # fmt: skip
+                print(json.dumps({"group": group, "kernel": " ".join(label.split()), **fields}))
+                failed += isinstance(build, Exception)
+                continue
+            if isinstance(build, Exception):
+                failed += 1
+                first = str(build).splitlines()[0][:200] if str(build) else ""
+                build = f"FAILED: {type(build).__name__}: {first}"
+            print(f"{group:9s} {label}: {build}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""What the Triton kernels compile to for an H100 (sm_90), checked offline on CPU.
+
+benchmarks/sm90_compile.py compiles each kernel as its launcher specialises it and reads the
+build. These tests pin what a memory-bound kernel needs from that build and what no CPU
+interpreter run can show: 16-byte global loads and stores on its unmasked path, and no
+spilled registers. AdamW's multi-tensor kernel had 4-byte accesses only, under Triton 3.6
+and 3.9, while its alignment hint sat on the integer address rather than on the pointer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cs336sys.models import adamw_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+THREADS = adamw_kernels.NUM_WARPS * 32
+PER_THREAD = adamw_kernels.BLOCK // THREADS  # elements of each tensor a thread holds per block
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, dict]:
+    # Compiled in a child: this process runs Triton's interpreter (conftest), whose kernels
+    # cannot be compiled; a private cache so nothing compiled elsewhere is read back.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sm90_compile.py"), "--only", "adamw,ce",
+         "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    return {row["kernel"]: row for row in rows}
+
+
+def vectors(dtype_bytes: int) -> int:
+    """16-byte accesses a thread makes for one tensor's elements of one block."""
+    return PER_THREAD * dtype_bytes // 16
+
+
+@pytest.mark.parametrize("param, param_bytes", [("fp32", 4), ("bf16", 2)])
+def test_adamw_multi_tensor_full_chunks_move_16_bytes_per_access(builds, param, param_bytes):
+    build = builds[f"multi {param}"]
+    # p and g in the parameter's dtype, m and v in float32; p, m, v written back.
+    assert build["wide_loads"] == 2 * vectors(param_bytes) + 2 * vectors(4)
+    assert build["wide_stores"] == vectors(param_bytes) + 2 * vectors(4)
+    assert build["stack"] == 0
+
+
+@pytest.mark.parametrize("param", ["fp32", "bf16"])
+def test_adamw_one_tensor_kernel_has_only_16_byte_accesses(builds, param):
+    build = builds[f"single {param}"]
+    assert build["wide_loads"] > 0 and build["narrow_loads"] == 0
+    assert build["wide_stores"] > 0 and build["narrow_stores"] == 0
+    assert build["stack"] == 0
+
+
+def test_cross_entropy_bf16_reads_and_writes_logits_16_bytes_at_a_time_without_spills(builds):
+    build = builds["softmax-ce bf16"]
+    # Two passes read the row, one writes it; the narrow ones are target, scale and loss.
+    assert build["wide_loads"] > 0 and build["wide_stores"] > 0
+    assert build["narrow_loads"] == 3 and build["narrow_stores"] == 1
+    assert build["stack"] == 0
