@@ -96,7 +96,7 @@ ATTENTION_KERNELS = {  # name -> (pointer kernel, TMA kernel)
     "dkdv": ("_attn_bwd_dkdv_kernel", "_attn_bwd_dkdv_tma_kernel"),
     "dq": ("_attn_bwd_dq_kernel", "_attn_bwd_dq_tma_kernel"),
 }
-FWD, DKDV, DQ = [BF16] * 4 + [FP32], [BF16] * 4 + [FP32] * 2 + [BF16] * 2, [BF16] * 4 + [FP32] * 2 + [BF16]
+FWD, DKDV, DQ = [BF16] * 4 + [FP32], [BF16] * 4 + [FP32] * 2 + [BF16] * 2, [BF16] * 5 + [FP32] * 2 + [BF16]
 # (kernel, pointer types, constexprs, warps, stages)
 ATTENTION_CASES = [
     ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=128, IS_CAUSAL=True), 8, 2),

@@ -6,10 +6,10 @@ The forward is one kernel (Dao 2023, Algorithm 1): a program per (query tile, ba
 keeps its tile of Q, the running max m_i, running sum l_i and the float32 accumulator O_i on
 chip while it walks the key tiles, and writes O_i and the logsumexp L_i = m_i + log(l_i)
 once. The backward (Algorithm 2) recomputes P = exp(S - L) from L instead of storing the
-(T_q, T_k) matrix (Dao et al. 2022, Section 3.1), in three kernels: D = rowsum(O * dO), then
-dK and dV with one program per key tile looping over query tiles, then dQ with one program
-per query tile looping over key tiles. Splitting dQ from dK/dV means no two programs write
-the same rows, so there are no atomics and the results are deterministic. The kernels are in
+(T_q, T_k) matrix (Dao et al. 2022, Section 3.1), in two kernels: D = rowsum(O * dO) and dQ,
+with one program per query tile looping over key tiles, then dK and dV with one program per
+key tile looping over query tiles (reading D). Splitting dQ from dK/dV means no two programs
+write the same rows, so there are no atomics and the results are deterministic. The kernels are in
 `flash_triton_kernels.py`, their tile sizes in `flash_triton_tuning.py`; this module checks
 inputs and launches them, through a launch plan cached per call signature (issue 15).
 
@@ -220,10 +220,8 @@ def _signature(*tensors: torch.Tensor) -> tuple:
 
 
 def _fixed_tiles(name: str, named_args: dict) -> tuple[dict, dict]:
-    """Tiles and compile options of kernel `name` where nothing is tuned: the preprocess
-    kernel, the interpreter, and pinned tiles on CUDA (`pinned_tiles`)."""
-    if name == "pre":  # a streaming row reduction: one fixed tile
-        return {"Q_TILE": INTERPRETER_TILES[0] if INTERPRETED else 64}, {}
+    """Tiles and compile options of kernel `name` where nothing is tuned: the interpreter,
+    and pinned tiles on CUDA (`pinned_tiles`)."""
     if INTERPRETED:
         return dict(zip(("Q_TILE", "K_TILE"), INTERPRETER_TILES, strict=True)), {}
     cfg = pinned_config(name, named_args)
@@ -240,7 +238,7 @@ def _first_launch(name: str, grid_of, tensors: tuple, args: tuple, constexprs: d
     if name.endswith("_tma"):
         ensure_allocator()  # descriptor scratch for Triton's launcher
     with _on_device(tensors[0]):
-        if name == "pre" or INTERPRETED or not _AUTOTUNE.get():
+        if INTERPRETED or not _AUTOTUNE.get():
             named = dict(zip(kernel.arg_names, (*tensors, *args), strict=False))
             tiles, options = _fixed_tiles(name, {**named, **constexprs})
             meta, grid = {**constexprs, **tiles, **options}, grid_of(tiles)
@@ -376,7 +374,8 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
 def attention_backward(q, k, v, o, lse, do, is_causal=False):
     """dQ, dK, dV (shaped and typed like q, k, v) from the forward's O and L and dO.
 
-    Three launches: D = rowsum(O * dO), float32 (..., T_q), then dK and dV, then dQ.
+    Two launches: D = rowsum(O * dO), float32 (..., T_q), and dQ; then dK and dV, which
+    read D.
     """
     key = ("bwd", bool(is_causal), *_signature(q, k, v, o, lse, do))
     plan = _PLANS.get(key)
@@ -400,10 +399,9 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     if plan.views:
         tensors = _backward_views(*tensors)
     q, k, v, o, lse, do, dq4, dk4, dv4 = tensors
-    pre, dkdv, dq_ = plan.launches
-    pre(o, do, delta)
+    dq_, dkdv = plan.launches
+    dq_(q, k, v, o, do, lse, delta, dq4)
     dkdv(q, k, v, do, lse, delta, dk4, dv4)
-    dq_(q, k, v, do, lse, delta, dq4)
     return dq, dk, dv
 
 
@@ -420,10 +418,10 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     q4, k4, v4, o4, lse, do4, dq4, dk4, dv4 = views
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
-    sizes = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d))
-    constexprs = dict(**sizes, IS_CAUSAL=is_causal, **_dot_flags(q.dtype))
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
+                      **_dot_flags(q.dtype))  # fmt: skip
     scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
-    qkv_do = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4), *_bht_strides(do4))
+    qkv = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4))
 
     def grid(length, tile):
         return lambda tiles: (triton.cdiv(length, tiles[tile]), heads, batch)
@@ -431,20 +429,17 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
     suffix = "_tma" if variant == "tma" else ""
 
-    pre = _first_launch(
-        "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
-        (*_bht_strides(o4), *_bht_strides(do4), n_q), sizes,
+    # dQ first: its kernel also writes D, which the dK/dV kernel reads.
+    dq_ = _first_launch(
+        "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
+        (*qkv, *_bht_strides(o4), *_bht_strides(do4), *_bht_strides(dq4), *scales), constexprs,
     )  # fmt: skip
     dkdv = _first_launch(
         "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4),
-        (*qkv_do, *_bht_strides(dk4), *_bht_strides(dv4), *scales), constexprs,
-    )  # fmt: skip
-    dq_ = _first_launch(
-        "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, do4, lse, delta, dq4),
-        (*qkv_do, *_bht_strides(dq4), *scales), constexprs,
+        (*qkv, *_bht_strides(do4), *_bht_strides(dk4), *_bht_strides(dv4), *scales), constexprs,
     )  # fmt: skip
     copied = any(a is not b for a, b in zip(views, given, strict=True))
-    return _Plan((pre, dkdv, dq_), copied, variant)
+    return _Plan((dq_, dkdv), copied, variant)
 
 
 # --------------------------------------------------------------------------------------------

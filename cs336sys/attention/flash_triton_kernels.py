@@ -1,9 +1,10 @@
 """Triton kernels of FlashAttention-2: forward, and backward without atomics.
 
     forward   _attn_fwd_kernel          Dao 2023, Algorithm 1: O and the logsumexp L
-    backward  _attn_bwd_preprocess      D = rowsum(O * dO)          (Algorithm 2, line 4)
-              _attn_bwd_dkdv_kernel     dK, dV: one program per key tile, loop over query tiles
-              _attn_bwd_dq_kernel       dQ:     one program per query tile, loop over key tiles
+    backward  _attn_bwd_dq_kernel       D = rowsum(O * dO) and dQ: one program per query
+                                        tile, loop over key tiles; runs first
+              _attn_bwd_dkdv_kernel     dK, dV: one program per key tile, loop over query
+                                        tiles, reading the D the dQ kernel wrote
 
 The host side (input checks, tile sizes, autotuning, the autograd.Function) is in
 `flash_triton.py`; this file holds only `@triton.jit` code, written after Triton's
@@ -173,30 +174,6 @@ def _attn_fwd_kernel(
 # --------------------------------------------------------------------------------------------
 # Backward (Dao 2023, Algorithm 2, split into a dK/dV pass and a dQ pass so that no two
 # programs write the same rows: no atomics, at the cost of computing S and P twice).
-
-
-@triton.jit
-def _attn_bwd_preprocess(
-    Out, dO, D,
-    stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot,
-    N_Q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr,
-):  # fmt: skip
-    """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4); D is (B*H, N_Q).
-
-    D_i equals rowsum(P_i * dP_i), the term that the softmax Jacobian subtracts in
-    dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
-    """
-    start_m, h, b, bh = _tile_program(Q_TILE)
-    offs_m = start_m + tl.arange(0, Q_TILE)
-    offs_d = tl.arange(0, BLOCK_D)
-    # Offsets summed before they meet the base pointer, unlike _slice_ptrs: with the pointer
-    # added first, an sm_90 compile of this kernel (fp16, d 80) took 52 registers, not 32.
-    o_offs = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :]
-    do_offs = b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dot + offs_d[None, :]
-    o = _load_rows(Out + o_offs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True).to(tl.float32)
-    do = _load_rows(dO + do_offs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True).to(tl.float32)
-    tl.store(D + bh * N_Q + offs_m, tl.sum(o * do, 1), mask=offs_m < N_Q)
 
 
 @triton.jit
@@ -387,17 +364,37 @@ def _attn_bwd_dq_loop(
 
 
 @triton.jit
+def _attn_bwd_delta(
+    Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4), for the query rows offs_m:
+    stored in D, a (B*H, N_Q) row, for the dK/dV kernel that runs next, and returned.
+
+    D_i equals rowsum(P_i * dP_i), the term that the softmax Jacobian subtracts in
+    dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
+    The dQ kernel computes it from the dO_i it holds anyway (issue 15: this was a kernel of
+    its own, one more launch and one more pass over dO per backward).
+    """
+    o_ptrs = _slice_ptrs(Out, b, h, stride_ob, stride_oh, stride_ot, offs_m, BLOCK_D)
+    o = _load_rows(o_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
+    D_i = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # zero on rows past N_Q
+    tl.store(D + bh * N_Q + offs_m, D_i, mask=offs_m < N_Q)
+    return D_i
+
+
+@triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, dO, L, D, dQ,
+    Q, K, V, Out, dO, L, D, dQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
-    stride_dqb, stride_dqh, stride_dqt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
     N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
-    """One program per (query tile, head, batch): writes dQ_i (Q_TILE, HEAD_DIM).
+    """One program per (query tile, head, batch): writes D_i and dQ_i (Q_TILE, HEAD_DIM).
 
     Walks the same key tiles as the forward, with Q_i, dO_i, L_i and D_i kept on chip.
     """
@@ -410,7 +407,9 @@ def _attn_bwd_dq_kernel(
     do_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
     do = _load_rows(do_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
     L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
-    D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    D_i = _attn_bwd_delta(
+        Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q, HEAD_DIM, BLOCK_D
+    )
     K_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
     V_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
 

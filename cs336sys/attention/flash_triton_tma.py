@@ -1,8 +1,8 @@
 """FlashAttention-2 kernels that move tiles through tensor descriptors (TMA), for Hopper.
 
     forward   _attn_fwd_tma_kernel       as _attn_fwd_kernel
-    backward  _attn_bwd_dkdv_tma_kernel  as _attn_bwd_dkdv_kernel (D comes from the same
-              _attn_bwd_dq_tma_kernel    as _attn_bwd_dq_kernel  pointer preprocess kernel)
+    backward  _attn_bwd_dq_tma_kernel    as _attn_bwd_dq_kernel (D and dQ; runs first)
+              _attn_bwd_dkdv_tma_kernel  as _attn_bwd_dkdv_kernel
 
 Issue 15 lists tensor descriptors among the levers for beating cuDNN on an H100. These kernels
 run the very loops of the pointer kernels in `flash_triton_kernels.py` (online softmax in
@@ -24,7 +24,8 @@ dK and dV travel between global and shared memory:
 - Descriptors made inside a kernel are written to a global-memory scratch that Triton's
   launcher requests from the allocator given to `triton.set_allocator` (`ensure_allocator`).
 - L and D, (B*H, T) float32 rows, are still read and written through pointers: they are
-  1-D and O(T), as in Triton's fused-attention tutorial.
+  1-D and O(T), as in Triton's fused-attention tutorial. So is O in the dQ kernel, read once
+  per program for D (the same `_attn_bwd_delta` as the pointer kernel).
 
 Opt-in (`CS336SYS_TRITON_TMA=1`, on GPUs of compute capability >= 9) until these kernels have
 been measured on an H100: they were written and checked on a CPU-only machine, through
@@ -38,6 +39,7 @@ import triton
 import triton.language as tl
 
 from cs336sys.attention.flash_triton_kernels import (
+    _attn_bwd_delta,
     _attn_bwd_dkdv_loop,
     _attn_bwd_dq_loop,
     _attn_fwd_loop,
@@ -184,16 +186,16 @@ def _attn_bwd_dkdv_tma_kernel(
 
 @triton.jit
 def _attn_bwd_dq_tma_kernel(
-    Q, K, V, dO, L, D, dQ,
+    Q, K, V, Out, dO, L, D, dQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-    stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
-    stride_dqb, stride_dqh, stride_dqt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
     N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):  # fmt: skip
-    """One program per (query tile, head, batch): writes dQ_i (Q_TILE, HEAD_DIM)."""
+    """One program per (query tile, head, batch): writes D_i and dQ_i (Q_TILE, HEAD_DIM)."""
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     offs_n = tl.arange(0, K_TILE)
@@ -207,7 +209,9 @@ def _attn_bwd_dq_tma_kernel(
     q = q_desc.load([start_m, 0])
     do = do_desc.load([start_m, 0])
     L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
-    D_i = tl.load(D + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0)
+    D_i = _attn_bwd_delta(
+        Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q, HEAD_DIM, BLOCK_D
+    )
 
     dq = _attn_bwd_dq_loop(
         q, do, L2_i, D_i, k_desc, v_desc, stride_kt, stride_vt, start_m,

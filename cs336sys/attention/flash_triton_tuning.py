@@ -135,7 +135,6 @@ def _pruner(t: _Tuning):
 
 
 _KERNELS = {
-    "pre": kernels._attn_bwd_preprocess,
     "fwd": kernels._attn_fwd_kernel,
     "dkdv": kernels._attn_bwd_dkdv_kernel,
     "dq": kernels._attn_bwd_dq_kernel,
