@@ -18,10 +18,16 @@ For a machine where torch and Triton are installed already and nothing can be do
    results.db beside it), and one .tar.gz of both to copy off the machine;
 4. a verdict table: each target README sets, the figure measured, met or not.
 
-    python benchmarks/gpu_check.py [--out DIR] [--archive FILE] [--skip-tests]
+    python benchmarks/gpu_check.py [--out DIR] [--archive FILE] [--skip-tests] [--budget S]
 
-Exits 2 without CUDA (one line), 1 when a test failed or a step could not run, 0 otherwise
-(a target not met is a finding, shown in the verdict, not a failure of the check).
+With `--budget S` the whole check ends within about S seconds, for a GPU lent with a time
+limit: a step still running when the time is up is stopped (SIGTERM: a cs336sys command
+stores the point it was in as an error, and every point before it stays), later steps are
+not started, and the report, verdict and archive of what ran are still written.
+
+Exits 2 without CUDA or on a bad option (one line), 1 when a test failed, a step could not run
+or was stopped, or the budget left steps out, 0 otherwise (a target not met is a finding,
+shown in the verdict, not a failure of the check).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -69,11 +76,89 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def run(cmd: list[str], log) -> tuple[int, float]:
+# A step over its time gets SIGTERM, then SIGKILL after this grace (a cs336sys command stores
+# the point it was in and reaps its ranks within it); its exit status is then STOPPED.
+TERM_GRACE_S, STOPPED = 30.0, 124
+# Kept back from --budget for the report and the archive; a step gets at least MIN_STEP_S.
+RESERVE_S, MIN_STEP_S = 45.0, 20.0
+
+
+class Budget:
+    """The seconds left for steps under --budget (None: no limit)."""
+
+    def __init__(self, seconds: float | None, reserve: float = RESERVE_S) -> None:
+        self.deadline = None if seconds is None else time.monotonic() + seconds - reserve
+
+    def left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def allows_a_step(self) -> bool:
+        left = self.left()
+        return left is None or left >= MIN_STEP_S
+
+
+def run(cmd: list[str], log, timeout: float | None = None) -> tuple[int, float]:
+    """Run cmd in its own process group, output to log; (exit status, seconds). Past
+    `timeout` seconds the group is stopped and the status is STOPPED."""
     t0 = time.monotonic()
     print("$ " + " ".join(cmd), file=log, flush=True)
-    rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        print(f"stopped after {timeout:.0f} s: the budget was spent", file=log, flush=True)
+        rc = STOPPED
+    except BaseException:  # Ctrl-C here: its own session would not see it
+        _stop(proc)
+        raise
     return rc, time.monotonic() - t0
+
+
+def step_failed(argv: list[str], rc: int) -> bool:
+    """Whether a step's exit status fails the check. A cs336sys command exits 1 when some
+    point was stored as an error: a finding, shown in the report, not a failure."""
+    return rc != 0 and not (rc == 1 and argv[1:3] == ["-m", "cs336sys"])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def arg_parser(description: str) -> argparse.ArgumentParser:
+    """An ArgumentParser whose errors are one line on stderr and exit 2, as the CLI's."""
+    p = argparse.ArgumentParser(description=description)
+
+    def error(message: str):
+        print(f"Error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    p.error = error
+    return p
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of --budget."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > RESERVE_S + MIN_STEP_S or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"takes seconds above {RESERVE_S + MIN_STEP_S:g} (the report keeps {RESERVE_S:g}), "
+            f"got {text!r}"
+        )
+    return value
 
 
 def one(conn: sqlite3.Connection, sql: str, *params):
@@ -177,10 +262,12 @@ def preflight() -> str | None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="report folder [default: reports/<gpu>]")
     parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
     parser.add_argument("--skip-tests", action="store_true", help="only the reference set")
+    parser.add_argument("--budget", type=positive_seconds, metavar="S",
+                        help="end within about S seconds, report included")  # fmt: skip
     args = parser.parse_args()
     problem = preflight()
     if problem:
@@ -193,25 +280,27 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     db = out / "results.db"  # an earlier check's rows stay; the report covers this one only
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-    py, t0, failed = sys.executable, time.monotonic(), []
+    py, t0, failed, not_run = sys.executable, time.monotonic(), [], []
+    budget = Budget(args.budget)
+    host = out / "host-overhead.json"  # issue 15; not a cs336sys command, so not in STEPS
+    host.unlink(missing_ok=True)
+    steps = [] if args.skip_tests else [
+        ("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"])]
+    steps += [(what, [py, "-m", "cs336sys", *argv, "--db", str(db)]) for what, argv in STEPS]
+    steps.append(("attention host overhead",
+                  [py, "benchmarks/attention_host_overhead.py", "--json", str(host)]))  # fmt: skip
     with open(out / "gpu-check.log", "a") as log:
         tests_s = None
-        if not args.skip_tests:
-            rc, tests_s = run([py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], log)
-            print(f"gpu tests: exit {rc}, {tests_s:.0f} s", flush=True)
-            if rc != 0:
-                failed.append("gpu tests")
-        for what, argv in STEPS:
-            rc, secs = run([py, "-m", "cs336sys", *argv, "--db", str(db)], log)
+        for what, argv in steps:
+            if not budget.allows_a_step():
+                not_run.append(what)
+                continue
+            rc, secs = run(argv, log, budget.left())
             print(f"{what}: exit {rc}, {secs:.0f} s", flush=True)
-            if rc not in (0, 1):  # 1: some point stored as error; 2: refused, nothing stored
+            if what == "gpu tests":
+                tests_s = secs
+            if step_failed(argv, rc):
                 failed.append(what)
-        host = out / "host-overhead.json"  # issue 15; not a cs336sys command, so not in STEPS
-        host.unlink(missing_ok=True)
-        rc, secs = run([py, "benchmarks/attention_host_overhead.py", "--json", str(host)], log)
-        print(f"attention host overhead: exit {rc}, {secs:.0f} s", flush=True)
-        if rc != 0:
-            failed.append("attention host overhead")
         title = f"{gpu}: make gpu-check"
         rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", since, "--out",
                      str(out), "--title", title], log)  # fmt: skip
@@ -230,7 +319,9 @@ def main() -> int:
     print(f"report: {out}/report.html; store: {db}; archive: {archive}")
     if failed:
         print(f"failed: {', '.join(failed)} (see {out / 'gpu-check.log'})", file=sys.stderr)
-    return 1 if failed else 0
+    if not_run:
+        print(f"not run, for the budget: {', '.join(not_run)}", file=sys.stderr)
+    return 1 if failed or not_run else 0
 
 
 if __name__ == "__main__":

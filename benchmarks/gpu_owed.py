@@ -10,25 +10,39 @@ Each step is a command; its output goes to owed.log and its figures into the sto
   + cross-entropy at the leaderboard's size, the xl step with each switch (45 % MFU target),
   the 8B at 8 layers, and the largest 8B that fits at context 8192 with checkpointing;
 
-then the report of the stored rows. Steps run in this order, cheapest first, so that a
-session cut short still has the first figures; `--only` picks some by number.
+then the report of the stored rows, and one .tar.gz of the folder. Steps run in this order,
+cheapest first, so that a session cut short still has the first figures; `--only` picks some
+by number. With `--budget S` it ends within about S seconds (as gpu_check.py: a step still
+running when the time is up is stopped, keeping what it stored, and later steps are not
+started); the last line then names the `--only` that runs the rest.
 
-    python benchmarks/gpu_owed.py [--out DIR] [--only 1,2,5] [--list]
+    python benchmarks/gpu_owed.py [--out DIR] [--archive FILE] [--only 1,2,5] [--budget S] [--list]
 
-Exits 2 without CUDA (one line), 1 when a step could not run, 0 otherwise.
+Exits 2 without CUDA or on a bad option (one line), 1 when a step could not run or was
+stopped, or the budget left steps out, 0 otherwise.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
+import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpu_check import ROOT, preflight, run, slug
+from gpu_check import (
+    ROOT,
+    STOPPED,
+    Budget,
+    arg_parser,
+    positive_seconds,
+    preflight,
+    run,
+    slug,
+    step_failed,
+)
 
 PY = sys.executable
 CLI = [PY, "-m", "cs336sys"]
@@ -60,8 +74,11 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder [default: reports/<gpu>/owed]")
+    parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
+    parser.add_argument("--budget", type=positive_seconds, metavar="S",
+                        help="end within about S seconds, report included")  # fmt: skip
     parser.add_argument("--only", help="comma list of step numbers (see --list)")
     parser.add_argument("--list", action="store_true", help="print the steps and exit")
     args = parser.parse_args()
@@ -89,30 +106,41 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     db = out / "results.db"
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-    failed, t0 = [], time.monotonic()
+    failed, not_run, t0, budget = [], [], time.monotonic(), Budget(args.budget)
     with open(out / "owed.log", "a") as log:
         for i, (what, argv, env) in enumerate(STEPS, 1):
             if i not in only:
                 continue
+            if not budget.allows_a_step():
+                not_run.append(str(i))
+                continue
             print(f"\n## {i}. {what}", file=log, flush=True)
             os.environ.update(env)
             try:
-                rc, secs = run([a.replace("{db}", str(db)) for a in argv], log)
+                rc, secs = run([a.replace("{db}", str(db)) for a in argv], log, budget.left())
             finally:
                 for k in env:
                     os.environ.pop(k, None)
-            print(f"{i}. {what}: exit {rc}, {secs:.0f} s", flush=True)
-            if rc not in (0, 1) or (rc == 1 and argv[:2] != CLI[:2]):
+            stopped = " (stopped: the budget was spent)" if rc == STOPPED else ""
+            print(f"{i}. {what}: exit {rc}, {secs:.0f} s{stopped}", flush=True)
+            if step_failed(argv, rc):
                 failed.append(str(i))
         if db.exists():
             rc, _ = run([*CLI, "report", "--db", str(db), "--since", since, "--out", str(out),
                          "--title", f"{gpu}: what issues 15-17 owed"], log)  # fmt: skip
             if rc != 0:
                 failed.append("report")
-    print(f"{time.monotonic() - t0:.0f} s; log: {out / 'owed.log'}; report: {out}/report.html")
+    archive = args.archive or out.with_suffix(".tar.gz")
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    print(f"{time.monotonic() - t0:.0f} s; log: {out / 'owed.log'}; report: {out}/report.html; "
+          f"archive: {archive}")  # fmt: skip
     if failed:
         print(f"failed: {', '.join(failed)} (see the log)", file=sys.stderr)
-    return 1 if failed else 0
+    if not_run:
+        print(f"not run, for the budget: steps {','.join(not_run)}; run them with "
+              f"--only {','.join(not_run)}", file=sys.stderr)  # fmt: skip
+    return 1 if failed or not_run else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,67 @@ def test_gpu_owed_without_cuda_says_so_in_one_line(tmp_path):
         "Error: make gpu-owed needs a CUDA GPU (torch.cuda.is_available() is False)"
     ]
     assert not (tmp_path / "o").exists()
+
+
+def _gone(pid: int) -> bool:
+    """Whether process pid has ended (a zombie left to a parent that never reaps counts)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_step_past_its_time_is_stopped_with_every_process_it_started(tmp_path, monkeypatch):
+    """--budget's mechanism: the step's whole process group gets SIGTERM, and SIGKILL after
+    the grace where it ignores SIGTERM; the status says it was stopped."""
+    gpu_check = _module()
+    monkeypatch.setattr(gpu_check, "TERM_GRACE_S", 2.0)
+    pid_file = tmp_path / "child.pid"
+    step = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(120)")  # fmt: skip
+    with open(tmp_path / "log", "w") as log:
+        rc, secs = gpu_check.run([sys.executable, "-c", step], log, timeout=4.0)
+    assert rc == gpu_check.STOPPED
+    assert 4.0 <= secs < 4.0 + 2.0 + 5.0  # the timeout, the grace, then SIGKILL at once
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(child)
+    assert "stopped after 4 s: the budget was spent" in (tmp_path / "log").read_text()
+    with open(tmp_path / "log", "a") as log:  # a step within its time keeps its own status
+        assert gpu_check.run([sys.executable, "-c", "raise SystemExit(3)"], log, 60.0)[0] == 3
+
+
+def test_only_a_cs336sys_command_may_exit_1_without_failing_the_check():
+    """It exits 1 when some point was stored as an error: a finding. pytest's 1 is a failed
+    test (gpu_owed once let that pass), and a stopped step failed too."""
+    gpu_check = _module()
+    cli, tests = [sys.executable, "-m", "cs336sys", "step"], [sys.executable, "-m", "pytest"]
+    assert not gpu_check.step_failed(cli, 0) and not gpu_check.step_failed(cli, 1)
+    assert gpu_check.step_failed(cli, 2) and gpu_check.step_failed(cli, gpu_check.STOPPED)
+    assert gpu_check.step_failed(tests, 1) and not gpu_check.step_failed(tests, 0)
+    assert gpu_check.step_failed([sys.executable, "benchmarks/adamw.py"], 1)
+
+
+def test_the_budget_keeps_time_for_the_report_and_starts_no_step_it_cannot_give_time():
+    gpu_check = _module()
+    assert gpu_check.Budget(None).left() is None and gpu_check.Budget(None).allows_a_step()
+    roomy = gpu_check.Budget(gpu_check.RESERVE_S + 100)
+    assert 99 < roomy.left() <= 100 and roomy.allows_a_step()
+    tight = gpu_check.Budget(gpu_check.RESERVE_S + gpu_check.MIN_STEP_S - 1)
+    assert not tight.allows_a_step()
+
+
+@pytest.mark.parametrize("value", ["10", "abc", "nan", "inf", "-5"])
+def test_a_bad_budget_is_one_line_and_exit_2_before_anything_runs(tmp_path, value):
+    for script in (OWED, SCRIPT):
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, str(script), "--budget", value, "--out",
+                              str(tmp_path / "o")], env=env, capture_output=True, text=True)  # fmt: skip
+        assert out.returncode == 2 and out.stdout == ""
+        assert len(out.stderr.splitlines()) == 1 and "--budget" in out.stderr
+        assert "takes seconds above 65" in out.stderr
+        assert not (tmp_path / "o").exists()
