@@ -63,33 +63,6 @@ __all__ = ["INTERPRETED", "FlashAttention2Triton", "check_available", "flash_att
 # run on CPU tensors only; otherwise they are compiled for CUDA.
 INTERPRETED: bool = kernels.INTERPRETED
 
-
-def _squeeze_interpreted_scalars() -> None:
-    """Let Triton 3.6's interpreter run with NumPy >= 2.4.
-
-    The interpreter holds a computed scalar (a loop bound such as `hi`) as a 1-element array
-    and turns it into a Python int with int(array), which NumPy 2.4 refuses ("only
-    0-dimensional arrays can be converted to Python scalars"), so `range(lo, hi, K_TILE)`
-    fails. Triton 3.7+ squeezes the array first; this does the same on older releases. It
-    touches only the interpreter (TRITON_INTERPRET=1), never compiled kernels.
-    """
-    from triton.runtime import interpreter
-
-    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
-    if patch_tensor is None or getattr(patch_tensor, "squeezes_index", False):
-        return
-
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    patched.squeezes_index = True
-    interpreter._patch_lang_tensor = patched
-
-
-if INTERPRETED:
-    _squeeze_interpreted_scalars()
-
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 # (Q_TILE, K_TILE) in the interpreter: tl.dot's minimum, as larger tiles only slow it down.

@@ -1,7 +1,8 @@
 """What every Triton kernel module of the package shares (attention/flash_triton*, and
 models/adamw_kernels, models/fused_ce_triton): whether Triton's interpreter defined the
-kernels, the one refusal when tensors are on the wrong side of that, and the interpreter's
-bfloat16 rounding fix. Imported only by kernel modules, so importing triton here is fine.
+kernels (and, if so, Triton 3.6's interpreter made fit for NumPy >= 2.4), the one refusal
+when tensors are on the wrong side of that, and the interpreter's bfloat16 rounding fix.
+Imported only by kernel modules, so importing triton here is fine.
 """
 
 from __future__ import annotations
@@ -14,8 +15,35 @@ from triton.runtime.interpreter import InterpretedFunction
 
 def interpreted(kernel: object) -> bool:
     """True when `kernel` was defined by Triton's interpreter (TRITON_INTERPRET=1 at import
-    time): it then runs on CPU tensors only; otherwise it is compiled for CUDA."""
-    return isinstance(kernel, InterpretedFunction)
+    time): it then runs on CPU tensors only; otherwise it is compiled for CUDA. Every kernel
+    module asks this once at import, so the interpreter is made fit for NumPy >= 2.4 here."""
+    if isinstance(kernel, InterpretedFunction):
+        _squeeze_interpreted_scalars()
+        return True
+    return False
+
+
+def _squeeze_interpreted_scalars() -> None:
+    """Let Triton 3.6's interpreter run with NumPy >= 2.4.
+
+    The interpreter holds a computed scalar (a loop bound such as `hi`) as a 1-element array
+    and turns it into a Python int with int(array), which NumPy 2.4 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"), so `range(lo, hi, K_TILE)`
+    fails. Triton 3.7+ squeezes the array first; this does the same on older releases. It
+    touches only the interpreter (TRITON_INTERPRET=1), never compiled kernels.
+    """
+    from triton.runtime import interpreter
+
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "squeezes_index", False):
+        return
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.squeezes_index = True
+    interpreter._patch_lang_tensor = patched
 
 
 def check_available(device: torch.device | str, is_interpreted: bool, what: str) -> None:
