@@ -175,3 +175,30 @@ def test_a_bad_budget_is_one_line_and_exit_2_before_anything_runs(tmp_path, valu
         assert len(out.stderr.splitlines()) == 1 and "--budget" in out.stderr
         assert "takes seconds above 65" in out.stderr
         assert not (tmp_path / "o").exists()
+
+
+def test_every_cs336sys_step_of_the_gpu_scripts_parses(tmp_path):
+    """A GPU session must not spend its minutes on an option a command does not have: each
+    cs336sys step of gpu-check and gpu-owed parses (options, types), short of running."""
+    import typer.main
+
+    from cs336sys.cli import app
+
+    spec = importlib.util.spec_from_file_location("gpu_owed", OWED)
+    owed = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(OWED.parent))  # it imports gpu_check by name
+    try:
+        spec.loader.exec_module(owed)
+    finally:
+        sys.path.remove(str(OWED.parent))
+    checked = [argv for _, argv in _module().STEPS]
+    owed_cli = [argv[3:] for _, argv, _ in owed.STEPS if argv[:3] == owed.CLI]
+    assert checked and owed_cli
+    for argv in checked + owed_cli:
+        argv = [a.replace("{db}", str(tmp_path / "x.db")) for a in argv]
+        cmd, rest, path = typer.main.get_command(app), list(argv), []
+        while rest and not rest[0].startswith("-") and hasattr(cmd, "commands"):
+            path.append(rest[0])
+            cmd = cmd.commands[rest.pop(0)]
+        ctx = cmd.make_context(" ".join(path), rest)  # raises click's UsageError on a bad one
+        assert ctx.params, argv
