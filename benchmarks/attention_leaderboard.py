@@ -9,8 +9,11 @@ preset too, and writes a markdown report under reports/attention-<gpu>/.
 With --tma (or CS336SYS_TRITON_TMA=1 in the environment) it also runs triton with the
 descriptor (TMA) kernels of flash_triton_tma.py, opt-in on Hopper, as the row "triton (tma)",
 and checks issue 15's target: fwd+bwd under 4.4 ms and faster than cuDNN in the same run.
+With --atomic-dq (or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ backward too,
+as "triton (pointer+atomic-dq)", and with --tma also "triton (tma+atomic-dq)". The target is met by
+the best triton row.
 
-    python benchmarks/attention_leaderboard.py [--tma] [--flash-benchmarking] [--db PATH]
+    python benchmarks/attention_leaderboard.py [--tma] [--atomic-dq] [--flash-benchmarking] [--db PATH]
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ def main() -> int:
         help="also run triton with the TMA kernels (CS336SYS_TRITON_TMA=1; Hopper only)",
     )
     parser.add_argument(
+        "--atomic-dq",
+        action="store_true",
+        default=os.environ.get("CS336SYS_TRITON_ATOMIC_DQ", "0") == "1",
+        help="also run triton with the atomic-dQ backward (CS336SYS_TRITON_ATOMIC_DQ=1)",
+    )
+    parser.add_argument(
         "--flash-benchmarking",
         action="store_true",
         help="also run the flash-benchmarking preset (minutes)",
@@ -59,16 +68,21 @@ def main() -> int:
         return 2
     gpu = torch.cuda.get_device_name(0)
     hopper = torch.cuda.get_device_capability(0)[0] >= 9
-    pointer_env = {**os.environ, "CS336SYS_TRITON_TMA": "0"}
-    # (label for triton rows, CLI arguments, environment): one invocation each, in this order.
+    pointer_env = {**os.environ, "CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "0"}
+    # (CLI arguments, environment): one invocation each, in this order. Triton rows are named
+    # by the kernels that ran (the stored triton_kernels), which an opt-in may not change.
     runs = [
-        ("", ["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash"], pointer_env),
-        ("", ["--impl", "sdpa", "--sdpa-backend", "cudnn"], pointer_env),
+        (["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash"], pointer_env),
+        (["--impl", "sdpa", "--sdpa-backend", "cudnn"], pointer_env),
     ]
-    if args.tma:
-        runs.append((" (tma)", ["--impl", "triton"], {**os.environ, "CS336SYS_TRITON_TMA": "1"}))
+    for tma, atomic in ((True, False), (False, True), (True, True)):
+        if (tma and not args.tma) or (atomic and not args.atomic_dq):
+            continue
+        env = {**pointer_env, "CS336SYS_TRITON_TMA": str(int(tma)),
+               "CS336SYS_TRITON_ATOMIC_DQ": str(int(atomic))}  # fmt: skip
+        runs.append((["--impl", "triton"], env))
     rows, seen = [], set()
-    for label, impl_args, env in runs:
+    for impl_args, env in runs:
         cli("attention", "--preset", "leaderboard", *impl_args, "--db", args.db, env=env)
         conn = sqlite3.connect(args.db)
         conn.row_factory = sqlite3.Row
@@ -81,11 +95,14 @@ def main() -> int:
             continue
         seen.add(last)
         for r in conn.execute(
-            "SELECT impl, sdpa_backend_used, status, fwd_ms_median, bwd_ms_median, "
-            "e2e_ms_median, tflops_e2e, max_err_grad FROM attention_runs WHERE invocation_id = ?",
+            "SELECT impl, sdpa_backend_used, triton_kernels, status, fwd_ms_median, "
+            "bwd_ms_median, e2e_ms_median, tflops_e2e, max_err_grad FROM attention_runs "
+            "WHERE invocation_id = ?",
             (last,),
         ).fetchall():
-            rows.append({**dict(r), "impl": r["impl"] + (label if r["impl"] == "triton" else "")})
+            ran = r["triton_kernels"]
+            label = f" ({ran})" if ran not in (None, "pointer") else ""
+            rows.append({**dict(r), "impl": r["impl"] + label})
         conn.close()
     if args.flash_benchmarking:
         cli("attention", "--preset", "flash-benchmarking", "--db", args.db, env=pointer_env)
@@ -137,8 +154,8 @@ def main() -> int:
         )
     if args.tma and not hopper:
         lines.append(
-            "The TMA kernels need compute capability >= 9: the triton (tma) row ran the "
-            "pointer kernels."
+            "The TMA kernels need compute capability >= 9: the --tma runs fell back to the "
+            "pointer kernels, and their rows are named by what ran."
         )
     text = "\n".join(lines) + "\n"
     print(text)

@@ -5,7 +5,8 @@ Each step is a command; its output goes to owed.log and its figures into the sto
 (cs336sys commands) or the log (benchmarks/ scripts), under reports/<gpu>/owed/:
 
 - issue 15: the host cost per call (40 us target), the leaderboard shape with the pointer
-  kernels, the opt-in TMA kernels and cuDNN side by side, and the TMA GPU tests;
+  kernels, the opt-in TMA kernels, the opt-in atomic-dQ backward and cuDNN side by side, and
+  the GPU tests of both opt-ins;
 - issue 17: the AdamW step over xl's parameters (ours against torch fused), the fused LM head
   + cross-entropy at the leaderboard's size, the xl step with each switch (45 % MFU target),
   the 8B at 8 layers, and the largest 8B that fits at context 8192 with checkpointing;
@@ -50,11 +51,11 @@ TMA = {"CS336SYS_TRITON_TMA": "1"}
 STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra environment)
     ("issue 15: host cost per triton call at seq 1024 (target 40 us)",
      [PY, "benchmarks/attention_host_overhead.py"], {}),
-    ("issue 15: TMA kernels against float64 on this GPU",
+    ("issue 15: TMA kernels and atomic dQ against float64 on this GPU",
      [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-      "tests/test_gpu_attention.py", "-k", "tma or plans"], {}),
-    ("issue 15: leaderboard shape, pointer vs TMA vs cuDNN (target < 4.4 ms, below cuDNN)",
-     [PY, "benchmarks/attention_leaderboard.py", "--tma", "--db", "{db}"], TMA),
+      "tests/test_gpu_attention.py", "-k", "tma or plans or atomic"], {}),
+    ("issue 15: leaderboard shape, pointer vs TMA vs atomic dQ vs cuDNN (target < 4.4 ms, below cuDNN)",
+     [PY, "benchmarks/attention_leaderboard.py", "--tma", "--atomic-dq", "--db", "{db}"], TMA),
     ("issue 17: AdamW over xl's parameters, fp32 (target: adamw-triton <= torch fused)",
      [PY, "benchmarks/adamw.py", "--size", "xl"], {}),
     ("issue 17: AdamW over xl's parameters, bf16 weights with fp32 moments",

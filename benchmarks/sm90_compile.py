@@ -2,7 +2,7 @@
 what the build says about each: registers, spills, shared memory, how wide its global loads
 and stores are, and the Hopper instructions in it.
 
-    python benchmarks/sm90_compile.py [--only attention,adamw,ce] [--json]
+    python benchmarks/sm90_compile.py [--only attention,atomic-dq,adamw,ce] [--json]
     PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
 
 Each kernel is specialised as its launcher would be at a large shape (pointers and the
@@ -51,12 +51,14 @@ class Build:
     narrow_stores: int
     tma_copies: int
     wgmma: int
+    atomics: int  # red/atom.global instructions (the atomic dQ's additions)
+    wide_atomics: int  # of which .v4: 16 bytes per thread and instruction
 
     def __str__(self) -> str:
         return (f"REG {self.registers} STACK {self.stack} | smem {self.shared} B | "
                 f"ld 16B {self.wide_loads}/{self.wide_loads + self.narrow_loads}, "
                 f"st 16B {self.wide_stores}/{self.wide_stores + self.narrow_stores} | "
-                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma")  # fmt: skip
+                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma, {self.atomics} atomics")  # fmt: skip
 
 
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[str],
@@ -84,6 +86,8 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[s
         wide_stores=sum(".v4" in x for x in stores),
         narrow_stores=sum(".v4" not in x for x in stores),
         tma_copies=ptx.count("cp.async.bulk.tensor"), wgmma=ptx.count("wgmma.mma_async"),
+        atomics=len(re.findall(r"\b(?:red|atom)\.global", ptx)),
+        wide_atomics=len(re.findall(r"\b(?:red|atom)\.global\S*\.v4\.", ptx)),
     )  # fmt: skip
 
 
@@ -95,8 +99,10 @@ ATTENTION_KERNELS = {  # name -> (pointer kernel, TMA kernel)
     "fwd": ("_attn_fwd_kernel", "_attn_fwd_tma_kernel"),
     "dkdv": ("_attn_bwd_dkdv_kernel", "_attn_bwd_dkdv_tma_kernel"),
     "dq": ("_attn_bwd_dq_kernel", "_attn_bwd_dq_tma_kernel"),
+    "dkdv+dq": ("_attn_bwd_dkdv_kernel", "_attn_bwd_dkdv_tma_kernel"),  # ATOMIC_DQ (opt-in)
 }
-FWD, DKDV, DQ = [BF16] * 4 + [FP32], [BF16] * 4 + [FP32] * 2 + [BF16] * 2, [BF16] * 5 + [FP32] * 2 + [BF16]
+FWD, DQ = [BF16] * 4 + [FP32], [BF16] * 5 + [FP32] * 2 + [BF16]
+DKDV, DKDV_DQ = [BF16] * 4 + [FP32] * 2 + [BF16] * 3, [BF16] * 4 + [FP32] * 2 + [BF16] * 2 + [FP32]
 # (kernel, pointer types, constexprs, warps, stages)
 ATTENTION_CASES = [
     ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=128, IS_CAUSAL=True), 8, 2),
@@ -107,8 +113,12 @@ ATTENTION_CASES = [
     ("dkdv", DKDV, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=32, K_TILE=128, IS_CAUSAL=True), 8, 2),
     ("dq", DQ, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=64, IS_CAUSAL=True), 8, 2),
     ("dq", DQ, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=128, K_TILE=32, IS_CAUSAL=True), 8, 2),
+    ("dkdv+dq", DKDV_DQ, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=64, K_TILE=128, IS_CAUSAL=True), 8, 2),
+    ("dkdv+dq", DKDV_DQ, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=64, K_TILE=64, IS_CAUSAL=True), 8, 3),
+    ("dkdv+dq", DKDV_DQ, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=32, K_TILE=64, IS_CAUSAL=True), 8, 2),
+    ("dkdv+dq", DKDV_DQ, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=16, K_TILE=128, IS_CAUSAL=True), 8, 2),
     ("fwd", [FP32] * 5, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=32, K_TILE=32, IS_CAUSAL=True), 4, 2),
-    ("dkdv", [FP32] * 8, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=16, K_TILE=16, IS_CAUSAL=False), 4, 2),
+    ("dkdv", [FP32] * 9, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=16, K_TILE=16, IS_CAUSAL=False), 4, 2),
 ]  # fmt: skip
 ATTENTION_SCALARS = ("qk_scale", "sm_scale")
 
@@ -118,6 +128,8 @@ def attention_builds():
     for name, pointers, constexprs, warps, stages in ATTENTION_CASES:
         precision = "ieee" if pointers[0] == FP32 else "tf32"
         c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
+        if name.startswith("dkdv"):
+            c["ATOMIC_DQ"] = name == "dkdv+dq"
         for variant, module, kernel_name in (("pointer", pointer, ATTENTION_KERNELS[name][0]),
                                              ("tma", tma, ATTENTION_KERNELS[name][1])):  # fmt: skip
             kernel = getattr(module, kernel_name)
@@ -126,9 +138,35 @@ def attention_builds():
                          else "fp32" if n in ATTENTION_SCALARS else "i32")
                      for i, n in enumerate(args)}  # fmt: skip
             aligned = {n for n in args if n not in ATTENTION_SCALARS}
-            label = (f"{variant:7s} {name:4s} {pointers[0]} d{c['HEAD_DIM']} "
+            label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")  # fmt: skip
             yield label, _try(kernel, types, c, aligned, warps, stages)
+
+
+def atomic_dq_builds(head_dims=(64, 128)):
+    """The dK/dV kernels with ATOMIC_DQ at every 16-bit config their pruner keeps (bf16,
+    causal, long sequences), pointer and TMA variants: the list is meant to be spill-free."""
+    import torch
+
+    from cs336sys.attention import flash_triton_tuning as tuning
+
+    prune = tuning._pruner(tuning._TUNING["dkdv_atomic"])
+    for d in head_dims:
+        named = {"BLOCK_D": d, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": 16384, "N_K": 16384}
+        for cfg in prune(None, named):
+            tiles = cfg.kwargs
+            c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
+                     ROUND_BF16=False, ATOMIC_DQ=True, **tiles)  # fmt: skip
+            for variant, module, name in (("pointer", pointer, "_attn_bwd_dkdv_kernel"),
+                                          ("tma", tma, "_attn_bwd_dkdv_tma_kernel")):  # fmt: skip
+                kernel = getattr(module, name)
+                args = [n for n in kernel.arg_names if n not in c]
+                types = {n: (DKDV_DQ[i] if i < len(DKDV_DQ) else
+                             "fp32" if n in ATTENTION_SCALARS else "i32") for i, n in enumerate(args)}  # fmt: skip
+                label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
+                         f"s{cfg.num_stages}")  # fmt: skip
+                aligned = {n for n in args if n not in ATTENTION_SCALARS}
+                yield label, _try(kernel, types, c, aligned, cfg.num_warps, cfg.num_stages)
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,6 +225,7 @@ def _call(fn, arg) -> Build | Exception:
 
 GROUPS = {
     "attention": attention_builds,
+    "atomic-dq": atomic_dq_builds,
     "adamw": lambda: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
                       (("multi", adamw_multi), ("single", adamw_single)) for p in PARAM_TYPES),
     "ce": lambda: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),

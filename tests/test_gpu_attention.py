@@ -159,6 +159,41 @@ def test_opted_in_tma_kernels_run_the_leaderboard_layout_and_reuse_plans(monkeyp
     assert list(flash_triton._PLANS.values())[-1].variant == "pointer"
 
 
+ATOMIC_CASES = [  # the opt-in atomic-dQ backward: each dtype, both maskings, d 64, 80, 128
+    ((1, 4, 1000, 64), BF16, True),
+    ((1, 4, 1000, 128), F16, False),
+    ((2, 2, 257, 80), BF16, True),
+    ((2, 300, 64), F32, True),
+]
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+@pytest.mark.parametrize("shape, dtype, causal", ATOMIC_CASES)
+def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tma):
+    """Issue 15: dQ added into float32 with atomics in the dK/dV kernel (opt-in)."""
+    from cs336sys.attention import FlashAttention2Triton, flash_triton
+
+    if tma and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA descriptors need compute capability 9 (Hopper) or newer")
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
+    monkeypatch.setattr(flash_triton, "FORCE_TMA", tma)
+    check_both(shape, dtype, causal, impls=(FlashAttention2Triton,))
+    assert [p.atomic_dq for p in flash_triton._PLANS.values()] == [False, True]
+
+
+def test_autotuned_atomic_dq_starts_every_trial_from_zero(monkeypatch):
+    """The autotuner runs each candidate on the same buffers: the float32 dQ they add into
+    must be zeroed before every trial and before the real run (reset_to_zero), or dQ comes
+    out as the sum of the trials. A short sequence keeps the candidates few."""
+    from cs336sys.attention import FlashAttention2Triton, flash_triton
+
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
+    with flash_triton.pinned_tiles(False):
+        check_both((1, 2, 63, 64), BF16, True, impls=(FlashAttention2Triton,))
+
+
 def test_compiled_flash_torch_backward_matches_float64(monkeypatch):
     from cs336sys.attention import FlashAttention2Torch
 

@@ -43,6 +43,7 @@ import torch
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
+from cs336sys.attention import opt_in
 from cs336sys.attention.flash_triton_tma import ensure_allocator, tma_layout_ok
 from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS, ...: re-exported)
     _AUTOTUNE,
@@ -85,13 +86,26 @@ def check_available(device: torch.device | str) -> None:
 # keeps them too: its FMA dots reading TMA-filled shared memory spilled registers in sm_90
 # compiles (Triton 3.6 and 3.9), the pointer kernels did not. FORCE_TMA runs the descriptor
 # kernels wherever the layout allows, any dtype, the interpreter included: what tests set.
-TMA = os.environ.get("CS336SYS_TRITON_TMA", "0") == "1"
+TMA = opt_in.TMA
 FORCE_TMA = False
+# Atomic dQ (issue 15; flash_triton_kernels.py, "Atomic dQ"): with CS336SYS_TRITON_ATOMIC_DQ=1
+# the backward runs D alone, then the dK/dV kernel adding dQ into a zeroed float32 buffer
+# with atomics (5 tile products instead of 7; dQ no longer bit-for-bit reproducible), then
+# casts it to dQ's dtype. Opt-in until it has been timed against the default on a GPU.
+ATOMIC_DQ = opt_in.ATOMIC_DQ
 
 
 @functools.cache
 def _hopper_or_newer(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def kernel_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> str:
+    """The kernels a call on these inputs runs: "pointer" or "tma" (the opt-in falls back
+    where the GPU, dtype or layout cannot take it), plus "+atomic-dq" for a backward with
+    ATOMIC_DQ. What `cs336sys attention` stores as triton_kernels."""
+    variant = _variant(*map(_kernel_view, (q, k, v)))
+    return variant + ("+atomic-dq" if backward and ATOMIC_DQ else "")
 
 
 def _variant(*views: torch.Tensor) -> str:
@@ -171,6 +185,7 @@ class _Plan:
     launches: tuple[_Launch, ...]
     views: bool  # a tensor must go through _kernel_view (a reshape or a copy) on every call
     variant: str = "pointer"  # or "tma": the descriptor kernels of flash_triton_tma.py
+    atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
     hits: int = 0
 
     def reuse(self) -> None:
@@ -188,13 +203,15 @@ _PLANS: dict[tuple, _Plan] = {}  # one entry per call signature seen; a few doze
 def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
-    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA)
+    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, ATOMIC_DQ)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
 def _fixed_tiles(name: str, named_args: dict) -> tuple[dict, dict]:
-    """Tiles and compile options of kernel `name` where nothing is tuned: the interpreter,
-    and pinned tiles on CUDA (`pinned_tiles`)."""
+    """Tiles and compile options of kernel `name` where nothing is tuned: the D kernel of the
+    atomic-dQ backward, the interpreter, and pinned tiles on CUDA (`pinned_tiles`)."""
+    if name == "pre":  # a streaming row reduction: one fixed tile
+        return {"Q_TILE": INTERPRETER_TILES[0] if INTERPRETED else 64}, {}
     if INTERPRETED:
         return dict(zip(("Q_TILE", "K_TILE"), INTERPRETER_TILES, strict=True)), {}
     cfg = pinned_config(name, named_args)
@@ -211,7 +228,7 @@ def _first_launch(name: str, grid_of, tensors: tuple, args: tuple, constexprs: d
     if name.endswith("_tma"):
         ensure_allocator()  # descriptor scratch for Triton's launcher
     with _on_device(tensors[0]):
-        if INTERPRETED or not _AUTOTUNE.get():
+        if name == "pre" or INTERPRETED or not _AUTOTUNE.get():
             named = dict(zip(kernel.arg_names, (*tensors, *args), strict=False))
             tiles, options = _fixed_tiles(name, {**named, **constexprs})
             meta, grid = {**constexprs, **tiles, **options}, grid_of(tiles)
@@ -348,7 +365,7 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     """dQ, dK, dV (shaped and typed like q, k, v) from the forward's O and L and dO.
 
     Two launches: D = rowsum(O * dO), float32 (..., T_q), and dQ; then dK and dV, which
-    read D.
+    read D. With ATOMIC_DQ: D; then dK, dV and dQ, float32; then dQ cast to q's dtype.
     """
     key = ("bwd", bool(is_causal), *_signature(q, k, v, o, lse, do))
     plan = _PLANS.get(key)
@@ -372,10 +389,26 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     if plan.views:
         tensors = _backward_views(*tensors)
     q, k, v, o, lse, do, dq4, dk4, dv4 = tensors
+    if plan.atomic_dq:
+        pre, dkdv = plan.launches
+        pre(o, do, delta)
+        dq_sum = _zeroed_float32(dq4)
+        dkdv(q, k, v, do, lse, delta, dk4, dv4, dq_sum)
+        if dq_sum is not dq4:
+            dq4.copy_(dq_sum)
+        return dq, dk, dv
     dq_, dkdv = plan.launches
     dq_(q, k, v, o, do, lse, delta, dq4)
-    dkdv(q, k, v, do, lse, delta, dk4, dv4)
+    dkdv(q, k, v, do, lse, delta, dk4, dv4, dq4)  # dq4 unread: ATOMIC_DQ is off
     return dq, dk, dv
+
+
+def _zeroed_float32(dq: torch.Tensor) -> torch.Tensor:
+    """Where the atomic-dQ kernel sums dQ: dq itself when float32, else a float32 buffer with
+    dq's strides (they are part of the plan)."""
+    if dq.dtype == torch.float32:
+        return dq.zero_()
+    return torch.zeros_like(dq, dtype=torch.float32)
 
 
 def _backward_views(q, k, v, o, lse, do, dq, dk, dv) -> tuple[torch.Tensor, ...]:
@@ -391,8 +424,8 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     q4, k4, v4, o4, lse, do4, dq4, dk4, dv4 = views
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
-    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
-                      **_dot_flags(q.dtype))  # fmt: skip
+    block_d = triton.next_power_of_2(d)
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal, **_dot_flags(q.dtype))
     scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
     qkv = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4))
 
@@ -402,16 +435,32 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
     suffix = "_tma" if variant == "tma" else ""
 
+    copied = any(a is not b for a, b in zip(views, given, strict=True))
+    dkdv_args = (*qkv, *_bht_strides(do4), *_bht_strides(dk4), *_bht_strides(dv4),
+                 *_bht_strides(dq4), *scales)  # fmt: skip
+    if ATOMIC_DQ:
+        pre = _first_launch(
+            "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
+            (*_bht_strides(o4), *_bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
+        )  # fmt: skip
+        dq_sum = _zeroed_float32(dq4)  # dq4's strides: dkdv_args hold them
+        dkdv = _first_launch(
+            "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
+            (q4, k4, v4, do4, lse, delta, dk4, dv4, dq_sum), dkdv_args,
+            {**constexprs, "ATOMIC_DQ": True},
+        )  # fmt: skip
+        if dq_sum is not dq4:
+            dq4.copy_(dq_sum)
+        return _Plan((pre, dkdv), copied, variant, atomic_dq=True)
     # dQ first: its kernel also writes D, which the dK/dV kernel reads.
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
         (*qkv, *_bht_strides(o4), *_bht_strides(do4), *_bht_strides(dq4), *scales), constexprs,
     )  # fmt: skip
     dkdv = _first_launch(
-        "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4),
-        (*qkv, *_bht_strides(do4), *_bht_strides(dk4), *_bht_strides(dv4), *scales), constexprs,
+        "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),
+        dkdv_args, {**constexprs, "ATOMIC_DQ": False},
     )  # fmt: skip
-    copied = any(a is not b for a, b in zip(views, given, strict=True))
     return _Plan((dq_, dkdv), copied, variant)
 
 

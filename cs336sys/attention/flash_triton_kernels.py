@@ -5,6 +5,9 @@
                                         tile, loop over key tiles; runs first
               _attn_bwd_dkdv_kernel     dK, dV: one program per key tile, loop over query
                                         tiles, reading the D the dQ kernel wrote
+    opt-in    _attn_bwd_preprocess      D alone, then _attn_bwd_dkdv_kernel with ATOMIC_DQ:
+              (atomic dQ)               it also adds each dS^T-tile's share of dQ into a
+                                        float32 buffer with atomics (see below)
 
 The host side (input checks, tile sizes, autotuning, the autograd.Function) is in
 `flash_triton.py`; this file holds only `@triton.jit` code, written after Triton's
@@ -32,7 +35,14 @@ Conventions shared by every kernel:
   mask arithmetic. Masked scores get -1e6 ADDED (not -inf), as the Triton tutorial does: an
   entirely masked row of a tile then gives exp2(-1e6 - m) = 0 instead of NaN from inf - inf.
 - Every output is written with a plain store, never accumulated, so the autotuner may
-  re-run a kernel on the same buffers.
+  re-run a kernel on the same buffers. The one exception is the opt-in atomic dQ, whose
+  float32 buffer the autotuner zeroes before each trial (reset_to_zero).
+- Atomic dQ (opt-in, CS336SYS_TRITON_ATOMIC_DQ=1): the default backward is atomic-free and
+  deterministic, but its dQ kernel recomputes S and dP, so it runs 7 tile products where
+  Algorithm 2 runs 5. At the leaderboard shape that is 1.92 of the 2.47 causal TFLOP of
+  forward+backward; with dQ added in the dK/dV kernel as FlashAttention-2 and -3 do (dQ_i +=
+  dS_ij K_j, atomically, into float32), it is 1.37. Whether the atomics cost less than the
+  two products they save is a GPU measurement (issue 15).
 - PRECISION is tl.dot's input_precision ("ieee" for float32 inputs so that fp32 means fp32,
   not TF32). UPCAST_DOT and ROUND_BF16 work around two bfloat16 bugs of the Triton 3.9
   interpreter, and the launcher sets them only when interpreted: its tl.dot returns garbage
@@ -50,6 +60,7 @@ import triton.language as tl
 from cs336sys.attention.flash_triton_tiles import (
     LN2,
     LOG2E,
+    _add_tile,
     _cast,
     _dot,
     _load_rows,
@@ -179,14 +190,15 @@ def _attn_fwd_kernel(
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
-    lo, hi, N_Q, N_K, qk_scale,
+    Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt, offs_m, offs_n,
+    lo, hi, N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14).
+    """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14), and
+    with ATOMIC_DQ add dS_ij K_j into the float32 dQ rows of each query tile (line 15).
 
     Works on transposed tiles (S^T = K_j Q_i^T, as the Triton tutorial does) so that P^T and
     dS^T are the left operands of the dV and dK products without a register transpose.
@@ -214,18 +226,25 @@ def _attn_bwd_dkdv_inner(
         dpT = _dot(v, tl.trans(do), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
         dsT = pT * (dpT - D_i[None, :])
         # dK_j += dS^T Q_i (line 14); the softmax scale is applied once, after the loop.
-        dk = _dot(_cast(dsT, q.dtype, ROUND_BF16), q, dk, PRECISION, UPCAST_DOT)
+        dsT = _cast(dsT, q.dtype, ROUND_BF16)
+        dk = _dot(dsT, q, dk, PRECISION, UPCAST_DOT)
+        if ATOMIC_DQ:
+            # dQ_i += dS K_j (line 15), scaled here: the buffer holds the finished sum.
+            dq = _dot(tl.trans(dsT), k, tl.zeros([Q_TILE, BLOCK_D], tl.float32), PRECISION,
+                      UPCAST_DOT)  # fmt: skip
+            _add_tile(dQ_dst, start_m, offs_m, stride_dqt, N_Q, dq * sm_scale,
+                      HEAD_DIM, BLOCK_D, MASKED)  # fmt: skip
     return dk, dv
 
 
 @triton.jit
 def _attn_bwd_dkdv_loop(
-    k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, start_n, offs_m, offs_n,
-    N_Q, N_K, sm_scale, qk_scale,
+    k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
+    start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     """dK_j and dV_j (float32) of the key tile at start_n (Algorithm 2, lines 6-14): the
     query loop, in three ranges.
@@ -247,22 +266,25 @@ def _attn_bwd_dkdv_loop(
         lo = start_n // Q_TILE * Q_TILE
         diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
+        offs_m, offs_n,
         lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
+        offs_m, offs_n,
         diag_end, full_end,  # query tiles that see every key of this tile: no mask
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
     )  # fmt: skip
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, stride_qt, stride_dot, offs_m, offs_n,
+        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
+        offs_m, offs_n,
         tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
     )  # fmt: skip
     # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
     return dk * sm_scale, dv
@@ -270,20 +292,23 @@ def _attn_bwd_dkdv_loop(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, dO, L, D, dK, dV,
+    Q, K, V, dO, L, D, dK, dV, dQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
     stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+    stride_dqb, stride_dqh, stride_dqt,
     N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
-    """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM).
+    """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM);
+    with ATOMIC_DQ also adds its share of dQ into dQ, float32, zeroed (unused otherwise).
 
     K_j and V_j stay on chip while the program walks the query tiles (Algorithm 2's outer
     loop over j); Q, dO, L and D are re-read per query tile. Layouts as in _attn_fwd_kernel:
-    dO shaped like Q, dK and dV like K, each with its own strides; D like L.
+    dO and dQ shaped like Q, dK and dV like K, each with its own strides; D like L.
     """
     start_n, h, b, bh = _tile_program(K_TILE)
     offs_n = start_n + tl.arange(0, K_TILE)
@@ -296,10 +321,12 @@ def _attn_bwd_dkdv_kernel(
 
     Q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
     dO_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
+    dQ_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
     dk, dv = _attn_bwd_dkdv_loop(
-        k, v, Q_ptrs, dO_ptrs, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
-        start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
+        k, v, Q_ptrs, dO_ptrs, L + bh * N_Q, D + bh * N_Q, dQ_ptrs, stride_qt, stride_dot,
+        stride_dqt, start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
         HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
+        ATOMIC_DQ,
     )  # fmt: skip
 
     dk_ptrs = _slice_ptrs(dK, b, h, stride_dkb, stride_dkh, stride_dkt, offs_n, BLOCK_D)
@@ -381,6 +408,23 @@ def _attn_bwd_delta(
     D_i = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # zero on rows past N_Q
     tl.store(D + bh * N_Q + offs_m, D_i, mask=offs_m < N_Q)
     return D_i
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    Out, dO, D,
+    stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot,
+    N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr,
+):  # fmt: skip
+    """D alone, one program per (query tile, head, batch): for the atomic-dQ backward, whose
+    dK/dV kernel needs D before it starts and which has no dQ kernel to compute it."""
+    start_m, h, b, bh = _tile_program(Q_TILE)
+    offs_m = start_m + tl.arange(0, Q_TILE)
+    do_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
+    do = _load_rows(do_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
+    _attn_bwd_delta(Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
+                    HEAD_DIM, BLOCK_D)  # fmt: skip
 
 
 @triton.jit

@@ -103,6 +103,35 @@ def _load_tile(
 
 
 @triton.jit
+def _add_tile(
+    dst, start, offs, stride_t, n_rows, x,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
+):  # fmt: skip
+    """Atomically add the float32 tile x to rows start + offs of a float32 (n_rows, HEAD_DIM)
+    slice; dst points at the slice's rows offs (_slice_ptrs), as _load_tile's src.
+
+    Relaxed: the additions only need to be atomic, not ordered (the default, acq_rel, would
+    fence every one). Pointer atomics in both kernel variants: Triton's interpreter runs them,
+    not a descriptor's atomic_add (a TMA reduction), so this path is tested on CPU too.
+    """
+    ptrs = dst + start * stride_t
+    rows = start + offs
+    if CHECK_ROWS:
+        if HEAD_DIM == BLOCK_D:
+            tl.atomic_add(ptrs, x, mask=rows[:, None] < n_rows, sem="relaxed")
+        else:
+            offs_d = tl.arange(0, BLOCK_D)
+            mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+            tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
+    else:
+        if HEAD_DIM == BLOCK_D:
+            tl.atomic_add(ptrs, x, sem="relaxed")
+        else:
+            offs_d = tl.arange(0, BLOCK_D)
+            tl.atomic_add(ptrs, x, mask=(offs_d[None, :] < HEAD_DIM), sem="relaxed")
+
+
+@triton.jit
 def _store_rows(ptrs, x, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Store a (rows, BLOCK_D) tile, dropping rows past the sequence end and the head-dim pad."""
     if HEAD_DIM == BLOCK_D:

@@ -44,7 +44,7 @@ from cs336sys.attention.flash_triton_kernels import (
     _attn_bwd_dq_loop,
     _attn_fwd_loop,
 )
-from cs336sys.attention.flash_triton_tiles import LOG2E, _cast, _tile_program
+from cs336sys.attention.flash_triton_tiles import LOG2E, _cast, _slice_ptrs, _tile_program
 
 # --------------------------------------------------------------------------------------------
 # Host side: when the descriptors are allowed, and their scratch memory
@@ -145,16 +145,19 @@ def _attn_fwd_tma_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_tma_kernel(
-    Q, K, V, dO, L, D, dK, dV,
+    Q, K, V, dO, L, D, dK, dV, dQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
     stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot,
     stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+    stride_dqb, stride_dqh, stride_dqt,
     N_Q, N_K, sm_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
-    """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM)."""
+    """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM); with
+    ATOMIC_DQ adds its share of dQ into the float32 dQ through pointer atomics (_add_tile)."""
     start_n, h, b, bh = _tile_program(K_TILE)
     offs_n = start_n + tl.arange(0, K_TILE)
     offs_m = tl.arange(0, Q_TILE)
@@ -168,10 +171,13 @@ def _attn_bwd_dkdv_tma_kernel(
     k = k_desc.load([start_n, 0])
     v = v_desc.load([start_n, 0])
 
+    dQ_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
+
     dk, dv = _attn_bwd_dkdv_loop(
-        k, v, q_desc, do_desc, L + bh * N_Q, D + bh * N_Q, stride_qt, stride_dot,
-        start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
+        k, v, q_desc, do_desc, L + bh * N_Q, D + bh * N_Q, dQ_ptrs, stride_qt, stride_dot,
+        stride_dqt, start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
         HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, True,
+        ATOMIC_DQ,
     )  # fmt: skip
 
     dk_desc = _slice_desc(

@@ -80,6 +80,9 @@ class _Tuning:
     n_acc: int  # float32 (owned, BLOCK_D) accumulators in registers
     n_scores: int  # float32 (Q_TILE, K_TILE) tiles live at once (S, P, dP, dS)
     max_regs: int  # most estimated float32 values per thread before ptxas spills
+    # Where the estimate fails: per BLOCK_D bucket, the (Q_TILE, K_TILE, warps, stages) of
+    # 16-bit configs that compiled for sm_90 without spills; they replace the register estimate.
+    spill_free: dict | None = None
 
 
 _TUNING = {
@@ -93,6 +96,17 @@ _TUNING = {
 # without spills (forward and dQ: 3-33 % fewer registers than the pointer kernels, dK/dV
 # about as many); their speed is unmeasured (issue 15).
 _TUNING.update({f"{name}_tma": _TUNING[name] for name in ("fwd", "dkdv", "dq")})
+# With atomic dQ the dK/dV kernel also holds a float32 (Q_TILE, BLOCK_D) dQ partial per query
+# step, and the estimate above did not predict its spills (d 128 at 64 x 64 spilled 176 bytes,
+# 16 x 128 none). So its candidates are those that compiled for sm_90 without a spill, pointer
+# and TMA variants, Triton 3.6 and 3.9 (`python benchmarks/sm90_compile.py --only attention`
+# prints a sample): 8 warps only, as every 4-warp candidate spilled in the TMA variant.
+_ATOMIC_D64 = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3),
+               (64, 64, 8, 2), (64, 64, 8, 3)]  # fmt: skip
+_ATOMIC_D128 = [(32, 64, 8, 2), (16, 128, 8, 2), (16, 64, 8, 2)]
+_ATOMIC = _Tuning([_config(*c) for c in _ATOMIC_D64 + _ATOMIC_D128], "K_TILE", 2, 2, 2, 2, 0,
+                  spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)})  # fmt: skip
+_TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC})
 
 
 # float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
@@ -108,6 +122,9 @@ def _fits(cfg, t: _Tuning, block_d: int, elem: int) -> bool:
     threads = 32 * cfg.num_warps
     if elem == 4:
         regs_ok = q_tile * k_tile * block_d / threads <= FP32_MAX_PRODUCTS_PER_THREAD
+    elif t.spill_free is not None:
+        bucket = min(b for b in t.spill_free if b >= block_d)
+        regs_ok = (q_tile, k_tile, cfg.num_warps, cfg.num_stages) in t.spill_free[bucket]
     else:
         regs_ok = (t.n_acc * owned * block_d + t.n_scores * q_tile * k_tile) / threads <= t.max_regs
     return smem <= SMEM_BUDGET and regs_ok
@@ -135,13 +152,19 @@ def _pruner(t: _Tuning):
 
 
 _KERNELS = {
+    "pre": kernels._attn_bwd_preprocess,  # the atomic-dQ backward's D; never tuned
     "fwd": kernels._attn_fwd_kernel,
     "dkdv": kernels._attn_bwd_dkdv_kernel,
     "dq": kernels._attn_bwd_dq_kernel,
     "fwd_tma": tma_kernels._attn_fwd_tma_kernel,
     "dkdv_tma": tma_kernels._attn_bwd_dkdv_tma_kernel,
     "dq_tma": tma_kernels._attn_bwd_dq_tma_kernel,
+    # The dK/dV kernels with ATOMIC_DQ: tuned under their own names (other tiles may win, and
+    # the autotuner must zero the dQ buffer they add into before each trial).
+    "dkdv_atomic": kernels._attn_bwd_dkdv_kernel,
+    "dkdv_atomic_tma": tma_kernels._attn_bwd_dkdv_tma_kernel,
 }
+ACCUMULATES = {"dkdv_atomic": ["dQ"], "dkdv_atomic_tma": ["dQ"]}  # autotune's reset_to_zero
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
 # the dtypes of the tensor arguments to this key itself.
 TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]
@@ -164,6 +187,7 @@ def _autotuned(name: str):
         configs=tuning.configs + FP32_CONFIGS,
         key=TUNING_KEY,
         prune_configs_by={"early_config_prune": _pruner(tuning)},
+        reset_to_zero=ACCUMULATES.get(name),
         **cache,
     )(_KERNELS[name])
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.attention import opt_in
 from cs336sys.bench.declaration import (
     HOST_BOUND,
     Column,
@@ -73,6 +74,9 @@ class AttentionSpec:
     iters: int
     device: str
     seed: int = 0
+    # impl == "triton": its opt-in kernel paths ("default", "tma", "atomic-dq", ...), from
+    # the environment (attention/opt_in.py); what actually ran is the triton_kernels metric.
+    triton_opt_in: str | None = None
 
     def settings(self) -> dict[str, Any]:
         return {_RENAMED.get(k, k): v for k, v in vars(self).items()}
@@ -193,6 +197,7 @@ def specs(
             dtype=p["dtype"], causal=is_causal, passes=which, timer=how,
             sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
             iters=n_iters, device=dev, seed=seed,
+            triton_opt_in=opt_in.requested() if p["impl"] == "triton" else None,
         )
         for p in expand({"impl": impls, "dtype": dtypes, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
@@ -268,6 +273,10 @@ def run(spec: AttentionSpec) -> Result:
     with _sdpa_context(spec):
         if spec.impl == "sdpa":
             metrics["sdpa_backend_used"] = sdpa_backend_used(q, k, v, spec.causal)
+        if spec.impl == "triton":
+            from cs336sys.attention.flash_triton import kernel_variant
+
+            metrics["triton_kernels"] = kernel_variant(q, k, v, backward)
         # One checked pass first: correctness, saved bytes, memory before backward. It also
         # serves as the first warm-up (compilation, autotuning happen here).
         try:
@@ -358,10 +367,13 @@ def _interpreted(impl: str) -> bool:
 
 
 def _impl(row: Mapping[str, Any]) -> str:
-    """The implementation, with the SDPA backend that ran and an interpreter mark."""
+    """The implementation, with the SDPA backend or the opt-in Triton kernels that ran, and an
+    interpreter mark."""
     impl = str(row.get("impl"))
     if row.get("sdpa_backend_used"):
         impl += f"[{row['sdpa_backend_used']}]"
+    if row.get("triton_kernels") not in (None, "pointer"):
+        impl += f"[{row['triton_kernels']}]"
     return impl + (" (interp.)" if row.get("interpreted") else "")
 
 
@@ -428,6 +440,8 @@ EXPERIMENT = Experiment(
         Metric("max_err_grad", "", "max error of dQ, dK, dV against the reference"),
         Metric("interpreted", "", "Triton ran in its CPU interpreter"),
         Metric("sdpa_backend_used", "", "the SDPA backend torch's dispatcher chose"),
+        Metric("triton_kernels", "", "triton: the kernels that ran (pointer or tma, "
+               "+atomic-dq for the atomic-dQ backward)"),  # fmt: skip
         *launch(("fwd", "bwd", "e2e")),
     ),
     tables=(TABLE,),
