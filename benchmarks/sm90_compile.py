@@ -132,15 +132,19 @@ def attention_builds():
             c["ATOMIC_DQ"] = name == "dkdv+dq"
         for variant, module, kernel_name in (("pointer", pointer, ATTENTION_KERNELS[name][0]),
                                              ("tma", tma, ATTENTION_KERNELS[name][1])):  # fmt: skip
-            kernel = getattr(module, kernel_name)
-            args = [n for n in kernel.arg_names if n not in c]
-            types = {n: (pointers[i] if i < len(pointers)
-                         else "fp32" if n in ATTENTION_SCALARS else "i32")
-                     for i, n in enumerate(args)}  # fmt: skip
-            aligned = {n for n in args if n not in ATTENTION_SCALARS}
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")  # fmt: skip
-            yield label, _try(kernel, types, c, aligned, warps, stages)
+            yield label, _attention(getattr(module, kernel_name), pointers, c, warps, stages)
+
+
+def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages: int):
+    """An attention kernel's build (or the exception): its tensors typed by `pointers` in
+    order, then float32 scales and int32 strides and sizes, all but the scales aligned."""
+    args = [n for n in kernel.arg_names if n not in constexprs]
+    types = {n: (pointers[i] if i < len(pointers) else "fp32" if n in ATTENTION_SCALARS else "i32")
+             for i, n in enumerate(args)}  # fmt: skip
+    aligned = {n for n in args if n not in ATTENTION_SCALARS}
+    return _try(kernel, types, constexprs, aligned, warps, stages)
 
 
 def atomic_dq_builds(head_dims=(64, 128)):
@@ -157,16 +161,11 @@ def atomic_dq_builds(head_dims=(64, 128)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
                      ROUND_BF16=False, ATOMIC_DQ=True, **tiles)  # fmt: skip
-            for variant, module, name in (("pointer", pointer, "_attn_bwd_dkdv_kernel"),
-                                          ("tma", tma, "_attn_bwd_dkdv_tma_kernel")):  # fmt: skip
-                kernel = getattr(module, name)
-                args = [n for n in kernel.arg_names if n not in c]
-                types = {n: (DKDV_DQ[i] if i < len(DKDV_DQ) else
-                             "fp32" if n in ATTENTION_SCALARS else "i32") for i, n in enumerate(args)}  # fmt: skip
+            for variant, module in (("pointer", pointer), ("tma", tma)):
+                kernel = getattr(module, ATTENTION_KERNELS["dkdv+dq"][variant == "tma"])
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
                          f"s{cfg.num_stages}")  # fmt: skip
-                aligned = {n for n in args if n not in ATTENTION_SCALARS}
-                yield label, _try(kernel, types, c, aligned, cfg.num_warps, cfg.num_stages)
+                yield label, _attention(kernel, DKDV_DQ, c, cfg.num_warps, cfg.num_stages)
 
 
 # --------------------------------------------------------------------------------------------
