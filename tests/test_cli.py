@@ -292,6 +292,35 @@ def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_pa
     assert "skipping 1 point" in result.stderr and len(rows(db_path)) == 2
 
 
+def test_resume_runs_again_a_point_measured_with_other_switches(db_path, monkeypatch):
+    """The environment variables that change what runs (provenance.measurement_env) are
+    stored with the invocation, and a point measured under others is another measurement."""
+    from cs336sys.bench import provenance
+
+    monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
+    monkeypatch.setenv("CS336SYS_TRITON_TMA", "1")
+    args = ["model", *MICRO, "--seq", "8", "--mode", "forward", "--resume", "--db", db_path]
+    assert invoke(*args).exit_code == 0
+    monkeypatch.delenv("CS336SYS_TRITON_TMA")
+    result = invoke(*args)
+    assert result.exit_code == 0 and "skipping" not in result.stderr
+    result = invoke(*args)
+    assert "skipping 1 point" in result.stderr
+    envs = [json.loads(r["env"] or "{}") for r in rows(db_path)]
+    assert [e.get("CS336SYS_TRITON_TMA") for e in envs] == ["1", None]
+
+
+def test_measurement_env_keeps_the_switches_and_drops_paths():
+    from cs336sys.bench.provenance import measurement_env
+
+    env = {"CS336SYS_TRITON_ATOMIC_DQ": "1", "CS336SYS_DB": "/x.db", "TRITON_CACHE_DIR": "/c",
+           "NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "4", "HOME": "/root",
+           "TORCHINDUCTOR_CACHE_DIR": "/t", "PATH": "/bin"}  # fmt: skip
+    assert json.loads(measurement_env(env)) == {
+        "CS336SYS_TRITON_ATOMIC_DQ": "1", "NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "4"}  # fmt: skip
+    assert measurement_env({"HOME": "/root"}) is None
+
+
 @pytest.fixture
 def filled_db(db_path):
     assert (

@@ -1,4 +1,5 @@
-"""Where and how a measurement was taken: device, versions, host, git commit.
+"""Where and how a measurement was taken: device, versions, host, git commit, and the
+environment variables that change what runs.
 
 Every probe degrades to None instead of failing: a machine without nvidia-smi, a checkout
 without git, or an install outside any checkout still records what it can.
@@ -6,6 +7,8 @@ without git, or an install outside any checkout still records what it can.
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import socket
 import subprocess
@@ -36,6 +39,24 @@ def git_info(path: str | Path = _PACKAGE_DIR) -> dict[str, Any]:
         return {"git_commit": None, "git_dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(path))
     return {"git_commit": commit, "git_dirty": None if status is None else int(bool(status))}
+
+
+# Environment variables that change what a command measures: cs336sys's own switches (the
+# opt-in Triton paths, autotuning, flash-torch's compile), Triton's interpreter, PyTorch's
+# allocator, NCCL's transport choices, thread counts. Folders and the store's path do not.
+_ENV_PREFIXES = ("CS336SYS_", "TRITON_", "NCCL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_")
+_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_ENV_IGNORED = ("CS336SYS_DB",)
+
+
+def measurement_env(environ: dict[str, str] | None = None) -> str | None:
+    """The variables of `environ` (default os.environ) that change what is measured, as a
+    JSON object with sorted keys; None when there are none."""
+    environ = os.environ if environ is None else environ
+    kept = {k: v for k, v in environ.items()
+            if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and k not in _ENV_IGNORED
+            and not k.endswith(("_DIR", "_PATH", "_FILE"))}  # fmt: skip
+    return json.dumps(dict(sorted(kept.items()))) if kept else None
 
 
 def cpu_model() -> str:
@@ -85,6 +106,7 @@ def collect(device: str = "cpu") -> dict[str, Any]:
         "gpu": "cpu",
         "gpu_count": 0,
         "gpu_memory_gb": None,
+        "env": measurement_env(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         index = torch.device(device).index or 0
@@ -129,6 +151,7 @@ def _without_torch() -> dict[str, Any]:
         "gpu": gpu[0] if gpu else "cpu",
         "gpu_count": gpu[1] if gpu else 0,
         "gpu_memory_gb": gpu[2] if gpu else None,
+        "env": measurement_env(),
     }
     info.update(git_info())
     return info

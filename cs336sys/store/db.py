@@ -258,9 +258,9 @@ class Store:
 
     def done_points(self, experiment: str, provenance: dict[str, Any]) -> set[str]:
         """Point keys already stored with status ok by the same code on the same machine (for
-        --resume): the same git commit, host, GPU (name and count) or CPU model, and torch,
-        Triton and CUDA versions. A point merged from another machine is another
-        measurement and is run again."""
+        --resume): the same git commit, host, GPU (name and count) or CPU model, torch,
+        Triton and CUDA versions, and measurement environment (provenance.measurement_env). A
+        point merged from another machine, or run with other switches, is run again."""
         if provenance.get("git_commit") is None:
             return set()
         same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
@@ -278,7 +278,7 @@ class Store:
 _LINKED_TABLES = ("kernel_stats",)
 # What makes two stored points the same measurement besides their settings (--resume).
 MACHINE = ("git_commit", "host", "gpu", "gpu_count", "cpu", "torch_version", "triton_version",
-           "cuda_version")  # fmt: skip
+           "cuda_version", "env")  # fmt: skip
 _PROVENANCE_COLUMNS = (
     "host",
     "device",
@@ -294,6 +294,7 @@ _PROVENANCE_COLUMNS = (
     "cs336sys_version",
     "git_commit",
     "git_dirty",
+    "env",
 )
 
 

@@ -83,6 +83,9 @@ MIGRATIONS: list[list[str]] = [
     ],
     # v4: a free-text label per invocation (`--label`, issue 14), for --where and reports.
     ["ALTER TABLE invocations ADD COLUMN label TEXT"],
+    # v5: the environment variables that change what runs (CS336SYS_TRITON_TMA=1, say), as a
+    # JSON object, or NULL: part of what --resume matches (bench/provenance.measurement_env).
+    ["ALTER TABLE invocations ADD COLUMN env TEXT"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

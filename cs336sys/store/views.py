@@ -22,6 +22,7 @@ _COMMON = [
     "i.git_commit",
     "i.git_dirty",
     "i.label",
+    "i.env",
     "r.status",
     "r.error",
 ]
