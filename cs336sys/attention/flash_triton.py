@@ -27,8 +27,9 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 16 x 16 tiles.
 
 With CS336SYS_TRITON_TMA=1, GPUs of compute capability >= 9 (Hopper) run the kernel variants of
-`flash_triton_tma.py`, which move tiles through tensor descriptors (TMA); opt-in until they
-have been measured on an H100 (issue 15).
+`flash_triton_tma.py`, which move tiles through tensor descriptors (TMA); with
+CS336SYS_TRITON_ATOMIC_DQ=1 the backward adds dQ with atomics inside the dK/dV kernel instead
+of recomputing S and dP in a dQ kernel. Both are opt-in until measured on an H100 (issue 15).
 """
 
 from __future__ import annotations
