@@ -35,6 +35,20 @@ def cli(*args: str, env: dict | None = None) -> None:
     subprocess.run([sys.executable, "-m", "cs336sys", *args], check=False, env=env)
 
 
+def triton_label(row) -> str:
+    """' (tma+atomic-dq)' for a triton row that ran an opt-in path, '' for the default, with
+    what it asked for where that differs (TMA falls back off Hopper)."""
+    asked, ran = row["triton_opt_in"], row["triton_kernels"]
+    if ran is None:
+        return ""
+    wanted = ("tma" if "tma" in (asked or "") else "pointer") + (
+        "+atomic-dq" if "atomic-dq" in (asked or "") else "")  # fmt: skip
+    label = "" if ran == "pointer" else ran
+    if ran != wanted:
+        label = f"{label or 'pointer'}, asked {asked}"
+    return f" ({label})" if label else ""
+
+
 def fmt(x: float | None) -> str:
     return "" if x is None else f"{x:.3f}"
 
@@ -69,18 +83,16 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0)
     hopper = torch.cuda.get_device_capability(0)[0] >= 9
     pointer_env = {**os.environ, "CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "0"}
-    # (CLI arguments, environment): one invocation each, in this order. Triton rows are named
-    # by the kernels that ran (the stored triton_kernels), which an opt-in may not change.
-    runs = [
-        (["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash"], pointer_env),
+    # The triton paths side by side in one invocation (--triton-opt-in sweeps them); triton
+    # rows are named by the kernels that ran (triton_kernels), and by what they asked for
+    # (triton_opt_in) where the GPU made them fall back.
+    opt_ins = ["default"] + [name for name, on in (
+        ("tma", args.tma), ("atomic-dq", args.atomic_dq), ("tma+atomic-dq", args.tma and args.atomic_dq)) if on]  # fmt: skip
+    runs = [  # (CLI arguments, environment): one invocation each, in this order
+        (["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
+          ",".join(opt_ins)], pointer_env),
         (["--impl", "sdpa", "--sdpa-backend", "cudnn"], pointer_env),
-    ]
-    for tma, atomic in ((True, False), (False, True), (True, True)):
-        if (tma and not args.tma) or (atomic and not args.atomic_dq):
-            continue
-        env = {**pointer_env, "CS336SYS_TRITON_TMA": str(int(tma)),
-               "CS336SYS_TRITON_ATOMIC_DQ": str(int(atomic))}  # fmt: skip
-        runs.append((["--impl", "triton"], env))
+    ]  # fmt: skip
     rows, seen = [], set()
     for impl_args, env in runs:
         cli("attention", "--preset", "leaderboard", *impl_args, "--db", args.db, env=env)
@@ -95,14 +107,12 @@ def main() -> int:
             continue
         seen.add(last)
         for r in conn.execute(
-            "SELECT impl, sdpa_backend_used, triton_kernels, status, fwd_ms_median, "
+            "SELECT impl, sdpa_backend_used, triton_opt_in, triton_kernels, status, fwd_ms_median, "
             "bwd_ms_median, e2e_ms_median, tflops_e2e, max_err_grad FROM attention_runs "
             "WHERE invocation_id = ?",
             (last,),
         ).fetchall():
-            ran = r["triton_kernels"]
-            label = f" ({ran})" if ran not in (None, "pointer") else ""
-            rows.append({**dict(r), "impl": r["impl"] + label})
+            rows.append({**dict(r), "impl": r["impl"] + triton_label(r)})
         conn.close()
     if args.flash_benchmarking:
         cli("attention", "--preset", "flash-benchmarking", "--db", args.db, env=pointer_env)

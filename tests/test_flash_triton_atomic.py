@@ -117,3 +117,32 @@ def test_attention_rows_name_the_opt_in_asked_for_and_the_kernels_that_ran(monke
     assert rows[1]["max_err_grad"] < 1e-4
     assert invoke(*argv).exit_code == 0  # resumed: both points are stored ok already
     assert len(query(db, "SELECT 1 FROM attention_runs")) == 2
+
+
+def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
+    """--triton-opt-in takes a list: a point each, in one invocation, each recording what it
+    asked for and what ran (`tma` falls back to the pointer kernels for fp32 and off Hopper), and the
+    process's own switches are as before afterwards. A bad value is one line, exit 2."""
+    from tests.conftest import invoke, query
+
+    db = tmp_path / "r.db"
+    argv = ["attention", "--impl", "triton,naive", "--seq", "40", "--d-head", "16", "--batch",
+            "1", "--heads", "2", "--warmup", "1", "--iters", "2", "--device", DEVICE, "--db", db]  # fmt: skip
+    result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq")
+    assert result.exit_code == 0, result.output
+    got = query(db, "SELECT impl, triton_opt_in, triton_kernels, status, max_err_grad "
+                    "FROM attention_runs ORDER BY created")  # fmt: skip
+    assert [(r["impl"], r["triton_opt_in"], r["triton_kernels"], r["status"]) for r in got] == [
+        ("triton", "default", "pointer", "ok"),
+        ("triton", "atomic-dq", "pointer+atomic-dq", "ok"),
+        ("triton", "tma+atomic-dq", "pointer+atomic-dq", "ok"),  # fp32 never takes TMA
+        ("naive", None, None, "ok"),
+    ]  # fmt: skip
+    assert all(r["max_err_grad"] < 1e-4 for r in got)
+    triton_lines = [line for line in result.output.splitlines() if line.startswith("triton")]
+    assert len(triton_lines) == 3 and all("×" in line for line in triton_lines)  # vs naive
+    assert (flash_triton.TMA, flash_triton.ATOMIC_DQ) == (False, False)
+    bad = invoke(*argv, "--triton-opt-in", "fast")
+    assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "--triton-opt-in: unknown value 'fast'" in bad.stderr
+    assert len(query(db, "SELECT 1 FROM attention_runs")) == 4

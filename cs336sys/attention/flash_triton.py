@@ -101,6 +101,19 @@ def _hopper_or_newer(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+@contextlib.contextmanager
+def opted_in(choice: str):
+    """Inside, calls run the opt-in paths `choice` names (attention/opt_in.CHOICES) instead
+    of the environment's. Plans are keyed on them, so none is reused across a switch."""
+    global TMA, ATOMIC_DQ
+    saved = TMA, ATOMIC_DQ
+    TMA, ATOMIC_DQ = opt_in.flags(choice)
+    try:
+        yield
+    finally:
+        TMA, ATOMIC_DQ = saved
+
+
 def kernel_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> str:
     """The kernels a call on these inputs runs: "pointer" or "tma" (the opt-in falls back
     where the GPU, dtype or layout cannot take it), plus "+atomic-dq" for a backward with

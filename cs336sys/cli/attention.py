@@ -83,6 +83,15 @@ def attention(
     sdpa_backend: Annotated[
         str, typer.Option(help="For sdpa: auto, flash, efficient, math or cudnn.")
     ] = "auto",
+    triton_opt_in: Annotated[
+        ListOpt,
+        typer.Option(
+            help="For triton: its opt-in kernel paths, a point each: default, tma (Hopper: "
+            "tiles through TMA descriptors), atomic-dq (dQ added with atomics in the dK/dV "
+            "kernel), tma+atomic-dq. [default: what CS336SYS_TRITON_TMA and "
+            "CS336SYS_TRITON_ATOMIC_DQ say, else default]"
+        ),
+    ] = None,
     preset: Annotated[
         str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
     ] = None,
@@ -106,6 +115,8 @@ def attention(
     Example:
 
         cs336sys attention --seq 16384 --attention triton,sdpa --precision bf16
+
+        cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,tma,atomic-dq
     """  # noqa: E501
     from cs336sys.experiments import attention as exp
     from cs336sys.experiments.sweep import run_sweep
@@ -114,7 +125,8 @@ def attention(
         specs = exp.specs(
             impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer=timer,
-            sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
+            sdpa_backend=sdpa_backend, triton_opt_in=triton_opt_in, preset=preset,
+            device=device, seed=seed,
         )  # fmt: skip
     check_db(db)
     emulated(specs[0].device, [s.dtype for s in specs])

@@ -137,6 +137,7 @@ def specs(
     iters: int | None = None,
     timer: str | None = None,
     sdpa_backend: str = "auto",
+    triton_opt_in: Iterable[str] | None = None,
     preset: str | None = None,
     device: str = "auto",
     seed: int = 0,
@@ -191,16 +192,18 @@ def specs(
                 raise SpecError(f"--d-head {d}: flash-torch and triton support head dims {lo} to {hi}")
     if "triton" in impls:
         check_triton(on_cuda, "--attention triton")
+    # triton's opt-in kernel paths: a list sweeps them (a point each); default: the environment's
+    opt_ins = choices(triton_opt_in, opt_in.CHOICES, "--triton-opt-in", [opt_in.requested()])
     return [
         AttentionSpec(
             impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],
             dtype=p["dtype"], causal=is_causal, passes=which, timer=how,
             sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
-            iters=n_iters, device=dev, seed=seed,
-            triton_opt_in=opt_in.requested() if p["impl"] == "triton" else None,
+            iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"],
         )
         for p in expand({"impl": impls, "dtype": dtypes, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
+        for p in ({**p, "opt_in": o} for o in (opt_ins if p["impl"] == "triton" else [None]))
     ]  # fmt: skip
 
 
@@ -211,7 +214,12 @@ def flops_forward(spec: AttentionSpec) -> float:
     return full / 2 if spec.causal else full
 
 
-def _sdpa_context(spec: AttentionSpec):
+def _impl_context(spec: AttentionSpec):
+    """triton: its opt-in kernel paths for this point; sdpa: the backend asked for."""
+    if spec.impl == "triton" and spec.triton_opt_in is not None:
+        from cs336sys.attention.flash_triton import opted_in
+
+        return opted_in(spec.triton_opt_in)
     if spec.impl != "sdpa" or spec.sdpa_backend in (None, "auto"):
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -270,7 +278,7 @@ def run(spec: AttentionSpec) -> Result:
 
     metrics: dict[str, Any] = {"interpreted": _interpreted(spec.impl)}
     samples: dict[str, list[float]] = {}
-    with _sdpa_context(spec):
+    with _impl_context(spec):
         if spec.impl == "sdpa":
             metrics["sdpa_backend_used"] = sdpa_backend_used(q, k, v, spec.causal)
         if spec.impl == "triton":
@@ -408,7 +416,8 @@ TABLE = Table(
         Column("mem before bwd MiB", "mem_before_bwd_bytes", "mib"),
         Column("TFLOP/s", cell=_tflops, fmt="num"),
         Column("max err", cell=_max_err, fmt="sci"),
-        Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"}, ("impl", "sdpa_backend"))),
+        Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
+                                       ("impl", "sdpa_backend", "triton_opt_in"))),
         HOST_BOUND,
     ),
     note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "

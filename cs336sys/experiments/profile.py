@@ -213,7 +213,7 @@ def _attention(spec: AttentionSpec) -> _Steps:
 
     from cs336sys.attention import registry
     from cs336sys.bench.dtypes import torch_dtype
-    from cs336sys.experiments.attention import _sdpa_context
+    from cs336sys.experiments.attention import _impl_context
     from cs336sys.experiments.step import timed_phase
 
     backward = spec.passes != "forward"
@@ -238,7 +238,7 @@ def _attention(spec: AttentionSpec) -> _Steps:
         return times
 
     parts = attention_part_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head)
-    return _Steps(one_step, context=_sdpa_context(spec), part_flops=parts)
+    return _Steps(one_step, context=_impl_context(spec), part_flops=parts)
 
 
 def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
