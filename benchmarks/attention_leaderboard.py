@@ -14,6 +14,9 @@ as "triton (pointer+atomic-dq)", and with --tma also "triton (tma+atomic-dq)". T
 the best triton row.
 
     python benchmarks/attention_leaderboard.py [--tma] [--atomic-dq] [--flash-benchmarking] [--db PATH]
+
+Exits 0 once triton was measured (whether the goals were met is in the report, as in
+`make gpu-check`), 1 when it could not be, 2 without CUDA.
 """
 
 from __future__ import annotations
@@ -172,7 +175,7 @@ def main() -> int:
     out = Path("reports") / ("attention-" + re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower())
     out.mkdir(parents=True, exist_ok=True)
     (out / "leaderboard.md").write_text(text)
-    return 0 if ok else 1
+    return 0 if triton_ms is not None else 1  # a goal not met is a finding, in the report
 
 
 if __name__ == "__main__":
