@@ -86,8 +86,8 @@ RESERVE_S, MIN_STEP_S = 45.0, 20.0
 class Budget:
     """The seconds left for steps under --budget (None: no limit)."""
 
-    def __init__(self, seconds: float | None, reserve: float = RESERVE_S) -> None:
-        self.deadline = None if seconds is None else time.monotonic() + seconds - reserve
+    def __init__(self, seconds: float | None) -> None:
+        self.deadline = None if seconds is None else time.monotonic() + seconds - RESERVE_S
 
     def left(self) -> float | None:
         return None if self.deadline is None else self.deadline - time.monotonic()
@@ -162,13 +162,17 @@ def positive_seconds(text: str) -> float:
 
 
 def one(conn: sqlite3.Connection, sql: str, *params):
-    row = conn.execute(sql, params).fetchone()
+    try:
+        row = conn.execute(sql, params).fetchone()
+    except sqlite3.OperationalError:  # no such view: nothing of that kind was stored
+        return None
     return None if row is None else row[0]
 
 
 def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list[tuple[str, str, str]]:  # fmt: skip
-    """(target, measured, met) rows from the store this check wrote."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    """(target, measured, met) rows from the store this check wrote; "not measured" where it
+    holds nothing, or does not exist (a budget spent before any step stored a point)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else sqlite3.connect(":memory:")
     recent = "created >= ?"
     shape = "seq = 16384 AND d_head = 64 AND heads = 16 AND dtype = 'bf16' AND causal = 1"
 

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from cs336sys.store import Store
+from tests.conftest import query
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -202,3 +204,78 @@ def test_every_cs336sys_step_of_the_gpu_scripts_parses(tmp_path):
             cmd = cmd.commands[rest.pop(0)]
         ctx = cmd.make_context(" ".join(path), rest)  # raises click's UsageError on a bad one
         assert ctx.params, argv
+
+
+@pytest.mark.slow
+def test_gpu_owed_end_to_end_under_a_budget(tmp_path, monkeypatch, capsys):
+    """The orchestration a lent GPU would run first, here with CPU steps: a step that
+    stores points, one still running when the budget is spent (stopped), one never
+    started (named with the --only that runs it), then the report and the archive."""
+    import tarfile
+
+    monkeypatch.syspath_prepend(str(OWED.parent))  # gpu_owed imports gpu_check by name
+    spec = importlib.util.spec_from_file_location("gpu_owed_e2e", OWED)
+    owed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(owed)
+    check = sys.modules["gpu_check"]
+    monkeypatch.setattr(check, "RESERVE_S", 4.0)
+    monkeypatch.setattr(check, "MIN_STEP_S", 2.0)
+    monkeypatch.setattr(check, "TERM_GRACE_S", 5.0)
+    monkeypatch.setattr(owed, "preflight", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    micro = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+             "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--warmup", "1",
+             "--iters", "2", "--device", "cpu", "--seq", "8", "--mode", "forward"]  # fmt: skip
+    monkeypatch.setattr(owed, "STEPS", [
+        ("stores a point", [*owed.CLI, "model", *micro, "--db", "{db}"], {}),
+        ("runs past the budget", [sys.executable, "-c", "import time; time.sleep(300)"], {}),
+        ("never starts", [sys.executable, "-c", "pass"], {}),
+    ])  # fmt: skip
+    out, archive = tmp_path / "owed", tmp_path / "owed.tar.gz"
+    monkeypatch.setattr(sys, "argv", ["gpu_owed.py", "--out", str(out), "--archive",
+                                      str(archive), "--budget", "24"])  # fmt: skip
+    t0 = time.monotonic()
+    assert owed.main() == 1
+    assert time.monotonic() - t0 < 24 + 20  # the budget, plus the report's own time
+    printed = capsys.readouterr()
+    assert "1. stores a point: exit 0" in printed.out
+    assert "2. runs past the budget: exit 124" in printed.out and "stopped" in printed.out
+    assert "steps 3; run them with --only 3" in printed.err
+    assert "stopped after" in (out / "owed.log").read_text()
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"owed/results.db", "owed/report.html", "owed/owed.log"} <= names
+    assert query(out / "results.db", "SELECT status FROM model_runs") == [{"status": "ok"}]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stores", [True, False], ids=["a-point", "nothing"])
+def test_gpu_check_end_to_end_writes_its_verdict_and_archive(tmp_path, monkeypatch, capsys, stores):
+    """`make gpu-check`'s orchestration with a CPU step in place of the reference set: the
+    host-overhead step, the report, a verdict of every target and the archive; also when no
+    step stored anything (the verdict then says "not measured" instead of failing)."""
+    import tarfile
+
+    check = _module()
+    monkeypatch.setattr(check, "preflight", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    micro = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+             "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--warmup", "1",
+             "--iters", "2", "--device", "cpu", "--seq", "8", "--mode", "train"]  # fmt: skip
+    monkeypatch.setattr(check, "STEPS", [("a micro model", micro)] if stores else [])
+    out = tmp_path / "check"
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(out), "--skip-tests"])
+    rc = check.main()
+    printed = capsys.readouterr()
+    verdict = (out / "verdict.md").read_text()
+    assert "| gpu tests under 120 s | skipped | n/a |" in verdict
+    assert "leaderboard: triton fwd+bwd under 5.4 ms | not measured | n/a |" in verdict
+    assert "attention host cost" in verdict
+    with tarfile.open(out.with_suffix(".tar.gz")) as tar:
+        names = set(tar.getnames())
+    assert {"check/verdict.md", "check/gpu-check.log"} <= names
+    if stores:
+        assert rc == 0, printed.err
+        assert "check/results.db" in names and "check/report.html" in names
+    else:
+        assert rc == 1 and "failed: report" in printed.err  # no store to report on
