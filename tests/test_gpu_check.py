@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cs336sys.store import Store
-from tests.conftest import query
+from tests.conftest import MICRO, query
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -223,9 +223,7 @@ def test_gpu_owed_end_to_end_under_a_budget(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(check, "TERM_GRACE_S", 5.0)
     monkeypatch.setattr(owed, "preflight", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
-    micro = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
-             "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--warmup", "1",
-             "--iters", "2", "--device", "cpu", "--seq", "8", "--mode", "forward"]  # fmt: skip
+    micro = [*MICRO, "--seq", "8", "--mode", "forward"]
     monkeypatch.setattr(owed, "STEPS", [
         ("stores a point", [*owed.CLI, "model", *micro, "--db", "{db}"], {}),
         ("runs past the budget", [sys.executable, "-c", "import time; time.sleep(300)"], {}),
@@ -259,9 +257,7 @@ def test_gpu_check_end_to_end_writes_its_verdict_and_archive(tmp_path, monkeypat
     check = _module()
     monkeypatch.setattr(check, "preflight", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
-    micro = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
-             "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--warmup", "1",
-             "--iters", "2", "--device", "cpu", "--seq", "8", "--mode", "train"]  # fmt: skip
+    micro = ["model", *MICRO, "--seq", "8", "--mode", "train"]
     monkeypatch.setattr(check, "STEPS", [("a micro model", micro)] if stores else [])
     out = tmp_path / "check"
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(out), "--skip-tests"])
