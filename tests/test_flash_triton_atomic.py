@@ -104,9 +104,7 @@ def test_attention_rows_name_the_opt_in_asked_for_and_the_kernels_that_ran(monke
             "--heads", "2", "--warmup", "1", "--iters", "2", "--device", DEVICE, "--db", db,
             "--resume"]  # fmt: skip
     assert invoke(*argv).exit_code == 0
-    monkeypatch.setattr(opt_in, "ATOMIC_DQ", True)
-    monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
-    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(opt_in, "ATOMIC_DQ", True)  # the point's setting; opted_in does the rest
     result = invoke(*argv)
     assert result.exit_code == 0, result.output
     assert "triton[pointer+atomic-dq]" in result.output
@@ -141,7 +139,9 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
     assert all(r["max_err_grad"] < 1e-4 for r in got)
     triton_lines = [line for line in result.output.splitlines() if line.startswith("triton")]
     assert len(triton_lines) == 3 and all("×" in line for line in triton_lines)  # vs naive
-    assert (flash_triton.TMA, flash_triton.ATOMIC_DQ) == (False, False)
+    from cs336sys.attention import opt_in
+
+    assert (flash_triton.TMA, flash_triton.ATOMIC_DQ) == (opt_in.TMA, opt_in.ATOMIC_DQ)
     bad = invoke(*argv, "--triton-opt-in", "fast")
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "--triton-opt-in: unknown value 'fast'" in bad.stderr

@@ -49,8 +49,7 @@ from cs336sys.attention.flash_triton_tma import ensure_allocator, tma_layout_ok
 from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS, ...: re-exported)
     _AUTOTUNE,
     _KERNELS,
-    DKDV_CONFIGS,
-    DQ_CONFIGS,
+    _TUNING,
     FP32_CONFIGS,
     FWD_CONFIGS,
     _autotuned,
@@ -114,12 +113,17 @@ def opted_in(choice: str):
         TMA, ATOMIC_DQ = saved
 
 
-def kernel_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backward: bool) -> str:
-    """The kernels a call on these inputs runs: "pointer" or "tma" (the opt-in falls back
-    where the GPU, dtype or layout cannot take it), plus "+atomic-dq" for a backward with
-    ATOMIC_DQ. What `cs336sys attention` stores as triton_kernels."""
-    variant = _variant(*map(_kernel_view, (q, k, v)))
-    return variant + ("+atomic-dq" if backward and ATOMIC_DQ else "")
+def kernels_ran(backward: bool) -> str:
+    """The kernels the last call ran: "pointer" or "tma" (the opt-in falls back where the GPU,
+    dtype or layout cannot take it; "tma/pointer" when forward and backward differ), plus
+    "+atomic-dq" for the atomic-dQ backward. What `cs336sys attention` stores as
+    triton_kernels, read from the plans the calls ran."""
+    fwd = _LAST["fwd"].variant
+    if not backward:
+        return fwd
+    bwd = _LAST["bwd"]
+    variant = fwd if bwd.variant == fwd else f"{fwd}/{bwd.variant}"
+    return variant + ("+atomic-dq" if bwd.atomic_dq else "")
 
 
 def _variant(*views: torch.Tensor) -> str:
@@ -212,12 +216,13 @@ class _Plan:
 
 
 _PLANS: dict[tuple, _Plan] = {}  # one entry per call signature seen; a few dozen in a sweep
+_LAST: dict[str, _Plan] = {}  # "fwd", "bwd": the plan the last call ran (kernels_ran)
 
 
 def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
-    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, ATOMIC_DQ)
+    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, ATOMIC_DQ, DIRECT_LAUNCH)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
@@ -242,7 +247,7 @@ def _first_launch(name: str, grid_of, tensors: tuple, args: tuple, constexprs: d
     if name.endswith("_tma"):
         ensure_allocator()  # descriptor scratch for Triton's launcher
     with _on_device(tensors[0]):
-        if name == "pre" or INTERPRETED or not _AUTOTUNE.get():
+        if name not in _TUNING or INTERPRETED or not _AUTOTUNE.get():  # "pre": never tuned
             named = dict(zip(kernel.arg_names, (*tensors, *args), strict=False))
             tiles, options = _fixed_tiles(name, {**named, **constexprs})
             meta, grid = {**constexprs, **tiles, **options}, grid_of(tiles)
@@ -344,8 +349,9 @@ def attention_forward(
     o = _new_like(q)  # (..., T_q, D)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # (..., T_q)
     if plan is None:
-        _PLANS[key] = _forward_plan(q, k, v, o, lse, bool(is_causal))
+        _PLANS[key] = _LAST["fwd"] = _forward_plan(q, k, v, o, lse, bool(is_causal))
         return o, lse
+    _LAST["fwd"] = plan
     plan.reuse()
     if plan.views:
         plan.launches[0](*map(_kernel_view, (q, k, v, o)), lse)
@@ -397,8 +403,9 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
     tensors = (q, k, v, o, lse, do, dq, dk, dv)
     if plan is None:
-        _PLANS[key] = _backward_plan(*tensors, delta, bool(is_causal))
+        _PLANS[key] = _LAST["bwd"] = _backward_plan(*tensors, delta, bool(is_causal))
         return dq, dk, dv
+    _LAST["bwd"] = plan
     plan.reuse()
     if plan.views:
         tensors = _backward_views(*tensors)
@@ -406,10 +413,7 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     if plan.atomic_dq:
         pre, dkdv = plan.launches
         pre(o, do, delta)
-        dq_sum = _zeroed_float32(dq4)
-        dkdv(q, k, v, do, lse, delta, dk4, dv4, dq_sum)
-        if dq_sum is not dq4:
-            dq4.copy_(dq_sum)
+        _summed_dq(dq4, lambda dq_sum: dkdv(q, k, v, do, lse, delta, dk4, dv4, dq_sum))
         return dq, dk, dv
     dq_, dkdv = plan.launches
     dq_(q, k, v, o, do, lse, delta, dq4)
@@ -417,12 +421,16 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     return dq, dk, dv
 
 
-def _zeroed_float32(dq: torch.Tensor) -> torch.Tensor:
-    """Where the atomic-dQ kernel sums dQ: dq itself when float32, else a float32 buffer with
-    dq's strides (they are part of the plan)."""
+def _summed_dq(dq: torch.Tensor, launch):
+    """launch(dq_sum) -> its result, for the atomic-dQ kernel, which adds into dq_sum: a
+    zeroed float32 dQ, dq itself when float32, else a buffer with dq's strides (they are part
+    of the plan) cast into dq afterwards."""
     if dq.dtype == torch.float32:
-        return dq.zero_()
-    return torch.zeros_like(dq, dtype=torch.float32)
+        return launch(dq.zero_())
+    dq_sum = torch.zeros_like(dq, dtype=torch.float32)
+    result = launch(dq_sum)
+    dq.copy_(dq_sum)
+    return result
 
 
 def _backward_views(q, k, v, o, lse, do, dq, dk, dv) -> tuple[torch.Tensor, ...]:
@@ -457,14 +465,11 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
             "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
             (*_bht_strides(o4), *_bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
         )  # fmt: skip
-        dq_sum = _zeroed_float32(dq4)  # dq4's strides: dkdv_args hold them
-        dkdv = _first_launch(
+        dkdv = _summed_dq(dq4, lambda dq_sum: _first_launch(
             "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
             (q4, k4, v4, do4, lse, delta, dk4, dv4, dq_sum), dkdv_args,
             {**constexprs, "ATOMIC_DQ": True},
-        )  # fmt: skip
-        if dq_sum is not dq4:
-            dq4.copy_(dq_sum)
+        ))  # fmt: skip
         return _Plan((pre, dkdv), copied, variant, atomic_dq=True)
     # dQ first: its kernel also writes D, which the dK/dV kernel reads.
     dq_ = _first_launch(

@@ -1,4 +1,4 @@
-"""Triton kernels of FlashAttention-2: forward, and backward without atomics.
+"""Triton kernels of FlashAttention-2: forward, and backward (atomic-free by default).
 
     forward   _attn_fwd_kernel          Dao 2023, Algorithm 1: O and the logsumexp L
     backward  _attn_bwd_dq_kernel       D = rowsum(O * dO) and dQ: one program per query
@@ -9,8 +9,8 @@
               (atomic dQ)               it also adds each dS^T-tile's share of dQ into a
                                         float32 buffer with atomics (see below)
 
-The host side (input checks, tile sizes, autotuning, the autograd.Function) is in
-`flash_triton.py`; this file holds only `@triton.jit` code, written after Triton's
+The host side (input checks, launch plans, the autograd.Function) is in `flash_triton.py`,
+tile sizes and autotuning in `flash_triton_tuning.py`; this file holds only `@triton.jit` code, written after Triton's
 fused-attention tutorial and the Triton kernel of the flash-attention repository.
 
 Conventions shared by every kernel:
@@ -18,8 +18,8 @@ Conventions shared by every kernel:
   per tensor, so the model's (B, H, T, D) views of a (B, T, H, D) projection need no copy)
   and a unit stride along HEAD_DIM. The launch grid is (sequence tiles, H, B): a program
   owns one tile of one (batch, head) pair. L and D are ours, contiguous (B*H, T) float32.
-- Pointer arithmetic with masks only (no block pointers or TMA descriptors, whose API differs
-  between Triton releases). The head dimension is padded to BLOCK_D, the next power of two,
+- Pointer arithmetic with masks only in these kernels (no block pointers, which Triton 3.9
+  removed). The head dimension is padded to BLOCK_D, the next power of two,
   and masked when HEAD_DIM != BLOCK_D; sequence tails are masked on load and store.
 - The opt-in descriptor (TMA) kernels for Hopper in flash_triton_tma.py share this file's
   loops: a loop's tile sources (`*_src`) are pointers or tensor descriptors, and its TMA
@@ -184,7 +184,8 @@ def _attn_fwd_kernel(
 
 # --------------------------------------------------------------------------------------------
 # Backward (Dao 2023, Algorithm 2, split into a dK/dV pass and a dQ pass so that no two
-# programs write the same rows: no atomics, at the cost of computing S and P twice).
+# programs write the same rows: no atomics, at the cost of computing S and P twice; the
+# opt-in ATOMIC_DQ folds the dQ pass into the dK/dV one instead).
 
 
 @triton.jit

@@ -38,13 +38,8 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
 
 @triton.jit
 def _cast(x, dtype, ROUND_BF16: tl.constexpr):
-    """x.to(dtype), rounding float32 to the nearest bfloat16 also in the interpreter.
-
-    The Triton 3.9 interpreter truncates float32 -> bfloat16 casts, a 1-ulp error that is
-    always towards zero; summed over a row of P~ or dS that bias more than doubles the
-    gradients' error. With ROUND_BF16 (set only when interpreted) x is first rounded to
-    nearest-even on its bit pattern, so the truncating cast is exact. GPUs round natively.
-    """
+    """x.to(dtype), rounding float32 to the nearest bfloat16 also in the interpreter
+    (ROUND_BF16, set only when interpreted: bench/triton_support.round_bf16)."""
     return round_bf16(x, ROUND_BF16).to(dtype)
 
 

@@ -8,8 +8,8 @@ Issue 15 lists tensor descriptors among the levers for beating cuDNN on an H100.
 run the very loops of the pointer kernels in `flash_triton_kernels.py` (online softmax in
 base 2, causal tile skipping with masks only on the diagonal and tail tiles, an atomic-free
 backward with separate dK/dV and dQ kernels), passing them descriptors and TMA=True, and
-take the same arguments, so the launch plans, tile candidates and autotuning of
-`flash_triton.py` apply to them unchanged. What differs is how tiles of Q, K, V, O, dO, dQ,
+take the same arguments, so the launch plans of `flash_triton.py` and the tile candidates
+and autotuning of `flash_triton_tuning.py` apply to them unchanged. What differs is how tiles of Q, K, V, O, dO, dQ,
 dK and dV travel between global and shared memory:
 
 - Each program builds 2-D descriptors over its own (batch, head) slice of each tensor: shape

@@ -83,6 +83,8 @@ class _Tuning:
     # Where the estimate fails: per BLOCK_D bucket, the (Q_TILE, K_TILE, warps, stages) of
     # 16-bit configs that compiled for sm_90 without spills; they replace the register estimate.
     spill_free: dict | None = None
+    # Arguments the kernel adds into rather than stores: autotune zeroes them per trial.
+    reset_to_zero: list | None = None
 
 
 _TUNING = {
@@ -104,8 +106,10 @@ _TUNING.update({f"{name}_tma": _TUNING[name] for name in ("fwd", "dkdv", "dq")})
 _ATOMIC_D64 = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3),
                (64, 64, 8, 2), (64, 64, 8, 3)]  # fmt: skip
 _ATOMIC_D128 = [(32, 64, 8, 2), (16, 128, 8, 2), (16, 64, 8, 2)]
+# n_acc, n_scores and max_regs are unread where spill_free is given (16-bit inputs).
 _ATOMIC = _Tuning([_config(*c) for c in _ATOMIC_D64 + _ATOMIC_D128], "K_TILE", 2, 2, 2, 2, 0,
-                  spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)})  # fmt: skip
+                  spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)},
+                  reset_to_zero=["dQ"])  # fmt: skip
 _TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC})
 
 
@@ -164,7 +168,6 @@ _KERNELS = {
     "dkdv_atomic": kernels._attn_bwd_dkdv_kernel,
     "dkdv_atomic_tma": tma_kernels._attn_bwd_dkdv_tma_kernel,
 }
-ACCUMULATES = {"dkdv_atomic": ["dQ"], "dkdv_atomic_tma": ["dQ"]}  # autotune's reset_to_zero
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
 # the dtypes of the tensor arguments to this key itself.
 TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]
@@ -187,7 +190,7 @@ def _autotuned(name: str):
         configs=tuning.configs + FP32_CONFIGS,
         key=TUNING_KEY,
         prune_configs_by={"early_config_prune": _pruner(tuning)},
-        reset_to_zero=ACCUMULATES.get(name),
+        reset_to_zero=tuning.reset_to_zero,
         **cache,
     )(_KERNELS[name])
 

@@ -26,15 +26,11 @@ ATOMIC_DQ = _on("CS336SYS_TRITON_ATOMIC_DQ")
 CHOICES = ("default", "tma", "atomic-dq", "tma+atomic-dq")
 
 
-def label(tma: bool, atomic_dq: bool) -> str:
-    """'default', or the opt-ins on, joined by '+' (one of CHOICES)."""
-    on = [name for name, flag in (("tma", tma), ("atomic-dq", atomic_dq)) if flag]
-    return "+".join(on) or "default"
-
-
 def requested() -> str:
-    """The opt-ins set in this process's environment, as a label."""
-    return label(TMA, ATOMIC_DQ)
+    """The opt-ins set in this process's environment: 'default', or those on joined by '+'
+    (one of CHOICES)."""
+    on = [name for name, flag in (("tma", TMA), ("atomic-dq", ATOMIC_DQ)) if flag]
+    return "+".join(on) or "default"
 
 
 def flags(choice: str) -> tuple[bool, bool]:
