@@ -472,3 +472,19 @@ def test_threshold_sets_the_smallest_change_that_counts(regress_db, tmp_path):
     assert "more than 40%" in md
     bad = report(regress_db, tmp_path / "bad", "--compare", "a1a1", "b2b2", "--threshold", "-1")
     assert bad.exit_code == 2 and "--threshold" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_label_that_is_also_an_id_prefix_compares_by_label():
+    """Labels "a" and "b" are also prefixes of hex invocation ids and commits; the exact
+    label wins (a fresh-clone CI run once compared "by invocation" this way)."""
+    import sqlite3
+
+    from cs336sys.report.compare import resolve
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, label TEXT, gpu TEXT)")
+    conn.executemany("INSERT INTO invocations VALUES (?, ?, ?, ?)",
+                     [("a1f0", "b2e1", "a", "cpu"), ("b7c3", "a9d2", "b", "cpu")])  # fmt: skip
+    assert resolve(conn, "a", "b") == "label"
+    assert resolve(conn, "a1", "b7") == "invocation"
+    assert resolve(conn, "b2", "a9") == "commit"

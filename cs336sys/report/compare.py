@@ -247,14 +247,15 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
 
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> str:
-    """Which invocations column both A and B name: 'commit', 'invocation', 'label' (the
-    --label of an invocation, exactly) or 'gpu'."""
+    """Which invocations column both A and B name: 'label' (the --label of an invocation,
+    exactly), 'gpu' (exactly), 'commit' or 'invocation' (a prefix). Exact names come first:
+    a label such as "a" is also the prefix of some hex commit or invocation id."""
     has_label = any(r[1] == "label" for r in conn.execute("PRAGMA table_info(invocations)"))
     probes = {
-        "commit": "SELECT 1 FROM invocations WHERE git_commit LIKE ? ESCAPE '\\' LIMIT 1",
-        "invocation": "SELECT 1 FROM invocations WHERE id LIKE ? ESCAPE '\\' LIMIT 1",
         **({"label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1"} if has_label else {}),
         "gpu": "SELECT 1 FROM invocations WHERE gpu = ? LIMIT 1",
+        "commit": "SELECT 1 FROM invocations WHERE git_commit LIKE ? ESCAPE '\\' LIMIT 1",
+        "invocation": "SELECT 1 FROM invocations WHERE id LIKE ? ESCAPE '\\' LIMIT 1",
     }
 
     def kinds(token: str) -> list[str]:
