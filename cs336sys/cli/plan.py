@@ -19,7 +19,7 @@ class Beside:
     metrics of the ddp run the store holds for it (report/plan.py, ddp_match)."""
 
     def __init__(self, rec, conn) -> None:  # noqa: ANN001
-        self.rec, self.conn, self.errors = rec, conn, 0
+        self.rec, self.conn = rec, conn
 
     def add(self, experiment, spec, result):  # noqa: ANN001, ANN201
         from cs336sys.report.plan import beside, ddp_match

@@ -149,7 +149,7 @@ def beside(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
 
 # -- the report section -------------------------------------------------------------------------
 
-_ORDER = ("dp", "fsdp", "tp", "fsdp-tp")
+_ORDER = ("dp", "fsdp", "tp", "fsdp-tp")  # experiments/plan.STRATEGIES (report may not import it)
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,7 @@ class StepPlot:
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
         from matplotlib.lines import Line2D
+        from matplotlib.ticker import FuncFormatter
 
         from cs336sys.report.plots import short
 
@@ -198,7 +199,7 @@ class StepPlot:
             ax.set_title(name, fontsize=9)
             ax.set_xlabel("degree N (devices)", fontsize=9)
             ax.grid(True, alpha=0.3)
-            ax.xaxis.set_major_formatter(short_formatter(short))
+            ax.xaxis.set_major_formatter(FuncFormatter(short))
             ax.tick_params(labelsize=8)
         for ax in axes.flat[n:]:
             ax.set_visible(False)
@@ -213,12 +214,6 @@ class StepPlot:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", metadata={"Software": None})
         return buf.getvalue()
-
-
-def short_formatter(fn):  # noqa: ANN001, ANN201
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(fn)
 
 
 def step_plot(pts: list[Row]) -> StepPlot:
@@ -266,8 +261,9 @@ MEASURED = Declared(
     note="Each dp or fsdp point beside the ddp run on its GPU with the same model, sequence "
     "length, batch tokens and world size (dp: the replica impls, fsdp: fsdp and torch-fsdp; "
     "bf16 first, then the fastest). Measured step includes the optimizer step, which the "
-    "plan leaves out; measured comm is what the step waited for (exposed), the plan's all of "
-    "it; bytes: S of every collective in one step (the replicas reduce fp32 gradients, the "
+    "plan leaves out; measured comm is what the step waited for (exposed) for the replicas and "
+    "torch-fsdp, the time any collective was in flight for fsdp, and the plan's all of it; "
+    "bytes: S of every collective in one step (the replicas reduce fp32 gradients, the "
     "plan bf16 ones).",
 )
 
