@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cs336sys.bench.clock import now
+
 GOAL_MS = 5.4
 GOAL_VS_NAIVE = 15.0
 ISSUE_15_MS = 4.4  # and faster than cuDNN in the same run
@@ -96,19 +98,24 @@ def main() -> int:
           ",".join(opt_ins)], pointer_env),
         (["--impl", "sdpa", "--sdpa-backend", "cudnn"], pointer_env),
     ]  # fmt: skip
-    rows, seen = [], set()
+    rows = []
     for impl_args, env in runs:
+        # Only an invocation this call recorded: one that failed before recording any must
+        # not bring back an earlier run's rows from the same store.
+        since = now()  # the store's own clock format
         cli("attention", "--preset", "leaderboard", *impl_args, "--db", args.db, env=env)
+        if not Path(args.db).exists():
+            continue
         conn = sqlite3.connect(args.db)
         conn.row_factory = sqlite3.Row
         last = conn.execute(
             "SELECT id FROM invocations WHERE command = 'attention' AND argv LIKE '%leaderboard%' "
-            "ORDER BY started DESC LIMIT 1"
-        ).fetchone()["id"]
-        if last in seen:  # the command failed before recording an invocation
+            "AND started >= ? ORDER BY started DESC LIMIT 1", (since,)
+        ).fetchone()
+        if last is None:
             conn.close()
             continue
-        seen.add(last)
+        last = last["id"]
         for r in conn.execute(
             "SELECT impl, sdpa_backend_used, triton_opt_in, triton_kernels, status, fwd_ms_median, "
             "bwd_ms_median, e2e_ms_median, tflops_e2e, max_err_grad FROM attention_runs "

@@ -43,10 +43,11 @@ def git_info(path: str | Path = _PACKAGE_DIR) -> dict[str, Any]:
 
 # Environment variables that change what a command measures: cs336sys's own switches (the
 # opt-in Triton paths, autotuning, flash-torch's compile), Triton's interpreter, PyTorch's
-# allocator, NCCL's transport choices, thread counts. Folders and the store's path do not.
+# allocator, NCCL's transport choices, thread counts. Folders, the store's path and the
+# distributed timeout do not.
 _ENV_PREFIXES = ("CS336SYS_", "TRITON_", "NCCL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_")
 _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-_ENV_IGNORED = ("CS336SYS_DB",)
+_ENV_IGNORED = ("CS336SYS_DB", "CS336SYS_DIST_TIMEOUT")
 
 
 def measurement_env(environ: dict[str, str] | None = None) -> str | None:
@@ -55,7 +56,7 @@ def measurement_env(environ: dict[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
     kept = {k: v for k, v in environ.items()
             if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and k not in _ENV_IGNORED
-            and not k.endswith(("_DIR", "_PATH", "_FILE"))}  # fmt: skip
+            and not k.endswith(("_DIR", "_PATH", "_FILE", "_HOME"))}  # fmt: skip
     return json.dumps(dict(sorted(kept.items()))) if kept else None
 
 
