@@ -14,7 +14,7 @@ DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
 CLI := $(VENV)/bin/cs336sys
 REPORT = $(CLI) report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT)
 
-.PHONY: install test demo demo-full lint bench clean-venv browser gpu-check gpu-owed wheels
+.PHONY: install test demo demo-full lint bench clean-venv browser gpu-check gpu-owed wheels docs
 
 install: $(STAMP)
 
@@ -32,6 +32,19 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q
+
+# `make docs`: the site (mkdocs.yml, pages in docs/) into site/, strict: a broken link, a
+# missing page or a warning from a plugin fails the build. The docs extra comes on top of
+# the project's install, once per change of pyproject.toml.
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,docs]'
+	@touch $(DOCS_STAMP)
+
+# NO_MKDOCS_2_WARNING: Material's banner about its successor, not a warning about the site.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # The report tests open the HTML in headless Chromium and read its PDF with poppler's
 # pdftotext, from Debian's packages. Installed here when missing and apt-get can run (as
