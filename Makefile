@@ -144,8 +144,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/report_speed.py
 	$(PY) benchmarks/stop_time.py
 
-# On a GPU host where torch and Triton are installed and nothing can be downloaded (README,
-# "On a GPU"): the checkout runs as it is, with the system's Python, and sqlite-utils and the
+# On a GPU host where torch and Triton are installed and nothing can be downloaded (docs/gpu.md,
+# "make gpu-check"): the checkout runs as it is, with the system's Python, and sqlite-utils and the
 # two packages it needs that such hosts lack arrive as wheels in $(WHEELS), made beforehand by
 # `make wheels` on a machine that reaches the registry.
 GPU_PYTHON ?= python3

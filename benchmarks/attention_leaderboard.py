@@ -1,4 +1,4 @@
-"""GPU benchmark (README, "cs336sys attention"): the leaderboard shape, forward+backward, with do_bench.
+"""GPU benchmark (docs/experiments/attention.md): the leaderboard shape, forward+backward, with do_bench.
 
 Batch 1, 16 heads of d 64, seq 16384, bf16, causal. Goal: triton under 5.4 ms end to end
 (faster than the FlashAttention-2 CUDA kernel, ~6.8 ms at its published 284 TFLOP/s for

@@ -1,4 +1,4 @@
-"""Memory scaling of attention (README, "cs336sys attention"): bytes saved for backward by naive and flash-torch.
+"""Memory scaling of attention (docs/experiments/attention.md): bytes saved for backward by naive and flash-torch.
 
 FlashAttention keeps Q, K, V, O and the logsumexp L for backward, O(T·d); naive attention
 keeps the (T, T) probability matrix, O(T²). This measures both with saved-tensor hooks

@@ -1,4 +1,4 @@
-"""Harness overhead of `cs336sys comm` (README, "cs336sys comm"): its busbw against a minimal timing loop.
+"""Harness overhead of `cs336sys comm` (docs/experiments/comm.md): its busbw against a minimal timing loop.
 
 The minimal loop is what one would write by hand: one barrier, then `iters` back-to-back
 all-reduces between two device syncs, time / iters. `cs336sys comm` adds a barrier and a

@@ -1,4 +1,4 @@
-"""DDP variants against torch DDP on CPU (README, "cs336sys ddp"): step time relative to torch, and the
+"""DDP variants against torch DDP on CPU (docs/experiments/ddp.md): step time relative to torch, and the
 share of the step spent waiting on gradient communication.
 
 Two Gloo ranks train the tiny Transformer LM. All variants run in one process group, in

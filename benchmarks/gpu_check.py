@@ -1,7 +1,7 @@
 """`make gpu-check`: everything cs336sys knows to check on a GPU, in one command.
 
 For a machine where torch and Triton are installed already and nothing can be downloaded
-(README, "On a GPU"). In order:
+(docs/gpu.md). In order:
 
 1. every `gpu`-marked test (pytest -m gpu; target: under 120 s on an H100);
 2. the reference set, each step a `cs336sys` command into one results store:
@@ -16,7 +16,7 @@ For a machine where torch and Triton are installed already and nothing can be do
    (issue 15), into host-overhead.json beside the store;
 3. the report of exactly that run, in HTML and markdown, into reports/<gpu>/ (the store is
    results.db beside it), and one .tar.gz of both to copy off the machine;
-4. a verdict table: each target README sets, the figure measured, met or not.
+4. a verdict table: each target the docs set, the figure measured, met or not.
 
     python benchmarks/gpu_check.py [--out DIR] [--archive FILE] [--skip-tests] [--budget S]
 
@@ -68,7 +68,7 @@ STEPS = [  # (what, cs336sys arguments)
 ]  # fmt: skip
 STEP_MFU = 0.45  # issue 17: the xl bf16 train step with every switch on
 TESTS_TARGET_S, CHECK_TARGET_S = 120.0, 480.0
-LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # README, "cs336sys attention"
+LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # docs/experiments/attention.md
 
 
 def slug(name: str) -> str:

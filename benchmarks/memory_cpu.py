@@ -1,4 +1,4 @@
-"""Activation checkpointing on CPU (README, "cs336sys memory"): peak memory against step time for the tiny LM.
+"""Activation checkpointing on CPU (docs/experiments/memory.md): peak memory against step time for the tiny LM.
 
 Runs the memory experiment (`cs336sys.experiments.memory.run`, the code behind
 `cs336sys memory`) for the `tiny` preset with checkpointing none, every:1 and sqrt, and

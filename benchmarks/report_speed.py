@@ -1,4 +1,4 @@
-"""CPU benchmark (README, "cs336sys report"): `cs336sys report --since 30d` over 10,000 stored runs in < 5 s.
+"""CPU benchmark (docs/report.md): `cs336sys report --since 30d` over 10,000 stored runs in < 5 s.
 
 Builds a store of 10,000 runs spread over the last 30 days, shaped like real use: 500
 invocations on 2 GPUs at 10 commits, every experiment, a few hundred distinct points each

@@ -1,4 +1,4 @@
-"""Sharding on CPU (README, "Sharding"): per-rank memory and step time of DDP, DDP with the sharded
+"""Sharding on CPU (docs/experiments/ddp.md): per-rank memory and step time of DDP, DDP with the sharded
 optimizer, DDP with ZeroRedundancyOptimizer, FSDP and FSDP2, beside the analytic figures.
 
 Two Gloo ranks train the tiny Transformer LM with AdamW. DDP here is torch's

@@ -1,4 +1,4 @@
-"""How long a stopped command's ranks outlive it (README, "Several GPUs, several machines"):
+"""How long a stopped command's ranks outlive it (docs/distributed.md):
 `cs336sys comm` with two Gloo ranks in a long all-reduce gets SIGTERM, or SIGKILL; the time
 from the signal until the last rank is gone, over --runs tries (Linux: reads /proc).
 

@@ -3,7 +3,7 @@
 Measure where a Transformer LM's training step spends time and memory, store every measured
 point as a row in SQLite tagged with GPU, commit and settings, and compare runs in reports.
 
-This file is also where the layers are wired together (README, "Architecture"): lower layers
+This file is also where the layers are wired together (docs/architecture.md): lower layers
 look up what a higher one provides through registries in bench/, and only the package root,
 which sits above every layer, fills them. Nothing imported here imports torch.
 """

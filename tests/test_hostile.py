@@ -1,5 +1,5 @@
 """Bad input, as a hostile user types it: one clear line on stderr, exit code 2, and the
-store as it was (README, "Bad input"). Keep the list growing: every input that once slipped
+store as it was (docs/bad-input.md). Keep the list growing: every input that once slipped
 through (a traceback, an error row, a write) gets a line here."""
 
 from __future__ import annotations

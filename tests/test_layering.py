@@ -1,4 +1,4 @@
-"""The package's layers (README, "Architecture"), checked on its imports.
+"""The package's layers (docs/architecture.md), checked on its imports.
 
     cli -> experiments -> {report, attention} -> {store, bench, parallel, models}
 

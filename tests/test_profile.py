@@ -86,7 +86,7 @@ def test_cuda_attribution_uses_kernel_time_of_the_launching_event():
 
 
 def test_cuda_phases_come_from_host_ranges_and_backward_kernels_of_autograds_thread_count():
-    """A profile shaped like a CUDA one (an H100 run, README of the reference stores): every
+    """A profile shaped like a CUDA one (an H100 run, docs/gpu.md): every
     range twice, on the host (main thread) and as a device-side copy that spans only the
     kernels the main thread launched; the backward's ops and kernels on autograd's own thread.
     The device copy of backward covers only `loss.backward()`'s fill kernel (1 µs)."""

@@ -12,7 +12,7 @@ Naming rule for metrics: a statistic over timed steps is `<name>_<stat>` with st
 mean, std, min, median, max, always (`step_ms_mean`, never a bare `step_ms` for a mean);
 `timing()` declares the five at once. A metric that is one reading is a bare name
 (`peak_bytes`). Renamed columns stay in the view under their old names for one release
-(`renamed`, README "Where results go").
+(`renamed`, docs/store.md "Renamed columns").
 
 The declarations live with their experiments (experiments/<kind>.py) and are listed in
 experiments/catalog.py. The store and the report sit below experiments/ and never import
@@ -36,7 +36,7 @@ class Metric:
 
     name: str
     unit: str  # "ms", "bytes", "TFLOP/s", "" for counts and labels
-    meaning: str  # one line, for README and `--help` readers
+    meaning: str  # one line, for the docs and `--help` readers
 
 
 def timing(base: str, meaning: str, unit: str = "ms") -> tuple[Metric, ...]:

@@ -1,6 +1,6 @@
 """Package attributes imported on first use (PEP 562), so that importing a package stays
 cheap: `import cs336sys.models` must not import torch, `import cs336sys.store.views` must
-not import sqlite-utils (README, "Architecture")."""
+not import sqlite-utils (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Whether a folder can be written, asked before any work starts (bad input is refused up
-front: README, "Bad input")."""
+front: docs/bad-input.md)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,6 @@ def user_data_dir() -> Path:
 def default_store(start: str | Path | None = None) -> Path:
     """The results store a command uses without --db or CS336SYS_DB: db/results.db at the
     top of the git checkout you stand in (never a new ./db in whatever folder that is), or
-    results.db in the user's data folder outside a checkout (README, "The store")."""
+    results.db in the user's data folder outside a checkout (docs/store.md)."""
     top = git_top(start)
     return top / "db" / "results.db" if top is not None else user_data_dir() / "results.db"

@@ -1,5 +1,5 @@
 """Progress inside a point: the step loops report each step here, and whoever set a hook
-(the CLI's progress bar) hears of it. Library code never prints (DESIGN.md); without a hook
+(the CLI's progress bar) hears of it. Library code never prints (docs/architecture.md); without a hook
 a report costs one ContextVar lookup.
 
     with on_step(lambda done, total, point: print(done, total)):

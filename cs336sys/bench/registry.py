@@ -4,7 +4,7 @@ A lower layer sometimes has to call something that a higher layer provides: the
 Transformer LM (models/) runs whichever attention kernel its config names, and the kernels
 live in attention/. Rather than import upwards, the model asks a Registry here by name; the
 attention package fills it with "module:function" targets when it is imported, and the
-package root (cs336sys/__init__.py) imports it first of all. See README, "Architecture".
+package root (cs336sys/__init__.py) imports it first of all. See docs/architecture.md.
 
 No torch here: the CLI validates names through a registry and has to start fast. Targets
 are imported only in `get`.

@@ -1,6 +1,6 @@
 """The Result of one sweep point, and the guard that turns exceptions into Results.
 
-Out-of-memory is a result, not a crash (DESIGN.md): the point gets status `oom` and the sweep
+Out-of-memory is a result, not a crash (docs/architecture.md): the point gets status `oom` and the sweep
 goes on; any other exception becomes status `error` with its message. KeyboardInterrupt is
 not caught, so Ctrl-C still stops a sweep (rows already written stay).
 """

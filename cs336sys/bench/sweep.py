@@ -41,7 +41,7 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-# Upper bounds where a typo would run for days (README, "Bad input").
+# Upper bounds where a typo would run for days (docs/bad-input.md).
 MAX_STEPS = 10**6
 MAX_SEED = 2**62  # seeds are offset per rank and for the data: stay inside torch's 64 bits
 

@@ -2,7 +2,7 @@
 
 The package root points bench.declaration.catalog() here, so that the store's views and the
 report's sections, which sit below experiments/, are derived from these declarations
-without importing experiments/ (README, "Architecture"). Importing this module imports no
+without importing experiments/ (docs/architecture.md). Importing this module imports no
 torch: experiments import it inside their `run`.
 """
 

@@ -1,6 +1,6 @@
 """How one point of `cs336sys ddp` is put together, and what its memory per rank should be.
 
-The data-parallel family (README, "cs336sys ddp" and "Sharding"), all around the same
+The data-parallel family (docs/experiments/ddp.md, with "Sharding"), all around the same
 Transformer LM and AdamW:
 
   naive, flat, overlap, bucketed, torch   full replicas, gradients averaged (cs336sys.parallel

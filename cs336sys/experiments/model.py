@@ -4,8 +4,8 @@ One ModelSpec is one point of a sweep; `specs(...)` validates a sweep's options 
 them (what `cs336sys model` and every command that runs the model call), and `run(spec)`
 builds the model with random weights, runs `warmup` untimed steps and `steps` timed ones of
 the training step (experiments/step.py), and returns a Result. Each phase ends with a
-device sync, so the host timer measures the device's work (DESIGN.md, "Measuring
-honestly"); raw samples of warm-up and timed steps are kept.
+device sync, so the host timer measures the device's work (docs/methodology.md,
+"Timing"); raw samples of warm-up and timed steps are kept.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ FSDP+TP at each degree, for a whole Transformer LM on a given GPU. Nothing runs 
 a point is arithmetic (parallel/plan_math.py has the collectives and the single-FFN
 derivation; this module applies them to every layer, the embedding and the LM head).
 
-Conventions (README, "cs336sys plan", explains every column):
+Conventions (docs/experiments/plan.md explains every column):
 
 - B is the global batch in tokens of one forward and backward (no gradient accumulation),
   whole sequences of `seq` tokens. DP and FSDP give each device B/N tokens; TP gives every

@@ -11,9 +11,9 @@ they measure the same thing. A step is
 
 with `mode` forward (inference, under no_grad), forward-backward (no optimizer) or train.
 Each phase ends with a device sync inside its range, so its time is the device's and its
-kernels fall inside it (README, "How it measures").
+kernels fall inside it (docs/methodology.md, "Timing").
 
-The loss convention (README, "cs336sys model"): the logits are cast to float32 before the
+The loss convention (docs/experiments/model.md): the logits are cast to float32 before the
 cross-entropy, mean over the B·T tokens, as the CS336 reference training loop does; under
 autocast the cross-entropy of 16-bit logits would otherwise be computed on a 16-bit
 log-softmax. In fp32 the cast is a no-op and costs nothing.

@@ -24,7 +24,7 @@ each Result as it finishes. A failed point ends its group: it is stored, and a f
 runs the points that remain; under torchrun the group cannot be rebuilt, so the failed
 point is stored and the run ends with the failure.
 
-Library code: nothing here prints (DESIGN.md); the CLI passes a Progress that draws a bar.
+Library code: nothing here prints (docs/architecture.md); the CLI passes a Progress that draws a bar.
 Experiments never import the store: a sink is anything with `add`.
 """
 

@@ -44,7 +44,7 @@ class ModelConfig:
     # The longest sequence the model accepts, like GPT-2's n_ctx or Llama's
     # max_position_embeddings: the longest sequence the attention benchmarks use (65,536),
     # and a cap that turns a mistyped --seq 1000000 into a clear refusal instead
-    # of a run that swaps the host before it fails (README, "cs336sys memory", "Bad input").
+    # of a run that swaps the host before it fails (docs/bad-input.md, docs/experiments/memory.md).
     max_context_length: int = 65_536
     rope_theta: float = 10_000.0
     attention: str = "naive"

@@ -14,7 +14,7 @@ rather than left to time out, and every worker is reaped, also on Ctrl-C. The pr
 timeout is the backstop where nothing can kill the peers (ranks on other nodes).
 
 Rank 0 streams results to the caller with `ctx.emit(obj)` while the run goes on, so rows can
-be stored as each point finishes (DESIGN.md); `on_emit` receives them in the parent.
+be stored as each point finishes (docs/architecture.md); `on_emit` receives them in the parent.
 Return and emit plain Python values or numpy arrays, not tensors: torch shares CPU tensors
 between processes through file descriptors that vanish when the rank exits.
 """
@@ -194,8 +194,8 @@ _WATCHED: int | None = None  # the parent this process already dies with
 
 def die_with_parent(parent: int) -> None:
     """End this process when `parent` (its parent's pid) ends, also when the parent is
-    SIGKILLed: a rank must never outlive the command that started it (README, "Several
-    GPUs, several machines").
+    SIGKILLed: a rank must never outlive the command that started it (docs/distributed.md,
+    "No rank outlives its command").
 
     Linux delivers SIGKILL at the parent's death (prctl PR_SET_PDEATHSIG); elsewhere, and in
     case the parent died before the call, a daemon thread watches the parent pid.

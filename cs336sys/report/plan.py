@@ -309,4 +309,4 @@ def inequalities(pts: list[Row]) -> Table | None:
                  ["strategy", "condition (single FFN layer)", "GPU", "model, batch",
                   "N max, whole model", "N max, FFN"], rows,
                  note="C dense bf16 FLOP/s, W egress bytes/s per device, B batch tokens, "
-                 "F d_ff; X, Y the FSDP and TP degrees (README, 'cs336sys plan').")  # fmt: skip
+                 "F d_ff; X, Y the FSDP and TP degrees (docs/experiments/plan.md).")  # fmt: skip

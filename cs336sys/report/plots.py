@@ -89,7 +89,7 @@ class Bars:
 class Drawer:
     """Draws a report's plots, on every core where it can.
 
-    Drawing is most of a report's time (README, "cs336sys report": 10,000 runs in under 5 s on
+    Drawing is most of a report's time (docs/report.md, "Speed": 10,000 runs in under 5 s on
     2 cores), and
     importing matplotlib alone takes most of a second, so on Linux `Drawer(start=True)` forks
     one worker per core at once: they import matplotlib while the caller is still reading the

@@ -1,6 +1,6 @@
 """The results store: one SQLite file, written by experiments, read by SQL and reports.
 
-Layout and rules come from DESIGN.md: `invocations` (one per CLI call, with provenance),
+Layout and rules are in docs/store.md: `invocations` (one per CLI call, with provenance),
 `runs` (one per measured point, UUID ids), one view per experiment, WAL so several
 processes can write, and rows written as each point finishes.
 """

@@ -1,6 +1,6 @@
 """Moving rows between results stores: export to CSV/JSONL, and merge one store into another.
 
-Why merge works at all: DESIGN.md gives `invocations.id` and `runs.id` UUIDs, so a store
+Why merge works at all: docs/store.md gives `invocations.id` and `runs.id` UUIDs, so a store
 filled on an H100 box and one filled on an A100 box never reuse an id for different points,
 and the same row merged twice keeps its id. Merging is therefore `INSERT OR IGNORE` keyed
 on those ids (https://sqlite.org/lang_conflict.html), all in one transaction so that an

@@ -73,8 +73,8 @@ def view_sql(name: str) -> str:
     cols = list(_COMMON)
     cols += [f"json_extract(r.settings, '$.{k}') AS {_quote(k)}" for k in settings]
     cols += [f"{metric(k)} AS {_quote(k)}" for k in metrics]
-    # The old names of renamed metrics stay columns for one release (README, "Where results
-    # go"), holding the same values as the new ones.
+    # The old names of renamed metrics stay columns for one release (docs/store.md, "Renamed
+    # columns"), holding the same values as the new ones.
     cols += [f"{metric(new)} AS {_quote(old)}" for old, new in renamed.items() if old not in metrics]
     body = ",\n       ".join(cols)
     return (
