@@ -79,7 +79,10 @@ def metric_rows(experiment) -> list[tuple[str, str, str]]:
         suffix = f", {stat} of the timed samples"
         if stat in stats and all(group) and m.meaning.endswith(suffix):
             meaning = m.meaning[: -len(suffix)]
-            if all(g.meaning == f"{meaning}, {s} of the timed samples" for g, s in zip(group, stats)):
+            if all(
+                g.meaning == f"{meaning}, {s} of the timed samples"
+                for g, s in zip(group, stats, strict=True)
+            ):
                 rows.append((f"`{base}_<stat>`", m.unit, meaning))
                 done.update(g.name for g in group)
                 continue
@@ -140,7 +143,9 @@ def render_experiment(kind: str) -> str:
     out.append(_table(("metric", "unit", "meaning"), rows))
     if e.renamed:
         out += ["", "Old column names, kept in the view with the same values until 0.3:", ""]
-        out.append(_table(("old column", "now"), ((f"`{o}`", f"`{n}`") for o, n in e.renamed.items())))
+        out.append(
+            _table(("old column", "now"), ((f"`{o}`", f"`{n}`") for o, n in e.renamed.items()))
+        )
     out += ["", "### Tables", "",
             "What the command prints at the end of a sweep and the report's section opens with "
             "(columns a table has no value for are left out):", ""]  # fmt: skip
@@ -185,7 +190,9 @@ def render_schema() -> str:
         "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]  # fmt: skip
     for name in tables:
         cols = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
-        out.append(f"- table `{name}`: " + ", ".join(f"`{c[1]}` {c[2].lower()}".rstrip() for c in cols))
+        out.append(
+            f"- table `{name}`: " + ", ".join(f"`{c[1]}` {c[2].lower()}".rstrip() for c in cols)
+        )
     out.append("")
     views = {e.view: [c[1] for c in conn.execute(f'PRAGMA table_info("{e.view}")')]
              for e in experiments()}  # fmt: skip
@@ -203,7 +210,7 @@ def render_schema() -> str:
 def _common_prefix(lists: list[list[str]]) -> list[str]:
     """The columns every view starts with."""
     prefix = []
-    for cols in zip(*lists):
+    for cols in zip(*lists, strict=False):
         if len(set(cols)) > 1:
             break
         prefix.append(cols[0])
