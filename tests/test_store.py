@@ -165,6 +165,44 @@ def test_older_schema_is_migrated_and_keeps_its_rows(db_path):
         assert s.query("SELECT count(*) AS n FROM runs")[0]["n"] == 2
 
 
+def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
+    """v6 rebuilds `runs` (SQLite cannot change its CHECK) under a store that has views, a
+    user's own view and kernel_stats pointing at runs: every row, link and view survives."""
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    schema.migrate(conn, target=5)
+    conn.execute("INSERT INTO invocations (id, command, gpu) VALUES ('i1', 'profile', 'cpu')")
+    for rid, exp, status in (("r1", "profile", "ok"), ("r2", "model", "oom")):
+        conn.execute(
+            "INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, created)"
+            " VALUES (?, 'i1', ?, ?, '{\"size\": \"tiny\"}', '{\"step_ms_mean\": 2.0}', ?)",
+            (rid, exp, status, f"2026-01-01 00:00:0{rid[1]}"),
+        )
+    conn.execute("INSERT INTO kernel_stats (run_id, phase, rank, name, calls, total_ms, mean_ms, "
+                 "share, time_basis) VALUES ('r1', 'forward', 1, 'mm', 2, 1.0, 0.5, 1.0, 'cpu')")  # fmt: skip
+    conn.execute("CREATE VIEW profile_runs AS SELECT id AS run_id FROM runs")  # as an old version made it
+    conn.execute("INSERT INTO meta (key, value) VALUES ('views', 'old'), ('view_names', '[\"profile_runs\"]')")  # fmt: skip
+    conn.execute("CREATE VIEW mine AS SELECT id, status FROM runs")  # the user's own
+    with pytest.raises(sqlite3.IntegrityError):
+        conn.execute("UPDATE runs SET status = 'wrong'")
+    conn.close()
+
+    with Store(db_path) as s:
+        assert schema.version(s.conn) == SCHEMA_VERSION
+        assert s.query("SELECT id, status FROM mine ORDER BY id") == [
+            {"id": "r1", "status": "ok"}, {"id": "r2", "status": "oom"}]  # fmt: skip
+        assert s.query("SELECT run_id, name FROM kernel_stats") == [{"run_id": "r1", "name": "mm"}]
+        assert s.query("SELECT run_id, step_ms_mean, user_commit FROM profile_runs") == [
+            {"run_id": "r1", "step_ms_mean": 2.0, "user_commit": None}]  # fmt: skip
+        inv = s.begin_invocation({**PROV, "user_commit": "abc", "user_dirty": 1}, [], "t")
+        s.add_run(inv, "attention", "wrong", {"impl": "yours"}, {"check": "fail"})
+        assert s.query('SELECT status, "check", user_commit, user_dirty FROM attention_runs') == [
+            {"status": "wrong", "check": "fail", "user_commit": "abc", "user_dirty": 1}]  # fmt: skip
+        with pytest.raises(sqlite3.IntegrityError):  # the foreign key is still enforced
+            s.conn.execute("INSERT INTO kernel_stats (run_id, phase, rank, name, calls, total_ms, "
+                           "mean_ms, share, time_basis) VALUES ('none', 'forward', 1, 'x', 1, 1, "
+                           "1, 1, 'cpu')")  # fmt: skip
+
+
 def test_newer_schema_is_refused(db_path):
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA user_version = 99")

@@ -2,11 +2,15 @@
 
 Out-of-memory is a result, not a crash (docs/architecture.md): the point gets status `oom` and the sweep
 goes on; any other exception becomes status `error` with its message. KeyboardInterrupt is
-not caught, so Ctrl-C still stops a sweep (rows already written stay).
+not caught, so Ctrl-C still stops a sweep (rows already written stay). The user's code that
+is not written yet (`Unfinished`, or NotImplementedError raised in the user's own files) is
+`skipped`; a point measured but failing its correctness check is `wrong` (the experiment
+says so). Broken user code is a stored result too.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 import traceback
@@ -35,7 +39,7 @@ def stop_on_sigterm() -> None:
 
 @dataclass
 class Result:
-    status: str  # ok | oom | error | skipped
+    status: str  # ok | wrong (measured, but failed its check) | oom | error | skipped
     metrics: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] | None = None
     error: str | None = None
@@ -79,15 +83,88 @@ def free_memory() -> None:
         pass
 
 
+class Unfinished(Exception):  # noqa: N818 - a state of the user's code, not a failure
+    """The user's code for this point is not written yet (an adapters function that still
+    raises NotImplementedError): the point is stored as `skipped`, with this message."""
+
+
+@functools.cache
+def _library_folders() -> tuple[str, ...]:
+    """Where code that is not the user's lives: this package, the standard library and
+    site-packages (torch, triton)."""
+    import sys
+    import sysconfig
+    from pathlib import Path
+
+    paths = {str(Path(__file__).resolve().parents[1])}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+            where = sysconfig.get_path(key, vars={"base": prefix, "platbase": prefix})
+            if where:
+                paths.add(str(Path(where).resolve()))
+    return tuple(sorted(paths))
+
+
+def is_library_file(path: Any) -> bool:
+    """Whether `path` is cs336sys's, the standard library's or an installed package's."""
+    from pathlib import Path
+
+    return str(Path(path).resolve()).startswith(_library_folders())
+
+
+def user_frame(exc: BaseException, root: Any = None) -> str | None:
+    """Where in the user's code `exc` was raised: `file:line` of the innermost frame of its
+    traceback that lies under `root` (a folder), or, without one, outside cs336sys, the
+    standard library and site-packages; None when every frame is library code. The file is
+    shown relative to the current folder when it is inside it."""
+    from pathlib import Path
+
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        name = frame.filename
+        if name.startswith("<"):
+            continue
+        where = str(Path(name).resolve())
+        mine = where.startswith(str(Path(root).resolve())) if root is not None else not is_library_file(where)  # fmt: skip
+        if mine:
+            found = (where, frame.lineno)
+    if found is None:
+        return None
+    path = Path(found[0])
+    try:
+        path = path.relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    return f"{path}:{found[1]}"
+
+
+def _raised_by_user(exc: BaseException) -> bool:
+    """The innermost frame of the traceback, where `exc` was raised, is the user's code."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    return bool(frames) and not is_library_file(frames[-1].filename)
+
+
 def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
-    """Run one point; never raises except KeyboardInterrupt, Terminated and SystemExit."""
+    """Run one point; never raises except KeyboardInterrupt, Terminated and SystemExit.
+
+    An error's first line names the exception and, when it was raised in the user's code
+    (not cs336sys, the standard library or site-packages), the file and line it came from:
+    `cs336_systems/flash.py:42: ZeroDivisionError: division by zero`."""
     t0 = time.perf_counter()
     try:
         result = fn(*args, **kwargs)
+    except Unfinished as exc:
+        result = Result("skipped", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - every failure becomes a stored row
         message = str(exc).strip()
         first_line = f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
-        if is_oom(exc):
+        where = user_frame(exc)
+        if where is not None:
+            first_line = f"{where}: {first_line}"
+        if isinstance(exc, NotImplementedError) and where is not None and _raised_by_user(exc):
+            # the user's own "not written yet", not a library's missing kernel
+            result = Result("skipped", error=f"not implemented: {first_line}")
+        elif is_oom(exc):
             result = Result("oom", error=first_line)
         else:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

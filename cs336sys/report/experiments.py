@@ -26,6 +26,7 @@ from cs336sys.report.sections import (
     Row,
     Section,
     Table,
+    failures,
     latest,
     left_out,
     mib,
@@ -50,7 +51,7 @@ _SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 def _model_label(r: Row, gpu: bool = False) -> str:
     s = r["_settings"]
-    extra = [f"{k}={s[k]}" for k in ("attention", "checkpoint")
+    extra = [f"{k}={s[k]}" for k in ("model", "attention", "checkpoint")
              if s.get(k) not in (None, "naive", "none")]  # fmt: skip
     return " ".join([
         f"{s.get('size')} T={s.get('context_length')} B={s.get('batch_size')}",
@@ -359,6 +360,7 @@ def build(experiment: Experiment, rows: list[Row], kernels: dict[str, list[dict[
         profile(sec, pts, kernels)
     elif experiment.kind in _EXTRAS:
         _EXTRAS[experiment.kind](sec, pts)
+    sec.failures = failures(pts)
     return sec
 
 

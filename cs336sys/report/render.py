@@ -26,7 +26,7 @@ from cs336sys.report.compare import Comparison, compare_sides, method, sides
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
 from cs336sys.report.plots import Drawer
-from cs336sys.report.sections import Section, Table
+from cs336sys.report.sections import WRONG, Section, Table
 from cs336sys.report.select import Selection, invocations, load, present
 
 
@@ -82,11 +82,15 @@ def _provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple
     versions: dict[str, set] = {k: set() for k in _VERSIONS}
     status: Counter = Counter()
     ids = set()
+    yours: dict[tuple, bool] = {}  # (repo, commit, adapters) -> dirty
     for inv in invs:
         status[inv["_status"]] += inv["_n"]
         if inv["id"] in ids:
             continue
         ids.add(inv["id"])
+        if inv.get("user_repo"):
+            k = (inv["user_repo"], inv.get("user_commit") or "(no git)", inv.get("adapters") or "")
+            yours[k] = yours.get(k, False) or bool(inv.get("user_dirty"))
         gpus[f"{inv['gpu']} ×{inv['gpu_count']}" if inv["gpu_count"] else str(inv["gpu"])] += 1
         c = inv["git_commit"] or "(no git)"
         commits[c] = commits.get(c, False) or bool(inv["git_dirty"])
@@ -100,7 +104,11 @@ def _provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple
         ("Versions", "; ".join(f"{k.removesuffix('_version')} {', '.join(sorted(v))}"
                                for k, v in versions.items() if v)),
         ("Time range (UTC)", f"{min(created)[:19]} – {max(created)[:19]}" if created else ""),
-        ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "oom", "error", "skipped")
+        *([("Your code", "; ".join(
+            f"{repo} at {commit[:12]}{' (dirty)' if dirty else ''}"
+            + (f", adapters {Path(adapters).name}" if adapters else "")
+            for (repo, commit, adapters), dirty in sorted(yours.items())))] if yours else []),
+        ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
                                      if status[s]) + f" (in {len(ids)} invocations)"),
     ]  # fmt: skip
     return out
@@ -131,9 +139,9 @@ def build(
             if rows.get(kind):
                 report.sections.append(experiments.build(experiment, rows[kind], kernels))
         if both and compare_ab:
-            report.compared = compare_sides(both, *compare_ab, threshold=threshold)
+            report.compared = compare_sides(both, *both.names, threshold=threshold)
             report.compare_kind, report.comparison = both.kind, report.compared.tables
-            report.compare_ab, report.compare_note = compare_ab, method(threshold)
+            report.compare_ab, report.compare_note = both.names, method(threshold)
             report.compare_summary = report.compared.summary()
         if history and rows:
             # its plots are drawn there, not by the Drawer
@@ -192,6 +200,8 @@ def _html_cells(cells: list[str]) -> Markup:
 def _cell_class(cell: str) -> str:
     """Cells that say a point did not finish, and flagged comparisons, stand out; numbers
     are right-aligned (the default), text such as kernel names left-aligned."""
+    if cell == "wrong" or cell.endswith(WRONG):  # measured, but failed its check: red
+        return ' class="wrong"'
     if cell in ("OOM", "error", "skipped"):
         return ' class="oom"'
     verdict = _VERDICT.match(cell)  # compare.py's "1.23x slower": regressions red, gains green

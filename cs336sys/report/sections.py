@@ -44,19 +44,45 @@ class Figure:
 
 
 @dataclass
+class Failure:
+    """A point that was not measured, or measured wrong: why, in a line, and the full text
+    (an error's traceback)."""
+
+    status: str  # wrong | oom | error | skipped
+    point: str  # the settings that tell it apart
+    why: str  # the first line of runs.error
+    detail: str = ""  # the rest of it: an error's traceback
+
+
+@dataclass
 class Section:
     id: str
     title: str
     tables: list[Table] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+
+def failures(rows: list[Row]) -> list[Failure]:
+    """The points of `rows` that are not ok, each with why (from runs.error), in row order."""
+    labels = point_labels(rows) if rows else []
+    out = []
+    for r, label in zip(rows, labels, strict=True):
+        if r.get("status") in (None, "ok"):
+            continue
+        why, _, detail = (r.get("error") or "").strip().partition("\n")
+        out.append(Failure(r["status"], label, why or r["status"], detail.strip()))
+    return out
 
 
 def skey(row: Row, drop: Iterable[str] = ()) -> str:
     """The point's identity: its settings as canonical JSON, without `drop` and without the
     QUIET ones (a re-run with more steps measures the same point)."""
     skip = QUIET | set(drop)
-    s = {k: v for k, v in row["_settings"].items() if k not in skip}
+    # None is "does not apply", as for `varying`: a setting added later with None for what
+    # was measured before (the model's `model`) leaves earlier rows the same points.
+    s = {k: v for k, v in row["_settings"].items() if k not in skip and v is not None}
     return json.dumps(s, sort_keys=True, default=str)
 
 
@@ -94,12 +120,29 @@ def text(x: Any) -> str:
     return "" if x is None else num(x)
 
 
+WRONG = "(wrong)"  # after a measured value of a point that failed its check
+
+
 def status_or(row: Row, value: str) -> str:
-    """The value for an ok point; OOM / error / skipped for one that did not finish."""
+    """The value for an ok point; the value marked (wrong) for a point measured but failing
+    its check; OOM / error / skipped for one that did not finish."""
     st = row.get("status")
     if st == "ok":
         return value
+    if st == "wrong":
+        return f"{value} {WRONG}" if value else "wrong"
     return "OOM" if st == "oom" else st or ""
+
+
+def point_labels(heads: list[Row]) -> list[str]:
+    """Each point named by the settings that tell it apart from the others (all its settings
+    when alone), and its GPU when they are on several."""
+    keys = varying(heads) or (sorted(set(heads[0]["_settings"]) - QUIET) if heads else [])
+    many = len({r.get("gpu") for r in heads}) > 1
+    return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
+                      if r["_settings"].get(k) is not None]
+                     + ([f"on {text(r.get('gpu'))}"] if many else []))
+            for r in heads]  # fmt: skip
 
 
 def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:

@@ -105,6 +105,9 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
                 base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), value)
     out = []
     for r in rows:
+        if r.get("status") == "wrong":  # a wrong point is never a speed-up, nor a baseline
+            out.append("wrong")
+            continue
         ref, mine = base.get((r.get("gpu"), skey(r, drop=ratio.vary))), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None
         out.append(status_or(r, "" if value is None else f"{value:.2f}×"))

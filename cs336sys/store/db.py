@@ -23,7 +23,7 @@ __all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", 
            "open_untouched", "point_key", "store_problem"]  # fmt: skip
 
 SQLITE_HEADER = b"SQLite format 3\x00"
-STATUSES = ("ok", "oom", "error", "skipped")
+STATUSES = ("ok", "wrong", "oom", "error", "skipped")
 # How long a writer waits for another process's write lock before giving up.
 BUSY_TIMEOUT_S = 60.0
 
@@ -139,8 +139,8 @@ class Store:
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             _wal(conn)
+            schema.migrate(conn)  # before foreign keys are on: v6 rebuilds `runs`
             conn.execute("PRAGMA foreign_keys = ON")
-            schema.migrate(conn)
             ensure_views(conn)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
@@ -277,8 +277,10 @@ class Store:
 
 _LINKED_TABLES = ("kernel_stats",)
 # What makes two stored points the same measurement besides their settings (--resume).
+# The user's code is part of it: their commit and adapters file (a dirty tree is not told
+# apart, as cs336sys's own is not).
 MACHINE = ("git_commit", "host", "gpu", "gpu_count", "cpu", "torch_version", "triton_version",
-           "cuda_version", "env")  # fmt: skip
+           "cuda_version", "env", "user_commit", "adapters_sha256")  # fmt: skip
 _PROVENANCE_COLUMNS = (
     "host",
     "device",
@@ -295,6 +297,11 @@ _PROVENANCE_COLUMNS = (
     "git_commit",
     "git_dirty",
     "env",
+    "user_repo",
+    "user_commit",
+    "user_dirty",
+    "adapters",
+    "adapters_sha256",
 )
 
 

@@ -9,9 +9,62 @@ Views are derived, not migrated: see views.py.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
-# Version N is reached by running MIGRATIONS[N - 1].
-MIGRATIONS: list[list[str]] = [
+_RUNS_COLUMNS = ("id, invocation_id, experiment, status, error, settings, metrics, samples, "
+                 "started, created, duration_s, point_key")
+
+
+def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
+    """v6: runs.status may be 'wrong' (measured, but the user's code failed its check), and
+    each invocation records the user's code it measured. SQLite cannot change a CHECK
+    constraint, so `runs` is rebuilt (same columns, same rows); `legacy_alter_table` keeps
+    the rename from rewriting or re-checking the views and kernel_stats' reference, which
+    name `runs` again once it is done. The views are re-created (meta 'views' forgotten)."""
+    conn.execute("PRAGMA legacy_alter_table = ON")
+    try:
+        conn.execute(
+            """
+            CREATE TABLE runs_v6 (
+                id TEXT PRIMARY KEY,
+                invocation_id TEXT REFERENCES invocations(id),
+                experiment TEXT NOT NULL,
+                status TEXT NOT NULL CHECK (status IN ('ok', 'wrong', 'oom', 'error', 'skipped')),
+                error TEXT,
+                settings TEXT NOT NULL,
+                metrics TEXT NOT NULL,
+                samples TEXT,
+                started TEXT,
+                created TEXT,
+                duration_s REAL,
+                point_key TEXT
+            )
+            """
+        )
+        conn.execute(f"INSERT INTO runs_v6 ({_RUNS_COLUMNS}) SELECT {_RUNS_COLUMNS} FROM runs")
+        conn.execute("DROP TABLE runs")
+        conn.execute("ALTER TABLE runs_v6 RENAME TO runs")
+    finally:
+        conn.execute("PRAGMA legacy_alter_table = OFF")
+    for statement in (
+        "CREATE INDEX runs_point_key ON runs (point_key)",
+        "CREATE INDEX runs_experiment_created ON runs (experiment, created)",
+        "CREATE INDEX runs_invocation ON runs (invocation_id)",
+        # the user's repository (the folder its adapters file or one-off code came from),
+        # its commit and whether its tracked files differed from it, and the adapters file
+        "ALTER TABLE invocations ADD COLUMN user_repo TEXT",
+        "ALTER TABLE invocations ADD COLUMN user_commit TEXT",
+        "ALTER TABLE invocations ADD COLUMN user_dirty INTEGER",
+        "ALTER TABLE invocations ADD COLUMN adapters TEXT",
+        "ALTER TABLE invocations ADD COLUMN adapters_sha256 TEXT",
+        "DELETE FROM meta WHERE key = 'views'",
+    ):
+        conn.execute(statement)
+
+
+# Version N is reached by running MIGRATIONS[N - 1]: SQL statements, or a function of the
+# connection for what SQL alone cannot say.
+MIGRATIONS: list[list[str] | Any] = [
     # v1: invocations (one per CLI call) and runs (one per measured point of a sweep).
     [
         """
@@ -86,6 +139,8 @@ MIGRATIONS: list[list[str]] = [
     # v5: the environment variables that change what runs (CS336SYS_TRITON_TMA=1, say), as a
     # JSON object, or NULL: part of what --resume matches (bench/provenance.measurement_env).
     ["ALTER TABLE invocations ADD COLUMN env TEXT"],
+    # v6: status 'wrong' and the user's code on each invocation (see the function).
+    _wrong_and_user_code,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -113,6 +168,9 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
                 f"({SCHEMA_VERSION}); upgrade cs336sys"
             )
         for v in range(found, target):
+            if callable(MIGRATIONS[v]):
+                MIGRATIONS[v](conn)
+                continue
             for statement in MIGRATIONS[v]:
                 conn.execute(statement)
         if target > found:

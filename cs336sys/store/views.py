@@ -21,6 +21,8 @@ _COMMON = [
     "i.host",
     "i.git_commit",
     "i.git_dirty",
+    "i.user_commit",
+    "i.user_dirty",
     "i.label",
     "i.env",
     "r.status",
