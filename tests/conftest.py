@@ -96,3 +96,14 @@ def view_rows(view):
         return query(db, sql)
 
     return rows
+
+
+@pytest.fixture(autouse=True)
+def _no_user_code():
+    """No test inherits another's adapters file or one-off targets (cs336sys.yours keeps
+    them per process, and in the environment for the ranks it spawns)."""
+    from cs336sys import yours
+
+    yours.forget()
+    yield
+    yours.forget()

@@ -1,9 +1,10 @@
 """The package's layers (docs/architecture.md), checked on its imports.
 
-    cli -> experiments -> {report, attention} -> {store, bench, parallel, models}
+    cli -> experiments -> {report, models} -> {attention, store, parallel} -> yours -> bench
 
 Nothing below imports anything above; experiments never import the store; attention does
-not import models; bench, the measuring machinery, imports no other layer; store/ has no
+not import models (the model picks its kernel through attention's registry); the user's
+code (yours/) is reached through attention's registry and the experiments; bench, the measuring machinery, imports no other layer; store/ has no
 import cycle. Every import counts, also those inside functions (the lazy ones that keep
 `cs336sys --help` fast). The package root, cs336sys/__init__.py, wires the layers together
 and may import any of them.
@@ -20,13 +21,14 @@ ROOT = Path(cs336sys.__file__).parent
 
 # layer -> the layers it may import (its own always)
 ALLOWED = {
-    "cli": {"experiments", "report", "attention", "store", "bench", "parallel", "models"},
-    "experiments": {"report", "attention", "bench", "parallel", "models"},
+    "cli": {"experiments", "report", "attention", "store", "bench", "parallel", "models", "yours"},
+    "experiments": {"report", "attention", "bench", "parallel", "models", "yours"},
     "report": {"store", "bench"},
-    "attention": {"bench"},
+    "models": {"attention", "bench"},
+    "attention": {"bench", "yours"},
     "store": {"bench"},
-    "models": {"bench"},
     "parallel": {"bench"},
+    "yours": {"bench"},
     "bench": set(),
 }
 

@@ -58,8 +58,10 @@ def attention_reference(
     is_causal: bool = False,
     do: torch.Tensor | None = None,
     max_elements: int = 2**26,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
-    """float32 O, and (dQ, dK, dV) when the upstream gradient `do` is given.
+    """O in `dtype` (float32, or float64 for the benchmark's check), and (dQ, dK, dV) when
+    the upstream gradient `do` is given.
 
     The benchmark's per-point correctness check. It walks over chunks of queries so that at
     most `max_elements` scores exist at once: checking a 65536-long sequence must not need
@@ -67,8 +69,8 @@ def attention_reference(
     FlashAttention-2's backward (Dao 2023, eq. after Alg. 1): dV = Pᵀ dO, dP = dO Vᵀ,
     dS = P ∘ (dP − rowsum(dO ∘ O)), dQ = dS K / √d, dK = dSᵀ Q / √d.
     """
-    q32, k32, v32 = (t.detach().float() for t in (q, k, v))
-    do32 = None if do is None else do.detach().float()
+    q32, k32, v32 = (t.detach().to(dtype) for t in (q, k, v))
+    do32 = None if do is None else do.detach().to(dtype)
     n_queries, d = q32.shape[-2:]
     n_keys = k32.shape[-2]
     rows = max(1, q32.numel() // (n_queries * d))  # batch (x heads)

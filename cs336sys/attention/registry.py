@@ -2,8 +2,10 @@
 
 The model looks its attention function up by the string in `ModelConfig.attention`, so a
 new implementation (FlashAttention-2 in PyTorch, a Triton kernel, a compiled variant) is one
-`register` call and never an edit to the model. The table lives in bench/registry.py, below
-both the model and the kernels; this module fills it with the kernels of this package.
+`register` call and never an edit to the model. The table lives in bench/registry.py; this
+module fills it with the kernels of this package, and answers the user's own
+implementations (`yours-torch`, `yours-triton`, one-off `yours...` targets) from
+cs336sys.yours.
 
 This module must not import torch: the CLI imports it to validate `--attention` and has to
 start fast. Targets are therefore "module:function" strings imported only in `get`.
@@ -14,6 +16,10 @@ Every registered function has the signature `fn(q, k, v, is_causal=False) -> Ten
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from cs336sys import yours
 from cs336sys.bench.registry import ATTENTION
 
 # name -> "module:function"; insertion order is the order shown to users.
@@ -28,4 +34,18 @@ for _name, _target in {
 
 names = ATTENTION.names
 register = ATTENTION.register
-get = ATTENTION.get
+
+
+def choices() -> list[str]:
+    """Every name an option may take: ours, then the user's (yours-torch, yours-triton and
+    the one-off targets registered for attention)."""
+    return [*ATTENTION.names(), *yours.names("attention")]
+
+
+def get(name: str) -> Callable[..., Any]:
+    """The function registered as `name`, or the user's implementation of that name."""
+    if yours.is_yours(name) and name not in ATTENTION.names():
+        from cs336sys.yours.implementations import attention_function
+
+        return attention_function(name)
+    return ATTENTION.get(name)

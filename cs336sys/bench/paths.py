@@ -39,6 +39,13 @@ def git_top(start: str | Path | None = None) -> Path | None:
     return None
 
 
+def repository_root(adapters: str | Path) -> Path:
+    """The folder whose packages an adapters file imports: the one holding `tests/` in the
+    course layout (`<repo>/tests/adapters.py`), else the file's own folder."""
+    adapters = Path(adapters).resolve()
+    return adapters.parent.parent if adapters.parent.name == "tests" else adapters.parent
+
+
 def user_data_dir() -> Path:
     """Where a user's own data goes: $XDG_DATA_HOME or ~/.local/share on Linux, Application
     Support on macOS, %LOCALAPPDATA% on Windows; a `cs336sys` folder in it."""

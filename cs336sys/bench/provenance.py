@@ -47,7 +47,8 @@ def git_info(path: str | Path = _PACKAGE_DIR) -> dict[str, Any]:
 # distributed timeout do not.
 _ENV_PREFIXES = ("CS336SYS_", "TRITON_", "NCCL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_")
 _ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-_ENV_IGNORED = ("CS336SYS_DB", "CS336SYS_DIST_TIMEOUT")
+# The user's code (CS336SYS_ADAPTERS, CS336SYS_YOURS) is recorded in columns of its own.
+_ENV_IGNORED = ("CS336SYS_DB", "CS336SYS_DIST_TIMEOUT", "CS336SYS_ADAPTERS", "CS336SYS_YOURS")
 
 
 def measurement_env(environ: dict[str, str] | None = None) -> str | None:
@@ -58,6 +59,35 @@ def measurement_env(environ: dict[str, str] | None = None) -> str | None:
             if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and k not in _ENV_IGNORED
             and not k.endswith(("_DIR", "_PATH", "_FILE", "_HOME"))}  # fmt: skip
     return json.dumps(dict(sorted(kept.items()))) if kept else None
+
+
+def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Where the user's code being measured comes from (cs336sys.yours puts it in the
+    environment, for this process and the ranks it starts): the repository (the folder of
+    its adapters file's `tests/`, else the top of the git checkout of the current folder),
+    its commit and dirty flag, and the adapters file with its sha256. {} when no user code
+    is in use."""
+    import hashlib
+
+    from cs336sys.bench.paths import git_top, repository_root
+
+    environ = os.environ if environ is None else environ
+    adapters = environ.get("CS336SYS_ADAPTERS") or None
+    if adapters is not None:
+        root = repository_root(adapters)
+    elif environ.get("CS336SYS_YOURS"):
+        root = git_top() or Path.cwd()
+    else:
+        return {}
+    git = git_info(root)
+    digest = None
+    if adapters is not None:
+        try:
+            digest = hashlib.sha256(Path(adapters).read_bytes()).hexdigest()
+        except OSError:
+            pass
+    return {"user_repo": str(root), "user_commit": git["git_commit"], "user_dirty": git["git_dirty"],
+            "adapters": adapters, "adapters_sha256": digest}  # fmt: skip
 
 
 def cpu_model() -> str:
@@ -119,6 +149,7 @@ def collect(device: str = "cpu") -> dict[str, Any]:
             driver_version=_driver_version(),
         )
     info.update(git_info())
+    info.update(user_code())
     return info
 
 

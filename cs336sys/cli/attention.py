@@ -10,13 +10,15 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
     DbOption,
+    announce_user_code,
     check_db,
     emulated,
     recording,
     show,
+    user_code,
     user_errors,
 )
-from cs336sys.cli.options import Label, Resume
+from cs336sys.cli.options import Adapters, Label, Resume
 
 ListOpt = list[str] | None
 
@@ -26,7 +28,8 @@ AttentionImpl = Annotated[
     typer.Option(
         "--attention",
         "--impl",
-        help="Attention implementation(s): naive, compiled, sdpa, flash-torch, triton. "
+        help="Attention implementation(s): naive, compiled, sdpa, flash-torch, triton; yours: "
+        "yours-torch, yours-triton (your adapters file) or yours=package.module:Function. "
         "[default: all but triton and compiled on CPU]",
     ),
 ]
@@ -106,21 +109,25 @@ def attention(
     seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time attention implementations forward, backward and end to end; one row per point.
 
-    Each point is checked once against a float32 reference (max_err), and records the memory in use before backward (CUDA: allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl is another name for --attention here.
+    Each point is checked once against a float64 reference (max_err; a point outside the tolerance is stored as wrong), and records the memory in use before backward (CUDA: allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl is another name for --attention here.
 
     Example:
 
         cs336sys attention --seq 16384 --attention triton,sdpa --precision bf16
 
         cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,tma,atomic-dq
+
+        cs336sys attention --impl yours-torch,flash-torch --seq 128,256
     """  # noqa: E501
     from cs336sys.experiments import attention as exp
     from cs336sys.experiments.sweep import run_sweep
 
+    user_code(adapters)
     with user_errors():
         specs = exp.specs(
             impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
@@ -129,6 +136,7 @@ def attention(
             device=device, seed=seed,
         )  # fmt: skip
     check_db(db)
+    announce_user_code(adapters is not None)
     emulated(specs[0].device, [s.dtype for s in specs])
     with recording(db, "attention", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,

@@ -65,6 +65,28 @@ def user_errors() -> Iterator[None]:
         fail(exc)
 
 
+def user_code(adapters: Path | None) -> None:
+    """Decide the adapters file before the specs are built: --adapters (or
+    CS336SYS_ADAPTERS), else tests/adapters.py at the top of this checkout. A path that
+    does not exist or a file that does not parse is one line and exit 2."""
+    from cs336sys import yours
+
+    try:
+        yours.use(adapters)
+    except yours.AdaptersError as exc:
+        fail(exc)
+
+
+def announce_user_code(given: bool = False) -> None:
+    """One line on stderr naming the adapters file and what it implements, once one of its
+    implementations is in the sweep (or it was named with --adapters)."""
+    from cs336sys import yours
+
+    found = yours.engaged() or (yours.active() if given else None)
+    if found is not None:
+        typer.echo(found.summary(), err=True)
+
+
 def choices(
     values: Sequence[str] | None, allowed: Sequence[str], option: str, default: Sequence[str] = ()
 ) -> list[str]:
@@ -268,11 +290,17 @@ class Bar:
 
 
 def show(experiment: Any, points: Iterable[Any]) -> None:
-    """Print the experiment's declared tables over the finished points."""
+    """Print the experiment's declared tables over the finished points, then why each point
+    that is not ok is so (skipped, error with its file and line, wrong with its figures)."""
+    from cs336sys.report.sections import failures
     from cs336sys.report.tables import as_text, point_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]
+    for r, p in zip(rows, points, strict=True):
+        r["error"] = p.result.error
     typer.echo(as_text(point_tables(experiment.tables, rows, status=True)))
+    for f in failures(rows):
+        typer.echo(f"{f.status}: {f.point}: {f.why}")
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], numparse: bool = True) -> str:

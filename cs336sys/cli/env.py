@@ -7,20 +7,24 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, fail
+from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, user_code
+from cs336sys.cli.options import Adapters
 
 
 def env(
     db: DbOption = DEFAULT_DB,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    adapters: Adapters = None,
 ) -> None:
-    """Print what would be recorded with a measurement: device, versions, git commit.
+    """Print what would be recorded with a measurement: device, versions, git commit, and
+    your code (the adapters file found, what it implements, your repository's commit).
 
     Example:
 
         cs336sys env --json
     """
+    from cs336sys import yours
     from cs336sys.bench.device import resolve_device
     from cs336sys.bench.provenance import collect
 
@@ -28,7 +32,11 @@ def env(
         resolved = resolve_device(device)
     except ValueError as exc:
         fail(exc)
+    user_code(adapters)
+    found = yours.engage()  # as a measurement of your code would record it
     info = {**collect(resolved), "db": str(db)}
+    if found is not None:
+        info["adapters_implemented"] = found.summary().partition("; ")[2]
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return

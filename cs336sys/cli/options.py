@@ -8,6 +8,7 @@ into the help by hand. No torch here (imported by `cs336sys.cli`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -80,4 +81,25 @@ VocabSize = Annotated[
 Resume = Annotated[
     bool,
     typer.Option("--resume", help="Skip points stored ok by this commit on this machine."),
+]
+Adapters = Annotated[
+    Path | None,
+    typer.Option(
+        "--adapters",
+        envvar="CS336SYS_ADAPTERS",
+        dir_okay=False,
+        help="Your course-layout tests/adapters.py, whose functions become the yours-... "
+        "implementations (or set CS336SYS_ADAPTERS). [default: tests/adapters.py at the top "
+        "of this git checkout, when there is one]",
+    ),
+]
+UserModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="Your Transformer LM instead of cs336sys's: cs336_basics (the course's "
+        "BasicsTransformerLM, from cs336-basics/ in a course-layout checkout) or "
+        "package.module:Class taking the course's constructor (vocab_size, context_length, "
+        "d_model, num_layers, num_heads, d_ff, rope_theta), filled from --size.",
+    ),
 ]

@@ -1,9 +1,11 @@
 """Attention benchmark: one implementation at one shape, forward/backward/end-to-end.
 
 One AttentionSpec is one point of a sweep. `run(spec)` makes random Q, K, V (and an upstream
-gradient), checks the implementation once against a float32 reference, measures the memory
-in use before backward, then times the requested passes. FLOPs follow the FlashAttention-2
-paper's convention (Dao 2023, §4.1): 4·B·H·Tq·Tk·d for the forward, halved when causal, and
+gradient), checks the implementation once against a float64 reference (O, and dQ, dK, dV
+when backward runs; a point that fails is stored as `wrong`, timed but never a winner),
+measures the memory in use before backward, then times the requested passes. The user's
+own kernels (`yours-torch`, `yours-triton`, one-off `yours=pkg.module:Fn`) run the same way.
+FLOPs follow the FlashAttention-2 paper's convention (Dao 2023, §4.1): 4·B·H·Tq·Tk·d for the forward, halved when causal, and
 2.5× that for the backward.
 """
 
@@ -14,7 +16,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.attention import opt_in
+from cs336sys.bench.check import check
 from cs336sys.bench.declaration import (
     HOST_BOUND,
     Column,
@@ -40,6 +44,7 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
+from cs336sys.yours.implementations import named_impls
 
 DTYPES = tuple(PRECISIONS)
 PASSES = ("forward", "backward", "both")
@@ -48,6 +53,16 @@ SDPA_BACKENDS = ("auto", "flash", "efficient", "math", "cudnn")
 # Implementations whose kernels support only these head dims (the issue's contract).
 FLASH_IMPLS = ("flash-torch", "triton")
 FLASH_D_RANGE = (16, 128)
+TRITON_IMPLS = ("triton", "yours-triton")  # they need CUDA or Triton's interpreter
+
+# The check of every point, elementwise as torch.allclose: |x - ref| <= atol + rtol·|ref|,
+# against a float64 reference from the same (rounded) inputs. fp32: the course's tests'
+# tolerance, 1e-2, loose enough for TF32 matmuls (Triton's tl.dot default); fp16 the same.
+# bf16 has 3 mantissa bits fewer than fp16 (8x its rounding error): 5e-2. Measured on CPU
+# (B1 H4 T256-1024 d64, causal): the largest |x - ref| - 0.01·|ref| of naive, sdpa and
+# flash-torch was 1.2e-2 in bf16 and 6e-4 in fp16 (fp32: 4e-6). A wrong kernel (no scale,
+# a shifted mask, a stale running max) is off by 0.1 to 1.
+CHECK_TOLERANCE = {"fp32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
 
 _BACKEND_NAMES = {
     "FLASH_ATTENTION": "flash",
@@ -147,7 +162,7 @@ def specs(
 
     Shared by the commands that run attention points (`attention`, `profile attention`).
     """
-    from cs336sys.bench.registry import ATTENTION
+    from cs336sys.attention import registry
 
     if preset is not None and preset not in PRESETS:
         raise SpecError(f"--preset: unknown value {preset!r}; choose from {', '.join(PRESETS)}")
@@ -161,7 +176,7 @@ def specs(
         return given if given is not None else chosen.get(name, defaults.get(name))
 
     impls = listed(impl, "--attention") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]  # fmt: skip
-    impls = choices(impls, ATTENTION.names(), "--attention")
+    impls = named_impls(impls, "attention", "--attention", registry.names())
     seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
     d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
     batches = positive_ints(batch, "--batch") or pick("batch", None)
@@ -190,8 +205,9 @@ def specs(
         for d in d_heads:
             if not lo <= d <= hi:
                 raise SpecError(f"--d-head {d}: flash-torch and triton support head dims {lo} to {hi}")
-    if "triton" in impls:
-        check_triton(on_cuda, "--attention triton")
+    for name in TRITON_IMPLS:
+        if name in impls:
+            check_triton(on_cuda, f"--attention {name}")
     # triton's opt-in kernel paths: a list sweeps them (a point each); default: the environment's
     opt_ins = choices(triton_opt_in, opt_in.CHOICES, "--triton-opt-in", [opt_in.requested()])
     return [
@@ -307,16 +323,15 @@ def run(spec: AttentionSpec) -> Result:
             from cs336sys.attention.flash_triton import kernels_ran
 
             metrics["triton_kernels"] = kernels_ran(backward)
-        # The float32 reference only after memory was read, so its tensors never count.
+        # The float64 reference only after memory was read, so its tensors never count.
         out = out.detach()
-        ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout if backward else None)
-        metrics["max_err"] = (out.float() - ref_o).abs().max().item()
-        if backward:
-            metrics["max_err_grad"] = max(
-                (g.float() - r).abs().max().item()
-                for g, r in zip((q.grad, k.grad, v.grad), ref_grads, strict=True)
-            )
-        del out, ref_o, ref_grads
+        ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout if backward else None,
+                                               dtype=torch.float64)  # fmt: skip
+        got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if backward else {})}
+        want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
+        verdict = check(got, want, *CHECK_TOLERANCE[spec.dtype])
+        metrics.update(verdict.metrics)
+        del out, ref_o, ref_grads, got, want
         q.grad = k.grad = v.grad = None
         if on_cuda:  # the peak is that of the timed passes: inputs, activations, gradients
             torch.cuda.reset_peak_memory_stats(device)
@@ -352,7 +367,12 @@ def run(spec: AttentionSpec) -> Result:
     metrics.update(flops_fwd=flops["fwd"], flops_bwd=flops["bwd"], flops_e2e=flops["e2e"])
     metrics["peak_bytes"] = torch.cuda.max_memory_allocated(device) if on_cuda else None
     metrics.update(launch_metrics({**samples, **host}, ("fwd", "bwd", "e2e"), device))
-    return Result("ok", metrics=metrics, samples={**samples, **{k: v for k, v in host.items() if v}})
+    if yours.is_yours(spec.impl):
+        from cs336sys.yours.implementations import sources
+
+        metrics["code"] = sources(fn)
+    return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
+                  samples={**samples, **{k: v for k, v in host.items() if v}})  # fmt: skip
 
 
 def _time(spec, fn, grads, host: list[float]) -> list[float]:
@@ -364,6 +384,10 @@ def _time(spec, fn, grads, host: list[float]) -> list[float]:
 
 
 def _interpreted(impl: str) -> bool:
+    if impl == "yours-triton":
+        import os
+
+        return os.environ.get("TRITON_INTERPRET") == "1"
     if impl != "triton":
         return False
     from cs336sys.attention import flash_triton
@@ -416,12 +440,15 @@ TABLE = Table(
         Column("mem before bwd MiB", "mem_before_bwd_bytes", "mib"),
         Column("TFLOP/s", cell=_tflops, fmt="num"),
         Column("max err", cell=_max_err, fmt="sci"),
+        Column("check", "check", optional=True,
+               note="check: pass when every element is within atol + rtol·|ref| (1e-2 in fp32 "
+               "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared)."),  # fmt: skip
         Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
                                        ("impl", "sdpa_backend", "triton_opt_in"))),
         HOST_BOUND,
     ),
     note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "
-    "a float32 reference. vs naive: naive's time over this one at the same shape.",
+    "a float64 reference. vs naive: naive's time over this one at the same shape.",
 )
 
 EXPERIMENT = Experiment(
@@ -445,8 +472,13 @@ EXPERIMENT = Experiment(
         Metric("tflops_fwd", "TFLOP/s", "forward FLOPs / median forward time"),
         Metric("tflops_bwd", "TFLOP/s", "backward FLOPs / median backward time"),
         Metric("tflops_e2e", "TFLOP/s", "end-to-end FLOPs / median end-to-end time"),
-        Metric("max_err", "", "max |O - O_ref| against a float32 reference"),
+        Metric("max_err", "", "max |O - O_ref| against a float64 reference"),
         Metric("max_err_grad", "", "max error of dQ, dK, dV against the reference"),
+        Metric("check", "", "pass, or fail (the point is `wrong`): every element of O (and "
+               "dQ, dK, dV) within check_atol + check_rtol·|ref|"),  # fmt: skip
+        Metric("check_rtol", "", "the check's relative tolerance"),
+        Metric("check_atol", "", "the check's absolute tolerance"),
+        Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
         Metric("interpreted", "", "Triton ran in its CPU interpreter"),
         Metric("sdpa_backend_used", "", "the SDPA backend torch's dispatcher chose"),
         Metric("triton_kernels", "", "triton: the kernels that ran (pointer or tma, "

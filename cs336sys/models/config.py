@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from cs336sys.bench.registry import ATTENTION as registry
+from cs336sys.attention import registry
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -52,6 +52,11 @@ class ModelConfig:
     # about sqrt(num_layers) blocks, Chen et al. 2016, "Training Deep Nets with Sublinear
     # Memory Cost") or "groups:A,B,..." (uneven groups summing to num_layers).
     checkpoint: str = "none"
+    # Whose Transformer LM: None for cs336sys's TransformerLM, else the user's class, built
+    # with the course's constructor (vocab_size, context_length, d_model, num_layers,
+    # num_heads, d_ff, rope_theta): "cs336_basics" (the course's BasicsTransformerLM) or
+    # "package.module:Class". Its attention is its own, and it has no checkpointing switch.
+    model: str | None = None
 
     @property
     def d_head(self) -> int:
@@ -88,9 +93,14 @@ class ModelConfig:
                 "rotates pairs of dimensions."
             )
         checkpoint_groups(self.checkpoint, self.num_layers)  # raises ValueError if invalid
-        if self.attention not in registry.names():
+        if self.model is not None:
+            if self.checkpoint != "none":
+                raise ValueError(f"checkpoint {self.checkpoint}: activation checkpointing is a "
+                                 f"switch of cs336sys's model, not of {self.model}.")  # fmt: skip
+            return  # the user's model brings its own attention
+        if self.attention not in registry.choices():
             raise ValueError(
-                f"unknown attention {self.attention!r}; choose from {', '.join(registry.names())}."
+                f"unknown attention {self.attention!r}; choose from {', '.join(registry.choices())}."
             )
 
 

@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from cs336sys.attention import registry
 from cs336sys.bench.nvtx import nvtx_range
-from cs336sys.bench.registry import ATTENTION as registry
 from cs336sys.models.config import ModelConfig, checkpoint_groups
 
 

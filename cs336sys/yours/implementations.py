@@ -1,0 +1,215 @@
+"""The user's code as objects the experiments call, from the adapters file or a one-off
+target, and the files it came from (for the row's provenance).
+
+Every getter here raises `Unfinished` (stored as a `skipped` row) when the adapters function
+behind it still raises NotImplementedError, and UserCodeError (a bad option: exit 2 before
+anything runs) when the code cannot be found at all. Calling the user's code is left to the
+experiments, inside the sweep's guard, so its exceptions become `error` rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cs336sys.bench.result import Unfinished
+from cs336sys.yours import engage, engaged, entries, is_yours, names, register, target, user_names
+from cs336sys.yours.adapters import Adapters, AdaptersError, Entry, importable_from
+
+
+class UserCodeError(ValueError):
+    """The user's code asked for cannot be found or imported; one line for the user."""
+
+
+def _adapters_for(entry: Entry) -> Adapters:
+    adapters = engage()
+    if adapters is None:
+        name = entry.impl if entry.kind != "optimizer" else f"--shard-optimizer {entry.impl}"
+        raise UserCodeError(
+            f"{name} needs an adapters file: give --adapters PATH, set CS336SYS_ADAPTERS, or run "
+            "from a checkout with tests/adapters.py at its top"
+        )
+    if adapters.function(entry.functions[0]) is None:  # imports the file (AdaptersError)
+        raise UserCodeError(f"{adapters.shown} has no {entry.functions[0]}() (for {entry.impl})")
+    return adapters
+
+
+def check(kind: str, name: str) -> None:
+    """Refuse, before anything runs, a `yours` name of `kind` whose code cannot be found:
+    no adapters file, a function the file does not define, a one-off target that does not
+    import."""
+    if target(kind, name) is not None:
+        load_target(target(kind, name))
+        return
+    entry = entries(kind).get(name)
+    if entry is None:
+        raise UserCodeError(f"unknown {kind} implementation {name!r}")
+    _adapters_for(entry)  # imports the file: an error here is exit 2
+
+
+def call_adapter(entry: Entry, index: int, *args: Any, **kwargs: Any) -> Any:
+    """The adapters function `entry.functions[index]` called with `args`; a hook the file
+    does not define does nothing (None). NotImplementedError from the getter is Unfinished."""
+    adapters = _adapters_for(entry)
+    fn = adapters.function(entry.functions[index])
+    if fn is None:
+        return None
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as exc:
+        if index:
+            raise
+        raise Unfinished(f"{entry.functions[0]} is not implemented in {adapters.shown}"
+                         + (f" ({exc})" if str(exc) else "")) from None  # fmt: skip
+
+
+def search_path() -> list[Path]:
+    """Where one-off targets and `--model` classes are imported from: the repository of the
+    adapters file in use, else the top of the git checkout of the current folder (else the
+    folder); with a `cs336-basics/` in it (the course layout)."""
+    from cs336sys.bench.paths import git_top
+
+    adapters = engage()
+    if adapters is not None:
+        return adapters.search_path()
+    root = git_top() or Path.cwd()
+    basics = root / "cs336-basics"
+    return [root, *([basics] if basics.is_dir() else [])]
+
+
+def load_target(spec: str) -> Any:
+    """The object at "package.module:Object" (UserCodeError naming the file and line when it
+    does not import)."""
+    from cs336sys.bench.result import user_frame
+
+    importable_from(search_path())
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:  # noqa: BLE001 - whatever the user's import raises
+        where = user_frame(exc)
+        raise UserCodeError(f"cannot import {spec}: {where + ': ' if where else ''}"
+                            f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+    return obj
+
+
+# `--model cs336_basics`: the course's Transformer LM, from the cs336-basics/ folder of a
+# course-layout repository (or wherever the package is installed).
+COURSE_MODEL = "cs336_basics.model:BasicsTransformerLM"
+# The course's constructor, which `--model` classes take (filled from a size preset).
+MODEL_ARGUMENTS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff",
+                   "rope_theta")  # fmt: skip
+
+
+def model_class(source: str) -> Any:
+    """The user's Transformer LM class for `--model source` ("cs336_basics" or
+    "package.module:Class"); recorded as user code (bench/provenance.user_code)."""
+    where = COURSE_MODEL if source == "cs336_basics" else source
+    try:
+        register("model", source, where)
+    except ValueError:
+        raise UserCodeError(f"--model {source}: give cs336_basics or package.module:Class") from None
+    cls = load_target(where)
+    if not callable(cls):
+        raise UserCodeError(f"--model {source}: {where} is not a class")
+    return cls
+
+
+def build_model(config: Any) -> Any:
+    """The user's model for `config` (a ModelConfig whose `model` names it), built with the
+    course's constructor from the config's shape."""
+    cls = model_class(config.model)
+    return cls(**{name: getattr(config, name) for name in MODEL_ARGUMENTS})
+
+
+def attention_function(name: str) -> Callable[..., Any]:
+    """`fn(q, k, v, is_causal=False)` for the user's attention `name`: an autograd.Function
+    (the adapters' getters return one) through its `.apply`, a function called with the same
+    four arguments in order (whatever it names the mask flag).
+
+    The course's contract is (batch, seq, d) inputs, which is what its tests give a student's
+    kernel; inputs with more leading dimensions (the model's (B, H, T, D)) reach it with them
+    flattened into the batch, (B·H, T, D), and the output is shaped back. The flattening is a
+    view where the inputs allow one, a copy otherwise (the model's transposed heads)."""
+    where = target("attention", name)
+    obj = load_target(where) if where is not None else call_adapter(entries("attention")[name], 0)
+    if isinstance(obj, type) and hasattr(obj, "apply"):  # a torch.autograd.Function subclass
+        call = obj.apply
+    elif callable(obj):
+        call = obj
+    else:
+        raise TypeError(f"{name}: expected an autograd.Function subclass or a function, got "
+                        f"{type(obj).__name__}")  # fmt: skip
+
+    def fn(q, k, v, is_causal=False):
+        if q.dim() == 3:
+            return call(q, k, v, is_causal)
+        lead = q.shape[:-2]
+        flat = [t.reshape(-1, *t.shape[-2:]) for t in (q, k, v)]  # (B·H, T, D)
+        out = call(*flat, is_causal)
+        return out.reshape(*lead, *out.shape[-2:])  # (B, H, T, D)
+
+    fn.__wrapped__ = obj  # type: ignore[attr-defined]  # where it came from: sources()
+    return fn
+
+
+def sources(*objects: Any) -> dict[str, str]:
+    """The files the user's `objects` came from (and the adapters file in use), each with
+    the sha256 of its content: a row's record of exactly which code it measured. Library
+    files (cs336sys, torch) are left out."""
+    from cs336sys.bench.result import is_library_file
+
+    files: list[Path] = []
+    adapters = engaged()
+    if adapters is not None:
+        files.append(adapters.path)
+    for obj in objects:
+        obj = getattr(obj, "__wrapped__", obj)
+        defined = obj if inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj) else type(obj)  # fmt: skip
+        try:
+            path = inspect.getsourcefile(defined)
+        except TypeError:  # a builtin
+            path = None
+        if path and not is_library_file(path):
+            files.append(Path(path).resolve())
+    root = adapters.root if adapters is not None else search_path()[0]
+    out = {}
+    for path in dict.fromkeys(files):
+        try:
+            shown = str(path.relative_to(root))
+        except ValueError:
+            shown = str(path)
+        try:
+            out[shown] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            continue
+    return out
+
+
+def named_impls(values: list[str], kind: str, option: str, allowed: list[str]) -> list[str]:
+    """A list option's implementations, the user's among them: `NAME=package.module:Object`
+    items registered and named NAME, every name one of `allowed` or the user's, and the
+    user's code found (its adapters file imported, its targets imported). SpecError, with
+    the option's name, for anything that cannot run."""
+    from cs336sys.bench.sweep import SpecError, choices
+
+    if not values:
+        return []
+    try:
+        given = user_names(values, kind, option)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    given = choices(given, [*allowed, *(n for n in names(kind) if n not in allowed)], option)
+    for name in given:
+        if (is_yours(name) and name not in allowed) or target(kind, name) is not None:
+            try:
+                check(kind, name)
+            except (UserCodeError, AdaptersError) as exc:
+                raise SpecError(f"{option} {name}: {exc}") from None
+    return given

@@ -1,0 +1,1 @@
+"""The course's basics package: a Transformer LM (assignment 1's staff solution, in spirit)."""

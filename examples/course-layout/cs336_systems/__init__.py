@@ -1,0 +1,1 @@
+"""A student's systems code, as the course has them write it (a plain example)."""

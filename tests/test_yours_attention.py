@@ -1,0 +1,316 @@
+"""The user's own code, found through a course-layout adapters file and measured beside ours:
+the adapters file read and imported, attention kernels checked against float64 and timed,
+wrong / raising / unfinished code stored as such, provenance of the user's repository."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from cs336sys import yours
+from tests.conftest import invoke, query
+from tests.user_repos import ADAPTERS_2025, course_repo, edit, git, line_of
+
+FLASH = "cs336_systems/flash_attention.py"
+SMALL = ["--seq", "32,48", "--d-head", "16", "--batch", "1", "--heads", "2", "--warmup", "1",
+         "--iters", "2", "--device", "cpu"]  # fmt: skip
+
+
+def runs(db):
+    return query(db, "SELECT * FROM attention_runs ORDER BY created")
+
+
+# -- the adapters file --------------------------------------------------------------------
+
+
+def test_what_an_adapters_file_implements_is_read_without_importing_it():
+    source = '''
+def done():
+    return 1
+
+def todo():
+    """Docstring."""
+    raise NotImplementedError
+
+def todo_with_message():
+    raise NotImplementedError("next week")
+
+def started():
+    x = 1
+    raise NotImplementedError
+
+def no_op_hook(model, optimizer):
+    pass
+
+def raises_something_else():
+    raise ValueError
+'''
+    found = yours.adapters.implemented_functions(source)
+    assert found == {"done": True, "todo": False, "todo_with_message": False, "started": True,
+                     "no_op_hook": True, "raises_something_else": True}  # fmt: skip
+
+
+def test_the_adapters_file_at_the_top_of_the_checkout_is_found_and_summarised(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo / "cs336_systems")  # anywhere inside the checkout
+    found = yours.use()
+    assert found.path == (repo / "tests" / "adapters.py").resolve()
+    assert found.generation == "2026"
+    summary = found.summary()
+    assert "found at the top of this checkout" in summary
+    assert "implemented: yours-torch, yours, --shard-optimizer yours" in summary
+    assert "not implemented: yours-triton, yours-fsdp" in summary
+    monkeypatch.chdir(tmp_path)  # outside any checkout: nothing
+    assert yours.use() is None
+
+
+def test_the_2025_generation_is_understood(tmp_path):
+    repo = course_repo(tmp_path, files={"tests/adapters.py": ADAPTERS_2025})
+    found = yours.use(repo / "tests" / "adapters.py")
+    assert found.generation == "2025"
+    assert "implemented: yours-torch, yours-individual, yours-bucketed;" in found.summary()
+    assert "not implemented: yours-triton, --shard-optimizer yours" in found.summary()
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("def get_ddp(module:\n    pass\n", "tests/adapters.py:1: SyntaxError"),
+        ("import cs336_nothing_here\n", "ModuleNotFoundError: No module named 'cs336_nothing_here'"),
+        ("x = 1\nraise RuntimeError('half-saved file')\n",
+         "tests/adapters.py:2: RuntimeError: half-saved file"),
+    ],
+    ids=["syntax-error", "import-error", "raises-at-import"],
+)
+def test_an_adapters_file_that_does_not_import_is_one_line_and_exit_2(tmp_path, monkeypatch, source, expected):  # fmt: skip
+    repo = course_repo(tmp_path, files={"tests/adapters.py": source})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert not db.exists()
+
+
+def test_a_missing_adapters_path_and_a_missing_function_are_refused(tmp_path, monkeypatch):
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db,
+                    "--adapters", tmp_path / "nope.py")  # fmt: skip
+    assert result.exit_code == 2 and "nope.py: no such file" in result.stderr
+    monkeypatch.chdir(tmp_path)  # no checkout, no adapters: the name cannot run
+    result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert result.exit_code == 2 and "needs an adapters file" in result.stderr
+    repo = course_repo(tmp_path, files={"tests/adapters.py": "def get_ddp(module):\n    return module\n"})  # fmt: skip
+    monkeypatch.chdir(repo)
+    result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert result.exit_code == 2
+    assert "has no get_flashattention_autograd_function_pytorch()" in result.stderr
+    assert not db.exists()
+
+
+# -- attention: checked, then timed ---------------------------------------------------------
+
+
+def test_your_kernel_is_measured_beside_ours_with_its_provenance(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch,naive,yours-triton", *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "adapters: tests/adapters.py (found at the top of this checkout" in result.stderr
+    rows = runs(db)
+    by = {(r["impl"], r["seq"]): r for r in rows}
+    for seq in (32, 48):
+        mine = by["yours-torch", seq]
+        assert mine["status"] == "ok" and mine["check"] == "pass"
+        assert mine["max_err"] < 1e-5 and mine["max_err_grad"] < 1e-5  # fp32 against float64
+        assert mine["e2e_ms_mean"] > 0
+        code = json.loads(mine["code"])
+        for path in ("tests/adapters.py", FLASH):
+            assert code[path] == hashlib.sha256((repo / path).read_bytes()).hexdigest()
+        skipped = by["yours-triton", seq]
+        assert skipped["status"] == "skipped"
+        assert skipped["error"] == ("get_flashattention_autograd_function_triton is not "
+                                    "implemented in tests/adapters.py")  # fmt: skip
+    assert "skipped: impl=yours-triton seq=32: get_flashattention_autograd_function_triton" in result.stdout  # fmt: skip
+    inv = query(db, "SELECT * FROM invocations")[0]
+    assert inv["user_commit"] == git(repo, "rev-parse", "HEAD") and inv["user_dirty"] == 0
+    assert inv["user_repo"] == str(repo.resolve())
+    assert inv["adapters_sha256"] == hashlib.sha256((repo / "tests/adapters.py").read_bytes()).hexdigest()  # fmt: skip
+    assert "CS336SYS_ADAPTERS" not in (inv["env"] or "")  # a path, recorded in its own column
+    # ours, in the same run, records no user code
+    assert by["naive", 32]["code"] is None and by["naive", 32]["check"] == "pass"
+
+
+def test_a_dirty_tree_is_recorded(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "TILE_Q = 32", "TILE_Q = 16")  # not committed
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    assert invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db).exit_code == 0
+    assert query(db, "SELECT user_dirty FROM invocations")[0]["user_dirty"] == 1
+    assert {r["user_dirty"] for r in runs(db)} == {1}
+
+
+def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0")  # forgets 1/sqrt(d)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "naive,yours-torch", *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output  # a wrong point is a finding, not a failure
+    wrong = [r for r in runs(db) if r["impl"] == "yours-torch"]
+    assert {r["status"] for r in wrong} == {"wrong"}
+    for r in wrong:
+        assert r["check"] == "fail" and r["max_err"] > 0.05
+        assert r["error"].startswith("wrong: O off by up to")
+        assert r["e2e_ms_mean"] > 0  # timed all the same
+    table = [line for line in result.stdout.splitlines() if line.startswith("yours-torch")]
+    assert table and all("(wrong)" in line and line.rstrip().endswith("wrong") for line in table)
+    assert "wrong: impl=yours-torch seq=32: wrong: O off by up to" in result.stdout
+    # the report: red cells, the reason listed, no speed-up
+    out = tmp_path / "report"
+    assert invoke("report", "--db", db, "--out", out).exit_code == 0
+    html = (out / "report.html").read_text()
+    assert 'class="wrong"' in html and "Not measured, or measured wrong" in html
+    md = (out / "report.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| yours-torch")]
+    assert rows and all(line.count("wrong") >= 2 and "×" not in line for line in rows)
+
+
+def test_a_kernel_that_raises_is_an_error_row_with_its_file_and_line(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "        o = torch.empty_like(q)\n",
+         "        o = torch.empty_like(q)\n        ratio = 1 / (n_q - n_q)\n")  # fmt: skip
+    line = line_of(repo, FLASH, "ratio = 1 / (n_q - n_q)")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch,naive", *SMALL, "--db", db)
+    assert result.exit_code == 1  # a point failed; the sweep went on
+    rows = runs(db)
+    assert [r["status"] for r in rows if r["impl"] == "naive"] == ["ok", "ok"]
+    errors = [r for r in rows if r["impl"] == "yours-torch"]
+    assert len(errors) == 2 and {r["status"] for r in errors} == {"error"}
+    first, _, traceback = errors[0]["error"].partition("\n")
+    assert first == f"{FLASH}:{line}: ZeroDivisionError: division by zero"
+    assert "Traceback (most recent call last)" in traceback  # kept in the store
+    assert f"error: impl=yours-torch seq=32: {FLASH}:{line}: ZeroDivisionError" in result.stdout
+    out = tmp_path / "report"
+    assert invoke("report", "--db", db, "--out", out).exit_code == 0
+    html = (out / "report.html").read_text()
+    assert "<details><summary><strong>error</strong>" in html and "Traceback" in html
+
+
+def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    (repo / "tests" / "adapters.py").unlink()
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    target = "yours=cs336_systems.flash_attention:FlashAttentionPytorch"
+    result = invoke("attention", "--impl", target, *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
+    rows = runs(db)
+    assert {(r["impl"], r["status"], r["check"]) for r in rows} == {("yours", "ok", "pass")}
+    assert FLASH in json.loads(rows[0]["code"])
+    inv = query(db, "SELECT * FROM invocations")[0]
+    assert inv["user_commit"] == git(repo, "rev-parse", "HEAD") and inv["adapters"] is None
+    for bad, why in (("mine=cs336_systems.flash_attention:F", "named yours or yours-"),
+                     ("yours=cs336_systems.flash_attention", "package.module:Object"),
+                     ("yours=cs336_systems.nothing:F", "No module named 'cs336_systems.nothing'")):  # fmt: skip
+        result = invoke("attention", "--impl", bad, *SMALL, "--db", tmp_path / "other.db")
+        assert result.exit_code == 2 and why in result.stderr, (bad, result.stderr)
+    assert not (tmp_path / "other.db").exists()
+
+
+def test_run_sweep_takes_your_implementations_from_python(tmp_path):
+    from cs336sys.experiments import attention
+    from cs336sys.experiments.sweep import run_sweep
+
+    repo = course_repo(tmp_path)
+    yours.use(repo / "tests" / "adapters.py")
+    specs = attention.specs(impl=["yours-torch", "sdpa"], seq=[32], d_head=[16], batch=[1],
+                            warmup=1, iters=2, device="cpu")  # fmt: skip
+    points = run_sweep(attention.EXPERIMENT, specs)
+    assert [(p.spec.impl, p.result.status) for p in points] == [("yours-torch", "ok"), ("sdpa", "ok")]
+    assert points[0].result.metrics["check"] == "pass"
+
+
+def test_compare_and_since_take_git_refs_of_your_repository(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    assert invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db).exit_code == 0
+    first = git(repo, "rev-parse", "HEAD")
+    edit(repo, FLASH, "TILE_Q = 32", "TILE_Q = 16", commit="smaller query tiles")
+    assert invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db).exit_code == 0
+    second = git(repo, "rev-parse", "HEAD")
+    assert [r["user_commit"] for r in runs(db)] == [first, first, second, second]
+
+    result = invoke("report", "--compare", "HEAD~1", "HEAD", "--db", db, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    assert f"Comparison by commit: HEAD~1 ({first[:10]}) (A) against HEAD ({second[:10]}) (B)" in result.stdout
+    assert "2 points compared" in result.stdout
+    result = invoke("report", "--since", "HEAD", "--db", db, "--out", tmp_path / "s")
+    assert result.exit_code == 0, result.output
+    assert "**Runs by status:** ok 2 (in 1 invocations)" in (tmp_path / "s" / "report.md").read_text()
+    result = invoke("report", "--commit", "HEAD~1", "--db", db, "--out", tmp_path / "h")
+    assert result.exit_code == 0
+    assert "**Runs by status:** ok 2 (in 1 invocations)" in (tmp_path / "h" / "report.md").read_text()
+    result = invoke("report", "--since", "no-such-ref", "--db", db, "--out", tmp_path / "x")
+    assert result.exit_code == 2 and "nor is it a git ref" in result.stderr
+
+
+STRICT_3D = '''
+import math
+
+import torch
+
+
+def attention(q, k, v, causal):
+    """The course's contract only: (batch, seq, d)."""
+    assert q.dim() == 3, f"(batch, seq, d) inputs only, got {tuple(q.shape)}"
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+'''
+
+
+def test_a_kernel_of_the_courses_3d_contract_runs_on_heads_and_in_our_model(tmp_path, monkeypatch):
+    from tests.conftest import MICRO
+
+    repo = course_repo(tmp_path, files={"strict/__init__.py": "", "strict/attn.py": STRICT_3D})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    target = "yours-plain=strict.attn:attention"
+    assert invoke("attention", "--impl", target, *SMALL, "--db", db).exit_code == 0  # --heads 2
+    assert {(r["impl"], r["heads"], r["status"]) for r in runs(db)} == {("yours-plain", 2, "ok")}
+    result = invoke("model", *MICRO, "--seq", "16", "--attention", target, "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT * FROM model_runs")
+    assert (row["attention"], row["status"], row["check"]) == ("yours-plain", "ok", "pass")
+
+
+TRITON_ADAPTERS = '''
+def get_flashattention_autograd_function_triton():
+    from cs336sys.attention import FlashAttention2Triton  # a stand-in for a student's kernel
+
+    return FlashAttention2Triton
+'''
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_yours_triton_runs_compiled_on_a_gpu_and_interpreted_on_a_cpu(tmp_path, monkeypatch, device):
+    repo = course_repo(tmp_path, files={"tests/adapters.py": TRITON_ADAPTERS})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    args = ["--seq", "64", "--d-head", "32", "--batch", "1", "--heads", "2", "--warmup", "1",
+            "--iters", "2", "--device", device, "--precision", "fp32,bf16"]  # fmt: skip
+    result = invoke("attention", "--impl", "yours-triton", *args, "--db", db)
+    assert result.exit_code == 0, result.output
+    rows = runs(db)
+    assert [(r["status"], r["check"]) for r in rows] == [("ok", "pass")] * 2
+    assert {bool(r["interpreted"]) for r in rows} == {device == "cpu"}
