@@ -12,15 +12,18 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
     DbOption,
+    announce_user_code,
     check_db,
     emulated,
     fail,
     recording,
     show,
+    user_code,
     user_errors,
 )
 from cs336sys.cli.options import (
     DFF,
+    Adapters,
     Attention,
     Batch,
     Checkpoint,
@@ -35,6 +38,7 @@ from cs336sys.cli.options import (
     Seed,
     Seq,
     Size,
+    UserModel,
     VocabSize,
 )
 
@@ -77,8 +81,10 @@ def memory(
     num_layers: NumLayers = None,
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
+    model: UserModel = None,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Peak memory of a forward pass or training step, next to its analytic breakdown; one row per point.
@@ -97,15 +103,17 @@ def memory(
     from cs336sys.experiments import memory as exp
     from cs336sys.experiments.sweep import run_sweep
 
+    user_code(adapters)
     with user_errors():
         specs = exp.specs(
             mode=mode, snapshot=snapshot, size=size, context_length=seq, batch_size=batch,
             precision=precision, attention=attention, optimizer=optimizer,
             checkpoint=checkpoint, warmup=warmup, steps=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size,
+            vocab_size=vocab_size, model=model,
         )  # fmt: skip
     check_db(db)
+    announce_user_code(adapters is not None)
     emulated(specs[0].model.device, [s.model.precision for s in specs])
     with recording(db, "memory", specs[0].model.device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("memory", _label))

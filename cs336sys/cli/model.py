@@ -10,14 +10,17 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
     DbOption,
+    announce_user_code,
     check_db,
     emulated,
     recording,
     show,
+    user_code,
     user_errors,
 )
 from cs336sys.cli.options import (
     DFF,
+    Adapters,
     Attention,
     Batch,
     Checkpoint,
@@ -34,6 +37,7 @@ from cs336sys.cli.options import (
     Seed,
     Seq,
     Size,
+    UserModel,
     VocabSize,
     Warmup,
 )
@@ -65,8 +69,10 @@ def model(
     nvtx: Annotated[
         bool, typer.Option("--nvtx", help="Emit NVTX ranges (for nsys); no-op without CUDA.")
     ] = False,
+    model: UserModel = None,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time forward, backward and optimizer steps of the Transformer LM; one row per point.
@@ -76,18 +82,25 @@ def model(
     Example:
 
         cs336sys model --size small,medium --precision fp32,bf16 --seq 256
+
+        cs336sys model --model cs336_basics --size tiny,small
+
+        cs336sys model --attention flash-torch,yours-torch
     """  # noqa: E501
     from cs336sys.experiments import model as exp
     from cs336sys.experiments.sweep import run_sweep
 
+    user_code(adapters)
     with user_errors():
         specs = exp.specs(
             size=size, context_length=seq, batch_size=batch, mode=mode, precision=precision,
             attention=attention, optimizer=optimizer, compile=compile, checkpoint=checkpoint,
             warmup=warmup, steps=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
             num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, nvtx=nvtx,
+            model=model,
         )  # fmt: skip
     check_db(db)
+    announce_user_code(adapters is not None)
     emulated(specs[0].device, [s.precision for s in specs])
     with recording(db, "model", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("model", point_name))
@@ -96,4 +109,4 @@ def model(
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.size} T={spec.context_length} {spec.mode} {spec.precision}"
+    return f"{spec.model or spec.size} T={spec.context_length} {spec.mode} {spec.precision}"

@@ -29,15 +29,18 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
     DbOption,
+    announce_user_code,
     check_db,
     fail,
     recording,
     show,
     table,
+    user_code,
     user_errors,
 )
 from cs336sys.cli.options import (
     DFF,
+    Adapters,
     Attention,
     Batch,
     Checkpoint,
@@ -53,6 +56,7 @@ from cs336sys.cli.options import (
     Seed,
     Seq,
     Size,
+    UserModel,
     VocabSize,
 )
 
@@ -125,6 +129,7 @@ def profile_model(
     num_layers: NumLayers = None,
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
+    model: UserModel = None,
     top: Top = 10,
     trace: Trace = None,
     nsys: Nsys = False,
@@ -132,6 +137,7 @@ def profile_model(
     nvtx: Nvtx = False,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
@@ -142,15 +148,16 @@ def profile_model(
 
         cs336sys profile model --size small --seq 256 --mode train --top 15
     """  # noqa: E501
-    from cs336sys.experiments import model
+    from cs336sys.experiments import model as model_exp
 
+    user_code(adapters)
     with user_errors():
-        points = model.specs(
+        points = model_exp.specs(
             size=size, context_length=seq, batch_size=batch, mode=mode,
             precision=precision, attention=attention, optimizer=optimizer, compile=compile,
             checkpoint=checkpoint, warmup=warmup, steps=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size,
+            vocab_size=vocab_size, model=model,
         )  # fmt: skip
     args = _args(
         ("--size", size), ("--seq", seq), ("--batch", batch),
@@ -159,6 +166,7 @@ def profile_model(
         ("--warmup", warmup), ("--iters", iters), ("--device", device), ("--seed", seed),
         ("--d-model", d_model), ("--d-ff", d_ff), ("--num-layers", num_layers),
         ("--num-heads", num_heads), ("--vocab-size", vocab_size), ("--label", label),
+        ("--model", model), ("--adapters", adapters),
     )  # fmt: skip
     _profile_points("model", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
 
@@ -199,6 +207,7 @@ def profile_attention(
     nvtx: Nvtx = False,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
@@ -211,6 +220,7 @@ def profile_attention(
     """  # noqa: E501
     from cs336sys.experiments import attention as attention_exp
 
+    user_code(adapters)
     with user_errors():
         points = attention_exp.specs(
             impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
@@ -221,7 +231,7 @@ def profile_attention(
         ("--attention", attention), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
         ("--heads", heads), ("--precision", precision), ("--pass", passes), ("--warmup", warmup),
         ("--iters", iters), ("--sdpa-backend", sdpa_backend), ("--preset", preset),
-        ("--device", device), ("--seed", seed), ("--label", label),
+        ("--device", device), ("--seed", seed), ("--label", label), ("--adapters", adapters),
     ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])  # fmt: skip
     _profile_points("attention", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
 
@@ -246,6 +256,7 @@ def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume,
     if trace is not None:
         _check_writable(trace)
     check_db(db)
+    announce_user_code()
     dev = points[0].device
     if nsys:
         _nsys(target, dev, [*args, "--top", str(top), "--db", str(db)], exec_)

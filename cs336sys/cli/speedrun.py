@@ -10,14 +10,17 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
     DbOption,
+    announce_user_code,
     check_db,
     emulated,
     recording,
     show,
+    user_code,
     user_errors,
 )
 from cs336sys.cli.options import (
     DFF,
+    Adapters,
     Checkpoint,
     Device,
     DModel,
@@ -25,6 +28,7 @@ from cs336sys.cli.options import (
     NumHeads,
     Resume,
     Seed,
+    UserModel,
     VocabSize,
 )
 
@@ -65,7 +69,8 @@ def step(
     ] = None,
     attention: Annotated[
         str | None,
-        typer.Option(help="The baseline attention that flash replaces. [default: sdpa]"),
+        typer.Option(help="The baseline attention that flash replaces (yours-torch, "
+                     "yours-triton: your adapters'). [default: sdpa]"),
     ] = None,
     adamw: Annotated[
         str | None,
@@ -107,8 +112,10 @@ def step(
     ] = None,
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
+    model: UserModel = None,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
@@ -124,15 +131,17 @@ def step(
     from cs336sys.experiments import speedrun as exp
     from cs336sys.experiments.sweep import run_sweep
 
+    user_code(adapters)
     with user_errors():
         specs = exp.specs(
             size=size, context_length=seq, batch_size=batch, precision=precision,
             param_dtype=param_dtype, switches=switches, checkpoint=checkpoint,
             attention=attention, adamw=adamw, ce=ce, cold_cache=not warm_cache, warmup=warmup,
             steps=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
-            num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size,
+            num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, model=model,
         )  # fmt: skip
     check_db(db)
+    announce_user_code(adapters is not None)
     emulated(specs[0].device, [s.precision for s in specs])
     with recording(db, "step", specs[0].device, label=label) as rec:
         points = run_sweep(
@@ -143,4 +152,4 @@ def step(
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.size} L={spec.num_layers} T={spec.context_length} {spec.switches}"
+    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.context_length} {spec.switches}"

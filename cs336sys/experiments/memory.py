@@ -67,7 +67,7 @@ class MemorySpec:
         """A file-name-safe name for this point's snapshot files."""
         m = self.model
         parts = [m.size, f"T{m.context_length}", f"B{m.batch_size}", m.mode, m.precision,
-                 m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]  # fmt: skip
+                 m.model or m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]  # fmt: skip
         return "memory-" + "-".join(parts)
 
 
@@ -176,7 +176,8 @@ def run(spec: MemorySpec) -> Result:
     init_bytes = probe.current()
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
-    step = make_step(model, batch_size=m.batch_size, context_length=m.context_length,
+    step = make_step(model, vocab_size=config.vocab_size, batch_size=m.batch_size,
+                     context_length=m.context_length,
                      mode=m.mode, precision=m.precision, optimizer=m.optimizer, compile=False,
                      device=m.device, seed=m.seed)  # fmt: skip
     B, T = m.batch_size, m.context_length

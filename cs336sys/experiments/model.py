@@ -10,10 +10,12 @@ device sync, so the host timer measures the device's work (docs/methodology.md,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.bench.declaration import (
     HOST_BOUND,
     Column,
@@ -41,6 +43,7 @@ from cs336sys.bench.sweep import (
 )
 from cs336sys.experiments.step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+from cs336sys.yours.implementations import named_impls
 
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
 # and timed steps) finishes in seconds (issue 14: `small` took a minute a point on 2 cores).
@@ -63,7 +66,7 @@ class ModelSpec:
     mode: str
     precision: str
     compile: bool
-    attention: str
+    attention: str | None  # None: the user's model, with its own attention
     optimizer: str
     checkpoint: str = "none"
     warmup: int = 5
@@ -71,6 +74,7 @@ class ModelSpec:
     device: str = "cpu"
     seed: int = 0
     nvtx: bool = False
+    model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
 
     def config(self) -> ModelConfig:
         return ModelConfig.of(self)
@@ -100,6 +104,7 @@ def specs(
     num_heads: int | None = None,
     vocab_size: int | None = None,
     nvtx: bool = False,
+    model: str | None = None,
 ) -> list[ModelSpec]:
     """The points of a model sweep: the cartesian product of the list options (each a list,
     comma lists allowed), validated. SpecError names the first bad option. What is not
@@ -118,9 +123,14 @@ def specs(
     batch_sizes = positive_ints(batch_size, "--batch", default=[4])
     counts(warmup, steps)
     check_seed(seed)
-    from cs336sys.bench.registry import ATTENTION
+    from cs336sys.attention import registry
 
-    attentions = choices(attention, ATTENTION.names(), "--attention", default=["naive"])
+    if model is not None:
+        check_model(model, attention)
+        attentions: list[str | None] = [None]
+    else:
+        attentions = named_impls(listed(attention, "--attention", ["naive"]), "attention",
+                                 "--attention", registry.names())  # fmt: skip
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
     if "triton" in attentions:
@@ -132,7 +142,7 @@ def specs(
     for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
                      "mode": modes, "precision": precisions, "attention": attentions,
                      "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):  # fmt: skip
-        cfg = preset_config(p["size"], context_length=p["context_length"],
+        cfg = preset_config(p["size"], context_length=p["context_length"], model=model,
                             attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip
         out.append(ModelSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
@@ -142,10 +152,24 @@ def specs(
             optimizer=p["optimizer"] if p["mode"] == "train" else "none",
             # Forward-only passes save nothing for backward: checkpointing changes nothing.
             checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
-            warmup=warmup, steps=steps, device=dev, seed=seed, nvtx=nvtx,
+            warmup=warmup, steps=steps, device=dev, seed=seed, nvtx=nvtx, model=model,
         ))  # fmt: skip
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
+
+
+def check_model(model: str, attention: Any = None) -> None:
+    """Refuse, before anything runs, a --model that does not import, and an --attention
+    beside it (the user's model brings its own attention)."""
+    from cs336sys.yours.implementations import UserCodeError, model_class
+
+    if attention is not None:
+        raise SpecError(f"--attention chooses the kernel of cs336sys's model; --model {model} "
+                        "brings its own attention")  # fmt: skip
+    try:
+        model_class(model)
+    except UserCodeError as exc:
+        raise SpecError(str(exc)) from None
 
 
 def preset_sizes(values: Iterable[Any] | None, default: str) -> list[str]:
@@ -182,8 +206,14 @@ def run(spec: ModelSpec) -> Result:
     from cs336sys.experiments.step import make_model, make_step, run_steps
 
     config = spec.config()
+    checked = None
+    if config.model is not None or yours.is_yours(config.attention):  # checked first, small
+        from cs336sys.experiments.checks import model_check
+
+        checked = model_check(config, spec.device, spec.seed, spec.batch_size)
     model = make_model(config, spec.device, spec.seed)
-    step = make_step(model, batch_size=spec.batch_size, context_length=spec.context_length,
+    step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch_size,
+                     context_length=spec.context_length,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
                      compile=spec.compile, device=spec.device, seed=spec.seed)  # fmt: skip
     on_cuda = spec.device.startswith("cuda")
@@ -195,7 +225,7 @@ def run(spec: ModelSpec) -> Result:
     metrics: dict[str, Any] = {}
     for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(phase, timed.get(phase, [])))
-    metrics.update(throughput(model, spec.batch_size, spec.context_length, spec.mode,
+    metrics.update(throughput(model, config, spec.batch_size, spec.context_length, spec.mode,
                               metrics["step_ms_mean"], spec.device, spec.precision))  # fmt: skip
     metrics.update(
         logits_dtype=step.logits_dtype,
@@ -207,10 +237,27 @@ def run(spec: ModelSpec) -> Result:
         loss_last=losses[-1],
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), spec.device))
-    return Result("ok", metrics=metrics, samples={**timed, "loss": losses, "warmup": warm})
+    status, why = "ok", None
+    if checked is not None:
+        from cs336sys.attention import registry
+        from cs336sys.yours.implementations import sources
+
+        user = type(model) if config.model is not None else registry.get(config.attention)
+        metrics.update(checked.metrics, code=sources(user))
+        status, why = ("ok", None) if checked.passed else ("wrong", checked.why)
+        if status == "ok" and not all(math.isfinite(v) for v in losses):
+            status, why = "wrong", f"wrong: a non-finite loss in the timed steps ({losses})"
+            metrics["check"] = "fail"
+    return Result(status, metrics=metrics, error=why,
+                  samples={**timed, "loss": losses, "warmup": warm})
 
 
 # -- the declaration ------------------------------------------------------------------------
+
+CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite loss and, where "
+              "its state_dict loads into cs336sys's TransformerLM, the same loss with the same "
+              "weights; their attention kernel in our model gives naive attention's loss "
+              "(check_detail says which). A point that fails is wrong.")  # fmt: skip
 
 TABLE = Table(
     "Time per phase (mean ± std over timed steps)",
@@ -222,6 +269,7 @@ TABLE = Table(
         Column("precision", "precision", setting=True),
         Column("compile", "compile", "yes_no", setting=True),
         Column("ckpt", "checkpoint", setting=True),
+        Column("model", "model", setting=True, optional=True),
         Column("attention", "attention", setting=True),
         Column("optimizer", "optimizer", setting=True),
         Column("fwd ms", "fwd_ms", "mean_std"),
@@ -232,6 +280,7 @@ TABLE = Table(
         Column("TFLOP/s", "tflops", "num"),
         Column("MFU", "mfu", "pct"),
         HOST_BOUND,
+        Column("check", "check", optional=True, note=CHECK_NOTE),
     ),
     note="MFU is shown only where the GPU's peak is known.",
 )
@@ -254,6 +303,13 @@ EXPERIMENT = Experiment(
         Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
         Metric("loss_first", "", "loss of the first (warm-up) step"),
         Metric("loss_last", "", "loss of the last timed step"),
+        Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
+               "is `wrong`)"),  # fmt: skip
+        Metric("check_detail", "", "what the check compared (the same loss as cs336sys's "
+               "model, or naive attention, with the same weights; or a finite loss only)"),  # fmt: skip
+        Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
+        Metric("check_loss_ours", "", "the reference's loss with the same weights"),
+        Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
         *launch(("fwd", "bwd", "opt")),
     ),
     tables=(TABLE,),

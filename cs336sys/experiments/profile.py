@@ -188,7 +188,8 @@ def _model(spec: ModelSpec) -> _Steps:
     from cs336sys.experiments.step import make_model, make_step
 
     config = spec.config()
-    step = make_step(make_model(config, spec.device, spec.seed), batch_size=spec.batch_size,
+    step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
+                     batch_size=spec.batch_size,
                      context_length=spec.context_length, mode=spec.mode,
                      precision=spec.precision, optimizer=spec.optimizer, compile=spec.compile,
                      device=spec.device, seed=spec.seed)  # fmt: skip

@@ -31,6 +31,7 @@ memory, not time, and finding the largest model that fits is what it is for.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import time
@@ -38,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.bench.declaration import (
     Column,
     Experiment,
@@ -61,9 +63,16 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
-from cs336sys.experiments.model import preset_config, preset_sizes, shape_overrides
+from cs336sys.experiments.model import (
+    CHECK_NOTE,
+    check_model,
+    preset_config,
+    preset_sizes,
+    shape_overrides,
+)
 from cs336sys.experiments.step import throughput, throughput_metrics
 from cs336sys.models.config import ModelConfig
+from cs336sys.yours.implementations import named_impls
 
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
 ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
@@ -107,6 +116,7 @@ class StepSpec:
     steps: int = 3
     device: str = "cpu"
     seed: int = 0
+    model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
 
     def config(self) -> ModelConfig:
         return ModelConfig.of(self)
@@ -159,9 +169,12 @@ def specs(
     num_layers: Iterable[Any] | int | None = None,
     num_heads: int | None = None,
     vocab_size: int | None = None,
+    model: str | None = None,
 ) -> list[StepSpec]:
     """The points of a step sweep (the product of the list options), validated; SpecError
-    names the first bad option. What is not given takes the device's default (DEFAULTS)."""
+    names the first bad option. What is not given takes the device's default (DEFAULTS).
+    The user's model (`model`) takes the switches that do not change its code: fused-adamw
+    and compile (compiled whole, or per block when it has `layers`)."""
     dev = device_choice(device)
     on_cuda = dev.startswith("cuda")
     defaults = DEFAULTS["cuda" if on_cuda else "cpu"]
@@ -189,13 +202,18 @@ def specs(
         raise SpecError(f"--adamw: unknown value {adamw!r}; choose from {', '.join(ADAMW_IMPLS)}")
     if ce not in CE_IMPLS:
         raise SpecError(f"--ce: unknown value {ce!r}; choose from {', '.join(CE_IMPLS)}")
-    from cs336sys.bench.registry import ATTENTION
+    from cs336sys.attention import registry
 
-    attention = attention or defaults["attention"]
-    if attention not in ATTENTION.names():
-        raise SpecError(f"--attention: unknown value {attention!r}; choose from "
-                        f"{', '.join(ATTENTION.names())}")  # fmt: skip
     on = {s for switch_set in sets for s in switch_set}
+    if model is not None:
+        check_model(model, attention)
+        for switch in ("flash", "fused-ce"):
+            if switch in on:
+                raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
+                                f"LM head); --model {model} takes fused-adamw and compile")  # fmt: skip
+    else:
+        attention = named_impls([attention or defaults["attention"]], "attention", "--attention",
+                                registry.names())[0]  # fmt: skip
     if "flash" in on or attention == "triton":
         check_triton(on_cuda, "--switches flash")
     if "fused-adamw" in on and adamw == "triton":
@@ -211,7 +229,7 @@ def specs(
                      "batch_size": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
                      "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
-        cfg = preset_config(p["size"], context_length=p["context_length"],
+        cfg = preset_config(p["size"], context_length=p["context_length"], model=model,
                             checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)  # fmt: skip
         on = p["switches"]
         out.append(StepSpec(
@@ -225,7 +243,7 @@ def specs(
             attention="triton" if "flash" in on else attention,
             compile="compile" in on, checkpoint=p["checkpoint"],
             timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
-            warmup=warmup, steps=steps, device=dev, seed=seed,
+            warmup=warmup, steps=steps, device=dev, seed=seed, model=model,
         ))  # fmt: skip
     return list(dict.fromkeys(out))
 
@@ -254,7 +272,7 @@ def build(spec: StepSpec) -> tuple[Any, Any, Any]:
     if spec.param_dtype != "fp32":
         model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
     if spec.compile:
-        for layer in model.layers:
+        for layer in getattr(model, "layers", None) or [model]:
             layer.compile()  # per block, so checkpointing still wraps groups of blocks
     optimizer = make_optimizer(optimizer_name(spec), model.parameters())
     x, y = make_batch(spec.seed, spec.batch_size, spec.context_length, config.vocab_size)
@@ -317,6 +335,12 @@ def run(spec: StepSpec) -> Result:
     t_start = time.perf_counter()
     on_cuda = spec.device.startswith("cuda")
     losses: list[Any] = []
+    checked = None
+    config = dataclasses.replace(spec.config(), attention=spec.attention)
+    if config.model is not None or yours.is_yours(config.attention):  # checked first, small
+        from cs336sys.experiments.checks import model_check
+
+        checked = model_check(config, spec.device, spec.seed, spec.batch_size)
     with empty_compile_cache(spec.cold_cache):
         model, optimizer, train_step = build(spec)
         if on_cuda:
@@ -342,7 +366,7 @@ def run(spec: StepSpec) -> Result:
 
     metrics: dict[str, Any] = flatten("step_ms", samples)
     step_s = metrics["step_ms_median"] / 1e3
-    metrics.update(throughput(model, spec.batch_size, spec.context_length, "train",
+    metrics.update(throughput(model, spec.config(), spec.batch_size, spec.context_length, "train",
                               metrics["step_ms_median"], spec.device, spec.precision))  # fmt: skip
     metrics.update(
         peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
@@ -355,7 +379,10 @@ def run(spec: StepSpec) -> Result:
         loss_first=float(losses[0]),
         loss_last=float(losses[-1]),
     )
-    return Result("ok", metrics=metrics,
+    if checked is not None:
+        metrics.update(checked.metrics)
+    passed = checked is None or checked.passed
+    return Result("ok" if passed else "wrong", metrics=metrics, error=None if passed else checked.why,
                   samples={"step_ms": samples, "warmup": {"step_ms": warm},
                            "loss": [float(v) for v in losses]})  # fmt: skip
 
@@ -381,6 +408,7 @@ TABLE = Table(
     "One training step, each optimisation switched on",
     (
         Column("size", "size", setting=True),
+        Column("model", "model", setting=True, optional=True),
         Column("layers", "num_layers", setting=True),
         Column("ctx", "context_length", setting=True),
         Column("batch", "batch_size", setting=True),
@@ -404,6 +432,7 @@ TABLE = Table(
         Column("tensor peak MiB", "peak_tensor_mb", "num", optional=True),
         Column("compile s", "compile_s", "num", optional=True),
         Column("wall s", "wall_s", "num"),
+        Column("check", "check", optional=True, note=CHECK_NOTE),
     ),
     note="vs none: the step time with no switch over this one's, at the same settings "
     "(2.00x = twice as fast). wall s: the point from model build to its last timed step, "
@@ -431,6 +460,11 @@ EXPERIMENT = Experiment(
         Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
         Metric("loss_first", "", "loss of the first step (summed over the batch's tokens)"),
         Metric("loss_last", "", "loss of the last timed step"),
+        Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
+               "is `wrong`; experiments/checks.py)"),  # fmt: skip
+        Metric("check_detail", "", "what the check compared"),
+        Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
+        Metric("check_loss_ours", "", "the reference's loss with the same weights"),
     ),
     tables=(TABLE,),
     compare="step_ms",

@@ -47,14 +47,18 @@ def cross_entropy(logits: Any, targets: Any) -> Any:
 
 
 def make_model(config: Any, device: str, seed: int) -> Any:
-    """TransformerLM(config) with the weights of `seed`, initialised on `device` (a 10B model
-    would take minutes on the host)."""
+    """TransformerLM(config), or the user's model when `config.model` names one, with the
+    weights of `seed`, initialised on `device` (a 10B model would take minutes on the host)."""
     import torch
-
-    from cs336sys.models.transformer import TransformerLM
 
     torch.manual_seed(seed)
     with torch.device(device):
+        if config.model is not None:
+            from cs336sys.yours.implementations import build_model
+
+            return build_model(config)
+        from cs336sys.models.transformer import TransformerLM
+
         return TransformerLM(config)
 
 
@@ -102,6 +106,7 @@ class Step:
     optimizer: Any = None  # train mode only
     scaler: Any = None  # fp16 loss scaling
     finish: Callable[[], None] | None = None  # between backward and optimizer (DDP)
+    start: Callable[[], None] | None = None  # before the forward, in the step's time (DDP)
     last_loss: Any = None  # the last step's loss, detached (read it when convenient)
     logits_dtype: str | None = None  # of the first step's logits, as autocast left them
     _device_type: str = field(init=False, default="cpu")
@@ -138,6 +143,8 @@ class Step:
             from cs336sys.bench.nvtx import nvtx_range as phase
         times: dict[str, float] = {}
         t0 = time.perf_counter()
+        if self.start is not None:
+            self.start()
         with self._timed("fwd", times, phase):
             loss = (forward or self.loss)()
         self.last_loss = loss.detach()
@@ -186,6 +193,7 @@ def timed_phase(device: str, short: str, times: dict[str, float], phase: Callabl
 def make_step(
     model: Any,
     *,
+    vocab_size: int,
     batch_size: int,
     context_length: int,
     mode: str,
@@ -202,7 +210,7 @@ def make_step(
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    x, y = make_batch(seed, batch_size, context_length, model.config.vocab_size)
+    x, y = make_batch(seed, batch_size, context_length, vocab_size)
     training = mode != "forward"
     return Step(
         model=model,
@@ -252,20 +260,30 @@ def throughput_metrics(stat: str) -> tuple:
         Metric("tflops", "TFLOP/s", f"achieved: FLOPs per step / {stat} step time"),
         Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
         Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        Metric("flops_basis", "", "formula (models/flops.py), or counted (FlopCounterMode) for "
+               "a user's model whose matmuls differ from the formula's"),  # fmt: skip
     )
 
 
-def throughput(model: Any, batch_size: int, context_length: int, mode: str, step_ms: float,
-               device: str, precision: str) -> dict[str, Any]:  # fmt: skip
+def throughput(model: Any, config: Any, batch_size: int, context_length: int, mode: str,
+               step_ms: float, device: str, precision: str) -> dict[str, Any]:  # fmt: skip
     """params, tokens per step and per second, model FLOPs, achieved TFLOP/s and MFU (where
-    the GPU's peak is known) of a step of `mode` that took `step_ms`."""
+    the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
+    formula's (models/flops.py), for the user's model too when it is the same architecture;
+    where its counted matmuls differ from the formula, the count (flops_basis says which)."""
     import torch
 
     from cs336sys.bench.device import device_name, peak_tflops
     from cs336sys.models.flops import step_flops
 
     tokens, step_s = batch_size * context_length, step_ms / 1e3
-    flops = step_flops(model.config, batch_size, context_length, mode)
+    flops = step_flops(config, batch_size, context_length, mode)
+    basis = "formula"
+    if config.model is not None:
+        counted = counted_forward_flops(config, batch_size, context_length)
+        formula = step_flops(config, batch_size, context_length, "forward")
+        if counted is not None and abs(counted - formula) > 0.01 * formula:
+            flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
     tflops = flops / step_s / 1e12
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
     peak = peak_tflops(device_name(device), precision, tf32=tf32)
@@ -277,4 +295,22 @@ def throughput(model: Any, batch_size: int, context_length: int, mode: str, step
         tflops=tflops,
         peak_tflops=peak,
         mfu=tflops / peak if peak else None,
+        flops_basis=basis,
     )
+
+
+def counted_forward_flops(config: Any, batch_size: int, context_length: int) -> int | None:
+    """Matmul FLOPs of one forward of the model `config` describes, counted by torch's
+    FlopCounterMode on a copy built on the meta device (no memory, no compute); None when the
+    model cannot run there."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        model = make_model(config, "meta", 0)
+        tokens = torch.zeros(batch_size, context_length, dtype=torch.long, device="meta")
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(tokens)
+        return int(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 - the user's code may not run on meta tensors
+        return None

@@ -1,0 +1,162 @@
+"""The user's Transformer LM (`--model`) and the user's attention kernel inside ours
+(`--attention yours-...`): built from the size presets, checked against cs336sys's model
+before they are timed, their FLOPs right for them, in model, step, memory and profile."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tests.conftest import MICRO, invoke, query
+from tests.user_repos import course_repo, edit
+
+SHAPE = dict(vocab_size=256, context_length=16, d_model=64, num_layers=2, num_heads=4, d_ff=128,
+             rope_theta=10000.0)  # fmt: skip
+BATCH = 2
+
+# An architecture that is not ours: a GELU MLP with two matrices, a learned position table.
+OTHER_MODEL = '''
+import torch
+from torch import nn
+
+
+class GeluLM(nn.Module):
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Parameter(torch.zeros(context_length, d_model))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+            for _ in range(num_layers)
+        )
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, x):
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+class NanLM(GeluLM):
+    def forward(self, x):
+        return super().forward(x) * float("nan")
+'''
+
+
+def model_runs(db):
+    return query(db, "SELECT * FROM model_runs ORDER BY created")
+
+
+def counted_train_flops(model_class) -> int:
+    """3x the forward matmul FLOPs torch's FlopCounterMode counts on a real instance."""
+    torch.manual_seed(0)
+    model = model_class(**SHAPE)
+    tokens = torch.zeros(BATCH, SHAPE["context_length"], dtype=torch.long)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(tokens)
+    return 3 * counter.get_total_flops()
+
+
+def test_the_course_model_is_measured_checked_and_its_flops_are_right(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("model", *MICRO, "--seq", "16", "--model", "cs336_basics", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = model_runs(db)
+    assert row["status"] == "ok" and row["model"] == "cs336_basics" and row["attention"] is None
+    assert row["check"] == "pass"
+    assert row["check_detail"].startswith("the same weights in cs336sys's TransformerLM: loss")
+    assert abs(row["check_loss"] - row["check_loss_ours"]) <= 1e-4 * row["check_loss_ours"]
+    monkeypatch.syspath_prepend(str(repo / "cs336-basics"))
+    from cs336_basics.model import BasicsTransformerLM
+
+    assert row["flops_per_step"] == counted_train_flops(BasicsTransformerLM)
+    assert row["flops_basis"] == "formula"  # the same architecture: our formula is its count
+    assert "cs336-basics/cs336_basics/model.py" in json.loads(row["code"])
+    assert query(db, "SELECT user_commit FROM invocations")[0]["user_commit"]
+
+
+def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "", "my_models/lm.py": OTHER_MODEL})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("model", *MICRO, "--seq", "16", "--model", "my_models.lm:GeluLM", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = model_runs(db)
+    assert row["status"] == "ok" and row["check"] == "pass"
+    assert row["check_detail"].startswith("architecture differs from cs336sys's TransformerLM")
+    monkeypatch.syspath_prepend(str(repo))
+    from my_models.lm import GeluLM
+
+    assert row["flops_basis"] == "counted"
+    assert row["flops_per_step"] == counted_train_flops(GeluLM)
+
+    result = invoke("model", *MICRO, "--seq", "16", "--model", "my_models.lm:NanLM", "--db", db)
+    assert result.exit_code == 0
+    wrong = model_runs(db)[-1]
+    assert wrong["status"] == "wrong" and wrong["check"] == "fail"
+    assert wrong["error"] == "wrong: the loss of my_models.lm:NanLM is nan"
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--model", "cs336_basics", "--attention", "sdpa"], "brings its own attention"),
+        (["--model", "cs336_basics", "--checkpoint", "every:1"], "switch of cs336sys's model"),
+        (["--model", "nowhere.at_all:LM"], "No module named 'nowhere'"),
+        (["--model", "just_a_name"], "give cs336_basics or package.module:Class"),
+    ],
+)
+def test_a_model_that_cannot_run_is_refused_before_anything_is_written(tmp_path, monkeypatch, args, why):  # fmt: skip
+    monkeypatch.chdir(course_repo(tmp_path))
+    db = tmp_path / "r.db"
+    result = invoke("model", *MICRO, "--seq", "16", *args, "--db", db)
+    assert result.exit_code == 2 and why in result.stderr, result.stderr
+    assert not db.exists()
+
+
+def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("model", *MICRO, "--seq", "16", "--attention", "yours-torch,naive", "--db", db)
+    assert result.exit_code == 0, result.output
+    mine, ours = model_runs(db)
+    assert (mine["attention"], mine["status"], mine["check"]) == ("yours-torch", "ok", "pass")
+    assert mine["check_detail"].startswith("naive attention in place of yours-torch")
+    assert ours["check"] is None  # ours is the reference, not checked
+    # a kernel that drops the causal mask: the model's loss is not naive attention's
+    edit(repo, "cs336_systems/flash_attention.py", "                if is_causal:\n                    qi",
+         "                if False:\n                    qi")  # fmt: skip
+    result = invoke("model", *MICRO, "--seq", "16", "--attention", "yours-torch", "--db", db)
+    assert result.exit_code == 0, result.output
+    wrong = model_runs(db)[-1]
+    assert wrong["status"] == "wrong" and wrong["error"].startswith("wrong: naive attention in place")
+
+
+def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    small = [*MICRO, "--seq", "16"]
+    for args in (
+        ["memory", *small, "--model", "cs336_basics"],
+        ["profile", "model", *small, "--model", "cs336_basics", "--top", "3"],
+        ["step", *small, "--model", "cs336_basics", "--switches", "none,fused-adamw"],
+        ["step", *small, "--attention", "yours-torch", "--switches", "none"],
+    ):
+        result = invoke(*args, "--db", db)
+        assert result.exit_code == 0, (args, result.output)
+    rows = query(db, "SELECT experiment, status, settings, metrics FROM runs ORDER BY created")
+    got = [(r["experiment"], r["status"], json.loads(r["settings"]).get("model")) for r in rows]
+    assert got == [("memory", "ok", "cs336_basics"), ("profile", "ok", "cs336_basics"),
+                   ("step", "ok", "cs336_basics"), ("step", "ok", "cs336_basics"),
+                   ("step", "ok", None)]  # fmt: skip
+    assert all(json.loads(r["metrics"]).get("check") == "pass" for r in rows if r["experiment"] == "step")
+    result = invoke("step", *small, "--model", "cs336_basics", "--switches", "fused-ce", "--db", db)
+    assert result.exit_code == 2 and "takes fused-adamw and compile" in result.stderr
