@@ -70,8 +70,14 @@ class TrackerProbe:
 
 
 def optimizer_tensors(optimizer) -> list:
-    """The tensors in an optimizer's state (moments, step counts held as tensors)."""
+    """The tensors in an optimizer's state (moments, step counts held as tensors), and in
+    the state of the optimizers it holds as attributes (a sharded optimizer that steps its
+    own shard with an inner optimizer keeps the state there)."""
     if optimizer is None:
         return []
-    states = optimizer.state.values()
+    states = list(optimizer.state.values())
+    for value in vars(optimizer).values():
+        inner = getattr(value, "state", None)
+        if value is not optimizer and hasattr(value, "param_groups") and hasattr(inner, "values"):
+            states += list(inner.values())
     return [v for state in states for v in state.values() if hasattr(v, "untyped_storage")]

@@ -33,9 +33,10 @@ class Root(TyperGroup):
     command named on the line before anything parses them."""
 
     def parse_args(self, ctx, args):  # noqa: ANN001, ANN201 (click's signature)
-        from cs336sys.cli.vocabulary import aliases_for, command_path, rewrite
+        from cs336sys.cli.vocabulary import aliases_for, bare_values_for, command_path, rewrite
 
-        return super().parse_args(ctx, rewrite(args, aliases_for(command_path(self, args))))
+        path = command_path(self, args)
+        return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path)))
 
 
 app = typer.Typer(

@@ -10,15 +10,27 @@ from cs336sys.cli.common import (
     DEFAULT_DB,
     Bar,
     DbOption,
+    announce_user_code,
     check_db,
     emulated,
     fail,
     oversubscribed,
     recording,
     show,
+    user_code,
     user_errors,
 )
-from cs336sys.cli.options import DFF, DModel, Label, NumHeads, NumLayers, Resume, VocabSize
+from cs336sys.cli.options import (
+    DFF,
+    Adapters,
+    DModel,
+    Label,
+    NumHeads,
+    NumLayers,
+    Resume,
+    UserModel,
+    VocabSize,
+)
 
 ListOpt = list[str] | None
 
@@ -28,17 +40,20 @@ def ddp(
         ListOpt,
         typer.Option(
             help="naive, flat, overlap, bucketed, torch (replicas), fsdp and/or torch-fsdp "
-            "(sharded). [default: the five replica impls]"
+            "(sharded); yours: yours, yours-individual, yours-bucketed, yours-fsdp (your "
+            "adapters file) or NAME=package.module:Class (an FSDP when NAME has fsdp in it). "
+            "[default: the five replica impls]"
         ),
     ] = None,
     shard_optimizer: Annotated[
-        bool,
+        ListOpt,
         typer.Option(
             "--shard-optimizer",
-            help="Also run each replica impl with its AdamW state sharded by "
-            "cs336sys.parallel.ShardedOptimizer.",
+            help="Also run each replica impl with its AdamW state sharded: ours "
+            "(cs336sys.parallel.ShardedOptimizer; what the bare flag means), yours (your "
+            "adapters' get_sharded_optimizer) or yours=package.module:Class.",
         ),
-    ] = False,
+    ] = None,
     zero: Annotated[
         bool,
         typer.Option(
@@ -84,8 +99,10 @@ def ddp(
     num_layers: NumLayers = None,
     num_heads: NumHeads = None,
     vocab_size: VocabSize = None,
+    model: UserModel = None,
     resume: Resume = False,
     label: Label = None,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.
@@ -100,6 +117,8 @@ def ddp(
 
         cs336sys ddp --impl flat --size tiny,small --seq 128,256 --batch 4,8
 
+        cs336sys ddp --impl yours,bucketed --shard-optimizer yours --world-size 2
+
         torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32
     """  # noqa: E501
     from cs336sys.experiments import ddp as exp
@@ -110,16 +129,18 @@ def ddp(
     if rank is not None and resume:
         # Ranks must run identical point lists; only rank 0 can read its store.
         fail("--resume is not supported under torchrun")
+    user_code(adapters)
     with user_errors():
         specs = exp.specs(
             impl=impl, shard_optimizer=shard_optimizer, zero=zero, bucket_mb=bucket_mb, size=size,
             context_length=seq, global_batch=batch, world_size=world_size,
             backend=backend, precision=precision, warmup=warmup, steps=iters, device=device,
             seed=seed, d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size,
+            vocab_size=vocab_size, model=model,
         )  # fmt: skip
     check_db(db)
     if not rank:
+        announce_user_code(adapters is not None)
         oversubscribed(specs)
         emulated(specs[0].device, [s.precision for s in specs])
     device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"

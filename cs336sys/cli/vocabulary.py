@@ -49,6 +49,9 @@ ALIASES = {
 }
 # Old spellings that meant something else elsewhere: per command path.
 COMMAND_ALIASES = {"comm": {"--size": "--bytes"}}
+# Flags that became options with a value: given bare (followed by another option, or last),
+# they mean this value, as they did (ddp's --shard-optimizer was a switch for ours).
+BARE_VALUES = {"ddp": {"--shard-optimizer": "ours"}}
 
 
 def aliases_for(path: Sequence[str]) -> dict[str, str]:
@@ -69,14 +72,28 @@ def command_path(group: Any, args: Sequence[str]) -> list[str]:
     return path
 
 
-def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True) -> list[str]:
-    """`args` with old spellings (`--steps 5`, `--steps=5`) replaced by the new ones; stops at
-    `--`. Each old spelling used is named once on stderr."""
+def bare_values_for(path: Sequence[str]) -> dict[str, str]:
+    """The flags that take a value now, and what they mean bare, in the command at `path`."""
+    return BARE_VALUES.get(" ".join(path), {})
+
+
+def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
+            bare: dict[str, str] | None = None) -> list[str]:  # fmt: skip
+    """`args` with old spellings (`--steps 5`, `--steps=5`) replaced by the new ones, and the
+    `bare` flags given without a value followed by the value they mean; stops at `--`. Each
+    old spelling used is named once on stderr."""
     out, said = [], set()
+    bare = bare or {}
     for i, token in enumerate(args):
         if token == "--":
             out.extend(args[i:])
             break
+        if token in bare:
+            following = args[i + 1] if i + 1 < len(args) else None
+            out.append(token)
+            if following is None or following.startswith("-"):
+                out.append(bare[token])
+            continue
         name, eq, value = token.partition("=")
         new = aliases.get(name) if name.startswith("--") else None
         if new is None:

@@ -53,9 +53,10 @@ from cs336sys.bench.result import Result
 from cs336sys.bench.stats import flatten
 from cs336sys.bench.sweep import SpecError, check_seed, choices, counts, listed, positive_ints
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
-from cs336sys.experiments.model import preset_sizes, shape_overrides
+from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.models.config import ModelConfig, from_preset
+from cs336sys.yours.implementations import named_impls
 
 PRECISIONS = ("fp32", "bf16")
 TORCH_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, recorded as what ran
@@ -72,7 +73,8 @@ DEFAULTS = {
 class DDPSpec:
     impl: str
     bucket_mb: float | None
-    optimizer_sharding: str | None  # none, own or zero for the replica impls; None for FSDPs
+    # none, own (ours), zero, or the user's (yours, ...) for the replica impls; None for FSDPs
+    optimizer_sharding: str | None
     world_size: int
     backend: str
     device: str  # "cpu" or "cuda": each rank uses its own cuda:<local_rank>
@@ -88,13 +90,15 @@ class DDPSpec:
     warmup: int
     steps: int
     seed: int
+    model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
 
     @classmethod
     def of(cls, config: ModelConfig, size: str, **point: Any) -> DDPSpec:
         """The point `point` (impl, world_size, steps, ...) for a model `config` of `size`."""
         return cls(size=size, d_model=config.d_model, d_ff=config.d_ff,
                    num_layers=config.num_layers, num_heads=config.num_heads,
-                   vocab_size=config.vocab_size, context_length=config.context_length, **point)  # fmt: skip
+                   vocab_size=config.vocab_size, context_length=config.context_length,
+                   model=config.model, **point)  # fmt: skip
 
     def config(self) -> ModelConfig:
         return ModelConfig.of(self)
@@ -106,7 +110,7 @@ class DDPSpec:
 def specs(
     *,
     impl: Iterable[str] | None = None,
-    shard_optimizer: bool = False,
+    shard_optimizer: Iterable[str] | bool | None = None,
     zero: bool = False,
     bucket_mb: Iterable[Any] | None = None,
     size: Iterable[str] | str | None = None,
@@ -124,15 +128,21 @@ def specs(
     num_layers: int | None = None,
     num_heads: int | None = None,
     vocab_size: int | None = None,
+    model: str | None = None,
 ) -> list[DDPSpec]:
     """The points of a data-parallel sweep, world size slowest. SpecError names a bad option.
 
     `size`, `context_length` and `global_batch` are lists (a single value is one point) and
     sweep like every list option. Each replica impl runs with each optimizer sharding asked
-    for (none; own with shard_optimizer; zero), bucketed once per bucket cap; the FSDPs
-    have neither."""
-    impls = choices(impl, IMPLS, "--impl", default=REPLICA_IMPLS)
-    shardings = ["none"] + ["own"] * shard_optimizer + ["zero"] * zero
+    for (none; `shard_optimizer`: ours, the user's yours or yours=package.module:Class, True
+    meaning ours; zero), bucketed once per bucket cap; the FSDPs have neither. The user's
+    implementations (experiments/ddp_yours.py) are named like ours."""
+    impls = user_impls(listed(impl, "--impl", REPLICA_IMPLS))
+    if shard_optimizer is True:
+        shard_optimizer = ["ours"]
+    sharded_by = named_impls(listed(shard_optimizer or None, "--shard-optimizer", []), "optimizer",
+                             "--shard-optimizer", ["ours"])  # fmt: skip
+    shardings = ["none"] + ["own" if s == "ours" else s for s in sharded_by] + ["zero"] * zero
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:
@@ -158,11 +168,13 @@ def specs(
                 raise SpecError(f"--batch {batch} does not split evenly over {n} ranks")
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
+    if model is not None:
+        check_model(model)
     configs = {}
     for s in sizes:
         for t in ctx_lens:
             try:
-                configs[s, t] = from_preset(s, context_length=t, **overrides)
+                configs[s, t] = from_preset(s, context_length=t, model=model, **overrides)
             except ValueError as exc:
                 raise SpecError(str(exc)) from None
     return [
@@ -186,21 +198,41 @@ def _items(value: Any) -> list[Any] | None:
     return [value]
 
 
+def user_impls(given: list[str]) -> list[str]:
+    """The --impl list with the user's implementations: a one-off `NAME=package.module:Class`
+    is an FSDP when NAME has `fsdp` in it, else a DDP wrapper (experiments/ddp_yours.py)."""
+    from cs336sys import yours
+    from cs336sys.experiments.ddp_yours import one_off_kind
+
+    out: list[str] = []
+    for value in given:
+        name, sep, _ = value.partition("=")
+        kind = one_off_kind(name) if sep else "fsdp" if name in yours.names("fsdp") else "ddp"
+        out += [n for n in named_impls([value], kind, "--impl", list(IMPLS)) if n not in out]
+    return out
+
+
 def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
-    (torch DDP's own cap recorded for torch), each sharding for the replica impls; the FSDPs
-    have neither (they shard the optimizer state anyway)."""
-    if impl in FSDP_IMPLS:
+    and the user's yours-bucketed (torch DDP's own cap recorded for torch), each sharding for
+    the replica impls; the FSDPs have neither (they shard the optimizer state anyway)."""
+    from cs336sys.experiments.ddp_yours import kind_of
+
+    if impl in FSDP_IMPLS or kind_of(impl) == "fsdp":
         return [(None, None)]
-    caps = buckets if impl == "bucketed" else [TORCH_BUCKET_MB] if impl == "torch" else [None]
+    caps = (buckets if impl in ("bucketed", "yours-bucketed") else [TORCH_BUCKET_MB] if impl == "torch"
+            else [None])  # fmt: skip
     return [(b, sh) for b in caps for sh in shardings]
 
 
-def _batch(spec: DDPSpec, rank: int, device):
-    """This rank's equal, contiguous slice of one global batch that every rank draws alike."""
+def _batch(spec: DDPSpec, rank: int | None, device):
+    """This rank's equal, contiguous slice of one global batch that every rank draws alike
+    (the whole batch for rank None)."""
     from cs336sys.experiments.step import make_batch
 
     x, y = make_batch(spec.seed, spec.global_batch, spec.context_length, spec.vocab_size)
+    if rank is None:
+        return x.to(device), y.to(device)  # (B, T)
     local = spec.global_batch // spec.world_size
     part = slice(rank * local, (rank + 1) * local)
     return x[part].to(device), y[part].to(device)  # (B / world, T)
@@ -212,6 +244,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.bench.live_tensors import LiveTensorTracker
     from cs336sys.bench.memory import CudaProbe, TrackerProbe
+    from cs336sys.bench.result import Unfinished, free_memory
     from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments import ddp_setup
     from cs336sys.experiments.step import Step, make_model
@@ -219,6 +252,22 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     device = torch.device(ctx.device)
     on_cuda = device.type == "cuda"
+    user = uses_user_code(spec)
+    if user:
+        unfinished = not_implemented(spec)
+        if unfinished:  # known from the adapters file: every rank skips alike, nothing runs
+            return Result("skipped", error=unfinished)
+    # The user's code is checked against single-process training of the same steps: rank 0
+    # trains the reference first, alone, so that it never shares memory with the point.
+    reference = None
+    if user and ctx.rank == 0:
+        from cs336sys.experiments.checks import training_reference
+
+        x_all, y_all = _batch(spec, None, device)
+        reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
+                                       spec.precision, spec.warmup + 1 + spec.steps)  # fmt: skip
+        del x_all, y_all
+        free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
     probe = CudaProbe(device) if on_cuda else TrackerProbe(tracker)
     if tracker is not None:
@@ -230,14 +279,17 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         # after FSDP has sharded them.
         n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_1d = sum(p.numel() for p in model.parameters() if p.requires_grad and p.dim() < 2)
-        setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
-                                spec.precision, model, device)  # fmt: skip
+        try:
+            setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
+                                    spec.precision, model, device)  # fmt: skip
+        except Unfinished as exc:  # the getter raised NotImplementedError on every rank
+            return Result("skipped", error=str(exc))
         del model
         memory = {"init": probe.current(), **_prefixed("init", ddp_setup.split(setup))}
         x, y = _batch(spec, ctx.rank, device)
         step = Step(
             model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
-            device=ctx.device, optimizer=setup.optimizer, finish=setup.finish,
+            device=ctx.device, optimizer=setup.optimizer, finish=setup.finish, start=setup.start,
             # the replicas train under autocast; the FSDPs cast for themselves
             amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,
         )  # fmt: skip
@@ -287,6 +339,14 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         times["comm"] = [max(0.0, b - c) for b, c in zip(times["bwd"], nosync, strict=True)]
 
     diff = _param_spread(setup)
+    checked = None
+    if user:
+        full = setup.full_params()  # on every rank: a collective for an FSDP
+        if reference is not None:
+            from cs336sys.experiments.checks import training_check
+
+            checked = training_check(full, *reference, spec.precision)
+        del full
     per_rank = gather({"times": times, "peak": memory["peak"]})
     # Per step, the slowest rank's time: the others wait for it at the next collective.
     slowest = {p: [max(r["times"][p][s] for r in per_rank) for s in range(spec.steps)] for p in PHASES}  # fmt: skip
@@ -318,7 +378,39 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     )
     metrics.update(host_bound)  # rank 0's
     samples = {"ranks": [r["times"] for r in per_rank], "loss": [float(v) for v in losses]}
-    return Result("ok", metrics=metrics, samples=samples)
+    if checked is None:
+        return Result("ok", metrics=metrics, samples=samples)
+    from cs336sys.yours.implementations import sources
+
+    metrics.update(checked.metrics, code=sources(type(setup.module), type(setup.optimizer)))
+    return Result("ok" if checked.passed else "wrong", metrics=metrics, samples=samples,
+                  error=checked.why)  # fmt: skip
+
+
+def uses_user_code(spec: DDPSpec) -> bool:
+    """The point runs the user's wrapper or sharded optimizer (checked against one process)."""
+    from cs336sys import yours
+
+    return yours.is_yours(spec.impl) or yours.is_yours(spec.optimizer_sharding)
+
+
+def not_implemented(spec: DDPSpec) -> str | None:
+    """Why the point cannot run yet: an adapters function it needs still raises
+    NotImplementedError (read from the file, the same on every rank); else None."""
+    from cs336sys import yours
+
+    adapters = yours.active()
+    if adapters is None:
+        return None
+    wanted = []
+    if yours.target("ddp", spec.impl) is None and yours.target("fsdp", spec.impl) is None:
+        wanted += [e for e in (yours.entries("ddp").get(spec.impl), yours.entries("fsdp").get(spec.impl)) if e]  # fmt: skip
+    if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:  # fmt: skip
+        wanted.append(yours.entries("optimizer")["yours"])
+    for entry in wanted:
+        if adapters.has(entry) and not adapters.implements(entry):
+            return f"{entry.functions[0]} is not implemented in {adapters.shown}"
+    return None
 
 
 def _prefixed(when: str, split: dict[str, int]) -> dict[str, int]:
@@ -365,9 +457,12 @@ def _param_spread(setup) -> float | None:
 
 
 def label(row: Mapping[str, Any]) -> str:
-    """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding."""
+    """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding (the
+    user's: `+yours sharded opt`)."""
     out = str(row.get("impl")) + (f" {row['bucket_mb']:g}MiB" if row.get("bucket_mb") else "")
-    return out + {"own": " +sharded opt", "zero": " +ZeRO"}.get(row.get("optimizer_sharding") or "", "")
+    sharding = row.get("optimizer_sharding") or "none"
+    named = {"own": " +sharded opt", "zero": " +ZeRO", "none": ""}
+    return out + named.get(sharding, f" +{sharding} sharded opt")
 
 
 def label_of(spec: DDPSpec) -> str:
@@ -388,6 +483,11 @@ TABLE = Table(
         Column("grads MiB", "mem_before_opt_grads_bytes", "mib"),
         Column("opt state MiB", "mem_after_opt_opt_state_bytes", "mib"),
         Column("peak MiB", "mem_peak_bytes", "mib"),
+        Column("check", "check", optional=True,
+               note="check (the user's code): the parameters after the timed steps against "
+               "single-process training of the same steps, per tensor |p - p_ref| / |p_ref - "
+               "p_0| at most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is "
+               "wrong."),  # fmt: skip
         Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
                                        {"impl": "torch", "optimizer_sharding": "none"},
                                        ("impl", "bucket_mb", "optimizer_sharding"),
@@ -437,6 +537,10 @@ EXPERIMENT = Experiment(
         Metric("param_max_diff", "", "largest difference of a replicated weight between ranks"),
         Metric("loss_first", "", "loss of the first step (rank 0)"),
         Metric("loss_last", "", "loss of the last timed step (rank 0)"),
+        Metric("check", "", "the user's code: pass, or fail (the point is `wrong`)"),
+        Metric("check_detail", "", "what the check compared, and the worst parameter"),
+        Metric("check_worst", "", "the largest |p - p_ref| / |p_ref - p_0| over parameters"),
+        Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
         *launch(("fwd", "bwd", "comm", "opt")),
     ),
     tables=(TABLE,),

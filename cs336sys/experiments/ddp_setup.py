@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys import yours
+
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
 IMPLS = REPLICA_IMPLS + FSDP_IMPLS
@@ -50,21 +52,34 @@ class Setup:
     autocast: bool  # precision through torch.autocast (replicas) or the wrapper (FSDP)
     params: list  # this rank's parameter tensors (local shards of sharded ones)
     replicated: list  # the parameters every rank must hold identically
+    start: Callable[[], None] | None = None  # before each step's forward (a user's hook)
+    # {name: full tensor} of the unwrapped model, on every rank (a collective for FSDPs)
+    full_params: Callable[[], dict] | None = None
 
 
 def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device):
-    """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds."""
+    """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds;
+    the user's wrappers and sharded optimizer (experiments/ddp_yours.py) too."""
     import torch
 
     from cs336sys.bench.dtypes import autocast_dtype
+    from cs336sys.experiments import ddp_yours
     from cs336sys.models.adamw import AdamW
     from cs336sys.parallel.ddp import make_ddp
 
     low = autocast_dtype(precision)  # None for fp32
-    if impl in REPLICA_IMPLS:
-        wrapper = make_ddp(impl, model, bucket_size_mb=bucket_mb)
+    kind = ddp_yours.kind_of(impl)
+    if impl in REPLICA_IMPLS or kind == "ddp":
+        start = None
+        if kind == "ddp":
+            wrapper, finish_with, start_with = ddp_yours.replica(impl, model, bucket_mb)
+        else:
+            wrapper = make_ddp(impl, model, bucket_size_mb=bucket_mb)
+            finish_with, start_with = (lambda opt: wrapper.finish_gradient_synchronization()), None
         params = list(model.parameters())
-        if sharding == "own":
+        if yours.is_yours(sharding):
+            opt = holder = ddp_yours.optimizer(sharding, params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
+        elif sharding == "own":
             from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 
             opt = ShardedOptimizer(params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
@@ -77,8 +92,16 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
             holder = opt.optim
         else:
             opt = holder = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
-        return Setup(wrapper, opt, holder, wrapper.finish_gradient_synchronization, True, params,
-                     params)  # fmt: skip
+        if start_with is not None:
+            start = lambda: start_with(opt)  # noqa: E731
+        return Setup(wrapper, opt, holder, lambda: finish_with(opt), True, params, params,
+                     start=start, full_params=lambda: dict(model.named_parameters()))  # fmt: skip
+    if kind == "fsdp":
+        wrapper, finish_with, full = ddp_yours.sharded(impl, model, low)
+        params = list(wrapper.parameters())
+        opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        return Setup(wrapper, opt, opt, lambda: finish_with(opt), False, params, [],
+                     full_params=full)  # fmt: skip
     if impl == "fsdp":
         from cs336sys.parallel.fsdp import FSDP
 
@@ -86,7 +109,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         params = list(wrapper.parameters())
         opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
         return Setup(wrapper, opt, opt, wrapper.finish_gradient_synchronization, False, params,
-                     wrapper.replicated)  # fmt: skip
+                     wrapper.replicated, full_params=wrapper.full_state_dict)  # fmt: skip
     if impl == "torch-fsdp":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -136,12 +159,17 @@ def split(setup: Setup) -> dict[str, int]:
 
 
 def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:
-    """The bytes per rank of the table in the module docstring."""
+    """The bytes per rank of the table in the module docstring. The user's FSDP is held to
+    the fully sharded ideal (as torch-fsdp), the user's sharded optimizer to 8P / n."""
+    from cs336sys.experiments.ddp_yours import kind_of
+
+    fully_sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
     if impl == "fsdp":
         params = 4 * (n_params - n_1d) / world + 4 * n_1d
-    elif impl == "torch-fsdp":
+    elif fully_sharded:
         params = 4 * n_params / world
     else:
         params = 4 * n_params
-    state = 2 * params if impl in FSDP_IMPLS else 8 * n_params / (world if sharding in ("own", "zero") else 1)  # fmt: skip
+    shards_state = sharding in ("own", "zero") or yours.is_yours(sharding)
+    state = 2 * params if fully_sharded else 8 * n_params / (world if shards_state else 1)
     return {"params": params, "grads": params, "opt_state": state}

@@ -1,0 +1,87 @@
+"""The user's data-parallel code in a `cs336sys ddp` point: their DDP or FSDP wrapper and
+their sharded optimizer, from the adapters file (cs336sys.yours.adapters.ENTRIES) or a
+one-off target, put together as ddp_setup.build puts ours.
+
+    replicas  yours             get_ddp(module); ddp_on_after_backward(model, optimizer)
+              yours-individual  get_ddp_individual_parameters(module); its on_after_backward
+              yours-bucketed    get_ddp_bucketed(module, bucket_size_mb); its on_after_backward,
+                                and ddp_bucketed_on_train_batch_start(model, optimizer)
+              one-off NAME      Class(module) with finish_gradient_synchronization()
+    sharded   yours-fsdp        get_fsdp(module, compute_dtype); fsdp_on_after_backward;
+                                fsdp_gather_full_params(model) for the check
+              one-off NAME      Class(module, compute_dtype=...) with
+                                finish_gradient_synchronization() and full_state_dict()
+    optimizer yours             get_sharded_optimizer(params, AdamW, lr=..., weight_decay=...)
+              one-off NAME      Class(params, AdamW, lr=..., weight_decay=...)
+
+A one-off `--impl NAME=package.module:Class` is sharded (an FSDP) when NAME has `fsdp` in it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cs336sys import yours
+
+
+def kind_of(impl: str) -> str | None:
+    """'ddp' or 'fsdp' for the user's implementation `impl`, None for ours."""
+    if not yours.is_yours(impl):
+        return None
+    if impl in yours.entries("fsdp") or (yours.target("fsdp", impl) is not None):
+        return "fsdp"
+    return "ddp"
+
+
+def one_off_kind(name: str) -> str:
+    """The kind a one-off `--impl NAME=...` is registered as."""
+    return "fsdp" if "fsdp" in name else "ddp"
+
+
+def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callable, Callable, Callable | None]:  # fmt: skip
+    """(wrapper, finish(optimizer), start(optimizer) or None) for the user's replica `impl`."""
+    from cs336sys.yours.implementations import call_adapter, load_target
+
+    where = yours.target("ddp", impl)
+    if where is not None:
+        wrapper = load_target(where)(model)
+        return wrapper, lambda opt: wrapper.finish_gradient_synchronization(), None
+    entry = yours.entries("ddp")[impl]
+    args = (model, bucket_mb) if impl == "yours-bucketed" else (model,)
+    wrapper = call_adapter(entry, 0, *args)
+
+    def finish(opt: Any) -> None:
+        call_adapter(entry, 1, wrapper, opt)
+
+    start = None
+    if len(entry.functions) > 2:
+        def start(opt: Any) -> None:
+            call_adapter(entry, 2, wrapper, opt)
+
+    return wrapper, finish, start
+
+
+def sharded(impl: str, model: Any, compute_dtype: Any) -> tuple[Any, Callable, Callable]:
+    """(wrapper, finish(optimizer), full_params()) for the user's FSDP `impl`."""
+    from cs336sys.yours.implementations import call_adapter, load_target
+
+    where = yours.target("fsdp", impl)
+    if where is not None:
+        wrapper = load_target(where)(model, compute_dtype=compute_dtype)
+        return (wrapper, lambda opt: wrapper.finish_gradient_synchronization(),
+                wrapper.full_state_dict)  # fmt: skip
+    entry = yours.entries("fsdp")[impl]
+    wrapper = call_adapter(entry, 0, model, compute_dtype)
+    return (wrapper, lambda opt: call_adapter(entry, 1, wrapper, opt),
+            lambda: call_adapter(entry, 2, wrapper))  # fmt: skip
+
+
+def optimizer(name: str, params: list, optimizer_cls: type, **kwargs: Any) -> Any:
+    """The user's sharded optimizer `name` over `params`."""
+    from cs336sys.yours.implementations import call_adapter, load_target
+
+    where = yours.target("optimizer", name)
+    if where is not None:
+        return load_target(where)(params, optimizer_cls, **kwargs)
+    return call_adapter(yours.entries("optimizer")["yours"], 0, params, optimizer_cls, **kwargs)

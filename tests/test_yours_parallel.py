@@ -1,0 +1,136 @@
+"""The user's DDP, FSDP and sharded optimizer, on two Gloo ranks beside ours: from either
+generation of the adapters file or a one-off target, checked against single-process
+training after the timed steps, unfinished ones skipped, broken ones stored as errors."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import invoke, query
+from tests.user_repos import ADAPTERS_2025, course_repo, edit
+
+SMALL = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-layers", "1",
+         "--num-heads", "2", "--vocab-size", "64", "--seq", "16", "--batch", "4",
+         "--world-size", "2", "--warmup", "1", "--iters", "2", "--device", "cpu"]  # fmt: skip
+
+# FSDP as a student might start it: every rank keeps the full weights (no sharding yet),
+# gradients averaged after backward, the full parameters gathered by name.
+FSDP = '''
+import torch
+import torch.distributed as dist
+
+
+class ReplicatedFSDP(torch.nn.Module):
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        self.module = module
+        for p in module.parameters():
+            dist.broadcast(p.data, src=0)
+
+    def forward(self, *args):
+        return self.module(*args)
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+
+    def full_state_dict(self):
+        return dict(self.module.named_parameters())
+'''
+ADAPTERS_FSDP = '''
+from cs336_systems.fsdp import ReplicatedFSDP
+
+
+def get_fsdp(module, compute_dtype=None):
+    return ReplicatedFSDP(module, compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model, optimizer):
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model):
+    return {name: p.detach().clone() for name, p in fsdp_model.module.named_parameters()}
+'''
+
+
+def ddp_runs(db):
+    return query(db, "SELECT * FROM ddp_runs ORDER BY created")
+
+
+def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("ddp", "--impl", "yours,naive,yours-fsdp", "--shard-optimizer", "yours",
+                    *SMALL, "--db", db)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "implemented: yours-torch, yours, --shard-optimizer yours" in result.stderr
+    got = {(r["impl"], r["optimizer_sharding"]): r for r in ddp_runs(db)}
+    assert set(got) == {("yours", "none"), ("yours", "yours"), ("naive", "none"),
+                        ("naive", "yours"), ("yours-fsdp", None)}  # fmt: skip
+    for key in (("yours", "none"), ("yours", "yours"), ("naive", "yours")):
+        r = got[key]
+        assert r["status"] == "ok" and r["check"] == "pass", key
+        assert r["check_worst"] < 1e-3 and "single-process training" in r["check_detail"]
+        assert r["step_ms_mean"] > 0 and r["param_max_diff"] == 0
+        assert "cs336_systems/ddp.py" in json.loads(r["code"]) or key[0] == "naive"
+    assert "cs336_systems/sharded_optimizer.py" in json.loads(got["yours", "yours"]["code"])
+    # the sharded state: each rank holds part of AdamW's moments, not all of them
+    assert got["yours", "yours"]["mem_after_opt_opt_state_bytes"] < got["yours", "none"]["mem_after_opt_opt_state_bytes"]  # fmt: skip
+    assert got["naive", "none"]["check"] is None  # ours: not checked against one process
+    skipped = got["yours-fsdp", None]
+    assert skipped["status"] == "skipped"
+    assert skipped["error"] == "get_fsdp is not implemented in tests/adapters.py"
+
+
+def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    edit(repo, "cs336_systems/ddp.py", "                dist.all_reduce(p.grad)\n                p.grad /= world\n",
+         "                pass\n")  # fmt: skip
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("ddp", "--impl", "yours", *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = ddp_runs(db)
+    assert row["status"] == "wrong" and row["check"] == "fail" and row["check_worst"] > 0.1
+    assert row["error"].startswith("wrong: per parameter |p - p_ref| / |p_ref - p_0|")
+    assert row["param_max_diff"] > 0  # the replicas drifted apart too
+    assert "wrong" in result.stdout and "(wrong)" in result.stdout
+
+
+def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path, files={"tests/adapters.py": ADAPTERS_2025 + ADAPTERS_FSDP,
+                                        "cs336_systems/fsdp.py": FSDP})  # fmt: skip
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("ddp", "--impl", "yours-individual,yours-bucketed,yours-fsdp",
+                    "--bucket-mb", "1,10", "--shard-optimizer", "yours", *SMALL, "--db", db)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = ddp_runs(db)
+    ok = {(r["impl"], r["bucket_mb"]) for r in rows if r["status"] == "ok" and r["check"] == "pass"}
+    assert ok == {("yours-individual", None), ("yours-bucketed", 1.0), ("yours-bucketed", 10.0),
+                  ("yours-fsdp", None)}  # fmt: skip
+    skipped = [r for r in rows if r["optimizer_sharding"] == "yours"]
+    assert len(skipped) == 3 and {r["status"] for r in skipped} == {"skipped"}
+    assert skipped[0]["error"] == "get_sharded_optimizer is not implemented in tests/adapters.py"
+    fsdp = next(r for r in rows if r["impl"] == "yours-fsdp")
+    assert fsdp["expected_params_bytes"] == fsdp["params"] * 4 / 2  # held to the sharded ideal
+
+
+def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    edit(repo, "cs336_systems/ddp.py", "        world = dist.get_world_size()\n",
+         "        world = dist.get_world_size()\n        if dist.get_rank() == 1:\n"
+         "            raise RuntimeError('rank 1 lost its gradients')\n")  # fmt: skip
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("ddp", "--impl", "yours=cs336_systems.ddp:NaiveDDP,flat", *SMALL, "--db", db)
+    assert result.exit_code == 1  # a point failed; a fresh group ran the next one
+    failed, ours = ddp_runs(db)
+    assert (failed["impl"], failed["status"]) == ("yours", "error")
+    assert "RuntimeError: rank 1 lost its gradients" in failed["error"]
+    assert "cs336_systems/ddp.py" in failed["error"]  # the traceback names the user's file
+    assert (ours["impl"], ours["status"]) == ("flat", "ok")
