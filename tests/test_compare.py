@@ -485,6 +485,6 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, label TEXT, gpu TEXT)")
     conn.executemany("INSERT INTO invocations VALUES (?, ?, ?, ?)",
                      [("a1f0", "b2e1", "a", "cpu"), ("b7c3", "a9d2", "b", "cpu")])  # fmt: skip
-    assert resolve(conn, "a", "b") == "label"
-    assert resolve(conn, "a1", "b7") == "invocation"
-    assert resolve(conn, "b2", "a9") == "commit"
+    assert resolve(conn, "a", "b") == ("label", "a", "b")
+    assert resolve(conn, "a1", "b7") == ("invocation", "a1", "b7")
+    assert resolve(conn, "b2", "a9") == ("commit", "b2", "a9")

@@ -17,7 +17,7 @@ ListOpt = list[str] | None
 def report(
     since: Annotated[
         str | None,
-        typer.Option(help="Runs created since: today, yesterday, 7d, 12h, 2026-01-05, or an ISO datetime (UTC)."),
+        typer.Option(help="Runs created since: today, yesterday, 7d, 12h, 2026-01-05, or an ISO datetime (UTC); or a git ref of this folder's repository (HEAD~3, a branch, a tag): the runs of that commit and the later ones up to HEAD, cs336sys's or your code's."),
     ] = None,
     until: Annotated[
         str | None,
@@ -28,7 +28,9 @@ def report(
     ] = None,
     gpu: Annotated[str | None, typer.Option(help="Only runs on this GPU (its name).")] = None,
     commit: Annotated[
-        str | None, typer.Option(help="Only runs at this git commit (a prefix is enough).")
+        str | None,
+        typer.Option(help="Only runs at this git commit, cs336sys's or your code's: a prefix, "
+                     "or a git ref of this folder's repository (HEAD, a branch)."),
     ] = None,
     where: Annotated[
         ListOpt,
@@ -37,7 +39,8 @@ def report(
     compare: Annotated[
         tuple[str, str] | None,
         typer.Option(
-            help="Two commits, invocation ids, labels or GPUs: the report covers only their runs, and "
+            help="Two commits (prefixes, or git refs of this folder's repository: HEAD~1 HEAD; "
+            "cs336sys's or your code's), invocation ids, labels or GPUs: the report covers only their runs, and "
             "every point measured on both sides gets B/A and a verdict (1.23x slower, from a "
             "Mann-Whitney U test on the raw samples), also printed as a table.",
             metavar="A B",
@@ -85,9 +88,12 @@ def report(
 
         cs336sys report --compare 3f2c1e9 8a41b07 --fail-on-regression 10
 
+        cs336sys report --compare HEAD~1 HEAD --experiment attention
+
         cs336sys report --history --experiment model --where size=small
     """
     from cs336sys.bench.paths import why_unwritable
+    from cs336sys.report import refs
     from cs336sys.report.render import FORMATS, build, write
     from cs336sys.report.select import (
         Selection,
@@ -107,13 +113,22 @@ def report(
     formats = choices(fmt, FORMATS, "--format", default=FORMATS)
     exps = choices(experiment, sorted(experiments()), "--experiment")
     now = datetime.now(timezone.utc)
+    since_time, since_commits = None, None
+    if since is not None:
+        try:
+            since_time = parse_time(since, now)
+        except SelectionError as exc:
+            since_commits = refs.since(since)  # a git ref: that commit and the later ones
+            if since_commits is None:
+                fail(f"{exc}; nor is it a git ref of this folder's repository")
     try:
         sel = Selection(
-            since=parse_time(since, now) if since is not None else None,
+            since=since_time,
             until=parse_time(until, now, end=True) if until is not None else None,
             experiments=tuple(exps),
             gpu=gpu,
-            commit=commit,
+            commit=(refs.resolve(commit) or commit) if commit else None,
+            commits=tuple(since_commits) if since_commits is not None else None,
             where=tuple(parse_where(where or [])),
         )
     except SelectionError as exc:

@@ -48,7 +48,7 @@ from typing import Any
 
 from cs336sys.bench.declaration import catalog
 from cs336sys.bench.significance import ALPHA, THRESHOLD, judge
-from cs336sys.report.sections import QUIET, Row, Table, num, skey, text, varying
+from cs336sys.report.sections import Row, Table, num, point_labels, skey
 from cs336sys.report.select import Selection, SelectionError, invocations, load, present
 
 __all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "method", "sides"]
@@ -246,22 +246,44 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
                   len(xa), len(xb), verdict, kind, how)  # fmt: skip
 
 
-def resolve(conn: sqlite3.Connection, a: str, b: str) -> str:
-    """Which invocations column both A and B name: 'label' (the --label of an invocation,
-    exactly), 'gpu' (exactly), 'commit' or 'invocation' (a prefix). Exact names come first:
-    a label such as "a" is also the prefix of some hex commit or invocation id."""
-    has_label = any(r[1] == "label" for r in conn.execute("PRAGMA table_info(invocations)"))
+def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
+    """Which invocations column both A and B name, and A and B as that column holds them:
+    'label' (the --label of an invocation, exactly), 'gpu' (exactly), 'commit' or
+    'invocation' (a prefix). Exact names come first: a label such as "a" is also the prefix
+    of some hex commit or invocation id. A commit is cs336sys's (git_commit) or the user's
+    (user_commit), named by a prefix or a git ref of the current folder's repository
+    (HEAD~1, a branch, a tag: report/refs.py), which becomes its full hash."""
+    from cs336sys.report.refs import resolve as resolve_ref
+
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(invocations)")}
+    commit = ("(git_commit LIKE ? ESCAPE '\\' OR user_commit LIKE ?1 ESCAPE '\\')"
+              if "user_commit" in columns else "git_commit LIKE ? ESCAPE '\\'")  # fmt: skip
     probes = {
-        **({"label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1"} if has_label else {}),
+        **({"label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1"} if "label" in columns else {}),
         "gpu": "SELECT 1 FROM invocations WHERE gpu = ? LIMIT 1",
-        "commit": "SELECT 1 FROM invocations WHERE git_commit LIKE ? ESCAPE '\\' LIMIT 1",
+        "commit": f"SELECT 1 FROM invocations WHERE {commit} LIMIT 1",
         "invocation": "SELECT 1 FROM invocations WHERE id LIKE ? ESCAPE '\\' LIMIT 1",
     }
 
+    commits: dict[str, str] = {}  # token -> the commit it matched: a ref's hash, or itself
+
+    def matches(k: str, value: str) -> bool:
+        pat = value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return conn.execute(probes[k], (value if k in ("gpu", "label") else pat,)).fetchone() is not None
+
     def kinds(token: str) -> list[str]:
-        pat = token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return [k for k, q in probes.items()
-                if conn.execute(q, (token if k in ("gpu", "label") else pat,)).fetchone()]  # fmt: skip
+        found = []
+        for k in probes:
+            if k != "commit":
+                if matches(k, token):
+                    found.append(k)
+                continue
+            for value in dict.fromkeys(v for v in (resolve_ref(token), token) if v):
+                if matches(k, value):
+                    commits[token] = value
+                    found.append(k)
+                    break
+        return found
 
     ka, kb = kinds(a), kinds(b)
     if not ka:
@@ -271,7 +293,10 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> str:
     common = [k for k in ka if k in kb]
     if not common:
         raise SelectionError(f"--compare: {a!r} is a {ka[0]} but {b!r} is a {kb[0]}")
-    return common[0]
+    kind = common[0]
+    if kind == "commit":
+        return kind, commits[a], commits[b]
+    return kind, a, b
 
 
 def _side(sel: Selection, kind: str, token: str) -> Selection:
@@ -287,11 +312,13 @@ class Sides:
     b: dict[str, list[Row]]
     rows: dict[str, list[Row]]  # A's and B's, each run once, oldest first
     invocations: list[dict[str, Any]]  # of A's and B's runs, by status (select.invocations)
+    names: tuple[str, str] = ("A", "B")  # as typed, with the commit a git ref resolved to
 
 
 def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> Sides:
     """Load A's and B's runs; raises SelectionError when A or B names nothing."""
-    kind = resolve(conn, a, b)
+    typed = (a, b)
+    kind, a, b = resolve(conn, a, b)
     sa, sb = _side(sel, kind, a), _side(sel, kind, b)
     found = sorted(set(present(conn, sa)) | set(present(conn, sb)))
     rows_a, rows_b = load(conn, sa, found), load(conn, sb, found)
@@ -304,7 +331,8 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> Sides:
             rows[exp] = sorted(seen.values(), key=lambda r: (r["created"] or "", r["run_id"]))
     invs = {(i["id"], i["_status"]): i for i in (*invocations(conn, sa), *invocations(conn, sb))}
     ordered = sorted(invs.values(), key=lambda i: (i["started"] or "", i["id"] or ""))
-    return Sides(kind, rows_a, rows_b, rows, ordered)
+    names = tuple(t if t == r or r.startswith(t) else f"{t} ({r[:10]})" for t, r in zip(typed, (a, b), strict=True))  # fmt: skip
+    return Sides(kind, rows_a, rows_b, rows, ordered, names)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -364,17 +392,6 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def point_labels(heads: list[Row]) -> list[str]:
-    """Each point named by the settings that tell it apart from the others (all its settings
-    when alone), and its GPU when they are on several."""
-    keys = varying(heads) or (sorted(set(heads[0]["_settings"]) - QUIET) if heads else [])
-    many = len({r.get("gpu") for r in heads}) > 1
-    return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
-                      if r["_settings"].get(k) is not None]
-                     + ([f"on {text(r.get('gpu'))}"] if many else []))
-            for r in heads]  # fmt: skip
-
-
 def compare_sides(s: Sides, a: str, b: str, threshold: float = THRESHOLD) -> Comparison:
     """A against B, point by point, one table per experiment (in the declared order)."""
     declared = metrics()
@@ -405,4 +422,5 @@ def compare_sides(s: Sides, a: str, b: str, threshold: float = THRESHOLD) -> Com
 def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str,
             threshold: float = THRESHOLD) -> Comparison:  # fmt: skip
     """A against B within the selection; raises SelectionError when A or B names nothing."""
-    return compare_sides(sides(conn, sel, a, b), a, b, threshold)
+    both = sides(conn, sel, a, b)
+    return compare_sides(both, *both.names, threshold)

@@ -4,7 +4,8 @@ A point (experiment, GPU, settings) measured at two commits or more has a histor
 commit, the median of the experiment's compared metric (report/compare.py: step time for
 model, end-to-end time for attention, ...) over the raw timed samples of the point's runs
 at that commit. Commits go in the time order of their first run in the selection; a dirty
-checkout is a commit of its own (`abc1234-dirty`), since it measured other code.
+checkout is a commit of its own (`abc1234-dirty`), since it measured other code. A run of
+the user's code (cs336sys.yours) counts at the user's commit, the code that changed.
 
 A step is a pair of consecutive commits of a point whose samples differ by the rule of
 `--compare` (bench/significance.py): Mann-Whitney U p < 0.05 on the raw samples *and*
@@ -31,10 +32,9 @@ from cs336sys.report.compare import (
     Side,
     assess,
     metrics,
-    point_labels,
     text_table,
 )
-from cs336sys.report.sections import Figure, Row, Section, Table, num, skey
+from cs336sys.report.sections import Figure, Row, Section, Table, num, point_labels, skey
 
 MAX_PLOTS = 12
 MAX_STEPS = 100
@@ -126,6 +126,16 @@ def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
             "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]  # fmt: skip
 
 
+def commit_of(r: Row) -> tuple[str, bool] | None:
+    """(commit, dirty) of the code a run measured: the user's, when it measured theirs,
+    else cs336sys's; None without git."""
+    if r.get("user_commit"):
+        return r["user_commit"], bool(r.get("user_dirty"))
+    if r.get("git_commit"):
+        return r["git_commit"], bool(r.get("git_dirty"))
+    return None
+
+
 def build(rows: dict[str, list[Row]], draw: bool = True, threshold: float = THRESHOLD) -> History:
     """The history of every point in `rows` (experiment -> view rows with `_settings` and
     `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty."""
@@ -135,10 +145,10 @@ def build(rows: dict[str, list[Row]], draw: bool = True, threshold: float = THRE
         for r in exp_rows:
             if r.get("status") != "ok":
                 continue
-            if not r.get("git_commit"):
+            k = commit_of(r)
+            if k is None:
                 no_commit += 1
                 continue
-            k = (r["git_commit"], bool(r.get("git_dirty")))
             order[k] = min(order.get(k, r["created"] or ""), r["created"] or "")
     rank = {k: i for i, k in enumerate(sorted(order, key=lambda k: (order[k], k)))}
 
@@ -147,10 +157,10 @@ def build(rows: dict[str, list[Row]], draw: bool = True, threshold: float = THRE
     for exp, metric in metrics().items():
         groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
         for r in rows.get(exp, []):
-            if r.get("status") != "ok" or r.get(metric.column) is None or not r.get("git_commit"):
+            if r.get("status") != "ok" or r.get(metric.column) is None or commit_of(r) is None:
                 continue
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
-            at.setdefault((r["git_commit"], bool(r.get("git_dirty"))), Side(r)).add(r, metric)
+            at.setdefault(commit_of(r), Side(r)).add(r, metric)
         many = {k: at for k, at in groups.items() if len(at) > 1}
         one_commit += len(groups) - len(many)
         if not many:

@@ -110,7 +110,8 @@ class Selection:
     until: str | None = None
     experiments: tuple[str, ...] = ()
     gpu: str | None = None
-    commit: str | None = None
+    commit: str | None = None  # a prefix of cs336sys's commit or of the user's (report/refs.py)
+    commits: tuple[str, ...] | None = None  # exactly these commits (`--since REF`), either column
     invocation: str | None = None
     label: str | None = None  # the invocation's --label, exactly
     where: tuple[tuple[str, str], ...] = field(default_factory=tuple)
@@ -133,8 +134,13 @@ class Selection:
             params.append(self.gpu)
         if self.commit:
             # A prefix, as people type short hashes; LIKE wildcards in the value are escaped.
-            conds.append("i.git_commit LIKE ? ESCAPE '\\'")
-            params.append(_like_prefix(self.commit))
+            # The commit of cs336sys's code or of the user's code measured (cs336sys.yours).
+            conds.append("(i.git_commit LIKE ? ESCAPE '\\' OR i.user_commit LIKE ? ESCAPE '\\')")
+            params.extend([_like_prefix(self.commit)] * 2)
+        if self.commits is not None:
+            marks = ", ".join("?" * len(self.commits)) or "NULL"
+            conds.append(f"(i.git_commit IN ({marks}) OR i.user_commit IN ({marks}))")
+            params.extend([*self.commits, *self.commits])
         if self.invocation:
             conds.append("r.invocation_id LIKE ? ESCAPE '\\'")
             params.append(_like_prefix(self.invocation))

@@ -1,0 +1,38 @@
+"""Git refs typed where the report takes a commit (`--compare HEAD~1 HEAD`, `--commit main`,
+`--since v1.0`), resolved in the repository of the current folder: the user's own, when they
+measure their code from it, or cs336sys's checkout. A stored run matches a commit through
+either column that records one: `git_commit` (cs336sys's code) or `user_commit` (the user's
+code it measured, cs336sys.yours).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def _git(*args: str, cwd: str | Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def resolve(ref: str, cwd: str | Path | None = None) -> str | None:
+    """The full hash of the commit `ref` names (HEAD~1, a branch, a tag, a hash prefix) in
+    the git repository of `cwd` (the current folder); None when it names none there. Text
+    that git would read as an option is never passed to it."""
+    if not ref or ref.startswith("-"):
+        return None
+    return _git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", cwd=cwd)
+
+
+def since(ref: str, cwd: str | Path | None = None) -> list[str] | None:
+    """The commits from `ref` to HEAD (`ref` itself and those HEAD has that `ref` has not),
+    full hashes, newest first; None when `ref` is no commit here."""
+    commit = resolve(ref, cwd)
+    if commit is None:
+        return None
+    later = _git("rev-list", "HEAD", f"^{commit}", cwd=cwd)
+    return [*(later.splitlines() if later else []), commit]
