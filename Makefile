@@ -14,7 +14,7 @@ DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
 CLI := $(VENV)/bin/cs336sys
 REPORT = $(CLI) report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT)
 
-.PHONY: install test demo demo-full lint bench clean-venv browser gpu-check gpu-owed wheels docs
+.PHONY: install test demo demo-yours demo-full lint bench clean-venv browser gpu-check gpu-owed wheels docs
 
 install: $(STAMP)
 
@@ -84,6 +84,26 @@ demo: $(STAMP)
 	$(CLI) plan --db $(DEMO_DB) --model 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp \
 		--n 2,4,8,16
 	$(REPORT) --title "cs336sys demo (a first run: small CPU sweeps)"
+
+# `make demo-yours`: a student's code measured beside ours (docs/yours.md), from the
+# course-layout example in examples/course-layout/: their FlashAttention-2 in PyTorch
+# checked against float64, their DDP and sharded optimizer against single-process training,
+# the course's model against ours with the same weights; an unimplemented FSDP is a skipped
+# row. Its own store and report folder.
+DEMO_YOURS_DB ?= db/demo-yours.db
+DEMO_YOURS_REPORT ?= reports/demo-yours
+YOURS := --db $(DEMO_YOURS_DB) --adapters examples/course-layout/tests/adapters.py
+demo-yours: $(STAMP)
+	$(CLI) attention $(YOURS) --impl yours-torch,flash-torch,naive --seq 128,256 \
+		--d-head 32 --batch 2 --warmup 1 --iters 5
+	$(CLI) ddp $(YOURS) --impl yours,bucketed,yours-fsdp --shard-optimizer yours \
+		--world-size 2 --seq 64 --bucket-mb 1 --warmup 1 --iters 3
+	$(CLI) model $(YOURS) --model cs336_basics --size tiny --seq 64,128 --batch 4 \
+		--warmup 1 --iters 3
+	$(CLI) model $(YOURS) --attention yours-torch,naive --size tiny --seq 128 --batch 4 \
+		--warmup 1 --iters 3
+	$(CLI) report --db $(DEMO_YOURS_DB) --since $(DEMO_START) --out $(DEMO_YOURS_REPORT) \
+		--title "cs336sys demo: your code beside ours (examples/course-layout)"
 
 # `make demo-full`: the CPU-sized sweeps of everything: end-to-end model timing in fp32 and
 # bf16 (then its stored table), attention implementations side by side (the Triton kernels
