@@ -59,9 +59,9 @@ TRITON_IMPLS = ("triton", "yours-triton")  # they need CUDA or Triton's interpre
 # against a float64 reference from the same (rounded) inputs. fp32: the course's tests'
 # tolerance, 1e-2, loose enough for TF32 matmuls (Triton's tl.dot default); fp16 the same.
 # bf16 has 3 mantissa bits fewer than fp16 (8x its rounding error): 5e-2. Measured on CPU
-# (B1 H4 T256-1024 d64, causal): the largest |x - ref| - 0.01·|ref| of naive, sdpa and
-# flash-torch was 1.2e-2 in bf16 and 6e-4 in fp16 (fp32: 4e-6). A wrong kernel (no scale,
-# a shifted mask, a stale running max) is off by 0.1 to 1.
+# (benchmarks/check_tolerances.py: B1 H4 T256-1024 d64, causal), the largest
+# |x - ref| - 0.01·|ref| of naive, sdpa and flash-torch is about 1e-2 in bf16 and 6e-4 in fp16
+# (fp32: under 1e-6). A wrong kernel (no scale, a shifted mask, a stale max) is off by 0.1-1.
 CHECK_TOLERANCE = {"fp32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
 
 _BACKEND_NAMES = {

@@ -77,10 +77,10 @@ def _same_loss(loss: float, reference: float, what: str) -> Verdict:
 
 
 # Training the same steps as one process: each parameter tensor's distance from the reference
-# against how far the reference moved it, |p - p_ref| / |p_ref - p_0| (L2 norms). Measured on
-# the tiny model, 2 Gloo ranks, 8 AdamW steps: 1.9e-5 for each of our DDP variants in fp32,
-# 2.4e-2 under bf16 autocast (rounding of half-batch activations); a DDP that does not
-# average gradients is at 1.0.
+# against how far the reference moved it, |p - p_ref| / |p_ref - p_0| (L2 norms). Measured
+# (benchmarks/check_tolerances.py: a 2-layer d64 model, 2 Gloo ranks, 8 AdamW steps): 1.9e-5
+# for each of our DDP variants in fp32, 2.4e-2 under bf16 autocast (rounding of half-batch
+# activations); a DDP that does not average gradients is at 1.0.
 TRAINING_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1, "fp16": 0.1}
 
 
