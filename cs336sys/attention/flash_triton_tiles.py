@@ -1,9 +1,26 @@
 """`@triton.jit` helpers on tiles, shared by the FlashAttention-2 kernels.
 
-Both kernel variants build on them: the pointer kernels of `flash_triton_kernels.py`, whose
-docstring sets the conventions (base-2 scores, additive masks, UPCAST_DOT and ROUND_BF16),
-and the descriptor (TMA) kernels of `flash_triton_tma.py`. _load_tile is what lets the two
-share their loops: it loads a tile through either a pointer block or a tensor descriptor.
+The kernels of `flash_triton_kernels.py`, whose docstring sets the conventions (base-2
+scores, additive masks, UPCAST_DOT and ROUND_BF16), move every tile of Q, K, V, O, dO, dQ,
+dK and dV through four helpers here, so that one kernel body serves both ways of moving it:
+
+    _load_owned   the tile a program owns, read once: rows [start, start + ROWS) of the
+                  (n_rows, HEAD_DIM) slice of one (batch, head), zero padded
+    _store_owned  an output's rows of the owned tile, dropping the padding
+    _slice        a slice whose tiles stream through the program's loop: pointers to its
+                  first rows, or a descriptor
+    _load_tile    a streamed tile, rows [start, start + tile) of a _slice, zero padded
+
+Their TMA constexpr picks the way. False: pointer arithmetic and masked `tl.load` /
+`tl.store` (no block pointers, which Triton 3.9 removed). True: tensor descriptors
+(`tl.make_tensor_descriptor`; Triton's "Tensor descriptors" docs and its fused-attention
+tutorial): on sm_90 each tile load is one asynchronous TMA copy into shared memory, issued by a
+single thread, instead of a vector load per thread with per-element addresses and masks in
+registers; out of bounds, TMA fills rows past n_rows and columns past HEAD_DIM with zeros on
+loads and drops them on stores, which replaces every load and store mask (scores still need
+the tail and causal masks: a zero-padded key scores 0, not -inf). Triton compiles a
+jit function once per constexpr value, so the pointer build never contains a descriptor
+operation, nor the TMA build a mask on a tile.
 """
 
 from __future__ import annotations
@@ -45,8 +62,8 @@ def _cast(x, dtype, ROUND_BF16: tl.constexpr):
 
 @triton.jit
 def _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, rows, BLOCK_D: tl.constexpr):
-    """Pointers to rows `rows` (a 1-D range) of batch b, head h, as a (rows, BLOCK_D) block:
-    the pointer counterpart of flash_triton_tma._slice_desc, masked by _load_rows."""
+    """Pointers to rows `rows` (a 1-D range) of batch b, head h, as a (rows, BLOCK_D) block,
+    masked by _load_rows. The int64 b and h keep batch and head offsets from overflowing."""
     slice_base = base + b * stride_b + h * stride_h
     return slice_base + rows[:, None] * stride_t + tl.arange(0, BLOCK_D)[None, :]
 
@@ -77,17 +94,52 @@ def _load_rows(
 
 
 @triton.jit
+def _store_rows(ptrs, x, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Store a (rows, BLOCK_D) tile, dropping rows past the sequence end and the head-dim pad."""
+    if HEAD_DIM == BLOCK_D:
+        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _slice(
+    base, b, h, stride_b, stride_h, stride_t, n_rows,
+    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """The (n_rows, HEAD_DIM) slice of batch b, head h, for tiles of (ROWS, BLOCK_D).
+
+    TMA: a tensor descriptor with shape (n_rows, HEAD_DIM), strides (stride_t, 1) and block
+    (ROWS, BLOCK_D). It needs a 16-byte aligned base and row stride, which the host checks
+    (flash_triton_tma.tma_layout_ok), and Triton writes it to a global scratch buffer from
+    the allocator given to `triton.set_allocator` (flash_triton_tma.ensure_allocator).
+    Otherwise: pointers to the slice's first ROWS rows, a (ROWS, BLOCK_D) block, which
+    _load_tile moves to the tile's rows.
+    """
+    if TMA:
+        src = tl.make_tensor_descriptor(
+            base + b * stride_b + h * stride_h,
+            shape=[n_rows, HEAD_DIM],
+            strides=[stride_t, 1],
+            block_shape=[ROWS, BLOCK_D],
+        )
+    else:
+        src = _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, tl.arange(0, ROWS), BLOCK_D)
+    return src
+
+
+@triton.jit
 def _load_tile(
     src, start, offs, stride_t, n_rows,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Rows start + offs (offs = arange(0, tile)) of a (n_rows, HEAD_DIM) slice, zero padded.
+    """Rows start + offs (offs = arange(0, tile)) of a _slice src, as a (tile, BLOCK_D) tile
+    with zeros past n_rows and HEAD_DIM.
 
-    TMA: src is the slice's tensor descriptor, which pads out of bounds itself (offs,
-    stride_t and n_rows are unused). Otherwise src points at the slice's rows offs
-    (_slice_ptrs) and _load_rows masks. Since Triton compiles a jit function once per
-    constexpr value, a loop that loads through this helper serves both kernel variants with
-    no runtime branch.
+    TMA: the descriptor pads out of bounds itself (offs, stride_t, n_rows and CHECK_ROWS are
+    unused). Otherwise the pointers are moved start rows on and _load_rows masks; CHECK_ROWS
+    False promises rows inside the slice, for loads without a row mask.
     """
     if TMA:
         x = src.load([start, 0])
@@ -98,16 +150,56 @@ def _load_tile(
 
 
 @triton.jit
+def _load_owned(
+    base, b, h, stride_b, stride_h, stride_t, start, n_rows,
+    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """Rows [start, start + ROWS) of the (n_rows, HEAD_DIM) slice of batch b, head h, as a
+    (ROWS, BLOCK_D) tile with zeros past n_rows and HEAD_DIM: the tile a program owns, read
+    once. _slice and _load_tile in one, but with the pointers formed at the tile's rows:
+    moving the slice's first rows there instead cost sm_90 builds up to 14 registers."""
+    if TMA:
+        x = _slice(base, b, h, stride_b, stride_h, stride_t, n_rows, HEAD_DIM, ROWS, BLOCK_D,
+                   True).load([start, 0])  # fmt: skip
+    else:
+        rows = start + tl.arange(0, ROWS)
+        ptrs = _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, rows, BLOCK_D)
+        x = _load_rows(ptrs, rows, n_rows, HEAD_DIM, BLOCK_D, True)
+    return x
+
+
+@triton.jit
+def _store_owned(
+    base, b, h, stride_b, stride_h, stride_t, start, n_rows, x,
+    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """Store the float32 (ROWS, BLOCK_D) tile x, cast to base's dtype (_cast), to rows
+    [start, start + ROWS) of the slice, as _load_owned reads them, dropping rows past n_rows
+    and columns past HEAD_DIM. The cast comes after the slice is formed: casting first cost
+    the TMA forward's sm_90 build 10 registers under Triton 3.6."""
+    if TMA:
+        desc = _slice(base, b, h, stride_b, stride_h, stride_t, n_rows, HEAD_DIM, ROWS, BLOCK_D,
+                      True)  # fmt: skip
+        desc.store([start, 0], _cast(x, base.dtype.element_ty, ROUND_BF16))
+    else:
+        rows = start + tl.arange(0, ROWS)
+        ptrs = _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, rows, BLOCK_D)
+        _store_rows(ptrs, _cast(x, base.dtype.element_ty, ROUND_BF16), rows, n_rows, HEAD_DIM,
+                    BLOCK_D)  # fmt: skip
+
+
+@triton.jit
 def _add_tile(
     dst, start, offs, stride_t, n_rows, x,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Atomically add the float32 tile x to rows start + offs of a float32 (n_rows, HEAD_DIM)
-    slice; dst points at the slice's rows offs (_slice_ptrs), as _load_tile's src.
+    slice; dst points at the slice's first rows, as _slice makes them without TMA.
 
     Relaxed: the additions only need to be atomic, not ordered (the default, acq_rel, would
-    fence every one). Pointer atomics in both kernel variants: Triton's interpreter runs them,
-    not a descriptor's atomic_add (a TMA reduction), so this path is tested on CPU too.
+    fence every one). Pointer atomics also where the kernel's TMA is set: Triton's interpreter
+    runs them, not a descriptor's atomic_add (a TMA reduction), so this path is tested on CPU.
     """
     ptrs = dst + start * stride_t
     rows = start + offs
@@ -124,16 +216,6 @@ def _add_tile(
         else:
             offs_d = tl.arange(0, BLOCK_D)
             tl.atomic_add(ptrs, x, mask=(offs_d[None, :] < HEAD_DIM), sem="relaxed")
-
-
-@triton.jit
-def _store_rows(ptrs, x, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Store a (rows, BLOCK_D) tile, dropping rows past the sequence end and the head-dim pad."""
-    if HEAD_DIM == BLOCK_D:
-        tl.store(ptrs, x, mask=rows[:, None] < n_rows)
-    else:
-        offs_d = tl.arange(0, BLOCK_D)
-        tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM))
 
 
 @triton.jit
