@@ -31,8 +31,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from cs336sys.attention import flash_triton_kernels as pointer
-from cs336sys.attention import flash_triton_tma as tma
+from cs336sys.attention import flash_triton_kernels as attention
 from cs336sys.models import adamw_kernels as adamw
 from cs336sys.models import fused_ce_triton as ce
 
@@ -92,15 +91,17 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[s
 
 
 # --------------------------------------------------------------------------------------------
-# FlashAttention-2: the pointer kernels and the TMA ones, configs the tile pruner keeps.
+# FlashAttention-2: each kernel's pointer and TMA builds (constexpr TMA), configs the tile
+# pruner keeps.
 
 BF16, FP32 = "*bf16", "*fp32"
-ATTENTION_KERNELS = {  # name -> (pointer kernel, TMA kernel)
-    "fwd": ("_attn_fwd_kernel", "_attn_fwd_tma_kernel"),
-    "dkdv": ("_attn_bwd_dkdv_kernel", "_attn_bwd_dkdv_tma_kernel"),
-    "dq": ("_attn_bwd_dq_kernel", "_attn_bwd_dq_tma_kernel"),
-    "dkdv+dq": ("_attn_bwd_dkdv_kernel", "_attn_bwd_dkdv_tma_kernel"),  # ATOMIC_DQ (opt-in)
+ATTENTION_KERNELS = {
+    "fwd": attention._attn_fwd_kernel,
+    "dkdv": attention._attn_bwd_dkdv_kernel,
+    "dq": attention._attn_bwd_dq_kernel,
+    "dkdv+dq": attention._attn_bwd_dkdv_kernel,  # ATOMIC_DQ (opt-in)
 }
+VARIANTS = (("pointer", False), ("tma", True))  # label, TMA
 FWD, DQ = [BF16] * 4 + [FP32], [BF16] * 5 + [FP32] * 2 + [BF16]
 DKDV, DKDV_DQ = [BF16] * 4 + [FP32] * 2 + [BF16] * 3, [BF16] * 4 + [FP32] * 2 + [BF16] * 2 + [FP32]
 # (kernel, pointer types, constexprs, warps, stages)
@@ -130,11 +131,11 @@ def attention_builds():
         c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
         if name.startswith("dkdv"):
             c["ATOMIC_DQ"] = name == "dkdv+dq"
-        for variant, module, kernel_name in (("pointer", pointer, ATTENTION_KERNELS[name][0]),
-                                             ("tma", tma, ATTENTION_KERNELS[name][1])):  # fmt: skip
+        for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")  # fmt: skip
-            yield label, _attention(getattr(module, kernel_name), pointers, c, warps, stages)
+            yield label, _attention(ATTENTION_KERNELS[name], pointers, {**c, "TMA": tma}, warps,
+                                    stages)  # fmt: skip
 
 
 def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages: int):
@@ -161,11 +162,11 @@ def atomic_dq_builds(head_dims=(64, 128)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
                      ROUND_BF16=False, ATOMIC_DQ=True, **tiles)  # fmt: skip
-            for variant, module in (("pointer", pointer), ("tma", tma)):
-                kernel = getattr(module, ATTENTION_KERNELS["dkdv+dq"][variant == "tma"])
+            for variant, tma in VARIANTS:
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
                          f"s{cfg.num_stages}")  # fmt: skip
-                yield label, _attention(kernel, DKDV_DQ, c, cfg.num_warps, cfg.num_stages)
+                yield label, _attention(ATTENTION_KERNELS["dkdv+dq"], DKDV_DQ, {**c, "TMA": tma},
+                                        cfg.num_warps, cfg.num_stages)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

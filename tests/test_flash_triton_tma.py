@@ -1,6 +1,6 @@
-"""The descriptor (TMA) kernels of flash_triton_tma.py against the float64 reference.
+"""The kernels' descriptor (TMA) build (constexpr TMA) against the float64 reference.
 
-flash_triton.FORCE_TMA makes every launch plan whose layout allows it run them; without CUDA
+flash_triton.FORCE_TMA makes every launch plan whose layout allows it run it; without CUDA
 that is Triton's interpreter (3.9, and 3.6 with PYTHONPATH at its wheel), where a descriptor
 load pads out-of-bounds rows and head-dim columns with zeros and a store drops them, as TMA
 does. Each test also checks which kernels its plans chose, so that a silent fall-back to the
@@ -154,7 +154,7 @@ def test_without_force_tma_is_used_only_on_hopper_when_opted_in(monkeypatch):
 
 
 def test_tma_kernels_take_the_pointer_kernels_arguments():
-    # The launch plans pass the same arguments to either variant.
+    # The launch plans pass the same arguments to either build (one kernel, TMA a constexpr).
     for name in ("fwd", "dkdv", "dq"):
         tma = flash_triton._KERNELS[name + "_tma"]
         assert tma.arg_names == flash_triton._KERNELS[name].arg_names, name

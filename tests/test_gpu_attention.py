@@ -123,7 +123,7 @@ TMA_CASES = [  # the descriptor kernels: each dtype, both maskings, padded head 
 
 @pytest.mark.parametrize("shape, dtype, causal", TMA_CASES)
 def test_tma_kernels_on_hopper_match_float64(monkeypatch, shape, dtype, causal):
-    """Issue 15: the kernels of flash_triton_tma.py, forced (they are opt-in), on an H100."""
+    """Issue 15: the kernels' TMA build, forced (it is opt-in), on an H100."""
     from cs336sys.attention import FlashAttention2Triton, flash_triton
 
     if torch.cuda.get_device_capability()[0] < 9:

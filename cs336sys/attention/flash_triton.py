@@ -26,8 +26,8 @@ causal, dtype). Without CUDA the kernels run only in Triton's interpreter, which
 switched on with TRITON_INTERPRET=1 before this module is imported; it then uses fixed
 16 x 16 tiles.
 
-With CS336SYS_TRITON_TMA=1, GPUs of compute capability >= 9 (Hopper) run the kernel variants of
-`flash_triton_tma.py`, which move tiles through tensor descriptors (TMA); with
+With CS336SYS_TRITON_TMA=1, GPUs of compute capability >= 9 (Hopper) run the kernels' TMA
+build, which moves tiles through tensor descriptors (`flash_triton_tma.py`); with
 CS336SYS_TRITON_ATOMIC_DQ=1 the backward adds dQ with atomics inside the dK/dV kernel instead
 of recomputing S and dP in a dQ kernel. Both are opt-in until measured on an H100 (issue 15).
 """
@@ -77,8 +77,8 @@ def check_available(device: torch.device | str) -> None:
     _available(device, INTERPRETED, "--impl triton")
 
 
-# Hopper path (issue 15): the kernels of flash_triton_tma.py load and store tiles through
-# tensor descriptors (TMA) instead of per-element pointers and masks. Opt-in until measured
+# Hopper path (issue 15): the kernels' TMA build (constexpr TMA) loads and stores tiles through
+# tensor descriptors instead of per-element pointers and masks. Opt-in until measured
 # on an H100 (written and checked on a CPU-only machine, in the interpreter and by offline
 # sm_90 compiles): a plan runs them only where CS336SYS_TRITON_TMA=1, the GPU has compute
 # capability >= 9, the inputs are 16-bit and every tensor's layout suits TMA (tma_layout_ok);
@@ -202,7 +202,7 @@ class _Plan:
 
     launches: tuple[_Launch, ...]
     views: bool  # a tensor must go through _kernel_view (a reshape or a copy) on every call
-    variant: str = "pointer"  # or "tma": the descriptor kernels of flash_triton_tma.py
+    variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
     atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
     hits: int = 0
 
@@ -372,9 +372,9 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
 
     args = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4), *_bht_strides(o4),
             n_q, n_k, LOG2E / math.sqrt(d))  # fmt: skip
-    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
-                      **_dot_flags(q.dtype))  # fmt: skip
     variant = _variant(*views)
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
+                      **_dot_flags(q.dtype), TMA=variant == "tma")  # fmt: skip
     name = "fwd_tma" if variant == "tma" else "fwd"
     launch = _first_launch(name, grid, (*views, lse), args, constexprs)
     copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
@@ -447,15 +447,15 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
     block_d = triton.next_power_of_2(d)
-    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal, **_dot_flags(q.dtype))
+    variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
+    suffix = "_tma" if variant == "tma" else ""
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal, **_dot_flags(q.dtype),
+                      TMA=variant == "tma")  # fmt: skip
     scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
     qkv = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4))
 
     def grid(length, tile):
         return lambda tiles: (triton.cdiv(length, tiles[tile]), heads, batch)
-
-    variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
-    suffix = "_tma" if variant == "tma" else ""
 
     copied = any(a is not b for a, b in zip(views, given, strict=True))
     dkdv_args = (*qkv, *_bht_strides(do4), *_bht_strides(dk4), *_bht_strides(dv4),

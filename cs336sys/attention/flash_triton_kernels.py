@@ -10,7 +10,8 @@
                                         float32 buffer with atomics (see below)
 
 The host side (input checks, launch plans, the autograd.Function) is in `flash_triton.py`,
-tile sizes and autotuning in `flash_triton_tuning.py`; this file holds only `@triton.jit` code, written after Triton's
+tile sizes and autotuning in `flash_triton_tuning.py`, the tile helpers in
+`flash_triton_tiles.py`; this file holds only `@triton.jit` code, written after Triton's
 fused-attention tutorial and the Triton kernel of the flash-attention repository.
 
 Conventions shared by every kernel:
@@ -18,13 +19,16 @@ Conventions shared by every kernel:
   per tensor, so the model's (B, H, T, D) views of a (B, T, H, D) projection need no copy)
   and a unit stride along HEAD_DIM. The launch grid is (sequence tiles, H, B): a program
   owns one tile of one (batch, head) pair. L and D are ours, contiguous (B*H, T) float32.
-- Pointer arithmetic with masks only in these kernels (no block pointers, which Triton 3.9
-  removed). The head dimension is padded to BLOCK_D, the next power of two,
-  and masked when HEAD_DIM != BLOCK_D; sequence tails are masked on load and store.
-- The opt-in descriptor (TMA) kernels for Hopper in flash_triton_tma.py share this file's
-  loops: a loop's tile sources (`*_src`) are pointers or tensor descriptors, and its TMA
-  constexpr tells _load_tile which. Triton compiles each constexpr value separately, so the
-  pointer kernels never contain a descriptor operation, nor the TMA kernels a mask.
+- One body per kernel, two ways to move its tiles, chosen by the constexpr TMA. Every tile
+  of Q, K, V, O, dO, dQ, dK and dV goes through the helpers of flash_triton_tiles.py (owned
+  tiles through _load_owned and _store_owned, streamed ones through _slice and _load_tile):
+  with TMA False, pointer arithmetic with masks (no block pointers, which Triton
+  3.9 removed), the head dimension padded to BLOCK_D, the next power of two, and masked when
+  HEAD_DIM != BLOCK_D, sequence tails masked on load and store; with TMA True (opt-in, for
+  Hopper), tensor descriptors, whose TMA copies pad and drop out-of-bounds rows and columns
+  themselves. Triton compiles each constexpr value separately, so the pointer build never
+  contains a descriptor operation, nor the TMA build a mask on a tile. The O(T) rows L and D,
+  O in the D computation, and the atomic dQ always use pointers, as in Triton's tutorial.
 - Scores live in base 2: qk_scale = log2(e) / sqrt(d) is folded into S, so the softmax uses
   exp2, which is one MUFU instruction on NVIDIA GPUs (exp is exp2 plus a multiply). L is
   stored as a natural-log logsumexp, and the backward multiplies it by log2(e) again.
@@ -42,7 +46,7 @@ Conventions shared by every kernel:
   Algorithm 2 runs 5. At the leaderboard shape that is 1.92 of the 2.47 causal TFLOP of
   forward+backward; with dQ added in the dK/dV kernel as FlashAttention-2 and -3 do (dQ_i +=
   dS_ij K_j, atomically, into float32), it is 1.37. Whether the atomics cost less than the
-  two products they save is a GPU measurement (issue 15).
+  two products they save is yet to be measured on a GPU.
 - PRECISION is tl.dot's input_precision ("ieee" for float32 inputs so that fp32 means fp32,
   not TF32). UPCAST_DOT and ROUND_BF16 work around two bfloat16 bugs of the Triton 3.9
   interpreter, and the launcher sets them only when interpreted: its tl.dot returns garbage
@@ -63,12 +67,14 @@ from cs336sys.attention.flash_triton_tiles import (
     _add_tile,
     _cast,
     _dot,
+    _load_owned,
     _load_rows,
     _load_tile,
     _query_tile_key_ranges,
     _score_mask,
+    _slice,
     _slice_ptrs,
-    _store_rows,
+    _store_owned,
     _tile_program,
 )
 from cs336sys.bench.triton_support import interpreted
@@ -94,7 +100,7 @@ def _attn_fwd_inner(
         # S_i^(j) = Q_i K_j^T, already scaled into base 2 (line 8)
         s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
         s = s * qk_scale
-        # Key indices are formed here, not hoisted above the loads: the TMA variant needs them
+        # Key indices are formed here, not hoisted above the loads: the TMA build needs them
         # only for the mask, and hoisting them cost its sm_90 compiles up to 20 registers.
         if MASKED:
             s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
@@ -114,16 +120,33 @@ def _attn_fwd_inner(
 
 
 @triton.jit
-def _attn_fwd_loop(
-    q, K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n,
+def _attn_fwd_kernel(
+    Q, K, V, Out, L,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
     N_Q, N_K, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
 ):  # fmt: skip
-    """O_i (float32) and L_i of the query tile at start_m (Algorithm 1, lines 5-13): the key
-    loop, unmasked tiles first, then the epilogue."""
+    """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i
+    (Algorithm 1, lines 4-13), the key loop split into unmasked tiles, then masked ones.
+
+    Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
+    (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
+    """
+    start_m, h, b, bh = _tile_program(Q_TILE)
+    offs_m = start_m + tl.arange(0, Q_TILE)  # this tile's queries, (Q_TILE,)
+    offs_n = tl.arange(0, K_TILE)  # key rows from a key tile's start, (K_TILE,)
+
+    # K and V stream through the key loop, a tile per step, from their (N_K, HEAD_DIM) slices
+    # of this (batch, head); Q_i stays on chip for the whole loop (line 4: load Q_i once).
+    K_src = _slice(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D, TMA)
+    V_src = _slice(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D, TMA)
+    q = _load_owned(Q, b, h, stride_qb, stride_qh, stride_qt, start_m, N_Q, HEAD_DIM, Q_TILE,
+                    BLOCK_D, TMA)  # fmt: skip
+
     # On-chip statistics and accumulator, float32 whatever the input dtype (line 5).
     m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([Q_TILE], dtype=tl.float32)
@@ -141,51 +164,120 @@ def _attn_fwd_loop(
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
     )  # fmt: skip
+
     # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers
     # this division to the end), and L_i = m_i + log(l_i), converted back to natural log.
-    return acc / l_i[:, None], (m_i + tl.log2(l_i)) * LN2
-
-
-@triton.jit
-def _attn_fwd_kernel(
-    Q, K, V, Out, L,
-    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-    N_Q, N_K, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
-    """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i.
-
-    Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
-    (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
-    """
-    start_m, h, b, bh = _tile_program(Q_TILE)
-    offs_m = start_m + tl.arange(0, Q_TILE)
-    offs_n = tl.arange(0, K_TILE)
-
-    q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
-    K_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
-    V_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
-    # Q_i stays on chip for the whole key loop (Algorithm 1, line 4: load Q_i once).
-    q = _load_rows(q_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
-
-    o, L_i = _attn_fwd_loop(
-        q, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m, offs_m, offs_n,
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        PRECISION, UPCAST_DOT, ROUND_BF16, False,
-    )  # fmt: skip
-
-    o_ptrs = _slice_ptrs(Out, b, h, stride_ob, stride_oh, stride_ot, offs_m, BLOCK_D)
-    _store_rows(o_ptrs, _cast(o, Out.dtype.element_ty, ROUND_BF16), offs_m, N_Q, HEAD_DIM, BLOCK_D)
+    o = acc / l_i[:, None]
+    L_i = (m_i + tl.log2(l_i)) * LN2
+    _store_owned(Out, b, h, stride_ob, stride_oh, stride_ot, start_m, N_Q, o, HEAD_DIM, Q_TILE,
+                 BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
     tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
 
 
 # --------------------------------------------------------------------------------------------
-# Backward (Dao 2023, Algorithm 2, split into a dK/dV pass and a dQ pass so that no two
+# Backward (Dao 2023, Algorithm 2, split into a dQ pass and a dK/dV pass so that no two
 # programs write the same rows: no atomics, at the cost of computing S and P twice; the
 # opt-in ATOMIC_DQ folds the dQ pass into the dK/dV one instead).
+
+
+@triton.jit
+def _attn_bwd_delta(
+    Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4), for the query rows offs_m:
+    stored in D, a (B*H, N_Q) row, for the dK/dV kernel that runs next, and returned.
+
+    D_i equals rowsum(P_i * dP_i), the term that the softmax Jacobian subtracts in
+    dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
+    The dQ kernel computes it from the dO_i it holds anyway, which saves the launch and the
+    pass over dO of a kernel of its own (the tutorial's _attn_bwd_preprocess).
+    """
+    o_ptrs = _slice_ptrs(Out, b, h, stride_ob, stride_oh, stride_ot, offs_m, BLOCK_D)
+    o = _load_rows(o_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
+    D_i = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # zero on rows past N_Q
+    tl.store(D + bh * N_Q + offs_m, D_i, mask=offs_m < N_Q)
+    return D_i
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, L2_i, D_i,
+    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+    lo, hi, N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
+    for start_n in range(lo, hi, K_TILE):
+        start_n = tl.multiple_of(start_n, K_TILE)
+        k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        s = s * qk_scale
+        if MASKED:
+            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
+        p = tl.exp2(s - L2_i[:, None])
+        dp = _dot(do, tl.trans(v), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+        ds = p * (dp - D_i[:, None])
+        # dQ_i += dS K_j (line 15), scaled once after the loop.
+        dq = _dot(_cast(ds, k.dtype, ROUND_BF16), k, dq, PRECISION, UPCAST_DOT)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, Out, dO, L, D, dQ,
+    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+    stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
+    N_Q, N_K, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, head, batch): writes D_i and dQ_i (Q_TILE, HEAD_DIM).
+
+    Walks the same key tiles as the forward, in the same two stages, with Q_i, dO_i, L_i
+    and D_i kept on chip. Layouts as in _attn_fwd_kernel: dO and dQ shaped like Q; D like L.
+    """
+    start_m, h, b, bh = _tile_program(Q_TILE)
+    offs_m = start_m + tl.arange(0, Q_TILE)  # this tile's queries, (Q_TILE,)
+    offs_n = tl.arange(0, K_TILE)  # key rows from a key tile's start, (K_TILE,)
+
+    q = _load_owned(Q, b, h, stride_qb, stride_qh, stride_qt, start_m, N_Q, HEAD_DIM, Q_TILE,
+                    BLOCK_D, TMA)  # fmt: skip
+    do = _load_owned(dO, b, h, stride_dob, stride_doh, stride_dot, start_m, N_Q, HEAD_DIM,
+                     Q_TILE, BLOCK_D, TMA)  # fmt: skip
+    L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E  # base 2
+    D_i = _attn_bwd_delta(
+        Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q, HEAD_DIM, BLOCK_D
+    )
+    # K and V stream through, from their (N_K, HEAD_DIM) slices of this (batch, head).
+    K_src = _slice(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D, TMA)
+    V_src = _slice(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D, TMA)
+
+    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
+    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+        0, full_end,  # fully visible key tiles: no mask
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+        full_end, hi,  # diagonal and tail key tiles: masked
+        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+    )  # fmt: skip
+
+    # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dQ = scale * dS K (line 15).
+    _store_owned(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, start_m, N_Q, dq * sm_scale,
+                 HEAD_DIM, Q_TILE, BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
 
 
 @triton.jit
@@ -239,59 +331,6 @@ def _attn_bwd_dkdv_inner(
 
 
 @triton.jit
-def _attn_bwd_dkdv_loop(
-    k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
-    start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-):  # fmt: skip
-    """dK_j and dV_j (float32) of the key tile at start_n (Algorithm 2, lines 6-14): the
-    query loop, in three ranges.
-
-    Causal: query tiles before `lo` end before key start_n and see none of these keys
-    (skipped); tiles from `lo` to `diag_end` straddle the diagonal (masked); from `diag_end`
-    on, the tile's first query start_m >= start_n + K_TILE - 1 sees every key of the tile.
-    Then a masked tail tile if N_Q is not a multiple of Q_TILE. Padded keys of a tail key
-    tile (k = v = 0) produce rows of dK, dV that are not stored and never mix with real
-    keys' rows, so the unmasked range needs no key mask.
-    """
-    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
-    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
-    full_end = N_Q // Q_TILE * Q_TILE
-    lo = 0
-    diag_end = 0
-    if IS_CAUSAL:
-        lo = start_n // Q_TILE * Q_TILE
-        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
-        offs_m, offs_n,
-        lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
-        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
-        offs_m, offs_n,
-        diag_end, full_end,  # query tiles that see every key of this tile: no mask
-        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
-    )  # fmt: skip
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt,
-        offs_m, offs_n,
-        tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
-        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
-    )  # fmt: skip
-    # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dK = scale * dS^T Q (line 14).
-    return dk * sm_scale, dv
-
-
-@triton.jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, dO, L, D, dK, dV, dQ,
     stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
@@ -302,113 +341,75 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM);
     with ATOMIC_DQ also adds its share of dQ into dQ, float32, zeroed (unused otherwise).
 
-    K_j and V_j stay on chip while the program walks the query tiles (Algorithm 2's outer
-    loop over j); Q, dO, L and D are re-read per query tile. Layouts as in _attn_fwd_kernel:
-    dO and dQ shaped like Q, dK and dV like K, each with its own strides; D like L.
+    K_j and V_j stay on chip while the program walks the query tiles (Algorithm 2, lines
+    6-14, the outer loop over j); Q, dO, L and D are re-read per query tile. Layouts as in
+    _attn_fwd_kernel: dO and dQ shaped like Q, dK and dV like K; D like L.
+
+    The query tiles come in three ranges. Causal: query tiles before `lo` end before key
+    start_n and see none of these keys (skipped); tiles from `lo` to `diag_end` straddle the
+    diagonal (masked); from `diag_end` on, the tile's first query start_m >= start_n +
+    K_TILE - 1 sees every key of the tile. Then a masked tail tile if N_Q is not a multiple
+    of Q_TILE. Padded keys of a tail key tile (k = v = 0) produce rows of dK, dV that are not
+    stored and never mix with real keys' rows, so the unmasked range needs no key mask.
     """
     start_n, h, b, bh = _tile_program(K_TILE)
-    offs_n = start_n + tl.arange(0, K_TILE)
-    offs_m = tl.arange(0, Q_TILE)
+    offs_n = start_n + tl.arange(0, K_TILE)  # this tile's keys, (K_TILE,)
+    offs_m = tl.arange(0, Q_TILE)  # query rows from a query tile's start, (Q_TILE,)
 
-    k_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
-    k = _load_rows(k_ptrs, offs_n, N_K, HEAD_DIM, BLOCK_D, True)
-    v_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
-    v = _load_rows(v_ptrs, offs_n, N_K, HEAD_DIM, BLOCK_D, True)
-
-    Q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
-    dO_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
+    k = _load_owned(K, b, h, stride_kb, stride_kh, stride_kt, start_n, N_K, HEAD_DIM, K_TILE,
+                    BLOCK_D, TMA)  # fmt: skip
+    v = _load_owned(V, b, h, stride_vb, stride_vh, stride_vt, start_n, N_K, HEAD_DIM, K_TILE,
+                    BLOCK_D, TMA)  # fmt: skip
+    # Q and dO stream through, from their (N_Q, HEAD_DIM) slices of this (batch, head).
+    Q_src = _slice(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D, TMA)
+    dO_src = _slice(dO, b, h, stride_dob, stride_doh, stride_dot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D,
+                    TMA)  # fmt: skip
+    # The float32 dQ of ATOMIC_DQ takes atomic additions: pointers, whatever TMA says.
     dQ_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
-    dk, dv = _attn_bwd_dkdv_loop(
-        k, v, Q_ptrs, dO_ptrs, L + bh * N_Q, D + bh * N_Q, dQ_ptrs, stride_qt, stride_dot,
-        stride_dqt, start_n, offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
-        HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
-        ATOMIC_DQ,
+    L_row = L + bh * N_Q
+    D_row = D + bh * N_Q
+
+    dk = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([K_TILE, BLOCK_D], dtype=tl.float32)
+    q_end = (N_Q + Q_TILE - 1) // Q_TILE * Q_TILE
+    full_end = N_Q // Q_TILE * Q_TILE
+    lo = 0
+    diag_end = 0
+    if IS_CAUSAL:
+        lo = start_n // Q_TILE * Q_TILE
+        diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
+        offs_m, offs_n,
+        lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
+        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
+        offs_m, offs_n,
+        diag_end, full_end,  # query tiles that see every key of this tile: no mask
+        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
+    )  # fmt: skip
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
+        offs_m, offs_n,
+        tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
+        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
     )  # fmt: skip
 
-    dk_ptrs = _slice_ptrs(dK, b, h, stride_dkb, stride_dkh, stride_dkt, offs_n, BLOCK_D)
-    _store_rows(dk_ptrs, _cast(dk, dK.dtype.element_ty, ROUND_BF16), offs_n, N_K, HEAD_DIM, BLOCK_D)
-    dv_ptrs = _slice_ptrs(dV, b, h, stride_dvb, stride_dvh, stride_dvt, offs_n, BLOCK_D)
-    _store_rows(dv_ptrs, _cast(dv, dV.dtype.element_ty, ROUND_BF16), offs_n, N_K, HEAD_DIM, BLOCK_D)
-
-
-@triton.jit
-def _attn_bwd_dq_inner(
-    dq, q, do, L2_i, D_i,
-    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
-    lo, hi, N_Q, N_K, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
-):  # fmt: skip
-    """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
-    for start_n in range(lo, hi, K_TILE):
-        start_n = tl.multiple_of(start_n, K_TILE)
-        k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        s = s * qk_scale
-        if MASKED:
-            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
-        p = tl.exp2(s - L2_i[:, None])
-        dp = _dot(do, tl.trans(v), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        ds = p * (dp - D_i[:, None])
-        # dQ_i += dS K_j (line 15), scaled once after the loop.
-        dq = _dot(_cast(ds, k.dtype, ROUND_BF16), k, dq, PRECISION, UPCAST_DOT)
-    return dq
-
-
-@triton.jit
-def _attn_bwd_dq_loop(
-    q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, start_m, offs_m, offs_n,
-    N_Q, N_K, sm_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
-):  # fmt: skip
-    """dQ_i (float32) of the query tile at start_m: the key loop, over the forward's key
-    tiles and stages. L2_i is L_i in base 2."""
-    dq = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
-    full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
-        0, full_end,  # fully visible key tiles: no mask
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
-    )  # fmt: skip
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
-        full_end, hi,  # diagonal and tail key tiles: masked
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
-    )  # fmt: skip
-    return dq * sm_scale  # w.r.t. the scaled scores, as dK
-
-
-@triton.jit
-def _attn_bwd_delta(
-    Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4), for the query rows offs_m:
-    stored in D, a (B*H, N_Q) row, for the dK/dV kernel that runs next, and returned.
-
-    D_i equals rowsum(P_i * dP_i), the term that the softmax Jacobian subtracts in
-    dS = P * (dP - D); computing it from O avoids a reduction over the (T_q, T_k) matrix.
-    The dQ kernel computes it from the dO_i it holds anyway (issue 15: this was a kernel of
-    its own, one more launch and one more pass over dO per backward).
-    """
-    o_ptrs = _slice_ptrs(Out, b, h, stride_ob, stride_oh, stride_ot, offs_m, BLOCK_D)
-    o = _load_rows(o_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
-    D_i = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # zero on rows past N_Q
-    tl.store(D + bh * N_Q + offs_m, D_i, mask=offs_m < N_Q)
-    return D_i
+    # dK = scale * dS^T Q (line 14), as dQ.
+    _store_owned(dK, b, h, stride_dkb, stride_dkh, stride_dkt, start_n, N_K, dk * sm_scale,
+                 HEAD_DIM, K_TILE, BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
+    _store_owned(dV, b, h, stride_dvb, stride_dvh, stride_dvt, start_n, N_K, dv, HEAD_DIM,
+                 K_TILE, BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
 
 
 @triton.jit
@@ -422,50 +423,10 @@ def _attn_bwd_preprocess(
     dK/dV kernel needs D before it starts and which has no dQ kernel to compute it."""
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
-    do_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
-    do = _load_rows(do_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
+    do = _load_owned(dO, b, h, stride_dob, stride_doh, stride_dot, start_m, N_Q, HEAD_DIM,
+                     Q_TILE, BLOCK_D, False)  # fmt: skip
     _attn_bwd_delta(Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
                     HEAD_DIM, BLOCK_D)  # fmt: skip
-
-
-@triton.jit
-def _attn_bwd_dq_kernel(
-    Q, K, V, Out, dO, L, D, dQ,
-    stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
-    stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
-    stride_dob, stride_doh, stride_dot, stride_dqb, stride_dqh, stride_dqt,
-    N_Q, N_K, sm_scale, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
-    """One program per (query tile, head, batch): writes D_i and dQ_i (Q_TILE, HEAD_DIM).
-
-    Walks the same key tiles as the forward, with Q_i, dO_i, L_i and D_i kept on chip.
-    """
-    start_m, h, b, bh = _tile_program(Q_TILE)
-    offs_m = start_m + tl.arange(0, Q_TILE)
-    offs_n = tl.arange(0, K_TILE)
-
-    q_ptrs = _slice_ptrs(Q, b, h, stride_qb, stride_qh, stride_qt, offs_m, BLOCK_D)
-    q = _load_rows(q_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
-    do_ptrs = _slice_ptrs(dO, b, h, stride_dob, stride_doh, stride_dot, offs_m, BLOCK_D)
-    do = _load_rows(do_ptrs, offs_m, N_Q, HEAD_DIM, BLOCK_D, True)
-    L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E
-    D_i = _attn_bwd_delta(
-        Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q, HEAD_DIM, BLOCK_D
-    )
-    K_ptrs = _slice_ptrs(K, b, h, stride_kb, stride_kh, stride_kt, offs_n, BLOCK_D)
-    V_ptrs = _slice_ptrs(V, b, h, stride_vb, stride_vh, stride_vt, offs_n, BLOCK_D)
-
-    dq = _attn_bwd_dq_loop(
-        q, do, L2_i, D_i, K_ptrs, V_ptrs, stride_kt, stride_vt, start_m,
-        offs_m, offs_n, N_Q, N_K, sm_scale, qk_scale,
-        HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, PRECISION, UPCAST_DOT, ROUND_BF16, False,
-    )  # fmt: skip
-
-    dq_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
-    _store_rows(dq_ptrs, _cast(dq, dQ.dtype.element_ty, ROUND_BF16), offs_m, N_Q, HEAD_DIM, BLOCK_D)
 
 
 # The kernels were defined by the interpreter exactly when triton.jit saw TRITON_INTERPRET=1

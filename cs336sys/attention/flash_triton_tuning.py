@@ -18,7 +18,6 @@ from typing import Any
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
-from cs336sys.attention import flash_triton_tma as tma_kernels
 
 # Each kernel owns one tile for its whole life (forward and dQ: a query tile; dK/dV: a key
 # tile), kept on chip, and streams tiles of the other sequence through shared memory,
@@ -92,8 +91,8 @@ _TUNING = {
     "dkdv": _Tuning(DKDV_CONFIGS, "K_TILE", 2, 2, 2, 2, 160),
     "dq": _Tuning(DQ_CONFIGS, "Q_TILE", 2, 2, 1, 2, 128),
 }
-# The descriptor (TMA) kernels of flash_triton_tma.py hold the same tiles on chip: the same
-# candidates and estimates, tuned and cached under their own names. Offline sm_90 compiles
+# The kernels' descriptor (TMA) build holds the same tiles on chip: the same candidates and
+# estimates, tuned and cached under their own names. Offline sm_90 compiles
 # (Triton 3.6 and 3.9, bf16, d 64-128) used the shared memory estimated here to within 1 KiB,
 # without spills (forward and dQ: 3-33 % fewer registers than the pointer kernels, dK/dV
 # about as many); their speed is unmeasured (issue 15).
@@ -160,17 +159,20 @@ _KERNELS = {
     "fwd": kernels._attn_fwd_kernel,
     "dkdv": kernels._attn_bwd_dkdv_kernel,
     "dq": kernels._attn_bwd_dq_kernel,
-    "fwd_tma": tma_kernels._attn_fwd_tma_kernel,
-    "dkdv_tma": tma_kernels._attn_bwd_dkdv_tma_kernel,
-    "dq_tma": tma_kernels._attn_bwd_dq_tma_kernel,
-    # The dK/dV kernels with ATOMIC_DQ: tuned under their own names (other tiles may win, and
-    # the autotuner must zero the dQ buffer they add into before each trial).
+    # The TMA build of the same kernels (the launchers pass TMA=True), tuned apart.
+    "fwd_tma": kernels._attn_fwd_kernel,
+    "dkdv_tma": kernels._attn_bwd_dkdv_kernel,
+    "dq_tma": kernels._attn_bwd_dq_kernel,
+    # The dK/dV kernel with ATOMIC_DQ: tuned under its own names (other tiles may win, and
+    # the autotuner must zero the dQ buffer it adds into before each trial).
     "dkdv_atomic": kernels._attn_bwd_dkdv_kernel,
-    "dkdv_atomic_tma": tma_kernels._attn_bwd_dkdv_tma_kernel,
+    "dkdv_atomic_tma": kernels._attn_bwd_dkdv_kernel,
 }
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
-# the dtypes of the tensor arguments to this key itself.
-TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL"]
+# the dtypes of the tensor arguments to this key itself. TMA is in it because "fwd" and
+# "fwd_tma" (and so on) tune one JITFunction with the same candidates: the results Triton
+# caches on disk (cache_results) are keyed on the function, the key and the configs only.
+TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "TMA"]
 
 
 _AUTOTUNE_PARAMETERS = inspect.signature(triton.autotune).parameters
