@@ -7,7 +7,7 @@ backend), sdpa (cuDNN backend) and naive side by side, optionally runs the flash
 preset too, and writes a markdown report under reports/attention-<gpu>/.
 
 With --tma (or CS336SYS_TRITON_TMA=1 in the environment) it also runs triton with the
-descriptor (TMA) kernels of flash_triton_tma.py, opt-in on Hopper, as the row "triton (tma)",
+kernels' descriptor (TMA) build, opt-in on Hopper, as the row "triton (tma)",
 and checks issue 15's target: fwd+bwd under 4.4 ms and faster than cuDNN in the same run.
 With --atomic-dq (or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ backward too,
 as "triton (pointer+atomic-dq)", and with --tma also "triton (tma+atomic-dq)". The target is met by
