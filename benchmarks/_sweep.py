@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from cs336sys.experiments.sweep import Point, run_sweep
+from cs336sys.sweep.runner import Point, run_sweep
 
 
 class Lines:

@@ -24,8 +24,8 @@ import time
 
 import torch
 
-from cs336sys.bench.device import resolve_device, synchronize
 from cs336sys.experiments.step import LR, OPTIMIZERS, WEIGHT_DECAY, make_optimizer
+from cs336sys.measure.device import resolve_device, synchronize
 from cs336sys.models.adamw import state_dtype
 from cs336sys.models.config import from_preset
 from cs336sys.models.transformer import TransformerLM

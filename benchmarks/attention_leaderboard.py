@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cs336sys.bench.clock import now
+from cs336sys.measure.clock import now
 
 GOAL_MS = 5.4
 GOAL_VS_NAIVE = 15.0

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from cs336sys.attention import registry
-from cs336sys.bench.memory import saved_tensor_bytes
+from cs336sys.measure.memory import saved_tensor_bytes
 
 IMPLS = ("naive", "flash-torch")
 

@@ -17,8 +17,8 @@ import statistics
 import sys
 import time
 
-from cs336sys.bench.units import format_size, parse_size
 from cs336sys.experiments import comm as exp
+from cs336sys.measure.units import format_size, parse_size
 from cs336sys.parallel.launcher import default_backend, launch
 
 
@@ -26,7 +26,7 @@ def _minimal(ctx, size_bytes: int, warmup: int, iters: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from cs336sys.bench.device import synchronize
+    from cs336sys.measure.device import synchronize
 
     x = torch.zeros(size_bytes // 4, device=ctx.device)
     for _ in range(warmup):
@@ -42,7 +42,7 @@ def _minimal(ctx, size_bytes: int, warmup: int, iters: int) -> float:
 
 def _both(ctx, sizes: list[int], warmup: int, iters: int, rounds: int, backend: str):
     """On every rank: alternate the minimal loop and comm's own point, `rounds` times."""
-    from cs336sys.experiments.ranks import gather
+    from cs336sys.sweep.ranks import gather
 
     out = []
     for size in sizes:

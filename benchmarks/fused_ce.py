@@ -11,7 +11,7 @@ One forward + backward of the LM head's loss, three ways:
 
 Peak = the most bytes held at once above the inputs (h, W, targets) during the loss, its
 backward and the .grad of h and W: torch.cuda.max_memory_allocated on CUDA, the live-tensor
-tracker (cs336sys/bench/live_tensors.py) on CPU. Time: median of --iters synced calls after
+tracker (cs336sys/measure/live_tensors.py) on CPU. Time: median of --iters synced calls after
 --warmup. A point that runs out of memory is reported as OOM, not a crash. On CPU the Triton
 kernel runs only in the interpreter (TRITON_INTERPRET=1, set here when triton is asked for),
 which is slow: it is left out of the CPU default.
@@ -99,13 +99,13 @@ def step(fn, h, w, t, amp) -> None:
 
 def peak_bytes(fn, h, w, t, amp, device: str) -> int:
     if device.startswith("cuda"):
-        from cs336sys.bench.memory import CudaProbe
+        from cs336sys.measure.memory import CudaProbe
 
         probe = CudaProbe(device)
         probe.reset_peak()
         step(fn, h, w, t, amp)
         return probe.peak()
-    from cs336sys.bench.live_tensors import LiveTensorTracker
+    from cs336sys.measure.live_tensors import LiveTensorTracker
 
     with LiveTensorTracker() as tracker:  # counts only what is made inside: the inputs are not
         step(fn, h, w, t, amp)
@@ -113,7 +113,7 @@ def peak_bytes(fn, h, w, t, amp, device: str) -> int:
 
 
 def measure(impl: str, args, inputs, amp) -> dict:
-    from cs336sys.bench.timing import time_loop
+    from cs336sys.measure.timing import time_loop
 
     fn = loss_fn(impl, args.chunk_rows)
     try:

@@ -6,7 +6,7 @@ writes a markdown table, with each point's memory timeline, to reports/memory-cp
 
     python benchmarks/memory_cpu.py [--seq 256] [--batch 4] [--out DIR]
 
-Peaks are live tensor bytes (the tracker in cs336sys/bench/live_tensors.py), not RSS. Step
+Peaks are live tensor bytes (the tracker in cs336sys/measure/live_tensors.py), not RSS. Step
 times come from untracked steps, so they carry no measuring overhead; on a shared CPU other
 processes inflate some steps, so the table gives the minimum (the least disturbed step, the
 figure compared) and the median. Exits 1 unless every:1 saves at least 2x fewer bytes for

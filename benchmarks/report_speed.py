@@ -22,6 +22,8 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from cs336sys.experiments.catalog import EXPERIMENTS
+
 GOAL_S = 5.0
 FMT = "%Y-%m-%d %H:%M:%S.%f"
 
@@ -82,7 +84,7 @@ def build(path: Path, n_runs: int, seed: int = 0) -> None:
 
     rng = random.Random(seed)
     now = datetime.now(timezone.utc).replace(tzinfo=None)
-    store = Store(path)
+    store = Store(path, EXPERIMENTS)
     weights = {"model": 30, "attention": 30, "memory": 10, "comm": 15, "ddp": 10,
                "precision": 3, "profile": 2}  # fmt: skip
     invs, runs, kernels = [], [], []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.store.db import Store, point_key
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -51,7 +52,7 @@ def _model(store, run, inv, t, precision, step, compile_=False, status="ok", siz
 
 def build(path: Path) -> Path:
     """Write the fixture store at `path` (which must not exist yet)."""
-    store = Store(path)
+    store = Store(path, EXPERIMENTS)
     for inv_id, commit, dirty, gpu, count, started in _INVOCATIONS:
         store.db["invocations"].insert({
             "id": inv_id, "command": "fixture", "argv": "[]", "started": started,

@@ -250,7 +250,7 @@ def _settled(tracker, quiet_s: float = 0.05, limit_s: float = 2.0) -> int:
 
 def gathers_and_memory(ctx) -> dict:
     """How far gathers run ahead, and what a forward leaves alive for backward."""
-    from cs336sys.bench.live_tensors import LiveTensorTracker
+    from cs336sys.measure.live_tensors import LiveTensorTracker
 
     tracker = LiveTensorTracker()
     with tracker:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cs336sys.bench.declaration import Experiment, Metric, settings_keys
-from cs336sys.bench.result import Result
+from cs336sys.sweep.declaration import Experiment, Metric, settings_keys
+from cs336sys.sweep.result import Result
 
 
 @dataclass(frozen=True)

@@ -219,9 +219,9 @@ def test_triton_refuses_what_it_cannot_run():
 def test_the_optimizer_option_builds_each_version_and_refuses_triton_without_its_runtime(
     monkeypatch,
 ):
-    from cs336sys.bench.sweep import SpecError
     from cs336sys.experiments import model
     from cs336sys.experiments.step import OPTIMIZERS, make_optimizer
+    from cs336sys.sweep.points import SpecError
 
     p = [torch.nn.Parameter(torch.ones(3, device=DEVICE))]
     made = {name: make_optimizer(name, p) for name in OPTIMIZERS}

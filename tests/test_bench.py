@@ -6,11 +6,11 @@ import weakref
 import pytest
 import torch
 
-from cs336sys.bench import result as result_mod
-from cs336sys.bench.device import peak_tflops, resolve_device
-from cs336sys.bench.result import Result, guarded, is_oom
-from cs336sys.bench.stats import summarize
-from cs336sys.bench.sweep import expand, split_list
+from cs336sys.measure.device import peak_tflops, resolve_device
+from cs336sys.measure.stats import summarize
+from cs336sys.sweep import result as result_mod
+from cs336sys.sweep.points import expand, split_list
+from cs336sys.sweep.result import Result, guarded, is_oom
 
 
 def test_split_list_accepts_commas_and_repetition():
@@ -111,7 +111,7 @@ def test_resolve_device_on_cpu():
 
 
 def test_a_phase_is_launch_bound_when_its_host_time_is_most_of_its_wall_time():
-    from cs336sys.bench.timing import LAUNCH_BOUND, launch_bound, launch_metrics
+    from cs336sys.measure.timing import LAUNCH_BOUND, launch_bound, launch_metrics
 
     assert LAUNCH_BOUND == 0.9
     assert launch_bound(9.0, 10.0, "cuda:0") is True  # the GPU waited for the host

@@ -250,7 +250,7 @@ def test_db_that_is_not_sqlite_is_bad_input_and_untouched(tmp_path):
 
 
 def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
-    from cs336sys.bench import provenance
+    from cs336sys.measure import provenance
 
     monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
     assert (
@@ -275,7 +275,7 @@ def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
 
 
 def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_path, monkeypatch):
-    from cs336sys.bench import provenance
+    from cs336sys.measure import provenance
 
     monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
     args = ["model", *MICRO, "--seq", "8", "--mode", "forward"]
@@ -297,7 +297,7 @@ def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_pa
 def test_resume_runs_again_a_point_measured_with_other_switches(db_path, monkeypatch):
     """The environment variables that change what runs (provenance.measurement_env) are
     stored with the invocation, and a point measured under others is another measurement."""
-    from cs336sys.bench import provenance
+    from cs336sys.measure import provenance
 
     monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": "c" * 40, "git_dirty": 0})
     monkeypatch.setenv("CS336SYS_TRITON_TMA", "1")
@@ -313,7 +313,7 @@ def test_resume_runs_again_a_point_measured_with_other_switches(db_path, monkeyp
 
 
 def test_measurement_env_keeps_the_switches_and_drops_paths():
-    from cs336sys.bench.provenance import measurement_env
+    from cs336sys.measure.provenance import measurement_env
 
     env = {"CS336SYS_TRITON_ATOMIC_DQ": "1", "CS336SYS_DB": "/x.db", "TRITON_CACHE_DIR": "/c",
            "NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "4", "HOME": "/root",

@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cs336sys.bench.units import format_size, parse_size
 from cs336sys.cli import app
 from cs336sys.experiments import comm as exp
+from cs336sys.measure.units import format_size, parse_size
 from tests.conftest import view_rows
 
 runner = CliRunner()

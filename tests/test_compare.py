@@ -1,5 +1,5 @@
 """`report --compare`, `--fail-on-regression` and `--history`, and the Mann-Whitney U test
-behind them (bench/significance.py), checked against exact values and textbook tables."""
+behind them (measure/significance.py), checked against exact values and textbook tables."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.bench.significance import (
+from cs336sys.experiments.catalog import EXPERIMENTS
+from cs336sys.measure.significance import (
     _counts,
     exact_p,
     judge,
@@ -141,7 +142,7 @@ class Builder:
     def __init__(self, path: Path):
         from cs336sys.store.db import Store
 
-        self.path, self.store, self.n = path, Store(path), 0
+        self.path, self.store, self.n = path, Store(path, EXPERIMENTS), 0
 
     def invocation(self, inv: str, commit: str | None, started: str, gpu: str = H100,
                    dirty: int = 0) -> None:  # fmt: skip
@@ -416,7 +417,7 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
                 "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}  # fmt: skip
 
     rows = [row(B, 0, 1, 100, 1), row(B, 1, 2, 150, 2), row(A, 0, 3, 100, 3), row(None, 0, 4, 1, 4)]
-    h = history_mod.build({"model": rows}, draw=False)
+    h = history_mod.build({"model": rows}, EXPERIMENTS, draw=False)
     (track,) = h.tracks
     assert [c.label for c in track.commits] == ["b2b2b2b", "b2b2b2b-dirty", "a1a1a1a"]
     assert [i for i, _ in track.steps] == [1, 2]

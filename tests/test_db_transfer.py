@@ -8,6 +8,7 @@ import sqlite3
 
 import pytest
 
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.store import SCHEMA_VERSION, Store, schema
 from cs336sys.store.transfer import merge
 from tests.conftest import invoke
@@ -48,7 +49,7 @@ def kstats(n):
 
 def fill(path, machine):
     """A store as one machine leaves it: two invocations, runs of every status, a profile."""
-    with Store(path) as s:
+    with Store(path, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov(machine), ["cs336sys", "model"], "model")
         s.add_run(
             inv,
@@ -149,7 +150,7 @@ def test_two_machines_merge_to_the_union(tmp_path, db_path):
 
 
 def test_csv_round_trips_values(db_path):
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov("A"), ["x"], "model")
         s.add_run(inv, "model", "ok", {"size": TRICKY, "layers": 4}, {"ms": 0.1, "big": 1e300})
         s.add_run(inv, "model", "oom", {"mode": "train", "size": "s"}, {"ms": None, "n": -7})
@@ -328,7 +329,7 @@ def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):
     live.parent.mkdir()
     fill(live, "L")
     merge(db_path, live)
-    with Store(live) as writer:
+    with Store(live, EXPERIMENTS) as writer:
         inv = writer.begin_invocation(prov("L"), ["x"], "model")
         writer.add_run(inv, "model", "ok", {"size": "late"}, {"step_ms_mean": 1.0})
         assert live.with_name("live.db-wal").exists()
@@ -344,7 +345,7 @@ def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):
 def test_a_run_and_its_kernel_stats_are_one_write(db_path):
     bad = {"phase": "forward", "rank": 1, "calls": 1, "total_ms": 1.0, "mean_ms": 1.0,
            "share": 1.0, "time_basis": "cpu"}  # no name: kernel_stats refuses it  # fmt: skip
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov("A"), [], "profile")
         with pytest.raises(sqlite3.IntegrityError):
             s.add_run(inv, "profile", "ok", {"target": "model"}, tables={"kernel_stats": [bad]})
@@ -358,7 +359,7 @@ def test_merge_adds_the_kernel_stats_a_run_here_lacks(tmp_path):
     other, this = tmp_path / "other.db", tmp_path / "this.db"
     row = {"phase": "forward", "rank": 1, "name": "mm", "calls": 2, "total_ms": 1.5,
            "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}  # fmt: skip
-    with Store(other) as s:
+    with Store(other, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov("A"), [], "profile")
         rid = s.add_run(inv, "profile", "ok", {"target": "model"}, tables={"kernel_stats": [row]})
     # THIS has the run without its stats, as a Ctrl-C between the writes once left it

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.bench.declaration import catalog
-from cs336sys.bench.stats import STATS
+from cs336sys.experiments.catalog import EXPERIMENTS
+from cs336sys.measure.stats import STATS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -44,7 +44,7 @@ def test_readme_links_exist():
 
 def test_every_experiment_has_its_page_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    for e in catalog():
+    for e in EXPERIMENTS:
         page = DOCS / "experiments" / f"{e.kind}.md"
         assert page.is_file(), f"docs/experiments/{e.kind}.md is missing"
         lines = page.read_text(encoding="utf-8").splitlines()
@@ -57,7 +57,7 @@ def test_the_hook_finds_no_missing_page(hook):
 
 
 def test_experiment_pages_list_every_declared_metric(hook):
-    for e in catalog():
+    for e in EXPERIMENTS:
         page = DOCS / "experiments" / f"{e.kind}.md"
         text = hook.expand(page.read_text(encoding="utf-8"), where=str(page))
         assert not hook.MARKER.search(text)
@@ -74,7 +74,7 @@ def test_experiment_pages_list_every_declared_metric(hook):
 
 def test_every_page_with_a_marker_renders(hook):
     pages = [p for p in DOCS.rglob("*.md") if hook.MARKER.search(p.read_text(encoding="utf-8"))]
-    assert len(pages) >= len(catalog()) + 3  # the experiments, their index, the store, the CLI
+    assert len(pages) >= len(EXPERIMENTS) + 3  # the experiments, their index, the store, the CLI
     for page in pages:
         assert not hook.MARKER.search(hook.expand(page.read_text(encoding="utf-8"), str(page)))
 
@@ -96,7 +96,7 @@ def test_the_cli_reference_has_every_command(hook):
 
 def test_the_store_page_lists_every_view(hook):
     text = hook.render_schema()
-    for e in catalog():
+    for e in EXPERIMENTS:
         assert f"`{e.view}`" in text
     for table in ("invocations", "runs", "kernel_stats"):
         assert f"table `{table}`" in text

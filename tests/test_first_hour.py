@@ -279,17 +279,17 @@ def test_store_migrates_to_label(tmp_path):
     schema.migrate(conn, 3)
     conn.execute("INSERT INTO invocations (id, command) VALUES ('a', 'model')")
     conn.close()
-    with Store(path):
+    with Store(path, EXPERIMENTS):
         pass
     assert query(path, "SELECT id, label FROM invocations") == [{"id": "a", "label": None}]
 
 
 @pytest.mark.parametrize("path", [["sql"]])
 def test_sql_help_lists_every_view(path):
-    from cs336sys.bench.declaration import catalog
+    from cs336sys.experiments.catalog import EXPERIMENTS
 
     text = " ".join(invoke(*path, "--help").stdout.split())
-    for e in catalog():
+    for e in EXPERIMENTS:
         assert e.view in text, e.view
 
 

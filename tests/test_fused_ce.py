@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336sys.bench.live_tensors import LiveTensorTracker
-from cs336sys.bench.memory import saved_tensor_bytes
+from cs336sys.measure.live_tensors import LiveTensorTracker
+from cs336sys.measure.memory import saved_tensor_bytes
 from cs336sys.models import ModelConfig, TransformerLM
 from cs336sys.models.fused_ce import default_chunk_rows, linear_cross_entropy
 

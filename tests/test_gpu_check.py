@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.store import Store
 from tests.conftest import MICRO, query
 
@@ -54,7 +55,7 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     db = tmp_path / "results.db"
     shape = {"seq": 16384, "d_head": 64, "heads": 16, "batch": 1, "dtype": "bf16", "causal": True}
-    with Store(db) as s:
+    with Store(db, EXPERIMENTS) as s:
         inv = s.begin_invocation(PROV, [], "attention")
         for impl, backend, used, ms in (("triton", None, None, 5.0), ("naive", None, None, 94.0),
                                         ("sdpa", "cudnn", "cudnn", 4.5)):  # fmt: skip

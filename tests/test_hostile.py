@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.store import Store
 from tests.conftest import MICRO, invoke
 
@@ -72,7 +73,7 @@ def files(tmp_path, monkeypatch):
     here = tmp_path / "files"
     here.mkdir()
     store = here / "store.db"
-    with Store(store) as s:
+    with Store(store, EXPERIMENTS) as s:
         inv = s.begin_invocation({"gpu": "cpu", "git_commit": "c"}, [], "model")
         s.add_run(inv, "model", "ok", {"size": "tiny", "seed": 1}, {"step_ms_mean": 1.0})
     con = sqlite3.connect(store)
@@ -137,7 +138,7 @@ def test_a_foreign_database_keeps_its_journal_mode_and_bytes(files):
     assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     assert con.execute("SELECT x FROM notes").fetchall() == [("my precious notes",)]
     with pytest.raises(Exception, match="not a results store"):
-        Store(foreign)
+        Store(foreign, EXPERIMENTS)
 
 
 def test_sql_creates_no_file(files, tmp_path):
@@ -151,5 +152,5 @@ def test_an_empty_or_new_file_becomes_a_store(tmp_path):
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
     for path in (empty, tmp_path / "new" / "results.db"):
-        with Store(path) as s:
+        with Store(path, EXPERIMENTS) as s:
             assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 0}]

@@ -1,13 +1,15 @@
 """The package's layers (docs/architecture.md), checked on its imports.
 
-    cli -> experiments -> {report, models} -> {attention, store, parallel} -> yours -> bench
+    cli -> experiments -> {report, models} -> {attention, store} -> yours -> sweep
+        -> parallel -> measure
 
 Nothing below imports anything above; experiments never import the store; attention does
 not import models (the model picks its kernel through attention's registry); the user's
-code (yours/) is reached through attention's registry and the experiments; bench, the measuring machinery, imports no other layer; store/ has no
-import cycle. Every import counts, also those inside functions (the lazy ones that keep
-`cs336sys --help` fast). The package root, cs336sys/__init__.py, wires the layers together
-and may import any of them.
+code (yours/) is reached through attention's registry and the experiments; measure, the
+measuring machinery, imports no other package; store/ has no import cycle. Every import
+counts, also those inside functions (the lazy ones that keep `cs336sys --help` fast). No
+hidden edges: the package root imports nothing, and no module imports another by a name
+in a string (importlib), except yours/, whose job is importing the user's code by name.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ ROOT = Path(cs336sys.__file__).parent
 
 # layer -> the layers it may import (its own always)
 ALLOWED = {
-    "cli": {"experiments", "report", "attention", "store", "bench", "parallel", "models", "yours"},
-    "experiments": {"report", "attention", "bench", "parallel", "models", "yours"},
-    "report": {"store", "bench"},
-    "models": {"attention", "bench"},
-    "attention": {"bench", "yours"},
-    "store": {"bench"},
-    "parallel": {"bench"},
-    "yours": {"bench"},
-    "bench": set(),
+    "cli": {"experiments", "report", "models", "attention", "store", "parallel", "yours",
+            "sweep", "measure"},  # fmt: skip
+    "experiments": {"report", "models", "attention", "parallel", "yours", "sweep", "measure"},
+    "report": {"store", "sweep", "measure"},
+    "models": {"attention", "sweep", "measure"},
+    "attention": {"yours", "sweep", "measure"},
+    "store": {"sweep", "measure"},
+    "yours": {"sweep", "measure"},
+    "sweep": {"parallel", "measure"},  # the rank executor starts process groups
+    "parallel": {"measure"},
+    "measure": set(),
 }
 
 
@@ -131,14 +135,14 @@ def test_store_has_no_import_cycle():
 def test_the_checker_sees_a_forbidden_edge(tmp_path):
     """The checker itself: an upward import inside a function, a relative one, and a cycle."""
     pkg = tmp_path / "cs336sys"
-    for sub in ("store", "bench", "experiments", "models", "attention"):
+    for sub in ("store", "measure", "experiments", "models", "attention"):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("import cs336sys.cli\n")  # the root may
+    (pkg / "__init__.py").write_text("import cs336sys.cli\n")  # the root: its own test
     (pkg / "experiments" / "run.py").write_text("def f():\n    from cs336sys.store import db\n")
     (pkg / "attention" / "k.py").write_text("from ..models import cfg\n")
-    (pkg / "models" / "cfg.py").write_text("from cs336sys.bench import clock\n")
-    (pkg / "bench" / "clock.py").write_text("")
+    (pkg / "models" / "cfg.py").write_text("from cs336sys.measure import clock\n")
+    (pkg / "measure" / "clock.py").write_text("")
     (pkg / "store" / "db.py").write_text("from cs336sys.store import views\n")
     (pkg / "store" / "views.py").write_text("def lazy():\n    from . import db\n")
     assert forbidden(graph(pkg)) == [
@@ -151,3 +155,26 @@ def test_the_checker_sees_a_forbidden_edge(tmp_path):
     assert cycles(graph(pkg, at_import=True), "cs336sys.store") == [
         ["cs336sys.store", "cs336sys.store.db", "cs336sys.store"]
     ]
+
+
+def test_the_package_root_imports_nothing():
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+
+
+def _by_name(tree: ast.AST) -> list[int]:
+    """Lines that import a module named by a string: importlib.import_module, __import__."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in ("import_module", "__import__"):
+                out.append(node.lineno)
+    return out
+
+
+def test_no_module_imports_another_by_a_string():
+    found = {module_name(p): _by_name(ast.parse(p.read_text())) for p in ROOT.rglob("*.py")}
+    assert {m: lines for m, lines in found.items() if lines and layer(m) != "yours"} == {}
+    assert _by_name(ast.parse("import importlib\nimportlib.import_module('x')\n")) == [2]

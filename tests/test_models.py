@@ -349,7 +349,7 @@ def test_config_modules_do_not_import_torch():
 
 
 def test_nvtx_ranges_are_a_no_op_switch_on_cpu():
-    from cs336sys.bench.nvtx import _NVTX_ENABLED, nvtx_enabled, nvtx_range
+    from cs336sys.measure.nvtx import _NVTX_ENABLED, nvtx_enabled, nvtx_range
 
     model = make_model().eval()
     tokens = random_tokens(1, 8)
@@ -369,7 +369,7 @@ def test_checkpointing_keeps_gradients_and_saves_memory(spec):
     """Checkpointed groups of blocks: identical gradients (float64), far fewer saved bytes."""
     import dataclasses
 
-    from cs336sys.bench.memory import saved_tensor_bytes
+    from cs336sys.measure.memory import saved_tensor_bytes
     from cs336sys.models.config import ModelConfig
 
     base = ModelConfig(d_model=64, d_ff=128, num_layers=3, num_heads=4, vocab_size=256,
@@ -426,7 +426,7 @@ def test_checkpoint_groups_uneven(spec, layers, want):
 
 
 def test_checkpoint_list_keeps_group_counts_together():
-    from cs336sys.bench.sweep import checkpoint_list
+    from cs336sys.sweep.points import checkpoint_list
 
     assert checkpoint_list(["none,groups:14,14,6", "sqrt"]) == ["none", "groups:14,14,6", "sqrt"]
     assert checkpoint_list(["groups:1,1,groups:2"]) == ["groups:1,1", "groups:2"]

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cs336sys.experiments import plan as exp
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.models.config import from_preset, param_count
 from cs336sys.parallel import plan_math as pm
 from cs336sys.store.db import Store, point_key
@@ -204,7 +205,7 @@ CPU, H100 = "cpu", "NVIDIA H100 80GB HBM3"
 
 def _store(path, model=(), comm=(), ddp=()):
     """A store with invocations on two GPUs and the given (gpu, status, settings, metrics) runs."""
-    store = Store(path)
+    store = Store(path, EXPERIMENTS)
     for gpu in (CPU, H100):
         store.db["invocations"].insert({
             "id": f"inv-{gpu}", "command": "fixture", "argv": "[]", "started": "2026-01-05",

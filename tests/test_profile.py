@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cs336sys.bench import nvtx
 from cs336sys.experiments import profile_events
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.experiments.profile_events import summarize
+from cs336sys.measure import nvtx
 from cs336sys.store import Store, schema
 from tests.conftest import MICRO, invoke, view_rows
 
@@ -321,7 +322,7 @@ def test_v2_store_is_migrated_and_keeps_its_rows(db_path):
         (json.dumps({"size": "small"}), json.dumps({"step_ms_mean": 3.0})),
     )
     conn.close()
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         assert schema.version(s.conn) == schema.SCHEMA_VERSION == 6
         assert s.query("SELECT run_id, size, step_ms_mean FROM model_runs") == [
             {"run_id": "r1", "size": "small", "step_ms_mean": 3.0}

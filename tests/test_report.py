@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.report.plots import short
 from cs336sys.report.sections import panels, with_gpu
 from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
@@ -123,12 +124,12 @@ def test_parse_time_against_hand_computed_instants():
 
 
 def test_where_values_are_bound_never_spliced():
-    sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "seq=16"]))).clause()
+    sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "seq=16"], EXPERIMENTS))).clause()
     assert "a'b" not in sql and "size" not in sql and params == ["size", "a'b;--", "size",
                                                                  "a'b;--", "seq", 16, "seq", "16"]  # fmt: skip
     for bad in ("novalue", "=x", "a.b=1", "x') OR 1=1 --=y"):
         with pytest.raises(SelectionError):
-            parse_where([bad])
+            parse_where([bad], EXPERIMENTS)
 
 
 @pytest.mark.parametrize(
@@ -256,7 +257,7 @@ def test_markdown_report_values_are_inert(tmp_path):
     db = tmp_path / "hostile.db"
     evil = " ".join(PAYLOADS)
     prov = {"host": evil, "gpu": evil, "gpu_count": 1, "torch_version": evil, "git_commit": "c1"}
-    with Store(db) as s:
+    with Store(db, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov, [], "model")
         s.add_run(inv, "model", "ok", {"size": evil, "context_length": 8, "mode": "train"},
                   {"step_ms_mean": 1.0})  # fmt: skip

@@ -136,6 +136,7 @@ def _measure(exe: str, page: Path, tmp: Path, width: int, print_css: bool = Fals
 
 def _fixture_report(tmp: Path) -> Path:
     """The fixture's HTML report, built through the library (what `cs336sys report` calls)."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.report.render import build as build_report
     from cs336sys.report.render import write
     from cs336sys.report.select import Selection
@@ -143,7 +144,7 @@ def _fixture_report(tmp: Path) -> Path:
 
     conn = connect_readonly(build(tmp / "results.db"))
     try:
-        rep = build_report(conn, Selection(), "fixture", [])
+        rep = build_report(conn, Selection(), "fixture", [], EXPERIMENTS)
     finally:
         conn.close()
     (path,) = write(rep, tmp / "out", ["html"])
@@ -153,6 +154,7 @@ def _fixture_report(tmp: Path) -> Path:
 def _long_names_report(tmp: Path) -> Path:
     """A profile whose kernel names are longer than a printed page is wide, without a space
     (cutlass and Triton names are like this), and a setting value as long."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.report.render import build as build_report
     from cs336sys.report.render import write
     from cs336sys.report.select import Selection
@@ -160,7 +162,7 @@ def _long_names_report(tmp: Path) -> Path:
     from cs336sys.store.db import connect_readonly
 
     name = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_" * 3
-    with Store(tmp / "long.db") as st:
+    with Store(tmp / "long.db", EXPERIMENTS) as st:
         inv = st.begin_invocation({"host": "h", "gpu": "H100", "gpu_count": 1}, [], "profile")
         rid = st.add_run(inv, "profile", "ok", {"target": "model", "size": "x" * 150,
                                                  "mode": "train"}, {"step_ms_mean": 1.0})  # fmt: skip
@@ -169,7 +171,7 @@ def _long_names_report(tmp: Path) -> Path:
                                    "time_basis": "cuda"} for i in (1, 2)])  # fmt: skip
     conn = connect_readonly(tmp / "long.db")
     try:
-        rep = build_report(conn, Selection(), "long names", [])
+        rep = build_report(conn, Selection(), "long names", [], EXPERIMENTS)
     finally:
         conn.close()
     (path,) = write(rep, tmp / "long", ["html"])

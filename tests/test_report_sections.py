@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cs336sys.bench.declaration import by_kind, catalog
-from cs336sys.report import experiments
+from cs336sys.experiments import memory_section, model_section
+from cs336sys.experiments.catalog import EXPERIMENTS, by_kind
 from cs336sys.report.plots import Bars, Plot
 from cs336sys.report.render import build, write
-from cs336sys.report.sections import Section, latest
+from cs336sys.report.sections import Section, build_section, latest
 from cs336sys.report.select import Selection, load
 from cs336sys.report.tables import point_table
 from cs336sys.store.db import connect_readonly
@@ -38,7 +38,7 @@ def rendered(store, tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     conn = connect_readonly(store)
     try:
-        rep = build(conn, Selection(), "fixture", [])
+        rep = build(conn, Selection(), "fixture", [], EXPERIMENTS)
     finally:
         conn.close()
     write(rep, out, ["html", "md"])
@@ -128,7 +128,7 @@ def test_checkpointing_groups_never_mix_settings_or_gpus():
     rows = [row("none"), row("sqrt", fwd=50.0), row("sqrt", gpu="A100", fwd=70.0),
             row("sqrt", ctx=256, fwd=60.0)]  # fmt: skip
     sec = Section("memory", "m")
-    experiments.memory(sec, latest(rows))
+    memory_section.section(sec, latest(rows))
     t = table(sec, "Checkpointing trade-off")
     assert [(r[0], r[1], r[3]) for r in t.rows] == [
         ("s T=128 B=1 train fp32 [H100]", "none", "1.00×"),
@@ -183,7 +183,7 @@ def _model_row(size, step, n):
 def test_the_warmup_plot_says_which_series_it_leaves_out():
     rows = [_model_row("small", 10.0 + n, n) for n in range(1, 14)]  # 13 points
     sec = Section("model", "m")
-    experiments.model(sec, latest(rows))
+    model_section.section(sec, latest(rows))
     warm = table(sec, "Warm-up effect")
     assert len(warm.rows) == 13
     fig = next(f for f in sec.figures if f.name == "model-warmup")
@@ -193,7 +193,7 @@ def test_the_warmup_plot_says_which_series_it_leaves_out():
                         + ", ".join(left) + ".")  # fmt: skip
     # at most 8 series: nothing is left out, nothing is said
     sec = Section("model", "m")
-    experiments.model(sec, latest(rows[:8]))
+    model_section.section(sec, latest(rows[:8]))
     assert next(f for f in sec.figures if f.name == "model-warmup").note == ""
 
 
@@ -249,10 +249,10 @@ def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
     and xl (the attention sweep of the model command)."""
     conn = connect_readonly(H100_DB)
     try:
-        rows = load(conn, Selection(experiments=("model",)))["model"]
+        rows = load(conn, Selection(experiments=("model",)), EXPERIMENTS)["model"]
     finally:
         conn.close()
-    sec = experiments.build(by_kind()["model"], rows, {})
+    sec = build_section(by_kind()["model"], rows)
     charts = [f for f in sec.figures if isinstance(f.plot, Bars)]
     assert [f.title for f in charts] == [f"Step time by phase, tokens/s and MFU: mode={m}"
                                          for m in ("train", "forward-backward", "forward")]  # fmt: skip
@@ -291,7 +291,7 @@ def test_settings_the_same_in_every_row_go_above_the_table(rendered):
 def test_table_headers_say_mib_for_binary_bytes_and_gb_only_for_decimal():
     """Byte columns are MiB (2^20); 'GB/s' only where the value is 10^9 bytes per second
     (comm's algbw and busbw, computed as bytes / s / 1e9); no bare MB anywhere."""
-    headers = [c.header for e in catalog() for t in e.tables for c in t.columns]
+    headers = [c.header for e in EXPERIMENTS for t in e.tables for c in t.columns]
     decimal = [h for h in headers if re.search(r"\b[KMGT]B\b", h)]
     assert sorted(decimal) == ["algbw GB/s", "busbw GB/s"]
     assert any("MiB" in h for h in headers)

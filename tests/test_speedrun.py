@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from cs336sys.bench.sweep import SpecError
 from cs336sys.experiments import speedrun
+from cs336sys.sweep.points import SpecError
 from tests.conftest import MICRO, invoke, query
 
 # A model of milliseconds a step: 2 layers, d 64, 4 heads, vocabulary 256.

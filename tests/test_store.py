@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
-from cs336sys.bench import provenance
-from cs336sys.store import SCHEMA_VERSION, Store, StoreError, connect_readonly, schema, views
+from cs336sys.experiments.catalog import EXPERIMENTS
+from cs336sys.measure import provenance
+from cs336sys.store import SCHEMA_VERSION, Store, StoreError, connect_readonly, schema
 
 PROV = {
     "host": "h",
@@ -67,7 +68,7 @@ def test_git_info_outside_a_checkout_is_null(tmp_path):
 
 
 def test_views_flatten_settings_and_metrics(db_path):
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         inv = s.begin_invocation(PROV, ["cs336sys", "model"], "model")
         s.add_run(
             inv,
@@ -99,7 +100,7 @@ def test_views_flatten_settings_and_metrics(db_path):
 def test_run_ids_are_uuids_and_status_is_checked(db_path):
     import uuid
 
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         inv = s.begin_invocation(PROV, [], "t")
         rid = s.add_run(inv, "model", "oom", {"size": "xl"})
         assert uuid.UUID(rid).version == 4
@@ -108,7 +109,7 @@ def test_run_ids_are_uuids_and_status_is_checked(db_path):
 
 
 def _writer(path, n, tag):
-    with Store(path) as s:
+    with Store(path, EXPERIMENTS) as s:
         inv = s.begin_invocation(PROV, [tag], "t")
         for i in range(n):
             s.add_run(inv, "model", "ok", {"writer": tag, "i": i}, {"step_ms_mean": float(i)})
@@ -146,7 +147,7 @@ def test_older_schema_is_migrated_and_keeps_its_rows(db_path):
     )
     conn.close()
 
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         assert schema.version(s.conn) == SCHEMA_VERSION
         cols = {r["name"] for r in s.query("PRAGMA table_info(runs)")}
         assert "point_key" in cols
@@ -186,7 +187,7 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
         conn.execute("UPDATE runs SET status = 'wrong'")
     conn.close()
 
-    with Store(db_path) as s:
+    with Store(db_path, EXPERIMENTS) as s:
         assert schema.version(s.conn) == SCHEMA_VERSION
         assert s.query("SELECT id, status FROM mine ORDER BY id") == [
             {"id": "r1", "status": "ok"}, {"id": "r2", "status": "oom"}]  # fmt: skip
@@ -208,36 +209,55 @@ def test_newer_schema_is_refused(db_path):
     conn.execute("PRAGMA user_version = 99")
     conn.close()
     with pytest.raises(StoreError, match="newer"):
-        Store(db_path)
+        Store(db_path, EXPERIMENTS)
 
 
 def test_a_file_that_is_not_sqlite_is_refused_and_untouched(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("my precious notes\n")
     with pytest.raises(StoreError, match="not a SQLite database"):
-        Store(path)
+        Store(path, EXPERIMENTS)
     with pytest.raises(StoreError, match="not a SQLite database"):
         connect_readonly(path)
     assert path.read_text() == "my precious notes\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-def test_views_are_recreated_but_a_users_own_view_survives(db_path, monkeypatch):
-    Store(db_path).close()
+def test_views_follow_the_declarations_passed_in_and_a_users_own_view_survives(db_path):
+    """Views come from the declarations the caller passes (experiments/catalog.py): a new one
+    gets its view, a changed one is re-created, one no longer declared is dropped with the
+    whole catalog; a user's own view is never touched."""
+    import dataclasses
+
+    from cs336sys.experiments.catalog import by_kind
+    from cs336sys.sweep.declaration import Experiment, Metric
+
+    Store(db_path, EXPERIMENTS).close()
     conn = sqlite3.connect(db_path)
     conn.execute("CREATE VIEW my_view AS SELECT 1 AS one")
     conn.commit()
     conn.close()
-    extended = dict(views.VIEWS)
-    extended["extra_runs"] = ("extra", ["a"], ["b"])
-    monkeypatch.setattr(views, "VIEWS", extended)
-    with Store(db_path) as s:
+    extra = Experiment(kind="extra", view="extra_runs", title="Extra", spec=object, run=print,
+                       settings=("a",), metrics=(Metric("b", "", "b"),), tables=())  # fmt: skip
+    with Store(db_path, (*EXPERIMENTS, extra)) as s:
         names = {r["name"] for r in s.query("SELECT name FROM sqlite_master WHERE type='view'")}
-    assert {"model_runs", "extra_runs", "my_view"} <= names
+        assert {"model_runs", "extra_runs", "my_view"} <= names
+        inv = s.begin_invocation(PROV, [], "t")
+        s.add_run(inv, "extra", "ok", {"a": 1}, {"b": 2, "c": 3})
+        assert s.query("SELECT a, b FROM extra_runs") == [{"a": 1, "b": 2}]
+    more = dataclasses.replace(extra, metrics=(*extra.metrics, Metric("c", "", "c")))
+    with Store(db_path) as s:  # no declarations: the views stay as they are
+        s.ensure_views([more])  # one declaration changed: its view alone is re-created
+        assert s.query("SELECT a, b, c FROM extra_runs") == [{"a": 1, "b": 2, "c": 3}]
+        assert s.query("SELECT count(*) AS n FROM model_runs") == [{"n": 0}]
+    with Store(db_path, EXPERIMENTS) as s:  # the whole catalog, without extra: dropped
+        names = {r["name"] for r in s.query("SELECT name FROM sqlite_master WHERE type='view'")}
+    assert "extra_runs" not in names and {"model_runs", "my_view"} <= names
+    assert by_kind()["model"].view == "model_runs"
 
 
 def test_readonly_connection_cannot_write(db_path):
-    Store(db_path).close()
+    Store(db_path, EXPERIMENTS).close()
     conn = connect_readonly(db_path)
     with pytest.raises(sqlite3.OperationalError):
         conn.execute("DELETE FROM runs")
@@ -250,10 +270,10 @@ def test_a_store_being_created_by_another_process_is_not_refused(db_path):
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA journal_mode = WAL")  # what the creator does before migrating
     assert db_path.stat().st_size > 0
-    with Store(db_path) as s:  # no "not a results store"
+    with Store(db_path, EXPERIMENTS) as s:  # no "not a results store"
         assert schema.version(s.conn) == SCHEMA_VERSION
     conn.close()
     foreign = db_path.with_name("foreign.db")
     sqlite3.connect(foreign).execute("CREATE TABLE notes (x)").connection.close()
     with pytest.raises(StoreError, match="not a results store"):
-        Store(foreign)
+        Store(foreign, EXPERIMENTS)

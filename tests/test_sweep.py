@@ -1,4 +1,4 @@
-"""The sweep runner (experiments/sweep.py), from plain Python: the rows it writes are the
+"""The sweep runner (sweep/runner.py), from plain Python: the rows it writes are the
 CLI's, and --resume, skip-after-OOM, failures, groups and process groups are handled once,
 here, for every experiment."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from cs336sys.bench.sweep import point_key
 from cs336sys.experiments import model, run_sweep
-from cs336sys.experiments.sweep import Quiet
 from cs336sys.store import Recorder
+from cs336sys.sweep.points import point_key
+from cs336sys.sweep.runner import Quiet
 from tests.conftest import MICRO, invoke, query
 from tests.sweep_workers import TOY, TOY_RANKS, Toy
 

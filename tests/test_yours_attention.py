@@ -227,7 +227,7 @@ def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
 
 def test_run_sweep_takes_your_implementations_from_python(tmp_path):
     from cs336sys.experiments import attention
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     repo = course_repo(tmp_path)
     yours.use(repo / "tests" / "adapters.py")

@@ -6,11 +6,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cs336sys.bench.declaration import Experiment
-from cs336sys.bench.result import Result
 from cs336sys.cli.common import recording
-from cs336sys.experiments.ranks import torchrun_rank
-from cs336sys.experiments.sweep import run_sweep
+from cs336sys.sweep.declaration import Experiment
+from cs336sys.sweep.ranks import torchrun_rank
+from cs336sys.sweep.result import Result
+from cs336sys.sweep.runner import run_sweep
 
 
 @dataclass(frozen=True)

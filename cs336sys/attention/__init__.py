@@ -9,15 +9,21 @@ only when `get(name)` is called or a FlashAttention class is first accessed:
 
 from __future__ import annotations
 
-from cs336sys.attention.registry import get, names, register
-from cs336sys.bench.lazy import attributes
+from typing import Any
 
-_LAZY = {
-    "FlashAttention2Torch": "cs336sys.attention.flash_torch",
-    "FlashAttention2Triton": "cs336sys.attention.flash_triton",
-}
+from cs336sys.attention.registry import get, names, register
 
 __all__ = ["FlashAttention2Torch", "FlashAttention2Triton", "get", "names", "register"]
 
 
-__getattr__ = attributes(globals(), _LAZY)
+def __getattr__(name: str) -> Any:
+    """The FlashAttention classes, imported on first use: they import torch (PEP 562)."""
+    if name == "FlashAttention2Torch":
+        from cs336sys.attention.flash_torch import FlashAttention2Torch
+
+        return FlashAttention2Torch
+    if name == "FlashAttention2Triton":
+        from cs336sys.attention.flash_triton import FlashAttention2Triton
+
+        return FlashAttention2Triton
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,7 @@ import shutil
 
 import torch
 
-from cs336sys.bench.nvtx import nvtx_range
+from cs336sys.measure.nvtx import nvtx_range
 
 # Tile sizes (rows of Q and rows of K/V per tile). 64 is the textbook choice for head dims up
 # to 128: a (64, 64) float32 score tile and a (64, 128) accumulator are small enough to stay

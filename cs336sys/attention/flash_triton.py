@@ -56,7 +56,7 @@ from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS
     pinned_config,
     pinned_tiles,
 )
-from cs336sys.bench.triton_support import check_available as _available
+from cs336sys.measure.triton_support import check_available as _available
 
 __all__ = ["INTERPRETED", "FlashAttention2Triton", "check_available", "flash_attention_triton"]
 

@@ -77,7 +77,7 @@ from cs336sys.attention.flash_triton_tiles import (
     _store_owned,
     _tile_program,
 )
-from cs336sys.bench.triton_support import interpreted
+from cs336sys.measure.triton_support import interpreted
 
 # --------------------------------------------------------------------------------------------
 # Forward (Dao 2023, Algorithm 1)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cs336sys.bench.triton_support import round_bf16
+from cs336sys.measure.triton_support import round_bf16
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
@@ -56,7 +56,7 @@ def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr):
 @triton.jit
 def _cast(x, dtype, ROUND_BF16: tl.constexpr):
     """x.to(dtype), rounding float32 to the nearest bfloat16 also in the interpreter
-    (ROUND_BF16, set only when interpreted: bench/triton_support.round_bf16)."""
+    (ROUND_BF16, set only when interpreted: measure/triton_support.round_bf16)."""
     return round_bf16(x, ROUND_BF16).to(dtype)
 
 

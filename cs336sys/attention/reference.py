@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from cs336sys.bench.nvtx import nvtx_range
+from cs336sys.measure.nvtx import nvtx_range
 
 
 def naive_attention(

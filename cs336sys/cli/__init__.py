@@ -95,7 +95,7 @@ app.add_typer(db_app, name="db")
 
 
 def main() -> None:
-    from cs336sys.bench.result import Terminated, stop_on_sigterm
+    from cs336sys.sweep.result import Terminated, stop_on_sigterm
 
     stop_on_sigterm()  # so that a SIGTERM reaps the ranks and stores the interrupted point
     if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):

@@ -125,7 +125,7 @@ def attention(
         cs336sys attention --impl yours-torch,flash-torch --seq 128,256
     """  # noqa: E501
     from cs336sys.experiments import attention as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     user_code(adapters)
     with user_errors():

@@ -73,8 +73,8 @@ def comm(
         torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB
     """  # noqa: E501
     from cs336sys.experiments import comm as exp
-    from cs336sys.experiments.ranks import torchrun_rank
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.ranks import torchrun_rank
+    from cs336sys.sweep.runner import run_sweep
 
     rank = torchrun_rank()
     if rank is not None and resume:
@@ -96,6 +96,6 @@ def comm(
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    from cs336sys.bench.units import format_size
+    from cs336sys.measure.units import format_size
 
     return f"{spec.op} {format_size(spec.size_bytes)} n={spec.world_size}"

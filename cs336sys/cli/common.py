@@ -18,14 +18,14 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
-# store is found from the folder the user stands in (bench/paths.py, default_store).
+# store is found from the folder the user stands in (measure/paths.py, default_store).
 DEFAULT_DB = Path("db/results.db")
 
 
 def _default_store(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
     """--db as given, CS336SYS_DB, else db/results.db at the top of this git checkout (or the
     user's data folder outside one)."""
-    from cs336sys.bench.paths import default_store
+    from cs336sys.measure.paths import default_store
 
     source = ctx.get_parameter_source(param.name)
     # By name: typer may bring its own copy of click, whose ParameterSource is another enum.
@@ -57,7 +57,7 @@ def fail(message: object) -> NoReturn:
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the library's SpecError (an option it cannot use) into one line and exit 2."""
-    from cs336sys.bench.sweep import SpecError
+    from cs336sys.sweep.points import SpecError
 
     try:
         yield
@@ -91,7 +91,7 @@ def choices(
     values: Sequence[str] | None, allowed: Sequence[str], option: str, default: Sequence[str] = ()
 ) -> list[str]:
     """Split a list option and check every value is one of `allowed` (exit 2 if not)."""
-    from cs336sys.bench.sweep import choices as checked
+    from cs336sys.sweep.points import choices as checked
 
     with user_errors():
         return checked(values, allowed, option, default)
@@ -164,12 +164,15 @@ def recording(
         sink = NullSink()
         yield sink
         return
-    from cs336sys.bench.result import Terminated
     from cs336sys.store.db import StoreError
     from cs336sys.store.recorder import Recorder
+    from cs336sys.sweep.result import Terminated
 
     try:
-        rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label)
+        from cs336sys.experiments.catalog import EXPERIMENTS
+
+        rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label,
+                       experiments=EXPERIMENTS)  # fmt: skip
     except StoreError as exc:
         fail(exc)
     status = 1
@@ -230,7 +233,7 @@ class Bar:
     def start(self, experiment: Any, total: int) -> None:
         if not self.on:
             return
-        from cs336sys.bench.progress import on_step
+        from cs336sys.measure.progress import on_step
 
         self.total = total
         if self.tty:

@@ -69,10 +69,11 @@ def export(
     """
     from datetime import datetime, timezone
 
-    from cs336sys.bench.sweep import split_list
+    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
+    from cs336sys.sweep.points import split_list
 
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
@@ -81,7 +82,7 @@ def export(
         condition = Selection(
             since=parse_time(since, now) if since is not None else None,
             until=parse_time(until, now, end=True) if until is not None else None,
-            where=tuple(parse_where(where or [])),
+            where=tuple(parse_where(where or [], EXPERIMENTS)),
         ).clause()
     except SelectionError as exc:
         fail(exc)
@@ -91,7 +92,7 @@ def export(
         fail("--out would overwrite the store itself")
     try:
         conn = connect_readonly(db)
-        known = known_experiments(conn)
+        known = known_experiments(conn, EXPERIMENTS)
     except StoreError as exc:
         fail(exc)
     except sqlite3.DatabaseError as exc:
@@ -149,13 +150,14 @@ def merge(
 
         cs336sys db merge a100.db --db db/results.db
     """
+    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store.db import StoreError, check_path
     from cs336sys.store.transfer import check_other, merge
 
     try:
         check_path(db)
         check_other(other, db)
-        counts = merge(db, other)
+        counts = merge(db, other, EXPERIMENTS)
     except StoreError as exc:
         fail(exc)
     rows = [

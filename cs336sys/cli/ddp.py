@@ -122,8 +122,8 @@ def ddp(
         torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32
     """  # noqa: E501
     from cs336sys.experiments import ddp as exp
-    from cs336sys.experiments.ranks import torchrun_rank
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.ranks import torchrun_rank
+    from cs336sys.sweep.runner import run_sweep
 
     rank = torchrun_rank()
     if rank is not None and resume:

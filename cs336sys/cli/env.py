@@ -25,8 +25,8 @@ def env(
         cs336sys env --json
     """
     from cs336sys import yours
-    from cs336sys.bench.device import resolve_device
-    from cs336sys.bench.provenance import collect
+    from cs336sys.measure.device import resolve_device
+    from cs336sys.measure.provenance import collect
 
     try:
         resolved = resolve_device(device)

@@ -101,7 +101,7 @@ def memory(
         _refuse_options_before_subcommand(ctx)
         return
     from cs336sys.experiments import memory as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     user_code(adapters)
     with user_errors():
@@ -151,7 +151,7 @@ def residuals(
         cs336sys memory residuals --size xl --seq 2048
     """  # noqa: E501
     from cs336sys.experiments import memory_residuals as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     with user_errors():
         specs = exp.specs(

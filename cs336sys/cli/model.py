@@ -88,7 +88,7 @@ def model(
         cs336sys model --attention flash-torch,yours-torch
     """  # noqa: E501
     from cs336sys.experiments import model as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     user_code(adapters)
     with user_errors():

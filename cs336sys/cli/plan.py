@@ -16,13 +16,13 @@ ListOpt = list[str] | None
 
 class Beside:
     """The sweep's sink: the store's Recorder, each dp or fsdp point first given the
-    metrics of the ddp run the store holds for it (report/plan.py, ddp_match)."""
+    metrics of the ddp run the store holds for it (experiments/plan_measured.py, ddp_match)."""
 
     def __init__(self, rec, conn) -> None:  # noqa: ANN001
         self.rec, self.conn = rec, conn
 
     def add(self, experiment, spec, result):  # noqa: ANN001, ANN201
-        from cs336sys.report.plan import beside, ddp_match
+        from cs336sys.experiments.plan_measured import beside, ddp_match
 
         if self.conn is not None and result.status == "ok":
             run = ddp_match(self.conn, spec.settings())
@@ -92,7 +92,7 @@ def plan(
         cs336sys plan --model 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
     """
     from cs336sys.experiments import plan as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     check_db(db)
     with user_errors():
@@ -131,9 +131,9 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
     """This GPU's Hardware from the store, or exit 2 naming the command to run first."""
     import os
 
-    from cs336sys.bench.provenance import smi_gpus
     from cs336sys.experiments.plan import Hardware
-    from cs336sys.report.plan import NoMeasurement, measured
+    from cs336sys.experiments.plan_measured import NoMeasurement, measured
+    from cs336sys.measure.provenance import smi_gpus
     from cs336sys.store.db import StoreError, connect_readonly
 
     if gpu is None:
@@ -158,7 +158,7 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
 
 def _show(exp, points) -> None:  # noqa: ANN001
     """The time and memory tables, the closed forms, the plan beside measured runs."""
-    from cs336sys.report.plan import MEASURED, inequalities, measured_rows
+    from cs336sys.experiments.plan_section import MEASURED, inequalities, measured_rows
     from cs336sys.report.tables import as_text, point_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]

@@ -36,7 +36,7 @@ def _group() -> None:
 def _measure(db, command: str, specs: list, name, label: str | None) -> list:
     """Run the points and print the experiment's tables (the kind's table only)."""
     from cs336sys.experiments import precision as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     check_db(db)
     with recording(db, command, specs[0].device, label=label) as rec:

@@ -243,7 +243,7 @@ profile_app.command("attention")(profile_attention)
 def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume, db, label):
     """Validate the profiling options, then print/run nsys or profile and store each point."""
     from cs336sys.experiments import profile as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     with user_errors():
         specs = exp.specs(target, points, top=top, nvtx=nvtx, trace=trace)
@@ -325,7 +325,7 @@ def _nsys(target: str, dev: str, args: list[str], run_it: bool) -> None:
 
 
 def _nvtx_on(dev: str) -> bool:
-    """Whether NVTX ranges are emitted for `dev` (bench/nvtx.py: only with CUDA)."""
+    """Whether NVTX ranges are emitted for `dev` (measure/nvtx.py: only with CUDA)."""
     return dev.startswith("cuda")
 
 

@@ -92,15 +92,16 @@ def report(
 
         cs336sys report --history --experiment model --where size=small
     """
-    from cs336sys.bench.paths import why_unwritable
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.measure.paths import why_unwritable
     from cs336sys.report import refs
     from cs336sys.report.render import FORMATS, build, write
     from cs336sys.report.select import (
         Selection,
         SelectionError,
-        experiments,
         parse_time,
         parse_where,
+        views_of,
     )
     from cs336sys.store.db import StoreError, connect_readonly
 
@@ -111,7 +112,7 @@ def report(
     if not 0 <= threshold < 1000:
         fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
     formats = choices(fmt, FORMATS, "--format", default=FORMATS)
-    exps = choices(experiment, sorted(experiments()), "--experiment")
+    exps = choices(experiment, sorted(views_of(EXPERIMENTS)), "--experiment")
     now = datetime.now(timezone.utc)
     since_time, since_commits = None, None
     if since is not None:
@@ -129,7 +130,7 @@ def report(
             gpu=gpu,
             commit=(refs.resolve(commit) or commit) if commit else None,
             commits=tuple(since_commits) if since_commits is not None else None,
-            where=tuple(parse_where(where or [])),
+            where=tuple(parse_where(where or [], EXPERIMENTS)),
         )
     except SelectionError as exc:
         fail(exc)
@@ -148,7 +149,8 @@ def report(
     filters += [f"experiment {', '.join(exps)}"] if exps else []
     filters += [f"where {w}" for w in where or []]
     try:
-        rep = build(conn, sel, title, filters, compare_ab=tuple(compare) if compare else None,
+        rep = build(conn, sel, title, filters, EXPERIMENTS,
+                    compare_ab=tuple(compare) if compare else None,
                     history=history, threshold=threshold / 100)  # fmt: skip
     except SelectionError as exc:
         fail(exc)

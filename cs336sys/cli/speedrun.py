@@ -129,7 +129,7 @@ def step(
         cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
     """  # noqa: E501
     from cs336sys.experiments import speedrun as exp
-    from cs336sys.experiments.sweep import run_sweep
+    from cs336sys.sweep.runner import run_sweep
 
     user_code(adapters)
     with user_errors():

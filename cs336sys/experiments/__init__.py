@@ -1,4 +1,4 @@
-"""One module per experiment kind. Each declares its `EXPERIMENT` (bench/declaration.py):
+"""One module per experiment kind. Each declares its `EXPERIMENT` (sweep/declaration.py):
 a frozen Spec dataclass (one sweep point), `specs(...)` that validates a sweep's options and
 expands them, `run(spec) -> Result` (a pure function of the spec plus the device), its
 metrics and its table. `run_sweep` (sweep.py) runs the points of any of them:
@@ -9,6 +9,6 @@ metrics and its table. `run_sweep` (sweep.py) runs the points of any of them:
 Importing this package does not import torch.
 """
 
-from cs336sys.experiments.sweep import Point, run_sweep
+from cs336sys.sweep.runner import Point, run_sweep
 
 __all__ = ["Point", "run_sweep"]

@@ -18,8 +18,11 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in
-from cs336sys.bench.check import check
-from cs336sys.bench.declaration import (
+from cs336sys.experiments import attention_section
+from cs336sys.measure.check import check
+from cs336sys.measure.dtypes import PRECISIONS
+from cs336sys.measure.stats import STATS, summarize
+from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
@@ -30,10 +33,7 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.bench.dtypes import PRECISIONS
-from cs336sys.bench.result import Result
-from cs336sys.bench.stats import STATS, summarize
-from cs336sys.bench.sweep import (
+from cs336sys.sweep.points import (
     SpecError,
     check_seed,
     check_triton,
@@ -44,6 +44,7 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
+from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
 
 DTYPES = tuple(PRECISIONS)
@@ -267,12 +268,12 @@ def run(spec: AttentionSpec) -> Result:
 
     from cs336sys.attention import registry
     from cs336sys.attention.reference import attention_reference
-    from cs336sys.bench.memory import saved_tensor_bytes
-    from cs336sys.bench.timing import launch_metrics, time_do_bench, time_loop
+    from cs336sys.measure.memory import saved_tensor_bytes
+    from cs336sys.measure.timing import launch_metrics, time_do_bench, time_loop
 
     device = spec.device
     on_cuda = device.startswith("cuda")
-    from cs336sys.bench.dtypes import torch_dtype
+    from cs336sys.measure.dtypes import torch_dtype
 
     dtype = torch_dtype(spec.dtype)
     backward = spec.passes != "forward"
@@ -376,7 +377,7 @@ def run(spec: AttentionSpec) -> Result:
 
 
 def _time(spec, fn, grads, host: list[float]) -> list[float]:
-    from cs336sys.bench.timing import time_do_bench, time_loop
+    from cs336sys.measure.timing import time_do_bench, time_loop
 
     if spec.timer == "do-bench":
         return time_do_bench(fn, grad_to_none=list(grads))
@@ -489,4 +490,7 @@ EXPERIMENT = Experiment(
     compare="e2e_ms",
     oom_axis="seq",
     renamed={"fwd_ms": "fwd_ms_mean", "bwd_ms": "bwd_ms_mean", "e2e_ms": "e2e_ms_mean"},
+    section=attention_section.section,
+    draws=True,
+    apart=attention_section.APART,
 )

@@ -1,9 +1,10 @@
 """Every experiment's declaration, in the order reports show them.
 
-The package root points bench.declaration.catalog() here, so that the store's views and the
-report's sections, which sit below experiments/, are derived from these declarations
-without importing experiments/ (docs/architecture.md). Importing this module imports no
-torch: experiments import it inside their `run`.
+Adding an experiment kind is its module (experiments/<kind>.py, with `EXPERIMENT`), one line
+here, and its command (docs/architecture.md). The store's views and the report's sections
+sit below experiments/ and are derived from these declarations: the commands pass this
+catalog down (`Store(path, EXPERIMENTS)`, `report.render.build(..., EXPERIMENTS)`).
+Importing this module imports no torch: experiments import it inside their `run`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from cs336sys.experiments import (
     profile,
     speedrun,
 )
+from cs336sys.sweep.declaration import Experiment
 
 EXPERIMENTS = (
     model.EXPERIMENT,
@@ -33,3 +35,8 @@ EXPERIMENTS = (
     precision.EXPERIMENT,
     speedrun.EXPERIMENT,
 )
+
+
+def by_kind() -> dict[str, Experiment]:
+    """The declarations by experiment kind."""
+    return {e.kind: e for e in EXPERIMENTS}

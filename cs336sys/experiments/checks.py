@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any
 
-from cs336sys.bench.check import Verdict
+from cs336sys.measure.check import Verdict
 
 # fp32 losses of the same weights computed by two implementations of the same math: the sums
 # run in another order, nothing more (measured: |Δ| about 1e-6 on a loss of 5.5).
@@ -91,9 +91,9 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     `precision` as the replicas train."""
     import torch
 
-    from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.experiments.ddp_setup import LR, WEIGHT_DECAY
     from cs336sys.experiments.step import cross_entropy, make_model
+    from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.models.adamw import AdamW
 
     model = make_model(config, device, seed)

@@ -19,12 +19,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
-from cs336sys.bench.dtypes import PRECISIONS, itemsize
-from cs336sys.bench.progress import step_done
-from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import SpecError, choices, counts, expand, listed
-from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
+from cs336sys.measure.dtypes import PRECISIONS, itemsize
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.points import SpecError, choices, counts, expand, listed
+from cs336sys.measure.progress import step_done
+from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
+from cs336sys.sweep.result import Result
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 DEFAULT_WORLD_SIZES = [2, 4, 6]
@@ -83,7 +83,7 @@ def specs(
     """The points of a collectives sweep, world size slowest. SpecError names a bad option.
     `size` is the buffer size (the CLI's --bytes); what is not given takes the device's
     default (DEFAULTS)."""
-    from cs336sys.bench.units import parse_size
+    from cs336sys.measure.units import parse_size
 
     ops = choices(op, OPS, "--op", default=["all-reduce"])
     be, dev = backend_and_device(backend, device)
@@ -172,8 +172,8 @@ def _make_op(op: str, numel: int, n: int, rank: int, dtype, device):
 def run(ctx: Any, spec: CommSpec) -> Result:
     import torch.distributed as dist
 
-    from cs336sys.bench.device import synchronize
-    from cs336sys.bench.dtypes import torch_dtype
+    from cs336sys.measure.device import synchronize
+    from cs336sys.measure.dtypes import torch_dtype
 
     dtype = torch_dtype(spec.dtype)
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
@@ -212,6 +212,20 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     )
     samples = {f"rank{r}": p["times"] for r, p in enumerate(per_rank)}
     return Result("ok", metrics=metrics, samples=samples)
+
+
+# -- the report section ----------------------------------------------------------------------
+
+
+def section(sec: Any, pts: list) -> None:
+    """Bus bandwidth against message size (nccl-tests' busbw)."""
+    from cs336sys.report.plots import Plot
+    from cs336sys.report.sections import add_plot, series
+
+    lines = series(pts, "size_bytes", "busbw_gbps", first=("op", "backend", "world_size"))
+    add_plot(sec, "Bus bandwidth against message size", "comm-busbw",
+             Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
+                        logx=True))  # fmt: skip
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -255,4 +269,6 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="time_ms",
     distributed=True,
+    section=section,
+    draws=True,
 )

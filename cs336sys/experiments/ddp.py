@@ -37,7 +37,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from cs336sys.bench.declaration import (
+from cs336sys.experiments import ddp_section
+from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
+from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
+from cs336sys.measure.stats import flatten
+from cs336sys.models.config import ModelConfig, from_preset
+from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
@@ -48,14 +53,10 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.bench.progress import step_done
-from cs336sys.bench.result import Result
-from cs336sys.bench.stats import flatten
-from cs336sys.bench.sweep import SpecError, check_seed, choices, counts, listed, positive_ints
-from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
-from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
-from cs336sys.experiments.ranks import backend_and_device, gather, over_ranks, world_sizes
-from cs336sys.models.config import ModelConfig, from_preset
+from cs336sys.sweep.points import SpecError, check_seed, choices, counts, listed, positive_ints
+from cs336sys.measure.progress import step_done
+from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
+from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
 
 PRECISIONS = ("fp32", "bf16")
@@ -241,14 +242,14 @@ def _batch(spec: DDPSpec, rank: int | None, device):
 def run(ctx: Any, spec: DDPSpec) -> Result:
     import torch
 
-    from cs336sys.bench.dtypes import autocast_dtype
-    from cs336sys.bench.live_tensors import LiveTensorTracker
-    from cs336sys.bench.memory import CudaProbe, TrackerProbe
-    from cs336sys.bench.result import Unfinished, free_memory
-    from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments import ddp_setup
     from cs336sys.experiments.step import Step, make_model
+    from cs336sys.measure.dtypes import autocast_dtype
+    from cs336sys.measure.live_tensors import LiveTensorTracker
+    from cs336sys.measure.memory import CudaProbe, TrackerProbe
+    from cs336sys.measure.timing import launch_metrics
     from cs336sys.parallel.comm_counter import CommCounter
+    from cs336sys.sweep.result import Unfinished, free_memory
 
     device = torch.device(ctx.device)
     on_cuda = device.type == "cuda"
@@ -322,7 +323,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             in_flight.append(setup.module.comm_ms)
         losses.append(step.last_loss)
         step_done(spec.warmup + 2 + i, total)
-    # this rank's host time per phase against its wall time (bench/timing.py), before the
+    # this rank's host time per phase against its wall time (measure/timing.py), before the
     # exposed communication of torch's DDP and FSDP2 replaces the comm phase below
     host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},
                                 ("fwd", "bwd", "comm", "opt"), ctx.device)  # fmt: skip
@@ -546,4 +547,6 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     distributed=True,
+    section=ddp_section.section,
+    draws=True,
 )

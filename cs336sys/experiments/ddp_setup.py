@@ -62,8 +62,8 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     the user's wrappers and sharded optimizer (experiments/ddp_yours.py) too."""
     import torch
 
-    from cs336sys.bench.dtypes import autocast_dtype
     from cs336sys.experiments import ddp_yours
+    from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.models.adamw import AdamW
     from cs336sys.parallel.ddp import make_ddp
 
@@ -148,7 +148,7 @@ def _bytes(tensors) -> int:
 
 def split(setup: Setup) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state, by inspection."""
-    from cs336sys.bench.memory import optimizer_tensors
+    from cs336sys.measure.memory import optimizer_tensors
 
     state = optimizer_tensors(setup.state_holder) if setup.state_holder is not None else []
     return {

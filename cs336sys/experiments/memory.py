@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336sys.bench.declaration import (
+from cs336sys.experiments import memory_section
+from cs336sys.experiments import model as model_exp
+from cs336sys.experiments.model import ModelSpec
+from cs336sys.measure.paths import why_unwritable
+from cs336sys.measure.stats import flatten
+from cs336sys.models.config import ModelConfig, checkpoint_group, checkpoint_groups
+from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
@@ -40,13 +46,8 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.bench.paths import why_unwritable
-from cs336sys.bench.result import Result
-from cs336sys.bench.stats import flatten
-from cs336sys.bench.sweep import SpecError, choices
-from cs336sys.experiments import model as model_exp
-from cs336sys.experiments.model import ModelSpec
-from cs336sys.models.config import ModelConfig, checkpoint_group, checkpoint_groups
+from cs336sys.sweep.points import SpecError, choices
+from cs336sys.sweep.result import Result
 
 MODES = ("forward", "train")
 
@@ -149,12 +150,12 @@ def model_saved_bytes(config: ModelConfig, batch: int, seq: int) -> int:
 def run(spec: MemorySpec) -> Result:
     import torch
 
-    from cs336sys.bench.live_tensors import LiveTensorTracker
-    from cs336sys.bench.memory import CudaProbe, TrackerProbe, optimizer_tensors
-    from cs336sys.bench.saved_tensors import saved_bytes_excluding
-    from cs336sys.bench.timeline import cuda_memory_history, draw_timeline
-    from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments.step import make_model, make_step, run_steps
+    from cs336sys.measure.live_tensors import LiveTensorTracker
+    from cs336sys.measure.memory import CudaProbe, TrackerProbe, optimizer_tensors
+    from cs336sys.measure.saved_tensors import saved_bytes_excluding
+    from cs336sys.measure.timeline import cuda_memory_history, draw_timeline
+    from cs336sys.measure.timing import launch_metrics
 
     m = spec.model
     device = torch.device(m.device)
@@ -379,6 +380,8 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="peak_bytes",
+    section=memory_section.section,
+    draws=True,
     group_by=checkpoint_group_of,
     across=mark_lowest,
 )

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
-from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import choices
 from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.memory import block_saved_bytes
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.points import choices
+from cs336sys.sweep.result import Result
 
 IMPLS = ("eager", "compiled")
 TOP = 5
@@ -82,9 +82,9 @@ def specs(
 def run(spec: ResidualsSpec) -> Result:
     import torch
 
-    from cs336sys.bench.device import synchronize
-    from cs336sys.bench.dtypes import autocast_dtype
-    from cs336sys.bench.saved_tensors import saved_by_node, saved_bytes_excluding
+    from cs336sys.measure.device import synchronize
+    from cs336sys.measure.dtypes import autocast_dtype
+    from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding
     from cs336sys.models.config import ModelConfig
     from cs336sys.models.transformer import TransformerBlock
 

@@ -16,7 +16,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.bench.declaration import (
+from cs336sys.experiments import model_section
+from cs336sys.experiments.step import MODES, OPTIMIZERS, throughput, throughput_metrics
+from cs336sys.measure.dtypes import PRECISIONS
+from cs336sys.measure.stats import flatten
+from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
@@ -26,10 +31,7 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.bench.dtypes import PRECISIONS
-from cs336sys.bench.result import Result
-from cs336sys.bench.stats import flatten
-from cs336sys.bench.sweep import (
+from cs336sys.sweep.points import (
     SpecError,
     check_seed,
     check_triton,
@@ -41,8 +43,7 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
-from cs336sys.experiments.step import MODES, OPTIMIZERS, throughput, throughput_metrics
-from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
 
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
@@ -201,9 +202,9 @@ def shape_overrides(**given: int | None) -> dict[str, int | None]:
 def run(spec: ModelSpec) -> Result:
     import torch
 
-    from cs336sys.bench.nvtx import nvtx_enabled
-    from cs336sys.bench.timing import launch_metrics
     from cs336sys.experiments.step import make_model, make_step, run_steps
+    from cs336sys.measure.nvtx import nvtx_enabled
+    from cs336sys.measure.timing import launch_metrics
 
     config = spec.config()
     checked = None
@@ -314,4 +315,6 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="step_ms",
+    section=model_section.section,
+    draws=True,
 )

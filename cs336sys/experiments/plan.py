@@ -49,13 +49,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cs336sys.bench.clock import now
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
-from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import SpecError, choices, positive_ints
+from cs336sys.measure.clock import now
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
 from cs336sys.models.flops import forward_flops
 from cs336sys.parallel import plan_math as pm
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.points import SpecError, choices, positive_ints
+from cs336sys.sweep.result import Result
 
 STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
 E = pm.E  # bytes per bf16 element
@@ -319,7 +319,7 @@ def n_max(spec: PlanSpec) -> float:
 
 
 def arithmetic(experiment: Experiment, specs: list, skip: Any, emit: Any) -> None:
-    """run_sweep's executor for points that are arithmetic (experiments/sweep.py, Executor):
+    """run_sweep's executor for points that are arithmetic (sweep/runner.py, Executor):
     one after another, in this process, without the guard of `local`, which after every
     point collects garbage and empties the CUDA cache (importing torch to do so): a plan
     point holds no memory to give back, and an exception in it is a bug to see."""
@@ -359,7 +359,16 @@ def run(spec: PlanSpec) -> Result:
     return Result("ok", metrics=metrics)
 
 
-# -- the declaration ------------------------------------------------------------------------
+# -- the report section and the declaration ------------------------------------------------
+
+
+def section(sec: Any, pts: list) -> None:
+    """The closed forms, the plan beside measured ddp runs, step time against degree
+    (experiments/plan_section.py, imported here when a report draws it: it imports this)."""
+    from cs336sys.experiments.plan_section import section as draw
+
+    draw(sec, pts)
+
 
 
 def gib(x: Any) -> str:
@@ -480,4 +489,6 @@ EXPERIMENT = Experiment(
     ),
     tables=(TIME, MEMORY),
     compare="step_ms",
+    section=section,
+    draws=True,
 )

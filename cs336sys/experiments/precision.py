@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys
-from cs336sys.bench.dtypes import TORCH_NAMES as _TORCH_DTYPE
-from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import (
+from cs336sys.measure.dtypes import TORCH_NAMES as _TORCH_DTYPE
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.points import (
     MAX_STEPS,
     SpecError,
     check_seed,
@@ -40,6 +39,7 @@ from cs336sys.bench.sweep import (
     device_choice,
     positive_ints,
 )
+from cs336sys.sweep.result import Result
 
 KINDS = ("accumulate", "autocast")
 AUTOCAST_DTYPES = ("bf16", "fp16")

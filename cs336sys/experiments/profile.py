@@ -29,15 +29,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Experiment, Metric, Table, settings_keys, timing
-from cs336sys.bench.progress import step_done
-from cs336sys.bench.result import Result
-from cs336sys.bench.stats import flatten
-from cs336sys.bench.sweep import SpecError
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import summarize
+from cs336sys.measure.stats import flatten
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys, timing
+from cs336sys.sweep.points import SpecError
+from cs336sys.measure.progress import step_done
+from cs336sys.sweep.result import Result
 
 TARGETS = ("model", "attention")
 MEASURED_RANGE = "measured_steps"
@@ -106,7 +106,7 @@ class _Steps:
 
 
 def run(spec: ProfileSpec) -> Result:
-    from cs336sys.bench.nvtx import nvtx_enabled, nvtx_range, profiler_ranges
+    from cs336sys.measure.nvtx import nvtx_enabled, nvtx_range, profiler_ranges
 
     on_cuda = spec.point.device.startswith("cuda")
     n_warmup, n_steps = spec.steps
@@ -213,9 +213,9 @@ def _attention(spec: AttentionSpec) -> _Steps:
     import torch
 
     from cs336sys.attention import registry
-    from cs336sys.bench.dtypes import torch_dtype
     from cs336sys.experiments.attention import _impl_context
     from cs336sys.experiments.step import timed_phase
+    from cs336sys.measure.dtypes import torch_dtype
 
     backward = spec.passes != "forward"
     gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
@@ -250,6 +250,26 @@ def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
         if "No available kernel" in message or "No viable backend" in message:
             return f"sdpa backend {point.sdpa_backend!r} cannot run these inputs: {message}"
     return None
+
+
+# -- the report section ----------------------------------------------------------------------
+
+
+def section(sec: Any, pts: list) -> None:
+    """The top kernels (or ops) of each phase of each profiled point (kernel_stats)."""
+    from cs336sys.report.sections import Table, num, pct
+
+    for r in pts:
+        ks = sec.linked.get(r["run_id"], [])
+        if not ks:
+            continue
+        what = r["size"] if r["target"] == "model" else f"{r['impl']} seq={r['seq']}"
+        sec.tables.append(Table(
+            f"Top kernels: {r['target']} {what} ({ks[0]['time_basis']} time)",
+            ["phase", "rank", "name", "calls", "total ms", "mean ms", "share"],
+            [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["total_ms"]),
+              num(k["mean_ms"]), pct(k["share"])] for k in ks],
+        ))  # fmt: skip
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -320,4 +340,5 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     renamed=_RENAMED_PROFILE,
+    section=section,
 )

@@ -1,7 +1,7 @@
 """torch.profiler events -> per-phase op/kernel summaries and the naive-attention breakdown.
 
 A profiled step marks its phases with the ranges `cs336sys::forward`, `cs336sys::backward`
-and `cs336sys::optimizer` (`nvtx_range` inside `profiler_ranges(True)`, bench/nvtx.py), and
+and `cs336sys::optimizer` (`nvtx_range` inside `profiler_ranges(True)`, measure/nvtx.py), and
 naive attention marks `cs336sys::scores`, `cs336sys::softmax` and `cs336sys::final matmul`.
 Every op or kernel is attributed to the range that contains its *start on the host*:
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-RANGE_PREFIX = "cs336sys::"  # the prefix of bench/nvtx.py, kept here torch-free
+RANGE_PREFIX = "cs336sys::"  # the prefix of measure/nvtx.py, kept here torch-free
 PHASES = ("forward", "backward", "optimizer")
 # Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
 PARTS = {"qk": "scores", "softmax": "softmax", "pv": "final matmul"}

@@ -40,7 +40,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.bench.declaration import (
+from cs336sys.experiments import speedrun_section
+from cs336sys.experiments.model import (
+    CHECK_NOTE,
+    check_model,
+    preset_config,
+    preset_sizes,
+    shape_overrides,
+)
+from cs336sys.experiments.step import throughput, throughput_metrics
+from cs336sys.measure.stats import flatten
+from cs336sys.models.config import ModelConfig
+from cs336sys.sweep.declaration import (
     Column,
     Experiment,
     Metric,
@@ -49,9 +60,7 @@ from cs336sys.bench.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.bench.result import Result
-from cs336sys.bench.stats import flatten
-from cs336sys.bench.sweep import (
+from cs336sys.sweep.points import (
     SpecError,
     check_seed,
     check_triton,
@@ -63,15 +72,7 @@ from cs336sys.bench.sweep import (
     listed,
     positive_ints,
 )
-from cs336sys.experiments.model import (
-    CHECK_NOTE,
-    check_model,
-    preset_config,
-    preset_sizes,
-    shape_overrides,
-)
-from cs336sys.experiments.step import throughput, throughput_metrics
-from cs336sys.models.config import ModelConfig
+from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
 
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
@@ -264,8 +265,8 @@ def build(spec: StepSpec) -> tuple[Any, Any, Any]:
     import torch
     import torch.nn.functional as F
 
-    from cs336sys.bench.dtypes import autocast_dtype, torch_dtype
     from cs336sys.experiments.step import make_batch, make_model, make_optimizer
+    from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
 
     config = dataclasses.replace(spec.config(), attention=spec.attention)
     model = make_model(config, spec.device, spec.seed)
@@ -329,8 +330,8 @@ def empty_compile_cache(enabled: bool) -> Iterator[None]:
 def run(spec: StepSpec) -> Result:
     import torch
 
-    from cs336sys.bench.device import synchronize
-    from cs336sys.bench.timing import time_do_bench, time_loop
+    from cs336sys.measure.device import synchronize
+    from cs336sys.measure.timing import time_do_bench, time_loop
 
     t_start = time.perf_counter()
     on_cuda = spec.device.startswith("cuda")
@@ -388,11 +389,11 @@ def run(spec: StepSpec) -> Result:
 
 
 def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
-    """CPU: the peak bytes of live tensors over one more step (bench/live_tensors.py), with
+    """CPU: the peak bytes of live tensors over one more step (measure/live_tensors.py), with
     the weights, gradients' homes and optimizer state counted from the start, as CUDA's
     max_memory_allocated counts them."""
-    from cs336sys.bench.live_tensors import LiveTensorTracker
-    from cs336sys.bench.memory import optimizer_tensors
+    from cs336sys.measure.live_tensors import LiveTensorTracker
+    from cs336sys.measure.memory import optimizer_tensors
 
     tracker = LiveTensorTracker()
     tracker.adopt([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)])
@@ -469,4 +470,6 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     oom_axis="num_layers",
+    section=speedrun_section.section,
+    draws=True,
 )

@@ -140,7 +140,7 @@ class Step:
         need them; `forward` replaces `loss` (to count what it saves); the optimizer hooks
         run directly before and after `optimizer.step()`."""
         if phase is None:
-            from cs336sys.bench.nvtx import nvtx_range as phase
+            from cs336sys.measure.nvtx import nvtx_range as phase
         times: dict[str, float] = {}
         t0 = time.perf_counter()
         if self.start is not None:
@@ -178,8 +178,8 @@ def timed_phase(device: str, short: str, times: dict[str, float], phase: Callabl
     """Time one phase into `times[f"{short}_ms"]`, inside `phase(name)`, ending with a device
     sync inside the range so that the phase's kernels finish within it; the host time until
     the phase's calls returned, before the sync, goes into `times[f"{short}_host_ms"]`
-    (bench/timing.py, launch-bound)."""
-    from cs336sys.bench.device import synchronize
+    (measure/timing.py, launch-bound)."""
+    from cs336sys.measure.device import synchronize
 
     t0 = time.perf_counter()
     with phase(PHASES[short]):
@@ -206,7 +206,7 @@ def make_step(
     """The step of `model` (made by make_model) for one point of a model sweep."""
     import torch
 
-    from cs336sys.bench.dtypes import autocast_dtype
+    from cs336sys.measure.dtypes import autocast_dtype
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -231,7 +231,7 @@ def make_step(
 def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, dict, list]:
     """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
     every step's loss), samples as {phase_ms: [ms, ...]}."""
-    from cs336sys.bench.progress import step_done
+    from cs336sys.measure.progress import step_done
 
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
@@ -250,7 +250,7 @@ def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, d
 def throughput_metrics(stat: str) -> tuple:
     """The declarations of `throughput`'s metrics, from the `stat` ("mean" or "median") of
     the step time they divide by."""
-    from cs336sys.bench.declaration import Metric
+    from cs336sys.sweep.declaration import Metric
 
     return (
         Metric("params", "", "parameters of the model"),
@@ -273,7 +273,7 @@ def throughput(model: Any, config: Any, batch_size: int, context_length: int, mo
     where its counted matmuls differ from the formula, the count (flops_basis says which)."""
     import torch
 
-    from cs336sys.bench.device import device_name, peak_tflops
+    from cs336sys.measure.device import device_name, peak_tflops
     from cs336sys.models.flops import step_flops
 
     tokens, step_s = batch_size * context_length, step_ms / 1e3

@@ -7,21 +7,14 @@ imported on first attribute access.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from cs336sys.bench.lazy import attributes
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
 from cs336sys.models.flops import STEP_MODES, forward_flops, step_flops
 
 if TYPE_CHECKING:
     from cs336sys.models.adamw import AdamW
     from cs336sys.models.transformer import TransformerLM
-
-# name -> module that defines it, imported lazily because it imports torch.
-_LAZY = {
-    "TransformerLM": "cs336sys.models.transformer",
-    "AdamW": "cs336sys.models.adamw",
-}
 
 __all__ = [
     "PRESETS",
@@ -36,8 +29,18 @@ __all__ = [
 ]
 
 
-__getattr__ = attributes(globals(), _LAZY)
+def __getattr__(name: str) -> Any:
+    """TransformerLM and AdamW, imported on first use: they import torch (PEP 562)."""
+    if name == "TransformerLM":
+        from cs336sys.models.transformer import TransformerLM
+
+        return TransformerLM
+    if name == "AdamW":
+        from cs336sys.models.adamw import AdamW
+
+        return AdamW
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | {"TransformerLM", "AdamW"})

@@ -33,7 +33,7 @@ Conventions:
   memory, so the exact forms cost nothing measurable.
 - ROUND_BF16 works around the Triton 3.9 interpreter's float32 -> bfloat16 cast, which
   truncates: the value is rounded to nearest-even on its bit pattern first, so the
-  truncating cast is exact (bench/triton_support.round_bf16, which the attention and
+  truncating cast is exact (measure/triton_support.round_bf16, which the attention and
   cross-entropy kernels use too). GPUs round natively.
 """
 
@@ -45,8 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336sys.bench.triton_support import check_available as _available
-from cs336sys.bench.triton_support import interpreted, round_bf16
+from cs336sys.measure.triton_support import check_available as _available
+from cs336sys.measure.triton_support import interpreted, round_bf16
 
 # BLOCK elements per step of a program: 8 per thread with 8 warps, two 16-byte fp32 loads.
 # A multi-tensor program owns CHUNK elements of one tensor (torch uses 65536 per block).

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from cs336sys.bench.triton_support import check_available as _available
-from cs336sys.bench.triton_support import interpreted, round_bf16
+from cs336sys.measure.triton_support import check_available as _available
+from cs336sys.measure.triton_support import interpreted, round_bf16
 
 __all__ = ["INTERPRETED", "check_available", "softmax_cross_entropy_"]
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from cs336sys.attention import registry
-from cs336sys.bench.nvtx import nvtx_range
+from cs336sys.measure.nvtx import nvtx_range
 from cs336sys.models.config import ModelConfig, checkpoint_groups
 
 

@@ -20,16 +20,22 @@ _DDP_NAMES = (
 )
 
 
-_SHARDING_NAMES = {"ShardedOptimizer": "sharded_optimizer", "FSDP": "fsdp"}
+_SHARDING_NAMES = ("ShardedOptimizer", "FSDP")
 
 
 def __getattr__(name: str):
-    import importlib
-
     if name in _DDP_NAMES:
-        return getattr(importlib.import_module("cs336sys.parallel.ddp"), name)
-    if name in _SHARDING_NAMES:
-        return getattr(importlib.import_module(f"cs336sys.parallel.{_SHARDING_NAMES[name]}"), name)
+        from cs336sys.parallel import ddp
+
+        return getattr(ddp, name)
+    if name == "ShardedOptimizer":
+        from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
+
+        return ShardedOptimizer
+    if name == "FSDP":
+        from cs336sys.parallel.fsdp import FSDP
+
+        return FSDP
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

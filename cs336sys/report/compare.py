@@ -8,7 +8,7 @@ then covers the runs of A and of B only (`sides`), within the rest of the select
 Points match when experiment and settings are equal, and the GPU too unless A and B are
 GPUs. Each side's value is the median of the point's raw timed samples (pooled over re-runs
 of the point on that side), B/A the ratio of the medians. Whether B differs from A is
-decided by the Mann-Whitney U test (bench/significance.py): a change counts only when it
+decided by the Mann-Whitney U test (measure/significance.py): a change counts only when it
 gives p < 0.05 *and* the medians are more than 5% apart (THRESHOLD, or --threshold). The
 test's unit is the run (each run's median) where either side ran the point more than once,
 since runs of the same code drift apart by more than steps scatter within a run; with one
@@ -43,11 +43,11 @@ import re
 import sqlite3
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.bench.declaration import catalog
-from cs336sys.bench.significance import ALPHA, THRESHOLD, judge
+from cs336sys.measure.significance import ALPHA, THRESHOLD, judge
 from cs336sys.report.sections import Row, Table, num, point_labels, skey
 from cs336sys.report.select import Selection, SelectionError, invocations, load, present
 
@@ -73,7 +73,7 @@ METHOD = method()
 
 @dataclass(frozen=True)
 class Metric:
-    """The metric an experiment declares for comparison (bench/declaration.py, `compare`)."""
+    """The metric an experiment declares for comparison (sweep/declaration.py, `compare`)."""
 
     name: str  # the declared name: a timed base (step_ms) or a single reading (peak_bytes)
     label: str  # "step ms"
@@ -87,10 +87,10 @@ class Metric:
         return direction(self.unit)
 
 
-def metrics() -> dict[str, Metric]:
+def metrics(catalog: Sequence[Any]) -> dict[str, Metric]:
     """experiment -> the metric it declares for comparison."""
     out = {}
-    for e in catalog():
+    for e in catalog:
         if e.compare is not None:
             label, column, unit, lo, _hi = e.compare_columns()
             out[e.kind] = Metric(e.compare, label, column, unit, timed=lo is not None)
@@ -315,13 +315,13 @@ class Sides:
     names: tuple[str, str] = ("A", "B")  # as typed, with the commit a git ref resolved to
 
 
-def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str) -> Sides:
+def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any]) -> Sides:
     """Load A's and B's runs; raises SelectionError when A or B names nothing."""
     typed = (a, b)
     kind, a, b = resolve(conn, a, b)
     sa, sb = _side(sel, kind, a), _side(sel, kind, b)
     found = sorted(set(present(conn, sa)) | set(present(conn, sb)))
-    rows_a, rows_b = load(conn, sa, found), load(conn, sb, found)
+    rows_a, rows_b = load(conn, sa, catalog, found), load(conn, sb, catalog, found)
     rows: dict[str, list[Row]] = {}
     for exp in found:
         seen: dict[str, Row] = {}
@@ -392,9 +392,10 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
-def compare_sides(s: Sides, a: str, b: str, threshold: float = THRESHOLD) -> Comparison:
+def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
+                  threshold: float = THRESHOLD) -> Comparison:  # fmt: skip
     """A against B, point by point, one table per experiment (in the declared order)."""
-    declared = metrics()
+    declared = metrics(catalog)
     by_gpu = s.kind != "gpu"
     changes, tables = [], []
     for exp, metric in declared.items():
@@ -419,8 +420,8 @@ def compare_sides(s: Sides, a: str, b: str, threshold: float = THRESHOLD) -> Com
     return Comparison(s.kind, a, b, changes, tables)
 
 
-def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str,
+def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any],
             threshold: float = THRESHOLD) -> Comparison:  # fmt: skip
     """A against B within the selection; raises SelectionError when A or B names nothing."""
-    both = sides(conn, sel, a, b)
-    return compare_sides(both, *both.names, threshold)
+    both = sides(conn, sel, a, b, catalog)
+    return compare_sides(both, *both.names, catalog, threshold)

@@ -8,7 +8,7 @@ checkout is a commit of its own (`abc1234-dirty`), since it measured other code.
 the user's code (cs336sys.yours) counts at the user's commit, the code that changed.
 
 A step is a pair of consecutive commits of a point whose samples differ by the rule of
-`--compare` (bench/significance.py): Mann-Whitney U p < 0.05 on the raw samples *and*
+`--compare` (measure/significance.py): Mann-Whitney U p < 0.05 on the raw samples *and*
 medians more than 5% apart. Each step is a regression (slower, bigger) or an improvement.
 
 The report gets one section per experiment with a history: the table of every step, and
@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import io
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from cs336sys.bench.significance import ALPHA, THRESHOLD
+from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.compare import (
     Change,
     Metric,
@@ -136,7 +138,8 @@ def commit_of(r: Row) -> tuple[str, bool] | None:
     return None
 
 
-def build(rows: dict[str, list[Row]], draw: bool = True, threshold: float = THRESHOLD) -> History:
+def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
+          threshold: float = THRESHOLD) -> History:  # fmt: skip
     """The history of every point in `rows` (experiment -> view rows with `_settings` and
     `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty."""
     order: dict[tuple[str, bool], str] = {}
@@ -154,7 +157,7 @@ def build(rows: dict[str, list[Row]], draw: bool = True, threshold: float = THRE
 
     tracks: list[Track] = []
     one_commit = 0
-    for exp, metric in metrics().items():
+    for exp, metric in metrics(catalog).items():
         groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
         for r in rows.get(exp, []):
             if r.get("status") != "ok" or r.get(metric.column) is None or commit_of(r) is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,12 @@ from typing import Any
 from markupsafe import Markup, escape
 
 import cs336sys
-from cs336sys.bench.declaration import catalog
-from cs336sys.bench.significance import THRESHOLD
-from cs336sys.report import experiments
+from cs336sys.measure.significance import THRESHOLD
 from cs336sys.report.compare import Comparison, compare_sides, method, sides
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
 from cs336sys.report.plots import Drawer
-from cs336sys.report.sections import WRONG, Section, Table
+from cs336sys.report.sections import WRONG, Section, Table, build_section
 from cs336sys.report.select import Selection, invocations, load, present
 
 
@@ -119,38 +118,46 @@ def build(
     sel: Selection,
     title: str,
     filters: list[str],
+    catalog: Sequence[Any],
     compare_ab: tuple[str, str] | None = None,
     history: bool = False,
     threshold: float = THRESHOLD,
 ) -> Report:
-    """Read the selection and build every section; raises SelectionError for bad --compare.
-
-    With compare_ab the report covers only the runs of A and of B (report/compare.py); with
-    history it starts with the history sections (report/history.py)."""
-    both = sides(conn, sel, *compare_ab) if compare_ab else None
+    """Read the selection and build every section, one per experiment of `catalog` (every
+    declaration: experiments/catalog.py) with runs, in its order; raises SelectionError for
+    bad --compare. With compare_ab the report covers only the runs of A and of B
+    (report/compare.py); with history it starts with the history sections (history.py)."""
+    both = sides(conn, sel, *compare_ab, catalog) if compare_ab else None
     found = sorted(both.rows) if both else present(conn, sel)
-    with Drawer(start=bool(set(found) & experiments.PLOTTED)) as drawer:
-        rows = both.rows if both else load(conn, sel, found)
-        kernels = _kernels(conn, [r["run_id"] for r in rows.get("profile", [])])
+    draws = any(e.draws for e in catalog if e.kind in found)
+    with Drawer(start=draws) as drawer:
+        rows = both.rows if both else load(conn, sel, catalog, found)
         invs = both.invocations if both else invocations(conn, sel)
         report = Report(title, filters, _provenance(invs, rows))
-        declared = {e.kind: e for e in catalog()}
-        for kind, experiment in declared.items():  # in the declared order
-            if rows.get(kind):
-                report.sections.append(experiments.build(experiment, rows[kind], kernels))
+        for experiment in catalog:  # in the declared order
+            if rows.get(experiment.kind):
+                linked = _kernels(conn, [r["run_id"] for r in rows[experiment.kind]])
+                report.sections.append(build_section(experiment, rows[experiment.kind], linked))
         if both and compare_ab:
-            report.compared = compare_sides(both, *both.names, threshold=threshold)
+            report.compared = compare_sides(both, *both.names, catalog, threshold=threshold)
             report.compare_kind, report.comparison = both.kind, report.compared.tables
             report.compare_ab, report.compare_note = both.names, method(threshold)
             report.compare_summary = report.compared.summary()
         if history and rows:
             # its plots are drawn there, not by the Drawer
-            report.history = build_history(rows, threshold=threshold)
+            report.history = build_history(rows, catalog, threshold=threshold)
             report.sections[:0] = report.history.sections
         figures = [f for s in report.sections for f in s.figures if f.plot is not None]
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
             fig.png = png
     return report
+
+
+def data_uri(png: bytes) -> str:
+    """A PNG as a data: URI, so the HTML report is one self-contained file."""
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def _env(markdown: bool = False):
@@ -168,7 +175,7 @@ def _env(markdown: bool = False):
     )
     env.filters["md_row"] = _md_row
     env.filters["html_cells"] = _html_cells
-    env.filters["data_uri"] = experiments.data_uri
+    env.filters["data_uri"] = data_uri
     return env
 
 

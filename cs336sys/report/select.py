@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from cs336sys.bench.declaration import catalog
 from cs336sys.store.views import typed
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
@@ -24,9 +24,9 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGO = re.compile(r"^(\d+)\s*([dhw])$")
 
 
-def experiments() -> dict[str, str]:
-    """Experiment kind -> its view, as declared (bench/declaration.py)."""
-    return {e.kind: e.view for e in catalog()}
+def views_of(catalog: Sequence[Any]) -> dict[str, str]:
+    """Experiment kind -> its view, as `catalog` (experiments/catalog.py) declares them."""
+    return {e.kind: e.view for e in catalog}
 
 
 class SelectionError(ValueError):
@@ -73,19 +73,19 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
 INVOCATION_KEYS = ("label", "host", "command")
 
 
-def known_keys() -> set[str]:
+def known_keys(catalog: Sequence[Any]) -> set[str]:
     """What --where may name: any declared experiment's settings, and INVOCATION_KEYS."""
-    return {k for e in catalog() for k in e.settings} | set(INVOCATION_KEYS)
+    return {k for e in catalog for k in e.settings} | set(INVOCATION_KEYS)
 
 
-def parse_where(items: list[str]) -> list[tuple[str, str]]:
+def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str]]:
     """`KEY=VALUE` on settings or INVOCATION_KEYS; the key must be one of known_keys() (a
     typo would otherwise select nothing, silently) and a plain identifier (it enters a
     JSON path)."""
     import difflib
 
     out = []
-    known = known_keys()
+    known = known_keys(catalog)
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -185,12 +185,12 @@ def present(conn: sqlite3.Connection, sel: Selection) -> list[str]:
 
 
 def load(
-    conn: sqlite3.Connection, sel: Selection, found: list[str] | None = None
+    conn: sqlite3.Connection, sel: Selection, catalog: Sequence[Any], found: list[str] | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows of each experiment's view (plus settings and samples JSON), oldest first;
     `found` is present(conn, sel) when the caller has it already."""
     where, params = sel.clause()
-    views = experiments()
+    views = views_of(catalog)
     out: dict[str, list[dict[str, Any]]] = {}
     for exp in present(conn, sel) if found is None else found:
         view = views.get(exp)

@@ -1,4 +1,4 @@
-"""An experiment's declared tables (bench/declaration.py) as rows of text cells.
+"""An experiment's declared tables (sweep/declaration.py) as rows of text cells.
 
 One function draws them for the report's main table of each section and for the table a
 command prints when its sweep ends, so the two always show the same columns in the same
@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cs336sys.bench.declaration import Column, Ratio
-from cs336sys.bench.declaration import Table as Declared
 from cs336sys.report.sections import (
     Row,
     Table,
@@ -26,6 +24,8 @@ from cs336sys.report.sections import (
     text,
     with_gpu,
 )
+from cs336sys.sweep.declaration import Column, Ratio
+from cs336sys.sweep.declaration import Table as Declared
 
 
 def row_of(spec: Any, result: Any) -> Row:
@@ -40,7 +40,7 @@ def _exact(x: Any) -> str:
 
 
 def _size(x: Any) -> str:
-    from cs336sys.bench.units import format_size
+    from cs336sys.measure.units import format_size
 
     return "" if x is None else format_size(int(x))
 

@@ -6,21 +6,24 @@ The names below are imported on first use (PEP 562), so that `import cs336sys.st
 
 from __future__ import annotations
 
-from cs336sys.bench.lazy import attributes
+from typing import Any
 
-_LAZY = {
-    "STATUSES": "cs336sys.store.db",
-    "Store": "cs336sys.store.db",
-    "StoreError": "cs336sys.store.db",
-    "check_path": "cs336sys.store.db",
-    "connect_readonly": "cs336sys.store.db",
-    "now": "cs336sys.store.db",
-    "point_key": "cs336sys.store.db",
-    "Recorder": "cs336sys.store.recorder",
-    "SCHEMA_VERSION": "cs336sys.store.schema",
-}
+_DB = ("STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now", "point_key")
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_DB, "Recorder", "SCHEMA_VERSION"])
 
 
-__getattr__ = attributes(globals(), _LAZY)
+def __getattr__(name: str) -> Any:
+    if name in _DB:
+        from cs336sys.store import db
+
+        return getattr(db, name)
+    if name == "Recorder":
+        from cs336sys.store.recorder import Recorder
+
+        return Recorder
+    if name == "SCHEMA_VERSION":
+        from cs336sys.store.schema import SCHEMA_VERSION
+
+        return SCHEMA_VERSION
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

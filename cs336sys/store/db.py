@@ -11,13 +11,14 @@ import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336sys.bench.clock import now
-from cs336sys.bench.sweep import point_key
+from cs336sys.measure.clock import now
 from cs336sys.store import schema
 from cs336sys.store.views import ensure_views
+from cs336sys.sweep.points import point_key
 
 __all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now",
            "open_untouched", "point_key", "store_problem"]  # fmt: skip
@@ -131,9 +132,11 @@ def _wal(conn: sqlite3.Connection) -> None:
 
 
 class Store:
-    """A results store opened for writing; migrates an older schema on open."""
+    """A results store opened for writing; migrates an older schema on open. With
+    `experiments` (every declaration: experiments/catalog.py), its views are brought up to
+    date with them; `ensure_views` does it for some."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, experiments: Sequence[Any] | None = None):
         self.path = check_path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -141,7 +144,8 @@ class Store:
             _wal(conn)
             schema.migrate(conn)  # before foreign keys are on: v6 rebuilds `runs`
             conn.execute("PRAGMA foreign_keys = ON")
-            ensure_views(conn)
+            if experiments is not None:
+                ensure_views(conn, experiments, complete=True)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
         except schema.SchemaError as exc:
@@ -150,6 +154,13 @@ class Store:
 
         self.conn = conn
         self.db = sqlite_utils.Database(conn)
+
+    def ensure_views(self, experiments: Sequence[Any]) -> None:
+        """The views of these experiments, as they declare them now (store/views.py)."""
+        try:
+            ensure_views(self.conn, experiments)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot update the views of {self.path}: {exc}") from exc
 
     def close(self) -> None:
         self.conn.close()

@@ -1,6 +1,6 @@
 """A sweep's sink that writes to a results store: one invocation row, one run row per point.
 
-The sweep runner (experiments/sweep.py) hands every finished point to a sink; this is the
+The sweep runner (sweep/runner.py) hands every finished point to a sink; this is the
 one that stores it, used by every `cs336sys` command and by anyone running a sweep from
 Python:
 
@@ -19,11 +19,12 @@ Terminated), 1 on any other exception (the rows already written stay).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cs336sys.bench.result import Terminated
 from cs336sys.store.db import Store
+from cs336sys.sweep.result import Terminated
 
 
 class Recorder:
@@ -36,11 +37,15 @@ class Recorder:
         device: str = "cpu",
         argv: list[str] | None = None,
         label: str | None = None,
+        experiments: Sequence[Any] | None = None,
     ) -> None:
-        from cs336sys.bench.provenance import collect
+        from cs336sys.measure.provenance import collect
 
         self.provenance = collect(device)
-        self.store = Store(db)  # StoreError: not a results store, newer schema, ...
+        # StoreError: not a results store, newer schema, ...; with `experiments` (the whole
+        # catalog) every view is brought up to date, else each as its first point arrives
+        self.store = Store(db, experiments)
+        self._viewed = {e.view for e in experiments or ()}
         self.path = Path(db)
         self.invocation_id = self.store.begin_invocation(
             self.provenance, list(sys.argv if argv is None else argv), command, label
@@ -52,6 +57,9 @@ class Recorder:
 
     def add(self, experiment: Any, spec: Any, result: Any) -> str:
         """Store one point (`experiment` is its declaration); returns the run id."""
+        if experiment.view not in self._viewed:
+            self.store.ensure_views([experiment])
+            self._viewed.add(experiment.view)
         if result.status == "error":
             self.errors += 1
         run_id = self.store.add_run(

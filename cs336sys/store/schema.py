@@ -137,7 +137,7 @@ MIGRATIONS: list[list[str] | Any] = [
     # v4: a free-text label per invocation (`--label`, issue 14), for --where and reports.
     ["ALTER TABLE invocations ADD COLUMN label TEXT"],
     # v5: the environment variables that change what runs (CS336SYS_TRITON_TMA=1, say), as a
-    # JSON object, or NULL: part of what --resume matches (bench/provenance.measurement_env).
+    # JSON object, or NULL: part of what --resume matches (measure/provenance.measurement_env).
     ["ALTER TABLE invocations ADD COLUMN env TEXT"],
     # v6: status 'wrong' and the user's code on each invocation (see the function).
     _wrong_and_user_code,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cs336sys.store import schema, views
+from cs336sys.store import schema
 from cs336sys.store.db import (
     _PROVENANCE_COLUMNS,
     Store,
@@ -56,9 +56,10 @@ INVOCATION_COLUMNS = ("command", "argv", "label", *_PROVENANCE_COLUMNS)
 # -- export ----------------------------------------------------------------------------
 
 
-def known_experiments(conn: sqlite3.Connection) -> list[str]:
-    """Experiments a filter may name: those with a view, then any other stored in `runs`."""
-    names = [exp for exp, _, _ in views.VIEWS.values()]
+def known_experiments(conn: sqlite3.Connection, experiments: Sequence[Any] = ()) -> list[str]:
+    """Experiments a filter may name: those declared (`experiments`), then any other stored
+    in `runs`."""
+    names = [e.kind for e in experiments]
     stored = [r[0] for r in conn.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1")]
     return list(dict.fromkeys([*names, *stored]))
 
@@ -231,16 +232,17 @@ def snapshot(other: Path, dest: Path) -> int:
     return found
 
 
-def merge(this: str | Path, other: str | Path) -> MergeCounts:
+def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None = None) -> MergeCounts:  # fmt: skip
     """Add OTHER's invocations, runs and their kernel_stats to THIS, in one transaction.
 
-    THIS is created if missing and migrated like any store opened for writing.
+    THIS is created if missing and migrated like any store opened for writing, its views
+    brought up to date with `experiments` (the catalog) when given.
     """
     other = check_other(other, this)
     with tempfile.TemporaryDirectory(prefix="cs336sys-merge-") as tmp:
         copy = Path(tmp) / "other.db"
         found = snapshot(other, copy)
-        with Store(this) as store:
+        with Store(this, experiments) as store:
             counts = _merge_attached(store.conn, copy)
     return MergeCounts(other_version=found, **counts)
 

@@ -1,9 +1,10 @@
 """One SQL view per experiment, flattening the JSON settings and metrics into columns.
 
-Views are derived from the experiments' declarations (bench/declaration.py): a Spec's
-settings and the declared metrics become columns, so adding a column or an experiment is a
-change to its declaration only. When the definitions differ from those a store was created
-with, the views are dropped and re-created on the next write-open (the rows never change).
+Views are derived from the experiments' declarations (sweep/declaration.py), which the
+caller passes in: a Spec's settings and the declared metrics become columns, so adding a
+column or an experiment is a change to its declaration only. A view whose definition differs
+from the one a store holds is dropped and re-created when the store is opened for writing
+with that declaration (the rows never change).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
 # Columns every view starts with: who, where and how the point ran.
 _COMMON = [
@@ -29,40 +32,15 @@ _COMMON = [
     "r.error",
 ]
 
-def _derived() -> tuple[dict[str, tuple[str, list[str], list[str]]], dict[str, dict[str, str]]]:
-    """(VIEWS, RENAMED) from the experiments' declarations (bench/declaration.py)."""
-    from cs336sys.bench.declaration import catalog
-
-    views = {e.view: (e.kind, list(e.settings), list(e.metric_names)) for e in catalog()}
-    renamed = {e.view: dict(e.renamed) for e in catalog() if e.renamed}
-    return views, renamed
-
-
-def __getattr__(name: str):
-    """`VIEWS` (view name -> (experiment, settings keys, metrics keys)) and `RENAMED` (view
-    name -> {old column: metric}), derived on first use, so importing this module stays
-    cheap for `cs336sys sql`."""
-    if name in ("VIEWS", "RENAMED"):
-        views, renamed = _derived()
-        globals().setdefault("VIEWS", views)
-        globals().setdefault("RENAMED", renamed)
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _get(name: str):
-    """VIEWS or RENAMED as the module holds it now (a test may have replaced it)."""
-    return globals()[name] if name in globals() else __getattr__(name)
-
-
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def view_sql(name: str) -> str:
-    experiment, settings, metrics = _get("VIEWS")[name]
-    renamed = _get("RENAMED").get(name, {})
+def view_sql(experiment: Any) -> str:
+    """The CREATE VIEW of one experiment's declaration (sweep/declaration.Experiment)."""
+    renamed = dict(experiment.renamed)
     old_of = {new: old for old, new in renamed.items()}
+    metrics = list(experiment.metric_names)
 
     def metric(k: str) -> str:
         # A renamed metric: rows stored before the rename hold it under its old key, and
@@ -73,46 +51,48 @@ def view_sql(name: str) -> str:
         return f"json_extract(r.metrics, '$.{k}')"
 
     cols = list(_COMMON)
-    cols += [f"json_extract(r.settings, '$.{k}') AS {_quote(k)}" for k in settings]
+    cols += [f"json_extract(r.settings, '$.{k}') AS {_quote(k)}" for k in experiment.settings]
     cols += [f"{metric(k)} AS {_quote(k)}" for k in metrics]
     # The old names of renamed metrics stay columns for one release (docs/store.md, "Renamed
     # columns"), holding the same values as the new ones.
     cols += [f"{metric(new)} AS {_quote(old)}" for old, new in renamed.items() if old not in metrics]
     body = ",\n       ".join(cols)
     return (
-        f"CREATE VIEW {_quote(name)} AS\nSELECT {body}\n"
+        f"CREATE VIEW {_quote(experiment.view)} AS\nSELECT {body}\n"
         f"  FROM runs r LEFT JOIN invocations i ON i.id = r.invocation_id\n"
-        f" WHERE r.experiment = '{experiment}'"
+        f" WHERE r.experiment = '{experiment.kind}'"
     )
 
 
-def signature() -> str:
-    text = "\n".join(view_sql(n) for n in sorted(_get("VIEWS")))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def ensure_views(conn: sqlite3.Connection) -> None:
-    """(Re-)create the views if their definitions changed. Autocommit connection."""
-    VIEWS = _get("VIEWS")
-    sig = signature()
-    if _meta(conn, "views") == sig:
+def ensure_views(conn: sqlite3.Connection, experiments: Sequence[Any], complete: bool = False) -> None:
+    """(Re-)create the view of each experiment in `experiments` whose definition differs from
+    the one the store holds (meta 'view:<name>'). With `complete` (the whole catalog), also
+    drop the views cs336sys made earlier that no experiment declares any more. A user's own
+    views are never touched. Autocommit connection."""
+    wanted = {e.view: view_sql(e) for e in experiments}
+    ours = set(json.loads(_meta(conn, "view_names") or "[]"))
+    stale = {n for n, sql in wanted.items() if _meta(conn, f"view:{n}") != _digest(sql)}
+    gone = (ours - set(wanted)) if complete else set()
+    if not stale and not gone:
         return
     conn.execute("BEGIN IMMEDIATE")
     try:
-        # Drop only the views cs336sys made (now or in an earlier version), never a user's own.
-        ours = set(json.loads(_meta(conn, "view_names") or "[]")) | set(VIEWS)
-        for name in sorted(ours):
+        for name in sorted(stale | gone):
             conn.execute(f"DROP VIEW IF EXISTS {_quote(name)}")
-        for name in VIEWS:
-            conn.execute(view_sql(name))
-        conn.executemany(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-            [("views", sig), ("view_names", json.dumps(sorted(VIEWS)))],
-        )
+            conn.execute("DELETE FROM meta WHERE key = ?", (f"view:{name}",))
+        for name in sorted(stale):
+            conn.execute(wanted[name])
+        conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                         [(f"view:{n}", _digest(wanted[n])) for n in stale]
+                         + [("view_names", json.dumps(sorted((ours - gone) | set(wanted))))])  # fmt: skip
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _digest(sql: str) -> str:
+    return hashlib.sha256(sql.encode()).hexdigest()[:16]
 
 
 def _meta(conn: sqlite3.Connection, key: str) -> str | None:

@@ -13,7 +13,7 @@ Two ways in:
 This module holds what the current process measures: the adapters file (`use` decides it,
 `engage` marks it in use once an implementation of it is asked for) and the one-off targets
 (`register`). Both travel to the ranks a command spawns, and to the store's provenance
-(bench/provenance.user_code), through environment variables, so a rank finds the same code
+(measure/provenance.user_code), through environment variables, so a rank finds the same code
 as its parent and a run records the code it measured.
 
     from cs336sys import yours

@@ -35,7 +35,7 @@ from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 
-from cs336sys.bench.paths import repository_root
+from cs336sys.measure.paths import repository_root
 
 ENV = "CS336SYS_ADAPTERS"  # the adapters file to use, when --adapters is not given
 
@@ -83,7 +83,7 @@ def find(given: str | Path | None = None, start: str | Path | None = None) -> tu
     CS336SYS_ADAPTERS variable, else `tests/adapters.py` at the top of the git checkout of
     `start` (the current folder) when it exists; None when there is none. A path that is
     given but missing is an AdaptersError."""
-    from cs336sys.bench.paths import git_top
+    from cs336sys.measure.paths import git_top
 
     for path, how in ((given, "--adapters"), (os.environ.get(ENV) or None, ENV)):
         if path is not None:
@@ -196,7 +196,7 @@ class Adapters:
             spec.loader.exec_module(module)
         except Exception as exc:  # noqa: BLE001 - any failure in the user's import is theirs
             del sys.modules[name]
-            from cs336sys.bench.result import user_frame
+            from cs336sys.sweep.result import user_frame
 
             where = user_frame(exc, self.root) or self.shown
             raise AdaptersError(f"cannot import {self.shown}: {where}: "

@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def experiments():
     """The catalog's declarations, in the order reports show them."""
-    from cs336sys.bench.declaration import catalog
+    from cs336sys.experiments.catalog import EXPERIMENTS
 
-    return catalog()
+    return EXPERIMENTS
 
 
 def page_of(kind: str) -> str:
@@ -60,7 +60,7 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
 
 
 def _stats() -> tuple[str, ...]:
-    from cs336sys.bench.stats import STATS
+    from cs336sys.measure.stats import STATS
 
     return STATS
 
@@ -175,7 +175,7 @@ def _store_in_memory() -> sqlite3.Connection:
 
     conn = sqlite3.connect(":memory:", isolation_level=None)
     schema.migrate(conn)
-    views.ensure_views(conn)
+    views.ensure_views(conn, experiments(), complete=True)
     return conn
 
 

@@ -6,7 +6,7 @@ Everything else is derived from the declaration:
 - the SQL view (store/views.py): one column per setting of the Spec and per metric;
 - the command's printed table and the report's main table (report/tables.py): `tables`;
 - `report --compare` (report/compare.py): the `compare` metric and its min/max;
-- the sweep runner's skip-after-OOM (experiments/sweep.py): `oom_axis`.
+- the sweep runner's skip-after-OOM (sweep/runner.py): `oom_axis`.
 
 Naming rule for metrics: a statistic over timed steps is `<name>_<stat>` with stat one of
 mean, std, min, median, max, always (`step_ms_mean`, never a bare `step_ms` for a mean);
@@ -16,8 +16,7 @@ mean, std, min, median, max, always (`step_ms_mean`, never a bare `step_ms` for 
 
 The declarations live with their experiments (experiments/<kind>.py) and are listed in
 experiments/catalog.py. The store and the report sit below experiments/ and never import
-it: they ask `catalog()` here, which the package root (cs336sys/__init__.py, the one place
-that wires the layers together) points at experiments/catalog.py. No torch here.
+it: whoever calls them (the CLI, a notebook) passes the declarations down. No torch here.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from cs336sys.bench.stats import STATS
+from cs336sys.measure.stats import STATS
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ def timing(base: str, meaning: str, unit: str = "ms") -> tuple[Metric, ...]:
 
 
 def launch(phases: tuple[str, ...]) -> tuple[Metric, ...]:
-    """The host-time metrics of timed phases (bench/timing.py, launch-bound)."""
+    """The host-time metrics of timed phases (measure/timing.py, launch-bound)."""
     return (
         *(Metric(f"{p}_host_ms_mean", "ms", f"host time of the {p} phase until its calls "
                  "returned, before the sync, mean") for p in phases),  # fmt: skip
@@ -119,6 +118,12 @@ class Experiment:
     group_by: Callable[[Any], Any] | None = None
     across: Callable[[list[tuple[Any, Any]]], None] | None = None
     renamed: Mapping[str, str] = field(default_factory=dict)  # old column -> new metric
+    # Its report section beyond the declared tables: section(sec, rows) adds tables and plots
+    # to the report's Section (report/sections.py) over the latest row of each point.
+    section: Callable[[Any, list], None] | None = None
+    draws: bool = False  # the section draws plots (the report starts its plotting process early)
+    # Rows shown in tables of their own: (which rows, a suffix for those tables' titles).
+    apart: tuple[Callable[[Mapping[str, Any]], bool], str] | None = None
 
     def runner(self) -> Callable[..., Any]:
         """`run` as its module holds it now: the name is looked up at call time, as a call of
@@ -151,28 +156,6 @@ def settings_keys(spec: type, drop: tuple[str, ...] = (), rename: Mapping[str, s
     """The settings keys of a Spec dataclass: its field names, `rename`d, without `drop`."""
     rename = dict(rename)
     return tuple(rename.get(f.name, f.name) for f in fields(spec) if f.name not in drop)
-
-
-# -- the catalog ------------------------------------------------------------------------------
-
-_provider: Callable[[], tuple[Experiment, ...]] | None = None
-
-
-def provide(catalog: Callable[[], tuple[Experiment, ...]]) -> None:
-    """Install the function that lists every Experiment (called by the package root)."""
-    global _provider
-    _provider = catalog
-
-
-def catalog() -> tuple[Experiment, ...]:
-    """Every declared Experiment, in the order reports show them."""
-    if _provider is None:  # pragma: no cover - the package root always provides one
-        return ()
-    return _provider()
-
-
-def by_kind() -> dict[str, Experiment]:
-    return {e.kind: e for e in catalog()}
 
 
 HOST_BOUND = Column(

@@ -1,4 +1,5 @@
-"""The report's plot for `cs336sys step` (issue 17): what each optimisation buys.
+"""The step experiment's report section beyond its declared table: what each optimisation
+buys.
 
 One chart per configuration (model shape, context, batch, precision, weights, checkpointing,
 GPU): a bar per switch set, the median step time, with the speed-up over no switch written

@@ -122,7 +122,7 @@ def check_seed(seed: int) -> None:
 
 def device_choice(choice: str) -> str:
     """The device for `--device` (auto, cpu, cuda, cuda:N), or SpecError."""
-    from cs336sys.bench.device import resolve_device
+    from cs336sys.measure.device import resolve_device
 
     try:
         return resolve_device(choice)

@@ -69,7 +69,7 @@ def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
     is in use."""
     import hashlib
 
-    from cs336sys.bench.paths import git_top, repository_root
+    from cs336sys.measure.paths import git_top, repository_root
 
     environ = os.environ if environ is None else environ
     adapters = environ.get("CS336SYS_ADAPTERS") or None

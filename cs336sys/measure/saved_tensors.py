@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cs336sys.bench.live_tensors import storage_key
+from cs336sys.measure.live_tensors import storage_key
 
 
 def _keys(tensors: Iterable[torch.Tensor]) -> set[int]:

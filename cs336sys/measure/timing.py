@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cs336sys.bench.device import synchronize
-from cs336sys.bench.progress import step_done
+from cs336sys.measure.device import synchronize
+from cs336sys.measure.progress import step_done
 
 # A phase whose host time is at least this share of its wall time is launch-bound.
 LAUNCH_BOUND = 0.9

@@ -6,7 +6,7 @@ a report costs one ContextVar lookup.
         run_steps(step, warmup=2, steps=5)     # prints 1 7, 2 7, ... 7 7
 
 Distributed ranks have no hook of their own: rank 0 forwards its steps to the parent
-(experiments/ranks.py), which reports them here with the point they belong to.
+(sweep/ranks.py), which reports them here with the point they belong to.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ progress, and, for experiments that compare points of a group (memory's lowest p
 the experiment set metrics across the group when its last point has run.
 
 How a point runs is the executor's business. `local` runs one point at a time in this
-process, an exception becoming an `error` or `oom` Result (bench/result.py). Distributed
+process, an exception becoming an `error` or `oom` Result (sweep/result.py). Distributed
 experiments run on `process_groups`: one process group per world size, spawned locally or
 joined under torchrun, every rank running the same points in lock-step, rank 0 reporting
 each Result as it finishes. A failed point ends its group: it is stored, and a fresh group
@@ -38,11 +38,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cs336sys.bench.clock import now
-from cs336sys.bench.declaration import Experiment
-from cs336sys.bench.progress import step_done
-from cs336sys.bench.result import Result, Terminated, guarded, is_oom
-from cs336sys.bench.sweep import point_key
+from cs336sys.measure.clock import now
+from cs336sys.sweep.declaration import Experiment
+from cs336sys.sweep.points import point_key
+from cs336sys.measure.progress import step_done
+from cs336sys.sweep.result import Result, Terminated, guarded, is_oom
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Sink(Protocol):
 
 class Progress(Protocol):
     """What the runner reports; a Progress may also have `begin(spec)`, called before a
-    point runs in this process. Steps inside a point arrive through bench/progress.py."""
+    point runs in this process. Steps inside a point arrive through measure/progress.py."""
 
     def start(self, experiment: Experiment, total: int) -> None: ...
     def resumed(self, skipped: int) -> None: ...
@@ -199,8 +199,8 @@ def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
 def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
     """`experiment.run(ctx, spec)` on every rank of one process group per world size (the
     specs' `world_size` and `backend`), rank 0's Results emitted as they finish."""
-    from cs336sys.experiments.ranks import serve
     from cs336sys.parallel.launcher import WorkerError, launch, under_torchrun
+    from cs336sys.sweep.ranks import serve
 
     by_world: dict[int, list] = {}
     for spec in specs:

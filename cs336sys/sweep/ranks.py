@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cs336sys.bench.clock import now
-from cs336sys.bench.result import Result
-from cs336sys.bench.sweep import SpecError, device_choice, positive_ints
+from cs336sys.measure.clock import now
+from cs336sys.sweep.points import SpecError, device_choice, positive_ints
+from cs336sys.sweep.result import Result
 
 # Rank 0 tells the parent how far a point has got at most this often (and at its last step).
 STEP_EVERY_S = 0.5
@@ -29,7 +29,7 @@ def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> 
     """On every rank: `run(ctx, spec)` for each spec in order; rank 0 emits each Result, and
     `("step", index, done, total)` as the point's steps go by when the parent listens to
     steps through a pipe (a spawned rank; under torchrun rank 0 reports them itself)."""
-    from cs336sys.bench.progress import hooked, on_step
+    from cs336sys.measure.progress import hooked, on_step
 
     forward = ctx.rank == 0 and not hooked()
     for index, spec in enumerate(specs):

@@ -1,0 +1,101 @@
+"""The memory experiment's report section beyond its declared table: the checkpointing
+trade-off (Chen et al. 2016), peaks against context length, and the memory timelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cs336sys.experiments.model_section import SIZE
+from cs336sys.report.plots import Plot
+from cs336sys.report.sections import (
+    Figure,
+    Row,
+    Section,
+    Table,
+    add_plot,
+    mib,
+    series,
+    skey,
+    text,
+    varying,
+)
+
+
+def section(sec: Section, pts: list[Row]) -> None:
+    """The checkpointing trade-off, peaks against context length, the timelines."""
+    trade = _checkpoint_tradeoff(pts)
+    if trade:
+        sec.tables.append(trade)
+    lines = series(pts, "context_length", "peak_bytes", scale=2**-20, first=("size", "mode"))
+    add_plot(sec, "Peak memory against context length", "memory-peak",
+          Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
+    for i, r in enumerate(pts):
+        png = r.get("snapshot_png")
+        if png and Path(png).is_file():
+            sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['context_length']}",
+                                      f"memory-timeline-{i}", png=Path(png).read_bytes()))  # fmt: skip
+
+
+
+_PHASE_NAMES = {"fwd_peak_bytes": "forward", "bwd_peak_bytes": "backward",
+                "opt_peak_bytes": "optimizer"}  # fmt: skip
+# What identifies a checkpointing group in its label; settings beyond these that differ
+# between groups are added to it.
+_POINT = ("size", "context_length", "batch_size", "mode", "precision", "checkpoint")
+
+
+def _ratio(x: Any, base: Any) -> str:
+    return f"{x / base:.2f}×" if x is not None and base else ""
+
+
+def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
+    """Each point measured with and without checkpointing, against `none`: the forward and
+    backward peaks and the bytes saved for backward (what checkpointing changes; Chen et al.
+    2016), the step time (what it costs), and apart from them the optimizer step's peak and
+    the optimizer state, which checkpointing does not touch: where the optimizer step sets
+    the step's peak, checkpointing lowers the activation peaks but not the step's."""
+    many = len({r.get("gpu") for r in pts}) > 1
+    groups: dict[tuple, list[Row]] = {}
+    for r in pts:
+        if r["status"] == "ok" and r["peak_bytes"]:
+            groups.setdefault((r.get("gpu"), skey(r, drop=("checkpoint",))), []).append(r)
+    bases = {k: next((r for r in g if r["checkpoint"] in (None, "none")), None)
+             for k, g in groups.items()}  # fmt: skip
+    keep = {k: g for k, g in groups.items() if bases[k] is not None and len(g) > 1}
+    extra = varying([bases[k] for k in keep], shown=(*_POINT, *SIZE[1:]))
+    body = []
+    for k, grp in keep.items():
+        base = bases[k]
+        s = base["_settings"]
+        where = (f"{base['size']} T={base['context_length']} B={s.get('batch_size')} "
+                 f"{base['mode']} {base['precision']}")  # fmt: skip
+        where += "".join(f" {e}={text(s[e])}" for e in extra if s.get(e) is not None)
+        where += f" [{base.get('gpu')}]" if many else ""
+        grp = [base, *(r for r in grp if r is not base)]  # `none` first
+        for r in grp:
+            phases = {m: r.get(m) for m in _PHASE_NAMES if r.get(m) is not None}
+            body.append([
+                where, text(r["checkpoint"] or "none"),
+                mib(r.get("fwd_peak_bytes")), _ratio(r.get("fwd_peak_bytes"), base.get("fwd_peak_bytes")),
+                mib(r.get("bwd_peak_bytes")), _ratio(r.get("bwd_peak_bytes"), base.get("bwd_peak_bytes")),
+                mib(r.get("saved_bytes")), _ratio(r.get("saved_bytes"), base.get("saved_bytes")),
+                _ratio(r.get("step_ms_mean"), base.get("step_ms_mean")),
+                mib(r.get("opt_peak_bytes")), mib(r.get("optim_bytes")),
+                _PHASE_NAMES[max(phases, key=lambda m: phases[m])] if phases else "",
+            ])  # fmt: skip
+    if not body:
+        return None
+    return Table(
+        "Checkpointing trade-off: activation peaks and saved bytes against no checkpointing",
+        ["point", "checkpoint", "fwd peak MiB", "fwd peak vs none", "bwd peak MiB",
+         "bwd peak vs none", "saved MiB", "saved vs none", "step time vs none",
+         "optimizer step peak MiB", "optimizer state MiB (AdamW, 8P)", "step peak set by"],
+        body,
+        note="Checkpointing changes the forward and backward peaks and the bytes autograd "
+        "saves for backward; each is compared with the same point without checkpointing "
+        "(none = 1.00×), beside the step time it costs. The optimizer step (its peak, and "
+        "AdamW's two fp32 moments, 8 bytes per parameter) is shown apart: checkpointing does "
+        "not change it, and where it sets the step's peak ('step peak set by: optimizer') "
+        "checkpointing cannot lower the whole step's peak.",
+    )  # fmt: skip

@@ -1,0 +1,150 @@
+"""The model experiment's report section beyond its declared table: the warm-up effect from
+the raw samples, the fp32 -> bf16 and eager -> compiled speedups (the CS336 assignment 2
+benchmarking tables), and step time by phase, tokens/s and MFU as stacked bars."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cs336sys.report.plots import Bar, Bars, Plot
+from cs336sys.report.sections import (
+    Row,
+    Section,
+    Table,
+    add_plot,
+    left_out,
+    num,
+    pct,
+    speedups,
+    text,
+    varying,
+)
+
+WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table has them all)
+SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+
+
+def _model_label(r: Row, gpu: bool = False) -> str:
+    s = r["_settings"]
+    extra = [f"{k}={s[k]}" for k in ("model", "attention", "checkpoint")
+             if s.get(k) not in (None, "naive", "none")]  # fmt: skip
+    return " ".join([
+        f"{s.get('size')} T={s.get('context_length')} B={s.get('batch_size')}",
+        f"{s.get('mode')} {s.get('precision')}", *extra,
+        *(["compiled"] if s.get("compile") else []), *([f"[{r.get('gpu')}]"] if gpu else []),
+    ])  # fmt: skip
+
+
+def section(sec: Section, pts: list[Row]) -> None:
+    """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups."""
+    many = len({r.get("gpu") for r in pts}) > 1
+
+    def label(r: Row) -> str:
+        return _model_label(r, gpu=many)
+
+    _step_bars(sec, pts)
+    warm, lines, every = [], {}, []
+    for r in pts:
+        smp = r.get("_samples")
+        if r["status"] != "ok" or not smp:
+            continue
+        smp = json.loads(smp)
+        w, timed = smp.get("warmup", {}).get("step_ms", []), smp.get("step_ms", [])
+        if not w or not timed:
+            continue
+        mean = sum(timed) / len(timed)
+        warm.append([label(r), num(w[0]), num(mean), f"{w[0] / mean:.2f}×"])
+        every.append(label(r))
+        if len(lines) < WARMUP_LINES:  # more are unreadable; the table has them all
+            lines[label(r)] = list(enumerate(w + timed, start=1))
+    if warm:
+        sec.tables.append(Table("Warm-up effect: first step against timed mean",
+                                ["point", "first step ms", "timed mean ms", "first/mean"], warm))  # fmt: skip
+        add_plot(sec, "Step time per step, warm-up included", "model-warmup",
+              Plot.lines(lines, "step (1 = first warm-up step)", "step time (ms)",
+                         "Warm-up effect", logx=False),
+              note=left_out(list(lines), every, "series (the table above has every point)"))  # fmt: skip
+    for key, a, b, title in (
+        ("precision", "fp32", "bf16", "Speedup fp32 → bf16 (step time)"),
+        ("compile", False, True, "Speedup eager → compiled (step time)"),
+    ):
+        body = speedups(pts, key, a, b, "step_ms_mean", label)
+        if body:
+            sec.tables.append(Table(title, ["point (A)", f"A={a} ms", f"B={b} ms", "A/B"], body))
+
+
+# Steps per size and precision drawn as stacked bars: the parts, bottom first.
+_PHASES = (("fwd_ms_mean", "forward"), ("bwd_ms_mean", "backward"), ("opt_ms_mean", "optimizer"))
+_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+_MODES = ("train", "forward-backward", "forward")
+# A chart per GPU and these settings; the other settings (precision first, then attention,
+# compile, ...) tell the bars of one size apart.
+_CHART = ("mode", "context_length", "batch_size")
+MAX_BAR_CHARTS = 6
+MAX_BARS = 24  # bars in one chart; the table has every point
+
+
+def _bar_label(s: dict[str, Any], keys: list[str]) -> str:
+    """`bf16`, `bf16 sdpa`, `fp32 compiled ckpt=sqrt`: what tells a bar from its neighbours."""
+    out = []
+    for k in keys:
+        v = s.get(k)
+        if k == "compile":
+            out += ["compiled"] if v else []
+        elif k in ("precision", "attention"):
+            out += [text(v)] if v is not None else []
+        elif v is not None:
+            out.append(f"{k}={text(v)}")
+    return " ".join(out)
+
+
+def _step_bars(sec: Section, pts: list[Row]) -> None:
+    """Step time per size and precision, stacked by phase (forward, backward, optimizer),
+    beside tokens/s with the MFU above each bar: one chart per mode (train first), context
+    length and batch size; within one, a group of bars per size."""
+    ok = [r for r in pts if r.get("status") == "ok" and r.get("step_ms_mean")]
+    charts: dict[tuple, list[Row]] = {}
+    for r in ok:
+        s = r["_settings"]
+        charts.setdefault((r.get("gpu"), *(json.dumps(s.get(k)) for k in _CHART)), []).append(r)
+    heads = [g[0] for g in charts.values()]
+    many = len({r.get("gpu") for r in heads}) > 1
+    keys = [k for k in _CHART if k in varying(heads)]
+
+    def title(r: Row) -> str:
+        s = r["_settings"]
+        what = [f"{k}={text(s[k])}" for k in keys if s.get(k) is not None]
+        return " ".join(what + ([text(r.get("gpu"))] if many else []))
+
+    ordered = sorted(charts.values(), key=lambda g: _rank(g[0]["_settings"].get("mode"), _MODES))
+    names = [title(g[0]) for g in ordered]
+    for i, g in enumerate(ordered[:MAX_BAR_CHARTS]):
+        size_rank: dict[Any, Any] = {}
+        for r in g:  # smallest model first, by parameters where stored
+            size_rank.setdefault(r["_settings"].get("size"), (r.get("params") or 0, len(size_rank)))
+        within = [k for k in varying(g, shown=(*SIZE, *_CHART)) if k != "precision"]
+        within = ["precision", *within]
+        g = sorted(g, key=lambda r: (size_rank[r["_settings"].get("size")],
+                                     _rank(r["_settings"].get("precision"), _PRECISIONS)))  # fmt: skip
+        bars = [Bar(text(r["_settings"].get("size")), _bar_label(r["_settings"], within),
+                    tuple(r.get(k) for k, _ in _PHASES), r["step_ms_mean"], r.get("tokens_per_s"),
+                    pct(r["mfu"]) if r.get("mfu") is not None else "")
+                for r in g]  # fmt: skip
+        shown = bars[:MAX_BARS]
+        notes = [left_out([f"{b.group} {b.label}" for b in shown],
+                          [f"{b.group} {b.label}" for b in bars], "bars")]  # fmt: skip
+        if i == min(len(ordered), MAX_BAR_CHARTS) - 1:
+            notes.append(left_out(names[:MAX_BAR_CHARTS], names, "charts"))
+        name = names[i]
+        add_plot(sec, "Step time by phase, tokens/s and MFU" + (f": {name}" if name else ""),
+              "model-steps" + (f"-{i + 1}" if i else ""),
+              Bars(tuple(shown), tuple(p for _, p in _PHASES), "step time (ms, mean)", "tokens/s",
+                   "Step time by phase per size and precision" + (f" ({name})" if name else ""),
+                   side_title="MFU above each bar" if any(b.side_note for b in shown) else ""),
+              note=" ".join(n for n in [*notes, "MFU is shown where the GPU's peak is known."]
+                            if n))  # fmt: skip
+
+
+def _rank(v: Any, order: tuple) -> int:
+    return order.index(v) if v in order else len(order)
