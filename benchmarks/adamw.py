@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from cs336sys.experiments.step import LR, OPTIMIZERS, WEIGHT_DECAY, make_optimizer
+from cs336sys.experiments.training_step import LR, OPTIMIZERS, WEIGHT_DECAY, make_optimizer
 from cs336sys.measure.device import resolve_device, synchronize
 from cs336sys.models.adamw import state_dtype
 from cs336sys.models.config import from_preset

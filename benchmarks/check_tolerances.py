@@ -19,7 +19,7 @@ import torch
 from cs336sys.attention import registry
 from cs336sys.attention.reference import attention_reference
 from cs336sys.experiments.checks import training_check, training_reference
-from cs336sys.experiments.step import cross_entropy, make_batch, make_model
+from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model
 from cs336sys.models.adamw import AdamW
 from cs336sys.models.config import from_preset
 from cs336sys.parallel import launch

@@ -84,7 +84,7 @@ def loss_fn(impl: str, chunk_rows: int | None):
 
     from cs336sys.models.fused_ce import linear_cross_entropy
 
-    if impl == "baseline":  # as cs336sys/experiments/step.py computes it
+    if impl == "baseline":  # as cs336sys/experiments/training_step.py computes it
         return lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t)
     return lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=chunk_rows, impl=impl)
 

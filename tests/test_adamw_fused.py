@@ -220,7 +220,7 @@ def test_the_optimizer_option_builds_each_version_and_refuses_triton_without_its
     monkeypatch,
 ):
     from cs336sys.experiments import model
-    from cs336sys.experiments.step import OPTIMIZERS, make_optimizer
+    from cs336sys.experiments.training_step import OPTIMIZERS, make_optimizer
     from cs336sys.sweep.points import SpecError
 
     p = [torch.nn.Parameter(torch.ones(3, device=DEVICE))]

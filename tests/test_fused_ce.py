@@ -1,6 +1,6 @@
 """Fused LM head + cross-entropy (issue 17, item 3) against the materialised baseline and float64.
 
-The baseline is what the training step computes (cs336sys/experiments/step.py):
+The baseline is what the training step computes (cs336sys/experiments/training_step.py):
 F.cross_entropy((h @ W^T).float(), targets), the matmul under autocast when there is one.
 The float64 reference is the same formula in float64, with no autocast: the exact answer
 both are compared to. The Triton kernel runs in the interpreter on CPU (conftest sets

@@ -1,86 +1,141 @@
-"""One training step (experiments/step.py) for every experiment that runs the model: model,
-profile, memory and ddp (at world size 1) compute the same loss for the same spec and seed,
-and the loss is taken on float32 logits."""
+"""`cs336sys step` (issue 17): the leaderboard's training step with each optimisation a
+switch. The switches must not change what is computed: all of them on give the plain step's
+losses, step after step."""
 
-from __future__ import annotations
+import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from cs336sys.experiments import ddp, memory, model, profile, run_sweep
-from cs336sys.experiments.step import cross_entropy, make_batch, make_model, make_step
-from cs336sys.models.config import from_preset
+from cs336sys.experiments import step as step_exp
+from cs336sys.sweep.points import SpecError
+from tests.conftest import MICRO, invoke, query
 
-SHAPE = dict(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256)
-WARMUP, STEPS = 1, 2
-
-
-def _loss(experiment, specs) -> dict:
-    (point,) = run_sweep(experiment, specs)
-    assert point.result.status == "ok", point.result.error
-    return point.result.metrics
+# A model of milliseconds a step: 2 layers, d 64, 4 heads, vocabulary 256.
+SHAPE = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
+             context_length=[32], batch_size=[2], device="cpu")  # fmt: skip
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_model_profile_memory_and_ddp_compute_the_same_loss(precision):
-    common = dict(size=["tiny"], context_length=[32], batch_size=[2], mode=["train"],
-                  precision=[precision], warmup=WARMUP, steps=STEPS, device="cpu", seed=3,
-                  **SHAPE)  # fmt: skip
-    timed = model.run(model.specs(**common)[0])
-    profiled = _loss(profile.EXPERIMENT, profile.specs("model", model.specs(**common), top=2))
-    measured = _loss(memory.EXPERIMENT, memory.specs(**common))
-    dist = _loss(ddp.EXPERIMENT, ddp.specs(
-        impl=["naive"], size="tiny", context_length=32, global_batch=2, world_size=[1],
-        precision=[precision], warmup=WARMUP, steps=STEPS, device="cpu", seed=3, **SHAPE))  # fmt: skip
-
-    first = timed.metrics["loss_first"]
-    # the same first step: same weights, same tokens, same loss convention
-    assert profiled["loss_first"] == pytest.approx(first, rel=1e-6)
-    assert measured["loss_first"] == pytest.approx(first, rel=1e-6)
-    assert dist["loss_first"] == pytest.approx(first, rel=1e-6)
-    # and the same training: ddp's warm-up, measured and timed steps are model's steps
-    ours = timed.samples["loss"]
-    assert len(ours) == WARMUP + STEPS and dist["loss_last"] == pytest.approx(
-        _loss(model.EXPERIMENT, model.specs(**{**common, "steps": STEPS + 1}))["loss_last"],
-        rel=1e-5)  # fmt: skip
-    assert profiled["loss_last"] == pytest.approx(ours[-1], rel=1e-5)
+def test_switch_sets_expand_in_a_fixed_order():
+    sets = step_exp.parse_switches(["ablation"], "none")
+    assert sets == [(), ("fused-adamw",), ("fused-ce",), ("flash",), ("compile",),
+                    ("fused-adamw", "fused-ce", "flash", "compile")]  # fmt: skip
+    # A set is the same whatever order its names come in; repeats collapse.
+    assert step_exp.parse_switches(["fused-ce+fused-adamw,fused-adamw+fused-ce", "none"], "") == [
+        ("fused-adamw", "fused-ce"), ()]  # fmt: skip
+    with pytest.raises(SpecError, match="unknown switch 'fused-everything'"):
+        step_exp.parse_switches(["fused-everything"], "none")
 
 
-def test_the_loss_is_cross_entropy_of_float32_logits():
-    torch.manual_seed(0)
-    logits = torch.randn(2, 5, 11).bfloat16()  # (B, T, V)
-    y = torch.randint(0, 11, (2, 5))
-    got = cross_entropy(logits, y)
-    assert got.dtype == torch.float32
-    want = F.cross_entropy(logits.double().flatten(0, 1), y.flatten())  # float64 reference
-    assert got.item() == pytest.approx(want.item(), rel=1e-6)
-    # a 16-bit cross-entropy differs: that is what the cast is for
-    assert abs(F.cross_entropy(logits.flatten(0, 1), y.flatten()).item() - want.item()) > 1e-4
+def test_specs_resolve_what_each_switch_runs():
+    plain, everything = step_exp.specs(**SHAPE, switches=["none,all"])
+    assert (plain.switches, plain.optimizer, plain.loss, plain.attention, plain.compile,
+            plain.cold_cache) == ("none", "adamw", "materialised", "sdpa", False, False)  # fmt: skip
+    assert (everything.switches, everything.optimizer, everything.loss, everything.attention,
+            everything.compile, everything.cold_cache) == (
+        "fused-adamw+fused-ce+flash+compile", "adamw-foreach", "fused-torch", "triton", True, True)  # fmt: skip
+    assert plain.timer == "loop" and plain.precision == "fp32"  # a CPU's defaults
+    (triton_adamw,) = step_exp.specs(**SHAPE, switches=["fused-adamw"], adamw="triton")
+    assert triton_adamw.optimizer == "adamw-triton"
 
 
-def test_a_step_times_every_phase_and_the_data_does_not_depend_on_the_device():
-    x1, y1 = make_batch(7, 2, 16, 100)
-    x2, y2 = make_batch(7, 2, 16, 100)
-    assert torch.equal(x1, x2) and torch.equal(y1, y2) and not torch.equal(x1, y1)
-    cfg = from_preset("tiny", context_length=16, **{**SHAPE, "vocab_size": 100})
-    step = make_step(make_model(cfg, "cpu", 0), vocab_size=100, batch_size=2, context_length=16,
-                     mode="train", precision="fp32", optimizer="adamw", compile=False,
-                     device="cpu", seed=7)  # fmt: skip
-    seen = []
-    times = step(phase=lambda name: _record(seen, name))
-    assert seen == ["forward", "backward", "optimizer"]
-    assert set(times) == {"fwd_ms", "bwd_ms", "opt_ms", "step_ms", "fwd_host_ms", "bwd_host_ms",
-                          "opt_host_ms"}  # fmt: skip
-    assert times["step_ms"] >= times["fwd_ms"] + times["bwd_ms"] + times["opt_ms"]
-    # the host time is the part of the phase until its calls returned, before the sync
-    assert all(0 < times[f"{p}_host_ms"] <= times[f"{p}_ms"] for p in ("fwd", "bwd", "opt"))
-    assert step.logits_dtype == "float32" and step.last_loss.requires_grad is False
-    assert all(p.grad is None for p in step.model.parameters())  # zero_grad(set_to_none)
+def _losses(switches, **extra):
+    (spec,) = step_exp.specs(**SHAPE, switches=[switches], warmup=0, steps=2, **extra)
+    result = step_exp.run(spec)
+    assert result.status == "ok", result.error
+    return result.samples["loss"], result
 
 
-def _record(seen, name):
-    import contextlib
+@pytest.mark.slow
+def test_every_switch_on_gives_the_plain_steps_losses():
+    """First step plus two timed ones: the same loss trajectory with fused AdamW (Triton, run
+    by the interpreter), the fused LM head + cross-entropy, our FlashAttention-2 and compiled
+    blocks as with none of them."""
+    plain, _ = _losses("none")
+    fused, result = _losses("all", adamw="triton")
+    assert len(plain) == len(fused) == 3
+    assert plain[0] != plain[2]  # the optimizer moved the weights: the trajectory says something
+    torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=1e-5, atol=0)
+    m = result.metrics
+    assert m["compile_s"] > 0 and m["first_step_s"] > m["compile_s"]
+    assert m["within_limit"] is True and m["wall_s"] <= step_exp.LIMIT_S
 
-    seen.append(name)
-    return contextlib.nullcontext()
+
+@pytest.mark.slow
+def test_bf16_switches_keep_the_trajectory_within_bf16_rounding():
+    plain, _ = _losses("none", precision=["bf16"])
+    fused, _ = _losses("fused-adamw+fused-ce+flash", precision=["bf16"])
+    # Summed over 64 tokens of ln(256) = 5.5 each: bf16 matmuls round at 2^-8 relative.
+    torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=2e-2, atol=0)
+
+
+def test_bf16_weights_train_with_fp32_optimizer_state():
+    losses, result = _losses("fused-adamw", param_dtype=["bf16"])
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[0] != losses[-1]  # the bf16 weights moved
+    assert result.metrics["params"] > 0
+    # What the point builds: weights in bf16, AdamW's moments in fp32 after a step.
+    (spec,) = step_exp.specs(**SHAPE, switches=["fused-adamw"], param_dtype=["bf16"])
+    model, optimizer, train_step = step_exp.build(spec)
+    train_step()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    moments = [t for state in optimizer.state.values() for t in state.values()
+               if torch.is_tensor(t) and t.dim() > 0]  # fmt: skip
+    assert len(moments) == 2 * len(list(model.parameters()))
+    assert {t.dtype for t in moments} == {torch.float32}
+
+
+def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
+    out = invoke("step", *MICRO, "--seq", "16", "--switches", "none,fused-ce",
+                 "--checkpoint", "none,groups:1,1", "--db", db_path)  # fmt: skip
+    assert out.exit_code == 0, out.output
+    rows = [tuple(r.values()) for r in query(
+        db_path, "select switches, checkpoint, loss, step_ms_median, loss_first, status "
+                 "from step_runs order by switches, checkpoint")]  # fmt: skip
+    samples = [(r["samples"],) for r in query(db_path, "select samples from runs")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("fused-ce", "groups:1,1", "fused-torch"), ("fused-ce", "none", "fused-torch"),
+        ("none", "groups:1,1", "materialised"), ("none", "none", "materialised")]  # fmt: skip
+    assert all(r[5] == "ok" and r[3] > 0 for r in rows)
+    # Checkpointing and the fused loss change how, not what: the same first loss everywhere.
+    firsts = [r[4] for r in rows]
+    assert max(firsts) - min(firsts) <= 1e-4 * abs(firsts[0])
+    assert all(len(json.loads(s)["loss"]) == 1 + 1 + 3 for (s,) in samples)  # first, warm-up, timed
+    assert "vs none" in out.output and "groups:1,1" in out.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--d-model", "100", "--num-heads", "3"], "not divisible by num_heads"),
+        (["--switches", "turbo"], "unknown switch 'turbo'"),
+        (["--checkpoint", "groups:1,2"], "sum to 3, not num_layers=2"),
+        (["--adamw", "fastest"], "--adamw: unknown value"),
+        (["--num-layers", "0"], "--num-layers must be positive"),
+        (["--precision", "fp16"], "--precision: unknown value"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message):
+    out = invoke("step", *MICRO, *args, "--db", db_path)
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+    assert len([line for line in out.output.splitlines() if line.strip()]) == 1
+    assert not db_path.exists()
+
+
+def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path, monkeypatch):
+    """--num-layers 2,3,4 finds the largest model that fits: 3 runs out of memory, so 4 is
+    stored as skipped without running (a real OOM needs a GPU; the run raises one here)."""
+    real = step_exp.run
+
+    def run(spec):
+        if spec.num_layers >= 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(spec)
+
+    monkeypatch.setattr(step_exp, "run", run)
+    out = invoke("step", *MICRO, "--seq", "16", "--num-layers", "4,2,3", "--switches", "none",
+                 "--db", db_path)  # fmt: skip
+    assert out.exit_code == 0, out.output
+    rows = query(db_path, "select num_layers, status from step_runs order by num_layers")
+    assert [(r["num_layers"], r["status"]) for r in rows] == [(2, "ok"), (3, "oom"), (4, "skipped")]

@@ -24,8 +24,8 @@ from cs336sys.cli.plan import plan
 from cs336sys.cli.precision import precision
 from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
-from cs336sys.cli.speedrun import step
 from cs336sys.cli.sql import sql
+from cs336sys.cli.step import step
 
 
 class Root(TyperGroup):

@@ -19,7 +19,7 @@ from cs336sys.experiments import (
     plan,
     precision,
     profile,
-    speedrun,
+    step,
 )
 from cs336sys.sweep.declaration import Experiment
 
@@ -33,7 +33,7 @@ EXPERIMENTS = (
     plan.EXPERIMENT,
     profile.EXPERIMENT,
     precision.EXPERIMENT,
-    speedrun.EXPERIMENT,
+    step.EXPERIMENT,
 )
 
 

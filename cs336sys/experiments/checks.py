@@ -32,7 +32,7 @@ def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict
     must be naive attention's with the same weights."""
     import torch
 
-    from cs336sys.experiments.step import cross_entropy, make_batch, make_model
+    from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model
 
     small = dataclasses.replace(
         config, num_layers=min(config.num_layers, CHECK_LAYERS),
@@ -92,7 +92,7 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     import torch
 
     from cs336sys.experiments.ddp_setup import LR, WEIGHT_DECAY
-    from cs336sys.experiments.step import cross_entropy, make_model
+    from cs336sys.experiments.training_step import cross_entropy, make_model
     from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.models.adamw import AdamW
 

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cs336sys.measure.dtypes import PRECISIONS, itemsize
+from cs336sys.measure.progress import step_done
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.sweep.points import SpecError, choices, counts, expand, listed
-from cs336sys.measure.progress import step_done
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
 

@@ -2,7 +2,7 @@
 
 One DDPSpec is one point: every rank builds the Transformer LM from its own seed (the wrapper
 broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
-untimed and `steps` timed steps of the training step (experiments/step.py): forward,
+untimed and `steps` timed steps of the training step (experiments/training_step.py): forward,
 backward, finish_gradient_synchronization and optimizer, each phase ending with a device
 sync. A phase's time per step is the slowest
 rank's (every rank waits for it at the next collective); mean and std are over steps.
@@ -40,6 +40,7 @@ from typing import Any
 from cs336sys.experiments import ddp_section
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
+from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.models.config import ModelConfig, from_preset
 from cs336sys.sweep.declaration import (
@@ -54,7 +55,6 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.points import SpecError, check_seed, choices, counts, listed, positive_ints
-from cs336sys.measure.progress import step_done
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
@@ -229,7 +229,7 @@ def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
 def _batch(spec: DDPSpec, rank: int | None, device):
     """This rank's equal, contiguous slice of one global batch that every rank draws alike
     (the whole batch for rank None)."""
-    from cs336sys.experiments.step import make_batch
+    from cs336sys.experiments.training_step import make_batch
 
     x, y = make_batch(spec.seed, spec.global_batch, spec.context_length, spec.vocab_size)
     if rank is None:
@@ -243,7 +243,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     import torch
 
     from cs336sys.experiments import ddp_setup
-    from cs336sys.experiments.step import Step, make_model
+    from cs336sys.experiments.training_step import Step, make_model
     from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.measure.live_tensors import LiveTensorTracker
     from cs336sys.measure.memory import CudaProbe, TrackerProbe

@@ -2,7 +2,7 @@
 
 One MemorySpec is one point of a sweep: a ModelSpec (built by `model.specs`, the same
 validation and expansion as `cs336sys model`) plus where to write a snapshot. `run` takes
-the training step of experiments/step.py and:
+the training step of experiments/training_step.py and:
 
 1. builds the model and measures the bytes it holds after initialisation;
 2. runs `warmup` untracked steps (the optimizer's state exists from the first one on) and
@@ -150,7 +150,7 @@ def model_saved_bytes(config: ModelConfig, batch: int, seq: int) -> int:
 def run(spec: MemorySpec) -> Result:
     import torch
 
-    from cs336sys.experiments.step import make_model, make_step, run_steps
+    from cs336sys.experiments.training_step import make_model, make_step, run_steps
     from cs336sys.measure.live_tensors import LiveTensorTracker
     from cs336sys.measure.memory import CudaProbe, TrackerProbe, optimizer_tensors
     from cs336sys.measure.saved_tensors import saved_bytes_excluding

@@ -3,7 +3,7 @@
 One ModelSpec is one point of a sweep; `specs(...)` validates a sweep's options and expands
 them (what `cs336sys model` and every command that runs the model call), and `run(spec)`
 builds the model with random weights, runs `warmup` untimed steps and `steps` timed ones of
-the training step (experiments/step.py), and returns a Result. Each phase ends with a
+the training step (experiments/training_step.py), and returns a Result. Each phase ends with a
 device sync, so the host timer measures the device's work (docs/methodology.md,
 "Timing"); raw samples of warm-up and timed steps are kept.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.experiments import model_section
-from cs336sys.experiments.step import MODES, OPTIMIZERS, throughput, throughput_metrics
+from cs336sys.experiments.training_step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset
@@ -202,7 +202,7 @@ def shape_overrides(**given: int | None) -> dict[str, int | None]:
 def run(spec: ModelSpec) -> Result:
     import torch
 
-    from cs336sys.experiments.step import make_model, make_step, run_steps
+    from cs336sys.experiments.training_step import make_model, make_step, run_steps
     from cs336sys.measure.nvtx import nvtx_enabled
     from cs336sys.measure.timing import launch_metrics
 

@@ -2,7 +2,7 @@
 
 One ProfileSpec wraps one point of `cs336sys model` (a ModelSpec) or `cs336sys attention`
 (an AttentionSpec). `run(spec)` builds the point the way those experiments do (a model point
-is the training step of experiments/step.py), runs the warm-up steps *outside* the profiler,
+is the training step of experiments/training_step.py), runs the warm-up steps *outside* the profiler,
 then the measured steps inside `torch.profiler`, each phase (forward, backward, optimizer)
 in a range of its own that ends with a device sync.
 profile_events.py attributes every op (CPU: self CPU time) or kernel (CUDA: device time) to
@@ -33,10 +33,10 @@ from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import summarize
+from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys, timing
 from cs336sys.sweep.points import SpecError
-from cs336sys.measure.progress import step_done
 from cs336sys.sweep.result import Result
 
 TARGETS = ("model", "attention")
@@ -184,8 +184,8 @@ def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[
 
 
 def _model(spec: ModelSpec) -> _Steps:
-    """The training step as every model experiment takes it (experiments/step.py)."""
-    from cs336sys.experiments.step import make_model, make_step
+    """The training step as every model experiment takes it (experiments/training_step.py)."""
+    from cs336sys.experiments.training_step import make_model, make_step
 
     config = spec.config()
     step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
@@ -214,7 +214,7 @@ def _attention(spec: AttentionSpec) -> _Steps:
 
     from cs336sys.attention import registry
     from cs336sys.experiments.attention import _impl_context
-    from cs336sys.experiments.step import timed_phase
+    from cs336sys.experiments.training_step import timed_phase
     from cs336sys.measure.dtypes import torch_dtype
 
     backward = spec.passes != "forward"

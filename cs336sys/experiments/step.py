@@ -1,316 +1,475 @@
-"""The training step of the Transformer LM, once, for every experiment that runs the model.
+"""The leaderboard's training step: one full training step timed the way the CS336 2026
+leaderboard times it, with each optimisation a switch.
 
-`cs336sys model` times it, `profile model` profiles it, `memory` measures its bytes and `ddp`
-runs it on every rank behind a data-parallel wrapper: all four take the step built here, so
-they measure the same thing. A step is
+The leaderboard's step is
 
-    forward    logits = model(x) under autocast (bf16/fp16), then the loss
-    backward   loss.backward(), the loss scaled first for fp16 (Micikevicius et al. 2018)
-    comm       finish_gradient_synchronization(), for the DDP wrappers only
-    optimizer  optimizer.step() (through the gradient scaler for fp16), then zero_grad
+    optimizer.zero_grad(); loss = cross_entropy(model(x), y) summed over the batch;
+    loss.backward(); optimizer.step()
 
-with `mode` forward (inference, under no_grad), forward-backward (no optimizer) or train.
-Each phase ends with a device sync inside its range, so its time is the device's and its
-kernels fall inside it (docs/methodology.md, "Timing").
+on the 8B config (d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936, context 32768,
+batch 2, bf16, causal), timed with `triton.testing.do_bench`. Here the whole step is one
+function with no sync inside (unlike `cs336sys model`, which times each phase): do_bench on
+CUDA, the loop timer (a sync before and after each call) on a CPU. `--num-layers`, `--seq`,
+`--batch` and `--vocab-size` scale the config down to one GPU.
 
-The loss convention (docs/experiments/model.md): the logits are cast to float32 before the
-cross-entropy, mean over the B·T tokens, as the CS336 reference training loop does; under
-autocast the cross-entropy of 16-bit logits would otherwise be computed on a 16-bit
-log-softmax. In fp32 the cast is a no-op and costs nothing.
+The switches, each alone or together (`fused-adamw+fused-ce`, `all`, or `ablation` for none,
+each alone and all):
 
-Weights come from `torch.manual_seed(seed)` and the tokens from a generator of their own
-(seed + 1, on the CPU, then moved), so the same seed gives the same model and data on any
-device and in every experiment.
+    fused-adamw  our fused AdamW instead of the reference loop (models/adamw.py): the Triton
+                 kernel on CUDA, the multi-tensor (foreach) one on a CPU, `--adamw` picks;
+    fused-ce     the LM head and cross-entropy fused (models/fused_ce.py): the (B·T, V) logits
+                 are never materialised;
+    flash        our Triton FlashAttention-2 (causal) as the model's attention instead of the
+                 baseline `--attention` (SDPA by default);
+    compile      torch.compile of each block, from an empty cache: the compile time and the
+                 point's wall time are stored, next to the leaderboard's 10-minute rule.
+
+Activation checkpointing is an axis of its own (`--checkpoint none,groups:14,14,6`): it buys
+memory, not time, and finding the largest model that fits is what it is for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
+import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
-MODES = ("forward", "forward-backward", "train")
-# ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
-# its default (foreach on CUDA, a loop on CPU) and fused=True, the production baseline.
-OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-triton", "torch-adamw", "torch-adamw-fused")
-LR, WEIGHT_DECAY = 1e-4, 0.01
-PHASES = {"fwd": "forward", "bwd": "backward", "comm": "comm", "opt": "optimizer"}
+from cs336sys import yours
+from cs336sys.experiments import step_section
+from cs336sys.experiments.model import (
+    CHECK_NOTE,
+    check_model,
+    preset_config,
+    preset_sizes,
+    shape_overrides,
+)
+from cs336sys.experiments.training_step import throughput, throughput_metrics
+from cs336sys.measure.stats import flatten
+from cs336sys.models.config import ModelConfig
+from cs336sys.sweep.declaration import (
+    Column,
+    Experiment,
+    Metric,
+    Ratio,
+    Table,
+    settings_keys,
+    timing,
+)
+from cs336sys.sweep.points import (
+    SpecError,
+    check_seed,
+    check_triton,
+    checkpoint_list,
+    choices,
+    counts,
+    device_choice,
+    expand,
+    listed,
+    positive_ints,
+)
+from cs336sys.sweep.result import Result
+from cs336sys.yours.implementations import named_impls
+
+SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
+ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
+CE_IMPLS = ("torch", "triton")  # what fused-ce runs
+BASELINE_OPTIMIZER = "adamw"  # the reference loop: 7 elementwise kernels per parameter
+LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
+PARAM_DTYPES = ("fp32", "bf16")
+
+# A GPU gets the 8B scaled to one H100 (issue 17: 8 layers at context 8192, batch 2); a CPU
+# a point that finishes in seconds, in fp32 (bf16 is emulated on CPUs without AVX512-BF16).
+DEFAULTS = {
+    "cuda": dict(size="8b", num_layers=8, context_length=8192, batch_size=2, warmup=2, steps=5,
+                 adamw="triton", attention="sdpa", switches="ablation", precision="bf16"),
+    "cpu": dict(size="tiny", num_layers=None, context_length=128, batch_size=2, warmup=1,
+                steps=3, adamw="foreach", attention="sdpa", switches="none,fused-adamw,fused-ce",
+                precision="fp32"),
+}  # fmt: skip
 
 
-def cross_entropy(logits: Any, targets: Any) -> Any:
-    """The loss of every step: float32 logits (B, T, V) against targets (B, T), mean."""
+@dataclass(frozen=True)
+class StepSpec:
+    size: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    context_length: int
+    batch_size: int
+    precision: str  # autocast dtype: bf16 (the leaderboard's) or fp32
+    param_dtype: str  # fp32 master weights under autocast, or bf16 weights (fp32 optimizer state)
+    switches: str  # "none" or the switches on, "+"-joined in SWITCHES order
+    optimizer: str  # what ran, resolved from the switches
+    loss: str  # materialised | fused-torch | fused-triton
+    attention: str
+    compile: bool
+    checkpoint: str = "none"
+    timer: str = "loop"  # do_bench (CUDA) | loop
+    cold_cache: bool = True  # compile: fresh inductor and Triton caches for the point
+    warmup: int = 1
+    steps: int = 3
+    device: str = "cpu"
+    seed: int = 0
+    model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
+
+    def config(self) -> ModelConfig:
+        return ModelConfig.of(self)
+
+    def settings(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str, ...]]:
+    """`--switches none,fused-ce,fused-adamw+fused-ce,all` -> the switch sets, in order.
+    `ablation` is none, each switch alone, and all of them."""
+    out: list[tuple[str, ...]] = []
+    for item in listed(values, "--switches", default.split(",")):
+        if item == "ablation":
+            sets = [(), *((s,) for s in SWITCHES), SWITCHES]
+        elif item == "all":
+            sets = [SWITCHES]
+        elif item == "none":
+            sets = [()]
+        else:
+            names = [n.strip() for n in item.split("+")]
+            for n in names:
+                if n not in SWITCHES:
+                    raise SpecError(f"--switches: unknown switch {n!r}; choose from "
+                                    f"{', '.join(SWITCHES)}, or none, all, ablation")  # fmt: skip
+            sets = [tuple(s for s in SWITCHES if s in names)]
+        out += [s for s in sets if s not in out]
+    return out
+
+
+def specs(
+    *,
+    size: Iterable[str] | None = None,
+    context_length: Iterable[Any] | None = None,
+    batch_size: Iterable[Any] | None = None,
+    precision: Iterable[str] | None = None,
+    param_dtype: Iterable[str] | None = None,
+    switches: Iterable[str] | None = None,
+    checkpoint: Iterable[str] | None = None,
+    attention: str | None = None,
+    adamw: str | None = None,
+    ce: str = "torch",
+    cold_cache: bool = True,
+    warmup: int | None = None,
+    steps: int | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    d_model: int | None = None,
+    d_ff: int | None = None,
+    num_layers: Iterable[Any] | int | None = None,
+    num_heads: int | None = None,
+    vocab_size: int | None = None,
+    model: str | None = None,
+) -> list[StepSpec]:
+    """The points of a step sweep (the product of the list options), validated; SpecError
+    names the first bad option. What is not given takes the device's default (DEFAULTS).
+    The user's model (`model`) takes the switches that do not change its code: fused-adamw
+    and compile (compiled whole, or per block when it has `layers`)."""
+    dev = device_choice(device)
+    on_cuda = dev.startswith("cuda")
+    defaults = DEFAULTS["cuda" if on_cuda else "cpu"]
+    warmup = defaults["warmup"] if warmup is None else warmup
+    steps = defaults["steps"] if steps is None else steps
+    counts(warmup, steps)
+    check_seed(seed)
+    sizes = preset_sizes(size, defaults["size"])
+    if num_layers is None and size is None:
+        num_layers = defaults["num_layers"]  # the default 8B is scaled down to fit
+    if isinstance(num_layers, int):
+        num_layers = [num_layers]
+    # A list of layer counts finds the largest model that fits: smallest first, and after an
+    # out-of-memory the larger ones with the same other settings are skipped (oom_axis).
+    layers = sorted(positive_ints(num_layers, "--num-layers")) if num_layers else [None]
+    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
+                                vocab_size=vocab_size)  # fmt: skip
+    precisions = choices(
+        precision, ("bf16", "fp32"), "--precision", default=[defaults["precision"]]
+    )
+    param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
+    sets = parse_switches(switches, defaults["switches"])
+    adamw = adamw or defaults["adamw"]
+    if adamw not in ADAMW_IMPLS:
+        raise SpecError(f"--adamw: unknown value {adamw!r}; choose from {', '.join(ADAMW_IMPLS)}")
+    if ce not in CE_IMPLS:
+        raise SpecError(f"--ce: unknown value {ce!r}; choose from {', '.join(CE_IMPLS)}")
+    from cs336sys.attention import registry
+
+    on = {s for switch_set in sets for s in switch_set}
+    if model is not None:
+        check_model(model, attention)
+        for switch in ("flash", "fused-ce"):
+            if switch in on:
+                raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
+                                f"LM head); --model {model} takes fused-adamw and compile")  # fmt: skip
+    else:
+        attention = named_impls([attention or defaults["attention"]], "attention", "--attention",
+                                registry.names())[0]  # fmt: skip
+    if "flash" in on or attention == "triton":
+        check_triton(on_cuda, "--switches flash")
+    if "fused-adamw" in on and adamw == "triton":
+        check_triton(on_cuda, "--switches fused-adamw (--adamw triton)")
+    if "fused-ce" in on and ce == "triton":
+        check_triton(on_cuda, "--switches fused-ce (--ce triton)")
+    if "fused-adamw" in on and adamw == "torch-fused" and not on_cuda:
+        raise SpecError("--adamw torch-fused: torch's fused AdamW is benchmarked on CUDA only")
+    contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
+    batches = positive_ints(batch_size, "--batch", default=[defaults["batch_size"]])
+    out = []
+    for p in expand({"size": sizes, "num_layers": layers, "context_length": contexts,
+                     "batch_size": batches,
+                     "precision": precisions, "param_dtype": param_dtypes,
+                     "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
+        cfg = preset_config(p["size"], context_length=p["context_length"], model=model,
+                            checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)  # fmt: skip
+        on = p["switches"]
+        out.append(StepSpec(
+            size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
+            context_length=p["context_length"], batch_size=p["batch_size"],
+            precision=p["precision"], param_dtype=p["param_dtype"],
+            switches="+".join(on) or "none",
+            optimizer=f"adamw-{adamw}" if "fused-adamw" in on else BASELINE_OPTIMIZER,
+            loss=f"fused-{ce}" if "fused-ce" in on else "materialised",
+            attention="triton" if "flash" in on else attention,
+            compile="compile" in on, checkpoint=p["checkpoint"],
+            timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
+            warmup=warmup, steps=steps, device=dev, seed=seed, model=model,
+        ))  # fmt: skip
+    return list(dict.fromkeys(out))
+
+
+# -- the step ---------------------------------------------------------------------------------
+
+
+def optimizer_name(spec: StepSpec) -> str:
+    """The name `make_optimizer` knows for the spec's optimizer (torch-fused is torch's)."""
+    return "torch-adamw-fused" if spec.optimizer == "adamw-torch-fused" else spec.optimizer
+
+
+def build(spec: StepSpec) -> tuple[Any, Any, Any]:
+    """(model, optimizer, step function) for a point; the step function runs one leaderboard
+    step and returns its loss, detached."""
+    import dataclasses
+
+    import torch
     import torch.nn.functional as F
 
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
+    from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
 
+    config = dataclasses.replace(spec.config(), attention=spec.attention)
+    model = make_model(config, spec.device, spec.seed)
+    if spec.param_dtype != "fp32":
+        model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
+    if spec.compile:
+        for layer in getattr(model, "layers", None) or [model]:
+            layer.compile()  # per block, so checkpointing still wraps groups of blocks
+    optimizer = make_optimizer(optimizer_name(spec), model.parameters())
+    x, y = make_batch(spec.seed, spec.batch_size, spec.context_length, config.vocab_size)
+    x, y = x.to(spec.device), y.to(spec.device)  # (B, T) each
+    amp = autocast_dtype(spec.precision)
+    device_type = torch.device(spec.device).type
+    fused_impl = spec.loss.removeprefix("fused-") if spec.loss != "materialised" else None
+    if fused_impl is not None:
+        from cs336sys.models.fused_ce import linear_cross_entropy
 
-def make_model(config: Any, device: str, seed: int) -> Any:
-    """TransformerLM(config), or the user's model when `config.model` names one, with the
-    weights of `seed`, initialised on `device` (a 10B model would take minutes on the host)."""
-    import torch
+    def train_step() -> Any:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
+            if fused_impl is None:
+                logits = model(x)  # (B, T, V), materialised
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+            else:
+                h = model.hidden(x)  # (B, T, C): the logits are made a chunk of rows at a time
+                loss = linear_cross_entropy(h, model.lm_head.weight, y, reduction="sum",
+                                            impl=fused_impl)  # fmt: skip
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
 
-    torch.manual_seed(seed)
-    with torch.device(device):
-        if config.model is not None:
-            from cs336sys.yours.implementations import build_model
-
-            return build_model(config)
-        from cs336sys.models.transformer import TransformerLM
-
-        return TransformerLM(config)
-
-
-def make_optimizer(name: str, params: Any) -> Any:
-    """One of OPTIMIZERS over `params`, lr 1e-4, weight decay 0.01: ours (cs336sys.models
-    AdamW and its fused versions) or torch.optim.AdamW, default or fused=True."""
-    import torch
-
-    from cs336sys.models.adamw import AdamW
-    from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
-
-    ours = {"adamw": AdamW, "adamw-foreach": AdamWForeach, "adamw-triton": AdamWTriton}
-    if name in ours:
-        return ours[name](params, lr=LR, weight_decay=WEIGHT_DECAY)
-    if name in ("torch-adamw", "torch-adamw-fused"):
-        fused = name == "torch-adamw-fused" or None  # None: torch's default for the device
-        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
-
-
-def make_batch(seed: int, batch_size: int, context_length: int, vocab_size: int) -> tuple:
-    """Random tokens x and next-token targets y, (B, T) each, on the CPU: the same for a
-    seed whatever the device (DDP ranks slice one global batch drawn this way)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randint(0, vocab_size, (batch_size, context_length), generator=g)  # (B, T)
-    y = torch.randint(0, vocab_size, (batch_size, context_length), generator=g)  # (B, T)
-    return x, y
-
-
-@dataclass
-class Step:
-    """A model ready to step. Call it to run one step; it returns each phase's milliseconds
-    ({fwd,bwd,comm,opt,step}_ms, for the phases this step has) and each phase's host time
-    ({fwd,...}_host_ms, until its calls returned)."""
-
-    model: Any  # whose gradients zero_grad clears when there is no optimizer
-    forward_module: Any  # what the forward calls: the model, compiled, or wrapped (DDP, FSDP)
-    x: Any  # (B, T) tokens on the device
-    y: Any  # (B, T) targets on the device
-    mode: str  # forward | forward-backward | train
-    device: str
-    amp_dtype: Any = None  # torch.autocast's dtype; None: no autocast
-    optimizer: Any = None  # train mode only
-    scaler: Any = None  # fp16 loss scaling
-    finish: Callable[[], None] | None = None  # between backward and optimizer (DDP)
-    start: Callable[[], None] | None = None  # before the forward, in the step's time (DDP)
-    last_loss: Any = None  # the last step's loss, detached (read it when convenient)
-    logits_dtype: str | None = None  # of the first step's logits, as autocast left them
-    _device_type: str = field(init=False, default="cpu")
-
-    def __post_init__(self) -> None:
-        import torch
-
-        self._device_type = torch.device(self.device).type
-
-    def loss(self) -> Any:
-        """The forward phase's work: logits under autocast, then the float32 loss."""
-        import torch
-
-        grad = contextlib.nullcontext() if self.mode != "forward" else torch.no_grad()
-        amp = self.amp_dtype
-        with grad, torch.autocast(self._device_type, dtype=amp, enabled=amp is not None):
-            logits = self.forward_module(self.x)  # (B, T, V)
-            if self.logits_dtype is None:
-                self.logits_dtype = str(logits.dtype).removeprefix("torch.")
-            return cross_entropy(logits, self.y)
-
-    def __call__(
-        self,
-        phase: Callable[[str], contextlib.AbstractContextManager] | None = None,
-        forward: Callable[[], Any] | None = None,
-        before_optimizer: Callable[[], None] = lambda: None,
-        after_optimizer: Callable[[], None] = lambda: None,
-    ) -> dict[str, float]:
-        """One step. `phase(name)` wraps each phase (forward, backward, comm, optimizer):
-        NVTX ranges by default, profiler ranges or memory peaks for the experiments that
-        need them; `forward` replaces `loss` (to count what it saves); the optimizer hooks
-        run directly before and after `optimizer.step()`."""
-        if phase is None:
-            from cs336sys.measure.nvtx import nvtx_range as phase
-        times: dict[str, float] = {}
-        t0 = time.perf_counter()
-        if self.start is not None:
-            self.start()
-        with self._timed("fwd", times, phase):
-            loss = (forward or self.loss)()
-        self.last_loss = loss.detach()
-        if self.mode != "forward":
-            with self._timed("bwd", times, phase):
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            if self.finish is not None:
-                with self._timed("comm", times, phase):
-                    self.finish()
-            if self.optimizer is not None:
-                with self._timed("opt", times, phase):
-                    before_optimizer()
-                    if self.scaler is not None:
-                        self.scaler.step(self.optimizer)
-                        self.scaler.update()
-                    else:
-                        self.optimizer.step()
-                    after_optimizer()
-                    self.optimizer.zero_grad(set_to_none=True)
-        times["step_ms"] = (time.perf_counter() - t0) * 1e3
-        if self.mode == "forward-backward":
-            self.model.zero_grad(set_to_none=True)  # untimed: this mode has no optimizer
-        return times
-
-    def _timed(self, short: str, times: dict[str, float], phase: Callable):
-        return timed_phase(self.device, short, times, phase)
+    return model, optimizer, train_step
 
 
 @contextlib.contextmanager
-def timed_phase(device: str, short: str, times: dict[str, float], phase: Callable) -> Iterator[None]:
-    """Time one phase into `times[f"{short}_ms"]`, inside `phase(name)`, ending with a device
-    sync inside the range so that the phase's kernels finish within it; the host time until
-    the phase's calls returned, before the sync, goes into `times[f"{short}_host_ms"]`
-    (measure/timing.py, launch-bound)."""
-    from cs336sys.measure.device import synchronize
-
-    t0 = time.perf_counter()
-    with phase(PHASES[short]):
+def empty_compile_cache(enabled: bool) -> Iterator[None]:
+    """Fresh inductor and Triton cache folders and a reset dynamo, so that a compiled point
+    pays the compile a first run pays (the leaderboard's rule is from an empty cache)."""
+    if not enabled:
         yield
-        host = time.perf_counter()
-        synchronize(device)
-    times[f"{short}_ms"] = (time.perf_counter() - t0) * 1e3
-    times[f"{short}_host_ms"] = (host - t0) * 1e3
-
-
-def make_step(
-    model: Any,
-    *,
-    vocab_size: int,
-    batch_size: int,
-    context_length: int,
-    mode: str,
-    precision: str,
-    optimizer: str,
-    compile: bool,
-    device: str,
-    seed: int,
-) -> Step:
-    """The step of `model` (made by make_model) for one point of a model sweep."""
+        return
     import torch
 
-    from cs336sys.measure.dtypes import autocast_dtype
-
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    x, y = make_batch(seed, batch_size, context_length, vocab_size)
-    training = mode != "forward"
-    return Step(
-        model=model,
-        forward_module=torch.compile(model) if compile else model,
-        x=x.to(device),
-        y=y.to(device),
-        mode=mode,
-        device=device,
-        amp_dtype=autocast_dtype(precision),
-        optimizer=make_optimizer(optimizer, model.parameters()) if mode == "train" else None,
-        # fp16 needs loss scaling so small gradients do not flush to zero.
-        scaler=torch.amp.GradScaler(torch.device(device).type)
-        if precision == "fp16" and training
-        else None,
-    )
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    before = {n: os.environ.get(n) for n in names}
+    with tempfile.TemporaryDirectory(prefix="cs336sys-compile-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            torch._dynamo.reset()
 
 
-def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, dict, list]:
-    """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
-    every step's loss), samples as {phase_ms: [ms, ...]}."""
-    from cs336sys.measure.progress import step_done
-
-    warm: dict[str, list[float]] = {}
-    timed: dict[str, list[float]] = {}
-    losses = []
-    for i in range(warmup + steps):
-        for k, v in step(**call).items():
-            (warm if i < warmup else timed).setdefault(k, []).append(v)
-        losses.append(step.last_loss)  # read back later: no extra sync per step
-        step_done(i + 1, warmup + steps)
-    return warm, timed, [float(v) for v in losses]
-
-
-# -- what a step's time means: throughput, shared by `model` and `step` ---------------------
-
-
-def throughput_metrics(stat: str) -> tuple:
-    """The declarations of `throughput`'s metrics, from the `stat` ("mean" or "median") of
-    the step time they divide by."""
-    from cs336sys.sweep.declaration import Metric
-
-    return (
-        Metric("params", "", "parameters of the model"),
-        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
-        Metric("tokens_per_s", "tokens/s", f"tokens per step / {stat} step time"),
-        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
-        Metric("tflops", "TFLOP/s", f"achieved: FLOPs per step / {stat} step time"),
-        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
-        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
-        Metric("flops_basis", "", "formula (models/flops.py), or counted (FlopCounterMode) for "
-               "a user's model whose matmuls differ from the formula's"),  # fmt: skip
-    )
-
-
-def throughput(model: Any, config: Any, batch_size: int, context_length: int, mode: str,
-               step_ms: float, device: str, precision: str) -> dict[str, Any]:  # fmt: skip
-    """params, tokens per step and per second, model FLOPs, achieved TFLOP/s and MFU (where
-    the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
-    formula's (models/flops.py), for the user's model too when it is the same architecture;
-    where its counted matmuls differ from the formula, the count (flops_basis says which)."""
+def run(spec: StepSpec) -> Result:
     import torch
 
-    from cs336sys.measure.device import device_name, peak_tflops
-    from cs336sys.models.flops import step_flops
+    from cs336sys.measure.device import synchronize
+    from cs336sys.measure.timing import time_do_bench, time_loop
 
-    tokens, step_s = batch_size * context_length, step_ms / 1e3
-    flops = step_flops(config, batch_size, context_length, mode)
-    basis = "formula"
-    if config.model is not None:
-        counted = counted_forward_flops(config, batch_size, context_length)
-        formula = step_flops(config, batch_size, context_length, "forward")
-        if counted is not None and abs(counted - formula) > 0.01 * formula:
-            flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
-    tflops = flops / step_s / 1e12
-    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-    peak = peak_tflops(device_name(device), precision, tf32=tf32)
-    return dict(
-        params=sum(p.numel() for p in model.parameters()),
-        tokens_per_step=tokens,
-        tokens_per_s=tokens / step_s,
-        flops_per_step=flops,
-        tflops=tflops,
-        peak_tflops=peak,
-        mfu=tflops / peak if peak else None,
-        flops_basis=basis,
+    t_start = time.perf_counter()
+    on_cuda = spec.device.startswith("cuda")
+    losses: list[Any] = []
+    checked = None
+    config = dataclasses.replace(spec.config(), attention=spec.attention)
+    if config.model is not None or yours.is_yours(config.attention):  # checked first, small
+        from cs336sys.experiments.checks import model_check
+
+        checked = model_check(config, spec.device, spec.seed, spec.batch_size)
+    with empty_compile_cache(spec.cold_cache):
+        model, optimizer, train_step = build(spec)
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(spec.device)
+
+        def step() -> None:
+            losses.append(train_step())
+
+        # The first call pays torch.compile, autotuning and the allocator's first requests.
+        synchronize(spec.device)
+        t0 = time.perf_counter()
+        step()
+        synchronize(spec.device)
+        first_s = time.perf_counter() - t0
+        warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
+        if spec.timer == "do_bench":
+            estimate = sorted(warm)[len(warm) // 2] if warm else first_s * 1e3
+            samples = time_do_bench(step, calls=spec.steps, call_ms=estimate)
+        else:
+            samples = time_loop(step, 0, spec.steps, spec.device)
+        wall_s = time.perf_counter() - t_start
+    peak_cpu = None if on_cuda or spec.compile else tensor_peak_bytes(model, optimizer, train_step)
+
+    metrics: dict[str, Any] = flatten("step_ms", samples)
+    step_s = metrics["step_ms_median"] / 1e3
+    metrics.update(throughput(model, spec.config(), spec.batch_size, spec.context_length, "train",
+                              metrics["step_ms_median"], spec.device, spec.precision))  # fmt: skip
+    metrics.update(
+        peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
+        peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,
+        peak_tensor_mb=peak_cpu / 2**20 if peak_cpu is not None else None,
+        first_step_s=first_s,
+        compile_s=max(first_s - step_s, 0.0) if spec.compile else None,
+        wall_s=wall_s,
+        within_limit=wall_s <= LIMIT_S,
+        loss_first=float(losses[0]),
+        loss_last=float(losses[-1]),
     )
+    if checked is not None:
+        metrics.update(checked.metrics)
+    passed = checked is None or checked.passed
+    return Result("ok" if passed else "wrong", metrics=metrics, error=None if passed else checked.why,
+                  samples={"step_ms": samples, "warmup": {"step_ms": warm},
+                           "loss": [float(v) for v in losses]})  # fmt: skip
 
 
-def counted_forward_flops(config: Any, batch_size: int, context_length: int) -> int | None:
-    """Matmul FLOPs of one forward of the model `config` describes, counted by torch's
-    FlopCounterMode on a copy built on the meta device (no memory, no compute); None when the
-    model cannot run there."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
+def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
+    """CPU: the peak bytes of live tensors over one more step (measure/live_tensors.py), with
+    the weights, gradients' homes and optimizer state counted from the start, as CUDA's
+    max_memory_allocated counts them."""
+    from cs336sys.measure.live_tensors import LiveTensorTracker
+    from cs336sys.measure.memory import optimizer_tensors
 
-    try:
-        model = make_model(config, "meta", 0)
-        tokens = torch.zeros(batch_size, context_length, dtype=torch.long, device="meta")
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(tokens)
-        return int(counter.get_total_flops())
-    except Exception:  # noqa: BLE001 - the user's code may not run on meta tensors
-        return None
+    tracker = LiveTensorTracker()
+    tracker.adopt([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)])
+    with tracker:
+        train_step()
+    return tracker.peak
+
+
+# -- the declaration ------------------------------------------------------------------------
+
+
+TABLE = Table(
+    "One training step, each optimisation switched on",
+    (
+        Column("size", "size", setting=True),
+        Column("model", "model", setting=True, optional=True),
+        Column("layers", "num_layers", setting=True),
+        Column("ctx", "context_length", setting=True),
+        Column("batch", "batch_size", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("params", "param_dtype", setting=True),
+        Column("ckpt", "checkpoint", setting=True),
+        Column("switches", "switches", setting=True),
+        Column("step ms", "step_ms", "mean_std"),
+        Column("median ms", "step_ms_median", "num"),
+        Column(
+            "vs none",
+            ratio=Ratio(
+                lambda r: r.get("step_ms_median"),
+                {"switches": "none"},
+                ("switches", "optimizer", "loss", "attention", "compile", "cold_cache"),
+            ),
+        ),  # fmt: skip
+        Column("tokens/s", "tokens_per_s", "num"),
+        Column("MFU", "mfu", "pct"),
+        Column("peak MiB", "peak_allocated_mb", "num", optional=True),
+        Column("tensor peak MiB", "peak_tensor_mb", "num", optional=True),
+        Column("compile s", "compile_s", "num", optional=True),
+        Column("wall s", "wall_s", "num"),
+        Column("check", "check", optional=True, note=CHECK_NOTE),
+    ),
+    note="vs none: the step time with no switch over this one's, at the same settings "
+    "(2.00x = twice as fast). wall s: the point from model build to its last timed step, "
+    f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
+)
+
+EXPERIMENT = Experiment(
+    kind="step",
+    view="step_runs",
+    title="Training step: what each optimisation buys",
+    spec=StepSpec,
+    run=run,
+    settings=settings_keys(StepSpec),
+    metrics=(
+        *timing(
+            "step_ms", "one leaderboard step: zero_grad, forward, summed loss, backward, AdamW"
+        ),
+        *throughput_metrics("median"),
+        Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors over the point"),
+        Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
+        Metric("peak_tensor_mb", "MiB", "CPU: peak bytes of live tensors over one step"),
+        Metric("first_step_s", "s", "the first step: compile, autotuning and first allocations"),
+        Metric("compile_s", "s", "compile: the first step's time beyond a median step"),
+        Metric("wall_s", "s", "the point's wall time, model build to the last timed step"),
+        Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
+        Metric("loss_first", "", "loss of the first step (summed over the batch's tokens)"),
+        Metric("loss_last", "", "loss of the last timed step"),
+        Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
+               "is `wrong`; experiments/checks.py)"),  # fmt: skip
+        Metric("check_detail", "", "what the check compared"),
+        Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
+        Metric("check_loss_ours", "", "the reference's loss with the same weights"),
+    ),
+    tables=(TABLE,),
+    compare="step_ms",
+    oom_axis="num_layers",
+    section=step_section.section,
+    draws=True,
+)

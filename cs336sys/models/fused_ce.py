@@ -25,7 +25,7 @@ them by the upstream gradient (a scalar, since the loss is). The price: the grad
 computed even when backward never runs (use torch.no_grad() for evaluation, which skips
 them), and grad_W's float32 accumulator (V x C x 4 B) lives from forward to backward.
 
-Precision matches the materialised baseline of cs336sys/experiments/step.py: under
+Precision matches the materialised baseline of cs336sys/experiments/training_step.py: under
 torch.autocast the matmuls run in autocast's dtype (h and W are cast explicitly, chunk by
 chunk for h, since autocast would cast them for `lm_head` too), and the softmax, logsumexp
 and loss in float32. Without autocast the matmuls run in h's and W's promoted dtype.

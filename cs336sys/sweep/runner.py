@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cs336sys.measure.clock import now
+from cs336sys.measure.progress import step_done
 from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
-from cs336sys.measure.progress import step_done
 from cs336sys.sweep.result import Result, Terminated, guarded, is_oom
 
 

@@ -128,7 +128,7 @@ def step(
 
         cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
     """  # noqa: E501
-    from cs336sys.experiments import speedrun as exp
+    from cs336sys.experiments import step as exp
     from cs336sys.sweep.runner import run_sweep
 
     user_code(adapters)

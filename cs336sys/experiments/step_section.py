@@ -21,7 +21,7 @@ _CONFIG = ("size", "num_layers", "context_length", "batch_size", "precision", "p
 
 def _order(switches: str) -> int:
     """none first, then single switches, then larger sets; within a size, the order the
-    sweep ran them (experiments/speedrun.py expands --switches in SWITCHES order)."""
+    sweep ran them (experiments/step.py expands --switches in SWITCHES order)."""
     return 0 if switches == "none" else len(switches.split("+"))
 
 

@@ -1,0 +1,316 @@
+"""The training step of the Transformer LM, once, for every experiment that runs the model.
+
+`cs336sys model` times it, `profile model` profiles it, `memory` measures its bytes and `ddp`
+runs it on every rank behind a data-parallel wrapper: all four take the step built here, so
+they measure the same thing. A step is
+
+    forward    logits = model(x) under autocast (bf16/fp16), then the loss
+    backward   loss.backward(), the loss scaled first for fp16 (Micikevicius et al. 2018)
+    comm       finish_gradient_synchronization(), for the DDP wrappers only
+    optimizer  optimizer.step() (through the gradient scaler for fp16), then zero_grad
+
+with `mode` forward (inference, under no_grad), forward-backward (no optimizer) or train.
+Each phase ends with a device sync inside its range, so its time is the device's and its
+kernels fall inside it (docs/methodology.md, "Timing").
+
+The loss convention (docs/experiments/model.md): the logits are cast to float32 before the
+cross-entropy, mean over the B·T tokens, as the CS336 reference training loop does; under
+autocast the cross-entropy of 16-bit logits would otherwise be computed on a 16-bit
+log-softmax. In fp32 the cast is a no-op and costs nothing.
+
+Weights come from `torch.manual_seed(seed)` and the tokens from a generator of their own
+(seed + 1, on the CPU, then moved), so the same seed gives the same model and data on any
+device and in every experiment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("forward", "forward-backward", "train")
+# ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
+# its default (foreach on CUDA, a loop on CPU) and fused=True, the production baseline.
+OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-triton", "torch-adamw", "torch-adamw-fused")
+LR, WEIGHT_DECAY = 1e-4, 0.01
+PHASES = {"fwd": "forward", "bwd": "backward", "comm": "comm", "opt": "optimizer"}
+
+
+def cross_entropy(logits: Any, targets: Any) -> Any:
+    """The loss of every step: float32 logits (B, T, V) against targets (B, T), mean."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def make_model(config: Any, device: str, seed: int) -> Any:
+    """TransformerLM(config), or the user's model when `config.model` names one, with the
+    weights of `seed`, initialised on `device` (a 10B model would take minutes on the host)."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        if config.model is not None:
+            from cs336sys.yours.implementations import build_model
+
+            return build_model(config)
+        from cs336sys.models.transformer import TransformerLM
+
+        return TransformerLM(config)
+
+
+def make_optimizer(name: str, params: Any) -> Any:
+    """One of OPTIMIZERS over `params`, lr 1e-4, weight decay 0.01: ours (cs336sys.models
+    AdamW and its fused versions) or torch.optim.AdamW, default or fused=True."""
+    import torch
+
+    from cs336sys.models.adamw import AdamW
+    from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
+
+    ours = {"adamw": AdamW, "adamw-foreach": AdamWForeach, "adamw-triton": AdamWTriton}
+    if name in ours:
+        return ours[name](params, lr=LR, weight_decay=WEIGHT_DECAY)
+    if name in ("torch-adamw", "torch-adamw-fused"):
+        fused = name == "torch-adamw-fused" or None  # None: torch's default for the device
+        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
+
+
+def make_batch(seed: int, batch_size: int, context_length: int, vocab_size: int) -> tuple:
+    """Random tokens x and next-token targets y, (B, T) each, on the CPU: the same for a
+    seed whatever the device (DDP ranks slice one global batch drawn this way)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randint(0, vocab_size, (batch_size, context_length), generator=g)  # (B, T)
+    y = torch.randint(0, vocab_size, (batch_size, context_length), generator=g)  # (B, T)
+    return x, y
+
+
+@dataclass
+class Step:
+    """A model ready to step. Call it to run one step; it returns each phase's milliseconds
+    ({fwd,bwd,comm,opt,step}_ms, for the phases this step has) and each phase's host time
+    ({fwd,...}_host_ms, until its calls returned)."""
+
+    model: Any  # whose gradients zero_grad clears when there is no optimizer
+    forward_module: Any  # what the forward calls: the model, compiled, or wrapped (DDP, FSDP)
+    x: Any  # (B, T) tokens on the device
+    y: Any  # (B, T) targets on the device
+    mode: str  # forward | forward-backward | train
+    device: str
+    amp_dtype: Any = None  # torch.autocast's dtype; None: no autocast
+    optimizer: Any = None  # train mode only
+    scaler: Any = None  # fp16 loss scaling
+    finish: Callable[[], None] | None = None  # between backward and optimizer (DDP)
+    start: Callable[[], None] | None = None  # before the forward, in the step's time (DDP)
+    last_loss: Any = None  # the last step's loss, detached (read it when convenient)
+    logits_dtype: str | None = None  # of the first step's logits, as autocast left them
+    _device_type: str = field(init=False, default="cpu")
+
+    def __post_init__(self) -> None:
+        import torch
+
+        self._device_type = torch.device(self.device).type
+
+    def loss(self) -> Any:
+        """The forward phase's work: logits under autocast, then the float32 loss."""
+        import torch
+
+        grad = contextlib.nullcontext() if self.mode != "forward" else torch.no_grad()
+        amp = self.amp_dtype
+        with grad, torch.autocast(self._device_type, dtype=amp, enabled=amp is not None):
+            logits = self.forward_module(self.x)  # (B, T, V)
+            if self.logits_dtype is None:
+                self.logits_dtype = str(logits.dtype).removeprefix("torch.")
+            return cross_entropy(logits, self.y)
+
+    def __call__(
+        self,
+        phase: Callable[[str], contextlib.AbstractContextManager] | None = None,
+        forward: Callable[[], Any] | None = None,
+        before_optimizer: Callable[[], None] = lambda: None,
+        after_optimizer: Callable[[], None] = lambda: None,
+    ) -> dict[str, float]:
+        """One step. `phase(name)` wraps each phase (forward, backward, comm, optimizer):
+        NVTX ranges by default, profiler ranges or memory peaks for the experiments that
+        need them; `forward` replaces `loss` (to count what it saves); the optimizer hooks
+        run directly before and after `optimizer.step()`."""
+        if phase is None:
+            from cs336sys.measure.nvtx import nvtx_range as phase
+        times: dict[str, float] = {}
+        t0 = time.perf_counter()
+        if self.start is not None:
+            self.start()
+        with self._timed("fwd", times, phase):
+            loss = (forward or self.loss)()
+        self.last_loss = loss.detach()
+        if self.mode != "forward":
+            with self._timed("bwd", times, phase):
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            if self.finish is not None:
+                with self._timed("comm", times, phase):
+                    self.finish()
+            if self.optimizer is not None:
+                with self._timed("opt", times, phase):
+                    before_optimizer()
+                    if self.scaler is not None:
+                        self.scaler.step(self.optimizer)
+                        self.scaler.update()
+                    else:
+                        self.optimizer.step()
+                    after_optimizer()
+                    self.optimizer.zero_grad(set_to_none=True)
+        times["step_ms"] = (time.perf_counter() - t0) * 1e3
+        if self.mode == "forward-backward":
+            self.model.zero_grad(set_to_none=True)  # untimed: this mode has no optimizer
+        return times
+
+    def _timed(self, short: str, times: dict[str, float], phase: Callable):
+        return timed_phase(self.device, short, times, phase)
+
+
+@contextlib.contextmanager
+def timed_phase(device: str, short: str, times: dict[str, float], phase: Callable) -> Iterator[None]:
+    """Time one phase into `times[f"{short}_ms"]`, inside `phase(name)`, ending with a device
+    sync inside the range so that the phase's kernels finish within it; the host time until
+    the phase's calls returned, before the sync, goes into `times[f"{short}_host_ms"]`
+    (measure/timing.py, launch-bound)."""
+    from cs336sys.measure.device import synchronize
+
+    t0 = time.perf_counter()
+    with phase(PHASES[short]):
+        yield
+        host = time.perf_counter()
+        synchronize(device)
+    times[f"{short}_ms"] = (time.perf_counter() - t0) * 1e3
+    times[f"{short}_host_ms"] = (host - t0) * 1e3
+
+
+def make_step(
+    model: Any,
+    *,
+    vocab_size: int,
+    batch_size: int,
+    context_length: int,
+    mode: str,
+    precision: str,
+    optimizer: str,
+    compile: bool,
+    device: str,
+    seed: int,
+) -> Step:
+    """The step of `model` (made by make_model) for one point of a model sweep."""
+    import torch
+
+    from cs336sys.measure.dtypes import autocast_dtype
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    x, y = make_batch(seed, batch_size, context_length, vocab_size)
+    training = mode != "forward"
+    return Step(
+        model=model,
+        forward_module=torch.compile(model) if compile else model,
+        x=x.to(device),
+        y=y.to(device),
+        mode=mode,
+        device=device,
+        amp_dtype=autocast_dtype(precision),
+        optimizer=make_optimizer(optimizer, model.parameters()) if mode == "train" else None,
+        # fp16 needs loss scaling so small gradients do not flush to zero.
+        scaler=torch.amp.GradScaler(torch.device(device).type)
+        if precision == "fp16" and training
+        else None,
+    )
+
+
+def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, dict, list]:
+    """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
+    every step's loss), samples as {phase_ms: [ms, ...]}."""
+    from cs336sys.measure.progress import step_done
+
+    warm: dict[str, list[float]] = {}
+    timed: dict[str, list[float]] = {}
+    losses = []
+    for i in range(warmup + steps):
+        for k, v in step(**call).items():
+            (warm if i < warmup else timed).setdefault(k, []).append(v)
+        losses.append(step.last_loss)  # read back later: no extra sync per step
+        step_done(i + 1, warmup + steps)
+    return warm, timed, [float(v) for v in losses]
+
+
+# -- what a step's time means: throughput, shared by `model` and `step` ---------------------
+
+
+def throughput_metrics(stat: str) -> tuple:
+    """The declarations of `throughput`'s metrics, from the `stat` ("mean" or "median") of
+    the step time they divide by."""
+    from cs336sys.sweep.declaration import Metric
+
+    return (
+        Metric("params", "", "parameters of the model"),
+        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
+        Metric("tokens_per_s", "tokens/s", f"tokens per step / {stat} step time"),
+        Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
+        Metric("tflops", "TFLOP/s", f"achieved: FLOPs per step / {stat} step time"),
+        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
+        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        Metric("flops_basis", "", "formula (models/flops.py), or counted (FlopCounterMode) for "
+               "a user's model whose matmuls differ from the formula's"),  # fmt: skip
+    )
+
+
+def throughput(model: Any, config: Any, batch_size: int, context_length: int, mode: str,
+               step_ms: float, device: str, precision: str) -> dict[str, Any]:  # fmt: skip
+    """params, tokens per step and per second, model FLOPs, achieved TFLOP/s and MFU (where
+    the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
+    formula's (models/flops.py), for the user's model too when it is the same architecture;
+    where its counted matmuls differ from the formula, the count (flops_basis says which)."""
+    import torch
+
+    from cs336sys.measure.device import device_name, peak_tflops
+    from cs336sys.models.flops import step_flops
+
+    tokens, step_s = batch_size * context_length, step_ms / 1e3
+    flops = step_flops(config, batch_size, context_length, mode)
+    basis = "formula"
+    if config.model is not None:
+        counted = counted_forward_flops(config, batch_size, context_length)
+        formula = step_flops(config, batch_size, context_length, "forward")
+        if counted is not None and abs(counted - formula) > 0.01 * formula:
+            flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
+    tflops = flops / step_s / 1e12
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    peak = peak_tflops(device_name(device), precision, tf32=tf32)
+    return dict(
+        params=sum(p.numel() for p in model.parameters()),
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / step_s,
+        flops_per_step=flops,
+        tflops=tflops,
+        peak_tflops=peak,
+        mfu=tflops / peak if peak else None,
+        flops_basis=basis,
+    )
+
+
+def counted_forward_flops(config: Any, batch_size: int, context_length: int) -> int | None:
+    """Matmul FLOPs of one forward of the model `config` describes, counted by torch's
+    FlopCounterMode on a copy built on the meta device (no memory, no compute); None when the
+    model cannot run there."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        model = make_model(config, "meta", 0)
+        tokens = torch.zeros(batch_size, context_length, dtype=torch.long, device="meta")
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(tokens)
+        return int(counter.get_total_flops())
+    except Exception:  # noqa: BLE001 - the user's code may not run on meta tensors
+        return None
