@@ -81,7 +81,7 @@ demo: $(STAMP)
 		--top 8
 	$(CLI) step --db $(DEMO_DB) --size tiny --seq 64 --batch 2 \
 		--switches none,fused-adamw,fused-ce,fused-adamw+fused-ce --warmup 1 --iters 3
-	$(CLI) plan --db $(DEMO_DB) --model 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp \
+	$(CLI) plan --db $(DEMO_DB) --size 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp \
 		--n 2,4,8,16
 	$(REPORT) --title "cs336sys demo (a first run: small CPU sweeps)"
 
@@ -138,7 +138,7 @@ demo-full: $(STAMP)
 	$(CLI) step --db $(DEMO_DB) --size tiny --seq 128 --batch 4 \
 		--switches none,fused-adamw,fused-ce,fused-adamw+fused-ce --checkpoint none,sqrt \
 		--warmup 1 --iters 5
-	$(CLI) plan --db $(DEMO_DB) --model 8b --hardware a100,h100,h200,b200 \
+	$(CLI) plan --db $(DEMO_DB) --size 8b --hardware a100,h100,h200,b200 \
 		--strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
 	$(CLI) sql --db $(DEMO_DB) \
 		"SELECT size, context_length AS ctx, mode, precision, status, \

@@ -37,9 +37,9 @@ def _stats(prefix: str, mean: float, spread: float, sep: str = "_ms_") -> dict[s
 
 
 def _model(store, run, inv, t, precision, step, compile_=False, status="ok", size="small"):
-    s = {"size": size, "context_length": 128, "batch_size": 4, "mode": "train",
+    s = {"size": size, "seq": 128, "batch": 4, "mode": "train",
          "precision": precision, "compile": compile_, "attention": "naive", "optimizer": "adamw",
-         "checkpoint": "none", "warmup": 2, "steps": 3, "device": "cuda", "seed": 0}  # fmt: skip
+         "checkpoint": "none", "warmup": 2, "iters": 3, "device": "cuda", "seed": 0}  # fmt: skip
     if status != "ok":
         return run(inv, "model", status, t, s, {}, error=f"{status} at {size}")
     m = {**_stats("fwd", step * 0.3, step * 0.01), **_stats("bwd", step * 0.6, step * 0.01),
@@ -89,7 +89,7 @@ def build(path: Path) -> Path:
     for impl in ("naive", "flash-triton"):
         for seq in (128, 1024, 16384):
             s = {"impl": impl, "seq": seq, "d_head": 64, "heads": 16, "batch": 1,
-                 "dtype": "bf16", "causal": True, "pass": "fwd+bwd", "device": "cuda"}  # fmt: skip
+                 "precision": "bf16", "causal": True, "pass": "fwd+bwd", "device": "cuda"}  # fmt: skip
             if impl == "naive" and seq == 16384:
                 run("inv-c", "attention", "oom", tc.format(next(k)), s, {}, error="OutOfMemoryError")
                 continue
@@ -101,7 +101,7 @@ def build(path: Path) -> Path:
             run("inv-c", "attention", "ok", tc.format(next(k)), s, m)
     for ckpt, factor in (("none", 1.0), ("sqrt", 0.5)):
         for ctx in (128, 256):
-            s = {"size": "small", "context_length": ctx, "batch_size": 4, "mode": "train",
+            s = {"size": "small", "seq": ctx, "batch": 4, "mode": "train",
                  "precision": "fp32", "checkpoint": ckpt, "device": "cuda"}  # fmt: skip
             peak = (500 + ctx * 4 * factor) * 2**20
             m = {"peak_bytes": peak, "fwd_peak_bytes": peak * 0.9, "bwd_peak_bytes": peak,
@@ -109,11 +109,11 @@ def build(path: Path) -> Path:
                  **_stats("step", 100 / factor**0.5, 1)}  # fmt: skip
             run("inv-c", "memory", "ok", tc.format(next(k)), s, m)
     run("inv-c", "memory-residuals", "ok", tc.format(next(k)),
-        {"size": "small", "context_length": 128, "impl": "naive", "device": "cuda"},
+        {"size": "small", "seq": 128, "impl": "naive", "device": "cuda"},
         {"saved_bytes": 3 * 2**20, "analytic_bytes": 3 * 2**20, "top1_op": "mm"})  # fmt: skip
     for size in (1024, 2**20, 100 * 2**20):
         s = {"op": "all-reduce", "backend": "gloo", "device": "cpu", "world_size": 2,
-             "size_bytes": size, "dtype": "float32"}  # fmt: skip
+             "size_bytes": size, "precision": "fp32"}  # fmt: skip
         t = 0.05 + size / 1e9 * 1e3
         m = {"time_ms_mean": t, "time_ms_min": t * 0.9, "time_ms_max": t * 1.1,
              "algbw_gbps": size / t / 1e6, "busbw_gbps": size / t / 1e6, "wrong": 0}  # fmt: skip
@@ -175,7 +175,7 @@ def _issue14(run, tc, k) -> None:
     for impl in ("naive", "triton"):
         for seq in (128, 256):
             s = {"impl": impl, "seq": seq, "d_head": 32, "heads": 4, "batch": 1,
-                 "dtype": "fp32", "causal": True, "pass": "fwd+bwd", "device": "cpu"}  # fmt: skip
+                 "precision": "fp32", "causal": True, "pass": "fwd+bwd", "device": "cpu"}  # fmt: skip
             f = (seq / 128) ** 2 * (0.2 if impl == "naive" else 10.0)
             m = {"fwd_ms_mean": f, "fwd_ms_std": f / 50, "bwd_ms_mean": 2 * f, "bwd_ms_std": f / 25,
                  "e2e_ms_mean": 3 * f, "e2e_ms_std": f / 20, "e2e_ms_median": 3 * f,
@@ -183,7 +183,7 @@ def _issue14(run, tc, k) -> None:
                  "mem_before_bwd_bytes": seq * seq * 4 * 4 * 4, "interpreted": impl == "triton"}  # fmt: skip
             run("inv-c", "attention", "ok", tc.format(next(k)), s, m)
     for ckpt, act in (("none", 1.0), ("every:1", 0.4), ("sqrt", 0.5)):
-        s = {"size": "medium", "context_length": 128, "batch_size": 4, "mode": "train",
+        s = {"size": "medium", "seq": 128, "batch": 4, "mode": "train",
              "precision": "fp32", "checkpoint": ckpt, "device": "cuda"}  # fmt: skip
         fwd, bwd = (600 + 400 * act) * 2**20, (700 + 380 * act) * 2**20
         m = {"peak_bytes": max(fwd, bwd, OPT_PEAK), "fwd_peak_bytes": fwd, "bwd_peak_bytes": bwd,

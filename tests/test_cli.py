@@ -68,7 +68,7 @@ def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
     )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
-    assert [(r["context_length"], r["mode"]) for r in got] == [
+    assert [(r["seq"], r["mode"]) for r in got] == [
         (16, "forward"),
         (16, "train"),
         (32, "forward"),
@@ -83,14 +83,14 @@ def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
             2,
             4,
         )
-        assert (r["batch_size"], r["precision"], r["attention"], r["compile"]) == (
+        assert (r["batch"], r["precision"], r["attention"], r["compile"]) == (
             2,
             "fp32",
             "naive",
             0,
         )
         assert (r["warmup"], r["steps"], r["device"], r["gpu"]) == (1, 3, "cpu", "cpu")
-        assert r["tokens_per_step"] == 2 * r["context_length"]
+        assert r["tokens_per_step"] == 2 * r["seq"]
         assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / (r["step_ms_mean"] / 1e3))
         assert r["tflops"] == pytest.approx(r["flops_per_step"] / (r["step_ms_mean"] / 1e3) / 1e12)
         assert r["mfu"] is None  # no known peak for a CPU
@@ -173,7 +173,7 @@ def test_simulated_oom_is_a_row_and_the_sweep_goes_on(db_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
-    assert [(r["context_length"], r["status"]) for r in got] == [(8, "ok"), (16, "oom"), (32, "ok")]
+    assert [(r["seq"], r["status"]) for r in got] == [(8, "ok"), (16, "oom"), (32, "ok")]
     assert "out of memory" in got[1]["error"] and got[1]["step_ms_mean"] is None
     assert "oom" in result.stdout
 
@@ -185,7 +185,7 @@ def test_other_exceptions_are_error_rows(db_path, monkeypatch):
     )
     assert result.exit_code == 1  # the sweep finished, but a point failed
     got = rows(db_path)
-    assert [(r["context_length"], r["status"]) for r in got] == [(8, "error"), (16, "ok")]
+    assert [(r["seq"], r["status"]) for r in got] == [(8, "error"), (16, "ok")]
     # raised outside cs336sys (here, in this file), so the line names where
     first = got[0]["error"].splitlines()[0]
     assert first.endswith("ValueError: boom") and first.startswith("tests/test_cli.py:")
@@ -271,7 +271,7 @@ def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
         db_path,
     )
     assert result.exit_code == 0 and "skipping 1 point" in result.stderr
-    assert [r["context_length"] for r in rows(db_path)] == [8, 16]
+    assert [r["seq"] for r in rows(db_path)] == [8, 16]
 
 
 def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_path, monkeypatch):
@@ -335,21 +335,21 @@ def filled_db(db_path):
 
 
 def test_sql_prints_table_json_and_csv(filled_db):
-    q = "SELECT context_length, mode FROM model_runs ORDER BY context_length"
+    q = "SELECT seq, mode FROM model_runs ORDER BY seq"
     table = invoke("sql", q, "--db", filled_db)
     assert table.exit_code == 0
-    assert table.stdout.split("\n")[0].split() == ["context_length", "mode"]
+    assert table.stdout.split("\n")[0].split() == ["seq", "mode"]
     assert table.stdout.split("\n")[2].split() == ["8", "forward"]
     as_json = invoke("sql", q, "--json", "--db", filled_db)
     assert json.loads(as_json.stdout) == [
-        {"context_length": 8, "mode": "forward"},
-        {"context_length": 16, "mode": "forward"},
+        {"seq": 8, "mode": "forward"},
+        {"seq": 16, "mode": "forward"},
     ]
     as_csv = invoke("sql", q, "--csv", "--db", filled_db)
-    assert as_csv.stdout == "context_length,mode\n8,forward\n16,forward\n"
+    assert as_csv.stdout == "seq,mode\n8,forward\n16,forward\n"
     param = invoke(
         "sql",
-        "SELECT count(*) AS n FROM model_runs WHERE context_length = ?",
+        "SELECT count(*) AS n FROM model_runs WHERE seq = ?",
         "-p",
         "16",
         "--json",

@@ -164,7 +164,7 @@ class Builder:
         })  # fmt: skip
 
     def model(self, inv, created, precision, steps, size="small", context=128):
-        s = {"size": size, "context_length": context, "batch_size": 4, "mode": "train",
+        s = {"size": size, "seq": context, "batch": 4, "mode": "train",
              "precision": precision, "compile": False, "device": "cuda", "seed": 0}  # fmt: skip
         mean = sum(steps) / len(steps)
         m = {"step_ms_mean": mean, "step_ms_min": min(steps), "step_ms_max": max(steps),
@@ -174,7 +174,7 @@ class Builder:
         )
 
     def memory(self, inv, created, peak):
-        s = {"size": "small", "context_length": 128, "batch_size": 4, "mode": "train",
+        s = {"size": "small", "seq": 128, "batch": 4, "mode": "train",
              "precision": "fp32", "checkpoint": "none", "device": "cuda"}  # fmt: skip
         self.run(inv, "memory", s, {"peak_bytes": peak}, None, created)
 

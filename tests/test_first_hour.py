@@ -91,14 +91,14 @@ def test_old_spellings_still_work_with_a_note(db_path):
 def test_ddp_sweeps_size_seq_and_batch():
     from cs336sys.experiments import ddp
 
-    specs = ddp.specs(impl=["flat"], size=["tiny", "small"], context_length=["32,64"],
-                      global_batch=[2, 4], world_size=[2], device="cpu")  # fmt: skip
-    got = {(s.size, s.context_length, s.global_batch) for s in specs}
+    specs = ddp.specs(impl=["flat"], size=["tiny", "small"], seq=["32,64"],
+                      batch=[2, 4], world_size=[2], device="cpu")  # fmt: skip
+    got = {(s.size, s.seq, s.batch) for s in specs}
     assert got == {(s, t, b) for s in ("tiny", "small") for t in (32, 64) for b in (2, 4)}
     # a single value still works from Python, as before
-    (one,) = ddp.specs(impl=["flat"], size="tiny", context_length=32, global_batch=2,
+    (one,) = ddp.specs(impl=["flat"], size="tiny", seq=32, batch=2,
                        world_size=[2], device="cpu")  # fmt: skip
-    assert (one.size, one.context_length, one.global_batch) == ("tiny", 32, 2)
+    assert (one.size, one.seq, one.batch) == ("tiny", 32, 2)
     bad = invoke("ddp", "--batch", "4,3", "--world-size", "2", "--device", "cpu")
     assert bad.exit_code == 2 and "--batch 3 does not split evenly over 2 ranks" in bad.stderr
 
@@ -128,7 +128,7 @@ def test_label_is_stored_and_selects_runs(db_path, tmp_path):
     ["step", *MICRO, "--seq", "8", "--switches", "none"],
     ["attention", "--attention", "naive", "--seq", "16", "--d-head", "16", "--batch", "1",
      "--warmup", "0", "--iters", "1", "--device", "cpu"],
-    ["plan", "--model", "tiny", "--strategy", "dp", "--n", "2"],
+    ["plan", "--size", "tiny", "--strategy", "dp", "--n", "2"],
 ], ids=lambda a: a[0])  # fmt: skip
 def test_every_measuring_command_names_its_store(db_path, args):
     result = invoke(*args, "--db", db_path)
@@ -260,17 +260,18 @@ def test_cpu_defaults_are_small_enough_for_seconds():
     from cs336sys.experiments import attention, comm, ddp, model
 
     (m,) = model.specs(device="cpu")
-    assert (m.size, m.context_length, m.warmup, m.steps) == ("tiny", 128, 2, 5)
+    assert (m.size, m.seq, m.warmup, m.iters) == ("tiny", 128, 2, 5)
     a = attention.specs(device="cpu")
     assert max(s.seq for s in a) <= 1024 and a[0].iters == 10
     c = comm.specs(device="cpu", world_size=[2])
     assert max(s.size_bytes for s in c) <= 100 * 10**6 and c[0].iters == 10
     d = ddp.specs(device="cpu", impl=["flat"], world_size=[2])
-    assert (d[0].size, d[0].steps) == ("tiny", 5)
+    assert (d[0].size, d[0].iters) == ("tiny", 5)
 
 
 def test_store_migrates_to_label(tmp_path):
     """A v3 store (before --label) gains the column on open and keeps its rows."""
+    from cs336sys.experiments.catalog import EXPERIMENTS as CATALOG
     from cs336sys.store import schema
     from cs336sys.store.db import Store
 
@@ -279,7 +280,7 @@ def test_store_migrates_to_label(tmp_path):
     schema.migrate(conn, 3)
     conn.execute("INSERT INTO invocations (id, command) VALUES ('a', 'model')")
     conn.close()
-    with Store(path, EXPERIMENTS):
+    with Store(path, CATALOG):
         pass
     assert query(path, "SELECT id, label FROM invocations") == [{"id": "a", "label": None}]
 

@@ -195,7 +195,7 @@ def test_residuals_rows(db_path):
                     "--impl", "eager", "--device", "cpu", "--db", db_path)  # fmt: skip
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path, "SELECT * FROM memory_residuals_runs")
-    assert (r["impl"], r["status"], r["d_model"], r["batch_size"]) == ("eager", "ok", 64, 2)
+    assert (r["impl"], r["status"], r["d_model"], r["batch"]) == ("eager", "ok", 64, 2)
     assert r["analytic_bytes"] == block_saved_bytes(2, 32, 64, 128, 4)
     assert r["saved_bytes"] == pytest.approx(r["analytic_bytes"], rel=0.10)
     assert r["residual_bytes"] == 2 * 32 * 64 * 4

@@ -249,7 +249,7 @@ def _plans(db):
 
 def test_measured_picks_this_gpus_best_rows(db_path):
     ids = _store(db_path, MODEL, COMM)
-    r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
+    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
                "--n", "1,2", "--measured", "--gpu", CPU, "--db", db_path)  # fmt: skip
     assert r.exit_code == 0, r.output
     plans = _plans(db_path)
@@ -262,7 +262,7 @@ def test_measured_picks_this_gpus_best_rows(db_path):
     # them out: the fp32 model row, the all-gather row
     assert s["source"] == (f"measured: model run {ids[0][:8]} (fp32, 0.5 TFLOP/s), "
                            f"comm run {ids[len(MODEL) + 1][:8]} (all-gather, busbw 4 GB/s)")  # fmt: skip
-    r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
+    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
                "--n", 2, "--measured", "--gpu", H100, "--db", db_path)  # fmt: skip
     s = _plans(db_path)[-1]["_s"]
     assert (s["flops"], s["egress"], s["memory_bytes"]) == (700e12, 360e9, int(79.19 * 2**30))
@@ -290,7 +290,7 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--seq", -4], "positive"),
     (["--n", 0], "positive"),
     (["--d-model", 0], "positive"),
-    (["--model", "huge"], "unknown model"),
+    (["--size", "huge"], "--size: unknown size"),
 ])  # fmt: skip
 def test_bad_input_exits_2_with_one_line(db_path, args, says):
     r = invoke("plan", *args, "--db", db_path)
@@ -312,14 +312,14 @@ def test_plan_meets_measurement(db_path):
     beside the planned dp point, with measured / planned ratios."""
     tiny = {"d_model": 512, "d_ff": 1344, "num_layers": 4, "num_heads": 16, "vocab_size": 10_000}
     ddp = {**tiny, "impl": "flat", "optimizer_sharding": "none", "world_size": 2,
-           "context_length": 128, "global_batch": 8, "precision": "fp32"}  # fmt: skip
+           "seq": 128, "batch": 8, "precision": "fp32"}  # fmt: skip
     runs = [
         (CPU, "ok", ddp, {"step_ms_mean": 900.0, "comm_ms_mean": 30.0, "comm_bytes": 1e8}),
         (CPU, "ok", {**ddp, "world_size": 4}, {"step_ms_mean": 1.0, "comm_ms_mean": 1.0}),
         (H100, "ok", ddp, {"step_ms_mean": 2.0, "comm_ms_mean": 1.0}),  # another GPU
     ]
     _store(db_path, MODEL, COMM, runs)
-    r = invoke("plan", "--model", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp,tp",
+    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp,tp",
                "--n", 2, "--measured", "--gpu", CPU, "--db", db_path)  # fmt: skip
     assert r.exit_code == 0, r.output
     by = {p["_s"]["strategy"]: p["_m"] for p in _plans(db_path)}
@@ -334,7 +334,7 @@ def test_plan_meets_measurement(db_path):
 def test_plan_imports_no_torch(tmp_path):
     """The command answers at once: torch (seconds to import) is never loaded."""
     code = ("import sys; from typer.testing import CliRunner; from cs336sys.cli import app; "
-            f"r = CliRunner().invoke(app, ['plan', '--model', '8b', '--hardware', 'h100,b200', "
+            f"r = CliRunner().invoke(app, ['plan', '--size', '8b', '--hardware', 'h100,b200', "
             f"'--n', '2,4,8,16,64', '--db', {str(tmp_path / 'p.db')!r}]); "
             "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -165,7 +165,7 @@ def test_autocast_bf16_on_cpu_matches_torch_op_lists(db_path):
     assert result.exit_code == 0, result.output
     [r] = rows(db_path)
     assert (r["status"], r["kind"], r["dtype"], r["device"]) == ("ok", "autocast", "bf16", "cpu")
-    assert (r["in_features"], r["out_features"], r["batch_size"]) == (16, 4, 8)
+    assert (r["in_features"], r["out_features"], r["batch"]) == (16, 4, 8)
     assert r["autocast_enabled"] == 1
     observed = {c: r[c] for c in OBSERVED_COLUMNS}
     # The observed truth with torch 2.13 on CPU. Unlike CUDA, CPU autocast does not list

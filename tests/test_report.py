@@ -86,10 +86,16 @@ def test_where_with_quotes_and_semicolons_is_only_a_value(store, tmp_path):
 
 
 def test_filters_select_exactly_the_matching_runs(store, tmp_path):
-    # typed --where: the integer 256 in the settings JSON matches the text '256'
-    result = report(store, tmp_path / "a", "--where", "context_length=256", "--format", "md")
+    # typed --where: the integer 256 in the settings JSON matches the text '256'; `seq` is the
+    # sequence length of every experiment that has one (attention's and memory's here)
+    result = report(store, tmp_path / "a", "--where", "seq=256", "--format", "md")
     md = (tmp_path / "a" / "report.md").read_text()
-    assert result.exit_code == 0 and md.count("## ") == 1 and "ok 2 " in md
+    assert result.exit_code == 0 and re.findall(r"^## (\w+)", md, re.M) == ["Attention", "Memory"]
+    assert "ok 4 " in md
+    # its 0.2 name, context_length, selects the same until 0.3
+    result = report(store, tmp_path / "a2", "--where", "context_length=256", "--format", "md")
+    old = (tmp_path / "a2" / "report.md").read_text()
+    assert result.exit_code == 0 and old.replace("where context_length=256", "where seq=256") == md
     # a commit prefix and a GPU: inv-b (commit bbbb, H100) has 4 model rows
     result = report(store, tmp_path / "b", "--commit", "bbbb", "--gpu", "NVIDIA H100 80GB HBM3",
                     "--format", "md")  # fmt: skip
@@ -223,7 +229,7 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
     from cs336sys.report.tables import point_table
 
     def row(step, std, phases=None):
-        s = {"size": "small", "context_length": 512, "precision": "bf16", "batch_size": step}
+        s = {"size": "small", "seq": 512, "precision": "bf16", "batch": step}
         return {**s, "mode": "train", "status": "ok", "_settings": s, "gpu": "H100",
                 "step_ms_mean": step, "step_ms_std": std, "step_ms_median": step - 1,
                 "launch_bound_phases": phases}  # fmt: skip
@@ -259,9 +265,9 @@ def test_markdown_report_values_are_inert(tmp_path):
     prov = {"host": evil, "gpu": evil, "gpu_count": 1, "torch_version": evil, "git_commit": "c1"}
     with Store(db, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov, [], "model")
-        s.add_run(inv, "model", "ok", {"size": evil, "context_length": 8, "mode": "train"},
+        s.add_run(inv, "model", "ok", {"size": evil, "seq": 8, "mode": "train"},
                   {"step_ms_mean": 1.0})  # fmt: skip
-        s.add_run(inv, "model", "error", {"size": "x", "context_length": 8}, error=evil)
+        s.add_run(inv, "model", "error", {"size": "x", "seq": 8}, error=evil)
         rid = s.add_run(inv, "profile", "ok", {"target": "model", "size": evil}, {})
         s.add_kernel_stats(rid, [{"phase": "forward", "rank": 1, "name": evil, "calls": 1,
                                   "total_ms": 1.0, "mean_ms": 1.0, "share": 1.0,

@@ -119,7 +119,7 @@ def test_checkpointing_groups_never_mix_settings_or_gpus():
     no `none` beside it is not compared with another point's `none`."""
 
     def row(ckpt, gpu="H100", ctx=128, fwd=100.0):
-        s = {"size": "s", "context_length": ctx, "batch_size": 1, "mode": "train",
+        s = {"size": "s", "seq": ctx, "batch": 1, "mode": "train",
              "precision": "fp32", "checkpoint": ckpt}  # fmt: skip
         return {**s, "_settings": s, "status": "ok", "gpu": gpu, "peak_bytes": 300 * 2**20,
                 "fwd_peak_bytes": fwd * 2**20, "bwd_peak_bytes": 2 * fwd * 2**20,
@@ -157,8 +157,8 @@ def test_interpreted_points_have_their_own_table_and_stay_off_the_plots(rendered
         fig = next(f for f in sec.figures if f.name == name)
         assert isinstance(fig.plot, Plot)
         labels = {lab for series in fig.plot.panels.values() for lab in series}
-        assert labels == {"impl=naive dtype=bf16 heads=16", "impl=flash-triton dtype=bf16 heads=16",
-                          "impl=naive dtype=fp32 heads=4"}  # no impl=triton (interpreted)
+        assert labels == {"impl=naive precision=bf16 heads=16", "impl=flash-triton precision=bf16 heads=16",
+                          "impl=naive precision=fp32 heads=4"}  # no impl=triton (interpreted)
         assert set(fig.plot.panels) == {"d_head=32", "d_head=64"}
         assert "Left out: 2 interpreted points" in fig.note
     # the native plot's d=32 panel holds the CPU naive line only, its two points by hand
@@ -172,7 +172,7 @@ def test_interpreted_points_have_their_own_table_and_stay_off_the_plots(rendered
 
 
 def _model_row(size, step, n):
-    s = {"size": size, "context_length": 128 * n, "batch_size": 4, "mode": "train",
+    s = {"size": size, "seq": 128 * n, "batch": 4, "mode": "train",
          "precision": "fp32", "compile": False}  # fmt: skip
     smp = {"step_ms": [step, step], "warmup": {"step_ms": [3 * step]}}
     return {**s, "_settings": s, "status": "ok", "gpu": "H100", "_samples": json.dumps(smp),
@@ -273,18 +273,18 @@ def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
 def test_settings_the_same_in_every_row_go_above_the_table(rendered):
     rep, html, md = rendered
     t = table(section(rep, "model"), "Time per phase")
-    assert t.constant == "ctx=128, batch=4, mode=train, ckpt=none, attention=naive, optimizer=adamw"
+    assert t.constant == "seq=128, batch=4, mode=train, ckpt=none, attention=naive, optimizer=adamw"
     assert t.headers[:3] == ["size", "precision", "compile"]
-    assert "ctx" not in t.headers and "mode" not in t.headers
+    assert "seq" not in t.headers and "mode" not in t.headers
     assert f'<p class="constant">Same in every row: {t.constant}</p>' in html
     assert f"Same in every row: {t.constant}" in md
     # the command's own printout keeps every column
     model = by_kind()["model"].tables[0]
     two = [_model_row("small", 10.0, 1), _model_row("medium", 20.0, 1)]
     printed = point_table(model, two, status=True)
-    assert printed.constant == "" and "ctx" in printed.headers
+    assert printed.constant == "" and "seq" in printed.headers
     lifted = point_table(model, two, lift=True)
-    assert lifted.constant == "ctx=128, batch=4, mode=train, precision=fp32, compile=no"
+    assert lifted.constant == "seq=128, batch=4, mode=train, precision=fp32, compile=no"
     assert lifted.headers[0] == "size" and [r[0] for r in lifted.rows] == ["small", "medium"]
 
 

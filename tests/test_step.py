@@ -13,7 +13,7 @@ from tests.conftest import MICRO, invoke, query
 
 # A model of milliseconds a step: 2 layers, d 64, 4 heads, vocabulary 256.
 SHAPE = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-             context_length=[32], batch_size=[2], device="cpu")  # fmt: skip
+             seq=[32], batch=[2], device="cpu")  # fmt: skip
 
 
 def test_switch_sets_expand_in_a_fixed_order():
@@ -40,7 +40,7 @@ def test_specs_resolve_what_each_switch_runs():
 
 
 def _losses(switches, **extra):
-    (spec,) = step_exp.specs(**SHAPE, switches=[switches], warmup=0, steps=2, **extra)
+    (spec,) = step_exp.specs(**SHAPE, switches=[switches], warmup=0, iters=2, **extra)
     result = step_exp.run(spec)
     assert result.status == "ok", result.error
     return result.samples["loss"], result

@@ -204,6 +204,42 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
                            "1, 1, 'cpu')")  # fmt: skip
 
 
+def test_version_6_settings_get_one_name_per_concept(db_path):
+    """v7 renames the settings each experiment stored under its 0.2 names, recomputes the
+    point keys (--resume matches on them), and the views keep the old names for a release."""
+    from cs336sys.sweep.points import point_key
+
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    schema.migrate(conn, target=6)
+    conn.execute("INSERT INTO invocations (id, command, gpu) VALUES ('i1', 'x', 'cpu')")
+    old = {
+        "model": {"size": "tiny", "context_length": 128, "batch_size": 4, "steps": 5},
+        "ddp": {"impl": "flat", "context_length": 64, "global_batch": 8, "steps": 3},
+        "attention": {"impl": "sdpa", "seq": 256, "dtype": "bf16", "iters": 10},
+        "comm": {"op": "all-reduce", "dtype": "fp32"},
+        "plan": {"size": "8b", "seq": 4096},
+    }
+    for i, (kind, settings) in enumerate(old.items()):
+        conn.execute("INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, "
+                     "point_key) VALUES (?, 'i1', ?, 'ok', ?, '{}', ?)",
+                     (f"r{i}", kind, json.dumps(settings), point_key(kind, settings)))  # fmt: skip
+    conn.close()
+    with Store(db_path, EXPERIMENTS) as s:
+        got = {r["experiment"]: (json.loads(r["settings"]), r["point_key"])
+               for r in s.query("SELECT experiment, settings, point_key FROM runs")}  # fmt: skip
+        assert got["model"][0] == {"size": "tiny", "seq": 128, "batch": 4, "iters": 5}
+        assert got["ddp"][0] == {"impl": "flat", "seq": 64, "batch": 8, "iters": 3}
+        assert got["attention"][0] == {"impl": "sdpa", "seq": 256, "precision": "bf16", "iters": 10}
+        assert got["comm"][0] == {"op": "all-reduce", "precision": "fp32"}
+        assert got["plan"][0] == old["plan"]  # nothing to rename
+        for kind, (settings, key) in got.items():
+            assert key == point_key(kind, settings)
+        assert s.query("SELECT seq, batch, iters, context_length, batch_size, steps FROM model_runs") == [
+            {"seq": 128, "batch": 4, "iters": 5, "context_length": 128, "batch_size": 4, "steps": 5}]  # fmt: skip
+        assert s.query("SELECT batch, global_batch FROM ddp_runs") == [{"batch": 8, "global_batch": 8}]
+        assert s.query("SELECT precision, dtype FROM attention_runs") == [{"precision": "bf16", "dtype": "bf16"}]  # fmt: skip
+
+
 def test_newer_schema_is_refused(db_path):
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA user_version = 99")

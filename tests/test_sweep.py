@@ -60,8 +60,8 @@ def test_run_sweep_from_python_writes_the_rows_the_cli_writes(tmp_path, monkeypa
                     "--db", cli_db)  # fmt: skip
     assert result.exit_code == 0, result.output
     specs = model.specs(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4,
-                        vocab_size=256, batch_size=[2], warmup=1, steps=3, device="cpu",
-                        context_length=[16, 32], mode=["forward", "train"])  # fmt: skip
+                        vocab_size=256, batch=[2], warmup=1, iters=3, device="cpu",
+                        seq=[16, 32], mode=["forward", "train"])  # fmt: skip
     with Recorder(py_db, command="model", device="cpu") as rec:
         points = run_sweep(model.EXPERIMENT, specs, rec)
     assert [p.result.status for p in points] == ["ok"] * 4
@@ -92,7 +92,7 @@ def test_every_metric_a_point_stores_is_declared(tmp_path):
     from cs336sys.experiments import attention, memory, memory_residuals, precision, profile
 
     tiny = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-                batch_size=[2], context_length=[16], warmup=1, steps=1, device="cpu")  # fmt: skip
+                batch=[2], seq=[16], warmup=1, iters=1, device="cpu")  # fmt: skip
     attn = dict(seq=[32], d_head=[16], batch=[1], warmup=1, iters=1, device="cpu")
     cases = [
         (model.EXPERIMENT, model.specs(**tiny)),
@@ -100,7 +100,7 @@ def test_every_metric_a_point_stores_is_declared(tmp_path):
         (memory.EXPERIMENT, memory.specs(**tiny, snapshot=tmp_path / "snap")),
         (memory_residuals.EXPERIMENT, memory_residuals.specs(
             impl=["eager"], size=["tiny"], d_model=64, d_ff=128, num_heads=4,
-            context_length=[16], device="cpu")),  # fmt: skip
+            seq=[16], device="cpu")),  # fmt: skip
         (precision.EXPERIMENT, precision.accumulate_specs(variant=["fp16"], additions=10,
                                                           device="cpu")),  # fmt: skip
         (precision.EXPERIMENT, precision.autocast_specs(device="cpu")),
@@ -193,3 +193,21 @@ def test_a_failed_point_ends_its_process_group_and_a_fresh_one_runs_the_rest():
     assert "rank 1 gives up at n=2" in points[1].result.error
     assert all(p.result.started and p.result.duration_s is not None for p in points)
     assert [s.n for _, s, _ in sink.added] == [1, 2, 3]
+
+
+def test_specs_accept_the_old_keyword_names_with_a_warning():
+    """0.2's keyword names (context_length, batch_size, steps, dtype) still build the same
+    specs until 0.3, each with a DeprecationWarning naming the new one."""
+    from cs336sys.experiments import attention, ddp
+
+    new = model.specs(size=["tiny"], seq=[32], batch=[2], iters=3, precision=["bf16"], device="cpu")
+    with pytest.warns(DeprecationWarning, match=r"specs\(steps=\.\.\.\) is now iters="):
+        old = model.specs(size=["tiny"], context_length=[32], batch_size=[2], steps=3,
+                          dtype=["bf16"], device="cpu")  # fmt: skip
+    assert old == new
+    with pytest.warns(DeprecationWarning, match="global_batch"):
+        assert ddp.specs(global_batch=8, device="cpu", world_size=[2]) == ddp.specs(
+            batch=8, device="cpu", world_size=[2])
+    with pytest.warns(DeprecationWarning, match="dtype"):
+        assert attention.specs(dtype=["fp16"], device="cpu") == attention.specs(
+            precision=["fp16"], device="cpu")

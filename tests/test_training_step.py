@@ -24,15 +24,15 @@ def _loss(experiment, specs) -> dict:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_model_profile_memory_and_ddp_compute_the_same_loss(precision):
-    common = dict(size=["tiny"], context_length=[32], batch_size=[2], mode=["train"],
-                  precision=[precision], warmup=WARMUP, steps=STEPS, device="cpu", seed=3,
+    common = dict(size=["tiny"], seq=[32], batch=[2], mode=["train"],
+                  precision=[precision], warmup=WARMUP, iters=STEPS, device="cpu", seed=3,
                   **SHAPE)  # fmt: skip
     timed = model.run(model.specs(**common)[0])
     profiled = _loss(profile.EXPERIMENT, profile.specs("model", model.specs(**common), top=2))
     measured = _loss(memory.EXPERIMENT, memory.specs(**common))
     dist = _loss(ddp.EXPERIMENT, ddp.specs(
-        impl=["naive"], size="tiny", context_length=32, global_batch=2, world_size=[1],
-        precision=[precision], warmup=WARMUP, steps=STEPS, device="cpu", seed=3, **SHAPE))  # fmt: skip
+        impl=["naive"], size="tiny", seq=32, batch=2, world_size=[1],
+        precision=[precision], warmup=WARMUP, iters=STEPS, device="cpu", seed=3, **SHAPE))  # fmt: skip
 
     first = timed.metrics["loss_first"]
     # the same first step: same weights, same tokens, same loss convention
@@ -42,7 +42,7 @@ def test_model_profile_memory_and_ddp_compute_the_same_loss(precision):
     # and the same training: ddp's warm-up, measured and timed steps are model's steps
     ours = timed.samples["loss"]
     assert len(ours) == WARMUP + STEPS and dist["loss_last"] == pytest.approx(
-        _loss(model.EXPERIMENT, model.specs(**{**common, "steps": STEPS + 1}))["loss_last"],
+        _loss(model.EXPERIMENT, model.specs(**{**common, "iters": STEPS + 1}))["loss_last"],
         rel=1e-5)  # fmt: skip
     assert profiled["loss_last"] == pytest.approx(ours[-1], rel=1e-5)
 

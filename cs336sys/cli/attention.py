@@ -130,14 +130,14 @@ def attention(
     user_code(adapters)
     with user_errors():
         specs = exp.specs(
-            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
+            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, precision=precision,
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer=timer,
             sdpa_backend=sdpa_backend, triton_opt_in=triton_opt_in, preset=preset,
             device=device, seed=seed,
         )  # fmt: skip
     check_db(db)
     announce_user_code(adapters is not None)
-    emulated(specs[0].device, [s.dtype for s in specs])
+    emulated(specs[0].device, [s.precision for s in specs])
     with recording(db, "attention", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
                            skip_after_oom=skip_after_oom, progress=Bar("attention", point_name))  # fmt: skip
@@ -146,4 +146,4 @@ def attention(
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.impl} seq={spec.seq} d={spec.d_head} {spec.dtype}"
+    return f"{spec.impl} seq={spec.seq} d={spec.d_head} {spec.precision}"

@@ -82,7 +82,7 @@ def comm(
         fail("--resume is not supported under torchrun")
     with user_errors():
         specs = exp.specs(op=op, size=bytes_, world_size=world_size, backend=backend,
-                          dtype=precision, warmup=warmup, iters=iters, device=device)  # fmt: skip
+                          precision=precision, warmup=warmup, iters=iters, device=device)  # fmt: skip
     check_db(db)
     if not rank:
         oversubscribed(specs)

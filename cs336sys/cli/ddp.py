@@ -133,8 +133,8 @@ def ddp(
     with user_errors():
         specs = exp.specs(
             impl=impl, shard_optimizer=shard_optimizer, zero=zero, bucket_mb=bucket_mb, size=size,
-            context_length=seq, global_batch=batch, world_size=world_size,
-            backend=backend, precision=precision, warmup=warmup, steps=iters, device=device,
+            seq=seq, batch=batch, world_size=world_size,
+            backend=backend, precision=precision, warmup=warmup, iters=iters, device=device,
             seed=seed, d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size, model=model,
         )  # fmt: skip

@@ -106,9 +106,9 @@ def memory(
     user_code(adapters)
     with user_errors():
         specs = exp.specs(
-            mode=mode, snapshot=snapshot, size=size, context_length=seq, batch_size=batch,
+            mode=mode, snapshot=snapshot, size=size, seq=seq, batch=batch,
             precision=precision, attention=attention, optimizer=optimizer,
-            checkpoint=checkpoint, warmup=warmup, steps=iters, device=device, seed=seed,
+            checkpoint=checkpoint, warmup=warmup, iters=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size, model=model,
         )  # fmt: skip
@@ -155,14 +155,14 @@ def residuals(
 
     with user_errors():
         specs = exp.specs(
-            impl=impl, size=size, context_length=seq, batch_size=batch,
+            impl=impl, size=size, seq=seq, batch=batch,
             precision=precision, attention=attention, device=device, seed=seed, d_model=d_model,
             d_ff=d_ff, num_heads=num_heads,
         )  # fmt: skip
     check_db(db)
     with recording(db, "memory residuals", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("memory residuals", lambda s: f"{s.size} T={s.context_length} {s.impl}"))  # fmt: skip
+                           progress=Bar("memory residuals", lambda s: f"{s.size} T={s.seq} {s.impl}"))  # fmt: skip
         show(exp.EXPERIMENT, points)
 
 
@@ -180,4 +180,4 @@ def _refuse_options_before_subcommand(ctx: typer.Context) -> None:
 
 def _label(spec) -> str:
     m = spec.model
-    return f"{m.size} T={m.context_length} {m.mode} {m.precision} {m.checkpoint}"
+    return f"{m.size} T={m.seq} {m.mode} {m.precision} {m.checkpoint}"

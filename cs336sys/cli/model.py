@@ -93,9 +93,9 @@ def model(
     user_code(adapters)
     with user_errors():
         specs = exp.specs(
-            size=size, context_length=seq, batch_size=batch, mode=mode, precision=precision,
+            size=size, seq=seq, batch=batch, mode=mode, precision=precision,
             attention=attention, optimizer=optimizer, compile=compile, checkpoint=checkpoint,
-            warmup=warmup, steps=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
+            warmup=warmup, iters=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
             num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, nvtx=nvtx,
             model=model,
         )  # fmt: skip
@@ -109,4 +109,4 @@ def model(
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.model or spec.size} T={spec.context_length} {spec.mode} {spec.precision}"
+    return f"{spec.model or spec.size} T={spec.seq} {spec.mode} {spec.precision}"

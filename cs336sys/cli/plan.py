@@ -32,10 +32,10 @@ class Beside:
 
 
 def plan(
-    model: Annotated[
+    size: Annotated[
         str,
         typer.Option(
-            help="Model preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model)."
+            help="Model size preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model)."
         ),
     ] = "8b",  # fmt: skip
     batch: Annotated[
@@ -89,7 +89,7 @@ def plan(
 
     Example:
 
-        cs336sys plan --model 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
+        cs336sys plan --size 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
     """
     from cs336sys.experiments import plan as exp
     from cs336sys.sweep.runner import run_sweep
@@ -100,7 +100,7 @@ def plan(
     if measured:
         boxes.append(_measured(db, gpu))
     with user_errors():
-        specs = exp.specs(size=model, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
+        specs = exp.specs(size=size, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
                           d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                           vocab_size=vocab_size)  # fmt: skip
     conn = _reader(db)

@@ -98,9 +98,9 @@ def autocast(
     from cs336sys.experiments import precision as exp
 
     with user_errors():
-        specs = exp.autocast_specs(dtype=precision, in_features=in_features,
-                                   out_features=out_features, batch_size=batch or [8],
+        specs = exp.autocast_specs(precision=precision, in_features=in_features,
+                                   out_features=out_features, batch=batch or [8],
                                    device=device, seed=seed)  # fmt: skip
-    for p in _measure(db, "precision autocast", specs, lambda s: s.dtype, label):
+    for p in _measure(db, "precision autocast", specs, lambda s: s.precision, label):
         if p.result.status == "skipped":
-            typer.echo(f"{p.spec.dtype} on {p.spec.device}: {p.result.error}", err=True)
+            typer.echo(f"{p.spec.precision} on {p.spec.device}: {p.result.error}", err=True)

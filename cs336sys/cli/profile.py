@@ -153,9 +153,9 @@ def profile_model(
     user_code(adapters)
     with user_errors():
         points = model_exp.specs(
-            size=size, context_length=seq, batch_size=batch, mode=mode,
+            size=size, seq=seq, batch=batch, mode=mode,
             precision=precision, attention=attention, optimizer=optimizer, compile=compile,
-            checkpoint=checkpoint, warmup=warmup, steps=iters, device=device, seed=seed,
+            checkpoint=checkpoint, warmup=warmup, iters=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size, model=model,
         )  # fmt: skip
@@ -223,7 +223,7 @@ def profile_attention(
     user_code(adapters)
     with user_errors():
         points = attention_exp.specs(
-            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, dtype=precision,
+            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, precision=precision,
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer="loop",
             sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
         )  # fmt: skip
@@ -332,8 +332,8 @@ def _nvtx_on(dev: str) -> bool:
 def _label(spec) -> str:
     p = spec.point
     if spec.target == "model":
-        return f"{p.size} T={p.context_length} {p.mode} {p.precision}"
-    return f"{p.impl} seq={p.seq} d={p.d_head} {p.dtype}"
+        return f"{p.size} T={p.seq} {p.mode} {p.precision}"
+    return f"{p.impl} seq={p.seq} d={p.d_head} {p.precision}"
 
 
 def _f(value: float | None, fmt: str = ".3f") -> str:

@@ -134,10 +134,10 @@ def step(
     user_code(adapters)
     with user_errors():
         specs = exp.specs(
-            size=size, context_length=seq, batch_size=batch, precision=precision,
+            size=size, seq=seq, batch=batch, precision=precision,
             param_dtype=param_dtype, switches=switches, checkpoint=checkpoint,
             attention=attention, adamw=adamw, ce=ce, cold_cache=not warm_cache, warmup=warmup,
-            steps=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
+            iters=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
             num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, model=model,
         )  # fmt: skip
     check_db(db)
@@ -152,4 +152,4 @@ def step(
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.context_length} {spec.switches}"
+    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}"

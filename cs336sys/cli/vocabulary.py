@@ -8,7 +8,8 @@ hidden aliases until 0.3.
     --warmup     untimed iterations before them
     --attention  the attention implementation (attention commands also take --impl)
     --impl       the implementation under test (attention, ddp, memory residuals)
-    --size       a model size preset; comm's buffer size is --bytes (was --size)
+    --size       a model size preset (plan's was --model); comm's buffer size is --bytes (was
+                 --size)
     --label      free text stored on the invocation
 
 An alias is not declared on the command, so --help shows only the shared name; the root
@@ -48,7 +49,7 @@ ALIASES = {
     "--steps": "--iters",
 }
 # Old spellings that meant something else elsewhere: per command path.
-COMMAND_ALIASES = {"comm": {"--size": "--bytes"}}
+COMMAND_ALIASES = {"comm": {"--size": "--bytes"}, "plan": {"--model": "--size"}}
 # Flags that became options with a value: given bare (followed by another option, or last),
 # they mean this value, as they did (ddp's --shard-optimizer was a switch for ours).
 BARE_VALUES = {"ddp": {"--shard-optimizer": "ours"}}

@@ -4,7 +4,7 @@ expands them, `run(spec) -> Result` (a pure function of the spec plus the device
 metrics and its table. `run_sweep` (sweep.py) runs the points of any of them:
 
     from cs336sys.experiments import model, run_sweep
-    points = run_sweep(model.EXPERIMENT, model.specs(size=["tiny"], context_length=[64]))
+    points = run_sweep(model.EXPERIMENT, model.specs(size=["tiny"], seq=[64]))
 
 Importing this package does not import torch.
 """

@@ -42,6 +42,7 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
+    old_names,
     positive_ints,
 )
 from cs336sys.sweep.result import Result
@@ -81,7 +82,7 @@ class AttentionSpec:
     d_head: int
     heads: int | None  # None: 3-D inputs (batch, seq, d)
     batch: int
-    dtype: str
+    precision: str
     causal: bool
     passes: str  # forward | backward | both; the setting is called `pass`
     timer: str  # loop | do-bench
@@ -116,19 +117,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     # CS336 assignment 2, "flash_benchmarking": Triton FlashAttention-2 against naive.
     "flash-benchmarking": dict(
         batch=[1], heads=None, causal=True, seq=[2**i for i in range(7, 17)],
-        d_head=[16, 32, 64, 128], dtype=["bf16", "fp32"], impl=["naive", "triton"],
+        d_head=[16, 32, 64, 128], precision=["bf16", "fp32"], impl=["naive", "triton"],
         passes="both",
     ),
     # The CS336 leaderboard shape: causal, 16 heads of 64, 16k tokens, bf16, fwd+bwd.
     "leaderboard": dict(
-        batch=[1], heads=16, d_head=[64], seq=[16384], dtype=["bf16"], causal=True,
+        batch=[1], heads=16, d_head=[64], seq=[16384], precision=["bf16"], causal=True,
         passes="both", impl=["triton", "sdpa", "naive"], timer_cuda="do-bench",
     ),
 }  # fmt: skip
 
 DEFAULTS: dict[str, Any] = dict(
     seq=[256, 1024, 4096, 8192, 16384], d_head=[16, 32, 64, 128], batch=[8], heads=None,
-    dtype=["fp32"], causal=True, passes="both", warmup=10, iters=100, timer="loop",
+    precision=["fp32"], causal=True, passes="both", warmup=10, iters=100, timer="loop",
 )  # fmt: skip
 DEFAULT_IMPLS = {"cuda": ["naive", "compiled", "sdpa", "flash-torch", "triton"],
                  "cpu": ["naive", "sdpa", "flash-torch"]}  # fmt: skip
@@ -139,6 +140,7 @@ CPU_DEFAULTS: dict[str, Any] = dict(
 )  # fmt: skip
 
 
+@old_names
 def specs(
     *,
     impl: Iterable[str] | None = None,
@@ -146,7 +148,7 @@ def specs(
     d_head: Iterable[Any] | None = None,
     batch: Iterable[Any] | None = None,
     heads: int | None = None,
-    dtype: Iterable[str] | None = None,
+    precision: Iterable[str] | None = None,
     causal: bool | None = None,
     passes: str | None = None,
     warmup: int | None = None,
@@ -184,7 +186,7 @@ def specs(
     n_heads = pick("heads", heads)
     if n_heads is not None and n_heads <= 0:
         raise SpecError(f"--heads must be positive, got {n_heads}")
-    dtypes = choices(dtype, DTYPES, "--precision") or pick("dtype", None)
+    precisions = choices(precision, DTYPES, "--precision") or pick("precision", None)
     is_causal = pick("causal", causal)
     which = pick("passes", passes)
     if which not in PASSES:
@@ -214,11 +216,11 @@ def specs(
     return [
         AttentionSpec(
             impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],
-            dtype=p["dtype"], causal=is_causal, passes=which, timer=how,
+            precision=p["precision"], causal=is_causal, passes=which, timer=how,
             sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
             iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"],
         )
-        for p in expand({"impl": impls, "dtype": dtypes, "d_head": d_heads, "batch": batches,
+        for p in expand({"impl": impls, "precision": precisions, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
         for p in ({**p, "opt_in": o} for o in (opt_ins if p["impl"] == "triton" else [None]))
     ]  # fmt: skip
@@ -275,7 +277,7 @@ def run(spec: AttentionSpec) -> Result:
     on_cuda = device.startswith("cuda")
     from cs336sys.measure.dtypes import torch_dtype
 
-    dtype = torch_dtype(spec.dtype)
+    dtype = torch_dtype(spec.precision)
     backward = spec.passes != "forward"
 
     gen = torch.Generator(device=device).manual_seed(spec.seed)
@@ -330,7 +332,7 @@ def run(spec: AttentionSpec) -> Result:
                                                dtype=torch.float64)  # fmt: skip
         got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if backward else {})}
         want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
-        verdict = check(got, want, *CHECK_TOLERANCE[spec.dtype])
+        verdict = check(got, want, *CHECK_TOLERANCE[spec.precision])
         metrics.update(verdict.metrics)
         del out, ref_o, ref_grads, got, want
         q.grad = k.grad = v.grad = None
@@ -433,7 +435,7 @@ TABLE = Table(
         Column("seq", "seq", setting=True),
         Column("heads", "heads", setting=True),
         Column("batch", "batch", setting=True),
-        Column("dtype", "dtype", setting=True),
+        Column("precision", "precision", setting=True),
         Column("pass", "pass", setting=True),
         Column("fwd ms", "fwd_ms", "mean_std"),
         Column("bwd ms", "bwd_ms", "mean_std"),
@@ -489,7 +491,8 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="e2e_ms",
     oom_axis="seq",
-    renamed={"fwd_ms": "fwd_ms_mean", "bwd_ms": "bwd_ms_mean", "e2e_ms": "e2e_ms_mean"},
+    renamed={"fwd_ms": "fwd_ms_mean", "bwd_ms": "bwd_ms_mean", "e2e_ms": "e2e_ms_mean",
+             "dtype": "precision"},
     section=attention_section.section,
     draws=True,
     apart=attention_section.APART,

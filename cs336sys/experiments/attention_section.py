@@ -20,7 +20,7 @@ def section(sec: Section, pts: list[Row]) -> None:
     native = [r for r in pts if not interpreted(r)]
     for r in native:  # forward-only sweeps have no e2e time: plot what was measured
         r["_ms"] = r["e2e_ms_mean"] if r["e2e_ms_mean"] is not None else r["fwd_ms_mean"]
-    first = ("impl", "dtype")
+    first = ("impl", "precision")
     lat = panels(native, "seq", "_ms", facet="d_head", first=first)
     mem = panels(native, "seq", "mem_before_bwd_bytes", facet="d_head", scale=2**-20, first=first)
     n = len(pts) - len(native)

@@ -22,7 +22,7 @@ from typing import Any
 from cs336sys.measure.dtypes import PRECISIONS, itemsize
 from cs336sys.measure.progress import step_done
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
-from cs336sys.sweep.points import SpecError, choices, counts, expand, listed
+from cs336sys.sweep.points import SpecError, choices, counts, expand, listed, old_names
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
 
@@ -60,7 +60,7 @@ class CommSpec:
     size_bytes: int  # S as defined above, already rounded by buffer_bytes
     world_size: int
     backend: str
-    dtype: str
+    precision: str
     warmup: int
     iters: int
     device: str  # "cpu" or "cuda": each rank uses its own cuda:<local_rank>
@@ -69,13 +69,14 @@ class CommSpec:
         return asdict(self)
 
 
+@old_names
 def specs(
     *,
     op: Iterable[str] | None = None,
     size: Iterable[str] | None = None,
     world_size: Iterable[Any] | None = None,
     backend: str | None = None,
-    dtype: Iterable[str] | None = None,
+    precision: Iterable[str] | None = None,
     warmup: int | None = None,
     iters: int | None = None,
     device: str = "auto",
@@ -92,16 +93,16 @@ def specs(
         sizes = [parse_size(s) for s in listed(size, "--bytes", defaults["size"])]
     except ValueError as exc:
         raise SpecError(f"--bytes: {exc}") from None
-    dtypes = choices(dtype, tuple(PRECISIONS), "--precision", default=["fp32"])
+    precisions = choices(precision, tuple(PRECISIONS), "--precision", default=["fp32"])
     warmup = defaults["warmup"] if warmup is None else warmup
     iters = defaults["iters"] if iters is None else iters
     counts(warmup, iters, "--iters")
     worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
     return [
-        CommSpec(op=p["op"], size_bytes=buffer_bytes(p["size"], p["dtype"], p["world_size"]),
-                 world_size=p["world_size"], backend=be, dtype=p["dtype"], warmup=warmup,
+        CommSpec(op=p["op"], size_bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
+                 world_size=p["world_size"], backend=be, precision=p["precision"], warmup=warmup,
                  iters=iters, device=dev)
-        for p in expand({"world_size": worlds, "op": ops, "dtype": dtypes, "size": sizes})
+        for p in expand({"world_size": worlds, "op": ops, "precision": precisions, "size": sizes})
     ]  # fmt: skip
 
 
@@ -175,9 +176,9 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     from cs336sys.measure.device import synchronize
     from cs336sys.measure.dtypes import torch_dtype
 
-    dtype = torch_dtype(spec.dtype)
+    dtype = torch_dtype(spec.precision)
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
-    numel = spec.size_bytes // itemsize(spec.dtype)
+    numel = spec.size_bytes // itemsize(spec.precision)
     source, op, output, expected_at = _make_op(spec.op, numel, n, rank, dtype, device)
 
     # Correctness, once: the first call on the patterned input against the exact values.
@@ -236,7 +237,7 @@ TABLE = Table(
         Column("op", "op", setting=True),
         Column("backend", "backend", setting=True),
         Column("ranks", "world_size", setting=True),
-        Column("dtype", "dtype", setting=True),
+        Column("precision", "precision", setting=True),
         Column("size", "size_bytes", "size", setting=True),
         Column("time ms", "time_ms_mean", "num"),
         Column("max ms", "time_ms_max", "num"),
@@ -269,6 +270,7 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="time_ms",
     distributed=True,
+    renamed={"dtype": "precision"},
     section=section,
     draws=True,
 )

@@ -2,7 +2,7 @@
 
 One DDPSpec is one point: every rank builds the Transformer LM from its own seed (the wrapper
 broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
-untimed and `steps` timed steps of the training step (experiments/training_step.py): forward,
+untimed and `iters` timed steps of the training step (experiments/training_step.py): forward,
 backward, finish_gradient_synchronization and optimizer, each phase ending with a device
 sync. A phase's time per step is the slowest
 rank's (every rank waits for it at the next collective); mean and std are over steps.
@@ -54,7 +54,15 @@ from cs336sys.sweep.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.sweep.points import SpecError, check_seed, choices, counts, listed, positive_ints
+from cs336sys.sweep.points import (
+    SpecError,
+    check_seed,
+    choices,
+    counts,
+    listed,
+    old_names,
+    positive_ints,
+)
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
@@ -65,8 +73,8 @@ PHASES = ("fwd", "bwd", "comm", "opt", "step")
 DEFAULT_BUCKETS = [1.0, 10.0, 100.0, 1000.0]
 # A laptop finishes a tiny-model step in about a second; a GPU gets the GPT-2 XL shape.
 DEFAULTS = {
-    "cpu": dict(size="tiny", context_length=128, global_batch=4, warmup=2, steps=5),
-    "cuda": dict(size="xl", context_length=512, global_batch=8, warmup=3, steps=10),
+    "cpu": dict(size="tiny", seq=128, batch=4, warmup=2, iters=5),
+    "cuda": dict(size="xl", seq=512, batch=8, warmup=3, iters=10),
 }
 
 
@@ -85,20 +93,20 @@ class DDPSpec:
     num_layers: int
     num_heads: int
     vocab_size: int
-    context_length: int
-    global_batch: int
+    seq: int
+    batch: int  # the global batch, over all ranks
     precision: str
     warmup: int
-    steps: int
+    iters: int
     seed: int
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
 
     @classmethod
     def of(cls, config: ModelConfig, size: str, **point: Any) -> DDPSpec:
-        """The point `point` (impl, world_size, steps, ...) for a model `config` of `size`."""
+        """The point `point` (impl, world_size, iters, ...) for a model `config` of `size`."""
         return cls(size=size, d_model=config.d_model, d_ff=config.d_ff,
                    num_layers=config.num_layers, num_heads=config.num_heads,
-                   vocab_size=config.vocab_size, context_length=config.context_length,
+                   vocab_size=config.vocab_size, seq=config.context_length,
                    model=config.model, **point)  # fmt: skip
 
     def config(self) -> ModelConfig:
@@ -108,6 +116,7 @@ class DDPSpec:
         return asdict(self)
 
 
+@old_names
 def specs(
     *,
     impl: Iterable[str] | None = None,
@@ -115,13 +124,13 @@ def specs(
     zero: bool = False,
     bucket_mb: Iterable[Any] | None = None,
     size: Iterable[str] | str | None = None,
-    context_length: Iterable[Any] | int | None = None,
-    global_batch: Iterable[Any] | int | None = None,
+    seq: Iterable[Any] | int | None = None,
+    batch: Iterable[Any] | int | None = None,
     world_size: Iterable[Any] | None = None,
     backend: str | None = None,
     precision: Iterable[str] | None = None,
     warmup: int | None = None,
-    steps: int | None = None,
+    iters: int | None = None,
     device: str = "auto",
     seed: int = 0,
     d_model: int | None = None,
@@ -133,7 +142,7 @@ def specs(
 ) -> list[DDPSpec]:
     """The points of a data-parallel sweep, world size slowest. SpecError names a bad option.
 
-    `size`, `context_length` and `global_batch` are lists (a single value is one point) and
+    `size`, `seq` and `batch` (the global batch) are lists (a single value is one point) and
     sweep like every list option. Each replica impl runs with each optimizer sharding asked
     for (none; `shard_optimizer`: ours, the user's yours or yours=package.module:Class, True
     meaning ours; zero), bucketed once per bucket cap; the FSDPs have neither. The user's
@@ -158,15 +167,15 @@ def specs(
     worlds = world_sizes(world_size, be, [2])
     defaults = DEFAULTS[dev]
     warmup = defaults["warmup"] if warmup is None else warmup
-    steps = defaults["steps"] if steps is None else steps
-    counts(warmup, steps)
+    iters = defaults["iters"] if iters is None else iters
+    counts(warmup, iters)
     sizes = preset_sizes(_items(size), defaults["size"])
-    ctx_lens = positive_ints(_items(context_length), "--seq", [defaults["context_length"]])
-    batches = positive_ints(_items(global_batch), "--batch", [defaults["global_batch"]])
-    for batch in batches:
+    ctx_lens = positive_ints(_items(seq), "--seq", [defaults["seq"]])
+    batches = positive_ints(_items(batch), "--batch", [defaults["batch"]])
+    for gb in batches:
         for n in worlds:
-            if batch % n:
-                raise SpecError(f"--batch {batch} does not split evenly over {n} ranks")
+            if gb % n:
+                raise SpecError(f"--batch {gb} does not split evenly over {n} ranks")
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
     if model is not None:
@@ -180,12 +189,12 @@ def specs(
                 raise SpecError(str(exc)) from None
     return [
         DDPSpec.of(configs[s, t], s, impl=name, bucket_mb=b, optimizer_sharding=sharding,
-                   world_size=n, backend=be, device=dev, global_batch=batch, precision=prec,
-                   warmup=warmup, steps=steps, seed=seed)
+                   world_size=n, backend=be, device=dev, batch=gb, precision=prec,
+                   warmup=warmup, iters=iters, seed=seed)
         for n in worlds
         for s in sizes
         for t in ctx_lens
-        for batch in batches
+        for gb in batches
         for prec in precisions
         for name in impls
         for b, sharding in _points(name, buckets, shardings)
@@ -231,10 +240,10 @@ def _batch(spec: DDPSpec, rank: int | None, device):
     (the whole batch for rank None)."""
     from cs336sys.experiments.training_step import make_batch
 
-    x, y = make_batch(spec.seed, spec.global_batch, spec.context_length, spec.vocab_size)
+    x, y = make_batch(spec.seed, spec.batch, spec.seq, spec.vocab_size)
     if rank is None:
         return x.to(device), y.to(device)  # (B, T)
-    local = spec.global_batch // spec.world_size
+    local = spec.batch // spec.world_size
     part = slice(rank * local, (rank + 1) * local)
     return x[part].to(device), y[part].to(device)  # (B / world, T)
 
@@ -266,7 +275,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
-                                       spec.precision, spec.warmup + 1 + spec.steps)  # fmt: skip
+                                       spec.precision, spec.warmup + 1 + spec.iters)  # fmt: skip
         del x_all, y_all
         free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
@@ -295,7 +304,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,
         )  # fmt: skip
         losses = []
-        total = spec.warmup + 1 + spec.steps  # warm-up, the measured step, the timed steps
+        total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
         for i in range(spec.warmup):
             step()
             losses.append(step.last_loss)
@@ -316,7 +325,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     times: dict[str, list[float]] = {p: [] for p in PHASES}  # and <phase>_host
     in_flight = []  # fsdp: each step's time with a collective in flight
-    for i in range(spec.steps):
+    for i in range(spec.iters):
         for phase, ms in step().items():
             times.setdefault(phase.removesuffix("_ms"), []).append(ms)
         if spec.impl == "fsdp":
@@ -334,7 +343,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         # Backward without gradient reduction, to see how much of backward was waiting on it.
         no_optimizer = replace(step, optimizer=None, finish=None, mode="forward-backward")
         nosync = []
-        for _ in range(spec.steps):
+        for _ in range(spec.iters):
             with _no_grad_sync(spec.impl, setup.module):
                 nosync.append(no_optimizer()["bwd_ms"])
         times["comm"] = [max(0.0, b - c) for b, c in zip(times["bwd"], nosync, strict=True)]
@@ -350,7 +359,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         del full
     per_rank = gather({"times": times, "peak": memory["peak"]})
     # Per step, the slowest rank's time: the others wait for it at the next collective.
-    slowest = {p: [max(r["times"][p][s] for r in per_rank) for s in range(spec.steps)] for p in PHASES}  # fmt: skip
+    slowest = {p: [max(r["times"][p][s] for r in per_rank) for s in range(spec.iters)] for p in PHASES}  # fmt: skip
     metrics: dict[str, Any] = {}
     for phase in PHASES:
         metrics.update(flatten(f"{phase}_ms", slowest[phase]))
@@ -372,7 +381,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         comm_bytes=sum(comm.bytes.values()),
         buckets=len(getattr(setup.module, "buckets", ())) or None,
         params=n_params,
-        tokens_per_s=spec.global_batch * spec.context_length / (metrics["step_ms_mean"] / 1e3),
+        tokens_per_s=spec.batch * spec.seq / (metrics["step_ms_mean"] / 1e3),
         param_max_diff=diff,
         loss_first=float(losses[0]),
         loss_last=float(losses[-1]),
@@ -547,6 +556,7 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     distributed=True,
+    renamed={"context_length": "seq", "global_batch": "batch", "steps": "iters"},
     section=ddp_section.section,
     draws=True,
 )

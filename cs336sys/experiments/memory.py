@@ -6,7 +6,7 @@ the training step of experiments/training_step.py and:
 
 1. builds the model and measures the bytes it holds after initialisation;
 2. runs `warmup` untracked steps (the optimizer's state exists from the first one on) and
-   `steps` timed steps, also untracked so that the times carry no measuring overhead;
+   `iters` timed steps, also untracked so that the times carry no measuring overhead;
 3. runs one measured step, with peaks per phase (forward, backward, optimizer), the bytes
    live just before and just after `optimizer.step()`, and the bytes saved for backward
    (saved-tensor hooks, parameters excluded).
@@ -67,7 +67,7 @@ class MemorySpec:
     def label(self) -> str:
         """A file-name-safe name for this point's snapshot files."""
         m = self.model
-        parts = [m.size, f"T{m.context_length}", f"B{m.batch_size}", m.mode, m.precision,
+        parts = [m.size, f"T{m.seq}", f"B{m.batch}", m.mode, m.precision,
                  m.model or m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]  # fmt: skip
         return "memory-" + "-".join(parts)
 
@@ -177,16 +177,16 @@ def run(spec: MemorySpec) -> Result:
     init_bytes = probe.current()
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
-    step = make_step(model, vocab_size=config.vocab_size, batch_size=m.batch_size,
-                     context_length=m.context_length,
+    step = make_step(model, vocab_size=config.vocab_size, batch_size=m.batch,
+                     context_length=m.seq,
                      mode=m.mode, precision=m.precision, optimizer=m.optimizer, compile=False,
                      device=m.device, seed=m.seed)  # fmt: skip
-    B, T = m.batch_size, m.context_length
+    B, T = m.batch, m.seq
     no_phase = contextlib.nullcontext
     live: dict[str, float] = {}
 
     # -- 2. warm-up and timed steps, untracked --------------------------------------------
-    warm, timed, losses = run_steps(step, m.warmup, m.steps)
+    warm, timed, losses = run_steps(step, m.warmup, m.iters)
 
     # -- 3. the measured step ----------------------------------------------------------------
     peaks: dict[str, int] = {}
@@ -314,8 +314,8 @@ TABLE = Table(
     "Peak memory by context length and mode",
     (
         Column("size", "size", setting=True),
-        Column("ctx", "context_length", setting=True),
-        Column("batch", "batch_size", setting=True),
+        Column("seq", "seq", setting=True),
+        Column("batch", "batch", setting=True),
         Column("mode", "mode", setting=True),
         Column("precision", "precision", setting=True),
         Column("ckpt", "checkpoint", setting=True),
@@ -380,6 +380,7 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="peak_bytes",
+    renamed=model_exp.RENAMED_SETTINGS,
     section=memory_section.section,
     draws=True,
     group_by=checkpoint_group_of,

@@ -20,7 +20,7 @@ from typing import Any
 from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.memory import block_saved_bytes
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
-from cs336sys.sweep.points import choices
+from cs336sys.sweep.points import choices, old_names
 from cs336sys.sweep.result import Result
 
 IMPLS = ("eager", "compiled")
@@ -33,8 +33,8 @@ class ResidualsSpec:
     d_model: int
     d_ff: int
     num_heads: int
-    context_length: int
-    batch_size: int
+    seq: int
+    batch: int
     precision: str
     impl: str  # eager | compiled
     attention: str
@@ -45,12 +45,13 @@ class ResidualsSpec:
         return asdict(self)
 
 
+@old_names
 def specs(
     *,
     impl: Iterable[str] | None = None,
     size: Iterable[str] | None = None,
-    context_length: Iterable[Any] | None = None,
-    batch_size: Iterable[Any] | None = None,
+    seq: Iterable[Any] | None = None,
+    batch: Iterable[Any] | None = None,
     precision: Iterable[str] | None = None,
     attention: Iterable[str] | None = None,
     device: str = "auto",
@@ -63,15 +64,14 @@ def specs(
     model options (layers play no part: one block)."""
     impls = choices(impl, IMPLS, "--impl", default=list(IMPLS))
     points = model_exp.specs(
-        size=["small"] if size is None else size, context_length=context_length,
-        batch_size=["1"] if batch_size is None else batch_size,
-        mode=["forward"], precision=precision, attention=attention, warmup=0, steps=1,
+        size=["small"] if size is None else size, seq=seq, batch=["1"] if batch is None else batch,
+        mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads,
     )  # fmt: skip
     return [
         ResidualsSpec(
             size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
-            context_length=p.context_length, batch_size=p.batch_size, precision=p.precision,
+            seq=p.seq, batch=p.batch, precision=p.precision,
             impl=i, attention=p.attention, device=p.device, seed=p.seed,
         )  # fmt: skip
         for p in points
@@ -95,13 +95,13 @@ def run(spec: ResidualsSpec) -> Result:
         d_ff=spec.d_ff,
         num_layers=1,
         num_heads=spec.num_heads,
-        context_length=spec.context_length,
+        context_length=spec.seq,
         attention=spec.attention,
     )
     with device:
         block = TransformerBlock(config)
     params = list(block.parameters())
-    B, T, d = spec.batch_size, spec.context_length, spec.d_model
+    B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
     positions = torch.arange(T, device=device)  # (T,)
     fn = torch.compile(block) if spec.impl == "compiled" else block
@@ -170,8 +170,8 @@ TABLE = Table(
     "Bytes one block saves for backward, by operation",
     (
         Column("size", "size", setting=True),
-        Column("ctx", "context_length", setting=True),
-        Column("batch", "batch_size", setting=True),
+        Column("seq", "seq", setting=True),
+        Column("batch", "batch", setting=True),
         Column("precision", "precision", setting=True),
         Column("impl", "impl", setting=True),
         Column("saved MiB", "saved_bytes", "mib"),
@@ -205,4 +205,5 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="saved_bytes",
+    renamed={"context_length": "seq", "batch_size": "batch"},
 )

@@ -27,13 +27,13 @@ def section(sec: Section, pts: list[Row]) -> None:
     trade = _checkpoint_tradeoff(pts)
     if trade:
         sec.tables.append(trade)
-    lines = series(pts, "context_length", "peak_bytes", scale=2**-20, first=("size", "mode"))
+    lines = series(pts, "seq", "peak_bytes", scale=2**-20, first=("size", "mode"))
     add_plot(sec, "Peak memory against context length", "memory-peak",
           Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
     for i, r in enumerate(pts):
         png = r.get("snapshot_png")
         if png and Path(png).is_file():
-            sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['context_length']}",
+            sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['seq']}",
                                       f"memory-timeline-{i}", png=Path(png).read_bytes()))  # fmt: skip
 
 
@@ -42,7 +42,7 @@ _PHASE_NAMES = {"fwd_peak_bytes": "forward", "bwd_peak_bytes": "backward",
                 "opt_peak_bytes": "optimizer"}  # fmt: skip
 # What identifies a checkpointing group in its label; settings beyond these that differ
 # between groups are added to it.
-_POINT = ("size", "context_length", "batch_size", "mode", "precision", "checkpoint")
+_POINT = ("size", "seq", "batch", "mode", "precision", "checkpoint")
 
 
 def _ratio(x: Any, base: Any) -> str:
@@ -68,7 +68,7 @@ def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
     for k, grp in keep.items():
         base = bases[k]
         s = base["_settings"]
-        where = (f"{base['size']} T={base['context_length']} B={s.get('batch_size')} "
+        where = (f"{base['size']} T={base['seq']} B={s.get('batch')} "
                  f"{base['mode']} {base['precision']}")  # fmt: skip
         where += "".join(f" {e}={text(s[e])}" for e in extra if s.get(e) is not None)
         where += f" [{base.get('gpu')}]" if many else ""

@@ -2,7 +2,7 @@
 
 One ModelSpec is one point of a sweep; `specs(...)` validates a sweep's options and expands
 them (what `cs336sys model` and every command that runs the model call), and `run(spec)`
-builds the model with random weights, runs `warmup` untimed steps and `steps` timed ones of
+builds the model with random weights, runs `warmup` untimed steps and `iters` timed ones of
 the training step (experiments/training_step.py), and returns a Result. Each phase ends with a
 device sync, so the host timer measures the device's work (docs/methodology.md,
 "Timing"); raw samples of warm-up and timed steps are kept.
@@ -41,6 +41,7 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
+    old_names,
     positive_ints,
 )
 from cs336sys.sweep.result import Result
@@ -49,8 +50,8 @@ from cs336sys.yours.implementations import named_impls
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
 # and timed steps) finishes in seconds (issue 14: `small` took a minute a point on 2 cores).
 DEFAULTS = {
-    "cuda": dict(size="small", context_length=512, warmup=5, steps=10),
-    "cpu": dict(size="tiny", context_length=128, warmup=2, steps=5),
+    "cuda": dict(size="small", seq=512, warmup=5, iters=10),
+    "cpu": dict(size="tiny", seq=128, warmup=2, iters=5),
 }
 
 
@@ -62,8 +63,8 @@ class ModelSpec:
     num_layers: int
     num_heads: int
     vocab_size: int
-    context_length: int
-    batch_size: int
+    seq: int  # the sequence length, the model's context length
+    batch: int
     mode: str
     precision: str
     compile: bool
@@ -71,7 +72,7 @@ class ModelSpec:
     optimizer: str
     checkpoint: str = "none"
     warmup: int = 5
-    steps: int = 10
+    iters: int = 10
     device: str = "cpu"
     seed: int = 0
     nvtx: bool = False
@@ -84,11 +85,12 @@ class ModelSpec:
         return asdict(self)
 
 
+@old_names
 def specs(
     *,
     size: Iterable[str] | None = None,
-    context_length: Iterable[Any] | None = None,
-    batch_size: Iterable[Any] | None = None,
+    seq: Iterable[Any] | None = None,
+    batch: Iterable[Any] | None = None,
     mode: Iterable[str] | None = None,
     precision: Iterable[str] | None = None,
     attention: Iterable[str] | None = None,
@@ -96,7 +98,7 @@ def specs(
     compile: bool = False,
     checkpoint: Iterable[str] | None = None,
     warmup: int | None = None,
-    steps: int | None = None,
+    iters: int | None = None,
     device: str = "auto",
     seed: int = 0,
     d_model: int | None = None,
@@ -116,13 +118,13 @@ def specs(
     dev = device_choice(device)
     defaults = DEFAULTS["cuda" if dev.startswith("cuda") else "cpu"]
     warmup = defaults["warmup"] if warmup is None else warmup
-    steps = defaults["steps"] if steps is None else steps
+    iters = defaults["iters"] if iters is None else iters
     sizes = preset_sizes(size, defaults["size"])
     modes = choices(mode, MODES, "--mode", default=["train"])
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
     optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
-    batch_sizes = positive_ints(batch_size, "--batch", default=[4])
-    counts(warmup, steps)
+    batches = positive_ints(batch, "--batch", default=[4])
+    counts(warmup, iters)
     check_seed(seed)
     from cs336sys.attention import registry
 
@@ -138,22 +140,22 @@ def specs(
         check_triton(dev.startswith("cuda"), "--attention triton")
     if "adamw-triton" in optimizers and "train" in modes:
         check_triton(dev.startswith("cuda"), "--optimizer adamw-triton")
-    contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
+    seqs = positive_ints(seq, "--seq", default=[defaults["seq"]])
     out = []
-    for p in expand({"size": sizes, "context_length": contexts, "batch_size": batch_sizes,
+    for p in expand({"size": sizes, "seq": seqs, "batch": batches,
                      "mode": modes, "precision": precisions, "attention": attentions,
                      "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):  # fmt: skip
-        cfg = preset_config(p["size"], context_length=p["context_length"], model=model,
+        cfg = preset_config(p["size"], context_length=p["seq"], model=model,
                             attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip
         out.append(ModelSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, context_length=p["context_length"],
-            batch_size=p["batch_size"], mode=p["mode"], precision=p["precision"], compile=compile,
+            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, seq=p["seq"], batch=p["batch"],
+            mode=p["mode"], precision=p["precision"], compile=compile,
             attention=p["attention"],
             optimizer=p["optimizer"] if p["mode"] == "train" else "none",
             # Forward-only passes save nothing for backward: checkpointing changes nothing.
             checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
-            warmup=warmup, steps=steps, device=dev, seed=seed, nvtx=nvtx, model=model,
+            warmup=warmup, iters=iters, device=dev, seed=seed, nvtx=nvtx, model=model,
         ))  # fmt: skip
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
@@ -211,22 +213,22 @@ def run(spec: ModelSpec) -> Result:
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
         from cs336sys.experiments.checks import model_check
 
-        checked = model_check(config, spec.device, spec.seed, spec.batch_size)
+        checked = model_check(config, spec.device, spec.seed, spec.batch)
     model = make_model(config, spec.device, spec.seed)
-    step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch_size,
-                     context_length=spec.context_length,
+    step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch,
+                     context_length=spec.seq,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
                      compile=spec.compile, device=spec.device, seed=spec.seed)  # fmt: skip
     on_cuda = spec.device.startswith("cuda")
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(spec.device)
     with nvtx_enabled(spec.nvtx):
-        warm, timed, losses = run_steps(step, spec.warmup, spec.steps)
+        warm, timed, losses = run_steps(step, spec.warmup, spec.iters)
 
     metrics: dict[str, Any] = {}
     for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(phase, timed.get(phase, [])))
-    metrics.update(throughput(model, config, spec.batch_size, spec.context_length, spec.mode,
+    metrics.update(throughput(model, config, spec.batch, spec.seq, spec.mode,
                               metrics["step_ms_mean"], spec.device, spec.precision))  # fmt: skip
     metrics.update(
         logits_dtype=step.logits_dtype,
@@ -255,6 +257,9 @@ def run(spec: ModelSpec) -> Result:
 
 # -- the declaration ------------------------------------------------------------------------
 
+# The 0.2 names of renamed settings: still columns of the view until 0.3 (docs/store.md).
+RENAMED_SETTINGS = {"context_length": "seq", "batch_size": "batch", "steps": "iters"}
+
 CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite loss and, where "
               "its state_dict loads into cs336sys's TransformerLM, the same loss with the same "
               "weights; their attention kernel in our model gives naive attention's loss "
@@ -264,8 +269,8 @@ TABLE = Table(
     "Time per phase (mean ± std over timed steps)",
     (
         Column("size", "size", setting=True),
-        Column("ctx", "context_length", setting=True),
-        Column("batch", "batch_size", setting=True),
+        Column("seq", "seq", setting=True),
+        Column("batch", "batch", setting=True),
         Column("mode", "mode", setting=True),
         Column("precision", "precision", setting=True),
         Column("compile", "compile", "yes_no", setting=True),
@@ -315,6 +320,7 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="step_ms",
+    renamed=RENAMED_SETTINGS,
     section=model_section.section,
     draws=True,
 )

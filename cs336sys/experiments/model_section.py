@@ -30,7 +30,7 @@ def _model_label(r: Row, gpu: bool = False) -> str:
     extra = [f"{k}={s[k]}" for k in ("model", "attention", "checkpoint")
              if s.get(k) not in (None, "naive", "none")]  # fmt: skip
     return " ".join([
-        f"{s.get('size')} T={s.get('context_length')} B={s.get('batch_size')}",
+        f"{s.get('size')} T={s.get('seq')} B={s.get('batch')}",
         f"{s.get('mode')} {s.get('precision')}", *extra,
         *(["compiled"] if s.get("compile") else []), *([f"[{r.get('gpu')}]"] if gpu else []),
     ])  # fmt: skip
@@ -80,7 +80,7 @@ _PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _MODES = ("train", "forward-backward", "forward")
 # A chart per GPU and these settings; the other settings (precision first, then attention,
 # compile, ...) tell the bars of one size apart.
-_CHART = ("mode", "context_length", "batch_size")
+_CHART = ("mode", "seq", "batch")
 MAX_BAR_CHARTS = 6
 MAX_BARS = 24  # bars in one chart; the table has every point
 

@@ -141,7 +141,7 @@ def specs(
     sequences, a TP degree that does not divide the heads, a DP or FSDP degree that does
     not divide the batch's sequences."""
     if size not in PRESETS:
-        raise SpecError(f"--model: unknown model {size!r}; choose from {', '.join(PRESETS)}")
+        raise SpecError(f"--size: unknown size {size!r}; choose from {', '.join(PRESETS)}")
     for name, value in (("--seq", seq), ("--batch", batch), ("--d-model", d_model),
                         ("--d-ff", d_ff), ("--num-layers", num_layers),
                         ("--num-heads", num_heads), ("--vocab-size", vocab_size)):  # fmt: skip

@@ -113,7 +113,7 @@ def ddp_match(conn: sqlite3.Connection, point: dict[str, Any]) -> dict[str, Any]
           FROM runs r JOIN invocations i ON i.id = r.invocation_id
          WHERE r.experiment = 'ddp' AND r.status = 'ok'
            AND {' AND '.join(f"{s(k)} = ?" for k in keys)}
-           AND {s('context_length')} = ? AND {s('global_batch')} * {s('context_length')} = ?
+           AND {s('seq')} = ? AND {s('batch')} * {s('seq')} = ?
            AND {s('world_size')} = ?
            AND {s('impl')} IN ({', '.join('?' * len(impls))})
            AND coalesce({s('optimizer_sharding')}, 'none') = 'none'

@@ -37,6 +37,7 @@ from cs336sys.sweep.points import (
     check_seed,
     choices,
     device_choice,
+    old_names,
     positive_ints,
 )
 from cs336sys.sweep.result import Result
@@ -74,10 +75,10 @@ class AccumulateSpec:
 
 @dataclass(frozen=True)
 class AutocastSpec:
-    dtype: str  # bf16 | fp16
+    precision: str  # bf16 | fp16
     in_features: int
     out_features: int
-    batch_size: int
+    batch: int
     device: str
     seed: int = 0
 
@@ -99,16 +100,17 @@ def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1
     return [AccumulateSpec.of(v, additions, value, dev) for v in variants]
 
 
-def autocast_specs(*, dtype: Iterable[str] | None = None, in_features: int = 16,
-                   out_features: int = 4, batch_size: int | Iterable[Any] = 8,
+@old_names
+def autocast_specs(*, precision: Iterable[str] | None = None, in_features: int = 16,
+                   out_features: int = 4, batch: int | Iterable[Any] = 8,
                    device: str = "auto", seed: int = 0) -> list[AutocastSpec]:  # fmt: skip
     """One point per autocast dtype (default bf16) and batch size (one or a list).
     SpecError for a bad option."""
-    dtypes = choices(dtype, AUTOCAST_DTYPES, "--precision", default=["bf16"])
+    dtypes = choices(precision, AUTOCAST_DTYPES, "--precision", default=["bf16"])
     for name, n in (("in-features", in_features), ("out-features", out_features)):
         if n <= 0:
             raise SpecError(f"--{name} must be positive, got {n}")
-    batches = positive_ints([batch_size] if isinstance(batch_size, int) else batch_size, "--batch")
+    batches = positive_ints([batch] if isinstance(batch, int) else batch, "--batch")
     check_seed(seed)
     dev = device_choice(device)
     return [AutocastSpec(d, in_features, out_features, b, dev, seed)
@@ -278,12 +280,12 @@ def run_autocast(spec: AutocastSpec) -> Result:
 
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
-    dtype = getattr(torch, _TORCH_DTYPE[spec.dtype])
+    dtype = getattr(torch, _TORCH_DTYPE[spec.precision])
     with device:
         model = toy_model(spec.in_features, spec.out_features)
-    x = torch.randn(spec.batch_size, spec.in_features, device=device)  # (B, in)
-    y = torch.randint(0, spec.out_features, (spec.batch_size,), device=device)  # (B,)
-    native, basis = native_support(spec.device, spec.dtype)
+    x = torch.randn(spec.batch, spec.in_features, device=device)  # (B, in)
+    y = torch.randint(0, spec.out_features, (spec.batch,), device=device)  # (B,)
+    native, basis = native_support(spec.device, spec.precision)
     metrics: dict[str, Any] = {"native": native, "native_basis": basis}
 
     seen: dict[str, str] = {}
@@ -355,7 +357,7 @@ AUTOCAST = Table(
     "Autocast: the dtypes each module returned",
     (
         Column("kind", "kind", setting=True),
-        Column("autocast", "dtype", setting=True),
+        Column("autocast", "precision", setting=True),
         Column("device", "device", setting=True),
         Column("params", "param_dtype"),
         Column("fc1", "fc1_dtype"),
@@ -400,4 +402,5 @@ EXPERIMENT = Experiment(
         Metric("native_basis", "", "the evidence for `native`"),
     ),
     tables=(ACCUMULATE, AUTOCAST),
+    renamed={"dtype": "precision", "batch_size": "batch"},
 )

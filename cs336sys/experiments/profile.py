@@ -67,8 +67,7 @@ class ProfileSpec:
     @property
     def steps(self) -> tuple[int, int]:
         """(warm-up, measured) steps of the point."""
-        p = self.point
-        return p.warmup, (p.steps if isinstance(p, ModelSpec) else p.iters)
+        return self.point.warmup, self.point.iters
 
 
 def specs(target: str, points: Iterable[ModelSpec | AttentionSpec], *, top: int = 10,
@@ -189,8 +188,7 @@ def _model(spec: ModelSpec) -> _Steps:
 
     config = spec.config()
     step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
-                     batch_size=spec.batch_size,
-                     context_length=spec.context_length, mode=spec.mode,
+                     batch_size=spec.batch, context_length=spec.seq, mode=spec.mode,
                      precision=spec.precision, optimizer=spec.optimizer, compile=spec.compile,
                      device=spec.device, seed=spec.seed)  # fmt: skip
     losses: list = []
@@ -202,7 +200,7 @@ def _model(spec: ModelSpec) -> _Steps:
 
     parts: dict[str, float] = {}
     if spec.attention == "naive" and not spec.compile:
-        per_call = attention_part_flops(spec.batch_size, config.num_heads, spec.context_length,
+        per_call = attention_part_flops(spec.batch, config.num_heads, spec.seq,
                                         config.d_head)  # fmt: skip
         parts = {k: v * config.num_layers for k, v in per_call.items()}
     return _Steps(one_step, part_flops=parts, losses=losses)
@@ -220,7 +218,7 @@ def _attention(spec: AttentionSpec) -> _Steps:
     backward = spec.passes != "forward"
     gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
     q, k, v, dout = (
-        torch.randn(spec.shape, generator=gen, device=spec.device, dtype=torch_dtype(spec.dtype))
+        torch.randn(spec.shape, generator=gen, device=spec.device, dtype=torch_dtype(spec.precision))
         for _ in range(4)
     )
     for t in (q, k, v):
@@ -278,8 +276,8 @@ def section(sec: Any, pts: list) -> None:
 def label(row: Mapping[str, Any]) -> str:
     """The profiled point in a few words."""
     if row.get("target") == "model":
-        return f"{row.get('size')} T={row.get('context_length')} {row.get('mode')} {row.get('precision')}"
-    return f"{row.get('impl')} seq={row.get('seq')} d={row.get('d_head')} {row.get('dtype')}"
+        return f"{row.get('size')} T={row.get('seq')} {row.get('mode')} {row.get('precision')}"
+    return f"{row.get('impl')} seq={row.get('seq')} d={row.get('d_head')} {row.get('precision')}"
 
 
 _SETTINGS = tuple(dict.fromkeys((
@@ -292,8 +290,7 @@ TABLE = Table(
     "Profiled points: wall time per phase, and the summed op or kernel time in it",
     (
         Column("point", cell=label, setting=True, covers=(
-            "target", "size", "context_length", "mode", "precision", "impl", "seq", "d_head",
-            "dtype")),  # fmt: skip
+            "target", "size", "seq", "mode", "precision", "impl", "d_head")),  # fmt: skip
         Column("basis", "time_basis"),
         Column("fwd ms", "fwd_ms", "mean_std"),
         Column("bwd ms", "bwd_ms", "mean_std"),
@@ -307,6 +304,7 @@ TABLE = Table(
 )
 
 _RENAMED_PROFILE = {
+    "context_length": "seq", "batch_size": "batch", "steps": "iters", "dtype": "precision",
     **{f"{p}_ms": f"{p}_ms_mean" for p in ("fwd", "bwd", "opt", "step")},
     **{f"{p}_profiled_ms": f"{p}_profiled_ms_mean" for p in ("fwd", "bwd", "opt")},
     **{f"{p}_ms": f"{p}_ms_mean" for p in ("qk", "softmax", "pv")},

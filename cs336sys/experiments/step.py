@@ -70,6 +70,7 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
+    old_names,
     positive_ints,
 )
 from cs336sys.sweep.result import Result
@@ -85,10 +86,10 @@ PARAM_DTYPES = ("fp32", "bf16")
 # A GPU gets the 8B scaled to one H100 (issue 17: 8 layers at context 8192, batch 2); a CPU
 # a point that finishes in seconds, in fp32 (bf16 is emulated on CPUs without AVX512-BF16).
 DEFAULTS = {
-    "cuda": dict(size="8b", num_layers=8, context_length=8192, batch_size=2, warmup=2, steps=5,
+    "cuda": dict(size="8b", num_layers=8, seq=8192, batch=2, warmup=2, iters=5,
                  adamw="triton", attention="sdpa", switches="ablation", precision="bf16"),
-    "cpu": dict(size="tiny", num_layers=None, context_length=128, batch_size=2, warmup=1,
-                steps=3, adamw="foreach", attention="sdpa", switches="none,fused-adamw,fused-ce",
+    "cpu": dict(size="tiny", num_layers=None, seq=128, batch=2, warmup=1,
+                iters=3, adamw="foreach", attention="sdpa", switches="none,fused-adamw,fused-ce",
                 precision="fp32"),
 }  # fmt: skip
 
@@ -101,8 +102,8 @@ class StepSpec:
     num_layers: int
     num_heads: int
     vocab_size: int
-    context_length: int
-    batch_size: int
+    seq: int
+    batch: int
     precision: str  # autocast dtype: bf16 (the leaderboard's) or fp32
     param_dtype: str  # fp32 master weights under autocast, or bf16 weights (fp32 optimizer state)
     switches: str  # "none" or the switches on, "+"-joined in SWITCHES order
@@ -114,7 +115,7 @@ class StepSpec:
     timer: str = "loop"  # do_bench (CUDA) | loop
     cold_cache: bool = True  # compile: fresh inductor and Triton caches for the point
     warmup: int = 1
-    steps: int = 3
+    iters: int = 3
     device: str = "cpu"
     seed: int = 0
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
@@ -148,11 +149,12 @@ def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str
     return out
 
 
+@old_names
 def specs(
     *,
     size: Iterable[str] | None = None,
-    context_length: Iterable[Any] | None = None,
-    batch_size: Iterable[Any] | None = None,
+    seq: Iterable[Any] | None = None,
+    batch: Iterable[Any] | None = None,
     precision: Iterable[str] | None = None,
     param_dtype: Iterable[str] | None = None,
     switches: Iterable[str] | None = None,
@@ -162,7 +164,7 @@ def specs(
     ce: str = "torch",
     cold_cache: bool = True,
     warmup: int | None = None,
-    steps: int | None = None,
+    iters: int | None = None,
     device: str = "auto",
     seed: int = 0,
     d_model: int | None = None,
@@ -180,8 +182,8 @@ def specs(
     on_cuda = dev.startswith("cuda")
     defaults = DEFAULTS["cuda" if on_cuda else "cpu"]
     warmup = defaults["warmup"] if warmup is None else warmup
-    steps = defaults["steps"] if steps is None else steps
-    counts(warmup, steps)
+    iters = defaults["iters"] if iters is None else iters
+    counts(warmup, iters)
     check_seed(seed)
     sizes = preset_sizes(size, defaults["size"])
     if num_layers is None and size is None:
@@ -223,20 +225,19 @@ def specs(
         check_triton(on_cuda, "--switches fused-ce (--ce triton)")
     if "fused-adamw" in on and adamw == "torch-fused" and not on_cuda:
         raise SpecError("--adamw torch-fused: torch's fused AdamW is benchmarked on CUDA only")
-    contexts = positive_ints(context_length, "--seq", default=[defaults["context_length"]])
-    batches = positive_ints(batch_size, "--batch", default=[defaults["batch_size"]])
+    seqs = positive_ints(seq, "--seq", default=[defaults["seq"]])
+    batches = positive_ints(batch, "--batch", default=[defaults["batch"]])
     out = []
-    for p in expand({"size": sizes, "num_layers": layers, "context_length": contexts,
-                     "batch_size": batches,
+    for p in expand({"size": sizes, "num_layers": layers, "seq": seqs, "batch": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
                      "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
-        cfg = preset_config(p["size"], context_length=p["context_length"], model=model,
+        cfg = preset_config(p["size"], context_length=p["seq"], model=model,
                             checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)  # fmt: skip
         on = p["switches"]
         out.append(StepSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
             num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
-            context_length=p["context_length"], batch_size=p["batch_size"],
+            seq=p["seq"], batch=p["batch"],
             precision=p["precision"], param_dtype=p["param_dtype"],
             switches="+".join(on) or "none",
             optimizer=f"adamw-{adamw}" if "fused-adamw" in on else BASELINE_OPTIMIZER,
@@ -244,7 +245,7 @@ def specs(
             attention="triton" if "flash" in on else attention,
             compile="compile" in on, checkpoint=p["checkpoint"],
             timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
-            warmup=warmup, steps=steps, device=dev, seed=seed, model=model,
+            warmup=warmup, iters=iters, device=dev, seed=seed, model=model,
         ))  # fmt: skip
     return list(dict.fromkeys(out))
 
@@ -276,7 +277,7 @@ def build(spec: StepSpec) -> tuple[Any, Any, Any]:
         for layer in getattr(model, "layers", None) or [model]:
             layer.compile()  # per block, so checkpointing still wraps groups of blocks
     optimizer = make_optimizer(optimizer_name(spec), model.parameters())
-    x, y = make_batch(spec.seed, spec.batch_size, spec.context_length, config.vocab_size)
+    x, y = make_batch(spec.seed, spec.batch, spec.seq, config.vocab_size)
     x, y = x.to(spec.device), y.to(spec.device)  # (B, T) each
     amp = autocast_dtype(spec.precision)
     device_type = torch.device(spec.device).type
@@ -341,7 +342,7 @@ def run(spec: StepSpec) -> Result:
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
         from cs336sys.experiments.checks import model_check
 
-        checked = model_check(config, spec.device, spec.seed, spec.batch_size)
+        checked = model_check(config, spec.device, spec.seed, spec.batch)
     with empty_compile_cache(spec.cold_cache):
         model, optimizer, train_step = build(spec)
         if on_cuda:
@@ -359,15 +360,15 @@ def run(spec: StepSpec) -> Result:
         warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
         if spec.timer == "do_bench":
             estimate = sorted(warm)[len(warm) // 2] if warm else first_s * 1e3
-            samples = time_do_bench(step, calls=spec.steps, call_ms=estimate)
+            samples = time_do_bench(step, calls=spec.iters, call_ms=estimate)
         else:
-            samples = time_loop(step, 0, spec.steps, spec.device)
+            samples = time_loop(step, 0, spec.iters, spec.device)
         wall_s = time.perf_counter() - t_start
     peak_cpu = None if on_cuda or spec.compile else tensor_peak_bytes(model, optimizer, train_step)
 
     metrics: dict[str, Any] = flatten("step_ms", samples)
     step_s = metrics["step_ms_median"] / 1e3
-    metrics.update(throughput(model, spec.config(), spec.batch_size, spec.context_length, "train",
+    metrics.update(throughput(model, spec.config(), spec.batch, spec.seq, "train",
                               metrics["step_ms_median"], spec.device, spec.precision))  # fmt: skip
     metrics.update(
         peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
@@ -411,8 +412,8 @@ TABLE = Table(
         Column("size", "size", setting=True),
         Column("model", "model", setting=True, optional=True),
         Column("layers", "num_layers", setting=True),
-        Column("ctx", "context_length", setting=True),
-        Column("batch", "batch_size", setting=True),
+        Column("seq", "seq", setting=True),
+        Column("batch", "batch", setting=True),
         Column("precision", "precision", setting=True),
         Column("params", "param_dtype", setting=True),
         Column("ckpt", "checkpoint", setting=True),
@@ -470,6 +471,7 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     oom_axis="num_layers",
+    renamed={"context_length": "seq", "batch_size": "batch", "steps": "iters"},
     section=step_section.section,
     draws=True,
 )

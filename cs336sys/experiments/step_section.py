@@ -15,7 +15,7 @@ from cs336sys.report.sections import Figure, Row, Section, left_out, text
 
 MAX_CHARTS = 6
 # What makes two step points the same configuration (the switches vary within a chart).
-_CONFIG = ("size", "num_layers", "context_length", "batch_size", "precision", "param_dtype",
+_CONFIG = ("size", "num_layers", "seq", "batch", "precision", "param_dtype",
            "checkpoint", "d_model", "vocab_size")  # fmt: skip
 
 
@@ -26,8 +26,8 @@ def _order(switches: str) -> int:
 
 
 def _title(s: dict[str, Any], gpu: Any) -> str:
-    return (f"{s.get('size')} L={s.get('num_layers')} T={s.get('context_length')} "
-            f"B={s.get('batch_size')} {s.get('precision')} weights={s.get('param_dtype')} "
+    return (f"{s.get('size')} L={s.get('num_layers')} T={s.get('seq')} "
+            f"B={s.get('batch')} {s.get('precision')} weights={s.get('param_dtype')} "
             f"ckpt={s.get('checkpoint')}" + (f" [{gpu}]" if gpu else ""))  # fmt: skip
 
 

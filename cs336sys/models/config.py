@@ -65,9 +65,13 @@ class ModelConfig:
     @classmethod
     def of(cls, point: object) -> ModelConfig:
         """The config a sweep point describes: its attributes named like fields (d_model,
-        d_ff, ..., context_length, attention, checkpoint); the others keep their defaults."""
+        d_ff, ..., attention, checkpoint), `seq` as the context length; the others keep their
+        defaults."""
         names = (f.name for f in dataclasses.fields(cls))
-        return cls(**{n: getattr(point, n) for n in names if hasattr(point, n)})
+        values = {n: getattr(point, n) for n in names if hasattr(point, n)}
+        if hasattr(point, "seq"):
+            values["context_length"] = point.seq
+        return cls(**values)
 
     def validate(self) -> None:
         """Raise ValueError, with one sentence saying what is wrong, if the shape is invalid."""

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cs336sys.store.views import typed
+from cs336sys.sweep.points import RENAMED
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -74,8 +75,9 @@ INVOCATION_KEYS = ("label", "host", "command")
 
 
 def known_keys(catalog: Sequence[Any]) -> set[str]:
-    """What --where may name: any declared experiment's settings, and INVOCATION_KEYS."""
-    return {k for e in catalog for k in e.settings} | set(INVOCATION_KEYS)
+    """What --where may name: any declared experiment's settings, and INVOCATION_KEYS (and,
+    until 0.3, the settings' 0.2 names: sweep/points.RENAMED)."""
+    return {k for e in catalog for k in e.settings} | set(INVOCATION_KEYS) | set(RENAMED)
 
 
 def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str]]:
@@ -100,7 +102,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             _typed(value)
         except ValueError as exc:
             raise SelectionError(f"--where {item!r}: {exc}") from None
-        out.append((key, value))
+        out.append((RENAMED.get(key, key), value))  # a 0.2 name selects its setting
     return out
 
 

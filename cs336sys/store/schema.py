@@ -62,6 +62,47 @@ def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+# v7: one name per concept, from option to stored setting (docs/store.md, "Renamed
+# columns"): the settings keys each experiment stored under its 0.2 names, renamed.
+_V7_RENAMES = {
+    "model": {"context_length": "seq", "batch_size": "batch", "steps": "iters"},
+    "memory": {"context_length": "seq", "batch_size": "batch", "steps": "iters"},
+    "step": {"context_length": "seq", "batch_size": "batch", "steps": "iters"},
+    "memory-residuals": {"context_length": "seq", "batch_size": "batch"},
+    "ddp": {"context_length": "seq", "global_batch": "batch", "steps": "iters"},
+    "profile": {"context_length": "seq", "batch_size": "batch", "steps": "iters",
+                "dtype": "precision"},
+    "attention": {"dtype": "precision"},
+    "comm": {"dtype": "precision"},
+    "precision": {"dtype": "precision", "batch_size": "batch"},
+}  # fmt: skip
+
+
+def _one_name_per_concept(conn: sqlite3.Connection) -> None:
+    """v7: rename the stored settings of _V7_RENAMES in every run, and recompute each renamed
+    run's point key from its new settings (what --resume matches). The views keep the old
+    names as columns for one release (store/views.py)."""
+    import json
+
+    from cs336sys.sweep.points import point_key
+
+    for kind, renames in _V7_RENAMES.items():
+        rows = conn.execute("SELECT id, settings FROM runs WHERE experiment = ?", (kind,)).fetchall()
+        for run_id, text in rows:
+            try:
+                settings = json.loads(text)
+            except ValueError:
+                continue
+            if not isinstance(settings, dict) or not set(renames) & set(settings):
+                continue
+            for old, new in renames.items():
+                if old in settings:
+                    value = settings.pop(old)
+                    settings.setdefault(new, value)
+            conn.execute("UPDATE runs SET settings = ?, point_key = ? WHERE id = ?",
+                         (json.dumps(settings), point_key(kind, settings), run_id))  # fmt: skip
+
+
 # Version N is reached by running MIGRATIONS[N - 1]: SQL statements, or a function of the
 # connection for what SQL alone cannot say.
 MIGRATIONS: list[list[str] | Any] = [
@@ -141,6 +182,8 @@ MIGRATIONS: list[list[str] | Any] = [
     ["ALTER TABLE invocations ADD COLUMN env TEXT"],
     # v6: status 'wrong' and the user's code on each invocation (see the function).
     _wrong_and_user_code,
+    # v7: stored settings renamed to one name per concept (see the function).
+    _one_name_per_concept,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

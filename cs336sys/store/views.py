@@ -38,9 +38,9 @@ def _quote(name: str) -> str:
 
 def view_sql(experiment: Any) -> str:
     """The CREATE VIEW of one experiment's declaration (sweep/declaration.Experiment)."""
-    renamed = dict(experiment.renamed)
-    old_of = {new: old for old, new in renamed.items()}
-    metrics = list(experiment.metric_names)
+    settings, metrics = list(experiment.settings), list(experiment.metric_names)
+    renamed = dict(experiment.renamed)  # old column -> the setting or metric it is now
+    old_of = {new: old for old, new in renamed.items() if new not in settings}
 
     def metric(k: str) -> str:
         # A renamed metric: rows stored before the rename hold it under its old key, and
@@ -50,12 +50,17 @@ def view_sql(experiment: Any) -> str:
                     f"json_extract(r.metrics, '$.{old_of[k]}'))")  # fmt: skip
         return f"json_extract(r.metrics, '$.{k}')"
 
+    def setting(k: str) -> str:
+        return f"json_extract(r.settings, '$.{k}')"
+
     cols = list(_COMMON)
-    cols += [f"json_extract(r.settings, '$.{k}') AS {_quote(k)}" for k in experiment.settings]
+    cols += [f"{setting(k)} AS {_quote(k)}" for k in settings]
     cols += [f"{metric(k)} AS {_quote(k)}" for k in metrics]
-    # The old names of renamed metrics stay columns for one release (docs/store.md, "Renamed
-    # columns"), holding the same values as the new ones.
-    cols += [f"{metric(new)} AS {_quote(old)}" for old, new in renamed.items() if old not in metrics]
+    # The old names of renamed settings and metrics stay columns for one release
+    # (docs/store.md, "Renamed columns"), holding the same values as the new ones. (Stored
+    # settings were renamed by the schema's migration; stored metrics never are.)
+    cols += [f"{setting(new) if new in settings else metric(new)} AS {_quote(old)}"
+             for old, new in renamed.items() if old not in metrics and old not in settings]  # fmt: skip
     body = ",\n       ".join(cols)
     return (
         f"CREATE VIEW {_quote(experiment.view)} AS\nSELECT {body}\n"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
@@ -39,6 +39,33 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
     """Identity of a sweep point: the same experiment with the same settings (`--resume`)."""
     text = experiment + "\n" + json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# The 0.2 names of options that are now one name per concept (docs/getting-started.md, "One
+# name per concept"): `specs(...)` keyword arguments still take them until 0.3.
+RENAMED = {"context_length": "seq", "batch_size": "batch", "global_batch": "batch",
+           "steps": "iters", "dtype": "precision"}  # fmt: skip
+
+
+def old_names(specs: Callable[..., Any]) -> Callable[..., Any]:
+    """`specs` taking the 0.2 names of its keyword arguments (RENAMED) as the new ones, with a
+    DeprecationWarning, until 0.3."""
+    import functools
+    import inspect
+    import warnings
+
+    takes = set(inspect.signature(specs).parameters)
+
+    @functools.wraps(specs)
+    def accepting(*args: Any, **kwargs: Any) -> Any:
+        for old, new in RENAMED.items():
+            if old in kwargs and old not in takes and new in takes:
+                warnings.warn(f"{specs.__module__}.specs({old}=...) is now {new}= (the old name "
+                              "is accepted until 0.3)", DeprecationWarning, stacklevel=2)  # fmt: skip
+                kwargs[new] = kwargs.pop(old)
+        return specs(*args, **kwargs)
+
+    return accepting
 
 
 # Upper bounds where a typo would run for days (docs/bad-input.md).

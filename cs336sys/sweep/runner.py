@@ -3,10 +3,10 @@
     from cs336sys.experiments import model, run_sweep
     from cs336sys.store import Recorder
 
-    specs = model.specs(size=["tiny"], context_length=[64, 128], precision=["fp32", "bf16"])
+    specs = model.specs(size=["tiny"], seq=[64, 128], precision=["fp32", "bf16"])
     with Recorder("db/results.db", command="notebook") as rec:
         points = run_sweep(model.EXPERIMENT, specs, rec)   # the rows `cs336sys model` writes
-    [(p.spec.context_length, p.result.metrics["step_ms_mean"]) for p in points]
+    [(p.spec.seq, p.result.metrics["step_ms_mean"]) for p in points]
 
 `run_sweep` is the only place that loops over specs. It applies `--resume` (points the sink
 already holds ok for this commit on this machine are not run again) and skip-after-OOM (once a point runs
