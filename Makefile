@@ -14,7 +14,8 @@ DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
 CLI := $(VENV)/bin/cs336sys
 REPORT = $(CLI) report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT)
 
-.PHONY: install test demo demo-yours demo-full lint bench clean-venv browser gpu-check gpu-owed wheels docs
+.PHONY: install test test-fast demo demo-yours demo-full lint bench clean-venv browser \
+	gpu-check gpu-owed wheels docs
 
 install: $(STAMP)
 
@@ -30,8 +31,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
+# The suite on every core (pytest-xdist): one worker per core (`auto`); tests/conftest.py says
+# which tests share a worker. PYTEST_WORKERS=0: all in this one process.
+PYTEST_WORKERS ?= auto
+PYTEST_ARGS = -q -n $(PYTEST_WORKERS)
+
 test: $(STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# `make test-fast`: the same without the tests marked slow, for the edit-test loop.
+test-fast: $(STAMP) browser
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 # `make docs`: the site (mkdocs.yml, pages in docs/) into site/, strict: a broken link, a
 # missing page or a warning from a plugin fails the build. The docs extra comes on top of

@@ -5,20 +5,38 @@ import sqlite3
 import tempfile
 
 import pytest
-import torch
+
+# pytest-xdist (`make test` runs `pytest -n auto`): this process is one of several workers.
+_XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+
+# torch.compile's cache (inductor's C++ and Triton files) in a folder of this session: two
+# test runs on one machine sharing /tmp/torchinductor_$USER raced on a half-written .so
+# ("file too short"). Under xdist each worker has a folder of its own, for the same reason
+# (the workers inherit the folder the controlling process made). Subprocesses inherit it.
+# Set before torch is imported: inductor reads it when it is first imported.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ or _XDIST_WORKER:
+    _cache = tempfile.mkdtemp(prefix=f"cs336sys-inductor-{_XDIST_WORKER or ''}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+import torch  # noqa: E402
 
 # Without CUDA, Triton kernels can only run in the interpreter; the flag must be set before
 # any kernel module is imported (triton.jit reads it when a kernel is defined).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# torch.compile's cache (inductor's C++ and Triton files) in a folder of this session: two
-# test runs on one machine sharing /tmp/torchinductor_$USER raced on a half-written .so
-# ("file too short"). Subprocesses inherit it.
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix="cs336sys-inductor-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+# Each xdist worker computes on its share of the cores. torch's default, a thread per core
+# in every worker, oversubscribes them: OpenMP threads spin waiting for cores the other
+# workers hold (the model, attention and precision tests took 2.5 times the CPU time for
+# it on 2 cores, 86 s against 35 s). Only this process's torch:
+# nothing is put in the environment (the store records OMP_NUM_THREADS with each run), and
+# the processes a test starts choose their own (the launcher's ranks split the cores).
+if _XDIST_WORKER:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (_cores or 1) // _workers))
 
 # A model small enough that a CLI sweep point takes milliseconds on a CPU.
 MICRO = [
@@ -46,18 +64,43 @@ MICRO = [
 
 
 def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    # Slow tests first (a stable sort: otherwise in file order), so that under xdist the
+    # last tests handed out are short ones and no worker waits long for another at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
-        has_cuda = torch.cuda.is_available()
-    except ImportError:  # pragma: no cover
-        has_cuda = False
-    if has_cuda:
-        return
-    skip = pytest.mark.skip(reason="needs CUDA")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+
+# Modules whose tests share an expensive module-scoped fixture (one launch of every case, or
+# one build): under xdist all their tests go to one worker, which runs the fixture once.
+# Spread over two workers, each would run it.
+ONE_WORKER = {
+    "tests/test_ddp_bench.py",  # swept: six DDP variants on two ranks
+    "tests/test_ddp_wrappers.py",  # runs: every DDP case, 3 rounds
+    "tests/test_sharding.py",  # runs: every sharded-optimizer and FSDP case
+    "tests/test_sm90_codegen.py",  # builds: the kernels compiled for sm_90
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook; without xdist it is never called
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n N` (make test): each test is handed to the next free worker, as with xdist's
+    default (--dist load), except that a module of ONE_WORKER goes to one worker whole.
+    (xdist_group marks and --dist loadgroup would say the same, but under pytest 9.2 xdist
+    3.8 no longer sees the marks: it renames node ids through an attribute pytest dropped.)"""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for by name
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER else nodeid
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture
