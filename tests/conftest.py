@@ -27,6 +27,56 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _patch_the_language_once_per_launch() -> bool:
+    """Triton's interpreter swaps triton.language's functions for interpreted ones when a
+    kernel launches, and swaps them again, walking every member of triton.language (inspect.
+    getmembers), at each call of a @triton.jit helper inside the kernel: the same swap, as
+    the launch's is still in place. Our kernels call helpers per tile, so that walk was
+    about 40% of every interpreted test. Here a helper call skips it when the running
+    launch has swapped the same modules already (otherwise it swaps as before). Results are
+    unchanged (test_flash_triton.py::test_interpreter_patch_changes_no_result checks it
+    bit for bit). False where the interpreter is not the one this was written against."""
+    import inspect
+    import threading
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    needed = ("_patch_lang", "GridExecutor", "_LangPatchScope", "InterpretedFunction")
+    if not all(hasattr(interpreter, name) for name in needed):
+        return False
+    swap, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    state = threading.local()  # per thread: the modules each running launch swapped
+
+    def languages(fn):
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def patch_lang(fn):
+        running = getattr(state, "running", None)
+        if running and languages(fn) <= running[-1]:
+            return interpreter._LangPatchScope()  # nothing to swap, nothing to restore
+        scope = swap(fn)
+        if running:
+            running[-1].update(languages(fn))
+        return scope
+
+    def run(self, *args, **kwargs):
+        running = state.__dict__.setdefault("running", [])
+        running.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            running.pop()
+
+    patch_lang.original, run.original = swap, launch
+    interpreter._patch_lang, interpreter.GridExecutor.__call__ = patch_lang, run
+    return True
+
+
+INTERPRETER_PATCHED = _patch_the_language_once_per_launch()  # no effect on compiled kernels
+
 # Each xdist worker computes on its share of the cores. torch's default, a thread per core
 # in every worker, oversubscribes them: OpenMP threads spin waiting for cores the other
 # workers hold (the model, attention and precision tests took 2.5 times the CPU time for

@@ -389,3 +389,23 @@ def test_direct_launch_passes_every_argument_in_signature_order(monkeypatch):
     assert ran == [len(first.kernel.arg_names)]
     ref = reference(q, k, v, do, True)["o"].to(DEVICE)
     assert (o.double() - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="a patch of Triton's interpreter")
+def test_interpreter_patch_changes_no_result(monkeypatch):
+    """tests/conftest.py spares the interpreter a swap of triton.language at every helper call
+    (INTERPRETER_PATCHED): the kernels give the same bits, forward and backward, without it."""
+    from triton.runtime import interpreter
+
+    from tests.conftest import INTERPRETER_PATCHED
+
+    assert INTERPRETER_PATCHED  # the patch applies to this Triton
+    shapes = ((1, 2, 37, 32), (1, 2, 45, 32), torch.float32, True)
+    patched, _, _ = run_flash(*shapes, seed=8)
+    monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.original)
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__",
+                        interpreter.GridExecutor.__call__.original)  # fmt: skip
+    plain, _, _ = run_flash(*shapes, seed=8)
+    assert patched.keys() == plain.keys()
+    for name in plain:
+        assert torch.equal(patched[name], plain[name]), name
