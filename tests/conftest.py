@@ -1,4 +1,5 @@
 import atexit
+import gc
 import os
 import shutil
 import sqlite3
@@ -122,6 +123,36 @@ def pytest_collection_modifyitems(config, items):
     # Slow tests first (a stable sort: otherwise in file order), so that under xdist the
     # last tests handed out are short ones and no worker waits long for another at the end.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_collection_finish(session):
+    # What the test modules imported (torch, Triton, the package: some 400,000 objects) is
+    # never garbage: leave it out of every later collection. Each sweep point ends with a
+    # gc.collect() (bench/result.free_memory), which took 0.25 s of CPU each time it walked
+    # them all; a fifth of the CLI tests' time. Objects made after this, by the tests
+    # themselves, are collected as before.
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # collectable again when the interpreter exits (nanobind warns otherwise)
+
+
+# Drawer.__init__ as the package has it (a test of the forked drawing processes uses it).
+from cs336sys.report.plots import Drawer  # noqa: E402
+
+DRAWER_INIT = Drawer.__init__
+
+
+@pytest.fixture(autouse=True)
+def _draw_in_this_process(monkeypatch):
+    """A report forks a process per core to draw its plots (report/plots.Drawer). Forking a
+    pytest worker (torch loaded) costs more than the drawing saves on these small reports:
+    a third of the report tests' CPU time. Tests draw in their own process, except
+    test_report.py::test_plots_drawn_in_forked_processes_are_the_ones_drawn_here; reports
+    made by a `cs336sys` subprocess fork as they always do."""
+    monkeypatch.setattr(Drawer, "__init__", lambda self, start=True: DRAWER_INIT(self, False))
 
 
 # Modules whose tests share an expensive module-scoped fixture (one launch of every case, or

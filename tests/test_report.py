@@ -52,6 +52,36 @@ def test_golden_markdown(store, tmp_path):
     assert not (tmp_path / "report.html").exists()
 
 
+def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path, monkeypatch):
+    """Reports draw their plots in a process per core (report/plots.Drawer); the other tests
+    draw in their own process (conftest). Both ways give the same images, in order."""
+    import sys
+
+    from cs336sys.report.plots import Drawer
+    from tests.conftest import DRAWER_INIT
+
+    here = report(store, tmp_path / "here", "--format", "html")
+    assert here.exit_code == 0, here.output
+    pools = []
+
+    def init(self, start=True):
+        DRAWER_INIT(self, start)
+        pools.append(self._pool is not None)
+
+    monkeypatch.setattr(Drawer, "__init__", init)
+    forked = report(store, tmp_path / "forked", "--format", "html")
+    assert forked.exit_code == 0, forked.output
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    assert pools == [cores > 1 and sys.platform.startswith("linux")]
+
+    def images(folder):
+        html = (folder / "report.html").read_text()
+        return re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+
+    assert len(images(tmp_path / "here")) == 7
+    assert images(tmp_path / "forked") == images(tmp_path / "here")
+
+
 def test_html_is_self_contained_and_escapes_hostile_settings(store, tmp_path):
     result = report(store, tmp_path, "--format", "html", "--title", "<b>T</b>")
     assert result.exit_code == 0, result.output
