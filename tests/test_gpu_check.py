@@ -258,6 +258,10 @@ def test_gpu_check_end_to_end_writes_its_verdict_and_archive(tmp_path, monkeypat
     check = _module()
     monkeypatch.setattr(check, "preflight", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    # One round of one call: on a CPU its SDPA rows compute for real (bf16, seq 1024, seconds a
+    # call), and its default 7 rounds took most of this test's time.
+    short = ["--calls", "1", "--repeats", "1"]
+    monkeypatch.setattr(check, "HOST_OVERHEAD", [*check.HOST_OVERHEAD, *short])
     micro = ["model", *MICRO, "--seq", "8", "--mode", "train"]
     monkeypatch.setattr(check, "STEPS", [("a micro model", micro)] if stores else [])
     out = tmp_path / "check"
