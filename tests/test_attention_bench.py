@@ -29,7 +29,12 @@ def test_chunked_reference_matches_float64_autograd(causal, tq, tk):
     assert grads is None and torch.allclose(o_only, o, atol=1e-6, rtol=0)
 
 
-def test_sweep_writes_the_expected_rows_and_derived_figures(db_path):
+def test_sweep_writes_the_expected_rows_and_derived_figures(db_path, monkeypatch):
+    # flash-torch's backward eagerly: compiled, each length is a compile (C++ built by
+    # inductor: most of this test's time). tests/test_flash_torch.py checks the compiled one.
+    from cs336sys.attention import flash_torch
+
+    monkeypatch.setenv(flash_torch.COMPILE_ENV, "0")
     result = invoke(
         "attention", *SMALL, "--impl", "naive,sdpa,flash-torch", "--seq", "32,128", "--db", db_path
     )
@@ -204,7 +209,10 @@ def test_triton_without_cuda_or_interpreter_is_a_clear_error(db_path, monkeypatc
 def test_triton_rows_are_marked_interpreted(db_path):
     if torch.cuda.is_available():
         pytest.skip("this machine runs Triton on the GPU")
-    result = invoke("attention", *SMALL, "--impl", "triton", "--seq", "40", "--db", db_path)
+    # One timed call per pass: the checked pass before them gives the errors (interpreted, each
+    # call takes a second).
+    one = ["--d-head", "16", "--batch", "2", "--warmup", "0", "--iters", "1", "--device", "cpu"]
+    result = invoke("attention", *one, "--impl", "triton", "--seq", "40", "--db", db_path)
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path)
     assert r["status"] == "ok" and r["interpreted"] == 1

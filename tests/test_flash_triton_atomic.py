@@ -100,8 +100,9 @@ def test_attention_rows_name_the_opt_in_asked_for_and_the_kernels_that_ran(monke
     from tests.conftest import invoke, query
 
     db = tmp_path / "r.db"
+    # one timed call per pass: what is checked comes from the checked pass before them
     argv = ["attention", "--impl", "triton", "--seq", "40", "--d-head", "16", "--batch", "1",
-            "--heads", "2", "--warmup", "1", "--iters", "2", "--device", DEVICE, "--db", db,
+            "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db,
             "--resume"]  # fmt: skip
     assert invoke(*argv).exit_code == 0
     monkeypatch.setattr(opt_in, "ATOMIC_DQ", True)  # the point's setting; opted_in does the rest
@@ -125,7 +126,7 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
 
     db = tmp_path / "r.db"
     argv = ["attention", "--impl", "triton,naive", "--seq", "40", "--d-head", "16", "--batch",
-            "1", "--heads", "2", "--warmup", "1", "--iters", "2", "--device", DEVICE, "--db", db]  # fmt: skip
+            "1", "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db]  # fmt: skip
     result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq")
     assert result.exit_code == 0, result.output
     got = query(db, "SELECT impl, triton_opt_in, triton_kernels, status, max_err_grad "
