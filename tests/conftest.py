@@ -37,6 +37,7 @@ def _patch_the_language_once_per_launch() -> bool:
     launch has swapped the same modules already (otherwise it swaps as before). Results are
     unchanged (test_flash_triton.py::test_interpreter_patch_changes_no_result checks it
     bit for bit). False where the interpreter is not the one this was written against."""
+    import functools
     import inspect
     import threading
 
@@ -51,6 +52,7 @@ def _patch_the_language_once_per_launch() -> bool:
     swap, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     state = threading.local()  # per thread: the modules each running launch swapped
 
+    @functools.cache
     def languages(fn):
         return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
 
