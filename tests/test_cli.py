@@ -444,7 +444,10 @@ def test_compiled_model_runs_and_is_recorded(db_path):
     assert row["status"] == "ok" and row["compile"] == 1 and row["step_ms_mean"] > 0
 
 
-@pytest.mark.parametrize("attention", ["naive", "sdpa", "flash-torch", "triton"])
+@pytest.mark.parametrize(
+    "attention",
+    ["naive", "sdpa", "flash-torch", pytest.param("triton", marks=pytest.mark.slow)],  # interpreted
+)
 def test_model_trains_with_each_attention(db_path, attention, monkeypatch):
     # The same random batch every step: a working attention (forward and backward) makes the
     # loss fall; a wrong gradient would not. Triton runs interpreted here (conftest).

@@ -83,6 +83,7 @@ def test_busbw_factors_follow_nccl_tests():
     assert exp.busbw_factor("broadcast", 8) == 1.0
 
 
+@pytest.mark.slow
 def test_every_op_on_two_gloo_ranks_is_exact(db_path):
     result = runner.invoke(
         app,
@@ -104,6 +105,7 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
     assert "busbw GB/s" in result.stdout
 
 
+@pytest.mark.slow
 def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "cs336sys", "comm", "--db", str(db_path), "--bytes", "1KB",
@@ -120,6 +122,7 @@ def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
     assert proc.stdout.count("busbw GB/s") == 1  # one table, from rank 0
 
 
+@pytest.mark.slow
 def test_under_torchrun_a_failed_point_is_stored_by_rank0_and_ends_the_run(db_path, tmp_path):
     script = Path(__file__).parent / "torchrun_failing_sweep.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

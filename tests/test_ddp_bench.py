@@ -27,6 +27,7 @@ def swept(tmp_path_factory):
     return db, result
 
 
+@pytest.mark.slow
 def test_every_variant_runs_and_ranks_agree(swept):
     db, result = swept
     assert result.exit_code == 0, result.output
@@ -47,6 +48,7 @@ def test_every_variant_runs_and_ranks_agree(swept):
     assert "vs torch" in result.stdout
 
 
+@pytest.mark.slow
 def test_communication_counters_match_the_model(swept):
     db, _ = swept
     cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
@@ -76,6 +78,7 @@ def test_communication_counters_match_the_model(swept):
     assert by_impl["torch", 25.0]["allreduce_calls"] >= 1
 
 
+@pytest.mark.slow
 def test_same_seed_same_first_loss_for_every_variant(swept):
     """All variants start from rank 0's weights and see the same batch: same first loss."""
     db, _ = swept
@@ -121,6 +124,7 @@ def sharded(tmp_path_factory):
     return db, result
 
 
+@pytest.mark.slow
 def test_sharded_variants_run_and_store_their_memory(sharded):
     db, result = sharded
     assert result.exit_code == 0, result.output

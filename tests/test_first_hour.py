@@ -205,6 +205,7 @@ def test_progress_moves_per_step_in_plain_lines_when_not_a_terminal(db_path, mon
     assert "\x1b" not in result.stderr and "\r" not in result.stderr  # no bar drawing in a log
 
 
+@pytest.mark.slow
 def test_progress_reaches_the_parent_from_distributed_ranks(db_path, monkeypatch):
     from cs336sys.cli.common import Bar
 

@@ -93,6 +93,7 @@ def test_the_default_backward_is_atomic_free_and_deterministic(monkeypatch):
     assert not any(p.atomic_dq for p in flash_triton._PLANS.values())
 
 
+@pytest.mark.slow
 def test_attention_rows_name_the_opt_in_asked_for_and_the_kernels_that_ran(monkeypatch, tmp_path):
     """`cs336sys attention --impl triton` stores the requested opt-in as a setting (so that
     --resume tells it from a default point) and the kernels that ran as triton_kernels."""
@@ -118,6 +119,7 @@ def test_attention_rows_name_the_opt_in_asked_for_and_the_kernels_that_ran(monke
     assert len(query(db, "SELECT 1 FROM attention_runs")) == 2
 
 
+@pytest.mark.slow
 def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
     """--triton-opt-in takes a list: a point each, in one invocation, each recording what it
     asked for and what ran (`tma` falls back to the pointer kernels for fp32 and off Hopper), and the

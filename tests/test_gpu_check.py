@@ -125,6 +125,7 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+@pytest.mark.slow
 def test_a_step_past_its_time_is_stopped_with_every_process_it_started(tmp_path, monkeypatch):
     """--budget's mechanism: the step's whole process group gets SIGTERM, and SIGKILL after
     the grace where it ignores SIGTERM; the status says it was stopped."""

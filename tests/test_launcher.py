@@ -53,6 +53,7 @@ def _pids_gone(pids):
     return True
 
 
+@pytest.mark.slow
 def test_ranks_compute_and_rank0_streams():
     got = []
     values = launch(_sum_ranks, 2, args=(10.0,), on_emit=got.append)
@@ -60,6 +61,7 @@ def test_ranks_compute_and_rank0_streams():
     assert got == [("from", 0)]  # only rank 0's messages reach the caller
 
 
+@pytest.mark.slow
 def test_a_rank_that_raises_fails_the_run_with_its_traceback():
     t0 = time.perf_counter()
     with pytest.raises(WorkerError) as info:
@@ -71,12 +73,14 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback():
     assert len(err.pids) == 2 and _pids_gone(err.pids)
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_silently_is_reported():
     with pytest.raises(WorkerError, match="exited with code 3") as info:
         launch(_die_on_rank1, 2)
     assert info.value.rank == 1 and _pids_gone(info.value.pids)
 
 
+@pytest.mark.slow
 def test_a_hung_collective_hits_the_group_timeout(monkeypatch):
     monkeypatch.setenv("CS336SYS_DIST_TIMEOUT", "4")  # spawned ranks inherit the environment
     t0 = time.perf_counter()
@@ -87,6 +91,7 @@ def test_a_hung_collective_hits_the_group_timeout(monkeypatch):
     assert _pids_gone(info.value.pids)
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_no_worker_behind(tmp_path):
     script = textwrap.dedent(
         f"""

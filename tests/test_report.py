@@ -52,6 +52,7 @@ def test_golden_markdown(store, tmp_path):
     assert not (tmp_path / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path, monkeypatch):
     """Reports draw their plots in a process per core (report/plots.Drawer); the other tests
     draw in their own process (conftest). Both ways give the same images, in order."""

@@ -18,6 +18,8 @@ import pytest
 
 from tests.report_fixture import build
 
+pytestmark = pytest.mark.slow  # every test starts Chromium
+
 SECTIONS = ("model", "attention", "memory", "memory-residuals", "comm", "ddp", "profile",
             "precision", "compare")  # fmt: skip
 

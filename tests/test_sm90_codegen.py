@@ -19,6 +19,8 @@ import pytest
 
 from cs336sys.models import adamw_kernels
 
+pytestmark = pytest.mark.slow  # each test compiles kernels for sm_90 in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = adamw_kernels.NUM_WARPS * 32
 PER_THREAD = adamw_kernels.BLOCK // THREADS  # elements of each tensor a thread holds per block
@@ -69,7 +71,6 @@ def test_cross_entropy_bf16_reads_and_writes_logits_16_bytes_at_a_time_without_s
     assert build["stack"] == 0
 
 
-@pytest.mark.slow
 def test_atomic_dq_candidates_for_head_dim_128_compile_without_spills(tmp_path):
     """The atomic-dQ dK/dV kernel's candidates are a hand-checked list, not an estimate: at
     d 128 (where most tiles spill) each kept config, pointer and TMA, compiles for sm_90 with

@@ -183,6 +183,7 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_was_stored(monkeypatch):
     assert events.events[-1] == ("finish",)
 
 
+@pytest.mark.slow
 def test_a_failed_point_ends_its_process_group_and_a_fresh_one_runs_the_rest():
     specs = [Toy(1, world_size=2), Toy(2, world_size=2), Toy(3, world_size=2)]
     sink = ListSink()

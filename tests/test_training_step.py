@@ -22,6 +22,7 @@ def _loss(experiment, specs) -> dict:
     return point.result.metrics
 
 
+@pytest.mark.slow  # ddp spawns a rank
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_model_profile_memory_and_ddp_compute_the_same_loss(precision):
     common = dict(size=["tiny"], seq=[32], batch=[2], mode=["train"],
