@@ -34,14 +34,16 @@ $(STAMP): pyproject.toml
 # The suite on every core (pytest-xdist): one worker per core (`auto`); tests/conftest.py says
 # which tests share a worker. PYTEST_WORKERS=0: all in this one process.
 PYTEST_WORKERS ?= auto
-PYTEST_ARGS = -q -n $(PYTEST_WORKERS)
+# PYTHONDONTWRITEBYTECODE emptied: pytest keeps the test modules it rewrote (assertions) in
+# __pycache__, where a later run finds them; rewriting them all took 5 s of every worker.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(PYTEST_WORKERS)
 
 test: $(STAMP) browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PYTEST)
 
 # `make test-fast`: the same without the tests marked slow, for the edit-test loop.
 test-fast: $(STAMP) browser
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # `make docs`: the site (mkdocs.yml, pages in docs/) into site/, strict: a broken link, a
 # missing page or a warning from a plugin fails the build. The docs extra comes on top of

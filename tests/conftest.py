@@ -14,18 +14,10 @@ _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 # test runs on one machine sharing /tmp/torchinductor_$USER raced on a half-written .so
 # ("file too short"). Under xdist each worker has a folder of its own, for the same reason
 # (the workers inherit the folder the controlling process made). Subprocesses inherit it.
-# Set before torch is imported: inductor reads it when it is first imported.
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ or _XDIST_WORKER:
     _cache = tempfile.mkdtemp(prefix=f"cs336sys-inductor-{_XDIST_WORKER or ''}")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-
-import torch  # noqa: E402
-
-# Without CUDA, Triton kernels can only run in the interpreter; the flag must be set before
-# any kernel module is imported (triton.jit reads it when a kernel is defined).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _patch_the_language_once_per_launch() -> bool:
@@ -78,18 +70,36 @@ def _patch_the_language_once_per_launch() -> bool:
     return True
 
 
-INTERPRETER_PATCHED = _patch_the_language_once_per_launch()  # no effect on compiled kernels
+INTERPRETER_PATCHED = False  # set by pytest_configure
 
-# Each xdist worker computes on its share of the cores. torch's default, a thread per core
-# in every worker, oversubscribes them: OpenMP threads spin waiting for cores the other
-# workers hold (the model, attention and precision tests took 2.5 times the CPU time for
-# it on 2 cores, 86 s against 35 s). Only this process's torch:
-# nothing is put in the environment (the store records OMP_NUM_THREADS with each run), and
-# the processes a test starts choose their own (the launcher's ranks split the cores).
-if _XDIST_WORKER:
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    torch.set_num_threads(max(1, (_cores or 1) // _workers))
+
+def _hands_out_tests_only(config) -> bool:
+    """The xdist process of `pytest -n N` that hands tests to the workers and runs none."""
+    return not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
+
+
+def pytest_configure(config):
+    global INTERPRETER_PATCHED
+    if _hands_out_tests_only(config):
+        return  # it needs no torch (3 s of CPU before the workers even start)
+    import torch
+
+    # Without CUDA, Triton kernels can only run in the interpreter; the flag must be set
+    # before any kernel module is imported (triton.jit reads it when a kernel is defined):
+    # here, before the test modules are collected.
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    INTERPRETER_PATCHED = _patch_the_language_once_per_launch()  # no effect when compiled
+    # Each xdist worker computes on its share of the cores. torch's default, a thread per
+    # core in every worker, oversubscribes them: OpenMP threads spin waiting for cores the
+    # other workers hold (the model, attention and precision tests took 2.5 times the CPU
+    # time for it on 2 cores, 86 s against 35 s). Only this process's torch: nothing is put
+    # in the environment (the store records OMP_NUM_THREADS with each run), and the
+    # processes a test starts choose their own (the launcher's ranks split the cores).
+    if _XDIST_WORKER:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        torch.set_num_threads(max(1, (cores or 1) // workers))
 
 # A model small enough that a CLI sweep point takes milliseconds on a CPU.
 MICRO = [
@@ -117,6 +127,8 @@ MICRO = [
 
 
 def pytest_collection_modifyitems(config, items):
+    import torch
+
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:

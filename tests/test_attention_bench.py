@@ -206,6 +206,7 @@ def test_triton_without_cuda_or_interpreter_is_a_clear_error(db_path, monkeypatc
     assert not db_path.exists()
 
 
+@pytest.mark.slow  # interpreted
 def test_triton_rows_are_marked_interpreted(db_path):
     if torch.cuda.is_available():
         pytest.skip("this machine runs Triton on the GPU")

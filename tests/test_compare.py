@@ -263,6 +263,7 @@ def test_compare_report_covers_only_a_and_b(regress_db, tmp_path):
     assert "| 777 |" in (tmp_path / "all" / "report.md").read_text()
 
 
+@pytest.mark.slow  # four reports
 def test_fail_on_regression_exits_1_after_writing(regress_db, tmp_path):
     result = report(regress_db, tmp_path / "a", "--compare", "a1a1", "b2b2",
                     "--fail-on-regression", "10", "--format", "md")  # fmt: skip

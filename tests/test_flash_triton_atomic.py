@@ -57,6 +57,7 @@ def test_atomic_dq_with_unequal_tiles(atomic_dq, monkeypatch, tiles, n_queries, 
     assert_close(got, ref, F32)
 
 
+@pytest.mark.slow  # three interpreted forward and backward calls each
 @pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
 def test_model_views_reuse_the_atomic_plan(atomic_dq, monkeypatch, tma):
     """(B, H, T, D) views of (B, T, H, D) memory, three calls: one plan each way, reused, and

@@ -30,6 +30,7 @@ def _module():
     return module
 
 
+@pytest.mark.slow  # two Pythons, one importing torch
 @pytest.mark.skipif(
     __import__("torch").cuda.is_available(), reason="checks the machine without CUDA"
 )
@@ -104,6 +105,7 @@ def test_gpu_owed_lists_its_steps_and_refuses_bad_numbers(tmp_path):
     assert "--only takes step numbers" in bad.stderr and not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # a Python importing torch
 @pytest.mark.skipif(
     __import__("torch").cuda.is_available(), reason="checks the machine without CUDA"
 )
