@@ -74,7 +74,7 @@ browser:
 		echo "chromium or pdftotext not found and cannot be installed here: the report browser tests will fail"; \
 	fi
 
-# `make demo`: a first run in minutes (issue 14) -- one small sweep of each kind of
+# `make demo`: a first run in minutes -- one small sweep of each kind of
 # experiment into $(DEMO_DB), then the report of exactly those runs. fp32 only: bf16/fp16 are
 # emulated (and 30x slower) on CPUs without AVX512-BF16/FP16; `make demo-full` has them.
 demo: $(STAMP)

@@ -1,5 +1,5 @@
 """How long one AdamW step takes over a model's parameters, for each optimizer of
-`cs336sys model --optimizer` (issue 17, item 2: ours at or under torch's fused=True on an H100).
+`cs336sys model --optimizer` (ours at or under torch's fused=True on an H100).
 
     python benchmarks/adamw.py                      # xl on CUDA, tiny on CPU
     python benchmarks/adamw.py --size xl --param-dtype bf16 --iters 20

@@ -1,4 +1,4 @@
-"""Host cost of one attention call (issue 15): microseconds per call, ours against SDPA and
+"""Host cost of one attention call: microseconds per call, ours against SDPA and
 against a bare Triton launch of an empty kernel, the floor.
 
     python benchmarks/attention_host_overhead.py [--calls 100] [--repeats 7] [--json FILE]

@@ -1,5 +1,5 @@
 """How much slower a 16-bit step is on this CPU than fp32: the figure behind the warning that
-`cs336sys model --precision bf16` prints where the CPU only emulates the dtype (issue 14).
+`cs336sys model --precision bf16` prints where the CPU only emulates the dtype.
 
     python benchmarks/emulated_precision.py [--size tiny] [--seq 128] [--iters 5]
 

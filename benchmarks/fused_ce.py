@@ -1,4 +1,4 @@
-"""Fused LM head + cross-entropy (issue 17, item 3): time and peak memory against the materialised baseline.
+"""Fused LM head + cross-entropy: time and peak memory against the materialised baseline.
 
 One forward + backward of the LM head's loss, three ways:
   baseline  the training step's: logits = h @ W^T under autocast, F.cross_entropy(logits.float())

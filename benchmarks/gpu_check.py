@@ -12,8 +12,8 @@ For a machine where torch and Triton are installed already and nothing can be do
    - memory for xl at context 128 and 2048;
    - profile model for small and xl in bf16;
    - the training step of xl (context 512, batch 4) with each optimisation alone and all;
-   then benchmarks/attention_host_overhead.py: host us per triton forward call at seq 1024
-   (issue 15), into host-overhead.json beside the store;
+   then benchmarks/attention_host_overhead.py: host us per triton forward call at seq 1024,
+   into host-overhead.json beside the store;
 3. the report of exactly that run, in HTML and markdown, into reports/<gpu>/ (the store is
    results.db beside it), and one .tar.gz of both to copy off the machine;
 4. a verdict table: each target the docs set, the figure measured, met or not.
@@ -63,7 +63,7 @@ STEPS = [  # (what, cs336sys arguments)
     ("profile model: small and xl, bf16",
      ["profile", "model", "--size", "small,xl", "--precision", "bf16", "--seq", "512",
       "--warmup", "3", "--iters", "5"]),
-    ("step: xl at context 512, batch 4, each switch alone and all (issue 17)",
+    ("step: xl at context 512, batch 4, each switch alone and all",
      ["step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation"]),
 ]  # fmt: skip
 # Issue 15's host-overhead benchmark (not a cs336sys command, so not in STEPS), run with --json;
@@ -235,7 +235,7 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
 
 
 def host_overhead(path: Path) -> tuple[str, str, str]:
-    """The verdict row of benchmarks/attention_host_overhead.py (issue 15), from its JSON."""
+    """The verdict row of benchmarks/attention_host_overhead.py, from its JSON."""
     import json
 
     got = json.loads(path.read_text()) if path.exists() else {}

@@ -10,7 +10,7 @@ integer sizes Triton sees 16-byte aligned / divisible by 16 where the launch wou
 so), and compiled by Triton's CUDA backend for GPUTarget("cuda", 90, 32); `cuobjdump
 -res-usage` (shipped with Triton) reads the cubin. No speed figure: registers and spills say
 whether a config can run at full occupancy, and `ld/st 16B` whether a memory-bound kernel
-moves 16 bytes per instruction (issue 17: AdamW's multi-tensor kernel did not, before its
+moves 16 bytes per instruction (AdamW's multi-tensor kernel did not, before its
 alignment hint moved onto the pointer). Needs no GPU; the tests use `compile_sm90`.
 """
 

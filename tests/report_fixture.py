@@ -168,7 +168,7 @@ OPT_PEAK = 1100 * 2**20  # the optimizer step's peak: the same with or without c
 
 
 def _issue14(run, tc, k) -> None:
-    """Rows for what each section must show (issue 14): Triton points timed under
+    """Rows for what each section must show: Triton points timed under
     TRITON_INTERPRET=1 beside native CPU naive ones at the same shapes; a checkpointing group
     whose step peak the optimizer sets (checkpointing lowers only the activation peaks); a
     float32 sum with all its digits."""

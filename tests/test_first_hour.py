@@ -1,4 +1,4 @@
-"""A user's first hour (issue 14): one option vocabulary with the old spellings as hidden
+"""A user's first hour: one option vocabulary with the old spellings as hidden
 aliases, --label, the store named at the end and found from the git checkout, progress
 inside a point, Ctrl-C that says how to go on, and the warnings a CPU run needs."""
 
@@ -256,7 +256,7 @@ def test_root_help_has_examples_and_completion():
 
 
 def test_cpu_defaults_are_small_enough_for_seconds():
-    """The defaults a CPU gets: a tiny model, short sweeps, few steps (issue 14)."""
+    """The defaults a CPU gets: a tiny model, short sweeps, few steps."""
     from cs336sys.experiments import attention, comm, ddp, model
 
     (m,) = model.specs(device="cpu")

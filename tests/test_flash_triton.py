@@ -250,7 +250,7 @@ def test_pinned_tiles_are_the_first_candidate_that_fits_the_call():
 
 
 # --------------------------------------------------------------------------------------------
-# Launch plans (issue 15): one plan per call signature, reused without re-checking or copying
+# Launch plans: one plan per call signature, reused without re-checking or copying
 
 
 def grads_of(q, k, v, do, is_causal):

@@ -1,4 +1,4 @@
-"""The opt-in atomic-dQ backward (CS336SYS_TRITON_ATOMIC_DQ=1, issue 15) against float64.
+"""The opt-in atomic-dQ backward (CS336SYS_TRITON_ATOMIC_DQ=1) against float64.
 
 The dK/dV kernel adds each query tile's share of dQ into a float32 buffer with atomics, so
 dQ is a sum in no fixed order: these tests hold it to the same tolerances as the default,

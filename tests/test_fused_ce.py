@@ -1,4 +1,4 @@
-"""Fused LM head + cross-entropy (issue 17, item 3) against the materialised baseline and float64.
+"""Fused LM head + cross-entropy against the materialised baseline and float64.
 
 The baseline is what the training step computes (cs336sys/experiments/training_step.py):
 F.cross_entropy((h @ W^T).float(), targets), the matmul under autocast when there is one.

@@ -89,7 +89,7 @@ def as_layout(t, layout):
 
 @pytest.mark.parametrize("layout", ["contiguous", "misaligned", "transposed"])
 def test_reused_launch_plans_run_the_compiled_kernel_handle(monkeypatch, layout):
-    """Issue 15: the first call of a signature plans and compiles, later ones launch the
+    """The first call of a signature plans and compiles, later ones launch the
     compiled kernel handle directly; each layout gets its own plan and stays exact."""
     from cs336sys.attention import flash_triton
 
@@ -123,7 +123,7 @@ TMA_CASES = [  # the descriptor kernels: each dtype, both maskings, padded head 
 
 @pytest.mark.parametrize("shape, dtype, causal", TMA_CASES)
 def test_tma_kernels_on_hopper_match_float64(monkeypatch, shape, dtype, causal):
-    """Issue 15: the kernels' TMA build, forced (it is opt-in), on an H100."""
+    """The kernels' TMA build, forced (it is opt-in), on an H100."""
     from cs336sys.attention import FlashAttention2Triton, flash_triton
 
     if torch.cuda.get_device_capability()[0] < 9:
@@ -170,7 +170,7 @@ ATOMIC_CASES = [  # the opt-in atomic-dQ backward: each dtype, both maskings, d 
 @pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
 @pytest.mark.parametrize("shape, dtype, causal", ATOMIC_CASES)
 def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tma):
-    """Issue 15: dQ added into float32 with atomics in the dK/dV kernel (opt-in)."""
+    """dQ added into float32 with atomics in the dK/dV kernel (opt-in)."""
     from cs336sys.attention import FlashAttention2Triton, flash_triton
 
     if tma and torch.cuda.get_device_capability()[0] < 9:

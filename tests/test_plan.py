@@ -1,4 +1,4 @@
-"""`cs336sys plan` (issue 16): the ring collectives and the closed forms against hand-worked
+"""`cs336sys plan`: the ring collectives and the closed forms against hand-worked
 numbers, the whole-model accounting against its own closed forms and exact parameter
 counts, --measured's choice of rows, the plan beside ddp runs, and bad input."""
 
@@ -188,7 +188,7 @@ def test_n_max_is_where_the_step_stops_hiding(strategy):
 
 
 def test_the_8b_on_two_b200():
-    """What the closing note of issue 16 says: on 2 x B200 every strategy hides its
+    """The plan's headline case: on 2 x B200 every strategy hides its
     communication; DP's 16 bytes a parameter (121 GiB) leave room for 2 sequences of 4096."""
     for strategy in exp.STRATEGIES:
         m = exp.run(_spec(strategy, 2, size="8b", seq=4096, batch=4096 * 256, hardware="b200")).metrics

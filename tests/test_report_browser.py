@@ -86,7 +86,7 @@ def test_report_in_headless_chromium(tmp_path):
     assert canary_urls == {"http://example.invalid/x.png"}
 
 
-# -- layout: tables and the model chart fit the page (issue 14) --------------------------------
+# -- layout: tables and the model chart fit the page --------------------------------
 
 H100_REPORT = Path(__file__).resolve().parent.parent / "reports" / "h100" / "report.html"
 WIDTH = 1280

@@ -1,4 +1,4 @@
-"""What each report section shows (issue 14, "Reports show what each experiment is about").
+"""What each report section shows ("Reports show what each experiment is about").
 
 Built through the library (report/render.py's build and write, what `cs336sys report` calls)
 from the fixed store of tests/report_fixture.py, from rows made here, and from the committed

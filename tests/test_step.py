@@ -1,4 +1,4 @@
-"""`cs336sys step` (issue 17): the leaderboard's training step with each optimisation a
+"""`cs336sys step`: the leaderboard's training step with each optimisation a
 switch. The switches must not change what is computed: all of them on give the plain step's
 losses, step after step."""
 

@@ -11,7 +11,7 @@ with one program per query tile looping over key tiles, then dK and dV with one 
 key tile looping over query tiles (reading D). Splitting dQ from dK/dV means no two programs
 write the same rows, so there are no atomics and the results are deterministic. The kernels are in
 `flash_triton_kernels.py`, their tile sizes in `flash_triton_tuning.py`; this module checks
-inputs and launches them, through a launch plan cached per call signature (issue 15).
+inputs and launches them, through a launch plan cached per call signature.
 
     o = flash_attention_triton(q, k, v, is_causal=True)   # q (B, [H,] T_q, D); k, v (B, [H,] T_k, D)
     o = FlashAttention2Triton.apply(q, k, v, True)         # the same, as an autograd.Function
@@ -29,7 +29,7 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 With CS336SYS_TRITON_TMA=1, GPUs of compute capability >= 9 (Hopper) run the kernels' TMA
 build, which moves tiles through tensor descriptors (`flash_triton_tma.py`); with
 CS336SYS_TRITON_ATOMIC_DQ=1 the backward adds dQ with atomics inside the dK/dV kernel instead
-of recomputing S and dP in a dQ kernel. Both are opt-in until measured on an H100 (issue 15).
+of recomputing S and dP in a dQ kernel. Both are opt-in until measured on an H100.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def check_available(device: torch.device | str) -> None:
     _available(device, INTERPRETED, "--impl triton")
 
 
-# Hopper path (issue 15): the kernels' TMA build (constexpr TMA) loads and stores tiles through
+# Hopper path: the kernels' TMA build (constexpr TMA) loads and stores tiles through
 # tensor descriptors instead of per-element pointers and masks. Opt-in until measured
 # on an H100 (written and checked on a CPU-only machine, in the interpreter and by offline
 # sm_90 compiles): a plan runs them only where CS336SYS_TRITON_TMA=1, the GPU has compute
@@ -88,7 +88,7 @@ def check_available(device: torch.device | str) -> None:
 # kernels wherever the layout allows, any dtype, the interpreter included: what tests set.
 TMA = opt_in.TMA
 FORCE_TMA = False
-# Atomic dQ (issue 15; flash_triton_kernels.py, "Atomic dQ"): with CS336SYS_TRITON_ATOMIC_DQ=1
+# Atomic dQ (flash_triton_kernels.py, "Atomic dQ"): with CS336SYS_TRITON_ATOMIC_DQ=1
 # the backward runs D alone, then the dK/dV kernel adding dQ into a zeroed float32 buffer
 # with atomics (5 tile products instead of 7; dQ no longer bit-for-bit reproducible), then
 # casts it to dQ's dtype. Opt-in until it has been timed against the default on a GPU.
@@ -142,7 +142,7 @@ def _on_device(t: torch.Tensor):
 # --------------------------------------------------------------------------------------------
 # Launch plans: what a call needs beyond its tensors, worked out once per call signature
 #
-# Issue 15: at seq 1024 one forward call cost 0.19 ms of host time on an H100 host while its
+# At seq 1024 one forward call cost 0.19 ms of host time on an H100 host while its
 # kernel ran 0.14 ms, and the model calls attention 48 times per xl forward. Most of that was
 # per-call work whose answer never changes for the same inputs: input checks, `.contiguous()`
 # copies, the autotuner's key and cache lookup, and Triton's argument binding and
@@ -154,7 +154,7 @@ def _on_device(t: torch.Tensor):
 # After that first launch, every call goes through Triton's JIT launcher with the chosen tiles
 # passed explicitly (skipping the autotuner's lookup). With CS336SYS_TRITON_DIRECT_LAUNCH=1,
 # calls on CUDA launch the compiled kernel handle directly instead: opt-in until it has run on
-# a GPU (issue 15; written and tested against a stand-in handle on a CPU-only machine).
+# a GPU (written and tested against a stand-in handle on a CPU-only machine).
 DIRECT_LAUNCH = os.environ.get("CS336SYS_TRITON_DIRECT_LAUNCH", "0") == "1"
 
 
@@ -521,7 +521,7 @@ def flash_attention_triton(
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttention2Triton.apply(q, k, v, is_causal)
     # Nothing to differentiate: skip autograd.Function's bookkeeping, a few microseconds of
-    # host time per call (issue 15).
+    # host time per call.
     return attention_forward(q, k, v, is_causal)[0]
 
 

@@ -2,7 +2,7 @@
 
 The candidate configs per kernel, the pruner that keeps those fitting a call, the autotuned
 kernels, and `pinned_tiles()` for when tiles are not what is measured. The host launchers in
-`flash_triton.py` use these once per call signature (issue 15) and reuse the choice.
+`flash_triton.py` use these once per call signature and reuse the choice.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ _TUNING = {
 # estimates, tuned and cached under their own names. Offline sm_90 compiles
 # (Triton 3.6 and 3.9, bf16, d 64-128) used the shared memory estimated here to within 1 KiB,
 # without spills (forward and dQ: 3-33 % fewer registers than the pointer kernels, dK/dV
-# about as many); their speed is unmeasured (issue 15).
+# about as many); their speed is unmeasured.
 _TUNING.update({f"{name}_tma": _TUNING[name] for name in ("fwd", "dkdv", "dq")})
 # With atomic dQ the dK/dV kernel also holds a float32 (Q_TILE, BLOCK_D) dQ partial per query
 # step, and the estimate above did not predict its spills (d 128 at 64 x 64 spilled 176 bytes,

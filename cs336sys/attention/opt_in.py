@@ -1,4 +1,4 @@
-"""The opt-in paths of the Triton FlashAttention-2 (issue 15), read once from the environment.
+"""The opt-in paths of the Triton FlashAttention-2, read once from the environment.
 
     CS336SYS_TRITON_TMA=1        Hopper: tiles move through tensor descriptors (TMA)
     CS336SYS_TRITON_ATOMIC_DQ=1  backward: dQ added with atomics in the dK/dV kernel

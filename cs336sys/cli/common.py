@@ -115,7 +115,7 @@ EMULATED_SLOWDOWN = 30
 
 def emulated(device: str, precisions: Iterable[str]) -> None:
     """One line on stderr for each 16-bit precision this CPU only emulates: such a sweep
-    is not stuck, it is slow (issue 14: bf16 on a CPU without AVX512-BF16 ran 18 minutes)."""
+    is not stuck, it is slow (bf16 on a CPU without AVX512-BF16 ran 18 minutes)."""
     if not device.startswith("cpu"):
         return
     from cs336sys.experiments.precision import native_support

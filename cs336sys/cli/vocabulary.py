@@ -1,4 +1,4 @@
-"""One option name per concept, in every command (issue 14), and the old spellings kept as
+"""One option name per concept, in every command, and the old spellings kept as
 hidden aliases until 0.3.
 
     --seq        sequence length           (was --context-length in model, memory, ddp, profile)

@@ -29,7 +29,7 @@ from cs336sys.sweep.result import Result
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
 DEFAULT_WORLD_SIZES = [2, 4, 6]
 # nccl-tests' range on GPUs; on a CPU, Gloo moves 1 GB in seconds, so a point of 25 of them
-# would take minutes: up to 100 MB and fewer iterations there (issue 14).
+# would take minutes: up to 100 MB and fewer iterations there.
 DEFAULTS = {
     "cuda": dict(size=["1MB", "10MB", "100MB", "1GB"], warmup=5, iters=20),
     "cpu": dict(size=["1MB", "10MB", "100MB"], warmup=2, iters=10),

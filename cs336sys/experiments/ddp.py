@@ -16,7 +16,7 @@ rank's (every rank waits for it at the next collective); mean and std are over s
 - fsdp: the time with at least one of its collectives in flight, from launch to completion
   (the union of their intervals, parallel/in_flight.py): the all-gathers of forward and
   backward, the reduce-scatters and the all-reduce of the replicated gradients, hidden
-  behind compute or not. (Until issue 16 it was the time in finish_gradient_synchronization,
+  behind compute or not. (In 0.1 it was the time in finish_gradient_synchronization,
   as for overlap; that phase is still what the launch-bound check reads.)
 - torch-fsdp: FSDP2 reduce-scatters inside backward: backward time minus the backward time
   with set_requires_gradient_sync(False), as for torch.

@@ -329,7 +329,7 @@ TABLE = Table(
         Column("step ms", "step_ms", "mean_std"),
         # What checkpointing changes is the activations: the backward peak and the saved
         # bytes, against no checkpointing. The whole step's peak is often the optimizer's,
-        # the same for every policy (issue 14), so it is not what is compared.
+        # the same for every policy, so it is not what is compared.
         Column("bwd peak vs none", ratio=_VS_NONE("bwd_peak_bytes")),
         Column("saved vs none", ratio=_VS_NONE("saved_bytes")),
         HOST_BOUND,

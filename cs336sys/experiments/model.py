@@ -48,7 +48,7 @@ from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
 
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
-# and timed steps) finishes in seconds (issue 14: `small` took a minute a point on 2 cores).
+# and timed steps) finishes in seconds (`small` took a minute a point on 2 cores).
 DEFAULTS = {
     "cuda": dict(size="small", seq=512, warmup=5, iters=10),
     "cpu": dict(size="tiny", seq=128, warmup=2, iters=5),

@@ -83,7 +83,7 @@ BASELINE_OPTIMIZER = "adamw"  # the reference loop: 7 elementwise kernels per pa
 LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
 PARAM_DTYPES = ("fp32", "bf16")
 
-# A GPU gets the 8B scaled to one H100 (issue 17: 8 layers at context 8192, batch 2); a CPU
+# A GPU gets the 8B scaled to one H100 (8 layers at context 8192, batch 2); a CPU
 # a point that finishes in seconds, in fp32 (bf16 is emulated on CPUs without AVX512-BF16).
 DEFAULTS = {
     "cuda": dict(size="8b", num_layers=8, seq=8192, batch=2, warmup=2, iters=5,

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Sequence
 
 # p10/p90 and the interquartile range say how wide the middle of the samples is without
-# letting one spike (a GC pause, a clock ramp) set the figure, as std does (issue 14).
+# letting one spike (a GC pause, a clock ramp) set the figure, as std does.
 STATS = ("mean", "std", "min", "median", "max", "p10", "p90", "iqr")
 
 

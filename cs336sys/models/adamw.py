@@ -10,7 +10,7 @@ agree to float rounding:
     v   <- beta2 * v + (1 - beta2) * g^2
     p   <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
-Mixed precision (issue 17): a bfloat16 or float16 parameter gets float32 moments, and its
+Mixed precision: a bfloat16 or float16 parameter gets float32 moments, and its
 update is computed in float32 from a float32 copy of the weights and gradient, then rounded
 to the parameter's dtype once. A 16-bit v would flush small squared gradients, and rounding
 the weights after the decay and again after the update would round twice per step. The one

@@ -24,7 +24,7 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
     "xl": (1600, 6400, 48, 25),
     "2.7B": (2560, 10240, 32, 32),
     "10B": (4608, 12288, 50, 36),
-    # The CS336 2026 leaderboard model (issues 16, 17): a Qwen-sized 8B with an untied head.
+    # The CS336 2026 leaderboard model: a Qwen-sized 8B with an untied head.
     "8b": (4096, 11008, 34, 32),
 }
 # Presets whose vocabulary is not the default 10,000: the 8B uses Qwen's tokenizer.
@@ -114,7 +114,7 @@ def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
 
     every:K   groups of K blocks, the last one shorter when K does not divide num_layers;
     sqrt      every:K with K about sqrt(num_layers) (Chen et al. 2016);
-    groups:A,B,...  uneven groups that sum to num_layers (issue 17: e.g. groups:14,14,6 for
+    groups:A,B,...  uneven groups that sum to num_layers (e.g. groups:14,14,6 for
               the 34-layer 8B, to find the largest model that fits one GPU and its cost).
     """
     if spec == "none":

@@ -1,4 +1,4 @@
-"""Fused LM head + cross-entropy: the loss of `h @ W^T` without the (N, V) logits (issue 17, item 3).
+"""Fused LM head + cross-entropy: the loss of `h @ W^T` without the (N, V) logits.
 
     loss = linear_cross_entropy(h, lm_head.weight, targets)     # h (..., C), W (V, C), targets (...)
     # == F.cross_entropy((h @ W.T).float().flatten(0, -2), targets.flatten()), and its gradients

@@ -204,7 +204,7 @@ class TransformerLM(nn.Module):
         self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The final-norm hidden states (B, T, C) the LM head reads: what a fused LM head +
-        cross-entropy takes instead of the (B, T, V) logits (models/fused_ce.py, issue 17)."""
+        cross-entropy takes instead of the (B, T, V) logits (models/fused_ce.py)."""
         B, T = token_ids.shape
         if T > self.config.context_length:
             raise ValueError(

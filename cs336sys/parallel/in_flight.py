@@ -1,4 +1,4 @@
-"""How long a step has a collective in flight (issue 16, item 3: FSDP's `comm_ms`).
+"""How long a step has a collective in flight (FSDP's `comm_ms`).
 
 Each async collective is one interval, from just before its launch to its completion; a
 step's communication time is the union of its intervals: the wall time during which at

@@ -70,7 +70,7 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
     return t.strftime(FMT)
 
 
-# --where keys that are the invocation's, not a setting of the point (`--label`, issue 14).
+# --where keys that are the invocation's, not a setting of the point (`--label`).
 INVOCATION_KEYS = ("label", "host", "command")
 
 

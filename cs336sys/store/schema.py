@@ -175,7 +175,7 @@ MIGRATIONS: list[list[str] | Any] = [
         """,
         "CREATE INDEX kernel_stats_run ON kernel_stats (run_id, phase, rank)",
     ],
-    # v4: a free-text label per invocation (`--label`, issue 14), for --where and reports.
+    # v4: a free-text label per invocation (`--label`), for --where and reports.
     ["ALTER TABLE invocations ADD COLUMN label TEXT"],
     # v5: the environment variables that change what runs (CS336SYS_TRITON_TMA=1, say), as a
     # JSON object, or NULL: part of what --resume matches (measure/provenance.measurement_env).
