@@ -26,7 +26,7 @@ class Lines:
         m = point.result.metrics
         ms = m.get("step_ms_mean")
         print(f"  {self.key(point.spec)}: {point.result.status}"
-              + (f" {ms:.0f} ms" if ms is not None else ""), file=sys.stderr)  # fmt: skip
+              + (f" {ms:.0f} ms" if ms is not None else ""), file=sys.stderr)
 
     def finish(self) -> None:
         pass

@@ -89,9 +89,9 @@ def main() -> None:
     parser.add_argument("--size", help="model size preset [default: xl on CUDA, tiny on CPU]")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--param-dtype", choices=DTYPES, default="fp32",
-                        help="the parameters' dtype (bf16: ours keep fp32 moments, torch bf16)")  # fmt: skip
+                        help="the parameters' dtype (bf16: ours keep fp32 moments, torch bf16)")
     parser.add_argument("--impl", help=f"comma list from {', '.join(NAMES)} [default: all; "
-                        "on a CPU all but the Triton ones]")  # fmt: skip
+                        "on a CPU all but the Triton ones]")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, help="timed steps [default: 20 on CUDA, 5 on CPU]")
     args = parser.parse_args()
@@ -101,7 +101,7 @@ def main() -> None:
     size = args.size or ("xl" if on_cuda else "tiny")
     iters = args.iters or (20 if on_cuda else 5)
     impls = args.impl.split(",") if args.impl else [
-        n for n in NAMES if on_cuda or "triton" not in n]  # fmt: skip
+        n for n in NAMES if on_cuda or "triton" not in n]
     if unknown := [n for n in impls if n not in NAMES]:
         parser.error(f"--impl: unknown {', '.join(unknown)}; choose from {', '.join(NAMES)}")
 
@@ -109,7 +109,7 @@ def main() -> None:
     n = sum(p.numel() for p in params)
     name = torch.cuda.get_device_name(device) if on_cuda else "cpu"
     print(f"{size}: {len(params)} tensors, {n / 1e6:.1f}M params, {args.param_dtype}, on {name}; "
-          f"median of {iters} steps after {args.warmup} warm-up")  # fmt: skip
+          f"median of {iters} steps after {args.warmup} warm-up")
     medians, samples = {}, {}
     for impl in impls:
         samples[impl] = time_steps(impl, params, device, args.warmup, iters)
@@ -120,7 +120,7 @@ def main() -> None:
         ratio = f"{ms / base:6.2f}x torch-adamw-fused" if base else ""
         spread = f"(min {min(samples[impl]):.2f}, max {max(samples[impl]):.2f})"
         print(f"{impl:24s} {ms:9.2f} ms {spread:26s} {gbs:7.1f} GB/s at the minimum traffic"
-              f"  {ratio}")  # fmt: skip
+              f"  {ratio}")
 
 
 if __name__ == "__main__":

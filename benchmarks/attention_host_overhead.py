@@ -92,7 +92,7 @@ def main() -> int:
 
     def inputs(grad: bool):
         q, k, v, do = (torch.randn(BATCH, HEADS, SEQ, D_HEAD, device=device, dtype=torch.bfloat16)
-                       for _ in range(4))  # fmt: skip
+                       for _ in range(4))
         return [t.requires_grad_(grad) for t in (q, k, v)] + [do]
 
     def fwd(attn, grad):
@@ -124,7 +124,7 @@ def main() -> int:
         handle = _empty_kernel[(1,)](x, N=1)
         note = "" if cuda else "CPU, interpreted: not the target"
         measure("empty Triton kernel, Triton's launcher (floor)",
-                lambda: _empty_kernel[(1,)](x, N=1), note)  # fmt: skip
+                lambda: _empty_kernel[(1,)](x, N=1), note)
         if cuda:
             launch = handle[(1, 1, 1)]
             measure("empty Triton kernel, compiled handle", lambda: launch(x, 1))
@@ -158,7 +158,7 @@ def main() -> int:
     print(f"# Attention host cost per call on {name}")
     print()
     print(f"batch {BATCH}, {HEADS} heads, d {D_HEAD}, seq {SEQ}, bf16, causal; {args.calls} calls "
-          f"without a sync per round, median of {args.repeats} rounds")  # fmt: skip
+          f"without a sync per round, median of {args.repeats} rounds")
     print()
     print("| call | us per call | synced us per call | note |")
     print("| --- | ---: | ---: | --- |")
@@ -171,16 +171,16 @@ def main() -> int:
     if cuda and ours_fwd is not None:
         met = ours_fwd <= TARGET_US
         print(f"Target: ours forward at most {TARGET_US:g} us per call: "
-              f"{ours_fwd:.1f} us, {'met' if met else 'NOT met'}")  # fmt: skip
+              f"{ours_fwd:.1f} us, {'met' if met else 'NOT met'}")
     else:
         print(f"Target (ours forward at most {TARGET_US:g} us per call) is a CUDA figure: not "
-              "measured on this machine.")  # fmt: skip
+              "measured on this machine.")
     if args.json:
         args.json.write_text(json.dumps({
             "device": name, "interpreted": interpreted and not cuda, "target_us": TARGET_US,
             "ours_forward_us": ours_fwd if cuda else None, "met": met,
             "rows": [{"call": w, "us": u, "synced_us": s, "note": n} for w, u, s, n in rows],
-        }, indent=2) + "\n")  # fmt: skip
+        }, indent=2) + "\n")
     return 0
 
 

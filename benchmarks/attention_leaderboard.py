@@ -47,7 +47,7 @@ def triton_label(row) -> str:
     if ran is None:
         return ""
     wanted = ("tma" if "tma" in (asked or "") else "pointer") + (
-        "+atomic-dq" if "atomic-dq" in (asked or "") else "")  # fmt: skip
+        "+atomic-dq" if "atomic-dq" in (asked or "") else "")
     label = "" if ran == "pointer" else ran
     if ran != wanted:
         label = f"{label or 'pointer'}, asked {asked}"
@@ -92,12 +92,12 @@ def main() -> int:
     # rows are named by the kernels that ran (triton_kernels), and by what they asked for
     # (triton_opt_in) where the GPU made them fall back.
     opt_ins = ["default"] + [name for name, on in (
-        ("tma", args.tma), ("atomic-dq", args.atomic_dq), ("tma+atomic-dq", args.tma and args.atomic_dq)) if on]  # fmt: skip
+        ("tma", args.tma), ("atomic-dq", args.atomic_dq), ("tma+atomic-dq", args.tma and args.atomic_dq)) if on]
     runs = [  # (CLI arguments, environment): one invocation each, in this order
         (["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
           ",".join(opt_ins)], pointer_env),
         (["--impl", "sdpa", "--sdpa-backend", "cudnn"], pointer_env),
-    ]  # fmt: skip
+    ]
     rows = []
     for impl_args, env in runs:
         # Only an invocation this call recorded: one that failed before recording any must

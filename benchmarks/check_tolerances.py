@@ -65,12 +65,12 @@ def main() -> None:
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         worst = {impl: max(attention_excess(dtype, seq, impl) for seq in (256, 1024))
-                 for impl in ("naive", "sdpa", "flash-torch")}  # fmt: skip
+                 for impl in ("naive", "sdpa", "flash-torch")}
         print(f"attention {str(dtype)[6:]:9} " + "  ".join(f"{k} {v:.1e}" for k, v in worst.items()))
     x, y = make_batch(0, BATCH, SHAPE["context_length"], SHAPE["vocab_size"])
     for precision in ("fp32", "bf16"):
         initial, final = training_reference(from_preset("tiny", **SHAPE), "cpu", 0, x, y,
-                                            precision, args.steps)  # fmt: skip
+                                            precision, args.steps)
         for impl in ("naive", "flat", "bucketed", "torch", "no-sync"):
             got = launch(ranks, 2, "gloo", args=(impl, precision, args.steps))[0]
             got = {k: torch.from_numpy(v) for k, v in got.items()}

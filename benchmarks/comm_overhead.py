@@ -47,7 +47,7 @@ def _both(ctx, sizes: list[int], warmup: int, iters: int, rounds: int, backend: 
     out = []
     for size in sizes:
         spec = exp.CommSpec("all-reduce", size, ctx.world_size, backend, "fp32", warmup, iters,
-                            "cuda" if backend == "nccl" else "cpu")  # fmt: skip
+                            "cuda" if backend == "nccl" else "cpu")
         for _ in range(rounds):
             t = max(gather(_minimal(ctx, size, warmup, iters)))  # the slowest rank's loop
             r = exp.run(ctx, spec)

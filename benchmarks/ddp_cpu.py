@@ -47,7 +47,7 @@ def main() -> int:
         )
         for _ in range(args.rounds)
         for impl, b in variants
-    ]  # fmt: skip
+    ]
     got = collect(exp.EXPERIMENT, specs, key=lambda s: (s.impl, s.bucket_mb))
 
     def med(key, name):

@@ -28,7 +28,7 @@ def main() -> None:
     args = parser.parse_args()
     specs = model.specs(size=[args.size], context_length=[args.seq], device="cpu",
                         precision=["fp32", "bf16", "fp16"], warmup=args.warmup,
-                        steps=args.iters)  # fmt: skip
+                        steps=args.iters)
     medians = {}
     for point in run_sweep(model.EXPERIMENT, specs):
         medians[point.spec.precision] = statistics.median(point.result.samples["step_ms"])

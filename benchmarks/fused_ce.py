@@ -136,14 +136,14 @@ def main() -> int:
     low = 2 if amp is not None else 4
     logits_low, logits_fp32 = n * v * low, n * v * 4
     print(f"# Fused LM head + cross-entropy: rows {n}, vocab {v}, d_model {c}, {args.precision}, "
-          f"{args.device}, chunk_rows {chunk}")  # fmt: skip
+          f"{args.device}, chunk_rows {chunk}")
     print()
     print("Materialised by the baseline, from the shapes:")
     print(f"- logits ({n} x {v}) in {'bf16' if amp else 'fp32'}: {format_size(logits_low)}")
     if amp is not None:
         print(f"- their fp32 copy (.float()): {format_size(logits_fp32)}")
     print(f"- fp32 log-softmax kept for backward: {format_size(logits_fp32)}, and in backward the "
-          f"fp32 gradient of the logits: {format_size(logits_fp32)}")  # fmt: skip
+          f"fp32 gradient of the logits: {format_size(logits_fp32)}")
     print(f"- the fused version's largest chunk: {chunk} x {v} fp32 = {format_size(chunk * v * 4)}")
     print()
 

@@ -46,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTENTION = ["--impl", "triton,sdpa", "--seq", "1024,4096,16384,65536", "--d-head", "16,32,64,128",
-             "--precision", "bf16", "--batch", "1", "--heads", "16", "--causal", "--timer", "do-bench"]  # fmt: skip
+             "--precision", "bf16", "--batch", "1", "--heads", "16", "--causal", "--timer", "do-bench"]
 LEADERBOARD = ["--preset", "leaderboard"]
 STEPS = [  # (what, cs336sys arguments)
     ("attention: triton vs SDPA, d 16..128 x seq 1k..64k", ["attention", *ATTENTION]),
@@ -65,7 +65,7 @@ STEPS = [  # (what, cs336sys arguments)
       "--warmup", "3", "--iters", "5"]),
     ("step: xl at context 512, batch 4, each switch alone and all",
      ["step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation"]),
-]  # fmt: skip
+]
 # Issue 15's host-overhead benchmark (not a cs336sys command, so not in STEPS), run with --json;
 # the tests add options that shorten it.
 HOST_OVERHEAD = ["benchmarks/attention_host_overhead.py"]
@@ -106,7 +106,7 @@ def run(cmd: list[str], log, timeout: float | None = None) -> tuple[int, float]:
     t0 = time.monotonic()
     print("$ " + " ".join(cmd), file=log, flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -172,7 +172,7 @@ def one(conn: sqlite3.Connection, sql: str, *params):
     return None if row is None else row[0]
 
 
-def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list[tuple[str, str, str]]:  # fmt: skip
+def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list[tuple[str, str, str]]:
     """(target, measured, met) rows from the store this check wrote; "not measured" where it
     holds nothing, or does not exist (a budget spent before any step stored a point)."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else sqlite3.connect(":memory:")
@@ -181,7 +181,7 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
 
     def e2e(where: str):
         return one(conn, f"SELECT min(e2e_ms_median) FROM attention_runs WHERE status = 'ok' AND "
-                         f"{recent} AND {shape} AND {where}", since)  # fmt: skip
+                         f"{recent} AND {shape} AND {where}", since)
 
     triton, naive = e2e("impl = 'triton'"), e2e("impl = 'naive'")
     cudnn = e2e("impl = 'sdpa' AND sdpa_backend_used = 'cudnn'")
@@ -189,11 +189,11 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
     def model(size: str, precision: str, column: str):
         return one(conn, f"SELECT {column} FROM model_runs WHERE status = 'ok' AND {recent} AND "
                          "size = ? AND precision = ? AND mode = 'train' ORDER BY created DESC",
-                   since, size, precision)  # fmt: skip
+                   since, size, precision)
 
     def profiled(size: str, column: str):
         return one(conn, f"SELECT {column} FROM profile_runs WHERE status = 'ok' AND {recent} "
-                         "AND size = ? ORDER BY created DESC", since, size)  # fmt: skip
+                         "AND size = ? ORDER BY created DESC", since, size)
 
     def ms(x):
         return "not measured" if x is None else f"{x:.3f} ms"
@@ -213,23 +213,23 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
         ("leaderboard: triton faster than SDPA cuDNN in the same run",
          "not measured" if None in (triton, cudnn) else f"{triton:.3f} vs {cudnn:.3f} ms",
          met(None if None in (triton, cudnn) else triton < cudnn)),
-    ]  # fmt: skip
+    ]
     small, big = model("small", "bf16", "launch_bound"), model("2.7B", "fp32", "launch_bound")
     rows.append(("small bf16 train (batch 4, context 512) is launch-bound",
-                 str(model("small", "bf16", "launch_bound_phases")), met(None if small is None else small == 1)))  # fmt: skip
+                 str(model("small", "bf16", "launch_bound_phases")), met(None if small is None else small == 1)))
     rows.append(("2.7B fp32 train is not launch-bound", str(model("2.7B", "fp32", "launch_bound_phases")),
-                 met(None if big is None else big == 0)))  # fmt: skip
+                 met(None if big is None else big == 0)))
     mfu = one(conn, f"SELECT mfu FROM step_runs WHERE status = 'ok' AND {recent} AND size = 'xl' "
                     "AND switches = 'fused-adamw+fused-ce+flash+compile' ORDER BY created DESC",
-              since)  # fmt: skip
+              since)
     rows.append((f"step: xl bf16 with every switch at {STEP_MFU:.0%} MFU or more",
                  "not measured" if mfu is None else f"{mfu:.1%}",
-                 met(None if mfu is None else mfu >= STEP_MFU)))  # fmt: skip
+                 met(None if mfu is None else mfu >= STEP_MFU)))
     for size in ("small", "xl"):
         f, b = profiled(size, "fwd_profiled_ms_mean"), profiled(size, "bwd_profiled_ms_mean")
         rows.append((f"profile {size}: backward kernel time above forward's",
                      "not measured" if None in (f, b) else f"{b:.1f} vs {f:.1f} ms",
-                     met(None if None in (f, b) else b > f)))  # fmt: skip
+                     met(None if None in (f, b) else b > f)))
     conn.close()
     return rows
 
@@ -242,13 +242,13 @@ def host_overhead(path: Path) -> tuple[str, str, str]:
     us, target = got.get("ours_forward_us"), got.get("target_us", 40.0)
     return (f"attention host cost: triton forward at seq 1024 at most {target:g} us per call",
             "not measured" if us is None else f"{us:.1f} us",
-            "n/a" if us is None else ("met" if us <= target else "NOT met"))  # fmt: skip
+            "n/a" if us is None else ("met" if us <= target else "NOT met"))
 
 
 # What the checkout needs besides torch and Triton; the GPU hosts lack the first three, which
 # `make wheels` fetches. (numpy comes with torch.)
 NEEDED = ("sqlite_utils", "sqlite_fts4", "click_default_group", "typer", "jinja2", "matplotlib",
-          "tabulate", "pytest")  # fmt: skip
+          "tabulate", "pytest")
 
 
 def preflight() -> str | None:
@@ -264,7 +264,7 @@ def preflight() -> str | None:
     missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
     if missing:
         return (f"make gpu-check: {', '.join(missing)} missing; make wheels (where the "
-                "registry is reachable) puts sqlite-utils and its needs in .whl/")  # fmt: skip
+                "registry is reachable) puts sqlite-utils and its needs in .whl/")
     return None
 
 
@@ -274,7 +274,7 @@ def main() -> int:
     parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
     parser.add_argument("--skip-tests", action="store_true", help="only the reference set")
     parser.add_argument("--budget", type=positive_seconds, metavar="S",
-                        help="end within about S seconds, report included")  # fmt: skip
+                        help="end within about S seconds, report included")
     args = parser.parse_args()
     problem = preflight()
     if problem:
@@ -309,7 +309,7 @@ def main() -> int:
                 failed.append(what)
         title = f"{gpu}: make gpu-check"
         rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", since, "--out",
-                     str(out), "--title", title], log)  # fmt: skip
+                     str(out), "--title", title], log)
         if rc != 0:
             failed.append("report")
     total = time.monotonic() - t0

@@ -70,7 +70,7 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
      [*CLI, "step", "--size", "8b", "--seq", "8192", "--batch", "2", "--param-dtype", "bf16",
       "--num-layers", "8,12,16,20,24,28,34", "--checkpoint", "sqrt", "--switches", "all",
       "--iters", "3", "--db", "{db}"], {}),
-]  # fmt: skip
+]
 
 
 def main() -> int:
@@ -78,7 +78,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="folder [default: reports/<gpu>/owed]")
     parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
     parser.add_argument("--budget", type=positive_seconds, metavar="S",
-                        help="end within about S seconds, report included")  # fmt: skip
+                        help="end within about S seconds, report included")
     parser.add_argument("--only", help="comma list of step numbers (see --list)")
     parser.add_argument("--list", action="store_true", help="print the steps and exit")
     args = parser.parse_args()
@@ -127,19 +127,19 @@ def main() -> int:
                 failed.append(str(i))
         if db.exists():
             rc, _ = run([*CLI, "report", "--db", str(db), "--since", since, "--out", str(out),
-                         "--title", f"{gpu}: what issues 15-17 owed"], log)  # fmt: skip
+                         "--title", f"{gpu}: what issues 15-17 owed"], log)
             if rc != 0:
                 failed.append("report")
     archive = args.archive or out.with_suffix(".tar.gz")
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(out, arcname=out.name)
     print(f"{time.monotonic() - t0:.0f} s; log: {out / 'owed.log'}; report: {out}/report.html; "
-          f"archive: {archive}")  # fmt: skip
+          f"archive: {archive}")
     if failed:
         print(f"failed: {', '.join(failed)} (see the log)", file=sys.stderr)
     if not_run:
         print(f"not run, for the budget: steps {','.join(not_run)}; run them with "
-              f"--only {','.join(not_run)}", file=sys.stderr)  # fmt: skip
+              f"--only {','.join(not_run)}", file=sys.stderr)
     return 1 if failed or not_run else 0
 
 

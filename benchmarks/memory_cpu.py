@@ -41,7 +41,7 @@ def main() -> int:
         size=["tiny"], context_length=[args.context_length], batch_size=[args.batch_size],
         mode=["train"], checkpoint=list(CHECKPOINTS), warmup=args.warmup, steps=args.steps,
         device="cpu", snapshot=args.out,
-    )  # fmt: skip
+    )
     got = collect(memory.EXPERIMENT, specs, key=lambda s: s.model.checkpoint)
     results = {ck: got[ck][0] for ck in CHECKPOINTS}
     base = results["none"]

@@ -30,7 +30,7 @@ FMT = "%Y-%m-%d %H:%M:%S.%f"
 
 def _stats(p: str, mean: float, sep: str = "_ms_") -> dict[str, float]:
     return {f"{p}{sep}mean": mean, f"{p}{sep}std": mean * 0.01, f"{p}{sep}min": mean * 0.98,
-            f"{p}{sep}median": mean, f"{p}{sep}max": mean * 1.02}  # fmt: skip
+            f"{p}{sep}median": mean, f"{p}{sep}max": mean * 1.02}
 
 
 def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
@@ -39,43 +39,43 @@ def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
              "context_length": rng.choice([128, 256, 512, 1024]), "batch_size": 4,
              "mode": rng.choice(["forward", "forward-backward", "train"]),
              "precision": rng.choice(["fp32", "bf16"]), "compile": rng.random() < 0.5,
-             "checkpoint": "none", "device": "cuda", "seed": 0}  # fmt: skip
+             "checkpoint": "none", "device": "cuda", "seed": 0}
         step = rng.uniform(20, 400)
         m = {**_stats("fwd", step / 3), **_stats("bwd", step / 2), **_stats("opt", step / 6),
              **_stats("step", step), "tokens_per_s": 4 * 512 / step * 1e3, "tflops": 100 / step,
-             "mfu": 0.1}  # fmt: skip
+             "mfu": 0.1}
         smp = {k: [step] * 10 for k in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms")}
         smp["warmup"] = {k: [step * 3] * 5 for k in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms")}
         return s, m, smp
     if exp == "attention":
         s = {"impl": rng.choice(["naive", "compiled", "sdpa", "flash-torch", "flash-triton"]),
              "seq": 2 ** rng.randint(7, 16), "d_head": rng.choice([16, 32, 64, 128]),
-             "dtype": rng.choice(["fp32", "bf16"]), "pass": "fwd+bwd", "device": "cuda"}  # fmt: skip
+             "dtype": rng.choice(["fp32", "bf16"]), "pass": "fwd+bwd", "device": "cuda"}
         f = s["seq"] / 1e3
         return s, {"fwd_ms_mean": f, "bwd_ms_mean": 2 * f, "e2e_ms_mean": 3 * f, "e2e_ms_min": 2.9 * f,
-                   "e2e_ms_max": 3.1 * f, "mem_before_bwd_bytes": s["seq"] ** 2 * 4}, None  # fmt: skip
+                   "e2e_ms_max": 3.1 * f, "mem_before_bwd_bytes": s["seq"] ** 2 * 4}, None
     if exp == "memory":
         s = {"size": rng.choice(["small", "medium", "large"]),
              "context_length": rng.choice([128, 256, 512]), "mode": "train",
-             "checkpoint": rng.choice(["none", "sqrt", "every:2"]), "device": "cuda"}  # fmt: skip
+             "checkpoint": rng.choice(["none", "sqrt", "every:2"]), "device": "cuda"}
         return s, {"peak_bytes": rng.uniform(1, 40) * 2**30, **_stats("step", 100.0)}, None
     if exp == "comm":
         s = {"op": rng.choice(["all-reduce", "all-gather"]), "backend": "nccl",
              "world_size": rng.choice([2, 4, 8]), "size_bytes": 2 ** rng.randint(10, 30),
-             "dtype": "float32", "device": "cuda"}  # fmt: skip
+             "dtype": "float32", "device": "cuda"}
         t = 0.01 + s["size_bytes"] / 1e8
         return s, {"time_ms_mean": t, "time_ms_min": t, "time_ms_max": t,
-                   "busbw_gbps": s["size_bytes"] / t / 1e6, "algbw_gbps": 1.0}, None  # fmt: skip
+                   "busbw_gbps": s["size_bytes"] / t / 1e6, "algbw_gbps": 1.0}, None
     if exp == "ddp":
         s = {"impl": rng.choice(["naive", "flat", "overlap", "bucketed", "torch"]),
              "bucket_mb": rng.choice([1, 5, 10, 25, 100]), "world_size": 2, "backend": "nccl",
-             "size": "small", "device": "cuda"}  # fmt: skip
+             "size": "small", "device": "cuda"}
         return s, {**_stats("step", 80.0), **_stats("comm", 10.0), "comm_fraction": 0.12}, None
     if exp == "precision":
         return ({"kind": "accumulate", "variant": rng.choice("abcd"), "device": "cpu"},
-                {"result": 9.95, "target": 10.0}, None)  # fmt: skip
+                {"result": 9.95, "target": 10.0}, None)
     s = {"target": "model", "size": rng.choice(["small", "medium"]), "mode": "train",
-         "precision": "bf16", "device": "cuda"}  # fmt: skip
+         "precision": "bf16", "device": "cuda"}
     return s, {"time_basis": "cuda", "step_ms_mean": 50.0}, None
 
 
@@ -86,14 +86,14 @@ def build(path: Path, n_runs: int, seed: int = 0) -> None:
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     store = Store(path, EXPERIMENTS)
     weights = {"model": 30, "attention": 30, "memory": 10, "comm": 15, "ddp": 10,
-               "precision": 3, "profile": 2}  # fmt: skip
+               "precision": 3, "profile": 2}
     invs, runs, kernels = [], [], []
     n_inv = max(1, n_runs // 20)
     for i in range(n_inv):
         t0 = now - timedelta(days=29.5 * (1 - i / n_inv))
         inv = f"inv-{i:05d}"
         invs.append((inv, t0.strftime(FMT), rng.choice(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"]),
-                     f"{rng.randrange(10):040x}", rng.random() < 0.1))  # fmt: skip
+                     f"{rng.randrange(10):040x}", rng.random() < 0.1))
         for j in range(n_runs // n_inv):
             exp = rng.choices(list(weights), weights=list(weights.values()))[0]
             s, m, smp = point(rng, exp)
@@ -103,20 +103,20 @@ def build(path: Path, n_runs: int, seed: int = 0) -> None:
             runs.append((rid, inv, exp, status, None if status == "ok" else status,
                          json.dumps(s), json.dumps(m if status == "ok" else {}),
                          json.dumps(smp) if smp and status == "ok" else None, t, t,
-                         point_key(exp, s)))  # fmt: skip
+                         point_key(exp, s)))
             if exp == "profile" and status == "ok":
                 kernels += [(rid, ph, r, f"kernel_{r}", 10, 1.0, 0.1, 0.1, "cuda")
-                            for ph in ("forward", "backward") for r in range(1, 11)]  # fmt: skip
+                            for ph in ("forward", "backward") for r in range(1, 11)]
     c = store.conn
     c.execute("BEGIN")
     c.executemany("INSERT INTO invocations (id, started, gpu, gpu_count, git_commit, git_dirty, "
                   "torch_version, command, argv) VALUES (?, ?, ?, ?1 IS NOT NULL, ?, ?, '2.11.0', "
-                  "'bench', '[]')", invs)  # fmt: skip
+                  "'bench', '[]')", invs)
     c.executemany("INSERT INTO runs (id, invocation_id, experiment, status, error, settings, "
                   "metrics, samples, started, created, point_key) VALUES "
-                  "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)  # fmt: skip
+                  "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
     c.executemany("INSERT INTO kernel_stats (run_id, phase, rank, name, calls, total_ms, "
-                  "mean_ms, share, time_basis) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", kernels)  # fmt: skip
+                  "mean_ms, share, time_basis) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", kernels)
     c.execute("COMMIT")
     store.close()
 
@@ -141,7 +141,7 @@ def main() -> int:
             proc = subprocess.run(
                 [sys.executable, "-m", "cs336sys", "report", "--since", "30d", "--db", str(db),
                  "--out", str(work / "report")], capture_output=True, text=True,
-            )  # fmt: skip
+            )
             times.append(time.perf_counter() - t)
             if proc.returncode != 0:
                 print(proc.stderr, file=sys.stderr)

@@ -56,7 +56,7 @@ def main() -> int:
         )
         for _ in range(args.rounds)
         for impl, b, sharding, _ in VARIANTS
-    ]  # fmt: skip
+    ]
     got = collect(exp.EXPERIMENT, specs, key=lambda s: (s.impl, s.optimizer_sharding))
 
     def med(key, name):
@@ -76,14 +76,14 @@ def main() -> int:
         "",
         "| variant | params | grads | optimizer state | live before step | peak | step ms | vs DDP | comm MiB/step |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]  # fmt: skip
+    ]
     for impl, _, sharding, label in VARIANTS:
         key = (impl, sharding)
         m = got[key][0]  # memory does not vary between rounds; times do
         cells = [
             f"{mib(m[f'mem_{w}_{k}_bytes'])} ({mib(m[f'expected_{k}_bytes'])})"
             for w, k in (("before_opt", "params"), ("before_opt", "grads"), ("after_opt", "opt_state"))
-        ]  # fmt: skip
+        ]
         step = med(key, "step_ms_mean")
         lines.append(
             f"| {label} | {' | '.join(cells)} | {mib(m['mem_before_opt_bytes'])} | "

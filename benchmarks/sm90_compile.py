@@ -57,24 +57,24 @@ class Build:
         return (f"REG {self.registers} STACK {self.stack} | smem {self.shared} B | "
                 f"ld 16B {self.wide_loads}/{self.wide_loads + self.narrow_loads}, "
                 f"st 16B {self.wide_stores}/{self.wide_stores + self.narrow_stores} | "
-                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma, {self.atomics} atomics")  # fmt: skip
+                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma, {self.atomics} atomics")
 
 
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[str],
-                 warps: int, stages: int = 3) -> Build:  # fmt: skip
+                 warps: int, stages: int = 3) -> Build:
     """Compile `kernel` for sm_90. types: argument -> Triton type ("*bf16", "i32", "fp32")
     for every argument that is not in constexprs; aligned: the arguments a launch would see
     16-byte aligned (pointers) or divisible by 16 (integers)."""
     signature = {n: "constexpr" if n in constexprs else types[n] for n in kernel.arg_names}
     hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n in aligned}  # fmt: skip
+             if n in aligned}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, hints), target=TARGET,
-                              options={"num_warps": warps, "num_stages": stages})  # fmt: skip
+                              options={"num_warps": warps, "num_stages": stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
         usage = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True,
-                               text=True, check=True).stdout  # fmt: skip
+                               text=True, check=True).stdout
     resources = dict(re.findall(r"(REG|STACK):(\d+)", usage))
     ptx = compiled.asm["ptx"]
     loads, stores = re.findall(r"ld\.global(\S*)", ptx), re.findall(r"st\.global(\S*)", ptx)
@@ -87,7 +87,7 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[s
         tma_copies=ptx.count("cp.async.bulk.tensor"), wgmma=ptx.count("wgmma.mma_async"),
         atomics=len(re.findall(r"\b(?:red|atom)\.global", ptx)),
         wide_atomics=len(re.findall(r"\b(?:red|atom)\.global\S*\.v4\.", ptx)),
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ ATTENTION_CASES = [
     ("dkdv+dq", DKDV_DQ, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=16, K_TILE=128, IS_CAUSAL=True), 8, 2),
     ("fwd", [FP32] * 5, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=32, K_TILE=32, IS_CAUSAL=True), 4, 2),
     ("dkdv", [FP32] * 9, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=16, K_TILE=16, IS_CAUSAL=False), 4, 2),
-]  # fmt: skip
+]
 ATTENTION_SCALARS = ("qk_scale", "sm_scale")
 
 
@@ -133,9 +133,9 @@ def attention_builds():
             c["ATOMIC_DQ"] = name == "dkdv+dq"
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
-                     f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")  # fmt: skip
+                     f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")
             yield label, _attention(ATTENTION_KERNELS[name], pointers, {**c, "TMA": tma}, warps,
-                                    stages)  # fmt: skip
+                                    stages)
 
 
 def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages: int):
@@ -143,7 +143,7 @@ def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages
     order, then float32 scales and int32 strides and sizes, all but the scales aligned."""
     args = [n for n in kernel.arg_names if n not in constexprs]
     types = {n: (pointers[i] if i < len(pointers) else "fp32" if n in ATTENTION_SCALARS else "i32")
-             for i, n in enumerate(args)}  # fmt: skip
+             for i, n in enumerate(args)}
     aligned = {n for n in args if n not in ATTENTION_SCALARS}
     return _try(kernel, types, constexprs, aligned, warps, stages)
 
@@ -161,19 +161,19 @@ def atomic_dq_builds(head_dims=(64, 128)):
         for cfg in prune(None, named):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
-                     ROUND_BF16=False, ATOMIC_DQ=True, **tiles)  # fmt: skip
+                     ROUND_BF16=False, ATOMIC_DQ=True, **tiles)
             for variant, tma in VARIANTS:
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
-                         f"s{cfg.num_stages}")  # fmt: skip
+                         f"s{cfg.num_stages}")
                 yield label, _attention(ATTENTION_KERNELS["dkdv+dq"], DKDV_DQ, {**c, "TMA": tma},
-                                        cfg.num_warps, cfg.num_stages)  # fmt: skip
+                                        cfg.num_warps, cfg.num_stages)
 
 
 # --------------------------------------------------------------------------------------------
 # AdamW (models/adamw_kernels.py) and the cross-entropy step (models/fused_ce_triton.py).
 
 ADAMW_SCALARS = ("decay", "one_minus_beta1", "beta2", "one_minus_beta2",
-                 "bias_correction2_sqrt", "eps", "neg_step_size")  # fmt: skip
+                 "bias_correction2_sqrt", "eps", "neg_step_size")
 PARAM_TYPES = {"fp32": ("*fp32", tl.float32), "bf16": ("*bf16", tl.bfloat16)}
 
 
@@ -181,9 +181,9 @@ def adamw_multi(param: str) -> Build:
     """The multi-tensor kernel as adamw_update_many launches it: tables of addresses."""
     kernel = adamw._adamw_multi_kernel
     types = {"addresses": "*i64", "numels": "*i64", "chunk_tensor": "*i32",
-             "chunk_start": "*i64", "n_tensors": "i32", **dict.fromkeys(ADAMW_SCALARS, "fp32")}  # fmt: skip
+             "chunk_start": "*i64", "n_tensors": "i32", **dict.fromkeys(ADAMW_SCALARS, "fp32")}
     constexprs = dict(P_DTYPE=PARAM_TYPES[param][1], CHUNK_SIZE=adamw.CHUNK,
-                      BLOCK_SIZE=adamw.BLOCK, LERP_SMALL=True, ROUND_BF16=False)  # fmt: skip
+                      BLOCK_SIZE=adamw.BLOCK, LERP_SMALL=True, ROUND_BF16=False)
     aligned = {"addresses", "numels", "chunk_tensor", "chunk_start"}
     return compile_sm90(kernel, types, constexprs, aligned, adamw.NUM_WARPS)
 
@@ -193,7 +193,7 @@ def adamw_single(param: str) -> Build:
     kernel = adamw._adamw_kernel
     p = PARAM_TYPES[param][0]
     types = {"p_ptr": p, "g_ptr": p, "m_ptr": "*fp32", "v_ptr": "*fp32", "n_elements": "i64",
-             **dict.fromkeys(ADAMW_SCALARS, "fp32")}  # fmt: skip
+             **dict.fromkeys(ADAMW_SCALARS, "fp32")}
     constexprs = dict(BLOCK_SIZE=adamw.BLOCK, LERP_SMALL=True, ROUND_BF16=False)
     aligned = {"p_ptr", "g_ptr", "m_ptr", "v_ptr", "n_elements"}
     return compile_sm90(kernel, types, constexprs, aligned, adamw.NUM_WARPS)
@@ -203,7 +203,7 @@ def cross_entropy(dtype: str) -> Build:
     """The softmax/gradient step over a row of 151,936 logits, as launched on a GPU."""
     kernel = ce._softmax_ce_kernel
     types = {"logits_ptr": f"*{dtype}", "targets_ptr": "*i64", "loss_ptr": "*fp32",
-             "scale_ptr": "*fp32", "stride_row": "i64", "n_cols": "i32", "ignore_index": "i32"}  # fmt: skip
+             "scale_ptr": "*fp32", "stride_row": "i64", "n_cols": "i32", "ignore_index": "i32"}
     constexprs = dict(BLOCK_V=ce.GPU_BLOCK_V, WRITE_GRAD=True, ROUND_BF16=False)
     aligned = {"logits_ptr", "targets_ptr", "loss_ptr", "scale_ptr", "stride_row", "n_cols"}
     return compile_sm90(kernel, types, constexprs, aligned, ce.GPU_WARPS)
@@ -229,7 +229,7 @@ GROUPS = {
     "adamw": lambda: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
                       (("multi", adamw_multi), ("single", adamw_single)) for p in PARAM_TYPES),
     "ce": lambda: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),
-}  # fmt: skip
+}
 
 
 def main() -> int:
@@ -248,7 +248,7 @@ def main() -> int:
         for label, build in GROUPS[group]():
             if args.json:
                 fields = ({"error": str(build)} if isinstance(build, Exception)
-                          else dataclasses.asdict(build))  # fmt: skip
+                          else dataclasses.asdict(build))
                 print(json.dumps({"group": group, "kernel": " ".join(label.split()), **fields}))
                 failed += isinstance(build, Exception)
                 continue

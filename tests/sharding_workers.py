@@ -51,16 +51,16 @@ OPT_STEPS, UNFREEZE_AT, RELOAD_AT = 5, 2, 3
 
 def opt_batch(round_: int, step: int):
     g = torch.Generator().manual_seed(1000 * round_ + step)
-    return torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randn(8, 5, generator=g, dtype=torch.float64)  # fmt: skip
+    return torch.randn(8, 6, generator=g, dtype=torch.float64), torch.randn(8, 5, generator=g, dtype=torch.float64)
 
 
 def opt_groups(model: OptToy, kind: str) -> tuple[list, type, dict]:
     """(param groups, optimizer class, defaults): AdamW in one group, SGD in two."""
     if kind == "adamw":
-        return [{"params": [*model.fc1.parameters(), *model.fc2.parameters()]}], torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)  # fmt: skip
+        return [{"params": [*model.fc1.parameters(), *model.fc2.parameters()]}], torch.optim.AdamW, dict(lr=0.01, weight_decay=0.1)
     return ([{"params": model.fc1.parameters(), "lr": 0.1},
              {"params": model.fc2.parameters(), "lr": 0.02}],
-            torch.optim.SGD, dict(lr=0.05, momentum=0.9))  # fmt: skip
+            torch.optim.SGD, dict(lr=0.05, momentum=0.9))
 
 
 LATE_GROUP = {"lr": 0.03}
@@ -110,7 +110,7 @@ def train_sharded(ctx, kind: str, round_: int) -> dict:
             if torch.is_tensor(v) and v.dim() > 0),
         grads_cleared=all(p.grad is None for p in model.parameters()),
         is_optimizer=isinstance(opt, torch.optim.Optimizer),
-    )  # fmt: skip
+    )
 
 
 # -- FSDP ------------------------------------------------------------------------------------
@@ -155,7 +155,7 @@ FSDP_STEPS, LOCAL_BATCH = 3, 2
 def lm_batch(round_: int, step: int):
     g = torch.Generator().manual_seed(500 * round_ + step)
     n = LOCAL_BATCH * WORLD_SIZE
-    return torch.randint(0, VOCAB, (n, 5), generator=g), torch.randint(0, VOCAB, (n, 5), generator=g)  # fmt: skip
+    return torch.randint(0, VOCAB, (n, 5), generator=g), torch.randint(0, VOCAB, (n, 5), generator=g)
 
 
 def make_optimizer(kind: str, params):
@@ -196,7 +196,7 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
                             for p in fsdp.shards],
                 "replicated": {n: p.grad.numpy().copy()
                                for n, p in fsdp.module.named_parameters() if p.requires_grad},
-            }  # fmt: skip
+            }
         opt.step()
         opt.zero_grad(set_to_none=True)
     return dict(
@@ -206,7 +206,7 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
         frozen_left=frozen and type(fsdp.module.proj.weight) is nn.Parameter
         and not fsdp.module.proj.weight.requires_grad,
         calls=dict(fsdp.comm_calls), gathered_bytes=gathered,
-    )  # fmt: skip
+    )
 
 
 def model_params(tied: bool, frozen: bool) -> list:
@@ -271,7 +271,7 @@ def gathers_and_memory(ctx) -> dict:
     return dict(ahead=ahead, kept=after_forward - before, weight_bytes=weight_bytes,
                 grads_ok=all(p.grad is not None for p in fsdp.shards),
                 left=after_step - before,
-                grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in fsdp.shards))  # fmt: skip
+                grad_bytes=sum(p.grad.numel() * p.grad.element_size() for p in fsdp.shards))
 
 
 class _Marker(torch.autograd.Function):

@@ -44,8 +44,8 @@ def run_ranks(ctx, spec: Toy) -> Result:
 
 TOY = Experiment(kind="toy", view="toy_runs", title="Toy", spec=Toy, run=run,
                  settings=settings_keys(Toy, drop=("n",)), metrics=(Metric("twice", "", "2n"),), tables=(),
-                 oom_axis="size")  # fmt: skip
+                 oom_axis="size")
 TOY_RANKS = Experiment(kind="toy-ranks", view="toy_ranks_runs", title="Toy ranks", spec=Toy,
                        run=run_ranks, settings=settings_keys(Toy, drop=("n",)),
                        metrics=(Metric("sum", "", "all-reduced"), Metric("ranks", "", "world")),
-                       tables=(), distributed=True)  # fmt: skip
+                       tables=(), distributed=True)

@@ -54,7 +54,7 @@ def gradients(dtype):
     """Per step, a gradient per shape (scaled per step so that m and v do not settle)."""
     g = torch.Generator().manual_seed(1)
     return [[(torch.randn(s, generator=g) * 0.5**t).to(dtype) for s in SHAPES]
-            for t in range(STEPS)]  # fmt: skip
+            for t in range(STEPS)]
 
 
 def groups_of(params, frozen):
@@ -129,7 +129,7 @@ def test_fp32_matches_the_reference(name):
     assert_same_update(train(factory, torch.float32), want, torch.float32)
     # and it moved: the comparison is not of two untouched tensors
     moved = [(p.detach().cpu() - p0).abs().max() for p, p0 in zip(want[0], initial(torch.float32), strict=True)
-             if p.numel()]  # fmt: skip
+             if p.numel()]
     assert min(moved) > 1e-3
 
 
@@ -265,7 +265,7 @@ def test_a_group_mixing_dtypes_and_a_misaligned_view(name):
         g = torch.Generator().manual_seed(2)
         storage = torch.randn(BLOCK + 4, generator=g).to(DEVICE)
         tensors = [torch.randn(300, generator=g), torch.randn(CHUNK + 7, generator=g).bfloat16(),
-                   storage[1:], torch.randn(5, 7, generator=g).bfloat16()]  # fmt: skip
+                   storage[1:], torch.randn(5, 7, generator=g).bfloat16()]
         params = [torch.nn.Parameter(t.to(DEVICE)) for t in tensors]  # the view stays a view
         assert params[2].data_ptr() % 16 == 4
         return params

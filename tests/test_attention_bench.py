@@ -118,7 +118,7 @@ def test_4d_inputs_and_sdpa_backends(db_path):
 
 def test_sdpa_cudnn_is_a_backend_and_a_skipped_row_where_it_cannot_run(db_path):
     result = invoke("attention", *SMALL, "--impl", "sdpa", "--sdpa-backend", "cudnn", "--seq",
-                    "32", "--db", db_path)  # fmt: skip
+                    "32", "--db", db_path)
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path)
     assert (r["sdpa_backend"], r["status"]) == ("cudnn", "skipped")  # no cuDNN on a CPU

@@ -51,6 +51,6 @@ def test_matches_float64_reference(impl, dtype, shape, is_causal):
     [(SHAPES["3d"], torch.float32), (SHAPES["fewer-queries"], torch.float32),
      (SHAPES["4d"], torch.bfloat16)],
     ids=["3d-fp32", "fewer-queries-fp32", "4d-bf16"],
-)  # fmt: skip
+)
 def test_compiled_matches_float64_reference(shape, dtype, is_causal):
     check("compiled", *shape, dtype, is_causal)

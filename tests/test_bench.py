@@ -45,7 +45,7 @@ def test_summarize_matches_statistics_module():
         "iqr": 3.0,  # Q3 at 3.0 is 4, Q1 at 1.0 is 1
     }
     assert summarize([2.0]) == {"mean": 2.0, "std": 0.0, "min": 2.0, "median": 2.0, "max": 2.0,
-                                "p10": 2.0, "p90": 2.0, "iqr": 0.0}  # fmt: skip
+                                "p10": 2.0, "p90": 2.0, "iqr": 0.0}
     assert summarize([]) == dict.fromkeys(("mean", "std", "min", "median", "max", "p10", "p90", "iqr"))
 
 
@@ -120,11 +120,11 @@ def test_a_phase_is_launch_bound_when_its_host_time_is_most_of_its_wall_time():
     assert launch_bound(None, 10.0, "cuda:0") is None
     samples = {"fwd_ms": [10.0, 12.0], "fwd_host_ms": [9.8, 10.6],  # 10.2 of 11: bound
                "bwd_ms": [20.0, 20.0], "bwd_host_ms": [2.0, 2.0],
-               "opt_ms": [5.0], "opt_host_ms": [4.9]}  # fmt: skip
+               "opt_ms": [5.0], "opt_host_ms": [4.9]}
     got = launch_metrics(samples, ("fwd", "bwd", "opt", "comm"), "cuda:0")
     assert got == {"fwd_host_ms_mean": pytest.approx(10.2), "bwd_host_ms_mean": 2.0,
                    "opt_host_ms_mean": 4.9, "launch_bound": True,
-                   "launch_bound_phases": "fwd,opt"}  # fmt: skip
+                   "launch_bound_phases": "fwd,opt"}
     on_cpu = launch_metrics(samples, ("fwd",), "cpu")
     assert on_cpu["launch_bound"] is None and on_cpu["launch_bound_phases"] is None
     none = launch_metrics({"fwd_ms": [1.0]}, ("fwd",), "cuda:0")  # do_bench: no host times

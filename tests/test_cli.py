@@ -283,7 +283,7 @@ def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_pa
     assert invoke(*args, "--db", other).exit_code == 0
     conn = sqlite3.connect(other)
     conn.execute("UPDATE invocations SET host = 'gpu-box', gpu = 'NVIDIA H100 80GB HBM3', "
-                 "gpu_count = 1")  # fmt: skip
+                 "gpu_count = 1")
     conn.commit()
     conn.close()
     assert invoke("db", "merge", other, "--db", db_path).exit_code == 0
@@ -317,9 +317,9 @@ def test_measurement_env_keeps_the_switches_and_drops_paths():
 
     env = {"CS336SYS_TRITON_ATOMIC_DQ": "1", "CS336SYS_DB": "/x.db", "TRITON_CACHE_DIR": "/c",
            "NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "4", "HOME": "/root",
-           "TORCHINDUCTOR_CACHE_DIR": "/t", "PATH": "/bin"}  # fmt: skip
+           "TORCHINDUCTOR_CACHE_DIR": "/t", "PATH": "/bin"}
     assert json.loads(measurement_env(env)) == {
-        "CS336SYS_TRITON_ATOMIC_DQ": "1", "NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "4"}  # fmt: skip
+        "CS336SYS_TRITON_ATOMIC_DQ": "1", "NCCL_P2P_DISABLE": "1", "OMP_NUM_THREADS": "4"}
     assert measurement_env({"HOME": "/root"}) is None
 
 
@@ -429,7 +429,7 @@ def test_help_and_sql_import_nothing_heavy(filled_db, args, heavy):
     )
     argv = [a.format(db=filled_db) for a in args]
     out = subprocess.run([sys.executable, "-c", code, json.dumps(argv), json.dumps(heavy)],
-                         capture_output=True, text=True)  # fmt: skip
+                         capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == []
 

@@ -25,7 +25,7 @@ rows = view_rows('comm_runs')
     "text, n",
     [("1MB", 10**6), ("10MB", 10**7), ("1GB", 10**9), ("1.5KB", 1500), ("4KiB", 4096),
      ("1MiB", 2**20), ("2gib", 2 * 2**30), ("4096", 4096), ("16 B", 16)],
-)  # fmt: skip
+)
 def test_parse_size(text, n):
     assert parse_size(text) == n
 
@@ -43,7 +43,7 @@ def test_format_size_round_trips_the_defaults():
     assert format_size(exp.buffer_bytes(10**6, "fp32", 3)) == "1MB"
     assert [format_size(n) for n in (999, 1234, 999_400, 2 * 10**9)] == [
         "999B", "1.23KB", "999KB", "2GB"
-    ]  # fmt: skip
+    ]
 
 
 def test_buffer_bytes_rounds_to_whole_shards():
@@ -90,7 +90,7 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
         ["comm", "--db", str(db_path), "--op", "all-reduce,all-gather,reduce-scatter,broadcast",
          "--bytes", "4KB,1MB", "--precision", "fp32,bf16", "--world-size", "2", "--warmup", "1",
          "--iters", "3"],
-    )  # fmt: skip
+    )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
     assert len(got) == 16
@@ -109,7 +109,7 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
 def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "cs336sys", "comm", "--db", str(db_path), "--bytes", "1KB",
-           "--op", "all-reduce,broadcast", "--warmup", "1", "--iters", "2"]  # fmt: skip
+           "--op", "all-reduce,broadcast", "--warmup", "1", "--iters", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = rows(db_path)
@@ -126,7 +126,7 @@ def test_torchrun_joins_the_group_and_only_rank0_writes(db_path, tmp_path):
 def test_under_torchrun_a_failed_point_is_stored_by_rank0_and_ends_the_run(db_path, tmp_path):
     script = Path(__file__).parent / "torchrun_failing_sweep.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(script), str(db_path)]  # fmt: skip
+           str(script), str(db_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode != 0 and "boom at point 2" in proc.stderr
     conn = sqlite3.connect(db_path)

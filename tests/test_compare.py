@@ -54,7 +54,7 @@ def test_exact_p_values_counted_by_hand():
 # Critical values of U, two-sided alpha = 0.05 (e.g. Siegel & Castellan, table J; the
 # tables in most statistics textbooks): the largest U with p <= 0.05.
 CRITICAL = {(3, 5): 0, (3, 8): 2, (4, 4): 0, (4, 6): 2, (4, 8): 4, (5, 5): 2, (5, 8): 6,
-            (6, 6): 5, (6, 8): 8, (7, 7): 8, (7, 8): 10, (8, 8): 13}  # fmt: skip
+            (6, 6): 5, (6, 8): 8, (7, 7): 8, (7, 8): 10, (8, 8): 13}
 
 
 @pytest.mark.parametrize("sizes, critical", CRITICAL.items())
@@ -122,7 +122,7 @@ def test_timed_samples_of_each_layout_never_the_warmup():
     comm = {"rank0": [1.0, 3.0], "rank1": [3.0, 5.0]}  # per iteration, the mean over ranks
     assert timed_samples(comm, "time_ms") == [2.0, 4.0]
     ddp = {"ranks": [{"step": [10, 30], "fwd": [1, 1]}, {"step": [20, 25], "fwd": [1, 1]}],
-           "loss": [2.0, 1.9]}  # per step, the slowest rank  # fmt: skip
+           "loss": [2.0, 1.9]}  # per step, the slowest rank
     assert timed_samples(ddp, "step_ms") == [20, 30]
     assert timed_samples(None, "step_ms") == [] and timed_samples("{", "step_ms") == []
     assert timed_samples({"saved_by_node": {"mm": 3}}, "saved_bytes") == []
@@ -145,12 +145,12 @@ class Builder:
         self.path, self.store, self.n = path, Store(path, EXPERIMENTS), 0
 
     def invocation(self, inv: str, commit: str | None, started: str, gpu: str = H100,
-                   dirty: int = 0) -> None:  # fmt: skip
+                   dirty: int = 0) -> None:
         self.store.db["invocations"].insert({
             "id": inv, "command": "test", "argv": "[]", "started": started, "finished": started,
             "exit_status": 0, "host": "lab", "device": "cuda", "gpu": gpu, "gpu_count": 1,
             "torch_version": "2.11.0", "git_commit": commit, "git_dirty": dirty,
-        })  # fmt: skip
+        })
 
     def run(self, inv, exp, settings, metrics, samples=None, created="2026-02-01 00:00:00.000000"):
         from cs336sys.store.db import point_key
@@ -161,21 +161,21 @@ class Builder:
             "settings": json.dumps(settings), "metrics": json.dumps(metrics),
             "samples": None if samples is None else json.dumps(samples), "created": created,
             "started": created, "duration_s": 1.0, "point_key": point_key(exp, settings),
-        })  # fmt: skip
+        })
 
     def model(self, inv, created, precision, steps, size="small", context=128):
         s = {"size": size, "seq": context, "batch": 4, "mode": "train",
-             "precision": precision, "compile": False, "device": "cuda", "seed": 0}  # fmt: skip
+             "precision": precision, "compile": False, "device": "cuda", "seed": 0}
         mean = sum(steps) / len(steps)
         m = {"step_ms_mean": mean, "step_ms_min": min(steps), "step_ms_max": max(steps),
-             "step_ms_median": sorted(steps)[len(steps) // 2], "step_ms_std": 0.0}  # fmt: skip
+             "step_ms_median": sorted(steps)[len(steps) // 2], "step_ms_std": 0.0}
         self.run(
             inv, "model", s, m, {"step_ms": steps, "warmup": {"step_ms": [10 * mean]}}, created
         )
 
     def memory(self, inv, created, peak):
         s = {"size": "small", "seq": 128, "batch": 4, "mode": "train",
-             "precision": "fp32", "checkpoint": "none", "device": "cuda"}  # fmt: skip
+             "precision": "fp32", "checkpoint": "none", "device": "cuda"}
         self.run(inv, "memory", s, {"peak_bytes": peak}, None, created)
 
     def close(self) -> Path:
@@ -235,7 +235,7 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     assert "too few samples to tell  p=0.100" in _table_line(out, "precision=fp16")
     assert re.search(r"1\.20x bigger\s+one reading$", _table_line(out, "memory"))
     summary = ("5 points compared: 1 faster, 1 slower, 1 bigger, 1 unchanged, "
-               "1 undecided (too few or no samples)")  # fmt: skip
+               "1 undecided (too few or no samples)")
     lines = out.splitlines()
     at = lines.index(summary)  # the table, its summary, then the paths written
     assert lines[at + 1 : at + 3] == [str(tmp_path / "report.html"), str(tmp_path / "report.md")]
@@ -266,7 +266,7 @@ def test_compare_report_covers_only_a_and_b(regress_db, tmp_path):
 @pytest.mark.slow  # four reports
 def test_fail_on_regression_exits_1_after_writing(regress_db, tmp_path):
     result = report(regress_db, tmp_path / "a", "--compare", "a1a1", "b2b2",
-                    "--fail-on-regression", "10", "--format", "md")  # fmt: skip
+                    "--fail-on-regression", "10", "--format", "md")
     assert result.exit_code == 1, result.output
     assert (tmp_path / "a" / "report.md").exists()  # written before the exit
     err = result.stderr.strip()
@@ -274,15 +274,15 @@ def test_fail_on_regression_exits_1_after_writing(regress_db, tmp_path):
     assert "precision=fp32" in err and "1.20x bigger" in err and "tf32" not in err
     # 30% and 20% are not worse than 50 (and an improvement never fails)
     result = report(regress_db, tmp_path / "b", "--compare", "a1a1", "b2b2",
-                    "--fail-on-regression", "50", "--format", "md")  # fmt: skip
+                    "--fail-on-regression", "50", "--format", "md")
     assert result.exit_code == 0, result.output
     # between 20 and 30: only the slower step
     result = report(regress_db, tmp_path / "c", "--compare", "a1a1", "b2b2",
-                    "--fail-on-regression", "25", "--format", "md")  # fmt: skip
+                    "--fail-on-regression", "25", "--format", "md")
     assert result.exit_code == 1 and "Regression: 1 point worse than 25%" in result.stderr
     # B against A the other way round: fp32 is now faster, tf32 slower (1/0.8 = 1.25x)
     result = report(regress_db, tmp_path / "d", "--compare", "b2b2", "a1a1",
-                    "--fail-on-regression", "10", "--format", "md")  # fmt: skip
+                    "--fail-on-regression", "10", "--format", "md")
     assert result.exit_code == 1 and "tf32" in result.stderr and "fp32" not in result.stderr
 
 
@@ -307,11 +307,11 @@ def test_the_same_distribution_twice_flags_nothing(tmp_path):
     b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
     for i, ctx in enumerate((64, 128, 256, 512, 1024, 2048)):
         b.model("inv-a", f"2026-02-01 10:{i:02d}:00.000000", "fp32", noisy(ctx, 12, i, 0.04),
-                context=ctx)  # fmt: skip
+                context=ctx)
         b.model("inv-b", f"2026-02-02 10:{i:02d}:00.000000", "fp32",
-                noisy(ctx, 12, 100 + i, 0.04), context=ctx)  # fmt: skip
+                noisy(ctx, 12, 100 + i, 0.04), context=ctx)
     result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6],
-                    "--fail-on-regression", "0")  # fmt: skip
+                    "--fail-on-regression", "0")
     assert result.exit_code == 0, result.output
     assert "6 points compared: 0 faster, 0 slower, 6 unchanged" in result.stdout
     assert 'class="worse"' not in (tmp_path / "out" / "report.html").read_text()
@@ -324,7 +324,7 @@ def test_compare_by_gpu_matches_points_across_gpus(tmp_path):
     b.model("inv-h", "2026-02-01 10:01:00.000000", "bf16", noisy(50, 8, 1))
     b.model("inv-x", "2026-02-01 11:01:00.000000", "bf16", noisy(100, 8, 2))
     result = report(b.close(), tmp_path / "out", "--compare", "NVIDIA A100-SXM4-80GB", H100,
-                    "--format", "md")  # fmt: skip
+                    "--format", "md")
     assert result.exit_code == 0, result.output
     assert "Comparison by gpu" in result.stdout
     assert re.search(r"2\.0\dx faster\s+p<0\.001", result.stdout)
@@ -363,11 +363,11 @@ def history_db(tmp_path_factory):
 
 def test_history_marks_steps_in_commit_time_order(history_db, tmp_path):
     result = report(history_db, tmp_path, "--history", "--experiment", "model",
-                    "--where", "size=small")  # fmt: skip
+                    "--where", "size=small")
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert out.startswith("History: 2 points measured at two commits or more; 2 steps detected "
-                          "(1 regression, 1 improvement)\n")  # fmt: skip
+                          "(1 regression, 1 improvement)\n")
     up = _table_line(out, "a1a1a1a → d4d4d4d")
     down = _table_line(out, "b2b2b2b → c3c3c3c")
     assert "precision=fp32" in up and re.search(r"1\.\d+x slower\s+p<0\.001$", up)
@@ -415,7 +415,7 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
         s = {"size": "small", "precision": "fp32", "seed": seed}  # the seed never matters
         return {"status": "ok", "git_commit": commit, "git_dirty": dirty, "gpu": H100,
                 "created": f"2026-04-0{day} 00:00:00.000000", "_settings": s,
-                "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}  # fmt: skip
+                "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}
 
     rows = [row(B, 0, 1, 100, 1), row(B, 1, 2, 150, 2), row(A, 0, 3, 100, 3), row(None, 0, 4, 1, 4)]
     h = history_mod.build({"model": rows}, EXPERIMENTS, draw=False)
@@ -441,7 +441,7 @@ def test_reruns_make_the_runs_the_unit_so_run_to_run_drift_is_noise(tmp_path):
         b.model("inv-b", f"2026-02-02 10:{i:02d}:00.000000", "fp32", noisy(lb, 10, 50 + i, 0.005))
         b.model("inv-a", f"2026-02-01 11:{i:02d}:00.000000", "bf16", noisy(la / 2, 10, 9 + i, 0.005))
         b.model("inv-b", f"2026-02-02 11:{i:02d}:00.000000", "bf16",
-                noisy(1.3 * lb / 2, 10, 90 + i, 0.005))  # fmt: skip
+                noisy(1.3 * lb / 2, 10, 90 + i, 0.005))
     result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6], "--format", "md")
     assert result.exit_code == 0, result.output
     fp32 = _table_line(result.stdout, "precision=fp32")
@@ -465,10 +465,10 @@ def test_threshold_sets_the_smallest_change_that_counts(regress_db, tmp_path):
     # the fixture's fp32 step is 1.30x slower: a change at 5 % and at 25 %, not at 40 %
     for pct, word in (("5", "slower"), ("25", "slower"), ("40", "unchanged")):
         result = report(regress_db, tmp_path / pct, "--compare", "a1a1", "b2b2",
-                        "--threshold", pct, "--format", "md")  # fmt: skip
+                        "--threshold", pct, "--format", "md")
         assert result.exit_code == 0, result.output
         line = next(ln for ln in result.stdout.splitlines()
-                    if "precision=fp32" in ln and "step ms" in ln)  # fmt: skip
+                    if "precision=fp32" in ln and "step ms" in ln)
         assert word in line, (pct, line)
     md = (tmp_path / "40" / "report.md").read_text()
     assert "more than 40%" in md
@@ -486,7 +486,7 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, label TEXT, gpu TEXT)")
     conn.executemany("INSERT INTO invocations VALUES (?, ?, ?, ?)",
-                     [("a1f0", "b2e1", "a", "cpu"), ("b7c3", "a9d2", "b", "cpu")])  # fmt: skip
+                     [("a1f0", "b2e1", "a", "cpu"), ("b7c3", "a9d2", "b", "cpu")])
     assert resolve(conn, "a", "b") == ("label", "a", "b")
     assert resolve(conn, "a1", "b7") == ("invocation", "a1", "b7")
     assert resolve(conn, "b2", "a9") == ("commit", "b2", "a9")

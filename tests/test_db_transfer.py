@@ -344,21 +344,21 @@ def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):
 
 def test_a_run_and_its_kernel_stats_are_one_write(db_path):
     bad = {"phase": "forward", "rank": 1, "calls": 1, "total_ms": 1.0, "mean_ms": 1.0,
-           "share": 1.0, "time_basis": "cpu"}  # no name: kernel_stats refuses it  # fmt: skip
+           "share": 1.0, "time_basis": "cpu"}  # no name: kernel_stats refuses it
     with Store(db_path, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov("A"), [], "profile")
         with pytest.raises(sqlite3.IntegrityError):
             s.add_run(inv, "profile", "ok", {"target": "model"}, tables={"kernel_stats": [bad]})
         assert s.query("SELECT count(*) AS n FROM runs")[0]["n"] == 0  # rolled back together
         s.add_run(inv, "profile", "ok", {"target": "model"},
-                  tables={"kernel_stats": [{**bad, "name": "mm"}]})  # fmt: skip
+                  tables={"kernel_stats": [{**bad, "name": "mm"}]})
         assert [r["n"] for r in s.query("SELECT count(*) AS n FROM kernel_stats")] == [1]
 
 
 def test_merge_adds_the_kernel_stats_a_run_here_lacks(tmp_path):
     other, this = tmp_path / "other.db", tmp_path / "this.db"
     row = {"phase": "forward", "rank": 1, "name": "mm", "calls": 2, "total_ms": 1.5,
-           "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}  # fmt: skip
+           "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}
     with Store(other, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov("A"), [], "profile")
         rid = s.add_run(inv, "profile", "ok", {"target": "model"}, tables={"kernel_stats": [row]})

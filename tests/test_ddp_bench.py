@@ -14,7 +14,7 @@ runner = CliRunner()
 rows = view_rows('ddp_runs')
 MICRO = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
          "--num-heads", "4", "--vocab-size", "256", "--seq", "32",
-         "--batch", "4", "--warmup", "1", "--iters", "3"]  # fmt: skip
+         "--batch", "4", "--warmup", "1", "--iters", "3"]
 
 
 
@@ -35,7 +35,7 @@ def test_every_variant_runs_and_ranks_agree(swept):
     assert [(r["impl"], r["bucket_mb"]) for r in got] == [
         ("naive", None), ("flat", None), ("overlap", None), ("bucketed", 0.001),
         ("bucketed", 1000.0), ("torch", 25.0),
-    ]  # fmt: skip
+    ]
     for r in got:
         assert r["status"] == "ok" and r["world_size"] == 2 and r["backend"] == "gloo"
         assert r["param_max_diff"] == 0.0  # every rank holds the same weights after training
@@ -52,7 +52,7 @@ def test_every_variant_runs_and_ranks_agree(swept):
 def test_communication_counters_match_the_model(swept):
     db, _ = swept
     cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-                      context_length=32)  # fmt: skip
+                      context_length=32)
     model = TransformerLM(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -120,7 +120,7 @@ def test_torch_default_bucket_is_what_torch_uses():
 def sharded(tmp_path_factory):
     db = tmp_path_factory.mktemp("sharded") / "results.db"
     result = runner.invoke(app, ["ddp", "--db", str(db), *MICRO, "--impl",
-                                 "naive,torch,fsdp,torch-fsdp", "--shard-optimizer", "--zero"])  # fmt: skip
+                                 "naive,torch,fsdp,torch-fsdp", "--shard-optimizer", "--zero"])
     return db, result
 
 
@@ -131,9 +131,9 @@ def test_sharded_variants_run_and_store_their_memory(sharded):
     got = {(r["impl"], r["optimizer_sharding"]): r for r in rows(db)}
     assert list(got) == [("naive", "none"), ("naive", "own"), ("naive", "zero"),
                          ("torch", "none"), ("torch", "own"), ("torch", "zero"),
-                         ("fsdp", None), ("torch-fsdp", None)]  # fmt: skip
+                         ("fsdp", None), ("torch-fsdp", None)]
     cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-                      context_length=32)  # fmt: skip
+                      context_length=32)
     model = TransformerLM(cfg)
     n = sum(p.numel() for p in model.parameters())
     n_1d = sum(p.numel() for p in model.parameters() if p.dim() == 1)

@@ -107,7 +107,7 @@ def test_the_store_page_lists_every_view(hook):
 CITED = re.compile(r"docs/[\w/.-]+\.md")
 SOURCES = [*(ROOT / "cs336sys").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
            *(ROOT / "benchmarks").glob("*.py"), ROOT / "Makefile", *DOCS.rglob("*.md"),
-           ROOT / "README.md", ROOT / "mkdocs.yml"]  # fmt: skip
+           ROOT / "README.md", ROOT / "mkdocs.yml"]
 
 
 def test_cited_docs_pages_exist():

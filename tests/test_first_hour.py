@@ -15,7 +15,7 @@ EXPERIMENTS = {
     ("model",), ("attention",), ("comm",), ("ddp",), ("memory",), ("memory", "residuals"),
     ("precision", "accumulate"), ("precision", "autocast"), ("profile", "model"),
     ("profile", "attention"),
-}  # fmt: skip
+}
 # Options that choose points: each a list that sweeps, wherever a command has it.
 SWEPT = ("size", "seq", "batch", "precision", "attention", "world_size", "mode", "impl")
 
@@ -69,7 +69,7 @@ def test_one_name_per_concept_across_every_command():
 def test_old_spellings_still_work_with_a_note(db_path):
     old = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
            "--num-heads", "4", "--vocab-size", "256", "--device", "cpu", "--warmup", "1",
-           "--batch-size", "2", "--context-length=16", "--steps", "2", "--mode", "forward"]  # fmt: skip
+           "--batch-size", "2", "--context-length=16", "--steps", "2", "--mode", "forward"]
     result = invoke(*old, "--db", db_path)
     assert result.exit_code == 0, result.output
     assert "note: --context-length is now --seq" in result.stderr
@@ -83,19 +83,19 @@ def test_old_spellings_still_work_with_a_note(db_path):
     from cs336sys.cli.vocabulary import rewrite
 
     assert rewrite(["--steps", "3", "--", "--steps"], ALIASES, warn=False) == [
-        "--iters", "3", "--", "--steps"]  # fmt: skip
+        "--iters", "3", "--", "--steps"]
 
 
 def test_ddp_sweeps_size_seq_and_batch():
     from cs336sys.experiments import ddp
 
     specs = ddp.specs(impl=["flat"], size=["tiny", "small"], seq=["32,64"],
-                      batch=[2, 4], world_size=[2], device="cpu")  # fmt: skip
+                      batch=[2, 4], world_size=[2], device="cpu")
     got = {(s.size, s.seq, s.batch) for s in specs}
     assert got == {(s, t, b) for s in ("tiny", "small") for t in (32, 64) for b in (2, 4)}
     # a single value still works from Python, as before
     (one,) = ddp.specs(impl=["flat"], size="tiny", seq=32, batch=2,
-                       world_size=[2], device="cpu")  # fmt: skip
+                       world_size=[2], device="cpu")
     assert (one.size, one.seq, one.batch) == ("tiny", 32, 2)
     bad = invoke("ddp", "--batch", "4,3", "--world-size", "2", "--device", "cpu")
     assert bad.exit_code == 2 and "--batch 3 does not split evenly over 2 ranks" in bad.stderr
@@ -108,15 +108,15 @@ def test_label_is_stored_and_selects_runs(db_path, tmp_path):
     labels = [r["label"] for r in query(db_path, "SELECT label FROM invocations ORDER BY started")]
     assert labels == ["before fusing", None]
     assert [r["label"] for r in query(db_path, "SELECT label FROM model_runs ORDER BY created")] == [
-        "before fusing", None]  # fmt: skip
+        "before fusing", None]
     out = tmp_path / "rep"
     result = invoke("report", "--where", "label=before fusing", "--format", "md", "--out", out,
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     text = (out / "report.md").read_text()
     assert "before fusing" in text
     export = invoke("db", "export", "--where", "label=before fusing", "--format", "jsonl",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert export.exit_code == 0 and len(export.stdout.splitlines()) == 1
 
 
@@ -127,7 +127,7 @@ def test_label_is_stored_and_selects_runs(db_path, tmp_path):
     ["attention", "--attention", "naive", "--seq", "16", "--d-head", "16", "--batch", "1",
      "--warmup", "0", "--iters", "1", "--device", "cpu"],
     ["plan", "--size", "tiny", "--strategy", "dp", "--n", "2"],
-], ids=lambda a: a[0])  # fmt: skip
+], ids=lambda a: a[0])
 def test_every_measuring_command_names_its_store(db_path, args):
     result = invoke(*args, "--db", db_path)
     assert result.exit_code == 0, result.output
@@ -213,7 +213,7 @@ def test_progress_reaches_the_parent_from_distributed_ranks(db_path, monkeypatch
     result = invoke("ddp", "--impl", "flat", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
                     "--num-layers", "1", "--num-heads", "2", "--vocab-size", "64", "--seq", "8",
                     "--batch", "2", "--world-size", "2", "--warmup", "1", "--iters", "2",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     # warm-up 1, the measured step, 2 timed: rank 0 reports its last step at least
     assert "ddp [1/1]" in result.stderr and "step 4/4" in result.stderr
@@ -224,11 +224,11 @@ def test_emulated_precision_warns_once_with_the_expected_slowdown(monkeypatch, c
     from cs336sys.experiments import precision
 
     monkeypatch.setattr(precision, "native_support",
-                        lambda dev, dt: (dt == "bf16", f"no {dt} units"))  # fmt: skip
+                        lambda dev, dt: (dt == "bf16", f"no {dt} units"))
     common.emulated("cpu", ["fp32", "fp16", "bf16", "fp16"])
     lines = capsys.readouterr().err.splitlines()
     assert lines == [f"warning: fp16 is emulated on this CPU (no fp16 units); expect each step "
-                     f"to take about {common.EMULATED_SLOWDOWN}x as long as in fp32"]  # fmt: skip
+                     f"to take about {common.EMULATED_SLOWDOWN}x as long as in fp32"]
     common.emulated("cuda:0", ["fp16"])  # GPUs are not second-guessed
     assert capsys.readouterr().err == ""
 
@@ -304,7 +304,7 @@ def test_compare_two_labelled_runs_of_the_same_code(db_path, tmp_path):
         assert invoke(*args, "--label", label).exit_code == 0
     out = tmp_path / "cmp"
     result = invoke("report", "--compare", "a", "b", "--format", "md", "--out", out,
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     assert "Comparison by label: a (A) against b (B)" in result.stdout
     assert "2 points compared:" in result.stdout

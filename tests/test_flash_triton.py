@@ -276,7 +276,7 @@ def test_second_call_with_the_same_signature_reuses_the_plan(monkeypatch):
     monkeypatch.setattr(flash_triton, "_PLANS", {})
     for seed in range(3):  # new values, same shapes, strides and dtype: one plan each way
         q, k, v, do = make_inputs((1, 2, 37, 32), (1, 2, 37, 32), torch.float32, seed=seed,
-                                  device=DEVICE)  # fmt: skip
+                                  device=DEVICE)
         check_against_reference(q, k, v, do, True)
     (fwd,), (bwd,) = plans("fwd"), plans("bwd")
     assert (fwd.hits, bwd.hits) == (2, 2)
@@ -328,7 +328,7 @@ def test_strided_views_reach_the_kernels_without_a_copy(monkeypatch):
     with flash_triton.pinned_tiles():
         for seed in range(2):
             q, k, v, do = make_inputs((2, 19, 2, 16), (2, 35, 2, 16), torch.float32, seed=seed,
-                                      device=DEVICE)  # fmt: skip
+                                      device=DEVICE)
             q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
             assert not q.is_contiguous()
             check_against_reference(q, k, v, do, True)
@@ -353,7 +353,7 @@ def test_inputs_that_need_a_view_or_a_copy(monkeypatch, layout):
     shape = {"5d": (2, 1, 2, 23, 16), "head-dim-strided": (1, 2, 23, 16), "3d": (2, 23, 16)}
     for seed in range(2):
         q, k, v, do = make_inputs(shape[layout], shape[layout], torch.float32, seed=seed,
-                                  device=DEVICE)  # fmt: skip
+                                  device=DEVICE)
         if layout == "head-dim-strided":
             q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
             assert q.stride(-1) != 1
@@ -404,7 +404,7 @@ def test_interpreter_patch_changes_no_result(monkeypatch):
     patched, _, _ = run_flash(*shapes, seed=8)
     monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.original)
     monkeypatch.setattr(interpreter.GridExecutor, "__call__",
-                        interpreter.GridExecutor.__call__.original)  # fmt: skip
+                        interpreter.GridExecutor.__call__.original)
     plain, _, _ = run_flash(*shapes, seed=8)
     assert patched.keys() == plain.keys()
     for name in plain:

@@ -105,16 +105,16 @@ def test_attention_rows_name_the_opt_in_asked_for_and_the_kernels_that_ran(monke
     # one timed call per pass: what is checked comes from the checked pass before them
     argv = ["attention", "--impl", "triton", "--seq", "40", "--d-head", "16", "--batch", "1",
             "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db,
-            "--resume"]  # fmt: skip
+            "--resume"]
     assert invoke(*argv).exit_code == 0
     monkeypatch.setattr(opt_in, "ATOMIC_DQ", True)  # the point's setting; opted_in does the rest
     result = invoke(*argv)
     assert result.exit_code == 0, result.output
     assert "triton[pointer+atomic-dq]" in result.output
     rows = query(db, "SELECT triton_opt_in, triton_kernels, status, max_err_grad "
-                     "FROM attention_runs ORDER BY created")  # fmt: skip
+                     "FROM attention_runs ORDER BY created")
     assert [(r["triton_opt_in"], r["triton_kernels"], r["status"]) for r in rows] == [
-        ("default", "pointer", "ok"), ("atomic-dq", "pointer+atomic-dq", "ok")]  # fmt: skip
+        ("default", "pointer", "ok"), ("atomic-dq", "pointer+atomic-dq", "ok")]
     assert rows[1]["max_err_grad"] < 1e-4
     assert invoke(*argv).exit_code == 0  # resumed: both points are stored ok already
     assert len(query(db, "SELECT 1 FROM attention_runs")) == 2
@@ -129,17 +129,17 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
 
     db = tmp_path / "r.db"
     argv = ["attention", "--impl", "triton,naive", "--seq", "40", "--d-head", "16", "--batch",
-            "1", "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db]  # fmt: skip
+            "1", "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db]
     result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq")
     assert result.exit_code == 0, result.output
     got = query(db, "SELECT impl, triton_opt_in, triton_kernels, status, max_err_grad "
-                    "FROM attention_runs ORDER BY created")  # fmt: skip
+                    "FROM attention_runs ORDER BY created")
     assert [(r["impl"], r["triton_opt_in"], r["triton_kernels"], r["status"]) for r in got] == [
         ("triton", "default", "pointer", "ok"),
         ("triton", "atomic-dq", "pointer+atomic-dq", "ok"),
         ("triton", "tma+atomic-dq", "pointer+atomic-dq", "ok"),  # fp32 never takes TMA
         ("naive", None, None, "ok"),
-    ]  # fmt: skip
+    ]
     assert all(r["max_err_grad"] < 1e-4 for r in got)
     triton_lines = [line for line in result.output.splitlines() if line.startswith("triton")]
     assert len(triton_lines) == 3 and all("×" in line for line in triton_lines)  # vs naive

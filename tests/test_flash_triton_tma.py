@@ -92,7 +92,7 @@ def test_tma_kernels_with_unequal_tiles(force_tma, monkeypatch, tiles, n_queries
     # The causal ranges (skipped, masked, fully visible tiles) with Q_TILE != K_TILE.
     monkeypatch.setattr(flash_triton, "INTERPRETER_TILES", tiles)
     q, k, v, do = make_inputs((1, 2, n_queries, 16), (1, 2, n_keys, 16), F32, seed=3,
-                              device=DEVICE)  # fmt: skip
+                              device=DEVICE)
     check(q, k, v, do, F32, True)
     assert variants() == ["tma", "tma"]
 
@@ -101,7 +101,7 @@ def test_model_layout_reaches_the_tma_kernels_and_plans_are_reused(force_tma):
     # (B, H, T, D) views of (B, T, H, D): row stride H*D, aligned, so no copy and TMA.
     for seed in range(2):
         q, k, v, do = make_inputs((2, 19, 2, 32), (2, 35, 2, 32), BF16, seed=seed,
-                                  device=DEVICE)  # fmt: skip
+                                  device=DEVICE)
         q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
         check(q, k, v, do, BF16, True)
     assert [(p.variant, p.hits, p.views) for p in flash_triton._PLANS.values()] == [

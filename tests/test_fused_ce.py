@@ -237,7 +237,7 @@ def _hidden(model, ids):
 @pytest.mark.parametrize("amp", [None, BF16], ids=["fp32", "bf16"])
 def test_training_step_gradients_through_a_transformer(amp):
     config = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=211,
-                         context_length=16)  # fmt: skip
+                         context_length=16)
     torch.manual_seed(0)
     model = TransformerLM(config).to(DEVICE)
     ids = torch.randint(211, (3, 16), device=DEVICE)
@@ -251,7 +251,7 @@ def test_training_step_gradients_through_a_transformer(amp):
 
     with torch.autocast(DEVICE.split(":")[0], dtype=BF16, enabled=amp is not None):
         loss = linear_cross_entropy(_hidden(model, ids), model.lm_head.weight, targets,
-                                    reduction="sum", chunk_rows=10)  # fmt: skip
+                                    reduction="sum", chunk_rows=10)
     loss.backward()
 
     tol = 1e-5 if amp is None else 2**-7

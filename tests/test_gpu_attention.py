@@ -205,10 +205,10 @@ def test_leaderboard_preset_runs_with_do_bench_and_sdpa_backends_by_name(tmp_pat
     db = tmp_path / "r.db"
     for impl, backend in (("triton,sdpa", "flash"), ("sdpa", "cudnn")):
         result = runner.invoke(app, ["attention", "--preset", "leaderboard", "--impl", impl,
-                                     "--sdpa-backend", backend, "--db", str(db)])  # fmt: skip
+                                     "--sdpa-backend", backend, "--db", str(db)])
         assert result.exit_code == 0, result.output
     got = [(r["impl"], r["status"], r["timer"], r["interpreted"], r["sdpa_backend_used"])
-           for r in rows(db)]  # fmt: skip
+           for r in rows(db)]
     assert got == [
         ("triton", "ok", "do-bench", 0, None),
         ("sdpa", "ok", "do-bench", 0, "flash"),

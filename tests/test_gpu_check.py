@@ -20,7 +20,7 @@ from tests.conftest import MICRO, query
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 PROV = {"host": "lab", "device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3", "gpu_count": 1,
-        "git_commit": "abc", "git_dirty": 0}  # fmt: skip
+        "git_commit": "abc", "git_dirty": 0}
 
 
 def _module():
@@ -37,7 +37,7 @@ def _module():
 def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "r")], env=env,
-                         capture_output=True, text=True)  # fmt: skip
+                         capture_output=True, text=True)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == [
         "Error: make gpu-check needs a CUDA GPU (torch.cuda.is_available() is False)"
@@ -45,7 +45,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
     # a Python without torch (the CPU boxes' system Python, say): one line too
     out = subprocess.run([sys.executable, "-S", "-c", f"import runpy, sys; sys.argv = [{str(SCRIPT)!r}]; "
                           f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"],
-                         capture_output=True, text=True)  # fmt: skip
+                         capture_output=True, text=True)
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
     assert "needs torch with CUDA" in out.stderr
     assert not (tmp_path / "r").exists()
@@ -59,23 +59,23 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     with Store(db, EXPERIMENTS) as s:
         inv = s.begin_invocation(PROV, [], "attention")
         for impl, backend, used, ms in (("triton", None, None, 5.0), ("naive", None, None, 94.0),
-                                        ("sdpa", "cudnn", "cudnn", 4.5)):  # fmt: skip
+                                        ("sdpa", "cudnn", "cudnn", 4.5)):
             s.add_run(inv, "attention", "ok", {**shape, "impl": impl, "sdpa_backend": backend},
-                      {"e2e_ms_median": ms, "sdpa_backend_used": used})  # fmt: skip
+                      {"e2e_ms_median": ms, "sdpa_backend_used": used})
         for size, precision, bound, phases in (("small", "bf16", True, "fwd,opt"),
-                                               ("2.7B", "fp32", False, "")):  # fmt: skip
+                                               ("2.7B", "fp32", False, "")):
             s.add_run(inv, "model", "ok", {"size": size, "precision": precision, "mode": "train"},
-                      {"launch_bound": bound, "launch_bound_phases": phases})  # fmt: skip
+                      {"launch_bound": bound, "launch_bound_phases": phases})
         s.add_run(inv, "profile", "ok", {"size": "small", "target": "model"},
-                  {"fwd_profiled_ms_mean": 6.0, "bwd_profiled_ms_mean": 12.0})  # fmt: skip
+                  {"fwd_profiled_ms_mean": 6.0, "bwd_profiled_ms_mean": 12.0})
     rows = {target: (measured, met) for target, measured, met in
-            gpu_check.verdict(db, 95.0, 420.0, "2000-01-01")}  # fmt: skip
+            gpu_check.verdict(db, 95.0, 420.0, "2000-01-01")}
     assert rows["gpu tests under 120 s"] == ("95 s", "met")
     assert rows["gpu-check under 8 minutes"] == ("7.0 min", "met")
     assert rows["leaderboard: triton fwd+bwd under 5.4 ms"] == ("5.000 ms", "met")
     assert rows["leaderboard: triton at least 15x faster than naive"] == ("18.8x", "met")
     assert rows["leaderboard: triton faster than SDPA cuDNN in the same run"] == (
-        "5.000 vs 4.500 ms", "NOT met")  # fmt: skip
+        "5.000 vs 4.500 ms", "NOT met")
     assert rows["small bf16 train (batch 4, context 512) is launch-bound"] == ("fwd,opt", "met")
     assert rows["2.7B fp32 train is not launch-bound"] == ("", "met")
     assert rows["profile small: backward kernel time above forward's"] == ("12.0 vs 6.0 ms", "met")
@@ -88,7 +88,7 @@ OWED = ROOT / "benchmarks" / "gpu_owed.py"
 def _owed(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(OWED), *args], env=env, capture_output=True,
-                          text=True)  # fmt: skip
+                          text=True)
 
 
 def test_gpu_owed_lists_its_steps_and_refuses_bad_numbers(tmp_path):
@@ -136,7 +136,7 @@ def test_a_step_past_its_time_is_stopped_with_every_process_it_started(tmp_path,
     pid_file = tmp_path / "child.pid"
     step = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(120)")  # fmt: skip
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(120)")
     with open(tmp_path / "log", "w") as log:
         rc, secs = gpu_check.run([sys.executable, "-c", step], log, timeout=4.0)
     assert rc == gpu_check.STOPPED
@@ -176,7 +176,7 @@ def test_a_bad_budget_is_one_line_and_exit_2_before_anything_runs(tmp_path, valu
     for script in (OWED, SCRIPT):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         out = subprocess.run([sys.executable, str(script), "--budget", value, "--out",
-                              str(tmp_path / "o")], env=env, capture_output=True, text=True)  # fmt: skip
+                              str(tmp_path / "o")], env=env, capture_output=True, text=True)
         assert out.returncode == 2 and out.stdout == ""
         assert len(out.stderr.splitlines()) == 1 and "--budget" in out.stderr
         assert "takes seconds above 65" in out.stderr
@@ -232,10 +232,10 @@ def test_gpu_owed_end_to_end_under_a_budget(tmp_path, monkeypatch, capsys):
         ("stores a point", [*owed.CLI, "model", *micro, "--db", "{db}"], {}),
         ("runs past the budget", [sys.executable, "-c", "import time; time.sleep(300)"], {}),
         ("never starts", [sys.executable, "-c", "pass"], {}),
-    ])  # fmt: skip
+    ])
     out, archive = tmp_path / "owed", tmp_path / "owed.tar.gz"
     monkeypatch.setattr(sys, "argv", ["gpu_owed.py", "--out", str(out), "--archive",
-                                      str(archive), "--budget", "24"])  # fmt: skip
+                                      str(archive), "--budget", "24"])
     t0 = time.monotonic()
     assert owed.main() == 1
     assert time.monotonic() - t0 < 24 + 20  # the budget, plus the report's own time

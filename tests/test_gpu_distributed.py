@@ -27,7 +27,7 @@ def test_comm_sweep_on_nccl_is_exact(tmp_path):
         app,
         ["comm", "--db", str(db), "--op", "all-reduce,all-gather,reduce-scatter,broadcast",
          "--bytes", "1MB,100MB", "--precision", "fp32,bf16", "--world-size", "2", "--iters", "10"],
-    )  # fmt: skip
+    )
     assert result.exit_code == 0, result.output
     got = _rows(db, "comm_runs")
     assert len(got) == 16
@@ -43,7 +43,7 @@ def test_ddp_sweep_on_nccl_keeps_ranks_identical(tmp_path):
         ["ddp", "--db", str(db), "--size", "small", "--seq", "256",
          "--batch", "8", "--world-size", "2", "--bucket-mb", "10,100", "--warmup", "2",
          "--iters", "5"],
-    )  # fmt: skip
+    )
     assert result.exit_code == 0, result.output
     got = _rows(db, "ddp_runs")
     assert {r["impl"] for r in got} == {"naive", "flat", "overlap", "bucketed", "torch"}
@@ -61,7 +61,7 @@ def test_sharded_sweep_on_nccl_divides_the_memory(tmp_path):
          "--batch", "8", "--world-size", "2", "--impl", "torch,fsdp,torch-fsdp",
          "--shard-optimizer", "--zero", "--precision", "fp32,bf16", "--warmup", "2",
          "--iters", "5"],
-    )  # fmt: skip
+    )
     assert result.exit_code == 0, result.output
     got = {(r["impl"], r["optimizer_sharding"], r["precision"]): r for r in _rows(db, "ddp_runs")}
     assert len(got) == 10

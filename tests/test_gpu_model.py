@@ -85,7 +85,7 @@ def test_small_bf16_train_is_launch_bound_and_2_7b_fp32_is_not(tmp_path):
         result = runner.invoke(app, ["model", "--size", size, "--precision", precision,
                                      "--mode", "train", "--batch", "4", "--seq",
                                      "512", "--device", "cuda", "--warmup", "3", "--iters", "5",
-                                     "--db", str(db)])  # fmt: skip
+                                     "--db", str(db)])
         assert result.exit_code == 0, result.output
     small, big = _rows(db)
     assert small["launch_bound"] == 1 and small["launch_bound_phases"]

@@ -57,7 +57,7 @@ CASES = [
     ("attention --iters 10M", [*ATTN, "--iters", "10000000"], "at most 1,000,000"),
     ("comm --iters 10M", [*COMM, "--iters", "10000000"], "at most 1,000,000"),
     ("accumulate --additions 10M", ["precision", "accumulate", "--additions", "10000000"], "at most 1,000,000"),
-]  # fmt: skip
+]
 TIMEOUTS = ["abc", "0", "-1", "nan", "inf", ""]
 
 
@@ -94,7 +94,7 @@ def files(tmp_path, monkeypatch):
     (here / "file").write_text("not a folder")
     names = {"store": store, "file": here / "file", "foreign": here / "foreign.db",
              "truncated": here / "truncated.db", "corrupted": here / "corrupted.db",
-             "out": tmp_path / "out"}  # fmt: skip
+             "out": tmp_path / "out"}
     return here, names
 
 

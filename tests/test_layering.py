@@ -24,7 +24,7 @@ ROOT = Path(cs336sys.__file__).parent
 # layer -> the layers it may import (its own always)
 ALLOWED = {
     "cli": {"experiments", "report", "models", "attention", "store", "parallel", "yours",
-            "sweep", "measure"},  # fmt: skip
+            "sweep", "measure"},
     "experiments": {"report", "models", "attention", "parallel", "yours", "sweep", "measure"},
     "report": {"store", "sweep", "measure"},
     "models": {"attention", "sweep", "measure"},
@@ -55,7 +55,7 @@ def _nodes(tree: ast.AST, at_import: bool):
 
 
 def imports(source: str, module: str, is_package: bool, known: set[str],
-            at_import: bool = False) -> set[str]:  # fmt: skip
+            at_import: bool = False) -> set[str]:
     """The cs336sys modules `source` imports, anywhere in it or (at_import) when it is
     imported; relative imports resolved; a `from package import name` is an import of the
     submodule when `name` is one. At import time, importing a submodule first imports every
@@ -88,7 +88,7 @@ def graph(root: Path = ROOT, at_import: bool = False) -> dict[str, set[str]]:
     files = {module_name(p, root): p for p in root.rglob("*.py")}
     known = set(files)
     return {m: imports(p.read_text(), m, p.name == "__init__.py", known, at_import) - {m}
-            for m, p in files.items()}  # fmt: skip
+            for m, p in files.items()}
 
 
 def forbidden(edges: dict[str, set[str]]) -> list[str]:

@@ -82,7 +82,7 @@ def test_tracker_sees_backward_and_adopted_tensors():
 
 def test_model_init_is_parameters_plus_rope_tables():
     cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-                      context_length=32)  # fmt: skip
+                      context_length=32)
     tracker = LiveTensorTracker()
     with tracker:
         model = TransformerLM(cfg)
@@ -122,7 +122,7 @@ def _memory(db, *args):
 def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     snap = tmp_path / "snap"
     result = _memory(db_path, "--seq", "64", "--mode", "forward,train",
-                     "--checkpoint", "none,every:1", "--snapshot", snap)  # fmt: skip
+                     "--checkpoint", "none,every:1", "--snapshot", snap)
     assert result.exit_code == 0, result.output
     got = rows(db_path, "SELECT * FROM memory_runs ORDER BY created")
     assert [(r["mode"], r["checkpoint"]) for r in got] == [
@@ -131,7 +131,7 @@ def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
         ("train", "every:1"),
     ]
     cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-                      context_length=64)  # fmt: skip
+                      context_length=64)
     P, B, T = param_count(cfg), 2, 64
     rope = 2 * 2 * T * 8 * 4
     for r in got:
@@ -185,14 +185,14 @@ def test_oom_is_a_row_and_does_not_compete_for_lowest(db_path, monkeypatch):
     assert result.exit_code == 0, result.output
     got = rows(db_path, "SELECT checkpoint, status, lowest_peak FROM memory_runs ORDER BY created")
     assert [(r["checkpoint"], r["status"]) for r in got] == [
-        ("none", "ok"), ("every:2", "oom"), ("every:1", "ok")]  # fmt: skip
+        ("none", "ok"), ("every:2", "oom"), ("every:1", "ok")]
     assert got[1]["lowest_peak"] is None and got[0]["lowest_peak"] + got[2]["lowest_peak"] >= 1
 
 
 def test_residuals_rows(db_path):
     result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "64", "--d-ff", "128",
                     "--num-heads", "4", "--seq", "32", "--batch", "2",
-                    "--impl", "eager", "--device", "cpu", "--db", db_path)  # fmt: skip
+                    "--impl", "eager", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path, "SELECT * FROM memory_residuals_runs")
     assert (r["impl"], r["status"], r["d_model"], r["batch"]) == ("eager", "ok", 64, 2)
@@ -214,7 +214,7 @@ def test_residuals_rows(db_path):
 def test_residuals_compiled_is_one_node(db_path):
     result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
                     "--num-heads", "2", "--seq", "16", "--impl", "eager,compiled",
-                    "--device", "cpu", "--db", db_path)  # fmt: skip
+                    "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     eager, compiled = rows(db_path, "SELECT * FROM memory_residuals_runs ORDER BY created")
     assert compiled["status"] == "ok" and compiled["top1_op"] == "CompiledFunctionBackward"
@@ -227,7 +227,7 @@ def test_residuals_compiled_is_one_node(db_path):
 def test_memory_on_cuda_uses_the_allocator_and_writes_the_pickle(db_path, tmp_path):
     args = [a if a != "cpu" else "cuda" for a in MICRO]
     result = invoke("memory", *args, "--seq", "64", "--snapshot", tmp_path,
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path, "SELECT * FROM memory_runs")
     assert r["peak_source"] == "cuda_allocator" and r["peak_reserved_bytes"] is not None

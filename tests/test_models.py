@@ -373,7 +373,7 @@ def test_checkpointing_keeps_gradients_and_saves_memory(spec):
     from cs336sys.models.config import ModelConfig
 
     base = ModelConfig(d_model=64, d_ff=128, num_layers=3, num_heads=4, vocab_size=256,
-                       context_length=32)  # fmt: skip
+                       context_length=32)
     x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
     grads, saved = {}, {}
     for ck in ("none", spec):
@@ -391,7 +391,7 @@ def test_checkpointing_keeps_gradients_and_saves_memory(spec):
     "spec, layers, want",
     [("none", 12, None), ("every:1", 12, 1), ("every:4", 12, 4), ("sqrt", 12, 3), ("sqrt", 48, 7),
      ("sqrt", 2, 1)],
-)  # fmt: skip
+)
 def test_checkpoint_group_sizes(spec, layers, want):
     from cs336sys.models.config import checkpoint_group
 
@@ -402,7 +402,7 @@ def test_checkpoint_group_sizes(spec, layers, want):
     "spec",
     ["every:0", "every:13", "every", "all", "every:-1", "groups:", "groups:6,5", "groups:6,6,1",
      "groups:12,0", "groups:a,b", "groups:6,-6,12"],
-)  # fmt: skip
+)
 def test_checkpoint_specs_refused(spec):
     from cs336sys.models.config import checkpoint_group, checkpoint_groups
 
@@ -416,7 +416,7 @@ def test_checkpoint_specs_refused(spec):
     "spec, layers, want",
     [("none", 12, None), ("every:4", 12, [4, 4, 4]), ("every:5", 12, [5, 5, 2]),
      ("sqrt", 34, [6, 6, 6, 6, 6, 4]), ("groups:14,14,6", 34, [14, 14, 6]), ("groups:34", 34, [34])],
-)  # fmt: skip
+)
 def test_checkpoint_groups_uneven(spec, layers, want):
     """Each group's block count in order; the largest one is `checkpoint_group`'s K."""
     from cs336sys.models.config import checkpoint_group, checkpoint_groups

@@ -34,7 +34,7 @@ def test_ring_collectives_hand_worked():
     # binary tree, unpipelined: log2(4) = 2 levels up and 2 down of 8 GB: 0.32 s
     assert pm.all_reduce_tree_s(S, 4, W) == pytest.approx(0.32)
     for f in (pm.all_gather_s, pm.reduce_scatter_s, pm.all_reduce_s, pm.all_reduce_two_step_s,
-              pm.all_reduce_naive_s, pm.all_reduce_tree_s):  # fmt: skip
+              pm.all_reduce_naive_s, pm.all_reduce_tree_s):
         assert f(S, 1, W) == 0  # alone, nothing moves
 
 
@@ -105,7 +105,7 @@ def test_best_split_against_brute_force():
 
 def _spec(strategy, n, size="tiny", hardware="h100", seq=128, batch=None, **dims):
     return exp.specs(size=size, seq=seq, batch=batch or 24 * seq, strategy=[strategy],
-                     n=[str(n)], hardware=[hardware], **dims)[0]  # fmt: skip
+                     n=[str(n)], hardware=[hardware], **dims)[0]
 
 
 def test_tensors_sum_to_the_exact_parameter_count():
@@ -211,7 +211,7 @@ def _store(path, model=(), comm=(), ddp=()):
             "id": f"inv-{gpu}", "command": "fixture", "argv": "[]", "started": "2026-01-05",
             "finished": "2026-01-05", "exit_status": 0, "host": "lab", "gpu": gpu,
             "gpu_count": 0 if gpu == CPU else 1, "gpu_memory_gb": None if gpu == CPU else 79.19,
-        })  # fmt: skip
+        })
     ids = []
     for exp_name, runs in (("model", model), ("comm", comm), ("ddp", ddp)):
         for i, (gpu, status, settings, metrics) in enumerate(runs):
@@ -220,7 +220,7 @@ def _store(path, model=(), comm=(), ddp=()):
                 "id": rid, "invocation_id": f"inv-{gpu}", "experiment": exp_name, "status": status,
                 "settings": json.dumps(settings), "metrics": json.dumps(metrics),
                 "created": f"2026-01-05 10:00:0{i}.000000", "point_key": point_key(exp_name, settings),
-            })  # fmt: skip
+            })
             ids.append(rid)
     store.close()
     return ids
@@ -244,13 +244,13 @@ COMM = [
 
 def _plans(db):
     return [{**r, "_s": json.loads(r["settings"]), "_m": json.loads(r["metrics"])}
-            for r in query(db, "SELECT * FROM runs WHERE experiment = 'plan' ORDER BY created")]  # fmt: skip
+            for r in query(db, "SELECT * FROM runs WHERE experiment = 'plan' ORDER BY created")]
 
 
 def test_measured_picks_this_gpus_best_rows(db_path):
     ids = _store(db_path, MODEL, COMM)
     r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
-               "--n", "1,2", "--measured", "--gpu", CPU, "--db", db_path)  # fmt: skip
+               "--n", "1,2", "--measured", "--gpu", CPU, "--db", db_path)
     assert r.exit_code == 0, r.output
     plans = _plans(db_path)
     assert len(plans) == 2
@@ -261,9 +261,9 @@ def test_measured_picks_this_gpus_best_rows(db_path):
     # and names them (run ids cut to 8 characters), with the precision and op that single
     # them out: the fp32 model row, the all-gather row
     assert s["source"] == (f"measured: model run {ids[0][:8]} (fp32, 0.5 TFLOP/s), "
-                           f"comm run {ids[len(MODEL) + 1][:8]} (all-gather, busbw 4 GB/s)")  # fmt: skip
+                           f"comm run {ids[len(MODEL) + 1][:8]} (all-gather, busbw 4 GB/s)")
     r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
-               "--n", 2, "--measured", "--gpu", H100, "--db", db_path)  # fmt: skip
+               "--n", 2, "--measured", "--gpu", H100, "--db", db_path)
     s = _plans(db_path)[-1]["_s"]
     assert (s["flops"], s["egress"], s["memory_bytes"]) == (700e12, 360e9, int(79.19 * 2**30))
 
@@ -291,7 +291,7 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--n", 0], "positive"),
     (["--d-model", 0], "positive"),
     (["--size", "huge"], "--size: unknown size"),
-])  # fmt: skip
+])
 def test_bad_input_exits_2_with_one_line(db_path, args, says):
     r = invoke("plan", *args, "--db", db_path)
     assert r.exit_code == 2, r.output
@@ -312,7 +312,7 @@ def test_plan_meets_measurement(db_path):
     beside the planned dp point, with measured / planned ratios."""
     tiny = {"d_model": 512, "d_ff": 1344, "num_layers": 4, "num_heads": 16, "vocab_size": 10_000}
     ddp = {**tiny, "impl": "flat", "optimizer_sharding": "none", "world_size": 2,
-           "seq": 128, "batch": 8, "precision": "fp32"}  # fmt: skip
+           "seq": 128, "batch": 8, "precision": "fp32"}
     runs = [
         (CPU, "ok", ddp, {"step_ms_mean": 900.0, "comm_ms_mean": 30.0, "comm_bytes": 1e8}),
         (CPU, "ok", {**ddp, "world_size": 4}, {"step_ms_mean": 1.0, "comm_ms_mean": 1.0}),
@@ -320,7 +320,7 @@ def test_plan_meets_measurement(db_path):
     ]
     _store(db_path, MODEL, COMM, runs)
     r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp,tp",
-               "--n", 2, "--measured", "--gpu", CPU, "--db", db_path)  # fmt: skip
+               "--n", 2, "--measured", "--gpu", CPU, "--db", db_path)
     assert r.exit_code == 0, r.output
     by = {p["_s"]["strategy"]: p["_m"] for p in _plans(db_path)}
     m = by["dp"]
@@ -336,7 +336,7 @@ def test_plan_imports_no_torch(tmp_path):
     code = ("import sys; from typer.testing import CliRunner; from cs336sys.cli import app; "
             f"r = CliRunner().invoke(app, ['plan', '--size', '8b', '--hardware', 'h100,b200', "
             f"'--n', '2,4,8,16,64', '--db', {str(tmp_path / 'p.db')!r}]); "
-            "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules")  # fmt: skip
+            "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -153,11 +153,11 @@ def expected_dtypes(class_name, low, device):
         ln = str(torch.nn.functional.layer_norm(x, (10,), w, b).dtype).removeprefix("torch.")
     # cross_entropy = log_softmax + nll_loss; nll_loss is in the float32 list
     return dict(param_dtype="float32", fc1_dtype=fc1, relu_dtype=relu, ln_dtype=ln,
-                logits_dtype=low, loss_dtype="float32", grad_dtype="float32")  # fmt: skip
+                logits_dtype=low, loss_dtype="float32", grad_dtype="float32")
 
 
 OBSERVED_COLUMNS = ("param_dtype", "fc1_dtype", "relu_dtype", "ln_dtype", "logits_dtype",
-                    "loss_dtype", "grad_dtype")  # fmt: skip
+                    "loss_dtype", "grad_dtype")
 
 
 def test_autocast_bf16_on_cpu_matches_torch_op_lists(db_path):
@@ -174,7 +174,7 @@ def test_autocast_bf16_on_cpu_matches_torch_op_lists(db_path):
         param_dtype="float32", fc1_dtype="bfloat16", relu_dtype="bfloat16",
         ln_dtype="bfloat16", logits_dtype="bfloat16", loss_dtype="float32",
         grad_dtype="float32",
-    )  # fmt: skip
+    )
     assert observed == expected_dtypes("AutocastCPUTestLists", "bfloat16", "cpu")
     assert r["loss"] > 0
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else None
@@ -203,7 +203,7 @@ def test_autocast_that_disables_itself_is_a_stored_skip(db_path, monkeypatch):
     # so rather than record float32 dtypes as if autocast had run.
     monkeypatch.setitem(exp._TORCH_DTYPE, "fp16", "float64")
     result = invoke("precision", "autocast", "--precision", "bf16,fp16", "--device", "cpu",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     ok, skipped = rows(db_path)
     assert ok["status"] == "ok" and ok["dtype"] == "bf16"
@@ -220,7 +220,7 @@ def test_autocast_that_disables_itself_is_a_stored_skip(db_path, monkeypatch):
 @pytest.mark.gpu
 def test_autocast_on_cuda_matches_torch_op_lists(db_path):
     result = invoke("precision", "autocast", "--precision", "bf16,fp16", "--device", "cuda",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     for r in rows(db_path):
         low = {"bf16": "bfloat16", "fp16": "float16"}[r["dtype"]]

@@ -27,7 +27,7 @@ ATTN += ["--warmup", "1", "--iters", "2", "--device", "cpu"]
 def _event(name, start, end, self_us=0.0, kernels=(), **kw):
     fields = dict(name=name, time_range=SimpleNamespace(start=start, end=end),
                   self_cpu_time_total=self_us, kernels=list(kernels), device_type="DeviceType.CPU",
-                  is_async=False, is_user_annotation=name.startswith("cs336sys::"))  # fmt: skip
+                  is_async=False, is_user_annotation=name.startswith("cs336sys::"))
     return SimpleNamespace(**{**fields, **kw})
 
 
@@ -60,7 +60,7 @@ def test_cpu_attribution_uses_op_self_time_by_phase():
     assert totals == {"forward": 36 / 1e3, "backward": 25 / 1e3}
     assert parts == {"qk": 16 / 1e3, "softmax": 8 / 1e3}  # no PV range: no PV part
     got = [(k["phase"], k["rank"], k["name"], k["calls"], k["total_ms"], k["share"])
-           for k in kernels]  # fmt: skip
+           for k in kernels]
     assert got == [
         ("forward", 1, "aten::mm", 2, 22 / 1e3, 22 / 36),
         ("forward", 2, "(other)", 2, 14 / 1e3, 14 / 36),
@@ -105,11 +105,11 @@ def test_cuda_phases_come_from_host_ranges_and_backward_kernels_of_autograds_thr
         _event("aten::mm", 231, 250, self_us=4, kernels=[_kernel("gemm", 70)], thread=worker),
         _event("SoftmaxBackward0", 261, 280, self_us=1, thread=worker),
         _event("aten::_softmax_backward_data", 262, 279, self_us=2,
-               kernels=[_kernel("softmax_bwd_k", 15)], thread=worker),  # fmt: skip
+               kernels=[_kernel("softmax_bwd_k", 15)], thread=worker),
         _event("cs336sys::optimizer", 300, 350, thread=main),
         _event("cs336sys::optimizer", 305, 340, device_type=cuda, thread=main),
         _event("aten::_foreach_add_", 306, 310, self_us=3, kernels=[_kernel("adam_k", 20)],
-               thread=main),  # fmt: skip
+               thread=main),
     ]
     kernels, totals, _ = summarize(events, on_cuda=True, top=10)
     phase_of = {(k["phase"], k["name"]): (k["calls"], k["total_ms"]) for k in kernels}
@@ -142,7 +142,7 @@ def test_ranges_are_profiler_events_only_when_asked():
 
 def test_profile_model_rows_and_kernel_stats(db_path):
     result = invoke("profile", "model", *MICRO, "--seq", "16", "--top", "1000",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
     assert (run["status"], run["target"], run["profiler"], run["mode"]) == (
@@ -191,7 +191,7 @@ def test_profile_model_rows_and_kernel_stats(db_path):
 
 def test_profile_attention_breakdown_and_sdpa(db_path):
     result = invoke("profile", "attention", *ATTN, "--impl", "naive,sdpa", "--top", "3",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     got = rows(db_path, "SELECT * FROM profile_runs ORDER BY created")
     assert [(r["impl"], r["status"]) for r in got] == [("naive", "ok"), ("sdpa", "ok")]
@@ -199,7 +199,7 @@ def test_profile_attention_breakdown_and_sdpa(db_path):
     scores = 2 * 2 * 32 * 32  # B·H·T²
     assert (naive["qk_flops"], naive["softmax_flops"], naive["pv_flops"]) == (
         2 * scores * 16, 5 * scores, 2 * scores * 16
-    )  # fmt: skip
+    )
     for part in ("qk", "softmax", "pv"):
         assert naive[f"{part}_ms"] > 0 and naive[f"{part}_gflops"] > 0
     assert sdpa["qk_ms"] is None  # no naive ranges in the fused kernel
@@ -210,7 +210,7 @@ def test_profile_attention_breakdown_and_sdpa(db_path):
             shares = [s["share"] for s in stats if s["phase"] == phase]
             assert len(shares) <= 4 and sum(shares) == pytest.approx(1.0)
     calls = rows(db_path, "SELECT calls FROM kernel_stats WHERE phase = 'forward' "
-                 f"AND name = 'aten::bmm' AND run_id = '{naive['run_id']}'")  # fmt: skip
+                 f"AND name = 'aten::bmm' AND run_id = '{naive['run_id']}'")
     assert calls == [{"calls": 2 * 2}]  # QKᵀ and PV, in each of the 2 measured calls
 
 
@@ -232,7 +232,7 @@ def test_trace_writes_valid_chrome_json(db_path, tmp_path):
 
 def test_nvtx_mode_profiles_nothing_and_still_times(db_path):
     result = invoke("profile", "model", *MICRO, "--seq", "8", "--mode", "forward",
-                    "--nvtx", "--db", db_path)  # fmt: skip
+                    "--nvtx", "--db", db_path)
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
     assert run["profiler"] == "nvtx" and run["fwd_ms"] > 0 and run["fwd_profiled_ms"] is None
@@ -266,7 +266,7 @@ def test_nsys_prints_and_runs_the_capture_command(db_path, tmp_path, monkeypatch
                  "--nvtx-capture=measured_steps --capture-range-end=stop",
                  "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0",
                  "-m cs336sys profile model --size tiny --seq 8,16",
-                 "--num-layers 2", "--top 7", f"--db {db_path} --nvtx"):  # fmt: skip
+                 "--num-layers 2", "--top 7", f"--db {db_path} --nvtx"):
         assert part in line, (part, line)
     ran = invoke(*args, "--nsys", "--exec", "--db", db_path)
     assert ran.exit_code == 3  # nsys's own exit status
@@ -328,7 +328,7 @@ def test_v2_store_is_migrated_and_keeps_its_rows(db_path):
             {"run_id": "r1", "size": "small", "step_ms_mean": 3.0}
         ]
         row = {"phase": "forward", "rank": 1, "name": "aten::mm", "calls": 2, "total_ms": 1.5,
-               "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}  # fmt: skip
+               "mean_ms": 0.75, "share": 1.0, "time_basis": "cpu"}
         assert s.add_kernel_stats("r1", [row]) == 1
         assert s.query("SELECT run_id, name, calls, share FROM kernel_stats") == [
             {"run_id": "r1", "name": "aten::mm", "calls": 2, "share": 1.0}
@@ -359,7 +359,7 @@ def test_profile_on_cuda_finds_the_backward_kernels(db_path):
     train step's backward does about twice the forward's work."""
     micro = [a if a != "cpu" else "cuda" for a in MICRO]
     result = invoke("profile", "model", *micro, "--seq", "128", "--mode", "train",
-                    "--db", db_path)  # fmt: skip
+                    "--db", db_path)
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
     assert run["bwd_profiled_ms_mean"] > run["fwd_profiled_ms_mean"] > 0

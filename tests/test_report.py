@@ -95,7 +95,7 @@ def test_html_is_self_contained_and_escapes_hostile_settings(store, tmp_path):
     assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", html, re.I)
     assert not re.search(r"url\(|@import|<link|<script|<iframe", html, re.I)
     for title in ("Model:", "Attention:", "Memory: peaks", "Memory: saved", "Collectives:",
-                  "DDP:", "Profile:", "Precision:"):  # fmt: skip
+                  "DDP:", "Profile:", "Precision:"):
         assert f"<h2>{title}" in html
     assert "<td class=\"oom\">OOM</td>" in html and "@media print" in html
     assert not (tmp_path / "report.md").exists()
@@ -129,14 +129,14 @@ def test_filters_select_exactly_the_matching_runs(store, tmp_path):
     assert result.exit_code == 0 and old.replace("where context_length=256", "where seq=256") == md
     # a commit prefix and a GPU: inv-b (commit bbbb, H100) has 4 model rows
     result = report(store, tmp_path / "b", "--commit", "bbbb", "--gpu", "NVIDIA H100 80GB HBM3",
-                    "--format", "md")  # fmt: skip
+                    "--format", "md")
     md = (tmp_path / "b" / "report.md").read_text()
     assert result.exit_code == 0
     assert "- **Runs by status:** ok 2, error 1, skipped 1 (in 1 invocations)" in md
     assert "- **Commits:** bbbb2222bbbb (dirty)" in md
     # experiments as a list; until a day means the end of that day
     result = report(store, tmp_path / "c", "--experiment", "comm,ddp", "--until", "2026-01-06",
-                    "--format", "md")  # fmt: skip
+                    "--format", "md")
     md = (tmp_path / "c" / "report.md").read_text()
     assert re.findall(r"^## (\w+)", md, re.M) == ["Collectives", "DDP"]
     result = report(store, tmp_path / "d", "--until", "2026-01-05", "--format", "md")
@@ -163,7 +163,7 @@ def test_parse_time_against_hand_computed_instants():
 def test_where_values_are_bound_never_spliced():
     sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "seq=16"], EXPERIMENTS))).clause()
     assert "a'b" not in sql and "size" not in sql and params == ["size", "a'b;--", "size",
-                                                                 "a'b;--", "seq", 16, "seq", "16"]  # fmt: skip
+                                                                 "a'b;--", "seq", 16, "seq", "16"]
     for bad in ("novalue", "=x", "a.b=1", "x') OR 1=1 --=y"):
         with pytest.raises(SelectionError):
             parse_where([bad], EXPERIMENTS)
@@ -216,7 +216,7 @@ def test_lines_split_by_every_setting_and_gpu_and_name_only_what_differs():
         _row("H100", 128, 0.5, impl="triton"), _row("H100", 256, 0.7, impl="triton"),
         _row("H100", 128, 0.9, d_head=128, seed=1),  # another panel; the seed never matters
         {**_row("H100", 512, 9.0), "status": "oom"},  # not a point on any line
-    ]  # fmt: skip
+    ]
     got = panels(rows, "seq", "ms", facet="d_head", first=("impl",))
     assert got == {
         "d_head=64": {
@@ -235,11 +235,11 @@ def test_lines_split_by_every_setting_and_gpu_and_name_only_what_differs():
 def test_a_table_names_settings_it_does_not_show_when_they_differ():
     rows = [_row("H100", 128, 1.0, attention="naive"), _row("H100", 128, 1.1, attention="flash")]
     t = with_gpu(rows, ["impl", "ms"], lambda r: [r["_settings"]["impl"], str(r["ms"])],
-                 shown=("impl", "seq", "d_head", "dtype"))  # fmt: skip
+                 shown=("impl", "seq", "d_head", "dtype"))
     assert t.headers == ["impl", "ms", "other settings"]
     assert t.rows == [["naive", "1.0", "attention=naive"], ["naive", "1.1", "attention=flash"]]
     t = with_gpu(rows[:1] + [_row("A100", 128, 2.0, attention="naive")], ["ms"],
-                 lambda r: [str(r["ms"])], shown=())  # fmt: skip
+                 lambda r: [str(r["ms"])], shown=())
     assert t.headers == ["gpu", "ms"] and t.rows == [["H100", "1.0"], ["A100", "2.0"]]
     # a setting only one kind of row has (sdpa's backend) is not a difference between rows
     rows = [_row("H100", 128, 1.0), _row("H100", 128, 0.4, impl="sdpa", sdpa_backend="auto")]
@@ -250,7 +250,7 @@ def test_a_table_names_settings_it_does_not_show_when_they_differ():
 def test_tick_labels_are_plain_numbers():
     assert [short(v) for v in (0, 0.25, 128, 16384, 65536, 1e5, 1.5e6, 2e9)] == [
         "0", "0.25", "128", "16384", "65536", "100k", "1.5M", "2G"
-    ]  # fmt: skip
+    ]
 
 
 def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_measured():
@@ -263,7 +263,7 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
         s = {"size": "small", "seq": 512, "precision": "bf16", "batch": step}
         return {**s, "mode": "train", "status": "ok", "_settings": s, "gpu": "H100",
                 "step_ms_mean": step, "step_ms_std": std, "step_ms_median": step - 1,
-                "launch_bound_phases": phases}  # fmt: skip
+                "launch_bound_phases": phases}
 
     steady, spiky = row(20.0, 1.0), row(20.0, 5.0, "fwd,bwd")
     t = point_table(model.TABLE, [steady, spiky])
@@ -281,7 +281,7 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
 
 
 PAYLOADS = ["[x](javascript:alert(1))", "![i](http://a/x.png)", "\n# h", "|", "```\nfence",
-            "www.example.com"]  # fmt: skip
+            "www.example.com"]
 
 
 def test_markdown_report_values_are_inert(tmp_path):
@@ -297,14 +297,14 @@ def test_markdown_report_values_are_inert(tmp_path):
     with Store(db, EXPERIMENTS) as s:
         inv = s.begin_invocation(prov, [], "model")
         s.add_run(inv, "model", "ok", {"size": evil, "seq": 8, "mode": "train"},
-                  {"step_ms_mean": 1.0})  # fmt: skip
+                  {"step_ms_mean": 1.0})
         s.add_run(inv, "model", "error", {"size": "x", "seq": 8}, error=evil)
         rid = s.add_run(inv, "profile", "ok", {"target": "model", "size": evil}, {})
         s.add_kernel_stats(rid, [{"phase": "forward", "rank": 1, "name": evil, "calls": 1,
                                   "total_ms": 1.0, "mean_ms": 1.0, "share": 1.0,
-                                  "time_basis": "cpu"}])  # fmt: skip
+                                  "time_basis": "cpu"}])
     result = invoke("report", "--db", db, "--out", tmp_path / "out", "--format", "md",
-                    "--title", evil)  # fmt: skip
+                    "--title", evil)
     assert result.exit_code == 0, result.output
     md = (tmp_path / "out" / "report.md").read_text()
     unescaped = re.compile(r"(?<!\\)[\[\]`]")

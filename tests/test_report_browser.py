@@ -21,7 +21,7 @@ from tests.report_fixture import build
 pytestmark = pytest.mark.slow  # every test starts Chromium
 
 SECTIONS = ("model", "attention", "memory", "memory-residuals", "comm", "ddp", "profile",
-            "precision", "compare")  # fmt: skip
+            "precision", "compare")
 
 
 def _chromium() -> str:
@@ -47,7 +47,7 @@ def _open(exe: str, page: Path, tmp: Path) -> tuple[str, set[str]]:
          f"--user-data-dir={tmp / 'profile'}", "--host-resolver-rules=MAP * ~NOTFOUND",
          f"--log-net-log={netlog}", "--virtual-time-budget=2000", "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0 and "</html>" in proc.stdout, proc.stderr[-2000:]
     text = netlog.read_text(errors="replace").rstrip()
     # Chromium may leave the log's closing brackets unwritten when it exits.
@@ -72,7 +72,7 @@ def test_report_in_headless_chromium(tmp_path):
     result = CliRunner().invoke(
         app, ["report", "--db", str(db), "--out", str(tmp_path / "out"), "--format", "html",
               "--compare", "aaaa", "bbbb"],
-    )  # fmt: skip
+    )
     assert result.exit_code == 0, result.output
     dom, urls = _open(exe, tmp_path / "out" / "report.html", tmp_path)
     for sec in SECTIONS:
@@ -130,7 +130,7 @@ def _measure(exe: str, page: Path, tmp: Path, width: int, print_css: bool = Fals
          f"--window-size={width},900", "--virtual-time-budget=3000", "--dump-dom",
          probe.as_uri()],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     found = re.search(r'<pre id="measured">(.*?)</pre>', proc.stdout, re.S)
     assert proc.returncode == 0 and found, proc.stderr[-2000:]
     return json.loads(found.group(1).replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">"))
@@ -167,10 +167,10 @@ def _long_names_report(tmp: Path) -> Path:
     with Store(tmp / "long.db", EXPERIMENTS) as st:
         inv = st.begin_invocation({"host": "h", "gpu": "H100", "gpu_count": 1}, [], "profile")
         rid = st.add_run(inv, "profile", "ok", {"target": "model", "size": "x" * 150,
-                                                 "mode": "train"}, {"step_ms_mean": 1.0})  # fmt: skip
+                                                 "mode": "train"}, {"step_ms_mean": 1.0})
         st.add_kernel_stats(rid, [{"phase": "forward", "rank": i, "name": f"{name}{i}", "calls": 1,
                                    "total_ms": 1.0, "mean_ms": 1.0, "share": 0.5,
-                                   "time_basis": "cuda"} for i in (1, 2)])  # fmt: skip
+                                   "time_basis": "cuda"} for i in (1, 2)])
     conn = connect_readonly(tmp / "long.db")
     try:
         rep = build_report(conn, Selection(), "long names", [], EXPERIMENTS)
@@ -212,7 +212,7 @@ def test_tables_and_the_model_chart_fit_a_1280_px_page(tmp_path, which):
          "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
          f"--window-size={WIDTH},1600", f"--screenshot={shot}", page.as_uri()],
         capture_output=True, timeout=120, check=True,
-    )  # fmt: skip
+    )
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">I", png[16:20])[0] == WIDTH
 
@@ -234,10 +234,10 @@ def test_printed_tables_keep_every_column(tmp_path):
              f"--user-data-dir={tmp_path / 'profile'}", "--no-pdf-header-footer",
              f"--print-to-pdf={pdf}", page.as_uri()],
             capture_output=True, timeout=120, check=True,
-        )  # fmt: skip
+        )
         # -raw: in the order Chromium drew the text, cell after cell
         text = subprocess.run(["pdftotext", "-raw", str(pdf), "-"], capture_output=True,
-                              text=True, check=True).stdout  # fmt: skip
+                              text=True, check=True).stdout
         words = " ".join(text.split())
         headers = set(re.findall(r"<th>(.*?)</th>", page.read_text(encoding="utf-8")))
         assert len(headers) > 20

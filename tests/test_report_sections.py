@@ -85,7 +85,7 @@ def test_checkpointing_compares_activation_peaks_and_shows_the_optimizer_apart(r
         "point", "checkpoint", "fwd peak MiB", "fwd peak vs none", "bwd peak MiB",
         "bwd peak vs none", "saved MiB", "saved vs none", "step time vs none",
         "optimizer step peak MiB", "optimizer state MiB (AdamW, 8P)", "step peak set by",
-    ]  # fmt: skip
+    ]
     rows = {r[1]: r for r in t.rows if r[0] == "medium T=128 B=4 train fp32"}
     assert list(rows) == ["none", "every:1", "sqrt"]  # the baseline first
 
@@ -97,7 +97,7 @@ def test_checkpointing_compares_activation_peaks_and_shows_the_optimizer_apart(r
     none, every, sqrt = cells("none"), cells("every:1"), cells("sqrt")
     assert (none["fwd peak MiB"], none["bwd peak MiB"], none["saved MiB"]) == ("1,000.0", "1,080.0", "300.0")
     assert [none[k] for k in ("fwd peak vs none", "bwd peak vs none", "saved vs none",
-                              "step time vs none")] == ["1.00×"] * 4  # fmt: skip
+                              "step time vs none")] == ["1.00×"] * 4
     assert (every["fwd peak MiB"], every["fwd peak vs none"]) == ("760.0", "0.76×")  # 760/1000
     assert (every["bwd peak MiB"], every["bwd peak vs none"]) == ("852.0", "0.79×")  # 852/1080
     assert (every["saved MiB"], every["saved vs none"]) == ("120.0", "0.40×")
@@ -120,13 +120,13 @@ def test_checkpointing_groups_never_mix_settings_or_gpus():
 
     def row(ckpt, gpu="H100", ctx=128, fwd=100.0):
         s = {"size": "s", "seq": ctx, "batch": 1, "mode": "train",
-             "precision": "fp32", "checkpoint": ckpt}  # fmt: skip
+             "precision": "fp32", "checkpoint": ckpt}
         return {**s, "_settings": s, "status": "ok", "gpu": gpu, "peak_bytes": 300 * 2**20,
                 "fwd_peak_bytes": fwd * 2**20, "bwd_peak_bytes": 2 * fwd * 2**20,
-                "opt_peak_bytes": 300 * 2**20, "saved_bytes": fwd * 2**20, "step_ms_mean": 10.0}  # fmt: skip
+                "opt_peak_bytes": 300 * 2**20, "saved_bytes": fwd * 2**20, "step_ms_mean": 10.0}
 
     rows = [row("none"), row("sqrt", fwd=50.0), row("sqrt", gpu="A100", fwd=70.0),
-            row("sqrt", ctx=256, fwd=60.0)]  # fmt: skip
+            row("sqrt", ctx=256, fwd=60.0)]
     sec = Section("memory", "m")
     memory_section.section(sec, latest(rows))
     t = table(sec, "Checkpointing trade-off")
@@ -173,11 +173,11 @@ def test_interpreted_points_have_their_own_table_and_stay_off_the_plots(rendered
 
 def _model_row(size, step, n):
     s = {"size": size, "seq": 128 * n, "batch": 4, "mode": "train",
-         "precision": "fp32", "compile": False}  # fmt: skip
+         "precision": "fp32", "compile": False}
     smp = {"step_ms": [step, step], "warmup": {"step_ms": [3 * step]}}
     return {**s, "_settings": s, "status": "ok", "gpu": "H100", "_samples": json.dumps(smp),
             "step_ms_mean": step, "fwd_ms_mean": step / 3, "bwd_ms_mean": step / 2,
-            "opt_ms_mean": step / 6, "tokens_per_s": 512 * n / step, "mfu": None}  # fmt: skip
+            "opt_ms_mean": step / 6, "tokens_per_s": 512 * n / step, "mfu": None}
 
 
 def test_the_warmup_plot_says_which_series_it_leaves_out():
@@ -190,7 +190,7 @@ def test_the_warmup_plot_says_which_series_it_leaves_out():
     assert len(fig.plot.panels[""]) == 8
     left = [f"small T={128 * n} B=4 train fp32" for n in range(9, 14)]
     assert fig.note == ("Showing 8 of 13 series (the table above has every point); left out: "
-                        + ", ".join(left) + ".")  # fmt: skip
+                        + ", ".join(left) + ".")
     # at most 8 series: nothing is left out, nothing is said
     sec = Section("model", "m")
     model_section.section(sec, latest(rows[:8]))
@@ -204,7 +204,7 @@ def test_the_bucket_plot_is_in_mib_and_names_the_series_it_leaves_out(rendered):
     assert list(fig.plot.panels[""]) == ["impl=bucketed"]
     # the torch DDP points (bucket 25 MiB) each have one bucket size: in the table only
     assert fig.note.startswith("Showing 1 of 3 series (those with one bucket size are in the "
-                               "table); left out: impl=torch")  # fmt: skip
+                               "table); left out: impl=torch")
     assert "bucket size (MB)" not in html
 
 
@@ -230,7 +230,7 @@ def test_the_model_chart_stacks_the_phases_per_size_and_precision(rendered):
     bars = fig.plot
     assert isinstance(bars, Bars) and bars.parts == ("forward", "backward", "optimizer")
     assert [(b.group, b.label) for b in bars.bars] == [
-        ("small", "fp32"), ("small", "bf16"), ("small", "bf16 compiled")]  # fmt: skip
+        ("small", "fp32"), ("small", "bf16"), ("small", "bf16 compiled")]
     fp32, bf16, _ = bars.bars
     assert fp32.parts == pytest.approx((36.0, 72.0, 12.0)) and fp32.total == 120.0
     assert fp32.side == pytest.approx(512 / 120 * 1e3) and fp32.side_note == ""  # no fp32 peak
@@ -255,11 +255,11 @@ def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
     sec = build_section(by_kind()["model"], rows)
     charts = [f for f in sec.figures if isinstance(f.plot, Bars)]
     assert [f.title for f in charts] == [f"Step time by phase, tokens/s and MFU: mode={m}"
-                                         for m in ("train", "forward-backward", "forward")]  # fmt: skip
+                                         for m in ("train", "forward-backward", "forward")]
     train = [(b.group, b.label) for b in charts[0].plot.bars]
     assert [g for g, _ in train] == ["small"] * 4 + ["medium"] * 2 + ["large"] * 2 + ["xl"] * 4 + ["2.7B"] * 2
     assert train[:4] == [("small", "fp32 naive"), ("small", "bf16 naive"), ("small", "bf16 sdpa"),
-                         ("small", "bf16 triton")]  # fmt: skip
+                         ("small", "bf16 triton")]
     # 2.7B fp32 train: 327 + 680 + 94.8 ms of a 1,102 ms step, MFU 57.7 % (the table's figures)
     big = next(b for b in charts[0].plot.bars if (b.group, b.label) == ("2.7B", "fp32 naive"))
     assert [round(p) for p in big.parts] == [327, 680, 95] and round(big.total) == 1102

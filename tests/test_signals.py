@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
 ]
 LONG = ["comm", "--op", "all-reduce", "--bytes", "256MB", "--iters", "100000", "--warmup", "0",
-        "--world-size", "2", "--device", "cpu"]  # fmt: skip
+        "--world-size", "2", "--device", "cpu"]
 
 
 def _parent_of(pid: int) -> int | None:
@@ -122,7 +122,7 @@ def start(args: list[str], db: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("CS336SYS_DB", None)
     return subprocess.Popen([sys.executable, "-m", "cs336sys", *args, "--db", str(db)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def test_sigterm_ends_every_rank_and_stores_the_interrupted_point(tmp_path):
@@ -154,9 +154,9 @@ def test_sigkill_of_the_command_ends_every_rank(tmp_path):
 
 def test_ranks_end_with_torchruns_agent(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "cs336sys", *LONG[:-4], "--db", str(tmp_path / "r.db")]  # no --world-size  # fmt: skip
+           "-m", "cs336sys", *LONG[:-4], "--db", str(tmp_path / "r.db")]  # no --world-size
     agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=tmp_path)  # fmt: skip
+                             cwd=tmp_path)
     pids, ports = ranks(agent.pid, 2)
     agent.kill()
     gone_within(pids, 5.0)

@@ -35,7 +35,7 @@ def builds(tmp_path_factory) -> dict[str, dict]:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sm90_compile.py"), "--only", "adamw,ce",
          "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     return {row["kernel"]: row for row in rows}
@@ -80,9 +80,9 @@ def test_atomic_dq_candidates_for_head_dim_128_compile_without_spills(tmp_path):
     code = ("import dataclasses, json, sys; sys.path.insert(0, 'benchmarks'); "
             "import sm90_compile as m; "
             "print(json.dumps([(label, dataclasses.asdict(b) if not isinstance(b, Exception) "
-            "else str(b)) for label, b in m.atomic_dq_builds((128,))]))")  # fmt: skip
+            "else str(b)) for label, b in m.atomic_dq_builds((128,))]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     builds = json.loads(out.stdout.splitlines()[-1])
     assert len(builds) >= 4  # pointer and TMA of at least two configs

@@ -13,16 +13,16 @@ from tests.conftest import MICRO, invoke, query
 
 # A model of milliseconds a step: 2 layers, d 64, 4 heads, vocabulary 256.
 SHAPE = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-             seq=[32], batch=[2], device="cpu")  # fmt: skip
+             seq=[32], batch=[2], device="cpu")
 
 
 def test_switch_sets_expand_in_a_fixed_order():
     sets = step_exp.parse_switches(["ablation"], "none")
     assert sets == [(), ("fused-adamw",), ("fused-ce",), ("flash",), ("compile",),
-                    ("fused-adamw", "fused-ce", "flash", "compile")]  # fmt: skip
+                    ("fused-adamw", "fused-ce", "flash", "compile")]
     # A set is the same whatever order its names come in; repeats collapse.
     assert step_exp.parse_switches(["fused-ce+fused-adamw,fused-adamw+fused-ce", "none"], "") == [
-        ("fused-adamw", "fused-ce"), ()]  # fmt: skip
+        ("fused-adamw", "fused-ce"), ()]
     with pytest.raises(SpecError, match="unknown switch 'fused-everything'"):
         step_exp.parse_switches(["fused-everything"], "none")
 
@@ -30,10 +30,10 @@ def test_switch_sets_expand_in_a_fixed_order():
 def test_specs_resolve_what_each_switch_runs():
     plain, everything = step_exp.specs(**SHAPE, switches=["none,all"])
     assert (plain.switches, plain.optimizer, plain.loss, plain.attention, plain.compile,
-            plain.cold_cache) == ("none", "adamw", "materialised", "sdpa", False, False)  # fmt: skip
+            plain.cold_cache) == ("none", "adamw", "materialised", "sdpa", False, False)
     assert (everything.switches, everything.optimizer, everything.loss, everything.attention,
             everything.compile, everything.cold_cache) == (
-        "fused-adamw+fused-ce+flash+compile", "adamw-foreach", "fused-torch", "triton", True, True)  # fmt: skip
+        "fused-adamw+fused-ce+flash+compile", "adamw-foreach", "fused-torch", "triton", True, True)
     assert plain.timer == "loop" and plain.precision == "fp32"  # a CPU's defaults
     (triton_adamw,) = step_exp.specs(**SHAPE, switches=["fused-adamw"], adamw="triton")
     assert triton_adamw.optimizer == "adamw-triton"
@@ -80,22 +80,22 @@ def test_bf16_weights_train_with_fp32_optimizer_state():
     train_step()
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     moments = [t for state in optimizer.state.values() for t in state.values()
-               if torch.is_tensor(t) and t.dim() > 0]  # fmt: skip
+               if torch.is_tensor(t) and t.dim() > 0]
     assert len(moments) == 2 * len(list(model.parameters()))
     assert {t.dtype for t in moments} == {torch.float32}
 
 
 def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
     out = invoke("step", *MICRO, "--seq", "16", "--switches", "none,fused-ce",
-                 "--checkpoint", "none,groups:1,1", "--db", db_path)  # fmt: skip
+                 "--checkpoint", "none,groups:1,1", "--db", db_path)
     assert out.exit_code == 0, out.output
     rows = [tuple(r.values()) for r in query(
         db_path, "select switches, checkpoint, loss, step_ms_median, loss_first, status "
-                 "from step_runs order by switches, checkpoint")]  # fmt: skip
+                 "from step_runs order by switches, checkpoint")]
     samples = [(r["samples"],) for r in query(db_path, "select samples from runs")]
     assert [(r[0], r[1], r[2]) for r in rows] == [
         ("fused-ce", "groups:1,1", "fused-torch"), ("fused-ce", "none", "fused-torch"),
-        ("none", "groups:1,1", "materialised"), ("none", "none", "materialised")]  # fmt: skip
+        ("none", "groups:1,1", "materialised"), ("none", "none", "materialised")]
     assert all(r[5] == "ok" and r[3] > 0 for r in rows)
     # Checkpointing and the fused loss change how, not what: the same first loss everywhere.
     firsts = [r[4] for r in rows]
@@ -135,7 +135,7 @@ def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path
 
     monkeypatch.setattr(step_exp, "run", run)
     out = invoke("step", *MICRO, "--seq", "16", "--num-layers", "4,2,3", "--switches", "none",
-                 "--db", db_path)  # fmt: skip
+                 "--db", db_path)
     assert out.exit_code == 0, out.output
     rows = query(db_path, "select num_layers, status from step_runs order by num_layers")
     assert [(r["num_layers"], r["status"]) for r in rows] == [(2, "ok"), (3, "oom"), (4, "skipped")]

@@ -179,9 +179,9 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
             (rid, exp, status, f"2026-01-01 00:00:0{rid[1]}"),
         )
     conn.execute("INSERT INTO kernel_stats (run_id, phase, rank, name, calls, total_ms, mean_ms, "
-                 "share, time_basis) VALUES ('r1', 'forward', 1, 'mm', 2, 1.0, 0.5, 1.0, 'cpu')")  # fmt: skip
+                 "share, time_basis) VALUES ('r1', 'forward', 1, 'mm', 2, 1.0, 0.5, 1.0, 'cpu')")
     conn.execute("CREATE VIEW profile_runs AS SELECT id AS run_id FROM runs")  # as an old version made it
-    conn.execute("INSERT INTO meta (key, value) VALUES ('views', 'old'), ('view_names', '[\"profile_runs\"]')")  # fmt: skip
+    conn.execute("INSERT INTO meta (key, value) VALUES ('views', 'old'), ('view_names', '[\"profile_runs\"]')")
     conn.execute("CREATE VIEW mine AS SELECT id, status FROM runs")  # the user's own
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute("UPDATE runs SET status = 'wrong'")
@@ -190,18 +190,18 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
     with Store(db_path, EXPERIMENTS) as s:
         assert schema.version(s.conn) == SCHEMA_VERSION
         assert s.query("SELECT id, status FROM mine ORDER BY id") == [
-            {"id": "r1", "status": "ok"}, {"id": "r2", "status": "oom"}]  # fmt: skip
+            {"id": "r1", "status": "ok"}, {"id": "r2", "status": "oom"}]
         assert s.query("SELECT run_id, name FROM kernel_stats") == [{"run_id": "r1", "name": "mm"}]
         assert s.query("SELECT run_id, step_ms_mean, user_commit FROM profile_runs") == [
-            {"run_id": "r1", "step_ms_mean": 2.0, "user_commit": None}]  # fmt: skip
+            {"run_id": "r1", "step_ms_mean": 2.0, "user_commit": None}]
         inv = s.begin_invocation({**PROV, "user_commit": "abc", "user_dirty": 1}, [], "t")
         s.add_run(inv, "attention", "wrong", {"impl": "yours"}, {"check": "fail"})
         assert s.query('SELECT status, "check", user_commit, user_dirty FROM attention_runs') == [
-            {"status": "wrong", "check": "fail", "user_commit": "abc", "user_dirty": 1}]  # fmt: skip
+            {"status": "wrong", "check": "fail", "user_commit": "abc", "user_dirty": 1}]
         with pytest.raises(sqlite3.IntegrityError):  # the foreign key is still enforced
             s.conn.execute("INSERT INTO kernel_stats (run_id, phase, rank, name, calls, total_ms, "
                            "mean_ms, share, time_basis) VALUES ('none', 'forward', 1, 'x', 1, 1, "
-                           "1, 1, 'cpu')")  # fmt: skip
+                           "1, 1, 'cpu')")
 
 
 def test_version_6_settings_get_one_name_per_concept(db_path):
@@ -222,11 +222,11 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
     for i, (kind, settings) in enumerate(old.items()):
         conn.execute("INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, "
                      "point_key) VALUES (?, 'i1', ?, 'ok', ?, '{}', ?)",
-                     (f"r{i}", kind, json.dumps(settings), point_key(kind, settings)))  # fmt: skip
+                     (f"r{i}", kind, json.dumps(settings), point_key(kind, settings)))
     conn.close()
     with Store(db_path, EXPERIMENTS) as s:
         got = {r["experiment"]: (json.loads(r["settings"]), r["point_key"])
-               for r in s.query("SELECT experiment, settings, point_key FROM runs")}  # fmt: skip
+               for r in s.query("SELECT experiment, settings, point_key FROM runs")}
         assert got["model"][0] == {"size": "tiny", "seq": 128, "batch": 4, "iters": 5}
         assert got["ddp"][0] == {"impl": "flat", "seq": 64, "batch": 8, "iters": 3}
         assert got["attention"][0] == {"impl": "sdpa", "seq": 256, "precision": "bf16", "iters": 10}
@@ -235,9 +235,9 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
         for kind, (settings, key) in got.items():
             assert key == point_key(kind, settings)
         assert s.query("SELECT seq, batch, iters, context_length, batch_size, steps FROM model_runs") == [
-            {"seq": 128, "batch": 4, "iters": 5, "context_length": 128, "batch_size": 4, "steps": 5}]  # fmt: skip
+            {"seq": 128, "batch": 4, "iters": 5, "context_length": 128, "batch_size": 4, "steps": 5}]
         assert s.query("SELECT batch, global_batch FROM ddp_runs") == [{"batch": 8, "global_batch": 8}]
-        assert s.query("SELECT precision, dtype FROM attention_runs") == [{"precision": "bf16", "dtype": "bf16"}]  # fmt: skip
+        assert s.query("SELECT precision, dtype FROM attention_runs") == [{"precision": "bf16", "dtype": "bf16"}]
 
 
 def test_newer_schema_is_refused(db_path):
@@ -274,7 +274,7 @@ def test_views_follow_the_declarations_passed_in_and_a_users_own_view_survives(d
     conn.commit()
     conn.close()
     extra = Experiment(kind="extra", view="extra_runs", title="Extra", spec=object, run=print,
-                       settings=("a",), metrics=(Metric("b", "", "b"),), tables=())  # fmt: skip
+                       settings=("a",), metrics=(Metric("b", "", "b"),), tables=())
     with Store(db_path, (*EXPERIMENTS, extra)) as s:
         names = {r["name"] for r in s.query("SELECT name FROM sqlite_master WHERE type='view'")}
         assert {"model_runs", "extra_runs", "my_view"} <= names

@@ -57,11 +57,11 @@ def test_run_sweep_from_python_writes_the_rows_the_cli_writes(tmp_path, monkeypa
     monkeypatch.delenv("CS336SYS_DB", raising=False)
     cli_db, py_db = tmp_path / "cli.db", tmp_path / "python.db"
     result = invoke("model", *MICRO, "--seq", "16,32", "--mode", "forward,train",
-                    "--db", cli_db)  # fmt: skip
+                    "--db", cli_db)
     assert result.exit_code == 0, result.output
     specs = model.specs(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4,
                         vocab_size=256, batch=[2], warmup=1, iters=3, device="cpu",
-                        seq=[16, 32], mode=["forward", "train"])  # fmt: skip
+                        seq=[16, 32], mode=["forward", "train"])
     with Recorder(py_db, command="model", device="cpu") as rec:
         points = run_sweep(model.EXPERIMENT, specs, rec)
     assert [p.result.status for p in points] == ["ok"] * 4
@@ -71,13 +71,13 @@ def test_run_sweep_from_python_writes_the_rows_the_cli_writes(tmp_path, monkeypa
     assert len(cli) == len(py) == 4
     for a, b in zip(cli, py, strict=True):
         assert (a["experiment"], a["status"], a["settings"], a["point_key"]) == (
-            b["experiment"], b["status"], b["settings"], b["point_key"])  # fmt: skip
+            b["experiment"], b["status"], b["settings"], b["point_key"])
         ma, mb = json.loads(a["metrics"]), json.loads(b["metrics"])
         assert ma.keys() == mb.keys()
         assert json.loads(a["samples"]).keys() == json.loads(b["samples"]).keys()
         # what does not depend on the clock is equal: same seed, same model, same loss
         for k in ("params", "tokens_per_step", "flops_per_step", "logits_dtype", "loss_first",
-                  "loss_last"):  # fmt: skip
+                  "loss_last"):
             assert ma[k] == mb[k], k
     prov = "SELECT host, device, gpu, cpu, torch_version, git_commit, git_dirty, exit_status FROM invocations"
     assert query(cli_db, prov) == query(py_db, prov)
@@ -92,7 +92,7 @@ def test_every_metric_a_point_stores_is_declared(tmp_path):
     from cs336sys.experiments import attention, memory, memory_residuals, precision, profile
 
     tiny = dict(size=["tiny"], d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
-                batch=[2], seq=[16], warmup=1, iters=1, device="cpu")  # fmt: skip
+                batch=[2], seq=[16], warmup=1, iters=1, device="cpu")
     attn = dict(seq=[32], d_head=[16], batch=[1], warmup=1, iters=1, device="cpu")
     cases = [
         (model.EXPERIMENT, model.specs(**tiny)),
@@ -100,9 +100,9 @@ def test_every_metric_a_point_stores_is_declared(tmp_path):
         (memory.EXPERIMENT, memory.specs(**tiny, snapshot=tmp_path / "snap")),
         (memory_residuals.EXPERIMENT, memory_residuals.specs(
             impl=["eager"], size=["tiny"], d_model=64, d_ff=128, num_heads=4,
-            seq=[16], device="cpu")),  # fmt: skip
+            seq=[16], device="cpu")),
         (precision.EXPERIMENT, precision.accumulate_specs(variant=["fp16"], additions=10,
-                                                          device="cpu")),  # fmt: skip
+                                                          device="cpu")),
         (precision.EXPERIMENT, precision.autocast_specs(device="cpu")),
         (profile.EXPERIMENT, profile.specs("model", model.specs(**tiny), top=3)),
         (profile.EXPERIMENT, profile.specs("attention", attention.specs(impl=["naive"], **attn))),
@@ -127,7 +127,7 @@ def test_points_reach_the_sink_as_they_finish_with_start_and_duration():
     assert points[0].result.metrics == {"twice": 2}
     assert all(p.result.started and p.result.duration_s >= 0 for p in points)
     assert events.events == [("start", 3), ("advance", 1), ("advance", 13), ("advance", 3),
-                             ("finish",)]  # fmt: skip
+                             ("finish",)]
 
 
 def test_resume_runs_only_the_points_the_sink_does_not_hold():
@@ -143,7 +143,7 @@ def test_resume_runs_only_the_points_the_sink_does_not_hold():
 
 def test_after_an_oom_larger_points_of_the_same_family_are_skipped():
     specs = [Toy(1, size=32), Toy(2, size=64), Toy(3, size=128), Toy(4, size=32, family="b"),
-             Toy(5, size=256), Toy(6, size=128, family="b")]  # fmt: skip
+             Toy(5, size=256), Toy(6, size=128, family="b")]
     got = [(p.spec.n, p.result.status) for p in run_sweep(TOY, specs, ListSink())]
     assert got == [(1, "ok"), (2, "oom"), (3, "skipped"), (4, "ok"), (5, "skipped"), (6, "ok")]
     skipped = run_sweep(TOY, specs[:3])[2].result
@@ -163,7 +163,7 @@ def test_metrics_set_across_a_group_reach_the_sink_when_the_group_is_complete():
     specs = [Toy(3), Toy(1, family="b"), Toy(2), Toy(4, family="b"), Toy(5, family="c")]
     points = run_sweep(grouped, specs, sink)
     assert [(h, m["lowest"]) for h, m in sink.updated] == [(0, False), (2, True), (1, True),
-                                                           (3, False), (4, True)]  # fmt: skip
+                                                           (3, False), (4, True)]
     assert [p.result.metrics["lowest"] for p in points] == [False, True, True, False, True]
 
 
@@ -204,7 +204,7 @@ def test_specs_accept_the_old_keyword_names_with_a_warning():
     new = model.specs(size=["tiny"], seq=[32], batch=[2], iters=3, precision=["bf16"], device="cpu")
     with pytest.warns(DeprecationWarning, match=r"specs\(steps=\.\.\.\) is now iters="):
         old = model.specs(size=["tiny"], context_length=[32], batch_size=[2], steps=3,
-                          dtype=["bf16"], device="cpu")  # fmt: skip
+                          dtype=["bf16"], device="cpu")
     assert old == new
     with pytest.warns(DeprecationWarning, match="global_batch"):
         assert ddp.specs(global_batch=8, device="cpu", world_size=[2]) == ddp.specs(

@@ -27,13 +27,13 @@ def _loss(experiment, specs) -> dict:
 def test_model_profile_memory_and_ddp_compute_the_same_loss(precision):
     common = dict(size=["tiny"], seq=[32], batch=[2], mode=["train"],
                   precision=[precision], warmup=WARMUP, iters=STEPS, device="cpu", seed=3,
-                  **SHAPE)  # fmt: skip
+                  **SHAPE)
     timed = model.run(model.specs(**common)[0])
     profiled = _loss(profile.EXPERIMENT, profile.specs("model", model.specs(**common), top=2))
     measured = _loss(memory.EXPERIMENT, memory.specs(**common))
     dist = _loss(ddp.EXPERIMENT, ddp.specs(
         impl=["naive"], size="tiny", seq=32, batch=2, world_size=[1],
-        precision=[precision], warmup=WARMUP, iters=STEPS, device="cpu", seed=3, **SHAPE))  # fmt: skip
+        precision=[precision], warmup=WARMUP, iters=STEPS, device="cpu", seed=3, **SHAPE))
 
     first = timed.metrics["loss_first"]
     # the same first step: same weights, same tokens, same loss convention
@@ -44,7 +44,7 @@ def test_model_profile_memory_and_ddp_compute_the_same_loss(precision):
     ours = timed.samples["loss"]
     assert len(ours) == WARMUP + STEPS and dist["loss_last"] == pytest.approx(
         _loss(model.EXPERIMENT, model.specs(**{**common, "iters": STEPS + 1}))["loss_last"],
-        rel=1e-5)  # fmt: skip
+        rel=1e-5)
     assert profiled["loss_last"] == pytest.approx(ours[-1], rel=1e-5)
 
 
@@ -67,12 +67,12 @@ def test_a_step_times_every_phase_and_the_data_does_not_depend_on_the_device():
     cfg = from_preset("tiny", context_length=16, **{**SHAPE, "vocab_size": 100})
     step = make_step(make_model(cfg, "cpu", 0), vocab_size=100, batch_size=2, context_length=16,
                      mode="train", precision="fp32", optimizer="adamw", compile=False,
-                     device="cpu", seed=7)  # fmt: skip
+                     device="cpu", seed=7)
     seen = []
     times = step(phase=lambda name: _record(seen, name))
     assert seen == ["forward", "backward", "optimizer"]
     assert set(times) == {"fwd_ms", "bwd_ms", "opt_ms", "step_ms", "fwd_host_ms", "bwd_host_ms",
-                          "opt_host_ms"}  # fmt: skip
+                          "opt_host_ms"}
     assert times["step_ms"] >= times["fwd_ms"] + times["bwd_ms"] + times["opt_ms"]
     # the host time is the part of the phase until its calls returned, before the sync
     assert all(0 < times[f"{p}_host_ms"] <= times[f"{p}_ms"] for p in ("fwd", "bwd", "opt"))

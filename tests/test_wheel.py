@@ -29,13 +29,13 @@ SHIPPED = ("cs336sys/templates/report.html.j2", "cs336sys/templates/report.md.j2
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV", "CS336SYS_"))}  # fmt: skip
+           if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV", "CS336SYS_"))}
     return {**env, "PIP_NO_INDEX": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
 def _run(*cmd, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(list(map(str, cmd)), cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+                          text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -52,7 +52,7 @@ def test_wheel_installs_a_working_report(tmp_path):
             shutil.copy2(REPO / name, src / name)
     wheels = tmp_path / "wheels"
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-w", wheels, src, cwd=tmp_path)  # fmt: skip
+         "-w", wheels, src, cwd=tmp_path)
     (wheel,) = wheels.glob("cs336sys-*.whl")
 
     # The wheel has the templates, and every module of the source tree (the package list
@@ -69,19 +69,19 @@ def test_wheel_installs_a_working_report(tmp_path):
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
     py = venv / "bin" / "python"
     _run(sys.executable, "-m", "pip", "--python", py, "install", "--no-deps", "--no-index",
-         wheel, cwd=tmp_path)  # fmt: skip
+         wheel, cwd=tmp_path)
     # Then the project venv's dependencies (torch, jinja2, ...) become visible to it. A path
     # line in a .pth adds that folder to sys.path, after the venv's own site-packages, without
     # running the .pth files in it: the project's editable-install finder stays out.
     site = _run(py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
-                cwd=tmp_path).stdout.strip()  # fmt: skip
+                cwd=tmp_path).stdout.strip()
     deps = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
     (Path(site) / "_project_deps.pth").write_text("".join(f"{d}\n" for d in deps))
 
     work = tmp_path / "work"  # outside the repository: no checkout on sys.path
     work.mkdir()
     probe = _run(py, "-c", "import cs336sys; from cs336sys.report.render import TEMPLATES; "
-                 "print(cs336sys.__file__); print(TEMPLATES)", cwd=work).stdout.splitlines()  # fmt: skip
+                 "print(cs336sys.__file__); print(TEMPLATES)", cwd=work).stdout.splitlines()
     package, templates = (Path(p).resolve() for p in probe)
     assert package.is_relative_to(venv.resolve()), probe  # the wheel's copy, not the repo's
     assert templates == package.parent / "templates", probe

@@ -15,7 +15,7 @@ from tests.user_repos import ADAPTERS_2025, course_repo, edit, git, line_of
 
 FLASH = "cs336_systems/flash_attention.py"
 SMALL = ["--seq", "32,48", "--d-head", "16", "--batch", "1", "--heads", "2", "--warmup", "1",
-         "--iters", "2", "--device", "cpu"]  # fmt: skip
+         "--iters", "2", "--device", "cpu"]
 
 
 def runs(db):
@@ -49,7 +49,7 @@ def raises_something_else():
 '''
     found = yours.adapters.implemented_functions(source)
     assert found == {"done": True, "todo": False, "todo_with_message": False, "started": True,
-                     "no_op_hook": True, "raises_something_else": True}  # fmt: skip
+                     "no_op_hook": True, "raises_something_else": True}
 
 
 def test_the_adapters_file_at_the_top_of_the_checkout_is_found_and_summarised(tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_the_2025_generation_is_understood(tmp_path):
     ],
     ids=["syntax-error", "import-error", "raises-at-import"],
 )
-def test_an_adapters_file_that_does_not_import_is_one_line_and_exit_2(tmp_path, monkeypatch, source, expected):  # fmt: skip
+def test_an_adapters_file_that_does_not_import_is_one_line_and_exit_2(tmp_path, monkeypatch, source, expected):
     repo = course_repo(tmp_path, files={"tests/adapters.py": source})
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
@@ -98,12 +98,12 @@ def test_an_adapters_file_that_does_not_import_is_one_line_and_exit_2(tmp_path, 
 def test_a_missing_adapters_path_and_a_missing_function_are_refused(tmp_path, monkeypatch):
     db = tmp_path / "r.db"
     result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db,
-                    "--adapters", tmp_path / "nope.py")  # fmt: skip
+                    "--adapters", tmp_path / "nope.py")
     assert result.exit_code == 2 and "nope.py: no such file" in result.stderr
     monkeypatch.chdir(tmp_path)  # no checkout, no adapters: the name cannot run
     result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
     assert result.exit_code == 2 and "needs an adapters file" in result.stderr
-    repo = course_repo(tmp_path, files={"tests/adapters.py": "def get_ddp(module):\n    return module\n"})  # fmt: skip
+    repo = course_repo(tmp_path, files={"tests/adapters.py": "def get_ddp(module):\n    return module\n"})
     monkeypatch.chdir(repo)
     result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
     assert result.exit_code == 2
@@ -134,12 +134,12 @@ def test_your_kernel_is_measured_beside_ours_with_its_provenance(tmp_path, monke
         skipped = by["yours-triton", seq]
         assert skipped["status"] == "skipped"
         assert skipped["error"] == ("get_flashattention_autograd_function_triton is not "
-                                    "implemented in tests/adapters.py")  # fmt: skip
-    assert "skipped: impl=yours-triton seq=32: get_flashattention_autograd_function_triton" in result.stdout  # fmt: skip
+                                    "implemented in tests/adapters.py")
+    assert "skipped: impl=yours-triton seq=32: get_flashattention_autograd_function_triton" in result.stdout
     inv = query(db, "SELECT * FROM invocations")[0]
     assert inv["user_commit"] == git(repo, "rev-parse", "HEAD") and inv["user_dirty"] == 0
     assert inv["user_repo"] == str(repo.resolve())
-    assert inv["adapters_sha256"] == hashlib.sha256((repo / "tests/adapters.py").read_bytes()).hexdigest()  # fmt: skip
+    assert inv["adapters_sha256"] == hashlib.sha256((repo / "tests/adapters.py").read_bytes()).hexdigest()
     assert "CS336SYS_ADAPTERS" not in (inv["env"] or "")  # a path, recorded in its own column
     # ours, in the same run, records no user code
     assert by["naive", 32]["code"] is None and by["naive", 32]["check"] == "pass"
@@ -184,7 +184,7 @@ def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
 def test_a_kernel_that_raises_is_an_error_row_with_its_file_and_line(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, FLASH, "        o = torch.empty_like(q)\n",
-         "        o = torch.empty_like(q)\n        ratio = 1 / (n_q - n_q)\n")  # fmt: skip
+         "        o = torch.empty_like(q)\n        ratio = 1 / (n_q - n_q)\n")
     line = line_of(repo, FLASH, "ratio = 1 / (n_q - n_q)")
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
@@ -219,7 +219,7 @@ def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
     assert inv["user_commit"] == git(repo, "rev-parse", "HEAD") and inv["adapters"] is None
     for bad, why in (("mine=cs336_systems.flash_attention:F", "named yours or yours-"),
                      ("yours=cs336_systems.flash_attention", "package.module:Object"),
-                     ("yours=cs336_systems.nothing:F", "No module named 'cs336_systems.nothing'")):  # fmt: skip
+                     ("yours=cs336_systems.nothing:F", "No module named 'cs336_systems.nothing'")):
         result = invoke("attention", "--impl", bad, *SMALL, "--db", tmp_path / "other.db")
         assert result.exit_code == 2 and why in result.stderr, (bad, result.stderr)
     assert not (tmp_path / "other.db").exists()
@@ -232,7 +232,7 @@ def test_run_sweep_takes_your_implementations_from_python(tmp_path):
     repo = course_repo(tmp_path)
     yours.use(repo / "tests" / "adapters.py")
     specs = attention.specs(impl=["yours-torch", "sdpa"], seq=[32], d_head=[16], batch=[1],
-                            warmup=1, iters=2, device="cpu")  # fmt: skip
+                            warmup=1, iters=2, device="cpu")
     points = run_sweep(attention.EXPERIMENT, specs)
     assert [(p.spec.impl, p.result.status) for p in points] == [("yours-torch", "ok"), ("sdpa", "ok")]
     assert points[0].result.metrics["check"] == "pass"
@@ -308,7 +308,7 @@ def test_yours_triton_runs_compiled_on_a_gpu_and_interpreted_on_a_cpu(tmp_path, 
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     args = ["--seq", "64", "--d-head", "32", "--batch", "1", "--heads", "2", "--warmup", "1",
-            "--iters", "2", "--device", device, "--precision", "fp32,bf16"]  # fmt: skip
+            "--iters", "2", "--device", device, "--precision", "fp32,bf16"]
     result = invoke("attention", "--impl", "yours-triton", *args, "--db", db)
     assert result.exit_code == 0, result.output
     rows = runs(db)

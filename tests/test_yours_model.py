@@ -14,7 +14,7 @@ from tests.conftest import MICRO, invoke, query
 from tests.user_repos import course_repo, edit
 
 SHAPE = dict(vocab_size=256, context_length=16, d_model=64, num_layers=2, num_heads=4, d_ff=128,
-             rope_theta=10000.0)  # fmt: skip
+             rope_theta=10000.0)
 BATCH = 2
 
 # An architecture that is not ours: a GELU MLP with two matrices, a learned position table.
@@ -112,7 +112,7 @@ def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_pat
         (["--model", "just_a_name"], "give cs336_basics or package.module:Class"),
     ],
 )
-def test_a_model_that_cannot_run_is_refused_before_anything_is_written(tmp_path, monkeypatch, args, why):  # fmt: skip
+def test_a_model_that_cannot_run_is_refused_before_anything_is_written(tmp_path, monkeypatch, args, why):
     monkeypatch.chdir(course_repo(tmp_path))
     db = tmp_path / "r.db"
     result = invoke("model", *MICRO, "--seq", "16", *args, "--db", db)
@@ -132,7 +132,7 @@ def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path
     assert ours["check"] is None  # ours is the reference, not checked
     # a kernel that drops the causal mask: the model's loss is not naive attention's
     edit(repo, "cs336_systems/flash_attention.py", "                if is_causal:\n                    qi",
-         "                if False:\n                    qi")  # fmt: skip
+         "                if False:\n                    qi")
     result = invoke("model", *MICRO, "--seq", "16", "--attention", "yours-torch", "--db", db)
     assert result.exit_code == 0, result.output
     wrong = model_runs(db)[-1]
@@ -156,7 +156,7 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
     got = [(r["experiment"], r["status"], json.loads(r["settings"]).get("model")) for r in rows]
     assert got == [("memory", "ok", "cs336_basics"), ("profile", "ok", "cs336_basics"),
                    ("step", "ok", "cs336_basics"), ("step", "ok", "cs336_basics"),
-                   ("step", "ok", None)]  # fmt: skip
+                   ("step", "ok", None)]
     assert all(json.loads(r["metrics"]).get("check") == "pass" for r in rows if r["experiment"] == "step")
     result = invoke("step", *small, "--model", "cs336_basics", "--switches", "fused-ce", "--db", db)
     assert result.exit_code == 2 and "takes fused-adamw and compile" in result.stderr

@@ -11,7 +11,7 @@ from tests.user_repos import ADAPTERS_2025, course_repo, edit
 
 SMALL = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-layers", "1",
          "--num-heads", "2", "--vocab-size", "64", "--seq", "16", "--batch", "4",
-         "--world-size", "2", "--warmup", "1", "--iters", "2", "--device", "cpu"]  # fmt: skip
+         "--world-size", "2", "--warmup", "1", "--iters", "2", "--device", "cpu"]
 
 # FSDP as a student might start it: every rank keeps the full weights (no sharding yet),
 # gradients averaged after backward, the full parameters gathered by name.
@@ -65,12 +65,12 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("ddp", "--impl", "yours,naive,yours-fsdp", "--shard-optimizer", "yours",
-                    *SMALL, "--db", db)  # fmt: skip
+                    *SMALL, "--db", db)
     assert result.exit_code == 0, result.output
     assert "implemented: yours-torch, yours, --shard-optimizer yours" in result.stderr
     got = {(r["impl"], r["optimizer_sharding"]): r for r in ddp_runs(db)}
     assert set(got) == {("yours", "none"), ("yours", "yours"), ("naive", "none"),
-                        ("naive", "yours"), ("yours-fsdp", None)}  # fmt: skip
+                        ("naive", "yours"), ("yours-fsdp", None)}
     for key in (("yours", "none"), ("yours", "yours"), ("naive", "yours")):
         r = got[key]
         assert r["status"] == "ok" and r["check"] == "pass", key
@@ -79,7 +79,7 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
         assert "cs336_systems/ddp.py" in json.loads(r["code"]) or key[0] == "naive"
     assert "cs336_systems/sharded_optimizer.py" in json.loads(got["yours", "yours"]["code"])
     # the sharded state: each rank holds part of AdamW's moments, not all of them
-    assert got["yours", "yours"]["mem_after_opt_opt_state_bytes"] < got["yours", "none"]["mem_after_opt_opt_state_bytes"]  # fmt: skip
+    assert got["yours", "yours"]["mem_after_opt_opt_state_bytes"] < got["yours", "none"]["mem_after_opt_opt_state_bytes"]
     assert got["naive", "none"]["check"] is None  # ours: not checked against one process
     skipped = got["yours-fsdp", None]
     assert skipped["status"] == "skipped"
@@ -89,7 +89,7 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
 def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, "cs336_systems/ddp.py", "                dist.all_reduce(p.grad)\n                p.grad /= world\n",
-         "                pass\n")  # fmt: skip
+         "                pass\n")
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("ddp", "--impl", "yours", *SMALL, "--db", db)
@@ -103,16 +103,16 @@ def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
 
 def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     repo = course_repo(tmp_path, files={"tests/adapters.py": ADAPTERS_2025 + ADAPTERS_FSDP,
-                                        "cs336_systems/fsdp.py": FSDP})  # fmt: skip
+                                        "cs336_systems/fsdp.py": FSDP})
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("ddp", "--impl", "yours-individual,yours-bucketed,yours-fsdp",
-                    "--bucket-mb", "1,10", "--shard-optimizer", "yours", *SMALL, "--db", db)  # fmt: skip
+                    "--bucket-mb", "1,10", "--shard-optimizer", "yours", *SMALL, "--db", db)
     assert result.exit_code == 0, result.output
     rows = ddp_runs(db)
     ok = {(r["impl"], r["bucket_mb"]) for r in rows if r["status"] == "ok" and r["check"] == "pass"}
     assert ok == {("yours-individual", None), ("yours-bucketed", 1.0), ("yours-bucketed", 10.0),
-                  ("yours-fsdp", None)}  # fmt: skip
+                  ("yours-fsdp", None)}
     skipped = [r for r in rows if r["optimizer_sharding"] == "yours"]
     assert len(skipped) == 3 and {r["status"] for r in skipped} == {"skipped"}
     assert skipped[0]["error"] == "get_sharded_optimizer is not implemented in tests/adapters.py"
@@ -124,7 +124,7 @@ def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, "cs336_systems/ddp.py", "        world = dist.get_world_size()\n",
          "        world = dist.get_world_size()\n        if dist.get_rank() == 1:\n"
-         "            raise RuntimeError('rank 1 lost its gradients')\n")  # fmt: skip
+         "            raise RuntimeError('rank 1 lost its gradients')\n")
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("ddp", "--impl", "yours=cs336_systems.ddp:NaiveDDP,flat", *SMALL, "--db", db)

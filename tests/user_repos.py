@@ -16,7 +16,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "course-layout"
 
 def git(repo: Path, *args: str) -> str:
     out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+                         check=True)
     return out.stdout.strip()
 
 

@@ -371,10 +371,10 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
         return (triton.cdiv(n_q, tiles["Q_TILE"]), heads, batch)
 
     args = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4), *_bht_strides(o4),
-            n_q, n_k, LOG2E / math.sqrt(d))  # fmt: skip
+            n_q, n_k, LOG2E / math.sqrt(d))
     variant = _variant(*views)
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
-                      **_dot_flags(q.dtype), TMA=variant == "tma")  # fmt: skip
+                      **_dot_flags(q.dtype), TMA=variant == "tma")
     name = "fwd_tma" if variant == "tma" else "fwd"
     launch = _first_launch(name, grid, (*views, lse), args, constexprs)
     copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
@@ -436,7 +436,7 @@ def _summed_dq(dq: torch.Tensor, launch):
 def _backward_views(q, k, v, o, lse, do, dq, dk, dv) -> tuple[torch.Tensor, ...]:
     """The backward's tensors as its kernels take them; L as contiguous (B*H, T_q) rows."""
     return (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
-            *map(_kernel_view, (do, dq, dk, dv)))  # fmt: skip
+            *map(_kernel_view, (do, dq, dk, dv)))
 
 
 def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _Plan:
@@ -450,7 +450,7 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
     suffix = "_tma" if variant == "tma" else ""
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal, **_dot_flags(q.dtype),
-                      TMA=variant == "tma")  # fmt: skip
+                      TMA=variant == "tma")
     scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
     qkv = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4))
 
@@ -459,27 +459,27 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
 
     copied = any(a is not b for a, b in zip(views, given, strict=True))
     dkdv_args = (*qkv, *_bht_strides(do4), *_bht_strides(dk4), *_bht_strides(dv4),
-                 *_bht_strides(dq4), *scales)  # fmt: skip
+                 *_bht_strides(dq4), *scales)
     if ATOMIC_DQ:
         pre = _first_launch(
             "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
             (*_bht_strides(o4), *_bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
-        )  # fmt: skip
+        )
         dkdv = _summed_dq(dq4, lambda dq_sum: _first_launch(
             "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
             (q4, k4, v4, do4, lse, delta, dk4, dv4, dq_sum), dkdv_args,
             {**constexprs, "ATOMIC_DQ": True},
-        ))  # fmt: skip
+        ))
         return _Plan((pre, dkdv), copied, variant, atomic_dq=True)
     # dQ first: its kernel also writes D, which the dK/dV kernel reads.
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
         (*qkv, *_bht_strides(o4), *_bht_strides(do4), *_bht_strides(dq4), *scales), constexprs,
-    )  # fmt: skip
+    )
     dkdv = _first_launch(
         "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),
         dkdv_args, {**constexprs, "ATOMIC_DQ": False},
-    )  # fmt: skip
+    )
     return _Plan((dq_, dkdv), copied, variant)
 
 

@@ -52,7 +52,7 @@ Conventions shared by every kernel:
   interpreter, and the launcher sets them only when interpreted: its tl.dot returns garbage
   for bf16 operands, so they are upcast to float32 (exact for products of bf16 values), and
   its float32 -> bf16 casts truncate, so values are rounded first (see _cast).
-- Argument lists are laid out by hand (`# fmt: skip`) in groups: tensors, pointers and
+- Argument lists are laid out by hand in groups: tensors, pointers and
   strides, ranges and sizes, then constexprs.
 """
 
@@ -92,7 +92,7 @@ def _attn_fwd_inner(
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
-):  # fmt: skip
+):
     """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11)."""
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
@@ -129,7 +129,7 @@ def _attn_fwd_kernel(
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
-):  # fmt: skip
+):
     """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i
     (Algorithm 1, lines 4-13), the key loop split into unmasked tiles, then masked ones.
 
@@ -145,7 +145,7 @@ def _attn_fwd_kernel(
     K_src = _slice(K, b, h, stride_kb, stride_kh, stride_kt, N_K, HEAD_DIM, K_TILE, BLOCK_D, TMA)
     V_src = _slice(V, b, h, stride_vb, stride_vh, stride_vt, N_K, HEAD_DIM, K_TILE, BLOCK_D, TMA)
     q = _load_owned(Q, b, h, stride_qb, stride_qh, stride_qt, start_m, N_Q, HEAD_DIM, Q_TILE,
-                    BLOCK_D, TMA)  # fmt: skip
+                    BLOCK_D, TMA)
 
     # On-chip statistics and accumulator, float32 whatever the input dtype (line 5).
     m_i = tl.full([Q_TILE], float("-inf"), dtype=tl.float32)
@@ -157,20 +157,20 @@ def _attn_fwd_kernel(
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
-    )  # fmt: skip
+    )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
-    )  # fmt: skip
+    )
 
     # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers
     # this division to the end), and L_i = m_i + log(l_i), converted back to natural log.
     o = acc / l_i[:, None]
     L_i = (m_i + tl.log2(l_i)) * LN2
     _store_owned(Out, b, h, stride_ob, stride_oh, stride_ot, start_m, N_Q, o, HEAD_DIM, Q_TILE,
-                 BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
+                 BLOCK_D, ROUND_BF16, TMA)
     tl.store(L + bh * N_Q + offs_m, L_i, mask=offs_m < N_Q)
 
 
@@ -184,7 +184,7 @@ def _attn_fwd_kernel(
 def _attn_bwd_delta(
     Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+):
     """D_i = rowsum(dO_i * O_i) in float32 (Algorithm 2, line 4), for the query rows offs_m:
     stored in D, a (B*H, N_Q) row, for the dK/dV kernel that runs next, and returned.
 
@@ -209,7 +209,7 @@ def _attn_bwd_dq_inner(
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
-):  # fmt: skip
+):
     """Accumulate dQ_i over the key tiles [lo, hi) (Algorithm 2, lines 9-13 and 15)."""
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
@@ -238,7 +238,7 @@ def _attn_bwd_dq_kernel(
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
-):  # fmt: skip
+):
     """One program per (query tile, head, batch): writes D_i and dQ_i (Q_TILE, HEAD_DIM).
 
     Walks the same key tiles as the forward, in the same two stages, with Q_i, dO_i, L_i
@@ -249,9 +249,9 @@ def _attn_bwd_dq_kernel(
     offs_n = tl.arange(0, K_TILE)  # key rows from a key tile's start, (K_TILE,)
 
     q = _load_owned(Q, b, h, stride_qb, stride_qh, stride_qt, start_m, N_Q, HEAD_DIM, Q_TILE,
-                    BLOCK_D, TMA)  # fmt: skip
+                    BLOCK_D, TMA)
     do = _load_owned(dO, b, h, stride_dob, stride_doh, stride_dot, start_m, N_Q, HEAD_DIM,
-                     Q_TILE, BLOCK_D, TMA)  # fmt: skip
+                     Q_TILE, BLOCK_D, TMA)
     L2_i = tl.load(L + bh * N_Q + offs_m, mask=offs_m < N_Q, other=0.0) * LOG2E  # base 2
     D_i = _attn_bwd_delta(
         Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q, HEAD_DIM, BLOCK_D
@@ -267,17 +267,17 @@ def _attn_bwd_dq_kernel(
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
-    )  # fmt: skip
+    )
     dq = _attn_bwd_dq_inner(
         dq, q, do, L2_i, D_i, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
-    )  # fmt: skip
+    )
 
     # dS = dL/dS' of the scaled scores S' = S / sqrt(d): dQ = scale * dS K (line 15).
     _store_owned(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, start_m, N_Q, dq * sm_scale,
-                 HEAD_DIM, Q_TILE, BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
+                 HEAD_DIM, Q_TILE, BLOCK_D, ROUND_BF16, TMA)
 
 
 @triton.jit
@@ -289,7 +289,7 @@ def _attn_bwd_dkdv_inner(
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-):  # fmt: skip
+):
     """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14), and
     with ATOMIC_DQ add dS_ij K_j into the float32 dQ rows of each query tile (line 15).
 
@@ -324,9 +324,9 @@ def _attn_bwd_dkdv_inner(
         if ATOMIC_DQ:
             # dQ_i += dS K_j (line 15), scaled here: the buffer holds the finished sum.
             dq = _dot(tl.trans(dsT), k, tl.zeros([Q_TILE, BLOCK_D], tl.float32), PRECISION,
-                      UPCAST_DOT)  # fmt: skip
+                      UPCAST_DOT)
             _add_tile(dQ_dst, start_m, offs_m, stride_dqt, N_Q, dq * sm_scale,
-                      HEAD_DIM, BLOCK_D, MASKED)  # fmt: skip
+                      HEAD_DIM, BLOCK_D, MASKED)
     return dk, dv
 
 
@@ -342,7 +342,7 @@ def _attn_bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-):  # fmt: skip
+):
     """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM);
     with ATOMIC_DQ also adds its share of dQ into dQ, float32, zeroed (unused otherwise).
 
@@ -362,13 +362,13 @@ def _attn_bwd_dkdv_kernel(
     offs_m = tl.arange(0, Q_TILE)  # query rows from a query tile's start, (Q_TILE,)
 
     k = _load_owned(K, b, h, stride_kb, stride_kh, stride_kt, start_n, N_K, HEAD_DIM, K_TILE,
-                    BLOCK_D, TMA)  # fmt: skip
+                    BLOCK_D, TMA)
     v = _load_owned(V, b, h, stride_vb, stride_vh, stride_vt, start_n, N_K, HEAD_DIM, K_TILE,
-                    BLOCK_D, TMA)  # fmt: skip
+                    BLOCK_D, TMA)
     # Q and dO stream through, from their (N_Q, HEAD_DIM) slices of this (batch, head).
     Q_src = _slice(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D, TMA)
     dO_src = _slice(dO, b, h, stride_dob, stride_doh, stride_dot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D,
-                    TMA)  # fmt: skip
+                    TMA)
     # The float32 dQ of ATOMIC_DQ takes atomic additions: pointers, whatever TMA says.
     dQ_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
     L_row = L + bh * N_Q
@@ -389,27 +389,27 @@ def _attn_bwd_dkdv_kernel(
         lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
         N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
-    )  # fmt: skip
+    )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
         offs_m, offs_n,
         diag_end, full_end,  # query tiles that see every key of this tile: no mask
         N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
-    )  # fmt: skip
+    )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
         offs_m, offs_n,
         tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
         N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
         True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
-    )  # fmt: skip
+    )
 
     # dK = scale * dS^T Q (line 14), as dQ.
     _store_owned(dK, b, h, stride_dkb, stride_dkh, stride_dkt, start_n, N_K, dk * sm_scale,
-                 HEAD_DIM, K_TILE, BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
+                 HEAD_DIM, K_TILE, BLOCK_D, ROUND_BF16, TMA)
     _store_owned(dV, b, h, stride_dvb, stride_dvh, stride_dvt, start_n, N_K, dv, HEAD_DIM,
-                 K_TILE, BLOCK_D, ROUND_BF16, TMA)  # fmt: skip
+                 K_TILE, BLOCK_D, ROUND_BF16, TMA)
 
 
 @triton.jit
@@ -418,15 +418,15 @@ def _attn_bwd_preprocess(
     stride_ob, stride_oh, stride_ot, stride_dob, stride_doh, stride_dot,
     N_Q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr,
-):  # fmt: skip
+):
     """D alone, one program per (query tile, head, batch): for the atomic-dQ backward, whose
     dK/dV kernel needs D before it starts and which has no dQ kernel to compute it."""
     start_m, h, b, bh = _tile_program(Q_TILE)
     offs_m = start_m + tl.arange(0, Q_TILE)
     do = _load_owned(dO, b, h, stride_dob, stride_doh, stride_dot, start_m, N_Q, HEAD_DIM,
-                     Q_TILE, BLOCK_D, False)  # fmt: skip
+                     Q_TILE, BLOCK_D, False)
     _attn_bwd_delta(Out, D, do, b, h, bh, stride_ob, stride_oh, stride_ot, offs_m, N_Q,
-                    HEAD_DIM, BLOCK_D)  # fmt: skip
+                    HEAD_DIM, BLOCK_D)
 
 
 # The kernels were defined by the interpreter exactly when triton.jit saw TRITON_INTERPRET=1

@@ -107,7 +107,7 @@ def _store_rows(ptrs, x, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.const
 def _slice(
     base, b, h, stride_b, stride_h, stride_t, n_rows,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
-):  # fmt: skip
+):
     """The (n_rows, HEAD_DIM) slice of batch b, head h, for tiles of (ROWS, BLOCK_D).
 
     TMA: a tensor descriptor with shape (n_rows, HEAD_DIM), strides (stride_t, 1) and block
@@ -133,7 +133,7 @@ def _slice(
 def _load_tile(
     src, start, offs, stride_t, n_rows,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
-):  # fmt: skip
+):
     """Rows start + offs (offs = arange(0, tile)) of a _slice src, as a (tile, BLOCK_D) tile
     with zeros past n_rows and HEAD_DIM.
 
@@ -153,14 +153,14 @@ def _load_tile(
 def _load_owned(
     base, b, h, stride_b, stride_h, stride_t, start, n_rows,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TMA: tl.constexpr,
-):  # fmt: skip
+):
     """Rows [start, start + ROWS) of the (n_rows, HEAD_DIM) slice of batch b, head h, as a
     (ROWS, BLOCK_D) tile with zeros past n_rows and HEAD_DIM: the tile a program owns, read
     once. _slice and _load_tile in one, but with the pointers formed at the tile's rows:
     moving the slice's first rows there instead cost sm_90 builds up to 14 registers."""
     if TMA:
         x = _slice(base, b, h, stride_b, stride_h, stride_t, n_rows, HEAD_DIM, ROWS, BLOCK_D,
-                   True).load([start, 0])  # fmt: skip
+                   True).load([start, 0])
     else:
         rows = start + tl.arange(0, ROWS)
         ptrs = _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, rows, BLOCK_D)
@@ -173,27 +173,27 @@ def _store_owned(
     base, b, h, stride_b, stride_h, stride_t, start, n_rows, x,
     HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr,
-):  # fmt: skip
+):
     """Store the float32 (ROWS, BLOCK_D) tile x, cast to base's dtype (_cast), to rows
     [start, start + ROWS) of the slice, as _load_owned reads them, dropping rows past n_rows
     and columns past HEAD_DIM. The cast comes after the slice is formed: casting first cost
     the TMA forward's sm_90 build 10 registers under Triton 3.6."""
     if TMA:
         desc = _slice(base, b, h, stride_b, stride_h, stride_t, n_rows, HEAD_DIM, ROWS, BLOCK_D,
-                      True)  # fmt: skip
+                      True)
         desc.store([start, 0], _cast(x, base.dtype.element_ty, ROUND_BF16))
     else:
         rows = start + tl.arange(0, ROWS)
         ptrs = _slice_ptrs(base, b, h, stride_b, stride_h, stride_t, rows, BLOCK_D)
         _store_rows(ptrs, _cast(x, base.dtype.element_ty, ROUND_BF16), rows, n_rows, HEAD_DIM,
-                    BLOCK_D)  # fmt: skip
+                    BLOCK_D)
 
 
 @triton.jit
 def _add_tile(
     dst, start, offs, stride_t, n_rows, x,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
-):  # fmt: skip
+):
     """Atomically add the float32 tile x to rows start + offs of a float32 (n_rows, HEAD_DIM)
     slice; dst points at the slice's first rows, as _slice makes them without TMA.
 

@@ -42,21 +42,21 @@ FWD_CONFIGS = [
         (128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4),
         (128, 32, 4, 3), (128, 32, 8, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 3),
     ]
-]  # fmt: skip
+]
 DKDV_CONFIGS = [
     _config(*c)
     for c in [
         (32, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 2),
         (32, 64, 4, 3), (64, 64, 4, 2), (64, 64, 8, 2), (16, 64, 4, 2),
     ]
-]  # fmt: skip
+]
 DQ_CONFIGS = [
     _config(*c)
     for c in [
         (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 2),
         (64, 32, 4, 3), (64, 64, 4, 2), (128, 32, 4, 2),
     ]
-]  # fmt: skip
+]
 # float32 inputs: input_precision="ieee" runs the dots on the CUDA cores (FMA), where each
 # thread holds whole rows of both operands, so only small tiles stay in registers.
 FP32_CONFIGS = [
@@ -65,7 +65,7 @@ FP32_CONFIGS = [
         (16, 16, 4, 2), (32, 16, 8, 2), (16, 32, 8, 2), (32, 32, 4, 2), (64, 32, 8, 2),
         (32, 64, 8, 2), (64, 64, 8, 2),
     ]
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True)
@@ -103,12 +103,12 @@ _TUNING.update({f"{name}_tma": _TUNING[name] for name in ("fwd", "dkdv", "dq")})
 # and TMA variants, Triton 3.6 and 3.9 (`python benchmarks/sm90_compile.py --only attention`
 # prints a sample): 8 warps only, as every 4-warp candidate spilled in the TMA variant.
 _ATOMIC_D64 = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3),
-               (64, 64, 8, 2), (64, 64, 8, 3)]  # fmt: skip
+               (64, 64, 8, 2), (64, 64, 8, 3)]
 _ATOMIC_D128 = [(32, 64, 8, 2), (16, 128, 8, 2), (16, 64, 8, 2)]
 # n_acc, n_scores and max_regs are unread where spill_free is given (16-bit inputs).
 _ATOMIC = _Tuning([_config(*c) for c in _ATOMIC_D64 + _ATOMIC_D128], "K_TILE", 2, 2, 2, 2, 0,
                   spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)},
-                  reset_to_zero=["dQ"])  # fmt: skip
+                  reset_to_zero=["dQ"])
 _TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC})
 
 

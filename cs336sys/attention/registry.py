@@ -55,7 +55,7 @@ def _triton() -> Callable[..., Any]:
 OURS: dict[str, Callable[[], Callable[..., Any]]] = {
     "naive": _naive, "sdpa": _sdpa, "compiled": _compiled, "flash-torch": _flash_torch,
     "triton": _triton,
-}  # fmt: skip
+}
 _added: dict[str, Callable[..., Any] | str] = {}  # register()ed in this process
 
 

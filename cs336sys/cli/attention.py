@@ -134,13 +134,13 @@ def attention(
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer=timer,
             sdpa_backend=sdpa_backend, triton_opt_in=triton_opt_in, preset=preset,
             device=device, seed=seed,
-        )  # fmt: skip
+        )
     check_db(db)
     announce_user_code(adapters is not None)
     emulated(specs[0].device, [s.precision for s in specs])
     with recording(db, "attention", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           skip_after_oom=skip_after_oom, progress=Bar("attention", point_name))  # fmt: skip
+                           skip_after_oom=skip_after_oom, progress=Bar("attention", point_name))
         show(exp.EXPERIMENT, points)
 
 

@@ -82,14 +82,14 @@ def comm(
         fail("--resume is not supported under torchrun")
     with user_errors():
         specs = exp.specs(op=op, size=bytes_, world_size=world_size, backend=backend,
-                          precision=precision, warmup=warmup, iters=iters, device=device)  # fmt: skip
+                          precision=precision, warmup=warmup, iters=iters, device=device)
     check_db(db)
     if not rank:
         oversubscribed(specs)
     device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
     with recording(db, "comm", device_name, rank, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("comm", point_name, on=not rank))  # fmt: skip
+                           progress=Bar("comm", point_name, on=not rank))
         if not rank:
             show(exp.EXPERIMENT, points)
 

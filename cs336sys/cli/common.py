@@ -124,7 +124,7 @@ def emulated(device: str, precisions: Iterable[str]) -> None:
         native, why = native_support("cpu", dtype)
         if native is False:
             typer.echo(f"warning: {dtype} is emulated on this CPU ({why}); expect each step "
-                       f"to take about {EMULATED_SLOWDOWN}x as long as in fp32", err=True)  # fmt: skip
+                       f"to take about {EMULATED_SLOWDOWN}x as long as in fp32", err=True)
 
 
 def oversubscribed(specs: Iterable[Any]) -> None:
@@ -140,7 +140,7 @@ def oversubscribed(specs: Iterable[Any]) -> None:
     if worlds:
         typer.echo(f"warning: --world-size {','.join(map(str, worlds))} runs more ranks than "
                    f"the {cores} CPU core(s) here: ranks share cores, so times include that "
-                   "contention", err=True)  # fmt: skip
+                   "contention", err=True)
 
 
 class NullSink:
@@ -172,14 +172,14 @@ def recording(
         from cs336sys.experiments.catalog import EXPERIMENTS
 
         rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label,
-                       experiments=EXPERIMENTS)  # fmt: skip
+                       experiments=EXPERIMENTS)
     except StoreError as exc:
         fail(exc)
     status = 1
 
     def stopped(why: str) -> None:
         typer.echo(f"\n{why}: {rec.added} point(s) stored in {db}; run the same command with "
-                   "--resume to measure the rest", err=True)  # fmt: skip
+                   "--resume to measure the rest", err=True)
 
     try:
         yield rec
@@ -199,7 +199,7 @@ def recording(
     finally:
         rec.close(status)
     typer.echo(f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})",
-               err=True)  # fmt: skip
+               err=True)
     if rec.errors:
         raise typer.Exit(1)
 
@@ -240,7 +240,7 @@ class Bar:
             self.bar = typer.progressbar(
                 length=total, label=self.label, file=sys.stderr, show_pos=True,
                 item_show_func=lambda _: f"{self._name(self.current)} {self.step}".strip() or None,
-            )  # fmt: skip
+            )
             self.bar.__enter__()
         else:
             typer.echo(f"{self.label}: {total} point(s)", err=True)
@@ -266,14 +266,14 @@ class Bar:
         elif self.on and now - self._last >= self.EVERY_S:
             self._last = now
             typer.echo(f"{self.label} [{self.done + 1}/{self.total}] "
-                       f"{self._name(self.current)}: {self.step}", err=True)  # fmt: skip
+                       f"{self._name(self.current)}: {self.step}", err=True)
 
     def advance(self, point: Any) -> None:
         self.done += 1
         result = point.result
         if result.status == "error" and self.on:
             brief = " ".join(f"{k}={v}" for k, v in point.spec.settings().items()
-                             if k not in ("device", "seed"))  # fmt: skip
+                             if k not in ("device", "seed"))
             typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
         self.step = ""
         if self.bar is not None:
@@ -281,7 +281,7 @@ class Bar:
         elif self.on:
             took = f" in {result.duration_s:.1f} s" if result.duration_s is not None else ""
             typer.echo(f"{self.label} [{self.done}/{self.total}] {self._name(point.spec)}: "
-                       f"{result.status}{took}", err=True)  # fmt: skip
+                       f"{result.status}{took}", err=True)
 
     def finish(self) -> None:
         if self._hook is not None:

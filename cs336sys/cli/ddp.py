@@ -137,7 +137,7 @@ def ddp(
             backend=backend, precision=precision, warmup=warmup, iters=iters, device=device,
             seed=seed, d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size, model=model,
-        )  # fmt: skip
+        )
     check_db(db)
     if not rank:
         announce_user_code(adapters is not None)
@@ -146,6 +146,6 @@ def ddp(
     device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
     with recording(db, "ddp", device_name, rank, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("ddp", exp.label_of, on=not rank))  # fmt: skip
+                           progress=Bar("ddp", exp.label_of, on=not rank))
         if not rank:
             show(exp.EXPERIMENT, points)

@@ -111,7 +111,7 @@ def memory(
             checkpoint=checkpoint, warmup=warmup, iters=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size, model=model,
-        )  # fmt: skip
+        )
     check_db(db)
     announce_user_code(adapters is not None)
     emulated(specs[0].model.device, [s.model.precision for s in specs])
@@ -158,11 +158,11 @@ def residuals(
             impl=impl, size=size, seq=seq, batch=batch,
             precision=precision, attention=attention, device=device, seed=seed, d_model=d_model,
             d_ff=d_ff, num_heads=num_heads,
-        )  # fmt: skip
+        )
     check_db(db)
     with recording(db, "memory residuals", specs[0].device, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("memory residuals", lambda s: f"{s.size} T={s.seq} {s.impl}"))  # fmt: skip
+                           progress=Bar("memory residuals", lambda s: f"{s.size} T={s.seq} {s.impl}"))
         show(exp.EXPERIMENT, points)
 
 
@@ -172,10 +172,10 @@ def residuals(
 def _refuse_options_before_subcommand(ctx: typer.Context) -> None:
     """`memory --size xl residuals` would silently drop --size: say where it belongs."""
     # By name: typer may bring its own copy of click, whose ParameterSource is another enum.
-    given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]  # fmt: skip
+    given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
     if given:
         flag = "--" + given[0].replace("_", "-")
-        fail(f"{flag} belongs after the subcommand: cs336sys memory {ctx.invoked_subcommand} {flag} ...")  # fmt: skip
+        fail(f"{flag} belongs after the subcommand: cs336sys memory {ctx.invoked_subcommand} {flag} ...")
 
 
 def _label(spec) -> str:

@@ -98,7 +98,7 @@ def model(
             warmup=warmup, iters=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
             num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, nvtx=nvtx,
             model=model,
-        )  # fmt: skip
+        )
     check_db(db)
     announce_user_code(adapters is not None)
     emulated(specs[0].device, [s.precision for s in specs])

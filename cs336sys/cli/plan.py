@@ -37,34 +37,34 @@ def plan(
         typer.Option(
             help="Model size preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model)."
         ),
-    ] = "8b",  # fmt: skip
+    ] = "8b",
     batch: Annotated[
         int | None,
         typer.Option(
             help="Global batch of one step in tokens, whole sequences. [default: 256 sequences]"
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     seq: Annotated[int | None, typer.Option(help="Tokens per sequence. [default: 4096]")] = None,
     strategy: Annotated[
         ListOpt, typer.Option(help="dp, fsdp, tp and/or fsdp-tp. [default: all]")
     ] = None,
     n: Annotated[
         ListOpt, typer.Option("--n", help="Degrees: devices per strategy. [default: 1,2,4,8]")
-    ] = None,  # fmt: skip
+    ] = None,
     hardware: Annotated[
         ListOpt,
         typer.Option(
             help="GPU preset(s): a100, h100, h200, b200 (data "
             "sheets). [default: h100 without --measured]"
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     measured: Annotated[
         bool,
         typer.Option(
             "--measured",
             help="C and W as this GPU measured them: the best stored model TFLOP/s and comm busbw.",
         ),
-    ] = False,  # fmt: skip
+    ] = False,
     gpu: Annotated[
         str | None,
         typer.Option(
@@ -72,7 +72,7 @@ def plan(
             "(e.g. from a merged store). [default: this "
             "machine's, 'cpu' without one]"
         ),
-    ] = None,  # fmt: skip
+    ] = None,
     d_model: DModel = None,
     d_ff: DFF = None,
     num_layers: NumLayers = None,
@@ -102,7 +102,7 @@ def plan(
     with user_errors():
         specs = exp.specs(size=size, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
                           d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-                          vocab_size=vocab_size)  # fmt: skip
+                          vocab_size=vocab_size)
     conn = _reader(db)
     try:
         with recording(db, "plan", "none", label=label) as rec:
@@ -141,7 +141,7 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
         gpu = found[0] if found else "cpu"
     if not db.exists():
         fail(f"--measured: no results store at {db}; run `cs336sys model --precision bf16` and "
-             "`cs336sys comm --op all-reduce,all-gather,reduce-scatter` on this GPU first")  # fmt: skip
+             "`cs336sys comm --op all-reduce,all-gather,reduce-scatter` on this GPU first")
     try:
         conn = connect_readonly(db)
     except StoreError as exc:
@@ -174,4 +174,4 @@ def _show(exp, points) -> None:  # noqa: ANN001
     for p in points:
         if p.result.status != "ok":  # stored too, with the reason
             typer.echo(f"{p.spec.device_name} {p.spec.strategy} N={p.spec.n}: {p.result.error}",
-                       err=True)  # fmt: skip
+                       err=True)

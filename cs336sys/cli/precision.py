@@ -72,7 +72,7 @@ def accumulate(
 
     with user_errors():
         specs = exp.accumulate_specs(variant=variant, additions=additions, value=value,
-                                     device=device)  # fmt: skip
+                                     device=device)
     _measure(db, "precision accumulate", specs, lambda s: s.variant, label)
 
 
@@ -100,7 +100,7 @@ def autocast(
     with user_errors():
         specs = exp.autocast_specs(precision=precision, in_features=in_features,
                                    out_features=out_features, batch=batch or [8],
-                                   device=device, seed=seed)  # fmt: skip
+                                   device=device, seed=seed)
     for p in _measure(db, "precision autocast", specs, lambda s: s.precision, label):
         if p.result.status == "skipped":
             typer.echo(f"{p.spec.precision} on {p.spec.device}: {p.result.error}", err=True)

@@ -158,7 +158,7 @@ def profile_model(
             checkpoint=checkpoint, warmup=warmup, iters=iters, device=device, seed=seed,
             d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
             vocab_size=vocab_size, model=model,
-        )  # fmt: skip
+        )
     args = _args(
         ("--size", size), ("--seq", seq), ("--batch", batch),
         ("--mode", mode), ("--precision", precision), ("--attention", attention),
@@ -167,7 +167,7 @@ def profile_model(
         ("--d-model", d_model), ("--d-ff", d_ff), ("--num-layers", num_layers),
         ("--num-heads", num_heads), ("--vocab-size", vocab_size), ("--label", label),
         ("--model", model), ("--adapters", adapters),
-    )  # fmt: skip
+    )
     _profile_points("model", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
 
 
@@ -226,13 +226,13 @@ def profile_attention(
             impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, precision=precision,
             causal=causal, passes=passes, warmup=warmup, iters=iters, timer="loop",
             sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
-        )  # fmt: skip
+        )
     args = _args(
         ("--attention", attention), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
         ("--heads", heads), ("--precision", precision), ("--pass", passes), ("--warmup", warmup),
         ("--iters", iters), ("--sdpa-backend", sdpa_backend), ("--preset", preset),
         ("--device", device), ("--seed", seed), ("--label", label), ("--adapters", adapters),
-    ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])  # fmt: skip
+    ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])
     _profile_points("attention", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
 
 
@@ -262,7 +262,7 @@ def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume,
         _nsys(target, dev, [*args, "--top", str(top), "--db", str(db)], exec_)
     with recording(db, f"profile {target}", dev, label=label) as rec:
         points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar(f"profile {target}", _label))  # fmt: skip
+                           progress=Bar(f"profile {target}", _label))
         show(exp.EXPERIMENT, points)
         typer.echo(_details(points))
 
@@ -306,7 +306,7 @@ def nsys_command(nsys: str, target: str, args: list[str], output: str) -> list[s
         f"--nvtx-capture={MEASURED_RANGE}", "--capture-range-end=stop",
         "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0", "--force-overwrite=true",
         f"--output={output}", sys.executable, "-m", "cs336sys", "profile", target, *args, "--nvtx",
-    ]  # fmt: skip
+    ]
 
 
 def _nsys(target: str, dev: str, args: list[str], run_it: bool) -> None:
@@ -351,7 +351,7 @@ def _details(points) -> str:
                 share = m[f"{key}_ms_mean"] / fwd if fwd else None
                 parts.append([_label(p.spec), name, _f(m[f"{key}_ms_mean"]),
                               _f(m.get(f"{key}_flops"), ".4g"), _f(m.get(f"{key}_gflops"), ".4g"),
-                              _f(share, ".1%")])  # fmt: skip
+                              _f(share, ".1%")])
         kernels = p.result.tables.get("kernel_stats", [])
         for phase in ("forward", "backward", "optimizer"):
             ops = [k for k in kernels if k["phase"] == phase]
@@ -363,12 +363,12 @@ def _details(points) -> str:
                 [[k["rank"], _short(k["name"]), k["calls"], _f(k["total_ms"]),
                   _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")] for k in ops],
                 ["#", "name", "calls", "total ms", "mean ms", "share"], numparse=False,
-            )  # fmt: skip
+            )
             blocks.append(f"{head}\n{body}")
     out = []
     if parts:
         out.append("naive attention, forward, per step:\n" + table(
-            parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))  # fmt: skip
+            parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))
     return "\n\n".join(out + blocks)
 
 

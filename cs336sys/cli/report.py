@@ -145,13 +145,13 @@ def report(
         conn.close()
         fail(f"--out {out}: {problem}")
     filters = [f"{k} {v}" for k, v in (("since", since), ("until", until), ("gpu", gpu),
-                                        ("commit", commit)) if v]  # fmt: skip
+                                        ("commit", commit)) if v]
     filters += [f"experiment {', '.join(exps)}"] if exps else []
     filters += [f"where {w}" for w in where or []]
     try:
         rep = build(conn, sel, title, filters, EXPERIMENTS,
                     compare_ab=tuple(compare) if compare else None,
-                    history=history, threshold=threshold / 100)  # fmt: skip
+                    history=history, threshold=threshold / 100)
     except SelectionError as exc:
         fail(exc)
     except sqlite3.DatabaseError as exc:  # damaged pages past the header and schema
@@ -176,6 +176,6 @@ def report(
             typer.echo(f"Regression: {len(worse)} point{'s' * (len(worse) != 1)} worse than "
                        f"{fail_on_regression:g}%: " + "; ".join(
                            f"{c.experiment} {c.point} {c.verdict} ({c.how})" for c in worse),
-                       err=True)  # fmt: skip
+                       err=True)
             raise typer.Exit(1)
 

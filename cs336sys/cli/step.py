@@ -139,7 +139,7 @@ def step(
             attention=attention, adamw=adamw, ce=ce, cold_cache=not warm_cache, warmup=warmup,
             iters=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
             num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, model=model,
-        )  # fmt: skip
+        )
     check_db(db)
     announce_user_code(adapters is not None)
     emulated(specs[0].device, [s.precision for s in specs])

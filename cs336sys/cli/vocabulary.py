@@ -79,7 +79,7 @@ def bare_values_for(path: Sequence[str]) -> dict[str, str]:
 
 
 def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
-            bare: dict[str, str] | None = None) -> list[str]:  # fmt: skip
+            bare: dict[str, str] | None = None) -> list[str]:
     """`args` with old spellings (`--steps 5`, `--steps=5`) replaced by the new ones, and the
     `bare` flags given without a value followed by the value they mean; stops at `--`. Each
     old spelling used is named once on stderr."""

@@ -125,19 +125,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         batch=[1], heads=16, d_head=[64], seq=[16384], precision=["bf16"], causal=True,
         passes="both", impl=["triton", "sdpa", "naive"], timer_cuda="do-bench",
     ),
-}  # fmt: skip
+}
 
 DEFAULTS: dict[str, Any] = dict(
     seq=[256, 1024, 4096, 8192, 16384], d_head=[16, 32, 64, 128], batch=[8], heads=None,
     precision=["fp32"], causal=True, passes="both", warmup=10, iters=100, timer="loop",
-)  # fmt: skip
+)
 DEFAULT_IMPLS = {"cuda": ["naive", "compiled", "sdpa", "flash-torch", "triton"],
-                 "cpu": ["naive", "sdpa", "flash-torch"]}  # fmt: skip
+                 "cpu": ["naive", "sdpa", "flash-torch"]}
 # On a CPU the GPU sweep would take hours (naive attention at 16k tokens materialises an
 # 8 GiB score matrix per batch of 8): shorter sequences, fewer calls, a point in seconds.
 CPU_DEFAULTS: dict[str, Any] = dict(
     seq=[128, 256, 512, 1024], d_head=[32, 64], batch=[4], warmup=3, iters=10,
-)  # fmt: skip
+)
 
 
 @old_names
@@ -178,7 +178,7 @@ def specs(
     def pick(name: str, given: Any) -> Any:
         return given if given is not None else chosen.get(name, defaults.get(name))
 
-    impls = listed(impl, "--attention") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]  # fmt: skip
+    impls = listed(impl, "--attention") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]
     impls = named_impls(impls, "attention", "--attention", registry.names())
     seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
     d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
@@ -195,14 +195,14 @@ def specs(
     counts(n_warmup, n_iters, "--iters")
     check_seed(seed)
     how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
-                                                     DEFAULTS["timer"])  # fmt: skip
+                                                     DEFAULTS["timer"])
     if how not in TIMERS:
         raise SpecError(f"--timer: unknown value {how!r}; choose from {', '.join(TIMERS)}")
     if how == "do-bench" and not on_cuda:
         raise SpecError("--timer do-bench needs CUDA (triton.testing.do_bench times with CUDA events)")
     if sdpa_backend not in SDPA_BACKENDS:
         raise SpecError(f"--sdpa-backend: unknown value {sdpa_backend!r}; choose from "
-                        f"{', '.join(SDPA_BACKENDS)}")  # fmt: skip
+                        f"{', '.join(SDPA_BACKENDS)}")
     if any(i in FLASH_IMPLS for i in impls):
         lo, hi = FLASH_D_RANGE
         for d in d_heads:
@@ -223,7 +223,7 @@ def specs(
         for p in expand({"impl": impls, "precision": precisions, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
         for p in ({**p, "opt_in": o} for o in (opt_ins if p["impl"] == "triton" else [None]))
-    ]  # fmt: skip
+    ]
 
 
 def flops_forward(spec: AttentionSpec) -> float:
@@ -329,7 +329,7 @@ def run(spec: AttentionSpec) -> Result:
         # The float64 reference only after memory was read, so its tensors never count.
         out = out.detach()
         ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout if backward else None,
-                                               dtype=torch.float64)  # fmt: skip
+                                               dtype=torch.float64)
         got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if backward else {})}
         want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
         verdict = check(got, want, *CHECK_TOLERANCE[spec.precision])
@@ -355,10 +355,10 @@ def run(spec: AttentionSpec) -> Result:
                 samples["bwd_ms"] = time_loop(
                     lambda out: out.backward(dout), spec.warmup, spec.iters, device,
                     setup=fresh_forward, host=host.setdefault("bwd_host_ms", []),
-                )  # fmt: skip
+                )
         if spec.passes == "both":
             samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout), (q, k, v),
-                                      host.setdefault("e2e_host_ms", []))  # fmt: skip
+                                      host.setdefault("e2e_host_ms", []))
 
     fwd = flops_forward(spec)
     flops = {"fwd": fwd, "bwd": 2.5 * fwd, "e2e": 3.5 * fwd}
@@ -375,7 +375,7 @@ def run(spec: AttentionSpec) -> Result:
 
         metrics["code"] = sources(fn)
     return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
-                  samples={**samples, **{k: v for k, v in host.items() if v}})  # fmt: skip
+                  samples={**samples, **{k: v for k, v in host.items() if v}})
 
 
 def _time(spec, fn, grads, host: list[float]) -> list[float]:
@@ -445,7 +445,7 @@ TABLE = Table(
         Column("max err", cell=_max_err, fmt="sci"),
         Column("check", "check", optional=True,
                note="check: pass when every element is within atol + rtol·|ref| (1e-2 in fp32 "
-               "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared)."),  # fmt: skip
+               "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared)."),
         Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
                                        ("impl", "sdpa_backend", "triton_opt_in"))),
         HOST_BOUND,
@@ -466,7 +466,7 @@ EXPERIMENT = Experiment(
         *timing("bwd_ms", "backward call"),
         *timing("e2e_ms", "forward and backward, end to end"),
         Metric("mem_before_bwd_bytes", "bytes", "memory in use before backward (CUDA: "
-               "allocated; CPU: saved for backward)"),  # fmt: skip
+               "allocated; CPU: saved for backward)"),
         Metric("saved_bytes", "bytes", "bytes saved for backward (saved-tensor hooks)"),
         Metric("peak_bytes", "bytes", "CUDA: peak allocated over the timed passes"),
         Metric("flops_fwd", "FLOP", "forward FLOPs, 4·B·H·T²·d, halved when causal"),
@@ -478,14 +478,14 @@ EXPERIMENT = Experiment(
         Metric("max_err", "", "max |O - O_ref| against a float64 reference"),
         Metric("max_err_grad", "", "max error of dQ, dK, dV against the reference"),
         Metric("check", "", "pass, or fail (the point is `wrong`): every element of O (and "
-               "dQ, dK, dV) within check_atol + check_rtol·|ref|"),  # fmt: skip
+               "dQ, dK, dV) within check_atol + check_rtol·|ref|"),
         Metric("check_rtol", "", "the check's relative tolerance"),
         Metric("check_atol", "", "the check's absolute tolerance"),
         Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
         Metric("interpreted", "", "Triton ran in its CPU interpreter"),
         Metric("sdpa_backend_used", "", "the SDPA backend torch's dispatcher chose"),
         Metric("triton_kernels", "", "triton: the kernels that ran (pointer or tma, "
-               "+atomic-dq for the atomic-dQ backward)"),  # fmt: skip
+               "+atomic-dq for the atomic-dQ backward)"),
         *launch(("fwd", "bwd", "e2e")),
     ),
     tables=(TABLE,),

@@ -25,13 +25,13 @@ def section(sec: Section, pts: list[Row]) -> None:
     mem = panels(native, "seq", "mem_before_bwd_bytes", facet="d_head", scale=2**-20, first=first)
     n = len(pts) - len(native)
     note = (f"Left out: {n} interpreted point{'s' * (n != 1)} (Triton under TRITON_INTERPRET=1, "
-            "in their own table above): their times are the CPU emulator's.") if n else ""  # fmt: skip
+            "in their own table above): their times are the CPU emulator's.") if n else ""
     add_plot(sec, "Latency against sequence length", "attention-latency",
           Plot(lat, "sequence length (tokens)", "forward+backward (or forward) time (ms)",
-               "Attention latency", logx=True, logy=True), note=note)  # fmt: skip
+               "Attention latency", logx=True, logy=True), note=note)
     add_plot(sec, "Memory held before backward", "attention-memory",
           Plot(mem, "sequence length (tokens)", "memory before backward (MiB)",
-               "Attention memory", logx=True), note=note)  # fmt: skip
+               "Attention memory", logx=True), note=note)
 
 
 

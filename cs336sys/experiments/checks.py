@@ -37,7 +37,7 @@ def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict
     small = dataclasses.replace(
         config, num_layers=min(config.num_layers, CHECK_LAYERS),
         context_length=min(config.context_length, CHECK_TOKENS), checkpoint="none",
-    )  # fmt: skip
+    )
     x, y = make_batch(seed, min(batch_size, 2), small.context_length, small.vocab_size)
     x, y = x.to(device), y.to(device)
     theirs = make_model(small, device, seed)
@@ -51,14 +51,14 @@ def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict
     metrics: dict[str, Any] = {"check_loss": loss}
     if not math.isfinite(loss):
         return Verdict(False, {**metrics, "check": "fail"},
-                       f"wrong: the loss of {config.model} is {loss}")  # fmt: skip
+                       f"wrong: the loss of {config.model} is {loss}")
     ours = make_model(dataclasses.replace(small, model=None, attention="naive"), device, seed)
     try:
         ours.load_state_dict(theirs.state_dict(), strict=True)
     except (RuntimeError, ValueError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         detail = (f"architecture differs from cs336sys's TransformerLM ({why[:200]}): only "
-                  f"a finite loss is checked")  # fmt: skip
+                  f"a finite loss is checked")
         return Verdict(True, {**metrics, "check": "pass", "check_detail": detail})
     with torch.no_grad():
         reference = float(cross_entropy(ours(x), y))
@@ -69,10 +69,10 @@ def _same_loss(loss: float, reference: float, what: str) -> Verdict:
     """The user's loss against the reference loss, within LOSS_RTOL."""
     diff = abs(loss - reference)
     detail = (f"{what}: loss {loss:.6f} against {reference:.6f} (|Δ| {diff:.1e}, allowed "
-              f"{LOSS_RTOL:g}·|loss|)")  # fmt: skip
+              f"{LOSS_RTOL:g}·|loss|)")
     passed = math.isfinite(loss) and diff <= LOSS_RTOL * max(1.0, abs(reference))
     metrics = {"check_loss": loss, "check_loss_ours": reference,
-               "check": "pass" if passed else "fail", "check_detail": detail}  # fmt: skip
+               "check": "pass" if passed else "fail", "check_detail": detail}
     return Verdict(passed, metrics, None if passed else f"wrong: {detail}")
 
 
@@ -85,7 +85,7 @@ TRAINING_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1, "fp16": 0.1}
 
 
 def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, precision: str,
-                       steps: int) -> tuple[dict, dict]:  # fmt: skip
+                       steps: int) -> tuple[dict, dict]:
     """(initial, final) parameters, on the CPU, of `steps` steps of single-process training
     on the whole batch (x, y): the model with rank 0's weights, the same AdamW, autocast in
     `precision` as the replicas train."""
@@ -129,7 +129,7 @@ def training_check(full: dict, initial: dict, final: dict, precision: str) -> Ve
             worst, where = ratio, name
     metrics: dict[str, Any] = {"check_worst": worst}
     detail = (f"per parameter |p - p_ref| / |p_ref - p_0| against single-process training, at "
-              f"most {tol:g}: worst {worst:.2g} ({where})")  # fmt: skip
+              f"most {tol:g}: worst {worst:.2g} ({where})")
     passed = not problems and worst <= tol
     metrics.update(check="pass" if passed else "fail", check_detail=detail)
     why = None

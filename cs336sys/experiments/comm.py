@@ -103,7 +103,7 @@ def specs(
                  world_size=p["world_size"], backend=be, precision=p["precision"], warmup=warmup,
                  iters=iters, device=dev)
         for p in expand({"world_size": worlds, "op": ops, "precision": precisions, "size": sizes})
-    ]  # fmt: skip
+    ]
 
 
 # Checked and filled in chunks so a 1 GB buffer needs no 8-byte-per-element temporaries.
@@ -226,7 +226,7 @@ def section(sec: Any, pts: list) -> None:
     lines = series(pts, "size_bytes", "busbw_gbps", first=("op", "backend", "world_size"))
     add_plot(sec, "Bus bandwidth against message size", "comm-busbw",
              Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
-                        logx=True))  # fmt: skip
+                        logx=True))
 
 
 # -- the declaration ------------------------------------------------------------------------

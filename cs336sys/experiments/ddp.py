@@ -107,7 +107,7 @@ class DDPSpec:
         return cls(size=size, d_model=config.d_model, d_ff=config.d_ff,
                    num_layers=config.num_layers, num_heads=config.num_heads,
                    vocab_size=config.vocab_size, seq=config.context_length,
-                   model=config.model, **point)  # fmt: skip
+                   model=config.model, **point)
 
     def config(self) -> ModelConfig:
         return ModelConfig.of(self)
@@ -151,7 +151,7 @@ def specs(
     if shard_optimizer is True:
         shard_optimizer = ["ours"]
     sharded_by = named_impls(listed(shard_optimizer or None, "--shard-optimizer", []), "optimizer",
-                             "--shard-optimizer", ["ours"])  # fmt: skip
+                             "--shard-optimizer", ["ours"])
     shardings = ["none"] + ["own" if s == "ours" else s for s in sharded_by] + ["zero"] * zero
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
@@ -177,7 +177,7 @@ def specs(
             if gb % n:
                 raise SpecError(f"--batch {gb} does not split evenly over {n} ranks")
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
-                                num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
+                                num_heads=num_heads, vocab_size=vocab_size)
     if model is not None:
         check_model(model)
     configs = {}
@@ -198,7 +198,7 @@ def specs(
         for prec in precisions
         for name in impls
         for b, sharding in _points(name, buckets, shardings)
-    ]  # fmt: skip
+    ]
 
 
 def _items(value: Any) -> list[Any] | None:
@@ -231,7 +231,7 @@ def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     if impl in FSDP_IMPLS or kind_of(impl) == "fsdp":
         return [(None, None)]
     caps = (buckets if impl in ("bucketed", "yours-bucketed") else [TORCH_BUCKET_MB] if impl == "torch"
-            else [None])  # fmt: skip
+            else [None])
     return [(b, sh) for b in caps for sh in shardings]
 
 
@@ -275,7 +275,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
-                                       spec.precision, spec.warmup + 1 + spec.iters)  # fmt: skip
+                                       spec.precision, spec.warmup + 1 + spec.iters)
         del x_all, y_all
         free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
@@ -291,7 +291,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         n_1d = sum(p.numel() for p in model.parameters() if p.requires_grad and p.dim() < 2)
         try:
             setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
-                                    spec.precision, model, device)  # fmt: skip
+                                    spec.precision, model, device)
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
             return Result("skipped", error=str(exc))
         del model
@@ -302,7 +302,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             device=ctx.device, optimizer=setup.optimizer, finish=setup.finish, start=setup.start,
             # the replicas train under autocast; the FSDPs cast for themselves
             amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,
-        )  # fmt: skip
+        )
         losses = []
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
         for i in range(spec.warmup):
@@ -312,7 +312,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
         # The measured step: memory at the optimizer step, and every collective of a step.
         def read(when):
-            return lambda: memory.update({when: probe.current(), **_prefixed(when, ddp_setup.split(setup))})  # fmt: skip
+            return lambda: memory.update({when: probe.current(), **_prefixed(when, ddp_setup.split(setup))})
 
         probe.reset_peak()
         with CommCounter() as comm:
@@ -335,7 +335,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     # this rank's host time per phase against its wall time (measure/timing.py), before the
     # exposed communication of torch's DDP and FSDP2 replaces the comm phase below
     host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},
-                                ("fwd", "bwd", "comm", "opt"), ctx.device)  # fmt: skip
+                                ("fwd", "bwd", "comm", "opt"), ctx.device)
 
     if spec.impl == "fsdp":
         times["comm"] = in_flight
@@ -359,7 +359,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         del full
     per_rank = gather({"times": times, "peak": memory["peak"]})
     # Per step, the slowest rank's time: the others wait for it at the next collective.
-    slowest = {p: [max(r["times"][p][s] for r in per_rank) for s in range(spec.iters)] for p in PHASES}  # fmt: skip
+    slowest = {p: [max(r["times"][p][s] for r in per_rank) for s in range(spec.iters)] for p in PHASES}
     metrics: dict[str, Any] = {}
     for phase in PHASES:
         metrics.update(flatten(f"{phase}_ms", slowest[phase]))
@@ -394,7 +394,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     metrics.update(checked.metrics, code=sources(type(setup.module), type(setup.optimizer)))
     return Result("ok" if checked.passed else "wrong", metrics=metrics, samples=samples,
-                  error=checked.why)  # fmt: skip
+                  error=checked.why)
 
 
 def uses_user_code(spec: DDPSpec) -> bool:
@@ -414,8 +414,8 @@ def not_implemented(spec: DDPSpec) -> str | None:
         return None
     wanted = []
     if yours.target("ddp", spec.impl) is None and yours.target("fsdp", spec.impl) is None:
-        wanted += [e for e in (yours.entries("ddp").get(spec.impl), yours.entries("fsdp").get(spec.impl)) if e]  # fmt: skip
-    if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:  # fmt: skip
+        wanted += [e for e in (yours.entries("ddp").get(spec.impl), yours.entries("fsdp").get(spec.impl)) if e]
+    if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:
         wanted.append(yours.entries("optimizer")["yours"])
     for entry in wanted:
         if adapters.has(entry) and not adapters.implements(entry):
@@ -497,11 +497,11 @@ TABLE = Table(
                note="check (the user's code): the parameters after the timed steps against "
                "single-process training of the same steps, per tensor |p - p_ref| / |p_ref - "
                "p_0| at most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is "
-               "wrong."),  # fmt: skip
+               "wrong."),
         Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
                                        {"impl": "torch", "optimizer_sharding": "none"},
                                        ("impl", "bucket_mb", "optimizer_sharding"),
-                                       speedup=False)),  # fmt: skip
+                                       speedup=False)),
         HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "
@@ -524,18 +524,18 @@ EXPERIMENT = Experiment(
                 "(fsdp: time with any of its collectives in flight)"),
         *timing("opt_ms", "optimizer step and zero_grad"),
         *(Metric(f"{p}_ms_rank_{s}", "ms", f"{s} over ranks of each rank's mean {p} time")
-          for p in ("step", "comm") for s in ("mean", "min", "max")),  # fmt: skip
+          for p in ("step", "comm") for s in ("mean", "min", "max")),
         Metric("comm_fraction", "", "comm_ms_mean / step_ms_mean"),
         Metric("comm_bytes", "bytes", "bytes of every collective in one step (nccl-tests' S)"),
         *(Metric(f"{k}_{u}", "bytes" if u == "bytes" else "", f"{k} {u} in one step")
           for k in ("allreduce", "broadcast", "allgather", "reducescatter")
-          for u in ("calls", "bytes")),  # fmt: skip
+          for u in ("calls", "bytes")),
         # per-rank memory (rank 0): live bytes, and what parameters, gradients and optimizer
         # state hold, after init and around the optimizer step
         *(Metric(f"mem_{w}{part}_bytes", "bytes", f"rank 0, {w.replace('_', ' ')}: "
                  f"{part.strip('_').replace('_', ' ') or 'live'}")
           for w in ("init", "before_opt", "after_opt")
-          for part in ("", "_params", "_grads", "_opt_state")),  # fmt: skip
+          for part in ("", "_params", "_grads", "_opt_state")),
         Metric("mem_peak_bytes", "bytes", "rank 0's peak in the measured step"),
         Metric("mem_peak_bytes_max_rank", "bytes", "the highest peak over ranks"),
         Metric("expected_params_bytes", "bytes", "analytic parameter bytes per rank"),

@@ -19,7 +19,7 @@ def section(sec: Section, pts: list[Row]) -> None:
               for w, k in (("before_opt", "params"), ("before_opt", "grads"),
                            ("after_opt", "opt_state"))),
             mib(r["mem_before_opt_bytes"]), mib(r["mem_peak_bytes"]),
-        ], shown=("impl", "optimizer_sharding", "world_size", "bucket_mb", *SIZE))  # fmt: skip
+        ], shown=("impl", "optimizer_sharding", "world_size", "bucket_mb", *SIZE))
         m.title = "Memory per rank: measured (analytic expectation)"
         m.note = ("Rank 0, in the step after warm-up. Parameters and gradients just before the "
                   "optimizer step, optimizer state just after it; 'live' counts everything.")
@@ -30,4 +30,4 @@ def section(sec: Section, pts: list[Row]) -> None:
           Plot.lines(lines, "bucket size (MiB)", "step time (ms)", "Step time against bucket size",
                      logx=True),
           note=left_out(list(lines), list(every),
-                        "series (those with one bucket size are in the table)"))  # fmt: skip
+                        "series (those with one bucket size are in the table)"))

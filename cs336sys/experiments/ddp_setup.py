@@ -88,20 +88,20 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
             opt = ZeroRedundancyOptimizer(params, optimizer_class=AdamW, lr=LR,
-                                          weight_decay=WEIGHT_DECAY)  # fmt: skip
+                                          weight_decay=WEIGHT_DECAY)
             holder = opt.optim
         else:
             opt = holder = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
         if start_with is not None:
             start = lambda: start_with(opt)  # noqa: E731
         return Setup(wrapper, opt, holder, lambda: finish_with(opt), True, params, params,
-                     start=start, full_params=lambda: dict(model.named_parameters()))  # fmt: skip
+                     start=start, full_params=lambda: dict(model.named_parameters()))
     if kind == "fsdp":
         wrapper, finish_with, full = ddp_yours.sharded(impl, model, low)
         params = list(wrapper.parameters())
         opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
         return Setup(wrapper, opt, opt, lambda: finish_with(opt), False, params, [],
-                     full_params=full)  # fmt: skip
+                     full_params=full)
     if impl == "fsdp":
         from cs336sys.parallel.fsdp import FSDP
 
@@ -109,7 +109,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         params = list(wrapper.parameters())
         opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
         return Setup(wrapper, opt, opt, wrapper.finish_gradient_synchronization, False, params,
-                     wrapper.replicated, full_params=wrapper.full_state_dict)  # fmt: skip
+                     wrapper.replicated, full_params=wrapper.full_state_dict)
     if impl == "torch-fsdp":
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh

@@ -39,7 +39,7 @@ def one_off_kind(name: str) -> str:
     return "fsdp" if "fsdp" in name else "ddp"
 
 
-def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callable, Callable, Callable | None]:  # fmt: skip
+def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callable, Callable, Callable | None]:
     """(wrapper, finish(optimizer), start(optimizer) or None) for the user's replica `impl`."""
     from cs336sys.yours.implementations import call_adapter, load_target
 
@@ -70,11 +70,11 @@ def sharded(impl: str, model: Any, compute_dtype: Any) -> tuple[Any, Callable, C
     if where is not None:
         wrapper = load_target(where)(model, compute_dtype=compute_dtype)
         return (wrapper, lambda opt: wrapper.finish_gradient_synchronization(),
-                wrapper.full_state_dict)  # fmt: skip
+                wrapper.full_state_dict)
     entry = yours.entries("fsdp")[impl]
     wrapper = call_adapter(entry, 0, model, compute_dtype)
     return (wrapper, lambda opt: call_adapter(entry, 1, wrapper, opt),
-            lambda: call_adapter(entry, 2, wrapper))  # fmt: skip
+            lambda: call_adapter(entry, 2, wrapper))
 
 
 def optimizer(name: str, params: list, optimizer_cls: type, **kwargs: Any) -> Any:

@@ -68,7 +68,7 @@ class MemorySpec:
         """A file-name-safe name for this point's snapshot files."""
         m = self.model
         parts = [m.size, f"T{m.seq}", f"B{m.batch}", m.mode, m.precision,
-                 m.model or m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]  # fmt: skip
+                 m.model or m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]
         return "memory-" + "-".join(parts)
 
 
@@ -76,7 +76,7 @@ _UNUSED = ("compile", "nvtx")
 
 
 def specs(*, mode: Iterable[str] | None = None, snapshot: str | Path | None = None,
-          **model_options: Any) -> list[MemorySpec]:  # fmt: skip
+          **model_options: Any) -> list[MemorySpec]:
     """The points of a memory sweep: `model.specs(**model_options)` (no compile, no NVTX)
     with `mode` forward or train, each writing its timeline into `snapshot` (a directory,
     created if missing) when given. SpecError names the first bad option."""
@@ -180,7 +180,7 @@ def run(spec: MemorySpec) -> Result:
     step = make_step(model, vocab_size=config.vocab_size, batch_size=m.batch,
                      context_length=m.seq,
                      mode=m.mode, precision=m.precision, optimizer=m.optimizer, compile=False,
-                     device=m.device, seed=m.seed)  # fmt: skip
+                     device=m.device, seed=m.seed)
     B, T = m.batch, m.seq
     no_phase = contextlib.nullcontext
     live: dict[str, float] = {}
@@ -220,7 +220,7 @@ def run(spec: MemorySpec) -> Result:
         tracker = LiveTensorTracker(probe=lambda: probe.current())
     if tracker is not None:
         tracker.adopt([*params, *model.buffers(), *optimizer_tensors(step.optimizer), step.x,
-                       step.y])  # fmt: skip
+                       step.y])
         if step.scaler is not None:
             tracker.adopt(t for t in vars(step.scaler).values() if isinstance(t, torch.Tensor))
         if snapshot is not None:
@@ -231,7 +231,7 @@ def run(spec: MemorySpec) -> Result:
     with cuda_memory_history(pickle), tracker if tracker is not None else no_phase():
         step(phase, forward=measured_forward,
              before_optimizer=lambda: live.update(before_opt=probe.current()),
-             after_optimizer=lambda: live.update(after_opt=probe.current()))  # fmt: skip
+             after_optimizer=lambda: live.update(after_opt=probe.current()))
     hook.remove()
     live["loss"] = float(step.last_loss)
     peak = max(peaks.values())
@@ -239,7 +239,7 @@ def run(spec: MemorySpec) -> Result:
     png = None
     if snapshot is not None and tracker is not None:
         title = (f"{m.size} T={T} B={B} {m.mode} {m.precision} checkpoint={m.checkpoint} "
-                 f"on {m.device}: live tensor bytes in one step")  # fmt: skip
+                 f"on {m.device}: live tensor bytes in one step")
         png = draw_timeline(tracker.events, tracker.phases, snapshot / f"{spec.label()}.png", title)
 
     # -- metrics -----------------------------------------------------------------------------
@@ -364,7 +364,7 @@ EXPERIMENT = Experiment(
         Metric("optim_bytes", "bytes", "analytic: AdamW's two moments, 8P"),
         Metric("act_bytes_analytic", "bytes", "analytic activations (fp32, naive attention)"),
         Metric("residual_bytes", "bytes", "the residual stream B·T·d, what a checkpointed "
-               "group keeps"),  # fmt: skip
+               "group keeps"),
         Metric("residual_dtype", "", "dtype of the residual stream"),
         Metric("checkpoint_group", "", "blocks per checkpointed group (K)"),
         Metric("lowest_peak", "", "lowest peak among the points that differ in checkpoint"),

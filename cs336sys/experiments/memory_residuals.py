@@ -67,13 +67,13 @@ def specs(
         size=["small"] if size is None else size, seq=seq, batch=["1"] if batch is None else batch,
         mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads,
-    )  # fmt: skip
+    )
     return [
         ResidualsSpec(
             size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
             seq=p.seq, batch=p.batch, precision=p.precision,
             impl=i, attention=p.attention, device=p.device, seed=p.seed,
-        )  # fmt: skip
+        )
         for p in points
         for i in impls
     ]
@@ -199,7 +199,7 @@ EXPERIMENT = Experiment(
         *(Metric(f"top{i}_{k}", u, f"the {i}. operation by saved bytes: {w}")
           for i in range(1, TOP + 1)
           for k, u, w in (("op", "", "its node name"), ("bytes", "bytes", "its bytes"),
-                          ("share", "", "its share"))),  # fmt: skip
+                          ("share", "", "its share"))),
         Metric("fwd_ms", "ms", "the measured forward (one call)"),
         Metric("compile_s", "s", "torch.compile's first call"),
     ),

@@ -34,12 +34,12 @@ def section(sec: Section, pts: list[Row]) -> None:
         png = r.get("snapshot_png")
         if png and Path(png).is_file():
             sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['seq']}",
-                                      f"memory-timeline-{i}", png=Path(png).read_bytes()))  # fmt: skip
+                                      f"memory-timeline-{i}", png=Path(png).read_bytes()))
 
 
 
 _PHASE_NAMES = {"fwd_peak_bytes": "forward", "bwd_peak_bytes": "backward",
-                "opt_peak_bytes": "optimizer"}  # fmt: skip
+                "opt_peak_bytes": "optimizer"}
 # What identifies a checkpointing group in its label; settings beyond these that differ
 # between groups are added to it.
 _POINT = ("size", "seq", "batch", "mode", "precision", "checkpoint")
@@ -61,7 +61,7 @@ def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
         if r["status"] == "ok" and r["peak_bytes"]:
             groups.setdefault((r.get("gpu"), skey(r, drop=("checkpoint",))), []).append(r)
     bases = {k: next((r for r in g if r["checkpoint"] in (None, "none")), None)
-             for k, g in groups.items()}  # fmt: skip
+             for k, g in groups.items()}
     keep = {k: g for k, g in groups.items() if bases[k] is not None and len(g) > 1}
     extra = varying([bases[k] for k in keep], shown=(*_POINT, *SIZE[1:]))
     body = []
@@ -69,7 +69,7 @@ def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
         base = bases[k]
         s = base["_settings"]
         where = (f"{base['size']} T={base['seq']} B={s.get('batch')} "
-                 f"{base['mode']} {base['precision']}")  # fmt: skip
+                 f"{base['mode']} {base['precision']}")
         where += "".join(f" {e}={text(s[e])}" for e in extra if s.get(e) is not None)
         where += f" [{base.get('gpu')}]" if many else ""
         grp = [base, *(r for r in grp if r is not base)]  # `none` first
@@ -83,7 +83,7 @@ def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
                 _ratio(r.get("step_ms_mean"), base.get("step_ms_mean")),
                 mib(r.get("opt_peak_bytes")), mib(r.get("optim_bytes")),
                 _PHASE_NAMES[max(phases, key=lambda m: phases[m])] if phases else "",
-            ])  # fmt: skip
+            ])
     if not body:
         return None
     return Table(
@@ -98,4 +98,4 @@ def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
         "AdamW's two fp32 moments, 8 bytes per parameter) is shown apart: checkpointing does "
         "not change it, and where it sets the step's peak ('step peak set by: optimizer') "
         "checkpointing cannot lower the whole step's peak.",
-    )  # fmt: skip
+    )

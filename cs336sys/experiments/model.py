@@ -114,7 +114,7 @@ def specs(
     given takes the device's default (DEFAULTS).
 
     Shared by every command that runs the model (`model`, `memory`, `profile model`).
-    """  # fmt: skip
+    """
     dev = device_choice(device)
     defaults = DEFAULTS["cuda" if dev.startswith("cuda") else "cpu"]
     warmup = defaults["warmup"] if warmup is None else warmup
@@ -133,9 +133,9 @@ def specs(
         attentions: list[str | None] = [None]
     else:
         attentions = named_impls(listed(attention, "--attention", ["naive"]), "attention",
-                                 "--attention", registry.names())  # fmt: skip
+                                 "--attention", registry.names())
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
-                                num_heads=num_heads, vocab_size=vocab_size)  # fmt: skip
+                                num_heads=num_heads, vocab_size=vocab_size)
     if "triton" in attentions:
         check_triton(dev.startswith("cuda"), "--attention triton")
     if "adamw-triton" in optimizers and "train" in modes:
@@ -144,9 +144,9 @@ def specs(
     out = []
     for p in expand({"size": sizes, "seq": seqs, "batch": batches,
                      "mode": modes, "precision": precisions, "attention": attentions,
-                     "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):  # fmt: skip
+                     "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):
         cfg = preset_config(p["size"], context_length=p["seq"], model=model,
-                            attention=p["attention"], checkpoint=p["checkpoint"], **overrides)  # fmt: skip
+                            attention=p["attention"], checkpoint=p["checkpoint"], **overrides)
         out.append(ModelSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
             num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, seq=p["seq"], batch=p["batch"],
@@ -156,7 +156,7 @@ def specs(
             # Forward-only passes save nothing for backward: checkpointing changes nothing.
             checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
             warmup=warmup, iters=iters, device=dev, seed=seed, nvtx=nvtx, model=model,
-        ))  # fmt: skip
+        ))
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
 
@@ -168,7 +168,7 @@ def check_model(model: str, attention: Any = None) -> None:
 
     if attention is not None:
         raise SpecError(f"--attention chooses the kernel of cs336sys's model; --model {model} "
-                        "brings its own attention")  # fmt: skip
+                        "brings its own attention")
     try:
         model_class(model)
     except UserCodeError as exc:
@@ -218,7 +218,7 @@ def run(spec: ModelSpec) -> Result:
     step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch,
                      context_length=spec.seq,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
-                     compile=spec.compile, device=spec.device, seed=spec.seed)  # fmt: skip
+                     compile=spec.compile, device=spec.device, seed=spec.seed)
     on_cuda = spec.device.startswith("cuda")
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(spec.device)
@@ -229,7 +229,7 @@ def run(spec: ModelSpec) -> Result:
     for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(phase, timed.get(phase, [])))
     metrics.update(throughput(model, config, spec.batch, spec.seq, spec.mode,
-                              metrics["step_ms_mean"], spec.device, spec.precision))  # fmt: skip
+                              metrics["step_ms_mean"], spec.device, spec.precision))
     metrics.update(
         logits_dtype=step.logits_dtype,
         # CUDA only: peak bytes held by tensors (allocated) and by the caching allocator
@@ -263,7 +263,7 @@ RENAMED_SETTINGS = {"context_length": "seq", "batch_size": "batch", "steps": "it
 CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite loss and, where "
               "its state_dict loads into cs336sys's TransformerLM, the same loss with the same "
               "weights; their attention kernel in our model gives naive attention's loss "
-              "(check_detail says which). A point that fails is wrong.")  # fmt: skip
+              "(check_detail says which). A point that fails is wrong.")
 
 TABLE = Table(
     "Time per phase (mean ± std over timed steps)",
@@ -310,9 +310,9 @@ EXPERIMENT = Experiment(
         Metric("loss_first", "", "loss of the first (warm-up) step"),
         Metric("loss_last", "", "loss of the last timed step"),
         Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
-               "is `wrong`)"),  # fmt: skip
+               "is `wrong`)"),
         Metric("check_detail", "", "what the check compared (the same loss as cs336sys's "
-               "model, or naive attention, with the same weights; or a finite loss only)"),  # fmt: skip
+               "model, or naive attention, with the same weights; or a finite loss only)"),
         Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
         Metric("check_loss_ours", "", "the reference's loss with the same weights"),
         Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),

@@ -28,12 +28,12 @@ SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 def _model_label(r: Row, gpu: bool = False) -> str:
     s = r["_settings"]
     extra = [f"{k}={s[k]}" for k in ("model", "attention", "checkpoint")
-             if s.get(k) not in (None, "naive", "none")]  # fmt: skip
+             if s.get(k) not in (None, "naive", "none")]
     return " ".join([
         f"{s.get('size')} T={s.get('seq')} B={s.get('batch')}",
         f"{s.get('mode')} {s.get('precision')}", *extra,
         *(["compiled"] if s.get("compile") else []), *([f"[{r.get('gpu')}]"] if gpu else []),
-    ])  # fmt: skip
+    ])
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -60,11 +60,11 @@ def section(sec: Section, pts: list[Row]) -> None:
             lines[label(r)] = list(enumerate(w + timed, start=1))
     if warm:
         sec.tables.append(Table("Warm-up effect: first step against timed mean",
-                                ["point", "first step ms", "timed mean ms", "first/mean"], warm))  # fmt: skip
+                                ["point", "first step ms", "timed mean ms", "first/mean"], warm))
         add_plot(sec, "Step time per step, warm-up included", "model-warmup",
               Plot.lines(lines, "step (1 = first warm-up step)", "step time (ms)",
                          "Warm-up effect", logx=False),
-              note=left_out(list(lines), every, "series (the table above has every point)"))  # fmt: skip
+              note=left_out(list(lines), every, "series (the table above has every point)"))
     for key, a, b, title in (
         ("precision", "fp32", "bf16", "Speedup fp32 → bf16 (step time)"),
         ("compile", False, True, "Speedup eager → compiled (step time)"),
@@ -126,14 +126,14 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
         within = [k for k in varying(g, shown=(*SIZE, *_CHART)) if k != "precision"]
         within = ["precision", *within]
         g = sorted(g, key=lambda r: (size_rank[r["_settings"].get("size")],
-                                     _rank(r["_settings"].get("precision"), _PRECISIONS)))  # fmt: skip
+                                     _rank(r["_settings"].get("precision"), _PRECISIONS)))
         bars = [Bar(text(r["_settings"].get("size")), _bar_label(r["_settings"], within),
                     tuple(r.get(k) for k, _ in _PHASES), r["step_ms_mean"], r.get("tokens_per_s"),
                     pct(r["mfu"]) if r.get("mfu") is not None else "")
-                for r in g]  # fmt: skip
+                for r in g]
         shown = bars[:MAX_BARS]
         notes = [left_out([f"{b.group} {b.label}" for b in shown],
-                          [f"{b.group} {b.label}" for b in bars], "bars")]  # fmt: skip
+                          [f"{b.group} {b.label}" for b in bars], "bars")]
         if i == min(len(ordered), MAX_BAR_CHARTS) - 1:
             notes.append(left_out(names[:MAX_BAR_CHARTS], names, "charts"))
         name = names[i]
@@ -143,7 +143,7 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
                    "Step time by phase per size and precision" + (f" ({name})" if name else ""),
                    side_title="MFU above each bar" if any(b.side_note for b in shown) else ""),
               note=" ".join(n for n in [*notes, "MFU is shown where the GPU's peak is known."]
-                            if n))  # fmt: skip
+                            if n))
 
 
 def _rank(v: Any, order: tuple) -> int:

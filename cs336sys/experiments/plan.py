@@ -116,7 +116,7 @@ class PlanSpec:
     def config(self) -> ModelConfig:
         return ModelConfig(d_model=self.d_model, d_ff=self.d_ff, num_layers=self.num_layers,
                            num_heads=self.num_heads, vocab_size=self.vocab_size,
-                           context_length=self.seq, max_context_length=max(self.seq, 65_536))  # fmt: skip
+                           context_length=self.seq, max_context_length=max(self.seq, 65_536))
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,7 +144,7 @@ def specs(
         raise SpecError(f"--size: unknown size {size!r}; choose from {', '.join(PRESETS)}")
     for name, value in (("--seq", seq), ("--batch", batch), ("--d-model", d_model),
                         ("--d-ff", d_ff), ("--num-layers", num_layers),
-                        ("--num-heads", num_heads), ("--vocab-size", vocab_size)):  # fmt: skip
+                        ("--num-heads", num_heads), ("--vocab-size", vocab_size)):
         if value is not None and value <= 0:
             raise SpecError(f"{name} must be positive, got {value}")
     seq = seq or 4096
@@ -154,7 +154,7 @@ def specs(
     try:
         cfg = from_preset(size, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                           num_heads=num_heads, vocab_size=vocab_size,
-                          context_length=seq, max_context_length=max(seq, 65_536))  # fmt: skip
+                          context_length=seq, max_context_length=max(seq, 65_536))
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     strategies = choices(strategy, STRATEGIES, "--strategy", default=list(STRATEGIES))
@@ -163,14 +163,14 @@ def specs(
         why = [problem(s, d, cfg.num_heads, batch // seq) for s in strategies]
         if all(why):
             raise SpecError(f"--n {d}: {why[0]}" if len(why) == 1 else
-                            f"--n {d} fits none of the strategies: {'; '.join(why)}")  # fmt: skip
+                            f"--n {d} fits none of the strategies: {'; '.join(why)}")
     return [
         PlanSpec(size=size, d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
                  num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, seq=seq, batch_tokens=batch,
                  strategy=s, n=d, hardware=key, device_name=hw.name, flops=hw.flops, egress=hw.egress,
                  memory_bytes=hw.memory_bytes, source=hw.source)
         for key, hw in listed_hardware(hardware) for s in strategies for d in degrees
-    ]  # fmt: skip
+    ]
 
 
 def listed_hardware(hardware: Iterable[Any]) -> list[tuple[str, Hardware]]:
@@ -206,7 +206,7 @@ def problem(strategy: str, n: int, heads: int, sequences: int) -> str | None:
 def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
     """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
     return [(n // y, y) for y in range(1, n + 1)
-            if n % y == 0 and heads % y == 0 and sequences % (n // y) == 0]  # fmt: skip
+            if n % y == 0 and heads % y == 0 and sequences % (n // y) == 0]
 
 
 # -- the whole model ----------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
         # whole sequences per device (per TP group) that fit beside the static bytes
         fit_seqs=max(0, math.floor((cap - static) / per_seq)),
         fit_seqs_ckpt=max(0, math.floor((cap - static) / per_seq_ckpt)),
-    )  # fmt: skip
+    )
 
 
 def n_max(spec: PlanSpec) -> float:
@@ -473,7 +473,7 @@ EXPERIMENT = Experiment(
                 "total",
                 "total_ckpt",
             )
-        ),  # fmt: skip
+        ),
         Metric("fits", "", "total <= the GPU's memory"),
         Metric("fits_ckpt", "", "total with checkpointing <= the GPU's memory"),
         Metric("fit_seqs", "", "whole sequences per device that fit"),

@@ -36,7 +36,7 @@ class Measured:
     def source(self) -> str:
         return (f"measured: model run {self.model_run[:8]} ({self.precision}, "
                 f"{self.flops / 1e12:.4g} TFLOP/s), comm run {self.comm_run[:8]} "
-                f"({self.comm_op}, busbw {self.egress / 1e9:.4g} GB/s)")  # fmt: skip
+                f"({self.comm_op}, busbw {self.egress / 1e9:.4g} GB/s)")
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params: tuple) -> list[dict[str, Any]]:
@@ -58,7 +58,7 @@ def measured(conn: sqlite3.Connection, gpu: str, host_memory: int | None = None)
           FROM runs r JOIN invocations i ON i.id = r.invocation_id
          WHERE r.experiment = 'model' AND r.status = 'ok' AND i.gpu = ?
            AND json_extract(r.metrics, '$.tflops') > 0
-         ORDER BY tflops DESC, r.created DESC LIMIT 1""", (gpu,))  # fmt: skip
+         ORDER BY tflops DESC, r.created DESC LIMIT 1""", (gpu,))
     comm = _rows(conn, """
         SELECT r.id, json_extract(r.metrics, '$.busbw_gbps') AS busbw,
                json_extract(r.settings, '$.op') AS op
@@ -67,24 +67,24 @@ def measured(conn: sqlite3.Connection, gpu: str, host_memory: int | None = None)
            AND json_extract(r.metrics, '$.busbw_gbps') > 0
            AND coalesce(json_extract(r.metrics, '$.wrong'), 0) = 0
          ORDER BY op IN ('all-reduce', 'all-gather', 'reduce-scatter') DESC, busbw DESC,
-                  r.created DESC LIMIT 1""", (gpu,))  # fmt: skip
+                  r.created DESC LIMIT 1""", (gpu,))
     if not model or not comm:
         stored = [r[0] for r in conn.execute(
             "SELECT DISTINCT i.gpu FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-            "WHERE r.experiment IN ('model', 'comm') AND r.status = 'ok' ORDER BY 1")]  # fmt: skip
+            "WHERE r.experiment IN ('model', 'comm') AND r.status = 'ok' ORDER BY 1")]
         first = ("cs336sys model --precision bf16" if not model else
-                 "cs336sys comm --op all-reduce,all-gather,reduce-scatter")  # fmt: skip
+                 "cs336sys comm --op all-reduce,all-gather,reduce-scatter")
         what = "model" if not model else "comm"
         others = (
             f" (it has rows of: {', '.join(map(str, stored))}; --gpu picks one)" if stored else ""
         )
         raise NoMeasurement(f"--measured: the store has no ok {what} rows for {gpu}{others}; "
-                            f"run `{first}` on this GPU first")  # fmt: skip
+                            f"run `{first}` on this GPU first")
     m, c = model[0], comm[0]
     gib = m["gpu_memory_gb"]
     memory = int(gib * 2**30) if gib else (host_memory or 0)
     return Measured(gpu, m["tflops"] * 1e12, c["busbw"] * 1e9, memory, m["id"], c["id"],
-                    str(m["precision"]), str(c["op"]))  # fmt: skip
+                    str(m["precision"]), str(c["op"]))
 
 
 def chip(point: dict[str, Any]) -> str:
@@ -118,11 +118,11 @@ def ddp_match(conn: sqlite3.Connection, point: dict[str, Any]) -> dict[str, Any]
            AND {s('impl')} IN ({', '.join('?' * len(impls))})
            AND coalesce({s('optimizer_sharding')}, 'none') = 'none'
            AND json_extract(r.metrics, '$.step_ms_mean') > 0""",
-        (*(point[k] for k in keys), point["seq"], point["batch_tokens"], point["n"], *impls))  # fmt: skip
+        (*(point[k] for k in keys), point["seq"], point["batch_tokens"], point["n"], *impls))
     name = chip(point).lower()
     exact = point["hardware"] == "measured"
     found = [r for r in found if (r["gpu"] == point["device_name"] if exact
-                                  else name in str(r["gpu"]).lower())]  # fmt: skip
+                                  else name in str(r["gpu"]).lower())]
     if not found:
         return None
     return min(found, key=lambda r: (r["precision"] != "bf16", r["step_ms"]))

@@ -48,11 +48,11 @@ class StepPlot:
                 # dp, fsdp and fsdp-tp coincide where compute-bound: styles tell them apart
                 style = {"fsdp": "--", "fsdp-tp": ":"}.get(label, "-")
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, label=label,
-                        linestyle=style, linewidth=2.5 if label == "dp" else 1.5)  # fmt: skip
+                        linestyle=style, linewidth=2.5 if label == "dp" else 1.5)
                 for bound in (False, True):
                     sel = [p for p in pts if p[2] == bound]
                     ax.scatter([p[0] for p in sel], [p[1] for p in sel], color=colour, zorder=3,
-                               marker="x" if bound else "o", s=40 if bound else 16)  # fmt: skip
+                               marker="x" if bound else "o", s=40 if bound else 16)
                 if xs and limit <= max(xs) * 2:
                     ax.axvline(limit, color=colour, linestyle=":", linewidth=1)
             ax.set_xscale("log", base=2)
@@ -67,7 +67,7 @@ class StepPlot:
         axes[0][0].set_ylabel("step time (ms, planned)", fontsize=9)
         handles, labels = axes.flat[0].get_legend_handles_labels()
         handles += [Line2D([], [], color="k", marker="x", linestyle=""),
-                    Line2D([], [], color="k", linestyle=":", linewidth=1)]  # fmt: skip
+                    Line2D([], [], color="k", linestyle=":", linewidth=1)]
         labels += ["communication-bound", "N max (last degree that hides)"]
         fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
         fig.suptitle(self.title, fontsize=10)
@@ -94,7 +94,7 @@ def step_plot(pts: list[Row]) -> StepPlot:
         (name, tuple((k, tuple(sorted(lines[k])), limits[name, k])
                      for k in sorted(lines, key=lambda k: (_ORDER + (k,)).index(k))))
         for name, lines in panels.items()
-    )  # fmt: skip
+    )
     return StepPlot(body, "Planned step time against degree (× communication-bound)")
 
 
@@ -149,7 +149,7 @@ def section(sec: Section, pts: list[Row]) -> None:
             "Step time against degree", "plan-steps", plot=plot,
             note="Crosses: communication-bound points (the step waits on communication in "
             "forward or backward). Dotted lines: each strategy's N max, the largest degree "
-            "whose communication still hides behind compute."))  # fmt: skip
+            "whose communication still hides behind compute."))
 
 
 def inequalities(pts: list[Row]) -> Table | None:
@@ -162,7 +162,7 @@ def inequalities(pts: list[Row]) -> Table | None:
         seen[(s["strategy"], s["device_name"], s["size"], s["batch_tokens"])] = [
             s["strategy"], r.get("inequality") or "", s["device_name"], f"{s['size']} B={s['batch_tokens']:,}",
             num(r.get("n_max")), num(r.get("n_max_ffn")),
-        ]  # fmt: skip
+        ]
     if not seen:
         return None
     rows = [seen[k] for k in sorted(seen, key=lambda k: ((*_ORDER, k[0]).index(k[0]), k[1:]))]
@@ -170,4 +170,4 @@ def inequalities(pts: list[Row]) -> Table | None:
                  ["strategy", "condition (single FFN layer)", "GPU", "model, batch",
                   "N max, whole model", "N max, FFN"], rows,
                  note="C dense bf16 FLOP/s, W egress bytes/s per device, B batch tokens, "
-                 "F d_ff; X, Y the FSDP and TP degrees (docs/experiments/plan.md).")  # fmt: skip
+                 "F d_ff; X, Y the FSDP and TP degrees (docs/experiments/plan.md).")

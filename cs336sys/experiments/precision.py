@@ -87,7 +87,7 @@ class AutocastSpec:
 
 
 def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1000,
-                     value: float = 0.01, device: str = "auto") -> list[AccumulateSpec]:  # fmt: skip
+                     value: float = 0.01, device: str = "auto") -> list[AccumulateSpec]:
     """One point per accumulation variant (default all four). SpecError for a bad option."""
     variants = choices(variant, list(VARIANTS), "--variant", default=list(VARIANTS))
     if additions <= 0:
@@ -103,7 +103,7 @@ def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1
 @old_names
 def autocast_specs(*, precision: Iterable[str] | None = None, in_features: int = 16,
                    out_features: int = 4, batch: int | Iterable[Any] = 8,
-                   device: str = "auto", seed: int = 0) -> list[AutocastSpec]:  # fmt: skip
+                   device: str = "auto", seed: int = 0) -> list[AutocastSpec]:
     """One point per autocast dtype (default bf16) and batch size (one or a list).
     SpecError for a bad option."""
     dtypes = choices(precision, AUTOCAST_DTYPES, "--precision", default=["bf16"])
@@ -114,7 +114,7 @@ def autocast_specs(*, precision: Iterable[str] | None = None, in_features: int =
     check_seed(seed)
     dev = device_choice(device)
     return [AutocastSpec(d, in_features, out_features, b, dev, seed)
-            for d in dtypes for b in batches]  # fmt: skip
+            for d in dtypes for b in batches]
 
 
 def run(spec: AccumulateSpec | AutocastSpec) -> Result:
@@ -378,7 +378,7 @@ EXPERIMENT = Experiment(
     spec=(AccumulateSpec, AutocastSpec),
     run=run,
     settings=tuple(dict.fromkeys(("kind", *settings_keys(AccumulateSpec),
-                                  *settings_keys(AutocastSpec)))),  # fmt: skip
+                                  *settings_keys(AutocastSpec)))),
     metrics=(
         Metric("result_dtype", "", "dtype of the sum"),
         Metric("target", "", "additions × value in exact decimal arithmetic"),

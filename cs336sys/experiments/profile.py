@@ -71,7 +71,7 @@ class ProfileSpec:
 
 
 def specs(target: str, points: Iterable[ModelSpec | AttentionSpec], *, top: int = 10,
-          nvtx: bool = False, trace: str | None = None) -> list[ProfileSpec]:  # fmt: skip
+          nvtx: bool = False, trace: str | None = None) -> list[ProfileSpec]:
     """Profile each of `points` (from model.specs or attention.specs). With several points,
     the trace `stem.json` becomes `stem-1.json`, `stem-2.json`, ..."""
     from pathlib import Path
@@ -91,7 +91,7 @@ def specs(target: str, points: Iterable[ModelSpec | AttentionSpec], *, top: int 
         return str(t.with_name(f"{t.stem}-{index}{t.suffix}"))
 
     return [ProfileSpec(target, p, top, nvtx=nvtx, trace=trace_path(i))
-            for i, p in enumerate(points, start=1)]  # fmt: skip
+            for i, p in enumerate(points, start=1)]
 
 
 @dataclass
@@ -190,7 +190,7 @@ def _model(spec: ModelSpec) -> _Steps:
     step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
                      batch_size=spec.batch, context_length=spec.seq, mode=spec.mode,
                      precision=spec.precision, optimizer=spec.optimizer, compile=spec.compile,
-                     device=spec.device, seed=spec.seed)  # fmt: skip
+                     device=spec.device, seed=spec.seed)
     losses: list = []
 
     def one_step(phase: Callable) -> dict[str, float]:
@@ -201,7 +201,7 @@ def _model(spec: ModelSpec) -> _Steps:
     parts: dict[str, float] = {}
     if spec.attention == "naive" and not spec.compile:
         per_call = attention_part_flops(spec.batch, config.num_heads, spec.seq,
-                                        config.d_head)  # fmt: skip
+                                        config.d_head)
         parts = {k: v * config.num_layers for k, v in per_call.items()}
     return _Steps(one_step, part_flops=parts, losses=losses)
 
@@ -267,7 +267,7 @@ def section(sec: Any, pts: list) -> None:
             ["phase", "rank", "name", "calls", "total ms", "mean ms", "share"],
             [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["total_ms"]),
               num(k["mean_ms"]), pct(k["share"])] for k in ks],
-        ))  # fmt: skip
+        ))
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -284,13 +284,13 @@ _SETTINGS = tuple(dict.fromkeys((
     "target", "profiler", "top",
     *settings_keys(ModelSpec, drop=_NOT_SETTINGS),
     *settings_keys(AttentionSpec, drop=_NOT_SETTINGS, rename=_ATTENTION_RENAMED),
-)))  # fmt: skip
+)))
 
 TABLE = Table(
     "Profiled points: wall time per phase, and the summed op or kernel time in it",
     (
         Column("point", cell=label, setting=True, covers=(
-            "target", "size", "seq", "mode", "precision", "impl", "d_head")),  # fmt: skip
+            "target", "size", "seq", "mode", "precision", "impl", "d_head")),
         Column("basis", "time_basis"),
         Column("fwd ms", "fwd_ms", "mean_std"),
         Column("bwd ms", "bwd_ms", "mean_std"),
@@ -325,12 +325,12 @@ EXPERIMENT = Experiment(
         *timing("opt_ms", "optimizer phase under the profiler, wall"),
         *timing("step_ms", "whole step under the profiler, wall"),
         *(Metric(f"{p}_profiled_ms_mean", "ms", f"summed op/kernel time of the {p} phase, "
-                 "mean per step") for p in ("fwd", "bwd", "opt")),  # fmt: skip
+                 "mean per step") for p in ("fwd", "bwd", "opt")),
         *(m for part in ("qk", "softmax", "pv") for m in (
             Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step"),
             Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),
             Metric(f"{part}_gflops", "GFLOP/s", f"naive attention's {part}, achieved"),
-        )),  # fmt: skip
+        )),
         Metric("trace_path", "", "the Chrome trace written with --trace"),
         Metric("loss_first", "", "model: loss of the first step"),
         Metric("loss_last", "", "model: loss of the last profiled step"),

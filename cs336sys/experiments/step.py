@@ -91,7 +91,7 @@ DEFAULTS = {
     "cpu": dict(size="tiny", num_layers=None, seq=128, batch=2, warmup=1,
                 iters=3, adamw="foreach", attention="sdpa", switches="none,fused-adamw,fused-ce",
                 precision="fp32"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str
             for n in names:
                 if n not in SWITCHES:
                     raise SpecError(f"--switches: unknown switch {n!r}; choose from "
-                                    f"{', '.join(SWITCHES)}, or none, all, ablation")  # fmt: skip
+                                    f"{', '.join(SWITCHES)}, or none, all, ablation")
             sets = [tuple(s for s in SWITCHES if s in names)]
         out += [s for s in sets if s not in out]
     return out
@@ -194,7 +194,7 @@ def specs(
     # out-of-memory the larger ones with the same other settings are skipped (oom_axis).
     layers = sorted(positive_ints(num_layers, "--num-layers")) if num_layers else [None]
     overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
-                                vocab_size=vocab_size)  # fmt: skip
+                                vocab_size=vocab_size)
     precisions = choices(
         precision, ("bf16", "fp32"), "--precision", default=[defaults["precision"]]
     )
@@ -213,10 +213,10 @@ def specs(
         for switch in ("flash", "fused-ce"):
             if switch in on:
                 raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
-                                f"LM head); --model {model} takes fused-adamw and compile")  # fmt: skip
+                                f"LM head); --model {model} takes fused-adamw and compile")
     else:
         attention = named_impls([attention or defaults["attention"]], "attention", "--attention",
-                                registry.names())[0]  # fmt: skip
+                                registry.names())[0]
     if "flash" in on or attention == "triton":
         check_triton(on_cuda, "--switches flash")
     if "fused-adamw" in on and adamw == "triton":
@@ -230,9 +230,9 @@ def specs(
     out = []
     for p in expand({"size": sizes, "num_layers": layers, "seq": seqs, "batch": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
-                     "checkpoint": checkpoint_list(checkpoint), "switches": sets}):  # fmt: skip
+                     "checkpoint": checkpoint_list(checkpoint), "switches": sets}):
         cfg = preset_config(p["size"], context_length=p["seq"], model=model,
-                            checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)  # fmt: skip
+                            checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)
         on = p["switches"]
         out.append(StepSpec(
             size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
@@ -246,7 +246,7 @@ def specs(
             compile="compile" in on, checkpoint=p["checkpoint"],
             timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
             warmup=warmup, iters=iters, device=dev, seed=seed, model=model,
-        ))  # fmt: skip
+        ))
     return list(dict.fromkeys(out))
 
 
@@ -294,7 +294,7 @@ def build(spec: StepSpec) -> tuple[Any, Any, Any]:
             else:
                 h = model.hidden(x)  # (B, T, C): the logits are made a chunk of rows at a time
                 loss = linear_cross_entropy(h, model.lm_head.weight, y, reduction="sum",
-                                            impl=fused_impl)  # fmt: skip
+                                            impl=fused_impl)
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -369,7 +369,7 @@ def run(spec: StepSpec) -> Result:
     metrics: dict[str, Any] = flatten("step_ms", samples)
     step_s = metrics["step_ms_median"] / 1e3
     metrics.update(throughput(model, spec.config(), spec.batch, spec.seq, "train",
-                              metrics["step_ms_median"], spec.device, spec.precision))  # fmt: skip
+                              metrics["step_ms_median"], spec.device, spec.precision))
     metrics.update(
         peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
         peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,
@@ -386,7 +386,7 @@ def run(spec: StepSpec) -> Result:
     passed = checked is None or checked.passed
     return Result("ok" if passed else "wrong", metrics=metrics, error=None if passed else checked.why,
                   samples={"step_ms": samples, "warmup": {"step_ms": warm},
-                           "loss": [float(v) for v in losses]})  # fmt: skip
+                           "loss": [float(v) for v in losses]})
 
 
 def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
@@ -427,7 +427,7 @@ TABLE = Table(
                 {"switches": "none"},
                 ("switches", "optimizer", "loss", "attention", "compile", "cold_cache"),
             ),
-        ),  # fmt: skip
+        ),
         Column("tokens/s", "tokens_per_s", "num"),
         Column("MFU", "mfu", "pct"),
         Column("peak MiB", "peak_allocated_mb", "num", optional=True),
@@ -463,7 +463,7 @@ EXPERIMENT = Experiment(
         Metric("loss_first", "", "loss of the first step (summed over the batch's tokens)"),
         Metric("loss_last", "", "loss of the last timed step"),
         Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
-               "is `wrong`; experiments/checks.py)"),  # fmt: skip
+               "is `wrong`; experiments/checks.py)"),
         Metric("check_detail", "", "what the check compared"),
         Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
         Metric("check_loss_ours", "", "the reference's loss with the same weights"),

@@ -16,7 +16,7 @@ from cs336sys.report.sections import Figure, Row, Section, left_out, text
 MAX_CHARTS = 6
 # What makes two step points the same configuration (the switches vary within a chart).
 _CONFIG = ("size", "num_layers", "seq", "batch", "precision", "param_dtype",
-           "checkpoint", "d_model", "vocab_size")  # fmt: skip
+           "checkpoint", "d_model", "vocab_size")
 
 
 def _order(switches: str) -> int:
@@ -28,7 +28,7 @@ def _order(switches: str) -> int:
 def _title(s: dict[str, Any], gpu: Any) -> str:
     return (f"{s.get('size')} L={s.get('num_layers')} T={s.get('seq')} "
             f"B={s.get('batch')} {s.get('precision')} weights={s.get('param_dtype')} "
-            f"ckpt={s.get('checkpoint')}" + (f" [{gpu}]" if gpu else ""))  # fmt: skip
+            f"ckpt={s.get('checkpoint')}" + (f" [{gpu}]" if gpu else ""))
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -42,16 +42,16 @@ def section(sec: Section, pts: list[Row]) -> None:
     for i, g in enumerate(list(charts.values())[:MAX_CHARTS]):
         g = sorted(g, key=lambda r: _order(r["_settings"].get("switches", "")))
         base = next((r["step_ms_median"] for r in g if r["_settings"].get("switches") == "none"),
-                    None)  # fmt: skip
+                    None)
         bars = tuple(
             Bar("", r["_settings"].get("switches", ""), (r["step_ms_median"],),
                 r["step_ms_median"], r.get("tokens_per_s"),
                 f"{base / r['step_ms_median']:.2f}×" if base else "")
             for r in g
-        )  # fmt: skip
+        )
         plot = Bars(bars, ("step",), "step time (ms, median)", "tokens/s",
                     f"Step time per switch set ({titles[i]})",
-                    side_title="speed-up over none above each bar" if base else "")  # fmt: skip
+                    side_title="speed-up over none above each bar" if base else "")
         if not plot.informative:
             continue
         note = (
@@ -59,4 +59,4 @@ def section(sec: Section, pts: list[Row]) -> None:
         )
         sec.figures.append(Figure(f"What each switch buys: {text(titles[i])}",
                                   "step-switches" + (f"-{i + 1}" if i else ""), plot=plot,
-                                  note=note))  # fmt: skip
+                                  note=note))

@@ -261,12 +261,12 @@ def throughput_metrics(stat: str) -> tuple:
         Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
         Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
         Metric("flops_basis", "", "formula (models/flops.py), or counted (FlopCounterMode) for "
-               "a user's model whose matmuls differ from the formula's"),  # fmt: skip
+               "a user's model whose matmuls differ from the formula's"),
     )
 
 
 def throughput(model: Any, config: Any, batch_size: int, context_length: int, mode: str,
-               step_ms: float, device: str, precision: str) -> dict[str, Any]:  # fmt: skip
+               step_ms: float, device: str, precision: str) -> dict[str, Any]:
     """params, tokens per step and per second, model FLOPs, achieved TFLOP/s and MFU (where
     the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
     formula's (models/flops.py), for the user's model too when it is the same architecture;

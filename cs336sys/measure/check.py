@@ -25,7 +25,7 @@ class Verdict:
 
 
 def check(got: Mapping[str, Any], want: Mapping[str, Any], rtol: float, atol: float,
-          against: str = "a float64 reference") -> Verdict:  # fmt: skip
+          against: str = "a float64 reference") -> Verdict:
     """Compare each tensor of `got` with the one of the same name in `want` (a missing or
     misshapen one fails). Metrics: `max_err` (the first tensor's largest |x - ref|, the
     output), `max_err_grad` (the largest over the others, the gradients, when there are
@@ -45,7 +45,7 @@ def check(got: Mapping[str, Any], want: Mapping[str, Any], rtol: float, atol: fl
         if diff.numel() and not bool((excess <= atol).all()):  # NaN fails too
             bad = int((~(excess <= atol)).sum())
             failures.append(f"{name} off by up to {worst[name]:.3g} at {bad:,} of "
-                            f"{diff.numel():,} elements")  # fmt: skip
+                            f"{diff.numel():,} elements")
     names = list(want)
     metrics: dict[str, Any] = {
         "max_err": worst.get(names[0]) if names else None,
@@ -58,5 +58,5 @@ def check(got: Mapping[str, Any], want: Mapping[str, Any], rtol: float, atol: fl
     why = None
     if failures:
         why = (f"wrong: {'; '.join(failures)} (against {against}, |x - ref| <= {atol:g} + "
-               f"{rtol:g}·|ref|)")  # fmt: skip
+               f"{rtol:g}·|ref|)")
     return Verdict(not failures, metrics, why)

@@ -57,7 +57,7 @@ def measurement_env(environ: dict[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
     kept = {k: v for k, v in environ.items()
             if (k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES) and k not in _ENV_IGNORED
-            and not k.endswith(("_DIR", "_PATH", "_FILE", "_HOME"))}  # fmt: skip
+            and not k.endswith(("_DIR", "_PATH", "_FILE", "_HOME"))}
     return json.dumps(dict(sorted(kept.items()))) if kept else None
 
 
@@ -87,7 +87,7 @@ def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
         except OSError:
             pass
     return {"user_repo": str(root), "user_commit": git["git_commit"], "user_dirty": git["git_dirty"],
-            "adapters": adapters, "adapters_sha256": digest}  # fmt: skip
+            "adapters": adapters, "adapters_sha256": digest}
 
 
 def cpu_model() -> str:

@@ -148,12 +148,12 @@ def judge(
     if ma == 0:
         same = mb == 0
         return Judgement(ma, mb, None, None, "same" if same else "unknown",
-                         "" if same else "A is 0: no ratio")  # fmt: skip
+                         "" if same else "A is 0: no ratio")
     ratio = mb / ma
     big = abs(ratio - 1) > threshold
     if not tested:
         return Judgement(ma, mb, ratio, None, ("up" if ratio > 1 else "down") if big else "same",
-                         "threshold only")  # fmt: skip
+                         "threshold only")
     p = mann_whitney_u(a, b).p
     if not big:
         return Judgement(ma, mb, ratio, p, "same")

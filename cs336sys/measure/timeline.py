@@ -46,10 +46,10 @@ def draw_timeline(
     xs = [e.index for e in events]
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.step(xs, [e.live / mib for e in events], where="post", color="black", lw=1.2,
-            label="live tensor bytes (tracker)")  # fmt: skip
+            label="live tensor bytes (tracker)")
     if events and all(e.allocated is not None for e in events):
         ax.step(xs, [e.allocated / mib for e in events], where="post", color="#c44e52",
-                lw=0.8, ls="--", label="allocated (CUDA allocator)")  # fmt: skip
+                lw=0.8, ls="--", label="allocated (CUDA allocator)")
     top = max([e.live for e in events] + [1]) / mib
     for label, first, last in phases:
         if last < first:
@@ -57,11 +57,11 @@ def draw_timeline(
         colour = _COLOURS.get(label, "#8172b3")
         ax.axvspan(first - 0.5, last + 0.5, color=colour, alpha=0.15, lw=0)
         ax.text((first + last) / 2, top * 1.02, label, ha="center", va="bottom",
-                fontsize=9, color=colour)  # fmt: skip
+                fontsize=9, color=colour)
     if events:
         peak = max(events, key=lambda e: e.live)
         ax.annotate(f"peak {peak.live / mib:.2f} MiB", (peak.index, peak.live / mib),
-                    xytext=(5, -12), textcoords="offset points", fontsize=8)  # fmt: skip
+                    xytext=(5, -12), textcoords="offset points", fontsize=8)
     ax.set_ylim(0, top * 1.12)
     ax.set_xlabel("allocation / free event")
     ax.set_ylabel("MiB")

@@ -29,7 +29,7 @@ def launch_bound(host_ms: float | None, wall_ms: float | None, device: str) -> b
     return host_ms >= LAUNCH_BOUND * wall_ms
 
 
-def launch_metrics(samples: dict[str, list[float]], phases: tuple[str, ...], device: str) -> dict[str, Any]:  # fmt: skip
+def launch_metrics(samples: dict[str, list[float]], phases: tuple[str, ...], device: str) -> dict[str, Any]:
     """From samples {<phase>_ms: [...], <phase>_host_ms: [...]}: `<phase>_host_ms_mean` per
     phase, `launch_bound` (any phase; None off CUDA) and `launch_bound_phases` ("fwd,bwd")."""
     out: dict[str, Any] = {}

@@ -90,11 +90,11 @@ class AdamWTriton(AdamW):
     def _update_group(self, group: dict) -> None:
         beta1, beta2 = group["betas"]
         hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                     weight_decay=group["weight_decay"])  # fmt: skip
+                     weight_decay=group["weight_decay"])
         if not self.multi_tensor:
             for p, state in self._stepped(group):
                 self._kernels.adamw_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
-                                           step=state["step"], **hyper)  # fmt: skip
+                                           step=state["step"], **hyper)
             return
         # one launch per device and step count (the kernel splits dtypes itself)
         buckets: dict[tuple, list[tuple[torch.Tensor, dict]]] = defaultdict(list)
@@ -105,4 +105,4 @@ class AdamWTriton(AdamW):
                 [p for p, _ in members], [p.grad for p, _ in members],
                 [s["exp_avg"] for _, s in members], [s["exp_avg_sq"] for _, s in members],
                 step=t, **hyper,
-            )  # fmt: skip
+            )

@@ -60,7 +60,7 @@ def _adamw_block(
     p_ptr, g_ptr, m_ptr, v_ptr, offs, n_elements,
     decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size,
     MASKED: tl.constexpr, LERP_SMALL: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
+):
     """The update of the elements `offs` of one tensor (only those < n_elements if MASKED)."""
     if MASKED:
         mask = offs < n_elements
@@ -97,11 +97,11 @@ def _adamw_kernel(
     n_elements,
     decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size,
     BLOCK_SIZE: tl.constexpr, LERP_SMALL: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, offs, n_elements,
                  decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,
-                 neg_step_size, True, LERP_SMALL, ROUND_BF16)  # fmt: skip
+                 neg_step_size, True, LERP_SMALL, ROUND_BF16)
 
 
 @triton.jit
@@ -119,7 +119,7 @@ def _adamw_multi_kernel(
     decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps, neg_step_size,
     P_DTYPE: tl.constexpr, CHUNK_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     LERP_SMALL: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
+):
     """addresses (4, n_tensors) int64: rows p, g, m, v; numels (n_tensors,); per program the
     tensor it works on and the first element of its chunk."""
     pid = tl.program_id(0)
@@ -135,13 +135,13 @@ def _adamw_multi_kernel(
             offs = start + i + tl.arange(0, BLOCK_SIZE)
             _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, offs, n,
                          decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt,
-                         eps, neg_step_size, False, LERP_SMALL, ROUND_BF16)  # fmt: skip
+                         eps, neg_step_size, False, LERP_SMALL, ROUND_BF16)
     else:  # the tensor's last chunk
         for i in range(0, CHUNK_SIZE, BLOCK_SIZE):
             offs = start + i + tl.arange(0, BLOCK_SIZE)
             _adamw_block(p_ptr, g_ptr, m_ptr, v_ptr, offs, n,
                          decay, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt,
-                         eps, neg_step_size, True, LERP_SMALL, ROUND_BF16)  # fmt: skip
+                         eps, neg_step_size, True, LERP_SMALL, ROUND_BF16)
 
 
 # Defined by Triton's interpreter (TRITON_INTERPRET=1 at import time): runs on CPU tensors only.
@@ -170,18 +170,18 @@ def _check(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -
 
 
 def _scalars(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
-             step: int) -> tuple[float, ...]:  # fmt: skip
+             step: int) -> tuple[float, ...]:
     """The kernels' float arguments for step t = `step` (already counted for this step)."""
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     return (1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2, bias_correction2**0.5, eps,
-            -lr / bias_correction1)  # fmt: skip
+            -lr / bias_correction1)
 
 
 def adamw_update(
     p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *,
     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
-) -> None:  # fmt: skip
+) -> None:
     """One AdamW step of `p` in place, with its float32 moments `m` and `v`, from gradient
     `g`, by the one-tensor kernel."""
     g = g.contiguous()  # a no-op for the gradients autograd accumulates
@@ -196,7 +196,7 @@ def adamw_update(
         BLOCK_SIZE=BLOCK, LERP_SMALL=(1 - beta1) < 0.5,
         ROUND_BF16=INTERPRETED and p.dtype == torch.bfloat16,
         num_warps=NUM_WARPS,
-    )  # fmt: skip
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -216,7 +216,7 @@ def adamw_update_many(
     params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
     exp_avg_sqs: list[torch.Tensor], *,
     lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int,
-) -> None:  # fmt: skip
+) -> None:
     """adamw_update of every tensor, all on one device, in one launch per parameter dtype
     (tensors not 16-byte aligned, or empty, go through the one-tensor kernel or are skipped)."""
     scalars = _scalars(lr, beta1, beta2, eps, weight_decay, step)
@@ -251,4 +251,4 @@ def adamw_update_many(
             LERP_SMALL=(1 - beta1) < 0.5,
             ROUND_BF16=INTERPRETED and dtype == torch.bfloat16,
             num_warps=NUM_WARPS,
-        )  # fmt: skip
+        )

@@ -76,7 +76,7 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise ValueError, with one sentence saying what is wrong, if the shape is invalid."""
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length",
-                     "max_context_length"):  # fmt: skip
+                     "max_context_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -100,7 +100,7 @@ class ModelConfig:
         if self.model is not None:
             if self.checkpoint != "none":
                 raise ValueError(f"checkpoint {self.checkpoint}: activation checkpointing is a "
-                                 f"switch of cs336sys's model, not of {self.model}.")  # fmt: skip
+                                 f"switch of cs336sys's model, not of {self.model}.")
             return  # the user's model brings its own attention
         if self.attention not in registry.choices():
             raise ValueError(
@@ -161,7 +161,7 @@ def from_preset(size: str, **overrides: object) -> ModelConfig:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(PRESETS)}")
     d_model, d_ff, num_layers, num_heads = PRESETS[size]
     config = ModelConfig(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-                         vocab_size=PRESET_VOCAB.get(size, 10_000))  # fmt: skip
+                         vocab_size=PRESET_VOCAB.get(size, 10_000))
     # None means "not given on the command line", so the preset's value stays.
     given = {key: value for key, value in overrides.items() if value is not None}
     fields = {f.name for f in dataclasses.fields(ModelConfig)}

@@ -77,7 +77,7 @@ def default_chunk_rows(n_rows: int, vocab_size: int, d_model: int) -> int:
 def _softmax_ce_torch(
     logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, ignore_index: int,
     write_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(loss per row (n,) float32, dlogits (n, V) in the logits' dtype, or None).
 
     dlogits = (softmax(logits) - onehot(targets)) * scale, zero on ignored rows: the gradient
@@ -108,7 +108,7 @@ def _softmax_ce_torch(
 def _softmax_ce_triton(
     logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, ignore_index: int,
     write_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """As _softmax_ce_torch, by one Triton kernel that writes dlogits over the logits."""
     from cs336sys.models import fused_ce_triton
 
@@ -129,7 +129,7 @@ def _fused_pass(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor,
     chunk_rows: int, compute_dtype: torch.dtype, ignore_index: int, impl: str,
     need_h: bool, need_w: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(loss, grad_h or None, grad_W or None) for h (N, C), weight (V, C), targets (N,).
 
     The gradients are those of the loss itself (upstream gradient 1).
@@ -176,7 +176,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss, grad_h, grad_w = _fused_pass(
                 h, weight, targets, scale, chunk_rows, compute_dtype, ignore_index, impl,
                 need_h, need_w,
-            )  # fmt: skip
+            )
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_h, grad_w)
         return loss

@@ -41,7 +41,7 @@ def _softmax_ce_kernel(
     logits_ptr, targets_ptr, loss_ptr, scale_ptr,
     stride_row, n_cols, ignore_index,
     BLOCK_V: tl.constexpr, WRITE_GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
-):  # fmt: skip
+):
     """One row: loss_ptr[row] = lse - logit[target]; with WRITE_GRAD the row of logits
     becomes (softmax - onehot) * scale. Ignored rows get loss 0 and a zero gradient."""
     row = tl.program_id(0).to(tl.int64)
@@ -89,7 +89,7 @@ def check_available(device: torch.device | str) -> None:
 def softmax_cross_entropy_(
     logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, ignore_index: int = -100,
     write_grad: bool = True, block_v: int | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Loss per row (n,) float32 of logits (n, V) against targets (n,); with `write_grad` the
     logits are overwritten by (softmax - onehot) * scale (zero on ignored rows).
 
@@ -120,5 +120,5 @@ def softmax_cross_entropy_(
         BLOCK_V=block_v, WRITE_GRAD=write_grad,
         ROUND_BF16=INTERPRETED and logits.dtype == torch.bfloat16,
         **launch,
-    )  # fmt: skip
+    )
     return row_loss

@@ -40,4 +40,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["RankContext", "WorkerError", "launch", "under_torchrun", *_DDP_NAMES,
-           *_SHARDING_NAMES]  # fmt: skip
+           *_SHARDING_NAMES]

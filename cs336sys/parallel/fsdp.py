@@ -351,7 +351,7 @@ class FSDP(nn.Module):
             # their gradients still reach the fp32 parameters. (functional_call swaps them in
             # for this call only; tied names follow their first name.)
             cast = {n: p.to(self.compute_dtype) for n, p in self.module.named_parameters()
-                    if p.is_floating_point()}  # fmt: skip
+                    if p.is_floating_point()}
             args = tuple(self._cast(a) for a in args)
             return torch.func.functional_call(self.module, cast, args, kwargs)
         finally:
@@ -415,7 +415,7 @@ class FSDP(nn.Module):
         out = {}
         for s in self.sharded:
             buffer = torch.empty(s.shard.numel() * self.world_size, dtype=torch.float32,
-                                 device=s.shard.device)  # fmt: skip
+                                 device=s.shard.device)
             all_gather_flat(buffer, s.shard.detach())
             for name in s.names:
                 out[name] = buffer[: s.numel].view(s.shape).clone()

@@ -113,7 +113,7 @@ def ffn_compute_s(b: float, d: float, f: float, n: int, c: float) -> tuple[float
 
 
 def ffn_comm_s(strategy: str, b: float, d: float, f: float, n: int, w: float,
-               x: int = 1, y: int = 1) -> tuple[float, float]:  # fmt: skip
+               x: int = 1, y: int = 1) -> tuple[float, float]:
     """(forward, backward) communication seconds of one FFN layer per device (module
     docstring); `x`, `y` the FSDP and TP degrees of fsdp-tp (x * y == n)."""
     weights = E * 2 * d * f  # bytes of W1 and W2

@@ -208,7 +208,7 @@ class Change:
 
 
 def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
-           threshold: float = THRESHOLD) -> Change:  # fmt: skip
+           threshold: float = THRESHOLD) -> Change:
     """B against A for one point: the verdict and whether it is a regression.
 
     The test's unit: where either side ran the point more than once, each run's median (a
@@ -243,7 +243,7 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
     else:
         verdict, kind = reason, "undecided"
     return Change(experiment, point, metric, j.a, j.b, j.ratio, j.p,
-                  len(xa), len(xb), verdict, kind, how)  # fmt: skip
+                  len(xa), len(xb), verdict, kind, how)
 
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
@@ -257,7 +257,7 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
 
     columns = {r[1] for r in conn.execute("PRAGMA table_info(invocations)")}
     commit = ("(git_commit LIKE ? ESCAPE '\\' OR user_commit LIKE ?1 ESCAPE '\\')"
-              if "user_commit" in columns else "git_commit LIKE ? ESCAPE '\\'")  # fmt: skip
+              if "user_commit" in columns else "git_commit LIKE ? ESCAPE '\\'")
     probes = {
         **({"label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1"} if "label" in columns else {}),
         "gpu": "SELECT 1 FROM invocations WHERE gpu = ? LIMIT 1",
@@ -331,7 +331,7 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
             rows[exp] = sorted(seen.values(), key=lambda r: (r["created"] or "", r["run_id"]))
     invs = {(i["id"], i["_status"]): i for i in (*invocations(conn, sa), *invocations(conn, sb))}
     ordered = sorted(invs.values(), key=lambda i: (i["started"] or "", i["id"] or ""))
-    names = tuple(t if t == r or r.startswith(t) else f"{t} ({r[:10]})" for t, r in zip(typed, (a, b), strict=True))  # fmt: skip
+    names = tuple(t if t == r or r.startswith(t) else f"{t} ({r[:10]})" for t, r in zip(typed, (a, b), strict=True))
     return Sides(kind, rows_a, rows_b, rows, ordered, names)  # type: ignore[arg-type]
 
 
@@ -350,7 +350,7 @@ class Comparison:
         c: Counter = Counter()
         for ch in self.changes:
             c[ch.verdict.split()[-1] if ch.kind in ("regression", "improvement", "changed")
-              else ch.kind] += 1  # fmt: skip
+              else ch.kind] += 1
         return c
 
     def summary(self) -> str:
@@ -374,7 +374,7 @@ class Comparison:
         if not self.changes:
             return f"{head}\nNo point was measured on both sides.\n{self.summary()}"
         rows = [[c.experiment, c.point, c.metric.label, num(c.a), num(c.b), _ratio(c.ratio),
-                 c.verdict, c.how] for c in self.changes]  # fmt: skip
+                 c.verdict, c.how] for c in self.changes]
         table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"], rows)
         return f"{head}\n{table}\n{self.summary()}"
 
@@ -393,7 +393,7 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
-                  threshold: float = THRESHOLD) -> Comparison:  # fmt: skip
+                  threshold: float = THRESHOLD) -> Comparison:
     """A against B, point by point, one table per experiment (in the declared order)."""
     declared = metrics(catalog)
     by_gpu = s.kind != "gpu"
@@ -416,12 +416,12 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
             ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
             [[c.point, num(c.a), num(c.b), _ratio(c.ratio), c.verdict, c.how,
               f"{c.n_a}/{c.n_b}"] for c in found],
-        ))  # fmt: skip
+        ))
     return Comparison(s.kind, a, b, changes, tables)
 
 
 def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any],
-            threshold: float = THRESHOLD) -> Comparison:  # fmt: skip
+            threshold: float = THRESHOLD) -> Comparison:
     """A against B within the selection; raises SelectionError when A or B names nothing."""
     both = sides(conn, sel, a, b, catalog)
     return compare_sides(both, *both.names, catalog, threshold)

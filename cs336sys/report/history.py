@@ -106,16 +106,16 @@ class History:
         worse, better = kinds.count("regression"), kinds.count("improvement")
         return (f"History: {n} point{'s' * (n != 1)} measured at two commits or more; "
                 f"{len(steps)} step{'s' * (len(steps) != 1)} detected ({worse} "
-                f"regression{'s' * (worse != 1)}, {better} improvement{'s' * (better != 1)})")  # fmt: skip
+                f"regression{'s' * (worse != 1)}, {better} improvement{'s' * (better != 1)})")
 
     def text(self) -> str:
         """The steps as a plain-text table under a summary line, for a terminal."""
         lines = [self.summary()]
         if self.steps:
             rows = [[t.experiment, *_step_row(t, i, c, metric=True)]
-                    for t, i, c in self.steps[:MAX_STEPS]]  # fmt: skip
+                    for t, i, c in self.steps[:MAX_STEPS]]
             lines.append(text_table(["experiment", "point", "commits", "metric", "before",
-                                     "after", "after/before", "verdict", "p"], rows))  # fmt: skip
+                                     "after", "after/before", "verdict", "p"], rows))
             if len(self.steps) > MAX_STEPS:
                 lines.append(f"(the first {MAX_STEPS} of {len(self.steps)} steps)")
         return "\n".join(lines)
@@ -125,7 +125,7 @@ def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
     """point, commits (before → after), (metric,) before, after, after/before, verdict, p."""
     return [t.point, f"{t.commits[i - 1].label} → {t.commits[i].label}",
             *([t.metric.label] if metric else []), num(c.a), num(c.b),
-            "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]  # fmt: skip
+            "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]
 
 
 def commit_of(r: Row) -> tuple[str, bool] | None:
@@ -139,7 +139,7 @@ def commit_of(r: Row) -> tuple[str, bool] | None:
 
 
 def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
-          threshold: float = THRESHOLD) -> History:  # fmt: skip
+          threshold: float = THRESHOLD) -> History:
     """The history of every point in `rows` (experiment -> view rows with `_settings` and
     `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty."""
     order: dict[tuple[str, bool], str] = {}
@@ -192,10 +192,10 @@ def _sections(h: History, draw: bool) -> list[Section]:
     general = []
     if h.one_commit:
         general.append(f"{h.one_commit} point{'s' * (h.one_commit != 1)} measured at one commit "
-                       "only ha" + ("ve" if h.one_commit != 1 else "s") + " no history.")  # fmt: skip
+                       "only ha" + ("ve" if h.one_commit != 1 else "s") + " no history.")
     if h.no_commit:
         general.append(f"{h.no_commit} run{'s' * (h.no_commit != 1)} without a git commit "
-                       "left out.")  # fmt: skip
+                       "left out.")
     if left:
         names = ", ".join(f"{t.experiment} {t.point}" for t in left[:10])
         more = f" and {len(left) - 10} more" if len(left) > 10 else ""
@@ -208,25 +208,25 @@ def _sections(h: History, draw: bool) -> list[Section]:
     if not h.tracks:
         return [Section("history", "History by commit", notes=[
             "No point of this selection was measured at two commits or more: no history.",
-            *general])]  # fmt: skip
+            *general])]
     out = []
     shown = 0
     for exp in dict.fromkeys(t.experiment for t in h.tracks):
         tracks = [t for t in h.tracks if t.experiment == exp]
         metric = tracks[0].metric
         sec = Section(f"history-{exp}", f"History: {exp}, {metric.label} by commit",
-                      notes=[method(h.threshold)] + (general if not out else []))  # fmt: skip
+                      notes=[method(h.threshold)] + (general if not out else []))
         steps = [(t, i, c) for t in tracks for i, c in t.steps]
         if steps:
             rows = [_step_row(t, i, c) for t, i, c in steps[:MAX_STEPS]]
             note = (f"The first {MAX_STEPS} of {len(steps)} steps."
-                    if len(steps) > MAX_STEPS else "")  # fmt: skip
+                    if len(steps) > MAX_STEPS else "")
             sec.tables.append(Table("Steps detected", ["point", "commits",
                                     f"before {metric.label}", f"after {metric.label}",
-                                    "after/before", "verdict", "p"], rows, note))  # fmt: skip
+                                    "after/before", "verdict", "p"], rows, note))
         else:
             sec.notes.append(f"No step detected in {len(tracks)} point"
-                             f"{'s' * (len(tracks) != 1)} with a history.")  # fmt: skip
+                             f"{'s' * (len(tracks) != 1)} with a history.")
         for t in tracks:
             if t not in h.plotted:
                 continue
@@ -263,11 +263,11 @@ def plot(t: Track) -> bytes:
             at = [i for i, c in t.steps if c.kind == kind and ((c.ratio or 0) > 1) == up]
             if at:
                 ax.plot(at, [med[i] for i in at], linestyle="none", marker="^" if up else "v",
-                        markersize=9, color=colour, label=None if kind in labelled else kind)  # fmt: skip
+                        markersize=9, color=colour, label=None if kind in labelled else kind)
                 labelled.add(kind)
     ax.set_xticks(xs)
     ax.set_xticklabels([c.label for c in t.commits], rotation=45 if len(xs) > 6 else 0,
-                       ha="right" if len(xs) > 6 else "center", fontsize=8)  # fmt: skip
+                       ha="right" if len(xs) > 6 else "center", fontsize=8)
     ax.yaxis.set_major_formatter(FuncFormatter(short))
     ax.tick_params(axis="y", labelsize=8)
     ax.set_xlabel("commit (in the order of its first run)", fontsize=9)

@@ -111,7 +111,7 @@ class Drawer:
             self._pool = ProcessPoolExecutor(
                 cores, mp_context=multiprocessing.get_context("fork"),
                 initializer=_import_matplotlib,
-            )  # fmt: skip
+            )
             self._pool.submit(int)  # launches the workers now (fork launches them all)
 
     def __enter__(self) -> Drawer:
@@ -196,13 +196,13 @@ def panel_plot(
     legend_rows = -(-len(labels) // ncol)
     legend_in = 0.17 * legend_rows + 0.15  # inches: one line of 7-pt text per row
     fig = Figure(figsize=(width_px / 100, 3.0 * rows + legend_in),
-                 dpi=100)  # fmt: skip
+                 dpi=100)
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
         for label, pts in series.items():
             pts = sorted(p for p in pts if p[1] is not None)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
-                    color=colours[label], linestyle=styles[label], label=label)  # fmt: skip
+                    color=colours[label], linestyle=styles[label], label=label)
         if name:
             ax.set_title(name, fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
@@ -230,7 +230,7 @@ def panel_plot(
     fig.legend(*_handles(axes, labels), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.1 if cols > 1 else 0.12, right=0.98, top=1 - 0.45 / fig.get_figheight(),
-                        bottom=legend_h + 0.55 / fig.get_figheight(), wspace=0.08, hspace=0.3)  # fmt: skip
+                        bottom=legend_h + 0.55 / fig.get_figheight(), wspace=0.08, hspace=0.3)
     buf = io.BytesIO()
     # No timestamps in the file: the same data gives the same bytes.
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -285,16 +285,16 @@ def bar_plot(plot: Bars) -> bytes:
     width_in = min(12.4, max(7.0, 0.55 * n * (1.6 if side else 1.0) + 2.2))
     fig = Figure(figsize=(width_in, 3.5 + (drop_pt + 12) / 72), dpi=100)
     axes = fig.subplots(1, 2 if side else 1, squeeze=False,
-                        gridspec_kw={"width_ratios": [3, 2]} if side else None)[0]  # fmt: skip
+                        gridspec_kw={"width_ratios": [3, 2]} if side else None)[0]
     ax = axes[0]
     bottom = [0.0] * n
     for i, name in enumerate(parts):
         heights = [((b.parts[i] if i < len(b.parts) else rests[j]) or 0.0)
-                   for j, b in enumerate(plot.bars)]  # fmt: skip
+                   for j, b in enumerate(plot.bars)]
         if not any(heights):
             continue
         ax.bar(xs, heights, 0.8, bottom=bottom, color="C7" if i >= len(plot.parts) else f"C{i}",
-               label=name, edgecolor="white", linewidth=0.5)  # fmt: skip
+               label=name, edgecolor="white", linewidth=0.5)
         bottom = [a + h for a, h in zip(bottom, heights, strict=True)]
     top = max(bottom, default=0.0) or 1.0
     for xi, b, h in zip(xs, plot.bars, bottom, strict=True):
@@ -318,7 +318,7 @@ def bar_plot(plot: Bars) -> bytes:
         for xi, b, v in zip(xs, plot.bars, vals, strict=True):
             if b.side_note and v:
                 ax2.text(xi, v * (1.08 if log else 1.0) + (0 if log else 0.01 * max(vals)),
-                         b.side_note, ha="center", va="bottom", fontsize=6.5 if n <= 12 else 5.5)  # fmt: skip
+                         b.side_note, ha="center", va="bottom", fontsize=6.5 if n <= 12 else 5.5)
         ax2.set_ylabel(plot.side_label, fontsize=9)
         ax2.yaxis.set_major_formatter(FuncFormatter(_kilo))
         if plot.side_title:  # short: one line over a panel 2/5 of the figure wide
@@ -326,11 +326,11 @@ def bar_plot(plot: Bars) -> bytes:
     for a in axes:
         a.set_xticks(xs)
         a.set_xticklabels([b.label for b in plot.bars] if labelled else [], fontsize=7,
-                          rotation=90 if upright else 0)  # fmt: skip
+                          rotation=90 if upright else 0)
         for group, at in centres.items():
             a.annotate(group, xy=(sum(at) / len(at), 0), xycoords=("data", "axes fraction"),
                        xytext=(0, -drop_pt - (4 if labelled else 0)), textcoords="offset points",
-                       ha="center", va="top", fontsize=8, fontweight="bold")  # fmt: skip
+                       ha="center", va="top", fontsize=8, fontweight="bold")
         a.tick_params(axis="y", labelsize=8)
         if a is ax:
             a.yaxis.set_major_formatter(FuncFormatter(short))
@@ -339,7 +339,7 @@ def bar_plot(plot: Bars) -> bytes:
     fig.suptitle(plot.title, fontsize=10)
     height = fig.get_figheight()
     fig.subplots_adjust(left=0.08, right=0.99, top=1 - 0.45 / height,
-                        bottom=(drop_pt + 24) / 72 / height, wspace=0.22)  # fmt: skip
+                        bottom=(drop_pt + 24) / 72 / height, wspace=0.22)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()

@@ -40,7 +40,7 @@ def _templates() -> Path:
 TEMPLATES = _templates()
 FORMATS = ("html", "md")
 _VERSIONS = ("torch_version", "triton_version", "python_version", "cuda_version",
-             "cs336sys_version")  # fmt: skip
+             "cs336sys_version")
 
 
 @dataclass
@@ -109,7 +109,7 @@ def _provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple
             for (repo, commit, adapters), dirty in sorted(yours.items())))] if yours else []),
         ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
                                      if status[s]) + f" (in {len(ids)} invocations)"),
-    ]  # fmt: skip
+    ]
     return out
 
 
@@ -184,7 +184,7 @@ def _env(markdown: bool = False):
 # link or image; backticks a code span or fence; a bare http:// or www. an autolink. HTML
 # (<a>, <img>, <http://...>) is escaped as in the HTML report.
 _MD_ESCAPES = str.maketrans({"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "|": "\\|",
-                             "\n": " ", "\r": " "})  # fmt: skip
+                             "\n": " ", "\r": " "})
 
 
 def md_inert(value: object) -> Markup:

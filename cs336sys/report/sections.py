@@ -67,7 +67,7 @@ class Section:
 
 
 def build_section(experiment: Any, rows: list[Row],
-                  linked: dict[str, list[dict[str, Any]]] | None = None) -> Section:  # fmt: skip
+                  linked: dict[str, list[dict[str, Any]]] | None = None) -> Section:
     """The report section of one experiment (sweep/declaration.Experiment): its declared
     tables over the latest row of each point, those its `apart` names in tables of their own,
     then what its `section` adds (tables, plots), then why each point that is not ok is so."""
@@ -77,7 +77,7 @@ def build_section(experiment: Any, rows: list[Row],
     pts = latest(rows)
     which, suffix = experiment.apart or (lambda r: False, "")
     sec.tables.extend(point_tables(experiment.tables, pts, counts=True, lift=True,
-                                   keep=lambda r: not which(r)))  # fmt: skip
+                                   keep=lambda r: not which(r)))
     for t in point_tables(experiment.tables, pts, counts=True, lift=True, keep=which):
         t.title += suffix
         sec.tables.append(t)
@@ -171,7 +171,7 @@ def point_labels(heads: list[Row]) -> list[str]:
     return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
                       if r["_settings"].get(k) is not None]
                      + ([f"on {text(r.get('gpu'))}"] if many else []))
-            for r in heads]  # fmt: skip
+            for r in heads]
 
 
 def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
@@ -223,11 +223,11 @@ def with_gpu(
         ([text(r.get("gpu"))] if many else [])
         + cells(r)
         + ([" ".join(f"{k}={text(r['_settings'][k])}" for k in extra
-                     if r["_settings"].get(k) is not None)] if extra else [])  # fmt: skip
+                     if r["_settings"].get(k) is not None)] if extra else [])
         for r in rows
     ]
     return Table("", (["gpu"] if many else []) + headers + (["other settings"] if extra else []),
-                 body)  # fmt: skip
+                 body)
 
 
 def left_out(kept: Sequence[str], every: Sequence[str], what: str = "series", most: int = 10) -> str:
@@ -271,7 +271,7 @@ def panels(
     for g in sorted(groups.values(), key=lambda g: _order(g[0]["_settings"].get(facet))):
         s = g[0]["_settings"]
         label = " ".join([f"{k}={text(s[k])}" for k in keys if s.get(k) is not None]
-                         + ([text(g[0].get("gpu"))] if many_gpus else [])) or y  # fmt: skip
+                         + ([text(g[0].get("gpu"))] if many_gpus else [])) or y
         panel = f"{facet}={text(s.get(facet))}" if facet else ""
         out.setdefault(panel, {})[label] = [(r[x], r[y] * scale) for r in g]
     return out

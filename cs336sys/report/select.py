@@ -97,7 +97,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
-                                 f"(settings, or {', '.join(INVOCATION_KEYS)})")  # fmt: skip
+                                 f"(settings, or {', '.join(INVOCATION_KEYS)})")
         try:
             _typed(value)
         except ValueError as exc:
@@ -183,7 +183,7 @@ def present(conn: sqlite3.Connection, sel: Selection) -> list[str]:
             "SELECT DISTINCT r.experiment FROM runs r LEFT JOIN invocations i "
             f"ON i.id = r.invocation_id WHERE {where}", params,
         )
-    )  # fmt: skip
+    )
 
 
 def load(

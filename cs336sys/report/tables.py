@@ -62,9 +62,9 @@ _FORMATS = {
 NOISY = 0.10
 NOISY_NOTE = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
               "median, the 10th-90th percentiles and the interquartile range stand beside the "
-              "mean.")  # fmt: skip
+              "mean.")
 NOISY_NOTE_SHORT = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
-                    "median stands beside the mean (p10, p90 and IQR are stored).")  # fmt: skip
+                    "median stands beside the mean (p10, p90 and IQR are stored).")
 
 
 def noisy(row: Row, base: str) -> bool:
@@ -133,7 +133,7 @@ _STATUS = Column("status", "status", setting=True)
 
 def point_table(declared: Declared, rows: list[Row], counts: bool = False,
                 status: bool = False, keep: Callable[[Row], bool] | None = None,
-                lift: bool = False) -> Table:  # fmt: skip
+                lift: bool = False) -> Table:
     """The declared table over `rows`: a GPU column when they come from several GPUs, an
     "other settings" column naming what else tells them apart, with `counts` the number
     of stored runs per point (`_n`, see sections.latest) and with `status` a status column
@@ -146,7 +146,7 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
     `constant` line, so a wide table keeps only the columns that tell its rows apart."""
     rows = matching(declared, rows)
     columns = [c for c in declared.columns
-               if not c.optional or any(value(c, r) is not None for r in rows)]  # fmt: skip
+               if not c.optional or any(value(c, r) is not None for r in rows)]
     if status:
         at = max((i + 1 for i, c in enumerate(columns) if c.setting), default=0)
         columns.insert(at, _STATUS)
@@ -157,7 +157,7 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
 
     def cells(r: Row) -> list[str]:
         out = [ratios[i][index[id(r)]] if i in ratios else cell(c, r, spread=not status)
-               for i, c in enumerate(columns)]  # fmt: skip
+               for i, c in enumerate(columns)]
         return out + ([str(r["_n"])] if counts else [])
 
     heads = [c.header for c in columns] + (["n"] if counts else [])
@@ -169,7 +169,7 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
     if lift and len(t.rows) > 1:
         at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
         same = [at + i for i, c in enumerate(columns) if c.setting
-                and len({row[at + i] for row in t.rows}) == 1]  # fmt: skip
+                and len({row[at + i] for row in t.rows}) == 1]
         t.constant = ", ".join(f"{t.headers[i]}={t.rows[0][i]}" for i in same if t.rows[0][i])
         t.headers = [h for i, h in enumerate(t.headers) if i not in same]
         t.rows = [[c for i, c in enumerate(row) if i not in same] for row in t.rows]
@@ -178,7 +178,7 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
 
 def point_tables(tables: Iterable[Declared], rows: list[Row], counts: bool = False,
                  status: bool = False, keep: Callable[[Row], bool] | None = None,
-                 lift: bool = False) -> list[Table]:  # fmt: skip
+                 lift: bool = False) -> list[Table]:
     """Every declared table that has rows (see point_table for `keep` and `lift`)."""
     out = []
     for declared in tables:

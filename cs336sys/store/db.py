@@ -21,7 +21,7 @@ from cs336sys.store.views import ensure_views
 from cs336sys.sweep.points import point_key
 
 __all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now",
-           "open_untouched", "point_key", "store_problem"]  # fmt: skip
+           "open_untouched", "point_key", "store_problem"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
@@ -291,7 +291,7 @@ _LINKED_TABLES = ("kernel_stats",)
 # The user's code is part of it: their commit and adapters file (a dirty tree is not told
 # apart, as cs336sys's own is not).
 MACHINE = ("git_commit", "host", "gpu", "gpu_count", "cpu", "torch_version", "triton_version",
-           "cuda_version", "env", "user_commit", "adapters_sha256")  # fmt: skip
+           "cuda_version", "env", "user_commit", "adapters_sha256")
 _PROVENANCE_COLUMNS = (
     "host",
     "device",

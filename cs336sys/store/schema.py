@@ -75,7 +75,7 @@ _V7_RENAMES = {
     "attention": {"dtype": "precision"},
     "comm": {"dtype": "precision"},
     "precision": {"dtype": "precision", "batch_size": "batch"},
-}  # fmt: skip
+}
 
 
 def _one_name_per_concept(conn: sqlite3.Connection) -> None:
@@ -100,7 +100,7 @@ def _one_name_per_concept(conn: sqlite3.Connection) -> None:
                     value = settings.pop(old)
                     settings.setdefault(new, value)
             conn.execute("UPDATE runs SET settings = ?, point_key = ? WHERE id = ?",
-                         (json.dumps(settings), point_key(kind, settings), run_id))  # fmt: skip
+                         (json.dumps(settings), point_key(kind, settings), run_id))
 
 
 # Version N is reached by running MIGRATIONS[N - 1]: SQL statements, or a function of the

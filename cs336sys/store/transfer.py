@@ -86,7 +86,7 @@ def records(
     where = f"WHERE {' AND '.join(conds)}" if conds else ""
     present = {r[1] for r in conn.execute("PRAGMA table_info(invocations)")}
     inv_cols = ", ".join(f"i.{c} AS inv_{c}" if c in present else f"NULL AS inv_{c}"
-                         for c in INVOCATION_COLUMNS)  # fmt: skip
+                         for c in INVOCATION_COLUMNS)
     cursor = conn.execute(
         f"SELECT r.*, {inv_cols} FROM runs r LEFT JOIN invocations i ON i.id = r.invocation_id "
         f"{where} ORDER BY r.created, r.id",
@@ -232,7 +232,7 @@ def snapshot(other: Path, dest: Path) -> int:
     return found
 
 
-def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None = None) -> MergeCounts:  # fmt: skip
+def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None = None) -> MergeCounts:
     """Add OTHER's invocations, runs and their kernel_stats to THIS, in one transaction.
 
     THIS is created if missing and migrated like any store opened for writing, its views

@@ -47,7 +47,7 @@ def view_sql(experiment: Any) -> str:
         # stored rows are never rewritten, so the column reads either.
         if k in old_of:
             return (f"coalesce(json_extract(r.metrics, '$.{k}'), "
-                    f"json_extract(r.metrics, '$.{old_of[k]}'))")  # fmt: skip
+                    f"json_extract(r.metrics, '$.{old_of[k]}'))")
         return f"json_extract(r.metrics, '$.{k}')"
 
     def setting(k: str) -> str:
@@ -60,7 +60,7 @@ def view_sql(experiment: Any) -> str:
     # (docs/store.md, "Renamed columns"), holding the same values as the new ones. (Stored
     # settings were renamed by the schema's migration; stored metrics never are.)
     cols += [f"{setting(new) if new in settings else metric(new)} AS {_quote(old)}"
-             for old, new in renamed.items() if old not in metrics and old not in settings]  # fmt: skip
+             for old, new in renamed.items() if old not in metrics and old not in settings]
     body = ",\n       ".join(cols)
     return (
         f"CREATE VIEW {_quote(experiment.view)} AS\nSELECT {body}\n"
@@ -89,7 +89,7 @@ def ensure_views(conn: sqlite3.Connection, experiments: Sequence[Any], complete:
             conn.execute(wanted[name])
         conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                          [(f"view:{n}", _digest(wanted[n])) for n in stale]
-                         + [("view_names", json.dumps(sorted((ours - gone) | set(wanted))))])  # fmt: skip
+                         + [("view_names", json.dumps(sorted((ours - gone) | set(wanted))))])
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -47,9 +47,9 @@ def launch(phases: tuple[str, ...]) -> tuple[Metric, ...]:
     """The host-time metrics of timed phases (measure/timing.py, launch-bound)."""
     return (
         *(Metric(f"{p}_host_ms_mean", "ms", f"host time of the {p} phase until its calls "
-                 "returned, before the sync, mean") for p in phases),  # fmt: skip
+                 "returned, before the sync, mean") for p in phases),
         Metric("launch_bound", "", "CUDA: some phase's host time was at least 90 % of its "
-               "wall time (None elsewhere)"),  # fmt: skip
+               "wall time (None elsewhere)"),
         Metric("launch_bound_phases", "", "CUDA: the launch-bound phases, e.g. fwd,bwd"),
     )
 
@@ -147,12 +147,12 @@ class Experiment:
             unit = self.metric(f"{self.compare}_mean").unit
             base = self.compare.removesuffix(f"_{unit}")
             return (f"{base} {unit}", f"{self.compare}_mean", unit,
-                    f"{self.compare}_min", f"{self.compare}_max")  # fmt: skip
+                    f"{self.compare}_min", f"{self.compare}_max")
         unit = self.metric(self.compare).unit
         return f"{self.compare.removesuffix(f'_{unit}')} {unit}", self.compare, unit, None, None
 
 
-def settings_keys(spec: type, drop: tuple[str, ...] = (), rename: Mapping[str, str] = ()) -> tuple[str, ...]:  # fmt: skip
+def settings_keys(spec: type, drop: tuple[str, ...] = (), rename: Mapping[str, str] = ()) -> tuple[str, ...]:
     """The settings keys of a Spec dataclass: its field names, `rename`d, without `drop`."""
     rename = dict(rename)
     return tuple(rename.get(f.name, f.name) for f in fields(spec) if f.name not in drop)

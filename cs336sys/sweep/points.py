@@ -44,7 +44,7 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
 # The 0.2 names of options that are now one name per concept (docs/getting-started.md, "One
 # name per concept"): `specs(...)` keyword arguments still take them until 0.3.
 RENAMED = {"context_length": "seq", "batch_size": "batch", "global_batch": "batch",
-           "steps": "iters", "dtype": "precision"}  # fmt: skip
+           "steps": "iters", "dtype": "precision"}
 
 
 def old_names(specs: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,7 +61,7 @@ def old_names(specs: Callable[..., Any]) -> Callable[..., Any]:
         for old, new in RENAMED.items():
             if old in kwargs and old not in takes and new in takes:
                 warnings.warn(f"{specs.__module__}.specs({old}=...) is now {new}= (the old name "
-                              "is accepted until 0.3)", DeprecationWarning, stacklevel=2)  # fmt: skip
+                              "is accepted until 0.3)", DeprecationWarning, stacklevel=2)
                 kwargs[new] = kwargs.pop(old)
         return specs(*args, **kwargs)
 
@@ -167,7 +167,7 @@ def check_triton(on_cuda: bool, option: str) -> None:
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     if not on_cuda and not interpreting:
         raise SpecError(f"{option} needs CUDA, or TRITON_INTERPRET=1 to run the kernels in "
-                        "Triton's interpreter on CPU (slow; rows are marked interpreted)")  # fmt: skip
+                        "Triton's interpreter on CPU (slow; rows are marked interpreted)")
     if on_cuda and interpreting:
         raise SpecError("TRITON_INTERPRET=1 runs Triton kernels on CPU tensors only: unset it, "
-                        "or pass --device cpu")  # fmt: skip
+                        "or pass --device cpu")

@@ -125,7 +125,7 @@ def user_frame(exc: BaseException, root: Any = None) -> str | None:
         if name.startswith("<"):
             continue
         where = str(Path(name).resolve())
-        mine = where.startswith(str(Path(root).resolve())) if root is not None else not is_library_file(where)  # fmt: skip
+        mine = where.startswith(str(Path(root).resolve())) if root is not None else not is_library_file(where)
         if mine:
             found = (where, frame.lineno)
     if found is None:

@@ -138,7 +138,7 @@ def run_sweep(
         if smallest is None or value <= smallest:
             return None
         return Result("skipped", error=f"skipped: {axis} {smallest} ran out of memory with the "
-                                       "same other settings (--no-skip-after-oom runs it)")  # fmt: skip
+                                       "same other settings (--no-skip-after-oom runs it)")
 
     def emit(spec: Any, result: Result) -> None:
         if result.started is None:
@@ -152,7 +152,7 @@ def run_sweep(
             oom_at[key] = min(value, oom_at.get(key, value))
         if group_of is not None:
             _across(experiment, sink, groups.setdefault(group_of(spec), []), point,
-                    sizes[group_of(spec)])  # fmt: skip
+                    sizes[group_of(spec)])
         progress.advance(point)
 
     run = executor or (process_groups if experiment.distributed else local)
@@ -188,7 +188,7 @@ def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
             result = skip(spec) or guarded(experiment.runner(), spec)
         except Terminated as exc:  # the interrupted point is stored, then the sweep ends
             emit(spec, Result("error", error=str(exc), started=started,
-                              duration_s=time.perf_counter() - t0))  # fmt: skip
+                              duration_s=time.perf_counter() - t0))
             raise
         result.started = result.started or started
         if result.duration_s is None:  # a skipped point: the time it took to decide so
@@ -213,7 +213,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
             since = [now(), time.perf_counter()]
 
             def arrived(message: tuple, todo: list = todo, finished: list = finished,
-                        since: list = since) -> None:  # fmt: skip
+                        since: list = since) -> None:
                 if message[0] == "step":  # rank 0 is so far into a point
                     _, index, done, total = message
                     step_done(done, total, todo[index])
@@ -225,11 +225,11 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
 
             def failure(status: str, text: str, since: list = since) -> Result:
                 return Result(status, error=text, started=since[0],
-                              duration_s=time.perf_counter() - since[1])  # fmt: skip
+                              duration_s=time.perf_counter() - since[1])
 
             try:
                 launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
-                       on_emit=arrived)  # fmt: skip
+                       on_emit=arrived)
                 todo = []
             except Terminated as exc:  # the ranks are reaped; store the point, then end
                 emit(todo[len(finished)], failure("error", str(exc)))
@@ -237,7 +237,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
             except WorkerError as exc:
                 failed = todo[len(finished)]
                 emit(failed, failure("oom" if is_oom(exc) else "error",
-                                     f"{exc}\n{exc.traceback}".strip()))  # fmt: skip
+                                     f"{exc}\n{exc.traceback}".strip()))
                 todo = todo[len(finished) + 1 :]
             except Exception as exc:
                 if not under_torchrun():

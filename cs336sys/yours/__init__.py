@@ -33,7 +33,7 @@ from pathlib import Path
 from cs336sys.yours.adapters import ENTRIES, ENV, Adapters, AdaptersError, Entry, entries, find
 
 __all__ = ["ENTRIES", "ENV", "Adapters", "AdaptersError", "Entry", "active", "engage",
-           "engaged", "forget", "is_yours", "names", "register", "target", "use", "user_names"]  # fmt: skip
+           "engaged", "forget", "is_yours", "names", "register", "target", "use", "user_names"]
 
 TARGETS_ENV = "CS336SYS_YOURS"  # {kind: {name: target}} of the one-off targets, as JSON
 PREFIX = "yours"
@@ -97,9 +97,9 @@ def register(kind: str, name: str, target: str) -> None:
     target is malformed."""
     if kind != "model" and not name.startswith(PREFIX):
         raise ValueError(f"{name}={target}: your implementations are named yours or yours-..., "
-                         f"so that tables tell them from ours")  # fmt: skip
+                         f"so that tables tell them from ours")
     module, sep, attr = target.partition(":")
-    if not sep or not module or not attr or not all(p.isidentifier() for p in (*module.split("."), *attr.split("."))):  # fmt: skip
+    if not sep or not module or not attr or not all(p.isidentifier() for p in (*module.split("."), *attr.split("."))):
         raise ValueError(f"{name}={target}: the target must look like package.module:Object")
     targets = _targets()
     targets.setdefault(kind, {})[name] = target

@@ -70,7 +70,7 @@ ENTRIES = (
     Entry("yours-fsdp", "fsdp", ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
           "FSDP (2026)"),
     Entry("yours", "optimizer", ("get_sharded_optimizer",), "sharded optimizer"),
-)  # fmt: skip
+)
 
 
 def entries(kind: str) -> dict[str, Entry]:
@@ -78,7 +78,7 @@ def entries(kind: str) -> dict[str, Entry]:
     return {e.impl: e for e in ENTRIES if e.kind == kind}
 
 
-def find(given: str | Path | None = None, start: str | Path | None = None) -> tuple[Path, str] | None:  # fmt: skip
+def find(given: str | Path | None = None, start: str | Path | None = None) -> tuple[Path, str] | None:
     """The adapters file to use and how it was found: `given` (--adapters), else the
     CS336SYS_ADAPTERS variable, else `tests/adapters.py` at the top of the git checkout of
     `start` (the current folder) when it exists; None when there is none. A path that is
@@ -160,7 +160,7 @@ class Adapters:
         """Which course generation's DDP functions the file has: 2026, 2025, both, or None."""
         new = any(f in self.functions for f in ("get_ddp", "get_fsdp"))
         old = any(f in self.functions for f in ("get_ddp_individual_parameters", "get_ddp_bucketed"))
-        return {(True, False): "2026", (False, True): "2025", (True, True): "2025 and 2026"}.get((new, old), "")  # fmt: skip
+        return {(True, False): "2026", (False, True): "2025", (True, True): "2025 and 2026"}.get((new, old), "")
 
     def summary(self) -> str:
         """One line: the file, how it was found, and what it implements."""
@@ -200,7 +200,7 @@ class Adapters:
 
             where = user_frame(exc, self.root) or self.shown
             raise AdaptersError(f"cannot import {self.shown}: {where}: "
-                                f"{type(exc).__name__}: {exc}".strip()) from None  # fmt: skip
+                                f"{type(exc).__name__}: {exc}".strip()) from None
         return module
 
     def function(self, name: str):

@@ -64,7 +64,7 @@ def call_adapter(entry: Entry, index: int, *args: Any, **kwargs: Any) -> Any:
         if index:
             raise
         raise Unfinished(f"{entry.functions[0]} is not implemented in {adapters.shown}"
-                         + (f" ({exc})" if str(exc) else "")) from None  # fmt: skip
+                         + (f" ({exc})" if str(exc) else "")) from None
 
 
 def search_path() -> list[Path]:
@@ -95,7 +95,7 @@ def load_target(spec: str) -> Any:
     except Exception as exc:  # noqa: BLE001 - whatever the user's import raises
         where = user_frame(exc)
         raise UserCodeError(f"cannot import {spec}: {where + ': ' if where else ''}"
-                            f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+                            f"{type(exc).__name__}: {exc}") from None
     return obj
 
 
@@ -104,7 +104,7 @@ def load_target(spec: str) -> Any:
 COURSE_MODEL = "cs336_basics.model:BasicsTransformerLM"
 # The course's constructor, which `--model` classes take (filled from a size preset).
 MODEL_ARGUMENTS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff",
-                   "rope_theta")  # fmt: skip
+                   "rope_theta")
 
 
 def model_class(source: str) -> Any:
@@ -145,7 +145,7 @@ def attention_function(name: str) -> Callable[..., Any]:
         call = obj
     else:
         raise TypeError(f"{name}: expected an autograd.Function subclass or a function, got "
-                        f"{type(obj).__name__}")  # fmt: skip
+                        f"{type(obj).__name__}")
 
     def fn(q, k, v, is_causal=False):
         if q.dim() == 3:
@@ -171,7 +171,7 @@ def sources(*objects: Any) -> dict[str, str]:
         files.append(adapters.path)
     for obj in objects:
         obj = getattr(obj, "__wrapped__", obj)
-        defined = obj if inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj) else type(obj)  # fmt: skip
+        defined = obj if inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj) else type(obj)
         try:
             path = inspect.getsourcefile(defined)
         except TypeError:  # a builtin

@@ -126,20 +126,20 @@ def render_experiment(kind: str) -> str:
         out.append(f"- `report --compare` and `--history` set side by side: `{column}` ({label})")
     if e.oom_axis:
         out.append(f"- after an out-of-memory, larger points along `{e.oom_axis}` are stored as "
-                   "`skipped`")  # fmt: skip
+                   "`skipped`")
     if e.distributed:
         out.append("- distributed: each point runs on a process group, rank 0 stores it")
     out += ["", f"### Settings ({len(e.settings)})", "",
             "The point's settings, the view's columns after the common ones, in order (with "
             "the Spec's type): "
             + ", ".join(f"`{s}` ({types[s]})" if types.get(s) else f"`{s}`" for s in e.settings)
-            + "."]  # fmt: skip
+            + "."]
     rows = metric_rows(e)
     out += ["", f"### Metrics ({len(e.metrics)})", ""]
     if any(r[0].endswith("_<stat>`") for r in rows):
         out += ["`<stat>` stands for each statistic of the timed samples: "
                 + ", ".join(f"`{s}`" for s in _stats())
-                + " ([statistics](../methodology.md#statistics)).", ""]  # fmt: skip
+                + " ([statistics](../methodology.md#statistics)).", ""]
     out.append(_table(("metric", "unit", "meaning"), rows))
     if e.renamed:
         out += ["", "Old column names, kept in the view with the same values until 0.3:", ""]
@@ -148,7 +148,7 @@ def render_experiment(kind: str) -> str:
         )
     out += ["", "### Tables", "",
             "What the command prints at the end of a sweep and the report's section opens with "
-            "(columns a table has no value for are left out):", ""]  # fmt: skip
+            "(columns a table has no value for are left out):", ""]
     for t in e.tables:
         where = ", ".join(f"{k}={v}" for k, v in t.where.items())
         head = f"- **{t.title}**" + (f" (rows with {where})" if where else "") + ": "
@@ -165,9 +165,9 @@ def render_experiments() -> str:
     for e in experiments():
         compare = e.compare_columns()[1] if e.compare else ""
         rows.append((f"[{e.kind}]({e.kind}.md)", e.title, f"`{e.view}`", len(e.settings),
-                     len(e.metrics), f"`{compare}`" if compare else ""))  # fmt: skip
+                     len(e.metrics), f"`{compare}`" if compare else ""))
     return _table(("experiment", "report section", "view", "settings", "metrics", "compared"),
-                  rows) + "\n"  # fmt: skip
+                  rows) + "\n"
 
 
 def _store_in_memory() -> sqlite3.Connection:
@@ -185,9 +185,9 @@ def render_schema() -> str:
 
     conn = _store_in_memory()
     out = [f"*Generated when the site is built, from a store created in memory at schema version "
-           f"{SCHEMA_VERSION} (`PRAGMA user_version`).*", ""]  # fmt: skip
+           f"{SCHEMA_VERSION} (`PRAGMA user_version`).*", ""]
     tables = [r[0] for r in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]  # fmt: skip
+        "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid")]
     for name in tables:
         cols = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
         out.append(
@@ -195,14 +195,14 @@ def render_schema() -> str:
         )
     out.append("")
     views = {e.view: [c[1] for c in conn.execute(f'PRAGMA table_info("{e.view}")')]
-             for e in experiments()}  # fmt: skip
+             for e in experiments()}
     conn.close()
     common = _common_prefix(list(views.values()))
     rows = [(f"`{e.view}`", f"[{e.kind}](experiments/{e.kind}.md)", len(views[e.view]))
-            for e in experiments()]  # fmt: skip
+            for e in experiments()]
     out += ["Every view starts with these columns, then the experiment's settings and metrics "
             "(and, for one release, the old names of renamed metrics):", "",
-            ", ".join(f"`{c}`" for c in common), ""]  # fmt: skip
+            ", ".join(f"`{c}`" for c in common), ""]
     out.append(_table(("view", "experiment (its columns)", "columns"), rows))
     return "\n".join(out) + "\n"
 
@@ -265,7 +265,7 @@ def expand(markdown: str, where: str = "a page") -> str:
         what, arg = match["what"], match["arg"]
         if what not in RENDERERS:
             raise ValueError(f"{where}: unknown marker {match[0]!r} "
-                             f"(known: {', '.join(RENDERERS)})")  # fmt: skip
+                             f"(known: {', '.join(RENDERERS)})")
         if what == "experiment" and not arg:
             raise ValueError(f"{where}: {match[0]!r} names no experiment")
         return RENDERERS[what](arg)
