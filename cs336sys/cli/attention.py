@@ -6,18 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    Bar,
-    DbOption,
-    announce_user_code,
-    check_db,
-    emulated,
-    recording,
-    show,
-    user_code,
-    user_errors,
-)
+from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
 from cs336sys.cli.options import Adapters, Label, Resume
 
 ListOpt = list[str] | None
@@ -124,24 +113,11 @@ def attention(
 
         cs336sys attention --impl yours-torch,flash-torch --seq 128,256
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import attention as exp
-    from cs336sys.sweep.runner import run_sweep
 
-    user_code(adapters)
-    with user_errors():
-        specs = exp.specs(
-            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, precision=precision,
-            causal=causal, passes=passes, warmup=warmup, iters=iters, timer=timer,
-            sdpa_backend=sdpa_backend, triton_opt_in=triton_opt_in, preset=preset,
-            device=device, seed=seed,
-        )
-    check_db(db)
-    announce_user_code(adapters is not None)
-    emulated(specs[0].device, [s.precision for s in specs])
-    with recording(db, "attention", specs[0].device, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           skip_after_oom=skip_after_oom, progress=Bar("attention", point_name))
-        show(exp.EXPERIMENT, points)
+    options["impl"], skip = options.pop("attention"), options.pop("skip_after_oom")
+    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, skip_after_oom=skip)
 
 
 def point_name(spec) -> str:

@@ -6,17 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    Bar,
-    DbOption,
-    check_db,
-    fail,
-    oversubscribed,
-    recording,
-    show,
-    user_errors,
-)
+from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
 from cs336sys.cli.options import Label, Resume
 
 ListOpt = list[str] | None
@@ -29,7 +19,7 @@ def comm(
             help="all-reduce, all-gather, reduce-scatter, broadcast. [default: all-reduce]"
         ),
     ] = None,
-    bytes_: Annotated[
+    size_bytes: Annotated[
         ListOpt,
         typer.Option(
             "--bytes",
@@ -72,26 +62,10 @@ def comm(
 
         torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import comm as exp
-    from cs336sys.sweep.ranks import torchrun_rank
-    from cs336sys.sweep.runner import run_sweep
 
-    rank = torchrun_rank()
-    if rank is not None and resume:
-        # Ranks must run identical point lists; only rank 0 can read its store.
-        fail("--resume is not supported under torchrun")
-    with user_errors():
-        specs = exp.specs(op=op, size=bytes_, world_size=world_size, backend=backend,
-                          precision=precision, warmup=warmup, iters=iters, device=device)
-    check_db(db)
-    if not rank:
-        oversubscribed(specs)
-    device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
-    with recording(db, "comm", device_name, rank, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("comm", point_name, on=not rank))
-        if not rank:
-            show(exp.EXPERIMENT, points)
+    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False)
 
 
 def point_name(spec) -> str:

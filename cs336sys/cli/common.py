@@ -1,9 +1,9 @@
 """Plumbing shared by the subcommands: the --db option, user errors, the store recorder as
 a sweep's sink, a progress bar, and the table printed when a sweep ends.
 
-A command that measures reads: options -> `exp.specs(...)` inside `user_errors()` ->
-`run_sweep` inside `recording(...)` -> `show(...)`. Nothing here imports torch; commands
-import heavy modules inside their bodies.
+A command that measures is one call: `measure(EXPERIMENT, specs, locals())`, its options
+-> the experiment's `specs(...)` -> `run_sweep` into the store -> the printed tables.
+Nothing here imports torch; commands import heavy modules inside their bodies.
 """
 
 from __future__ import annotations
@@ -304,6 +304,73 @@ def show(experiment: Any, points: Iterable[Any]) -> None:
     typer.echo(as_text(point_tables(experiment.tables, rows, status=True)))
     for f in failures(rows):
         typer.echo(f"{f.status}: {f.point}: {f.why}")
+
+
+# A measuring command's options that are not the experiment's: the store's and the user code's.
+COMMAND_OPTIONS = ("db", "resume", "label", "adapters", "ctx")
+
+
+def measure(
+    experiment: Any,
+    specs: Callable[..., list],
+    options: dict[str, Any],
+    *,
+    command: str | None = None,
+    describe: Callable[[Any], str] | None = None,
+    ranks: bool = False,
+    emulation: bool = True,
+    before: Callable[[list], None] | None = None,
+    after: Callable[[list], None] | None = None,
+    **run_options: Any,
+) -> None:
+    """The one tail of every measuring command. `options` are the command's parameters, as
+    `dict(locals())` taken first thing in its body (before it binds other names): `db`, `resume`, `label` and `adapters` are the command's, every other one
+    is a keyword of `specs`. In order: the adapters file is chosen; `specs(**options)` builds
+    and validates the points (bad input: one line, exit 2, nothing written); the store is
+    checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
+    sees the specs; `run_sweep` stores each point as it finishes; the experiment's tables
+    are printed and `after` sees the points. `ranks`: the points run on process groups, and
+    under torchrun only rank 0 writes and prints. `run_options` go to `run_sweep`."""
+    from cs336sys.sweep.runner import run_sweep
+
+    options = dict(options)
+    db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
+    takes_user_code = "adapters" in options
+    adapters = options.pop("adapters", None)
+    options.pop("ctx", None)
+    rank = None
+    if ranks:
+        from cs336sys.sweep.ranks import torchrun_rank
+
+        rank = torchrun_rank()
+        if rank is not None and resume:
+            # Ranks must run identical point lists; only rank 0 can read its store.
+            fail("--resume is not supported under torchrun")
+    if takes_user_code:
+        user_code(adapters)
+    with user_errors():
+        points = specs(**options)
+    check_db(db)
+    device = points[0].device
+    if not rank:
+        if takes_user_code:
+            announce_user_code(adapters is not None)
+        if ranks:
+            oversubscribed(points)
+        if emulation:
+            emulated(device, [s.precision for s in points])
+    if before is not None:
+        before(points)
+    if ranks:
+        device = "cuda:0" if device == "cuda" else "cpu"
+    command = command or experiment.kind
+    with recording(db, command, device, rank, label=label) as rec:
+        done = run_sweep(experiment, points, rec, resume=resume,
+                         progress=Bar(command, describe, on=not rank), **run_options)
+        if not rank:
+            show(experiment, done)
+            if after is not None:
+                after(done)
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], numparse: bool = True) -> str:

@@ -6,20 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    Bar,
-    DbOption,
-    announce_user_code,
-    check_db,
-    emulated,
-    fail,
-    oversubscribed,
-    recording,
-    show,
-    user_code,
-    user_errors,
-)
+from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
 from cs336sys.cli.options import (
     DFF,
     Adapters,
@@ -121,31 +108,7 @@ def ddp(
 
         torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import ddp as exp
-    from cs336sys.sweep.ranks import torchrun_rank
-    from cs336sys.sweep.runner import run_sweep
 
-    rank = torchrun_rank()
-    if rank is not None and resume:
-        # Ranks must run identical point lists; only rank 0 can read its store.
-        fail("--resume is not supported under torchrun")
-    user_code(adapters)
-    with user_errors():
-        specs = exp.specs(
-            impl=impl, shard_optimizer=shard_optimizer, zero=zero, bucket_mb=bucket_mb, size=size,
-            seq=seq, batch=batch, world_size=world_size,
-            backend=backend, precision=precision, warmup=warmup, iters=iters, device=device,
-            seed=seed, d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size, model=model,
-        )
-    check_db(db)
-    if not rank:
-        announce_user_code(adapters is not None)
-        oversubscribed(specs)
-        emulated(specs[0].device, [s.precision for s in specs])
-    device_name = "cuda:0" if specs[0].device == "cuda" else "cpu"
-    with recording(db, "ddp", device_name, rank, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("ddp", exp.label_of, on=not rank))
-        if not rank:
-            show(exp.EXPERIMENT, points)
+    measure(exp.EXPERIMENT, exp.specs, options, describe=exp.label_of, ranks=True)

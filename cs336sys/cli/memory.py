@@ -8,19 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    Bar,
-    DbOption,
-    announce_user_code,
-    check_db,
-    emulated,
-    fail,
-    recording,
-    show,
-    user_code,
-    user_errors,
-)
+from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, measure
 from cs336sys.cli.options import (
     DFF,
     Adapters,
@@ -97,27 +85,13 @@ def memory(
 
     Subcommand `cs336sys memory residuals` measures one block's saved bytes, by operation.
     """  # noqa: E501
+    options = dict(locals())
     if ctx.invoked_subcommand is not None:
         _refuse_options_before_subcommand(ctx)
         return
     from cs336sys.experiments import memory as exp
-    from cs336sys.sweep.runner import run_sweep
 
-    user_code(adapters)
-    with user_errors():
-        specs = exp.specs(
-            mode=mode, snapshot=snapshot, size=size, seq=seq, batch=batch,
-            precision=precision, attention=attention, optimizer=optimizer,
-            checkpoint=checkpoint, warmup=warmup, iters=iters, device=device, seed=seed,
-            d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size, model=model,
-        )
-    check_db(db)
-    announce_user_code(adapters is not None)
-    emulated(specs[0].model.device, [s.model.precision for s in specs])
-    with recording(db, "memory", specs[0].model.device, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("memory", _label))
-        show(exp.EXPERIMENT, points)
+    measure(exp.EXPERIMENT, exp.specs, options, describe=_label)
 
 
 @memory_app.command()
@@ -150,20 +124,11 @@ def residuals(
 
         cs336sys memory residuals --size xl --seq 2048
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import memory_residuals as exp
-    from cs336sys.sweep.runner import run_sweep
 
-    with user_errors():
-        specs = exp.specs(
-            impl=impl, size=size, seq=seq, batch=batch,
-            precision=precision, attention=attention, device=device, seed=seed, d_model=d_model,
-            d_ff=d_ff, num_heads=num_heads,
-        )
-    check_db(db)
-    with recording(db, "memory residuals", specs[0].device, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar("memory residuals", lambda s: f"{s.size} T={s.seq} {s.impl}"))
-        show(exp.EXPERIMENT, points)
+    measure(exp.EXPERIMENT, exp.specs, options, command="memory residuals",
+            describe=lambda s: f"{s.size} T={s.seq} {s.impl}", emulation=False)
 
 
 # -- validation -------------------------------------------------------------------------------

@@ -6,18 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    Bar,
-    DbOption,
-    announce_user_code,
-    check_db,
-    emulated,
-    recording,
-    show,
-    user_code,
-    user_errors,
-)
+from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
 from cs336sys.cli.options import (
     DFF,
     Adapters,
@@ -87,24 +76,10 @@ def model(
 
         cs336sys model --attention flash-torch,yours-torch
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import model as exp
-    from cs336sys.sweep.runner import run_sweep
 
-    user_code(adapters)
-    with user_errors():
-        specs = exp.specs(
-            size=size, seq=seq, batch=batch, mode=mode, precision=precision,
-            attention=attention, optimizer=optimizer, compile=compile, checkpoint=checkpoint,
-            warmup=warmup, iters=iters, device=device, seed=seed, d_model=d_model, d_ff=d_ff,
-            num_layers=num_layers, num_heads=num_heads, vocab_size=vocab_size, nvtx=nvtx,
-            model=model,
-        )
-    check_db(db)
-    announce_user_code(adapters is not None)
-    emulated(specs[0].device, [s.precision for s in specs])
-    with recording(db, "model", specs[0].device, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume, progress=Bar("model", point_name))
-        show(exp.EXPERIMENT, points)
+    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name)
 
 
 def point_name(spec) -> str:

@@ -8,8 +8,9 @@ into the help by hand. No torch here (imported by `cs336sys.cli`).
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -103,3 +104,31 @@ UserModel = Annotated[
         "d_model, num_layers, num_heads, d_ff, rope_theta), filled from --size.",
     ),
 ]
+
+
+# The options every measuring command ends with, in this order: the store's and the user code's.
+LAST = ("resume", "label", "adapters", "db")
+
+
+def options_of(*commands: Any, drop: tuple[str, ...] = ()) -> Any:
+    """Reuse other commands' options, declared once there: the decorated command takes every
+    option of `commands` (less `drop`), where it declares one of the same name its own
+    in that place, and its other options before the store's (LAST). The body receives the
+    borrowed options in `**options`. Typer reads the merged `__signature__`."""
+
+    def wrap(command: Any) -> Any:
+        own = {p.name: p for p in inspect.signature(command, eval_str=True).parameters.values()
+               if p.kind is not p.VAR_KEYWORD}
+        merged: dict[str, inspect.Parameter] = {}
+        for source in commands:
+            for p in inspect.signature(source, eval_str=True).parameters.values():
+                if p.name not in drop and p.name not in merged:
+                    merged[p.name] = own.get(p.name, p)
+        extra = [p for name, p in own.items() if name not in merged]
+        first_last = next((i for i, n in enumerate(merged) if n in LAST), len(merged))
+        params = [*list(merged.values())[:first_last], *extra, *list(merged.values())[first_last:]]
+        command.__signature__ = inspect.Signature(
+            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params])
+        return command
+
+    return wrap

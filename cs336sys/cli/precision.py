@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, Bar, DbOption, check_db, recording, show, user_errors
+from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
 from cs336sys.cli.options import Label
 
 ListOpt = list[str] | None
@@ -33,18 +33,6 @@ def _group() -> None:
     """
 
 
-def _measure(db, command: str, specs: list, name, label: str | None) -> list:
-    """Run the points and print the experiment's tables (the kind's table only)."""
-    from cs336sys.experiments import precision as exp
-    from cs336sys.sweep.runner import run_sweep
-
-    check_db(db)
-    with recording(db, command, specs[0].device, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, progress=Bar(command, name))
-        show(exp.EXPERIMENT, points)
-    return points
-
-
 @precision.command()
 def accumulate(
     variant: Annotated[
@@ -68,12 +56,11 @@ def accumulate(
 
         cs336sys precision accumulate --variant fp32,fp16
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import precision as exp
 
-    with user_errors():
-        specs = exp.accumulate_specs(variant=variant, additions=additions, value=value,
-                                     device=device)
-    _measure(db, "precision accumulate", specs, lambda s: s.variant, label)
+    measure(exp.EXPERIMENT, exp.accumulate_specs, options, command="precision accumulate",
+            describe=lambda s: s.variant, emulation=False)
 
 
 @precision.command()
@@ -95,12 +82,14 @@ def autocast(
 
         cs336sys precision autocast --precision bf16,fp16 --device cpu
     """  # noqa: E501
+    options = dict(locals())
     from cs336sys.experiments import precision as exp
 
-    with user_errors():
-        specs = exp.autocast_specs(precision=precision, in_features=in_features,
-                                   out_features=out_features, batch=batch or [8],
-                                   device=device, seed=seed)
-    for p in _measure(db, "precision autocast", specs, lambda s: s.precision, label):
-        if p.result.status == "skipped":
-            typer.echo(f"{p.spec.precision} on {p.spec.device}: {p.result.error}", err=True)
+    def why_skipped(points: list) -> None:
+        for p in points:
+            if p.result.status == "skipped":
+                typer.echo(f"{p.spec.precision} on {p.spec.device}: {p.result.error}", err=True)
+
+    options["batch"] = options["batch"] or [8]
+    measure(exp.EXPERIMENT, exp.autocast_specs, options, command="precision autocast",
+            describe=lambda s: s.precision, emulation=False, after=why_skipped)

@@ -1,7 +1,8 @@
 """`cs336sys profile model|attention`: torch.profiler over the measured steps, per phase.
 
-The options are those of `cs336sys model` and `cs336sys attention`, validated and expanded
-by the same functions (`model.specs`, `attention.specs`), plus --top, --trace, --nsys/--exec
+The options are those of `cs336sys model` and `cs336sys attention`, declared once there
+(`options_of`) and validated and expanded by the same functions (`model.specs`,
+`attention.specs`), plus --top, --trace, --nsys/--exec
 and --nvtx. Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
 rows of `kernel_stats` linked to it.
 """
@@ -17,50 +18,10 @@ from typing import Annotated, Any
 
 import typer
 
-from cs336sys.cli.attention import (
-    AttentionBatch,
-    AttentionImpl,
-    AttentionPrecision,
-    AttentionSeq,
-    DHead,
-    Heads,
-)
-from cs336sys.cli.common import (
-    DEFAULT_DB,
-    Bar,
-    DbOption,
-    announce_user_code,
-    check_db,
-    fail,
-    recording,
-    show,
-    table,
-    user_code,
-    user_errors,
-)
-from cs336sys.cli.options import (
-    DFF,
-    Adapters,
-    Attention,
-    Batch,
-    Checkpoint,
-    Compile,
-    Device,
-    DModel,
-    Label,
-    NumHeads,
-    NumLayers,
-    Optimizer,
-    Precision,
-    Resume,
-    Seed,
-    Seq,
-    Size,
-    UserModel,
-    VocabSize,
-)
-
-ListOpt = list[str] | None
+from cs336sys.cli.attention import attention as attention_command
+from cs336sys.cli.common import fail, measure, table
+from cs336sys.cli.model import model as model_command
+from cs336sys.cli.options import options_of
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
 
@@ -103,18 +64,10 @@ Nvtx = Annotated[
 ]
 
 
+@options_of(model_command)
 def profile_model(
-    size: Size = None,
-    seq: Seq = None,
-    batch: Batch = None,
-    mode: Annotated[
-        ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
-    ] = None,
-    precision: Precision = None,
-    attention: Attention = None,
-    optimizer: Optimizer = None,
-    compile: Compile = False,
-    checkpoint: Checkpoint = None,
+    ctx: typer.Context,
+    *,
     warmup: Annotated[
         int | None,
         typer.Option(help="Warm-up steps, run before the profiler. [default: 5 on CUDA, 2 on CPU]"),
@@ -122,23 +75,12 @@ def profile_model(
     iters: Annotated[
         int | None, typer.Option(help="Profiled (measured) steps. [default: 10 on CUDA, 5 on CPU]")
     ] = None,
-    device: Device = "auto",
-    seed: Seed = 0,
-    d_model: DModel = None,
-    d_ff: DFF = None,
-    num_layers: NumLayers = None,
-    num_heads: NumHeads = None,
-    vocab_size: VocabSize = None,
-    model: UserModel = None,
     top: Top = 10,
     trace: Trace = None,
     nsys: Nsys = False,
     exec_: Exec = False,
     nvtx: Nvtx = False,
-    resume: Resume = False,
-    label: Label = None,
-    adapters: Adapters = None,
-    db: DbOption = DEFAULT_DB,
+    **options: Any,
 ) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
 
@@ -150,40 +92,14 @@ def profile_model(
     """  # noqa: E501
     from cs336sys.experiments import model as model_exp
 
-    user_code(adapters)
-    with user_errors():
-        points = model_exp.specs(
-            size=size, seq=seq, batch=batch, mode=mode,
-            precision=precision, attention=attention, optimizer=optimizer, compile=compile,
-            checkpoint=checkpoint, warmup=warmup, iters=iters, device=device, seed=seed,
-            d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-            vocab_size=vocab_size, model=model,
-        )
-    args = _args(
-        ("--size", size), ("--seq", seq), ("--batch", batch),
-        ("--mode", mode), ("--precision", precision), ("--attention", attention),
-        ("--optimizer", optimizer), ("--compile", compile), ("--checkpoint", checkpoint),
-        ("--warmup", warmup), ("--iters", iters), ("--device", device), ("--seed", seed),
-        ("--d-model", d_model), ("--d-ff", d_ff), ("--num-layers", num_layers),
-        ("--num-heads", num_heads), ("--vocab-size", vocab_size), ("--label", label),
-        ("--model", model), ("--adapters", adapters),
-    )
-    _profile_points("model", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
+    _profile(ctx, "model", model_exp.specs, {**options, "warmup": warmup, "iters": iters},
+             top, trace, nsys, exec_, nvtx)
 
 
+@options_of(attention_command, drop=("timer", "skip_after_oom"))
 def profile_attention(
-    attention: AttentionImpl = None,
-    seq: AttentionSeq = None,
-    d_head: DHead = None,
-    batch: AttentionBatch = None,
-    heads: Heads = None,
-    precision: AttentionPrecision = None,
-    causal: Annotated[
-        bool | None, typer.Option("--causal/--no-causal", help="Causal mask. [default: causal]")
-    ] = None,
-    passes: Annotated[
-        str | None, typer.Option("--pass", help="forward, backward or both. [default: both]")
-    ] = None,
+    ctx: typer.Context,
+    *,
     warmup: Annotated[
         int | None,
         typer.Option(help="Warm-up calls, before the profiler. [default: 10 on CUDA, 3 on CPU]"),
@@ -192,23 +108,12 @@ def profile_attention(
         int | None,
         typer.Option(help="Profiled (measured) calls. [default: 100 on CUDA, 10 on CPU]"),
     ] = None,
-    sdpa_backend: Annotated[
-        str, typer.Option(help="For sdpa: auto, flash, efficient, math or cudnn.")
-    ] = "auto",
-    preset: Annotated[
-        str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
-    ] = None,
-    device: Device = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
     top: Top = 10,
     trace: Trace = None,
     nsys: Nsys = False,
     exec_: Exec = False,
     nvtx: Nvtx = False,
-    resume: Resume = False,
-    label: Label = None,
-    adapters: Adapters = None,
-    db: DbOption = DEFAULT_DB,
+    **options: Any,
 ) -> None:
     """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
 
@@ -220,33 +125,22 @@ def profile_attention(
     """  # noqa: E501
     from cs336sys.experiments import attention as attention_exp
 
-    user_code(adapters)
-    with user_errors():
-        points = attention_exp.specs(
-            impl=attention, seq=seq, d_head=d_head, batch=batch, heads=heads, precision=precision,
-            causal=causal, passes=passes, warmup=warmup, iters=iters, timer="loop",
-            sdpa_backend=sdpa_backend, preset=preset, device=device, seed=seed,
-        )
-    args = _args(
-        ("--attention", attention), ("--seq", seq), ("--d-head", d_head), ("--batch", batch),
-        ("--heads", heads), ("--precision", precision), ("--pass", passes), ("--warmup", warmup),
-        ("--iters", iters), ("--sdpa-backend", sdpa_backend), ("--preset", preset),
-        ("--device", device), ("--seed", seed), ("--label", label), ("--adapters", adapters),
-    ) + ([] if causal is None else ["--causal" if causal else "--no-causal"])
-    _profile_points("attention", points, args, top, trace, nsys, exec_, nvtx, resume, db, label)
+    options["impl"] = options.pop("attention")
+    _profile(ctx, "attention", attention_exp.specs,
+             {**options, "warmup": warmup, "iters": iters}, top, trace, nsys, exec_, nvtx)
 
 
 profile_app.command("model")(profile_model)
 profile_app.command("attention")(profile_attention)
 
+# What the --nsys command line leaves out of the options it passes on (it adds --nvtx itself).
+_NOT_PASSED_ON = {"top", "trace", "nsys", "exec_", "nvtx", "db"}
 
-def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume, db, label):
+
+def _profile(ctx, target, point_specs, options, top, trace, nsys, exec_, nvtx):
     """Validate the profiling options, then print/run nsys or profile and store each point."""
     from cs336sys.experiments import profile as exp
-    from cs336sys.sweep.runner import run_sweep
 
-    with user_errors():
-        specs = exp.specs(target, points, top=top, nvtx=nvtx, trace=trace)
     if exec_ and not nsys:
         fail("--exec runs the Nsight Systems command: pass --nsys too")
     if nsys and nvtx:
@@ -255,28 +149,33 @@ def _profile_points(target, points, args, top, trace, nsys, exec_, nvtx, resume,
         fail("--trace writes torch.profiler's trace, which --nsys/--nvtx do not run")
     if trace is not None:
         _check_writable(trace)
-    check_db(db)
-    announce_user_code()
-    dev = points[0].device
-    if nsys:
-        _nsys(target, dev, [*args, "--top", str(top), "--db", str(db)], exec_)
-    with recording(db, f"profile {target}", dev, label=label) as rec:
-        points = run_sweep(exp.EXPERIMENT, specs, rec, resume=resume,
-                           progress=Bar(f"profile {target}", _label))
-        show(exp.EXPERIMENT, points)
-        typer.echo(_details(points))
+
+    def specs(**point_options):
+        return exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
+
+    def run_nsys(specs):
+        if nsys:
+            args = [*_command_line(ctx), "--top", str(top), "--db", str(options["db"])]
+            _nsys(target, specs[0].device, args, exec_)
+
+    measure(exp.EXPERIMENT, specs, options, command=f"profile {target}", describe=_label,
+            emulation=False, before=run_nsys, after=lambda points: typer.echo(_details(points)))
 
 
-def _args(*pairs: tuple[str, Any]) -> list[str]:
-    """Options as a command line: lists joined by commas, flags for True, None left out."""
+def _command_line(ctx: typer.Context) -> list[str]:
+    """This command's options as a command line (what --nsys runs again): lists joined by
+    commas, flags for True (the negative flag for False where there is one), None left out."""
     out: list[str] = []
-    for flag, value in pairs:
-        if value is None or value is False:
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if param.name in _NOT_PASSED_ON or value is None or param.param_type_name != "option":
             continue
-        if value is True:
-            out.append(flag)
+        if value is True or value is False:
+            flag = param.opts[0] if value else (param.secondary_opts or [None])[0]
+            if param.is_flag and flag and (value or param.secondary_opts):
+                out.append(flag)
         else:
-            out += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+            out += [param.opts[0], ",".join(value) if isinstance(value, list | tuple) else str(value)]
     return out
 
 

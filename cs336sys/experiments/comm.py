@@ -69,11 +69,11 @@ class CommSpec:
         return asdict(self)
 
 
-@old_names
+@old_names(size="size_bytes")
 def specs(
     *,
     op: Iterable[str] | None = None,
-    size: Iterable[str] | None = None,
+    size_bytes: Iterable[str] | None = None,
     world_size: Iterable[Any] | None = None,
     backend: str | None = None,
     precision: Iterable[str] | None = None,
@@ -82,7 +82,7 @@ def specs(
     device: str = "auto",
 ) -> list[CommSpec]:
     """The points of a collectives sweep, world size slowest. SpecError names a bad option.
-    `size` is the buffer size (the CLI's --bytes); what is not given takes the device's
+    `size_bytes` is the buffer size (the CLI's --bytes); what is not given takes the device's
     default (DEFAULTS)."""
     from cs336sys.measure.units import parse_size
 
@@ -90,7 +90,7 @@ def specs(
     be, dev = backend_and_device(backend, device)
     defaults = DEFAULTS[dev]
     try:
-        sizes = [parse_size(s) for s in listed(size, "--bytes", defaults["size"])]
+        sizes = [parse_size(s) for s in listed(size_bytes, "--bytes", defaults["size"])]
     except ValueError as exc:
         raise SpecError(f"--bytes: {exc}") from None
     precisions = choices(precision, tuple(PRECISIONS), "--precision", default=["fp32"])

@@ -57,6 +57,14 @@ class MemorySpec:
     model: ModelSpec
     snapshot: str | None = None  # directory for the timeline PNG (and the CUDA pickle)
 
+    @property
+    def device(self) -> str:
+        return self.model.device
+
+    @property
+    def precision(self) -> str:
+        return self.model.precision
+
     def settings(self) -> dict[str, Any]:
         s = self.model.settings()
         for unused in _UNUSED:  # always off here: not part of the point

@@ -55,6 +55,14 @@ class ProfileSpec:
     nvtx: bool = False  # NVTX ranges for nsys instead of torch.profiler
     trace: str | None = None  # Chrome trace file to write (an output, not a setting)
 
+    @property
+    def device(self) -> str:
+        return self.point.device
+
+    @property
+    def precision(self) -> str:
+        return self.point.precision
+
     def settings(self) -> dict[str, Any]:
         base = {k: v for k, v in self.point.settings().items() if k not in _NOT_SETTINGS}
         return {

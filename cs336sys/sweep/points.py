@@ -47,25 +47,30 @@ RENAMED = {"context_length": "seq", "batch_size": "batch", "global_batch": "batc
            "steps": "iters", "dtype": "precision"}
 
 
-def old_names(specs: Callable[..., Any]) -> Callable[..., Any]:
-    """`specs` taking the 0.2 names of its keyword arguments (RENAMED) as the new ones, with a
-    DeprecationWarning, until 0.3."""
+def old_names(specs: Callable[..., Any] | None = None, /, **renamed: str) -> Any:
+    """`specs` taking the 0.2 names of its keyword arguments (RENAMED, and `renamed`: old
+    keyword -> new one, for this function alone) as the new ones, with a DeprecationWarning,
+    until 0.3. Used bare (`@old_names`) or with the extra names (`@old_names(size="x")`)."""
     import functools
     import inspect
     import warnings
 
-    takes = set(inspect.signature(specs).parameters)
+    def wrap(specs: Callable[..., Any]) -> Callable[..., Any]:
+        takes = set(inspect.signature(specs).parameters)
+        names = {**RENAMED, **renamed}
 
-    @functools.wraps(specs)
-    def accepting(*args: Any, **kwargs: Any) -> Any:
-        for old, new in RENAMED.items():
-            if old in kwargs and old not in takes and new in takes:
-                warnings.warn(f"{specs.__module__}.specs({old}=...) is now {new}= (the old name "
-                              "is accepted until 0.3)", DeprecationWarning, stacklevel=2)
-                kwargs[new] = kwargs.pop(old)
-        return specs(*args, **kwargs)
+        @functools.wraps(specs)
+        def accepting(*args: Any, **kwargs: Any) -> Any:
+            for old, new in names.items():
+                if old in kwargs and old not in takes and new in takes:
+                    warnings.warn(f"{specs.__module__}.specs({old}=...) is now {new}= (the old "
+                                  "name is accepted until 0.3)", DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return specs(*args, **kwargs)
 
-    return accepting
+        return accepting
+
+    return wrap if specs is None else wrap(specs)
 
 
 # Upper bounds where a typo would run for days (docs/bad-input.md).
