@@ -240,6 +240,41 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
         assert s.query("SELECT precision, dtype FROM attention_runs") == [{"precision": "bf16", "dtype": "bf16"}]
 
 
+def test_reading_an_older_store_reads_it_migrated_and_leaves_it_as_it_was(db_path, tmp_path):
+    """`sql` and `report` on a store of an older schema see the current names and views;
+    the file is not written (it is migrated by the next measuring command)."""
+    from tests.conftest import invoke
+
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    schema.migrate(conn, target=6)
+    conn.execute("INSERT INTO invocations (id, command, gpu, started) VALUES "
+                 "('i1', 'model', 'cpu', '2026-11-20 10:00:00')")
+    settings = {"size": "tiny", "context_length": 128, "batch_size": 4, "steps": 5,
+                "mode": "train", "precision": "fp32", "device": "cpu"}
+    conn.execute("INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, "
+                 "point_key, created) VALUES ('r1', 'i1', 'model', 'ok', ?, ?, 'k', "
+                 "'2026-11-20 10:00:01')",
+                 (json.dumps(settings), json.dumps({"step_ms_mean": 12.5})))
+    conn.close()
+    before = db_path.read_bytes()
+
+    with connect_readonly(db_path, lambda: EXPERIMENTS) as ro:
+        assert ro.execute("SELECT seq, batch, iters, step_ms_mean FROM model_runs").fetchall() == [
+            (128, 4, 5, 12.5)]
+        with pytest.raises(sqlite3.OperationalError):
+            ro.execute("DELETE FROM runs")
+    got = invoke("sql", "SELECT seq, context_length FROM model_runs", "--json", "--db", db_path)
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.stdout) == [{"seq": 128, "context_length": 128}]
+    out = tmp_path / "rep"
+    rep = invoke("report", "--where", "seq=128", "--db", db_path, "--out", out)
+    assert rep.exit_code == 0, rep.output
+    assert "12.5" in (out / "report.md").read_text()
+    assert db_path.read_bytes() == before
+    assert sorted(p.name for p in db_path.parent.iterdir() if p.name.startswith(db_path.name)) == [
+        db_path.name]
+
+
 def test_newer_schema_is_refused(db_path):
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA user_version = 99")

@@ -91,7 +91,7 @@ def export(
     if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
         fail("--out would overwrite the store itself")
     try:
-        conn = connect_readonly(db)
+        conn = connect_readonly(db, lambda: EXPERIMENTS)
         known = known_experiments(conn, EXPERIMENTS)
     except StoreError as exc:
         fail(exc)

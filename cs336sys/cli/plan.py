@@ -122,7 +122,7 @@ def _reader(db):  # noqa: ANN001, ANN202
     from cs336sys.store.db import StoreError, connect_readonly
 
     try:
-        return connect_readonly(db) if db.exists() and db.stat().st_size else None
+        return connect_readonly(db, _catalog) if db.exists() and db.stat().st_size else None
     except StoreError:
         return None
 
@@ -143,7 +143,7 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
         fail(f"--measured: no results store at {db}; run `cs336sys model --precision bf16` and "
              "`cs336sys comm --op all-reduce,all-gather,reduce-scatter` on this GPU first")
     try:
-        conn = connect_readonly(db)
+        conn = connect_readonly(db, _catalog)
     except StoreError as exc:
         fail(exc)
     try:
@@ -175,3 +175,10 @@ def _show(exp, points) -> None:  # noqa: ANN001
         if p.result.status != "ok":  # stored too, with the reason
             typer.echo(f"{p.spec.device_name} {p.spec.strategy} N={p.spec.n}: {p.result.error}",
                        err=True)
+
+
+def _catalog():  # noqa: ANN202
+    """The experiments, for the views of an older store read through a migrated copy."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+
+    return EXPERIMENTS

@@ -137,7 +137,7 @@ def report(
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} exists and is not a folder")
     try:
-        conn = connect_readonly(db)
+        conn = connect_readonly(db, lambda: EXPERIMENTS)
     except StoreError as exc:
         fail(exc)
     problem = why_unwritable(out)

@@ -51,7 +51,7 @@ def sql(
     except ValueError as exc:
         fail(f"--param: {exc}")
     try:
-        conn = connect_readonly(db)
+        conn = connect_readonly(db, _catalog)
     except StoreError as exc:
         fail(exc)
     try:
@@ -80,3 +80,11 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+def _catalog():
+    """The experiments, for the views of an older store read through a migrated copy
+    (imported only then: `cs336sys sql` answers at once)."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+
+    return EXPERIMENTS

@@ -94,10 +94,12 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
         if not sep or not _KEY.match(key):
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
         if key not in known:
+            valid = sorted(known - set(RENAMED) - set(INVOCATION_KEYS))
             close = difflib.get_close_matches(key, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
-                                 f"(settings, or {', '.join(INVOCATION_KEYS)})")
+                                 f"(the settings: {', '.join(valid)}; of the invocation: "
+                                 f"{', '.join(INVOCATION_KEYS)})")
         try:
             _typed(value)
         except ValueError as exc:

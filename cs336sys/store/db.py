@@ -11,7 +11,7 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -316,19 +316,39 @@ _PROVENANCE_COLUMNS = (
 )
 
 
-def connect_readonly(path: str | Path) -> sqlite3.Connection:
+def connect_readonly(path: str | Path,
+                     experiments: Callable[[], Sequence[Any]] | None = None) -> sqlite3.Connection:
     """A connection that can neither change the store nor create any file: opened untouched
     (see open_untouched) and query_only, with an authorizer that refuses ATTACH (which
-    would create the attached file) before SQLite touches the filesystem."""
+    would create the attached file) before SQLite touches the filesystem.
+
+    A store of an older schema is read as it would be after migrating: it is copied into
+    memory, the copy migrated and, with `experiments` (a function returning the catalog,
+    called only then), given the current views. The file stays as it is."""
     path = check_path(path)
     if not path.exists():
         raise StoreError(f"no results store at {path} (run an experiment first, or pass --db)")
     try:
         conn = open_untouched(path)
+        if schema.version(conn) < schema.SCHEMA_VERSION and store_problem(conn) is None:
+            conn = _migrated_copy(conn, experiments)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc
     conn.set_authorizer(_read_only)
     return conn
+
+
+def _migrated_copy(conn: sqlite3.Connection,
+                   experiments: Callable[[], Sequence[Any]] | None) -> sqlite3.Connection:
+    """An in-memory copy of the store behind `conn` (closed), migrated, query_only."""
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    conn.backup(copy)
+    conn.close()
+    schema.migrate(copy)
+    if experiments is not None:
+        ensure_views(copy, experiments(), complete=True)
+    copy.execute("PRAGMA query_only = ON")
+    return copy
 
 
 def _read_only(action: int, *args: object) -> int:
