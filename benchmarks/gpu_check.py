@@ -66,10 +66,10 @@ STEPS = [  # (what, cs336sys arguments)
     ("step: xl at context 512, batch 4, each switch alone and all",
      ["step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation"]),
 ]
-# Issue 15's host-overhead benchmark (not a cs336sys command, so not in STEPS), run with --json;
+# The host-overhead benchmark (not a cs336sys command, so not in STEPS), run with --json;
 # the tests add options that shorten it.
 HOST_OVERHEAD = ["benchmarks/attention_host_overhead.py"]
-STEP_MFU = 0.45  # issue 17: the xl bf16 train step with every switch on
+STEP_MFU = 0.45  # the xl bf16 train step with every switch on (docs/gpu.md)
 TESTS_TARGET_S, CHECK_TARGET_S = 120.0, 480.0
 LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # docs/experiments/attention.md
 
@@ -289,7 +289,7 @@ def main() -> int:
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     py, t0, failed, not_run = sys.executable, time.monotonic(), [], []
     budget = Budget(args.budget)
-    host = out / "host-overhead.json"  # issue 15; not a cs336sys command, so not in STEPS
+    host = out / "host-overhead.json"  # not a cs336sys command, so not in STEPS
     host.unlink(missing_ok=True)
     steps = [] if args.skip_tests else [
         ("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"])]

@@ -55,7 +55,7 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     gpu_check = _module()
     assert gpu_check.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     db = tmp_path / "results.db"
-    shape = {"seq": 16384, "d_head": 64, "heads": 16, "batch": 1, "dtype": "bf16", "causal": True}
+    shape = {"seq": 16384, "d_head": 64, "heads": 16, "batch": 1, "precision": "bf16", "causal": True}
     with Store(db, EXPERIMENTS) as s:
         inv = s.begin_invocation(PROV, [], "attention")
         for impl, backend, used, ms in (("triton", None, None, 5.0), ("naive", None, None, 94.0),

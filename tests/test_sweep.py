@@ -202,10 +202,12 @@ def test_specs_accept_the_old_keyword_names_with_a_warning():
     from cs336sys.experiments import attention, ddp
 
     new = model.specs(size=["tiny"], seq=[32], batch=[2], iters=3, precision=["bf16"], device="cpu")
-    with pytest.warns(DeprecationWarning, match=r"specs\(steps=\.\.\.\) is now iters="):
+    with pytest.warns(DeprecationWarning) as caught:
         old = model.specs(size=["tiny"], context_length=[32], batch_size=[2], steps=3,
                           dtype=["bf16"], device="cpu")
     assert old == new
+    assert sorted(str(w.message).split(" is now ")[1].split("=")[0] for w in caught) == [
+        "batch", "iters", "precision", "seq"]
     with pytest.warns(DeprecationWarning, match="global_batch"):
         assert ddp.specs(global_batch=8, device="cpu", world_size=[2]) == ddp.specs(
             batch=8, device="cpu", world_size=[2])

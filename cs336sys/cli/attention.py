@@ -2,100 +2,43 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Adapters, Label, Resume
+from cs336sys.cli.options import Adapters, Label, Resume, listed, option
 
 ListOpt = list[str] | None
 
-# Shared with `profile attention` (cli/profile.py): one declaration, one help text.
-AttentionImpl = Annotated[
-    ListOpt,
-    typer.Option(
-        "--attention",
-        "--impl",
-        help="Attention implementation(s): naive, compiled, sdpa, flash-torch, triton; yours: "
-        "yours-torch, yours-triton (your adapters file) or yours=package.module:Function. "
-        "[default: all but triton and compiled on CPU]",
-    ),
-]
-AttentionSeq = Annotated[
-    ListOpt,
-    typer.Option(
-        help="Sequence length(s). [default: 256,1024,4096,8192,16384 on CUDA, "
-        "128,256,512,1024 on CPU]"
-    ),
-]
-DHead = Annotated[
-    ListOpt, typer.Option(help="Head dimension(s). [default: 16,32,64,128 on CUDA, 32,64 on CPU]")
-]
-AttentionBatch = Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 8 on CUDA, 4 on CPU]")]
-Heads = Annotated[
-    int | None,
-    typer.Option(help="Heads, for (batch, heads, seq, d) inputs; omit for (batch, seq, d)."),
-]
-AttentionPrecision = Annotated[
-    ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")
-]
-
-
 def attention(
-    attention: AttentionImpl = None,
-    seq: AttentionSeq = None,
-    d_head: DHead = None,
-    batch: AttentionBatch = None,
-    heads: Heads = None,
-    precision: AttentionPrecision = None,
-    causal: Annotated[
-        bool | None, typer.Option("--causal/--no-causal", help="Causal mask. [default: causal]")
-    ] = None,
-    passes: Annotated[
-        str | None,
-        typer.Option("--pass", help="forward, backward or both (adds end-to-end). [default: both]"),
-    ] = None,
-    warmup: Annotated[
-        int | None,
-        typer.Option(
-            help="Untimed calls before each timed pass (loop timer). [default: 10 on CUDA, 3 on CPU]"
-        ),
-    ] = None,
-    iters: Annotated[
-        int | None,
-        typer.Option(help="Timed calls per pass (loop timer). [default: 100 on CUDA, 10 on CPU]"),
-    ] = None,
-    timer: Annotated[
-        str | None,
-        typer.Option(
-            help="loop (sync around each call) or do-bench (triton.testing.do_bench, CUDA). [default: loop]"
-        ),
-    ] = None,
-    sdpa_backend: Annotated[
-        str, typer.Option(help="For sdpa: auto, flash, efficient, math or cudnn.")
-    ] = "auto",
-    triton_opt_in: Annotated[
-        ListOpt,
-        typer.Option(
-            help="For triton: its opt-in kernel paths, a point each: default, tma (Hopper: "
-            "tiles through TMA descriptors), atomic-dq (dQ added with atomics in the dK/dV "
-            "kernel), tma+atomic-dq. [default: what CS336SYS_TRITON_TMA and "
-            "CS336SYS_TRITON_ATOMIC_DQ say, else default]"
-        ),
-    ] = None,
-    preset: Annotated[
-        str | None, typer.Option(help="pytorch-attention, flash-benchmarking or leaderboard.")
-    ] = None,
-    skip_after_oom: Annotated[
-        bool,
-        typer.Option(
-            "--skip-after-oom/--no-skip-after-oom",
-            help="After an OOM, store longer sequences of the same impl, d and dtype as skipped.",
-        ),
-    ] = True,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for the random inputs.")] = 0,
+    attention: listed("Attention implementation(s): naive, compiled, sdpa, flash-torch, triton; "
+                      "yours: yours-torch, yours-triton (your adapters file) or "
+                      "yours=package.module:Function. [default: all but triton and compiled on "
+                      "CPU]", "--attention", "--impl") = None,
+    seq: listed("Sequence length(s). [default: 256,1024,4096,8192,16384 on CUDA, 128,256,512,1024 "
+                "on CPU]") = None,
+    d_head: listed("Head dimension(s). [default: 16,32,64,128 on CUDA, 32,64 on CPU]") = None,
+    batch: listed("Batch size(s). [default: 8 on CUDA, 4 on CPU]") = None,
+    heads: option("Heads, for (batch, heads, seq, d) inputs; omit for (batch, seq, d).",
+                  int | None) = None,
+    precision: listed("fp32, bf16 and/or fp16. [default: fp32]") = None,
+    causal: option("Causal mask. [default: causal]", bool | None, "--causal/--no-causal") = None,
+    passes: option("forward, backward or both (adds end-to-end). [default: both]",
+                   str | None, "--pass") = None,
+    warmup: option("Untimed calls before each timed pass (loop timer). [default: 10 on CUDA, 3 on "
+                   "CPU]", int | None) = None,
+    iters: option("Timed calls per pass (loop timer). [default: 100 on CUDA, 10 on CPU]",
+                  int | None) = None,
+    timer: option("loop (sync around each call) or do-bench (triton.testing.do_bench, CUDA). "
+                  "[default: loop]", str | None) = None,
+    sdpa_backend: option("For sdpa: auto, flash, efficient, math or cudnn.", str) = "auto",
+    triton_opt_in: listed("For triton: its opt-in kernel paths, a point each: default, tma "
+                          "(Hopper: tiles through TMA descriptors), atomic-dq (dQ added with "
+                          "atomics in the dK/dV kernel), tma+atomic-dq. [default: what "
+                          "CS336SYS_TRITON_TMA and CS336SYS_TRITON_ATOMIC_DQ say, else "
+                          "default]") = None,
+    preset: option("pytorch-attention, flash-benchmarking or leaderboard.", str | None) = None,
+    skip_after_oom: option("After an OOM, store longer sequences of the same impl, d and dtype as "
+                           "skipped.", bool, "--skip-after-oom/--no-skip-after-oom") = True,
+    device: option("auto, cpu, cuda or cuda:N.", str) = "auto",
+    seed: option("Seed for the random inputs.", int) = 0,
     resume: Resume = False,
     label: Label = None,
     adapters: Adapters = None,

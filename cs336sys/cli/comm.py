@@ -2,52 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, Resume
+from cs336sys.cli.options import Label, Resume, listed, option
 
 ListOpt = list[str] | None
 
 
 def comm(
-    op: Annotated[
-        ListOpt,
-        typer.Option(
-            help="all-reduce, all-gather, reduce-scatter, broadcast. [default: all-reduce]"
-        ),
-    ] = None,
-    size_bytes: Annotated[
-        ListOpt,
-        typer.Option(
-            "--bytes",
-            help="Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). "
-            "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
-        ),
-    ] = None,
-    world_size: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores (Gloo)]"
-        ),
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="gloo or nccl. [default: nccl on CUDA, else gloo]")
-    ] = None,
-    precision: Annotated[
-        ListOpt, typer.Option(help="fp32, bf16 and/or fp16. [default: fp32]")
-    ] = None,
-    warmup: Annotated[
-        int | None, typer.Option(help="Untimed iterations per point. [default: 5 on CUDA, 2 on CPU]")
-    ] = None,
-    iters: Annotated[
-        int | None, typer.Option(help="Timed iterations per point. [default: 20 on CUDA, 10 on CPU]")
-    ] = None,
-    device: Annotated[
-        str, typer.Option(help="auto, cpu or cuda (picks the default backend).")
-    ] = "auto",
+    op: listed("all-reduce, all-gather, reduce-scatter, broadcast. [default: all-reduce]") = None,
+    size_bytes: listed("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). "
+                       "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
+                       "--bytes") = None,
+    world_size: listed("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
+                       "(Gloo)]") = None,
+    backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
+    precision: listed("fp32, bf16 and/or fp16. [default: fp32]") = None,
+    warmup: option("Untimed iterations per point. [default: 5 on CUDA, 2 on "
+                   "CPU]", int | None) = None,
+    iters: option("Timed iterations per point. [default: 20 on CUDA, 10 on "
+                  "CPU]", int | None) = None,
+    device: option("auto, cpu or cuda (picks the default backend).", str) = "auto",
     resume: Resume = False,
     label: Label = None,
     db: DbOption = DEFAULT_DB,

@@ -323,9 +323,9 @@ def measure(
     after: Callable[[list], None] | None = None,
     **run_options: Any,
 ) -> None:
-    """The one tail of every measuring command. `options` are the command's parameters, as
-    `dict(locals())` taken first thing in its body (before it binds other names): `db`, `resume`, `label` and `adapters` are the command's, every other one
-    is a keyword of `specs`. In order: the adapters file is chosen; `specs(**options)` builds
+    """The one tail of every measuring command. `options` are the command's parameters (its
+    `**options`, or `dict(locals())` taken first thing in its body): `db`, `resume`, `label`
+    and `adapters` are the command's, every other one is a keyword of `specs`. In order: the adapters file is chosen; `specs(**options)` builds
     and validates the points (bad input: one line, exit 2, nothing written); the store is
     checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
     sees the specs; `run_sweep` stores each point as it finishes; the experiment's tables

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+from cs336sys.cli.options import option
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
 
@@ -32,29 +33,17 @@ def _db() -> None:
 
 @db_app.command()
 def export(
-    fmt: Annotated[str, typer.Option("--format", help="csv or jsonl.")] = "csv",
-    experiment: Annotated[
-        list[str] | None,
-        typer.Option(help="Only these experiments (repeatable or comma list). [default: all]"),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Write to this file (replaced whole) instead of stdout.", dir_okay=False),
-    ] = None,
-    samples: Annotated[
-        bool, typer.Option("--samples", help="Include each run's raw samples (big).")
-    ] = False,
-    since: Annotated[
-        str | None,
-        typer.Option(help="Runs created since: today, yesterday, 7d, 12h, 2026-01-05 or an ISO datetime (UTC)."),
-    ] = None,
-    until: Annotated[
-        str | None, typer.Option(help="Runs created before this (same forms; a day means its end).")
-    ] = None,
-    where: Annotated[
-        list[str] | None,
-        typer.Option(help="KEY=VALUE on the run's settings or its label, host, command (repeatable)."),
-    ] = None,
+    fmt: option("csv or jsonl.", str, "--format") = "csv",
+    experiment: option("Only these experiments (repeatable or comma list). [default: all]",
+                       list[str] | None) = None,
+    out: option("Write to this file (replaced whole) instead of stdout.",
+                Path | None, dir_okay=False) = None,
+    samples: option("Include each run's raw samples (big).", bool, "--samples") = False,
+    since: option("Runs created since: today, yesterday, 7d, 12h, 2026-01-05 or an ISO datetime "
+                  "(UTC).", str | None) = None,
+    until: option("Runs created before this (same forms; a day means its end).", str | None) = None,
+    where: option("KEY=VALUE on the run's settings or its label, host, command (repeatable).",
+                  list[str] | None) = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export stored runs as CSV or JSONL, one record per run.

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
 
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, user_code
-from cs336sys.cli.options import Adapters
+from cs336sys.cli.options import Adapters, option
 
 
 def env(
     db: DbOption = DEFAULT_DB,
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    device: option("auto, cpu, cuda or cuda:N.", str) = "auto",
+    as_json: option("Print JSON.", bool, "--json") = False,
     adapters: Adapters = None,
 ) -> None:
     """Print what would be recorded with a measurement: device, versions, git commit, and

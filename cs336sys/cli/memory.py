@@ -4,77 +4,32 @@ accounted; `cs336sys memory residuals`: what one block saves for backward, by op
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, measure
-from cs336sys.cli.options import (
-    DFF,
-    Adapters,
-    Attention,
-    Batch,
-    Checkpoint,
-    Device,
-    DModel,
-    Label,
-    NumHeads,
-    NumLayers,
-    Optimizer,
-    Precision,
-    Resume,
-    Seed,
-    Seq,
-    Size,
-    UserModel,
-    VocabSize,
-)
+from cs336sys.cli.common import fail, measure
+from cs336sys.cli.options import listed, model_command, option
 
 ListOpt = list[str] | None
 
 memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_enable=False)
 
 
-@memory_app.callback(invoke_without_command=True)
-def memory(
-    ctx: typer.Context,
-    size: Size = None,
-    seq: Seq = None,
-    batch: Batch = None,
-    mode: Annotated[
-        ListOpt,
-        typer.Option(
-            help="forward (no grad) and/or train (forward, backward, AdamW step). [default: train]"
-        ),
-    ] = None,
-    precision: Precision = None,
-    checkpoint: Checkpoint = None,
-    attention: Attention = None,
-    optimizer: Optimizer = None,
-    snapshot: Annotated[
-        Path | None,
-        typer.Option(
-            help="Directory for each point's memory timeline PNG (and, on CUDA, the "
-            "pickle pytorch.org/memory_viz loads); created if missing."
-        ),
-    ] = None,
-    warmup: Annotated[int, typer.Option(help="Untracked warm-up steps.")] = 1,
-    iters: Annotated[
-        int, typer.Option(help="Timed steps (untracked), before the measured one.")
-    ] = 3,
-    device: Device = "auto",
-    seed: Seed = 0,
-    d_model: DModel = None,
-    d_ff: DFF = None,
-    num_layers: NumLayers = None,
-    num_heads: NumHeads = None,
-    vocab_size: VocabSize = None,
-    model: UserModel = None,
-    resume: Resume = False,
-    label: Label = None,
-    adapters: Adapters = None,
-    db: DbOption = DEFAULT_DB,
+def _memory_only(
+    mode: listed("forward (no grad) and/or train (forward, backward, AdamW step). [default: "
+                 "train]") = None,
+    snapshot: option("Directory for each point's memory timeline PNG (and, on CUDA, the pickle "
+                     "pytorch.org/memory_viz loads); created if missing.", Path | None) = None,
+    warmup: option("Untracked warm-up steps.", int) = 1,
+    iters: option("Timed steps (untracked), before the measured one.", int) = 3,
 ) -> None:
+    """The options of `memory` beyond the model's (cli/options.py, model_options)."""
+
+
+@memory_app.callback(invoke_without_command=True)
+@model_command(_memory_only)
+def memory(ctx: typer.Context, **options: Any) -> None:
     """Peak memory of a forward pass or training step, next to its analytic breakdown; one row per point.
 
     Per point: the bytes after model init, the peak of the step and of each phase, the bytes just before and after the optimizer step, and the bytes saved for backward (parameters excluded); beside them parameters, gradients and AdamW state (4P, 4P, 8P bytes), the counted activations (fp32, naive attention) and the residual-stream tensor B·T·d·bytes. On CUDA the allocator's figures; elsewhere the live tensor bytes counted by a tracker (not RSS). A sweep over --checkpoint marks the setting with the lowest peak in each group. View: memory_runs.
@@ -85,7 +40,6 @@ def memory(
 
     Subcommand `cs336sys memory residuals` measures one block's saved bytes, by operation.
     """  # noqa: E501
-    options = dict(locals())
     if ctx.invoked_subcommand is not None:
         _refuse_options_before_subcommand(ctx)
         return
@@ -94,28 +48,19 @@ def memory(
     measure(exp.EXPERIMENT, exp.specs, options, describe=_label)
 
 
-@memory_app.command()
-def residuals(
-    size: Annotated[
-        ListOpt, typer.Option(help="Size preset(s) of the block. [default: small]")
-    ] = None,
-    seq: Seq = None,
-    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 1]")] = None,
-    precision: Precision = None,
-    impl: Annotated[
-        ListOpt,
-        typer.Option(help="eager and/or compiled (torch.compile). [default: eager,compiled]"),
-    ] = None,
-    attention: Attention = None,
-    device: Device = "auto",
-    seed: Seed = 0,
-    d_model: DModel = None,
-    d_ff: DFF = None,
-    num_heads: NumHeads = None,
-    resume: Resume = False,
-    label: Label = None,
-    db: DbOption = DEFAULT_DB,
+def _residuals_only(
+    size: listed("Size preset(s) of the block. [default: small]") = None,
+    batch: listed("Batch size(s). [default: 1]") = None,
+    impl: listed("eager and/or compiled (torch.compile). [default: eager,compiled]") = None,
 ) -> None:
+    """The options of `memory residuals` beyond the model's."""
+
+
+@memory_app.command()
+@model_command(_residuals_only,
+               drop=("optimizer", "checkpoint", "warmup", "iters", "model", "num_layers",
+                     "vocab_size", "adapters"))
+def residuals(**options: Any) -> None:
     """Bytes one TransformerBlock saves for backward, eager and compiled, and the top 5 operations by saved bytes.
 
     Saved-tensor hooks count each saved storage once, parameters excluded; the bytes are attributed to autograd node names by walking the graph (a storage saved by several nodes is split among them), so the shares add up to 1. A compiled block is one CompiledFunctionBackward node. The analytic count is given for the eager fp32 block with naive attention. View: memory_residuals_runs.
@@ -124,7 +69,6 @@ def residuals(
 
         cs336sys memory residuals --size xl --seq 2048
     """  # noqa: E501
-    options = dict(locals())
     from cs336sys.experiments import memory_residuals as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, command="memory residuals",

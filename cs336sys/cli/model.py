@@ -2,68 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
-import typer
-
-from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import (
-    DFF,
-    Adapters,
-    Attention,
-    Batch,
-    Checkpoint,
-    Compile,
-    Device,
-    DModel,
-    Iters,
-    Label,
-    NumHeads,
-    NumLayers,
-    Optimizer,
-    Precision,
-    Resume,
-    Seed,
-    Seq,
-    Size,
-    UserModel,
-    VocabSize,
-    Warmup,
-)
+from cs336sys.cli.common import measure
+from cs336sys.cli.options import Compile, listed, model_command, option
 
 ListOpt = list[str] | None
 
 
-def model(
-    size: Size = None,
-    seq: Seq = None,
-    batch: Batch = None,
-    mode: Annotated[
-        ListOpt, typer.Option(help="forward, forward-backward and/or train. [default: train]")
-    ] = None,
-    precision: Precision = None,
-    attention: Attention = None,
-    optimizer: Optimizer = None,
+def _model_only(
+    mode: listed("forward, forward-backward and/or train. [default: train]") = None,
     compile: Compile = False,
-    checkpoint: Checkpoint = None,
-    warmup: Warmup = None,
-    iters: Iters = None,
-    device: Device = "auto",
-    seed: Seed = 0,
-    d_model: DModel = None,
-    d_ff: DFF = None,
-    num_layers: NumLayers = None,
-    num_heads: NumHeads = None,
-    vocab_size: VocabSize = None,
-    nvtx: Annotated[
-        bool, typer.Option("--nvtx", help="Emit NVTX ranges (for nsys); no-op without CUDA.")
-    ] = False,
-    model: UserModel = None,
-    resume: Resume = False,
-    label: Label = None,
-    adapters: Adapters = None,
-    db: DbOption = DEFAULT_DB,
+    nvtx: option("Emit NVTX ranges (for nsys); no-op without CUDA.", bool, "--nvtx") = False,
 ) -> None:
+    """The options of `model` beyond the model's (cli/options.py, model_options)."""
+
+
+@model_command(_model_only)
+def model(**options: Any) -> None:
     """Time forward, backward and optimizer steps of the Transformer LM; one row per point.
 
     Every list option takes comma lists or repetition, and the sweep is their cartesian product. Weights and data are random. Out-of-memory points are stored with status `oom` and the sweep goes on; other failures are stored as `error` (exit code 1 at the end).
@@ -76,7 +32,6 @@ def model(
 
         cs336sys model --attention flash-torch,yours-torch
     """  # noqa: E501
-    options = dict(locals())
     from cs336sys.experiments import model as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, describe=point_name)

@@ -14,121 +14,123 @@ from typing import Annotated, Any
 
 import typer
 
+from cs336sys.cli.common import DEFAULT_DB, DbOption
+
 ListOpt = list[str] | None
 
-Size = Annotated[
-    ListOpt,
-    typer.Option(
-        help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 leaderboard's). "
-        "[default: small on CUDA, tiny on CPU]"
-    ),
-]
-Seq = Annotated[
-    ListOpt, typer.Option(help="Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
-]
-Batch = Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 4]")]
-Precision = Annotated[
-    ListOpt,
-    typer.Option(
-        help="fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: fp32]"
-    ),
-]
-Warmup = Annotated[
-    int | None, typer.Option(help="Untimed warm-up steps. [default: 5 on CUDA, 2 on CPU]")
-]
-Iters = Annotated[
-    int | None, typer.Option(help="Timed steps. [default: 10 on CUDA, 5 on CPU]")
-]
-Label = Annotated[
-    str | None,
-    typer.Option(
-        help="Free text stored on this invocation, e.g. 'baseline' or 'after fusing'; "
-        "filter with report --where label=TEXT."
-    ),
-]
-Attention = Annotated[
-    ListOpt,
-    typer.Option(
-        help="Attention implementation(s) from the registry: naive, sdpa, compiled, flash-torch, "
-        "triton. [default: naive]"
-    ),
-]
-Optimizer = Annotated[
-    ListOpt,
-    typer.Option(
-        help="adamw (our own), adamw-foreach, adamw-triton (fused kernel), torch-adamw, "
-        "torch-adamw-fused; train mode only. [default: adamw]"
-    ),
-]
-Compile = Annotated[
-    bool, typer.Option("--compile/--no-compile", help="Wrap the model in torch.compile.")
-]
-Checkpoint = Annotated[
-    ListOpt,
-    typer.Option(
-        help="Activation checkpointing: none, every:K (groups of K blocks), sqrt, or "
-        "groups:A,B,... (uneven groups summing to the layers). [default: none]"
-    ),
-]
-Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
-Seed = Annotated[int, typer.Option(help="Seed for weights and data.")]
-DModel = Annotated[int | None, typer.Option(help="Override the preset's d_model.")]
-DFF = Annotated[int | None, typer.Option(help="Override the preset's d_ff.")]
-NumLayers = Annotated[int | None, typer.Option(help="Override the preset's num_layers.")]
-NumHeads = Annotated[int | None, typer.Option(help="Override the preset's num_heads.")]
-VocabSize = Annotated[
-    int | None, typer.Option(help="Override the vocabulary size (10000; 151936 for 8b).")
-]
-Resume = Annotated[
-    bool,
-    typer.Option("--resume", help="Skip points stored ok by this commit on this machine."),
-]
-Adapters = Annotated[
-    Path | None,
-    typer.Option(
-        "--adapters",
-        envvar="CS336SYS_ADAPTERS",
-        dir_okay=False,
-        help="Your course-layout tests/adapters.py, whose functions become the yours-... "
-        "implementations (or set CS336SYS_ADAPTERS). [default: tests/adapters.py at the top "
-        "of this git checkout, when there is one]",
-    ),
-]
-UserModel = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        help="Your Transformer LM instead of cs336sys's: cs336_basics (the course's "
-        "BasicsTransformerLM, from cs336-basics/ in a course-layout checkout) or "
-        "package.module:Class taking the course's constructor (vocab_size, context_length, "
-        "d_model, num_layers, num_heads, d_ff, rope_theta), filled from --size.",
-    ),
-]
+
+def listed(help: str, *names: str, **settings: Any) -> Any:
+    """A list option: comma lists or repetition (`--seq 128,256` or `--seq 128 --seq 256`),
+    None when not given. `size: listed("Size preset(s).") = None`."""
+    return Annotated[ListOpt, typer.Option(*names, help=help, **settings)]
+
+
+def option(help: str, kind: Any, *names: str, **settings: Any) -> Any:
+    """An option of one value of `kind`: `seed: option("Seed for the inputs.", int) = 0`."""
+    return Annotated[kind, typer.Option(*names, help=help, **settings)]
+
+Size = listed("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
+              "leaderboard's). [default: small on CUDA, tiny on CPU]")
+Seq = listed("Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
+Batch = listed("Batch size(s). [default: 4]")
+Precision = listed("fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: "
+                   "fp32]")
+Warmup = option("Untimed warm-up steps. [default: 5 on CUDA, 2 on CPU]", int | None)
+Iters = option("Timed steps. [default: 10 on CUDA, 5 on CPU]", int | None)
+Label = option("Free text stored on this invocation, e.g. 'baseline' or 'after fusing'; filter "
+               "with report --where label=TEXT.", str | None)
+Attention = listed("Attention implementation(s) from the registry: naive, sdpa, compiled, "
+                   "flash-torch, triton. [default: naive]")
+Optimizer = listed("adamw (our own), adamw-foreach, adamw-triton (fused kernel), torch-adamw, "
+                   "torch-adamw-fused; train mode only. [default: adamw]")
+Compile = option("Wrap the model in torch.compile.", bool, "--compile/--no-compile")
+Checkpoint = listed("Activation checkpointing: none, every:K (groups of K blocks), sqrt, or "
+                    "groups:A,B,... (uneven groups summing to the layers). [default: none]")
+Device = option("auto, cpu, cuda or cuda:N.", str)
+Seed = option("Seed for weights and data.", int)
+DModel = option("Override the preset's d_model.", int | None)
+DFF = option("Override the preset's d_ff.", int | None)
+NumLayers = option("Override the preset's num_layers.", int | None)
+NumHeads = option("Override the preset's num_heads.", int | None)
+VocabSize = option("Override the vocabulary size (10000; 151936 for 8b).", int | None)
+Resume = option("Skip points stored ok by this commit on this machine.", bool, "--resume")
+Adapters = option("Your course-layout tests/adapters.py, whose functions become the yours-... "
+                  "implementations (or set CS336SYS_ADAPTERS). [default: tests/adapters.py at the "
+                  "top of this git checkout, when there is one]",
+                  Path | None, "--adapters", envvar="CS336SYS_ADAPTERS", dir_okay=False)
+UserModel = option("Your Transformer LM instead of cs336sys's: cs336_basics (the course's "
+                   "BasicsTransformerLM, from cs336-basics/ in a course-layout checkout) or "
+                   "package.module:Class taking the course's constructor (vocab_size, "
+                   "context_length, d_model, num_layers, num_heads, d_ff, rope_theta), filled from "
+                   "--size.", str | None, "--model")
+
+
+# -- groups: a function whose parameters are options that several commands take ------------------
+def model_options(
+    size: Size = None,
+    seq: Seq = None,
+    batch: Batch = None,
+    precision: Precision = None,
+    attention: Attention = None,
+    optimizer: Optimizer = None,
+    checkpoint: Checkpoint = None,
+    warmup: Warmup = None,
+    iters: Iters = None,
+    device: Device = "auto",
+    seed: Seed = 0,
+    model: UserModel = None,
+) -> None:
+    """What a point of the Transformer LM is: model, memory, step, ddp, profile model (with
+    shape_options)."""
+
+
+def shape_options(
+    d_model: DModel = None,
+    d_ff: DFF = None,
+    num_layers: NumLayers = None,
+    num_heads: NumHeads = None,
+    vocab_size: VocabSize = None,
+) -> None:
+    """The size preset's shape, overridden: every command that builds the model."""
+
+
+def store_options(
+    resume: Resume = False,
+    label: Label = None,
+    adapters: Adapters = None,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Where and how the points are stored, and the user's code: every measuring command."""
 
 
 # The options every measuring command ends with, in this order: the store's and the user code's.
 LAST = ("resume", "label", "adapters", "db")
 
 
-def options_of(*commands: Any, drop: tuple[str, ...] = ()) -> Any:
-    """Reuse other commands' options, declared once there: the decorated command takes every
-    option of `commands` (less `drop`), where it declares one of the same name its own
-    in that place, and its other options before the store's (LAST). The body receives the
-    borrowed options in `**options`. Typer reads the merged `__signature__`."""
+def options_of(*groups: Any, drop: tuple[str, ...] = ()) -> Any:
+    """Declare options once and reuse them: the decorated command takes the parameters of
+    each of `groups` (option groups above, or other commands) in order, less `drop`, then
+    its own; where two declare an option of the same name, the later one replaces the earlier
+    in its place (a command's own help for --seq, say). The store's options (LAST) come last.
+    The command's body receives the options in `**options`; Typer reads the merged
+    `__signature__`."""
 
     def wrap(command: Any) -> Any:
-        own = {p.name: p for p in inspect.signature(command, eval_str=True).parameters.values()
-               if p.kind is not p.VAR_KEYWORD}
         merged: dict[str, inspect.Parameter] = {}
-        for source in commands:
-            for p in inspect.signature(source, eval_str=True).parameters.values():
-                if p.name not in drop and p.name not in merged:
-                    merged[p.name] = own.get(p.name, p)
-        extra = [p for name, p in own.items() if name not in merged]
-        first_last = next((i for i, n in enumerate(merged) if n in LAST), len(merged))
-        params = [*list(merged.values())[:first_last], *extra, *list(merged.values())[first_last:]]
+        for group in (*groups, command):
+            for p in inspect.signature(group, eval_str=True).parameters.values():
+                if p.kind is not p.VAR_KEYWORD and p.name not in drop:
+                    merged[p.name] = p
+        params = [p for name, p in merged.items() if name not in LAST]
+        params += [merged[name] for name in LAST if name in merged]
         command.__signature__ = inspect.Signature(
             [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params])
         return command
 
     return wrap
+
+
+def model_command(*own: Any, drop: tuple[str, ...] = ()) -> Any:
+    """`options_of` for a command that measures the Transformer LM: the model's options and
+    its shape's, the command's `own` groups, then the store's."""
+    return options_of(model_options, shape_options, *own, store_options, drop=drop)

@@ -4,12 +4,12 @@ imports no torch, so it answers at once."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, fail, recording, user_errors
-from cs336sys.cli.options import DFF, DModel, Label, NumHeads, NumLayers, VocabSize
+from cs336sys.cli.options import Label, listed, option, options_of, shape_options
 
 ListOpt = list[str] | None
 
@@ -31,55 +31,25 @@ class Beside:
         return self.rec.add(experiment, spec, result)
 
 
+@options_of(shape_options)
 def plan(
-    size: Annotated[
-        str,
-        typer.Option(
-            help="Model size preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model)."
-        ),
-    ] = "8b",
-    batch: Annotated[
-        int | None,
-        typer.Option(
-            help="Global batch of one step in tokens, whole sequences. [default: 256 sequences]"
-        ),
-    ] = None,
-    seq: Annotated[int | None, typer.Option(help="Tokens per sequence. [default: 4096]")] = None,
-    strategy: Annotated[
-        ListOpt, typer.Option(help="dp, fsdp, tp and/or fsdp-tp. [default: all]")
-    ] = None,
-    n: Annotated[
-        ListOpt, typer.Option("--n", help="Degrees: devices per strategy. [default: 1,2,4,8]")
-    ] = None,
-    hardware: Annotated[
-        ListOpt,
-        typer.Option(
-            help="GPU preset(s): a100, h100, h200, b200 (data "
-            "sheets). [default: h100 without --measured]"
-        ),
-    ] = None,
-    measured: Annotated[
-        bool,
-        typer.Option(
-            "--measured",
-            help="C and W as this GPU measured them: the best stored model TFLOP/s and comm busbw.",
-        ),
-    ] = False,
-    gpu: Annotated[
-        str | None,
-        typer.Option(
-            help="With --measured: the stored GPU name to use "
-            "(e.g. from a merged store). [default: this "
-            "machine's, 'cpu' without one]"
-        ),
-    ] = None,
-    d_model: DModel = None,
-    d_ff: DFF = None,
-    num_layers: NumLayers = None,
-    num_heads: NumHeads = None,
-    vocab_size: VocabSize = None,
+    *,
+    size: option("Model size preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model).",
+                 str) = "8b",
+    batch: option("Global batch of one step in tokens, whole sequences. [default: 256 sequences]",
+                  int | None) = None,
+    seq: option("Tokens per sequence. [default: 4096]", int | None) = None,
+    strategy: listed("dp, fsdp, tp and/or fsdp-tp. [default: all]") = None,
+    n: listed("Degrees: devices per strategy. [default: 1,2,4,8]", "--n") = None,
+    hardware: listed("GPU preset(s): a100, h100, h200, b200 (data sheets). [default: h100 without "
+                     "--measured]") = None,
+    measured: option("C and W as this GPU measured them: the best stored model TFLOP/s and comm "
+                     "busbw.", bool, "--measured") = False,
+    gpu: option("With --measured: the stored GPU name to use (e.g. from a merged store). [default: "
+                "this machine's, 'cpu' without one]", str | None) = None,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
+    **shape: Any,
 ) -> None:
     """Plan DP, FSDP, TP and FSDP+TP at each degree: compute and communication time per
     collective (ring formulas), whether communication hides behind compute, the largest
@@ -101,8 +71,7 @@ def plan(
         boxes.append(_measured(db, gpu))
     with user_errors():
         specs = exp.specs(size=size, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
-                          d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-                          vocab_size=vocab_size)
+                          **shape)
     conn = _reader(db)
     try:
         with recording(db, "plan", "none", label=label) as rec:

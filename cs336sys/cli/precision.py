@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label
+from cs336sys.cli.options import Label, listed, option
 
 ListOpt = list[str] | None
-DeviceOpt = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+DeviceOpt = option("auto, cpu, cuda or cuda:N.", str)
 
 precision = typer.Typer(
     name="precision",
@@ -35,15 +33,10 @@ def _group() -> None:
 
 @precision.command()
 def accumulate(
-    variant: Annotated[
-        ListOpt,
-        typer.Option(
-            help="fp32, fp16, fp16-into-fp32 (float16 values, float32 sum), fp16-upcast "
-            "(values cast to float32 explicitly). [default: all four]"
-        ),
-    ] = None,
-    additions: Annotated[int, typer.Option(help="How many times to add the value.")] = 1000,
-    value: Annotated[float, typer.Option(help="The value added each time.")] = 0.01,
+    variant: listed("fp32, fp16, fp16-into-fp32 (float16 values, float32 sum), fp16-upcast (values "
+                    "cast to float32 explicitly). [default: all four]") = None,
+    additions: option("How many times to add the value.", int) = 1000,
+    value: option("The value added each time.", float) = 0.01,
     device: DeviceOpt = "auto",
     label: Label = None,
     db: DbOption = DEFAULT_DB,
@@ -65,12 +58,12 @@ def accumulate(
 
 @precision.command()
 def autocast(
-    precision: Annotated[ListOpt, typer.Option(help="bf16 and/or fp16. [default: bf16]")] = None,
-    in_features: Annotated[int, typer.Option(help="The toy model's input width.")] = 16,
-    out_features: Annotated[int, typer.Option(help="The toy model's output width.")] = 4,
-    batch: Annotated[ListOpt, typer.Option(help="Rows in the random batch. [default: 8]")] = None,
+    precision: listed("bf16 and/or fp16. [default: bf16]") = None,
+    in_features: option("The toy model's input width.", int) = 16,
+    out_features: option("The toy model's output width.", int) = 4,
+    batch: listed("Rows in the random batch. [default: 8]") = None,
     device: DeviceOpt = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for weights and data.")] = 0,
+    seed: option("Seed for weights and data.", int) = 0,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:

@@ -14,14 +14,14 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from cs336sys.cli.attention import attention as attention_command
 from cs336sys.cli.common import fail, measure, table
 from cs336sys.cli.model import model as model_command
-from cs336sys.cli.options import options_of
+from cs336sys.cli.options import option, options_of
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
 
@@ -36,52 +36,40 @@ def _profile() -> None:
     """
 
 
-# -- options shared by both subcommands --------------------------------------------------
-Top = Annotated[int, typer.Option(help="Ops/kernels kept per phase; the rest is one (other) row.")]
-Trace = Annotated[
-    Path | None,
-    typer.Option(
-        help="Write a Chrome trace (chrome://tracing, ui.perfetto.dev); several points get "
-        "-1, -2, ... before the suffix.",
-    ),
-]
-Nsys = Annotated[
-    bool,
-    typer.Option(
-        "--nsys",
-        help="Print the Nsight Systems command that captures only the measured steps (NVTX "
-        "range 'measured_steps'), instead of profiling here. Needs nsys and CUDA.",
-    ),
-]
-Exec = Annotated[bool, typer.Option("--exec", help="With --nsys: also run that command.")]
-Nvtx = Annotated[
-    bool,
-    typer.Option(
-        "--nvtx",
-        help="Mark phases and the measured steps with NVTX ranges in place of torch.profiler "
-        "(what the --nsys command runs; nsys and torch.profiler cannot share CUPTI).",
-    ),
-]
-
-
-@options_of(model_command)
-def profile_model(
-    ctx: typer.Context,
-    *,
-    warmup: Annotated[
-        int | None,
-        typer.Option(help="Warm-up steps, run before the profiler. [default: 5 on CUDA, 2 on CPU]"),
-    ] = None,
-    iters: Annotated[
-        int | None, typer.Option(help="Profiled (measured) steps. [default: 10 on CUDA, 5 on CPU]")
-    ] = None,
-    top: Top = 10,
-    trace: Trace = None,
-    nsys: Nsys = False,
-    exec_: Exec = False,
-    nvtx: Nvtx = False,
-    **options: Any,
+def _profiling(
+    top: option("Ops/kernels kept per phase; the rest is one (other) row.", int) = 10,
+    trace: option("Write a Chrome trace (chrome://tracing, ui.perfetto.dev); several points get "
+                  "-1, -2, ... before the suffix.", Path | None) = None,
+    nsys: option("Print the Nsight Systems command that captures only the measured steps (NVTX "
+                 "range 'measured_steps'), instead of profiling here. Needs nsys and CUDA.",
+                 bool, "--nsys") = False,
+    exec_: option("With --nsys: also run that command.", bool, "--exec") = False,
+    nvtx: option("Mark phases and the measured steps with NVTX ranges in place of "
+                 "torch.profiler (what the --nsys command runs; nsys and torch.profiler cannot "
+                 "share CUPTI).", bool, "--nvtx") = False,
 ) -> None:
+    """The options of both subcommands beyond those of the command they profile."""
+
+
+def _model_steps(
+    warmup: option("Warm-up steps, run before the profiler. [default: 5 on CUDA, 2 on CPU]",
+                   int | None) = None,
+    iters: option("Profiled (measured) steps. [default: 10 on CUDA, 5 on CPU]", int | None) = None,
+) -> None:
+    """What `profile model` counts as warm-up and measured."""
+
+
+def _attention_calls(
+    warmup: option("Warm-up calls, before the profiler. [default: 10 on CUDA, 3 on CPU]",
+                   int | None) = None,
+    iters: option("Profiled (measured) calls. [default: 100 on CUDA, 10 on CPU]",
+                  int | None) = None,
+) -> None:
+    """What `profile attention` counts as warm-up and measured."""
+
+
+@options_of(model_command, _model_steps, _profiling)
+def profile_model(ctx: typer.Context, **options: Any) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
 
     Same options as `cs336sys model`. Warm-up steps run outside the profiler; each measured step's forward, backward and optimizer phases are summarised separately: name, calls, total and mean time, share of the phase (CUDA: kernel time; CPU: op self time). With naive attention the forward's QKᵀ, softmax and PV are also set against their FLOPs.
@@ -92,29 +80,11 @@ def profile_model(
     """  # noqa: E501
     from cs336sys.experiments import model as model_exp
 
-    _profile(ctx, "model", model_exp.specs, {**options, "warmup": warmup, "iters": iters},
-             top, trace, nsys, exec_, nvtx)
+    _profile_points(ctx, "model", model_exp.specs, options)
 
 
-@options_of(attention_command, drop=("timer", "skip_after_oom"))
-def profile_attention(
-    ctx: typer.Context,
-    *,
-    warmup: Annotated[
-        int | None,
-        typer.Option(help="Warm-up calls, before the profiler. [default: 10 on CUDA, 3 on CPU]"),
-    ] = None,
-    iters: Annotated[
-        int | None,
-        typer.Option(help="Profiled (measured) calls. [default: 100 on CUDA, 10 on CPU]"),
-    ] = None,
-    top: Top = 10,
-    trace: Trace = None,
-    nsys: Nsys = False,
-    exec_: Exec = False,
-    nvtx: Nvtx = False,
-    **options: Any,
-) -> None:
+@options_of(attention_command, _attention_calls, _profiling, drop=("timer", "skip_after_oom"))
+def profile_attention(ctx: typer.Context, **options: Any) -> None:
     """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
 
     Same options as `cs336sys attention` (but no --timer: the profiler times). For naive attention the forward's QKᵀ (2·B·H·T²·d FLOPs, with scale and mask), softmax (5·B·H·T²) and PV (2·B·H·T²·d) get their time and achieved GFLOP/s.
@@ -126,21 +96,22 @@ def profile_attention(
     from cs336sys.experiments import attention as attention_exp
 
     options["impl"] = options.pop("attention")
-    _profile(ctx, "attention", attention_exp.specs,
-             {**options, "warmup": warmup, "iters": iters}, top, trace, nsys, exec_, nvtx)
+    _profile_points(ctx, "attention", attention_exp.specs, options)
 
 
 profile_app.command("model")(profile_model)
 profile_app.command("attention")(profile_attention)
 
 # What the --nsys command line leaves out of the options it passes on (it adds --nvtx itself).
-_NOT_PASSED_ON = {"top", "trace", "nsys", "exec_", "nvtx", "db"}
+_PROFILING = ("top", "trace", "nsys", "exec_", "nvtx")  # the options of _profiling
+_NOT_PASSED_ON = (*_PROFILING, "db")
 
 
-def _profile(ctx, target, point_specs, options, top, trace, nsys, exec_, nvtx):
+def _profile_points(ctx, target, point_specs, options):
     """Validate the profiling options, then print/run nsys or profile and store each point."""
     from cs336sys.experiments import profile as exp
 
+    top, trace, nsys, exec_, nvtx = (options.pop(k) for k in _PROFILING)
     if exec_ and not nsys:
         fail("--exec runs the Nsight Systems command: pass --nsys too")
     if nsys and nvtx:

@@ -5,74 +5,43 @@ from __future__ import annotations
 import sqlite3
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, choices, fail
+from cs336sys.cli.options import listed, option
 
 ListOpt = list[str] | None
 
 
 def report(
-    since: Annotated[
-        str | None,
-        typer.Option(help="Runs created since: today, yesterday, 7d, 12h, 2026-01-05, or an ISO datetime (UTC); or a git ref of this folder's repository (HEAD~3, a branch, a tag): the runs of that commit and the later ones up to HEAD, cs336sys's or your code's."),
-    ] = None,
-    until: Annotated[
-        str | None,
-        typer.Option(help="Runs created before this (same forms; a day means its end)."),
-    ] = None,
-    experiment: Annotated[
-        ListOpt, typer.Option(help="Only these experiments (model, attention, comm, ...).")
-    ] = None,
-    gpu: Annotated[str | None, typer.Option(help="Only runs on this GPU (its name).")] = None,
-    commit: Annotated[
-        str | None,
-        typer.Option(help="Only runs at this git commit, cs336sys's or your code's: a prefix, "
-                     "or a git ref of this folder's repository (HEAD, a branch)."),
-    ] = None,
-    where: Annotated[
-        ListOpt,
-        typer.Option(help="KEY=VALUE on the run's settings, e.g. size=small (repeatable)."),
-    ] = None,
-    compare: Annotated[
-        tuple[str, str] | None,
-        typer.Option(
-            help="Two commits (prefixes, or git refs of this folder's repository: HEAD~1 HEAD; "
-            "cs336sys's or your code's), invocation ids, labels or GPUs: the report covers only their runs, and "
-            "every point measured on both sides gets B/A and a verdict (1.23x slower, from a "
-            "Mann-Whitney U test on the raw samples), also printed as a table.",
-            metavar="A B",
-        ),
-    ] = None,
-    fail_on_regression: Annotated[
-        float | None,
-        typer.Option(
-            help="With --compare: exit 1 (after writing the report) when a significant "
-            "regression is worse than PCT percent (1.12x slower is 12), for CI.",
-            metavar="PCT",
-        ),
-    ] = None,
-    threshold: Annotated[
-        float,
-        typer.Option(
-            help="With --compare or --history: the smallest change in percent that counts "
-            "(beside p < 0.05). Raise it where runs of the same code drift further apart.",
-            metavar="PCT",
-        ),
-    ] = 5.0,
-    history: Annotated[
-        bool,
-        typer.Option(
-            "--history",
-            help="Plot each point's median across commits, in time order, and list the steps "
-            "(regressions and improvements) found in the raw samples; steps are also printed.",
-        ),
-    ] = False,
-    fmt: Annotated[ListOpt, typer.Option("--format", help="html and/or md. [default: both]")] = None,
-    out: Annotated[Path, typer.Option(help="Folder to write the report into.")] = Path("reports"),
-    title: Annotated[str, typer.Option(help="Title of the report.")] = "cs336sys report",
+    since: option("Runs created since: today, yesterday, 7d, 12h, 2026-01-05, or an ISO datetime "
+                  "(UTC); or a git ref of this folder's repository (HEAD~3, a branch, a tag): the "
+                  "runs of that commit and the later ones up to HEAD, cs336sys's or your code's.",
+                  str | None) = None,
+    until: option("Runs created before this (same forms; a day means its end).", str | None) = None,
+    experiment: listed("Only these experiments (model, attention, comm, ...).") = None,
+    gpu: option("Only runs on this GPU (its name).", str | None) = None,
+    commit: option("Only runs at this git commit, cs336sys's or your code's: a prefix, or a git "
+                   "ref of this folder's repository (HEAD, a branch).", str | None) = None,
+    where: listed("KEY=VALUE on the run's settings, e.g. size=small (repeatable).") = None,
+    compare: option("Two commits (prefixes, or git refs of this folder's repository: HEAD~1 HEAD; "
+                    "cs336sys's or your code's), invocation ids, labels or GPUs: the report covers "
+                    "only their runs, and every point measured on both sides gets B/A and a "
+                    "verdict (1.23x slower, from a Mann-Whitney U test on the raw samples), also "
+                    "printed as a table.", tuple[str, str] | None, metavar="A B") = None,
+    fail_on_regression: option("With --compare: exit 1 (after writing the report) when a "
+                               "significant regression is worse than PCT percent (1.12x slower is "
+                               "12), for CI.", float | None, metavar="PCT") = None,
+    threshold: option("With --compare or --history: the smallest change in percent that counts "
+                      "(beside p < 0.05). Raise it where runs of the same code drift further "
+                      "apart.", float, metavar="PCT") = 5.0,
+    history: option("Plot each point's median across commits, in time order, and list the steps "
+                    "(regressions and improvements) found in the raw samples; steps are also "
+                    "printed.", bool, "--history") = False,
+    fmt: listed("html and/or md. [default: both]", "--format") = None,
+    out: option("Folder to write the report into.", Path) = Path("reports"),
+    title: option("Title of the report.", str) = "cs336sys report",
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Render stored runs as a report: one section per experiment, a provenance header, and with --compare the same points side by side.

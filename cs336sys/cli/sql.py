@@ -11,22 +11,17 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+from cs336sys.cli.options import option
 from cs336sys.store.views import typed
 
 
 def sql(
     query: Annotated[str, typer.Argument(help="One SQL statement; it may only read.")],
     db: DbOption = DEFAULT_DB,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of objects.")] = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV with a header row.")] = False,
-    param: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--param",
-            "-p",
-            help="Value for a ? placeholder (repeatable, in order); numbers bind as numbers.",
-        ),
-    ] = None,
+    as_json: option("Print a JSON list of objects.", bool, "--json") = False,
+    as_csv: option("Print CSV with a header row.", bool, "--csv") = False,
+    param: option("Value for a ? placeholder (repeatable, in order); numbers bind as numbers.",
+                  list[str] | None, "--param", "-p") = None,
 ) -> None:
     """Run a read-only SQL query on the results store and print the rows.
 

@@ -2,111 +2,47 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
-import typer
-
-from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import (
-    DFF,
-    Adapters,
-    Checkpoint,
-    Device,
-    DModel,
-    Label,
-    NumHeads,
-    Resume,
-    Seed,
-    UserModel,
-    VocabSize,
-)
+from cs336sys.cli.common import measure
+from cs336sys.cli.options import listed, model_command, option
 
 ListOpt = list[str] | None
 
 
-def step(
-    size: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
-            "leaderboard's). [default: 8b on CUDA, tiny on CPU]"
-        ),
-    ] = None,
-    seq: Annotated[
-        ListOpt, typer.Option(help="Context length(s). [default: 8192 on CUDA, 128 on CPU]")
-    ] = None,
-    batch: Annotated[ListOpt, typer.Option(help="Batch size(s). [default: 2]")] = None,
-    switches: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Switch sets: none, fused-adamw, fused-ce, flash, compile, sets joined with + "
-            "(fused-adamw+fused-ce), all, or ablation (none, each alone, all). "
-            "[default: ablation on CUDA, none,fused-adamw,fused-ce on CPU]"
-        ),
-    ] = None,
-    checkpoint: Checkpoint = None,
-    precision: Annotated[
-        ListOpt,
-        typer.Option(help="Autocast dtype: bf16 and/or fp32. [default: bf16 on CUDA, fp32 on CPU]"),
-    ] = None,
-    param_dtype: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Weights: fp32 (master weights under autocast) and/or bf16 (16-bit weights, "
-            "fp32 optimizer state). [default: fp32]"
-        ),
-    ] = None,
-    attention: Annotated[
-        str | None,
-        typer.Option(help="The baseline attention that flash replaces (yours-torch, "
-                     "yours-triton: your adapters'). [default: sdpa]"),
-    ] = None,
-    adamw: Annotated[
-        str | None,
-        typer.Option(
-            help="What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
-            "[default: triton on CUDA, foreach on CPU]"
-        ),
-    ] = None,
-    ce: Annotated[
-        str, typer.Option(help="What fused-ce runs: torch (chunked) or triton.")
-    ] = "torch",
-    warm_cache: Annotated[
-        bool,
-        typer.Option(
-            "--warm-cache",
-            help="Compile with the inductor and Triton caches already there, instead of from "
-            "empty ones as the leaderboard's 10-minute rule counts.",
-        ),
-    ] = False,
-    warmup: Annotated[
-        int | None,
-        typer.Option(help="Steps after the first one, untimed. [default: 2 on CUDA, 1 on CPU]"),
-    ] = None,
-    iters: Annotated[
-        int | None,
-        typer.Option(help="Timed steps (do_bench's repetitions on CUDA). [default: 5, 3 on CPU]"),
-    ] = None,
-    device: Device = "auto",
-    seed: Seed = 0,
-    d_model: DModel = None,
-    d_ff: DFF = None,
-    num_layers: Annotated[
-        ListOpt,
-        typer.Option(
-            help="Override the preset's num_layers; a list (8,12,16) finds the largest that "
-            "fits: after an out-of-memory the larger counts are skipped. [default: 8 for the "
-            "default 8b on CUDA]"
-        ),
-    ] = None,
-    num_heads: NumHeads = None,
-    vocab_size: VocabSize = None,
-    model: UserModel = None,
-    resume: Resume = False,
-    label: Label = None,
-    adapters: Adapters = None,
-    db: DbOption = DEFAULT_DB,
+def _step_only(
+    size: listed("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
+                 "leaderboard's). [default: 8b on CUDA, tiny on CPU]") = None,
+    seq: listed("Context length(s). [default: 8192 on CUDA, 128 on CPU]") = None,
+    batch: listed("Batch size(s). [default: 2]") = None,
+    switches: listed("Switch sets: none, fused-adamw, fused-ce, flash, compile, sets joined with + "
+                     "(fused-adamw+fused-ce), all, or ablation (none, each alone, all). [default: "
+                     "ablation on CUDA, none,fused-adamw,fused-ce on CPU]") = None,
+    precision: listed("Autocast dtype: bf16 and/or fp32. [default: bf16 on CUDA, fp32 on "
+                      "CPU]") = None,
+    param_dtype: listed("Weights: fp32 (master weights under autocast) and/or bf16 (16-bit "
+                        "weights, fp32 optimizer state). [default: fp32]") = None,
+    attention: option("The baseline attention that flash replaces (yours-torch, yours-triton: your "
+                      "adapters'). [default: sdpa]", str | None) = None,
+    adamw: option("What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
+                  "[default: triton on CUDA, foreach on CPU]", str | None) = None,
+    ce: option("What fused-ce runs: torch (chunked) or triton.", str) = "torch",
+    warm_cache: option("Compile with the inductor and Triton caches already there, instead of from "
+                       "empty ones as the leaderboard's 10-minute rule counts.",
+                       bool, "--warm-cache") = False,
+    warmup: option("Steps after the first one, untimed. [default: 2 on CUDA, 1 on "
+                   "CPU]", int | None) = None,
+    iters: option("Timed steps (do_bench's repetitions on CUDA). [default: 5, 3 on CPU]",
+                  int | None) = None,
+    num_layers: listed("Override the preset's num_layers; a list (8,12,16) finds the largest that "
+                       "fits: after an out-of-memory the larger counts are skipped. [default: 8 "
+                       "for the default 8b on CUDA]") = None,
 ) -> None:
+    """The options of `step` beyond the model's (cli/options.py, model_options)."""
+
+
+@model_command(_step_only, drop=("optimizer",))
+def step(**options: Any) -> None:
     """Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
     cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch
     set, so that each optimisation's gain shows alone and together.
@@ -117,7 +53,6 @@ def step(
 
         cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
     """  # noqa: E501
-    options = dict(locals())
     from cs336sys.experiments import step as exp
 
     options["cold_cache"] = not options.pop("warm_cache")

@@ -26,10 +26,11 @@ from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
-    Metric,
     Ratio,
     Table,
     launch,
+    metric_table,
+    setting_columns,
     settings_keys,
     timing,
 )
@@ -431,12 +432,7 @@ TABLE = Table(
     "Latency (mean ± std), memory held before backward, throughput, error",
     (
         Column("impl", "impl", cell=_impl, setting=True),
-        Column("d", "d_head", setting=True),
-        Column("seq", "seq", setting=True),
-        Column("heads", "heads", setting=True),
-        Column("batch", "batch", setting=True),
-        Column("precision", "precision", setting=True),
-        Column("pass", "pass", setting=True),
+        *setting_columns("d=d_head seq heads batch precision pass"),
         Column("fwd ms", "fwd_ms", "mean_std"),
         Column("bwd ms", "bwd_ms", "mean_std"),
         Column("e2e ms", "e2e_ms", "mean_std"),
@@ -456,7 +452,6 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="attention",
-    view="attention_runs",
     title="Attention: implementations by sequence length",
     spec=AttentionSpec,
     run=run,
@@ -465,27 +460,30 @@ EXPERIMENT = Experiment(
         *timing("fwd_ms", "forward call"),
         *timing("bwd_ms", "backward call"),
         *timing("e2e_ms", "forward and backward, end to end"),
-        Metric("mem_before_bwd_bytes", "bytes", "memory in use before backward (CUDA: "
-               "allocated; CPU: saved for backward)"),
-        Metric("saved_bytes", "bytes", "bytes saved for backward (saved-tensor hooks)"),
-        Metric("peak_bytes", "bytes", "CUDA: peak allocated over the timed passes"),
-        Metric("flops_fwd", "FLOP", "forward FLOPs, 4·B·H·T²·d, halved when causal"),
-        Metric("flops_bwd", "FLOP", "backward FLOPs, 2.5 × forward"),
-        Metric("flops_e2e", "FLOP", "forward + backward FLOPs"),
-        Metric("tflops_fwd", "TFLOP/s", "forward FLOPs / median forward time"),
-        Metric("tflops_bwd", "TFLOP/s", "backward FLOPs / median backward time"),
-        Metric("tflops_e2e", "TFLOP/s", "end-to-end FLOPs / median end-to-end time"),
-        Metric("max_err", "", "max |O - O_ref| against a float64 reference"),
-        Metric("max_err_grad", "", "max error of dQ, dK, dV against the reference"),
-        Metric("check", "", "pass, or fail (the point is `wrong`): every element of O (and "
-               "dQ, dK, dV) within check_atol + check_rtol·|ref|"),
-        Metric("check_rtol", "", "the check's relative tolerance"),
-        Metric("check_atol", "", "the check's absolute tolerance"),
-        Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
-        Metric("interpreted", "", "Triton ran in its CPU interpreter"),
-        Metric("sdpa_backend_used", "", "the SDPA backend torch's dispatcher chose"),
-        Metric("triton_kernels", "", "triton: the kernels that ran (pointer or tma, "
-               "+atomic-dq for the atomic-dQ backward)"),
+        *metric_table("""
+            mem_before_bwd_bytes  bytes    memory in use before backward (CUDA: allocated; CPU:
+                                             saved for backward)
+            saved_bytes           bytes    bytes saved for backward (saved-tensor hooks)
+            peak_bytes            bytes    CUDA: peak allocated over the timed passes
+            flops_fwd             FLOP     forward FLOPs, 4·B·H·T²·d, halved when causal
+            flops_bwd             FLOP     backward FLOPs, 2.5 × forward
+            flops_e2e             FLOP     forward + backward FLOPs
+            tflops_fwd            TFLOP/s  forward FLOPs / median forward time
+            tflops_bwd            TFLOP/s  backward FLOPs / median backward time
+            tflops_e2e            TFLOP/s  end-to-end FLOPs / median end-to-end time
+            max_err               -        max |O - O_ref| against a float64 reference
+            max_err_grad          -        max error of dQ, dK, dV against the reference
+            check                 -        pass, or fail (the point is `wrong`): every element of O
+                                             (and dQ, dK, dV) within check_atol + check_rtol·|ref|
+            check_rtol            -        the check's relative tolerance
+            check_atol            -        the check's absolute tolerance
+            code                  -        the user's code measured: its files and their sha256
+                                             (JSON)
+            interpreted           -        Triton ran in its CPU interpreter
+            sdpa_backend_used     -        the SDPA backend torch's dispatcher chose
+            triton_kernels        -        triton: the kernels that ran (pointer or tma, +atomic-dq
+                                             for the atomic-dQ backward)
+        """),
         *launch(("fwd", "bwd", "e2e")),
     ),
     tables=(TABLE,),

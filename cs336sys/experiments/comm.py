@@ -21,7 +21,7 @@ from typing import Any
 
 from cs336sys.measure.dtypes import PRECISIONS, itemsize
 from cs336sys.measure.progress import step_done
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.declaration import Column, Experiment, Table, metric_table, setting_columns
 from cs336sys.sweep.points import SpecError, choices, counts, expand, listed, old_names
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
@@ -234,10 +234,7 @@ def section(sec: Any, pts: list) -> None:
 TABLE = Table(
     "Collectives (nccl-tests formulas for bus bandwidth)",
     (
-        Column("op", "op", setting=True),
-        Column("backend", "backend", setting=True),
-        Column("ranks", "world_size", setting=True),
-        Column("precision", "precision", setting=True),
+        *setting_columns("op backend ranks=world_size precision"),
         Column("size", "size_bytes", "size", setting=True),
         Column("time ms", "time_ms_mean", "num"),
         Column("max ms", "time_ms_max", "num"),
@@ -252,25 +249,24 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="comm",
-    view="comm_runs",
     title="Collectives: bus bandwidth",
     spec=CommSpec,
     run=run,
-    settings=settings_keys(CommSpec),
     metrics=(
-        Metric("time_ms_mean", "ms", "each rank's mean over iterations, averaged over ranks"),
-        Metric("time_ms_min", "ms", "the fastest rank's mean"),
-        Metric("time_ms_max", "ms", "the slowest rank's mean"),
-        Metric("time_ms_median", "ms", "rank 0's median over iterations"),
-        Metric("algbw_gbps", "GB/s", "S / time"),
-        Metric("busbw_gbps", "GB/s", "algbw × the op's bus factor (nccl-tests)"),
-        Metric("wrong", "", "elements that differ from the exact expected values"),
-        Metric("numel", "", "elements in the buffer"),
+        *metric_table("""
+            time_ms_mean    ms    each rank's mean over iterations, averaged over ranks
+            time_ms_min     ms    the fastest rank's mean
+            time_ms_max     ms    the slowest rank's mean
+            time_ms_median  ms    rank 0's median over iterations
+            algbw_gbps      GB/s  S / time
+            busbw_gbps      GB/s  algbw × the op's bus factor (nccl-tests)
+            wrong           -     elements that differ from the exact expected values
+            numel           -     elements in the buffer
+        """),
     ),
     tables=(TABLE,),
     compare="time_ms",
     distributed=True,
-    renamed={"dtype": "precision"},
     section=section,
     draws=True,
 )

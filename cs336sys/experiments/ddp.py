@@ -51,7 +51,7 @@ from cs336sys.sweep.declaration import (
     Ratio,
     Table,
     launch,
-    settings_keys,
+    metric_table,
     timing,
 )
 from cs336sys.sweep.points import (
@@ -511,11 +511,9 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="ddp",
-    view="ddp_runs",
     title="DDP: step time and communication",
     spec=DDPSpec,
     run=run,
-    settings=settings_keys(DDPSpec),
     metrics=(
         *timing("step_ms", "whole step, the slowest rank's"),
         *timing("fwd_ms", "forward pass with the loss"),
@@ -536,27 +534,32 @@ EXPERIMENT = Experiment(
                  f"{part.strip('_').replace('_', ' ') or 'live'}")
           for w in ("init", "before_opt", "after_opt")
           for part in ("", "_params", "_grads", "_opt_state")),
-        Metric("mem_peak_bytes", "bytes", "rank 0's peak in the measured step"),
-        Metric("mem_peak_bytes_max_rank", "bytes", "the highest peak over ranks"),
-        Metric("expected_params_bytes", "bytes", "analytic parameter bytes per rank"),
-        Metric("expected_grads_bytes", "bytes", "analytic gradient bytes per rank"),
-        Metric("expected_opt_state_bytes", "bytes", "analytic optimizer-state bytes per rank"),
-        Metric("buckets", "", "gradient buckets (bucketed)"),
-        Metric("params", "", "trainable parameters of the model"),
-        Metric("tokens_per_s", "tokens/s", "global batch tokens / mean step time"),
-        Metric("param_max_diff", "", "largest difference of a replicated weight between ranks"),
-        Metric("loss_first", "", "loss of the first step (rank 0)"),
-        Metric("loss_last", "", "loss of the last timed step (rank 0)"),
-        Metric("check", "", "the user's code: pass, or fail (the point is `wrong`)"),
-        Metric("check_detail", "", "what the check compared, and the worst parameter"),
-        Metric("check_worst", "", "the largest |p - p_ref| / |p_ref - p_0| over parameters"),
-        Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
+        *metric_table("""
+            mem_peak_bytes            bytes     rank 0's peak in the measured step
+            mem_peak_bytes_max_rank   bytes     the highest peak over ranks
+            expected_params_bytes     bytes     analytic parameter bytes per rank
+            expected_grads_bytes      bytes     analytic gradient bytes per rank
+            expected_opt_state_bytes  bytes     analytic optimizer-state bytes per rank
+            buckets                   -         gradient buckets (bucketed)
+            params                    -         trainable parameters of the model
+            tokens_per_s              tokens/s  global batch tokens / mean step time
+            param_max_diff            -         largest difference of a replicated weight between
+                                                  ranks
+            loss_first                -         loss of the first step (rank 0)
+            loss_last                 -         loss of the last timed step (rank 0)
+            check                     -         the user's code: pass, or fail (the point is
+                                                  `wrong`)
+            check_detail              -         what the check compared, and the worst parameter
+            check_worst               -         the largest |p - p_ref| / |p_ref - p_0| over
+                                                  parameters
+            code                      -         the user's code measured: its files and their sha256
+                                                  (JSON)
+        """),
         *launch(("fwd", "bwd", "comm", "opt")),
     ),
     tables=(TABLE,),
     compare="step_ms",
     distributed=True,
-    renamed={"context_length": "seq", "global_batch": "batch", "steps": "iters"},
     section=ddp_section.section,
     draws=True,
 )

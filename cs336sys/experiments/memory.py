@@ -39,10 +39,11 @@ from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
-    Metric,
     Ratio,
     Table,
     launch,
+    metric_table,
+    setting_columns,
     settings_keys,
     timing,
 )
@@ -321,13 +322,7 @@ def _VS_NONE(metric: str) -> Ratio:  # noqa: N802 (reads as a constant in the ta
 TABLE = Table(
     "Peak memory by context length and mode",
     (
-        Column("size", "size", setting=True),
-        Column("seq", "seq", setting=True),
-        Column("batch", "batch", setting=True),
-        Column("mode", "mode", setting=True),
-        Column("precision", "precision", setting=True),
-        Column("ckpt", "checkpoint", setting=True),
-        Column("optimizer", "optimizer", setting=True),
+        *setting_columns("size seq batch mode precision ckpt=checkpoint optimizer"),
         Column("peak MiB", "peak_bytes", "mib"),
         Column("fwd peak MiB", "fwd_peak_bytes", "mib"),
         Column("bwd peak MiB", "bwd_peak_bytes", "mib"),
@@ -350,45 +345,46 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="memory",
-    view="memory_runs",
     title="Memory: peaks and activation checkpointing",
     spec=MemorySpec,
     run=run,
     settings=(*settings_keys(ModelSpec, drop=_UNUSED), "snapshot"),
     metrics=(
-        Metric("peak_source", "", "cuda_allocator or live_tensors: where the bytes come from"),
-        Metric("init_bytes", "bytes", "live after the model was built"),
-        Metric("peak_bytes", "bytes", "peak of the measured step"),
-        Metric("peak_reserved_bytes", "bytes", "CUDA: peak reserved by the caching allocator"),
-        Metric("fwd_peak_bytes", "bytes", "peak of the forward phase"),
-        Metric("bwd_peak_bytes", "bytes", "peak of the backward phase"),
-        Metric("opt_peak_bytes", "bytes", "peak of the optimizer phase"),
-        Metric("before_opt_bytes", "bytes", "live just before optimizer.step()"),
-        Metric("after_opt_bytes", "bytes", "live just after optimizer.step()"),
-        Metric("saved_bytes", "bytes", "saved for backward, parameters excluded"),
-        Metric("params", "", "parameters of the model"),
-        Metric("param_bytes", "bytes", "analytic: 4P"),
-        Metric("grad_bytes", "bytes", "analytic: 4P when training"),
-        Metric("optim_bytes", "bytes", "analytic: AdamW's two moments, 8P"),
-        Metric("act_bytes_analytic", "bytes", "analytic activations (fp32, naive attention)"),
-        Metric("residual_bytes", "bytes", "the residual stream B·T·d, what a checkpointed "
-               "group keeps"),
-        Metric("residual_dtype", "", "dtype of the residual stream"),
-        Metric("checkpoint_group", "", "blocks per checkpointed group (K)"),
-        Metric("lowest_peak", "", "lowest peak among the points that differ in checkpoint"),
+        *metric_table("""
+            peak_source          -      cuda_allocator or live_tensors: where the bytes come from
+            init_bytes           bytes  live after the model was built
+            peak_bytes           bytes  peak of the measured step
+            peak_reserved_bytes  bytes  CUDA: peak reserved by the caching allocator
+            fwd_peak_bytes       bytes  peak of the forward phase
+            bwd_peak_bytes       bytes  peak of the backward phase
+            opt_peak_bytes       bytes  peak of the optimizer phase
+            before_opt_bytes     bytes  live just before optimizer.step()
+            after_opt_bytes      bytes  live just after optimizer.step()
+            saved_bytes          bytes  saved for backward, parameters excluded
+            params               -      parameters of the model
+            param_bytes          bytes  analytic: 4P
+            grad_bytes           bytes  analytic: 4P when training
+            optim_bytes          bytes  analytic: AdamW's two moments, 8P
+            act_bytes_analytic   bytes  analytic activations (fp32, naive attention)
+            residual_bytes       bytes  the residual stream B·T·d, what a checkpointed group keeps
+            residual_dtype       -      dtype of the residual stream
+            checkpoint_group     -      blocks per checkpointed group (K)
+            lowest_peak          -      lowest peak among the points that differ in checkpoint
+        """),
         *timing("fwd_ms", "forward pass with the loss"),
         *timing("bwd_ms", "backward pass"),
         *timing("opt_ms", "optimizer step and zero_grad"),
         *timing("step_ms", "whole step"),
-        Metric("loss", "", "loss of the measured step"),
-        Metric("loss_first", "", "loss of the first step"),
-        Metric("snapshot_png", "", "the timeline PNG written with --snapshot"),
-        Metric("snapshot_pickle", "", "CUDA: the memory_viz pickle written with --snapshot"),
+        *metric_table("""
+            loss             -  loss of the measured step
+            loss_first       -  loss of the first step
+            snapshot_png     -  the timeline PNG written with --snapshot
+            snapshot_pickle  -  CUDA: the memory_viz pickle written with --snapshot
+        """),
         *launch(("fwd", "bwd", "opt")),
     ),
     tables=(TABLE,),
     compare="peak_bytes",
-    renamed=model_exp.RENAMED_SETTINGS,
     section=memory_section.section,
     draws=True,
     group_by=checkpoint_group_of,

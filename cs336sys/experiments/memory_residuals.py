@@ -19,7 +19,14 @@ from typing import Any
 
 from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.memory import block_saved_bytes
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.declaration import (
+    Column,
+    Experiment,
+    Metric,
+    Table,
+    metric_table,
+    setting_columns,
+)
 from cs336sys.sweep.points import choices, old_names
 from cs336sys.sweep.result import Result
 
@@ -169,11 +176,7 @@ def _top(row: Mapping[str, Any]) -> str:
 TABLE = Table(
     "Bytes one block saves for backward, by operation",
     (
-        Column("size", "size", setting=True),
-        Column("seq", "seq", setting=True),
-        Column("batch", "batch", setting=True),
-        Column("precision", "precision", setting=True),
-        Column("impl", "impl", setting=True),
+        *setting_columns("size seq batch precision impl"),
         Column("saved MiB", "saved_bytes", "mib"),
         Column("analytic MiB", "analytic_bytes", "mib"),
         Column("residual MiB", "residual_bytes", "mib"),
@@ -184,18 +187,18 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="memory-residuals",
-    view="memory_residuals_runs",
     title="Memory: saved residuals per block",
     spec=ResidualsSpec,
     run=run,
-    settings=settings_keys(ResidualsSpec),
     metrics=(
-        Metric("saved_bytes", "bytes", "saved for backward (saved-tensor hooks)"),
-        Metric("walked_bytes", "bytes", "the same, attributed by walking the autograd graph"),
-        Metric("analytic_bytes", "bytes", "counted from the code (eager fp32 naive only)"),
-        Metric("residual_bytes", "bytes", "the block's input, B·T·d"),
-        Metric("saved_per_residual", "", "saved bytes in units of the residual stream"),
-        Metric("nodes_saving", "", "autograd nodes that save something"),
+        *metric_table("""
+            saved_bytes         bytes  saved for backward (saved-tensor hooks)
+            walked_bytes        bytes  the same, attributed by walking the autograd graph
+            analytic_bytes      bytes  counted from the code (eager fp32 naive only)
+            residual_bytes      bytes  the block's input, B·T·d
+            saved_per_residual  -      saved bytes in units of the residual stream
+            nodes_saving        -      autograd nodes that save something
+        """),
         *(Metric(f"top{i}_{k}", u, f"the {i}. operation by saved bytes: {w}")
           for i in range(1, TOP + 1)
           for k, u, w in (("op", "", "its node name"), ("bytes", "bytes", "its bytes"),
@@ -205,5 +208,4 @@ EXPERIMENT = Experiment(
     ),
     tables=(TABLE,),
     compare="saved_bytes",
-    renamed={"context_length": "seq", "batch_size": "batch"},
 )

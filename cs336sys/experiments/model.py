@@ -25,10 +25,10 @@ from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
     Experiment,
-    Metric,
     Table,
     launch,
-    settings_keys,
+    metric_table,
+    setting_columns,
     timing,
 )
 from cs336sys.sweep.points import (
@@ -258,8 +258,6 @@ def run(spec: ModelSpec) -> Result:
 # -- the declaration ------------------------------------------------------------------------
 
 # The 0.2 names of renamed settings: still columns of the view until 0.3 (docs/store.md).
-RENAMED_SETTINGS = {"context_length": "seq", "batch_size": "batch", "steps": "iters"}
-
 CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite loss and, where "
               "its state_dict loads into cs336sys's TransformerLM, the same loss with the same "
               "weights; their attention kernel in our model gives naive attention's loss "
@@ -268,11 +266,7 @@ CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite lo
 TABLE = Table(
     "Time per phase (mean ± std over timed steps)",
     (
-        Column("size", "size", setting=True),
-        Column("seq", "seq", setting=True),
-        Column("batch", "batch", setting=True),
-        Column("mode", "mode", setting=True),
-        Column("precision", "precision", setting=True),
+        *setting_columns("size seq batch mode precision"),
         Column("compile", "compile", "yes_no", setting=True),
         Column("ckpt", "checkpoint", setting=True),
         Column("model", "model", setting=True, optional=True),
@@ -293,34 +287,33 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="model",
-    view="model_runs",
     title="Model: end-to-end training step",
     spec=ModelSpec,
     run=run,
-    settings=settings_keys(ModelSpec),
     metrics=(
         *timing("fwd_ms", "forward pass with the loss"),
         *timing("bwd_ms", "backward pass"),
         *timing("opt_ms", "optimizer step and zero_grad"),
         *timing("step_ms", "whole step"),
         *throughput_metrics("mean"),
-        Metric("logits_dtype", "", "dtype of the logits under autocast"),
-        Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors"),
-        Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
-        Metric("loss_first", "", "loss of the first (warm-up) step"),
-        Metric("loss_last", "", "loss of the last timed step"),
-        Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
-               "is `wrong`)"),
-        Metric("check_detail", "", "what the check compared (the same loss as cs336sys's "
-               "model, or naive attention, with the same weights; or a finite loss only)"),
-        Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
-        Metric("check_loss_ours", "", "the reference's loss with the same weights"),
-        Metric("code", "", "the user's code measured: its files and their sha256 (JSON)"),
+        *metric_table("""
+            logits_dtype       -    dtype of the logits under autocast
+            peak_allocated_mb  MiB  CUDA: peak bytes held by tensors
+            peak_reserved_mb   MiB  CUDA: peak bytes held by the caching allocator
+            loss_first         -    loss of the first (warm-up) step
+            loss_last          -    loss of the last timed step
+            check              -    the user's model or attention kernel: pass, or fail (the point
+                                      is `wrong`)
+            check_detail       -    what the check compared (the same loss as cs336sys's model, or
+                                      naive attention, with the same weights; or a finite loss only)
+            check_loss         -    the user's loss in the check (two layers at most)
+            check_loss_ours    -    the reference's loss with the same weights
+            code               -    the user's code measured: its files and their sha256 (JSON)
+        """),
         *launch(("fwd", "bwd", "opt")),
     ),
     tables=(TABLE,),
     compare="step_ms",
-    renamed=RENAMED_SETTINGS,
     section=model_section.section,
     draws=True,
 )

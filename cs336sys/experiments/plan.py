@@ -53,7 +53,7 @@ from cs336sys.measure.clock import now
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
 from cs336sys.models.flops import forward_flops
 from cs336sys.parallel import plan_math as pm
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric_table
 from cs336sys.sweep.points import SpecError, choices, positive_ints
 from cs336sys.sweep.result import Result
 
@@ -434,33 +434,33 @@ MEMORY = Table(
 )
 EXPERIMENT = Experiment(
     kind="plan",
-    view="plan_runs",
     title="Plan: parallelism from first principles against measured numbers",
     spec=PlanSpec,
     run=run,
-    settings=settings_keys(PlanSpec),
     metrics=(
-        Metric("fsdp_degree", "", "X: devices the weights are sharded (dp: replicated) over"),
-        Metric("tp_degree", "", "Y: devices each matmul is split over (1 without TP)"),
-        Metric("tokens_per_device", "tokens", "tokens one device's forward sees"),
-        Metric("flops_per_step", "FLOP", "forward + backward matmul FLOPs of the global batch"),
-        Metric("compute_fwd_ms", "ms", "forward FLOPs / (N C)"),
-        Metric("compute_bwd_ms", "ms", "backward FLOPs (2 x forward) / (N C)"),
-        Metric("compute_ms", "ms", "forward + backward compute"),
-        Metric("comm_fwd_ms", "ms", "communication in forward, per device"),
-        Metric("comm_bwd_ms", "ms", "communication in backward, per device"),
-        Metric("comm_ms", "ms", "communication of the step"),
-        Metric("allgather_ms", "ms", "all-gathers of the step: (N-1)/N S/W each"),
-        Metric("reducescatter_ms", "ms", "reduce-scatters of the step: (N-1)/N S/W each"),
-        Metric("allreduce_ms", "ms", "all-reduces of the step: 2(N-1)/N S/W each"),
-        Metric("step_ms", "ms", "max(compute, comm) in forward + the same in backward"),
-        Metric("step_serial_ms", "ms", "compute + comm, nothing overlapped"),
-        Metric("hides", "", "communication no longer than compute in both phases"),
-        Metric("comm_bound", "", "not hides"),
-        Metric("n_max", "", "largest degree that still hides, whole model"),
-        Metric("n_max_ffn", "", "largest degree that still hides, one FFN layer (closed form)"),
-        Metric("inequality", "", "the closed-form condition for hiding"),
-        Metric("params", "", "parameters of the model"),
+        *metric_table("""
+            fsdp_degree        -       X: devices the weights are sharded (dp: replicated) over
+            tp_degree          -       Y: devices each matmul is split over (1 without TP)
+            tokens_per_device  tokens  tokens one device's forward sees
+            flops_per_step     FLOP    forward + backward matmul FLOPs of the global batch
+            compute_fwd_ms     ms      forward FLOPs / (N C)
+            compute_bwd_ms     ms      backward FLOPs (2 x forward) / (N C)
+            compute_ms         ms      forward + backward compute
+            comm_fwd_ms        ms      communication in forward, per device
+            comm_bwd_ms        ms      communication in backward, per device
+            comm_ms            ms      communication of the step
+            allgather_ms       ms      all-gathers of the step: (N-1)/N S/W each
+            reducescatter_ms   ms      reduce-scatters of the step: (N-1)/N S/W each
+            allreduce_ms       ms      all-reduces of the step: 2(N-1)/N S/W each
+            step_ms            ms      max(compute, comm) in forward + the same in backward
+            step_serial_ms     ms      compute + comm, nothing overlapped
+            hides              -       communication no longer than compute in both phases
+            comm_bound         -       not hides
+            n_max              -       largest degree that still hides, whole model
+            n_max_ffn          -       largest degree that still hides, one FFN layer (closed form)
+            inequality         -       the closed-form condition for hiding
+            params             -       parameters of the model
+        """),
         *(
             Metric(f"mem_{k}_bytes", "bytes", f"per device: {k.replace('_', ' ')}")
             for k in (
@@ -474,18 +474,20 @@ EXPERIMENT = Experiment(
                 "total_ckpt",
             )
         ),
-        Metric("fits", "", "total <= the GPU's memory"),
-        Metric("fits_ckpt", "", "total with checkpointing <= the GPU's memory"),
-        Metric("fit_seqs", "", "whole sequences per device that fit"),
-        Metric("fit_seqs_ckpt", "", "the same with checkpointing"),
-        Metric("comm_bytes", "bytes", "the plan's bytes of every collective in one step (S)"),
-        Metric("measured_run_id", "", "the ddp run set beside this point"),
-        Metric("measured_impl", "", "its impl"),
-        Metric("measured_step_ms", "ms", "its step time, mean"),
-        Metric("measured_comm_ms", "ms", "its exposed communication, mean"),
-        Metric("measured_comm_bytes", "bytes", "bytes its collectives moved in one step"),
-        Metric("measured_step_ratio", "", "measured / planned step time"),
-        Metric("measured_comm_ratio", "", "measured / planned communication"),
+        *metric_table("""
+            fits                 -      total <= the GPU's memory
+            fits_ckpt            -      total with checkpointing <= the GPU's memory
+            fit_seqs             -      whole sequences per device that fit
+            fit_seqs_ckpt        -      the same with checkpointing
+            comm_bytes           bytes  the plan's bytes of every collective in one step (S)
+            measured_run_id      -      the ddp run set beside this point
+            measured_impl        -      its impl
+            measured_step_ms     ms     its step time, mean
+            measured_comm_ms     ms     its exposed communication, mean
+            measured_comm_bytes  bytes  bytes its collectives moved in one step
+            measured_step_ratio  -      measured / planned step time
+            measured_comm_ratio  -      measured / planned communication
+        """),
     ),
     tables=(TIME, MEMORY),
     compare="step_ms",

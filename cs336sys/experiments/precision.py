@@ -30,7 +30,14 @@ from decimal import Decimal
 from typing import Any
 
 from cs336sys.measure.dtypes import TORCH_NAMES as _TORCH_DTYPE
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.declaration import (
+    Column,
+    Experiment,
+    Table,
+    metric_table,
+    setting_columns,
+    settings_keys,
+)
 from cs336sys.sweep.points import (
     MAX_STEPS,
     SpecError,
@@ -356,9 +363,7 @@ ACCUMULATE = Table(
 AUTOCAST = Table(
     "Autocast: the dtypes each module returned",
     (
-        Column("kind", "kind", setting=True),
-        Column("autocast", "precision", setting=True),
-        Column("device", "device", setting=True),
+        *setting_columns("kind autocast=precision device"),
         Column("params", "param_dtype"),
         Column("fc1", "fc1_dtype"),
         Column("relu", "relu_dtype"),
@@ -373,34 +378,34 @@ AUTOCAST = Table(
 
 EXPERIMENT = Experiment(
     kind="precision",
-    view="precision_runs",
     title="Precision: accumulation and autocast",
     spec=(AccumulateSpec, AutocastSpec),
     run=run,
     settings=tuple(dict.fromkeys(("kind", *settings_keys(AccumulateSpec),
                                   *settings_keys(AutocastSpec)))),
     metrics=(
-        Metric("result_dtype", "", "dtype of the sum"),
-        Metric("target", "", "additions × value in exact decimal arithmetic"),
-        Metric("result", "", "the sum, exactly as computed"),
-        Metric("error_vs_target", "", "result - target"),
-        Metric("abs_error", "", "|result - target|"),
-        Metric("rel_error", "", "|result - target| / |target|"),
-        Metric("addend", "", "the value as stored in the values' dtype"),
-        Metric("addend_error_total", "", "additions × addend - target: the addend's rounding"),
-        Metric("sum_rounding_error", "", "result - additions × addend: the running sum's rounding"),
-        Metric("autocast_enabled", "", "whether autocast ran at all"),
-        Metric("param_dtype", "", "parameters inside autocast"),
-        Metric("fc1_dtype", "", "fc1's output"),
-        Metric("relu_dtype", "", "ReLU's output"),
-        Metric("ln_dtype", "", "LayerNorm's output"),
-        Metric("logits_dtype", "", "the logits"),
-        Metric("loss_dtype", "", "the cross-entropy loss"),
-        Metric("grad_dtype", "", "the parameters' gradients"),
-        Metric("loss", "", "the loss value"),
-        Metric("native", "", "whether the matrix units compute in the dtype"),
-        Metric("native_basis", "", "the evidence for `native`"),
+        *metric_table("""
+            result_dtype        -  dtype of the sum
+            target              -  additions × value in exact decimal arithmetic
+            result              -  the sum, exactly as computed
+            error_vs_target     -  result - target
+            abs_error           -  |result - target|
+            rel_error           -  |result - target| / |target|
+            addend              -  the value as stored in the values' dtype
+            addend_error_total  -  additions × addend - target: the addend's rounding
+            sum_rounding_error  -  result - additions × addend: the running sum's rounding
+            autocast_enabled    -  whether autocast ran at all
+            param_dtype         -  parameters inside autocast
+            fc1_dtype           -  fc1's output
+            relu_dtype          -  ReLU's output
+            ln_dtype            -  LayerNorm's output
+            logits_dtype        -  the logits
+            loss_dtype          -  the cross-entropy loss
+            grad_dtype          -  the parameters' gradients
+            loss                -  the loss value
+            native              -  whether the matrix units compute in the dtype
+            native_basis        -  the evidence for `native`
+        """),
     ),
     tables=(ACCUMULATE, AUTOCAST),
-    renamed={"dtype": "precision", "batch_size": "batch"},
 )

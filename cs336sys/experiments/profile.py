@@ -35,7 +35,15 @@ from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import summarize
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys, timing
+from cs336sys.sweep.declaration import (
+    Column,
+    Experiment,
+    Metric,
+    Table,
+    metric_table,
+    settings_keys,
+    timing,
+)
 from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result
 
@@ -312,7 +320,6 @@ TABLE = Table(
 )
 
 _RENAMED_PROFILE = {
-    "context_length": "seq", "batch_size": "batch", "steps": "iters", "dtype": "precision",
     **{f"{p}_ms": f"{p}_ms_mean" for p in ("fwd", "bwd", "opt", "step")},
     **{f"{p}_profiled_ms": f"{p}_profiled_ms_mean" for p in ("fwd", "bwd", "opt")},
     **{f"{p}_ms": f"{p}_ms_mean" for p in ("qk", "softmax", "pv")},
@@ -320,7 +327,6 @@ _RENAMED_PROFILE = {
 
 EXPERIMENT = Experiment(
     kind="profile",
-    view="profile_runs",
     title="Profile: top kernels",
     spec=ProfileSpec,
     run=run,
@@ -339,9 +345,11 @@ EXPERIMENT = Experiment(
             Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),
             Metric(f"{part}_gflops", "GFLOP/s", f"naive attention's {part}, achieved"),
         )),
-        Metric("trace_path", "", "the Chrome trace written with --trace"),
-        Metric("loss_first", "", "model: loss of the first step"),
-        Metric("loss_last", "", "model: loss of the last profiled step"),
+        *metric_table("""
+            trace_path  -  the Chrome trace written with --trace
+            loss_first  -  model: loss of the first step
+            loss_last   -  model: loss of the last profiled step
+        """),
     ),
     tables=(TABLE,),
     compare="step_ms",

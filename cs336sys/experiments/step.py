@@ -57,7 +57,8 @@ from cs336sys.sweep.declaration import (
     Metric,
     Ratio,
     Table,
-    settings_keys,
+    metric_table,
+    setting_columns,
     timing,
 )
 from cs336sys.sweep.points import (
@@ -411,13 +412,7 @@ TABLE = Table(
     (
         Column("size", "size", setting=True),
         Column("model", "model", setting=True, optional=True),
-        Column("layers", "num_layers", setting=True),
-        Column("seq", "seq", setting=True),
-        Column("batch", "batch", setting=True),
-        Column("precision", "precision", setting=True),
-        Column("params", "param_dtype", setting=True),
-        Column("ckpt", "checkpoint", setting=True),
-        Column("switches", "switches", setting=True),
+        *setting_columns("layers=num_layers seq batch precision params=param_dtype ckpt=checkpoint switches"),
         Column("step ms", "step_ms", "mean_std"),
         Column("median ms", "step_ms_median", "num"),
         Column(
@@ -443,35 +438,36 @@ TABLE = Table(
 
 EXPERIMENT = Experiment(
     kind="step",
-    view="step_runs",
     title="Training step: what each optimisation buys",
     spec=StepSpec,
     run=run,
-    settings=settings_keys(StepSpec),
     metrics=(
         *timing(
             "step_ms", "one leaderboard step: zero_grad, forward, summed loss, backward, AdamW"
         ),
         *throughput_metrics("median"),
-        Metric("peak_allocated_mb", "MiB", "CUDA: peak bytes held by tensors over the point"),
-        Metric("peak_reserved_mb", "MiB", "CUDA: peak bytes held by the caching allocator"),
-        Metric("peak_tensor_mb", "MiB", "CPU: peak bytes of live tensors over one step"),
-        Metric("first_step_s", "s", "the first step: compile, autotuning and first allocations"),
-        Metric("compile_s", "s", "compile: the first step's time beyond a median step"),
-        Metric("wall_s", "s", "the point's wall time, model build to the last timed step"),
+        *metric_table("""
+            peak_allocated_mb  MiB  CUDA: peak bytes held by tensors over the point
+            peak_reserved_mb   MiB  CUDA: peak bytes held by the caching allocator
+            peak_tensor_mb     MiB  CPU: peak bytes of live tensors over one step
+            first_step_s       s    the first step: compile, autotuning and first allocations
+            compile_s          s    compile: the first step's time beyond a median step
+            wall_s             s    the point's wall time, model build to the last timed step
+        """),
         Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
-        Metric("loss_first", "", "loss of the first step (summed over the batch's tokens)"),
-        Metric("loss_last", "", "loss of the last timed step"),
-        Metric("check", "", "the user's model or attention kernel: pass, or fail (the point "
-               "is `wrong`; experiments/checks.py)"),
-        Metric("check_detail", "", "what the check compared"),
-        Metric("check_loss", "", "the user's loss in the check (two layers at most)"),
-        Metric("check_loss_ours", "", "the reference's loss with the same weights"),
+        *metric_table("""
+            loss_first       -  loss of the first step (summed over the batch's tokens)
+            loss_last        -  loss of the last timed step
+            check            -  the user's model or attention kernel: pass, or fail (the point is
+                                  `wrong`; experiments/checks.py)
+            check_detail     -  what the check compared
+            check_loss       -  the user's loss in the check (two layers at most)
+            check_loss_ours  -  the reference's loss with the same weights
+        """),
     ),
     tables=(TABLE,),
     compare="step_ms",
     oom_axis="num_layers",
-    renamed={"context_length": "seq", "batch_size": "batch", "steps": "iters"},
     section=step_section.section,
     draws=True,
 )

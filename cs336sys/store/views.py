@@ -15,6 +15,8 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from cs336sys.sweep.points import RENAMED
+
 # Columns every view starts with: who, where and how the point ran.
 _COMMON = [
     "r.id AS run_id",
@@ -39,7 +41,10 @@ def _quote(name: str) -> str:
 def view_sql(experiment: Any) -> str:
     """The CREATE VIEW of one experiment's declaration (sweep/declaration.Experiment)."""
     settings, metrics = list(experiment.settings), list(experiment.metric_names)
-    renamed = dict(experiment.renamed)  # old column -> the setting or metric it is now
+    # old column -> the setting or metric it is now: the 0.2 names of its settings, and
+    # the metrics the experiment renamed
+    renamed = {old: new for old, new in RENAMED.items() if new in settings}
+    renamed.update(experiment.renamed)
     old_of = {new: old for old, new in renamed.items() if new not in settings}
 
     def metric(k: str) -> str:

@@ -38,6 +38,28 @@ class Metric:
     meaning: str  # one line, for the docs and `--help` readers
 
 
+def metric_table(rows: str) -> tuple[Metric, ...]:
+    """Metrics declared as a table, one row each: the name, the unit (`-` for none) and the
+    meaning, apart by spaces; a line indented deeper than the rows continues the meaning
+    above it. The rows read as the docs' tables of them do."""
+    import textwrap
+
+    table: list[list[str]] = []
+    for line in textwrap.dedent(rows).strip("\n").splitlines():
+        if not line.strip():
+            continue
+        if line[0].isspace():
+            if not table:
+                raise ValueError(f"metric_table: a continuation before any row: {line!r}")
+            table[-1][2] += " " + line.strip()
+            continue
+        parts = line.split(None, 2)
+        if len(parts) != 3:
+            raise ValueError(f"metric_table: expected name, unit and meaning: {line!r}")
+        table.append([parts[0], "" if parts[1] == "-" else parts[1], parts[2]])
+    return tuple(Metric(*row) for row in table)
+
+
 def timing(base: str, meaning: str, unit: str = "ms") -> tuple[Metric, ...]:
     """The five statistics of one timed quantity: `<base>_mean`, `_std`, `_min`, ..."""
     return tuple(Metric(f"{base}_{s}", unit, f"{meaning}, {s} of the timed samples") for s in STATS)
@@ -76,6 +98,13 @@ class Column:
     note: str = ""  # added to the table's note where the column is shown
 
 
+def setting_columns(names: str) -> tuple[Column, ...]:
+    """Columns that show settings as they are, from a line of their keys: `"size seq
+    ckpt=checkpoint"` is the columns size, seq and ckpt (the setting `checkpoint`)."""
+    pairs = [name.partition("=") for name in names.split()]
+    return tuple(Column(header, key or header, setting=True) for header, _, key in pairs)
+
+
 @dataclass(frozen=True)
 class Ratio:
     """`metric` of a row against the same point of the baseline (`against`): baseline / row
@@ -98,18 +127,18 @@ class Table:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Experiment:
     """An experiment kind, declared once (see the module docstring)."""
 
     kind: str  # runs.experiment
-    view: str  # its SQL view
     title: str  # its report section
     spec: type | tuple[type, ...]  # the frozen dataclass(es) of one point
     run: Callable[..., Any]  # run(spec) -> Result, or run(ctx, spec) when distributed
-    settings: tuple[str, ...]  # the Spec's settings keys, in view order
     metrics: tuple[Metric, ...]
-    tables: tuple[Table, ...]
+    tables: tuple[Table, ...] = ()
+    view: str = ""  # its SQL view; default `<kind>_runs` (dashes as underscores)
+    settings: tuple[str, ...] = ()  # the Spec's settings keys, in view order; default its fields
     compare: str | None = None  # the metric --compare sets side by side (a timed base or a name)
     distributed: bool = False  # run on a process group per world size
     oom_axis: str | None = None  # after an OOM, skip the points larger along this setting
@@ -117,13 +146,21 @@ class Experiment:
     # (spec, Result) of such a group once the group has run, may set metrics across them.
     group_by: Callable[[Any], Any] | None = None
     across: Callable[[list[tuple[Any, Any]]], None] | None = None
-    renamed: Mapping[str, str] = field(default_factory=dict)  # old column -> new metric
+    # Old column -> the metric it is now (a renamed setting's old names need no entry: every
+    # view keeps the 0.2 names of its settings, sweep/points.RENAMED, until 0.3).
+    renamed: Mapping[str, str] = field(default_factory=dict)
     # Its report section beyond the declared tables: section(sec, rows) adds tables and plots
     # to the report's Section (report/sections.py) over the latest row of each point.
     section: Callable[[Any, list], None] | None = None
     draws: bool = False  # the section draws plots (the report starts its plotting process early)
     # Rows shown in tables of their own: (which rows, a suffix for those tables' titles).
     apart: tuple[Callable[[Mapping[str, Any]], bool], str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.view:
+            object.__setattr__(self, "view", f"{self.kind.replace('-', '_')}_runs")
+        if not self.settings and isinstance(self.spec, type):
+            object.__setattr__(self, "settings", settings_keys(self.spec))
 
     def runner(self) -> Callable[..., Any]:
         """`run` as its module holds it now: the name is looked up at call time, as a call of
