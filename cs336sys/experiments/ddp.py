@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import ddp_section
@@ -42,7 +42,7 @@ from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHA
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
-from cs336sys.models.config import ModelConfig, from_preset
+from cs336sys.models.config import ModelConfig, ModelShape, from_preset
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
@@ -79,7 +79,7 @@ DEFAULTS = {
 
 
 @dataclass(frozen=True)
-class DDPSpec:
+class DDPSpec(ModelShape):
     impl: str
     bucket_mb: float | None
     # none, own (ours), zero, or the user's (yours, ...) for the replica impls; None for FSDPs
@@ -87,13 +87,6 @@ class DDPSpec:
     world_size: int
     backend: str
     device: str  # "cpu" or "cuda": each rank uses its own cuda:<local_rank>
-    size: str
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    vocab_size: int
-    seq: int
     batch: int  # the global batch, over all ranks
     precision: str
     warmup: int
@@ -104,16 +97,7 @@ class DDPSpec:
     @classmethod
     def of(cls, config: ModelConfig, size: str, **point: Any) -> DDPSpec:
         """The point `point` (impl, world_size, iters, ...) for a model `config` of `size`."""
-        return cls(size=size, d_model=config.d_model, d_ff=config.d_ff,
-                   num_layers=config.num_layers, num_heads=config.num_heads,
-                   vocab_size=config.vocab_size, seq=config.context_length,
-                   model=config.model, **point)
-
-    def config(self) -> ModelConfig:
-        return ModelConfig.of(self)
-
-    def settings(self) -> dict[str, Any]:
-        return asdict(self)
+        return cls(**ModelShape.of(size, config), model=config.model, **point)
 
 
 @old_names

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
@@ -20,7 +20,7 @@ from cs336sys.experiments import model_section
 from cs336sys.experiments.training_step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
-from cs336sys.models.config import PRESETS, ModelConfig, from_preset
+from cs336sys.models.config import PRESETS, ModelConfig, ModelShape, from_preset
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
@@ -56,14 +56,7 @@ DEFAULTS = {
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    size: str
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    vocab_size: int
-    seq: int  # the sequence length, the model's context length
+class ModelSpec(ModelShape):
     batch: int
     mode: str
     precision: str
@@ -77,12 +70,6 @@ class ModelSpec:
     seed: int = 0
     nvtx: bool = False
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
-
-    def config(self) -> ModelConfig:
-        return ModelConfig.of(self)
-
-    def settings(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @old_names
@@ -148,9 +135,7 @@ def specs(
         cfg = preset_config(p["size"], context_length=p["seq"], model=model,
                             attention=p["attention"], checkpoint=p["checkpoint"], **overrides)
         out.append(ModelSpec(
-            size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, seq=p["seq"], batch=p["batch"],
-            mode=p["mode"], precision=p["precision"], compile=compile,
+            **ModelShape.of(p["size"], cfg), batch=p["batch"], mode=p["mode"], precision=p["precision"], compile=compile,
             attention=p["attention"],
             optimizer=p["optimizer"] if p["mode"] == "train" else "none",
             # Forward-only passes save nothing for backward: checkpointing changes nothing.

@@ -46,11 +46,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.measure.clock import now
-from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
+from cs336sys.models.config import PRESETS, ModelConfig, ModelShape, from_preset, param_count
 from cs336sys.models.flops import forward_flops
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric_table
@@ -95,14 +95,7 @@ HARDWARE: dict[str, Hardware] = {
 
 
 @dataclass(frozen=True)
-class PlanSpec:
-    size: str
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    vocab_size: int
-    seq: int  # tokens per sequence
+class PlanSpec(ModelShape):
     batch_tokens: int  # B: global batch of one step, in tokens
     strategy: str
     n: int  # degree
@@ -117,9 +110,6 @@ class PlanSpec:
         return ModelConfig(d_model=self.d_model, d_ff=self.d_ff, num_layers=self.num_layers,
                            num_heads=self.num_heads, vocab_size=self.vocab_size,
                            context_length=self.seq, max_context_length=max(self.seq, 65_536))
-
-    def settings(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def specs(
@@ -165,8 +155,7 @@ def specs(
             raise SpecError(f"--n {d}: {why[0]}" if len(why) == 1 else
                             f"--n {d} fits none of the strategies: {'; '.join(why)}")
     return [
-        PlanSpec(size=size, d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-                 num_heads=cfg.num_heads, vocab_size=cfg.vocab_size, seq=seq, batch_tokens=batch,
+        PlanSpec(**ModelShape.of(size, cfg), batch_tokens=batch,
                  strategy=s, n=d, hardware=key, device_name=hw.name, flops=hw.flops, egress=hw.egress,
                  memory_bytes=hw.memory_bytes, source=hw.source)
         for key, hw in listed_hardware(hardware) for s in strategies for d in degrees
@@ -368,7 +357,6 @@ def section(sec: Any, pts: list) -> None:
     from cs336sys.experiments.plan_section import section as draw
 
     draw(sec, pts)
-
 
 
 def gib(x: Any) -> str:

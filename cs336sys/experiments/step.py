@@ -36,7 +36,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
@@ -50,7 +50,7 @@ from cs336sys.experiments.model import (
 )
 from cs336sys.experiments.training_step import throughput, throughput_metrics
 from cs336sys.measure.stats import flatten
-from cs336sys.models.config import ModelConfig
+from cs336sys.models.config import ModelShape
 from cs336sys.sweep.declaration import (
     Column,
     Experiment,
@@ -96,14 +96,7 @@ DEFAULTS = {
 
 
 @dataclass(frozen=True)
-class StepSpec:
-    size: str
-    d_model: int
-    d_ff: int
-    num_layers: int
-    num_heads: int
-    vocab_size: int
-    seq: int
+class StepSpec(ModelShape):
     batch: int
     precision: str  # autocast dtype: bf16 (the leaderboard's) or fp32
     param_dtype: str  # fp32 master weights under autocast, or bf16 weights (fp32 optimizer state)
@@ -120,12 +113,6 @@ class StepSpec:
     device: str = "cpu"
     seed: int = 0
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
-
-    def config(self) -> ModelConfig:
-        return ModelConfig.of(self)
-
-    def settings(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str, ...]]:
@@ -236,9 +223,7 @@ def specs(
                             checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)
         on = p["switches"]
         out.append(StepSpec(
-            size=p["size"], d_model=cfg.d_model, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads, vocab_size=cfg.vocab_size,
-            seq=p["seq"], batch=p["batch"],
+            **ModelShape.of(p["size"], cfg), batch=p["batch"],
             precision=p["precision"], param_dtype=p["param_dtype"],
             switches="+".join(on) or "none",
             optimizer=f"adamw-{adamw}" if "fused-adamw" in on else BASELINE_OPTIMIZER,

@@ -108,6 +108,36 @@ class ModelConfig:
             )
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """What every Spec of a point that runs the Transformer LM starts with: the size preset,
+    the shape it resolved to (overrides applied) and the sequence length."""
+
+    size: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    seq: int  # the sequence length, the model's context length
+
+    def config(self) -> ModelConfig:
+        """The model this point builds (ModelConfig.of: the shape, the attention and
+        checkpointing where the point has them)."""
+        return ModelConfig.of(self)
+
+    def settings(self) -> dict[str, object]:
+        """Every field: what the store keeps as the point's settings."""
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def of(size: str, config: ModelConfig) -> dict[str, object]:
+        """The fields of a point of preset `size` whose model is `config`."""
+        return {"size": size, "d_model": config.d_model, "d_ff": config.d_ff,
+                "num_layers": config.num_layers, "num_heads": config.num_heads,
+                "vocab_size": config.vocab_size, "seq": config.context_length}
+
+
 def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
     """The blocks of each checkpointed group, in order, for `spec` (none -> None); ValueError
     if it is invalid.
