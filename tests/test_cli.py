@@ -478,3 +478,23 @@ def test_model_trains_with_each_attention(db_path, attention, monkeypatch):
     assert row["status"] == "ok" and len(losses) == 4
     assert all(map(lambda x: x == x and abs(x) != float("inf"), losses))
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+
+
+def test_profile_takes_every_option_of_the_command_it_profiles():
+    """Declared once (cli/options.py, options_of): profile model has model's options, with
+    its own help where it counts steps differently, and profile attention attention's less
+    the timer's."""
+    import inspect
+
+    from cs336sys.cli.attention import attention
+    from cs336sys.cli.model import model
+    from cs336sys.cli.profile import profile_attention, profile_model
+
+    def names(command):
+        return set(inspect.signature(command).parameters)
+
+    assert names(model) <= names(profile_model)
+    assert names(attention) - {"timer", "skip_after_oom"} <= names(profile_attention)
+    assert {"top", "trace", "nsys", "exec_", "nvtx"} <= names(profile_model) & names(profile_attention)
+    warmup = inspect.signature(profile_model).parameters["warmup"].annotation
+    assert "before the profiler" in warmup.__metadata__[0].help

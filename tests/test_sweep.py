@@ -214,3 +214,21 @@ def test_specs_accept_the_old_keyword_names_with_a_warning():
     with pytest.warns(DeprecationWarning, match="dtype"):
         assert attention.specs(dtype=["fp16"], device="cpu") == attention.specs(
             precision=["fp16"], device="cpu")
+
+
+def test_metric_table_reads_rows_units_and_continued_meanings():
+    from cs336sys.sweep.declaration import Metric, metric_table, setting_columns
+
+    assert metric_table("""
+        peak_bytes   bytes  peak of the step
+        check        -      pass, or fail: every element within
+                              atol + rtol·|ref|
+    """) == (Metric("peak_bytes", "bytes", "peak of the step"),
+             Metric("check", "", "pass, or fail: every element within atol + rtol·|ref|"))
+    with pytest.raises(ValueError, match="expected name, unit and meaning"):
+        metric_table("peak_bytes bytes")
+    with pytest.raises(ValueError, match="continuation before any row"):
+        metric_table("\n  x\n y - z")
+    cols = setting_columns("size seq ckpt=checkpoint")
+    assert [(c.header, c.key, c.setting) for c in cols] == [
+        ("size", "size", True), ("seq", "seq", True), ("ckpt", "checkpoint", True)]

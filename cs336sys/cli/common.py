@@ -306,10 +306,6 @@ def show(experiment: Any, points: Iterable[Any]) -> None:
         typer.echo(f"{f.status}: {f.point}: {f.why}")
 
 
-# A measuring command's options that are not the experiment's: the store's and the user code's.
-COMMAND_OPTIONS = ("db", "resume", "label", "adapters", "ctx")
-
-
 def measure(
     experiment: Any,
     specs: Callable[..., list],

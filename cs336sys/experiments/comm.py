@@ -34,7 +34,6 @@ DEFAULTS = {
     "cuda": dict(size=["1MB", "10MB", "100MB", "1GB"], warmup=5, iters=20),
     "cpu": dict(size=["1MB", "10MB", "100MB"], warmup=2, iters=10),
 }
-DEFAULT_SIZES = DEFAULTS["cuda"]["size"]
 
 
 def busbw_factor(op: str, n: int) -> float:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cs336sys.experiments import ddp_section
+from cs336sys.experiments import ddp_section, ddp_yours
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.measure.progress import step_done
@@ -131,7 +131,7 @@ def specs(
     for (none; `shard_optimizer`: ours, the user's yours or yours=package.module:Class, True
     meaning ours; zero), bucketed once per bucket cap; the FSDPs have neither. The user's
     implementations (experiments/ddp_yours.py) are named like ours."""
-    impls = user_impls(listed(impl, "--impl", REPLICA_IMPLS))
+    impls = ddp_yours.user_impls(listed(impl, "--impl", REPLICA_IMPLS), list(IMPLS))
     if shard_optimizer is True:
         shard_optimizer = ["ours"]
     sharded_by = named_impls(listed(shard_optimizer or None, "--shard-optimizer", []), "optimizer",
@@ -192,20 +192,6 @@ def _items(value: Any) -> list[Any] | None:
     return [value]
 
 
-def user_impls(given: list[str]) -> list[str]:
-    """The --impl list with the user's implementations: a one-off `NAME=package.module:Class`
-    is an FSDP when NAME has `fsdp` in it, else a DDP wrapper (experiments/ddp_yours.py)."""
-    from cs336sys import yours
-    from cs336sys.experiments.ddp_yours import one_off_kind
-
-    out: list[str] = []
-    for value in given:
-        name, sep, _ = value.partition("=")
-        kind = one_off_kind(name) if sep else "fsdp" if name in yours.names("fsdp") else "ddp"
-        out += [n for n in named_impls([value], kind, "--impl", list(IMPLS)) if n not in out]
-    return out
-
-
 def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
     and the user's yours-bucketed (torch DDP's own cap recorded for torch), each sharding for
@@ -246,9 +232,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     device = torch.device(ctx.device)
     on_cuda = device.type == "cuda"
-    user = uses_user_code(spec)
+    user = ddp_yours.uses_user_code(spec)
     if user:
-        unfinished = not_implemented(spec)
+        unfinished = ddp_yours.not_implemented(spec)
         if unfinished:  # known from the adapters file: every rank skips alike, nothing runs
             return Result("skipped", error=unfinished)
     # The user's code is checked against single-process training of the same steps: rank 0
@@ -379,32 +365,6 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics.update(checked.metrics, code=sources(type(setup.module), type(setup.optimizer)))
     return Result("ok" if checked.passed else "wrong", metrics=metrics, samples=samples,
                   error=checked.why)
-
-
-def uses_user_code(spec: DDPSpec) -> bool:
-    """The point runs the user's wrapper or sharded optimizer (checked against one process)."""
-    from cs336sys import yours
-
-    return yours.is_yours(spec.impl) or yours.is_yours(spec.optimizer_sharding)
-
-
-def not_implemented(spec: DDPSpec) -> str | None:
-    """Why the point cannot run yet: an adapters function it needs still raises
-    NotImplementedError (read from the file, the same on every rank); else None."""
-    from cs336sys import yours
-
-    adapters = yours.active()
-    if adapters is None:
-        return None
-    wanted = []
-    if yours.target("ddp", spec.impl) is None and yours.target("fsdp", spec.impl) is None:
-        wanted += [e for e in (yours.entries("ddp").get(spec.impl), yours.entries("fsdp").get(spec.impl)) if e]
-    if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:
-        wanted.append(yours.entries("optimizer")["yours"])
-    for entry in wanted:
-        if adapters.has(entry) and not adapters.implements(entry):
-            return f"{entry.functions[0]} is not implemented in {adapters.shown}"
-    return None
 
 
 def _prefixed(when: str, split: dict[str, int]) -> dict[str, int]:

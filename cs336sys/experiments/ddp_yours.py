@@ -85,3 +85,39 @@ def optimizer(name: str, params: list, optimizer_cls: type, **kwargs: Any) -> An
     if where is not None:
         return load_target(where)(params, optimizer_cls, **kwargs)
     return call_adapter(yours.entries("optimizer")["yours"], 0, params, optimizer_cls, **kwargs)
+
+
+def user_impls(given: list[str], ours: list[str]) -> list[str]:
+    """The --impl list with the user's implementations: a one-off `NAME=package.module:Class`
+    is an FSDP when NAME has `fsdp` in it, else a DDP wrapper; `ours` are the built-in
+    implementations' names."""
+    from cs336sys.yours.implementations import named_impls
+
+    out: list[str] = []
+    for value in given:
+        name, sep, _ = value.partition("=")
+        kind = one_off_kind(name) if sep else "fsdp" if name in yours.names("fsdp") else "ddp"
+        out += [n for n in named_impls([value], kind, "--impl", ours) if n not in out]
+    return out
+
+
+def uses_user_code(spec: Any) -> bool:
+    """The point runs the user's wrapper or sharded optimizer (checked against one process)."""
+    return yours.is_yours(spec.impl) or yours.is_yours(spec.optimizer_sharding)
+
+
+def not_implemented(spec: Any) -> str | None:
+    """Why the point cannot run yet: an adapters function it needs still raises
+    NotImplementedError (read from the file, the same on every rank); else None."""
+    adapters = yours.active()
+    if adapters is None:
+        return None
+    wanted = []
+    if yours.target("ddp", spec.impl) is None and yours.target("fsdp", spec.impl) is None:
+        wanted += [e for e in (yours.entries("ddp").get(spec.impl), yours.entries("fsdp").get(spec.impl)) if e]
+    if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:
+        wanted.append(yours.entries("optimizer")["yours"])
+    for entry in wanted:
+        if adapters.has(entry) and not adapters.implements(entry):
+            return f"{entry.functions[0]} is not implemented in {adapters.shown}"
+    return None

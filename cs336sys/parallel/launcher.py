@@ -68,10 +68,6 @@ def under_torchrun() -> bool:
     return all(v in os.environ for v in _TORCHRUN_VARS)
 
 
-def torchrun_world_size() -> int | None:
-    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else None
-
-
 def default_backend(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
