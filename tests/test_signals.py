@@ -57,13 +57,14 @@ def alive(pids: set[int]) -> set[int]:
 
 
 def _is_rank(pid: int) -> bool:
-    """A rank: spawned by the launcher (spawn_main), or started by torchrun (RANK at exec)."""
+    """A rank: started by the launcher (named cs336sys-rankN, forked or spawned), or started by
+    torchrun (RANK at exec)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        comm = Path(f"/proc/{pid}/comm").read_bytes()
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"spawn_main" in cmdline or any(e.startswith(b"RANK=") for e in env)
+    return comm.startswith(b"cs336sys-rank") or any(e.startswith(b"RANK=") for e in env)
 
 
 def listening(pids: set[int]) -> set[int]:

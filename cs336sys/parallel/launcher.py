@@ -189,12 +189,14 @@ _WATCHED: int | None = None  # the parent this process already dies with
 
 
 def die_with_parent(parent: int) -> None:
-    """End this process when `parent` (its parent's pid) ends, also when the parent is
-    SIGKILLed: a rank must never outlive the command that started it (docs/distributed.md,
-    "No rank outlives its command").
+    """End this process when `parent` ends, also when the parent is SIGKILLed: a rank must
+    never outlive the command that started it (docs/distributed.md, "No rank outlives its
+    command"). `parent` is the command's pid; a rank forked by the fork server has the server
+    as its parent process, which outlives the command by its own shutdown.
 
-    Linux delivers SIGKILL at the parent's death (prctl PR_SET_PDEATHSIG); elsewhere, and in
-    case the parent died before the call, a daemon thread watches the parent pid.
+    Linux delivers SIGKILL at the death of the process that started this one (prctl
+    PR_SET_PDEATHSIG); and a daemon thread watches `parent` itself, dead once it is gone or
+    a zombie waiting to be reaped.
     """
     import signal
     import threading
@@ -213,17 +215,51 @@ def die_with_parent(parent: int) -> None:
         pass
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while _alive(parent):
             time.sleep(0.5)
         os._exit(1)
 
-    if os.getppid() != parent:  # gone already
+    if not _alive(parent):  # gone already
         os._exit(1)
     threading.Thread(target=watch, name="cs336sys-parent-watch", daemon=True).start()
 
 
-def _worker(fn, rank, world_size, backend, port, args, conn, parent) -> None:
-    """Entry point of a spawned rank: set up the group, run, report, tear down."""
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs: it exists and (where /proc says) is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _name_process(name: str) -> None:
+    """The name `ps`, `top` and /proc/PID/comm show for this process (Linux; 15 bytes)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> None:
+    """Entry point of a started rank: set up the group, run, report, tear down."""
+    # The parent's environment as it is now: a rank forked from the fork server would have
+    # the server's, from when the server started (the user code's variables, say).
+    os.environ.clear()
+    os.environ.update(env)
+    _name_process(f"cs336sys-rank{rank}")
     die_with_parent(parent)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -257,16 +293,37 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent) -> None:
         pass
 
 
-def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
+# How ranks start (CS336SYS_START_METHOD): `forkserver` (the default) forks each rank from a
+# server process that has imported torch once, so a rank starts in a fraction of a second
+# instead of the 2-3 s of CPU that importing torch takes; `spawn` starts a fresh interpreter
+# per rank, the readable fallback. Neither forks the command itself, which may hold CUDA or
+# threads (https://docs.python.org/3/library/multiprocessing.html#contexts-and-start-methods).
+START_METHODS = ("forkserver", "spawn")
+
+
+def _context():
     import multiprocessing as mp
 
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked; spawn is also safe with threads
+    method = os.environ.get("CS336SYS_START_METHOD", "forkserver")
+    if method not in START_METHODS:
+        raise ValueError(f"CS336SYS_START_METHOD must be one of {START_METHODS}, not {method!r}")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        # Only torch: a module that reads the environment when imported (Triton, the
+        # kernels' opt-ins) is imported by each rank after it has the parent's environment.
+        ctx.set_forkserver_preload(["torch"])
+    return ctx
+
+
+def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
+    ctx = _context()
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent's end, rank's end)
     procs = [
         ctx.Process(
             target=_worker,
-            args=(fn, rank, world_size, backend, port, args, pipes[rank][1], os.getpid()),
+            args=(fn, rank, world_size, backend, port, args, pipes[rank][1], os.getpid(),
+                  dict(os.environ)),
             daemon=True,
             name=f"cs336sys-rank{rank}",
         )
