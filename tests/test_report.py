@@ -321,3 +321,46 @@ def test_markdown_report_values_are_inert(tmp_path):
         widths = {len(re.findall(r"(?<!\\)\|", row)) for row in table.strip().splitlines()}
         assert len(widths) == 1, table
     assert "\\[x\\](javascript:alert(1))" in md and "!\\[i\\](http:/&#47;a/x.png)" in md
+
+
+def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch):
+    """A stored run names its timeline PNG; a store merged from elsewhere could name any
+    file here. Only a PNG directly in the point's own --snapshot folder is read: a secret
+    file, a PNG outside that folder and a symlink are left out, with a note."""
+    import base64
+    import struct
+    import zlib
+
+    from cs336sys.store import Store
+
+    def png(path):  # a valid 1x1 PNG
+        def chunk(kind, data):
+            return (struct.pack(">I", len(data)) + kind + data
+                    + struct.pack(">I", zlib.crc32(kind + data)))
+        header = chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\x00\x00"))
+                         + chunk(b"IEND", b""))
+        return path
+
+    monkeypatch.chdir(tmp_path)
+    snaps, elsewhere = tmp_path / "snaps", tmp_path / "elsewhere"
+    snaps.mkdir(), elsewhere.mkdir()
+    secret = tmp_path / "id_rsa"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY----- s3cr3t")
+    own = png(snaps / "tiny-T64.png")
+    outside = png(elsewhere / "tiny-T64.png")
+    (snaps / "link.png").symlink_to(outside)
+    db = tmp_path / "r.db"
+    with Store(db, EXPERIMENTS) as s:
+        inv = s.begin_invocation({"host": "h", "gpu": "cpu", "gpu_count": 0}, [], "memory")
+        for seq, where in ((64, own), (128, secret), (256, outside), (512, snaps / "link.png")):
+            s.add_run(inv, "memory", "ok",
+                      {"size": "tiny", "seq": seq, "mode": "train", "snapshot": "snaps"},
+                      {"peak_bytes": 2**20, "snapshot_png": str(where)})
+    result = invoke("report", "--db", db, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert base64.b64encode(own.read_bytes()).decode() in html
+    assert "s3cr3t" not in html and base64.b64encode(secret.read_bytes()).decode()[:16] not in html
+    assert "3 memory timeline(s) left out" in html
+    assert html.count("<figcaption>Memory timeline:") == 1

@@ -30,11 +30,44 @@ def section(sec: Section, pts: list[Row]) -> None:
     lines = series(pts, "seq", "peak_bytes", scale=2**-20, first=("size", "mode"))
     add_plot(sec, "Peak memory against context length", "memory-peak",
           Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
+    left_out = 0
     for i, r in enumerate(pts):
-        png = r.get("snapshot_png")
-        if png and Path(png).is_file():
-            sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['seq']}",
-                                      f"memory-timeline-{i}", png=Path(png).read_bytes()))
+        if not r.get("snapshot_png"):
+            continue
+        png = timeline_png(r)
+        if png is None:
+            left_out += 1
+            continue
+        sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['seq']}",
+                                  f"memory-timeline-{i}", png=png))
+    if left_out:
+        sec.notes.append(f"{left_out} memory timeline(s) left out: the stored path is not a PNG "
+                         "that cs336sys wrote into the point's --snapshot folder on this machine.")
+
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MAX_PNG_BYTES = 32 * 2**20
+
+
+def timeline_png(row: Row) -> bytes | None:
+    """The timeline PNG a memory point wrote, or None. A stored run names the file, and a
+    store merged from elsewhere could name any file on this machine, which the report would
+    then publish: only a regular file (no symlink) directly in the point's own `snapshot`
+    folder, named .png, of a plausible size and starting with PNG's signature, is read."""
+    where, folder = row.get("snapshot_png"), row.get("snapshot")
+    if not where or not folder:
+        return None
+    path = Path(where)
+    try:
+        if (path.suffix != ".png" or path.is_symlink() or not path.is_file()
+                or path.parent.resolve() != Path(folder).resolve()
+                or path.stat().st_size > MAX_PNG_BYTES):
+            return None
+        with open(path, "rb") as f:
+            data = f.read(MAX_PNG_BYTES + 1)
+    except OSError:
+        return None
+    return data if data.startswith(PNG_MAGIC) else None
 
 
 
