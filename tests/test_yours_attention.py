@@ -302,6 +302,7 @@ def get_flashattention_autograd_function_triton():
 '''
 
 
+@pytest.mark.slow  # interpreted Triton through the CLI on a CPU
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_yours_triton_runs_compiled_on_a_gpu_and_interpreted_on_a_cpu(tmp_path, monkeypatch, device):
     repo = course_repo(tmp_path, files={"tests/adapters.py": TRITON_ADAPTERS})

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import invoke, query
 from tests.user_repos import ADAPTERS_2025, course_repo, edit
 
@@ -60,6 +62,7 @@ def ddp_runs(db):
     return query(db, "SELECT * FROM ddp_runs ORDER BY created")
 
 
+@pytest.mark.slow  # starts ranks
 def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     monkeypatch.chdir(repo)
@@ -86,6 +89,7 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
     assert skipped["error"] == "get_fsdp is not implemented in tests/adapters.py"
 
 
+@pytest.mark.slow  # starts ranks
 def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, "cs336_systems/ddp.py", "                dist.all_reduce(p.grad)\n                p.grad /= world\n",
@@ -101,6 +105,7 @@ def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
     assert "wrong" in result.stdout and "(wrong)" in result.stdout
 
 
+@pytest.mark.slow  # starts ranks
 def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     repo = course_repo(tmp_path, files={"tests/adapters.py": ADAPTERS_2025 + ADAPTERS_FSDP,
                                         "cs336_systems/fsdp.py": FSDP})
@@ -120,6 +125,7 @@ def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     assert fsdp["expected_params_bytes"] == fsdp["params"] * 4 / 2  # held to the sharded ideal
 
 
+@pytest.mark.slow  # starts ranks
 def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, "cs336_systems/ddp.py", "        world = dist.get_world_size()\n",
