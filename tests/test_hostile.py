@@ -52,6 +52,15 @@ CASES = [
     ("comm --bytes 1KB --bytes ''", [*COMM, "--bytes", ""], "--bytes: empty"),
     ("report --since ''", ["report", "--since", "", "--out", "{out}"], "cannot read time"),
     ("sql ''", ["sql", ""], "empty"),
+    # a non-breaking space (pasted from a web page) is blank, like a space
+    ("model --size nbsp", ["model", *MICRO[2:], "--size", "\xa0"], "--size: empty"),
+    ("comm --precision nbsp", [*COMM, "--precision", "\xa0"], "--precision: empty"),
+    ("attention --impl nbsp", [*ATTN, "--impl", "\xa0,"], "--attention: empty"),
+    # sizes beyond 64 bits fail at the option, not inside a point or the store
+    ("attention --batch beyond 64 bits", [*ATTN[:-4], "--batch", "9" * 30, "--device", "cpu"], "--batch: "),
+    ("attention --heads beyond 64 bits", [*ATTN, "--heads", "9" * 23], "--heads: "),
+    ("model --d-ff beyond 64 bits", ["model", *MICRO, "--d-ff", "9" * 23], "--d-ff: "),
+    ("plan --seq beyond 64 bits", ["plan", "--seq", "9" * 26], "--seq: "),
     # a typo that would run for days
     ("model --iters 10M", ["model", *MICRO, "--iters", "10000000"], "at most 1,000,000"),
     ("attention --iters 10M", [*ATTN, "--iters", "10000000"], "at most 1,000,000"),

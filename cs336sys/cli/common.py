@@ -346,6 +346,8 @@ def measure(
         user_code(adapters)
     with user_errors():
         points = specs(**options)
+    if not points:
+        fail("nothing to measure: the options select no point")
     check_db(db)
     device = points[0].device
     if not rank:

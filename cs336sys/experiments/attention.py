@@ -37,6 +37,7 @@ from cs336sys.sweep.declaration import (
 from cs336sys.sweep.points import (
     SpecError,
     check_seed,
+    check_size,
     check_triton,
     choices,
     counts,
@@ -187,6 +188,8 @@ def specs(
     n_heads = pick("heads", heads)
     if n_heads is not None and n_heads <= 0:
         raise SpecError(f"--heads must be positive, got {n_heads}")
+    if n_heads is not None:
+        check_size(n_heads, "--heads")
     precisions = choices(precision, DTYPES, "--precision") or pick("precision", None)
     is_causal = pick("causal", causal)
     which = pick("passes", passes)

@@ -34,6 +34,7 @@ from cs336sys.sweep.declaration import (
 from cs336sys.sweep.points import (
     SpecError,
     check_seed,
+    check_size,
     check_triton,
     checkpoint_list,
     choices,
@@ -183,6 +184,8 @@ def shape_overrides(**given: int | None) -> dict[str, int | None]:
     for name, value in given.items():
         if value is not None and value <= 0:
             raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if value is not None:
+            check_size(value, f"--{name.replace('_', '-')}")
     return given
 
 

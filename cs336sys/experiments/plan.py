@@ -54,7 +54,7 @@ from cs336sys.models.config import PRESETS, ModelConfig, ModelShape, from_preset
 from cs336sys.models.flops import forward_flops
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric_table
-from cs336sys.sweep.points import SpecError, choices, positive_ints
+from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints
 from cs336sys.sweep.result import Result
 
 STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
@@ -137,6 +137,8 @@ def specs(
                         ("--num-heads", num_heads), ("--vocab-size", vocab_size)):
         if value is not None and value <= 0:
             raise SpecError(f"{name} must be positive, got {value}")
+        if value is not None:
+            check_size(value, name)
     seq = seq or 4096
     batch = batch or 256 * seq  # 1M tokens at 4096, a common LLM batch
     if batch % seq:

@@ -75,6 +75,15 @@ def old_names(specs: Callable[..., Any] | None = None, /, **renamed: str) -> Any
 
 # Upper bounds where a typo would run for days (docs/bad-input.md).
 MAX_STEPS = 10**6
+# Any count or size: torch takes sizes as 64-bit integers and SQLite stores 64-bit integers,
+# so a larger one would fail deep inside a point (or the store) instead of at the option.
+MAX_SIZE = 2**62
+
+
+def check_size(n: int, option: str) -> None:
+    """Refuse a count or size above MAX_SIZE (SpecError naming the option)."""
+    if n > MAX_SIZE:
+        raise SpecError(f"{option}: {n} is too large (at most 2^62)")
 MAX_SEED = 2**62  # seeds are offset per rank and for the data: stay inside torch's 64 bits
 
 
@@ -84,7 +93,8 @@ def listed(values: Iterable[Any] | None, option: str, default: Iterable[Any] = (
     if values is None:
         return list(default)
     values = list(values)
-    if not values or any(not str(v).strip(" ,") for v in values):
+    # str.strip: any Unicode space (a non-breaking one pasted from a web page, say) is blank
+    if not values or any(not str(v).replace(",", " ").strip() for v in values):
         raise SpecError(f"{option}: empty value; give at least one")
     return split_list(values)
 
@@ -130,6 +140,7 @@ def positive_ints(
             raise SpecError(f"{option}: {v!r} is not an integer") from None
         if n <= 0:
             raise SpecError(f"{option} must be positive, got {n}")
+        check_size(n, option)
         out.append(n)
     return out
 
