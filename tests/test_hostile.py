@@ -51,6 +51,9 @@ CASES = [
     ("comm --bytes ''", ["comm", "--world-size", "2", "--bytes", ""], "--bytes: empty"),
     ("comm --bytes 1KB --bytes ''", [*COMM, "--bytes", ""], "--bytes: empty"),
     ("report --since ''", ["report", "--since", "", "--out", "{out}"], "cannot read time"),
+    ("step --adamw ''", ["step", *MICRO, "--adamw", ""], "--adamw: unknown value ''"),
+    ("step --attention ''", ["step", *MICRO, "--attention", ""], "--attention: empty"),
+    ("export --experiment ''", ["db", "export", "--experiment", ""], "--experiment: empty"),
     ("sql ''", ["sql", ""], "empty"),
     # a non-breaking space (pasted from a web page) is blank, like a space
     ("model --size nbsp", ["model", *MICRO[2:], "--size", "\xa0"], "--size: empty"),

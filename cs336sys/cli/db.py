@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table, user_errors
 from cs336sys.cli.options import option
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
@@ -62,7 +62,7 @@ def export(
     from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
-    from cs336sys.sweep.points import split_list
+    from cs336sys.sweep.points import listed
 
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
@@ -87,7 +87,8 @@ def export(
     except sqlite3.DatabaseError as exc:
         fail(f"cannot read {db} as a results store: {exc}")
     try:
-        wanted = split_list(experiment)
+        with user_errors():  # given but empty is not "all"
+            wanted = listed(experiment, "--experiment")
         for name in wanted:
             if name not in known:
                 fail(f"--experiment: unknown value {name!r}; choose from {', '.join(known)}")

@@ -188,7 +188,7 @@ def specs(
     )
     param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
     sets = parse_switches(switches, defaults["switches"])
-    adamw = adamw or defaults["adamw"]
+    adamw = defaults["adamw"] if adamw is None else adamw.strip()  # '' is not the default
     if adamw not in ADAMW_IMPLS:
         raise SpecError(f"--adamw: unknown value {adamw!r}; choose from {', '.join(ADAMW_IMPLS)}")
     if ce not in CE_IMPLS:
@@ -203,8 +203,8 @@ def specs(
                 raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
                                 f"LM head); --model {model} takes fused-adamw and compile")
     else:
-        attention = named_impls([attention or defaults["attention"]], "attention", "--attention",
-                                registry.names())[0]
+        attention = named_impls([defaults["attention"] if attention is None else attention],
+                                "attention", "--attention", registry.names())[0]
     if "flash" in on or attention == "triton":
         check_triton(on_cuda, "--switches flash")
     if "fused-adamw" in on and adamw == "triton":
