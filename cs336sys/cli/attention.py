@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Adapters, Label, Resume, listed, option
+from cs336sys.cli.options import Adapters, Label, Resume, list_option, option
 
 ListOpt = list[str] | None
 
 def attention(
-    attention: listed("Attention implementation(s): naive, compiled, sdpa, flash-torch, triton; "
-                      "yours: yours-torch, yours-triton (your adapters file) or "
-                      "yours=package.module:Function. [default: all but triton and compiled on "
-                      "CPU]", "--attention", "--impl") = None,
-    seq: listed("Sequence length(s). [default: 256,1024,4096,8192,16384 on CUDA, 128,256,512,1024 "
-                "on CPU]") = None,
-    d_head: listed("Head dimension(s). [default: 16,32,64,128 on CUDA, 32,64 on CPU]") = None,
-    batch: listed("Batch size(s). [default: 8 on CUDA, 4 on CPU]") = None,
+    attention: list_option("Attention implementation(s): naive, compiled, sdpa, flash-torch, "
+                           "triton; "
+                           "yours: yours-torch, yours-triton (your adapters file) or "
+                           "yours=package.module:Function. [default: all but triton and compiled "
+                           "on "
+                           "CPU]", "--attention", "--impl") = None,
+    seq: list_option("Sequence length(s). [default: 256,1024,4096,8192,16384 on CUDA, "
+                     "128,256,512,1024 "
+                     "on CPU]") = None,
+    d_head: list_option("Head dimension(s). [default: 16,32,64,128 on CUDA, 32,64 on CPU]") = None,
+    batch: list_option("Batch size(s). [default: 8 on CUDA, 4 on CPU]") = None,
     heads: option("Heads, for (batch, heads, seq, d) inputs; omit for (batch, seq, d).",
                   int | None) = None,
-    precision: listed("fp32, bf16 and/or fp16. [default: fp32]") = None,
+    precision: list_option("fp32, bf16 and/or fp16. [default: fp32]") = None,
     causal: option("Causal mask. [default: causal]", bool | None, "--causal/--no-causal") = None,
     passes: option("forward, backward or both (adds end-to-end). [default: both]",
                    str | None, "--pass") = None,
@@ -29,11 +32,11 @@ def attention(
     timer: option("loop (sync around each call) or do-bench (triton.testing.do_bench, CUDA). "
                   "[default: loop]", str | None) = None,
     sdpa_backend: option("For sdpa: auto, flash, efficient, math or cudnn.", str) = "auto",
-    triton_opt_in: listed("For triton: its opt-in kernel paths, a point each: default, tma "
-                          "(Hopper: tiles through TMA descriptors), atomic-dq (dQ added with "
-                          "atomics in the dK/dV kernel), tma+atomic-dq. [default: what "
-                          "CS336SYS_TRITON_TMA and CS336SYS_TRITON_ATOMIC_DQ say, else "
-                          "default]") = None,
+    triton_opt_in: list_option("For triton: its opt-in kernel paths, a point each: default, tma "
+                               "(Hopper: tiles through TMA descriptors), atomic-dq (dQ added with "
+                               "atomics in the dK/dV kernel), tma+atomic-dq. [default: what "
+                               "CS336SYS_TRITON_TMA and CS336SYS_TRITON_ATOMIC_DQ say, else "
+                               "default]") = None,
     preset: option("pytorch-attention, flash-benchmarking or leaderboard.", str | None) = None,
     skip_after_oom: option("After an OOM, store longer sequences of the same impl, d and dtype as "
                            "skipped.", bool, "--skip-after-oom/--no-skip-after-oom") = True,

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, Resume, listed, option
+from cs336sys.cli.options import Label, Resume, list_option, option
 
 ListOpt = list[str] | None
 
 
 def comm(
-    op: listed("all-reduce, all-gather, reduce-scatter, broadcast. [default: all-reduce]") = None,
-    size_bytes: listed("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). "
-                       "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
-                       "--bytes") = None,
-    world_size: listed("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
-                       "(Gloo)]") = None,
+    op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
+                    "all-reduce]") = None,
+    size_bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). "
+                            "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
+                            "--bytes") = None,
+    world_size: list_option("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
+                            "(Gloo)]") = None,
     backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
-    precision: listed("fp32, bf16 and/or fp16. [default: fp32]") = None,
+    precision: list_option("fp32, bf16 and/or fp16. [default: fp32]") = None,
     warmup: option("Untimed iterations per point. [default: 5 on CUDA, 2 on "
                    "CPU]", int | None) = None,
     iters: option("Timed iterations per point. [default: 20 on CUDA, 10 on "

@@ -48,6 +48,14 @@ DbOption = Annotated[
 ]
 
 
+def catalog() -> Any:
+    """Every experiment's declaration (experiments/catalog.py), imported when first needed,
+    so that `--help` and `cs336sys sql` on a current store import no experiment."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+
+    return EXPERIMENTS
+
+
 def fail(message: object) -> NoReturn:
     """Bad input: one clear line on stderr, exit code 2 (nothing has been written yet)."""
     typer.echo(f"Error: {message}", err=True)
@@ -169,10 +177,8 @@ def recording(
     from cs336sys.sweep.result import Terminated
 
     try:
-        from cs336sys.experiments.catalog import EXPERIMENTS
-
         rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label,
-                       experiments=EXPERIMENTS)
+                       experiments=catalog())
     except StoreError as exc:
         fail(exc)
     status = 1
@@ -321,9 +327,9 @@ def measure(
 ) -> None:
     """The one tail of every measuring command. `options` are the command's parameters (its
     `**options`, or `dict(locals())` taken first thing in its body): `db`, `resume`, `label`
-    and `adapters` are the command's, every other one is a keyword of `specs`. In order: the adapters file is chosen; `specs(**options)` builds
-    and validates the points (bad input: one line, exit 2, nothing written); the store is
-    checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
+    and `adapters` are the command's, every other one is a keyword of `specs`. In order:
+    the adapters file is chosen; `specs(**options)` builds and validates the points (bad
+    input: one line, exit 2, nothing written); the store is checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
     sees the specs; `run_sweep` stores each point as it finishes; the experiment's tables
     are printed and `after` sees the points. `ranks`: the points run on process groups, and
     under torchrun only rank 0 writes and prints. `run_options` go to `run_sweep`."""

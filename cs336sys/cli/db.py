@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table, user_errors
+from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
 from cs336sys.cli.options import option
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
@@ -80,7 +80,7 @@ def export(
     if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
         fail("--out would overwrite the store itself")
     try:
-        conn = connect_readonly(db, lambda: EXPERIMENTS)
+        conn = connect_readonly(db, catalog)
         known = known_experiments(conn, EXPERIMENTS)
     except StoreError as exc:
         fail(exc)

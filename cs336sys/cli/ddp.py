@@ -5,30 +5,34 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import listed, model_command, option
+from cs336sys.cli.options import list_option, model_command, option
 
 ListOpt = list[str] | None
 
 
 def _ddp_only(
-    impl: listed("naive, flat, overlap, bucketed, torch (replicas), fsdp and/or torch-fsdp "
-                 "(sharded); yours: yours, yours-individual, yours-bucketed, yours-fsdp (your "
-                 "adapters file) or NAME=package.module:Class (an FSDP when NAME has fsdp in it). "
-                 "[default: the five replica impls]") = None,
-    shard_optimizer: listed("Also run each replica impl with its AdamW state sharded: ours "
-                            "(cs336sys.parallel.ShardedOptimizer; what the bare flag means), yours "
-                            "(your adapters' get_sharded_optimizer) or yours=package.module:Class.",
-                            "--shard-optimizer") = None,
+    impl: list_option("naive, flat, overlap, bucketed, torch (replicas), fsdp and/or torch-fsdp "
+                      "(sharded); yours: yours, yours-individual, yours-bucketed, yours-fsdp (your "
+                      "adapters file) or NAME=package.module:Class (an FSDP when NAME has fsdp in "
+                      "it). "
+                      "[default: the five replica impls]") = None,
+    shard_optimizer: list_option("Also run each replica impl with its AdamW state sharded: ours "
+                                 "(cs336sys.parallel.ShardedOptimizer; what the bare flag means), "
+                                 "yours "
+                                 "(your adapters' get_sharded_optimizer) or "
+                                 "yours=package.module:Class.",
+                                 "--shard-optimizer") = None,
     zero: option("Also run each replica impl with torch's "
                  "ZeroRedundancyOptimizer.", bool, "--zero") = False,
-    bucket_mb: listed("Bucket caps in MiB, for bucketed. [default: 1,10,100,1000]") = None,
-    size: listed("Model size preset(s). [default: xl on CUDA, tiny on CPU]") = None,
-    seq: listed("Sequence length(s). [default: 512 on CUDA, 128 on CPU]") = None,
-    batch: listed("Sequences per step over all ranks (the global batch), split evenly. [default: 8 "
-                  "on CUDA, 4 on CPU]") = None,
-    world_size: listed("Ranks. [default: 2]") = None,
+    bucket_mb: list_option("Bucket caps in MiB, for bucketed. [default: 1,10,100,1000]") = None,
+    size: list_option("Model size preset(s). [default: xl on CUDA, tiny on CPU]") = None,
+    seq: list_option("Sequence length(s). [default: 512 on CUDA, 128 on CPU]") = None,
+    batch: list_option("Sequences per step over all ranks (the global batch), split evenly. "
+                       "[default: 8 "
+                       "on CUDA, 4 on CPU]") = None,
+    world_size: list_option("Ranks. [default: 2]") = None,
     backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
-    precision: listed("fp32, bf16 and/or fp16 (autocast). [default: fp32]") = None,
+    precision: list_option("fp32, bf16 and/or fp16 (autocast). [default: fp32]") = None,
     warmup: option("Untimed steps per point. [default: 3 on CUDA, 2 on CPU]", int | None) = None,
     iters: option("Timed steps per point. [default: 10 on CUDA, 5 on CPU]", int | None) = None,
     device: option("auto, cpu or cuda (picks the default backend).", str) = "auto",

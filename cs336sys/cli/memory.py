@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from cs336sys.cli.common import fail, measure
-from cs336sys.cli.options import listed, model_command, option
+from cs336sys.cli.options import list_option, model_command, option
 
 ListOpt = list[str] | None
 
@@ -17,8 +17,8 @@ memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_
 
 
 def _memory_only(
-    mode: listed("forward (no grad) and/or train (forward, backward, AdamW step). [default: "
-                 "train]") = None,
+    mode: list_option("forward (no grad) and/or train (forward, backward, AdamW step). [default: "
+                      "train]") = None,
     snapshot: option("Directory for each point's memory timeline PNG (and, on CUDA, the pickle "
                      "pytorch.org/memory_viz loads); created if missing.", Path | None) = None,
     warmup: option("Untracked warm-up steps.", int) = 1,
@@ -49,9 +49,9 @@ def memory(ctx: typer.Context, **options: Any) -> None:
 
 
 def _residuals_only(
-    size: listed("Size preset(s) of the block. [default: small]") = None,
-    batch: listed("Batch size(s). [default: 1]") = None,
-    impl: listed("eager and/or compiled (torch.compile). [default: eager,compiled]") = None,
+    size: list_option("Size preset(s) of the block. [default: small]") = None,
+    batch: list_option("Batch size(s). [default: 1]") = None,
+    impl: list_option("eager and/or compiled (torch.compile). [default: eager,compiled]") = None,
 ) -> None:
     """The options of `memory residuals` beyond the model's."""
 
@@ -84,7 +84,8 @@ def _refuse_options_before_subcommand(ctx: typer.Context) -> None:
     given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
     if given:
         flag = "--" + given[0].replace("_", "-")
-        fail(f"{flag} belongs after the subcommand: cs336sys memory {ctx.invoked_subcommand} {flag} ...")
+        fail(f"{flag} belongs after the subcommand: cs336sys memory {ctx.invoked_subcommand} "
+              "{flag} ...")
 
 
 def _label(spec) -> str:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import Compile, listed, model_command, option
+from cs336sys.cli.options import Compile, list_option, model_command, option
 
 ListOpt = list[str] | None
 
 
 def _model_only(
-    mode: listed("forward, forward-backward and/or train. [default: train]") = None,
+    mode: list_option("forward, forward-backward and/or train. [default: train]") = None,
     compile: Compile = False,
     nvtx: option("Emit NVTX ranges (for nsys); no-op without CUDA.", bool, "--nvtx") = False,
 ) -> None:

@@ -19,9 +19,9 @@ from cs336sys.cli.common import DEFAULT_DB, DbOption
 ListOpt = list[str] | None
 
 
-def listed(help: str, *names: str, **settings: Any) -> Any:
+def list_option(help: str, *names: str, **settings: Any) -> Any:
     """A list option: comma lists or repetition (`--seq 128,256` or `--seq 128 --seq 256`),
-    None when not given. `size: listed("Size preset(s).") = None`."""
+    None when not given. `size: list_option("Size preset(s).") = None`."""
     return Annotated[ListOpt, typer.Option(*names, help=help, **settings)]
 
 
@@ -29,23 +29,23 @@ def option(help: str, kind: Any, *names: str, **settings: Any) -> Any:
     """An option of one value of `kind`: `seed: option("Seed for the inputs.", int) = 0`."""
     return Annotated[kind, typer.Option(*names, help=help, **settings)]
 
-Size = listed("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
-              "leaderboard's). [default: small on CUDA, tiny on CPU]")
-Seq = listed("Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
-Batch = listed("Batch size(s). [default: 4]")
-Precision = listed("fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: "
-                   "fp32]")
+Size = list_option("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
+                   "leaderboard's). [default: small on CUDA, tiny on CPU]")
+Seq = list_option("Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
+Batch = list_option("Batch size(s). [default: 4]")
+Precision = list_option("fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: "
+                        "fp32]")
 Warmup = option("Untimed warm-up steps. [default: 5 on CUDA, 2 on CPU]", int | None)
 Iters = option("Timed steps. [default: 10 on CUDA, 5 on CPU]", int | None)
 Label = option("Free text stored on this invocation, e.g. 'baseline' or 'after fusing'; filter "
                "with report --where label=TEXT.", str | None)
-Attention = listed("Attention implementation(s) from the registry: naive, sdpa, compiled, "
-                   "flash-torch, triton. [default: naive]")
-Optimizer = listed("adamw (our own), adamw-foreach, adamw-triton (fused kernel), torch-adamw, "
-                   "torch-adamw-fused; train mode only. [default: adamw]")
+Attention = list_option("Attention implementation(s) from the registry: naive, sdpa, compiled, "
+                        "flash-torch, triton. [default: naive]")
+Optimizer = list_option("adamw (our own), adamw-foreach, adamw-triton (fused kernel), torch-adamw, "
+                        "torch-adamw-fused; train mode only. [default: adamw]")
 Compile = option("Wrap the model in torch.compile.", bool, "--compile/--no-compile")
-Checkpoint = listed("Activation checkpointing: none, every:K (groups of K blocks), sqrt, or "
-                    "groups:A,B,... (uneven groups summing to the layers). [default: none]")
+Checkpoint = list_option("Activation checkpointing: none, every:K (groups of K blocks), sqrt, or "
+                         "groups:A,B,... (uneven groups summing to the layers). [default: none]")
 Device = option("auto, cpu, cuda or cuda:N.", str)
 Seed = option("Seed for weights and data.", int)
 DModel = option("Override the preset's d_model.", int | None)

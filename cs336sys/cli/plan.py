@@ -8,8 +8,16 @@ from typing import Any
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, check_db, fail, recording, user_errors
-from cs336sys.cli.options import Label, listed, option, options_of, shape_options
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    DbOption,
+    catalog,
+    check_db,
+    fail,
+    recording,
+    user_errors,
+)
+from cs336sys.cli.options import Label, list_option, option, options_of, shape_options
 
 ListOpt = list[str] | None
 
@@ -39,10 +47,11 @@ def plan(
     batch: option("Global batch of one step in tokens, whole sequences. [default: 256 sequences]",
                   int | None) = None,
     seq: option("Tokens per sequence. [default: 4096]", int | None) = None,
-    strategy: listed("dp, fsdp, tp and/or fsdp-tp. [default: all]") = None,
-    n: listed("Degrees: devices per strategy. [default: 1,2,4,8]", "--n") = None,
-    hardware: listed("GPU preset(s): a100, h100, h200, b200 (data sheets). [default: h100 without "
-                     "--measured]") = None,
+    strategy: list_option("dp, fsdp, tp and/or fsdp-tp. [default: all]") = None,
+    n: list_option("Degrees: devices per strategy. [default: 1,2,4,8]", "--n") = None,
+    hardware: list_option("GPU preset(s): a100, h100, h200, b200 (data sheets). [default: h100 "
+                          "without "
+                          "--measured]") = None,
     measured: option("C and W as this GPU measured them: the best stored model TFLOP/s and comm "
                      "busbw.", bool, "--measured") = False,
     gpu: option("With --measured: the stored GPU name to use (e.g. from a merged store). [default: "
@@ -91,7 +100,7 @@ def _reader(db):  # noqa: ANN001, ANN202
     from cs336sys.store.db import StoreError, connect_readonly
 
     try:
-        return connect_readonly(db, _catalog) if db.exists() and db.stat().st_size else None
+        return connect_readonly(db, catalog) if db.exists() and db.stat().st_size else None
     except StoreError:
         return None
 
@@ -112,7 +121,7 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
         fail(f"--measured: no results store at {db}; run `cs336sys model --precision bf16` and "
              "`cs336sys comm --op all-reduce,all-gather,reduce-scatter` on this GPU first")
     try:
-        conn = connect_readonly(db, _catalog)
+        conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
     try:
@@ -144,10 +153,3 @@ def _show(exp, points) -> None:  # noqa: ANN001
         if p.result.status != "ok":  # stored too, with the reason
             typer.echo(f"{p.spec.device_name} {p.spec.strategy} N={p.spec.n}: {p.result.error}",
                        err=True)
-
-
-def _catalog():  # noqa: ANN202
-    """The experiments, for the views of an older store read through a migrated copy."""
-    from cs336sys.experiments.catalog import EXPERIMENTS
-
-    return EXPERIMENTS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, listed, option
+from cs336sys.cli.options import Label, list_option, option
 
 ListOpt = list[str] | None
 DeviceOpt = option("auto, cpu, cuda or cuda:N.", str)
@@ -33,8 +33,9 @@ def _group() -> None:
 
 @precision.command()
 def accumulate(
-    variant: listed("fp32, fp16, fp16-into-fp32 (float16 values, float32 sum), fp16-upcast (values "
-                    "cast to float32 explicitly). [default: all four]") = None,
+    variant: list_option("fp32, fp16, fp16-into-fp32 (float16 values, float32 sum), fp16-upcast "
+                         "(values "
+                         "cast to float32 explicitly). [default: all four]") = None,
     additions: option("How many times to add the value.", int) = 1000,
     value: option("The value added each time.", float) = 0.01,
     device: DeviceOpt = "auto",
@@ -58,10 +59,10 @@ def accumulate(
 
 @precision.command()
 def autocast(
-    precision: listed("bf16 and/or fp16. [default: bf16]") = None,
+    precision: list_option("bf16 and/or fp16. [default: bf16]") = None,
     in_features: option("The toy model's input width.", int) = 16,
     out_features: option("The toy model's output width.", int) = 4,
-    batch: listed("Rows in the random batch. [default: 8]") = None,
+    batch: list_option("Rows in the random batch. [default: 8]") = None,
     device: DeviceOpt = "auto",
     seed: option("Seed for weights and data.", int) = 0,
     label: Label = None,

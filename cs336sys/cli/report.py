@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, choices, fail
-from cs336sys.cli.options import listed, option
+from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail
+from cs336sys.cli.options import list_option, option
 
 ListOpt = list[str] | None
 
@@ -20,11 +20,11 @@ def report(
                   "runs of that commit and the later ones up to HEAD, cs336sys's or your code's.",
                   str | None) = None,
     until: option("Runs created before this (same forms; a day means its end).", str | None) = None,
-    experiment: listed("Only these experiments (model, attention, comm, ...).") = None,
+    experiment: list_option("Only these experiments (model, attention, comm, ...).") = None,
     gpu: option("Only runs on this GPU (its name).", str | None) = None,
     commit: option("Only runs at this git commit, cs336sys's or your code's: a prefix, or a git "
                    "ref of this folder's repository (HEAD, a branch).", str | None) = None,
-    where: listed("KEY=VALUE on the run's settings, e.g. size=small (repeatable).") = None,
+    where: list_option("KEY=VALUE on the run's settings, e.g. size=small (repeatable).") = None,
     compare: option("Two commits (prefixes, or git refs of this folder's repository: HEAD~1 HEAD; "
                     "cs336sys's or your code's), invocation ids, labels or GPUs: the report covers "
                     "only their runs, and every point measured on both sides gets B/A and a "
@@ -39,7 +39,7 @@ def report(
     history: option("Plot each point's median across commits, in time order, and list the steps "
                     "(regressions and improvements) found in the raw samples; steps are also "
                     "printed.", bool, "--history") = False,
-    fmt: listed("html and/or md. [default: both]", "--format") = None,
+    fmt: list_option("html and/or md. [default: both]", "--format") = None,
     out: option("Folder to write the report into.", Path) = Path("reports"),
     title: option("Title of the report.", str) = "cs336sys report",
     db: DbOption = DEFAULT_DB,
@@ -106,7 +106,7 @@ def report(
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} exists and is not a folder")
     try:
-        conn = connect_readonly(db, lambda: EXPERIMENTS)
+        conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
     problem = why_unwritable(out)

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, table
+from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table
 from cs336sys.cli.options import option
 from cs336sys.store.views import typed
 
@@ -46,7 +46,7 @@ def sql(
     except ValueError as exc:
         fail(f"--param: {exc}")
     try:
-        conn = connect_readonly(db, _catalog)
+        conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
     try:
@@ -75,11 +75,3 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
-
-
-def _catalog():
-    """The experiments, for the views of an older store read through a migrated copy
-    (imported only then: `cs336sys sql` answers at once)."""
-    from cs336sys.experiments.catalog import EXPERIMENTS
-
-    return EXPERIMENTS

@@ -5,23 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import listed, model_command, option
+from cs336sys.cli.options import list_option, model_command, option
 
 ListOpt = list[str] | None
 
 
 def _step_only(
-    size: listed("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
-                 "leaderboard's). [default: 8b on CUDA, tiny on CPU]") = None,
-    seq: listed("Context length(s). [default: 8192 on CUDA, 128 on CPU]") = None,
-    batch: listed("Batch size(s). [default: 2]") = None,
-    switches: listed("Switch sets: none, fused-adamw, fused-ce, flash, compile, sets joined with + "
-                     "(fused-adamw+fused-ce), all, or ablation (none, each alone, all). [default: "
-                     "ablation on CUDA, none,fused-adamw,fused-ce on CPU]") = None,
-    precision: listed("Autocast dtype: bf16 and/or fp32. [default: bf16 on CUDA, fp32 on "
-                      "CPU]") = None,
-    param_dtype: listed("Weights: fp32 (master weights under autocast) and/or bf16 (16-bit "
-                        "weights, fp32 optimizer state). [default: fp32]") = None,
+    size: list_option("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
+                      "leaderboard's). [default: 8b on CUDA, tiny on CPU]") = None,
+    seq: list_option("Context length(s). [default: 8192 on CUDA, 128 on CPU]") = None,
+    batch: list_option("Batch size(s). [default: 2]") = None,
+    switches: list_option("Switch sets: none, fused-adamw, fused-ce, flash, compile, sets joined "
+                          "with + "
+                          "(fused-adamw+fused-ce), all, or ablation (none, each alone, all). "
+                          "[default: "
+                          "ablation on CUDA, none,fused-adamw,fused-ce on CPU]") = None,
+    precision: list_option("Autocast dtype: bf16 and/or fp32. [default: bf16 on CUDA, fp32 on "
+                           "CPU]") = None,
+    param_dtype: list_option("Weights: fp32 (master weights under autocast) and/or bf16 (16-bit "
+                             "weights, fp32 optimizer state). [default: fp32]") = None,
     attention: option("The baseline attention that flash replaces (yours-torch, yours-triton: your "
                       "adapters'). [default: sdpa]", str | None) = None,
     adamw: option("What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
@@ -34,9 +36,11 @@ def _step_only(
                    "CPU]", int | None) = None,
     iters: option("Timed steps (do_bench's repetitions on CUDA). [default: 5, 3 on CPU]",
                   int | None) = None,
-    num_layers: listed("Override the preset's num_layers; a list (8,12,16) finds the largest that "
-                       "fits: after an out-of-memory the larger counts are skipped. [default: 8 "
-                       "for the default 8b on CUDA]") = None,
+    num_layers: list_option("Override the preset's num_layers; a list (8,12,16) finds the largest "
+                            "that "
+                            "fits: after an out-of-memory the larger counts are skipped. [default: "
+                            "8 "
+                            "for the default 8b on CUDA]") = None,
 ) -> None:
     """The options of `step` beyond the model's (cli/options.py, model_options)."""
 
