@@ -1,7 +1,7 @@
 """One module per experiment kind. Each declares its `EXPERIMENT` (sweep/declaration.py):
 a frozen Spec dataclass (one sweep point), `specs(...)` that validates a sweep's options and
 expands them, `run(spec) -> Result` (a pure function of the spec plus the device), its
-metrics and its table. `run_sweep` (sweep.py) runs the points of any of them:
+metrics and its table. `run_sweep` (sweep/runner.py) runs the points of any of them:
 
     from cs336sys.experiments import model, run_sweep
     points = run_sweep(model.EXPERIMENT, model.specs(size=["tiny"], seq=[64]))

@@ -21,7 +21,8 @@ import cs336sys
 _PACKAGE_DIR = Path(cs336sys.__file__).resolve().parent
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+def command_output(cmd: list[str], cwd: str | Path | None = None) -> str | None:
+    """The stripped stdout of `cmd`, or None when it cannot run, fails or takes over 10 s."""
     try:
         out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -34,10 +35,10 @@ def git_info(path: str | Path = _PACKAGE_DIR) -> dict[str, Any]:
 
     Outside a git checkout (or in one without commits) both are None.
     """
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=Path(path))
+    commit = command_output(["git", "rev-parse", "HEAD"], cwd=Path(path))
     if not commit:
         return {"git_commit": None, "git_dirty": None}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(path))
+    status = command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(path))
     return {"git_commit": commit, "git_dirty": None if status is None else int(bool(status))}
 
 
@@ -108,7 +109,7 @@ def _version(dist: str) -> str | None:
 
 
 def _driver_version() -> str | None:
-    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    out = command_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     return out.splitlines()[0].strip() if out else None
 
 
@@ -156,7 +157,7 @@ def collect(device: str = "cpu") -> dict[str, Any]:
 def smi_gpus() -> tuple[str, int, float | None] | None:
     """(name of the first GPU, how many, its memory in GiB) from nvidia-smi, without torch;
     None where there is no nvidia-smi or it fails."""
-    out = _run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+    out = command_output(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
     lines = [line.split(",") for line in (out or "").splitlines() if "," in line]
     if not lines:
         return None

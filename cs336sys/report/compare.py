@@ -49,7 +49,14 @@ from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD, judge
 from cs336sys.report.sections import Row, Table, num, point_labels, skey
-from cs336sys.report.select import Selection, SelectionError, invocations, load, present
+from cs336sys.report.select import (
+    Selection,
+    SelectionError,
+    invocations,
+    like_prefix,
+    load,
+    present,
+)
 
 __all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "method", "sides"]
 
@@ -255,21 +262,20 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
     (HEAD~1, a branch, a tag: report/refs.py), which becomes its full hash."""
     from cs336sys.report.refs import resolve as resolve_ref
 
-    columns = {r[1] for r in conn.execute("PRAGMA table_info(invocations)")}
-    commit = ("(git_commit LIKE ? ESCAPE '\\' OR user_commit LIKE ?1 ESCAPE '\\')"
-              if "user_commit" in columns else "git_commit LIKE ? ESCAPE '\\'")
+    # the store is at the current schema (connect_readonly migrates a copy of an older one)
     probes = {
-        **({"label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1"} if "label" in columns else {}),
+        "label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1",
         "gpu": "SELECT 1 FROM invocations WHERE gpu = ? LIMIT 1",
-        "commit": f"SELECT 1 FROM invocations WHERE {commit} LIMIT 1",
+        "commit": "SELECT 1 FROM invocations WHERE (git_commit LIKE ? ESCAPE '\\' "
+                  "OR user_commit LIKE ?1 ESCAPE '\\') LIMIT 1",
         "invocation": "SELECT 1 FROM invocations WHERE id LIKE ? ESCAPE '\\' LIMIT 1",
     }
 
     commits: dict[str, str] = {}  # token -> the commit it matched: a ref's hash, or itself
 
     def matches(k: str, value: str) -> bool:
-        pat = value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return conn.execute(probes[k], (value if k in ("gpu", "label") else pat,)).fetchone() is not None
+        pat = value if k in ("gpu", "label") else like_prefix(value)
+        return conn.execute(probes[k], (pat,)).fetchone() is not None
 
     def kinds(token: str) -> list[str]:
         found = []

@@ -7,16 +7,13 @@ code it measured, cs336sys.yours).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
+
+from cs336sys.measure.provenance import command_output
 
 
 def _git(*args: str, cwd: str | Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return command_output(["git", *args], cwd)
 
 
 def resolve(ref: str, cwd: str | Path | None = None) -> str | None:

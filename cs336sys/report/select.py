@@ -140,14 +140,14 @@ class Selection:
             # A prefix, as people type short hashes; LIKE wildcards in the value are escaped.
             # The commit of cs336sys's code or of the user's code measured (cs336sys.yours).
             conds.append("(i.git_commit LIKE ? ESCAPE '\\' OR i.user_commit LIKE ? ESCAPE '\\')")
-            params.extend([_like_prefix(self.commit)] * 2)
+            params.extend([like_prefix(self.commit)] * 2)
         if self.commits is not None:
             marks = ", ".join("?" * len(self.commits)) or "NULL"
             conds.append(f"(i.git_commit IN ({marks}) OR i.user_commit IN ({marks}))")
             params.extend([*self.commits, *self.commits])
         if self.invocation:
             conds.append("r.invocation_id LIKE ? ESCAPE '\\'")
-            params.append(_like_prefix(self.invocation))
+            params.append(like_prefix(self.invocation))
         if self.label is not None:
             conds.append("i.label = ?")
             params.append(self.label)
@@ -165,7 +165,8 @@ class Selection:
         return (" AND ".join(conds) or "1"), params
 
 
-def _like_prefix(value: str) -> str:
+def like_prefix(value: str) -> str:
+    """`value` as a LIKE pattern for the strings that start with it (wildcards escaped)."""
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 

@@ -143,10 +143,6 @@ class Adapters:
         except ValueError:
             return str(self.path)
 
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.source.encode("utf-8")).hexdigest()
-
     def has(self, entry: Entry) -> bool:
         """The file defines the entry's getter."""
         return entry.functions[0] in self.functions
