@@ -142,7 +142,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     # What the test modules imported (torch, Triton, the package: some 400,000 objects) is
     # never garbage: leave it out of every later collection. Each sweep point ends with a
-    # gc.collect() (bench/result.free_memory), which took 0.25 s of CPU each time it walked
+    # gc.collect() (sweep/result.free_memory), which took 0.25 s of CPU each time it walked
     # them all; a fifth of the CLI tests' time. Objects made after this, by the tests
     # themselves, are collected as before.
     gc.collect()
