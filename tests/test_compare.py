@@ -484,8 +484,9 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     from cs336sys.report.compare import resolve
 
     conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, label TEXT, gpu TEXT)")
-    conn.executemany("INSERT INTO invocations VALUES (?, ?, ?, ?)",
+    conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, user_commit TEXT, "
+                 "label TEXT, gpu TEXT)")  # the columns resolve reads, as every store has them
+    conn.executemany("INSERT INTO invocations VALUES (?, ?, NULL, ?, ?)",
                      [("a1f0", "b2e1", "a", "cpu"), ("b7c3", "a9d2", "b", "cpu")])
     assert resolve(conn, "a", "b") == ("label", "a", "b")
     assert resolve(conn, "a1", "b7") == ("invocation", "a1", "b7")
