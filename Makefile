@@ -10,7 +10,7 @@ CPU_TORCH ?= torch==2.13.0
 DEMO_DB ?= db/results.db
 DEMO_REPORT ?= reports/demo
 # When this make started (UTC): the demo's report covers what the demo itself ran.
-DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%S)
+DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 CLI := $(VENV)/bin/cs336sys
 REPORT = $(CLI) report --db $(DEMO_DB) --since $(DEMO_START) --out $(DEMO_REPORT)
 

@@ -308,7 +308,7 @@ def main() -> int:
             if step_failed(argv, rc):
                 failed.append(what)
         title = f"{gpu}: make gpu-check"
-        rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", since, "--out",
+        rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", f"{since}Z", "--out",
                      str(out), "--title", title], log)
         if rc != 0:
             failed.append("report")

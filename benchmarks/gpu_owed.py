@@ -126,7 +126,7 @@ def main() -> int:
             if step_failed(argv, rc):
                 failed.append(str(i))
         if db.exists():
-            rc, _ = run([*CLI, "report", "--db", str(db), "--since", since, "--out", str(out),
+            rc, _ = run([*CLI, "report", "--db", str(db), "--since", f"{since}Z", "--out", str(out),
                          "--title", f"{gpu}: what issues 15-17 owed"], log)
             if rc != 0:
                 failed.append("report")

@@ -4,8 +4,15 @@ import os
 import shutil
 import sqlite3
 import tempfile
+import time
 
 import pytest
+
+# Times without an offset (`--since 2026-01-05`) are the machine's local time: the tests that
+# select the fixtures' UTC times by date run in UTC wherever the tests run (a test that needs
+# another zone sets TZ itself).
+os.environ["TZ"] = "UTC"
+time.tzset()
 
 # pytest-xdist (`make test` runs `pytest -n auto`): this process is one of several workers.
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")

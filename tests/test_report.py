@@ -5,6 +5,7 @@ review the diff before keeping it.
 """
 
 import hashlib
+import json
 import os
 import re
 from datetime import datetime, timezone
@@ -155,9 +156,70 @@ def test_parse_time_against_hand_computed_instants():
     assert parse_time("2026-01-02", now, end=True) == "2026-01-03 00:00:00.000000"
     assert parse_time("2026-01-02T10:00:00+02:00", now) == "2026-01-02 08:00:00.000000"
     assert parse_time("2026-01-02 10:00", now) == "2026-01-02 10:00:00.000000"
-    for bad in ("last week", "7x", "2026-13-01", ""):
+    assert parse_time("13:05", now) == "2026-01-06 13:05:00.000000"
+    assert parse_time("2026-01-02T10:00Z", now) == "2026-01-02 10:00:00.000000"
+    for bad in ("last week", "7x", "2026-13-01", "", "24:00", "9:60", "13:5"):
         with pytest.raises(SelectionError):
             parse_time(bad, now)
+
+
+@pytest.fixture
+def california(monkeypatch):
+    """This process in a zone 8 hours behind UTC (a POSIX TZ rule: no tz database needed)."""
+    import time
+
+    monkeypatch.setenv("TZ", "PST+08")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_time_words_are_the_machines_local_time(california):
+    # 4 pm in California is midnight past in UTC: "today" is still the local day, whose
+    # midnight is 08:00 UTC; dates and datetimes without an offset are local too
+    now = datetime(2026, 1, 7, 0, 0, 0, tzinfo=timezone.utc)  # 2026-01-06 16:00 local
+    assert parse_time("today", now) == "2026-01-06 08:00:00.000000"
+    assert parse_time("today", now, end=True) == "2026-01-07 08:00:00.000000"
+    assert parse_time("yesterday", now) == "2026-01-05 08:00:00.000000"
+    assert parse_time("09:30", now) == "2026-01-06 17:30:00.000000"
+    assert parse_time("2026-01-02", now) == "2026-01-02 08:00:00.000000"
+    assert parse_time("2026-01-02T10:00", now) == "2026-01-02 18:00:00.000000"
+    assert parse_time("2026-01-02T10:00Z", now) == "2026-01-02 10:00:00.000000"  # as it says
+    assert parse_time("12h", now) == "2026-01-06 12:00:00.000000"  # ago: no zone involved
+
+
+def test_a_morning_run_is_in_todays_report_in_california(california, tmp_path, db_path):
+    import sqlite3 as sq
+    from datetime import timedelta
+
+    from cs336sys.report.select import FMT
+
+    now = datetime.now(timezone.utc)
+    local_midnight = now.astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
+    morning = (local_midnight + timedelta(minutes=1)).astimezone(timezone.utc)
+    build_rows = invoke("attention", "--impl", "naive", "--seq", "16", "--d-head", "8",
+                        "--batch", "1", "--warmup", "0", "--iters", "1", "--pass", "forward",
+                        "--device", "cpu", "--db", db_path)
+    assert build_rows.exit_code == 0, build_rows.output
+    with sq.connect(db_path) as conn:  # as if it ran just after this machine's midnight
+        conn.execute("UPDATE runs SET created = ?", (morning.strftime(FMT),))
+    result = report(db_path, tmp_path / "r", "--since", "today", "--format", "md")
+    assert result.exit_code == 0 and "No stored runs match" not in result.stderr, result.output
+    assert "## Attention" in (tmp_path / "r" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args", [["--since", "today", "--until", "yesterday"],
+                                  ["--since", "2026-01-05", "--until", "2026-01-04"]])
+def test_an_empty_or_inverted_range_is_refused_with_the_range_named(store, tmp_path, args):
+    before = sha(store)
+    result = report(store, tmp_path / "out", *args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert f"--since {args[1]} --until {args[3]} is an empty range: from " in line
+    assert not (tmp_path / "out").exists() and sha(store) == before
+    exported = invoke("db", "export", "--db", store, *args)
+    assert exported.exit_code == 2 and "is an empty range" in exported.stderr
 
 
 def test_where_values_are_bound_never_spliced():
@@ -281,7 +343,8 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
 
 
 PAYLOADS = ["[x](javascript:alert(1))", "![i](http://a/x.png)", "\n# h", "|", "```\nfence",
-            "www.example.com"]
+            "www.example.com", "bob@example.com", "mailto:a@b.co", "<script>alert(1)</script>",
+            "<http://a.b>", "&amp; &#39;", "GPU's < 5 & > 2"]
 
 
 def test_markdown_report_values_are_inert(tmp_path):
@@ -320,7 +383,21 @@ def test_markdown_report_values_are_inert(tmp_path):
     for table in re.findall(r"((?:^\|.*\|$\n?)+)", md, re.M):
         widths = {len(re.findall(r"(?<!\\)\|", row)) for row in table.strip().splitlines()}
         assert len(widths) == 1, table
-    assert "\\[x\\](javascript:alert(1))" in md and "!\\[i\\](http:/&#47;a/x.png)" in md
+    assert "\\[x\\](javascript:alert(1))" in md and "!\\[i\\](http:\\/\\/a/x.png)" in md
+    assert "GPU's < 5 & > 2" in md  # plain text stays plain: no entities where none is needed
+    # GitHub's own renderer (cmark-gfm with its autolinks), passing raw HTML through: no
+    # link, image, script or heading of the values'; each value's text as it was stored
+    import html as html_lib
+
+    import cmarkgfm
+    from cmarkgfm.cmark import Options
+
+    page = cmarkgfm.github_flavored_markdown_to_html(md, options=Options.CMARK_OPT_UNSAFE)
+    assert "<a " not in page and "<script" not in page and "<h1>h" not in page
+    assert re.findall(r"<img [^>]*>", page) == re.findall(r"<img src=\"report_files/[^>]*>", page)
+    text = " ".join(html_lib.unescape(re.sub(r"<!-- -->|<[^>]+>", "", page)).split())
+    for payload in PAYLOADS:
+        assert " ".join(payload.split()) in text, payload
 
 
 def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch):
@@ -364,3 +441,16 @@ def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch
     assert "s3cr3t" not in html and base64.b64encode(secret.read_bytes()).decode()[:16] not in html
     assert "3 memory timeline(s) left out" in html
     assert html.count("<figcaption>Memory timeline:") == 1
+
+
+def test_db_export_selects_by_gpu_and_commit_as_report_does(store):
+    out = invoke("db", "export", "--db", store, "--format", "jsonl", "--commit", "bbbb",
+                 "--gpu", "NVIDIA H100 80GB HBM3")
+    assert out.exit_code == 0, out.output
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    everything = [json.loads(line) for line in
+                  invoke("db", "export", "--db", store, "--format", "jsonl").stdout.splitlines()]
+    expected = [r["run_id"] for r in everything
+                if r["gpu"] == "NVIDIA H100 80GB HBM3" and r["git_commit"].startswith("bbbb")]
+    assert 0 < len(expected) < len(everything)
+    assert [r["run_id"] for r in records] == expected

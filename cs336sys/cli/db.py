@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
-from cs336sys.cli.options import option
+from cs336sys.cli.options import Commit, Gpu, Since, Until, Where, option
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
 
@@ -39,11 +39,11 @@ def export(
     out: option("Write to this file (replaced whole) instead of stdout.",
                 Path | None, dir_okay=False) = None,
     samples: option("Include each run's raw samples (big).", bool, "--samples") = False,
-    since: option("Runs created since: today, yesterday, 7d, 12h, 2026-01-05 or an ISO datetime "
-                  "(UTC).", str | None) = None,
-    until: option("Runs created before this (same forms; a day means its end).", str | None) = None,
-    where: option("KEY=VALUE on the run's settings or its label, host, command (repeatable).",
-                  list[str] | None) = None,
+    since: Since = None,
+    until: Until = None,
+    gpu: Gpu = None,
+    commit: Commit = None,
+    where: Where = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export stored runs as CSV or JSONL, one record per run.
@@ -55,11 +55,14 @@ def export(
         cs336sys db export --format csv --experiment model,attention --out runs.csv
 
         cs336sys db export --since 7d --where label=baseline --format jsonl
+
+        cs336sys db export --commit HEAD --gpu "NVIDIA H100 80GB HBM3" --out h100.csv
     """
     from datetime import datetime, timezone
 
     from cs336sys.experiments.catalog import EXPERIMENTS
-    from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
+    from cs336sys.report import refs
+    from cs336sys.report.select import Selection, SelectionError, parse_where, time_range
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
     from cs336sys.sweep.points import listed
@@ -68,9 +71,12 @@ def export(
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
     now = datetime.now(timezone.utc)
     try:  # the same filters as `report`, as one SQL condition
+        since_time, until_time = time_range(since, until, now)
         condition = Selection(
-            since=parse_time(since, now) if since is not None else None,
-            until=parse_time(until, now, end=True) if until is not None else None,
+            since=since_time,
+            until=until_time,
+            gpu=gpu,
+            commit=(refs.resolve(commit) or commit) if commit else None,
             where=tuple(parse_where(where or [], EXPERIMENTS)),
         ).clause()
     except SelectionError as exc:

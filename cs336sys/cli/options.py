@@ -64,6 +64,16 @@ UserModel = option("Your Transformer LM instead of cs336sys's: cs336_basics (the
                    "context_length, d_model, num_layers, num_heads, d_ff, rope_theta), filled from "
                    "--size.", str | None, "--model")
 
+TIMES = ("today, yesterday, 13:30 (today), 7d / 12h / 2w ago, 2026-01-05 or 2026-01-05T13:00; in "
+         "this machine's time zone unless it carries an offset (Z, +02:00)")
+Since = option(f"Runs created since: {TIMES}.", str | None)
+Until = option("Runs created before this (the same forms; a day means its end).", str | None)
+Gpu = option("Only runs on this GPU (its name, as `cs336sys env` prints it).", str | None)
+Commit = option("Only runs at this git commit, cs336sys's or your code's: a prefix, or a git ref "
+                "of this folder's repository (HEAD, a branch).", str | None)
+Where = list_option("KEY=VALUE on the run's settings (size=small) or its label, host or "
+                    "command (repeatable).")
+
 
 # -- groups: a function whose parameters are options that several commands take ------------------
 def model_options(

@@ -9,22 +9,20 @@ from pathlib import Path
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail
-from cs336sys.cli.options import list_option, option
+from cs336sys.cli.options import TIMES, Commit, Gpu, Until, Where, list_option, option
 
 ListOpt = list[str] | None
 
 
 def report(
-    since: option("Runs created since: today, yesterday, 7d, 12h, 2026-01-05, or an ISO datetime "
-                  "(UTC); or a git ref of this folder's repository (HEAD~3, a branch, a tag): the "
-                  "runs of that commit and the later ones up to HEAD, cs336sys's or your code's.",
-                  str | None) = None,
-    until: option("Runs created before this (same forms; a day means its end).", str | None) = None,
+    since: option(f"Runs created since: {TIMES}; or a git ref of this folder's repository "
+                  "(HEAD~3, a branch, a tag): the runs of that commit and the later ones up to "
+                  "HEAD, cs336sys's or your code's.", str | None) = None,
+    until: Until = None,
     experiment: list_option("Only these experiments (model, attention, comm, ...).") = None,
-    gpu: option("Only runs on this GPU (its name).", str | None) = None,
-    commit: option("Only runs at this git commit, cs336sys's or your code's: a prefix, or a git "
-                   "ref of this folder's repository (HEAD, a branch).", str | None) = None,
-    where: list_option("KEY=VALUE on the run's settings, e.g. size=small (repeatable).") = None,
+    gpu: Gpu = None,
+    commit: Commit = None,
+    where: Where = None,
     compare: option("Two commits (prefixes, or git refs of this folder's repository: HEAD~1 HEAD; "
                     "cs336sys's or your code's), invocation ids, labels or GPUs: the report covers "
                     "only their runs, and every point measured on both sides gets B/A and a "
@@ -70,6 +68,7 @@ def report(
         SelectionError,
         parse_time,
         parse_where,
+        time_range,
         views_of,
     )
     from cs336sys.store.db import StoreError, connect_readonly
@@ -83,18 +82,19 @@ def report(
     formats = choices(fmt, FORMATS, "--format", default=FORMATS)
     exps = choices(experiment, sorted(views_of(EXPERIMENTS)), "--experiment")
     now = datetime.now(timezone.utc)
-    since_time, since_commits = None, None
+    since_commits = None
     if since is not None:
         try:
-            since_time = parse_time(since, now)
+            parse_time(since, now)
         except SelectionError as exc:
             since_commits = refs.since(since)  # a git ref: that commit and the later ones
             if since_commits is None:
                 fail(f"{exc}; nor is it a git ref of this folder's repository")
     try:
+        since_time, until_time = time_range(None if since_commits else since, until, now)
         sel = Selection(
             since=since_time,
-            until=parse_time(until, now, end=True) if until is not None else None,
+            until=until_time,
             experiments=tuple(exps),
             gpu=gpu,
             commit=(refs.resolve(commit) or commit) if commit else None,

@@ -181,17 +181,23 @@ def _env(markdown: bool = False):
 
 # What a value could do in markdown, and what undoes it (CommonMark, GitHub's autolinks):
 # a newline could start a heading, list, quote or fence; a pipe a table cell; brackets a
-# link or image; backticks a code span or fence; a bare http:// or www. an autolink. HTML
-# (<a>, <img>, <http://...>) is escaped as in the HTML report.
+# link or image; backticks a code span or fence; a `<` a tag, comment or <http://...>
+# autolink; an `&` an entity; a bare http://, www. or e-mail address an autolink. Each is
+# backslash-escaped (or folded) where it could act and left alone elsewhere, so that the
+# file reads as plain text (`GPU's`, `a < b`, `a & b`). GitHub links an e-mail address
+# whatever its escapes, so an empty HTML comment (shown as nothing) follows its `@`.
 _MD_ESCAPES = str.maketrans({"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "|": "\\|",
                              "\n": " ", "\r": " "})
+_HTML = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)")
+_EMAIL_AT = re.compile(r"(?<=[A-Za-z0-9._+-])@(?=[A-Za-z0-9])")
 
 
 def md_inert(value: object) -> Markup:
-    """`value` as markdown text that renders as itself and nothing more: HTML-escaped, then
-    markdown's link, image, code, table and line-starting syntax escaped or folded."""
-    text = str(escape(value)).translate(_MD_ESCAPES)
-    return Markup(text.replace("://", ":/&#47;").replace("www.", "www&#46;"))
+    """`value` as markdown text that renders as itself and nothing more: markdown's HTML,
+    link, image, code, table and line-starting syntax escaped or folded."""
+    text = _HTML.sub(lambda m: "\\" + m.group(0), str(value).translate(_MD_ESCAPES))
+    text = _EMAIL_AT.sub("@<!-- -->", text)
+    return Markup(text.replace("://", ":\\/\\/").replace("www.", "www\\."))
 
 
 # A table row in one filter call, not a macro call per cell: for 10,000 runs this halves the

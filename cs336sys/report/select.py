@@ -18,11 +18,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cs336sys.store.views import typed
-from cs336sys.sweep.points import RENAMED
+from cs336sys.sweep.points import RENAMED, closest
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGO = re.compile(r"^(\d+)\s*([dhw])$")
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})$")
 
 
 def views_of(catalog: Sequence[Any]) -> dict[str, str]:
@@ -35,39 +36,68 @@ class SelectionError(ValueError):
 
 
 def parse_time(text: str, now: datetime, end: bool = False) -> str:
-    """`today`, `yesterday`, `7d`/`12h`/`2w` (ago), an ISO date or datetime -> store format.
+    """`today`, `yesterday`, `HH:MM` (today), `7d`/`12h`/`2w` (ago), an ISO date or datetime
+    -> the store's format (UTC).
 
-    With end=True (for --until) a whole day (`today`, `2026-01-05`) means the end of that day,
-    so `--since 2026-01-05 --until 2026-01-05` is that one day. Naive datetimes are UTC,
-    like the store; aware ones are converted to UTC.
+    Words, clock times, dates and datetimes without an offset are the machine's local time
+    (`now`'s zone): `--since today` at 4 pm in California covers that morning, which the UTC
+    day does not. A datetime with an offset (`Z`, `+02:00`) is taken as it says. With end=True
+    (for --until) a whole day (`today`, `2026-01-05`) means the end of that day, so `--since
+    2026-01-05 --until 2026-01-05` is that one day.
     """
     s = text.strip().lower()
-    day = now.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    local = now.astimezone()  # the machine's zone unless `now` carries another
+    midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
     bump = timedelta(days=1) if end else timedelta(0)
     if s == "today":
-        return (day + bump).strftime(FMT)
+        return _utc(midnight + bump)
     if s == "yesterday":
-        return (day - timedelta(days=1) + bump).strftime(FMT)
+        return _utc(midnight - timedelta(days=1) + bump)
+    m = _CLOCK.match(s)
+    if m:
+        hour, minute = int(m.group(1)), int(m.group(2))
+        if hour > 23 or minute > 59:
+            raise SelectionError(f"time {text!r}: no such time of day")
+        return _utc(midnight.replace(hour=hour, minute=minute))
     m = _AGO.match(s)
     if m:
         n, unit = int(m.group(1)), m.group(2)
         try:
             delta = {"d": timedelta(days=n), "h": timedelta(hours=n), "w": timedelta(weeks=n)}[unit]
-            return (now.astimezone(timezone.utc) - delta).strftime(FMT)
+            return _utc(now - delta)
         except OverflowError:
             raise SelectionError(f"time {text!r} is further back than dates go") from None
     try:
         if re.match(r"^\d{4}-\d{2}-\d{2}$", s):
-            return (datetime.fromisoformat(s) + bump).strftime(FMT)
-        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
+            return _utc(datetime.fromisoformat(s).replace(tzinfo=local.tzinfo) + bump)
+        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except (ValueError, OverflowError):
         raise SelectionError(
-            f"cannot read time {text!r}: use today, yesterday, 7d, 12h, 2026-01-05 or "
-            "2026-01-05T13:00"
+            f"cannot read time {text!r}: use today, yesterday, 13:30, 7d, 12h, 2026-01-05 or "
+            "2026-01-05T13:00 (local time unless it carries an offset such as Z)"
         ) from None
-    if t.tzinfo is not None:
-        t = t.astimezone(timezone.utc).replace(tzinfo=None)
-    return t.strftime(FMT)
+    return _utc(t if t.tzinfo is not None else t.replace(tzinfo=local.tzinfo))
+
+
+def _utc(t: datetime) -> str:
+    """An aware time in the store's format (UTC, naive text)."""
+    try:
+        return t.astimezone(timezone.utc).strftime(FMT)
+    except OverflowError:
+        raise SelectionError(f"time {t.isoformat()} is beyond the dates the store can hold") from None
+
+
+def time_range(since: str | None, until: str | None, now: datetime) -> tuple[str | None, str | None]:
+    """--since and --until read by parse_time; an empty or inverted range is an error that
+    names both ends as the store compares them (UTC) and as typed."""
+    start = parse_time(since, now) if since is not None else None
+    stop = parse_time(until, now, end=True) if until is not None else None
+    if start is not None and stop is not None and start >= stop:
+        raise SelectionError(
+            f"--since {since} --until {until} is an empty range: from {start[:19]} to "
+            f"{stop[:19]} UTC (--until must come after --since)"
+        )
+    return start, stop
 
 
 # --where keys that are the invocation's, not a setting of the point (`--label`).
@@ -84,8 +114,6 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
     """`KEY=VALUE` on settings or INVOCATION_KEYS; the key must be one of known_keys() (a
     typo would otherwise select nothing, silently) and a plain identifier (it enters a
     JSON path)."""
-    import difflib
-
     out = []
     known = known_keys(catalog)
     for item in items:
@@ -95,8 +123,8 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
         if key not in known:
             valid = sorted(known - set(RENAMED) - set(INVOCATION_KEYS))
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            near = closest(key, sorted(known))
+            hint = f"; did you mean {near!r}?" if near else ""
             raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
                                  f"(the settings: {', '.join(valid)}; of the invocation: "
                                  f"{', '.join(INVOCATION_KEYS)})")
