@@ -46,7 +46,7 @@ CASES = [
     # empty values are not the default
     ("model --size ''", ["model", *MICRO[2:], "--size", ""], "--size: empty"),
     ("model --mode ''", ["model", *MICRO, "--mode", ""], "--mode: empty"),
-    ("attention --impl ''", [*ATTN, "--impl", ""], "--attention: empty"),
+    ("attention --impl ''", [*ATTN, "--impl", ""], "--impl: empty"),
     ("attention --precision ''", [*ATTN, "--precision", ""], "--precision: empty"),
     ("comm --bytes ''", ["comm", "--world-size", "2", "--bytes", ""], "--bytes: empty"),
     ("comm --bytes 1KB --bytes ''", [*COMM, "--bytes", ""], "--bytes: empty"),
@@ -58,7 +58,7 @@ CASES = [
     # a non-breaking space (pasted from a web page) is blank, like a space
     ("model --size nbsp", ["model", *MICRO[2:], "--size", "\xa0"], "--size: empty"),
     ("comm --precision nbsp", [*COMM, "--precision", "\xa0"], "--precision: empty"),
-    ("attention --impl nbsp", [*ATTN, "--impl", "\xa0,"], "--attention: empty"),
+    ("attention --impl nbsp", [*ATTN, "--impl", "\xa0,"], "--impl: empty"),
     # sizes beyond 64 bits fail at the option, not inside a point or the store
     ("attention --batch beyond 64 bits", [*ATTN[:-4], "--batch", "9" * 30, "--device", "cpu"], "--batch: "),
     ("attention --heads beyond 64 bits", [*ATTN, "--heads", "9" * 23], "--heads: "),

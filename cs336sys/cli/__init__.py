@@ -30,12 +30,25 @@ from cs336sys.cli.step import step
 
 class Root(TyperGroup):
     """The root group: rewrites the old spellings of options (cli/vocabulary.py) for the
-    command named on the line before anything parses them."""
+    command named on the line before anything parses them, and notes which name of each
+    option was typed (errors then use it)."""
 
     def parse_args(self, ctx, args):  # noqa: ANN001, ANN201 (click's signature)
-        from cs336sys.cli.vocabulary import aliases_for, bare_values_for, command_path, rewrite
+        from cs336sys.cli import common
+        from cs336sys.cli.vocabulary import (
+            aliases_for,
+            bare_values_for,
+            command_path,
+            rewrite,
+            typed_spellings,
+        )
 
         path = command_path(self, args)
+        command = self
+        for name in path:
+            command = command.commands[name]
+        common.TYPED.clear()
+        common.TYPED.update(typed_spellings(command, args[len(path):], aliases_for(path)))
         return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path)))
 
 

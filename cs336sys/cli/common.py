@@ -56,9 +56,21 @@ def catalog() -> Any:
     return EXPERIMENTS
 
 
+# Option -> the spelling the user typed for it on this command line (`--attention` ->
+# `--impl`, `--seq` -> `--context-length`): set by the root group (cli.Root) as it parses.
+TYPED: dict[str, str] = {}
+
+
+def as_typed(message: str) -> str:
+    """`message` with the option it starts with named as the user typed it."""
+    name = message.split(":", 1)[0].split(" ", 1)[0]
+    typed = TYPED.get(name)
+    return typed + message[len(name):] if typed else message
+
+
 def fail(message: object) -> NoReturn:
     """Bad input: one clear line on stderr, exit code 2 (nothing has been written yet)."""
-    typer.echo(f"Error: {message}", err=True)
+    typer.echo(f"Error: {as_typed(str(message))}", err=True)
     raise typer.Exit(2)
 
 

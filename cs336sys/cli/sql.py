@@ -16,8 +16,11 @@ from cs336sys.store.views import typed
 
 
 def sql(
-    query: Annotated[str, typer.Argument(help="One SQL statement; it may only read.")],
+    query: Annotated[str | None, typer.Argument(help="One SQL statement; it may only read.")] = None,
     db: DbOption = DEFAULT_DB,
+    schema: option("Print the store's views and tables with their columns instead (no query); "
+                   "--schema VIEW: that view's columns, each with its unit and meaning.",
+                   bool, "--schema") = False,
     as_json: option("Print a JSON list of objects.", bool, "--json") = False,
     as_csv: option("Print CSV with a header row.", bool, "--csv") = False,
     param: option("Value for a ? placeholder (repeatable, in order); numbers bind as numbers.",
@@ -34,11 +37,17 @@ def sql(
         cs336sys sql "SELECT size, mode, step_ms_mean FROM model_runs"
 
         cs336sys sql "SELECT impl, seq, fwd_ms_mean FROM attention_runs WHERE label = ?" -p baseline --csv
+
+        cs336sys sql --schema attention_runs
     """  # noqa: E501
     from cs336sys.store.db import StoreError, connect_readonly
 
     if as_json and as_csv:
         fail("choose one of --json and --csv")
+    if schema:
+        return _schema(db, query)
+    if query is None:
+        fail("give one SQL statement (or --schema to list the views and their columns)")
     if not query.strip():
         fail("the SQL statement is empty")
     try:
@@ -75,3 +84,43 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+def _schema(db, view: str | None) -> None:
+    """`sql --schema [VIEW]`: what the store at `db` holds, as this version reads it."""
+    from cs336sys.store.db import StoreError, connect_readonly
+    from cs336sys.store.views import column_meanings
+
+    try:
+        conn = connect_readonly(db, catalog)
+    except StoreError as exc:
+        fail(exc)
+    try:
+        def columns(name: str) -> list[tuple[str, str]]:
+            return [(c[1], c[2]) for c in conn.execute(f'PRAGMA table_info("{name}")')]
+
+        objects = dict(conn.execute(
+            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND name NOT LIKE 'sqlite_%' ORDER BY type DESC, name"))
+        experiments = {e.view: e for e in catalog()}
+        if view is None:
+            rows = []
+            for name, kind in objects.items():
+                exp = experiments.get(name)
+                what = f"experiment {exp.kind}" if exp else kind
+                rows.append((name, what, len(columns(name))))
+            typer.echo(table(rows, ["name", "what", "columns"]))
+            typer.echo("cs336sys sql --schema NAME lists the columns of one.", err=True)
+            return
+        if view not in objects:
+            from cs336sys.sweep.points import closest
+
+            near = closest(view, objects)
+            hint = f" (did you mean {near!r}?)" if near else ""
+            fail(f"--schema: no view or table {view!r} in {db}{hint}; see cs336sys sql --schema")
+        meanings = column_meanings(experiments[view]) if view in experiments else {}
+        rows = [(name, meanings.get(name, ("", ""))[0], meanings.get(name, ("", ""))[1] or sqltype)
+                for name, sqltype in columns(view)]
+        typer.echo(table(rows, ["column", "unit", "meaning"]))
+    finally:
+        conn.close()

@@ -105,3 +105,21 @@ def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
             said.add(name)
             print(f"note: {name} is now {new} (the old name is accepted until 0.3)", file=sys.stderr)
     return out
+
+
+def typed_spellings(command: Any, args: Sequence[str], aliases: dict[str, str]) -> dict[str, str]:
+    """Each option of `command` given in `args` under another of its names (`--impl` for
+    `--attention`, an old spelling): every name of it -> the one typed; stops at `--`."""
+    out: dict[str, str] = {}
+    for token in args:
+        if token == "--":
+            break
+        name = token.partition("=")[0]
+        if not name.startswith("--"):
+            continue
+        canonical = aliases.get(name, name)
+        for param in getattr(command, "params", []):
+            names = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
+            if canonical in names:
+                out.update({n: name for n in names if n != name})
+    return out

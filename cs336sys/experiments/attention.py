@@ -46,6 +46,7 @@ from cs336sys.sweep.points import (
     listed,
     old_names,
     positive_ints,
+    unknown,
 )
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
@@ -170,7 +171,7 @@ def specs(
     from cs336sys.attention import registry
 
     if preset is not None and preset not in PRESETS:
-        raise SpecError(f"--preset: unknown value {preset!r}; choose from {', '.join(PRESETS)}")
+        raise unknown("--preset", preset, PRESETS)
     chosen = PRESETS.get(preset, {})
 
     dev = device_choice(device)
@@ -194,19 +195,18 @@ def specs(
     is_causal = pick("causal", causal)
     which = pick("passes", passes)
     if which not in PASSES:
-        raise SpecError(f"--pass: unknown value {which!r}; choose from {', '.join(PASSES)}")
+        raise unknown("--pass", which, PASSES)
     n_warmup, n_iters = pick("warmup", warmup), pick("iters", iters)
     counts(n_warmup, n_iters, "--iters")
     check_seed(seed)
     how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
                                                      DEFAULTS["timer"])
     if how not in TIMERS:
-        raise SpecError(f"--timer: unknown value {how!r}; choose from {', '.join(TIMERS)}")
+        raise unknown("--timer", how, TIMERS)
     if how == "do-bench" and not on_cuda:
         raise SpecError("--timer do-bench needs CUDA (triton.testing.do_bench times with CUDA events)")
     if sdpa_backend not in SDPA_BACKENDS:
-        raise SpecError(f"--sdpa-backend: unknown value {sdpa_backend!r}; choose from "
-                        f"{', '.join(SDPA_BACKENDS)}")
+        raise unknown("--sdpa-backend", sdpa_backend, SDPA_BACKENDS)
     if any(i in FLASH_IMPLS for i in impls):
         lo, hi = FLASH_D_RANGE
         for d in d_heads:

@@ -20,7 +20,7 @@ from cs336sys.experiments import model_section
 from cs336sys.experiments.training_step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
-from cs336sys.models.config import PRESETS, ModelConfig, ModelShape, from_preset
+from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
@@ -162,12 +162,9 @@ def check_model(model: str, attention: Any = None) -> None:
 
 
 def preset_sizes(values: Iterable[Any] | None, default: str) -> list[str]:
-    """The --size list, each a preset (SpecError naming the presets if not)."""
-    sizes = listed(values, "--size", [default])
-    for s in sizes:
-        if s not in PRESETS:
-            raise SpecError(f"--size: unknown size {s!r}; choose from {', '.join(PRESETS)}")
-    return sizes
+    """The --size list, each a preset in any case, spelled as PRESETS does (SpecError naming
+    the presets if not)."""
+    return [preset_name(s) for s in listed(values, "--size", [default])]
 
 
 def preset_config(size: str, **fields: Any) -> ModelConfig:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.measure.clock import now
-from cs336sys.models.config import PRESETS, ModelConfig, ModelShape, from_preset, param_count
+from cs336sys.models.config import ModelConfig, ModelShape, from_preset, param_count, preset_name
 from cs336sys.models.flops import forward_flops
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric_table
@@ -130,8 +130,7 @@ def specs(
     option: an unknown size or strategy, a non-positive value, a batch that is not whole
     sequences, a TP degree that does not divide the heads, a DP or FSDP degree that does
     not divide the batch's sequences."""
-    if size not in PRESETS:
-        raise SpecError(f"--size: unknown size {size!r}; choose from {', '.join(PRESETS)}")
+    size = preset_name(size)
     for name, value in (("--seq", seq), ("--batch", batch), ("--d-model", d_model),
                         ("--d-ff", d_ff), ("--num-layers", num_layers),
                         ("--num-heads", num_heads), ("--vocab-size", vocab_size)):

@@ -73,6 +73,7 @@ from cs336sys.sweep.points import (
     listed,
     old_names,
     positive_ints,
+    unknown,
 )
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
@@ -130,8 +131,8 @@ def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str
             names = [n.strip() for n in item.split("+")]
             for n in names:
                 if n not in SWITCHES:
-                    raise SpecError(f"--switches: unknown switch {n!r}; choose from "
-                                    f"{', '.join(SWITCHES)}, or none, all, ablation")
+                    raise unknown("--switches", n, [*SWITCHES, "none", "all", "ablation"],
+                                  "switch")
             sets = [tuple(s for s in SWITCHES if s in names)]
         out += [s for s in sets if s not in out]
     return out
@@ -190,9 +191,9 @@ def specs(
     sets = parse_switches(switches, defaults["switches"])
     adamw = defaults["adamw"] if adamw is None else adamw.strip()  # '' is not the default
     if adamw not in ADAMW_IMPLS:
-        raise SpecError(f"--adamw: unknown value {adamw!r}; choose from {', '.join(ADAMW_IMPLS)}")
+        raise unknown("--adamw", adamw, ADAMW_IMPLS)
     if ce not in CE_IMPLS:
-        raise SpecError(f"--ce: unknown value {ce!r}; choose from {', '.join(CE_IMPLS)}")
+        raise unknown("--ce", ce, CE_IMPLS)
     from cs336sys.attention import registry
 
     on = {s for switch_set in sets for s in switch_set}

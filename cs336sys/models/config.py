@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from cs336sys.attention import registry
+from cs336sys.sweep.points import unknown
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -185,10 +186,19 @@ def checkpoint_group(spec: str, num_layers: int) -> int | None:
     return int(k)
 
 
+def preset_name(size: str) -> str:
+    """The preset `size` names, in any case (`2.7b`, `8B`, `Small`), as PRESETS spells it;
+    SpecError (a ValueError) naming the presets if none."""
+    for name in PRESETS:
+        if name.lower() == size.strip().lower():
+            return name
+    raise unknown("--size", size, PRESETS, "size")
+
+
 def from_preset(size: str, **overrides: object) -> ModelConfig:
-    """The config for preset `size`, with non-None `overrides` (any ModelConfig field) applied."""
-    if size not in PRESETS:
-        raise ValueError(f"unknown size {size!r}; choose from {', '.join(PRESETS)}")
+    """The config for preset `size` (any case), with non-None `overrides` (any ModelConfig
+    field) applied."""
+    size = preset_name(size)
     d_model, d_ff, num_layers, num_heads = PRESETS[size]
     config = ModelConfig(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                          vocab_size=PRESET_VOCAB.get(size, 10_000))

@@ -17,22 +17,42 @@ from typing import Any
 
 from cs336sys.sweep.points import RENAMED
 
-# Columns every view starts with: who, where and how the point ran.
-_COMMON = [
-    "r.id AS run_id",
-    "r.invocation_id",
-    "r.created",
-    "i.gpu",
-    "i.host",
-    "i.git_commit",
-    "i.git_dirty",
-    "i.user_commit",
-    "i.user_dirty",
-    "i.label",
-    "i.env",
-    "r.status",
-    "r.error",
-]
+# Columns every view starts with: who, where and how the point ran (and what each means).
+_COMMON = {
+    "r.id AS run_id": "the run's id (runs.id)",
+    "r.invocation_id": "the command that ran it (invocations.id)",
+    "r.created": "when it was stored (UTC, YYYY-MM-DD HH:MM:SS.ffffff)",
+    "i.gpu": "the GPU's name, or cpu",
+    "i.host": "the machine's host name",
+    "i.git_commit": "cs336sys's git commit",
+    "i.git_dirty": "1 if cs336sys's checkout had uncommitted changes",
+    "i.user_commit": "the commit of your code measured (yours-...; docs/yours.md)",
+    "i.user_dirty": "1 if your checkout had uncommitted changes",
+    "i.label": "the invocation's --label",
+    "i.env": "environment variables that change timings (OMP_NUM_THREADS, ...), as JSON",
+    "r.status": "ok, oom, error, skipped or wrong",
+    "r.error": "why it is not ok (the error's first line, a skip's reason)",
+}
+
+
+def column_meanings(experiment: Any) -> dict[str, tuple[str, str]]:
+    """Each column of `experiment`'s view -> (unit, meaning), in the view's order: the
+    common columns, the settings (with the Spec's type), the metrics as declared, and the
+    old names kept for one release."""
+    out = {sql.rpartition(" ")[2].rpartition(".")[2]: ("", meaning)
+           for sql, meaning in _COMMON.items()}
+    types = experiment.setting_types()
+    for k in experiment.settings:
+        kind = f" ({types[k]})" if types.get(k) else ""
+        out[k] = ("", f"setting{kind}")
+    for m in experiment.metrics:
+        out[m.name] = (m.unit, m.meaning)
+    renamed = {old: new for old, new in RENAMED.items() if new in experiment.settings}
+    renamed.update(experiment.renamed)
+    for old, new in renamed.items():
+        out.setdefault(old, (out.get(new, ("", ""))[0], f"the old name of {new} (until 0.3)"))
+    return out
+
 
 def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
@@ -58,7 +78,7 @@ def view_sql(experiment: Any) -> str:
     def setting(k: str) -> str:
         return f"json_extract(r.settings, '$.{k}')"
 
-    cols = list(_COMMON)
+    cols = list(_COMMON)  # the keys: the SQL of each column
     cols += [f"{setting(k)} AS {_quote(k)}" for k in settings]
     cols += [f"{metric(k)} AS {_quote(k)}" for k in metrics]
     # The old names of renamed settings and metrics stay columns for one release

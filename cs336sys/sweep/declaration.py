@@ -168,6 +168,15 @@ class Experiment:
         module = sys.modules.get(self.run.__module__)
         return getattr(module, self.run.__name__, self.run)
 
+    def setting_types(self) -> dict[str, str]:
+        """Each Spec field -> its type as written (`int`, `str | None`)."""
+        specs = self.spec if isinstance(self.spec, tuple) else (self.spec,)
+        types: dict[str, str] = {}
+        for spec in specs:
+            for f in fields(spec):
+                types.setdefault(f.name, f.type if isinstance(f.type, str) else f.type.__name__)
+        return types
+
     @property
     def metric_names(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.metrics)

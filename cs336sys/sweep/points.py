@@ -113,6 +113,25 @@ def checkpoint_list(values: Iterable[Any] | None, option: str = "--checkpoint") 
     return list(dict.fromkeys(out))
 
 
+def closest(value: str, allowed: Iterable[str]) -> str | None:
+    """The allowed name closest to `value` (in any case; `trition` -> `triton`), or None when
+    none is close: for a "did you mean"."""
+    import difflib
+
+    by_lower = {str(a).lower(): str(a) for a in allowed}
+    close = difflib.get_close_matches(str(value).lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
+def unknown(option: str, value: Any, allowed: Iterable[Any], what: str = "value") -> SpecError:
+    """The error for `value` not among `allowed`: the closest one, when one is close
+    (`--impl trition`: did you mean 'triton'?), then all of them."""
+    allowed = [str(a) for a in allowed]
+    near = closest(value, allowed)
+    hint = f" (did you mean {near!r}?)" if near else ""
+    return SpecError(f"{option}: unknown {what} {value!r}{hint}; choose from {', '.join(allowed)}")
+
+
 def choices(
     values: Iterable[str] | None, allowed: Iterable[str], option: str, default: Iterable[str] = ()
 ) -> list[str]:
@@ -121,7 +140,7 @@ def choices(
     out = listed(values, option, default)
     for v in out:
         if v not in allowed:
-            raise SpecError(f"{option}: unknown value {v!r}; choose from {', '.join(allowed)}")
+            raise unknown(option, v, allowed)
     return out
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cs336sys.measure.clock import now
-from cs336sys.sweep.points import SpecError, device_choice, positive_ints
+from cs336sys.sweep.points import SpecError, device_choice, positive_ints, unknown
 from cs336sys.sweep.result import Result
 
 # Rank 0 tells the parent how far a point has got at most this often (and at its last step).
@@ -86,7 +86,7 @@ def backend_and_device(backend: str | None, device: str) -> tuple[str, str]:
     if backend is None:
         backend = default_backend(dev)
     if backend not in BACKENDS:
-        raise SpecError(f"--backend: unknown value {backend!r}; choose from {', '.join(BACKENDS)}")
+        raise unknown("--backend", backend, BACKENDS)
     if backend == "nccl" and not dev.startswith("cuda"):
         raise SpecError("--backend nccl needs CUDA GPUs (one per rank); use --backend gloo on CPU")
     if backend == "gloo":

@@ -24,7 +24,6 @@ unknown. Rendering needs neither MkDocs nor torch: tests/test_docs.py calls `exp
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import sqlite3
 from collections.abc import Iterable
@@ -91,15 +90,6 @@ def metric_rows(experiment) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _spec_types(experiment) -> dict[str, str]:
-    specs = experiment.spec if isinstance(experiment.spec, tuple) else (experiment.spec,)
-    types: dict[str, str] = {}
-    for spec in specs:
-        for f in dataclasses.fields(spec):
-            types.setdefault(f.name, f.type if isinstance(f.type, str) else f.type.__name__)
-    return types
-
-
 def _module_path(experiment) -> str:
     module = experiment.run.__module__
     return module.replace(".", "/") + ".py"
@@ -110,7 +100,7 @@ def render_experiment(kind: str) -> str:
     if kind not in by_kind:
         raise ValueError(f"no experiment {kind!r} in the catalog (known: {', '.join(by_kind)})")
     e = by_kind[kind]
-    types = _spec_types(e)
+    types = e.setting_types()
     out = [
         "## What it stores",
         "",
