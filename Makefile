@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch; installed first where there is no CUDA so that the project's
 # unpinned `torch` requirement is already met and no CUDA packages are pulled.
 CPU_TORCH ?= torch==2.13.0
-DEMO_DB ?= db/results.db
+DEMO_DB ?= db/demo.db
 DEMO_REPORT ?= reports/demo
 # When this make started (UTC): the demo's report covers what the demo itself ran.
 DEMO_START := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
@@ -87,7 +87,7 @@ demo: $(STAMP)
 	$(CLI) ddp --db $(DEMO_DB) --world-size 2 --seq 64 --impl flat,bucketed,torch,fsdp \
 		--bucket-mb 1 --warmup 1 --iters 2
 	$(CLI) memory --db $(DEMO_DB) --size tiny --seq 128 --batch 2 --mode train \
-		--checkpoint none,every:1 --warmup 1 --iters 1
+		--checkpoint none,every:1 --warmup 1 --iters 5
 	$(CLI) precision accumulate --db $(DEMO_DB)
 	$(CLI) profile model --db $(DEMO_DB) --size tiny --seq 64 --batch 2 --warmup 1 --iters 2 \
 		--top 8

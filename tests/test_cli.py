@@ -437,7 +437,7 @@ def test_help_and_sql_import_nothing_heavy(filled_db, args, heavy):
 @pytest.mark.slow
 def test_compiled_model_runs_and_is_recorded(db_path):
     result = invoke(
-        "model", *MICRO, "--seq", "16", "--mode", "train", "--compile", "--db", db_path
+        "model", *MICRO, "--seq", "16", "--mode", "forward", "--compile", "--db", db_path
     )
     assert result.exit_code == 0, result.output
     (row,) = rows(db_path)
