@@ -175,7 +175,9 @@ def test_simulated_oom_is_a_row_and_the_sweep_goes_on(db_path, monkeypatch):
     got = rows(db_path)
     assert [(r["seq"], r["status"]) for r in got] == [(8, "ok"), (16, "oom"), (32, "ok")]
     assert "out of memory" in got[1]["error"] and got[1]["step_ms_mean"] is None
-    assert "oom" in result.stdout
+    # the printed table's status cell says why, shortened; the whole reason is under it
+    assert "oom: CUDA out of memory. Tried" in result.stdout
+    assert "oom: " in result.stdout and "Tried to allocate 80.00 GiB" in result.stdout
 
 
 def test_other_exceptions_are_error_rows(db_path, monkeypatch):

@@ -71,3 +71,67 @@ def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path):
     assert "setting (int)" in described["seq"] and "GPU" in described["gpu"]
     bad = invoke("sql", "--schema", "model_run", "--db", db_path)
     assert bad.exit_code == 2 and "did you mean 'model_runs'?" in bad.stderr
+
+
+def test_every_help_example_is_one_line_that_its_command_parses(monkeypatch):
+    """At 60 columns no example is wrapped between an option and its value or run into the
+    next one: each line of the help that starts with `cs336sys` is parsed by the command's
+    own parser (click's UsageError on an unknown option or a missing value)."""
+    import shlex
+
+    import typer.main
+
+    from cs336sys.cli import app
+    from tests.test_cli import _command_paths
+
+    monkeypatch.setenv("COLUMNS", "60")
+    root = typer.main.get_command(app)
+    examples = 0
+    for path in _command_paths():
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0, path
+        for line in result.stdout.splitlines():
+            if not line.strip().startswith("cs336sys "):
+                continue
+            argv = shlex.split(line.strip())[1:]
+            cmd, rest, names = root, list(argv), []
+            while rest and not rest[0].startswith("-") and hasattr(cmd, "commands"):
+                names.append(rest[0])
+                cmd = cmd.commands[rest.pop(0)]
+            cmd.make_context(" ".join(names), rest)  # raises on a broken example
+            examples += 1
+    assert examples >= 30
+
+
+def test_the_printed_table_fits_the_terminal_and_wide_keeps_every_column(db_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    args = ["model", *MICRO, "--seq", "8,16", "--mode", "forward", "--warmup", "0", "--iters",
+            "2"]
+    narrow = invoke(*args, "--db", db_path)
+    assert narrow.exit_code == 0, narrow.output
+    lines = narrow.stdout.splitlines()
+    assert max(map(len, lines[:lines.index(next(x for x in lines if x.startswith("MFU")))])) <= 60
+    at = next(i for i, x in enumerate(lines) if x.startswith("Same in every row: "))
+    same = " ".join(lines[at:at + 3])
+    assert "size=tiny" in same and "mode=forward" in same and "status=ok" in same
+    headers = [x.split() for x in lines if x.startswith("seq ")]
+    assert len(headers) > 1  # cut between columns, each part led by the column telling rows apart
+    wide = invoke(*args, "--wide", "--db", db_path)
+    assert wide.exit_code == 0, wide.output
+    assert "Same in every row" not in wide.stdout
+    (header,) = [x for x in wide.stdout.splitlines() if x.startswith("size ")]
+    cut = {h for part in headers for h in part}
+    assert cut - {"ms", "±"} <= set(header.split())  # the same columns, in one piece
+    assert len(header) > 60
+
+
+def test_one_sample_reads_n_1_and_noisy_needs_five():
+    from cs336sys.report.sections import mean_std
+    from cs336sys.report.tables import noisy
+
+    one = {"status": "ok", "iters": 1, "t_mean": 72.8, "t_std": 0.0}
+    assert mean_std(one, "t_mean", "t_std") == "72.8 (n=1)"
+    spiky = {"status": "ok", "t_mean": 10.0, "t_std": 5.0}
+    assert [noisy({**spiky, "iters": n}, "t") for n in (2, 4, 5, 20)] == [False, False, True, True]
+    assert noisy(spiky, "t")  # a row that does not say how many samples it has
+    assert mean_std({**spiky, "iters": 3}, "t_mean", "t_std") == "10 ± 5"

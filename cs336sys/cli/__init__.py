@@ -33,6 +33,11 @@ class Root(TyperGroup):
     command named on the line before anything parses them, and notes which name of each
     option was typed (errors then use it)."""
 
+    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003 (click's signature)
+        super().__init__(*args, **kwargs)
+        for command in (self, *_every_command(self)):
+            command.help = examples_verbatim(command.help)
+
     def parse_args(self, ctx, args):  # noqa: ANN001, ANN201 (click's signature)
         from cs336sys.cli import common
         from cs336sys.cli.vocabulary import (
@@ -50,6 +55,25 @@ class Root(TyperGroup):
         common.TYPED.clear()
         common.TYPED.update(typed_spellings(command, args[len(path):], aliases_for(path)))
         return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path)))
+
+
+def _every_command(group):  # noqa: ANN001, ANN202
+    for command in getattr(group, "commands", {}).values():
+        yield command
+        yield from _every_command(command)
+
+
+def examples_verbatim(text: str | None) -> str | None:
+    """A help text whose indented paragraphs (the examples) click prints as written: it
+    rewraps every other paragraph to the terminal's width, and rewrapped, an example broke
+    between an option and its value, or ran into the next one. Click leaves a paragraph
+    alone when a line of only \\b comes first."""
+    if not text or "\b\n" in text:
+        return text
+    import inspect
+
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join("\b\n" + p if p.startswith(" ") else p for p in paragraphs)
 
 
 app = typer.Typer(

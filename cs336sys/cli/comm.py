@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, Resume, list_option, option
+from cs336sys.cli.options import Label, Resume, Wide, list_option, option
 
 ListOpt = list[str] | None
 
@@ -23,6 +23,7 @@ def comm(
     iters: option("Timed iterations per point. [default: 20 on CUDA, 10 on "
                   "CPU]", int | None) = None,
     device: option("auto, cpu or cuda (picks the default backend).", str) = "auto",
+    wide: Wide = False,
     resume: Resume = False,
     label: Label = None,
     db: DbOption = DEFAULT_DB,

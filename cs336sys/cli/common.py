@@ -310,16 +310,26 @@ class Bar:
             self.bar = None
 
 
-def show(experiment: Any, points: Iterable[Any]) -> None:
+def terminal_width() -> int:
+    """$COLUMNS, else the terminal's width, else 80."""
+    import shutil
+
+    return shutil.get_terminal_size((80, 24)).columns
+
+
+def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
     """Print the experiment's declared tables over the finished points, then why each point
-    that is not ok is so (skipped, error with its file and line, wrong with its figures)."""
+    that is not ok is so (skipped, error with its file and line, wrong with its figures).
+    The settings every row shares are one line above a table and a table wider than the
+    terminal is cut between columns; `wide` prints every column in one piece."""
     from cs336sys.report.sections import failures
     from cs336sys.report.tables import as_text, point_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]
     for r, p in zip(rows, points, strict=True):
         r["error"] = p.result.error
-    typer.echo(as_text(point_tables(experiment.tables, rows, status=True)))
+    tables = point_tables(experiment.tables, rows, status=True, lift=not wide)
+    typer.echo(as_text(tables, width=None if wide else terminal_width()))
     for f in failures(rows):
         typer.echo(f"{f.status}: {f.point}: {f.why}")
 
@@ -349,6 +359,7 @@ def measure(
 
     options = dict(options)
     db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
+    wide = options.pop("wide", False)
     takes_user_code = "adapters" in options
     adapters = options.pop("adapters", None)
     options.pop("ctx", None)
@@ -384,7 +395,7 @@ def measure(
         done = run_sweep(experiment, points, rec, resume=resume,
                          progress=Bar(command, describe, on=not rank), **run_options)
         if not rank:
-            show(experiment, done)
+            show(experiment, done, wide)
             if after is not None:
                 after(done)
 

@@ -104,7 +104,13 @@ def shape_options(
     """The size preset's shape, overridden: every command that builds the model."""
 
 
+Wide = option("Print every column of the tables in one piece, settings shared by every row "
+              "included (by default those are one line above a table, and a table wider than "
+              "the terminal is cut between columns).", bool, "--wide")
+
+
 def store_options(
+    wide: Wide = False,
     resume: Resume = False,
     label: Label = None,
     adapters: Adapters = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, list_option, option
+from cs336sys.cli.options import Label, Wide, list_option, option
 
 ListOpt = list[str] | None
 DeviceOpt = option("auto, cpu, cuda or cuda:N.", str)
@@ -39,6 +39,7 @@ def accumulate(
     additions: option("How many times to add the value.", int) = 1000,
     value: option("The value added each time.", float) = 0.01,
     device: DeviceOpt = "auto",
+    wide: Wide = False,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
@@ -65,6 +66,7 @@ def autocast(
     batch: list_option("Rows in the random batch. [default: 8]") = None,
     device: DeviceOpt = "auto",
     seed: option("Seed for weights and data.", int) = 0,
+    wide: Wide = False,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:

@@ -174,10 +174,20 @@ def point_labels(heads: list[Row]) -> list[str]:
             for r in heads]
 
 
+def timed_samples(row: Row) -> int | None:
+    """How many timed samples a row's statistics come from: its `iters` setting, when it
+    has one."""
+    n = row.get("iters")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
 def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
+    """`mean ± std`; one sample has no spread, so it reads `value (n=1)`, not `± 0`."""
     m, s = row.get(mean), row.get(std)
     if m is None:
         return status_or(row, "")
+    if timed_samples(row) == 1:
+        return status_or(row, f"{num(m, digits)} (n=1)")
     return status_or(row, num(m, digits) + ("" if s is None else f" ± {num(s, 2)}"))
 
 

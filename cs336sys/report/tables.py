@@ -9,6 +9,8 @@ report; `row_of(spec, result)` after a sweep), plus `status` and the settings JS
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,6 +24,7 @@ from cs336sys.report.sections import (
     skey,
     status_or,
     text,
+    timed_samples,
     with_gpu,
 )
 from cs336sys.sweep.declaration import Column, Ratio
@@ -67,9 +70,18 @@ NOISY_NOTE_SHORT = ("noisy: the std is more than 10 % of the mean (spikes in the
                     "median stands beside the mean (p10, p90 and IQR are stored).")
 
 
+# Fewer samples than this say too little about their spread to call it noisy.
+NOISY_MIN_SAMPLES = 5
+
+
 def noisy(row: Row, base: str) -> bool:
-    """Whether the timed quantity `base` (its `_mean`, `_std`) of an ok row is noisy."""
+    """Whether the timed quantity `base` (its `_mean`, `_std`) of an ok row is noisy: its
+    std above NOISY of its mean, over at least NOISY_MIN_SAMPLES samples (when the row says
+    how many)."""
     mean, std = row.get(f"{base}_mean"), row.get(f"{base}_std")
+    n = timed_samples(row)
+    if n is not None and n < NOISY_MIN_SAMPLES:
+        return False
     return row.get("status") == "ok" and bool(mean) and std is not None and std / mean > NOISY
 
 
@@ -128,7 +140,18 @@ def shown(declared: Declared) -> list[str]:
     return out
 
 
-_STATUS = Column("status", "status", setting=True)
+def _status(row: Row, most: int = 28) -> str:
+    """The status, and for a point that is not ok the start of why (the whole reason is
+    printed under the table): `oom: CUDA out of memory. Tri…`."""
+    status, why = text(row.get("status")), str(row.get("error") or "").strip()
+    if status == "ok" or not why:
+        return status
+    # without the file and line and the exception's class that start an error's first line
+    first = re.sub(r"^(\S+:\d+: )?(\w+(Error|Exception): )?", "", why.splitlines()[0]) or why
+    return f"{status}: {first[:most - 1]}…" if len(first) > most else f"{status}: {first}"
+
+
+_STATUS = Column("status", cell=_status, setting=True)
 
 
 def point_table(declared: Declared, rows: list[Row], counts: bool = False,
@@ -188,13 +211,43 @@ def point_tables(tables: Iterable[Declared], rows: list[Row], counts: bool = Fal
     return out
 
 
-def as_text(tables: list[Table]) -> str:
-    """Tables as aligned text for a terminal (title above each, note below)."""
-    from tabulate import tabulate
-
+def as_text(tables: list[Table], width: int | None = None) -> str:
+    """Tables as aligned text for a terminal: the title above each, then the settings every
+    row shares (`constant`), the table, its note. With `width`, a table wider than that is
+    cut between columns, never inside a cell, into parts that each fit, every part starting
+    with the table's first column so its rows can be told apart."""
     parts = []
     for t in tables:
-        body = tabulate(t.rows, headers=t.headers, tablefmt="simple", disable_numparse=True)
-        parts.append("\n".join(x for x in (t.title, body, t.note) if x))
+        lines = [t.title] if t.title else []
+        if t.constant:
+            same = f"Same in every row: {t.constant}"
+            lines.append(textwrap.fill(same, width, break_on_hyphens=False) if width else same)
+        lines.append("\n\n".join(_blocks(t.headers, t.rows, width)))
+        if t.note:
+            lines.append(t.note)
+        parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
+
+def _render(headers: list[str], rows: list[list[str]]) -> str:
+    from tabulate import tabulate
+
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+
+
+def _blocks(headers: list[str], rows: list[list[str]], width: int | None) -> list[str]:
+    """The table as one text block, or as several of at most `width` columns (of text)."""
+    whole = _render(headers, rows)
+    if width is None or len(headers) < 2 or max(map(len, whole.splitlines())) <= width:
+        return [whole]
+
+    def fits(columns: list[int]) -> bool:
+        block = _render([headers[i] for i in columns], [[r[i] for i in columns] for r in rows])
+        return max(map(len, block.splitlines())) <= width
+
+    groups: list[list[int]] = [[0]]
+    for i in range(1, len(headers)):
+        if len(groups[-1]) > 1 and not fits([*groups[-1], i]):
+            groups.append([0])
+        groups[-1].append(i)
+    return [_render([headers[i] for i in g], [[r[i] for i in g] for r in rows]) for g in groups]

@@ -235,6 +235,8 @@ def render_cli() -> str:
     missing = [p for p in command_paths() if f"# `cs336sys {' '.join(p)}`" not in text]
     if missing:
         raise ValueError(f"the CLI reference lacks {', '.join(' '.join(p) for p in missing)}")
+    # Click's no-rewrap marker before each example paragraph (cli.examples_verbatim): not text.
+    text = re.sub(r"^\\b\n", "", text, flags=re.M)
     # The generator's headings start at `#` (the program); the page has its own title.
     text = re.sub(r"^(#+) ", lambda m: "#" + m[1] + " ", text, flags=re.M)
     return text.strip() + "\n"
