@@ -298,7 +298,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, e
 
 def test_bad_attention_input_uses_the_attention_validation(db_path):
     result = invoke("profile", "attention", *ATTN, "--impl", "magic", "--db", db_path)
-    assert result.exit_code == 2 and "--attention: unknown value 'magic'" in result.stderr
+    assert result.exit_code == 2 and "--impl: unknown value 'magic'" in result.stderr
     assert not db_path.exists()
 
 

@@ -135,3 +135,30 @@ def test_one_sample_reads_n_1_and_noisy_needs_five():
     assert [noisy({**spiky, "iters": n}, "t") for n in (2, 4, 5, 20)] == [False, False, True, True]
     assert noisy(spiky, "t")  # a row that does not say how many samples it has
     assert mean_std({**spiky, "iters": 3}, "t_mean", "t_std") == "10 ± 5"
+
+
+def test_a_size_range_as_nccl_tests_takes_it():
+    from cs336sys.measure.units import parse_sizes
+
+    assert parse_sizes("8B:1KB:x2") == [8, 16, 32, 64, 128, 256, 512]
+    assert parse_sizes("1MB:4MB") == [10**6, 2 * 10**6, 4 * 10**6]  # x2 unless given
+    assert parse_sizes("1KiB:1MiB:x32") == [2**10, 2**15, 2**20]
+    assert parse_sizes("64MB") == [64 * 10**6]
+    for bad, said in (("1GB:1MB", "ends"), ("1KB:1MB:x1", "more than 1"),
+                      ("1B:1TB:x1.1", "more than 64 sizes"), ("1KB:zz", "not a size")):
+        with pytest.raises(ValueError, match=said):
+            parse_sizes(bad)
+
+
+def test_comm_closes_with_the_average_bus_bandwidth_in_microseconds(db_path):
+    result = invoke("comm", "--bytes", "1KB:16KB:x4", "--world-size", "2", "--warmup", "0",
+                    "--iters", "2", "--device", "cpu", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    stored = query(db_path, "SELECT size_bytes, busbw_gbps, time_ms_mean FROM comm_runs")
+    assert [r["size_bytes"] for r in stored] == [1000, 4000, 16000]
+    mean = sum(r["busbw_gbps"] for r in stored) / 3
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("Avg bus bandwidth")]
+    assert line == f"Avg bus bandwidth: {mean:.3g} GB/s (all-reduce gloo 2 ranks fp32, 3 sizes)"
+    assert "time µs" in result.stdout
+    first = next(x for x in result.stdout.splitlines() if x.startswith("1KB "))
+    assert f"{stored[0]['time_ms_mean'] * 1e3:,.0f}"[:3] in first

@@ -11,8 +11,10 @@ ListOpt = list[str] | None
 def comm(
     op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
                     "all-reduce]") = None,
-    size_bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..). "
-                            "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
+    size_bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); "
+                            "or a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. "
+                            "8B:1GB:x2. [default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB "
+                            "on CPU]",
                             "--bytes") = None,
     world_size: list_option("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
                             "(Gloo)]") = None,
@@ -36,12 +38,26 @@ def comm(
 
         cs336sys comm --op all-reduce,all-gather --bytes 1MB,100MB --world-size 2
 
+        cs336sys comm --bytes 8B:64MB:x4 --world-size 2
+
         torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB
     """  # noqa: E501
     options = dict(locals())
     from cs336sys.experiments import comm as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False)
+    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False,
+            after=_averages)
+
+
+def _averages(points) -> None:  # noqa: ANN001
+    """nccl-tests' closing line, per op, backend, world size and precision."""
+    import typer
+
+    from cs336sys.experiments.comm import average_lines
+    from cs336sys.report.tables import row_of
+
+    for line in average_lines([row_of(p.spec, p.result) for p in points]):
+        typer.echo(line)
 
 
 def point_name(spec) -> str:

@@ -83,13 +83,14 @@ def specs(
     """The points of a collectives sweep, world size slowest. SpecError names a bad option.
     `size_bytes` is the buffer size (the CLI's --bytes); what is not given takes the device's
     default (DEFAULTS)."""
-    from cs336sys.measure.units import parse_size
+    from cs336sys.measure.units import parse_sizes
 
     ops = choices(op, OPS, "--op", default=["all-reduce"])
     be, dev = backend_and_device(backend, device)
     defaults = DEFAULTS[dev]
     try:
-        sizes = [parse_size(s) for s in listed(size_bytes, "--bytes", defaults["size"])]
+        given = listed(size_bytes, "--bytes", defaults["size"])
+        sizes = list(dict.fromkeys(n for s in given for n in parse_sizes(s)))
     except ValueError as exc:
         raise SpecError(f"--bytes: {exc}") from None
     precisions = choices(precision, tuple(PRECISIONS), "--precision", default=["fp32"])
@@ -225,18 +226,40 @@ def section(sec: Any, pts: list) -> None:
     lines = series(pts, "size_bytes", "busbw_gbps", first=("op", "backend", "world_size"))
     add_plot(sec, "Bus bandwidth against message size", "comm-busbw",
              Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
-                        logx=True))
+                        logx=True), note=" ".join(average_lines(pts)))
 
 
 # -- the declaration ------------------------------------------------------------------------
+
+def _us(ms: float | None) -> float | None:
+    """Microseconds, as nccl-tests prints a collective's time (small messages take a few)."""
+    return None if ms is None else ms * 1e3
+
+
+def average_busbw(rows: list) -> list[tuple[str, float, int]]:
+    """nccl-tests' closing line per group of ok rows of one op, backend, world size and
+    precision: (the group, the mean of its bus bandwidths over the sizes, how many sizes)."""
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and r.get("busbw_gbps") is not None:
+            key = (f"{r['op']} {r['backend']} {r['world_size']} ranks {r['precision']}")
+            groups.setdefault(key, []).append(r["busbw_gbps"])
+    return [(k, sum(v) / len(v), len(v)) for k, v in groups.items()]
+
+
+def average_lines(rows: list) -> list[str]:
+    """The closing lines: `Avg bus bandwidth: 12.3 GB/s (all-reduce gloo 2 ranks fp32, 9 sizes)`."""
+    return [f"Avg bus bandwidth: {avg:.3g} GB/s ({key}, {n} size{'s' if n != 1 else ''})"
+            for key, avg, n in average_busbw(rows)]
+
 
 TABLE = Table(
     "Collectives (nccl-tests formulas for bus bandwidth)",
     (
         *setting_columns("op backend ranks=world_size precision"),
         Column("size", "size_bytes", "size", setting=True),
-        Column("time ms", "time_ms_mean", "num"),
-        Column("max ms", "time_ms_max", "num"),
+        Column("time µs", cell=lambda r: _us(r.get("time_ms_mean")), fmt="num"),
+        Column("max µs", cell=lambda r: _us(r.get("time_ms_max")), fmt="num"),
         Column("algbw GB/s", "algbw_gbps", "num"),
         Column("busbw GB/s", "busbw_gbps", "num"),
         Column("wrong", "wrong"),

@@ -1,4 +1,5 @@
-"""Byte sizes with units, as users type them: `1MB`, `512KiB`, `1.5GB`, `4096`.
+"""Byte sizes with units, as users type them: `1MB`, `512KiB`, `1.5GB`, `4096`, and ranges
+of them as nccl-tests takes (`8B:1GB:x2`).
 
 Decimal units (KB, MB, GB = 10^3, 10^6, 10^9) as nccl-tests and network people count;
 binary units (KiB, MiB, GiB = 2^10, 2^20, 2^30) when written with the `i`. No torch here:
@@ -40,6 +41,33 @@ def parse_size(text: str) -> int:
     if value > MAX_BYTES:
         raise ValueError(f"{text!r} is more than 1TiB, larger than any buffer a benchmark needs")
     return int(value)
+
+
+# A range of sizes as nccl-tests' -b/-e/-f: START:END, or START:END:xFACTOR (default x2).
+_RANGE = re.compile(r"^\s*([^:]+):([^:]+)(?::\s*[xX]?\s*(\d+(?:\.\d+)?))?\s*$")
+MAX_RANGE_POINTS = 64
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1MB' -> [1_000_000]; '8B:1GB:x2' (nccl-tests' -b 8 -e 1G -f 2) -> 8, 16, ..., the
+    largest power-of-two multiple of 8 up to 1GB. ValueError with one sentence otherwise."""
+    m = _RANGE.match(str(text))
+    if m is None:
+        return [parse_size(text)]
+    start, end = parse_size(m.group(1)), parse_size(m.group(2))
+    factor = float(m.group(3)) if m.group(3) else 2.0
+    if end < start:
+        raise ValueError(f"{text!r}: the range ends ({end} B) before it starts ({start} B)")
+    if factor <= 1:
+        raise ValueError(f"{text!r}: the factor must be more than 1, got x{m.group(3)}")
+    sizes, size = [], float(start)
+    while size <= end * (1 + 1e-12):
+        sizes.append(int(round(size)))
+        if len(sizes) > MAX_RANGE_POINTS:
+            raise ValueError(f"{text!r} is more than {MAX_RANGE_POINTS} sizes; take a larger "
+                             "factor or a shorter range")
+        size *= factor
+    return list(dict.fromkeys(sizes))
 
 
 def format_size(n: float) -> str:
