@@ -491,3 +491,63 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     assert resolve(conn, "a", "b") == ("label", "a", "b")
     assert resolve(conn, "a1", "b7") == ("invocation", "a1", "b7")
     assert resolve(conn, "b2", "a9") == ("commit", "b2", "a9")
+
+
+def test_history_fails_on_a_regression_only_at_the_last_step(history_db, tmp_path):
+    # up at the third commit, down again at the fifth: the latest step is an improvement
+    result = report(history_db, tmp_path / "all", "--history", "--experiment", "model",
+                    "--fail-on-regression", "5")
+    assert result.exit_code == 0, result.output
+    # up to the third commit, the rise is the latest step: CI fails, naming the commit
+    result = report(history_db, tmp_path / "third", "--history", "--experiment", "model",
+                    "--until", "2026-03-03", "--fail-on-regression", "5")
+    assert result.exit_code == 1, result.output
+    assert "Regression: 1 point worse than 5%: model precision=fp32" in result.stderr
+    assert "slower at d4d4d4d" in result.stderr
+    assert (tmp_path / "third" / "report.html").exists()  # written before it fails
+    # a threshold above the rise lets it pass
+    result = report(history_db, tmp_path / "high", "--history", "--experiment", "model",
+                    "--until", "2026-03-03", "--fail-on-regression", "50")
+    assert result.exit_code == 0, result.output
+
+
+def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch):
+    """Commits of the repository the report runs in are labelled `abc1234 (date: subject)`
+    in the step table and on the plot's axis; others keep their bare hash."""
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_COMMITTER_DATE": "2026-05-04T12:00:00Z",
+           "GIT_AUTHOR_DATE": "2026-05-04T12:00:00Z"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    hashes = []
+    for subject in ("Plain step", "Fuse the LM head and the cross-entropy in one kernel"):
+        git("commit", "-q", "--allow-empty", "-m", subject)
+        hashes.append(git("rev-parse", "HEAD"))
+    monkeypatch.chdir(repo)
+
+    def row(commit, day, center, seed):
+        steps = noisy(center, 8, seed)
+        return {"status": "ok", "git_commit": commit, "git_dirty": 0, "gpu": H100,
+                "created": f"2026-05-0{day} 00:00:00.000000",
+                "_settings": {"size": "small", "precision": "fp32"},
+                "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}
+
+    h = history_mod.build({"model": [row(hashes[0], 1, 100, 1), row(hashes[1], 2, 150, 2),
+                                     row(C, 3, 150, 3)]}, EXPERIMENTS, draw=False)
+    (track,) = h.tracks
+    first, second, other = track.commits
+    assert (first.date, first.subject) == ("2026-05-04", "Plain step")
+    assert second.title() == f"{hashes[1][:7]} (2026-05-04: Fuse the LM head and the cross-entropy …)"
+    assert other.title() == C[:7] and other.subject == ""  # not a commit of this repository
+    assert f"→ {second.title()}" in h.text()
+    assert history_mod._tick(first) == f"{hashes[0][:7]} 05-04\nPlain step"

@@ -162,3 +162,53 @@ def test_comm_closes_with_the_average_bus_bandwidth_in_microseconds(db_path):
     assert "time µs" in result.stdout
     first = next(x for x in result.stdout.splitlines() if x.startswith("1KB "))
     assert f"{stored[0]['time_ms_mean'] * 1e3:,.0f}"[:3] in first
+
+
+def test_compare_names_what_differs_between_the_sides(db_path, tmp_path, monkeypatch):
+    """B ran with OMP_NUM_THREADS=1 (stored with its invocation): the comparison says so
+    beside its verdicts. An experiment both sides ran without a common point lists the
+    settings that differ, where it only said none was measured on both sides."""
+    args = ["model", *MICRO, "--mode", "forward", "--warmup", "0", "--iters", "2", "--db", db_path]
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert invoke(*args, "--seq", "8", "--label", "a").exit_code == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert invoke(*args, "--seq", "8,16", "--label", "b").exit_code == 0
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    result = invoke("report", "--compare", "a", "b", "--format", "md", "--out", tmp_path / "r",
+                    "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert "OMP_NUM_THREADS: A unset, B 1" in result.stdout
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "- **Note:** OMP_NUM_THREADS: A unset, B 1" in md
+    assert "different machines" not in result.stdout  # the same host, CPU and versions
+    # a third label at seq 32 (batch 2 and 3, a list option given twice): nothing in common
+    assert invoke(*args, "--seq", "32", "--batch", "3", "--label", "c").exit_code == 0
+    result = invoke("report", "--compare", "a", "c", "--format", "md", "--out", tmp_path / "s",
+                    "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert ("model: no point measured on both sides; the settings that differ: seq: A 8, "
+            "B 32; batch: A 2, B 2, 3") in result.stdout
+
+
+def test_a_part_slower_than_its_whole_is_flagged_as_impossible():
+    """As seen on a busy CPU: sdpa's backward median 42.7 ms, its forward+backward 0.41 ms."""
+    from cs336sys.experiments import attention
+    from cs336sys.report.tables import point_table
+
+    def row(bwd, e2e, impl):
+        s = {"impl": impl, "d_head": 64, "seq": 128, "heads": 1, "batch": 1,
+             "precision": "fp32", "pass": "both"}
+        stats = {}
+        for name, (p10, median, p90) in (("fwd_ms", (0.1, 0.12, 0.2)), ("bwd_ms", bwd),
+                                         ("e2e_ms", e2e)):
+            stats.update({f"{name}_p10": p10, f"{name}_median": median, f"{name}_p90": p90,
+                          f"{name}_mean": median, f"{name}_std": 0.0})
+        return {**s, **stats, "status": "ok", "_settings": s}
+
+    busy = row((40.0, 42.7, 45.0), (0.38, 0.41, 0.5), "sdpa")
+    close = row((0.3, 0.35, 0.6), (0.33, 0.41, 0.5), "naive")  # overlapping spreads: noise
+    t = point_table(attention.TABLE, [busy, close])
+    at = t.headers.index("impossible")
+    assert [r[at] for r in t.rows] == ["bwd > e2e", ""]
+    assert "impossible: a part" in t.note
+    assert "impossible" not in point_table(attention.TABLE, [close]).headers

@@ -30,7 +30,9 @@ def report(
                     "printed as a table.", tuple[str, str] | None, metavar="A B") = None,
     fail_on_regression: option("With --compare: exit 1 (after writing the report) when a "
                                "significant regression is worse than PCT percent (1.12x slower is "
-                               "12), for CI.", float | None, metavar="PCT") = None,
+                               "12), for CI; with --history, when a point's last step (into its "
+                               "latest commit) is such a regression.", float | None,
+                               metavar="PCT") = None,
     threshold: option("With --compare or --history: the smallest change in percent that counts "
                       "(beside p < 0.05). Raise it where runs of the same code drift further "
                       "apart.", float, metavar="PCT") = 5.0,
@@ -73,8 +75,8 @@ def report(
     )
     from cs336sys.store.db import StoreError, connect_readonly
 
-    if fail_on_regression is not None and not compare:
-        fail("--fail-on-regression needs --compare A B")
+    if fail_on_regression is not None and not compare and not history:
+        fail("--fail-on-regression needs --compare A B or --history")
     if fail_on_regression is not None and not fail_on_regression >= 0:
         fail(f"--fail-on-regression must be a percentage of 0 or more, got {fail_on_regression}")
     if not 0 <= threshold < 1000:
@@ -139,12 +141,15 @@ def report(
         typer.echo(rep.history.text())
     for path in written:
         typer.echo(str(path))
-    if rep.compared is not None and fail_on_regression is not None:
-        worse = rep.compared.regressions(fail_on_regression)
+    if fail_on_regression is not None:
+        worse = [] if rep.compared is None else [
+            f"{c.experiment} {c.point} {c.verdict} ({c.how})"
+            for c in rep.compared.regressions(fail_on_regression)]
+        if rep.history is not None:
+            worse += [f"{t.experiment} {t.point} {c.verdict} at {t.commits[i].title()} ({c.how})"
+                      for t, i, c in rep.history.latest_regressions(fail_on_regression)]
         if worse:
             typer.echo(f"Regression: {len(worse)} point{'s' * (len(worse) != 1)} worse than "
-                       f"{fail_on_regression:g}%: " + "; ".join(
-                           f"{c.experiment} {c.point} {c.verdict} ({c.how})" for c in worse),
-                       err=True)
+                       f"{fail_on_regression:g}%: " + "; ".join(worse), err=True)
             raise typer.Exit(1)
 

@@ -431,6 +431,21 @@ def _max_err(row: Mapping[str, Any]) -> float | None:
     return max(row["max_err"], row.get("max_err_grad") or 0.0)
 
 
+def _impossible(row: Mapping[str, Any]) -> str | None:
+    """'bwd > e2e' where a part, timed in its own loop, took longer than the forward and
+    backward together beyond the spread of both (the part's 10th percentile above the
+    whole's 90th): the machine was busy while one of them ran, and neither figure holds."""
+    def lo(name: str) -> float | None:
+        return row.get(f"{name}_p10") or row.get(f"{name}_median")
+
+    def hi(name: str) -> float | None:
+        return row.get(f"{name}_p90") or row.get(f"{name}_median")
+
+    whole = hi("e2e_ms")
+    parts = [p for p in ("fwd", "bwd") if whole and (lo(f"{p}_ms") or 0) > whole]
+    return " ".join(f"{p} > e2e" for p in parts) or None
+
+
 TABLE = Table(
     "Latency (mean ± std), memory held before backward, throughput, error",
     (
@@ -445,6 +460,10 @@ TABLE = Table(
         Column("check", "check", optional=True,
                note="check: pass when every element is within atol + rtol·|ref| (1e-2 in fp32 "
                "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared)."),
+        Column("impossible", cell=_impossible, optional=True,
+               note="impossible: a part (fwd, bwd), timed apart, took longer than forward and "
+               "backward together beyond the spread of both samples: the machine was busy "
+               "while one ran; measure the point again."),
         Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
                                        ("impl", "sdpa_backend", "triton_opt_in"))),
         HOST_BOUND,

@@ -319,6 +319,8 @@ class Sides:
     rows: dict[str, list[Row]]  # A's and B's, each run once, oldest first
     invocations: list[dict[str, Any]]  # of A's and B's runs, by status (select.invocations)
     names: tuple[str, str] = ("A", "B")  # as typed, with the commit a git ref resolved to
+    inv_a: list[dict[str, Any]] = field(default_factory=list)  # A's invocations alone
+    inv_b: list[dict[str, Any]] = field(default_factory=list)
 
 
 def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any]) -> Sides:
@@ -335,10 +337,73 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
             seen.setdefault(r["run_id"], r)
         if seen:
             rows[exp] = sorted(seen.values(), key=lambda r: (r["created"] or "", r["run_id"]))
-    invs = {(i["id"], i["_status"]): i for i in (*invocations(conn, sa), *invocations(conn, sb))}
+    inv_a, inv_b = invocations(conn, sa), invocations(conn, sb)
+    invs = {(i["id"], i["_status"]): i for i in (*inv_a, *inv_b)}
     ordered = sorted(invs.values(), key=lambda i: (i["started"] or "", i["id"] or ""))
     names = tuple(t if t == r or r.startswith(t) else f"{t} ({r[:10]})" for t, r in zip(typed, (a, b), strict=True))
-    return Sides(kind, rows_a, rows_b, rows, ordered, names)  # type: ignore[arg-type]
+    return Sides(kind, rows_a, rows_b, rows, ordered, names, inv_a, inv_b)  # type: ignore[arg-type]
+
+
+# What a side ran on and with, from its invocations: a difference between A's and B's is a
+# cause of a change that is not the code's, named beside the verdicts.
+ENVIRONMENT = ("host", "gpu", "cpu", "torch_version", "triton_version", "cuda_version",
+               "driver_version", "python_version")
+
+
+def _values(invs: list[dict[str, Any]], key: str) -> str:
+    found = sorted({str(i[key]) for i in invs if i.get(key) not in (None, "")})
+    return ", ".join(found) or "unset"
+
+
+def _env(invs: list[dict[str, Any]]) -> dict[str, str]:
+    """Each environment variable recorded (invocations.env) -> its values on this side."""
+    seen: dict[str, set[str]] = {}
+    for i in invs:
+        try:
+            env = json.loads(i.get("env") or "{}")
+        except ValueError:
+            continue
+        for k, v in (env.items() if isinstance(env, dict) else ()):
+            seen.setdefault(k, set()).add(str(v))
+    return {k: ", ".join(sorted(v)) for k, v in seen.items()}
+
+
+def environment_differences(s: Sides) -> list[str]:
+    """`OMP_NUM_THREADS: A unset, B 1`, one per difference between the sides' machines,
+    library versions and recorded environment variables (the GPU aside when the sides are
+    GPUs); a first line warns when they ran on different machines."""
+    out = []
+    for key in ENVIRONMENT:
+        if key == "gpu" and s.kind == "gpu":
+            continue
+        va, vb = _values(s.inv_a, key), _values(s.inv_b, key)
+        if va != vb:
+            out.append(f"{key}: A {va}, B {vb}")
+    ea, eb = _env(s.inv_a), _env(s.inv_b)
+    out += [f"{k}: A {ea.get(k, 'unset')}, B {eb.get(k, 'unset')}"
+            for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
+    if out and any(line.startswith(("host:", "gpu:", "cpu:")) for line in out):
+        out.insert(0, "A and B ran on different machines: a change may be the machine's, not "
+                      "the code's.")
+    return out
+
+
+def unmatched(s: Sides, exp: str) -> str:
+    """For an experiment both sides ran with no point in common: the settings whose values
+    differ (`seq: A 128, B 256`), so the user sees what to run again."""
+    def values(rows: list[Row], key: str) -> str:
+        return ", ".join(sorted({str(r["_settings"].get(key)) for r in rows}, key=_natural))
+
+    ra, rb = s.a.get(exp, []), s.b.get(exp, [])
+    keys = dict.fromkeys(k for r in (*ra, *rb) for k in r["_settings"])
+    differ = [f"{k}: A {values(ra, k)}, B {values(rb, k)}" for k in keys
+              if values(ra, k) != values(rb, k)]
+    return (f"{exp}: no point measured on both sides; the settings that differ: "
+            + ("; ".join(differ) if differ else "none (the GPUs do)"))
+
+
+def _natural(text: str) -> tuple:
+    return (0, float(text), "") if text.replace(".", "", 1).isdigit() else (1, 0.0, text)
 
 
 @dataclass
@@ -350,6 +415,9 @@ class Comparison:
     b: str
     changes: list[Change]
     tables: list[Table]  # one per experiment, for the report
+    # Where a change may not be the code's (environments that differ), and experiments both
+    # sides ran with no point in common (the settings that differ): for the reader.
+    notes: list[str] = field(default_factory=list)
 
     def counts(self) -> Counter:
         """Points by verdict word: faster, slower, bigger, ..., unchanged, undecided."""
@@ -376,7 +444,8 @@ class Comparison:
 
     def text(self) -> str:
         """The compared points as a plain-text table and the summary line, for a terminal."""
-        head = f"Comparison by {self.kind}: {self.a} (A) against {self.b} (B)"
+        head = "\n".join([f"Comparison by {self.kind}: {self.a} (A) against {self.b} (B)",
+                          *self.notes])
         if not self.changes:
             return f"{head}\nNo point was measured on both sides.\n{self.summary()}"
         rows = [[c.experiment, c.point, c.metric.label, num(c.a), num(c.b), _ratio(c.ratio),
@@ -403,12 +472,14 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
     """A against B, point by point, one table per experiment (in the declared order)."""
     declared = metrics(catalog)
     by_gpu = s.kind != "gpu"
-    changes, tables = [], []
+    changes, tables, notes = [], [], environment_differences(s)
     for exp, metric in declared.items():
         pa = aggregate(s.a.get(exp, []), metric, by_gpu)
         pb = aggregate(s.b.get(exp, []), metric, by_gpu)
         both = sorted(set(pa) & set(pb), key=lambda k: (str(k[0]), k[1]))
         if not both:
+            if s.a.get(exp) and s.b.get(exp):
+                notes.append(unmatched(s, exp))
             continue
         names = point_labels([pb[k].row for k in both])
         found = [
@@ -423,7 +494,7 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
             [[c.point, num(c.a), num(c.b), _ratio(c.ratio), c.verdict, c.how,
               f"{c.n_a}/{c.n_b}"] for c in found],
         ))
-    return Comparison(s.kind, a, b, changes, tables)
+    return Comparison(s.kind, a, b, changes, tables, notes)
 
 
 def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any],

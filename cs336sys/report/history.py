@@ -62,10 +62,28 @@ METHOD = method()
 class Commit:
     key: tuple[str, bool]  # (git commit, dirty)
     first: str  # created of its first run in the selection
+    date: str = ""  # its committer date, YYYY-MM-DD, where the repository here has it
+    subject: str = ""  # its subject line, likewise
 
     @property
     def label(self) -> str:
         return self.key[0][:7] + ("-dirty" if self.key[1] else "")
+
+    def title(self, most: int = 40) -> str:
+        """`abc1234 (2026-11-24: Fuse the LM head)`: the hash, with its date and subject
+        where they are known."""
+        if not self.subject:
+            return self.label
+        subject = self.subject if len(self.subject) <= most else self.subject[:most - 1] + "…"
+        return f"{self.label} ({self.date}: {subject})"
+
+
+def described(key: tuple[str, bool], first: str) -> Commit:
+    """The Commit, with its date and subject from the repository of the current folder."""
+    from cs336sys.report.refs import describe
+
+    found = describe(key[0])
+    return Commit(key, first, *found) if found else Commit(key, first)
 
 
 @dataclass
@@ -100,6 +118,12 @@ class History:
     def steps(self) -> list[tuple[Track, int, Change]]:
         return [(t, i, c) for t in self.tracks for i, c in t.steps]
 
+    def latest_regressions(self, percent: float) -> list[tuple[Track, int, Change]]:
+        """The regressions worse than `percent` at each point's last commit (the step into
+        it): what a CI job gates on, whatever came before."""
+        return [(t, i, c) for t, i, c in self.steps if i == len(t.commits) - 1
+                and c.kind == "regression" and c.percent > percent]
+
     def summary(self) -> str:
         n, steps = len(self.tracks), self.steps
         kinds = [c.kind for _, _, c in steps]
@@ -123,7 +147,7 @@ class History:
 
 def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
     """point, commits (before → after), (metric,) before, after, after/before, verdict, p."""
-    return [t.point, f"{t.commits[i - 1].label} → {t.commits[i].label}",
+    return [t.point, f"{t.commits[i - 1].label} → {t.commits[i].title()}",
             *([t.metric.label] if metric else []), num(c.a), num(c.b),
             "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]
 
@@ -154,6 +178,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
                 continue
             order[k] = min(order.get(k, r["created"] or ""), r["created"] or "")
     rank = {k: i for i, k in enumerate(sorted(order, key=lambda k: (order[k], k)))}
+    commits = {k: described(k, first) for k, first in order.items()}
 
     tracks: list[Track] = []
     one_commit = 0
@@ -173,7 +198,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
         for key, label in zip(keys, point_labels(heads), strict=True):
             at = many[key]
             ck = sorted(at, key=lambda c: rank[c])
-            t = Track(exp, label, metric, [Commit(c, order[c]) for c in ck], [at[c] for c in ck])
+            t = Track(exp, label, metric, [commits[c] for c in ck], [at[c] for c in ck])
             for i in range(1, len(ck)):
                 change = assess(exp, label, metric, t.sides[i - 1], t.sides[i], threshold)
                 if change.kind in STEP_KINDS:
@@ -266,8 +291,8 @@ def plot(t: Track) -> bytes:
                         markersize=9, color=colour, label=None if kind in labelled else kind)
                 labelled.add(kind)
     ax.set_xticks(xs)
-    ax.set_xticklabels([c.label for c in t.commits], rotation=45 if len(xs) > 6 else 0,
-                       ha="right" if len(xs) > 6 else "center", fontsize=8)
+    ax.set_xticklabels([_tick(c) for c in t.commits], rotation=45 if len(xs) > 6 else 0,
+                       ha="right" if len(xs) > 6 else "center", fontsize=7)
     ax.yaxis.set_major_formatter(FuncFormatter(short))
     ax.tick_params(axis="y", labelsize=8)
     ax.set_xlabel("commit (in the order of its first run)", fontsize=9)
@@ -279,3 +304,11 @@ def plot(t: Track) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
+
+
+def _tick(c: Commit) -> str:
+    """A commit on the x-axis: its hash and date, its subject under them (shortened)."""
+    if not c.subject:
+        return c.label
+    subject = c.subject if len(c.subject) <= 18 else c.subject[:17] + "…"
+    return f"{c.label} {c.date[5:]}\n{subject}"

@@ -33,3 +33,15 @@ def since(ref: str, cwd: str | Path | None = None) -> list[str] | None:
         return None
     later = _git("rev-list", "HEAD", f"^{commit}", cwd=cwd)
     return [*(later.splitlines() if later else []), commit]
+
+
+def describe(commit: str, cwd: str | Path | None = None) -> tuple[str, str] | None:
+    """(its committer date as YYYY-MM-DD, its subject line) of `commit` in the repository of
+    `cwd`; None when git or the commit is not there."""
+    if not commit or commit.startswith("-"):
+        return None
+    out = _git("show", "-s", "--format=%cs%x09%s", "--end-of-options", commit, cwd=cwd)
+    if not out or "\t" not in out:
+        return None
+    date, subject = out.splitlines()[0].split("\t", 1)
+    return date, subject

@@ -55,6 +55,7 @@ class Report:
     compared: Comparison | None = None  # every compared point, for the CLI (report/compare.py)
     compare_note: str = ""  # how a change is decided
     compare_summary: str = ""  # "N points compared: X faster, Y slower, Z unchanged"
+    compare_notes: list[str] = field(default_factory=list)  # environments, unmatched settings
     history: History | None = None  # with --history; its sections lead report.sections
 
 
@@ -143,6 +144,7 @@ def build(
             report.compare_kind, report.comparison = both.kind, report.compared.tables
             report.compare_ab, report.compare_note = both.names, method(threshold)
             report.compare_summary = report.compared.summary()
+            report.compare_notes = report.compared.notes
         if history and rows:
             # its plots are drawn there, not by the Drawer
             report.history = build_history(rows, catalog, threshold=threshold)
