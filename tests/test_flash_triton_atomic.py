@@ -130,7 +130,7 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
     db = tmp_path / "r.db"
     argv = ["attention", "--impl", "triton,naive", "--seq", "40", "--d-head", "16", "--batch",
             "1", "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db]
-    result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq")
+    result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq", "--wide")
     assert result.exit_code == 0, result.output
     got = query(db, "SELECT impl, triton_opt_in, triton_kernels, status, max_err_grad "
                     "FROM attention_runs ORDER BY created")

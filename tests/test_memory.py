@@ -122,7 +122,7 @@ def _memory(db, *args):
 def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     snap = tmp_path / "snap"
     result = _memory(db_path, "--seq", "64", "--mode", "forward,train",
-                     "--checkpoint", "none,every:1", "--snapshot", snap)
+                     "--checkpoint", "none,every:1", "--snapshot", snap, "--wide")
     assert result.exit_code == 0, result.output
     got = rows(db_path, "SELECT * FROM memory_runs ORDER BY created")
     assert [(r["mode"], r["checkpoint"]) for r in got] == [

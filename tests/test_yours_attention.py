@@ -160,7 +160,7 @@ def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0")  # forgets 1/sqrt(d)
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
-    result = invoke("attention", "--impl", "naive,yours-torch", *SMALL, "--db", db)
+    result = invoke("attention", "--impl", "naive,yours-torch", *SMALL, "--db", db, "--wide")
     assert result.exit_code == 0, result.output  # a wrong point is a finding, not a failure
     wrong = [r for r in runs(db) if r["impl"] == "yours-torch"]
     assert {r["status"] for r in wrong} == {"wrong"}
@@ -169,7 +169,8 @@ def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
         assert r["error"].startswith("wrong: O off by up to")
         assert r["e2e_ms_mean"] > 0  # timed all the same
     table = [line for line in result.stdout.splitlines() if line.startswith("yours-torch")]
-    assert table and all("(wrong)" in line and line.rstrip().endswith("wrong") for line in table)
+    # every cell of it marked, its status with why (shortened; the whole line is under it)
+    assert table and all("(wrong)" in line and "wrong: O off by up to" in line for line in table)
     assert "wrong: impl=yours-torch seq=32: wrong: O off by up to" in result.stdout
     # the report: red cells, the reason listed, no speed-up
     out = tmp_path / "report"
