@@ -242,8 +242,9 @@ class Bar:
         self.total = self.done = 0
         self.current: Any = None  # the spec of the point now running
         self.step = ""  # "step 3/15" inside it
-        self._last = 0.0
+        self._last = self._began = 0.0
         self._hook: Any = None
+        self._stop: Any = None  # ends the heartbeat thread (off a terminal)
 
     def _name(self, spec: Any) -> str:
         return self.show(spec) if spec is not None and self.show else ""
@@ -261,15 +262,44 @@ class Bar:
             )
             self.bar.__enter__()
         else:
+            import threading
+
             typer.echo(f"{self.label}: {total} point(s)", err=True)
+            self._stop = threading.Event()
+            threading.Thread(target=self._heartbeat, args=(self._stop,), daemon=True,
+                             name="cs336sys-heartbeat").start()
         self._hook = on_step(self.tick)
         self._hook.__enter__()
 
     def resumed(self, skipped: int) -> None:
         typer.echo(f"--resume: skipping {skipped} point(s) already stored", err=True)
 
+    # A sweep estimated to take longer than this says so before it starts.
+    LONG_S = 60.0
+
+    def estimated(self, seconds: float, points: int) -> None:
+        """The sweep's estimated time (experiments/preflight.py), in one line when long."""
+        if not self.on or seconds < self.LONG_S:
+            return
+        took = f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
+        typer.echo(f"{self.label}: estimated about {took} for {points} point(s), from their "
+                   "FLOPs and this device's rate", err=True)
+
     def begin(self, spec: Any) -> None:
         self.current, self.step, self._last = spec, "", time.monotonic()
+        self._began = self._last
+
+    def _heartbeat(self, stop: Any) -> None:
+        """Off a terminal: a line every EVERY_S seconds while a point runs without a step
+        finishing (a long first step, a compile), from a timer, not the step loop."""
+        while not stop.wait(min(1.0, self.EVERY_S / 4)):
+            now = time.monotonic()
+            if self.current is not None and now - self._last >= self.EVERY_S:
+                self._last = now
+                what = self.step or "running"
+                typer.echo(f"{self.label} [{self.done + 1}/{self.total}] "
+                           f"{self._name(self.current)}: {what}, {now - self._began:.0f} s in",
+                           err=True)
 
     def tick(self, done: int, total: int, point: Any = None) -> None:
         """A step of the running point finished (`point` given by distributed runs)."""
@@ -293,7 +323,7 @@ class Bar:
             brief = " ".join(f"{k}={v}" for k, v in point.spec.settings().items()
                              if k not in ("device", "seed"))
             typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
-        self.step = ""
+        self.step, self.current = "", None
         if self.bar is not None:
             self.bar.update(1)
         elif self.on:
@@ -302,6 +332,9 @@ class Bar:
                        f"{result.status}{took}", err=True)
 
     def finish(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
         if self._hook is not None:
             self._hook.__exit__(None, None, None)
             self._hook = None
@@ -359,7 +392,7 @@ def measure(
 
     options = dict(options)
     db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
-    wide = options.pop("wide", False)
+    wide, force = options.pop("wide", False), options.pop("force", False)
     takes_user_code = "adapters" in options
     adapters = options.pop("adapters", None)
     options.pop("ctx", None)
@@ -392,7 +425,7 @@ def measure(
         device = "cuda:0" if device == "cuda" else "cpu"
     command = command or experiment.kind
     with recording(db, command, device, rank, label=label) as rec:
-        done = run_sweep(experiment, points, rec, resume=resume,
+        done = run_sweep(experiment, points, rec, resume=resume, force=force,
                          progress=Bar(command, describe, on=not rank), **run_options)
         if not rank:
             show(experiment, done, wide)

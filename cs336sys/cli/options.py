@@ -109,6 +109,16 @@ Wide = option("Print every column of the tables in one piece, settings shared by
               "the terminal is cut between columns).", bool, "--wide")
 
 
+Force = option("Run the points estimated not to fit in the device's free memory too (without it "
+               "they are stored as skipped, with the estimate, and not started).", bool,
+               "--force")
+
+
+def estimate_options(force: Force = False) -> None:
+    """Points estimated not to fit: the commands whose experiment estimates its points
+    (experiments/preflight.py)."""
+
+
 def store_options(
     wide: Wide = False,
     resume: Resume = False,

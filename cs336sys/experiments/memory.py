@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cs336sys.experiments import memory_section
+from cs336sys.experiments import memory_section, preflight
 from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.measure.paths import why_unwritable
@@ -382,7 +382,9 @@ EXPERIMENT = Experiment(
             snapshot_pickle  -  CUDA: the memory_viz pickle written with --snapshot
         """),
         *launch(("fwd", "bwd", "opt")),
+        *preflight.METRICS,
     ),
+    estimate=lambda spec: preflight.model_estimate(spec.model),
     tables=(TABLE,),
     compare="peak_bytes",
     section=memory_section.section,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.experiments import model_section
+from cs336sys.experiments import model_section, preflight
 from cs336sys.experiments.training_step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
@@ -296,7 +296,9 @@ EXPERIMENT = Experiment(
             code               -    the user's code measured: its files and their sha256 (JSON)
         """),
         *launch(("fwd", "bwd", "opt")),
+        *preflight.METRICS,
     ),
+    estimate=preflight.model_estimate,
     tables=(TABLE,),
     compare="step_ms",
     section=model_section.section,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.experiments import step_section
+from cs336sys.experiments import preflight, step_section
 from cs336sys.experiments.model import (
     CHECK_NOTE,
     check_model,
@@ -450,7 +450,9 @@ EXPERIMENT = Experiment(
             check_loss       -  the user's loss in the check (two layers at most)
             check_loss_ours  -  the reference's loss with the same weights
         """),
+        *preflight.METRICS,
     ),
+    estimate=preflight.model_estimate,
     tables=(TABLE,),
     compare="step_ms",
     oom_axis="num_layers",

@@ -148,6 +148,7 @@ def _status(row: Row, most: int = 28) -> str:
         return status
     # without the file and line and the exception's class that start an error's first line
     first = re.sub(r"^(\S+:\d+: )?(\w+(Error|Exception): )?", "", why.splitlines()[0]) or why
+    first = first.removeprefix(f"{status}: ")
     return f"{status}: {first[:most - 1]}…" if len(first) > most else f"{status}: {first}"
 
 

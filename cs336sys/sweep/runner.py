@@ -101,9 +101,12 @@ def run_sweep(
     skip_after_oom: bool = True,
     progress: Progress | None = None,
     executor: Executor | None = None,
+    force: bool = False,
 ) -> list[Point]:
     """Run every point of `specs` (Specs of `experiment`), hand each to `sink` as it
-    finishes, and return the finished points in the order they finished."""
+    finishes, and return the finished points in the order they finished. Where the
+    experiment declares `estimate`, a point estimated not to fit in the device's free
+    memory is stored as skipped with the estimate, not started, unless `force`."""
     progress = progress or Quiet()
     specs = list(specs)
     if resume:
@@ -126,11 +129,20 @@ def run_sweep(
         return point_key(experiment.kind, {k: v for k, v in spec.settings().items() if k != axis})
 
     begin = getattr(progress, "begin", None)  # optional: told which point runs next
+    estimates = {id(s): experiment.estimate(s) for s in specs} if experiment.estimate else {}
+    seconds = [e.seconds for s in specs if (e := estimates.get(id(s))) and e.seconds is not None
+               and (force or not e.refusal(s.device))]  # the points that will run
+    if seconds and hasattr(progress, "estimated"):
+        progress.estimated(sum(seconds), len(specs))
 
     def skip(spec: Any) -> Result | None:
         """What to store instead of running `spec` (None: run it); asked just before."""
         if begin is not None:
             begin(spec)
+        estimate = estimates.get(id(spec))
+        why = None if estimate is None or force else estimate.refusal(spec.device)
+        if why:
+            return Result("skipped", error=f"skipped: {why}", metrics=estimate.metrics())
         if axis is None:
             return None
         smallest = oom_at.get(family(spec))
@@ -143,6 +155,9 @@ def run_sweep(
     def emit(spec: Any, result: Result) -> None:
         if result.started is None:
             result.started = now()
+        if id(spec) in estimates:  # stored beside the measurement
+            for k, v in estimates[id(spec)].metrics().items():
+                result.metrics.setdefault(k, v)
         handle = sink.add(experiment, spec, result) if sink is not None else None
         point = Point(spec, result, handle)
         points.append(point)

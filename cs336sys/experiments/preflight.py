@@ -1,0 +1,141 @@
+"""Before a point of the Transformer LM runs: the memory it needs and roughly how long it
+takes, from the analytic models the project already has.
+
+Memory follows ZeRO's accounting (Rajbhandari et al. 2020, §3.1) as experiments/memory.py
+does: the weights (4 bytes a parameter, 2 in bf16), when gradients are taken the gradients
+(as many) and the activations saved for backward (`memory.model_saved_bytes`: fp32, every
+tensor counted, checkpointed groups keeping their inputs; without the T x T softmax of
+naive attention where a fused kernel runs), when training AdamW's two fp32 moments (8
+bytes a parameter); without gradients, the largest transient buffers of one block and the
+logits. Plus MARGIN for what the accounting leaves out (workspaces, the allocator's
+rounding). tests/test_preflight.py holds the estimate against the peak measured on a CPU.
+
+Time: the point's FLOPs (models/flops.py, 3x the forward for a training step) over the
+device's rate, measured once per process with a matmul (a CPU) or its dense peak (a GPU),
+for every warm-up and timed step. Rough, and only said where a sweep would run long.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cs336sys.sweep.declaration import metric_table
+
+# Workspaces, the allocator's rounding, the optimizer's temporaries: on top of the accounting.
+MARGIN = 1.10
+# Attention kernels that never hold the T x T scores (FlashAttention-2 and the user's).
+FUSED = ("flash-torch", "triton", "yours-torch", "yours-triton")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a point needs: peak bytes (and their parts, for the message) and seconds."""
+
+    bytes: int
+    parts: str  # "weights 7.4 GiB, gradients 7.4 GiB, AdamW 15 GiB, activations 2.1 GiB"
+    seconds: float | None = None
+
+    def refusal(self, device: str) -> str | None:
+        """Why the point would not fit on `device` now (stored with it as skipped), or
+        None."""
+        free = available_bytes(device)
+        if free is None or self.bytes <= free:
+            return None
+        where = "this GPU has" if device.startswith("cuda") else "this machine has"
+        return (f"needs ~{_gib(self.bytes)} ({self.parts}, +{round(100 * (MARGIN - 1))}%), "
+                f"{where} {_gib(free)} free; --force runs it")
+
+    def metrics(self) -> dict[str, Any]:
+        return {"est_peak_bytes": self.bytes, "est_s": self.seconds}
+
+
+# The estimate, stored beside what was measured (every experiment that declares `estimate`).
+METRICS = metric_table("""
+    est_peak_bytes  bytes  the peak memory estimated before the point ran (experiments/preflight.py)
+    est_s           s      the time estimated before it ran: its FLOPs over the device's rate
+""")
+
+
+def _gib(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n / 2**10:.3g} KiB"
+
+
+def model_estimate(spec: Any) -> Estimate:
+    """The estimate of a ModelShape point (model, memory's model, step): its `batch`,
+    `mode` (step: train), `precision`, `attention`, `checkpoint` and `param_dtype`."""
+    from cs336sys.experiments.memory import model_saved_bytes
+    from cs336sys.models.config import param_count
+
+    config = spec.config()
+    B, T = spec.batch, spec.seq
+    mode = getattr(spec, "mode", "train")
+    p = param_count(config)
+    weight = 2 if getattr(spec, "param_dtype", "fp32") == "bf16" else 4
+    parts = {"weights": weight * p}
+    if mode in ("forward-backward", "train"):
+        parts["gradients"] = weight * p
+        acts = model_saved_bytes(config, B, T)
+        if (getattr(spec, "attention", None) or "naive") in FUSED:
+            acts -= config.num_layers * (4 * B * config.num_heads * T * T + T * T)
+        parts["activations"] = acts
+    else:  # no grad: one block's largest buffers at a time, then the logits
+        block = 4 * B * (config.num_heads * T * T + 3 * T * config.d_ff + 4 * T * config.d_model)
+        parts["activations"] = block + 2 * 4 * B * T * config.vocab_size
+    if mode == "train":
+        parts["AdamW"] = 8 * p
+    total = int(MARGIN * sum(parts.values()))
+    return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()),
+                    _seconds(spec, config, mode))
+
+
+def _seconds(spec: Any, config: Any, mode: str) -> float | None:
+    from cs336sys.models.flops import step_flops
+
+    rate = flops_per_second(spec.device)
+    if not rate:
+        return None
+    steps = getattr(spec, "warmup", 0) + getattr(spec, "iters", 1) + 1  # + the first call
+    return steps * step_flops(config, spec.batch, spec.seq, mode) / rate
+
+
+@functools.cache
+def flops_per_second(device: str) -> float | None:
+    """The device's dense fp32 rate: a GPU's known peak (a third of it: what a step reaches),
+    a CPU's measured with a 512 x 512 matmul; None when neither is known."""
+    import torch
+
+    if device.startswith("cuda"):
+        from cs336sys.measure.device import peak_tflops
+
+        peak = peak_tflops(torch.cuda.get_device_name(device), "fp32", tf32=True)
+        return peak * 1e12 / 3 if peak else None
+    a = torch.randn(512, 512)
+    a @ a  # noqa: B018 (the first call pays for the threads and the kernel's choice)
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.05:
+        a @ a  # noqa: B018
+        n += 1
+    return n * 2 * 512**3 / (time.perf_counter() - t0)
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory a point may take now: a GPU's free memory, a CPU's MemAvailable (Linux);
+    None where it cannot be read."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,72 @@
+"""Before a point runs: its memory estimated against what the device has (a point that
+cannot fit is a skipped row with the estimate, unless --force), the sweep's time estimated
+from FLOPs, the estimate stored beside the measurement, and a line every few seconds from a
+point that runs long without a step finishing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from cs336sys.experiments import memory, preflight
+from tests.conftest import MICRO, invoke, query
+
+
+@pytest.mark.parametrize(
+    "size, seq, batch, mode, checkpoint",
+    [("tiny", 64, 2, "train", "none"), ("tiny", 128, 4, "train", "every:1"),
+     ("tiny", 128, 4, "forward", "none")],
+)
+def test_the_memory_estimate_is_within_a_factor_of_the_measured_peak(size, seq, batch, mode,
+                                                                      checkpoint):
+    """Against the peak of live tensors memory measures on a CPU (experiments/memory.py):
+    never below it (a point the estimate lets through must fit) and at most 1.5x (on this
+    box: 1.06x to 1.24x)."""
+    (spec,) = memory.specs(size=[size], seq=[seq], batch=[batch], mode=[mode],
+                           checkpoint=[checkpoint], device="cpu", warmup=0, iters=1)
+    result = memory.run(spec)
+    assert result.status == "ok", result.error
+    ratio = preflight.model_estimate(spec.model).bytes / result.metrics["peak_bytes"]
+    assert 1.0 <= ratio <= 1.5, ratio
+
+
+def test_a_point_that_cannot_fit_is_skipped_with_its_estimate_and_force_runs_it(
+        db_path, monkeypatch):
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 2**12)  # 4 KiB free
+    args = ["model", *MICRO, "--seq", "8", "--mode", "forward", "--warmup", "0", "--iters", "1",
+            "--db", db_path]
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db_path, "SELECT status, error, est_peak_bytes, step_ms_mean FROM model_runs")
+    assert row["status"] == "skipped" and row["step_ms_mean"] is None
+    assert row["error"].startswith("skipped: needs ~") and "weights " in row["error"]
+    assert "this machine has 4 KiB free; --force runs it" in row["error"]
+    assert row["est_peak_bytes"] > 2**12
+    forced = invoke(*args, "--force")
+    assert forced.exit_code == 0, forced.output
+    ok = query(db_path, "SELECT status, est_peak_bytes, est_s FROM model_runs WHERE status = 'ok'")
+    assert ok == [{"status": "ok", "est_peak_bytes": row["est_peak_bytes"],
+                   "est_s": ok[0]["est_s"]}] and ok[0]["est_s"] > 0  # stored beside it
+
+
+def test_a_long_sweep_says_its_estimated_time_first(db_path, monkeypatch):
+    monkeypatch.setattr(preflight, "flops_per_second", lambda device: 1e3)  # a slow device
+    result = invoke("model", *MICRO, "--seq", "8,16", "--mode", "forward", "--warmup", "0",
+                    "--iters", "1", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    line = result.stderr.splitlines()[0]
+    assert line.startswith("model: estimated about ") and "for 2 point(s)" in line
+
+
+def test_a_line_comes_every_few_seconds_inside_a_long_point(capsys, monkeypatch):
+    from cs336sys.cli.common import Bar
+
+    monkeypatch.setattr(Bar, "EVERY_S", 0.2)
+    bar = Bar("model", show=lambda spec: "tiny T=8", tty=False)
+    bar.start(None, 1)
+    bar.begin(object())
+    time.sleep(0.9)  # no step finishes meanwhile: a first step, a compile
+    bar.finish()
+    beats = [x for x in capsys.readouterr().err.splitlines() if "running" in x]
+    assert len(beats) >= 2 and beats[0].startswith("model [1/1] tiny T=8: running, ")
