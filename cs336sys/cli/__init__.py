@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 
 from cs336sys import __version__
 from cs336sys.cli.attention import attention
+from cs336sys.cli.browse import browse
 from cs336sys.cli.comm import comm
 from cs336sys.cli.db import db_app
 from cs336sys.cli.ddp import ddp
@@ -128,6 +129,7 @@ app.add_typer(memory_app, name="memory")
 app.add_typer(precision, name="precision")
 app.add_typer(profile_app, name="profile")
 app.command()(report)
+app.command()(browse)
 app.add_typer(db_app, name="db")
 
 

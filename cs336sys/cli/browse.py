@@ -1,0 +1,118 @@
+"""`cs336sys browse`: the results store in a browser, through Datasette (an optional extra),
+read-only, with every view's columns described from the experiments' declarations and a
+few canned queries."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail
+from cs336sys.cli.options import option
+
+# Canned queries: name -> (title, SQL over the views and tables of the current schema).
+QUERIES = {
+    "latest_per_point": (
+        "The latest run of every point",
+        "SELECT r.experiment, r.created, r.status, r.error, r.settings, r.invocation_id\n"
+        "  FROM runs r\n"
+        "  JOIN (SELECT experiment, point_key, max(created) AS created FROM runs\n"
+        "         GROUP BY experiment, point_key) latest\n"
+        "    ON latest.experiment = r.experiment AND latest.point_key = r.point_key\n"
+        "   AND latest.created = r.created\n"
+        " ORDER BY r.experiment, r.created DESC",
+    ),
+    "fastest_attention_per_seq": (
+        "The fastest attention implementation at each sequence length (end to end, median)",
+        # SQLite: the bare columns of a min() aggregate come from the row that has the min
+        "SELECT seq, precision, d_head, gpu, impl, min(e2e_ms_median) AS e2e_ms_median\n"
+        "  FROM attention_runs WHERE status = 'ok' AND e2e_ms_median IS NOT NULL\n"
+        " GROUP BY seq, precision, d_head, gpu ORDER BY gpu, precision, d_head, seq",
+    ),
+}
+
+
+def metadata(name: str) -> dict[str, Any]:
+    """Datasette's metadata for a store served as database `name`: the views' titles and
+    column descriptions (store/views.column_meanings) and the canned queries."""
+    from cs336sys.store.views import column_meanings
+
+    tables = {}
+    for e in catalog():
+        columns = {}
+        for column, (unit, meaning) in column_meanings(e).items():
+            columns[column] = f"{meaning} ({unit})" if unit else meaning
+        tables[e.view] = {"description": f"{e.title}: one row per stored point of `cs336sys "
+                                         f"{e.kind}`.", "columns": columns}
+    return {
+        "title": "cs336sys results",
+        "description": "Read-only. Views: one per experiment, one column per setting and "
+                       "metric; tables runs, invocations, kernel_stats.",
+        "databases": {name: {
+            "tables": tables,
+            "queries": {k: {"title": title, "sql": sql} for k, (title, sql) in QUERIES.items()},
+        }},
+    }
+
+
+def browse(
+    db: DbOption = DEFAULT_DB,
+    port: option("Port to serve on (0: any free one).", int) = 8001,
+    host: option("Address to serve on; 0.0.0.0 to reach it from other machines.", str) = "127.0.0.1",
+    open_browser: option("Open the page in a browser.", bool, "--open") = False,
+) -> None:
+    """Serve the results store in a browser with Datasette: browse, facet and filter every view, and run read-only SQL. Needs the browse extra (pip install 'cs336sys[browse]').
+
+    Each view's columns carry their unit and meaning; canned queries give the latest run of every point and the fastest attention per sequence length. The store is opened read-only (a store of an older schema is served as a migrated snapshot). Ctrl-C stops it.
+
+    Example:
+
+        cs336sys browse --open
+
+        cs336sys browse --db h100.db --port 8080
+    """  # noqa: E501
+    import importlib.util
+    import sqlite3
+    import subprocess
+
+    from cs336sys.store import schema
+    from cs336sys.store.db import StoreError, connect_readonly
+
+    if importlib.util.find_spec("datasette") is None:
+        fail("cs336sys browse needs Datasette, an optional extra: pip install 'cs336sys[browse]'")
+    if not 0 <= port <= 65535:
+        fail(f"--port must be from 0 to 65535, got {port}")
+    try:
+        conn = connect_readonly(db, catalog)
+    except StoreError as exc:
+        fail(exc)
+    with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
+        served = Path(db)
+        immutable = False
+        if conn.execute("PRAGMA database_list").fetchone()[2] == "":  # a migrated copy
+            served, immutable = Path(tmp) / served.name, True
+            out = sqlite3.connect(served)
+            conn.backup(out)
+            out.close()
+            typer.echo(f"{db} is at an older schema than {schema.SCHEMA_VERSION}: serving a "
+                       "migrated snapshot (the store itself is left as it is)", err=True)
+        conn.close()
+        meta = Path(tmp) / "metadata.json"
+        meta.write_text(json.dumps(metadata(served.stem)))
+        argv = [sys.executable, "-m", "datasette", "serve",
+                *(["--immutable", str(served)] if immutable else [str(served)]),
+                "--metadata", str(meta), "--host", host, "--port", str(port),
+                "--setting", "sql_time_limit_ms", "5000", *(["--open"] if open_browser else [])]
+        typer.echo(f"serving {db} at http://{host}:{port}/{served.stem} (Ctrl-C stops it)",
+                   err=True)
+        try:
+            code = subprocess.call(argv)
+        except KeyboardInterrupt:
+            code = 0
+    raise typer.Exit(code)
+

@@ -1,0 +1,83 @@
+"""`cs336sys browse`: the store served by Datasette (the browse extra), read-only, its views'
+columns described from the experiments' declarations, with canned queries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from cs336sys.experiments import model
+from tests.conftest import invoke, query
+from tests.report_fixture import build
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, deadline: float) -> object:
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.load(r)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.mark.slow  # a Python that starts Datasette
+def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path):
+    db = build(tmp_path / "results.db")
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "cs336sys", "browse", "--db", str(db),
+                             "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        base, deadline = f"http://127.0.0.1:{port}/results", time.monotonic() + 60
+        rows = _get(f"{base}/model_runs.json?_shape=array&_size=max", deadline)
+        assert len(rows) == len(query(db, "SELECT * FROM model_runs"))
+        assert {r["run_id"] for r in rows} == {r["run_id"] for r in query(
+            db, "SELECT run_id FROM model_runs")}
+        meta = _get(f"http://127.0.0.1:{port}/-/metadata.json", deadline)
+        columns = meta["databases"]["results"]["tables"]["model_runs"]["columns"]
+        median = model.EXPERIMENT.metric("step_ms_median")
+        assert columns["step_ms_median"] == f"{median.meaning} (ms)"
+        fastest = _get(f"{base}/fastest_attention_per_seq.json?_shape=array", deadline)
+        ok = query(db, "SELECT seq, min(e2e_ms_median) AS m FROM attention_runs "
+                       "WHERE status = 'ok' AND e2e_ms_median IS NOT NULL GROUP BY seq")
+        assert {(r["seq"], r["e2e_ms_median"]) for r in fastest} <= {(r["seq"], r["m"]) for r in ok}
+        assert fastest and _get(f"{base}/latest_per_point.json?_shape=array", deadline)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # read-only
+
+
+def test_without_datasette_it_says_how_to_install_it(tmp_path, monkeypatch):
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "datasette" else find(name, *a))
+    db = build(tmp_path / "results.db")
+    result = invoke("browse", "--db", db)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("Error: cs336sys browse needs Datasette, an optional "
+                                     "extra: pip install 'cs336sys[browse]'")
+
+
+def test_browse_refuses_what_is_not_a_store(tmp_path):
+    result = invoke("browse", "--db", tmp_path / "missing.db")
+    assert result.exit_code == 2 and "no results store" in result.stderr
+    assert not (tmp_path / "missing.db").exists()
