@@ -233,7 +233,7 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     assert re.search(r"unchanged\s+p=0\.\d+$", _table_line(out, "precision=bf16"))
     assert re.search(r"1\.2\dx faster\s+p<0\.001$", _table_line(out, "precision=tf32"))
     assert "too few samples to tell  p=0.100" in _table_line(out, "precision=fp16")
-    assert re.search(r"1\.20x bigger\s+one reading$", _table_line(out, "memory"))
+    assert re.search(r"1\.20x bigger\s+one reading$", _table_line(out, "memory ", "peak bytes"))
     summary = ("5 points compared: 1 faster, 1 slower, 1 bigger, 1 unchanged, "
                "1 undecided (too few or no samples)")
     lines = out.splitlines()
@@ -551,3 +551,35 @@ def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch
     assert other.title() == C[:7] and other.subject == ""  # not a commit of this repository
     assert f"→ {second.title()}" in h.text()
     assert history_mod._tick(first) == f"{hashes[0][:7]} 05-04\nPlain step"
+
+
+def test_the_compare_report_draws_every_sample_of_both_sides(regress_db, tmp_path):
+    """Per experiment a strip plot: each compared point's samples on side A and on side B,
+    exactly the stored ones (the report's tables give only their medians)."""
+    from cs336sys.report.compare import compare
+    from cs336sys.report.select import Selection
+    from cs336sys.store.db import connect_readonly
+
+    conn = connect_readonly(regress_db)
+    try:
+        cmp = compare(conn, Selection(), "a1a1", "b2b2", EXPERIMENTS)
+        stored: dict[str, list[float]] = {}
+        for sha, samples in conn.execute(
+                "SELECT i.git_commit, r.samples FROM runs r JOIN invocations i ON i.id = "
+                "r.invocation_id WHERE r.experiment = 'model' AND r.status = 'ok'"):
+            stored.setdefault(sha, []).extend(json.loads(samples or "{}").get("step_ms", []))
+    finally:
+        conn.close()
+    (model_fig,) = [f for f in cmp.figures if f.name == "compare-model"]
+    strips = model_fig.plot.points
+    assert len(strips) == len([c for c in cmp.changes if c.experiment == "model"])
+    every_a = sorted(v for _, a, _ in strips for v in a)
+    every_b = sorted(v for _, _, b in strips for v in b)
+    # every model point ran on both sides: A's strips hold all of A's stored samples
+    assert every_a == sorted(stored[A]) and every_b == sorted(stored[B])
+    assert len(every_a) == 33  # 10 + 10 + 10 + 3
+    result = report(regress_db, tmp_path, "--compare", "a1a1", "b2b2", "--format", "md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    images = re.findall(r"!\[(model: [^\]]*every sample[^\]]*)\]\((report_files/[^)]+)\)", md)
+    assert images and (tmp_path / images[0][1]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

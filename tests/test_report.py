@@ -277,12 +277,13 @@ def test_lines_split_by_every_setting_and_gpu_and_name_only_what_differs():
         _row("A100", 128, 1.5), _row("A100", 256, 3.0),
         _row("H100", 128, 0.5, impl="triton"), _row("H100", 256, 0.7, impl="triton"),
         _row("H100", 128, 0.9, d_head=128, seed=1),  # another panel; the seed never matters
-        {**_row("H100", 512, 9.0), "status": "oom"},  # not a point on any line
+        {**_row("H100", 512, 9.0), "status": "oom"},  # on its line, without a value
+        {**_row("H100", 1024, 9.0), "status": "error"},  # on no line
     ]
     got = panels(rows, "seq", "ms", facet="d_head", first=("impl",))
     assert got == {
         "d_head=64": {
-            "impl=naive H100": [(128, 1.0), (256, 2.0)],
+            "impl=naive H100": [(128, 1.0), (256, 2.0), (512, None)],  # the plot marks the OOM
             "impl=naive A100": [(128, 1.5), (256, 3.0)],
             "impl=triton H100": [(128, 0.5), (256, 0.7)],
         },

@@ -212,3 +212,39 @@ def test_a_part_slower_than_its_whole_is_flagged_as_impossible():
     assert [r[at] for r in t.rows] == ["bwd > e2e", ""]
     assert "impossible: a part" in t.note
     assert "impossible" not in point_table(attention.TABLE, [close]).headers
+
+
+def test_coincident_series_stay_visible_and_an_oom_is_marked_where_it_failed(monkeypatch):
+    """Two series on the same points (triton under sdpa in reports/h100) get their own hollow
+    marker shapes and sizes; an out-of-memory point is a red cross at its size, in the
+    legend as 'out of memory'."""
+    from matplotlib.figure import Figure
+
+    from cs336sys.report.plots import Plot
+    from cs336sys.report.sections import series
+
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (drawn.append(self),
+                                                                  save(self, *a, **k)))
+
+    def row(impl, seq, ms, status="ok"):
+        s = {"impl": impl, "seq": seq, "d_head": 64}
+        return {**s, "status": status, "e2e": ms, "gpu": "H100", "_settings": s}
+
+    rows = [row(i, t, 1.0 * t) for i in ("sdpa", "triton") for t in (1024, 2048)]
+    rows += [row("naive", 1024, 3.0), row("naive", 2048, None, "oom")]
+    lines = series(rows, "seq", "e2e", first=("impl",))
+    assert lines["impl=naive"] == [(1024, 3.0), (2048, None)]
+    Plot.lines(lines, "seq", "ms", "t").draw()
+    (ax,) = [a for a in drawn[0].axes if a.get_visible()]
+    by_label = {line.get_label(): line for line in ax.lines}
+    sdpa, triton = by_label["impl=sdpa"], by_label["impl=triton"]
+    assert list(sdpa.get_xdata()) == list(triton.get_xdata())  # the same points
+    assert sdpa.get_marker() != triton.get_marker()
+    assert sdpa.get_markersize() > triton.get_markersize()
+    assert sdpa.get_markerfacecolor() == "none"
+    oom = by_label["out of memory"]
+    assert list(oom.get_xdata()) == [2048] and oom.get_marker() == "X"
+    legend = [t.get_text() for t in drawn[0].legends[0].get_texts()]
+    assert "out of memory" in legend

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD, judge
-from cs336sys.report.sections import Row, Table, num, point_labels, skey
+from cs336sys.report.sections import Figure, Row, Table, num, point_labels, skey
 from cs336sys.report.select import (
     Selection,
     SelectionError,
@@ -418,6 +418,8 @@ class Comparison:
     # Where a change may not be the code's (environments that differ), and experiments both
     # sides ran with no point in common (the settings that differ): for the reader.
     notes: list[str] = field(default_factory=list)
+    # Per experiment, every sample of each compared point on both sides (a strip plot).
+    figures: list[Figure] = field(default_factory=list)
 
     def counts(self) -> Counter:
         """Points by verdict word: faster, slower, bigger, ..., unchanged, undecided."""
@@ -472,7 +474,7 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
     """A against B, point by point, one table per experiment (in the declared order)."""
     declared = metrics(catalog)
     by_gpu = s.kind != "gpu"
-    changes, tables, notes = [], [], environment_differences(s)
+    changes, tables, figures, notes = [], [], [], environment_differences(s)
     for exp, metric in declared.items():
         pa = aggregate(s.a.get(exp, []), metric, by_gpu)
         pb = aggregate(s.b.get(exp, []), metric, by_gpu)
@@ -487,6 +489,8 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
             for k, name in zip(both, names, strict=True)
         ]
         changes += found
+        figures.append(_strips(exp, metric, [(c.point, pa[k], pb[k])
+                                             for c, k in zip(found, both, strict=True)], s.names))
         what = "median of the timed samples" if metric.timed else "one reading per run"
         tables.append(Table(
             f"{exp}: {metric.label} ({what})",
@@ -494,7 +498,30 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
             [[c.point, num(c.a), num(c.b), _ratio(c.ratio), c.verdict, c.how,
               f"{c.n_a}/{c.n_b}"] for c in found],
         ))
-    return Comparison(s.kind, a, b, changes, tables, notes)
+    return Comparison(s.kind, a, b, changes, tables, notes, figures)
+
+
+# At most this many points in one strip plot (the first ones; the table has every point).
+MAX_STRIPS = 30
+
+
+def _strips(exp: str, metric: Metric, points: list[tuple[str, Side, Side]],
+            names: tuple[str, str]) -> Figure:
+    """The strip plot of one experiment's compared points: each side's timed samples (or,
+    for a reading such as memory, one value per run)."""
+    from cs336sys.report.plots import Strips
+
+    def samples(side: Side) -> tuple[float, ...]:
+        return tuple(side.samples if metric.timed and side.samples else side.values)
+
+    shown = points[:MAX_STRIPS]
+    note = (f"The first {MAX_STRIPS} of {len(points)} points." if len(points) > MAX_STRIPS
+            else "")
+    plot = Strips(tuple((label, samples(a), samples(b)) for label, a, b in shown),
+                  metric.label, f"{exp}: every sample, A ({names[0]}) and B ({names[1]})",
+                  ("A", "B"))
+    return Figure(f"{exp}: {metric.label}, every sample of A and of B (the bar: the median)",
+                  f"compare-{exp}", plot=plot, note=note)
 
 
 def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any],

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 Series = dict[str, list[tuple[float, float]]]
 _MAX_COLS = 4
+_MARKERS = ("o", "s", "^", "D", "v", "P", "<", ">", "*", "h")
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,10 @@ class Plot:
 
     @property
     def informative(self) -> bool:
-        """Some line has two x values: a plot of lone points says nothing a table does not."""
-        return any(
-            len({x for x, _ in pts}) > 1 for series in self.panels.values() for pts in series.values()
-        )
+        """Some line has two measured x values: a plot of lone points says nothing a table
+        does not."""
+        return any(len({x for x, y in pts if y is not None}) > 1
+                   for series in self.panels.values() for pts in series.values())
 
     def draw(self) -> bytes:
         return panel_plot(self.panels, self.xlabel, self.ylabel, self.title, self.logx, self.logy)
@@ -84,6 +85,66 @@ class Bars:
 
     def draw(self) -> bytes:
         return bar_plot(self)
+
+
+@dataclass(frozen=True)
+class Strips:
+    """A strip plot of a comparison: per point, every sample of side A on one line and of
+    side B just under it (hollow dots, the median a bar), so two distributions that overlap
+    or split show as such, not only their medians."""
+
+    points: tuple[tuple[str, tuple[float, ...], tuple[float, ...]], ...]  # (label, A, B)
+    xlabel: str
+    title: str
+    names: tuple[str, str] = ("A", "B")
+
+    @property
+    def informative(self) -> bool:
+        return bool(self.points)
+
+    def draw(self) -> bytes:
+        return strip_plot(self)
+
+
+def strip_plot(plot: Strips) -> bytes:
+    """Strips as PNG bytes: one row per point, A above B."""
+    _import_matplotlib()
+    import statistics
+
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    n = len(plot.points)
+    fig = Figure(figsize=(7.0, 0.55 * n + 1.3), dpi=100)
+    ax = fig.subplots()
+    values = [v for _, a, b in plot.points for v in (*a, *b)]
+    for i, (_, a, b) in enumerate(plot.points):
+        y = n - 1 - i
+        for samples, dy, colour, marker, side in ((a, 0.15, "C0", "o", plot.names[0]),
+                                                  (b, -0.15, "C1", "s", plot.names[1])):
+            if not samples:
+                continue
+            ax.plot(samples, [y + dy] * len(samples), linestyle="none", marker=marker,
+                    markersize=4, markerfacecolor="none", color=colour,
+                    label=side if i == 0 else None)
+            ax.plot([statistics.median(samples)], [y + dy], linestyle="none", marker="|",
+                    markersize=12, markeredgewidth=2, color=colour)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([label if len(label) <= 40 else label[:39] + "…"
+                        for label, _, _ in reversed(plot.points)], fontsize=7)
+    ax.set_ylim(-0.6, n - 0.4)
+    if _spans_decades(values):
+        ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(short))
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_xlabel(plot.xlabel, fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    ax.set_title(plot.title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return buf.getvalue()
 
 
 class Drawer:
@@ -128,7 +189,7 @@ class Drawer:
         return list(self._pool.map(_draw, plots))
 
 
-def _draw(plot: Plot | Bars) -> bytes:
+def _draw(plot: Plot | Bars | Strips) -> bytes:
     return plot.draw()
 
 
@@ -175,13 +236,17 @@ def panel_plot(
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
     all_pts = [p for series in panels.values() for pts in series.values() for p in pts]
-    xs, ys = [p[0] for p in all_pts], [p[1] for p in all_pts]
+    xs, ys = [p[0] for p in all_pts], [p[1] for p in all_pts if p[1] is not None]
     int_x = all(float(x).is_integer() for x in xs)
     # Powers of two (seq 128..65536) read best on a base-2 axis; sizes in bytes on base 10.
     pow2_x = int_x and len(set(xs)) > 1 and all(x > 0 and int(x) & (int(x) - 1) == 0 for x in xs)
     logx = (_spans_decades(xs) or pow2_x) if logx is None else logx
     logy = _spans_decades(ys) if logy is None else logy
     labels = list(dict.fromkeys(k for s in panels.values() for k in s))
+    if any(p[1] is None for p in all_pts):
+        labels_with_oom = [*labels, "out of memory"]
+    else:
+        labels_with_oom = labels
     colours = {k: f"C{i % 10}" for i, k in enumerate(labels)}
     styles = {k: ("-", "--", ":", "-.")[(i // 10) % 4] for i, k in enumerate(labels)}
 
@@ -193,16 +258,29 @@ def panel_plot(
     width_px = 100 * (3.4 * cols + 3.0 * (cols == 1))
     longest = max((len(k) for k in labels), default=1)
     ncol = max(1, min(3, len(labels), int(0.95 * width_px // (5.3 * longest + 45))))
-    legend_rows = -(-len(labels) // ncol)
+    legend_rows = -(-len(labels_with_oom) // ncol)
     legend_in = 0.17 * legend_rows + 0.15  # inches: one line of 7-pt text per row
     fig = Figure(figsize=(width_px / 100, 3.0 * rows + legend_in),
                  dpi=100)
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    # Series that coincide (triton on sdpa, fp32 on bf16) stay visible: each has its own
+    # marker shape, hollow, the first ones largest, so markers drawn later sit inside them.
+    markers = {k: _MARKERS[i % len(_MARKERS)] for i, k in enumerate(labels)}
+    sizes = {k: max(3.0, 8.0 - 1.0 * (i % 6)) for i, k in enumerate(labels)}
+    oom_drawn = False
     for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
         for label, pts in series.items():
-            pts = sorted(p for p in pts if p[1] is not None)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3,
-                    color=colours[label], linestyle=styles[label], label=label)
+            measured = sorted(p for p in pts if p[1] is not None)
+            ax.plot([p[0] for p in measured], [p[1] for p in measured], marker=markers[label],
+                    markersize=sizes[label], markerfacecolor="none", markeredgewidth=1.1,
+                    linewidth=1.2, color=colours[label], linestyle=styles[label], label=label)
+            failed = [p[0] for p in pts if p[1] is None]
+            if failed:  # out of memory: a red cross on the axis at each size that failed
+                ax.plot(failed, [0.0] * len(failed), linestyle="none", marker="X",
+                        markersize=8, color="#c00000", clip_on=False, zorder=5,
+                        transform=ax.get_xaxis_transform(),
+                        label=None if oom_drawn else "out of memory")
+                oom_drawn = True
         if name:
             ax.set_title(name, fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
@@ -227,7 +305,8 @@ def panel_plot(
         ax.tick_params(labelsize=8)
     # The legend goes below the panels, in its own band, so many series never squeeze them.
     legend_h = legend_in / fig.get_figheight()
-    fig.legend(*_handles(axes, labels), loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    fig.legend(*_handles(axes, labels_with_oom), loc="lower center", ncol=ncol, fontsize=7,
+               frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.1 if cols > 1 else 0.12, right=0.98, top=1 - 0.45 / fig.get_figheight(),
                         bottom=legend_h + 0.55 / fig.get_figheight(), wspace=0.08, hspace=0.3)

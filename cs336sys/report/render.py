@@ -145,6 +145,10 @@ def build(
             report.compare_ab, report.compare_note = both.names, method(threshold)
             report.compare_summary = report.compared.summary()
             report.compare_notes = report.compared.notes
+            if report.compared.figures:
+                report.sections.insert(0, Section(
+                    "compare-samples", "Comparison: the samples of each point, A and B",
+                    figures=report.compared.figures))
         if history and rows:
             # its plots are drawn there, not by the Drawer
             report.history = build_history(rows, catalog, threshold=threshold)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.report.plots import Bars, Plot, Series
+from cs336sys.report.plots import Bars, Plot, Series, Strips
 
 Row = dict[str, Any]
 # Settings that say how a point was measured, not which point it is.
@@ -38,7 +38,7 @@ class Table:
 class Figure:
     title: str
     name: str  # file name stem, unique in the report
-    plot: Plot | Bars | None = None  # drawn into `png` by render.build, all plots at once
+    plot: Plot | Bars | Strips | None = None  # drawn into `png` by render.build, all at once
     png: bytes = b""
     note: str = ""  # under the plot: what it leaves out ("showing 8 of 13 series; ...")
 
@@ -261,7 +261,8 @@ def panels(
     first: Sequence[str] = (),
 ) -> dict[str, Series]:
     """The ok rows as lines of (x, y): one line per point identity without `x` (GPU included),
-    in one panel per value of `facet` (one panel titled "" without it).
+    in one panel per value of `facet` (one panel titled "" without it). An out-of-memory
+    point is (x, None) on its line: the plot marks the size that failed.
 
     A line's label names only what tells it apart from the other lines (`impl=triton
     dtype=bf16`, plus the GPU when there are several), `first` keys leading; the same line
@@ -269,7 +270,8 @@ def panels(
     """
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
-        if r.get("status") == "ok" and r.get(x) is not None and r.get(y) is not None:
+        measured = r.get("status") == "ok" and r.get(y) is not None
+        if r.get(x) is not None and (measured or r.get("status") == "oom"):
             groups.setdefault((r.get("gpu"), skey(r, drop=(x,))), []).append(r)
     heads = [g[0] for g in groups.values()]
     keys = varying(heads, shown=(x, facet) if facet else (x,))
@@ -283,7 +285,8 @@ def panels(
         label = " ".join([f"{k}={text(s[k])}" for k in keys if s.get(k) is not None]
                          + ([text(g[0].get("gpu"))] if many_gpus else [])) or y
         panel = f"{facet}={text(s.get(facet))}" if facet else ""
-        out.setdefault(panel, {})[label] = [(r[x], r[y] * scale) for r in g]
+        out.setdefault(panel, {})[label] = [
+            (r[x], None if r.get("status") == "oom" else r[y] * scale) for r in g]
     return out
 
 
