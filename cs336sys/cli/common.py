@@ -265,9 +265,10 @@ class Bar:
             import threading
 
             typer.echo(f"{self.label}: {total} point(s)", err=True)
-            self._stop = threading.Event()
-            threading.Thread(target=self._heartbeat, args=(self._stop,), daemon=True,
-                             name="cs336sys-heartbeat").start()
+            if self.EVERY_S > 0:  # 0: a line at every step, nothing in between
+                self._stop = threading.Event()
+                threading.Thread(target=self._heartbeat, args=(self._stop,), daemon=True,
+                                 name="cs336sys-heartbeat").start()
         self._hook = on_step(self.tick)
         self._hook.__enter__()
 
@@ -292,7 +293,7 @@ class Bar:
     def _heartbeat(self, stop: Any) -> None:
         """Off a terminal: a line every EVERY_S seconds while a point runs without a step
         finishing (a long first step, a compile), from a timer, not the step loop."""
-        while not stop.wait(min(1.0, self.EVERY_S / 4)):
+        while not stop.wait(max(0.05, min(1.0, self.EVERY_S / 4))):
             now = time.monotonic()
             if self.current is not None and now - self._last >= self.EVERY_S:
                 self._last = now
