@@ -70,3 +70,27 @@ def test_a_line_comes_every_few_seconds_inside_a_long_point(capsys, monkeypatch)
     bar.finish()
     beats = [x for x in capsys.readouterr().err.splitlines() if "running" in x]
     assert len(beats) >= 2 and beats[0].startswith("model [1/1] tiny T=8: running, ")
+
+
+def test_interpreted_triton_that_would_run_for_hours_is_not_started(db_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    t0 = time.monotonic()
+    result = invoke("attention", "--impl", "triton", "--seq", "16384", "--d-head", "64",
+                    "--heads", "16", "--batch", "1", "--device", "cpu", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - t0 < 30  # decided, not run
+    (row,) = query(db_path, "SELECT status, error, est_s FROM attention_runs")
+    assert row["status"] == "skipped" and row["est_s"] > 3600
+    assert row["error"].startswith("skipped: Triton interpreted on a CPU would take ~")
+    assert row["error"].endswith("a shorter --seq, or --force runs it")
+
+
+def test_naive_attention_whose_scores_cannot_fit_is_not_started(db_path, monkeypatch):
+    """seq 16384 with 16 heads: 3 x 16 x 16384^2 fp32 scores, 48 GiB."""
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 16 * 2**30)
+    result = invoke("attention", "--impl", "naive", "--seq", "16384", "--d-head", "64",
+                    "--heads", "16", "--batch", "1", "--device", "cpu", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db_path, "SELECT status, error, est_peak_bytes FROM attention_runs")
+    assert row["status"] == "skipped" and "T x T scores 48 GiB" in row["error"]
+    assert row["est_peak_bytes"] == int(1.1 * (3 * 16 * 16384**2 * 4 + 8 * 16 * 16384 * 64 * 4))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Adapters, Label, Resume, Wide, list_option, option
+from cs336sys.cli.options import Adapters, Force, Label, Resume, Wide, list_option, option
 
 ListOpt = list[str] | None
 
@@ -42,6 +42,7 @@ def attention(
                            "skipped.", bool, "--skip-after-oom/--no-skip-after-oom") = True,
     device: option("auto, cpu, cuda or cuda:N.", str) = "auto",
     seed: option("Seed for the random inputs.", int) = 0,
+    force: Force = False,
     wide: Wide = False,
     resume: Resume = False,
     label: Label = None,

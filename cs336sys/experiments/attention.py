@@ -18,7 +18,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in
-from cs336sys.experiments import attention_section
+from cs336sys.experiments import attention_section, preflight
 from cs336sys.measure.check import check
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import STATS, summarize
@@ -507,7 +507,9 @@ EXPERIMENT = Experiment(
                                              for the atomic-dQ backward)
         """),
         *launch(("fwd", "bwd", "e2e")),
+        *preflight.METRICS,
     ),
+    estimate=preflight.attention_estimate,
     tables=(TABLE,),
     compare="e2e_ms",
     oom_axis="seq",

@@ -37,10 +37,13 @@ class Estimate:
     bytes: int
     parts: str  # "weights 7.4 GiB, gradients 7.4 GiB, AdamW 15 GiB, activations 2.1 GiB"
     seconds: float | None = None
+    too_long: str = ""  # why the point would run too long to start (interpreted kernels)
 
     def refusal(self, device: str) -> str | None:
-        """Why the point would not fit on `device` now (stored with it as skipped), or
-        None."""
+        """Why the point would not fit on `device` now, or run far too long (stored with
+        it as skipped), or None."""
+        if self.too_long:
+            return self.too_long
         free = available_bytes(device)
         if free is None or self.bytes <= free:
             return None
@@ -139,3 +142,43 @@ def available_bytes(device: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+# Triton's interpreter on a CPU (TRITON_INTERPRET=1) runs a kernel's every program in Python:
+# measured on this project's 2-core box, fwd+bwd of seq 256, d 32 (1.5e7 FLOPs) in 4.8 s.
+INTERPRETED_FLOPS = 3e6
+# An interpreted point estimated above this is not started unless forced.
+INTERPRETED_LIMIT_S = 180.0
+
+
+def attention_estimate(spec: Any) -> Estimate:
+    """An attention point: q, k, v, the output and their gradients, and the T x T scores,
+    probabilities and their gradient for the implementations that materialise them; time
+    from its FLOPs, with Triton under the interpreter at INTERPRETED_FLOPS."""
+    import os
+
+    from cs336sys.experiments.attention import flops_forward
+
+    size = 4 if spec.precision == "fp32" else 2
+    rows = spec.batch * (spec.heads or 1)
+    tensors = 8 * rows * spec.seq * spec.d_head * size  # q k v o, dq dk dv do
+    parts = {"inputs and gradients": tensors}
+    if spec.impl not in FUSED:
+        parts["T x T scores"] = 3 * rows * spec.seq * spec.seq * size
+    fwd = flops_forward(spec)
+    # each pass timed in its own loop: backward reruns the forward, end to end is both
+    flops = {"forward": fwd, "backward": 3.5 * fwd, "both": 8 * fwd}[spec.passes]
+    runs = spec.warmup + spec.iters + 1  # + the check against float64
+    interpreted = (spec.impl in ("triton", "yours-triton") and not spec.device.startswith("cuda")
+                   and os.environ.get("TRITON_INTERPRET") == "1")
+    rate = INTERPRETED_FLOPS if interpreted else flops_per_second(spec.device)
+    seconds = runs * flops / rate if rate else None
+    too_long = ""
+    if interpreted and seconds and seconds > INTERPRETED_LIMIT_S:
+        took = f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds / 60:.3g} min"
+        too_long = (f"Triton interpreted on a CPU would take ~{took} ({flops:.3g} FLOPs a run, "
+                    f"{runs} runs, at ~{INTERPRETED_FLOPS / 1e6:g} MFLOP/s interpreted); a "
+                    "shorter --seq, or --force runs it")
+    total = int(MARGIN * sum(parts.values()))
+    return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()), seconds,
+                    too_long)
