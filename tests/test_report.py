@@ -455,3 +455,21 @@ def test_db_export_selects_by_gpu_and_commit_as_report_does(store):
                 if r["gpu"] == "NVIDIA H100 80GB HBM3" and r["git_commit"].startswith("bbbb")]
     assert 0 < len(expected) < len(everything)
     assert [r["run_id"] for r in records] == expected
+
+
+def test_the_analytic_plan_comes_after_the_measured_sections_folded(store, tmp_path):
+    import shutil
+
+    db = shutil.copy(store, tmp_path / "with-plan.db")
+    planned = invoke("plan", "--size", "8b", "--hardware", "h100", "--db", db)
+    assert planned.exit_code == 0, planned.output
+    result = report(db, tmp_path)
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "report.html").read_text()
+    sections = re.findall(r'<section id="([^"]+)">', html)
+    assert sections[-1] == "plan" and len(sections) > 2
+    plan = html[html.index('<section id="plan">'):]
+    assert plan.index('<details class="analytic">') < plan.index("<table")
+    assert plan.index("</table>") < plan.index("</details>")
+    md = (tmp_path / "report.md").read_text()
+    assert re.findall(r"^## (.+)$", md, re.M)[-1].startswith("Plan")

@@ -295,3 +295,27 @@ def test_table_headers_say_mib_for_binary_bytes_and_gb_only_for_decimal():
     decimal = [h for h in headers if re.search(r"\b[KMGT]B\b", h)]
     assert sorted(decimal) == ["algbw GB/s", "busbw GB/s"]
     assert any("MiB" in h for h in headers)
+
+
+def test_memory_draws_its_accounted_parts_beside_the_measured_peak_and_step_time():
+    """Even at one sequence length (the line plot needs two): per point, the analytic parts
+    stacked, the measured peak as the total, the step time beside it."""
+    from cs336sys.experiments import memory_section
+    from cs336sys.report.sections import Section
+
+    def row(ckpt, peak, act, ms):
+        s = {"size": "tiny", "seq": 128, "batch": 2, "mode": "train", "precision": "fp32",
+             "checkpoint": ckpt}
+        return {**s, "_settings": s, "status": "ok", "peak_bytes": peak * 2**20,
+                "param_bytes": 10 * 2**20, "grad_bytes": 10 * 2**20, "optim_bytes": 20 * 2**20,
+                "act_bytes_analytic": act * 2**20, "step_ms_mean": ms}
+
+    sec = Section("memory", "Memory")
+    memory_section.section(sec, [row("none", 100, 55, 10.0), row("every:1", 60, 12, 13.0)])
+    (fig,) = [f for f in sec.figures if f.name == "memory-parts"]
+    bars = fig.plot.bars
+    assert [b.label for b in bars] == ["T=128 train none", "T=128 train every:1"]
+    assert [b.parts for b in bars] == [(10.0, 10.0, 20.0, 55.0), (10.0, 10.0, 20.0, 12.0)]
+    assert [(b.total, b.side) for b in bars] == [(100.0, 10.0), (60.0, 13.0)]
+    assert fig.plot.rest == "not in the accounting"
+    assert all(f.name != "memory-peak" for f in sec.figures)  # one seq: no line to draw

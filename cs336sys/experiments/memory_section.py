@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.experiments.model_section import SIZE
-from cs336sys.report.plots import Plot
+from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
     Figure,
     Row,
@@ -30,6 +30,11 @@ def section(sec: Section, pts: list[Row]) -> None:
     lines = series(pts, "seq", "peak_bytes", scale=2**-20, first=("size", "mode"))
     add_plot(sec, "Peak memory against context length", "memory-peak",
           Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
+    add_plot(sec, "Peak memory, its parts and the step time, point by point", "memory-parts",
+             _parts(pts), note="The stacked parts are the accounting (parameters, gradients, "
+             "AdamW's moments, the activations saved for backward where modelled); the number "
+             "above each bar is the measured peak, and grey the part of it the accounting "
+             "leaves out. Beside it, the step time: what checkpointing costs for what it saves.")
     left_out = 0
     for i, r in enumerate(pts):
         if not r.get("snapshot_png"):
@@ -43,6 +48,30 @@ def section(sec: Section, pts: list[Row]) -> None:
     if left_out:
         sec.notes.append(f"{left_out} memory timeline(s) left out: the stored path is not a PNG "
                          "that cs336sys wrote into the point's --snapshot folder on this machine.")
+
+
+# The analytic parts of a point's memory (experiments/memory.py), bottom first.
+PARTS = (("param_bytes", "parameters"), ("grad_bytes", "gradients"),
+         ("optim_bytes", "AdamW state"), ("act_bytes_analytic", "activations (analytic)"))
+
+
+def _parts(pts: list[Row]) -> Bars:
+    """Per measured point, the analytic parts stacked with the measured peak written above,
+    beside its step time: what checkpointing saves in memory and what it costs in time, even
+    for one sequence length (the line plot needs two)."""
+    bars = []
+    for r in pts:
+        if r.get("status") != "ok" or r.get("peak_bytes") is None:
+            continue
+        s = r["_settings"]
+        bars.append(Bar(text(s.get("size")),
+                        f"T={text(s.get('seq'))} {text(s.get('mode'))} {text(s.get('checkpoint'))}",
+                        tuple(None if r.get(k) is None else r[k] / 2**20 for k, _ in PARTS),
+                        total=r["peak_bytes"] / 2**20, side=r.get("step_ms_mean")))
+    return Bars(tuple(bars), tuple(name for _, name in PARTS),
+                "memory (MiB)",
+                "step time (ms, mean)", "Memory: accounted parts against the measured peak",
+                "Step time", rest="not in the accounting")
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

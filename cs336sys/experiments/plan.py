@@ -424,6 +424,7 @@ MEMORY = Table(
 EXPERIMENT = Experiment(
     kind="plan",
     title="Plan: parallelism from first principles against measured numbers",
+    analytic=True,
     spec=PlanSpec,
     run=run,
     metrics=(

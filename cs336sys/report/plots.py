@@ -77,6 +77,7 @@ class Bars:
     side_label: str
     title: str
     side_title: str = ""
+    rest: str = "rest of step"  # what the part of the total beyond the stacked parts is
 
     @property
     def informative(self) -> bool:
@@ -358,7 +359,7 @@ def bar_plot(plot: Bars) -> bytes:
         known = sum(p for p in b.parts if p is not None)
         rest = (b.total - known) if b.total is not None else 0.0
         rests.append(rest if b.total and rest > _REST * b.total else 0.0)
-    parts = [*plot.parts, *(["rest of step"] if any(rests) else [])]
+    parts = [*plot.parts, *([plot.rest] if any(rests) else [])]
     side = any(b.side is not None for b in plot.bars)
     n = len(plot.bars)
     width_in = min(12.4, max(7.0, 0.55 * n * (1.6 if side else 1.0) + 2.2))

@@ -135,7 +135,8 @@ def build(
         rows = both.rows if both else load(conn, sel, catalog, found)
         invs = both.invocations if both else invocations(conn, sel)
         report = Report(title, filters, _provenance(invs, rows))
-        for experiment in catalog:  # in the declared order
+        # in the declared order, the analytic ones (plan) after every measured one
+        for experiment in sorted(catalog, key=lambda e: e.analytic):
             if rows.get(experiment.kind):
                 linked = _kernels(conn, [r["run_id"] for r in rows[experiment.kind]])
                 report.sections.append(build_section(experiment, rows[experiment.kind], linked))

@@ -64,6 +64,7 @@ class Section:
     failures: list[Failure] = field(default_factory=list)
     # rows of the tables linked to runs (kernel_stats), by run id, for the kind's section
     linked: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    collapsed: bool = False  # an analytic section: last, folded in the HTML
 
 
 def build_section(experiment: Any, rows: list[Row],
@@ -73,7 +74,8 @@ def build_section(experiment: Any, rows: list[Row],
     then what its `section` adds (tables, plots), then why each point that is not ok is so."""
     from cs336sys.report.tables import point_tables
 
-    sec = Section(experiment.kind, experiment.title, linked=dict(linked or {}))
+    sec = Section(experiment.kind, experiment.title, linked=dict(linked or {}),
+                  collapsed=experiment.analytic)
     pts = latest(rows)
     which, suffix = experiment.apart or (lambda r: False, "")
     sec.tables.extend(point_tables(experiment.tables, pts, counts=True, lift=True,

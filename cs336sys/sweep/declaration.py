@@ -155,6 +155,9 @@ class Experiment:
     draws: bool = False  # the section draws plots (the report starts its plotting process early)
     # Rows shown in tables of their own: (which rows, a suffix for those tables' titles).
     apart: tuple[Callable[[Mapping[str, Any]], bool], str] | None = None
+    # Computed from formulas rather than measured (plan): a report shows it after the
+    # measured sections, folded (an HTML <details>), so it never buries them.
+    analytic: bool = False
     # What a point needs before it runs: estimate(spec) -> an object with `bytes`, `seconds`,
     # `refusal(device)` (why it cannot fit, or None) and `metrics()` (stored beside the
     # measurement); run_sweep skips a point that cannot fit unless forced.
