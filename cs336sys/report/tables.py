@@ -225,7 +225,7 @@ def as_text(tables: list[Table], width: int | None = None) -> str:
             lines.append(textwrap.fill(same, width, break_on_hyphens=False) if width else same)
         lines.append("\n\n".join(_blocks(t.headers, t.rows, width)))
         if t.note:
-            lines.append(t.note)
+            lines.append(textwrap.fill(t.note, width, break_on_hyphens=False) if width else t.note)
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
