@@ -518,8 +518,8 @@ def _strips(exp: str, metric: Metric, points: list[tuple[str, Side, Side]],
     note = (f"The first {MAX_STRIPS} of {len(points)} points." if len(points) > MAX_STRIPS
             else "")
     plot = Strips(tuple((label, samples(a), samples(b)) for label, a, b in shown),
-                  metric.label, f"{exp}: every sample, A ({names[0]}) and B ({names[1]})",
-                  ("A", "B"))
+                  metric.label, f"{exp}: every sample of each point",
+                  (f"A: {names[0]}", f"B: {names[1]}"))
     return Figure(f"{exp}: {metric.label}, every sample of A and of B (the bar: the median)",
                   f"compare-{exp}", plot=plot, note=note)
 
