@@ -319,3 +319,21 @@ def test_memory_draws_its_accounted_parts_beside_the_measured_peak_and_step_time
     assert [(b.total, b.side) for b in bars] == [(100.0, 10.0), (60.0, 13.0)]
     assert fig.plot.rest == "not in the accounting"
     assert all(f.name != "memory-peak" for f in sec.figures)  # one seq: no line to draw
+
+
+def test_profile_draws_each_points_top_kernels_by_phase():
+    from cs336sys.experiments import profile
+    from cs336sys.report.sections import Section
+
+    s = {"target": "model", "size": "small", "seq": 128, "mode": "train", "precision": "bf16"}
+    row = {**s, "_settings": s, "status": "ok", "run_id": "r1"}
+    kernels = [{"phase": "forward", "rank": 1, "name": "gemm", "calls": 4, "total_ms": 6.0,
+                "mean_ms": 1.5, "share": 0.6, "time_basis": "cuda"},
+               {"phase": "backward", "rank": 1, "name": "gemm", "calls": 8, "total_ms": 15.0,
+                "mean_ms": 1.9, "share": 0.7, "time_basis": "cuda"}]
+    sec = Section("profile", "Profile", linked={"r1": kernels})
+    profile.section(sec, [row])
+    (fig,) = sec.figures
+    assert fig.name == "profile-top-0"
+    assert fig.plot.items == (("gemm", 6.0, "forward"), ("gemm", 15.0, "backward"))
+    assert fig.plot.draw()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -270,20 +270,25 @@ def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
 
 
 def section(sec: Any, pts: list) -> None:
-    """The top kernels (or ops) of each phase of each profiled point (kernel_stats)."""
-    from cs336sys.report.sections import Table, num, pct
+    """The top kernels (or ops) of each phase of each profiled point (kernel_stats): a table,
+    and a plot of them by total time, one colour per phase."""
+    from cs336sys.report.plots import Ranked
+    from cs336sys.report.sections import Table, add_plot, num, pct
 
-    for r in pts:
+    for i, r in enumerate(pts):
         ks = sec.linked.get(r["run_id"], [])
         if not ks:
             continue
         what = r["size"] if r["target"] == "model" else f"{r['impl']} seq={r['seq']}"
+        title = f"Top kernels: {r['target']} {what} ({ks[0]['time_basis']} time)"
         sec.tables.append(Table(
-            f"Top kernels: {r['target']} {what} ({ks[0]['time_basis']} time)",
-            ["phase", "rank", "name", "calls", "total ms", "mean ms", "share"],
+            title, ["phase", "rank", "name", "calls", "total ms", "mean ms", "share"],
             [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["total_ms"]),
               num(k["mean_ms"]), pct(k["share"])] for k in ks],
         ))
+        add_plot(sec, title, f"profile-top-{i}", Ranked(
+            tuple((k["name"], k["total_ms"], k["phase"]) for k in ks if k["total_ms"]),
+            f"total time in the phase ({ks[0]['time_basis']}, ms)", title))
 
 
 # -- the declaration ------------------------------------------------------------------------

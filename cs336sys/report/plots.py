@@ -148,6 +148,46 @@ def strip_plot(plot: Strips) -> bytes:
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class Ranked:
+    """Horizontal bars, largest at the top, coloured by group: a profile's top kernels (or
+    ops) by total time, one colour per phase."""
+
+    items: tuple[tuple[str, float, str], ...]  # (name, value, group)
+    xlabel: str
+    title: str
+
+    @property
+    def informative(self) -> bool:
+        return len(self.items) > 1
+
+    def draw(self) -> bytes:
+        _import_matplotlib()
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+
+        items = sorted(self.items, key=lambda t: t[1])  # barh draws bottom up
+        groups = list(dict.fromkeys(g for _, _, g in self.items))
+        fig = Figure(figsize=(7.0, 0.26 * len(items) + 1.2), dpi=100)
+        ax = fig.subplots()
+        for group_index, group in enumerate(groups):
+            at = [i for i, t in enumerate(items) if t[2] == group]
+            ax.barh(at, [items[i][1] for i in at], color=f"C{group_index % 10}", label=group)
+        ax.set_yticks(range(len(items)))
+        ax.set_yticklabels([n if len(n) <= 48 else n[:47] + "…" for n, _, _ in items],
+                           fontsize=7)
+        ax.xaxis.set_major_formatter(FuncFormatter(short))
+        ax.tick_params(axis="x", labelsize=8)
+        ax.set_xlabel(self.xlabel, fontsize=9)
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend(fontsize=7, frameon=False, loc="lower right")
+        ax.set_title(self.title, fontsize=10)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", metadata={"Software": None})
+        return buf.getvalue()
+
+
 class Drawer:
     """Draws a report's plots, on every core where it can.
 
@@ -190,7 +230,7 @@ class Drawer:
         return list(self._pool.map(_draw, plots))
 
 
-def _draw(plot: Plot | Bars | Strips) -> bytes:
+def _draw(plot: Plot | Bars | Strips | Ranked) -> bytes:
     return plot.draw()
 
 

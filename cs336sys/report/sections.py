@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.report.plots import Bars, Plot, Series, Strips
+from cs336sys.report.plots import Bars, Plot, Ranked, Series, Strips
 
 Row = dict[str, Any]
 # Settings that say how a point was measured, not which point it is.
@@ -38,7 +38,7 @@ class Table:
 class Figure:
     title: str
     name: str  # file name stem, unique in the report
-    plot: Plot | Bars | Strips | None = None  # drawn into `png` by render.build, all at once
+    plot: Plot | Bars | Strips | Ranked | None = None  # drawn by render.build, all at once
     png: bytes = b""
     note: str = ""  # under the plot: what it leaves out ("showing 8 of 13 series; ...")
 
@@ -89,7 +89,8 @@ def build_section(experiment: Any, rows: list[Row],
     return sec
 
 
-def add_plot(sec: Section, title: str, name: str, plot: Plot | Bars, note: str = "") -> None:
+def add_plot(sec: Section, title: str, name: str, plot: Plot | Bars | Strips | Ranked,
+             note: str = "") -> None:
     """Add the plot to the section unless it is only lone points (see Plot.informative)."""
     if plot.informative:
         sec.figures.append(Figure(title, name, plot=plot, note=note))
