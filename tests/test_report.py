@@ -46,7 +46,7 @@ def test_golden_markdown(store, tmp_path):
     assert got == GOLDEN.read_text()
     # the images the markdown references are written beside it, as PNG files
     refs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", got)
-    assert len(refs) == 9
+    assert len(refs) == 11
     for ref in refs:
         assert (tmp_path / ref).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.stdout.splitlines()[0] == str(tmp_path / "report.md")
@@ -80,7 +80,7 @@ def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path
         html = (folder / "report.html").read_text()
         return re.findall(r'src="data:image/png;base64,([^"]+)"', html)
 
-    assert len(images(tmp_path / "here")) == 9
+    assert len(images(tmp_path / "here")) == 11
     assert images(tmp_path / "forked") == images(tmp_path / "here")
 
 
@@ -92,7 +92,8 @@ def test_html_is_self_contained_and_escapes_hostile_settings(store, tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "&lt;b&gt;T&lt;/b&gt;" in html
     assert "it&#39;s &#34;quoted&#34;" in html
     # every plot embedded, nothing that loads from elsewhere
-    assert html.count('src="data:image/png;base64,') == 9  # the model's step chart, memory's parts, profile's kernels
+    # with the step, memory-parts, kernels, ddp-steps and precision plots
+    assert html.count('src="data:image/png;base64,') == 11
     assert not re.search(r"(src|href)\s*=\s*[\"']?\s*(https?:)?//", html, re.I)
     assert not re.search(r"url\(|@import|<link|<script|<iframe", html, re.I)
     for title in ("Model:", "Attention:", "Memory: peaks", "Memory: saved", "Collectives:",

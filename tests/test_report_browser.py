@@ -77,8 +77,8 @@ def test_report_in_headless_chromium(tmp_path):
     dom, urls = _open(exe, tmp_path / "out" / "report.html", tmp_path)
     for sec in SECTIONS:
         assert f'<section id="{sec}">' in dom, sec
-    # the model's step chart, memory's parts, profile's kernels, the comparison's samples
-    assert dom.count('<img src="data:image/png;base64,') == 10
+    # with the step, memory-parts, kernels, ddp-steps, precision and compare-samples plots
+    assert dom.count('<img src="data:image/png;base64,') == 12
     assert not urls, urls
     # The check can see a page's request: a canary page with a remote image is caught.
     canary = tmp_path / "canary.html"

@@ -337,3 +337,43 @@ def test_profile_draws_each_points_top_kernels_by_phase():
     assert fig.name == "profile-top-0"
     assert fig.plot.items == (("gemm", 6.0, "forward"), ("gemm", 15.0, "backward"))
     assert fig.plot.draw()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
+    from cs336sys.experiments import ddp_section
+    from cs336sys.report.sections import Section
+
+    def row(impl, step, comm, tokens, bucket=None, sharding="none"):
+        s = {"impl": impl, "world_size": 2, "bucket_mb": bucket, "optimizer_sharding": sharding,
+             "size": "tiny", "seq": 64}
+        return {**s, "_settings": s, "status": "ok", "step_ms_mean": step, "comm_ms_mean": comm,
+                "tokens_per_s": tokens}
+
+    sec = Section("ddp", "DDP")
+    ddp_section.section(sec, [row("flat", 100.0, 30.0, 50.0),
+                              row("bucketed", 80.0, 10.0, 60.0, bucket=25),
+                              row("torch", 90.0, 20.0, 55.0, sharding="zero")])
+    (fig,) = [f for f in sec.figures if f.name == "ddp-steps"]
+    assert [(b.group, b.label, b.parts, b.total, b.side) for b in fig.plot.bars] == [
+        ("2 ranks", "flat", (70.0, 30.0), 100.0, 50.0),
+        ("2 ranks", "bucketed 25 MiB", (70.0, 10.0), 80.0, 60.0),
+        ("2 ranks", "torch opt zero", (70.0, 20.0), 90.0, 55.0),
+    ]
+
+
+def test_precision_draws_each_accumulation_error_on_a_log_axis():
+    """The four variants of adding 0.01 a thousand times, run for real: each nonzero error a
+    bar of exactly the stored |result - target| (fp32 and fp16 over two decades apart)."""
+    from cs336sys.experiments import precision
+    from cs336sys.report.sections import Section
+    from cs336sys.report.tables import row_of
+
+    specs = precision.accumulate_specs(device="cpu")
+    rows = [row_of(s, precision.run(s)) for s in specs]
+    sec = Section("precision", "Precision")
+    precision.section(sec, rows)
+    (fig,) = sec.figures
+    drawn = {name.split(" ")[0]: value for name, value, _ in fig.plot.items}
+    assert drawn == {r["variant"]: r["abs_error"] for r in rows if r["abs_error"]}
+    assert fig.plot.logx and max(drawn.values()) / min(drawn.values()) > 100  # decades apart
+    assert fig.plot.draw()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,7 @@ the analytic figure, and the bucket-size sweep."""
 from __future__ import annotations
 
 from cs336sys.experiments.model_section import SIZE
-from cs336sys.report.plots import Plot
+from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import Row, Section, add_plot, left_out, mib, series, text, with_gpu
 
 
@@ -24,6 +24,10 @@ def section(sec: Section, pts: list[Row]) -> None:
         m.note = ("Rank 0, in the step after warm-up. Parameters and gradients just before the "
                   "optimizer step, optimizer state just after it; 'live' counts everything.")
         sec.tables.append(m)
+    add_plot(sec, "Step time split into waiting on communication and the rest", "ddp-steps",
+             _steps(pts), note="The step's mean time, the part rank 0 was blocked on gradient "
+             "communication at the top (fsdp: its gathers and reduce-scatters); beside it, "
+             "tokens per second across the ranks.")
     every = series(pts, "bucket_mb", "step_ms_mean", first=("impl", "world_size"))
     lines = {k: v for k, v in every.items() if len(v) > 1}  # the bucketed sweeps only
     add_plot(sec, "Bucket-size sweep", "ddp-buckets",
@@ -31,3 +35,31 @@ def section(sec: Section, pts: list[Row]) -> None:
                      logx=True),
           note=left_out(list(lines), list(every),
                         "series (those with one bucket size are in the table)"))
+
+
+def _steps(pts: list[Row]) -> Bars:
+    """Per measured point: its step time, the communication it waited on stacked on the
+    rest, grouped by world size; tokens per second beside."""
+    bars = []
+    for r in pts:
+        step, comm = r.get("step_ms_mean"), r.get("comm_ms_mean")
+        if r.get("status") != "ok" or step is None:
+            continue
+        s = r["_settings"]
+        label = " ".join(x for x in (text(s.get("impl")), _bucket(s), _sharded(s)) if x)
+        wait = min(comm, step) if comm is not None else None
+        bars.append(Bar(f"{text(s.get('world_size'))} ranks", label,
+                        (None if wait is None else step - wait, wait), total=step,
+                        side=r.get("tokens_per_s")))
+    return Bars(tuple(bars), ("compute and the rest", "waiting on communication"),
+                "step time (ms, mean)", "tokens/s", "DDP: step time and what it waits on",
+                "Throughput")
+
+
+def _bucket(s: dict) -> str:
+    return f"{text(s['bucket_mb'])} MiB" if s.get("impl") == "bucketed" and s.get("bucket_mb") else ""
+
+
+def _sharded(s: dict) -> str:
+    sharding = s.get("optimizer_sharding")
+    return f"opt {text(sharding)}" if sharding not in (None, "none", "") else ""

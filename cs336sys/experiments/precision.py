@@ -376,11 +376,29 @@ AUTOCAST = Table(
     where={"kind": "autocast"},
 )
 
+def section(sec: Any, pts: list) -> None:
+    """The accumulation error of each variant, on a log axis: fp32 and fp16 differ by over two
+    decades. A variant that came out exact has no bar (a log axis has no zero)."""
+    from cs336sys.report.plots import Ranked
+    from cs336sys.report.sections import add_plot
+
+    rows = [r for r in pts if r["_settings"].get("kind") == "accumulate"
+            and r.get("status") == "ok" and r.get("abs_error") is not None]
+    exact = [r["variant"] for r in rows if not r["abs_error"]]
+    add_plot(sec, "Accumulation error by variant", "precision-accumulate", Ranked(
+        tuple((f"{r['variant']} ({r['additions']} additions)", r["abs_error"],
+               f"accumulator {r['accumulator_dtype']}") for r in rows if r["abs_error"]),
+        "|result - exact sum| (log scale)", "Accumulating in low precision: the error",
+        logx=True), note=f"Exact, so not drawn: {', '.join(exact)}." if exact else "")
+
+
 EXPERIMENT = Experiment(
     kind="precision",
     title="Precision: accumulation and autocast",
     spec=(AccumulateSpec, AutocastSpec),
     run=run,
+    section=section,
+    draws=True,
     settings=tuple(dict.fromkeys(("kind", *settings_keys(AccumulateSpec),
                                   *settings_keys(AutocastSpec)))),
     metrics=(

@@ -156,6 +156,7 @@ class Ranked:
     items: tuple[tuple[str, float, str], ...]  # (name, value, group)
     xlabel: str
     title: str
+    logx: bool = False  # values that span decades (errors)
 
     @property
     def informative(self) -> bool:
@@ -176,7 +177,10 @@ class Ranked:
         ax.set_yticks(range(len(items)))
         ax.set_yticklabels([n if len(n) <= 48 else n[:47] + "…" for n, _, _ in items],
                            fontsize=7)
-        ax.xaxis.set_major_formatter(FuncFormatter(short))
+        if self.logx:
+            ax.set_xscale("log")
+        else:
+            ax.xaxis.set_major_formatter(FuncFormatter(short))
         ax.tick_params(axis="x", labelsize=8)
         ax.set_xlabel(self.xlabel, fontsize=9)
         ax.grid(True, axis="x", alpha=0.3)
