@@ -113,7 +113,6 @@ def strip_plot(plot: Strips) -> bytes:
     import statistics
 
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
 
     n = len(plot.points)
     fig = Figure(figsize=(7.0, 0.55 * n + 1.3), dpi=100)
@@ -134,14 +133,23 @@ def strip_plot(plot: Strips) -> bytes:
     ax.set_yticklabels([label if len(label) <= 40 else label[:39] + "…"
                         for label, _, _ in reversed(plot.points)], fontsize=7)
     ax.set_ylim(-0.6, n - 0.4)
-    if _spans_decades(values):
+    return _value_axis_png(fig, ax, plot.xlabel, plot.title, _spans_decades(values), "upper right")
+
+
+def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -> bytes:  # noqa: ANN001
+    """The PNG of a plot whose values run along x (strips, ranked bars): the value axis,
+    its grid, the legend and the title."""
+    from matplotlib.ticker import FuncFormatter
+
+    if logx:
         ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(short))
+    else:
+        ax.xaxis.set_major_formatter(FuncFormatter(short))
     ax.tick_params(axis="x", labelsize=8)
-    ax.set_xlabel(plot.xlabel, fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, frameon=False, loc="upper right")
-    ax.set_title(plot.title, fontsize=10)
+    ax.legend(fontsize=7, frameon=False, loc=legend)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -165,7 +173,6 @@ class Ranked:
     def draw(self) -> bytes:
         _import_matplotlib()
         from matplotlib.figure import Figure
-        from matplotlib.ticker import FuncFormatter
 
         items = sorted(self.items, key=lambda t: t[1])  # barh draws bottom up
         groups = list(dict.fromkeys(g for _, _, g in self.items))
@@ -177,19 +184,7 @@ class Ranked:
         ax.set_yticks(range(len(items)))
         ax.set_yticklabels([n if len(n) <= 48 else n[:47] + "…" for n, _, _ in items],
                            fontsize=7)
-        if self.logx:
-            ax.set_xscale("log")
-        else:
-            ax.xaxis.set_major_formatter(FuncFormatter(short))
-        ax.tick_params(axis="x", labelsize=8)
-        ax.set_xlabel(self.xlabel, fontsize=9)
-        ax.grid(True, axis="x", alpha=0.3)
-        ax.legend(fontsize=7, frameon=False, loc="lower right")
-        ax.set_title(self.title, fontsize=10)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", metadata={"Software": None})
-        return buf.getvalue()
+        return _value_axis_png(fig, ax, self.xlabel, self.title, self.logx, "lower right")
 
 
 class Drawer:
