@@ -5,6 +5,7 @@ through (a traceback, an error row, a write) gets a line here."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -166,3 +167,26 @@ def test_an_empty_or_new_file_becomes_a_store(tmp_path):
     for path in (empty, tmp_path / "new" / "results.db"):
         with Store(path, EXPERIMENTS) as s:
             assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 0}]
+
+
+@pytest.mark.parametrize("command", [["sql", "select 1"], ["report", "--out", "{out}"],
+                                     ["db", "export"], ["model", "--size", "tiny"]])
+@pytest.mark.parametrize("kind", ["character device", "named pipe"])
+def test_a_store_that_is_not_a_file_is_refused(tmp_path, command, kind):
+    """/dev/null read as an empty store and took writes into nothing; a FIFO hung the
+    command. Either is one line and exit 2 now, in every command that opens a store."""
+    if kind == "named pipe":
+        db = tmp_path / "pipe.db"
+        os.mkfifo(db)
+    else:
+        db = Path("/dev/null")
+    args = [a.replace("{out}", str(tmp_path / "out")) for a in command]
+    result = invoke(*args, "--db", db)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    what = "a named pipe (FIFO)" if kind == "named pipe" else "a character device"
+    assert line == f"Error: {db} is {what}, not a file: a results store is a file"
+    assert not (tmp_path / "out").exists()
+    merged = invoke("db", "merge", db, "--db", tmp_path / "r.db")
+    assert merged.exit_code == 2 and "not a file" in merged.stderr
+    assert not (tmp_path / "r.db").exists()

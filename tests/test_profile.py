@@ -363,3 +363,23 @@ def test_profile_on_cuda_finds_the_backward_kernels(db_path):
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
     assert run["bwd_profiled_ms_mean"] > run["fwd_profiled_ms_mean"] > 0
+
+
+def test_a_trace_that_would_overwrite_a_store_is_refused(db_path, tmp_path):
+    """--trace naming the store itself, or another results store: one line, exit 2, both
+    stores byte for byte as they were."""
+    import hashlib
+
+    from cs336sys.store import Store
+
+    other = tmp_path / "other.db"
+    for path in (db_path, other):
+        Store(path, EXPERIMENTS).close()
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (db_path, other)}
+    for trace, said in ((db_path, "is the results store (--db)"), (other, "is a SQLite database")):
+        result = invoke("profile", "model", *MICRO, "--seq", "8", "--trace", trace,
+                        "--db", db_path)
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.strip().splitlines()
+        assert said in line and "the trace would overwrite it" in line
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (db_path, other)} == before

@@ -119,7 +119,7 @@ def _profile_points(ctx, target, point_specs, options):
     if trace is not None and (nsys or nvtx):
         fail("--trace writes torch.profiler's trace, which --nsys/--nvtx do not run")
     if trace is not None:
-        _check_writable(trace)
+        _check_writable(trace, options["db"])
 
     def specs(**point_options):
         return exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
@@ -150,10 +150,20 @@ def _command_line(ctx: typer.Context) -> list[str]:
     return out
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, db: Path) -> None:
+    """Refuse a --trace that cannot be written, or whose writing would replace a store
+    (this command's --db, or any file that starts as SQLite does)."""
+    from cs336sys.store.db import SQLITE_HEADER
+
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         fail(f"--trace: {path} is a directory")
+    if path.is_file():
+        if Path(db).exists() and os.path.samefile(path, db):
+            fail(f"--trace: {path} is the results store (--db); the trace would overwrite it")
+        with open(path, "rb") as f:
+            if f.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                fail(f"--trace: {path} is a SQLite database; the trace would overwrite it")
     if not parent.is_dir():
         fail(f"--trace: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

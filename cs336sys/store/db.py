@@ -33,15 +33,30 @@ class StoreError(Exception):
     """The store cannot be opened or used; the message is meant for the user."""
 
 
+def _kind_of(path: Path) -> str:
+    """What a path that exists but is no regular file or directory is, in words."""
+    import stat
+
+    mode = path.stat().st_mode
+    for test, words in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
 def check_path(path: str | Path) -> Path:
     """Refuse, before anything is written or created, a path that cannot be a results store:
-    a directory, a path under a file, a file that is not SQLite, and a SQLite database that
+    a directory, a device, pipe or socket, a path under a file, a file that is not SQLite, and a SQLite database that
     is not a results store (someone's own database: never written into, not even its journal
     mode). A missing or empty file, or a SQLite database with nothing in it, is fine: it
     becomes a store."""
     path = Path(path)
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
+    if path.exists() and not path.is_file():  # stat follows a symlink to what it names
+        # /dev/null read as an empty store and took writes into nothing; a FIFO hung
+        raise StoreError(f"{path} is {_kind_of(path)}, not a file: a results store is a file")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
