@@ -177,7 +177,7 @@ def point_labels(heads: list[Row]) -> list[str]:
             for r in heads]
 
 
-def timed_samples(row: Row) -> int | None:
+def sample_count(row: Row) -> int | None:
     """How many timed samples a row's statistics come from: its `iters` setting, when it
     has one."""
     n = row.get("iters")
@@ -189,7 +189,7 @@ def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
     m, s = row.get(mean), row.get(std)
     if m is None:
         return status_or(row, "")
-    if timed_samples(row) == 1:
+    if sample_count(row) == 1:
         return status_or(row, f"{num(m, digits)} (n=1)")
     return status_or(row, num(m, digits) + ("" if s is None else f" ± {num(s, 2)}"))
 

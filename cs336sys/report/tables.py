@@ -21,10 +21,10 @@ from cs336sys.report.sections import (
     mib,
     num,
     pct,
+    sample_count,
     skey,
     status_or,
     text,
-    timed_samples,
     with_gpu,
 )
 from cs336sys.sweep.declaration import Column, Ratio
@@ -79,7 +79,7 @@ def noisy(row: Row, base: str) -> bool:
     std above NOISY of its mean, over at least NOISY_MIN_SAMPLES samples (when the row says
     how many)."""
     mean, std = row.get(f"{base}_mean"), row.get(f"{base}_std")
-    n = timed_samples(row)
+    n = sample_count(row)
     if n is not None and n < NOISY_MIN_SAMPLES:
         return False
     return row.get("status") == "ok" and bool(mean) and std is not None and std / mean > NOISY
