@@ -8,7 +8,8 @@ tensor counted, checkpointed groups keeping their inputs; without the T x T soft
 naive attention where a fused kernel runs), when training AdamW's two fp32 moments (8
 bytes a parameter); without gradients, the largest transient buffers of one block and the
 logits. Plus MARGIN for what the accounting leaves out (workspaces, the allocator's
-rounding). tests/test_preflight.py holds the estimate against the peak measured on a CPU.
+rounding). benchmarks/preflight_estimate.py sets the estimate against the peak measured on a
+CPU (1.06x to 1.24x on the CI box); tests/test_preflight.py holds it within 1x to 1.5x.
 
 Time: the point's FLOPs (models/flops.py, 3x the forward for a training step) over the
 device's rate, measured once per process with a matmul (a CPU) or its dense peak (a GPU),
@@ -145,7 +146,8 @@ def available_bytes(device: str) -> int | None:
 
 
 # Triton's interpreter on a CPU (TRITON_INTERPRET=1) runs a kernel's every program in Python:
-# measured on this project's 2-core box, fwd+bwd of seq 256, d 32 (1.5e7 FLOPs) in 4.8 s.
+# on this project's 2-core box fwd+bwd of seq 256, d 32 (1.5e7 FLOPs) took 4.5-4.8 s
+# (benchmarks/preflight_estimate.py measures it).
 INTERPRETED_FLOPS = 3e6
 # An interpreted point estimated above this is not started unless forced.
 INTERPRETED_LIMIT_S = 180.0
