@@ -156,6 +156,17 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The same after each test: what the tests left alive (modules imported on first use,
+    such as matplotlib and inductor, and their caches) joins the frozen objects once its
+    garbage is collected, so that the next test's gc.collect() walks only what that test
+    made. Freezing does not keep anything alive: an object whose count drops to zero is
+    freed as always; only a cycle among frozen objects waits for the end of the session."""
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_unconfigure(config):
     gc.unfreeze()  # collectable again when the interpreter exits (nanobind warns otherwise)
 
