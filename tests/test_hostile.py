@@ -19,6 +19,7 @@ BIG = "9" * 400
 ATTN = ["attention", "--seq", "32", "--d-head", "16", "--batch", "1", "--device", "cpu"]
 COMM = ["comm", "--bytes", "1KB", "--world-size", "2"]
 DDP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2"]
+PLAN = ["--size", "tiny", "--hardware", "h100", "--strategy", "dp", "--n", "2"]
 
 # (what, arguments; {store}, {file}, {foreign}, {truncated}, {corrupted} are filled in)
 CASES = [
@@ -29,6 +30,23 @@ CASES = [
     ("report on a foreign store", ["report", "--db", "{foreign}", "--out", "{out}"], "not a results store"),
     ("report on a truncated store", ["report", "--db", "{truncated}", "--out", "{out}"], "cannot"),
     ("report on a corrupted store", ["report", "--db", "{corrupted}", "--out", "{out}"], "malformed"),
+    # a damaged store is refused before anything is written into it or beside it
+    ("plan into a corrupted store", ["plan", *PLAN, "--db", "{corrupted}"], "is damaged (SQLite's quick_check: "),
+    ("accumulate into a corrupted store", ["precision", "accumulate", "--db", "{corrupted}"], "is damaged"),
+    ("model into a corrupted store", ["model", *MICRO, "--db", "{corrupted}"], "is damaged"),
+    ("merge a corrupted store", ["db", "merge", "{corrupted}", "--db", "{store}"], "is damaged"),
+    # a store of a newer schema: refused before the switch to WAL rewrites its header
+    ("model into a newer store", ["model", *MICRO, "--db", "{newer}"], "schema version 99, newer"),
+    ("plan into a newer store", ["plan", *PLAN, "--db", "{newer}"], "schema version 99, newer"),
+    ("merge into a newer store", ["db", "merge", "{store}", "--db", "{newer}"], "schema version 99, newer"),
+    ("merge a newer store", ["db", "merge", "{newer}", "--db", "{store}"], "schema version 99, newer"),
+    # a store that claims the current schema and lacks its columns (forged or cut by hand)
+    ("model into a forged store", ["model", *MICRO, "--db", "{forged}"], "its table runs lacks point_key, status"),
+    ("plan into a forged store", ["plan", *PLAN, "--db", "{forged}"], "lacks point_key, status"),
+    ("sql on a forged store", ["sql", "SELECT * FROM runs", "--db", "{forged}"], "lacks point_key, status"),
+    ("report on a forged store", ["report", "--db", "{forged}", "--out", "{out}"], "lacks point_key, status"),
+    ("merge a forged store", ["db", "merge", "{forged}", "--db", "{store}"], "lacks point_key, status"),
+    ("export a forged store", ["db", "export", "--db", "{forged}", "--out", "{out}"], "lacks point_key, status"),
     # times, paths and numbers out of range
     ("since 99999999d", ["report", "--since", "99999999d", "--out", "{out}"], "further back"),
     ("since 10000000000d", ["report", "--since", "10000000000d", "--out", "{out}"], "further back"),
@@ -105,16 +123,32 @@ def files(tmp_path, monkeypatch):
     foreign.commit()
     foreign.close()
     (here / "file").write_text("not a folder")
+    newer = here / "newer.db"
+    newer.write_bytes(data)
+    con = sqlite3.connect(newer)
+    con.execute("PRAGMA user_version = 99")
+    con.commit()
+    con.close()
+    forged = here / "forged.db"  # schema version 7's number, without two of its columns
+    forged.write_bytes(data)
+    con = sqlite3.connect(forged, isolation_level=None)
+    for kind, name in con.execute(
+            "SELECT type, name FROM sqlite_master WHERE type IN ('view', 'index') "
+            "AND sql IS NOT NULL").fetchall():
+        con.execute(f'DROP {kind.upper()} "{name}"')
+    for column in ("status", "point_key"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    con.close()
     names = {"store": store, "file": here / "file", "foreign": here / "foreign.db",
              "truncated": here / "truncated.db", "corrupted": here / "corrupted.db",
-             "out": tmp_path / "out"}
+             "newer": newer, "forged": forged, "out": tmp_path / "out"}
     return here, names
 
 
 def _check(here: Path, names: dict, args: list[str], message: str, env=None) -> None:
     before = _digest(here)
     argv = [a.format(**names) for a in args]
-    if "--db" not in argv and argv[0] not in ("db",) or argv[:2] == ["db", "export"]:
+    if "--db" not in argv and (argv[0] != "db" or argv[:2] == ["db", "export"]):
         argv += ["--db", str(names["store"])]
     result = invoke(*argv)
     assert result.exit_code == 2, (argv, result.output)
@@ -190,3 +224,44 @@ def test_a_store_that_is_not_a_file_is_refused(tmp_path, command, kind):
     merged = invoke("db", "merge", db, "--db", tmp_path / "r.db")
     assert merged.exit_code == 2 and "not a file" in merged.stderr
     assert not (tmp_path / "r.db").exists()
+
+
+def test_reading_a_store_a_killed_writer_left_creates_nothing_beside_it(files, tmp_path):
+    """A writer killed after its commit leaves rows in the `-wal` only; without the `-shm`
+    beside it, reading them needs a WAL recovery, which wrote a new `-shm` into the folder.
+    sql, report and db export read the committed row and leave the folder as it was."""
+    here, names = files
+    store = names["store"]
+    con = sqlite3.connect(store, isolation_level=None)
+    con.execute("PRAGMA journal_mode = WAL")
+    con.execute("PRAGMA wal_autocheckpoint = 0")
+    con.execute("UPDATE runs SET error = 'only in the wal'")
+    # what a killed writer leaves: its -wal, not checkpointed; the -shm then removed
+    wal_bytes = (here / "store.db-wal").read_bytes()
+    main_bytes = store.read_bytes()
+    con.close()  # (a clean close would checkpoint: put back what the kill left)
+    store.write_bytes(main_bytes)
+    (here / "store.db-wal").write_bytes(wal_bytes)
+    (here / "store.db-shm").unlink(missing_ok=True)
+    before = _digest(here)
+    out = invoke("sql", "SELECT error FROM runs", "--db", store)
+    assert out.exit_code == 0 and "only in the wal" in out.output, out.output
+    exported = invoke("db", "export", "--db", store, "--out", tmp_path / "runs.csv")
+    assert exported.exit_code == 0 and "only in the wal" in (tmp_path / "runs.csv").read_text()
+    assert invoke("report", "--db", store, "--out", tmp_path / "r").exit_code == 0
+    assert _digest(here) == before  # no -shm, and the -wal untouched
+
+
+def test_plan_on_a_store_another_plan_is_creating_finds_its_tables(tmp_path):
+    """Eight `plan --db new.db` at once: one opened its read-only lookup on the new file
+    after another had switched it to WAL and before that one had made the tables, and
+    failed with `no such table: runs` (its rows lost). The lookup now opens after this
+    process's own store has the tables."""
+    db = tmp_path / "new.db"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode = WAL")  # the first step of another process's open
+    con.close()
+    assert db.stat().st_size > 0
+    out = invoke("plan", *PLAN, "--db", db)
+    assert out.exit_code == 0, out.output
+    assert sqlite3.connect(db).execute("SELECT count(*) FROM plan_runs").fetchone()[0] == 1

@@ -118,11 +118,11 @@ def choices(
 
 
 def check_db(db: Path) -> None:
-    """Refuse a --db path that exists but is not a SQLite database, before any work."""
+    """Refuse a --db path that cannot take this command's rows, before any work."""
     from cs336sys.store.db import StoreError, check_path
 
     try:
-        check_path(db)
+        check_path(db, writing=True)
     except StoreError as exc:
         fail(exc)
 

@@ -151,7 +151,7 @@ def merge(
     from cs336sys.store.transfer import check_other, merge
 
     try:
-        check_path(db)
+        check_path(db, writing=True)
         check_other(other, db)
         counts = merge(db, other, EXPERIMENTS)
     except StoreError as exc:

@@ -81,26 +81,29 @@ def plan(
     with user_errors():
         specs = exp.specs(size=size, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
                           **shape)
-    conn = _reader(db)
-    try:
-        with recording(db, "plan", "none", label=label) as rec:
+    with recording(db, "plan", "none", label=label) as rec:
+        # The ddp lookup reads through a connection of its own, opened once recording has
+        # made the tables: opened before, on a new file that another `plan` was creating,
+        # it found no `runs` table.
+        conn = _reader(db)
+        try:
             # Rows of arithmetic, written in a burst: WAL's NORMAL sync (this connection only)
             # survives a crash of the process; only a power cut could lose the last rows,
             # which the same command writes again. FULL's sync per row cost a second here.
             rec.store.conn.execute("PRAGMA synchronous = NORMAL")
             points = run_sweep(exp.EXPERIMENT, specs, Beside(rec, conn), executor=exp.arithmetic)
             _show(exp, points)
-    finally:
-        if conn is not None:
-            conn.close()
+        finally:
+            if conn is not None:
+                conn.close()
 
 
 def _reader(db):  # noqa: ANN001, ANN202
-    """A read-only connection to the store for the ddp lookup, or None before it exists."""
+    """A read-only connection to the store for the ddp lookup (None if it cannot be read)."""
     from cs336sys.store.db import StoreError, connect_readonly
 
     try:
-        return connect_readonly(db, catalog) if db.exists() and db.stat().st_size else None
+        return connect_readonly(db, catalog)
     except StoreError:
         return None
 

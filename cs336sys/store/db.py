@@ -20,7 +20,7 @@ from cs336sys.store import schema
 from cs336sys.store.views import ensure_views
 from cs336sys.sweep.points import point_key
 
-__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "now",
+__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "damage", "now",
            "open_untouched", "point_key", "store_problem"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -45,12 +45,15 @@ def _kind_of(path: Path) -> str:
     return "not a regular file"
 
 
-def check_path(path: str | Path) -> Path:
+def check_path(path: str | Path, writing: bool = False) -> Path:
     """Refuse, before anything is written or created, a path that cannot be a results store:
-    a directory, a device, pipe or socket, a path under a file, a file that is not SQLite, and a SQLite database that
-    is not a results store (someone's own database: never written into, not even its journal
+    a directory, a device, pipe or socket, a path under a file, a file that is not SQLite, and a
+    SQLite database that is not a results store (someone's own database, or a file that
+    claims a schema version whose tables it lacks: never written into, not even its journal
     mode). A missing or empty file, or a SQLite database with nothing in it, is fine: it
-    becomes a store."""
+    becomes a store. `writing`: the caller will write, so a store of a newer schema than
+    this code's, or one whose pages are damaged (SQLite's quick_check), is refused too,
+    before the first write switches it to WAL."""
     path = Path(path)
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
@@ -70,6 +73,8 @@ def check_path(path: str | Path) -> Path:
             conn = open_untouched(path)
             try:
                 problem = None if _no_tables(conn) else store_problem(conn)
+                if writing and problem is None:
+                    problem = _unwritable(conn)
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
@@ -89,11 +94,37 @@ def _no_tables(conn: sqlite3.Connection) -> bool:
 
 def store_problem(conn: sqlite3.Connection) -> str | None:
     """Why the database behind `conn` is not a results store, or None when it is one: a
-    schema version and the tables every version has (meta, invocations, runs)."""
+    schema version and the tables and columns that version has."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not {"meta", "invocations", "runs"} <= tables or schema.version(conn) == 0:
         return "is a SQLite database but not a results store (it lacks cs336sys's tables)"
+    lacks = schema.lacking(conn)
+    if lacks:
+        return f"is not the results store it claims to be: {lacks}"
     return None
+
+
+def _unwritable(conn: sqlite3.Connection) -> str | None:
+    """Why a results store must not be written by this code: a newer schema (refused before
+    anything, where migrate would refuse it after the switch to WAL), or damaged pages.
+    quick_check reads every page once (https://sqlite.org/pragma.html#pragma_quick_check):
+    milliseconds for a store of a few MB."""
+    found = schema.version(conn)
+    if found > schema.SCHEMA_VERSION:
+        return (f"has schema version {found}, newer than this cs336sys knows "
+                f"({schema.SCHEMA_VERSION}); upgrade cs336sys")
+    return damage(conn)
+
+
+def damage(conn: sqlite3.Connection) -> str | None:
+    """'is damaged (...)' with the first fault SQLite's quick_check finds, on one line; None
+    when the pages read back whole. A store whose pages were cut or overwritten still opens,
+    and copies, without complaint: it fails at the first query that reads a broken page."""
+    verdict = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+    if verdict == "ok":
+        return None
+    fault = [line for line in verdict.splitlines() if not line.startswith("***")]
+    return f"is damaged (SQLite's quick_check: {' '.join(fault) or verdict})"
 
 
 def open_untouched(path: str | Path) -> sqlite3.Connection:
@@ -103,16 +134,49 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
     leaves them there (https://sqlite.org/wal.html, "Read-Only Databases"). When the store
     has no `-wal` file no connection has it open in WAL mode (SQLite keeps the file while
     one does), so it is read with `immutable=1`, which creates nothing and also reads from
-    read-only media; otherwise plain `mode=ro` reads the live WAL consistently. (A writer
-    that opens the store during the read is not seen by an immutable read.)
+    read-only media; with both a `-wal` and a `-shm` (a writer has it open, or was killed)
+    plain `mode=ro` reads the live WAL consistently. A `-wal` without its `-shm` (a writer
+    killed, the `-shm` removed) holds committed rows that only a WAL recovery reads, and the
+    recovery writes a new `-shm`: that store is read from a copy (see _read_a_copy). (A
+    writer that opens the store during an immutable read is not seen by it.)
     """
     path = Path(path)
     uri = path.resolve().as_uri()
-    wal = path.with_name(path.name + "-wal")
+    wal, shm = (path.with_name(path.name + end) for end in ("-wal", "-shm"))
+    if wal.exists() and not shm.exists():
+        conn = _read_a_copy(path, wal)
+        if conn is not None:
+            return conn
     uri += "?mode=ro" if wal.exists() else "?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
+    """The store and its WAL copied to a temporary folder, recovered there and read into
+    memory; None when a writer opened the store meanwhile (its `-shm` is back: read the
+    live file instead)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cs336sys-read-") as tmp:
+        copy = Path(tmp) / path.name
+        shutil.copyfile(path, copy)
+        try:
+            shutil.copyfile(wal, Path(tmp) / wal.name)
+        except FileNotFoundError:  # checkpointed and removed since: the copy has it all
+            pass
+        if path.with_name(path.name + "-shm").exists():
+            return None
+        source = sqlite3.connect(copy)
+        try:
+            memory = sqlite3.connect(":memory:", timeout=BUSY_TIMEOUT_S)
+            source.backup(memory)
+        finally:
+            source.close()
+    memory.execute("PRAGMA query_only = ON")
+    return memory
 
 
 def _dumps(obj: Any) -> str:
@@ -152,7 +216,7 @@ class Store:
     date with them; `ensure_views` does it for some."""
 
     def __init__(self, path: str | Path, experiments: Sequence[Any] | None = None):
-        self.path = check_path(path)
+        self.path = check_path(path, writing=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)

@@ -8,6 +8,7 @@ Views are derived, not migrated: see views.py.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from typing import Any
 
@@ -195,6 +196,41 @@ class SchemaError(Exception):
 
 def version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+@functools.cache
+def _columns_at(v: int) -> dict[str, frozenset[str]]:
+    """Every table of a store at version `v` and its columns: a new in-memory store migrated
+    to `v`, the reference a file claiming that version is held to."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        migrate(conn, v)
+        return {t: _columns(conn, t) for (t,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    finally:
+        conn.close()
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> frozenset[str]:
+    # PRAGMA takes no parameters; `table` comes from our own reference schema.
+    return frozenset(r[1] for r in conn.execute(f'PRAGMA main.table_info("{table}")'))
+
+
+def lacking(conn: sqlite3.Connection) -> str | None:
+    """What the store behind `conn` lacks of the tables and columns its version number
+    promises (a file that claims a version it does not have: forged, or cut by hand), in
+    words; None when nothing is missing, or for a version this code does not know."""
+    found = version(conn)
+    if not 0 < found <= SCHEMA_VERSION:
+        return None
+    for table, expected in _columns_at(found).items():
+        have = _columns(conn, table)
+        if not have:
+            return f"it lacks the table {table} that schema version {found} has"
+        if expected - have:
+            missing = ", ".join(sorted(expected - have))
+            return f"its table {table} lacks {missing}, which schema version {found} has"
+    return None
 
 
 def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:

@@ -32,6 +32,7 @@ from cs336sys.store.db import (
     Store,
     StoreError,
     check_path,
+    damage,
     open_untouched,
     store_problem,
 )
@@ -217,7 +218,7 @@ def snapshot(other: Path, dest: Path) -> int:
             try:
                 src.backup(dst)
                 found = schema.version(dst)
-                problem = store_problem(dst)
+                problem = store_problem(dst) or damage(dst)
                 if problem:
                     raise StoreError(f"{other} {problem}")
                 schema.migrate(dst)  # refuses a newer version; migrates an older one
