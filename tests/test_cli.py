@@ -50,6 +50,16 @@ def test_every_command_has_help_with_an_example():
         assert f"cs336sys {name}" in " ".join(result.stdout.split()), name
 
 
+def test_every_command_that_measures_takes_resume():
+    """What a Ctrl-C or SIGTERM leaves, the same command with --resume finishes."""
+    stores_no_measurement = {("env",), ("sql",), ("report",), ("browse",), ("plan",), ("db",),
+                             ("db", "export"), ("db", "merge"), ("precision",), ("profile",)}
+    measuring = [p for p in _command_paths() if tuple(p) not in stores_no_measurement]
+    assert {("precision", "autocast"), ("memory",), ("comm",)} <= {tuple(p) for p in measuring}
+    for path in measuring:
+        assert "--resume" in invoke(*path, "--help").stdout, path
+
+
 def test_hand_written_defaults_reach_the_help():
     """A default written into a help text survives rendering (Rich markup used to eat
     "[default: ...]" as a style tag)."""

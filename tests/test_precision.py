@@ -244,6 +244,20 @@ def test_accumulate_on_cuda_equals_cpu_arithmetic(db_path):
 # -- the CLI ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("command, first", [(["autocast", "--precision", "bf16,fp16"], 2),
+                                            (["accumulate", "--variant", "fp32,fp16"], 2)])
+def test_resume_skips_the_cases_already_stored(db_path, command, first):
+    args = ["precision", *command, "--device", "cpu", "--resume", "--db", db_path]
+    out = invoke(*args)
+    assert out.exit_code == 0, out.output
+    assert f"{first} point(s) stored" in out.stderr
+    again = invoke(*args)
+    assert again.exit_code == 0, again.output
+    assert f"--resume: skipping {first} point(s)" in again.stderr
+    assert "0 point(s) stored" in again.stderr
+    assert len(rows(db_path)) == first
+
+
 def test_help_of_the_group_and_each_subcommand_has_an_example():
     for args in (["precision"], ["precision", "accumulate"], ["precision", "autocast"]):
         result = invoke(*args, "--help")

@@ -163,3 +163,39 @@ def test_ranks_end_with_torchruns_agent(tmp_path):
     gone_within(pids, 5.0)
     agent.communicate(timeout=30)
     assert all(port_free(p) for p in ports)
+
+
+MODEL_SWEEP = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers",
+               "2", "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--iters", "20",
+               "--device", "cpu", "--seq", "32,64,96,128,160,192,224,256"]
+DDP_SWEEP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2", "--iters", "3"]
+
+
+@pytest.mark.parametrize("args, sig", [(MODEL_SWEEP, signal.SIGINT), (LONG, signal.SIGINT),
+                                       (LONG, signal.SIGTERM), (DDP_SWEEP, signal.SIGINT)],
+                         ids=["model-int", "comm-int", "comm-term", "ddp-int"])
+@pytest.mark.parametrize("after_s", [0.15, 0.8, 2.5])
+def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, after_s):
+    """Ctrl-C or SIGTERM while the command starts (typer, torch, the ranks) or sweeps: exit
+    130 or 143, no traceback, no process left, and a last line that says what was stored
+    (nothing, or N points and --resume). A Ctrl-C that torch's import swallowed let the
+    sweep run to the end with exit 0; one during comm's rank start-up killed it by the
+    signal."""
+    db = tmp_path / "r.db"
+    proc = start(args, db)
+    time.sleep(after_s)
+    below = descendants(proc.pid)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, (after_s, err)
+    assert "Traceback" not in err and "leaked semaphore" not in err, err
+    last = err.strip().splitlines()[-1]
+    word = "Interrupted" if sig == signal.SIGINT else "Terminated (SIGTERM)"
+    if last == f"{word}: this command stored nothing":
+        assert not db.exists() or not query(db, "SELECT id FROM runs")
+    else:
+        assert "point(s) stored in" in last and "--resume" in last, err
+        stored = int(last.split(": ", 1)[1].split()[0])
+        assert len(query(db, "SELECT id FROM runs")) == stored
+        assert query(db, "SELECT exit_status FROM invocations") == [{"exit_status": 128 + sig}]
+    gone_within(below | descendants(proc.pid), 10.0)

@@ -183,6 +183,60 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_was_stored(monkeypatch):
     assert events.events[-1] == ("finish",)
 
 
+def test_a_ctrl_c_an_import_swallowed_stops_the_sweep_at_the_next_point():
+    """torch's C extension swallows a KeyboardInterrupt raised while it imports numpy; the
+    signal is remembered (sweep/stopping.py) and raised again before the next point."""
+    import signal
+
+    from cs336sys.sweep import stopping
+
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stopping.install()
+    try:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # what the import did with it
+        sink = ListSink()
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(TOY, [Toy(1), Toy(2)], sink)
+        assert sink.added == []
+        assert stopping.untold() == "Interrupted: this command stored nothing"
+        assert stopping.exit_code() == 130
+    finally:
+        stopping.reset()
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+@pytest.mark.parametrize("signal_after", ["Terminated", "WorkerError"])
+def test_a_stop_after_the_last_point_of_a_process_group_stores_nothing_more(
+        monkeypatch, signal_after):
+    """SIGTERM while the ranks are reaped after the last point was stored: the runner
+    looked up the point that was running (none) and raised IndexError."""
+    from cs336sys.parallel import launcher
+    from cs336sys.sweep.result import Result
+    from cs336sys.sweep.stopping import Terminated
+
+    def launch(fn, world, backend, args, on_emit):
+        todo, _ = args
+        for i in range(len(todo)):
+            on_emit((i, Result("ok", metrics={"sum": 1, "ranks": world})))
+        if signal_after == "Terminated":
+            raise Terminated("terminated by signal 15 (SIGTERM)")
+        raise launcher.WorkerError(1, "exited with code 1 after the last point", "")
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    sink = ListSink()
+    specs = [Toy(1, world_size=2), Toy(2, world_size=2)]
+    if signal_after == "Terminated":
+        with pytest.raises(Terminated):
+            run_sweep(TOY_RANKS, specs, sink)
+    else:
+        run_sweep(TOY_RANKS, specs, sink)
+    assert [(s.n, status) for _, s, status in sink.added] == [(1, "ok"), (2, "ok")]
+
+
 @pytest.mark.slow
 def test_a_failed_point_ends_its_process_group_and_a_fresh_one_runs_the_rest():
     specs = [Toy(1, world_size=2), Toy(2, world_size=2), Toy(3, world_size=2)]

@@ -134,9 +134,9 @@ app.add_typer(db_app, name="db")
 
 
 def main() -> None:
-    from cs336sys.sweep.result import Terminated, stop_on_sigterm
+    """The command line, once cs336sys/__main__.py has installed the signal handlers."""
+    from cs336sys.sweep import stopping
 
-    stop_on_sigterm()  # so that a SIGTERM reaps the ranks and stores the interrupted point
     if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
         # One rank of torchrun's: end with its agent, from the start (an agent killed while
         # this rank still imports would leave it running otherwise).
@@ -144,8 +144,25 @@ def main() -> None:
 
         die_with_parent(os.getppid())
     try:
-        app()
-    except Terminated as exc:
-        if not getattr(exc, "announced", False):
-            typer.echo(f"{exc}: the points finished so far are stored", err=True)
-        raise SystemExit(143) from None
+        app()  # (typer turns KeyboardInterrupt into exit code 130 once the command parses)
+        code: int | str | None = 0
+    except KeyboardInterrupt:  # while typer builds the command
+        code = 130
+    except stopping.Terminated:  # not an Exception: typer lets it through
+        code = 143
+    except Exception:
+        # After a Ctrl-C an import swallowed, the half-imported module fails the next
+        # import of it ("cannot load module more than once per process"): part of the stop.
+        if stopping.pending() is None:
+            raise
+        code = stopping.exit_code()
+    except SystemExit as exc:
+        code = exc.code
+    # A signal whose stop nobody described (it came during start-up, or was swallowed by an
+    # import and the command went on): say so, and end as the signal asks.
+    if stopping.pending() is None:
+        raise SystemExit(code)
+    line = stopping.untold()
+    if line is not None:
+        typer.echo(line, err=True)
+    stopping.end(stopping.exit_code() if line is not None or code in (0, None) else code)

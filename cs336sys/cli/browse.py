@@ -112,7 +112,10 @@ def browse(
                    err=True)
         try:
             code = subprocess.call(argv)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # how a server is stopped: not an interrupted command
+            from cs336sys.sweep import stopping
+
+            stopping.reset()
             code = 0
     raise typer.Exit(code)
 

@@ -186,7 +186,8 @@ def recording(
         return
     from cs336sys.store.db import StoreError
     from cs336sys.store.recorder import Recorder
-    from cs336sys.sweep.result import Terminated
+    from cs336sys.sweep import stopping
+    from cs336sys.sweep.stopping import Terminated
 
     try:
         rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label,
@@ -198,6 +199,7 @@ def recording(
     def stopped(why: str) -> None:
         typer.echo(f"\n{why}: {rec.added} point(s) stored in {db}; run the same command with "
                    "--resume to measure the rest", err=True)
+        stopping.told()
 
     try:
         yield rec
@@ -209,11 +211,17 @@ def recording(
     except Terminated as exc:
         status = 143  # 128 + SIGTERM, as a shell reports it
         stopped(str(exc))
-        exc.announced = True  # main() need not say it again
         raise
     except typer.Exit as exc:
         status = exc.exit_code
         raise
+    except Exception:
+        if stopping.pending() is None:
+            raise
+        # the Ctrl-C an import swallowed, failing a later import (cli.main)
+        status = stopping.exit_code()
+        stopped("Interrupted" if status == 130 else "terminated by signal 15 (SIGTERM)")
+        raise typer.Exit(status) from None
     finally:
         rec.close(status)
     typer.echo(f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, Wide, list_option, option
+from cs336sys.cli.options import Label, Resume, Wide, list_option, option
 
 ListOpt = list[str] | None
 DeviceOpt = option("auto, cpu, cuda or cuda:N.", str)
@@ -40,6 +40,7 @@ def accumulate(
     value: option("The value added each time.", float) = 0.01,
     device: DeviceOpt = "auto",
     wide: Wide = False,
+    resume: Resume = False,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
@@ -67,6 +68,7 @@ def autocast(
     device: DeviceOpt = "auto",
     seed: option("Seed for weights and data.", int) = 0,
     wide: Wide = False,
+    resume: Resume = False,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.store.db import Store
-from cs336sys.sweep.result import Terminated
+from cs336sys.sweep.stopping import Terminated
 
 
 class Recorder:

@@ -19,24 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class Terminated(BaseException):
-    """This process was asked to stop: SIGTERM, which `timeout`, `kill`, Slurm and `docker
-    stop` send. A BaseException like KeyboardInterrupt, so that no point turns it into a row
-    and the sweep goes on: it unwinds the sweep, whose finally blocks reap the ranks and
-    store the interrupted point."""
-
-
-def stop_on_sigterm() -> None:
-    """From now on SIGTERM raises Terminated in the main thread (the CLI calls this; Python's
-    default would end the process at once, leaving its ranks running)."""
-    import signal
-
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 @dataclass
 class Result:
     status: str  # ok | wrong (measured, but failed its check) | oom | error | skipped

@@ -31,6 +31,7 @@ Experiments never import the store: a sink is anything with `add`.
 from __future__ import annotations
 
 import copy
+import sys
 import time
 import traceback
 from collections import Counter
@@ -42,7 +43,8 @@ from cs336sys.measure.clock import now
 from cs336sys.measure.progress import step_done
 from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
-from cs336sys.sweep.result import Result, Terminated, guarded, is_oom
+from cs336sys.sweep.result import Result, guarded, is_oom
+from cs336sys.sweep.stopping import Terminated, check
 
 
 @dataclass
@@ -198,6 +200,7 @@ def _across(experiment: Experiment, sink: Any, group: list[Point], point: Point,
 def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
     """One point at a time, in this process; `experiment.run(spec)`."""
     for spec in specs:
+        check()  # a Ctrl-C that an import swallowed stops the sweep here (sweep/stopping.py)
         started, t0 = now(), time.perf_counter()
         try:
             result = skip(spec) or guarded(experiment.runner(), spec)
@@ -223,6 +226,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
     for world, group in by_world.items():
         todo = list(group)
         while todo:
+            check()  # as in `local`: before ranks start
             finished: list[int] = []
             # when the point now running started: at the launch, then as each one finishes
             since = [now(), time.perf_counter()]
@@ -247,9 +251,14 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                        on_emit=arrived)
                 todo = []
             except Terminated as exc:  # the ranks are reaped; store the point, then end
-                emit(todo[len(finished)], failure("error", str(exc)))
+                if len(finished) < len(todo):  # (none is running once the last has finished)
+                    emit(todo[len(finished)], failure("error", str(exc)))
                 raise
             except WorkerError as exc:
+                if len(finished) == len(todo):  # every point stored; a rank failed after them
+                    print(f"warning: a rank failed after the last point was stored: {exc}",
+                          file=sys.stderr)
+                    break
                 failed = todo[len(finished)]
                 emit(failed, failure("oom" if is_oom(exc) else "error",
                                      f"{exc}\n{exc.traceback}".strip()))

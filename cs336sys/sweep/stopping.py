@@ -1,0 +1,112 @@
+"""Stopping a command from outside: Ctrl-C (SIGINT) and SIGTERM (`timeout`, `kill`, Slurm,
+`docker stop`).
+
+`install()` is the first thing `cs336sys` does (cs336sys/__main__.py), before typer, torch
+or any rank. From then on either signal raises in the main thread, at once where Python
+delivers it: KeyboardInterrupt for SIGINT, `Terminated` for SIGTERM. Neither is an
+Exception, so no point turns it into a row: it unwinds the sweep, whose executors store the
+interrupted point and reap the ranks, and the recording says how many points are stored
+and how to go on (cli/common.py, `recording`); the exit codes are 130 and 143, as a shell
+reports a process ended by those signals.
+
+A signal is also remembered, because an import can swallow the exception: torch's C
+extension imports numpy while torch is imported and takes any exception from that import,
+KeyboardInterrupt included, to mean "numpy is missing". `check()` raises a remembered signal
+again; the sweep calls it before each point, so a swallowed Ctrl-C stops the sweep at the
+next point boundary at the latest.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import NoReturn
+
+__all__ = ["Terminated", "check", "end", "exit_code", "install", "pending", "reset", "told", "untold"]
+
+
+class Terminated(BaseException):
+    """This process was asked to stop by SIGTERM. A BaseException like KeyboardInterrupt,
+    so that no point turns it into a row and the sweep goes on."""
+
+
+_received: list[int] = []  # the signals received since install() or reset(), in order
+_told: list[bool] = []  # whether the user was told what the stop left (told())
+
+
+def _raise(signum: int) -> None:
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+
+def _handler(signum: int, frame: object) -> None:
+    _received.append(signum)
+    _raise(signum)
+
+
+def install() -> None:
+    """SIGINT and SIGTERM raise (see above) from now on; call it in the main thread.
+
+    A SIGINT that this process was started ignoring stays ignored: a non-interactive shell
+    starts `cmd &` so, as POSIX asks, so that the Ctrl-C meant for the script does not end
+    its background jobs. Python itself keeps that choice; SIGTERM stops such a job."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _handler)
+    signal.signal(signal.SIGTERM, _handler)
+
+
+def pending() -> int | None:
+    """The first signal received since install() or reset(), or None."""
+    return _received[0] if _received else None
+
+
+def check() -> None:
+    """Raise the first signal received again, if one was (an import may have swallowed
+    it); nothing otherwise."""
+    if _received:
+        _raise(_received[0])
+
+
+def told() -> None:
+    """The user was told what the stop left (the recording's `--resume` line)."""
+    _told.append(True)
+
+
+def untold() -> str | None:
+    """The line to end with when a signal was received and nobody said what it left: the
+    signal came while the command was starting, or while it did something that stores no
+    point (a report, a query); None otherwise."""
+    if not _received or _told:
+        return None
+    what = "Interrupted" if _received[0] == signal.SIGINT else "Terminated (SIGTERM)"
+    return f"{what}: this command stored nothing"
+
+
+def exit_code() -> int:
+    """130 after SIGINT, 143 after SIGTERM (128 + the signal, as a shell reports it)."""
+    return 128 + (_received[0] if _received else signal.SIGINT)
+
+
+def end(code: int) -> NoReturn:
+    """Exit with `code` once a signal was received: stdio flushed and the atexit handlers
+    run (temporary folders, torch's workers), then os._exit. A plain exit could end by
+    SIGINT instead: CPython kills itself with SIGINT at exit once a KeyboardInterrupt has
+    passed through code it ran for a C extension, even one that was caught (seen about one
+    time in eight with Ctrl-C during torch's import)."""
+    import atexit
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
+def reset() -> None:
+    """Forget the signals received (a test that sends one, once it has been handled)."""
+    _received.clear()
+    _told.clear()
