@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
-from cs336sys.cli.options import Commit, Gpu, Since, Until, Where, option
+from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, option
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
 
@@ -36,14 +36,15 @@ def export(
     fmt: option("csv or jsonl.", str, "--format") = "csv",
     experiment: option("Only these experiments (repeatable or comma list). [default: all]",
                        list[str] | None) = None,
-    out: option("Write to this file (replaced whole) instead of stdout.",
-                Path | None, dir_okay=False) = None,
+    out: option("Write to this file instead of stdout: a new file, or one an export wrote "
+                "(replaced whole).", Path | None, dir_okay=False) = None,
     samples: option("Include each run's raw samples (big).", bool, "--samples") = False,
     since: Since = None,
     until: Until = None,
     gpu: Gpu = None,
     commit: Commit = None,
     where: Where = None,
+    force: Replace = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Export stored runs as CSV or JSONL, one record per run.
@@ -85,6 +86,10 @@ def export(
         fail(f"--out: {out} is a directory")
     if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
         fail("--out would overwrite the store itself")
+    if out is not None:
+        from cs336sys.cli.outputs import refuse_to_replace
+
+        refuse_to_replace([out], "export", "--out", force)
     try:
         conn = connect_readonly(db, catalog)
         known = known_experiments(conn, EXPERIMENTS)

@@ -114,6 +114,11 @@ Force = option("Run the points estimated not to fit in the device's free memory 
                "--force")
 
 
+Replace = option("Write over an existing output file that cs336sys did not write (someone's file, "
+                 "a SQLite database, a store's -wal); without it the command refuses.", bool,
+                 "--force")
+
+
 def estimate_options(force: Force = False) -> None:
     """Points estimated not to fit: the commands whose experiment estimates its points
     (experiments/preflight.py)."""

@@ -47,6 +47,10 @@ def _profiling(
     nvtx: option("Mark phases and the measured steps with NVTX ranges in place of "
                  "torch.profiler (what the --nsys command runs; nsys and torch.profiler cannot "
                  "share CUPTI).", bool, "--nvtx") = False,
+    force: option("Run the points estimated not to fit in the device's free memory too (without "
+                  "it they are stored as skipped, with the estimate), and write a --trace over "
+                  "a file cs336sys did not write (without it the command refuses).", bool,
+                  "--force") = False,
 ) -> None:
     """The options of both subcommands beyond those of the command they profile."""
 
@@ -122,7 +126,12 @@ def _profile_points(ctx, target, point_specs, options):
         _check_writable(trace, options["db"])
 
     def specs(**point_options):
-        return exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
+        from cs336sys.cli.outputs import refuse_to_replace
+
+        points = exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
+        refuse_to_replace([Path(p.trace) for p in points if p.trace], "trace", "--trace",
+                          options["force"])
+        return points
 
     def run_nsys(specs):
         if nsys:
@@ -151,19 +160,12 @@ def _command_line(ctx: typer.Context) -> list[str]:
 
 
 def _check_writable(path: Path, db: Path) -> None:
-    """Refuse a --trace that cannot be written, or whose writing would replace a store
-    (this command's --db, or any file that starts as SQLite does)."""
-    from cs336sys.store.db import SQLITE_HEADER
-
+    """Refuse a --trace that cannot be written, or that is this command's store (--db)."""
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
         fail(f"--trace: {path} is a directory")
-    if path.is_file():
-        if Path(db).exists() and os.path.samefile(path, db):
-            fail(f"--trace: {path} is the results store (--db); the trace would overwrite it")
-        with open(path, "rb") as f:
-            if f.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
-                fail(f"--trace: {path} is a SQLite database; the trace would overwrite it")
+    if path.is_file() and Path(db).exists() and os.path.samefile(path, db):
+        fail(f"--trace: {path} is the results store (--db); the trace would overwrite it")
     if not parent.is_dir():
         fail(f"--trace: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail
-from cs336sys.cli.options import TIMES, Commit, Gpu, Until, Where, list_option, option
+from cs336sys.cli.options import TIMES, Commit, Gpu, Replace, Until, Where, list_option, option
 
 ListOpt = list[str] | None
 
@@ -42,6 +42,7 @@ def report(
     fmt: list_option("html and/or md. [default: both]", "--format") = None,
     out: option("Folder to write the report into.", Path) = Path("reports"),
     title: option("Title of the report.", str) = "cs336sys report",
+    force: Replace = False,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Render stored runs as a report: one section per experiment, a provenance header, and with --compare the same points side by side.
@@ -107,6 +108,11 @@ def report(
         fail(exc)
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} exists and is not a folder")
+    from cs336sys.cli.outputs import refuse_to_replace
+
+    for f in formats:
+        refuse_to_replace([out / f"report.{f}"], "html" if f == "html" else "markdown", "--out",
+                          force)
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
