@@ -156,6 +156,47 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test's promise (tests/promises.py) travels with its report: under xdist the
+    reports reach the controlling process, which prints the summary."""
+    outcome = yield
+    marker = item.get_closest_marker("promise")
+    if marker is not None:
+        outcome.get_result().user_properties.append(("promise", marker.args[0]))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The hostile promises: per promise, the attempts this run made and how many held. A
+    test is one attempt unless it records how many it made (`record_property("attempts",
+    n)`, and "broken" for those that did not hold); a test that failed in any phase without
+    saying how many broke counts as one broken; a skipped test made no attempt."""
+    tests: dict[str, dict] = {}
+    for outcome in ("passed", "failed", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            props = dict(getattr(report, "user_properties", ()))
+            if "promise" not in props:
+                continue
+            test = tests.setdefault(report.nodeid, {"failed": False})
+            test.update(props)
+            test["failed"] |= outcome != "passed"
+    if not tests:
+        return
+    table: dict[str, list[int]] = {}
+    for test in tests.values():
+        attempts = test.get("attempts", 1)
+        broken = test.get("broken", 1) if test["failed"] else 0
+        row = table.setdefault(test["promise"], [0, 0])
+        row[0] += attempts
+        row[1] += attempts - min(broken, attempts)
+    width = max(map(len, table))
+    terminalreporter.section("hostile promises")
+    terminalreporter.write_line(f"{'promise':<{width}}  attempts  held")
+    for promise in sorted(table):
+        attempts, held = table[promise]
+        terminalreporter.write_line(f"{promise:<{width}}  {attempts:>8}  {held:>4}")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """The same after each test: what the tests left alive (modules imported on first use,
@@ -225,12 +266,30 @@ def db_path(tmp_path, monkeypatch):
 # -- what every CLI test needs ----------------------------------------------------------------
 
 
+_BUILT: dict = {}
+
+
+def _built_once(app):
+    """typer.main.get_command(app), built again only when the app's commands change (a test
+    that adds a toy command): typer's CliRunner builds the whole click tree on every
+    invoke, 70 ms each, which made it the largest cost of the CLI tests."""
+    import typer.main
+
+    key = (id(app), *map(id, app.registered_commands), *map(id, app.registered_groups))
+    if key not in _BUILT:
+        _BUILT.clear()
+        _BUILT[key] = typer.main.get_command(app)
+    return _BUILT[key]
+
+
 def invoke(*args, **kw):
     """Run `cs336sys ARGS...` in this process (typer's CliRunner), every argument as text."""
+    import typer.testing
     from typer.testing import CliRunner
 
     from cs336sys.cli import app
 
+    typer.testing._get_command = _built_once
     return CliRunner().invoke(app, [str(a) for a in args], **kw)
 
 
@@ -252,6 +311,17 @@ def view_rows(view):
         return query(db, sql)
 
     return rows
+
+
+@pytest.fixture(autouse=True)
+def _no_signal_remembered():
+    """What sweep/stopping.py remembers of signals is per process: a command's. In-process
+    CLI tests that stop a sweep leave it set; each test starts without."""
+    from cs336sys.sweep import stopping
+
+    stopping.reset()
+    yield
+    stopping.reset()
 
 
 @pytest.fixture(autouse=True)

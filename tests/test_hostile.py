@@ -14,6 +14,7 @@ import pytest
 from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.store import Store
 from tests.conftest import MICRO, invoke
+from tests.promises import INPUT, OUTPUT, READ_ONLY, STORE, WRITERS
 
 BIG = "9" * 400
 ATTN = ["attention", "--seq", "32", "--d-head", "16", "--batch", "1", "--device", "cpu"]
@@ -22,7 +23,7 @@ DDP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2"]
 PLAN = ["--size", "tiny", "--hardware", "h100", "--strategy", "dp", "--n", "2"]
 
 # (what, arguments; {store}, {file}, {foreign}, {truncated}, {corrupted} are filled in)
-CASES = [
+STORE_CASES = [
     # a --db that cannot be a store
     ("db under a file", ["model", *MICRO, "--db", "{file}/results.db"], "is a file, not a directory"),
     ("foreign SQLite for a command that writes", ["model", *MICRO, "--db", "{foreign}"], "not a results store"),
@@ -47,6 +48,8 @@ CASES = [
     ("report on a forged store", ["report", "--db", "{forged}", "--out", "{out}"], "lacks point_key, status"),
     ("merge a forged store", ["db", "merge", "{forged}", "--db", "{store}"], "lacks point_key, status"),
     ("export a forged store", ["db", "export", "--db", "{forged}", "--out", "{out}"], "lacks point_key, status"),
+]
+OUTPUT_CASES = [
     # outputs that would replace what cs336sys did not write
     ("export over someone's file", ["db", "export", "--out", "{file}"], "is a file cs336sys did not write"),
     ("export over a store's wal", ["db", "export", "--out", "{wal}"], "is a SQLite database's wal file"),
@@ -55,6 +58,8 @@ CASES = [
     ("report over someone's report.md", ["report", "--out", "{mine}", "--format", "md"], "report.md is a file"),
     ("trace over someone's file", ["profile", "attention", "--attention", "naive", *ATTN[1:], "--trace", "{file}"], "--trace: "),
     ("trace over a store's wal", ["profile", "attention", "--attention", "naive", *ATTN[1:], "--trace", "{wal}"], "wal file"),
+]
+INPUT_CASES = [
     # times, paths and numbers out of range
     ("since 99999999d", ["report", "--since", "99999999d", "--out", "{out}"], "further back"),
     ("since 10000000000d", ["report", "--since", "10000000000d", "--out", "{out}"], "further back"),
@@ -173,12 +178,18 @@ def _check(here: Path, names: dict, args: list[str], message: str, env=None) -> 
     assert not names["out"].exists()
 
 
-@pytest.mark.parametrize("what, args, message", CASES, ids=[c[0] for c in CASES])
+CASES = [pytest.param(*case, marks=pytest.mark.promise(promise), id=case[0])
+         for promise, cases in ((STORE, STORE_CASES), (OUTPUT, OUTPUT_CASES), (INPUT, INPUT_CASES))
+         for case in cases]
+
+
+@pytest.mark.parametrize("what, args, message", CASES)
 def test_bad_input_is_one_line_exit_2_and_the_store_unchanged(files, what, args, message):
     here, names = files
     _check(here, names, args, message)
 
 
+@pytest.mark.promise(INPUT)
 @pytest.mark.parametrize("value", TIMEOUTS)
 def test_a_bad_dist_timeout_is_refused_before_any_rank_starts(files, monkeypatch, value):
     here, names = files
@@ -187,6 +198,7 @@ def test_a_bad_dist_timeout_is_refused_before_any_rank_starts(files, monkeypatch
         _check(here, names, args, "CS336SYS_DIST_TIMEOUT must be a positive number")
 
 
+@pytest.mark.promise(STORE)
 def test_a_foreign_database_keeps_its_journal_mode_and_bytes(files):
     here, names = files
     foreign = names["foreign"]
@@ -202,6 +214,7 @@ def test_a_foreign_database_keeps_its_journal_mode_and_bytes(files):
         Store(foreign, EXPERIMENTS)
 
 
+@pytest.mark.promise(READ_ONLY)
 def test_sql_creates_no_file(files, tmp_path):
     here, names = files
     for statement in (f"ATTACH '{tmp_path / 'new.db'}' AS n", f"VACUUM INTO '{tmp_path / 'copy.db'}'"):
@@ -209,6 +222,7 @@ def test_sql_creates_no_file(files, tmp_path):
     assert not (tmp_path / "new.db").exists() and not (tmp_path / "copy.db").exists()
 
 
+@pytest.mark.promise(STORE)
 def test_an_empty_or_new_file_becomes_a_store(tmp_path):
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
@@ -217,6 +231,7 @@ def test_an_empty_or_new_file_becomes_a_store(tmp_path):
             assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 0}]
 
 
+@pytest.mark.promise(STORE)
 @pytest.mark.parametrize("command", [["sql", "select 1"], ["report", "--out", "{out}"],
                                      ["db", "export"], ["model", "--size", "tiny"]])
 @pytest.mark.parametrize("kind", ["character device", "named pipe"])
@@ -240,6 +255,7 @@ def test_a_store_that_is_not_a_file_is_refused(tmp_path, command, kind):
     assert not (tmp_path / "r.db").exists()
 
 
+@pytest.mark.promise(READ_ONLY)
 def test_reading_a_store_a_killed_writer_left_creates_nothing_beside_it(files, tmp_path):
     """A writer killed after its commit leaves rows in the `-wal` only; without the `-shm`
     beside it, reading them needs a WAL recovery, which wrote a new `-shm` into the folder.
@@ -266,6 +282,7 @@ def test_reading_a_store_a_killed_writer_left_creates_nothing_beside_it(files, t
     assert _digest(here) == before  # no -shm, and the -wal untouched
 
 
+@pytest.mark.promise(WRITERS)
 def test_plan_on_a_store_another_plan_is_creating_finds_its_tables(tmp_path):
     """Eight `plan --db new.db` at once: one opened its read-only lookup on the new file
     after another had switched it to WAL and before that one had made the tables, and
@@ -281,6 +298,7 @@ def test_plan_on_a_store_another_plan_is_creating_finds_its_tables(tmp_path):
     assert sqlite3.connect(db).execute("SELECT count(*) FROM plan_runs").fetchone()[0] == 1
 
 
+@pytest.mark.promise(OUTPUT)
 def test_outputs_replace_what_cs336sys_wrote_and_with_force_anything(files, tmp_path):
     """The other side of the refusals above: an export, a report and a trace written again
     replace the ones written before; --force replaces someone's file."""
@@ -304,3 +322,95 @@ def test_outputs_replace_what_cs336sys_wrote_and_with_force_anything(files, tmp_
         result = invoke(*profile)
         assert result.exit_code == 0, result.output
     assert '"traceEvents"' in trace.read_text()
+
+
+# -- generated: every option of every command, with the values a careless script passes ---------
+
+HOSTILE_VALUES = ["", "\xa0", "9" * 30, "abc", "-1"]
+# Options whose value is free text, or a name only the store can answer for: anything goes.
+FREE = {"label", "title", "gpu", "param", "host", "commit", "model"}
+
+
+# The arguments a command needs besides its options.
+ARGUMENTS = {"sql": ["SELECT ?"]}
+
+
+class Reached(Exception):
+    """The command accepted its options and was about to measure, write or serve."""
+
+
+def _commands():
+    import typer.main
+
+    from cs336sys.cli import app
+
+    def walk(cmd, path):
+        if hasattr(cmd, "commands"):
+            if getattr(cmd, "invoke_without_command", False):
+                yield path, cmd
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, (*path, name))
+        else:
+            yield path, cmd
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+@pytest.mark.promise(INPUT)
+@pytest.mark.parametrize("path", [" ".join(p) for p, _ in _commands()])
+def test_every_option_of_every_command_refuses_hostile_values(tmp_path, monkeypatch, path,
+                                                             record_property):
+    """Each option given "", a non-breaking space, 30 digits, "abc" and -1: refused in one
+    line that names the option (exit 2, nothing written), or accepted where the option is
+    free text or the value is one it takes; never a traceback, another exit code or a
+    file. Accepted values reach a stub instead of a sweep, a report or a server."""
+    import subprocess
+    import sys
+
+    from cs336sys.cli import common
+
+    plan = sys.modules["cs336sys.cli.plan"]  # (cs336sys.cli.plan is also the command's name)
+
+    def reached(*args, **kwargs):
+        raise Reached
+
+    from cs336sys.report import render
+
+    monkeypatch.setattr(common, "check_db", reached)
+    monkeypatch.setattr(plan, "recording", reached)
+    monkeypatch.setattr(subprocess, "call", reached)
+    monkeypatch.setattr(render, "write", reached)
+    monkeypatch.delenv("CS336SYS_DB", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (command,) = [c for p, c in _commands() if " ".join(p) == path]
+    db = tmp_path / "store.db"
+    Store(db, EXPERIMENTS).close()  # an empty store: read-only commands get to their checks
+    before = _digest(tmp_path)
+    takes_db = any("--db" in q.opts for q in command.params)
+    broke, accepted, attempts = [], 0, 0
+    for param in command.params:
+        if param.param_type_name != "option" or param.is_flag or param.name in ("help", "db"):
+            continue
+        for value in HOSTILE_VALUES:
+            given = [f"{param.opts[0]}={value}"] + [value] * (param.nargs - 1)
+            argv = [*path.split(), *given, *ARGUMENTS.get(path, []),
+                    *(["--db", db] if takes_db else [])]
+            result = invoke(*argv)
+            attempts += 1
+            lines = result.stderr.strip().splitlines()
+            if isinstance(result.exception, Reached) or result.exit_code == 0:
+                accepted += 1
+                if param.name not in FREE and value in ("", "\xa0"):
+                    broke.append((argv, "an empty value was taken for the default"))
+            elif result.exit_code != 2 or len(lines) != 1 or not lines[0].startswith("Error:"):
+                broke.append((argv, result.exit_code, result.output[-300:]))
+            elif not any(name in lines[0] for name in param.opts):
+                broke.append((argv, "the error does not name the option", lines[0]))
+            if _digest(tmp_path) != before:
+                if result.exit_code == 2:
+                    broke.append((argv, "refused, but a file was written or changed"))
+                before = _digest(tmp_path)  # (an accepted --out writes its file)
+    record_property("attempts", attempts)
+    record_property("broken", len({str(b[0]) for b in broke}))
+    assert not broke, "\n".join(map(str, broke))
+    print(f"{path}: {accepted} value(s) accepted")

@@ -18,6 +18,7 @@ from cs336sys.report.plots import short
 from cs336sys.report.sections import panels, with_gpu
 from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
 from tests.conftest import invoke
+from tests.promises import REPORTS
 from tests.report_fixture import HOSTILE, QUOTED, build
 
 GOLDEN = Path(__file__).parent / "golden" / "report.md"
@@ -402,6 +403,7 @@ def test_markdown_report_values_are_inert(tmp_path):
         assert " ".join(payload.split()) in text, payload
 
 
+@pytest.mark.promise(REPORTS)
 def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch):
     """A stored run names its timeline PNG; a store merged from elsewhere could name any
     file here. Only a PNG directly in the point's own --snapshot folder is read: a secret

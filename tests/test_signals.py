@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import query
+from tests.promises import RANKS, SIGNALS
 
 pytestmark = [
     pytest.mark.slow,
@@ -126,6 +127,7 @@ def start(args: list[str], db: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+@pytest.mark.promise(RANKS)
 def test_sigterm_ends_every_rank_and_stores_the_interrupted_point(tmp_path):
     db = tmp_path / "r.db"
     proc = start(LONG, db)
@@ -143,6 +145,7 @@ def test_sigterm_ends_every_rank_and_stores_the_interrupted_point(tmp_path):
     print(f"SIGTERM to the last rank gone: {took:.2f} s")
 
 
+@pytest.mark.promise(RANKS)
 def test_sigkill_of_the_command_ends_every_rank(tmp_path):
     proc = start(LONG, tmp_path / "r.db")
     pids, ports = ranks(proc.pid, 2)
@@ -153,6 +156,7 @@ def test_sigkill_of_the_command_ends_every_rank(tmp_path):
     assert "leaked semaphore" not in err
 
 
+@pytest.mark.promise(RANKS)
 def test_ranks_end_with_torchruns_agent(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "cs336sys", *LONG[:-4], "--db", str(tmp_path / "r.db")]  # no --world-size
@@ -171,6 +175,7 @@ MODEL_SWEEP = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "-
 DDP_SWEEP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2", "--iters", "3"]
 
 
+@pytest.mark.promise(SIGNALS)
 @pytest.mark.parametrize("args, sig", [(MODEL_SWEEP, signal.SIGINT), (LONG, signal.SIGINT),
                                        (LONG, signal.SIGTERM), (DDP_SWEEP, signal.SIGINT)],
                          ids=["model-int", "comm-int", "comm-term", "ddp-int"])

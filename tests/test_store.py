@@ -10,6 +10,7 @@ import pytest
 from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.measure import provenance
 from cs336sys.store import SCHEMA_VERSION, Store, StoreError, connect_readonly, schema
+from tests.promises import WRITERS
 
 PROV = {
     "host": "h",
@@ -116,6 +117,7 @@ def _writer(path, n, tag):
         s.finish_invocation(inv, 0)
 
 
+@pytest.mark.promise(WRITERS)
 def test_two_processes_writing_at_once_lose_no_rows(db_path):
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(str(db_path), 150, t)) for t in ("a", "b")]

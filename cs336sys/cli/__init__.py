@@ -7,6 +7,7 @@ answer at once; commands import what they need inside their bodies.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -56,6 +57,30 @@ class Root(TyperGroup):
         common.TYPED.clear()
         common.TYPED.update(typed_spellings(command, args[len(path):], aliases_for(path)))
         return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path)))
+
+
+    def make_context(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        with _one_line_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):  # noqa: ANN001, ANN201
+        with _one_line_errors():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _one_line_errors():  # noqa: ANN202
+    """Bad input is one line on stderr (docs/bad-input.md): click's usage errors print the
+    usage and a "Try ... -h" line above the error; here the error alone, same exit code."""
+    # click's classes, wherever this typer takes click from (vendored since typer 0.2x)
+    bases = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+    ClickException, UsageError = bases["ClickException"], bases["UsageError"]  # noqa: N806
+    try:
+        yield
+    except UsageError as exc:
+        line = ClickException(exc.format_message())
+        line.exit_code = exc.exit_code
+        raise line from None
 
 
 def _every_command(group):  # noqa: ANN001, ANN202

@@ -82,6 +82,8 @@ def export(
         ).clause()
     except SelectionError as exc:
         fail(exc)
+    if out is not None and not out.name.strip():  # a name of spaces (a pasted one): blank
+        fail("--out: empty value; give a file name, or leave --out out for stdout")
     if out is not None and out.is_dir():
         fail(f"--out: {out} is a directory")
     if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):

@@ -3,7 +3,6 @@ accounted; `cs336sys memory residuals`: what one block saves for backward, by op
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -20,7 +19,7 @@ def _memory_only(
     mode: list_option("forward (no grad) and/or train (forward, backward, AdamW step). [default: "
                       "train]") = None,
     snapshot: option("Directory for each point's memory timeline PNG (and, on CUDA, the pickle "
-                     "pytorch.org/memory_viz loads); created if missing.", Path | None) = None,
+                     "pytorch.org/memory_viz loads); created if missing.", str | None) = None,
     warmup: option("Untracked warm-up steps.", int) = 1,
     iters: option("Timed steps (untracked), before the measured one.", int) = 3,
 ) -> None:

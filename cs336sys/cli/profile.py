@@ -162,6 +162,8 @@ def _command_line(ctx: typer.Context) -> list[str]:
 def _check_writable(path: Path, db: Path) -> None:
     """Refuse a --trace that cannot be written, or that is this command's store (--db)."""
     parent = path.parent if str(path.parent) else Path(".")
+    if not path.name.strip():  # a name of spaces (a pasted non-breaking one): blank
+        fail("--trace: empty value; give a file name")
     if path.is_dir():
         fail(f"--trace: {path} is a directory")
     if path.is_file() and Path(db).exists() and os.path.samefile(path, db):

@@ -40,7 +40,7 @@ def report(
                     "(regressions and improvements) found in the raw samples; steps are also "
                     "printed.", bool, "--history") = False,
     fmt: list_option("html and/or md. [default: both]", "--format") = None,
-    out: option("Folder to write the report into.", Path) = Path("reports"),
+    out: option("Folder to write the report into.", str) = "reports",
     title: option("Title of the report.", str) = "cs336sys report",
     force: Replace = False,
     db: DbOption = DEFAULT_DB,
@@ -76,6 +76,11 @@ def report(
     )
     from cs336sys.store.db import StoreError, connect_readonly
 
+    if not out.strip():  # (Path("") is ".": an empty value would mean this folder)
+        fail("--out: empty value; give a folder")
+    out = Path(out)
+    if compare and any(not ref.strip() for ref in compare):
+        fail("--compare: empty value; give two commits, A B")
     if fail_on_regression is not None and not compare and not history:
         fail("--fail-on-regression needs --compare A B or --history")
     if fail_on_regression is not None and not fail_on_regression >= 0:
@@ -92,7 +97,7 @@ def report(
         except SelectionError as exc:
             since_commits = refs.since(since)  # a git ref: that commit and the later ones
             if since_commits is None:
-                fail(f"{exc}; nor is it a git ref of this folder's repository")
+                fail(f"--since: {exc}; nor is it a git ref of this folder's repository")
     try:
         since_time, until_time = time_range(None if since_commits else since, until, now)
         sel = Selection(

@@ -99,6 +99,8 @@ def check_snapshot(path: str | Path | None) -> str | None:
     """Refuse a --snapshot directory that cannot be created or written, before any work."""
     if path is None:
         return None
+    if not str(path).strip():  # (Path("") is ".": an empty value would mean this folder)
+        raise SpecError("--snapshot: empty value; give a folder")
     problem = why_unwritable(path)
     if problem:
         raise SpecError(f"--snapshot {path}: {problem}")

@@ -34,8 +34,10 @@ def peak_tflops(device_name: str | None, precision: str, tf32: bool = False) -> 
 def validate_device(name: str) -> None:
     """Raise ValueError (user-facing) for a device that is unknown or not present."""
     base = name.split(":", 1)[0]
+    if not name.strip():
+        raise ValueError("--device: empty value; choose from auto, cpu, cuda, cuda:N")
     if base not in DEVICE_CHOICES:
-        raise ValueError(f"unknown device {name!r}; choose from auto, cpu, cuda, cuda:N")
+        raise ValueError(f"--device: unknown device {name!r}; choose from auto, cpu, cuda, cuda:N")
     if base == "cuda":
         import torch
 

@@ -90,8 +90,13 @@ def _utc(t: datetime) -> str:
 def time_range(since: str | None, until: str | None, now: datetime) -> tuple[str | None, str | None]:
     """--since and --until read by parse_time; an empty or inverted range is an error that
     names both ends as the store compares them (UTC) and as typed."""
-    start = parse_time(since, now) if since is not None else None
-    stop = parse_time(until, now, end=True) if until is not None else None
+    def read(option: str, text: str | None, end: bool = False) -> str | None:
+        try:
+            return parse_time(text, now, end=end) if text is not None else None
+        except SelectionError as exc:
+            raise SelectionError(f"{option}: {exc}") from None
+
+    start, stop = read("--since", since), read("--until", until, end=True)
     if start is not None and stop is not None and start >= stop:
         raise SelectionError(
             f"--since {since} --until {until} is an empty range: from {start[:19]} to "
