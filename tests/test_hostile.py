@@ -414,3 +414,29 @@ def test_every_option_of_every_command_refuses_hostile_values(tmp_path, monkeypa
     record_property("broken", len({str(b[0]) for b in broke}))
     assert not broke, "\n".join(map(str, broke))
     print(f"{path}: {accepted} value(s) accepted")
+
+
+@pytest.mark.slow
+@pytest.mark.promise(OUTPUT)
+def test_a_memory_timeline_replaces_only_the_one_cs336sys_drew(files, tmp_path):
+    """`memory --snapshot DIR` writes one PNG per point: again over its own from an earlier
+    run, never over someone's file of that name unless --force."""
+    from cs336sys.experiments import memory as memory_exp
+
+    here, names = files
+    args = ["memory", *MICRO, "--seq", "16", "--iters", "1", "--snapshot", tmp_path / "snap",
+            "--db", tmp_path / "m.db"]
+    (spec,) = memory_exp.specs(size=["tiny"], seq=["16"], batch=["2"], d_model=64, d_ff=128,
+                               num_layers=2, num_heads=4, vocab_size=256, device="cpu")
+    png = tmp_path / "snap" / f"{spec.label()}.png"
+    png.parent.mkdir()
+    png.write_bytes(b"my own picture")
+    refused = invoke(*args)
+    assert refused.exit_code == 2, refused.output
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("Error: --snapshot: ") and "did not write" in line
+    assert png.read_bytes() == b"my own picture" and not (tmp_path / "m.db").exists()
+    for extra in (["--force"], []):  # --force replaces it; then a run replaces its own
+        result = invoke(*args, *extra)
+        assert result.exit_code == 0, result.output
+        assert png.read_bytes().startswith(b"\x89PNG")

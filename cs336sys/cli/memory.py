@@ -3,6 +3,7 @@ accounted; `cs336sys memory residuals`: what one block saves for backward, by op
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -44,7 +45,16 @@ def memory(ctx: typer.Context, **options: Any) -> None:
         return
     from cs336sys.experiments import memory as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, describe=_label)
+    def specs(**spec_options: Any) -> list:
+        from cs336sys.cli.outputs import refuse_to_replace
+
+        points = exp.specs(**spec_options)
+        # each point's timeline PNG (its CUDA pickle beside it is written with it)
+        refuse_to_replace([Path(p.snapshot) / f"{p.label()}.png" for p in points if p.snapshot],
+                          "timeline", "--snapshot", options.get("force", False))
+        return points
+
+    measure(exp.EXPERIMENT, specs, options, describe=_label)
 
 
 def _residuals_only(

@@ -69,7 +69,8 @@ def draw_timeline(
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    # The Software text chunk tells a later run that cs336sys wrote this file (cli/outputs.py)
+    fig.savefig(path, dpi=120, metadata={"Software": "cs336sys"})
     plt.close(fig)
     return path
 
