@@ -58,7 +58,6 @@ class Root(TyperGroup):
         common.TYPED.update(typed_spellings(command, args[len(path):], aliases_for(path)))
         return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path)))
 
-
     def make_context(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
         with _one_line_errors():
             return super().make_context(*args, **kwargs)
