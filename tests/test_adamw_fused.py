@@ -135,6 +135,7 @@ def test_fp32_matches_the_reference(name):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", OURS)
+@pytest.mark.slow
 def test_16_bit_params_with_fp32_state_match_the_reference(name, dtype):
     want = train(AdamW, dtype)
     got = train(OURS[name], dtype)
@@ -169,6 +170,7 @@ FLOAT64_CASES = [(name, torch.float32) for name in ["adamw", *OURS, *TORCHS]] + 
 
 
 @pytest.mark.parametrize(("name", "dtype"), FLOAT64_CASES, ids=lambda x: str(x).split(".")[-1])
+@pytest.mark.slow
 def test_every_version_matches_float64_math(name, dtype):
     factory = {"adamw": AdamW, **OURS}.get(name) or TORCHS[name]
     params, _, opt = train(factory, dtype)

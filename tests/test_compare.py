@@ -221,6 +221,7 @@ def _table_line(stdout: str, *cells: str) -> str:
     return found[0]
 
 
+@pytest.mark.slow
 def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress_db, tmp_path):
     result = report(regress_db, tmp_path, "--compare", "a1a1", "b2b2")
     assert result.exit_code == 0, result.output
@@ -244,6 +245,7 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     assert 1.25 < float(fp32.split()[-4]) < 1.35
 
 
+@pytest.mark.slow
 def test_compare_report_covers_only_a_and_b(regress_db, tmp_path):
     result = report(regress_db, tmp_path, "--compare", "a1a1", "b2b2")
     assert result.exit_code == 0, result.output
@@ -331,6 +333,7 @@ def test_compare_by_gpu_matches_points_across_gpus(tmp_path):
     assert "1 point compared: 1 faster, 0 slower, 0 unchanged" in result.stdout
 
 
+@pytest.mark.slow
 def test_fixture_change_with_three_samples_a_side_is_too_few_to_tell(tmp_path):
     db = build_fixture(tmp_path / "fixture.db")
     result = report(db, tmp_path / "out", "--compare", "aaaa", "bbbb", "--format", "md")
@@ -461,6 +464,7 @@ def test_two_runs_a_side_are_too_few_runs_to_tell(tmp_path):
     assert "too few runs to tell" in _table_line(result.stdout, "step ms")
 
 
+@pytest.mark.slow
 def test_threshold_sets_the_smallest_change_that_counts(regress_db, tmp_path):
     # the fixture's fp32 step is 1.30x slower: a change at 5 % and at 25 %, not at 40 %
     for pct, word in (("5", "slower"), ("25", "slower"), ("40", "unchanged")):
@@ -493,6 +497,7 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     assert resolve(conn, "b2", "a9") == ("commit", "b2", "a9")
 
 
+@pytest.mark.slow
 def test_history_fails_on_a_regression_only_at_the_last_step(history_db, tmp_path):
     # up at the third commit, down again at the fifth: the latest step is an improvement
     result = report(history_db, tmp_path / "all", "--history", "--experiment", "model",

@@ -62,6 +62,7 @@ SHAPES = [
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape_q, shape_kv", SHAPES)
+@pytest.mark.slow
 def test_float32_matches_reference(shape_q, shape_kv, is_causal):
     got, ref, _ = run_flash(shape_q, shape_kv, torch.float32, is_causal)
     assert_close(got, ref, torch.float32)
@@ -77,6 +78,7 @@ def test_float32_matches_reference(shape_q, shape_kv, is_causal):
         pytest.param((1, 2, 21, 16), (1, 2, 50, 16), False, id="fewer-queries-full"),
     ],
 )
+@pytest.mark.slow
 def test_low_precision_within_pytorch_error(shape_q, shape_kv, is_causal, dtype):
     # Tolerance: twice PyTorch's own error in that dtype (plus 1e-3 of the magnitude).
     got, ref, err = run_flash(shape_q, shape_kv, dtype, is_causal, seed=1)
@@ -318,6 +320,7 @@ class RecordingKernel:
         return launch
 
 
+@pytest.mark.slow
 def test_strided_views_reach_the_kernels_without_a_copy(monkeypatch):
     # The model's inputs: (B, H, T, D) views of (B, T, H, D) projections, for two calls.
     monkeypatch.setattr(flash_triton, "_PLANS", {})
@@ -392,6 +395,7 @@ def test_direct_launch_passes_every_argument_in_signature_order(monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="a patch of Triton's interpreter")
+@pytest.mark.slow
 def test_interpreter_patch_changes_no_result(monkeypatch):
     """tests/conftest.py spares the interpreter a swap of triton.language at every helper call
     (INTERPRETER_PATCHED): the kernels give the same bits, forward and backward, without it."""

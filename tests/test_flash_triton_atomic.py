@@ -43,6 +43,7 @@ CASES = [  # (q shape, k/v shape, dtype, causal)
 
 
 @pytest.mark.parametrize("shape_q, shape_kv, dtype, is_causal", CASES)
+@pytest.mark.slow
 def test_atomic_dq_matches_float64(atomic_dq, shape_q, shape_kv, dtype, is_causal):
     got, ref, err = run_flash(shape_q, shape_kv, dtype, is_causal, seed=4)
     assert_close(got, ref, dtype, err)

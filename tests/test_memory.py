@@ -119,6 +119,7 @@ def _memory(db, *args):
     return invoke("memory", *MICRO, "--db", db, *args)
 
 
+@pytest.mark.slow
 def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     snap = tmp_path / "snap"
     result = _memory(db_path, "--seq", "64", "--mode", "forward,train",

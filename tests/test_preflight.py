@@ -18,6 +18,7 @@ from tests.conftest import MICRO, invoke, query
     [("tiny", 64, 2, "train", "none"), ("tiny", 128, 4, "train", "every:1"),
      ("tiny", 128, 4, "forward", "none")],
 )
+@pytest.mark.slow
 def test_the_memory_estimate_is_within_a_factor_of_the_measured_peak(size, seq, batch, mode,
                                                                       checkpoint):
     """Against the peak of live tensors memory measures on a CPU (experiments/memory.py):

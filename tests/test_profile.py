@@ -140,6 +140,7 @@ def test_ranges_are_profiler_events_only_when_asked():
 # -- the commands, on a micro model ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_profile_model_rows_and_kernel_stats(db_path):
     result = invoke("profile", "model", *MICRO, "--seq", "16", "--top", "1000",
                     "--db", db_path)

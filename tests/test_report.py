@@ -37,6 +37,7 @@ def sha(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_golden_markdown(store, tmp_path):
     result = report(store, tmp_path, "--since", "2026-01-01", "--format", "md")
     assert result.exit_code == 0, result.output
@@ -85,6 +86,7 @@ def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path
     assert images(tmp_path / "forked") == images(tmp_path / "here")
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_and_escapes_hostile_settings(store, tmp_path):
     result = report(store, tmp_path, "--format", "html", "--title", "<b>T</b>")
     assert result.exit_code == 0, result.output
@@ -119,6 +121,7 @@ def test_where_with_quotes_and_semicolons_is_only_a_value(store, tmp_path):
     assert sha(store) == before
 
 
+@pytest.mark.slow
 def test_filters_select_exactly_the_matching_runs(store, tmp_path):
     # typed --where: the integer 256 in the settings JSON matches the text '256'; `seq` is the
     # sequence length of every experiment that has one (attention's and memory's here)
@@ -460,6 +463,7 @@ def test_db_export_selects_by_gpu_and_commit_as_report_does(store):
     assert [r["run_id"] for r in records] == expected
 
 
+@pytest.mark.slow
 def test_the_analytic_plan_comes_after_the_measured_sections_folded(store, tmp_path):
     import shutil
 

@@ -61,6 +61,7 @@ def column(t, header: str) -> list[str]:
 # -- precision ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_precision_shows_every_digit_of_the_sum(rendered):
     rep, html, md = rendered
     t = table(section(rep, "precision"), "Accumulation")
@@ -139,6 +140,7 @@ def test_checkpointing_groups_never_mix_settings_or_gpus():
 # -- attention ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_interpreted_points_have_their_own_table_and_stay_off_the_plots(rendered):
     rep, html, md = rendered
     sec = section(rep, "attention")

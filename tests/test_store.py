@@ -118,6 +118,7 @@ def _writer(path, n, tag):
 
 
 @pytest.mark.promise(WRITERS)
+@pytest.mark.slow
 def test_two_processes_writing_at_once_lose_no_rows(db_path):
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(str(db_path), 150, t)) for t in ("a", "b")]

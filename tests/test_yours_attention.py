@@ -239,6 +239,7 @@ def test_run_sweep_takes_your_implementations_from_python(tmp_path):
     assert points[0].result.metrics["check"] == "pass"
 
 
+@pytest.mark.slow
 def test_compare_and_since_take_git_refs_of_your_repository(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     monkeypatch.chdir(repo)

@@ -139,6 +139,7 @@ def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path
     assert wrong["status"] == "wrong" and wrong["error"].startswith("wrong: naive attention in place")
 
 
+@pytest.mark.slow
 def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     monkeypatch.chdir(repo)
