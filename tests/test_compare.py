@@ -260,6 +260,12 @@ def test_compare_report_covers_only_a_and_b(regress_db, tmp_path):
     assert '<td class="better">1.2' in html and '<td class="worse">1.20x bigger</td>' in html
     assert "Mann-Whitney U" in html and "5 points compared: 1 faster" in html
     assert "| precision=fp16 size=medium |" in md or "too few samples to tell" in md
+    # each experiment's section once per side: B's latest rows no longer hide A's
+    a_memory = md.index("## Memory: peaks and activation checkpointing: A, a1a1")
+    b_memory = md.index("## Memory: peaks and activation checkpointing: B, b2b2")
+    assert "| 1,000.0 |" in md[a_memory:b_memory] and "| 1,200.0 |" in md[b_memory:]
+    assert "| 1,200.0 |" not in md[a_memory:b_memory]
+    assert "## Model: end-to-end training step: A, a1a1" in md
     # without --compare the same selection has commit C's run too
     result = report(regress_db, tmp_path / "all", "--format", "md")
     assert "| 777 |" in (tmp_path / "all" / "report.md").read_text()

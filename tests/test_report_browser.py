@@ -75,10 +75,13 @@ def test_report_in_headless_chromium(tmp_path):
     )
     assert result.exit_code == 0, result.output
     dom, urls = _open(exe, tmp_path / "out" / "report.html", tmp_path)
+    # in a comparison each experiment's section comes once per side: A ran every one, B model
     for sec in SECTIONS:
-        assert f'<section id="{sec}">' in dom, sec
-    # with the step, memory-parts, kernels, ddp-steps, precision and compare-samples plots
-    assert dom.count('<img src="data:image/png;base64,') == 12
+        assert f'<section id="{sec if sec == "compare" else sec + "-a"}">' in dom, sec
+    assert '<section id="model-b">' in dom and '<section id="attention-b">' not in dom
+    # with the step, memory-parts, kernels, ddp-steps, precision and compare-samples plots,
+    # and B's model plots
+    assert dom.count('<img src="data:image/png;base64,') == 14
     assert not urls, urls
     # The check can see a page's request: a canary page with a remote image is caught.
     canary = tmp_path / "canary.html"

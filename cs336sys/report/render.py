@@ -139,7 +139,11 @@ def build(
         for experiment in sorted(catalog, key=lambda e: e.analytic):
             if rows.get(experiment.kind):
                 linked = _kernels(conn, [r["run_id"] for r in rows[experiment.kind]])
-                report.sections.append(build_section(experiment, rows[experiment.kind], linked))
+                if both:  # each side's latest rows: together, B's would hide A's
+                    report.sections.extend(_side_sections(experiment, both, linked))
+                else:
+                    report.sections.append(build_section(experiment, rows[experiment.kind],
+                                                         linked))
         if both and compare_ab:
             report.compared = compare_sides(both, *both.names, catalog, threshold=threshold)
             report.compare_kind, report.comparison = both.kind, report.compared.tables
@@ -158,6 +162,20 @@ def build(
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
             fig.png = png
     return report
+
+
+def _side_sections(experiment: Any, both: Any, linked: dict) -> list[Section]:
+    """An experiment's sections in a comparison: A's points, then B's, each titled with its
+    side, its anchors and image names made unique by the side."""
+    out = []
+    for side, name, rows in (("a", both.names[0], both.a), ("b", both.names[1], both.b)):
+        if rows.get(experiment.kind):
+            sec = build_section(experiment, rows[experiment.kind], linked)
+            sec.id, sec.title = f"{sec.id}-{side}", f"{sec.title}: {side.upper()}, {name}"
+            for fig in sec.figures:
+                fig.name = f"{fig.name}-{side}"
+            out.append(sec)
+    return out
 
 
 def data_uri(png: bytes) -> str:
