@@ -16,7 +16,7 @@ def main() -> None:
         from cs336sys.cli import main as command_line
     except (KeyboardInterrupt, stopping.Terminated):  # while the command line loads
         print(stopping.untold(), file=sys.stderr)
-        stopping.end(stopping.exit_code())
+        stopping.end()
     command_line()
 
 

@@ -272,7 +272,7 @@ _BUILT: dict = {}
 def _built_once(app):
     """typer.main.get_command(app), built again only when the app's commands change (a test
     that adds a toy command): typer's CliRunner builds the whole click tree on every
-    invoke, 70 ms each, which made it the largest cost of the CLI tests."""
+    invoke, which made it the largest cost of the CLI tests."""
     import typer.main
 
     key = (id(app), *map(id, app.registered_commands), *map(id, app.registered_groups))
@@ -282,14 +282,17 @@ def _built_once(app):
     return _BUILT[key]
 
 
+import typer.testing  # noqa: E402
+
+typer.testing._get_command = _built_once  # what CliRunner.invoke calls for the click tree
+
+
 def invoke(*args, **kw):
     """Run `cs336sys ARGS...` in this process (typer's CliRunner), every argument as text."""
-    import typer.testing
     from typer.testing import CliRunner
 
     from cs336sys.cli import app
 
-    typer.testing._get_command = _built_once
     return CliRunner().invoke(app, [str(a) for a in args], **kw)
 
 

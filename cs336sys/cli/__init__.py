@@ -167,26 +167,23 @@ def main() -> None:
         from cs336sys.parallel.launcher import die_with_parent
 
         die_with_parent(os.getppid())
+    code: int | str | None = 0
     try:
         app()  # (typer turns KeyboardInterrupt into exit code 130 once the command parses)
-        code: int | str | None = 0
-    except KeyboardInterrupt:  # while typer builds the command
-        code = 130
-    except stopping.Terminated:  # not an Exception: typer lets it through
-        code = 143
-    except Exception:
-        # After a Ctrl-C an import swallowed, the half-imported module fails the next
-        # import of it ("cannot load module more than once per process"): part of the stop.
-        if stopping.pending() is None:
-            raise
-        code = stopping.exit_code()
     except SystemExit as exc:
         code = exc.code
-    # A signal whose stop nobody described (it came during start-up, or was swallowed by an
-    # import and the command went on): say so, and end as the signal asks.
+    except BaseException:
+        # A KeyboardInterrupt while typer builds the command, SIGTERM's Terminated (typer
+        # lets it through), or, after a Ctrl-C an import swallowed, the half-imported module
+        # failing its next import ("cannot load module more than once per process"): the
+        # signal's stop, ended below. Without a signal, as raised.
+        if stopping.pending() is None:
+            raise
     if stopping.pending() is None:
         raise SystemExit(code)
+    # A signal: say what it left if nobody did (it came during start-up, or was swallowed
+    # by an import and the command went on), and end as the signal asks.
     line = stopping.untold()
     if line is not None:
         typer.echo(line, err=True)
-    stopping.end(stopping.exit_code() if line is not None or code in (0, None) else code)
+    stopping.end()

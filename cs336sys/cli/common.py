@@ -202,7 +202,14 @@ def recording(
         stopping.told()
 
     try:
-        yield rec
+        try:
+            yield rec
+        except Exception:
+            if stopping.pending() is None:
+                raise
+            # after a Ctrl-C an import swallowed, a later import fails (sweep/stopping.py):
+            # the stop is the signal's, and ends as it does below
+            stopping.check()
         status = 1 if rec.errors else 0
     except KeyboardInterrupt:
         status = 130
@@ -215,13 +222,6 @@ def recording(
     except typer.Exit as exc:
         status = exc.exit_code
         raise
-    except Exception:
-        if stopping.pending() is None:
-            raise
-        # the Ctrl-C an import swallowed, failing a later import (cli.main)
-        status = stopping.exit_code()
-        stopped("Interrupted" if status == 130 else "terminated by signal 15 (SIGTERM)")
-        raise typer.Exit(status) from None
     finally:
         rec.close(status)
     typer.echo(f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})",

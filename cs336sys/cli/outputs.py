@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cs336sys.cli.common import fail
+from cs336sys.store.db import SQLITE_HEADER
 
 # How a file cs336sys wrote starts (its first bytes), or a mark within its first HEAD bytes.
 HEAD = 64 * 1024
@@ -23,18 +24,17 @@ _OLD_HTML, _OLD_MARKDOWN = b"body { font: 14px/1.45 system-ui", b"- **GPUs:** "
 CHROME_TRACE = b'"schemaVersion"'  # torch.profiler's export_chrome_trace, near the top
 TIMELINE_PNG = b"tEXtSoftware\x00cs336sys"  # measure/timeline.py's PNG text chunk
 
-_SQLITE = b"SQLite format 3\x00"
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 def ours(head: bytes, kind: str) -> bool:
-    """Whether a file starting with `head` is one cs336sys writes as `kind`: "export",
-    "html", "markdown", "trace" or "timeline" (memory --snapshot's PNG)."""
+    """Whether a file starting with `head` is one cs336sys writes as `kind`: "export", the
+    report's "html" or "md", "trace" or "timeline" (memory --snapshot's PNG)."""
     if kind == "export":
         return head.startswith((EXPORT_CSV, EXPORT_JSONL))
     if kind == "html":
         return head.startswith(b"<!DOCTYPE html>") and (GENERATOR in head or _OLD_HTML in head)
-    if kind == "markdown":
+    if kind == "md":
         return head.startswith(MARKDOWN_MARK) or (head.startswith(b"# ") and _OLD_MARKDOWN in head)
     if kind == "trace":
         return head.lstrip().startswith(b"{") and CHROME_TRACE in head
@@ -52,7 +52,7 @@ def foreign(path: Path, kind: str) -> str | None:
         head = f.read(HEAD)
     if not head or ours(head, kind):
         return None
-    if head.startswith(_SQLITE):
+    if head.startswith(SQLITE_HEADER):
         return "a SQLite database"
     side = next((end for end in _SIDE_FILES if path.name.endswith(end)), None)
     if side is not None:

@@ -116,8 +116,7 @@ def report(
     from cs336sys.cli.outputs import refuse_to_replace
 
     for f in formats:
-        refuse_to_replace([out / f"report.{f}"], "html" if f == "html" else "markdown", "--out",
-                          force)
+        refuse_to_replace([out / f"report.{f}"], f, "--out", force)
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:

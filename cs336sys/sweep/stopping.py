@@ -87,12 +87,12 @@ def exit_code() -> int:
     return 128 + (_received[0] if _received else signal.SIGINT)
 
 
-def end(code: int) -> NoReturn:
-    """Exit with `code` once a signal was received: stdio flushed and the atexit handlers
+def end() -> NoReturn:
+    """Exit as the signal received asks (exit_code): stdio flushed and the atexit handlers
     run (temporary folders, torch's workers), then os._exit. A plain exit could end by
     SIGINT instead: CPython kills itself with SIGINT at exit once a KeyboardInterrupt has
-    passed through code it ran for a C extension, even one that was caught (seen about one
-    time in eight with Ctrl-C during torch's import)."""
+    passed through code it ran for a C extension, even one that was caught (seen, now and
+    then, with Ctrl-C during torch's import: tests/test_signals.py)."""
     import atexit
     import os
     import sys
@@ -103,7 +103,7 @@ def end(code: int) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe: nothing more can be said
             pass
     atexit._run_exitfuncs()
-    os._exit(code)
+    os._exit(exit_code())
 
 
 def reset() -> None:
