@@ -187,7 +187,6 @@ def recording(
     from cs336sys.store.db import StoreError
     from cs336sys.store.recorder import Recorder
     from cs336sys.sweep import stopping
-    from cs336sys.sweep.stopping import Terminated
 
     try:
         rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label,
@@ -215,7 +214,7 @@ def recording(
         status = 130
         stopped("Interrupted")
         raise typer.Exit(130) from None  # not click's "Aborted!" with exit code 1
-    except Terminated as exc:
+    except stopping.Terminated as exc:
         status = 143  # 128 + SIGTERM, as a shell reports it
         stopped(str(exc))
         raise

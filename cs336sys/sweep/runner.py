@@ -31,9 +31,9 @@ Experiments never import the store: a sink is anything with `add`.
 from __future__ import annotations
 
 import copy
-import sys
 import time
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -256,8 +256,8 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 raise
             except WorkerError as exc:
                 if len(finished) == len(todo):  # every point stored; a rank failed after them
-                    print(f"warning: a rank failed after the last point was stored: {exc}",
-                          file=sys.stderr)
+                    warnings.warn(f"a rank failed after the last point was stored: {exc}",
+                                  RuntimeWarning, stacklevel=2)
                     break
                 failed = todo[len(finished)]
                 emit(failed, failure("oom" if is_oom(exc) else "error",
