@@ -44,6 +44,7 @@ import torch
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
+from cs336sys.attention import flash_triton_ops as ops
 from cs336sys.attention import opt_in
 from cs336sys.attention.flash_triton_tma import ensure_allocator, tma_layout_ok
 from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS, ...: re-exported)
@@ -487,17 +488,33 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
 # Public API
 
 
+def _forward(q, k, v, is_causal):
+    """attention_forward, or under torch.compile the custom op that calls it, which inductor
+    leaves as it is instead of compiling the kernel again (flash_triton_ops.py)."""
+    if torch.compiler.is_compiling():
+        return ops.flash_attention_forward(q, k, v, is_causal)
+    return attention_forward(q, k, v, is_causal)
+
+
+def _backward(q, k, v, o, lse, do, is_causal):
+    """attention_backward, or its custom op under torch.compile (as _forward)."""
+    if torch.compiler.is_compiling():
+        return ops.flash_attention_backward(q, k, v, o, lse, do, is_causal)
+    return attention_backward(q, k, v, o, lse, do, is_causal)
+
+
 class FlashAttention2Triton(torch.autograd.Function):
     """FlashAttention-2 with Triton kernels for forward and backward.
 
     FlashAttention2Triton.apply(q, k, v, is_causal=False) -> O, for q (B, [H,] T_q, D) and
     k, v (B, [H,] T_k, D). For backward it saves exactly (Q, K, V, O, L), L being the float32
-    logsumexp of shape (B, [H,] T_q): O(T d) memory, no (T_q, T_k) matrix.
+    logsumexp of shape (B, [H,] T_q): O(T d) memory, no (T_q, T_k) matrix. Under
+    torch.compile the kernels run as custom ops, with no graph break.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False):
-        o, lse = attention_forward(q, k, v, is_causal)
+        o, lse = _forward(q, k, v, is_causal)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal = is_causal
         return o
@@ -505,7 +522,7 @@ class FlashAttention2Triton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, o, lse, do, ctx.is_causal)
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.is_causal)
         return dq, dk, dv, None
 
 
@@ -522,11 +539,4 @@ def flash_attention_triton(
         return FlashAttention2Triton.apply(q, k, v, is_causal)
     # Nothing to differentiate: skip autograd.Function's bookkeeping, a few microseconds of
     # host time per call.
-    return attention_forward(q, k, v, is_causal)[0]
-
-
-if INTERPRETED:
-    # torch.compile cannot trace Triton's interpreter (NumPy on host pointers): a model with
-    # this attention under --compile runs the kernel eagerly there, a graph break. On a GPU
-    # dynamo traces the compiled kernels.
-    flash_attention_triton = torch.compiler.disable(flash_attention_triton)
+    return _forward(q, k, v, is_causal)[0]
