@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cs336sys.experiments import memory, preflight
+from cs336sys.experiments import attention, memory, preflight
 from tests.conftest import MICRO, invoke, query
 
 
@@ -95,3 +95,18 @@ def test_naive_attention_whose_scores_cannot_fit_is_not_started(db_path, monkeyp
     (row,) = query(db_path, "SELECT status, error, est_peak_bytes FROM attention_runs")
     assert row["status"] == "skipped" and "T x T scores 48 GiB" in row["error"]
     assert row["est_peak_bytes"] == int(1.1 * (3 * 16 * 16384**2 * 4 + 8 * 16 * 16384 * 64 * 4))
+
+
+@pytest.mark.parametrize(("backend", "skipped"), [("auto", False), ("math", True)])
+def test_sdpa_counts_the_scores_only_for_its_math_backend(db_path, monkeypatch, backend,
+                                                         skipped):
+    """Fused SDPA backends hold O(T) statistics: 65536 keys, 16 heads must not count the
+    3 x 16 x 65536^2 bf16 scores (384 GiB), which skipped SDPA on an H200 with 139 GiB."""
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 16 * 2**30)
+    (spec,) = attention.specs(impl=["sdpa"], seq=[65536], d_head=[64], heads=16, batch=[1],
+                              precision=["bf16"], sdpa_backend=backend, device="cpu")
+    estimate = preflight.attention_estimate(spec)
+    inputs = 8 * 16 * 65536 * 64 * 2
+    scores = 3 * 16 * 65536**2 * 2
+    assert estimate.bytes == int(1.1 * (inputs + scores * skipped))
+    assert (estimate.refusal("cpu") is not None) == skipped

@@ -29,6 +29,12 @@ from cs336sys.sweep.declaration import metric_table
 MARGIN = 1.10
 # Attention kernels that never hold the T x T scores (FlashAttention-2 and the user's).
 FUSED = ("flash-torch", "triton", "yours-torch", "yours-triton")
+# SDPA's backends that hold them: only the math one. Flash, memory-efficient and cuDNN keep
+# O(T) statistics, and `auto` picks one of them wherever it can (on CUDA, and the CPU's flash
+# kernel); counting the scores for them skipped SDPA at seq 65536 on an H200 as needing
+# ~423 GiB (reports/nvidia-h200). Where `auto` does fall back to math, an out-of-memory
+# point is stored as such.
+SDPA_MATERIALISING = ("math",)
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,9 @@ def attention_estimate(spec: Any) -> Estimate:
     rows = spec.batch * (spec.heads or 1)
     tensors = 8 * rows * spec.seq * spec.d_head * size  # q k v o, dq dk dv do
     parts = {"inputs and gradients": tensors}
-    if spec.impl not in FUSED:
+    fused = spec.impl in FUSED or (
+        spec.impl == "sdpa" and spec.sdpa_backend not in SDPA_MATERIALISING)
+    if not fused:
         parts["T x T scores"] = 3 * rows * spec.seq * spec.seq * size
     fwd = flops_forward(spec)
     # each pass timed in its own loop: backward reruns the forward, end to end is both
