@@ -343,8 +343,8 @@ def run(spec: AttentionSpec) -> Result:
         if on_cuda:  # the peak is that of the timed passes: inputs, activations, gradients
             torch.cuda.reset_peak_memory_stats(device)
 
-        # The loop timer also keeps each call's host time (until it returned, before the
-        # sync), for the launch-bound flag; do_bench times with CUDA events only.
+        # Each call's host time (until it returned, before the sync), for the launch-bound
+        # flag: from the loop timer's own calls, or from a few more after do_bench.
         host: dict[str, list[float]] = {}
         if spec.passes in ("forward", "both"):
             samples["fwd_ms"] = _time(spec, forward, (q, k, v), host.setdefault("fwd_host_ms", []))
@@ -352,7 +352,8 @@ def run(spec: AttentionSpec) -> Result:
             if spec.timer == "do-bench":
                 out = fresh_forward()
                 samples["bwd_ms"] = time_do_bench(
-                    lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v]
+                    lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
+                    host=host.setdefault("bwd_host_ms", []),
                 )
                 del out
             else:
@@ -386,7 +387,7 @@ def _time(spec, fn, grads, host: list[float]) -> list[float]:
     from cs336sys.measure.timing import time_do_bench, time_loop
 
     if spec.timer == "do-bench":
-        return time_do_bench(fn, grad_to_none=list(grads))
+        return time_do_bench(fn, grad_to_none=list(grads), host=host)
     return time_loop(fn, spec.warmup, spec.iters, spec.device, host=host)
 
 
