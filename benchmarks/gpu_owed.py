@@ -54,7 +54,7 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
      [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
       "tests/test_gpu_attention.py", "-k", "tma or plans or atomic"], {}),
     ("issue 15: leaderboard shape, pointer vs TMA vs atomic dQ vs cuDNN (target < 4.4 ms, below cuDNN)",
-     [PY, "benchmarks/attention_leaderboard.py", "--tma", "--atomic-dq", "--db", "{db}"], {}),
+     [PY, "benchmarks/attention_leaderboard.py", "--atomic-dq", "--db", "{db}"], {}),
     ("issue 17: AdamW over xl's parameters, fp32 (target: adamw-triton <= torch fused)",
      [PY, "benchmarks/adamw.py", "--size", "xl"], {}),
     ("issue 17: AdamW over xl's parameters, bf16 weights with fp32 moments",

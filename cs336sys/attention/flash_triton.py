@@ -26,10 +26,11 @@ causal, dtype). Without CUDA the kernels run only in Triton's interpreter, which
 switched on with TRITON_INTERPRET=1 before this module is imported; it then uses fixed
 16 x 16 tiles.
 
-With CS336SYS_TRITON_TMA=1, GPUs of compute capability >= 9 (Hopper) run the kernels' TMA
-build, which moves tiles through tensor descriptors (`flash_triton_tma.py`); with
-CS336SYS_TRITON_ATOMIC_DQ=1 the backward adds dQ with atomics inside the dK/dV kernel instead
-of recomputing S and dP in a dQ kernel. Both are opt-in until measured on an H100.
+GPUs of compute capability >= 9 (Hopper) run the kernels' TMA build on 16-bit inputs, which
+moves tiles through tensor descriptors (`flash_triton_tma.py`); CS336SYS_TRITON_TMA=0 keeps
+the pointer loads. With CS336SYS_TRITON_ATOMIC_DQ=1 the backward adds dQ with atomics inside
+the dK/dV kernel instead of recomputing S and dP in a dQ kernel. Both were chosen by the
+H200's figures (attention/opt_in.py).
 """
 
 from __future__ import annotations
@@ -79,11 +80,10 @@ def check_available(device: torch.device | str) -> None:
 
 
 # Hopper path: the kernels' TMA build (constexpr TMA) loads and stores tiles through
-# tensor descriptors instead of per-element pointers and masks. Opt-in until measured
-# on an H100 (written and checked on a CPU-only machine, in the interpreter and by offline
-# sm_90 compiles): a plan runs them only where CS336SYS_TRITON_TMA=1, the GPU has compute
-# capability >= 9, the inputs are 16-bit and every tensor's layout suits TMA (tma_layout_ok);
-# else the pointer kernels, which stay the default and the only path for older GPUs. float32
+# tensor descriptors instead of per-element pointers and masks. The default since it beat
+# the pointer loads on an H200 (opt_in.py): a plan runs them where CS336SYS_TRITON_TMA is not
+# 0, the GPU has compute capability >= 9, the inputs are 16-bit and every tensor's layout
+# suits TMA (tma_layout_ok); else the pointer kernels, the only path for older GPUs. float32
 # keeps them too: its FMA dots reading TMA-filled shared memory spilled registers in sm_90
 # compiles (Triton 3.6 and 3.9), the pointer kernels did not. FORCE_TMA runs the descriptor
 # kernels wherever the layout allows, any dtype, the interpreter included: what tests set.
@@ -92,7 +92,7 @@ FORCE_TMA = False
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ"): with CS336SYS_TRITON_ATOMIC_DQ=1
 # the backward runs D alone, then the dK/dV kernel adding dQ into a zeroed float32 buffer
 # with atomics (5 tile products instead of 7; dQ no longer bit-for-bit reproducible), then
-# casts it to dQ's dtype. Opt-in until it has been timed against the default on a GPU.
+# casts it to dQ's dtype. Opt-in: on an H200 its backward was slower (opt_in.py).
 ATOMIC_DQ = opt_in.ATOMIC_DQ
 
 
@@ -152,11 +152,12 @@ def _on_device(t: torch.Tensor):
 # allocates its outputs and launches. The first call with a new key takes the full path
 # (checks, tile choice, Triton's own launcher, which compiles) and records the plan.
 
-# After that first launch, every call goes through Triton's JIT launcher with the chosen tiles
-# passed explicitly (skipping the autotuner's lookup). With CS336SYS_TRITON_DIRECT_LAUNCH=1,
-# calls on CUDA launch the compiled kernel handle directly instead: opt-in until it has run on
-# a GPU (written and tested against a stand-in handle on a CPU-only machine).
-DIRECT_LAUNCH = os.environ.get("CS336SYS_TRITON_DIRECT_LAUNCH", "0") == "1"
+# After that first launch, calls on CUDA launch the compiled kernel handle directly, with every
+# argument fixed but the tensors. On an H200 that took a forward call at seq 1024 from 99 us of
+# host time to 68 us, and forward+backward from 598 to 372 (benchmarks/attention_host_overhead.py,
+# reports/nvidia-h200/owed.log). CS336SYS_TRITON_DIRECT_LAUNCH=0 goes through Triton's JIT
+# launcher instead, with the chosen tiles passed explicitly (skipping the autotuner's lookup).
+DIRECT_LAUNCH = os.environ.get("CS336SYS_TRITON_DIRECT_LAUNCH", "1") != "0"
 
 
 class _Launch:

@@ -28,7 +28,8 @@ def _step_only(
                       "adapters'). [default: sdpa]", str | None) = None,
     adamw: option("What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
                   "[default: triton on CUDA, foreach on CPU]", str | None) = None,
-    ce: option("What fused-ce runs: torch (chunked) or triton.", str) = "torch",
+    ce: option("What fused-ce runs: torch (chunked) or triton. "
+               "[default: triton on CUDA, torch on CPU]", str | None) = None,
     warm_cache: option("Compile with the inductor and Triton caches already there, instead of from "
                        "empty ones as the leaderboard's 10-minute rule counts.",
                        bool, "--warm-cache") = False,
