@@ -33,6 +33,7 @@ shown in the verdict, not a failure of the check).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -72,6 +73,7 @@ HOST_OVERHEAD = ["benchmarks/attention_host_overhead.py"]
 STEP_MFU = 0.45  # the xl bf16 train step with every switch on (docs/gpu.md)
 TESTS_TARGET_S, CHECK_TARGET_S = 120.0, 480.0
 LEADERBOARD_MS, VS_NAIVE = 5.4, 15.0  # docs/experiments/attention.md
+SWEEP_VS_SDPA = 1.5  # no point of the attention sweep slower than this times SDPA's (docs/gpu.md)
 
 
 def slug(name: str) -> str:
@@ -214,6 +216,18 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
          "not measured" if None in (triton, cudnn) else f"{triton:.3f} vs {cudnn:.3f} ms",
          met(None if None in (triton, cudnn) else triton < cudnn)),
     ]
+    # The sweep's worst point: triton's time over SDPA's at the same d and seq (both ok).
+    best = ("SELECT d_head, seq, min(e2e_ms_median) AS ms FROM attention_runs WHERE status = 'ok' "
+            f"AND {recent} AND heads = 16 AND batch = 1 AND dtype = 'bf16' AND causal = 1 AND "
+            "impl = ? GROUP BY d_head, seq")
+    worst = one(conn, f"SELECT json_array(t.d_head, t.seq, t.ms / s.ms) FROM ({best}) t "
+                      f"JOIN ({best}) s USING (d_head, seq) ORDER BY t.ms / s.ms DESC LIMIT 1",
+                since, "triton", since, "sdpa")
+    worst = None if worst is None else json.loads(worst)
+    rows.append((f"attention sweep: no point of triton over {SWEEP_VS_SDPA:g}x SDPA's time",
+                 "not measured" if worst is None else
+                 f"worst {worst[2]:.2f}x at d {worst[0]}, seq {worst[1]}",
+                 met(None if worst is None else worst[2] <= SWEEP_VS_SDPA)))
     small, big = model("small", "bf16", "launch_bound"), model("2.7B", "fp32", "launch_bound")
     rows.append(("small bf16 train (batch 4, context 512) is launch-bound",
                  str(model("small", "bf16", "launch_bound_phases")), met(None if small is None else small == 1)))

@@ -62,6 +62,9 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
                                         ("sdpa", "cudnn", "cudnn", 4.5)):
             s.add_run(inv, "attention", "ok", {**shape, "impl": impl, "sdpa_backend": backend},
                       {"e2e_ms_median": ms, "sdpa_backend_used": used})
+        for impl, ms in (("triton", 0.6), ("sdpa", 0.2)):  # a sweep point: 3x
+            s.add_run(inv, "attention", "ok", {**shape, "seq": 1024, "impl": impl},
+                      {"e2e_ms_median": ms})
         for size, precision, bound, phases in (("small", "bf16", True, "fwd,opt"),
                                                ("2.7B", "fp32", False, "")):
             s.add_run(inv, "model", "ok", {"size": size, "precision": precision, "mode": "train"},
@@ -80,6 +83,8 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     assert rows["2.7B fp32 train is not launch-bound"] == ("", "met")
     assert rows["profile small: backward kernel time above forward's"] == ("12.0 vs 6.0 ms", "met")
     assert rows["profile xl: backward kernel time above forward's"] == ("not measured", "n/a")
+    assert rows["attention sweep: no point of triton over 1.5x SDPA's time"] == (
+        "worst 3.00x at d 64, seq 1024", "NOT met")
 
 
 OWED = ROOT / "benchmarks" / "gpu_owed.py"

@@ -32,9 +32,10 @@ def attention(
     timer: option("loop (sync around each call) or do-bench (triton.testing.do_bench, CUDA). "
                   "[default: loop]", str | None) = None,
     sdpa_backend: option("For sdpa: auto, flash, efficient, math or cudnn.", str) = "auto",
-    triton_opt_in: list_option("For triton: its opt-in kernel paths, a point each: default, tma "
-                               "(Hopper: tiles through TMA descriptors), atomic-dq (dQ added with "
-                               "atomics in the dK/dV kernel), tma+atomic-dq. [default: what "
+    triton_opt_in: list_option("For triton: its kernel paths, a point each: default (Hopper, "
+                               "16-bit: tiles through TMA descriptors; else pointers), pointer, "
+                               "tma, atomic-dq (dQ added with atomics in the dK/dV kernel), "
+                               "pointer+atomic-dq, tma+atomic-dq. [default: what "
                                "CS336SYS_TRITON_TMA and CS336SYS_TRITON_ATOMIC_DQ say, else "
                                "default]") = None,
     preset: option("pytorch-attention, flash-benchmarking or leaderboard.", str | None) = None,
@@ -57,7 +58,7 @@ def attention(
 
         cs336sys attention --seq 16384 --attention triton,sdpa --precision bf16
 
-        cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,tma,atomic-dq
+        cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,pointer,atomic-dq
 
         cs336sys attention --impl yours-torch,flash-torch --seq 128,256
     """  # noqa: E501
