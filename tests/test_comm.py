@@ -55,7 +55,8 @@ def test_buffer_bytes_rounds_to_whole_shards():
 
 @pytest.mark.parametrize("op", exp.OPS)
 @pytest.mark.parametrize("rank", [0, 2])
-def test_expected_values_match_a_hand_simulation(op, rank):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_expected_values_match_a_hand_simulation(op, rank, in_place):
     """The exact expected output of each op, against a plain-Python simulation of 3 ranks."""
     n, numel = 3, 12
     shard = numel // n
@@ -68,12 +69,35 @@ def test_expected_values_match_a_hand_simulation(op, rank):
         want = [inputs[r][i] for r in range(n) for i in range(shard)]
     else:
         want = [sum(inputs[r][rank * shard + i] for r in range(n)) for i in range(shard)]
-    _, _, out, expected_at = exp._make_op(op, numel, n, rank, torch.float32, "cpu")
+    inp, _, out, expected_at = exp._make_op(op, numel, n, rank, torch.float32, "cpu",
+                                            in_place=in_place)
+    if in_place and op == "all-gather":  # this rank's shard of the output, filled
+        assert inp.data_ptr() == out.data_ptr() + rank * shard * 4
+        assert inp.tolist() == inputs[rank][:shard]
+    elif in_place and op == "reduce-scatter":  # this rank's shard of the input
+        assert out.data_ptr() == inp.data_ptr() + rank * shard * 4
+    else:
+        assert (inp.data_ptr() == out.data_ptr()) == (op in exp.IN_PLACE_ONLY)
     out.copy_(torch.tensor(want, dtype=torch.float32))
     assert exp._count_wrong(out, expected_at) == 0
     out[1] += 1
     out[-1] -= 2
     assert exp._count_wrong(out, expected_at) == 2
+
+
+def test_placements_expand_where_the_op_has_both():
+    got = [(s.op, s.placement) for s in exp.specs(op=["all-reduce", "all-gather",
+                                                       "reduce-scatter"],
+                                                   size_bytes=["1KB"], world_size=[2],
+                                                   device="cpu")]
+    assert got == [("all-reduce", "in-place"), ("all-gather", "out-of-place"),
+                   ("all-gather", "in-place"), ("reduce-scatter", "out-of-place"),
+                   ("reduce-scatter", "in-place")]
+    one = exp.specs(op=["all-gather"], placement=["in-place"], size_bytes=["1KB"],
+                    world_size=[2], device="cpu")
+    assert [s.placement for s in one] == ["in-place"]
+    with pytest.raises(exp.SpecError, match="broadcast in torch.distributed work in place"):
+        exp.specs(op=["broadcast"], placement=["out-of-place"], device="cpu")
 
 
 def test_busbw_factors_follow_nccl_tests():
@@ -93,7 +117,11 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
     )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
-    assert len(got) == 16
+    assert len(got) == 24  # all-gather and reduce-scatter out of place and in place
+    assert sorted({(r["op"], r["placement"]) for r in got}) == [
+        ("all-gather", "in-place"), ("all-gather", "out-of-place"), ("all-reduce", "in-place"),
+        ("broadcast", "in-place"), ("reduce-scatter", "in-place"),
+        ("reduce-scatter", "out-of-place")]
     for r in got:
         assert r["status"] == "ok" and r["wrong"] == 0
         assert r["backend"] == "gloo" and r["world_size"] == 2 and r["device"] == "cpu"
@@ -103,6 +131,8 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
         assert r["busbw_gbps"] == pytest.approx(algbw * exp.busbw_factor(r["op"], 2))
     assert {r["size_bytes"] for r in got} == {4000, 10**6}
     assert "busbw GB/s" in result.stdout
+    assert "Avg bus bandwidth: " in result.stdout and "(reduce-scatter in-place gloo 2 ranks" \
+        in result.stdout
 
 
 @pytest.mark.slow
@@ -142,6 +172,8 @@ def test_under_torchrun_a_failed_point_is_stored_by_rank0_and_ends_the_run(db_pa
     [
         (["--bytes", "10XB"], "--bytes"),
         (["--op", "all-to-all"], "--op"),
+        (["--placement", "out-of-place"], "--placement out-of-place: all-reduce"),
+        (["--placement", "sideways"], "--placement"),
         (["--world-size", "0"], "--world-size must be positive"),
         (["--precision", "fp64"], "--precision"),
         (["--iters", "0"], "--iters"),

@@ -16,6 +16,9 @@ def comm(
                             "8B:1GB:x2. [default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB "
                             "on CPU]",
                             "--bytes") = None,
+    placement: list_option("out-of-place and/or in-place, as nccl-tests times all-gather and "
+                           "reduce-scatter (all-reduce and broadcast are in place only). "
+                           "[default: both]") = None,
     world_size: list_option("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
                             "(Gloo)]") = None,
     backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
@@ -37,6 +40,8 @@ def comm(
     Examples:
 
         cs336sys comm --op all-reduce,all-gather --bytes 1MB,100MB --world-size 2
+
+        cs336sys comm --op reduce-scatter --placement in-place --bytes 8B:64MB:x4
 
         cs336sys comm --bytes 8B:64MB:x4 --world-size 2
 
@@ -62,6 +67,8 @@ def _averages(points) -> None:  # noqa: ANN001
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
+    from cs336sys.experiments.comm import IN_PLACE_ONLY
     from cs336sys.measure.units import format_size
 
-    return f"{spec.op} {format_size(spec.size_bytes)} n={spec.world_size}"
+    where = "" if spec.op in IN_PLACE_ONLY else f" {spec.placement}"
+    return f"{spec.op}{where} {format_size(spec.size_bytes)} n={spec.world_size}"

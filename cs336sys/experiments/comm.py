@@ -6,6 +6,10 @@ Methodology follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md
 - algbw = S / t;  busbw = algbw * factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for
   all-gather and reduce-scatter and 1 for broadcast: the bandwidth each link must sustain,
   comparable to the hardware's peak whatever n is.
+As in nccl-tests, all-gather and reduce-scatter are timed out of place (separate input and
+output buffers) and in place (all-gather's input is this rank's slice of the output,
+reduce-scatter's output this rank's slice of the input): `--placement`. torch.distributed's
+all-reduce and broadcast have one buffer, so they are in place only.
 Each timed iteration starts after a barrier and ends with a device sync. Per rank the mean
 over iterations is taken; the stored time is the mean over ranks, with min and max over
 ranks beside it. The result of the op is checked once per point against the exact expected
@@ -27,6 +31,8 @@ from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_s
 from cs336sys.sweep.result import Result
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "broadcast")
+PLACEMENTS = ("out-of-place", "in-place")
+IN_PLACE_ONLY = ("all-reduce", "broadcast")  # one buffer in torch.distributed
 DEFAULT_WORLD_SIZES = [2, 4, 6]
 # nccl-tests' range on GPUs; on a CPU, Gloo moves 1 GB in seconds, so a point of 25 of them
 # would take minutes: up to 100 MB and fewer iterations there.
@@ -56,6 +62,7 @@ def buffer_bytes(requested: int, dtype: str, world_size: int) -> int:
 @dataclass(frozen=True)
 class CommSpec:
     op: str
+    placement: str  # out-of-place | in-place (PLACEMENTS)
     size_bytes: int  # S as defined above, already rounded by buffer_bytes
     world_size: int
     backend: str
@@ -73,6 +80,7 @@ def specs(
     *,
     op: Iterable[str] | None = None,
     size_bytes: Iterable[str] | None = None,
+    placement: Iterable[str] | None = None,
     world_size: Iterable[Any] | None = None,
     backend: str | None = None,
     precision: Iterable[str] | None = None,
@@ -82,10 +90,15 @@ def specs(
 ) -> list[CommSpec]:
     """The points of a collectives sweep, world size slowest. SpecError names a bad option.
     `size_bytes` is the buffer size (the CLI's --bytes); what is not given takes the device's
-    default (DEFAULTS)."""
+    default (DEFAULTS). `placement` defaults to both where the op has both."""
     from cs336sys.measure.units import parse_sizes
 
     ops = choices(op, OPS, "--op", default=["all-reduce"])
+    placements = choices(placement, PLACEMENTS, "--placement", default=list(PLACEMENTS))
+    if "in-place" not in placements and (only := [o for o in ops if o in IN_PLACE_ONLY]):
+        raise SpecError(f"--placement out-of-place: {' and '.join(only)} in torch.distributed "
+                        "work in place only; add in-place, or ask for all-gather or "
+                        "reduce-scatter")
     be, dev = backend_and_device(backend, device)
     defaults = DEFAULTS[dev]
     try:
@@ -99,10 +112,13 @@ def specs(
     counts(warmup, iters, "--iters")
     worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
     return [
-        CommSpec(op=p["op"], size_bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
+        CommSpec(op=p["op"], placement=p["placement"],
+                 size_bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
                  world_size=p["world_size"], backend=be, precision=p["precision"], warmup=warmup,
                  iters=iters, device=dev)
-        for p in expand({"world_size": worlds, "op": ops, "precision": precisions, "size": sizes})
+        for p in expand({"world_size": worlds, "op": ops, "placement": placements,
+                         "precision": precisions, "size": sizes})
+        if p["placement"] == "in-place" or p["op"] not in IN_PLACE_ONLY
     ]
 
 
@@ -135,8 +151,10 @@ def _count_wrong(out, expected_at) -> int:
     return wrong
 
 
-def _make_op(op: str, numel: int, n: int, rank: int, dtype, device):
-    """(input, run, output, expected_at) for this rank; `run()` does the collective once."""
+def _make_op(op: str, numel: int, n: int, rank: int, dtype, device, in_place: bool = False):
+    """(input, run, output, expected_at) for this rank; `run()` does the collective once. In
+    place, all-gather's input is this rank's shard of the output and reduce-scatter's output
+    this rank's shard of the input (nccl-tests' in-place buffers)."""
     import torch
     import torch.distributed as dist
 
@@ -156,15 +174,17 @@ def _make_op(op: str, numel: int, n: int, rank: int, dtype, device):
             return buf, (lambda: dist.all_reduce(buf)), buf, summed
         return buf, (lambda: dist.broadcast(buf, src=0)), buf, (lambda i: _pattern(0, i))
     if op == "all-gather":
-        inp = torch.empty(shard, dtype=dtype, device=device)
-        _fill(inp, rank)
         out = torch.empty(numel, dtype=dtype, device=device)
+        inp = (out[rank * shard:(rank + 1) * shard] if in_place
+               else torch.empty(shard, dtype=dtype, device=device))
+        _fill(inp, rank)
         # out[j] came from rank j // shard, element j % shard
         return inp, (lambda: all_gather(out, inp)), out, (lambda j: _pattern(j // shard, j % shard))
     if op == "reduce-scatter":
         inp = torch.empty(numel, dtype=dtype, device=device)
         _fill(inp, rank)
-        out = torch.empty(shard, dtype=dtype, device=device)
+        out = (inp[rank * shard:(rank + 1) * shard] if in_place
+               else torch.empty(shard, dtype=dtype, device=device))
         # this rank owns global elements rank*shard ... (rank+1)*shard - 1
         return inp, (lambda: reduce_scatter(out, inp)), out, (lambda k: summed(rank * shard + k))
     raise ValueError(f"unknown op {op!r}")
@@ -179,7 +199,8 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     dtype = torch_dtype(spec.precision)
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
     numel = spec.size_bytes // itemsize(spec.precision)
-    source, op, output, expected_at = _make_op(spec.op, numel, n, rank, dtype, device)
+    source, op, output, expected_at = _make_op(spec.op, numel, n, rank, dtype, device,
+                                               in_place=spec.placement == "in-place")
 
     # Correctness, once: the first call on the patterned input against the exact values.
     op()
@@ -223,7 +244,8 @@ def section(sec: Any, pts: list) -> None:
     from cs336sys.report.plots import Plot
     from cs336sys.report.sections import add_plot, series
 
-    lines = series(pts, "size_bytes", "busbw_gbps", first=("op", "backend", "world_size"))
+    lines = series(pts, "size_bytes", "busbw_gbps",
+                   first=("op", "placement", "backend", "world_size"))
     add_plot(sec, "Bus bandwidth against message size", "comm-busbw",
              Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
                         logx=True), note=" ".join(average_lines(pts)))
@@ -242,7 +264,9 @@ def average_busbw(rows: list) -> list[tuple[str, float, int]]:
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("busbw_gbps") is not None:
-            key = (f"{r['op']} {r['backend']} {r['world_size']} ranks {r['precision']}")
+            where = "" if r.get("placement") in (None, "in-place") and r["op"] in IN_PLACE_ONLY \
+                else f" {r.get('placement') or 'out-of-place'}"
+            key = (f"{r['op']}{where} {r['backend']} {r['world_size']} ranks {r['precision']}")
             groups.setdefault(key, []).append(r["busbw_gbps"])
     return [(k, sum(v) / len(v), len(v)) for k, v in groups.items()]
 
@@ -256,7 +280,7 @@ def average_lines(rows: list) -> list[str]:
 TABLE = Table(
     "Collectives (nccl-tests formulas for bus bandwidth)",
     (
-        *setting_columns("op backend ranks=world_size precision"),
+        *setting_columns("op placement backend ranks=world_size precision"),
         Column("size", "size_bytes", "size", setting=True),
         Column("time µs", cell=lambda r: _us(r.get("time_ms_mean")), fmt="num"),
         Column("max µs", cell=lambda r: _us(r.get("time_ms_max")), fmt="num"),
