@@ -133,12 +133,13 @@ def strip_plot(plot: Strips) -> bytes:
     ax.set_yticklabels([label if len(label) <= 40 else label[:39] + "…"
                         for label, _, _ in reversed(plot.points)], fontsize=7)
     ax.set_ylim(-0.6, n - 0.4)
-    return _value_axis_png(fig, ax, plot.xlabel, plot.title, _spans_decades(values), "upper right")
+    # Below the axis: strips fill the whole width, so no corner inside it is free.
+    return _value_axis_png(fig, ax, plot.xlabel, plot.title, _spans_decades(values), "below")
 
 
 def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -> bytes:  # noqa: ANN001
     """The PNG of a plot whose values run along x (strips, ranked bars): the value axis,
-    its grid, the legend and the title."""
+    its grid, the legend (at `legend`, a corner, or "below" the axis) and the title."""
     from matplotlib.ticker import FuncFormatter
 
     if logx:
@@ -148,7 +149,11 @@ def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -
     ax.tick_params(axis="x", labelsize=8)
     ax.set_xlabel(xlabel, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, frameon=False, loc=legend)
+    if legend == "below":
+        ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.36),
+                  ncol=2)
+    else:
+        ax.legend(fontsize=7, frameon=False, loc=legend)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
