@@ -238,7 +238,8 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     summary = ("5 points compared: 1 faster, 1 slower, 1 bigger, 1 unchanged, "
                "1 undecided (too few or no samples)")
     lines = out.splitlines()
-    at = lines.index(summary)  # the table, its summary, then the paths written
+    at = lines.index(summary)  # the table, its caveat, its summary, then the paths written
+    assert lines[at - 1].startswith("One run a side: the test sees the scatter within a run")
     assert lines[at + 1 : at + 3] == [str(tmp_path / "report.html"), str(tmp_path / "report.md")]
     assert all(Path(p).is_file() for p in lines[at + 1 :])
     # the 30% slower point: B/A is the ratio of the medians, near 1.3
@@ -457,6 +458,7 @@ def test_reruns_make_the_runs_the_unit_so_run_to_run_drift_is_noise(tmp_path):
     assert "unchanged" in fp32 and "(4 vs 4 runs)" in fp32
     bf16 = _table_line(result.stdout, "precision=bf16")
     assert re.search(r"1\.\d\dx slower\s+p=0\.029 \(4 vs 4 runs\)", bf16)  # 4 vs 4: p = 2/70
+    assert "One run a side" not in result.stdout  # the runs were the unit
 
 
 def test_two_runs_a_side_are_too_few_runs_to_tell(tmp_path):

@@ -200,6 +200,7 @@ class Change:
     verdict: str  # "1.23x slower", "unchanged", "too few samples to tell", ...
     kind: str  # "regression", "improvement", "unchanged", "undecided"; "changed" (no direction)
     how: str  # "p=0.002", "p<0.001", "one reading", "no samples"
+    one_run_a_side: bool = False  # tested on the pooled samples of a single run per side
 
     @property
     def factor(self) -> float:
@@ -250,7 +251,7 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
     else:
         verdict, kind = reason, "undecided"
     return Change(experiment, point, metric, j.a, j.b, j.ratio, j.p,
-                  len(xa), len(xb), verdict, kind, how)
+                  len(xa), len(xb), verdict, kind, how, one_run_a_side=tested and not by_runs)
 
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
@@ -453,7 +454,17 @@ class Comparison:
         rows = [[c.experiment, c.point, c.metric.label, num(c.a), num(c.b), _ratio(c.ratio),
                  c.verdict, c.how] for c in self.changes]
         table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"], rows)
-        return f"{head}\n{table}\n{self.summary()}"
+        return "\n".join([head, table, *self.caveats(), self.summary()])
+
+    def caveats(self) -> list[str]:
+        """What a reader must know before trusting a verdict: a change judged on one run a
+        side (see method())."""
+        if any(c.one_run_a_side and c.kind in ("regression", "improvement", "changed")
+               for c in self.changes):
+            return ["One run a side: the test sees the scatter within a run, not the drift "
+                    "between runs, which alone can read as a change. Run each side more than "
+                    "once (the same --label), and the runs' medians are compared."]
+        return []
 
 
 def _ratio(r: float | None) -> str:
