@@ -1,5 +1,7 @@
 """Host cost of one attention call: microseconds per call, ours against SDPA and
-against a bare Triton launch of an empty kernel, the floor.
+against a bare Triton launch of an empty kernel, the floor; and the floors of our forward
+without a kernel: its two allocations alone, and inside an autograd.Function that saves what
+ours saves (their difference is autograd's own cost per call).
 
     python benchmarks/attention_host_overhead.py [--calls 100] [--repeats 7] [--json FILE]
 
@@ -56,6 +58,13 @@ def per_call_us(fn: Callable[[], object], calls: int, repeats: int, sync: Callab
         unsynced.append((t1 - t0) / calls * 1e6)
         synced.append((t2 - t0) / calls * 1e6)
     return statistics.median(unsynced), statistics.median(synced)
+
+
+def _allocate(q, k, v, is_causal):
+    """What our forward allocates: O like q and the float32 logsumexp L."""
+    import torch
+
+    return torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
 
 
 def stub_kernel_launches(flash_triton) -> None:
@@ -149,6 +158,27 @@ def main() -> int:
     else:
         why = "TRITON_INTERPRET=1 set with CUDA" if cuda else "needs a GPU or TRITON_INTERPRET=1"
         rows.append(("ours and the empty Triton kernel", None, None, f"not run: Triton {why}"))
+
+    # The floors of our forward with and without grad: its two allocations (O and L) alone,
+    # then inside an autograd.Function that saves what ours saves. Neither launches anything,
+    # so on any device they are host cost, and their difference is autograd's own per call.
+    class AllocateOnly(torch.autograd.Function):
+        """Our Function's bookkeeping (save Q, K, V, O, L; a flag) around no kernel."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False):
+            o, lse = _allocate(q, k, v, is_causal)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal = is_causal
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            return None, None, None, None
+
+    measure("floor: allocate O and L", fwd(_allocate, False))
+    measure("floor: allocate O and L in an autograd.Function",
+            fwd(lambda q, k, v, is_causal: AllocateOnly.apply(q, k, v, is_causal), True))
 
     sdpa = F.scaled_dot_product_attention
     # SDPA computes on CPU (tens of ms per call here): fewer calls, and not a host cost.

@@ -250,8 +250,6 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
 
 def host_overhead(path: Path) -> tuple[str, str, str]:
     """The verdict row of benchmarks/attention_host_overhead.py, from its JSON."""
-    import json
-
     got = json.loads(path.read_text()) if path.exists() else {}
     us, target = got.get("ours_forward_us"), got.get("target_us", 40.0)
     return (f"attention host cost: triton forward at seq 1024 at most {target:g} us per call",
