@@ -67,8 +67,8 @@ def _averages(points) -> None:  # noqa: ANN001
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    from cs336sys.experiments.comm import IN_PLACE_ONLY
+    from cs336sys.experiments.comm import placement_words
     from cs336sys.measure.units import format_size
 
-    where = "" if spec.op in IN_PLACE_ONLY else f" {spec.placement}"
+    where = placement_words(spec.op, spec.placement)
     return f"{spec.op}{where} {format_size(spec.size_bytes)} n={spec.world_size}"

@@ -51,6 +51,12 @@ def busbw_factor(op: str, n: int) -> float:
     }[op]
 
 
+def placement_words(op: str, placement: str | None) -> str:
+    """' in-place' or ' out-of-place' after an op that has both, '' after one that is in
+    place only. Rows stored before `placement` existed have none: they were out of place."""
+    return "" if op in IN_PLACE_ONLY else f" {placement or 'out-of-place'}"
+
+
 def buffer_bytes(requested: int, dtype: str, world_size: int) -> int:
     """The size actually moved: whole elements, a multiple of the world size (for the
     ops that split the buffer into equal shards), at least one element per rank."""
@@ -264,8 +270,7 @@ def average_busbw(rows: list) -> list[tuple[str, float, int]]:
     groups: dict[str, list[float]] = {}
     for r in rows:
         if r.get("status") == "ok" and r.get("busbw_gbps") is not None:
-            where = "" if r.get("placement") in (None, "in-place") and r["op"] in IN_PLACE_ONLY \
-                else f" {r.get('placement') or 'out-of-place'}"
+            where = placement_words(r["op"], r.get("placement"))
             key = (f"{r['op']}{where} {r['backend']} {r['world_size']} ranks {r['precision']}")
             groups.setdefault(key, []).append(r["busbw_gbps"])
     return [(k, sum(v) / len(v), len(v)) for k, v in groups.items()]
