@@ -39,6 +39,7 @@ def _get(url: str, deadline: float) -> object:
 def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path):
     db = build(tmp_path / "results.db")
     before = hashlib.sha256(db.read_bytes()).hexdigest()
+    files = sorted(p.name for p in tmp_path.iterdir())
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cs336sys", "browse", "--db", str(db),
                              "--port", str(port)], stdout=subprocess.PIPE,
@@ -62,6 +63,8 @@ def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path
         proc.terminate()
         proc.communicate(timeout=30)
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # read-only
+    # and no trace beside it: a WAL store opened read-only gets -wal and -shm files
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
 
 
 def test_without_datasette_it_says_how_to_install_it(tmp_path, monkeypatch):

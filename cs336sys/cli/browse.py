@@ -68,7 +68,7 @@ def browse(
 ) -> None:
     """Serve the results store in a browser with Datasette: browse, facet and filter every view, and run read-only SQL. Needs the browse extra (pip install 'cs336sys[browse]').
 
-    Each view's columns carry their unit and meaning; canned queries give the latest run of every point and the fastest attention per sequence length. The store is opened read-only (a store of an older schema is served as a migrated snapshot). Ctrl-C stops it.
+    Each view's columns carry their unit and meaning; canned queries give the latest run of every point and the fastest attention per sequence length. The store is opened read-only and nothing is written beside it: a store no sweep has open is served as it is at the start (rows stored later show after a restart); one a sweep is writing, live; one of an older schema, as a migrated snapshot. Ctrl-C stops it.
 
     Example:
 
@@ -93,7 +93,9 @@ def browse(
         fail(exc)
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
         served = Path(db)
-        immutable = False
+        # As open_untouched reads: a store no writer has open (no -wal) is served immutable,
+        # which leaves no -wal or -shm beside it; one a writer has open, live.
+        immutable = not served.with_name(served.name + "-wal").exists()
         if conn.execute("PRAGMA database_list").fetchone()[2] == "":  # a migrated copy
             served, immutable = Path(tmp) / served.name, True
             out = sqlite3.connect(served)
