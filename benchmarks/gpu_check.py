@@ -177,7 +177,9 @@ def one(conn: sqlite3.Connection, sql: str, *params):
 def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list[tuple[str, str, str]]:
     """(target, measured, met) rows from the store this check wrote; "not measured" where it
     holds nothing, or does not exist (a budget spent before any step stored a point)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True) if db.exists() else sqlite3.connect(":memory:")
+    from cs336sys.store.db import open_untouched  # no -wal/-shm left in the archived folder
+
+    conn = open_untouched(db) if db.exists() else sqlite3.connect(":memory:")
     recent = "created >= ?"
     shape = "seq = 16384 AND d_head = 64 AND heads = 16 AND dtype = 'bf16' AND causal = 1"
 

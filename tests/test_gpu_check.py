@@ -283,6 +283,8 @@ def test_gpu_check_end_to_end_writes_its_verdict_and_archive(tmp_path, monkeypat
     with tarfile.open(out.with_suffix(".tar.gz")) as tar:
         names = set(tar.getnames())
     assert {"check/verdict.md", "check/gpu-check.log"} <= names
+    # the verdict read the store without leaving -wal/-shm files to be archived beside it
+    assert not {"check/results.db-wal", "check/results.db-shm"} & names
     if stores:
         assert rc == 0, printed.err
         assert "check/results.db" in names and "check/report.html" in names
