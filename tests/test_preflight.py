@@ -98,8 +98,7 @@ def test_naive_attention_whose_scores_cannot_fit_is_not_started(db_path, monkeyp
 
 
 @pytest.mark.parametrize(("backend", "skipped"), [("auto", False), ("math", True)])
-def test_sdpa_counts_the_scores_only_for_its_math_backend(db_path, monkeypatch, backend,
-                                                         skipped):
+def test_sdpa_counts_the_scores_only_for_its_math_backend(monkeypatch, backend, skipped):
     """Fused SDPA backends hold O(T) statistics: 65536 keys, 16 heads must not count the
     3 x 16 x 65536^2 bf16 scores (384 GiB), which skipped SDPA on an H200 with 139 GiB."""
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 16 * 2**30)
