@@ -335,6 +335,14 @@ def _dot_flags(dtype: torch.dtype) -> dict:
     }
 
 
+def forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a forward call allocates: O (..., T_q, D) in q's layout where it can be written
+    as it is (_new_like) and the float32 logsumexp L (..., T_q). Allocated in the caller's
+    shape, not as views of other buffers: autograd forbids in-place changes to a view
+    returned by a custom Function, and O is handed to the model."""
+    return _new_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+
+
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,10 +354,7 @@ def attention_forward(
     plan = _PLANS.get(key)
     if plan is None:
         _check_inputs(q, k, v)
-    # Allocated in the caller's shape, not as views of other buffers: autograd forbids
-    # in-place changes to a view returned by a custom Function, and O is handed to the model.
-    o = _new_like(q)  # (..., T_q, D)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # (..., T_q)
+    o, lse = forward_outputs(q)
     if plan is None:
         _PLANS[key] = _LAST["fwd"] = _forward_plan(q, k, v, o, lse, bool(is_causal))
         return o, lse
