@@ -85,13 +85,13 @@ def main() -> int:
     # (triton_opt_in) where the GPU made them fall back.
     opt_ins = ["default", "pointer"] + (["pointer+atomic-dq", "tma+atomic-dq"] if args.atomic_dq
                                         else [])
-    runs = [  # (CLI arguments, environment): one invocation each, in this order
-        (["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
-          ",".join(opt_ins)], env),
-        (["--impl", "sdpa", "--sdpa-backend", "cudnn"], env),
+    runs = [  # one invocation each, in this order
+        ["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
+         ",".join(opt_ins)],
+        ["--impl", "sdpa", "--sdpa-backend", "cudnn"],
     ]
     rows = []
-    for impl_args, env in runs:
+    for impl_args in runs:
         # Only an invocation this call recorded: one that failed before recording any must
         # not bring back an earlier run's rows from the same store.
         since = now()  # the store's own clock format

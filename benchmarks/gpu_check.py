@@ -166,11 +166,15 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def one(conn: sqlite3.Connection, sql: str, *params):
+def first_row(conn: sqlite3.Connection, sql: str, *params) -> tuple | None:
     try:
-        row = conn.execute(sql, params).fetchone()
+        return conn.execute(sql, params).fetchone()
     except sqlite3.OperationalError:  # no such view: nothing of that kind was stored
         return None
+
+
+def one(conn: sqlite3.Connection, sql: str, *params):
+    row = first_row(conn, sql, *params)
     return None if row is None else row[0]
 
 
@@ -222,10 +226,9 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
     best = ("SELECT d_head, seq, min(e2e_ms_median) AS ms FROM attention_runs WHERE status = 'ok' "
             f"AND {recent} AND heads = 16 AND batch = 1 AND dtype = 'bf16' AND causal = 1 AND "
             "impl = ? GROUP BY d_head, seq")
-    worst = one(conn, f"SELECT json_array(t.d_head, t.seq, t.ms / s.ms) FROM ({best}) t "
-                      f"JOIN ({best}) s USING (d_head, seq) ORDER BY t.ms / s.ms DESC LIMIT 1",
-                since, "triton", since, "sdpa")
-    worst = None if worst is None else json.loads(worst)
+    worst = first_row(conn, f"SELECT t.d_head, t.seq, t.ms / s.ms FROM ({best}) t JOIN "
+                            f"({best}) s USING (d_head, seq) ORDER BY 3 DESC LIMIT 1",
+                      since, "triton", since, "sdpa")
     rows.append((f"attention sweep: no point of triton over {SWEEP_VS_SDPA:g}x SDPA's time",
                  "not measured" if worst is None else
                  f"worst {worst[2]:.2f}x at d {worst[0]}, seq {worst[1]}",
