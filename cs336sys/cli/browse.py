@@ -80,8 +80,7 @@ def browse(
     import sqlite3
     import subprocess
 
-    from cs336sys.store import schema
-    from cs336sys.store.db import StoreError, connect_readonly
+    from cs336sys.store.db import StoreError, connect_readonly, readable_immutable
 
     if importlib.util.find_spec("datasette") is None:
         fail("cs336sys browse needs Datasette, an optional extra: pip install 'cs336sys[browse]'")
@@ -92,17 +91,17 @@ def browse(
     except StoreError as exc:
         fail(exc)
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
-        served = Path(db)
-        # As open_untouched reads: a store no writer has open (no -wal) is served immutable,
-        # which leaves no -wal or -shm beside it; one a writer has open, live.
-        immutable = not served.with_name(served.name + "-wal").exists()
-        if conn.execute("PRAGMA database_list").fetchone()[2] == "":  # a migrated copy
+        # Immutable where open_untouched reads so (nothing is left beside the store); a
+        # store a writer has open, live.
+        served, immutable = Path(db), readable_immutable(db)
+        if conn.execute("PRAGMA database_list").fetchone()[2] == "":  # read from a copy
             served, immutable = Path(tmp) / served.name, True
             out = sqlite3.connect(served)
             conn.backup(out)
             out.close()
-            typer.echo(f"{db} is at an older schema than {schema.SCHEMA_VERSION}: serving a "
-                       "migrated snapshot (the store itself is left as it is)", err=True)
+            typer.echo(f"{db} was read into a copy (an older schema, migrated, or the log a "
+                       "killed writer left, recovered): serving that snapshot (the store "
+                       "itself is left as it is)", err=True)
         conn.close()
         meta = Path(tmp) / "metadata.json"
         meta.write_text(json.dumps(metadata(served.stem)))

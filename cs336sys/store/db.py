@@ -21,7 +21,7 @@ from cs336sys.store.views import ensure_views
 from cs336sys.sweep.points import point_key
 
 __all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "damage", "now",
-           "open_untouched", "point_key", "store_problem"]
+           "open_untouched", "point_key", "readable_immutable", "store_problem"]
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
@@ -147,10 +147,17 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
         conn = _read_a_copy(path, wal)
         if conn is not None:
             return conn
-    uri += "?mode=ro" if wal.exists() else "?mode=ro&immutable=1"
+    uri += "?mode=ro&immutable=1" if readable_immutable(path) else "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+def readable_immutable(path: str | Path) -> bool:
+    """Whether the store can be read with `immutable=1`, which leaves nothing beside it: it
+    has no `-wal`, so no connection has it open in WAL mode (see open_untouched)."""
+    path = Path(path)
+    return not path.with_name(path.name + "-wal").exists()
 
 
 def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
