@@ -15,6 +15,7 @@ import pytest
 
 from cs336sys.experiments import model
 from tests.conftest import invoke, query
+from tests.promises import READ_ONLY
 from tests.report_fixture import build
 
 
@@ -36,6 +37,7 @@ def _get(url: str, deadline: float) -> object:
 
 
 @pytest.mark.slow  # a Python that starts Datasette
+@pytest.mark.promise(READ_ONLY)
 def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path):
     db = build(tmp_path / "results.db")
     before = hashlib.sha256(db.read_bytes()).hexdigest()
