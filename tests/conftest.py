@@ -25,6 +25,16 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ or _XDIST_WORKER:
     _cache = tempfile.mkdtemp(prefix=f"cs336sys-inductor-{_XDIST_WORKER or ''}")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+# Before its first CPU build, inductor probes which vector instructions the compiler can
+# build and load (a C++ build and a subprocess per ISA the CPU reports): 3 s in every
+# process that compiles, with a fresh cache folder each. Here the ISAs the CPU reports are
+# taken as buildable (torch._inductor.config.cpp.vec_isa_ok); set it to 0 to probe again.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# Inductor builds a graph's C++ kernels in a pool of worker processes, each of which imports
+# torch (3 s of CPU): in a test process that compiles a few small graphs, with the cores
+# already shared among test workers, the pool cost a fifth more CPU than building in the
+# process itself and saved no time.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def _patch_the_language_once_per_launch() -> bool:
@@ -77,6 +87,29 @@ def _patch_the_language_once_per_launch() -> bool:
     return True
 
 
+def _skip_overflow_checks() -> bool:
+    """Triton's interpreter checks every int32 addition, subtraction and multiplication for
+    overflow (InterpreterOptions.sanitize_overflow; compiled kernels check none unless asked):
+    each becomes a cast to int64, the operation, two comparisons and an assert, which was
+    about 40% of an interpreted kernel's time. The tests' tensors hold far fewer than 2**31
+    elements, so no offset into them can overflow and the check can never fire here.
+    test_flash_triton.py::test_interpreter_patch_changes_no_result checks the kernels give
+    the same bits with it. False where the interpreter has no such option."""
+    import dataclasses
+
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if not dataclasses.is_dataclass(options) or not hasattr(options, "sanitize_overflow"):
+        return False
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    builder.options_checked = options  # the interpreter's own, for the test that compares
+    return True
+
+
 INTERPRETER_PATCHED = False  # set by pytest_configure
 
 
@@ -96,7 +129,8 @@ def pytest_configure(config):
     # here, before the test modules are collected.
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    INTERPRETER_PATCHED = _patch_the_language_once_per_launch()  # no effect when compiled
+    patched, unchecked = _patch_the_language_once_per_launch(), _skip_overflow_checks()
+    INTERPRETER_PATCHED = patched and unchecked  # neither has an effect on compiled kernels
     # Each xdist worker computes on its share of the cores. torch's default, a thread per
     # core in every worker, oversubscribes them: OpenMP threads spin waiting for cores the
     # other workers hold (the model, attention and precision tests took 2.5 times the CPU
@@ -131,6 +165,14 @@ MICRO = [
     "--device",
     "cpu",
 ]
+
+
+def micro(**changes) -> list[str]:
+    """MICRO with some values changed: micro(num_layers=1) for `--num-layers 1`."""
+    args = list(MICRO)
+    for name, value in changes.items():
+        args[args.index("--" + name.replace("_", "-")) + 1] = str(value)
+    return args
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,7 +12,7 @@ from cs336sys import __version__
 from cs336sys.cli import app
 from cs336sys.models.flops import step_flops
 from cs336sys.models.transformer import TransformerLM
-from tests.conftest import MICRO, invoke, view_rows
+from tests.conftest import MICRO, invoke, micro, view_rows
 
 rows = view_rows('model_runs')
 
@@ -448,8 +448,9 @@ def test_help_and_sql_import_nothing_heavy(filled_db, args, heavy):
 
 @pytest.mark.slow
 def test_compiled_model_runs_and_is_recorded(db_path):
-    result = invoke(
-        "model", *MICRO, "--seq", "16", "--mode", "forward", "--compile", "--db", db_path
+    result = invoke(  # one block: inductor's build is most of the time
+        "model", *micro(num_layers=1), "--seq", "16", "--mode", "forward", "--compile",
+        "--db", db_path,
     )
     assert result.exit_code == 0, result.output
     (row,) = rows(db_path)
@@ -470,7 +471,7 @@ def test_model_trains_with_each_attention(db_path, attention, monkeypatch):
     monkeypatch.setenv(flash_torch.COMPILE_ENV, "0")
     result = invoke(
         "model",
-        *MICRO,
+        *micro(num_layers=1, batch=1),  # one block, one sequence: interpreted Triton is slow
         "--seq",
         "24",
         "--mode",

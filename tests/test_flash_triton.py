@@ -398,7 +398,8 @@ def test_direct_launch_passes_every_argument_in_signature_order(monkeypatch):
 @pytest.mark.slow
 def test_interpreter_patch_changes_no_result(monkeypatch):
     """tests/conftest.py spares the interpreter a swap of triton.language at every helper call
-    (INTERPRETER_PATCHED): the kernels give the same bits, forward and backward, without it."""
+    and its int32 overflow checks (INTERPRETER_PATCHED): the kernels give the same bits,
+    forward and backward, without either."""
     from triton.runtime import interpreter
 
     from tests.conftest import INTERPRETER_PATCHED
@@ -409,6 +410,9 @@ def test_interpreter_patch_changes_no_result(monkeypatch):
     monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.original)
     monkeypatch.setattr(interpreter.GridExecutor, "__call__",
                         interpreter.GridExecutor.__call__.original)
+    builder = interpreter.interpreter_builder
+    assert not builder.options.sanitize_overflow and builder.options_checked.sanitize_overflow
+    monkeypatch.setattr(builder, "options", builder.options_checked)
     plain, _, _ = run_flash(*shapes, seed=8)
     assert patched.keys() == plain.keys()
     for name in plain:

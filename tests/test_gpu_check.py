@@ -227,7 +227,10 @@ def test_gpu_owed_end_to_end_under_a_budget(tmp_path, monkeypatch, capsys):
     owed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(owed)
     check = sys.modules["gpu_check"]
-    monkeypatch.setattr(check, "RESERVE_S", 4.0)
+    # Step 1 (a CLI process: torch's import and a micro model) takes about 5 s of the 13 s
+    # the steps are given; step 2 sleeps out the rest.
+    budget = 16
+    monkeypatch.setattr(check, "RESERVE_S", 3.0)
     monkeypatch.setattr(check, "MIN_STEP_S", 2.0)
     monkeypatch.setattr(check, "TERM_GRACE_S", 5.0)
     monkeypatch.setattr(owed, "preflight", lambda: None)
@@ -240,10 +243,10 @@ def test_gpu_owed_end_to_end_under_a_budget(tmp_path, monkeypatch, capsys):
     ])
     out, archive = tmp_path / "owed", tmp_path / "owed.tar.gz"
     monkeypatch.setattr(sys, "argv", ["gpu_owed.py", "--out", str(out), "--archive",
-                                      str(archive), "--budget", "24"])
+                                      str(archive), "--budget", str(budget)])
     t0 = time.monotonic()
     assert owed.main() == 1
-    assert time.monotonic() - t0 < 24 + 20  # the budget, plus the report's own time
+    assert time.monotonic() - t0 < budget + 20  # the budget, plus the report's own time
     printed = capsys.readouterr()
     assert "1. stores a point: exit 0" in printed.out
     assert "2. runs past the budget: exit 124" in printed.out and "stopped" in printed.out

@@ -88,17 +88,31 @@ def listening(pids: set[int]) -> set[int]:
     return ports
 
 
+def _resident_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def _holds_its_payload(pid: int) -> bool:
+    """The rank has allocated LONG's 256 MB tensor: it is past the group's set-up, in the
+    all-reduces. Measured against its parent (the forkserver or torchrun's agent), which
+    holds the same imports and no payload."""
+    return _resident_bytes(pid) >= _resident_bytes(_parent_of(pid) or pid) + 200 * 2**20
+
+
 def ranks(root: int, n: int, timeout: float = 90.0) -> tuple[set[int], set[int]]:
     """Wait until `n` ranks below `root` are in their collectives; their pids and ports."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         found = {pid for pid in descendants(root) if _is_rank(pid)}
         ports = listening(found)
-        if len(found) >= n and ports:
-            time.sleep(3.0)  # past init, into the all-reduces
+        if len(found) >= n and ports and all(_holds_its_payload(pid) for pid in found):
+            time.sleep(0.5)  # into the all-reduces
             return found, ports
-        time.sleep(0.3)
-    raise AssertionError(f"{n} ranks did not start")
+        time.sleep(0.1)
+    raise AssertionError(f"{n} ranks did not reach their collectives")
 
 
 def port_free(port: int) -> bool:
