@@ -43,6 +43,18 @@ def _hang_on_rank1(ctx):
     dist.all_reduce(t)  # times out: rank 1 never joins
 
 
+def _imported(ctx, name):
+    return name in sys.modules
+
+
+def test_forked_ranks_start_with_dynamo_imported(monkeypatch):
+    """The fork server imports torch._dynamo once (launcher._context): a rank that trains
+    would import it (optimizers and FSDP wrap their steps in torch._disable_dynamo), 2 s of
+    CPU per rank."""
+    monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
+    assert launch(_imported, 2, args=("torch._dynamo",)) == [True, True]
+
+
 def _pids_gone(pids):
     for pid in pids:
         try:

@@ -309,9 +309,13 @@ def _context():
         raise ValueError(f"CS336SYS_START_METHOD must be one of {START_METHODS}, not {method!r}")
     ctx = mp.get_context(method)
     if method == "forkserver":
-        # Only torch: a module that reads the environment when imported (Triton, the
-        # kernels' opt-ins) is imported by each rank after it has the parent's environment.
-        ctx.set_forkserver_preload(["torch"])
+        # torch, and torch._dynamo: every rank that trains imports it (optimizers and FSDP
+        # wrap their steps in torch._disable_dynamo), 2 s of CPU per rank otherwise. Our own
+        # modules, which read the environment when imported (the kernels' opt-ins), are
+        # imported by each rank after it has the parent's environment; Triton reads its
+        # variables when used. Inductor's config is read at import: a TORCHINDUCTOR_
+        # variable changed after the first launch of a process does not reach its ranks.
+        ctx.set_forkserver_preload(["torch", "torch._dynamo"])
     return ctx
 
 
