@@ -3,6 +3,7 @@ what the build says about each: registers, spills, shared memory, how wide its g
 and stores are, and the Hopper instructions in it.
 
     python benchmarks/sm90_compile.py [--only attention,atomic-dq,adamw,ce] [--json]
+                                      [--head-dims 64,128]   # atomic-dq's head dims
     PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
 
 Each kernel is specialised as its launcher would be at a large shape (pointers and the
@@ -223,12 +224,13 @@ def _call(fn, arg) -> Build | Exception:
         return exc
 
 
-GROUPS = {
-    "attention": attention_builds,
+GROUPS = {  # name -> builds(head_dims)
+    "attention": lambda head_dims: attention_builds(),
     "atomic-dq": atomic_dq_builds,
-    "adamw": lambda: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
-                      (("multi", adamw_multi), ("single", adamw_single)) for p in PARAM_TYPES),
-    "ce": lambda: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),
+    "adamw": lambda head_dims: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
+                                (("multi", adamw_multi), ("single", adamw_single))
+                                for p in PARAM_TYPES),
+    "ce": lambda head_dims: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),
 }
 
 
@@ -236,16 +238,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(GROUPS), help="comma list of " + ", ".join(GROUPS))
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel build")
+    parser.add_argument("--head-dims", default="64,128", help="the atomic-dq candidates' head dims")
     args = parser.parse_args()
     groups = args.only.split(",")
     if not set(groups) <= set(GROUPS):
         print(f"Error: --only takes {', '.join(GROUPS)}, got {','.join(groups)!r}", file=sys.stderr)
         return 2
+    try:
+        head_dims = tuple(int(d) for d in args.head_dims.split(","))
+    except ValueError:
+        head_dims = ()
+    if not head_dims or any(d not in (16, 32, 64, 128) for d in head_dims):
+        print(f"Error: --head-dims takes 16, 32, 64 or 128, got {args.head_dims!r}", file=sys.stderr)
+        return 2
     if not args.json:
         print(f"triton {triton.__version__}, sm_90")
     failed = 0
     for group in groups:
-        for label, build in GROUPS[group]():
+        for label, build in GROUPS[group](head_dims):
             if args.json:
                 fields = ({"error": str(build)} if isinstance(build, Exception)
                           else dataclasses.asdict(build))

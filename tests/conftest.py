@@ -278,6 +278,7 @@ ONE_WORKER = {
     "tests/test_ddp_wrappers.py",  # runs: every DDP case, 3 rounds
     "tests/test_sharding.py",  # runs: every sharded-optimizer and FSDP case
     "tests/test_sm90_codegen.py",  # builds: the kernels compiled for sm_90
+    "tests/test_report_browser.py",  # fixture_report: the fixture's report, plots drawn
 }
 
 

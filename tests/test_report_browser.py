@@ -157,6 +157,11 @@ def _fixture_report(tmp: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def fixture_report(tmp_path_factory) -> Path:
+    return _fixture_report(tmp_path_factory.mktemp("fixture"))
+
+
 def _long_names_report(tmp: Path) -> Path:
     """A profile whose kernel names are longer than a printed page is wide, without a space
     (cutlass and Triton names are like this), and a setting value as long."""
@@ -201,9 +206,9 @@ def test_long_kernel_names_break_rather_than_widen_the_page(tmp_path):
 
 
 @pytest.mark.parametrize("which", ["fixture", "h100"])
-def test_tables_and_the_model_chart_fit_a_1280_px_page(tmp_path, which):
+def test_tables_and_the_model_chart_fit_a_1280_px_page(tmp_path, which, request):
     exe = _chromium()
-    page = _fixture_report(tmp_path) if which == "fixture" else H100_REPORT
+    page = request.getfixturevalue("fixture_report") if which == "fixture" else H100_REPORT
     m = _measure(exe, page, tmp_path, WIDTH)
     _fits(m, WIDTH)
     charts = [i for i in m["imgs"] if i["alt"].startswith("Step time by phase, tokens/s and MFU")]
@@ -221,12 +226,12 @@ def test_tables_and_the_model_chart_fit_a_1280_px_page(tmp_path, which):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">I", png[16:20])[0] == WIDTH
 
 
-def test_printed_tables_keep_every_column(tmp_path):
+def test_printed_tables_keep_every_column(tmp_path, fixture_report):
     """On paper (the print rules, a page's width) no table is wider than the page and none
     scrolls; and where poppler's pdftotext is installed, Chromium's PDF of the report holds
     every header of every table."""
     exe = _chromium()
-    pages = (_fixture_report(tmp_path), H100_REPORT)  # the H100 one lost 3 columns before
+    pages = (fixture_report, H100_REPORT)  # the H100 one lost 3 columns before
     for page in (*pages, _long_names_report(tmp_path)):
         _fits(_measure(exe, page, tmp_path, PRINT_WIDTH, print_css=True), PRINT_WIDTH)
     if not shutil.which("pdftotext"):
