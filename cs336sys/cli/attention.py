@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Adapters, Force, Label, Resume, Wide, list_option, option
+from typing import Any
+
+from cs336sys.cli.common import measure
+from cs336sys.cli.options import estimate_options, list_option, option, options_of, store_options
 
 ListOpt = list[str] | None
 
-def attention(
+def _attention_only(
     attention: list_option("Attention implementation(s): naive, compiled, sdpa, flash-torch, "
                            "triton; "
                            "yours: yours-torch, yours-triton (your adapters file) or "
@@ -43,13 +45,12 @@ def attention(
                            "skipped.", bool, "--skip-after-oom/--no-skip-after-oom") = True,
     device: option("auto, cpu, cuda or cuda:N.", str) = "auto",
     seed: option("Seed for the random inputs.", int) = 0,
-    force: Force = False,
-    wide: Wide = False,
-    resume: Resume = False,
-    label: Label = None,
-    adapters: Adapters = None,
-    db: DbOption = DEFAULT_DB,
 ) -> None:
+    """The options of `attention` beyond the store's and --force."""
+
+
+@options_of(_attention_only, estimate_options, store_options)
+def attention(**options: Any) -> None:
     """Time attention implementations forward, backward and end to end; one row per point.
 
     Each point is checked once against a float64 reference (max_err; a point outside the tolerance is stored as wrong), and records the memory in use before backward (CUDA: allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl is another name for --attention here.
@@ -62,7 +63,6 @@ def attention(
 
         cs336sys attention --impl yours-torch,flash-torch --seq 128,256
     """  # noqa: E501
-    options = dict(locals())
     from cs336sys.experiments import attention as exp
 
     options["impl"], skip = options.pop("attention"), options.pop("skip_after_oom")

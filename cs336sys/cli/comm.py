@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
-from cs336sys.cli.options import Label, Resume, Wide, list_option, option
+from typing import Any
+
+from cs336sys.cli.common import measure
+from cs336sys.cli.options import list_option, option, options_of, store_options
 
 ListOpt = list[str] | None
 
 
-def comm(
+def _comm_only(
     op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
                     "all-reduce]") = None,
     size_bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); "
@@ -28,11 +30,12 @@ def comm(
     iters: option("Timed iterations per point. [default: 20 on CUDA, 10 on "
                   "CPU]", int | None) = None,
     device: option("auto, cpu or cuda (picks the default backend).", str) = "auto",
-    wide: Wide = False,
-    resume: Resume = False,
-    label: Label = None,
-    db: DbOption = DEFAULT_DB,
 ) -> None:
+    """The options of `comm` beyond the store's (it runs no user code: no --adapters)."""
+
+
+@options_of(_comm_only, store_options, drop=("adapters",))
+def comm(**options: Any) -> None:
     """Time collectives across ranks; store time, algbw and busbw (nccl-tests' formulas).
 
     Each point spawns its ranks locally (Gloo on CPU, NCCL with one GPU per rank), or joins the group when started by torchrun; only rank 0 writes. The result of every op is checked once (`wrong` counts bad elements).
@@ -47,7 +50,6 @@ def comm(
 
         torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB
     """  # noqa: E501
-    options = dict(locals())
     from cs336sys.experiments import comm as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False,
