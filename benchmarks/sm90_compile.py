@@ -109,6 +109,7 @@ DKDV, DKDV_DQ = [BF16] * 4 + [FP32] * 2 + [BF16] * 3, [BF16] * 4 + [FP32] * 2 + 
 ATTENTION_CASES = [
     ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=128, IS_CAUSAL=True), 8, 2),
     ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=128, K_TILE=64, IS_CAUSAL=True), 8, 3),
+    ("fwd", FWD, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=256, K_TILE=64, IS_CAUSAL=True), 8, 2),
     ("fwd", FWD, dict(HEAD_DIM=128, BLOCK_D=128, Q_TILE=128, K_TILE=64, IS_CAUSAL=True), 8, 3),
     ("fwd", FWD, dict(HEAD_DIM=80, BLOCK_D=128, Q_TILE=128, K_TILE=64, IS_CAUSAL=False), 8, 3),
     ("dkdv", DKDV, dict(HEAD_DIM=64, BLOCK_D=64, Q_TILE=64, K_TILE=128, IS_CAUSAL=True), 8, 2),

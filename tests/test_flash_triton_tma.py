@@ -97,6 +97,27 @@ def test_tma_kernels_with_unequal_tiles(force_tma, monkeypatch, tiles, n_queries
     assert variants() == ["tma", "tma"]
 
 
+def test_the_tma_forward_alone_tries_256_query_tiles_where_they_fit():
+    """A candidate for the descriptor build only (flash_triton_tuning.FWD_TMA_CONFIGS): kept
+    for bf16 at d 64 and a long sequence, pruned at d 128 (its registers) and at a sequence
+    shorter than the tile; the pointer forward never sees it, and pinned tiles stay the
+    first fit."""
+    from cs336sys.attention import flash_triton_tuning as tuning
+
+    def kept(name, d, n):
+        named = {"BLOCK_D": d, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": n, "N_K": n}
+        return {(c.kwargs["Q_TILE"], c.kwargs["K_TILE"], c.num_warps, c.num_stages)
+                for c in tuning._pruner(tuning._TUNING[name])(None, named)}
+
+    wide = {(256, 64, 8, 2), (256, 64, 8, 3)}
+    assert wide <= kept("fwd_tma", 64, 16384)
+    assert not wide & kept("fwd", 64, 16384)
+    assert not wide & kept("fwd_tma", 128, 16384)
+    assert not wide & kept("fwd_tma", 64, 128)
+    named = {"BLOCK_D": 64, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": 16384, "N_K": 16384}
+    assert flash_triton.pinned_config("fwd_tma", named) == flash_triton.pinned_config("fwd", named)
+
+
 def test_model_layout_reaches_the_tma_kernels_and_plans_are_reused(force_tma):
     # (B, H, T, D) views of (B, T, H, D): row stride H*D, aligned, so no copy and TMA.
     for seed in range(2):

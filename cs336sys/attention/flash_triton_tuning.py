@@ -12,7 +12,7 @@ import functools
 import inspect
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import triton
@@ -97,6 +97,12 @@ _TUNING = {
 # without spills (forward and dQ: 3-33 % fewer registers than the pointer kernels, dK/dV
 # about as many); their speed is unmeasured.
 _TUNING.update({f"{name}_tma": _TUNING[name] for name in ("fwd", "dkdv", "dq")})
+# The TMA forward also tries 256-query tiles where the estimate keeps them (d 64 and below):
+# built offline for sm_90 (Triton 3.9, bf16, d 64, 8 warps) it held them in 200 registers
+# without a spill, the pointer forward in 253. Its speed is unmeasured; the autotuner times it
+# beside the others, and pinned tiles (the lists' first fit) are unchanged.
+FWD_TMA_CONFIGS = FWD_CONFIGS + [_config(256, 64, 8, 2), _config(256, 64, 8, 3)]
+_TUNING["fwd_tma"] = replace(_TUNING["fwd"], configs=FWD_TMA_CONFIGS)
 # With atomic dQ the dK/dV kernel also holds a float32 (Q_TILE, BLOCK_D) dQ partial per query
 # step, and the estimate above did not predict its spills (d 128 at 64 x 64 spilled 176 bytes,
 # 16 x 128 none). So its candidates are those that compiled for sm_90 without a spill, pointer
