@@ -26,14 +26,18 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ or _XDIST_WORKER:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 # Before its first CPU build, inductor probes which vector instructions the compiler can
-# build and load (a C++ build and a subprocess per ISA the CPU reports): 3 s in every
-# process that compiles, with a fresh cache folder each. Here the ISAs the CPU reports are
-# taken as buildable (torch._inductor.config.cpp.vec_isa_ok); set it to 0 to probe again.
+# build and load (a C++ build and a subprocess per ISA the CPU reports), in every process
+# that compiles, with a fresh cache folder each: the first of `pytest -p no:xdist -k compiled
+# tests/test_attention_impls.py` took 12.9 s with the probe and 10.1 s without. Here the ISAs
+# the CPU reports are taken as buildable (torch._inductor.config.cpp.vec_isa_ok);
+# TORCHINDUCTOR_VEC_ISA_OK set empty probes again (0 would turn vector code off).
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 # Inductor builds a graph's C++ kernels in a pool of worker processes, each of which imports
-# torch (3 s of CPU): in a test process that compiles a few small graphs, with the cores
-# already shared among test workers, the pool cost a fifth more CPU than building in the
-# process itself and saved no time.
+# torch: for a few small graphs, on cores the test workers already share, building in the
+# process itself costs less. The seven compile tests in one process (`pytest -p no:xdist`,
+# test_attention_impls -k compiled, test_cli's and test_memory's compiled tests, the step's
+# every-switch test, flash_torch's compiled backward) took 73 s of user CPU with the pool and
+# 59 s without, in the same wall time.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
@@ -87,30 +91,39 @@ def _patch_the_language_once_per_launch() -> bool:
     return True
 
 
-def _skip_overflow_checks() -> bool:
+# CS336SYS_TEST_OVERFLOW_CHECKS=1 keeps the interpreter's int32 overflow checks in the tests.
+OVERFLOW_CHECKS_ENV = "CS336SYS_TEST_OVERFLOW_CHECKS"
+
+
+def _skip_overflow_checks():
     """Triton's interpreter checks every int32 addition, subtraction and multiplication for
     overflow (InterpreterOptions.sanitize_overflow; compiled kernels check none unless asked):
-    each becomes a cast to int64, the operation, two comparisons and an assert, which was
-    about 40% of an interpreted kernel's time. The tests' tensors hold far fewer than 2**31
-    elements, so no offset into them can overflow and the check can never fire here.
+    each becomes a cast to int64, the operation, two comparisons and an assert. The tests'
+    tensors hold far fewer than 2**31 elements, so no offset into them can overflow and the
+    check can never fire here. `pytest -p no:xdist tests/test_flash_triton.py` took 14 s and
+    16 s without it against 20 s and 24 s with it (OVERFLOW_CHECKS_ENV=1), runs side by side
+    on the 2-core box;
     test_flash_triton.py::test_interpreter_patch_changes_no_result checks the kernels give
-    the same bits with it. False where the interpreter has no such option."""
+    the same bits. Returns the interpreter's own options, or None where they are kept (the
+    variable, or an interpreter without the option)."""
     import dataclasses
 
+    if os.environ.get(OVERFLOW_CHECKS_ENV) == "1":
+        return None
     try:
         from triton.runtime import interpreter
     except ImportError:
-        return False
+        return None
     builder = getattr(interpreter, "interpreter_builder", None)
     options = getattr(builder, "options", None)
     if not dataclasses.is_dataclass(options) or not hasattr(options, "sanitize_overflow"):
-        return False
+        return None
     builder.options = dataclasses.replace(options, sanitize_overflow=False)
-    builder.options_checked = options  # the interpreter's own, for the test that compares
-    return True
+    return options
 
 
 INTERPRETER_PATCHED = False  # set by pytest_configure
+INTERPRETER_OPTIONS = None  # the interpreter's own options, where the tests replaced them
 
 
 def _hands_out_tests_only(config) -> bool:
@@ -119,7 +132,7 @@ def _hands_out_tests_only(config) -> bool:
 
 
 def pytest_configure(config):
-    global INTERPRETER_PATCHED
+    global INTERPRETER_PATCHED, INTERPRETER_OPTIONS
     if _hands_out_tests_only(config):
         return  # it needs no torch (3 s of CPU before the workers even start)
     import torch
@@ -129,8 +142,9 @@ def pytest_configure(config):
     # here, before the test modules are collected.
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    patched, unchecked = _patch_the_language_once_per_launch(), _skip_overflow_checks()
-    INTERPRETER_PATCHED = patched and unchecked  # neither has an effect on compiled kernels
+    # Neither has an effect on compiled kernels.
+    INTERPRETER_PATCHED = _patch_the_language_once_per_launch()
+    INTERPRETER_OPTIONS = _skip_overflow_checks()
     # Each xdist worker computes on its share of the cores. torch's default, a thread per
     # core in every worker, oversubscribes them: OpenMP threads spin waiting for cores the
     # other workers hold (the model, attention and precision tests took 2.5 times the CPU

@@ -8,6 +8,7 @@ stage of every key loop. On a CUDA host the same tests run the compiled, autotun
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -402,17 +403,20 @@ def test_interpreter_patch_changes_no_result(monkeypatch):
     forward and backward, without either."""
     from triton.runtime import interpreter
 
-    from tests.conftest import INTERPRETER_PATCHED
+    from tests.conftest import INTERPRETER_OPTIONS, INTERPRETER_PATCHED, OVERFLOW_CHECKS_ENV
 
     assert INTERPRETER_PATCHED  # the patch applies to this Triton
+    # and so does the option, unless asked to keep the checks
+    assert (INTERPRETER_OPTIONS is None) == (os.environ.get(OVERFLOW_CHECKS_ENV) == "1")
     shapes = ((1, 2, 37, 32), (1, 2, 45, 32), torch.float32, True)
     patched, _, _ = run_flash(*shapes, seed=8)
     monkeypatch.setattr(interpreter, "_patch_lang", interpreter._patch_lang.original)
     monkeypatch.setattr(interpreter.GridExecutor, "__call__",
                         interpreter.GridExecutor.__call__.original)
-    builder = interpreter.interpreter_builder
-    assert not builder.options.sanitize_overflow and builder.options_checked.sanitize_overflow
-    monkeypatch.setattr(builder, "options", builder.options_checked)
+    if INTERPRETER_OPTIONS is not None:
+        builder = interpreter.interpreter_builder
+        assert not builder.options.sanitize_overflow and INTERPRETER_OPTIONS.sanitize_overflow
+        monkeypatch.setattr(builder, "options", INTERPRETER_OPTIONS)
     plain, _, _ = run_flash(*shapes, seed=8)
     assert patched.keys() == plain.keys()
     for name in plain:
