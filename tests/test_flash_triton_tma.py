@@ -104,18 +104,20 @@ def test_the_tma_forward_alone_tries_256_query_tiles_where_they_fit():
     first fit."""
     from cs336sys.attention import flash_triton_tuning as tuning
 
+    def call(d, n):  # the arguments the pruner reads: bf16, head dim d, n queries and keys
+        return {"BLOCK_D": d, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": n, "N_K": n}
+
     def kept(name, d, n):
-        named = {"BLOCK_D": d, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": n, "N_K": n}
         return {(c.kwargs["Q_TILE"], c.kwargs["K_TILE"], c.num_warps, c.num_stages)
-                for c in tuning._pruner(tuning._TUNING[name])(None, named)}
+                for c in tuning._pruner(tuning._TUNING[name])(None, call(d, n))}
 
     wide = {(256, 64, 8, 2), (256, 64, 8, 3)}
     assert wide <= kept("fwd_tma", 64, 16384)
     assert not wide & kept("fwd", 64, 16384)
     assert not wide & kept("fwd_tma", 128, 16384)
     assert not wide & kept("fwd_tma", 64, 128)
-    named = {"BLOCK_D": 64, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": 16384, "N_K": 16384}
-    assert flash_triton.pinned_config("fwd_tma", named) == flash_triton.pinned_config("fwd", named)
+    pinned = flash_triton.pinned_config
+    assert pinned("fwd_tma", call(64, 16384)) == pinned("fwd", call(64, 16384))
 
 
 def test_model_layout_reaches_the_tma_kernels_and_plans_are_reused(force_tma):

@@ -21,7 +21,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
 ]
-LONG = ["comm", "--op", "all-reduce", "--bytes", "256MB", "--iters", "100000", "--warmup", "0",
+PAYLOAD_MB = 256  # each rank's all-reduce buffer in LONG
+LONG = ["comm", "--op", "all-reduce", "--bytes", f"{PAYLOAD_MB}MB", "--iters", "100000", "--warmup", "0",
         "--world-size", "2", "--device", "cpu"]
 
 
@@ -96,10 +97,11 @@ def _resident_bytes(pid: int) -> int:
 
 
 def _holds_its_payload(pid: int) -> bool:
-    """The rank has allocated LONG's 256 MB tensor: it is past the group's set-up, in the
-    all-reduces. Measured against its parent (the forkserver or torchrun's agent), which
-    holds the same imports and no payload."""
-    return _resident_bytes(pid) >= _resident_bytes(_parent_of(pid) or pid) + 200 * 2**20
+    """The rank has allocated LONG's buffer (three quarters of it resident at least): it is
+    past the group's set-up, in the all-reduces. Measured against its parent (the fork
+    server or torchrun's agent), which holds the same imports and no payload."""
+    payload = PAYLOAD_MB * 10**6 * 3 // 4
+    return _resident_bytes(pid) >= _resident_bytes(_parent_of(pid) or pid) + payload
 
 
 def ranks(root: int, n: int, timeout: float = 90.0) -> tuple[set[int], set[int]]:

@@ -57,7 +57,7 @@ def test_fused_ce_runs_triton_on_cuda_and_torch_on_a_cpu(monkeypatch):
 
 # The switches' equivalence tests: one block and one sequence (each extra one was seconds of
 # interpreted Triton and of inductor's build, and adds no case).
-ONE_BLOCK = dict(num_layers=1, batch=[1])
+ONE_BLOCK = {**SHAPE, "num_layers": 1, "batch": [1]}
 
 
 def _losses(switches, shape=SHAPE, **extra):
@@ -72,9 +72,8 @@ def test_every_switch_on_gives_the_plain_steps_losses():
     """First step plus two timed ones: the same loss trajectory with fused AdamW (Triton, run
     by the interpreter), the fused LM head + cross-entropy, our FlashAttention-2 and compiled
     blocks as with none of them."""
-    shape = {**SHAPE, **ONE_BLOCK}
-    plain, _ = _losses("none", shape)
-    fused, result = _losses("all", shape, adamw="triton")
+    plain, _ = _losses("none", ONE_BLOCK)
+    fused, result = _losses("all", ONE_BLOCK, adamw="triton")
     assert len(plain) == len(fused) == 3
     assert plain[0] != plain[2]  # the optimizer moved the weights: the trajectory says something
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=1e-5, atol=0)
@@ -85,9 +84,8 @@ def test_every_switch_on_gives_the_plain_steps_losses():
 
 @pytest.mark.slow
 def test_bf16_switches_keep_the_trajectory_within_bf16_rounding():
-    shape = {**SHAPE, **ONE_BLOCK}
-    plain, _ = _losses("none", shape, precision=["bf16"])
-    fused, _ = _losses("fused-adamw+fused-ce+flash", shape, precision=["bf16"])
+    plain, _ = _losses("none", ONE_BLOCK, precision=["bf16"])
+    fused, _ = _losses("fused-adamw+fused-ce+flash", ONE_BLOCK, precision=["bf16"])
     # Summed over 32 tokens of ln(256) = 5.5 each: bf16 matmuls round at 2^-8 relative.
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=2e-2, atol=0)
 
