@@ -136,11 +136,26 @@ def gone_within(pids: set[int], seconds: float) -> float:
     return time.time() - t0
 
 
-def start(args: list[str], db: Path) -> subprocess.Popen:
+def start(args: list[str], db: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("CS336SYS_DB", None)
     return subprocess.Popen([sys.executable, "-m", "cs336sys", *args, "--db", str(db)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            **popen)
+
+
+def fork_server(root: int, timeout: float = 60.0) -> int:
+    """The ranks' fork server below `root` (multiprocessing's, started at the first launch)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in descendants(root):
+            try:
+                if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        time.sleep(0.02)
+    raise AssertionError("no fork server started")
 
 
 @pytest.mark.promise(RANKS)
@@ -220,3 +235,25 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
         assert len(query(db, "SELECT id FROM runs")) == stored
         assert query(db, "SELECT exit_status FROM invocations") == [{"exit_status": 128 + sig}]
     gone_within(below | descendants(proc.pid), 10.0)
+
+
+@pytest.mark.promise(SIGNALS)
+@pytest.mark.parametrize("to", ["command", "group"])
+def test_ctrl_c_while_the_fork_server_imports_ends_the_server_with_the_command(tmp_path, to):
+    """Ctrl-C while the ranks' fork server still imports torch (seconds, from its start):
+    sent by a terminal to the whole process group, or to the command alone. Exit 130, no
+    traceback, and the server is gone by the time the command has exited. Before, the
+    group's Ctrl-C ended the server with a traceback out of torch's import; and a signal to
+    the command alone left the server importing, holding the command's stderr, for seconds
+    after the command had ended."""
+    proc = start(LONG, tmp_path / "r.db", start_new_session=True)  # a group of its own
+    server = fork_server(proc.pid)
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert not alive({server})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

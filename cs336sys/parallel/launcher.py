@@ -260,6 +260,7 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
     os.environ.clear()
     os.environ.update(env)
     _name_process(f"cs336sys-rank{rank}")
+    _unblock_sigint()  # blocked where the fork server forked this rank (_start_fork_server)
     die_with_parent(parent)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -319,6 +320,56 @@ def _context():
     return ctx
 
 
+def _start_fork_server() -> None:
+    """Start the command's fork server, if it has none, with Ctrl-C (SIGINT) blocked. A
+    terminal sends Ctrl-C to the whole process group; CPython's server ignores it, but only
+    once its imports are done, and one that came during its seconds in torch's import ended
+    it with a traceback on the command's stderr. A blocked signal stays blocked across fork
+    and exec, and the server's own SIG_IGN later discards it. This process gets a Ctrl-C
+    that came meanwhile as soon as the block is lifted; ranks lift it when they start."""
+    import signal
+    from multiprocessing import forkserver, resource_tracker
+
+    # The server's start starts multiprocessing's resource tracker first, the same way (its
+    # signals blocked), and unblocks SIGINT afterwards: start the tracker before the block.
+    resource_tracker.ensure_running()
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        forkserver.ensure_running()
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _unblock_sigint() -> None:
+    import signal
+
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stop_fork_server() -> None:
+    """End this command's fork server now, when a signal stops the command. The server
+    otherwise ends when the command does, but not before its imports are done: a signal
+    while it imported torch left it holding the command's stderr (a pipe's reader waited)
+    for seconds after the command had exited. Called once the ranks are reaped. Uses multiprocessing's own record of the server; does nothing
+    where that is missing."""
+    import signal
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or not hasattr(server, "_stop"):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server._stop()  # closes its pipe, reaps it, removes its socket file
+
+
 def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
     ctx = _context()
     port = free_port()
@@ -333,20 +384,27 @@ def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
         )
         for rank in range(world_size)
     ]
-    finished = False
+    finished = stopped = False
     try:
+        if ctx.get_start_method() == "forkserver":
+            _start_fork_server()
         for p, (_, end) in zip(procs, pipes, strict=True):
             p.start()
             end.close()  # the rank holds it now: its death closes the pipe
         results = _collect(procs, [r for r, _ in pipes], on_emit)
         finished = True
         return results
+    except BaseException as exc:
+        stopped = not isinstance(exc, Exception)  # a signal (sweep/stopping.py): the command ends
+        raise
     finally:
         # After a failure or a signal the others are likely blocked in a collective: kill
         # them now rather than wait for the group timeout.
         _reap(procs, grace_s=10.0 if finished else 0.0)
         for r, _ in pipes:
             r.close()
+        if stopped:
+            _stop_fork_server()
 
 
 def _collect(procs, conns, on_emit) -> list[Any]:
