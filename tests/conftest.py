@@ -284,6 +284,34 @@ def _draw_in_this_process(monkeypatch):
     monkeypatch.setattr(Drawer, "__init__", lambda self, start=True: DRAWER_INIT(self, False))
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _figures_unrasterized(request, monkeypatch):
+    """In a test marked `unrasterized` (a module's pytestmark), every matplotlib figure is
+    built as always, our plotting code included, but not rasterized: `savefig` writes a PNG
+    signature and no pixels. For tests whose subject is what a report says (verdicts,
+    tables, filters), not how its plots look. Rasterizing (Agg) was half of their CPU time:
+    `pytest -p no:xdist` of test_compare.py took 16 s against 8 s, of test_report.py 13 s
+    against 7 s. Pixels stay the subject of test_report_browser.py (Chromium), test_hostile.py
+    and test_report_sections.py; `@pytest.mark.unrasterized(False)` keeps them for one test
+    in a marked module."""
+    marker = request.node.get_closest_marker("unrasterized")
+    if marker is None or marker.args == (False,):
+        return
+    from matplotlib.figure import Figure
+
+    def savefig(self, fname, **kwargs):
+        if hasattr(fname, "write"):
+            fname.write(PNG_SIGNATURE)
+        else:
+            with open(fname, "wb") as f:
+                f.write(PNG_SIGNATURE)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+
+
 # Modules whose tests share an expensive module-scoped fixture (one launch of every case, or
 # one build): under xdist all their tests go to one worker, which runs the fixture once.
 # Spread over two workers, each would run it.

@@ -14,6 +14,9 @@ from cs336sys.models.flops import step_flops
 from cs336sys.models.transformer import TransformerLM
 from tests.conftest import MICRO, invoke, micro, view_rows
 
+# Commands and what they store are the subject; the report's pixels are not (conftest).
+pytestmark = pytest.mark.unrasterized
+
 rows = view_rows('model_runs')
 
 

@@ -25,6 +25,9 @@ from cs336sys.report.compare import direction, timed_samples
 from tests.conftest import invoke
 from tests.report_fixture import build as build_fixture
 
+# The verdicts, tables and plot data are the subject, not pixels (conftest).
+pytestmark = pytest.mark.unrasterized
+
 # -- the test itself --------------------------------------------------------------------------
 
 

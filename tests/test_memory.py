@@ -13,6 +13,9 @@ from cs336sys.models.config import ModelConfig, param_count
 from cs336sys.models.transformer import TransformerBlock, TransformerLM
 from tests.conftest import MICRO, invoke, view_rows
 
+# What is measured and stored is the subject; timelines' pixels are not (conftest).
+pytestmark = pytest.mark.unrasterized
+
 rows = view_rows('memory_runs')
 
 

@@ -21,6 +21,9 @@ from tests.conftest import invoke
 from tests.promises import REPORTS
 from tests.report_fixture import HOSTILE, QUOTED, build
 
+# What reports say and embed is the subject; pixels are not (conftest), except where marked.
+pytestmark = pytest.mark.unrasterized
+
 GOLDEN = Path(__file__).parent / "golden" / "report.md"
 
 
@@ -56,6 +59,7 @@ def test_golden_markdown(store, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.unrasterized(False)  # compares the pixels
 def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path, monkeypatch):
     """Reports draw their plots in a process per core (report/plots.Drawer); the other tests
     draw in their own process (conftest). Both ways give the same images, in order."""
