@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from cs336sys.parallel import launcher
 from cs336sys.parallel.launcher import WorkerError, check_world_size, launch
 
 
@@ -48,11 +49,24 @@ def _imported(ctx, name):
 
 
 def test_forked_ranks_start_with_dynamo_imported(monkeypatch):
-    """The fork server imports torch._dynamo once (launcher._context): a rank that trains
-    would import it (optimizers and FSDP wrap their steps in torch._disable_dynamo), 2 s of
-    CPU per rank."""
+    """The fork server imports torch._dynamo once (launcher.TRAINING_PRELOAD): a rank that
+    trains would import it (optimizers and FSDP wrap their steps in torch._disable_dynamo),
+    2 s of CPU per rank."""
     monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
     assert launch(_imported, 2, args=("torch._dynamo",)) == [True, True]
+
+
+@pytest.mark.slow  # starts two fork servers
+def test_a_launch_preloads_what_its_ranks_need_and_replaces_a_server_without_it(monkeypatch):
+    """Ranks that only communicate (comm) ask the fork server for torch alone; a later
+    launch that needs dynamo replaces that server with one importing both, which a launch
+    asking for less then keeps."""
+    monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
+    launcher._stop_fork_server()  # this process's server, if an earlier test started one
+    monkeypatch.setattr(launcher, "_preloaded", ())
+    assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [False, False]
+    assert launch(_imported, 2, args=("torch._dynamo",)) == [True, True]
+    assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [True, True]
 
 
 def _pids_gone(pids):

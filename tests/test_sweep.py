@@ -218,7 +218,7 @@ def test_a_stop_after_the_last_point_of_a_process_group_stores_nothing_more(
     from cs336sys.sweep.result import Result
     from cs336sys.sweep.stopping import Terminated
 
-    def launch(fn, world, backend, args, on_emit):
+    def launch(fn, world, backend, args, on_emit, preload=None):
         todo, _ = args
         for i in range(len(todo)):
             on_emit((i, Result("ok", metrics={"sum": 1, "ranks": world})))

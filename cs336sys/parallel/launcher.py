@@ -124,19 +124,21 @@ def launch(
     backend: str = "gloo",
     args: tuple = (),
     on_emit: Callable[[Any], None] | None = None,
+    preload: tuple[str, ...] | None = None,
 ) -> list[Any]:
     """Run `fn(ctx, *args)` on every rank; return the list of the ranks' return values.
 
     Under torchrun the list holds only this rank's value, and `world_size` must match the
     group torchrun made. `fn` must be importable by name (a module-level function), because
-    spawned workers import it afresh.
+    spawned workers import it afresh. `preload`: the modules the fork server imports once
+    for every rank (default TRAINING_PRELOAD; see "How ranks start" below).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
     if under_torchrun():
         return [_join_torchrun(fn, world_size, backend, args, on_emit)]
     check_world_size(world_size, backend)
-    return _spawn(fn, world_size, backend, args, on_emit)
+    return _spawn(fn, world_size, backend, args, on_emit, preload or TRAINING_PRELOAD)
 
 
 # -- under torchrun ---------------------------------------------------------------------------
@@ -300,6 +302,16 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
 # per rank, the readable fallback. Neither forks the command itself, which may hold CUDA or
 # threads (https://docs.python.org/3/library/multiprocessing.html#contexts-and-start-methods).
 START_METHODS = ("forkserver", "spawn")
+# What the fork server imports for ranks that train: torch, and torch._dynamo, which every
+# such rank imports (optimizers and FSDP wrap their steps in torch._disable_dynamo), 2 s of
+# CPU per rank otherwise. Ranks that only communicate (comm) ask for torch alone: dynamo's
+# import was 2.5 s of a `comm` command's 8 s on the 2-core box. Our own modules, which read
+# the environment when imported (the kernels' opt-ins), are imported by each rank after it
+# has the parent's environment; Triton reads its variables when used. Inductor's config is
+# read at dynamo's import: a TORCHINDUCTOR_ variable changed after the fork server started
+# does not reach its ranks.
+TRAINING_PRELOAD = ("torch", "torch._dynamo")
+_preloaded: tuple[str, ...] = ()  # what the running fork server imported
 
 
 def _context():
@@ -308,28 +320,30 @@ def _context():
     method = os.environ.get("CS336SYS_START_METHOD", "forkserver")
     if method not in START_METHODS:
         raise ValueError(f"CS336SYS_START_METHOD must be one of {START_METHODS}, not {method!r}")
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        # torch, and torch._dynamo: every rank that trains imports it (optimizers and FSDP
-        # wrap their steps in torch._disable_dynamo), 2 s of CPU per rank otherwise. Our own
-        # modules, which read the environment when imported (the kernels' opt-ins), are
-        # imported by each rank after it has the parent's environment; Triton reads its
-        # variables when used. Inductor's config is read at import: a TORCHINDUCTOR_
-        # variable changed after the first launch of a process does not reach its ranks.
-        ctx.set_forkserver_preload(["torch", "torch._dynamo"])
-    return ctx
+    return mp.get_context(method)
 
 
-def _start_fork_server() -> None:
-    """Start the command's fork server, if it has none, with Ctrl-C (SIGINT) blocked. A
-    terminal sends Ctrl-C to the whole process group; CPython's server ignores it, but only
-    once its imports are done, and one that came during its seconds in torch's import ended
-    it with a traceback on the command's stderr. A blocked signal stays blocked across fork
-    and exec, and the server's own SIG_IGN later discards it. This process gets a Ctrl-C
-    that came meanwhile as soon as the block is lifted; ranks lift it when they start."""
+def _start_fork_server(ctx, preload: tuple[str, ...]) -> None:
+    """Start the command's fork server, if it has none, importing `preload`. One already
+    running without all of `preload` is replaced by one that imports what both need.
+
+    The server starts with Ctrl-C (SIGINT) blocked. A terminal sends Ctrl-C to the whole
+    process group; CPython's server ignores it, but only once its imports are done, and one
+    that came during its seconds in torch's import ended it with a traceback on the
+    command's stderr. A blocked signal stays blocked across fork and exec, and the server's
+    own SIG_IGN later discards it. This process gets a Ctrl-C that came meanwhile as soon
+    as the block is lifted; ranks lift it when they start."""
     import signal
     from multiprocessing import forkserver, resource_tracker
 
+    global _preloaded
+    running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+    if running and not set(preload) <= set(_preloaded):
+        _stop_fork_server()
+        running = False
+    if not running:
+        _preloaded = tuple(dict.fromkeys((*_preloaded, *preload)))
+        ctx.set_forkserver_preload(list(_preloaded))
     # The server's start starts multiprocessing's resource tracker first, the same way (its
     # signals blocked), and unblocks SIGINT afterwards: start the tracker before the block.
     resource_tracker.ensure_running()
@@ -351,11 +365,12 @@ def _unblock_sigint() -> None:
 
 
 def _stop_fork_server() -> None:
-    """End this command's fork server now, when a signal stops the command. The server
-    otherwise ends when the command does, but not before its imports are done: a signal
-    while it imported torch left it holding the command's stderr (a pipe's reader waited)
-    for seconds after the command had exited. Called once the ranks are reaped. Uses multiprocessing's own record of the server; does nothing
-    where that is missing."""
+    """End this command's fork server now: when a signal stops the command, or to replace
+    it (_start_fork_server), never while its ranks run. The server otherwise ends when the
+    command does, but not before its imports are done: a signal while it imported torch
+    left it holding the command's stderr (a pipe's reader waited) for seconds after the
+    command had exited. Uses multiprocessing's own record of the server; does nothing where
+    that is missing."""
     import signal
     from multiprocessing import forkserver
 
@@ -370,7 +385,7 @@ def _stop_fork_server() -> None:
     server._stop()  # closes its pipe, reaps it, removes its socket file
 
 
-def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
+def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
     ctx = _context()
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent's end, rank's end)
@@ -387,7 +402,7 @@ def _spawn(fn, world_size, backend, args, on_emit) -> list[Any]:
     finished = stopped = False
     try:
         if ctx.get_start_method() == "forkserver":
-            _start_fork_server()
+            _start_fork_server(ctx, preload)
         for p, (_, end) in zip(procs, pipes, strict=True):
             p.start()
             end.close()  # the rank holds it now: its death closes the pipe

@@ -141,6 +141,9 @@ class Experiment:
     settings: tuple[str, ...] = ()  # the Spec's settings keys, in view order; default its fields
     compare: str | None = None  # the metric --compare sets side by side (a timed base or a name)
     distributed: bool = False  # run on a process group per world size
+    # Distributed: the modules every rank imports, once in the fork server (launcher.launch's
+    # `preload`); None: torch and dynamo, which ranks that train need.
+    rank_preload: tuple[str, ...] | None = None
     oom_axis: str | None = None  # after an OOM, skip the points larger along this setting
     # Points that are one measurement with one setting changed: called with every
     # (spec, Result) of such a group once the group has run, may set metrics across them.

@@ -248,7 +248,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
 
             try:
                 launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
-                       on_emit=arrived)
+                       on_emit=arrived, preload=experiment.rank_preload)
                 todo = []
             except Terminated as exc:  # the ranks are reaped; store the point, then end
                 if len(finished) < len(todo):  # (none is running once the last has finished)
