@@ -130,7 +130,8 @@ def test_ctrl_c_leaves_no_worker_behind(tmp_path):
         from tests.test_launcher import _sleep_and_report
 
         if __name__ == "__main__":
-            launch(_sleep_and_report, 2, args=({str(tmp_path)!r},))
+            # the ranks only sleep: a fork server without dynamo (2 s less)
+            launch(_sleep_and_report, 2, args=({str(tmp_path)!r},), preload=("torch",))
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script])
