@@ -313,14 +313,16 @@ def _figures_unrasterized(request, monkeypatch):
 
 
 # Modules whose tests share an expensive module-scoped fixture (one launch of every case, or
-# one build): under xdist all their tests go to one worker, which runs the fixture once.
-# Spread over two workers, each would run it.
+# one build): under xdist all their tests go to one worker, in a row, which runs the fixture
+# once. Spread over the workers, each would run it, and again each time it came back to the
+# module from another (slow tests first): test_report_sections.py's ran three times.
 ONE_WORKER = {
     "tests/test_ddp_bench.py",  # swept: six DDP variants on two ranks
     "tests/test_ddp_wrappers.py",  # runs: every DDP case, 3 rounds
     "tests/test_sharding.py",  # runs: every sharded-optimizer and FSDP case
     "tests/test_sm90_codegen.py",  # builds: the kernels compiled for sm_90
     "tests/test_report_browser.py",  # fixture_report: the fixture's report, plots drawn
+    "tests/test_report_sections.py",  # rendered: the fixture's report, plots drawn
 }
 
 
