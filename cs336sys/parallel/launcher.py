@@ -304,8 +304,8 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
 START_METHODS = ("forkserver", "spawn")
 # What the fork server imports for ranks that train: torch, and torch._dynamo, which every
 # such rank imports (optimizers and FSDP wrap their steps in torch._disable_dynamo), 2 s of
-# CPU per rank otherwise. Ranks that only communicate (comm) ask for torch alone: dynamo's
-# import was 2.5 s of a `comm` command's 8 s on the 2-core box. Our own modules, which read
+# CPU per rank otherwise. Ranks that only communicate (comm) ask for torch alone: a two-rank
+# `comm` command took 4.1 s instead of 5.9 s (docs/distributed.md, "How ranks start"). Our own modules, which read
 # the environment when imported (the kernels' opt-ins), are imported by each rank after it
 # has the parent's environment; Triton reads its variables when used. Inductor's config is
 # read at dynamo's import: a TORCHINDUCTOR_ variable changed after the fork server started
