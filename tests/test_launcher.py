@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from cs336sys.parallel import launcher
+from cs336sys.parallel import fork_server
 from cs336sys.parallel.launcher import WorkerError, check_world_size, launch
 
 
@@ -49,7 +49,7 @@ def _imported(ctx, name):
 
 
 def test_forked_ranks_start_with_dynamo_imported(monkeypatch):
-    """The fork server imports torch._dynamo once (launcher.TRAINING_PRELOAD): a rank that
+    """The fork server imports torch._dynamo once (fork_server.TRAINING_PRELOAD): a rank that
     trains would import it (optimizers and FSDP wrap their steps in torch._disable_dynamo),
     2 s of CPU per rank."""
     monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
@@ -62,8 +62,8 @@ def test_a_launch_preloads_what_its_ranks_need_and_replaces_a_server_without_it(
     launch that needs dynamo replaces that server with one importing both, which a launch
     asking for less then keeps."""
     monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
-    launcher._stop_fork_server()  # this process's server, if an earlier test started one
-    monkeypatch.setattr(launcher, "_preloaded", ())
+    fork_server.stop()  # this process's server, if an earlier test started one
+    monkeypatch.setattr(fork_server, "preloaded", ())
     assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [False, False]
     assert launch(_imported, 2, args=("torch._dynamo",)) == [True, True]
     assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [True, True]

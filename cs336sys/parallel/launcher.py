@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from cs336sys.parallel import fork_server
+
 # How long a collective may block before the group gives up. Generous, because a 1 GB
 # all-reduce over Gloo on a laptop takes seconds; override with CS336SYS_DIST_TIMEOUT.
 DEFAULT_TIMEOUT_S = 300.0
@@ -131,14 +133,15 @@ def launch(
     Under torchrun the list holds only this rank's value, and `world_size` must match the
     group torchrun made. `fn` must be importable by name (a module-level function), because
     spawned workers import it afresh. `preload`: the modules the fork server imports once
-    for every rank (default TRAINING_PRELOAD; see "How ranks start" below).
+    for every rank (default fork_server.TRAINING_PRELOAD: torch and dynamo).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
     if under_torchrun():
         return [_join_torchrun(fn, world_size, backend, args, on_emit)]
     check_world_size(world_size, backend)
-    return _spawn(fn, world_size, backend, args, on_emit, preload or TRAINING_PRELOAD)
+    preload = preload or fork_server.TRAINING_PRELOAD
+    return _spawn(fn, world_size, backend, args, on_emit, preload)
 
 
 # -- under torchrun ---------------------------------------------------------------------------
@@ -262,7 +265,7 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
     os.environ.clear()
     os.environ.update(env)
     _name_process(f"cs336sys-rank{rank}")
-    _unblock_sigint()  # blocked where the fork server forked this rank (_start_fork_server)
+    fork_server.unblock_sigint()  # blocked where the fork server forked this rank
     die_with_parent(parent)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -302,18 +305,6 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
 # per rank, the readable fallback. Neither forks the command itself, which may hold CUDA or
 # threads (https://docs.python.org/3/library/multiprocessing.html#contexts-and-start-methods).
 START_METHODS = ("forkserver", "spawn")
-# What the fork server imports for ranks that train: torch, and torch._dynamo, which every
-# such rank imports (optimizers and FSDP wrap their steps in torch._disable_dynamo), 2 s of
-# CPU per rank otherwise. Ranks that only communicate (comm) ask for torch alone: a two-rank
-# `comm` command took 4.1 s instead of 5.9 s (docs/distributed.md, "How ranks start"). Our own modules, which read
-# the environment when imported (the kernels' opt-ins), are imported by each rank after it
-# has the parent's environment; Triton reads its variables when used. Inductor's config is
-# read at dynamo's import: a TORCHINDUCTOR_ variable changed after the fork server started
-# does not reach its ranks.
-TRAINING_PRELOAD = ("torch", "torch._dynamo")
-_preloaded: tuple[str, ...] = ()  # what the running fork server imported
-
-
 def _context():
     import multiprocessing as mp
 
@@ -321,68 +312,6 @@ def _context():
     if method not in START_METHODS:
         raise ValueError(f"CS336SYS_START_METHOD must be one of {START_METHODS}, not {method!r}")
     return mp.get_context(method)
-
-
-def _start_fork_server(ctx, preload: tuple[str, ...]) -> None:
-    """Start the command's fork server, if it has none, importing `preload`. One already
-    running without all of `preload` is replaced by one that imports what both need.
-
-    The server starts with Ctrl-C (SIGINT) blocked. A terminal sends Ctrl-C to the whole
-    process group; CPython's server ignores it, but only once its imports are done, and one
-    that came during its seconds in torch's import ended it with a traceback on the
-    command's stderr. A blocked signal stays blocked across fork and exec, and the server's
-    own SIG_IGN later discards it. This process gets a Ctrl-C that came meanwhile as soon
-    as the block is lifted; ranks lift it when they start."""
-    import signal
-    from multiprocessing import forkserver, resource_tracker
-
-    global _preloaded
-    running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
-    if running and not set(preload) <= set(_preloaded):
-        _stop_fork_server()
-        running = False
-    if not running:
-        _preloaded = tuple(dict.fromkeys((*_preloaded, *preload)))
-        ctx.set_forkserver_preload(list(_preloaded))
-    # The server's start starts multiprocessing's resource tracker first, the same way (its
-    # signals blocked), and unblocks SIGINT afterwards: start the tracker before the block.
-    resource_tracker.ensure_running()
-    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
-        forkserver.ensure_running()
-        return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        forkserver.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-def _unblock_sigint() -> None:
-    import signal
-
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-def _stop_fork_server() -> None:
-    """End this command's fork server now: when a signal stops the command, or to replace
-    it (_start_fork_server), never while its ranks run. The server otherwise ends when the
-    command does, but not before its imports are done: a signal while it imported torch
-    left it holding the command's stderr (a pipe's reader waited) for seconds after the
-    command had exited. Uses multiprocessing's own record of the server; does nothing where
-    that is missing."""
-    import signal
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    pid = getattr(server, "_forkserver_pid", None)
-    if pid is None or not hasattr(server, "_stop"):
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    server._stop()  # closes its pipe, reaps it, removes its socket file
 
 
 def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
@@ -402,7 +331,7 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
     finished = stopped = False
     try:
         if ctx.get_start_method() == "forkserver":
-            _start_fork_server(ctx, preload)
+            fork_server.start(ctx, preload)
         for p, (_, end) in zip(procs, pipes, strict=True):
             p.start()
             end.close()  # the rank holds it now: its death closes the pipe
@@ -419,7 +348,7 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
         for r, _ in pipes:
             r.close()
         if stopped:
-            _stop_fork_server()
+            fork_server.stop()
 
 
 def _collect(procs, conns, on_emit) -> list[Any]:
