@@ -315,7 +315,7 @@ def _figures_unrasterized(request, monkeypatch):
 # Modules whose tests share an expensive module-scoped fixture (one launch of every case, or
 # one build): under xdist all their tests go to one worker, in a row, which runs the fixture
 # once. Spread over the workers, each would run it, and again each time it came back to the
-# module from another (slow tests first): test_report_sections.py's ran three times.
+# module from another (slow tests first): three times in one run, for test_report_sections.
 ONE_WORKER = {
     "tests/test_ddp_bench.py",  # swept: six DDP variants on two ranks
     "tests/test_ddp_wrappers.py",  # runs: every DDP case, 3 rounds

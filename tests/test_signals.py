@@ -144,7 +144,7 @@ def start(args: list[str], db: Path, **popen) -> subprocess.Popen:
                             **popen)
 
 
-def fork_server(root: int, timeout: float = 60.0) -> int:
+def fork_server_below(root: int, timeout: float = 60.0) -> int:
     """The ranks' fork server below `root` (multiprocessing's, started at the first launch)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -242,12 +242,11 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
 def test_ctrl_c_while_the_fork_server_imports_ends_the_server_with_the_command(tmp_path, to):
     """Ctrl-C while the ranks' fork server still imports torch (seconds, from its start):
     sent by a terminal to the whole process group, or to the command alone. Exit 130, no
-    traceback, and the server is gone by the time the command has exited. Before, the
-    group's Ctrl-C ended the server with a traceback out of torch's import; and a signal to
-    the command alone left the server importing, holding the command's stderr, for seconds
-    after the command had ended."""
+    traceback, and the server is gone by the time the command has exited. A server that
+    took the group's Ctrl-C would end with a traceback out of torch's import; one left
+    importing would hold the command's stderr for seconds after the command had ended."""
     proc = start(LONG, tmp_path / "r.db", start_new_session=True)  # a group of its own
-    server = fork_server(proc.pid)
+    server = fork_server_below(proc.pid)
     if to == "group":
         os.killpg(proc.pid, signal.SIGINT)
     else:

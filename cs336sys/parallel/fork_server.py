@@ -25,7 +25,7 @@ def start(ctx, preload: tuple[str, ...]) -> None:
 
     The server starts with Ctrl-C (SIGINT) blocked. A terminal sends Ctrl-C to the whole
     process group; CPython's server ignores it, but only once its imports are done, and one
-    that came during its seconds in torch's import ended it with a traceback on the
+    that comes during its seconds in torch's import would end it with a traceback on the
     command's stderr. A blocked signal stays blocked across fork and exec, and the server's
     own SIG_IGN later discards it. This process gets a Ctrl-C that came meanwhile as soon
     as the block is lifted; ranks lift it when they start."""
@@ -64,8 +64,8 @@ def unblock_sigint() -> None:
 def stop() -> None:
     """End this command's fork server now: when a signal stops the command, or to replace
     it (start), never while its ranks run. The server otherwise ends when the command does,
-    but not before its imports are done: a signal while it imported torch left it holding
-    the command's stderr (a pipe's reader waited) for seconds after the command had exited.
+    but not before its imports are done: stopped while it imports torch, it would hold the
+    command's stderr (a pipe's reader waits) for seconds after the command has exited.
     Uses multiprocessing's own record of the server; does nothing where that is missing."""
     import signal
     from multiprocessing import forkserver
