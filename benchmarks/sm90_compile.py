@@ -153,14 +153,10 @@ def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages
 def atomic_dq_builds(head_dims=(64, 128)):
     """The dK/dV kernels with ATOMIC_DQ at every 16-bit config their pruner keeps (bf16,
     causal, long sequences), pointer and TMA variants: the list is meant to be spill-free."""
-    import torch
-
     from cs336sys.attention import flash_triton_tuning as tuning
 
-    prune = tuning._pruner(tuning._TUNING["dkdv_atomic"])
     for d in head_dims:
-        named = {"BLOCK_D": d, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": 16384, "N_K": 16384}
-        for cfg in prune(None, named):
+        for cfg in tuning.kept_configs("dkdv_atomic", tuning.call_args(d, 16384)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
                      ROUND_BF16=False, ATOMIC_DQ=True, **tiles)

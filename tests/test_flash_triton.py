@@ -230,9 +230,10 @@ def test_registered_as_triton():
 def test_pinned_tiles_are_the_first_candidate_that_fits_the_call():
     """What the GPU tests run instead of autotuning (flash_triton.pinned_tiles)."""
 
+    from cs336sys.attention.flash_triton_tuning import call_args
+
     def pinned(name, dtype, d, n):
-        named = {"BLOCK_D": d, "Q": torch.empty(1, dtype=dtype), "N_Q": n, "N_K": n}
-        return flash_triton.pinned_config(name, named)
+        return flash_triton.pinned_config(name, call_args(d, n, dtype.itemsize))
 
     wide = pinned("fwd", torch.bfloat16, 64, 16384)
     assert (wide.kwargs, wide.num_warps) == ({"Q_TILE": 128, "K_TILE": 128}, 8)

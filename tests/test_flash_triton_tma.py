@@ -102,14 +102,11 @@ def test_the_tma_forward_alone_tries_256_query_tiles_where_they_fit():
     for bf16 at d 64 and a long sequence, pruned at d 128 (its registers) and at a sequence
     shorter than the tile; the pointer forward never sees it, and pinned tiles stay the
     first fit."""
-    from cs336sys.attention import flash_triton_tuning as tuning
+    from cs336sys.attention.flash_triton_tuning import call_args, kept_configs
 
-    def call(d, n):  # the arguments the pruner reads: bf16, head dim d, n queries and keys
-        return {"BLOCK_D": d, "Q": torch.empty(1, dtype=torch.bfloat16), "N_Q": n, "N_K": n}
-
-    def kept(name, d, n):
+    def kept(name, d, n):  # bf16, head dim d, n queries and keys
         return {(c.kwargs["Q_TILE"], c.kwargs["K_TILE"], c.num_warps, c.num_stages)
-                for c in tuning._pruner(tuning._TUNING[name])(None, call(d, n))}
+                for c in kept_configs(name, call_args(d, n))}
 
     wide = {(256, 64, 8, 2), (256, 64, 8, 3)}
     assert wide <= kept("fwd_tma", 64, 16384)
@@ -117,7 +114,7 @@ def test_the_tma_forward_alone_tries_256_query_tiles_where_they_fit():
     assert not wide & kept("fwd_tma", 128, 16384)
     assert not wide & kept("fwd_tma", 64, 128)
     pinned = flash_triton.pinned_config
-    assert pinned("fwd_tma", call(64, 16384)) == pinned("fwd", call(64, 16384))
+    assert pinned("fwd_tma", call_args(64, 16384)) == pinned("fwd", call_args(64, 16384))
 
 
 def test_model_layout_reaches_the_tma_kernels_and_plans_are_reused(force_tma):

@@ -13,6 +13,7 @@ import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 import triton
@@ -240,7 +241,20 @@ def pinned_tiles(pinned: bool = True) -> Iterator[None]:
         _AUTOTUNE.reset(token)
 
 
+def kept_configs(name: str, named_args: dict) -> list:
+    """The candidates of kernel `name` the pruner keeps for these arguments (their head dim,
+    dtype and sequence lengths): what the autotuner times."""
+    return _pruner(_TUNING[name])(None, named_args)
+
+
 def pinned_config(name: str, named_args: dict) -> Any:
-    """The config kernel `name` runs with pinned tiles: the first candidate the pruner keeps
-    for these arguments (their head dim, dtype and sequence lengths)."""
-    return _pruner(_TUNING[name])(None, named_args)[0]
+    """The config kernel `name` runs with pinned tiles: the first candidate kept."""
+    return kept_configs(name, named_args)[0]
+
+
+def call_args(head_dim: int, seq: int, element_size: int = 2) -> dict[str, Any]:
+    """The arguments kept_configs and pinned_config read, as a call with this head dim, `seq`
+    queries and keys, and inputs of `element_size` bytes (2: bf16 or fp16) passes them: for
+    offline builds (benchmarks/sm90_compile.py) and tests, which make no such call."""
+    inputs = SimpleNamespace(element_size=lambda: element_size)
+    return {"BLOCK_D": head_dim, "Q": inputs, "N_Q": seq, "N_K": seq}
