@@ -22,8 +22,8 @@ pytestmark = [
     pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
 ]
 PAYLOAD_MB = 256  # each rank's all-reduce buffer in LONG
-LONG = ["comm", "--op", "all-reduce", "--bytes", f"{PAYLOAD_MB}MB", "--iters", "100000", "--warmup", "0",
-        "--world-size", "2", "--device", "cpu"]
+LONG = ["comm", "--op", "all-reduce", "--bytes", f"{PAYLOAD_MB}MB", "--iters", "100000",
+        "--warmup", "0", "--world-size", "2", "--device", "cpu"]
 
 
 def _parent_of(pid: int) -> int | None:

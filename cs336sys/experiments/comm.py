@@ -318,7 +318,7 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="time_ms",
     distributed=True,
-    rank_preload=("torch",),  # its ranks only communicate: no dynamo (parallel/launcher.py)
+    rank_preload=("torch",),  # its ranks only communicate: no dynamo (parallel/fork_server.py)
     section=section,
     draws=True,
 )

@@ -305,6 +305,8 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
 # per rank, the readable fallback. Neither forks the command itself, which may hold CUDA or
 # threads (https://docs.python.org/3/library/multiprocessing.html#contexts-and-start-methods).
 START_METHODS = ("forkserver", "spawn")
+
+
 def _context():
     import multiprocessing as mp
 
