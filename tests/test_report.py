@@ -4,6 +4,7 @@ The golden markdown is regenerated with `UPDATE_GOLDEN=1 pytest -q tests/test_re
 review the diff before keeping it.
 """
 
+import base64
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.report.plots import short
 from cs336sys.report.sections import panels, with_gpu
 from cs336sys.report.select import Selection, SelectionError, parse_time, parse_where
-from tests.conftest import invoke
+from tests.conftest import PNG_SIGNATURE, invoke
 from tests.promises import REPORTS
 from tests.report_fixture import HOSTILE, QUOTED, build
 
@@ -87,6 +88,8 @@ def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path
         return re.findall(r'src="data:image/png;base64,([^"]+)"', html)
 
     assert len(images(tmp_path / "here")) == 11
+    # drawn pixels, not the unrasterized stand-in (this test opts out of it)
+    assert all(len(base64.b64decode(i)) > len(PNG_SIGNATURE) for i in images(tmp_path / "here"))
     assert images(tmp_path / "forked") == images(tmp_path / "here")
 
 
