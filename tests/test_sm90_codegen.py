@@ -37,9 +37,17 @@ def builds(tmp_path_factory) -> dict[str, dict]:
          "adamw,ce,atomic-dq", "--head-dims", "128", "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
-    assert out.returncode == 0, out.stderr[-2000:] + out.stdout[-2000:]
+    # 1: some kernel did not build; its row says why, and only the tests of it fail
+    assert out.returncode in (0, 1), out.stderr[-2000:] + out.stdout[-2000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     return {row["kernel"]: row for row in rows}
+
+
+def built(builds: dict[str, dict], kernel: str) -> dict:
+    """The build of `kernel`, which must have compiled."""
+    build = builds[kernel]
+    assert "error" not in build, (kernel, build["error"])
+    return build
 
 
 def vectors(dtype_bytes: int) -> int:
@@ -49,7 +57,7 @@ def vectors(dtype_bytes: int) -> int:
 
 @pytest.mark.parametrize("param, param_bytes", [("fp32", 4), ("bf16", 2)])
 def test_adamw_multi_tensor_full_chunks_move_16_bytes_per_access(builds, param, param_bytes):
-    build = builds[f"multi {param}"]
+    build = built(builds, f"multi {param}")
     # p and g in the parameter's dtype, m and v in float32; p, m, v written back.
     assert build["wide_loads"] == 2 * vectors(param_bytes) + 2 * vectors(4)
     assert build["wide_stores"] == vectors(param_bytes) + 2 * vectors(4)
@@ -58,14 +66,14 @@ def test_adamw_multi_tensor_full_chunks_move_16_bytes_per_access(builds, param, 
 
 @pytest.mark.parametrize("param", ["fp32", "bf16"])
 def test_adamw_one_tensor_kernel_has_only_16_byte_accesses(builds, param):
-    build = builds[f"single {param}"]
+    build = built(builds, f"single {param}")
     assert build["wide_loads"] > 0 and build["narrow_loads"] == 0
     assert build["wide_stores"] > 0 and build["narrow_stores"] == 0
     assert build["stack"] == 0
 
 
 def test_cross_entropy_bf16_reads_and_writes_logits_16_bytes_at_a_time_without_spills(builds):
-    build = builds["softmax-ce bf16"]
+    build = built(builds, "softmax-ce bf16")
     # Two passes read the row, one writes it; the narrow ones are target, scale and loss.
     assert build["wide_loads"] > 0 and build["wide_stores"] > 0
     assert build["narrow_loads"] == 3 and build["narrow_stores"] == 1
@@ -76,9 +84,9 @@ def test_atomic_dq_candidates_for_head_dim_128_compile_without_spills(builds):
     """The atomic-dQ dK/dV kernel's candidates are a hand-checked list, not an estimate: at
     d 128 (where most tiles spill) each kept config, pointer and TMA, compiles for sm_90 with
     no spilled registers, and its dQ additions are 16 bytes wide."""
-    builds = [(label, build) for label, build in builds.items() if build["group"] == "atomic-dq"]
-    assert len(builds) >= 4  # pointer and TMA of at least two configs
-    for label, build in builds:
-        assert "error" not in build, (label, build["error"])
+    labels = [label for label, build in builds.items() if build["group"] == "atomic-dq"]
+    assert len(labels) >= 4  # pointer and TMA of at least two configs
+    for label in labels:
+        build = built(builds, label)
         assert build["stack"] == 0, label
         assert build["atomics"] > 0 and build["wide_atomics"] == build["atomics"], label
