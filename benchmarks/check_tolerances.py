@@ -18,7 +18,7 @@ import torch
 
 from cs336sys.attention import registry
 from cs336sys.attention.reference import attention_reference
-from cs336sys.experiments.checks import training_check, training_reference
+from cs336sys.experiments.training_check import training_check, training_reference
 from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model
 from cs336sys.models.adamw import AdamW
 from cs336sys.models.config import from_preset
@@ -69,12 +69,12 @@ def main() -> None:
         print(f"attention {str(dtype)[6:]:9} " + "  ".join(f"{k} {v:.1e}" for k, v in worst.items()))
     x, y = make_batch(0, BATCH, SHAPE["context_length"], SHAPE["vocab_size"])
     for precision in ("fp32", "bf16"):
-        initial, final = training_reference(from_preset("tiny", **SHAPE), "cpu", 0, x, y,
-                                            precision, args.steps)
+        reference = training_reference(from_preset("tiny", **SHAPE), "cpu", 0, x, y,
+                                       precision, args.steps, 2)
         for impl in ("naive", "flat", "bucketed", "torch", "no-sync"):
             got = launch(ranks, 2, "gloo", args=(impl, precision, args.steps))[0]
             got = {k: torch.from_numpy(v) for k, v in got.items()}
-            v = training_check(got, initial, final, precision)
+            v = training_check(got, reference, precision)
             print(f"ddp {precision} {impl:8} worst {v.metrics['check_worst']:.2g} ({v.metrics['check']})")
 
 

@@ -100,7 +100,8 @@ def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     (row,) = ddp_runs(db)
     assert row["status"] == "wrong" and row["check"] == "fail" and row["check_worst"] > 0.1
-    assert row["error"].startswith("wrong: per parameter |p - p_ref| / |p_ref - p_0|")
+    assert "match rank 0's own slice of the batch: never all-reduced" in row["error"]
+    assert "per parameter |p - p_ref| / |p_ref - p_0|" in row["error"]
     assert row["param_max_diff"] > 0  # the replicas drifted apart too
     assert "wrong" in result.stdout and "(wrong)" in result.stdout
 

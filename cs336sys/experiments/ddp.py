@@ -222,6 +222,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     import torch
 
     from cs336sys.experiments import ddp_setup
+    from cs336sys.experiments.training_check import first_step_grads
     from cs336sys.experiments.training_step import Step, make_model
     from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.measure.live_tensors import LiveTensorTracker
@@ -241,11 +242,12 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     # trains the reference first, alone, so that it never shares memory with the point.
     reference = None
     if user and ctx.rank == 0:
-        from cs336sys.experiments.checks import training_reference
+        from cs336sys.experiments.training_check import training_reference
 
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
-                                       spec.precision, spec.warmup + 1 + spec.iters)
+                                       spec.precision, spec.warmup + 1 + spec.iters,
+                                       ctx.world_size)
         del x_all, y_all
         free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
@@ -253,8 +255,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if tracker is not None:
         tracker.__enter__()  # watches from before the model exists; left before timing
     try:
-        # Distinct weights per rank on purpose: the wrapper must make them rank 0's.
-        model = make_model(spec.config(), ctx.device, spec.seed + 1000 * ctx.rank)
+        model = make_model(spec.config(), ctx.device, ddp_setup.init_seed(spec.impl, spec.seed, ctx.rank))
         # Counted, not kept: a list of the parameters would keep the full weights alive
         # after FSDP has sharded them.
         n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -275,8 +276,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         )
         losses = []
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
+        # rank 0's gradients after the first step's synchronization, for the check
+        first_grads: dict[str, Any] = {}
+        keep_grads = first_step_grads(setup.module, first_grads) if reference is not None else lambda: None
         for i in range(spec.warmup):
-            step()
+            step(before_optimizer=keep_grads if i == 0 else lambda: None)
             losses.append(step.last_loss)
             step_done(i + 1, total)
 
@@ -284,9 +288,14 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         def read(when):
             return lambda: memory.update({when: probe.current(), **_prefixed(when, ddp_setup.split(setup))})
 
+        def before_opt():
+            read("before_opt")()
+            if not spec.warmup:
+                keep_grads()
+
         probe.reset_peak()
         with CommCounter() as comm:
-            step(before_optimizer=read("before_opt"), after_optimizer=read("after_opt"))
+            step(before_optimizer=before_opt, after_optimizer=read("after_opt"))
             losses.append(step.last_loss)
         memory["peak"] = probe.peak()
     finally:
@@ -323,9 +332,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         if reference is not None:
-            from cs336sys.experiments.checks import training_check
+            from cs336sys.experiments.training_check import training_check
 
-            checked = training_check(full, *reference, spec.precision)
+            checked = training_check(full, reference, spec.precision, first_grads)
         del full
     per_rank = gather({"times": times, "peak": memory["peak"]})
     # Per step, the slowest rank's time: the others wait for it at the next collective.

@@ -57,6 +57,19 @@ class Setup:
     full_params: Callable[[], dict] | None = None
 
 
+def init_seed(impl: str, seed: int, rank: int) -> int:
+    """The seed of this rank's model. The replicas start from distinct weights on purpose:
+    the handout has a DDP broadcast rank 0's, and the course's DDP tests seed each rank
+    differently to check it. An FSDP gets the same weights on every rank, as the course's
+    FSDP test builds them: the handout asks an FSDP to shard, not to broadcast, so an FSDP
+    that shards what each rank was given is right (measured: such an FSDP, passing the
+    course's tests/test_fsdp.py, was 1.1 off with distinct weights per rank)."""
+    from cs336sys.experiments.ddp_yours import kind_of
+
+    sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
+    return seed if sharded else seed + 1000 * rank
+
+
 def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device):
     """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds;
     the user's wrappers and sharded optimizer (experiments/ddp_yours.py) too."""

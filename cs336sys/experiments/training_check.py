@@ -1,0 +1,193 @@
+"""The user's DDP, FSDP or sharded optimizer against single-process training (docs/yours.md,
+"Checked before timed"), and, for a failure, what the code does instead.
+
+Two things are compared, each against one process training the whole global batch from
+rank 0's weights with the same AdamW (`TrainingReference`):
+
+- the gradients rank 0 holds after `finish_gradient_synchronization()` in the first step,
+  tensor by tensor, for every parameter rank 0 holds whole (an FSDP's shards are left to the
+  second comparison). They must be the mean over the global batch. This is the comparison
+  that sees gradients summed instead of averaged: AdamW divides the first moment by the root
+  of the second, so a gradient scaled by the world size moves the parameters exactly as the
+  mean does (to within eps), and the parameters alone would pass it. The course's tests train
+  with SGD, where it shows; here it shows in the gradients.
+- every parameter after the timed steps, |p - p_ref| / |p_ref - p_0| (L2 norms).
+
+A failure is named by the alternative it matches: the gradients `world_size` times the mean
+(summed, not averaged); rank 0's own slice of the batch (never all-reduced); parameters that
+never left their initial values (a shard whose optimizer never stepped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cs336sys.measure.check import Verdict
+
+# Measured (benchmarks/check_tolerances.py: a 2-layer d64 model, 2 Gloo ranks, 8 AdamW steps):
+# 1.9e-5 for each of our DDP variants in fp32, 2.4e-2 under bf16 autocast (rounding of
+# half-batch activations); a DDP that does not all-reduce is at 1.0. The same bounds hold for
+# the first step's gradients (relative L2 error per tensor).
+TRAINING_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1, "fp16": 0.1}
+
+
+@dataclass
+class TrainingReference:
+    """Single-process training of the global batch, on the CPU: the parameters before and
+    after, the first step's gradients (the mean over the batch), and the gradients of rank
+    0's slice alone at the same weights (what a DDP that never all-reduces holds)."""
+
+    initial: dict
+    final: dict
+    grads: dict
+    local_grads: dict
+    world_size: int
+
+
+def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, precision: str,
+                       steps: int, world_size: int) -> TrainingReference:
+    """`steps` steps of single-process training on the whole batch (x, y): the model with
+    rank 0's weights, the same AdamW, autocast in `precision` as the replicas train."""
+    import torch
+
+    from cs336sys.experiments.ddp_setup import LR, WEIGHT_DECAY
+    from cs336sys.experiments.training_step import cross_entropy, make_model
+    from cs336sys.measure.dtypes import autocast_dtype
+    from cs336sys.models.adamw import AdamW
+
+    model = make_model(config, device, seed)
+    low = autocast_dtype(precision)
+    x, y = x.to(device), y.to(device)
+
+    def backward(x_part, y_part) -> dict:
+        with torch.autocast(torch.device(device).type, dtype=low, enabled=low is not None):
+            loss = cross_entropy(model(x_part), y_part)
+        loss.backward()
+        return {k: v.grad.detach().float().cpu().clone() for k, v in model.named_parameters()
+                if v.grad is not None}
+
+    local = x.shape[0] // world_size
+    local_grads = backward(x[:local], y[:local])  # (B / world, T): rank 0's slice
+    model.zero_grad(set_to_none=True)
+    initial = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
+    opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    grads: dict = {}
+    for i in range(steps):
+        step_grads = backward(x, y)
+        if i == 0:
+            grads = step_grads
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    final = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
+    return TrainingReference(initial, final, grads, local_grads, world_size)
+
+
+def first_step_grads(module: Any, into: dict) -> Any:
+    """A hook that copies the gradients `module` holds on this rank, by its parameter names,
+    into `into` (to the CPU, once: the first step's)."""
+
+    def keep() -> None:
+        if not into:
+            into.update({name: p.grad.detach().float().cpu().clone()
+                         for name, p in module.named_parameters() if p.grad is not None})
+
+    return keep
+
+
+def by_reference_names(named: dict, reference: dict) -> dict:
+    """`named` ({name: tensor} of a wrapper: `module.layers.0...`) keyed by the reference's
+    names: the shortest dotted suffix of each name that the reference has."""
+    out = {}
+    for name, tensor in named.items():
+        parts = name.split(".")
+        for i in range(len(parts)):
+            if ".".join(parts[i:]) in reference:
+                out.setdefault(".".join(parts[i:]), tensor)
+                break
+    return out
+
+
+def _relative(x: Any, ref: Any) -> float:
+    scale = float(ref.norm())
+    diff = float((x - ref).norm())
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> str | None:
+    """What rank 0's first-step gradients (by the reference's names) do wrong, in words, or
+    None when every tensor it holds whole is the mean over the global batch within `tol`."""
+    world = reference.world_size
+    off: list[tuple[str, float, float, float]] = []  # name, against mean, sum, own slice
+    for name, ref in reference.grads.items():
+        got = grads.get(name)
+        if got is None or tuple(got.shape) != tuple(ref.shape):
+            continue  # not held whole here (an FSDP's shard): the parameters check it
+        got = got.detach().float().cpu()
+        mean = _relative(got, ref)
+        if not mean <= tol:  # NaN too
+            local = reference.local_grads.get(name)
+            off.append((name, mean, _relative(got, world * ref),
+                        _relative(got, local) if local is not None else float("inf")))
+    if not off:
+        return None
+    compared = sum(1 for n, r in reference.grads.items()
+                   if n in grads and tuple(grads[n].shape) == tuple(r.shape))
+    count = f"{len(off)} of {compared} gradient tensors"
+    if all(s <= tol for _, _, s, _ in off):
+        return (f"{count} rank 0 holds after finish_gradient_synchronization() match "
+                f"world_size ({world}) x the reference: summed, not averaged (AdamW hides it "
+                f"in the parameters, SGD would not)")
+    if all(loc <= tol for _, _, _, loc in off):
+        return (f"{count} rank 0 holds after finish_gradient_synchronization() match rank 0's "
+                f"own slice of the batch: never all-reduced ({', '.join(n for n, *_ in off[:3])}"
+                f"{', ...' if len(off) > 3 else ''})")
+    name, mean, _, _ = max(off, key=lambda o: o[1] if o[1] == o[1] else float("inf"))
+    return (f"{count} rank 0 holds after finish_gradient_synchronization() differ from the "
+            f"mean over the global batch (worst {name}: relative error {mean:.2g}, allowed "
+            f"{tol:g}); they match neither the sum nor rank 0's own slice")
+
+
+def training_check(full: dict, reference: TrainingReference, precision: str,
+                   grads: dict | None = None) -> Verdict:
+    """The user's parameters after training (`full`, by the unwrapped model's names) and
+    rank 0's first-step gradients (`grads`, by any names that end in the model's) against
+    the single-process reference (see TRAINING_TOLERANCE)."""
+    tol = TRAINING_TOLERANCE[precision]
+    worst, where, problems, frozen = 0.0, None, [], []
+    full = by_reference_names(full, reference.final)
+    for name, ref in reference.final.items():
+        mine = full.get(name)
+        if mine is None or tuple(mine.shape) != tuple(ref.shape):
+            problems.append(f"{name} is {'missing' if mine is None else tuple(mine.shape)}")
+            continue
+        mine = mine.detach().float().cpu()
+        start = reference.initial[name].float()
+        diff = float((mine - ref.float()).norm())
+        moved = float((ref.float() - start).norm())
+        ratio = diff / moved if moved > 0 else (0.0 if diff == 0 else float("inf"))
+        if moved > 0 and bool((mine == start).all()):
+            frozen.append(name)
+        if not ratio <= worst:  # NaN too
+            worst, where = ratio, name
+    metrics: dict[str, Any] = {"check_worst": worst}
+    detail = (f"per parameter |p - p_ref| / |p_ref - p_0| against single-process training, at "
+              f"most {tol:g}: worst {worst:.2g} ({where})")
+    gradients = gradient_problem(by_reference_names(grads, reference.grads), reference, tol) \
+        if grads is not None else None
+    passed = not problems and worst <= tol and gradients is None
+    causes = []
+    if frozen and not passed:
+        causes.append(f"{len(frozen)} of {len(reference.final)} parameter tensors never left "
+                      f"their initial values ({', '.join(frozen[:3])}"
+                      f"{', ...' if len(frozen) > 3 else ''}): their optimizer step never ran "
+                      f"(a shard no rank steps?)")
+    if gradients:
+        causes.append(gradients)
+    if causes:
+        detail = "; ".join(causes) + "; " + detail
+    metrics.update(check="pass" if passed else "fail", check_detail=detail)
+    why = None
+    if not passed:
+        why = "wrong: " + ("; ".join(problems[:3]) if problems else detail)
+    return Verdict(passed, metrics, why)

@@ -1,0 +1,109 @@
+"""FSDPs as students write them for the course, right and wrong (copied into a course-layout
+repository as cs336_systems/gallery_fsdp.py by tests/test_gallery_parallel.py).
+
+`FSDP`: the weights of cs336_basics' `Linear` and `Embedding` modules sharded by rows across
+ranks, every other parameter (the RMSNorm gains) replicated, with its gradient all-reduced
+(sum, async) from a post-accumulate hook and divided by the world size in
+finish_gradient_synchronization(); compute in `compute_dtype` when given, fp32 master
+shards. Like the handout's FSDP it broadcasts nothing: each rank shards the model it was
+given, which the course's test builds alike on every rank. It passes the course's
+tests/test_fsdp.py in fp32 and fp16.
+
+`ForgetsReplicated`: the same, with the replicated parameters' all-reduce forgotten.
+"""
+
+import torch
+import torch.distributed as dist
+from cs336_basics.model import Embedding, Linear
+from torch import nn
+
+
+class FSDP(nn.Module):
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        self.module = module
+        self.compute_dtype = compute_dtype
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.handles = []
+        self.replicated = []
+        sharded = set()
+        for m in module.modules():
+            if not isinstance(m, (Linear, Embedding)):
+                continue
+            w = m.weight
+            sharded.add(id(w))
+            m.full_shape = tuple(w.shape)
+            m.rows = -(-w.shape[0] // self.world)
+            padded = torch.zeros(m.rows * self.world, *w.shape[1:], dtype=w.dtype, device=w.device)
+            padded[: w.shape[0]] = w.data
+            m.shard = padded[self.rank * m.rows : (self.rank + 1) * m.rows].clone()
+            w.data = m.shard
+            m.register_forward_pre_hook(self._gather)
+            m.register_forward_hook(self._release)
+            m.register_full_backward_pre_hook(self._gather_for_backward)
+            w.register_post_accumulate_grad_hook(self._reduce_sharded(m))
+        for p in module.parameters():
+            if id(p) not in sharded and p.requires_grad:
+                self.replicated.append(p)
+                p.register_post_accumulate_grad_hook(self._reduce_replicated)
+
+    def _full(self, m):
+        parts = [torch.empty_like(m.shard) for _ in range(self.world)]
+        dist.all_gather(parts, m.shard)
+        full = torch.cat(parts)[: m.full_shape[0]]
+        return full if self.compute_dtype is None else full.to(self.compute_dtype)
+
+    def _gather(self, m, args):
+        m.weight.data = self._full(m)
+
+    def _release(self, m, args, out):
+        m.weight.data = m.shard
+
+    def _gather_for_backward(self, m, grad_output):
+        m.weight.data = self._full(m)
+
+    def _reduce_sharded(self, m):
+        def hook(p):
+            grad = p.grad.float()
+            padded = torch.zeros(m.rows * self.world, *grad.shape[1:], dtype=grad.dtype, device=grad.device)
+            padded[: grad.shape[0]] = grad
+            dist.all_reduce(padded)
+            p.data = m.shard
+            p.grad = padded[self.rank * m.rows : (self.rank + 1) * m.rows] / self.world
+
+        return hook
+
+    def _reduce_replicated(self, p):
+        self.handles.append(dist.all_reduce(p.grad, async_op=True))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        for handle in self.handles:
+            handle.wait()
+        self.handles.clear()
+        for p in self.replicated:
+            if p.grad is not None:
+                p.grad /= self.world
+
+    def full_state_dict(self):
+        out = {}
+        modules = dict(self.module.named_modules())
+        for name, p in self.module.named_parameters():
+            owner = modules[name.rpartition(".")[0]]
+            if isinstance(owner, (Linear, Embedding)):
+                parts = [torch.empty_like(owner.shard) for _ in range(self.world)]
+                dist.all_gather(parts, owner.shard)
+                out[name] = torch.cat(parts)[: owner.full_shape[0]]
+            else:
+                out[name] = p.data
+        return out
+
+
+class ForgetsReplicated(FSDP):
+    def _reduce_replicated(self, p):
+        pass
+
+    def finish_gradient_synchronization(self):
+        pass

@@ -1,0 +1,101 @@
+"""The gallery of data-parallel code, right and wrong (tests/gallery/): every right one
+passes cs336sys's check, every wrong one is stored `wrong` with what it does in words.
+
+The right ones include an FSDP that passes the course's tests/test_fsdp.py and broadcasts
+nothing (the handout does not ask an FSDP to): it is checked from the same weights on every
+rank, as the course builds them. Each is run as a one-off target (`--impl NAME=module:Class`)
+in a course-layout repository, on two Gloo ranks."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import invoke, query
+from tests.test_yours_parallel import SMALL
+from tests.user_repos import course_repo
+
+GALLERY = Path(__file__).parent / "gallery"
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    shutil.copy(GALLERY / "ddp.py", repo / "cs336_systems" / "gallery_ddp.py")
+    shutil.copy(GALLERY / "fsdp_basics.py", repo / "cs336_systems" / "gallery_fsdp.py")
+    monkeypatch.chdir(repo)
+    return repo
+
+
+def verdicts(db):
+    """{implementation label: row} of the stored ddp points."""
+    rows = query(db, "SELECT * FROM ddp_runs ORDER BY created")
+    return {(r["impl"], r["optimizer_sharding"]): r for r in rows}
+
+
+def ddp(db, *args):
+    result = invoke("ddp", *args, *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
+    return verdicts(db)
+
+
+DDP = "cs336_systems.gallery_ddp"
+FSDP = "cs336_systems.gallery_fsdp"
+
+
+@pytest.mark.slow  # starts ranks
+def test_ddps_right_and_wrong(repo, tmp_path):
+    got = ddp(tmp_path / "r.db", "--impl",
+              f"yours-hooks={DDP}:AverageInHooks,yours-after={DDP}:AverageAfter,"
+              f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket")
+    for name in ("yours-hooks", "yours-after"):
+        row = got[name, "none"]
+        assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    summed = got["yours-summed", "none"]
+    assert summed["status"] == "wrong"
+    assert "match world_size (2) x the reference: summed, not averaged" in summed["error"]
+    # AdamW moves the parameters alike for a gradient twice as large: only the gradients tell
+    assert summed["check_worst"] < 1e-3
+    early = got["yours-early", "none"]
+    assert early["status"] == "wrong"
+    assert "differ from the mean over the global batch" in early["error"]
+
+
+@pytest.mark.slow  # starts ranks
+def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
+    got = ddp(tmp_path / "r.db", "--impl", "naive", "--shard-optimizer",
+              f"yours-count={DDP}:ShardedByCount,yours-lazy={DDP}:NeverStepsLastShard")
+    row = got["naive", "yours-count"]
+    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    lazy = got["naive", "yours-lazy"]
+    assert lazy["status"] == "wrong"
+    assert "never left their initial values" in lazy["error"]
+    assert "their optimizer step never ran" in lazy["error"]
+
+
+@pytest.mark.slow  # starts ranks
+@pytest.mark.parametrize("model", ["cs336_basics", None], ids=["basics-model", "our-model"])
+def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
+    """With the course's model it shards Linear and Embedding and replicates the norms;
+    with cs336sys's it shards nothing (none of its modules are cs336_basics classes)."""
+    more = ["--model", model] if model else []
+    got = ddp(tmp_path / "r.db", "--impl",
+              f"yours-fsdp-basics={FSDP}:FSDP,yours-fsdp-forgets={FSDP}:ForgetsReplicated",
+              *more)
+    row = got["yours-fsdp-basics", None]
+    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    assert row["check_worst"] < 1e-3
+    forgets = got["yours-fsdp-forgets", None]
+    assert forgets["status"] == "wrong"
+    assert "match rank 0's own slice of the batch: never all-reduced" in forgets["error"]
+    assert ".ln1.weight" in forgets["error"]
+
+
+@pytest.mark.slow  # starts ranks
+def test_an_fsdp_computing_in_bf16_passes(repo, tmp_path):
+    got = ddp(tmp_path / "r.db", "--impl", f"yours-fsdp-basics={FSDP}:FSDP",
+              "--model", "cs336_basics", "--precision", "bf16")
+    row = got["yours-fsdp-basics", None]
+    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
