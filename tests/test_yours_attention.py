@@ -166,12 +166,14 @@ def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     assert {r["status"] for r in wrong} == {"wrong"}
     for r in wrong:
         assert r["check"] == "fail" and r["max_err"] > 0.05
-        assert r["error"].startswith("wrong: O off by up to")
+        # what it computes, then by how much it is off
+        assert r["error"].startswith("wrong: it computes attention without the 1/√d scale in "
+                                     "the forward (its gradients match neither); O off by up to")
         assert r["e2e_ms_mean"] > 0  # timed all the same
     table = [line for line in result.stdout.splitlines() if line.startswith("yours-torch")]
     # every cell of it marked, its status with why (shortened; the whole line is under it)
-    assert table and all("(wrong)" in line and "wrong: O off by up to" in line for line in table)
-    assert "wrong: impl=yours-torch seq=32: wrong: O off by up to" in result.stdout
+    assert table and all("(wrong)" in line and "wrong: it computes" in line for line in table)
+    assert "wrong: impl=yours-torch seq=32: wrong: it computes attention without" in result.stdout
     # the report: red cells, the reason listed, no speed-up
     out = tmp_path / "report"
     assert invoke("report", "--db", db, "--out", out).exit_code == 0

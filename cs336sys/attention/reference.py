@@ -59,9 +59,11 @@ def attention_reference(
     do: torch.Tensor | None = None,
     max_elements: int = 2**26,
     dtype: torch.dtype = torch.float32,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """O in `dtype` (float32, or float64 for the benchmark's check), and (dQ, dK, dV) when
-    the upstream gradient `do` is given.
+    the upstream gradient `do` is given. `scale` multiplies the scores (1/√d unless given:
+    another one is what a wrong kernel computes, attention/diagnosis.py).
 
     The benchmark's per-point correctness check. It walks over chunks of queries so that at
     most `max_elements` scores exist at once: checking a 65536-long sequence must not need
@@ -75,7 +77,7 @@ def attention_reference(
     n_keys = k32.shape[-2]
     rows = max(1, q32.numel() // (n_queries * d))  # batch (x heads)
     chunk = max(1, min(n_queries, max_elements // max(1, rows * n_keys)))
-    scale = 1.0 / math.sqrt(d)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
 
     o = torch.empty_like(q32)
     if do32 is not None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD, judge
-from cs336sys.report.sections import Figure, Row, Table, num, point_labels, skey
+from cs336sys.report.sections import Figure, Row, Table, compared, num, point_labels, skey
 from cs336sys.report.select import (
     Selection,
     SelectionError,
@@ -177,7 +177,7 @@ def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tupl
     """Per point (GPU unless by_gpu=False, settings): the ok runs' values and samples."""
     out: dict[tuple, Side] = {}
     for r in rows:
-        if r.get("status") != "ok" or r.get(metric.column) is None:
+        if not compared(r) or r.get(metric.column) is None:
             continue
         key = (r.get("gpu") if by_gpu else None, skey(r))
         out.setdefault(key, Side(r)).add(r, metric)

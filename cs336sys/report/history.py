@@ -36,7 +36,16 @@ from cs336sys.report.compare import (
     metrics,
     text_table,
 )
-from cs336sys.report.sections import Figure, Row, Section, Table, num, point_labels, skey
+from cs336sys.report.sections import (
+    Figure,
+    Row,
+    Section,
+    Table,
+    compared,
+    num,
+    point_labels,
+    skey,
+)
 
 MAX_PLOTS = 12
 MAX_STEPS = 100
@@ -185,7 +194,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     for exp, metric in metrics(catalog).items():
         groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
         for r in rows.get(exp, []):
-            if r.get("status") != "ok" or r.get(metric.column) is None or commit_of(r) is None:
+            if not compared(r) or r.get(metric.column) is None or commit_of(r) is None:
                 continue
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
             at.setdefault(commit_of(r), Side(r)).add(r, metric)

@@ -108,6 +108,14 @@ def failures(rows: list[Row]) -> list[Failure]:
     return out
 
 
+def compared(row: Row) -> bool:
+    """Whether a point may stand beside others (a baseline, a ratio, a speed-up, a plotted
+    line, a comparison across runs): it is ok, and nothing says its measurement is of other
+    work than its settings name (`not_compared`: a PyTorch FlashAttention that ignores
+    is_causal did non-causal work at a causal point)."""
+    return row.get("status") == "ok" and not row.get("not_compared")
+
+
 def skey(row: Row, drop: Iterable[str] = ()) -> str:
     """The point's identity: its settings as canonical JSON, without `drop` and without the
     QUIET ones (a re-run with more steps measures the same point)."""
@@ -273,7 +281,7 @@ def panels(
     """
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
-        measured = r.get("status") == "ok" and r.get(y) is not None
+        measured = compared(r) and r.get(y) is not None
         if r.get(x) is not None and (measured or r.get("status") == "oom"):
             groups.setdefault((r.get("gpu"), skey(r, drop=(x,))), []).append(r)
     heads = [g[0] for g in groups.values()]
@@ -309,7 +317,7 @@ def speedups(
     """Points differing only in `key` (a vs b): metric at a, at b, and a/b (>1: b faster)."""
     groups: dict[tuple, dict[Any, Row]] = {}
     for r in rows:
-        if r.get("status") != "ok" or r.get(metric) is None:
+        if not compared(r) or r.get(metric) is None:
             continue
         groups.setdefault((r.get("gpu"), skey(r, drop=(key,))), {})[r["_settings"].get(key)] = r
     out = []

@@ -17,6 +17,7 @@ from typing import Any
 from cs336sys.report.sections import (
     Row,
     Table,
+    compared,
     mean_std,
     mib,
     num,
@@ -111,7 +112,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     base: dict[tuple, float] = {}
     for r in rows:
         s = r["_settings"]
-        if r.get("status") == "ok" and all(s.get(k) == v for k, v in ratio.against.items()):
+        if compared(r) and all(s.get(k) == v for k, v in ratio.against.items()):
             value = ratio.metric(r)
             if value:
                 base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), value)
@@ -119,6 +120,9 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     for r in rows:
         if r.get("status") == "wrong":  # a wrong point is never a speed-up, nor a baseline
             out.append("wrong")
+            continue
+        if r.get("status") == "ok" and not compared(r):
+            out.append("not compared")
             continue
         ref, mine = base.get((r.get("gpu"), skey(r, drop=ratio.vary))), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None

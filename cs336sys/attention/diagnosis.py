@@ -1,0 +1,82 @@
+"""What a wrong attention kernel computes instead: its output checked against the likely
+alternatives, so that a failed check says what the code does, not only that it differs.
+
+    non-causal     the causal mask is missing (is_causal ignored)
+    causal         a causal mask that was not asked for
+    no scale       scores not divided by √d
+    scale 1/d      scores divided by d instead of √d
+
+The handout lets the PyTorch FlashAttention ignore is_causal ("You can ignore the is_causal
+flag for this task"), so for `yours-torch` the non-causal match is a pass, judged against
+non-causal attention, with its times kept apart from causal points (`not_compared`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cs336sys.measure.check import Verdict, check
+
+# The implementation that may ignore is_causal: the course's PyTorch FlashAttention.
+MAY_IGNORE_CAUSAL = ("yours-torch",)
+IGNORES_CAUSAL = ("ignores is_causal, as the handout allows for the PyTorch implementation: "
+                  "checked against non-causal attention, and its times, of non-causal work, "
+                  "are not compared with causal points; --no-causal measures it")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    name: str  # what the kernel computes, in words
+    causal: bool
+    scale: float | None  # None: 1/√d
+
+
+def alternatives(causal: bool, d: int) -> list[Alternative]:
+    """The likely mistakes for a point with this mask and head dim, most likely first."""
+    flipped = (Alternative("non-causal attention: the causal mask is missing (is_causal "
+                           "ignored)", False, None) if causal else
+               Alternative("causal attention: a causal mask that was not asked for", True, None))
+    return [flipped,
+            Alternative("attention without the 1/√d scale", causal, 1.0),
+            Alternative(f"attention scaled by 1/d (1/{d}) instead of 1/√d", causal, 1.0 / d)]
+
+
+def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, causal: bool,
+             tolerance: tuple[float, float]) -> tuple[Alternative, Verdict] | None:
+    """The first alternative whose output O matches `got["O"]`, with the verdict of all of
+    `got` (O, and dQ, dK, dV when given) against it; None when none matches."""
+    import torch
+
+    from cs336sys.attention.reference import attention_reference
+
+    for alt in alternatives(causal, q.shape[-1]):
+        o, grads = attention_reference(q, k, v, alt.causal, do=dout, dtype=torch.float64,
+                                       scale=alt.scale)
+        if not check({"O": got["O"]}, {"O": o}, *tolerance).passed:
+            continue
+        want = {"O": o, **dict(zip(("dQ", "dK", "dV"), grads or (), strict=False))}
+        return alt, check({n: got[n] for n in want}, want, *tolerance,
+                          against=f"a float64 reference of {alt.name.split(':')[0]}")
+    return None
+
+
+def judged(impl: str, causal: bool, verdict: Verdict, found: tuple[Alternative, Verdict] | None
+           ) -> tuple[Verdict, dict[str, Any]]:
+    """The point's verdict once the alternatives are known, and the metrics that say so:
+    `check_detail` naming what the kernel computes, and for a PyTorch FlashAttention of the
+    user's that ignores is_causal, a pass against non-causal attention with `not_compared`."""
+    if verdict.passed or found is None:
+        return verdict, {}
+    alt, against = found
+    if causal and not alt.causal and alt.scale is None and impl in MAY_IGNORE_CAUSAL \
+            and against.passed:
+        return (Verdict(True, {**against.metrics, "check_detail": IGNORES_CAUSAL}),
+                {"not_compared": IGNORES_CAUSAL, "computed_causal": False})
+    detail = f"it computes {alt.name}"
+    if not against.passed:
+        detail += " in the forward (its gradients match neither)"
+    why = f"wrong: {detail}; {verdict.why.removeprefix('wrong: ')}" if verdict.why else detail
+    return Verdict(False, {**verdict.metrics, "check_detail": detail}, why), {}
+

@@ -1,0 +1,49 @@
+"""FlashAttention-2 autograd.Functions as students write them, right and wrong (copied into a
+course-layout repository as cs336_systems/gallery_attention.py by
+tests/test_gallery_attention.py). The PyTorch ones compute with whole score matrices: what
+is judged is what they compute, not how they tile it."""
+
+import math
+
+import torch
+
+
+def _function(mask: bool, scale: float | None):
+    """An autograd.Function computing softmax(s·QKᵀ)V, masked causally when asked and
+    `mask` (False: is_causal ignored), with the backward recomputing P from the logsumexp."""
+
+    def scores(q, k, is_causal):
+        s = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
+        if is_causal and mask:
+            n_q, n_k = q.shape[-2], k.shape[-2]
+            above = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)
+            s = s.masked_fill(above, float("-inf"))
+        return s
+
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, is_causal=False):
+            s = scores(q.float(), k.float(), is_causal)
+            lse = torch.logsumexp(s, dim=-1)
+            o = (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.is_causal = is_causal
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            qf, kf, vf, of, dof = (t.float() for t in (q, k, v, o, do))
+            p = torch.exp(scores(qf, kf, ctx.is_causal) - lse[..., None])
+            dv = p.transpose(-1, -2) @ dof
+            ds = p * (dof @ vf.transpose(-1, -2) - (of * dof).sum(-1, keepdim=True))
+            s = scale or 1 / math.sqrt(q.shape[-1])
+            return (ds @ kf * s).to(q.dtype), (ds.transpose(-1, -2) @ qf * s).to(k.dtype), \
+                dv.to(v.dtype), None
+
+    return Attention
+
+
+Right = _function(mask=True, scale=None)
+IgnoresCausal = _function(mask=False, scale=None)  # right for the PyTorch part, per the handout
+NoScale = _function(mask=True, scale=1.0)  # wrong: scores never divided by sqrt(d)

@@ -1,0 +1,125 @@
+"""The gallery of attention kernels, right and wrong (tests/gallery/): every right one
+passes cs336sys's check, every wrong one is stored `wrong` with what it computes in words,
+and a PyTorch FlashAttention that ignores is_causal (as the handout allows) passes against
+non-causal attention without being compared with causal points."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import invoke, query
+from tests.user_repos import course_repo, edit
+
+GALLERY = Path(__file__).parent / "gallery"
+FLASH = "cs336_systems/flash_attention.py"
+# (batch, seq, d) inputs, the course's contract; two sequence lengths, one of them ragged
+SMALL = ["--d-head", "16", "--batch", "2", "--warmup", "1", "--iters", "2", "--device", "cpu"]
+SEQS = ["--seq", "32,40"]
+TORCH = "cs336_systems.gallery_attention"
+TRITON = "cs336_systems.gallery_triton"
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    repo = course_repo(tmp_path)
+    shutil.copy(GALLERY / "attention.py", repo / "cs336_systems" / "gallery_attention.py")
+    shutil.copy(GALLERY / "attention_triton.py", repo / "cs336_systems" / "gallery_triton.py")
+    monkeypatch.chdir(repo)
+    return repo
+
+
+def attention(db, *args):
+    result = invoke("attention", *SMALL, *args, "--db", db)
+    assert result.exit_code == 0, result.output
+    return result, query(db, "SELECT * FROM attention_runs ORDER BY created")
+
+
+def by_impl(rows):
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["impl"], []).append(r)
+    return out
+
+
+def test_torch_kernels_right_and_wrong(repo, tmp_path):
+    _, rows = attention(tmp_path / "r.db", "--impl",
+                        f"yours-right={TORCH}:Right,yours-nocausal={TORCH}:IgnoresCausal,"
+                        f"yours-noscale={TORCH}:NoScale", *SEQS)
+    got = by_impl(rows)
+    assert [(r["status"], r["check"]) for r in got["yours-right"]] == [("ok", "pass")] * 2
+    for r in got["yours-nocausal"]:  # a one-off kernel is not the handout's PyTorch part
+        assert r["status"] == "wrong"
+        assert "it computes non-causal attention: the causal mask is missing" in r["error"]
+    for r in got["yours-noscale"]:
+        assert r["status"] == "wrong"
+        assert "it computes attention without the 1/√d scale" in r["error"]
+
+
+def test_a_pytorch_flashattention_that_ignores_is_causal_passes_as_the_handout_allows(repo, tmp_path):
+    """The README's command, in a repository whose yours-torch ignores is_causal."""
+    edit(repo, FLASH, "                if is_causal:\n", "                if False:\n")
+    edit(repo, FLASH, "        if ctx.is_causal:\n", "        if False:\n", commit="ignore is_causal")
+    result, rows = attention(tmp_path / "r.db", "--impl", "yours-torch,flash-torch,naive",
+                              *SEQS)
+    got = by_impl(rows)
+    for r in got["yours-torch"]:
+        assert (r["status"], r["check"]) == ("ok", "pass"), r["error"]
+        assert r["not_compared"].startswith("ignores is_causal, as the handout allows")
+        assert "--no-causal measures it" in r["check_detail"]
+        assert r["computed_causal"] == 0
+        # its FLOPs are those of the work done: every score, twice flash-torch's causal half
+        assert r["flops_fwd"] == 2 * next(o["flops_fwd"] for o in got["flash-torch"]
+                                          if o["seq"] == r["seq"])
+    assert "pass (non-causal)" in result.stdout and "not compared" in result.stdout
+    assert "(wrong)" not in result.stdout and {r["status"] for r in rows} == {"ok"}
+    # with --no-causal it is measured as what it is, and compared
+    result, rows = attention(tmp_path / "n.db", "--impl", "yours-torch,naive", "--no-causal",
+                              *SEQS)
+    mine = by_impl(rows)["yours-torch"]
+    assert all(r["check"] == "pass" and r["not_compared"] is None for r in mine)
+    assert "not compared" not in result.stdout
+
+
+@pytest.mark.slow  # Triton's interpreter
+def test_triton_kernels_right_and_wrong(repo, tmp_path):
+    _, rows = attention(tmp_path / "r.db", "--impl",
+                        f"yours-ptr={TRITON}:Pointers,yours-nomask={TRITON}:NoCausalMask",
+                        "--seq", "32")
+    got = by_impl(rows)
+    assert [(r["status"], r["check"]) for r in got["yours-ptr"]] == [("ok", "pass")]
+    (nomask,) = got["yours-nomask"]
+    assert nomask["status"] == "wrong"
+    assert "it computes non-causal attention: the causal mask is missing" in nomask["error"]
+
+
+def _has_block_pointers() -> bool:
+    """Whether this Triton still has block pointers (3.9 keeps a stub that raises)."""
+    import inspect
+
+    try:
+        import triton.language as tl
+    except ImportError:
+        return False
+    make = getattr(tl, "make_block_ptr", None)
+    return make is not None and "have been removed" not in inspect.getsource(make)
+
+
+@pytest.mark.slow  # Triton's interpreter
+@pytest.mark.skipif(not _has_block_pointers(), reason="this Triton has no tl.make_block_ptr")
+def test_a_triton_kernel_with_block_pointers_passes(repo, tmp_path):
+    _, rows = attention(tmp_path / "r.db", "--impl", f"yours-block={TRITON}:BlockPointers",
+                        "--seq", "32")
+    assert [(r["status"], r["check"]) for r in rows] == [("ok", "pass")], rows[0]["error"]
+
+
+def test_an_unimplemented_triton_adapter_is_not_implemented_before_any_device_question(
+        repo, tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU that could not run a kernel
+    result, rows = attention(tmp_path / "r.db", "--impl", "yours-triton", "--seq", "32")
+    assert [(r["status"], r["error"]) for r in rows] == [
+        ("skipped", "get_flashattention_autograd_function_triton is not implemented in "
+                    "tests/adapters.py")]
+    assert "needs CUDA" not in result.output
