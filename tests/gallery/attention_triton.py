@@ -15,7 +15,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _fwd_pointers(Q, K, V, O, L, stride_b, stride_t, N, scale, D: tl.constexpr,
+def _fwd_pointers(Q, K, V, Out, L, stride_b, stride_t, N, scale, D: tl.constexpr,
                   BQ: tl.constexpr, BK: tl.constexpr, CAUSAL: tl.constexpr):
     qi, b = tl.program_id(0), tl.program_id(1)
     rows = qi * BQ + tl.arange(0, BQ)
@@ -41,13 +41,13 @@ def _fwd_pointers(Q, K, V, O, L, stride_b, stride_t, N, scale, D: tl.constexpr,
         l_i = alpha * l_i + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    tl.store(O + b * stride_b + rows[:, None] * stride_t + dims[None, :],
-             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < N)
+    tl.store(Out + b * stride_b + rows[:, None] * stride_t + dims[None, :],
+             (acc / l_i[:, None]).to(Out.dtype.element_ty), mask=rows[:, None] < N)
     tl.store(L + b * N + rows, m + tl.log(l_i), mask=rows < N)
 
 
 @triton.jit
-def _fwd_block_pointers(Q, K, V, O, L, stride_b, stride_t, N, scale, D: tl.constexpr,
+def _fwd_block_pointers(Q, K, V, Out, L, stride_b, stride_t, N, scale, D: tl.constexpr,
                         BQ: tl.constexpr, BK: tl.constexpr, CAUSAL: tl.constexpr):
     qi, b = tl.program_id(0), tl.program_id(1)
     q_ptr = tl.make_block_ptr(Q + b * stride_b, (N, D), (stride_t, 1), (qi * BQ, 0), (BQ, D), (1, 0))
@@ -74,8 +74,8 @@ def _fwd_block_pointers(Q, K, V, O, L, stride_b, stride_t, N, scale, D: tl.const
         m = m_new
         k_ptr = tl.advance(k_ptr, (BK, 0))
         v_ptr = tl.advance(v_ptr, (BK, 0))
-    o_ptr = tl.make_block_ptr(O + b * stride_b, (N, D), (stride_t, 1), (qi * BQ, 0), (BQ, D), (1, 0))
-    tl.store(o_ptr, (acc / l_i[:, None]).to(O.dtype.element_ty), boundary_check=(0, 1))
+    o_ptr = tl.make_block_ptr(Out + b * stride_b, (N, D), (stride_t, 1), (qi * BQ, 0), (BQ, D), (1, 0))
+    tl.store(o_ptr, (acc / l_i[:, None]).to(Out.dtype.element_ty), boundary_check=(0, 1))
     tl.store(L + b * N + rows, m + tl.log(l_i), mask=rows < N)
 
 
