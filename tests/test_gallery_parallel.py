@@ -36,7 +36,7 @@ def verdicts(db):
 
 
 def ddp(db, *args):
-    result = invoke("ddp", *args, *SMALL, "--db", db)
+    result = invoke("ddp", *SMALL, *args, "--db", db)
     assert result.exit_code == 0, result.output
     return verdicts(db)
 
@@ -65,10 +65,20 @@ def test_ddps_right_and_wrong(repo, tmp_path):
 
 @pytest.mark.slow  # starts ranks
 def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
+    # two layers and a large vocabulary: the example's round robin by count (`yours`) gives
+    # rank 0 both the embedding and the LM head, most of the state
     got = ddp(tmp_path / "r.db", "--impl", "naive", "--shard-optimizer",
-              f"yours-count={DDP}:ShardedByCount,yours-lazy={DDP}:NeverStepsLastShard")
+              f"yours,yours-count={DDP}:ShardedByCount,yours-lazy={DDP}:NeverStepsLastShard",
+              "--num-layers", "2", "--vocab-size", "4096")
+    robin = got["naive", "yours"]
+    assert (robin["status"], robin["check"]) == ("ok", "pass"), robin["error"]
+    assert robin["opt_state_rank0_share"] > 0.9
+    assert robin["not_sharded"].startswith("rank 0 holds optimizer state 9")
     row = got["naive", "yours-count"]
     assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    # split by element count: rank 0 holds about half of AdamW's state, and it says so
+    assert 0.4 < row["opt_state_rank0_share"] < 0.6 and row["not_sharded"] is None
+    assert row["param_rank0_share"] == 1.0  # a sharded optimizer leaves the weights whole
     lazy = got["naive", "yours-lazy"]
     assert lazy["status"] == "wrong"
     assert "never left their initial values" in lazy["error"]
@@ -87,6 +97,12 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     row = got["yours-fsdp-basics", None]
     assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
     assert row["check_worst"] < 1e-3
+    if model:  # Linear and Embedding sharded: half of everything but the norms
+        assert 0.45 < row["param_rank0_share"] < 0.55 and row["not_sharded"] is None
+    else:  # right, but it shards nothing, and the row says so
+        assert row["param_rank0_share"] == 1.0
+        assert row["not_sharded"] == ("rank 0 holds parameters 100%, optimizer state 100% of "
+                                      "the whole, more than 1/2 + 10%")
     forgets = got["yours-fsdp-forgets", None]
     assert forgets["status"] == "wrong"
     assert "match rank 0's own slice of the batch: never all-reduced" in forgets["error"]

@@ -83,6 +83,7 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
     assert "cs336_systems/sharded_optimizer.py" in json.loads(got["yours", "yours"]["code"])
     # the sharded state: each rank holds part of AdamW's moments, not all of them
     assert got["yours", "yours"]["mem_after_opt_opt_state_bytes"] < got["yours", "none"]["mem_after_opt_opt_state_bytes"]
+    assert got["yours", "none"]["not_sharded"] is None  # not meant to shard: no verdict
     assert got["naive", "none"]["check"] is None  # ours: not checked against one process
     skipped = got["yours-fsdp", None]
     assert skipped["status"] == "skipped"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import ddp_section, ddp_yours
-from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
+from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS, shares_cell  # noqa: F401
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
@@ -260,6 +260,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         # after FSDP has sharded them.
         n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_1d = sum(p.numel() for p in model.parameters() if p.requires_grad and p.dim() < 2)
+        # one whole copy of the parameters, what a sharded rank holds a share of
+        whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         try:
             setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
                                     spec.precision, model, device)
@@ -348,6 +350,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics.update({f"mem_{k}_bytes": v for k, v in memory.items() if k != "peak"})
     metrics["mem_peak_bytes"] = memory["peak"]
     metrics["mem_peak_bytes_max_rank"] = max(r["peak"] for r in per_rank)
+    metrics.update(ddp_setup.shares(spec.impl, spec.optimizer_sharding, ctx.world_size,
+                                    memory["before_opt_params"], memory["after_opt_opt_state"],
+                                    whole_bytes))
     world = ctx.world_size
     shard = spec.optimizer_sharding
     for k, v in ddp_setup.expected(spec.impl, shard, world, n_params, n_1d).items():
@@ -447,14 +452,17 @@ TABLE = Table(
         Column("opt state MiB", "mem_after_opt_opt_state_bytes", "mib"),
         Column("peak MiB", "mem_peak_bytes", "mib"),
         Column("check", "check", optional=True,
-               note="check (the user's code): the parameters after the timed steps against "
-               "single-process training of the same steps, per tensor |p - p_ref| / |p_ref - "
-               "p_0| at most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is "
-               "wrong."),
+               note="check (the user's code): rank 0's first-step gradients and the "
+               "parameters after the timed steps against single-process training of the same "
+               "steps, per tensor |g - g_ref| / |g_ref| and |p - p_ref| / |p_ref - p_0| at "
+               "most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is wrong."),
         Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
                                        {"impl": "torch", "optimizer_sharding": "none"},
                                        ("impl", "bucket_mb", "optimizer_sharding"),
                                        speedup=False)),
+        Column("rank 0 holds", cell=shares_cell, optional=True,
+               note="rank 0 holds: its share of one whole copy of the parameters and of "
+               "AdamW's state, where the point shards them; NOT SHARDED past 1/N + 10 %."),
         HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "
@@ -493,6 +501,11 @@ EXPERIMENT = Experiment(
             expected_params_bytes     bytes     analytic parameter bytes per rank
             expected_grads_bytes      bytes     analytic gradient bytes per rank
             expected_opt_state_bytes  bytes     analytic optimizer-state bytes per rank
+            param_rank0_share         -         rank 0's parameter bytes over one whole copy's
+            opt_state_rank0_share     -         rank 0's optimizer-state bytes over AdamW's whole
+                                                  state (two moments per parameter)
+            not_sharded               -         where the point shards: what rank 0 holds past
+                                                  1/N + 10 % of the whole
             buckets                   -         gradient buckets (bucketed)
             params                    -         trainable parameters of the model
             tokens_per_s              tokens/s  global batch tokens / mean step time

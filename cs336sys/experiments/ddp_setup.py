@@ -186,3 +186,42 @@ def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: i
     shards_state = sharding in ("own", "zero") or yours.is_yours(sharding)
     state = 2 * params if fully_sharded else 8 * n_params / (world if shards_state else 1)
     return {"params": params, "grads": params, "opt_state": state}
+
+
+# A sharded rank holds 1/N of the whole, give or take what is left replicated (our FSDP's
+# norms) or unevenly split; past this much more, it is not sharded.
+SHARE_SLACK = 0.10
+
+
+def shares(impl: str, sharding: str | None, world: int, params: int, opt_state: int,
+           whole: int) -> dict[str, Any]:
+    """Rank 0's share of one whole copy of the parameters (`whole` bytes) and of AdamW's
+    whole state (two moments per parameter), and, where the point is meant to shard them
+    (an FSDP: both; a sharded optimizer: the state), which one rank 0 holds too much of."""
+    from cs336sys.experiments.ddp_yours import kind_of
+
+    fsdp = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
+    out: dict[str, Any] = {
+        "param_rank0_share": params / whole if whole else None,
+        "opt_state_rank0_share": opt_state / (2 * whole) if whole else None,
+    }
+    meant = (["parameters"] if fsdp else []) + (
+        ["optimizer state"] if fsdp or sharding not in (None, "none") else [])
+    keys = {"parameters": "param_rank0_share", "optimizer state": "opt_state_rank0_share"}
+    over = [f"{what} {out[keys[what]]:.0%}" for what in meant
+            if out[keys[what]] is not None and out[keys[what]] > 1 / world + SHARE_SLACK]
+    out["not_sharded"] = (f"rank 0 holds {', '.join(over)} of the whole, more than 1/{world} "
+                          f"+ {SHARE_SLACK:.0%}") if over else None
+    return out
+
+
+def shares_cell(row: Any) -> str | None:
+    """`params 50 %, opt 50 %` where the point shards (FSDP: both; a sharded optimizer: the
+    state), with NOT SHARDED when rank 0 holds more than 1/N + 10 % of either."""
+    fsdp = row.get("impl") in FSDP_IMPLS or "fsdp" in str(row.get("impl"))
+    sharded = row.get("optimizer_sharding") not in (None, "none", "")
+    if not (fsdp or sharded) or row.get("opt_state_rank0_share") is None:
+        return None
+    parts = ([f"params {row['param_rank0_share']:.0%}"] if fsdp else []) + \
+        [f"opt {row['opt_state_rank0_share']:.0%}"]
+    return ", ".join(parts) + (" NOT SHARDED" if row.get("not_sharded") else "")
