@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -178,9 +179,18 @@ def one(conn: sqlite3.Connection, sql: str, *params):
     return None if row is None else row[0]
 
 
-def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list[tuple[str, str, str]]:
-    """(target, measured, met) rows from the store this check wrote; "not measured" where it
-    holds nothing, or does not exist (a budget spent before any step stored a point)."""
+def _step(prefix: str) -> str:
+    """The name of the STEPS entry that starts with `prefix`: the step that measures a target
+    (the prefix itself where a test has replaced STEPS)."""
+    return next((what for what, _ in STEPS if what.startswith(prefix)), prefix)
+
+
+def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
+            not_run: Sequence[str] = ()) -> list[tuple[str, str, str]]:
+    """(target, measured, met) rows from the store this check wrote. A target without an ok
+    figure says why: the status of what its step stored instead ("error: ...", "oom"), "not
+    run" when its step was left out (`not_run`, for the budget), else "not measured" (the
+    store holds nothing, or does not exist)."""
     from cs336sys.store.db import open_untouched  # no -wal/-shm left in the archived folder
 
     conn = open_untouched(db) if db.exists() else sqlite3.connect(":memory:")
@@ -191,8 +201,19 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
         return one(conn, f"SELECT min(e2e_ms_median) FROM attention_runs WHERE status = 'ok' AND "
                          f"{recent} AND {shape} AND {where}", since)
 
-    triton, naive = e2e("impl = 'triton'"), e2e("impl = 'naive'")
-    cudnn = e2e("impl = 'sdpa' AND sdpa_backend_used = 'cudnn'")
+    def instead(view: str, where: str, params: tuple, step: str) -> tuple[str, str]:
+        """(measured, met) of a target with no ok figure."""
+        found = first_row(conn, f"SELECT status, error FROM {view} WHERE status != 'ok' AND "
+                                f"{recent} AND {where} ORDER BY created DESC", since, *params)
+        if found is not None:
+            first = str(found[1] or "").strip().splitlines()[0:1]
+            return (f"{found[0]}: {first[0][:80]}" if first else found[0]), found[0]
+        if step in not_run:
+            return "not run", "not run"
+        return "not measured", "n/a"
+
+    def figure(value, text, ok, view, where, params, step):
+        return (text, met(ok)) if value is not None else instead(view, where, params, step)
 
     def model(size: str, precision: str, column: str):
         return one(conn, f"SELECT {column} FROM model_runs WHERE status = 'ok' AND {recent} AND "
@@ -203,25 +224,38 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
         return one(conn, f"SELECT {column} FROM profile_runs WHERE status = 'ok' AND {recent} "
                          "AND size = ? ORDER BY created DESC", since, size)
 
-    def ms(x):
-        return "not measured" if x is None else f"{x:.3f} ms"
-
     def met(ok):
         return "n/a" if ok is None else ("met" if ok else "NOT met")
 
+    board = _step("leaderboard: triton")
+    tests_left = "gpu tests" in not_run
     rows = [
-        ("gpu tests under 120 s", "skipped" if tests_s is None else f"{tests_s:.0f} s",
-         met(None if tests_s is None else tests_s < TESTS_TARGET_S)),
-        ("gpu-check under 8 minutes", f"{total_s / 60:.1f} min", met(total_s < CHECK_TARGET_S)),
-        (f"leaderboard: triton fwd+bwd under {LEADERBOARD_MS} ms", ms(triton),
-         met(None if triton is None else triton < LEADERBOARD_MS)),
-        (f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive",
-         "not measured" if None in (triton, naive) else f"{naive / triton:.1f}x",
-         met(None if None in (triton, naive) else naive / triton >= VS_NAIVE)),
-        ("leaderboard: triton faster than SDPA cuDNN in the same run",
-         "not measured" if None in (triton, cudnn) else f"{triton:.3f} vs {cudnn:.3f} ms",
-         met(None if None in (triton, cudnn) else triton < cudnn)),
+        ("gpu tests under 120 s",
+         "not run" if tests_left else "skipped" if tests_s is None else f"{tests_s:.0f} s",
+         "not run" if tests_left else met(None if tests_s is None else tests_s < TESTS_TARGET_S)),
+        # met only when every step ran: a check cut short by its budget is no whole check
+        ("gpu-check under 8 minutes",
+         f"{total_s / 60:.1f} min" + (f", {len(not_run)} steps not run" if not_run else ""),
+         "not run" if not_run else met(total_s < CHECK_TARGET_S)),
+        (f"leaderboard: triton fwd+bwd under {LEADERBOARD_MS} ms",
+         *figure(triton := e2e("impl = 'triton'"), f"{triton or 0:.3f} ms",
+                 None if triton is None else triton < LEADERBOARD_MS,
+                 "attention_runs", f"{shape} AND impl = 'triton'", (), board)),
     ]
+    naive = e2e("impl = 'naive'")
+    cudnn = e2e("impl = 'sdpa' AND sdpa_backend_used = 'cudnn'")
+    if triton is None:
+        rows.append((f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive", *rows[-1][1:]))
+        rows.append(("leaderboard: triton faster than SDPA cuDNN in the same run", *rows[-2][1:]))
+    else:
+        rows.append((f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive",
+                     *figure(naive, f"{triton and naive and naive / triton:.1f}x",
+                             None if naive is None else naive / triton >= VS_NAIVE,
+                             "attention_runs", f"{shape} AND impl = 'naive'", (), board)))
+        rows.append(("leaderboard: triton faster than SDPA cuDNN in the same run",
+                     *figure(cudnn, f"{triton:.3f} vs {cudnn or 0:.3f} ms",
+                             None if cudnn is None else triton < cudnn, "attention_runs",
+                             f"{shape} AND impl = 'sdpa'", (), _step("leaderboard: SDPA cuDNN"))))
     # The sweep's worst point: triton's time over SDPA's at the same d and seq (both ok).
     best = ("SELECT d_head, seq, min(e2e_ms_median) AS ms FROM attention_runs WHERE status = 'ok' "
             f"AND {recent} AND heads = 16 AND batch = 1 AND dtype = 'bf16' AND causal = 1 AND "
@@ -229,37 +263,47 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str) -> list
     worst = first_row(conn, f"SELECT t.d_head, t.seq, t.ms / s.ms FROM ({best}) t JOIN "
                             f"({best}) s USING (d_head, seq) ORDER BY 3 DESC LIMIT 1",
                       since, "triton", since, "sdpa")
+    sweep = _step("attention: triton vs SDPA")
     rows.append((f"attention sweep: no point of triton over {SWEEP_VS_SDPA:g}x SDPA's time",
-                 "not measured" if worst is None else
-                 f"worst {worst[2]:.2f}x at d {worst[0]}, seq {worst[1]}",
-                 met(None if worst is None else worst[2] <= SWEEP_VS_SDPA)))
+                 *((f"worst {worst[2]:.2f}x at d {worst[0]}, seq {worst[1]}",
+                    met(worst[2] <= SWEEP_VS_SDPA)) if worst is not None else
+                   instead("attention_runs", "heads = 16 AND batch = 1 AND impl = 'triton'", (),
+                           sweep))))
+    sizes = _step("model: ")
     small, big = model("small", "bf16", "launch_bound"), model("2.7B", "fp32", "launch_bound")
     rows.append(("small bf16 train (batch 4, context 512) is launch-bound",
-                 str(model("small", "bf16", "launch_bound_phases")), met(None if small is None else small == 1)))
-    rows.append(("2.7B fp32 train is not launch-bound", str(model("2.7B", "fp32", "launch_bound_phases")),
-                 met(None if big is None else big == 0)))
+                 *figure(small, str(model("small", "bf16", "launch_bound_phases")),
+                         None if small is None else small == 1, "model_runs",
+                         "size = ? AND precision = ? AND mode = 'train'", ("small", "bf16"), sizes)))
+    rows.append(("2.7B fp32 train is not launch-bound",
+                 *figure(big, str(model("2.7B", "fp32", "launch_bound_phases")),
+                         None if big is None else big == 0, "model_runs",
+                         "size = ? AND precision = ? AND mode = 'train'", ("2.7B", "fp32"), sizes)))
+    every = "switches = 'fused-adamw+fused-ce+flash+compile'"
     mfu = one(conn, f"SELECT mfu FROM step_runs WHERE status = 'ok' AND {recent} AND size = 'xl' "
-                    "AND switches = 'fused-adamw+fused-ce+flash+compile' ORDER BY created DESC",
-              since)
+                    f"AND {every} ORDER BY created DESC", since)
     rows.append((f"step: xl bf16 with every switch at {STEP_MFU:.0%} MFU or more",
-                 "not measured" if mfu is None else f"{mfu:.1%}",
-                 met(None if mfu is None else mfu >= STEP_MFU)))
+                 *figure(mfu, f"{mfu or 0:.1%}", None if mfu is None else mfu >= STEP_MFU,
+                         "step_runs", f"size = 'xl' AND {every}", (), _step("step: "))))
     for size in ("small", "xl"):
         f, b = profiled(size, "fwd_profiled_ms_mean"), profiled(size, "bwd_profiled_ms_mean")
         rows.append((f"profile {size}: backward kernel time above forward's",
-                     "not measured" if None in (f, b) else f"{b:.1f} vs {f:.1f} ms",
-                     met(None if None in (f, b) else b > f)))
+                     *figure(None if None in (f, b) else b, f"{b or 0:.1f} vs {f or 0:.1f} ms",
+                             None if None in (f, b) else b > f, "profile_runs", "size = ?",
+                             (size,), _step("profile model"))))
     conn.close()
     return rows
 
 
-def host_overhead(path: Path) -> tuple[str, str, str]:
-    """The verdict row of benchmarks/attention_host_overhead.py, from its JSON."""
+def host_overhead(path: Path, ran: bool = True) -> tuple[str, str, str]:
+    """The verdict row of benchmarks/attention_host_overhead.py, from its JSON ("not run"
+    when its step never ran)."""
     got = json.loads(path.read_text()) if path.exists() else {}
     us, target = got.get("ours_forward_us"), got.get("target_us", 40.0)
+    absent = "not run" if not ran else "not measured"
     return (f"attention host cost: triton forward at seq 1024 at most {target:g} us per call",
-            "not measured" if us is None else f"{us:.1f} us",
-            "n/a" if us is None else ("met" if us <= target else "NOT met"))
+            absent if us is None else f"{us:.1f} us",
+            ("not run" if not ran else "n/a") if us is None else ("met" if us <= target else "NOT met"))
 
 
 # What the checkout needs besides torch and Triton; the GPU hosts lack the first three, which
@@ -330,8 +374,8 @@ def main() -> int:
         if rc != 0:
             failed.append("report")
     total = time.monotonic() - t0
-    rows = verdict(db, tests_s, total, since)
-    rows.append(host_overhead(out / "host-overhead.json"))
+    rows = verdict(db, tests_s, total, since, not_run)
+    rows.append(host_overhead(out / "host-overhead.json", "attention host overhead" not in not_run))
     table = ["| target | measured | |", "| --- | --- | --- |", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
     text = "\n".join([f"# make gpu-check on {gpu}", "", *table, ""])
     (out / "verdict.md").write_text(text)

@@ -85,6 +85,34 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     assert rows["profile xl: backward kernel time above forward's"] == ("not measured", "n/a")
     assert rows["attention sweep: no point of triton over 1.5x SDPA's time"] == (
         "worst 3.00x at d 64, seq 1024", "NOT met")
+    assert rows["step: xl bf16 with every switch at 45% MFU or more"] == ("not measured", "n/a")
+
+
+def test_the_verdict_says_what_did_not_run_and_what_failed(tmp_path):
+    """A target whose step the budget left out reads "not run", never "met"; a point stored
+    as an error reads "error", never "not measured"."""
+    gpu_check = _module()
+    db = tmp_path / "results.db"
+    shape = {"seq": 16384, "d_head": 64, "heads": 16, "batch": 1, "precision": "bf16", "causal": True}
+    with Store(db, EXPERIMENTS) as s:
+        inv = s.begin_invocation(PROV, [], "step")
+        s.add_run(inv, "step", "error", {"size": "xl", "switches": "fused-adamw+fused-ce+flash+compile"},
+                  {}, error="RuntimeError: compile failed\ntraceback...")
+        s.add_run(inv, "attention", "oom", {**shape, "impl": "triton"}, {},
+                  error="CUDA out of memory")
+    left = [what for what, _ in gpu_check.STEPS if what.startswith(("model: ", "profile model"))]
+    rows = {target: (measured, met) for target, measured, met in
+            gpu_check.verdict(db, None, 300.0, "2000-01-01", left + ["gpu tests"])}
+    assert rows["gpu-check under 8 minutes"] == ("5.0 min, 3 steps not run", "not run")
+    assert rows["gpu tests under 120 s"] == ("not run", "not run")
+    assert rows["step: xl bf16 with every switch at 45% MFU or more"] == (
+        "error: RuntimeError: compile failed", "error")
+    assert rows["leaderboard: triton fwd+bwd under 5.4 ms"] == ("oom: CUDA out of memory", "oom")
+    assert rows["2.7B fp32 train is not launch-bound"] == ("not run", "not run")
+    assert rows["profile xl: backward kernel time above forward's"] == ("not run", "not run")
+    # a step that ran and stored nothing for the target
+    assert rows["leaderboard: triton faster than SDPA cuDNN in the same run"][1] != "met"
+    assert gpu_check.host_overhead(tmp_path / "none.json", ran=False)[1:] == ("not run", "not run")
 
 
 OWED = ROOT / "benchmarks" / "gpu_owed.py"
