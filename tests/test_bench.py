@@ -44,10 +44,15 @@ def test_summarize_matches_statistics_module():
         "p10": 1.0,  # 0.4: between 1 and 1
         "p90": 4.6,  # 3.6: 4 + 0.6·(5 - 4)
         "iqr": 3.0,  # Q3 at 3.0 is 4, Q1 at 1.0 is 1
+        "n": 5,
+        "drift": None,  # too few samples to split in thirds
     }
     assert summarize([2.0]) == {"mean": 2.0, "std": 0.0, "min": 2.0, "median": 2.0, "max": 2.0,
-                                "p10": 2.0, "p90": 2.0, "iqr": 0.0}
-    assert summarize([]) == dict.fromkeys(("mean", "std", "min", "median", "max", "p10", "p90", "iqr"))
+                                "p10": 2.0, "p90": 2.0, "iqr": 0.0, "n": 1, "drift": None}
+    assert summarize([]) == dict.fromkeys(("mean", "std", "min", "median", "max", "p10", "p90", "iqr",
+                                           "n", "drift"))
+    # a clock that slows: the last third's median (12) over the first third's (10)
+    assert summarize([10.0, 10.0, 11.0, 11.0, 12.0, 12.0])["drift"] == pytest.approx(0.2)
 
 
 def test_oom_detection():

@@ -29,10 +29,12 @@ def _attention_only(
                    str | None, "--pass") = None,
     warmup: option("Untimed calls before each timed pass (loop timer). [default: 10 on CUDA, 3 on "
                    "CPU]", int | None) = None,
-    iters: option("Timed calls per pass (loop timer). [default: 100 on CUDA, 10 on CPU]",
-                  int | None) = None,
+    iters: option("Timed calls per pass, at least (do_bench too). [default: 100 on CUDA, 10 on "
+                  "CPU]", int | None) = None,
     timer: option("loop (sync around each call) or do-bench (triton.testing.do_bench, CUDA). "
                   "[default: loop]", str | None) = None,
+    min_time: option("Seconds each pass keeps sampling, after at least --iters calls (do_bench "
+                     "too). [default: 1 on CUDA, 0 on CPU]", float | None) = None,
     sdpa_backend: option("For sdpa: auto, flash, efficient, math or cudnn.", str) = "auto",
     triton_opt_in: list_option("For triton: its kernel paths, a point each: default (Hopper, "
                                "16-bit: tiles through TMA descriptors; else pointers), pointer, "

@@ -35,8 +35,10 @@ def _step_only(
                        bool, "--warm-cache") = False,
     warmup: option("Steps after the first one, untimed. [default: 2 on CUDA, 1 on "
                    "CPU]", int | None) = None,
-    iters: option("Timed steps (do_bench's repetitions on CUDA). [default: 5, 3 on CPU]",
+    iters: option("Timed steps, at least (do_bench's too on CUDA). [default: 10, 3 on CPU]",
                   int | None) = None,
+    min_time: option("Seconds the timed steps add up to, at least. [default: 1 on CUDA, 0 on "
+                     "CPU]", float | None) = None,
     num_layers: list_option("Override the preset's num_layers; a list (8,12,16) finds the largest "
                             "that "
                             "fits: after an out-of-memory the larger counts are skipped. [default: "

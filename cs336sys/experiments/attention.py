@@ -23,6 +23,7 @@ from cs336sys.experiments import attention_section, preflight
 from cs336sys.measure.check import check
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import STATS, summarize
+from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
@@ -98,6 +99,8 @@ class AttentionSpec:
     # impl == "triton": its opt-in kernel paths ("default", "tma", "atomic-dq", ...), from
     # the environment (attention/opt_in.py); what actually ran is the triton_kernels metric.
     triton_opt_in: str | None = None
+    # each pass samples at least `iters` calls adding up to at least this many seconds
+    min_time: float = 0.0
 
     def settings(self) -> dict[str, Any]:
         return {_RENAMED.get(k, k): v for k, v in vars(self).items()}
@@ -158,6 +161,7 @@ def specs(
     warmup: int | None = None,
     iters: int | None = None,
     timer: str | None = None,
+    min_time: float | None = None,
     sdpa_backend: str = "auto",
     triton_opt_in: Iterable[str] | None = None,
     preset: str | None = None,
@@ -199,6 +203,7 @@ def specs(
         raise unknown("--pass", which, PASSES)
     n_warmup, n_iters = pick("warmup", warmup), pick("iters", iters)
     counts(n_warmup, n_iters, "--iters")
+    least_s = points.min_time(min_time, on_cuda)
     check_seed(seed)
     how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
                                                      DEFAULTS["timer"])
@@ -223,7 +228,7 @@ def specs(
             impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],
             precision=p["precision"], causal=is_causal, passes=which, timer=how,
             sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
-            iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"],
+            iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"], min_time=least_s,
         )
         for p in expand({"impl": impls, "precision": precisions, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
@@ -368,13 +373,15 @@ def run(spec: AttentionSpec) -> Result:
                 out = fresh_forward()
                 samples["bwd_ms"] = time_do_bench(
                     lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
-                    host=host.setdefault("bwd_host_ms", []),
+                    host=host.setdefault("bwd_host_ms", []), min_count=spec.iters,
+                    min_seconds=spec.min_time,
                 )
                 del out
             else:
                 samples["bwd_ms"] = time_loop(
                     lambda out: out.backward(dout), spec.warmup, spec.iters, device,
                     setup=fresh_forward, host=host.setdefault("bwd_host_ms", []),
+                    min_seconds=spec.min_time,
                 )
         if spec.passes == "both":
             samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout), (q, k, v),
@@ -403,8 +410,10 @@ def _time(spec, fn, grads, host: list[float]) -> list[float]:
     from cs336sys.measure.timing import time_do_bench, time_loop
 
     if spec.timer == "do-bench":
-        return time_do_bench(fn, grad_to_none=list(grads), host=host)
-    return time_loop(fn, spec.warmup, spec.iters, spec.device, host=host)
+        return time_do_bench(fn, grad_to_none=list(grads), host=host, min_count=spec.iters,
+                             min_seconds=spec.min_time)
+    return time_loop(fn, spec.warmup, spec.iters, spec.device, host=host,
+                     min_seconds=spec.min_time)
 
 
 def _interpreted(impl: str) -> bool:

@@ -5,14 +5,19 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from cs336sys.measure.sampling import drift
+
 # p10/p90 and the interquartile range say how wide the middle of the samples is without
-# letting one spike (a GC pause, a clock ramp) set the figure, as std does.
-STATS = ("mean", "std", "min", "median", "max", "p10", "p90", "iqr")
+# letting one spike (a GC pause, a clock ramp) set the figure, as std does. n is how many
+# samples were taken (not the iters asked for: do_bench and a minimum time choose their
+# own count); drift, the last third's median over the first third's, minus 1
+# (measure/sampling.py).
+STATS = ("mean", "std", "min", "median", "max", "p10", "p90", "iqr", "n", "drift")
 
 
 def summarize(samples: Sequence[float]) -> dict[str, float | None]:
     """mean, std (sample standard deviation; 0 for one sample), min, median, max, the 10th
-    and 90th percentiles and the interquartile range (Q3 - Q1). Percentiles interpolate
+    and 90th percentiles, the interquartile range (Q3 - Q1), the count and the drift. Percentiles interpolate
     between samples (`statistics.quantiles`, method "inclusive": numpy's default), so they
     lie within [min, max]; one sample is every percentile of itself."""
     if not samples:
@@ -34,6 +39,8 @@ def summarize(samples: Sequence[float]) -> dict[str, float | None]:
         "p10": p10,
         "p90": p90,
         "iqr": iqr,
+        "n": len(xs),
+        "drift": drift(xs),
     }
 
 

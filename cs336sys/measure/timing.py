@@ -16,6 +16,7 @@ from typing import Any
 
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.progress import step_done
+from cs336sys.measure.sampling import MAX_SAMPLES, Enough
 
 # A phase whose host time is at least this share of its wall time is launch-bound.
 LAUNCH_BOUND = 0.9
@@ -56,27 +57,34 @@ def time_loop(
     device: str,
     setup: Callable[[], Any] | None = None,
     host: list[float] | None = None,
+    min_seconds: float = 0.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
-    """Milliseconds of `iters` calls after `warmup` untimed ones.
+    """Milliseconds of at least `iters` calls after `warmup` untimed ones, and more until
+    the timed calls add up to `min_seconds` (at most measure/sampling.MAX_SAMPLES calls).
 
     `setup()` runs untimed before each call and its result is passed to `fn` (e.g. a forward
     pass whose output the timed backward consumes). The device is synchronised before the
     clock starts and before it stops, so the time is the device's, not the launch's. `host`,
     when given, gets each timed call's host time (until it returned, before the sync).
+    `clock` (seconds) is for tests.
     """
-    samples = []
-    for i in range(warmup + iters):
+    enough = Enough(iters, min_seconds, max(iters, MAX_SAMPLES))
+    samples: list[float] = []
+    i = 0
+    while i < warmup or not enough(samples):
         arg = setup() if setup is not None else None
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         fn(arg) if setup is not None else fn()
-        returned = time.perf_counter()
+        returned = clock()
         synchronize(device)
         if i >= warmup:
-            samples.append((time.perf_counter() - t0) * 1e3)
+            samples.append((clock() - t0) * 1e3)
             if host is not None:
                 host.append((returned - t0) * 1e3)
-        step_done(i + 1, warmup + iters)
+        i += 1
+        step_done(i, max(warmup + iters, i))
     return samples
 
 
@@ -88,6 +96,8 @@ def time_do_bench(
     call_ms: float | None = None,
     host: list[float] | None = None,
     device: str = "cuda",
+    min_count: int = 1,
+    min_seconds: float = 0.0,
 ) -> list[float]:
     """Milliseconds per call from `triton.testing.do_bench` (CUDA events, L2 flushed).
 
@@ -100,16 +110,25 @@ def time_do_bench(
     times as the kernels. On an H200 our attention forward at seq 1024 timed 25 us while
     each call cost 77 to 99 us of host time. `host`, when given, gets the host time of
     HOST_CALLS more calls (synced before each, as time_loop), for launch_metrics.
+
+    do_bench chooses its own count; it is called again until the samples number at least
+    `min_count` and add up to `min_seconds` (measure/sampling.py), and every sample it
+    returned is kept.
     """
     from triton.testing import do_bench
 
-    budget = {}
+    budget: dict[str, float] = {}
     if calls is not None and call_ms is not None:
         budget = dict(warmup=max(call_ms, 1.0), rep=max(calls * call_ms, 1.0))
-    try:
-        times = do_bench(fn, grad_to_none=grad_to_none, return_mode="all", **budget)
-    except (AssertionError, TypeError, ValueError):  # older Triton: no return_mode="all"
-        times = do_bench(fn, grad_to_none=grad_to_none, quantiles=[0.2, 0.5, 0.8], **budget)
+    if min_seconds:
+        budget["rep"] = max(budget.get("rep", 100.0), min_seconds * 1e3)
+    enough = Enough(min_count, min_seconds, max(min_count, MAX_SAMPLES))
+    samples: list[float] = []
+    while not samples or not enough(samples):
+        times, every = _do_bench_all(do_bench, fn, grad_to_none, budget)
+        samples += times
+        if not every:  # quantiles, not samples: asking again would only repeat them
+            break
     if host is not None:
         def call():
             for t in grad_to_none or ():  # as do_bench does between its calls
@@ -117,4 +136,17 @@ def time_do_bench(
             fn()
 
         time_loop(call, 0, HOST_CALLS, device, host=host)
-    return [float(t) for t in (times if isinstance(times, (list, tuple)) else [times])]
+    return samples
+
+
+def _do_bench_all(do_bench: Callable, fn: Callable, grad_to_none: list | None,
+                  budget: dict[str, float]) -> tuple[list[float], bool]:
+    """(every time do_bench took, True); an older Triton, without return_mode="all":
+    (its quantiles, False)."""
+    try:
+        times = do_bench(fn, grad_to_none=grad_to_none, return_mode="all", **budget)
+        every = True
+    except (AssertionError, TypeError, ValueError):
+        times = do_bench(fn, grad_to_none=grad_to_none, quantiles=[0.2, 0.5, 0.8], **budget)
+        every = False
+    return [float(t) for t in (times if isinstance(times, (list, tuple)) else [times])], every

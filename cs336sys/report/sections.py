@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.measure.sampling import drifted
 from cs336sys.report.plots import Bars, Plot, Ranked, Series, Strips
 
 Row = dict[str, Any]
@@ -185,21 +186,34 @@ def point_labels(heads: list[Row]) -> list[str]:
             for r in heads]
 
 
-def sample_count(row: Row) -> int | None:
-    """How many timed samples a row's statistics come from: its `iters` setting, when it
-    has one."""
-    n = row.get("iters")
+def sample_count(row: Row, base: str | None = None) -> int | None:
+    """How many timed samples a row's statistics of `base` come from: the count stored
+    with them (`<base>_n`), else (rows stored before counts were) its `iters` setting."""
+    n = row.get(f"{base}_n") if base else None
+    if n is None:
+        n = row.get("iters")
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
-    """`mean ± std`; one sample has no spread, so it reads `value (n=1)`, not `± 0`."""
+    """`mean ± std`; one sample has no spread, so it reads `value (n=1)`, not `± 0`. A count
+    other than the `iters` the point asked for (do_bench's own, or more for --min-time) is
+    written beside it, `(n=14)`; a drift past 3 % between the first and last third of the
+    samples too, `(drift +5%)`."""
     m, s = row.get(mean), row.get(std)
     if m is None:
         return status_or(row, "")
-    if sample_count(row) == 1:
+    base = mean.removesuffix("_mean")
+    n = sample_count(row, base)
+    if n == 1:
         return status_or(row, f"{num(m, digits)} (n=1)")
-    return status_or(row, num(m, digits) + ("" if s is None else f" ± {num(s, 2)}"))
+    text = num(m, digits) + ("" if s is None else f" ± {num(s, 2)}")
+    if n is not None and n != row.get("iters") and row.get("iters") is not None:
+        text += f" (n={n})"
+    drift = row.get(f"{base}_drift")
+    if drifted(drift):
+        text += f" (drift {drift:+.0%})"
+    return status_or(row, text)
 
 
 def mib(x: Any) -> str:

@@ -14,6 +14,8 @@ import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cs336sys.measure.sampling import drifted, ratio_interval, verdict
+from cs336sys.report.compare import timed_samples
 from cs336sys.report.sections import (
     Row,
     Table,
@@ -35,7 +37,8 @@ from cs336sys.sweep.declaration import Table as Declared
 def row_of(spec: Any, result: Any) -> Row:
     """A finished point as a table row, keyed like its view's columns."""
     settings = spec.settings()
-    return {**result.metrics, **settings, "status": result.status, "_settings": settings}
+    return {**result.metrics, **settings, "status": result.status, "_settings": settings,
+            "_samples": result.samples}
 
 
 def _exact(x: Any) -> str:
@@ -71,6 +74,11 @@ NOISY_NOTE_SHORT = ("noisy: the std is more than 10 % of the mean (spikes in the
                     "median stands beside the mean (p10, p90 and IQR are stored).")
 
 
+DRIFT_NOTE = ("drift: the median of the last third of a point's samples over the first "
+              "third's moved past 3 % (clocks that fall as the GPU heats, other work on the "
+              "machine): its median hides a trend; measure it again, or compare on minima.")
+
+
 # Fewer samples than this say too little about their spread to call it noisy.
 NOISY_MIN_SAMPLES = 5
 
@@ -80,7 +88,7 @@ def noisy(row: Row, base: str) -> bool:
     std above NOISY of its mean, over at least NOISY_MIN_SAMPLES samples (when the row says
     how many)."""
     mean, std = row.get(f"{base}_mean"), row.get(f"{base}_std")
-    n = sample_count(row)
+    n = sample_count(row, base)
     if n is not None and n < NOISY_MIN_SAMPLES:
         return False
     return row.get("status") == "ok" and bool(mean) and std is not None and std / mean > NOISY
@@ -108,14 +116,14 @@ def cell(column: Column, row: Row, spread: bool = True) -> str:
 
 def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     """Each row's metric against its baseline's: the baseline is the ok row of the same
-    point (settings but `vary` equal, same GPU) whose settings match `against`."""
-    base: dict[tuple, float] = {}
+    point (settings but `vary` equal, same GPU) whose settings match `against`. With
+    `ratio.samples`, the cell carries the ratio's interval and what it says, `1.31× faster
+    (1.22–1.40)`, and `ratio.impossible` may flag it."""
+    base: dict[tuple, Row] = {}
     for r in rows:
         s = r["_settings"]
-        if compared(r) and all(s.get(k) == v for k, v in ratio.against.items()):
-            value = ratio.metric(r)
-            if value:
-                base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), value)
+        if compared(r) and all(s.get(k) == v for k, v in ratio.against.items()) and ratio.metric(r):
+            base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), r)
     out = []
     for r in rows:
         if r.get("status") == "wrong":  # a wrong point is never a speed-up, nor a baseline
@@ -124,10 +132,31 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         if r.get("status") == "ok" and not compared(r):
             out.append("not compared")
             continue
-        ref, mine = base.get((r.get("gpu"), skey(r, drop=ratio.vary))), ratio.metric(r)
+        ref_row = base.get((r.get("gpu"), skey(r, drop=ratio.vary)))
+        ref, mine = (ratio.metric(ref_row) if ref_row else None), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None
-        out.append(status_or(r, "" if value is None else f"{value:.2f}×"))
+        text = "" if value is None else f"{value:.2f}×"
+        if value is not None and ref_row is not r:
+            text += _interval(ratio, ref_row, r)
+            why = ratio.impossible(ref_row, r) if ratio.impossible else None
+            if why:
+                text += f" IMPOSSIBLE: {why}"
+        out.append(status_or(r, text))
     return out
+
+
+def _interval(ratio: Ratio, base: Row, row: Row) -> str:
+    """` faster (1.22–1.40)`: the ratio's bootstrap interval and its verdict, from the two
+    rows' raw samples of `ratio.samples`; '' without them."""
+    if not ratio.samples:
+        return ""
+    a = timed_samples(base.get("_samples"), ratio.samples)
+    b = timed_samples(row.get("_samples"), ratio.samples)
+    found = ratio_interval(a, b)  # row over base: a time ratio
+    if found is None:
+        return ""
+    low, high = (1 / found.high, 1 / found.low) if ratio.speedup else (found.low, found.high)
+    return f" {verdict(found)} ({low:.2f}–{high:.2f})"
 
 
 def matching(declared: Declared, rows: Iterable[Row]) -> list[Row]:
@@ -193,6 +222,8 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
     notes = [declared.note, *(c.note for c in columns if c.note)]
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
+    if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
+        notes.append(DRIFT_NOTE)
     t.title, t.note = declared.title, " ".join(n for n in notes if n)
     if lift and len(t.rows) > 1:
         at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column

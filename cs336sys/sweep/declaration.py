@@ -61,8 +61,13 @@ def metric_table(rows: str) -> tuple[Metric, ...]:
 
 
 def timing(base: str, meaning: str, unit: str = "ms") -> tuple[Metric, ...]:
-    """The five statistics of one timed quantity: `<base>_mean`, `_std`, `_min`, ..."""
-    return tuple(Metric(f"{base}_{s}", unit, f"{meaning}, {s} of the timed samples") for s in STATS)
+    """The statistics of one timed quantity: `<base>_mean`, `_std`, `_min`, ..., `_n` (how
+    many samples were taken) and `_drift` (measure/sampling.py)."""
+    said = {"n": ("", f"{meaning}: how many timed samples were taken"),
+            "drift": ("", f"{meaning}: median of the last third of the samples over the first "
+                          "third's, minus 1")}
+    return tuple(Metric(f"{base}_{s}", *said.get(s, (unit, f"{meaning}, {s} of the timed samples")))
+                 for s in STATS)
 
 
 def launch(phases: tuple[str, ...]) -> tuple[Metric, ...]:
@@ -115,6 +120,13 @@ class Ratio:
     against: Mapping[str, Any]
     vary: tuple[str, ...]
     speedup: bool = True
+    # the raw samples behind `metric` (their key in the run's samples): the cell then gives
+    # the ratio's 95 % bootstrap interval and says faster or slower only when it excludes 1
+    # (measure/sampling.py)
+    samples: str | None = None
+    # (baseline row, row) -> why the row's difference cannot be (a saving larger than the
+    # phase it acts on), or None
+    impossible: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,20 @@ def counts(warmup: int, steps: int, steps_option: str = "--iters") -> None:
             raise SpecError(f"{option} must be at most {MAX_STEPS:,}, got {n:,}")
 
 
+# The longest a point may be asked to keep sampling (--min-time): one hour.
+MAX_MIN_TIME = 3600.0
+
+
+def min_time(value: float | None, on_cuda: bool) -> float:
+    """--min-time in seconds: what was given, else 1 s on CUDA (measure/sampling.py) and
+    0 on a CPU (where a point's samples are its --iters); refused outside [0, MAX_MIN_TIME]."""
+    if value is None:
+        return 1.0 if on_cuda else 0.0
+    if not 0 <= value <= MAX_MIN_TIME:  # NaN too
+        raise SpecError(f"--min-time must be from 0 to {MAX_MIN_TIME:g} seconds, got {value}")
+    return float(value)
+
+
 def check_seed(seed: int) -> None:
     """Seeds are torch's 64-bit integers, offset per rank and for the data."""
     if not 0 <= seed <= MAX_SEED:

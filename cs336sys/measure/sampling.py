@@ -1,0 +1,112 @@
+"""How many samples a timed point takes, whether they drifted, and how sure a ratio of two
+points is.
+
+- **Enough samples** (`Enough`): a point keeps taking samples until it has at least
+  `min_count` of them *and* they add up to at least `min_seconds`, never more than
+  `max_count`. On a GPU the defaults are 10 samples and 1 s: a figure from 1-4 samples (what
+  do_bench's own 100 ms gives a 50 ms step) says nothing about its spread.
+- **Drift** (`drift`): the median of the last third of a point's samples against the median
+  of its first third, minus 1. A GPU's clocks fall as it heats (+4 to +11 % from first to last
+  sample was seen on an H200 within one point), which a median over the whole point hides;
+  past DRIFT (3 %) the point is flagged.
+- **A ratio with its interval** (`ratio_interval`): the ratio of two points' medians with a
+  bootstrap percentile interval (Efron & Tibshirani 1993, ch. 13): each side resampled with
+  replacement, the ratio of the resampled medians, 2.5th and 97.5th percentiles. A
+  difference is called only when the interval excludes 1 (`verdict`).
+
+Pure Python, no torch: the report computes intervals from stored samples.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+DRIFT = 0.03  # |drift| past this is flagged
+DRIFT_MIN_SAMPLES = 6  # two thirds of at least two samples each
+CONFIDENCE = 0.95
+RESAMPLES = 1000
+# The most samples a point keeps: 1 s of 25 us calls would be 40,000 floats in the store.
+MAX_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Enough:
+    """When a point has taken enough samples: at least `min_count` adding up to at least
+    `min_seconds`, and never more than `max_count` (which wins over `min_seconds`)."""
+
+    min_count: int = 1
+    min_seconds: float = 0.0
+    max_count: int = MAX_SAMPLES
+
+    def __call__(self, samples_ms: Sequence[float]) -> bool:
+        count = len(samples_ms)
+        if count >= max(self.max_count, self.min_count):
+            return True
+        return count >= self.min_count and sum(samples_ms) / 1e3 >= self.min_seconds
+
+
+def take(sample: Callable[[], float], enough: Enough) -> list[float]:
+    """Samples (ms) of `sample()` until `enough` says so."""
+    out: list[float] = []
+    while not enough(out):
+        out.append(sample())
+    return out
+
+
+def drift(samples: Sequence[float]) -> float | None:
+    """median(last third) / median(first third) - 1, in the order the samples were taken;
+    None for fewer than DRIFT_MIN_SAMPLES samples."""
+    if len(samples) < DRIFT_MIN_SAMPLES:
+        return None
+    third = len(samples) // 3
+    first = statistics.median(samples[:third])
+    return statistics.median(samples[-third:]) / first - 1 if first else None
+
+
+def drifted(value: float | None) -> bool:
+    return value is not None and abs(value) > DRIFT
+
+
+@dataclass(frozen=True)
+class Interval:
+    """`ratio` = median(b) / median(a), and its interval at `confidence`."""
+
+    ratio: float
+    low: float
+    high: float
+    confidence: float = CONFIDENCE
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE,
+                   resamples: int = RESAMPLES, seed: int = 0) -> Interval | None:
+    """median(b) / median(a) with a bootstrap percentile interval; deterministic (`seed`).
+    None when a side is empty or A's median is 0."""
+    if not a or not b or statistics.median(a) == 0:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        ma = statistics.median(rng.choices(a, k=len(a)))
+        mb = statistics.median(rng.choices(b, k=len(b)))
+        if ma:
+            ratios.append(mb / ma)
+    ratios.sort()
+    tail = (1 - confidence) / 2
+    low = ratios[int(tail * (len(ratios) - 1))]
+    high = ratios[int((1 - tail) * (len(ratios) - 1) + 0.5)]
+    return Interval(statistics.median(b) / statistics.median(a), low, high, confidence)
+
+
+def verdict(interval: Interval | None, lower_is_better: bool = True) -> str:
+    """'faster', 'slower' or 'no difference' for a time ratio B / A (b faster when below 1),
+    from whether the interval excludes 1; '' without an interval."""
+    if interval is None:
+        return ""
+    if interval.high < 1:
+        return "faster" if lower_is_better else "smaller"
+    if interval.low > 1:
+        return "slower" if lower_is_better else "larger"
+    return "no difference"
