@@ -72,6 +72,9 @@ def test_sweep_writes_the_expected_rows_and_derived_figures(db_path, monkeypatch
     assert {r["sdpa_backend_used"] for r in got if r["impl"] == "sdpa"} == {"math"}
     samples = json.loads(rows(db_path, "SELECT samples FROM runs LIMIT 1")[0]["samples"])
     assert [len(samples[k]) for k in ("fwd_ms", "bwd_ms", "e2e_ms")] == [3, 3, 3]
+    for r in got:  # the count taken, and the host's time per end-to-end call
+        assert (r["e2e_ms_n"], r["fwd_ms_n"]) == (3, 3) and r["e2e_ms_drift"] is None
+        assert r["host_us"] == pytest.approx(1e3 * r["e2e_host_ms_mean"]) and r["host_us"] > 0
     # 4x the sequence: naive keeps the (T, T) matrix for backward (~T²), flash-torch O(T).
     saved = {(r["impl"], r["seq"]): r["saved_bytes"] for r in got}
     assert saved[("naive", 128)] / saved[("naive", 32)] > 8

@@ -398,6 +398,11 @@ def run(spec: AttentionSpec) -> Result:
     metrics.update(flops_fwd=flops["fwd"], flops_bwd=flops["bwd"], flops_e2e=flops["e2e"])
     metrics["peak_bytes"] = torch.cuda.max_memory_allocated(device) if on_cuda else None
     metrics.update(launch_metrics({**samples, **host}, ("fwd", "bwd", "e2e"), device))
+    # the host's time per call of the main pass (docs/methodology.md, "Host cost"): do_bench's
+    # events see the GPU only, so this is the figure that says when the host sets the pace
+    main = next((p for p in ("e2e", "fwd", "bwd") if host.get(f"{p}_host_ms")), None)
+    metrics["host_us"] = (1e3 * sum(host[f"{main}_host_ms"]) / len(host[f"{main}_host_ms"])
+                          if main else None)
     if yours.is_yours(spec.impl):
         from cs336sys.yours.implementations import sources
 
@@ -545,6 +550,8 @@ EXPERIMENT = Experiment(
                                              it did not, at a causal point)
             code                  -        the user's code measured: its files and their sha256
                                              (JSON)
+            host_us               us       host time per call of the main pass (end to end, else
+                                             forward), until the call returned, before the sync
             interpreted           -        Triton ran in its CPU interpreter
             sdpa_backend_used     -        the SDPA backend torch's dispatcher chose
             triton_kernels        -        triton: the kernels that ran (pointer or tma, +atomic-dq
