@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import sys
 import types
+from dataclasses import dataclass, replace
 
 import pytest
 
 from cs336sys.measure import timing
 from cs336sys.measure.sampling import Enough, drift, ratio_interval, take, verdict
 from cs336sys.report.tables import _ratios
-from cs336sys.sweep.declaration import Ratio
+from cs336sys.sweep.declaration import Experiment, Ratio
+from cs336sys.sweep.result import Result
+from cs336sys.sweep.runner import run_sweep
 
 
 class FakeClock:
@@ -103,3 +106,62 @@ def test_the_ratio_cell_gives_the_interval_and_flags_an_impossible_saving():
     plain = _ratios(Ratio(lambda r: r.get("step_ms_median"), {"switches": "none"}, ("switches",)),
                     [none, adamw])
     assert plain == ["1.00×", "1.11×"]
+
+
+@dataclass(frozen=True)
+class Toy:
+    name: str
+    iters: int
+    rounds: int
+    fails_in_round: int | None = None
+
+    def settings(self):
+        return {"name": self.name}
+
+
+def test_points_in_rounds_run_interleaved_and_are_merged():
+    """Round 1 of every point, then round 2: drift falls on every point alike. A round that
+    is not ok ends its point's rounds and is its result."""
+    order, rounds_run = [], {}
+
+    def run(spec):
+        order.append(spec.name)
+        rounds_run[spec.name] = rounds_run.get(spec.name, 0) + 1
+        if rounds_run[spec.name] == spec.fails_in_round:
+            return Result("oom", error="out of memory")
+        return Result("ok", samples={"t": [float(len(order))] * spec.iters})
+
+    def merge(spec, results):
+        return Result("ok", metrics={"rounds": len(results)},
+                      samples={"t": [x for r in results for x in r.samples["t"]]})
+
+    toy = Experiment(kind="toy", title="toy", spec=Toy, run=run, metrics=(), merge=merge,
+                     split=lambda s: (s.rounds, replace(s, iters=s.iters // s.rounds)))
+    points = run_sweep(toy, [Toy("a", 6, 3), Toy("b", 6, 3), Toy("c", 2, 1), Toy("d", 6, 3, 2)])
+    assert order == ["a", "b", "c", "d", "a", "b", "d", "a", "b"]
+    got = {p.spec.name: p.result for p in points}
+    assert got["a"].samples["t"] == [1.0, 1.0, 5.0, 5.0, 8.0, 8.0] and got["a"].metrics["rounds"] == 3
+    assert got["c"].metrics["rounds"] == 1
+    assert got["d"].status == "oom" and "d" not in order[7:]  # its oom ended its rounds
+    assert [p.spec.name for p in points] == ["c", "d", "a", "b"]  # each stored once, when done
+
+
+@pytest.mark.slow  # three step points, twice each
+def test_the_step_ablation_runs_in_rounds(tmp_path):
+    from tests.conftest import invoke, query
+
+    db = tmp_path / "r.db"
+    result = invoke("step", "--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-layers",
+                    "1", "--num-heads", "2", "--vocab-size", "64", "--seq", "16", "--iters", "4",
+                    "--rounds", "2", "--switches", "none,fused-adamw", "--db", db)
+    assert result.exit_code == 0, result.output
+    rows = query(db, "SELECT * FROM step_runs ORDER BY created")
+    assert [(r["switches"], r["rounds"], r["rounds_done"], r["step_ms_n"]) for r in rows] == [
+        ("none", 2, 2, 4), ("fused-adamw", 2, 2, 4)]
+    import json
+
+    samples = json.loads(query(db, "SELECT samples FROM runs LIMIT 1")[0]["samples"])
+    assert len(samples["step_ms"]) == 4 and len(samples["round_medians"]) == 2
+    bad = invoke("step", "--rounds", "5", "--iters", "3", "--db", tmp_path / "x.db")
+    assert bad.exit_code == 2 and "--rounds must be from 1 to --iters (3), got 5" in bad.output
+    assert not (tmp_path / "x.db").exists()

@@ -39,6 +39,9 @@ def _step_only(
                   int | None) = None,
     min_time: option("Seconds the timed steps add up to, at least. [default: 1 on CUDA, 0 on "
                      "CPU]", float | None) = None,
+    rounds: option("Interleaved rounds: every point's share of its timed steps, then the next "
+                   "round, each point built again, so that drift falls on all alike. "
+                   "[default: 3 on CUDA, 1 on CPU]", int | None) = None,
     num_layers: list_option("Override the preset's num_layers; a list (8,12,16) finds the largest "
                             "that "
                             "fits: after an out-of-memory the larger counts are skipped. [default: "

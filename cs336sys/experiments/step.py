@@ -48,6 +48,7 @@ from cs336sys.experiments.model import (
     preset_sizes,
     shape_overrides,
 )
+from cs336sys.experiments.step_ablation import impossible, merge, split
 from cs336sys.experiments.training_step import throughput, throughput_metrics
 from cs336sys.measure.stats import flatten
 from cs336sys.models.config import ModelShape
@@ -94,10 +95,10 @@ PARAM_DTYPES = ("fp32", "bf16")
 DEFAULTS = {
     "cuda": dict(size="8b", num_layers=8, seq=8192, batch=2, warmup=2, iters=10,
                  adamw="triton", ce="triton", attention="sdpa", switches="ablation",
-                 precision="bf16"),
+                 precision="bf16", rounds=3),
     "cpu": dict(size="tiny", num_layers=None, seq=128, batch=2, warmup=1,
                 iters=3, adamw="foreach", ce="torch", attention="sdpa",
-                switches="none,fused-adamw,fused-ce", precision="fp32"),
+                switches="none,fused-adamw,fused-ce", precision="fp32", rounds=1),
 }
 
 
@@ -120,6 +121,9 @@ class StepSpec(ModelShape):
     seed: int = 0
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
     min_time: float = 0.0  # the timed steps add up to at least this many seconds
+    # the timed steps in this many interleaved rounds (sweep/runner.in_rounds): each round
+    # builds the point again and takes its share of iters and min_time
+    rounds: int = 1
 
 
 def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str, ...]]:
@@ -161,6 +165,7 @@ def specs(
     warmup: int | None = None,
     iters: int | None = None,
     min_time: float | None = None,
+    rounds: int | None = None,
     device: str = "auto",
     seed: int = 0,
     d_model: int | None = None,
@@ -181,6 +186,9 @@ def specs(
     iters = defaults["iters"] if iters is None else iters
     counts(warmup, iters)
     least_s = points.min_time(min_time, on_cuda)
+    rounds = defaults["rounds"] if rounds is None else rounds
+    if not 1 <= rounds <= iters:
+        raise SpecError(f"--rounds must be from 1 to --iters ({iters}), got {rounds}")
     check_seed(seed)
     sizes = preset_sizes(size, defaults["size"])
     if num_layers is None and size is None:
@@ -242,6 +250,7 @@ def specs(
             compile="compile" in on, checkpoint=p["checkpoint"],
             timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
             warmup=warmup, iters=iters, device=dev, seed=seed, model=model, min_time=least_s,
+            rounds=rounds,
         ))
     return list(dict.fromkeys(out))
 
@@ -385,7 +394,7 @@ def run(spec: StepSpec) -> Result:
         metrics.update(checked.metrics)
     passed = checked is None or checked.passed
     return Result("ok" if passed else "wrong", metrics=metrics, error=None if passed else checked.why,
-                  samples={"step_ms": samples, "warmup": {"step_ms": warm},
+                  samples={"step_ms": samples, "opt_ms": opt, "warmup": {"step_ms": warm},
                            "loss": [float(v) for v in losses]})
 
 
@@ -406,17 +415,6 @@ def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
 # -- the declaration ------------------------------------------------------------------------
 
 
-def _impossible(none: Any, row: Any) -> str | None:
-    """fused-adamw alone saving more than the whole optimizer step of the point without
-    switches: the difference is noise (or drift), not the switch."""
-    if row.get("switches") != "fused-adamw":
-        return None
-    phase, base, mine = none.get("opt_ms_median"), none.get("step_ms_median"), row.get("step_ms_median")
-    if None in (phase, base, mine) or base - mine <= phase:
-        return None
-    return f"saves {base - mine:.3g} ms, the optimizer step takes {phase:.3g} ms"
-
-
 TABLE = Table(
     "One training step, each optimisation switched on",
     (
@@ -432,7 +430,7 @@ TABLE = Table(
                 {"switches": "none"},
                 ("switches", "optimizer", "loss", "attention", "compile", "cold_cache"),
                 samples="step_ms",
-                impossible=_impossible,
+                impossible=impossible,
             ),
         ),
         Column("tokens/s", "tokens_per_s", "num"),
@@ -471,6 +469,7 @@ EXPERIMENT = Experiment(
             wall_s             s    the point's wall time, model build to the last timed step
         """),
         Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
+        Metric("rounds_done", "", "interleaved rounds the timed steps came from (--rounds)"),
         *metric_table("""
             loss_first       -  loss of the first step (summed over the batch's tokens)
             loss_last        -  loss of the last timed step
@@ -486,6 +485,8 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     oom_axis="num_layers",
+    split=split,
+    merge=merge,
     section=step_section.section,
     draws=True,
 )

@@ -198,7 +198,11 @@ def _across(experiment: Experiment, sink: Any, group: list[Point], point: Point,
 
 
 def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
-    """One point at a time, in this process; `experiment.run(spec)`."""
+    """One point at a time, in this process; `experiment.run(spec)`. Points that split
+    into rounds run in interleaved rounds (`in_rounds`)."""
+    if experiment.split is not None and any(experiment.split(s)[0] > 1 for s in specs):
+        in_rounds(experiment, specs, skip, emit)
+        return
     for spec in specs:
         check()  # a Ctrl-C that an import swallowed stops the sweep here (sweep/stopping.py)
         started, t0 = now(), time.perf_counter()
@@ -212,6 +216,46 @@ def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
         if result.duration_s is None:  # a skipped point: the time it took to decide so
             result.duration_s = time.perf_counter() - t0
         emit(spec, result)
+
+
+def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
+    """Round 1 of every point, then round 2 of every point, ...: each round runs the spec
+    `experiment.split` gives for it, and once a point's last round has run its Results are
+    merged (`experiment.merge`) and emitted. A round that is not ok (oom, error) is the
+    point's result and ends its rounds. Stopped by a signal, the points with rounds done are
+    merged and emitted from what they have (the interrupted one too), and an interrupted
+    point with no round done is stored as an error."""
+    plan = [experiment.split(s) for s in specs]
+    done: dict[int, list[Result]] = {}
+    ended: set[int] = set()
+    for round_ in range(max(n for n, _ in plan)):
+        for i, (spec, (rounds, one)) in enumerate(zip(specs, plan, strict=True)):
+            if i in ended or round_ >= rounds:
+                continue
+            check()
+            started, t0 = now(), time.perf_counter()
+            try:
+                decided = skip(spec) if round_ == 0 else None
+                result = decided or guarded(experiment.runner(), one)
+            except Terminated as exc:
+                for j, results in done.items():  # the interrupted point too, if it has any
+                    if j not in ended and results:
+                        emit(specs[j], experiment.merge(specs[j], results))
+                if not done.get(i):
+                    emit(spec, Result("error", error=str(exc), started=started,
+                                      duration_s=time.perf_counter() - t0))
+                raise
+            result.started = result.started or started
+            if result.duration_s is None:
+                result.duration_s = time.perf_counter() - t0
+            if decided is not None or result.status not in ("ok", "wrong"):
+                ended.add(i)
+                emit(spec, result)
+                continue
+            done.setdefault(i, []).append(result)
+            if round_ == rounds - 1:
+                ended.add(i)
+                emit(spec, experiment.merge(spec, done[i]))
 
 
 def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:

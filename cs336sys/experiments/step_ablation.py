@@ -1,0 +1,56 @@
+"""What the step ablation needs beyond one point (docs/methodology.md): interleaved rounds
+(sweep/runner.in_rounds), how one round's spec is cut from the point's and how the rounds'
+Results become the point's; and the check that a switch saves no more than the phase it
+acts on."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cs336sys.measure.stats import flatten
+from cs336sys.sweep.result import Result
+
+
+def split(spec: Any) -> tuple[int, Any]:
+    """(rounds, the spec of one round): each round takes its share of the timed steps and
+    of the minimum time, after its own build, first step and warm-up."""
+    return spec.rounds, dataclasses.replace(
+        spec, iters=-(-spec.iters // spec.rounds), min_time=spec.min_time / spec.rounds)
+
+
+def merge(spec: Any, results: list[Result]) -> Result:
+    """One point from its rounds: the timed samples of every round in the order they were
+    taken (their statistics, and the rates from the merged median), the first round's build
+    and compile figures (the cold one), the highest peaks, the last round's last loss."""
+    first = results[0]
+    samples = [x for r in results for x in r.samples["step_ms"]]
+    opt = [x for r in results for x in r.samples.get("opt_ms", [])]
+    metrics = {**first.metrics, **flatten("step_ms", samples), **flatten("opt_ms", opt)}
+    step_s = metrics["step_ms_median"] / 1e3
+    metrics.update(tokens_per_s=metrics["tokens_per_step"] / step_s,
+                   tflops=metrics["flops_per_step"] / step_s / 1e12,
+                   loss_last=results[-1].metrics["loss_last"], rounds_done=len(results))
+    metrics["mfu"] = metrics["tflops"] / metrics["peak_tflops"] if metrics.get("peak_tflops") else None
+    for peak in ("peak_allocated_mb", "peak_reserved_mb", "peak_tensor_mb"):
+        values = [r.metrics.get(peak) for r in results if r.metrics.get(peak) is not None]
+        metrics[peak] = max(values) if values else None
+    medians = [r.metrics["step_ms_median"] for r in results]
+    status = "wrong" if any(r.status == "wrong" for r in results) else "ok"
+    return Result(status, metrics=metrics, error=next((r.error for r in results if r.error), None),
+                  samples={**first.samples, "step_ms": samples, "opt_ms": opt,
+                           "round_medians": medians,
+                           "loss": [v for r in results for v in r.samples.get("loss", [])]},
+                  started=first.started, duration_s=sum(r.duration_s or 0 for r in results))
+
+
+def impossible(none: Any, row: Any) -> str | None:
+    """fused-adamw alone saving more than the whole optimizer step of the point without
+    switches: the difference is noise (or drift), not the switch."""
+    if row.get("switches") != "fused-adamw":
+        return None
+    phase, base, mine = none.get("opt_ms_median"), none.get("step_ms_median"), row.get("step_ms_median")
+    if None in (phase, base, mine) or base - mine <= phase:
+        return None
+    return f"saves {base - mine:.3g} ms, the optimizer step takes {phase:.3g} ms"
+
