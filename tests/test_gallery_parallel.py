@@ -110,8 +110,18 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
 
 
 @pytest.mark.slow  # starts ranks
-def test_an_fsdp_computing_in_bf16_passes(repo, tmp_path):
-    got = ddp(tmp_path / "r.db", "--impl", f"yours-fsdp-basics={FSDP}:FSDP",
-              "--model", "cs336_basics", "--precision", "bf16")
-    row = got["yours-fsdp-basics", None]
-    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+def test_an_fsdp_computing_in_fp16_and_bf16_passes(repo, tmp_path):
+    db = tmp_path / "r.db"
+    ddp(db, "--impl", f"yours-fsdp-basics={FSDP}:FSDP", "--model", "cs336_basics",
+        "--precision", "fp16,bf16")
+    rows = query(db, "SELECT * FROM ddp_runs ORDER BY created")
+    assert [(r["precision"], r["status"], r["check"]) for r in rows] == [
+        ("fp16", "ok", "pass"), ("bf16", "ok", "pass")], [r["error"] for r in rows]
+
+
+def test_fp16_is_refused_for_replicas_in_one_line(repo, tmp_path):
+    result = invoke("ddp", *SMALL, "--impl", "naive,fsdp", "--precision", "fp16",
+                    "--db", tmp_path / "r.db")
+    assert result.exit_code == 2
+    assert "--precision fp16 is an FSDP's compute dtype" in result.output
+    assert not (tmp_path / "r.db").exists()

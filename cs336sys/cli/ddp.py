@@ -32,7 +32,8 @@ def _ddp_only(
                        "on CUDA, 4 on CPU]") = None,
     world_size: list_option("Ranks. [default: 2]") = None,
     backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
-    precision: list_option("fp32, bf16 and/or fp16 (autocast). [default: fp32]") = None,
+    precision: list_option("fp32, bf16 (autocast; an FSDP's compute dtype) and/or fp16 (an "
+                           "FSDP's compute dtype only). [default: fp32]") = None,
     warmup: option("Untimed steps per point. [default: 3 on CUDA, 2 on CPU]", int | None) = None,
     iters: option("Timed steps per point. [default: 10 on CUDA, 5 on CPU]", int | None) = None,
     device: option("auto, cpu or cuda (picks the default backend).", str) = "auto",

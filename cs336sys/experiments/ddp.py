@@ -145,7 +145,12 @@ def specs(
             raise SpecError(f"--bucket-mb: {b!r} is not a number") from None
         if buckets[-1] <= 0:
             raise SpecError(f"--bucket-mb must be positive, got {b}")
-    precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
+    precisions = choices(precision, (*PRECISIONS, "fp16"), "--precision", default=["fp32"])
+    replicas = [i for i in impls if i in REPLICA_IMPLS or ddp_yours.kind_of(i) == "ddp"]
+    if "fp16" in precisions and replicas:
+        raise SpecError(f"--precision fp16 is an FSDP's compute dtype (as the course's FSDP test "
+                        f"runs it); the replicas ({', '.join(replicas)}) train under fp32 or "
+                        f"bf16 autocast, since fp16 autocast needs loss scaling")
     check_seed(seed)
     be, dev = backend_and_device(backend, device)
     worlds = world_sizes(world_size, be, [2])
