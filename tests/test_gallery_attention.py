@@ -5,28 +5,22 @@ non-causal attention without being compared with causal points."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from tests.conftest import invoke, query
-from tests.user_repos import course_repo, edit
+from tests.user_repos import course_repo, edit, with_gallery
 
-GALLERY = Path(__file__).parent / "gallery"
 FLASH = "cs336_systems/flash_attention.py"
 # (batch, seq, d) inputs, the course's contract; two sequence lengths, one of them ragged
 SMALL = ["--d-head", "16", "--batch", "2", "--warmup", "1", "--iters", "2", "--device", "cpu"]
 SEQS = ["--seq", "32,40"]
 TORCH = "cs336_systems.gallery_attention"
-TRITON = "cs336_systems.gallery_triton"
+TRITON = "cs336_systems.gallery_triton_flash"
 
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    repo = course_repo(tmp_path)
-    shutil.copy(GALLERY / "attention.py", repo / "cs336_systems" / "gallery_attention.py")
-    shutil.copy(GALLERY / "attention_triton.py", repo / "cs336_systems" / "gallery_triton.py")
+    repo = with_gallery(course_repo(tmp_path), "attention", "triton_flash")
     monkeypatch.chdir(repo)
     return repo
 

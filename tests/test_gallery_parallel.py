@@ -8,23 +8,16 @@ in a course-layout repository, on two Gloo ranks."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from tests.conftest import invoke, query
 from tests.test_yours_parallel import SMALL
-from tests.user_repos import course_repo
-
-GALLERY = Path(__file__).parent / "gallery"
+from tests.user_repos import course_repo, with_gallery
 
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    repo = course_repo(tmp_path)
-    shutil.copy(GALLERY / "ddp.py", repo / "cs336_systems" / "gallery_ddp.py")
-    shutil.copy(GALLERY / "fsdp_basics.py", repo / "cs336_systems" / "gallery_fsdp.py")
+    repo = with_gallery(course_repo(tmp_path), "ddp", "fsdp")
     monkeypatch.chdir(repo)
     return repo
 

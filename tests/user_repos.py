@@ -33,6 +33,16 @@ def course_repo(tmp_path: Path, name: str = "repo", files: dict[str, str] | None
     return repo
 
 
+GALLERY = Path(__file__).resolve().parent / "gallery"
+
+
+def with_gallery(repo: Path, *names: str) -> Path:
+    """`repo` with tests/gallery/<name>.py copied in as cs336_systems/gallery_<name>.py."""
+    for name in names:
+        shutil.copy(GALLERY / f"{name}.py", repo / "cs336_systems" / f"gallery_{name}.py")
+    return repo
+
+
 def edit(repo: Path, path: str, old: str, new: str, commit: str | None = None) -> None:
     """Replace `old` (which must be there) by `new` in `path`; commit with message `commit`."""
     file = repo / path

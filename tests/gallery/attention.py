@@ -8,38 +8,42 @@ import math
 import torch
 
 
+def scores(q, k, is_causal, scale=None):
+    """s·QKᵀ (s = 1/√d unless given), masked above the diagonal when `is_causal`."""
+    s = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if is_causal:
+        above = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(above, float("-inf"))
+    return s
+
+
+def backward(q, k, v, o, lse, do, is_causal, scale=None):
+    """dQ, dK, dV recomputing P from the saved logsumexp (Dao 2023, the backward pass)."""
+    qf, kf, vf, of, dof = (t.float() for t in (q, k, v, o, do))
+    s = scale or 1 / math.sqrt(q.shape[-1])
+    p = torch.exp(scores(qf, kf, is_causal, scale) - lse[..., None])
+    dv = p.transpose(-1, -2) @ dof
+    ds = p * (dof @ vf.transpose(-1, -2) - (of * dof).sum(-1, keepdim=True))
+    return (ds @ kf * s).to(q.dtype), (ds.transpose(-1, -2) @ qf * s).to(k.dtype), dv.to(v.dtype)
+
+
 def _function(mask: bool, scale: float | None):
     """An autograd.Function computing softmax(s·QKᵀ)V, masked causally when asked and
-    `mask` (False: is_causal ignored), with the backward recomputing P from the logsumexp."""
-
-    def scores(q, k, is_causal):
-        s = q @ k.transpose(-1, -2) * (scale or 1 / math.sqrt(q.shape[-1]))
-        if is_causal and mask:
-            n_q, n_k = q.shape[-2], k.shape[-2]
-            above = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)
-            s = s.masked_fill(above, float("-inf"))
-        return s
+    `mask` (False: is_causal ignored)."""
 
     class Attention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, is_causal=False):
-            s = scores(q.float(), k.float(), is_causal)
+            s = scores(q.float(), k.float(), is_causal and mask, scale)
             lse = torch.logsumexp(s, dim=-1)
             o = (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.is_causal = is_causal
+            ctx.is_causal = is_causal and mask
             return o
 
         @staticmethod
         def backward(ctx, do):
-            q, k, v, o, lse = ctx.saved_tensors
-            qf, kf, vf, of, dof = (t.float() for t in (q, k, v, o, do))
-            p = torch.exp(scores(qf, kf, ctx.is_causal) - lse[..., None])
-            dv = p.transpose(-1, -2) @ dof
-            ds = p * (dof @ vf.transpose(-1, -2) - (of * dof).sum(-1, keepdim=True))
-            s = scale or 1 / math.sqrt(q.shape[-1])
-            return (ds @ kf * s).to(q.dtype), (ds.transpose(-1, -2) @ qf * s).to(k.dtype), \
-                dv.to(v.dtype), None
+            return *backward(*ctx.saved_tensors, do, ctx.is_causal, scale), None
 
     return Attention
 
