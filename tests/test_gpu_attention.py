@@ -205,7 +205,8 @@ def test_leaderboard_preset_runs_with_do_bench_and_sdpa_backends_by_name(tmp_pat
     db = tmp_path / "r.db"
     for impl, backend in (("triton,sdpa", "flash"), ("sdpa", "cudnn")):
         result = runner.invoke(app, ["attention", "--preset", "leaderboard", "--impl", impl,
-                                     "--sdpa-backend", backend, "--db", str(db)])
+                                     "--sdpa-backend", backend, "--min-time", "0.2",
+                                     "--db", str(db)])
         assert result.exit_code == 0, result.output
     got = [(r["impl"], r["status"], r["timer"], r["interpreted"], r["sdpa_backend_used"])
            for r in rows(db)]
@@ -215,3 +216,8 @@ def test_leaderboard_preset_runs_with_do_bench_and_sdpa_backends_by_name(tmp_pat
         ("sdpa", "ok", "do-bench", 0, "cudnn"),
     ]
     assert all(r["max_err_grad"] < 0.05 and r["e2e_ms_mean"] > 0 for r in rows(db))
+    for r in rows(db):  # do_bench asked again until --iters samples and --min-time seconds
+        for phase in ("fwd", "bwd", "e2e"):
+            n, mean = r[f"{phase}_ms_n"], r[f"{phase}_ms_mean"]
+            assert n >= r["iters"] and n * mean >= 0.2e3 * 0.999, (phase, n, mean)
+        assert r["host_us"] > 0
