@@ -136,7 +136,7 @@ def test_points_in_rounds_run_interleaved_and_are_merged():
                       samples={"t": [x for r in results for x in r.samples["t"]]})
 
     toy = Experiment(kind="toy", title="toy", spec=Toy, run=run, metrics=(), merge=merge,
-                     split=lambda s: (s.rounds, replace(s, iters=s.iters // s.rounds)))
+                     split=lambda s: [replace(s, iters=s.iters // s.rounds)] * s.rounds)
     points = run_sweep(toy, [Toy("a", 6, 3), Toy("b", 6, 3), Toy("c", 2, 1), Toy("d", 6, 3, 2)])
     assert order == ["a", "b", "c", "d", "a", "b", "d", "a", "b"]
     got = {p.spec.name: p.result for p in points}
@@ -165,3 +165,13 @@ def test_the_step_ablation_runs_in_rounds(tmp_path):
     bad = invoke("step", "--rounds", "5", "--iters", "3", "--db", tmp_path / "x.db")
     assert bad.exit_code == 2 and "--rounds must be from 1 to --iters (3), got 5" in bad.output
     assert not (tmp_path / "x.db").exists()
+
+
+def test_a_step_point_splits_into_rounds_that_compile_cold_once():
+    from cs336sys.experiments import step
+    from cs336sys.experiments.step_ablation import split
+
+    (spec,) = step.specs(switches=["compile"], iters=10, rounds=3, min_time=0.9, device="cpu")
+    rounds = split(spec)
+    assert [(r.iters, r.min_time, r.cold_cache) for r in rounds] == [
+        (4, pytest.approx(0.3), True), (4, pytest.approx(0.3), False), (4, pytest.approx(0.3), False)]

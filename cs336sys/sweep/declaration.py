@@ -161,10 +161,10 @@ class Experiment:
     # (spec, Result) of such a group once the group has run, may set metrics across them.
     group_by: Callable[[Any], Any] | None = None
     across: Callable[[list[tuple[Any, Any]]], None] | None = None
-    # Interleaved rounds (docs/methodology.md): split(spec) -> (rounds, the spec of one
-    # round); merge(spec, [the Result of each round]) -> the point's Result. The runner runs
-    # round 1 of every point, then round 2, ..., so that drift falls on every point alike.
-    split: Callable[[Any], tuple[int, Any]] | None = None
+    # Interleaved rounds (docs/methodology.md): split(spec) -> the spec of each round;
+    # merge(spec, [the Result of each round]) -> the point's Result. The runner runs round 1
+    # of every point, then round 2, ..., so that drift falls on every point alike.
+    split: Callable[[Any], list[Any]] | None = None
     merge: Callable[[Any, list[Any]], Any] | None = None
     # Old column -> the metric it is now (a renamed setting's old names need no entry: every
     # view keeps the 0.2 names of its settings, sweep/points.RENAMED, until 0.3).

@@ -200,7 +200,7 @@ def _across(experiment: Experiment, sink: Any, group: list[Point], point: Point,
 def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
     """One point at a time, in this process; `experiment.run(spec)`. Points that split
     into rounds run in interleaved rounds (`in_rounds`)."""
-    if experiment.split is not None and any(experiment.split(s)[0] > 1 for s in specs):
+    if experiment.split is not None and any(len(experiment.split(s)) > 1 for s in specs):
         in_rounds(experiment, specs, skip, emit)
         return
     for spec in specs:
@@ -228,10 +228,11 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
     plan = [experiment.split(s) for s in specs]
     done: dict[int, list[Result]] = {}
     ended: set[int] = set()
-    for round_ in range(max(n for n, _ in plan)):
-        for i, (spec, (rounds, one)) in enumerate(zip(specs, plan, strict=True)):
-            if i in ended or round_ >= rounds:
+    for round_ in range(max(len(rounds) for rounds in plan)):
+        for i, (spec, rounds) in enumerate(zip(specs, plan, strict=True)):
+            if i in ended or round_ >= len(rounds):
                 continue
+            one = rounds[round_]
             check()
             started, t0 = now(), time.perf_counter()
             try:
@@ -253,7 +254,7 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
                 emit(spec, result)
                 continue
             done.setdefault(i, []).append(result)
-            if round_ == rounds - 1:
+            if round_ == len(rounds) - 1:
                 ended.add(i)
                 emit(spec, experiment.merge(spec, done[i]))
 
