@@ -30,6 +30,7 @@ def start(ctx, preload: tuple[str, ...]) -> None:
     own SIG_IGN later discards it. This process gets a Ctrl-C that came meanwhile as soon
     as the block is lifted; ranks lift it when they start."""
     import signal
+    import threading
     from multiprocessing import forkserver, resource_tracker
 
     global preloaded
@@ -46,11 +47,22 @@ def start(ctx, preload: tuple[str, ...]) -> None:
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX
         forkserver.ensure_running()
         return
+    # The mask is this thread's: a Ctrl-C the kernel hands to another thread of this process
+    # still runs the Python handler here, between bytecodes of ensure_running, and could
+    # raise after the server was spawned but before its pid was recorded, leaving it with
+    # nobody to stop it. So the handler only notes the signal until the pid is recorded.
+    noted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)) if main else None
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        if main:
+            signal.signal(signal.SIGINT, handler)
+            if noted:
+                signal.raise_signal(signal.SIGINT)
 
 
 def unblock_sigint() -> None:
