@@ -175,3 +175,28 @@ def test_a_step_point_splits_into_rounds_that_compile_cold_once():
     rounds = split(spec)
     assert [(r.iters, r.min_time, r.cold_cache) for r in rounds] == [
         (4, pytest.approx(0.3), True), (4, pytest.approx(0.3), False), (4, pytest.approx(0.3), False)]
+
+
+def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypatch):
+    """Two rounds of two implementations at one shape: each point checked against float64
+    in its first round only, its samples those of both rounds."""
+    import json
+
+    from cs336sys.experiments import attention
+    from tests.conftest import invoke, query
+
+    checked = []
+    real = attention._checked
+    monkeypatch.setattr(attention, "_checked",
+                        lambda spec, *a: checked.append(spec.check_round) or real(spec, *a))
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "naive,sdpa", "--seq", "32", "--d-head", "16",
+                    "--batch", "1", "--warmup", "1", "--iters", "4", "--rounds", "2",
+                    "--device", "cpu", "--db", db)
+    assert result.exit_code == 0, result.output
+    assert checked == [True, True, False, False]  # round 1 of each, then round 2 of each
+    rows = query(db, "SELECT * FROM attention_runs ORDER BY created")
+    assert [(r["impl"], r["rounds"], r["rounds_done"], r["e2e_ms_n"], r["check"]) for r in rows] \
+        == [("naive", 2, 2, 4, "pass"), ("sdpa", 2, 2, 4, "pass")]
+    samples = json.loads(query(db, "SELECT samples FROM runs LIMIT 1")[0]["samples"])
+    assert len(samples["e2e_ms"]) == 4 and len(samples["round_medians"]["e2e_ms"]) == 2

@@ -35,6 +35,9 @@ def _attention_only(
                   "[default: loop]", str | None) = None,
     min_time: option("Seconds each pass keeps sampling, after at least --iters calls (do_bench "
                      "too). [default: 1 on CUDA, 0 on CPU]", float | None) = None,
+    rounds: option("Interleaved rounds: every point's share of its timed calls, then the next "
+                   "round, so that drift falls on every implementation alike. "
+                   "[default: 3 on CUDA, 1 on CPU]", int | None) = None,
     sdpa_backend: option("For sdpa: auto, flash, efficient, math or cudnn.", str) = "auto",
     triton_opt_in: list_option("For triton: its kernel paths, a point each: default (Hopper, "
                                "16-bit: tiles through TMA descriptors; else pointers), pointer, "

@@ -19,10 +19,10 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.attention import opt_in
 from cs336sys.attention.diagnosis import diagnose, judged
-from cs336sys.experiments import attention_section, preflight
+from cs336sys.experiments import attention_rounds, attention_section, preflight
+from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.measure.check import check
 from cs336sys.measure.dtypes import PRECISIONS
-from cs336sys.measure.stats import STATS, summarize
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
@@ -101,9 +101,13 @@ class AttentionSpec:
     triton_opt_in: str | None = None
     # each pass samples at least `iters` calls adding up to at least this many seconds
     min_time: float = 0.0
+    # the timed calls in this many interleaved rounds (experiments/attention_rounds.py)
+    rounds: int = 1
+    # whether this run checks against float64: every point's first round (not a setting)
+    check_round: bool = True
 
     def settings(self) -> dict[str, Any]:
-        return {_RENAMED.get(k, k): v for k, v in vars(self).items()}
+        return {_RENAMED.get(k, k): v for k, v in vars(self).items() if k not in _NOT_SETTINGS}
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -113,6 +117,7 @@ class AttentionSpec:
 
 
 _RENAMED = {"passes": "pass"}  # `pass` is a Python keyword
+_NOT_SETTINGS = ("check_round",)
 
 # Presets fill in what the user did not give; an explicit option always wins.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -162,6 +167,7 @@ def specs(
     iters: int | None = None,
     timer: str | None = None,
     min_time: float | None = None,
+    rounds: int | None = None,
     sdpa_backend: str = "auto",
     triton_opt_in: Iterable[str] | None = None,
     preset: str | None = None,
@@ -204,6 +210,7 @@ def specs(
     n_warmup, n_iters = pick("warmup", warmup), pick("iters", iters)
     counts(n_warmup, n_iters, "--iters")
     least_s = points.min_time(min_time, on_cuda)
+    n_rounds = points.rounds(rounds, on_cuda, n_iters)
     check_seed(seed)
     how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
                                                      DEFAULTS["timer"])
@@ -229,6 +236,7 @@ def specs(
             precision=p["precision"], causal=is_causal, passes=which, timer=how,
             sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
             iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"], min_time=least_s,
+            rounds=n_rounds,
         )
         for p in expand({"impl": impls, "precision": precisions, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
@@ -288,9 +296,8 @@ def run(spec: AttentionSpec) -> Result:
     import torch
 
     from cs336sys.attention import registry
-    from cs336sys.attention.reference import attention_reference
     from cs336sys.measure.memory import saved_tensor_bytes
-    from cs336sys.measure.timing import launch_metrics, time_do_bench, time_loop
+    from cs336sys.measure.timing import time_do_bench, time_loop
 
     device = spec.device
     on_cuda = device.startswith("cuda")
@@ -347,18 +354,8 @@ def run(spec: AttentionSpec) -> Result:
             metrics["triton_kernels"] = kernels_ran(backward)
         # The float64 reference only after memory was read, so its tensors never count.
         out = out.detach()
-        ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout if backward else None,
-                                               dtype=torch.float64)
-        got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if backward else {})}
-        want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
-        verdict = check(got, want, *CHECK_TOLERANCE[spec.precision])
-        if not verdict.passed:  # what it computes instead (attention/diagnosis.py)
-            found = diagnose(got, q, k, v, dout if backward else None, spec.causal,
-                             CHECK_TOLERANCE[spec.precision])
-            verdict, computed = judged(spec.impl, spec.causal, verdict, found)
-            metrics.update(computed)
-        metrics.update(verdict.metrics)
-        del out, ref_o, ref_grads, got, want
+        verdict = _checked(spec, out, q, k, v, dout if backward else None, metrics)
+        del out
         q.grad = k.grad = v.grad = None
         if on_cuda:  # the peak is that of the timed passes: inputs, activations, gradients
             torch.cuda.reset_peak_memory_stats(device)
@@ -389,26 +386,39 @@ def run(spec: AttentionSpec) -> Result:
 
     # the work done: a kernel that ignored is_causal computed every score
     fwd = flops_forward(replace(spec, causal=metrics.get("computed_causal", spec.causal)))
-    flops = {"fwd": fwd, "bwd": 2.5 * fwd, "e2e": 3.5 * fwd}
-    for phase, values in samples.items():
-        stats = summarize(values)
-        metrics.update({f"{phase}_{s}": stats[s] for s in STATS})
-        short = phase.removesuffix("_ms")
-        metrics[f"tflops_{short}"] = flops[short] / (stats["median"] / 1e3) / 1e12
-    metrics.update(flops_fwd=flops["fwd"], flops_bwd=flops["bwd"], flops_e2e=flops["e2e"])
+    metrics.update(timed_metrics(samples, host, fwd, device))
     metrics["peak_bytes"] = torch.cuda.max_memory_allocated(device) if on_cuda else None
-    metrics.update(launch_metrics({**samples, **host}, ("fwd", "bwd", "e2e"), device))
-    # the host's time per call of the main pass (docs/methodology.md, "Host cost"): do_bench's
-    # events see the GPU only, so this is the figure that says when the host sets the pace
-    main = next((p for p in ("e2e", "fwd", "bwd") if host.get(f"{p}_host_ms")), None)
-    metrics["host_us"] = (1e3 * sum(host[f"{main}_host_ms"]) / len(host[f"{main}_host_ms"])
-                          if main else None)
     if yours.is_yours(spec.impl):
         from cs336sys.yours.implementations import sources
 
         metrics["code"] = sources(fn)
     return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
                   samples={**samples, **{k: v for k, v in host.items() if v}})
+
+
+def _checked(spec: AttentionSpec, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
+             metrics: dict[str, Any]) -> Any:
+    """The verdict of O (and the gradients q, k, v hold, when `dout` is given) against a
+    float64 reference, with what a failing kernel computes instead (attention/diagnosis.py);
+    its figures go into `metrics`. A later round of an interleaved point is not checked
+    again: its first round's verdict stands (a passing Verdict here, no metrics)."""
+    import torch
+
+    from cs336sys.attention.reference import attention_reference
+    from cs336sys.measure.check import Verdict
+
+    if not spec.check_round:
+        return Verdict(True)
+    ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout, dtype=torch.float64)
+    got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if dout is not None else {})}
+    want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
+    verdict = check(got, want, *CHECK_TOLERANCE[spec.precision])
+    if not verdict.passed:
+        found = diagnose(got, q, k, v, dout, spec.causal, CHECK_TOLERANCE[spec.precision])
+        verdict, computed = judged(spec.impl, spec.causal, verdict, found)
+        metrics.update(computed)
+    metrics.update(verdict.metrics)
+    return verdict
 
 
 def _time(spec, fn, grads, host: list[float]) -> list[float]:
@@ -518,7 +528,7 @@ EXPERIMENT = Experiment(
     title="Attention: implementations by sequence length",
     spec=AttentionSpec,
     run=run,
-    settings=settings_keys(AttentionSpec, rename=_RENAMED),
+    settings=settings_keys(AttentionSpec, drop=_NOT_SETTINGS, rename=_RENAMED),
     metrics=(
         *timing("fwd_ms", "forward call"),
         *timing("bwd_ms", "backward call"),
@@ -552,6 +562,7 @@ EXPERIMENT = Experiment(
                                              (JSON)
             host_us               us       host time per call of the main pass (end to end, else
                                              forward), until the call returned, before the sync
+            rounds_done           -        interleaved rounds the timed calls came from (--rounds)
             interpreted           -        Triton ran in its CPU interpreter
             sdpa_backend_used     -        the SDPA backend torch's dispatcher chose
             triton_kernels        -        triton: the kernels that ran (pointer or tma, +atomic-dq
@@ -561,6 +572,8 @@ EXPERIMENT = Experiment(
         *preflight.METRICS,
     ),
     estimate=preflight.attention_estimate,
+    split=attention_rounds.split,
+    merge=attention_rounds.merge,
     tables=(TABLE,),
     compare="e2e_ms",
     oom_axis="seq",

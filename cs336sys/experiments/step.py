@@ -95,10 +95,10 @@ PARAM_DTYPES = ("fp32", "bf16")
 DEFAULTS = {
     "cuda": dict(size="8b", num_layers=8, seq=8192, batch=2, warmup=2, iters=10,
                  adamw="triton", ce="triton", attention="sdpa", switches="ablation",
-                 precision="bf16", rounds=3),
+                 precision="bf16"),
     "cpu": dict(size="tiny", num_layers=None, seq=128, batch=2, warmup=1,
                 iters=3, adamw="foreach", ce="torch", attention="sdpa",
-                switches="none,fused-adamw,fused-ce", precision="fp32", rounds=1),
+                switches="none,fused-adamw,fused-ce", precision="fp32"),
 }
 
 
@@ -186,9 +186,7 @@ def specs(
     iters = defaults["iters"] if iters is None else iters
     counts(warmup, iters)
     least_s = points.min_time(min_time, on_cuda)
-    rounds = defaults["rounds"] if rounds is None else rounds
-    if not 1 <= rounds <= iters:
-        raise SpecError(f"--rounds must be from 1 to --iters ({iters}), got {rounds}")
+    rounds = points.rounds(rounds, on_cuda, iters)
     check_seed(seed)
     sizes = preset_sizes(size, defaults["size"])
     if num_layers is None and size is None:

@@ -190,6 +190,15 @@ def min_time(value: float | None, on_cuda: bool) -> float:
     return float(value)
 
 
+def rounds(value: int | None, on_cuda: bool, iters: int) -> int:
+    """--rounds: what was given, else 3 on CUDA (where clocks drift) and 1 on a CPU; from
+    1 to --iters, since each round takes its share of the timed calls."""
+    value = (3 if on_cuda else 1) if value is None else value
+    if not 1 <= value <= iters:
+        raise SpecError(f"--rounds must be from 1 to --iters ({iters}), got {value}")
+    return value
+
+
 def check_seed(seed: int) -> None:
     """Seeds are torch's 64-bit integers, offset per rank and for the data."""
     if not 0 <= seed <= MAX_SEED:
