@@ -148,6 +148,23 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
             f"{tol:g}); they match neither the sum nor rank 0's own slice")
 
 
+# The course's tests compare parameters elementwise, torch.allclose(p_ref, p, atol, rtol):
+# fp32 atol 1e-6 rtol 1e-4; with a 16-bit compute dtype 1e-4 and 1e-4 (tests/test_fsdp.py).
+COURSE_TOLERANCE = {"fp32": (1e-6, 1e-4), "bf16": (1e-4, 1e-4), "fp16": (1e-4, 1e-4)}
+
+
+def _course_verdict(mine: Any, ref: Any, precision: str) -> str:
+    """The largest |p - p_ref| of one tensor and whether the course's own elementwise
+    tolerance passes it, in words: so that a disagreement with the course's tests shows."""
+    import torch
+
+    atol, rtol = COURSE_TOLERANCE[precision]
+    mine, ref = mine.detach().float().cpu(), ref.float()
+    passes = bool(torch.allclose(mine, ref, atol=atol, rtol=rtol))
+    return (f"max |p - p_ref| {float((mine - ref).abs().max()):.2g}, which the course's "
+            f"allclose(atol={atol:g}, rtol={rtol:g}) would {'pass' if passes else 'fail'}")
+
+
 def training_check(full: dict, reference: TrainingReference, precision: str,
                    grads: dict | None = None) -> Verdict:
     """The user's parameters after training (`full`, by the unwrapped model's names) and
@@ -172,7 +189,10 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
             worst, where = ratio, name
     metrics: dict[str, Any] = {"check_worst": worst}
     detail = (f"per parameter |p - p_ref| / |p_ref - p_0| against single-process training, at "
-              f"most {tol:g}: worst {worst:.2g} ({where})")
+              f"most {tol:g}: worst {worst:.2g} ({where}")
+    if where is not None and where in full:
+        detail += ", " + _course_verdict(full[where], reference.final[where], precision)
+    detail += ")"
     gradients = gradient_problem(by_reference_names(grads, reference.grads), reference, tol) \
         if grads is not None else None
     passed = not problems and worst <= tol and gradients is None
