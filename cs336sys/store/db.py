@@ -45,6 +45,35 @@ def _kind_of(path: Path) -> str:
     return "not a regular file"
 
 
+# The files SQLite keeps beside a database (https://sqlite.org/tempfiles.html): it opens them
+# by name, so one that is a directory, a FIFO or a link made it fail mid-command (a directory
+# as `-wal`: IsADirectoryError out of sql, report, db export, plan).
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _check_side_files(path: Path) -> None:
+    """Refuse a store whose side file exists and is not a regular file this process may read
+    and write (a symlink too: SQLite would write through it wherever it points)."""
+    import os
+
+    for end in SIDE_FILES:
+        side = path.with_name(path.name + end)
+        if not os.path.lexists(side):
+            continue
+        if side.is_symlink():
+            what = "a symbolic link"
+        elif side.is_dir():
+            what = "a directory"
+        elif not side.is_file():
+            what = _kind_of(side)
+        elif not os.access(side, os.R_OK | os.W_OK):
+            what = "a file this process may not read and write"
+        else:
+            continue
+        raise StoreError(f"{side} is {what}, not the regular file SQLite keeps beside {path.name}: "
+                         "move it away")
+
+
 def check_path(path: str | Path, writing: bool = False) -> Path:
     """Refuse, before anything is written or created, a path that cannot be a results store:
     a directory, a device, pipe or socket, a path under a file, a file that is not SQLite, and a
@@ -57,6 +86,7 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
     path = Path(path)
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
+    _check_side_files(path)
     if path.exists() and not path.is_file():  # stat follows a symlink to what it names
         # /dev/null read as an empty store and took writes into nothing; a FIFO hung
         raise StoreError(f"{path} is {_kind_of(path)}, not a file: a results store is a file")

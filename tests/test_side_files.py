@@ -1,0 +1,74 @@
+"""A store whose side file (`-wal`, `-shm`, `-journal`) exists and is not a regular file:
+every command that opens a store refuses it in one line, exit 2, before anything opens the
+store, and leaves the store and the side file as they were. Generated: every kind of side
+file against every end and every command that opens a store."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import invoke
+from tests.promises import STORE
+
+ENDS = ("-wal", "-shm", "-journal")
+KINDS = {
+    "a directory": lambda p: p.mkdir(),
+    "a named pipe (FIFO)": lambda p: os.mkfifo(p),
+    "a symbolic link": lambda p: p.symlink_to(p.with_name("elsewhere")),
+}
+# Every command that opens a store: reading, writing, merging into and from it.
+COMMANDS = [
+    ["sql", "SELECT 1"],
+    ["report", "--out", "{tmp}/out"],
+    ["db", "export", "--out", "{tmp}/export.json"],
+    ["plan", "--size", "tiny", "--strategy", "dp", "--n", "2"],
+    ["precision", "accumulate"],
+    ["model", "--size", "tiny", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
+     "--vocab-size", "64", "--seq", "16", "--iters", "1", "--warmup", "0"],
+]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: ("dir" if p.is_dir() and not p.is_symlink() else
+                     "link" if p.is_symlink() else
+                     "fifo" if not p.is_file() else hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store holding one point, in a folder of its own."""
+    folder = tmp_path / "store"
+    folder.mkdir()
+    db = folder / "s.db"
+    result = invoke("plan", "--size", "tiny", "--strategy", "dp", "--n", "2", "--db", db)
+    assert result.exit_code == 0, result.output
+    for end in ENDS:
+        Path(f"{db}{end}").unlink(missing_ok=True)
+    return db
+
+
+@pytest.mark.promise(STORE)
+@pytest.mark.parametrize("end", ENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_path, kind, end):
+    side = Path(f"{store}{end}")
+    KINDS[kind](side)
+    before = _digest(store.parent)
+    expected = (f"Error: {side} is {kind}, not the regular file SQLite keeps beside "
+                f"{store.name}: move it away")
+    merges = [["db", "merge", store, "--db", tmp_path / "into.db"],  # from it
+              ["db", "merge", tmp_path / "from.db", "--db", store]]  # into it
+    invoke("plan", "--size", "tiny", "--strategy", "dp", "--n", "2", "--db", tmp_path / "from.db")
+    for command in [*([*c, "--db", store] for c in COMMANDS), *merges]:
+        args = [str(a).replace("{tmp}", str(tmp_path)) for a in command]
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.stderr.strip().splitlines() == [expected], (args, result.stderr)
+        assert _digest(store.parent) == before, args
+    assert not (tmp_path / "out").exists() and not (tmp_path / "export.json").exists()
+    assert not (tmp_path / "into.db").exists()
