@@ -1,4 +1,5 @@
-"""A store whose side file (`-wal`, `-shm`, `-journal`) exists and is not a regular file:
+"""Stores a command must refuse without touching them. A store whose side file (`-wal`,
+`-shm`, `-journal`) exists and is not a regular file:
 every command that opens a store refuses it in one line, exit 2, before anything opens the
 store, and leaves the store and the side file as they were. Generated: every kind of side
 file against every end and every command that opens a store."""
@@ -72,3 +73,55 @@ def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_p
         assert _digest(store.parent) == before, args
     assert not (tmp_path / "out").exists() and not (tmp_path / "export.json").exists()
     assert not (tmp_path / "into.db").exists()
+
+
+def _claiming(path: Path, version: int, tables: bool) -> Path:
+    """A SQLite file at `version`: with the tables of that version (migrated to it; the
+    current + 1 has the current's), or with none."""
+    import sqlite3
+
+    from cs336sys.store import schema
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    if tables:
+        schema.migrate(conn, min(version, schema.SCHEMA_VERSION))
+    conn.execute(f"PRAGMA user_version = {version}")
+    conn.close()
+    return path
+
+
+def _versions():
+    from cs336sys.store import schema
+
+    return range(schema.SCHEMA_VERSION + 2)
+
+
+@pytest.mark.promise(STORE)
+@pytest.mark.parametrize("tables", [False, True], ids=["no-tables", "tables"])
+@pytest.mark.parametrize("version", _versions())
+def test_a_refusal_writes_nothing_whatever_schema_a_file_claims(tmp_path, version, tables):
+    """Files claiming every schema version from 0 to the current + 1, with and without the
+    tables: a command that refuses one (exit 2, one line) has not changed a byte of it, nor
+    left a file beside it. Without tables only version 0 (an empty database) becomes a
+    store; a newer version than this code's is refused by every command that writes."""
+    from cs336sys.store import schema
+
+    source = tmp_path / "source.db"
+    assert invoke("plan", "--size", "tiny", "--strategy", "dp", "--n", "2", "--db",
+                  source).exit_code == 0
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    writers = [["plan", "--size", "tiny", "--strategy", "dp", "--n", "2", "--db", "{f}"],
+               ["db", "merge", source, "--db", "{f}"]]
+    readers = [["db", "merge", "{f}", "--db", tmp_path / "into.db"], ["sql", "SELECT 1", "--db", "{f}"]]
+    for command in [*writers, *readers]:
+        claims = _claiming(folder / "claims.db", version, tables)
+        before = _digest(folder)
+        result = invoke(*[str(a).replace("{f}", str(claims)) for a in command])
+        if (not tables and version > 0) or (command in writers and version > schema.SCHEMA_VERSION):
+            assert result.exit_code == 2, (command, result.output)
+        if result.exit_code == 2:
+            assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+            assert _digest(folder) == before, command
+        for p in folder.iterdir():
+            p.unlink()

@@ -103,6 +103,10 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
             conn = open_untouched(path)
             try:
                 problem = None if _no_tables(conn) else store_problem(conn)
+                if problem is None and schema.version(conn):  # tables or none, it claims some
+                    problem = (store_problem(conn) and
+                               f"claims cs336sys's schema version {schema.version(conn)} but "
+                               f"lacks its tables")
                 if writing and problem is None:
                     problem = _unwritable(conn)
             finally:
