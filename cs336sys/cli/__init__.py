@@ -39,6 +39,9 @@ class Root(TyperGroup):
         super().__init__(*args, **kwargs)
         for command in (self, *_every_command(self)):
             command.help = examples_verbatim(command.help)
+            for param in getattr(command, "params", ()):
+                if _takes_an_int(param):
+                    param.callback = _bounded(param.callback)
 
     def parse_args(self, ctx, args):  # noqa: ANN001, ANN201 (click's signature)
         from cs336sys.cli import common
@@ -80,6 +83,36 @@ def _one_line_errors():  # noqa: ANN202
         line = ClickException(exc.format_message())
         line.exit_code = exc.exit_code
         raise line from None
+
+
+def _takes_an_int(param) -> bool:  # noqa: ANN001
+    """An option of one integer (`int` or `int | None`): every one passes `_bounded`."""
+    import types
+    import typing
+
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if annotation is int:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return set(typing.get_args(annotation)) == {int, type(None)}
+    return False
+
+
+def _bounded(callback):  # noqa: ANN001, ANN202
+    """The one guard of every integer option, whatever command declares it: a value past
+    2^62 either way is refused in one line (exit 2) as it is parsed, before any check or
+    write; torch takes sizes, counts and seeds as 64-bit integers."""
+    from cs336sys.cli.common import as_typed
+    from cs336sys.sweep.points import MAX_SIZE
+
+    def check(ctx, param, value):  # noqa: ANN001, ANN202
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SIZE:
+            # the words of sweep/points.check_size, which the spec functions say it in
+            usage = {cls.__name__: cls for cls in typer.BadParameter.__mro__}["UsageError"]
+            raise usage(as_typed(f"{param.opts[0]}: {value} is too large (at most 2^62)"), ctx=ctx)
+        return callback(ctx, param, value) if callback is not None else value
+
+    return check
 
 
 def _every_command(group):  # noqa: ANN001, ANN202
