@@ -51,6 +51,7 @@ class Root(TyperGroup):
             command_path,
             rewrite,
             typed_spellings,
+            value_options,
         )
 
         path = command_path(self, args)
@@ -59,7 +60,8 @@ class Root(TyperGroup):
             command = command.commands[name]
         common.TYPED.clear()
         common.TYPED.update(typed_spellings(command, args[len(path):], aliases_for(path)))
-        return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path)))
+        return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path),
+                                               values=value_options(command)))
 
     def make_context(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
         with _one_line_errors():

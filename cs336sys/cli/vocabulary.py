@@ -78,14 +78,32 @@ def bare_values_for(path: Sequence[str]) -> dict[str, str]:
     return BARE_VALUES.get(" ".join(path), {})
 
 
+def value_options(command: Any) -> dict[str, int]:
+    """Every name of each option of `command` that takes values -> how many (its nargs):
+    the token after such a name is a value, never an option to rewrite."""
+    out: dict[str, int] = {}
+    for param in getattr(command, "params", []):
+        if getattr(param, "param_type_name", None) == "option" and not getattr(param, "is_flag", False):
+            for name in (*param.opts, *getattr(param, "secondary_opts", ())):
+                out[name] = max(1, param.nargs)
+    return out
+
+
 def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
-            bare: dict[str, str] | None = None) -> list[str]:
+            bare: dict[str, str] | None = None, values: dict[str, int] | None = None) -> list[str]:
     """`args` with old spellings (`--steps 5`, `--steps=5`) replaced by the new ones, and the
     `bare` flags given without a value followed by the value they mean; stops at `--`. Each
-    old spelling used is named once on stderr."""
+    old spelling used is named once on stderr. A token that is the value of an option
+    (`values`: the names that take values, and how many) passes untouched, whatever it looks
+    like: `--label --steps` stores the label `--steps`."""
     out, said = [], set()
-    bare = bare or {}
+    bare, values = bare or {}, values or {}
+    pending = 0  # values still owed to the option before
     for i, token in enumerate(args):
+        if pending:
+            pending -= 1
+            out.append(token)
+            continue
         if token == "--":
             out.extend(args[i:])
             break
@@ -94,9 +112,13 @@ def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
             out.append(token)
             if following is None or following.startswith("-"):
                 out.append(bare[token])
+            else:
+                pending = 1
             continue
         name, eq, value = token.partition("=")
         new = aliases.get(name) if name.startswith("--") else None
+        if not eq:
+            pending = values.get(new or name, 0)
         if new is None:
             out.append(token)
             continue
