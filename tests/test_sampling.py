@@ -186,8 +186,8 @@ def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypa
     from tests.conftest import invoke, query
 
     checked = []
-    real = attention._checked
-    monkeypatch.setattr(attention, "_checked",
+    real = attention.checked
+    monkeypatch.setattr(attention, "checked",
                         lambda spec, *a: checked.append(spec.check_round) or real(spec, *a))
     db = tmp_path / "r.db"
     result = invoke("attention", "--impl", "naive,sdpa", "--seq", "32", "--d-head", "16",

@@ -1,5 +1,6 @@
-"""What a wrong attention kernel computes instead: its output checked against the likely
-alternatives, so that a failed check says what the code does, not only that it differs.
+"""The check of an attention point against float64, and what a wrong kernel computes
+instead: its output checked against the likely alternatives, so that a failed check says
+what the code does, not only that it differs.
 
     non-causal     the causal mask is missing (is_causal ignored)
     causal         a causal mask that was not asked for
@@ -18,6 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.measure.check import Verdict, check
+
+# The check of every point, elementwise as torch.allclose: |x - ref| <= atol + rtol·|ref|,
+# against a float64 reference from the same (rounded) inputs. fp32: the course's tests'
+# tolerance, 1e-2, loose enough for TF32 matmuls (Triton's tl.dot default); fp16 the same.
+# bf16 has 3 mantissa bits fewer than fp16 (8x its rounding error): 5e-2. Measured on CPU
+# (benchmarks/check_tolerances.py: B1 H4 T256-1024 d64, causal), the largest
+# |x - ref| - 0.01·|ref| of naive, sdpa and flash-torch is about 1e-2 in bf16 and 6e-4 in fp16
+# (fp32: under 1e-6). A wrong kernel (no scale, a shifted mask, a stale max) is off by 0.1-1.
+CHECK_TOLERANCE = {"fp32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
 
 # The implementation that may ignore is_causal: the course's PyTorch FlashAttention.
 MAY_IGNORE_CAUSAL = ("yours-torch",)
@@ -80,3 +90,26 @@ def judged(impl: str, causal: bool, verdict: Verdict, found: tuple[Alternative, 
     why = f"wrong: {detail}; {verdict.why.removeprefix('wrong: ')}" if verdict.why else detail
     return Verdict(False, {**verdict.metrics, "check_detail": detail}, why), {}
 
+
+def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
+            metrics: dict[str, Any]) -> Verdict:
+    """The verdict of an attention point (experiments/attention.AttentionSpec): O, and the
+    gradients q, k, v hold when `dout` is given, against a float64 reference, with what a
+    failing kernel computes instead (`judged`); its figures go into `metrics`. A later round of an interleaved point is not checked
+    again: its first round's verdict stands (a passing Verdict here, no metrics)."""
+    import torch
+
+    from cs336sys.attention.reference import attention_reference
+
+    if not spec.check_round:
+        return Verdict(True)
+    ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout, dtype=torch.float64)
+    got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if dout is not None else {})}
+    want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
+    verdict = check(got, want, *CHECK_TOLERANCE[spec.precision])
+    if not verdict.passed:
+        found = diagnose(got, q, k, v, dout, spec.causal, CHECK_TOLERANCE[spec.precision])
+        verdict, computed = judged(spec.impl, spec.causal, verdict, found)
+        metrics.update(computed)
+    metrics.update(verdict.metrics)
+    return verdict

@@ -12,27 +12,22 @@ FLOPs follow the FlashAttention-2 paper's convention (Dao 2023, §4.1): 4·B·H�
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in
-from cs336sys.attention.diagnosis import diagnose, judged
+from cs336sys.attention.diagnosis import checked
 from cs336sys.experiments import attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
-from cs336sys.measure.check import check
+from cs336sys.experiments.attention_section import TABLE
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
-    HOST_BOUND,
-    Column,
     Experiment,
-    Ratio,
-    Table,
     launch,
     metric_table,
-    setting_columns,
     settings_keys,
     timing,
 )
@@ -61,15 +56,6 @@ SDPA_BACKENDS = ("auto", "flash", "efficient", "math", "cudnn")
 FLASH_IMPLS = ("flash-torch", "triton")
 FLASH_D_RANGE = (16, 128)
 TRITON_IMPLS = ("triton", "yours-triton")  # they need CUDA or Triton's interpreter
-
-# The check of every point, elementwise as torch.allclose: |x - ref| <= atol + rtol·|ref|,
-# against a float64 reference from the same (rounded) inputs. fp32: the course's tests'
-# tolerance, 1e-2, loose enough for TF32 matmuls (Triton's tl.dot default); fp16 the same.
-# bf16 has 3 mantissa bits fewer than fp16 (8x its rounding error): 5e-2. Measured on CPU
-# (benchmarks/check_tolerances.py: B1 H4 T256-1024 d64, causal), the largest
-# |x - ref| - 0.01·|ref| of naive, sdpa and flash-torch is about 1e-2 in bf16 and 6e-4 in fp16
-# (fp32: under 1e-6). A wrong kernel (no scale, a shifted mask, a stale max) is off by 0.1-1.
-CHECK_TOLERANCE = {"fp32": (1e-2, 1e-2), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
 
 _BACKEND_NAMES = {
     "FLASH_ATTENTION": "flash",
@@ -354,7 +340,7 @@ def run(spec: AttentionSpec) -> Result:
             metrics["triton_kernels"] = kernels_ran(backward)
         # The float64 reference only after memory was read, so its tensors never count.
         out = out.detach()
-        verdict = _checked(spec, out, q, k, v, dout if backward else None, metrics)
+        verdict = checked(spec, out, q, k, v, dout if backward else None, metrics)
         del out
         q.grad = k.grad = v.grad = None
         if on_cuda:  # the peak is that of the timed passes: inputs, activations, gradients
@@ -396,31 +382,6 @@ def run(spec: AttentionSpec) -> Result:
                   samples={**samples, **{k: v for k, v in host.items() if v}})
 
 
-def _checked(spec: AttentionSpec, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
-             metrics: dict[str, Any]) -> Any:
-    """The verdict of O (and the gradients q, k, v hold, when `dout` is given) against a
-    float64 reference, with what a failing kernel computes instead (attention/diagnosis.py);
-    its figures go into `metrics`. A later round of an interleaved point is not checked
-    again: its first round's verdict stands (a passing Verdict here, no metrics)."""
-    import torch
-
-    from cs336sys.attention.reference import attention_reference
-    from cs336sys.measure.check import Verdict
-
-    if not spec.check_round:
-        return Verdict(True)
-    ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout, dtype=torch.float64)
-    got = {"O": out, **({"dQ": q.grad, "dK": k.grad, "dV": v.grad} if dout is not None else {})}
-    want = {"O": ref_o, **dict(zip(("dQ", "dK", "dV"), ref_grads or (), strict=False))}
-    verdict = check(got, want, *CHECK_TOLERANCE[spec.precision])
-    if not verdict.passed:
-        found = diagnose(got, q, k, v, dout, spec.causal, CHECK_TOLERANCE[spec.precision])
-        verdict, computed = judged(spec.impl, spec.causal, verdict, found)
-        metrics.update(computed)
-    metrics.update(verdict.metrics)
-    return verdict
-
-
 def _time(spec, fn, grads, host: list[float]) -> list[float]:
     from cs336sys.measure.timing import time_do_bench, time_loop
 
@@ -444,84 +405,6 @@ def _interpreted(impl: str) -> bool:
 
 
 # -- the declaration ------------------------------------------------------------------------
-
-
-def _impl(row: Mapping[str, Any]) -> str:
-    """The implementation, with the SDPA backend or the opt-in Triton kernels that ran, and an
-    interpreter mark."""
-    impl = str(row.get("impl"))
-    if row.get("sdpa_backend_used"):
-        impl += f"[{row['sdpa_backend_used']}]"
-    if row.get("triton_kernels") not in (None, "pointer"):
-        impl += f"[{row['triton_kernels']}]"
-    return impl + (" (interp.)" if row.get("interpreted") else "")
-
-
-def _main_ms(row: Mapping[str, Any]) -> float | None:
-    """What a point is compared by: end-to-end time, else forward, else backward."""
-    return row.get("e2e_ms_mean") or row.get("fwd_ms_mean") or row.get("bwd_ms_mean")
-
-
-def _tflops(row: Mapping[str, Any]) -> float | None:
-    return row.get("tflops_e2e") or row.get("tflops_fwd") or row.get("tflops_bwd")
-
-
-def _max_err(row: Mapping[str, Any]) -> float | None:
-    if row.get("max_err") is None:
-        return None
-    return max(row["max_err"], row.get("max_err_grad") or 0.0)
-
-
-def _check(row: Mapping[str, Any]) -> str | None:
-    """The verdict, marked when the point passed against non-causal attention."""
-    if row.get("check") is None:
-        return None
-    return row["check"] + (" (non-causal)" if row.get("not_compared") else "")
-
-
-def _impossible(row: Mapping[str, Any]) -> str | None:
-    """'bwd > e2e' where a part, timed in its own loop, took longer than the forward and
-    backward together beyond the spread of both (the part's 10th percentile above the
-    whole's 90th): the machine was busy while one of them ran, and neither figure holds."""
-    def lo(name: str) -> float | None:
-        return row.get(f"{name}_p10") or row.get(f"{name}_median")
-
-    def hi(name: str) -> float | None:
-        return row.get(f"{name}_p90") or row.get(f"{name}_median")
-
-    whole = hi("e2e_ms")
-    parts = [p for p in ("fwd", "bwd") if whole and (lo(f"{p}_ms") or 0) > whole]
-    return " ".join(f"{p} > e2e" for p in parts) or None
-
-
-TABLE = Table(
-    "Latency (mean ± std), memory held before backward, throughput, error",
-    (
-        Column("impl", "impl", cell=_impl, setting=True),
-        *setting_columns("d=d_head seq heads batch precision pass"),
-        Column("fwd ms", "fwd_ms", "mean_std"),
-        Column("bwd ms", "bwd_ms", "mean_std"),
-        Column("e2e ms", "e2e_ms", "mean_std"),
-        Column("mem before bwd MiB", "mem_before_bwd_bytes", "mib"),
-        Column("TFLOP/s", cell=_tflops, fmt="num"),
-        Column("max err", cell=_max_err, fmt="sci"),
-        Column("check", "check", cell=_check, optional=True,
-               note="check: pass when every element is within atol + rtol·|ref| (1e-2 in fp32 "
-               "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared). "
-               "pass (non-causal): your PyTorch FlashAttention ignores is_causal, as the "
-               "handout allows; it is checked against non-causal attention and its times are "
-               "not compared with causal points (--no-causal measures it)."),
-        Column("impossible", cell=_impossible, optional=True,
-               note="impossible: a part (fwd, bwd), timed apart, took longer than forward and "
-               "backward together beyond the spread of both samples: the machine was busy "
-               "while one ran; measure the point again."),
-        Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
-                                       ("impl", "sdpa_backend", "triton_opt_in"))),
-        HOST_BOUND,
-    ),
-    note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "
-    "a float64 reference. vs naive: naive's time over this one at the same shape.",
-)
 
 EXPERIMENT = Experiment(
     kind="attention",

@@ -1,11 +1,16 @@
-"""The attention experiment's report section beyond its declared table: latency and memory
-against sequence length (FlashAttention-2 paper, Fig. 4-5 style, log-log), one panel per
-head dim; interpreted Triton points have a table of their own (APART)."""
+"""What the attention experiment shows: its declared table (the cells it derives from a row)
+and its report section beyond it: latency and memory against sequence length
+(FlashAttention-2 paper, Fig. 4-5 style, log-log), one panel per head dim; interpreted Triton
+points have a table of their own (APART)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from cs336sys.report.plots import Plot
 from cs336sys.report.sections import Row, Section, add_plot, panels
+from cs336sys.sweep.declaration import HOST_BOUND, Column, Ratio, Table, setting_columns
 
 
 def interpreted(r: Row) -> bool:
@@ -38,3 +43,81 @@ def section(sec: Section, pts: list[Row]) -> None:
 # Points shown in a table of their own: (which, title suffix).
 APART = (interpreted, " — Triton interpreted (TRITON_INTERPRET=1): the CPU emulates the kernel, "
          "so these times are not comparable to native ones")
+
+
+def _impl(row: Mapping[str, Any]) -> str:
+    """The implementation, with the SDPA backend or the opt-in Triton kernels that ran, and an
+    interpreter mark."""
+    impl = str(row.get("impl"))
+    if row.get("sdpa_backend_used"):
+        impl += f"[{row['sdpa_backend_used']}]"
+    if row.get("triton_kernels") not in (None, "pointer"):
+        impl += f"[{row['triton_kernels']}]"
+    return impl + (" (interp.)" if row.get("interpreted") else "")
+
+
+def _main_ms(row: Mapping[str, Any]) -> float | None:
+    """What a point is compared by: end-to-end time, else forward, else backward."""
+    return row.get("e2e_ms_mean") or row.get("fwd_ms_mean") or row.get("bwd_ms_mean")
+
+
+def _tflops(row: Mapping[str, Any]) -> float | None:
+    return row.get("tflops_e2e") or row.get("tflops_fwd") or row.get("tflops_bwd")
+
+
+def _max_err(row: Mapping[str, Any]) -> float | None:
+    if row.get("max_err") is None:
+        return None
+    return max(row["max_err"], row.get("max_err_grad") or 0.0)
+
+
+def _check(row: Mapping[str, Any]) -> str | None:
+    """The verdict, marked when the point passed against non-causal attention."""
+    if row.get("check") is None:
+        return None
+    return row["check"] + (" (non-causal)" if row.get("not_compared") else "")
+
+
+def _impossible(row: Mapping[str, Any]) -> str | None:
+    """'bwd > e2e' where a part, timed in its own loop, took longer than the forward and
+    backward together beyond the spread of both (the part's 10th percentile above the
+    whole's 90th): the machine was busy while one of them ran, and neither figure holds."""
+    def lo(name: str) -> float | None:
+        return row.get(f"{name}_p10") or row.get(f"{name}_median")
+
+    def hi(name: str) -> float | None:
+        return row.get(f"{name}_p90") or row.get(f"{name}_median")
+
+    whole = hi("e2e_ms")
+    parts = [p for p in ("fwd", "bwd") if whole and (lo(f"{p}_ms") or 0) > whole]
+    return " ".join(f"{p} > e2e" for p in parts) or None
+
+
+TABLE = Table(
+    "Latency (mean ± std), memory held before backward, throughput, error",
+    (
+        Column("impl", "impl", cell=_impl, setting=True),
+        *setting_columns("d=d_head seq heads batch precision pass"),
+        Column("fwd ms", "fwd_ms", "mean_std"),
+        Column("bwd ms", "bwd_ms", "mean_std"),
+        Column("e2e ms", "e2e_ms", "mean_std"),
+        Column("mem before bwd MiB", "mem_before_bwd_bytes", "mib"),
+        Column("TFLOP/s", cell=_tflops, fmt="num"),
+        Column("max err", cell=_max_err, fmt="sci"),
+        Column("check", "check", cell=_check, optional=True,
+               note="check: pass when every element is within atol + rtol·|ref| (1e-2 in fp32 "
+               "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared). "
+               "pass (non-causal): your PyTorch FlashAttention ignores is_causal, as the "
+               "handout allows; it is checked against non-causal attention and its times are "
+               "not compared with causal points (--no-causal measures it)."),
+        Column("impossible", cell=_impossible, optional=True,
+               note="impossible: a part (fwd, bwd), timed apart, took longer than forward and "
+               "backward together beyond the spread of both samples: the machine was busy "
+               "while one ran; measure the point again."),
+        Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
+                                       ("impl", "sdpa_backend", "triton_opt_in"))),
+        HOST_BOUND,
+    ),
+    note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "
+    "a float64 reference. vs naive: naive's time over this one at the same shape.",
+)

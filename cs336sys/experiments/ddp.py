@@ -33,23 +33,20 @@ per rank: the row has rank 0's, and the max over ranks of the step's peak.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import ddp_section, ddp_yours
-from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS, shares_cell  # noqa: F401
+from cs336sys.experiments.ddp_section import TABLE, label
+from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS, SHARDINGS  # noqa: F401
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset
 from cs336sys.sweep.declaration import (
-    HOST_BOUND,
-    Column,
     Experiment,
     Metric,
-    Ratio,
-    Table,
     launch,
     metric_table,
     timing,
@@ -429,51 +426,9 @@ def _param_spread(setup) -> float | None:
 # -- the declaration ------------------------------------------------------------------------
 
 
-def label(row: Mapping[str, Any]) -> str:
-    """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding (the
-    user's: `+yours sharded opt`)."""
-    out = str(row.get("impl")) + (f" {row['bucket_mb']:g}MiB" if row.get("bucket_mb") else "")
-    sharding = row.get("optimizer_sharding") or "none"
-    named = {"own": " +sharded opt", "zero": " +ZeRO", "none": ""}
-    return out + named.get(sharding, f" +{sharding} sharded opt")
-
-
 def label_of(spec: DDPSpec) -> str:
     return label(spec.settings())
 
-
-TABLE = Table(
-    "Step time, exposed communication and memory per rank",
-    (
-        Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "optimizer_sharding")),
-        Column("ranks", "world_size", setting=True),
-        Column("precision", "precision", setting=True),
-        Column("step ms", "step_ms", "mean_std"),
-        Column("comm ms", "comm_ms", "mean_std"),
-        Column("comm %", "comm_fraction", "pct"),
-        Column("comm MiB/step", "comm_bytes", "mib"),
-        Column("params MiB", "mem_before_opt_params_bytes", "mib"),
-        Column("grads MiB", "mem_before_opt_grads_bytes", "mib"),
-        Column("opt state MiB", "mem_after_opt_opt_state_bytes", "mib"),
-        Column("peak MiB", "mem_peak_bytes", "mib"),
-        Column("check", "check", optional=True,
-               note="check (the user's code): rank 0's first-step gradients and the "
-               "parameters after the timed steps against single-process training of the same "
-               "steps, per tensor |g - g_ref| / |g_ref| and |p - p_ref| / |p_ref - p_0| at "
-               "most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is wrong."),
-        Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
-                                       {"impl": "torch", "optimizer_sharding": "none"},
-                                       ("impl", "bucket_mb", "optimizer_sharding"),
-                                       speedup=False)),
-        Column("rank 0 holds", cell=shares_cell, optional=True,
-               note="rank 0 holds: its share of one whole copy of the parameters and of "
-               "AdamW's state, where the point shards them; NOT SHARDED past 1/N + 10 %."),
-        HOST_BOUND,
-    ),
-    note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "
-    "its collectives is in flight, overlapped with compute or not. Memory is rank 0's. "
-    "vs torch: step time over torch DDP's at the same world size and precision.",
-)
 
 EXPERIMENT = Experiment(
     kind="ddp",

@@ -1,11 +1,16 @@
-"""The ddp experiment's report section beyond its declared table: memory per rank against
-the analytic figure, and the bucket-size sweep."""
+"""What the ddp experiment shows: its declared table, and its report section beyond it:
+memory per rank against the analytic figure, and the bucket-size sweep."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from cs336sys.experiments.ddp_setup import shares_cell
 from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import Row, Section, add_plot, left_out, mib, series, text, with_gpu
+from cs336sys.sweep.declaration import HOST_BOUND, Column, Ratio, Table
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -63,3 +68,46 @@ def _bucket(s: dict) -> str:
 def _sharded(s: dict) -> str:
     sharding = s.get("optimizer_sharding")
     return f"opt {text(sharding)}" if sharding not in (None, "none", "") else ""
+
+
+def label(row: Mapping[str, Any]) -> str:
+    """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding (the
+    user's: `+yours sharded opt`)."""
+    out = str(row.get("impl")) + (f" {row['bucket_mb']:g}MiB" if row.get("bucket_mb") else "")
+    sharding = row.get("optimizer_sharding") or "none"
+    named = {"own": " +sharded opt", "zero": " +ZeRO", "none": ""}
+    return out + named.get(sharding, f" +{sharding} sharded opt")
+
+
+TABLE = Table(
+    "Step time, exposed communication and memory per rank",
+    (
+        Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "optimizer_sharding")),
+        Column("ranks", "world_size", setting=True),
+        Column("precision", "precision", setting=True),
+        Column("step ms", "step_ms", "mean_std"),
+        Column("comm ms", "comm_ms", "mean_std"),
+        Column("comm %", "comm_fraction", "pct"),
+        Column("comm MiB/step", "comm_bytes", "mib"),
+        Column("params MiB", "mem_before_opt_params_bytes", "mib"),
+        Column("grads MiB", "mem_before_opt_grads_bytes", "mib"),
+        Column("opt state MiB", "mem_after_opt_opt_state_bytes", "mib"),
+        Column("peak MiB", "mem_peak_bytes", "mib"),
+        Column("check", "check", optional=True,
+               note="check (the user's code): rank 0's first-step gradients and the "
+               "parameters after the timed steps against single-process training of the same "
+               "steps, per tensor |g - g_ref| / |g_ref| and |p - p_ref| / |p_ref - p_0| at "
+               "most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is wrong."),
+        Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
+                                       {"impl": "torch", "optimizer_sharding": "none"},
+                                       ("impl", "bucket_mb", "optimizer_sharding"),
+                                       speedup=False)),
+        Column("rank 0 holds", cell=shares_cell, optional=True,
+               note="rank 0 holds: its share of one whole copy of the parameters and of "
+               "AdamW's state, where the point shards them; NOT SHARDED past 1/N + 10 %."),
+        HOST_BOUND,
+    ),
+    note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "
+    "its collectives is in flight, overlapped with compute or not. Memory is rank 0's. "
+    "vs torch: step time over torch DDP's at the same world size and precision.",
+)
