@@ -117,8 +117,8 @@ def cell(column: Column, row: Row, spread: bool = True) -> str:
 def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     """Each row's metric against its baseline's: the baseline is the ok row of the same
     point (settings but `vary` equal, same GPU) whose settings match `against`. With
-    `ratio.samples`, the cell carries the ratio's interval and what it says, `1.31× faster
-    (1.22–1.40)`, and `ratio.impossible` may flag it."""
+    `ratio.samples`, the cell carries the ratio's interval and what it says, `2.27× faster
+    (1.65–2.58)`, and `ratio.impossible` may flag it."""
     base: dict[tuple, Row] = {}
     for r in rows:
         s = r["_settings"]
@@ -146,7 +146,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
 
 
 def _interval(ratio: Ratio, base: Row, row: Row) -> str:
-    """` faster (1.22–1.40)`: the ratio's bootstrap interval and its verdict, from the two
+    """` faster (1.65–2.58)`: the ratio's bootstrap interval and its verdict, from the two
     rows' raw samples of `ratio.samples`; '' without them."""
     if not ratio.samples:
         return ""
