@@ -11,6 +11,7 @@ from typing import Any
 
 from cs336sys.measure.stats import STATS, summarize
 from cs336sys.measure.timing import launch_metrics
+from cs336sys.sweep import rounds
 from cs336sys.sweep.result import Result
 
 PHASES = ("fwd", "bwd", "e2e")
@@ -37,26 +38,20 @@ def timed_metrics(samples: dict[str, list[float]], host: dict[str, list[float]],
 
 
 def split(spec: Any) -> list[Any]:
-    """The spec of each round: its share of the timed calls and of the minimum time. The
-    first round checks the implementation against float64; later rounds time it only."""
-    share = dataclasses.replace(spec, iters=-(-spec.iters // spec.rounds),
-                                min_time=spec.min_time / spec.rounds)
-    return [share, *[dataclasses.replace(share, check_round=False)] * (spec.rounds - 1)]
+    """The spec of each round (sweep/rounds.share). The first round checks the
+    implementation against float64; later rounds time it only."""
+    first = rounds.share(spec)
+    return [first, *[dataclasses.replace(first, check_round=False)] * (spec.rounds - 1)]
 
 
 def merge(spec: Any, results: list[Result]) -> Result:
     """One point from its rounds: every round's samples in the order taken and the figures
     from them; the first round's check, memory and what ran; the highest CUDA peak."""
-    first = results[0]
-    keys = dict.fromkeys(k for r in results for k, v in r.samples.items() if isinstance(v, list))
-    samples = {k: [x for r in results for x in r.samples.get(k, [])] for k in keys}
+    samples = rounds.joined(results)
     timed = {k: v for k, v in samples.items() if k.removesuffix("_ms") in PHASES}
     host = {k: v for k, v in samples.items() if k.endswith("_host_ms")}
-    metrics = {**first.metrics, **timed_metrics(timed, host, first.metrics["flops_fwd"],
-                                                spec.device)}
-    peaks = [r.metrics["peak_bytes"] for r in results if r.metrics.get("peak_bytes") is not None]
-    metrics.update(peak_bytes=max(peaks) if peaks else None, rounds_done=len(results))
-    return Result(first.status, metrics=metrics, error=first.error,
-                  samples={**samples, "round_medians": {
-                      k: [r.metrics.get(f"{k}_median") for r in results] for k in timed}},
-                  started=first.started, duration_s=sum(r.duration_s or 0 for r in results))
+    metrics = {**results[0].metrics, **timed_metrics(timed, host, results[0].metrics["flops_fwd"],
+                                                     spec.device),
+               "peak_bytes": rounds.highest(results, "peak_bytes")}
+    return rounds.merged(results, results[0].status, metrics, {**samples, "round_medians": {
+        k: [r.metrics.get(f"{k}_median") for r in results] for k in timed}})

@@ -9,42 +9,36 @@ import dataclasses
 from typing import Any
 
 from cs336sys.measure.stats import flatten
+from cs336sys.sweep import rounds
 from cs336sys.sweep.result import Result
 
 
 def split(spec: Any) -> list[Any]:
-    """The spec of each round: its share of the timed steps and of the minimum time, after
-    its own build, first step and warm-up. Only the first round compiles from an empty cache
-    (the leaderboard's rule, which its wall_s and compile_s stand for); later rounds use the
-    caches as they are."""
-    share = dataclasses.replace(spec, iters=-(-spec.iters // spec.rounds),
-                                min_time=spec.min_time / spec.rounds)
-    return [share, *[dataclasses.replace(share, cold_cache=False)] * (spec.rounds - 1)]
+    """The spec of each round (sweep/rounds.share), after its own build, first step and
+    warm-up. Only the first round compiles from an empty cache (the leaderboard's rule,
+    which its wall_s and compile_s stand for); later rounds use the caches as they are."""
+    first = rounds.share(spec)
+    return [first, *[dataclasses.replace(first, cold_cache=False)] * (spec.rounds - 1)]
 
 
 def merge(spec: Any, results: list[Result]) -> Result:
     """One point from its rounds: the timed samples of every round in the order they were
     taken (their statistics, and the rates from the merged median), the first round's build
     and compile figures (the cold one), the highest peaks, the last round's last loss."""
-    first = results[0]
-    samples = [x for r in results for x in r.samples["step_ms"]]
-    opt = [x for r in results for x in r.samples.get("opt_ms", [])]
-    metrics = {**first.metrics, **flatten("step_ms", samples), **flatten("opt_ms", opt)}
+    samples = rounds.joined(results)
+    metrics = {**results[0].metrics, **flatten("step_ms", samples["step_ms"]),
+               **flatten("opt_ms", samples.get("opt_ms", []))}
     step_s = metrics["step_ms_median"] / 1e3
     metrics.update(tokens_per_s=metrics["tokens_per_step"] / step_s,
                    tflops=metrics["flops_per_step"] / step_s / 1e12,
-                   loss_last=results[-1].metrics["loss_last"], rounds_done=len(results))
+                   loss_last=results[-1].metrics["loss_last"])
     metrics["mfu"] = metrics["tflops"] / metrics["peak_tflops"] if metrics.get("peak_tflops") else None
     for peak in ("peak_allocated_mb", "peak_reserved_mb", "peak_tensor_mb"):
-        values = [r.metrics.get(peak) for r in results if r.metrics.get(peak) is not None]
-        metrics[peak] = max(values) if values else None
-    medians = [r.metrics["step_ms_median"] for r in results]
+        metrics[peak] = rounds.highest(results, peak)
     status = "wrong" if any(r.status == "wrong" for r in results) else "ok"
-    return Result(status, metrics=metrics, error=next((r.error for r in results if r.error), None),
-                  samples={**first.samples, "step_ms": samples, "opt_ms": opt,
-                           "round_medians": medians,
-                           "loss": [v for r in results for v in r.samples.get("loss", [])]},
-                  started=first.started, duration_s=sum(r.duration_s or 0 for r in results))
+    return rounds.merged(results, status, metrics, {
+        **results[0].samples, **samples,
+        "round_medians": [r.metrics["step_ms_median"] for r in results]})
 
 
 def impossible(none: Any, row: Any) -> str | None:
