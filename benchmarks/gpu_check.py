@@ -212,8 +212,13 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
             return "not run", "not run"
         return "not measured", "n/a"
 
-    def figure(value, text, ok, view, where, params, step):
-        return (text, met(ok)) if value is not None else instead(view, where, params, step)
+    def figure(value, judge, view: str, where: str, params: tuple, step: str):
+        """(measured, met) of a target: `judge(value)` -> (text, ok) where there is a figure,
+        else what its step left instead."""
+        if value is None:
+            return instead(view, where, params, step)
+        text, ok = judge(value)
+        return text, met(ok)
 
     def model(size: str, precision: str, column: str):
         return one(conn, f"SELECT {column} FROM model_runs WHERE status = 'ok' AND {recent} AND "
@@ -227,8 +232,13 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
     def met(ok):
         return "n/a" if ok is None else ("met" if ok else "NOT met")
 
-    board = _step("leaderboard: triton")
-    tests_left = "gpu tests" in not_run
+    def both(a, b):
+        return None if None in (a, b) else (a, b)
+
+    board, tests_left = _step("leaderboard: triton"), "gpu tests" in not_run
+    triton, naive = e2e("impl = 'triton'"), e2e("impl = 'naive'")
+    cudnn = e2e("impl = 'sdpa' AND sdpa_backend_used = 'cudnn'")
+    on_board = f"{shape} AND impl = 'triton'"  # the ratios have no figure without triton's
     rows = [
         ("gpu tests under 120 s",
          "not run" if tests_left else "skipped" if tests_s is None else f"{tests_s:.0f} s",
@@ -238,24 +248,17 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
          f"{total_s / 60:.1f} min" + (f", {len(not_run)} steps not run" if not_run else ""),
          "not run" if not_run else met(total_s < CHECK_TARGET_S)),
         (f"leaderboard: triton fwd+bwd under {LEADERBOARD_MS} ms",
-         *figure(triton := e2e("impl = 'triton'"), f"{triton or 0:.3f} ms",
-                 None if triton is None else triton < LEADERBOARD_MS,
-                 "attention_runs", f"{shape} AND impl = 'triton'", (), board)),
+         *figure(triton, lambda t: (f"{t:.3f} ms", t < LEADERBOARD_MS), "attention_runs",
+                 on_board, (), board)),
+        (f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive",
+         *figure(both(triton, naive), lambda tn: (f"{tn[1] / tn[0]:.1f}x", tn[1] / tn[0] >= VS_NAIVE),
+                 "attention_runs", on_board if triton is None else f"{shape} AND impl = 'naive'",
+                 (), board)),
+        ("leaderboard: triton faster than SDPA cuDNN in the same run",
+         *figure(both(triton, cudnn), lambda tc: (f"{tc[0]:.3f} vs {tc[1]:.3f} ms", tc[0] < tc[1]),
+                 "attention_runs", on_board if triton is None else f"{shape} AND impl = 'sdpa'",
+                 (), board if triton is None else _step("leaderboard: SDPA cuDNN"))),
     ]
-    naive = e2e("impl = 'naive'")
-    cudnn = e2e("impl = 'sdpa' AND sdpa_backend_used = 'cudnn'")
-    if triton is None:
-        rows.append((f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive", *rows[-1][1:]))
-        rows.append(("leaderboard: triton faster than SDPA cuDNN in the same run", *rows[-2][1:]))
-    else:
-        rows.append((f"leaderboard: triton at least {VS_NAIVE:g}x faster than naive",
-                     *figure(naive, f"{triton and naive and naive / triton:.1f}x",
-                             None if naive is None else naive / triton >= VS_NAIVE,
-                             "attention_runs", f"{shape} AND impl = 'naive'", (), board)))
-        rows.append(("leaderboard: triton faster than SDPA cuDNN in the same run",
-                     *figure(cudnn, f"{triton:.3f} vs {cudnn or 0:.3f} ms",
-                             None if cudnn is None else triton < cudnn, "attention_runs",
-                             f"{shape} AND impl = 'sdpa'", (), _step("leaderboard: SDPA cuDNN"))))
     # The sweep's worst point: triton's time over SDPA's at the same d and seq (both ok).
     best = ("SELECT d_head, seq, min(e2e_ms_median) AS ms FROM attention_runs WHERE status = 'ok' "
             f"AND {recent} AND heads = 16 AND batch = 1 AND dtype = 'bf16' AND causal = 1 AND "
@@ -263,34 +266,31 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
     worst = first_row(conn, f"SELECT t.d_head, t.seq, t.ms / s.ms FROM ({best}) t JOIN "
                             f"({best}) s USING (d_head, seq) ORDER BY 3 DESC LIMIT 1",
                       since, "triton", since, "sdpa")
-    sweep = _step("attention: triton vs SDPA")
     rows.append((f"attention sweep: no point of triton over {SWEEP_VS_SDPA:g}x SDPA's time",
-                 *((f"worst {worst[2]:.2f}x at d {worst[0]}, seq {worst[1]}",
-                    met(worst[2] <= SWEEP_VS_SDPA)) if worst is not None else
-                   instead("attention_runs", "heads = 16 AND batch = 1 AND impl = 'triton'", (),
-                           sweep))))
-    sizes = _step("model: ")
-    small, big = model("small", "bf16", "launch_bound"), model("2.7B", "fp32", "launch_bound")
-    rows.append(("small bf16 train (batch 4, context 512) is launch-bound",
-                 *figure(small, str(model("small", "bf16", "launch_bound_phases")),
-                         None if small is None else small == 1, "model_runs",
-                         "size = ? AND precision = ? AND mode = 'train'", ("small", "bf16"), sizes)))
-    rows.append(("2.7B fp32 train is not launch-bound",
-                 *figure(big, str(model("2.7B", "fp32", "launch_bound_phases")),
-                         None if big is None else big == 0, "model_runs",
-                         "size = ? AND precision = ? AND mode = 'train'", ("2.7B", "fp32"), sizes)))
+                 *figure(worst, lambda w: (f"worst {w[2]:.2f}x at d {w[0]}, seq {w[1]}",
+                                           w[2] <= SWEEP_VS_SDPA),
+                         "attention_runs", "heads = 16 AND batch = 1 AND impl = 'triton'", (),
+                         _step("attention: triton vs SDPA"))))
+    train = "size = ? AND precision = ? AND mode = 'train'"
+    for size, precision, bound, words in (("small", "bf16", 1, "is launch-bound"),
+                                          ("2.7B", "fp32", 0, "is not launch-bound")):
+        label = "small bf16 train (batch 4, context 512)" if size == "small" else "2.7B fp32 train"
+        rows.append((f"{label} {words}",
+                     *figure(model(size, precision, "launch_bound"),
+                             lambda got, s=size, p=precision, want=bound: (
+                                 str(model(s, p, "launch_bound_phases")), got == want),
+                             "model_runs", train, (size, precision), _step("model: "))))
     every = "switches = 'fused-adamw+fused-ce+flash+compile'"
     mfu = one(conn, f"SELECT mfu FROM step_runs WHERE status = 'ok' AND {recent} AND size = 'xl' "
                     f"AND {every} ORDER BY created DESC", since)
     rows.append((f"step: xl bf16 with every switch at {STEP_MFU:.0%} MFU or more",
-                 *figure(mfu, f"{mfu or 0:.1%}", None if mfu is None else mfu >= STEP_MFU,
-                         "step_runs", f"size = 'xl' AND {every}", (), _step("step: "))))
+                 *figure(mfu, lambda m: (f"{m:.1%}", m >= STEP_MFU), "step_runs",
+                         f"size = 'xl' AND {every}", (), _step("step: "))))
     for size in ("small", "xl"):
-        f, b = profiled(size, "fwd_profiled_ms_mean"), profiled(size, "bwd_profiled_ms_mean")
+        fb = both(profiled(size, "fwd_profiled_ms_mean"), profiled(size, "bwd_profiled_ms_mean"))
         rows.append((f"profile {size}: backward kernel time above forward's",
-                     *figure(None if None in (f, b) else b, f"{b or 0:.1f} vs {f or 0:.1f} ms",
-                             None if None in (f, b) else b > f, "profile_runs", "size = ?",
-                             (size,), _step("profile model"))))
+                     *figure(fb, lambda fb: (f"{fb[1]:.1f} vs {fb[0]:.1f} ms", fb[1] > fb[0]),
+                             "profile_runs", "size = ?", (size,), _step("profile model"))))
     conn.close()
     return rows
 
