@@ -7,6 +7,8 @@ answer at once; commands import what they need inside their bodies.
 from __future__ import annotations
 
 import os
+import types
+import typing
 from contextlib import contextmanager
 from typing import Annotated
 
@@ -17,6 +19,7 @@ from cs336sys import __version__
 from cs336sys.cli.attention import attention
 from cs336sys.cli.browse import browse
 from cs336sys.cli.comm import comm
+from cs336sys.cli.common import as_typed
 from cs336sys.cli.db import db_app
 from cs336sys.cli.ddp import ddp
 from cs336sys.cli.env import env
@@ -28,6 +31,7 @@ from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
 from cs336sys.cli.step import step
+from cs336sys.sweep.points import MAX_SIZE
 
 
 class Root(TyperGroup):
@@ -89,9 +93,6 @@ def _one_line_errors():  # noqa: ANN202
 
 def _takes_an_int(param) -> bool:  # noqa: ANN001
     """An option of one integer (`int` or `int | None`): every one passes `_bounded`."""
-    import types
-    import typing
-
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     if annotation is int:
         return True
@@ -104,9 +105,6 @@ def _bounded(callback):  # noqa: ANN001, ANN202
     """The one guard of every integer option, whatever command declares it: a value past
     2^62 either way is refused in one line (exit 2) as it is parsed, before any check or
     write; torch takes sizes, counts and seeds as 64-bit integers."""
-    from cs336sys.cli.common import as_typed
-    from cs336sys.sweep.points import MAX_SIZE
-
     def check(ctx, param, value):  # noqa: ANN001, ANN202
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SIZE:
             # the words of sweep/points.check_size, which the spec functions say it in

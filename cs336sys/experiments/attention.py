@@ -236,7 +236,7 @@ def _unimplemented(name: str) -> bool:
     adapters, entry = yours.active(), yours.entries("attention").get(name)
     if adapters is None or entry is None or yours.target("attention", name) is not None:
         return False
-    return adapters.has(entry) and not adapters.implements(entry)
+    return adapters.unfinished(entry)
 
 
 def flops_forward(spec: AttentionSpec) -> float:

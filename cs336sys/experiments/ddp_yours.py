@@ -118,6 +118,6 @@ def not_implemented(spec: Any) -> str | None:
     if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:
         wanted.append(yours.entries("optimizer")["yours"])
     for entry in wanted:
-        if adapters.has(entry) and not adapters.implements(entry):
+        if adapters.unfinished(entry):
             return f"{entry.functions[0]} is not implemented in {adapters.shown}"
     return None

@@ -151,6 +151,11 @@ class Adapters:
         """The entry's getter is defined and is more than `raise NotImplementedError`."""
         return self.functions.get(entry.functions[0], False)
 
+    def unfinished(self, entry: Entry) -> bool:
+        """The entry's getter is defined and is only `raise NotImplementedError` (its
+        points are `skipped`, read from the file without running it)."""
+        return self.has(entry) and not self.implements(entry)
+
     @property
     def generation(self) -> str:
         """Which course generation's DDP functions the file has: 2026, 2025, both, or None."""
