@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DRIFT = 0.03  # |drift| past this is flagged
@@ -46,14 +46,6 @@ class Enough:
         if count >= max(self.max_count, self.min_count):
             return True
         return count >= self.min_count and sum(samples_ms) / 1e3 >= self.min_seconds
-
-
-def take(sample: Callable[[], float], enough: Enough) -> list[float]:
-    """Samples (ms) of `sample()` until `enough` says so."""
-    out: list[float] = []
-    while not enough(out):
-        out.append(sample())
-    return out
 
 
 def drift(samples: Sequence[float]) -> float | None:
