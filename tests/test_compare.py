@@ -21,7 +21,7 @@ from cs336sys.measure.significance import (
     ranks,
 )
 from cs336sys.report import history as history_mod
-from cs336sys.report.compare import direction, timed_samples
+from cs336sys.report.change import direction, timed_samples
 from tests.conftest import invoke
 from tests.report_fixture import build as build_fixture
 

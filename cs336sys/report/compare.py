@@ -39,16 +39,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import sqlite3
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.measure.significance import ALPHA, THRESHOLD, judge
-from cs336sys.report.sections import Figure, Row, Table, compared, num, point_labels, skey
+from cs336sys.measure.significance import ALPHA, THRESHOLD
+from cs336sys.report.change import Change, Metric, Side, aggregate, assess, metrics
+from cs336sys.report.sections import Figure, Row, Table, num, point_labels
 from cs336sys.report.select import (
     Selection,
     SelectionError,
@@ -76,182 +75,6 @@ def method(threshold: float = THRESHOLD) -> str:
 
 
 METHOD = method()
-
-
-@dataclass(frozen=True)
-class Metric:
-    """The metric an experiment declares for comparison (sweep/declaration.py, `compare`)."""
-
-    name: str  # the declared name: a timed base (step_ms) or a single reading (peak_bytes)
-    label: str  # "step ms"
-    column: str  # the view column holding each run's value: step_ms_mean, peak_bytes
-    unit: str
-    timed: bool  # a statistic over timed samples (else one reading per run)
-
-    @property
-    def words(self) -> tuple[int, str, str]:
-        """(+1 higher is better, -1 lower is better, 0 unknown; word for up; word for down)."""
-        return direction(self.unit)
-
-
-def metrics(catalog: Sequence[Any]) -> dict[str, Metric]:
-    """experiment -> the metric it declares for comparison."""
-    out = {}
-    for e in catalog:
-        if e.compare is not None:
-            label, column, unit, lo, _hi = e.compare_columns()
-            out[e.kind] = Metric(e.compare, label, column, unit, timed=lo is not None)
-    return out
-
-
-_TIME = {"ns", "us", "µs", "ms", "s"}
-_BYTES = {"bytes", "B", "KB", "MB", "GB", "KiB", "MiB", "GiB"}
-
-
-def direction(unit: str) -> tuple[int, str, str]:
-    """What up and down mean for a metric in `unit`: time and memory are better lower, rates
-    (anything per second: TFLOP/s, GB/s, tokens/s) better higher."""
-    if unit in _TIME:
-        return -1, "slower", "faster"
-    if unit in _BYTES:
-        return -1, "bigger", "smaller"
-    if unit.endswith("/s"):
-        return 1, "faster", "slower"
-    return 0, "higher", "lower"
-
-
-def timed_samples(samples: Any, name: str) -> list[float]:
-    """The timed samples of the metric `name` in a run's samples JSON (see the module
-    docstring for the layouts); [] when there are none."""
-    if isinstance(samples, (str, bytes)):
-        try:
-            samples = json.loads(samples)
-        except ValueError:
-            return []
-    if not isinstance(samples, dict):
-        return []
-    if _numbers(samples.get(name)):
-        return [float(v) for v in samples[name]]
-    ranks = samples.get("ranks")
-    if isinstance(ranks, list) and ranks and all(isinstance(r, dict) for r in ranks):
-        base = name.removesuffix("_ms")
-        per = [r.get(base, r.get(name)) for r in ranks]
-        if all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
-            return [float(max(step)) for step in zip(*per, strict=True)]
-    per = [v for k, v in samples.items() if re.fullmatch(r"rank\d+", k)]
-    if per and all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
-        return [sum(step) / len(step) for step in zip(*per, strict=True)]
-    return []
-
-
-def _numbers(v: Any) -> bool:
-    return (
-        isinstance(v, list)
-        and bool(v)
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-    )
-
-
-@dataclass
-class Side:
-    """A point on one side: its runs' values, their pooled timed samples, and each run's
-    median (the unit of the test when the point ran more than once)."""
-
-    row: Row  # the latest run (names the point)
-    values: list[float] = field(default_factory=list)  # one per run: the column's value
-    samples: list[float] = field(default_factory=list)  # raw timed samples, every run's
-    runs: list[float] = field(default_factory=list)  # one per run with samples: its median
-
-    def add(self, r: Row, metric: Metric) -> None:
-        """One more ok run of the point (the latest names it)."""
-        self.row = r
-        self.values.append(float(r[metric.column]))
-        if metric.timed:
-            mine = timed_samples(r.get("_samples"), metric.name)
-            self.samples += mine
-            if mine:
-                self.runs.append(statistics.median(mine))
-
-
-def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tuple, Side]:
-    """Per point (GPU unless by_gpu=False, settings): the ok runs' values and samples."""
-    out: dict[tuple, Side] = {}
-    for r in rows:
-        if not compared(r) or r.get(metric.column) is None:
-            continue
-        key = (r.get("gpu") if by_gpu else None, skey(r))
-        out.setdefault(key, Side(r)).add(r, metric)
-    return out
-
-
-@dataclass(frozen=True)
-class Change:
-    """One point, A against B."""
-
-    experiment: str
-    point: str  # the settings that tell it apart from the other compared points
-    metric: Metric
-    a: float
-    b: float
-    ratio: float | None  # b / a
-    p: float | None
-    n_a: int  # samples (or runs, for single readings)
-    n_b: int
-    verdict: str  # "1.23x slower", "unchanged", "too few samples to tell", ...
-    kind: str  # "regression", "improvement", "unchanged", "undecided"; "changed" (no direction)
-    how: str  # "p=0.002", "p<0.001", "one reading", "no samples"
-    one_run_a_side: bool = False  # tested on the pooled samples of a single run per side
-
-    @property
-    def factor(self) -> float:
-        """max(B/A, A/B): 1.25 for both 1.25x slower and 1.25x faster."""
-        if not self.ratio:
-            return float("inf")
-        return max(self.ratio, 1 / self.ratio)
-
-    @property
-    def percent(self) -> float:
-        """How much worse or better, in percent of the label's factor: 1.12x slower is 12."""
-        return 100 * (self.factor - 1)
-
-
-def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
-           threshold: float = THRESHOLD) -> Change:
-    """B against A for one point: the verdict and whether it is a regression.
-
-    The test's unit: where either side ran the point more than once, each run's median (a
-    second run of the same code drifts by more than its steps scatter within a run: 8-18 %
-    between single runs on a shared 2-core VM, all p < 0.01 on the pooled samples); else the
-    pooled timed samples of the one run a side."""
-    sign, up, down = metric.words
-    tested = metric.timed and bool(a.samples) and bool(b.samples)
-    by_runs = tested and max(len(a.runs), len(b.runs)) > 1
-    if by_runs:
-        xa, xb = a.runs, b.runs
-    else:
-        xa, xb = (a.samples, b.samples) if tested else (a.values, b.values)
-    j = judge(xa, xb, tested=tested, threshold=threshold)
-    if tested:
-        how = "p<0.001" if j.p < 0.001 else f"p={j.p:.3f}"
-        how += f" ({len(xa)} vs {len(xb)} runs)" if by_runs else ""
-    else:
-        how = "no samples" if metric.timed else "one reading"
-    outcome, reason = j.outcome, j.reason
-    if by_runs and reason == "too few samples to tell":
-        reason = "too few runs to tell"
-    if metric.timed and not tested and outcome in ("up", "down"):
-        outcome, reason = "unknown", "no samples to tell"
-    if outcome in ("up", "down"):
-        factor = max(j.ratio, 1 / j.ratio)
-        verdict = f"{factor:.2f}x {up if outcome == 'up' else down}"
-        better = (outcome == "up") == (sign > 0)
-        kind = "changed" if sign == 0 else "improvement" if better else "regression"
-    elif outcome == "same":
-        verdict, kind = "unchanged", "unchanged"
-    else:
-        verdict, kind = reason, "undecided"
-    return Change(experiment, point, metric, j.a, j.b, j.ratio, j.p,
-                  len(xa), len(xb), verdict, kind, how, one_run_a_side=tested and not by_runs)
 
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:

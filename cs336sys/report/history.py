@@ -1,7 +1,7 @@
 """`report --history`: each point's compared metric across commits, with its steps marked.
 
 A point (experiment, GPU, settings) measured at two commits or more has a history: per
-commit, the median of the experiment's compared metric (report/compare.py: step time for
+commit, the median of the experiment's compared metric (report/change.py: step time for
 model, end-to-end time for attention, ...) over the raw timed samples of the point's runs
 at that commit. Commits go in the time order of their first run in the selection; a dirty
 checkout is a commit of its own (`abc1234-dirty`), since it measured other code. A run of
@@ -28,14 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
-from cs336sys.report.compare import (
-    Change,
-    Metric,
-    Side,
-    assess,
-    metrics,
-    text_table,
-)
+from cs336sys.report.change import Change, Metric, Side, assess, metrics
+from cs336sys.report.compare import text_table
 from cs336sys.report.sections import (
     Figure,
     Row,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cs336sys.measure.sampling import drifted, ratio_interval, verdict
-from cs336sys.report.compare import timed_samples
+from cs336sys.report.change import timed_samples
 from cs336sys.report.sections import (
     Row,
     Table,
