@@ -8,7 +8,7 @@ For a machine where torch and Triton are installed already and nothing can be do
    - triton against SDPA (cuDNN where SDPA picks it) over head dims 16..128 and sequences
      1k..64k, bf16, causal, 16 heads, do_bench;
    - the leaderboard shape: triton and naive, then SDPA's cuDNN and flash backends by name;
-   - the model sweep small..2.7B x fp32/bf16 x forward/forward-backward/train at context 512;
+   - the model sweep small..xl (the 2026 handout's sizes) x fp32/bf16 x forward/forward-backward/train at context 512;
    - memory for xl at context 128 and 2048;
    - profile model for small and xl in bf16;
    - the training step of xl (context 512, batch 4) with each optimisation alone and all;
@@ -56,8 +56,8 @@ STEPS = [  # (what, cs336sys arguments)
     ("leaderboard: SDPA cuDNN", ["attention", *LEADERBOARD, "--impl", "sdpa", "--sdpa-backend", "cudnn"]),
     ("leaderboard: SDPA flash (FlashAttention-2)",
      ["attention", *LEADERBOARD, "--impl", "sdpa", "--sdpa-backend", "flash"]),
-    ("model: small..2.7B x fp32/bf16 x 3 modes, context 512",
-     ["model", "--size", "small,medium,large,xl,2.7B", "--mode", "forward,forward-backward,train",
+    ("model: small..xl x fp32/bf16 x 3 modes, context 512",
+     ["model", "--size", "small,medium,large,xl", "--mode", "forward,forward-backward,train",
       "--precision", "fp32,bf16", "--seq", "512", "--warmup", "3", "--iters", "6"]),
     ("memory: xl at context 128 and 2048",
      ["memory", "--size", "xl", "--seq", "128,2048", "--mode", "forward,train",
@@ -273,8 +273,8 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
                          _step("attention: triton vs SDPA"))))
     train = "size = ? AND precision = ? AND mode = 'train'"
     for size, precision, bound, words in (("small", "bf16", 1, "is launch-bound"),
-                                          ("2.7B", "fp32", 0, "is not launch-bound")):
-        label = "small bf16 train (batch 4, context 512)" if size == "small" else "2.7B fp32 train"
+                                          ("xl", "fp32", 0, "is not launch-bound")):
+        label = "small bf16 train (batch 4, context 512)" if size == "small" else "xl fp32 train"
         rows.append((f"{label} {words}",
                      *figure(model(size, precision, "launch_bound"),
                              lambda got, s=size, p=precision, want=bound: (

@@ -66,7 +66,7 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
             s.add_run(inv, "attention", "ok", {**shape, "seq": 1024, "impl": impl},
                       {"e2e_ms_median": ms})
         for size, precision, bound, phases in (("small", "bf16", True, "fwd,opt"),
-                                               ("2.7B", "fp32", False, "")):
+                                               ("xl", "fp32", False, "")):
             s.add_run(inv, "model", "ok", {"size": size, "precision": precision, "mode": "train"},
                       {"launch_bound": bound, "launch_bound_phases": phases})
         s.add_run(inv, "profile", "ok", {"size": "small", "target": "model"},
@@ -80,7 +80,7 @@ def test_the_verdict_reads_what_the_reference_set_stores(tmp_path):
     assert rows["leaderboard: triton faster than SDPA cuDNN in the same run"] == (
         "5.000 vs 4.500 ms", "NOT met")
     assert rows["small bf16 train (batch 4, context 512) is launch-bound"] == ("fwd,opt", "met")
-    assert rows["2.7B fp32 train is not launch-bound"] == ("", "met")
+    assert rows["xl fp32 train is not launch-bound"] == ("", "met")
     assert rows["profile small: backward kernel time above forward's"] == ("12.0 vs 6.0 ms", "met")
     assert rows["profile xl: backward kernel time above forward's"] == ("not measured", "n/a")
     assert rows["attention sweep: no point of triton over 1.5x SDPA's time"] == (
@@ -108,7 +108,7 @@ def test_the_verdict_says_what_did_not_run_and_what_failed(tmp_path):
     assert rows["step: xl bf16 with every switch at 45% MFU or more"] == (
         "error: RuntimeError: compile failed", "error")
     assert rows["leaderboard: triton fwd+bwd under 5.4 ms"] == ("oom: CUDA out of memory", "oom")
-    assert rows["2.7B fp32 train is not launch-bound"] == ("not run", "not run")
+    assert rows["xl fp32 train is not launch-bound"] == ("not run", "not run")
     assert rows["profile xl: backward kernel time above forward's"] == ("not run", "not run")
     # a step that ran and stored nothing for the target
     assert rows["leaderboard: triton faster than SDPA cuDNN in the same run"][1] != "met"

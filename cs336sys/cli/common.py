@@ -375,6 +375,15 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
         typer.echo(f"{f.status}: {f.point}: {f.why}")
 
 
+def with_handout(specs: Callable[..., list], options: dict[str, Any]) -> list:
+    """`specs(**options)` with size names read in the handout release `options` names
+    (`--handout`, popped; the environment's or the newest where absent)."""
+    from cs336sys.models.config import using_handout
+
+    with using_handout(options.pop("handout", None)):
+        return specs(**options)
+
+
 def measure(
     experiment: Any,
     specs: Callable[..., list],
@@ -415,7 +424,7 @@ def measure(
     if takes_user_code:
         user_code(adapters)
     with user_errors():
-        points = specs(**options)
+        points = with_handout(specs, options)
     if not points:
         fail("nothing to measure: the options select no point")
     check_db(db)

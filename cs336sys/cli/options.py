@@ -29,8 +29,13 @@ def option(help: str, kind: Any, *names: str, **settings: Any) -> Any:
     """An option of one value of `kind`: `seed: option("Seed for the inputs.", int) = 0`."""
     return Annotated[kind, typer.Option(*names, help=help, **settings)]
 
-Size = list_option("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
-                   "leaderboard's). [default: small on CUDA, tiny on CPU]")
+Size = list_option("Size preset(s) of the handout's table: small, medium, large, xl (2560 wide, 32 "
+                   "layers; 1600 x 48 with --handout 2025), 10B, also 2.7B (2025's 2560-wide), "
+                   "tiny (assignment 1's) and 8b (the 2026 leaderboard's). [default: small on "
+                   "CUDA, tiny on CPU]")
+Handout = option("The handout release whose size table --size names: 2026 or 2025 (only xl "
+                 "differs).", str | None, "--handout", envvar="CS336SYS_HANDOUT",
+                 show_default="2026")
 Seq = list_option("Sequence length(s). [default: 512 on CUDA, 128 on CPU]")
 Batch = list_option("Batch size(s). [default: 4]")
 Precision = list_option("fp32, bf16 and/or fp16 (autocast; fp16 with a gradient scaler). [default: "
@@ -89,6 +94,7 @@ def model_options(
     device: Device = "auto",
     seed: Seed = 0,
     model: UserModel = None,
+    handout: Handout = None,
 ) -> None:
     """What a point of the Transformer LM is: model, memory, step, ddp, profile model (with
     shape_options)."""

@@ -54,6 +54,7 @@ from cs336sys.measure.stats import flatten
 from cs336sys.models.config import ModelShape
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
+    SIZE_COLUMN,
     Column,
     Experiment,
     Metric,
@@ -416,7 +417,7 @@ def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
 TABLE = Table(
     "One training step, each optimisation switched on",
     (
-        Column("size", "size", setting=True),
+        SIZE_COLUMN,
         Column("model", "model", setting=True, optional=True),
         *setting_columns("layers=num_layers seq batch precision params=param_dtype ckpt=checkpoint switches"),
         Column("step ms", "step_ms", "mean_std"),

@@ -3,26 +3,40 @@
 This module must not import torch: the CLI imports it to validate `--size` and friends and
 has to start fast.
 
-The presets are the CS336 assignment-2 table (GPT-2 small..xl shapes, Radford et al. 2019,
-plus 2.7B and 10B). `tiny` is not a GPT-2 size; it is the assignment-1 TinyStories model.
+The presets are the CS336 assignment-2 size table (GPT-2 small..large shapes, Radford et al.
+2019, then xl and 10B). The table follows the handout release in use (`handout()`): the 2026
+release's xl is 2560 wide with 32 layers, the 2025 release's xl is GPT-2 xl (1600 wide, 48
+layers) and its 2560-wide model is called 2.7B. Every other name means one model in both:
+2.7B and 10B are accepted whichever release is in use. `tiny` is not a GPT-2 size; it is the
+assignment-1 TinyStories model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from cs336sys.attention import registry
 from cs336sys.sweep.points import unknown
 
-# name -> (d_model, d_ff, num_layers, num_heads)
+# The handout releases whose size tables cs336sys knows, newest (the default) first.
+HANDOUTS = ("2026", "2025")
+HANDOUT_ENV = "CS336SYS_HANDOUT"
+# The one size name whose model changed between releases: release -> xl's shape.
+XL = {"2026": (2560, 10240, 32, 32), "2025": (1600, 6400, 48, 25)}
+
+# name -> (d_model, d_ff, num_layers, num_heads), for the handout release in use (presets()).
 PRESETS: dict[str, tuple[int, int, int, int]] = {
     "tiny": (512, 1344, 4, 16),
     "small": (768, 3072, 12, 12),
     "medium": (1024, 4096, 24, 16),
     "large": (1280, 5120, 36, 20),
-    "xl": (1600, 6400, 48, 25),
+    "xl": XL[HANDOUTS[0]],
     "2.7B": (2560, 10240, 32, 32),
     "10B": (4608, 12288, 50, 36),
     # The CS336 2026 leaderboard model: a Qwen-sized 8B with an untied head.
@@ -186,20 +200,57 @@ def checkpoint_group(spec: str, num_layers: int) -> int | None:
     return int(k)
 
 
+_RELEASE: ContextVar[str | None] = ContextVar("handout", default=None)
+
+
+def handout_release(value: object, option: str = "--handout") -> str:
+    """`value` as a release of HANDOUTS ("2025", 2026, " 2026 "); SpecError naming them if
+    it is none."""
+    text_value = str(value).strip()
+    if text_value not in HANDOUTS:
+        raise unknown(option, text_value, HANDOUTS, "handout release")
+    return text_value
+
+
+def handout() -> str:
+    """The handout release in use: the one `using_handout` set, else CS336SYS_HANDOUT, else
+    the newest."""
+    chosen = _RELEASE.get()
+    if chosen is not None:
+        return chosen
+    return handout_release(os.environ.get(HANDOUT_ENV) or HANDOUTS[0], HANDOUT_ENV)
+
+
+@contextmanager
+def using_handout(release: object | None) -> Iterator[str]:
+    """Within the block, size names mean `release`'s models (None: the environment's or
+    the newest); yields the release."""
+    token = _RELEASE.set(None if release is None else handout_release(release))
+    try:
+        yield handout()
+    finally:
+        _RELEASE.reset(token)
+
+
+def presets(release: str | None = None) -> dict[str, tuple[int, int, int, int]]:
+    """The size table of `release` (default: the one in use): PRESETS with that release's xl."""
+    return {**PRESETS, "xl": XL[handout_release(release) if release else handout()]}
+
+
 def preset_name(size: str) -> str:
     """The preset `size` names, in any case (`2.7b`, `8B`, `Small`), as PRESETS spells it;
     SpecError (a ValueError) naming the presets if none."""
-    for name in PRESETS:
+    for name in presets():
         if name.lower() == size.strip().lower():
             return name
-    raise unknown("--size", size, PRESETS, "size")
+    raise unknown("--size", size, presets(), "size")
 
 
 def from_preset(size: str, **overrides: object) -> ModelConfig:
-    """The config for preset `size` (any case), with non-None `overrides` (any ModelConfig
-    field) applied."""
+    """The config for preset `size` (any case) of the handout release in use, with non-None
+    `overrides` (any ModelConfig field) applied."""
     size = preset_name(size)
-    d_model, d_ff, num_layers, num_heads = PRESETS[size]
+    d_model, d_ff, num_layers, num_heads = presets()[size]
     config = ModelConfig(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
                          vocab_size=PRESET_VOCAB.get(size, 10_000))
     # None means "not given on the command line", so the preset's value stays.

@@ -103,11 +103,29 @@ class Column:
     note: str = ""  # added to the table's note where the column is shown
 
 
+def model_size(row: Mapping[str, Any]) -> str:
+    """A size preset's name with its shape, d_model × layers and the parameters where known:
+    `xl (2560×32, 3.4B)`. One name has meant two models (the 2025 and 2026 handouts' xl);
+    the shape tells their rows apart."""
+    size, d_model, layers, params = (row.get(k) for k in ("size", "d_model", "num_layers", "params"))
+    if size is None or d_model is None or layers is None:
+        return "" if size is None else str(size)
+    shape = f"{d_model}×{layers}"
+    if isinstance(params, (int, float)) and not isinstance(params, bool) and params > 0:
+        shape += ", " + (f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M")
+    return f"{size} ({shape})"
+
+
+SIZE_COLUMN = Column("size", cell=model_size, setting=True, covers=("size", "d_model", "num_layers"))
+
+
 def setting_columns(names: str) -> tuple[Column, ...]:
     """Columns that show settings as they are, from a line of their keys: `"size seq
-    ckpt=checkpoint"` is the columns size, seq and ckpt (the setting `checkpoint`)."""
+    ckpt=checkpoint"` is the columns size, seq and ckpt (the setting `checkpoint`). `size` is
+    the model's size with its shape (`model_size`)."""
     pairs = [name.partition("=") for name in names.split()]
-    return tuple(Column(header, key or header, setting=True) for header, _, key in pairs)
+    return tuple(SIZE_COLUMN if (header, key) == ("size", "") else
+                 Column(header, key or header, setting=True) for header, _, key in pairs)
 
 
 @dataclass(frozen=True)
