@@ -25,33 +25,51 @@ def test_ring_collectives_hand_worked():
     # 4 devices: each sends 3 shards of 2 GB = 6 GB at 100 GB/s = 0.06 s
     assert pm.all_gather_s(S, 4, W) == pytest.approx(0.06)
     assert pm.reduce_scatter_s(S, 4, W) == pytest.approx(0.06)
-    # all-reduce = reduce-scatter + all-gather: 12 GB sent, 0.12 s; the alternate, two-step
-    # form costs exactly the same
+    # all-reduce = reduce-scatter + all-gather: 12 GB sent, 0.12 s; written as its two
+    # steps (the handout's construction) exactly the same
     assert pm.all_reduce_s(S, 4, W) == pytest.approx(0.12)
     assert pm.all_reduce_two_step_s(S, 4, W) == pytest.approx(0.12)
+    # the handout's alternate ring: 3 steps, each sending a whole 8 GB input: 0.24 s
+    assert pm.all_reduce_alternate_ring_s(S, 4, W) == pytest.approx(0.24)
     # through one root: it receives 3 x 8 GB and sends 3 x 8 GB: 48 GB, 0.48 s
     assert pm.all_reduce_naive_s(S, 4, W) == pytest.approx(0.48)
     # binary tree, unpipelined: log2(4) = 2 levels up and 2 down of 8 GB: 0.32 s
     assert pm.all_reduce_tree_s(S, 4, W) == pytest.approx(0.32)
     for f in (pm.all_gather_s, pm.reduce_scatter_s, pm.all_reduce_s, pm.all_reduce_two_step_s,
-              pm.all_reduce_naive_s, pm.all_reduce_tree_s):
+              pm.all_reduce_alternate_ring_s, pm.all_reduce_naive_s, pm.all_reduce_tree_s):
         assert f(S, 1, W) == 0  # alone, nothing moves
+
+
+def test_alternate_ring_by_simulation():
+    """The handout's alternate ring, step by step: every device ends with the full sum, and
+    each of the N-1 steps sends one whole input per device, (N-1) S / W in all."""
+    n, size = 5, 1.0
+    xs = [[float(10 ** i + j) for j in range(3)] for i in range(n)]
+    y = [list(x) for x in xs]
+    sent = 0.0
+    for t in range(1, n):
+        for i in range(n):
+            # device i receives x((i - t) mod N) from its left and adds it
+            y[i] = [a + b for a, b in zip(y[i], xs[(i - t) % n], strict=True)]
+        sent += size  # each device sent one whole input this step
+    total = [sum(col) for col in zip(*xs, strict=True)]
+    assert all(row == total for row in y)
+    assert pm.all_reduce_alternate_ring_s(size, n, 1.0) == sent
 
 
 # -- the single-FFN derivation, by hand --------------------------------------------------------
 
 # B = 4096 tokens, D = 1024, F = 4096, C = 1e15 FLOP/s, W = 1e11 B/s: C/W = 10,000 FLOPs a byte.
+# The 2026 handout's FFN: W1, W2 (D x F) and W3 (F x D), three matrices.
 B, D, F, C = 4096, 1024, 4096, 1e15
-FWD_FLOPS = 4 * 4096 * 1024 * 4096  # 4BDF = 68,719,476,736
-WEIGHT_BYTES = 2 * 2 * 1024 * 4096  # W1 and W2 in bf16 = 16,777,216
 
 
 def test_ffn_dp_hand_worked():
-    # N = 4: forward 4BDF/(NC) = 68,719,476,736 / 4e15 = 1.7179869184e-5 s, backward twice
+    # N = 4: forward 6BDF/(NC) = 103,079,215,104 / 4e15 = 2.5769803776e-5 s, backward twice
     fwd, bwd = pm.ffn_compute_s(B, D, F, 4, C)
-    assert fwd == pytest.approx(1.7179869184e-5) and bwd == pytest.approx(3.4359738368e-5)
-    # backward all-reduces 16,777,216 bytes: 2 * 3/4 * 16,777,216 / 1e11 = 2.5165824e-4 s
-    assert pm.ffn_comm_s("dp", B, D, F, 4, W) == pytest.approx((0.0, 2.5165824e-4))
+    assert fwd == pytest.approx(2.5769803776e-5) and bwd == pytest.approx(5.1539607552e-5)
+    # backward all-reduces 3DF bf16 = 25,165,824 bytes: 2 * 3/4 * 25,165,824 / 1e11
+    assert pm.ffn_comm_s("dp", B, D, F, 4, W) == pytest.approx((0.0, 3.7748736e-4))
     # comm-bound: B/N = 1024 < (N-1)/N * C/W = 7,500; the largest N is 1 + BW/C = 1.4096
     assert pm.ffn_n_max("dp", B, F, C, W) == pytest.approx(1.4096)
     # with 2^24 tokens, 1 + 2^24 * 1e-4 = 1678.7216: N = 1678 hides, 1679 does not
@@ -60,12 +78,15 @@ def test_ffn_dp_hand_worked():
     for n, hides in ((1678, True), (1679, False)):
         _, b = pm.ffn_compute_s(big, D, F, n, C)
         assert (pm.ffn_comm_s("dp", big, D, F, n, W)[1] <= b) is hides
+    # the 2025 handout's two-matrix FFN: 4BDF forward, the same bound
+    assert pm.ffn_compute_s(B, D, F, 4, C, m=2)[0] == pytest.approx(1.7179869184e-5)
+    assert pm.ffn_n_max("dp", B, F, C, W, m=2) == pytest.approx(1.4096)
 
 
 def test_ffn_fsdp_hand_worked():
-    # N = 4: forward all-gathers the weights, 3/4 * 16,777,216 / 1e11 = 1.2582912e-4 s;
+    # N = 4: forward all-gathers the weights, 3/4 * 25,165,824 / 1e11 = 1.8874368e-4 s;
     # backward all-gathers them again and reduce-scatters the gradients, twice that
-    assert pm.ffn_comm_s("fsdp", B, D, F, 4, W) == pytest.approx((1.2582912e-4, 2.5165824e-4))
+    assert pm.ffn_comm_s("fsdp", B, D, F, 4, W) == pytest.approx((1.8874368e-4, 3.7748736e-4))
     assert pm.ffn_n_max("fsdp", B, F, C, W) == pm.ffn_n_max("dp", B, F, C, W)
 
 
@@ -73,19 +94,50 @@ def test_ffn_tp_hand_worked():
     # N = 4: one all-reduce of the B x D activations in bf16, 8,388,608 bytes, each way:
     # 2 * 3/4 * 8,388,608 / 1e11 = 1.2582912e-4 s
     assert pm.ffn_comm_s("tp", B, D, F, 4, W) == pytest.approx((1.2582912e-4, 1.2582912e-4))
-    # 1 + F W / C = 1 + 4096e-4 = 1.4096: independent of B
-    assert pm.ffn_n_max("tp", B, F, C, W) == pytest.approx(1.4096)
-    assert pm.ffn_n_max("tp", 100 * B, F, C, W) == pytest.approx(1.4096)
+    # forward binds: 1 + 3 F W / (2C) = 1 + 0.6144; backward 1 + 3 F W / C = 2.2288; B cancels
+    assert pm.ffn_n_max("tp", B, F, C, W) == pytest.approx(1.6144)
+    assert pm.ffn_n_max("tp", 100 * B, F, C, W) == pytest.approx(1.6144)
+    assert pm.ffn_n_max_backward("tp", B, F, C, W) == pytest.approx(2.2288)
+    # the two-matrix FFN of 2025: 1 + F W / C
+    assert pm.ffn_n_max("tp", B, F, C, W, m=2) == pytest.approx(1.4096)
+    # the bound is where the forward stops hiding, for a wide F
+    wide = 2**20  # 1 + 3 * 2^20 * 1e-4 / 2 = 158.2864
+    for n, hides in ((158, True), (159, False)):
+        fwd, _ = pm.ffn_compute_s(B, D, wide, n, C)
+        assert (pm.ffn_comm_s("tp", B, D, wide, n, W)[0] <= fwd) is hides
 
 
 def test_ffn_fsdp_tp_hand_worked():
-    # X = 2, Y = 2: FSDP gathers half the weights over 2: 1/2 * 8,388,608 / 1e11 = 4.194304e-5;
-    # TP all-reduces B/X = 2048 tokens' activations over 2: 2 * 1/2 * 4,194,304 / 1e11 = 4.194304e-5
+    # X = 2, Y = 2: FSDP gathers half the weights over 2: 1/2 * 12,582,912 / 1e11 = 6.291456e-5;
+    # TP all-reduces B/X = 2048 tokens' outputs over 2: 2 * 1/2 * 4,194,304 / 1e11 = 4.194304e-5
     fwd, bwd = pm.ffn_comm_s("fsdp-tp", B, D, F, 4, W, x=2, y=2)
-    assert fwd == pytest.approx(8.388608e-5) and bwd == pytest.approx(12.582912e-5)
-    # the closed form: compute-bound iff (X-1)/B + (Y-1)/F <= W/C
-    lhs, budget = 1 / B + 1 / F, W / C  # 4.8828125e-4 > 1e-4: comm-bound
-    assert (fwd <= pm.ffn_compute_s(B, D, F, 4, C)[0]) is (lhs <= budget) is False
+    assert fwd == pytest.approx(1.048576e-4) and bwd == pytest.approx(1.6777216e-4)
+    # overlapped, the longer of the two
+    fwd, _ = pm.ffn_comm_s("fsdp-tp", B, D, F, 4, W, x=2, y=2, overlap=True)
+    assert fwd == pytest.approx(6.291456e-5)
+    # the closed forms: overlapped (1 + BW/C)(1 + 3FW/(2C)) = 1.4096 * 1.6144
+    assert pm.ffn_n_max("fsdp-tp", B, F, C, W, overlap=True) == pytest.approx(2.27565824)
+    # sharing the links: (X-1)/B + (Y-1) 2/(3F) <= W/C, the best split
+    assert pm.ffn_n_max("fsdp-tp", B, F, C, W) == pytest.approx(
+        pm.best_split_n_max(1 / B, 2 / (3 * F), W / C))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_fsdp_tp_bound_against_a_scan_of_splits(overlap):
+    """N max of FSDP+TP against every real split X * Y = N: at 0.99 N max some split hides
+    the forward's communication, at 1.02 N max none does."""
+    b, d, f, c, w = 2**16, 4096, 2**14, 1e15, 1e11
+    bound = pm.ffn_n_max("fsdp-tp", b, f, c, w, overlap=overlap)
+
+    def hides(n):
+        for i in range(4001):
+            x = n ** (i / 4000)  # X from 1 to n, Y = n / X
+            comm, _ = pm.ffn_comm_s("fsdp-tp", b, d, f, n, w, x=x, y=n / x, overlap=overlap)
+            if comm <= pm.ffn_compute_s(b, d, f, n, c)[0] * (1 + 1e-9):
+                return True
+        return False
+
+    assert hides(bound * 0.99) and not hides(bound * 1.02)
 
 
 def test_best_split_against_brute_force():
@@ -104,7 +156,7 @@ def test_best_split_against_brute_force():
 
 
 def _spec(strategy, n, size="tiny", hardware="h100", seq=128, batch=None, **dims):
-    return exp.specs(size=size, seq=seq, batch=batch or 24 * seq, strategy=[strategy],
+    return exp.specs(size=size, seq=seq, tokens=batch or 24 * seq, strategy=[strategy],
                      n=[str(n)], hardware=[hardware], **dims)[0]
 
 
@@ -249,7 +301,7 @@ def _plans(db):
 
 def test_measured_picks_this_gpus_best_rows(db_path):
     ids = _store(db_path, MODEL, COMM)
-    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
+    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 8, "--strategy", "dp",
                "--n", "1,2", "--measured", "--gpu", CPU, "--db", db_path)
     assert r.exit_code == 0, r.output
     plans = _plans(db_path)
@@ -262,7 +314,7 @@ def test_measured_picks_this_gpus_best_rows(db_path):
     # them out: the fp32 model row, the all-gather row
     assert s["source"] == (f"measured: model run {ids[0][:8]} (fp32, 0.5 TFLOP/s), "
                            f"comm run {ids[len(MODEL) + 1][:8]} (all-gather, busbw 4 GB/s)")
-    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp",
+    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 8, "--strategy", "dp",
                "--n", 2, "--measured", "--gpu", H100, "--db", db_path)
     s = _plans(db_path)[-1]["_s"]
     assert (s["flops"], s["egress"], s["memory_bytes"]) == (700e12, 360e9, int(79.19 * 2**30))
@@ -285,7 +337,10 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--hardware", "tpu9"], "--hardware"),
     (["--strategy", "tp", "--n", 3], "does not divide"),  # 32 heads
     (["--strategy", "dp", "--n", 3], "does not divide"),  # 256 sequences
-    (["--batch", 1000, "--seq", 300], "whole number"),
+    (["--tokens", 1000, "--seq", 300], "whole number"),
+    (["--batch", 4, "--tokens", 1024], "give one of them"),
+    (["--flops", "1e15"], "go together"),
+    (["--flops", "-1", "--bandwidth", "1e11"], "positive number"),
     (["--batch", 0], "positive"),
     (["--seq", -4], "positive"),
     (["--n", 0], "positive"),
@@ -319,7 +374,7 @@ def test_plan_meets_measurement(db_path):
         (H100, "ok", ddp, {"step_ms_mean": 2.0, "comm_ms_mean": 1.0}),  # another GPU
     ]
     _store(db_path, MODEL, COMM, runs)
-    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 1024, "--strategy", "dp,tp",
+    r = invoke("plan", "--size", "tiny", "--seq", 128, "--batch", 8, "--strategy", "dp,tp",
                "--n", 2, "--measured", "--gpu", CPU, "--db", db_path)
     assert r.exit_code == 0, r.output
     by = {p["_s"]["strategy"]: p["_m"] for p in _plans(db_path)}

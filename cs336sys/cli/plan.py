@@ -17,7 +17,14 @@ from cs336sys.cli.common import (
     recording,
     user_errors,
 )
-from cs336sys.cli.options import Label, list_option, option, options_of, shape_options
+from cs336sys.cli.options import (
+    Handout,
+    Label,
+    list_option,
+    option,
+    options_of,
+    shape_options,
+)
 
 ListOpt = list[str] | None
 
@@ -42,20 +49,28 @@ class Beside:
 @options_of(shape_options)
 def plan(
     *,
-    size: option("Model size preset: tiny, small, ..., 10B, 8b (the CS336 2026 leaderboard model).",
-                 str) = "8b",
-    batch: option("Global batch of one step in tokens, whole sequences. [default: 256 sequences]",
-                  int | None) = None,
+    size: option("Model size preset: tiny, small, ..., xl, 10B, 8b (the CS336 2026 leaderboard "
+                 "model).", str) = "8b",
+    batch: option("Global batch of one step in sequences of --seq tokens, as every command "
+                  "counts it. [default: 256]", int | None) = None,
+    tokens: option("Global batch of one step in tokens (whole sequences), instead of --batch.",
+                   int | None, "--tokens") = None,
     seq: option("Tokens per sequence. [default: 4096]", int | None) = None,
     strategy: list_option("dp, fsdp, tp and/or fsdp-tp. [default: all]") = None,
     n: list_option("Degrees: devices per strategy. [default: 1,2,4,8]", "--n") = None,
-    hardware: list_option("GPU preset(s): a100, h100, h200, b200 (data sheets). [default: h100 "
-                          "without "
-                          "--measured]") = None,
+    hardware: list_option("Device preset(s): a100, h100, h200, b200 (data sheets), tpu-v5p (the "
+                          "2025 handout's). [default: h100 without --measured or --flops]") = None,
+    flops: option("C by hand: dense FLOP/s of one device (e.g. 4.6e14), with --bandwidth.",
+                  float | None, "--flops") = None,
+    bandwidth: option("W by hand: egress bytes/s of one device (e.g. 1.8e11), with --flops.",
+                      float | None, "--bandwidth") = None,
+    memory_gib: option("With --flops: the device's memory in GiB. [default: 80]", float,
+                       "--memory-gib") = 80.0,
     measured: option("C and W as this GPU measured them: the best stored model TFLOP/s and comm "
                      "busbw.", bool, "--measured") = False,
     gpu: option("With --measured: the stored GPU name to use (e.g. from a merged store). [default: "
                 "this machine's, 'cpu' without one]", str | None) = None,
+    handout: Handout = None,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
     **shape: Any,
@@ -69,18 +84,24 @@ def plan(
     Example:
 
         cs336sys plan --size 8b --hardware h100,b200 --strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
+
+        cs336sys plan --size xl --flops 4.6e14 --bandwidth 1.8e11 --batch 64 --seq 2048
     """
     from cs336sys.experiments import plan as exp
+    from cs336sys.models.config import using_handout
     from cs336sys.sweep.runner import run_sweep
 
     check_db(db)
     with user_errors():
-        boxes: list = list(exp.hardware_presets(hardware)) if hardware or not measured else []
+        by_hand = exp.by_hand(flops, bandwidth, memory_gib)
+        boxes: list = (list(exp.hardware_presets(hardware))
+                       if hardware or not (measured or by_hand) else [])
+    boxes += [by_hand] if by_hand else []
     if measured:
         boxes.append(_measured(db, gpu))
-    with user_errors():
-        specs = exp.specs(size=size, seq=seq, batch=batch, strategy=strategy, n=n, hardware=boxes,
-                          **shape)
+    with user_errors(), using_handout(handout):
+        specs = exp.specs(size=size, seq=seq, batch=batch, tokens=tokens, strategy=strategy, n=n,
+                          hardware=boxes, **shape)
     with recording(db, "plan", "none", label=label) as rec:
         # The ddp lookup reads through a connection of its own, opened once recording has
         # made the tables: opened before, on a new file that another `plan` was creating,
@@ -139,13 +160,18 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
 
 def _show(exp, points) -> None:  # noqa: ANN001
     """The time and memory tables, the closed forms, the plan beside measured runs."""
-    from cs336sys.experiments.plan_section import MEASURED, inequalities, measured_rows
+    from cs336sys.experiments.plan_section import (
+        MEASURED,
+        all_reduces,
+        inequalities,
+        measured_rows,
+    )
     from cs336sys.report.tables import as_text, point_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]
     ok = [r for r in rows if r["status"] == "ok"]
     tables = point_tables(exp.EXPERIMENT.tables, ok, lift=True)
-    extra = [t for t in (inequalities(ok),) if t]
+    extra = [t for t in (inequalities(ok), all_reduces(ok)) if t]
     extra += point_tables([MEASURED], measured_rows(ok), lift=False)
     for t in tables:  # the settings every row shares, lifted out of the columns
         t.title += f" ({t.constant})" if t.constant else ""

@@ -91,6 +91,10 @@ HARDWARE: dict[str, Hardware] = {
     # for the eight (2.25 PFLOPS dense each), 1.44 TB HBM3e for the eight (180 GB each),
     # NVLink 5 1.8 TB/s per GPU.
     "b200": Hardware("B200 180GB", 2.25e15, 900e9, 180 * GiB, "NVIDIA HGX B200 data sheet"),
+    # The CS336 2025 handout's TPU v5p (communication_accounting, after Austin et al. 2025,
+    # "How to Scale Your Model"): C = 4.6e14 FLOP/s, W_ici = 2 x 9e10 bytes/s, 95 GB.
+    "tpu-v5p": Hardware("TPU v5p", 4.6e14, 2 * 9e10, 95 * GiB,
+                        "CS336 2025 handout (How to Scale Your Model)"),
 }
 
 
@@ -117,6 +121,7 @@ def specs(
     size: str = "8b",
     seq: int | None = None,
     batch: int | None = None,
+    tokens: int | None = None,
     strategy: Iterable[str] | None = None,
     n: Iterable[Any] | None = None,
     hardware: Iterable[Hardware] = (),
@@ -126,22 +131,27 @@ def specs(
     num_heads: int | None = None,
     vocab_size: int | None = None,
 ) -> list[PlanSpec]:
-    """The points of a plan: every hardware x strategy x degree. SpecError names a bad
-    option: an unknown size or strategy, a non-positive value, a batch that is not whole
-    sequences, a TP degree that does not divide the heads, a DP or FSDP degree that does
-    not divide the batch's sequences."""
+    """The points of a plan: every hardware x strategy x degree. The global batch is `batch`
+    sequences of `seq` tokens, or `tokens` (whole sequences). SpecError names a bad option:
+    an unknown size or strategy, a non-positive value, both batch and tokens, tokens that are
+    not whole sequences, a TP degree that does not divide the heads, a DP or FSDP degree that
+    does not divide the batch's sequences."""
     size = preset_name(size)
-    for name, value in (("--seq", seq), ("--batch", batch), ("--d-model", d_model),
+    for name, value in (("--seq", seq), ("--batch", batch), ("--tokens", tokens),
+                        ("--d-model", d_model),
                         ("--d-ff", d_ff), ("--num-layers", num_layers),
                         ("--num-heads", num_heads), ("--vocab-size", vocab_size)):
         if value is not None and value <= 0:
             raise SpecError(f"{name} must be positive, got {value}")
         if value is not None:
             check_size(value, name)
+    if batch is not None and tokens is not None:
+        raise SpecError("--batch counts sequences and --tokens tokens: give one of them")
     seq = seq or 4096
-    batch = batch or 256 * seq  # 1M tokens at 4096, a common LLM batch
-    if batch % seq:
-        raise SpecError(f"--batch {batch} is not a whole number of --seq {seq} token sequences")
+    if tokens is not None and tokens % seq:
+        raise SpecError(f"--tokens {tokens} is not a whole number of --seq {seq} token sequences")
+    batch = tokens if tokens is not None else (batch or 256) * seq  # 1M tokens at 4096
+    check_size(batch, "--batch x --seq")
     try:
         cfg = from_preset(size, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                           num_heads=num_heads, vocab_size=vocab_size,
@@ -167,10 +177,25 @@ def listed_hardware(hardware: Iterable[Any]) -> list[tuple[str, Hardware]]:
     """(key, Hardware) pairs: a preset key, or a Hardware (measured) keyed 'measured'."""
     out = []
     for h in hardware:
-        out.append((h, HARDWARE[h]) if isinstance(h, str) else ("measured", h))
+        out.append((h, HARDWARE[h]) if isinstance(h, str) else
+                   ("by-hand" if h.source.startswith("given by hand") else "measured", h))
     if not out:
         raise SpecError("--hardware: give a preset or --measured")
     return out
+
+
+def by_hand(flops: float | None, bandwidth: float | None, memory_gib: float) -> Hardware | None:
+    """The device of --flops C and --bandwidth W (None without them); SpecError if only one
+    is given or a figure is not a positive number."""
+    if flops is None and bandwidth is None:
+        return None
+    if flops is None or bandwidth is None:
+        raise SpecError("--flops and --bandwidth go together: C and W of one device")
+    for name, value in (("--flops", flops), ("--bandwidth", bandwidth), ("--memory-gib", memory_gib)):
+        if not (math.isfinite(value) and value > 0):
+            raise SpecError(f"{name} must be a positive number, got {value}")
+    return Hardware(f"C={flops:.3g} W={bandwidth:.3g}", flops, bandwidth,
+                    int(memory_gib * GiB), "given by hand (--flops, --bandwidth)")
 
 
 def hardware_presets(values: Iterable[str] | None) -> list[str]:
@@ -338,7 +363,8 @@ def run(spec: PlanSpec) -> Result:
         (evaluate(spec, x, y) for x, y in options), key=lambda m: (m["step_ms"], m["comm_ms"])
     )
     limit = n_max(spec)
-    ffn = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops, spec.egress)
+    ffn = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops, spec.egress,
+                       overlap=True)
     metrics = dict(
         best,
         params=param_count(cfg),
@@ -346,6 +372,10 @@ def run(spec: PlanSpec) -> Result:
         n_max_ffn=math.floor(ffn),
         inequality=pm.INEQUALITY[spec.strategy],
     )
+    if spec.strategy == "fsdp-tp":  # the handout asks both: axes overlapped, then sharing links
+        shared = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops,
+                              spec.egress, overlap=False)
+        metrics["n_max_ffn_shared"] = math.floor(shared)
     return Result("ok", metrics=metrics)
 
 
@@ -391,11 +421,13 @@ TIME = Table(
         Column("hides", "hides", "yes_no"),
         Column("N max", "n_max", "num"),
         Column("N max (FFN)", "n_max_ffn", "num"),
+        Column("N max (FFN, shared links)", "n_max_ffn_shared", "num", optional=True),
     ),
     note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
     "all-reduce: 2(N-1)/N S/W, summed over the step. step: max(compute, comm) per phase, "
     "forward plus backward. hides: communication no longer than compute in both phases. "
-    "N max: the largest degree that still hides, for the whole model (and for one FFN layer).",
+    "N max: the largest degree that still hides, for the whole model (and for one SwiGLU FFN "
+    "layer; for fsdp-tp with the two axes' collectives overlapped, and sharing the links).",
 )
 MEMORY = Table(
     "Memory per device (GiB; bf16 weights and gradients, fp32 AdamW state)",
@@ -447,7 +479,8 @@ EXPERIMENT = Experiment(
             hides              -       communication no longer than compute in both phases
             comm_bound         -       not hides
             n_max              -       largest degree that still hides, whole model
-            n_max_ffn          -       largest degree that still hides, one FFN layer (closed form)
+            n_max_ffn          -       largest degree that still hides, one SwiGLU FFN layer (closed form; fsdp-tp: the axes overlapped)
+            n_max_ffn_shared   -       fsdp-tp: the same with the two axes' collectives sharing the links (times add)
             inequality         -       the closed-form condition for hiding
             params             -       parameters of the model
         """),

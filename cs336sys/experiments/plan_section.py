@@ -8,6 +8,7 @@ import io
 from dataclasses import dataclass
 
 from cs336sys.experiments.plan import STRATEGIES as _ORDER
+from cs336sys.parallel import plan_math as pm
 from cs336sys.report.sections import Row, Section, Table, num
 from cs336sys.sweep.declaration import Column
 from cs336sys.sweep.declaration import Table as Declared
@@ -139,9 +140,9 @@ def section(sec: Section, pts: list[Row]) -> None:
     from cs336sys.report.sections import Figure
     from cs336sys.report.tables import point_tables
 
-    table = inequalities(pts)
-    if table:
-        sec.tables.append(table)
+    for table in (inequalities(pts), all_reduces(pts)):
+        if table:
+            sec.tables.append(table)
     sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=True))
     plot = step_plot(pts)
     if plot.informative:
@@ -171,3 +172,35 @@ def inequalities(pts: list[Row]) -> Table | None:
                   "N max, whole model", "N max, FFN"], rows,
                  note="C dense bf16 FLOP/s, W egress bytes/s per device, B batch tokens, "
                  "F d_ff; X, Y the FSDP and TP degrees (docs/experiments/plan.md).")
+
+
+# The all-reduce algorithms, each (name, seconds of S bytes over N devices at W bytes/s).
+ALL_REDUCES = (
+    ("ring (reduce-scatter + all-gather)", pm.all_reduce_two_step_s),
+    ("alternate ring (whole inputs passed on)", pm.all_reduce_alternate_ring_s),
+    ("through one root", pm.all_reduce_naive_s),
+    ("binary tree, unpipelined", pm.all_reduce_tree_s),
+)
+
+
+def all_reduces(pts: list[Row]) -> Table | None:
+    """DP's all-reduce of the bf16 gradients (S = 2 bytes a parameter) at each degree and
+    GPU, by each algorithm of ALL_REDUCES: the handout's ring and its alternate ring side by
+    side."""
+    seen: dict[tuple, list[str]] = {}
+    for r in pts:
+        s = r["_settings"]
+        if r.get("status") != "ok" or s["strategy"] != "dp" or s["n"] < 2 or not r.get("params"):
+            continue
+        size = pm.E * r["params"]
+        seen[(s["device_name"], s["size"], s["n"])] = [
+            s["device_name"], s["size"], str(s["n"]),
+            *(num(algorithm(size, s["n"], s["egress"]) * 1e3) for _, algorithm in ALL_REDUCES)]
+    if not seen:
+        return None
+    return Table("All-reduce of the gradients by algorithm (ms; S = 2 bytes a parameter)",
+                 ["GPU", "model", "N", *(name for name, _ in ALL_REDUCES)],
+                 [seen[k] for k in sorted(seen)],
+                 note="ring: 2(N-1)/N S/W; alternate ring: (N-1) S/W, every step sends a whole "
+                 "input; through one root: 2(N-1) S/W; binary tree: 2 ceil(log2 N) S/W "
+                 "(parallel/plan_math.py).")

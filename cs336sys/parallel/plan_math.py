@@ -22,31 +22,36 @@ either side of all-reduce):
 
   all-gather, reduce-scatter   (N-1)/N * S / W     each device sends N-1 shards of S/N
   all-reduce                   2(N-1)/N * S / W    = reduce-scatter, then all-gather
+  alternate ring all-reduce    (N-1) * S / W       each device passes whole inputs around
 
-The single-FFN derivation: x (B x D) -> W1 (D x F) -> W2 (F x D); a matmul of B x D by
-D x F costs 2BDF FLOPs, so forward costs 4BDF and backward twice that, 8BDF (the gradients
-of the input and of the weights). Parameters 2DF, in bf16 4DF bytes.
+The single-FFN derivation, with m weight matrices: the 2026 handout's SwiGLU FFN has m = 3
+(x1 = x W1, x2 = x W2, y = (f(x1) * x2) W3; W1, W2 D x F, W3 F x D), the 2025 handout's
+two-matrix FFN m = 2 (x W1 then W2). A matmul of B x D by D x F costs 2BDF FLOPs, so forward
+costs 2mBDF and backward twice that, 4mBDF (the gradients of the inputs and of the weights).
+Parameters mDF, in bf16 2mDF bytes.
 
-  DP    (N replicas, B/N tokens each): backward all-reduces the gradients, S = 4DF.
-        compute-bound iff 8BDF/(NC) >= 2(N-1)/N * 4DF/W  <=>  B/N >= (N-1)/N * C/W
+  DP    (N replicas, B/N tokens each): backward all-reduces the gradients, S = 2mDF.
+        compute-bound iff 4mBDF/(NC) >= 2(N-1)/N * 2mDF/W  <=>  B/N >= (N-1)/N * C/W
                                                            <=>  N <= 1 + B*W/C
   FSDP  (weights, gradients and optimizer state sharded N ways, B/N tokens each): forward
         all-gathers the weights; backward all-gathers them again and reduce-scatters the
-        gradients (S = 4DF each). Per phase: forward 4BDF/(NC) against (N-1)/N * 4DF/W,
-        backward 8BDF/(NC) against 2(N-1)/N * 4DF/W: the same bound as DP, N <= 1 + B*W/C.
-  TP    (Megatron: W1 split by columns, W2 by rows, every device sees all B tokens): one
-        all-reduce of the activations, S = 2BD bytes, in forward (after W2) and one in
-        backward (the gradient of x).
-        compute-bound iff 4BDF/(NC) >= 2(N-1)/N * 2BD/W  <=>  F/N >= (N-1)/N * C/W
-                                                          <=>  N <= 1 + F*W/C
-        (backward has twice the compute for the same traffic: forward binds). B cancels.
-  FSDP+TP (N = X*Y: FSDP over X, TP over Y): each device computes 4BDF/N in forward;
-        FSDP gathers its TP shard of the weights over X, (X-1)/X * 4DF/(Y W); TP
-        all-reduces B/X tokens' activations over Y, 2(Y-1)/Y * 2BD/(X W). Multiplying by
-        N C W / (4D):
-          compute-bound iff (X-1)/B + (Y-1)/F <= W/C
-        The best split minimises (X-1)/B + (N/X-1)/F: X = sqrt(N B / F), Y = sqrt(N F / B),
-        and then compute-bound iff N <= (B F / 4) * (W/C + 1/B + 1/F)^2 ~ B F W^2 / (4 C^2).
+        gradients (S = 2mDF each). Per phase: forward 2mBDF/(NC) against (N-1)/N * 2mDF/W,
+        backward 4mBDF/(NC) against 2(N-1)/N * 2mDF/W: the same bound as DP in both phases.
+  TP    (Megatron: W1 (and W2) split by columns, the last matrix by rows, every device sees
+        all B tokens): one all-reduce of the B x D output, S = 2BD bytes, in forward, and one
+        of the input's gradient dx in backward (every other product is local).
+        forward compute-bound iff 2mBDF/(NC) >= 2(N-1)/N * 2BD/W <=> N <= 1 + m*F*W/(2C);
+        backward, twice the compute for the same traffic: N <= 1 + m*F*W/C. B cancels.
+  FSDP+TP (N = X*Y: FSDP over X, TP over Y), forward: each device computes 2mBDF/N; FSDP
+        gathers its TP shard of the weights over X, (X-1)/X * 2mDF/(Y W); TP all-reduces B/X
+        tokens' outputs over Y, 2(Y-1)/Y * 2BD/(X W).
+        Overlapped (the two axes' collectives run at once; the step waits on the longer):
+          compute-bound iff X <= 1 + B*W/C and Y <= 1 + m*F*W/(2C),
+          so N <= (1 + B*W/C)(1 + m*F*W/(2C)).
+        Not overlapped (the axes share the links; the times add), dividing by the compute:
+          compute-bound iff (X-1)/B + (Y-1) * 2/(m F) <= W/C.
+        The best split minimises that sum: best_split_n_max with a = 1/B, k = 2/(mF), and
+        then N <= (m B F / 8)(W/C + 1/B + 2/(mF))^2 ~ m B F W^2 / (8 C^2).
 
 Communication "hides" behind compute when, in each phase, it takes no longer than the
 phase's compute: the best case, with every collective overlapped (DDP's bucketed
@@ -80,11 +85,19 @@ def all_reduce_s(size_bytes: float, n: int, w: float) -> float:
 
 
 def all_reduce_two_step_s(size_bytes: float, n: int, w: float) -> float:
-    """The alternate all-reduce: a reduce-scatter (each device ends with the sum of one
-    shard), then an all-gather of the summed shards. The same 2(n-1)/n * S / W as the ring,
-    and what FSDP's reduce-scatter + all-gather pair costs over a step: ZeRO-3 moves the
-    gradients no more than DDP, it moves them at different times."""
+    """The ring all-reduce written as its two steps, as the CS336 2026 handout builds it: a
+    ring reduce-scatter (each device ends with the sum of one shard), then a ring all-gather
+    of the summed shards: 2(n-1)/n * S / W. It is also what FSDP's reduce-scatter +
+    all-gather pair costs over a step: ZeRO-3 moves the gradients no more than DDP, it moves
+    them at different times."""
     return reduce_scatter_s(size_bytes, n, w) + all_gather_s(size_bytes, n, w)
+
+
+def all_reduce_alternate_ring_s(size_bytes: float, n: int, w: float) -> float:
+    """The CS336 2026 handout's alternate ring all-reduce (`alternate_ring_all_reduce`):
+    every device passes whole inputs x(i) around the ring, adding each one it receives, for
+    n-1 steps. Each step sends S bytes, not S/n: (n-1) * S / W, n/2 times the ring's."""
+    return (n - 1) * size_bytes / w
 
 
 def all_reduce_naive_s(size_bytes: float, n: int, w: float) -> float:
@@ -104,19 +117,23 @@ def all_reduce_tree_s(size_bytes: float, n: int, w: float) -> float:
 # -- the single-FFN derivation ------------------------------------------------------------------
 
 E = 2  # bytes per bf16 element
+MATRICES = 3  # the 2026 handout's SwiGLU FFN: W1, W2 (D x F) and W3 (F x D); 2 for 2025's
 
 
-def ffn_compute_s(b: float, d: float, f: float, n: int, c: float) -> tuple[float, float]:
-    """(forward, backward) seconds of one FFN layer per device, the work split n ways:
-    4BDF/(NC) and 8BDF/(NC)."""
-    return 4 * b * d * f / (n * c), 8 * b * d * f / (n * c)
+def ffn_compute_s(b: float, d: float, f: float, n: int, c: float,
+                  m: int = MATRICES) -> tuple[float, float]:
+    """(forward, backward) seconds of one FFN layer of `m` matrices per device, the work
+    split n ways: 2mBDF/(NC) and 4mBDF/(NC)."""
+    return 2 * m * b * d * f / (n * c), 4 * m * b * d * f / (n * c)
 
 
 def ffn_comm_s(strategy: str, b: float, d: float, f: float, n: int, w: float,
-               x: int = 1, y: int = 1) -> tuple[float, float]:
+               x: int = 1, y: int = 1, m: int = MATRICES,
+               overlap: bool = False) -> tuple[float, float]:
     """(forward, backward) communication seconds of one FFN layer per device (module
-    docstring); `x`, `y` the FSDP and TP degrees of fsdp-tp (x * y == n)."""
-    weights = E * 2 * d * f  # bytes of W1 and W2
+    docstring); `x`, `y` the FSDP and TP degrees of fsdp-tp (x * y == n), whose two axes'
+    collectives take the longer of the two with `overlap`, their sum without."""
+    weights = E * m * d * f  # bytes of the m matrices
     if strategy == "dp":
         return 0.0, all_reduce_s(weights, n, w)
     if strategy == "fsdp":
@@ -128,22 +145,35 @@ def ffn_comm_s(strategy: str, b: float, d: float, f: float, n: int, w: float,
     if strategy == "fsdp-tp":
         gather = all_gather_s(weights / y, x, w)
         tp = all_reduce_s(E * b / x * d, y, w)
-        return gather + tp, 2 * gather + tp
+        both = max if overlap else (lambda u, v: u + v)
+        return both(gather, tp), both(gather + reduce_scatter_s(weights / y, x, w), tp)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
-def ffn_n_max(strategy: str, b: float, f: float, c: float, w: float) -> float:
-    """The largest degree N at which one FFN layer is still compute-bound, as a real number
-    (the module docstring's closed forms): DP, FSDP 1 + BW/C; TP 1 + FW/C; FSDP+TP with
-    the best split (B F / 4)(W/C + 1/B + 1/F)^2, or a pure split where that is better."""
+def ffn_n_max(strategy: str, b: float, f: float, c: float, w: float, m: int = MATRICES,
+              overlap: bool = False) -> float:
+    """The largest degree N at which one FFN layer of `m` matrices is still compute-bound in
+    forward and in backward, as a real number (the module docstring's closed forms): DP,
+    FSDP 1 + BW/C; TP 1 + mFW/(2C) (forward binds); FSDP+TP in forward, with `overlap`
+    (1 + BW/C)(1 + mFW/(2C)), without it the best split of (X-1)/B + (Y-1) 2/(mF) <= W/C."""
     if strategy in ("dp", "fsdp"):
         return 1 + b * w / c
     if strategy == "tp":
-        return 1 + f * w / c
+        return 1 + m * f * w / (2 * c)
     if strategy == "fsdp-tp":
-        # per phase: (X-1)*a + (Y-1)*k <= K with a = 1/B, k = 1/F, K = W/C
-        return best_split_n_max(1 / b, 1 / f, w / c)
+        if overlap:
+            return (1 + b * w / c) * (1 + m * f * w / (2 * c))
+        return best_split_n_max(1 / b, 2 / (m * f), w / c)
     raise ValueError(f"unknown strategy {strategy!r}")
+
+
+def ffn_n_max_backward(strategy: str, b: float, f: float, c: float, w: float,
+                       m: int = MATRICES) -> float:
+    """The same bound for the backward alone: DP, FSDP 1 + BW/C, TP 1 + mFW/C (twice the
+    compute for the forward's traffic)."""
+    if strategy == "tp":
+        return 1 + m * f * w / c
+    return ffn_n_max(strategy, b, f, c, w, m)
 
 
 def best_split_n_max(a: float, k: float, budget: float) -> float:
@@ -163,8 +193,9 @@ def best_split_n_max(a: float, k: float, budget: float) -> float:
 
 INEQUALITY = {
     "dp": "compute-bound iff B/N >= (N-1)/N * C/W, i.e. N <= 1 + B*W/C",
-    "fsdp": "compute-bound iff B/N >= (N-1)/N * C/W, i.e. N <= 1 + B*W/C",
-    "tp": "compute-bound iff F/N >= (N-1)/N * C/W, i.e. N <= 1 + F*W/C",
-    "fsdp-tp": "compute-bound iff (X-1)/B + (Y-1)/F <= W/C; best split X = sqrt(NB/F): "
-    "N <= (BF/4)(W/C + 1/B + 1/F)^2",
+    "fsdp": "compute-bound iff B/N >= (N-1)/N * C/W, i.e. N <= 1 + B*W/C (forward and backward)",
+    "tp": "compute-bound iff m*F/N >= 2(N-1)/N * C/W, i.e. N <= 1 + m*F*W/(2C) (forward; "
+    "backward N <= 1 + m*F*W/C); m = 3 matrices",
+    "fsdp-tp": "overlapped axes: X <= 1 + B*W/C and Y <= 1 + m*F*W/(2C), N <= their product; "
+    "sharing the links: (X-1)/B + (Y-1)*2/(m*F) <= W/C, best N <= (mBF/8)(W/C + 1/B + 2/(mF))^2",
 }
