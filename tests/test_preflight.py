@@ -10,7 +10,7 @@ import time
 import pytest
 
 from cs336sys.experiments import attention, memory, preflight
-from tests.conftest import MICRO, invoke, query
+from tests.conftest import invoke, micro, query
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_the_memory_estimate_is_within_a_factor_of_the_measured_peak(size, seq, 
 def test_a_point_that_cannot_fit_is_skipped_with_its_estimate_and_force_runs_it(
         db_path, monkeypatch):
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 2**12)  # 4 KiB free
-    args = ["model", *MICRO, "--seq", "8", "--mode", "forward", "--warmup", "0", "--iters", "1",
+    args = ["model", *micro(warmup=0), "--seq", "8", "--mode", "forward", "--iters", "1",
             "--db", db_path]
     result = invoke(*args)
     assert result.exit_code == 0, result.output
@@ -53,7 +53,7 @@ def test_a_point_that_cannot_fit_is_skipped_with_its_estimate_and_force_runs_it(
 
 def test_a_long_sweep_says_its_estimated_time_first(db_path, monkeypatch):
     monkeypatch.setattr(preflight, "flops_per_second", lambda device: 1e3)  # a slow device
-    result = invoke("model", *MICRO, "--seq", "8,16", "--mode", "forward", "--warmup", "0",
+    result = invoke("model", *micro(warmup=0), "--seq", "8,16", "--mode", "forward",
                     "--iters", "1", "--db", db_path)
     assert result.exit_code == 0, result.output
     line = result.stderr.splitlines()[0]

@@ -275,7 +275,7 @@ def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
 def test_settings_the_same_in_every_row_go_above_the_table(rendered):
     rep, html, md = rendered
     t = table(section(rep, "model"), "Time per phase")
-    assert t.constant == "seq=128, batch=4, mode=train, ckpt=none, attention=naive, optimizer=adamw"
+    assert t.constant == "seq=128, batch=4, mode=train, warmup=2, ckpt=none, attention=naive, optimizer=adamw"
     assert t.headers[:3] == ["size", "precision", "compile"]
     assert "seq" not in t.headers and "mode" not in t.headers
     assert f'<p class="constant">Same in every row: {t.constant}</p>' in html

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import MICRO, invoke, query
+from tests.conftest import invoke, micro, query
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_a_bad_value_is_named_as_typed_with_the_closest_one(db_path, args, line)
 
 
 def test_size_presets_in_any_case_are_stored_as_the_table_spells_them(db_path):
-    args = [*MICRO, "--seq", "8", "--mode", "forward", "--warmup", "0", "--iters", "1"]
+    args = [*micro(warmup=0), "--seq", "8", "--mode", "forward", "--iters", "1"]
     args[args.index("tiny")] = "TINY"
     result = invoke("model", *args, "--db", db_path)
     assert result.exit_code == 0, result.output
@@ -105,7 +105,7 @@ def test_every_help_example_is_one_line_that_its_command_parses(monkeypatch):
 
 def test_the_printed_table_fits_the_terminal_and_wide_keeps_every_column(db_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "60")
-    args = ["model", *MICRO, "--seq", "8,16", "--mode", "forward", "--warmup", "0", "--iters",
+    args = ["model", *micro(warmup=0), "--seq", "8,16", "--mode", "forward", "--iters",
             "2"]
     narrow = invoke(*args, "--db", db_path)
     assert narrow.exit_code == 0, narrow.output
@@ -172,7 +172,7 @@ def test_compare_names_what_differs_between_the_sides(db_path, tmp_path, monkeyp
     """B ran with OMP_NUM_THREADS=1 (stored with its invocation): the comparison says so
     beside its verdicts. An experiment both sides ran without a common point lists the
     settings that differ, where it only said none was measured on both sides."""
-    args = ["model", *MICRO, "--mode", "forward", "--warmup", "0", "--iters", "2", "--db", db_path]
+    args = ["model", *micro(warmup=0), "--mode", "forward", "--iters", "2", "--db", db_path]
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert invoke(*args, "--seq", "8", "--label", "a").exit_code == 0
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

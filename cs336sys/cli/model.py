@@ -12,6 +12,8 @@ ListOpt = list[str] | None
 
 def _model_only(
     mode: list_option("forward, forward-backward and/or train. [default: train]") = None,
+    warmup: list_option("Untimed warm-up steps; a list is the warm-up study, a point per count "
+                        "(0,1,2,5). [default: 5 on CUDA, 2 on CPU]") = None,
     compile: Compile = False,
     nvtx: option("Emit NVTX ranges (for nsys); no-op without CUDA.", bool, "--nvtx") = False,
 ) -> None:
@@ -27,6 +29,8 @@ def model(**options: Any) -> None:
     Example:
 
         cs336sys model --size small,medium --precision fp32,bf16 --seq 256
+
+        cs336sys model --size small --warmup 0,1,2,5
 
         cs336sys model --model cs336_basics --size tiny,small
 

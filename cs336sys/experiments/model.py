@@ -44,6 +44,7 @@ from cs336sys.sweep.points import (
     listed,
     old_names,
     positive_ints,
+    warmups,
 )
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls
@@ -85,7 +86,7 @@ def specs(
     optimizer: Iterable[str] | None = None,
     compile: bool = False,
     checkpoint: Iterable[str] | None = None,
-    warmup: int | None = None,
+    warmup: Iterable[Any] | int | None = None,
     iters: int | None = None,
     device: str = "auto",
     seed: int = 0,
@@ -99,20 +100,22 @@ def specs(
 ) -> list[ModelSpec]:
     """The points of a model sweep: the cartesian product of the list options (each a list,
     comma lists allowed), validated. SpecError names the first bad option. What is not
-    given takes the device's default (DEFAULTS).
+    given takes the device's default (DEFAULTS). `warmup` is one count or a list of them
+    (the warm-up study: a point per count).
 
     Shared by every command that runs the model (`model`, `memory`, `profile model`).
     """
     dev = device_choice(device)
     defaults = DEFAULTS["cuda" if dev.startswith("cuda") else "cpu"]
-    warmup = defaults["warmup"] if warmup is None else warmup
+    warmup_counts = warmups(warmup, defaults["warmup"])
     iters = defaults["iters"] if iters is None else iters
     sizes = preset_sizes(size, defaults["size"])
     modes = choices(mode, MODES, "--mode", default=["train"])
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
     optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
     batches = positive_ints(batch, "--batch", default=[4])
-    counts(warmup, iters)
+    for warmup in warmup_counts:
+        counts(warmup, iters)
     check_seed(seed)
     from cs336sys.attention import registry
 
@@ -132,7 +135,8 @@ def specs(
     out = []
     for p in expand({"size": sizes, "seq": seqs, "batch": batches,
                      "mode": modes, "precision": precisions, "attention": attentions,
-                     "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint)}):
+                     "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint),
+                     "warmup": warmup_counts}):
         cfg = preset_config(p["size"], context_length=p["seq"], model=model,
                             attention=p["attention"], checkpoint=p["checkpoint"], **overrides)
         out.append(ModelSpec(
@@ -141,7 +145,7 @@ def specs(
             optimizer=p["optimizer"] if p["mode"] == "train" else "none",
             # Forward-only passes save nothing for backward: checkpointing changes nothing.
             checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
-            warmup=warmup, iters=iters, device=dev, seed=seed, nvtx=nvtx, model=model,
+            warmup=p["warmup"], iters=iters, device=dev, seed=seed, nvtx=nvtx, model=model,
         ))
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
@@ -251,7 +255,7 @@ CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite lo
 TABLE = Table(
     "Time per phase (mean ± std over timed steps)",
     (
-        *setting_columns("size seq batch mode precision"),
+        *setting_columns("size seq batch mode precision warmup"),
         Column("compile", "compile", "yes_no", setting=True),
         Column("ckpt", "checkpoint", setting=True),
         Column("model", "model", setting=True, optional=True),

@@ -25,10 +25,11 @@ WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table ha
 SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
-def _model_label(r: Row, gpu: bool = False) -> str:
+def _model_label(r: Row, gpu: bool = False, warmup: bool = False) -> str:
     s = r["_settings"]
     extra = [f"{k}={s[k]}" for k in ("model", "attention", "checkpoint")
              if s.get(k) not in (None, "naive", "none")]
+    extra += [f"warmup={s.get('warmup')}"] if warmup else []
     return " ".join([
         f"{s.get('size')} T={s.get('seq')} B={s.get('batch')}",
         f"{s.get('mode')} {s.get('precision')}", *extra,
@@ -39,9 +40,10 @@ def _model_label(r: Row, gpu: bool = False) -> str:
 def section(sec: Section, pts: list[Row]) -> None:
     """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups."""
     many = len({r.get("gpu") for r in pts}) > 1
+    warmups = len({r["_settings"].get("warmup") for r in pts}) > 1
 
     def label(r: Row) -> str:
-        return _model_label(r, gpu=many)
+        return _model_label(r, gpu=many, warmup=warmups)
 
     _step_bars(sec, pts)
     warm, lines, every = [], {}, []
@@ -65,13 +67,15 @@ def section(sec: Section, pts: list[Row]) -> None:
               Plot.lines(lines, "step (1 = first warm-up step)", "step time (ms)",
                          "Warm-up effect", logx=False),
               note=left_out(list(lines), every, "series (the table above has every point)"))
-    for key, a, b, title in (
-        ("precision", "fp32", "bf16", "Speedup fp32 → bf16 (step time)"),
-        ("compile", False, True, "Speedup eager → compiled (step time)"),
+    for key, (a, a_name), (b, b_name) in (
+        ("precision", ("fp32", "fp32"), ("bf16", "bf16")),
+        ("compile", (False, "eager"), (True, "compiled")),
     ):
         body = speedups(pts, key, a, b, "step_ms_mean", label)
         if body:
-            sec.tables.append(Table(title, ["point (A)", f"A={a} ms", f"B={b} ms", "A/B"], body))
+            sec.tables.append(Table(
+                f"Speedup {a_name} → {b_name} (step time)",
+                [f"point ({a_name})", f"{a_name} ms", f"{b_name} ms", f"{a_name}/{b_name}"], body))
 
 
 # Steps per size and precision drawn as stacked bars: the parts, bottom first.

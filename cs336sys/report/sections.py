@@ -18,8 +18,9 @@ from cs336sys.measure.sampling import drifted
 from cs336sys.report.plots import Bars, Plot, Ranked, Series, Strips
 
 Row = dict[str, Any]
-# Settings that say how a point was measured, not which point it is.
-QUIET = frozenset({"device", "seed", "warmup", "steps", "iters", "snapshot"})
+# Settings that say how a point was measured, not which point it is. The warm-up is not one
+# of them: it changes what is measured (the warm-up study compares points that differ in it).
+QUIET = frozenset({"device", "seed", "steps", "iters", "snapshot"})
 # Model dimensions that a size preset fixes: worth naming only when overridden.
 _BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 

@@ -164,6 +164,20 @@ def positive_ints(
     return out
 
 
+def warmups(values: Iterable[Any] | int | None, default: int) -> list[int]:
+    """--warmup as a list of step counts, each zero or more (`--warmup 0,1,2,5`, the
+    warm-up study); one int is a list of one; `default` when not given."""
+    if values is None or isinstance(values, int):
+        return [default if values is None else values]
+    out = []
+    for v in listed(values, "--warmup"):
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise SpecError(f"--warmup: {v!r} is not an integer") from None
+    return list(dict.fromkeys(out))
+
+
 def counts(warmup: int, steps: int, steps_option: str = "--iters") -> None:
     """Refuse a non-positive number of timed steps, a negative warm-up, and either above
     MAX_STEPS."""
