@@ -289,8 +289,7 @@ class Bar:
         """The sweep's estimated time (experiments/preflight.py), in one line when long."""
         if not self.on or seconds < self.LONG_S:
             return
-        took = f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
-        typer.echo(f"{self.label}: estimated about {took} for {points} point(s), from their "
+        typer.echo(f"{self.label}: estimated about {took(seconds)} for {points} point(s), from their "
                    "FLOPs and this device's rate", err=True)
 
     def begin(self, spec: Any) -> None:
@@ -375,6 +374,27 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
         typer.echo(f"{f.status}: {f.point}: {f.why}")
 
 
+def took(seconds: float) -> str:
+    """A duration as people say it: 40 s, 12 min, 3.5 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
+
+
+def dry_run(experiment: Any, points: list) -> str:
+    """--dry-run's line: the points and their estimated time (experiments/preflight.py, for
+    the experiments that estimate); nothing is measured or written."""
+    estimates = [experiment.estimate(p) for p in points] if experiment.estimate else []
+    seconds = [e.seconds for e in estimates if e is not None and e.seconds is not None]
+    line = f"dry run: {len(points)} point(s)"
+    if seconds:
+        line += (f", estimated {took(sum(seconds))} from their FLOPs and this device's rate"
+                 + (f" ({len(seconds)} of them)" if len(seconds) < len(points) else ""))
+    else:
+        line += ", no time estimate for this experiment"
+    return line + "; nothing measured"
+
+
 def with_handout(specs: Callable[..., list], options: dict[str, Any]) -> list:
     """`specs(**options)` with size names read in the handout release `options` names
     (`--handout`, popped; the environment's or the newest where absent)."""
@@ -410,6 +430,7 @@ def measure(
     options = dict(options)
     db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
     wide, force = options.pop("wide", False), options.pop("force", False)
+    dry = options.pop("dry_run", False)
     takes_user_code = "adapters" in options
     adapters = options.pop("adapters", None)
     options.pop("ctx", None)
@@ -427,6 +448,9 @@ def measure(
         points = with_handout(specs, options)
     if not points:
         fail("nothing to measure: the options select no point")
+    if dry:
+        typer.echo(dry_run(experiment, points))
+        return
     check_db(db)
     device = points[0].device
     if not rank:

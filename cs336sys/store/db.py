@@ -387,18 +387,23 @@ class Store:
 
     # -- reading --------------------------------------------------------------------------
 
-    def done_points(self, experiment: str, provenance: dict[str, Any]) -> set[str]:
+    def done_points(self, experiment: str, provenance: dict[str, Any],
+                    label: str | None = None) -> set[str]:
         """Point keys already stored with status ok by the same code on the same machine (for
         --resume): the same git commit, host, GPU (name and count) or CPU model, torch,
-        Triton and CUDA versions, and measurement environment (provenance.measurement_env). A
-        point merged from another machine, or run with other switches, is run again."""
+        Triton and CUDA versions, and measurement environment (provenance.measurement_env);
+        with a `label`, only those stored under it (a labelled run resumes itself: `handout
+        run` measures each problem's points under its name). A point merged from another
+        machine, or run with other switches, is run again."""
         if provenance.get("git_commit") is None:
             return set()
         same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
         rows = self.conn.execute(
             "SELECT r.point_key FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-            f"WHERE r.experiment = ? AND r.status = 'ok' AND {same}",
-            (experiment, *(provenance.get(c) for c in MACHINE)),
+            f"WHERE r.experiment = ? AND r.status = 'ok' AND {same}"
+            + (" AND i.label = ?" if label is not None else ""),
+            (experiment, *(provenance.get(c) for c in MACHINE),
+             *((label,) if label is not None else ())),
         )
         return {r[0] for r in rows}
 

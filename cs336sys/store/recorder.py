@@ -50,6 +50,7 @@ class Recorder:
         self.invocation_id = self.store.begin_invocation(
             self.provenance, list(sys.argv if argv is None else argv), command, label
         )
+        self.label = label
         self.errors = 0
         self.added = 0  # points stored by this invocation
 
@@ -82,8 +83,9 @@ class Recorder:
         self.store.update_metrics(run_id, result.metrics)
 
     def done(self, experiment: Any) -> set[str]:
-        """Point keys stored ok by this code on this machine (for `--resume`)."""
-        return self.store.done_points(experiment.kind, self.provenance)
+        """Point keys stored ok by this code on this machine, under this invocation's label
+        when it has one (for `--resume`)."""
+        return self.store.done_points(experiment.kind, self.provenance, self.label)
 
     # -- the invocation -----------------------------------------------------------------------
 
