@@ -39,7 +39,8 @@ def report(
     history: option("Plot each point's median across commits, in time order, and list the steps "
                     "(regressions and improvements) found in the raw samples; steps are also "
                     "printed.", bool, "--history") = False,
-    fmt: list_option("html and/or md. [default: both]", "--format") = None,
+    fmt: list_option("html, md, tex (booktabs tables, a LaTeX document) and/or typst (#table "
+                     "files, a Typst document). [default: html,md]", "--format") = None,
     out: option("Folder to write the report into.", str) = "reports",
     title: option("Title of the report.", str) = "cs336sys report",
     force: Replace = False,
@@ -65,7 +66,7 @@ def report(
     from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.measure.paths import why_unwritable
     from cs336sys.report import refs
-    from cs336sys.report.render import FORMATS, build, write
+    from cs336sys.report.render import DEFAULT_FORMATS, EXTENSIONS, FORMATS, build, write
     from cs336sys.report.select import (
         Selection,
         SelectionError,
@@ -87,7 +88,7 @@ def report(
         fail(f"--fail-on-regression must be a percentage of 0 or more, got {fail_on_regression}")
     if not 0 <= threshold < 1000:
         fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
-    formats = choices(fmt, FORMATS, "--format", default=FORMATS)
+    formats = choices(fmt, FORMATS, "--format", default=DEFAULT_FORMATS)
     exps = choices(experiment, sorted(views_of(EXPERIMENTS)), "--experiment")
     now = datetime.now(timezone.utc)
     since_commits = None
@@ -116,7 +117,7 @@ def report(
     from cs336sys.cli.outputs import refuse_to_replace
 
     for f in formats:
-        refuse_to_replace([out / f"report.{f}"], f, "--out", force)
+        refuse_to_replace([out / f"report.{EXTENSIONS[f]}"], f, "--out", force)
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:

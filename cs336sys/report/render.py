@@ -38,7 +38,9 @@ def _templates() -> Path:
 
 
 TEMPLATES = _templates()
-FORMATS = ("html", "md")
+FORMATS = ("html", "md", "tex", "typst")
+DEFAULT_FORMATS = ("html", "md")
+EXTENSIONS = {"html": "html", "md": "md", "tex": "tex", "typst": "typ"}  # of <stem>.<ext>
 _VERSIONS = ("torch_version", "triton_version", "python_version", "cuda_version",
              "cs336sys_version")
 
@@ -76,7 +78,7 @@ def _kernels(conn: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dic
     return out
 
 
-def _provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[str, str]]:
+def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[str, str]]:
     gpus: Counter = Counter()
     commits: dict[str, bool] = {}
     versions: dict[str, set] = {k: set() for k in _VERSIONS}
@@ -134,7 +136,7 @@ def build(
     with Drawer(start=draws) as drawer:
         rows = both.rows if both else load(conn, sel, catalog, found)
         invs = both.invocations if both else invocations(conn, sel)
-        report = Report(title, filters, _provenance(invs, rows))
+        report = Report(title, filters, provenance(invs, rows))
         # in the declared order, the analytic ones (plan) after every measured one
         for experiment in sorted(catalog, key=lambda e: e.analytic):
             if rows.get(experiment.kind):
@@ -264,7 +266,8 @@ _NUMBER = re.compile(
 
 
 def write(report: Report, out: Path, formats: list[str], stem: str = "report") -> list[Path]:
-    """Render the report into `out`; returns the paths written (images of the .md included)."""
+    """Render the report into `out`; returns the paths written (the images and, for tex and
+    typst, each table's own file included: report/typeset.py)."""
     env, md_env = _env(), _env(markdown=True)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -272,18 +275,26 @@ def write(report: Report, out: Path, formats: list[str], stem: str = "report") -
         path = out / f"{stem}.html"
         path.write_text(env.get_template("report.html.j2").render(r=report), encoding="utf-8")
         written.append(path)
-    if "md" in formats:
+    images: dict[str, str] = {}
+    pngs = []
+    if any(f in formats for f in ("md", "tex", "typst")):
         img_dir = out / f"{stem}_files"
-        images, pngs = {}, []
         for sec in report.sections:
             for fig in sec.figures:
                 img_dir.mkdir(exist_ok=True)
                 (img_dir / f"{fig.name}.png").write_bytes(fig.png)
                 images[fig.name] = f"{img_dir.name}/{fig.name}.png"
                 pngs.append(img_dir / f"{fig.name}.png")
+    if "md" in formats:
         path = out / f"{stem}.md"
         path.write_text(
             md_env.get_template("report.md.j2").render(r=report, images=images), encoding="utf-8"
         )
-        written += [path, *pngs]
+        written.append(path)
+    written += pngs
+    for fmt in ("tex", "typst"):
+        if fmt in formats:
+            from cs336sys.report import typeset
+
+            written += typeset.write(report, out, fmt, stem, images)
     return written

@@ -1,0 +1,143 @@
+"""A report as LaTeX and as Typst: each table in its own file (a booktabs `tabular`, a Typst
+`#table(...)`), ready to `\\input` or `#include` in a writeup, and one document that puts
+them together with the figures, section by section.
+
+The CS336 handout suggests building the writeup's tables in code ("formatting tables in
+LaTeX or Typst can be very tedious"); these are those tables, with the values the report
+shows. The documents compile with pdflatex (booktabs, graphicx, adjustbox, geometry) and
+`typst compile`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from cs336sys.report.sections import Table
+
+# Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
+# pdflatex's default fonts lack, as LaTeX writes them.
+_LATEX = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+    "±": r"$\pm$", "×": r"$\times$", "≤": r"$\leq$", "≥": r"$\geq$", "→": r"$\rightarrow$",
+    "µ": r"$\mu$", "−": "-", "–": "--", "—": "---", "…": r"\dots{}", "²": r"\textsuperscript{2}",
+    "√": r"$\surd$", "⌈": r"$\lceil$", "⌉": r"$\rceil$", "₂": r"$_2$",
+}
+_LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX))
+
+
+def latex(value: str) -> str:
+    """`value` as LaTeX text: its special characters escaped."""
+    return _LATEX_RE.sub(lambda m: _LATEX[m.group(0)], str(value))
+
+
+def typst(value: str) -> str:
+    """`value` as a Typst string literal (shown as written, no markup)."""
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_NUMERIC = re.compile(r"^(OOM|error|skipped|wrong|[-+]?[\d,.]+)")
+
+
+def _right(column: list[str]) -> bool:
+    """Right-align a column whose every filled cell starts with a number (or OOM)."""
+    filled = [c for c in column if c]
+    return bool(filled) and all(_NUMERIC.match(c) for c in filled)
+
+
+def latex_table(t: Table) -> str:
+    """A booktabs tabular of the table (the title and note are the document's)."""
+    columns = list(zip(*t.rows, strict=True)) if t.rows else [() for _ in t.headers]
+    spec = "".join("r" if _right(list(c)) else "l" for c in columns)
+    lines = [f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
+             " & ".join(latex(h) for h in t.headers) + r" \\", r"\midrule"]
+    lines += [" & ".join(latex(c) for c in row) + r" \\" for row in t.rows]
+    lines += [r"\bottomrule", r"\end{tabular}", ""]
+    return "\n".join(lines)
+
+
+def typst_table(t: Table) -> str:
+    """A Typst `#table(...)` of the table, its header row repeated across pages."""
+    columns = list(zip(*t.rows, strict=True)) if t.rows else [() for _ in t.headers]
+    align = ", ".join("right" if _right(list(c)) else "left" for c in columns)
+    lines = ["#table(", f"  columns: {len(t.headers)},", f"  align: ({align},),",
+             "  stroke: none,", "  table.hline(),",
+             "  table.header(" + ", ".join(f"[*#{typst(h)}*]" for h in t.headers) + "),",
+             "  table.hline(stroke: 0.5pt),"]
+    lines += ["  " + ", ".join(typst(c) for c in row) + "," for row in t.rows]
+    lines += ["  table.hline(),", ")", ""]
+    return "\n".join(lines)
+
+
+def _sentences(section: Any, t: Table) -> tuple[str, str]:
+    """The table's caption and the line under it."""
+    caption = t.title or section.title
+    under = " ".join(x for x in ((f"Same in every row: {t.constant}." if t.constant else ""),
+                                 t.note) if x)
+    return caption, under
+
+
+def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str]) -> list[Path]:
+    """The report as `fmt` ("tex" or "typst") in `out`: `<stem>.tex` / `<stem>.typ`, and
+    each table in `<stem>_tables/` as `<section>-<n>.tex` / `.typ`. `images` maps a figure's
+    name to its PNG's path relative to `out` (written by the caller). Returns the paths."""
+    ext = "tex" if fmt == "tex" else "typ"
+    table_dir = out / f"{stem}_tables"
+    written: list[Path] = []
+    body: list[str] = []
+    for section in report.sections:
+        body.append(rf"\section{{{latex(section.title)}}}" if ext == "tex"
+                    else f"#heading(level: 1, {typst(section.title)})")
+        for note in section.notes:
+            body.append(latex(note) + "\n" if ext == "tex" else f"#par({typst(note)})")
+        for i, t in enumerate(section.tables, start=1):
+            table_dir.mkdir(parents=True, exist_ok=True)
+            path = table_dir / f"{section.id}-{i}.{ext}"
+            path.write_text(latex_table(t) if ext == "tex" else typst_table(t), encoding="utf-8")
+            written.append(path)
+            caption, under = _sentences(section, t)
+            rel = f"{table_dir.name}/{path.name}"
+            if ext == "tex":
+                body += [r"\begin{table}[htbp]\centering", rf"\caption{{{latex(caption)}}}",
+                         r"\begin{adjustbox}{max width=\textwidth}", rf"\input{{{rel}}}",
+                         r"\end{adjustbox}",
+                         *([rf"\par\smallskip{{\footnotesize {latex(under)}}}"] if under else []),
+                         r"\end{table}", ""]
+            else:
+                body += [f"#figure(include {typst(rel)}, caption: {typst(caption)}, "
+                         "kind: table)", *([f"#text(size: 8pt, {typst(under)})"] if under else []),
+                         ""]
+        for fig in section.figures:
+            if fig.name not in images:
+                continue
+            if ext == "tex":
+                body += [r"\begin{figure}[htbp]\centering",
+                         rf"\includegraphics[width=\linewidth]{{{images[fig.name]}}}",
+                         rf"\caption{{{latex(fig.title)}}}", r"\end{figure}", ""]
+            else:
+                body.append(f"#figure(image({typst(images[fig.name])}, width: 100%), "
+                            f"caption: {typst(fig.title)})")
+    head = _head(report, ext)
+    document = out / f"{stem}.{ext}"
+    tail = "\n\\end{document}\n" if ext == "tex" else "\n"
+    document.write_text(head + "\n".join(body) + tail, encoding="utf-8")
+    return [document, *written]
+
+
+def _head(report: Any, ext: str) -> str:
+    """The document's preamble, title and provenance list."""
+    facts = [f"{k}: {v}" for k, v in report.provenance]
+    if ext == "tex":
+        items = "".join(rf"\item {latex(f)}" + "\n" for f in facts)
+        return ("% generated by cs336sys\n"
+                "\\documentclass[10pt]{article}\n"
+                "\\usepackage[margin=2cm]{geometry}\n\\usepackage{booktabs}\n"
+                "\\usepackage{graphicx}\n\\usepackage{adjustbox}\n"
+                f"\\title{{{latex(report.title)}}}\n\\date{{}}\n"
+                "\\begin{document}\n\\maketitle\n"
+                + (f"\\begin{{itemize}}\n{items}\\end{{itemize}}\n" if facts else ""))
+    items = "".join(f"- #{typst(f)}\n" for f in facts)
+    return ("// generated by cs336sys\n#set page(margin: 2cm)\n#set text(size: 10pt)\n"
+            f"#align(center, text(size: 16pt, {typst(report.title)}))\n\n{items}\n")
