@@ -56,7 +56,8 @@ def test_every_command_has_help_with_an_example():
 def test_every_command_that_measures_takes_resume():
     """What a Ctrl-C or SIGTERM leaves, the same command with --resume finishes."""
     stores_no_measurement = {("env",), ("sql",), ("report",), ("browse",), ("plan",), ("db",),
-                             ("db", "export"), ("db", "merge"), ("precision",), ("profile",)}
+                             ("db", "export"), ("db", "merge"), ("precision",), ("profile",),
+                             ("handout",), ("handout", "report")}
     measuring = [p for p in _command_paths() if tuple(p) not in stores_no_measurement]
     assert {("precision", "autocast"), ("memory",), ("comm",)} <= {tuple(p) for p in measuring}
     for path in measuring:
@@ -69,7 +70,7 @@ def test_hand_written_defaults_reach_the_help():
     for path, default in (
         (["model"], "[default: small on CUDA, tiny on CPU]"),
         (["attention"], "[default: 256,1024,4096,8192,16384 on CUDA, 128,256,512,1024 on CPU]"),
-        (["report"], "[default: both]"),
+        (["report"], "[default: html,md]"),
     ):
         result = invoke(*path, "--help")
         assert default in " ".join(result.stdout.split()), path
@@ -474,15 +475,13 @@ def test_model_trains_with_each_attention(db_path, attention, monkeypatch):
     monkeypatch.setenv(flash_torch.COMPILE_ENV, "0")
     result = invoke(
         "model",
-        *micro(num_layers=1, batch=1),  # one block, one sequence: interpreted Triton is slow
+        *micro(num_layers=1, batch=1, warmup=0),  # one block, one sequence: interpreted Triton
         "--seq",
         "24",
         "--mode",
         "train",
         "--attention",
         attention,
-        "--warmup",
-        "0",
         "--iters",
         "4",
         "--db",
@@ -514,3 +513,34 @@ def test_profile_takes_every_option_of_the_command_it_profiles():
     assert {"top", "trace", "nsys", "exec_", "nvtx"} <= names(profile_model) & names(profile_attention)
     warmup = inspect.signature(profile_model).parameters["warmup"].annotation
     assert "before the profiler" in warmup.__metadata__[0].help
+
+
+def test_dry_run_says_the_points_and_writes_nothing(db_path):
+    result = invoke("model", *micro(), "--seq", "8,16", "--mode", "forward", "--dry-run",
+                    "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("dry run: 2 point(s), estimated ")
+    assert "nothing measured" in result.stdout and not db_path.exists()
+
+
+def test_a_warmup_list_is_a_point_per_count_and_a_column(db_path):
+    """The warm-up study in one run: the counts are points of their own, never merged."""
+    result = invoke("model", *micro(warmup=0), "--seq", "8", "--mode", "forward", "--warmup",
+                    "0,2", "--iters", "2", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert rows(db_path, "SELECT warmup FROM model_runs ORDER BY warmup") == [
+        {"warmup": 0}, {"warmup": 2}]
+    samples = [json.loads(r["samples"]) for r in rows(db_path, "SELECT samples FROM runs")]
+    assert sorted(max(map(len, s["warmup"].values()), default=0) for s in samples) == [0, 2]
+    assert "warmup" in result.stdout
+
+
+def test_resume_under_a_label_skips_only_that_labels_points(db_path):
+    args = ["model", *micro(warmup=0), "--seq", "8", "--mode", "forward", "--iters", "1",
+            "--db", db_path]
+    assert invoke(*args, "--label", "a").exit_code == 0
+    assert invoke(*args, "--label", "a", "--resume").exit_code == 0  # stored under a: skipped
+    assert invoke(*args, "--label", "b", "--resume").exit_code == 0  # not under b: measured
+    assert invoke(*args, "--resume").exit_code == 0  # no label: any stored point counts
+    assert rows(db_path, "SELECT label, count(*) AS n FROM model_runs GROUP BY label") == [
+        {"label": "a", "n": 1}, {"label": "b", "n": 1}]

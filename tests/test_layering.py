@@ -1,6 +1,6 @@
 """The package's layers (docs/architecture.md), checked on its imports.
 
-    cli -> experiments -> {report, models} -> {attention, store} -> yours -> sweep
+    cli -> handout -> experiments -> {report, models} -> {attention, store} -> yours -> sweep
         -> parallel -> measure
 
 Nothing below imports anything above; experiments never import the store; attention does
@@ -23,8 +23,10 @@ ROOT = Path(cs336sys.__file__).parent
 
 # layer -> the layers it may import (its own always)
 ALLOWED = {
-    "cli": {"experiments", "report", "models", "attention", "store", "parallel", "yours",
-            "sweep", "measure"},
+    "cli": {"handout", "experiments", "report", "models", "attention", "store", "parallel",
+            "yours", "sweep", "measure"},
+    "handout": {"experiments", "report", "models", "attention", "store", "parallel", "yours",
+                "sweep", "measure"},
     "experiments": {"report", "models", "attention", "parallel", "yours", "sweep", "measure"},
     "report": {"store", "sweep", "measure"},
     "models": {"attention", "sweep", "measure"},

@@ -23,6 +23,7 @@ from cs336sys.cli.common import as_typed
 from cs336sys.cli.db import db_app
 from cs336sys.cli.ddp import ddp
 from cs336sys.cli.env import env
+from cs336sys.cli.handout import handout_app
 from cs336sys.cli.memory import memory_app
 from cs336sys.cli.model import model
 from cs336sys.cli.plan import plan
@@ -188,6 +189,7 @@ app.add_typer(profile_app, name="profile")
 app.command()(report)
 app.command()(browse)
 app.add_typer(db_app, name="db")
+app.add_typer(handout_app, name="handout")
 
 
 def main() -> None:

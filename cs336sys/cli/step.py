@@ -11,8 +11,9 @@ ListOpt = list[str] | None
 
 
 def _step_only(
-    size: list_option("Size preset(s): tiny, small, medium, large, xl, 2.7B, 10B, 8b (the 2026 "
-                      "leaderboard's). [default: 8b on CUDA, tiny on CPU]") = None,
+    size: list_option("Size preset(s) of the handout's table (small, medium, large, xl, 10B; "
+                      "--handout 2025 for its xl), 2.7B, tiny or 8b (the 2026 leaderboard's). "
+                      "[default: 8b on CUDA, tiny on CPU]") = None,
     seq: list_option("Context length(s). [default: 8192 on CUDA, 128 on CPU]") = None,
     batch: list_option("Batch size(s). [default: 2]") = None,
     switches: list_option("Switch sets: none, fused-adamw, fused-ce, flash, compile, sets joined "

@@ -116,7 +116,7 @@ def model_size(row: Mapping[str, Any]) -> str:
     return f"{size} ({shape})"
 
 
-SIZE_COLUMN = Column("size", cell=model_size, setting=True, covers=("size", "d_model", "num_layers"))
+SIZE_COLUMN = Column("size", "size", cell=model_size, setting=True, covers=("d_model", "num_layers"))
 
 
 def setting_columns(names: str) -> tuple[Column, ...]:

@@ -7,6 +7,8 @@ A page asks for a generated block with a marker line of its own:
     <!-- generated: experiments -->       every experiment of the catalog, one line each
     <!-- generated: schema -->            the store's tables and every view's columns,
                                           read from a store created in memory
+    <!-- generated: handout YEAR -->      every problem of that handout release: points,
+                                          what it asks, its commands on a GPU and on a CPU
     <!-- generated: cli -->                every command and subcommand of the Typer app
                                           cs336sys.cli:app with its help, usage, arguments
                                           and options, by Typer's own docs generator (what
@@ -160,6 +162,25 @@ def render_experiments() -> str:
                   rows) + "\n"
 
 
+def render_handout(year: str | None) -> str:
+    """The problems of handout release `year`, from their declarations (cs336sys/handout)."""
+    from cs336sys.handout import problems
+
+    rows = []
+    for p in problems(year):
+        gpu = [r.args(True) for r in p.runs]
+        cpu = [r.args(False) for r in p.runs]
+        what = {"implement": f"checked by `{p.check}`", "written": "a written answer"}
+        rows.append((
+            f"`{p.name}`", p.points, p.section, p.asks,
+            what.get(p.kind) or "<br>".join(f"`cs336sys {' '.join(a)}`" for a in gpu if a),
+            "" if p.kind in what else "<br>".join(
+                f"`cs336sys {' '.join(a)}`" if a else "needs a GPU" for a in cpu),
+        ))
+    return _table(("problem", "points", "§", "asks", "on a GPU", "on a CPU (cut down)"),
+                  rows) + "\n"
+
+
 def _store_in_memory() -> sqlite3.Connection:
     from cs336sys.store import schema, views
 
@@ -247,6 +268,7 @@ RENDERERS = {
     "experiments": lambda arg: render_experiments(),
     "schema": lambda arg: render_schema(),
     "cli": lambda arg: render_cli(),
+    "handout": render_handout,
 }
 
 

@@ -1,0 +1,254 @@
+"""`cs336sys handout`: the assignment's problems with their status in the store and the
+commands that answer them; `handout run` runs those commands, `handout report` writes the
+writeup starter (handout/)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    DbOption,
+    catalog,
+    check_db,
+    choices,
+    fail,
+    user_errors,
+)
+from cs336sys.cli.options import Replace, list_option, option
+
+handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
+
+Year = option("The handout release: 2026 or 2025 (or set CS336SYS_HANDOUT).", str | None,
+              "--year", envvar="CS336SYS_HANDOUT", show_default="2026")
+Names = Annotated[list[str] | None, typer.Argument(
+    help="Problems, as the handout names them (benchmarking_script, flash_benchmarking, ...).",
+    show_default=False, metavar="[PROBLEM]...")]
+GPU_NOTE = "sized as the handout says (a GPU)"
+CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences (the handout's sizes need a "
+            "GPU)")
+
+
+def _on_gpu() -> bool:
+    """Whether this machine has an NVIDIA GPU (nvidia-smi, without importing torch)."""
+    from cs336sys.measure.provenance import smi_gpus
+
+    return bool(smi_gpus())
+
+
+def _problems(names: list[str] | None, year: str | None, every: bool = True) -> list:
+    from cs336sys.handout import named, problems
+
+    with user_errors():
+        return named(names, year) if names else list(problems(year)) if every else []
+
+
+def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]]:
+    """The argument lists of a problem's runs on this machine (its check, with --yours, for
+    an implementation)."""
+    import shlex
+
+    if problem.kind == "implement":
+        return [shlex.split(problem.check)[1:]] if yours else []
+    found = (run.args(on_gpu, yours) for run in problem.runs)
+    return [args for args in found if args is not None]
+
+
+def _line(args: list[str]) -> str:
+    import shlex
+
+    return "cs336sys " + shlex.join(args)
+
+
+def _statuses(db: Path, problems: list) -> list:
+    """Each problem's status; a store that does not exist (or cannot be read) holds none."""
+    from cs336sys.handout.status import statuses
+    from cs336sys.store.db import StoreError, connect_readonly
+
+    if not db.exists():
+        return statuses(None, problems)
+    try:
+        conn = connect_readonly(db, catalog)
+    except StoreError as exc:
+        fail(exc)
+    try:
+        return statuses(conn, problems)
+    finally:
+        conn.close()
+
+
+@handout_app.callback(invoke_without_command=True)
+def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) -> None:
+    """Every problem of the assignment's handout with its points, what it asks to measure,
+    its status in this store, and the commands that answer it on this machine.
+
+    A problem's runs are the invocations labelled with its name: `handout run` labels them
+    so. The 2026 release has 27 problems, the 2025 one 21 (--year 2025).
+
+    Example:
+
+        cs336sys handout
+
+        cs336sys handout --year 2025
+
+        cs336sys handout run benchmarking_script memory_profiling
+
+        cs336sys handout report --format md,tex,typst --out writeup/
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from cs336sys.handout import problems
+    from cs336sys.models.config import handout as release
+
+    with user_errors():
+        every = list(problems(year))
+        chosen = year or release()
+    on_gpu = _on_gpu()
+    typer.echo(f"CS336 assignment 2, {chosen} handout: {len(every)} problems, "
+               f"{sum(p.points for p in every)} points; commands "
+               f"{GPU_NOTE if on_gpu else CPU_NOTE}.\n")
+    for status in _statuses(db, every):
+        p = status.problem
+        typer.echo(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): "
+                   f"{status.line()}")
+        typer.echo(f"  {p.asks}")
+        for args in _commands(p, on_gpu):
+            typer.echo(f"  $ {_line(args)}")
+        if not on_gpu and any(r.cpu == "" for r in p.runs):
+            typer.echo("  (part of it needs a GPU)")
+    typer.echo("\nRun them: cs336sys handout run PROBLEM... (or --all); the writeup starter: "
+               "cs336sys handout report.")
+
+
+@handout_app.command("run")
+def run(
+    ctx: typer.Context,
+    names: Names = None,
+    every: option("Every problem that has something to measure or compute.", bool,
+                  "--all") = False,
+    year: Year = None,
+    yours: option("Measure your code where the problem is about it (your adapters' "
+                  "implementations, --model cs336_basics) and check your implementations.",
+                  bool, "--yours") = False,
+    dry_run: option("Print each command and its points' estimated time; measure nothing.",
+                    bool, "--dry-run") = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Run the commands that answer the problems, each labelled with its problem's name and
+    run with --resume: points already stored ok under that label, at this commit on this
+    machine, are not measured again, so an interrupted run picks up where it stopped.
+
+    Example:
+
+        cs336sys handout run benchmarking_script --dry-run
+
+        cs336sys handout run --all
+
+        cs336sys handout run flash_benchmarking --yours
+    """
+    problems = _problems(names, year)  # --year and the names checked first
+    if bool(names) == every:
+        fail("name the problems to run, or give --all (not both)")
+    check_db(db)
+    on_gpu = _on_gpu()
+    todo = [(p, args) for p in problems for args in _commands(p, on_gpu, yours)]
+    if not todo:
+        fail("nothing to run: the problems chosen have nothing to measure here"
+             + ("" if yours else " (implementations are checked with --yours)"))
+    root = ctx.find_root().command
+    typer.echo(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
+    worst = 0
+    for i, (problem, args) in enumerate(todo, start=1):
+        typer.echo(f"\n[{i}/{len(todo)}] {problem.name}: {_line(args)}")
+        if args[0] == "plan":
+            if dry_run:
+                typer.echo("arithmetic: answers in under a second")
+                continue
+            line = [*args, "--label", problem.name, "--db", str(db)]
+        else:
+            line = [*args, "--label", problem.name, "--db", str(db),
+                    *(["--dry-run"] if dry_run else ["--resume"])]
+        code = _invoke(root, line)
+        if code not in (0, None):
+            typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}", err=True)
+            worst = max(worst, code if isinstance(code, int) else 1)
+    if not dry_run:
+        typer.echo(f"\nDone: `cs336sys handout --db {db}` shows where each problem stands.")
+    raise typer.Exit(min(worst, 1))
+
+
+def _invoke(root: Any, args: list[str]) -> int | None:
+    """Run `cs336sys ARGS` in this process through the root group; its exit code. A Ctrl-C
+    stops the whole run, as the command's own handling ends it."""
+    # click's classes, wherever this typer takes click from (vendored since typer 0.2x)
+    click_exception = {c.__name__: c for c in typer.BadParameter.__mro__}["ClickException"]
+    try:
+        return root.main(args=args, prog_name="cs336sys", standalone_mode=False)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except click_exception as exc:
+        exc.show(file=sys.stderr)
+        return exc.exit_code
+
+
+@handout_app.command("report")
+def report(
+    names: Names = None,
+    year: Year = None,
+    fmt: list_option("html, md, tex and/or typst. [default: md,tex,typst]", "--format") = None,
+    out: option("Folder for the writeup starter (created if missing).", str,
+                "--out") = "writeup",
+    force: Replace = False,
+    db: DbOption = DEFAULT_DB,
+) -> None:
+    """Write the writeup starter: per problem, in the handout's order, what it asks, one
+    method line (GPU, commit, versions, warm-up, samples), its tables in the handout's shapes
+    (sizes x phases, d x seq, sizes x processes, mean ± std) and its plots, from the runs
+    labelled with its name. LaTeX tables are booktabs tabulars and Typst tables #table(...),
+    each in its own file too, ready to \\input or #include. Facts only: no prose answers.
+
+    Example:
+
+        cs336sys handout report --format md,tex,typst --out writeup/
+
+        cs336sys handout report benchmarking_script pytorch_attention --format tex
+    """
+    from cs336sys.cli.outputs import refuse_to_replace
+    from cs336sys.handout import writeup
+    from cs336sys.measure.paths import why_unwritable
+    from cs336sys.models.config import handout as release
+    from cs336sys.report.render import EXTENSIONS, FORMATS, write
+    from cs336sys.store.db import StoreError, connect_readonly
+
+    problems = _problems(names, year)
+    formats = choices(fmt, FORMATS, "--format", default=("md", "tex", "typst"))
+    if not out.strip():  # (Path("") is ".": an empty value would mean this folder)
+        fail("--out: empty value; give a folder")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        fail(f"--out: {out} exists and is not a folder")
+    refuse_to_replace([out / f"writeup.{EXTENSIONS[f]}" for f in formats], "writeup", "--out",
+                      force)
+    problem = why_unwritable(out)
+    if problem:
+        fail(f"--out {out}: {problem}")
+    try:
+        conn = connect_readonly(db, catalog)
+    except StoreError as exc:
+        fail(exc)
+    on_gpu = _on_gpu()
+    commands = {p.name: [_line(a) for a in _commands(p, on_gpu)] for p in problems}
+    try:
+        with user_errors():
+            chosen = year or release()
+        rep = writeup.build(conn, problems, chosen, catalog(), commands)
+    finally:
+        conn.close()
+    written = write(rep, out, formats, stem="writeup")
+    for path in written:
+        if path.parent == out:
+            typer.echo(path)

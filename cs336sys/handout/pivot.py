@@ -1,0 +1,128 @@
+"""A problem's tables in the handout's shapes, from its stored rows: pivots (handout/
+problem.Pivot), an experiment's own declared tables, or a function of the rows.
+
+Nothing is measured or computed here: every cell is a stored value, formatted by the
+report's own cell writer (report/tables.py), so a table here and the report's agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cs336sys.handout.problem import Pivot
+from cs336sys.report.sections import Row, Table, latest, text, varying
+from cs336sys.report.tables import cell, point_tables
+from cs336sys.sweep.declaration import model_size
+
+# How a setting's value reads as a column group or a row cell, where its bare value would not.
+_WORDS: dict[str, Callable[[Any], str]] = {
+    "compile": lambda v: "compiled" if v else "eager",
+    "warmup": lambda v: f"{v} warm-up",
+    "world_size": lambda v: f"{v} processes",
+    "seq": lambda v: f"seq {v}",
+    "d_head": lambda v: f"d {v}",
+    "bucket_mb": lambda v: "" if v is None else f"{text(v)} MB buckets",
+    "optimizer_sharding": lambda v: "not sharded" if v in (None, "none") else f"sharded ({v})",
+}
+_HEADERS = {"d_head": "d", "size_bytes": "size", "world_size": "processes",
+            "optimizer_sharding": "optimizer state", "bucket_mb": "bucket MB"}
+
+
+def _row_cell(key: str, row: Row) -> str:
+    """A row-naming cell: the size with its shape, a byte count with its unit, or the
+    setting's value."""
+    value = row["_settings"].get(key, row.get(key))
+    if key == "size":
+        return model_size({**row, **row["_settings"]})
+    if key == "size_bytes" and value is not None:
+        from cs336sys.measure.units import format_size
+
+        return format_size(int(value))
+    if key in ("compile", "optimizer_sharding"):
+        return _WORDS[key](value)
+    return text(value)
+
+
+def _order(key: str, rows: list[Row]) -> Callable[[Row], Any]:
+    """Sort rows by a setting: sizes by their parameters, numbers ascending, anything else
+    in first-seen order."""
+    seen: dict[str, int] = {}
+    for r in rows:
+        seen.setdefault(repr(r["_settings"].get(key)), len(seen))
+
+    def position(r: Row) -> Any:
+        v = r["_settings"].get(key)
+        if key == "size":
+            return (0, r.get("params") or r["_settings"].get("d_model") or 0, seen[repr(v)])
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return (0, v, 0)
+        return (1, 0, seen[repr(v)])
+
+    return position
+
+
+def _keys(p: Pivot, rows: list[Row]) -> list[str]:
+    """The settings that name a row: the pivot's, then each other setting that still tells
+    two rows of one cell apart (a second precision the shape leaves out), in order, until
+    none do. A setting that follows from the others (the optimizer of a forward-only point)
+    never splits a row."""
+    keys = list(p.rows)
+    shown = [*p.rows, *([p.across] if p.across else []), *p.where]
+    for extra in varying(rows, shown):
+        cells: dict[str, set[str]] = {}
+        for r in rows:
+            s = r["_settings"]
+            cell = repr((r.get("gpu"), [s.get(k) for k in keys],
+                         s.get(p.across) if p.across else None))
+            cells.setdefault(cell, set()).add(repr(s.get(extra)))
+        if any(len(values) > 1 for values in cells.values()):
+            keys.append(extra)
+    return keys
+
+
+def pivot(p: Pivot, rows: list[Row]) -> Table | None:
+    """The Pivot over `rows` (one experiment's view rows of the problem; the latest of each
+    point), or None where no row matches. A setting that tells rows apart beyond `rows` and
+    `across` (a second GPU, a dimension overridden) joins the row keys."""
+    rows = latest([r for r in rows
+                   if all(r["_settings"].get(k) == v for k, v in p.where.items())])
+    if not rows:
+        return None
+    keys = _keys(p, rows)
+    gpus = len({r.get("gpu") for r in rows}) > 1
+    for key in reversed(keys):  # a stable sort per key, the first key last
+        rows.sort(key=_order(key, rows))
+    groups = [None]
+    if p.across:
+        groups = list(dict.fromkeys(r["_settings"].get(p.across)
+                                    for r in sorted(rows, key=_order(p.across, rows))))
+    table: dict[tuple, dict[Any, Row]] = {}
+    for r in rows:
+        name = tuple(_row_cell(k, r) for k in keys) + ((text(r.get("gpu")),) if gpus else ())
+        table.setdefault(name, {})[r["_settings"].get(p.across) if p.across else None] = r
+    headers = [_HEADERS.get(k, k) for k in keys] + (["GPU"] if gpus else [])
+    for g in groups:
+        for c in p.values:
+            group = _WORDS.get(p.across, text)(g) if p.across else ""
+            headers.append(c.header if not group else
+                           group if len(p.values) == 1 else f"{group}: {c.header}")
+    body = [[*name, *(cell(c, by[g], spread=False) if g in by else ""
+                      for g in groups for c in p.values)]
+            for name, by in table.items()]
+    return Table(p.title, headers, body, note=p.note)
+
+
+def tables(entry: Pivot | str | Callable, rows: dict[str, list[Row]],
+           catalog: Any) -> list[Table]:
+    """A problem's table entry over its rows by experiment: a Pivot, an experiment kind (its
+    declared tables, settings every row shares lifted out), or a function of all the rows
+    that returns a Table or None (plan's closed forms)."""
+    if isinstance(entry, Pivot):
+        found = pivot(entry, rows.get(entry.experiment, []))
+        return [found] if found else []
+    if callable(entry):
+        found = entry(latest([r for kind_rows in rows.values() for r in kind_rows]))
+        return [found] if found else []
+    experiment = next(e for e in catalog if e.kind == entry)
+    return point_tables(experiment.tables, latest(rows.get(entry, [])), lift=True)

@@ -1,0 +1,102 @@
+"""A problem of the assignment's handout, declared as an experiment is: its name, points,
+what it asks, the cs336sys commands that answer it, and its tables in the handout's shapes.
+
+A release module (handout/y2026.py, y2025.py) lists its problems in the handout's order. The
+declarations import nothing heavy: `cs336sys handout` lists them at once.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cs336sys.sweep.declaration import Column
+
+# What a problem asks for, and so what its status can be.
+MEASURE = "measure"  # tables, plots or numbers from runs: `handout run` measures them
+COMPUTE = "compute"  # the accounting problems: `cs336sys plan` computes their figures
+IMPLEMENT = "implement"  # the user's code: the course's tests check it, cs336sys too
+WRITTEN = "written"  # a written answer: nothing to measure
+KINDS = (MEASURE, COMPUTE, IMPLEMENT, WRITTEN)
+
+# The command's first words -> the experiment kind whose rows it stores.
+_EXPERIMENT_OF = {
+    ("memory", "residuals"): "memory-residuals",
+    ("profile", "model"): "profile",
+    ("profile", "attention"): "profile",
+    ("precision", "accumulate"): "precision",
+    ("precision", "autocast"): "precision",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cs336sys command that answers a problem (or one of its parts): its arguments on a
+    GPU and cut down for a CPU (None: the same; "": it needs a GPU), and, where the problem
+    is about the user's code, the same measuring theirs (`handout run --yours`)."""
+
+    gpu: str
+    cpu: str | None = None
+    yours: str | None = None
+    yours_cpu: str | None = None
+    part: str = ""  # which part of the problem, "(b)"
+
+    def args(self, on_gpu: bool, yours: bool = False) -> list[str] | None:
+        """The arguments after `cs336sys`, for a GPU or a CPU (None where it cannot run)."""
+        if yours and self.yours is not None:
+            line = self.yours if on_gpu or self.yours_cpu is None else self.yours_cpu
+        else:
+            line = self.gpu if on_gpu or self.cpu is None else self.cpu
+        return shlex.split(line) if line else None
+
+    @property
+    def experiment(self) -> str:
+        """The experiment kind whose rows this command stores."""
+        words = tuple(shlex.split(self.gpu)[:2])
+        return _EXPERIMENT_OF.get(words, words[0])
+
+
+@dataclass(frozen=True)
+class Pivot:
+    """A table in the handout's shape over a problem's stored rows of one experiment: a row
+    per value of `rows` (settings), and per value of `across` (a setting; None: one group)
+    the `values` columns. Rows must match `where`; any other setting that tells two rows
+    apart joins `rows`, so nothing is hidden."""
+
+    title: str
+    experiment: str
+    rows: tuple[str, ...]
+    values: tuple[Column, ...]
+    across: str | None = None
+    where: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A problem of the handout: its name as the handout spells it, its points, what it asks
+    to measure (one line), how it is answered (KINDS), the runs that answer it, its tables,
+    and for an implementation the cs336sys command that checks it."""
+
+    name: str
+    points: int
+    asks: str
+    kind: str = MEASURE
+    runs: tuple[Run, ...] = ()
+    # a Pivot, an experiment kind (its own tables) or a function of the rows (handout/pivot.py)
+    tables: tuple[Pivot | str | Callable, ...] = ()
+    check: str = ""  # IMPLEMENT: the command that checks the user's code
+    section: str = ""  # the handout's section, "2.1.3"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.kind in (MEASURE, COMPUTE) and not self.runs:
+            raise ValueError(f"{self.name}: a problem to {self.kind} needs its runs")
+
+    @property
+    def experiments(self) -> tuple[str, ...]:
+        """The experiment kinds whose rows answer it, in the order its runs store them."""
+        return tuple(dict.fromkeys(r.experiment for r in self.runs))

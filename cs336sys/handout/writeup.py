@@ -1,0 +1,94 @@
+"""The writeup starter: per problem, in the handout's order, what it asks, one method line
+(GPU, commit, versions, warm-up, samples), its tables in the handout's shapes and its
+experiments' plots, from the runs labelled with its name. Facts only: no prose answers.
+
+It is a report (report/render.Report) whose sections are problems, so it is written as
+every report is: HTML, markdown, LaTeX and Typst (report/typeset.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from cs336sys.handout.pivot import tables
+from cs336sys.handout.problem import IMPLEMENT, WRITTEN, Problem
+from cs336sys.report.plots import Drawer
+from cs336sys.report.render import Report, provenance
+from cs336sys.report.sections import Section, build_section, failures
+from cs336sys.report.select import Selection, invocations, load
+
+
+def _counts(values: list[int], what: str) -> str:
+    """`2 warm-up steps`, `0, 1, 2, 5 warm-up steps`, `1 warm-up step`."""
+    return f"{', '.join(map(str, values))} {what}{'' if values == [1] else 's'}"
+
+
+def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
+    """One line: where and how the problem's runs were measured."""
+    facts = dict(provenance(invs, rows))
+    settings = [r["_settings"] for kind_rows in rows.values() for r in kind_rows]
+    warm = sorted({s["warmup"] for s in settings if isinstance(s.get("warmup"), int)})
+    iters = sorted({s["iters"] for s in settings if isinstance(s.get("iters"), int)})
+    parts = [f"GPU {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
+    if "Your code" in facts:
+        parts.append(f"your code {facts['Your code']}")
+    if warm:
+        parts.append(_counts(warm, "warm-up step"))
+    if iters:
+        parts.append(f"at least {_counts(iters, 'timed sample')} a point")
+    parts.append(f"runs: {facts['Runs by status']}")
+    return "Method: " + "; ".join(p for p in parts if p) + "."
+
+
+def section(conn: sqlite3.Connection, problem: Problem, catalog: Sequence[Any],
+            commands: list[str]) -> Section:
+    """The problem's section: what it asks, the commands, the method line, its tables and
+    its experiments' figures and failures (every one empty where nothing is stored)."""
+    sec = Section(problem.name, f"{problem.name} ({problem.points} "
+                                f"point{'s' * (problem.points != 1)})")
+    sec.notes.append(f"Asks: {problem.asks}")
+    if problem.kind == WRITTEN:
+        sec.notes.append("A written answer: nothing to measure.")
+        return sec
+    if problem.kind == IMPLEMENT:
+        sec.notes.append(f"Your implementation: the course's tests check it; cs336sys checks it "
+                         f"with `{problem.check}`.")
+    sel = Selection(label=problem.name)
+    rows = load(conn, sel, catalog)
+    if not rows:
+        if problem.kind != IMPLEMENT:
+            sec.notes.append("Not yet measured: " + "; ".join(f"`{c}`" for c in commands) + ".")
+        return sec
+    sec.notes.append(method(invocations(conn, sel), rows))
+    for entry in problem.tables:
+        sec.tables.extend(tables(entry, rows, catalog))
+    by_kind = {e.kind: e for e in catalog}
+    for kind in problem.experiments or tuple(rows):
+        if rows.get(kind):
+            drawn = build_section(by_kind[kind], rows[kind])
+            for fig in drawn.figures:
+                fig.name = f"{problem.name}-{fig.name}"
+            sec.figures.extend(drawn.figures)
+            sec.failures.extend(failures(rows[kind]))
+    return sec
+
+
+def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog: Sequence[Any],
+          commands: dict[str, list[str]]) -> Report:
+    """The writeup starter of `problems` (handout release `year`): a report of a section per
+    problem, its figures drawn; `commands` gives each problem's commands for the line of a
+    problem not yet measured."""
+    with Drawer(start=True) as drawer:
+        sel = Selection(label=None)
+        names = [p.name for p in problems]
+        invs = [i for i in invocations(conn, sel) if i.get("label") in names]
+        facts = [(k, v) for k, v in provenance(invs, {}) if v]  # no rows: no time range
+        report = Report(f"CS336 assignment 2 ({year} handout): writeup starter",
+                        [f"problems {', '.join(names)}"], facts)
+        report.sections = [section(conn, p, catalog, commands.get(p.name, [])) for p in problems]
+        figures = [f for s in report.sections for f in s.figures if f.plot is not None]
+        for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
+            fig.png = png
+    return report

@@ -1,0 +1,156 @@
+"""The CS336 assignment 2 handout, spring 2025 release: its 21 problems in its order.
+
+Its size table is the 2025 one (small, medium, large, xl = GPT-2 XL 1600 x 48, 2.7B), so
+every run that names a size carries `--handout 2025`. Where a problem is the 2026 one word
+for word, it is taken from handout/y2026.py with the 2025 sizes; the distributed part adds
+bucketed DDP and ends with the TPU accounting problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from cs336sys.experiments.plan_section import inequalities
+from cs336sys.handout import y2026
+from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
+from cs336sys.handout.y2026 import BWD, DDP_CPU, DDP_MEMORY, DDP_TIME, FWD, PEAK, TINY
+
+YEAR = "2025"
+SIZES = "small,medium,large,xl,2.7B"
+OLD = "--handout 2025"
+
+
+_2026 = {p.name: p for p in y2026.PROBLEMS}
+
+
+def _same(name: str, section: str, **changes: object) -> Problem:
+    """The 2026 problem `name`, as 2025 numbered it (and with `changes`)."""
+    return dataclasses.replace(_2026[name], section=section, **changes)
+
+
+def _ddp(impls: str, yours: str, part: str = "") -> Run:
+    """ddp on two GPUs with the 2025 xl (1600 x 48), or two CPU processes with Gloo."""
+    return Run(f"ddp --impl {impls} {OLD}", cpu=f"ddp --impl {impls} {DDP_CPU}",
+               yours=f"ddp --impl {yours} {OLD}", yours_cpu=f"ddp --impl {yours} {DDP_CPU}",
+               part=part)
+
+
+PROBLEMS = (
+    Problem(
+        "benchmarking_script", 4, section="1.1.3",
+        asks="Forward and backward of every size (5 warm-up, 10 timed steps, mean ± std); the "
+        "same without warm-up, and with 1 or 2 steps.",
+        runs=(
+            Run(f"model --size {SIZES} --mode forward,forward-backward --warmup 0,1,2,5 "
+                f"--iters 10 {OLD}",
+                cpu="model --size tiny --seq 64 --mode forward,forward-backward "
+                "--warmup 0,1,2,5 --iters 3",
+                yours=f"model --model cs336_basics --size {SIZES} --mode forward,forward-backward "
+                f"--warmup 0,1,2,5 --iters 10 {OLD}",
+                yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode forward,"
+                "forward-backward --warmup 0,1,2,5 --iters 3"),
+        ),
+        tables=(
+            Pivot("Forward and backward after 5 warm-up steps (ms, mean ± std)", "model",
+                  ("size", "mode"), (FWD, BWD), where={"warmup": 5}),
+            Pivot("Forward and backward by warm-up steps (ms, mean ± std)", "model", ("size",),
+                  (FWD, BWD), across="warmup", where={"mode": "forward-backward"}),
+        ),
+    ),
+    Problem(
+        "nsys_profile", 5, section="1.1.4",
+        asks="Profile forward, backward and optimizer step of every size at context 128, 256, "
+        "512 and 1024: the forward's time, the top kernels, the non-matmul share, the "
+        "attention's parts.",
+        runs=(Run(f"profile model --size {SIZES} --seq 128,256,512,1024 --mode forward,train {OLD}",
+                  cpu="profile model --size tiny --seq 64,128 --mode forward,train --warmup 1 "
+                  "--iters 2"),),
+        tables=("profile",),
+    ),
+    _same("mixed_precision_accumulation", "1.1.5"),
+    _same("benchmarking_mixed_precision", "1.1.5", runs=(
+        Run("precision autocast --precision fp16,bf16", part="(a)"),
+        Run(f"model --size {SIZES} --mode forward-backward --precision fp32,bf16 {OLD}",
+            cpu=f"model {TINY} --mode forward-backward --precision fp32,bf16", part="(c)"),
+    )),
+    Problem(
+        "memory_profiling", 4, section="1.1.6",
+        asks="Peak memory of the 2.7B model, forward pass and full training step, at context "
+        "128, 256 and 512, in fp32 and bf16, with the memory timelines.",
+        runs=(Run("memory --size 2.7B --seq 128,256,512 --mode forward,train --precision "
+                  f"fp32,bf16 --snapshot reports/handout/memory_profiling {OLD}",
+                  cpu="memory --size tiny --seq 64,128 --mode forward,train --precision "
+                  "fp32,bf16 --warmup 0 --iters 1"),),
+        tables=(
+            Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),
+                  across="mode", where={"precision": "fp32"}),
+            Pivot("Peak memory, full and mixed precision (MiB)", "memory", ("seq", "mode"),
+                  (PEAK,), across="precision"),
+        ),
+    ),
+    _same("pytorch_attention", "1.2.1"),
+    _same("torch_compile", "1.2.2", runs=(
+        _2026["torch_compile"].runs[0],
+        Run(f"model --size {SIZES} --mode forward,forward-backward,train {OLD}",
+            cpu=f"model {TINY} --mode forward,train", part="(b)"),
+        Run(f"model --size {SIZES} --mode forward,forward-backward,train --compile {OLD}",
+            cpu=f"model {TINY} --mode forward,train --compile", part="(b)"),
+    )),
+    _same("flash_forward", "1.3.2"),
+    _same("flash_backward", "1.3.2"),
+    _same("flash_benchmarking", "1.3.2"),
+    _same("distributed_communication_single_node", "2.1", asks=(
+        "All-reduce of float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB over 2, 4 and 6 "
+        "processes, Gloo on CPU and NCCL on GPU."), runs=(
+        Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 --backend gloo "
+            "--device cpu",
+            cpu="comm --op all-reduce --bytes 1MB,10MB --world-size 2 --warmup 1 --iters 5"),
+        Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 --backend nccl",
+            cpu=""),
+    )),
+    Problem(
+        "naive_ddp", 5, section="2.2", kind=IMPLEMENT,
+        asks="A DDP that all-reduces each parameter's gradient after the backward.",
+        check="cs336sys ddp --impl yours-individual --world-size 2",
+    ),
+    _same("naive_ddp_benchmarking", "2.2", runs=(_ddp("naive", "naive --model cs336_basics"),)),
+    _same("minimal_ddp_flat_benchmarking", "2.2",
+          runs=(_ddp("naive,flat", "naive,flat --model cs336_basics"),)),
+    Problem(
+        "ddp_overlap_individual_parameters", 5, section="2.3.2", kind=IMPLEMENT,
+        asks="A DDP class that overlaps each gradient's all-reduce with the backward "
+        "(get_ddp_individual_parameters).",
+        check="cs336sys ddp --impl yours-individual --world-size 2",
+    ),
+    _same("ddp_overlap_individual_parameters_benchmarking", "2.3.2",
+          runs=(_ddp("naive,flat,overlap", "naive,flat,yours-individual", part="(a)"),)),
+    Problem(
+        "ddp_overlap_bucketed", 8, section="2.3.3", kind=IMPLEMENT,
+        asks="A DDP class that all-reduces gradients in buckets of at most bucket_size_mb "
+        "(get_ddp_bucketed).",
+        check="cs336sys ddp --impl yours-bucketed --bucket-mb 1,100 --world-size 2",
+    ),
+    Problem(
+        "ddp_bucketed_benchmarking", 3, section="2.3.3",
+        asks="(a) The bucketed DDP's step with buckets of 1, 10, 100 and 1000 MB (2 GPUs, xl), "
+        "beside the unbucketed ones; (b) a model of its overhead (written).",
+        runs=(_ddp("naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000",
+                   "overlap,yours-bucketed --bucket-mb 1,10,100,1000", part="(a)"),),
+        tables=(Pivot("DDP step by bucket size (ms, mean ± std)", "ddp", ("impl", "bucket_mb"),
+                      DDP_TIME),),
+    ),
+    Problem(
+        "communication_accounting", 10, section="2.4", kind=COMPUTE,
+        asks="The XXL model (d 16384, ff 53248, 126 blocks) on TPU v5p: memory, the FSDP "
+        "degree that fits, and the batch at which FSDP 16 x TP 4 is compute-bound. plan "
+        "counts the whole Transformer with a SwiGLU FFN, not the handout's two-matrix blocks.",
+        runs=(Run("plan --hardware tpu-v5p --d-model 16384 --d-ff 53248 --num-layers 126 "
+                  "--num-heads 128 --strategy fsdp,fsdp-tp --n 16,64 --batch 256 --seq 512"),),
+        tables=("plan", inequalities),
+    ),
+    _same("optimizer_state_sharding", "3"),
+    _same("optimizer_state_sharding_accounting", "3", runs=(
+        _ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
+        tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
+                      ("impl", "optimizer_sharding"), DDP_MEMORY),)),
+)

@@ -1,0 +1,315 @@
+"""The CS336 assignment 2 handout, 2026 release (26.1.4): its 27 problems in its order.
+
+Sizes are the handout's (Table 1: small, medium, large, xl = 2560 x 32, 10B; batch 4,
+context 512 unless said) on a GPU; on a CPU each run is cut down to the tiny model and
+short sequences, which answers nothing the handout asks about a GPU but shows every table
+and plot filled. The accounting problems (section 8) are computed by `plan` for the xl
+model on an H100 (data sheet); give C and W by hand with `plan --flops --bandwidth`.
+"""
+
+from __future__ import annotations
+
+from cs336sys.experiments.plan_section import all_reduces, inequalities
+from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
+from cs336sys.sweep.declaration import Column
+
+YEAR = "2026"
+SIZES = "small,medium,large,xl,10B"
+# On a CPU: the tiny model, 64 tokens, few steps (a point in about a second).
+TINY = "--size tiny --seq 64 --warmup 2 --iters 3"
+ATTENTION_CPU = "--seq 128,256 --d-head 16,32 --warmup 1 --iters 3"
+DDP_CPU = "--size tiny --seq 64 --warmup 1 --iters 2"
+
+FWD, BWD = Column("forward ms", "fwd_ms", "mean_std"), Column("backward ms", "bwd_ms", "mean_std")
+OPT = Column("optimizer ms", "opt_ms", "mean_std")
+STEP = Column("step ms", "step_ms", "mean_std")
+E2E = Column("end-to-end ms", "e2e_ms", "mean_std")
+PEAK = Column("peak MiB", "peak_bytes", "mib")
+DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std"),
+            Column("communication share", "comm_fraction", "pct"))
+DDP_MEMORY = (
+    Column("after init MiB", "mem_init_bytes", "mib"),
+    Column("before step MiB", "mem_before_opt_bytes", "mib"),
+    Column("after step MiB", "mem_after_opt_bytes", "mib"),
+    Column("parameters MiB", "mem_after_opt_params_bytes", "mib"),
+    Column("gradients MiB", "mem_before_opt_grads_bytes", "mib"),
+    Column("optimizer state MiB", "mem_after_opt_opt_state_bytes", "mib"),
+    Column("peak MiB", "mem_peak_bytes", "mib"),
+    STEP,
+)
+
+
+def _ddp(impls: str, yours: str, part: str = "") -> Run:
+    """A ddp run on two GPUs (the handout's xl, batch 4, context 512: ddp's CUDA defaults),
+    or two CPU processes with Gloo."""
+    return Run(f"ddp --impl {impls}", cpu=f"ddp --impl {impls} {DDP_CPU}",
+               yours=f"ddp --impl {yours}", yours_cpu=f"ddp --impl {yours} {DDP_CPU}", part=part)
+
+
+def _plan(strategy: str, degrees: str) -> Run:
+    return Run(f"plan --size xl --strategy {strategy} --n {degrees} --batch 256 --seq 512")
+
+
+PROBLEMS = (
+    Problem(
+        "benchmarking_script", 4, section="2.1.3",
+        asks="Forward, backward and optimizer step of every size (5 warm-up, 10 timed steps, "
+        "mean ± std); the same after 0, 1 and 2 warm-up steps.",
+        runs=(
+            Run(f"model --size {SIZES} --mode forward,forward-backward,train --warmup 5 --iters 10",
+                cpu="model --size tiny --seq 64 --mode forward,forward-backward,train --warmup 5 "
+                "--iters 3",
+                yours=f"model --model cs336_basics --size {SIZES} --mode forward,forward-backward,"
+                "train --warmup 5 --iters 10",
+                yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode forward,"
+                "forward-backward,train --warmup 5 --iters 3", part="(b)"),
+            Run(f"model --size {SIZES} --mode train --warmup 0,1,2 --iters 10",
+                cpu="model --size tiny --seq 64 --mode train --warmup 0,1,2 --iters 3",
+                yours=f"model --model cs336_basics --size {SIZES} --mode train --warmup 0,1,2 "
+                "--iters 10",
+                yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode train "
+                "--warmup 0,1,2 --iters 3", part="(c)"),
+        ),
+        tables=(
+            Pivot("Time per phase after 5 warm-up steps (ms, mean ± std)", "model",
+                  ("size", "mode"), (FWD, BWD, OPT), where={"warmup": 5}),
+            Pivot("Training step by warm-up steps (ms, mean ± std)", "model", ("size",),
+                  (FWD, BWD), across="warmup", where={"mode": "train"}),
+        ),
+    ),
+    Problem(
+        "nsys_profile", 5, section="2.1.4",
+        asks="Profile forward, backward and optimizer step of two sizes at three context "
+        "lengths above 128: the forward's time, the kernels that take the most, the share "
+        "beside the matmuls, the attention's parts.",
+        runs=(Run("profile model --size small,large --seq 256,512,1024 --mode forward,train",
+                  cpu="profile model --size tiny --seq 64,128 --mode forward,train --warmup 1 "
+                  "--iters 2"),),
+        tables=("profile",),
+    ),
+    Problem(
+        "mixed_precision_accumulation", 1, section="2.1.5",
+        asks="The handout's four loops adding 0.01 a thousand times: float32, float16, and "
+        "float16 values into a float32 sum (cast or not).",
+        runs=(Run("precision accumulate"),),
+        tables=("precision",),
+    ),
+    Problem(
+        "benchmarking_mixed_precision", 2, section="2.1.5",
+        asks="(a) the dtypes the ToyModel's parts get under fp16 autocast; (c) forward and "
+        "backward of every size with and without bf16 autocast.",
+        runs=(
+            Run("precision autocast --precision fp16,bf16", part="(a)"),
+            Run(f"model --size {SIZES} --mode forward-backward --precision fp32,bf16",
+                cpu=f"model {TINY} --mode forward-backward --precision fp32,bf16",
+                yours=f"model --model cs336_basics --size {SIZES} --mode forward-backward "
+                "--precision fp32,bf16",
+                yours_cpu=f"model --model cs336_basics {TINY} --mode forward-backward "
+                "--precision fp32,bf16", part="(c)"),
+        ),
+        tables=("precision",
+                Pivot("Forward and backward, full and mixed precision (ms, mean ± std)", "model",
+                      ("size",), (FWD, BWD), across="precision",
+                      where={"mode": "forward-backward"})),
+    ),
+    Problem(
+        "memory_profiling", 4, section="2.1.6",
+        asks="Peak memory of the xl model, forward pass and full training step, at context "
+        "128 and 2048, in fp32 and bf16, with the memory timelines; one block's residuals.",
+        runs=(
+            Run("memory --size xl --seq 128,2048 --mode forward,train --precision fp32,bf16 "
+                "--snapshot reports/handout/memory_profiling",
+                cpu="memory --size tiny --seq 64,128 --mode forward,train --precision fp32,bf16 "
+                "--warmup 0 --iters 1",
+                part="(a)-(c)"),
+            Run("memory residuals --size xl --seq 2048",
+                cpu="memory residuals --size tiny --seq 128 --impl eager", part="(f)"),
+        ),
+        tables=(
+            Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),
+                  across="mode", where={"precision": "fp32"}),
+            Pivot("Peak memory, full and mixed precision (MiB)", "memory", ("seq", "mode"),
+                  (PEAK,), across="precision"),
+            "memory-residuals",
+        ),
+    ),
+    Problem(
+        "gradient_checkpointing", 4, section="3",
+        asks="(b) Peak memory of the xl model at batch 4, context 2048, with one level of "
+        "checkpointing: the best block size and the next smaller and larger.",
+        runs=(Run("memory --size xl --seq 2048 --batch 4 --mode train "
+                  "--checkpoint none,every:1,every:2,every:4,sqrt,every:8,every:16",
+                  cpu="memory --size tiny --seq 128 --mode train --warmup 0 --iters 1 "
+                  "--checkpoint none,every:1,every:2,every:4", part="(b)"),),
+        tables=(Pivot("Peak memory of a training step by checkpointing", "memory",
+                      ("checkpoint",), (PEAK, STEP), where={"mode": "train"}),),
+    ),
+    Problem(
+        "pytorch_attention", 2, section="4.1.1",
+        asks="Naive attention at batch 8 without heads, d 16..128 x seq 256..16384, 100 calls: "
+        "forward, backward, memory held before backward, and where it runs out of memory.",
+        runs=(Run("attention --preset pytorch-attention --attention naive",
+                  cpu=f"attention --preset pytorch-attention --attention naive {ATTENTION_CPU}"),),
+        tables=tuple(
+            Pivot(title, "attention", ("d_head",), (value,), across="seq",
+                  where={"impl": "naive"})
+            for title, value in (
+                ("Forward (ms, mean ± std), by head dimension and sequence length", FWD),
+                ("Backward (ms, mean ± std)", BWD),
+                ("Memory held before backward (MiB)",
+                 Column("MiB", "mem_before_bwd_bytes", "mib")))),
+    ),
+    Problem(
+        "torch_compile", 2, section="4.2",
+        asks="(a) Compiled against eager naive attention at pytorch_attention's sizes; (b) the "
+        "whole model compiled against eager, forward and full training step.",
+        runs=(
+            Run("attention --preset pytorch-attention --attention naive,compiled",
+                cpu="attention --preset pytorch-attention --attention naive,compiled "
+                "--seq 128 --d-head 16 --warmup 1 --iters 3", part="(a)"),
+            Run(f"model --size {SIZES} --mode forward,train",
+                cpu=f"model {TINY} --mode forward,train", part="(b)"),
+            Run(f"model --size {SIZES} --mode forward,train --compile",
+                cpu=f"model {TINY} --mode forward,train --compile", part="(b)"),
+        ),
+        tables=(
+            Pivot("Attention, eager and compiled (ms, mean ± std)", "attention",
+                  ("d_head", "seq"), (FWD, BWD), across="impl"),
+            Pivot("The model, eager and compiled (ms, mean ± std)", "model", ("size", "mode"),
+                  (FWD, BWD, STEP), across="compile"),
+        ),
+    ),
+    Problem(
+        "flash_forward", 15, section="4.2.1", kind=IMPLEMENT,
+        asks="FlashAttention-2's forward as a PyTorch autograd.Function, then as a Triton "
+        "kernel (get_flashattention_autograd_function_pytorch and _triton).",
+        check="cs336sys attention --attention yours-torch,yours-triton --pass forward --seq 128",
+    ),
+    Problem(
+        "flash_backward", 5, section="4.2.2", kind=IMPLEMENT,
+        asks="Its backward in PyTorch (torch.compile), from Q, K, V, O, dO and L.",
+        check="cs336sys attention --attention yours-torch,yours-triton --seq 128",
+    ),
+    Problem(
+        "flash_benchmarking", 5, section="4.2.2",
+        asks="Forward, backward and end-to-end latency of the Triton FlashAttention-2 against "
+        "PyTorch attention: batch 1, causal, seq 128..65536, d 16..128, bf16 and fp32 "
+        "(do_bench).",
+        runs=(Run("attention --preset flash-benchmarking --timer do-bench",
+                  cpu=f"attention --preset flash-benchmarking --attention naive,flash-torch "
+                  f"--precision fp32 {ATTENTION_CPU}",
+                  yours="attention --preset flash-benchmarking --attention naive,yours-triton "
+                  "--timer do-bench",
+                  yours_cpu=f"attention --preset flash-benchmarking --attention naive,yours-torch "
+                  f"--precision fp32 {ATTENTION_CPU}"),),
+        tables=(Pivot("Latency by implementation (ms, mean ± std)", "attention",
+                      ("precision", "d_head", "seq"), (FWD, BWD, E2E), across="impl"),),
+    ),
+    Problem(
+        "distributed_communication_single_node", 5, section="5.1",
+        asks="All-reduce of float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB over 2, 4 and 6 "
+        "processes.",
+        runs=(Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6",
+                  cpu="comm --op all-reduce --bytes 1MB,10MB --world-size 2 --warmup 1 "
+                  "--iters 5"),),
+        tables=(Pivot("All-reduce time (ms, mean over iterations) by size and processes",
+                      "comm", ("backend", "size_bytes"),
+                      (Column("ms", "time_ms_mean", "num"),), across="world_size"),
+                "comm"),
+    ),
+    Problem(
+        "naive_ddp", 5, section="5.2", kind=IMPLEMENT,
+        asks="A DDP that all-reduces each parameter's gradient after the backward (get_ddp).",
+        check="cs336sys ddp --impl yours --world-size 2",
+    ),
+    Problem(
+        "naive_ddp_benchmarking", 3, section="5.2",
+        asks="Time per training step and the share spent communicating, one node x 2 GPUs, xl.",
+        runs=(_ddp("naive", "naive --model cs336_basics"),),
+        tables=(Pivot("DDP step (ms, mean ± std)", "ddp", ("impl",), DDP_TIME),),
+    ),
+    Problem(
+        "minimal_ddp_flat_benchmarking", 2, section="5.3.1",
+        asks="The same with one all-reduce of the flattened gradients, beside the naive one.",
+        runs=(_ddp("naive,flat", "naive,flat --model cs336_basics"),),
+        tables=(Pivot("DDP step (ms, mean ± std)", "ddp", ("impl",), DDP_TIME),),
+    ),
+    Problem(
+        "ddp_overlap_individual_parameters", 5, section="5.3.2", kind=IMPLEMENT,
+        asks="A DDP class that overlaps each gradient's all-reduce with the backward.",
+        check="cs336sys ddp --impl yours --world-size 2",
+    ),
+    Problem(
+        "ddp_overlap_individual_parameters_benchmarking", 1, section="5.3.2",
+        asks="(a) The overlapped DDP's step beside the naive and flat ones (2 GPUs, xl); (b) "
+        "Nsight screenshots of the overlap (not measured here).",
+        runs=(_ddp("naive,flat,overlap", "naive,flat,yours", part="(a)"),),
+        tables=(Pivot("DDP step (ms, mean ± std)", "ddp", ("impl",), DDP_TIME),),
+    ),
+    Problem(
+        "optimizer_state_sharding", 15, section="6", kind=IMPLEMENT,
+        asks="A sharded optimizer wrapping any optimizer class (get_sharded_optimizer).",
+        check="cs336sys ddp --impl overlap --shard-optimizer yours --world-size 2",
+    ),
+    Problem(
+        "optimizer_state_sharding_accounting", 5, section="6",
+        asks="(a) Peak memory after init, before and after the optimizer step, by part, with "
+        "and without sharding; (b) the step time of each (2 GPUs, xl).",
+        runs=(_ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
+        tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
+                      ("impl", "optimizer_sharding"), DDP_MEMORY),),
+    ),
+    Problem(
+        "fsdp", 15, section="7", kind=IMPLEMENT,
+        asks="An FSDP wrapper that shards Linear and Embedding weights (get_fsdp).",
+        check="cs336sys ddp --impl yours-fsdp --world-size 2",
+    ),
+    Problem(
+        "fsdp_accounting", 5, section="7",
+        asks="(a) The memory FSDP saves against DDP and optimizer sharding; (b) whether the "
+        "all-gathers finish in time (the Nsight part is not measured here).",
+        runs=(_ddp("overlap,fsdp --shard-optimizer", "overlap,yours-fsdp --shard-optimizer yours"),),
+        tables=(Pivot("Memory per rank and step time, replicated and sharded", "ddp",
+                      ("impl", "optimizer_sharding"), DDP_MEMORY),),
+    ),
+    Problem(
+        "alternate_ring_all_reduce", 1, section="8.1", kind=COMPUTE,
+        asks="The time of the alternate ring all-reduce in S, N and W.",
+        runs=(_plan("dp", "2,4,8,16"),),
+        tables=(all_reduces,),
+    ),
+    Problem(
+        "data_parallel_calcs", 3, section="8.2", kind=COMPUTE,
+        asks="DP's backward FLOPs and communication, and the largest N_DP before it is "
+        "communication-bound.",
+        runs=(_plan("dp", "1,2,4,8,16,64,256"),),
+        tables=("plan", inequalities),
+    ),
+    Problem(
+        "fsdp_calcs", 3, section="8.3", kind=COMPUTE,
+        asks="FSDP's forward and backward FLOPs and communication, and the largest N_FSDP.",
+        runs=(_plan("fsdp", "1,2,4,8,16,64,256"),),
+        tables=("plan", inequalities),
+    ),
+    Problem(
+        "tp_calcs", 4, section="8.4", kind=COMPUTE,
+        asks="TP's backward pass, its FLOPs and communication, and the largest N_TP.",
+        runs=(_plan("tp", "1,2,4,8,16,32"),),
+        tables=("plan", inequalities),
+    ),
+    Problem(
+        "fsdp_tp_calcs", 6, section="8.5", kind=COMPUTE,
+        asks="FSDP + TP: forward FLOPs and communication, the largest N with the two axes "
+        "overlapped and not.",
+        runs=(_plan("fsdp-tp", "4,16,64,256"),),
+        tables=("plan", inequalities),
+    ),
+    Problem(
+        "leaderboard", 10, section="9",
+        asks="A full training step of the 8B model (batch 2, context 32,768, bf16, causal, two "
+        "GPUs); measured here on one GPU, scaled (8 of 34 layers, context 8192), each "
+        "optimisation alone and all.",
+        runs=(Run("step", cpu="step --size tiny --seq 64 --warmup 1 --iters 2"),),
+        tables=("step",),
+    ),
+)

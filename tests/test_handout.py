@@ -1,0 +1,250 @@
+"""`cs336sys handout`: each release's problems against the handout's names and points, the
+size table by release, every problem's commands built at CPU size, a subset measured end to
+end and resumed, and the writeup starter's tables checked cell by cell against the stored
+rows, with its LaTeX and Typst compiled where an engine is present."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from cs336sys.handout import named, problems
+from cs336sys.handout.pivot import pivot
+from cs336sys.handout.problem import Pivot
+from cs336sys.models.config import from_preset, param_count, using_handout
+from cs336sys.report.sections import mean_std
+from cs336sys.sweep.declaration import Column
+from cs336sys.sweep.points import SpecError
+from tests.conftest import invoke, query
+
+# The problems as the handouts name them, in their order, with their points (read off the
+# 2026 release 26.1.4 and the spring 2025 release by hand).
+PROBLEMS_2026 = [
+    ("benchmarking_script", 4), ("nsys_profile", 5), ("mixed_precision_accumulation", 1),
+    ("benchmarking_mixed_precision", 2), ("memory_profiling", 4), ("gradient_checkpointing", 4),
+    ("pytorch_attention", 2), ("torch_compile", 2), ("flash_forward", 15),
+    ("flash_backward", 5), ("flash_benchmarking", 5), ("distributed_communication_single_node", 5),
+    ("naive_ddp", 5), ("naive_ddp_benchmarking", 3), ("minimal_ddp_flat_benchmarking", 2),
+    ("ddp_overlap_individual_parameters", 5),
+    ("ddp_overlap_individual_parameters_benchmarking", 1), ("optimizer_state_sharding", 15),
+    ("optimizer_state_sharding_accounting", 5), ("fsdp", 15), ("fsdp_accounting", 5),
+    ("alternate_ring_all_reduce", 1), ("data_parallel_calcs", 3), ("fsdp_calcs", 3),
+    ("tp_calcs", 4), ("fsdp_tp_calcs", 6), ("leaderboard", 10),
+]
+PROBLEMS_2025 = [
+    ("benchmarking_script", 4), ("nsys_profile", 5), ("mixed_precision_accumulation", 1),
+    ("benchmarking_mixed_precision", 2), ("memory_profiling", 4), ("pytorch_attention", 2),
+    ("torch_compile", 2), ("flash_forward", 15), ("flash_backward", 5), ("flash_benchmarking", 5),
+    ("distributed_communication_single_node", 5), ("naive_ddp", 5), ("naive_ddp_benchmarking", 3),
+    ("minimal_ddp_flat_benchmarking", 2), ("ddp_overlap_individual_parameters", 5),
+    ("ddp_overlap_individual_parameters_benchmarking", 1), ("ddp_overlap_bucketed", 8),
+    ("ddp_bucketed_benchmarking", 3), ("communication_accounting", 10),
+    ("optimizer_state_sharding", 15), ("optimizer_state_sharding_accounting", 5),
+]
+
+
+@pytest.mark.parametrize("year, expected", [("2026", PROBLEMS_2026), ("2025", PROBLEMS_2025)])
+def test_problems_are_the_handouts(year, expected):
+    assert [(p.name, p.points) for p in problems(year)] == expected
+
+
+def test_every_command_of_2025_names_the_2025_sizes():
+    for p in problems("2025"):
+        for run in p.runs:
+            words = run.gpu.split()
+            if "--size" in words and words[0] != "plan":
+                assert "--handout 2025" in run.gpu, (p.name, run.gpu)
+
+
+# -- the size table by release -----------------------------------------------------------------
+
+
+def test_xl_is_the_2026_model_unless_2025_is_asked(monkeypatch):
+    monkeypatch.delenv("CS336SYS_HANDOUT", raising=False)
+    xl = from_preset("xl")
+    assert (xl.d_model, xl.d_ff, xl.num_layers, xl.num_heads) == (2560, 10240, 32, 32)
+    assert param_count(xl) == param_count(from_preset("2.7B")) == 3_406_809_600
+    with using_handout("2025"):
+        old = from_preset("xl")
+    assert (old.d_model, old.d_ff, old.num_layers, old.num_heads) == (1600, 6400, 48, 25)
+    monkeypatch.setenv("CS336SYS_HANDOUT", "2025")
+    assert from_preset("xl").d_model == 1600
+    monkeypatch.setenv("CS336SYS_HANDOUT", "2024")
+    with pytest.raises(SpecError, match="CS336SYS_HANDOUT"):
+        from_preset("xl")
+
+
+def test_a_row_of_either_xl_shows_its_shape(db_path, monkeypatch):
+    monkeypatch.delenv("CS336SYS_HANDOUT", raising=False)
+    for release in ("2026", "2025"):
+        r = invoke("model", "--size", "xl", "--handout", release, "--num-layers", "1", "--d-ff",
+                   "64", "--vocab-size", "64", "--seq", "8", "--mode", "forward", "--warmup", "0",
+                   "--iters", "1", "--db", db_path)
+        assert r.exit_code == 0, r.output
+    rows = query(db_path, "SELECT size, d_model, num_layers FROM model_runs ORDER BY d_model")
+    assert rows == [{"size": "xl", "d_model": 1600, "num_layers": 1},
+                    {"size": "xl", "d_model": 2560, "num_layers": 1}]
+    assert "xl (2560×1" in r.stdout or "xl (1600×1" in r.stdout
+    r = invoke("model", "--size", "xl", "--handout", "2024", "--db", db_path)
+    assert r.exit_code == 2 and "--handout: unknown handout release '2024'" in r.stderr
+
+
+# -- the listing and bad input -----------------------------------------------------------------
+
+
+def test_listing_names_every_problem_and_its_status(db_path):
+    r = invoke("handout", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    for name, points in PROBLEMS_2026:
+        assert f"{name} ({points} pt" in r.stdout
+    assert "not yet measured" in r.stdout and "not yet computed" in r.stdout
+    assert "your implementation: the course's tests check it" in r.stdout
+    assert "cut down for a CPU" in r.stdout
+    assert not db_path.exists()  # listing writes nothing
+    r = invoke("handout", "--year", "2025", "--db", db_path)
+    assert "2025 handout: 21 problems" in r.stdout and "--handout 2025" not in r.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["handout", "run"], "give --all"),
+    (["handout", "run", "benchmarking_scrpt"], "did you mean 'benchmarking_script'"),
+    (["handout", "run", "flash_forward"], "nothing to run"),
+    (["handout", "--year", "2024"], "--year: unknown handout release"),
+    (["handout", "report", "--format", "pdf"], "--format"),
+])
+def test_bad_input_is_one_line(db_path, args, says):
+    r = invoke(*args, "--db", db_path)
+    assert r.exit_code == 2, r.output
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not db_path.exists()
+
+
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_every_command_builds_its_points_at_cpu_size(db_path, year):
+    """--dry-run runs every command's own option parsing and builds its points: a command
+    the CLI would refuse fails here."""
+    r = invoke("handout", "run", "--all", "--dry-run", "--year", year, "--db", db_path)
+    assert r.exit_code == 0, r.output
+    expected = sum(1 for p in problems(year) for run in p.runs if run.args(False) is not None)
+    assert r.stdout.count("dry run: ") + r.stdout.count("arithmetic:") == expected
+    assert "Error" not in r.output and not db_path.exists()
+
+
+def test_yours_measures_the_users_code_where_the_problem_is_about_it():
+    """--yours swaps in the user's implementations and model, at the CPU's sizes on a CPU,
+    and checks the implementations; the other runs stay as they are."""
+    by_name = {p.name: p for p in problems("2026")}
+    bench = by_name["flash_benchmarking"].runs[0]
+    assert "naive,yours-torch" in " ".join(bench.args(False, yours=True))
+    assert "--seq" in bench.args(False, yours=True)
+    assert "naive,yours-triton" in " ".join(bench.args(True, yours=True))
+    model = by_name["benchmarking_script"].runs[0]
+    assert model.args(False, yours=True)[:3] == ["model", "--model", "cs336_basics"]
+    assert by_name["mixed_precision_accumulation"].runs[0].args(False, yours=True) == [
+        "precision", "accumulate"]
+    for p in problems("2026"):
+        if p.kind == "implement":
+            assert p.check.startswith("cs336sys ") and "yours" in p.check
+
+
+# -- pivots --------------------------------------------------------------------------------------
+
+
+def _row(**settings):
+    metrics = settings.pop("metrics", {})
+    return {**metrics, "status": settings.pop("status", "ok"), "gpu": settings.pop("gpu", "cpu"),
+            "_settings": settings}
+
+
+def test_pivot_puts_each_value_under_its_group_and_names_the_groups():
+    fwd = Column("forward ms", "fwd_ms", "mean_std")
+    rows = [_row(impl="naive", d_head=d, seq=s, metrics={"fwd_ms_mean": d + s / 1000,
+                                                        "fwd_ms_std": 0.5})
+            for d in (32, 16) for s in (256, 128)]
+    rows.append(_row(impl="naive", d_head=16, seq=512, status="oom"))
+    t = pivot(Pivot("t", "attention", ("d_head",), (fwd,), across="seq"), rows)
+    assert t.headers == ["d", "seq 128", "seq 256", "seq 512"]
+    assert t.rows == [["16", "16.1 ± 0.5", "16.3 ± 0.5", "OOM"],
+                      ["32", "32.1 ± 0.5", "32.3 ± 0.5", ""]]
+
+
+def test_a_setting_the_shape_leaves_out_joins_the_rows():
+    """Two precisions the pivot does not name would land in one cell: they become a column."""
+    step = Column("step ms", "step_ms", "num")
+    rows = [_row(size="tiny", d_model=512, num_layers=4, precision=p, compile=c,
+                 metrics={"step_ms": v})
+            for p, c, v in (("fp32", False, 1.0), ("fp32", True, 2.0), ("bf16", False, 3.0))]
+    t = pivot(Pivot("t", "model", ("size",), (step,), across="compile"), rows)
+    assert t.headers == ["size", "precision", "eager", "compiled"]
+    assert t.rows == [["tiny (512×4)", "fp32", "1", "2"], ["tiny (512×4)", "bf16", "3", ""]]
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+SUBSET = ["mixed_precision_accumulation", "pytorch_attention",
+          "distributed_communication_single_node", "naive_ddp_benchmarking",
+          "data_parallel_calcs"]
+
+
+@pytest.mark.slow
+def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke("handout", "run", *SUBSET, "--db", db_path)
+    assert r.exit_code == 0, r.output
+    runs = query(db_path, "SELECT i.label, count(*) AS n FROM runs r JOIN invocations i "
+                 "ON i.id = r.invocation_id GROUP BY i.label")
+    assert {row["label"] for row in runs} == set(SUBSET)
+    before = sum(row["n"] for row in runs)
+    # resumed: every measured point is stored ok under its label, so nothing runs again
+    r = invoke("handout", "run", *SUBSET[:-1], "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert query(db_path, "SELECT count(*) AS n FROM runs")[0]["n"] == before
+    # the status
+    r = invoke("handout", "--db", db_path)
+    for name in SUBSET[:-1]:
+        line = next(x for x in r.stdout.splitlines() if x.startswith(name + " "))
+        assert "measured" in line and "on cpu (cs336sys's code)" in line and " ok" in line
+    assert "computed" in next(x for x in r.stdout.splitlines()
+                              if x.startswith("data_parallel_calcs"))
+    # the writeup starter
+    out = tmp_path / "writeup"
+    r = invoke("handout", "report", *SUBSET, "--format", "md,tex,typst", "--out", out,
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    md = (out / "writeup.md").read_text()
+    for name in SUBSET:
+        assert f"## {name} (" in md
+    assert "Method: GPU cpu" in md and "Asks: " in md
+    # the forward table of pytorch_attention, cell by cell against the stored rows
+    stored = query(db_path, "SELECT v.*, r.settings FROM attention_runs v JOIN runs r "
+                   "ON r.id = v.run_id WHERE v.label = 'pytorch_attention'")
+    p = named(["pytorch_attention"])[0]
+    tex = (out / "writeup_tables" / "pytorch_attention-1.tex").read_text()
+    for row in stored:
+        row["_settings"] = json.loads(row.pop("settings"))
+        cell = mean_std(row, "fwd_ms_mean", "fwd_ms_std").replace("±", r"$\pm$")
+        assert cell in tex
+    assert tex.startswith(r"\begin{tabular}") and r"\toprule" in tex
+    assert p.tables[0].title in md
+    # the all-reduce table: bytes down, processes across
+    typ = (out / "writeup_tables" / "distributed_communication_single_node-1.typ").read_text()
+    assert typ.startswith("#table(") and '"2 processes"' in typ and '"1MB"' in typ
+    _compiles(out)
+
+
+def _compiles(out):
+    """writeup.typ through Typst and writeup.tex through pdflatex, where present."""
+    try:
+        import typst
+    except ImportError:
+        typst = None
+    if typst is not None:
+        assert typst.compile(str(out / "writeup.typ"))[:4] == b"%PDF"
+    if shutil.which("pdflatex"):
+        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error",
+                               "writeup.tex"], cwd=out, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:]
+    if typst is None and not shutil.which("pdflatex"):
+        pytest.skip("neither Typst nor pdflatex to compile the writeup with")
