@@ -10,7 +10,7 @@ from cs336sys.experiments.ddp_setup import shares_cell
 from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import Row, Section, add_plot, left_out, mib, series, text, with_gpu
-from cs336sys.sweep.declaration import HOST_BOUND, Column, Ratio, Table
+from cs336sys.sweep.declaration import HOST_BOUND, SIZE_COLUMN, Column, Ratio, Table
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -83,6 +83,7 @@ TABLE = Table(
     "Step time, exposed communication and memory per rank",
     (
         Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "optimizer_sharding")),
+        SIZE_COLUMN,
         Column("ranks", "world_size", setting=True),
         Column("precision", "precision", setting=True),
         Column("step ms", "step_ms", "mean_std"),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from cs336sys.experiments.plan import STRATEGIES as _ORDER
 from cs336sys.parallel import plan_math as pm
 from cs336sys.report.sections import Row, Section, Table, num
-from cs336sys.sweep.declaration import Column
+from cs336sys.sweep.declaration import Column, model_size
 from cs336sys.sweep.declaration import Table as Declared
 
 
@@ -78,6 +78,11 @@ class StepPlot:
         return buf.getvalue()
 
 
+def _model(r: Row) -> str:
+    """The row's model: its size with d_model × layers and parameters."""
+    return model_size({**r["_settings"], "params": r.get("params")})
+
+
 def step_plot(pts: list[Row]) -> StepPlot:
     """The StepPlot of the ok points: a panel per GPU, model and batch."""
     panels: dict[str, dict[str, list]] = {}
@@ -86,7 +91,7 @@ def step_plot(pts: list[Row]) -> StepPlot:
         if r.get("status") != "ok" or r.get("step_ms") is None:
             continue
         s = r["_settings"]
-        name = f"{s['device_name']}: {s['size']} B={s['batch_tokens']:,}"
+        name = f"{s['device_name']}: {_model(r)} B={s['batch_tokens']:,}"
         panels.setdefault(name, {}).setdefault(s["strategy"], []).append(
             (s["n"], r["step_ms"], bool(r.get("comm_bound")))
         )
@@ -161,7 +166,8 @@ def inequalities(pts: list[Row]) -> Table | None:
             continue
         s = r["_settings"]
         seen[(s["strategy"], s["device_name"], s["size"], s["batch_tokens"])] = [
-            s["strategy"], r.get("inequality") or "", s["device_name"], f"{s['size']} B={s['batch_tokens']:,}",
+            s["strategy"], r.get("inequality") or "", s["device_name"],
+            f"{_model(r)} B={s['batch_tokens']:,}",
             num(r.get("n_max")), num(r.get("n_max_ffn")),
         ]
     if not seen:
@@ -194,7 +200,7 @@ def all_reduces(pts: list[Row]) -> Table | None:
             continue
         size = pm.E * r["params"]
         seen[(s["device_name"], s["size"], s["n"])] = [
-            s["device_name"], s["size"], str(s["n"]),
+            s["device_name"], _model(r), str(s["n"]),
             *(num(algorithm(size, s["n"], s["egress"]) * 1e3) for _, algorithm in ALL_REDUCES)]
     if not seen:
         return None

@@ -41,6 +41,7 @@ from cs336sys.sweep.declaration import (
     Metric,
     Table,
     metric_table,
+    model_size,
     settings_keys,
     timing,
 )
@@ -279,7 +280,7 @@ def section(sec: Any, pts: list) -> None:
         ks = sec.linked.get(r["run_id"], [])
         if not ks:
             continue
-        what = r["size"] if r["target"] == "model" else f"{r['impl']} seq={r['seq']}"
+        what = model_size(r) if r["target"] == "model" else f"{r['impl']} seq={r['seq']}"
         title = f"Top kernels: {r['target']} {what} ({ks[0]['time_basis']} time)"
         sec.tables.append(Table(
             title, ["phase", "rank", "name", "calls", "total ms", "mean ms", "share"],
@@ -297,7 +298,7 @@ def section(sec: Any, pts: list) -> None:
 def label(row: Mapping[str, Any]) -> str:
     """The profiled point in a few words."""
     if row.get("target") == "model":
-        return f"{row.get('size')} T={row.get('seq')} {row.get('mode')} {row.get('precision')}"
+        return f"{model_size(row)} T={row.get('seq')} {row.get('mode')} {row.get('precision')}"
     return f"{row.get('impl')} seq={row.get('seq')} d={row.get('d_head')} {row.get('precision')}"
 
 
