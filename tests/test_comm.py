@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from cs336sys.cli import app
 from cs336sys.experiments import comm as exp
 from cs336sys.measure.units import format_size, parse_size
+from cs336sys.sweep.points import SpecError
 from tests.conftest import view_rows
 
 runner = CliRunner()
@@ -186,3 +187,13 @@ def test_bad_input_is_one_line_and_writes_nothing(db_path, args, message):
     assert result.exit_code == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not db_path.exists()
+
+
+def test_backends_are_a_list_each_with_its_device():
+    """gloo,nccl is one run of both (Gloo on CPU tensors, NCCL on the GPUs); NCCL without
+    CUDA is refused, naming the option."""
+    points = exp.specs(backend=["gloo"], size_bytes=["1KB"], world_size=[2], device="cpu")
+    assert {(p.backend, p.device) for p in points} == {("gloo", "cpu")}
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecError, match="--backend nccl needs CUDA"):
+            exp.specs(backend=["gloo", "nccl"], size_bytes=["1KB"], world_size=[2])

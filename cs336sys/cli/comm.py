@@ -23,7 +23,8 @@ def _comm_only(
                            "[default: both]") = None,
     world_size: list_option("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
                             "(Gloo)]") = None,
-    backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
+    backend: list_option("gloo and/or nccl (gloo,nccl: Gloo on CPU tensors and NCCL on the GPUs, "
+                         "in one run). [default: nccl on CUDA, else gloo]") = None,
     precision: list_option("fp32, bf16 and/or fp16. [default: fp32]") = None,
     warmup: option("Untimed iterations per point. [default: 5 on CUDA, 2 on "
                    "CPU]", int | None) = None,

@@ -452,7 +452,9 @@ def measure(
         typer.echo(dry_run(experiment, points))
         return
     check_db(db)
-    device = points[0].device
+    # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
+    device = next((p.device for p in points if str(p.device).startswith("cuda")),
+                  points[0].device)
     if not rank:
         if takes_user_code:
             announce_user_code(adapters is not None)

@@ -88,15 +88,17 @@ def specs(
     size_bytes: Iterable[str] | None = None,
     placement: Iterable[str] | None = None,
     world_size: Iterable[Any] | None = None,
-    backend: str | None = None,
+    backend: Iterable[str] | str | None = None,
     precision: Iterable[str] | None = None,
     warmup: int | None = None,
     iters: int | None = None,
     device: str = "auto",
 ) -> list[CommSpec]:
-    """The points of a collectives sweep, world size slowest. SpecError names a bad option.
-    `size_bytes` is the buffer size (the CLI's --bytes); what is not given takes the device's
-    default (DEFAULTS). `placement` defaults to both where the op has both."""
+    """The points of a collectives sweep, backend then world size slowest. SpecError names a
+    bad option. `size_bytes` is the buffer size (the CLI's --bytes); what is not given takes
+    the device's default (DEFAULTS). `placement` defaults to both where the op has both.
+    `backend` is one or several (gloo,nccl: Gloo on CPU tensors and NCCL on the GPUs in one
+    run, as the 2025 handout asks)."""
     from cs336sys.measure.units import parse_sizes
 
     ops = choices(op, OPS, "--op", default=["all-reduce"])
@@ -105,27 +107,31 @@ def specs(
         raise SpecError(f"--placement out-of-place: {' and '.join(only)} in torch.distributed "
                         "work in place only; add in-place, or ask for all-gather or "
                         "reduce-scatter")
-    be, dev = backend_and_device(backend, device)
-    defaults = DEFAULTS[dev]
-    try:
-        given = listed(size_bytes, "--bytes", defaults["size"])
-        sizes = list(dict.fromkeys(n for s in given for n in parse_sizes(s)))
-    except ValueError as exc:
-        raise SpecError(f"--bytes: {exc}") from None
-    precisions = choices(precision, tuple(PRECISIONS), "--precision", default=["fp32"])
-    warmup = defaults["warmup"] if warmup is None else warmup
-    iters = defaults["iters"] if iters is None else iters
-    counts(warmup, iters, "--iters")
-    worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
-    return [
-        CommSpec(op=p["op"], placement=p["placement"],
-                 size_bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
-                 world_size=p["world_size"], backend=be, precision=p["precision"], warmup=warmup,
-                 iters=iters, device=dev)
-        for p in expand({"world_size": worlds, "op": ops, "placement": placements,
-                         "precision": precisions, "size": sizes})
-        if p["placement"] == "in-place" or p["op"] not in IN_PLACE_ONLY
-    ]
+    backends = [backend] if isinstance(backend, str) else listed(backend, "--backend", [None])
+    out = []
+    for given_backend in dict.fromkeys(backends):
+        be, dev = backend_and_device(given_backend, device)
+        defaults = DEFAULTS[dev]
+        try:
+            given = listed(size_bytes, "--bytes", defaults["size"])
+            sizes = list(dict.fromkeys(n for s in given for n in parse_sizes(s)))
+        except ValueError as exc:
+            raise SpecError(f"--bytes: {exc}") from None
+        precisions = choices(precision, tuple(PRECISIONS), "--precision", default=["fp32"])
+        n_warmup = defaults["warmup"] if warmup is None else warmup
+        n_iters = defaults["iters"] if iters is None else iters
+        counts(n_warmup, n_iters, "--iters")
+        worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
+        out += [
+            CommSpec(op=p["op"], placement=p["placement"],
+                     size_bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
+                     world_size=p["world_size"], backend=be, precision=p["precision"],
+                     warmup=n_warmup, iters=n_iters, device=dev)
+            for p in expand({"world_size": worlds, "op": ops, "placement": placements,
+                             "precision": precisions, "size": sizes})
+            if p["placement"] == "in-place" or p["op"] not in IN_PLACE_ONLY
+        ]
+    return out
 
 
 # Checked and filled in chunks so a 1 GB buffer needs no 8-byte-per-element temporaries.

@@ -102,11 +102,9 @@ PROBLEMS = (
     _same("distributed_communication_single_node", "2.1", asks=(
         "All-reduce of float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB over 2, 4 and 6 "
         "processes, Gloo on CPU and NCCL on GPU."), runs=(
-        Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 --backend gloo "
-            "--device cpu",
+        Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 "
+            "--backend gloo,nccl",
             cpu="comm --op all-reduce --bytes 1MB,10MB --world-size 2 --warmup 1 --iters 5"),
-        Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 --backend nccl",
-            cpu=""),
     )),
     Problem(
         "naive_ddp", 5, section="2.2", kind=IMPLEMENT,

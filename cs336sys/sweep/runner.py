@@ -260,15 +260,16 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
 
 
 def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
-    """`experiment.run(ctx, spec)` on every rank of one process group per world size (the
-    specs' `world_size` and `backend`), rank 0's Results emitted as they finish."""
+    """`experiment.run(ctx, spec)` on every rank of one process group per world size and
+    backend (the specs' `world_size` and `backend`), rank 0's Results emitted as they
+    finish."""
     from cs336sys.parallel.launcher import WorkerError, launch, under_torchrun
     from cs336sys.sweep.ranks import serve
 
-    by_world: dict[int, list] = {}
+    by_world: dict[tuple[int, str], list] = {}
     for spec in specs:
-        by_world.setdefault(spec.world_size, []).append(spec)
-    for world, group in by_world.items():
+        by_world.setdefault((spec.world_size, spec.backend), []).append(spec)
+    for (world, _), group in by_world.items():
         todo = list(group)
         while todo:
             check()  # as in `local`: before ranks start
