@@ -248,3 +248,24 @@ def _compiles(out):
         assert done.returncode == 0, done.stdout[-2000:]
     if typst is None and not shutil.which("pdflatex"):
         pytest.skip("neither Typst nor pdflatex to compile the writeup with")
+
+
+def test_a_signal_in_one_command_stops_the_run(db_path, monkeypatch):
+    """Ctrl-C during a command ends the whole run with 130 and a line that says how to go
+    on, never the next command (it would be interrupted at once)."""
+    import signal
+
+    from cs336sys.cli import handout as cli_handout
+    from cs336sys.sweep import stopping
+
+    ran = []
+
+    def interrupted(root, args):
+        ran.append(args[0])
+        stopping._received.append(signal.SIGINT)  # what the command's handler remembers
+        return 130
+
+    monkeypatch.setattr(cli_handout, "_invoke", interrupted)
+    r = invoke("handout", "run", "benchmarking_script", "--db", db_path)
+    assert r.exit_code == 130 and ran == ["model"]
+    assert "handout run stopped at benchmarking_script" in r.stderr

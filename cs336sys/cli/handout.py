@@ -20,6 +20,7 @@ from cs336sys.cli.common import (
     user_errors,
 )
 from cs336sys.cli.options import Replace, list_option, option
+from cs336sys.sweep import stopping
 
 handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
 
@@ -173,6 +174,10 @@ def run(
             line = [*args, "--label", problem.name, "--db", str(db),
                     *(["--dry-run"] if dry_run else ["--resume"])]
         code = _invoke(root, line)
+        if stopping.pending() is not None:  # Ctrl-C or SIGTERM: the command said what it left
+            typer.echo(f"handout run stopped at {problem.name}: run the same command again to "
+                       "measure the rest (what is stored is not measured again)", err=True)
+            raise typer.Exit(code if isinstance(code, int) and code else 130)
         if code not in (0, None):
             typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}", err=True)
             worst = max(worst, code if isinstance(code, int) else 1)
