@@ -50,6 +50,13 @@ def _plan(strategy: str, degrees: str) -> Run:
     return Run(f"plan --size xl --strategy {strategy} --n {degrees} --batch 256 --seq 512")
 
 
+def _calcs(name: str, points: int, section: str, strategy: str, degrees: str,
+           asks: str) -> Problem:
+    """An accounting problem of section 8: plan's figures and closed forms for a strategy."""
+    return Problem(name, points, section=section, kind=COMPUTE, asks=asks,
+                   runs=(_plan(strategy, degrees),), tables=("plan", inequalities))
+
+
 PROBLEMS = (
     Problem(
         "benchmarking_script", 4, section="2.1.3",
@@ -290,32 +297,16 @@ PROBLEMS = (
         runs=(_plan("dp", "2,4,8,16"),),
         tables=(all_reduces,),
     ),
-    Problem(
-        "data_parallel_calcs", 3, section="8.2", kind=COMPUTE,
-        asks="DP's backward FLOPs and communication, and the largest N_DP before it is "
-        "communication-bound.",
-        runs=(_plan("dp", "1,2,4,8,16,64,256"),),
-        tables=("plan", inequalities),
-    ),
-    Problem(
-        "fsdp_calcs", 3, section="8.3", kind=COMPUTE,
-        asks="FSDP's forward and backward FLOPs and communication, and the largest N_FSDP.",
-        runs=(_plan("fsdp", "1,2,4,8,16,64,256"),),
-        tables=("plan", inequalities),
-    ),
-    Problem(
-        "tp_calcs", 4, section="8.4", kind=COMPUTE,
-        asks="TP's backward pass, its FLOPs and communication, and the largest N_TP.",
-        runs=(_plan("tp", "1,2,4,8,16,32"),),
-        tables=("plan", inequalities),
-    ),
-    Problem(
-        "fsdp_tp_calcs", 6, section="8.5", kind=COMPUTE,
-        asks="FSDP + TP: forward FLOPs and communication, the largest N with the two axes "
-        "overlapped and not.",
-        runs=(_plan("fsdp-tp", "4,16,64,256"),),
-        tables=("plan", inequalities),
-    ),
+    _calcs("data_parallel_calcs", 3, "8.2", "dp", "1,2,4,8,16,64,256",
+           "DP's backward FLOPs and communication, and the largest N_DP before it is "
+           "communication-bound."),
+    _calcs("fsdp_calcs", 3, "8.3", "fsdp", "1,2,4,8,16,64,256",
+           "FSDP's forward and backward FLOPs and communication, and the largest N_FSDP."),
+    _calcs("tp_calcs", 4, "8.4", "tp", "1,2,4,8,16,32",
+           "TP's backward pass, its FLOPs and communication, and the largest N_TP."),
+    _calcs("fsdp_tp_calcs", 6, "8.5", "fsdp-tp", "4,16,64,256",
+           "FSDP + TP: forward FLOPs and communication, the largest N with the two axes "
+           "overlapped and not."),
     Problem(
         "leaderboard", 10, section="9",
         asks="A full training step of the 8B model (batch 2, context 32,768, bf16, causal, two "
