@@ -88,13 +88,15 @@ def plan(
         cs336sys plan --size xl --flops 4.6e14 --bandwidth 1.8e11 --batch 64 --seq 2048
     """
     from cs336sys.experiments import plan as exp
+    from cs336sys.experiments.plan_hardware import by_hand as given_by_hand
+    from cs336sys.experiments.plan_hardware import hardware_presets
     from cs336sys.models.config import using_handout
     from cs336sys.sweep.runner import run_sweep
 
     check_db(db)
     with user_errors():
-        by_hand = exp.by_hand(flops, bandwidth, memory_gib)
-        boxes: list = (list(exp.hardware_presets(hardware))
+        by_hand = given_by_hand(flops, bandwidth, memory_gib)
+        boxes: list = (list(hardware_presets(hardware))
                        if hardware or not (measured or by_hand) else [])
     boxes += [by_hand] if by_hand else []
     if measured:
@@ -133,7 +135,7 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
     """This GPU's Hardware from the store, or exit 2 naming the command to run first."""
     import os
 
-    from cs336sys.experiments.plan import Hardware
+    from cs336sys.experiments.plan_hardware import Hardware
     from cs336sys.experiments.plan_measured import NoMeasurement, measured
     from cs336sys.measure.provenance import smi_gpus
     from cs336sys.store.db import StoreError, connect_readonly

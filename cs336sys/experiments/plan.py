@@ -49,6 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.experiments.plan_hardware import GiB, Hardware, listed_hardware
 from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, param_count, preset_name
 from cs336sys.models.flops import forward_flops
@@ -60,42 +61,6 @@ from cs336sys.sweep.result import Result
 STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
 E = pm.E  # bytes per bf16 element
 BYTES_PER_PARAM = {"params": 2, "grads": 2, "opt_state": 12}  # ZeRO's 2 + 2 + 12
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """One device: C (dense bf16 FLOP/s), W (egress bytes/s, per direction) and memory."""
-
-    name: str
-    flops: float
-    egress: float
-    memory_bytes: int
-    source: str  # where the figures come from (a data sheet; or the stored runs used)
-
-
-GiB = 2**30
-# Data sheets give dense bf16 (half their "with sparsity" figure), NVLink as the total of
-# both directions (W is half of it) and memory in GB, read here as GiB: about what the driver
-# reports (an H100 SXM shows 79.6 GiB in nvidia-smi; a B200 179 GiB).
-HARDWARE: dict[str, Hardware] = {
-    # NVIDIA A100 Tensor Core GPU data sheet (2021): BF16 312 TFLOPS dense (624 sparse),
-    # A100 80GB SXM, NVLink 3 600 GB/s.
-    "a100": Hardware("A100 SXM 80GB", 312e12, 300e9, 80 * GiB, "NVIDIA A100 data sheet"),
-    # NVIDIA H100 Tensor Core GPU data sheet (2023), SXM5: BF16 1,979 TFLOPS with sparsity,
-    # 80 GB HBM3, NVLink 4 900 GB/s.
-    "h100": Hardware("H100 SXM 80GB", 989.4e12, 450e9, 80 * GiB, "NVIDIA H100 data sheet"),
-    # NVIDIA H200 Tensor Core GPU data sheet (2024), SXM: BF16 1,979 TFLOPS with sparsity,
-    # 141 GB HBM3e, NVLink 900 GB/s.
-    "h200": Hardware("H200 SXM 141GB", 989.4e12, 450e9, 141 * GiB, "NVIDIA H200 data sheet"),
-    # NVIDIA HGX B200 data sheet (2024), per GPU of eight: FP16/BF16 36 PFLOPS with sparsity
-    # for the eight (2.25 PFLOPS dense each), 1.44 TB HBM3e for the eight (180 GB each),
-    # NVLink 5 1.8 TB/s per GPU.
-    "b200": Hardware("B200 180GB", 2.25e15, 900e9, 180 * GiB, "NVIDIA HGX B200 data sheet"),
-    # The CS336 2025 handout's TPU v5p (communication_accounting, after Austin et al. 2025,
-    # "How to Scale Your Model"): C = 4.6e14 FLOP/s, W_ici = 2 x 9e10 bytes/s, 95 GB.
-    "tpu-v5p": Hardware("TPU v5p", 4.6e14, 2 * 9e10, 95 * GiB,
-                        "CS336 2025 handout (How to Scale Your Model)"),
-}
 
 
 @dataclass(frozen=True)
@@ -171,36 +136,6 @@ def specs(
                  memory_bytes=hw.memory_bytes, source=hw.source)
         for key, hw in listed_hardware(hardware) for s in strategies for d in degrees
     ]
-
-
-def listed_hardware(hardware: Iterable[Any]) -> list[tuple[str, Hardware]]:
-    """(key, Hardware) pairs: a preset key, or a Hardware (measured) keyed 'measured'."""
-    out = []
-    for h in hardware:
-        out.append((h, HARDWARE[h]) if isinstance(h, str) else
-                   ("by-hand" if h.source.startswith("given by hand") else "measured", h))
-    if not out:
-        raise SpecError("--hardware: give a preset or --measured")
-    return out
-
-
-def by_hand(flops: float | None, bandwidth: float | None, memory_gib: float) -> Hardware | None:
-    """The device of --flops C and --bandwidth W (None without them); SpecError if only one
-    is given or a figure is not a positive number."""
-    if flops is None and bandwidth is None:
-        return None
-    if flops is None or bandwidth is None:
-        raise SpecError("--flops and --bandwidth go together: C and W of one device")
-    for name, value in (("--flops", flops), ("--bandwidth", bandwidth), ("--memory-gib", memory_gib)):
-        if not (math.isfinite(value) and value > 0):
-            raise SpecError(f"{name} must be a positive number, got {value}")
-    return Hardware(f"C={flops:.3g} W={bandwidth:.3g}", flops, bandwidth,
-                    int(memory_gib * GiB), "given by hand (--flops, --bandwidth)")
-
-
-def hardware_presets(values: Iterable[str] | None) -> list[str]:
-    """The --hardware list, checked against HARDWARE."""
-    return choices(values, tuple(HARDWARE), "--hardware", default=["h100"])
 
 
 def problem(strategy: str, n: int, heads: int, sequences: int) -> str | None:
