@@ -180,3 +180,10 @@ def test_no_module_imports_another_by_a_string():
     found = {module_name(p): _by_name(ast.parse(p.read_text())) for p in ROOT.rglob("*.py")}
     assert {m: lines for m, lines in found.items() if lines and layer(m) != "yours"} == {}
     assert _by_name(ast.parse("import importlib\nimportlib.import_module('x')\n")) == [2]
+
+
+def test_no_module_is_longer_than_500_lines():
+    """A module past 500 lines holds two ideas: split it where the code has a seam."""
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}

@@ -1,0 +1,72 @@
+"""One launch of a FlashAttention-2 kernel with everything but its tensors fixed, and the
+plan of a call signature: the launches flash_triton.py repeats on every call after the first.
+
+Launching Triton's compiled handle directly, instead of through its JIT launcher, took a
+forward call at seq 1024 on an H200 from 99 us of host time to 68 us
+(benchmarks/attention_host_overhead.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cs336sys.attention.flash_triton_tma import ensure_allocator
+
+
+class Launch:
+    """One kernel launch with everything but the tensor arguments fixed.
+
+    `args` are the arguments after the tensors (strides, sizes, scales) and `meta` the
+    constexprs with the chosen tiles and compile options. Given `compiled`, the CompiledKernel
+    that Triton's launcher returned for the same arguments, calls run that handle with every
+    argument in signature order, constexprs included, as JITFunction.run does (Triton 3.6 to
+    3.9). That is sound because the plan's key fixes all that Triton specialized the kernel on:
+    dtypes, integer values (sizes, strides) and 16-byte alignment of the pointers.
+    """
+
+    __slots__ = ("kernel", "grid", "args", "meta", "device", "run", "run_args")
+
+    def __init__(self, kernel, grid, args, meta, device, compiled=None):
+        self.kernel, self.grid, self.args, self.meta = kernel, grid, args, meta
+        self.device = device  # CUDA device index, None on CPU (the interpreter)
+        self.run = self.run_args = None
+        if compiled is not None:
+            if hasattr(compiled, "result"):  # a future, where Triton compiles asynchronously
+                compiled = compiled.result()
+            # Every parameter after the tensors: `args` by position, then constexprs by name.
+            n_constexprs = sum(n in meta for n in kernel.arg_names)
+            n_tensors = len(kernel.arg_names) - len(args) - n_constexprs
+            names = kernel.arg_names[n_tensors:]
+            named = {**dict(zip(names, args, strict=False)), **meta}
+            self.run_args = tuple(named[n] for n in names)
+            self.run = compiled[grid]
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        if self.device is not None and torch.cuda.current_device() != self.device:
+            with torch.cuda.device(self.device):
+                return self(*tensors)
+        if self.run is not None:
+            self.run(*tensors, *self.run_args)
+        else:
+            self.kernel[self.grid](*tensors, *self.args, **self.meta)
+
+
+@dataclass(eq=False)
+class Plan:
+    """The launches of one call signature, and how many calls reused them."""
+
+    launches: tuple[Launch, ...]
+    views: bool  # a tensor must go through _kernel_view (a reshape or a copy) on every call
+    variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
+    atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
+    hits: int = 0
+
+    def reuse(self) -> None:
+        """Count a call that runs this plan again. Descriptor kernels need Triton's allocator
+        in the calling thread (a ContextVar, and autograd runs the backward in its own thread
+        on CUDA): one read once it is set."""
+        self.hits += 1
+        if self.variant == "tma":
+            ensure_allocator()
