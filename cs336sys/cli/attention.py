@@ -7,7 +7,6 @@ from typing import Any
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import estimate_options, list_option, option, options_of, store_options
 
-ListOpt = list[str] | None
 
 def _attention_only(
     attention: list_option("Attention implementation(s): naive, compiled, sdpa, flash-torch, "

@@ -7,8 +7,6 @@ from typing import Any
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import list_option, option, options_of, store_options
 
-ListOpt = list[str] | None
-
 
 def _comm_only(
     op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "

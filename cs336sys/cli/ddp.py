@@ -7,8 +7,6 @@ from typing import Any
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import list_option, model_command, option
 
-ListOpt = list[str] | None
-
 
 def _ddp_only(
     impl: list_option("naive, flat, overlap, bucketed, torch (replicas), fsdp and/or torch-fsdp "

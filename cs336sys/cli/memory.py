@@ -11,8 +11,6 @@ import typer
 from cs336sys.cli.common import fail, measure
 from cs336sys.cli.options import estimate_options, list_option, model_command, option
 
-ListOpt = list[str] | None
-
 memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_enable=False)
 
 

@@ -7,8 +7,6 @@ from typing import Any
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import Compile, estimate_options, list_option, model_command, option
 
-ListOpt = list[str] | None
-
 
 def _model_only(
     mode: list_option("forward, forward-backward and/or train. [default: train]") = None,

@@ -26,8 +26,6 @@ from cs336sys.cli.options import (
     shape_options,
 )
 
-ListOpt = list[str] | None
-
 
 class Beside:
     """The sweep's sink: the store's Recorder, each dp or fsdp point first given the

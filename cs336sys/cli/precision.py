@@ -9,7 +9,6 @@ import typer
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import list_option, option, options_of, store_options
 
-ListOpt = list[str] | None
 DeviceOpt = option("auto, cpu, cuda or cuda:N.", str)
 
 precision = typer.Typer(

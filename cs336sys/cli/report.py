@@ -11,8 +11,6 @@ import typer
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail
 from cs336sys.cli.options import TIMES, Commit, Gpu, Replace, Until, Where, list_option, option
 
-ListOpt = list[str] | None
-
 
 def report(
     since: option(f"Runs created since: {TIMES}; or a git ref of this folder's repository "

@@ -7,8 +7,6 @@ from typing import Any
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import estimate_options, list_option, model_command, option
 
-ListOpt = list[str] | None
-
 
 def _step_only(
     size: list_option("Size preset(s) of the handout's table (small, medium, large, xl, 10B; "

@@ -37,7 +37,6 @@ from cs336sys import yours
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
 IMPLS = REPLICA_IMPLS + FSDP_IMPLS
-SHARDINGS = ("none", "own", "zero")  # of the optimizer state, for the replica impls
 LR, WEIGHT_DECAY = 1e-4, 0.01
 
 

@@ -8,7 +8,7 @@ DDP names below load on first use. The CLI still imports it inside commands only
 from cs336sys.parallel.launcher import RankContext, WorkerError, launch, under_torchrun
 
 # Lazy (PEP 562) because importing `cs336sys.parallel.launcher` runs this file, and the CLI
-# relies on that import being torch-free (cli/distributed.py).
+# relies on that import being torch-free (a rank of torchrun's imports it as it starts).
 _DDP_NAMES = (
     "IMPLS",
     "DDPBucketed",

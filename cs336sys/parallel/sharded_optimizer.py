@@ -136,14 +136,3 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.local.load_state_dict(state_dict)
         elif state_dict:
             raise ValueError("this rank owns no parameters, but the state dict is not empty")
-
-    def local_state_bytes(self) -> int:
-        """Bytes of optimizer state (tensors) held on this rank."""
-        if self.local is None:
-            return 0
-        return sum(
-            v.numel() * v.element_size()
-            for s in self.local.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        )

@@ -74,8 +74,6 @@ def method(threshold: float = THRESHOLD) -> str:
     )
 
 
-METHOD = method()
-
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
     """Which invocations column both A and B name, and A and B as that column holds them:

@@ -58,8 +58,6 @@ def method(threshold: float = THRESHOLD) -> str:
     )
 
 
-METHOD = method()
-
 
 @dataclass
 class Commit:

@@ -25,7 +25,7 @@ class Result:
     metrics: dict[str, Any] = field(default_factory=dict)
     samples: dict[str, Any] | None = None
     error: str | None = None
-    # When the point started (bench.clock.now) and how long it took; the sweep runner
+    # When the point started (measure/clock.now) and how long it took; the sweep runner
     # stamps both where the experiment did not.
     started: str | None = None
     duration_s: float | None = None
