@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from cs336sys.experiments.memory import block_saved_bytes
 from cs336sys.measure.live_tensors import LiveTensorTracker
 from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding
 from cs336sys.models.config import ModelConfig, param_count
+from cs336sys.models.saved import block_saved_bytes
 from cs336sys.models.transformer import TransformerBlock, TransformerLM
 from tests.conftest import MICRO, invoke, view_rows
 

@@ -15,9 +15,10 @@ import pytest
 
 from cs336sys.experiments import memory_section, model_section
 from cs336sys.experiments.catalog import EXPERIMENTS, by_kind
+from cs336sys.report.experiment_section import build_section
 from cs336sys.report.plots import Bars, Plot
 from cs336sys.report.render import build, write
-from cs336sys.report.sections import Section, build_section, latest
+from cs336sys.report.sections import Section, latest
 from cs336sys.report.select import Selection, load
 from cs336sys.report.tables import point_table
 from cs336sys.store.db import connect_readonly

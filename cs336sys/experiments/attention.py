@@ -23,6 +23,7 @@ from cs336sys.experiments import attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
 from cs336sys.measure.dtypes import PRECISIONS
+from cs336sys.models.flops import attention_forward_flops
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
     Experiment,
@@ -240,10 +241,9 @@ def _unimplemented(name: str) -> bool:
 
 
 def flops_forward(spec: AttentionSpec) -> float:
-    """QKᵀ and PV: 2 matmuls of 2·Tq·Tk·d FLOPs per (batch, head); causal computes half."""
-    heads = spec.heads or 1
-    full = 4 * spec.batch * heads * spec.seq * spec.seq * spec.d_head
-    return full / 2 if spec.causal else full
+    """QKᵀ and PV of the point (models/flops.attention_forward_flops); causal computes half."""
+    return attention_forward_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head,
+                                   spec.causal)
 
 
 def _impl_context(spec: AttentionSpec):

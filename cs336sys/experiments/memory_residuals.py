@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cs336sys.experiments import model as model_exp
-from cs336sys.experiments.memory import block_saved_bytes
+from cs336sys.models.saved import block_saved_bytes
 from cs336sys.sweep.declaration import (
     Column,
     Experiment,

@@ -49,6 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.experiments import plan_section
 from cs336sys.experiments.plan_hardware import GiB, Hardware, listed_hardware
 from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, param_count, preset_name
@@ -58,7 +59,7 @@ from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric
 from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints
 from cs336sys.sweep.result import Result
 
-STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
+STRATEGIES = pm.STRATEGIES
 E = pm.E  # bytes per bf16 element
 BYTES_PER_PARAM = {"params": 2, "grads": 2, "opt_state": 12}  # ZeRO's 2 + 2 + 12
 
@@ -317,14 +318,6 @@ def run(spec: PlanSpec) -> Result:
 # -- the report section and the declaration ------------------------------------------------
 
 
-def section(sec: Any, pts: list) -> None:
-    """The closed forms, the plan beside measured ddp runs, step time against degree
-    (experiments/plan_section.py, imported here when a report draws it: it imports this)."""
-    from cs336sys.experiments.plan_section import section as draw
-
-    draw(sec, pts)
-
-
 def gib(x: Any) -> str:
     return "" if x is None else f"{x / GiB:,.1f}"
 
@@ -449,6 +442,6 @@ EXPERIMENT = Experiment(
     ),
     tables=(TIME, MEMORY),
     compare="step_ms",
-    section=section,
+    section=plan_section.section,
     draws=True,
 )

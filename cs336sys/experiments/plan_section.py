@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from cs336sys.experiments.plan import STRATEGIES as _ORDER
 from cs336sys.parallel import plan_math as pm
+from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
 from cs336sys.report.sections import Row, Section, Table, num
 from cs336sys.sweep.declaration import Column, model_size
 from cs336sys.sweep.declaration import Table as Declared

@@ -3,7 +3,7 @@ takes, from the analytic models the project already has.
 
 Memory follows ZeRO's accounting (Rajbhandari et al. 2020, §3.1) as experiments/memory.py
 does: the weights (4 bytes a parameter, 2 in bf16), when gradients are taken the gradients
-(as many) and the activations saved for backward (`memory.model_saved_bytes`: fp32, every
+(as many) and the activations saved for backward (`models/saved.model_saved_bytes`: fp32, every
 tensor counted, checkpointed groups keeping their inputs; without the T x T softmax of
 naive attention where a fused kernel runs), when training AdamW's two fp32 moments (8
 bytes a parameter); without gradients, the largest transient buffers of one block and the
@@ -23,6 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.models.config import param_count
+from cs336sys.models.flops import attention_forward_flops
+from cs336sys.models.saved import model_saved_bytes
 from cs336sys.sweep.declaration import metric_table
 
 # Workspaces, the allocator's rounding, the optimizer's temporaries: on top of the accounting.
@@ -79,8 +82,6 @@ def _gib(n: float) -> str:
 def model_estimate(spec: Any) -> Estimate:
     """The estimate of a ModelShape point (model, memory's model, step): its `batch`,
     `mode` (step: train), `precision`, `attention`, `checkpoint` and `param_dtype`."""
-    from cs336sys.experiments.memory import model_saved_bytes
-    from cs336sys.models.config import param_count
 
     config = spec.config()
     B, T = spec.batch, spec.seq
@@ -165,8 +166,6 @@ def attention_estimate(spec: Any) -> Estimate:
     from its FLOPs, with Triton under the interpreter at INTERPRETED_FLOPS."""
     import os
 
-    from cs336sys.experiments.attention import flops_forward
-
     size = 4 if spec.precision == "fp32" else 2
     rows = spec.batch * (spec.heads or 1)
     tensors = 8 * rows * spec.seq * spec.d_head * size  # q k v o, dq dk dv do
@@ -175,7 +174,7 @@ def attention_estimate(spec: Any) -> Estimate:
         spec.impl == "sdpa" and spec.sdpa_backend not in SDPA_MATERIALISING)
     if not fused:
         parts["T x T scores"] = 3 * rows * spec.seq * spec.seq * size
-    fwd = flops_forward(spec)
+    fwd = attention_forward_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head, spec.causal)
     # each pass timed in its own loop: backward reruns the forward, end to end is both
     flops = {"forward": fwd, "backward": 3.5 * fwd, "both": 8 * fwd}[spec.passes]
     runs = spec.warmup + spec.iters + 1  # + the check against float64

@@ -33,6 +33,14 @@ def forward_flops(config: ModelConfig, batch_size: int, context_length: int) -> 
     return dense + attention
 
 
+def attention_forward_flops(batch: int, heads: int, seq: int, d_head: int, causal: bool) -> float:
+    """One attention call's forward: QKᵀ and PV, 2 matmuls of 2·T·T·d FLOPs per (batch,
+    head); a causal call computes half (what the attention benchmarks count, unlike the
+    model's PaLM convention above)."""
+    full = 4 * batch * heads * seq * seq * d_head
+    return full / 2 if causal else full
+
+
 def step_flops(config: ModelConfig, batch_size: int, context_length: int, mode: str) -> int:
     """Matmul FLOPs of one benchmark step in `mode` ("forward", "forward-backward", "train").
 

@@ -63,6 +63,9 @@ from __future__ import annotations
 
 import math
 
+# The strategies, in the order tables and plots show them.
+STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
+
 # -- the ring collectives ---------------------------------------------------------------------
 
 

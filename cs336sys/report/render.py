@@ -22,10 +22,11 @@ from markupsafe import Markup, escape
 import cs336sys
 from cs336sys.measure.significance import THRESHOLD
 from cs336sys.report.compare import Comparison, compare_sides, method, sides
+from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
 from cs336sys.report.plots import Drawer
-from cs336sys.report.sections import WRONG, Section, Table, build_section
+from cs336sys.report.sections import WRONG, Section, Table
 from cs336sys.report.select import Selection, invocations, load, present
 
 

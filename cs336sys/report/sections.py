@@ -69,28 +69,6 @@ class Section:
     collapsed: bool = False  # an analytic section: last, folded in the HTML
 
 
-def build_section(experiment: Any, rows: list[Row],
-                  linked: dict[str, list[dict[str, Any]]] | None = None) -> Section:
-    """The report section of one experiment (sweep/declaration.Experiment): its declared
-    tables over the latest row of each point, those its `apart` names in tables of their own,
-    then what its `section` adds (tables, plots), then why each point that is not ok is so."""
-    from cs336sys.report.tables import point_tables
-
-    sec = Section(experiment.kind, experiment.title, linked=dict(linked or {}),
-                  collapsed=experiment.analytic)
-    pts = latest(rows)
-    which, suffix = experiment.apart or (lambda r: False, "")
-    sec.tables.extend(point_tables(experiment.tables, pts, counts=True, lift=True,
-                                   keep=lambda r: not which(r)))
-    for t in point_tables(experiment.tables, pts, counts=True, lift=True, keep=which):
-        t.title += suffix
-        sec.tables.append(t)
-    if experiment.section is not None:
-        experiment.section(sec, pts)
-    sec.failures = failures(pts)
-    return sec
-
-
 def add_plot(sec: Section, title: str, name: str, plot: Plot | Bars | Strips | Ranked,
              note: str = "") -> None:
     """Add the plot to the section unless it is only lone points (see Plot.informative)."""
