@@ -20,13 +20,14 @@ from cs336sys.report.sections import (
     text,
     varying,
 )
+from cs336sys.sweep.declaration import model_size
 
 
 def section(sec: Section, pts: list[Row]) -> None:
     """The checkpointing trade-off, peaks against context length, the timelines."""
-    trade = _checkpoint_tradeoff(pts)
-    if trade:
-        sec.tables.append(trade)
+    for table in (_checkpoint_tradeoff(pts), around_the_step(pts)):
+        if table:
+            sec.tables.append(table)
     lines = series(pts, "seq", "peak_bytes", scale=2**-20, first=("size", "mode"))
     add_plot(sec, "Peak memory against context length", "memory-peak",
           Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
@@ -43,11 +44,39 @@ def section(sec: Section, pts: list[Row]) -> None:
         if png is None:
             left_out += 1
             continue
-        sec.figures.append(Figure(f"Memory timeline: {r['size']} T={r['seq']}",
-                                  f"memory-timeline-{i}", png=png))
+        s = r["_settings"]
+        what = " ".join(f"{k}={text(s[k])}" for k in ("checkpoint", "attention")
+                        if s.get(k) not in (None, "none", "naive"))
+        sec.figures.append(Figure(
+            f"Memory timeline: {model_size(r)} T={r['seq']} B={s.get('batch')} {s.get('mode')} "
+            f"{s.get('precision')} {what}".strip(), f"memory-timeline-{i}", png=png))
     if left_out:
         sec.notes.append(f"{left_out} memory timeline(s) left out: the stored path is not a PNG "
                          "that cs336sys wrote into the point's --snapshot folder on this machine.")
+
+
+def around_the_step(pts: list[Row]) -> Table | None:
+    """Per training point, the bytes in use after the model was built, just before and just
+    after the optimizer step, beside the parts the accounting gives them (parameters,
+    gradients, AdamW's state): optimizer_state_sharding_accounting (a) asks for this."""
+    body = []
+    for r in pts:
+        s = r["_settings"]
+        if r.get("status") != "ok" or s.get("mode") != "train" or r.get("before_opt_bytes") is None:
+            continue
+        body.append([f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
+                     f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}",
+                     *(mib(r.get(k)) for k in ("init_bytes", "before_opt_bytes",
+                                               "after_opt_bytes", "param_bytes", "grad_bytes",
+                                               "optim_bytes", "peak_bytes"))])
+    if not body:
+        return None
+    return Table("Memory around the optimizer step (MiB)",
+                 ["point", "after init", "before step", "after step", "parameters",
+                  "gradients", "AdamW state", "peak"], body,
+                 note="after init, before step, after step: the bytes in use at those moments "
+                 "(CUDA: allocated; CPU: live tensors); parameters, gradients, AdamW state: "
+                 "the accounting (4, 4 and 8 bytes a parameter in fp32).")
 
 
 # The analytic parts of a point's memory (experiments/memory.py), bottom first.
