@@ -41,6 +41,19 @@ class GeluLM(nn.Module):
         return self.head(h)
 
 
+class FlatLM(nn.Module):
+    """Blocks that are not in a ModuleList: nothing for --checkpoint to group."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.mix = nn.Linear(d_model, d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, x):
+        return self.head(self.mix(self.embed(x)))
+
+
 class NanLM(GeluLM):
     def forward(self, x):
         return super().forward(x) * float("nan")
@@ -107,7 +120,6 @@ def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_pat
     "args, why",
     [
         (["--model", "cs336_basics", "--attention", "sdpa"], "brings its own attention"),
-        (["--model", "cs336_basics", "--checkpoint", "every:1"], "switch of cs336sys's model"),
         (["--model", "nowhere.at_all:LM"], "No module named 'nowhere'"),
         (["--model", "just_a_name"], "give cs336_basics or package.module:Class"),
     ],
@@ -161,3 +173,34 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
     assert all(json.loads(r["metrics"]).get("check") == "pass" for r in rows if r["experiment"] == "step")
     result = invoke("step", *small, "--model", "cs336_basics", "--switches", "fused-ce", "--db", db)
     assert result.exit_code == 2 and "takes fused-adamw and compile" in result.stderr
+
+
+def test_checkpointing_groups_your_blocks_and_keeps_your_loss(tmp_path, monkeypatch):
+    """--checkpoint on the user's model: the course's `layers` (and another model's one
+    ModuleList of blocks) grouped as ours are. The loss is the same; the bytes saved for
+    backward fall to each group's input; a model with no list of blocks is a stored error
+    that says what checkpointing needs."""
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "", "my_models/lm.py": OTHER_MODEL})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("memory", *MICRO, "--seq", "16", "--model", "cs336_basics", "--checkpoint",
+                    "none,every:1", "--db", db)
+    assert result.exit_code == 0, result.output
+    plain, grouped = query(db, "SELECT status, saved_bytes, loss FROM memory_runs "
+                           "ORDER BY checkpoint = 'every:1'")
+    assert plain["status"] == grouped["status"] == "ok"
+    assert grouped["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    assert grouped["saved_bytes"] < plain["saved_bytes"]
+    # another architecture's one ModuleList of blocks (`blocks`), trained a few steps
+    result = invoke("model", *MICRO, "--seq", "16", "--model", "my_models.lm:GeluLM",
+                    "--checkpoint", "none,every:1", "--db", db)
+    assert result.exit_code == 0, result.output
+    plain, grouped = query(db, "SELECT status, loss_first, loss_last FROM model_runs "
+                           "ORDER BY checkpoint = 'every:1'")
+    assert plain["status"] == grouped["status"] == "ok"
+    assert (grouped["loss_first"], grouped["loss_last"]) == pytest.approx(
+        (plain["loss_first"], plain["loss_last"]), rel=1e-5)
+    result = invoke("memory", *MICRO, "--seq", "16", "--model", "my_models.lm:FlatLM",
+                    "--checkpoint", "every:1", "--db", db)
+    (flat,) = query(db, "SELECT status, error FROM runs WHERE settings LIKE '%FlatLM%'")
+    assert flat["status"] == "error" and "one nn.ModuleList" in flat["error"]

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.models.config import checkpoint_groups
+
 MODES = ("forward", "forward-backward", "train")
 # ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
 # its default (foreach on CUDA, a loop on CPU) and fused=True, the production baseline.
@@ -54,9 +56,12 @@ def make_model(config: Any, device: str, seed: int) -> Any:
     torch.manual_seed(seed)
     with torch.device(device):
         if config.model is not None:
+            from cs336sys.models.checkpointing import checkpoint_blocks
             from cs336sys.yours.implementations import build_model
 
-            return build_model(config)
+            model = build_model(config)
+            groups = checkpoint_groups(config.checkpoint, config.num_layers)
+            return model if groups is None else checkpoint_blocks(model, config.num_layers, groups)
         from cs336sys.models.transformer import TransformerLM
 
         return TransformerLM(config)

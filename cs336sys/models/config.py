@@ -70,7 +70,8 @@ class ModelConfig:
     # Whose Transformer LM: None for cs336sys's TransformerLM, else the user's class, built
     # with the course's constructor (vocab_size, context_length, d_model, num_layers,
     # num_heads, d_ff, rope_theta): "cs336_basics" (the course's BasicsTransformerLM) or
-    # "package.module:Class". Its attention is its own, and it has no checkpointing switch.
+    # "package.module:Class". Its attention is its own; checkpointing groups its blocks
+    # (models/checkpointing.py).
     model: str | None = None
 
     @property
@@ -113,9 +114,6 @@ class ModelConfig:
             )
         checkpoint_groups(self.checkpoint, self.num_layers)  # raises ValueError if invalid
         if self.model is not None:
-            if self.checkpoint != "none":
-                raise ValueError(f"checkpoint {self.checkpoint}: activation checkpointing is a "
-                                 f"switch of cs336sys's model, not of {self.model}.")
             return  # the user's model brings its own attention
         if self.attention not in registry.choices():
             raise ValueError(
