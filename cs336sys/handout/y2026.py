@@ -147,7 +147,11 @@ PROBLEMS = (
         runs=(Run("memory --size xl --seq 2048 --batch 4 --mode train "
                   "--checkpoint none,every:1,every:2,every:4,sqrt,every:8,every:16",
                   cpu="memory --size tiny --seq 128 --mode train --warmup 0 --iters 1 "
-                  "--checkpoint none,every:1,every:2,every:4", part="(b)"),),
+                  "--checkpoint none,every:1,every:2,every:4",
+                  yours="memory --model cs336_basics --size xl --seq 2048 --batch 4 --mode train "
+                  "--checkpoint none,every:1,every:2,every:4,sqrt,every:8,every:16",
+                  yours_cpu="memory --model cs336_basics --size tiny --seq 128 --mode train "
+                  "--warmup 0 --iters 1 --checkpoint none,every:1,every:2,every:4", part="(b)"),),
         tables=(Pivot("Peak memory of a training step by checkpointing", "memory",
                       ("checkpoint",), (PEAK, STEP), where={"mode": "train"}),),
     ),
