@@ -204,3 +204,69 @@ def test_checkpointing_groups_your_blocks_and_keeps_your_loss(tmp_path, monkeypa
                     "--checkpoint", "every:1", "--db", db)
     (flat,) = query(db, "SELECT status, error FROM runs WHERE settings LIKE '%FlatLM%'")
     assert flat["status"] == "error" and "one nn.ModuleList" in flat["error"]
+
+
+# The course's AdamW (assignment 1's algorithm: bias correction folded into the step size,
+# eps outside it, decoupled weight decay after the update), and one that forgot the bias
+# correction.
+USER_ADAMW = '''
+import math
+
+import torch
+
+
+class CourseAdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                t = state.get("t", 0) + 1
+                m = state.get("m", torch.zeros_like(p))
+                v = state.get("v", torch.zeros_like(p))
+                m = b1 * m + (1 - b1) * p.grad
+                v = b2 * v + (1 - b2) * p.grad ** 2
+                lr_t = group["lr"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                p -= lr_t * m / (torch.sqrt(v) + group["eps"])
+                p -= group["lr"] * group["weight_decay"] * p
+                state.update(t=t, m=m, v=v)
+
+
+class NoBiasCorrection(CourseAdamW):
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                state = self.state[p]
+                m = b1 * state.get("m", torch.zeros_like(p)) + (1 - b1) * p.grad
+                v = b2 * state.get("v", torch.zeros_like(p)) + (1 - b2) * p.grad ** 2
+                p -= group["lr"] * m / (torch.sqrt(v) + group["eps"])
+                state.update(m=m, v=v)
+'''
+
+
+def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
+    """--optimizer yours=package.module:Class: the course's algorithm passes (its eps and
+    weight decay placed otherwise than torch's), one without bias correction is wrong."""
+    repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    for cls in ("CourseAdamW", "NoBiasCorrection"):
+        result = invoke("model", *MICRO, "--seq", "16", "--optimizer",
+                        f"adamw,yours=my_opt.adamw:{cls}", "--db", db)
+        assert result.exit_code == 0, result.output
+    rows = query(db, "SELECT optimizer, status, check_optimizer_err, error FROM model_runs "
+                 "ORDER BY created")
+    assert [(r["optimizer"], r["status"]) for r in rows] == [
+        ("adamw", "ok"), ("yours", "ok"), ("adamw", "ok"), ("yours", "wrong")]
+    assert rows[1]["check_optimizer_err"] < 1e-5  # the tolerance is 1e-3
+    assert rows[3]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[3]["error"]
+    result = invoke("model", *MICRO, "--optimizer", "yours-unregistered", "--db", db)
+    assert result.exit_code == 2 and "--optimizer" in result.stderr

@@ -6,6 +6,11 @@
   the same loss as naive attention with the same weights. Checked on a copy of at most two
   layers of the same shape, before the model that is timed is built, so that a large model
   never exists twice.
+- A user's AdamW (`--optimizer yours=...`): OPTIMIZER_STEPS steps on one float64 tensor
+  with the same gradients as torch.optim.AdamW built with the user's own hyperparameters; the
+  parameters must move alike within OPTIMIZER_RTOL of the largest move. AdamW variants that
+  place eps or the weight decay otherwise (the course's algorithm among them) differ by far
+  less; a missing bias correction, sign or weight decay by far more.
 - A user's DDP, FSDP or sharded optimizer: experiments/training_check.py.
 """
 
@@ -61,6 +66,45 @@ def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict
     with torch.no_grad():
         reference = float(cross_entropy(ours(x), y))
     return _same_loss(loss, reference, "the same weights in cs336sys's TransformerLM")
+
+
+OPTIMIZER_STEPS = 3
+OPTIMIZER_RTOL = 1e-3
+
+
+def optimizer_check(name: str) -> Verdict:
+    """The user's AdamW `name` against torch.optim.AdamW (module docstring)."""
+    import torch
+
+    from cs336sys.experiments.training_step import make_optimizer
+
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(64, 32, generator=g, dtype=torch.float64)
+    # gradients of magnitude 0.1 to 1.1: where |g| is near eps, AdamW variants that place eps
+    # otherwise (the course's, torch's) differ in the step, and only there
+    grads = [torch.randn(64, 32, generator=g, dtype=torch.float64).sign()
+             * (0.1 + torch.rand(64, 32, generator=g, dtype=torch.float64))
+             for _ in range(OPTIMIZER_STEPS)]
+    theirs = torch.nn.Parameter(start.clone())
+    optimizer = make_optimizer(name, [theirs])
+    group = optimizer.param_groups[0]
+    reference = torch.nn.Parameter(start.clone())
+    torch_adamw = torch.optim.AdamW(
+        [reference], lr=group.get("lr", 1e-4), betas=group.get("betas", (0.9, 0.999)),
+        eps=group.get("eps", 1e-8), weight_decay=group.get("weight_decay", 0.01))
+    for grad in grads:
+        for p, opt in ((theirs, optimizer), (reference, torch_adamw)):
+            p.grad = grad.clone()
+            opt.step()
+    moved, expected = theirs.detach() - start, reference.detach() - start
+    err = float((moved - expected).abs().max() / expected.abs().max())
+    passed = math.isfinite(err) and err <= OPTIMIZER_RTOL
+    metrics = {"check_optimizer_err": err, "check": "pass" if passed else "fail"}
+    if passed:
+        return Verdict(True, metrics)
+    return Verdict(False, metrics, f"wrong: {name} moves the parameters {err:.3g} of the largest "
+                   f"move away from torch.optim.AdamW's after {OPTIMIZER_STEPS} steps with its "
+                   f"own hyperparameters (at most {OPTIMIZER_RTOL:g})")
 
 
 def _same_loss(loss: float, reference: float, what: str) -> Verdict:

@@ -112,7 +112,8 @@ def specs(
     sizes = preset_sizes(size, defaults["size"])
     modes = choices(mode, MODES, "--mode", default=["train"])
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
-    optimizers = choices(optimizer, OPTIMIZERS, "--optimizer", default=["adamw"])
+    optimizers = named_impls(listed(optimizer, "--optimizer", ["adamw"]), "adamw", "--optimizer",
+                             list(OPTIMIZERS))
     batches = positive_ints(batch, "--batch", default=[4])
     for warmup in warmup_counts:
         counts(warmup, iters)
@@ -149,6 +150,18 @@ def specs(
         ))
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
+
+
+def both(first: Any, second: Any) -> Any:
+    """Two checks of one point as one verdict: passed when both did, the first failure's
+    reason, the metrics of both ("check" pass only when both pass)."""
+    if first is None:
+        return second
+    from cs336sys.measure.check import Verdict
+
+    passed = first.passed and second.passed
+    metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
+    return Verdict(passed, metrics, first.why if not first.passed else second.why)
 
 
 def check_model(model: str, attention: Any = None) -> None:
@@ -203,6 +216,10 @@ def run(spec: ModelSpec) -> Result:
         from cs336sys.experiments.checks import model_check
 
         checked = model_check(config, spec.device, spec.seed, spec.batch)
+    if yours.is_yours(spec.optimizer):
+        from cs336sys.experiments.checks import optimizer_check
+
+        checked = both(checked, optimizer_check(spec.optimizer))
     model = make_model(config, spec.device, spec.seed)
     step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch,
                      context_length=spec.seq,
@@ -234,8 +251,11 @@ def run(spec: ModelSpec) -> Result:
         from cs336sys.attention import registry
         from cs336sys.yours.implementations import sources
 
-        user = type(model) if config.model is not None else registry.get(config.attention)
-        metrics.update(checked.metrics, code=sources(user))
+        user = [type(model)] if config.model is not None else (
+            [registry.get(config.attention)] if yours.is_yours(config.attention) else [])
+        if yours.is_yours(spec.optimizer):
+            user.append(type(step.optimizer))
+        metrics.update(checked.metrics, code=sources(*user))
         status, why = ("ok", None) if checked.passed else ("wrong", checked.why)
         if status == "ok" and not all(math.isfinite(v) for v in losses):
             status, why = "wrong", f"wrong: a non-finite loss in the timed steps ({losses})"
@@ -291,12 +311,14 @@ EXPERIMENT = Experiment(
             peak_reserved_mb   MiB  CUDA: peak bytes held by the caching allocator
             loss_first         -    loss of the first (warm-up) step
             loss_last          -    loss of the last timed step
-            check              -    the user's model or attention kernel: pass, or fail (the point
+            check              -    the user's model, attention kernel or AdamW: pass, or fail (the point
                                       is `wrong`)
             check_detail       -    what the check compared (the same loss as cs336sys's model, or
                                       naive attention, with the same weights; or a finite loss only)
             check_loss         -    the user's loss in the check (two layers at most)
             check_loss_ours    -    the reference's loss with the same weights
+            check_optimizer_err -   the user's AdamW against torch's: its move's largest difference
+                                      over the largest move, 3 steps (experiments/checks.py)
             code               -    the user's code measured: its files and their sha256 (JSON)
         """),
         *launch(("fwd", "bwd", "opt")),

@@ -69,8 +69,16 @@ def make_model(config: Any, device: str, seed: int) -> Any:
 
 def make_optimizer(name: str, params: Any) -> Any:
     """One of OPTIMIZERS over `params`, lr 1e-4, weight decay 0.01: ours (cs336sys.models
-    AdamW and its fused versions) or torch.optim.AdamW, default or fused=True."""
+    AdamW and its fused versions), torch.optim.AdamW, default or fused=True, or the user's
+    (`--optimizer yours=package.module:AdamW`, built with lr and weight_decay alone)."""
     import torch
+
+    from cs336sys import yours
+
+    if yours.is_yours(name):
+        from cs336sys.yours.implementations import load_target
+
+        return load_target(yours.target("adamw", name))(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
     from cs336sys.models.adamw import AdamW
     from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
