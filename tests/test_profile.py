@@ -70,6 +70,20 @@ def test_cpu_attribution_uses_op_self_time_by_phase():
     assert kernels[0]["mean_ms"] == 11 / 1e3 and {k["time_basis"] for k in kernels} == {"cpu"}
 
 
+def test_matmul_share_by_phase_from_the_same_attribution():
+    """CPU: forward mm 22 of 36 µs, backward mm 20 of 25 (MmBackward0 is not an aten mm:
+    its time is its children's, here none); CUDA: gemm kernels 10 of 13, 10 of 11."""
+    assert profile_events.matmul_shares(EVENTS, on_cuda=False) == {
+        "forward": 22 / 36, "backward": 20 / 25}
+    assert profile_events.matmul_shares(EVENTS, on_cuda=True) == {
+        "forward": 10 / 13, "backward": 10 / 11}
+    for name in ("sm90_xmma_gemm_bf16", "nvjet_tst_128x256", "cutlass_80_wmma",
+                 "triton_tem_fused_mm_0", "aten::addmm", "aten::bmm"):
+        assert profile_events.MATMUL.search(name), name
+    for name in ("aten::matmul", "aten::linear", "softmax_k", "vectorized_elementwise"):
+        assert not profile_events.MATMUL.search(name), name
+
+
 def test_cuda_attribution_uses_kernel_time_of_the_launching_event():
     kernels, totals, parts = summarize(EVENTS, on_cuda=True, top=10)
     assert totals == {"forward": 13 / 1e3, "backward": 11 / 1e3}

@@ -32,7 +32,7 @@ from typing import Any
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec
 from cs336sys.experiments.model import ModelSpec
-from cs336sys.experiments.profile_events import summarize
+from cs336sys.experiments.profile_events import matmul_shares, summarize
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.declaration import (
@@ -174,6 +174,8 @@ def run(spec: ProfileSpec) -> Result:
         kernels, totals, parts = summarize(prof.events(), on_cuda, spec.top)
         for name, ms in totals.items():
             metrics[f"{SHORT[name]}_profiled_ms_mean"] = ms / n_steps
+        for name, share in matmul_shares(prof.events(), on_cuda).items():
+            metrics[f"{SHORT[name]}_matmul_share"] = share
         for key, ms in parts.items():
             per_step = ms / n_steps
             flops = built.part_flops.get(key)
@@ -320,6 +322,8 @@ TABLE = Table(
         Column("fwd prof. ms", "fwd_profiled_ms_mean", "num"),
         Column("bwd prof. ms", "bwd_profiled_ms_mean", "num"),
         Column("opt prof. ms", "opt_profiled_ms_mean", "num"),
+        Column("fwd matmul", "fwd_matmul_share", "pct", optional=True),
+        Column("bwd matmul", "bwd_matmul_share", "pct", optional=True),
     ),
     note="basis cuda: kernel time on the GPU; cpu: op self time. Phase times are taken under "
     "the profiler: compare speed with the model and attention experiments, not with these.",
@@ -346,6 +350,8 @@ EXPERIMENT = Experiment(
         *timing("step_ms", "whole step under the profiler, wall"),
         *(Metric(f"{p}_profiled_ms_mean", "ms", f"summed op/kernel time of the {p} phase, "
                  "mean per step") for p in ("fwd", "bwd", "opt")),
+        *(Metric(f"{p}_matmul_share", "", f"share of the {p} phase's op/kernel time in matrix "
+                 "multiplications (profile_events.MATMUL)") for p in ("fwd", "bwd", "opt")),
         *(m for part in ("qk", "softmax", "pv") for m in (
             Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step"),
             Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),

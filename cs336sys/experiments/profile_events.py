@@ -20,6 +20,7 @@ Time stamps are the profiler's microseconds; everything returned is in milliseco
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,12 @@ PHASES = ("forward", "backward", "optimizer")
 # Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
 PARTS = {"qk": "scores", "softmax": "softmax", "pv": "final matmul"}
 OTHER = "(other)"
+# What a matrix multiplication is called: aten's ops on a CPU (self time: matmul and linear
+# are composites whose time their mm/addmm/bmm children carry); on CUDA the kernels of
+# cuBLAS (gemm, Hopper's nvjet), CUTLASS and the tensor-core (xmma, wgmma) families, and
+# inductor's Triton matmul templates (`triton_tem_fused_mm...`, `..._bmm...`).
+MATMUL = re.compile(r"gemm|xmma|wgmma|cutlass|nvjet|cublas|^aten::(mm|addmm|bmm|baddbmm|_scaled_mm)$"
+                    r"|triton_tem_.*mm", re.IGNORECASE)
 
 
 class Spans:
@@ -148,3 +155,20 @@ def summarize(
                 }
             )
     return rows, totals, {key: us / 1e3 for key, us in parts.items()}
+
+
+def matmul_shares(events: Iterable[Any], on_cuda: bool) -> dict[str, float]:
+    """Per phase, the share of its op self time (CPU) or kernel time (CUDA) spent in matrix
+    multiplications (MATMUL): what nsys_profile (d) asks of a forward and a training step."""
+    events = list(events)
+    spans = ranges(events)
+    total: dict[str, float] = {}
+    matmul: dict[str, float] = {}
+    for item in items(events, on_cuda):
+        phase = next((p for p in PHASES if p in spans and spans[p].contains(item.start)), None)
+        if phase is None:
+            continue
+        total[phase] = total.get(phase, 0.0) + item.duration
+        if MATMUL.search(item.name):
+            matmul[phase] = matmul.get(phase, 0.0) + item.duration
+    return {p: matmul.get(p, 0.0) / t for p, t in total.items() if t > 0}
