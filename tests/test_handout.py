@@ -270,3 +270,15 @@ def test_a_signal_in_one_command_stops_the_run(db_path, monkeypatch):
     r = invoke("handout", "run", "benchmarking_script", "--db", db_path)
     assert r.exit_code == 130 and ran == ["model"]
     assert "handout run stopped at benchmarking_script" in r.stderr
+
+
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_every_plan_command_computes(db_path, year):
+    """--dry-run does not run plan (arithmetic, no estimate): every accounting command of
+    the release is run here instead, each ending ok."""
+    commands = [run.args(False) for p in problems(year) for run in p.runs
+                if run.experiment == "plan"]
+    assert commands
+    for args in commands:
+        r = invoke(*args, "--db", db_path)
+        assert r.exit_code == 0, (args, r.output)

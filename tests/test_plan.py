@@ -404,3 +404,55 @@ def test_report_has_the_plan_section(db_path, tmp_path):
     md = (out / "report.md").read_text()
     assert "Plan: parallelism" in md and "When communication stops hiding" in md
     assert "Step time against degree" in md
+
+
+# -- the 2025 handout's XXL and the Scaling Book's mesh ---------------------------------------
+
+
+def test_mesh_batch_by_hand():
+    """communication_accounting (c): TPU v5p, C = 4.6e14, W_ici = 1.8e11, X = 16 FSDP over
+    M_X = 2 axes, Y = 4 TP over M_Y = 1: compute-bound iff B/N > (C/W) / (Y M_X) =
+    2555.6 / 8 = 319.4 tokens a device (20,444 over 64); TP hides, F/Y = 13,312 > 2555.6."""
+    per_device, tp = pm.mesh_batch_per_device(53248, 4, 4.6e14, 1.8e11, 2, 1)
+    assert per_device == pytest.approx(4.6e14 / 1.8e11 / 8) and tp
+    # the defining inequality, at the threshold: T_FSDP = T_math
+    b, d, f, x, y = per_device * 64, 16384, 53248, 16, 4
+    assert 4 * d * f / (y * 1.8e11 * 2) == pytest.approx(4 * b * d * f / (64 * 4.6e14))
+    assert not pm.mesh_batch_per_device(53248, 32, 4.6e14, 1.8e11, 2, 1)[1]  # F/Y = 1664
+
+
+def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
+    r = invoke("plan", "--size", "xxl", "--hardware", "tpu-v5p", "--strategy", "fsdp,fsdp-tp",
+               "--n", "16,64", "--split", "16x4", "--mesh-axes", "2,1", "--batch", "64",
+               "--seq", "512", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    got = {(row["strategy"], row["n"]): row for row in query(
+        db_path, "SELECT * FROM plan_runs WHERE status = 'ok'")}
+    fsdp = got["fsdp", 16]
+    params = 126 * 2 * 16384 * 53248  # 219,848,638,464
+    assert fsdp["params"] == params
+    # fp32 master weights, gradients (4 + 4) and AdamW's two moments (8), over 16 devices
+    assert (fsdp["mem_params_bytes"], fsdp["mem_grads_bytes"], fsdp["mem_opt_state_bytes"]) == (
+        4 * params // 16, 4 * params // 16, 8 * params // 16)
+    # forward 2 FLOPs per parameter and token, backward twice that: 6 x 32,768 tokens x P
+    assert fsdp["flops_per_step"] == 6 * 64 * 512 * params
+    # bf16 activations: W1's and W2's inputs, 2 (D + F) bytes a token and block
+    assert fsdp["mem_act_bytes"] == 64 * 512 // 16 * 126 * 2 * (16384 + 53248)
+    mesh = got["fsdp-tp", 64]
+    assert (mesh["fsdp_degree"], mesh["tp_degree"]) == (16, 4)
+    assert mesh["mesh_batch_per_device_min"] == pytest.approx(4.6e14 / 1.8e11 / 8)
+    assert mesh["mesh_batch_min"] == pytest.approx(64 * 4.6e14 / 1.8e11 / 8)
+    assert mesh["mesh_tp_hides"] == 1
+    assert "Scaling Book" in r.stdout and "xxl (16384×126, 219.8B)" in r.stdout
+    skipped = query(db_path, "SELECT error FROM runs WHERE status = 'skipped'")
+    assert skipped == [{"error": "skipped: fsdp-tp --split 16x4 is 64 devices, not 16"}]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--split", "16by4"], "--split"),
+    (["--mesh-axes", "2"], "--mesh-axes"),
+    (["--mesh-axes", "2,-1"], "--mesh-axes"),
+])
+def test_bad_split_and_mesh_exit_2(db_path, args, says):
+    r = invoke("plan", "--strategy", "fsdp-tp", "--n", "4", *args, "--db", db_path)
+    assert r.exit_code == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -48,7 +48,8 @@ class Beside:
 def plan(
     *,
     size: option("Model size preset: tiny, small, ..., xl, 10B, 8b (the CS336 2026 leaderboard "
-                 "model).", str) = "8b",
+                 "model), or xxl (the 2025 handout's blocks of two linear layers, "
+                 "communication_accounting).", str) = "8b",
     batch: option("Global batch of one step in sequences of --seq tokens, as every command "
                   "counts it. [default: 256]", int | None) = None,
     tokens: option("Global batch of one step in tokens (whole sequences), instead of --batch.",
@@ -68,6 +69,11 @@ def plan(
                      "busbw.", bool, "--measured") = False,
     gpu: option("With --measured: the stored GPU name to use (e.g. from a merged store). [default: "
                 "this machine's, 'cpu' without one]", str | None) = None,
+    split: option("fsdp-tp: this split XxY (FSDP degree x TP degree, e.g. 16x4) instead of the "
+                  "fastest.", str | None, "--split") = None,
+    mesh_axes: option("fsdp-tp: MX,MY, the mesh axes its FSDP and TP collectives use (2,1 on a "
+                      "3D TPU mesh): adds the Scaling Book's compute-bound batch.", str | None,
+                      "--mesh-axes") = None,
     handout: Handout = None,
     label: Label = None,
     db: DbOption = DEFAULT_DB,
@@ -101,7 +107,7 @@ def plan(
         boxes.append(_measured(db, gpu))
     with user_errors(), using_handout(handout):
         specs = exp.specs(size=size, seq=seq, batch=batch, tokens=tokens, strategy=strategy, n=n,
-                          hardware=boxes, **shape)
+                          hardware=boxes, split=split, mesh_axes=mesh_axes, **shape)
     with recording(db, "plan", "none", label=label) as rec:
         # The ddp lookup reads through a connection of its own, opened once recording has
         # made the tables: opened before, on a new file that another `plan` was creating,
@@ -165,13 +171,14 @@ def _show(exp, points) -> None:  # noqa: ANN001
         all_reduces,
         inequalities,
         measured_rows,
+        mesh,
     )
     from cs336sys.report.tables import as_text, point_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]
     ok = [r for r in rows if r["status"] == "ok"]
     tables = point_tables(exp.EXPERIMENT.tables, ok, lift=True)
-    extra = [t for t in (inequalities(ok), all_reduces(ok)) if t]
+    extra = [t for t in (inequalities(ok), all_reduces(ok), mesh(ok)) if t]
     extra += point_tables([MEASURED], measured_rows(ok), lift=False)
     for t in tables:  # the settings every row shares, lifted out of the columns
         t.title += f" ({t.constant})" if t.constant else ""

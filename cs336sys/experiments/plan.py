@@ -51,9 +51,9 @@ from typing import Any
 
 from cs336sys.experiments import plan_section
 from cs336sys.experiments.plan_hardware import GiB, Hardware, listed_hardware
+from cs336sys.experiments.plan_model import ACCOUNTING, XXL, sharded
 from cs336sys.measure.clock import now
-from cs336sys.models.config import ModelConfig, ModelShape, from_preset, param_count, preset_name
-from cs336sys.models.flops import forward_flops
+from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric_table
 from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints
@@ -61,7 +61,6 @@ from cs336sys.sweep.result import Result
 
 STRATEGIES = pm.STRATEGIES
 E = pm.E  # bytes per bf16 element
-BYTES_PER_PARAM = {"params": 2, "grads": 2, "opt_state": 12}  # ZeRO's 2 + 2 + 12
 
 
 @dataclass(frozen=True)
@@ -75,6 +74,9 @@ class PlanSpec(ModelShape):
     egress: float  # W
     memory_bytes: int
     source: str
+    blocks: str = "transformer"  # what the model is made of (plan_model.py): or ffn2 (XXL)
+    split: str | None = None  # fsdp-tp: the split XxY given by hand (--split), else the best
+    mesh_axes: str | None = None  # "MX,MY": the Scaling Book's mesh axes (--mesh-axes)
 
     def config(self) -> ModelConfig:
         return ModelConfig(d_model=self.d_model, d_ff=self.d_ff, num_layers=self.num_layers,
@@ -96,13 +98,21 @@ def specs(
     num_layers: int | None = None,
     num_heads: int | None = None,
     vocab_size: int | None = None,
+    split: str | None = None,
+    mesh_axes: str | None = None,
 ) -> list[PlanSpec]:
     """The points of a plan: every hardware x strategy x degree. The global batch is `batch`
-    sequences of `seq` tokens, or `tokens` (whole sequences). SpecError names a bad option:
+    sequences of `seq` tokens, or `tokens` (whole sequences). `size` "xxl" is the 2025
+    handout's two-matrix blocks (plan_model.py). `split` fixes FSDP+TP's split ("16x4"),
+    `mesh_axes` ("2,1") adds the Scaling Book's mesh accounting to its points. SpecError
+    names a bad option:
     an unknown size or strategy, a non-positive value, both batch and tokens, tokens that are
     not whole sequences, a TP degree that does not divide the heads, a DP or FSDP degree that
     does not divide the batch's sequences."""
-    size = preset_name(size)
+    blocks = "ffn2" if size.strip().lower() == "xxl" else "transformer"
+    size = "xxl" if blocks == "ffn2" else preset_name(size)
+    split = None if split is None else "x".join(map(str, split_of(split)))
+    mesh_axes = None if mesh_axes is None else mesh_of(mesh_axes)
     for name, value in (("--seq", seq), ("--batch", batch), ("--tokens", tokens),
                         ("--d-model", d_model),
                         ("--d-ff", d_ff), ("--num-layers", num_layers),
@@ -118,32 +128,77 @@ def specs(
         raise SpecError(f"--tokens {tokens} is not a whole number of --seq {seq} token sequences")
     batch = tokens if tokens is not None else (batch or 256) * seq  # 1M tokens at 4096
     check_size(batch, "--batch x --seq")
+    given = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                 vocab_size=vocab_size)
     try:
-        cfg = from_preset(size, d_model=d_model, d_ff=d_ff, num_layers=num_layers,
-                          num_heads=num_heads, vocab_size=vocab_size,
-                          context_length=seq, max_context_length=max(seq, 65_536))
+        if blocks == "ffn2":  # not a Transformer: no heads to check, no vocabulary
+            cfg = ModelConfig(**{**XXL, **{k: v for k, v in given.items() if v is not None}},
+                              context_length=seq, max_context_length=max(seq, 65_536))
+        else:
+            cfg = from_preset(size, **given, context_length=seq,
+                              max_context_length=max(seq, 65_536))
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     strategies = choices(strategy, STRATEGIES, "--strategy", default=list(STRATEGIES))
     degrees = positive_ints(n, "--n", default=[1, 2, 4, 8])
+    units = cfg.d_ff if blocks == "ffn2" else cfg.num_heads
     for d in degrees:  # a degree no strategy asked for can take is a typo
-        why = [problem(s, d, cfg.num_heads, batch // seq) for s in strategies]
+        why = [problem(s, d, units, batch // seq, split,
+                       "d_ff columns" if blocks == "ffn2" else "heads") for s in strategies]
         if all(why):
             raise SpecError(f"--n {d}: {why[0]}" if len(why) == 1 else
                             f"--n {d} fits none of the strategies: {'; '.join(why)}")
     return [
         PlanSpec(**ModelShape.of(size, cfg), batch_tokens=batch,
                  strategy=s, n=d, hardware=key, device_name=hw.name, flops=hw.flops, egress=hw.egress,
-                 memory_bytes=hw.memory_bytes, source=hw.source)
+                 memory_bytes=hw.memory_bytes, source=hw.source, blocks=blocks,
+                 split=split if s == "fsdp-tp" else None,
+                 mesh_axes=mesh_axes if s == "fsdp-tp" else None)
         for key, hw in listed_hardware(hardware) for s in strategies for d in degrees
     ]
 
 
-def problem(strategy: str, n: int, heads: int, sequences: int) -> str | None:
-    """Why `strategy` cannot run at degree `n` (None if it can): TP splits the heads
-    evenly, DP and FSDP give each device whole sequences, FSDP+TP needs a split of both."""
+def tp_units(spec: Any) -> int:
+    """What TP splits evenly: the heads of a Transformer, d_ff of two-matrix blocks."""
+    return spec.d_ff if spec.blocks == "ffn2" else spec.num_heads
+
+
+def split_of(text: str) -> tuple[int, int]:
+    """"16x4" -> (16, 4), the FSDP and TP degrees of --split; SpecError otherwise."""
+    x, sep, y = text.lower().partition("x")
+    if not (sep and x.strip().isdigit() and y.strip().isdigit() and int(x) > 0 and int(y) > 0):
+        raise SpecError(f"--split: {text!r} is not XxY, the FSDP and TP degrees (16x4)")
+    return int(x), int(y)
+
+
+def mesh_of(text: str) -> str:
+    """--mesh-axes "2,1" as stored: two positive numbers, M_X and M_Y; SpecError otherwise."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) != 2 or not all(math.isfinite(v) and v > 0 for v in values):
+        raise SpecError(f"--mesh-axes: {text!r} is not MX,MY, the mesh axes of FSDP and of TP "
+                        "(2,1 on a 3D TPU mesh)")
+    return ",".join(parts)
+
+
+def problem(strategy: str, n: int, heads: int, sequences: int, split: str | None = None,
+            unit: str = "heads") -> str | None:
+    """Why `strategy` cannot run at degree `n` (None if it can): TP splits the heads (or
+    d_ff) evenly, DP and FSDP give each device whole sequences, FSDP+TP needs a split of
+    both (the one given, with --split)."""
+    if strategy == "fsdp-tp" and split:
+        x, y = split_of(split)
+        if x * y != n:
+            return f"fsdp-tp --split {split} is {x * y} devices, not {n}"
+        if heads % y or sequences % x:
+            return (f"fsdp-tp --split {split}: {y} must divide the {heads} {unit} and {x} the "
+                    f"batch's {sequences} sequences")
+        return None
     if strategy == "tp" and heads % n:
-        return f"tp splits the {heads} heads evenly; {n} does not divide {heads}"
+        return f"tp splits the {heads} {unit} evenly; {n} does not divide {heads}"
     if strategy in ("dp", "fsdp") and sequences % n:
         return (
             f"{strategy} gives each device whole sequences; {n} does not divide the "
@@ -163,39 +218,21 @@ def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
 # -- the whole model ----------------------------------------------------------------------------
 
 
-def tensors(cfg: ModelConfig, y: int = 1) -> list[int]:
-    """Elements of each parameter tensor on one device of a TP group of `y` (y=1: the
-    whole model; sums to param_count). Split tensors round up: vocabulary and d_ff are
-    padded to a multiple of y, as Megatron pads its vocabulary."""
-    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    split_v, split_f = math.ceil(v / y) * d, math.ceil(f / y) * d
-    per_layer = [d * d // y] * 4 + [split_f] * 3 + [d, d]  # q k v o, w1 w2 w3, two norms
-    return [split_v, *per_layer * cfg.num_layers, d, split_v]  # embedding ... final norm, head
-
-
-def sharded(numels: list[int], x: int) -> int:
-    """Elements one of `x` FSDP devices holds: each tensor padded to a multiple of x."""
-    return sum(math.ceil(k / x) for k in numels)
-
-
-def activation_bytes(cfg: ModelConfig, y: int = 1) -> tuple[float, float, float]:
-    """(per layer, checkpointed per layer, head) activation bytes per token under TP `y`
-    (module docstring)."""
-    d, f, h, v = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.vocab_size
-    layer = 8 * d + (8 * d + 8 * f + 4 * h) / y
-    return layer, 2 * d, 4 * d + 6 * v / y
+def tensors(cfg: ModelConfig, y: int = 1, blocks: str = "transformer") -> list[int]:
+    """Elements of each parameter tensor on one device of a TP group of `y` (plan_model.py)."""
+    return ACCOUNTING[blocks].tensors(cfg, y)
 
 
 def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     """Every metric of the point for the split x (FSDP or DP degree) * y (TP degree)."""
-    cfg = spec.config()
+    cfg, model = spec.config(), ACCOUNTING[spec.blocks or "transformer"]
     n, c, w, b = spec.n, spec.flops, spec.egress, spec.batch_tokens
-    fwd_flops = forward_flops(cfg, b // spec.seq, spec.seq)
+    fwd_flops = model.forward_flops(cfg, b // spec.seq, spec.seq)
     comp_f, comp_b = fwd_flops / (n * c), 2 * fwd_flops / (n * c)
-    local = tensors(cfg, y)
+    local = model.tensors(cfg, y)
     tp_bytes = E * sum(local)  # weights of one TP shard (the whole model when y = 1)
     acts = E * (b // x) * cfg.d_model  # one all-reduce of the activations a device sees
-    tp_reduces = 2 * cfg.num_layers + 1  # per phase
+    tp_reduces = model.tp_reduces(cfg)  # per phase
     ag = rs = ar = 0.0  # seconds per step of each kind of collective
     comm_f = comm_b = 0.0
     moved = 0  # bytes: S of every collective of the step, summed (as ddp's comm_bytes)
@@ -216,11 +253,10 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     hides = comm_f <= comp_f and comm_b <= comp_b
     # memory per device
     shard = sharded(local, x) if spec.strategy in ("fsdp", "fsdp-tp") else sum(local)
-    mem = {k: per * shard for k, per in BYTES_PER_PARAM.items()}
+    mem = {k: per * shard for k, per in model.bytes_per_param}
     # FSDP: a unit gathered for compute and the next one prefetched, in bf16
-    unit = max(sum(local[1:10]), local[0])  # a layer, or the embedding (= the head)
-    gathered = 2 * E * unit if x > 1 and spec.strategy != "dp" else 0
-    layer, kept, head = activation_bytes(cfg, y)
+    gathered = 2 * E * model.unit(local) if x > 1 and spec.strategy != "dp" else 0
+    layer, kept, head = model.activation_bytes(cfg, y)
     tokens = b // x  # tokens one device's forward sees
     static = sum(mem.values()) + gathered
     act = tokens * (cfg.num_layers * layer + head)
@@ -256,10 +292,10 @@ def n_max(spec: PlanSpec) -> float:
     TP        N <= 1 + F_fwd W / (C (2L+1) 2 B D e)  (forward binds);
     FSDP+TP   plan_math.best_split_n_max with a = P e/W, k = (2L+1) 2 B D e/W, budget
               F_fwd/C in forward and twice each in backward but k."""
-    cfg = spec.config()
-    fwd = forward_flops(cfg, spec.batch_tokens // spec.seq, spec.seq) / spec.flops
-    weights = E * param_count(cfg) / spec.egress
-    acts = (2 * cfg.num_layers + 1) * 2 * E * spec.batch_tokens * cfg.d_model / spec.egress
+    cfg, model = spec.config(), ACCOUNTING[spec.blocks or "transformer"]
+    fwd = model.forward_flops(cfg, spec.batch_tokens // spec.seq, spec.seq) / spec.flops
+    weights = E * sum(model.tensors(cfg)) / spec.egress
+    acts = model.tp_reduces(cfg) * 2 * E * spec.batch_tokens * cfg.d_model / spec.egress
     if spec.strategy in ("dp", "fsdp"):
         return 1 + fwd / weights
     if spec.strategy == "tp":
@@ -286,32 +322,42 @@ def run(spec: PlanSpec) -> Result:
     degree while another strategy of the same sweep can (TP at 64 devices of 32 heads)."""
     cfg = spec.config()
     sequences = spec.batch_tokens // spec.seq
-    why = problem(spec.strategy, spec.n, cfg.num_heads, sequences)
+    why = problem(spec.strategy, spec.n, tp_units(spec), sequences, spec.split,
+                  "d_ff columns" if spec.blocks == "ffn2" else "heads")
     if why:
         return Result("skipped", error=f"skipped: {why}")
     if spec.strategy == "dp" or spec.strategy == "fsdp":
         options = [(spec.n, 1)]
     elif spec.strategy == "tp":
         options = [(1, spec.n)]
+    elif spec.split:
+        options = [split_of(spec.split)]
     else:
-        options = splits(spec.n, cfg.num_heads, sequences)
+        options = splits(spec.n, tp_units(spec), sequences)
     best = min(
         (evaluate(spec, x, y) for x, y in options), key=lambda m: (m["step_ms"], m["comm_ms"])
     )
+    model = ACCOUNTING[spec.blocks or "transformer"]
     limit = n_max(spec)
     ffn = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops, spec.egress,
-                       overlap=True)
+                       m=model.matrices, overlap=True)
     metrics = dict(
         best,
-        params=param_count(cfg),
+        params=sum(model.tensors(cfg)),
         n_max=math.floor(limit),
         n_max_ffn=math.floor(ffn),
-        inequality=pm.INEQUALITY[spec.strategy],
+        inequality=pm.INEQUALITY[spec.strategy] + f" (m = {model.matrices})",
     )
     if spec.strategy == "fsdp-tp":  # the handout asks both: axes overlapped, then sharing links
         shared = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops,
-                              spec.egress, overlap=False)
+                              spec.egress, m=model.matrices, overlap=False)
         metrics["n_max_ffn_shared"] = math.floor(shared)
+        if spec.mesh_axes:
+            mx, my = (float(a) for a in spec.mesh_axes.split(","))
+            per_device, tp_hides = pm.mesh_batch_per_device(
+                spec.d_ff, best["tp_degree"], spec.flops, spec.egress, mx, my)
+            metrics.update(mesh_batch_per_device_min=per_device,
+                           mesh_batch_min=per_device * spec.n, mesh_tp_hides=tp_hides)
     return Result("ok", metrics=metrics)
 
 
@@ -358,7 +404,7 @@ TIME = Table(
     "layer; for fsdp-tp with the two axes' collectives overlapped, and sharing the links).",
 )
 MEMORY = Table(
-    "Memory per device (GiB; bf16 weights and gradients, fp32 AdamW state)",
+    "Memory per device (GiB)",
     (
         *POINT,
         Column("params", cell=lambda r: gib(r.get("mem_params_bytes"))),
@@ -375,11 +421,12 @@ MEMORY = Table(
         Column("seqs that fit", "fit_seqs"),
         Column("seqs ckpt", "fit_seqs_ckpt"),
     ),
-    note="params 2, grads 2, optimizer 12 bytes a parameter, sharded N ways by FSDP (each "
-    "tensor padded to a multiple of N), Y ways by TP. gathered: two FSDP units in bf16. "
-    "activations: the tokens one device sees x (L (16D + 8F + 4H) + 4D + 6V) bytes, with "
-    "TP's split; ckpt: 2D a token a layer plus one layer recomputed. seqs that fit: whole "
-    "sequences per device that fit beside the rest.",
+    note="params 2, grads 2, optimizer 12 bytes a parameter (bf16 weights and gradients, fp32 "
+    "AdamW state; xxl: 4, 4, 8, the 2025 handout's fp32 master weights, gradients and state), "
+    "sharded N ways by FSDP (each tensor padded to a multiple of N), Y ways by TP. gathered: "
+    "two FSDP units in bf16. activations: the tokens one device sees x (L (16D + 8F + 4H) + 4D "
+    "+ 6V) bytes (xxl: L (2D + 2F)), with TP's split; ckpt: 2D a token a layer plus one layer "
+    "recomputed. seqs that fit: whole sequences per device that fit beside the rest.",
 )
 EXPERIMENT = Experiment(
     kind="plan",
@@ -409,6 +456,9 @@ EXPERIMENT = Experiment(
             n_max              -       largest degree that still hides, whole model
             n_max_ffn          -       largest degree that still hides, one SwiGLU FFN layer (closed form; fsdp-tp: the axes overlapped)
             n_max_ffn_shared   -       fsdp-tp: the same with the two axes' collectives sharing the links (times add)
+            mesh_batch_per_device_min  tokens  fsdp-tp with --mesh-axes: the per-device batch above which the forward is compute-bound (Scaling Book)
+            mesh_batch_min     tokens  the same over the N devices
+            mesh_tp_hides      -       fsdp-tp with --mesh-axes: TP's collectives hide behind compute (F/Y > C/(W M_Y))
             inequality         -       the closed-form condition for hiding
             params             -       parameters of the model
         """),

@@ -145,7 +145,7 @@ def section(sec: Section, pts: list[Row]) -> None:
     from cs336sys.report.sections import Figure
     from cs336sys.report.tables import point_tables
 
-    for table in (inequalities(pts), all_reduces(pts)):
+    for table in (inequalities(pts), all_reduces(pts), mesh(pts)):
         if table:
             sec.tables.append(table)
     sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=True))
@@ -210,3 +210,25 @@ def all_reduces(pts: list[Row]) -> Table | None:
                  note="ring: 2(N-1)/N S/W; alternate ring: (N-1) S/W, every step sends a whole "
                  "input; through one root: 2(N-1) S/W; binary tree: 2 ceil(log2 N) S/W "
                  "(parallel/plan_math.py).")
+
+
+def mesh(pts: list[Row]) -> Table | None:
+    """FSDP+TP points with --mesh-axes: the Scaling Book's compute-bound batch (plan_math.
+    mesh_batch_per_device) for their split."""
+    body = []
+    for r in pts:
+        s = r["_settings"]
+        if r.get("status") != "ok" or r.get("mesh_batch_per_device_min") is None:
+            continue
+        mx, my = s["mesh_axes"].split(",")
+        body.append([s["device_name"], _model(r), f"{r['fsdp_degree']}x{r['tp_degree']}", mx, my,
+                     num(s["flops"] / s["egress"]), num(r["mesh_batch_per_device_min"]),
+                     num(r["mesh_batch_min"]), num(bool(r["mesh_tp_hides"]))])
+    if not body:
+        return None
+    return Table("FSDP + TP on a mesh (forward, one FFN layer, the Scaling Book's accounting)",
+                 ["GPU", "model", "X×Y", "M_X", "M_Y", "C/W", "batch per device above",
+                  "batch above", "TP hides"], body,
+                 note="T_FSDP = 4DF/(Y W M_X), T_TP = 4BD/(X W M_Y), T_math = 4BDF/(N C), the "
+                 "axes overlapped: compute-bound iff B/N > (C/W)/(Y M_X) and F/Y > (C/W)/M_Y "
+                 "(Austin et al. 2025, part 5; parallel/plan_math.py). Batches in tokens.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from cs336sys.experiments.plan_section import inequalities
+from cs336sys.experiments.plan_section import inequalities, mesh
 from cs336sys.handout import y2026
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
 from cs336sys.handout.y2026 import BWD, DDP_CPU, DDP_MEMORY, DDP_TIME, FWD, PEAK, TINY
@@ -139,12 +139,12 @@ PROBLEMS = (
     ),
     Problem(
         "communication_accounting", 10, section="2.4", kind=COMPUTE,
-        asks="The XXL model (d 16384, ff 53248, 126 blocks) on TPU v5p: memory, the FSDP "
-        "degree that fits, and the batch at which FSDP 16 x TP 4 is compute-bound. plan "
-        "counts the whole Transformer with a SwiGLU FFN, not the handout's two-matrix blocks.",
-        runs=(Run("plan --hardware tpu-v5p --d-model 16384 --d-ff 53248 --num-layers 126 "
-                  "--num-heads 128 --strategy fsdp,fsdp-tp --n 16,64 --batch 256 --seq 512"),),
-        tables=("plan", inequalities),
+        asks="The XXL model (d 16384, ff 53248, 126 two-matrix blocks, fp32 state, bf16 "
+        "activations) on TPU v5p: its memory on one device and sharded N_FSDP ways, and the "
+        "batch at which FSDP 16 x TP 4 on a 3D mesh (M_X = 2, M_Y = 1) is compute-bound.",
+        runs=(Run("plan --size xxl --hardware tpu-v5p --strategy fsdp,fsdp-tp "
+                  "--n 1,16,32,64 --split 16x4 --mesh-axes 2,1 --batch 64 --seq 512"),),
+        tables=("plan", inequalities, mesh),
     ),
     _same("optimizer_state_sharding", "3"),
     _same("optimizer_state_sharding_accounting", "3", runs=(

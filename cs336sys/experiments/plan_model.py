@@ -1,0 +1,95 @@
+"""What `cs336sys plan` counts of a model: its parameter tensors under a TP split, the bytes
+a token keeps for backward per layer, its forward FLOPs, the all-reduces TP adds per phase,
+what a parameter costs in memory, and what FSDP gathers at once. Two models:
+
+- `transformer`: cs336sys's Transformer LM (experiments/plan.py's docstring has its
+  conventions: bf16 weights and gradients and fp32 AdamW state, 2 + 2 + 12 bytes a
+  parameter, ZeRO's accounting);
+- `ffn2`: the 2025 handout's XXL (`communication_accounting`, `--size xxl`): blocks of two
+  linear layers, d_model -> d_ff -> d_model, no activation function, no attention, no
+  embeddings and no output layer; master weights, accumulated gradients and AdamW state in
+  fp32 (4 + 4 + 8 bytes a parameter), activations and gradient communication in bf16; with
+  TP, W1 split by columns and W2 by rows (one all-reduce of the output per block in forward,
+  one of the input's gradient in backward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cs336sys.models.config import ModelConfig
+from cs336sys.models.flops import forward_flops
+
+E = 2  # bytes per bf16 element
+BLOCKS = ("transformer", "ffn2")
+# The 2025 handout's XXL: d_model, d_ff and blocks (its heads and vocabulary do not exist).
+XXL = {"d_model": 16384, "d_ff": 53248, "num_layers": 126, "num_heads": 1, "vocab_size": 1}
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """cs336sys's Transformer LM."""
+
+    matrices: int = 3  # in each FFN: SwiGLU's w1, w2, w3
+    bytes_per_param: tuple[tuple[str, int], ...] = (("params", 2), ("grads", 2), ("opt_state", 12))
+
+    def tensors(self, cfg: ModelConfig, y: int = 1) -> list[int]:
+        """Elements of each parameter tensor on one device of a TP group of `y` (y=1: the
+        whole model; sums to param_count). Split tensors round up: vocabulary and d_ff are
+        padded to a multiple of y, as Megatron pads its vocabulary."""
+        d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+        split_v, split_f = math.ceil(v / y) * d, math.ceil(f / y) * d
+        per_layer = [d * d // y] * 4 + [split_f] * 3 + [d, d]  # q k v o, w1 w2 w3, two norms
+        return [split_v, *per_layer * cfg.num_layers, d, split_v]  # embedding ... norm, head
+
+    def unit(self, local: list[int]) -> int:
+        """Elements of the largest FSDP unit: a layer, or the embedding (= the head)."""
+        return max(sum(local[1:10]), local[0])
+
+    def activation_bytes(self, cfg: ModelConfig, y: int = 1) -> tuple[float, float, float]:
+        """(per layer, checkpointed per layer, head) bytes a token keeps under TP `y`."""
+        d, f, h, v = cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.vocab_size
+        layer = 8 * d + (8 * d + 8 * f + 4 * h) / y
+        return layer, 2 * d, 4 * d + 6 * v / y
+
+    def forward_flops(self, cfg: ModelConfig, sequences: int, seq: int) -> float:
+        return forward_flops(cfg, sequences, seq)
+
+    def tp_reduces(self, cfg: ModelConfig) -> int:
+        """All-reduces of the B x D activations per phase under TP."""
+        return 2 * cfg.num_layers + 1
+
+
+@dataclass(frozen=True)
+class TwoMatrixFFN:
+    """The 2025 handout's XXL blocks (module docstring)."""
+
+    matrices: int = 2
+    bytes_per_param: tuple[tuple[str, int], ...] = (("params", 4), ("grads", 4), ("opt_state", 8))
+
+    def tensors(self, cfg: ModelConfig, y: int = 1) -> list[int]:
+        split_f = math.ceil(cfg.d_ff / y) * cfg.d_model
+        return [split_f, split_f] * cfg.num_layers  # W1 (D x F/y), W2 (F/y x D)
+
+    def unit(self, local: list[int]) -> int:
+        return local[0] + local[1]  # one block
+
+    def activation_bytes(self, cfg: ModelConfig, y: int = 1) -> tuple[float, float, float]:
+        """Per token and block, bf16: W1's input (whole on every TP device) and W2's input
+        (split); checkpointed, the block's input alone; no head."""
+        return E * cfg.d_model + E * cfg.d_ff / y, E * cfg.d_model, 0.0
+
+    def forward_flops(self, cfg: ModelConfig, sequences: int, seq: int) -> float:
+        return 2 * sequences * seq * self.matrices * cfg.d_model * cfg.d_ff * cfg.num_layers
+
+    def tp_reduces(self, cfg: ModelConfig) -> int:
+        return cfg.num_layers
+
+
+ACCOUNTING = {"transformer": Transformer(), "ffn2": TwoMatrixFFN()}
+
+
+def sharded(numels: list[int], x: int) -> int:
+    """Elements one of `x` FSDP devices holds: each tensor padded to a multiple of x."""
+    return sum(math.ceil(k / x) for k in numels)
