@@ -416,7 +416,7 @@ def test_mesh_batch_by_hand():
     per_device, tp = pm.mesh_batch_per_device(53248, 4, 4.6e14, 1.8e11, 2, 1)
     assert per_device == pytest.approx(4.6e14 / 1.8e11 / 8) and tp
     # the defining inequality, at the threshold: T_FSDP = T_math
-    b, d, f, x, y = per_device * 64, 16384, 53248, 16, 4
+    b, d, f, y = per_device * 64, 16384, 53248, 4  # X = 16, N = 64
     assert 4 * d * f / (y * 1.8e11 * 2) == pytest.approx(4 * b * d * f / (64 * 4.6e14))
     assert not pm.mesh_batch_per_device(53248, 32, 4.6e14, 1.8e11, 2, 1)[1]  # F/Y = 1664
 
