@@ -273,25 +273,49 @@ def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
 
 
 def section(sec: Any, pts: list) -> None:
-    """The top kernels (or ops) of each phase of each profiled point (kernel_stats): a table,
-    and a plot of them by total time, one colour per phase."""
+    """Naive attention's parts, then the top kernels (or ops) of each phase of each profiled
+    point (kernel_stats): a table, calls per step beside the totals, and a plot of them by
+    total time, one colour per phase."""
     from cs336sys.report.plots import Ranked
     from cs336sys.report.sections import Table, add_plot, num, pct
 
+    split = attention_parts(pts)
+    if split:
+        sec.tables.append(split)
     for i, r in enumerate(pts):
         ks = sec.linked.get(r["run_id"], [])
         if not ks:
             continue
-        what = model_size(r) if r["target"] == "model" else f"{r['impl']} seq={r['seq']}"
-        title = f"Top kernels: {r['target']} {what} ({ks[0]['time_basis']} time)"
+        title = f"Top kernels: {r['target']} {label(r)} ({ks[0]['time_basis']} time)"
+        steps = r.get("profiled_steps") or 1
         sec.tables.append(Table(
-            title, ["phase", "rank", "name", "calls", "total ms", "mean ms", "share"],
-            [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["total_ms"]),
-              num(k["mean_ms"]), pct(k["share"])] for k in ks],
+            title, ["phase", "rank", "name", "calls", "calls/step", "total ms", "mean ms",
+                    "share"],
+            [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["calls"] / steps),
+              num(k["total_ms"]), num(k["mean_ms"]), pct(k["share"])] for k in ks],
+            note=f"calls: over the {steps} profiled step(s); calls/step: per step.",
         ))
         add_plot(sec, title, f"profile-top-{i}", Ranked(
             tuple((k["name"], k["total_ms"], k["phase"]) for k in ks if k["total_ms"]),
             f"total time in the phase ({ks[0]['time_basis']}, ms)", title))
+
+
+def attention_parts(pts: list) -> Any:
+    """Naive attention's QKᵀ, softmax and PV in the forward, per point that measured them:
+    time per step, FLOPs and achieved GFLOP/s (None when no point did)."""
+    from cs336sys.report.sections import Table, num
+
+    body = [[label(r), *(x for part in ("qk", "softmax", "pv")
+                         for x in (num(r.get(f"{part}_ms_mean")), num(r.get(f"{part}_gflops"))))]
+            for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
+    if not body:
+        return None
+    return Table("Naive attention's parts in the forward (per step)",
+                 ["point", "QKᵀ ms", "QKᵀ GFLOP/s", "softmax ms", "softmax GFLOP/s", "PV ms",
+                  "PV GFLOP/s"], body,
+                 note="Inside the ranges naive attention opens (scores, softmax, final matmul); "
+                 "FLOPs: 2·T·T·d per (batch, head) for each matmul, 5 a score for the softmax "
+                 "(experiments/profile.py). A model point sums them over its layers.")
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -299,9 +323,15 @@ def section(sec: Any, pts: list) -> None:
 
 def label(row: Mapping[str, Any]) -> str:
     """The profiled point in a few words."""
+    def named(key: str, value: Any) -> str | None:
+        return None if value is None else f"{key}={value}"
+
     if row.get("target") == "model":
-        return f"{model_size(row)} T={row.get('seq')} {row.get('mode')} {row.get('precision')}"
-    return f"{row.get('impl')} seq={row.get('seq')} d={row.get('d_head')} {row.get('precision')}"
+        words = [model_size(row), named("T", row.get("seq")), row.get("mode"), row.get("precision")]
+    else:
+        words = [row.get("impl"), named("seq", row.get("seq")), named("d", row.get("d_head")),
+                 row.get("precision")]
+    return " ".join(str(w) for w in words if w)
 
 
 _SETTINGS = tuple(dict.fromkeys((
