@@ -270,3 +270,22 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     assert rows[3]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[3]["error"]
     result = invoke("model", *MICRO, "--optimizer", "yours-unregistered", "--db", db)
     assert result.exit_code == 2 and "--optimizer" in result.stderr
+
+
+def test_memory_residuals_of_your_block(tmp_path, monkeypatch):
+    """`memory residuals --model cs336_basics`: one block of the course's model (forward(x),
+    no positions) measured as ours is; no analytic count, which is ours alone."""
+    monkeypatch.chdir(course_repo(tmp_path))
+    db = tmp_path / "r.db"
+    shape = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-heads", "4",
+             "--seq", "16", "--batch", "2", "--impl", "eager", "--device", "cpu"]
+    for extra in ([], ["--model", "cs336_basics"]):
+        result = invoke("memory", "residuals", *shape, *extra, "--db", db)
+        assert result.exit_code == 0, result.output
+    ours, theirs = query(db, "SELECT model, status, saved_bytes, analytic_bytes, residual_bytes, "
+                         "top1_op FROM memory_residuals_runs ORDER BY created")
+    assert ours["model"] is None and theirs["model"] == "cs336_basics"
+    assert theirs["status"] == "ok" and theirs["analytic_bytes"] is None
+    assert theirs["residual_bytes"] == ours["residual_bytes"] == 2 * 16 * 64 * 4
+    # the same kind of block (pre-norm attention + SwiGLU): several residuals' worth saved
+    assert theirs["saved_bytes"] > 4 * theirs["residual_bytes"] and theirs["top1_op"]

@@ -65,10 +65,10 @@ def _residuals_only(
 
 @memory_app.command()
 @model_command(_residuals_only,
-               drop=("optimizer", "checkpoint", "warmup", "iters", "model", "num_layers",
-                     "vocab_size", "adapters"))
+               drop=("optimizer", "checkpoint", "warmup", "iters", "num_layers", "vocab_size",
+                     "adapters"))
 def residuals(**options: Any) -> None:
-    """Bytes one TransformerBlock saves for backward, eager and compiled, and the top 5 operations by saved bytes.
+    """Bytes one TransformerBlock (ours, or your model's with --model) saves for backward, eager and compiled, and the top 5 operations by saved bytes.
 
     Saved-tensor hooks count each saved storage once, parameters excluded; the bytes are attributed to autograd node names by walking the graph (a storage saved by several nodes is split among them), so the shares add up to 1. A compiled block is one CompiledFunctionBackward node. The analytic count is given for the eager fp32 block with naive attention. View: memory_residuals_runs.
 

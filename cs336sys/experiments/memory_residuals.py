@@ -44,9 +44,10 @@ class ResidualsSpec:
     batch: int
     precision: str
     impl: str  # eager | compiled
-    attention: str
+    attention: str | None  # None for the user's block: it brings its own
     device: str
     seed: int
+    model: str | None = None  # the user's model (--model) whose block is measured
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,20 +67,21 @@ def specs(
     d_model: int | None = None,
     d_ff: int | None = None,
     num_heads: int | None = None,
+    model: str | None = None,
 ) -> list[ResidualsSpec]:
     """The points of a `memory residuals` sweep, validated as `model.specs` validates the
-    model options (layers play no part: one block)."""
+    model options (layers play no part: one block; `model`: the user's model's block)."""
     impls = choices(impl, IMPLS, "--impl", default=list(IMPLS))
     points = model_exp.specs(
         size=["small"] if size is None else size, seq=seq, batch=["1"] if batch is None else batch,
         mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
-        device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads,
+        device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads, model=model,
     )
     return [
         ResidualsSpec(
             size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
             seq=p.seq, batch=p.batch, precision=p.precision,
-            impl=i, attention=p.attention, device=p.device, seed=p.seed,
+            impl=i, attention=p.attention, device=p.device, seed=p.seed, model=p.model,
         )
         for p in points
         for i in impls
@@ -106,7 +108,7 @@ def run(spec: ResidualsSpec) -> Result:
         attention=spec.attention,
     )
     with device:
-        block = TransformerBlock(config)
+        block = TransformerBlock(config) if spec.model is None else _users_block(config, spec.model)
     params = list(block.parameters())
     B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
@@ -114,10 +116,12 @@ def run(spec: ResidualsSpec) -> Result:
     fn = torch.compile(block) if spec.impl == "compiled" else block
     amp_dtype = autocast_dtype(spec.precision)
 
+    args = (x, positions) if _takes_positions(block) else (x,)
+
     def forward() -> torch.Tensor:
         autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
         with autocast:
-            return fn(x, positions)  # (B, T, d)
+            return fn(*args)  # (B, T, d)
 
     compile_s = None
     if spec.impl == "compiled":  # compile outside the measurement: it allocates for itself
@@ -138,7 +142,8 @@ def run(spec: ResidualsSpec) -> Result:
     analytic = (
         block_saved_bytes(B, T, d, spec.d_ff, spec.num_heads)
         if spec.precision == "fp32" and spec.attention == "naive" and spec.impl == "eager"
-        else None  # counted for the eager fp32 block with naive attention only
+        and spec.model is None
+        else None  # counted for cs336sys's eager fp32 block with naive attention only
     )
     metrics: dict[str, Any] = {
         "saved_bytes": saved,
@@ -160,6 +165,28 @@ def run(spec: ResidualsSpec) -> Result:
     return Result("ok", metrics=metrics, samples=samples)
 
 
+def _users_block(config: Any, model: str) -> Any:
+    """The first block of the user's model built with one layer (models/checkpointing.py
+    finds the blocks as --checkpoint does)."""
+    import dataclasses
+
+    from cs336sys.models.checkpointing import blocks_of
+    from cs336sys.yours.implementations import build_model
+
+    users = build_model(dataclasses.replace(config, model=model, attention="naive"))
+    return blocks_of(users, 1)[0]
+
+
+def _takes_positions(block: Any) -> bool:
+    """Whether the block's forward wants the token positions after x (ours does; the
+    course's block takes x alone)."""
+    import inspect
+
+    wanted = [p for p in inspect.signature(block.forward).parameters.values()
+              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(wanted) >= 2
+
+
 # -- the declaration ------------------------------------------------------------------------
 
 
@@ -177,6 +204,7 @@ TABLE = Table(
     "Bytes one block saves for backward, by operation",
     (
         *setting_columns("size seq batch precision impl"),
+        Column("model", "model", setting=True, optional=True),
         Column("saved MiB", "saved_bytes", "mib"),
         Column("analytic MiB", "analytic_bytes", "mib"),
         Column("residual MiB", "residual_bytes", "mib"),
