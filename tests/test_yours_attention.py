@@ -325,3 +325,31 @@ def test_yours_triton_runs_compiled_on_a_gpu_and_interpreted_on_a_cpu(tmp_path, 
     rows = runs(db)
     assert [(r["status"], r["check"]) for r in rows] == [("ok", "pass")] * len(precisions.split(","))
     assert {bool(r["interpreted"]) for r in rows} == {device == "cpu"}
+
+
+ASSIGNMENT_1 = '''
+import math
+
+import torch
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    """Assignment 1's attention: mask True where a query may attend."""
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ V
+'''
+
+
+@pytest.mark.parametrize("causal", ["--causal", "--no-causal"])
+def test_assignment_1s_attention_with_a_mask_is_measured_as_it_is(tmp_path, monkeypatch, causal):
+    """fn(Q, K, V, mask): the causal mask built for it (True on and below the diagonal), or
+    None; it passes the float64 check either way, no wrapper of the student's."""
+    repo = course_repo(tmp_path, files={"a1/__init__.py": "", "a1/attn.py": ASSIGNMENT_1})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours=a1.attn:scaled_dot_product_attention", causal,
+                    *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
+    assert {(r["impl"], r["status"], r["check"]) for r in runs(db)} == {("yours", "ok", "pass")}
