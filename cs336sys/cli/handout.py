@@ -41,11 +41,13 @@ def _on_gpu() -> bool:
     return bool(smi_gpus())
 
 
-def _problems(names: list[str] | None, year: str | None, every: bool = True) -> list:
+def _problems(names: list[str] | None, year: str | None) -> list:
+    """The problems named (every one of the release without names); exit 2 for an unknown
+    name or release."""
     from cs336sys.handout import named, problems
 
     with user_errors():
-        return named(names, year) if names else list(problems(year)) if every else []
+        return named(names, year) if names else list(problems(year))
 
 
 def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]]:
@@ -53,7 +55,7 @@ def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]
     an implementation)."""
     import shlex
 
-    if problem.kind == "implement":
+    if problem.kind == "implement":  # the check's words after `cs336sys`
         return [shlex.split(problem.check)[1:]] if yours else []
     found = (run.args(on_gpu, yours) for run in problem.runs)
     return [args for args in found if args is not None]
@@ -66,7 +68,8 @@ def _line(args: list[str]) -> str:
 
 
 def _statuses(db: Path, problems: list) -> list:
-    """Each problem's status; a store that does not exist (or cannot be read) holds none."""
+    """Each problem's status; a store that does not exist holds none (one that cannot be
+    read is one line and exit 2)."""
     from cs336sys.handout.status import statuses
     from cs336sys.store.db import StoreError, connect_readonly
 
