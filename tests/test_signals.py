@@ -256,3 +256,28 @@ def test_ctrl_c_while_the_fork_server_imports_ends_the_server_with_the_command(t
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_a_signal_during_torchs_import_is_remembered_not_raised(monkeypatch):
+    """Raised inside torch's or Triton's import, a KeyboardInterrupt can cross pybind11 and
+    abort the process (exit -6): the handler only remembers it there, and check() raises it
+    at the next point boundary. Anywhere else it raises at once."""
+    from types import SimpleNamespace
+
+    from cs336sys.sweep import stopping
+
+    def frame(name, filename, back=None):
+        return SimpleNamespace(f_code=SimpleNamespace(co_name=name, co_filename=filename),
+                               f_back=back)
+
+    ours = frame("run", "/x/cs336sys/sweep/runner.py")
+    importing = frame("_init", "/x/torch/_C/helper.py",
+                      frame("<module>", os.path.join(os.sep, "x", "torch", "__init__.py"), ours))
+    calling = frame("forward", "/x/torch/nn/modules/module.py", ours)  # torch, not importing
+    assert stopping.importing_native(importing) and not stopping.importing_native(calling)
+    stopping._handler(signal.SIGINT, importing)  # remembered only
+    assert stopping.pending() == signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):
+        stopping.check()
+    with pytest.raises(KeyboardInterrupt):
+        stopping._handler(signal.SIGINT, calling)

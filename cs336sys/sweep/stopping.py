@@ -14,12 +14,20 @@ extension imports numpy while torch is imported and takes any exception from tha
 KeyboardInterrupt included, to mean "numpy is missing". `check()` raises a remembered signal
 again; the sweep calls it before each point, so a swallowed Ctrl-C stops the sweep at the
 next point boundary at the latest.
+
+A signal that arrives while torch or Triton is being imported is only remembered, not
+raised: their imports run Python code called from C++ (pybind11), and a KeyboardInterrupt
+thrown there can escape as a C++ exception and abort the process ("terminate called after
+throwing an instance of 'pybind11::error_already_set'", exit -6, seen in
+tests/test_signals.py under load). It is raised at the next `check()`, before the first
+point, or ends the command when it returns (cli.main).
 """
 
 from __future__ import annotations
 
+import os
 import signal
-from typing import NoReturn
+from typing import Any, NoReturn
 
 __all__ = ["Terminated", "check", "end", "exit_code", "install", "pending", "reset", "told", "untold"]
 
@@ -39,8 +47,25 @@ def _raise(signum: int) -> None:
     raise Terminated(f"terminated by signal {signum} (SIGTERM)")
 
 
-def _handler(signum: int, frame: object) -> None:
+# The packages whose imports run Python called from C++: a signal there is remembered only.
+_NATIVE = tuple(f"{os.sep}{name}{os.sep}" for name in ("torch", "triton"))
+
+
+def importing_native(frame: Any) -> bool:
+    """Whether `frame`, or a frame below it, runs the module-level code of a torch or
+    Triton module: an import of theirs is under way."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "<module>" and any(p in code.co_filename for p in _NATIVE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _handler(signum: int, frame: Any) -> None:
     _received.append(signum)
+    if importing_native(frame):
+        return  # raised at the next check() (module docstring)
     _raise(signum)
 
 
