@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.test_signals import LONG, alive, fork_server_below, ranks, start  # noqa: E402
+from tests.test_signals import LONG, alive, fork_server_below, ranks, start
 
 
 def once(sig: int) -> float:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # report_speed, beside this file
 
-from report_speed import build  # noqa: E402
+from report_speed import build
 
-from cs336sys.store.db import check_path  # noqa: E402
+from cs336sys.store.db import check_path
 
 GOAL_S = 0.5
 

@@ -16,13 +16,13 @@ import torch
 
 pytest.importorskip("triton")
 
-from cs336sys.attention import flash_triton, registry  # noqa: E402
-from cs336sys.attention.flash_triton import (  # noqa: E402
+from cs336sys.attention import flash_triton, registry
+from cs336sys.attention.flash_triton import (
     FlashAttention2Triton,
     check_available,
     flash_attention_triton,
 )
-from tests.attention_ref import assert_close, make_inputs, reference, torch_error  # noqa: E402
+from tests.attention_ref import assert_close, make_inputs, reference, torch_error
 
 DEVICE = "cpu" if flash_triton.INTERPRETED else "cuda"
 if DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover

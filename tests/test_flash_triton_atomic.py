@@ -14,9 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from cs336sys.attention import flash_triton  # noqa: E402
-from tests.attention_ref import assert_close, make_inputs, reference, torch_error  # noqa: E402
-from tests.test_flash_triton import DEVICE, run_flash  # noqa: E402
+from cs336sys.attention import flash_triton
+from tests.attention_ref import assert_close, make_inputs, reference, torch_error
+from tests.test_flash_triton import DEVICE, run_flash
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 

@@ -14,10 +14,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from cs336sys.attention import flash_triton  # noqa: E402
-from cs336sys.attention.flash_triton import FlashAttention2Triton  # noqa: E402
-from tests.attention_ref import assert_close, make_inputs, reference  # noqa: E402
-from tests.test_flash_triton import DEVICE  # noqa: E402
+from cs336sys.attention import flash_triton
+from cs336sys.attention.flash_triton import FlashAttention2Triton
+from tests.attention_ref import assert_close, make_inputs, reference
+from tests.test_flash_triton import DEVICE
 
 pytestmark = pytest.mark.slow  # inductor's C++ compile of the graph around the ops
 

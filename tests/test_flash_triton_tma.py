@@ -18,8 +18,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from cs336sys.attention import flash_triton, flash_triton_tma  # noqa: E402
-from tests.attention_ref import assert_close, make_inputs, reference, torch_error  # noqa: E402
+from cs336sys.attention import flash_triton, flash_triton_tma
+from tests.attention_ref import assert_close, make_inputs, reference, torch_error
 
 DEVICE = "cpu" if flash_triton.INTERPRETED else "cuda"
 if DEVICE == "cuda" and not torch.cuda.is_available():  # pragma: no cover

@@ -40,7 +40,7 @@ class Root(TyperGroup):
     command named on the line before anything parses them, and notes which name of each
     option was typed (errors then use it)."""
 
-    def __init__(self, *args, **kwargs):  # noqa: ANN002, ANN003 (click's signature)
+    def __init__(self, *args, **kwargs):  # click's signature
         super().__init__(*args, **kwargs)
         for command in (self, *_every_command(self)):
             command.help = examples_verbatim(command.help)
@@ -48,7 +48,7 @@ class Root(TyperGroup):
                 if _takes_an_int(param):
                     param.callback = _bounded(param.callback)
 
-    def parse_args(self, ctx, args):  # noqa: ANN001, ANN201 (click's signature)
+    def parse_args(self, ctx, args):  # click's signature
         from cs336sys.cli import common
         from cs336sys.cli.vocabulary import (
             aliases_for,
@@ -68,22 +68,22 @@ class Root(TyperGroup):
         return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path),
                                                values=value_options(command)))
 
-    def make_context(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    def make_context(self, *args, **kwargs):
         with _one_line_errors():
             return super().make_context(*args, **kwargs)
 
-    def invoke(self, ctx):  # noqa: ANN001, ANN201
+    def invoke(self, ctx):
         with _one_line_errors():
             return super().invoke(ctx)
 
 
 @contextmanager
-def _one_line_errors():  # noqa: ANN202
+def _one_line_errors():
     """Bad input is one line on stderr (docs/bad-input.md): click's usage errors print the
     usage and a "Try ... -h" line above the error; here the error alone, same exit code."""
     # click's classes, wherever this typer takes click from (vendored since typer 0.2x)
     bases = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
-    ClickException, UsageError = bases["ClickException"], bases["UsageError"]  # noqa: N806
+    ClickException, UsageError = bases["ClickException"], bases["UsageError"]
     try:
         yield
     except UsageError as exc:
@@ -92,7 +92,7 @@ def _one_line_errors():  # noqa: ANN202
         raise line from None
 
 
-def _takes_an_int(param) -> bool:  # noqa: ANN001
+def _takes_an_int(param) -> bool:
     """An option of one integer (`int` or `int | None`): every one passes `_bounded`."""
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     if annotation is int:
@@ -102,11 +102,11 @@ def _takes_an_int(param) -> bool:  # noqa: ANN001
     return False
 
 
-def _bounded(callback):  # noqa: ANN001, ANN202
+def _bounded(callback):
     """The one guard of every integer option, whatever command declares it: a value past
     2^62 either way is refused in one line (exit 2) as it is parsed, before any check or
     write; torch takes sizes, counts and seeds as 64-bit integers."""
-    def check(ctx, param, value):  # noqa: ANN001, ANN202
+    def check(ctx, param, value):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SIZE:
             # the words of sweep/points.check_size, which the spec functions say it in
             usage = {cls.__name__: cls for cls in typer.BadParameter.__mro__}["UsageError"]
@@ -116,7 +116,7 @@ def _bounded(callback):  # noqa: ANN001, ANN202
     return check
 
 
-def _every_command(group):  # noqa: ANN001, ANN202
+def _every_command(group):
     for command in getattr(group, "commands", {}).values():
         yield command
         yield from _every_command(command)

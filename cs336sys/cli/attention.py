@@ -66,7 +66,7 @@ def attention(**options: Any) -> None:
         cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,pointer,atomic-dq
 
         cs336sys attention --impl yours-torch,flash-torch --seq 128,256
-    """  # noqa: E501
+    """
     from cs336sys.experiments import attention as exp
 
     options["impl"], skip = options.pop("attention"), options.pop("skip_after_oom")

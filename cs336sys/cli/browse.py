@@ -75,7 +75,7 @@ def browse(
         cs336sys browse --open
 
         cs336sys browse --db h100.db --port 8080
-    """  # noqa: E501
+    """
     import importlib.util
     import sqlite3
     import subprocess

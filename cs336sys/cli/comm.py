@@ -48,14 +48,14 @@ def comm(**options: Any) -> None:
         cs336sys comm --bytes 8B:64MB:x4 --world-size 2
 
         torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB
-    """  # noqa: E501
+    """
     from cs336sys.experiments import comm as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False,
             after=_averages)
 
 
-def _averages(points) -> None:  # noqa: ANN001
+def _averages(points) -> None:
     """nccl-tests' closing line, per op, backend, world size and precision."""
     import typer
 

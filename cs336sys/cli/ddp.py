@@ -57,7 +57,7 @@ def ddp(**options: Any) -> None:
         cs336sys ddp --impl yours,bucketed --shard-optimizer yours --world-size 2
 
         torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32
-    """  # noqa: E501
+    """
     from cs336sys.experiments import ddp as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, describe=exp.label_of, ranks=True)

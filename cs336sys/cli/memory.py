@@ -37,7 +37,7 @@ def memory(ctx: typer.Context, **options: Any) -> None:
         cs336sys memory --size small --checkpoint none,every:1,sqrt
 
     Subcommand `cs336sys memory residuals` measures one block's saved bytes, by operation.
-    """  # noqa: E501
+    """
     if ctx.invoked_subcommand is not None:
         _refuse_options_before_subcommand(ctx)
         return
@@ -75,7 +75,7 @@ def residuals(**options: Any) -> None:
     Example:
 
         cs336sys memory residuals --size xl --seq 2048
-    """  # noqa: E501
+    """
     from cs336sys.experiments import memory_residuals as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, command="memory residuals",

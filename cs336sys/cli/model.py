@@ -33,7 +33,7 @@ def model(**options: Any) -> None:
         cs336sys model --model cs336_basics --size tiny,small
 
         cs336sys model --attention flash-torch,yours-torch
-    """  # noqa: E501
+    """
     from cs336sys.experiments import model as exp
 
     measure(exp.EXPERIMENT, exp.specs, options, describe=point_name)

@@ -31,10 +31,10 @@ class Beside:
     """The sweep's sink: the store's Recorder, each dp or fsdp point first given the
     metrics of the ddp run the store holds for it (experiments/plan_measured.py, ddp_match)."""
 
-    def __init__(self, rec, conn) -> None:  # noqa: ANN001
+    def __init__(self, rec, conn) -> None:
         self.rec, self.conn = rec, conn
 
-    def add(self, experiment, spec, result):  # noqa: ANN001, ANN201
+    def add(self, experiment, spec, result):
         from cs336sys.experiments.plan_measured import beside, ddp_match
 
         if self.conn is not None and result.status == "ok":
@@ -125,7 +125,7 @@ def plan(
                 conn.close()
 
 
-def _reader(db):  # noqa: ANN001, ANN202
+def _reader(db):
     """A read-only connection to the store for the ddp lookup (None if it cannot be read)."""
     from cs336sys.store.db import StoreError, connect_readonly
 
@@ -135,7 +135,7 @@ def _reader(db):  # noqa: ANN001, ANN202
         return None
 
 
-def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
+def _measured(db, gpu: str | None):
     """This GPU's Hardware from the store, or exit 2 naming the command to run first."""
     import os
 
@@ -164,7 +164,7 @@ def _measured(db, gpu: str | None):  # noqa: ANN001, ANN202
     return Hardware(m.gpu, m.flops, m.egress, m.memory_bytes, m.source)
 
 
-def _show(exp, points) -> None:  # noqa: ANN001
+def _show(exp, points) -> None:
     """The time and memory tables, the closed forms, the plan beside measured runs."""
     from cs336sys.experiments.plan_section import (
         MEASURED,

@@ -53,7 +53,7 @@ def accumulate(**options: Any) -> None:
     Example:
 
         cs336sys precision accumulate --variant fp32,fp16
-    """  # noqa: E501
+    """
     from cs336sys.experiments import precision as exp
 
     measure(exp.EXPERIMENT, exp.accumulate_specs, options, command="precision accumulate",
@@ -81,7 +81,7 @@ def autocast(**options: Any) -> None:
     Example:
 
         cs336sys precision autocast --precision bf16,fp16 --device cpu
-    """  # noqa: E501
+    """
     from cs336sys.experiments import precision as exp
 
     def why_skipped(points: list) -> None:

@@ -81,7 +81,7 @@ def profile_model(ctx: typer.Context, **options: Any) -> None:
     Example:
 
         cs336sys profile model --size small --seq 256 --mode train --top 15
-    """  # noqa: E501
+    """
     from cs336sys.experiments import model as model_exp
 
     _profile_points(ctx, "model", model_exp.specs, options)
@@ -96,7 +96,7 @@ def profile_attention(ctx: typer.Context, **options: Any) -> None:
     Example:
 
         cs336sys profile attention --attention naive,sdpa --seq 1024 --d-head 64 --iters 20
-    """  # noqa: E501
+    """
     from cs336sys.experiments import attention as attention_exp
 
     options["impl"] = options.pop("attention")

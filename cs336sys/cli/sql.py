@@ -39,7 +39,7 @@ def sql(
         cs336sys sql "SELECT impl, seq, fwd_ms_mean FROM attention_runs WHERE label = ?" -p baseline --csv
 
         cs336sys sql --schema attention_runs
-    """  # noqa: E501
+    """
     from cs336sys.store.db import StoreError, connect_readonly
 
     if as_json and as_csv:

@@ -61,7 +61,7 @@ def step(**options: Any) -> None:
     Example:
 
         cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
-    """  # noqa: E501
+    """
     from cs336sys.experiments import step as exp
 
     options["cold_cache"] = not options.pop("warm_cache")

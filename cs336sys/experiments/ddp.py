@@ -39,7 +39,7 @@ from typing import Any
 
 from cs336sys.experiments import ddp_section, ddp_yours
 from cs336sys.experiments.ddp_section import TABLE, label
-from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS  # noqa: F401
+from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten

@@ -269,7 +269,7 @@ def mark_lowest(group: list[tuple[MemorySpec, Result]]) -> None:
 # -- the declaration ------------------------------------------------------------------------
 
 
-def _VS_NONE(metric: str) -> Ratio:  # noqa: N802 (reads as a constant in the table)
+def _VS_NONE(metric: str) -> Ratio:  # reads as a constant in the table
     """`metric` of a point against the same point with --checkpoint none."""
     return Ratio(lambda r: r.get(metric), {"checkpoint": "none"}, ("checkpoint",), speedup=False)
 

@@ -127,10 +127,10 @@ def flops_per_second(device: str) -> float | None:
         peak = peak_tflops(torch.cuda.get_device_name(device), "fp32", tf32=True)
         return peak * 1e12 / 3 if peak else None
     a = torch.randn(512, 512)
-    a @ a  # noqa: B018 (the first call pays for the threads and the kernel's choice)
+    a @ a  # the first call pays for the threads and the kernel's choice
     t0, n = time.perf_counter(), 0
     while time.perf_counter() - t0 < 0.05:
-        a @ a  # noqa: B018
+        a @ a
         n += 1
     return n * 2 * 512**3 / (time.perf_counter() - t0)
 

@@ -137,7 +137,7 @@ def strip_plot(plot: Strips) -> bytes:
     return _value_axis_png(fig, ax, plot.xlabel, plot.title, _spans_decades(values), "below")
 
 
-def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -> bytes:  # noqa: ANN001
+def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -> bytes:
     """The PNG of a plot whose values run along x (strips, ranked bars): the value axis,
     its grid, the legend (at `legend`, a corner, or "below" the axis) and the title."""
     from matplotlib.ticker import FuncFormatter
@@ -242,7 +242,7 @@ def _import_matplotlib() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.figure  # noqa: F401  (loads the font manager and its cache)
+    import matplotlib.figure  # loads the font manager and its cache
     from matplotlib import font_manager
 
     font_manager.fontManager.findfont("DejaVu Sans")

@@ -65,7 +65,7 @@ def free_memory() -> None:
         pass
 
 
-class Unfinished(Exception):  # noqa: N818 - a state of the user's code, not a failure
+class Unfinished(Exception):  # a state of the user's code, not a failure
     """The user's code for this point is not written yet (an adapters function that still
     raises NotImplementedError): the point is stored as `skipped`, with this message."""
 
@@ -137,7 +137,7 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
         result = fn(*args, **kwargs)
     except Unfinished as exc:
         result = Result("skipped", error=str(exc))
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a stored row
+    except Exception as exc:  # every failure becomes a stored row
         message = str(exc).strip()
         first_line = f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
         where = user_frame(exc)

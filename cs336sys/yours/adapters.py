@@ -195,7 +195,7 @@ class Adapters:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - any failure in the user's import is theirs
+        except Exception as exc:  # any failure in the user's import is theirs
             del sys.modules[name]
             from cs336sys.sweep.result import user_frame
 

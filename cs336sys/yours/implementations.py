@@ -92,7 +92,7 @@ def load_target(spec: str) -> Any:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except Exception as exc:  # noqa: BLE001 - whatever the user's import raises
+    except Exception as exc:  # whatever the user's import raises
         where = user_frame(exc)
         raise UserCodeError(f"cannot import {spec}: {where + ': ' if where else ''}"
                             f"{type(exc).__name__}: {exc}") from None
