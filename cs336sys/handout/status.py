@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem
+from cs336sys.yours import is_yours
 
 _ORDER = ("ok", "wrong", "oom", "error", "skipped")
 
@@ -55,7 +56,7 @@ def yours(settings: dict) -> bool:
     their model (`--model`)."""
     if settings.get("model"):
         return True
-    return any(isinstance(v, str) and v.startswith("yours") for v in settings.values())
+    return any(isinstance(v, str) and is_yours(v) for v in settings.values())
 
 
 def statuses(conn: sqlite3.Connection | None, problems: list[Problem]) -> list[Status]:

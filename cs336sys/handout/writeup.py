@@ -17,7 +17,7 @@ from cs336sys.handout.problem import IMPLEMENT, WRITTEN, Problem
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.plots import Drawer
 from cs336sys.report.render import Report, provenance
-from cs336sys.report.sections import Section, failures
+from cs336sys.report.sections import Section
 from cs336sys.report.select import Selection, invocations, load
 
 
@@ -43,10 +43,11 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     return "Method: " + "; ".join(p for p in parts if p) + "."
 
 
-def section(conn: sqlite3.Connection, problem: Problem, catalog: Sequence[Any],
-            commands: list[str]) -> Section:
-    """The problem's section: what it asks, the commands, the method line, its tables and
-    its experiments' figures and failures (every one empty where nothing is stored)."""
+def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
+            catalog: Sequence[Any], commands: list[str]) -> Section:
+    """The problem's section from its runs (`rows` by experiment, their invocations): what
+    it asks, the commands, the method line, its tables and its experiments' figures and
+    failures (every one empty where nothing is stored)."""
     sec = Section(problem.name, f"{problem.name} ({problem.points} "
                                 f"point{'s' * (problem.points != 1)})")
     sec.notes.append(f"Asks: {problem.asks}")
@@ -56,13 +57,11 @@ def section(conn: sqlite3.Connection, problem: Problem, catalog: Sequence[Any],
     if problem.kind == IMPLEMENT:
         sec.notes.append(f"Your implementation: the course's tests check it; cs336sys checks it "
                          f"with `{problem.check}`.")
-    sel = Selection(label=problem.name)
-    rows = load(conn, sel, catalog)
     if not rows:
         if problem.kind != IMPLEMENT:
             sec.notes.append("Not yet measured: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
-    sec.notes.append(method(invocations(conn, sel), rows))
+    sec.notes.append(method(invs, rows))
     for entry in problem.tables:
         sec.tables.extend(tables(entry, rows, catalog))
     by_kind = {e.kind: e for e in catalog}
@@ -72,7 +71,7 @@ def section(conn: sqlite3.Connection, problem: Problem, catalog: Sequence[Any],
             for fig in drawn.figures:
                 fig.name = f"{problem.name}-{fig.name}"
             sec.figures.extend(drawn.figures)
-            sec.failures.extend(failures(rows[kind]))
+            sec.failures.extend(drawn.failures)
     return sec
 
 
@@ -82,13 +81,18 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
     problem, its figures drawn; `commands` gives each problem's commands for the line of a
     problem not yet measured."""
     with Drawer(start=True) as drawer:
-        sel = Selection(label=None)
-        names = [p.name for p in problems]
-        invs = [i for i in invocations(conn, sel) if i.get("label") in names]
-        facts = [(k, v) for k, v in provenance(invs, {}) if v]  # no rows: no time range
+        sections, every_inv, every_row = [], [], {}
+        for p in problems:  # each problem's runs: the invocations labelled with its name
+            sel = Selection(label=p.name)
+            rows, invs = load(conn, sel, catalog), invocations(conn, sel)
+            sections.append(section(p, rows, invs, catalog, commands.get(p.name, [])))
+            every_inv += invs
+            for kind, kind_rows in rows.items():
+                every_row.setdefault(kind, []).extend(kind_rows)
         report = Report(f"CS336 assignment 2 ({year} handout): writeup starter",
-                        [f"problems {', '.join(names)}"], facts)
-        report.sections = [section(conn, p, catalog, commands.get(p.name, [])) for p in problems]
+                        [f"problems {', '.join(p.name for p in problems)}"],
+                        [(k, v) for k, v in provenance(every_inv, every_row) if v])
+        report.sections = sections
         figures = [f for s in report.sections for f in s.figures if f.plot is not None]
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
             fig.png = png
