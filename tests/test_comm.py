@@ -197,3 +197,10 @@ def test_backends_are_a_list_each_with_its_device():
     if not torch.cuda.is_available():
         with pytest.raises(SpecError, match="--backend nccl needs CUDA"):
             exp.specs(backend=["gloo", "nccl"], size_bytes=["1KB"], world_size=[2])
+
+
+def test_durations_read_as_people_say_them():
+    from cs336sys.measure.units import format_duration
+
+    assert [format_duration(s) for s in (40, 89.4, 90, 719, 7199, 7200, 12600)] == [
+        "40 s", "89 s", "2 min", "12 min", "120 min", "2.0 h", "3.5 h"]

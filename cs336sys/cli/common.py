@@ -17,6 +17,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from cs336sys.measure.units import format_duration
+
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
 # store is found from the folder the user stands in (measure/paths.py, default_store).
 DEFAULT_DB = Path("db/results.db")
@@ -289,7 +291,8 @@ class Bar:
         """The sweep's estimated time (experiments/preflight.py), in one line when long."""
         if not self.on or seconds < self.LONG_S:
             return
-        typer.echo(f"{self.label}: estimated about {took(seconds)} for {points} point(s), from their "
+        typer.echo(f"{self.label}: estimated about {format_duration(seconds)} for {points} "
+                   "point(s), from their "
                    "FLOPs and this device's rate", err=True)
 
     def begin(self, spec: Any) -> None:
@@ -374,13 +377,6 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
         typer.echo(f"{f.status}: {f.point}: {f.why}")
 
 
-def took(seconds: float) -> str:
-    """A duration as people say it: 40 s, 12 min, 3.5 h."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
-
-
 def dry_run(experiment: Any, points: list) -> str:
     """--dry-run's line: the points and their estimated time (experiments/preflight.py, for
     the experiments that estimate); nothing is measured or written."""
@@ -388,7 +384,7 @@ def dry_run(experiment: Any, points: list) -> str:
     seconds = [e.seconds for e in estimates if e is not None and e.seconds is not None]
     line = f"dry run: {len(points)} point(s)"
     if seconds:
-        line += (f", estimated {took(sum(seconds))} from their FLOPs and this device's rate"
+        line += (f", estimated {format_duration(sum(seconds))} from their FLOPs and this device's rate"
                  + (f" ({len(seconds)} of them)" if len(seconds) < len(points) else ""))
     else:
         line += ", no time estimate for this experiment"

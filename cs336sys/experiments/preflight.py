@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.measure.units import format_duration
 from cs336sys.models.config import param_count
 from cs336sys.models.flops import attention_forward_flops
 from cs336sys.models.saved import model_saved_bytes
@@ -184,8 +185,8 @@ def attention_estimate(spec: Any) -> Estimate:
     seconds = runs * flops / rate if rate else None
     too_long = ""
     if interpreted and seconds and seconds > INTERPRETED_LIMIT_S:
-        took = f"{seconds / 3600:.3g} h" if seconds >= 3600 else f"{seconds / 60:.3g} min"
-        too_long = (f"Triton interpreted on a CPU would take ~{took} ({flops:.3g} FLOPs a run, "
+        too_long = (f"Triton interpreted on a CPU would take ~{format_duration(seconds)} "
+                    f"({flops:.3g} FLOPs a run, "
                     f"{runs} runs, at ~{INTERPRETED_FLOPS / 1e6:g} MFLOP/s interpreted); a "
                     "shorter --seq, or --force runs it")
     total = int(MARGIN * sum(parts.values()))

@@ -70,6 +70,13 @@ def parse_sizes(text: str) -> list[int]:
     return list(dict.fromkeys(sizes))
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as people say it: '40 s', '12 min', '3.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
+
+
 def format_size(n: float) -> str:
     """10_000_000 -> '10MB', 1_048_576 -> '1MiB', 1234 -> '1.23KB' (short, for tables)."""
     decimal = (("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
