@@ -11,6 +11,7 @@ import pytest
 
 from cs336sys.experiments import plan as exp
 from cs336sys.experiments.catalog import EXPERIMENTS
+from cs336sys.experiments.plan_model import ACCOUNTING
 from cs336sys.models.config import from_preset, param_count
 from cs336sys.parallel import plan_math as pm
 from cs336sys.store.db import Store, point_key
@@ -163,7 +164,7 @@ def _spec(strategy, n, size="tiny", hardware="h100", seq=128, batch=None, **dims
 def test_tensors_sum_to_the_exact_parameter_count():
     for size in ("tiny", "8b"):
         cfg = from_preset(size)
-        assert sum(exp.tensors(cfg)) == param_count(cfg)
+        assert sum(ACCOUNTING["transformer"].tensors(cfg)) == param_count(cfg)
     # embedding and head 2 x 151,936 x 4096 = 1,244,659,712; 34 layers of 4 x 4096^2 +
     # 3 x 4096 x 11,008 + 2 x 4096 = 202,383,360; the final norm 4096
     assert param_count(from_preset("8b")) == 1_244_659_712 + 34 * 202_383_360 + 4096
@@ -222,7 +223,7 @@ def test_fsdp_parameters_are_dp_over_n_plus_padding():
     dp = exp.run(_spec("dp", 3)).metrics
     fsdp = exp.run(_spec("fsdp", 3)).metrics
     cfg = from_preset("tiny")
-    padding = sum(-k % 3 for k in exp.tensors(cfg))
+    padding = sum(-k % 3 for k in ACCOUNTING["transformer"].tensors(cfg))
     assert padding > 0
     assert 3 * fsdp["mem_params_bytes"] == dp["mem_params_bytes"] + 2 * padding
     assert 3 * fsdp["mem_opt_state_bytes"] == dp["mem_opt_state_bytes"] + 12 * padding

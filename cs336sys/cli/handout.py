@@ -4,6 +4,7 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -53,8 +54,6 @@ def _problems(names: list[str] | None, year: str | None) -> list:
 def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]]:
     """The argument lists of a problem's runs on this machine (its check, with --yours, for
     an implementation)."""
-    import shlex
-
     if problem.kind == "implement":  # the check's words after `cs336sys`
         return [shlex.split(problem.check)[1:]] if yours else []
     found = (run.args(on_gpu, yours) for run in problem.runs)
@@ -62,8 +61,6 @@ def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]
 
 
 def _line(args: list[str]) -> str:
-    import shlex
-
     return "cs336sys " + shlex.join(args)
 
 

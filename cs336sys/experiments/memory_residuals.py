@@ -12,9 +12,10 @@ AOTAutograd's min-cut partitioner chose to keep rather than recompute (Ansel et 
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import model as model_exp
@@ -168,20 +169,16 @@ def run(spec: ResidualsSpec) -> Result:
 def _users_block(config: Any, model: str) -> Any:
     """The first block of the user's model built with one layer (models/checkpointing.py
     finds the blocks as --checkpoint does)."""
-    import dataclasses
-
     from cs336sys.models.checkpointing import blocks_of
     from cs336sys.yours.implementations import build_model
 
-    users = build_model(dataclasses.replace(config, model=model, attention="naive"))
+    users = build_model(replace(config, model=model, attention="naive"))
     return blocks_of(users, 1)[0]
 
 
 def _takes_positions(block: Any) -> bool:
     """Whether the block's forward wants the token positions after x (ours does; the
     course's block takes x alone)."""
-    import inspect
-
     wanted = [p for p in inspect.signature(block.forward).parameters.values()
               if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(wanted) >= 2

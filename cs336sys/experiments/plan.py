@@ -218,11 +218,6 @@ def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
 # -- the whole model ----------------------------------------------------------------------------
 
 
-def tensors(cfg: ModelConfig, y: int = 1, blocks: str = "transformer") -> list[int]:
-    """Elements of each parameter tensor on one device of a TP group of `y` (plan_model.py)."""
-    return ACCOUNTING[blocks].tensors(cfg, y)
-
-
 def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     """Every metric of the point for the split x (FSDP or DP degree) * y (TP degree)."""
     cfg, model = spec.config(), ACCOUNTING[spec.blocks or "transformer"]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys.handout.problem import Pivot
+from cs336sys.measure.units import format_size
 from cs336sys.report.sections import Row, Table, latest, text, varying
 from cs336sys.report.tables import cell, point_tables
 from cs336sys.sweep.declaration import model_size
@@ -36,8 +37,6 @@ def _row_cell(key: str, row: Row) -> str:
     if key == "size":
         return model_size({**row, **row["_settings"]})
     if key == "size_bytes" and value is not None:
-        from cs336sys.measure.units import format_size
-
         return format_size(int(value))
     if key in ("compile", "optimizer_sharding"):
         return _WORDS[key](value)
