@@ -107,6 +107,16 @@ def optimizer_check(name: str) -> Verdict:
                    f"own hyperparameters (at most {OPTIMIZER_RTOL:g})")
 
 
+def both(first: Verdict | None, second: Verdict) -> Verdict:
+    """Two checks of one point as one verdict: passed when both did, the first failure's
+    reason, the metrics of both ("check" pass only when both pass)."""
+    if first is None:
+        return second
+    passed = first.passed and second.passed
+    metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
+    return Verdict(passed, metrics, first.why if not first.passed else second.why)
+
+
 def _same_loss(loss: float, reference: float, what: str) -> Verdict:
     """The user's loss against the reference loss, within LOSS_RTOL."""
     diff = abs(loss - reference)

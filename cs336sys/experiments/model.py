@@ -152,18 +152,6 @@ def specs(
     return list(dict.fromkeys(out))
 
 
-def both(first: Any, second: Any) -> Any:
-    """Two checks of one point as one verdict: passed when both did, the first failure's
-    reason, the metrics of both ("check" pass only when both pass)."""
-    if first is None:
-        return second
-    from cs336sys.measure.check import Verdict
-
-    passed = first.passed and second.passed
-    metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
-    return Verdict(passed, metrics, first.why if not first.passed else second.why)
-
-
 def check_model(model: str, attention: Any = None) -> None:
     """Refuse, before anything runs, a --model that does not import, and an --attention
     beside it (the user's model brings its own attention)."""
@@ -217,7 +205,7 @@ def run(spec: ModelSpec) -> Result:
 
         checked = model_check(config, spec.device, spec.seed, spec.batch)
     if yours.is_yours(spec.optimizer):
-        from cs336sys.experiments.checks import optimizer_check
+        from cs336sys.experiments.checks import both, optimizer_check
 
         checked = both(checked, optimizer_check(spec.optimizer))
     model = make_model(config, spec.device, spec.seed)
