@@ -146,6 +146,13 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     for p in problems("2026"):
         if p.kind == "implement":
             assert p.check.startswith("cs336sys ") and "yours" in p.check
+    # torch_compile (a): the user's assignment-1 attention eager, then compiled (a run of
+    # theirs alone: without --yours, `compiled` already measures ours)
+    eager, compiled = by_name["torch_compile"].runs[:2]
+    assert "--compile" not in eager.args(False, yours=True)
+    assert compiled.args(False) is None and compiled.args(True) is None
+    assert "--compile" in compiled.args(False, yours=True)
+    assert "yours=cs336_basics.model:scaled_dot_product_attention" in compiled.args(True, True)
 
 
 # -- pivots --------------------------------------------------------------------------------------

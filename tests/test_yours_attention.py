@@ -353,3 +353,29 @@ def test_assignment_1s_attention_with_a_mask_is_measured_as_it_is(tmp_path, monk
                     *SMALL, "--db", db)
     assert result.exit_code == 0, result.output
     assert {(r["impl"], r["status"], r["check"]) for r in runs(db)} == {("yours", "ok", "pass")}
+
+
+def test_compile_wraps_the_users_attention_and_is_stored_as_its_own_setting(tmp_path,
+                                                                           monkeypatch):
+    """--compile: the student's assignment-1 attention under torch.compile, checked against
+    float64 like any other point, its setting stored apart from the eager one's."""
+    import torch
+
+    repo = course_repo(tmp_path, files={"a1/__init__.py": "", "a1/attn.py": ASSIGNMENT_1})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    calls = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(fn) or real(fn, **kw))
+    target = "yours=a1.attn:scaled_dot_product_attention"
+    result = invoke("attention", "--impl", target, "--compile", "--pass", "forward",
+                    "--seq", "16", "--d-head", "16", "--batch", "1", "--warmup", "0",
+                    "--iters", "1", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = runs(db)
+    assert (row["impl"], row["status"], row["check"], row["compile"]) == ("yours", "ok", "pass", 1)
+    # what was compiled is the student's function (seen through the mask adapter), once
+    assert len(calls) == 1 and "a1/attn.py" in row["code"]
+    refused = invoke("attention", "--impl", "compiled", "--compile", "--db", tmp_path / "no.db")
+    assert refused.exit_code == 2 and "list naive" in refused.output
+    assert not (tmp_path / "no.db").exists()

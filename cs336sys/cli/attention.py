@@ -44,6 +44,10 @@ def _attention_only(
                                "pointer+atomic-dq, tma+atomic-dq. [default: what "
                                "CS336SYS_TRITON_TMA and CS336SYS_TRITON_ATOMIC_DQ say, else "
                                "default]") = None,
+    compile: option("Wrap every implementation in the list in torch.compile, yours included; "
+                    "stored as the setting compile. (`compiled` is naive attention compiled "
+                    "already: with --compile, list naive.)", bool,
+                    "--compile/--no-compile") = False,
     preset: option("pytorch-attention, flash-benchmarking or leaderboard.", str | None) = None,
     skip_after_oom: option("After an OOM, store longer sequences of the same impl, d and dtype as "
                            "skipped.", bool, "--skip-after-oom/--no-skip-after-oom") = True,
@@ -66,6 +70,8 @@ def attention(**options: Any) -> None:
         cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,pointer,atomic-dq
 
         cs336sys attention --impl yours-torch,flash-torch --seq 128,256
+
+        cs336sys attention --impl naive,yours-torch --compile
     """
     from cs336sys.experiments import attention as exp
 
@@ -75,4 +81,5 @@ def attention(**options: Any) -> None:
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.impl} seq={spec.seq} d={spec.d_head} {spec.precision}"
+    compiled = " compiled" if spec.compile else ""
+    return f"{spec.impl}{compiled} seq={spec.seq} d={spec.d_head} {spec.precision}"

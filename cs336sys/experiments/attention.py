@@ -92,6 +92,8 @@ class AttentionSpec:
     rounds: int = 1
     # whether this run checks against float64: every point's first round (not a setting)
     check_round: bool = True
+    # the implementation wrapped in torch.compile (--compile), whoever wrote it
+    compile: bool = False
 
     def settings(self) -> dict[str, Any]:
         return {_RENAMED.get(k, k): v for k, v in vars(self).items() if k not in _NOT_SETTINGS}
@@ -157,6 +159,7 @@ def specs(
     rounds: int | None = None,
     sdpa_backend: str = "auto",
     triton_opt_in: Iterable[str] | None = None,
+    compile: bool = False,
     preset: str | None = None,
     device: str = "auto",
     seed: int = 0,
@@ -180,6 +183,11 @@ def specs(
         return given if given is not None else chosen.get(name, defaults.get(name))
 
     impls = listed(impl, "--attention") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]
+    if compile and "compiled" in impls:
+        if listed(impl, "--attention"):
+            raise SpecError("--compile: `compiled` is naive attention under torch.compile "
+                            "already; list naive to compile it")
+        impls = [i for i in impls if i != "compiled"]  # a default list: naive stands for it
     impls = named_impls(impls, "attention", "--attention", registry.names())
     seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
     d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
@@ -223,7 +231,7 @@ def specs(
             precision=p["precision"], causal=is_causal, passes=which, timer=how,
             sdpa_backend=sdpa_backend if p["impl"] == "sdpa" else None, warmup=n_warmup,
             iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"], min_time=least_s,
-            rounds=n_rounds,
+            rounds=n_rounds, compile=compile,
         )
         for p in expand({"impl": impls, "precision": precisions, "d_head": d_heads, "batch": batches,
                          "seq": seqs})
@@ -298,7 +306,9 @@ def run(spec: AttentionSpec) -> Result:
     )
     for t in (q, k, v):
         t.requires_grad_(backward)
-    fn = registry.get(spec.impl)
+    impl_fn = registry.get(spec.impl)
+    # compiled here, on the checked pass below, which is also the first warm-up
+    fn = torch.compile(impl_fn) if spec.compile else impl_fn
 
     def forward():
         return fn(q, k, v, is_causal=spec.causal)
@@ -377,7 +387,7 @@ def run(spec: AttentionSpec) -> Result:
     if yours.is_yours(spec.impl):
         from cs336sys.yours.implementations import sources
 
-        metrics["code"] = sources(fn)
+        metrics["code"] = sources(impl_fn)
     return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
                   samples={**samples, **{k: v for k, v in host.items() if v}})
 

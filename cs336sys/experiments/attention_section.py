@@ -53,6 +53,7 @@ def _impl(row: Mapping[str, Any]) -> str:
         impl += f"[{row['sdpa_backend_used']}]"
     if row.get("triton_kernels") not in (None, "pointer"):
         impl += f"[{row['triton_kernels']}]"
+    impl += " +compile" if row.get("compile") else ""
     return impl + (" (interp.)" if row.get("interpreted") else "")
 
 

@@ -42,9 +42,13 @@ class Run:
     yours: str | None = None
     yours_cpu: str | None = None
     part: str = ""  # which part of the problem, "(b)"
+    yours_only: bool = False  # a run of the user's code alone (`gpu` names its experiment)
 
     def args(self, on_gpu: bool, yours: bool = False) -> list[str] | None:
-        """The arguments after `cs336sys`, for a GPU or a CPU (None where it cannot run)."""
+        """The arguments after `cs336sys`, for a GPU or a CPU (None where it cannot run, or
+        where it measures only the user's code and `yours` is off)."""
+        if self.yours_only and not yours:
+            return None
         if yours and self.yours is not None:
             line = self.yours if on_gpu or self.yours_cpu is None else self.yours_cpu
         else:

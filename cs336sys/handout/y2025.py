@@ -90,7 +90,7 @@ PROBLEMS = (
     ),
     _same("pytorch_attention", "1.2.1"),
     _same("torch_compile", "1.2.2", runs=(
-        _2026["torch_compile"].runs[0],
+        *_2026["torch_compile"].runs[:2],
         Run(f"model --size {SIZES} --mode forward,forward-backward,train {OLD}",
             cpu=f"model {TINY} --mode forward,train", part="(b)"),
         Run(f"model --size {SIZES} --mode forward,forward-backward,train --compile {OLD}",

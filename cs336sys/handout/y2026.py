@@ -18,6 +18,8 @@ SIZES = "small,medium,large,xl,10B"
 # On a CPU: the tiny model, 64 tokens, few steps (a point in about a second).
 TINY = "--size tiny --seq 64 --warmup 2 --iters 3"
 ATTENTION_CPU = "--seq 128,256 --d-head 16,32 --warmup 1 --iters 3"
+# The model's attention of assignment 1, where the handout names it (its annotation example)
+A1_ATTENTION = "yours=cs336_basics.model:scaled_dot_product_attention"
 DDP_CPU = "--size tiny --seq 64 --warmup 1 --iters 2"
 
 FWD, BWD = Column("forward ms", "fwd_ms", "mean_std"), Column("backward ms", "bwd_ms", "mean_std")
@@ -192,7 +194,15 @@ PROBLEMS = (
         runs=(
             Run("attention --preset pytorch-attention --attention naive,compiled",
                 cpu="attention --preset pytorch-attention --attention naive,compiled "
+                "--seq 128 --d-head 16 --warmup 1 --iters 3",
+                yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION}",
+                yours_cpu=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
                 "--seq 128 --d-head 16 --warmup 1 --iters 3", part="(a)"),
+            Run(f"attention --preset pytorch-attention --attention {A1_ATTENTION} --compile",
+                yours_cpu=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
+                "--compile --seq 128 --d-head 16 --warmup 1 --iters 3", part="(a)",
+                yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
+                "--compile", yours_only=True),
             Run(f"model --size {SIZES} --mode forward,train",
                 cpu=f"model {TINY} --mode forward,train", part="(b)"),
             Run(f"model --size {SIZES} --mode forward,train --compile",
