@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import estimate_options, list_option, option, options_of, store_options
+from cs336sys.cli.options import (
+    estimate_options,
+    list_option,
+    nsys_options,
+    option,
+    options_of,
+    store_options,
+)
 
 
 def _attention_only(
@@ -57,7 +64,7 @@ def _attention_only(
     """The options of `attention` beyond the store's and --force."""
 
 
-@options_of(_attention_only, estimate_options, store_options)
+@options_of(_attention_only, estimate_options, nsys_options, store_options)
 def attention(**options: Any) -> None:
     """Time attention implementations forward, backward and end to end; one row per point.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import list_option, option, options_of, store_options
+from cs336sys.cli.options import list_option, nsys_options, option, options_of, store_options
 
 
 def _comm_only(
@@ -33,7 +33,7 @@ def _comm_only(
     """The options of `comm` beyond the store's (it runs no user code: no --adapters)."""
 
 
-@options_of(_comm_only, store_options, drop=("adapters",))
+@options_of(_comm_only, nsys_options, store_options, drop=("adapters",))
 def comm(**options: Any) -> None:
     """Time collectives across ranks; store time, algbw and busbw (nccl-tests' formulas).
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from cs336sys.cli.nsys import NsysRefused, record, under_nsys
 from cs336sys.measure.units import format_duration
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
@@ -417,7 +418,9 @@ def measure(
     `**options`, or `dict(locals())` taken first thing in its body): `db`, `resume`, `label`
     and `adapters` are the command's, every other one is a keyword of `specs`. In order:
     the adapters file is chosen; `specs(**options)` builds and validates the points (bad
-    input: one line, exit 2, nothing written); the store is checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
+    input: one line, exit 2, nothing written); with --nsys each point is run again under
+    Nsight Systems instead (cli/nsys.py), and under it only its point is kept; the store is
+    checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
     sees the specs; `run_sweep` stores each point as it finishes; the experiment's tables
     are printed and `after` sees the points. `ranks`: the points run on process groups, and
     under torchrun only rank 0 writes and prints. `run_options` go to `run_sweep`."""
@@ -426,10 +429,10 @@ def measure(
     options = dict(options)
     db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
     wide, force = options.pop("wide", False), options.pop("force", False)
-    dry = options.pop("dry_run", False)
+    dry, nsys = options.pop("dry_run", False), options.pop("nsys", False)
     takes_user_code = "adapters" in options
     adapters = options.pop("adapters", None)
-    options.pop("ctx", None)
+    ctx = options.pop("ctx", None)
     rank = None
     if ranks:
         from cs336sys.sweep.ranks import torchrun_rank
@@ -444,6 +447,14 @@ def measure(
         points = with_handout(specs, options)
     if not points:
         fail("nothing to measure: the options select no point")
+    command = command or experiment.kind
+    try:
+        points = under_nsys(points)  # this process runs one point for --nsys
+        if nsys:
+            check_db(db)  # before any nsys run, whose rows go there
+            raise typer.Exit(record(ctx, points, command, describe, ranks=ranks, dry=dry))
+    except NsysRefused as exc:
+        fail(exc)
     if dry:
         typer.echo(dry_run(experiment, points))
         return
@@ -462,7 +473,6 @@ def measure(
         before(points)
     if ranks:
         device = "cuda:0" if device == "cuda" else "cpu"
-    command = command or experiment.kind
     with recording(db, command, device, rank, label=label) as rec:
         done = run_sweep(experiment, points, rec, resume=resume, force=force,
                          progress=Bar(command, describe, on=not rank), **run_options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import list_option, model_command, option
+from cs336sys.cli.options import list_option, model_command, nsys_options, option
 
 
 def _ddp_only(
@@ -40,7 +40,7 @@ def _ddp_only(
     """The options of `ddp` beyond the model's (cli/options.py, model_options)."""
 
 
-@model_command(_ddp_only, drop=("attention", "optimizer", "checkpoint"))
+@model_command(_ddp_only, nsys_options, drop=("attention", "optimizer", "checkpoint"))
 def ddp(**options: Any) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.
 

@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from cs336sys.cli.common import fail, measure
-from cs336sys.cli.options import estimate_options, list_option, model_command, option
+from cs336sys.cli.options import estimate_options, list_option, model_command, nsys_options, option
 
 memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_enable=False)
 
@@ -26,7 +26,7 @@ def _memory_only(
 
 
 @memory_app.callback(invoke_without_command=True)
-@model_command(_memory_only, estimate_options)
+@model_command(_memory_only, estimate_options, nsys_options)
 def memory(ctx: typer.Context, **options: Any) -> None:
     """Peak memory of a forward pass or training step, next to its analytic breakdown; one row per point.
 

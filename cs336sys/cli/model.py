@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import Compile, estimate_options, list_option, model_command, option
+from cs336sys.cli.options import (
+    Compile,
+    estimate_options,
+    list_option,
+    model_command,
+    nsys_options,
+    option,
+)
 
 
 def _model_only(
@@ -18,7 +25,7 @@ def _model_only(
     """The options of `model` beyond the model's (cli/options.py, model_options)."""
 
 
-@model_command(_model_only, estimate_options)
+@model_command(_model_only, estimate_options, nsys_options)
 def model(**options: Any) -> None:
     """Time forward, backward and optimizer steps of the Transformer LM; one row per point.
 

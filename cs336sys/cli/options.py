@@ -136,6 +136,19 @@ DryRun = option("Print the points and their estimated time, and stop: nothing is
                 "written.", bool, "--dry-run")
 
 
+Nsys = option("Record each point with Nsight Systems instead of measuring it here: the same "
+              "command again under `nsys profile` (the handout's flags), one report per point "
+              "named after it, in nsys/<command>-<time>/, capturing only the timed steps (NVTX "
+              "range measured_steps); each command is printed first. Each run stores its point's "
+              "row. Needs nsys on PATH and CUDA; with --dry-run the commands are printed only.",
+              bool, "--nsys")
+
+
+def nsys_options(ctx: typer.Context, nsys: Nsys = False) -> None:
+    """Nsight Systems: the commands whose points run on a GPU (the context: what --nsys runs
+    again is the command as it was given)."""
+
+
 def store_options(
     wide: Wide = False,
     dry_run: DryRun = False,

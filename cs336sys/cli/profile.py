@@ -2,17 +2,14 @@
 
 The options are those of `cs336sys model` and `cs336sys attention`, declared once there
 (`options_of`) and validated and expanded by the same functions (`model.specs`,
-`attention.specs`), plus --top, --trace, --nsys/--exec
-and --nvtx. Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
+`attention.specs`), plus --top, --trace and --nvtx; --nsys is every measuring command's
+(cli/nsys.py). Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
 rows of `kernel_stats` linked to it.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from cs336sys.cli.attention import attention as attention_command
 from cs336sys.cli.common import fail, measure, table
 from cs336sys.cli.model import model as model_command
 from cs336sys.cli.options import option, options_of
+from cs336sys.measure.nsys import nvtx_asked
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
 
@@ -40,13 +38,11 @@ def _profiling(
     top: option("Ops/kernels kept per phase; the rest is one (other) row.", int) = 10,
     trace: option("Write a Chrome trace (chrome://tracing, ui.perfetto.dev); several points get "
                   "-1, -2, ... before the suffix.", Path | None) = None,
-    nsys: option("Print the Nsight Systems command that captures only the measured steps (NVTX "
-                 "range 'measured_steps'), instead of profiling here. Needs nsys and CUDA.",
-                 bool, "--nsys") = False,
-    exec_: option("With --nsys: also run that command.", bool, "--exec") = False,
+    exec_: option("Accepted for scripts of 0.2, where --nsys only printed its command: --nsys "
+                  "now runs it (--nsys --dry-run prints).", bool, "--exec", hidden=True) = False,
     nvtx: option("Mark phases and the measured steps with NVTX ranges in place of "
-                 "torch.profiler (what the --nsys command runs; nsys and torch.profiler cannot "
-                 "share CUPTI).", bool, "--nvtx") = False,
+                 "torch.profiler (what --nsys runs: nsys and torch.profiler cannot share "
+                 "CUPTI).", bool, "--nvtx") = False,
     force: option("Run the points estimated not to fit in the device's free memory too (without "
                   "it they are stored as skipped, with the estimate), and write a --trace over "
                   "a file cs336sys did not write (without it the command refuses).", bool,
@@ -106,22 +102,23 @@ def profile_attention(ctx: typer.Context, **options: Any) -> None:
 profile_app.command("model")(profile_model)
 profile_app.command("attention")(profile_attention)
 
-# What the --nsys command line leaves out of the options it passes on (it adds --nvtx itself).
-_PROFILING = ("top", "trace", "nsys", "exec_", "nvtx")  # the options of _profiling
-_NOT_PASSED_ON = (*_PROFILING, "db")
+_PROFILING = ("top", "trace", "exec_", "nvtx")  # the options of _profiling
 
 
 def _profile_points(ctx, target, point_specs, options):
-    """Validate the profiling options, then print/run nsys or profile and store each point."""
+    """Validate the profiling options, then profile and store each point (with --nsys,
+    cli/common.measure records each under Nsight Systems instead)."""
     from cs336sys.experiments import profile as exp
 
-    top, trace, nsys, exec_, nvtx = (options.pop(k) for k in _PROFILING)
+    top, trace, exec_, nvtx = (options.pop(k) for k in _PROFILING)
+    nsys = options["nsys"]
     if exec_ and not nsys:
         fail("--exec runs the Nsight Systems command: pass --nsys too")
     if nsys and nvtx:
         fail("--nsys already runs the command with --nvtx: pass one of them")
     if trace is not None and (nsys or nvtx):
         fail("--trace writes torch.profiler's trace, which --nsys/--nvtx do not run")
+    nvtx = nvtx or nvtx_asked()  # under --nsys's nsys: NVTX ranges, not torch.profiler
     if trace is not None:
         _check_writable(trace, options["db"])
 
@@ -133,30 +130,8 @@ def _profile_points(ctx, target, point_specs, options):
                           options["force"])
         return points
 
-    def run_nsys(specs):
-        if nsys:
-            args = [*_command_line(ctx), "--top", str(top), "--db", str(options["db"])]
-            _nsys(target, specs[0].device, args, exec_)
-
     measure(exp.EXPERIMENT, specs, options, command=f"profile {target}", describe=_label,
-            emulation=False, before=run_nsys, after=lambda points: typer.echo(_details(points)))
-
-
-def _command_line(ctx: typer.Context) -> list[str]:
-    """This command's options as a command line (what --nsys runs again): lists joined by
-    commas, flags for True (the negative flag for False where there is one), None left out."""
-    out: list[str] = []
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if param.name in _NOT_PASSED_ON or value is None or param.param_type_name != "option":
-            continue
-        if value is True or value is False:
-            flag = param.opts[0] if value else (param.secondary_opts or [None])[0]
-            if param.is_flag and flag and (value or param.secondary_opts):
-                out.append(flag)
-        else:
-            out += [param.opts[0], ",".join(value) if isinstance(value, list | tuple) else str(value)]
-    return out
+            emulation=False, after=lambda points: typer.echo(_details(points)))
 
 
 def _check_writable(path: Path, db: Path) -> None:
@@ -172,45 +147,6 @@ def _check_writable(path: Path, db: Path) -> None:
         fail(f"--trace: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         fail(f"--trace: {path} is not writable")
-
-
-def nsys_command(nsys: str, target: str, args: list[str], output: str) -> list[str]:
-    """The nsys command line that records only the measured steps of `cs336sys profile`.
-
-    The child runs with --nvtx: no torch.profiler (one CUPTI client at a time), NVTX ranges
-    for the phases, and the range 'measured_steps' around the measured steps only, which
-    --capture-range=nvtx starts and --capture-range-end=stop ends the capture on. Ranges
-    pushed by name are unregistered NVTX strings, which nsys matches only when
-    NSYS_NVTX_PROFILER_REGISTER_ONLY=0 (Nsight Systems user guide, "NVTX capture range").
-    """
-    from cs336sys.experiments.profile import MEASURED_RANGE
-
-    return [
-        nsys, "profile", "--trace=cuda,nvtx,osrt", "--capture-range=nvtx",
-        f"--nvtx-capture={MEASURED_RANGE}", "--capture-range-end=stop",
-        "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0", "--force-overwrite=true",
-        f"--output={output}", sys.executable, "-m", "cs336sys", "profile", target, *args, "--nvtx",
-    ]
-
-
-def _nsys(target: str, dev: str, args: list[str], run_it: bool) -> None:
-    path = shutil.which("nsys")
-    if path is None:
-        fail("--nsys: Nsight Systems (nsys) is not installed or not on PATH")
-    if not _nvtx_on(dev):
-        fail(f"--nsys needs a CUDA device: NVTX ranges are emitted only on CUDA (device {dev})")
-    cmd = nsys_command(path, target, args, f"cs336sys-profile-{target}")
-    typer.echo(shlex.join(cmd))
-    if not run_it:
-        raise typer.Exit(0)
-    import subprocess
-
-    raise typer.Exit(subprocess.run(cmd, check=False).returncode)
-
-
-def _nvtx_on(dev: str) -> bool:
-    """Whether NVTX ranges are emitted for `dev` (measure/nvtx.py: only with CUDA)."""
-    return dev.startswith("cuda")
 
 
 def _label(spec) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.cli.common import measure
-from cs336sys.cli.options import estimate_options, list_option, model_command, option
+from cs336sys.cli.options import estimate_options, list_option, model_command, nsys_options, option
 
 
 def _step_only(
@@ -50,7 +50,7 @@ def _step_only(
     """The options of `step` beyond the model's (cli/options.py, model_options)."""
 
 
-@model_command(_step_only, estimate_options, drop=("optimizer",))
+@model_command(_step_only, estimate_options, nsys_options, drop=("optimizer",))
 def step(**options: Any) -> None:
     """Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
     cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch

@@ -291,6 +291,7 @@ def run(spec: AttentionSpec) -> Result:
 
     from cs336sys.attention import registry
     from cs336sys.measure.memory import saved_tensor_bytes
+    from cs336sys.measure.nvtx import measured
     from cs336sys.measure.timing import time_do_bench, time_loop
 
     device = spec.device
@@ -356,29 +357,30 @@ def run(spec: AttentionSpec) -> Result:
         if on_cuda:  # the peak is that of the timed passes: inputs, activations, gradients
             torch.cuda.reset_peak_memory_stats(device)
 
-        # Each call's host time (until it returned, before the sync), for the launch-bound
-        # flag: from the loop timer's own calls, or from a few more after do_bench.
-        host: dict[str, list[float]] = {}
-        if spec.passes in ("forward", "both"):
-            samples["fwd_ms"] = _time(spec, forward, (q, k, v), host.setdefault("fwd_host_ms", []))
-        if backward:
-            if spec.timer == "do-bench":
-                out = fresh_forward()
-                samples["bwd_ms"] = time_do_bench(
-                    lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
-                    host=host.setdefault("bwd_host_ms", []), min_count=spec.iters,
-                    min_seconds=spec.min_time,
-                )
-                del out
-            else:
-                samples["bwd_ms"] = time_loop(
-                    lambda out: out.backward(dout), spec.warmup, spec.iters, device,
-                    setup=fresh_forward, host=host.setdefault("bwd_host_ms", []),
-                    min_seconds=spec.min_time,
-                )
-        if spec.passes == "both":
-            samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout), (q, k, v),
-                                      host.setdefault("e2e_host_ms", []))
+        with measured():  # what --nsys records: the timed passes
+            # Each call's host time (until it returned, before the sync), for the launch-bound
+            # flag: from the loop timer's own calls, or from a few more after do_bench.
+            host: dict[str, list[float]] = {}
+            if spec.passes in ("forward", "both"):
+                samples["fwd_ms"] = _time(spec, forward, (q, k, v), host.setdefault("fwd_host_ms", []))
+            if backward:
+                if spec.timer == "do-bench":
+                    out = fresh_forward()
+                    samples["bwd_ms"] = time_do_bench(
+                        lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
+                        host=host.setdefault("bwd_host_ms", []), min_count=spec.iters,
+                        min_seconds=spec.min_time,
+                    )
+                    del out
+                else:
+                    samples["bwd_ms"] = time_loop(
+                        lambda out: out.backward(dout), spec.warmup, spec.iters, device,
+                        setup=fresh_forward, host=host.setdefault("bwd_host_ms", []),
+                        min_seconds=spec.min_time,
+                    )
+            if spec.passes == "both":
+                samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout), (q, k, v),
+                                          host.setdefault("e2e_host_ms", []))
 
     # the work done: a kernel that ignored is_causal computed every score
     fwd = flops_forward(replace(spec, causal=metrics.get("computed_causal", spec.causal)))

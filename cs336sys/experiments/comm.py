@@ -207,6 +207,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
 
     from cs336sys.measure.device import synchronize
     from cs336sys.measure.dtypes import torch_dtype
+    from cs336sys.measure.nvtx import measured, nvtx_range
 
     dtype = torch_dtype(spec.precision)
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
@@ -222,15 +223,21 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     source.zero_()
 
     times: list[float] = []
-    for i in range(spec.warmup + spec.iters):
+
+    def timed(i: int) -> float:
         dist.barrier()
         synchronize(device)
         t0 = time.perf_counter()
-        op()
-        synchronize(device)
-        if i >= spec.warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
+        with nvtx_range(f"{spec.op} {spec.size_bytes} B"):
+            op()
+            synchronize(device)
         step_done(i + 1, spec.warmup + spec.iters)
+        return (time.perf_counter() - t0) * 1e3
+
+    for i in range(spec.warmup):
+        timed(i)
+    with measured():  # what --nsys records: the timed collectives
+        times = [timed(i) for i in range(spec.warmup, spec.warmup + spec.iters)]
 
     per_rank = gather({"times": times, "wrong": wrong})
     means = [sum(r["times"]) / len(r["times"]) for r in per_rank]

@@ -230,6 +230,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.measure.live_tensors import LiveTensorTracker
     from cs336sys.measure.memory import CudaProbe, TrackerProbe
+    from cs336sys.measure.nvtx import measured
     from cs336sys.measure.timing import launch_metrics
     from cs336sys.parallel.comm_counter import CommCounter
     from cs336sys.sweep.result import Unfinished, free_memory
@@ -309,13 +310,14 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     times: dict[str, list[float]] = {p: [] for p in PHASES}  # and <phase>_host
     in_flight = []  # fsdp: each step's time with a collective in flight
-    for i in range(spec.iters):
-        for phase, ms in step().items():
-            times.setdefault(phase.removesuffix("_ms"), []).append(ms)
-        if spec.impl == "fsdp":
-            in_flight.append(setup.module.comm_ms)
-        losses.append(step.last_loss)
-        step_done(spec.warmup + 2 + i, total)
+    with measured():  # what --nsys records: the timed steps, on every rank
+        for i in range(spec.iters):
+            for phase, ms in step().items():
+                times.setdefault(phase.removesuffix("_ms"), []).append(ms)
+            if spec.impl == "fsdp":
+                in_flight.append(setup.module.comm_ms)
+            losses.append(step.last_loss)
+            step_done(spec.warmup + 2 + i, total)
     # this rank's host time per phase against its wall time (measure/timing.py), before the
     # exposed communication of torch's DDP and FSDP2 replaces the comm phase below
     host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},

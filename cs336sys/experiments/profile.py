@@ -49,7 +49,6 @@ from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result
 
 TARGETS = ("model", "attention")
-MEASURED_RANGE = "measured_steps"
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 # Settings of the profiled point that say nothing about the profile: the model's own NVTX
 # switch (`profiler` says what ran) and the attention benchmark's timer (unused here).
@@ -122,7 +121,7 @@ class _Steps:
 
 
 def run(spec: ProfileSpec) -> Result:
-    from cs336sys.measure.nvtx import nvtx_enabled, nvtx_range, profiler_ranges
+    from cs336sys.measure.nvtx import measured, nvtx_enabled, nvtx_range, profiler_ranges
 
     on_cuda = spec.point.device.startswith("cuda")
     n_warmup, n_steps = spec.steps
@@ -144,7 +143,7 @@ def run(spec: ProfileSpec) -> Result:
             for _ in range(n_warmup):
                 collect(warm)
             if spec.nvtx:
-                with nvtx_range(MEASURED_RANGE):
+                with measured():
                     for _ in range(n_steps):
                         collect(timed)
             else:

@@ -336,6 +336,7 @@ def run(spec: StepSpec) -> Result:
     import torch
 
     from cs336sys.measure.device import synchronize
+    from cs336sys.measure.nvtx import measured
     from cs336sys.measure.timing import time_do_bench, time_loop
 
     t_start = time.perf_counter()
@@ -362,12 +363,14 @@ def run(spec: StepSpec) -> Result:
         synchronize(spec.device)
         first_s = time.perf_counter() - t0
         warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
-        if spec.timer == "do_bench":
-            estimate = sorted(warm)[len(warm) // 2] if warm else first_s * 1e3
-            samples = time_do_bench(step, calls=spec.iters, call_ms=estimate,
-                                    min_count=spec.iters, min_seconds=spec.min_time)
-        else:
-            samples = time_loop(step, 0, spec.iters, spec.device, min_seconds=spec.min_time)
+        with measured():  # what --nsys records: the timed steps
+            if spec.timer == "do_bench":
+                estimate = sorted(warm)[len(warm) // 2] if warm else first_s * 1e3
+                samples = time_do_bench(step, calls=spec.iters, call_ms=estimate,
+                                        min_count=spec.iters, min_seconds=spec.min_time)
+            else:
+                samples = time_loop(step, 0, spec.iters, spec.device,
+                                    min_seconds=spec.min_time)
         wall_s = time.perf_counter() - t_start
         # the optimizer phase alone (the last step left its gradients): a switch cannot save
         # more than the phase it acts on (the table flags fused-adamw saving more)

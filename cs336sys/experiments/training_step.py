@@ -244,16 +244,24 @@ def make_step(
 def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, dict, list]:
     """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
     every step's loss), samples as {phase_ms: [ms, ...]}."""
+    from cs336sys.measure.nvtx import measured
     from cs336sys.measure.progress import step_done
 
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
     losses = []
-    for i in range(warmup + steps):
+
+    def one(i: int, into: dict[str, list[float]]) -> None:
         for k, v in step(**call).items():
-            (warm if i < warmup else timed).setdefault(k, []).append(v)
+            into.setdefault(k, []).append(v)
         losses.append(step.last_loss)  # read back later: no extra sync per step
         step_done(i + 1, warmup + steps)
+
+    for i in range(warmup):
+        one(i, warm)
+    with measured():  # what --nsys records: the timed steps only
+        for i in range(warmup, warmup + steps):
+            one(i, timed)
     return warm, timed, [float(v) for v in losses]
 
 

@@ -41,6 +41,8 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from cs336sys.measure.nvtx import nvtx_range
+
 IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 BUCKETED_IMPLS = ("bucketed", "torch")  # the impls that take a bucket size
 DEFAULT_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb
@@ -91,6 +93,7 @@ class _DDPBase(nn.Module):
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self._params = [p for _, p in named]
+        self._name_of = {id(p): n for n, p in named}
         # Not counted: the counters are about gradient traffic.
         broadcast_from_rank0(module)
 
@@ -109,9 +112,16 @@ class _DDPBase(nn.Module):
             buffer = _flatten_dense_tensors(grads)  # (sum of numels,)
         self.comm_calls += 1
         self.comm_bytes += _nbytes(buffer)
-        # Gloo has no ReduceOp.AVG: sum here, divide in _complete.
-        work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=async_op)
+        # Gloo has no ReduceOp.AVG: sum here, divide in _complete. The NVTX range (on under
+        # --nsys) names the gradients, so that a timeline shows which launch overlaps what.
+        with nvtx_range(f"all-reduce {self._named(params)}"):
+            work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=async_op)
         return _Reduction(params, grads, buffer, work)
+
+    def _named(self, params: list[nn.Parameter]) -> str:
+        """The first gradient's name, and how many more the buffer holds."""
+        first = self._name_of.get(id(params[0]), "?")
+        return first if len(params) == 1 else f"{first} +{len(params) - 1}"
 
     @torch.no_grad()
     def _complete(self, r: _Reduction) -> None:
@@ -209,8 +219,9 @@ class _OverlapDDP(_DDPBase):
         # Buckets whose hooks did not all fire (unused parameters) go now, reduced as zeros.
         self._missing = [0] * len(self._buckets)
         self._launch_ready()
-        for r in self._inflight:
-            self._complete(r)
+        with nvtx_range("wait for the gradients' all-reduces"):
+            for r in self._inflight:
+                self._complete(r)
         self._reset()
 
 

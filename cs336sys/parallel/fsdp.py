@@ -69,6 +69,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from cs336sys.measure.nvtx import nvtx_range
 from cs336sys.parallel.collectives import all_gather_flat, reduce_scatter_flat
 from cs336sys.parallel.ddp import broadcast_from_rank0
 from cs336sys.parallel.in_flight import InFlight
@@ -94,6 +95,7 @@ class Unit:
     index: int
     module: nn.Module
     attrs: list[tuple[str, Sharded]]  # (attribute name on module, sharded weight)
+    name: str = ""  # the module's name in the wrapped model: its NVTX ranges say it
 
 
 class FSDP(nn.Module):
@@ -147,6 +149,7 @@ class FSDP(nn.Module):
         names = {}  # id(param) -> every name it has (tied weights have several)
         for name, p in self.module.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), []).append(name)
+        module_names = {id(m): name or "(root)" for name, m in self.module.named_modules()}
         for module in self.module.modules():
             attrs = []
             for attr, p in list(module.named_parameters(recurse=False)):
@@ -160,7 +163,7 @@ class FSDP(nn.Module):
                 del module._parameters[attr]
                 setattr(module, attr, torch.empty(p.shape, dtype=self._dtype(), device="meta"))
             if attrs:
-                self.units.append(Unit(len(self.units), module, attrs))
+                self.units.append(Unit(len(self.units), module, attrs, module_names[id(module)]))
         self.sharded = list(by_param.values())
 
     def _shard(self, p: nn.Parameter, names: list[str]) -> Sharded:
@@ -192,7 +195,10 @@ class FSDP(nn.Module):
 
     def _prefetch(self, index: int) -> None:
         if index not in self._gathered:
-            parts = [self._start_gather(s) for _, s in self.units[index].attrs]
+            # NVTX ranges (on under --nsys) named after the unit: a timeline shows each
+            # all-gather's launch and, in _take, any wait for one that came late
+            with nvtx_range(f"all-gather {self.units[index].name}"):
+                parts = [self._start_gather(s) for _, s in self.units[index].attrs]
             self._gathered[index] = ([b for b, _ in parts], [w for _, w in parts])
 
     def _prefetch_forward(self, unit: Unit) -> None:
@@ -216,13 +222,15 @@ class FSDP(nn.Module):
         """The unit's full weights (gathered now, or by an earlier prefetch), shaped."""
         self._prefetch(unit.index)
         buffers, works = self._gathered.pop(unit.index)
-        for w in works:
-            w.wait()
+        with nvtx_range(f"wait for all-gather {unit.name}"):
+            for w in works:
+                w.wait()
         return [b[: s.numel].view(s.shape) for b, (_, s) in zip(buffers, unit.attrs, strict=True)]
 
     def _start_regather(self, s: Sharded) -> None:
         if id(s) not in self._regathered and id(s) not in self._inflight:
-            self._inflight[id(s)] = self._start_gather(s)
+            with nvtx_range(f"all-gather {s.names[0]} (backward)"):
+                self._inflight[id(s)] = self._start_gather(s)
 
     def _regather(self, s: Sharded, plan: list[list[Sharded]], at: int) -> torch.Tensor:
         """The full weight again, in backward (once per backward however many uses), for
@@ -371,7 +379,8 @@ class FSDP(nn.Module):
         out = torch.empty(per_rank, dtype=flat.dtype, device=flat.device)
         self.comm_calls["reduce_scatter"] += 1
         self.comm_bytes["reduce_scatter"] += flat.numel() * flat.element_size()
-        work = self._timed(flat, lambda: reduce_scatter_flat(out, flat, async_op=True))
+        with nvtx_range(f"reduce-scatter {s.names[0]}"):
+            work = self._timed(flat, lambda: reduce_scatter_flat(out, flat, async_op=True))
         s.grad_parts.append((out, work))
 
     @torch.no_grad()
@@ -402,7 +411,8 @@ class FSDP(nn.Module):
             flat = _flatten_dense_tensors(grads)  # (sum of numels,)
             self.comm_calls["all_reduce"] += 1
             self.comm_bytes["all_reduce"] += flat.numel() * flat.element_size()
-            self._timed(flat, lambda flat=flat: dist.all_reduce(flat, async_op=True)).wait()
+            with nvtx_range("all-reduce the replicated gradients"):
+                self._timed(flat, lambda flat=flat: dist.all_reduce(flat, async_op=True)).wait()
             flat /= self.world_size
             for p, g in zip(group, _unflatten_dense_tensors(flat, grads), strict=True):
                 p.grad = g.clone()
