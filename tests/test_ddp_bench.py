@@ -1,6 +1,7 @@
 """`cs336sys ddp`: every variant trains the same model on two Gloo ranks, the ranks end with
 identical weights, the communication counters match the model, and bad input is refused."""
 
+import json
 
 import pytest
 from typer.testing import CliRunner
@@ -144,6 +145,13 @@ def test_sharded_variants_run_and_store_their_memory(sharded):
         assert r["mem_before_opt_bytes"] >= sum(parts) > 0  # the live total holds the parts
         assert r["mem_peak_bytes"] >= r["mem_before_opt_bytes"]
         assert r["mem_init_opt_state_bytes"] == 0 and r["mem_init_grads_bytes"] == 0
+        # every rank's memory by moment: rank 0's is the row's; the halves of a sharded
+        # AdamW state add up to the whole (8 bytes per parameter)
+        per_rank = json.loads(r["mem_per_rank"])
+        assert len(per_rank) == 2
+        assert per_rank[0]["before_opt_params"] == r["mem_before_opt_params_bytes"]
+        if sharding in ("own", "zero"):
+            assert sum(m["after_opt_opt_state"] for m in per_rank) == 8 * n
         if impl in ("naive", "torch"):  # replicas: whole parameters and gradients
             assert r["mem_before_opt_params_bytes"] == r["mem_before_opt_grads_bytes"] == 4 * n
             assert r["param_max_diff"] == 0.0

@@ -447,7 +447,8 @@ def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch
         for seq, where in ((64, own), (128, secret), (256, outside), (512, snaps / "link.png")):
             s.add_run(inv, "memory", "ok",
                       {"size": "tiny", "seq": seq, "mode": "train", "snapshot": "snaps"},
-                      {"peak_bytes": 2**20, "snapshot_png": str(where)})
+                      {"peak_bytes": 2**20, "snapshot_png": str(where),
+                       "snapshot_pickle": "snaps/tiny-T64.pickle" if seq == 64 else None})
     result = invoke("report", "--db", db, "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     html = (tmp_path / "out" / "report.html").read_text()
@@ -455,6 +456,9 @@ def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch
     assert "s3cr3t" not in html and base64.b64encode(secret.read_bytes()).decode()[:16] not in html
     assert "3 memory timeline(s) left out" in html
     assert html.count("<figcaption>Memory timeline:") == 1
+    # the caption names the point's checkpointing too; the CUDA pickle gets its one line
+    assert "T=64 B=None train None checkpoint=none" in html
+    assert "snaps/tiny-T64.pickle. Drag it onto https://pytorch.org/memory_viz" in html
 
 
 def test_db_export_selects_by_gpu_and_commit_as_report_does(store):

@@ -52,7 +52,17 @@ def memory(ctx: typer.Context, **options: Any) -> None:
                           "timeline", "--snapshot", options.get("force", False))
         return points
 
-    measure(exp.EXPERIMENT, specs, options, describe=_label)
+    measure(exp.EXPERIMENT, specs, options, describe=_label, after=_snapshots)
+
+
+def _snapshots(points: list) -> None:
+    """Where each point's CUDA snapshot went, and how to open it."""
+    from cs336sys.experiments.memory_section import memory_viz_line
+
+    for p in points:
+        line = memory_viz_line(p.result.metrics.get("snapshot_pickle"))
+        if line:
+            typer.echo(line)
 
 
 def _residuals_only(

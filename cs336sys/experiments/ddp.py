@@ -32,6 +32,7 @@ per rank: the row has rank 0's, and the max over ranks of the step's peak.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -343,7 +344,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
             checked = training_check(full, reference, spec.precision, first_grads)
         del full
-    per_rank = gather({"times": times, "peak": memory["peak"]})
+    per_rank = gather({"times": times, "peak": memory["peak"],
+                       "memory": {k: v for k, v in memory.items() if k != "peak"}})
     # Per step, the slowest rank's time: the others wait for it at the next collective.
     slowest = {p: [max(r["times"][p][s] for r in per_rank) for s in range(spec.iters)] for p in PHASES}
     metrics: dict[str, Any] = {}
@@ -355,6 +357,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics.update({f"mem_{k}_bytes": v for k, v in memory.items() if k != "peak"})
     metrics["mem_peak_bytes"] = memory["peak"]
     metrics["mem_peak_bytes_max_rank"] = max(r["peak"] for r in per_rank)
+    metrics["mem_per_rank"] = json.dumps([r["memory"] for r in per_rank])
     metrics.update(ddp_setup.shares(spec.impl, spec.optimizer_sharding, ctx.world_size,
                                     memory["before_opt_params"], memory["after_opt_opt_state"],
                                     whole_bytes))
@@ -461,6 +464,8 @@ EXPERIMENT = Experiment(
         *metric_table("""
             mem_peak_bytes            bytes     rank 0's peak in the measured step
             mem_peak_bytes_max_rank   bytes     the highest peak over ranks
+            mem_per_rank              -         every rank's bytes after init, before and after
+                                                  the step, live and by part (JSON)
             expected_params_bytes     bytes     analytic parameter bytes per rank
             expected_grads_bytes      bytes     analytic gradient bytes per rank
             expected_opt_state_bytes  bytes     analytic optimizer-state bytes per rank

@@ -3,32 +3,23 @@ memory per rank against the analytic figure, and the bucket-size sweep."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from cs336sys.experiments.ddp_setup import shares_cell
 from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
-from cs336sys.report.sections import Row, Section, add_plot, left_out, mib, series, text, with_gpu
+from cs336sys.report.sections import Row, Section, add_plot, left_out, mib, series, text, varying
+from cs336sys.report.sections import Table as Rendered
 from cs336sys.sweep.declaration import HOST_BOUND, SIZE_COLUMN, Column, Ratio, Table
 
 
 def section(sec: Section, pts: list[Row]) -> None:
     """Memory per rank against the analytic figure, and the bucket-size sweep."""
-    measured = [r for r in pts if r.get("mem_before_opt_params_bytes") is not None]
-    if measured:  # rows stored before the sharding release have no memory figures
-        m = with_gpu(measured, ["impl", "opt sharding", "world", "params MiB", "grads MiB",
-                                "opt state MiB", "live before step MiB", "peak MiB"], lambda r: [
-            text(r["impl"]), text(r["optimizer_sharding"]), text(r["world_size"]),
-            *(f"{mib(r[f'mem_{w}_{k}_bytes'])} ({mib(r[f'expected_{k}_bytes'])})"
-              for w, k in (("before_opt", "params"), ("before_opt", "grads"),
-                           ("after_opt", "opt_state"))),
-            mib(r["mem_before_opt_bytes"]), mib(r["mem_peak_bytes"]),
-        ], shown=("impl", "optimizer_sharding", "world_size", "bucket_mb", *SIZE))
-        m.title = "Memory per rank: measured (analytic expectation)"
-        m.note = ("Rank 0, in the step after warm-up. Parameters and gradients just before the "
-                  "optimizer step, optimizer state just after it; 'live' counts everything.")
-        sec.tables.append(m)
+    by_moment = memory_by_moment(pts)
+    if by_moment is not None:  # rows stored before the sharding release have no memory figures
+        sec.tables.append(by_moment)
     add_plot(sec, "Step time split into waiting on communication and the rest", "ddp-steps",
              _steps(pts), note="The step's mean time, the part rank 0 was blocked on gradient "
              "communication at the top (fsdp: its gathers and reduce-scatters); beside it, "
@@ -40,6 +31,57 @@ def section(sec: Section, pts: list[Row]) -> None:
                      logx=True),
           note=left_out(list(lines), list(every),
                         "series (those with one bucket size are in the table)"))
+
+
+# The moments a step's memory is read at, and which parts the accounting expects there:
+# after init only the parameters; AdamW's state exists from the first step on, so before
+# and after the measured step (after warm-up) parameters, gradients and optimizer state.
+MOMENTS = (("init", "after init", ("params",)),
+           ("before_opt", "before the step", ("params", "grads", "opt_state")),
+           ("after_opt", "after the step", ("params", "grads", "opt_state")))
+PARTS = ("params", "grads", "opt_state")
+
+
+def memory_by_moment(pts: list[Row]) -> Rendered | None:
+    """Per point, per rank and per moment (after init, before and after the optimizer step):
+    the bytes live and those in parameters, gradients and optimizer state, each measured
+    beside the accounting's figure; with and without sharding, as the points were run."""
+    measured = [r for r in pts if r.get("mem_before_opt_params_bytes") is not None]
+    if not measured:
+        return None
+    shown = ("impl", "optimizer_sharding", "world_size", "bucket_mb", *SIZE)
+    many = len({r.get("gpu") for r in measured}) > 1
+    extra = varying(measured, shown)
+    body = []
+    for r in measured:
+        point = [*([text(r.get("gpu"))] if many else []), label(r), text(r["world_size"])]
+        other = [" ".join(f"{k}={text(r['_settings'][k])}" for k in extra
+                          if r["_settings"].get(k) is not None)] if extra else []
+        for rank, memory in enumerate(_per_rank(r)):
+            for moment, words, expected in MOMENTS:
+                cells = [mib(memory.get(moment))]
+                for part in PARTS:
+                    value = mib(memory.get(f"{moment}_{part}"))
+                    analytic = r.get(f"expected_{part}_bytes") if part in expected else 0
+                    cells.append(f"{value} ({mib(analytic)})" if value else "")
+                body.append([*point, text(rank), words, *cells, *other])
+    return Rendered("Memory by moment, per rank: measured (analytic)",
+                 [*(["gpu"] if many else []), "impl", "ranks", "rank", "moment", "live MiB",
+                  "parameters MiB", "gradients MiB", "optimizer state MiB",
+                  *(["other settings"] if extra else [])], body,
+                 note="In the step after warm-up; in brackets the accounting's bytes for that "
+                 "moment (after init only the parameters: AdamW's state appears at the first "
+                 "step). 'live' counts every tensor the rank holds. Rows stored before the "
+                 "per-rank figures have rank 0's only.")
+
+
+def _per_rank(r: Row) -> list[dict[str, Any]]:
+    """Each rank's memory by moment (the stored JSON), else rank 0's from its metrics."""
+    stored = r.get("mem_per_rank")
+    if stored:
+        return json.loads(stored) if isinstance(stored, str) else stored
+    return [{f"{m}{'_' + p if p else ''}": r.get(f"mem_{m}{'_' + p if p else ''}_bytes")
+             for m, _, _ in MOMENTS for p in ("", *PARTS)}]
 
 
 def _steps(pts: list[Row]) -> Bars:

@@ -45,14 +45,25 @@ def section(sec: Section, pts: list[Row]) -> None:
             left_out += 1
             continue
         s = r["_settings"]
-        what = " ".join(f"{k}={text(s[k])}" for k in ("checkpoint", "attention")
-                        if s.get(k) not in (None, "none", "naive"))
+        what = f"checkpoint={text(s.get('checkpoint') or 'none')}"
+        if s.get("attention") not in (None, "naive"):
+            what += f" attention={text(s['attention'])}"
         sec.figures.append(Figure(
             f"Memory timeline: {model_size(r)} T={r['seq']} B={s.get('batch')} {s.get('mode')} "
-            f"{s.get('precision')} {what}".strip(), f"memory-timeline-{i}", png=png))
+            f"{s.get('precision')} {what}", f"memory-timeline-{i}", png=png,
+            note=memory_viz_line(r.get("snapshot_pickle"))))
     if left_out:
         sec.notes.append(f"{left_out} memory timeline(s) left out: the stored path is not a PNG "
                          "that cs336sys wrote into the point's --snapshot folder on this machine.")
+
+
+def memory_viz_line(pickle: str | None) -> str:
+    """The one line that opens a point's CUDA snapshot in PyTorch's memory_viz."""
+    if not pickle:
+        return ""
+    return (f"The allocator's own record of this step: {pickle}. Drag it onto "
+            "https://pytorch.org/memory_viz for the Active Memory Timeline, with the stack "
+            "of every allocation.")
 
 
 def around_the_step(pts: list[Row]) -> Table | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from cs336sys.experiments.ddp_section import memory_by_moment
 from cs336sys.experiments.plan_section import inequalities, mesh
 from cs336sys.handout import y2026
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
@@ -150,5 +151,5 @@ PROBLEMS = (
     _same("optimizer_state_sharding_accounting", "3", runs=(
         _ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
-                      ("impl", "optimizer_sharding"), DDP_MEMORY),)),
+                      ("impl", "optimizer_sharding"), DDP_MEMORY), memory_by_moment)),
 )

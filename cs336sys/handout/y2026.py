@@ -9,6 +9,7 @@ model on an H100 (data sheet); give C and W by hand with `plan --flops --bandwid
 
 from __future__ import annotations
 
+from cs336sys.experiments.ddp_section import memory_by_moment
 from cs336sys.experiments.plan_section import all_reduces, inequalities
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
 from cs336sys.sweep.declaration import Column
@@ -293,7 +294,7 @@ PROBLEMS = (
         "and without sharding; (b) the step time of each (2 GPUs, xl).",
         runs=(_ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
-                      ("impl", "optimizer_sharding"), DDP_MEMORY),),
+                      ("impl", "optimizer_sharding"), DDP_MEMORY), memory_by_moment),
     ),
     Problem(
         "fsdp", 15, section="7", kind=IMPLEMENT,
@@ -306,7 +307,7 @@ PROBLEMS = (
         "all-gathers finish in time (the Nsight part is not measured here).",
         runs=(_ddp("overlap,fsdp --shard-optimizer", "overlap,yours-fsdp --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, replicated and sharded", "ddp",
-                      ("impl", "optimizer_sharding"), DDP_MEMORY),),
+                      ("impl", "optimizer_sharding"), DDP_MEMORY), memory_by_moment),
     ),
     Problem(
         "alternate_ring_all_reduce", 1, section="8.1", kind=COMPUTE,
