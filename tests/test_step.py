@@ -134,6 +134,12 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--adamw", "fastest"], "--adamw: unknown value"),
         (["--num-layers", "0"], "--num-layers must be positive"),
         (["--precision", "fp16"], "--precision: unknown value"),
+        (["--ddp", "fsdp"], "--ddp shares the step between ranks"),
+        (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),
+        (["--world-size", "2", "--switches", "fused-ce"], "fused-ce is not measured with"),
+        (["--world-size", "2", "--ddp", "zero3"], "--impl: unknown value 'zero3'"),
+        (["--course-timing"], "--course-timing is triton.testing.do_bench's"),
+        (["--preset", "fastest"], "--preset: unknown value"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message):
@@ -160,3 +166,32 @@ def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path
     assert out.exit_code == 0, out.output
     rows = query(db_path, "select num_layers, status from step_runs order by num_layers")
     assert [(r["num_layers"], r["status"]) for r in rows] == [(2, "ok"), (3, "oom"), (4, "skipped")]
+
+
+def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():
+    (spec,) = step_exp.specs(preset="leaderboard", switches=["none"], device="cpu")
+    assert (spec.size, spec.num_layers, spec.d_model, spec.vocab_size) == ("8b", 34, 4096, 151936)
+    assert (spec.seq, spec.batch, spec.precision) == (32768, 2, "bf16")
+    assert (spec.world_size, spec.ddp, spec.timer, spec.rounds) == (2, "fsdp", "loop", 1)
+    # an option given explicitly wins
+    (small,) = step_exp.specs(preset="leaderboard", switches=["none"], device="cpu",
+                              size=["tiny"], seq=[32], precision=["fp32"])
+    assert (small.size, small.seq, small.precision, small.world_size) == ("tiny", 32, "fp32", 2)
+    assert "course_timing" not in small.settings()
+
+
+@pytest.mark.parametrize("ddp", ["fsdp", "flat"])
+def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp):
+    """--world-size 2: the step on two Gloo ranks, each its half of the global batch; rank
+    0's first loss is the single-process model's on that half, the same weights (an FSDP
+    starts from them on every rank, a DDP broadcasts rank 0's)."""
+    out = invoke("step", *MICRO, "--seq", "16", "--switches", "none", "--world-size", "2",
+                 "--ddp", ddp, "--db", db_path)
+    assert out.exit_code == 0, out.output
+    (row,) = query(db_path, "select * from step_runs")
+    assert (row["status"], row["world_size"], row["ddp"]) == ("ok", 2, ddp)
+    assert row["tokens_per_step"] == 2 * 16 and row["step_ms_median"] > 0
+    (spec,) = step_exp.specs(**{**SHAPE, "seq": [16]}, switches=["none"])
+    model, _, train_step = step_exp.build(spec, rows=slice(0, 1))
+    assert row["params"] == sum(p.numel() for p in model.parameters())
+    assert row["loss_first"] == pytest.approx(float(train_step()), rel=1e-5)

@@ -46,6 +46,18 @@ def _step_only(
                             "fits: after an out-of-memory the larger counts are skipped. [default: "
                             "8 "
                             "for the default 8b on CUDA]") = None,
+    world_size: list_option("Ranks that share the step, each training its slice of the global "
+                            "--batch (the leaderboard's: 2 GPUs). [default: 1]") = None,
+    ddp: option("With --world-size above 1, what shares the step: a `ddp --impl` name (naive, "
+                "flat, overlap, bucketed, torch, fsdp, torch-fsdp) or yours (yours-ddp, "
+                "yours-fsdp, NAME=package.module:Class). [default: fsdp]", str | None) = None,
+    course_timing: option("Also time each step as the leaderboard's test does "
+                          "(triton.testing.do_bench, rep 30 s, warm-up 10 s: 40 s a point), "
+                          "stored as course_ms beside ours. CUDA, one rank.", bool,
+                          "--course-timing") = False,
+    preset: option("leaderboard: the leaderboard's run unscaled, 8b at context 32768, batch 2, "
+                   "bf16, on 2 ranks with fsdp; an option given explicitly wins.",
+                   str | None) = None,
 ) -> None:
     """The options of `step` beyond the model's (cli/options.py, model_options)."""
 
@@ -61,13 +73,18 @@ def step(**options: Any) -> None:
     Example:
 
         cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
+
+        cs336sys step --preset leaderboard --switches none,fused-adamw+flash
+
+        cs336sys step --world-size 2 --ddp yours-fsdp --size tiny
     """
     from cs336sys.experiments import step as exp
 
     options["cold_cache"] = not options.pop("warm_cache")
-    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name)
+    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True)
 
 
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}"
+    ranks = f" {spec.world_size}x{spec.ddp}" if spec.world_size > 1 else ""
+    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}{ranks}"

@@ -69,9 +69,11 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
     return seed if sharded else seed + 1000 * rank
 
 
-def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device):
-    """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds;
-    the user's wrappers and sharded optimizer (experiments/ddp_yours.py) too."""
+def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device,
+          make_optimizer: Callable[[list], Any] | None = None):
+    """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds
+    (`make_optimizer(params)` where given and the optimizer is not sharded); the user's
+    wrappers and sharded optimizer (experiments/ddp_yours.py) too."""
     import torch
 
     from cs336sys.experiments import ddp_yours
@@ -81,6 +83,12 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
 
     low = autocast_dtype(precision)  # None for fp32
     kind = ddp_yours.kind_of(impl)
+
+    def adamw(params: list) -> Any:
+        if make_optimizer is not None:
+            return make_optimizer(params)
+        return AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+
     if impl in REPLICA_IMPLS or kind == "ddp":
         start = None
         if kind == "ddp":
@@ -103,7 +111,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
                                           weight_decay=WEIGHT_DECAY)
             holder = opt.optim
         else:
-            opt = holder = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+            opt = holder = adamw(params)
         if start_with is not None:
             start = lambda: start_with(opt)  # noqa: E731
         return Setup(wrapper, opt, holder, lambda: finish_with(opt), True, params, params,
@@ -111,7 +119,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     if kind == "fsdp":
         wrapper, finish_with, full = ddp_yours.sharded(impl, model, low)
         params = list(wrapper.parameters())
-        opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        opt = adamw(params)
         return Setup(wrapper, opt, opt, lambda: finish_with(opt), False, params, [],
                      full_params=full)
     if impl == "fsdp":
@@ -119,7 +127,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
 
         wrapper = FSDP(model, compute_dtype=low)
         params = list(wrapper.parameters())
-        opt = AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        opt = adamw(params)
         return Setup(wrapper, opt, opt, wrapper.finish_gradient_synchronization, False, params,
                      wrapper.replicated, full_params=wrapper.full_state_dict)
     if impl == "torch-fsdp":
@@ -137,7 +145,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         for block in model.layers:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        opt = adamw(list(model.parameters()))
         return Setup(model, opt, opt, lambda: None, False, list(model.parameters()), [])
     raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
 

@@ -30,12 +30,9 @@ memory, not time, and finding the largest model that fits is what it is for.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +46,16 @@ from cs336sys.experiments.model import (
     shape_overrides,
 )
 from cs336sys.experiments.step_ablation import impossible, merge, split
+from cs336sys.experiments.step_build import (
+    COURSE_REP_MS,
+    COURSE_WARMUP_MS,
+    LIMIT_S,
+    build,
+    course_ms,
+    empty_compile_cache,
+    tensor_peak_bytes,
+)
+from cs336sys.experiments.step_ranks import run_on_ranks
 from cs336sys.experiments.training_step import throughput, throughput_metrics
 from cs336sys.measure.stats import flatten
 from cs336sys.models.config import ModelShape
@@ -62,6 +69,7 @@ from cs336sys.sweep.declaration import (
     Table,
     metric_table,
     setting_columns,
+    settings_keys,
     timing,
 )
 from cs336sys.sweep.points import (
@@ -85,7 +93,6 @@ SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
 ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
 CE_IMPLS = ("torch", "triton")  # what fused-ce runs
 BASELINE_OPTIMIZER = "adamw"  # the reference loop: 7 elementwise kernels per parameter
-LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
 OPT_CALLS = 3  # optimizer steps timed alone after the timed steps
 PARAM_DTYPES = ("fp32", "bf16")
 
@@ -101,6 +108,18 @@ DEFAULTS = {
                 iters=3, adamw="foreach", ce="torch", attention="sdpa",
                 switches="none,fused-adamw,fused-ce", precision="fp32"),
 }
+# --preset leaderboard: the leaderboard's run as it is timed, on two GPUs and unscaled (8B,
+# 34 layers, batch 2, context 32768, bf16, causal); an option given explicitly wins.
+PRESETS = {"leaderboard": dict(size=["8b"], seq=[32768], batch=[2], precision=["bf16"],
+                               world_size=[2], ddp="fsdp")}
+DEFAULT_DDP = "fsdp"  # on several ranks: the 8B fits only sharded
+# What a point on several ranks cannot switch on, and why.
+NOT_ON_RANKS_WHY = {
+    "fused-ce": "it calls the LM head's weight outside the model's forward, where a sharding "
+                "wrapper has not gathered it",
+    "compile": "compiling the blocks under the wrappers' hooks is not measured yet",
+}
+NOT_ON_RANKS = tuple(NOT_ON_RANKS_WHY)
 
 
 @dataclass(frozen=True)
@@ -125,6 +144,23 @@ class StepSpec(ModelShape):
     # the timed steps in this many interleaved rounds (sweep/runner.in_rounds): each round
     # builds the point again and takes its share of iters and min_time
     rounds: int = 1
+    # ranks of the step (experiments/step_ranks.py), each training its slice of the batch,
+    # and the wrapper that shares the step between them (a `ddp --impl` name)
+    world_size: int = 1
+    ddp: str | None = None
+    # also time the step as the leaderboard's test does (not a setting: it adds a metric)
+    course_timing: bool = False
+
+    def settings(self) -> dict[str, object]:
+        """Every field but course_timing, which adds a metric and changes no point."""
+        out = super().settings()
+        out.pop("course_timing")
+        return out
+
+    @property
+    def backend(self) -> str:
+        """The process group's backend, for points on several ranks."""
+        return "nccl" if self.device.startswith("cuda") else "gloo"
 
 
 def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str, ...]]:
@@ -175,6 +211,10 @@ def specs(
     num_heads: int | None = None,
     vocab_size: int | None = None,
     model: str | None = None,
+    world_size: Iterable[Any] | None = None,
+    ddp: str | None = None,
+    preset: str | None = None,
+    course_timing: bool = False,
 ) -> list[StepSpec]:
     """The points of a step sweep (the product of the list options), validated; SpecError
     names the first bad option. What is not given takes the device's default (DEFAULTS).
@@ -183,6 +223,14 @@ def specs(
     dev = device_choice(device)
     on_cuda = dev.startswith("cuda")
     defaults = DEFAULTS["cuda" if on_cuda else "cpu"]
+    if preset is not None and preset not in PRESETS:
+        raise unknown("--preset", preset, PRESETS)
+    chosen = PRESETS.get(preset, {})
+    size, seq, batch = (given if given is not None else chosen.get(name)
+                        for name, given in (("size", size), ("seq", seq), ("batch", batch)))
+    precision = precision if precision is not None else chosen.get("precision")
+    worlds = positive_ints(world_size, "--world-size") or chosen.get("world_size", [1])
+    ranked = any(w > 1 for w in worlds)
     warmup = defaults["warmup"] if warmup is None else warmup
     iters = defaults["iters"] if iters is None else iters
     counts(warmup, iters)
@@ -204,6 +252,8 @@ def specs(
     )
     param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
     sets = parse_switches(switches, defaults["switches"])
+    if switches is None and ranked:  # the default sets that can run on several ranks
+        sets = [s for s in sets if not set(s) & set(NOT_ON_RANKS)]
     adamw = defaults["adamw"] if adamw is None else adamw.strip()  # '' is not the default
     if adamw not in ADAMW_IMPLS:
         raise unknown("--adamw", adamw, ADAMW_IMPLS)
@@ -232,10 +282,23 @@ def specs(
         raise SpecError("--adamw torch-fused: torch's fused AdamW is benchmarked on CUDA only")
     seqs = positive_ints(seq, "--seq", default=[defaults["seq"]])
     batches = positive_ints(batch, "--batch", default=[defaults["batch"]])
+    wrapper = None
+    if ranked:
+        wrapper = ranks_wrapper(ddp if ddp is not None else chosen.get("ddp", DEFAULT_DDP),
+                                worlds, batches, on)
+    elif ddp is not None:
+        raise SpecError("--ddp shares the step between ranks: give --world-size 2 or more")
+    if course_timing and not on_cuda:
+        raise SpecError("--course-timing is triton.testing.do_bench's, which times with CUDA "
+                        "events: it needs CUDA")
+    if course_timing and ranked:
+        raise SpecError("--course-timing runs on one GPU: do_bench decides its count on each "
+                        "rank alone, and ranks must run the same steps")
     out = []
     for p in expand({"size": sizes, "num_layers": layers, "seq": seqs, "batch": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
-                     "checkpoint": checkpoint_list(checkpoint), "switches": sets}):
+                     "checkpoint": checkpoint_list(checkpoint), "switches": sets,
+                     "world_size": worlds}):
         cfg = preset_config(p["size"], context_length=p["seq"], model=model,
                             checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)
         on = p["switches"]
@@ -249,87 +312,33 @@ def specs(
             compile="compile" in on, checkpoint=p["checkpoint"],
             timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
             warmup=warmup, iters=iters, device=dev, seed=seed, model=model, min_time=least_s,
-            rounds=rounds,
+            rounds=rounds, world_size=p["world_size"], course_timing=course_timing,
+            ddp=wrapper if p["world_size"] > 1 else None,
         ))
+        if p["world_size"] > 1:  # every rank the same steps: fixed counts, the loop timer
+            out[-1] = dataclasses.replace(out[-1], timer="loop", min_time=0.0, rounds=1)
     return list(dict.fromkeys(out))
 
 
+def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:
+    """The `--ddp` wrapper of points on several ranks, checked against the other options."""
+    from cs336sys.experiments import ddp_yours
+    from cs336sys.experiments.ddp_setup import IMPLS
+
+    (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS))
+    for switch in NOT_ON_RANKS:
+        if switch in on:
+            raise SpecError(f"--switches {switch} is not measured with --world-size above 1: "
+                            + NOT_ON_RANKS_WHY[switch])
+    for w in worlds:
+        for b in batches:
+            if w > 1 and b % w:
+                raise SpecError(f"--batch {b}: the global batch is split evenly over "
+                                f"--world-size {w} ranks; give a multiple of {w}")
+    return wrapper
+
+
 # -- the step ---------------------------------------------------------------------------------
-
-
-def optimizer_name(spec: StepSpec) -> str:
-    """The name `make_optimizer` knows for the spec's optimizer (torch-fused is torch's)."""
-    return "torch-adamw-fused" if spec.optimizer == "adamw-torch-fused" else spec.optimizer
-
-
-def build(spec: StepSpec) -> tuple[Any, Any, Any]:
-    """(model, optimizer, step function) for a point; the step function runs one leaderboard
-    step and returns its loss, detached."""
-    import dataclasses
-
-    import torch
-    import torch.nn.functional as F
-
-    from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
-    from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
-
-    config = dataclasses.replace(spec.config(), attention=spec.attention)
-    model = make_model(config, spec.device, spec.seed)
-    if spec.param_dtype != "fp32":
-        model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
-    if spec.compile:
-        for layer in getattr(model, "layers", None) or [model]:
-            layer.compile()  # per block, so checkpointing still wraps groups of blocks
-    optimizer = make_optimizer(optimizer_name(spec), model.parameters())
-    x, y = make_batch(spec.seed, spec.batch, spec.seq, config.vocab_size)
-    x, y = x.to(spec.device), y.to(spec.device)  # (B, T) each
-    amp = autocast_dtype(spec.precision)
-    device_type = torch.device(spec.device).type
-    fused_impl = spec.loss.removeprefix("fused-") if spec.loss != "materialised" else None
-    if fused_impl is not None:
-        from cs336sys.models.fused_ce import linear_cross_entropy
-
-    def train_step() -> Any:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
-            if fused_impl is None:
-                logits = model(x)  # (B, T, V), materialised
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
-            else:
-                h = model.hidden(x)  # (B, T, C): the logits are made a chunk of rows at a time
-                loss = linear_cross_entropy(h, model.lm_head.weight, y, reduction="sum",
-                                            impl=fused_impl)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-
-    return model, optimizer, train_step
-
-
-@contextlib.contextmanager
-def empty_compile_cache(enabled: bool) -> Iterator[None]:
-    """Fresh inductor and Triton cache folders and a reset dynamo, so that a compiled point
-    pays the compile a first run pays (the leaderboard's rule is from an empty cache)."""
-    if not enabled:
-        yield
-        return
-    import torch
-
-    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-    before = {n: os.environ.get(n) for n in names}
-    with tempfile.TemporaryDirectory(prefix="cs336sys-compile-") as tmp:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
-        torch._dynamo.reset()
-        try:
-            yield
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            torch._dynamo.reset()
 
 
 def run(spec: StepSpec) -> Result:
@@ -375,6 +384,7 @@ def run(spec: StepSpec) -> Result:
         # the optimizer phase alone (the last step left its gradients): a switch cannot save
         # more than the phase it acts on (the table flags fused-adamw saving more)
         opt = time_loop(optimizer.step, 0, OPT_CALLS, spec.device)
+        course = course_ms(step) if spec.course_timing else None
     peak_cpu = None if on_cuda or spec.compile else tensor_peak_bytes(model, optimizer, train_step)
 
     metrics: dict[str, Any] = {**flatten("step_ms", samples), **flatten("opt_ms", opt)}
@@ -391,6 +401,7 @@ def run(spec: StepSpec) -> Result:
         within_limit=wall_s <= LIMIT_S,
         loss_first=float(losses[0]),
         loss_last=float(losses[-1]),
+        course_ms=course,
     )
     if checked is not None:
         metrics.update(checked.metrics)
@@ -398,20 +409,6 @@ def run(spec: StepSpec) -> Result:
     return Result("ok" if passed else "wrong", metrics=metrics, error=None if passed else checked.why,
                   samples={"step_ms": samples, "opt_ms": opt, "warmup": {"step_ms": warm},
                            "loss": [float(v) for v in losses]})
-
-
-def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
-    """CPU: the peak bytes of live tensors over one more step (measure/live_tensors.py), with
-    the weights, gradients' homes and optimizer state counted from the start, as CUDA's
-    max_memory_allocated counts them."""
-    from cs336sys.measure.live_tensors import LiveTensorTracker
-    from cs336sys.measure.memory import optimizer_tensors
-
-    tracker = LiveTensorTracker()
-    tracker.adopt([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)])
-    with tracker:
-        train_step()
-    return tracker.peak
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -422,7 +419,8 @@ TABLE = Table(
     (
         SIZE_COLUMN,
         Column("model", "model", setting=True, optional=True),
-        *setting_columns("layers=num_layers seq batch precision params=param_dtype ckpt=checkpoint switches"),
+        *setting_columns("layers=num_layers seq batch precision params=param_dtype ckpt=checkpoint "
+                         "switches ranks=world_size ddp"),
         Column("step ms", "step_ms", "mean_std"),
         Column("median ms", "step_ms_median", "num"),
         Column(
@@ -441,6 +439,9 @@ TABLE = Table(
         Column("tensor peak MiB", "peak_tensor_mb", "num", optional=True),
         Column("compile s", "compile_s", "num", optional=True),
         Column("wall s", "wall_s", "num"),
+        Column("course ms", "course_ms", "num", optional=True,
+               note="course ms: the leaderboard test's own timing (do_bench, 30 s of "
+               "repetitions after 10 s of warm-up), beside ours (--course-timing)."),
         Column("check", "check", optional=True, note=CHECK_NOTE),
     ),
     note="vs none: the median step time with no switch over this one's, at the same settings "
@@ -455,6 +456,7 @@ EXPERIMENT = Experiment(
     kind="step",
     title="Training step: what each optimisation buys",
     spec=StepSpec,
+    settings=settings_keys(StepSpec, drop=("course_timing",)),
     run=run,
     metrics=(
         *timing(
@@ -471,6 +473,9 @@ EXPERIMENT = Experiment(
             wall_s             s    the point's wall time, model build to the last timed step
         """),
         Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
+        Metric("course_ms", "ms", "the step timed as the leaderboard's test does: do_bench's "
+               f"mean over {COURSE_REP_MS} ms after {COURSE_WARMUP_MS} ms of warm-up "
+               "(--course-timing)"),
         Metric("rounds_done", "", "interleaved rounds the timed steps came from (--rounds)"),
         *metric_table("""
             loss_first       -  loss of the first step (summed over the batch's tokens)
@@ -489,6 +494,7 @@ EXPERIMENT = Experiment(
     oom_axis="num_layers",
     split=split,
     merge=merge,
+    run_on_ranks=run_on_ranks,
     section=step_section.section,
     draws=True,
 )

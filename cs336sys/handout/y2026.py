@@ -328,9 +328,16 @@ PROBLEMS = (
     Problem(
         "leaderboard", 10, section="9",
         asks="A full training step of the 8B model (batch 2, context 32,768, bf16, causal, two "
-        "GPUs); measured here on one GPU, scaled (8 of 34 layers, context 8192), each "
-        "optimisation alone and all.",
-        runs=(Run("step", cpu="step --size tiny --seq 64 --warmup 1 --iters 2"),),
+        "GPUs): on one GPU scaled (8 of 34 layers, context 8192), each optimisation alone "
+        "and all; then as the leaderboard runs it, on two ranks.",
+        runs=(Run("step", cpu="step --size tiny --seq 64 --warmup 1 --iters 2"),
+              Run("step --preset leaderboard --switches none,fused-adamw+flash",
+                  cpu="step --preset leaderboard --size tiny --seq 64 --precision fp32 "
+                  "--switches none --warmup 1 --iters 2",
+                  yours="step --preset leaderboard --ddp yours-fsdp --switches "
+                  "none,fused-adamw+flash",
+                  yours_cpu="step --preset leaderboard --ddp yours-fsdp --size tiny --seq 64 "
+                  "--precision fp32 --switches none --warmup 1 --iters 2")),
         tables=("step",),
     ),
 )

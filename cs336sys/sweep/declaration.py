@@ -171,6 +171,9 @@ class Experiment:
     settings: tuple[str, ...] = ()  # the Spec's settings keys, in view order; default its fields
     compare: str | None = None  # the metric --compare sets side by side (a timed base or a name)
     distributed: bool = False  # run on a process group per world size
+    # An experiment that runs both ways: run_on_ranks(ctx, spec) for its points whose
+    # world_size is above 1, on a process group per world size; `run(spec)` for the others.
+    run_on_ranks: Callable[..., Any] | None = None
     # Distributed: the modules every rank imports, once in the fork server (launcher.launch's
     # `preload`); None: torch and dynamo, which ranks that train need.
     rank_preload: tuple[str, ...] | None = None

@@ -31,6 +31,8 @@ Experiments never import the store: a sink is anything with `add`.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import time
 import traceback
 import warnings
@@ -173,6 +175,8 @@ def run_sweep(
         progress.advance(point)
 
     run = executor or (process_groups if experiment.distributed else local)
+    if executor is None and experiment.run_on_ranks is not None:
+        run = both_ways
     progress.start(experiment, len(specs))
     try:
         run(experiment, specs, skip, emit)
@@ -195,6 +199,17 @@ def _across(experiment: Experiment, sink: Any, group: list[Point], point: Point,
 
 
 # -- executors --------------------------------------------------------------------------------
+
+
+def both_ways(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
+    """The points of one world size in this process (`local`), those of several on process
+    groups (`experiment.run_on_ranks`), each run of consecutive points as it comes."""
+    on_ranks = dataclasses.replace(experiment, run=experiment.run_on_ranks, distributed=True)
+    for ranked, run in itertools.groupby(specs, key=lambda s: s.world_size > 1):
+        if ranked:
+            process_groups(on_ranks, list(run), skip, emit)
+        else:
+            local(experiment, list(run), skip, emit)
 
 
 def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:

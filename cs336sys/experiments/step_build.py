@@ -1,0 +1,138 @@
+"""How a `step` point's training step is built: the model with its switches, the optimizer,
+the batch and the one function that runs the leaderboard's step.
+
+One process (`step.run`) trains the whole batch; a rank of a process group
+(`step_ranks.run_on_ranks`) trains its slice of the same batch with the model wrapped by a
+data-parallel or sharding wrapper (experiments/ddp_setup.py), whose gradient
+synchronisation runs between backward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
+# The leaderboard test's own timing: triton.testing.do_bench(train_step, rep=30_000,
+# warmup=10_000), its mean (do_bench's default return mode)
+COURSE_REP_MS, COURSE_WARMUP_MS = 30_000, 10_000
+
+
+def optimizer_name(spec: Any) -> str:
+    """The name `make_optimizer` knows for the spec's optimizer (torch-fused is torch's)."""
+    return "torch-adamw-fused" if spec.optimizer == "adamw-torch-fused" else spec.optimizer
+
+
+def build(spec: Any, *, seed: int | None = None,
+          wrap: Callable[[Any, Callable[[list], Any]], Any] | None = None,
+          rows: slice | None = None) -> tuple[Any, Any, Any]:
+    """(model, optimizer, step function) for a point; the step function runs one leaderboard
+    step and returns its loss, detached. `wrap(model, make_optimizer)`: the model wrapped
+    on this rank (a ddp_setup.Setup, its optimizer made by `make_optimizer`); `rows`: the
+    rows of the batch this rank trains on; `seed`: the weights' (default the point's)."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
+    from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
+
+    config = dataclasses.replace(spec.config(), attention=spec.attention)
+    model = make_model(config, spec.device, spec.seed if seed is None else seed)
+    if spec.param_dtype != "fp32":
+        model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
+    if spec.compile:
+        for layer in getattr(model, "layers", None) or [model]:
+            layer.compile()  # per block, so checkpointing still wraps groups of blocks
+
+    def make(params: Any) -> Any:
+        return make_optimizer(optimizer_name(spec), params)
+
+    module, start, finish, autocast_here = model, None, None, True
+    if wrap is None:
+        optimizer = make(model.parameters())
+    else:
+        setup = wrap(model, make)
+        module, optimizer, start, finish = setup.module, setup.optimizer, setup.start, setup.finish
+        autocast_here = setup.autocast  # an FSDP casts for itself
+    x, y = make_batch(spec.seed, spec.batch, spec.seq, config.vocab_size)  # (B, T) each
+    if rows is not None:
+        x, y = x[rows], y[rows]  # (B / ranks, T): this rank's slice
+    x, y = x.to(spec.device), y.to(spec.device)
+    amp = autocast_dtype(spec.precision) if autocast_here else None
+    device_type = torch.device(spec.device).type
+    fused_impl = spec.loss.removeprefix("fused-") if spec.loss != "materialised" else None
+    if fused_impl is not None:
+        from cs336sys.models.fused_ce import linear_cross_entropy
+
+    def train_step() -> Any:
+        if start is not None:
+            start()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
+            if fused_impl is None:
+                logits = module(x)  # (B, T, V), materialised
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+            else:
+                h = model.hidden(x)  # (B, T, C): the logits are made a chunk of rows at a time
+                loss = linear_cross_entropy(h, model.lm_head.weight, y, reduction="sum",
+                                            impl=fused_impl)
+        loss.backward()
+        if finish is not None:
+            finish()  # the wrapper's gradient synchronisation
+        optimizer.step()
+        return loss.detach()
+
+    return module, optimizer, train_step
+
+
+@contextlib.contextmanager
+def empty_compile_cache(enabled: bool) -> Iterator[None]:
+    """Fresh inductor and Triton cache folders and a reset dynamo, so that a compiled point
+    pays the compile a first run pays (the leaderboard's rule is from an empty cache)."""
+    if not enabled:
+        yield
+        return
+    import torch
+
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    before = {n: os.environ.get(n) for n in names}
+    with tempfile.TemporaryDirectory(prefix="cs336sys-compile-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+        torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            torch._dynamo.reset()
+
+
+def course_ms(step: Any) -> float:
+    """The step timed as the leaderboard's test times it (COURSE_REP_MS of repetitions
+    after COURSE_WARMUP_MS of warm-up): do_bench's mean, in ms."""
+    from triton.testing import do_bench
+
+    return float(do_bench(step, rep=COURSE_REP_MS, warmup=COURSE_WARMUP_MS))
+
+
+def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
+    """CPU: the peak bytes of live tensors over one more step (measure/live_tensors.py), with
+    the weights, gradients' homes and optimizer state counted from the start, as CUDA's
+    max_memory_allocated counts them."""
+    from cs336sys.measure.live_tensors import LiveTensorTracker
+    from cs336sys.measure.memory import optimizer_tensors
+
+    tracker = LiveTensorTracker()
+    tracker.adopt([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)])
+    with tracker:
+        train_step()
+    return tracker.peak

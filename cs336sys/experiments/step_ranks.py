@@ -1,0 +1,100 @@
+"""The leaderboard's step on several GPUs: `step --world-size 2 --ddp fsdp`.
+
+The leaderboard times a full training step on two GPUs with a global batch of 2. Each rank
+builds the same point (experiments/step_build.py), wraps its model with the data-parallel
+or sharding wrapper `--ddp` names (ours, torch's, or the user's: experiments/ddp_setup.py),
+and trains its equal slice of one global batch that every rank draws alike; the wrapper's
+gradient synchronisation runs between backward and the optimizer step. A step's time is the
+slowest rank's: the others wait for it at the next collective.
+
+Every rank runs the same number of steps, each between two barriers: the timer is the loop
+(a sync before and after each step), never do_bench, whose number of calls is decided on
+each rank by its own estimate and would leave the ranks' collectives unmatched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cs336sys.measure.stats import flatten
+from cs336sys.sweep.result import Result
+
+
+def run_on_ranks(ctx: Any, spec: Any) -> Result:
+    """One point of `step` on this rank of a process group of spec.world_size ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from cs336sys.experiments import ddp_setup
+    from cs336sys.experiments.step_build import LIMIT_S, build
+    from cs336sys.experiments.training_step import throughput
+    from cs336sys.measure.device import synchronize
+    from cs336sys.measure.nvtx import measured
+    from cs336sys.measure.progress import step_done
+    from cs336sys.sweep.ranks import gather
+    from cs336sys.sweep.result import Unfinished
+
+    t_start = time.perf_counter()
+    device = torch.device(ctx.device)
+    on_cuda = device.type == "cuda"
+    local = spec.batch // ctx.world_size
+    rows = slice(ctx.rank * local, (ctx.rank + 1) * local)
+
+    whole: dict[str, int] = {}
+
+    def wrap(model: Any, make_optimizer: Any) -> Any:
+        whole["params"] = sum(p.numel() for p in model.parameters())  # before any sharding
+        return ddp_setup.build(spec.ddp, None, None, spec.precision, model, device,
+                               make_optimizer=make_optimizer)
+
+    at_rank = spec.__class__(**{**vars(spec), "device": ctx.device})
+    try:
+        model, _, train_step = build(
+            at_rank, seed=ddp_setup.init_seed(spec.ddp, spec.seed, ctx.rank), wrap=wrap, rows=rows)
+    except Unfinished as exc:  # the user's getter raised NotImplementedError on every rank
+        return Result("skipped", error=str(exc))
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    losses: list[Any] = []
+    total = 1 + spec.warmup + spec.iters
+
+    def timed(i: int) -> float:
+        dist.barrier()
+        synchronize(ctx.device)
+        t0 = time.perf_counter()
+        losses.append(train_step())
+        synchronize(ctx.device)
+        step_done(i + 1, total)
+        return (time.perf_counter() - t0) * 1e3
+
+    first_ms = timed(0)  # compile, autotuning, the allocator's first requests
+    warm = [timed(1 + i) for i in range(spec.warmup)]
+    with measured():  # what --nsys records: the timed steps, on every rank
+        mine = [timed(1 + spec.warmup + i) for i in range(spec.iters)]
+    wall_s = time.perf_counter() - t_start
+    peak = torch.cuda.max_memory_allocated(device) if on_cuda else None
+    per_rank = gather({"times": mine, "peak": peak, "wall_s": wall_s})
+    slowest = [max(r["times"][i] for r in per_rank) for i in range(spec.iters)]
+    metrics: dict[str, Any] = flatten("step_ms", slowest)
+    # one step of the whole model on the global batch: tokens and FLOPs across the ranks
+    config = spec.config()
+    metrics.update(throughput(model, config, spec.batch, spec.seq, "train",
+                              metrics["step_ms_median"], ctx.device, spec.precision))
+    metrics["params"] = whole["params"]
+    if metrics.get("mfu") is not None:
+        metrics["mfu"] /= ctx.world_size  # the peak is one GPU's; the step used all of them
+    walls = [r["wall_s"] for r in per_rank]
+    metrics.update(
+        peak_allocated_mb=max(r["peak"] for r in per_rank) / 2**20 if on_cuda else None,
+        first_step_s=first_ms / 1e3,
+        wall_s=max(walls),
+        within_limit=max(walls) <= LIMIT_S,
+        loss_first=float(losses[0]),
+        loss_last=float(losses[-1]),
+    )
+    del model
+    return Result("ok", metrics=metrics,
+                  samples={"step_ms": slowest, "warmup": {"step_ms": warm},
+                           "loss": [float(v) for v in losses]})
+
