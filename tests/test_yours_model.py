@@ -270,6 +270,18 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     assert rows[3]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[3]["error"]
     result = invoke("model", *MICRO, "--optimizer", "yours-unregistered", "--db", db)
     assert result.exit_code == 2 and "--optimizer" in result.stderr
+    # assignment 1's adapters getter: --optimizer yours-adamw is the class get_adamw_cls() gives
+    result = invoke("model", *MICRO, "--optimizer", "yours-adamw", "--db", db)
+    assert result.exit_code == 2 and "has no get_adamw_cls()" in result.stderr
+    with (repo / "tests" / "adapters.py").open("a") as adapters:
+        adapters.write("\n\ndef get_adamw_cls():\n    from my_opt.adamw import CourseAdamW\n\n"
+                       "    return CourseAdamW\n")
+    result = invoke("model", *MICRO, "--seq", "16", "--optimizer", "yours-adamw", "--db", db)
+    assert result.exit_code == 0, result.output
+    last = query(db, "SELECT optimizer, status, check_optimizer_err FROM model_runs "
+                 "ORDER BY created DESC LIMIT 1")[0]
+    assert (last["optimizer"], last["status"]) == ("yours-adamw", "ok")
+    assert last["check_optimizer_err"] < 1e-5
 
 
 def test_memory_residuals_of_your_block(tmp_path, monkeypatch):

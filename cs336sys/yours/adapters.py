@@ -50,7 +50,7 @@ class Entry:
     """A user implementation that an adapters file provides, and the functions behind it."""
 
     impl: str  # the name a command option takes: `--impl yours-torch`
-    kind: str  # attention | ddp | fsdp | optimizer
+    kind: str  # attention | ddp | fsdp | optimizer (sharded) | adamw
     functions: tuple[str, ...]  # the getter first, then its hooks
     what: str  # in words, for the summary line
 
@@ -70,6 +70,8 @@ ENTRIES = (
     Entry("yours-fsdp", "fsdp", ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params"),
           "FSDP (2026)"),
     Entry("yours", "optimizer", ("get_sharded_optimizer",), "sharded optimizer"),
+    # assignment 1's adapters: the AdamW class, for --optimizer yours-adamw
+    Entry("yours-adamw", "adamw", ("get_adamw_cls",), "AdamW (assignment 1)"),
 )
 
 
