@@ -372,3 +372,33 @@ def test_a_trace_that_would_overwrite_a_store_is_refused(db_path, tmp_path):
         (line,) = result.stderr.strip().splitlines()
         assert said in line
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (db_path, other)} == before
+
+
+def test_the_users_attention_is_split_at_its_softmax():
+    """Each call of the user's attention: what runs before the softmax is QKᵀ (with scale and
+    mask), then the softmax, then PV; a call without a softmax is not split."""
+    from cs336sys.experiments.profile_events import Item, user_parts
+
+    call = [Item("aten::bmm", 1, 10), Item("aten::div", 2, 1), Item("aten::masked_fill", 3, 2),
+            Item("aten::_softmax", 4, 5), Item("aten::bmm", 5, 7)]
+    assert user_parts([call, call]) == {"qk": 26.0, "softmax": 10.0, "pv": 14.0}
+    assert user_parts([[Item("aten::bmm", 1, 10)]]) == {}
+
+
+def test_the_users_attention_function_is_marked_while_profiled_and_put_back(monkeypatch):
+    import sys
+    import types
+
+    from cs336sys.experiments.profile import user_attention_marked
+    from cs336sys.measure import nvtx as nvtx_module
+
+    module = types.ModuleType("their_model")
+    module.scaled_dot_product_attention = lambda q, k, v, mask: q
+    Model = type("Model", (), {"__module__": "their_model"})
+    monkeypatch.setitem(sys.modules, "their_model", module)
+    original = module.scaled_dot_product_attention
+    with nvtx_module.profiler_ranges(True), torch.profiler.profile() as prof:
+        with user_attention_marked(Model()):
+            assert module.scaled_dot_product_attention(1, 2, 3, None) == 1
+    assert module.scaled_dot_product_attention is original
+    assert any(e.name == "cs336sys::attention (yours)" for e in prof.events())

@@ -171,6 +171,11 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
                    ("step", "ok", "cs336_basics"), ("step", "ok", "cs336_basics"),
                    ("step", "ok", None)]
     assert all(json.loads(r["metrics"]).get("check") == "pass" for r in rows if r["experiment"] == "step")
+    # the profile splits the course's attention function into QKᵀ, softmax and PV, with the
+    # FLOPs of naive attention over both layers
+    profiled = json.loads(rows[1]["metrics"])
+    assert all(profiled[f"{part}_ms_mean"] > 0 for part in ("qk", "softmax", "pv"))
+    assert profiled["qk_flops"] == 2 * (2 * 4 * 16 * 16 * 16) * 2  # 2·B·H·T²·d, 2 layers
     result = invoke("step", *small, "--model", "cs336_basics", "--switches", "fused-ce", "--db", db)
     assert result.exit_code == 2 and "takes fused-adamw and compile" in result.stderr
 

@@ -187,7 +187,7 @@ def _details(points) -> str:
             blocks.append(f"{head}\n{body}")
     out = []
     if parts:
-        out.append("naive attention, forward, per step:\n" + table(
+        out.append("attention (naive, or your model's), forward, per step:\n" + table(
             parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))
     return "\n\n".join(out + blocks)
 

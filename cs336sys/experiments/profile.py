@@ -16,7 +16,10 @@ FLOPs. Convention (per call, B batch, H heads, T queries = keys, d head dim):
     softmax: 5·B·H·T²     per score: max, subtract, exp, sum, divide (element-wise work)
     PV:      2·B·H·T²·d
 
-In a model step the parts are summed over the layers. With `nvtx=True` torch.profiler is
+In a model step the parts are summed over the layers. The user's model (`--model`) gets the
+same split where its class's module has the course's `scaled_dot_product_attention`: each
+call runs in a range of its own, and its ops are split at the softmax (what runs before it
+is QKᵀ with scale and mask, what runs after it PV). With `nvtx=True` torch.profiler is
 not used (Nsight Systems cannot share CUPTI with it): the phases become NVTX ranges and the
 measured steps sit inside one range, MEASURED_RANGE, which `nsys --capture-range=nvtx`
 captures, so warm-up never enters the report.
@@ -25,14 +28,15 @@ captures, so warm-up never enters the report.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec
 from cs336sys.experiments.model import ModelSpec
-from cs336sys.experiments.profile_events import matmul_shares, summarize
+from cs336sys.experiments.profile_events import USER_ATTENTION, matmul_shares, summarize
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.declaration import (
@@ -217,11 +221,46 @@ def _model(spec: ModelSpec) -> _Steps:
         return times
 
     parts: dict[str, float] = {}
-    if spec.attention == "naive" and not spec.compile:
+    context: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if config.model is not None and not spec.compile:
+        context = user_attention_marked(step.model)
+    if (spec.attention == "naive" or config.model is not None) and not spec.compile:
         per_call = attention_part_flops(spec.batch, config.num_heads, spec.seq,
                                         config.d_head)
         parts = {k: v * config.num_layers for k, v in per_call.items()}
-    return _Steps(one_step, part_flops=parts, losses=losses)
+    return _Steps(one_step, context=context, part_flops=parts, losses=losses)
+
+
+# What the course's model calls for attention, a function of the module its class is in.
+ATTENTION_FUNCTION = "scaled_dot_product_attention"
+
+
+@contextlib.contextmanager
+def user_attention_marked(model: Any) -> Iterator[None]:
+    """Inside, each call of the attention function of the user's model (ATTENTION_FUNCTION
+    in its class's module, the course's layout) runs in the range USER_ATTENTION, which
+    profile_events splits into QKᵀ, softmax and PV; the function is put back after. A
+    model without that function is profiled without the split."""
+    import functools
+
+    from cs336sys.measure.nvtx import nvtx_range
+
+    module = sys.modules.get(type(model).__module__)
+    original = getattr(module, ATTENTION_FUNCTION, None)
+    if not callable(original):
+        yield
+        return
+
+    @functools.wraps(original)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        with nvtx_range(USER_ATTENTION):
+            return original(*args, **kwargs)
+
+    setattr(module, ATTENTION_FUNCTION, marked)
+    try:
+        yield
+    finally:
+        setattr(module, ATTENTION_FUNCTION, original)
 
 
 def _attention(spec: AttentionSpec) -> _Steps:

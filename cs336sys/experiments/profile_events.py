@@ -29,6 +29,11 @@ RANGE_PREFIX = "cs336sys::"  # the prefix of measure/nvtx.py, kept here torch-fr
 PHASES = ("forward", "backward", "optimizer")
 # Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
 PARTS = {"qk": "scores", "softmax": "softmax", "pv": "final matmul"}
+# The range around each call of the user's attention function (experiments/profile.py wraps
+# it); its parts are told apart by order: what runs before the softmax is QKᵀ (with scale and
+# mask), the softmax, then what runs after it is PV.
+USER_ATTENTION = "attention (yours)"
+SOFTMAX = re.compile(r"softmax", re.IGNORECASE)
 OTHER = "(other)"
 # What a matrix multiplication is called: aten's ops on a CPU (self time: matmul and linear
 # are composites whose time their mm/addmm/bmm children carry); on CUDA the kernels of
@@ -52,6 +57,11 @@ class Spans:
     def contains(self, t: float) -> bool:
         i = bisect.bisect_right(self.starts, t) - 1
         return i >= 0 and t <= self.ends[i]
+
+    def index(self, t: float) -> int | None:
+        """Which span contains `t` (by start order), or None."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        return i if i >= 0 and t <= self.ends[i] else None
 
     def total(self) -> float:
         return sum(e - s for s, e in zip(self.starts, self.ends, strict=True))
@@ -117,6 +127,7 @@ def summarize(
     basis = "cuda" if on_cuda else "cpu"
     per_phase: dict[str, dict[str, list[float]]] = {}  # phase -> name -> [calls, µs]
     parts = {key: 0.0 for key in PARTS if PARTS[key] in spans}
+    user_calls: dict[int, list[Item]] = {}  # forward items by the user's attention call
     for item in items(events, on_cuda):
         phase = next((p for p in PHASES if p in spans and spans[p].contains(item.start)), None)
         if phase is None:
@@ -128,6 +139,11 @@ def summarize(
             for key in parts:
                 if spans[PARTS[key]].contains(item.start):
                     parts[key] += item.duration
+            call = spans[USER_ATTENTION].index(item.start) if USER_ATTENTION in spans else None
+            if call is not None:
+                user_calls.setdefault(call, []).append(item)
+    for key, us in user_parts(user_calls.values()).items():
+        parts[key] = parts.get(key, 0.0) + us
 
     rows: list[dict[str, Any]] = []
     totals: dict[str, float] = {}
@@ -155,6 +171,23 @@ def summarize(
                 }
             )
     return rows, totals, {key: us / 1e3 for key, us in parts.items()}
+
+
+def user_parts(calls: Iterable[list[Item]]) -> dict[str, float]:
+    """µs of QKᵀ (with scale and mask), softmax and PV over the user's attention calls, each
+    call's items split at its softmax; a call without a softmax op is not split."""
+    out = {"qk": 0.0, "softmax": 0.0, "pv": 0.0}
+    split = False
+    for call in calls:
+        ordered = sorted(call, key=lambda i: i.start)
+        soft = [n for n, i in enumerate(ordered) if SOFTMAX.search(i.name)]
+        if not soft:
+            continue
+        split = True
+        for n, item in enumerate(ordered):
+            key = "qk" if n < soft[0] else "pv" if n > soft[-1] else "softmax"
+            out[key] += item.duration
+    return out if split else {}
 
 
 def matmul_shares(events: Iterable[Any], on_cuda: bool) -> dict[str, float]:
