@@ -1,5 +1,6 @@
 """Plumbing shared by the subcommands: the --db option, user errors, the store recorder as
-a sweep's sink, a progress bar, and the table printed when a sweep ends.
+a sweep's sink, and the table printed when a sweep ends (the progress bar is
+cli/progress_bar.py).
 
 A command that measures is one call: `measure(EXPERIMENT, specs, locals())`, its options
 -> the experiment's `specs(...)` -> `run_sweep` into the store -> the printed tables.
@@ -9,15 +10,15 @@ Nothing here imports torch; commands import heavy modules inside their bodies.
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from cs336sys.cli.nsys import NsysRefused, record, under_nsys
+from cs336sys.cli.progress_bar import Bar
 from cs336sys.measure.units import format_duration
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
@@ -232,128 +233,6 @@ def recording(
         raise typer.Exit(1)
 
 
-class Bar:
-    """The sweep's progress on stderr (stdout stays clean for tables): on a terminal a bar
-    that moves per point and names the running point and its step; elsewhere (a log, CI)
-    plain lines: one per finished point, and one every EVERY_S seconds inside a long one."""
-
-    EVERY_S = 10.0
-
-    def __init__(
-        self,
-        label: str,
-        show: Callable[[Any], str] | None = None,
-        on: bool = True,
-        tty: bool | None = None,
-    ):
-        self.label, self.show, self.on = label, show, on
-        self.tty = sys.stderr.isatty() if tty is None else tty
-        self.bar: Any = None
-        self.total = self.done = 0
-        self.current: Any = None  # the spec of the point now running
-        self.step = ""  # "step 3/15" inside it
-        self._last = self._began = 0.0
-        self._hook: Any = None
-        self._stop: Any = None  # ends the heartbeat thread (off a terminal)
-
-    def _name(self, spec: Any) -> str:
-        return self.show(spec) if spec is not None and self.show else ""
-
-    def start(self, experiment: Any, total: int) -> None:
-        if not self.on:
-            return
-        from cs336sys.measure.progress import on_step
-
-        self.total = total
-        if self.tty:
-            self.bar = typer.progressbar(
-                length=total, label=self.label, file=sys.stderr, show_pos=True,
-                item_show_func=lambda _: f"{self._name(self.current)} {self.step}".strip() or None,
-            )
-            self.bar.__enter__()
-        else:
-            import threading
-
-            typer.echo(f"{self.label}: {total} point(s)", err=True)
-            if self.EVERY_S > 0:  # 0: a line at every step, nothing in between
-                self._stop = threading.Event()
-                threading.Thread(target=self._heartbeat, args=(self._stop,), daemon=True,
-                                 name="cs336sys-heartbeat").start()
-        self._hook = on_step(self.tick)
-        self._hook.__enter__()
-
-    def resumed(self, skipped: int) -> None:
-        typer.echo(f"--resume: skipping {skipped} point(s) already stored", err=True)
-
-    # A sweep estimated to take longer than this says so before it starts.
-    LONG_S = 60.0
-
-    def estimated(self, seconds: float, points: int) -> None:
-        """The sweep's estimated time (experiments/preflight.py), in one line when long."""
-        if not self.on or seconds < self.LONG_S:
-            return
-        typer.echo(f"{self.label}: estimated about {format_duration(seconds)} for {points} "
-                   "point(s), from their "
-                   "FLOPs and this device's rate", err=True)
-
-    def begin(self, spec: Any) -> None:
-        self.current, self.step, self._last = spec, "", time.monotonic()
-        self._began = self._last
-
-    def _heartbeat(self, stop: Any) -> None:
-        """Off a terminal: a line every EVERY_S seconds while a point runs without a step
-        finishing (a long first step, a compile), from a timer, not the step loop."""
-        while not stop.wait(max(0.05, min(1.0, self.EVERY_S / 4))):
-            now = time.monotonic()
-            if self.current is not None and now - self._last >= self.EVERY_S:
-                self._last = now
-                what = self.step or "running"
-                typer.echo(f"{self.label} [{self.done + 1}/{self.total}] "
-                           f"{self._name(self.current)}: {what}, {now - self._began:.0f} s in",
-                           err=True)
-
-    def tick(self, done: int, total: int, point: Any = None) -> None:
-        """A step of the running point finished (`point` given by distributed runs)."""
-        now = time.monotonic()
-        if point is not None and point is not self.current:
-            self.current, self._last = point, now
-        self.step = f"step {done}/{total}"
-        if self.bar is not None:
-            if now - self._last >= 0.1 or done == total:
-                self._last = now
-                self.bar.render_progress()
-        elif self.on and now - self._last >= self.EVERY_S:
-            self._last = now
-            typer.echo(f"{self.label} [{self.done + 1}/{self.total}] "
-                       f"{self._name(self.current)}: {self.step}", err=True)
-
-    def advance(self, point: Any) -> None:
-        self.done += 1
-        result = point.result
-        if result.status == "error" and self.on:
-            brief = " ".join(f"{k}={v}" for k, v in point.spec.settings().items()
-                             if k not in ("device", "seed"))
-            typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
-        self.step, self.current = "", None
-        if self.bar is not None:
-            self.bar.update(1)
-        elif self.on:
-            took = f" in {result.duration_s:.1f} s" if result.duration_s is not None else ""
-            typer.echo(f"{self.label} [{self.done}/{self.total}] {self._name(point.spec)}: "
-                       f"{result.status}{took}", err=True)
-
-    def finish(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-        if self._hook is not None:
-            self._hook.__exit__(None, None, None)
-            self._hook = None
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-
-
 def terminal_width() -> int:
     """$COLUMNS, else the terminal's width, else 80."""
     import shutil
@@ -412,6 +291,10 @@ def measure(
     emulation: bool = True,
     before: Callable[[list], None] | None = None,
     after: Callable[[list], None] | None = None,
+    sink: Callable[[Any], AbstractContextManager[Any]] | None = None,
+    recorded_device: str | None = None,
+    shown: Callable[[list], None] | None = None,
+    quiet: bool = False,
     **run_options: Any,
 ) -> None:
     """The one tail of every measuring command. `options` are the command's parameters (its
@@ -422,8 +305,11 @@ def measure(
     Nsight Systems instead (cli/nsys.py), and under it only its point is kept; the store is
     checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
     sees the specs; `run_sweep` stores each point as it finishes; the experiment's tables
-    are printed and `after` sees the points. `ranks`: the points run on process groups, and
-    under torchrun only rank 0 writes and prints. `run_options` go to `run_sweep`."""
+    are printed (`shown(points)` instead, where given) and `after` sees the points. `ranks`:
+    the points run on process groups, and under torchrun only rank 0 writes and prints.
+    `sink(recorder)`: a context that gives the sweep's sink in place of the recorder;
+    `recorded_device`: the device the invocation is stored with, where its points have none
+    (plan computes); `quiet`: no progress bar. `run_options` go to `run_sweep`."""
     from cs336sys.sweep.runner import run_sweep
 
     options = dict(options)
@@ -460,8 +346,8 @@ def measure(
         return
     check_db(db)
     # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
-    device = next((p.device for p in points if str(p.device).startswith("cuda")),
-                  points[0].device)
+    device = recorded_device or next(
+        (p.device for p in points if str(p.device).startswith("cuda")), points[0].device)
     if not rank:
         if takes_user_code:
             announce_user_code(adapters is not None)
@@ -473,11 +359,15 @@ def measure(
         before(points)
     if ranks:
         device = "cuda:0" if device == "cuda" else "cpu"
-    with recording(db, command, device, rank, label=label) as rec:
-        done = run_sweep(experiment, points, rec, resume=resume, force=force,
-                         progress=Bar(command, describe, on=not rank), **run_options)
+    with recording(db, command, device, rank, label=label) as rec, \
+            (sink or nullcontext)(rec) as target:
+        done = run_sweep(experiment, points, target, resume=resume, force=force,
+                         progress=Bar(command, describe, on=not (rank or quiet)), **run_options)
         if not rank:
-            show(experiment, done, wide)
+            if shown is not None:
+                shown(done)
+            else:
+                show(experiment, done, wide)
             if after is not None:
                 after(done)
 

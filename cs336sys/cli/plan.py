@@ -4,6 +4,8 @@ imports no torch, so it answers at once."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -14,8 +16,7 @@ from cs336sys.cli.common import (
     catalog,
     check_db,
     fail,
-    recording,
-    user_errors,
+    measure,
 )
 from cs336sys.cli.options import (
     Handout,
@@ -92,37 +93,51 @@ def plan(
         cs336sys plan --size xl --flops 4.6e14 --bandwidth 1.8e11 --batch 64 --seq 2048
     """
     from cs336sys.experiments import plan as exp
+
+    def specs(**options: Any) -> list:
+        return exp.specs(hardware=_boxes(db, hardware, flops, bandwidth, memory_gib, measured,
+                                         gpu), **options)
+
+    options = dict(size=size, seq=seq, batch=batch, tokens=tokens, strategy=strategy, n=n,
+                   split=split, mesh_axes=mesh_axes, handout=handout, label=label, db=db,
+                   **shape)
+    measure(exp.EXPERIMENT, specs, options, command="plan", recorded_device="none",
+            emulation=False, quiet=True, sink=lambda rec: _beside(rec, db),
+            shown=lambda points: _show(exp, points), executor=exp.arithmetic)
+
+
+def _boxes(db, hardware, flops, bandwidth, memory_gib, measured, gpu) -> list:
+    """The devices to plan for: presets, one given by hand, this GPU as the store measured
+    it (the store checked before it is read)."""
     from cs336sys.experiments.plan_hardware import by_hand as given_by_hand
     from cs336sys.experiments.plan_hardware import hardware_presets
-    from cs336sys.models.config import using_handout
-    from cs336sys.sweep.runner import run_sweep
 
-    check_db(db)
-    with user_errors():
-        by_hand = given_by_hand(flops, bandwidth, memory_gib)
-        boxes: list = (list(hardware_presets(hardware))
-                       if hardware or not (measured or by_hand) else [])
+    by_hand = given_by_hand(flops, bandwidth, memory_gib)
+    boxes: list = (list(hardware_presets(hardware))
+                   if hardware or not (measured or by_hand) else [])
     boxes += [by_hand] if by_hand else []
     if measured:
+        check_db(db)
         boxes.append(_measured(db, gpu))
-    with user_errors(), using_handout(handout):
-        specs = exp.specs(size=size, seq=seq, batch=batch, tokens=tokens, strategy=strategy, n=n,
-                          hardware=boxes, split=split, mesh_axes=mesh_axes, **shape)
-    with recording(db, "plan", "none", label=label) as rec:
-        # The ddp lookup reads through a connection of its own, opened once recording has
-        # made the tables: opened before, on a new file that another `plan` was creating,
-        # it found no `runs` table.
-        conn = _reader(db)
-        try:
-            # Rows of arithmetic, written in a burst: WAL's NORMAL sync (this connection only)
-            # survives a crash of the process; only a power cut could lose the last rows,
-            # which the same command writes again. FULL's sync per row cost a second here.
-            rec.store.conn.execute("PRAGMA synchronous = NORMAL")
-            points = run_sweep(exp.EXPERIMENT, specs, Beside(rec, conn), executor=exp.arithmetic)
-            _show(exp, points)
-        finally:
-            if conn is not None:
-                conn.close()
+    return boxes
+
+
+@contextmanager
+def _beside(rec, db) -> Iterator[Beside]:
+    """The sweep's sink: the recorder, each point given the ddp run the store holds for it.
+    The ddp lookup reads through a connection of its own, opened once recording has made
+    the tables: opened before, on a new file that another `plan` was creating, it found no
+    `runs` table."""
+    conn = _reader(db)
+    try:
+        # Rows of arithmetic, written in a burst: WAL's NORMAL sync (this connection only)
+        # survives a crash of the process; only a power cut could lose the last rows, which
+        # the same command writes again. FULL's sync per row cost a second here.
+        rec.store.conn.execute("PRAGMA synchronous = NORMAL")
+        yield Beside(rec, conn)
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 def _reader(db):
