@@ -2,7 +2,8 @@
 `-shm`, `-journal`) exists and is not a regular file:
 every command that opens a store refuses it in one line, exit 2, before anything opens the
 store, and leaves the store and the side file as they were. Generated: every kind of side
-file against every end and every command that opens a store."""
+file against every end and every command of the app that takes --db (read from the app,
+so that a new command cannot miss it)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.conftest import invoke
 from tests.promises import STORE
+from tests.test_hostile import _commands as every_command
 
 ENDS = ("-wal", "-shm", "-journal")
 KINDS = {
@@ -21,16 +23,30 @@ KINDS = {
     "a named pipe (FIFO)": lambda p: os.mkfifo(p),
     "a symbolic link": lambda p: p.symlink_to(p.with_name("elsewhere")),
 }
-# Every command that opens a store: reading, writing, merging into and from it.
-COMMANDS = [
-    ["sql", "SELECT 1"],
-    ["report", "--out", "{tmp}/out"],
-    ["db", "export", "--out", "{tmp}/export.json"],
-    ["plan", "--size", "tiny", "--strategy", "dp", "--n", "2"],
-    ["precision", "accumulate"],
-    ["model", "--size", "tiny", "--d-model", "32", "--num-layers", "1", "--num-heads", "2",
-     "--vocab-size", "64", "--seq", "16", "--iters", "1", "--warmup", "0"],
-]
+# What a command needs beyond --db to get to its store: its arguments, and outputs in the
+# test's folder. `db merge` is merged from and into the store below.
+ARGUMENTS = {
+    "sql": ["SELECT 1"],
+    "report": ["--out", "{tmp}/out"],
+    "db export": ["--out", "{tmp}/export.json"],
+    "handout run": ["benchmarking_script"],
+    "handout report": ["--out", "{tmp}/writeup"],
+}
+# Commands that take --db and never open the store: `env` only names it.
+NOT_OPENING = ("env",)
+
+
+def _commands() -> list[list[str]]:
+    """Every command of the app that takes --db and opens the store, with its arguments."""
+    out = []
+    for path, cmd in every_command():
+        name = " ".join(path)
+        if any("--db" in p.opts for p in cmd.params) and name not in NOT_OPENING + ("db merge",):
+            out.append([*path, *ARGUMENTS.get(name, [])])
+    return out
+
+
+COMMANDS = _commands()
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -73,6 +89,17 @@ def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_p
         assert _digest(store.parent) == before, args
     assert not (tmp_path / "out").exists() and not (tmp_path / "export.json").exists()
     assert not (tmp_path / "into.db").exists()
+    # `env` names the store and leaves it alone
+    assert invoke("env", "--db", store).exit_code == 0 and _digest(store.parent) == before
+
+
+def test_the_generated_commands_are_every_command_that_opens_a_store():
+    names = {" ".join(c[:2]) if c[0] in ("db", "handout", "memory", "precision", "profile")
+             and len(c) > 1 and not c[1].startswith("-") else c[0] for c in COMMANDS}
+    assert {"sql", "report", "browse", "model", "attention", "memory", "memory residuals",
+            "step", "ddp", "comm", "plan", "precision accumulate", "precision autocast",
+            "profile model", "profile attention", "db export", "handout", "handout run",
+            "handout report"} <= names
 
 
 def _claiming(path: Path, version: int, tables: bool) -> Path:

@@ -1,0 +1,82 @@
+"""Ctrl-C at random moments of every command that starts ranks (docs/bad-input.md): each run
+starts the command, waits a random 0.1 to 4 s (start-up, torch's import, the fork server,
+the ranks' start, the sweep), sends SIGINT, and checks what tests/test_signals.py checks for
+fixed moments: exit 130, no traceback, a last line that says what was stored (and the store
+agreeing), no process left. `make test` holds three fixed moments per command; this holds
+--runs random ones, which take minutes.
+
+    python benchmarks/signal_moments.py [--runs 20] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.conftest import query
+from tests.test_signals import DDP_SWEEP, LONG, descendants, gone_within, start
+
+STEP_RANKS = ["step", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+              "--num-heads", "4", "--vocab-size", "256", "--seq", "16,32,48", "--batch", "2",
+              "--switches", "none", "--world-size", "2", "--iters", "5", "--device", "cpu"]
+COMMANDS = {"comm": LONG, "ddp": DDP_SWEEP, "step --world-size 2": STEP_RANKS}
+
+
+def once(args: list[str], after_s: float) -> str | None:
+    """What broke the promise in one run, or None."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "r.db"
+        proc = start(args, db)
+        time.sleep(after_s)
+        below = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode != 130:
+            return f"exit {proc.returncode}: {err.strip().splitlines()[-1:]}"
+        if "Traceback" in err:
+            return "a traceback"
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        if last == "Interrupted: this command stored nothing":
+            if db.exists() and query(db, "SELECT id FROM runs"):
+                return "rows stored, said nothing"
+        elif "point(s) stored in" in last and "--resume" in last:
+            stored = int(last.split(": ", 1)[1].split()[0])
+            if len(query(db, "SELECT id FROM runs")) != stored:
+                return f"said {stored} point(s), stored another count"
+        else:
+            return f"last line: {last!r}"
+        try:
+            gone_within(below | descendants(proc.pid), 10.0)
+        except AssertionError:
+            return "a process outlived the command"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20, help="runs per command")
+    parser.add_argument("--seed", type=int, default=0)
+    opts = parser.parse_args()
+    rng = random.Random(opts.seed)
+    failed = 0
+    for name, args in COMMANDS.items():
+        broke = []
+        for _ in range(opts.runs):
+            after_s = rng.uniform(0.1, 4.0)
+            why = once(args, after_s)
+            if why is not None:
+                broke.append(f"{after_s:.2f} s: {why}")
+        failed += len(broke)
+        print(f"{name}: {opts.runs - len(broke)} of {opts.runs} held"
+              + "".join(f"\n  {b}" for b in broke))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
