@@ -10,8 +10,17 @@ from typing import Any
 from cs336sys.experiments.ddp_setup import shares_cell
 from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
-from cs336sys.report.sections import Row, Section, add_plot, left_out, mib, series, text, varying
-from cs336sys.report.sections import Table as Rendered
+from cs336sys.report.sections import (
+    FilledTable,
+    Row,
+    Section,
+    add_plot,
+    left_out,
+    mib,
+    series,
+    text,
+    varying,
+)
 from cs336sys.sweep.declaration import HOST_BOUND, SIZE_COLUMN, Column, Ratio, Table
 
 
@@ -42,7 +51,7 @@ MOMENTS = (("init", "after init", ("params",)),
 PARTS = ("params", "grads", "opt_state")
 
 
-def memory_by_moment(pts: list[Row]) -> Rendered | None:
+def memory_by_moment(pts: list[Row]) -> FilledTable | None:
     """Per point, per rank and per moment (after init, before and after the optimizer step):
     the bytes live and those in parameters, gradients and optimizer state, each measured
     beside the accounting's figure; with and without sharding, as the points were run."""
@@ -65,7 +74,7 @@ def memory_by_moment(pts: list[Row]) -> Rendered | None:
                     analytic = r.get(f"expected_{part}_bytes") if part in expected else 0
                     cells.append(f"{value} ({mib(analytic)})" if value else "")
                 body.append([*point, text(rank), words, *cells, *other])
-    return Rendered("Memory by moment, per rank: measured (analytic)",
+    return FilledTable("Memory by moment, per rank: measured (analytic)",
                  [*(["gpu"] if many else []), "impl", "ranks", "rank", "moment", "live MiB",
                   "parameters MiB", "gradients MiB", "optimizer state MiB",
                   *(["other settings"] if extra else [])], body,

@@ -10,9 +10,9 @@ from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
     Figure,
+    FilledTable,
     Row,
     Section,
-    Table,
     add_plot,
     mib,
     series,
@@ -66,7 +66,7 @@ def memory_viz_line(pickle: str | None) -> str:
             "of every allocation.")
 
 
-def around_the_step(pts: list[Row]) -> Table | None:
+def around_the_step(pts: list[Row]) -> FilledTable | None:
     """Per training point, the bytes in use after the model was built, just before and just
     after the optimizer step, beside the parts the accounting gives them (parameters,
     gradients, AdamW's state): optimizer_state_sharding_accounting (a) asks for this."""
@@ -82,7 +82,7 @@ def around_the_step(pts: list[Row]) -> Table | None:
                                                "optim_bytes", "peak_bytes"))])
     if not body:
         return None
-    return Table("Memory around the optimizer step (MiB)",
+    return FilledTable("Memory around the optimizer step (MiB)",
                  ["point", "after init", "before step", "after step", "parameters",
                   "gradients", "AdamW state", "peak"], body,
                  note="after init, before step, after step: the bytes in use at those moments "
@@ -151,7 +151,7 @@ def _ratio(x: Any, base: Any) -> str:
     return f"{x / base:.2f}×" if x is not None and base else ""
 
 
-def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
+def _checkpoint_tradeoff(pts: list[Row]) -> FilledTable | None:
     """Each point measured with and without checkpointing, against `none`: the forward and
     backward peaks and the bytes saved for backward (what checkpointing changes; Chen et al.
     2016), the step time (what it costs), and apart from them the optimizer step's peak and
@@ -188,7 +188,7 @@ def _checkpoint_tradeoff(pts: list[Row]) -> Table | None:
             ])
     if not body:
         return None
-    return Table(
+    return FilledTable(
         "Checkpointing trade-off: activation peaks and saved bytes against no checkpointing",
         ["point", "checkpoint", "fwd peak MiB", "fwd peak vs none", "bwd peak MiB",
          "bwd peak vs none", "saved MiB", "saved vs none", "step time vs none",

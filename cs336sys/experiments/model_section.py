@@ -9,9 +9,9 @@ from typing import Any
 
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
+    FilledTable,
     Row,
     Section,
-    Table,
     add_plot,
     left_out,
     num,
@@ -61,7 +61,7 @@ def section(sec: Section, pts: list[Row]) -> None:
         if len(lines) < WARMUP_LINES:  # more are unreadable; the table has them all
             lines[label(r)] = list(enumerate(w + timed, start=1))
     if warm:
-        sec.tables.append(Table("Warm-up effect: first step against timed mean",
+        sec.tables.append(FilledTable("Warm-up effect: first step against timed mean",
                                 ["point", "first step ms", "timed mean ms", "first/mean"], warm))
         add_plot(sec, "Step time per step, warm-up included", "model-warmup",
               Plot.lines(lines, "step (1 = first warm-up step)", "step time (ms)",
@@ -73,7 +73,7 @@ def section(sec: Section, pts: list[Row]) -> None:
     ):
         body = speedups(pts, key, a, b, "step_ms_mean", label)
         if body:
-            sec.tables.append(Table(
+            sec.tables.append(FilledTable(
                 f"Speedup {a_name} → {b_name} (step time)",
                 [f"point ({a_name})", f"{a_name} ms", f"{b_name} ms", f"{a_name}/{b_name}"], body))
 

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 from cs336sys.parallel import plan_math as pm
 from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
-from cs336sys.report.sections import Row, Section, Table, num
-from cs336sys.sweep.declaration import Column, model_size
-from cs336sys.sweep.declaration import Table as Declared
+from cs336sys.report.sections import FilledTable, Row, Section, num
+from cs336sys.sweep.declaration import Column, Table, model_size
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def step_plot(pts: list[Row]) -> StepPlot:
     return StepPlot(body, "Planned step time against degree (× communication-bound)")
 
 
-MEASURED = Declared(
+MEASURED = Table(
     "Plan meets measurement: ddp runs of the same model, batch and world size",
     (
         Column(
@@ -158,7 +157,7 @@ def section(sec: Section, pts: list[Row]) -> None:
             "whose communication still hides behind compute."))
 
 
-def inequalities(pts: list[Row]) -> Table | None:
+def inequalities(pts: list[Row]) -> FilledTable | None:
     """Per strategy, the closed-form condition and the largest degree per GPU."""
     seen: dict[tuple, list[str]] = {}
     for r in pts:
@@ -173,7 +172,7 @@ def inequalities(pts: list[Row]) -> Table | None:
     if not seen:
         return None
     rows = [seen[k] for k in sorted(seen, key=lambda k: ((*_ORDER, k[0]).index(k[0]), k[1:]))]
-    return Table("When communication stops hiding: the closed forms",
+    return FilledTable("When communication stops hiding: the closed forms",
                  ["strategy", "condition (single FFN layer)", "GPU", "model, batch",
                   "N max, whole model", "N max, FFN"], rows,
                  note="C dense bf16 FLOP/s, W egress bytes/s per device, B batch tokens, "
@@ -189,7 +188,7 @@ ALL_REDUCES = (
 )
 
 
-def all_reduces(pts: list[Row]) -> Table | None:
+def all_reduces(pts: list[Row]) -> FilledTable | None:
     """DP's all-reduce of the bf16 gradients (S = 2 bytes a parameter) at each degree and
     GPU, by each algorithm of ALL_REDUCES: the handout's ring and its alternate ring side by
     side."""
@@ -204,7 +203,7 @@ def all_reduces(pts: list[Row]) -> Table | None:
             *(num(algorithm(size, s["n"], s["egress"]) * 1e3) for _, algorithm in ALL_REDUCES)]
     if not seen:
         return None
-    return Table("All-reduce of the gradients by algorithm (ms; S = 2 bytes a parameter)",
+    return FilledTable("All-reduce of the gradients by algorithm (ms; S = 2 bytes a parameter)",
                  ["GPU", "model", "N", *(name for name, _ in ALL_REDUCES)],
                  [seen[k] for k in sorted(seen)],
                  note="ring: 2(N-1)/N S/W; alternate ring: (N-1) S/W, every step sends a whole "
@@ -212,7 +211,7 @@ def all_reduces(pts: list[Row]) -> Table | None:
                  "(parallel/plan_math.py).")
 
 
-def mesh(pts: list[Row]) -> Table | None:
+def mesh(pts: list[Row]) -> FilledTable | None:
     """FSDP+TP points with --mesh-axes: the Scaling Book's compute-bound batch (plan_math.
     mesh_batch_per_device) for their split."""
     body = []
@@ -226,7 +225,7 @@ def mesh(pts: list[Row]) -> Table | None:
                      num(r["mesh_batch_min"]), num(bool(r["mesh_tp_hides"]))])
     if not body:
         return None
-    return Table("FSDP + TP on a mesh (forward, one FFN layer, the Scaling Book's accounting)",
+    return FilledTable("FSDP + TP on a mesh (forward, one FFN layer, the Scaling Book's accounting)",
                  ["GPU", "model", "X×Y", "M_X", "M_Y", "C/W", "batch per device above",
                   "batch above", "TP hides"], body,
                  note="T_FSDP = 4DF/(Y W M_X), T_TP = 4BD/(X W M_Y), T_math = 4BDF/(N C), the "

@@ -315,7 +315,7 @@ def section(sec: Any, pts: list) -> None:
     point (kernel_stats): a table, calls per step beside the totals, and a plot of them by
     total time, one colour per phase."""
     from cs336sys.report.plots import Ranked
-    from cs336sys.report.sections import Table, add_plot, num, pct
+    from cs336sys.report.sections import FilledTable, add_plot, num, pct
 
     split = attention_parts(pts)
     if split:
@@ -326,7 +326,7 @@ def section(sec: Any, pts: list) -> None:
             continue
         title = f"Top kernels: {r['target']} {label(r)} ({ks[0]['time_basis']} time)"
         steps = r.get("profiled_steps") or 1
-        sec.tables.append(Table(
+        sec.tables.append(FilledTable(
             title, ["phase", "rank", "name", "calls", "calls/step", "total ms", "mean ms",
                     "share"],
             [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["calls"] / steps),
@@ -341,14 +341,14 @@ def section(sec: Any, pts: list) -> None:
 def attention_parts(pts: list) -> Any:
     """Naive attention's QKᵀ, softmax and PV in the forward, per point that measured them:
     time per step, FLOPs and achieved GFLOP/s (None when no point did)."""
-    from cs336sys.report.sections import Table, num
+    from cs336sys.report.sections import FilledTable, num
 
     body = [[label(r), *(x for part in ("qk", "softmax", "pv")
                          for x in (num(r.get(f"{part}_ms_mean")), num(r.get(f"{part}_gflops"))))]
             for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
     if not body:
         return None
-    return Table("Naive attention's parts in the forward (per step)",
+    return FilledTable("Naive attention's parts in the forward (per step)",
                  ["point", "QKᵀ ms", "QKᵀ GFLOP/s", "softmax ms", "softmax GFLOP/s", "PV ms",
                   "PV GFLOP/s"], body,
                  note="Inside the ranges naive attention opens (scores, softmax, final matmul); "

@@ -12,7 +12,7 @@ from typing import Any
 
 from cs336sys.handout.problem import Pivot
 from cs336sys.measure.units import format_size
-from cs336sys.report.sections import Row, Table, latest, text, varying
+from cs336sys.report.sections import FilledTable, Row, latest, text, varying
 from cs336sys.report.tables import cell, point_tables
 from cs336sys.sweep.declaration import model_size
 
@@ -80,7 +80,7 @@ def _keys(p: Pivot, rows: list[Row]) -> list[str]:
     return keys
 
 
-def pivot(p: Pivot, rows: list[Row]) -> Table | None:
+def pivot(p: Pivot, rows: list[Row]) -> FilledTable | None:
     """The Pivot over `rows` (one experiment's view rows of the problem; the latest of each
     point), or None where no row matches. A setting that tells rows apart beyond `rows` and
     `across` (a second GPU, a dimension overridden) joins the row keys."""
@@ -109,14 +109,14 @@ def pivot(p: Pivot, rows: list[Row]) -> Table | None:
     body = [[*name, *(cell(c, by[g], spread=False) if g in by else ""
                       for g in groups for c in p.values)]
             for name, by in table.items()]
-    return Table(p.title, headers, body, note=p.note)
+    return FilledTable(p.title, headers, body, note=p.note)
 
 
 def tables(entry: Pivot | str | Callable, rows: dict[str, list[Row]],
-           catalog: Any) -> list[Table]:
+           catalog: Any) -> list[FilledTable]:
     """A problem's table entry over its rows by experiment: a Pivot, an experiment kind (its
     declared tables, settings every row shares lifted out), or a function of all the rows
-    that returns a Table or None (plan's closed forms)."""
+    that returns a FilledTable or None (plan's closed forms)."""
     if isinstance(entry, Pivot):
         found = pivot(entry, rows.get(entry.experiment, []))
         return [found] if found else []

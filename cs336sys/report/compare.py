@@ -47,7 +47,7 @@ from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.change import Change, Metric, Side, aggregate, assess, metrics
-from cs336sys.report.sections import Figure, Row, Table, num, point_labels
+from cs336sys.report.sections import Figure, FilledTable, Row, num, point_labels
 from cs336sys.report.select import (
     Selection,
     SelectionError,
@@ -236,7 +236,7 @@ class Comparison:
     a: str
     b: str
     changes: list[Change]
-    tables: list[Table]  # one per experiment, for the report
+    tables: list[FilledTable]  # one per experiment, for the report
     # Where a change may not be the code's (environments that differ), and experiments both
     # sides ran with no point in common (the settings that differ): for the reader.
     notes: list[str] = field(default_factory=list)
@@ -324,7 +324,7 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
         figures.append(_strips(exp, metric, [(c.point, pa[k], pb[k])
                                              for c, k in zip(found, both, strict=True)], s.names))
         what = "median of the timed samples" if metric.timed else "one reading per run"
-        tables.append(Table(
+        tables.append(FilledTable(
             f"{exp}: {metric.label} ({what})",
             ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
             [[c.point, num(c.a), num(c.b), _ratio(c.ratio), c.verdict, c.how,

@@ -32,9 +32,9 @@ from cs336sys.report.change import Change, Metric, Side, assess, metrics
 from cs336sys.report.compare import text_table
 from cs336sys.report.sections import (
     Figure,
+    FilledTable,
     Row,
     Section,
-    Table,
     compared,
     num,
     point_labels,
@@ -247,7 +247,7 @@ def _sections(h: History, draw: bool) -> list[Section]:
             rows = [_step_row(t, i, c) for t, i, c in steps[:MAX_STEPS]]
             note = (f"The first {MAX_STEPS} of {len(steps)} steps."
                     if len(steps) > MAX_STEPS else "")
-            sec.tables.append(Table("Steps detected", ["point", "commits",
+            sec.tables.append(FilledTable("Steps detected", ["point", "commits",
                                     f"before {metric.label}", f"after {metric.label}",
                                     "after/before", "verdict", "p"], rows, note))
         else:

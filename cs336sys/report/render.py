@@ -26,7 +26,7 @@ from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
 from cs336sys.report.plots import Drawer
-from cs336sys.report.sections import WRONG, Section, Table
+from cs336sys.report.sections import WRONG, FilledTable, Section
 from cs336sys.report.select import Selection, invocations, load, present
 
 
@@ -54,7 +54,7 @@ class Report:
     sections: list[Section] = field(default_factory=list)
     compare_kind: str | None = None
     compare_ab: tuple[str, str] | None = None
-    comparison: list[Table] = field(default_factory=list)
+    comparison: list[FilledTable] = field(default_factory=list)
     compared: Comparison | None = None  # every compared point, for the CLI (report/compare.py)
     compare_note: str = ""  # how a change is decided
     compare_summary: str = ""  # "N points compared: X faster, Y slower, Z unchanged"

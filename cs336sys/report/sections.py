@@ -26,7 +26,11 @@ _BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
 @dataclass
-class Table:
+class FilledTable:
+    """A table with its cells written, as a report shows it: title, headers, rows of text.
+    What an experiment declares (which columns, from which settings and metrics) is
+    sweep.declaration.Table; report/tables.py fills one into this."""
+
     title: str
     headers: list[str]
     rows: list[list[str]]
@@ -60,7 +64,7 @@ class Failure:
 class Section:
     id: str
     title: str
-    tables: list[Table] = field(default_factory=list)
+    tables: list[FilledTable] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
@@ -227,7 +231,7 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
 
 def with_gpu(
     rows: list[Row], headers: list[str], cells: Callable[[Row], list[str]], shown: Iterable[str]
-) -> Table:
+) -> FilledTable:
     """A table, with a leading GPU column only when the rows come from more than one GPU,
     and a trailing "other settings" column naming the settings outside `shown` that differ
     between rows (e.g. `attention=flash-torch`), so two lines never look like one point."""
@@ -240,7 +244,7 @@ def with_gpu(
                      if r["_settings"].get(k) is not None)] if extra else [])
         for r in rows
     ]
-    return Table("", (["gpu"] if many else []) + headers + (["other settings"] if extra else []),
+    return FilledTable("", (["gpu"] if many else []) + headers + (["other settings"] if extra else []),
                  body)
 
 

@@ -17,8 +17,8 @@ from typing import Any
 from cs336sys.measure.sampling import drifted, ratio_interval, verdict
 from cs336sys.report.change import timed_samples
 from cs336sys.report.sections import (
+    FilledTable,
     Row,
-    Table,
     compared,
     mean_std,
     mib,
@@ -30,8 +30,7 @@ from cs336sys.report.sections import (
     text,
     with_gpu,
 )
-from cs336sys.sweep.declaration import Column, Ratio
-from cs336sys.sweep.declaration import Table as Declared
+from cs336sys.sweep.declaration import Column, Ratio, Table
 
 
 def row_of(spec: Any, result: Any) -> Row:
@@ -159,12 +158,12 @@ def _interval(ratio: Ratio, base: Row, row: Row) -> str:
     return f" {verdict(found)} ({low:.2f}–{high:.2f})"
 
 
-def matching(declared: Declared, rows: Iterable[Row]) -> list[Row]:
+def matching(declared: Table, rows: Iterable[Row]) -> list[Row]:
     """The rows the declared table is about (its `where` on the settings)."""
     return [r for r in rows if all(r["_settings"].get(k) == v for k, v in declared.where.items())]
 
 
-def shown(declared: Declared) -> list[str]:
+def shown(declared: Table) -> list[str]:
     """The settings the table's columns show."""
     out = []
     for c in declared.columns:
@@ -188,9 +187,9 @@ def _status(row: Row, most: int = 28) -> str:
 _STATUS = Column("status", cell=_status, setting=True)
 
 
-def point_table(declared: Declared, rows: list[Row], counts: bool = False,
+def point_table(declared: Table, rows: list[Row], counts: bool = False,
                 status: bool = False, keep: Callable[[Row], bool] | None = None,
-                lift: bool = False) -> Table:
+                lift: bool = False) -> FilledTable:
     """The declared table over `rows`: a GPU column when they come from several GPUs, an
     "other settings" column naming what else tells them apart, with `counts` the number
     of stored runs per point (`_n`, see sections.latest) and with `status` a status column
@@ -235,9 +234,9 @@ def point_table(declared: Declared, rows: list[Row], counts: bool = False,
     return t
 
 
-def point_tables(tables: Iterable[Declared], rows: list[Row], counts: bool = False,
+def point_tables(tables: Iterable[Table], rows: list[Row], counts: bool = False,
                  status: bool = False, keep: Callable[[Row], bool] | None = None,
-                 lift: bool = False) -> list[Table]:
+                 lift: bool = False) -> list[FilledTable]:
     """Every declared table that has rows (see point_table for `keep` and `lift`)."""
     out = []
     for declared in tables:
@@ -247,7 +246,7 @@ def point_tables(tables: Iterable[Declared], rows: list[Row], counts: bool = Fal
     return out
 
 
-def as_text(tables: list[Table], width: int | None = None) -> str:
+def as_text(tables: list[FilledTable], width: int | None = None) -> str:
     """Tables as aligned text for a terminal: the title above each, then the settings every
     row shares (`constant`), the table, its note. With `width`, a table wider than that is
     cut between columns, never inside a cell, into parts that each fit, every part starting

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from cs336sys.report.sections import Table
+from cs336sys.report.sections import FilledTable
 
 # Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
 # pdflatex's default fonts lack, as LaTeX writes them.
@@ -47,7 +47,7 @@ def _right(column: list[str]) -> bool:
     return bool(filled) and all(_NUMERIC.match(c) for c in filled)
 
 
-def latex_table(t: Table) -> str:
+def latex_table(t: FilledTable) -> str:
     """A booktabs tabular of the table (the title and note are the document's)."""
     columns = list(zip(*t.rows, strict=True)) if t.rows else [() for _ in t.headers]
     spec = "".join("r" if _right(list(c)) else "l" for c in columns)
@@ -58,7 +58,7 @@ def latex_table(t: Table) -> str:
     return "\n".join(lines)
 
 
-def typst_table(t: Table) -> str:
+def typst_table(t: FilledTable) -> str:
     """A Typst `#table(...)` of the table, its header row repeated across pages."""
     columns = list(zip(*t.rows, strict=True)) if t.rows else [() for _ in t.headers]
     align = ", ".join("right" if _right(list(c)) else "left" for c in columns)
@@ -71,7 +71,7 @@ def typst_table(t: Table) -> str:
     return "\n".join(lines)
 
 
-def _sentences(section: Any, t: Table) -> tuple[str, str]:
+def _sentences(section: Any, t: FilledTable) -> tuple[str, str]:
     """The table's caption and the line under it."""
     caption = t.title or section.title
     under = " ".join(x for x in ((f"Same in every row: {t.constant}." if t.constant else ""),
