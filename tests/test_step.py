@@ -195,3 +195,24 @@ def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp):
     model, _, train_step = step_exp.build(spec, rows=slice(0, 1))
     assert row["params"] == sum(p.numel() for p in model.parameters())
     assert row["loss_first"] == pytest.approx(float(train_step()), rel=1e-5)
+
+
+def test_points_on_ranks_get_a_chart_of_their_own():
+    """A switch set on two ranks is not set beside one rank's: its own chart, titled with
+    its ranks and wrapper; rows stored before ranks existed count as one rank."""
+    from cs336sys.experiments import step_section
+    from cs336sys.report.sections import Section
+
+    def row(switches, ms, world=None, ddp=None):
+        settings = {"size": "tiny", "num_layers": 2, "seq": 16, "batch": 2, "precision": "fp32",
+                    "param_dtype": "fp32", "checkpoint": "none", "switches": switches,
+                    **({"world_size": world, "ddp": ddp} if world else {})}
+        return {"status": "ok", "step_ms_median": ms, "tokens_per_s": 1.0, "gpu": None,
+                "_settings": settings}
+
+    sec = Section("step", "step")
+    step_section.section(sec, [row("none", 10.0), row("fused-adamw", 8.0, 1),
+                               row("none", 30.0, 2, "fsdp"), row("fused-adamw", 25.0, 2, "fsdp")])
+    titles = [f.title for f in sec.figures]
+    assert len(titles) == 2 and titles[1].endswith("2 ranks fsdp")
+    assert [b.label for b in sec.figures[0].plot.bars] == ["none", "fused-adamw"]

@@ -16,7 +16,13 @@ from cs336sys.report.sections import Figure, Row, Section, left_out, text
 MAX_CHARTS = 6
 # What makes two step points the same configuration (the switches vary within a chart).
 _CONFIG = ("size", "num_layers", "seq", "batch", "precision", "param_dtype",
-           "checkpoint", "d_model", "vocab_size")
+           "checkpoint", "d_model", "vocab_size", "world_size", "ddp")
+
+
+def _setting(s: dict[str, Any], key: str) -> str:
+    """A configuration setting; rows stored before steps ran on ranks ran on one."""
+    value = s.get(key)
+    return "1" if key == "world_size" and value is None else str(value)
 
 
 def _order(switches: str) -> int:
@@ -26,9 +32,11 @@ def _order(switches: str) -> int:
 
 
 def _title(s: dict[str, Any], gpu: Any) -> str:
+    ranks = s.get("world_size") or 1
     return (f"{s.get('size')} L={s.get('num_layers')} T={s.get('seq')} "
             f"B={s.get('batch')} {s.get('precision')} weights={s.get('param_dtype')} "
-            f"ckpt={s.get('checkpoint')}" + (f" [{gpu}]" if gpu else ""))
+            f"ckpt={s.get('checkpoint')}" + (f" {ranks} ranks {s.get('ddp')}" if ranks > 1 else "")
+            + (f" [{gpu}]" if gpu else ""))
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -37,7 +45,7 @@ def section(sec: Section, pts: list[Row]) -> None:
     charts: dict[tuple, list[Row]] = {}
     for r in ok:
         s = r["_settings"]
-        charts.setdefault((r.get("gpu"), *(str(s.get(k)) for k in _CONFIG)), []).append(r)
+        charts.setdefault((r.get("gpu"), *(_setting(s, k) for k in _CONFIG)), []).append(r)
     titles = [_title(g[0]["_settings"], g[0].get("gpu")) for g in charts.values()]
     for i, g in enumerate(list(charts.values())[:MAX_CHARTS]):
         g = sorted(g, key=lambda r: _order(r["_settings"].get("switches", "")))
