@@ -116,10 +116,19 @@ DEFAULT_DDP = "fsdp"  # on several ranks: the 8B fits only sharded
 # What a point on several ranks cannot switch on, and why.
 NOT_ON_RANKS_WHY = {
     "fused-ce": "it calls the LM head's weight outside the model's forward, where a sharding "
-                "wrapper has not gathered it",
+                "wrapper has not gathered it and torch's DDP does not see it; cs336sys's "
+                "DDPs (naive, flat, overlap, bucketed) take it",
     "compile": "compiling the blocks under the wrappers' hooks is not measured yet",
 }
-NOT_ON_RANKS = tuple(NOT_ON_RANKS_WHY)
+# The wrappers whose gradient synchronisation hangs on the parameters alone (hooks or a
+# loop after backward): a loss that reads the LM head's weight directly is reduced too.
+FUSED_CE_WRAPPERS = ("naive", "flat", "overlap", "bucketed")
+
+
+def not_on_ranks(wrapper: str) -> tuple[str, ...]:
+    """The switches a point on several ranks wrapped by `wrapper` cannot switch on."""
+    return tuple(s for s in NOT_ON_RANKS_WHY
+                 if not (s == "fused-ce" and wrapper in FUSED_CE_WRAPPERS))
 
 
 @dataclass(frozen=True)
@@ -252,8 +261,9 @@ def specs(
     )
     param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
     sets = parse_switches(switches, defaults["switches"])
+    wrapper_asked = (ddp if ddp is not None else chosen.get("ddp", DEFAULT_DDP)).strip()
     if switches is None and ranked:  # the default sets that can run on several ranks
-        sets = [s for s in sets if not set(s) & set(NOT_ON_RANKS)]
+        sets = [s for s in sets if not set(s) & set(not_on_ranks(wrapper_asked))]
     adamw = defaults["adamw"] if adamw is None else adamw.strip()  # '' is not the default
     if adamw not in ADAMW_IMPLS:
         raise unknown("--adamw", adamw, ADAMW_IMPLS)
@@ -284,8 +294,7 @@ def specs(
     batches = positive_ints(batch, "--batch", default=[defaults["batch"]])
     wrapper = None
     if ranked:
-        wrapper = ranks_wrapper(ddp if ddp is not None else chosen.get("ddp", DEFAULT_DDP),
-                                worlds, batches, on)
+        wrapper = ranks_wrapper(wrapper_asked, worlds, batches, on)
     elif ddp is not None:
         raise SpecError("--ddp shares the step between ranks: give --world-size 2 or more")
     if course_timing and not on_cuda:
@@ -326,7 +335,7 @@ def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str])
     from cs336sys.experiments.ddp_setup import IMPLS
 
     (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS))
-    for switch in NOT_ON_RANKS:
+    for switch in not_on_ranks(wrapper):
         if switch in on:
             raise SpecError(f"--switches {switch} is not measured with --world-size above 1: "
                             + NOT_ON_RANKS_WHY[switch])
