@@ -55,7 +55,7 @@ from cs336sys.experiments.step_build import (
     empty_compile_cache,
     tensor_peak_bytes,
 )
-from cs336sys.experiments.step_ranks import run_on_ranks
+from cs336sys.experiments.step_ranks import not_on_ranks, ranks_wrapper, run_on_ranks
 from cs336sys.experiments.training_step import throughput, throughput_metrics
 from cs336sys.measure.stats import flatten
 from cs336sys.models.config import ModelShape
@@ -113,24 +113,6 @@ DEFAULTS = {
 PRESETS = {"leaderboard": dict(size=["8b"], seq=[32768], batch=[2], precision=["bf16"],
                                world_size=[2], ddp="fsdp")}
 DEFAULT_DDP = "fsdp"  # on several ranks: the 8B fits only sharded
-# What a point on several ranks cannot switch on, and why.
-NOT_ON_RANKS_WHY = {
-    "fused-ce": "it calls the LM head's weight outside the model's forward, where a sharding "
-                "wrapper has not gathered it and torch's DDP does not see it; cs336sys's "
-                "DDPs (naive, flat, overlap, bucketed) take it",
-    "compile": "compiling the blocks under the wrappers' hooks is not measured yet",
-}
-# The wrappers whose gradient synchronisation hangs on the parameters alone (hooks or a
-# loop after backward): a loss that reads the LM head's weight directly is reduced too.
-FUSED_CE_WRAPPERS = ("naive", "flat", "overlap", "bucketed")
-
-
-def not_on_ranks(wrapper: str) -> tuple[str, ...]:
-    """The switches a point on several ranks wrapped by `wrapper` cannot switch on."""
-    return tuple(s for s in NOT_ON_RANKS_WHY
-                 if not (s == "fused-ce" and wrapper in FUSED_CE_WRAPPERS))
-
-
 @dataclass(frozen=True)
 class StepSpec(ModelShape):
     batch: int
@@ -327,24 +309,6 @@ def specs(
         if p["world_size"] > 1:  # every rank the same steps: fixed counts, the loop timer
             out[-1] = dataclasses.replace(out[-1], timer="loop", min_time=0.0, rounds=1)
     return list(dict.fromkeys(out))
-
-
-def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:
-    """The `--ddp` wrapper of points on several ranks, checked against the other options."""
-    from cs336sys.experiments import ddp_yours
-    from cs336sys.experiments.ddp_setup import IMPLS
-
-    (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS))
-    for switch in not_on_ranks(wrapper):
-        if switch in on:
-            raise SpecError(f"--switches {switch} is not measured with --world-size above 1: "
-                            + NOT_ON_RANKS_WHY[switch])
-    for w in worlds:
-        for b in batches:
-            if w > 1 and b % w:
-                raise SpecError(f"--batch {b}: the global batch is split evenly over "
-                                f"--world-size {w} ranks; give a multiple of {w}")
-    return wrapper
 
 
 # -- the step ---------------------------------------------------------------------------------

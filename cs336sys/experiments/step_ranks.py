@@ -18,7 +18,43 @@ import time
 from typing import Any
 
 from cs336sys.measure.stats import flatten
+from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result
+
+# What a point on several ranks cannot switch on, and why.
+NOT_ON_RANKS_WHY = {
+    "fused-ce": "it calls the LM head's weight outside the model's forward, where a sharding "
+                "wrapper has not gathered it and torch's DDP does not see it; cs336sys's "
+                "DDPs (naive, flat, overlap, bucketed) take it",
+    "compile": "compiling the blocks under the wrappers' hooks is not measured yet",
+}
+# The wrappers whose gradient synchronisation hangs on the parameters alone (hooks or a
+# loop after backward): a loss that reads the LM head's weight directly is reduced too.
+FUSED_CE_WRAPPERS = ("naive", "flat", "overlap", "bucketed")
+
+
+def not_on_ranks(wrapper: str) -> tuple[str, ...]:
+    """The switches a point on several ranks wrapped by `wrapper` cannot switch on."""
+    return tuple(s for s in NOT_ON_RANKS_WHY
+                 if not (s == "fused-ce" and wrapper in FUSED_CE_WRAPPERS))
+
+
+def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:
+    """The `--ddp` wrapper of points on several ranks, checked against the other options."""
+    from cs336sys.experiments import ddp_yours
+    from cs336sys.experiments.ddp_setup import IMPLS
+
+    (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS))
+    for switch in not_on_ranks(wrapper):
+        if switch in on:
+            raise SpecError(f"--switches {switch} is not measured with --world-size above 1: "
+                            + NOT_ON_RANKS_WHY[switch])
+    for w in worlds:
+        for b in batches:
+            if w > 1 and b % w:
+                raise SpecError(f"--batch {b}: the global batch is split evenly over "
+                                f"--world-size {w} ranks; give a multiple of {w}")
+    return wrapper
 
 
 def run_on_ranks(ctx: Any, spec: Any) -> Result:
