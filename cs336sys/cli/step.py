@@ -49,7 +49,7 @@ def _step_only(
     world_size: list_option("Ranks that share the step, each training its slice of the global "
                             "--batch (the leaderboard's: 2 GPUs). [default: 1]") = None,
     ddp: option("With --world-size above 1, what shares the step: a `ddp --impl` name (naive, "
-                "flat, overlap, bucketed, torch, fsdp, torch-fsdp) or yours (yours-ddp, "
+                "flat, overlap, bucketed, torch, fsdp, torch-fsdp) or yours (yours, "
                 "yours-fsdp, NAME=package.module:Class). [default: fsdp]", str | None) = None,
     course_timing: option("Also time each step as the leaderboard's test does "
                           "(triton.testing.do_bench, rep 30 s, warm-up 10 s: 40 s a point), "
