@@ -103,6 +103,21 @@ def test_dry_run_prints_one_command_per_point_with_the_handouts_flags(tmp_path, 
     assert not db.exists() and not (tmp_path / "nsys").exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["model", *MICRO], ["attention", "--seq", "16", "--d-head", "16"], ["memory", *MICRO],
+    ["step", *MICRO], ["comm", "--world-size", "2"], ["profile", "model", *MICRO],
+    ["profile", "attention", "--seq", "16", "--d-head", "16"],
+])
+def test_every_command_prints_what_it_would_record(tmp_path, fake_nsys, command):
+    """--nsys --dry-run on each command: one nsys line per point that runs the same command,
+    and nothing written. (The commands whose body takes the context itself pass it on.)"""
+    result = invoke(*command, "--nsys", "--dry-run", "--db", tmp_path / "r.db")
+    assert result.exit_code == 0, result.output
+    lines = [shlex.split(line) for line in result.stdout.splitlines() if " profile --" in line]
+    assert lines and all(argv[argv.index(sys.executable) + 3] == command[0] for argv in lines)
+    assert not (tmp_path / "r.db").exists() and not (tmp_path / "nsys").exists()
+
+
 def test_each_point_is_recorded_under_nsys_and_stores_its_row(tmp_path, fake_nsys):
     """Two points, two nsys runs: each runs one point (its row stored by the command under
     nsys) and leaves its report, named after the point, in the invocation's folder."""

@@ -52,7 +52,7 @@ def memory(ctx: typer.Context, **options: Any) -> None:
                           "timeline", "--snapshot", options.get("force", False))
         return points
 
-    measure(exp.EXPERIMENT, specs, options, describe=_label, after=_snapshots)
+    measure(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, describe=_label, after=_snapshots)
 
 
 def _snapshots(points: list) -> None:

@@ -130,7 +130,8 @@ def _profile_points(ctx, target, point_specs, options):
                           options["force"])
         return points
 
-    measure(exp.EXPERIMENT, specs, options, command=f"profile {target}", describe=_label,
+    measure(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
+            describe=_label,
             emulation=False, after=lambda points: typer.echo(_details(points)))
 
 
