@@ -54,6 +54,46 @@ class FlatLM(nn.Module):
         return self.head(self.mix(self.embed(x)))
 
 
+class NestedLM(GeluLM):
+    """GPT-2's layout: the blocks at transformer.h, beside a second list of as many heads."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.transformer = nn.Module()
+        self.transformer.h = self.blocks
+        del self.blocks
+        self.probes = nn.ModuleList(nn.Identity() for _ in range(num_layers))
+
+    def forward(self, x):
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for block in self.transformer.h:
+            h = h + block(h)
+        return self.head(h)
+
+
+class Residual(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return x + self.inner(x)
+
+
+class ChainLM(GeluLM):
+    """The course's layout: each block adds its own residual, the forward chains them."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.blocks = nn.ModuleList(Residual(block) for block in self.blocks)
+
+    def forward(self, x):
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
 class NanLM(GeluLM):
     def forward(self, x):
         return super().forward(x) * float("nan")
@@ -182,17 +222,18 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
 
 def test_checkpointing_groups_your_blocks_and_keeps_your_loss(tmp_path, monkeypatch):
     """--checkpoint on the user's model: the course's `layers` (and another model's one
-    ModuleList of blocks) grouped as ours are. The loss is the same; the bytes saved for
-    backward fall to each group's input; a model with no list of blocks is a stored error
-    that says what checkpointing needs."""
+    ModuleList of blocks, or the list --blocks names) grouped as ours are. The loss is the
+    same; the bytes saved for backward fall to each group's input; a model with no list of
+    blocks, two candidate lists, or a residual added between blocks that a group would skip
+    is refused before anything runs, in one line that says what to do."""
     repo = course_repo(tmp_path, files={"my_models/__init__.py": "", "my_models/lm.py": OTHER_MODEL})
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("memory", *MICRO, "--seq", "16", "--model", "cs336_basics", "--checkpoint",
-                    "none,every:1", "--db", db)
+                    "none,every:2", "--db", db)
     assert result.exit_code == 0, result.output
     plain, grouped = query(db, "SELECT status, saved_bytes, loss FROM memory_runs "
-                           "ORDER BY checkpoint = 'every:1'")
+                           "ORDER BY checkpoint = 'every:2'")
     assert plain["status"] == grouped["status"] == "ok"
     assert grouped["loss"] == pytest.approx(plain["loss"], rel=1e-6)
     assert grouped["saved_bytes"] < plain["saved_bytes"]
@@ -205,10 +246,76 @@ def test_checkpointing_groups_your_blocks_and_keeps_your_loss(tmp_path, monkeypa
     assert plain["status"] == grouped["status"] == "ok"
     assert (grouped["loss_first"], grouped["loss_last"]) == pytest.approx(
         (plain["loss_first"], plain["loss_last"]), rel=1e-5)
-    result = invoke("memory", *MICRO, "--seq", "16", "--model", "my_models.lm:FlatLM",
-                    "--checkpoint", "every:1", "--db", db)
-    (flat,) = query(db, "SELECT status, error FROM runs WHERE settings LIKE '%FlatLM%'")
-    assert flat["status"] == "error" and "one nn.ModuleList" in flat["error"]
+    # a model with no list of blocks, or two lists that could be them: refused before
+    # anything runs, in one line that says what to do
+    for model, why in (("FlatLM", "found 0 such lists"),
+                       ("NestedLM", "(transformer.h, probes): name one with --blocks")):
+        result = invoke("memory", *MICRO, "--seq", "16", "--model", f"my_models.lm:{model}",
+                        "--checkpoint", "every:1", "--db", db)
+        assert result.exit_code == 2 and why in result.stderr, result.output
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert len(query(db, "SELECT * FROM runs")) == 4  # the four above, nothing more
+    # named with --blocks: GPT-2's nested list, checkpointed, the same loss
+    result = invoke("memory", *MICRO, "--seq", "16", "--model", "my_models.lm:NestedLM",
+                    "--blocks", "transformer.h", "--checkpoint", "none,every:1", "--db", db)
+    assert result.exit_code == 0, result.output
+    plain, grouped = query(db, "SELECT status, loss, saved_bytes, blocks FROM memory_runs "
+                           "WHERE model LIKE '%NestedLM' ORDER BY checkpoint = 'every:1'")
+    assert plain["status"] == grouped["status"] == "ok"
+    assert grouped["blocks"] == "transformer.h"
+    assert grouped["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    assert grouped["saved_bytes"] < plain["saved_bytes"]
+    for args, why in ((("--model", "my_models.lm:NestedLM", "--blocks", "head"),
+                       "NestedLM.head is a Linear, not the nn.ModuleList"),
+                      (("--model", "my_models.lm:NestedLM", "--blocks", "transformer.x"),
+                       "has no submodule 'transformer.x'"),
+                      (("--blocks", "layers"), "give it with --model")):
+        result = invoke("memory", *MICRO, "--seq", "16", *args, "--checkpoint", "every:1",
+                        "--db", db)
+        assert result.exit_code == 2 and why in result.stderr, result.output
+    # groups of several blocks where the forward adds the residual between them: refused
+    for args, why in ((("--blocks", "transformer.h", "--checkpoint", "every:2"),
+                       "one by one with every:1"),):
+        result = invoke("memory", *MICRO, "--seq", "16", "--model", "my_models.lm:NestedLM",
+                        *args, "--db", db)
+        assert result.exit_code == 2 and why in result.stderr, result.output
+    assert len(query(db, "SELECT * FROM runs")) == 6
+
+
+def test_checkpointed_blocks_give_the_same_loss_and_gradients():
+    """checkpoint_blocks on float64 models: every policy it accepts gives the loss and
+    gradients of the model left alone (recomputation changes no number); a group of blocks
+    whose forward adds the residual between them is refused, not run as something else."""
+    import copy
+
+    from cs336sys.models.checkpointing import NotChained, blocks_of, checkpoint_blocks
+
+    namespace: dict = {}
+    exec(OTHER_MODEL, namespace)
+    x = torch.randint(0, SHAPE["vocab_size"], (BATCH, 16))
+
+    def loss_and_grads(model):
+        loss = model(x).logsumexp(-1).mean()
+        loss.backward()
+        return loss.item(), {n: p.grad for n, p in model.named_parameters()}
+
+    for name, where, policies in (("ChainLM", None, ([1, 1], [2])),
+                                  ("NestedLM", "transformer.h", ([1, 1],))):
+        torch.manual_seed(0)
+        reference = namespace[name](**SHAPE).double()
+        want_loss, want_grads = loss_and_grads(copy.deepcopy(reference))
+        for groups in policies:
+            model = checkpoint_blocks(copy.deepcopy(reference), 2, groups, where)
+            loss, grads = loss_and_grads(model)
+            assert loss == pytest.approx(want_loss, rel=1e-14), (name, groups)
+            assert grads.keys() == want_grads.keys()
+            for key, grad in grads.items():
+                torch.testing.assert_close(grad, want_grads[key], rtol=1e-12, atol=1e-14)
+    with pytest.raises(NotChained, match="one by one with every:1"):
+        checkpoint_blocks(copy.deepcopy(reference), 2, [2], "transformer.h")
+    with pytest.raises(ValueError, match=r"\(transformer.h, probes\): name one with --blocks"):
+        blocks_of(reference, 2)
+    assert blocks_of(reference, 2, "probes") is reference.probes
 
 
 # The course's AdamW (assignment 1's algorithm: bias correction folded into the step size,

@@ -40,7 +40,7 @@ def _ddp_only(
     """The options of `ddp` beyond the model's (cli/options.py, model_options)."""
 
 
-@model_command(_ddp_only, nsys_options, drop=("attention", "optimizer", "checkpoint"))
+@model_command(_ddp_only, nsys_options, drop=("attention", "optimizer", "checkpoint", "blocks"))
 def ddp(**options: Any) -> None:
     """Time data-parallel training steps; store step time and the exposed gradient communication.
 

@@ -70,6 +70,10 @@ UserModel = option("Your Transformer LM instead of cs336sys's: cs336_basics (the
                    "package.module:Class taking the course's constructor (vocab_size, "
                    "context_length, d_model, num_layers, num_heads, d_ff, rope_theta), filled from "
                    "--size.", str | None, "--model")
+Blocks = option("Where your model (--model) keeps its blocks, as a dotted attribute path "
+                "(layers, transformer.h): the nn.ModuleList that --checkpoint wraps. [default: "
+                "its `layers`, else its only ModuleList of --num-layers modules]", str | None,
+                "--blocks")
 
 TIMES = ("today, yesterday, 13:30 (today), 7d / 12h / 2w ago, 2026-01-05 or 2026-01-05T13:00; in "
          "this machine's time zone unless it carries an offset (Z, +02:00)")
@@ -96,6 +100,7 @@ def model_options(
     device: Device = "auto",
     seed: Seed = 0,
     model: UserModel = None,
+    blocks: Blocks = None,
     handout: Handout = None,
 ) -> None:
     """What a point of the Transformer LM is: model, memory, step, ddp, profile model (with

@@ -167,9 +167,9 @@ def run(spec: MemorySpec) -> Result:
             reserved.append(r)
 
     residual: list[torch.dtype] = []
-    hook = model.ln_final.register_forward_pre_hook(
-        lambda mod, args: residual.append(args[0].dtype)
-    )
+    block = last_block(model, config)
+    hook = block.register_forward_hook(lambda mod, args, out: residual.append(out.dtype)) \
+        if block is not None else None
     saved: list[int] = []
 
     def measured_forward() -> torch.Tensor:
@@ -196,7 +196,8 @@ def run(spec: MemorySpec) -> Result:
         step(phase, forward=measured_forward,
              before_optimizer=lambda: live.update(before_opt=probe.current()),
              after_optimizer=lambda: live.update(after_opt=probe.current()))
-    hook.remove()
+    if hook is not None:
+        hook.remove()
     live["loss"] = float(step.last_loss)
     peak = max(peaks.values())
 
@@ -210,7 +211,7 @@ def run(spec: MemorySpec) -> Result:
     metrics: dict[str, Any] = {}
     for name in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(name, timed.get(name, [])))
-    residual_dtype = residual[0] if residual else torch.float32
+    residual_dtype = residual[0] if residual else None  # a model whose blocks are not found
     if not training:
         act_analytic: int | None = 0  # nothing is saved without grad
     elif m.precision == "fp32" and m.attention == "naive":
@@ -234,8 +235,8 @@ def run(spec: MemorySpec) -> Result:
         grad_bytes=4 * n_params if training else 0,
         optim_bytes=8 * n_params if training else 0,  # AdamW: exp_avg and exp_avg_sq, fp32
         act_bytes_analytic=act_analytic,
-        residual_bytes=B * T * config.d_model * residual_dtype.itemsize,
-        residual_dtype=str(residual_dtype).removeprefix("torch."),
+        residual_bytes=B * T * config.d_model * residual_dtype.itemsize if residual else None,
+        residual_dtype=str(residual_dtype).removeprefix("torch.") if residual else None,
         checkpoint_group=checkpoint_group(m.checkpoint, m.num_layers),
         lowest_peak=None,  # set by mark_lowest once every checkpoint setting of the group ran
         loss=live.get("loss"),
@@ -245,6 +246,18 @@ def run(spec: MemorySpec) -> Result:
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
     return Result("ok", metrics=metrics, samples={**timed, "warmup": warm})
+
+
+def last_block(model: Any, config: Any) -> Any:
+    """The module whose output is the residual stream the blocks hand to the final norm: the
+    last block (found as --checkpoint finds them, or at --blocks); None when they cannot be
+    found (the residual's dtype is then not recorded)."""
+    from cs336sys.models.checkpointing import blocks_of
+
+    try:
+        return blocks_of(model, config.num_layers, config.blocks)[-1]
+    except ValueError:
+        return None
 
 
 # -- the checkpointing trade-off ----------------------------------------------------------------

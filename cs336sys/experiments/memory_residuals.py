@@ -49,6 +49,7 @@ class ResidualsSpec:
     device: str
     seed: int
     model: str | None = None  # the user's model (--model) whose block is measured
+    blocks: str | None = None  # where that model keeps its blocks (--blocks)
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +70,7 @@ def specs(
     d_ff: int | None = None,
     num_heads: int | None = None,
     model: str | None = None,
+    blocks: str | None = None,
 ) -> list[ResidualsSpec]:
     """The points of a `memory residuals` sweep, validated as `model.specs` validates the
     model options (layers play no part: one block; `model`: the user's model's block)."""
@@ -77,12 +79,14 @@ def specs(
         size=["small"] if size is None else size, seq=seq, batch=["1"] if batch is None else batch,
         mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads, model=model,
+        blocks=blocks,
     )
     return [
         ResidualsSpec(
             size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
             seq=p.seq, batch=p.batch, precision=p.precision,
             impl=i, attention=p.attention, device=p.device, seed=p.seed, model=p.model,
+            blocks=p.blocks,
         )
         for p in points
         for i in impls
@@ -109,7 +113,7 @@ def run(spec: ResidualsSpec) -> Result:
         attention=spec.attention,
     )
     with device:
-        block = TransformerBlock(config) if spec.model is None else _users_block(config, spec.model)
+        block = TransformerBlock(config) if spec.model is None else _users_block(config, spec.model, spec.blocks)
     params = list(block.parameters())
     B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
@@ -166,14 +170,14 @@ def run(spec: ResidualsSpec) -> Result:
     return Result("ok", metrics=metrics, samples=samples)
 
 
-def _users_block(config: Any, model: str) -> Any:
+def _users_block(config: Any, model: str, blocks: str | None) -> Any:
     """The first block of the user's model built with one layer (models/checkpointing.py
-    finds the blocks as --checkpoint does)."""
+    finds the blocks as --checkpoint does, or at `blocks`)."""
     from cs336sys.models.checkpointing import blocks_of
     from cs336sys.yours.implementations import build_model
 
     users = build_model(replace(config, model=model, attention="naive"))
-    return blocks_of(users, 1)[0]
+    return blocks_of(users, 1, blocks)[0]
 
 
 def _takes_positions(block: Any) -> bool:

@@ -20,7 +20,13 @@ from cs336sys.experiments import model_section, preflight
 from cs336sys.experiments.training_step import MODES, OPTIMIZERS, throughput, throughput_metrics
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
-from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
+from cs336sys.models.config import (
+    ModelConfig,
+    ModelShape,
+    checkpoint_groups,
+    from_preset,
+    preset_name,
+)
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
@@ -72,6 +78,7 @@ class ModelSpec(ModelShape):
     seed: int = 0
     nvtx: bool = False
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
+    blocks: str | None = None  # where the user's model keeps its blocks (--blocks)
 
 
 @old_names
@@ -97,6 +104,7 @@ def specs(
     vocab_size: int | None = None,
     nvtx: bool = False,
     model: str | None = None,
+    blocks: str | None = None,
 ) -> list[ModelSpec]:
     """The points of a model sweep: the cartesian product of the list options (each a list,
     comma lists allowed), validated. SpecError names the first bad option. What is not
@@ -123,6 +131,8 @@ def specs(
     if model is not None:
         check_model(model, attention)
         attentions: list[str | None] = [None]
+    elif blocks is not None:
+        raise SpecError("--blocks names where your model keeps its blocks: give it with --model")
     else:
         attentions = named_impls(listed(attention, "--attention", ["naive"]), "attention",
                                  "--attention", registry.names())
@@ -138,8 +148,9 @@ def specs(
                      "mode": modes, "precision": precisions, "attention": attentions,
                      "optimizer": optimizers, "checkpoint": checkpoint_list(checkpoint),
                      "warmup": warmup_counts}):
-        cfg = preset_config(p["size"], context_length=p["seq"], model=model,
+        cfg = preset_config(p["size"], context_length=p["seq"], model=model, blocks=blocks,
                             attention=p["attention"], checkpoint=p["checkpoint"], **overrides)
+        check_blocks(cfg)
         out.append(ModelSpec(
             **ModelShape.of(p["size"], cfg), batch=p["batch"], mode=p["mode"], precision=p["precision"], compile=compile,
             attention=p["attention"],
@@ -147,6 +158,7 @@ def specs(
             # Forward-only passes save nothing for backward: checkpointing changes nothing.
             checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
             warmup=p["warmup"], iters=iters, device=dev, seed=seed, nvtx=nvtx, model=model,
+            blocks=blocks,
         ))
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
@@ -164,6 +176,36 @@ def check_model(model: str, attention: Any = None) -> None:
         model_class(model)
     except UserCodeError as exc:
         raise SpecError(str(exc)) from None
+
+
+def check_blocks(config: ModelConfig) -> None:
+    """Refuse, before anything runs, a user's model whose blocks --checkpoint cannot find,
+    --blocks does not name, or a policy cannot group (models/checkpointing.py). The model is
+    built and probed on the meta device (no memory, no time); one that cannot be built or run
+    there is left to its run, which stores what goes wrong."""
+    if config.model is None or (config.blocks is None and config.checkpoint == "none"):
+        return
+    import torch
+
+    from cs336sys.models.checkpointing import NotChained, blocks_of, check_chained
+    from cs336sys.yours.implementations import build_model
+
+    try:
+        with torch.device("meta"):
+            users = build_model(config)
+    except Exception:  # the user's code: its run says what is wrong, as a stored error
+        return
+    try:
+        blocks = blocks_of(users, config.num_layers, config.blocks)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if max(checkpoint_groups(config.checkpoint, config.num_layers) or [1]) > 1:
+        try:
+            check_chained(users, blocks)
+        except NotChained as exc:
+            raise SpecError(str(exc)) from None
+        except Exception:  # not runnable on the meta device: the run checks it again
+            return
 
 
 def preset_sizes(values: Iterable[Any] | None, default: str) -> list[str]:

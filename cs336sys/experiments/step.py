@@ -40,6 +40,7 @@ from cs336sys import yours
 from cs336sys.experiments import preflight, step_section
 from cs336sys.experiments.model import (
     CHECK_NOTE,
+    check_blocks,
     check_model,
     preset_config,
     preset_sizes,
@@ -131,6 +132,7 @@ class StepSpec(ModelShape):
     device: str = "cpu"
     seed: int = 0
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
+    blocks: str | None = None  # where the user's model keeps its blocks (--blocks)
     min_time: float = 0.0  # the timed steps add up to at least this many seconds
     # the timed steps in this many interleaved rounds (sweep/runner.in_rounds): each round
     # builds the point again and takes its share of iters and min_time
@@ -202,6 +204,7 @@ def specs(
     num_heads: int | None = None,
     vocab_size: int | None = None,
     model: str | None = None,
+    blocks: str | None = None,
     world_size: Iterable[Any] | None = None,
     ddp: str | None = None,
     preset: str | None = None,
@@ -261,6 +264,8 @@ def specs(
             if switch in on:
                 raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
                                 f"LM head); --model {model} takes fused-adamw and compile")
+    elif blocks is not None:
+        raise SpecError("--blocks names where your model keeps its blocks: give it with --model")
     else:
         attention = named_impls([defaults["attention"] if attention is None else attention],
                                 "attention", "--attention", registry.names())[0]
@@ -290,8 +295,9 @@ def specs(
                      "precision": precisions, "param_dtype": param_dtypes,
                      "checkpoint": checkpoint_list(checkpoint), "switches": sets,
                      "world_size": worlds}):
-        cfg = preset_config(p["size"], context_length=p["seq"], model=model,
+        cfg = preset_config(p["size"], context_length=p["seq"], model=model, blocks=blocks,
                             checkpoint=p["checkpoint"], num_layers=p["num_layers"], **overrides)
+        check_blocks(cfg)
         on = p["switches"]
         out.append(StepSpec(
             **ModelShape.of(p["size"], cfg), batch=p["batch"],
@@ -302,7 +308,8 @@ def specs(
             attention="triton" if "flash" in on else attention,
             compile="compile" in on, checkpoint=p["checkpoint"],
             timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
-            warmup=warmup, iters=iters, device=dev, seed=seed, model=model, min_time=least_s,
+            warmup=warmup, iters=iters, device=dev, seed=seed, model=model, blocks=blocks,
+            min_time=least_s,
             rounds=rounds, world_size=p["world_size"], course_timing=course_timing,
             ddp=wrapper if p["world_size"] > 1 else None,
         ))

@@ -26,6 +26,18 @@ def optimizer_name(spec: Any) -> str:
     return "torch-adamw-fused" if spec.optimizer == "adamw-torch-fused" else spec.optimizer
 
 
+def compiled_units(model: Any, config: Any) -> list:
+    """What the compile switch compiles: each block, so checkpointing still wraps groups of
+    blocks (the user's found as --checkpoint finds them, or at --blocks); the whole model
+    when its blocks cannot be found."""
+    from cs336sys.models.checkpointing import blocks_of
+
+    try:
+        return list(blocks_of(model, config.num_layers, config.blocks))
+    except ValueError:
+        return [model]
+
+
 def build(spec: Any, *, seed: int | None = None,
           wrap: Callable[[Any, Callable[[list], Any]], Any] | None = None,
           rows: slice | None = None) -> tuple[Any, Any, Any]:
@@ -46,8 +58,8 @@ def build(spec: Any, *, seed: int | None = None,
     if spec.param_dtype != "fp32":
         model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
     if spec.compile:
-        for layer in getattr(model, "layers", None) or [model]:
-            layer.compile()  # per block, so checkpointing still wraps groups of blocks
+        for unit in compiled_units(model, config):
+            unit.compile()
 
     def make(params: Any) -> Any:
         return make_optimizer(optimizer_name(spec), params)

@@ -61,7 +61,9 @@ def make_model(config: Any, device: str, seed: int) -> Any:
 
             model = build_model(config)
             groups = checkpoint_groups(config.checkpoint, config.num_layers)
-            return model if groups is None else checkpoint_blocks(model, config.num_layers, groups)
+            if groups is None:
+                return model
+            return checkpoint_blocks(model, config.num_layers, groups, config.blocks)
         from cs336sys.models.transformer import TransformerLM
 
         return TransformerLM(config)

@@ -1,7 +1,8 @@
 """Activation checkpointing for a Transformer LM that is not ours (`--model` with
-`--checkpoint`): its blocks, found as the ModuleList of `num_layers` modules its forward runs
-one after another (the course's `self.layers`), grouped as cs336sys's model groups its own
-(models/config.checkpoint_groups) without changing the user's code.
+`--checkpoint`): its blocks, the ModuleList of `num_layers` modules its forward runs one
+after another (the course's `self.layers`), found or named with `--blocks`, grouped as
+cs336sys's model groups its own (models/config.checkpoint_groups) without changing the
+user's code.
 
 The first block of each group runs the whole group under torch.utils.checkpoint (non-reentrant,
 the mode PyTorch recommends), the others pass their input through: the model's forward still
@@ -19,25 +20,44 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
-def blocks_of(model: nn.Module, num_layers: int) -> nn.ModuleList:
-    """The model's blocks: its `layers` ModuleList, else its only ModuleList child of
+def blocks_of(model: nn.Module, num_layers: int, where: str | None = None) -> nn.Module:
+    """The model's blocks: the module at the dotted path `where` (`--blocks`), else its
+    `layers` ModuleList, else its only ModuleList (at any depth: GPT-2's `transformer.h`) of
     `num_layers` modules; ValueError saying what checkpointing needs when there is none."""
+    name = type(model).__name__
+    if where is not None:
+        try:
+            found = model.get_submodule(where)
+        except AttributeError:
+            raise ValueError(f"--blocks {where}: {name} has no submodule {where!r}") from None
+        if not isinstance(found, (nn.ModuleList, nn.Sequential)) or len(found) != num_layers:
+            what = (f"{len(found)} modules" if isinstance(found, (nn.ModuleList, nn.Sequential))
+                    else f"a {type(found).__name__}")
+            raise ValueError(f"--blocks {where}: {name}.{where} is {what}, not the nn.ModuleList "
+                             f"(or nn.Sequential) of its {num_layers} blocks")
+        return found
     found = getattr(model, "layers", None)
     if isinstance(found, nn.ModuleList) and len(found) == num_layers:
         return found
-    lists = [m for m in model.children() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
+    lists = [(path, m) for path, m in model.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) == num_layers]
     if len(lists) == 1:
-        return lists[0]
+        return lists[0][1]
+    named = f" ({', '.join(path for path, _ in lists)}): name one with --blocks" if lists else ""
     raise ValueError(
-        f"--checkpoint on {type(model).__name__}: checkpointing needs its {num_layers} blocks in "
-        "one nn.ModuleList that its forward calls one after another (the course's "
-        f"`self.layers`); found {len(lists)} such lists")
+        f"--checkpoint on {name}: checkpointing needs its {num_layers} blocks in one "
+        "nn.ModuleList that its forward calls one after another (the course's `self.layers`); "
+        f"found {len(lists)} such lists{named}")
 
 
-def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int]) -> nn.Module:
-    """Checkpoint `model`'s blocks in consecutive groups of `groups` sizes (summing to
-    num_layers), in place; returns the model."""
-    blocks = blocks_of(model, num_layers)
+def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
+                      where: str | None = None) -> nn.Module:
+    """Checkpoint `model`'s blocks (at `where`, else found) in consecutive groups of `groups`
+    sizes (summing to num_layers), in place; returns the model. ValueError when a group of
+    several blocks would change what the model computes (check_chained)."""
+    blocks = blocks_of(model, num_layers, where)
+    if max(groups) > 1:
+        check_chained(model, blocks)
     start = 0
     for size in groups:
         group = list(blocks)[start:start + size]
@@ -46,6 +66,44 @@ def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int]) -> n
             block.forward = types.MethodType(_passes_through, block)
         start += size
     return model
+
+
+class NotChained(ValueError):
+    """A model whose blocks cannot be checkpointed in groups of several."""
+
+
+def check_chained(model: nn.Module, blocks: nn.Module) -> None:
+    """NotChained unless the model's forward hands each block's output, unchanged, to the
+    next block: what running a group of blocks as one function needs. A model that adds the
+    residual between blocks (`h = h + block(h)`) can only be checkpointed block by block.
+
+    Probed with one forward of two tokens, in eval mode (no dropout draws a random number)
+    and without gradients, on the model's device (the meta device costs nothing)."""
+    handed_on: list[bool] = []
+    last: list[torch.Tensor] = []
+
+    def record(module: nn.Module, args: tuple, out: Any) -> None:
+        if last:
+            handed_on.append(bool(args) and args[0] is last[-1])
+        last.append(out)
+
+    hooks = [block.register_forward_hook(record) for block in blocks]
+    param = next(model.parameters())
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros((1, 2), dtype=torch.long, device=param.device))
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    if not all(handed_on) or len(last) != len(blocks):
+        raise NotChained(
+            f"--checkpoint on {type(model).__name__}: its forward does not hand each block's "
+            "output straight to the next block (it changes it in between, as a residual added "
+            "outside the block does), so a group of blocks cannot run as one; checkpoint them "
+            "one by one with every:1")
 
 
 def _group_forward(forwards: list[Any]) -> Any:

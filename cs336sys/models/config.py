@@ -73,6 +73,9 @@ class ModelConfig:
     # "package.module:Class". Its attention is its own; checkpointing groups its blocks
     # (models/checkpointing.py).
     model: str | None = None
+    # Where the user's model keeps its blocks, as a dotted attribute path ("layers",
+    # "transformer.h"): what --checkpoint wraps. None: found (models/checkpointing.py).
+    blocks: str | None = None
 
     @property
     def d_head(self) -> int:
