@@ -21,7 +21,7 @@ each alone and all):
                  are never materialised;
     flash        our Triton FlashAttention-2 (causal) as the model's attention instead of the
                  baseline `--attention` (SDPA by default);
-    compile      torch.compile of each block, from an empty cache: the compile time and the
+    compile      torch.compile of each block's forward, from an empty cache: the compile time and the
                  point's wall time are stored, next to the leaderboard's 10-minute rule.
 
 Activation checkpointing is an axis of its own (`--checkpoint none,groups:14,14,6`): it buys
@@ -213,7 +213,7 @@ def specs(
     """The points of a step sweep (the product of the list options), validated; SpecError
     names the first bad option. What is not given takes the device's default (DEFAULTS).
     The user's model (`model`) takes the switches that do not change its code: fused-adamw
-    and compile (compiled whole, or per block when it has `layers`)."""
+    and compile (per block, found as --checkpoint finds them; whole when they are not)."""
     dev = device_choice(device)
     on_cuda = dev.startswith("cuda")
     defaults = DEFAULTS["cuda" if on_cuda else "cpu"]

@@ -59,7 +59,7 @@ def build(spec: Any, *, seed: int | None = None,
         model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
     if spec.compile:
         for unit in compiled_units(model, config):
-            unit.compile()
+            unit.forward = torch.compile(unit.forward)
 
     def make(params: Any) -> Any:
         return make_optimizer(optimizer_name(spec), params)

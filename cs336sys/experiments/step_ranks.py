@@ -17,38 +17,43 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cs336sys.experiments import ddp_yours
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result
 
-# What a point on several ranks cannot switch on, and why.
+# What a point on several ranks cannot switch on under some wrappers, and why.
 NOT_ON_RANKS_WHY = {
     "fused-ce": "it calls the LM head's weight outside the model's forward, where a sharding "
                 "wrapper has not gathered it and torch's DDP does not see it; cs336sys's "
                 "DDPs (naive, flat, overlap, bucketed) take it",
-    "compile": "compiling the blocks under the wrappers' hooks is not measured yet",
+    "compile": "an FSDP whose units are the layers that hold weights inside each block (each "
+               "Linear, each Embedding) gathers them in hooks that read Python state, so a "
+               "compiled block recompiles at every unit and falls back to eager; torch-fsdp "
+               "(fully_shard per block) and the replicating wrappers take it",
 }
-# The wrappers whose gradient synchronisation hangs on the parameters alone (hooks or a
-# loop after backward): a loss that reads the LM head's weight directly is reduced too.
+# The wrappers that take each of those switches: fused-ce where the gradient synchronisation
+# hangs on the parameters alone (hooks or a loop after backward), so a loss that reads the
+# LM head's weight directly is reduced too; compile where no hook runs inside a block.
 FUSED_CE_WRAPPERS = ("naive", "flat", "overlap", "bucketed")
 
 
 def not_on_ranks(wrapper: str) -> tuple[str, ...]:
     """The switches a point on several ranks wrapped by `wrapper` cannot switch on."""
-    return tuple(s for s in NOT_ON_RANKS_WHY
-                 if not (s == "fused-ce" and wrapper in FUSED_CE_WRAPPERS))
+    taken = {"fused-ce": wrapper in FUSED_CE_WRAPPERS,
+             "compile": wrapper != "fsdp" and ddp_yours.kind_of(wrapper) != "fsdp"}
+    return tuple(s for s in NOT_ON_RANKS_WHY if not taken[s])
 
 
 def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:
     """The `--ddp` wrapper of points on several ranks, checked against the other options."""
-    from cs336sys.experiments import ddp_yours
     from cs336sys.experiments.ddp_setup import IMPLS
 
     (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS))
     for switch in not_on_ranks(wrapper):
         if switch in on:
-            raise SpecError(f"--switches {switch} is not measured with --world-size above 1: "
-                            + NOT_ON_RANKS_WHY[switch])
+            raise SpecError(f"--switches {switch} is not measured with --world-size above 1 "
+                            f"and --ddp {wrapper}: " + NOT_ON_RANKS_WHY[switch])
     for w in worlds:
         for b in batches:
             if w > 1 and b % w:
