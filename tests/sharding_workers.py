@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from cs336sys.models.transformer import LMHead
 from cs336sys.parallel.comm_counter import CommCounter
 from cs336sys.parallel.fsdp import FSDP
 from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
@@ -118,7 +119,8 @@ def train_sharded(ctx, kind: str, round_: int) -> dict:
 
 class TinyLM(nn.Module):
     """Embedding, linear layers with biases, LayerNorms, an optional frozen projection and
-    an LM head, optionally tied to the embedding."""
+    an LM head (cs336sys's: given the targets, the fused loss), optionally tied to the
+    embedding."""
 
     def __init__(self, tied: bool = False, frozen: bool = False):
         super().__init__()
@@ -128,16 +130,18 @@ class TinyLM(nn.Module):
         self.fc2 = nn.Linear(HIDDEN, D)
         self.proj = nn.Linear(D, D, bias=False)
         self.ln_f = nn.LayerNorm(D)
-        self.head = nn.Linear(D, VOCAB, bias=False)
+        self.head = LMHead(D, VOCAB, bias=False)
         if tied:
             self.head.weight = self.emb.weight
         if frozen:
             self.proj.weight.requires_grad_(False)
 
-    def forward(self, tokens):
+    def forward(self, tokens, targets=None):
         h = self.emb(tokens)  # (B, T, D)
         h = h + self.fc2(torch.tanh(self.norm(self.fc1(h))))
-        return self.head(self.ln_f(self.proj(h)))  # (B, T, V)
+        if targets is None:
+            return self.head(self.ln_f(self.proj(h)))  # (B, T, V)
+        return self.head(self.ln_f(self.proj(h)), targets)  # (,): summed, logits never whole
 
 
 FSDP_CASES = {  # name -> (tied, frozen, compute dtype, optimizer)
@@ -148,6 +152,9 @@ FSDP_CASES = {  # name -> (tied, frozen, compute dtype, optimizer)
     # plain SGD: AdamW's m / sqrt(v) turns fp16 rounding of a near-zero gradient into an
     # update of +-lr, which would test AdamW rather than the casting
     "fp16": (False, False, torch.float16, "plain-sgd"),
+    # the LM head's weight read by the fused loss inside the head's forward, where the unit
+    # has gathered it; the reference trains on the materialised logits
+    "fused-ce": (False, False, None, "adamw"),
 }
 FSDP_STEPS, LOCAL_BATCH = 3, 2
 
@@ -169,7 +176,9 @@ def make_optimizer(kind: str, params):
     return torch.optim.SGD(params, lr=0.2, momentum=0.9)
 
 
-def lm_loss(model, tokens, targets):
+def lm_loss(model, tokens, targets, fused: bool = False):
+    if fused:
+        return model(tokens, targets) / targets.numel()  # the mean, as cross_entropy's
     return F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten())
 
 
@@ -186,7 +195,7 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
         x, y = lm_batch(round_, step)
         # the second step's all-gathers, counted by torch's dispatcher rather than by FSDP
         with CommCounter() if step == 1 else contextlib.nullcontext() as comm:
-            lm_loss(fsdp, x[part], y[part]).backward()
+            lm_loss(fsdp, x[part], y[part], fused=case == "fused-ce").backward()
             fsdp.finish_gradient_synchronization()
         if step == 1:
             gathered = comm.bytes["all_gather"]

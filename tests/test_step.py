@@ -136,11 +136,11 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--precision", "fp16"], "--precision: unknown value"),
         (["--ddp", "fsdp"], "--ddp shares the step between ranks"),
         (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),
-        (["--world-size", "2", "--switches", "fused-ce"], "fused-ce is not measured with"),
-        (["--world-size", "2", "--ddp", "torch", "--switches", "fused-ce"], "torch's DDP"),
+        (["--world-size", "2", "--ddp", "yours-fsdp=cs336sys.parallel:FSDP", "--switches", "fused-ce"],
+         "and --ddp yours-fsdp: the fused loss runs inside the LM head's forward"),
         (["--world-size", "2", "--ddp", "fsdp", "--switches", "compile"],
          "and --ddp fsdp: an FSDP whose units are the layers"),
-        (["--world-size", "2", "--ddp", "zero3"], "--impl: unknown value 'zero3'"),
+        (["--world-size", "2", "--ddp", "zero3"], "--ddp: unknown value 'zero3'"),
         (["--course-timing"], "--course-timing is triton.testing.do_bench's"),
         (["--preset", "fastest"], "--preset: unknown value"),
     ],
@@ -183,13 +183,13 @@ def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():
     assert "course_timing" not in small.settings()
 
 
-@pytest.mark.parametrize("ddp, switches", [("fsdp", "none"), ("flat", "fused-ce+compile")])
+@pytest.mark.parametrize("ddp, switches", [("fsdp", "fused-ce"), ("flat", "fused-ce+compile")])
 def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switches):
     """--world-size 2: the step on two Gloo ranks, each its half of the global batch; rank
     0's first loss is the single-process model's on that half, the same weights (an FSDP
-    starts from them on every rank, a DDP broadcasts rank 0's). Our DDPs take the fused
-    loss, which reads the LM head's weight outside the model's forward, and compiled blocks,
-    whose loss is the eager one's."""
+    starts from them on every rank, a DDP broadcasts rank 0's). The fused loss, computed
+    inside the LM head's forward where an FSDP unit has gathered its weight, and compiled
+    blocks give the materialised, eager loss."""
     out = invoke("step", *MICRO, "--seq", "16", "--switches", switches, "--world-size", "2",
                  "--ddp", ddp, "--db", db_path)
     assert out.exit_code == 0, out.output

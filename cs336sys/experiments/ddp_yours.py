@@ -87,17 +87,17 @@ def optimizer(name: str, params: list, optimizer_cls: type, **kwargs: Any) -> An
     return call_adapter(yours.entries("optimizer")["yours"], 0, params, optimizer_cls, **kwargs)
 
 
-def user_impls(given: list[str], ours: list[str]) -> list[str]:
+def user_impls(given: list[str], ours: list[str], option: str = "--impl") -> list[str]:
     """The --impl list with the user's implementations: a one-off `NAME=package.module:Class`
     is an FSDP when NAME has `fsdp` in it, else a DDP wrapper; `ours` are the built-in
-    implementations' names."""
+    implementations' names; `option` is the one a refusal names."""
     from cs336sys.yours.implementations import named_impls
 
     out: list[str] = []
     for value in given:
         name, sep, _ = value.partition("=")
         kind = one_off_kind(name) if sep else "fsdp" if name in yours.names("fsdp") else "ddp"
-        out += [n for n in named_impls([value], kind, "--impl", ours) if n not in out]
+        out += [n for n in named_impls([value], kind, option, ours) if n not in out]
     return out
 
 

@@ -78,8 +78,6 @@ def build(spec: Any, *, seed: int | None = None,
     amp = autocast_dtype(spec.precision) if autocast_here else None
     device_type = torch.device(spec.device).type
     fused_impl = spec.loss.removeprefix("fused-") if spec.loss != "materialised" else None
-    if fused_impl is not None:
-        from cs336sys.models.fused_ce import linear_cross_entropy
 
     def train_step() -> Any:
         if start is not None:
@@ -90,9 +88,9 @@ def build(spec: Any, *, seed: int | None = None,
                 logits = module(x)  # (B, T, V), materialised
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
             else:
-                h = model.hidden(x)  # (B, T, C): the logits are made a chunk of rows at a time
-                loss = linear_cross_entropy(h, model.lm_head.weight, y, reduction="sum",
-                                            impl=fused_impl)
+                # through the wrapper, as the materialised loss: the logits are made a chunk
+                # of rows at a time inside the LM head's forward (models/transformer.py)
+                loss = module(x, targets=y, ce_impl=fused_impl)
         loss.backward()
         if finish is not None:
             finish()  # the wrapper's gradient synchronisation

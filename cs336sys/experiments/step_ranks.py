@@ -24,24 +24,21 @@ from cs336sys.sweep.result import Result
 
 # What a point on several ranks cannot switch on under some wrappers, and why.
 NOT_ON_RANKS_WHY = {
-    "fused-ce": "it calls the LM head's weight outside the model's forward, where a sharding "
-                "wrapper has not gathered it and torch's DDP does not see it; cs336sys's "
-                "DDPs (naive, flat, overlap, bucketed) take it",
+    "fused-ce": "the fused loss runs inside the LM head's forward (models/transformer.py), "
+                "which your FSDP may replace or gather around in its own way; cs336sys's "
+                "DDPs and FSDP, torch's and your DDP take it",
     "compile": "an FSDP whose units are the layers that hold weights inside each block (each "
                "Linear, each Embedding) gathers them in hooks that read Python state, so a "
                "compiled block recompiles at every unit and falls back to eager; torch-fsdp "
                "(fully_shard per block) and the replicating wrappers take it",
 }
-# The wrappers that take each of those switches: fused-ce where the gradient synchronisation
-# hangs on the parameters alone (hooks or a loop after backward), so a loss that reads the
-# LM head's weight directly is reduced too; compile where no hook runs inside a block.
-FUSED_CE_WRAPPERS = ("naive", "flat", "overlap", "bucketed")
 
 
 def not_on_ranks(wrapper: str) -> tuple[str, ...]:
-    """The switches a point on several ranks wrapped by `wrapper` cannot switch on."""
-    taken = {"fused-ce": wrapper in FUSED_CE_WRAPPERS,
-             "compile": wrapper != "fsdp" and ddp_yours.kind_of(wrapper) != "fsdp"}
+    """The switches a point on several ranks wrapped by `wrapper` cannot switch on: fused-ce
+    under the user's FSDP, compile under any FSDP whose units sit inside the blocks."""
+    users_fsdp = ddp_yours.kind_of(wrapper) == "fsdp"
+    taken = {"fused-ce": not users_fsdp, "compile": wrapper != "fsdp" and not users_fsdp}
     return tuple(s for s in NOT_ON_RANKS_WHY if not taken[s])
 
 
@@ -49,7 +46,7 @@ def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str])
     """The `--ddp` wrapper of points on several ranks, checked against the other options."""
     from cs336sys.experiments.ddp_setup import IMPLS
 
-    (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS))
+    (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS), "--ddp")
     for switch in not_on_ranks(wrapper):
         if switch in on:
             raise SpecError(f"--switches {switch} is not measured with --world-size above 1 "

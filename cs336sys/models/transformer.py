@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from cs336sys.attention import registry
 from cs336sys.measure.nvtx import nvtx_range
 from cs336sys.models.config import ModelConfig, checkpoint_groups
+from cs336sys.models.fused_ce import linear_cross_entropy
 
 
 class RMSNorm(nn.Module):
@@ -162,8 +163,26 @@ class TransformerBlock(nn.Module):
         return x + self.ffn(self.ln2(x))
 
 
+class LMHead(nn.Linear):
+    """Hidden states (B, T, C) -> logits (B, T, V); given the targets, the cross-entropy
+    summed over tokens instead, with the head and the loss fused (models/fused_ce.py) so the
+    logits never exist whole.
+
+    The fused loss reads the weight inside this module's forward, not beside it: a wrapper
+    that gathers a unit's weights around its forward (an FSDP) has gathered them then, and
+    one that hooks the model's forward (torch's DDP) has seen the whole step.
+    """
+
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, ce_impl: str = "torch"
+    ) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)  # (B, T, V)
+        return linear_cross_entropy(x, self.weight, targets, reduction="sum", impl=ce_impl)
+
+
 class TransformerLM(nn.Module):
-    """Token ids (B, T) -> next-token logits (B, T, V)."""
+    """Token ids (B, T) -> next-token logits (B, T, V); with the targets, the summed loss."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -173,7 +192,7 @@ class TransformerLM(nn.Module):
         # A plain ModuleList so activation checkpointing can wrap groups of layers.
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.ln_final = RMSNorm(config.d_model)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.d_model, config.vocab_size, bias=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -196,9 +215,19 @@ class TransformerLM(nn.Module):
         return x
 
     def forward(
-        self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None
+        self,
+        token_ids: torch.Tensor,
+        token_positions: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        ce_impl: str = "torch",
     ) -> torch.Tensor:
-        return self.lm_head(self.hidden(token_ids, token_positions))  # (B, T, V)
+        """The logits (B, T, V); given `targets` (B, T), the cross-entropy summed over the
+        tokens from the fused LM head and loss (`ce_impl` "torch" or "triton"), the training
+        step's loss without the (B, T, V) logits."""
+        h = self.hidden(token_ids, token_positions)  # (B, T, C)
+        if targets is None:
+            return self.lm_head(h)  # (B, T, V)
+        return self.lm_head(h, targets, ce_impl)  # (,)
 
     def hidden(
         self, token_ids: torch.Tensor, token_positions: torch.Tensor | None = None
