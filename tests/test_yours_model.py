@@ -318,6 +318,21 @@ def test_checkpointed_blocks_give_the_same_loss_and_gradients():
     assert blocks_of(reference, 2, "probes") is reference.probes
 
 
+def test_found_blocks_are_the_units_that_compile_and_torch_fsdp_take():
+    """found_blocks: what --checkpoint finds (or --blocks names), as a list; none where no
+    list of blocks exists, so that compile takes the whole model and torch-fsdp makes the
+    whole model one unit instead of failing."""
+    from cs336sys.models.checkpointing import found_blocks
+
+    namespace: dict = {}
+    exec(OTHER_MODEL, namespace)
+    gelu, nested, flat = (namespace[n](**SHAPE) for n in ("GeluLM", "NestedLM", "FlatLM"))
+    assert found_blocks(gelu, 2) == list(gelu.blocks)
+    assert found_blocks(nested, 2, "transformer.h") == list(nested.transformer.h)
+    assert found_blocks(nested, 2) == []  # two lists of two: ambiguous without --blocks
+    assert found_blocks(flat, 2) == []
+
+
 # The course's AdamW (assignment 1's algorithm: bias correction folded into the step size,
 # eps outside it, decoupled weight decay after the update), and one that forgot the bias
 # correction.

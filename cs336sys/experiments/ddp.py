@@ -200,9 +200,7 @@ def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
     and the user's yours-bucketed (torch DDP's own cap recorded for torch), each sharding for
     the replica impls; the FSDPs have neither (they shard the optimizer state anyway)."""
-    from cs336sys.experiments.ddp_yours import kind_of
-
-    if impl in FSDP_IMPLS or kind_of(impl) == "fsdp":
+    if impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp":
         return [(None, None)]
     caps = (buckets if impl in ("bucketed", "yours-bucketed") else [TORCH_BUCKET_MB] if impl == "torch"
             else [None])
@@ -233,6 +231,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     from cs336sys.measure.memory import CudaProbe, TrackerProbe
     from cs336sys.measure.nvtx import measured
     from cs336sys.measure.timing import launch_metrics
+    from cs336sys.models.checkpointing import found_blocks
     from cs336sys.parallel.comm_counter import CommCounter
     from cs336sys.sweep.result import Unfinished, free_memory
 
@@ -269,7 +268,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         try:
             setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
-                                    spec.precision, model, device)
+                                    spec.precision, model, device,
+                                    blocks=found_blocks(model, spec.num_layers))
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
             return Result("skipped", error=str(exc))
         del model

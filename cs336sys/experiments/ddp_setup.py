@@ -70,10 +70,11 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
 
 
 def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device,
-          make_optimizer: Callable[[list], Any] | None = None):
+          make_optimizer: Callable[[list], Any] | None = None, blocks: list | None = None):
     """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds
     (`make_optimizer(params)` where given and the optimizer is not sharded); the user's
-    wrappers and sharded optimizer (experiments/ddp_yours.py) too."""
+    wrappers and sharded optimizer (experiments/ddp_yours.py) too. `blocks`: the modules
+    torch-fsdp makes units of before the root (models/checkpointing.py `found_blocks`)."""
     import torch
 
     from cs336sys.experiments import ddp_yours
@@ -142,7 +143,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         broadcast_from_rank0(model)
         mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
         mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low) if low else MixedPrecisionPolicy()
-        for block in model.layers:
+        for block in blocks or ():  # none found: the whole model is one unit
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         opt = adamw(list(model.parameters()))

@@ -30,12 +30,9 @@ def compiled_units(model: Any, config: Any) -> list:
     """What the compile switch compiles: each block, so checkpointing still wraps groups of
     blocks (the user's found as --checkpoint finds them, or at --blocks); the whole model
     when its blocks cannot be found."""
-    from cs336sys.models.checkpointing import blocks_of
+    from cs336sys.models.checkpointing import found_blocks
 
-    try:
-        return list(blocks_of(model, config.num_layers, config.blocks))
-    except ValueError:
-        return [model]
+    return found_blocks(model, config.num_layers, config.blocks) or [model]
 
 
 def build(spec: Any, *, seed: int | None = None,

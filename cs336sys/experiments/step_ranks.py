@@ -70,6 +70,7 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     from cs336sys.measure.device import synchronize
     from cs336sys.measure.nvtx import measured
     from cs336sys.measure.progress import step_done
+    from cs336sys.models.checkpointing import found_blocks
     from cs336sys.sweep.ranks import gather
     from cs336sys.sweep.result import Unfinished
 
@@ -84,7 +85,8 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     def wrap(model: Any, make_optimizer: Any) -> Any:
         whole["params"] = sum(p.numel() for p in model.parameters())  # before any sharding
         return ddp_setup.build(spec.ddp, None, None, spec.precision, model, device,
-                               make_optimizer=make_optimizer)
+                               make_optimizer=make_optimizer,
+                               blocks=found_blocks(model, spec.num_layers, spec.blocks))
 
     at_rank = spec.__class__(**{**vars(spec), "device": ctx.device})
     try:

@@ -50,6 +50,14 @@ def blocks_of(model: nn.Module, num_layers: int, where: str | None = None) -> nn
         f"found {len(lists)} such lists{named}")
 
 
+def found_blocks(model: nn.Module, num_layers: int, where: str | None = None) -> list[nn.Module]:
+    """The blocks `blocks_of` finds, as a list; none when it finds none, for a caller that
+    can do without them (compile the whole model; shard it as one FSDP unit)."""
+    try:
+        return list(blocks_of(model, num_layers, where))
+    except ValueError:
+        return []
+
 def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
                       where: str | None = None) -> nn.Module:
     """Checkpoint `model`'s blocks (at `where`, else found) in consecutive groups of `groups`
