@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import sys
 
+from cs336sys.sweep import stopping
+
 
 def main() -> None:
-    from cs336sys.sweep import stopping
-
     stopping.install()
     try:
         from cs336sys.cli import main as command_line

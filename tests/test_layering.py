@@ -146,6 +146,119 @@ def test_no_package_has_an_import_cycle_imports_in_functions_counted():
     assert found == []
 
 
+# Imports inside functions keep `cs336sys --help` light. One is justified when its target is
+# heavy -- it imports one of HEAVY when imported (or imports such a module, or lives in a
+# package that does) -- or when it keeps a module out of what `--help` loads: the import is
+# in a module the command line loads and its target is not (a command loads its experiment
+# when it runs). Every other import of the package's own modules is at the top, but for a
+# package's names given on first use (PEP 562 `__getattr__` in its __init__): its modules
+# import their siblings, and importing a sibling imports the package.
+# (sqlite-utils imports numpy.)
+HEAVY = ("torch", "triton", "matplotlib", "datasette", "numpy", "sqlite_utils")
+# The places that import a light module inside a function anyway, each with its reason.
+LAZY_ON_PURPOSE = {
+    ("cs336sys.__main__", "cs336sys.cli"): "a Ctrl-C while the command line loads is caught",
+}
+
+
+def _runtime(source: str) -> str:
+    """`source` without its `if TYPE_CHECKING:` blocks, which never run."""
+    tree = ast.parse(source)
+    tree.body = [n for n in tree.body
+                 if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    return ast.unparse(tree)
+
+
+def runtime_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """What each module imports when it is imported, `if TYPE_CHECKING:` blocks left out."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    return {m: imports(_runtime(p.read_text()), m, p.name == "__init__.py", set(files),
+                       at_import=True) - {m}
+            for m, p in files.items()}
+
+
+def heavy_modules(root: Path = ROOT) -> set[str]:
+    """The modules whose import imports one of HEAVY: directly, through a module they
+    import when imported, or through a package above them."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    edges = runtime_graph(root)
+    heavy = set()
+    for m, p in files.items():
+        for node in _nodes(ast.parse(_runtime(p.read_text())), at_import=True):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n and n.split(".")[0] in HEAVY for n in names):
+                heavy.add(m)
+    grew = True
+    while grew:
+        before = len(heavy)
+        for m in files:
+            above = {m.rsplit(".", k)[0] for k in range(1, m.count("."))}
+            if (edges[m] | above) & heavy:
+                heavy.add(m)
+        grew = len(heavy) > before
+    return heavy
+
+
+def loaded_by_help(root: Path = ROOT) -> set[str]:
+    """The package's modules `cs336sys --help` imports: cs336sys.cli and what it imports
+    when imported, transitively."""
+    edges, todo, seen = runtime_graph(root), ["cs336sys.cli"], set()
+    while todo:
+        m = todo.pop()
+        if m not in seen and m in edges:
+            seen.add(m)
+            todo += edges[m]
+    return seen
+
+
+def lazy_light_imports(root: Path = ROOT) -> list[str]:
+    """Imports inside functions of package modules that neither HEAVY nor `--help` explain."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    known, heavy, at_help = set(files), heavy_modules(root), loaded_by_help(root)
+    found = []
+    for m, p in sorted(files.items()):
+        source = p.read_text()
+        tree = ast.parse(source)
+        at_import = {id(n) for n in _nodes(tree, at_import=True)}
+        if p.name == "__init__.py":
+            at_import |= {id(n) for f in tree.body if isinstance(f, ast.FunctionDef)
+                          and f.name == "__getattr__" for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in at_import:
+                segment = ast.get_source_segment(source, node) or ""
+                targets = imports(segment.strip(), m, p.name == "__init__.py", known) - {m}
+                for target in sorted(targets - heavy):
+                    kept_from_help = m in at_help and target not in at_help
+                    if not kept_from_help and (m, target) not in LAZY_ON_PURPOSE:
+                        found.append(f"{m}:{node.lineno} imports {target} in a function")
+    return sorted(set(found))
+
+
+def test_imports_inside_functions_only_keep_the_command_line_light():
+    """An import inside a function hides an edge and runs at every call: it is there only
+    to keep torch, Triton, matplotlib and datasette, or a command's experiment, out of
+    `cs336sys --help`."""
+    assert lazy_light_imports() == []
+
+
+def test_the_lazy_import_checker_tells_heavy_from_light(tmp_path):
+    pkg = tmp_path / "cs336sys"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cs336sys.models import net\n")
+    (pkg / "models" / "net.py").write_text("import torch\n")
+    (pkg / "models" / "config.py").write_text("import json\n")
+    (pkg / "models" / "uses.py").write_text(
+        "def f():\n    from cs336sys.models import net\n\n"
+        "def g():\n    from cs336sys.models.config import json\n")
+    assert heavy_modules(pkg) == {"cs336sys.models.net"}
+    assert lazy_light_imports(pkg) == [
+        "cs336sys.models.uses:5 imports cs336sys.models.config in a function"]
+
+
 def test_the_checker_sees_a_forbidden_edge(tmp_path):
     """The checker itself: an upward import inside a function, a relative one, and a cycle."""
     pkg = tmp_path / "cs336sys"

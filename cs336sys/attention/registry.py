@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.yours.implementations import attention_function, load_target
 
 
 def _naive() -> Callable[..., Any]:
@@ -90,12 +91,8 @@ def get(name: str) -> Callable[..., Any]:
     if name in _added:
         fn = _added[name]
         if isinstance(fn, str):
-            from cs336sys.yours.implementations import load_target
-
             return load_target(fn)
         return fn
     if yours.is_yours(name):
-        from cs336sys.yours.implementations import attention_function
-
         return attention_function(name)
     raise ValueError(f"unknown attention {name!r}; choose from {', '.join(choices())}")

@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from cs336sys import __version__
+from cs336sys.cli import common
 from cs336sys.cli.attention import attention
 from cs336sys.cli.browse import browse
 from cs336sys.cli.comm import comm
@@ -32,6 +33,7 @@ from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
 from cs336sys.cli.step import step
+from cs336sys.sweep import stopping
 from cs336sys.sweep.points import MAX_SIZE
 
 
@@ -49,7 +51,6 @@ class Root(TyperGroup):
                     param.callback = _bounded(param.callback)
 
     def parse_args(self, ctx, args):  # click's signature
-        from cs336sys.cli import common
         from cs336sys.cli.vocabulary import (
             aliases_for,
             bare_values_for,
@@ -194,8 +195,6 @@ app.add_typer(handout_app, name="handout")
 
 def main() -> None:
     """The command line, once cs336sys/__main__.py has installed the signal handlers."""
-    from cs336sys.sweep import stopping
-
     if all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
         # One rank of torchrun's: end with its agent, from the start (an agent killed while
         # this rank still imports would leave it running otherwise).

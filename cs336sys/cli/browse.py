@@ -14,6 +14,8 @@ import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail
 from cs336sys.cli.options import option
+from cs336sys.store.views import column_meanings
+from cs336sys.sweep import stopping
 
 # Canned queries: name -> (title, SQL over the views and tables of the current schema).
 QUERIES = {
@@ -40,8 +42,6 @@ QUERIES = {
 def metadata(name: str) -> dict[str, Any]:
     """Datasette's metadata for a store served as database `name`: the views' titles and
     column descriptions (store/views.column_meanings) and the canned queries."""
-    from cs336sys.store.views import column_meanings
-
     tables = {}
     for e in catalog():
         columns = {}
@@ -114,8 +114,6 @@ def browse(
         try:
             code = subprocess.call(argv)
         except KeyboardInterrupt:  # how a server is stopped: not an interrupted command
-            from cs336sys.sweep import stopping
-
             stopping.reset()
             code = 0
     raise typer.Exit(code)

@@ -6,6 +6,7 @@ from typing import Any
 
 from cs336sys.cli.common import measure
 from cs336sys.cli.options import list_option, nsys_options, option, options_of, store_options
+from cs336sys.measure.units import format_size
 
 
 def _comm_only(
@@ -69,7 +70,6 @@ def _averages(points) -> None:
 def point_name(spec) -> str:
     """A point in a few words, for the progress bar."""
     from cs336sys.experiments.comm import placement_words
-    from cs336sys.measure.units import format_size
 
     where = placement_words(spec.op, spec.placement)
     return f"{spec.op}{where} {format_size(spec.size_bytes)} n={spec.world_size}"

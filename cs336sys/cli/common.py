@@ -20,6 +20,9 @@ import typer
 from cs336sys.cli.nsys import NsysRefused, record, under_nsys
 from cs336sys.cli.progress_bar import Bar
 from cs336sys.measure.units import format_duration
+from cs336sys.sweep import stopping
+from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import choices as checked
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
 # store is found from the folder the user stands in (measure/paths.py, default_store).
@@ -81,8 +84,6 @@ def fail(message: object) -> NoReturn:
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the library's SpecError (an option it cannot use) into one line and exit 2."""
-    from cs336sys.sweep.points import SpecError
-
     try:
         yield
     except SpecError as exc:
@@ -115,8 +116,6 @@ def choices(
     values: Sequence[str] | None, allowed: Sequence[str], option: str, default: Sequence[str] = ()
 ) -> list[str]:
     """Split a list option and check every value is one of `allowed` (exit 2 if not)."""
-    from cs336sys.sweep.points import choices as checked
-
     with user_errors():
         return checked(values, allowed, option, default)
 
@@ -190,7 +189,6 @@ def recording(
         return
     from cs336sys.store.db import StoreError
     from cs336sys.store.recorder import Recorder
-    from cs336sys.sweep import stopping
 
     try:
         rec = Recorder(db, command, device=device, argv=["cs336sys", *sys.argv[1:]], label=label,

@@ -17,6 +17,7 @@ import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, option
+from cs336sys.sweep.points import listed
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
 
@@ -66,7 +67,6 @@ def export(
     from cs336sys.report.select import Selection, SelectionError, parse_where, time_range
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
-    from cs336sys.sweep.points import listed
 
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")

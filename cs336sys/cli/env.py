@@ -8,6 +8,7 @@ import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, fail, user_code
 from cs336sys.cli.options import Adapters, option
+from cs336sys.measure.device import resolve_device
 
 
 def env(
@@ -24,7 +25,6 @@ def env(
         cs336sys env --json
     """
     from cs336sys import yours
-    from cs336sys.measure.device import resolve_device
     from cs336sys.measure.provenance import collect
 
     try:

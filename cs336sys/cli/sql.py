@@ -12,7 +12,8 @@ import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table
 from cs336sys.cli.options import option
-from cs336sys.store.views import typed
+from cs336sys.store.views import column_meanings, typed
+from cs336sys.sweep.points import closest
 
 
 def sql(
@@ -89,7 +90,6 @@ def sql(
 def _schema(db, view: str | None) -> None:
     """`sql --schema [VIEW]`: what the store at `db` holds, as this version reads it."""
     from cs336sys.store.db import StoreError, connect_readonly
-    from cs336sys.store.views import column_meanings
 
     try:
         conn = connect_readonly(db, catalog)
@@ -113,8 +113,6 @@ def _schema(db, view: str | None) -> None:
             typer.echo("cs336sys sql --schema NAME lists the columns of one.", err=True)
             return
         if view not in objects:
-            from cs336sys.sweep.points import closest
-
             near = closest(view, objects)
             hint = f" (did you mean {near!r}?)" if near else ""
             fail(f"--schema: no view or table {view!r} in {db}{hint}; see cs336sys sql --schema")

@@ -17,12 +17,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.attention import opt_in
+from cs336sys.attention import opt_in, registry
 from cs336sys.attention.diagnosis import checked
 from cs336sys.experiments import attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
-from cs336sys.measure.dtypes import PRECISIONS
+from cs336sys.measure.dtypes import PRECISIONS, torch_dtype
+from cs336sys.measure.memory import saved_tensor_bytes
+from cs336sys.measure.timing import time_do_bench, time_loop
 from cs336sys.models.flops import attention_forward_flops
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
@@ -47,7 +49,7 @@ from cs336sys.sweep.points import (
     unknown,
 )
 from cs336sys.sweep.result import Result
-from cs336sys.yours.implementations import named_impls
+from cs336sys.yours.implementations import named_impls, sources
 
 DTYPES = tuple(PRECISIONS)
 PASSES = ("forward", "backward", "both")
@@ -169,8 +171,6 @@ def specs(
 
     Shared by the commands that run attention points (`attention`, `profile attention`).
     """
-    from cs336sys.attention import registry
-
     if preset is not None and preset not in PRESETS:
         raise unknown("--preset", preset, PRESETS)
     chosen = PRESETS.get(preset, {})
@@ -289,14 +289,10 @@ def sdpa_backend_used(q, k, v, is_causal: bool) -> str | None:
 def run(spec: AttentionSpec) -> Result:
     import torch
 
-    from cs336sys.attention import registry
-    from cs336sys.measure.memory import saved_tensor_bytes
     from cs336sys.measure.nvtx import measured
-    from cs336sys.measure.timing import time_do_bench, time_loop
 
     device = spec.device
     on_cuda = device.startswith("cuda")
-    from cs336sys.measure.dtypes import torch_dtype
 
     dtype = torch_dtype(spec.precision)
     backward = spec.passes != "forward"
@@ -387,16 +383,12 @@ def run(spec: AttentionSpec) -> Result:
     metrics.update(timed_metrics(samples, host, fwd, device))
     metrics["peak_bytes"] = torch.cuda.max_memory_allocated(device) if on_cuda else None
     if yours.is_yours(spec.impl):
-        from cs336sys.yours.implementations import sources
-
         metrics["code"] = sources(impl_fn)
     return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
                   samples={**samples, **{k: v for k, v in host.items() if v}})
 
 
 def _time(spec, fn, grads, host: list[float]) -> list[float]:
-    from cs336sys.measure.timing import time_do_bench, time_loop
-
     if spec.timer == "do-bench":
         return time_do_bench(fn, grad_to_none=list(grads), host=host, min_count=spec.iters,
                              min_seconds=spec.min_time)

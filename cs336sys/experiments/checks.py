@@ -20,6 +20,7 @@ import dataclasses
 import math
 from typing import Any
 
+from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model, make_optimizer
 from cs336sys.measure.check import Verdict
 
 # fp32 losses of the same weights computed by two implementations of the same math: the sums
@@ -34,8 +35,6 @@ def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict
     model (config.model), or their attention kernel in ours (config.attention), whose loss
     must be naive attention's with the same weights."""
     import torch
-
-    from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model
 
     small = dataclasses.replace(
         config, num_layers=min(config.num_layers, CHECK_LAYERS),
@@ -75,8 +74,6 @@ OPTIMIZER_RTOL = 1e-3
 def optimizer_check(name: str) -> Verdict:
     """The user's AdamW `name` against torch.optim.AdamW (module docstring)."""
     import torch
-
-    from cs336sys.experiments.training_step import make_optimizer
 
     g = torch.Generator().manual_seed(0)
     start = torch.randn(64, 32, generator=g, dtype=torch.float64)

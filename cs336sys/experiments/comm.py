@@ -23,8 +23,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cs336sys.measure.dtypes import PRECISIONS, itemsize
+from cs336sys.measure.device import synchronize
+from cs336sys.measure.dtypes import PRECISIONS, itemsize, torch_dtype
 from cs336sys.measure.progress import step_done
+from cs336sys.measure.units import parse_sizes
+from cs336sys.report.plots import Plot
+from cs336sys.report.sections import add_plot, series
 from cs336sys.sweep.declaration import Column, Experiment, Table, metric_table, setting_columns
 from cs336sys.sweep.points import SpecError, choices, counts, expand, listed, old_names
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
@@ -99,8 +103,6 @@ def specs(
     the device's default (DEFAULTS). `placement` defaults to both where the op has both.
     `backend` is one or several (gloo,nccl: Gloo on CPU tensors and NCCL on the GPUs in one
     run, as the 2025 handout asks)."""
-    from cs336sys.measure.units import parse_sizes
-
     ops = choices(op, OPS, "--op", default=["all-reduce"])
     placements = choices(placement, PLACEMENTS, "--placement", default=list(PLACEMENTS))
     if "in-place" not in placements and (only := [o for o in ops if o in IN_PLACE_ONLY]):
@@ -205,8 +207,6 @@ def _make_op(op: str, numel: int, n: int, rank: int, dtype, device, in_place: bo
 def run(ctx: Any, spec: CommSpec) -> Result:
     import torch.distributed as dist
 
-    from cs336sys.measure.device import synchronize
-    from cs336sys.measure.dtypes import torch_dtype
     from cs336sys.measure.nvtx import measured, nvtx_range
 
     dtype = torch_dtype(spec.precision)
@@ -260,9 +260,6 @@ def run(ctx: Any, spec: CommSpec) -> Result:
 
 def section(sec: Any, pts: list) -> None:
     """Bus bandwidth against message size (nccl-tests' busbw)."""
-    from cs336sys.report.plots import Plot
-    from cs336sys.report.sections import add_plot, series
-
     lines = series(pts, "size_bytes", "busbw_gbps",
                    first=("op", "placement", "backend", "world_size"))
     add_plot(sec, "Bus bandwidth against message size", "comm-busbw",

@@ -38,12 +38,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cs336sys.experiments import ddp_section, ddp_yours
+from cs336sys.experiments import ddp_section, ddp_setup, ddp_yours
 from cs336sys.experiments.ddp_section import TABLE, label
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
+from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
+from cs336sys.experiments.training_step import Step, make_batch, make_model
+from cs336sys.measure.dtypes import autocast_dtype
+from cs336sys.measure.memory import CudaProbe, TrackerProbe
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
+from cs336sys.measure.timing import launch_metrics
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset
 from cs336sys.sweep.declaration import (
     Experiment,
@@ -62,8 +67,8 @@ from cs336sys.sweep.points import (
     positive_ints,
 )
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
-from cs336sys.sweep.result import Result
-from cs336sys.yours.implementations import named_impls
+from cs336sys.sweep.result import Result, Unfinished, free_memory
+from cs336sys.yours.implementations import named_impls, sources
 
 PRECISIONS = ("fp32", "bf16")
 TORCH_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, recorded as what ran
@@ -210,8 +215,6 @@ def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
 def _batch(spec: DDPSpec, rank: int | None, device):
     """This rank's equal, contiguous slice of one global batch that every rank draws alike
     (the whole batch for rank None)."""
-    from cs336sys.experiments.training_step import make_batch
-
     x, y = make_batch(spec.seed, spec.batch, spec.seq, spec.vocab_size)
     if rank is None:
         return x.to(device), y.to(device)  # (B, T)
@@ -223,17 +226,10 @@ def _batch(spec: DDPSpec, rank: int | None, device):
 def run(ctx: Any, spec: DDPSpec) -> Result:
     import torch
 
-    from cs336sys.experiments import ddp_setup
-    from cs336sys.experiments.training_check import first_step_grads
-    from cs336sys.experiments.training_step import Step, make_model
-    from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.measure.live_tensors import LiveTensorTracker
-    from cs336sys.measure.memory import CudaProbe, TrackerProbe
     from cs336sys.measure.nvtx import measured
-    from cs336sys.measure.timing import launch_metrics
     from cs336sys.models.checkpointing import found_blocks
     from cs336sys.parallel.comm_counter import CommCounter
-    from cs336sys.sweep.result import Unfinished, free_memory
 
     device = torch.device(ctx.device)
     on_cuda = device.type == "cuda"
@@ -246,8 +242,6 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     # trains the reference first, alone, so that it never shares memory with the point.
     reference = None
     if user and ctx.rank == 0:
-        from cs336sys.experiments.training_check import training_reference
-
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
                                        spec.precision, spec.warmup + 1 + spec.iters,
@@ -340,8 +334,6 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         if reference is not None:
-            from cs336sys.experiments.training_check import training_check
-
             checked = training_check(full, reference, spec.precision, first_grads)
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
@@ -382,7 +374,6 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     samples = {"ranks": [r["times"] for r in per_rank], "loss": [float(v) for v in losses]}
     if checked is None:
         return Result("ok", metrics=metrics, samples=samples)
-    from cs336sys.yours.implementations import sources
 
     metrics.update(checked.metrics, code=sources(type(setup.module), type(setup.optimizer)))
     return Result("ok" if checked.passed else "wrong", metrics=metrics, samples=samples,

@@ -33,6 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.experiments import ddp_yours
+from cs336sys.experiments.ddp_yours import kind_of
+from cs336sys.measure.dtypes import autocast_dtype
+from cs336sys.measure.memory import optimizer_tensors
 
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
@@ -63,8 +67,6 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
     FSDP test builds them: the handout asks an FSDP to shard, not to broadcast, so an FSDP
     that shards what each rank was given is right (measured: such an FSDP, passing the
     course's tests/test_fsdp.py, was 1.1 off with distinct weights per rank)."""
-    from cs336sys.experiments.ddp_yours import kind_of
-
     sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
     return seed if sharded else seed + 1000 * rank
 
@@ -77,8 +79,6 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     torch-fsdp makes units of before the root (models/checkpointing.py `found_blocks`)."""
     import torch
 
-    from cs336sys.experiments import ddp_yours
-    from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.models.adamw import AdamW
     from cs336sys.parallel.ddp import make_ddp
 
@@ -169,8 +169,6 @@ def _bytes(tensors) -> int:
 
 def split(setup: Setup) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state, by inspection."""
-    from cs336sys.measure.memory import optimizer_tensors
-
     state = optimizer_tensors(setup.state_holder) if setup.state_holder is not None else []
     return {
         "params": _bytes(setup.params),
@@ -182,8 +180,6 @@ def split(setup: Setup) -> dict[str, int]:
 def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:
     """The bytes per rank of the table in the module docstring. The user's FSDP is held to
     the fully sharded ideal (as torch-fsdp), the user's sharded optimizer to 8P / n."""
-    from cs336sys.experiments.ddp_yours import kind_of
-
     fully_sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
     if impl == "fsdp":
         params = 4 * (n_params - n_1d) / world + 4 * n_1d
@@ -206,8 +202,6 @@ def shares(impl: str, sharding: str | None, world: int, params: int, opt_state: 
     """Rank 0's share of one whole copy of the parameters (`whole` bytes) and of AdamW's
     whole state (two moments per parameter), and, where the point is meant to shard them
     (an FSDP: both; a sharded optimizer: the state), which one rank 0 holds too much of."""
-    from cs336sys.experiments.ddp_yours import kind_of
-
     fsdp = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
     out: dict[str, Any] = {
         "param_rank0_share": params / whole if whole else None,

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.yours.implementations import call_adapter, load_target, named_impls
 
 
 def kind_of(impl: str) -> str | None:
@@ -41,8 +42,6 @@ def one_off_kind(name: str) -> str:
 
 def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callable, Callable, Callable | None]:
     """(wrapper, finish(optimizer), start(optimizer) or None) for the user's replica `impl`."""
-    from cs336sys.yours.implementations import call_adapter, load_target
-
     where = yours.target("ddp", impl)
     if where is not None:
         wrapper = load_target(where)(model)
@@ -64,8 +63,6 @@ def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callab
 
 def sharded(impl: str, model: Any, compute_dtype: Any) -> tuple[Any, Callable, Callable]:
     """(wrapper, finish(optimizer), full_params()) for the user's FSDP `impl`."""
-    from cs336sys.yours.implementations import call_adapter, load_target
-
     where = yours.target("fsdp", impl)
     if where is not None:
         wrapper = load_target(where)(model, compute_dtype=compute_dtype)
@@ -79,8 +76,6 @@ def sharded(impl: str, model: Any, compute_dtype: Any) -> tuple[Any, Callable, C
 
 def optimizer(name: str, params: list, optimizer_cls: type, **kwargs: Any) -> Any:
     """The user's sharded optimizer `name` over `params`."""
-    from cs336sys.yours.implementations import call_adapter, load_target
-
     where = yours.target("optimizer", name)
     if where is not None:
         return load_target(where)(params, optimizer_cls, **kwargs)
@@ -91,8 +86,6 @@ def user_impls(given: list[str], ours: list[str], option: str = "--impl") -> lis
     """The --impl list with the user's implementations: a one-off `NAME=package.module:Class`
     is an FSDP when NAME has `fsdp` in it, else a DDP wrapper; `ours` are the built-in
     implementations' names; `option` is the one a refusal names."""
-    from cs336sys.yours.implementations import named_impls
-
     out: list[str] = []
     for value in given:
         name, sep, _ = value.partition("=")

@@ -32,8 +32,12 @@ from typing import Any
 from cs336sys.experiments import memory_section, preflight
 from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.model import ModelSpec
+from cs336sys.experiments.training_step import make_model, make_step, run_steps
+from cs336sys.measure.memory import CudaProbe, TrackerProbe, optimizer_tensors
 from cs336sys.measure.paths import why_unwritable
 from cs336sys.measure.stats import flatten
+from cs336sys.measure.timeline import cuda_memory_history, draw_timeline
+from cs336sys.measure.timing import launch_metrics
 from cs336sys.models.config import checkpoint_group
 from cs336sys.models.saved import model_saved_bytes
 from cs336sys.sweep.declaration import (
@@ -114,12 +118,8 @@ def check_snapshot(path: str | Path | None) -> str | None:
 def run(spec: MemorySpec) -> Result:
     import torch
 
-    from cs336sys.experiments.training_step import make_model, make_step, run_steps
     from cs336sys.measure.live_tensors import LiveTensorTracker
-    from cs336sys.measure.memory import CudaProbe, TrackerProbe, optimizer_tensors
     from cs336sys.measure.saved_tensors import saved_bytes_excluding
-    from cs336sys.measure.timeline import cuda_memory_history, draw_timeline
-    from cs336sys.measure.timing import launch_metrics
 
     m = spec.model
     device = torch.device(m.device)

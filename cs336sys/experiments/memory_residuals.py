@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import model as model_exp
+from cs336sys.measure.device import synchronize
+from cs336sys.measure.dtypes import autocast_dtype
+from cs336sys.models.config import ModelConfig
 from cs336sys.models.saved import block_saved_bytes
 from cs336sys.sweep.declaration import (
     Column,
@@ -30,6 +33,7 @@ from cs336sys.sweep.declaration import (
 )
 from cs336sys.sweep.points import choices, old_names
 from cs336sys.sweep.result import Result
+from cs336sys.yours.implementations import build_model
 
 IMPLS = ("eager", "compiled")
 TOP = 5
@@ -96,10 +100,7 @@ def specs(
 def run(spec: ResidualsSpec) -> Result:
     import torch
 
-    from cs336sys.measure.device import synchronize
-    from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding
-    from cs336sys.models.config import ModelConfig
     from cs336sys.models.transformer import TransformerBlock
 
     torch.manual_seed(spec.seed)
@@ -174,7 +175,6 @@ def _users_block(config: Any, model: str, blocks: str | None) -> Any:
     """The first block of the user's model built with one layer (models/checkpointing.py
     finds the blocks as --checkpoint does, or at `blocks`)."""
     from cs336sys.models.checkpointing import blocks_of
-    from cs336sys.yours.implementations import build_model
 
     users = build_model(replace(config, model=model, attention="naive"))
     return blocks_of(users, 1, blocks)[0]

@@ -16,10 +16,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.attention import registry
 from cs336sys.experiments import model_section, preflight
-from cs336sys.experiments.training_step import MODES, OPTIMIZERS, throughput, throughput_metrics
+from cs336sys.experiments.checks import both, model_check, optimizer_check
+from cs336sys.experiments.training_step import (
+    MODES,
+    OPTIMIZERS,
+    make_model,
+    make_step,
+    run_steps,
+    throughput,
+    throughput_metrics,
+)
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
+from cs336sys.measure.timing import launch_metrics
 from cs336sys.models.config import (
     ModelConfig,
     ModelShape,
@@ -53,7 +64,13 @@ from cs336sys.sweep.points import (
     warmups,
 )
 from cs336sys.sweep.result import Result
-from cs336sys.yours.implementations import named_impls
+from cs336sys.yours.implementations import (
+    UserCodeError,
+    build_model,
+    model_class,
+    named_impls,
+    sources,
+)
 
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
 # and timed steps) finishes in seconds (`small` took a minute a point on 2 cores).
@@ -126,7 +143,6 @@ def specs(
     for warmup in warmup_counts:
         counts(warmup, iters)
     check_seed(seed)
-    from cs336sys.attention import registry
 
     if model is not None:
         check_model(model, attention)
@@ -167,8 +183,6 @@ def specs(
 def check_model(model: str, attention: Any = None) -> None:
     """Refuse, before anything runs, a --model that does not import, and an --attention
     beside it (the user's model brings its own attention)."""
-    from cs336sys.yours.implementations import UserCodeError, model_class
-
     if attention is not None:
         raise SpecError(f"--attention chooses the kernel of cs336sys's model; --model {model} "
                         "brings its own attention")
@@ -188,7 +202,6 @@ def check_blocks(config: ModelConfig) -> None:
     import torch
 
     from cs336sys.models.checkpointing import NotChained, blocks_of, check_chained
-    from cs336sys.yours.implementations import build_model
 
     try:
         with torch.device("meta"):
@@ -236,19 +249,14 @@ def shape_overrides(**given: int | None) -> dict[str, int | None]:
 def run(spec: ModelSpec) -> Result:
     import torch
 
-    from cs336sys.experiments.training_step import make_model, make_step, run_steps
     from cs336sys.measure.nvtx import nvtx_enabled
-    from cs336sys.measure.timing import launch_metrics
 
     config = spec.config()
     checked = None
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
-        from cs336sys.experiments.checks import model_check
 
         checked = model_check(config, spec.device, spec.seed, spec.batch)
     if yours.is_yours(spec.optimizer):
-        from cs336sys.experiments.checks import both, optimizer_check
-
         checked = both(checked, optimizer_check(spec.optimizer))
     model = make_model(config, spec.device, spec.seed)
     step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch,
@@ -278,9 +286,6 @@ def run(spec: ModelSpec) -> Result:
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), spec.device))
     status, why = "ok", None
     if checked is not None:
-        from cs336sys.attention import registry
-        from cs336sys.yours.implementations import sources
-
         user = [type(model)] if config.model is not None else (
             [registry.get(config.attention)] if yours.is_yours(config.attention) else [])
         if yours.is_yours(spec.optimizer):

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from cs336sys.parallel import plan_math as pm
 from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
-from cs336sys.report.sections import FilledTable, Row, Section, num
+from cs336sys.report.plots import short
+from cs336sys.report.sections import Figure, FilledTable, Row, Section, num
+from cs336sys.report.tables import point_tables
 from cs336sys.sweep.declaration import Column, Table, model_size
 
 
@@ -35,8 +37,6 @@ class StepPlot:
         from matplotlib.figure import Figure
         from matplotlib.lines import Line2D
         from matplotlib.ticker import FuncFormatter
-
-        from cs336sys.report.plots import short
 
         n = len(self.panels)
         fig = Figure(figsize=(min(4, n) * 3.6 + 0.6, 3.6 * -(-n // 4) + 0.6), dpi=100)
@@ -141,9 +141,6 @@ def measured_rows(rows: list[Row]) -> list[Row]:
 def section(sec: Section, pts: list[Row]) -> None:
     """After the declared tables: the closed forms, the plan beside measured ddp runs, and
     step time against degree with the communication-bound region marked."""
-    from cs336sys.report.sections import Figure
-    from cs336sys.report.tables import point_tables
-
     for table in (inequalities(pts), all_reduces(pts), mesh(pts)):
         if table:
             sec.tables.append(table)

@@ -30,6 +30,8 @@ from decimal import Decimal
 from typing import Any
 
 from cs336sys.measure.dtypes import TORCH_NAMES as _TORCH_DTYPE
+from cs336sys.report.plots import Ranked
+from cs336sys.report.sections import add_plot
 from cs336sys.sweep.declaration import (
     Column,
     Experiment,
@@ -379,9 +381,6 @@ AUTOCAST = Table(
 def section(sec: Any, pts: list) -> None:
     """The accumulation error of each variant, on a log axis: fp32 and fp16 differ by over two
     decades. A variant that came out exact has no bar (a log axis has no zero)."""
-    from cs336sys.report.plots import Ranked
-    from cs336sys.report.sections import add_plot
-
     rows = [r for r in pts if r["_settings"].get("kind") == "accumulate"
             and r.get("status") == "ok" and r.get("abs_error") is not None]
     exact = [r["variant"] for r in rows if not r["abs_error"]]

@@ -23,9 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.measure.device import peak_tflops
 from cs336sys.measure.units import format_duration
 from cs336sys.models.config import param_count
-from cs336sys.models.flops import attention_forward_flops
+from cs336sys.models.flops import attention_forward_flops, step_flops
 from cs336sys.models.saved import model_saved_bytes
 from cs336sys.sweep.declaration import metric_table
 
@@ -107,8 +108,6 @@ def model_estimate(spec: Any) -> Estimate:
 
 
 def _seconds(spec: Any, config: Any, mode: str) -> float | None:
-    from cs336sys.models.flops import step_flops
-
     rate = flops_per_second(spec.device)
     if not rate:
         return None
@@ -123,8 +122,6 @@ def flops_per_second(device: str) -> float | None:
     import torch
 
     if device.startswith("cuda"):
-        from cs336sys.measure.device import peak_tflops
-
         peak = peak_tflops(torch.cuda.get_device_name(device), "fp32", tf32=True)
         return peak * 1e12 / 3 if peak else None
     a = torch.randn(512, 512)

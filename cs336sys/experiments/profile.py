@@ -33,12 +33,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.attention import registry
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
-from cs336sys.experiments.attention import AttentionSpec
+from cs336sys.experiments.attention import AttentionSpec, _impl_context
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import USER_ATTENTION, matmul_shares, summarize
+from cs336sys.experiments.training_step import make_model, make_step, timed_phase
+from cs336sys.measure.dtypes import torch_dtype
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
+from cs336sys.report.plots import Ranked
+from cs336sys.report.sections import FilledTable, add_plot, num, pct
 from cs336sys.sweep.declaration import (
     Column,
     Experiment,
@@ -206,8 +211,6 @@ def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[
 
 def _model(spec: ModelSpec) -> _Steps:
     """The training step as every model experiment takes it (experiments/training_step.py)."""
-    from cs336sys.experiments.training_step import make_model, make_step
-
     config = spec.config()
     step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
                      batch_size=spec.batch, context_length=spec.seq, mode=spec.mode,
@@ -267,11 +270,6 @@ def _attention(spec: AttentionSpec) -> _Steps:
     """An attention call (and its backward) as experiments/attention.py times it."""
     import torch
 
-    from cs336sys.attention import registry
-    from cs336sys.experiments.attention import _impl_context
-    from cs336sys.experiments.training_step import timed_phase
-    from cs336sys.measure.dtypes import torch_dtype
-
     backward = spec.passes != "forward"
     gen = torch.Generator(device=spec.device).manual_seed(spec.seed)
     q, k, v, dout = (
@@ -314,9 +312,6 @@ def section(sec: Any, pts: list) -> None:
     """Naive attention's parts, then the top kernels (or ops) of each phase of each profiled
     point (kernel_stats): a table, calls per step beside the totals, and a plot of them by
     total time, one colour per phase."""
-    from cs336sys.report.plots import Ranked
-    from cs336sys.report.sections import FilledTable, add_plot, num, pct
-
     split = attention_parts(pts)
     if split:
         sec.tables.append(split)
@@ -341,8 +336,6 @@ def section(sec: Any, pts: list) -> None:
 def attention_parts(pts: list) -> Any:
     """Naive attention's QKᵀ, softmax and PV in the forward, per point that measured them:
     time per step, FLOPs and achieved GFLOP/s (None when no point did)."""
-    from cs336sys.report.sections import FilledTable, num
-
     body = [[label(r), *(x for part in ("qk", "softmax", "pv")
                          for x in (num(r.get(f"{part}_ms_mean")), num(r.get(f"{part}_gflops"))))]
             for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]

@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.attention import registry
 from cs336sys.experiments import preflight, step_section
+from cs336sys.experiments.checks import model_check
 from cs336sys.experiments.model import (
     CHECK_NOTE,
     check_blocks,
@@ -58,7 +60,9 @@ from cs336sys.experiments.step_build import (
 )
 from cs336sys.experiments.step_ranks import not_on_ranks, ranks_wrapper, run_on_ranks
 from cs336sys.experiments.training_step import throughput, throughput_metrics
+from cs336sys.measure.device import synchronize
 from cs336sys.measure.stats import flatten
+from cs336sys.measure.timing import time_do_bench, time_loop
 from cs336sys.models.config import ModelShape
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
@@ -255,7 +259,6 @@ def specs(
     ce = defaults["ce"] if ce is None else ce.strip()
     if ce not in CE_IMPLS:
         raise unknown("--ce", ce, CE_IMPLS)
-    from cs336sys.attention import registry
 
     on = {s for switch_set in sets for s in switch_set}
     if model is not None:
@@ -324,9 +327,7 @@ def specs(
 def run(spec: StepSpec) -> Result:
     import torch
 
-    from cs336sys.measure.device import synchronize
     from cs336sys.measure.nvtx import measured
-    from cs336sys.measure.timing import time_do_bench, time_loop
 
     t_start = time.perf_counter()
     on_cuda = spec.device.startswith("cuda")
@@ -334,7 +335,6 @@ def run(spec: StepSpec) -> Result:
     checked = None
     config = dataclasses.replace(spec.config(), attention=spec.attention)
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
-        from cs336sys.experiments.checks import model_check
 
         checked = model_check(config, spec.device, spec.seed, spec.batch)
     with empty_compile_cache(spec.cold_cache):

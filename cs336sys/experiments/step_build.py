@@ -15,6 +15,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
+from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
+from cs336sys.measure.memory import optimizer_tensors
+
 LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
 # The leaderboard test's own timing: triton.testing.do_bench(train_step, rep=30_000,
 # warmup=10_000), its mean (do_bench's default return mode)
@@ -46,9 +50,6 @@ def build(spec: Any, *, seed: int | None = None,
 
     import torch
     import torch.nn.functional as F
-
-    from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
-    from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
 
     config = dataclasses.replace(spec.config(), attention=spec.attention)
     model = make_model(config, spec.device, spec.seed if seed is None else seed)
@@ -136,7 +137,6 @@ def tensor_peak_bytes(model: Any, optimizer: Any, train_step: Any) -> int:
     the weights, gradients' homes and optimizer state counted from the start, as CUDA's
     max_memory_allocated counts them."""
     from cs336sys.measure.live_tensors import LiveTensorTracker
-    from cs336sys.measure.memory import optimizer_tensors
 
     tracker = LiveTensorTracker()
     tracker.adopt([*model.parameters(), *model.buffers(), *optimizer_tensors(optimizer)])

@@ -17,10 +17,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from cs336sys.experiments import ddp_yours
+from cs336sys.experiments import ddp_setup, ddp_yours
+from cs336sys.experiments.ddp_setup import IMPLS
+from cs336sys.experiments.step_build import LIMIT_S, build
+from cs336sys.experiments.training_step import throughput
+from cs336sys.measure.device import synchronize
+from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.points import SpecError
-from cs336sys.sweep.result import Result
+from cs336sys.sweep.ranks import gather
+from cs336sys.sweep.result import Result, Unfinished
 
 # What a point on several ranks cannot switch on under some wrappers, and why.
 NOT_ON_RANKS_WHY = {
@@ -44,8 +50,6 @@ def not_on_ranks(wrapper: str) -> tuple[str, ...]:
 
 def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:
     """The `--ddp` wrapper of points on several ranks, checked against the other options."""
-    from cs336sys.experiments.ddp_setup import IMPLS
-
     (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS), "--ddp")
     for switch in not_on_ranks(wrapper):
         if switch in on:
@@ -64,15 +68,8 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     import torch
     import torch.distributed as dist
 
-    from cs336sys.experiments import ddp_setup
-    from cs336sys.experiments.step_build import LIMIT_S, build
-    from cs336sys.experiments.training_step import throughput
-    from cs336sys.measure.device import synchronize
     from cs336sys.measure.nvtx import measured
-    from cs336sys.measure.progress import step_done
     from cs336sys.models.checkpointing import found_blocks
-    from cs336sys.sweep.ranks import gather
-    from cs336sys.sweep.result import Unfinished
 
     t_start = time.perf_counter()
     device = torch.device(ctx.device)

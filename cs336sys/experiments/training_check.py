@@ -23,7 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.experiments.ddp_setup import LR, WEIGHT_DECAY
+from cs336sys.experiments.training_step import cross_entropy, make_model
 from cs336sys.measure.check import Verdict
+from cs336sys.measure.dtypes import autocast_dtype
 
 # Measured (benchmarks/check_tolerances.py: a 2-layer d64 model, 2 Gloo ranks, 8 AdamW steps):
 # 1.9e-5 for each of our DDP variants in fp32, 2.4e-2 under bf16 autocast (rounding of
@@ -51,9 +54,6 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     rank 0's weights, the same AdamW, autocast in `precision` as the replicas train."""
     import torch
 
-    from cs336sys.experiments.ddp_setup import LR, WEIGHT_DECAY
-    from cs336sys.experiments.training_step import cross_entropy, make_model
-    from cs336sys.measure.dtypes import autocast_dtype
     from cs336sys.models.adamw import AdamW
 
     model = make_model(config, device, seed)

@@ -31,7 +31,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys import yours
+from cs336sys.measure.device import device_name, peak_tflops, synchronize
+from cs336sys.measure.dtypes import autocast_dtype
+from cs336sys.measure.progress import step_done
 from cs336sys.models.config import checkpoint_groups
+from cs336sys.models.flops import step_flops
+from cs336sys.sweep.declaration import Metric
+from cs336sys.yours.implementations import build_model, call_adapter, load_target
 
 MODES = ("forward", "forward-backward", "train")
 # ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
@@ -57,7 +64,6 @@ def make_model(config: Any, device: str, seed: int) -> Any:
     with torch.device(device):
         if config.model is not None:
             from cs336sys.models.checkpointing import checkpoint_blocks
-            from cs336sys.yours.implementations import build_model
 
             model = build_model(config)
             groups = checkpoint_groups(config.checkpoint, config.num_layers)
@@ -76,11 +82,7 @@ def make_optimizer(name: str, params: Any) -> Any:
     adapters getter `get_adamw_cls()` returns), built with lr and weight_decay alone."""
     import torch
 
-    from cs336sys import yours
-
     if yours.is_yours(name):
-        from cs336sys.yours.implementations import call_adapter, load_target
-
         where = yours.target("adamw", name)
         cls = load_target(where) if where else call_adapter(yours.entries("adamw")[name], 0)
         return cls(params, lr=LR, weight_decay=WEIGHT_DECAY)
@@ -197,8 +199,6 @@ def timed_phase(device: str, short: str, times: dict[str, float], phase: Callabl
     sync inside the range so that the phase's kernels finish within it; the host time until
     the phase's calls returned, before the sync, goes into `times[f"{short}_host_ms"]`
     (measure/timing.py, launch-bound)."""
-    from cs336sys.measure.device import synchronize
-
     t0 = time.perf_counter()
     with phase(PHASES[short]):
         yield
@@ -224,8 +224,6 @@ def make_step(
     """The step of `model` (made by make_model) for one point of a model sweep."""
     import torch
 
-    from cs336sys.measure.dtypes import autocast_dtype
-
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     x, y = make_batch(seed, batch_size, context_length, vocab_size)
@@ -250,7 +248,6 @@ def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, d
     """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
     every step's loss), samples as {phase_ms: [ms, ...]}."""
     from cs336sys.measure.nvtx import measured
-    from cs336sys.measure.progress import step_done
 
     warm: dict[str, list[float]] = {}
     timed: dict[str, list[float]] = {}
@@ -276,8 +273,6 @@ def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, d
 def throughput_metrics(stat: str) -> tuple:
     """The declarations of `throughput`'s metrics, from the `stat` ("mean" or "median") of
     the step time they divide by."""
-    from cs336sys.sweep.declaration import Metric
-
     return (
         Metric("params", "", "parameters of the model"),
         Metric("tokens_per_step", "tokens", "batch_size × context_length"),
@@ -298,9 +293,6 @@ def throughput(model: Any, config: Any, batch_size: int, context_length: int, mo
     formula's (models/flops.py), for the user's model too when it is the same architecture;
     where its counted matmuls differ from the formula, the count (flops_basis says which)."""
     import torch
-
-    from cs336sys.measure.device import device_name, peak_tflops
-    from cs336sys.models.flops import step_flops
 
     tokens, step_s = batch_size * context_length, step_ms / 1e3
     flops = step_flops(config, batch_size, context_length, mode)

@@ -8,16 +8,15 @@ the CLI (`cs336sys handout`). Importing this package imports no torch.
 
 from __future__ import annotations
 
+from cs336sys.handout import y2025, y2026
 from cs336sys.handout.problem import Problem
-from cs336sys.models.config import HANDOUTS, handout_release
+from cs336sys.models.config import HANDOUTS, handout, handout_release
+from cs336sys.sweep.points import unknown
 
 
 def problems(year: object | None = None) -> tuple[Problem, ...]:
     """The problems of handout release `year` (default: the release in use, 2026 unless
     CS336SYS_HANDOUT says otherwise), in the handout's order; SpecError for an unknown one."""
-    from cs336sys.handout import y2025, y2026
-    from cs336sys.models.config import handout
-
     release = handout_release(year, "--year") if year is not None else handout()
     return {y2026.YEAR: y2026.PROBLEMS, y2025.YEAR: y2025.PROBLEMS}[release]
 
@@ -25,8 +24,6 @@ def problems(year: object | None = None) -> tuple[Problem, ...]:
 def named(names: list[str], year: object | None = None) -> list[Problem]:
     """The problems called `names` (in the handout's order); SpecError naming the closest
     for one that is not a problem of that release."""
-    from cs336sys.sweep.points import unknown
-
     every = problems(year)
     by_name = {p.name: p for p in every}
     for name in names:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import cs336sys
+from cs336sys.measure.paths import git_top, repository_root
 
 _PACKAGE_DIR = Path(cs336sys.__file__).resolve().parent
 
@@ -69,8 +70,6 @@ def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
     its commit and dirty flag, and the adapters file with its sha256. {} when no user code
     is in use."""
     import hashlib
-
-    from cs336sys.measure.paths import git_top, repository_root
 
     environ = os.environ if environ is None else environ
     adapters = environ.get("CS336SYS_ADAPTERS") or None

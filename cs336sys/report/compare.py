@@ -47,6 +47,8 @@ from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.change import Change, Metric, Side, aggregate, assess, metrics
+from cs336sys.report.plots import Strips
+from cs336sys.report.refs import resolve as resolve_ref
 from cs336sys.report.sections import Figure, FilledTable, Row, num, point_labels
 from cs336sys.report.select import (
     Selection,
@@ -82,8 +84,6 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
     of some hex commit or invocation id. A commit is cs336sys's (git_commit) or the user's
     (user_commit), named by a prefix or a git ref of the current folder's repository
     (HEAD~1, a branch, a tag: report/refs.py), which becomes its full hash."""
-    from cs336sys.report.refs import resolve as resolve_ref
-
     # the store is at the current schema (connect_readonly migrates a copy of an older one)
     probes = {
         "label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1",
@@ -341,8 +341,6 @@ def _strips(exp: str, metric: Metric, points: list[tuple[str, Side, Side]],
             names: tuple[str, str]) -> Figure:
     """The strip plot of one experiment's compared points: each side's timed samples (or,
     for a reading such as memory, one value per run)."""
-    from cs336sys.report.plots import Strips
-
     def samples(side: Side) -> tuple[float, ...]:
         return tuple(side.samples if metric.timed and side.samples else side.values)
 

@@ -30,6 +30,8 @@ from typing import Any
 from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.change import Change, Metric, Side, assess, metrics
 from cs336sys.report.compare import text_table
+from cs336sys.report.plots import short
+from cs336sys.report.refs import describe
 from cs336sys.report.sections import (
     Figure,
     FilledTable,
@@ -81,8 +83,6 @@ class Commit:
 
 def described(key: tuple[str, bool], first: str) -> Commit:
     """The Commit, with its date and subject from the repository of the current folder."""
-    from cs336sys.report.refs import describe
-
     found = describe(key[0])
     return Commit(key, first, *found) if found else Commit(key, first)
 
@@ -272,8 +272,6 @@ def plot(t: Track) -> bytes:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure as MplFigure
     from matplotlib.ticker import FuncFormatter
-
-    from cs336sys.report.plots import short
 
     xs = list(range(len(t.commits)))
     med = t.medians()

@@ -21,6 +21,7 @@ from markupsafe import Markup, escape
 
 import cs336sys
 from cs336sys.measure.significance import THRESHOLD
+from cs336sys.report import typeset
 from cs336sys.report.compare import Comparison, compare_sides, method, sides
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
@@ -295,7 +296,5 @@ def write(report: Report, out: Path, formats: list[str], stem: str = "report") -
     written += pngs
     for fmt in ("tex", "typst"):
         if fmt in formats:
-            from cs336sys.report import typeset
-
             written += typeset.write(report, out, fmt, stem, images)
     return written

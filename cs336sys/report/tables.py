@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cs336sys.measure.sampling import drifted, ratio_interval, verdict
+from cs336sys.measure.units import format_size
 from cs336sys.report.change import timed_samples
 from cs336sys.report.sections import (
     FilledTable,
@@ -46,8 +47,6 @@ def _exact(x: Any) -> str:
 
 
 def _size(x: Any) -> str:
-    from cs336sys.measure.units import format_size
-
     return "" if x is None else format_size(int(x))
 
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cs336sys.measure.provenance import collect
 from cs336sys.store.db import Store
 from cs336sys.sweep.stopping import Terminated
 
@@ -39,8 +40,6 @@ class Recorder:
         label: str | None = None,
         experiments: Sequence[Any] | None = None,
     ) -> None:
-        from cs336sys.measure.provenance import collect
-
         self.provenance = collect(device)
         # StoreError: not a results store, newer schema, ...; with `experiments` (the whole
         # catalog) every view is brought up to date, else each as its first point arrives

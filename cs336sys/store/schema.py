@@ -12,6 +12,8 @@ import functools
 import sqlite3
 from typing import Any
 
+from cs336sys.sweep.points import point_key
+
 _RUNS_COLUMNS = ("id, invocation_id, experiment, status, error, settings, metrics, samples, "
                  "started, created, duration_s, point_key")
 
@@ -84,8 +86,6 @@ def _one_name_per_concept(conn: sqlite3.Connection) -> None:
     run's point key from its new settings (what --resume matches). The views keep the old
     names as columns for one release (store/views.py)."""
     import json
-
-    from cs336sys.sweep.points import point_key
 
     for kind, renames in _V7_RENAMES.items():
         rows = conn.execute("SELECT id, settings FROM runs WHERE experiment = ?", (kind,)).fetchall()

@@ -9,6 +9,8 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cs336sys.measure.device import resolve_device
+
 
 class SpecError(ValueError):
     """A sweep option that cannot be turned into points; the message names the option the
@@ -221,8 +223,6 @@ def check_seed(seed: int) -> None:
 
 def device_choice(choice: str) -> str:
     """The device for `--device` (auto, cpu, cuda, cuda:N), or SpecError."""
-    from cs336sys.measure.device import resolve_device
-
     try:
         return resolve_device(choice)
     except ValueError as exc:

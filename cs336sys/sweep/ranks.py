@@ -18,6 +18,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from cs336sys.measure.clock import now
+from cs336sys.measure.progress import hooked, on_step
+from cs336sys.parallel.launcher import (
+    BACKENDS,
+    check_world_size,
+    default_backend,
+    max_local_world_size,
+    timeout_s,
+    under_torchrun,
+)
 from cs336sys.sweep.points import SpecError, device_choice, positive_ints, unknown
 from cs336sys.sweep.result import Result
 
@@ -29,8 +38,6 @@ def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> 
     """On every rank: `run(ctx, spec)` for each spec in order; rank 0 emits each Result, and
     `("step", index, done, total)` as the point's steps go by when the parent listens to
     steps through a pipe (a spawned rank; under torchrun rank 0 reports them itself)."""
-    from cs336sys.measure.progress import hooked, on_step
-
     forward = ctx.rank == 0 and not hooked()
     for index, spec in enumerate(specs):
         last = [0.0]
@@ -69,15 +76,11 @@ def over_ranks(prefix: str, per_rank: Sequence[float]) -> dict[str, float]:
 
 def torchrun_rank() -> int | None:
     """This process's rank when torchrun started it, else None (no torch import)."""
-    from cs336sys.parallel.launcher import under_torchrun
-
     return int(os.environ["RANK"]) if under_torchrun() else None
 
 
 def backend_and_device(backend: str | None, device: str) -> tuple[str, str]:
     """(backend, device) from the options: NCCL needs CUDA, Gloo runs on CPU tensors."""
-    from cs336sys.parallel.launcher import BACKENDS, default_backend, timeout_s
-
     try:
         timeout_s()  # checked here, before any rank starts
     except ValueError as exc:
@@ -96,8 +99,6 @@ def backend_and_device(backend: str | None, device: str) -> tuple[str, str]:
 
 def world_sizes(values: Iterable[Any] | None, backend: str, default: Sequence[int]) -> list[int]:
     """The --world-size list: under torchrun its world; defaults capped at what the host runs."""
-    from cs336sys.parallel.launcher import check_world_size, max_local_world_size
-
     given = positive_ints(values, "--world-size")
     if torchrun_rank() is not None:
         ws = int(os.environ["WORLD_SIZE"])

@@ -43,8 +43,11 @@ from typing import Any, Protocol
 
 from cs336sys.measure.clock import now
 from cs336sys.measure.progress import step_done
+from cs336sys.parallel import launcher
+from cs336sys.parallel.launcher import WorkerError, under_torchrun
 from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
+from cs336sys.sweep.ranks import serve
 from cs336sys.sweep.result import Result, guarded, is_oom
 from cs336sys.sweep.stopping import Terminated, check
 
@@ -278,9 +281,6 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
     """`experiment.run(ctx, spec)` on every rank of one process group per world size and
     backend (the specs' `world_size` and `backend`), rank 0's Results emitted as they
     finish."""
-    from cs336sys.parallel.launcher import WorkerError, launch, under_torchrun
-    from cs336sys.sweep.ranks import serve
-
     by_world: dict[tuple[int, str], list] = {}
     for spec in specs:
         by_world.setdefault((spec.world_size, spec.backend), []).append(spec)
@@ -308,7 +308,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                               duration_s=time.perf_counter() - since[1])
 
             try:
-                launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
+                launcher.launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
                        on_emit=arrived, preload=experiment.rank_preload)
                 todo = []
             except Terminated as exc:  # the ranks are reaped; store the point, then end

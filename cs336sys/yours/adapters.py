@@ -35,7 +35,8 @@ from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 
-from cs336sys.measure.paths import repository_root
+from cs336sys.measure.paths import git_top, repository_root
+from cs336sys.sweep.result import user_frame
 
 ENV = "CS336SYS_ADAPTERS"  # the adapters file to use, when --adapters is not given
 
@@ -85,8 +86,6 @@ def find(given: str | Path | None = None, start: str | Path | None = None) -> tu
     CS336SYS_ADAPTERS variable, else `tests/adapters.py` at the top of the git checkout of
     `start` (the current folder) when it exists; None when there is none. A path that is
     given but missing is an AdaptersError."""
-    from cs336sys.measure.paths import git_top
-
     for path, how in ((given, "--adapters"), (os.environ.get(ENV) or None, ENV)):
         if path is not None:
             path = Path(path).expanduser()
@@ -199,8 +198,6 @@ class Adapters:
             spec.loader.exec_module(module)
         except Exception as exc:  # any failure in the user's import is theirs
             del sys.modules[name]
-            from cs336sys.sweep.result import user_frame
-
             where = user_frame(exc, self.root) or self.shown
             raise AdaptersError(f"cannot import {self.shown}: {where}: "
                                 f"{type(exc).__name__}: {exc}".strip()) from None

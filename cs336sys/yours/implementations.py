@@ -16,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cs336sys.sweep.result import Unfinished
+from cs336sys.measure.paths import git_top
+from cs336sys.sweep.points import SpecError, choices
+from cs336sys.sweep.result import Unfinished, is_library_file, user_frame
 from cs336sys.yours import engage, engaged, entries, is_yours, names, register, target, user_names
 from cs336sys.yours.adapters import Adapters, AdaptersError, Entry, importable_from
 
@@ -71,8 +73,6 @@ def search_path() -> list[Path]:
     """Where one-off targets and `--model` classes are imported from: the repository of the
     adapters file in use, else the top of the git checkout of the current folder (else the
     folder); with a `cs336-basics/` in it (the course layout)."""
-    from cs336sys.measure.paths import git_top
-
     adapters = engage()
     if adapters is not None:
         return adapters.search_path()
@@ -84,8 +84,6 @@ def search_path() -> list[Path]:
 def load_target(spec: str) -> Any:
     """The object at "package.module:Object" (UserCodeError naming the file and line when it
     does not import)."""
-    from cs336sys.sweep.result import user_frame
-
     importable_from(search_path())
     module_name, _, attr = spec.partition(":")
     try:
@@ -195,8 +193,6 @@ def sources(*objects: Any) -> dict[str, str]:
     """The files the user's `objects` came from (and the adapters file in use), each with
     the sha256 of its content: a row's record of exactly which code it measured. Library
     files (cs336sys, torch) are left out."""
-    from cs336sys.sweep.result import is_library_file
-
     files: list[Path] = []
     adapters = engaged()
     if adapters is not None:
@@ -229,8 +225,6 @@ def named_impls(values: list[str], kind: str, option: str, allowed: list[str]) -
     items registered and named NAME, every name one of `allowed` or the user's, and the
     user's code found (its adapters file imported, its targets imported). SpecError, with
     the option's name, for anything that cannot run."""
-    from cs336sys.sweep.points import SpecError, choices
-
     if not values:
         return []
     try:
