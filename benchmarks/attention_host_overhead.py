@@ -155,7 +155,7 @@ def main() -> int:
     # The floors of our forward with and without grad: its two allocations (O and L) alone,
     # then inside an autograd.Function that saves what ours saves. Neither launches anything,
     # so on any device they are host cost, and their difference is autograd's own per call.
-    from cs336sys.attention.flash_triton import forward_outputs
+    from cs336sys.attention.flash_triton_launch import forward_outputs
 
     def allocate(q, k, v, is_causal):  # what our forward allocates, and nothing else
         return forward_outputs(q)

@@ -1,4 +1,4 @@
-"""FlashAttention2Triton under torch.compile: the kernels run as custom ops (flash_triton_ops.py).
+"""FlashAttention2Triton under torch.compile: the kernels run as custom ops (flash_triton.py).
 
 Traced as they were, inductor compiled the Triton kernels again, and on an H200 that compile
 failed (`cs336sys step --switches all`). These tests compile with fullgraph=True, which

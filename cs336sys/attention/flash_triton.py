@@ -44,10 +44,15 @@ import torch
 import triton
 
 from cs336sys.attention import flash_triton_kernels as kernels
-from cs336sys.attention import flash_triton_ops as ops
 from cs336sys.attention import opt_in
 from cs336sys.attention.flash_triton_launch import Launch as _Launch
 from cs336sys.attention.flash_triton_launch import Plan as _Plan
+from cs336sys.attention.flash_triton_launch import (
+    bht_strides,
+    forward_outputs,
+    kernel_view,
+    new_like,
+)
 from cs336sys.attention.flash_triton_tma import ensure_allocator, tma_layout_ok
 from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS, ...: re-exported)
     _AUTOTUNE,
@@ -238,31 +243,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_available(q.device)
 
 
-def _kernel_view(t: torch.Tensor) -> torch.Tensor:
-    """t as the kernels take it: (B, T, D) or (B, H, T, D), any strides but a unit one along
-    D. A copy only where no view has that form (D not unit-stride, or leading dims beyond
-    two that do not flatten); the model's (B, H, T, D) views of (B, T, H, D) pass as they are.
-    """
-    if t.dim() > 4:
-        t = t.reshape(-1, *t.shape[-2:])  # (N, T, D)
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _new_like(t: torch.Tensor) -> torch.Tensor:
-    """An output for input t: t's layout where the kernels can write it as it is (O then
-    comes in the model's (B, T, H, D) memory order, so its transpose back is free), else
-    contiguous in t's shape."""
-    if t.dim() <= 4 and t.stride(-1) == 1:
-        return torch.empty_like(t)
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
-
-
-def _bht_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    """(batch, head, sequence) strides of a kernel view; a 3-D one has a single head."""
-    s = t.stride()
-    return (s[0], 0, s[1]) if t.dim() == 3 else s[:3]
-
-
 def _dot_flags(dtype: torch.dtype) -> dict:
     """Precision constexprs of the kernels for inputs of `dtype`.
 
@@ -277,14 +257,6 @@ def _dot_flags(dtype: torch.dtype) -> dict:
         "UPCAST_DOT": interpreted_bf16,
         "ROUND_BF16": interpreted_bf16,
     }
-
-
-def forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a forward call allocates: O (..., T_q, D) in q's layout where it can be written
-    as it is (_new_like) and the float32 logsumexp L (..., T_q). Allocated in the caller's
-    shape, not as views of other buffers: autograd forbids in-place changes to a view
-    returned by a custom Function, and O is handed to the model."""
-    return _new_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
 
 
 def attention_forward(
@@ -305,7 +277,7 @@ def attention_forward(
     _LAST["fwd"] = plan
     plan.reuse()
     if plan.views:
-        plan.launches[0](*map(_kernel_view, (q, k, v, o)), lse)
+        plan.launches[0](*map(kernel_view, (q, k, v, o)), lse)
     else:
         plan.launches[0](q, k, v, o, lse)
     return o, lse
@@ -313,7 +285,7 @@ def attention_forward(
 
 def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
     """Plan, and run, the first forward call of a signature (inputs already checked)."""
-    views = tuple(map(_kernel_view, (q, k, v, o)))
+    views = tuple(map(kernel_view, (q, k, v, o)))
     q4, k4, v4, o4 = views
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     batch, heads = q4.shape[0], (q4.shape[1] if q4.dim() == 4 else 1)
@@ -321,7 +293,7 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
     def grid(tiles):
         return (triton.cdiv(n_q, tiles["Q_TILE"]), heads, batch)
 
-    args = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4), *_bht_strides(o4),
+    args = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4), *bht_strides(o4),
             n_q, n_k, LOG2E / math.sqrt(d))
     variant = _variant(*views)
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
@@ -351,7 +323,7 @@ def attention_backward(q, k, v, o, lse, do, is_causal=False):
     if do.dtype != q.dtype:
         do = do.to(q.dtype)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)  # like L
-    dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
+    dq, dk, dv = new_like(q), new_like(k), new_like(v)
     tensors = (q, k, v, o, lse, do, dq, dk, dv)
     if plan is None:
         _PLANS[key] = _LAST["bwd"] = _backward_plan(*tensors, delta, bool(is_causal))
@@ -386,8 +358,8 @@ def _summed_dq(dq: torch.Tensor, launch):
 
 def _backward_views(q, k, v, o, lse, do, dq, dk, dv) -> tuple[torch.Tensor, ...]:
     """The backward's tensors as its kernels take them; L as contiguous (B*H, T_q) rows."""
-    return (*map(_kernel_view, (q, k, v, o)), lse.contiguous(),
-            *map(_kernel_view, (do, dq, dk, dv)))
+    return (*map(kernel_view, (q, k, v, o)), lse.contiguous(),
+            *map(kernel_view, (do, dq, dk, dv)))
 
 
 def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _Plan:
@@ -403,18 +375,18 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal, **_dot_flags(q.dtype),
                       TMA=variant == "tma")
     scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
-    qkv = (*_bht_strides(q4), *_bht_strides(k4), *_bht_strides(v4))
+    qkv = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4))
 
     def grid(length, tile):
         return lambda tiles: (triton.cdiv(length, tiles[tile]), heads, batch)
 
     copied = any(a is not b for a, b in zip(views, given, strict=True))
-    dkdv_args = (*qkv, *_bht_strides(do4), *_bht_strides(dk4), *_bht_strides(dv4),
-                 *_bht_strides(dq4), *scales)
+    dkdv_args = (*qkv, *bht_strides(do4), *bht_strides(dk4), *bht_strides(dv4),
+                 *bht_strides(dq4), *scales)
     if ATOMIC_DQ:
         pre = _first_launch(
             "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
-            (*_bht_strides(o4), *_bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
+            (*bht_strides(o4), *bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
         )
         dkdv = _summed_dq(dq4, lambda dq_sum: _first_launch(
             "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
@@ -425,7 +397,7 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     # dQ first: its kernel also writes D, which the dK/dV kernel reads.
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
-        (*qkv, *_bht_strides(o4), *_bht_strides(do4), *_bht_strides(dq4), *scales), constexprs,
+        (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales), constexprs,
     )
     dkdv = _first_launch(
         "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),
@@ -435,21 +407,57 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
 
 
 # --------------------------------------------------------------------------------------------
+# Under torch.compile: the launchers as two custom ops
+#
+# Traced directly, a kernel is compiled again by inductor under its own rules; on an H200
+# with Triton 3.6 that failed inside `tl.dot` for a kernel that runs as it is. Custom ops are
+# opaque to dynamo and inductor: a graph calls them with real tensors, plans and tuned tiles,
+# with no graph break (PyTorch tutorial "Custom Python operators"). Their fakes allocate what
+# the launchers do, so a graph plans the kernels' strides. Eager calls skip the ops' dispatch.
+
+
+@torch.library.custom_op("cs336sys::flash_attention_forward", mutates_args=())
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """O (..., T_q, D) and the float32 logsumexp L (..., T_q)."""
+    return attention_forward(q, k, v, is_causal)
+
+
+@flash_attention_forward.register_fake
+def _(q, k, v, is_causal):
+    return forward_outputs(q)
+
+
+@torch.library.custom_op("cs336sys::flash_attention_backward", mutates_args=())
+def flash_attention_backward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    do: torch.Tensor, is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV, shaped and typed like q, k, v."""
+    return attention_backward(q, k, v, o, lse, do, is_causal)
+
+
+@flash_attention_backward.register_fake
+def _(q, k, v, o, lse, do, is_causal):
+    return new_like(q), new_like(k), new_like(v)
+
+
+# --------------------------------------------------------------------------------------------
 # Public API
 
 
 def _forward(q, k, v, is_causal):
-    """attention_forward, or under torch.compile the custom op that calls it, which inductor
-    leaves as it is instead of compiling the kernel again (flash_triton_ops.py)."""
+    """attention_forward, or under torch.compile its custom op."""
     if torch.compiler.is_compiling():
-        return ops.flash_attention_forward(q, k, v, is_causal)
+        return flash_attention_forward(q, k, v, is_causal)
     return attention_forward(q, k, v, is_causal)
 
 
 def _backward(q, k, v, o, lse, do, is_causal):
-    """attention_backward, or its custom op under torch.compile (as _forward)."""
+    """attention_backward, or under torch.compile its custom op."""
     if torch.compiler.is_compiling():
-        return ops.flash_attention_backward(q, k, v, o, lse, do, is_causal)
+        return flash_attention_backward(q, k, v, o, lse, do, is_causal)
     return attention_backward(q, k, v, o, lse, do, is_causal)
 
 

@@ -1,5 +1,6 @@
 """One launch of a FlashAttention-2 kernel with everything but its tensors fixed, and the
-plan of a call signature: the launches flash_triton.py repeats on every call after the first.
+plan of a call signature: the launches flash_triton.py repeats on every call after the first;
+and the tensors as the kernels take them (views) and give them back (outputs).
 
 Launching Triton's compiled handle directly, instead of through its JIT launcher, took a
 forward call at seq 1024 on an H200 from 99 us of host time to 68 us
@@ -58,7 +59,7 @@ class Plan:
     """The launches of one call signature, and how many calls reused them."""
 
     launches: tuple[Launch, ...]
-    views: bool  # a tensor must go through _kernel_view (a reshape or a copy) on every call
+    views: bool  # a tensor must go through kernel_view (a reshape or a copy) on every call
     variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
     atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
     hits: int = 0
@@ -70,3 +71,40 @@ class Plan:
         self.hits += 1
         if self.variant == "tma":
             ensure_allocator()
+
+
+# --------------------------------------------------------------------------------------------
+# Kernel views and outputs
+
+
+def kernel_view(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernels take it: (B, T, D) or (B, H, T, D), any strides but a unit one along
+    D. A copy only where no view has that form (D not unit-stride, or leading dims beyond
+    two that do not flatten); the model's (B, H, T, D) views of (B, T, H, D) pass as they are.
+    """
+    if t.dim() > 4:
+        t = t.reshape(-1, *t.shape[-2:])  # (N, T, D)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def new_like(t: torch.Tensor) -> torch.Tensor:
+    """An output for input t: t's layout where the kernels can write it as it is (O then
+    comes in the model's (B, T, H, D) memory order, so its transpose back is free), else
+    contiguous in t's shape."""
+    if t.dim() <= 4 and t.stride(-1) == 1:
+        return torch.empty_like(t)
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def bht_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, head, sequence) strides of a kernel view; a 3-D one has a single head."""
+    s = t.stride()
+    return (s[0], 0, s[1]) if t.dim() == 3 else s[:3]
+
+
+def forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a forward call allocates: O (..., T_q, D) in q's layout where it can be written
+    as it is (new_like) and the float32 logsumexp L (..., T_q). Allocated in the caller's
+    shape, not as views of other buffers: autograd forbids in-place changes to a view
+    returned by a custom Function, and O is handed to the model."""
+    return new_like(q), torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
