@@ -35,15 +35,15 @@ def main() -> int:
     parser.add_argument("--out", default="reports/ddp-cpu")
     args = parser.parse_args()
 
-    cfg = from_preset(args.size, context_length=args.context_length)
+    cfg = from_preset(args.size, context_length=args.seq)
     variants = [(i, None) for i in ("naive", "flat", "overlap")]
     variants += [("bucketed", float(b)) for b in args.bucket_mb.split(",")]
     variants += [("torch", exp.TORCH_BUCKET_MB)]
     specs = [
         exp.DDPSpec.of(
             cfg, args.size, impl=impl, bucket_mb=b, optimizer_sharding="none", world_size=2,
-            backend="gloo", device="cpu", global_batch=args.global_batch, precision="fp32",
-            warmup=args.warmup, steps=args.steps, seed=0,
+            backend="gloo", device="cpu", batch=args.batch, precision="fp32",
+            warmup=args.warmup, iters=args.iters, seed=0,
         )
         for _ in range(args.rounds)
         for impl, b in variants
@@ -58,8 +58,8 @@ def main() -> int:
     lines = [
         f"# DDP variants vs torch DDP: {args.size} model, 2 Gloo ranks, CPU",
         "",
-        f"context {args.context_length}, global batch {args.global_batch}, fp32, "
-        f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} rounds. "
+        f"context {args.seq}, global batch {args.batch}, fp32, "
+        f"{args.iters} timed steps after {args.warmup} warm-up, median of {args.rounds} rounds. "
         "Measured with `python benchmarks/ddp_cpu.py`.",
         "",
         "| impl | step ms | vs torch | comm ms | comm % of step | all-reduces/step |",

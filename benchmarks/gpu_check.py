@@ -195,7 +195,7 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
 
     conn = open_untouched(db) if db.exists() else sqlite3.connect(":memory:")
     recent = "created >= ?"
-    shape = "seq = 16384 AND d_head = 64 AND heads = 16 AND dtype = 'bf16' AND causal = 1"
+    shape = "seq = 16384 AND d_head = 64 AND heads = 16 AND precision = 'bf16' AND causal = 1"
 
     def e2e(where: str):
         return one(conn, f"SELECT min(e2e_ms_median) FROM attention_runs WHERE status = 'ok' AND "
@@ -261,7 +261,7 @@ def verdict(db: Path, tests_s: float | None, total_s: float, since: str,
     ]
     # The sweep's worst point: triton's time over SDPA's at the same d and seq (both ok).
     best = ("SELECT d_head, seq, min(e2e_ms_median) AS ms FROM attention_runs WHERE status = 'ok' "
-            f"AND {recent} AND heads = 16 AND batch = 1 AND dtype = 'bf16' AND causal = 1 AND "
+            f"AND {recent} AND heads = 16 AND batch = 1 AND precision = 'bf16' AND causal = 1 AND "
             "impl = ? GROUP BY d_head, seq")
     worst = first_row(conn, f"SELECT t.d_head, t.seq, t.ms / s.ms FROM ({best}) t JOIN "
                             f"({best}) s USING (d_head, seq) ORDER BY 3 DESC LIMIT 1",

@@ -38,8 +38,8 @@ def main() -> int:
     args = parser.parse_args()
 
     specs = memory.specs(
-        size=["tiny"], context_length=[args.context_length], batch_size=[args.batch_size],
-        mode=["train"], checkpoint=list(CHECKPOINTS), warmup=args.warmup, steps=args.steps,
+        size=["tiny"], seq=[args.seq], batch=[args.batch],
+        mode=["train"], checkpoint=list(CHECKPOINTS), warmup=args.warmup, iters=args.iters,
         device="cpu", snapshot=args.out,
     )
     got = collect(memory.EXPERIMENT, specs, key=lambda s: s.model.checkpoint)
@@ -48,13 +48,13 @@ def main() -> int:
     lowest = min(CHECKPOINTS, key=lambda ck: results[ck]["peak_bytes"])
     layers = from_preset("tiny").num_layers
     lines = [
-        f"# Activation checkpointing on CPU: tiny LM, batch {args.batch_size}, context "
-        f"{args.context_length}, fp32, AdamW",
+        f"# Activation checkpointing on CPU: tiny LM, batch {args.batch}, context "
+        f"{args.seq}, fp32, AdamW",
         "",
         "Measured with `python benchmarks/memory_cpu.py` (the `cs336sys memory` experiment). "
         "Peak = live tensor bytes over one training step (tracker, not RSS); saved = bytes "
         "autograd keeps for backward, parameters excluded; analytic = the same counted from "
-        f"the shapes. Step time: min and median of {args.steps} untracked steps after "
+        f"the shapes. Step time: min and median of {args.iters} untracked steps after "
         f"{args.warmup} warm-up steps (min compared: the CPU is shared, and other processes "
         "inflate some steps).",
         "",

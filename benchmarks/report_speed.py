@@ -36,7 +36,7 @@ def _stats(p: str, mean: float, sep: str = "_ms_") -> dict[str, float]:
 def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
     if exp == "model":
         s = {"size": rng.choice(["small", "medium", "large", "xl", "2.7B"]),
-             "context_length": rng.choice([128, 256, 512, 1024]), "batch_size": 4,
+             "seq": rng.choice([128, 256, 512, 1024]), "batch": 4,
              "mode": rng.choice(["forward", "forward-backward", "train"]),
              "precision": rng.choice(["fp32", "bf16"]), "compile": rng.random() < 0.5,
              "checkpoint": "none", "device": "cuda", "seed": 0}
@@ -50,19 +50,19 @@ def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
     if exp == "attention":
         s = {"impl": rng.choice(["naive", "compiled", "sdpa", "flash-torch", "flash-triton"]),
              "seq": 2 ** rng.randint(7, 16), "d_head": rng.choice([16, 32, 64, 128]),
-             "dtype": rng.choice(["fp32", "bf16"]), "pass": "fwd+bwd", "device": "cuda"}
+             "precision": rng.choice(["fp32", "bf16"]), "pass": "fwd+bwd", "device": "cuda"}
         f = s["seq"] / 1e3
         return s, {"fwd_ms_mean": f, "bwd_ms_mean": 2 * f, "e2e_ms_mean": 3 * f, "e2e_ms_min": 2.9 * f,
                    "e2e_ms_max": 3.1 * f, "mem_before_bwd_bytes": s["seq"] ** 2 * 4}, None
     if exp == "memory":
         s = {"size": rng.choice(["small", "medium", "large"]),
-             "context_length": rng.choice([128, 256, 512]), "mode": "train",
+             "seq": rng.choice([128, 256, 512]), "mode": "train",
              "checkpoint": rng.choice(["none", "sqrt", "every:2"]), "device": "cuda"}
         return s, {"peak_bytes": rng.uniform(1, 40) * 2**30, **_stats("step", 100.0)}, None
     if exp == "comm":
         s = {"op": rng.choice(["all-reduce", "all-gather"]), "backend": "nccl",
              "world_size": rng.choice([2, 4, 8]), "size_bytes": 2 ** rng.randint(10, 30),
-             "dtype": "float32", "device": "cuda"}
+             "precision": "fp32", "device": "cuda"}
         t = 0.01 + s["size_bytes"] / 1e8
         return s, {"time_ms_mean": t, "time_ms_min": t, "time_ms_max": t,
                    "busbw_gbps": s["size_bytes"] / t / 1e6, "algbw_gbps": 1.0}, None

@@ -47,12 +47,12 @@ def main() -> int:
     parser.add_argument("--out", default="reports/sharding-cpu")
     args = parser.parse_args()
 
-    cfg = from_preset(args.size, context_length=args.context_length)
+    cfg = from_preset(args.size, context_length=args.seq)
     specs = [
         exp.DDPSpec.of(
             cfg, args.size, impl=impl, bucket_mb=b, optimizer_sharding=sharding, world_size=2,
-            backend="gloo", device="cpu", global_batch=args.global_batch, precision="fp32",
-            warmup=args.warmup, steps=args.steps, seed=0,
+            backend="gloo", device="cpu", batch=args.batch, precision="fp32",
+            warmup=args.warmup, iters=args.iters, seed=0,
         )
         for _ in range(args.rounds)
         for impl, b, sharding, _ in VARIANTS
@@ -69,8 +69,8 @@ def main() -> int:
     lines = [
         f"# Sharding: per-rank memory and step time, {args.size} model, 2 Gloo ranks, CPU",
         "",
-        f"context {args.context_length}, global batch {args.global_batch}, fp32, AdamW, "
-        f"{args.steps} timed steps after {args.warmup} warm-up, median of {args.rounds} rounds. "
+        f"context {args.seq}, global batch {args.batch}, fp32, AdamW, "
+        f"{args.iters} timed steps after {args.warmup} warm-up, median of {args.rounds} rounds. "
         "Memory: rank 0, measured (analytic expectation), MiB. "
         "Measured with `python benchmarks/sharding_cpu.py`.",
         "",

@@ -52,14 +52,14 @@ def test_sweep_writes_the_expected_rows_and_derived_figures(db_path, monkeypatch
         assert (
             r["status"] == "ok" and r["pass"] == "both" and r["causal"] == 1 and r["heads"] is None
         )
-        assert (r["d_head"], r["batch"], r["dtype"], r["timer"], r["interpreted"]) == (
+        assert (r["d_head"], r["batch"], r["precision"], r["timer"], r["interpreted"]) == (
             16,
             2,
             "fp32",
             "loop",
             0,
         )
-        assert r["fwd_ms"] > 0 and r["bwd_ms"] > 0 and r["e2e_ms"] > 0
+        assert r["fwd_ms_mean"] > 0 and r["bwd_ms_mean"] > 0 and r["e2e_ms_mean"] > 0
         assert r["max_err"] < 1e-5 and r["max_err_grad"] < 1e-4
         # FLOPs: 4·B·T²·d, halved for causal; backward 2.5x; TFLOP/s from the median.
         assert r["flops_fwd"] == 4 * 2 * r["seq"] ** 2 * 16 / 2
@@ -99,7 +99,7 @@ def test_4d_inputs_and_sdpa_backends(db_path):
     )
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path)
-    assert r["heads"] == 2 and r["sdpa_backend_used"] == "flash" and r["bwd_ms"] is None
+    assert r["heads"] == 2 and r["sdpa_backend_used"] == "flash" and r["bwd_ms_mean"] is None
     assert r["flops_fwd"] == 4 * 2 * 2 * 32 * 32 * 16 / 2
     # A backend that cannot take the inputs is stored as skipped, with the reason.
     result = invoke(
@@ -167,7 +167,7 @@ def test_preset_fills_in_and_explicit_options_win(db_path):
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path)
     assert (r["impl"], r["seq"], r["batch"], r["heads"], r["d_head"]) == ("naive", 32, 1, 16, 64)
-    assert (r["dtype"], r["causal"], r["pass"], r["timer"], r["iters"]) == (
+    assert (r["precision"], r["causal"], r["pass"], r["timer"], r["iters"]) == (
         "bf16",
         1,
         "both",

@@ -103,7 +103,7 @@ def test_tiny_sweep_writes_exactly_the_expected_rows(db_path):
             "naive",
             0,
         )
-        assert (r["warmup"], r["steps"], r["device"], r["gpu"]) == (1, 3, "cpu", "cpu")
+        assert (r["warmup"], r["iters"], r["device"], r["gpu"]) == (1, 3, "cpu", "cpu")
         assert r["tokens_per_step"] == 2 * r["seq"]
         assert r["tokens_per_s"] == pytest.approx(r["tokens_per_step"] / (r["step_ms_mean"] / 1e3))
         assert r["tflops"] == pytest.approx(r["flops_per_step"] / (r["step_ms_mean"] / 1e3) / 1e12)

@@ -1,5 +1,4 @@
-"""A user's first hour: one option vocabulary with the old spellings as hidden
-aliases, --label, the store named at the end and found from the git checkout, progress
+"""A user's first hour: one option vocabulary, --label, the store named at the end and found from the git checkout, progress
 inside a point, Ctrl-C that says how to go on, and the warnings a CPU run needs."""
 
 import os
@@ -7,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from cs336sys.cli.vocabulary import ALIASES, COMMAND_ALIASES, SHARED
+from cs336sys.cli.vocabulary import SHARED
 from tests.conftest import MICRO, invoke, query
 
 # The commands that measure and store (the others read: sql, report, db, env).
@@ -51,9 +50,6 @@ def test_one_name_per_concept_across_every_command():
             if opt.name in SHARED:
                 assert SHARED[opt.name] in names, (path, opt.name, names)
                 seen.setdefault(opt.name, []).append(path)
-            # no command shows an old spelling
-            old = {*ALIASES, *COMMAND_ALIASES.get(" ".join(path), {})}
-            assert not old & set(names), (path, names)
             if path in EXPERIMENTS and opt.name in SWEPT:
                 assert opt.multiple, f"{' '.join(path)} {names[0]} does not sweep"
         if path in EXPERIMENTS:
@@ -64,26 +60,6 @@ def test_one_name_per_concept_across_every_command():
     # comm's buffer size has its own name; --size is a model preset wherever it appears
     comm = {n for o in _options(commands[("comm",)]) for n in o.opts}
     assert "--bytes" in comm and "--size" not in comm
-
-
-def test_old_spellings_still_work_with_a_note(db_path):
-    old = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
-           "--num-heads", "4", "--vocab-size", "256", "--device", "cpu", "--warmup", "1",
-           "--batch-size", "2", "--context-length=16", "--steps", "2", "--mode", "forward"]
-    result = invoke(*old, "--db", db_path)
-    assert result.exit_code == 0, result.output
-    assert "note: --context-length is now --seq" in result.stderr
-    assert "note: --steps is now --iters" in result.stderr
-    (row,) = query(db_path, "SELECT context_length, batch_size, steps FROM model_runs")
-    assert row == {"context_length": 16, "batch_size": 2, "steps": 2}
-    # comm's old --size is its --bytes (checked before any rank starts)
-    bad = invoke("comm", "--size", "10XB", "--world-size", "2", "--db", db_path)
-    assert bad.exit_code == 2 and "--bytes" in bad.stderr
-    # a value that happens to look like an old spelling is left alone after `--`
-    from cs336sys.cli.vocabulary import rewrite
-
-    assert rewrite(["--steps", "3", "--", "--steps"], ALIASES, warn=False) == [
-        "--iters", "3", "--", "--steps"]
 
 
 def test_ddp_sweeps_size_seq_and_batch():

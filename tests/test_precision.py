@@ -164,7 +164,7 @@ def test_autocast_bf16_on_cpu_matches_torch_op_lists(db_path):
     result = invoke("precision", "autocast", "--precision", "bf16", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     [r] = rows(db_path)
-    assert (r["status"], r["kind"], r["dtype"], r["device"]) == ("ok", "autocast", "bf16", "cpu")
+    assert (r["status"], r["kind"], r["precision"], r["device"]) == ("ok", "autocast", "bf16", "cpu")
     assert (r["in_features"], r["out_features"], r["batch"]) == (16, 4, 8)
     assert r["autocast_enabled"] == 1
     observed = {c: r[c] for c in OBSERVED_COLUMNS}
@@ -206,7 +206,7 @@ def test_autocast_that_disables_itself_is_a_stored_skip(db_path, monkeypatch):
                     "--db", db_path)
     assert result.exit_code == 0, result.output
     ok, skipped = rows(db_path)
-    assert ok["status"] == "ok" and ok["dtype"] == "bf16"
+    assert ok["status"] == "ok" and ok["precision"] == "bf16"
     assert (skipped["status"], skipped["autocast_enabled"], skipped["fc1_dtype"]) == (
         "skipped",
         0,
@@ -223,9 +223,9 @@ def test_autocast_on_cuda_matches_torch_op_lists(db_path):
                     "--db", db_path)
     assert result.exit_code == 0, result.output
     for r in rows(db_path):
-        low = {"bf16": "bfloat16", "fp16": "float16"}[r["dtype"]]
+        low = {"bf16": "bfloat16", "fp16": "float16"}[r["precision"]]
         if r["status"] == "skipped":  # bfloat16 before Ampere
-            assert r["dtype"] == "bf16" and not torch.cuda.is_bf16_supported()
+            assert r["precision"] == "bf16" and not torch.cuda.is_bf16_supported()
             continue
         observed = {c: r[c] for c in OBSERVED_COLUMNS}
         assert observed["ln_dtype"] == "float32"  # layer_norm is in CUDA's float32 list

@@ -165,7 +165,7 @@ def test_profile_model_rows_and_kernel_stats(db_path):
         "torch",
         "train",
     )
-    assert (run["time_basis"], run["profiled_steps"], run["steps"], run["warmup"]) == (
+    assert (run["time_basis"], run["profiled_steps"], run["iters"], run["warmup"]) == (
         "cpu",
         3,
         3,
@@ -182,8 +182,8 @@ def test_profile_model_rows_and_kernel_stats(db_path):
             assert s["mean_ms"] == pytest.approx(s["total_ms"] / s["calls"])
         # the summed op self time, per step; on one thread it fits inside the phase's wall time
         total = sum(s["total_ms"] for s in mine)
-        assert run[f"{short}_profiled_ms"] == pytest.approx(total / 3)
-        assert 0 < run[f"{short}_profiled_ms"] <= run[f"{short}_ms"]
+        assert run[f"{short}_profiled_ms_mean"] == pytest.approx(total / 3)
+        assert 0 < run[f"{short}_profiled_ms_mean"] <= run[f"{short}_ms_mean"]
     calls = {(s["phase"], s["name"]): s["calls"] for s in stats}
     # Only the 3 measured steps, warm-up excluded: 15 bias-free Linear layers per forward
     # (2 layers x q, k, v, o, w1, w2, w3, and the LM head) are one aten::mm each; backward
@@ -195,11 +195,11 @@ def test_profile_model_rows_and_kernel_stats(db_path):
     assert run["qk_flops"] == run["pv_flops"] == 2 * (2 * 2 * 4 * 16 * 16 * 16)
     assert run["softmax_flops"] == 2 * (5 * 2 * 4 * 16 * 16)
     for part in ("qk", "softmax", "pv"):
-        assert run[f"{part}_ms"] > 0
+        assert run[f"{part}_ms_mean"] > 0
         assert run[f"{part}_gflops"] == pytest.approx(
-            run[f"{part}_flops"] / run[f"{part}_ms"] / 1e6
+            run[f"{part}_flops"] / run[f"{part}_ms_mean"] / 1e6
         )
-    assert run["qk_ms"] + run["softmax_ms"] + run["pv_ms"] < run["fwd_profiled_ms"]
+    assert run["qk_ms_mean"] + run["softmax_ms_mean"] + run["pv_ms_mean"] < run["fwd_profiled_ms_mean"]
     assert "aten::mm" in result.stdout and "QKᵀ" in result.stdout
 
 
@@ -215,8 +215,8 @@ def test_profile_attention_breakdown_and_sdpa(db_path):
         2 * scores * 16, 5 * scores, 2 * scores * 16
     )
     for part in ("qk", "softmax", "pv"):
-        assert naive[f"{part}_ms"] > 0 and naive[f"{part}_gflops"] > 0
-    assert sdpa["qk_ms"] is None  # no naive ranges in the fused kernel
+        assert naive[f"{part}_ms_mean"] > 0 and naive[f"{part}_gflops"] > 0
+    assert sdpa["qk_ms_mean"] is None  # no naive ranges in the fused kernel
     for r in got:
         stats = rows(db_path, f"SELECT * FROM kernel_stats WHERE run_id = '{r['run_id']}'")
         assert {s["phase"] for s in stats} == {"forward", "backward"}
@@ -249,7 +249,7 @@ def test_nvtx_mode_profiles_nothing_and_still_times(db_path):
                     "--nvtx", "--db", db_path)
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
-    assert run["profiler"] == "nvtx" and run["fwd_ms"] > 0 and run["fwd_profiled_ms"] is None
+    assert run["profiler"] == "nvtx" and run["fwd_ms_mean"] > 0 and run["fwd_profiled_ms_mean"] is None
     assert rows(db_path, "SELECT count(*) AS n FROM kernel_stats") == [{"n": 0}]
 
 
@@ -331,7 +331,7 @@ def test_profile_on_cuda_ranks_kernels_by_device_time(db_path):
     result = invoke("profile", "model", *micro, "--seq", "64", "--db", db_path)
     assert result.exit_code == 0, result.output
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
-    assert run["time_basis"] == "cuda" and run["qk_ms"] > 0 and run["fwd_profiled_ms"] > 0
+    assert run["time_basis"] == "cuda" and run["qk_ms_mean"] > 0 and run["fwd_profiled_ms_mean"] > 0
     stats = rows(db_path, "SELECT * FROM kernel_stats")
     assert {s["time_basis"] for s in stats} == {"cuda"}
     assert {s["phase"] for s in stats} == {"forward", "backward", "optimizer"}

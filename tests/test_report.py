@@ -136,10 +136,10 @@ def test_filters_select_exactly_the_matching_runs(store, tmp_path):
     md = (tmp_path / "a" / "report.md").read_text()
     assert result.exit_code == 0 and re.findall(r"^## (\w+)", md, re.M) == ["Attention", "Memory"]
     assert "ok 4 " in md
-    # its 0.2 name, context_length, selects the same until 0.3
+    # its 0.2 name, context_length, is no setting any more: refused, nothing written
     result = report(store, tmp_path / "a2", "--where", "context_length=256", "--format", "md")
-    old = (tmp_path / "a2" / "report.md").read_text()
-    assert result.exit_code == 0 and old.replace("where context_length=256", "where seq=256") == md
+    assert result.exit_code == 2 and "no experiment has a setting 'context_length'" in result.output
+    assert not (tmp_path / "a2").exists()
     # a commit prefix and a GPU: inv-b (commit bbbb, H100) has 4 model rows
     result = report(store, tmp_path / "b", "--commit", "bbbb", "--gpu", "NVIDIA H100 80GB HBM3",
                     "--format", "md")
@@ -249,7 +249,7 @@ def test_where_values_are_bound_never_spliced():
         (["--experiment", "modle"], "--experiment: unknown value 'modle'"),
         (["--since", "last tuesday"], "cannot read time 'last tuesday'"),
         (["--where", "size"], "expected KEY=VALUE"),
-        (["--where", "context_lenght=128"], "no experiment has a setting 'context_lenght'; did you mean 'context_length'?"),
+        (["--where", "precison=bf16"], "no experiment has a setting 'precison'; did you mean 'precision'?"),
         (["--format", "pdf"], "--format: unknown value 'pdf'"),
         (["--compare", "aaaa", "zzzz"], "'zzzz' matches no commit"),
         (["--compare", "aaaa", "cpu"], "'aaaa' is a commit but 'cpu' is a gpu"),

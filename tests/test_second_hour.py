@@ -23,7 +23,6 @@ from tests.conftest import invoke, micro, query
         (["attention", "--impl=naive,trition"], "Error: --impl: unknown value 'trition'"),
         (["ddp", "--impl", "fdsp"], "Error: --impl: unknown value 'fdsp' (did you mean 'fsdp'?)"),
         (["model", "--size", "smal"], "Error: --size: unknown size 'smal' (did you mean 'small'?)"),
-        (["model", "--context-length", "0"], "Error: --context-length must be positive, got 0"),
         (["model", "--seq", "0"], "Error: --seq must be positive, got 0"),
         (["step", "--switches", "fused-adam"],
          "Error: --switches: unknown switch 'fused-adam' (did you mean 'fused-adamw'?)"),

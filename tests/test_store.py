@@ -237,10 +237,15 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
         assert got["plan"][0] == old["plan"]  # nothing to rename
         for kind, (settings, key) in got.items():
             assert key == point_key(kind, settings)
-        assert s.query("SELECT seq, batch, iters, context_length, batch_size, steps FROM model_runs") == [
-            {"seq": 128, "batch": 4, "iters": 5, "context_length": 128, "batch_size": 4, "steps": 5}]
-        assert s.query("SELECT batch, global_batch FROM ddp_runs") == [{"batch": 8, "global_batch": 8}]
-        assert s.query("SELECT precision, dtype FROM attention_runs") == [{"precision": "bf16", "dtype": "bf16"}]
+        assert s.query("SELECT seq, batch, iters FROM model_runs") == [
+            {"seq": 128, "batch": 4, "iters": 5}]
+        assert s.query("SELECT batch FROM ddp_runs") == [{"batch": 8}]
+        assert s.query("SELECT precision FROM attention_runs") == [{"precision": "bf16"}]
+        # the 0.2 names are no columns any more
+        for view, old in (("model_runs", "context_length"), ("model_runs", "steps"),
+                          ("ddp_runs", "global_batch"), ("attention_runs", "dtype")):
+            with pytest.raises(sqlite3.OperationalError, match=f"no such column: {old}"):
+                s.query(f"SELECT {old} FROM {view}")
 
 
 def test_reading_an_older_store_reads_it_migrated_and_leaves_it_as_it_was(db_path, tmp_path):
@@ -266,9 +271,9 @@ def test_reading_an_older_store_reads_it_migrated_and_leaves_it_as_it_was(db_pat
             (128, 4, 5, 12.5)]
         with pytest.raises(sqlite3.OperationalError):
             ro.execute("DELETE FROM runs")
-    got = invoke("sql", "SELECT seq, context_length FROM model_runs", "--json", "--db", db_path)
+    got = invoke("sql", "SELECT seq, batch FROM model_runs", "--json", "--db", db_path)
     assert got.exit_code == 0, got.output
-    assert json.loads(got.stdout) == [{"seq": 128, "context_length": 128}]
+    assert json.loads(got.stdout) == [{"seq": 128, "batch": 4}]
     out = tmp_path / "rep"
     rep = invoke("report", "--where", "seq=128", "--db", db_path, "--out", out)
     assert rep.exit_code == 0, rep.output

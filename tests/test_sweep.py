@@ -251,24 +251,16 @@ def test_a_failed_point_ends_its_process_group_and_a_fresh_one_runs_the_rest():
     assert [s.n for _, s, _ in sink.added] == [1, 2, 3]
 
 
-def test_specs_accept_the_old_keyword_names_with_a_warning():
-    """0.2's keyword names (context_length, batch_size, steps, dtype) still build the same
-    specs until 0.3, each with a DeprecationWarning naming the new one."""
+def test_specs_take_only_the_options_names():
+    """0.2's keyword names (context_length, batch_size, global_batch, steps, dtype) are gone:
+    a TypeError names the one given, never a point built from it."""
     from cs336sys.experiments import attention, ddp
 
-    new = model.specs(size=["tiny"], seq=[32], batch=[2], iters=3, precision=["bf16"], device="cpu")
-    with pytest.warns(DeprecationWarning) as caught:
-        old = model.specs(size=["tiny"], context_length=[32], batch_size=[2], steps=3,
-                          dtype=["bf16"], device="cpu")
-    assert old == new
-    assert sorted(str(w.message).split(" is now ")[1].split("=")[0] for w in caught) == [
-        "batch", "iters", "precision", "seq"]
-    with pytest.warns(DeprecationWarning, match="global_batch"):
-        assert ddp.specs(global_batch=8, device="cpu", world_size=[2]) == ddp.specs(
-            batch=8, device="cpu", world_size=[2])
-    with pytest.warns(DeprecationWarning, match="dtype"):
-        assert attention.specs(dtype=["fp16"], device="cpu") == attention.specs(
-            precision=["fp16"], device="cpu")
+    for specs, old in ((model.specs, "context_length"), (model.specs, "batch_size"),
+                       (model.specs, "steps"), (model.specs, "dtype"),
+                       (ddp.specs, "global_batch"), (attention.specs, "dtype")):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+            specs(**{old: [8]}, device="cpu")
 
 
 def test_metric_table_reads_rows_units_and_continued_meanings():

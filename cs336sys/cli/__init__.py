@@ -33,14 +33,15 @@ from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
 from cs336sys.cli.step import step
+from cs336sys.cli.vocabulary import command_path, typed_spellings, with_bare_values
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import MAX_SIZE
 
 
 class Root(TyperGroup):
-    """The root group: rewrites the old spellings of options (cli/vocabulary.py) for the
-    command named on the line before anything parses them, and notes which name of each
-    option was typed (errors then use it)."""
+    """The root group: notes which name of each option was typed for the command named on
+    the line (errors then use it), gives a bare option the value it means
+    (cli/vocabulary.py), and guards every integer option."""
 
     def __init__(self, *args, **kwargs):  # click's signature
         super().__init__(*args, **kwargs)
@@ -51,23 +52,13 @@ class Root(TyperGroup):
                     param.callback = _bounded(param.callback)
 
     def parse_args(self, ctx, args):  # click's signature
-        from cs336sys.cli.vocabulary import (
-            aliases_for,
-            bare_values_for,
-            command_path,
-            rewrite,
-            typed_spellings,
-            value_options,
-        )
-
         path = command_path(self, args)
         command = self
         for name in path:
             command = command.commands[name]
         common.TYPED.clear()
-        common.TYPED.update(typed_spellings(command, args[len(path):], aliases_for(path)))
-        return super().parse_args(ctx, rewrite(args, aliases_for(path), bare=bare_values_for(path),
-                                               values=value_options(command)))
+        common.TYPED.update(typed_spellings(command, args[len(path):]))
+        return super().parse_args(ctx, [*path, *with_bare_values(args[len(path):], path, command)])
 
     def make_context(self, *args, **kwargs):
         with _one_line_errors():

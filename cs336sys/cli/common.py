@@ -64,7 +64,7 @@ def catalog() -> Any:
 
 
 # Option -> the spelling the user typed for it on this command line (`--attention` ->
-# `--impl`, `--seq` -> `--context-length`): set by the root group (cli.Root) as it parses.
+# `--impl`): set by the root group (cli.Root) as it parses.
 TYPED: dict[str, str] = {}
 
 

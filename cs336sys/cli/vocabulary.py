@@ -1,25 +1,23 @@
-"""One option name per concept, in every command, and the old spellings kept as
-hidden aliases until 0.3.
+"""One option name per concept, in every command.
 
-    --seq        sequence length           (was --context-length in model, memory, ddp, profile)
-    --batch      sequences per step        (was --batch-size; ddp's --global-batch)
-    --precision  fp32, bf16, fp16          (was --dtype in attention, comm, precision autocast)
-    --iters      timed iterations          (was --steps in model, memory, ddp, profile model)
+    --seq        sequence length
+    --batch      sequences per step
+    --precision  fp32, bf16, fp16
+    --iters      timed iterations
     --warmup     untimed iterations before them
     --attention  the attention implementation (attention commands also take --impl)
     --impl       the implementation under test (attention, ddp, memory residuals)
-    --size       a model size preset (plan's was --model); comm's buffer size is --bytes (was
-                 --size)
+    --size       a model size preset; comm's buffer size is --bytes
     --label      free text stored on the invocation
 
-An alias is not declared on the command, so --help shows only the shared name; the root
-group rewrites an old spelling to the new one before the command parses its arguments and
-says so once on stderr. No torch here.
+The 0.2 spellings (--context-length, --batch-size, --global-batch, --dtype, --steps, plan's
+--model, comm's --size) are gone: click refuses them as any unknown option. The root group
+notes which name of an option with several was typed, so that errors use it, and gives the
+options whose value may be left out (BARE_VALUES) the value they mean. No torch here.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,24 +38,9 @@ SHARED = {
     "db": "--db",
 }
 
-# Old spelling -> new, in every command (0.2 names; accepted until 0.3).
-ALIASES = {
-    "--context-length": "--seq",
-    "--batch-size": "--batch",
-    "--global-batch": "--batch",
-    "--dtype": "--precision",
-    "--steps": "--iters",
-}
-# Old spellings that meant something else elsewhere: per command path.
-COMMAND_ALIASES = {"comm": {"--size": "--bytes"}, "plan": {"--model": "--size"}}
-# Flags that became options with a value: given bare (followed by another option, or last),
-# they mean this value, as they did (ddp's --shard-optimizer was a switch for ours).
+# Options whose value may be left out: given bare (followed by another option, or last), they
+# mean this value (ddp's `--shard-optimizer` alone shards with ours).
 BARE_VALUES = {"ddp": {"--shard-optimizer": "ours"}}
-
-
-def aliases_for(path: Sequence[str]) -> dict[str, str]:
-    """The old -> new spellings that apply in the command at `path` (e.g. ['memory'])."""
-    return {**ALIASES, **COMMAND_ALIASES.get(" ".join(path), {})}
 
 
 def command_path(group: Any, args: Sequence[str]) -> list[str]:
@@ -73,14 +56,9 @@ def command_path(group: Any, args: Sequence[str]) -> list[str]:
     return path
 
 
-def bare_values_for(path: Sequence[str]) -> dict[str, str]:
-    """The flags that take a value now, and what they mean bare, in the command at `path`."""
-    return BARE_VALUES.get(" ".join(path), {})
-
-
 def value_options(command: Any) -> dict[str, int]:
     """Every name of each option of `command` that takes values -> how many (its nargs):
-    the token after such a name is a value, never an option to rewrite."""
+    the token after such a name is a value, never an option's name."""
     out: dict[str, int] = {}
     for param in getattr(command, "params", []):
         if getattr(param, "param_type_name", None) == "option" and not getattr(param, "is_flag", False):
@@ -89,15 +67,39 @@ def value_options(command: Any) -> dict[str, int]:
     return out
 
 
-def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
-            bare: dict[str, str] | None = None, values: dict[str, int] | None = None) -> list[str]:
-    """`args` with old spellings (`--steps 5`, `--steps=5`) replaced by the new ones, and the
-    `bare` flags given without a value followed by the value they mean; stops at `--`. Each
-    old spelling used is named once on stderr. A token that is the value of an option
-    (`values`: the names that take values, and how many) passes untouched, whatever it looks
-    like: `--label --steps` stores the label `--steps`."""
-    out, said = [], set()
-    bare, values = bare or {}, values or {}
+def typed_spellings(command: Any, args: Sequence[str]) -> dict[str, str]:
+    """Each option of `command` given in `args` under another of its names (`--impl` for
+    `--attention`): every name of it -> the one typed; values are skipped, and so is all
+    after `--`."""
+    out: dict[str, str] = {}
+    values = value_options(command)
+    pending = 0  # values still owed to the option before
+    for token in args:
+        if pending:
+            pending -= 1
+            continue
+        if token == "--":
+            break
+        name, eq, _ = token.partition("=")
+        if not name.startswith("-"):
+            continue
+        if not eq:
+            pending = values.get(name, 0)
+        if not name.startswith("--"):
+            continue
+        for param in getattr(command, "params", []):
+            names = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
+            if name in names:
+                out.update({n: name for n in names if n != name})
+    return out
+
+
+def with_bare_values(args: Sequence[str], path: Sequence[str], command: Any) -> list[str]:
+    """`args` with the value each bare option of BARE_VALUES means put after it. A token that
+    is the value of an option passes untouched, whatever it looks like (`--label
+    --shard-optimizer` is a label); nothing after `--` is read."""
+    bare, values = BARE_VALUES.get(" ".join(path), {}), value_options(command)
+    out: list[str] = []
     pending = 0  # values still owed to the option before
     for i, token in enumerate(args):
         if pending:
@@ -107,41 +109,13 @@ def rewrite(args: Sequence[str], aliases: dict[str, str], warn: bool = True,
         if token == "--":
             out.extend(args[i:])
             break
+        out.append(token)
         if token in bare:
             following = args[i + 1] if i + 1 < len(args) else None
-            out.append(token)
             if following is None or following.startswith("-"):
                 out.append(bare[token])
             else:
                 pending = 1
-            continue
-        name, eq, value = token.partition("=")
-        new = aliases.get(name) if name.startswith("--") else None
-        if not eq:
-            pending = values.get(new or name, 0)
-        if new is None:
-            out.append(token)
-            continue
-        out.append(new + eq + value)
-        if warn and name not in said:
-            said.add(name)
-            print(f"note: {name} is now {new} (the old name is accepted until 0.3)", file=sys.stderr)
-    return out
-
-
-def typed_spellings(command: Any, args: Sequence[str], aliases: dict[str, str]) -> dict[str, str]:
-    """Each option of `command` given in `args` under another of its names (`--impl` for
-    `--attention`, an old spelling): every name of it -> the one typed; stops at `--`."""
-    out: dict[str, str] = {}
-    for token in args:
-        if token == "--":
-            break
-        name = token.partition("=")[0]
-        if not name.startswith("--"):
-            continue
-        canonical = aliases.get(name, name)
-        for param in getattr(command, "params", []):
-            names = [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]
-            if canonical in names:
-                out.update({n: name for n in names if n != name})
+        elif "=" not in token:
+            pending = values.get(token, 0)
     return out

@@ -44,7 +44,6 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
-    old_names,
     positive_ints,
     unknown,
 )
@@ -143,7 +142,6 @@ CPU_DEFAULTS: dict[str, Any] = dict(
 )
 
 
-@old_names
 def specs(
     *,
     impl: Iterable[str] | None = None,

@@ -30,7 +30,7 @@ from cs336sys.measure.units import parse_sizes
 from cs336sys.report.plots import Plot
 from cs336sys.report.sections import add_plot, series
 from cs336sys.sweep.declaration import Column, Experiment, Table, metric_table, setting_columns
-from cs336sys.sweep.points import SpecError, choices, counts, expand, listed, old_names
+from cs336sys.sweep.points import SpecError, choices, counts, expand, listed
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
 
@@ -85,7 +85,6 @@ class CommSpec:
         return asdict(self)
 
 
-@old_names(size="size_bytes")
 def specs(
     *,
     op: Iterable[str] | None = None,

@@ -63,7 +63,6 @@ from cs336sys.sweep.points import (
     choices,
     counts,
     listed,
-    old_names,
     positive_ints,
 )
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
@@ -104,7 +103,6 @@ class DDPSpec(ModelShape):
         return cls(**ModelShape.of(size, config), model=config.model, **point)
 
 
-@old_names
 def specs(
     *,
     impl: Iterable[str] | None = None,

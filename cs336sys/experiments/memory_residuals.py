@@ -31,7 +31,7 @@ from cs336sys.sweep.declaration import (
     metric_table,
     setting_columns,
 )
-from cs336sys.sweep.points import choices, old_names
+from cs336sys.sweep.points import choices
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import build_model
 
@@ -59,7 +59,6 @@ class ResidualsSpec:
         return asdict(self)
 
 
-@old_names
 def specs(
     *,
     impl: Iterable[str] | None = None,

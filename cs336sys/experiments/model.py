@@ -59,7 +59,6 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
-    old_names,
     positive_ints,
     warmups,
 )
@@ -98,7 +97,6 @@ class ModelSpec(ModelShape):
     blocks: str | None = None  # where the user's model keeps its blocks (--blocks)
 
 
-@old_names
 def specs(
     *,
     size: Iterable[str] | None = None,
@@ -301,7 +299,6 @@ def run(spec: ModelSpec) -> Result:
 
 # -- the declaration ------------------------------------------------------------------------
 
-# The 0.2 names of renamed settings: still columns of the view until 0.3 (docs/store.md).
 CHECK_NOTE = ("check, for the user's code: their model (--model) has a finite loss and, where "
               "its state_dict loads into cs336sys's TransformerLM, the same loss with the same "
               "weights; their attention kernel in our model gives naive attention's loss "

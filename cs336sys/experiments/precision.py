@@ -46,7 +46,6 @@ from cs336sys.sweep.points import (
     check_seed,
     choices,
     device_choice,
-    old_names,
     positive_ints,
 )
 from cs336sys.sweep.result import Result
@@ -109,7 +108,6 @@ def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1
     return [AccumulateSpec.of(v, additions, value, dev) for v in variants]
 
 
-@old_names
 def autocast_specs(*, precision: Iterable[str] | None = None, in_features: int = 16,
                    out_features: int = 4, batch: int | Iterable[Any] = 8,
                    device: str = "auto", seed: int = 0) -> list[AutocastSpec]:

@@ -87,7 +87,6 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
-    old_names,
     positive_ints,
     unknown,
 )
@@ -182,7 +181,6 @@ def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str
     return out
 
 
-@old_names
 def specs(
     *,
     size: Iterable[str] | None = None,

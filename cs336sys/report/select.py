@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from cs336sys.store.views import typed
-from cs336sys.sweep.points import RENAMED, closest
+from cs336sys.sweep.points import closest
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -110,9 +110,8 @@ INVOCATION_KEYS = ("label", "host", "command")
 
 
 def known_keys(catalog: Sequence[Any]) -> set[str]:
-    """What --where may name: any declared experiment's settings, and INVOCATION_KEYS (and,
-    until 0.3, the settings' 0.2 names: sweep/points.RENAMED)."""
-    return {k for e in catalog for k in e.settings} | set(INVOCATION_KEYS) | set(RENAMED)
+    """What --where may name: any declared experiment's settings, and INVOCATION_KEYS."""
+    return {k for e in catalog for k in e.settings} | set(INVOCATION_KEYS)
 
 
 def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str]]:
@@ -127,7 +126,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
         if not sep or not _KEY.match(key):
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
         if key not in known:
-            valid = sorted(known - set(RENAMED) - set(INVOCATION_KEYS))
+            valid = sorted(known - set(INVOCATION_KEYS))
             near = closest(key, sorted(known))
             hint = f"; did you mean {near!r}?" if near else ""
             raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
@@ -137,7 +136,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             _typed(value)
         except ValueError as exc:
             raise SelectionError(f"--where {item!r}: {exc}") from None
-        out.append((RENAMED.get(key, key), value))  # a 0.2 name selects its setting
+        out.append((key, value))
     return out
 
 

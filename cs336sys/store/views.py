@@ -15,8 +15,6 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from cs336sys.sweep.points import RENAMED
-
 # Columns every view starts with: who, where and how the point ran (and what each means).
 _COMMON = {
     "r.id AS run_id": "the run's id (runs.id)",
@@ -37,8 +35,7 @@ _COMMON = {
 
 def column_meanings(experiment: Any) -> dict[str, tuple[str, str]]:
     """Each column of `experiment`'s view -> (unit, meaning), in the view's order: the
-    common columns, the settings (with the Spec's type), the metrics as declared, and the
-    old names kept for one release."""
+    common columns, the settings (with the Spec's type) and the metrics as declared."""
     out = {sql.rpartition(" ")[2].rpartition(".")[2]: ("", meaning)
            for sql, meaning in _COMMON.items()}
     types = experiment.setting_types()
@@ -47,10 +44,6 @@ def column_meanings(experiment: Any) -> dict[str, tuple[str, str]]:
         out[k] = ("", f"setting{kind}")
     for m in experiment.metrics:
         out[m.name] = (m.unit, m.meaning)
-    renamed = {old: new for old, new in RENAMED.items() if new in experiment.settings}
-    renamed.update(experiment.renamed)
-    for old, new in renamed.items():
-        out.setdefault(old, (out.get(new, ("", ""))[0], f"the old name of {new} (until 0.3)"))
     return out
 
 
@@ -61,11 +54,7 @@ def _quote(name: str) -> str:
 def view_sql(experiment: Any) -> str:
     """The CREATE VIEW of one experiment's declaration (sweep/declaration.Experiment)."""
     settings, metrics = list(experiment.settings), list(experiment.metric_names)
-    # old column -> the setting or metric it is now: the 0.2 names of its settings, and
-    # the metrics the experiment renamed
-    renamed = {old: new for old, new in RENAMED.items() if new in settings}
-    renamed.update(experiment.renamed)
-    old_of = {new: old for old, new in renamed.items() if new not in settings}
+    old_of = {new: old for old, new in experiment.renamed.items()}  # metrics renamed
 
     def metric(k: str) -> str:
         # A renamed metric: rows stored before the rename hold it under its old key, and
@@ -81,11 +70,6 @@ def view_sql(experiment: Any) -> str:
     cols = list(_COMMON)  # the keys: the SQL of each column
     cols += [f"{setting(k)} AS {_quote(k)}" for k in settings]
     cols += [f"{metric(k)} AS {_quote(k)}" for k in metrics]
-    # The old names of renamed settings and metrics stay columns for one release
-    # (docs/store.md, "Renamed columns"), holding the same values as the new ones. (Stored
-    # settings were renamed by the schema's migration; stored metrics never are.)
-    cols += [f"{setting(new) if new in settings else metric(new)} AS {_quote(old)}"
-             for old, new in renamed.items() if old not in metrics and old not in settings]
     body = ",\n       ".join(cols)
     return (
         f"CREATE VIEW {_quote(experiment.view)} AS\nSELECT {body}\n"

@@ -11,7 +11,7 @@ Everything else is derived from the declaration:
 Naming rule for metrics: a statistic over timed steps is `<name>_<stat>` with stat one of
 mean, std, min, median, max, always (`step_ms_mean`, never a bare `step_ms` for a mean);
 `timing()` declares the five at once. A metric that is one reading is a bare name
-(`peak_bytes`). Renamed columns stay in the view under their old names for one release
+(`peak_bytes`). A renamed metric's column also reads rows stored under its old name
 (`renamed`, docs/store.md "Renamed columns").
 
 The declarations live with their experiments (experiments/<kind>.py) and are listed in
@@ -187,8 +187,8 @@ class Experiment:
     # of every point, then round 2, ..., so that drift falls on every point alike.
     split: Callable[[Any], list[Any]] | None = None
     merge: Callable[[Any, list[Any]], Any] | None = None
-    # Old column -> the metric it is now (a renamed setting's old names need no entry: every
-    # view keeps the 0.2 names of its settings, sweep/points.RENAMED, until 0.3).
+    # Old metric key -> the metric it is now: rows stored before the rename hold the old key
+    # (stored rows are never rewritten), and the view's column reads either.
     renamed: Mapping[str, str] = field(default_factory=dict)
     # Its report section beyond the declared tables: section(sec, rows) adds tables and plots
     # to the report's Section (report/sections.py) over the latest row of each point.

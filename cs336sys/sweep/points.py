@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from cs336sys.measure.device import resolve_device
@@ -41,38 +41,6 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
     """Identity of a sweep point: the same experiment with the same settings (`--resume`)."""
     text = experiment + "\n" + json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-# The 0.2 names of options that are now one name per concept (docs/getting-started.md, "One
-# name per concept"): `specs(...)` keyword arguments still take them until 0.3.
-RENAMED = {"context_length": "seq", "batch_size": "batch", "global_batch": "batch",
-           "steps": "iters", "dtype": "precision"}
-
-
-def old_names(specs: Callable[..., Any] | None = None, /, **renamed: str) -> Any:
-    """`specs` taking the 0.2 names of its keyword arguments (RENAMED, and `renamed`: old
-    keyword -> new one, for this function alone) as the new ones, with a DeprecationWarning,
-    until 0.3. Used bare (`@old_names`) or with the extra names (`@old_names(size="x")`)."""
-    import functools
-    import inspect
-    import warnings
-
-    def wrap(specs: Callable[..., Any]) -> Callable[..., Any]:
-        takes = set(inspect.signature(specs).parameters)
-        names = {**RENAMED, **renamed}
-
-        @functools.wraps(specs)
-        def accepting(*args: Any, **kwargs: Any) -> Any:
-            for old, new in names.items():
-                if old in kwargs and old not in takes and new in takes:
-                    warnings.warn(f"{specs.__module__}.specs({old}=...) is now {new}= (the old "
-                                  "name is accepted until 0.3)", DeprecationWarning, stacklevel=2)
-                    kwargs[new] = kwargs.pop(old)
-            return specs(*args, **kwargs)
-
-        return accepting
-
-    return wrap if specs is None else wrap(specs)
 
 
 # Upper bounds where a typo would run for days (docs/bad-input.md).

@@ -134,9 +134,10 @@ def render_experiment(kind: str) -> str:
                 + " ([statistics](../methodology.md#statistics)).", ""]
     out.append(_table(("metric", "unit", "meaning"), rows))
     if e.renamed:
-        out += ["", "Old column names, kept in the view with the same values until 0.3:", ""]
+        out += ["", "Metrics stored under another name before 0.2, which their columns also read:",
+                ""]
         out.append(
-            _table(("old column", "now"), ((f"`{o}`", f"`{n}`") for o, n in e.renamed.items()))
+            _table(("stored as", "column"), ((f"`{o}`", f"`{n}`") for o, n in e.renamed.items()))
         )
     out += ["", "### Tables", "",
             "What the command prints at the end of a sweep and the report's section opens with "
@@ -211,8 +212,8 @@ def render_schema() -> str:
     common = _common_prefix(list(views.values()))
     rows = [(f"`{e.view}`", f"[{e.kind}](experiments/{e.kind}.md)", len(views[e.view]))
             for e in experiments()]
-    out += ["Every view starts with these columns, then the experiment's settings and metrics "
-            "(and, for one release, the old names of renamed metrics):", "",
+    out += ["Every view starts with these columns, then the experiment's settings and metrics:",
+            "",
             ", ".join(f"`{c}`" for c in common), ""]
     out.append(_table(("view", "experiment (its columns)", "columns"), rows))
     return "\n".join(out) + "\n"
