@@ -213,7 +213,7 @@ def test_the_timed_steps_sit_in_one_measured_range(ranges):
             ranges.append("step")
             return {"step_ms": 1.0}
 
-    run_steps(Step(), warmup=2, steps=3)
+    run_steps(Step(), warmup=2, iters=3)
     assert ranges == ["step", "step", nsys.MEASURED_RANGE, "step", "step", "step"]
 
 

@@ -65,7 +65,7 @@ def test_a_step_times_every_phase_and_the_data_does_not_depend_on_the_device():
     x2, y2 = make_batch(7, 2, 16, 100)
     assert torch.equal(x1, x2) and torch.equal(y1, y2) and not torch.equal(x1, y1)
     cfg = from_preset("tiny", context_length=16, **{**SHAPE, "vocab_size": 100})
-    step = make_step(make_model(cfg, "cpu", 0), vocab_size=100, batch_size=2, context_length=16,
+    step = make_step(make_model(cfg, "cpu", 0), vocab_size=100, batch=2, seq=16,
                      mode="train", precision="fp32", optimizer="adamw", compile=False,
                      device="cpu", seed=7)
     seen = []

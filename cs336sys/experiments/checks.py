@@ -30,7 +30,7 @@ CHECK_LAYERS = 2  # the copy that is checked: at most this many layers
 CHECK_TOKENS = 128  # ... and this many tokens per sequence
 
 
-def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict:
+def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     """The user's code in a model step against cs336sys's, see the module docstring: their
     model (config.model), or their attention kernel in ours (config.attention), whose loss
     must be naive attention's with the same weights."""
@@ -40,7 +40,7 @@ def model_check(config: Any, device: str, seed: int, batch_size: int) -> Verdict
         config, num_layers=min(config.num_layers, CHECK_LAYERS),
         context_length=min(config.context_length, CHECK_TOKENS), checkpoint="none",
     )
-    x, y = make_batch(seed, min(batch_size, 2), small.context_length, small.vocab_size)
+    x, y = make_batch(seed, min(batch, 2), small.context_length, small.vocab_size)
     x, y = x.to(device), y.to(device)
     theirs = make_model(small, device, seed)
     if config.model is None:  # their attention in our model: naive attention's loss

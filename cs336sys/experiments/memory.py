@@ -141,8 +141,7 @@ def run(spec: MemorySpec) -> Result:
     init_bytes = probe.current()
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
-    step = make_step(model, vocab_size=config.vocab_size, batch_size=m.batch,
-                     context_length=m.seq,
+    step = make_step(model, vocab_size=config.vocab_size, batch=m.batch, seq=m.seq,
                      mode=m.mode, precision=m.precision, optimizer=m.optimizer, compile=False,
                      device=m.device, seed=m.seed)
     B, T = m.batch, m.seq

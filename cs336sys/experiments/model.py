@@ -257,8 +257,7 @@ def run(spec: ModelSpec) -> Result:
     if yours.is_yours(spec.optimizer):
         checked = both(checked, optimizer_check(spec.optimizer))
     model = make_model(config, spec.device, spec.seed)
-    step = make_step(model, vocab_size=config.vocab_size, batch_size=spec.batch,
-                     context_length=spec.seq,
+    step = make_step(model, vocab_size=config.vocab_size, batch=spec.batch, seq=spec.seq,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
                      compile=spec.compile, device=spec.device, seed=spec.seed)
     on_cuda = spec.device.startswith("cuda")

@@ -213,7 +213,7 @@ def _model(spec: ModelSpec) -> _Steps:
     """The training step as every model experiment takes it (experiments/training_step.py)."""
     config = spec.config()
     step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
-                     batch_size=spec.batch, context_length=spec.seq, mode=spec.mode,
+                     batch=spec.batch, seq=spec.seq, mode=spec.mode,
                      precision=spec.precision, optimizer=spec.optimizer, compile=spec.compile,
                      device=spec.device, seed=spec.seed)
     losses: list = []

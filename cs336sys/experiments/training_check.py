@@ -49,8 +49,8 @@ class TrainingReference:
 
 
 def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, precision: str,
-                       steps: int, world_size: int) -> TrainingReference:
-    """`steps` steps of single-process training on the whole batch (x, y): the model with
+                       iters: int, world_size: int) -> TrainingReference:
+    """`iters` steps of single-process training on the whole batch (x, y): the model with
     rank 0's weights, the same AdamW, autocast in `precision` as the replicas train."""
     import torch
 
@@ -73,7 +73,7 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     initial = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
     opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     grads: dict = {}
-    for i in range(steps):
+    for i in range(iters):
         step_grads = backward(x, y)
         if i == 0:
             grads = step_grads

@@ -99,14 +99,14 @@ def make_optimizer(name: str, params: Any) -> Any:
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
 
 
-def make_batch(seed: int, batch_size: int, context_length: int, vocab_size: int) -> tuple:
+def make_batch(seed: int, batch: int, seq: int, vocab_size: int) -> tuple:
     """Random tokens x and next-token targets y, (B, T) each, on the CPU: the same for a
     seed whatever the device (DDP ranks slice one global batch drawn this way)."""
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randint(0, vocab_size, (batch_size, context_length), generator=g)  # (B, T)
-    y = torch.randint(0, vocab_size, (batch_size, context_length), generator=g)  # (B, T)
+    x = torch.randint(0, vocab_size, (batch, seq), generator=g)  # (B, T)
+    y = torch.randint(0, vocab_size, (batch, seq), generator=g)  # (B, T)
     return x, y
 
 
@@ -212,8 +212,8 @@ def make_step(
     model: Any,
     *,
     vocab_size: int,
-    batch_size: int,
-    context_length: int,
+    batch: int,
+    seq: int,
     mode: str,
     precision: str,
     optimizer: str,
@@ -226,7 +226,7 @@ def make_step(
 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    x, y = make_batch(seed, batch_size, context_length, vocab_size)
+    x, y = make_batch(seed, batch, seq, vocab_size)
     training = mode != "forward"
     return Step(
         model=model,
@@ -244,8 +244,8 @@ def make_step(
     )
 
 
-def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, dict, list]:
-    """`warmup` untimed and `steps` timed calls of `step`: (warm-up samples, timed samples,
+def run_steps(step: Step, warmup: int, iters: int, **call: Any) -> tuple[dict, dict, list]:
+    """`warmup` untimed and `iters` timed calls of `step`: (warm-up samples, timed samples,
     every step's loss), samples as {phase_ms: [ms, ...]}."""
     from cs336sys.measure.nvtx import measured
 
@@ -257,12 +257,12 @@ def run_steps(step: Step, warmup: int, steps: int, **call: Any) -> tuple[dict, d
         for k, v in step(**call).items():
             into.setdefault(k, []).append(v)
         losses.append(step.last_loss)  # read back later: no extra sync per step
-        step_done(i + 1, warmup + steps)
+        step_done(i + 1, warmup + iters)
 
     for i in range(warmup):
         one(i, warm)
     with measured():  # what --nsys records: the timed steps only
-        for i in range(warmup, warmup + steps):
+        for i in range(warmup, warmup + iters):
             one(i, timed)
     return warm, timed, [float(v) for v in losses]
 
@@ -275,7 +275,7 @@ def throughput_metrics(stat: str) -> tuple:
     the step time they divide by."""
     return (
         Metric("params", "", "parameters of the model"),
-        Metric("tokens_per_step", "tokens", "batch_size × context_length"),
+        Metric("tokens_per_step", "tokens", "batch × seq"),
         Metric("tokens_per_s", "tokens/s", f"tokens per step / {stat} step time"),
         Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
         Metric("tflops", "TFLOP/s", f"achieved: FLOPs per step / {stat} step time"),
@@ -286,7 +286,7 @@ def throughput_metrics(stat: str) -> tuple:
     )
 
 
-def throughput(model: Any, config: Any, batch_size: int, context_length: int, mode: str,
+def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
                step_ms: float, device: str, precision: str) -> dict[str, Any]:
     """params, tokens per step and per second, model FLOPs, achieved TFLOP/s and MFU (where
     the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
@@ -294,12 +294,12 @@ def throughput(model: Any, config: Any, batch_size: int, context_length: int, mo
     where its counted matmuls differ from the formula, the count (flops_basis says which)."""
     import torch
 
-    tokens, step_s = batch_size * context_length, step_ms / 1e3
-    flops = step_flops(config, batch_size, context_length, mode)
+    tokens, step_s = batch * seq, step_ms / 1e3
+    flops = step_flops(config, batch, seq, mode)
     basis = "formula"
     if config.model is not None:
-        counted = counted_forward_flops(config, batch_size, context_length)
-        formula = step_flops(config, batch_size, context_length, "forward")
+        counted = counted_forward_flops(config, batch, seq)
+        formula = step_flops(config, batch, seq, "forward")
         if counted is not None and abs(counted - formula) > 0.01 * formula:
             flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
     tflops = flops / step_s / 1e12
@@ -317,7 +317,7 @@ def throughput(model: Any, config: Any, batch_size: int, context_length: int, mo
     )
 
 
-def counted_forward_flops(config: Any, batch_size: int, context_length: int) -> int | None:
+def counted_forward_flops(config: Any, batch: int, seq: int) -> int | None:
     """Matmul FLOPs of one forward of the model `config` describes, counted by torch's
     FlopCounterMode on a copy built on the meta device (no memory, no compute); None when the
     model cannot run there."""
@@ -326,7 +326,7 @@ def counted_forward_flops(config: Any, batch_size: int, context_length: int) -> 
 
     try:
         model = make_model(config, "meta", 0)
-        tokens = torch.zeros(batch_size, context_length, dtype=torch.long, device="meta")
+        tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             model(tokens)
         return int(counter.get_total_flops())

@@ -3,7 +3,7 @@
 a report costs one ContextVar lookup.
 
     with on_step(lambda done, total, point: print(done, total)):
-        run_steps(step, warmup=2, steps=5)     # prints 1 7, 2 7, ... 7 7
+        run_steps(step, warmup=2, iters=5)     # prints 1 7, 2 7, ... 7 7
 
 Distributed ranks have no hook of their own: rank 0 forwards its steps to the parent
 (sweep/ranks.py), which reports them here with the point they belong to.

@@ -20,9 +20,9 @@ from cs336sys.models.config import ModelConfig
 STEP_MODES: tuple[str, ...] = ("forward", "forward-backward", "train")
 
 
-def forward_flops(config: ModelConfig, batch_size: int, context_length: int) -> int:
-    """Matmul FLOPs of one forward pass over `batch_size` sequences of `context_length` tokens."""
-    b, t = batch_size, context_length
+def forward_flops(config: ModelConfig, batch: int, seq: int) -> int:
+    """Matmul FLOPs of one forward pass over `batch` sequences of `seq` tokens."""
+    b, t = batch, seq
     d, d_ff, n_layers, vocab = config.d_model, config.d_ff, config.num_layers, config.vocab_size
     heads, d_head = config.num_heads, config.d_head
 
@@ -41,7 +41,7 @@ def attention_forward_flops(batch: int, heads: int, seq: int, d_head: int, causa
     return full / 2 if causal else full
 
 
-def step_flops(config: ModelConfig, batch_size: int, context_length: int, mode: str) -> int:
+def step_flops(config: ModelConfig, batch: int, seq: int, mode: str) -> int:
     """Matmul FLOPs of one benchmark step in `mode` ("forward", "forward-backward", "train").
 
     Backward is 2x forward, so forward-backward is 3x. "train" adds the optimizer step, whose
@@ -49,5 +49,5 @@ def step_flops(config: ModelConfig, batch_size: int, context_length: int, mode: 
     """
     if mode not in STEP_MODES:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(STEP_MODES)}")
-    forward = forward_flops(config, batch_size, context_length)
+    forward = forward_flops(config, batch, seq)
     return forward if mode == "forward" else 3 * forward
