@@ -41,7 +41,7 @@ def main() -> int:
     variants += [("torch", exp.TORCH_BUCKET_MB)]
     specs = [
         exp.DDPSpec.of(
-            cfg, args.size, impl=impl, bucket_mb=b, optimizer_sharding="none", world_size=2,
+            cfg, args.size, impl=impl, bucket_mb=b, shard_optimizer="none", world_size=2,
             backend="gloo", device="cpu", batch=args.batch, precision="fp32",
             warmup=args.warmup, iters=args.iters, seed=0,
         )

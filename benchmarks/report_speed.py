@@ -61,11 +61,11 @@ def point(rng: random.Random, exp: str) -> tuple[dict, dict, dict | None]:
         return s, {"peak_bytes": rng.uniform(1, 40) * 2**30, **_stats("step", 100.0)}, None
     if exp == "comm":
         s = {"op": rng.choice(["all-reduce", "all-gather"]), "backend": "nccl",
-             "world_size": rng.choice([2, 4, 8]), "size_bytes": 2 ** rng.randint(10, 30),
+             "world_size": rng.choice([2, 4, 8]), "bytes": 2 ** rng.randint(10, 30),
              "precision": "fp32", "device": "cuda"}
-        t = 0.01 + s["size_bytes"] / 1e8
+        t = 0.01 + s["bytes"] / 1e8
         return s, {"time_ms_mean": t, "time_ms_min": t, "time_ms_max": t,
-                   "busbw_gbps": s["size_bytes"] / t / 1e6, "algbw_gbps": 1.0}, None
+                   "busbw_gbps": s["bytes"] / t / 1e6, "algbw_gbps": 1.0}, None
     if exp == "ddp":
         s = {"impl": rng.choice(["naive", "flat", "overlap", "bucketed", "torch"]),
              "bucket_mb": rng.choice([1, 5, 10, 25, 100]), "world_size": 2, "backend": "nccl",

@@ -50,14 +50,14 @@ def main() -> int:
     cfg = from_preset(args.size, context_length=args.seq)
     specs = [
         exp.DDPSpec.of(
-            cfg, args.size, impl=impl, bucket_mb=b, optimizer_sharding=sharding, world_size=2,
+            cfg, args.size, impl=impl, bucket_mb=b, shard_optimizer=sharding, world_size=2,
             backend="gloo", device="cpu", batch=args.batch, precision="fp32",
             warmup=args.warmup, iters=args.iters, seed=0,
         )
         for _ in range(args.rounds)
         for impl, b, sharding, _ in VARIANTS
     ]
-    got = collect(exp.EXPERIMENT, specs, key=lambda s: (s.impl, s.optimizer_sharding))
+    got = collect(exp.EXPERIMENT, specs, key=lambda s: (s.impl, s.shard_optimizer))
 
     def med(key, name):
         return statistics.median(m[name] for m in got[key])

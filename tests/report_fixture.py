@@ -113,7 +113,7 @@ def build(path: Path) -> Path:
         {"saved_bytes": 3 * 2**20, "analytic_bytes": 3 * 2**20, "top1_op": "mm"})
     for size in (1024, 2**20, 100 * 2**20):
         s = {"op": "all-reduce", "backend": "gloo", "device": "cpu", "world_size": 2,
-             "size_bytes": size, "precision": "fp32"}
+             "bytes": size, "precision": "fp32"}
         t = 0.05 + size / 1e9 * 1e3
         m = {"time_ms_mean": t, "time_ms_min": t * 0.9, "time_ms_max": t * 1.1,
              "algbw_gbps": size / t / 1e6, "busbw_gbps": size / t / 1e6, "wrong": 0}
@@ -129,7 +129,7 @@ def build(path: Path) -> Path:
     P = 2**20  # parameters of a made-up model, all fp32: 4 MiB of weights
     for impl, sharding, shard in (("torch", "none", 1), ("torch", "own", 1), ("fsdp", None, 2)):
         s = {"impl": impl, "bucket_mb": 25.0 if impl == "torch" else None,
-             "optimizer_sharding": sharding, "world_size": 2, "backend": "gloo", "size": "tiny",
+             "shard_optimizer": sharding, "world_size": 2, "backend": "gloo", "size": "tiny",
              "device": "cpu"}
         state = 8 * P / (2 if sharding == "own" or impl == "fsdp" else 1)
         m = {**_stats("step", 120, 1), **_stats("comm", 12, 0.5), "comm_fraction": 0.1,

@@ -89,12 +89,12 @@ def test_expected_values_match_a_hand_simulation(op, rank, in_place):
 def test_placements_expand_where_the_op_has_both():
     got = [(s.op, s.placement) for s in exp.specs(op=["all-reduce", "all-gather",
                                                        "reduce-scatter"],
-                                                   size_bytes=["1KB"], world_size=[2],
+                                                   bytes=["1KB"], world_size=[2],
                                                    device="cpu")]
     assert got == [("all-reduce", "in-place"), ("all-gather", "out-of-place"),
                    ("all-gather", "in-place"), ("reduce-scatter", "out-of-place"),
                    ("reduce-scatter", "in-place")]
-    one = exp.specs(op=["all-gather"], placement=["in-place"], size_bytes=["1KB"],
+    one = exp.specs(op=["all-gather"], placement=["in-place"], bytes=["1KB"],
                     world_size=[2], device="cpu")
     assert [s.placement for s in one] == ["in-place"]
     with pytest.raises(exp.SpecError, match="broadcast in torch.distributed work in place"):
@@ -127,10 +127,10 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
         assert r["status"] == "ok" and r["wrong"] == 0
         assert r["backend"] == "gloo" and r["world_size"] == 2 and r["device"] == "cpu"
         assert r["time_ms_min"] <= r["time_ms_mean"] <= r["time_ms_max"]
-        algbw = r["size_bytes"] / (r["time_ms_mean"] / 1e3) / 1e9
+        algbw = r["bytes"] / (r["time_ms_mean"] / 1e3) / 1e9
         assert r["algbw_gbps"] == pytest.approx(algbw)
         assert r["busbw_gbps"] == pytest.approx(algbw * exp.busbw_factor(r["op"], 2))
-    assert {r["size_bytes"] for r in got} == {4000, 10**6}
+    assert {r["bytes"] for r in got} == {4000, 10**6}
     assert "busbw GB/s" in result.stdout
     assert "Avg bus bandwidth: " in result.stdout and "(reduce-scatter in-place gloo 2 ranks" \
         in result.stdout
@@ -192,11 +192,11 @@ def test_bad_input_is_one_line_and_writes_nothing(db_path, args, message):
 def test_backends_are_a_list_each_with_its_device():
     """gloo,nccl is one run of both (Gloo on CPU tensors, NCCL on the GPUs); NCCL without
     CUDA is refused, naming the option."""
-    points = exp.specs(backend=["gloo"], size_bytes=["1KB"], world_size=[2], device="cpu")
+    points = exp.specs(backend=["gloo"], bytes=["1KB"], world_size=[2], device="cpu")
     assert {(p.backend, p.device) for p in points} == {("gloo", "cpu")}
     if not torch.cuda.is_available():
         with pytest.raises(SpecError, match="--backend nccl needs CUDA"):
-            exp.specs(backend=["gloo", "nccl"], size_bytes=["1KB"], world_size=[2])
+            exp.specs(backend=["gloo", "nccl"], bytes=["1KB"], world_size=[2])
 
 
 def test_durations_read_as_people_say_them():

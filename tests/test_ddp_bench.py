@@ -129,7 +129,7 @@ def sharded(tmp_path_factory):
 def test_sharded_variants_run_and_store_their_memory(sharded):
     db, result = sharded
     assert result.exit_code == 0, result.output
-    got = {(r["impl"], r["optimizer_sharding"]): r for r in rows(db)}
+    got = {(r["impl"], r["shard_optimizer"]): r for r in rows(db)}
     assert list(got) == [("naive", "none"), ("naive", "own"), ("naive", "zero"),
                          ("torch", "none"), ("torch", "own"), ("torch", "zero"),
                          ("fsdp", None), ("torch-fsdp", None)]

@@ -240,7 +240,7 @@ def test_cpu_defaults_are_small_enough_for_seconds():
     a = attention.specs(device="cpu")
     assert max(s.seq for s in a) <= 1024 and a[0].iters == 10
     c = comm.specs(device="cpu", world_size=[2])
-    assert max(s.size_bytes for s in c) <= 100 * 10**6 and c[0].iters == 10
+    assert max(s.bytes for s in c) <= 100 * 10**6 and c[0].iters == 10
     d = ddp.specs(device="cpu", impl=["flat"], world_size=[2])
     assert (d[0].size, d[0].iters) == ("tiny", 5)
 

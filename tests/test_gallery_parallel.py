@@ -25,7 +25,7 @@ def repo(tmp_path, monkeypatch):
 def verdicts(db):
     """{implementation label: row} of the stored ddp points."""
     rows = query(db, "SELECT * FROM ddp_runs ORDER BY created")
-    return {(r["impl"], r["optimizer_sharding"]): r for r in rows}
+    return {(r["impl"], r["shard_optimizer"]): r for r in rows}
 
 
 def ddp(db, *args):

@@ -63,7 +63,7 @@ def test_sharded_sweep_on_nccl_divides_the_memory(tmp_path):
          "--iters", "5"],
     )
     assert result.exit_code == 0, result.output
-    got = {(r["impl"], r["optimizer_sharding"], r["precision"]): r for r in _rows(db, "ddp_runs")}
+    got = {(r["impl"], r["shard_optimizer"], r["precision"]): r for r in _rows(db, "ddp_runs")}
     assert len(got) == 10
     for (impl, _, _), r in got.items():
         assert r["backend"] == "nccl" and r["status"] == "ok"

@@ -143,7 +143,7 @@ def files(tmp_path, monkeypatch):
     con.execute("PRAGMA user_version = 99")
     con.commit()
     con.close()
-    forged = here / "forged.db"  # schema version 7's number, without two of its columns
+    forged = here / "forged.db"  # the current schema's number, without two of its columns
     forged.write_bytes(data)
     con = sqlite3.connect(forged, isolation_level=None)
     for kind, name in con.execute(

@@ -367,7 +367,7 @@ def test_plan_meets_measurement(db_path):
     """A ddp run of the same model, batch tokens and world size on the plan's GPU is set
     beside the planned dp point, with measured / planned ratios."""
     tiny = {"d_model": 512, "d_ff": 1344, "num_layers": 4, "num_heads": 16, "vocab_size": 10_000}
-    ddp = {**tiny, "impl": "flat", "optimizer_sharding": "none", "world_size": 2,
+    ddp = {**tiny, "impl": "flat", "shard_optimizer": "none", "world_size": 2,
            "seq": 128, "batch": 8, "precision": "fp32"}
     runs = [
         (CPU, "ok", ddp, {"step_ms_mean": 900.0, "comm_ms_mean": 30.0, "comm_bytes": 1e8}),

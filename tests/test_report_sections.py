@@ -347,7 +347,7 @@ def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
     from cs336sys.report.sections import Section
 
     def row(impl, step, comm, tokens, bucket=None, sharding="none"):
-        s = {"impl": impl, "world_size": 2, "bucket_mb": bucket, "optimizer_sharding": sharding,
+        s = {"impl": impl, "world_size": 2, "bucket_mb": bucket, "shard_optimizer": sharding,
              "size": "tiny", "seq": 64}
         return {**s, "_settings": s, "status": "ok", "step_ms_mean": step, "comm_ms_mean": comm,
                 "tokens_per_s": tokens}

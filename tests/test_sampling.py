@@ -174,8 +174,8 @@ def test_a_step_point_splits_into_rounds_that_compile_cold_once():
 
     (spec,) = step.specs(switches=["compile"], iters=10, rounds=3, min_time=0.9, device="cpu")
     rounds = split(spec)
-    assert [(r.iters, r.min_time, r.cold_cache) for r in rounds] == [
-        (4, pytest.approx(0.3), True), (4, pytest.approx(0.3), False), (4, pytest.approx(0.3), False)]
+    assert [(r.iters, r.min_time, r.warm_cache) for r in rounds] == [
+        (4, pytest.approx(0.3), False), (4, pytest.approx(0.3), True), (4, pytest.approx(0.3), True)]
 
 
 def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypatch):

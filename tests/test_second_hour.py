@@ -153,8 +153,8 @@ def test_comm_closes_with_the_average_bus_bandwidth_in_microseconds(db_path):
     result = invoke("comm", "--bytes", "1KB:16KB:x4", "--world-size", "2", "--warmup", "0",
                     "--iters", "2", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
-    stored = query(db_path, "SELECT size_bytes, busbw_gbps, time_ms_mean FROM comm_runs")
-    assert [r["size_bytes"] for r in stored] == [1000, 4000, 16000]
+    stored = query(db_path, "SELECT bytes, busbw_gbps, time_ms_mean FROM comm_runs")
+    assert [r["bytes"] for r in stored] == [1000, 4000, 16000]
     mean = sum(r["busbw_gbps"] for r in stored) / 3
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("Avg bus bandwidth")]
     assert line == f"Avg bus bandwidth: {mean:.3g} GB/s (all-reduce gloo 2 ranks fp32, 3 sizes)"

@@ -30,10 +30,10 @@ def test_switch_sets_expand_in_a_fixed_order():
 def test_specs_resolve_what_each_switch_runs():
     plain, everything = step_exp.specs(**SHAPE, switches=["none,all"])
     assert (plain.switches, plain.optimizer, plain.loss, plain.attention, plain.compile,
-            plain.cold_cache) == ("none", "adamw", "materialised", "sdpa", False, False)
+            plain.warm_cache) == ("none", "adamw", "materialised", "sdpa", False, False)
     assert (everything.switches, everything.optimizer, everything.loss, everything.attention,
-            everything.compile, everything.cold_cache) == (
-        "fused-adamw+fused-ce+flash+compile", "adamw-foreach", "fused-torch", "triton", True, True)
+            everything.compile, everything.warm_cache) == (
+        "fused-adamw+fused-ce+flash+compile", "adamw-foreach", "fused-torch", "triton", True, False)
     assert plain.timer == "loop" and plain.precision == "fp32"  # a CPU's defaults
     (triton_adamw,) = step_exp.specs(**SHAPE, switches=["fused-adamw"], adamw="triton")
     assert triton_adamw.optimizer == "adamw-triton"

@@ -4,6 +4,7 @@ import json
 import multiprocessing as mp
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -208,8 +209,9 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
 
 
 def test_version_6_settings_get_one_name_per_concept(db_path):
-    """v7 renames the settings each experiment stored under its 0.2 names, recomputes the
-    point keys (--resume matches on them), and the views keep the old names for a release."""
+    """v7 renames the settings each experiment stored under its 0.2 names, v8 the last ones
+    stored under another word than their option's (step's cold_cache inverted into
+    warm_cache); both recompute the point keys (--resume matches on them)."""
     from cs336sys.sweep.points import point_key
 
     conn = sqlite3.connect(db_path, isolation_level=None)
@@ -217,35 +219,47 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
     conn.execute("INSERT INTO invocations (id, command, gpu) VALUES ('i1', 'x', 'cpu')")
     old = {
         "model": {"size": "tiny", "context_length": 128, "batch_size": 4, "steps": 5},
-        "ddp": {"impl": "flat", "context_length": 64, "global_batch": 8, "steps": 3},
+        "ddp": {"impl": "flat", "context_length": 64, "global_batch": 8, "steps": 3,
+                "optimizer_sharding": "ours"},
         "attention": {"impl": "sdpa", "seq": 256, "dtype": "bf16", "iters": 10},
-        "comm": {"op": "all-reduce", "dtype": "fp32"},
+        "comm": {"op": "all-reduce", "dtype": "fp32", "size_bytes": 4000},
         "plan": {"size": "8b", "seq": 4096},
     }
-    for i, (kind, settings) in enumerate(old.items()):
+    steps = [{"switches": "compile", "compile": True, "cold_cache": True},
+             {"switches": "compile", "compile": True, "cold_cache": False},
+             {"switches": "none", "compile": False, "cold_cache": False}]
+    rows = [*old.items(), *(("step", st) for st in steps)]
+    for i, (kind, settings) in enumerate(rows):
         conn.execute("INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, "
                      "point_key) VALUES (?, 'i1', ?, 'ok', ?, '{}', ?)",
                      (f"r{i}", kind, json.dumps(settings), point_key(kind, settings)))
     conn.close()
     with Store(db_path, EXPERIMENTS) as s:
-        got = {r["experiment"]: (json.loads(r["settings"]), r["point_key"])
-               for r in s.query("SELECT experiment, settings, point_key FROM runs")}
+        stored = s.query("SELECT experiment, settings, point_key FROM runs ORDER BY id")
+        got = {r["experiment"]: (json.loads(r["settings"]), r["point_key"]) for r in stored}
         assert got["model"][0] == {"size": "tiny", "seq": 128, "batch": 4, "iters": 5}
-        assert got["ddp"][0] == {"impl": "flat", "seq": 64, "batch": 8, "iters": 3}
+        assert got["ddp"][0] == {"impl": "flat", "seq": 64, "batch": 8, "iters": 3,
+                                 "shard_optimizer": "ours"}
         assert got["attention"][0] == {"impl": "sdpa", "seq": 256, "precision": "bf16", "iters": 10}
-        assert got["comm"][0] == {"op": "all-reduce", "precision": "fp32"}
+        assert got["comm"][0] == {"op": "all-reduce", "precision": "fp32", "bytes": 4000}
         assert got["plan"][0] == old["plan"]  # nothing to rename
-        for kind, (settings, key) in got.items():
-            assert key == point_key(kind, settings)
+        assert [json.loads(r["settings"])["warm_cache"] for r in stored
+                if r["experiment"] == "step"] == [False, True, False]
+        for r in stored:
+            assert r["point_key"] == point_key(r["experiment"], json.loads(r["settings"]))
         assert s.query("SELECT seq, batch, iters FROM model_runs") == [
             {"seq": 128, "batch": 4, "iters": 5}]
-        assert s.query("SELECT batch FROM ddp_runs") == [{"batch": 8}]
+        assert s.query("SELECT batch, shard_optimizer FROM ddp_runs") == [
+            {"batch": 8, "shard_optimizer": "ours"}]
         assert s.query("SELECT precision FROM attention_runs") == [{"precision": "bf16"}]
-        # the 0.2 names are no columns any more
-        for view, old in (("model_runs", "context_length"), ("model_runs", "steps"),
-                          ("ddp_runs", "global_batch"), ("attention_runs", "dtype")):
-            with pytest.raises(sqlite3.OperationalError, match=f"no such column: {old}"):
-                s.query(f"SELECT {old} FROM {view}")
+        assert s.query("SELECT bytes FROM comm_runs") == [{"bytes": 4000}]
+        # the old names are no columns any more
+        for view, old_name in (("model_runs", "context_length"), ("model_runs", "steps"),
+                               ("ddp_runs", "global_batch"), ("attention_runs", "dtype"),
+                               ("ddp_runs", "optimizer_sharding"), ("comm_runs", "size_bytes"),
+                               ("step_runs", "cold_cache")):
+            with pytest.raises(sqlite3.OperationalError, match=f"no such column: {old_name}"):
+                s.query(f"SELECT {old_name} FROM {view}")
 
 
 def test_reading_an_older_store_reads_it_migrated_and_leaves_it_as_it_was(db_path, tmp_path):
@@ -356,3 +370,41 @@ def test_a_store_being_created_by_another_process_is_not_refused(db_path):
     sqlite3.connect(foreign).execute("CREATE TABLE notes (x)").connection.close()
     with pytest.raises(StoreError, match="not a results store"):
         Store(foreign, EXPERIMENTS)
+
+
+STORE_6 = Path(__file__).parent / "stores" / "schema6.db"  # tests/stores/make_schema6.py
+
+
+def test_a_committed_schema_6_store_reads_and_reports_in_todays_names(tmp_path):
+    """A store 0.2 wrote (committed, not built by today's migrations): `sql` and `report`
+    read it under today's names and leave the file as it is; a measuring command's open
+    migrates it with every row kept."""
+    from tests.conftest import invoke
+
+    db = tmp_path / "old.db"
+    db.write_bytes(STORE_6.read_bytes())
+
+    def sql(query):
+        got = invoke("sql", query, "--json", "--db", db)
+        assert got.exit_code == 0, got.output
+        return json.loads(got.stdout)
+
+    assert sql("SELECT seq, batch, iters, step_ms_mean FROM model_runs") == [
+        {"seq": 256, "batch": 4, "iters": 5, "step_ms_mean": 41.5}]
+    assert sql("SELECT precision, fwd_ms_mean, e2e_ms_mean FROM attention_runs") == [
+        {"precision": "bf16", "fwd_ms_mean": 0.25, "e2e_ms_mean": 0.75}]
+    assert sql("SELECT seq, batch, iters, shard_optimizer FROM ddp_runs") == [
+        {"seq": 64, "batch": 4, "iters": 3, "shard_optimizer": "ours"}]
+    assert sql("SELECT bytes, precision FROM comm_runs") == [{"bytes": 4000, "precision": "fp32"}]
+    assert sql("SELECT warm_cache, seq FROM step_runs") == [{"warm_cache": 0, "seq": 32}]
+    out = tmp_path / "report"
+    result = invoke("report", "--format", "md", "--out", out, "--db", db)
+    assert result.exit_code == 0, result.output
+    md = (out / "report.md").read_text()
+    assert "| small | 256 | 4 | train | bf16 |" in md and "41.5" in md
+    assert "| sdpa | 64 | 1024 |" in md and "| 0.25 | 0.5 | 0.75 |" in md
+    assert "flat +ours sharded opt" in md
+    assert db.read_bytes() == STORE_6.read_bytes()  # read through a migrated copy
+    with Store(db, EXPERIMENTS) as s:
+        assert schema.version(s.conn) == SCHEMA_VERSION
+        assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 5}]

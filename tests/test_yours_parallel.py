@@ -71,7 +71,7 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
                     *SMALL, "--db", db)
     assert result.exit_code == 0, result.output
     assert "implemented: yours-torch, yours, --shard-optimizer yours" in result.stderr
-    got = {(r["impl"], r["optimizer_sharding"]): r for r in ddp_runs(db)}
+    got = {(r["impl"], r["shard_optimizer"]): r for r in ddp_runs(db)}
     assert set(got) == {("yours", "none"), ("yours", "yours"), ("naive", "none"),
                         ("naive", "yours"), ("yours-fsdp", None)}
     for key in (("yours", "none"), ("yours", "yours"), ("naive", "yours")):
@@ -122,7 +122,7 @@ def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     ok = {(r["impl"], r["bucket_mb"]) for r in rows if r["status"] == "ok" and r["check"] == "pass"}
     assert ok == {("yours-individual", None), ("yours-bucketed", 1.0), ("yours-bucketed", 10.0),
                   ("yours-fsdp", None)}
-    skipped = [r for r in rows if r["optimizer_sharding"] == "yours"]
+    skipped = [r for r in rows if r["shard_optimizer"] == "yours"]
     assert len(skipped) == 3 and {r["status"] for r in skipped} == {"skipped"}
     assert skipped[0]["error"] == "get_sharded_optimizer is not implemented in tests/adapters.py"
     fsdp = next(r for r in rows if r["impl"] == "yours-fsdp")

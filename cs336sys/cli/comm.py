@@ -12,7 +12,7 @@ from cs336sys.measure.units import format_size
 def _comm_only(
     op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
                     "all-reduce]") = None,
-    size_bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); "
+    bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); "
                             "or a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. "
                             "8B:1GB:x2. [default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB "
                             "on CPU]",
@@ -72,4 +72,4 @@ def point_name(spec) -> str:
     from cs336sys.experiments.comm import placement_words
 
     where = placement_words(spec.op, spec.placement)
-    return f"{spec.op}{where} {format_size(spec.size_bytes)} n={spec.world_size}"
+    return f"{spec.op}{where} {format_size(spec.bytes)} n={spec.world_size}"

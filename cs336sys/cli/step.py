@@ -80,7 +80,6 @@ def step(**options: Any) -> None:
     """
     from cs336sys.experiments import step as exp
 
-    options["cold_cache"] = not options.pop("warm_cache")
     measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True)
 
 

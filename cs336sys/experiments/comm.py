@@ -73,7 +73,7 @@ def buffer_bytes(requested: int, dtype: str, world_size: int) -> int:
 class CommSpec:
     op: str
     placement: str  # out-of-place | in-place (PLACEMENTS)
-    size_bytes: int  # S as defined above, already rounded by buffer_bytes
+    bytes: int  # S as defined above, already rounded by buffer_bytes
     world_size: int
     backend: str
     precision: str
@@ -88,7 +88,7 @@ class CommSpec:
 def specs(
     *,
     op: Iterable[str] | None = None,
-    size_bytes: Iterable[str] | None = None,
+    bytes: Iterable[str] | None = None,
     placement: Iterable[str] | None = None,
     world_size: Iterable[Any] | None = None,
     backend: Iterable[str] | str | None = None,
@@ -98,7 +98,7 @@ def specs(
     device: str = "auto",
 ) -> list[CommSpec]:
     """The points of a collectives sweep, backend then world size slowest. SpecError names a
-    bad option. `size_bytes` is the buffer size (the CLI's --bytes); what is not given takes
+    bad option. `bytes` is the buffer size (the CLI's --bytes); what is not given takes
     the device's default (DEFAULTS). `placement` defaults to both where the op has both.
     `backend` is one or several (gloo,nccl: Gloo on CPU tensors and NCCL on the GPUs in one
     run, as the 2025 handout asks)."""
@@ -114,7 +114,7 @@ def specs(
         be, dev = backend_and_device(given_backend, device)
         defaults = DEFAULTS[dev]
         try:
-            given = listed(size_bytes, "--bytes", defaults["size"])
+            given = listed(bytes, "--bytes", defaults["size"])
             sizes = list(dict.fromkeys(n for s in given for n in parse_sizes(s)))
         except ValueError as exc:
             raise SpecError(f"--bytes: {exc}") from None
@@ -125,7 +125,7 @@ def specs(
         worlds = world_sizes(world_size, be, DEFAULT_WORLD_SIZES)
         out += [
             CommSpec(op=p["op"], placement=p["placement"],
-                     size_bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
+                     bytes=buffer_bytes(p["size"], p["precision"], p["world_size"]),
                      world_size=p["world_size"], backend=be, precision=p["precision"],
                      warmup=n_warmup, iters=n_iters, device=dev)
             for p in expand({"world_size": worlds, "op": ops, "placement": placements,
@@ -210,7 +210,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
 
     dtype = torch_dtype(spec.precision)
     n, rank, device = ctx.world_size, ctx.rank, ctx.device
-    numel = spec.size_bytes // itemsize(spec.precision)
+    numel = spec.bytes // itemsize(spec.precision)
     source, op, output, expected_at = _make_op(spec.op, numel, n, rank, dtype, device,
                                                in_place=spec.placement == "in-place")
 
@@ -227,7 +227,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
         dist.barrier()
         synchronize(device)
         t0 = time.perf_counter()
-        with nvtx_range(f"{spec.op} {spec.size_bytes} B"):
+        with nvtx_range(f"{spec.op} {spec.bytes} B"):
             op()
             synchronize(device)
         step_done(i + 1, spec.warmup + spec.iters)
@@ -242,7 +242,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     means = [sum(r["times"]) / len(r["times"]) for r in per_rank]
     metrics: dict[str, Any] = over_ranks("time_ms", means)
     t_s = metrics["time_ms_mean"] / 1e3
-    algbw = spec.size_bytes / t_s / 1e9
+    algbw = spec.bytes / t_s / 1e9
     metrics.update(
         time_ms_median=sorted(times)[len(times) // 2],  # rank 0's, for a robust look
         algbw_gbps=algbw,
@@ -259,7 +259,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
 
 def section(sec: Any, pts: list) -> None:
     """Bus bandwidth against message size (nccl-tests' busbw)."""
-    lines = series(pts, "size_bytes", "busbw_gbps",
+    lines = series(pts, "bytes", "busbw_gbps",
                    first=("op", "placement", "backend", "world_size"))
     add_plot(sec, "Bus bandwidth against message size", "comm-busbw",
              Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
@@ -295,7 +295,7 @@ TABLE = Table(
     "Collectives (nccl-tests formulas for bus bandwidth)",
     (
         *setting_columns("op placement backend ranks=world_size precision"),
-        Column("size", "size_bytes", "size", setting=True),
+        Column("size", "bytes", "size", setting=True),
         Column("time µs", cell=lambda r: _us(r.get("time_ms_mean")), fmt="num"),
         Column("max µs", cell=lambda r: _us(r.get("time_ms_max")), fmt="num"),
         Column("algbw GB/s", "algbw_gbps", "num"),

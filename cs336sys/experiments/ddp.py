@@ -86,7 +86,7 @@ class DDPSpec(ModelShape):
     impl: str
     bucket_mb: float | None
     # none, own (ours), zero, or the user's (yours, ...) for the replica impls; None for FSDPs
-    optimizer_sharding: str | None
+    shard_optimizer: str | None
     world_size: int
     backend: str
     device: str  # "cpu" or "cuda": each rank uses its own cuda:<local_rank>
@@ -179,7 +179,7 @@ def specs(
             except ValueError as exc:
                 raise SpecError(str(exc)) from None
     return [
-        DDPSpec.of(configs[s, t], s, impl=name, bucket_mb=b, optimizer_sharding=sharding,
+        DDPSpec.of(configs[s, t], s, impl=name, bucket_mb=b, shard_optimizer=sharding,
                    world_size=n, backend=be, device=dev, batch=gb, precision=prec,
                    warmup=warmup, iters=iters, seed=seed)
         for n in worlds
@@ -259,7 +259,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         # one whole copy of the parameters, what a sharded rank holds a share of
         whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         try:
-            setup = ddp_setup.build(spec.impl, spec.optimizer_sharding, spec.bucket_mb,
+            setup = ddp_setup.build(spec.impl, spec.shard_optimizer, spec.bucket_mb,
                                     spec.precision, model, device,
                                     blocks=found_blocks(model, spec.num_layers))
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
@@ -348,11 +348,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics["mem_peak_bytes"] = memory["peak"]
     metrics["mem_peak_bytes_max_rank"] = max(r["peak"] for r in per_rank)
     metrics["mem_per_rank"] = json.dumps([r["memory"] for r in per_rank])
-    metrics.update(ddp_setup.shares(spec.impl, spec.optimizer_sharding, ctx.world_size,
+    metrics.update(ddp_setup.shares(spec.impl, spec.shard_optimizer, ctx.world_size,
                                     memory["before_opt_params"], memory["after_opt_opt_state"],
                                     whole_bytes))
     world = ctx.world_size
-    shard = spec.optimizer_sharding
+    shard = spec.shard_optimizer
     for k, v in ddp_setup.expected(spec.impl, shard, world, n_params, n_1d).items():
         metrics[f"expected_{k}_bytes"] = v
     for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):

@@ -58,7 +58,7 @@ def memory_by_moment(pts: list[Row]) -> FilledTable | None:
     measured = [r for r in pts if r.get("mem_before_opt_params_bytes") is not None]
     if not measured:
         return None
-    shown = ("impl", "optimizer_sharding", "world_size", "bucket_mb", *SIZE)
+    shown = ("impl", "shard_optimizer", "world_size", "bucket_mb", *SIZE)
     many = len({r.get("gpu") for r in measured}) > 1
     extra = varying(measured, shown)
     body = []
@@ -117,7 +117,7 @@ def _bucket(s: dict) -> str:
 
 
 def _sharded(s: dict) -> str:
-    sharding = s.get("optimizer_sharding")
+    sharding = s.get("shard_optimizer")
     return f"opt {text(sharding)}" if sharding not in (None, "none", "") else ""
 
 
@@ -125,7 +125,7 @@ def label(row: Mapping[str, Any]) -> str:
     """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding (the
     user's: `+yours sharded opt`)."""
     out = str(row.get("impl")) + (f" {row['bucket_mb']:g}MiB" if row.get("bucket_mb") else "")
-    sharding = row.get("optimizer_sharding") or "none"
+    sharding = row.get("shard_optimizer") or "none"
     named = {"own": " +sharded opt", "zero": " +ZeRO", "none": ""}
     return out + named.get(sharding, f" +{sharding} sharded opt")
 
@@ -133,7 +133,7 @@ def label(row: Mapping[str, Any]) -> str:
 TABLE = Table(
     "Step time, exposed communication and memory per rank",
     (
-        Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "optimizer_sharding")),
+        Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "shard_optimizer")),
         SIZE_COLUMN,
         Column("ranks", "world_size", setting=True),
         Column("precision", "precision", setting=True),
@@ -151,8 +151,8 @@ TABLE = Table(
                "steps, per tensor |g - g_ref| / |g_ref| and |p - p_ref| / |p_ref - p_0| at "
                "most 1e-3 in fp32 (0.1 under bf16 autocast); a point that fails is wrong."),
         Column("vs torch", ratio=Ratio(lambda r: r.get("step_ms_mean"),
-                                       {"impl": "torch", "optimizer_sharding": "none"},
-                                       ("impl", "bucket_mb", "optimizer_sharding"),
+                                       {"impl": "torch", "shard_optimizer": "none"},
+                                       ("impl", "bucket_mb", "shard_optimizer"),
                                        speedup=False)),
         Column("rank 0 holds", cell=shares_cell, optional=True,
                note="rank 0 holds: its share of one whole copy of the parameters and of "

@@ -221,7 +221,7 @@ def shares_cell(row: Any) -> str | None:
     """`params 50 %, opt 50 %` where the point shards (FSDP: both; a sharded optimizer: the
     state), with NOT SHARDED when rank 0 holds more than 1/N + 10 % of either."""
     fsdp = row.get("impl") in FSDP_IMPLS or "fsdp" in str(row.get("impl"))
-    sharded = row.get("optimizer_sharding") not in (None, "none", "")
+    sharded = row.get("shard_optimizer") not in (None, "none", "")
     if not (fsdp or sharded) or row.get("opt_state_rank0_share") is None:
         return None
     parts = ([f"params {row['param_rank0_share']:.0%}"] if fsdp else []) + \

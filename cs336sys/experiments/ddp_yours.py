@@ -96,7 +96,7 @@ def user_impls(given: list[str], ours: list[str], option: str = "--impl") -> lis
 
 def uses_user_code(spec: Any) -> bool:
     """The point runs the user's wrapper or sharded optimizer (checked against one process)."""
-    return yours.is_yours(spec.impl) or yours.is_yours(spec.optimizer_sharding)
+    return yours.is_yours(spec.impl) or yours.is_yours(spec.shard_optimizer)
 
 
 def not_implemented(spec: Any) -> str | None:
@@ -108,7 +108,7 @@ def not_implemented(spec: Any) -> str | None:
     wanted = []
     if yours.target("ddp", spec.impl) is None and yours.target("fsdp", spec.impl) is None:
         wanted += [e for e in (yours.entries("ddp").get(spec.impl), yours.entries("fsdp").get(spec.impl)) if e]
-    if yours.is_yours(spec.optimizer_sharding) and yours.target("optimizer", spec.optimizer_sharding) is None:
+    if yours.is_yours(spec.shard_optimizer) and yours.target("optimizer", spec.shard_optimizer) is None:
         wanted.append(yours.entries("optimizer")["yours"])
     for entry in wanted:
         if adapters.unfinished(entry):

@@ -116,7 +116,7 @@ def ddp_match(conn: sqlite3.Connection, point: dict[str, Any]) -> dict[str, Any]
            AND {s('seq')} = ? AND {s('batch')} * {s('seq')} = ?
            AND {s('world_size')} = ?
            AND {s('impl')} IN ({', '.join('?' * len(impls))})
-           AND coalesce({s('optimizer_sharding')}, 'none') = 'none'
+           AND coalesce({s('shard_optimizer')}, 'none') = 'none'
            AND json_extract(r.metrics, '$.step_ms_mean') > 0""",
         (*(point[k] for k in keys), point["seq"], point["batch_tokens"], point["n"], *impls))
     name = chip(point).lower()

@@ -129,7 +129,7 @@ class StepSpec(ModelShape):
     compile: bool
     checkpoint: str = "none"
     timer: str = "loop"  # do_bench (CUDA) | loop
-    cold_cache: bool = True  # compile: fresh inductor and Triton caches for the point
+    warm_cache: bool = False  # compile: with the inductor and Triton caches as they are
     warmup: int = 1
     iters: int = 3
     device: str = "cpu"
@@ -193,7 +193,7 @@ def specs(
     attention: str | None = None,
     adamw: str | None = None,
     ce: str | None = None,
-    cold_cache: bool = True,
+    warm_cache: bool = False,
     warmup: int | None = None,
     iters: int | None = None,
     min_time: float | None = None,
@@ -308,7 +308,7 @@ def specs(
             loss=f"fused-{ce}" if "fused-ce" in on else "materialised",
             attention="triton" if "flash" in on else attention,
             compile="compile" in on, checkpoint=p["checkpoint"],
-            timer="do_bench" if on_cuda else "loop", cold_cache=cold_cache and "compile" in on,
+            timer="do_bench" if on_cuda else "loop", warm_cache=warm_cache and "compile" in on,
             warmup=warmup, iters=iters, device=dev, seed=seed, model=model, blocks=blocks,
             min_time=least_s,
             rounds=rounds, world_size=p["world_size"], course_timing=course_timing,
@@ -335,7 +335,7 @@ def run(spec: StepSpec) -> Result:
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
 
         checked = model_check(config, spec.device, spec.seed, spec.batch)
-    with empty_compile_cache(spec.cold_cache):
+    with empty_compile_cache(spec.compile and not spec.warm_cache):
         model, optimizer, train_step = build(spec)
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(spec.device)
@@ -406,7 +406,7 @@ TABLE = Table(
             ratio=Ratio(
                 lambda r: r.get("step_ms_median"),
                 {"switches": "none"},
-                ("switches", "optimizer", "loss", "attention", "compile", "cold_cache"),
+                ("switches", "optimizer", "loss", "attention", "compile", "warm_cache"),
                 samples="step_ms",
                 impossible=impossible,
             ),

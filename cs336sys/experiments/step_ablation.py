@@ -18,7 +18,7 @@ def split(spec: Any) -> list[Any]:
     warm-up. Only the first round compiles from an empty cache (the leaderboard's rule,
     which its wall_s and compile_s stand for); later rounds use the caches as they are."""
     first = rounds.share(spec)
-    return [first, *[dataclasses.replace(first, cold_cache=False)] * (spec.rounds - 1)]
+    return [first, *[dataclasses.replace(first, warm_cache=first.compile)] * (spec.rounds - 1)]
 
 
 def merge(spec: Any, results: list[Result]) -> Result:

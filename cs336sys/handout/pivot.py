@@ -24,10 +24,10 @@ _WORDS: dict[str, Callable[[Any], str]] = {
     "seq": lambda v: f"seq {v}",
     "d_head": lambda v: f"d {v}",
     "bucket_mb": lambda v: "" if v is None else f"{text(v)} MB buckets",
-    "optimizer_sharding": lambda v: "not sharded" if v in (None, "none") else f"sharded ({v})",
+    "shard_optimizer": lambda v: "not sharded" if v in (None, "none") else f"sharded ({v})",
 }
-_HEADERS = {"d_head": "d", "size_bytes": "size", "world_size": "processes",
-            "optimizer_sharding": "optimizer state", "bucket_mb": "bucket MB"}
+_HEADERS = {"d_head": "d", "bytes": "size", "world_size": "processes",
+            "shard_optimizer": "optimizer state", "bucket_mb": "bucket MB"}
 
 
 def _row_cell(key: str, row: Row) -> str:
@@ -36,9 +36,9 @@ def _row_cell(key: str, row: Row) -> str:
     value = row["_settings"].get(key, row.get(key))
     if key == "size":
         return model_size({**row, **row["_settings"]})
-    if key == "size_bytes" and value is not None:
+    if key == "bytes" and value is not None:
         return format_size(int(value))
-    if key in ("compile", "optimizer_sharding"):
+    if key in ("compile", "shard_optimizer"):
         return _WORDS[key](value)
     return text(value)
 

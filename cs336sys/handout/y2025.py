@@ -151,5 +151,5 @@ PROBLEMS = (
     _same("optimizer_state_sharding_accounting", "3", runs=(
         _ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
-                      ("impl", "optimizer_sharding"), DDP_MEMORY), memory_by_moment)),
+                      ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment)),
 )

@@ -250,7 +250,7 @@ PROBLEMS = (
                   cpu="comm --op all-reduce --bytes 1MB,10MB --world-size 2 --warmup 1 "
                   "--iters 5"),),
         tables=(Pivot("All-reduce time (ms, mean over iterations) by size and processes",
-                      "comm", ("backend", "size_bytes"),
+                      "comm", ("backend", "bytes"),
                       (Column("ms", "time_ms_mean", "num"),), across="world_size"),
                 "comm"),
     ),
@@ -294,7 +294,7 @@ PROBLEMS = (
         "and without sharding; (b) the step time of each (2 GPUs, xl).",
         runs=(_ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
-                      ("impl", "optimizer_sharding"), DDP_MEMORY), memory_by_moment),
+                      ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment),
     ),
     Problem(
         "fsdp", 15, section="7", kind=IMPLEMENT,
@@ -307,7 +307,7 @@ PROBLEMS = (
         "all-gathers finish in time (the Nsight part is not measured here).",
         runs=(_ddp("overlap,fsdp --shard-optimizer", "overlap,yours-fsdp --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, replicated and sharded", "ddp",
-                      ("impl", "optimizer_sharding"), DDP_MEMORY), memory_by_moment),
+                      ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment),
     ),
     Problem(
         "alternate_ring_all_reduce", 1, section="8.1", kind=COMPUTE,

@@ -81,27 +81,55 @@ _V7_RENAMES = {
 }
 
 
-def _one_name_per_concept(conn: sqlite3.Connection) -> None:
-    """v7: rename the stored settings of _V7_RENAMES in every run, and recompute each renamed
-    run's point key from its new settings (what --resume matches). The views keep the old
-    names as columns for one release (store/views.py)."""
+def _rewrite_settings(conn: sqlite3.Connection, kind: str, change: Any) -> None:
+    """Each run of experiment `kind` whose settings `change(dict)` changes gets the new
+    settings and the point key computed from them (what --resume matches)."""
     import json
 
-    for kind, renames in _V7_RENAMES.items():
-        rows = conn.execute("SELECT id, settings FROM runs WHERE experiment = ?", (kind,)).fetchall()
-        for run_id, text in rows:
-            try:
-                settings = json.loads(text)
-            except ValueError:
-                continue
-            if not isinstance(settings, dict) or not set(renames) & set(settings):
-                continue
-            for old, new in renames.items():
-                if old in settings:
-                    value = settings.pop(old)
-                    settings.setdefault(new, value)
+    rows = conn.execute("SELECT id, settings FROM runs WHERE experiment = ?", (kind,)).fetchall()
+    for run_id, text in rows:
+        try:
+            settings = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(settings, dict):
+            continue
+        changed = change(dict(settings))
+        if changed != settings:
             conn.execute("UPDATE runs SET settings = ?, point_key = ? WHERE id = ?",
-                         (json.dumps(settings), point_key(kind, settings), run_id))
+                         (json.dumps(changed), point_key(kind, changed), run_id))
+
+
+def _renamed(settings: dict, renames: dict[str, str]) -> dict:
+    for old, new in renames.items():
+        if old in settings:
+            value = settings.pop(old)
+            settings.setdefault(new, value)
+    return settings
+
+
+def _one_name_per_concept(conn: sqlite3.Connection) -> None:
+    """v7: rename the stored settings of _V7_RENAMES in every run."""
+    for kind, renames in _V7_RENAMES.items():
+        _rewrite_settings(conn, kind, lambda s, r=renames: _renamed(s, r))
+
+
+def _warm_cache(settings: dict) -> dict:
+    """step's cold_cache (compile from empty caches) as warm_cache, its option's sense: a
+    compiled point that was not cold; False for a point that compiles nothing."""
+    if "cold_cache" in settings:
+        cold = settings.pop("cold_cache")
+        settings.setdefault("warm_cache", bool(settings.get("compile")) and not cold)
+    return settings
+
+
+def _the_options_words(conn: sqlite3.Connection) -> None:
+    """v8: the last settings stored under another word than their option's: ddp's
+    optimizer_sharding is shard_optimizer (--shard-optimizer), comm's size_bytes is bytes
+    (--bytes), step's cold_cache is warm_cache (--warm-cache, the value inverted)."""
+    _rewrite_settings(conn, "ddp", lambda s: _renamed(s, {"optimizer_sharding": "shard_optimizer"}))
+    _rewrite_settings(conn, "comm", lambda s: _renamed(s, {"size_bytes": "bytes"}))
+    _rewrite_settings(conn, "step", _warm_cache)
 
 
 # Version N is reached by running MIGRATIONS[N - 1]: SQL statements, or a function of the
@@ -185,6 +213,8 @@ MIGRATIONS: list[list[str] | Any] = [
     _wrong_and_user_code,
     # v7: stored settings renamed to one name per concept (see the function).
     _one_name_per_concept,
+    # v8: the last stored settings renamed to their option's word
+    _the_options_words,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
