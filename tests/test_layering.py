@@ -15,6 +15,7 @@ in a string (importlib), except yours/, whose job is importing the user's code b
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import cs336sys
@@ -155,6 +156,7 @@ LAZY_ON_PURPOSE = {
 }
 
 
+@functools.cache
 def _runtime(source: str) -> str:
     """`source` without its `if TYPE_CHECKING:` blocks, which never run."""
     tree = ast.parse(source)
