@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, measure
+from cs336sys.cli.common import DEFAULT_DB, DbOption, run_experiment
 from cs336sys.cli.options import Iters, Label, Resume, Warmup
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
 from cs336sys.sweep.points import SpecError, listed
@@ -84,4 +84,4 @@ def command(
         cs336sys matmul --n 16,32
     """
     options = dict(locals())
-    measure(EXPERIMENT, specs, options, describe=lambda s: f"n={s.n}", emulation=False)
+    run_experiment(EXPERIMENT, specs, options, describe=lambda s: f"n={s.n}", emulation=False)

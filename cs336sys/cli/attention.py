@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.cli.common import measure
+from cs336sys.cli.common import run_experiment
 from cs336sys.cli.options import (
     estimate_options,
     list_option,
@@ -83,7 +83,7 @@ def attention(**options: Any) -> None:
     from cs336sys.experiments import attention as exp
 
     options["impl"], skip = options.pop("attention"), options.pop("skip_after_oom")
-    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, skip_after_oom=skip)
+    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, skip_after_oom=skip)
 
 
 def point_name(spec) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.cli.common import measure
+from cs336sys.cli.common import run_experiment
 from cs336sys.cli.options import list_option, nsys_options, option, options_of, store_options
 from cs336sys.measure.units import format_size
 
@@ -12,11 +12,10 @@ from cs336sys.measure.units import format_size
 def _comm_only(
     op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
                     "all-reduce]") = None,
-    bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); "
-                            "or a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. "
-                            "8B:1GB:x2. [default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB "
-                            "on CPU]",
-                            "--bytes") = None,
+    bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); or "
+                       "a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. 8B:1GB:x2. "
+                       "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
+                       "--bytes") = None,
     placement: list_option("out-of-place and/or in-place, as nccl-tests times all-gather and "
                            "reduce-scatter (all-reduce and broadcast are in place only). "
                            "[default: both]") = None,
@@ -52,7 +51,7 @@ def comm(**options: Any) -> None:
     """
     from cs336sys.experiments import comm as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False,
+    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False,
             after=_averages)
 
 

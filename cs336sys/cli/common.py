@@ -2,7 +2,7 @@
 a sweep's sink, and the table printed when a sweep ends (the progress bar is
 cli/progress_bar.py).
 
-A command that measures is one call: `measure(EXPERIMENT, specs, locals())`, its options
+A command that measures is one call: `run_experiment(EXPERIMENT, specs, locals())`, its options
 -> the experiment's `specs(...)` -> `run_sweep` into the store -> the printed tables.
 Nothing here imports torch; commands import heavy modules inside their bodies.
 """
@@ -278,7 +278,7 @@ def with_handout(specs: Callable[..., list], options: dict[str, Any]) -> list:
         return specs(**options)
 
 
-def measure(
+def run_experiment(
     experiment: Any,
     specs: Callable[..., list],
     options: dict[str, Any],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.cli.common import measure
+from cs336sys.cli.common import run_experiment
 from cs336sys.cli.options import list_option, model_command, nsys_options, option
 
 
@@ -60,4 +60,4 @@ def ddp(**options: Any) -> None:
     """
     from cs336sys.experiments import ddp as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, describe=exp.label_of, ranks=True)
+    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=exp.label_of, ranks=True)

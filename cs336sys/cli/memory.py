@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from cs336sys.cli.common import fail, measure
+from cs336sys.cli.common import fail, run_experiment
 from cs336sys.cli.options import estimate_options, list_option, model_command, nsys_options, option
 
 memory_app = typer.Typer(name="memory", add_completion=False, pretty_exceptions_enable=False)
@@ -52,7 +52,7 @@ def memory(ctx: typer.Context, **options: Any) -> None:
                           "timeline", "--snapshot", options.get("force", False))
         return points
 
-    measure(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, describe=_label, after=_snapshots)
+    run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, describe=_label, after=_snapshots)
 
 
 def _snapshots(points: list) -> None:
@@ -88,7 +88,7 @@ def residuals(**options: Any) -> None:
     """
     from cs336sys.experiments import memory_residuals as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, command="memory residuals",
+    run_experiment(exp.EXPERIMENT, exp.specs, options, command="memory residuals",
             describe=lambda s: f"{s.size} T={s.seq} {s.impl}", emulation=False)
 
 

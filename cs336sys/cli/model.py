@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.cli.common import measure
+from cs336sys.cli.common import run_experiment
 from cs336sys.cli.options import (
     Compile,
     estimate_options,
@@ -43,7 +43,7 @@ def model(**options: Any) -> None:
     """
     from cs336sys.experiments import model as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name)
+    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name)
 
 
 def point_name(spec) -> str:

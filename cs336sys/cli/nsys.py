@@ -2,7 +2,7 @@
 
 The command lines and the report names are measure/nsys.py's; here the command's own
 options become the command line that nsys runs (`command_line`), and the points are
-recorded one after the other (`record`). cli/common.measure calls `record` in place of
+recorded one after the other (`record`). cli/common.run_experiment calls `record` in place of
 measuring; a refusal is NsysRefused, which it prints as one line with exit code 2.
 """
 

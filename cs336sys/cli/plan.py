@@ -16,7 +16,7 @@ from cs336sys.cli.common import (
     catalog,
     check_db,
     fail,
-    measure,
+    run_experiment,
 )
 from cs336sys.cli.options import (
     Handout,
@@ -101,7 +101,7 @@ def plan(
     options = dict(size=size, seq=seq, batch=batch, tokens=tokens, strategy=strategy, n=n,
                    split=split, mesh_axes=mesh_axes, handout=handout, label=label, db=db,
                    **shape)
-    measure(exp.EXPERIMENT, specs, options, command="plan", recorded_device="none",
+    run_experiment(exp.EXPERIMENT, specs, options, command="plan", recorded_device="none",
             emulation=False, quiet=True, sink=lambda rec: _beside(rec, db),
             shown=lambda points: _show(exp, points), executor=exp.arithmetic)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from cs336sys.cli.common import measure
+from cs336sys.cli.common import run_experiment
 from cs336sys.cli.options import list_option, option, options_of, store_options
 
 DeviceOpt = option("auto, cpu, cuda or cuda:N.", str)
@@ -56,7 +56,7 @@ def accumulate(**options: Any) -> None:
     """
     from cs336sys.experiments import precision as exp
 
-    measure(exp.EXPERIMENT, exp.accumulate_specs, options, command="precision accumulate",
+    run_experiment(exp.EXPERIMENT, exp.accumulate_specs, options, command="precision accumulate",
             describe=lambda s: s.variant, emulation=False)
 
 
@@ -90,5 +90,5 @@ def autocast(**options: Any) -> None:
                 typer.echo(f"{p.spec.precision} on {p.spec.device}: {p.result.error}", err=True)
 
     options["batch"] = options["batch"] or [8]
-    measure(exp.EXPERIMENT, exp.autocast_specs, options, command="precision autocast",
+    run_experiment(exp.EXPERIMENT, exp.autocast_specs, options, command="precision autocast",
             describe=lambda s: s.precision, emulation=False, after=why_skipped)

@@ -16,7 +16,7 @@ from typing import Any
 import typer
 
 from cs336sys.cli.attention import attention as attention_command
-from cs336sys.cli.common import fail, measure, table
+from cs336sys.cli.common import fail, run_experiment, table
 from cs336sys.cli.model import model as model_command
 from cs336sys.cli.options import option, options_of
 from cs336sys.measure.nsys import nvtx_asked
@@ -107,7 +107,7 @@ _PROFILING = ("top", "trace", "exec_", "nvtx")  # the options of _profiling
 
 def _profile_points(ctx, target, point_specs, options):
     """Validate the profiling options, then profile and store each point (with --nsys,
-    cli/common.measure records each under Nsight Systems instead)."""
+    cli/common.run_experiment records each under Nsight Systems instead)."""
     from cs336sys.experiments import profile as exp
 
     top, trace, exec_, nvtx = (options.pop(k) for k in _PROFILING)
@@ -130,7 +130,7 @@ def _profile_points(ctx, target, point_specs, options):
                           options["force"])
         return points
 
-    measure(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
+    run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
             describe=_label,
             emulation=False, after=lambda points: typer.echo(_details(points)))
 

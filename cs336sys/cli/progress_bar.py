@@ -1,4 +1,4 @@
-"""The progress of a sweep on stderr, while `measure` runs it (cli/common.py)."""
+"""The progress of a sweep on stderr, while `run_experiment` runs it (cli/common.py)."""
 
 from __future__ import annotations
 

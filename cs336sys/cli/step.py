@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.cli.common import measure
+from cs336sys.cli.common import run_experiment
 from cs336sys.cli.options import estimate_options, list_option, model_command, nsys_options, option
 
 
@@ -80,7 +80,7 @@ def step(**options: Any) -> None:
     """
     from cs336sys.experiments import step as exp
 
-    measure(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True)
+    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True)
 
 
 def point_name(spec) -> str:

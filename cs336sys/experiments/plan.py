@@ -367,20 +367,10 @@ def _split(r: Any) -> str:
     return f"{r.get('fsdp_degree')}x{r.get('tp_degree')}" if r.get("strategy") == "fsdp-tp" else ""
 
 
-POINT = (
-    Column(
-        "hardware",
-        "device_name",
-        setting=True,
-        covers=("hardware", "flops", "egress", "memory_bytes", "source"),
-    ),
-    Column("strategy", "strategy", setting=True),
-    Column("N", "n", setting=True),
-)
 TIME = Table(
     "Step time and communication per device (bf16, ring collectives)",
     (
-        *POINT,
+        *plan_section.POINT,
         Column("X×Y", cell=_split, optional=True),
         Column("compute ms", "compute_ms", "num"),
         Column("all-gather ms", "allgather_ms", "num"),
@@ -401,7 +391,7 @@ TIME = Table(
 MEMORY = Table(
     "Memory per device (GiB)",
     (
-        *POINT,
+        *plan_section.POINT,
         Column("params", cell=lambda r: gib(r.get("mem_params_bytes"))),
         Column("grads", cell=lambda r: gib(r.get("mem_grads_bytes"))),
         Column("optimizer", cell=lambda r: gib(r.get("mem_opt_state_bytes"))),

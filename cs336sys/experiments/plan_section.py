@@ -103,17 +103,21 @@ def step_plot(pts: list[Row]) -> StepPlot:
     return StepPlot(body, "Planned step time against degree (× communication-bound)")
 
 
+# A plan's point in a table: its hardware, strategy and device count (plan.py's tables too).
+POINT = (
+    Column(
+        "hardware",
+        "device_name",
+        setting=True,
+        covers=("hardware", "flops", "egress", "memory_bytes", "source"),
+    ),
+    Column("strategy", "strategy", setting=True),
+    Column("N", "n", setting=True),
+)
 MEASURED = Table(
     "Plan meets measurement: ddp runs of the same model, batch and world size",
     (
-        Column(
-            "hardware",
-            "device_name",
-            setting=True,
-            covers=("hardware", "flops", "egress", "memory_bytes", "source"),
-        ),
-        Column("strategy", "strategy", setting=True),
-        Column("N", "n", setting=True),
+        *POINT,
         Column("measured impl", "measured_impl"),
         Column("step ms plan", "step_ms", "num"),
         Column("step ms measured", "measured_step_ms", "num"),
