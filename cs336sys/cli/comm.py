@@ -51,8 +51,8 @@ def comm(**options: Any) -> None:
     """
     from cs336sys.experiments import comm as exp
 
-    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True, emulation=False,
-            after=_averages)
+    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True,
+                   emulation=False, after=_averages)
 
 
 def _averages(points) -> None:

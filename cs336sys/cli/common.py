@@ -2,8 +2,8 @@
 a sweep's sink, and the table printed when a sweep ends (the progress bar is
 cli/progress_bar.py).
 
-A command that measures is one call: `run_experiment(EXPERIMENT, specs, locals())`, its options
--> the experiment's `specs(...)` -> `run_sweep` into the store -> the printed tables.
+A command that measures is one call, `run_experiment(EXPERIMENT, specs, locals())`: its
+options -> the experiment's `specs(...)` -> `run_sweep` into the store -> the printed tables.
 Nothing here imports torch; commands import heavy modules inside their bodies.
 """
 

@@ -89,7 +89,7 @@ def residuals(**options: Any) -> None:
     from cs336sys.experiments import memory_residuals as exp
 
     run_experiment(exp.EXPERIMENT, exp.specs, options, command="memory residuals",
-            describe=lambda s: f"{s.size} T={s.seq} {s.impl}", emulation=False)
+                   describe=lambda s: f"{s.size} T={s.seq} {s.impl}", emulation=False)
 
 
 # -- validation -------------------------------------------------------------------------------

@@ -102,8 +102,8 @@ def plan(
                    split=split, mesh_axes=mesh_axes, handout=handout, label=label, db=db,
                    **shape)
     run_experiment(exp.EXPERIMENT, specs, options, command="plan", recorded_device="none",
-            emulation=False, quiet=True, sink=lambda rec: _beside(rec, db),
-            shown=lambda points: _show(exp, points), executor=exp.arithmetic)
+                   emulation=False, quiet=True, sink=lambda rec: _beside(rec, db),
+                   shown=lambda points: _show(exp, points), executor=exp.arithmetic)
 
 
 def _boxes(db, hardware, flops, bandwidth, memory_gib, measured, gpu) -> list:

@@ -57,7 +57,7 @@ def accumulate(**options: Any) -> None:
     from cs336sys.experiments import precision as exp
 
     run_experiment(exp.EXPERIMENT, exp.accumulate_specs, options, command="precision accumulate",
-            describe=lambda s: s.variant, emulation=False)
+                   describe=lambda s: s.variant, emulation=False)
 
 
 def _autocast_only(
@@ -91,4 +91,4 @@ def autocast(**options: Any) -> None:
 
     options["batch"] = options["batch"] or [8]
     run_experiment(exp.EXPERIMENT, exp.autocast_specs, options, command="precision autocast",
-            describe=lambda s: s.precision, emulation=False, after=why_skipped)
+                   describe=lambda s: s.precision, emulation=False, after=why_skipped)

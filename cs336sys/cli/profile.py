@@ -131,8 +131,8 @@ def _profile_points(ctx, target, point_specs, options):
         return points
 
     run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
-            describe=_label,
-            emulation=False, after=lambda points: typer.echo(_details(points)))
+                   describe=_label,
+                   emulation=False, after=lambda points: typer.echo(_details(points)))
 
 
 def _check_writable(path: Path, db: Path) -> None:
