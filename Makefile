@@ -139,8 +139,7 @@ demo-full: $(STAMP)
 		--batch 4 --mode forward,train --checkpoint none,every:1,sqrt --warmup 1 --iters 2
 	$(CLI) memory --db $(DEMO_DB) --size tiny --seq 256 \
 		--batch 4 --mode train --warmup 1 --iters 1 --snapshot $(DEMO_REPORT)/snapshots
-	$(CLI) memory residuals --db $(DEMO_DB) --size tiny --seq 128 \
-		--impl eager,compiled
+	$(CLI) memory residuals --db $(DEMO_DB) --size tiny --seq 128
 	$(CLI) precision accumulate --db $(DEMO_DB)
 	$(CLI) precision autocast --db $(DEMO_DB) --precision bf16,fp16
 	$(CLI) profile model --db $(DEMO_DB) --size tiny --seq 64 \

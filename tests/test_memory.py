@@ -196,10 +196,10 @@ def test_oom_is_a_row_and_does_not_compete_for_lowest(db_path, monkeypatch):
 def test_residuals_rows(db_path):
     result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "64", "--d-ff", "128",
                     "--num-heads", "4", "--seq", "32", "--batch", "2",
-                    "--impl", "eager", "--device", "cpu", "--db", db_path)
+                    "--no-compile", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     (r,) = rows(db_path, "SELECT * FROM memory_residuals_runs")
-    assert (r["impl"], r["status"], r["d_model"], r["batch"]) == ("eager", "ok", 64, 2)
+    assert (r["compile"], r["status"], r["d_model"], r["batch"]) == (0, "ok", 64, 2)
     assert r["analytic_bytes"] == block_saved_bytes(2, 32, 64, 128, 4)
     assert r["saved_bytes"] == pytest.approx(r["analytic_bytes"], rel=0.10)
     assert r["residual_bytes"] == 2 * 32 * 64 * 4
@@ -217,7 +217,7 @@ def test_residuals_rows(db_path):
 @pytest.mark.slow
 def test_residuals_compiled_is_one_node(db_path):
     result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
-                    "--num-heads", "2", "--seq", "16", "--impl", "eager,compiled",
+                    "--num-heads", "2", "--seq", "16",
                     "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     eager, compiled = rows(db_path, "SELECT * FROM memory_residuals_runs ORDER BY created")
@@ -262,7 +262,7 @@ BAD = [
     (["memory", "--size", "tiny", "--seq", "100000"], "maximum context length"),
     (["memory", "residuals", "--size", "tiny", "--seq", "100000"], "maximum context"),
     (["memory", "--size", "xl", "residuals"], "belongs after the subcommand"),
-    (["memory", "residuals", "--impl", "jit"], "--impl"),
+    (["memory", "residuals", "--impl", "eager"], "No such option: --impl"),
     (["memory", "residuals", "--size", "huge"], "unknown size"),
 ]
 

@@ -225,10 +225,12 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
         "comm": {"op": "all-reduce", "dtype": "fp32", "size_bytes": 4000},
         "plan": {"size": "8b", "seq": 4096},
     }
+    residuals = [{"size": "tiny", "impl": "eager"}, {"size": "tiny", "impl": "compiled"}]
     steps = [{"switches": "compile", "compile": True, "cold_cache": True},
              {"switches": "compile", "compile": True, "cold_cache": False},
              {"switches": "none", "compile": False, "cold_cache": False}]
-    rows = [*old.items(), *(("step", st) for st in steps)]
+    rows = [*old.items(), *(("step", st) for st in steps),
+            *(("memory-residuals", r) for r in residuals)]
     for i, (kind, settings) in enumerate(rows):
         conn.execute("INSERT INTO runs (id, invocation_id, experiment, status, settings, metrics, "
                      "point_key) VALUES (?, 'i1', ?, 'ok', ?, '{}', ?)",
@@ -245,6 +247,8 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
         assert got["plan"][0] == old["plan"]  # nothing to rename
         assert [json.loads(r["settings"])["warm_cache"] for r in stored
                 if r["experiment"] == "step"] == [False, True, False]
+        assert [json.loads(r["settings"]) for r in stored if r["experiment"] == "memory-residuals"
+                ] == [{"size": "tiny", "compile": False}, {"size": "tiny", "compile": True}]
         for r in stored:
             assert r["point_key"] == point_key(r["experiment"], json.loads(r["settings"]))
         assert s.query("SELECT seq, batch, iters FROM model_runs") == [
@@ -257,7 +261,7 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
         for view, old_name in (("model_runs", "context_length"), ("model_runs", "steps"),
                                ("ddp_runs", "global_batch"), ("attention_runs", "dtype"),
                                ("ddp_runs", "optimizer_sharding"), ("comm_runs", "size_bytes"),
-                               ("step_runs", "cold_cache")):
+                               ("step_runs", "cold_cache"), ("memory_residuals_runs", "impl")):
             with pytest.raises(sqlite3.OperationalError, match=f"no such column: {old_name}"):
                 s.query(f"SELECT {old_name} FROM {view}")
 
@@ -397,6 +401,8 @@ def test_a_committed_schema_6_store_reads_and_reports_in_todays_names(tmp_path):
         {"seq": 64, "batch": 4, "iters": 3, "shard_optimizer": "ours"}]
     assert sql("SELECT bytes, precision FROM comm_runs") == [{"bytes": 4000, "precision": "fp32"}]
     assert sql("SELECT warm_cache, seq FROM step_runs") == [{"warm_cache": 0, "seq": 32}]
+    assert sql("SELECT compile, saved_bytes FROM memory_residuals_runs") == [
+        {"compile": 1, "saved_bytes": 1048576}]
     out = tmp_path / "report"
     result = invoke("report", "--format", "md", "--out", out, "--db", db)
     assert result.exit_code == 0, result.output
@@ -407,4 +413,4 @@ def test_a_committed_schema_6_store_reads_and_reports_in_todays_names(tmp_path):
     assert db.read_bytes() == STORE_6.read_bytes()  # read through a migrated copy
     with Store(db, EXPERIMENTS) as s:
         assert schema.version(s.conn) == SCHEMA_VERSION
-        assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 5}]
+        assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 6}]

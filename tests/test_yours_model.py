@@ -417,7 +417,7 @@ def test_memory_residuals_of_your_block(tmp_path, monkeypatch):
     monkeypatch.chdir(course_repo(tmp_path))
     db = tmp_path / "r.db"
     shape = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-heads", "4",
-             "--seq", "16", "--batch", "2", "--impl", "eager", "--device", "cpu"]
+             "--seq", "16", "--batch", "2", "--no-compile", "--device", "cpu"]
     for extra in ([], ["--model", "cs336_basics"]):
         result = invoke("memory", "residuals", *shape, *extra, "--db", db)
         assert result.exit_code == 0, result.output

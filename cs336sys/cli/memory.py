@@ -68,7 +68,8 @@ def _snapshots(points: list) -> None:
 def _residuals_only(
     size: list_option("Size preset(s) of the block. [default: small]") = None,
     batch: list_option("Batch size(s). [default: 1]") = None,
-    impl: list_option("eager and/or compiled (torch.compile). [default: eager,compiled]") = None,
+    compile: option("Only the block under torch.compile (--compile), or only eager "
+                    "(--no-compile). [default: both]", bool | None, "--compile/--no-compile") = None,
 ) -> None:
     """The options of `memory residuals` beyond the model's."""
 
@@ -89,7 +90,8 @@ def residuals(**options: Any) -> None:
     from cs336sys.experiments import memory_residuals as exp
 
     run_experiment(exp.EXPERIMENT, exp.specs, options, command="memory residuals",
-                   describe=lambda s: f"{s.size} T={s.seq} {s.impl}", emulation=False)
+                   describe=lambda s: f"{s.size} T={s.seq} {'compiled' if s.compile else 'eager'}",
+                   emulation=False)
 
 
 # -- validation -------------------------------------------------------------------------------

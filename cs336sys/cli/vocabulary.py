@@ -6,7 +6,7 @@
     --iters      timed iterations
     --warmup     untimed iterations before them
     --attention  the attention implementation (attention commands also take --impl)
-    --impl       the implementation under test (attention, ddp, memory residuals)
+    --impl       the implementation under test (attention, ddp)
     --size       a model size preset; comm's buffer size is --bytes
     --label      free text stored on the invocation
 

@@ -31,11 +31,9 @@ from cs336sys.sweep.declaration import (
     metric_table,
     setting_columns,
 )
-from cs336sys.sweep.points import choices
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import build_model
 
-IMPLS = ("eager", "compiled")
 TOP = 5
 
 
@@ -48,7 +46,7 @@ class ResidualsSpec:
     seq: int
     batch: int
     precision: str
-    impl: str  # eager | compiled
+    compile: bool  # the block under torch.compile, else eager
     attention: str | None  # None for the user's block: it brings its own
     device: str
     seed: int
@@ -61,7 +59,7 @@ class ResidualsSpec:
 
 def specs(
     *,
-    impl: Iterable[str] | None = None,
+    compile: bool | None = None,
     size: Iterable[str] | None = None,
     seq: Iterable[Any] | None = None,
     batch: Iterable[Any] | None = None,
@@ -77,7 +75,7 @@ def specs(
 ) -> list[ResidualsSpec]:
     """The points of a `memory residuals` sweep, validated as `model.specs` validates the
     model options (layers play no part: one block; `model`: the user's model's block)."""
-    impls = choices(impl, IMPLS, "--impl", default=list(IMPLS))
+    compiles = [False, True] if compile is None else [bool(compile)]  # None: both
     points = model_exp.specs(
         size=["small"] if size is None else size, seq=seq, batch=["1"] if batch is None else batch,
         mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
@@ -88,11 +86,11 @@ def specs(
         ResidualsSpec(
             size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
             seq=p.seq, batch=p.batch, precision=p.precision,
-            impl=i, attention=p.attention, device=p.device, seed=p.seed, model=p.model,
+            compile=c, attention=p.attention, device=p.device, seed=p.seed, model=p.model,
             blocks=p.blocks,
         )
         for p in points
-        for i in impls
+        for c in compiles
     ]
 
 
@@ -118,7 +116,7 @@ def run(spec: ResidualsSpec) -> Result:
     B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
     positions = torch.arange(T, device=device)  # (T,)
-    fn = torch.compile(block) if spec.impl == "compiled" else block
+    fn = torch.compile(block) if spec.compile else block
     amp_dtype = autocast_dtype(spec.precision)
 
     args = (x, positions) if _takes_positions(block) else (x,)
@@ -129,7 +127,7 @@ def run(spec: ResidualsSpec) -> Result:
             return fn(*args)  # (B, T, d)
 
     compile_s = None
-    if spec.impl == "compiled":  # compile outside the measurement: it allocates for itself
+    if spec.compile:  # compile outside the measurement: it allocates for itself
         t0 = time.perf_counter()
         forward()
         synchronize(spec.device)
@@ -146,7 +144,7 @@ def run(spec: ResidualsSpec) -> Result:
     residual = B * T * d * x.element_size()
     analytic = (
         block_saved_bytes(B, T, d, spec.d_ff, spec.num_heads)
-        if spec.precision == "fp32" and spec.attention == "naive" and spec.impl == "eager"
+        if spec.precision == "fp32" and spec.attention == "naive" and not spec.compile
         and spec.model is None
         else None  # counted for cs336sys's eager fp32 block with naive attention only
     )
@@ -203,7 +201,8 @@ def _top(row: Mapping[str, Any]) -> str:
 TABLE = Table(
     "Bytes one block saves for backward, by operation",
     (
-        *setting_columns("size seq batch precision impl"),
+        *setting_columns("size seq batch precision"),
+        Column("compiled", "compile", "yes_no", setting=True),
         Column("model", "model", setting=True, optional=True),
         Column("saved MiB", "saved_bytes", "mib"),
         Column("analytic MiB", "analytic_bytes", "mib"),

@@ -133,10 +133,10 @@ PROBLEMS = (
                 "--warmup 0 --iters 1",
                 part="(a)-(c)"),
             Run("memory residuals --size xl --seq 2048",
-                cpu="memory residuals --size tiny --seq 128 --impl eager",
+                cpu="memory residuals --size tiny --seq 128 --no-compile",
                 yours="memory residuals --model cs336_basics --size xl --seq 2048",
                 yours_cpu="memory residuals --model cs336_basics --size tiny --seq 128 "
-                "--impl eager", part="(f)"),
+                "--no-compile", part="(f)"),
         ),
         tables=(
             Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),

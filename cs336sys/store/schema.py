@@ -123,13 +123,22 @@ def _warm_cache(settings: dict) -> dict:
     return settings
 
 
+def _compile_flag(settings: dict) -> dict:
+    """memory residuals' impl (eager | compiled) as compile, the flag every other kind has."""
+    if "impl" in settings:
+        settings.setdefault("compile", settings.pop("impl") == "compiled")
+    return settings
+
+
 def _the_options_words(conn: sqlite3.Connection) -> None:
     """v8: the last settings stored under another word than their option's: ddp's
     optimizer_sharding is shard_optimizer (--shard-optimizer), comm's size_bytes is bytes
-    (--bytes), step's cold_cache is warm_cache (--warm-cache, the value inverted)."""
+    (--bytes), step's cold_cache is warm_cache (--warm-cache, the value inverted), memory
+    residuals' impl is compile (--compile/--no-compile)."""
     _rewrite_settings(conn, "ddp", lambda s: _renamed(s, {"optimizer_sharding": "shard_optimizer"}))
     _rewrite_settings(conn, "comm", lambda s: _renamed(s, {"size_bytes": "bytes"}))
     _rewrite_settings(conn, "step", _warm_cache)
+    _rewrite_settings(conn, "memory-residuals", _compile_flag)
 
 
 # Version N is reached by running MIGRATIONS[N - 1]: SQL statements, or a function of the
