@@ -66,7 +66,7 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
     differently to check it. An FSDP gets the same weights on every rank, as the course's
     FSDP test builds them: the handout asks an FSDP to shard, not to broadcast, so an FSDP
     that shards what each rank was given is right (measured: such an FSDP, passing the
-    course's tests/test_fsdp.py, was 1.1 off with distinct weights per rank)."""
+    course's FSDP test, was 1.1 off with distinct weights per rank)."""
     sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
     return seed if sharded else seed + 1000 * rank
 

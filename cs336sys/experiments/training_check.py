@@ -149,7 +149,7 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
 
 
 # The course's tests compare parameters elementwise, torch.allclose(p_ref, p, atol, rtol):
-# fp32 atol 1e-6 rtol 1e-4; with a 16-bit compute dtype 1e-4 and 1e-4 (tests/test_fsdp.py).
+# fp32 atol 1e-6 rtol 1e-4; with a 16-bit compute dtype 1e-4 and 1e-4 (their FSDP test).
 COURSE_TOLERANCE = {"fp32": (1e-6, 1e-4), "bf16": (1e-4, 1e-4), "fp16": (1e-4, 1e-4)}
 
 

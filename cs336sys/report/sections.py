@@ -2,8 +2,9 @@
 
 A table shows one line per measured point: the latest row stored for the same GPU and the
 same settings (a re-run replaces an earlier one; `n` counts them). Metric cells of a point
-that did not finish say why (OOM, error, skipped) instead of a number. Experiment-specific
-builders live in experiments.py, the declared tables are drawn by tables.py; this module
+that did not finish say why (OOM, error, skipped) instead of a number. An experiment's own
+section lives with it (experiments/<kind>_section.py or its module), the declared tables
+are drawn by tables.py, a section is put together by experiment_section.py; this module
 holds the containers and shared helpers.
 """
 
