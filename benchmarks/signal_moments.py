@@ -20,11 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import query
-from tests.test_signals import DDP_SWEEP, LONG, descendants, gone_within, start
+from tests.test_signals import DDP_SWEEP, LONG, STEP_RANKS, descendants, gone_within, start
 
-STEP_RANKS = ["step", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
-              "--num-heads", "4", "--vocab-size", "256", "--seq", "16,32,48", "--batch", "2",
-              "--switches", "none", "--world-size", "2", "--iters", "5", "--device", "cpu"]
 COMMANDS = {"comm": LONG, "ddp": DDP_SWEEP, "step --world-size 2": STEP_RANKS}
 
 

@@ -204,12 +204,16 @@ MODEL_SWEEP = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "-
                "2", "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--iters", "20",
                "--device", "cpu", "--seq", "32,64,96,128,160,192,224,256"]
 DDP_SWEEP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2", "--iters", "3"]
+STEP_RANKS = ["step", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+              "--num-heads", "4", "--vocab-size", "256", "--seq", "16,32,48", "--batch", "2",
+              "--switches", "none", "--world-size", "2", "--iters", "5", "--device", "cpu"]
 
 
 @pytest.mark.promise(SIGNALS)
 @pytest.mark.parametrize("args, sig", [(MODEL_SWEEP, signal.SIGINT), (LONG, signal.SIGINT),
-                                       (LONG, signal.SIGTERM), (DDP_SWEEP, signal.SIGINT)],
-                         ids=["model-int", "comm-int", "comm-term", "ddp-int"])
+                                       (LONG, signal.SIGTERM), (DDP_SWEEP, signal.SIGINT),
+                                       (STEP_RANKS, signal.SIGINT)],
+                         ids=["model-int", "comm-int", "comm-term", "ddp-int", "step-ranks-int"])
 @pytest.mark.parametrize("after_s", [0.15, 0.8, 2.5])
 def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, after_s):
     """Ctrl-C or SIGTERM while the command starts (typer, torch, the ranks) or sweeps: exit
