@@ -138,8 +138,8 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),
         (["--world-size", "2", "--ddp", "yours-fsdp=cs336sys.parallel:FSDP", "--switches", "fused-ce"],
          "and --ddp yours-fsdp: the fused loss runs inside the LM head's forward"),
-        (["--world-size", "2", "--ddp", "fsdp", "--switches", "compile"],
-         "and --ddp fsdp: an FSDP whose units are the layers"),
+        (["--world-size", "2", "--ddp", "yours-fsdp=cs336sys.parallel:FSDP", "--switches", "compile"],
+         "and --ddp yours-fsdp: your FSDP's units are most likely the layers"),
         (["--world-size", "2", "--ddp", "zero3"], "--ddp: unknown value 'zero3'"),
         (["--course-timing"], "--course-timing is triton.testing.do_bench's"),
         (["--preset", "fastest"], "--preset: unknown value"),
@@ -183,7 +183,7 @@ def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():
     assert "course_timing" not in small.settings()
 
 
-@pytest.mark.parametrize("ddp, switches", [("fsdp", "fused-ce"), ("flat", "fused-ce+compile")])
+@pytest.mark.parametrize("ddp, switches", [("flat", "fused-ce"), ("fsdp", "fused-ce+compile")])
 def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switches):
     """--world-size 2: the step on two Gloo ranks, each its half of the global batch; rank
     0's first loss is the single-process model's on that half, the same weights (an FSDP

@@ -28,24 +28,22 @@ from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.ranks import gather
 from cs336sys.sweep.result import Result, Unfinished
 
-# What a point on several ranks cannot switch on under some wrappers, and why.
+# What a point on several ranks cannot switch on under the user's FSDP, and why.
 NOT_ON_RANKS_WHY = {
     "fused-ce": "the fused loss runs inside the LM head's forward (models/transformer.py), "
                 "which your FSDP may replace or gather around in its own way; cs336sys's "
                 "DDPs and FSDP, torch's and your DDP take it",
-    "compile": "an FSDP whose units are the layers that hold weights inside each block (each "
-               "Linear, each Embedding) gathers them in hooks that read Python state, so a "
-               "compiled block recompiles at every unit and falls back to eager; torch-fsdp "
-               "(fully_shard per block) and the replicating wrappers take it",
+    "compile": "your FSDP's units are most likely the layers inside each block (each Linear), "
+               "whose gathering hooks run inside a compiled block, where dynamo guards on "
+               "their Python state and recompiles at every unit; cs336sys's fsdp runs its hooks "
+               "eager (graph breaks), torch-fsdp and every DDP take it too",
 }
 
 
 def not_on_ranks(wrapper: str) -> tuple[str, ...]:
     """The switches a point on several ranks wrapped by `wrapper` cannot switch on: fused-ce
-    under the user's FSDP, compile under any FSDP whose units sit inside the blocks."""
-    users_fsdp = ddp_yours.kind_of(wrapper) == "fsdp"
-    taken = {"fused-ce": not users_fsdp, "compile": wrapper != "fsdp" and not users_fsdp}
-    return tuple(s for s in NOT_ON_RANKS_WHY if not taken[s])
+    and compile under the user's FSDP."""
+    return tuple(NOT_ON_RANKS_WHY) if ddp_yours.kind_of(wrapper) == "fsdp" else ()
 
 
 def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:

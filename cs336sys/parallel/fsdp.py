@@ -132,8 +132,12 @@ class FSDP(nn.Module):
         self._regathered: dict[int, torch.Tensor] = {}  # id(Sharded) -> full, in backward
         self._done: set[int] = set()  # id(Sharded) whose gradient backward has produced
         for unit in self.units:
-            unit.module.register_forward_pre_hook(self._make_pre_forward(unit))
-            unit.module.register_forward_hook(self._make_post_forward(unit))
+            # Eager even inside a compiled block (step's compile switch): the gathers read
+            # Python state, which dynamo would guard on and recompile for at every unit; run
+            # eager, they are graph breaks, and the code between the units is compiled.
+            unit.module.register_forward_pre_hook(
+                torch.compiler.disable(self._make_pre_forward(unit)))
+            unit.module.register_forward_hook(torch.compiler.disable(self._make_post_forward(unit)))
 
     @property
     def comm_ms(self) -> float:
