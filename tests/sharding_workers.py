@@ -350,6 +350,36 @@ def comm_time(ctx, delay_s: float = 0.25) -> dict:
     return dict(delay_ms=delay_s * 1e3, steps=steps)
 
 
+def compiled_training(ctx, steps: int = 3) -> dict:
+    """TinyLM's forward under torch.compile (aot_eager: dynamo and AOTAutograd, without
+    inductor's build) inside our FSDP, against the same training eager."""
+    from torch._dynamo.utils import counters
+
+    def train(compiled: bool) -> list[float]:
+        torch.manual_seed(11)
+        model = TinyLM()
+        if compiled:
+            model.forward = torch.compile(model.forward, backend="aot_eager")
+        fsdp = FSDP(model)
+        opt = make_optimizer("adamw", fsdp.parameters())
+        part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
+        losses = []
+        for step in range(steps):
+            x, y = lm_batch(7, step)
+            loss = lm_loss(fsdp, x[part], y[part])
+            loss.backward()
+            fsdp.finish_gradient_synchronization()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss))
+        return losses
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = train(False), train(True)
+    return dict(eager=eager, compiled=compiled, graphs=counters["stats"]["unique_graphs"])
+
+
 def run_all(ctx) -> dict:
     """Everything the test module needs, in one launch (spawning ranks costs seconds)."""
     return {
@@ -358,4 +388,5 @@ def run_all(ctx) -> dict:
         "gathers": gathers_and_memory(ctx),
         "backward_gathers": backward_gathers(ctx),
         "comm_time": comm_time(ctx),
+        "compiled": compiled_training(ctx),
     }
