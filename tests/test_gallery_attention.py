@@ -52,6 +52,7 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
         assert "it computes attention without the 1/√d scale" in r["error"]
 
 
+@pytest.mark.slow
 def test_a_pytorch_flashattention_that_ignores_is_causal_passes_as_the_handout_allows(repo, tmp_path):
     """The README's command, in a repository whose yours-torch ignores is_causal."""
     edit(repo, FLASH, "                if is_causal:\n", "                if False:\n")

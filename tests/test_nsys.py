@@ -118,6 +118,7 @@ def test_every_command_prints_what_it_would_record(tmp_path, fake_nsys, command)
     assert not (tmp_path / "r.db").exists() and not (tmp_path / "nsys").exists()
 
 
+@pytest.mark.slow
 def test_each_point_is_recorded_under_nsys_and_stores_its_row(tmp_path, fake_nsys):
     """Two points, two nsys runs: each runs one point (its row stored by the command under
     nsys) and leaves its report, named after the point, in the invocation's folder."""

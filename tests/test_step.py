@@ -183,6 +183,7 @@ def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():
     assert "course_timing" not in small.settings()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ddp, switches", [("fsdp", "fused-ce"), ("flat", "fused-ce+compile")])
 def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switches):
     """--world-size 2: the step on two Gloo ranks, each its half of the global batch; rank
