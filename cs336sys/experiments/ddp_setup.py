@@ -34,7 +34,6 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.experiments import ddp_yours
-from cs336sys.experiments.ddp_yours import kind_of
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import optimizer_tensors
 
@@ -67,16 +66,18 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
     FSDP test builds them: the handout asks an FSDP to shard, not to broadcast, so an FSDP
     that shards what each rank was given is right (measured: such an FSDP, passing the
     course's FSDP test, was 1.1 off with distinct weights per rank)."""
-    sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
+    sharded = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
     return seed if sharded else seed + 1000 * rank
 
 
 def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device,
-          make_optimizer: Callable[[list], Any] | None = None, blocks: list | None = None):
+          make_optimizer: Callable[[list], Any] | None = None, num_layers: int = 0,
+          blocks: str | None = None):
     """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds
     (`make_optimizer(params)` where given and the optimizer is not sharded); the user's
-    wrappers and sharded optimizer (experiments/ddp_yours.py) too. `blocks`: the modules
-    torch-fsdp makes units of before the root (models/checkpointing.py `found_blocks`)."""
+    wrappers and sharded optimizer (experiments/ddp_yours.py) too. torch-fsdp makes a unit of
+    each of the model's `num_layers` blocks before the root, found as --checkpoint finds them
+    (at the dotted path `blocks` where given); the whole model is one unit without them."""
     import torch
 
     from cs336sys.models.adamw import AdamW
@@ -136,6 +137,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        from cs336sys.models.checkpointing import found_blocks
         from cs336sys.parallel.ddp import broadcast_from_rank0
 
         # fully_shard keeps each rank's own slice of whatever that rank built: start from
@@ -143,7 +145,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         broadcast_from_rank0(model)
         mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
         mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low) if low else MixedPrecisionPolicy()
-        for block in blocks or ():  # none found: the whole model is one unit
+        for block in found_blocks(model, num_layers, blocks):
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         opt = adamw(list(model.parameters()))
@@ -180,7 +182,7 @@ def split(setup: Setup) -> dict[str, int]:
 def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:
     """The bytes per rank of the table in the module docstring. The user's FSDP is held to
     the fully sharded ideal (as torch-fsdp), the user's sharded optimizer to 8P / n."""
-    fully_sharded = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
+    fully_sharded = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
     if impl == "fsdp":
         params = 4 * (n_params - n_1d) / world + 4 * n_1d
     elif fully_sharded:
@@ -202,7 +204,7 @@ def shares(impl: str, sharding: str | None, world: int, params: int, opt_state: 
     """Rank 0's share of one whole copy of the parameters (`whole` bytes) and of AdamW's
     whole state (two moments per parameter), and, where the point is meant to shard them
     (an FSDP: both; a sharded optimizer: the state), which one rank 0 holds too much of."""
-    fsdp = impl in FSDP_IMPLS or kind_of(impl) == "fsdp"
+    fsdp = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
     out: dict[str, Any] = {
         "param_rank0_share": params / whole if whole else None,
         "opt_state_rank0_share": opt_state / (2 * whole) if whole else None,

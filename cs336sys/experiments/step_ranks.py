@@ -67,7 +67,6 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     import torch.distributed as dist
 
     from cs336sys.measure.nvtx import measured
-    from cs336sys.models.checkpointing import found_blocks
 
     t_start = time.perf_counter()
     device = torch.device(ctx.device)
@@ -81,7 +80,7 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
         whole["params"] = sum(p.numel() for p in model.parameters())  # before any sharding
         return ddp_setup.build(spec.ddp, None, None, spec.precision, model, device,
                                make_optimizer=make_optimizer,
-                               blocks=found_blocks(model, spec.num_layers, spec.blocks))
+                               num_layers=spec.num_layers, blocks=spec.blocks)
 
     at_rank = spec.__class__(**{**vars(spec), "device": ctx.device})
     try:

@@ -58,6 +58,7 @@ def found_blocks(model: nn.Module, num_layers: int, where: str | None = None) ->
     except ValueError:
         return []
 
+
 def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
                       where: str | None = None) -> nn.Module:
     """Checkpoint `model`'s blocks (at `where`, else found) in consecutive groups of `groups`
