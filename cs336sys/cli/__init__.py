@@ -33,7 +33,7 @@ from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
 from cs336sys.cli.step import step
-from cs336sys.cli.vocabulary import command_path, typed_spellings, with_bare_values
+from cs336sys.cli.vocabulary import BARE_VALUES, command_path, typed_spellings, with_bare_values
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import MAX_SIZE
 
@@ -57,7 +57,8 @@ class Root(TyperGroup):
         for name in path:
             command = command.commands[name]
         common.TYPED.clear()
-        common.TYPED.update(typed_spellings(command, args[len(path):]))
+        common.TYPED.update(typed_spellings(command, args[len(path):],
+                                            BARE_VALUES.get(" ".join(path), {})))
         return super().parse_args(ctx, [*path, *with_bare_values(args[len(path):], path, command)])
 
     def make_context(self, *args, **kwargs):

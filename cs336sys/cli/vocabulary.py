@@ -67,14 +67,19 @@ def value_options(command: Any) -> dict[str, int]:
     return out
 
 
-def typed_spellings(command: Any, args: Sequence[str]) -> dict[str, str]:
-    """Each option of `command` given in `args` under another of its names (`--impl` for
-    `--attention`): every name of it -> the one typed; values are skipped, and so is all
-    after `--`."""
-    out: dict[str, str] = {}
+def _is_bare(args: Sequence[str], i: int, bare: Any) -> bool:
+    """args[i] is an option of `bare` given without its value (last, or before an option)."""
+    return args[i] in bare and (i + 1 == len(args) or args[i + 1].startswith("-"))
+
+
+def option_names(args: Sequence[str], command: Any, bare: Any = ()) -> list[int]:
+    """The indexes of the tokens of `args` that name an option of `command`, not a value: the
+    token after a name that takes a value is that value, whatever it looks like (`--label
+    --impl`), except after a `bare` option given without one; nothing after `--` is read."""
     values = value_options(command)
+    out: list[int] = []
     pending = 0  # values still owed to the option before
-    for token in args:
+    for i, token in enumerate(args):
         if pending:
             pending -= 1
             continue
@@ -83,8 +88,19 @@ def typed_spellings(command: Any, args: Sequence[str]) -> dict[str, str]:
         name, eq, _ = token.partition("=")
         if not name.startswith("-"):
             continue
-        if not eq:
+        out.append(i)
+        if not eq and not _is_bare(args, i, bare):
             pending = values.get(name, 0)
+    return out
+
+
+def typed_spellings(command: Any, args: Sequence[str], bare: Any = ()) -> dict[str, str]:
+    """Each option of `command` given in `args` under another of its names (`--impl` for
+    `--attention`): every name of it -> the one typed (option_names says which tokens are
+    names)."""
+    out: dict[str, str] = {}
+    for i in option_names(args, command, bare):
+        name = args[i].partition("=")[0]
         if not name.startswith("--"):
             continue
         for param in getattr(command, "params", []):
@@ -95,27 +111,13 @@ def typed_spellings(command: Any, args: Sequence[str]) -> dict[str, str]:
 
 
 def with_bare_values(args: Sequence[str], path: Sequence[str], command: Any) -> list[str]:
-    """`args` with the value each bare option of BARE_VALUES means put after it. A token that
-    is the value of an option passes untouched, whatever it looks like (`--label
-    --shard-optimizer` is a label); nothing after `--` is read."""
-    bare, values = BARE_VALUES.get(" ".join(path), {}), value_options(command)
+    """`args` with the value each bare option of BARE_VALUES means put after it; values and
+    what follows `--` pass untouched (option_names)."""
+    bare = BARE_VALUES.get(" ".join(path), {})
+    named = set(option_names(args, command, bare))
     out: list[str] = []
-    pending = 0  # values still owed to the option before
     for i, token in enumerate(args):
-        if pending:
-            pending -= 1
-            out.append(token)
-            continue
-        if token == "--":
-            out.extend(args[i:])
-            break
         out.append(token)
-        if token in bare:
-            following = args[i + 1] if i + 1 < len(args) else None
-            if following is None or following.startswith("-"):
-                out.append(bare[token])
-            else:
-                pending = 1
-        elif "=" not in token:
-            pending = values.get(token, 0)
+        if i in named and _is_bare(args, i, bare):
+            out.append(bare[token])
     return out
