@@ -87,10 +87,22 @@ def layer(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
 
 
+@functools.cache
+def _runtime(source: str) -> str:
+    """`source` without its `if TYPE_CHECKING:` blocks, which never run."""
+    tree = ast.parse(source)
+    tree.body = [n for n in tree.body
+                 if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    return ast.unparse(tree)
+
+
 def graph(root: Path = ROOT, at_import: bool = False) -> dict[str, set[str]]:
+    """Each module's imports of the package's modules: all of them, or (at_import) those
+    that run when it is imported, `if TYPE_CHECKING:` blocks left out."""
     files = {module_name(p, root): p for p in root.rglob("*.py")}
     known = set(files)
-    return {m: imports(p.read_text(), m, p.name == "__init__.py", known, at_import) - {m}
+    return {m: imports(_runtime(p.read_text()) if at_import else p.read_text(), m,
+                       p.name == "__init__.py", known, at_import) - {m}
             for m, p in files.items()}
 
 
@@ -156,28 +168,11 @@ LAZY_ON_PURPOSE = {
 }
 
 
-@functools.cache
-def _runtime(source: str) -> str:
-    """`source` without its `if TYPE_CHECKING:` blocks, which never run."""
-    tree = ast.parse(source)
-    tree.body = [n for n in tree.body
-                 if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
-    return ast.unparse(tree)
-
-
-def runtime_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """What each module imports when it is imported, `if TYPE_CHECKING:` blocks left out."""
-    files = {module_name(p, root): p for p in root.rglob("*.py")}
-    return {m: imports(_runtime(p.read_text()), m, p.name == "__init__.py", set(files),
-                       at_import=True) - {m}
-            for m, p in files.items()}
-
-
 def heavy_modules(root: Path = ROOT) -> set[str]:
     """The modules whose import imports one of HEAVY: directly, through a module they
     import when imported, or through a package above them."""
     files = {module_name(p, root): p for p in root.rglob("*.py")}
-    edges = runtime_graph(root)
+    edges = graph(root, at_import=True)
     heavy = set()
     for m, p in files.items():
         for node in _nodes(ast.parse(_runtime(p.read_text())), at_import=True):
@@ -200,7 +195,7 @@ def heavy_modules(root: Path = ROOT) -> set[str]:
 def loaded_by_help(root: Path = ROOT) -> set[str]:
     """The package's modules `cs336sys --help` imports: cs336sys.cli and what it imports
     when imported, transitively."""
-    edges, todo, seen = runtime_graph(root), ["cs336sys.cli"], set()
+    edges, todo, seen = graph(root, at_import=True), ["cs336sys.cli"], set()
     while todo:
         m = todo.pop()
         if m not in seen and m in edges:
