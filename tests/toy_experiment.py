@@ -1,25 +1,23 @@
-"""A new experiment kind, written the way docs/architecture.md ("Adding an experiment") says:
-this module (Spec, `specs`, `run`, `EXPERIMENT`, and its command), then one line in the
-catalog and the command registered (tests/test_new_experiment.py does those two).
+"""Time an n x n matmul; one row per size.
 
-What it measures: the time of a matmul of two random square matrices, per size.
+A new experiment kind, written the way docs/architecture.md ("Adding an experiment") says:
+this one module (Spec, `specs`, `run`, and `EXPERIMENT` with its `Command`; the first
+paragraph above is the command's summary), then its name in the catalog's KINDS.
+tests/test_new_experiment.py puts it into a copy of the package as experiments/matmul.py and
+adds that line, nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from cs336sys.cli.common import DEFAULT_DB, DbOption, run_experiment
-from cs336sys.cli.options import Iters, Label, Resume, Warmup
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, settings_keys
+from cs336sys.sweep.declaration import Column, Command, Experiment, Metric, Table
+from cs336sys.sweep.options import list_option, option
 from cs336sys.sweep.points import SpecError, listed
 from cs336sys.sweep.result import Result
 
 
-# -- 1. the module: Spec, specs, run, EXPERIMENT ----------------------------------------------
 @dataclass(frozen=True)
 class MatmulSpec:
     n: int  # the matrices are n x n
@@ -56,32 +54,25 @@ def run(spec: MatmulSpec) -> Result:
     return Result("ok", metrics={"matmul_ms": min(times), "flops": 2 * spec.n**3})
 
 
+def options(
+    n: list_option("Matrix size(s). [default: 16,32]") = None,
+    warmup: option("Untimed matmuls per point. [default: 1]", int | None) = None,
+    iters: option("Timed matmuls per point. [default: 3]", int | None) = None,
+    device: option("cpu.", str) = "cpu",
+) -> None:
+    """The options of `matmul`, named as `specs` names its keywords."""
+
+
 EXPERIMENT = Experiment(
-    kind="matmul", view="matmul_runs", title="Matmul", spec=MatmulSpec, run=run,
-    settings=settings_keys(MatmulSpec),
+    kind="matmul", title="Matmul", spec=MatmulSpec, run=run,
     metrics=(Metric("matmul_ms", "ms", "fastest timed matmul"),
              Metric("flops", "", "2 n^3 floating-point operations")),
     tables=(Table("Matmul time", (Column("n", "n", setting=True),
                                   Column("ms", "matmul_ms", "num"))),),
     compare="matmul_ms",
+    command=Command(
+        specs=specs, options=options, describe=lambda s: f"n={s.n}", emulation=False,
+        help="Each point multiplies two random n x n matrices and keeps the fastest time.",
+        examples=("cs336sys matmul --n 16,32",),
+    ),
 )
-
-
-# -- 3. its command ----------------------------------------------------------------------------
-def command(
-    n: Annotated[list[str] | None, typer.Option(help="Matrix size(s). [default: 16,32]")] = None,
-    warmup: Warmup = None,
-    iters: Iters = None,
-    device: Annotated[str, typer.Option(help="cpu.")] = "cpu",
-    resume: Resume = False,
-    label: Label = None,
-    db: DbOption = DEFAULT_DB,
-) -> None:
-    """Time an n x n matmul; one row per size.
-
-    Example:
-
-        cs336sys matmul --n 16,32
-    """
-    options = dict(locals())
-    run_experiment(EXPERIMENT, specs, options, describe=lambda s: f"n={s.n}", emulation=False)

@@ -19,10 +19,9 @@ from cs336sys import __version__
 from cs336sys.cli import common
 from cs336sys.cli.attention import attention
 from cs336sys.cli.browse import browse
-from cs336sys.cli.comm import comm
 from cs336sys.cli.common import as_typed
 from cs336sys.cli.db import db_app
-from cs336sys.cli.ddp import ddp
+from cs336sys.cli.declared import Commands, command_name
 from cs336sys.cli.env import env
 from cs336sys.cli.handout import handout_app
 from cs336sys.cli.memory import memory_app
@@ -32,24 +31,46 @@ from cs336sys.cli.precision import precision
 from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
-from cs336sys.cli.step import step
 from cs336sys.cli.vocabulary import BARE_VALUES, command_path, typed_spellings, with_bare_values
+from cs336sys.experiments.catalog import KINDS
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import MAX_SIZE
+
+# The kinds whose command cli/ writes, each with why; every other kind of the catalog is
+# `cs336sys <kind>`, made from the Command it declares (cli/declared.py).
+WRITTEN_HERE = {
+    "model": "profile model takes every option of model (cli/profile.py)",
+    "attention": "profile attention takes every option of attention (cli/profile.py)",
+    "memory": "a group of two kinds' commands: memory peak and memory residuals",
+    "memory_residuals": "memory residuals, in the memory group",
+    "plan": "its sink sets the store's measured runs beside the plan",
+    "profile": "a group: profile model and profile attention, over two kinds' options",
+    "precision": "a group of two cases: precision accumulate and precision autocast",
+}
 
 
 class Root(TyperGroup):
     """The root group: notes which name of each option was typed for the command named on
     the line (errors then use it), gives a bare option the value it means
-    (cli/vocabulary.py), and guards every integer option."""
+    (cli/vocabulary.py), and guards every integer option. The kinds' declared commands are
+    built when first named (cli/declared.py): `cs336sys --help` imports no experiment."""
 
     def __init__(self, *args, **kwargs):  # click's signature
         super().__init__(*args, **kwargs)
-        for command in (self, *_every_command(self)):
-            command.help = examples_verbatim(command.help)
-            for param in getattr(command, "params", ()):
-                if _takes_an_int(param):
-                    param.callback = _bounded(param.callback)
+        prepared(self)
+        declared = {command_name(k): k for k in KINDS if k not in WRITTEN_HERE}
+        self.commands = Commands(self.commands, declared, before="report", prepare=prepared)
+
+    def list_commands(self, ctx):  # click's signature
+        return list(self.commands)  # the names alone: none is built
+
+    def format_commands(self, ctx, formatter):  # click's signature
+        """The commands and their summaries, the declared ones' without building them."""
+        limit = formatter.width - 6 - max(map(len, self.commands))
+        rows = [(name, line) for name in self.list_commands(ctx)
+                if (line := self.commands.short_help(name, limit)) is not None]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def parse_args(self, ctx, args):  # click's signature
         path = command_path(self, args)
@@ -107,6 +128,17 @@ def _bounded(callback):
         return callback(ctx, param, value) if callback is not None else value
 
     return check
+
+
+def prepared(command):
+    """`command` and every command below it with its examples kept as written and each
+    integer option guarded."""
+    for each in (command, *_every_command(command)):
+        each.help = examples_verbatim(each.help)
+        for param in getattr(each, "params", ()):
+            if _takes_an_int(param):
+                param.callback = _bounded(param.callback)
+    return command
 
 
 def _every_command(group):
@@ -172,13 +204,11 @@ app.command()(env)
 app.command()(sql)
 app.command()(model)
 app.command()(attention)
-app.command()(comm)
-app.command()(ddp)
-app.command()(plan)
-app.command()(step)
 app.add_typer(memory_app, name="memory")
-app.add_typer(precision, name="precision")
+app.command()(plan)
 app.add_typer(profile_app, name="profile")
+app.add_typer(precision, name="precision")
+# here the kinds' declared commands (comm, ddp, step, ...), in the catalog's order
 app.command()(report)
 app.command()(browse)
 app.add_typer(db_app, name="db")

@@ -19,6 +19,7 @@ import typer
 
 from cs336sys.cli.nsys import NsysRefused, record, under_nsys
 from cs336sys.cli.progress_bar import Bar
+from cs336sys.experiments import catalog as kinds
 from cs336sys.measure.units import format_duration
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import SpecError
@@ -58,9 +59,7 @@ DbOption = Annotated[
 def catalog() -> Any:
     """Every experiment's declaration (experiments/catalog.py), imported when first needed,
     so that `--help` and `cs336sys sql` on a current store import no experiment."""
-    from cs336sys.experiments.catalog import EXPERIMENTS
-
-    return EXPERIMENTS
+    return kinds.EXPERIMENTS
 
 
 # Option -> the spelling the user typed for it on this command line (`--attention` ->

@@ -62,12 +62,12 @@ def export(
     """
     from datetime import datetime, timezone
 
-    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.report import refs
     from cs336sys.report.select import Selection, SelectionError, parse_where, time_range
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
 
+    experiments = catalog()
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
     now = datetime.now(timezone.utc)
@@ -78,7 +78,7 @@ def export(
             until=until_time,
             gpu=gpu,
             commit=(refs.resolve(commit) or commit) if commit else None,
-            where=tuple(parse_where(where or [], EXPERIMENTS)),
+            where=tuple(parse_where(where or [], experiments)),
         ).clause()
     except SelectionError as exc:
         fail(exc)
@@ -94,7 +94,7 @@ def export(
         refuse_to_replace([out], "export", "--out", force)
     try:
         conn = connect_readonly(db, catalog)
-        known = known_experiments(conn, EXPERIMENTS)
+        known = known_experiments(conn, experiments)
     except StoreError as exc:
         fail(exc)
     except sqlite3.DatabaseError as exc:
@@ -153,14 +153,14 @@ def merge(
 
         cs336sys db merge a100.db --db db/results.db
     """
-    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store.db import StoreError, check_path
     from cs336sys.store.transfer import check_other, merge
 
+    experiments = catalog()
     try:
         check_path(db, writing=True)
         check_other(other, db)
-        counts = merge(db, other, EXPERIMENTS)
+        counts = merge(db, other, experiments)
     except StoreError as exc:
         fail(exc)
     rows = [

@@ -1,5 +1,6 @@
 """Option types shared by the commands: one declaration, one name and one help text for a
-concept everywhere (cli/vocabulary.py lists the names).
+concept everywhere (cli/vocabulary.py lists the names), declared with sweep/options.py's
+`list_option` and `option`.
 
 Each is an `Annotated` type; a command gives the default, e.g. `size: Size = None`. Defaults
 that depend on the device are resolved by the experiment's `specs` (None here) and written
@@ -10,24 +11,12 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption
-
-ListOpt = list[str] | None
-
-
-def list_option(help: str, *names: str, **settings: Any) -> Any:
-    """A list option: comma lists or repetition (`--seq 128,256` or `--seq 128 --seq 256`),
-    None when not given. `size: list_option("Size preset(s).") = None`."""
-    return Annotated[ListOpt, typer.Option(*names, help=help, **settings)]
-
-
-def option(help: str, kind: Any, *names: str, **settings: Any) -> Any:
-    """An option of one value of `kind`: `seed: option("Seed for the inputs.", int) = 0`."""
-    return Annotated[kind, typer.Option(*names, help=help, **settings)]
+from cs336sys.sweep.options import list_option, option
 
 Size = list_option("Size preset(s) of the handout's table: small, medium, large, xl (2560 wide, 32 "
                    "layers; 1600 x 48 with --handout 2025), 10B, also 2.7B (2025's 2560-wide), "

@@ -61,7 +61,6 @@ def report(
 
         cs336sys report --history --experiment model --where size=small
     """
-    from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.measure.paths import why_unwritable
     from cs336sys.report import refs
     from cs336sys.report.render import DEFAULT_FORMATS, EXTENSIONS, FORMATS, build, write
@@ -75,6 +74,7 @@ def report(
     )
     from cs336sys.store.db import StoreError, connect_readonly
 
+    experiments = catalog()
     if not out.strip():  # (Path("") is ".": an empty value would mean this folder)
         fail("--out: empty value; give a folder")
     out = Path(out)
@@ -87,7 +87,7 @@ def report(
     if not 0 <= threshold < 1000:
         fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
     formats = choices(fmt, FORMATS, "--format", default=DEFAULT_FORMATS)
-    exps = choices(experiment, sorted(views_of(EXPERIMENTS)), "--experiment")
+    exps = choices(experiment, sorted(views_of(experiments)), "--experiment")
     now = datetime.now(timezone.utc)
     since_commits = None
     if since is not None:
@@ -106,7 +106,7 @@ def report(
             gpu=gpu,
             commit=(refs.resolve(commit) or commit) if commit else None,
             commits=tuple(since_commits) if since_commits is not None else None,
-            where=tuple(parse_where(where or [], EXPERIMENTS)),
+            where=tuple(parse_where(where or [], experiments)),
         )
     except SelectionError as exc:
         fail(exc)
@@ -129,7 +129,7 @@ def report(
     filters += [f"experiment {', '.join(exps)}"] if exps else []
     filters += [f"where {w}" for w in where or []]
     try:
-        rep = build(conn, sel, title, filters, EXPERIMENTS,
+        rep = build(conn, sel, title, filters, experiments,
                     compare_ab=tuple(compare) if compare else None,
                     history=history, threshold=threshold / 100)
     except SelectionError as exc:

@@ -1,42 +1,67 @@
-"""Every experiment's declaration, in the order reports show them.
+"""Every experiment kind, in the order reports show them: one line each.
 
-Adding an experiment kind is its module (experiments/<kind>.py, with `EXPERIMENT`), one line
-here, and its command (docs/architecture.md). The store's views and the report's sections
-sit below experiments/ and are derived from these declarations: the commands pass this
-catalog down (`Store(path, EXPERIMENTS)`, `report.render.build(..., EXPERIMENTS)`).
-Importing this module imports no torch: experiments import it inside their `run`.
+Adding an experiment kind is its module (experiments/<kind>.py, with `EXPERIMENT` and its
+`Command`) and its name in KINDS (docs/architecture.md, "Adding an experiment"). The store's
+views, the report's sections and the command line are derived from the declarations: the
+commands pass `EXPERIMENTS` down (`Store(path, EXPERIMENTS)`, `report.render.build(...,
+EXPERIMENTS)`), and `cs336sys` makes a command of each declared `Command`.
+
+Importing this module imports none of the kinds: `EXPERIMENTS` imports them on first use
+(PEP 562), and `summary(kind)` reads a kind's one-line summary from its source, so that
+`cs336sys --help` lists every command without importing a single experiment.
 """
 
 from __future__ import annotations
 
-from cs336sys.experiments import (
-    attention,
-    comm,
-    ddp,
-    memory,
-    memory_residuals,
-    model,
-    plan,
-    precision,
-    profile,
-    step,
-)
-from cs336sys.sweep.declaration import Experiment
+import ast
+import tokenize
+from importlib import import_module
+from pathlib import Path
+from typing import Any
 
-EXPERIMENTS = (
-    model.EXPERIMENT,
-    attention.EXPERIMENT,
-    memory.EXPERIMENT,
-    memory_residuals.EXPERIMENT,
-    comm.EXPERIMENT,
-    ddp.EXPERIMENT,
-    plan.EXPERIMENT,
-    profile.EXPERIMENT,
-    precision.EXPERIMENT,
-    step.EXPERIMENT,
+KINDS = (
+    "model",
+    "attention",
+    "memory",
+    "memory_residuals",
+    "comm",
+    "ddp",
+    "plan",
+    "profile",
+    "precision",
+    "step",
 )
 
 
-def by_kind() -> dict[str, Experiment]:
+def __getattr__(name: str) -> Any:
+    """`EXPERIMENTS`: every kind's declaration, in KINDS' order, its modules imported now."""
+    if name != "EXPERIMENTS":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    experiments = tuple(kind_of(kind) for kind in KINDS)
+    globals()["EXPERIMENTS"] = experiments
+    return experiments
+
+
+def kind_of(kind: str) -> Any:
+    """One kind's declaration, its module alone imported."""
+    return import_module(f"{__package__}.{kind}").EXPERIMENT
+
+
+def by_kind() -> dict[str, Any]:
     """The declarations by experiment kind."""
-    return {e.kind: e for e in EXPERIMENTS}
+    return {e.kind: e for e in __getattr__("EXPERIMENTS")}
+
+
+def summary(kind: str) -> str:
+    """The first paragraph of the kind module's docstring, on one line: what its command
+    does, as `cs336sys --help` lists it. Read from the source, so the module is not imported
+    (the interpreter's own `pydoc.source_synopsis` reads a docstring the same way)."""
+    with tokenize.open(Path(__file__).with_name(f"{kind}.py")) as source:
+        for token in tokenize.generate_tokens(source.readline):
+            if token.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE):
+                continue
+            if token.type != tokenize.STRING:
+                break
+            return " ".join(ast.literal_eval(token.string).strip().split("\n\n")[0].split())
+    raise ValueError(f"experiments/{kind}.py starts with no docstring: its summary is its first "
+                     "paragraph")

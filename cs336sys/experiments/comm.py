@@ -1,6 +1,6 @@
-"""Collective communication benchmark: the time of one collective at a size and world size.
+"""Time collectives across ranks; store time, algbw and busbw (nccl-tests' formulas).
 
-Methodology follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+One CommSpec is one point: one collective at one size and world size. Methodology follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
 - S is the buffer size in bytes: the tensor for all-reduce and broadcast, the gathered output
   for all-gather, the input that is scattered for reduce-scatter (so every op moves S);
 - algbw = S / t;  busbw = algbw * factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for
@@ -26,10 +26,18 @@ from typing import Any
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import PRECISIONS, itemsize, torch_dtype
 from cs336sys.measure.progress import step_done
-from cs336sys.measure.units import parse_sizes
+from cs336sys.measure.units import format_size, parse_sizes
 from cs336sys.report.plots import Plot
 from cs336sys.report.sections import add_plot, series
-from cs336sys.sweep.declaration import Column, Experiment, Table, metric_table, setting_columns
+from cs336sys.sweep.declaration import (
+    Column,
+    Command,
+    Experiment,
+    Table,
+    metric_table,
+    setting_columns,
+)
+from cs336sys.sweep.options import list_option, option
 from cs336sys.sweep.points import SpecError, choices, counts, expand, listed
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
@@ -307,6 +315,57 @@ TABLE = Table(
     "reduce-scatter, 1 for broadcast.",
 )
 
+
+def _options(
+    op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
+                    "all-reduce]") = None,
+    bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); or "
+                       "a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. 8B:1GB:x2. "
+                       "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
+                       "--bytes") = None,
+    placement: list_option("out-of-place and/or in-place, as nccl-tests times all-gather and "
+                           "reduce-scatter (all-reduce and broadcast are in place only). "
+                           "[default: both]") = None,
+    world_size: list_option("Ranks per group. [default: 2,4,6 capped at the GPUs (NCCL) or cores "
+                            "(Gloo)]") = None,
+    backend: list_option("gloo and/or nccl (gloo,nccl: Gloo on CPU tensors and NCCL on the GPUs, "
+                         "in one run). [default: nccl on CUDA, else gloo]") = None,
+    precision: list_option("fp32, bf16 and/or fp16. [default: fp32]") = None,
+    warmup: option("Untimed iterations per point. [default: 5 on CUDA, 2 on "
+                   "CPU]", int | None) = None,
+    iters: option("Timed iterations per point. [default: 20 on CUDA, 10 on "
+                  "CPU]", int | None) = None,
+    device: option("auto, cpu or cuda (picks the default backend).", str) = "auto",
+) -> None:
+    """comm's own options (it runs no user code: no --adapters)."""
+
+
+def point_name(spec: CommSpec) -> str:
+    """A point in a few words, for the progress bar."""
+    where = placement_words(spec.op, spec.placement)
+    return f"{spec.op}{where} {format_size(spec.bytes)} n={spec.world_size}"
+
+
+COMMAND = Command(
+    specs=specs,
+    options=_options,
+    help="Each point spawns its ranks locally (Gloo on CPU, NCCL with one GPU per rank), or "
+    "joins the group when started by torchrun; only rank 0 writes. The result of every op is "
+    "checked once (`wrong` counts bad elements).",
+    examples=(
+        "cs336sys comm --op all-reduce,all-gather --bytes 1MB,100MB --world-size 2",
+        "cs336sys comm --op reduce-scatter --placement in-place --bytes 8B:64MB:x4",
+        "cs336sys comm --bytes 8B:64MB:x4 --world-size 2",
+        "torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB",
+    ),
+    groups=("nsys",),
+    drop=("adapters",),
+    describe=point_name,
+    closing=average_lines,  # nccl-tests' closing line, per op, backend, world size, precision
+    ranks=True,
+    emulation=False,
+)
+
 EXPERIMENT = Experiment(
     kind="comm",
     title="Collectives: bus bandwidth",
@@ -330,4 +389,5 @@ EXPERIMENT = Experiment(
     rank_preload=("torch",),  # its ranks only communicate: no dynamo (parallel/fork_server.py)
     section=section,
     draws=True,
+    command=COMMAND,
 )

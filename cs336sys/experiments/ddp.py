@@ -1,6 +1,6 @@
-"""Data-parallel training step: how much gradient communication each DDP variant exposes.
+"""Time data-parallel training steps; store step time and the exposed gradient communication.
 
-One DDPSpec is one point: every rank builds the Transformer LM from its own seed (the wrapper
+How much gradient communication each DDP variant exposes. One DDPSpec is one point: every rank builds the Transformer LM from its own seed (the wrapper
 broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
 untimed and `iters` timed steps of the training step (experiments/training_step.py): forward,
 backward, finish_gradient_synchronization and optimizer, each phase ending with a device
@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cs336sys.experiments import ddp_section, ddp_setup, ddp_yours
+from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
 from cs336sys.experiments.ddp_section import TABLE, label
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
@@ -51,6 +51,7 @@ from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import launch_metrics
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset
 from cs336sys.sweep.declaration import (
+    Command,
     Experiment,
     Metric,
     launch,
@@ -484,4 +485,8 @@ EXPERIMENT = Experiment(
     distributed=True,
     section=ddp_section.section,
     draws=True,
+    command=Command(specs=specs, options=ddp_command.options, help=ddp_command.HELP,
+                    examples=ddp_command.EXAMPLES, groups=("model", "nsys"),
+                    drop=("attention", "optimizer", "checkpoint", "blocks"), describe=label_of,
+                    ranks=True),
 )

@@ -1,5 +1,6 @@
-"""The leaderboard's training step: one full training step timed the way the CS336 2026
-leaderboard times it, with each optimisation a switch.
+"""Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
+cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch set,
+so that each optimisation's gain shows alone and together.
 
 The leaderboard's step is
 
@@ -38,7 +39,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import registry
-from cs336sys.experiments import preflight, step_section
+from cs336sys.experiments import preflight, step_command, step_section
 from cs336sys.experiments.checks import model_check
 from cs336sys.experiments.model import (
     CHECK_NOTE,
@@ -68,6 +69,7 @@ from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
     SIZE_COLUMN,
     Column,
+    Command,
     Experiment,
     Metric,
     Ratio,
@@ -430,6 +432,12 @@ TABLE = Table(
     f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
 )
 
+def point_name(spec: StepSpec) -> str:
+    """A point in a few words, for the progress bar."""
+    ranks = f" {spec.world_size}x{spec.ddp}" if spec.world_size > 1 else ""
+    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}{ranks}"
+
+
 EXPERIMENT = Experiment(
     kind="step",
     title="Training step: what each optimisation buys",
@@ -475,4 +483,7 @@ EXPERIMENT = Experiment(
     run_on_ranks=run_on_ranks,
     section=step_section.section,
     draws=True,
+    command=Command(specs=specs, options=step_command.options, help=step_command.HELP,
+                    examples=step_command.EXAMPLES, groups=("model", "estimate", "nsys"),
+                    drop=("optimizer",), describe=point_name, ranks=True),
 )

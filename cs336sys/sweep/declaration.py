@@ -158,6 +158,30 @@ class Table:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Command:
+    """The command that runs a kind, declared with it: `cs336sys <kind>` (dashes for
+    underscores), made by the CLI from this (cli/declared.py). Its summary, the line
+    `cs336sys --help` lists, is the first paragraph of the kind module's docstring, read
+    without importing the module (experiments/catalog.py, `summary`). Its options are the
+    shared groups named in `groups` (the model's first), then the parameters of `options`
+    (declared with sweep/options.py's `option` and `list_option`, named as `specs` names
+    its keywords), then the store's; its body is the one call every measuring command makes,
+    `run_experiment(EXPERIMENT, specs, options)` (cli/common.py)."""
+
+    specs: Callable[..., list]  # the kind's specs(**options) -> its points
+    options: Callable[..., None]  # a function whose parameters are the kind's own options
+    help: str  # what its --help says below the summary: paragraphs, blank lines between
+    examples: tuple[str, ...]  # whole command lines, as a user types them
+    groups: tuple[str, ...] = ()  # shared option groups: model, estimate, nsys (cli/declared.py)
+    drop: tuple[str, ...] = ()  # options of those groups it does not take
+    describe: Callable[[Any], str] | None = None  # a point in a few words (the progress bar)
+    # lines printed after the tables, from the points' rows (settings and metrics)
+    closing: Callable[[list[dict]], list[str]] | None = None
+    ranks: bool = False  # its points start ranks (the oversubscription warning)
+    emulation: bool = True  # warn where the CPU only emulates 16-bit dtypes
+
+
+@dataclass(frozen=True, kw_only=True)
 class Experiment:
     """An experiment kind, declared once (see the module docstring)."""
 
@@ -203,6 +227,9 @@ class Experiment:
     # `refusal(device)` (why it cannot fit, or None) and `metrics()` (stored beside the
     # measurement); run_sweep skips a point that cannot fit unless forced.
     estimate: Callable[[Any], Any] | None = None
+    # Its command, declared here (`Command`); None where cli/ writes it (cli/__init__.py
+    # says which and why).
+    command: Command | None = None
 
     def __post_init__(self) -> None:
         if not self.view:

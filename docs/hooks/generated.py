@@ -13,15 +13,17 @@ A page asks for a generated block with a marker line of its own:
                                           cs336sys.cli:app with its help, usage, arguments
                                           and options, by Typer's own docs generator (what
                                           `typer cs336sys.cli utils docs` prints)
+    <!-- generated: command NAME -->       one command's reference, the same way
 
 Everything comes from the experiments' declarations (`EXPERIMENT` in
 cs336sys/experiments/<kind>.py, listed in cs336sys/experiments/catalog.py) and from the
 store's own migrations and views, so a metric added to a declaration appears in the docs
 with its unit and meaning, and a page can never list a column the store does not have.
 
-The build fails (mkdocs build --strict, `make docs`) when an experiment of the catalog has no
-page docs/experiments/<kind>.md, when that page lacks its marker, or when a marker is
-unknown. Rendering needs neither MkDocs nor torch: tests/test_docs.py calls `expand`.
+A kind of the catalog with no page of its own, docs/experiments/<kind>.md, gets one generated
+whole (its title, its command's reference, what it stores), and every kind the nav does not
+list gets an entry under Experiments. The build fails (mkdocs build --strict, `make docs`)
+when a written page lacks its marker, or when a marker is unknown. Rendering needs neither MkDocs nor torch: tests/test_docs.py calls `expand`.
 """
 
 from __future__ import annotations
@@ -244,6 +246,15 @@ def command_paths() -> list[tuple[str, ...]]:
     return list(walk(typer.main.get_command(app), ()))
 
 
+def _reference(text: str) -> str:
+    """Typer's generated markdown with its headings one level below the page's (they start
+    at `#`) and without click's no-rewrap markers before the examples
+    (cli.examples_verbatim), which are not text."""
+    text = re.sub(r"^\\b\n", "", text, flags=re.M)
+    text = re.sub(r"^(#+) ", lambda m: "#" + m[1] + " ", text, flags=re.M)
+    return text.strip() + "\n"
+
+
 def render_cli() -> str:
     """The app's reference, one section per command; headings one level below the page's."""
     import typer
@@ -257,11 +268,23 @@ def render_cli() -> str:
     missing = [p for p in command_paths() if f"# `cs336sys {' '.join(p)}`" not in text]
     if missing:
         raise ValueError(f"the CLI reference lacks {', '.join(' '.join(p) for p in missing)}")
-    # Click's no-rewrap marker before each example paragraph (cli.examples_verbatim): not text.
-    text = re.sub(r"^\\b\n", "", text, flags=re.M)
-    # The generator's headings start at `#` (the program); the page has its own title.
-    text = re.sub(r"^(#+) ", lambda m: "#" + m[1] + " ", text, flags=re.M)
-    return text.strip() + "\n"
+    return _reference(text)
+
+
+def render_command(name: str | None) -> str:
+    """One command's reference (`cs336sys NAME`), its headings one level below the page's."""
+    import typer
+    import typer.main
+    from typer.cli import get_docs_for_click
+
+    from cs336sys.cli import app
+
+    root = typer.main.get_command(app)
+    if not name or name not in root.commands:
+        raise ValueError(f"no command {name!r} (known: {', '.join(root.commands)})")
+    command = root.commands[name]
+    ctx = typer.Context(command, parent=typer.Context(root, info_name="cs336sys"), info_name=name)
+    return _reference(get_docs_for_click(obj=command, ctx=ctx, name=name, call_prefix="cs336sys"))
 
 
 RENDERERS = {
@@ -269,6 +292,7 @@ RENDERERS = {
     "experiments": lambda arg: render_experiments(),
     "schema": lambda arg: render_schema(),
     "cli": lambda arg: render_cli(),
+    "command": render_command,
     "handout": render_handout,
 }
 
@@ -289,31 +313,66 @@ def expand(markdown: str, where: str = "a page") -> str:
 
 
 def missing_pages(docs_dir: Path) -> list[str]:
-    """Experiments of the catalog whose page is missing or lacks its marker."""
+    """Experiments of the catalog whose page is written but lacks its marker."""
     missing = []
     for e in experiments():
         page = docs_dir / page_of(e.kind)
         marker = f"<!-- generated: experiment {e.kind} -->"
-        if not page.is_file() or marker not in page.read_text(encoding="utf-8").splitlines():
+        if page.is_file() and marker not in page.read_text(encoding="utf-8").splitlines():
             missing.append(e.kind)
     return missing
+
+
+def unwritten_pages(docs_dir: Path) -> list[str]:
+    """Experiments of the catalog with no page of their own: theirs is generated whole."""
+    return [e.kind for e in experiments() if not (docs_dir / page_of(e.kind)).is_file()]
+
+
+def generated_page(kind: str) -> str:
+    """The page of a kind nobody wrote one for: its title, its command's reference (where it
+    declares one) and what it stores."""
+    (e,) = [e for e in experiments() if e.kind == kind]
+    command = f"<!-- generated: command {kind.replace('_', '-')} -->\n\n" if e.command else ""
+    return f"# {e.title}\n\n{command}<!-- generated: experiment {kind} -->\n"
+
+
+def with_experiment_pages(nav: list) -> list:
+    """`nav` with an entry under Experiments for every kind of the catalog it does not list,
+    so a new kind's page is in the site without an edit of mkdocs.yml."""
+    for section in nav:
+        if isinstance(section, dict) and "Experiments" in section:
+            entries = section["Experiments"]
+            listed = {v if isinstance(v, str) else next(iter(v.values())) for v in entries}
+            entries += [{e.kind: page_of(e.kind)} for e in experiments()
+                        if page_of(e.kind) not in listed]
+    return nav
 
 
 # -- MkDocs events ------------------------------------------------------------------------------
 
 
+def on_config(config):
+    """Every kind of the catalog in the nav, under Experiments."""
+    config["nav"] = with_experiment_pages(config["nav"])
+    return config
+
+
 def on_files(files, config):
-    """Fail the build when an experiment has no page; publish the committed reports' images and
-    HTML under reports/ so pages can show and link them."""
+    """Fail the build when an experiment's written page lacks its marker; generate the page of
+    a kind that has none; publish the committed reports' images and HTML under reports/ so
+    pages can show and link them."""
     from mkdocs.exceptions import PluginError
     from mkdocs.structure.files import File
 
-    missing = missing_pages(Path(config["docs_dir"]))
+    docs_dir = Path(config["docs_dir"])
+    missing = missing_pages(docs_dir)
     if missing:
         raise PluginError(
-            "experiments without a docs page carrying their marker: "
+            "experiments whose docs page lacks its marker: "
             + ", ".join(f"docs/{page_of(k)} (<!-- generated: experiment {k} -->)" for k in missing)
         )
+    for kind in unwritten_pages(docs_dir):
+        files.append(File.generated(config, page_of(kind), content=generated_page(kind)))
     reports = ROOT / "reports"
     for path in sorted(reports.rglob("*")):
         if path.is_file() and path.suffix in {".png", ".html"}:

@@ -1,14 +1,12 @@
-"""`cs336sys ddp`: a data-parallel training step with each DDP variant, against torch DDP."""
+"""The command line of `cs336sys ddp`: its own options, its help and examples. The kind
+(experiments/ddp.py) declares its Command from these; the CLI builds it (cli/declared.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from cs336sys.cli.common import run_experiment
-from cs336sys.cli.options import list_option, model_command, nsys_options, option
+from cs336sys.sweep.options import list_option, option
 
 
-def _ddp_only(
+def options(
     impl: list_option("naive, flat, overlap, bucketed, torch (replicas), fsdp and/or torch-fsdp "
                       "(sharded); yours: yours, yours-individual, yours-bucketed, yours-fsdp (your "
                       "adapters file) or NAME=package.module:Class (an FSDP when NAME has fsdp in "
@@ -40,24 +38,22 @@ def _ddp_only(
     """The options of `ddp` beyond the model's (cli/options.py, model_options)."""
 
 
-@model_command(_ddp_only, nsys_options, drop=("attention", "optimizer", "checkpoint", "blocks"))
-def ddp(**options: Any) -> None:
-    """Time data-parallel training steps; store step time and the exposed gradient communication.
+HELP = (
+    "Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one "
+    "all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), "
+    "bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch "
+    "(DistributedDataParallel) keep full replicas; fsdp (cs336sys.parallel.FSDP) and torch-fsdp "
+    "(FSDP2) shard weights, gradients and optimizer state. comm_ms is the time a step waits on "
+    "gradient communication (fsdp: the time any of its collectives is in flight); comm_fraction "
+    "its share of the step. Each point also stores this rank's memory after init and around the "
+    "optimizer step (parameters, gradients, optimizer state, beside the analytic expectation) and "
+    "the bytes of each kind of collective in one step."
+)
 
-    Each variant wraps the same Transformer LM: naive (an all-reduce per gradient), flat (one all-reduce of all gradients), overlap (async per-gradient all-reduce from backward hooks), bucketed (async all-reduce per bucket, swept over --bucket-mb) and torch (DistributedDataParallel) keep full replicas; fsdp (cs336sys.parallel.FSDP) and torch-fsdp (FSDP2) shard weights, gradients and optimizer state. comm_ms is the time a step waits on gradient communication (fsdp: the time any of its collectives is in flight); comm_fraction its share of the step. Each point also stores this rank's memory after init and around the optimizer step (parameters, gradients, optimizer state, beside the analytic expectation) and the bytes of each kind of collective in one step.
-
-    Examples:
-
-        cs336sys ddp --impl bucketed,torch --bucket-mb 1,10,100 --world-size 2
-
-        cs336sys ddp --impl torch,fsdp,torch-fsdp --shard-optimizer --zero
-
-        cs336sys ddp --impl flat --size tiny,small --seq 128,256 --batch 4,8
-
-        cs336sys ddp --impl yours,bucketed --shard-optimizer yours --world-size 2
-
-        torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32
-    """
-    from cs336sys.experiments import ddp as exp
-
-    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=exp.label_of, ranks=True)
+EXAMPLES = (
+    "cs336sys ddp --impl bucketed,torch --bucket-mb 1,10,100 --world-size 2",
+    "cs336sys ddp --impl torch,fsdp,torch-fsdp --shard-optimizer --zero",
+    "cs336sys ddp --impl flat --size tiny,small --seq 128,256 --batch 4,8",
+    "cs336sys ddp --impl yours,bucketed --shard-optimizer yours --world-size 2",
+    "torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32",
+)

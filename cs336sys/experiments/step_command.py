@@ -1,14 +1,12 @@
-"""`cs336sys step`: the leaderboard's training step, with each optimisation a switch."""
+"""The command line of `cs336sys step`: its own options, its help and examples. The kind
+(experiments/step.py) declares its Command from these; the CLI builds it (cli/declared.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from cs336sys.cli.common import run_experiment
-from cs336sys.cli.options import estimate_options, list_option, model_command, nsys_options, option
+from cs336sys.sweep.options import list_option, option
 
 
-def _step_only(
+def options(
     size: list_option("Size preset(s) of the handout's table (small, medium, large, xl, 10B; "
                       "--handout 2025 for its xl), 2.7B, tiny or 8b (the 2026 leaderboard's). "
                       "[default: 8b on CUDA, tiny on CPU]") = None,
@@ -62,28 +60,16 @@ def _step_only(
     """The options of `step` beyond the model's (cli/options.py, model_options)."""
 
 
-@model_command(_step_only, estimate_options, nsys_options, drop=("optimizer",))
-def step(**options: Any) -> None:
-    """Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
-    cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch
-    set, so that each optimisation's gain shows alone and together.
+HELP = (
+    "The default on CUDA is the leaderboard's 8B scaled to one GPU (8 of its 34 layers, context "
+    "8192, batch 2); --num-layers, --seq, --batch and --vocab-size scale it. A list of "
+    "--num-layers (with --checkpoint none, sqrt or groups:A,B,...) finds the largest model that "
+    "fits: out-of-memory points are stored as `oom`, larger layer counts are then skipped, and "
+    "the sweep goes on."
+)
 
-    The default on CUDA is the leaderboard's 8B scaled to one GPU (8 of its 34 layers, context 8192, batch 2); --num-layers, --seq, --batch and --vocab-size scale it. A list of --num-layers (with --checkpoint none, sqrt or groups:A,B,...) finds the largest model that fits: out-of-memory points are stored as `oom`, larger layer counts are then skipped, and the sweep goes on.
-
-    Example:
-
-        cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation
-
-        cs336sys step --preset leaderboard --switches none,fused-adamw+flash
-
-        cs336sys step --world-size 2 --ddp yours-fsdp --size tiny
-    """
-    from cs336sys.experiments import step as exp
-
-    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, ranks=True)
-
-
-def point_name(spec) -> str:
-    """A point in a few words, for the progress bar."""
-    ranks = f" {spec.world_size}x{spec.ddp}" if spec.world_size > 1 else ""
-    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}{ranks}"
+EXAMPLES = (
+    "cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation",
+    "cs336sys step --preset leaderboard --switches none,fused-adamw+flash",
+    "cs336sys step --world-size 2 --ddp yours-fsdp --size tiny",
+)
