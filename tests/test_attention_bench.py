@@ -1,6 +1,7 @@
 """The attention benchmark: chunked reference, the CLI sweep, OOM handling, bad input."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -136,7 +137,7 @@ def test_oom_then_longer_sequences_are_skipped(db_path, monkeypatch):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
         return real_run(spec)
 
-    monkeypatch.setattr(attention_exp, "run", run)
+    monkeypatch.setattr(attention_exp, "EXPERIMENT", replace(attention_exp.EXPERIMENT, run=run))
     args = ["attention", *SMALL, "--impl", "naive", "--seq", "128,32,64,256", "--pass", "forward"]
     assert invoke(*args, "--db", db_path).exit_code == 0
     got = [(r["seq"], r["status"]) for r in rows(db_path)]

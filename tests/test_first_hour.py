@@ -3,6 +3,7 @@ inside a point, Ctrl-C that says how to go on, and the warnings a CPU run needs.
 
 import os
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -154,7 +155,7 @@ def test_ctrl_c_says_how_many_points_are_stored_and_how_to_resume(db_path, monke
             raise KeyboardInterrupt
         return real(spec)
 
-    monkeypatch.setattr(model, "run", run)
+    monkeypatch.setattr(model, "EXPERIMENT", replace(model.EXPERIMENT, run=run))
     result = invoke("model", *MICRO, "--seq", "8,16,32", "--mode", "forward", "--db", db_path)
     assert result.exit_code == 130
     assert "Interrupted: 1 point(s) stored in" in result.stderr

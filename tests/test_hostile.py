@@ -374,6 +374,7 @@ def test_every_option_of_every_command_refuses_hostile_values(tmp_path, monkeypa
     from cs336sys.report import render
 
     monkeypatch.setattr(common, "check_db", reached)
+    monkeypatch.setattr(common, "recording", reached)  # the store opened: the sweep is next
     monkeypatch.setattr(subprocess, "call", reached)
     monkeypatch.setattr(render, "write", reached)
     monkeypatch.delenv("CS336SYS_DB", raising=False)

@@ -3,6 +3,7 @@ switch. The switches must not change what is computed: all of them on give the p
 losses, step after step."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -163,7 +164,7 @@ def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(spec)
 
-    monkeypatch.setattr(step_exp, "run", run)
+    monkeypatch.setattr(step_exp, "EXPERIMENT", replace(step_exp.EXPERIMENT, run=run))
     out = invoke("step", *MICRO, "--seq", "16", "--num-layers", "4,2,3", "--switches", "none",
                  "--db", db_path)
     assert out.exit_code == 0, out.output

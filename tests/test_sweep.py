@@ -5,6 +5,7 @@ here, for every experiment."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -167,7 +168,7 @@ def test_metrics_set_across_a_group_reach_the_sink_when_the_group_is_complete():
     assert [p.result.metrics["lowest"] for p in points] == [False, True, True, False, True]
 
 
-def test_ctrl_c_stops_the_sweep_and_keeps_what_was_stored(monkeypatch):
+def test_ctrl_c_stops_the_sweep_and_keeps_what_was_stored():
     import tests.sweep_workers as workers
 
     def interrupted(spec):
@@ -175,10 +176,9 @@ def test_ctrl_c_stops_the_sweep_and_keeps_what_was_stored(monkeypatch):
             raise KeyboardInterrupt
         return workers.Result("ok", metrics={"twice": 2 * spec.n})
 
-    monkeypatch.setattr(workers, "run", interrupted)
     sink, events = ListSink(), Events()
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(TOY, [Toy(1), Toy(2), Toy(3)], sink, progress=events)
+        run_sweep(replace(TOY, run=interrupted), [Toy(1), Toy(2), Toy(3)], sink, progress=events)
     assert [s.n for _, s, _ in sink.added] == [1]
     assert events.events[-1] == ("finish",)
 

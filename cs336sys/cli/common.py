@@ -286,7 +286,6 @@ def run_experiment(
     describe: Callable[[Any], str] | None = None,
     ranks: bool = False,
     emulation: bool = True,
-    before: Callable[[list], None] | None = None,
     after: Callable[[list], None] | None = None,
     sink: Callable[[Any], AbstractContextManager[Any]] | None = None,
     recorded_device: str | None = None,
@@ -300,8 +299,8 @@ def run_experiment(
     the adapters file is chosen; `specs(**options)` builds and validates the points (bad
     input: one line, exit 2, nothing written); with --nsys each point is run again under
     Nsight Systems instead (cli/nsys.py), and under it only its point is kept; the store is
-    checked; warnings (user code, emulated 16-bit dtypes, oversubscribed ranks); `before`
-    sees the specs; `run_sweep` stores each point as it finishes; the experiment's tables
+    opened (a refusal: one line, exit 2); warnings (user code, emulated 16-bit dtypes,
+    oversubscribed ranks); `run_sweep` stores each point as it finishes; the tables
     are printed (`shown(points)` instead, where given) and `after` sees the points. `ranks`:
     the points run on process groups, and under torchrun only rank 0 writes and prints.
     `sink(recorder)`: a context that gives the sweep's sink in place of the recorder;
@@ -341,23 +340,21 @@ def run_experiment(
     if dry:
         typer.echo(dry_run(experiment, points))
         return
-    check_db(db)
     # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
     device = recorded_device or next(
         (p.device for p in points if str(p.device).startswith("cuda")), points[0].device)
-    if not rank:
-        if takes_user_code:
-            announce_user_code(adapters is not None)
-        if ranks:
-            oversubscribed(points)
-        if emulation:
-            emulated(device, [s.precision for s in points])
-    if before is not None:
-        before(points)
-    if ranks:
-        device = "cuda:0" if device == "cuda" else "cpu"
-    with recording(db, command, device, rank, label=label) as rec, \
+    # a process group's invocation is stored with rank 0's device
+    stored_on = ("cuda:0" if device == "cuda" else "cpu") if ranks else device
+    # opening the store checks --db first: a refusal is its one line, before any warning
+    with recording(db, command, stored_on, rank, label=label) as rec, \
             (sink or nullcontext)(rec) as target:
+        if not rank:
+            if takes_user_code:
+                announce_user_code(adapters is not None)
+            if ranks:
+                oversubscribed(points)
+            if emulation:
+                emulated(device, [s.precision for s in points])
         done = run_sweep(experiment, points, target, resume=resume, force=force,
                          progress=Bar(command, describe, on=not (rank or quiet)), **run_options)
         if not rank:

@@ -34,9 +34,10 @@ def command_name(kind: str) -> str:
     return kind.replace("_", "-")
 
 
-def command_of(experiment: Any, summary: str) -> Any:
-    """The Typer command function of `experiment`'s declared command; `summary` is the line
-    `cs336sys --help` lists for it (experiments/catalog.py, `summary`)."""
+def command_of(kind: str) -> Any:
+    """The Typer command function of the command that `kind` (a name in the catalog's KINDS)
+    declares; its summary is the line `cs336sys --help` lists for it."""
+    experiment = kind_of(kind)
     declared = experiment.command
     unknown = sorted(set(declared.groups) - set(GROUPS))
     if unknown:
@@ -45,31 +46,40 @@ def command_of(experiment: Any, summary: str) -> Any:
     first = [g for name in declared.groups if name == "model" for g in GROUPS[name]]
     then = [g for name in declared.groups if name != "model" for g in GROUPS[name]]
 
-    def after(points: list) -> None:
-        from cs336sys.report.tables import row_of
-
-        for line in declared.closing([row_of(p.spec, p.result) for p in points]):
-            typer.echo(line)
-
     def command(**options: Any) -> None:
-        run_experiment(experiment, declared.specs, options, command=command_name(experiment.kind),
-                       describe=declared.describe,
-                       ranks=declared.ranks, emulation=declared.emulation,
-                       after=after if declared.closing else None)
+        # the declaration as its module holds it when the command runs (a test may replace it)
+        now = kind_of(kind)
+        run_experiment(now, now.command.specs, options, command=command_name(kind),
+                       describe=now.command.describe, ranks=now.command.ranks,
+                       emulation=now.command.emulation, after=_printer(now.command.closing))
 
     examples = "\n\n".join(f"    {line}" for line in declared.examples)
     word = "Example" if len(declared.examples) == 1 else "Examples"
-    command.__doc__ = (f"{summary}\n\n{declared.help.strip()}\n\nStored in the view "
+    command.__doc__ = (f"{summary(kind)}\n\n{declared.help.strip()}\n\nStored in the view "
                        f"{experiment.view}.\n\n{word}:\n\n{examples}\n")
     command.__name__ = experiment.kind
     return options_of(*first, declared.options, *then, store_options, drop=declared.drop)(command)
 
 
-def click_command(experiment: Any, summary: str) -> Any:
-    """The click command of `experiment`'s declared command, as Typer builds it."""
+def _printer(closing: Callable[[list[dict]], list[str]] | None) -> Callable[[list], None] | None:
+    """What prints a command's closing lines after its tables, from its points' rows."""
+    if closing is None:
+        return None
+
+    def after(points: list) -> None:
+        from cs336sys.report.tables import row_of
+
+        for line in closing([row_of(p.spec, p.result) for p in points]):
+            typer.echo(line)
+
+    return after
+
+
+def click_command(kind: str) -> Any:
+    """The click command that `kind` declares, as Typer builds it."""
     app = typer.Typer(rich_markup_mode=None, pretty_exceptions_enable=False,
                       add_completion=False)
-    app.command(command_name(experiment.kind))(command_of(experiment, summary))
+    app.command(command_name(kind))(command_of(kind))
     return typer.main.get_command(app)
 
 
@@ -87,8 +97,7 @@ class Commands(MutableMapping):
 
     def __getitem__(self, name: str) -> Any:
         if name not in self.built and name in self.declared:
-            kind = self.declared[name]
-            self.built[name] = self.prepare(click_command(kind_of(kind), summary(kind)))
+            self.built[name] = self.prepare(click_command(self.declared[name]))
         return self.built[name]
 
     def __contains__(self, name: object) -> bool:

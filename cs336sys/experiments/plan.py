@@ -307,7 +307,7 @@ def arithmetic(experiment: Experiment, specs: list, skip: Any, emit: Any) -> Non
     point holds no memory to give back, and an exception in it is a bug to see."""
     for spec in specs:
         started, t0 = now(), time.perf_counter()
-        result = skip(spec) or experiment.runner()(spec)
+        result = skip(spec) or experiment.run(spec)
         result.started, result.duration_s = started, time.perf_counter() - t0
         emit(spec, result)
 

@@ -21,7 +21,6 @@ it: whoever calls them (the CLI, a notebook) passes the declarations down. No to
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -236,12 +235,6 @@ class Experiment:
             object.__setattr__(self, "view", f"{self.kind.replace('-', '_')}_runs")
         if not self.settings and isinstance(self.spec, type):
             object.__setattr__(self, "settings", settings_keys(self.spec))
-
-    def runner(self) -> Callable[..., Any]:
-        """`run` as its module holds it now: the name is looked up at call time, as a call of
-        `module.run(spec)` would (a test may replace the module's `run`)."""
-        module = sys.modules.get(self.run.__module__)
-        return getattr(module, self.run.__name__, self.run)
 
     def setting_types(self) -> dict[str, str]:
         """Each Spec field -> its type as written (`int`, `str | None`)."""

@@ -225,7 +225,7 @@ def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
         check()  # a Ctrl-C that an import swallowed stops the sweep here (sweep/stopping.py)
         started, t0 = now(), time.perf_counter()
         try:
-            result = skip(spec) or guarded(experiment.runner(), spec)
+            result = skip(spec) or guarded(experiment.run, spec)
         except Terminated as exc:  # the interrupted point is stored, then the sweep ends
             emit(spec, Result("error", error=str(exc), started=started,
                               duration_s=time.perf_counter() - t0))
@@ -255,7 +255,7 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
             started, t0 = now(), time.perf_counter()
             try:
                 decided = skip(spec) if round_ == 0 else None
-                result = decided or guarded(experiment.runner(), one)
+                result = decided or guarded(experiment.run, one)
             except Terminated as exc:
                 for j, results in done.items():  # the interrupted point too, if it has any
                     if j not in ended and results:
@@ -308,7 +308,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                               duration_s=time.perf_counter() - since[1])
 
             try:
-                launcher.launch(serve, world, todo[0].backend, args=(todo, experiment.runner()),
+                launcher.launch(serve, world, todo[0].backend, args=(todo, experiment.run),
                        on_emit=arrived, preload=experiment.rank_preload)
                 todo = []
             except Terminated as exc:  # the ranks are reaped; store the point, then end
