@@ -279,3 +279,19 @@ def test_metric_table_reads_rows_units_and_continued_meanings():
     cols = setting_columns("size seq ckpt=checkpoint")
     assert [(c.header, c.key, c.setting) for c in cols] == [
         ("size", "size", True), ("seq", "seq", True), ("ckpt", "checkpoint", True)]
+
+
+def test_column_table_reads_headers_keys_formats_and_optional_columns():
+    from cs336sys.report.tables import _FORMATS
+    from cs336sys.sweep.declaration import FORMATS, Column, column_table
+
+    assert column_table("""
+        step ms            step_ms     mean_std
+        N max (FFN, 2 x)   n_max_ffn   num       optional
+    """) == (Column("step ms", "step_ms", "mean_std"),
+             Column("N max (FFN, 2 x)", "n_max_ffn", "num", optional=True))
+    with pytest.raises(ValueError, match="a header, a key and a format"):
+        column_table("step_ms mean_std")  # no header
+    with pytest.raises(ValueError, match="a header, a key and a format"):
+        column_table("step ms  step_ms  mean")  # a format the tables do not know
+    assert set(FORMATS) == {*_FORMATS, "mean_std"}  # what the tables format, each declared

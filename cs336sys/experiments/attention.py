@@ -34,19 +34,7 @@ from cs336sys.sweep.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.sweep.points import (
-    SpecError,
-    check_seed,
-    check_size,
-    check_triton,
-    choices,
-    counts,
-    device_choice,
-    expand,
-    listed,
-    positive_ints,
-    unknown,
-)
+from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import named_impls, sources
 
@@ -170,49 +158,50 @@ def specs(
     Shared by the commands that run attention points (`attention`, `profile attention`).
     """
     if preset is not None and preset not in PRESETS:
-        raise unknown("--preset", preset, PRESETS)
+        raise points.unknown("--preset", preset, PRESETS)
     chosen = PRESETS.get(preset, {})
 
-    dev = device_choice(device)
+    dev = points.device_choice(device)
     on_cuda = dev.startswith("cuda")
     defaults = DEFAULTS if on_cuda else {**DEFAULTS, **CPU_DEFAULTS}
 
     def pick(name: str, given: Any) -> Any:
         return given if given is not None else chosen.get(name, defaults.get(name))
 
-    impls = listed(impl, "--attention") or chosen.get("impl") or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"]
+    impls = (points.listed(impl, "--attention") or chosen.get("impl")
+             or DEFAULT_IMPLS["cuda" if on_cuda else "cpu"])
     if compile and "compiled" in impls:
-        if listed(impl, "--attention"):
+        if points.listed(impl, "--attention"):
             raise SpecError("--compile: `compiled` is naive attention under torch.compile "
                             "already; list naive to compile it")
         impls = [i for i in impls if i != "compiled"]  # a default list: naive stands for it
     impls = named_impls(impls, "attention", "--attention", registry.names())
-    seqs = sorted(positive_ints(seq, "--seq") or pick("seq", None))
-    d_heads = positive_ints(d_head, "--d-head") or pick("d_head", None)
-    batches = positive_ints(batch, "--batch") or pick("batch", None)
+    seqs = sorted(points.positive_ints(seq, "--seq") or pick("seq", None))
+    d_heads = points.positive_ints(d_head, "--d-head") or pick("d_head", None)
+    batches = points.positive_ints(batch, "--batch") or pick("batch", None)
     n_heads = pick("heads", heads)
     if n_heads is not None and n_heads <= 0:
         raise SpecError(f"--heads must be positive, got {n_heads}")
     if n_heads is not None:
-        check_size(n_heads, "--heads")
-    precisions = choices(precision, DTYPES, "--precision") or pick("precision", None)
+        points.check_size(n_heads, "--heads")
+    precisions = points.choices(precision, DTYPES, "--precision") or pick("precision", None)
     is_causal = pick("causal", causal)
     which = pick("passes", passes)
     if which not in PASSES:
-        raise unknown("--pass", which, PASSES)
+        raise points.unknown("--pass", which, PASSES)
     n_warmup, n_iters = pick("warmup", warmup), pick("iters", iters)
-    counts(n_warmup, n_iters, "--iters")
+    points.counts(n_warmup, n_iters, "--iters")
     least_s = points.min_time(min_time, on_cuda)
     n_rounds = points.rounds(rounds, on_cuda, n_iters)
-    check_seed(seed)
+    points.check_seed(seed)
     how = timer if timer is not None else chosen.get("timer_cuda" if on_cuda else "timer",
                                                      DEFAULTS["timer"])
     if how not in TIMERS:
-        raise unknown("--timer", how, TIMERS)
+        raise points.unknown("--timer", how, TIMERS)
     if how == "do-bench" and not on_cuda:
         raise SpecError("--timer do-bench needs CUDA (triton.testing.do_bench times with CUDA events)")
     if sdpa_backend not in SDPA_BACKENDS:
-        raise unknown("--sdpa-backend", sdpa_backend, SDPA_BACKENDS)
+        raise points.unknown("--sdpa-backend", sdpa_backend, SDPA_BACKENDS)
     if any(i in FLASH_IMPLS for i in impls):
         lo, hi = FLASH_D_RANGE
         for d in d_heads:
@@ -220,9 +209,9 @@ def specs(
                 raise SpecError(f"--d-head {d}: flash-torch and triton support head dims {lo} to {hi}")
     for name in TRITON_IMPLS:
         if name in impls and not _unimplemented(name):  # that one is a skipped row first
-            check_triton(on_cuda, f"--attention {name}")
+            points.check_triton(on_cuda, f"--attention {name}")
     # triton's opt-in kernel paths: a list sweeps them (a point each); default: the environment's
-    opt_ins = choices(triton_opt_in, opt_in.CHOICES, "--triton-opt-in", [opt_in.requested()])
+    opt_ins = points.choices(triton_opt_in, opt_in.CHOICES, "--triton-opt-in", [opt_in.requested()])
     return [
         AttentionSpec(
             impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],
@@ -231,8 +220,8 @@ def specs(
             iters=n_iters, device=dev, seed=seed, triton_opt_in=p["opt_in"], min_time=least_s,
             rounds=n_rounds, compile=compile,
         )
-        for p in expand({"impl": impls, "precision": precisions, "d_head": d_heads, "batch": batches,
-                         "seq": seqs})
+        for p in points.expand({"impl": impls, "precision": precisions, "d_head": d_heads,
+                                "batch": batches, "seq": seqs})
         for p in ({**p, "opt_in": o} for o in (opt_ins if p["impl"] == "triton" else [None]))
     ]
 

@@ -10,7 +10,14 @@ from typing import Any
 
 from cs336sys.report.plots import Plot
 from cs336sys.report.sections import Row, Section, add_plot, panels
-from cs336sys.sweep.declaration import HOST_BOUND, Column, Ratio, Table, setting_columns
+from cs336sys.sweep.declaration import (
+    HOST_BOUND,
+    Column,
+    Ratio,
+    Table,
+    column_table,
+    setting_columns,
+)
 
 
 def interpreted(r: Row) -> bool:
@@ -99,10 +106,12 @@ TABLE = Table(
     (
         Column("impl", "impl", cell=_impl, setting=True),
         *setting_columns("d=d_head seq heads batch precision pass"),
-        Column("fwd ms", "fwd_ms", "mean_std"),
-        Column("bwd ms", "bwd_ms", "mean_std"),
-        Column("e2e ms", "e2e_ms", "mean_std"),
-        Column("mem before bwd MiB", "mem_before_bwd_bytes", "mib"),
+        *column_table("""
+            fwd ms              fwd_ms                mean_std
+            bwd ms              bwd_ms                mean_std
+            e2e ms              e2e_ms                mean_std
+            mem before bwd MiB  mem_before_bwd_bytes  mib
+        """),
         Column("TFLOP/s", cell=_tflops, fmt="num"),
         Column("max err", cell=_max_err, fmt="sci"),
         Column("check", "check", cell=_check, optional=True,

@@ -21,7 +21,7 @@ from cs336sys.report.sections import (
     text,
     varying,
 )
-from cs336sys.sweep.declaration import HOST_BOUND, SIZE_COLUMN, Column, Ratio, Table
+from cs336sys.sweep.declaration import HOST_BOUND, SIZE_COLUMN, Column, Ratio, Table, column_table
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -137,14 +137,16 @@ TABLE = Table(
         SIZE_COLUMN,
         Column("ranks", "world_size", setting=True),
         Column("precision", "precision", setting=True),
-        Column("step ms", "step_ms", "mean_std"),
-        Column("comm ms", "comm_ms", "mean_std"),
-        Column("comm %", "comm_fraction", "pct"),
-        Column("comm MiB/step", "comm_bytes", "mib"),
-        Column("params MiB", "mem_before_opt_params_bytes", "mib"),
-        Column("grads MiB", "mem_before_opt_grads_bytes", "mib"),
-        Column("opt state MiB", "mem_after_opt_opt_state_bytes", "mib"),
-        Column("peak MiB", "mem_peak_bytes", "mib"),
+        *column_table("""
+            step ms        step_ms                        mean_std
+            comm ms        comm_ms                        mean_std
+            comm %         comm_fraction                  pct
+            comm MiB/step  comm_bytes                     mib
+            params MiB     mem_before_opt_params_bytes    mib
+            grads MiB      mem_before_opt_grads_bytes     mib
+            opt state MiB  mem_after_opt_opt_state_bytes  mib
+            peak MiB       mem_peak_bytes                 mib
+        """),
         Column("check", "check", optional=True,
                note="check (the user's code): rank 0's first-step gradients and the "
                "parameters after the timed steps against single-process training of the same "

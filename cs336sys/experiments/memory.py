@@ -46,6 +46,7 @@ from cs336sys.sweep.declaration import (
     Experiment,
     Ratio,
     Table,
+    column_table,
     launch,
     metric_table,
     setting_columns,
@@ -290,13 +291,15 @@ TABLE = Table(
     "Peak memory by context length and mode",
     (
         *setting_columns("size seq batch mode precision ckpt=checkpoint optimizer"),
-        Column("peak MiB", "peak_bytes", "mib"),
-        Column("fwd peak MiB", "fwd_peak_bytes", "mib"),
-        Column("bwd peak MiB", "bwd_peak_bytes", "mib"),
-        Column("opt peak MiB", "opt_peak_bytes", "mib"),
-        Column("saved MiB", "saved_bytes", "mib"),
-        Column("activations MiB (analytic)", "act_bytes_analytic", "mib"),
-        Column("step ms", "step_ms", "mean_std"),
+        *column_table("""
+            peak MiB                    peak_bytes          mib
+            fwd peak MiB                fwd_peak_bytes      mib
+            bwd peak MiB                bwd_peak_bytes      mib
+            opt peak MiB                opt_peak_bytes      mib
+            saved MiB                   saved_bytes         mib
+            activations MiB (analytic)  act_bytes_analytic  mib
+            step ms                     step_ms             mean_std
+        """),
         # What checkpointing changes is the activations: the backward peak and the saved
         # bytes, against no checkpointing. The whole step's peak is often the optimizer's,
         # the same for every policy, so it is not what is compared.

@@ -28,6 +28,7 @@ from cs336sys.sweep.declaration import (
     Experiment,
     Metric,
     Table,
+    column_table,
     metric_table,
     setting_columns,
 )
@@ -204,10 +205,12 @@ TABLE = Table(
         *setting_columns("size seq batch precision"),
         Column("compiled", "compile", "yes_no", setting=True),
         Column("model", "model", setting=True, optional=True),
-        Column("saved MiB", "saved_bytes", "mib"),
-        Column("analytic MiB", "analytic_bytes", "mib"),
-        Column("residual MiB", "residual_bytes", "mib"),
-        Column("saved / residual", "saved_per_residual", "num"),
+        *column_table("""
+            saved MiB         saved_bytes         mib
+            analytic MiB      analytic_bytes      mib
+            residual MiB      residual_bytes      mib
+            saved / residual  saved_per_residual  num
+        """),
         Column("top operations (share)", cell=_top),
     ),
 )

@@ -43,6 +43,7 @@ from cs336sys.sweep.declaration import (
     Column,
     Experiment,
     Table,
+    column_table,
     launch,
     metric_table,
     setting_columns,
@@ -312,13 +313,15 @@ TABLE = Table(
         Column("model", "model", setting=True, optional=True),
         Column("attention", "attention", setting=True),
         Column("optimizer", "optimizer", setting=True),
-        Column("fwd ms", "fwd_ms", "mean_std"),
-        Column("bwd ms", "bwd_ms", "mean_std"),
-        Column("opt ms", "opt_ms", "mean_std"),
-        Column("step ms", "step_ms", "mean_std"),
-        Column("tokens/s", "tokens_per_s", "num"),
-        Column("TFLOP/s", "tflops", "num"),
-        Column("MFU", "mfu", "pct"),
+        *column_table("""
+            fwd ms    fwd_ms        mean_std
+            bwd ms    bwd_ms        mean_std
+            opt ms    opt_ms        mean_std
+            step ms   step_ms       mean_std
+            tokens/s  tokens_per_s  num
+            TFLOP/s   tflops        num
+            MFU       mfu           pct
+        """),
         HOST_BOUND,
         Column("check", "check", optional=True, note=CHECK_NOTE),
     ),

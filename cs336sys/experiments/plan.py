@@ -55,7 +55,7 @@ from cs336sys.experiments.plan_model import ACCOUNTING, XXL, sharded
 from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
 from cs336sys.parallel import plan_math as pm
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, metric_table
+from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, column_table, metric_table
 from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints
 from cs336sys.sweep.result import Result
 
@@ -372,15 +372,17 @@ TIME = Table(
     (
         *plan_section.POINT,
         Column("X×Y", cell=_split, optional=True),
-        Column("compute ms", "compute_ms", "num"),
-        Column("all-gather ms", "allgather_ms", "num"),
-        Column("reduce-scatter ms", "reducescatter_ms", "num"),
-        Column("all-reduce ms", "allreduce_ms", "num"),
-        Column("step ms", "step_ms", "num"),
-        Column("hides", "hides", "yes_no"),
-        Column("N max", "n_max", "num"),
-        Column("N max (FFN)", "n_max_ffn", "num"),
-        Column("N max (FFN, shared links)", "n_max_ffn_shared", "num", optional=True),
+        *column_table("""
+            compute ms                 compute_ms        num
+            all-gather ms              allgather_ms      num
+            reduce-scatter ms          reducescatter_ms  num
+            all-reduce ms              allreduce_ms      num
+            step ms                    step_ms           num
+            hides                      hides             yes_no
+            N max                      n_max             num
+            N max (FFN)                n_max_ffn         num
+            N max (FFN, shared links)  n_max_ffn_shared  num     optional
+        """),
     ),
     note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
     "all-reduce: 2(N-1)/N S/W, summed over the step. step: max(compute, comm) per phase, "

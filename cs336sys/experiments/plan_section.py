@@ -12,7 +12,7 @@ from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
 from cs336sys.report.plots import short
 from cs336sys.report.sections import Figure, FilledTable, Row, Section, num
 from cs336sys.report.tables import point_tables
-from cs336sys.sweep.declaration import Column, Table, model_size
+from cs336sys.sweep.declaration import Column, Table, column_table, model_size
 
 
 @dataclass(frozen=True)
@@ -119,14 +119,16 @@ MEASURED = Table(
     (
         *POINT,
         Column("measured impl", "measured_impl"),
-        Column("step ms plan", "step_ms", "num"),
-        Column("step ms measured", "measured_step_ms", "num"),
-        Column("measured/plan", "measured_step_ratio", "num"),
-        Column("comm ms plan", "comm_ms", "num"),
-        Column("comm ms measured", "measured_comm_ms", "num"),
-        Column("comm measured/plan", "measured_comm_ratio", "num"),
-        Column("bytes plan", "comm_bytes", "size"),
-        Column("bytes measured", "measured_comm_bytes", "size"),
+        *column_table("""
+            step ms plan        step_ms              num
+            step ms measured    measured_step_ms     num
+            measured/plan       measured_step_ratio  num
+            comm ms plan        comm_ms              num
+            comm ms measured    measured_comm_ms     num
+            comm measured/plan  measured_comm_ratio  num
+            bytes plan          comm_bytes           size
+            bytes measured      measured_comm_bytes  size
+        """),
     ),
     note="Each dp or fsdp point beside the ddp run on its GPU with the same model, sequence "
     "length, batch tokens and world size (dp: the replica impls, fsdp: fsdp and torch-fsdp; "

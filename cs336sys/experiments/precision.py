@@ -36,6 +36,7 @@ from cs336sys.sweep.declaration import (
     Column,
     Experiment,
     Table,
+    column_table,
     metric_table,
     setting_columns,
     settings_keys,
@@ -353,9 +354,11 @@ ACCUMULATE = Table(
         Column("variant", "variant", setting=True),
         Column("sum dtype", "accumulator_dtype", setting=True),
         Column("value dtype", cell=_value_dtype, setting=True, covers=("value_dtype", "upcast")),
-        Column("result", "result", "exact"),
-        Column("error vs exact", "error_vs_target", "exact"),
-        Column("addend as stored", "addend", "exact"),
+        *column_table("""
+            result            result           exact
+            error vs exact    error_vs_target  exact
+            addend as stored  addend           exact
+        """),
     ),
     where={"kind": "accumulate"},
     note="Results are exact floats (the shortest decimal that reads back as the stored value).",

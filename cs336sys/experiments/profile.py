@@ -49,6 +49,7 @@ from cs336sys.sweep.declaration import (
     Experiment,
     Metric,
     Table,
+    column_table,
     metric_table,
     model_size,
     settings_keys,
@@ -377,14 +378,16 @@ TABLE = Table(
         Column("point", cell=label, setting=True, covers=(
             "target", "size", "seq", "mode", "precision", "impl", "d_head")),
         Column("basis", "time_basis"),
-        Column("fwd ms", "fwd_ms", "mean_std"),
-        Column("bwd ms", "bwd_ms", "mean_std"),
-        Column("opt ms", "opt_ms", "mean_std"),
-        Column("fwd prof. ms", "fwd_profiled_ms_mean", "num"),
-        Column("bwd prof. ms", "bwd_profiled_ms_mean", "num"),
-        Column("opt prof. ms", "opt_profiled_ms_mean", "num"),
-        Column("fwd matmul", "fwd_matmul_share", "pct", optional=True),
-        Column("bwd matmul", "bwd_matmul_share", "pct", optional=True),
+        *column_table("""
+            fwd ms        fwd_ms                mean_std
+            bwd ms        bwd_ms                mean_std
+            opt ms        opt_ms                mean_std
+            fwd prof. ms  fwd_profiled_ms_mean  num
+            bwd prof. ms  bwd_profiled_ms_mean  num
+            opt prof. ms  opt_profiled_ms_mean  num
+            fwd matmul    fwd_matmul_share      pct       optional
+            bwd matmul    bwd_matmul_share      pct       optional
+        """),
     ),
     note="basis cuda: kernel time on the GPU; cpu: op self time. Phase times are taken under "
     "the profiler: compare speed with the model and attention experiments, not with these.",

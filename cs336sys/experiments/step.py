@@ -74,6 +74,7 @@ from cs336sys.sweep.declaration import (
     Metric,
     Ratio,
     Table,
+    column_table,
     metric_table,
     setting_columns,
     settings_keys,
@@ -413,12 +414,14 @@ TABLE = Table(
                 impossible=impossible,
             ),
         ),
-        Column("tokens/s", "tokens_per_s", "num"),
-        Column("MFU", "mfu", "pct"),
-        Column("peak MiB", "peak_allocated_mb", "num", optional=True),
-        Column("tensor peak MiB", "peak_tensor_mb", "num", optional=True),
-        Column("compile s", "compile_s", "num", optional=True),
-        Column("wall s", "wall_s", "num"),
+        *column_table("""
+            tokens/s         tokens_per_s       num
+            MFU              mfu                pct
+            peak MiB         peak_allocated_mb  num  optional
+            tensor peak MiB  peak_tensor_mb     num  optional
+            compile s        compile_s          num  optional
+            wall s           wall_s             num
+        """),
         Column("course ms", "course_ms", "num", optional=True,
                note="course ms: the leaderboard test's own timing (do_bench, 30 s of "
                "repetitions after 10 s of warm-up), beside ours (--course-timing)."),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from cs336sys.experiments.ddp_section import memory_by_moment
 from cs336sys.experiments.plan_section import all_reduces, inequalities
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
-from cs336sys.sweep.declaration import Column
+from cs336sys.sweep.declaration import Column, column_table
 
 YEAR = "2026"
 SIZES = "small,medium,large,xl,10B"
@@ -31,13 +31,15 @@ PEAK = Column("peak MiB", "peak_bytes", "mib")
 DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std"),
             Column("communication share", "comm_fraction", "pct"))
 DDP_MEMORY = (
-    Column("after init MiB", "mem_init_bytes", "mib"),
-    Column("before step MiB", "mem_before_opt_bytes", "mib"),
-    Column("after step MiB", "mem_after_opt_bytes", "mib"),
-    Column("parameters MiB", "mem_after_opt_params_bytes", "mib"),
-    Column("gradients MiB", "mem_before_opt_grads_bytes", "mib"),
-    Column("optimizer state MiB", "mem_after_opt_opt_state_bytes", "mib"),
-    Column("peak MiB", "mem_peak_bytes", "mib"),
+    *column_table("""
+        after init MiB       mem_init_bytes                 mib
+        before step MiB      mem_before_opt_bytes           mib
+        after step MiB       mem_after_opt_bytes            mib
+        parameters MiB       mem_after_opt_params_bytes     mib
+        gradients MiB        mem_before_opt_grads_bytes     mib
+        optimizer state MiB  mem_after_opt_opt_state_bytes  mib
+        peak MiB             mem_peak_bytes                 mib
+    """),
     STEP,
 )
 
@@ -176,11 +178,12 @@ PROBLEMS = (
                   ("Memory held before backward (MiB)",
                    Column("MiB", "mem_before_bwd_bytes", "mib")))),
             Pivot("Memory measured against the accounting (MiB)", "attention",
-                  ("d_head", "seq"), (
-                      Column("before backward", "mem_before_bwd_bytes", "mib"),
-                      Column("saved for backward", "saved_bytes", "mib"),
-                      Column("peak", "peak_bytes", "mib"),
-                      Column("accounted peak", "est_peak_bytes", "mib")),
+                  ("d_head", "seq"), column_table("""
+                      before backward     mem_before_bwd_bytes  mib
+                      saved for backward  saved_bytes           mib
+                      peak                peak_bytes            mib
+                      accounted peak      est_peak_bytes        mib
+                  """),
                   where={"impl": "naive"},
                   note="accounted peak: q, k, v, the output and their gradients, and three "
                   "T x T matrices (scores, probabilities and their gradient), +10 %: the "

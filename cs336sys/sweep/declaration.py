@@ -115,6 +115,29 @@ def model_size(row: Mapping[str, Any]) -> str:
     return f"{size} ({shape})"
 
 
+# Column.fmt's values (report/tables.py formats each)
+FORMATS = ("text", "num", "exact", "mean_std", "mib", "pct", "sci", "size", "yes_no")
+
+
+def column_table(rows: str) -> tuple[Column, ...]:
+    """Columns declared as a table, one row each: the header (words), the key and the format
+    (`Column.fmt`), then `optional` for a column left out of a table where no row has a value
+    for it. `step ms  step_ms  mean_std` is the column headed "step ms" that shows the row's
+    step_ms as mean ± std. The rows read as the printed table's columns do."""
+    columns = []
+    for line in rows.strip("\n").splitlines():
+        words = line.split()
+        if not words:
+            continue
+        optional = words[-1] == "optional"
+        words = words[:-1] if optional else words
+        if len(words) < 3 or words[-1] not in FORMATS:
+            raise ValueError(f"column_table: expected a header, a key and a format of "
+                             f"{', '.join(FORMATS)}: {line.strip()!r}")
+        columns.append(Column(" ".join(words[:-2]), words[-2], words[-1], optional=optional))
+    return tuple(columns)
+
+
 SIZE_COLUMN = Column("size", "size", cell=model_size, setting=True, covers=("d_model", "num_layers"))
 
 
