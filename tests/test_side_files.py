@@ -18,11 +18,35 @@ from tests.promises import STORE
 from tests.test_hostile import _commands as every_command
 
 ENDS = ("-wal", "-shm", "-journal")
+UNREADABLE = "a file this process may not read and write"
+
+
+def _unreadable(path: Path) -> None:
+    path.write_bytes(b"")
+    path.chmod(0)
+
+
 KINDS = {
     "a directory": lambda p: p.mkdir(),
     "a named pipe (FIFO)": lambda p: os.mkfifo(p),
     "a symbolic link": lambda p: p.symlink_to(p.with_name("elsewhere")),
+    UNREADABLE: _unreadable,
 }
+
+
+def _as_its_owner(real_access):
+    """os.access as the file's owner without privileges sees it: by the owner's mode bits.
+    Root reads and writes a file of mode 000, so where the tests run as root this stands in
+    for the permission check an ordinary user's process gets from the kernel."""
+    bits = {os.R_OK: 0o400, os.W_OK: 0o200, os.X_OK: 0o100}
+
+    def access(path, mode, *args, **kwargs):
+        if not os.path.exists(path):
+            return real_access(path, mode, *args, **kwargs)
+        have = os.stat(path).st_mode
+        return all(have & bit for flag, bit in bits.items() if mode & flag)
+
+    return access
 # What a command needs beyond --db to get to its store: its arguments, and outputs in the
 # test's folder. `db merge` is merged from and into the store below.
 ARGUMENTS = {
@@ -52,7 +76,9 @@ COMMANDS = _commands()
 def _digest(folder: Path) -> dict[str, str]:
     return {p.name: ("dir" if p.is_dir() and not p.is_symlink() else
                      "link" if p.is_symlink() else
-                     "fifo" if not p.is_file() else hashlib.sha256(p.read_bytes()).hexdigest())
+                     "fifo" if not p.is_file() else
+                     f"mode {p.stat().st_mode:o}" if not p.stat().st_mode & 0o400 else
+                     hashlib.sha256(p.read_bytes()).hexdigest())
             for p in sorted(folder.iterdir())}
 
 
@@ -72,9 +98,12 @@ def store(tmp_path):
 @pytest.mark.promise(STORE)
 @pytest.mark.parametrize("end", ENDS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_path, kind, end):
+def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_path, kind, end,
+                                                                      monkeypatch):
     side = Path(f"{store}{end}")
     KINDS[kind](side)
+    if kind == UNREADABLE and os.geteuid() == 0:
+        monkeypatch.setattr(os, "access", _as_its_owner(os.access))
     before = _digest(store.parent)
     expected = (f"Error: {side} is {kind}, not the regular file SQLite keeps beside "
                 f"{store.name}: move it away")
