@@ -290,6 +290,28 @@ def test_resume_skips_points_stored_ok_for_this_commit(db_path, monkeypatch):
     assert [r["seq"] for r in rows(db_path)] == [8, 16]
 
 
+def test_resume_outside_a_checkout_skips_by_the_installed_version(db_path, monkeypatch):
+    """A package installed from a wheel has no commit: its version stands for the code, so
+    --resume skips what this version stored, and runs again what another one did."""
+    import cs336sys
+    from cs336sys.measure import provenance
+
+    monkeypatch.setattr(provenance, "git_info", lambda *a: {"git_commit": None, "git_dirty": None})
+    real = cs336sys.__version__
+    args = ["model", *MICRO, "--seq", "8", "--mode", "forward", "--db", db_path]
+    assert invoke(*args).exit_code == 0
+    result = invoke(*args, "--resume")
+    assert result.exit_code == 0 and "skipping 1 point" in result.stderr
+    monkeypatch.setattr(cs336sys, "__version__", "9.9.9")
+    result = invoke(*args, "--resume")
+    assert result.exit_code == 0 and "skipping" not in result.stderr
+    conn = sqlite3.connect(db_path)
+    stored = conn.execute("SELECT i.cs336sys_version FROM runs r JOIN invocations i "
+                          "ON i.id = r.invocation_id ORDER BY r.started").fetchall()
+    conn.close()
+    assert stored == [(real,), ("9.9.9",)]  # run here, skipped, run again by 9.9.9
+
+
 def test_resume_does_not_skip_points_measured_on_another_machine(db_path, tmp_path, monkeypatch):
     from cs336sys.measure import provenance
 

@@ -390,12 +390,13 @@ class Store:
     def done_points(self, experiment: str, provenance: dict[str, Any],
                     label: str | None = None) -> set[str]:
         """Point keys already stored with status ok by the same code on the same machine (for
-        --resume): the same git commit, host, GPU (name and count) or CPU model, torch,
-        Triton and CUDA versions, and measurement environment (provenance.measurement_env);
-        with a `label`, only those stored under it (a labelled run resumes itself: `handout
-        run` measures each problem's points under its name). A point merged from another
-        machine, or run with other switches, is run again."""
-        if provenance.get("git_commit") is None:
+        --resume): the same git commit (outside a checkout, an installed package: the same
+        cs336sys version), host, GPU (name and count) or CPU model, torch, Triton and CUDA
+        versions, and measurement environment (provenance.measurement_env); with a `label`,
+        only those stored under it (a labelled run resumes itself: `handout run` measures
+        each problem's points under its name). A point merged from another machine, or run
+        with other switches, is run again."""
+        if provenance.get("git_commit") is None and provenance.get("cs336sys_version") is None:
             return set()
         same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
         rows = self.conn.execute(
@@ -414,9 +415,10 @@ class Store:
 _LINKED_TABLES = ("kernel_stats",)
 # What makes two stored points the same measurement besides their settings (--resume).
 # The user's code is part of it: their commit and adapters file (a dirty tree is not told
-# apart, as cs336sys's own is not).
-MACHINE = ("git_commit", "host", "gpu", "gpu_count", "cpu", "torch_version", "triton_version",
-           "cuda_version", "env", "user_commit", "adapters_sha256")
+# apart, as cs336sys's own is not). cs336sys's version stands for its code where there is
+# no commit (a package installed from a wheel).
+MACHINE = ("git_commit", "cs336sys_version", "host", "gpu", "gpu_count", "cpu", "torch_version",
+           "triton_version", "cuda_version", "env", "user_commit", "adapters_sha256")
 _PROVENANCE_COLUMNS = (
     "host",
     "device",
