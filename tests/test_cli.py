@@ -518,21 +518,30 @@ def test_model_trains_with_each_attention(db_path, attention, monkeypatch):
 
 
 def test_profile_takes_every_option_of_the_command_it_profiles():
-    """Declared once (cli/options.py, options_of): profile model has model's options, with
-    its own help where it counts steps differently, and profile attention attention's less
-    the timer's."""
-    import inspect
+    """Declared once (experiments/model_command.py, attention_command.py): profile model has
+    model's options, with its own help where it counts steps differently, and profile
+    attention attention's less the timer's."""
+    import typer.main
 
-    from cs336sys.cli.attention import attention
-    from cs336sys.cli.model import model
     from cs336sys.cli.profile import profile_attention, profile_model
 
-    def names(command):
-        return set(inspect.signature(command).parameters)
+    root = typer.main.get_command(app)
 
-    assert names(model) <= names(profile_model)
-    assert names(attention) - {"timer", "skip_after_oom"} <= names(profile_attention)
-    assert {"top", "trace", "nsys", "exec_", "nvtx"} <= names(profile_model) & names(profile_attention)
+    def names(command):
+        return {p.name for p in command.params}
+
+    def arguments(function):
+        import inspect
+
+        return set(inspect.signature(function).parameters)
+
+    assert names(root.commands["model"]) <= arguments(profile_model)
+    assert names(root.commands["attention"]) - {"timer", "skip_after_oom"} <= \
+        arguments(profile_attention)
+    assert {"top", "trace", "nsys", "exec_", "nvtx"} <= \
+        arguments(profile_model) & arguments(profile_attention)
+    import inspect
+
     warmup = inspect.signature(profile_model).parameters["warmup"].annotation
     assert "before the profiler" in warmup.__metadata__[0].help
 

@@ -64,14 +64,14 @@ def options(
 
 
 EXPERIMENT = Experiment(
-    kind="matmul", title="Matmul", spec=MatmulSpec, run=run,
+    kind="matmul", title="Matmul", spec=MatmulSpec, specs=specs, run=run,
     metrics=(Metric("matmul_ms", "ms", "fastest timed matmul"),
              Metric("flops", "", "2 n^3 floating-point operations")),
     tables=(Table("Matmul time", (Column("n", "n", setting=True),
                                   Column("ms", "matmul_ms", "num"))),),
     compare="matmul_ms",
     command=Command(
-        specs=specs, options=options, describe=lambda s: f"n={s.n}", emulation=False,
+        options=options, describe=lambda s: f"n={s.n}", emulation=False,
         help="Each point multiplies two random n x n matrices and keeps the fastest time.",
         examples=("cs336sys matmul --n 16,32",),
     ),

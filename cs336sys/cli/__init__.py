@@ -17,7 +17,6 @@ from typer.core import TyperGroup
 
 from cs336sys import __version__
 from cs336sys.cli import common
-from cs336sys.cli.attention import attention
 from cs336sys.cli.browse import browse
 from cs336sys.cli.common import as_typed
 from cs336sys.cli.db import db_app
@@ -25,7 +24,6 @@ from cs336sys.cli.declared import Commands, command_name
 from cs336sys.cli.env import env
 from cs336sys.cli.handout import handout_app
 from cs336sys.cli.memory import memory_app
-from cs336sys.cli.model import model
 from cs336sys.cli.plan import plan
 from cs336sys.cli.precision import precision
 from cs336sys.cli.profile import profile_app
@@ -39,8 +37,6 @@ from cs336sys.sweep.points import MAX_SIZE
 # The kinds whose command cli/ writes, each with why; every other kind of the catalog is
 # `cs336sys <kind>`, made from the Command it declares (cli/declared.py).
 WRITTEN_HERE = {
-    "model": "profile model takes every option of model (cli/profile.py)",
-    "attention": "profile attention takes every option of attention (cli/profile.py)",
     "memory": "a group of two kinds' commands: memory peak and memory residuals",
     "memory_residuals": "memory residuals, in the memory group",
     "plan": "its sink sets the store's measured runs beside the plan",
@@ -59,7 +55,7 @@ class Root(TyperGroup):
         super().__init__(*args, **kwargs)
         prepared(self)
         declared = {command_name(k): k for k in KINDS if k not in WRITTEN_HERE}
-        self.commands = Commands(self.commands, declared, before="report", prepare=prepared)
+        self.commands = Commands(self.commands, declared, before="plan", prepare=prepared)
 
     def list_commands(self, ctx):  # click's signature
         return list(self.commands)  # the names alone: none is built
@@ -202,13 +198,12 @@ def _root(
 
 app.command()(env)
 app.command()(sql)
-app.command()(model)
-app.command()(attention)
 app.add_typer(memory_app, name="memory")
 app.command()(plan)
 app.add_typer(profile_app, name="profile")
 app.add_typer(precision, name="precision")
-# here the kinds' declared commands (comm, ddp, step, ...), in the catalog's order
+# here the kinds' declared commands (model, attention, comm, ddp, step, ...), in the catalog's
+# order
 app.command()(report)
 app.command()(browse)
 app.add_typer(db_app, name="db")

@@ -1,7 +1,7 @@
 """The commands that kinds declare with themselves (sweep/declaration.py, `Command`): each
 becomes `cs336sys <kind>` here, with no module of its own in cli/. Its options are the
 shared groups it names, its own and the store's; its body is the one call every measuring
-command makes, `run_experiment(EXPERIMENT, specs, options)`.
+command makes, `run_experiment(EXPERIMENT, EXPERIMENT.specs, options)`.
 """
 
 from __future__ import annotations
@@ -34,31 +34,40 @@ def command_name(kind: str) -> str:
     return kind.replace("_", "-")
 
 
+def with_options(declared: Any, *more: Any, drop: tuple[str, ...] = ()) -> Any:
+    """`options_of` for a declared command's options: the model's groups if it names them,
+    its own, its other groups, then `more` (a command that reuses them: `profile model`)
+    and the store's; less its `drop` and `drop`."""
+    unknown = sorted(set(declared.groups) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"no option group {', '.join(unknown)}; choose from {', '.join(GROUPS)}")
+    first = [g for name in declared.groups if name == "model" for g in GROUPS[name]]
+    then = [g for name in declared.groups if name != "model" for g in GROUPS[name]]
+    return options_of(*first, declared.options, *then, *more, store_options,
+                      drop=(*declared.drop, *drop))
+
+
 def command_of(kind: str) -> Any:
     """The Typer command function of the command that `kind` (a name in the catalog's KINDS)
     declares; its summary is the line `cs336sys --help` lists for it."""
     experiment = kind_of(kind)
     declared = experiment.command
-    unknown = sorted(set(declared.groups) - set(GROUPS))
-    if unknown:
-        raise ValueError(f"{experiment.kind}: no option group {', '.join(unknown)}; choose from "
-                         f"{', '.join(GROUPS)}")
-    first = [g for name in declared.groups if name == "model" for g in GROUPS[name]]
-    then = [g for name in declared.groups if name != "model" for g in GROUPS[name]]
 
     def command(**options: Any) -> None:
         # the declaration as its module holds it when the command runs (a test may replace it)
         now = kind_of(kind)
-        run_experiment(now, now.command.specs, options, command=command_name(kind),
+        run_options = {name: options.pop(name) for name in now.command.run_options}
+        run_experiment(now, now.specs, options, command=command_name(kind),
                        describe=now.command.describe, ranks=now.command.ranks,
-                       emulation=now.command.emulation, after=_printer(now.command.closing))
+                       emulation=now.command.emulation, after=_printer(now.command.closing),
+                       **run_options)
 
     examples = "\n\n".join(f"    {line}" for line in declared.examples)
     word = "Example" if len(declared.examples) == 1 else "Examples"
     command.__doc__ = (f"{summary(kind)}\n\n{declared.help.strip()}\n\nStored in the view "
                        f"{experiment.view}.\n\n{word}:\n\n{examples}\n")
     command.__name__ = experiment.kind
-    return options_of(*first, declared.options, *then, store_options, drop=declared.drop)(command)
+    return with_options(declared)(command)
 
 
 def _printer(closing: Callable[[list[dict]], list[str]] | None) -> Callable[[list], None] | None:

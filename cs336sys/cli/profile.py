@@ -1,7 +1,7 @@
 """`cs336sys profile model|attention`: torch.profiler over the measured steps, per phase.
 
-The options are those of `cs336sys model` and `cs336sys attention`, declared once there
-(`options_of`) and validated and expanded by the same functions (`model.specs`,
+The options are those of `cs336sys model` and `cs336sys attention`, declared once with them
+(experiments/model_command.py, attention_command.py; `with_options`) and validated and expanded by the same functions (`model.specs`,
 `attention.specs`), plus --top, --trace and --nvtx; --nsys is every measuring command's
 (cli/nsys.py). Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
 rows of `kernel_stats` linked to it.
@@ -15,10 +15,10 @@ from typing import Any
 
 import typer
 
-from cs336sys.cli.attention import attention as attention_command
 from cs336sys.cli.common import fail, run_experiment, table
-from cs336sys.cli.model import model as model_command
-from cs336sys.cli.options import option, options_of
+from cs336sys.cli.declared import with_options
+from cs336sys.cli.options import option
+from cs336sys.experiments import attention_command, model_command
 from cs336sys.measure.nsys import nvtx_asked
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
@@ -68,7 +68,7 @@ def _attention_calls(
     """What `profile attention` counts as warm-up and measured."""
 
 
-@options_of(model_command, _model_steps, _profiling)
+@with_options(model_command.COMMAND, _model_steps, _profiling)
 def profile_model(ctx: typer.Context, **options: Any) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
 
@@ -83,7 +83,8 @@ def profile_model(ctx: typer.Context, **options: Any) -> None:
     _profile_points(ctx, "model", model_exp.specs, options)
 
 
-@options_of(attention_command, _attention_calls, _profiling, drop=("timer", "skip_after_oom"))
+@with_options(attention_command.COMMAND, _attention_calls, _profiling,
+              drop=("timer", "skip_after_oom"))
 def profile_attention(ctx: typer.Context, **options: Any) -> None:
     """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
 
@@ -95,7 +96,6 @@ def profile_attention(ctx: typer.Context, **options: Any) -> None:
     """
     from cs336sys.experiments import attention as attention_exp
 
-    options["impl"] = options.pop("attention")
     _profile_points(ctx, "attention", attention_exp.specs, options)
 
 

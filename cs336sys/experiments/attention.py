@@ -1,12 +1,13 @@
-"""Attention benchmark: one implementation at one shape, forward/backward/end-to-end.
+"""Time attention implementations forward, backward and end to end; one row per point.
 
-One AttentionSpec is one point of a sweep. `run(spec)` makes random Q, K, V (and an upstream
-gradient), checks the implementation once against a float64 reference (O, and dQ, dK, dV
-when backward runs; a point that fails is stored as `wrong`, timed but never a winner),
-measures the memory in use before backward, then times the requested passes. The user's
-own kernels (`yours-torch`, `yours-triton`, one-off `yours=pkg.module:Fn`) run the same way.
-FLOPs follow the FlashAttention-2 paper's convention (Dao 2023, §4.1): 4·B·H·Tq·Tk·d for the forward, halved when causal, and
-2.5× that for the backward.
+One implementation at one shape is one point, an AttentionSpec. `run(spec)` makes random Q,
+K, V (and an upstream gradient), checks the implementation once against a float64 reference
+(O, and dQ, dK, dV when backward runs; a point that fails is stored as `wrong`, timed but
+never a winner), measures the memory in use before backward, then times the requested
+passes. The user's own kernels (`yours-torch`, `yours-triton`, one-off
+`yours=pkg.module:Fn`) run the same way. FLOPs follow the FlashAttention-2 paper's
+convention (Dao 2023, §4.1): 4·B·H·Tq·Tk·d for the forward, halved when causal, and 2.5×
+that for the backward.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.attention import opt_in, registry
 from cs336sys.attention.diagnosis import checked
-from cs336sys.experiments import attention_rounds, attention_section, preflight
+from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
 from cs336sys.measure.dtypes import PRECISIONS, torch_dtype
@@ -400,8 +401,7 @@ def _interpreted(impl: str) -> bool:
 EXPERIMENT = Experiment(
     kind="attention",
     title="Attention: implementations by sequence length",
-    spec=AttentionSpec,
-    run=run,
+    spec=AttentionSpec, specs=specs, run=run,
     settings=settings_keys(AttentionSpec, drop=_NOT_SETTINGS, rename=_RENAMED),
     metrics=(
         *timing("fwd_ms", "forward call"),
@@ -456,4 +456,5 @@ EXPERIMENT = Experiment(
     section=attention_section.section,
     draws=True,
     apart=attention_section.APART,
+    command=attention_command.COMMAND,
 )

@@ -347,7 +347,6 @@ def point_name(spec: CommSpec) -> str:
 
 
 COMMAND = Command(
-    specs=specs,
     options=_options,
     help="Each point spawns its ranks locally (Gloo on CPU, NCCL with one GPU per rank), or "
     "joins the group when started by torchrun; only rank 0 writes. The result of every op is "
@@ -369,8 +368,7 @@ COMMAND = Command(
 EXPERIMENT = Experiment(
     kind="comm",
     title="Collectives: bus bandwidth",
-    spec=CommSpec,
-    run=run,
+    spec=CommSpec, specs=specs, run=run,
     metrics=(
         *metric_table("""
             time_ms_mean    ms    each rank's mean over iterations, averaged over ranks

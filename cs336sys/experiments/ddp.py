@@ -51,7 +51,6 @@ from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import launch_metrics
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset
 from cs336sys.sweep.declaration import (
-    Command,
     Experiment,
     Metric,
     launch,
@@ -428,8 +427,7 @@ def label_of(spec: DDPSpec) -> str:
 EXPERIMENT = Experiment(
     kind="ddp",
     title="DDP: step time and communication",
-    spec=DDPSpec,
-    run=run,
+    spec=DDPSpec, specs=specs, run=run,
     metrics=(
         *timing("step_ms", "whole step, the slowest rank's"),
         *timing("fwd_ms", "forward pass with the loss"),
@@ -485,8 +483,5 @@ EXPERIMENT = Experiment(
     distributed=True,
     section=ddp_section.section,
     draws=True,
-    command=Command(specs=specs, options=ddp_command.options, help=ddp_command.HELP,
-                    examples=ddp_command.EXAMPLES, groups=("model", "nsys"),
-                    drop=("attention", "optimizer", "checkpoint", "blocks"), describe=label_of,
-                    ranks=True),
+    command=ddp_command.COMMAND,
 )

@@ -1,8 +1,11 @@
-"""The command line of `cs336sys ddp`: its own options, its help and examples. The kind
-(experiments/ddp.py) declares its Command from these; the CLI builds it (cli/declared.py)."""
+"""The command line of `cs336sys ddp`: its options, help, examples and how a point is named
+on the progress bar, declared as a `Command` (sweep/declaration.py) that the kind's
+`EXPERIMENT` carries and the CLI builds (cli/declared.py)."""
 
 from __future__ import annotations
 
+from cs336sys.experiments.ddp_section import label
+from cs336sys.sweep.declaration import Command
 from cs336sys.sweep.options import list_option, option
 
 
@@ -56,4 +59,15 @@ EXAMPLES = (
     "cs336sys ddp --impl flat --size tiny,small --seq 128,256 --batch 4,8",
     "cs336sys ddp --impl yours,bucketed --shard-optimizer yours --world-size 2",
     "torchrun --nproc-per-node 8 -m cs336sys ddp --size xl --batch 32",
+)
+
+
+COMMAND = Command(
+    options=options,
+    help=HELP,
+    examples=EXAMPLES,
+    groups=("model", "nsys"),
+    drop=("attention", "optimizer", "checkpoint", "blocks"),
+    describe=lambda spec: label(spec.settings()),
+    ranks=True,
 )

@@ -1,6 +1,6 @@
-"""End-to-end timing of the Transformer LM: forward, backward and optimizer step.
+"""Time forward, backward and optimizer steps of the Transformer LM; one row per point.
 
-One ModelSpec is one point of a sweep; `specs(...)` validates a sweep's options and expands
+End-to-end timing of the training step. One ModelSpec is one point of a sweep; `specs(...)` validates a sweep's options and expands
 them (what `cs336sys model` and every command that runs the model call), and `run(spec)`
 builds the model with random weights, runs `warmup` untimed steps and `iters` timed ones of
 the training step (experiments/training_step.py), and returns a Result. Each phase ends with a
@@ -17,7 +17,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import registry
-from cs336sys.experiments import model_section, preflight
+from cs336sys.experiments import model_command, model_section, preflight
 from cs336sys.experiments.checks import both, model_check, optimizer_check
 from cs336sys.experiments.training_step import (
     MODES,
@@ -331,8 +331,7 @@ TABLE = Table(
 EXPERIMENT = Experiment(
     kind="model",
     title="Model: end-to-end training step",
-    spec=ModelSpec,
-    run=run,
+    spec=ModelSpec, specs=specs, run=run,
     metrics=(
         *timing("fwd_ms", "forward pass with the loss"),
         *timing("bwd_ms", "backward pass"),
@@ -363,4 +362,5 @@ EXPERIMENT = Experiment(
     compare="step_ms",
     section=model_section.section,
     draws=True,
+    command=model_command.COMMAND,
 )

@@ -69,7 +69,6 @@ from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
     SIZE_COLUMN,
     Column,
-    Command,
     Experiment,
     Metric,
     Ratio,
@@ -435,18 +434,11 @@ TABLE = Table(
     f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
 )
 
-def point_name(spec: StepSpec) -> str:
-    """A point in a few words, for the progress bar."""
-    ranks = f" {spec.world_size}x{spec.ddp}" if spec.world_size > 1 else ""
-    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}{ranks}"
-
-
 EXPERIMENT = Experiment(
     kind="step",
     title="Training step: what each optimisation buys",
-    spec=StepSpec,
+    spec=StepSpec, specs=specs, run=run,
     settings=settings_keys(StepSpec, drop=("course_timing",)),
-    run=run,
     metrics=(
         *timing(
             "step_ms", "one leaderboard step: zero_grad, forward, summed loss, backward, AdamW"
@@ -486,7 +478,5 @@ EXPERIMENT = Experiment(
     run_on_ranks=run_on_ranks,
     section=step_section.section,
     draws=True,
-    command=Command(specs=specs, options=step_command.options, help=step_command.HELP,
-                    examples=step_command.EXAMPLES, groups=("model", "estimate", "nsys"),
-                    drop=("optimizer",), describe=point_name, ranks=True),
+    command=step_command.COMMAND,
 )

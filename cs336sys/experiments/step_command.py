@@ -1,8 +1,12 @@
-"""The command line of `cs336sys step`: its own options, its help and examples. The kind
-(experiments/step.py) declares its Command from these; the CLI builds it (cli/declared.py)."""
+"""The command line of `cs336sys step`: its options, help, examples and how a point is named
+on the progress bar, declared as a `Command` (sweep/declaration.py) that the kind's
+`EXPERIMENT` carries and the CLI builds (cli/declared.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from cs336sys.sweep.declaration import Command
 from cs336sys.sweep.options import list_option, option
 
 
@@ -72,4 +76,21 @@ EXAMPLES = (
     "cs336sys step --size 8b --num-layers 8 --seq 8192 --batch 2 --switches ablation",
     "cs336sys step --preset leaderboard --switches none,fused-adamw+flash",
     "cs336sys step --world-size 2 --ddp yours-fsdp --size tiny",
+)
+
+
+def point_name(spec: Any) -> str:
+    """A point in a few words, for the progress bar."""
+    ranks = f" {spec.world_size}x{spec.ddp}" if spec.world_size > 1 else ""
+    return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}{ranks}"
+
+
+COMMAND = Command(
+    options=options,
+    help=HELP,
+    examples=EXAMPLES,
+    groups=("model", "estimate", "nsys"),
+    drop=("optimizer",),
+    describe=point_name,
+    ranks=True,
 )

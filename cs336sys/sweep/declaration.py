@@ -186,16 +186,17 @@ class Command:
     `cs336sys --help` lists, is the first paragraph of the kind module's docstring, read
     without importing the module (experiments/catalog.py, `summary`). Its options are the
     shared groups named in `groups` (the model's first), then the parameters of `options`
-    (declared with sweep/options.py's `option` and `list_option`, named as `specs` names
-    its keywords), then the store's; its body is the one call every measuring command makes,
-    `run_experiment(EXPERIMENT, specs, options)` (cli/common.py)."""
+    (declared with sweep/options.py's `option` and `list_option`, named as the kind's
+    `specs` names its keywords), then the store's; its body is the one call every measuring
+    command makes, `run_experiment(EXPERIMENT, EXPERIMENT.specs, options)` (cli/common.py).
+    Nothing here imports the kind, so a command another one reuses stays light to import."""
 
-    specs: Callable[..., list]  # the kind's specs(**options) -> its points
     options: Callable[..., None]  # a function whose parameters are the kind's own options
     help: str  # what its --help says below the summary: paragraphs, blank lines between
     examples: tuple[str, ...]  # whole command lines, as a user types them
     groups: tuple[str, ...] = ()  # shared option groups: model, estimate, nsys (cli/declared.py)
     drop: tuple[str, ...] = ()  # options of those groups it does not take
+    run_options: tuple[str, ...] = ()  # its options that go to run_sweep, not to specs
     describe: Callable[[Any], str] | None = None  # a point in a few words (the progress bar)
     # lines printed after the tables, from the points' rows (settings and metrics)
     closing: Callable[[list[dict]], list[str]] | None = None
@@ -211,6 +212,7 @@ class Experiment:
     title: str  # its report section
     spec: type | tuple[type, ...]  # the frozen dataclass(es) of one point
     run: Callable[..., Any]  # run(spec) -> Result, or run(ctx, spec) when distributed
+    specs: Callable[..., list] | None = None  # specs(**options) -> its points, validated
     metrics: tuple[Metric, ...]
     tables: tuple[Table, ...] = ()
     view: str = ""  # its SQL view; default `<kind>_runs` (dashes as underscores)

@@ -1,27 +1,22 @@
-"""`cs336sys attention`: naive, compiled, SDPA and FlashAttention-2 side by side."""
+"""The command line of `cs336sys attention`: its options, help, examples and how a point is
+named on the progress bar, declared as a `Command` (sweep/declaration.py) that the kind's
+`EXPERIMENT` carries and the CLI builds (cli/declared.py). `profile attention` takes these
+options too, so this module stays light (it imports the sweep's declarations alone): the
+command line imports it as it starts."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.cli.common import run_experiment
-from cs336sys.cli.options import (
-    estimate_options,
-    list_option,
-    nsys_options,
-    option,
-    options_of,
-    store_options,
-)
+from cs336sys.sweep.declaration import Command
+from cs336sys.sweep.options import list_option, option
 
 
-def _attention_only(
-    attention: list_option("Attention implementation(s): naive, compiled, sdpa, flash-torch, "
-                           "triton; "
-                           "yours: yours-torch, yours-triton (your adapters file) or "
-                           "yours=package.module:Function. [default: all but triton and compiled "
-                           "on "
-                           "CPU]", "--attention", "--impl") = None,
+def options(
+    impl: list_option("Attention implementation(s): naive, compiled, sdpa, flash-torch, triton; "
+                      "yours: yours-torch, yours-triton (your adapters file) or "
+                      "yours=package.module:Function. [default: all but triton and compiled on "
+                      "CPU]", "--attention", "--impl") = None,
     seq: list_option("Sequence length(s). [default: 256,1024,4096,8192,16384 on CUDA, "
                      "128,256,512,1024 "
                      "on CPU]") = None,
@@ -61,32 +56,32 @@ def _attention_only(
     device: option("auto, cpu, cuda or cuda:N.", str) = "auto",
     seed: option("Seed for the random inputs.", int) = 0,
 ) -> None:
-    """The options of `attention` beyond the store's and --force."""
+    """The options of `attention` beyond the store's and --force (--attention, also --impl,
+    is `specs`'s `impl`)."""
 
 
-@options_of(_attention_only, estimate_options, nsys_options, store_options)
-def attention(**options: Any) -> None:
-    """Time attention implementations forward, backward and end to end; one row per point.
-
-    Each point is checked once against a float64 reference (max_err; a point outside the tolerance is stored as wrong), and records the memory in use before backward (CUDA: allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl is another name for --attention here.
-
-    Example:
-
-        cs336sys attention --seq 16384 --attention triton,sdpa --precision bf16
-
-        cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,pointer,atomic-dq
-
-        cs336sys attention --impl yours-torch,flash-torch --seq 128,256
-
-        cs336sys attention --impl naive,yours-torch --compile
-    """
-    from cs336sys.experiments import attention as exp
-
-    options["impl"], skip = options.pop("attention"), options.pop("skip_after_oom")
-    run_experiment(exp.EXPERIMENT, exp.specs, options, describe=point_name, skip_after_oom=skip)
-
-
-def point_name(spec) -> str:
+def point_name(spec: Any) -> str:
     """A point in a few words, for the progress bar."""
     compiled = " compiled" if spec.compile else ""
     return f"{spec.impl}{compiled} seq={spec.seq} d={spec.d_head} {spec.precision}"
+
+
+COMMAND = Command(
+    options=options,
+    help=(
+        "Each point is checked once against a float64 reference (max_err; a point outside the "
+        "tolerance is stored as wrong), and records the memory in use before backward (CUDA: "
+        "allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without "
+        "CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl "
+        "is another name for --attention here."
+    ),
+    examples=(
+        "cs336sys attention --seq 16384 --attention triton,sdpa --precision bf16",
+        "cs336sys attention --preset leaderboard --impl triton --triton-opt-in default,pointer,atomic-dq",
+        "cs336sys attention --impl yours-torch,flash-torch --seq 128,256",
+        "cs336sys attention --impl naive,yours-torch --compile",
+    ),
+    groups=("estimate", "nsys"),
+    describe=point_name,
+    run_options=("skip_after_oom",),
+)
