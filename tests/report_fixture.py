@@ -127,11 +127,11 @@ def build(path: Path) -> Path:
         run("inv-c", "ddp", "ok", tc.format(next(k)), s, m)
     # the sharded family: per-rank memory, measured next to the expectation
     P = 2**20  # parameters of a made-up model, all fp32: 4 MiB of weights
-    for impl, sharding, shard in (("torch", "none", 1), ("torch", "own", 1), ("fsdp", None, 2)):
+    for impl, sharding, shard in (("torch", "none", 1), ("torch", "ours", 1), ("fsdp", None, 2)):
         s = {"impl": impl, "bucket_mb": 25.0 if impl == "torch" else None,
              "shard_optimizer": sharding, "world_size": 2, "backend": "gloo", "size": "tiny",
              "device": "cpu"}
-        state = 8 * P / (2 if sharding == "own" or impl == "fsdp" else 1)
+        state = 8 * P / (2 if sharding == "ours" or impl == "fsdp" else 1)
         m = {**_stats("step", 120, 1), **_stats("comm", 12, 0.5), "comm_fraction": 0.1,
              "comm_bytes": 4 * P * (3 if impl == "fsdp" else 1), "tokens_per_s": 8.0,
              "mem_before_opt_params_bytes": 4 * P / shard, "expected_params_bytes": 4 * P / shard,

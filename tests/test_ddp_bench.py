@@ -130,8 +130,8 @@ def test_sharded_variants_run_and_store_their_memory(sharded):
     db, result = sharded
     assert result.exit_code == 0, result.output
     got = {(r["impl"], r["shard_optimizer"]): r for r in rows(db)}
-    assert list(got) == [("naive", "none"), ("naive", "own"), ("naive", "zero"),
-                         ("torch", "none"), ("torch", "own"), ("torch", "zero"),
+    assert list(got) == [("naive", "none"), ("naive", "ours"), ("naive", "zero"),
+                         ("torch", "none"), ("torch", "ours"), ("torch", "zero"),
                          ("fsdp", None), ("torch-fsdp", None)]
     cfg = ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256,
                       context_length=32)
@@ -150,14 +150,14 @@ def test_sharded_variants_run_and_store_their_memory(sharded):
         per_rank = json.loads(r["mem_per_rank"])
         assert len(per_rank) == 2
         assert per_rank[0]["before_opt_params"] == r["mem_before_opt_params_bytes"]
-        if sharding in ("own", "zero"):
+        if sharding in ("ours", "zero"):
             assert sum(m["after_opt_opt_state"] for m in per_rank) == 8 * n
         if impl in ("naive", "torch"):  # replicas: whole parameters and gradients
             assert r["mem_before_opt_params_bytes"] == r["mem_before_opt_grads_bytes"] == 4 * n
             assert r["param_max_diff"] == 0.0
         if sharding == "none":
             assert r["mem_after_opt_opt_state_bytes"] == 8 * n == r["expected_opt_state_bytes"]
-        if sharding in ("own", "zero"):
+        if sharding in ("ours", "zero"):
             # about half the AdamW state, within the largest parameter of the balance
             state = r["mem_after_opt_opt_state_bytes"]
             assert abs(state - 4 * n) <= 8 * max(p.numel() for p in model.parameters())

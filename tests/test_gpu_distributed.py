@@ -75,4 +75,4 @@ def test_sharded_sweep_on_nccl_divides_the_memory(tmp_path):
             assert r["param_max_diff"] == 0.0
     for precision in ("fp32", "bf16"):
         full = got["torch", "none", precision]["mem_after_opt_opt_state_bytes"]
-        assert got["torch", "own", precision]["mem_after_opt_opt_state_bytes"] <= 0.6 * full
+        assert got["torch", "ours", precision]["mem_after_opt_opt_state_bytes"] <= 0.6 * full

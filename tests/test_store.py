@@ -211,7 +211,8 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
 def test_version_6_settings_get_one_name_per_concept(db_path):
     """v7 renames the settings each experiment stored under its 0.2 names, v8 the last ones
     stored under another word than their option's (step's cold_cache inverted into
-    warm_cache); both recompute the point keys (--resume matches on them)."""
+    warm_cache), v9 ddp's `own` into `ours`; each recomputes the point keys (--resume
+    matches on them)."""
     from cs336sys.sweep.points import point_key
 
     conn = sqlite3.connect(db_path, isolation_level=None)
@@ -220,7 +221,7 @@ def test_version_6_settings_get_one_name_per_concept(db_path):
     old = {
         "model": {"size": "tiny", "context_length": 128, "batch_size": 4, "steps": 5},
         "ddp": {"impl": "flat", "context_length": 64, "global_batch": 8, "steps": 3,
-                "optimizer_sharding": "ours"},
+                "optimizer_sharding": "own"},
         "attention": {"impl": "sdpa", "seq": 256, "dtype": "bf16", "iters": 10},
         "comm": {"op": "all-reduce", "dtype": "fp32", "size_bytes": 4000},
         "plan": {"size": "8b", "seq": 4096},
@@ -409,7 +410,7 @@ def test_a_committed_schema_6_store_reads_and_reports_in_todays_names(tmp_path):
     md = (out / "report.md").read_text()
     assert "| small | 256 | 4 | train | bf16 |" in md and "41.5" in md
     assert "| sdpa | 64 | 1024 |" in md and "| 0.25 | 0.5 | 0.75 |" in md
-    assert "flat +ours sharded opt" in md
+    assert "flat +sharded opt" in md  # stored as 0.2 did, `own`
     assert db.read_bytes() == STORE_6.read_bytes()  # read through a migrated copy
     with Store(db, EXPERIMENTS) as s:
         assert schema.version(s.conn) == SCHEMA_VERSION

@@ -138,7 +138,7 @@ def specs(
         shard_optimizer = ["ours"]
     sharded_by = named_impls(listed(shard_optimizer or None, "--shard-optimizer", []), "optimizer",
                              "--shard-optimizer", ["ours"])
-    shardings = ["none"] + ["own" if s == "ours" else s for s in sharded_by] + ["zero"] * zero
+    shardings = ["none", *sharded_by, *["zero"] * zero]
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:

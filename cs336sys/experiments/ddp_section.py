@@ -126,7 +126,7 @@ def label(row: Mapping[str, Any]) -> str:
     user's: `+yours sharded opt`)."""
     out = str(row.get("impl")) + (f" {row['bucket_mb']:g}MiB" if row.get("bucket_mb") else "")
     sharding = row.get("shard_optimizer") or "none"
-    named = {"own": " +sharded opt", "zero": " +ZeRO", "none": ""}
+    named = {"ours": " +sharded opt", "zero": " +ZeRO", "none": ""}
     return out + named.get(sharding, f" +{sharding} sharded opt")
 
 

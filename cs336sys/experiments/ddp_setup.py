@@ -101,7 +101,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         params = list(model.parameters())
         if yours.is_yours(sharding):
             opt = holder = ddp_yours.optimizer(sharding, params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
-        elif sharding == "own":
+        elif sharding == "ours":
             from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 
             opt = ShardedOptimizer(params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
@@ -189,7 +189,7 @@ def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: i
         params = 4 * n_params / world
     else:
         params = 4 * n_params
-    shards_state = sharding in ("own", "zero") or yours.is_yours(sharding)
+    shards_state = sharding in ("ours", "zero") or yours.is_yours(sharding)
     state = 2 * params if fully_sharded else 8 * n_params / (world if shards_state else 1)
     return {"params": params, "grads": params, "opt_state": state}
 

@@ -141,6 +141,12 @@ def _the_options_words(conn: sqlite3.Connection) -> None:
     _rewrite_settings(conn, "memory-residuals", _compile_flag)
 
 
+def _ours(conn: sqlite3.Connection) -> None:
+    """v9: ddp's shard_optimizer `own` is `ours`, the value --shard-optimizer takes."""
+    _rewrite_settings(conn, "ddp", lambda s: {**s, "shard_optimizer": "ours"}
+                      if s.get("shard_optimizer") == "own" else s)
+
+
 # Version N is reached by running MIGRATIONS[N - 1]: SQL statements, or a function of the
 # connection for what SQL alone cannot say.
 MIGRATIONS: list[list[str] | Any] = [
@@ -224,6 +230,8 @@ MIGRATIONS: list[list[str] | Any] = [
     _one_name_per_concept,
     # v8: the last stored settings renamed to their option's word
     _the_options_words,
+    # v9: the last stored value renamed to its option's word
+    _ours,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,6 +1,6 @@
-"""How tests/stores/schema6.db was made (run once, at the commit that added it): a store at
-schema version 6 holding what cs336sys 0.2 stored, with its names (settings before v7 and
-v8, attention's metrics before 0.2's naming rule). The file is committed so that the test
+"""How tests/stores/schema6.db was made (run again by the commit that last changed it): a
+store at schema version 6 holding what cs336sys 0.2 stored, with its names and values
+(settings before v7, v8 and v9, attention's metrics before 0.2's naming rule). The file is committed so that the test
 reading it does not depend on today's migrations to build it.
 
     python tests/stores/make_schema6.py tests/stores/schema6.db
@@ -25,7 +25,7 @@ RUNS = [
                               "causal": True, "pass": "both", "device": "cuda"},
      {"fwd_ms": 0.25, "bwd_ms": 0.5, "e2e_ms": 0.75}),
     ("i-more", "ddp", {"impl": "flat", "size": "tiny", "context_length": 64, "global_batch": 4,
-                       "steps": 3, "optimizer_sharding": "ours", "world_size": 2,
+                       "steps": 3, "optimizer_sharding": "own", "world_size": 2,
                        "device": "cpu"},
      {"step_ms_mean": 300.0}),
     ("i-more", "comm", {"op": "all-reduce", "size_bytes": 4000, "dtype": "fp32",
