@@ -8,6 +8,13 @@ One forward + backward of the LM head's loss, three ways:
     python benchmarks/fused_ce.py                       # CUDA: rows 65536 (batch 2 x 32768),
                                                         #   vocab 151936, d 4096; CPU: 4096, 32000, 512
     python benchmarks/fused_ce.py --rows 8192 --vocab 151936 --d-model 4096 --impls baseline,torch
+    python benchmarks/fused_ce.py --impls baseline,triton --chunk-rows 512,2048,8192 \
+        --grad-w-sum add,addmm                          # the sweep: every fused variant, one run
+
+Every fused variant (impl x --chunk-rows x --grad-w-sum: how grad_W is summed over the chunks,
+cs336sys/models/fused_ce.py) runs beside the baseline in the same invocation, in --rounds
+interleaved rounds (each variant's share of its timed calls, then the next round), so that
+drift falls on all alike; the ratios are of medians over all rounds.
 
 Peak = the most bytes held at once above the inputs (h, W, targets) during the loss, its
 backward and the .grad of h and W: torch.cuda.max_memory_allocated on CUDA, the live-tensor
@@ -49,7 +56,11 @@ def parse_args() -> argparse.Namespace:
         "--d-model", type=int, default=None, help="hidden size (CUDA 4096, CPU 512)"
     )
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
-    parser.add_argument("--chunk-rows", type=int, default=None, help="default: the function's")
+    parser.add_argument("--chunk-rows", default=None,
+                        help="rows per chunk, a list to sweep (default: the function's)")
+    parser.add_argument("--grad-w-sum", default="add",
+                        help="add and/or addmm (CUDA): how grad_W is summed over the chunks")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (CUDA 3, CPU 1)")
     parser.add_argument("--impls", default=None, help="baseline,torch,triton (CPU: no triton)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=None, help="timed calls (CUDA 5, CPU 2)")
@@ -59,6 +70,12 @@ def parse_args() -> argparse.Namespace:
     args.vocab = args.vocab or (151936 if on_cuda else 32000)
     args.d_model = args.d_model or (4096 if on_cuda else 512)
     args.iters = args.iters or (5 if on_cuda else 2)
+    args.rounds = args.rounds or (3 if on_cuda else 1)
+    args.chunk_rows = [int(r) for r in args.chunk_rows.split(",")] if args.chunk_rows else [None]
+    args.grad_w_sum = args.grad_w_sum.split(",")
+    for how in args.grad_w_sum:
+        if how not in ("add", "addmm"):
+            parser.error(f"unknown --grad-w-sum {how!r}: choose from add, addmm")
     args.impls = (args.impls or ("baseline,torch,triton" if on_cuda else "baseline,torch")).split(
         ","
     )
@@ -79,14 +96,15 @@ def make_inputs(args):
     return h, w, t
 
 
-def loss_fn(impl: str, chunk_rows: int | None):
+def loss_fn(impl: str, chunk_rows: int | None, grad_w_sum: str):
     import torch.nn.functional as F
 
     from cs336sys.models.fused_ce import linear_cross_entropy
 
     if impl == "baseline":  # as cs336sys/experiments/training_step.py computes it
         return lambda h, w, t: F.cross_entropy(F.linear(h, w).float(), t)
-    return lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=chunk_rows, impl=impl)
+    return lambda h, w, t: linear_cross_entropy(h, w, t, chunk_rows=chunk_rows, impl=impl,
+                                                grad_w_sum=grad_w_sum)
 
 
 def step(fn, h, w, t, amp) -> None:
@@ -112,18 +130,46 @@ def peak_bytes(fn, h, w, t, amp, device: str) -> int:
     return tracker.peak
 
 
-def measure(impl: str, args, inputs, amp) -> dict:
+def variants(args) -> list[tuple[str, int | None, str]]:
+    """(impl, chunk rows, grad_W sum): the baseline once, every fused combination."""
+    out = []
+    for impl in args.impls:
+        if impl == "baseline":
+            out.append(("baseline", None, "add"))
+        else:
+            out += [(impl, rows, how) for rows in args.chunk_rows for how in args.grad_w_sum]
+    return out
+
+
+def measure(variants_: list, args, inputs, amp) -> dict:
+    """Each variant's peak (once) and its timed calls, in interleaved rounds; a variant that
+    runs out of memory or fails is left out of the later rounds with what it said."""
     from cs336sys.measure.timing import time_loop
 
-    fn = loss_fn(impl, args.chunk_rows)
-    try:
-        peak = peak_bytes(fn, *inputs, amp, args.device)
-        times = time_loop(lambda: step(fn, *inputs, amp), args.warmup, args.iters, args.device)
-    except torch.OutOfMemoryError:
-        inputs[0].grad = inputs[1].grad = None
-        torch.cuda.empty_cache()
-        return {"impl": impl, "status": "oom"}
-    return {"impl": impl, "status": "ok", "peak": peak, "ms": statistics.median(times)}
+    results = {v: {"status": "ok", "times": []} for v in variants_}
+    for round_ in range(args.rounds):
+        for v in variants_:
+            r = results[v]
+            if r["status"] != "ok":
+                continue
+            fn = loss_fn(*v)
+            try:
+                if round_ == 0:
+                    r["peak"] = peak_bytes(fn, *inputs, amp, args.device)
+                r["times"] += time_loop(lambda fn=fn: step(fn, *inputs, amp),
+                                        args.warmup, args.iters, args.device)
+            except torch.OutOfMemoryError:
+                r["status"] = "OOM"
+            except (RuntimeError, ValueError, TypeError) as exc:  # e.g. addmm's out_dtype missing
+                r["status"] = f"error: {str(exc).splitlines()[0][:80]}"
+            if r["status"] != "ok":
+                inputs[0].grad = inputs[1].grad = None
+                if args.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+    for r in results.values():
+        if r["status"] == "ok":
+            r["ms"] = statistics.median(r["times"])
+    return results
 
 
 def main() -> int:
@@ -132,11 +178,12 @@ def main() -> int:
 
     amp = torch.bfloat16 if args.precision == "bf16" else None
     n, v, c = args.rows, args.vocab, args.d_model
-    chunk = args.chunk_rows or default_chunk_rows(n, v, c)
+    chunk = max(r or default_chunk_rows(n, v, c) for r in args.chunk_rows)
     low = 2 if amp is not None else 4
     logits_low, logits_fp32 = n * v * low, n * v * 4
+    sweep = ", ".join(str(r or default_chunk_rows(n, v, c)) for r in args.chunk_rows)
     print(f"# Fused LM head + cross-entropy: rows {n}, vocab {v}, d_model {c}, {args.precision}, "
-          f"{args.device}, chunk_rows {chunk}")
+          f"{args.device}, chunk_rows {sweep}")
     print()
     print("Materialised by the baseline, from the shapes:")
     print(f"- logits ({n} x {v}) in {'bf16' if amp else 'fp32'}: {format_size(logits_low)}")
@@ -148,19 +195,23 @@ def main() -> int:
     print()
 
     inputs = make_inputs(args)
-    results = [measure(impl, args, inputs, amp) for impl in args.impls]
-    base = next((r for r in results if r["impl"] == "baseline" and r["status"] == "ok"), None)
-    print(
-        f"| impl | peak (above inputs) | peak vs baseline | ms (median of {args.iters}) | time vs baseline |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for r in results:
+    results = measure(variants(args), args, inputs, amp)
+    base = results.get(("baseline", None, "add"))
+    base = base if base and base["status"] == "ok" else None
+    samples = args.iters * args.rounds
+    print(f"| impl | chunk rows | grad_W sum | peak (above inputs) | peak vs baseline | "
+          f"ms (median of {samples}) | time vs baseline |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for (impl, rows, how), r in results.items():
+        rows_cell = "" if impl == "baseline" else str(rows or default_chunk_rows(n, v, c))
+        how_cell = "" if impl == "baseline" else how
         if r["status"] != "ok":
-            print(f"| {r['impl']} | OOM | | | |")
+            print(f"| {impl} | {rows_cell} | {how_cell} | {r['status']} | | | |")
             continue
         vs_mem = f"{r['peak'] / base['peak']:.3f}x" if base else ""
         vs_time = f"{r['ms'] / base['ms']:.2f}x" if base else ""
-        print(f"| {r['impl']} | {format_size(r['peak'])} | {vs_mem} | {r['ms']:.1f} | {vs_time} |")
+        print(f"| {impl} | {rows_cell} | {how_cell} | {format_size(r['peak'])} | {vs_mem} | "
+              f"{r['ms']:.1f} | {vs_time} |")
     return 0
 
 

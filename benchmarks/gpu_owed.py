@@ -59,8 +59,10 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
      [PY, "benchmarks/adamw.py", "--size", "xl"], {}),
     ("issue 17: AdamW over xl's parameters, bf16 weights with fp32 moments",
      [PY, "benchmarks/adamw.py", "--size", "xl", "--param-dtype", "bf16"], {}),
-    ("issue 17: fused LM head + CE at rows 65,536, vocab 151,936, d 4096",
-     [PY, "benchmarks/fused_ce.py"], {}),
+    ("issue 41: fused LM head + CE at rows 65,536, vocab 151,936, d 4096: chunk rows and how "
+     "grad_W is summed, beside the materialised baseline (target: faster than it)",
+     [PY, "benchmarks/fused_ce.py", "--impls", "baseline,torch,triton", "--chunk-rows",
+      "1024,4096,8192", "--grad-w-sum", "add,addmm"], {}),
     ("issue 17: xl step at context 512, batch 4, each switch (target 45 % MFU with all)",
      [*CLI, "step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation",
       "--db", "{db}"], {}),

@@ -176,6 +176,32 @@ def test_bf16_autocast_matches_baseline(shape, chunk_rows, reduction):
         assert rel_err(ours, ref) < 2 * rel_err(base, ref) + 2**-9
 
 
+def test_addmm_sum_needs_cuda():
+    """grad_w_sum="addmm" (cuBLAS adds the 16-bit product into the float32 accumulator) has
+    CUDA kernels only: on a CPU it is refused in words, not failed inside the pass."""
+    h, w, t = (x.cpu() for x in make_inputs((9,), c=8, v=31))
+    with pytest.raises(ValueError, match="grad_w_sum='addmm' needs CUDA"):
+        linear_cross_entropy(h, w, t, grad_w_sum="addmm")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_addmm_sum_matches_float64_at_least_as_well_as_add(reduction):
+    """Summed by the GEMM in float32, grad_W skips the per-chunk rounding of its product to
+    bf16: as close to float64 as "add" or closer, with the same loss and grad_h."""
+    h, w, t = make_inputs((3, 41), c=64, v=997)
+    kw = {"reduction": reduction, "chunk_rows": 16}
+    loss, gh, gw = loss_and_grads(fused, h, w, t, amp=BF16, grad_w_sum="addmm", **kw)
+    add_loss, add_gh, add_gw = loss_and_grads(fused, h, w, t, amp=BF16, **kw)
+    ref_loss, ref_gh, ref_gw = loss_and_grads(float64_reference, h, w, t, reduction=reduction)
+    assert gw.dtype == torch.float32
+    torch.testing.assert_close(loss, add_loss, rtol=0, atol=0)
+    torch.testing.assert_close(gh, add_gh, rtol=0, atol=0)
+    assert rel_err(gw, ref_gw) <= 1.01 * rel_err(add_gw, ref_gw) + 1e-7
+    assert rel_err(gw, ref_gw) < 2**-7
+
+
 def test_bf16_weights_without_autocast():
     """A model cast to bf16: the matmuls in bf16, gradients returned in bf16."""
     h, w, t = make_inputs((29,), c=32, v=301, dtype=BF16)
@@ -269,6 +295,7 @@ def test_training_step_gradients_through_a_transformer(amp):
         ({"reduction": "none"}, "reduction"),
         ({"impl": "cuda"}, "impl"),
         ({"chunk_rows": 0}, "chunk_rows"),
+        ({"grad_w_sum": "fma"}, "grad_w_sum"),
         ({"t": torch.zeros(5, dtype=torch.long)}, "targets must have"),
         ({"t": torch.zeros(7)}, "integer"),
         ({"w": torch.zeros(10, 3)}, "weight must be"),

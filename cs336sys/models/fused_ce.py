@@ -36,6 +36,16 @@ Two implementations of the per-chunk softmax/cross-entropy step, chosen by `impl
             the loss and writes dlogits over the logits in place: no float32 copy.
 The matmuls stay in cuBLAS (torch.mm) in both.
 
+Two ways to sum grad_W over the chunks when the matmuls run in 16 bits, chosen by
+`grad_w_sum`:
+  "add"     each chunk's (V, C) product is made in 16 bits, as the baseline's one matmul
+            makes it, then added into the float32 accumulator: a (V, C) temporary written
+            and read per chunk (1.24 GB at the leaderboard's V and C).
+  "addmm"   cuBLAS adds the product straight into the float32 accumulator (16-bit inputs,
+            float32 output, beta 1: torch.addmm's out_dtype, CUDA): no temporary, and the
+            product is not rounded to 16 bits. CUDA only; benchmarks/fused_ce.py sets the two
+            side by side.
+
 Targets equal to `ignore_index` (-100, as F.cross_entropy) add nothing to the loss or the
 gradients, and "mean" divides by the number of the other targets (NaN when there are none,
 as F.cross_entropy).
@@ -46,10 +56,11 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["IMPLS", "REDUCTIONS", "default_chunk_rows", "linear_cross_entropy"]
+__all__ = ["GRAD_W_SUMS", "IMPLS", "REDUCTIONS", "default_chunk_rows", "linear_cross_entropy"]
 
 REDUCTIONS = ("mean", "sum")
 IMPLS = ("torch", "triton")
+GRAD_W_SUMS = ("add", "addmm")
 # A chunk's float32 logits are kept at most this big by default: a few hundred MB, small
 # next to the logits of a long-context batch.
 CHUNK_BYTES = 512 * 2**20
@@ -128,7 +139,7 @@ _STEPS = {"torch": _softmax_ce_torch, "triton": _softmax_ce_triton}
 def _fused_pass(
     h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor,
     chunk_rows: int, compute_dtype: torch.dtype, ignore_index: int, impl: str,
-    need_h: bool, need_w: bool,
+    need_h: bool, need_w: bool, grad_w_sum: str = "add",
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(loss, grad_h or None, grad_W or None) for h (N, C), weight (V, C), targets (N,).
 
@@ -154,6 +165,9 @@ def _fused_pass(
         if grad_w is not None:
             if dlogits.dtype == grad_w.dtype:
                 grad_w.addmm_(dlogits.T, h_c)  # (V, n) @ (n, C), no temporary
+            elif grad_w_sum == "addmm":
+                # 16-bit operands, float32 product added into grad_w by the GEMM (beta 1)
+                torch.addmm(grad_w, dlogits.T, h_c, out_dtype=grad_w.dtype, out=grad_w)
             else:
                 # a 16-bit (V, C) product, as the baseline's single matmul makes, added in fp32
                 grad_w += dlogits.T @ h_c
@@ -165,17 +179,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Loss of the LM head, with the gradients computed in the forward pass and kept.
 
     forward(h (N, C), weight (V, C), targets (N,), scale 0-dim, chunk_rows, compute_dtype,
-    ignore_index, impl) -> loss 0-dim fp32. backward scales the kept gradients by grad_loss.
+    ignore_index, impl, grad_w_sum) -> loss 0-dim fp32. backward scales the kept gradients
+    by grad_loss.
     """
 
     @staticmethod
-    def forward(ctx, h, weight, targets, scale, chunk_rows, compute_dtype, ignore_index, impl):
+    def forward(ctx, h, weight, targets, scale, chunk_rows, compute_dtype, ignore_index, impl,
+                grad_w_sum):
         need_h, need_w = ctx.needs_input_grad[:2]
         # The casts to compute_dtype are explicit; autocast must not re-cast anything inside.
         with torch.autocast(h.device.type, enabled=False):
             loss, grad_h, grad_w = _fused_pass(
                 h, weight, targets, scale, chunk_rows, compute_dtype, ignore_index, impl,
-                need_h, need_w,
+                need_h, need_w, grad_w_sum,
             )
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_h, grad_w)
@@ -193,14 +209,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_w = grad_w * grad_loss if grad_w is not None else None
         if grad_w is not None:
             grad_w = grad_w.to(ctx.weight_dtype)
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None
 
 
-def _check(h, weight, targets, reduction, chunk_rows, impl) -> None:
+def _check(h, weight, targets, reduction, chunk_rows, impl, grad_w_sum) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}.")
+    if grad_w_sum not in GRAD_W_SUMS:
+        raise ValueError(f"grad_w_sum must be one of {GRAD_W_SUMS}, got {grad_w_sum!r}.")
+    if grad_w_sum == "addmm" and h.device.type != "cuda":
+        # torch.addmm's out_dtype (16-bit operands, float32 result) has CUDA kernels only
+        raise ValueError(f"grad_w_sum='addmm' needs CUDA, got a tensor on {h.device.type}.")
     if h.dim() < 2:
         raise ValueError(f"h must be (..., C) with at least 2 dims, got shape {tuple(h.shape)}.")
     if weight.dim() != 2 or weight.shape[1] != h.shape[-1]:
@@ -227,6 +248,7 @@ def linear_cross_entropy(
     chunk_rows: int | None = None,
     impl: str = "torch",
     ignore_index: int = -100,
+    grad_w_sum: str = "add",
 ) -> torch.Tensor:
     """Cross-entropy of the logits h @ weight^T against targets, never holding all the logits.
 
@@ -236,9 +258,10 @@ def linear_cross_entropy(
     ignore_index=...)`, with the same gradients for h and weight; under torch.autocast the
     matmuls run in autocast's dtype, as `lm_head(h)` would. `chunk_rows` rows of logits exist
     at a time (default: `default_chunk_rows`); `impl` is "torch" or "triton" (CUDA, or CPU
-    with TRITON_INTERPRET=1). Higher-order gradients are not supported.
+    with TRITON_INTERPRET=1); `grad_w_sum` how grad_W is summed over the chunks, "add" or
+    "addmm" (CUDA; see the module's docstring). Higher-order gradients are not supported.
     """
-    _check(h, weight, targets, reduction, chunk_rows, impl)
+    _check(h, weight, targets, reduction, chunk_rows, impl, grad_w_sum)
     device_type = h.device.type
     if torch.is_autocast_enabled(device_type):
         compute_dtype = torch.get_autocast_dtype(device_type)
@@ -263,7 +286,7 @@ def linear_cross_entropy(
 
     if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
         return _LinearCrossEntropy.apply(
-            h2, weight, t, scale, rows, compute_dtype, ignore_index, impl
+            h2, weight, t, scale, rows, compute_dtype, ignore_index, impl, grad_w_sum
         )
     with torch.autocast(device_type, enabled=False):
         loss, _, _ = _fused_pass(
