@@ -517,6 +517,17 @@ def test_model_trains_with_each_attention(db_path, attention, monkeypatch):
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
 
 
+def test_a_kind_without_a_command_and_a_name_taken_twice_are_said_in_words():
+    """The two ways to get the declared commands wrong (cli/declared.py): a kind of the
+    catalog that declares no command and is not written in cli/, and a name both."""
+    from cs336sys.cli.declared import Commands, command_of
+
+    with pytest.raises(ValueError, match="experiments/memory.py declares no command"):
+        command_of("memory")  # written in cli/ (WRITTEN_HERE), so it declares none
+    with pytest.raises(ValueError, match="plan: a command written in cli/ and declared"):
+        Commands({"plan": object()}, {"plan": "plan"}, before="plan", prepare=lambda c: c)
+
+
 def test_profile_takes_every_option_of_the_command_it_profiles():
     """Declared once (experiments/model_command.py, attention_command.py): profile model has
     model's options, with its own help where it counts steps differently, and profile

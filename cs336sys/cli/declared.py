@@ -52,6 +52,10 @@ def command_of(kind: str) -> Any:
     declares; its summary is the line `cs336sys --help` lists for it."""
     experiment = kind_of(kind)
     declared = experiment.command
+    if declared is None:
+        raise ValueError(f"experiments/{kind}.py declares no command: give its EXPERIMENT "
+                         "command=Command(...), or write one in cli/ and name the kind in "
+                         "WRITTEN_HERE (cli/__init__.py)")
 
     def command(**options: Any) -> None:
         # the declaration as its module holds it when the command runs (a test may replace it)
@@ -100,6 +104,10 @@ class Commands(MutableMapping):
     def __init__(self, built: dict[str, Any], declared: dict[str, str], before: str,
                  prepare: Callable[[Any], Any]) -> None:
         self.built, self.declared, self.prepare = dict(built), dict(declared), prepare
+        both = sorted(set(self.built) & set(self.declared))
+        if both:
+            raise ValueError(f"{', '.join(both)}: a command written in cli/ and declared by a "
+                             "kind; name the kind in WRITTEN_HERE (cli/__init__.py)")
         names = [n for n in self.built if n not in self.declared]
         at = names.index(before) if before in names else len(names)
         self.order = [*names[:at], *self.declared, *names[at:]]
