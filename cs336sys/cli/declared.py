@@ -108,7 +108,7 @@ class Commands(MutableMapping):
         if both:
             raise ValueError(f"{', '.join(both)}: a command written in cli/ and declared by a "
                              "kind; name the kind in WRITTEN_HERE (cli/__init__.py)")
-        names = [n for n in self.built if n not in self.declared]
+        names = list(self.built)
         at = names.index(before) if before in names else len(names)
         self.order = [*names[:at], *self.declared, *names[at:]]
 
