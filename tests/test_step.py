@@ -137,8 +137,6 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--precision", "fp16"], "--precision: unknown value"),
         (["--ddp", "fsdp"], "--ddp shares the step between ranks"),
         (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),
-        (["--world-size", "2", "--ddp", "yours-fsdp=cs336sys.parallel:FSDP", "--switches", "fused-ce"],
-         "and --ddp yours-fsdp: the fused loss runs inside the LM head's forward"),
         (["--world-size", "2", "--ddp", "yours-fsdp=cs336sys.parallel:FSDP", "--switches", "compile"],
          "and --ddp yours-fsdp: your FSDP's units are most likely the layers"),
         (["--world-size", "2", "--ddp", "zero3"], "--ddp: unknown value 'zero3'"),
@@ -185,7 +183,10 @@ def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ddp, switches", [("fsdp", "fused-ce"), ("flat", "fused-ce+compile")])
+@pytest.mark.parametrize("ddp, switches", [
+    ("fsdp", "fused-ce"), ("flat", "fused-ce+compile"),
+    ("yours-fsdp=cs336sys.parallel:FSDP", "fused-ce"),  # a user's FSDP that passes keywords on
+])
 def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switches):
     """--world-size 2: the step on two Gloo ranks, each its half of the global batch; rank
     0's first loss is the single-process model's on that half, the same weights (an FSDP
@@ -197,12 +198,41 @@ def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switch
     assert out.exit_code == 0, out.output
     (row,) = query(db_path, "select * from step_runs")
     assert (row["status"], row["world_size"], row["ddp"], row["switches"]) == (
-        "ok", 2, ddp, switches)
+        "ok", 2, ddp.partition("=")[0], switches)  # a one-off target is stored by its name
     assert row["tokens_per_step"] == 2 * 16 and row["step_ms_median"] > 0
     (spec,) = step_exp.specs(**{**SHAPE, "seq": [16]}, switches=["none"])
     model, _, train_step = step_exp.build(spec, rows=slice(0, 1))
     assert row["params"] == sum(p.numel() for p in model.parameters())
     assert row["loss_first"] == pytest.approx(float(train_step()), rel=1e-5)
+
+
+def test_a_users_fsdp_takes_the_fused_loss_only_where_it_can_reach_the_head():
+    """The fused loss is `wrapped(x, targets=y, ce_impl=...)`, computed inside cs336sys's LM
+    head: a wrapper whose forward passes keywords on and keeps the head takes it; one whose
+    forward takes only x, or that replaced the head, is named with the reason."""
+    import torch.nn as nn
+
+    from cs336sys.experiments.step_ranks import fused_loss_refusal
+
+    (spec,) = step_exp.specs(**{**SHAPE, "seq": [16]}, switches=["none"])
+    model, _, _ = step_exp.build(spec)
+
+    class PassesOn(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
+    class TakesX(PassesOn):
+        def forward(self, x):
+            return self.inner(x)
+
+    assert fused_loss_refusal(PassesOn(model)) is None
+    assert "TakesX.forward takes no keywords" in fused_loss_refusal(TakesX(model))
+    model.lm_head = nn.Linear(model.lm_head.in_features, model.lm_head.out_features)
+    assert "PassesOn replaced the model's LM head" in fused_loss_refusal(PassesOn(model))
 
 
 def test_points_on_ranks_get_a_chart_of_their_own():

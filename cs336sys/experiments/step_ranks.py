@@ -28,11 +28,9 @@ from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.ranks import gather
 from cs336sys.sweep.result import Result, Unfinished
 
-# What a point on several ranks cannot switch on under the user's FSDP, and why.
+# What a point on several ranks cannot switch on under the user's FSDP, and why. (fused-ce
+# is checked on the wrapped model instead: fused_loss_refusal.)
 NOT_ON_RANKS_WHY = {
-    "fused-ce": "the fused loss runs inside the LM head's forward (models/transformer.py), "
-                "which your FSDP may replace or gather around in its own way; cs336sys's "
-                "DDPs and FSDP, torch's and your DDP take it",
     "compile": "your FSDP's units are most likely the layers inside each block (each Linear), "
                "whose gathering hooks run inside a compiled block, where dynamo guards on "
                "their Python state and recompiles at every unit; cs336sys's fsdp runs its hooks "
@@ -41,8 +39,8 @@ NOT_ON_RANKS_WHY = {
 
 
 def not_on_ranks(wrapper: str) -> tuple[str, ...]:
-    """The switches a point on several ranks wrapped by `wrapper` cannot switch on: fused-ce
-    and compile under the user's FSDP."""
+    """The switches a point on several ranks wrapped by `wrapper` cannot switch on: compile
+    under the user's FSDP."""
     return tuple(NOT_ON_RANKS_WHY) if ddp_yours.kind_of(wrapper) == "fsdp" else ()
 
 
@@ -59,6 +57,26 @@ def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str])
                 raise SpecError(f"--batch {b}: the global batch is split evenly over "
                                 f"--world-size {w} ranks; give a multiple of {w}")
     return wrapper
+
+
+def fused_loss_refusal(wrapped: Any) -> str | None:
+    """Why the model the user's FSDP returned cannot take the fused loss, or None. The step
+    calls it as `wrapped(x, targets=y, ce_impl=...)` and the loss is computed inside
+    cs336sys's LM head (models/transformer.py, LMHead), where the wrapper has gathered the
+    head's weight: its forward must pass keywords on, and the head must still be there."""
+    import inspect
+
+    from cs336sys.models.transformer import LMHead
+
+    params = inspect.signature(wrapped.forward).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params) and \
+            not {"targets", "ce_impl"} <= {p.name for p in params}:
+        return (f"{type(wrapped).__name__}.forward takes no keywords to pass on to the model "
+                "(targets=, ce_impl=), which compute the fused loss inside its LM head")
+    if not any(isinstance(m, LMHead) for m in wrapped.modules()):
+        return (f"{type(wrapped).__name__} replaced the model's LM head, which computes the fused "
+                "loss (cs336sys.models.transformer.LMHead)")
+    return None
 
 
 def run_on_ranks(ctx: Any, spec: Any) -> Result:
@@ -88,6 +106,10 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
             at_rank, seed=ddp_setup.init_seed(spec.ddp, spec.seed, ctx.rank), wrap=wrap, rows=rows)
     except Unfinished as exc:  # the user's getter raised NotImplementedError on every rank
         return Result("skipped", error=str(exc))
+    if spec.loss != "materialised" and ddp_yours.kind_of(spec.ddp) == "fsdp":
+        why = fused_loss_refusal(model)  # the same on every rank: the same code wrapped it
+        if why is not None:
+            return Result("skipped", error=f"fused-ce under --ddp {spec.ddp}: {why}")
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
     losses: list[Any] = []
