@@ -60,7 +60,8 @@ def parse_args() -> argparse.Namespace:
                         help="rows per chunk, a list to sweep (default: the function's)")
     parser.add_argument("--grad-w-sum", default="add",
                         help="add and/or addmm (CUDA): how grad_W is summed over the chunks")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (CUDA 3, CPU 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds (CUDA 3, CPU 1)")
     parser.add_argument("--impls", default=None, help="baseline,torch,triton (CPU: no triton)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iters", type=int, default=None, help="timed calls (CUDA 5, CPU 2)")

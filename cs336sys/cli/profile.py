@@ -1,8 +1,8 @@
 """`cs336sys profile model|attention`: torch.profiler over the measured steps, per phase.
 
 The options are those of `cs336sys model` and `cs336sys attention`, declared once with them
-(experiments/model_command.py, attention_command.py; `with_options`) and validated and expanded by the same functions (`model.specs`,
-`attention.specs`), plus --top, --trace and --nvtx; --nsys is every measuring command's
+(experiments/model_command.py, attention_command.py; `with_options`) and validated and
+expanded by the same functions (`model.specs`, `attention.specs`), plus --top, --trace and --nvtx; --nsys is every measuring command's
 (cli/nsys.py). Each point is one `runs` row (view `profile_runs`) and its op/kernel summary is
 rows of `kernel_stats` linked to it.
 """

@@ -14,6 +14,7 @@ Importing this module imports none of the kinds: `EXPERIMENTS` imports them on f
 from __future__ import annotations
 
 import ast
+import functools
 import tokenize
 from importlib import import_module
 from pathlib import Path
@@ -33,13 +34,17 @@ KINDS = (
 )
 
 
+@functools.cache
+def experiments() -> tuple[Any, ...]:
+    """Every kind's declaration, in KINDS' order, their modules imported on the first call."""
+    return tuple(kind_of(kind) for kind in KINDS)
+
+
 def __getattr__(name: str) -> Any:
-    """`EXPERIMENTS`: every kind's declaration, in KINDS' order, its modules imported now."""
+    """`EXPERIMENTS`, as `experiments()` gives it."""
     if name != "EXPERIMENTS":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    experiments = tuple(kind_of(kind) for kind in KINDS)
-    globals()["EXPERIMENTS"] = experiments
-    return experiments
+    return experiments()
 
 
 def kind_of(kind: str) -> Any:
@@ -49,7 +54,7 @@ def kind_of(kind: str) -> Any:
 
 def by_kind() -> dict[str, Any]:
     """The declarations by experiment kind."""
-    return {e.kind: e for e in __getattr__("EXPERIMENTS")}
+    return {e.kind: e for e in experiments()}
 
 
 def summary(kind: str) -> str:

@@ -1,6 +1,7 @@
 """Time collectives across ranks; store time, algbw and busbw (nccl-tests' formulas).
 
-One CommSpec is one point: one collective at one size and world size. Methodology follows nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+One CommSpec is one point: one collective at one size and world size. Methodology follows
+nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
 - S is the buffer size in bytes: the tensor for all-reduce and broadcast, the gathered output
   for all-gather, the input that is scattered for reduce-scatter (so every op moves S);
 - algbw = S / t;  busbw = algbw * factor, with factor 2(n-1)/n for all-reduce, (n-1)/n for

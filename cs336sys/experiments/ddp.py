@@ -1,7 +1,7 @@
 """Time data-parallel training steps; store step time and the exposed gradient communication.
 
-How much gradient communication each DDP variant exposes. One DDPSpec is one point: every rank builds the Transformer LM from its own seed (the wrapper
-broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
+How much gradient communication each DDP variant exposes. One DDPSpec is one point: every
+rank builds the Transformer LM from its own seed (the wrapper broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
 untimed and `iters` timed steps of the training step (experiments/training_step.py): forward,
 backward, finish_gradient_synchronization and optimizer, each phase ending with a device
 sync. A phase's time per step is the slowest
@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
-from cs336sys.experiments.ddp_section import TABLE, label
+from cs336sys.experiments.ddp_section import TABLE
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
@@ -418,10 +418,6 @@ def _param_spread(setup) -> float | None:
 
 
 # -- the declaration ------------------------------------------------------------------------
-
-
-def label_of(spec: DDPSpec) -> str:
-    return label(spec.settings())
 
 
 EXPERIMENT = Experiment(

@@ -23,7 +23,8 @@ with its unit and meaning, and a page can never list a column the store does not
 A kind of the catalog with no page of its own, docs/experiments/<kind>.md, gets one generated
 whole (its title, its command's reference, what it stores), and every kind the nav does not
 list gets an entry under Experiments. The build fails (mkdocs build --strict, `make docs`)
-when a written page lacks its marker, or when a marker is unknown. Rendering needs neither MkDocs nor torch: tests/test_docs.py calls `expand`.
+when a written page lacks its marker, or when a marker is unknown. Rendering needs neither
+MkDocs nor torch: tests/test_docs.py calls `expand`.
 """
 
 from __future__ import annotations
@@ -331,8 +332,10 @@ def unwritten_pages(docs_dir: Path) -> list[str]:
 def generated_page(kind: str) -> str:
     """The page of a kind nobody wrote one for: its title, its command's reference (where it
     declares one) and what it stores."""
+    from cs336sys.cli.declared import command_name
+
     (e,) = [e for e in experiments() if e.kind == kind]
-    command = f"<!-- generated: command {kind.replace('_', '-')} -->\n\n" if e.command else ""
+    command = f"<!-- generated: command {command_name(kind)} -->\n\n" if e.command else ""
     return f"# {e.title}\n\n{command}<!-- generated: experiment {kind} -->\n"
 
 
