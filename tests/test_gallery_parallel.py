@@ -8,6 +8,8 @@ in a course-layout repository, on two Gloo ranks."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.conftest import invoke, query
@@ -118,3 +120,31 @@ def test_fp16_is_refused_for_replicas_in_one_line(repo, tmp_path):
     assert result.exit_code == 2
     assert "--precision fp16 is an FSDP's compute dtype" in result.output
     assert not (tmp_path / "r.db").exists()
+
+
+STEP = ["--model", "cs336_basics", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+        "--num-layers", "1", "--num-heads", "2", "--vocab-size", "64", "--seq", "16",
+        "--batch", "2", "--world-size", "2", "--warmup", "0", "--iters", "2", "--device", "cpu"]
+
+
+@pytest.mark.slow  # starts ranks, compiles
+def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp_path):
+    """Compiled blocks under the user's FSDP: hooks run eager (torch.compiler.disable) train
+    as the plain step does; hooks traced into the block's graph fail, and the stored error
+    says so in words."""
+    db = tmp_path / "r.db"
+    for name, cls, switches, exit_code in [("yours-fsdp", "FSDP", "compile", 1),
+                                           ("yours-fsdp-ready", "CompileReady", "none,compile", 0)]:
+        out = invoke("step", *STEP, "--ddp", f"{name}={FSDP}:{cls}", "--switches", switches,
+                     "--db", db)
+        assert out.exit_code == exit_code, out.output
+    rows = query(db, "SELECT json_extract(settings, '$.ddp') AS ddp, "
+                     "json_extract(settings, '$.switches') AS switches, status, error, "
+                     "json_extract(samples, '$.loss') AS loss FROM runs ORDER BY created")
+    traced, plain, ready = rows
+    assert traced["status"] == "error"
+    assert "compile under --ddp yours-fsdp: the compiled step failed" in traced["error"]
+    assert "torch.compiler.disable" in traced["error"]
+    assert [(r["switches"], r["status"]) for r in (plain, ready)] == [("none", "ok"),
+                                                                      ("compile", "ok")]
+    assert json.loads(ready["loss"]) == pytest.approx(json.loads(plain["loss"]), rel=1e-5)

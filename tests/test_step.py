@@ -137,8 +137,6 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--precision", "fp16"], "--precision: unknown value"),
         (["--ddp", "fsdp"], "--ddp shares the step between ranks"),
         (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),
-        (["--world-size", "2", "--ddp", "yours-fsdp=cs336sys.parallel:FSDP", "--switches", "compile"],
-         "and --ddp yours-fsdp: your FSDP's units are most likely the layers"),
         (["--world-size", "2", "--ddp", "zero3"], "--ddp: unknown value 'zero3'"),
         (["--course-timing"], "--course-timing is triton.testing.do_bench's"),
         (["--preset", "fastest"], "--preset: unknown value"),

@@ -59,7 +59,7 @@ from cs336sys.experiments.step_build import (
     empty_compile_cache,
     tensor_peak_bytes,
 )
-from cs336sys.experiments.step_ranks import not_on_ranks, ranks_wrapper, run_on_ranks
+from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
 from cs336sys.experiments.training_step import throughput, throughput_metrics
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.stats import flatten
@@ -251,8 +251,6 @@ def specs(
     param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
     sets = parse_switches(switches, defaults["switches"])
     wrapper_asked = (ddp if ddp is not None else chosen.get("ddp", DEFAULT_DDP)).strip()
-    if switches is None and ranked:  # the default sets that can run on several ranks
-        sets = [s for s in sets if not set(s) & set(not_on_ranks(wrapper_asked))]
     adamw = defaults["adamw"] if adamw is None else adamw.strip()  # '' is not the default
     if adamw not in ADAMW_IMPLS:
         raise unknown("--adamw", adamw, ADAMW_IMPLS)
@@ -284,7 +282,7 @@ def specs(
     batches = positive_ints(batch, "--batch", default=[defaults["batch"]])
     wrapper = None
     if ranked:
-        wrapper = ranks_wrapper(wrapper_asked, worlds, batches, on)
+        wrapper = ranks_wrapper(wrapper_asked, worlds, batches)
     elif ddp is not None:
         raise SpecError("--ddp shares the step between ranks: give --world-size 2 or more")
     if course_timing and not on_cuda:

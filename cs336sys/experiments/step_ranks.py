@@ -28,35 +28,35 @@ from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.ranks import gather
 from cs336sys.sweep.result import Result, Unfinished
 
-# What a point on several ranks cannot switch on under the user's FSDP, and why. (fused-ce
-# is checked on the wrapped model instead: fused_loss_refusal.)
-NOT_ON_RANKS_WHY = {
-    "compile": "your FSDP's units are most likely the layers inside each block (each Linear), "
-               "whose gathering hooks run inside a compiled block, where dynamo guards on "
-               "their Python state and recompiles at every unit; cs336sys's fsdp runs its hooks "
-               "eager (graph breaks), torch-fsdp and every DDP take it too",
-}
 
-
-def not_on_ranks(wrapper: str) -> tuple[str, ...]:
-    """The switches a point on several ranks wrapped by `wrapper` cannot switch on: compile
-    under the user's FSDP."""
-    return tuple(NOT_ON_RANKS_WHY) if ddp_yours.kind_of(wrapper) == "fsdp" else ()
-
-
-def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int], on: set[str]) -> str:
+def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int]) -> str:
     """The `--ddp` wrapper of points on several ranks, checked against the other options."""
     (wrapper,) = ddp_yours.user_impls([ddp.strip()], list(IMPLS), "--ddp")
-    for switch in not_on_ranks(wrapper):
-        if switch in on:
-            raise SpecError(f"--switches {switch} is not measured with --world-size above 1 "
-                            f"and --ddp {wrapper}: " + NOT_ON_RANKS_WHY[switch])
     for w in worlds:
         for b in batches:
             if w > 1 and b % w:
                 raise SpecError(f"--batch {b}: the global batch is split evenly over "
                                 f"--world-size {w} ranks; give a multiple of {w}")
     return wrapper
+
+
+class CompiledUnderYourFSDP(RuntimeError):
+    """A compiled step under the user's FSDP failed: what failed, and the likely cause."""
+
+
+def compiled_under_yours(wrapper: str, exc: Exception) -> CompiledUnderYourFSDP:
+    """The failure of a compiled step under the user's FSDP `wrapper`, in words. A compiled
+    block calls the wrapper's hooks inside its graph, and dynamo traces them with the
+    tensors of that moment; a hook that swaps a weight's `.data` (gather, release) leaves the
+    graph expecting the shard's shape or the full one. Run eager
+    (`torch.compiler.disable`), each hook is a graph break instead, as in cs336sys's fsdp."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return CompiledUnderYourFSDP(
+        f"compile under --ddp {wrapper}: the compiled step failed "
+        f"({type(exc).__name__}: {first}); a compiled block runs your FSDP's hooks inside "
+        "its graph, so a hook that swaps a weight's .data is traced with the shapes of that "
+        "moment: register your hooks wrapped in torch.compiler.disable (each is then a "
+        "graph break, as in cs336sys's fsdp), or measure without compile")
 
 
 def fused_loss_refusal(wrapped: Any) -> str | None:
@@ -124,7 +124,13 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
         step_done(i + 1, total)
         return (time.perf_counter() - t0) * 1e3
 
-    first_ms = timed(0)  # compile, autotuning, the allocator's first requests
+    try:
+        first_ms = timed(0)  # compile, autotuning, the allocator's first requests
+    except Exception as exc:
+        if (spec.compile and ddp_yours.kind_of(spec.ddp) == "fsdp"
+                and not isinstance(exc, torch.OutOfMemoryError)):
+            raise compiled_under_yours(spec.ddp, exc) from exc
+        raise
     warm = [timed(1 + i) for i in range(spec.warmup)]
     with measured():  # what --nsys records: the timed steps, on every rank
         mine = [timed(1 + spec.warmup + i) for i in range(spec.iters)]

@@ -10,6 +10,9 @@ given, which the course's test builds alike on every rank. It passes the course'
 tests/test_fsdp.py in fp32 and fp16.
 
 `ForgetsReplicated`: the same, with the replicated parameters' all-reduce forgotten.
+
+`CompileReady`: the same, its gathering hooks registered under torch.compiler.disable, so that
+a compiled block runs them eager (the step's compile switch) instead of tracing them.
 """
 
 import torch
@@ -38,14 +41,17 @@ class FSDP(nn.Module):
             padded[: w.shape[0]] = w.data
             m.shard = padded[self.rank * m.rows : (self.rank + 1) * m.rows].clone()
             w.data = m.shard
-            m.register_forward_pre_hook(self._gather)
-            m.register_forward_hook(self._release)
-            m.register_full_backward_pre_hook(self._gather_for_backward)
+            m.register_forward_pre_hook(self._hook(self._gather))
+            m.register_forward_hook(self._hook(self._release))
+            m.register_full_backward_pre_hook(self._hook(self._gather_for_backward))
             w.register_post_accumulate_grad_hook(self._reduce_sharded(m))
         for p in module.parameters():
             if id(p) not in sharded and p.requires_grad:
                 self.replicated.append(p)
                 p.register_post_accumulate_grad_hook(self._reduce_replicated)
+
+    def _hook(self, fn):
+        return fn
 
     def _full(self, m):
         parts = [torch.empty_like(m.shard) for _ in range(self.world)]
@@ -107,3 +113,8 @@ class ForgetsReplicated(FSDP):
 
     def finish_gradient_synchronization(self):
         pass
+
+
+class CompileReady(FSDP):
+    def _hook(self, fn):
+        return torch.compiler.disable(fn)
