@@ -10,7 +10,8 @@ Triton runs twice, its default kernels (the descriptor, TMA, build on Hopper) an
 loads, each row named by the kernels that ran: "triton (tma)", "triton (pointer)". It checks
 issue 15's target: fwd+bwd under 4.4 ms and faster than cuDNN in the same run, met by the best
 triton row. With --atomic-dq (or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ
-backward with each load too, "triton (pointer+atomic-dq)" and "triton (tma+atomic-dq)".
+backward with each load too, "triton (pointer+atomic-dq)" and "triton (tma+atomic-dq)", and
+its dQ added by TMA reductions, "triton (tma+reduce-dq)".
 
     python benchmarks/attention_leaderboard.py [--atomic-dq] [--flash-benchmarking] [--db PATH]
 
@@ -45,8 +46,8 @@ def triton_label(row) -> str:
     asked, ran = row["triton_opt_in"] or "default", row["triton_kernels"]
     if ran is None:
         return ""
-    wanted = ("pointer" if "pointer" in asked else "tma") + (
-        "+atomic-dq" if "atomic-dq" in asked else "")
+    dq_sum = next((s for s in ("reduce-dq", "atomic-dq") if s in asked), None)
+    wanted = ("pointer" if "pointer" in asked else "tma") + (f"+{dq_sum}" if dq_sum else "")
     return f" ({ran})" if ran == wanted else f" ({ran}, asked {asked})"
 
 
@@ -79,12 +80,13 @@ def main() -> int:
     hopper = torch.cuda.get_device_capability(0)[0] >= 9
     # The environment's own switches never leak in: each path is asked for by name.
     env = {k: v for k, v in os.environ.items()
-           if k not in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_ATOMIC_DQ")}
+           if k not in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_ATOMIC_DQ",
+                        "CS336SYS_TRITON_REDUCE_DQ")}
     # The triton paths side by side in one invocation (--triton-opt-in sweeps them); triton
     # rows are named by the kernels that ran (triton_kernels), and by what they asked for
     # (triton_opt_in) where the GPU made them fall back.
-    opt_ins = ["default", "pointer"] + (["pointer+atomic-dq", "tma+atomic-dq"] if args.atomic_dq
-                                        else [])
+    opt_ins = ["default", "pointer"] + (["pointer+atomic-dq", "tma+atomic-dq", "reduce-dq"]
+                                        if args.atomic_dq else [])
     runs = [  # one invocation each, in this order
         ["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
          ",".join(opt_ins)],

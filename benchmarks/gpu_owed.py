@@ -5,8 +5,9 @@ Each step is a command; its output goes to owed.log and its figures into the sto
 (cs336sys commands) or the log (benchmarks/ scripts), under reports/<gpu>/owed/:
 
 - issue 15: the host cost per call (40 us target), the leaderboard shape with the pointer
-  kernels, the opt-in TMA kernels, the opt-in atomic-dQ backward and cuDNN side by side, and
-  the GPU tests of both opt-ins;
+  kernels, the opt-in TMA kernels, the opt-in atomic-dQ backward (atomics, TMA reductions)
+  and cuDNN side by side, and the GPU tests of the opt-ins;
+- issue 41: the same backwards at d 128 beside cuDNN in one invocation;
 - issue 17: the AdamW step over xl's parameters (ours against torch fused), the fused LM head
   + cross-entropy at the leaderboard's size, the xl step with each switch (45 % MFU target),
   the 8B at 8 layers, and the largest 8B that fits at context 8192 with checkpointing;
@@ -53,8 +54,14 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
     ("issue 15: TMA kernels and atomic dQ against float64 on this GPU",
      [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
       "tests/test_gpu_attention.py", "-k", "tma or plans or atomic"], {}),
-    ("issue 15: leaderboard shape, pointer vs TMA vs atomic dQ vs cuDNN (target < 4.4 ms, below cuDNN)",
+    ("issue 15: leaderboard shape, pointer vs TMA vs atomic dQ (atomics, TMA reductions) vs "
+     "cuDNN (target < 4.4 ms, below cuDNN)",
      [PY, "benchmarks/attention_leaderboard.py", "--atomic-dq", "--db", "{db}"], {}),
+    ("issue 41: d 128, seq 16384, causal bf16: the backward in 7 products (default) and in 5, "
+     "dQ by atomics and by TMA reductions, beside cuDNN in the same invocation",
+     [*CLI, "attention", "--preset", "leaderboard", "--d-head", "128", "--impl", "triton,sdpa",
+      "--sdpa-backend", "cudnn", "--triton-opt-in", "default,atomic-dq,reduce-dq",
+      "--db", "{db}"], {}),
     ("issue 17: AdamW over xl's parameters, fp32 (target: adamw-triton <= torch fused)",
      [PY, "benchmarks/adamw.py", "--size", "xl"], {}),
     ("issue 17: AdamW over xl's parameters, bf16 weights with fp32 moments",

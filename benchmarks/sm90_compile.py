@@ -53,12 +53,14 @@ class Build:
     wgmma: int
     atomics: int  # red/atom.global instructions (the atomic dQ's additions)
     wide_atomics: int  # of which .v4: 16 bytes per thread and instruction
+    tma_reductions: int  # cp.reduce.async.bulk.tensor (the atomic dQ's TMA additions)
 
     def __str__(self) -> str:
         return (f"REG {self.registers} STACK {self.stack} | smem {self.shared} B | "
                 f"ld 16B {self.wide_loads}/{self.wide_loads + self.narrow_loads}, "
                 f"st 16B {self.wide_stores}/{self.wide_stores + self.narrow_stores} | "
-                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma, {self.atomics} atomics")
+                f"{self.tma_copies} TMA copies, {self.wgmma} wgmma, {self.atomics} atomics, "
+                f"{self.tma_reductions} TMA reductions")
 
 
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[str],
@@ -88,6 +90,7 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[s
         tma_copies=ptx.count("cp.async.bulk.tensor"), wgmma=ptx.count("wgmma.mma_async"),
         atomics=len(re.findall(r"\b(?:red|atom)\.global", ptx)),
         wide_atomics=len(re.findall(r"\b(?:red|atom)\.global\S*\.v4\.", ptx)),
+        tma_reductions=ptx.count("cp.reduce.async.bulk.tensor"),
     )
 
 
@@ -132,7 +135,7 @@ def attention_builds():
         precision = "ieee" if pointers[0] == FP32 else "tf32"
         c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
         if name.startswith("dkdv"):
-            c["ATOMIC_DQ"] = name == "dkdv+dq"
+            c["ATOMIC_DQ"], c["DQ_TMA"] = name == "dkdv+dq", False
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")
@@ -152,7 +155,8 @@ def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages
 
 def atomic_dq_builds(head_dims=(64, 128)):
     """The dK/dV kernels with ATOMIC_DQ at every 16-bit config their pruner keeps (bf16,
-    causal, long sequences), pointer and TMA variants: the list is meant to be spill-free."""
+    causal, long sequences), pointer and TMA variants, the TMA one with pointer atomics and
+    with TMA reductions (DQ_TMA): the list is meant to be spill-free."""
     from cs336sys.attention import flash_triton_tuning as tuning
 
     for d in head_dims:
@@ -160,10 +164,12 @@ def atomic_dq_builds(head_dims=(64, 128)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
                      ROUND_BF16=False, ATOMIC_DQ=True, **tiles)
-            for variant, tma in VARIANTS:
+            for variant, tma, dq_tma in (*((v, t, False) for v, t in VARIANTS),
+                                         ("tma-reduce", True, True)):
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
                          f"s{cfg.num_stages}")
-                yield label, _attention(ATTENTION_KERNELS["dkdv+dq"], DKDV_DQ, {**c, "TMA": tma},
+                yield label, _attention(ATTENTION_KERNELS["dkdv+dq"], DKDV_DQ,
+                                        {**c, "TMA": tma, "DQ_TMA": dq_tma},
                                         cfg.num_warps, cfg.num_stages)
 
 

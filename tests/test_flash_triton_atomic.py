@@ -30,6 +30,17 @@ def atomic_dq(monkeypatch):
     assert backward and all(p.atomic_dq for p in backward)  # the atomic plans really ran
 
 
+@pytest.fixture
+def reduce_dq(atomic_dq, monkeypatch):
+    """dQ added by TMA reductions: the descriptor build everywhere (FORCE_TMA), the
+    interpreter running each tile's `atomic_add` (measure/triton_support.py)."""
+    monkeypatch.setattr(flash_triton, "REDUCE_DQ", True)
+    monkeypatch.setattr(flash_triton, "FORCE_TMA", True)
+    yield
+    backward = [p for p in flash_triton._PLANS.values() if len(p.launches) == 2]
+    assert all(p.reduce_dq and p.variant == "tma" for p in backward)
+
+
 CASES = [  # (q shape, k/v shape, dtype, causal)
     pytest.param((2, 2, 37, 32), (2, 2, 37, 32), F32, True, id="fp32-causal"),
     pytest.param((2, 64, 16), (2, 64, 16), F32, False, id="fp32-3d-full"),
@@ -49,6 +60,18 @@ def test_atomic_dq_matches_float64(atomic_dq, shape_q, shape_kv, dtype, is_causa
     assert_close(got, ref, dtype, err)
 
 
+@pytest.mark.parametrize("shape_q, shape_kv, dtype, is_causal", [
+    pytest.param((2, 2, 37, 32), (2, 2, 37, 32), F32, True, id="fp32-causal-tail"),
+    pytest.param((2, 21, 80), (2, 50, 80), F32, False, id="fp32-fewer-queries-d80"),
+    pytest.param((1, 2, 40, 128), (1, 2, 40, 128), BF16, True, id="bf16-d128"),
+])
+def test_dq_by_tma_reductions_matches_float64(reduce_dq, shape_q, shape_kv, dtype, is_causal):
+    """Each query tile's share of dQ added as one tile through the descriptor, which drops
+    the rows past the sequence and the columns past a head dim of 80 (BLOCK_D 128)."""
+    got, ref, err = run_flash(shape_q, shape_kv, dtype, is_causal, seed=4)
+    assert_close(got, ref, dtype, err)
+
+
 @pytest.mark.skipif(DEVICE == "cuda", reason="the autotuner picks the tiles on CUDA")
 @pytest.mark.parametrize("tiles", [(32, 16), (16, 32)], ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("n_queries, n_keys", [(45, 45), (70, 29), (29, 70)])
@@ -59,12 +82,15 @@ def test_atomic_dq_with_unequal_tiles(atomic_dq, monkeypatch, tiles, n_queries, 
 
 
 @pytest.mark.slow  # three interpreted forward and backward calls each
-@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
-def test_model_views_reuse_the_atomic_plan(atomic_dq, monkeypatch, tma):
+@pytest.mark.parametrize("tma, reduce", [(False, False), (True, False), (True, True)],
+                         ids=["pointer", "tma", "tma-reduce"])
+def test_model_views_reuse_the_atomic_plan(atomic_dq, monkeypatch, tma, reduce):
     """(B, H, T, D) views of (B, T, H, D) memory, three calls: one plan each way, reused, and
     dQ (a float32 buffer cast back) comes out in q's memory order. With the descriptor loads
-    (FORCE_TMA) the atomics stay pointer ones."""
+    (FORCE_TMA) the atomics stay pointer ones unless REDUCE_DQ: then a descriptor over the
+    float32 buffer's strided rows takes the tiles."""
     monkeypatch.setattr(flash_triton, "FORCE_TMA", tma)
+    monkeypatch.setattr(flash_triton, "REDUCE_DQ", reduce)
     q, k, v, do = make_inputs((2, 40, 2, 32), (2, 40, 2, 32), BF16, seed=6, device=DEVICE)
     q, k, v, do = (t.transpose(1, 2) for t in (q, k, v, do))
     ref = {n: t.to(DEVICE) for n, t in reference(q, k, v, do, True).items()}
@@ -78,7 +104,7 @@ def test_model_views_reuse_the_atomic_plan(atomic_dq, monkeypatch, tma):
     plans = list(flash_triton._PLANS.values())
     variant = "tma" if tma else "pointer"
     assert [(p.hits, p.views, p.variant) for p in plans] == [(2, False, variant)] * 2
-    assert [p.atomic_dq for p in plans] == [False, True]  # forward, backward
+    assert [(p.atomic_dq, p.reduce_dq) for p in plans] == [(False, False), (True, reduce)]
 
 
 def test_the_default_backward_is_atomic_free_and_deterministic(monkeypatch):
@@ -131,7 +157,8 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
     db = tmp_path / "r.db"
     argv = ["attention", "--impl", "triton,naive", "--seq", "40", "--d-head", "16", "--batch",
             "1", "--heads", "2", "--warmup", "0", "--iters", "1", "--device", DEVICE, "--db", db]
-    result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq", "--wide")
+    result = invoke(*argv, "--triton-opt-in", "default,atomic-dq,tma+atomic-dq,reduce-dq",
+                    "--wide")
     assert result.exit_code == 0, result.output
     got = query(db, "SELECT impl, triton_opt_in, triton_kernels, status, max_err_grad "
                     "FROM attention_runs ORDER BY created")
@@ -139,15 +166,17 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
         ("triton", "default", "pointer", "ok"),
         ("triton", "atomic-dq", "pointer+atomic-dq", "ok"),
         ("triton", "tma+atomic-dq", "pointer+atomic-dq", "ok"),  # fp32 never takes TMA
+        ("triton", "reduce-dq", "pointer+atomic-dq", "ok"),  # ... nor its reductions
         ("naive", None, None, "ok"),
     ]
     assert all(r["max_err_grad"] < 1e-4 for r in got)
     triton_lines = [line for line in result.output.splitlines() if line.startswith("triton")]
-    assert len(triton_lines) == 3 and all("×" in line for line in triton_lines)  # vs naive
+    assert len(triton_lines) == 4 and all("×" in line for line in triton_lines)  # vs naive
     from cs336sys.attention import opt_in
 
-    assert (flash_triton.TMA, flash_triton.ATOMIC_DQ) == (opt_in.TMA, opt_in.ATOMIC_DQ)
+    assert (flash_triton.TMA, flash_triton.ATOMIC_DQ, flash_triton.REDUCE_DQ) == (
+        opt_in.TMA, opt_in.ATOMIC_DQ, opt_in.REDUCE_DQ)
     bad = invoke(*argv, "--triton-opt-in", "fast")
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "--triton-opt-in: unknown value 'fast'" in bad.stderr
-    assert len(query(db, "SELECT 1 FROM attention_runs")) == 4
+    assert len(query(db, "SELECT 1 FROM attention_runs")) == 5

@@ -167,22 +167,27 @@ ATOMIC_CASES = [  # the opt-in atomic-dQ backward: each dtype, both maskings, d 
 ]
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
+@pytest.mark.parametrize("tma, reduce", [(False, False), (True, False), (True, True)],
+                         ids=["pointer", "tma", "tma-reduce"])
 @pytest.mark.parametrize("shape, dtype, causal", ATOMIC_CASES)
-def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tma):
-    """dQ added into float32 with atomics in the dK/dV kernel (opt-in)."""
+def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tma, reduce):
+    """dQ added into float32 in the dK/dV kernel (opt-in): with atomics, or a TMA reduction
+    of each tile (REDUCE_DQ)."""
     from cs336sys.attention import FlashAttention2Triton, flash_triton
 
     if tma and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("TMA descriptors need compute capability 9 (Hopper) or newer")
     monkeypatch.setattr(flash_triton, "_PLANS", {})
     monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
+    monkeypatch.setattr(flash_triton, "REDUCE_DQ", reduce)
     monkeypatch.setattr(flash_triton, "FORCE_TMA", tma)
     check_both(shape, dtype, causal, impls=(FlashAttention2Triton,))
-    assert [p.atomic_dq for p in flash_triton._PLANS.values()] == [False, True]
+    assert [(p.atomic_dq, p.reduce_dq) for p in flash_triton._PLANS.values()] == [
+        (False, False), (True, reduce)]
 
 
-def test_autotuned_atomic_dq_starts_every_trial_from_zero(monkeypatch):
+@pytest.mark.parametrize("reduce", [False, True], ids=["atomics", "tma-reduce"])
+def test_autotuned_atomic_dq_starts_every_trial_from_zero(monkeypatch, reduce):
     """The autotuner runs each candidate on the same buffers: the float32 dQ they add into
     must be zeroed before every trial and before the real run (reset_to_zero), or dQ comes
     out as the sum of the trials. A short sequence keeps the candidates few."""
@@ -190,6 +195,7 @@ def test_autotuned_atomic_dq_starts_every_trial_from_zero(monkeypatch):
 
     monkeypatch.setattr(flash_triton, "_PLANS", {})
     monkeypatch.setattr(flash_triton, "ATOMIC_DQ", True)
+    monkeypatch.setattr(flash_triton, "REDUCE_DQ", reduce)
     with flash_triton.pinned_tiles(False):
         check_both((1, 2, 63, 64), BF16, True, impls=(FlashAttention2Triton,))
 

@@ -25,25 +25,30 @@ def reload(monkeypatch):
     importlib.reload(opt_in)
 
 
-@pytest.mark.parametrize(("env", "tma", "atomic", "label"), [
-    ({}, True, False, "default"),
-    ({"CS336SYS_TRITON_TMA": "1"}, True, False, "default"),
-    ({"CS336SYS_TRITON_TMA": "0"}, False, False, "pointer"),
-    ({"CS336SYS_TRITON_ATOMIC_DQ": "1"}, True, True, "atomic-dq"),
-    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "1"}, False, True,
+@pytest.mark.parametrize(("env", "tma", "atomic", "reduce", "label"), [
+    ({}, True, False, False, "default"),
+    ({"CS336SYS_TRITON_TMA": "1"}, True, False, False, "default"),
+    ({"CS336SYS_TRITON_TMA": "0"}, False, False, False, "pointer"),
+    ({"CS336SYS_TRITON_ATOMIC_DQ": "1"}, True, True, False, "atomic-dq"),
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "1"}, False, True, False,
+     "pointer+atomic-dq"),
+    ({"CS336SYS_TRITON_REDUCE_DQ": "1"}, True, True, True, "reduce-dq"),
+    # TMA reductions need the TMA build: without it, the atomic dQ they add, by pointers
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_REDUCE_DQ": "1"}, False, True, False,
      "pointer+atomic-dq"),
 ])
-def test_the_environment_gives_the_default_paths(reload, env, tma, atomic, label):
+def test_the_environment_gives_the_default_paths(reload, env, tma, atomic, reduce, label):
     mod = reload(**env)
-    assert (mod.TMA, mod.ATOMIC_DQ) == (tma, atomic)
+    assert (mod.TMA, mod.ATOMIC_DQ, mod.REDUCE_DQ) == (tma, atomic, reduce)
     assert mod.requested() == label
-    assert mod.flags(label) == (tma, atomic)  # a label asks for what the environment did
+    assert mod.flags(label) == (tma, atomic, reduce)  # a label asks for what the environment did
 
 
 def test_every_choice_names_its_loads_and_backward():
     assert {c: opt_in.flags(c) for c in opt_in.CHOICES} == {
-        "default": (True, False), "pointer": (False, False), "tma": (True, False),
-        "atomic-dq": (True, True), "pointer+atomic-dq": (False, True),
-        "tma+atomic-dq": (True, True)}
+        "default": (True, False, False), "pointer": (False, False, False),
+        "tma": (True, False, False), "atomic-dq": (True, True, False),
+        "pointer+atomic-dq": (False, True, False), "tma+atomic-dq": (True, True, False),
+        "reduce-dq": (True, True, True)}
     with pytest.raises(ValueError, match="unknown Triton opt-in 'fast'"):
         opt_in.flags("fast")

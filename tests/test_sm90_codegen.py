@@ -83,10 +83,15 @@ def test_cross_entropy_bf16_reads_and_writes_logits_16_bytes_at_a_time_without_s
 def test_atomic_dq_candidates_for_head_dim_128_compile_without_spills(builds):
     """The atomic-dQ dK/dV kernel's candidates are a hand-checked list, not an estimate: at
     d 128 (where most tiles spill) each kept config, pointer and TMA, compiles for sm_90 with
-    no spilled registers, and its dQ additions are 16 bytes wide."""
+    no spilled registers, and its dQ additions are 16 bytes wide; with DQ_TMA they are TMA
+    reductions of whole tiles, with no per-element atomic left."""
     labels = [label for label, build in builds.items() if build["group"] == "atomic-dq"]
-    assert len(labels) >= 4  # pointer and TMA of at least two configs
+    assert len(labels) >= 6  # pointer, TMA and TMA reductions of at least two configs
     for label in labels:
         build = built(builds, label)
         assert build["stack"] == 0, label
-        assert build["atomics"] > 0 and build["wide_atomics"] == build["atomics"], label
+        if label.startswith("tma-reduce"):
+            assert build["tma_reductions"] > 0 and build["atomics"] == 0, label
+        else:
+            assert build["atomics"] > 0 and build["wide_atomics"] == build["atomics"], label
+            assert build["tma_reductions"] == 0, label

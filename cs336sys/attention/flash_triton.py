@@ -26,11 +26,9 @@ causal, dtype). Without CUDA the kernels run only in Triton's interpreter, which
 switched on with TRITON_INTERPRET=1 before this module is imported; it then uses fixed
 16 x 16 tiles.
 
-GPUs of compute capability >= 9 (Hopper) run the kernels' TMA build on 16-bit inputs, which
-moves tiles through tensor descriptors (`flash_triton_tma.py`); CS336SYS_TRITON_TMA=0 keeps
-the pointer loads. With CS336SYS_TRITON_ATOMIC_DQ=1 the backward adds dQ with atomics inside
-the dK/dV kernel instead of recomputing S and dP in a dQ kernel. Both were chosen by the
-H200's figures (attention/opt_in.py).
+Hopper GPUs run the kernels' TMA build on 16-bit inputs (tensor descriptors,
+`flash_triton_tma.py`). Opt-ins (attention/opt_in.py) add dQ inside the dK/dV kernel instead
+of recomputing S and dP in a dQ kernel: with atomics, or with TMA reductions.
 """
 
 from __future__ import annotations
@@ -95,11 +93,10 @@ def check_available(device: torch.device | str) -> None:
 # kernels wherever the layout allows, any dtype, the interpreter included: what tests set.
 TMA = opt_in.TMA
 FORCE_TMA = False
-# Atomic dQ (flash_triton_kernels.py, "Atomic dQ"): with CS336SYS_TRITON_ATOMIC_DQ=1
-# the backward runs D alone, then the dK/dV kernel adding dQ into a zeroed float32 buffer
-# with atomics (5 tile products instead of 7; dQ no longer bit-for-bit reproducible), then
-# casts it to dQ's dtype. Opt-in: on an H200 its backward was slower (opt_in.py).
-ATOMIC_DQ = opt_in.ATOMIC_DQ
+# Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
+# adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
+# reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
+ATOMIC_DQ, REDUCE_DQ = opt_in.ATOMIC_DQ, opt_in.REDUCE_DQ
 
 
 @functools.cache
@@ -111,26 +108,26 @@ def _hopper_or_newer(device_index: int) -> bool:
 def opted_in(choice: str):
     """Inside, calls run the opt-in paths `choice` names (attention/opt_in.CHOICES) instead
     of the environment's. Plans are keyed on them, so none is reused across a switch."""
-    global TMA, ATOMIC_DQ
-    saved = TMA, ATOMIC_DQ
-    TMA, ATOMIC_DQ = opt_in.flags(choice)
+    global TMA, ATOMIC_DQ, REDUCE_DQ
+    saved = TMA, ATOMIC_DQ, REDUCE_DQ
+    TMA, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
     try:
         yield
     finally:
-        TMA, ATOMIC_DQ = saved
+        TMA, ATOMIC_DQ, REDUCE_DQ = saved
 
 
 def kernels_ran(backward: bool) -> str:
     """The kernels the last call ran: "pointer" or "tma" (the opt-in falls back where the GPU,
     dtype or layout cannot take it; "tma/pointer" when forward and backward differ), plus
-    "+atomic-dq" for the atomic-dQ backward. What `cs336sys attention` stores as
+    "+atomic-dq" or "+reduce-dq" for an atomic-dQ backward. What `cs336sys attention` stores as
     triton_kernels, read from the plans the calls ran."""
     fwd = _LAST["fwd"].variant
     if not backward:
         return fwd
     bwd = _LAST["bwd"]
     variant = fwd if bwd.variant == fwd else f"{fwd}/{bwd.variant}"
-    return variant + ("+atomic-dq" if bwd.atomic_dq else "")
+    return variant + ("+reduce-dq" if bwd.reduce_dq else "+atomic-dq" if bwd.atomic_dq else "")
 
 
 def _variant(*views: torch.Tensor) -> str:
@@ -173,7 +170,8 @@ _LAST: dict[str, _Plan] = {}  # "fwd", "bwd": the plan the last call ran (kernel
 def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
-    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, ATOMIC_DQ, DIRECT_LAUNCH)
+    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, ATOMIC_DQ,
+            REDUCE_DQ, DIRECT_LAUNCH)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
@@ -384,16 +382,17 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     dkdv_args = (*qkv, *bht_strides(do4), *bht_strides(dk4), *bht_strides(dv4),
                  *bht_strides(dq4), *scales)
     if ATOMIC_DQ:
+        reduce = REDUCE_DQ and variant == "tma"  # TMA reductions need the descriptor build
         pre = _first_launch(
             "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
             (*bht_strides(o4), *bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
         )
         dkdv = _summed_dq(dq4, lambda dq_sum: _first_launch(
-            "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
+            "dkdv_reduce_tma" if reduce else "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
             (q4, k4, v4, do4, lse, delta, dk4, dv4, dq_sum), dkdv_args,
-            {**constexprs, "ATOMIC_DQ": True},
+            {**constexprs, "ATOMIC_DQ": True, "DQ_TMA": reduce},
         ))
-        return _Plan((pre, dkdv), copied, variant, atomic_dq=True)
+        return _Plan((pre, dkdv), copied, variant, atomic_dq=True, reduce_dq=reduce)
     # dQ first: its kernel also writes D, which the dK/dV kernel reads.
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
@@ -401,7 +400,7 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     )
     dkdv = _first_launch(
         "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),
-        dkdv_args, {**constexprs, "ATOMIC_DQ": False},
+        dkdv_args, {**constexprs, "ATOMIC_DQ": False, "DQ_TMA": False},
     )
     return _Plan((dq_, dkdv), copied, variant)
 

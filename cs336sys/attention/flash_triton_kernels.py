@@ -27,8 +27,9 @@ Conventions shared by every kernel:
   HEAD_DIM != BLOCK_D, sequence tails masked on load and store; with TMA True (opt-in, for
   Hopper), tensor descriptors, whose TMA copies pad and drop out-of-bounds rows and columns
   themselves. Triton compiles each constexpr value separately, so the pointer build never
-  contains a descriptor operation, nor the TMA build a mask on a tile. The O(T) rows L and D,
-  O in the D computation, and the atomic dQ always use pointers, as in Triton's tutorial.
+  contains a descriptor operation, nor the TMA build a mask on a tile. The O(T) rows L and D
+  and O in the D computation always use pointers, as in Triton's tutorial; the atomic dQ
+  too, unless DQ_TMA (opt-in REDUCE_DQ) adds each of its tiles by one TMA reduction.
 - Scores live in base 2: qk_scale = log2(e) / sqrt(d) is folded into S, so the softmax uses
   exp2, which is one MUFU instruction on NVIDIA GPUs (exp is exp2 plus a multiply). L is
   stored as a natural-log logsumexp, and the backward multiplies it by log2(e) again.
@@ -45,8 +46,9 @@ Conventions shared by every kernel:
   deterministic, but its dQ kernel recomputes S and dP, so it runs 7 tile products where
   Algorithm 2 runs 5. At the leaderboard shape that is 1.92 of the 2.47 causal TFLOP of
   forward+backward; with dQ added in the dK/dV kernel as FlashAttention-2 and -3 do (dQ_i +=
-  dS_ij K_j, atomically, into float32), it is 1.37. Whether the atomics cost less than the
-  two products they save is yet to be measured on a GPU.
+  dS_ij K_j, atomically, into float32), it is 1.37. On an H200 per-element atomics cost more
+  than the two products they save; TMA reductions of whole tiles (DQ_TMA), as FA3 adds its
+  dQ, are yet to be timed.
 - PRECISION is tl.dot's input_precision ("ieee" for float32 inputs so that fp32 means fp32,
   not TF32). UPCAST_DOT and ROUND_BF16 work around two bfloat16 bugs of the Triton 3.9
   interpreter, and the launcher sets them only when interpreted: its tl.dot returns garbage
@@ -288,10 +290,11 @@ def _attn_bwd_dkdv_inner(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
     """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14), and
-    with ATOMIC_DQ add dS_ij K_j into the float32 dQ rows of each query tile (line 15).
+    with ATOMIC_DQ add dS_ij K_j into the float32 dQ rows of each query tile (line 15), a
+    TMA reduction per tile with DQ_TMA.
 
     Works on transposed tiles (S^T = K_j Q_i^T, as the Triton tutorial does) so that P^T and
     dS^T are the left operands of the dV and dK products without a register transpose.
@@ -326,7 +329,7 @@ def _attn_bwd_dkdv_inner(
             dq = _dot(tl.trans(dsT), k, tl.zeros([Q_TILE, BLOCK_D], tl.float32), PRECISION,
                       UPCAST_DOT)
             _add_tile(dQ_dst, start_m, offs_m, stride_dqt, N_Q, dq * sm_scale,
-                      HEAD_DIM, BLOCK_D, MASKED)
+                      HEAD_DIM, BLOCK_D, MASKED, DQ_TMA)
     return dk, dv
 
 
@@ -341,10 +344,11 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
     """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM);
-    with ATOMIC_DQ also adds its share of dQ into dQ, float32, zeroed (unused otherwise).
+    with ATOMIC_DQ also adds its share of dQ into dQ, float32, zeroed (unused otherwise):
+    per element with pointer atomics, or with DQ_TMA (on a TMA build) a tile at a time.
 
     K_j and V_j stay on chip while the program walks the query tiles (Algorithm 2, lines
     6-14, the outer loop over j); Q, dO, L and D are re-read per query tile. Layouts as in
@@ -369,8 +373,10 @@ def _attn_bwd_dkdv_kernel(
     Q_src = _slice(Q, b, h, stride_qb, stride_qh, stride_qt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D, TMA)
     dO_src = _slice(dO, b, h, stride_dob, stride_doh, stride_dot, N_Q, HEAD_DIM, Q_TILE, BLOCK_D,
                     TMA)
-    # The float32 dQ of ATOMIC_DQ takes atomic additions: pointers, whatever TMA says.
-    dQ_ptrs = _slice_ptrs(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, offs_m, BLOCK_D)
+    # The float32 dQ of ATOMIC_DQ takes atomic additions: TMA reductions with DQ_TMA, else
+    # pointer atomics, whatever TMA says for the other tiles.
+    dQ_dst = _slice(dQ, b, h, stride_dqb, stride_dqh, stride_dqt, N_Q, HEAD_DIM, Q_TILE, BLOCK_D,
+                    DQ_TMA)
     L_row = L + bh * N_Q
     D_row = D + bh * N_Q
 
@@ -384,25 +390,25 @@ def _attn_bwd_dkdv_kernel(
         lo = start_n // Q_TILE * Q_TILE
         diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
+        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
         offs_m, offs_n,
         lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
         N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA,
     )
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
+        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
         offs_m, offs_n,
         diag_end, full_end,  # query tiles that see every key of this tile: no mask
         N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA,
     )
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_ptrs, stride_qt, stride_dot, stride_dqt,
+        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
         offs_m, offs_n,
         tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
         N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA,
     )
 
     # dK = scale * dS^T Q (line 14), as dQ.

@@ -62,6 +62,7 @@ class Plan:
     views: bool  # a tensor must go through kernel_view (a reshape or a copy) on every call
     variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
     atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
+    reduce_dq: bool = False  # ... adding dQ with TMA reductions (REDUCE_DQ, DQ_TMA)
     hits: int = 0
 
     def reuse(self) -> None:

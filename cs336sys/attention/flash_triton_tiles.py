@@ -192,30 +192,35 @@ def _store_owned(
 @triton.jit
 def _add_tile(
     dst, start, offs, stride_t, n_rows, x,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
 ):
     """Atomically add the float32 tile x to rows start + offs of a float32 (n_rows, HEAD_DIM)
-    slice; dst points at the slice's first rows, as _slice makes them without TMA.
+    _slice dst.
 
-    Relaxed: the additions only need to be atomic, not ordered (the default, acq_rel, would
-    fence every one). Pointer atomics also where the kernel's TMA is set: Triton's interpreter
-    runs them, not a descriptor's atomic_add (a TMA reduction), so this path is tested on CPU.
+    TMA: one reduction of the whole tile through the descriptor (`atomic_add`, PTX
+    cp.reduce.async.bulk.tensor), issued by one thread from shared memory, as FlashAttention-3
+    adds its dQ; rows and columns out of bounds are dropped. Otherwise per-element pointer
+    atomics, relaxed: the additions only need to be atomic, not ordered (the default,
+    acq_rel, would fence every one).
     """
-    ptrs = dst + start * stride_t
-    rows = start + offs
-    if CHECK_ROWS:
-        if HEAD_DIM == BLOCK_D:
-            tl.atomic_add(ptrs, x, mask=rows[:, None] < n_rows, sem="relaxed")
-        else:
-            offs_d = tl.arange(0, BLOCK_D)
-            mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
-            tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
+    if TMA:
+        dst.atomic_add([start, 0], x)
     else:
-        if HEAD_DIM == BLOCK_D:
-            tl.atomic_add(ptrs, x, sem="relaxed")
+        ptrs = dst + start * stride_t
+        rows = start + offs
+        if CHECK_ROWS:
+            if HEAD_DIM == BLOCK_D:
+                tl.atomic_add(ptrs, x, mask=rows[:, None] < n_rows, sem="relaxed")
+            else:
+                offs_d = tl.arange(0, BLOCK_D)
+                mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+                tl.atomic_add(ptrs, x, mask=mask, sem="relaxed")
         else:
-            offs_d = tl.arange(0, BLOCK_D)
-            tl.atomic_add(ptrs, x, mask=(offs_d[None, :] < HEAD_DIM), sem="relaxed")
+            if HEAD_DIM == BLOCK_D:
+                tl.atomic_add(ptrs, x, sem="relaxed")
+            else:
+                offs_d = tl.arange(0, BLOCK_D)
+                tl.atomic_add(ptrs, x, mask=(offs_d[None, :] < HEAD_DIM), sem="relaxed")
 
 
 @triton.jit

@@ -116,7 +116,7 @@ _ATOMIC_D128 = [(32, 64, 8, 2), (16, 128, 8, 2), (16, 64, 8, 2)]
 _ATOMIC = _Tuning([_config(*c) for c in _ATOMIC_D64 + _ATOMIC_D128], "K_TILE", 2, 2, 2, 2, 0,
                   spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)},
                   reset_to_zero=["dQ"])
-_TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC})
+_TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC, "dkdv_reduce_tma": _ATOMIC})
 
 
 # float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
@@ -174,11 +174,13 @@ _KERNELS = {
     # the autotuner must zero the dQ buffer it adds into before each trial).
     "dkdv_atomic": kernels._attn_bwd_dkdv_kernel,
     "dkdv_atomic_tma": kernels._attn_bwd_dkdv_kernel,
+    "dkdv_reduce_tma": kernels._attn_bwd_dkdv_kernel,  # DQ_TMA: dQ by TMA reductions
 }
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
 # the dtypes of the tensor arguments to this key itself. TMA is in it because "fwd" and
 # "fwd_tma" (and so on) tune one JITFunction with the same candidates: the results Triton
-# caches on disk (cache_results) are keyed on the function, the key and the configs only.
+# caches on disk (cache_results) are keyed on the function, the key and the configs only;
+# DQ_TMA, for the same reason, where the kernel takes it ("dkdv_atomic_tma", "..._reduce_tma").
 TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "TMA"]
 
 
@@ -197,7 +199,7 @@ def _autotuned(name: str):
     # Every config is listed (16-bit and float32) so that the pruner may return any of them.
     return triton.autotune(
         configs=tuning.configs + FP32_CONFIGS,
-        key=TUNING_KEY,
+        key=TUNING_KEY + [n for n in ("DQ_TMA",) if n in _KERNELS[name].arg_names],
         prune_configs_by={"early_config_prune": _pruner(tuning)},
         reset_to_zero=tuning.reset_to_zero,
         **cache,

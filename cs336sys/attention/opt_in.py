@@ -5,6 +5,8 @@
                                  5.64 at the leaderboard shape (reports/nvidia-h200)
     CS336SYS_TRITON_ATOMIC_DQ=1  backward: dQ added with atomics in the dK/dV kernel (opt-in:
                                  it lost there, 4.20 ms of backward against 3.96)
+    CS336SYS_TRITON_REDUCE_DQ=1  the same, each dQ tile added by one TMA reduction instead of
+                                 per-element atomics, where the TMA build runs (not yet timed)
 
 Kept apart from flash_triton.py so that it imports neither torch nor triton: a sweep names
 the requested paths in each point's settings (`triton_opt_in`) before any kernel loads, and
@@ -25,21 +27,27 @@ def _on(name: str) -> bool:
 
 
 TMA = os.environ.get("CS336SYS_TRITON_TMA", "1") != "0"
-ATOMIC_DQ = _on("CS336SYS_TRITON_ATOMIC_DQ")
+# An atomic dQ either way; by TMA reductions only where the TMA build runs
+ATOMIC_DQ = _on("CS336SYS_TRITON_ATOMIC_DQ") or _on("CS336SYS_TRITON_REDUCE_DQ")
+REDUCE_DQ = TMA and _on("CS336SYS_TRITON_REDUCE_DQ")
 
 # "tma" asks for what "default" now does; it stays so that stored labels keep their meaning.
-CHOICES = ("default", "pointer", "tma", "atomic-dq", "pointer+atomic-dq", "tma+atomic-dq")
+CHOICES = ("default", "pointer", "tma", "atomic-dq", "pointer+atomic-dq", "tma+atomic-dq",
+           "reduce-dq")
 
 
 def requested() -> str:
     """The paths this process's environment asks for: 'default', or the departures from it
     joined by '+' (one of CHOICES)."""
-    on = [name for name, flag in (("pointer", not TMA), ("atomic-dq", ATOMIC_DQ)) if flag]
+    dq_sum = "reduce-dq" if REDUCE_DQ else "atomic-dq"
+    on = [name for name, flag in (("pointer", not TMA), (dq_sum, ATOMIC_DQ)) if flag]
     return "+".join(on) or "default"
 
 
-def flags(choice: str) -> tuple[bool, bool]:
-    """(tma, atomic_dq) of a label; ValueError for one not in CHOICES."""
+def flags(choice: str) -> tuple[bool, bool, bool]:
+    """(tma, atomic_dq, reduce_dq) of a label; ValueError for one not in CHOICES."""
     if choice not in CHOICES:
         raise ValueError(f"unknown Triton opt-in {choice!r}; choose from {', '.join(CHOICES)}")
-    return "pointer" not in choice.split("+"), "atomic-dq" in choice.split("+")
+    parts = choice.split("+")
+    reduce_dq = "reduce-dq" in parts
+    return "pointer" not in parts, reduce_dq or "atomic-dq" in parts, reduce_dq

@@ -43,8 +43,9 @@ def options(
     triton_opt_in: list_option("For triton: its kernel paths, a point each: default (Hopper, "
                                "16-bit: tiles through TMA descriptors; else pointers), pointer, "
                                "tma, atomic-dq (dQ added with atomics in the dK/dV kernel), "
-                               "pointer+atomic-dq, tma+atomic-dq. [default: what "
-                               "CS336SYS_TRITON_TMA and CS336SYS_TRITON_ATOMIC_DQ say, else "
+                               "pointer+atomic-dq, tma+atomic-dq, reduce-dq (each dQ tile "
+                               "added by one TMA reduction; TMA build only). [default: what "
+                               "CS336SYS_TRITON_TMA, _ATOMIC_DQ and _REDUCE_DQ say, else "
                                "default]") = None,
     compile: option("Wrap every implementation in the list in torch.compile, yours included; "
                     "stored as the setting compile. (`compiled` is naive attention compiled "

@@ -1,6 +1,7 @@
 """What every Triton kernel module of the package shares (attention/flash_triton*, and
 models/adamw_kernels, models/fused_ce_triton): whether Triton's interpreter defined the
-kernels (and, if so, Triton 3.6's interpreter made fit for NumPy >= 2.4), the one refusal
+kernels (and, if so, the interpreter made fit for NumPy >= 2.4 and for descriptor
+reductions), the one refusal
 when tensors are on the wrong side of that, and the interpreter's bfloat16 rounding fix.
 Imported only by kernel modules, so importing triton here is fine.
 """
@@ -16,11 +17,39 @@ from triton.runtime.interpreter import InterpretedFunction
 def interpreted(kernel: object) -> bool:
     """True when `kernel` was defined by Triton's interpreter (TRITON_INTERPRET=1 at import
     time): it then runs on CPU tensors only; otherwise it is compiled for CUDA. Every kernel
-    module asks this once at import, so the interpreter is made fit for NumPy >= 2.4 here."""
+    module asks this once at import, so the interpreter is patched here."""
     if isinstance(kernel, InterpretedFunction):
         _squeeze_interpreted_scalars()
+        _interpret_descriptor_reductions()
         return True
     return False
+
+
+def _interpret_descriptor_reductions() -> None:
+    """Let Triton's interpreter run a tensor descriptor's `atomic_add`.
+
+    Compiled for sm_90, `desc.atomic_add(offsets, x)` is one TMA reduction of the tile into
+    global memory, dropping what lies out of bounds; Triton 3.9's interpreter has no
+    `create_descriptor_reduce` and fails on it. Its programs run one at a time, so a read,
+    an add and a write of the tile's in-bounds elements is the same addition. Only the
+    interpreter is touched, and only where it lacks the method.
+    """
+    from triton._C.libtriton import ir
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if hasattr(builder, "create_descriptor_reduce"):
+        return
+
+    def create_descriptor_reduce(self, kind, desc, value, indices):
+        if kind != ir.DESCRIPTOR_REDUCE_KIND.ADD:
+            raise NotImplementedError(f"descriptor reduction {kind} in the interpreter")
+        ptrs, mask = desc.materialize_pointers(indices)
+        old = self.create_masked_load(ptrs, mask, None, None, False)
+        total = interpreter.TensorHandle(old.data + value.data, old.dtype)
+        return self.create_masked_store(ptrs, total, mask, None)
+
+    builder.create_descriptor_reduce = create_descriptor_reduce
 
 
 def _squeeze_interpreted_scalars() -> None:
