@@ -43,8 +43,9 @@ Two ways to sum grad_W over the chunks when the matmuls run in 16 bits, chosen b
             and read per chunk (1.24 GB at the leaderboard's V and C).
   "addmm"   cuBLAS adds the product straight into the float32 accumulator (16-bit inputs,
             float32 output, beta 1: torch.addmm's out_dtype, CUDA): no temporary, and the
-            product is not rounded to 16 bits. CUDA only; benchmarks/fused_ce.py sets the two
-            side by side.
+            product is not rounded to 16 bits. CUDA only, and only where torch's addmm takes
+            a float32 input beside 16-bit operands (refused in words where it does not);
+            benchmarks/fused_ce.py sets the two side by side.
 
 Targets equal to `ignore_index` (-100, as F.cross_entropy) add nothing to the loss or the
 gradients, and "mean" divides by the number of the other targets (NaN when there are none,
@@ -52,6 +53,8 @@ as F.cross_entropy).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -212,6 +215,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None, None, None, None
 
 
+@functools.cache
+def _addmm_adds_into_float32(device: torch.device) -> bool:
+    """Whether this torch's addmm takes a float32 input with 16-bit operands and out_dtype
+    float32 on `device` (the "addmm" sum): asked once, on 2 x 2 tensors. The CUDA kernel of
+    the releases read so far requires the input in the operands' dtype."""
+    acc = torch.zeros(2, 2, dtype=torch.float32, device=device)
+    a = torch.ones(2, 2, dtype=torch.bfloat16, device=device)
+    try:
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except (RuntimeError, TypeError):
+        return False
+    return bool(torch.all(acc == 2))
+
+
 def _check(h, weight, targets, reduction, chunk_rows, impl, grad_w_sum) -> None:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}.")
@@ -222,6 +239,12 @@ def _check(h, weight, targets, reduction, chunk_rows, impl, grad_w_sum) -> None:
     if grad_w_sum == "addmm" and h.device.type != "cuda":
         # torch.addmm's out_dtype (16-bit operands, float32 result) has CUDA kernels only
         raise ValueError(f"grad_w_sum='addmm' needs CUDA, got a tensor on {h.device.type}.")
+    if grad_w_sum == "addmm" and not _addmm_adds_into_float32(h.device):
+        raise ValueError(
+            f"grad_w_sum='addmm': torch {torch.__version__}'s addmm(..., out_dtype=float32) "
+            "takes its added input in the operands' 16-bit dtype only, so it cannot add into "
+            "the float32 accumulator; use grad_w_sum='add'."
+        )
     if h.dim() < 2:
         raise ValueError(f"h must be (..., C) with at least 2 dims, got shape {tuple(h.shape)}.")
     if weight.dim() != 2 or weight.shape[1] != h.shape[-1]:
