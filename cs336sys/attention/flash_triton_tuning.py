@@ -111,7 +111,7 @@ _TUNING["fwd_tma"] = replace(_TUNING["fwd"], configs=FWD_TMA_CONFIGS)
 # prints a sample): 8 warps only, as every 4-warp candidate spilled in the TMA variant.
 _ATOMIC_D64 = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3),
                (64, 64, 8, 2), (64, 64, 8, 3)]
-_ATOMIC_D128 = [(32, 64, 8, 2), (16, 128, 8, 2), (16, 64, 8, 2)]
+_ATOMIC_D128 = [(32, 64, 8, 2), (16, 128, 8, 2), (16, 64, 8, 2), (32, 64, 8, 3), (16, 128, 8, 3)]
 # n_acc, n_scores and max_regs are unread where spill_free is given (16-bit inputs).
 _ATOMIC = _Tuning([_config(*c) for c in _ATOMIC_D64 + _ATOMIC_D128], "K_TILE", 2, 2, 2, 2, 0,
                   spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)},
