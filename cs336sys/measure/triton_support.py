@@ -26,13 +26,13 @@ def interpreted(kernel: object) -> bool:
 
 
 def _interpret_descriptor_reductions() -> None:
-    """Let Triton's interpreter run a tensor descriptor's `atomic_add`.
+    """Let Triton's interpreter run a tensor descriptor's `atomic_add` (float tiles).
 
     Compiled for sm_90, `desc.atomic_add(offsets, x)` is one TMA reduction of the tile into
-    global memory, dropping what lies out of bounds; Triton 3.9's interpreter has no
-    `create_descriptor_reduce` and fails on it. Its programs run one at a time, so a read,
-    an add and a write of the tile's in-bounds elements is the same addition. Only the
-    interpreter is touched, and only where it lacks the method.
+    global memory, dropping what lies out of bounds; the interpreters of Triton 3.6 and 3.9
+    have no `create_descriptor_reduce` and fail on it. The same sum is the interpreter's own
+    atomic add of the tile's in-bounds elements, whose signature both releases share. Only
+    the interpreter is touched, and only where it lacks the method.
     """
     from triton._C.libtriton import ir
     from triton.runtime import interpreter
@@ -45,9 +45,8 @@ def _interpret_descriptor_reductions() -> None:
         if kind != ir.DESCRIPTOR_REDUCE_KIND.ADD:
             raise NotImplementedError(f"descriptor reduction {kind} in the interpreter")
         ptrs, mask = desc.materialize_pointers(indices)
-        old = self.create_masked_load(ptrs, mask, None, None, False)
-        total = interpreter.TensorHandle(old.data + value.data, old.dtype)
-        return self.create_masked_store(ptrs, total, mask, None)
+        return self.create_atomic_rmw(ir.ATOMIC_OP.FADD, ptrs, value, mask,
+                                      ir.MEM_SEMANTIC.RELAXED, ir.MEM_SYNC_SCOPE.GPU)
 
     builder.create_descriptor_reduce = create_descriptor_reduce
 
