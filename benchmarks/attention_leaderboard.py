@@ -11,9 +11,12 @@ loads, each row named by the kernels that ran: "triton (tma)", "triton (pointer)
 issue 15's target: fwd+bwd under 4.4 ms and faster than cuDNN in the same run, met by the best
 triton row. With --atomic-dq (or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ
 backward with each load too, "triton (pointer+atomic-dq)" and "triton (tma+atomic-dq)", and
-its dQ added by TMA reductions, "triton (tma+reduce-dq)".
+its dQ added by TMA reductions, "triton (tma+reduce-dq)". With --heavy-first (or
+CS336SYS_TRITON_HEAVY_FIRST=1) the causal query tiles launched longest first, alone and with
+the TMA-reduced dQ.
 
-    python benchmarks/attention_leaderboard.py [--atomic-dq] [--flash-benchmarking] [--db PATH]
+    python benchmarks/attention_leaderboard.py [--atomic-dq] [--heavy-first] [--flash-benchmarking]
+                                               [--db PATH]
 
 Exits 0 once triton was measured (whether the goals were met is in the report, as in
 `make gpu-check`), 1 when it could not be, 2 without CUDA.
@@ -46,8 +49,9 @@ def triton_label(row) -> str:
     asked, ran = row["triton_opt_in"] or "default", row["triton_kernels"]
     if ran is None:
         return ""
-    dq_sum = next((s for s in ("reduce-dq", "atomic-dq") if s in asked), None)
-    wanted = ("pointer" if "pointer" in asked else "tma") + (f"+{dq_sum}" if dq_sum else "")
+    dq_sum = next((s for s in ("reduce-dq", "atomic-dq") if s in asked), "")
+    loads = "pointer" if "pointer" in asked else "tma"
+    wanted = "+".join(p for p in (loads, "heavy-first" * ("heavy-first" in asked), dq_sum) if p)
     return f" ({ran})" if ran == wanted else f" ({ran}, asked {asked})"
 
 
@@ -63,6 +67,12 @@ def main() -> int:
         action="store_true",
         default=os.environ.get("CS336SYS_TRITON_ATOMIC_DQ", "0") == "1",
         help="also run triton with the atomic-dQ backward (CS336SYS_TRITON_ATOMIC_DQ=1)",
+    )
+    parser.add_argument(
+        "--heavy-first",
+        action="store_true",
+        default=os.environ.get("CS336SYS_TRITON_HEAVY_FIRST", "0") == "1",
+        help="also run triton with the causal tiles longest first (CS336SYS_TRITON_HEAVY_FIRST=1)",
     )
     parser.add_argument(
         "--flash-benchmarking",
@@ -81,12 +91,14 @@ def main() -> int:
     # The environment's own switches never leak in: each path is asked for by name.
     env = {k: v for k, v in os.environ.items()
            if k not in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_ATOMIC_DQ",
-                        "CS336SYS_TRITON_REDUCE_DQ")}
+                        "CS336SYS_TRITON_REDUCE_DQ", "CS336SYS_TRITON_HEAVY_FIRST")}
     # The triton paths side by side in one invocation (--triton-opt-in sweeps them); triton
     # rows are named by the kernels that ran (triton_kernels), and by what they asked for
     # (triton_opt_in) where the GPU made them fall back.
     opt_ins = ["default", "pointer"] + (["pointer+atomic-dq", "tma+atomic-dq", "reduce-dq"]
                                         if args.atomic_dq else [])
+    if args.heavy_first:
+        opt_ins += ["heavy-first"] + (["heavy-first+reduce-dq"] if args.atomic_dq else [])
     runs = [  # one invocation each, in this order
         ["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
          ",".join(opt_ins)],

@@ -136,6 +136,8 @@ def attention_builds():
         c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
         if name.startswith("dkdv"):
             c["ATOMIC_DQ"], c["DQ_TMA"] = name == "dkdv+dq", False
+        else:
+            c["HEAVY_FIRST"] = c["IS_CAUSAL"]  # the opt-in's build: a few more instructions
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")

@@ -115,6 +115,24 @@ def test_unequal_tiles(monkeypatch, tiles, n_queries, n_keys):
     assert_close(got, ref, torch.float32)
 
 
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_heavy_first_reorders_the_tiles_not_the_results(monkeypatch, is_causal):
+    """The opt-in HEAVY_FIRST launches the causal query tiles in reverse: each program still
+    computes its own tile alone, so O, L and the (atomic-free) gradients are bit-for-bit the
+    default's; a full mask keeps the default order (its plans say so)."""
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    runs = []
+    for heavy in (False, True):
+        monkeypatch.setattr(flash_triton, "HEAVY_FIRST", heavy)
+        got, ref, _ = run_flash((1, 2, 45, 16), (1, 2, 45, 16), torch.float32, is_causal, seed=9)
+        assert_close(got, ref, torch.float32)
+        runs.append(got)
+        assert flash_triton._LAST["fwd"].heavy_first == (heavy and is_causal)
+        assert ("heavy-first" in flash_triton.kernels_ran(True)) == (heavy and is_causal)
+    for name in runs[0]:
+        assert torch.equal(runs[0][name], runs[1][name]), name
+
+
 def test_large_scores_rescale_online_softmax():
     # Peaked rows (scores of order +-30): the running max changes between key tiles, so the
     # rescaling by exp(m_old - m_new) must be right, and exp must not overflow.

@@ -25,30 +25,42 @@ def reload(monkeypatch):
     importlib.reload(opt_in)
 
 
-@pytest.mark.parametrize(("env", "tma", "atomic", "reduce", "label"), [
-    ({}, True, False, False, "default"),
-    ({"CS336SYS_TRITON_TMA": "1"}, True, False, False, "default"),
-    ({"CS336SYS_TRITON_TMA": "0"}, False, False, False, "pointer"),
-    ({"CS336SYS_TRITON_ATOMIC_DQ": "1"}, True, True, False, "atomic-dq"),
-    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "1"}, False, True, False,
+@pytest.mark.parametrize(("env", "paths", "label"), [
+    ({}, (True, False, False, False), "default"),
+    ({"CS336SYS_TRITON_TMA": "1"}, (True, False, False, False), "default"),
+    ({"CS336SYS_TRITON_TMA": "0"}, (False, False, False, False), "pointer"),
+    ({"CS336SYS_TRITON_ATOMIC_DQ": "1"}, (True, False, True, False), "atomic-dq"),
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "1"}, (False, False, True, False),
      "pointer+atomic-dq"),
-    ({"CS336SYS_TRITON_REDUCE_DQ": "1"}, True, True, True, "reduce-dq"),
+    ({"CS336SYS_TRITON_REDUCE_DQ": "1"}, (True, False, True, True), "reduce-dq"),
     # TMA reductions need the TMA build: without it, the atomic dQ they add, by pointers
-    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_REDUCE_DQ": "1"}, False, True, False,
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_REDUCE_DQ": "1"}, (False, False, True, False),
      "pointer+atomic-dq"),
+    ({"CS336SYS_TRITON_HEAVY_FIRST": "1"}, (True, True, False, False), "heavy-first"),
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_HEAVY_FIRST": "1",
+      "CS336SYS_TRITON_ATOMIC_DQ": "1"}, (False, True, True, False),
+     "pointer+heavy-first+atomic-dq"),
 ])
-def test_the_environment_gives_the_default_paths(reload, env, tma, atomic, reduce, label):
+def test_the_environment_gives_the_default_paths(reload, env, paths, label):
     mod = reload(**env)
-    assert (mod.TMA, mod.ATOMIC_DQ, mod.REDUCE_DQ) == (tma, atomic, reduce)
+    assert (mod.TMA, mod.HEAVY_FIRST, mod.ATOMIC_DQ, mod.REDUCE_DQ) == paths
     assert mod.requested() == label
-    assert mod.flags(label) == (tma, atomic, reduce)  # a label asks for what the environment did
+    assert mod.flags(label) == paths  # a label asks for what the environment did
 
 
-def test_every_choice_names_its_loads_and_backward():
-    assert {c: opt_in.flags(c) for c in opt_in.CHOICES} == {
-        "default": (True, False, False), "pointer": (False, False, False),
-        "tma": (True, False, False), "atomic-dq": (True, True, False),
-        "pointer+atomic-dq": (False, True, False), "tma+atomic-dq": (True, True, False),
-        "reduce-dq": (True, True, True)}
+def test_every_choice_names_its_loads_schedule_and_backward():
+    """Each label is a part or none of each group (loads, schedule, dQ sum), in that order;
+    TMA reductions need the TMA loads."""
+    chosen = {c: opt_in.flags(c) for c in opt_in.CHOICES}
+    assert len(chosen) == 3 * 2 * 3 - 2  # pointer+reduce-dq, with or without heavy-first
+    assert chosen["default"] == chosen["tma"] == (True, False, False, False)
+    assert chosen["pointer"] == (False, False, False, False)
+    assert chosen["atomic-dq"] == chosen["tma+atomic-dq"] == (True, False, True, False)
+    assert chosen["pointer+atomic-dq"] == (False, False, True, False)
+    assert chosen["reduce-dq"] == chosen["tma+reduce-dq"] == (True, False, True, True)
+    assert chosen["heavy-first"] == (True, True, False, False)
+    assert chosen["pointer+heavy-first+atomic-dq"] == (False, True, True, False)
+    assert chosen["tma+heavy-first+reduce-dq"] == (True, True, True, True)
+    assert "pointer+reduce-dq" not in chosen and "heavy-first+tma" not in chosen
     with pytest.raises(ValueError, match="unknown Triton opt-in 'fast'"):
         opt_in.flags("fast")

@@ -27,8 +27,9 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 16 x 16 tiles.
 
 Hopper GPUs run the kernels' TMA build on 16-bit inputs (tensor descriptors,
-`flash_triton_tma.py`). Opt-ins (attention/opt_in.py) add dQ inside the dK/dV kernel instead
-of recomputing S and dP in a dQ kernel: with atomics, or with TMA reductions.
+`flash_triton_tma.py`). Opt-ins (attention/opt_in.py) reverse the causal query tiles' launch
+order, or add dQ inside the dK/dV kernel instead of recomputing S and dP in a dQ kernel:
+with atomics, or with TMA reductions.
 """
 
 from __future__ import annotations
@@ -83,16 +84,15 @@ def check_available(device: torch.device | str) -> None:
     _available(device, INTERPRETED, "--impl triton")
 
 
-# Hopper path: the kernels' TMA build (constexpr TMA) loads and stores tiles through
-# tensor descriptors instead of per-element pointers and masks. The default since it beat
-# the pointer loads on an H200 (opt_in.py): a plan runs them where CS336SYS_TRITON_TMA is not
-# 0, the GPU has compute capability >= 9, the inputs are 16-bit and every tensor's layout
-# suits TMA (tma_layout_ok); else the pointer kernels, the only path for older GPUs. float32
-# keeps them too: its FMA dots reading TMA-filled shared memory spilled registers in sm_90
-# compiles (Triton 3.6 and 3.9), the pointer kernels did not. FORCE_TMA runs the descriptor
-# kernels wherever the layout allows, any dtype, the interpreter included: what tests set.
-TMA = opt_in.TMA
-FORCE_TMA = False
+# Hopper path: the kernels' TMA build (constexpr TMA) moves tiles through tensor descriptors
+# instead of per-element pointers and masks, the default since it beat the pointer loads on
+# an H200 (opt_in.py): where CS336SYS_TRITON_TMA is not 0, the GPU has compute capability
+# >= 9, the inputs are 16-bit and every layout suits TMA (tma_layout_ok); else the pointer
+# kernels. float32 keeps them: its FMA dots reading TMA-filled shared memory spilled in sm_90
+# builds (Triton 3.6, 3.9). FORCE_TMA, what tests set: the descriptor kernels wherever the
+# layout allows, any dtype, the interpreter included.
+TMA, FORCE_TMA = opt_in.TMA, False
+HEAVY_FIRST = opt_in.HEAVY_FIRST  # causal forward and dQ: the longest tiles first (opt-in)
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
 # adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
 # reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
@@ -108,26 +108,26 @@ def _hopper_or_newer(device_index: int) -> bool:
 def opted_in(choice: str):
     """Inside, calls run the opt-in paths `choice` names (attention/opt_in.CHOICES) instead
     of the environment's. Plans are keyed on them, so none is reused across a switch."""
-    global TMA, ATOMIC_DQ, REDUCE_DQ
-    saved = TMA, ATOMIC_DQ, REDUCE_DQ
-    TMA, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
+    global TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ
+    saved = TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ
+    TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
     try:
         yield
     finally:
-        TMA, ATOMIC_DQ, REDUCE_DQ = saved
+        TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ = saved
 
 
 def kernels_ran(backward: bool) -> str:
     """The kernels the last call ran: "pointer" or "tma" (the opt-in falls back where the GPU,
     dtype or layout cannot take it; "tma/pointer" when forward and backward differ), plus
-    "+atomic-dq" or "+reduce-dq" for an atomic-dQ backward. What `cs336sys attention` stores as
-    triton_kernels, read from the plans the calls ran."""
-    fwd = _LAST["fwd"].variant
-    if not backward:
-        return fwd
-    bwd = _LAST["bwd"]
-    variant = fwd if bwd.variant == fwd else f"{fwd}/{bwd.variant}"
-    return variant + ("+reduce-dq" if bwd.reduce_dq else "+atomic-dq" if bwd.atomic_dq else "")
+    "+heavy-first" for reversed causal tiles and "+atomic-dq" or "+reduce-dq" for an
+    atomic-dQ backward. What `cs336sys attention` stores as triton_kernels, read from the
+    plans the calls ran."""
+    fwd, bwd = _LAST["fwd"], _LAST["bwd"] if backward else None
+    same = bwd is None or bwd.variant == fwd.variant
+    dq_sum = bwd and ("reduce-dq" if bwd.reduce_dq else "atomic-dq" if bwd.atomic_dq else "")
+    loads = fwd.variant if same else f"{fwd.variant}/{bwd.variant}"
+    return "+".join(p for p in (loads, "heavy-first" * fwd.heavy_first, dq_sum) if p)
 
 
 def _variant(*views: torch.Tensor) -> str:
@@ -170,8 +170,8 @@ _LAST: dict[str, _Plan] = {}  # "fwd", "bwd": the plan the last call ran (kernel
 def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
-    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, ATOMIC_DQ,
-            REDUCE_DQ, DIRECT_LAUNCH)
+    mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, HEAVY_FIRST,
+            ATOMIC_DQ, REDUCE_DQ, DIRECT_LAUNCH)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
@@ -293,13 +293,13 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
 
     args = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4), *bht_strides(o4),
             n_q, n_k, LOG2E / math.sqrt(d))
-    variant = _variant(*views)
+    variant, heavy = _variant(*views), HEAVY_FIRST and is_causal
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
-                      **_dot_flags(q.dtype), TMA=variant == "tma")
+                      **_dot_flags(q.dtype), TMA=variant == "tma", HEAVY_FIRST=heavy)
     name = "fwd_tma" if variant == "tma" else "fwd"
     launch = _first_launch(name, grid, (*views, lse), args, constexprs)
     copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
-    return _Plan((launch,), copied, variant)
+    return _Plan((launch,), copied, variant, heavy_first=heavy)
 
 
 def attention_backward(q, k, v, o, lse, do, is_causal=False):
@@ -396,7 +396,8 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     # dQ first: its kernel also writes D, which the dK/dV kernel reads.
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
-        (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales), constexprs,
+        (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales),
+        {**constexprs, "HEAVY_FIRST": HEAVY_FIRST and is_causal},
     )
     dkdv = _first_launch(
         "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),

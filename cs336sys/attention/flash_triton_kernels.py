@@ -130,15 +130,16 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i
     (Algorithm 1, lines 4-13), the key loop split into unmasked tiles, then masked ones.
 
     Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
     (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
+    HEAVY_FIRST (causal only): the query tiles in reverse launch order (_tile_program).
     """
-    start_m, h, b, bh = _tile_program(Q_TILE)
+    start_m, h, b, bh = _tile_program(Q_TILE, HEAVY_FIRST)
     offs_m = start_m + tl.arange(0, Q_TILE)  # this tile's queries, (Q_TILE,)
     offs_n = tl.arange(0, K_TILE)  # key rows from a key tile's start, (K_TILE,)
 
@@ -239,14 +240,15 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     """One program per (query tile, head, batch): writes D_i and dQ_i (Q_TILE, HEAD_DIM).
 
     Walks the same key tiles as the forward, in the same two stages, with Q_i, dO_i, L_i
-    and D_i kept on chip. Layouts as in _attn_fwd_kernel: dO and dQ shaped like Q; D like L.
+    and D_i kept on chip, its tiles in the forward's order (HEAVY_FIRST). Layouts as in
+    _attn_fwd_kernel: dO and dQ shaped like Q; D like L.
     """
-    start_m, h, b, bh = _tile_program(Q_TILE)
+    start_m, h, b, bh = _tile_program(Q_TILE, HEAVY_FIRST)
     offs_m = start_m + tl.arange(0, Q_TILE)  # this tile's queries, (Q_TILE,)
     offs_n = tl.arange(0, K_TILE)  # key rows from a key tile's start, (K_TILE,)
 
@@ -361,7 +363,8 @@ def _attn_bwd_dkdv_kernel(
     of Q_TILE. Padded keys of a tail key tile (k = v = 0) produce rows of dK, dV that are not
     stored and never mix with real keys' rows, so the unmasked range needs no key mask.
     """
-    start_n, h, b, bh = _tile_program(K_TILE)
+    # Key tile j sees the query tiles from j on: the heaviest come first already.
+    start_n, h, b, bh = _tile_program(K_TILE, False)
     offs_n = start_n + tl.arange(0, K_TILE)  # this tile's keys, (K_TILE,)
     offs_m = tl.arange(0, Q_TILE)  # query rows from a query tile's start, (Q_TILE,)
 
@@ -427,7 +430,7 @@ def _attn_bwd_preprocess(
 ):
     """D alone, one program per (query tile, head, batch): for the atomic-dQ backward, whose
     dK/dV kernel needs D before it starts and which has no dQ kernel to compute it."""
-    start_m, h, b, bh = _tile_program(Q_TILE)
+    start_m, h, b, bh = _tile_program(Q_TILE, False)
     offs_m = start_m + tl.arange(0, Q_TILE)
     do = _load_owned(dO, b, h, stride_dob, stride_doh, stride_dot, start_m, N_Q, HEAD_DIM,
                      Q_TILE, BLOCK_D, False)

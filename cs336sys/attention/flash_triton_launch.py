@@ -61,6 +61,7 @@ class Plan:
     launches: tuple[Launch, ...]
     views: bool  # a tensor must go through kernel_view (a reshape or a copy) on every call
     variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
+    heavy_first: bool = False  # a causal forward plan with its tiles reversed (HEAVY_FIRST)
     atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
     reduce_dq: bool = False  # ... adding dQ with TMA reductions (REDUCE_DQ, DQ_TMA)
     hits: int = 0

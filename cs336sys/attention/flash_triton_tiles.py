@@ -36,9 +36,18 @@ MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)  # added to masked scores (bas
 
 
 @triton.jit
-def _tile_program(TILE: tl.constexpr):
-    """This program's tile start, head h, batch b and row bh of L and D; grid (tiles, H, B)."""
-    start = tl.program_id(0) * TILE
+def _tile_program(TILE: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    """This program's tile start, head h, batch b and row bh of L and D; grid (tiles, H, B).
+
+    HEAVY_FIRST: the tiles in reverse order. The GPU starts programs in launch order, and
+    under a causal mask a query tile's work grows with its index: launched last, the longest
+    programs of the last heads leave the GPU's final wave to a few of them. Reversed, the
+    longest start first and the shortest fill the end (longest-processing-time first, as
+    FlashAttention-3's causal tile scheduler orders them)."""
+    pid = tl.program_id(0)
+    if HEAVY_FIRST:
+        pid = tl.num_programs(0) - 1 - pid
+    start = pid * TILE
     h = tl.program_id(1).to(tl.int64)  # int64: B*H*T*D may exceed 2^31 elements
     b = tl.program_id(2).to(tl.int64)
     return start, h, b, b * tl.num_programs(1) + h

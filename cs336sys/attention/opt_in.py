@@ -1,12 +1,18 @@
 """The kernel paths of the Triton FlashAttention-2, read once from the environment.
 
-    CS336SYS_TRITON_TMA=0        Hopper: the pointer loads instead of the default tensor
-                                 descriptors (TMA), which won on an H200: 5.33 ms against
-                                 5.64 at the leaderboard shape (reports/nvidia-h200)
-    CS336SYS_TRITON_ATOMIC_DQ=1  backward: dQ added with atomics in the dK/dV kernel (opt-in:
-                                 it lost there, 4.20 ms of backward against 3.96)
-    CS336SYS_TRITON_REDUCE_DQ=1  the same, each dQ tile added by one TMA reduction instead of
-                                 per-element atomics, where the TMA build runs (not yet timed)
+    CS336SYS_TRITON_TMA=0          Hopper: the pointer loads instead of the default tensor
+                                   descriptors (TMA), which won on an H200: 5.33 ms against
+                                   5.64 at the leaderboard shape (reports/nvidia-h200)
+    CS336SYS_TRITON_HEAVY_FIRST=1  causal forward and dQ kernels: the query tiles launched
+                                   last first, the longest programs first (not yet timed)
+    CS336SYS_TRITON_ATOMIC_DQ=1    backward: dQ added with atomics in the dK/dV kernel (opt-in:
+                                   it lost there, 4.20 ms of backward against 3.96)
+    CS336SYS_TRITON_REDUCE_DQ=1    the same, each dQ tile added by one TMA reduction instead
+                                   of per-element atomics, where the TMA build runs (not yet
+                                   timed)
+
+A label names the departures from the default, joined by '+' in that order: loads, schedule,
+dQ sum (`pointer+heavy-first+atomic-dq`); "default" names none.
 
 Kept apart from flash_triton.py so that it imports neither torch nor triton: a sweep names
 the requested paths in each point's settings (`triton_opt_in`) before any kernel loads, and
@@ -19,7 +25,16 @@ is stored as `triton_kernels`. Before 0.3, TMA was opt-in and "default" meant po
 
 from __future__ import annotations
 
+import itertools
 import os
+from typing import NamedTuple
+
+
+class Paths(NamedTuple):
+    tma: bool  # tiles through tensor descriptors where they can run
+    heavy_first: bool  # causal query tiles in reverse launch order
+    atomic_dq: bool  # dQ added in the dK/dV kernel (5 tile products instead of 7)
+    reduce_dq: bool  # ... by TMA reductions (needs tma)
 
 
 def _on(name: str) -> bool:
@@ -27,27 +42,36 @@ def _on(name: str) -> bool:
 
 
 TMA = os.environ.get("CS336SYS_TRITON_TMA", "1") != "0"
+HEAVY_FIRST = _on("CS336SYS_TRITON_HEAVY_FIRST")
 # An atomic dQ either way; by TMA reductions only where the TMA build runs
 ATOMIC_DQ = _on("CS336SYS_TRITON_ATOMIC_DQ") or _on("CS336SYS_TRITON_REDUCE_DQ")
 REDUCE_DQ = TMA and _on("CS336SYS_TRITON_REDUCE_DQ")
 
-# "tma" asks for what "default" now does; it stays so that stored labels keep their meaning.
-CHOICES = ("default", "pointer", "tma", "atomic-dq", "pointer+atomic-dq", "tma+atomic-dq",
-           "reduce-dq")
+# Every label: a part or none from each group, in this order, but TMA reductions with the
+# pointer loads. "tma" asks for what "default" now does; it stays so that stored labels keep
+# their meaning.
+_GROUPS = (("", "pointer", "tma"), ("", "heavy-first"), ("", "atomic-dq", "reduce-dq"))
+CHOICES = tuple(
+    "+".join(p for p in parts if p) or "default"
+    for parts in itertools.product(*_GROUPS)
+    if not (parts[0] == "pointer" and parts[2] == "reduce-dq")
+)
 
 
 def requested() -> str:
     """The paths this process's environment asks for: 'default', or the departures from it
     joined by '+' (one of CHOICES)."""
     dq_sum = "reduce-dq" if REDUCE_DQ else "atomic-dq"
-    on = [name for name, flag in (("pointer", not TMA), (dq_sum, ATOMIC_DQ)) if flag]
+    on = [name for name, flag in (("pointer", not TMA), ("heavy-first", HEAVY_FIRST),
+                                  (dq_sum, ATOMIC_DQ)) if flag]
     return "+".join(on) or "default"
 
 
-def flags(choice: str) -> tuple[bool, bool, bool]:
-    """(tma, atomic_dq, reduce_dq) of a label; ValueError for one not in CHOICES."""
+def flags(choice: str) -> Paths:
+    """The paths a label asks for; ValueError for one not in CHOICES."""
     if choice not in CHOICES:
         raise ValueError(f"unknown Triton opt-in {choice!r}; choose from {', '.join(CHOICES)}")
     parts = choice.split("+")
     reduce_dq = "reduce-dq" in parts
-    return "pointer" not in parts, reduce_dq or "atomic-dq" in parts, reduce_dq
+    return Paths("pointer" not in parts, "heavy-first" in parts,
+                 reduce_dq or "atomic-dq" in parts, reduce_dq)
