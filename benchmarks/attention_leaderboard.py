@@ -12,8 +12,8 @@ issue 15's target: fwd+bwd under 4.4 ms and faster than cuDNN in the same run, m
 triton row. With --atomic-dq (or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ
 backward with each load too, "triton (pointer+atomic-dq)" and "triton (tma+atomic-dq)", and
 its dQ added by TMA reductions, "triton (tma+reduce-dq)". With --heavy-first (or
-CS336SYS_TRITON_HEAVY_FIRST=1) the causal query tiles launched longest first, alone and with
-the TMA-reduced dQ.
+CS336SYS_TRITON_HEAVY_FIRST=1) the causal query tiles launched longest first, the forward's
+lazy rescaling, both, and both with the TMA-reduced dQ.
 
     python benchmarks/attention_leaderboard.py [--atomic-dq] [--heavy-first] [--flash-benchmarking]
                                                [--db PATH]
@@ -51,7 +51,8 @@ def triton_label(row) -> str:
         return ""
     dq_sum = next((s for s in ("reduce-dq", "atomic-dq") if s in asked), "")
     loads = "pointer" if "pointer" in asked else "tma"
-    wanted = "+".join(p for p in (loads, "heavy-first" * ("heavy-first" in asked), dq_sum) if p)
+    forward = [p for p in ("heavy-first", "lazy-rescale") if p in asked]
+    wanted = "+".join(p for p in (loads, *forward, dq_sum) if p)
     return f" ({ran})" if ran == wanted else f" ({ran}, asked {asked})"
 
 
@@ -72,7 +73,7 @@ def main() -> int:
         "--heavy-first",
         action="store_true",
         default=os.environ.get("CS336SYS_TRITON_HEAVY_FIRST", "0") == "1",
-        help="also run triton with the causal tiles longest first (CS336SYS_TRITON_HEAVY_FIRST=1)",
+        help="also run triton's forward opt-ins: heavy-first, lazy-rescale and both",
     )
     parser.add_argument(
         "--flash-benchmarking",
@@ -91,14 +92,16 @@ def main() -> int:
     # The environment's own switches never leak in: each path is asked for by name.
     env = {k: v for k, v in os.environ.items()
            if k not in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_ATOMIC_DQ",
-                        "CS336SYS_TRITON_REDUCE_DQ", "CS336SYS_TRITON_HEAVY_FIRST")}
+                        "CS336SYS_TRITON_REDUCE_DQ", "CS336SYS_TRITON_HEAVY_FIRST",
+                        "CS336SYS_TRITON_LAZY_RESCALE")}
     # The triton paths side by side in one invocation (--triton-opt-in sweeps them); triton
     # rows are named by the kernels that ran (triton_kernels), and by what they asked for
     # (triton_opt_in) where the GPU made them fall back.
     opt_ins = ["default", "pointer"] + (["pointer+atomic-dq", "tma+atomic-dq", "reduce-dq"]
                                         if args.atomic_dq else [])
     if args.heavy_first:
-        opt_ins += ["heavy-first"] + (["heavy-first+reduce-dq"] if args.atomic_dq else [])
+        opt_ins += ["heavy-first", "lazy-rescale", "heavy-first+lazy-rescale"] + (
+            ["heavy-first+lazy-rescale+reduce-dq"] if args.atomic_dq else [])
     runs = [  # one invocation each, in this order
         ["--impl", "triton,sdpa,naive", "--sdpa-backend", "flash", "--triton-opt-in",
          ",".join(opt_ins)],

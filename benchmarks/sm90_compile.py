@@ -2,7 +2,7 @@
 what the build says about each: registers, spills, shared memory, how wide its global loads
 and stores are, and the Hopper instructions in it.
 
-    python benchmarks/sm90_compile.py [--only attention,atomic-dq,adamw,ce] [--json]
+    python benchmarks/sm90_compile.py [--only attention,atomic-dq,forward,adamw,ce] [--json]
                                       [--head-dims 64,128]   # atomic-dq's head dims
     PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
 
@@ -137,7 +137,9 @@ def attention_builds():
         if name.startswith("dkdv"):
             c["ATOMIC_DQ"], c["DQ_TMA"] = name == "dkdv+dq", False
         else:
-            c["HEAVY_FIRST"] = c["IS_CAUSAL"]  # the opt-in's build: a few more instructions
+            c["HEAVY_FIRST"] = False
+        if name == "fwd":
+            c["LAZY_RESCALE"] = False
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")
@@ -173,6 +175,23 @@ def atomic_dq_builds(head_dims=(64, 128)):
                 yield label, _attention(ATTENTION_KERNELS["dkdv+dq"], DKDV_DQ,
                                         {**c, "TMA": tma, "DQ_TMA": dq_tma},
                                         cfg.num_warps, cfg.num_stages)
+
+
+def forward_opt_in_builds():
+    """The 16-bit forward's TMA build at each of its sampled configs, default and with each
+    forward opt-in (heavy-first, lazy-rescale), side by side."""
+    for name, pointers, constexprs, warps, stages in ATTENTION_CASES:
+        if name != "fwd" or pointers[0] != BF16:
+            continue
+        c = {**constexprs, "PRECISION": "tf32", "UPCAST_DOT": False, "ROUND_BF16": False,
+             "TMA": True}
+        for label, heavy, lazy in (("default", False, False), ("heavy-first", True, False),
+                                   ("lazy-rescale", False, True)):
+            yield (f"{label:12s} d{c['HEAD_DIM']} {c['Q_TILE']}x{c['K_TILE']} w{warps} "
+                   f"s{stages} causal={c['IS_CAUSAL']}",
+                   _attention(ATTENTION_KERNELS["fwd"], pointers,
+                              {**c, "HEAVY_FIRST": heavy and c["IS_CAUSAL"], "LAZY_RESCALE": lazy},
+                              warps, stages))
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,6 +251,7 @@ def _call(fn, arg) -> Build | Exception:
 GROUPS = {
     "attention": attention_builds,
     "atomic-dq": atomic_dq_builds,
+    "forward": forward_opt_in_builds,
     "adamw": lambda: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
                       (("multi", adamw_multi), ("single", adamw_single)) for p in PARAM_TYPES),
     "ce": lambda: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),

@@ -133,6 +133,22 @@ def test_heavy_first_reorders_the_tiles_not_the_results(monkeypatch, is_causal):
         assert torch.equal(runs[0][name], runs[1][name]), name
 
 
+@pytest.mark.parametrize("q_scale", [1.0, 8.0], ids=["stale-max", "moving-max"])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_lazy_rescale_matches_float64(monkeypatch, is_causal, q_scale):
+    """The opt-in LAZY_RESCALE keeps a stale running max until some row's grows by more than
+    2^8: with scores of a few units it is set by the first key tile and never moved, with
+    peaked rows (scores of order +-30) it moves; O and L match float64 either way, and the
+    backward (which reads L) too."""
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "LAZY_RESCALE", True)
+    got, ref, _ = run_flash((1, 2, 45, 32), (1, 2, 45, 32), torch.float32, is_causal, seed=11,
+                            q_scale=q_scale)
+    assert_close(got, ref, torch.float32)
+    assert flash_triton._LAST["fwd"].lazy_rescale
+    assert "lazy-rescale" in flash_triton.kernels_ran(True)
+
+
 def test_large_scores_rescale_online_softmax():
     # Peaked rows (scores of order +-30): the running max changes between key tiles, so the
     # rescaling by exp(m_old - m_new) must be right, and exp must not overflow.

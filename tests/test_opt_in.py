@@ -25,42 +25,45 @@ def reload(monkeypatch):
     importlib.reload(opt_in)
 
 
+# Paths: (tma, heavy_first, lazy_rescale, atomic_dq, reduce_dq)
 @pytest.mark.parametrize(("env", "paths", "label"), [
-    ({}, (True, False, False, False), "default"),
-    ({"CS336SYS_TRITON_TMA": "1"}, (True, False, False, False), "default"),
-    ({"CS336SYS_TRITON_TMA": "0"}, (False, False, False, False), "pointer"),
-    ({"CS336SYS_TRITON_ATOMIC_DQ": "1"}, (True, False, True, False), "atomic-dq"),
-    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "1"}, (False, False, True, False),
-     "pointer+atomic-dq"),
-    ({"CS336SYS_TRITON_REDUCE_DQ": "1"}, (True, False, True, True), "reduce-dq"),
+    ({}, (True, False, False, False, False), "default"),
+    ({"CS336SYS_TRITON_TMA": "1"}, (True, False, False, False, False), "default"),
+    ({"CS336SYS_TRITON_TMA": "0"}, (False, False, False, False, False), "pointer"),
+    ({"CS336SYS_TRITON_ATOMIC_DQ": "1"}, (True, False, False, True, False), "atomic-dq"),
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_ATOMIC_DQ": "1"},
+     (False, False, False, True, False), "pointer+atomic-dq"),
+    ({"CS336SYS_TRITON_REDUCE_DQ": "1"}, (True, False, False, True, True), "reduce-dq"),
     # TMA reductions need the TMA build: without it, the atomic dQ they add, by pointers
-    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_REDUCE_DQ": "1"}, (False, False, True, False),
-     "pointer+atomic-dq"),
-    ({"CS336SYS_TRITON_HEAVY_FIRST": "1"}, (True, True, False, False), "heavy-first"),
+    ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_REDUCE_DQ": "1"},
+     (False, False, False, True, False), "pointer+atomic-dq"),
+    ({"CS336SYS_TRITON_HEAVY_FIRST": "1"}, (True, True, False, False, False), "heavy-first"),
+    ({"CS336SYS_TRITON_LAZY_RESCALE": "1"}, (True, False, True, False, False), "lazy-rescale"),
     ({"CS336SYS_TRITON_TMA": "0", "CS336SYS_TRITON_HEAVY_FIRST": "1",
-      "CS336SYS_TRITON_ATOMIC_DQ": "1"}, (False, True, True, False),
-     "pointer+heavy-first+atomic-dq"),
+      "CS336SYS_TRITON_LAZY_RESCALE": "1", "CS336SYS_TRITON_ATOMIC_DQ": "1"},
+     (False, True, True, True, False), "pointer+heavy-first+lazy-rescale+atomic-dq"),
 ])
 def test_the_environment_gives_the_default_paths(reload, env, paths, label):
     mod = reload(**env)
-    assert (mod.TMA, mod.HEAVY_FIRST, mod.ATOMIC_DQ, mod.REDUCE_DQ) == paths
+    assert (mod.TMA, mod.HEAVY_FIRST, mod.LAZY_RESCALE, mod.ATOMIC_DQ, mod.REDUCE_DQ) == paths
     assert mod.requested() == label
     assert mod.flags(label) == paths  # a label asks for what the environment did
 
 
-def test_every_choice_names_its_loads_schedule_and_backward():
-    """Each label is a part or none of each group (loads, schedule, dQ sum), in that order;
-    TMA reductions need the TMA loads."""
+def test_every_choice_names_its_loads_schedule_rescaling_and_backward():
+    """Each label is a part or none of each group (loads, schedule, rescaling, dQ sum), in
+    that order; TMA reductions need the TMA loads."""
     chosen = {c: opt_in.flags(c) for c in opt_in.CHOICES}
-    assert len(chosen) == 3 * 2 * 3 - 2  # pointer+reduce-dq, with or without heavy-first
-    assert chosen["default"] == chosen["tma"] == (True, False, False, False)
-    assert chosen["pointer"] == (False, False, False, False)
-    assert chosen["atomic-dq"] == chosen["tma+atomic-dq"] == (True, False, True, False)
-    assert chosen["pointer+atomic-dq"] == (False, False, True, False)
-    assert chosen["reduce-dq"] == chosen["tma+reduce-dq"] == (True, False, True, True)
-    assert chosen["heavy-first"] == (True, True, False, False)
-    assert chosen["pointer+heavy-first+atomic-dq"] == (False, True, True, False)
-    assert chosen["tma+heavy-first+reduce-dq"] == (True, True, True, True)
+    assert len(chosen) == 3 * 2 * 2 * 3 - 4  # pointer+reduce-dq, with or without the others
+    assert chosen["default"] == chosen["tma"] == (True, False, False, False, False)
+    assert chosen["pointer"] == (False, False, False, False, False)
+    assert chosen["atomic-dq"] == chosen["tma+atomic-dq"] == (True, False, False, True, False)
+    assert chosen["pointer+atomic-dq"] == (False, False, False, True, False)
+    assert chosen["reduce-dq"] == chosen["tma+reduce-dq"] == (True, False, False, True, True)
+    assert chosen["heavy-first"] == (True, True, False, False, False)
+    assert chosen["lazy-rescale"] == (True, False, True, False, False)
+    assert chosen["pointer+heavy-first+atomic-dq"] == (False, True, False, True, False)
+    assert chosen["tma+heavy-first+lazy-rescale+reduce-dq"] == (True, True, True, True, True)
     assert "pointer+reduce-dq" not in chosen and "heavy-first+tma" not in chosen
-    with pytest.raises(ValueError, match="unknown Triton opt-in 'fast'"):
+    with pytest.raises(ValueError, match="unknown Triton opt-in 'fast'; give default, or a part"):
         opt_in.flags("fast")

@@ -28,8 +28,8 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 
 Hopper GPUs run the kernels' TMA build on 16-bit inputs (tensor descriptors,
 `flash_triton_tma.py`). Opt-ins (attention/opt_in.py) reverse the causal query tiles' launch
-order, or add dQ inside the dK/dV kernel instead of recomputing S and dP in a dQ kernel:
-with atomics, or with TMA reductions.
+order, rescale the forward's accumulator lazily, or add dQ inside the dK/dV kernel instead of
+recomputing S and dP in a dQ kernel: with atomics, or with TMA reductions.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def check_available(device: torch.device | str) -> None:
 # layout allows, any dtype, the interpreter included.
 TMA, FORCE_TMA = opt_in.TMA, False
 HEAVY_FIRST = opt_in.HEAVY_FIRST  # causal forward and dQ: the longest tiles first (opt-in)
+LAZY_RESCALE = opt_in.LAZY_RESCALE  # forward: O and l rescaled past a threshold (opt-in)
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
 # adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
 # reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
@@ -108,26 +109,27 @@ def _hopper_or_newer(device_index: int) -> bool:
 def opted_in(choice: str):
     """Inside, calls run the opt-in paths `choice` names (attention/opt_in.CHOICES) instead
     of the environment's. Plans are keyed on them, so none is reused across a switch."""
-    global TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ
-    saved = TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ
-    TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
+    global TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ
+    saved = TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ
+    TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
     try:
         yield
     finally:
-        TMA, HEAVY_FIRST, ATOMIC_DQ, REDUCE_DQ = saved
+        TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ = saved
 
 
 def kernels_ran(backward: bool) -> str:
     """The kernels the last call ran: "pointer" or "tma" (the opt-in falls back where the GPU,
     dtype or layout cannot take it; "tma/pointer" when forward and backward differ), plus
-    "+heavy-first" for reversed causal tiles and "+atomic-dq" or "+reduce-dq" for an
-    atomic-dQ backward. What `cs336sys attention` stores as triton_kernels, read from the
-    plans the calls ran."""
+    "+heavy-first" for reversed causal tiles, "+lazy-rescale", and "+atomic-dq" or
+    "+reduce-dq" for an atomic-dQ backward. What `cs336sys attention` stores as
+    triton_kernels, read from the plans the calls ran."""
     fwd, bwd = _LAST["fwd"], _LAST["bwd"] if backward else None
     same = bwd is None or bwd.variant == fwd.variant
     dq_sum = bwd and ("reduce-dq" if bwd.reduce_dq else "atomic-dq" if bwd.atomic_dq else "")
     loads = fwd.variant if same else f"{fwd.variant}/{bwd.variant}"
-    return "+".join(p for p in (loads, "heavy-first" * fwd.heavy_first, dq_sum) if p)
+    schedule = ("heavy-first" * fwd.heavy_first, "lazy-rescale" * fwd.lazy_rescale)
+    return "+".join(p for p in (loads, *schedule, dq_sum) if p)
 
 
 def _variant(*views: torch.Tensor) -> str:
@@ -153,13 +155,10 @@ def _on_device(t: torch.Tensor):
 # specialization key. A call now looks up a plan keyed on everything that decides the launch
 # (`_signature`: shapes, strides, dtypes, devices, pointer alignment; causal; tiling mode),
 # allocates its outputs and launches. The first call with a new key takes the full path
-# (checks, tile choice, Triton's own launcher, which compiles) and records the plan.
-
-# After that first launch, calls on CUDA launch the compiled kernel handle directly, with every
-# argument fixed but the tensors. On an H200 that took a forward call at seq 1024 from 99 us of
-# host time to 68 us, and forward+backward from 598 to 372 (benchmarks/attention_host_overhead.py,
-# reports/nvidia-h200/owed.log). CS336SYS_TRITON_DIRECT_LAUNCH=0 goes through Triton's JIT
-# launcher instead, with the chosen tiles passed explicitly (skipping the autotuner's lookup).
+# (checks, tile choice, Triton's own launcher, which compiles) and records the plan. Later
+# calls on CUDA launch the compiled kernel handle directly (flash_triton_launch.Launch);
+# CS336SYS_TRITON_DIRECT_LAUNCH=0 goes through Triton's JIT launcher instead, with the chosen
+# tiles passed explicitly (skipping the autotuner's lookup).
 DIRECT_LAUNCH = os.environ.get("CS336SYS_TRITON_DIRECT_LAUNCH", "1") != "0"
 
 
@@ -171,7 +170,7 @@ def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
     mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, HEAVY_FIRST,
-            ATOMIC_DQ, REDUCE_DQ, DIRECT_LAUNCH)
+            LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ, DIRECT_LAUNCH)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
@@ -295,11 +294,12 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
             n_q, n_k, LOG2E / math.sqrt(d))
     variant, heavy = _variant(*views), HEAVY_FIRST and is_causal
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
-                      **_dot_flags(q.dtype), TMA=variant == "tma", HEAVY_FIRST=heavy)
+                      **_dot_flags(q.dtype), TMA=variant == "tma", HEAVY_FIRST=heavy,
+                      LAZY_RESCALE=LAZY_RESCALE)
     name = "fwd_tma" if variant == "tma" else "fwd"
     launch = _first_launch(name, grid, (*views, lse), args, constexprs)
     copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
-    return _Plan((launch,), copied, variant, heavy_first=heavy)
+    return _Plan((launch,), copied, variant, heavy_first=heavy, lazy_rescale=LAZY_RESCALE)
 
 
 def attention_backward(q, k, v, o, lse, do, is_causal=False):

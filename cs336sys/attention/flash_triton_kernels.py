@@ -66,6 +66,7 @@ import triton.language as tl
 from cs336sys.attention.flash_triton_tiles import (
     LN2,
     LOG2E,
+    RESCALE_LOG2,
     _add_tile,
     _cast,
     _dot,
@@ -93,9 +94,17 @@ def _attn_fwd_inner(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
-    """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11)."""
+    """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11).
+
+    LAZY_RESCALE: the running max m_i is moved, and O_i and l_i rescaled, only when some row's
+    max has grown by more than RESCALE_LOG2 (base-2 units) since it was last moved; until then
+    P~ = exp2(S - m_i) is computed against the stale max, so its entries stay below
+    2^RESCALE_LOG2, and L = m_i + log2(l_i) is the same sum. FlashAttention-4's conditional
+    rescaling: the tile-wide test is one scalar branch, and most tiles after the first few
+    skip the (Q_TILE, BLOCK_D) multiply of O_i, which waits for the previous PV product.
+    """
     for start_n in range(lo, hi, K_TILE):
         start_n = tl.multiple_of(start_n, K_TILE)
         k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
@@ -110,14 +119,28 @@ def _attn_fwd_inner(
         # O_i are rescaled by exp(m_i^(j-1) - m_i^(j)) (lines 9-10). Every row has a finite
         # max after the first tile: the first tile holds key 0, which every query sees.
         m_ij = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_ij[:, None])
-        alpha = tl.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
-        # the low-precision tensor cores; l_i keeps the float32 P~.
-        acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION, UPCAST_DOT)
-        m_i = m_ij
+        if LAZY_RESCALE:
+            if tl.max(m_ij - m_i, 0) > RESCALE_LOG2:  # the first tile always (m_i = -inf)
+                alpha = tl.exp2(m_i - m_ij)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_ij
+            p = tl.exp2(s - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED,
+                           TMA)
+            acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc, PRECISION, UPCAST_DOT)
+        else:
+            p = tl.exp2(s - m_ij[:, None])
+            alpha = tl.exp2(m_i - m_ij)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED,
+                           TMA)
+            # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
+            # the low-precision tensor cores; l_i keeps the float32 P~.
+            acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION,
+                       UPCAST_DOT)
+            m_i = m_ij
     return acc, l_i, m_i
 
 
@@ -130,14 +153,15 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i
     (Algorithm 1, lines 4-13), the key loop split into unmasked tiles, then masked ones.
 
     Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
     (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
-    HEAVY_FIRST (causal only): the query tiles in reverse launch order (_tile_program).
+    HEAVY_FIRST (causal only): the query tiles in reverse launch order (_tile_program);
+    LAZY_RESCALE: see _attn_fwd_inner.
     """
     start_m, h, b, bh = _tile_program(Q_TILE, HEAVY_FIRST)
     offs_m = start_m + tl.arange(0, Q_TILE)  # this tile's queries, (Q_TILE,)
@@ -159,13 +183,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         0, full_end,  # fully visible key tiles: no mask
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE,
     )
 
     # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers

@@ -2,9 +2,10 @@
 plan of a call signature: the launches flash_triton.py repeats on every call after the first;
 and the tensors as the kernels take them (views) and give them back (outputs).
 
-Launching Triton's compiled handle directly, instead of through its JIT launcher, took a
-forward call at seq 1024 on an H200 from 99 us of host time to 68 us
-(benchmarks/attention_host_overhead.py).
+Launching Triton's compiled handle directly, with every argument fixed but the tensors,
+instead of through its JIT launcher, took a forward call at seq 1024 on an H200 from 99 us of
+host time to 68 us, and forward+backward from 598 to 372 (benchmarks/attention_host_overhead.py,
+reports/nvidia-h200/owed.log).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Plan:
     views: bool  # a tensor must go through kernel_view (a reshape or a copy) on every call
     variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
     heavy_first: bool = False  # a causal forward plan with its tiles reversed (HEAVY_FIRST)
+    lazy_rescale: bool = False  # a forward plan rescaling O and l lazily (LAZY_RESCALE)
     atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
     reduce_dq: bool = False  # ... adding dQ with TMA reductions (REDUCE_DQ, DQ_TMA)
     hits: int = 0

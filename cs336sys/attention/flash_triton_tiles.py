@@ -33,6 +33,9 @@ from cs336sys.measure.triton_support import round_bf16
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
 MASKED_SCORE: tl.constexpr = tl.constexpr(-1.0e6)  # added to masked scores (base-2 units)
+# LAZY_RESCALE's threshold: a stale running max leaves P~ below 2^8 = 256, far inside float32
+# and bf16's range (FlashAttention-4 uses the same 8)
+RESCALE_LOG2: tl.constexpr = tl.constexpr(8.0)
 
 
 @triton.jit

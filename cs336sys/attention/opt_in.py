@@ -5,6 +5,9 @@
                                    5.64 at the leaderboard shape (reports/nvidia-h200)
     CS336SYS_TRITON_HEAVY_FIRST=1  causal forward and dQ kernels: the query tiles launched
                                    last first, the longest programs first (not yet timed)
+    CS336SYS_TRITON_LAZY_RESCALE=1 forward: the running max, and with it the rescaling of O
+                                   and l, moved only when it grows past a threshold (not
+                                   yet timed)
     CS336SYS_TRITON_ATOMIC_DQ=1    backward: dQ added with atomics in the dK/dV kernel (opt-in:
                                    it lost there, 4.20 ms of backward against 3.96)
     CS336SYS_TRITON_REDUCE_DQ=1    the same, each dQ tile added by one TMA reduction instead
@@ -12,7 +15,7 @@
                                    timed)
 
 A label names the departures from the default, joined by '+' in that order: loads, schedule,
-dQ sum (`pointer+heavy-first+atomic-dq`); "default" names none.
+rescaling, dQ sum (`pointer+heavy-first+atomic-dq`); "default" names none.
 
 Kept apart from flash_triton.py so that it imports neither torch nor triton: a sweep names
 the requested paths in each point's settings (`triton_opt_in`) before any kernel loads, and
@@ -33,6 +36,7 @@ from typing import NamedTuple
 class Paths(NamedTuple):
     tma: bool  # tiles through tensor descriptors where they can run
     heavy_first: bool  # causal query tiles in reverse launch order
+    lazy_rescale: bool  # the forward's running max moved only past a threshold
     atomic_dq: bool  # dQ added in the dK/dV kernel (5 tile products instead of 7)
     reduce_dq: bool  # ... by TMA reductions (needs tma)
 
@@ -43,6 +47,7 @@ def _on(name: str) -> bool:
 
 TMA = os.environ.get("CS336SYS_TRITON_TMA", "1") != "0"
 HEAVY_FIRST = _on("CS336SYS_TRITON_HEAVY_FIRST")
+LAZY_RESCALE = _on("CS336SYS_TRITON_LAZY_RESCALE")
 # An atomic dQ either way; by TMA reductions only where the TMA build runs
 ATOMIC_DQ = _on("CS336SYS_TRITON_ATOMIC_DQ") or _on("CS336SYS_TRITON_REDUCE_DQ")
 REDUCE_DQ = TMA and _on("CS336SYS_TRITON_REDUCE_DQ")
@@ -50,12 +55,17 @@ REDUCE_DQ = TMA and _on("CS336SYS_TRITON_REDUCE_DQ")
 # Every label: a part or none from each group, in this order, but TMA reductions with the
 # pointer loads. "tma" asks for what "default" now does; it stays so that stored labels keep
 # their meaning.
-_GROUPS = (("", "pointer", "tma"), ("", "heavy-first"), ("", "atomic-dq", "reduce-dq"))
+_GROUPS = (("", "pointer", "tma"), ("", "heavy-first"), ("", "lazy-rescale"),
+           ("", "atomic-dq", "reduce-dq"))
 CHOICES = tuple(
     "+".join(p for p in parts if p) or "default"
     for parts in itertools.product(*_GROUPS)
-    if not (parts[0] == "pointer" and parts[2] == "reduce-dq")
+    if not (parts[0] == "pointer" and parts[-1] == "reduce-dq")
 )
+# What an error says instead of all the labels
+GRAMMAR = ("default, or a part or none of each group joined by '+' in this order: "
+           "pointer|tma, heavy-first, lazy-rescale, atomic-dq|reduce-dq (reduce-dq not with "
+           "pointer)")
 
 
 def requested() -> str:
@@ -63,15 +73,15 @@ def requested() -> str:
     joined by '+' (one of CHOICES)."""
     dq_sum = "reduce-dq" if REDUCE_DQ else "atomic-dq"
     on = [name for name, flag in (("pointer", not TMA), ("heavy-first", HEAVY_FIRST),
-                                  (dq_sum, ATOMIC_DQ)) if flag]
+                                  ("lazy-rescale", LAZY_RESCALE), (dq_sum, ATOMIC_DQ)) if flag]
     return "+".join(on) or "default"
 
 
 def flags(choice: str) -> Paths:
     """The paths a label asks for; ValueError for one not in CHOICES."""
     if choice not in CHOICES:
-        raise ValueError(f"unknown Triton opt-in {choice!r}; choose from {', '.join(CHOICES)}")
+        raise ValueError(f"unknown Triton opt-in {choice!r}; give {GRAMMAR}")
     parts = choice.split("+")
     reduce_dq = "reduce-dq" in parts
-    return Paths("pointer" not in parts, "heavy-first" in parts,
+    return Paths("pointer" not in parts, "heavy-first" in parts, "lazy-rescale" in parts,
                  reduce_dq or "atomic-dq" in parts, reduce_dq)

@@ -93,13 +93,16 @@ def closest(value: str, allowed: Iterable[str]) -> str | None:
     return by_lower[close[0]] if close else None
 
 
-def unknown(option: str, value: Any, allowed: Iterable[Any], what: str = "value") -> SpecError:
+def unknown(option: str, value: Any, allowed: Iterable[Any], what: str = "value",
+            rule: str | None = None) -> SpecError:
     """The error for `value` not among `allowed`: the closest one, when one is close
-    (`--impl trition`: did you mean 'triton'?), then all of them."""
+    (`--impl trition`: did you mean 'triton'?), then all of them, or the `rule` that makes
+    them where they are too many to list."""
     allowed = [str(a) for a in allowed]
     near = closest(value, allowed)
     hint = f" (did you mean {near!r}?)" if near else ""
-    return SpecError(f"{option}: unknown {what} {value!r}{hint}; choose from {', '.join(allowed)}")
+    choose = f"give {rule}" if rule else f"choose from {', '.join(allowed)}"
+    return SpecError(f"{option}: unknown {what} {value!r}{hint}; {choose}")
 
 
 def choices(
