@@ -181,6 +181,8 @@ _KERNELS = {
 # "fwd_tma" (and so on) tune one JITFunction with the same candidates: the results Triton
 # caches on disk (cache_results) are keyed on the function, the key and the configs only;
 # DQ_TMA, for the same reason, where the kernel takes it ("dkdv_atomic_tma", "..._reduce_tma").
+# HEAVY_FIRST and LAZY_RESCALE are not: an opt-in point runs the tiles tuned at its shape by
+# whichever point ran first, so that side by side the opt-in alone differs.
 TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "TMA"]
 
 
