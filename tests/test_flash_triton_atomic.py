@@ -172,6 +172,11 @@ def test_one_attention_run_sweeps_the_opt_ins_side_by_side(tmp_path):
     assert all(r["max_err_grad"] < 1e-4 for r in got)
     triton_lines = [line for line in result.output.splitlines() if line.startswith("triton")]
     assert len(triton_lines) == 4 and all("×" in line for line in triton_lines)  # vs naive
+    # each opt-in against the default triton point of the same run, with its interval
+    assert "vs default" in result.output
+    against = [line for line in result.output.splitlines()
+               if line.startswith("triton[") and line.count("×") == 2]
+    assert len(against) == 3, result.output
     from cs336sys.attention import opt_in
 
     assert (flash_triton.TMA, flash_triton.ATOMIC_DQ, flash_triton.REDUCE_DQ) == (

@@ -69,6 +69,18 @@ def _main_ms(row: Mapping[str, Any]) -> float | None:
     return row.get("e2e_ms_mean") or row.get("fwd_ms_mean") or row.get("bwd_ms_mean")
 
 
+def _main_median(row: Mapping[str, Any]) -> float | None:
+    """The median of the same pass: what opt-ins are compared by."""
+    return row.get("e2e_ms_median") or row.get("fwd_ms_median") or row.get("bwd_ms_median")
+
+
+def _opt_in(row: Mapping[str, Any]) -> str | None:
+    """A Triton point's opt-in kernel paths where they depart from the default, else None:
+    the "vs default" column shows where some point has one."""
+    chosen = row["_settings"].get("triton_opt_in")
+    return chosen if chosen not in (None, "default") else None
+
+
 def _tflops(row: Mapping[str, Any]) -> float | None:
     return row.get("tflops_e2e") or row.get("tflops_fwd") or row.get("tflops_bwd")
 
@@ -126,6 +138,13 @@ TABLE = Table(
                "while one ran; measure the point again."),
         Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
                                        ("impl", "sdpa_backend", "triton_opt_in"))),
+        Column("vs default", cell=_opt_in, optional=True,
+               ratio=Ratio(_main_median, {"impl": "triton", "triton_opt_in": "default"},
+                           ("triton_opt_in",), samples="e2e_ms"),
+               note="vs default: the default Triton kernels' median time over this opt-in's at "
+               "the same shape, in the same run (2.00x = twice as fast), with the 95 % "
+               "bootstrap interval of that ratio from both points' end-to-end samples: faster "
+               "or slower only when the interval excludes 1, else no difference."),
         HOST_BOUND,
     ),
     note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "
