@@ -51,9 +51,9 @@ CLI = [PY, "-m", "cs336sys"]
 STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra environment)
     ("issue 15: host cost per triton call at seq 1024 (target 40 us)",
      [PY, "benchmarks/attention_host_overhead.py"], {}),
-    ("issue 15: TMA kernels and atomic dQ against float64 on this GPU",
+    ("issue 15: TMA kernels, atomic dQ and the forward opt-ins against float64 on this GPU",
      [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-      "tests/test_gpu_attention.py", "-k", "tma or plans or atomic"], {}),
+      "tests/test_gpu_attention.py", "-k", "tma or plans or atomic or opt_ins"], {}),
     ("issue 15: leaderboard shape, pointer vs TMA vs atomic dQ (atomics, TMA reductions) vs "
      "longest tiles first vs lazy rescaling vs cuDNN (target < 4.4 ms, below cuDNN)",
      [PY, "benchmarks/attention_leaderboard.py", "--atomic-dq", "--heavy-first", "--db", "{db}"],

@@ -186,6 +186,34 @@ def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tm
         (False, False), (True, reduce)]
 
 
+@pytest.mark.parametrize("heavy, lazy", [(True, False), (False, True), (True, True)],
+                         ids=["heavy-first", "lazy-rescale", "both"])
+@pytest.mark.parametrize("shape, dtype, causal, q_scale", [
+    ((1, 4, 1000, 128), BF16, True, 1.0),
+    ((2, 300, 64), F32, True, 8.0),  # peaked rows: the lazy max moves
+    ((2, 2, 257, 80), F16, False, 1.0),
+])
+def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal, q_scale,
+                                                heavy, lazy):
+    """The forward opt-ins compiled: causal tiles launched longest first (also the dQ
+    kernel's), and the running max moved only past 2^8 (one scalar branch per key tile)."""
+    from cs336sys.attention import FlashAttention2Triton, flash_triton
+
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "HEAVY_FIRST", heavy)
+    monkeypatch.setattr(flash_triton, "LAZY_RESCALE", lazy)
+    q, k, v, do = make_inputs(shape, shape, dtype, device="cuda")
+    q = (q.float() * q_scale).to(dtype)
+    ref = {n: t.cuda() for n, t in reference(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal).items()}
+    err = None if dtype == torch.float32 else torch_error(q, k, v, do, causal, ref)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    o = FlashAttention2Triton.apply(qq, kk, vv, causal)
+    o.backward(do)
+    assert_close({"o": o, "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, ref, dtype, err)
+    fwd = flash_triton._LAST["fwd"]
+    assert (fwd.heavy_first, fwd.lazy_rescale) == (heavy and causal, lazy)
+
+
 @pytest.mark.parametrize("reduce", [False, True], ids=["atomics", "tma-reduce"])
 def test_autotuned_atomic_dq_starts_every_trial_from_zero(monkeypatch, reduce):
     """The autotuner runs each candidate on the same buffers: the float32 dQ they add into
