@@ -186,12 +186,12 @@ def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tm
         (False, False), (True, reduce)]
 
 
-@pytest.mark.parametrize("heavy, lazy", [(True, False), (False, True), (True, True)],
-                         ids=["heavy-first", "lazy-rescale", "both"])
-@pytest.mark.parametrize("shape, dtype, causal, q_scale", [
-    ((1, 4, 1000, 128), BF16, True, 1.0),
-    ((2, 300, 64), F32, True, 8.0),  # peaked rows: the lazy max moves
-    ((2, 2, 257, 80), F16, False, 1.0),
+@pytest.mark.parametrize("shape, dtype, causal, q_scale, heavy, lazy", [
+    ((1, 4, 1000, 128), BF16, True, 1.0, True, True),
+    ((1, 4, 1000, 128), BF16, True, 1.0, True, False),
+    ((2, 300, 64), F32, True, 8.0, True, True),  # peaked rows: the lazy max moves
+    ((2, 300, 64), F32, True, 8.0, False, True),
+    ((2, 2, 257, 80), F16, False, 1.0, True, True),
 ])
 def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal, q_scale,
                                                 heavy, lazy):
