@@ -10,11 +10,12 @@ Triton runs twice, its default kernels (the descriptor, TMA, build on Hopper) an
 loads, each row named by the kernels that ran: "triton (tma)", "triton (pointer)". It checks
 issue 15's target: fwd+bwd under 4.4 ms and faster than cuDNN in the same run, met by the best
 triton row. The triton rows run beside cuDNN in one invocation (interleaved rounds, so that
-the ratio is a same-run one), SDPA's flash backend and naive in a second. With --atomic-dq (or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ
-backward with each load too, "triton (pointer+atomic-dq)" and "triton (tma+atomic-dq)", and
-its dQ added by TMA reductions, "triton (tma+reduce-dq)". With --heavy-first (or
-CS336SYS_TRITON_HEAVY_FIRST=1) the causal query tiles launched longest first, the forward's
-lazy rescaling, both, and both with the TMA-reduced dQ.
+the ratio is a same-run one), SDPA's flash backend and naive in a second. With --atomic-dq
+(or CS336SYS_TRITON_ATOMIC_DQ=1) it runs the opt-in atomic-dQ backward with each load too,
+"triton (pointer+atomic-dq)" and "triton (tma+atomic-dq)", and its dQ added by TMA
+reductions, "triton (tma+reduce-dq)". With --heavy-first (or CS336SYS_TRITON_HEAVY_FIRST=1)
+the causal query tiles launched longest first, the forward's lazy rescaling, both, and both
+with the TMA-reduced dQ.
 
     python benchmarks/attention_leaderboard.py [--atomic-dq] [--heavy-first] [--flash-benchmarking]
                                                [--db PATH]
@@ -33,6 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cs336sys.attention import opt_in
 from cs336sys.measure.clock import now
 
 GOAL_MS = 5.4
@@ -50,10 +52,8 @@ def triton_label(row) -> str:
     asked, ran = row["triton_opt_in"] or "default", row["triton_kernels"]
     if ran is None:
         return ""
-    dq_sum = next((s for s in ("reduce-dq", "atomic-dq") if s in asked), "")
-    loads = "pointer" if "pointer" in asked else "tma"
-    forward = [p for p in ("heavy-first", "lazy-rescale") if p in asked]
-    wanted = "+".join(p for p in (loads, *forward, dq_sum) if p)
+    paths = opt_in.flags(asked)
+    wanted = "+".join(["tma" if paths.tma else "pointer", *opt_in.beyond_loads(paths)])
     return f" ({ran})" if ran == wanted else f" ({ran}, asked {asked})"
 
 

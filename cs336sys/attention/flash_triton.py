@@ -126,10 +126,10 @@ def kernels_ran(backward: bool) -> str:
     triton_kernels, read from the plans the calls ran."""
     fwd, bwd = _LAST["fwd"], _LAST["bwd"] if backward else None
     same = bwd is None or bwd.variant == fwd.variant
-    dq_sum = bwd and ("reduce-dq" if bwd.reduce_dq else "atomic-dq" if bwd.atomic_dq else "")
     loads = fwd.variant if same else f"{fwd.variant}/{bwd.variant}"
-    schedule = ("heavy-first" * fwd.heavy_first, "lazy-rescale" * fwd.lazy_rescale)
-    return "+".join(p for p in (loads, *schedule, dq_sum) if p)
+    ran = opt_in.Paths(fwd.variant == "tma", fwd.heavy_first, fwd.lazy_rescale,
+                       bool(bwd and bwd.atomic_dq), bool(bwd and bwd.reduce_dq))
+    return "+".join([loads, *opt_in.beyond_loads(ran)])
 
 
 def _variant(*views: torch.Tensor) -> str:

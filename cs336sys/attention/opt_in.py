@@ -64,17 +64,28 @@ CHOICES = tuple(
 )
 # What an error says instead of all the labels
 GRAMMAR = ("default, or a part or none of each group joined by '+' in this order: "
-           "pointer|tma, heavy-first, lazy-rescale, atomic-dq|reduce-dq (reduce-dq not with "
-           "pointer)")
+           + ", ".join("|".join(p for p in group if p) for group in _GROUPS)
+           + " (reduce-dq not with pointer)")
+
+
+def beyond_loads(paths: Paths) -> list[str]:
+    """The parts of the label of `paths` after the loads, in the label's order: schedule,
+    rescaling, dQ sum. What flash_triton.kernels_ran names after the loads that ran."""
+    dq_sum = "reduce-dq" if paths.reduce_dq else "atomic-dq"
+    return [name for name, on in (("heavy-first", paths.heavy_first),
+                                  ("lazy-rescale", paths.lazy_rescale),
+                                  (dq_sum, paths.atomic_dq)) if on]
+
+
+def label(paths: Paths) -> str:
+    """The label that asks for `paths`: 'default', or the departures from it joined by '+'
+    (one of CHOICES; `flags` inverted)."""
+    return "+".join(([] if paths.tma else ["pointer"]) + beyond_loads(paths)) or "default"
 
 
 def requested() -> str:
-    """The paths this process's environment asks for: 'default', or the departures from it
-    joined by '+' (one of CHOICES)."""
-    dq_sum = "reduce-dq" if REDUCE_DQ else "atomic-dq"
-    on = [name for name, flag in (("pointer", not TMA), ("heavy-first", HEAVY_FIRST),
-                                  ("lazy-rescale", LAZY_RESCALE), (dq_sum, ATOMIC_DQ)) if flag]
-    return "+".join(on) or "default"
+    """The label of the paths this process's environment asks for."""
+    return label(Paths(TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ))
 
 
 def flags(choice: str) -> Paths:
