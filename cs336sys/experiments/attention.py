@@ -36,7 +36,7 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.points import SpecError
-from cs336sys.sweep.result import Result
+from cs336sys.sweep.result import Result, first_line
 from cs336sys.yours.implementations import named_impls, sources
 
 DTYPES = tuple(PRECISIONS)
@@ -315,7 +315,7 @@ def run(spec: AttentionSpec) -> Result:
         try:
             out, saved = saved_tensor_bytes(forward)
         except RuntimeError as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            message = first_line(exc)
             if spec.impl == "sdpa" and (
                 "No available kernel" in message or "No viable backend" in message
             ):

@@ -56,7 +56,7 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.points import SpecError
-from cs336sys.sweep.result import Result
+from cs336sys.sweep.result import Result, first_line
 
 TARGETS = ("model", "attention")
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
@@ -298,7 +298,7 @@ def _attention(spec: AttentionSpec) -> _Steps:
 
 def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
     """The reason to store a point as skipped, where an SDPA backend cannot take the inputs."""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    message = first_line(exc)
     point = spec.point
     if isinstance(point, AttentionSpec) and point.impl == "sdpa":
         if "No available kernel" in message or "No viable backend" in message:

@@ -26,7 +26,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.ranks import gather
-from cs336sys.sweep.result import Result, Unfinished
+from cs336sys.sweep.result import Result, Unfinished, first_line
 
 
 def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int]) -> str:
@@ -50,13 +50,12 @@ def compiled_under_yours(wrapper: str, exc: Exception) -> CompiledUnderYourFSDP:
     tensors of that moment; a hook that swaps a weight's `.data` (gather, release) leaves the
     graph expecting the shard's shape or the full one. Run eager
     (`torch.compiler.disable`), each hook is a graph break instead, as in cs336sys's fsdp."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return CompiledUnderYourFSDP(
         f"compile under --ddp {wrapper}: the compiled step failed "
-        f"({type(exc).__name__}: {first}); a compiled block runs your FSDP's hooks inside "
-        "its graph, so a hook that swaps a weight's .data is traced with the shapes of that "
-        "moment: register your hooks wrapped in torch.compiler.disable (each is then a "
-        "graph break, as in cs336sys's fsdp), or measure without compile")
+        f"({type(exc).__name__}: {first_line(exc)}); a compiled block runs your FSDP's "
+        "hooks inside its graph, so a hook that swaps a weight's .data is traced with the "
+        "shapes of that moment: register your hooks wrapped in torch.compiler.disable (each "
+        "is then a graph break, as in cs336sys's fsdp), or measure without compile")
 
 
 def fused_loss_refusal(wrapped: Any) -> str | None:

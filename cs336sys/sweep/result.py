@@ -40,6 +40,12 @@ _OOM_MARKERS = (
 )
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message; '' where it has none."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
@@ -138,19 +144,18 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     except Unfinished as exc:
         result = Result("skipped", error=str(exc))
     except Exception as exc:  # every failure becomes a stored row
-        message = str(exc).strip()
-        first_line = f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
+        said = f"{type(exc).__name__}: {first_line(exc)}"
         where = user_frame(exc)
         if where is not None:
-            first_line = f"{where}: {first_line}"
+            said = f"{where}: {said}"
         if isinstance(exc, NotImplementedError) and where is not None and _raised_by_user(exc):
             # the user's own "not written yet", not a library's missing kernel
-            result = Result("skipped", error=f"not implemented: {first_line}")
+            result = Result("skipped", error=f"not implemented: {said}")
         elif is_oom(exc):
-            result = Result("oom", error=first_line)
+            result = Result("oom", error=said)
         else:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            result = Result("error", error=first_line + "\n\n" + tb)
+            result = Result("error", error=said + "\n\n" + tb)
     # Every point hands its memory back so the next one starts from an empty cache (a large
     # point after a small one must not OOM on the small one's leftovers). Only here, after the
     # except block, are a failed point's exception, traceback, frames and tensors gone.
