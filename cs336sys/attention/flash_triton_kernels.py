@@ -127,20 +127,16 @@ def _attn_fwd_inner(
                 m_i = m_ij
             p = tl.exp2(s - m_i[:, None])
             l_i = l_i + tl.sum(p, 1)
-            v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED,
-                           TMA)
-            acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc, PRECISION, UPCAST_DOT)
         else:
             p = tl.exp2(s - m_ij[:, None])
             alpha = tl.exp2(m_i - m_ij)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED,
-                           TMA)
-            # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
-            # the low-precision tensor cores; l_i keeps the float32 P~.
-            acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc * alpha[:, None], PRECISION,
-                       UPCAST_DOT)
+            acc = acc * alpha[:, None]
             m_i = m_ij
+        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
+        # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
+        # the low-precision tensor cores; l_i keeps the float32 P~.
+        acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc, PRECISION, UPCAST_DOT)
     return acc, l_i, m_i
 
 
