@@ -201,7 +201,7 @@ def _autotuned(name: str):
     # Every config is listed (16-bit and float32) so that the pruner may return any of them.
     return triton.autotune(
         configs=tuning.configs + FP32_CONFIGS,
-        key=TUNING_KEY + [n for n in ("DQ_TMA",) if n in _KERNELS[name].arg_names],
+        key=TUNING_KEY + (["DQ_TMA"] if "DQ_TMA" in _KERNELS[name].arg_names else []),
         prune_configs_by={"early_config_prune": _pruner(tuning)},
         reset_to_zero=tuning.reset_to_zero,
         **cache,

@@ -1,9 +1,9 @@
 """What every Triton kernel module of the package shares (attention/flash_triton*, and
 models/adamw_kernels, models/fused_ce_triton): whether Triton's interpreter defined the
 kernels (and, if so, the interpreter made fit for NumPy >= 2.4 and for descriptor
-reductions), the one refusal
-when tensors are on the wrong side of that, and the interpreter's bfloat16 rounding fix.
-Imported only by kernel modules, so importing triton here is fine.
+reductions), the one refusal when tensors are on the wrong side of that, and the
+interpreter's bfloat16 rounding fix. Imported only by kernel modules, so importing triton
+here is fine.
 """
 
 from __future__ import annotations
