@@ -138,8 +138,7 @@ def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp
         out = invoke("step", *STEP, "--ddp", f"{name}={FSDP}:{cls}", "--switches", switches,
                      "--db", db)
         assert out.exit_code == exit_code, out.output
-    rows = query(db, "SELECT json_extract(settings, '$.ddp') AS ddp, "
-                     "json_extract(settings, '$.switches') AS switches, status, error, "
+    rows = query(db, "SELECT json_extract(settings, '$.switches') AS switches, status, error, "
                      "json_extract(samples, '$.loss') AS loss FROM runs ORDER BY created")
     traced, plain, ready = rows
     assert traced["status"] == "error"
