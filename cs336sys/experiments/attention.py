@@ -212,10 +212,8 @@ def specs(
         if name in impls and not _unimplemented(name):  # that one is a skipped row first
             points.check_triton(on_cuda, f"--attention {name}")
     # triton's opt-in kernel paths: a list sweeps them (a point each); default: the environment's
-    opt_ins = points.listed(triton_opt_in, "--triton-opt-in", [opt_in.requested()])
-    for label in opt_ins:
-        if label not in opt_in.CHOICES:
-            raise points.unknown("--triton-opt-in", label, opt_in.CHOICES, rule=opt_in.GRAMMAR)
+    opt_ins = points.choices(triton_opt_in, opt_in.CHOICES, "--triton-opt-in",
+                             [opt_in.requested()], rule=opt_in.GRAMMAR)
     return [
         AttentionSpec(
             impl=p["impl"], seq=p["seq"], d_head=p["d_head"], heads=n_heads, batch=p["batch"],

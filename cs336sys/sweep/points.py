@@ -106,14 +106,16 @@ def unknown(option: str, value: Any, allowed: Iterable[Any], what: str = "value"
 
 
 def choices(
-    values: Iterable[str] | None, allowed: Iterable[str], option: str, default: Iterable[str] = ()
+    values: Iterable[str] | None, allowed: Iterable[str], option: str, default: Iterable[str] = (),
+    rule: str | None = None,
 ) -> list[str]:
-    """Split a list option and check every value is one of `allowed` (SpecError if not)."""
+    """Split a list option and check every value is one of `allowed` (SpecError if not,
+    naming them all or the `rule` that makes them)."""
     allowed = list(allowed)
     out = listed(values, option, default)
     for v in out:
         if v not in allowed:
-            raise unknown(option, v, allowed)
+            raise unknown(option, v, allowed, rule=rule)
     return out
 
 
