@@ -5,6 +5,7 @@ the interrupted point as `error` and the invocation's exit status. (Linux: /proc
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -200,21 +201,48 @@ def test_ranks_end_with_torchruns_agent(tmp_path):
     assert all(port_free(p) for p in ports)
 
 
+# Each sweep outlasts the latest moment below several times over on this 2-core box.
 MODEL_SWEEP = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers",
-               "2", "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--iters", "20",
+               "2", "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--iters", "60",
                "--device", "cpu", "--seq", "32,64,96,128,160,192,224,256"]
 DDP_SWEEP = ["ddp", "--size", "tiny", "--seq", "16", "--world-size", "2", "--iters", "3"]
 STEP_RANKS = ["step", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
               "--num-heads", "4", "--vocab-size", "256", "--seq", "16,32,48", "--batch", "2",
-              "--switches", "none", "--world-size", "2", "--iters", "5", "--device", "cpu"]
+              "--switches", "none", "--world-size", "2", "--iters", "40", "--device", "cpu"]
+SIGNALLED = {"model-int": (MODEL_SWEEP, signal.SIGINT), "comm-int": (LONG, signal.SIGINT),
+             "comm-term": (LONG, signal.SIGTERM), "ddp-int": (DDP_SWEEP, signal.SIGINT),
+             "step-ranks-int": (STEP_RANKS, signal.SIGINT)}
+# One moment drawn in each stratum for each command and signal, so that every run of the
+# suite reaches each phase at new moments: typer's start and torch's import (on this box
+# about 0 to 1 s), the fork server's import and the ranks' start (1 to 2.8 s), the sweep.
+STRATA_S = ((0.1, 0.5), (0.5, 1.2), (1.2, 2.2), (2.2, 3.5))
+
+
+def signal_seed() -> int:
+    """CS336SYS_SIGNAL_SEED, else the checked-out commit: the same moments on every xdist
+    worker and whenever a commit's failure is rerun, new ones with each commit."""
+    if os.environ.get("CS336SYS_SIGNAL_SEED"):
+        return int(os.environ["CS336SYS_SIGNAL_SEED"])
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                          capture_output=True, text=True).stdout.strip()
+    return int(head[:12], 16) if head else 0
+
+
+def moments(seed: int, strata=STRATA_S) -> list[tuple[str, list[str], int, float]]:
+    """(id, command, signal, seconds) for every command, signal and stratum: a moment drawn
+    uniformly inside each stratum, rounded to 10 ms so that its id reproduces it."""
+    rng = random.Random(seed)
+    return [(f"{name}-{after_s:.2f}s", args, sig, after_s)
+            for name, (args, sig) in SIGNALLED.items()
+            for after_s in (round(rng.uniform(lo, hi), 2) for lo, hi in strata)]
+
+
+SEED = signal_seed()
 
 
 @pytest.mark.promise(SIGNALS)
-@pytest.mark.parametrize("args, sig", [(MODEL_SWEEP, signal.SIGINT), (LONG, signal.SIGINT),
-                                       (LONG, signal.SIGTERM), (DDP_SWEEP, signal.SIGINT),
-                                       (STEP_RANKS, signal.SIGINT)],
-                         ids=["model-int", "comm-int", "comm-term", "ddp-int", "step-ranks-int"])
-@pytest.mark.parametrize("after_s", [0.15, 0.8, 2.5])
+@pytest.mark.parametrize("args, sig, after_s",
+                         [pytest.param(*m[1:], id=m[0]) for m in moments(SEED)])
 def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, after_s):
     """Ctrl-C or SIGTERM while the command starts (typer, torch, the ranks) or sweeps: exit
     130 or 143, no traceback, no process left, and a last line that says what was stored
@@ -227,18 +255,28 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     below = descendants(proc.pid)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + sig, (after_s, err)
-    assert "Traceback" not in err and "leaked semaphore" not in err, err
+    again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
+    assert proc.returncode == 128 + sig, (again, err)
+    assert "Traceback" not in err and "leaked semaphore" not in err, (again, err)
     last = err.strip().splitlines()[-1]
     word = "Interrupted" if sig == signal.SIGINT else "Terminated (SIGTERM)"
     if last == f"{word}: this command stored nothing":
-        assert not db.exists() or not query(db, "SELECT id FROM runs")
+        assert not db.exists() or not query(db, "SELECT id FROM runs"), again
     else:
-        assert "point(s) stored in" in last and "--resume" in last, err
+        assert "point(s) stored in" in last and "--resume" in last, (again, err)
         stored = int(last.split(": ", 1)[1].split()[0])
-        assert len(query(db, "SELECT id FROM runs")) == stored
+        assert len(query(db, "SELECT id FROM runs")) == stored, again
         assert query(db, "SELECT exit_status FROM invocations") == [{"exit_status": 128 + sig}]
     gone_within(below | descendants(proc.pid), 10.0)
+
+
+def test_the_moments_fall_in_their_strata_and_come_again_from_their_seed():
+    drawn = moments(7)
+    assert drawn == moments(7) and drawn != moments(8)
+    assert len(drawn) == len(SIGNALLED) * len(STRATA_S)
+    for k, (_, _, _, after_s) in enumerate(drawn):
+        lo, hi = STRATA_S[k % len(STRATA_S)]
+        assert lo <= after_s <= hi
 
 
 @pytest.mark.promise(SIGNALS)
