@@ -74,7 +74,8 @@ def main() -> int:
         "--heavy-first",
         action="store_true",
         default=os.environ.get("CS336SYS_TRITON_HEAVY_FIRST", "0") == "1",
-        help="also run triton's forward opt-ins: heavy-first, lazy-rescale and both",
+        help="also run triton's forward opt-ins: heavy-first, lazy-rescale, warp-specialize "
+        "and heavy-first with each",
     )
     parser.add_argument(
         "--flash-benchmarking",
@@ -94,15 +95,17 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items()
            if k not in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_ATOMIC_DQ",
                         "CS336SYS_TRITON_REDUCE_DQ", "CS336SYS_TRITON_HEAVY_FIRST",
-                        "CS336SYS_TRITON_LAZY_RESCALE")}
+                        "CS336SYS_TRITON_LAZY_RESCALE", "CS336SYS_TRITON_WARP_SPECIALIZE")}
     # The triton paths side by side in one invocation (--triton-opt-in sweeps them); triton
     # rows are named by the kernels that ran (triton_kernels), and by what they asked for
     # (triton_opt_in) where the GPU made them fall back.
     opt_ins = ["default", "pointer"] + (["pointer+atomic-dq", "tma+atomic-dq", "reduce-dq"]
                                         if args.atomic_dq else [])
     if args.heavy_first:
-        opt_ins += ["heavy-first", "lazy-rescale", "heavy-first+lazy-rescale"] + (
-            ["heavy-first+lazy-rescale+reduce-dq"] if args.atomic_dq else [])
+        opt_ins += ["heavy-first", "lazy-rescale", "heavy-first+lazy-rescale", "warp-specialize",
+                    "heavy-first+warp-specialize"] + (
+            ["heavy-first+lazy-rescale+reduce-dq", "heavy-first+warp-specialize+reduce-dq"]
+            if args.atomic_dq else [])
     runs = [  # one invocation each, in this order: ours beside cuDNN in interleaved rounds
         ["--impl", "triton,sdpa", "--sdpa-backend", "cudnn", "--triton-opt-in",
          ",".join(opt_ins)],

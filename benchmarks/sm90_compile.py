@@ -2,8 +2,9 @@
 what the build says about each: registers, spills, shared memory, how wide its global loads
 and stores are, and the Hopper instructions in it.
 
-    python benchmarks/sm90_compile.py [--only attention,atomic-dq,forward,adamw,ce] [--json]
-                                      [--head-dims 64,128]   # atomic-dq's head dims
+    python benchmarks/sm90_compile.py [--only attention,atomic-dq,forward,warp-specialize,
+                                       adamw,ce] [--json]
+                                      [--head-dims 64,128]   # atomic-dq's, warp-specialize's
     PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
 
 Each kernel is specialised as its launcher would be at a large shape (pointers and the
@@ -54,13 +55,16 @@ class Build:
     atomics: int  # red/atom.global instructions (the atomic dQ's additions)
     wide_atomics: int  # of which .v4: 16 bytes per thread and instruction
     tma_reductions: int  # cp.reduce.async.bulk.tensor (the atomic dQ's TMA additions)
+    warps: int  # as launched: more than asked where Triton split the kernel into warp groups
+    setmaxnreg: int  # register moves between warp groups (setmaxnreg): a split kernel has them
 
     def __str__(self) -> str:
         return (f"REG {self.registers} STACK {self.stack} | smem {self.shared} B | "
                 f"ld 16B {self.wide_loads}/{self.wide_loads + self.narrow_loads}, "
                 f"st 16B {self.wide_stores}/{self.wide_stores + self.narrow_stores} | "
                 f"{self.tma_copies} TMA copies, {self.wgmma} wgmma, {self.atomics} atomics, "
-                f"{self.tma_reductions} TMA reductions")
+                f"{self.tma_reductions} TMA reductions | {self.warps} warps"
+                + (f", {self.setmaxnreg} setmaxnreg" if self.setmaxnreg else ""))
 
 
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[str],
@@ -91,6 +95,7 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[s
         atomics=len(re.findall(r"\b(?:red|atom)\.global", ptx)),
         wide_atomics=len(re.findall(r"\b(?:red|atom)\.global\S*\.v4\.", ptx)),
         tma_reductions=ptx.count("cp.reduce.async.bulk.tensor"),
+        warps=compiled.metadata.num_warps, setmaxnreg=ptx.count("setmaxnreg"),
     )
 
 
@@ -139,7 +144,7 @@ def attention_builds():
         else:
             c["HEAVY_FIRST"] = False
         if name == "fwd":
-            c["LAZY_RESCALE"] = False
+            c["LAZY_RESCALE"] = c["WARP_SPECIALIZE"] = False
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")
@@ -190,8 +195,25 @@ def forward_opt_in_builds():
             yield (f"{label:12s} d{c['HEAD_DIM']} {c['Q_TILE']}x{c['K_TILE']} w{warps} "
                    f"s{stages} causal={c['IS_CAUSAL']}",
                    _attention(ATTENTION_KERNELS["fwd"], pointers,
-                              {**c, "HEAVY_FIRST": heavy and c["IS_CAUSAL"], "LAZY_RESCALE": lazy},
-                              warps, stages))
+                              {**c, "HEAVY_FIRST": heavy and c["IS_CAUSAL"], "LAZY_RESCALE": lazy,
+                               "WARP_SPECIALIZE": False}, warps, stages))
+
+
+def warp_specialize_builds(head_dims=(64, 128)):
+    """The warp-specialised forward (WARP_SPECIALIZE, TMA build) at every config its pruner
+    keeps (bf16, causal, long sequences): meant to split into warp groups (more warps than
+    asked, setmaxnreg) without a spill."""
+    from cs336sys.attention import flash_triton_tuning as tuning
+
+    for d in head_dims:
+        for cfg in tuning.kept_configs("fwd_ws_tma", tuning.call_args(d, 16384)):
+            tiles = cfg.kwargs
+            c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
+                     ROUND_BF16=False, TMA=True, HEAVY_FIRST=False, LAZY_RESCALE=False,
+                     WARP_SPECIALIZE=True, **tiles)
+            yield (f"ws d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
+                   f"s{cfg.num_stages}",
+                   _attention(ATTENTION_KERNELS["fwd"], FWD, c, cfg.num_warps, cfg.num_stages))
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,6 +274,7 @@ GROUPS = {
     "attention": attention_builds,
     "atomic-dq": atomic_dq_builds,
     "forward": forward_opt_in_builds,
+    "warp-specialize": warp_specialize_builds,
     "adamw": lambda: ((f"{kind:6s} {p}", _call(fn, p)) for kind, fn in
                       (("multi", adamw_multi), ("single", adamw_single)) for p in PARAM_TYPES),
     "ce": lambda: ((f"softmax-ce {d}", _call(cross_entropy, d)) for d in ("bf16", "fp32")),
@@ -262,7 +285,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(GROUPS), help="comma list of " + ", ".join(GROUPS))
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel build")
-    parser.add_argument("--head-dims", default="64,128", help="the atomic-dq candidates' head dims")
+    parser.add_argument("--head-dims", default="64,128",
+                        help="the atomic-dq and warp-specialize candidates' head dims")
     args = parser.parse_args()
     groups = args.only.split(",")
     if not set(groups) <= set(GROUPS):
@@ -277,7 +301,8 @@ def main() -> int:
         return 2
     if not args.json:
         print(f"triton {triton.__version__}, sm_90")
-    builds = {**GROUPS, "atomic-dq": lambda: atomic_dq_builds(head_dims)}
+    builds = {**GROUPS, "atomic-dq": lambda: atomic_dq_builds(head_dims),
+              "warp-specialize": lambda: warp_specialize_builds(head_dims)}
     failed = 0
     for group in groups:
         for label, build in builds[group]():

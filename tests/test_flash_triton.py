@@ -149,6 +149,23 @@ def test_lazy_rescale_matches_float64(monkeypatch, is_causal, q_scale):
     assert "lazy-rescale" in flash_triton.kernels_ran(True)
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointer"])
+@pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
+def test_warp_specialize_runs_one_masked_loop_where_tma_runs(monkeypatch, is_causal, tma):
+    """The opt-in WARP_SPECIALIZE walks every key tile in one masked loop (the only one
+    Triton's Hopper pass splits into warp groups): O, L and the gradients match float64 over
+    a sequence tail and the diagonal. Only the TMA build takes it: with the pointer loads the
+    plan is the default's and says so."""
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "WARP_SPECIALIZE", True)
+    monkeypatch.setattr(flash_triton, "FORCE_TMA", tma)
+    got, ref, _ = run_flash((1, 2, 45, 32), (1, 2, 45, 32), torch.float32, is_causal, seed=13,
+                            q_scale=8.0)
+    assert_close(got, ref, torch.float32)
+    assert flash_triton._LAST["fwd"].warp_specialize == tma
+    assert ("warp-specialize" in flash_triton.kernels_ran(True)) == tma
+
+
 def test_large_scores_rescale_online_softmax():
     # Peaked rows (scores of order +-30): the running max changes between key tiles, so the
     # rescaling by exp(m_old - m_new) must be right, and exp must not overflow.

@@ -186,22 +186,24 @@ def test_atomic_dq_on_cuda_matches_float64(monkeypatch, shape, dtype, causal, tm
         (False, False), (True, reduce)]
 
 
-@pytest.mark.parametrize("shape, dtype, causal, q_scale, heavy, lazy", [
-    ((1, 4, 1000, 128), BF16, True, 1.0, True, True),
-    ((1, 4, 1000, 128), BF16, True, 1.0, True, False),
-    ((2, 300, 64), F32, True, 8.0, True, True),  # peaked rows: the lazy max moves
-    ((2, 300, 64), F32, True, 8.0, False, True),
-    ((2, 2, 257, 80), F16, False, 1.0, True, True),
+@pytest.mark.parametrize("shape, dtype, causal, q_scale, heavy, loop", [
+    ((1, 4, 1000, 128), BF16, True, 1.0, True, "lazy-rescale"),
+    ((1, 4, 1000, 128), BF16, True, 1.0, True, "warp-specialize"),
+    ((2, 300, 64), F32, True, 8.0, True, "lazy-rescale"),  # peaked rows: the lazy max moves
+    ((2, 4, 300, 64), BF16, True, 8.0, False, "warp-specialize"),
+    ((2, 2, 257, 80), F16, False, 1.0, True, "warp-specialize"),
 ])
 def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal, q_scale,
-                                                heavy, lazy):
+                                                heavy, loop):
     """The forward opt-ins compiled: causal tiles launched longest first (also the dQ
-    kernel's), and the running max moved only past 2^8 (one scalar branch per key tile)."""
+    kernel's), the running max moved only past 2^8 (one scalar branch per key tile), and the
+    one masked key loop split into warp groups (16-bit, TMA)."""
     from cs336sys.attention import FlashAttention2Triton, flash_triton
 
     monkeypatch.setattr(flash_triton, "_PLANS", {})
     monkeypatch.setattr(flash_triton, "HEAVY_FIRST", heavy)
-    monkeypatch.setattr(flash_triton, "LAZY_RESCALE", lazy)
+    monkeypatch.setattr(flash_triton, "LAZY_RESCALE", loop == "lazy-rescale")
+    monkeypatch.setattr(flash_triton, "WARP_SPECIALIZE", loop == "warp-specialize")
     q, k, v, do = make_inputs(shape, shape, dtype, device="cuda")
     q = (q.float() * q_scale).to(dtype)
     ref = {n: t.cuda() for n, t in reference(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal).items()}
@@ -211,7 +213,8 @@ def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal
     o.backward(do)
     assert_close({"o": o, "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, ref, dtype, err)
     fwd = flash_triton._LAST["fwd"]
-    assert (fwd.heavy_first, fwd.lazy_rescale) == (heavy and causal, lazy)
+    assert (fwd.heavy_first, fwd.lazy_rescale, fwd.warp_specialize) == (
+        heavy and causal, loop == "lazy-rescale", loop == "warp-specialize")
 
 
 @pytest.mark.parametrize("reduce", [False, True], ids=["atomics", "tma-reduce"])

@@ -34,7 +34,7 @@ def builds(tmp_path_factory) -> dict[str, dict]:
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sm90_compile.py"), "--only",
-         "adamw,ce,atomic-dq", "--head-dims", "128", "--json"],
+         "adamw,ce,atomic-dq,warp-specialize", "--head-dims", "128", "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     # 1: some kernel did not build; its row says why, and only the tests of it fail
@@ -95,3 +95,15 @@ def test_atomic_dq_candidates_for_head_dim_128_compile_without_spills(builds):
         else:
             assert build["atomics"] > 0 and build["wide_atomics"] == build["atomics"], label
             assert build["tma_reductions"] == 0, label
+
+
+def test_the_warp_specialized_forward_splits_into_warp_groups_without_spills(builds):
+    """WARP_SPECIALIZE is a request Triton may decline in silence (a loop with a branch inside,
+    8 warps): each d 128 candidate of the opt-in must come out split, a loading group and two
+    computing ones (12 warps for the 4 asked, registers moved by setmaxnreg), and spill-free."""
+    labels = [label for label, build in builds.items() if build["group"] == "warp-specialize"]
+    assert len(labels) >= 3
+    for label in labels:
+        build = built(builds, label)
+        assert build["warps"] == 12 and build["setmaxnreg"] > 0, label
+        assert build["stack"] == 0 and build["shared"] <= 227 * 1024, label

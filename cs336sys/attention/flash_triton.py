@@ -28,8 +28,9 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 
 Hopper GPUs run the kernels' TMA build on 16-bit inputs (tensor descriptors,
 `flash_triton_tma.py`). Opt-ins (attention/opt_in.py) reverse the causal query tiles' launch
-order, rescale the forward's accumulator lazily, or add dQ inside the dK/dV kernel instead of
-recomputing S and dP in a dQ kernel: with atomics, or with TMA reductions.
+order, rescale the forward's accumulator lazily or split its key loop into warp groups, or add
+dQ inside the dK/dV kernel instead of recomputing S and dP in a dQ kernel: with atomics, or
+with TMA reductions.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from cs336sys.attention.flash_triton_launch import Launch as _Launch
 from cs336sys.attention.flash_triton_launch import Plan as _Plan
 from cs336sys.attention.flash_triton_launch import (
     bht_strides,
+    dot_flags,
     forward_outputs,
     kernel_view,
     new_like,
@@ -94,6 +96,7 @@ def check_available(device: torch.device | str) -> None:
 TMA, FORCE_TMA = opt_in.TMA, False
 HEAVY_FIRST = opt_in.HEAVY_FIRST  # causal forward and dQ: the longest tiles first (opt-in)
 LAZY_RESCALE = opt_in.LAZY_RESCALE  # forward: O and l rescaled past a threshold (opt-in)
+WARP_SPECIALIZE = opt_in.WARP_SPECIALIZE  # forward, TMA: one warp-specialised loop (opt-in)
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
 # adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
 # reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
@@ -109,25 +112,25 @@ def _hopper_or_newer(device_index: int) -> bool:
 def opted_in(choice: str):
     """Inside, calls run the opt-in paths `choice` names (attention/opt_in.CHOICES) instead
     of the environment's. Plans are keyed on them, so none is reused across a switch."""
-    global TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ
-    saved = TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ
-    TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
+    global TMA, HEAVY_FIRST, LAZY_RESCALE, WARP_SPECIALIZE, ATOMIC_DQ, REDUCE_DQ
+    saved = TMA, HEAVY_FIRST, LAZY_RESCALE, WARP_SPECIALIZE, ATOMIC_DQ, REDUCE_DQ
+    TMA, HEAVY_FIRST, LAZY_RESCALE, WARP_SPECIALIZE, ATOMIC_DQ, REDUCE_DQ = opt_in.flags(choice)
     try:
         yield
     finally:
-        TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ = saved
+        TMA, HEAVY_FIRST, LAZY_RESCALE, WARP_SPECIALIZE, ATOMIC_DQ, REDUCE_DQ = saved
 
 
 def kernels_ran(backward: bool) -> str:
     """The kernels the last call ran: "pointer" or "tma" (the opt-in falls back where the GPU,
     dtype or layout cannot take it; "tma/pointer" when forward and backward differ), plus
-    "+heavy-first" for reversed causal tiles, "+lazy-rescale", and "+atomic-dq" or
-    "+reduce-dq" for an atomic-dQ backward. What `cs336sys attention` stores as
+    "+heavy-first" for reversed causal tiles, "+lazy-rescale" or "+warp-specialize", and
+    "+atomic-dq" or "+reduce-dq" for an atomic-dQ backward. What `cs336sys attention` stores as
     triton_kernels, read from the plans the calls ran."""
     fwd, bwd = _LAST["fwd"], _LAST["bwd"] if backward else None
     same = bwd is None or bwd.variant == fwd.variant
     loads = fwd.variant if same else f"{fwd.variant}/{bwd.variant}"
-    ran = opt_in.Paths(fwd.variant == "tma", fwd.heavy_first, fwd.lazy_rescale,
+    ran = opt_in.Paths(fwd.variant == "tma", fwd.heavy_first, fwd.lazy_rescale, fwd.warp_specialize,
                        bool(bwd and bwd.atomic_dq), bool(bwd and bwd.reduce_dq))
     return "+".join([loads, *opt_in.beyond_loads(ran)])
 
@@ -170,7 +173,7 @@ def _signature(*tensors: torch.Tensor) -> tuple:
     """What a plan depends on: the tiling mode, and each tensor's shape, strides, dtype, device
     and pointer alignment (Triton specializes pointer arguments on 16-byte alignment)."""
     mode = (INTERPRETED, INTERPRETER_TILES, _AUTOTUNE.get(), TMA, FORCE_TMA, HEAVY_FIRST,
-            LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ, DIRECT_LAUNCH)
+            LAZY_RESCALE, WARP_SPECIALIZE, ATOMIC_DQ, REDUCE_DQ, DIRECT_LAUNCH)
     return (*mode, *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors])
 
 
@@ -240,22 +243,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     check_available(q.device)
 
 
-def _dot_flags(dtype: torch.dtype) -> dict:
-    """Precision constexprs of the kernels for inputs of `dtype`.
-
-    PRECISION: IEEE float32 products for float32 inputs (not TF32, which would round them to
-    10 mantissa bits); for 16-bit inputs it is ignored and tensor cores multiply natively.
-    UPCAST_DOT and ROUND_BF16 work around two bfloat16 bugs of the Triton 3.9 interpreter
-    (tl.dot returns garbage, float32 -> bf16 casts truncate); never set on a GPU.
-    """
-    interpreted_bf16 = INTERPRETED and dtype == torch.bfloat16
-    return {
-        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "UPCAST_DOT": interpreted_bf16,
-        "ROUND_BF16": interpreted_bf16,
-    }
-
-
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,13 +280,15 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
     args = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4), *bht_strides(o4),
             n_q, n_k, LOG2E / math.sqrt(d))
     variant, heavy = _variant(*views), HEAVY_FIRST and is_causal
+    split = WARP_SPECIALIZE and variant == "tma"  # warp groups need the TMA loads
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
-                      **_dot_flags(q.dtype), TMA=variant == "tma", HEAVY_FIRST=heavy,
-                      LAZY_RESCALE=LAZY_RESCALE)
-    name = "fwd_tma" if variant == "tma" else "fwd"
+                      **dot_flags(q.dtype, INTERPRETED), TMA=variant == "tma", HEAVY_FIRST=heavy,
+                      LAZY_RESCALE=LAZY_RESCALE, WARP_SPECIALIZE=split)
+    name = "fwd_ws_tma" if split else "fwd_tma" if variant == "tma" else "fwd"
     launch = _first_launch(name, grid, (*views, lse), args, constexprs)
     copied = any(a is not b for a, b in zip(views, (q, k, v, o), strict=True))
-    return _Plan((launch,), copied, variant, heavy_first=heavy, lazy_rescale=LAZY_RESCALE)
+    return _Plan((launch,), copied, variant, heavy_first=heavy, lazy_rescale=LAZY_RESCALE,
+                 warp_specialize=split)
 
 
 def attention_backward(q, k, v, o, lse, do, is_causal=False):
@@ -370,8 +359,8 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     block_d = triton.next_power_of_2(d)
     variant = _variant(q4, k4, v4, do4, dq4, dk4, dv4)  # O and L, D are read by pointers
     suffix = "_tma" if variant == "tma" else ""
-    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal, **_dot_flags(q.dtype),
-                      TMA=variant == "tma")
+    constexprs = dict(HEAD_DIM=d, BLOCK_D=block_d, IS_CAUSAL=is_causal,
+                      **dot_flags(q.dtype, INTERPRETED), TMA=variant == "tma")
     scales = (n_q, n_k, 1.0 / math.sqrt(d), LOG2E / math.sqrt(d))
     qkv = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4))
 

@@ -94,9 +94,38 @@ def _attn_fwd_inner(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11), one
+    _attn_fwd_step per tile. WARP_SPECIALIZE: the loop is Triton's to split into warp groups
+    (a producer issuing the TMA loads, consumers computing), as FlashAttention-3 does by hand;
+    the default's plain `range` runs on a Triton whose `tl.range` has no `warp_specialize`."""
+    if WARP_SPECIALIZE:
+        for start_n in tl.range(lo, hi, K_TILE, warp_specialize=True):
+            acc, l_i, m_i = _attn_fwd_step(
+                acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+                start_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+                MASKED, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE)
+    else:
+        for start_n in range(lo, hi, K_TILE):
+            acc, l_i, m_i = _attn_fwd_step(
+                acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+                start_n, N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+                MASKED, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_step(
+    acc, l_i, m_i, q,
+    K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+    start_n, N_Q, N_K, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
-    """Online softmax over the key tiles [lo, hi) (Algorithm 1, lines 6-11).
+    """One key tile of the online softmax: O_i, l_i and m_i after key tile start_n.
 
     LAZY_RESCALE: the running max m_i is moved, and O_i and l_i rescaled, only when some row's
     max has grown by more than RESCALE_LOG2 (base-2 units) since it was last moved; until then
@@ -105,38 +134,37 @@ def _attn_fwd_inner(
     rescaling: the tile-wide test is one scalar branch, and most tiles after the first few
     skip the (Q_TILE, BLOCK_D) multiply of O_i, which waits for the previous PV product.
     """
-    for start_n in range(lo, hi, K_TILE):
-        start_n = tl.multiple_of(start_n, K_TILE)
-        k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        # S_i^(j) = Q_i K_j^T, already scaled into base 2 (line 8)
-        s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        s = s * qk_scale
-        # Key indices are formed here, not hoisted above the loads: the TMA build needs them
-        # only for the mask, and hoisting them cost its sm_90 compiles up to 20 registers.
-        if MASKED:
-            s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
-        # m_i^(j) = max(m_i^(j-1), rowmax(S)); P~ = exp(S - m_i^(j)); the previous l_i and
-        # O_i are rescaled by exp(m_i^(j-1) - m_i^(j)) (lines 9-10). Every row has a finite
-        # max after the first tile: the first tile holds key 0, which every query sees.
-        m_ij = tl.maximum(m_i, tl.max(s, 1))
-        if LAZY_RESCALE:
-            if tl.max(m_ij - m_i, 0) > RESCALE_LOG2:  # the first tile always (m_i = -inf)
-                alpha = tl.exp2(m_i - m_ij)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_ij
-            p = tl.exp2(s - m_i[:, None])
-            l_i = l_i + tl.sum(p, 1)
-        else:
-            p = tl.exp2(s - m_ij[:, None])
+    start_n = tl.multiple_of(start_n, K_TILE)
+    k = _load_tile(K_src, start_n, offs_n, stride_kt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
+    # S_i^(j) = Q_i K_j^T, already scaled into base 2 (line 8)
+    s = _dot(q, tl.trans(k), tl.zeros([Q_TILE, K_TILE], tl.float32), PRECISION, UPCAST_DOT)
+    s = s * qk_scale
+    # Key indices are formed here, not hoisted above the loads: the TMA build needs them
+    # only for the mask, and hoisting them cost its sm_90 compiles up to 20 registers.
+    if MASKED:
+        s += _score_mask(offs_m[:, None], (start_n + offs_n)[None, :], N_Q, N_K, IS_CAUSAL)
+    # m_i^(j) = max(m_i^(j-1), rowmax(S)); P~ = exp(S - m_i^(j)); the previous l_i and
+    # O_i are rescaled by exp(m_i^(j-1) - m_i^(j)) (lines 9-10). Every row has a finite
+    # max after the first tile: the first tile holds key 0, which every query sees.
+    m_ij = tl.maximum(m_i, tl.max(s, 1))
+    if LAZY_RESCALE:
+        if tl.max(m_ij - m_i, 0) > RESCALE_LOG2:  # the first tile always (m_i = -inf)
             alpha = tl.exp2(m_i - m_ij)
-            l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None]
+            l_i = l_i * alpha
             m_i = m_ij
-        v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
-        # the low-precision tensor cores; l_i keeps the float32 P~.
-        acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc, PRECISION, UPCAST_DOT)
+        p = tl.exp2(s - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+    else:
+        p = tl.exp2(s - m_ij[:, None])
+        alpha = tl.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        m_i = m_ij
+    v = _load_tile(V_src, start_n, offs_n, stride_vt, N_K, HEAD_DIM, BLOCK_D, MASKED, TMA)
+    # O_i = diag(alpha) O_i + P~ V_j, with P~ cast to V's dtype so the product runs on
+    # the low-precision tensor cores; l_i keeps the float32 P~.
+    acc = _dot(_cast(p, v.dtype, ROUND_BF16), v, acc, PRECISION, UPCAST_DOT)
     return acc, l_i, m_i
 
 
@@ -150,6 +178,7 @@ def _attn_fwd_kernel(
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     """One program per (query tile, head, batch): writes O_i (Q_TILE, HEAD_DIM) and L_i
     (Algorithm 1, lines 4-13), the key loop split into unmasked tiles, then masked ones.
@@ -157,7 +186,12 @@ def _attn_fwd_kernel(
     Q and Out are (B, H, N_Q, HEAD_DIM), K and V (B, H, N_K, HEAD_DIM), each with its own
     (batch, head, sequence) strides and unit stride along HEAD_DIM; L is (B*H, N_Q) float32.
     HEAVY_FIRST (causal only): the query tiles in reverse launch order (_tile_program);
-    LAZY_RESCALE: see _attn_fwd_inner.
+    LAZY_RESCALE: see _attn_fwd_step. WARP_SPECIALIZE (TMA build): one loop over every key
+    tile, each masked, warp-specialised. Triton 3.6 and 3.9 split only a kernel's sole loop
+    on Hopper, and none with a branch inside: sm_90 builds of the two-stage loop failed in
+    its warp-specialisation pass, a loop with `if` was left as it was (`python
+    benchmarks/sm90_compile.py --only forward`). The mask costs a compare and a select per
+    score on tiles that need none; what the split wins is for a GPU to measure.
     """
     start_m, h, b, bh = _tile_program(Q_TILE, HEAVY_FIRST)
     offs_m = start_m + tl.arange(0, Q_TILE)  # this tile's queries, (Q_TILE,)
@@ -175,17 +209,20 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([Q_TILE], dtype=tl.float32)
     acc = tl.zeros([Q_TILE, BLOCK_D], dtype=tl.float32)
     full_end, hi = _query_tile_key_ranges(start_m, N_K, Q_TILE, K_TILE, IS_CAUSAL)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
-        0, full_end,  # fully visible key tiles: no mask
-        N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE,
-    )
+    if WARP_SPECIALIZE:
+        full_end = 0  # every key tile in the masked loop
+    else:
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
+            0, full_end,  # fully visible key tiles: no mask
+            N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+            False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE, False,
+        )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, K_src, V_src, stride_kt, stride_vt, offs_m, offs_n,
         full_end, hi,  # diagonal and tail key tiles: masked
         N_Q, N_K, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE,
+        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, LAZY_RESCALE, WARP_SPECIALIZE,
     )
 
     # Epilogue (lines 12-13): O_i = diag(l_i)^-1 O_i, once per row (FlashAttention-2 defers

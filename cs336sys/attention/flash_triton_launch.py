@@ -64,6 +64,7 @@ class Plan:
     variant: str = "pointer"  # or "tma": the kernels' descriptor build (constexpr TMA)
     heavy_first: bool = False  # a causal forward plan with its tiles reversed (HEAVY_FIRST)
     lazy_rescale: bool = False  # a forward plan rescaling O and l lazily (LAZY_RESCALE)
+    warp_specialize: bool = False  # a forward plan of one warp-specialised loop
     atomic_dq: bool = False  # a backward plan of the atomic-dQ kernels (ATOMIC_DQ)
     reduce_dq: bool = False  # ... adding dQ with TMA reductions (REDUCE_DQ, DQ_TMA)
     hits: int = 0
@@ -79,6 +80,22 @@ class Plan:
 
 # --------------------------------------------------------------------------------------------
 # Kernel views and outputs
+
+
+def dot_flags(dtype: torch.dtype, interpreted: bool) -> dict:
+    """Precision constexprs of the kernels for inputs of `dtype`.
+
+    PRECISION: IEEE float32 products for float32 inputs (not TF32, which would round them to
+    10 mantissa bits); for 16-bit inputs it is ignored and tensor cores multiply natively.
+    UPCAST_DOT and ROUND_BF16 work around two bfloat16 bugs of the Triton 3.9 interpreter
+    (tl.dot returns garbage, float32 -> bf16 casts truncate); never set on a GPU.
+    """
+    interpreted_bf16 = interpreted and dtype == torch.bfloat16
+    return {
+        "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "UPCAST_DOT": interpreted_bf16,
+        "ROUND_BF16": interpreted_bf16,
+    }
 
 
 def kernel_view(t: torch.Tensor) -> torch.Tensor:

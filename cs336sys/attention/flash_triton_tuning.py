@@ -117,6 +117,19 @@ _ATOMIC = _Tuning([_config(*c) for c in _ATOMIC_D64 + _ATOMIC_D128], "K_TILE", 2
                   spill_free={64: set(_ATOMIC_D64 + _ATOMIC_D128), 128: set(_ATOMIC_D128)},
                   reset_to_zero=["dQ"])
 _TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC, "dkdv_reduce_tma": _ATOMIC})
+# The warp-specialised forward (WARP_SPECIALIZE, TMA build): Triton splits its loop only at 4
+# warps a group (it then runs 12: one group loads, two compute, 168 registers each before
+# setmaxnreg moves them), and not at 8. These compiled for sm_90 split and without a spill,
+# Triton 3.6 and 3.9, bf16 (`python benchmarks/sm90_compile.py --only warp-specialize`);
+# 256 x 128 spilled at d 64. Each computing group takes half the query tile, so no tile is
+# below 128 rows: a wgmma's 64 each, as in FlashAttention-3. The smem estimate is low for them
+# (the split adds barriers and buffers: d 128 at 128 x 128, 197 KiB built against 160
+# estimated), within the 227 KiB they have.
+_WS_D64 = [(128, 128, 4, 2), (128, 128, 4, 3), (128, 64, 4, 3), (256, 64, 4, 2)]
+_WS_D128 = [(128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 4, 3)]
+_TUNING["fwd_ws_tma"] = _Tuning(
+    [_config(*c) for c in dict.fromkeys(_WS_D128 + _WS_D64)], "Q_TILE", 1, 2, 1, 1, 0,
+    spill_free={64: set(_WS_D64 + _WS_D128), 128: set(_WS_D128)})
 
 
 # float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
@@ -175,15 +188,18 @@ _KERNELS = {
     "dkdv_atomic": kernels._attn_bwd_dkdv_kernel,
     "dkdv_atomic_tma": kernels._attn_bwd_dkdv_kernel,
     "dkdv_reduce_tma": kernels._attn_bwd_dkdv_kernel,  # DQ_TMA: dQ by TMA reductions
+    "fwd_ws_tma": kernels._attn_fwd_kernel,  # WARP_SPECIALIZE: 4-warp groups, other tiles
 }
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
 # the dtypes of the tensor arguments to this key itself. TMA is in it because "fwd" and
 # "fwd_tma" (and so on) tune one JITFunction with the same candidates: the results Triton
 # caches on disk (cache_results) are keyed on the function, the key and the configs only;
-# DQ_TMA, for the same reason, where the kernel takes it ("dkdv_atomic_tma", "..._reduce_tma").
-# HEAVY_FIRST and LAZY_RESCALE are not: an opt-in point runs the tiles tuned at its shape by
-# whichever point ran first, so that side by side the opt-in alone differs.
+# DQ_TMA and WARP_SPECIALIZE, for the same reason, where the kernel takes them
+# ("dkdv_atomic_tma", "..._reduce_tma"; "fwd_ws_tma"). HEAVY_FIRST and LAZY_RESCALE are not:
+# an opt-in point runs the tiles tuned at its shape by whichever point ran first, so that side
+# by side the opt-in alone differs.
 TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "TMA"]
+_SPLIT_KEYS = ("DQ_TMA", "WARP_SPECIALIZE")  # in the key of the kernels that take them
 
 
 _AUTOTUNE_PARAMETERS = inspect.signature(triton.autotune).parameters
@@ -201,7 +217,7 @@ def _autotuned(name: str):
     # Every config is listed (16-bit and float32) so that the pruner may return any of them.
     return triton.autotune(
         configs=tuning.configs + FP32_CONFIGS,
-        key=TUNING_KEY + (["DQ_TMA"] if "DQ_TMA" in _KERNELS[name].arg_names else []),
+        key=TUNING_KEY + [n for n in _SPLIT_KEYS if n in _KERNELS[name].arg_names],
         prune_configs_by={"early_config_prune": _pruner(tuning)},
         reset_to_zero=tuning.reset_to_zero,
         **cache,

@@ -8,6 +8,10 @@
     CS336SYS_TRITON_LAZY_RESCALE=1 forward: the running max, and with it the rescaling of O
                                    and l, moved only when it grows past a threshold (not
                                    yet timed)
+    CS336SYS_TRITON_WARP_SPECIALIZE=1
+                                   forward, TMA build: one key loop that Triton splits into
+                                   a loading warp group and computing ones (not yet timed;
+                                   not with lazy-rescale, whose branch it cannot split)
     CS336SYS_TRITON_ATOMIC_DQ=1    backward: dQ added with atomics in the dK/dV kernel (opt-in:
                                    it lost there, 4.20 ms of backward against 3.96)
     CS336SYS_TRITON_REDUCE_DQ=1    the same, each dQ tile added by one TMA reduction instead
@@ -15,7 +19,7 @@
                                    timed)
 
 A label names the departures from the default, joined by '+' in that order: loads, schedule,
-rescaling, dQ sum (`pointer+heavy-first+atomic-dq`); "default" names none.
+forward loop, dQ sum (`pointer+heavy-first+atomic-dq`); "default" names none.
 
 Kept apart from flash_triton.py so that it imports neither torch nor triton: a sweep names
 the requested paths in each point's settings (`triton_opt_in`) before any kernel loads, and
@@ -37,6 +41,7 @@ class Paths(NamedTuple):
     tma: bool  # tiles through tensor descriptors where they can run
     heavy_first: bool  # causal query tiles in reverse launch order
     lazy_rescale: bool  # the forward's running max moved only past a threshold
+    warp_specialize: bool  # the forward's one key loop split into warp groups (needs tma)
     atomic_dq: bool  # dQ added in the dK/dV kernel (5 tile products instead of 7)
     reduce_dq: bool  # ... by TMA reductions (needs tma)
 
@@ -47,33 +52,37 @@ def _on(name: str) -> bool:
 
 TMA = os.environ.get("CS336SYS_TRITON_TMA", "1") != "0"
 HEAVY_FIRST = _on("CS336SYS_TRITON_HEAVY_FIRST")
-LAZY_RESCALE = _on("CS336SYS_TRITON_LAZY_RESCALE")
+# Both forward loops asked for: the warp-specialised one, which is the newer ask
+WARP_SPECIALIZE = TMA and _on("CS336SYS_TRITON_WARP_SPECIALIZE")
+LAZY_RESCALE = _on("CS336SYS_TRITON_LAZY_RESCALE") and not WARP_SPECIALIZE
 # An atomic dQ either way; by TMA reductions only where the TMA build runs
 ATOMIC_DQ = _on("CS336SYS_TRITON_ATOMIC_DQ") or _on("CS336SYS_TRITON_REDUCE_DQ")
 REDUCE_DQ = TMA and _on("CS336SYS_TRITON_REDUCE_DQ")
 
-# Every label: a part or none from each group, in this order, but TMA reductions with the
-# pointer loads. "tma" asks for what "default" now does; it stays so that stored labels keep
-# their meaning.
-_GROUPS = (("", "pointer", "tma"), ("", "heavy-first"), ("", "lazy-rescale"),
+# Every label: a part or none from each group, in this order, but the TMA-only parts
+# (warp-specialize, reduce-dq) with the pointer loads. "tma" asks for what "default" now
+# does; it stays so that stored labels keep their meaning.
+_GROUPS = (("", "pointer", "tma"), ("", "heavy-first"), ("", "lazy-rescale", "warp-specialize"),
            ("", "atomic-dq", "reduce-dq"))
+_TMA_ONLY = ("warp-specialize", "reduce-dq")
 CHOICES = tuple(
     "+".join(p for p in parts if p) or "default"
     for parts in itertools.product(*_GROUPS)
-    if not (parts[0] == "pointer" and parts[-1] == "reduce-dq")
+    if not (parts[0] == "pointer" and set(parts) & set(_TMA_ONLY))
 )
 # What an error says instead of all the labels
 GRAMMAR = ("default, or a part or none of each group joined by '+' in this order: "
            + ", ".join("|".join(p for p in group if p) for group in _GROUPS)
-           + " (reduce-dq not with pointer)")
+           + " (warp-specialize and reduce-dq not with pointer)")
 
 
 def beyond_loads(paths: Paths) -> list[str]:
     """The parts of the label of `paths` after the loads, in the label's order: schedule,
-    rescaling, dQ sum. What flash_triton.kernels_ran names after the loads that ran."""
+    forward loop, dQ sum. What flash_triton.kernels_ran names after the loads that ran."""
     dq_sum = "reduce-dq" if paths.reduce_dq else "atomic-dq"
     return [name for name, on in (("heavy-first", paths.heavy_first),
                                   ("lazy-rescale", paths.lazy_rescale),
+                                  ("warp-specialize", paths.warp_specialize),
                                   (dq_sum, paths.atomic_dq)) if on]
 
 
@@ -85,7 +94,7 @@ def label(paths: Paths) -> str:
 
 def requested() -> str:
     """The label of the paths this process's environment asks for."""
-    return label(Paths(TMA, HEAVY_FIRST, LAZY_RESCALE, ATOMIC_DQ, REDUCE_DQ))
+    return label(Paths(TMA, HEAVY_FIRST, LAZY_RESCALE, WARP_SPECIALIZE, ATOMIC_DQ, REDUCE_DQ))
 
 
 def flags(choice: str) -> Paths:
@@ -95,4 +104,4 @@ def flags(choice: str) -> Paths:
     parts = choice.split("+")
     reduce_dq = "reduce-dq" in parts
     return Paths("pointer" not in parts, "heavy-first" in parts, "lazy-rescale" in parts,
-                 reduce_dq or "atomic-dq" in parts, reduce_dq)
+                 "warp-specialize" in parts, reduce_dq or "atomic-dq" in parts, reduce_dq)

@@ -46,10 +46,13 @@ def options(
                                "pointer+atomic-dq, tma+atomic-dq, reduce-dq (each dQ tile "
                                "added by one TMA reduction; TMA build only), heavy-first "
                                "(causal tiles launched longest first), lazy-rescale (the "
-                               "forward's running max moved only past a threshold), and their "
-                               "combinations (pointer+heavy-first+atomic-dq). [default: what "
-                               "CS336SYS_TRITON_TMA, _HEAVY_FIRST, _LAZY_RESCALE, _ATOMIC_DQ and "
-                               "_REDUCE_DQ say, else default]") = None,
+                               "forward's running max moved only past a threshold), "
+                               "warp-specialize (the forward's key loop split into warp groups; "
+                               "TMA build only), and their combinations "
+                               "(pointer+heavy-first+atomic-dq). [default: what "
+                               "CS336SYS_TRITON_TMA, _HEAVY_FIRST, _LAZY_RESCALE, "
+                               "_WARP_SPECIALIZE, _ATOMIC_DQ and _REDUCE_DQ say, else "
+                               "default]") = None,
     compile: option("Wrap every implementation in the list in torch.compile, yours included; "
                     "stored as the setting compile. (`compiled` is naive attention compiled "
                     "already: with --compile, list naive.)", bool,
