@@ -33,6 +33,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from cs336sys.attention import flash_triton_backward as attention_backward
 from cs336sys.attention import flash_triton_kernels as attention
 from cs336sys.models import adamw_kernels as adamw
 from cs336sys.models import fused_ce_triton as ce
@@ -106,9 +107,9 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, aligned: set[s
 BF16, FP32 = "*bf16", "*fp32"
 ATTENTION_KERNELS = {
     "fwd": attention._attn_fwd_kernel,
-    "dkdv": attention._attn_bwd_dkdv_kernel,
-    "dq": attention._attn_bwd_dq_kernel,
-    "dkdv+dq": attention._attn_bwd_dkdv_kernel,  # ATOMIC_DQ (opt-in)
+    "dkdv": attention_backward._attn_bwd_dkdv_kernel,
+    "dq": attention_backward._attn_bwd_dq_kernel,
+    "dkdv+dq": attention_backward._attn_bwd_dkdv_kernel,  # ATOMIC_DQ (opt-in)
 }
 VARIANTS = (("pointer", False), ("tma", True))  # label, TMA
 FWD, DQ = [BF16] * 4 + [FP32], [BF16] * 5 + [FP32] * 2 + [BF16]

@@ -10,7 +10,8 @@ once. The backward (Algorithm 2) recomputes P = exp(S - L) from L instead of sto
 with one program per query tile looping over key tiles, then dK and dV with one program per
 key tile looping over query tiles (reading D). Splitting dQ from dK/dV means no two programs
 write the same rows, so there are no atomics and the results are deterministic. The kernels are in
-`flash_triton_kernels.py`, their tile sizes in `flash_triton_tuning.py`; this module checks
+`flash_triton_kernels.py` and `flash_triton_backward.py`, their tile sizes in
+`flash_triton_tuning.py`; this module checks
 inputs and launches them, through a launch plan cached per call signature.
 
     o = flash_attention_triton(q, k, v, is_causal=True)   # q (B, [H,] T_q, D); k, v (B, [H,] T_k, D)

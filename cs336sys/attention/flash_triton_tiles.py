@@ -1,8 +1,9 @@
 """`@triton.jit` helpers on tiles, shared by the FlashAttention-2 kernels.
 
-The kernels of `flash_triton_kernels.py`, whose docstring sets the conventions (base-2
-scores, additive masks, UPCAST_DOT and ROUND_BF16), move every tile of Q, K, V, O, dO, dQ,
-dK and dV through four helpers here, so that one kernel body serves both ways of moving it:
+The kernels of `flash_triton_kernels.py` (whose docstring sets the conventions: base-2
+scores, additive masks, UPCAST_DOT and ROUND_BF16) and `flash_triton_backward.py` move every
+tile of Q, K, V, O, dO, dQ, dK and dV through four helpers here, so that one kernel body
+serves both ways of moving it:
 
     _load_owned   the tile a program owns, read once: rows [start, start + ROWS) of the
                   (n_rows, HEAD_DIM) slice of one (batch, head), zero padded

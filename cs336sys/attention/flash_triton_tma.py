@@ -1,8 +1,8 @@
 """Host side of the kernels' TMA build: which layouts it takes, and descriptor scratch.
 
-Every kernel of `flash_triton_kernels.py` takes a constexpr TMA. Set (on GPUs of compute
-capability >= 9 with 16-bit inputs, unless `CS336SYS_TRITON_TMA=0`; `flash_triton._variant`),
-it moves the tiles of Q, K, V, O, dO, dQ, dK and dV through tensor descriptors instead of
+Every kernel of `flash_triton_kernels.py` and `flash_triton_backward.py` takes a constexpr
+TMA. Set (on GPUs of compute capability >= 9 with 16-bit inputs, unless
+`CS336SYS_TRITON_TMA=0`; `flash_triton._variant`), it moves the tiles of Q, K, V, O, dO, dQ, dK and dV through tensor descriptors instead of
 pointers (`flash_triton_tiles._slice`), and with the reduce-dq opt-in the atomic dQ's float32
 tiles too (`_add_tile`): one 2-D descriptor per (batch, head) slice, shape
 (T, HEAD_DIM), strides (stride_t, 1), block (tile, BLOCK_D), whose loads on sm_90 are

@@ -18,6 +18,7 @@ from typing import Any
 
 import triton
 
+from cs336sys.attention import flash_triton_backward as backward
 from cs336sys.attention import flash_triton_kernels as kernels
 
 # Each kernel owns one tile for its whole life (forward and dQ: a query tile; dK/dV: a key
@@ -175,19 +176,19 @@ def _pruner(t: _Tuning):
 
 
 _KERNELS = {
-    "pre": kernels._attn_bwd_preprocess,  # the atomic-dQ backward's D; never tuned
+    "pre": backward._attn_bwd_preprocess,  # the atomic-dQ backward's D; never tuned
     "fwd": kernels._attn_fwd_kernel,
-    "dkdv": kernels._attn_bwd_dkdv_kernel,
-    "dq": kernels._attn_bwd_dq_kernel,
+    "dkdv": backward._attn_bwd_dkdv_kernel,
+    "dq": backward._attn_bwd_dq_kernel,
     # The TMA build of the same kernels (the launchers pass TMA=True), tuned apart.
     "fwd_tma": kernels._attn_fwd_kernel,
-    "dkdv_tma": kernels._attn_bwd_dkdv_kernel,
-    "dq_tma": kernels._attn_bwd_dq_kernel,
+    "dkdv_tma": backward._attn_bwd_dkdv_kernel,
+    "dq_tma": backward._attn_bwd_dq_kernel,
     # The dK/dV kernel with ATOMIC_DQ: tuned under its own names (other tiles may win, and
     # the autotuner must zero the dQ buffer it adds into before each trial).
-    "dkdv_atomic": kernels._attn_bwd_dkdv_kernel,
-    "dkdv_atomic_tma": kernels._attn_bwd_dkdv_kernel,
-    "dkdv_reduce_tma": kernels._attn_bwd_dkdv_kernel,  # DQ_TMA: dQ by TMA reductions
+    "dkdv_atomic": backward._attn_bwd_dkdv_kernel,
+    "dkdv_atomic_tma": backward._attn_bwd_dkdv_kernel,
+    "dkdv_reduce_tma": backward._attn_bwd_dkdv_kernel,  # DQ_TMA: dQ by TMA reductions
     "fwd_ws_tma": kernels._attn_fwd_kernel,  # WARP_SPECIALIZE: 4-warp groups, other tiles
 }
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
