@@ -2,13 +2,14 @@
 
 Every kernel of `flash_triton_kernels.py` and `flash_triton_backward.py` takes a constexpr
 TMA. Set (on GPUs of compute capability >= 9 with 16-bit inputs, unless
-`CS336SYS_TRITON_TMA=0`; `flash_triton._variant`), it moves the tiles of Q, K, V, O, dO, dQ, dK and dV through tensor descriptors instead of
-pointers (`flash_triton_tiles._slice`), and with the reduce-dq opt-in the atomic dQ's float32
-tiles too (`_add_tile`): one 2-D descriptor per (batch, head) slice, shape
-(T, HEAD_DIM), strides (stride_t, 1), block (tile, BLOCK_D), whose loads on sm_90 are
-asynchronous TMA copies into shared memory that pad out-of-bounds rows and head-dim columns
-with zeros. Same kernels, arguments, launch plans and tile candidates; the launchers name the
-build "*_tma" so that it is tuned and cached apart (flash_triton_tuning).
+`CS336SYS_TRITON_TMA=0`; `flash_triton._variant`), it moves the tiles of Q, K, V, O, dO, dQ,
+dK and dV through tensor descriptors instead of pointers (`flash_triton_tiles._slice`), and
+with the reduce-dq opt-in the atomic dQ's float32 tiles too (`_add_tile`): one 2-D
+descriptor per (batch, head) slice, shape (T, HEAD_DIM), strides (stride_t, 1), block (tile,
+BLOCK_D), whose loads on sm_90 are asynchronous TMA copies into shared memory that pad
+out-of-bounds rows and head-dim columns with zeros. Same kernels, arguments, launch plans and
+tile candidates; the launchers name the build "*_tma" so that it is tuned and cached apart
+(flash_triton_tuning).
 
 Two things the host must see to: TMA needs a 16-byte aligned base and row stride and a unit
 stride along HEAD_DIM (`tma_layout_ok`, checked per launch plan; other layouts run the
