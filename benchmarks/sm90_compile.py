@@ -140,12 +140,14 @@ def attention_builds():
     for name, pointers, constexprs, warps, stages in ATTENTION_CASES:
         precision = "ieee" if pointers[0] == FP32 else "tf32"
         c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
+        if name != "dq":
+            c["WARP_SPECIALIZE"] = False
         if name.startswith("dkdv"):
             c["ATOMIC_DQ"], c["DQ_TMA"] = name == "dkdv+dq", False
         else:
             c["HEAVY_FIRST"] = False
         if name == "fwd":
-            c["LAZY_RESCALE"] = c["WARP_SPECIALIZE"] = False
+            c["LAZY_RESCALE"] = False
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")
@@ -173,7 +175,7 @@ def atomic_dq_builds(head_dims=(64, 128)):
         for cfg in tuning.kept_configs("dkdv_atomic", tuning.call_args(d, 16384)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
-                     ROUND_BF16=False, ATOMIC_DQ=True, **tiles)
+                     ROUND_BF16=False, ATOMIC_DQ=True, WARP_SPECIALIZE=False, **tiles)
             for variant, tma, dq_tma in (*((v, t, False) for v, t in VARIANTS),
                                          ("tma-reduce", True, True)):
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
@@ -201,20 +203,24 @@ def forward_opt_in_builds():
 
 
 def warp_specialize_builds(head_dims=(64, 128)):
-    """The warp-specialised forward (WARP_SPECIALIZE, TMA build) at every config its pruner
-    keeps (bf16, causal, long sequences): meant to split into warp groups (more warps than
-    asked, setmaxnreg) without a spill."""
+    """The warp-specialised kernels (WARP_SPECIALIZE, TMA build: forward, dK/dV) at every
+    config their pruners keep (bf16, causal, long sequences): meant to split into warp groups
+    (more warps than asked, setmaxnreg) without a spill."""
     from cs336sys.attention import flash_triton_tuning as tuning
 
-    for d in head_dims:
-        for cfg in tuning.kept_configs("fwd_ws_tma", tuning.call_args(d, 16384)):
-            tiles = cfg.kwargs
-            c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
-                     ROUND_BF16=False, TMA=True, HEAVY_FIRST=False, LAZY_RESCALE=False,
-                     WARP_SPECIALIZE=True, **tiles)
-            yield (f"ws d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
-                   f"s{cfg.num_stages}",
-                   _attention(ATTENTION_KERNELS["fwd"], FWD, c, cfg.num_warps, cfg.num_stages))
+    extra = {"fwd": {"HEAVY_FIRST": False, "LAZY_RESCALE": False},
+             "dkdv": {"ATOMIC_DQ": False, "DQ_TMA": False}}
+    for name, pointers in (("fwd", FWD), ("dkdv", DKDV)):
+        for d in head_dims:
+            for cfg in tuning.kept_configs(f"{name}_ws_tma", tuning.call_args(d, 16384)):
+                tiles = cfg.kwargs
+                c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32",
+                         UPCAST_DOT=False, ROUND_BF16=False, TMA=True, WARP_SPECIALIZE=True,
+                         **extra[name], **tiles)
+                yield (f"ws {name} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
+                       f"s{cfg.num_stages}",
+                       _attention(ATTENTION_KERNELS[name], pointers, c, cfg.num_warps,
+                                  cfg.num_stages))
 
 
 # --------------------------------------------------------------------------------------------

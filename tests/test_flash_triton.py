@@ -152,18 +152,33 @@ def test_lazy_rescale_matches_float64(monkeypatch, is_causal, q_scale):
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointer"])
 @pytest.mark.parametrize("is_causal", [True, False], ids=["causal", "full"])
 def test_warp_specialize_runs_one_masked_loop_where_tma_runs(monkeypatch, is_causal, tma):
-    """The opt-in WARP_SPECIALIZE walks every key tile in one masked loop (the only one
-    Triton's Hopper pass splits into warp groups): O, L and the gradients match float64 over
-    a sequence tail and the diagonal. Only the TMA build takes it: with the pointer loads the
-    plan is the default's and says so."""
+    """The opt-in WARP_SPECIALIZE walks every key tile of the forward, and every query tile of
+    the dK/dV kernel, in one masked loop (the only one Triton's Hopper pass splits into warp
+    groups): O, L and the gradients match float64 over a sequence tail and the diagonal. Only
+    the TMA build takes it: with the pointer loads the plans are the default's and say so."""
     monkeypatch.setattr(flash_triton, "_PLANS", {})
     monkeypatch.setattr(flash_triton, "WARP_SPECIALIZE", True)
     monkeypatch.setattr(flash_triton, "FORCE_TMA", tma)
+    monkeypatch.setattr(flash_triton, "INTERPRETER_TILES", (16, 32))  # 3 key tiles, 2 masked
     got, ref, _ = run_flash((1, 2, 45, 32), (1, 2, 45, 32), torch.float32, is_causal, seed=13,
                             q_scale=8.0)
     assert_close(got, ref, torch.float32)
     assert flash_triton._LAST["fwd"].warp_specialize == tma
+    assert flash_triton._LAST["bwd"].warp_specialize == tma
     assert ("warp-specialize" in flash_triton.kernels_ran(True)) == tma
+
+
+def test_warp_specialize_leaves_the_atomic_dq_backward_whole(monkeypatch):
+    """The atomic dQ's loop does not split (Triton 3.6's pass fails on it): with both asked
+    for, the forward splits and the backward is the atomic one, as the label says."""
+    monkeypatch.setattr(flash_triton, "_PLANS", {})
+    monkeypatch.setattr(flash_triton, "FORCE_TMA", True)
+    with flash_triton.opted_in("warp-specialize+reduce-dq"):
+        got, ref, _ = run_flash((1, 2, 40, 16), (1, 2, 40, 16), torch.float32, True, seed=5)
+    assert_close(got, ref, torch.float32)
+    fwd, bwd = flash_triton._LAST["fwd"], flash_triton._LAST["bwd"]
+    assert fwd.warp_specialize and not bwd.warp_specialize and bwd.reduce_dq
+    assert flash_triton.kernels_ran(True) == "tma+warp-specialize+reduce-dq"
 
 
 def test_large_scores_rescale_online_softmax():

@@ -197,7 +197,7 @@ def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal
                                                 heavy, loop):
     """The forward opt-ins compiled: causal tiles launched longest first (also the dQ
     kernel's), the running max moved only past 2^8 (one scalar branch per key tile), and the
-    one masked key loop split into warp groups (16-bit, TMA)."""
+    one masked loop split into warp groups (16-bit, TMA; the dK/dV kernel's too)."""
     from cs336sys.attention import FlashAttention2Triton, flash_triton
 
     monkeypatch.setattr(flash_triton, "_PLANS", {})
@@ -212,9 +212,10 @@ def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal
     o = FlashAttention2Triton.apply(qq, kk, vv, causal)
     o.backward(do)
     assert_close({"o": o, "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, ref, dtype, err)
-    fwd = flash_triton._LAST["fwd"]
+    fwd, bwd = flash_triton._LAST["fwd"], flash_triton._LAST["bwd"]
     assert (fwd.heavy_first, fwd.lazy_rescale, fwd.warp_specialize) == (
         heavy and causal, loop == "lazy-rescale", loop == "warp-specialize")
+    assert bwd.warp_specialize == (loop == "warp-specialize")  # the dK/dV kernel's loop
 
 
 @pytest.mark.parametrize("reduce", [False, True], ids=["atomics", "tma-reduce"])

@@ -131,7 +131,9 @@ def kernels_ran(backward: bool) -> str:
     fwd, bwd = _LAST["fwd"], _LAST["bwd"] if backward else None
     same = bwd is None or bwd.variant == fwd.variant
     loads = fwd.variant if same else f"{fwd.variant}/{bwd.variant}"
-    ran = opt_in.Paths(fwd.variant == "tma", fwd.heavy_first, fwd.lazy_rescale, fwd.warp_specialize,
+    # warp-specialize: every kernel that can split did (the atomic dQ's never can)
+    split = fwd.warp_specialize and (bwd is None or bwd.atomic_dq or bwd.warp_specialize)
+    ran = opt_in.Paths(fwd.variant == "tma", fwd.heavy_first, fwd.lazy_rescale, split,
                        bool(bwd and bwd.atomic_dq), bool(bwd and bwd.reduce_dq))
     return "+".join([loads, *opt_in.beyond_loads(ran)])
 
@@ -380,20 +382,23 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
         dkdv = _summed_dq(dq4, lambda dq_sum: _first_launch(
             "dkdv_reduce_tma" if reduce else "dkdv_atomic" + suffix, grid(n_k, "K_TILE"),
             (q4, k4, v4, do4, lse, delta, dk4, dv4, dq_sum), dkdv_args,
-            {**constexprs, "ATOMIC_DQ": True, "DQ_TMA": reduce},
+            {**constexprs, "ATOMIC_DQ": True, "DQ_TMA": reduce, "WARP_SPECIALIZE": False},
         ))
         return _Plan((pre, dkdv), copied, variant, atomic_dq=True, reduce_dq=reduce)
-    # dQ first: its kernel also writes D, which the dK/dV kernel reads.
+    # dQ first: its kernel also writes D, which the dK/dV kernel reads (split into warp groups
+    # where asked: the atomic dQ's and the dQ kernel's loops do not split).
+    split = WARP_SPECIALIZE and variant == "tma"
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
         (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales),
         {**constexprs, "HEAVY_FIRST": HEAVY_FIRST and is_causal},
     )
     dkdv = _first_launch(
-        "dkdv" + suffix, grid(n_k, "K_TILE"), (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),
-        dkdv_args, {**constexprs, "ATOMIC_DQ": False, "DQ_TMA": False},
+        "dkdv_ws_tma" if split else "dkdv" + suffix, grid(n_k, "K_TILE"),
+        (q4, k4, v4, do4, lse, delta, dk4, dv4, dq4),
+        dkdv_args, {**constexprs, "ATOMIC_DQ": False, "DQ_TMA": False, "WARP_SPECIALIZE": split},
     )
-    return _Plan((dq_, dkdv), copied, variant)
+    return _Plan((dq_, dkdv), copied, variant, warp_specialize=split)
 
 
 # --------------------------------------------------------------------------------------------

@@ -4,12 +4,15 @@
                               key tiles; runs first
     _attn_bwd_dkdv_kernel     dK, dV: one program per key tile, loop over query tiles, reading
                               the D the dQ kernel wrote
-    _attn_bwd_preprocess      D alone, for the backwards whose dQ kernel does not write it:
-                              the atomic dQ (dK/dV kernel with ATOMIC_DQ) and the
-                              warp-specialised one
+    _attn_bwd_preprocess      D alone, for the atomic-dQ backward (dK/dV kernel with
+                              ATOMIC_DQ), which has no dQ kernel to write it
 
 The conventions (layouts, the TMA constexpr, base-2 scores, masking, atomic dQ) are the
-forward's, in the docstring of flash_triton_kernels.py.
+forward's, in the docstring of flash_triton_kernels.py. With WARP_SPECIALIZE the dK/dV
+kernel's loop is split into warp groups as the forward's is; the dQ kernel's is not: built for
+sm_90 its split failed under Triton 3.9 whatever the loads of L and D (a masked pointer load
+feeding the loop, or a TMA copy of the row, whose block the pass halves for one tensor and not
+the other), and under 3.6 with the pointer loads.
 """
 
 from __future__ import annotations
@@ -149,45 +152,74 @@ def _attn_bwd_dkdv_inner(
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
-    """Accumulate dK_j, dV_j over the query tiles [lo, hi) (Algorithm 2, lines 7-14), and
-    with ATOMIC_DQ add dS_ij K_j into the float32 dQ rows of each query tile (line 15), a
-    TMA reduction per tile with DQ_TMA.
+    """Accumulate dK_j, dV_j over the query tiles [lo, hi), one _attn_bwd_dkdv_step per
+    tile; WARP_SPECIALIZE as in the forward's _attn_fwd_inner (never with ATOMIC_DQ, whose
+    loop Triton 3.6's pass could not split)."""
+    if WARP_SPECIALIZE:
+        for start_m in tl.range(lo, hi, Q_TILE, warp_specialize=True):
+            dk, dv = _attn_bwd_dkdv_step(
+                dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot,
+                stride_dqt, offs_m, offs_n, start_m, N_Q, N_K, sm_scale, qk_scale, HEAD_DIM,
+                BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, MASKED, PRECISION, UPCAST_DOT, ROUND_BF16,
+                TMA, ATOMIC_DQ, DQ_TMA)
+    else:
+        for start_m in range(lo, hi, Q_TILE):
+            dk, dv = _attn_bwd_dkdv_step(
+                dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot,
+                stride_dqt, offs_m, offs_n, start_m, N_Q, N_K, sm_scale, qk_scale, HEAD_DIM,
+                BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, MASKED, PRECISION, UPCAST_DOT, ROUND_BF16,
+                TMA, ATOMIC_DQ, DQ_TMA)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_step(
+    dk, dv, k, v,
+    Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt, offs_m, offs_n,
+    start_m, N_Q, N_K, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+):
+    """dK_j, dV_j after query tile start_m (Algorithm 2, lines 7-14), and with ATOMIC_DQ
+    add dS_ij K_j into the float32 dQ rows of the tile (line 15), a TMA reduction with DQ_TMA.
 
     Works on transposed tiles (S^T = K_j Q_i^T, as the Triton tutorial does) so that P^T and
     dS^T are the left operands of the dV and dK products without a register transpose.
     """
-    for start_m in range(lo, hi, Q_TILE):
-        start_m = tl.multiple_of(start_m, Q_TILE)
-        offs_qm = start_m + offs_m
-        q = _load_tile(Q_src, start_m, offs_m, stride_qt, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        do = _load_tile(dO_src, start_m, offs_m, stride_dot, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
-        if MASKED:
-            L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
-            D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
-        else:
-            L2_i = tl.load(L_ptrs + offs_qm) * LOG2E
-            D_i = tl.load(D_ptrs + offs_qm)
-        # P^T = exp(S^T - L) recomputed from the saved logsumexp (line 9), in base 2.
-        sT = _dot(k, tl.trans(q), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        sT = sT * qk_scale
-        if MASKED:
-            sT += _score_mask(offs_qm[None, :], offs_n[:, None], N_Q, N_K, IS_CAUSAL)
-        pT = tl.exp2(sT - L2_i[None, :])
-        # dV_j += P^T dO_i (line 10)
-        dv = _dot(_cast(pT, do.dtype, ROUND_BF16), do, dv, PRECISION, UPCAST_DOT)
-        # dP^T = V_j dO_i^T (line 11); dS^T = P^T * (dP^T - D_i) (line 13)
-        dpT = _dot(v, tl.trans(do), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
-        dsT = pT * (dpT - D_i[None, :])
-        # dK_j += dS^T Q_i (line 14); the softmax scale is applied once, after the loop.
-        dsT = _cast(dsT, q.dtype, ROUND_BF16)
-        dk = _dot(dsT, q, dk, PRECISION, UPCAST_DOT)
-        if ATOMIC_DQ:
-            # dQ_i += dS K_j (line 15), scaled here: the buffer holds the finished sum.
-            dq = _dot(tl.trans(dsT), k, tl.zeros([Q_TILE, BLOCK_D], tl.float32), PRECISION,
-                      UPCAST_DOT)
-            _add_tile(dQ_dst, start_m, offs_m, stride_dqt, N_Q, dq * sm_scale,
-                      HEAD_DIM, BLOCK_D, MASKED, DQ_TMA)
+    start_m = tl.multiple_of(start_m, Q_TILE)
+    offs_qm = start_m + offs_m
+    q = _load_tile(Q_src, start_m, offs_m, stride_qt, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
+    do = _load_tile(dO_src, start_m, offs_m, stride_dot, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
+    if MASKED:
+        L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
+        D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
+    else:
+        L2_i = tl.load(L_ptrs + offs_qm) * LOG2E
+        D_i = tl.load(D_ptrs + offs_qm)
+    # P^T = exp(S^T - L) recomputed from the saved logsumexp (line 9), in base 2.
+    sT = _dot(k, tl.trans(q), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
+    sT = sT * qk_scale
+    if MASKED:
+        sT += _score_mask(offs_qm[None, :], offs_n[:, None], N_Q, N_K, IS_CAUSAL)
+    pT = tl.exp2(sT - L2_i[None, :])
+    # dV_j += P^T dO_i (line 10)
+    dv = _dot(_cast(pT, do.dtype, ROUND_BF16), do, dv, PRECISION, UPCAST_DOT)
+    # dP^T = V_j dO_i^T (line 11); dS^T = P^T * (dP^T - D_i) (line 13)
+    dpT = _dot(v, tl.trans(do), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
+    dsT = pT * (dpT - D_i[None, :])
+    # dK_j += dS^T Q_i (line 14); the softmax scale is applied once, after the loop.
+    dsT = _cast(dsT, q.dtype, ROUND_BF16)
+    dk = _dot(dsT, q, dk, PRECISION, UPCAST_DOT)
+    if ATOMIC_DQ:
+        # dQ_i += dS K_j (line 15), scaled here: the buffer holds the finished sum.
+        dq = _dot(tl.trans(dsT), k, tl.zeros([Q_TILE, BLOCK_D], tl.float32), PRECISION,
+                  UPCAST_DOT)
+        _add_tile(dQ_dst, start_m, offs_m, stride_dqt, N_Q, dq * sm_scale,
+                  HEAD_DIM, BLOCK_D, MASKED, DQ_TMA)
     return dk, dv
 
 
@@ -203,6 +235,7 @@ def _attn_bwd_dkdv_kernel(
     IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
     TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     """One program per (key tile, head, batch): writes dK_j and dV_j (K_TILE, HEAD_DIM);
     with ATOMIC_DQ also adds its share of dQ into dQ, float32, zeroed (unused otherwise):
@@ -218,6 +251,8 @@ def _attn_bwd_dkdv_kernel(
     K_TILE - 1 sees every key of the tile. Then a masked tail tile if N_Q is not a multiple
     of Q_TILE. Padded keys of a tail key tile (k = v = 0) produce rows of dK, dV that are not
     stored and never mix with real keys' rows, so the unmasked range needs no key mask.
+    WARP_SPECIALIZE (TMA build, no ATOMIC_DQ): the three ranges as one masked loop, split
+    into warp groups as the forward's.
     """
     # Key tile j sees the query tiles from j on: the heaviest come first already.
     start_n, h, b, bh = _tile_program(K_TILE, False)
@@ -248,27 +283,36 @@ def _attn_bwd_dkdv_kernel(
     if IS_CAUSAL:
         lo = start_n // Q_TILE * Q_TILE
         diag_end = (start_n + K_TILE - 1 + Q_TILE - 1) // Q_TILE * Q_TILE
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
-        offs_m, offs_n,
-        lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
-        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA,
-    )
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
-        offs_m, offs_n,
-        diag_end, full_end,  # query tiles that see every key of this tile: no mask
-        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA,
-    )
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
-        offs_m, offs_n,
-        tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
-        N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
-        True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA,
-    )
+    if WARP_SPECIALIZE:
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot,
+            stride_dqt, offs_m, offs_n,
+            lo, q_end,  # every query tile this key tile meets, masked
+            N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+            True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA, True,
+        )
+    else:
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
+            offs_m, offs_n,
+            lo, tl.minimum(diag_end, q_end),  # diagonal query tiles: masked
+            N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+            True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA, False,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
+            offs_m, offs_n,
+            diag_end, full_end,  # query tiles that see every key of this tile: no mask
+            N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+            False, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA, False,
+        )
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, Q_src, dO_src, L_row, D_row, dQ_dst, stride_qt, stride_dot, stride_dqt,
+            offs_m, offs_n,
+            tl.maximum(full_end, diag_end), q_end,  # the tail query tile: masked
+            N_Q, N_K, sm_scale, qk_scale, HEAD_DIM, BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL,
+            True, PRECISION, UPCAST_DOT, ROUND_BF16, TMA, ATOMIC_DQ, DQ_TMA, False,
+        )
 
     # dK = scale * dS^T Q (line 14), as dQ.
     _store_owned(dK, b, h, stride_dkb, stride_dkh, stride_dkt, start_n, N_K, dk * sm_scale,

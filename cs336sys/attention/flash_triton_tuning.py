@@ -128,9 +128,21 @@ _TUNING.update({"dkdv_atomic": _ATOMIC, "dkdv_atomic_tma": _ATOMIC, "dkdv_reduce
 # estimated), within the 227 KiB they have.
 _WS_D64 = [(128, 128, 4, 2), (128, 128, 4, 3), (128, 64, 4, 3), (256, 64, 4, 2)]
 _WS_D128 = [(128, 128, 4, 2), (128, 64, 4, 2), (128, 64, 4, 3)]
-_TUNING["fwd_ws_tma"] = _Tuning(
-    [_config(*c) for c in dict.fromkeys(_WS_D128 + _WS_D64)], "Q_TILE", 1, 2, 1, 1, 0,
-    spill_free={64: set(_WS_D64 + _WS_D128), 128: set(_WS_D128)})
+
+
+def _split(d64: list, d128: list, like: str) -> _Tuning:
+    """A warp-specialised kernel's tuning: `like`'s, with the hand-checked candidates."""
+    return replace(_TUNING[like], configs=[_config(*c) for c in dict.fromkeys(d128 + d64)],
+                   spill_free={64: set(d64 + d128), 128: set(d128)})
+
+
+_TUNING["fwd_ws_tma"] = _split(_WS_D64, _WS_D128, "fwd")
+# The default backward's dK/dV kernel, likewise (the dQ kernel's and the atomic dQ's loops do
+# not split): it owns a key tile, halved between its computing groups, so 128 keys; at d 128
+# 64 x 128 spilled 40 bytes.
+_TUNING["dkdv_ws_tma"] = _split([(64, 128, 4, 2), (32, 128, 4, 2), (64, 128, 4, 3),
+                                 (32, 128, 4, 3)],
+                                [(32, 128, 4, 2), (16, 128, 4, 2), (32, 128, 4, 3)], "dkdv")
 
 
 # float32 (FMA) dots: most Q_TILE * K_TILE * BLOCK_D products per thread before spilling.
@@ -189,14 +201,16 @@ _KERNELS = {
     "dkdv_atomic": backward._attn_bwd_dkdv_kernel,
     "dkdv_atomic_tma": backward._attn_bwd_dkdv_kernel,
     "dkdv_reduce_tma": backward._attn_bwd_dkdv_kernel,  # DQ_TMA: dQ by TMA reductions
-    "fwd_ws_tma": kernels._attn_fwd_kernel,  # WARP_SPECIALIZE: 4-warp groups, other tiles
+    # WARP_SPECIALIZE: 4-warp groups, other tiles
+    "fwd_ws_tma": kernels._attn_fwd_kernel,
+    "dkdv_ws_tma": backward._attn_bwd_dkdv_kernel,
 }
 # The best tiles depend on the sequence lengths, head dim and masking; triton.autotune adds
 # the dtypes of the tensor arguments to this key itself. TMA is in it because "fwd" and
 # "fwd_tma" (and so on) tune one JITFunction with the same candidates: the results Triton
 # caches on disk (cache_results) are keyed on the function, the key and the configs only;
 # DQ_TMA and WARP_SPECIALIZE, for the same reason, where the kernel takes them
-# ("dkdv_atomic_tma", "..._reduce_tma"; "fwd_ws_tma"). HEAVY_FIRST and LAZY_RESCALE are not:
+# ("dkdv_atomic_tma", "..._reduce_tma"; "*_ws_tma"). HEAVY_FIRST and LAZY_RESCALE are not:
 # an opt-in point runs the tiles tuned at its shape by whichever point ran first, so that side
 # by side the opt-in alone differs.
 TUNING_KEY = ["N_Q", "N_K", "HEAD_DIM", "IS_CAUSAL", "TMA"]

@@ -9,9 +9,10 @@
                                    and l, moved only when it grows past a threshold (not
                                    yet timed)
     CS336SYS_TRITON_WARP_SPECIALIZE=1
-                                   forward, TMA build: one key loop that Triton splits into
-                                   a loading warp group and computing ones (not yet timed;
-                                   not with lazy-rescale, whose branch it cannot split)
+                                   TMA build: the forward's key loop and the dK/dV kernel's
+                                   query loop, each one loop that Triton splits into a
+                                   loading warp group and computing ones (not yet timed; not
+                                   with lazy-rescale, whose branch it cannot split)
     CS336SYS_TRITON_ATOMIC_DQ=1    backward: dQ added with atomics in the dK/dV kernel (opt-in:
                                    it lost there, 4.20 ms of backward against 3.96)
     CS336SYS_TRITON_REDUCE_DQ=1    the same, each dQ tile added by one TMA reduction instead
@@ -41,7 +42,7 @@ class Paths(NamedTuple):
     tma: bool  # tiles through tensor descriptors where they can run
     heavy_first: bool  # causal query tiles in reverse launch order
     lazy_rescale: bool  # the forward's running max moved only past a threshold
-    warp_specialize: bool  # the forward's one key loop split into warp groups (needs tma)
+    warp_specialize: bool  # forward and dK/dV loops split into warp groups (needs tma)
     atomic_dq: bool  # dQ added in the dK/dV kernel (5 tile products instead of 7)
     reduce_dq: bool  # ... by TMA reductions (needs tma)
 
