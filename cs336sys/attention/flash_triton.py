@@ -11,8 +11,8 @@ with one program per query tile looping over key tiles, then dK and dV with one 
 key tile looping over query tiles (reading D). Splitting dQ from dK/dV means no two programs
 write the same rows, so there are no atomics and the results are deterministic. The kernels are in
 `flash_triton_kernels.py` and `flash_triton_backward.py`, their tile sizes in
-`flash_triton_tuning.py`; this module checks
-inputs and launches them, through a launch plan cached per call signature.
+`flash_triton_tuning.py`; this module checks inputs and launches them, through a launch plan
+cached per call signature.
 
     o = flash_attention_triton(q, k, v, is_causal=True)   # q (B, [H,] T_q, D); k, v (B, [H,] T_k, D)
     o = FlashAttention2Triton.apply(q, k, v, True)         # the same, as an autograd.Function
@@ -29,9 +29,9 @@ switched on with TRITON_INTERPRET=1 before this module is imported; it then uses
 
 Hopper GPUs run the kernels' TMA build on 16-bit inputs (tensor descriptors,
 `flash_triton_tma.py`). Opt-ins (attention/opt_in.py) reverse the causal query tiles' launch
-order, rescale the forward's accumulator lazily or split its key loop into warp groups, or add
-dQ inside the dK/dV kernel instead of recomputing S and dP in a dQ kernel: with atomics, or
-with TMA reductions.
+order, rescale the forward's accumulator lazily, split the forward's and the dK/dV kernel's
+loops into warp groups, or add dQ inside the dK/dV kernel instead of recomputing S and dP in a
+dQ kernel: with atomics, or with TMA reductions.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def check_available(device: torch.device | str) -> None:
 TMA, FORCE_TMA = opt_in.TMA, False
 HEAVY_FIRST = opt_in.HEAVY_FIRST  # causal forward and dQ: the longest tiles first (opt-in)
 LAZY_RESCALE = opt_in.LAZY_RESCALE  # forward: O and l rescaled past a threshold (opt-in)
-WARP_SPECIALIZE = opt_in.WARP_SPECIALIZE  # forward, TMA: one warp-specialised loop (opt-in)
+WARP_SPECIALIZE = opt_in.WARP_SPECIALIZE  # TMA: forward, dK/dV loops in warp groups (opt-in)
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
 # adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
 # reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
