@@ -55,13 +55,13 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
      [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
       "tests/test_gpu_attention.py", "-k", "tma or plans or atomic or opt_ins"], {}),
     ("issue 15: leaderboard shape, pointer vs TMA vs atomic dQ (atomics, TMA reductions) vs "
-     "longest tiles first vs lazy rescaling vs warp-specialised forward vs cuDNN (target "
+     "longest tiles first vs lazy rescaling vs warp groups vs cuDNN (target "
      "< 4.4 ms, below cuDNN)",
      [PY, "benchmarks/attention_leaderboard.py", "--atomic-dq", "--heavy-first", "--db", "{db}"],
      {}),
     ("issue 41: d 128, seq 16384, causal bf16: the backward in 7 products (default) and in 5, "
      "dQ by atomics and by TMA reductions, the longest tiles first, lazy rescaling, the "
-     "warp-specialised forward, beside cuDNN in the same invocation",
+     "warp groups, beside cuDNN in the same invocation",
      [*CLI, "attention", "--preset", "leaderboard", "--d-head", "128", "--impl", "triton,sdpa",
       "--sdpa-backend", "cudnn", "--triton-opt-in",
       "default,heavy-first,lazy-rescale,warp-specialize,atomic-dq,reduce-dq,"
