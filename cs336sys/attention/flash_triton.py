@@ -386,8 +386,9 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
         ))
         return _Plan((pre, dkdv), copied, variant, atomic_dq=True, reduce_dq=reduce)
     # dQ first: its kernel also writes D, which the dK/dV kernel reads (split into warp groups
-    # where asked: the atomic dQ's and the dQ kernel's loops do not split).
-    split = WARP_SPECIALIZE and variant == "tma"
+    # where asked: the atomic dQ's and the dQ kernel's loops do not split; its rows of L and
+    # D then come by TMA, which needs 16-byte row strides).
+    split = WARP_SPECIALIZE and variant == "tma" and n_q % 4 == 0
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
         (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales),

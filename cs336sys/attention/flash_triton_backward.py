@@ -144,6 +144,21 @@ def _attn_bwd_dq_kernel(
 
 
 @triton.jit
+def _load_stat_row(S_row, start, N, ROWS: tl.constexpr, MASKED: tl.constexpr,
+                   BY_TMA: tl.constexpr):
+    """ROWS float32 entries of a row of L or D (S_row: its start) from `start`, zero past N
+    where MASKED. BY_TMA: one TMA copy (N % 4 == 0, for 16-byte strides), which pads instead."""
+    if BY_TMA:
+        desc = tl.make_tensor_descriptor(S_row, shape=[1, N], strides=[N, 1],
+                                         block_shape=[1, ROWS])
+        return tl.reshape(desc.load([0, start]), [ROWS])
+    offs = start + tl.arange(0, ROWS)
+    if MASKED:
+        return tl.load(S_row + offs, mask=offs < N, other=0.0)
+    return tl.load(S_row + offs)
+
+
+@triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
     Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot, stride_dqt, offs_m, offs_n,
@@ -156,21 +171,22 @@ def _attn_bwd_dkdv_inner(
 ):
     """Accumulate dK_j, dV_j over the query tiles [lo, hi), one _attn_bwd_dkdv_step per
     tile; WARP_SPECIALIZE as in the forward's _attn_fwd_inner (never with ATOMIC_DQ, whose
-    loop Triton 3.6's pass could not split)."""
+    loop Triton 3.6's pass could not split), L and D then fetched by TMA like the tiles, so
+    that the loading group has them and the computing ones issue no load."""
     if WARP_SPECIALIZE:
         for start_m in tl.range(lo, hi, Q_TILE, warp_specialize=True):
             dk, dv = _attn_bwd_dkdv_step(
                 dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot,
                 stride_dqt, offs_m, offs_n, start_m, N_Q, N_K, sm_scale, qk_scale, HEAD_DIM,
                 BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, MASKED, PRECISION, UPCAST_DOT, ROUND_BF16,
-                TMA, ATOMIC_DQ, DQ_TMA)
+                TMA, ATOMIC_DQ, DQ_TMA, True)
     else:
         for start_m in range(lo, hi, Q_TILE):
             dk, dv = _attn_bwd_dkdv_step(
                 dk, dv, k, v, Q_src, dO_src, L_ptrs, D_ptrs, dQ_dst, stride_qt, stride_dot,
                 stride_dqt, offs_m, offs_n, start_m, N_Q, N_K, sm_scale, qk_scale, HEAD_DIM,
                 BLOCK_D, Q_TILE, K_TILE, IS_CAUSAL, MASKED, PRECISION, UPCAST_DOT, ROUND_BF16,
-                TMA, ATOMIC_DQ, DQ_TMA)
+                TMA, ATOMIC_DQ, DQ_TMA, False)
     return dk, dv
 
 
@@ -182,7 +198,7 @@ def _attn_bwd_dkdv_step(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, Q_TILE: tl.constexpr, K_TILE: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASKED: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
-    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+    TMA: tl.constexpr, ATOMIC_DQ: tl.constexpr, DQ_TMA: tl.constexpr, STATS_TMA: tl.constexpr,
 ):
     """dK_j, dV_j after query tile start_m (Algorithm 2, lines 7-14), and with ATOMIC_DQ
     add dS_ij K_j into the float32 dQ rows of the tile (line 15), a TMA reduction with DQ_TMA.
@@ -194,12 +210,8 @@ def _attn_bwd_dkdv_step(
     offs_qm = start_m + offs_m
     q = _load_tile(Q_src, start_m, offs_m, stride_qt, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
     do = _load_tile(dO_src, start_m, offs_m, stride_dot, N_Q, HEAD_DIM, BLOCK_D, MASKED, TMA)
-    if MASKED:
-        L2_i = tl.load(L_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0) * LOG2E
-        D_i = tl.load(D_ptrs + offs_qm, mask=offs_qm < N_Q, other=0.0)
-    else:
-        L2_i = tl.load(L_ptrs + offs_qm) * LOG2E
-        D_i = tl.load(D_ptrs + offs_qm)
+    L2_i = _load_stat_row(L_ptrs, start_m, N_Q, Q_TILE, MASKED, STATS_TMA) * LOG2E
+    D_i = _load_stat_row(D_ptrs, start_m, N_Q, Q_TILE, MASKED, STATS_TMA)
     # P^T = exp(S^T - L) recomputed from the saved logsumexp (line 9), in base 2.
     sT = _dot(k, tl.trans(q), tl.zeros([K_TILE, Q_TILE], tl.float32), PRECISION, UPCAST_DOT)
     sT = sT * qk_scale
