@@ -215,7 +215,8 @@ def test_forward_opt_ins_on_cuda_match_float64(monkeypatch, shape, dtype, causal
     fwd, bwd = flash_triton._LAST["fwd"], flash_triton._LAST["bwd"]
     assert (fwd.heavy_first, fwd.lazy_rescale, fwd.warp_specialize) == (
         heavy and causal, loop == "lazy-rescale", loop == "warp-specialize")
-    assert bwd.warp_specialize == (loop == "warp-specialize")  # the dK/dV kernel's loop
+    # the dK/dV kernel's loop, which reads L and D by TMA: 16-byte rows
+    assert bwd.warp_specialize == (loop == "warp-specialize" and shape[-2] % 4 == 0)
 
 
 @pytest.mark.parametrize("reduce", [False, True], ids=["atomics", "tma-reduce"])
