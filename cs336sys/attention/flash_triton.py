@@ -66,6 +66,7 @@ from cs336sys.attention.flash_triton_tuning import (  # noqa: F401 (FP32_CONFIGS
     pinned_config,
     pinned_tiles,
 )
+from cs336sys.measure import triton_support
 from cs336sys.measure.triton_support import check_available as _available
 
 __all__ = ["INTERPRETED", "FlashAttention2Triton", "check_available", "flash_attention_triton"]
@@ -92,12 +93,12 @@ def check_available(device: torch.device | str) -> None:
 # an H200 (opt_in.py): where CS336SYS_TRITON_TMA is not 0, the GPU has compute capability
 # >= 9, the inputs are 16-bit and every layout suits TMA (tma_layout_ok); else the pointer
 # kernels. float32 keeps them: its FMA dots reading TMA-filled shared memory spilled in sm_90
-# builds (Triton 3.6, 3.9). FORCE_TMA, what tests set: the descriptor kernels wherever the
-# layout allows, any dtype, the interpreter included.
+# builds. FORCE_TMA, what tests set: the descriptor build wherever the layout allows.
 TMA, FORCE_TMA = opt_in.TMA, False
 HEAVY_FIRST = opt_in.HEAVY_FIRST  # causal forward and dQ: the longest tiles first (opt-in)
 LAZY_RESCALE = opt_in.LAZY_RESCALE  # forward: O and l rescaled past a threshold (opt-in)
 WARP_SPECIALIZE = opt_in.WARP_SPECIALIZE  # TMA: forward, dK/dV loops in warp groups (opt-in)
+_CAN_SPLIT = triton_support.HAS_WARP_SPECIALIZE  # this Triton's tl.range takes it
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
 # adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
 # reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
@@ -139,11 +140,13 @@ def kernels_ran(backward: bool) -> str:
 
 
 def _variant(*views: torch.Tensor) -> str:
-    """"tma" or "pointer": the kernels a new plan launches for these kernel views."""
+    """"tma" or "pointer": the kernels a new plan launches for these kernel views (TMA where
+    asked, the GPU, dtype and layout take it, and this Triton makes descriptors in kernels)."""
     t = views[0]
-    on_hopper = t.is_cuda and _hopper_or_newer(t.device.index)
-    wanted = FORCE_TMA or (TMA and on_hopper and t.dtype != torch.float32)
-    return "tma" if wanted and tma_layout_ok(*views) else "pointer"
+    wanted = FORCE_TMA or (TMA and t.is_cuda and _hopper_or_newer(t.device.index)
+                           and t.dtype != torch.float32)
+    ok = wanted and triton_support.HAS_DESCRIPTORS and tma_layout_ok(*views)
+    return "tma" if ok else "pointer"
 
 
 def _on_device(t: torch.Tensor):
@@ -283,7 +286,7 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
     args = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4), *bht_strides(o4),
             n_q, n_k, LOG2E / math.sqrt(d))
     variant, heavy = _variant(*views), HEAVY_FIRST and is_causal
-    split = WARP_SPECIALIZE and variant == "tma"  # warp groups need the TMA loads
+    split = WARP_SPECIALIZE and variant == "tma" and _CAN_SPLIT  # warp groups need TMA loads
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
                       **dot_flags(q.dtype, INTERPRETED), TMA=variant == "tma", HEAVY_FIRST=heavy,
                       LAZY_RESCALE=LAZY_RESCALE, WARP_SPECIALIZE=split)
@@ -374,7 +377,8 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     dkdv_args = (*qkv, *bht_strides(do4), *bht_strides(dk4), *bht_strides(dv4),
                  *bht_strides(dq4), *scales)
     if ATOMIC_DQ:
-        reduce = REDUCE_DQ and variant == "tma"  # TMA reductions need the descriptor build
+        # TMA reductions need the descriptor build, and a Triton that has them
+        reduce = REDUCE_DQ and variant == "tma" and triton_support.HAS_DESCRIPTOR_REDUCTIONS
         pre = _first_launch(
             "pre", grid(n_q, "Q_TILE"), (o4, do4, delta),
             (*bht_strides(o4), *bht_strides(do4), n_q), {"HEAD_DIM": d, "BLOCK_D": block_d},
@@ -388,7 +392,7 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     # dQ first: its kernel also writes D, which the dK/dV kernel reads (split into warp groups
     # where asked: the atomic dQ's and the dQ kernel's loops do not split; its rows of L and
     # D then come by TMA, which needs 16-byte row strides).
-    split = WARP_SPECIALIZE and variant == "tma" and n_q % 4 == 0
+    split = WARP_SPECIALIZE and variant == "tma" and n_q % 4 == 0 and _CAN_SPLIT
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
         (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales),

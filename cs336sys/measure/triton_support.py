@@ -1,17 +1,29 @@
 """What every Triton kernel module of the package shares (attention/flash_triton*, and
 models/adamw_kernels, models/fused_ce_triton): whether Triton's interpreter defined the
 kernels (and, if so, the interpreter made fit for NumPy >= 2.4 and for descriptor
-reductions), the one refusal when tensors are on the wrong side of that, and the
-interpreter's bfloat16 rounding fix. Imported only by kernel modules, so importing triton
-here is fine.
+reductions), the one refusal when tensors are on the wrong side of that, the
+interpreter's bfloat16 rounding fix, and which optional features this release builds.
+Imported only by kernel modules, so importing triton here is fine.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+# What this Triton can build of the attention kernels' Hopper paths: tensor descriptors made
+# inside a kernel (the TMA build), their atomic_add (TMA reductions, the reduce-dq opt-in) and
+# tl.range's warp_specialize (the warp-specialize opt-in). The launchers ask for a path only
+# where the release has it, and fall back as they do where the GPU lacks it; a row's
+# triton_kernels says what ran. Triton 3.6 and 3.9 have all three.
+HAS_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor")
+HAS_DESCRIPTOR_REDUCTIONS = HAS_DESCRIPTORS and hasattr(
+    getattr(tl, "tensor_descriptor", None), "atomic_add")
+HAS_WARP_SPECIALIZE = "warp_specialize" in inspect.signature(tl.range).parameters
 
 
 def interpreted(kernel: object) -> bool:
