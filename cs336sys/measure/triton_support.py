@@ -23,7 +23,8 @@ from triton.runtime.interpreter import InterpretedFunction
 HAS_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor")
 HAS_DESCRIPTOR_REDUCTIONS = HAS_DESCRIPTORS and hasattr(
     getattr(tl, "tensor_descriptor", None), "atomic_add")
-HAS_WARP_SPECIALIZE = "warp_specialize" in inspect.signature(tl.range).parameters
+HAS_WARP_SPECIALIZE = hasattr(tl, "range") and (
+    "warp_specialize" in inspect.signature(tl.range).parameters)
 
 
 def interpreted(kernel: object) -> bool:
