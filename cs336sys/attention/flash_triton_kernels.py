@@ -11,8 +11,9 @@
 
 The host side (input checks, launch plans, the autograd.Function) is in `flash_triton.py`,
 tile sizes and autotuning in `flash_triton_tuning.py`, the tile helpers in
-`flash_triton_tiles.py`; these two files hold only `@triton.jit` code, written after Triton's
-fused-attention tutorial and the Triton kernel of the flash-attention repository.
+`flash_triton_tiles.py`; this file and `flash_triton_backward.py` hold only `@triton.jit` code,
+written after Triton's fused-attention tutorial and the flash-attention repository's Triton
+kernel.
 
 Conventions shared by every kernel:
 - Tensors arrive as (B, H, T, HEAD_DIM) with any batch, head and sequence strides (passed
