@@ -1,9 +1,9 @@
 """Ctrl-C at random moments of every command that starts ranks (docs/bad-input.md): each run
 starts the command, waits a random 0.1 to 4 s (start-up, torch's import, the fork server,
-the ranks' start, the sweep), sends SIGINT, and checks what tests/test_signals.py checks for
-fixed moments: exit 130, no traceback, a last line that says what was stored (and the store
-agreeing), no process left. `make test` holds three fixed moments per command; this holds
---runs random ones, which take minutes.
+the ranks' start, the sweep), sends SIGINT, and checks what tests/test_signals.py checks:
+exit 130, no traceback, a last line that says what was stored (and the store agreeing), no
+process left. `make test` holds four random moments per command and signal (one in each of
+four strata, new with each commit); this holds --runs per command, which take minutes.
 
     python benchmarks/signal_moments.py [--runs 20] [--seed 0]
 """
