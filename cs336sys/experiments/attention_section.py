@@ -6,6 +6,7 @@ points have a table of their own (APART)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from cs336sys.report.plots import Plot
@@ -64,14 +65,11 @@ def _impl(row: Mapping[str, Any]) -> str:
     return impl + (" (interp.)" if row.get("interpreted") else "")
 
 
-def _main_ms(row: Mapping[str, Any]) -> float | None:
-    """What a point is compared by: end-to-end time, else forward, else backward."""
-    return row.get("e2e_ms_mean") or row.get("fwd_ms_mean") or row.get("bwd_ms_mean")
-
-
-def _main_median(row: Mapping[str, Any]) -> float | None:
-    """The median of the same pass: what opt-ins are compared by."""
-    return row.get("e2e_ms_median") or row.get("fwd_ms_median") or row.get("bwd_ms_median")
+def _main_ms(row: Mapping[str, Any], stat: str = "mean") -> float | None:
+    """What a point is compared by: end-to-end time, else forward, else backward; its mean,
+    or the `stat` given ("median": what opt-ins are compared by)."""
+    return next((row[k] for k in (f"e2e_ms_{stat}", f"fwd_ms_{stat}", f"bwd_ms_{stat}")
+                 if row.get(k)), None)
 
 
 def _opt_in(row: Mapping[str, Any]) -> str | None:
@@ -139,7 +137,8 @@ TABLE = Table(
         Column("vs naive", ratio=Ratio(_main_ms, {"impl": "naive"},
                                        ("impl", "sdpa_backend", "triton_opt_in"))),
         Column("vs default", cell=_opt_in, optional=True,
-               ratio=Ratio(_main_median, {"impl": "triton", "triton_opt_in": "default"},
+               ratio=Ratio(partial(_main_ms, stat="median"),
+                           {"impl": "triton", "triton_opt_in": "default"},
                            ("triton_opt_in",), samples="e2e_ms"),
                note="vs default: the default Triton kernels' median time over this opt-in's at "
                "the same shape, in the same run (2.00x = twice as fast), with the 95 % "

@@ -26,7 +26,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.ranks import gather
-from cs336sys.sweep.result import Result, Unfinished, first_line
+from cs336sys.sweep.result import Result, Unfinished, first_line, is_oom
 
 
 def ranks_wrapper(ddp: str, worlds: list[int], batches: list[int]) -> str:
@@ -126,8 +126,7 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     try:
         first_ms = timed(0)  # compile, autotuning, the allocator's first requests
     except Exception as exc:
-        if (spec.compile and ddp_yours.kind_of(spec.ddp) == "fsdp"
-                and not isinstance(exc, torch.OutOfMemoryError)):
+        if spec.compile and ddp_yours.kind_of(spec.ddp) == "fsdp" and not is_oom(exc):
             raise compiled_under_yours(spec.ddp, exc) from exc
         raise
     warm = [timed(1 + i) for i in range(spec.warmup)]
