@@ -92,10 +92,7 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0)
     hopper = torch.cuda.get_device_capability(0)[0] >= 9
     # The environment's own switches never leak in: each path is asked for by name.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_ATOMIC_DQ",
-                        "CS336SYS_TRITON_REDUCE_DQ", "CS336SYS_TRITON_HEAVY_FIRST",
-                        "CS336SYS_TRITON_LAZY_RESCALE", "CS336SYS_TRITON_WARP_SPECIALIZE")}
+    env = {k: v for k, v in os.environ.items() if k not in opt_in.VARIABLES}
     # The triton paths side by side in one invocation (--triton-opt-in sweeps them); triton
     # rows are named by the kernels that ran (triton_kernels), and by what they asked for
     # (triton_opt_in) where the GPU made them fall back.

@@ -14,9 +14,7 @@ from cs336sys.attention import opt_in
 @pytest.fixture
 def reload(monkeypatch):
     def with_env(**env):
-        for name in ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_HEAVY_FIRST",
-                     "CS336SYS_TRITON_LAZY_RESCALE", "CS336SYS_TRITON_WARP_SPECIALIZE",
-                     "CS336SYS_TRITON_ATOMIC_DQ", "CS336SYS_TRITON_REDUCE_DQ"):
+        for name in opt_in.VARIABLES:
             monkeypatch.delenv(name, raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)

@@ -47,7 +47,15 @@ class Paths(NamedTuple):
     reduce_dq: bool  # ... by TMA reductions (needs tma)
 
 
+# The variables read here, in Paths' order: what a caller that asks for paths by label
+# clears, so that the environment's own choice does not leak in.
+VARIABLES = ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_HEAVY_FIRST", "CS336SYS_TRITON_LAZY_RESCALE",
+             "CS336SYS_TRITON_WARP_SPECIALIZE", "CS336SYS_TRITON_ATOMIC_DQ",
+             "CS336SYS_TRITON_REDUCE_DQ")
+
+
 def _on(name: str) -> bool:
+    assert name in VARIABLES, name
     return os.environ.get(name, "0") == "1"
 
 
