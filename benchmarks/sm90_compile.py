@@ -140,14 +140,8 @@ def attention_builds():
     for name, pointers, constexprs, warps, stages in ATTENTION_CASES:
         precision = "ieee" if pointers[0] == FP32 else "tf32"
         c = {**constexprs, "PRECISION": precision, "UPCAST_DOT": False, "ROUND_BF16": False}
-        if name != "dq":
-            c["WARP_SPECIALIZE"] = False
-        if name.startswith("dkdv"):
-            c["ATOMIC_DQ"], c["DQ_TMA"] = name == "dkdv+dq", False
-        else:
-            c["HEAVY_FIRST"] = False
-        if name == "fwd":
-            c["LAZY_RESCALE"] = False
+        if name == "dkdv+dq":
+            c["ATOMIC_DQ"] = True
         for variant, tma in VARIANTS:
             label = (f"{variant:7s} {name:7s} {pointers[0]} d{c['HEAD_DIM']} "
                      f"{c['Q_TILE']}x{c['K_TILE']} w{warps} s{stages} causal={c['IS_CAUSAL']}")
@@ -155,9 +149,15 @@ def attention_builds():
                                     stages)
 
 
+# The kernels' opt-in constexprs, off in a build that does not set them.
+OPT_INS = ("HEAVY_FIRST", "LAZY_RESCALE", "WARP_SPECIALIZE", "ATOMIC_DQ", "DQ_TMA")
+
+
 def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages: int):
     """An attention kernel's build (or the exception): its tensors typed by `pointers` in
-    order, then float32 scales and int32 strides and sizes, all but the scales aligned."""
+    order, then float32 scales and int32 strides and sizes, all but the scales aligned; the
+    opt-ins it takes and `constexprs` does not set, off."""
+    constexprs = {**{n: False for n in OPT_INS if n in kernel.arg_names}, **constexprs}
     args = [n for n in kernel.arg_names if n not in constexprs]
     types = {n: (pointers[i] if i < len(pointers) else "fp32" if n in ATTENTION_SCALARS else "i32")
              for i, n in enumerate(args)}
@@ -175,7 +175,7 @@ def atomic_dq_builds(head_dims=(64, 128)):
         for cfg in tuning.kept_configs("dkdv_atomic", tuning.call_args(d, 16384)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
-                     ROUND_BF16=False, ATOMIC_DQ=True, WARP_SPECIALIZE=False, **tiles)
+                     ROUND_BF16=False, ATOMIC_DQ=True, **tiles)
             for variant, tma, dq_tma in (*((v, t, False) for v, t in VARIANTS),
                                          ("tma-reduce", True, True)):
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
@@ -198,8 +198,8 @@ def forward_opt_in_builds():
             yield (f"{label:12s} d{c['HEAD_DIM']} {c['Q_TILE']}x{c['K_TILE']} w{warps} "
                    f"s{stages} causal={c['IS_CAUSAL']}",
                    _attention(ATTENTION_KERNELS["fwd"], pointers,
-                              {**c, "HEAVY_FIRST": heavy and c["IS_CAUSAL"], "LAZY_RESCALE": lazy,
-                               "WARP_SPECIALIZE": False}, warps, stages))
+                              {**c, "HEAVY_FIRST": heavy and c["IS_CAUSAL"], "LAZY_RESCALE": lazy},
+                              warps, stages))
 
 
 def warp_specialize_builds(head_dims=(64, 128)):
@@ -208,15 +208,13 @@ def warp_specialize_builds(head_dims=(64, 128)):
     (more warps than asked, setmaxnreg) without a spill."""
     from cs336sys.attention import flash_triton_tuning as tuning
 
-    extra = {"fwd": {"HEAVY_FIRST": False, "LAZY_RESCALE": False},
-             "dkdv": {"ATOMIC_DQ": False, "DQ_TMA": False}}
     for name, pointers in (("fwd", FWD), ("dkdv", DKDV)):
         for d in head_dims:
             for cfg in tuning.kept_configs(f"{name}_ws_tma", tuning.call_args(d, 16384)):
                 tiles = cfg.kwargs
                 c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32",
                          UPCAST_DOT=False, ROUND_BF16=False, TMA=True, WARP_SPECIALIZE=True,
-                         **extra[name], **tiles)
+                         **tiles)
                 yield (f"ws {name} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
                        f"s{cfg.num_stages}",
                        _attention(ATTENTION_KERNELS[name], pointers, c, cfg.num_warps,
