@@ -98,7 +98,6 @@ TMA, FORCE_TMA = opt_in.TMA, False
 HEAVY_FIRST = opt_in.HEAVY_FIRST  # causal forward and dQ: the longest tiles first (opt-in)
 LAZY_RESCALE = opt_in.LAZY_RESCALE  # forward: O and l rescaled past a threshold (opt-in)
 WARP_SPECIALIZE = opt_in.WARP_SPECIALIZE  # TMA: forward, dK/dV loops in warp groups (opt-in)
-_CAN_SPLIT = triton_support.HAS_WARP_SPECIALIZE  # this Triton's tl.range takes it
 # Atomic dQ (flash_triton_kernels.py, "Atomic dQ", opt-in): D alone, then the dK/dV kernel
 # adding dQ into a zeroed float32 buffer (5 tile products instead of 7; dQ no longer bit-for-bit
 # reproducible), cast to dQ's dtype: with atomics, or (REDUCE_DQ, TMA build) a TMA reduction.
@@ -286,7 +285,7 @@ def _forward_plan(q, k, v, o, lse, is_causal: bool) -> _Plan:
     args = (*bht_strides(q4), *bht_strides(k4), *bht_strides(v4), *bht_strides(o4),
             n_q, n_k, LOG2E / math.sqrt(d))
     variant, heavy = _variant(*views), HEAVY_FIRST and is_causal
-    split = WARP_SPECIALIZE and variant == "tma" and _CAN_SPLIT  # warp groups need TMA loads
+    split = WARP_SPECIALIZE and variant == "tma" and triton_support.HAS_WARP_SPECIALIZE
     constexprs = dict(HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), IS_CAUSAL=is_causal,
                       **dot_flags(q.dtype, INTERPRETED), TMA=variant == "tma", HEAVY_FIRST=heavy,
                       LAZY_RESCALE=LAZY_RESCALE, WARP_SPECIALIZE=split)
@@ -392,7 +391,8 @@ def _backward_plan(q, k, v, o, lse, do, dq, dk, dv, delta, is_causal: bool) -> _
     # dQ first: its kernel also writes D, which the dK/dV kernel reads (split into warp groups
     # where asked: the atomic dQ's and the dQ kernel's loops do not split; its rows of L and
     # D then come by TMA, which needs 16-byte row strides).
-    split = WARP_SPECIALIZE and variant == "tma" and n_q % 4 == 0 and _CAN_SPLIT
+    split = (WARP_SPECIALIZE and variant == "tma" and n_q % 4 == 0
+             and triton_support.HAS_WARP_SPECIALIZE)
     dq_ = _first_launch(
         "dq" + suffix, grid(n_q, "Q_TILE"), (q4, k4, v4, o4, do4, lse, delta, dq4),
         (*qkv, *bht_strides(o4), *bht_strides(do4), *bht_strides(dq4), *scales),
