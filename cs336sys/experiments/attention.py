@@ -181,10 +181,7 @@ def specs(
     d_heads = points.positive_ints(d_head, "--d-head") or pick("d_head", None)
     batches = points.positive_ints(batch, "--batch") or pick("batch", None)
     n_heads = pick("heads", heads)
-    if n_heads is not None and n_heads <= 0:
-        raise SpecError(f"--heads must be positive, got {n_heads}")
-    if n_heads is not None:
-        points.check_size(n_heads, "--heads")
+    points.positive_sizes(heads=n_heads)
     precisions = points.choices(precision, DTYPES, "--precision") or pick("precision", None)
     is_causal = pick("causal", causal)
     which = pick("passes", passes)

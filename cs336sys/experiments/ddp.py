@@ -41,7 +41,7 @@ from typing import Any
 from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
 from cs336sys.experiments.ddp_section import TABLE
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
-from cs336sys.experiments.model import check_model, preset_sizes, shape_overrides
+from cs336sys.experiments.model import check_model, preset_sizes
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
 from cs336sys.experiments.training_step import Step, make_batch, make_model
 from cs336sys.measure.dtypes import autocast_dtype
@@ -64,6 +64,7 @@ from cs336sys.sweep.points import (
     counts,
     listed,
     positive_ints,
+    positive_sizes,
 )
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result, Unfinished, free_memory
@@ -167,7 +168,7 @@ def specs(
         for n in worlds:
             if gb % n:
                 raise SpecError(f"--batch {gb} does not split evenly over {n} ranks")
-    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+    overrides = positive_sizes(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)
     if model is not None:
         check_model(model)

@@ -52,7 +52,6 @@ from cs336sys.sweep.declaration import (
 from cs336sys.sweep.points import (
     SpecError,
     check_seed,
-    check_size,
     check_triton,
     checkpoint_list,
     choices,
@@ -61,6 +60,7 @@ from cs336sys.sweep.points import (
     expand,
     listed,
     positive_ints,
+    positive_sizes,
     warmups,
 )
 from cs336sys.sweep.result import Result
@@ -151,7 +151,7 @@ def specs(
     else:
         attentions = named_impls(listed(attention, "--attention", ["naive"]), "attention",
                                  "--attention", registry.names())
-    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+    overrides = positive_sizes(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
                                 num_heads=num_heads, vocab_size=vocab_size)
     if "triton" in attentions:
         check_triton(dev.startswith("cuda"), "--attention triton")
@@ -233,16 +233,6 @@ def preset_config(size: str, **fields: Any) -> ModelConfig:
         return from_preset(size, **fields)
     except ValueError as exc:
         raise SpecError(f"--checkpoint: {exc}" if "checkpoint" in str(exc) else str(exc)) from None
-
-
-def shape_overrides(**given: int | None) -> dict[str, int | None]:
-    """The --d-model, --d-ff, ... overrides of a size preset, each positive or None."""
-    for name, value in given.items():
-        if value is not None and value <= 0:
-            raise SpecError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if value is not None:
-            check_size(value, f"--{name.replace('_', '-')}")
-    return given
 
 
 def run(spec: ModelSpec) -> Result:

@@ -56,7 +56,7 @@ from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, column_table, metric_table
-from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints
+from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints, positive_sizes
 from cs336sys.sweep.result import Result
 
 STRATEGIES = pm.STRATEGIES
@@ -113,14 +113,9 @@ def specs(
     size = "xxl" if blocks == "ffn2" else preset_name(size)
     split = None if split is None else "x".join(map(str, split_of(split)))
     mesh_axes = None if mesh_axes is None else mesh_of(mesh_axes)
-    for name, value in (("--seq", seq), ("--batch", batch), ("--tokens", tokens),
-                        ("--d-model", d_model),
-                        ("--d-ff", d_ff), ("--num-layers", num_layers),
-                        ("--num-heads", num_heads), ("--vocab-size", vocab_size)):
-        if value is not None and value <= 0:
-            raise SpecError(f"{name} must be positive, got {value}")
-        if value is not None:
-            check_size(value, name)
+    positive_sizes(seq=seq, batch=batch, tokens=tokens)
+    given = positive_sizes(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                           num_heads=num_heads, vocab_size=vocab_size)
     if batch is not None and tokens is not None:
         raise SpecError("--batch counts sequences and --tokens tokens: give one of them")
     seq = seq or 4096
@@ -128,8 +123,6 @@ def specs(
         raise SpecError(f"--tokens {tokens} is not a whole number of --seq {seq} token sequences")
     batch = tokens if tokens is not None else (batch or 256) * seq  # 1M tokens at 4096
     check_size(batch, "--batch x --seq")
-    given = dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
-                 vocab_size=vocab_size)
     try:
         if blocks == "ffn2":  # not a Transformer: no heads to check, no vocabulary
             cfg = ModelConfig(**{**XXL, **{k: v for k, v in given.items() if v is not None}},

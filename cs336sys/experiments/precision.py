@@ -48,6 +48,7 @@ from cs336sys.sweep.points import (
     choices,
     device_choice,
     positive_ints,
+    positive_sizes,
 )
 from cs336sys.sweep.result import Result
 
@@ -115,9 +116,7 @@ def autocast_specs(*, precision: Iterable[str] | None = None, in_features: int =
     """One point per autocast dtype (default bf16) and batch size (one or a list).
     SpecError for a bad option."""
     dtypes = choices(precision, AUTOCAST_DTYPES, "--precision", default=["bf16"])
-    for name, n in (("in-features", in_features), ("out-features", out_features)):
-        if n <= 0:
-            raise SpecError(f"--{name} must be positive, got {n}")
+    positive_sizes(in_features=in_features, out_features=out_features)
     batches = positive_ints([batch] if isinstance(batch, int) else batch, "--batch")
     check_seed(seed)
     dev = device_choice(device)

@@ -47,7 +47,6 @@ from cs336sys.experiments.model import (
     check_model,
     preset_config,
     preset_sizes,
-    shape_overrides,
 )
 from cs336sys.experiments.step_ablation import impossible, merge, split
 from cs336sys.experiments.step_build import (
@@ -90,6 +89,7 @@ from cs336sys.sweep.points import (
     expand,
     listed,
     positive_ints,
+    positive_sizes,
     unknown,
 )
 from cs336sys.sweep.result import Result
@@ -243,7 +243,7 @@ def specs(
     # A list of layer counts finds the largest model that fits: smallest first, and after an
     # out-of-memory the larger ones with the same other settings are skipped (oom_axis).
     layers = sorted(positive_ints(num_layers, "--num-layers")) if num_layers else [None]
-    overrides = shape_overrides(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
+    overrides = positive_sizes(d_model=d_model, d_ff=d_ff, num_heads=num_heads,
                                 vocab_size=vocab_size)
     precisions = choices(
         precision, ("bf16", "fp32"), "--precision", default=[defaults["precision"]]

@@ -54,6 +54,20 @@ def check_size(n: int, option: str) -> None:
     """Refuse a count or size above MAX_SIZE (SpecError naming the option)."""
     if n > MAX_SIZE:
         raise SpecError(f"{option}: {n} is too large (at most 2^62)")
+
+
+def positive_sizes(**given: int | None) -> dict[str, int | None]:
+    """Options of one count or size each (d_model=..., heads=...): None, or positive and at
+    most MAX_SIZE; a SpecError names the option (--d-model). Returned as given."""
+    for name, n in given.items():
+        option = "--" + name.replace("_", "-")
+        if n is not None and n <= 0:
+            raise SpecError(f"{option} must be positive, got {n}")
+        if n is not None:
+            check_size(n, option)
+    return given
+
+
 MAX_SEED = 2**62  # seeds are offset per rank and for the data: stay inside torch's 64 bits
 
 
