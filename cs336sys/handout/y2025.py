@@ -14,7 +14,17 @@ from cs336sys.experiments.ddp_section import memory_by_moment
 from cs336sys.experiments.plan_section import inequalities, mesh
 from cs336sys.handout import y2026
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
-from cs336sys.handout.y2026 import BWD, DDP_CPU, DDP_MEMORY, DDP_TIME, FWD, PEAK, TINY
+from cs336sys.handout.y2026 import (
+    BWD,
+    DDP_CPU,
+    DDP_MEMORY,
+    DDP_TIME,
+    FWD,
+    PEAK,
+    PROFILE_CPU,
+    TINY,
+    warmup_tables,
+)
 
 YEAR = "2025"
 SIZES = "small,medium,large,xl,2.7B"
@@ -51,12 +61,8 @@ PROBLEMS = (
                 yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode forward,"
                 "forward-backward --warmup 0,1,2,5 --iters 3"),
         ),
-        tables=(
-            Pivot("Forward and backward after 5 warm-up steps (ms, mean ± std)", "model",
-                  ("size", "mode"), (FWD, BWD), where={"warmup": 5}),
-            Pivot("Forward and backward by warm-up steps (ms, mean ± std)", "model", ("size",),
-                  (FWD, BWD), across="warmup", where={"mode": "forward-backward"}),
-        ),
+        tables=warmup_tables("Forward and backward", (FWD, BWD), "Forward and backward",
+                             "forward-backward"),
     ),
     Problem(
         "nsys_profile", 5, section="1.1.4",
@@ -64,8 +70,7 @@ PROBLEMS = (
         "512 and 1024: the forward's time, the top kernels, the non-matmul share, the "
         "attention's parts.",
         runs=(Run(f"profile model --size {SIZES} --seq 128,256,512,1024 --mode forward,train {OLD}",
-                  cpu="profile model --size tiny --seq 64,128 --mode forward,train --warmup 1 "
-                  "--iters 2"),),
+                  cpu=PROFILE_CPU),),
         tables=("profile",),
     ),
     _same("mixed_precision_accumulation", "1.1.5"),

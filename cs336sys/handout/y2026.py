@@ -22,6 +22,7 @@ ATTENTION_CPU = "--seq 128,256 --d-head 16,32 --warmup 1 --iters 3"
 # The model's attention of assignment 1, where the handout names it (its annotation example)
 A1_ATTENTION = "yours=cs336_basics.model:scaled_dot_product_attention"
 DDP_CPU = "--size tiny --seq 64 --warmup 1 --iters 2"
+PROFILE_CPU = "profile model --size tiny --seq 64,128 --mode forward,train --warmup 1 --iters 2"
 
 FWD, BWD = Column("forward ms", "fwd_ms", "mean_std"), Column("backward ms", "bwd_ms", "mean_std")
 OPT = Column("optimizer ms", "opt_ms", "mean_std")
@@ -42,6 +43,15 @@ DDP_MEMORY = (
     """),
     STEP,
 )
+
+
+def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str) -> tuple:
+    """benchmarking_script's tables: `phases` after 5 warm-up steps, by size and mode; then
+    the forward and backward of `mode` by the number of warm-up steps."""
+    return (Pivot(f"{after} after 5 warm-up steps (ms, mean ± std)", "model", ("size", "mode"),
+                  phases, where={"warmup": 5}),
+            Pivot(f"{by} by warm-up steps (ms, mean ± std)", "model", ("size",), (FWD, BWD),
+                  across="warmup", where={"mode": mode}))
 
 
 def _ddp(impls: str, yours: str, part: str = "") -> Run:
@@ -82,12 +92,7 @@ PROBLEMS = (
                 yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode train "
                 "--warmup 0,1,2 --iters 3", part="(c)"),
         ),
-        tables=(
-            Pivot("Time per phase after 5 warm-up steps (ms, mean ± std)", "model",
-                  ("size", "mode"), (FWD, BWD, OPT), where={"warmup": 5}),
-            Pivot("Training step by warm-up steps (ms, mean ± std)", "model", ("size",),
-                  (FWD, BWD), across="warmup", where={"mode": "train"}),
-        ),
+        tables=warmup_tables("Time per phase", (FWD, BWD, OPT), "Training step", "train"),
     ),
     Problem(
         "nsys_profile", 5, section="2.1.4",
@@ -95,8 +100,7 @@ PROBLEMS = (
         "lengths above 128: the forward's time, the kernels that take the most, the share "
         "beside the matmuls, the attention's parts.",
         runs=(Run("profile model --size small,large --seq 256,512,1024 --mode forward,train",
-                  cpu="profile model --size tiny --seq 64,128 --mode forward,train --warmup 1 "
-                  "--iters 2"),),
+                  cpu=PROFILE_CPU),),
         tables=("profile",),
     ),
     Problem(
