@@ -174,6 +174,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/sharding_cpu.py
 	$(PY) benchmarks/report_speed.py
 	$(PY) benchmarks/stop_time.py
+	$(PY) benchmarks/rank_start.py
 	$(PY) benchmarks/check_tolerances.py
 
 # On a GPU host where torch and Triton are installed and nothing can be downloaded (docs/gpu.md,

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from cs336sys.parallel import fork_server
 from cs336sys.parallel.launcher import WorkerError, check_world_size, launch
+from tests.conftest import invoke
 
 
 def _sum_ranks(ctx, scale):
@@ -67,6 +68,48 @@ def test_a_launch_preloads_what_its_ranks_need_and_replaces_a_server_without_it(
     assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [False, False]
     assert launch(_imported, 2, args=("torch._dynamo",)) == [True, True]
     assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [True, True]
+
+
+def _with_the_server_seen(monkeypatch, seen: list) -> None:
+    """Record this process's fork server as the command builds its points."""
+    from cs336sys.cli import common
+
+    build = common.with_handout
+
+    def with_handout(specs, options):
+        seen.append(fork_server.server_pid())
+        return build(specs, options)
+
+    monkeypatch.setattr(common, "with_handout", with_handout)
+
+
+@pytest.mark.slow  # starts a fork server and two ranks
+def test_comm_starts_its_fork_server_before_it_builds_its_points(monkeypatch, db_path):
+    """comm and ddp start ranks at once: their fork server starts first thing, so that its
+    import of torch runs beside the command's own, and the launch uses that server."""
+    monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
+    fork_server.stop()  # this process's server, if an earlier test started one
+    seen: list = []
+    _with_the_server_seen(monkeypatch, seen)
+    result = invoke("comm", "--op", "all-reduce", "--bytes", "1KB", "--world-size", "2",
+                    "--warmup", "0", "--iters", "1", "--device", "cpu", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert seen[0] is not None and seen[0] == fork_server.server_pid()
+
+
+def test_a_refusal_or_a_dry_run_leaves_no_fork_server(monkeypatch, db_path):
+    """Bad input stops the server the command had started (none is left importing torch
+    behind it); a dry run, which launches nothing, starts none."""
+    monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
+    fork_server.stop()
+    seen: list = []
+    _with_the_server_seen(monkeypatch, seen)
+    refused = invoke("comm", "--bytes", "0", "--world-size", "2", "--db", db_path)
+    assert refused.exit_code == 2 and "less than one byte" in refused.output
+    assert seen[0] is not None and fork_server.server_pid() is None and not db_path.exists()
+    dry = invoke("ddp", "--dry-run", "--size", "tiny", "--world-size", "2", "--db", db_path)
+    assert dry.exit_code == 0, dry.output
+    assert seen[1] is None and fork_server.server_pid() is None
 
 
 def _pids_gone(pids):

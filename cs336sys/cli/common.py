@@ -323,47 +323,54 @@ def run_experiment(
         if rank is not None and resume:
             # Ranks must run identical point lists; only rank 0 can read its store.
             fail("--resume is not supported under torchrun")
-    if takes_user_code:
-        user_code(adapters)
-    with user_errors():
-        points = with_handout(specs, options)
-    if not points:
-        fail("nothing to measure: the options select no point")
-    command = command or experiment.kind
-    try:
-        points = under_nsys(points)  # this process runs one point for --nsys
-        if nsys:
-            check_db(db)  # before any nsys run, whose rows go there
-            raise typer.Exit(record(ctx, points, command, describe, ranks=ranks, dry=dry))
-    except NsysRefused as exc:
-        fail(exc)
-    if dry:
-        typer.echo(dry_run(experiment, points))
-        return
-    # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
-    device = recorded_device or next(
-        (p.device for p in points if str(p.device).startswith("cuda")), points[0].device)
-    # a process group's invocation is stored with rank 0's device
-    stored_on = ("cuda:0" if device == "cuda" else "cpu") if ranks else device
-    # opening the store checks --db first: a refusal is its one line, before any warning
-    with recording(db, command, stored_on, rank, label=label) as rec, \
-            (sink or nullcontext)(rec) as target:
-        if not rank:
-            if takes_user_code:
-                announce_user_code(adapters is not None)
-            if ranks:
-                oversubscribed(points)
-            if emulation:
-                emulated(device, [s.precision for s in points])
-        done = run_sweep(experiment, points, target, resume=resume, force=force,
-                         progress=Bar(command, describe, on=not (rank or quiet)), **run_options)
-        if not rank:
-            if shown is not None:
-                shown(done)
-            else:
-                show(experiment, done, wide)
-            if after is not None:
-                after(done)
+    # comm and ddp start ranks at once: their fork server imports torch beside this process
+    early = nullcontext()
+    if ranks and rank is None and experiment.distributed and not (dry or nsys):
+        from cs336sys.parallel.launcher import started_early
+
+        early = started_early(experiment.rank_preload)
+    with early:
+        if takes_user_code:
+            user_code(adapters)
+        with user_errors():
+            points = with_handout(specs, options)
+        if not points:
+            fail("nothing to measure: the options select no point")
+        command = command or experiment.kind
+        try:
+            points = under_nsys(points)  # this process runs one point for --nsys
+            if nsys:
+                check_db(db)  # before any nsys run, whose rows go there
+                raise typer.Exit(record(ctx, points, command, describe, ranks=ranks, dry=dry))
+        except NsysRefused as exc:
+            fail(exc)
+        if dry:
+            typer.echo(dry_run(experiment, points))
+            return
+        # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
+        device = recorded_device or next(
+            (p.device for p in points if str(p.device).startswith("cuda")), points[0].device)
+        # a process group's invocation is stored with rank 0's device
+        stored_on = ("cuda:0" if device == "cuda" else "cpu") if ranks else device
+        # opening the store checks --db first: a refusal is its one line, before any warning
+        with recording(db, command, stored_on, rank, label=label) as rec, \
+                (sink or nullcontext)(rec) as target:
+            if not rank:
+                if takes_user_code:
+                    announce_user_code(adapters is not None)
+                if ranks:
+                    oversubscribed(points)
+                if emulation:
+                    emulated(device, [s.precision for s in points])
+            done = run_sweep(experiment, points, target, resume=resume, force=force,
+                             progress=Bar(command, describe, on=not (rank or quiet)), **run_options)
+            if not rank:
+                if shown is not None:
+                    shown(done)
+                else:
+                    show(experiment, done, wide)
+                if after is not None:
+                    after(done)
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], numparse: bool = True) -> str:

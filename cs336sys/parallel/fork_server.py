@@ -19,6 +19,13 @@ TRAINING_PRELOAD = ("torch", "torch._dynamo")
 preloaded: tuple[str, ...] = ()  # what the running fork server imported
 
 
+def server_pid() -> int | None:
+    """This process's fork server, if it has one (multiprocessing's record of it)."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
 def start(ctx, preload: tuple[str, ...]) -> None:
     """Start the command's fork server, if it has none, importing `preload`. One already
     running without all of `preload` is replaced by one that imports what both need.
@@ -34,11 +41,11 @@ def start(ctx, preload: tuple[str, ...]) -> None:
     from multiprocessing import forkserver, resource_tracker
 
     global preloaded
-    running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
-    if running and not set(preload) <= set(preloaded):
+    up = server_pid() is not None
+    if up and not set(preload) <= set(preloaded):
         stop()
-        running = False
-    if not running:
+        up = False
+    if not up:
         preloaded = tuple(dict.fromkeys((*preloaded, *preload)))
         ctx.set_forkserver_preload(list(preloaded))
     # The server's start starts multiprocessing's resource tracker first, the same way (its

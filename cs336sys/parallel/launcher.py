@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -314,6 +315,27 @@ def _context():
     if method not in START_METHODS:
         raise ValueError(f"CS336SYS_START_METHOD must be one of {START_METHODS}, not {method!r}")
     return mp.get_context(method)
+
+
+@contextmanager
+def started_early(preload: tuple[str, ...] | None = None) -> Iterator[None]:
+    """The fork server started now, for the launches to come in this block: its imports
+    (torch, dynamo) then run beside the command's own instead of after them, and the first
+    launch finds it ready. A block that ends in an exception (bad input, a signal) before or
+    after its launches stops a server it started, so that none is left importing behind
+    the command. Nothing is started under torchrun or with CS336SYS_START_METHOD=spawn."""
+    if under_torchrun() or os.environ.get("CS336SYS_START_METHOD", "forkserver") != "forkserver":
+        yield
+        return
+    before = fork_server.server_pid()
+    try:
+        # in the try: a Ctrl-C during the start is raised once the server's pid is known
+        fork_server.start(_context(), preload or fork_server.TRAINING_PRELOAD)
+        yield
+    except BaseException:
+        if fork_server.server_pid() != before:
+            fork_server.stop()
+        raise
 
 
 def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
