@@ -86,15 +86,21 @@ def _with_the_server_seen(monkeypatch, seen: list) -> None:
 @pytest.mark.slow  # starts a fork server and two ranks
 def test_comm_starts_its_fork_server_before_it_builds_its_points(monkeypatch, db_path):
     """comm and ddp start ranks at once: their fork server starts first thing, so that its
-    import of torch runs beside the command's own, and the launch uses that server."""
+    import of torch runs beside the command's own, and the launch uses that server. Where
+    every point is resumed, nothing launches, and the server is stopped again."""
     monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
     fork_server.stop()  # this process's server, if an earlier test started one
     seen: list = []
     _with_the_server_seen(monkeypatch, seen)
-    result = invoke("comm", "--op", "all-reduce", "--bytes", "1KB", "--world-size", "2",
-                    "--warmup", "0", "--iters", "1", "--device", "cpu", "--db", db_path)
+    args = ("comm", "--op", "all-reduce", "--bytes", "1KB", "--world-size", "2", "--warmup",
+            "0", "--iters", "1", "--device", "cpu", "--db", db_path)
+    result = invoke(*args)
     assert result.exit_code == 0, result.output
     assert seen[0] is not None and seen[0] == fork_server.server_pid()
+    fork_server.stop()
+    resumed = invoke(*args, "--resume")
+    assert resumed.exit_code == 0 and "skipping 1 point(s)" in resumed.output, resumed.output
+    assert seen[1] is not None and fork_server.server_pid() is None
 
 
 def test_a_refusal_or_a_dry_run_leaves_no_fork_server(monkeypatch, db_path):

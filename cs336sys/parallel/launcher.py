@@ -321,13 +321,14 @@ def _context():
 def started_early(preload: tuple[str, ...] | None = None) -> Iterator[None]:
     """The fork server started now, for the launches to come in this block: its imports
     (torch, dynamo) then run beside the command's own instead of after them, and the first
-    launch finds it ready. A block that ends in an exception (bad input, a signal) before or
-    after its launches stops a server it started, so that none is left importing behind
-    the command. Nothing is started under torchrun or with CS336SYS_START_METHOD=spawn."""
+    launch finds it ready. A server it started is stopped again where the block ends in an
+    exception (bad input, a signal) or launched nothing (every point resumed), so that none
+    is left importing torch behind the command, holding its output open. Nothing is started
+    under torchrun or with CS336SYS_START_METHOD=spawn."""
     if under_torchrun() or os.environ.get("CS336SYS_START_METHOD", "forkserver") != "forkserver":
         yield
         return
-    before = fork_server.server_pid()
+    before, launches = fork_server.server_pid(), _launches
     try:
         # in the try: a Ctrl-C during the start is raised once the server's pid is known
         fork_server.start(_context(), preload or fork_server.TRAINING_PRELOAD)
@@ -336,10 +337,17 @@ def started_early(preload: tuple[str, ...] | None = None) -> Iterator[None]:
         if fork_server.server_pid() != before:
             fork_server.stop()
         raise
+    if fork_server.server_pid() != before and _launches == launches:
+        fork_server.stop()
+
+
+_launches = 0  # local launches by this process (started_early: whether its server served)
 
 
 def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
+    global _launches
     ctx = _context()
+    _launches += 1
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent's end, rank's end)
     procs = [
