@@ -269,6 +269,13 @@ def test_compare_and_since_take_git_refs_of_your_repository(tmp_path, monkeypatc
     assert second[:10] not in (tmp_path / "h" / "report.md").read_text()
     result = invoke("report", "--since", "no-such-ref", "--db", db, "--out", tmp_path / "x")
     assert result.exit_code == 2 and "nor is it a git ref" in result.stderr
+    # db export selects as report does
+    result = invoke("db", "export", "--since", "HEAD", "--format", "jsonl", "--db", db)
+    assert result.exit_code == 0 and "exported 2 runs" in result.stderr, result.output
+    assert {r["invocation_id"] for r in map(json.loads, result.stdout.splitlines())} == {
+        r["invocation_id"] for r in runs(db)[2:]}
+    result = invoke("db", "export", "--since", "no-such-ref", "--db", db)
+    assert result.exit_code == 2 and "nor is it a git ref" in result.stderr
 
 
 STRICT_3D = '''

@@ -62,24 +62,16 @@ def export(
     """
     from datetime import datetime, timezone
 
-    from cs336sys.report import refs
-    from cs336sys.report.select import Selection, SelectionError, parse_where, time_range
+    from cs336sys.report.select import SelectionError, selected
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
 
     experiments = catalog()
     if fmt not in FORMATS:
         fail(f"--format: unknown value {fmt!r}; choose from {', '.join(FORMATS)}")
-    now = datetime.now(timezone.utc)
     try:  # the same filters as `report`, as one SQL condition
-        since_time, until_time = time_range(since, until, now)
-        condition = Selection(
-            since=since_time,
-            until=until_time,
-            gpu=gpu,
-            commit=(refs.resolve(commit) or commit) if commit else None,
-            where=tuple(parse_where(where or [], experiments)),
-        ).clause()
+        condition = selected(since=since, until=until, gpu=gpu, commit=commit, where=where,
+                             catalog=experiments, now=datetime.now(timezone.utc)).clause()
     except SelectionError as exc:
         fail(exc)
     if out is not None and not out.name.strip():  # a name of spaces (a pasted one): blank

@@ -9,13 +9,11 @@ from pathlib import Path
 import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail
-from cs336sys.cli.options import TIMES, Commit, Gpu, Replace, Until, Where, list_option, option
+from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, list_option, option
 
 
 def report(
-    since: option(f"Runs created since: {TIMES}; or a git ref of this folder's repository "
-                  "(HEAD~3, a branch, a tag): the runs of that commit and the later ones up to "
-                  "HEAD, cs336sys's or your code's.", str | None) = None,
+    since: Since = None,
     until: Until = None,
     experiment: list_option("Only these experiments (model, attention, comm, ...).") = None,
     gpu: Gpu = None,
@@ -62,16 +60,8 @@ def report(
         cs336sys report --history --experiment model --where size=small
     """
     from cs336sys.measure.paths import why_unwritable
-    from cs336sys.report import refs
     from cs336sys.report.render import DEFAULT_FORMATS, EXTENSIONS, FORMATS, build, write
-    from cs336sys.report.select import (
-        Selection,
-        SelectionError,
-        parse_time,
-        parse_where,
-        time_range,
-        views_of,
-    )
+    from cs336sys.report.select import SelectionError, selected, views_of
     from cs336sys.store.db import StoreError, connect_readonly
 
     experiments = catalog()
@@ -88,26 +78,9 @@ def report(
         fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
     formats = choices(fmt, FORMATS, "--format", default=DEFAULT_FORMATS)
     exps = choices(experiment, sorted(views_of(experiments)), "--experiment")
-    now = datetime.now(timezone.utc)
-    since_commits = None
-    if since is not None:
-        try:
-            parse_time(since, now)
-        except SelectionError as exc:
-            since_commits = refs.since(since)  # a git ref: that commit and the later ones
-            if since_commits is None:
-                fail(f"--since: {exc}; nor is it a git ref of this folder's repository")
     try:
-        since_time, until_time = time_range(None if since_commits else since, until, now)
-        sel = Selection(
-            since=since_time,
-            until=until_time,
-            experiments=tuple(exps),
-            gpu=gpu,
-            commit=(refs.resolve(commit) or commit) if commit else None,
-            commits=tuple(since_commits) if since_commits is not None else None,
-            where=tuple(parse_where(where or [], experiments)),
-        )
+        sel = selected(since=since, until=until, gpu=gpu, commit=commit, where=where,
+                       catalog=experiments, now=datetime.now(timezone.utc), experiments=exps)
     except SelectionError as exc:
         fail(exc)
     if out.exists() and not out.is_dir():

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from cs336sys.report import refs
 from cs336sys.store.views import typed
 from cs336sys.sweep.points import closest
 
@@ -195,6 +196,33 @@ class Selection:
             )
             params.extend([key, _typed(value), key, value])
         return (" AND ".join(conds) or "1"), params
+
+
+def selected(*, since: str | None, until: str | None, gpu: str | None, commit: str | None,
+             where: list[str] | None, catalog: Sequence[Any], now: datetime,
+             experiments: Sequence[str] = ()) -> Selection:
+    """The runs that report's and db export's filters select. --since is a time, or a git ref
+    of this folder's repository: that commit and the later ones up to HEAD, cs336sys's or the
+    user's code's; --commit a prefix or a git ref. SelectionError names a bad filter."""
+    since_commits = None
+    if since is not None:
+        try:
+            parse_time(since, now)
+        except SelectionError as exc:
+            since_commits = refs.since(since)
+            if since_commits is None:
+                raise SelectionError(
+                    f"--since: {exc}; nor is it a git ref of this folder's repository") from None
+    start, stop = time_range(None if since_commits else since, until, now)
+    return Selection(
+        since=start,
+        until=stop,
+        experiments=tuple(experiments),
+        gpu=gpu,
+        commit=(refs.resolve(commit) or commit) if commit else None,
+        commits=tuple(since_commits) if since_commits is not None else None,
+        where=tuple(parse_where(where or [], catalog)),
+    )
 
 
 def like_prefix(value: str) -> str:
