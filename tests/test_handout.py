@@ -269,6 +269,8 @@ def test_a_signal_in_one_command_stops_the_run(db_path, monkeypatch):
     ran = []
 
     def interrupted(root, args):
+        if "--dry-run" in args:  # the check of every command before any runs
+            return 0
         ran.append(args[0])
         stopping._received.append(signal.SIGINT)  # what the command's handler remembers
         return 130
@@ -277,6 +279,42 @@ def test_a_signal_in_one_command_stops_the_run(db_path, monkeypatch):
     r = invoke("handout", "run", "benchmarking_script", "--db", db_path)
     assert r.exit_code == 130 and ran == ["model"]
     assert "handout run stopped at benchmarking_script" in r.stderr
+
+
+def test_a_command_that_would_refuse_stops_the_run_before_anything_is_measured(
+        db_path, tmp_path, monkeypatch):
+    """--yours where no adapters file can be found: every command's points are built first,
+    so the run ends at once with the refusal's line (exit 2), not after measuring the
+    commands before it; nothing is written."""
+    monkeypatch.chdir(tmp_path)  # no checkout here, so no tests/adapters.py
+    monkeypatch.delenv("CS336SYS_ADAPTERS", raising=False)
+    r = invoke("handout", "run", "flash_benchmarking", "--yours", "--db", db_path)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [
+        "Error: nothing was run: flash_benchmarking: --attention yours-torch: yours-torch needs "
+        "an adapters file: give --adapters PATH, set CS336SYS_ADAPTERS, or run from a checkout "
+        "with tests/adapters.py at its top"]
+    assert "[1/1]" not in r.stdout and not db_path.exists()
+
+
+def test_a_signal_while_the_commands_are_checked_stops_before_any_is_measured(db_path,
+                                                                              monkeypatch):
+    import signal
+
+    from cs336sys.cli import handout as cli_handout
+    from cs336sys.sweep import stopping
+
+    checked = []
+
+    def interrupted(root, args):
+        checked.append("--dry-run" in args)
+        stopping._received.append(signal.SIGINT)
+        return 130
+
+    monkeypatch.setattr(cli_handout, "_invoke", interrupted)
+    r = invoke("handout", "run", "benchmarking_script", "--db", db_path)
+    assert r.exit_code == 130 and checked == [True]
+    assert "while checking the commands: nothing was measured" in r.stderr
 
 
 @pytest.mark.parametrize("year", ["2026", "2025"])

@@ -161,6 +161,11 @@ def run(
         fail("nothing to run: the problems chosen have nothing to measure here"
              + ("" if yours else " (implementations are checked with --yours)"))
     root = ctx.find_root().command
+    if not dry_run:  # (a dry run is that check, printed)
+        refused = _refusals(root, todo, db)
+        if refused:
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            fail(f"nothing was run: {refused[0]}{more}")
     typer.echo(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
     worst = 0
     for i, (problem, args) in enumerate(todo, start=1):
@@ -184,6 +189,31 @@ def run(
     if not dry_run:
         typer.echo(f"\nDone: `cs336sys handout --db {db}` shows where each problem stands.")
     raise typer.Exit(min(worst, 1))
+
+
+def _refusals(root: Any, todo: list, db: Path) -> list[str]:
+    """Every command's points built first, as its --dry-run builds them, with its output
+    held back: a command that would refuse (exit 2: no adapters file for --yours, an option
+    this machine cannot run) is found before anything is measured, not after the ones
+    before it. Its problem and its line, for each."""
+    import contextlib
+    import io
+
+    refused = []
+    for problem, args in todo:
+        if args[0] == "plan":  # arithmetic: it checks and answers at once
+            continue
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = _invoke(root, [*args, "--label", problem.name, "--db", str(db), "--dry-run"])
+        if stopping.pending() is not None:  # Ctrl-C or SIGTERM: nothing measured yet
+            typer.echo(f"handout run stopped at {problem.name}, while checking the commands: "
+                       "nothing was measured", err=True)
+            raise typer.Exit(code if isinstance(code, int) and code else 130)
+        if code == 2:
+            lines = err.getvalue().strip().splitlines() or ["refused"]
+            refused.append(f"{problem.name}: {lines[-1].removeprefix('Error: ')}")
+    return refused
 
 
 def _invoke(root: Any, args: list[str]) -> int | None:
