@@ -1,5 +1,5 @@
-"""How long a small ranked command takes from start to exit: `comm` and `ddp` on two Gloo
-ranks, median of N runs, against another checkout of cs336sys run side by side.
+"""How long a small ranked command takes from start to exit: `comm`, `ddp` and `step` on two
+Gloo ranks, median of N runs, against another checkout of cs336sys run side by side.
 
     python benchmarks/rank_start.py [--runs 5] [--against /path/to/an/older/checkout]
 
@@ -27,6 +27,10 @@ COMMANDS = {
              "--world-size", "2", "--device", "cpu"],
     "ddp": ["ddp", "--size", "tiny", "--seq", "16", "--impl", "flat", "--warmup", "0",
             "--iters", "1", "--world-size", "2", "--device", "cpu"],
+    "step": ["step", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+             "--num-heads", "4", "--vocab-size", "256", "--seq", "16", "--batch", "2",
+             "--switches", "none", "--warmup", "0", "--iters", "1", "--world-size", "2",
+             "--device", "cpu"],
 }
 
 

@@ -118,6 +118,29 @@ def test_a_refusal_or_a_dry_run_leaves_no_fork_server(monkeypatch, db_path):
     assert seen[1] is None and fork_server.server_pid() is None
 
 
+def test_step_starts_its_fork_server_first_only_where_its_points_start_ranks(monkeypatch,
+                                                                             db_path):
+    """step starts ranks only with a world size above 1 (or the leaderboard preset's 2), read
+    from its options before its points are built; one rank starts no server."""
+    from cs336sys.experiments.step_command import starts_ranks
+
+    assert starts_ranks({"world_size": ["1,2"]}) and starts_ranks({"preset": "leaderboard"})
+    assert not starts_ranks({"world_size": ["1"], "preset": "leaderboard"})
+    assert not starts_ranks({}) and not starts_ranks({"world_size": ["two"]})
+    monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
+    fork_server.stop()
+    seen: list = []
+    _with_the_server_seen(monkeypatch, seen)
+    tiny = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-layers", "1",
+            "--num-heads", "2", "--vocab-size", "64", "--seq", "8", "--batch", "2", "--warmup",
+            "0", "--iters", "1", "--device", "cpu", "--db", db_path]
+    one = invoke("step", *tiny, "--switches", "none")
+    assert one.exit_code == 0, one.output
+    refused = invoke("step", *tiny, "--world-size", "2", "--switches", "bogus")
+    assert refused.exit_code == 2 and "--switches" in refused.stderr
+    assert seen[0] is None and seen[1] is not None and fork_server.server_pid() is None
+
+
 def _pids_gone(pids):
     for pid in pids:
         try:

@@ -285,6 +285,7 @@ def run_experiment(
     command: str | None = None,
     describe: Callable[[Any], str] | None = None,
     ranks: bool = False,
+    starts_ranks: bool = False,
     emulation: bool = True,
     after: Callable[[list], None] | None = None,
     sink: Callable[[Any], AbstractContextManager[Any]] | None = None,
@@ -302,7 +303,9 @@ def run_experiment(
     opened (a refusal: one line, exit 2); warnings (user code, emulated 16-bit dtypes,
     oversubscribed ranks); `run_sweep` stores each point as it finishes; the tables
     are printed (`shown(points)` instead, where given) and `after` sees the points. `ranks`:
-    the points run on process groups, and under torchrun only rank 0 writes and prints.
+    the points run on process groups, and under torchrun only rank 0 writes and prints;
+    `starts_ranks`: these will (a distributed kind's always do), so the fork server starts
+    first.
     `sink(recorder)`: a context that gives the sweep's sink in place of the recorder;
     `recorded_device`: the device the invocation is stored with, where its points have none
     (plan computes); `quiet`: no progress bar. `run_options` go to `run_sweep`."""
@@ -323,9 +326,9 @@ def run_experiment(
         if rank is not None and resume:
             # Ranks must run identical point lists; only rank 0 can read its store.
             fail("--resume is not supported under torchrun")
-    # comm and ddp start ranks at once: their fork server imports torch beside this process
+    # points that start ranks: their fork server imports torch beside this process
     early = nullcontext()
-    if ranks and rank is None and experiment.distributed and not (dry or nsys):
+    if ranks and rank is None and (experiment.distributed or starts_ranks) and not (dry or nsys):
         from cs336sys.parallel.launcher import started_early
 
         early = started_early(experiment.rank_preload)

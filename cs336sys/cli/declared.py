@@ -61,8 +61,10 @@ def command_of(kind: str) -> Any:
         # the declaration as its module holds it when the command runs (a test may replace it)
         now = kind_of(kind)
         run_options = {name: options.pop(name) for name in now.command.run_options}
+        early = now.command.starts_ranks is not None and now.command.starts_ranks(options)
         run_experiment(now, now.specs, options, command=command_name(kind),
                        describe=now.command.describe, ranks=now.command.ranks,
+                       starts_ranks=early,
                        emulation=now.command.emulation, after=_printer(now.command.closing),
                        **run_options)
 

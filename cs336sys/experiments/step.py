@@ -114,11 +114,10 @@ DEFAULTS = {
                 iters=3, adamw="foreach", ce="torch", attention="sdpa",
                 switches="none,fused-adamw,fused-ce", precision="fp32"),
 }
-# --preset leaderboard: the leaderboard's run as it is timed, on two GPUs and unscaled (8B,
-# 34 layers, batch 2, context 32768, bf16, causal); an option given explicitly wins.
-PRESETS = {"leaderboard": dict(size=["8b"], seq=[32768], batch=[2], precision=["bf16"],
-                               world_size=[2], ddp="fsdp")}
+PRESETS = step_command.PRESETS  # what --preset means, declared with the option
 DEFAULT_DDP = "fsdp"  # on several ranks: the 8B fits only sharded
+
+
 @dataclass(frozen=True)
 class StepSpec(ModelShape):
     batch: int

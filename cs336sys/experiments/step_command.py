@@ -85,6 +85,24 @@ def point_name(spec: Any) -> str:
     return f"{spec.model or spec.size} L={spec.num_layers} T={spec.seq} {spec.switches}{ranks}"
 
 
+# --preset leaderboard: the leaderboard's run as it is timed, on two GPUs and unscaled (8B,
+# 34 layers, batch 2, context 32768, bf16, causal); an option given explicitly wins.
+PRESETS = {"leaderboard": dict(size=["8b"], seq=[32768], batch=[2], precision=["bf16"],
+                               world_size=[2], ddp="fsdp")}
+
+
+def starts_ranks(options: dict[str, Any]) -> bool:
+    """Whether the points will start ranks, read from the options as given, before they are
+    built (and checked): a --world-size above 1, or the preset's."""
+    given = options.get("world_size")
+    if given is None:
+        given = PRESETS.get(options.get("preset") or "", {}).get("world_size", [1])
+    try:
+        return any(int(w) > 1 for v in given for w in str(v).split(","))
+    except ValueError:  # the points' check refuses it in its own words
+        return False
+
+
 COMMAND = Command(
     options=options,
     help=HELP,
@@ -93,4 +111,5 @@ COMMAND = Command(
     drop=("optimizer",),
     describe=point_name,
     ranks=True,
+    starts_ranks=starts_ranks,
 )

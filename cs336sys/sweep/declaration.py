@@ -201,6 +201,10 @@ class Command:
     # lines printed after the tables, from the points' rows (settings and metrics)
     closing: Callable[[list[dict]], list[str]] | None = None
     ranks: bool = False  # its points start ranks (the oversubscription warning)
+    # Where only some of its points start ranks (step --world-size): from the options as
+    # given, whether these will, so that the fork server starts first (distributed kinds':
+    # always); parallel/launcher.started_early.
+    starts_ranks: Callable[[dict[str, Any]], bool] | None = None
     emulation: bool = True  # warn where the CPU only emulates 16-bit dtypes
 
 
