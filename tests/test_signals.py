@@ -213,9 +213,9 @@ SIGNALLED = {"model-int": (MODEL_SWEEP, signal.SIGINT), "comm-int": (LONG, signa
              "comm-term": (LONG, signal.SIGTERM), "ddp-int": (DDP_SWEEP, signal.SIGINT),
              "step-ranks-int": (STEP_RANKS, signal.SIGINT)}
 # One moment drawn in each stratum for each command and signal, so that every run of the
-# suite reaches each phase at new moments: typer's start and torch's import (on this box
-# about 0 to 1 s; comm's and ddp's fork server imports beside it), the fork server's import
-# (step's) and the ranks' start (1 to 2.8 s), the sweep.
+# suite reaches each phase at new moments: typer's start and torch's import, the fork
+# server's beside it (on this box about 0 to 1.2 s), the ranks' start (1.2 to 2.2 s on an
+# idle box, later under load), the sweep.
 STRATA_S = ((0.1, 0.5), (0.5, 1.2), (1.2, 2.2), (2.2, 3.5))
 
 
