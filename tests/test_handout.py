@@ -281,6 +281,49 @@ def test_a_signal_in_one_command_stops_the_run(db_path, monkeypatch):
     assert "handout run stopped at benchmarking_script" in r.stderr
 
 
+def test_a_signal_after_a_command_ends_the_run_with_what_it_stored(db_path, monkeypatch):
+    """Ctrl-C that lands once a command has stored its points (as it prints its tables, or
+    between commands): the run's last line counts the points the run stored, and nobody
+    else has to say "stored nothing"."""
+    import signal
+
+    from cs336sys.cli import handout as cli_handout
+    from cs336sys.sweep import stopping
+
+    real = cli_handout._invoke
+
+    def then_interrupted(root, args):
+        code = real(root, args)
+        if "--dry-run" not in args:
+            stopping._received.append(signal.SIGINT)
+        return code
+
+    monkeypatch.setattr(cli_handout, "_invoke", then_interrupted)
+    r = invoke("handout", "run", "mixed_precision_accumulation", "--db", db_path)
+    stored = len(query(db_path, "SELECT id FROM runs"))
+    assert r.exit_code == 130 and stored == 4, r.output
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        f"handout run stopped at mixed_precision_accumulation: 4 point(s) stored in {db_path} "
+        "by this run;")
+    assert stopping.untold() is None
+
+
+def test_a_sigterm_that_ends_a_command_is_the_runs_exit_code_not_its_exception():
+    """SIGTERM ends a command by raising (the command stores its point, says so and lets it
+    through); the run takes it as that command's end, 143, and says what the run stored."""
+    import signal
+
+    from cs336sys.cli import handout as cli_handout
+    from cs336sys.sweep import stopping
+
+    class Terminated:
+        def main(self, **kw):
+            stopping._received.append(signal.SIGTERM)
+            raise stopping.Terminated("terminated by signal 15 (SIGTERM)")
+
+    assert cli_handout._invoke(Terminated(), ["model"]) == 143
+
+
 def test_a_command_that_would_refuse_stops_the_run_before_anything_is_measured(
         db_path, tmp_path, monkeypatch):
     """--yours where no adapters file can be found: every command's points are built first,
@@ -314,7 +357,7 @@ def test_a_signal_while_the_commands_are_checked_stops_before_any_is_measured(db
     monkeypatch.setattr(cli_handout, "_invoke", interrupted)
     r = invoke("handout", "run", "benchmarking_script", "--db", db_path)
     assert r.exit_code == 130 and checked == [True]
-    assert "while checking the commands: nothing was measured" in r.stderr
+    assert "while checking the commands: nothing was stored" in r.stderr
 
 
 @pytest.mark.parametrize("year", ["2026", "2025"])

@@ -224,10 +224,20 @@ def recording(
         raise
     finally:
         rec.close(status)
+        global _stored
+        _stored += rec.added
     typer.echo(f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})",
                err=True)
     if rec.errors:
         raise typer.Exit(1)
+
+
+_stored = 0  # points this process stored, over every command it ran (handout run runs several)
+
+
+def stored_here() -> int:
+    """How many points the commands this process ran have stored, so far."""
+    return _stored
 
 
 def terminal_width() -> int:

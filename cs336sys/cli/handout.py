@@ -18,6 +18,7 @@ from cs336sys.cli.common import (
     check_db,
     choices,
     fail,
+    stored_here,
     user_errors,
 )
 from cs336sys.cli.options import Replace, list_option, option
@@ -167,7 +168,7 @@ def run(
             more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
             fail(f"nothing was run: {refused[0]}{more}")
     typer.echo(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
-    worst = 0
+    worst, before = 0, stored_here()
     for i, (problem, args) in enumerate(todo, start=1):
         typer.echo(f"\n[{i}/{len(todo)}] {problem.name}: {_line(args)}")
         if args[0] == "plan":
@@ -179,10 +180,12 @@ def run(
             line = [*args, "--label", problem.name, "--db", str(db),
                     *(["--dry-run"] if dry_run else ["--resume"])]
         code = _invoke(root, line)
-        if stopping.pending() is not None:  # Ctrl-C or SIGTERM: the command said what it left
-            typer.echo(f"handout run stopped at {problem.name}: run the same command again to "
-                       "measure the rest (what is stored is not measured again)", err=True)
-            raise typer.Exit(code if isinstance(code, int) and code else 130)
+        if stopping.pending() is not None:  # Ctrl-C or SIGTERM: the last line says what is left
+            typer.echo(f"handout run stopped at {problem.name}: {stored_here() - before} "
+                       f"point(s) stored in {db} by this run; run the same command again to "
+                       "measure the rest (points stored ok are not measured again)", err=True)
+            stopping.told()
+            raise typer.Exit(code if isinstance(code, int) and code else stopping.exit_code())
         if code not in (0, None):
             typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}", err=True)
             worst = max(worst, code if isinstance(code, int) else 1)
@@ -208,8 +211,9 @@ def _refusals(root: Any, todo: list, db: Path) -> list[str]:
             code = _invoke(root, [*args, "--label", problem.name, "--db", str(db), "--dry-run"])
         if stopping.pending() is not None:  # Ctrl-C or SIGTERM: nothing measured yet
             typer.echo(f"handout run stopped at {problem.name}, while checking the commands: "
-                       "nothing was measured", err=True)
-            raise typer.Exit(code if isinstance(code, int) and code else 130)
+                       "nothing was stored", err=True)
+            stopping.told()
+            raise typer.Exit(code if isinstance(code, int) and code else stopping.exit_code())
         if code == 2:
             lines = err.getvalue().strip().splitlines() or ["refused"]
             refused.append(f"{problem.name}: {lines[-1].removeprefix('Error: ')}")
@@ -218,11 +222,14 @@ def _refusals(root: Any, todo: list, db: Path) -> list[str]:
 
 def _invoke(root: Any, args: list[str]) -> int | None:
     """Run `cs336sys ARGS` in this process through the root group; its exit code. A Ctrl-C
-    stops the whole run, as the command's own handling ends it."""
+    or SIGTERM stops the whole run, once the command's own handling has ended it (its exit
+    code, 130 or 143, and the signal pending: the run then says what it stored)."""
     # click's classes, wherever this typer takes click from (vendored since typer 0.2x)
     click_exception = {c.__name__: c for c in typer.BadParameter.__mro__}["ClickException"]
     try:
         return root.main(args=args, prog_name="cs336sys", standalone_mode=False)
+    except stopping.Terminated:  # the command stored its point and said so; SIGTERM is pending
+        return stopping.exit_code()
     except typer.Exit as exc:
         return exc.exit_code
     except click_exception as exc:
