@@ -271,6 +271,37 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     gone_within(below | descendants(proc.pid), 10.0)
 
 
+# handout run: commands one after another in one process (model's, then profile's)
+HANDOUT = ["handout", "run", "benchmarking_script", "nsys_profile"]
+HANDOUT_MOMENTS = [(sig, round(random.Random(SEED + k).uniform(lo, hi), 2))
+                   for k, (sig, (lo, hi)) in enumerate([(signal.SIGINT, (0.1, 1.5)),
+                                                        (signal.SIGTERM, (1.5, 5.0))])]
+
+
+@pytest.mark.promise(SIGNALS)
+@pytest.mark.parametrize("sig, after_s", [pytest.param(*m, id=f"{m[0].name}-{m[1]:.2f}s")
+                                          for m in HANDOUT_MOMENTS])
+def test_a_signal_at_any_moment_ends_handout_run_with_what_it_stored(tmp_path, sig, after_s):
+    """handout run checks its commands, then runs them in this one process: a signal while
+    it checks, inside a command or between two ends the run with 130 or 143 and a last
+    line that counts every point the run stored."""
+    db = tmp_path / "r.db"
+    proc = start(HANDOUT, db)
+    time.sleep(after_s)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
+    assert proc.returncode == 128 + sig, (again, err)
+    assert "Traceback" not in err, (again, err)
+    last = err.strip().splitlines()[-1]
+    stored = len(query(db, "SELECT id FROM runs")) if db.exists() else 0
+    if last.endswith("nothing was stored") or last.endswith("this command stored nothing"):
+        assert stored == 0, (again, err)
+    else:
+        assert last.startswith("handout run stopped at ") and "by this run" in last, (again, err)
+        assert int(last.split(": ", 1)[1].split()[0]) == stored, (again, err)
+
+
 def test_the_moments_fall_in_their_strata_and_come_again_from_their_seed():
     drawn = moments(7)
     assert drawn == moments(7) and drawn != moments(8)
