@@ -17,6 +17,7 @@ import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, option
+from cs336sys.sweep import stopping
 from cs336sys.sweep.points import listed
 
 db_app = typer.Typer(name="db", no_args_is_help=True, add_completion=False)
@@ -148,11 +149,15 @@ def merge(
     from cs336sys.store.db import StoreError, check_path
     from cs336sys.store.transfer import check_other, merge
 
+    def committed(counts) -> None:  # what a signal from here on ends the command with
+        stopping.stored(f"merged {other} into {db}: {counts.invocations_added} invocation(s) "
+                        f"and {counts.runs_added} run(s) added")
+
     experiments = catalog()
     try:
         check_path(db, writing=True)
         check_other(other, db)
-        counts = merge(db, other, experiments)
+        counts = merge(db, other, experiments, committed)
     except StoreError as exc:
         fail(exc)
     rows = [

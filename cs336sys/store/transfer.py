@@ -19,9 +19,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import sqlite3
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -233,18 +234,26 @@ def snapshot(other: Path, dest: Path) -> int:
     return found
 
 
-def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None = None) -> MergeCounts:
+def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None = None,
+          committed: Callable[[MergeCounts], None] | None = None) -> MergeCounts:
     """Add OTHER's invocations, runs and their kernel_stats to THIS, in one transaction.
 
     THIS is created if missing and migrated like any store opened for writing, its views
-    brought up to date with `experiments` (the catalog) when given.
+    brought up to date with `experiments` (the catalog) when given. `committed(counts)` is
+    called as the transaction commits, with no signal handled between the two: whoever
+    reports a stop then reports the merge (the CLI's last line after a Ctrl-C).
     """
     other = check_other(other, this)
     with tempfile.TemporaryDirectory(prefix="cs336sys-merge-") as tmp:
         copy = Path(tmp) / "other.db"
         found = snapshot(other, copy)
+
+        def report(counts: dict[str, int]) -> None:
+            if committed is not None:
+                committed(MergeCounts(other_version=found, **counts))
+
         with Store(this, experiments) as store:
-            counts = _merge_attached(store.conn, copy)
+            counts = _merge_attached(store.conn, copy, report)
     return MergeCounts(other_version=found, **counts)
 
 
@@ -253,7 +262,8 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in conn.execute(f"PRAGMA main.table_info({table})")]
 
 
-def _merge_attached(conn: sqlite3.Connection, copy: Path) -> dict[str, int]:
+def _merge_attached(conn: sqlite3.Connection, copy: Path,
+                    committed: Callable[[dict[str, int]], Any]) -> dict[str, int]:
     """INSERT OR IGNORE from the attached snapshot. `conn` is in autocommit mode."""
     conn.execute("ATTACH DATABASE ? AS other", (str(copy),))
     try:
@@ -294,16 +304,39 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path) -> dict[str, int]:
                 "WHERE run_id IN (SELECT run_id FROM temp.merge_stats_runs) ORDER BY id"
             ).rowcount
             conn.execute("DROP TABLE temp.merge_stats_runs")
-            conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
             conn.execute("ROLLBACK")
             raise StoreError(f"merge refused, nothing written: {exc}") from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        _commit(conn, lambda: committed(counts))
     finally:
         conn.execute("DETACH DATABASE other")
     return counts
+
+
+def _commit(conn: sqlite3.Connection, then: Callable[[], Any]) -> None:
+    """COMMIT, then `then()`: a committed merge is always reported. SIGINT and SIGTERM are
+    held back across both; one that came just before is handled by Python at its next
+    check, which may fall after the COMMIT: its exception then still gets `then()` first.
+    A COMMIT that did not run, or failed, rolls back what is still open."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    masks = hasattr(signal, "pthread_sigmask")  # POSIX
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held) if masks else None
+    try:
+        conn.execute("COMMIT")
+        then()
+    except BaseException as exc:
+        if conn.in_transaction:  # nothing written
+            conn.execute("ROLLBACK")
+        elif not isinstance(exc, sqlite3.Error):  # written; a signal's exception, late
+            then()
+        raise
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
 
 
 __all__ = [

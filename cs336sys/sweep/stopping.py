@@ -29,7 +29,8 @@ import os
 import signal
 from typing import Any, NoReturn
 
-__all__ = ["Terminated", "check", "end", "exit_code", "install", "pending", "reset", "told", "untold"]
+__all__ = ["Terminated", "check", "end", "exit_code", "install", "pending", "reset", "stored",
+           "told", "untold"]
 
 
 class Terminated(BaseException):
@@ -39,6 +40,7 @@ class Terminated(BaseException):
 
 _received: list[int] = []  # the signals received since install() or reset(), in order
 _told: list[bool] = []  # whether the user was told what the stop left (told())
+_stored: list[str] = []  # what the command stored, where no recording says it (stored())
 
 
 def _raise(signum: int) -> None:
@@ -97,14 +99,20 @@ def told() -> None:
     _told.append(True)
 
 
+def stored(what: str) -> None:
+    """What this command has stored, said where no recording says it (`db merge`, once its
+    transaction has committed): the line a later signal ends the command with (untold)."""
+    _stored[:] = [what]
+
+
 def untold() -> str | None:
     """The line to end with when a signal was received and nobody said what it left: the
     signal came while the command was starting, or while it did something that stores no
-    point (a report, a query); None otherwise."""
+    point (a report, a query), or after what `stored` says; None otherwise."""
     if not _received or _told:
         return None
     what = "Interrupted" if _received[0] == signal.SIGINT else "Terminated (SIGTERM)"
-    return f"{what}: this command stored nothing"
+    return f"{what}: {_stored[0] if _stored else 'this command stored nothing'}"
 
 
 def exit_code() -> int:
@@ -135,3 +143,4 @@ def reset() -> None:
     """Forget the signals received (a test that sends one, once it has been handled)."""
     _received.clear()
     _told.clear()
+    _stored.clear()
