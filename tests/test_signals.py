@@ -201,6 +201,18 @@ def test_ranks_end_with_torchruns_agent(tmp_path):
     assert all(port_free(p) for p in ports)
 
 
+def stored_runs(db: Path) -> list:
+    """The runs in `db`: none where there is no file, or only the empty one a store being
+    created leaves when a signal stops it before its schema (the next command makes it a
+    store: docs/bad-input.md)."""
+    if not db.exists():
+        return []
+    tables = {r["name"] for r in query(db, "SELECT name FROM sqlite_master WHERE type='table'")}
+    if not tables:
+        return []
+    return query(db, "SELECT id FROM runs")
+
+
 # Each sweep outlasts the latest moment below several times over on this 2-core box.
 MODEL_SWEEP = ["model", "--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers",
                "2", "--num-heads", "4", "--vocab-size", "256", "--batch", "2", "--iters", "60",
@@ -262,7 +274,7 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     last = err.strip().splitlines()[-1]
     word = "Interrupted" if sig == signal.SIGINT else "Terminated (SIGTERM)"
     if last == f"{word}: this command stored nothing":
-        assert not db.exists() or not query(db, "SELECT id FROM runs"), again
+        assert not stored_runs(db), again
     else:
         assert "point(s) stored in" in last and "--resume" in last, (again, err)
         stored = int(last.split(": ", 1)[1].split()[0])
@@ -294,7 +306,7 @@ def test_a_signal_at_any_moment_ends_handout_run_with_what_it_stored(tmp_path, s
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err, (again, err)
     last = err.strip().splitlines()[-1]
-    stored = len(query(db, "SELECT id FROM runs")) if db.exists() else 0
+    stored = len(stored_runs(db))
     if last.endswith("nothing was stored") or last.endswith("this command stored nothing"):
         assert stored == 0, (again, err)
     else:
