@@ -301,41 +301,6 @@ def test_failed_merge_writes_nothing(tmp_path, db_path):
     assert {t: table_rows(db_path, t) for t in before} == before
 
 
-class _Committing:
-    """A connection whose COMMIT is interrupted by a signal's exception: raised by the
-    handler Python runs at its first check after the COMMIT (`late`), or before it ran."""
-
-    def __init__(self, conn: sqlite3.Connection, late: bool):
-        self.conn, self.late = conn, late
-
-    @property
-    def in_transaction(self) -> bool:
-        return self.conn.in_transaction
-
-    def execute(self, sql: str):
-        if sql != "COMMIT":
-            return self.conn.execute(sql)
-        if self.late:
-            self.conn.execute(sql)
-        raise KeyboardInterrupt
-
-
-@pytest.mark.parametrize("late", [True, False])
-def test_a_signal_at_the_commit_reports_the_merge_if_and_only_if_it_was_written(tmp_path, late):
-    from cs336sys.store import transfer
-
-    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
-    conn.execute("CREATE TABLE t (x)")
-    conn.execute("BEGIN IMMEDIATE")
-    conn.execute("INSERT INTO t VALUES (1)")
-    reported = []
-    with pytest.raises(KeyboardInterrupt):
-        transfer._commit(_Committing(conn, late), lambda: reported.append(True))
-    assert not conn.in_transaction
-    assert (reported, conn.execute("SELECT x FROM t").fetchall()) == (
-        ([True], [(1,)]) if late else ([], []))
-
-
 def test_a_ctrl_c_once_the_merge_is_written_ends_with_what_it_added(tmp_path, db_path,
                                                                     monkeypatch):
     """Ctrl-C while the merged rows' table is printed: the line the command ends with says

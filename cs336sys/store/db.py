@@ -17,6 +17,7 @@ from typing import Any
 
 from cs336sys.measure.clock import now
 from cs336sys.store import schema
+from cs336sys.store.transaction import immediate
 from cs336sys.store.views import ensure_views
 from cs336sys.sweep.points import point_key
 
@@ -319,12 +320,14 @@ class Store:
         started: str | None = None,
         duration_s: float | None = None,
         tables: dict[str, list[dict[str, Any]]] | None = None,
+        committed: Callable[[], Any] | None = None,
     ) -> str:
         """Write one measured point at once (so a crash later keeps it); returns its id.
 
         `tables` holds rows for tables linked to the run (`kernel_stats`), written in the same
         transaction: a run is never stored without them (Ctrl-C between the two writes used
-        to leave an `ok` profile run with no kernel_stats)."""
+        to leave an `ok` profile run with no kernel_stats). `committed()` is called once the
+        row is in, also when a signal's exception surfaces right after (store/transaction.py)."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
         for table in tables or {}:
@@ -345,18 +348,13 @@ class Store:
             "duration_s": duration_s,
             "point_key": point_key(experiment, settings),
         }
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self.conn, committed):
             self.conn.execute(
                 f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                 tuple(row.values()),
             )
             for table, rows in (tables or {}).items():
                 self._insert_linked(table, run_id, rows)
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
         return run_id
 
     def _insert_linked(self, table: str, run_id: str, rows: list[dict[str, Any]]) -> None:
@@ -376,13 +374,8 @@ class Store:
 
     def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> int:
         """Write a profiled run's op/kernel summary (`kernel_stats`, linked to runs.id)."""
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
+        with immediate(self.conn):
             self._insert_linked("kernel_stats", run_id, rows)
-            self.conn.execute("COMMIT")
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
         return len(rows)
 
     # -- reading --------------------------------------------------------------------------

@@ -73,9 +73,12 @@ class Recorder:
             started=result.started,
             duration_s=result.duration_s,
             tables=result.tables,
+            committed=self._counted,
         )
-        self.added += 1
         return run_id
+
+    def _counted(self) -> None:
+        self.added += 1
 
     def update(self, run_id: str, result: Any) -> None:
         """Store metrics set after the point was written (across a group of points)."""

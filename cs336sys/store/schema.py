@@ -12,6 +12,7 @@ import functools
 import sqlite3
 from typing import Any
 
+from cs336sys.store.transaction import immediate
 from cs336sys.sweep.points import point_key
 
 _RUNS_COLUMNS = ("id, invocation_id, experiment, status, error, settings, metrics, samples, "
@@ -285,8 +286,7 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
 
     `conn` must be in autocommit mode (isolation_level=None).
     """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         found = version(conn)
         if found > SCHEMA_VERSION:
             raise SchemaError(
@@ -302,8 +302,4 @@ def migrate(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> int:
         if target > found:
             # PRAGMA does not take parameters; target is an int we computed.
             conn.execute(f"PRAGMA user_version = {int(target)}")
-        conn.execute("COMMIT")
-        return found
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+    return found

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -37,6 +36,7 @@ from cs336sys.store.db import (
     open_untouched,
     store_problem,
 )
+from cs336sys.store.transaction import immediate
 
 FORMATS = ("csv", "jsonl")
 
@@ -266,10 +266,9 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path,
                     committed: Callable[[dict[str, int]], Any]) -> dict[str, int]:
     """INSERT OR IGNORE from the attached snapshot. `conn` is in autocommit mode."""
     conn.execute("ATTACH DATABASE ? AS other", (str(copy),))
+    counts: dict[str, int] = {}
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            counts = {}
+        with immediate(conn, committed=lambda: committed(counts)):
             for table in ("invocations", "runs"):
                 cols = _columns(conn, table)
                 total = conn.execute(f"SELECT count(*) FROM other.{table}").fetchone()[0]
@@ -304,38 +303,12 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path,
                 "WHERE run_id IN (SELECT run_id FROM temp.merge_stats_runs) ORDER BY id"
             ).rowcount
             conn.execute("DROP TABLE temp.merge_stats_runs")
-        except sqlite3.IntegrityError as exc:
-            conn.execute("ROLLBACK")
-            raise StoreError(f"merge refused, nothing written: {exc}") from exc
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        _commit(conn, lambda: committed(counts))
+    except sqlite3.IntegrityError as exc:  # rolled back
+        raise StoreError(f"merge refused, nothing written: {exc}") from exc
     finally:
         conn.execute("DETACH DATABASE other")
     return counts
 
-
-def _commit(conn: sqlite3.Connection, then: Callable[[], Any]) -> None:
-    """COMMIT, then `then()`: a committed merge is always reported. SIGINT and SIGTERM are
-    held back across both; one that came just before is handled by Python at its next
-    check, which may fall after the COMMIT: its exception then still gets `then()` first.
-    A COMMIT that did not run, or failed, rolls back what is still open."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    masks = hasattr(signal, "pthread_sigmask")  # POSIX
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held) if masks else None
-    try:
-        conn.execute("COMMIT")
-        then()
-    except BaseException as exc:
-        if conn.in_transaction:  # nothing written
-            conn.execute("ROLLBACK")
-        elif not isinstance(exc, sqlite3.Error):  # written; a signal's exception, late
-            then()
-        raise
-    finally:
-        if before is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 

@@ -15,6 +15,8 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from cs336sys.store.transaction import immediate
+
 # Columns every view starts with: who, where and how the point ran (and what each means).
 _COMMON = {
     "r.id AS run_id": "the run's id (runs.id)",
@@ -89,8 +91,7 @@ def ensure_views(conn: sqlite3.Connection, experiments: Sequence[Any], complete:
     gone = (ours - set(wanted)) if complete else set()
     if not stale and not gone:
         return
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         for name in sorted(stale | gone):
             conn.execute(f"DROP VIEW IF EXISTS {_quote(name)}")
             conn.execute("DELETE FROM meta WHERE key = ?", (f"view:{name}",))
@@ -99,10 +100,6 @@ def ensure_views(conn: sqlite3.Connection, experiments: Sequence[Any], complete:
         conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                          [(f"view:{n}", _digest(wanted[n])) for n in stale]
                          + [("view_names", json.dumps(sorted((ours - gone) | set(wanted))))])
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
 
 
 def _digest(sql: str) -> str:

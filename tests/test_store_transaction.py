@@ -1,0 +1,71 @@
+"""The store's write transaction (store/transaction.py): a signal's exception that surfaces
+just after the COMMIT leaves the rows written and counted, one before it leaves nothing."""
+
+import sqlite3
+
+import pytest
+
+from cs336sys.store import Store
+from cs336sys.store.transaction import immediate
+
+
+class Committing:
+    """A connection whose COMMIT is interrupted by a signal's exception: raised by the
+    handler Python runs at its first check after the COMMIT (`late`), or before it ran."""
+
+    def __init__(self, conn: sqlite3.Connection, late: bool):
+        self.conn, self.late = conn, late
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.conn.in_transaction
+
+    def execute(self, sql: str, *args):
+        if sql != "COMMIT":
+            return self.conn.execute(sql, *args)
+        if self.late:
+            self.conn.execute(sql)
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_the_rows_are_counted_if_and_only_if_they_were_written(tmp_path, late):
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    conn.execute("CREATE TABLE t (x)")
+    counted = []
+    with pytest.raises(KeyboardInterrupt):
+        with immediate(Committing(conn, late), committed=lambda: counted.append(1)):
+            conn.execute("INSERT INTO t VALUES (1)")
+    assert not conn.in_transaction
+    assert (counted, conn.execute("SELECT x FROM t").fetchall()) == (
+        ([1], [(1,)]) if late else ([], []))
+
+
+def test_a_block_that_raises_writes_nothing_and_counts_nothing(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None)
+    conn.execute("CREATE TABLE t (x)")
+    counted = []
+    with pytest.raises(ValueError):
+        with immediate(conn, committed=lambda: counted.append(1)):
+            conn.execute("INSERT INTO t VALUES (1)")
+            raise ValueError("half way")
+    assert (counted, conn.execute("SELECT x FROM t").fetchall()) == ([], [])
+    with immediate(conn, committed=lambda: counted.append(1)):
+        conn.execute("INSERT INTO t VALUES (2)")
+    assert (counted, conn.execute("SELECT x FROM t").fetchall()) == ([1], [(2,)])
+
+
+def test_a_point_stored_as_the_signal_lands_is_a_point_counted(tmp_path):
+    """What `Recorder.add` relies on: add_run calls `committed` for a row that is in, also
+    when Ctrl-C's exception comes out of the COMMIT."""
+    store = Store(tmp_path / "r.db")
+    invocation = store.begin_invocation({}, ["cs336sys"], "model", None)
+    counted = []
+    real = store.conn
+    store.conn = Committing(real, late=True)
+    with pytest.raises(KeyboardInterrupt):
+        store.add_run(invocation, "model", "ok", {"seq": 8}, committed=lambda: counted.append(1))
+    store.conn = real
+    assert counted == [1]
+    assert real.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    store.close()
