@@ -70,9 +70,14 @@ def test_a_launch_preloads_what_its_ranks_need_and_replaces_a_server_without_it(
     assert launch(_imported, 2, args=("torch._dynamo",), preload=("torch",)) == [True, True]
 
 
-def _with_the_server_seen(monkeypatch, seen: list) -> None:
-    """Record this process's fork server as the command builds its points."""
+def _with_the_server_seen(monkeypatch, seen: list, torch_ahead: bool = True) -> None:
+    """Record this process's fork server as the command builds its points; the command
+    runs as in a process of its own, with torch still to import (launcher._torch_ahead),
+    unless `torch_ahead` is False."""
     from cs336sys.cli import common
+    from cs336sys.parallel import launcher
+
+    monkeypatch.setattr(launcher, "_torch_ahead", lambda: torch_ahead)
 
     build = common.with_handout
 
@@ -101,6 +106,17 @@ def test_comm_starts_its_fork_server_before_it_builds_its_points(monkeypatch, db
     resumed = invoke(*args, "--resume")
     assert resumed.exit_code == 0 and "skipping 1 point(s)" in resumed.output, resumed.output
     assert seen[1] is not None and fork_server.server_pid() is None
+
+
+def test_no_server_starts_early_where_torch_is_imported_already(monkeypatch, db_path):
+    """A command run in a process that has imported torch (in-process after another, as
+    handout run does) has no import to overlap: nothing starts before its points."""
+    monkeypatch.delenv("CS336SYS_START_METHOD", raising=False)
+    fork_server.stop()
+    seen: list = []
+    _with_the_server_seen(monkeypatch, seen, torch_ahead=False)
+    refused = invoke("comm", "--bytes", "0", "--world-size", "2", "--db", db_path)
+    assert refused.exit_code == 2 and seen == [None] and fork_server.server_pid() is None
 
 
 def test_a_refusal_or_a_dry_run_leaves_no_fork_server(monkeypatch, db_path):
@@ -134,10 +150,9 @@ def test_step_starts_its_fork_server_first_only_where_its_points_start_ranks(mon
     tiny = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-layers", "1",
             "--num-heads", "2", "--vocab-size", "64", "--seq", "8", "--batch", "2", "--warmup",
             "0", "--iters", "1", "--device", "cpu", "--db", db_path]
-    one = invoke("step", *tiny, "--switches", "none")
-    assert one.exit_code == 0, one.output
-    refused = invoke("step", *tiny, "--world-size", "2", "--switches", "bogus")
-    assert refused.exit_code == 2 and "--switches" in refused.stderr
+    for ranks in ("1", "2"):  # refused once its points are built: nothing runs
+        refused = invoke("step", *tiny, "--world-size", ranks, "--switches", "bogus")
+        assert refused.exit_code == 2 and "--switches" in refused.stderr
     assert seen[0] is None and seen[1] is not None and fork_server.server_pid() is None
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -324,8 +325,11 @@ def started_early(preload: tuple[str, ...] | None = None) -> Iterator[None]:
     launch finds it ready. A server it started is stopped again where the block ends in an
     exception (bad input, a signal) or launched nothing (every point resumed), so that none
     is left importing torch behind the command, holding its output open. Nothing is started
-    under torchrun or with CS336SYS_START_METHOD=spawn."""
-    if under_torchrun() or os.environ.get("CS336SYS_START_METHOD", "forkserver") != "forkserver":
+    under torchrun, with CS336SYS_START_METHOD=spawn, or where this process has imported
+    torch already (a command run in-process after another): there is no import to overlap,
+    and the first launch starts the server as it would."""
+    if (under_torchrun() or os.environ.get("CS336SYS_START_METHOD", "forkserver") != "forkserver"
+            or not _torch_ahead()):
         yield
         return
     before, launches = fork_server.server_pid(), _launches
@@ -342,6 +346,11 @@ def started_early(preload: tuple[str, ...] | None = None) -> Iterator[None]:
 
 
 _launches = 0  # local launches by this process (started_early: whether its server served)
+
+
+def _torch_ahead() -> bool:
+    """Whether this process has torch still to import (started_early)."""
+    return "torch" not in sys.modules
 
 
 def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
