@@ -338,7 +338,7 @@ def run_experiment(
             fail("--resume is not supported under torchrun")
     # points that start ranks: their fork server imports torch beside this process
     early = nullcontext()
-    if ranks and rank is None and (experiment.distributed or starts_ranks) and not (dry or nsys):
+    if (experiment.distributed or starts_ranks) and not (dry or nsys):  # (none under torchrun)
         from cs336sys.parallel.launcher import started_early
 
         early = started_early(experiment.rank_preload)

@@ -180,12 +180,10 @@ def run(
             line = [*args, "--label", problem.name, "--db", str(db),
                     *(["--dry-run"] if dry_run else ["--resume"])]
         code = _invoke(root, line)
-        if stopping.pending() is not None:  # Ctrl-C or SIGTERM: the last line says what is left
-            typer.echo(f"handout run stopped at {problem.name}: {stored_here() - before} "
-                       f"point(s) stored in {db} by this run; run the same command again to "
-                       "measure the rest (points stored ok are not measured again)", err=True)
-            stopping.told()
-            raise typer.Exit(code if isinstance(code, int) and code else stopping.exit_code())
+        _stop_if_signalled(code, f"handout run stopped at {problem.name}: "
+                           f"{stored_here() - before} point(s) stored in {db} by this run; run "
+                           "the same command again to measure the rest (points stored ok are "
+                           "not measured again)")
         if code not in (0, None):
             typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}", err=True)
             worst = max(worst, code if isinstance(code, int) else 1)
@@ -209,15 +207,22 @@ def _refusals(root: Any, todo: list, db: Path) -> list[str]:
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             code = _invoke(root, [*args, "--label", problem.name, "--db", str(db), "--dry-run"])
-        if stopping.pending() is not None:  # Ctrl-C or SIGTERM: nothing measured yet
-            typer.echo(f"handout run stopped at {problem.name}, while checking the commands: "
-                       "nothing was stored", err=True)
-            stopping.told()
-            raise typer.Exit(code if isinstance(code, int) and code else stopping.exit_code())
+        _stop_if_signalled(code, f"handout run stopped at {problem.name}, while checking the "
+                           "commands: nothing was stored")
         if code == 2:
             lines = err.getvalue().strip().splitlines() or ["refused"]
             refused.append(f"{problem.name}: {lines[-1].removeprefix('Error: ')}")
     return refused
+
+
+def _stop_if_signalled(code: int | None, line: str) -> None:
+    """After a command: where Ctrl-C or SIGTERM stopped it, end the run with `line` (what
+    the run stored) as its last word, and the command's exit code (130 or 143)."""
+    if stopping.pending() is None:
+        return
+    typer.echo(line, err=True)
+    stopping.told()
+    raise typer.Exit(code if isinstance(code, int) and code else stopping.exit_code())
 
 
 def _invoke(root: Any, args: list[str]) -> int | None:

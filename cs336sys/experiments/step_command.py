@@ -8,6 +8,7 @@ from typing import Any
 
 from cs336sys.sweep.declaration import Command
 from cs336sys.sweep.options import list_option, option
+from cs336sys.sweep.points import SpecError, positive_ints
 
 
 def options(
@@ -91,15 +92,18 @@ PRESETS = {"leaderboard": dict(size=["8b"], seq=[32768], batch=[2], precision=["
                                world_size=[2], ddp="fsdp")}
 
 
+def world_sizes(world_size: Any, preset: str | None) -> list[int]:
+    """--world-size's values, else the preset's, else one rank (SpecError for a bad value)."""
+    return (positive_ints(world_size, "--world-size")
+            or PRESETS.get(preset or "", {}).get("world_size", [1]))
+
+
 def starts_ranks(options: dict[str, Any]) -> bool:
     """Whether the points will start ranks, read from the options as given, before they are
-    built (and checked): a --world-size above 1, or the preset's."""
-    given = options.get("world_size")
-    if given is None:
-        given = PRESETS.get(options.get("preset") or "", {}).get("world_size", [1])
+    built: a world size above 1."""
     try:
-        return any(int(w) > 1 for v in given for w in str(v).split(","))
-    except ValueError:  # the points' check refuses it in its own words
+        return max(world_sizes(options.get("world_size"), options.get("preset"))) > 1
+    except SpecError:  # the points' check refuses it in its own words
         return False
 
 

@@ -310,8 +310,6 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path,
     return counts
 
 
-
-
 __all__ = [
     "FORMATS",
     "MergeCounts",

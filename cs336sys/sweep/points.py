@@ -61,10 +61,11 @@ def positive_sizes(**given: int | None) -> dict[str, int | None]:
     most MAX_SIZE; a SpecError names the option (--d-model). Returned as given."""
     for name, n in given.items():
         option = "--" + name.replace("_", "-")
-        if n is not None and n <= 0:
+        if n is None:
+            continue
+        if n <= 0:
             raise SpecError(f"{option} must be positive, got {n}")
-        if n is not None:
-            check_size(n, option)
+        check_size(n, option)
     return given
 
 
