@@ -209,6 +209,45 @@ def test_a_ctrl_c_an_import_swallowed_stops_the_sweep_at_the_next_point():
         signal.signal(signal.SIGTERM, previous[1])
 
 
+def test_a_signal_inside_a_backward_under_anomaly_mode_prints_no_forward_traceback():
+    """torch.compile traces the backward under autograd's anomaly mode; a SIGTERM raised in a
+    backward node there made torch print the forward's traceback above the stop's line
+    (seen with `memory residuals`'s compiled point)."""
+    import signal
+    import warnings
+
+    import torch
+
+    from cs336sys.sweep import stopping
+    from cs336sys.sweep.stopping import Terminated
+
+    class SignalledBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            signal.raise_signal(signal.SIGTERM)  # arrives while the backward runs
+            return grad * 2
+
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stopping.install()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x = torch.ones(3, requires_grad=True)
+            with torch.autograd.detect_anomaly(check_nan=False), pytest.raises(Terminated):
+                SignalledBackward.apply(x.view(3)).sum().backward()
+            warnings.warn("a warning after the signal", UserWarning, stacklevel=1)  # still shown
+        said = [str(w.message) for w in caught]
+        assert not [m for m in said if m.startswith("Error detected in")], said
+        assert said[-1] == "a warning after the signal"
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
 @pytest.mark.parametrize("signal_after", ["Terminated", "WorkerError"])
 def test_a_stop_after_the_last_point_of_a_process_group_stores_nothing_more(
         monkeypatch, signal_after):

@@ -21,12 +21,18 @@ thrown there can escape as a C++ exception and abort the process ("terminate cal
 throwing an instance of 'pybind11::error_already_set'", exit -6, seen in
 tests/test_signals.py under load). It is raised at the next `check()`, before the first
 point, or ends the command when it returns (cli.main).
+
+A signal raised inside a backward pass under autograd's anomaly mode (which torch.compile's
+AOTAutograd turns on while it traces the joint graph) made torch print "Error detected in
+ViewBackward0. Traceback of forward call that caused the error" above the stop's line: the
+signal is the error, so from the first signal on that warning is ignored.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import warnings
 from typing import Any, NoReturn
 
 __all__ = ["Terminated", "check", "end", "exit_code", "install", "pending", "reset", "stored",
@@ -64,7 +70,13 @@ def importing_native(frame: Any) -> bool:
     return False
 
 
+# torch/csrc/autograd/python_anomaly_mode.cpp's warning when a backward node raises
+_ANOMALY_ECHO = r"Error detected in \w+\. Traceback of forward call"
+
+
 def _handler(signum: int, frame: Any) -> None:
+    if not _received:
+        warnings.filterwarnings("ignore", message=_ANOMALY_ECHO, category=UserWarning)
     _received.append(signum)
     if importing_native(frame):
         return  # raised at the next check() (module docstring)
