@@ -240,6 +240,13 @@ def stored_here() -> int:
     return _stored
 
 
+def wrote(paths: list[Path]) -> None:
+    """Files a command has written (a report, a writeup): the line a Ctrl-C or SIGTERM that
+    comes after them ends the command with, `Interrupted: wrote PATH and N more file(s)`."""
+    more = f" and {len(paths) - 1} more file(s)" if len(paths) > 1 else ""
+    stopping.stored(f"wrote {paths[0]}{more}" if paths else "wrote no file")
+
+
 def terminal_width() -> int:
     """$COLUMNS, else the terminal's width, else 80."""
     import shutil

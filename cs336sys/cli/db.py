@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +16,7 @@ import typer
 
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, option
+from cs336sys.measure.landing import staged
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import listed
 
@@ -113,22 +113,15 @@ def export(
 
 
 def _export_to_file(conn, out: Path, fmt: str, wanted: list[str], samples: bool, condition) -> int:
-    """Write beside `out` and rename at the end: a failed export leaves no half file."""
+    """Written beside `out` and renamed at the end (measure/landing.py): a failed or stopped
+    export leaves no half file, and the one there before as it was."""
     from cs336sys.store.transfer import export
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            n = export(conn, fh, fmt, wanted, samples, condition)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return n
+    counted: list[int] = []
+    with staged(lambda _: stopping.stored(f"exported {counted[0]} run(s) to {out}")) as stage:
+        with open(stage.path(out), "w", encoding="utf-8", newline="") as fh:
+            counted.append(export(conn, fh, fmt, wanted, samples, condition))
+    return counted[0]
 
 
 @db_app.command()

@@ -20,6 +20,7 @@ from cs336sys.cli.common import (
     fail,
     stored_here,
     user_errors,
+    wrote,
 )
 from cs336sys.cli.options import Replace, list_option, option
 from cs336sys.sweep import stopping
@@ -295,7 +296,7 @@ def report(
         rep = writeup.build(conn, problems, chosen, catalog(), commands)
     finally:
         conn.close()
-    written = write(rep, out, formats, stem="writeup")
+    written = write(rep, out, formats, stem="writeup", landed=wrote)
     for path in written:
         if path.parent == out:
             typer.echo(path)

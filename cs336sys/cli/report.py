@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail
+from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail, wrote
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, list_option, option
 
 
@@ -114,7 +114,7 @@ def report(
     if not rep.sections:
         typer.echo("No stored runs match this selection; the report says so.", err=True)
     try:
-        written = write(rep, out, formats)
+        written = write(rep, out, formats, landed=wrote)
     except OSError as exc:
         fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
     if rep.compared is not None:

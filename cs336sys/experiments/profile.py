@@ -40,6 +40,7 @@ from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import USER_ATTENTION, matmul_shares, summarize
 from cs336sys.experiments.training_step import make_model, make_step, timed_phase
 from cs336sys.measure.dtypes import torch_dtype
+from cs336sys.measure.landing import staged
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.report.plots import Ranked
@@ -194,7 +195,8 @@ def run(spec: ProfileSpec) -> Result:
                 flops / (per_step / 1e3) / 1e9 if flops and per_step else None
             )
         if spec.trace:
-            prof.export_chrome_trace(spec.trace)
+            with staged() as stage:  # a Ctrl-C while it is written leaves no half trace
+                prof.export_chrome_trace(str(stage.path(spec.trace)))
             metrics["trace_path"] = spec.trace
     if built.losses:
         losses = [float(v) for v in built.losses]

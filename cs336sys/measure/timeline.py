@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cs336sys.measure.landing import staged
+
 # Phase colours: forward, backward, optimizer, then anything else.
 _COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868"}
 
@@ -69,8 +71,10 @@ def draw_timeline(
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    # The Software text chunk tells a later run that cs336sys wrote this file (cli/outputs.py)
-    fig.savefig(path, dpi=120, metadata={"Software": "cs336sys"})
+    # The Software text chunk tells a later run that cs336sys wrote this file (cli/outputs.py);
+    # staged: a signal while it is saved leaves the last PNG there, not half a new one
+    with staged() as stage:
+        fig.savefig(stage.path(path), dpi=120, metadata={"Software": "cs336sys"})
     plt.close(fig)
     return path
 
@@ -87,6 +91,7 @@ def cuda_memory_history(path: str | Path | None, max_entries: int = 1_000_000) -
     torch.cuda.memory._record_memory_history(max_entries=max_entries)
     try:
         yield
-        torch.cuda.memory._dump_snapshot(str(path))
+        with staged() as stage:
+            torch.cuda.memory._dump_snapshot(str(stage.path(path)))
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)

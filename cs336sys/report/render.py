@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 import cs336sys
+from cs336sys.measure.landing import staged
 from cs336sys.measure.significance import THRESHOLD
 from cs336sys.report import typeset
 from cs336sys.report.compare import Comparison, compare_sides, method, sides
@@ -267,34 +268,36 @@ _NUMBER = re.compile(
 )
 
 
-def write(report: Report, out: Path, formats: list[str], stem: str = "report") -> list[Path]:
+def write(report: Report, out: Path, formats: list[str], stem: str = "report",
+          landed: Callable[[list[Path]], Any] | None = None) -> list[Path]:
     """Render the report into `out`; returns the paths written (the images and, for tex and
-    typst, each table's own file included: report/typeset.py)."""
+    typst, each table's own file included: report/typeset.py). The files land together
+    once all are rendered (measure/landing.py): a Ctrl-C or an error part-way leaves the
+    folder as it was; `landed` is told their paths as they land."""
     env, md_env = _env(), _env(markdown=True)
-    out.mkdir(parents=True, exist_ok=True)
     written = []
-    if "html" in formats:
-        path = out / f"{stem}.html"
-        path.write_text(env.get_template("report.html.j2").render(r=report), encoding="utf-8")
-        written.append(path)
-    images: dict[str, str] = {}
-    pngs = []
-    if any(f in formats for f in ("md", "tex", "typst")):
-        img_dir = out / f"{stem}_files"
-        for sec in report.sections:
-            for fig in sec.figures:
-                img_dir.mkdir(exist_ok=True)
-                (img_dir / f"{fig.name}.png").write_bytes(fig.png)
-                images[fig.name] = f"{img_dir.name}/{fig.name}.png"
-                pngs.append(img_dir / f"{fig.name}.png")
-    if "md" in formats:
-        path = out / f"{stem}.md"
-        path.write_text(
-            md_env.get_template("report.md.j2").render(r=report, images=images), encoding="utf-8"
-        )
-        written.append(path)
-    written += pngs
-    for fmt in ("tex", "typst"):
-        if fmt in formats:
-            written += typeset.write(report, out, fmt, stem, images)
+    with staged(landed) as stage:
+        if "html" in formats:
+            path = out / f"{stem}.html"
+            html = env.get_template("report.html.j2").render(r=report)
+            stage.path(path).write_text(html, encoding="utf-8")
+            written.append(path)
+        images: dict[str, str] = {}
+        pngs = []
+        if any(f in formats for f in ("md", "tex", "typst")):
+            img_dir = out / f"{stem}_files"
+            for sec in report.sections:
+                for fig in sec.figures:
+                    stage.path(img_dir / f"{fig.name}.png").write_bytes(fig.png)
+                    images[fig.name] = f"{img_dir.name}/{fig.name}.png"
+                    pngs.append(img_dir / f"{fig.name}.png")
+        if "md" in formats:
+            path = out / f"{stem}.md"
+            md = md_env.get_template("report.md.j2").render(r=report, images=images)
+            stage.path(path).write_text(md, encoding="utf-8")
+            written.append(path)
+        written += pngs
+        for fmt in ("tex", "typst"):
+            if fmt in formats:
+                written += typeset.write(report, out, fmt, stem, images, stage)
     return written

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cs336sys.measure.landing import Stage
 from cs336sys.report.sections import FilledTable
 
 # Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
@@ -79,10 +80,12 @@ def _sentences(section: Any, t: FilledTable) -> tuple[str, str]:
     return caption, under
 
 
-def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str]) -> list[Path]:
+def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
+          stage: Stage) -> list[Path]:
     """The report as `fmt` ("tex" or "typst") in `out`: `<stem>.tex` / `<stem>.typ`, and
-    each table in `<stem>_tables/` as `<section>-<n>.tex` / `.typ`. `images` maps a figure's
-    name to its PNG's path relative to `out` (written by the caller). Returns the paths."""
+    each table in `<stem>_tables/` as `<section>-<n>.tex` / `.typ`, written through `stage`
+    (render.write's: they land with the rest). `images` maps a figure's name to its PNG's
+    path relative to `out` (written by the caller). Returns the paths."""
     ext = "tex" if fmt == "tex" else "typ"
     table_dir = out / f"{stem}_tables"
     written: list[Path] = []
@@ -93,9 +96,9 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str]) -
         for note in section.notes:
             body.append(latex(note) + "\n" if ext == "tex" else f"#par({typst(note)})")
         for i, t in enumerate(section.tables, start=1):
-            table_dir.mkdir(parents=True, exist_ok=True)
             path = table_dir / f"{section.id}-{i}.{ext}"
-            path.write_text(latex_table(t) if ext == "tex" else typst_table(t), encoding="utf-8")
+            stage.path(path).write_text(latex_table(t) if ext == "tex" else typst_table(t),
+                                        encoding="utf-8")
             written.append(path)
             caption, under = _sentences(section, t)
             rel = f"{table_dir.name}/{path.name}"
@@ -122,7 +125,7 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str]) -
     head = _head(report, ext)
     document = out / f"{stem}.{ext}"
     tail = "\n\\end{document}\n" if ext == "tex" else "\n"
-    document.write_text(head + "\n".join(body) + tail, encoding="utf-8")
+    stage.path(document).write_text(head + "\n".join(body) + tail, encoding="utf-8")
     return [document, *written]
 
 

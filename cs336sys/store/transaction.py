@@ -4,24 +4,23 @@ COMMIT, and what the caller counts once the rows are in.
     with immediate(conn, committed=lambda: counter.append(1)):
         conn.execute("INSERT ...")
 
-A signal's exception (KeyboardInterrupt, sweep/stopping.py's Terminated) can surface just
-after the COMMIT: Python runs a signal's handler at its next check, and that may fall right
-after the C call that committed. The rows are then written; the exception goes on as
-itself (not as "cannot rollback - no transaction is active"), and `committed` is still
-called first, so that a point stored is a point counted and the line a Ctrl-C ends with
-tells the truth. SIGINT and SIGTERM are held back across the COMMIT and `committed`
-(delivered as soon as it returns). `conn` is in autocommit mode (isolation_level=None).
+SIGINT and SIGTERM are held from just before the COMMIT until `committed` has counted the
+rows (measure/landing.py's `held`), so that a point stored is a point counted and the line a
+Ctrl-C ends with tells the truth. A signal's exception (KeyboardInterrupt,
+sweep/stopping.py's Terminated) whose handler was already on its way can still surface just
+after the COMMIT's C call: the rows are then written, the exception goes on as itself (not
+as "cannot rollback - no transaction is active"), and `committed` is still called first.
+`conn` is in autocommit mode (isolation_level=None).
 """
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_HELD = {signal.SIGINT, signal.SIGTERM}
+from cs336sys.measure.landing import held
 
 
 @contextmanager
@@ -38,17 +37,13 @@ def immediate(conn: sqlite3.Connection,
 
 
 def _commit(conn: sqlite3.Connection, then: Callable[[], Any]) -> None:
-    masks = hasattr(signal, "pthread_sigmask")  # POSIX
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD) if masks else None
-    try:
-        conn.execute("COMMIT")
+    with held():  # a signal from here on is handled once the rows are in and counted
+        try:
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:  # the COMMIT did not run, or failed: nothing written
+                conn.execute("ROLLBACK")
+            elif not isinstance(exc, sqlite3.Error):  # written; a signal's exception, late
+                then()
+            raise
         then()
-    except BaseException as exc:
-        if conn.in_transaction:  # the COMMIT did not run, or failed: nothing written
-            conn.execute("ROLLBACK")
-        elif not isinstance(exc, sqlite3.Error):  # written; a signal's exception, late
-            then()
-        raise
-    finally:
-        if before is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
