@@ -230,8 +230,9 @@ def main() -> None:
         # signal's stop, ended below. Without a signal, as raised.
         if stopping.pending() is None:
             raise
+    stopping.finish()  # a signal from now on comes after the command's work and words
     if stopping.pending() is None:
-        raise SystemExit(code)
+        stopping.done(code)
     # A signal: say what it left if nobody did (it came during start-up, or was swallowed
     # by an import and the command went on), and end as the signal asks.
     line = stopping.untold()

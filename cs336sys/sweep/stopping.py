@@ -35,8 +35,8 @@ import signal
 import warnings
 from typing import Any, NoReturn
 
-__all__ = ["Terminated", "check", "end", "exit_code", "install", "pending", "reset", "stored",
-           "told", "untold"]
+__all__ = ["Terminated", "check", "done", "end", "exit_code", "finish", "install", "pending",
+           "reset", "stored", "told", "untold"]
 
 
 class Terminated(BaseException):
@@ -94,6 +94,27 @@ def install() -> None:
     signal.signal(signal.SIGTERM, _handler)
 
 
+def finish() -> None:
+    """The command is done, or ending: from now on a first signal is only noted, so that
+    it cannot raise inside the interpreter's exit (an atexit callback printed "Exception
+    ignored ... KeyboardInterrupt" with its traceback) and the exit status stays the
+    command's; a second one ends the process at once, as it would by default, in case the
+    exit hangs. Signals received before stay pending()."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is _handler:
+            signal.signal(signum, _after_finish)
+
+
+_late: list[int] = []  # signals received after finish()
+
+
+def _after_finish(signum: int, frame: Any) -> None:
+    if _late:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    _late.append(signum)
+
+
 def pending() -> int | None:
     """The first signal received since install() or reset(), or None."""
     return _received[0] if _received else None
@@ -138,21 +159,59 @@ def end() -> NoReturn:
     SIGINT instead: CPython kills itself with SIGINT at exit once a KeyboardInterrupt has
     passed through code it ran for a C extension, even one that was caught (seen, now and
     then, with Ctrl-C during torch's import: tests/test_signals.py)."""
+    finish()
+    _leave(exit_code())
+
+
+def done(code: int | str | None) -> NoReturn:
+    """End the process once the command is done, with `code` read as SystemExit reads it.
+
+    Where CUDA was never initialised and no other thread must be waited for, the way end()
+    does, after every file still open for writing is flushed (the user's code may leave
+    one): the interpreter's teardown of torch took 0.3 to 0.9 s after the command's last
+    line, and a signal inside it ended the process by the signal, with no line. Elsewhere a
+    plain exit: CUDA's own exit handlers (CUPTI's, under Nsight) must run."""
+    import sys
+    import threading
+
+    torch = sys.modules.get("torch")
+    if (torch is not None and torch.cuda.is_initialized()) or any(
+            t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        raise SystemExit(code)
+    if code is None or isinstance(code, int):
+        status = code or 0
+    else:  # as SystemExit("message") does
+        print(code, file=sys.stderr)
+        status = 1
+    _leave(status, every_file=True)
+
+
+def _leave(status: int, every_file: bool = False) -> NoReturn:
+    """The atexit handlers run and the output flushed (`every_file`: every file object
+    still open, not only stdout and stderr), then os._exit(status)."""
     import atexit
     import os
     import sys
 
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more can be said
-            pass
     atexit._run_exitfuncs()
-    os._exit(exit_code())
+    streams: list[Any] = [sys.stdout, sys.stderr]
+    if every_file:
+        import gc
+        import io
+
+        streams += [f for f in gc.get_objects() if isinstance(f, io.IOBase)]
+    for stream in streams:
+        try:
+            if not stream.closed:
+                stream.flush()
+        except Exception:  # a closed pipe, a file opened to read: nothing to say
+            pass
+    os._exit(status)
 
 
 def reset() -> None:
     """Forget the signals received (a test that sends one, once it has been handled)."""
     _received.clear()
+    _late.clear()
     _told.clear()
     _stored.clear()

@@ -1,0 +1,80 @@
+"""How a command's process ends (sweep/stopping.py): once its work is done a signal is only
+noted, so none raises inside the interpreter's exit; `done` skips torch's teardown yet
+flushes every file still open and runs the atexit handlers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+
+
+def run(body: str) -> subprocess.CompletedProcess:
+    """`body` in a fresh Python with cs336sys's handlers installed, as cs336sys runs."""
+    source = "import os, signal, sys\nfrom cs336sys.sweep import stopping\nstopping.install()\n"
+    return subprocess.run([sys.executable, "-c", source + textwrap.dedent(body)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_signal_in_an_atexit_handler_after_the_command_is_noted_not_raised():
+    """A Ctrl-C as the interpreter ran multiprocessing's atexit handler printed "Exception
+    ignored in atexit callback" with a KeyboardInterrupt traceback."""
+    out = run("""
+        import atexit
+        atexit.register(lambda: print("the handler ran to its end", file=sys.stderr))
+        atexit.register(lambda: signal.raise_signal(signal.SIGINT))  # runs first (LIFO)
+        stopping.finish()
+        stopping.done(0)
+    """)
+    assert (out.returncode, out.stderr) == (0, "the handler ran to its end\n")
+
+
+def test_a_second_signal_after_the_command_ends_the_process_as_by_default():
+    """In case the exit hangs: the first signal is noted, the next one ends it."""
+    out = run("""
+        stopping.finish()
+        signal.raise_signal(signal.SIGTERM)
+        print("noted", file=sys.stderr, flush=True)
+        signal.raise_signal(signal.SIGTERM)
+        print("never", file=sys.stderr)
+    """)
+    assert (out.returncode, out.stderr) == (-15, "noted\n")
+
+
+def test_done_flushes_what_the_users_code_left_open_and_exits_with_the_code(tmp_path):
+    log = tmp_path / "log.txt"
+    out = run(f"""
+        import atexit
+        left_open = open({str(log)!r}, "w")
+        left_open.write("a line the user's code never flushed\\n")
+        atexit.register(lambda: print("atexit ran", file=sys.stderr))
+        print("the command's output")  # stdout, unflushed in a pipe
+        stopping.finish()
+        stopping.done(3)
+    """)
+    assert (out.returncode, out.stdout, out.stderr) == (3, "the command's output\n",
+                                                        "atexit ran\n")
+    assert log.read_text() == "a line the user's code never flushed\n"
+
+
+@pytest.mark.parametrize("code, status, said", [(None, 0, ""), ("no store here", 1,
+                                                                "no store here\n")])
+def test_done_reads_its_code_as_system_exit_does(code, status, said):
+    out = run(f"stopping.finish()\nstopping.done({code!r})")
+    assert (out.returncode, out.stderr) == (status, said)
+
+
+def test_done_waits_for_a_thread_that_is_not_a_daemon():
+    """A non-daemon thread still running is joined, as the interpreter's exit does."""
+    out = run("""
+        import threading, time
+        threading.Thread(target=lambda: (time.sleep(0.2),
+                                         print("the thread finished", file=sys.stderr))).start()
+        stopping.finish()
+        stopping.done(0)
+    """)
+    assert (out.returncode, out.stderr) == (0, "the thread finished\n")
