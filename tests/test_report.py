@@ -264,6 +264,22 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(store, tmp_path, args, 
     assert not (tmp_path / "out").exists() and sha(store) == before
 
 
+@pytest.mark.parametrize("blocker, kind", [("report.html", "folder"), ("report_files", "file")])
+def test_an_output_in_the_way_is_named_and_nothing_is_written(store, tmp_path, blocker, kind):
+    """The report's files land together: one that cannot land leaves `--out` as it was (no
+    report.html beside it, no hidden staged file) and the line names it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if kind == "folder":
+        (out / blocker).mkdir()
+    else:
+        (out / blocker).touch()
+    result = report(store, out, "--format", "html,md")
+    assert result.exit_code == 2, result.output
+    assert "cannot write there" in result.stderr and str(out / blocker) in result.stderr
+    assert [p.name for p in out.iterdir()] == [blocker]
+
+
 def test_missing_store_is_refused_and_not_created(db_path, tmp_path):
     result = report(db_path, tmp_path / "out")
     assert result.exit_code == 2 and "no results store" in result.stderr

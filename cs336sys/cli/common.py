@@ -240,6 +240,14 @@ def stored_here() -> int:
     return _stored
 
 
+def cannot_write(out: Path, exc: OSError) -> NoReturn:
+    """Exit 2 for an output that could not be written, naming the path that refused (a
+    report's `report.html` that is a folder, its `report_files` that is a file)."""
+    where = exc.filename2 or exc.filename
+    named = f": {where}" if where and Path(where).name[:1] != "." else ""  # not a staged name
+    fail(f"--out {out}: cannot write there ({exc.strerror or exc}{named})")
+
+
 def wrote(paths: list[Path]) -> None:
     """Files a command has written (a report, a writeup): the line a Ctrl-C or SIGTERM that
     comes after them ends the command with, `Interrupted: wrote PATH and N more file(s)`."""

@@ -14,7 +14,15 @@ from typing import Annotated
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, user_errors
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    DbOption,
+    cannot_write,
+    catalog,
+    fail,
+    table,
+    user_errors,
+)
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, option
 from cs336sys.measure.landing import staged
 from cs336sys.sweep import stopping
@@ -103,7 +111,7 @@ def export(
         else:
             n = _export_to_file(conn, out, fmt, wanted, samples, condition)
     except OSError as exc:  # --out where nothing can be written
-        fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
+        cannot_write(out, exc)
     except sqlite3.DatabaseError as exc:
         fail(f"cannot read {db} as a results store: {exc}")
     finally:

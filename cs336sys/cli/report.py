@@ -8,7 +8,15 @@ from pathlib import Path
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, choices, fail, wrote
+from cs336sys.cli.common import (
+    DEFAULT_DB,
+    DbOption,
+    cannot_write,
+    catalog,
+    choices,
+    fail,
+    wrote,
+)
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, list_option, option
 
 
@@ -116,7 +124,7 @@ def report(
     try:
         written = write(rep, out, formats, landed=wrote)
     except OSError as exc:
-        fail(f"--out {out}: cannot write there ({exc.strerror or exc})")
+        cannot_write(out, exc)
     if rep.compared is not None:
         typer.echo(rep.compared.text())
     if rep.history is not None:
