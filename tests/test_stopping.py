@@ -78,3 +78,19 @@ def test_done_waits_for_a_thread_that_is_not_a_daemon():
         stopping.done(0)
     """)
     assert (out.returncode, out.stderr) == (0, "the thread finished\n")
+
+
+def test_the_plain_exit_is_kept_where_cuda_was_initialised_or_cannot_be_told(monkeypatch):
+    """CUDA's exit handlers (CUPTI's, under Nsight) run only in the interpreter's own exit."""
+    from types import SimpleNamespace
+
+    from cs336sys.sweep import stopping
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert not stopping._cuda_initialised()
+    for cuda_initialised, kept in [(False, False), (True, True)]:
+        torch = SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda v=cuda_initialised: v))
+        monkeypatch.setitem(sys.modules, "torch", torch)
+        assert stopping._cuda_initialised() is kept
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace())  # half imported: no .cuda
+    assert stopping._cuda_initialised()

@@ -174,9 +174,8 @@ def done(code: int | str | None) -> NoReturn:
     import sys
     import threading
 
-    torch = sys.modules.get("torch")
-    if (torch is not None and torch.cuda.is_initialized()) or any(
-            t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+    if _cuda_initialised() or any(t is not threading.main_thread() and not t.daemon
+                                  for t in threading.enumerate()):
         raise SystemExit(code)
     if code is None or isinstance(code, int):
         status = code or 0
@@ -184,6 +183,20 @@ def done(code: int | str | None) -> NoReturn:
         print(code, file=sys.stderr)
         status = 1
     _leave(status, every_file=True)
+
+
+def _cuda_initialised() -> bool:
+    """Whether this process initialised CUDA (torch imported it); True when that cannot be
+    told, so that the plain exit is kept."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # a torch half imported (a Ctrl-C its import swallowed)
+        return True
 
 
 def _leave(status: int, every_file: bool = False) -> NoReturn:
