@@ -94,3 +94,31 @@ def test_the_plain_exit_is_kept_where_cuda_was_initialised_or_cannot_be_told(mon
         assert stopping._cuda_initialised() is kept
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace())  # half imported: no .cuda
     assert stopping._cuda_initialised()
+
+
+def test_a_signal_after_the_sweep_ends_with_what_it_stored(db_path):
+    """SIGTERM after the recording's last line (`1 point(s) stored in DB (invocation ID)`)
+    ended the command with `Terminated (SIGTERM): this command stored nothing` (seen with
+    `profile attention`)."""
+    import signal
+
+    from cs336sys.cli.common import recording
+    from cs336sys.experiments import model
+    from cs336sys.sweep import stopping
+    from cs336sys.sweep.result import Result
+
+    (spec,) = model.specs(size=["tiny"], seq=[16], mode=["forward"], device="cpu")
+
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stopping.install()
+    try:
+        with recording(db_path, "toy", "cpu") as rec:
+            rec.add(model.EXPERIMENT, spec, Result("ok", metrics={"fwd_ms_mean": 1.0}))
+        with pytest.raises(stopping.Terminated):
+            signal.raise_signal(signal.SIGTERM)  # as the command returns
+        said = stopping.untold()
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+    assert said.startswith(f"Terminated (SIGTERM): 1 point(s) stored in {db_path} (invocation ")
+

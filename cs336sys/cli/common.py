@@ -20,6 +20,7 @@ import typer
 from cs336sys.cli.nsys import NsysRefused, record, under_nsys
 from cs336sys.cli.progress_bar import Bar
 from cs336sys.experiments import catalog as kinds
+from cs336sys.measure.landing import held
 from cs336sys.measure.units import format_duration
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import SpecError
@@ -223,11 +224,13 @@ def recording(
         status = exc.exit_code
         raise
     finally:
-        rec.close(status)
-        global _stored
-        _stored += rec.added
-    typer.echo(f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})",
-               err=True)
+        with held():  # a signal from here on ends the command with the line below
+            rec.close(status)
+            global _stored
+            _stored += rec.added
+            line = f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})"
+            stopping.stored(line)
+    typer.echo(line, err=True)
     if rec.errors:
         raise typer.Exit(1)
 

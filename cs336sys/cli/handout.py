@@ -169,27 +169,38 @@ def run(
             more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
             fail(f"nothing was run: {refused[0]}{more}")
     typer.echo(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
-    worst, before = 0, stored_here()
-    for i, (problem, args) in enumerate(todo, start=1):
-        typer.echo(f"\n[{i}/{len(todo)}] {problem.name}: {_line(args)}")
-        if args[0] == "plan":
-            if dry_run:
-                typer.echo("arithmetic: answers in under a second")
-                continue
-            line = [*args, "--label", problem.name, "--db", str(db)]
-        else:
-            line = [*args, "--label", problem.name, "--db", str(db),
-                    *(["--dry-run"] if dry_run else ["--resume"])]
-        code = _invoke(root, line)
-        _stop_if_signalled(code, f"handout run stopped at {problem.name}: "
-                           f"{stored_here() - before} point(s) stored in {db} by this run; run "
-                           "the same command again to measure the rest (points stored ok are "
-                           "not measured again)")
-        if code not in (0, None):
-            typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}", err=True)
-            worst = max(worst, code if isinstance(code, int) else 1)
-    if not dry_run:
-        typer.echo(f"\nDone: `cs336sys handout --db {db}` shows where each problem stands.")
+    worst, before, at = 0, stored_here(), todo[0][0].name
+
+    def stopped_at(name: str) -> str:
+        return (f"handout run stopped at {name}: {stored_here() - before} point(s) stored in "
+                f"{db} by this run; run the same command again to measure the rest (points "
+                "stored ok are not measured again)")
+
+    try:
+        for i, (problem, args) in enumerate(todo, start=1):
+            at = problem.name
+            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}: {_line(args)}")
+            if args[0] == "plan":
+                if dry_run:
+                    typer.echo("arithmetic: answers in under a second")
+                    continue
+                line = [*args, "--label", problem.name, "--db", str(db)]
+            else:
+                line = [*args, "--label", problem.name, "--db", str(db),
+                        *(["--dry-run"] if dry_run else ["--resume"])]
+            code = _invoke(root, line)
+            _stop_if_signalled(code, stopped_at(problem.name))
+            if code not in (0, None):
+                typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}",
+                           err=True)
+                worst = max(worst, code if isinstance(code, int) else 1)
+        if not dry_run:
+            typer.echo(f"\nDone: `cs336sys handout --db {db}` shows where each problem stands.")
+    except (KeyboardInterrupt, stopping.Terminated):  # between two commands
+        _stop_if_signalled(None, stopped_at(at))
+        raise
+    # what a signal from here to the exit ends with (not the last command's own line)
+    stopping.stored(f"handout run stored {stored_here() - before} point(s) in {db}")
     raise typer.Exit(min(worst, 1))
 
 
