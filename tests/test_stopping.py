@@ -122,3 +122,28 @@ def test_a_signal_after_the_sweep_ends_with_what_it_stored(db_path):
         signal.signal(signal.SIGTERM, previous[1])
     assert said.startswith(f"Terminated (SIGTERM): 1 point(s) stored in {db_path} (invocation ")
 
+
+def test_a_signal_inside_a_native_import_raises_once_the_import_is_done(tmp_path):
+    """A Ctrl-C while torch imports is not raised there (it could cross pybind11 and abort
+    the process) but it is raised as soon as the import is done: torch imports
+    torch._dynamo inside `memory`'s first point, and a Ctrl-C then waited for the whole
+    point (2 s at tiny size, minutes on a GPU), where nothing called check()."""
+    native = tmp_path / "site" / "torch"  # a module body under /torch/ counts as torch's
+    native.mkdir(parents=True)
+    (native / "slow_part.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(1.0)\n")
+    out = run(f"""
+        import time
+        sys.path.insert(0, {str(native)!r})
+        t0 = time.monotonic()
+        try:
+            import slow_part
+            while time.monotonic() - t0 < 8:  # the rest of a point: no check() in it
+                pass
+            print("ran to the end")
+        except KeyboardInterrupt:
+            print(f"stopped {{time.monotonic() - t0:.1f}} s in, {{slow_part.__name__}} imported")
+    """)
+    assert out.returncode == 0, out.stderr
+    said = out.stdout.split()
+    assert said[0] == "stopped" and 1.0 <= float(said[1]) < 3, out.stdout

@@ -19,8 +19,12 @@ A signal that arrives while torch or Triton is being imported is only remembered
 raised: their imports run Python code called from C++ (pybind11), and a KeyboardInterrupt
 thrown there can escape as a C++ exception and abort the process ("terminate called after
 throwing an instance of 'pybind11::error_already_set'", exit -6, seen in
-tests/test_signals.py under load). It is raised at the next `check()`, before the first
-point, or ends the command when it returns (cli.main).
+tests/test_signals.py under load). The signal is sent again every 50 ms from a helper
+thread until it finds the import done, and then raises at once: torch imports
+`torch._dynamo` (0.9 s) inside the first point, as the model's first nn.Embedding is
+built, and a Ctrl-C there waited for the whole point (2 s for `memory` at tiny size; a
+first point on a GPU can take minutes). `check()`, before each point, and cli.main's end
+still raise one that an import swallowed.
 
 A signal raised inside a backward pass under autograd's anomaly mode (which torch.compile's
 AOTAutograd turns on while it traces the joint graph) made torch print "Error detected in
@@ -32,6 +36,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import warnings
 from typing import Any, NoReturn
 
@@ -79,8 +85,29 @@ def _handler(signum: int, frame: Any) -> None:
         warnings.filterwarnings("ignore", message=_ANOMALY_ECHO, category=UserWarning)
     _received.append(signum)
     if importing_native(frame):
-        return  # raised at the next check() (module docstring)
+        _again_soon(signum)  # raised once the import is done (module docstring)
+        return
     _raise(signum)
+
+
+_AGAIN_S = 0.05
+_again: list[bool] = []  # a helper thread is about to send the signal again
+
+
+def _again_soon(signum: int) -> None:
+    """Send `signum` to this process again in _AGAIN_S, while this module's handler still
+    handles it: the handler then raises it, or, still inside the import, sends it again."""
+    if _again:
+        return
+
+    def later() -> None:
+        time.sleep(_AGAIN_S)
+        _again.clear()  # before the kill: the handler it runs may need another one
+        if signal.getsignal(signum) is _handler:  # not after finish() or in a held block
+            os.kill(os.getpid(), signum)
+
+    _again.append(True)
+    threading.Thread(target=later, name="cs336sys-signal-again", daemon=True).start()
 
 
 def install() -> None:
