@@ -269,14 +269,14 @@ def pytest_unconfigure(config):
 
 
 # Drawer.__init__ as the package has it (a test of the forked drawing processes uses it).
-from cs336sys.report.plots import Drawer  # noqa: E402
+from cs336sys.report.drawer import Drawer  # noqa: E402
 
 DRAWER_INIT = Drawer.__init__
 
 
 @pytest.fixture(autouse=True)
 def _draw_in_this_process(monkeypatch):
-    """A report forks a process per core to draw its plots (report/plots.Drawer). Forking a
+    """A report forks a process per core to draw its plots (report/drawer.py). Forking a
     pytest worker (torch loaded) costs more than the drawing saves on these small reports:
     a third of the report tests' CPU time. Tests draw in their own process, except
     test_report.py::test_plots_drawn_in_forked_processes_are_the_ones_drawn_here; reports

@@ -62,11 +62,11 @@ def test_golden_markdown(store, tmp_path):
 @pytest.mark.slow
 @pytest.mark.unrasterized(False)  # compares the pixels
 def test_plots_drawn_in_forked_processes_are_the_ones_drawn_here(store, tmp_path, monkeypatch):
-    """Reports draw their plots in a process per core (report/plots.Drawer); the other tests
+    """Reports draw their plots in a process per core (report/drawer.py); the other tests
     draw in their own process (conftest). Both ways give the same images, in order."""
     import sys
 
-    from cs336sys.report.plots import Drawer
+    from cs336sys.report.drawer import Drawer
     from tests.conftest import DRAWER_INIT
 
     here = report(store, tmp_path / "here", "--format", "html")

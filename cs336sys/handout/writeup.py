@@ -14,8 +14,8 @@ from typing import Any
 
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import IMPLEMENT, WRITTEN, Problem
+from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
-from cs336sys.report.plots import Drawer
 from cs336sys.report.render import Report, provenance
 from cs336sys.report.sections import Section
 from cs336sys.report.select import Selection, invocations, load

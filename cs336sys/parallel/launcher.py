@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.parallel import fork_server
 
 # How long a collective may block before the group gives up. Generous, because a 1 GB
@@ -205,7 +206,6 @@ def die_with_parent(parent: int) -> None:
     PR_SET_PDEATHSIG); and a daemon thread watches `parent` itself, dead once it is gone or
     a zombie waiting to be reaped.
     """
-    import signal
     import threading
     import time
 
@@ -213,13 +213,7 @@ def die_with_parent(parent: int) -> None:
     if _WATCHED == parent:
         return
     _WATCHED = parent
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux
-        pass
+    end_with_parent()
 
     def watch() -> None:
         while _alive(parent):

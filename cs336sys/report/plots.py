@@ -13,8 +13,6 @@ log axes cost more than the rest of a 10,000-run report put together (benchmarks
 from __future__ import annotations
 
 import io
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -109,7 +107,7 @@ class Strips:
 
 def strip_plot(plot: Strips) -> bytes:
     """Strips as PNG bytes: one row per point, A above B."""
-    _import_matplotlib()
+    import_matplotlib()
     import statistics
 
     from matplotlib.figure import Figure
@@ -176,7 +174,7 @@ class Ranked:
         return len(self.items) > 1
 
     def draw(self) -> bytes:
-        _import_matplotlib()
+        import_matplotlib()
         from matplotlib.figure import Figure
 
         items = sorted(self.items, key=lambda t: t[1])  # barh draws bottom up
@@ -192,53 +190,7 @@ class Ranked:
         return _value_axis_png(fig, ax, self.xlabel, self.title, self.logx, "lower right")
 
 
-class Drawer:
-    """Draws a report's plots, on every core where it can.
-
-    Drawing is most of a report's time (docs/report.md, "Speed": 10,000 runs in under 5 s on
-    2 cores), and
-    importing matplotlib alone takes most of a second, so on Linux `Drawer(start=True)` forks
-    one worker per core at once: they import matplotlib while the caller is still reading the
-    store, then draw the plots side by side. Elsewhere (macOS and Windows do not fork safely),
-    on one core, or with start=False, plots are drawn in this process, one after another.
-
-        with Drawer(start=True) as drawer:
-            ...                      # read the store, build the tables
-            pngs = drawer.draw(plots)
-    """
-
-    def __init__(self, start: bool = True) -> None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        self._pool = None
-        if start and cores > 1 and sys.platform.startswith("linux"):
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._pool = ProcessPoolExecutor(
-                cores, mp_context=multiprocessing.get_context("fork"),
-                initializer=_import_matplotlib,
-            )
-            self._pool.submit(int)  # launches the workers now (fork launches them all)
-
-    def __enter__(self) -> Drawer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-
-    def draw(self, plots: list[Plot | Bars]) -> list[bytes]:
-        """PNG bytes of every plot, in order."""
-        if self._pool is None or len(plots) < 2:
-            return [p.draw() for p in plots]
-        return list(self._pool.map(_draw, plots))
-
-
-def _draw(plot: Plot | Bars | Strips | Ranked) -> bytes:
-    return plot.draw()
-
-
-def _import_matplotlib() -> None:
+def import_matplotlib() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,7 +228,7 @@ def panel_plot(
     logy: bool | None = None,
 ) -> bytes:
     """One panel per key (its title), side by side, sharing axes scales and one legend."""
-    _import_matplotlib()
+    import_matplotlib()
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
@@ -379,7 +331,7 @@ def bar_plot(plot: Bars) -> bytes:
     """Stacked bars on the left (a colour per part, the total above each bar), plain bars at
     the same positions on the right (their note above each); bars of one group side by side,
     groups apart, each bar labelled with its label over its group."""
-    _import_matplotlib()
+    import_matplotlib()
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullLocator
 

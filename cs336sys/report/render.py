@@ -24,10 +24,10 @@ from cs336sys.measure.landing import staged
 from cs336sys.measure.significance import THRESHOLD
 from cs336sys.report import typeset
 from cs336sys.report.compare import Comparison, compare_sides, method, sides
+from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
-from cs336sys.report.plots import Drawer
 from cs336sys.report.sections import WRONG, FilledTable, Section
 from cs336sys.report.select import Selection, invocations, load, present
 

@@ -1,0 +1,86 @@
+"""Draws a report's plots, on every core where it can (report/plots.py has the plots).
+
+Drawing is most of a report's time (docs/report.md, "Speed": 10,000 runs in under 5 s on 2
+cores), and importing matplotlib alone takes most of a second, so on Linux
+`Drawer(start=True)` forks one worker per core at once: they import matplotlib while the
+caller is still reading the store, then draw the plots side by side. Elsewhere (macOS and
+Windows do not fork safely), on one core, or with start=False, plots are drawn in this
+process, one after another.
+
+    with Drawer(start=True) as drawer:
+        ...                      # read the store, build the tables
+        pngs = drawer.draw(plots)
+
+The workers belong to the command: a Ctrl-C is the command's to handle (a terminal sends
+it to every process of the job, and each worker printed a KeyboardInterrupt traceback), a
+command stopped or failed part-way terminates them rather than waiting for what is queued,
+and they end with it however it ends (measure/lifetime.py). They were a ProcessPoolExecutor
+once: its workers are not daemons, so the exit of a command stopped while they sat idle
+waited for them for ever, with its output still open.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from cs336sys.measure.landing import held
+from cs336sys.measure.lifetime import end_with_parent
+from cs336sys.report.plots import Bars, Plot, Ranked, Strips, import_matplotlib
+
+
+class Drawer:
+    """Draws plots in a pool of forked workers, or here (see the module)."""
+
+    def __init__(self, start: bool = True) -> None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self._pool: Any = None
+        if start and cores > 1 and sys.platform.startswith("linux"):
+            import multiprocessing
+
+            context = multiprocessing.get_context("fork")
+            try:
+                with held():  # a worker starts with a handler that only notes a signal
+                    self._pool = context.Pool(cores, initializer=_start_worker,
+                                              initargs=(os.getpid(),))
+            except BaseException:  # a signal, delivered as the workers started
+                self._stop()
+                raise
+
+    def __enter__(self) -> Drawer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None and self._pool is not None:
+            self._pool.close()
+            self._pool.join()
+        self._stop()
+
+    def _stop(self) -> None:
+        """End the workers now, whatever they are drawing."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+
+    def draw(self, plots: list[Plot | Bars | Strips | Ranked]) -> list[bytes]:
+        """PNG bytes of every plot, in order."""
+        if self._pool is None or len(plots) < 2:
+            return [p.draw() for p in plots]
+        return self._pool.map(_draw, plots, chunksize=1)
+
+
+def _draw(plot: Plot | Bars | Strips | Ranked) -> bytes:
+    return plot.draw()
+
+
+def _start_worker(command: int) -> None:
+    """A worker, forked by the command: Ctrl-C ignored (the command's), SIGTERM its default
+    (Pool.terminate sends it), and ended with the command (see the module)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    end_with_parent()
+    if os.getppid() != command:  # the command ended before the line above
+        os._exit(1)
+    import_matplotlib()

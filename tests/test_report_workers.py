@@ -1,0 +1,74 @@
+"""A report's drawing workers (report/drawer.py) end with the command, however it is
+stopped, and print nothing of their own. (Linux: /proc.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.promises import SIGNALS
+from tests.report_fixture import build
+from tests.test_signals import descendants, gone_within
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)"),
+]
+
+
+@pytest.fixture(scope="module")
+def fixture_store(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("workers") / "fixture.db")
+
+
+def _workers_below(root: int, timeout: float = 30.0) -> set[int]:
+    """The report's drawing workers: forked by the command (its command line), not a `git`
+    it runs (whose command line is the command's too, until its exec)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = set()
+        for pid in descendants(root):
+            try:
+                if b"cs336sys\0report\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.add(pid)
+            except OSError:
+                continue
+        if len(found) >= 2:  # a worker a core (the suite's machines have 2 or more)
+            return found
+        time.sleep(0.01)
+    raise AssertionError("the report forked no drawing worker")
+
+
+@pytest.mark.promise(SIGNALS)
+@pytest.mark.parametrize("to_the_job", [True, False], ids=["ctrl-c-to-the-job", "sigterm"])
+def test_a_report_stopped_while_its_workers_start_leaves_none(tmp_path, fixture_store,
+                                                             to_the_job):
+    """A terminal's Ctrl-C reaches the report's drawing workers too: each printed a
+    KeyboardInterrupt traceback. A SIGTERM to the command alone left them idle on their
+    queue, and the command's exit waited for them for ever, its output open."""
+    db = tmp_path / "r.db"
+    shutil.copy(fixture_store, db)
+    proc = subprocess.Popen([sys.executable, "-m", "cs336sys", "report", "--since", "2020-01-01",
+                             "--out", str(tmp_path / "report"), "--db", str(db)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    workers = _workers_below(proc.pid)
+    if to_the_job:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode in (0, 130 if to_the_job else 143), err
+    assert "Traceback" not in err, err
+    gone_within(workers, 10.0)
