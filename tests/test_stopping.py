@@ -147,3 +147,28 @@ def test_a_signal_inside_a_native_import_raises_once_the_import_is_done(tmp_path
     assert out.returncode == 0, out.stderr
     said = out.stdout.split()
     assert said[0] == "stopped" and 1.0 <= float(said[1]) < 3, out.stdout
+
+
+def test_a_signal_in_a_callback_the_collector_runs_is_raised_again_not_printed():
+    """A Ctrl-C handled inside a weakref callback (WeakValueDictionary's, as `handout
+    report` collected its garbage) was printed as "Exception ignored in ..." with a
+    traceback, and lost: the command ran on to its next point."""
+    out = run("""
+        import time, weakref
+
+        class Thing:
+            pass
+
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: signal.raise_signal(signal.SIGINT))
+        t0 = time.monotonic()
+        try:
+            del thing  # the callback runs here, and the handler raises inside it
+            while time.monotonic() - t0 < 8:
+                pass
+            print("ran on")
+        except KeyboardInterrupt:
+            print(f"stopped {time.monotonic() - t0:.1f} s in")
+    """)
+    assert (out.returncode, out.stderr) == (0, ""), out.stderr
+    assert out.stdout.startswith("stopped 0."), out.stdout

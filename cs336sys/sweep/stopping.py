@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -119,6 +120,19 @@ def install() -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, _handler)
     signal.signal(signal.SIGTERM, _handler)
+    sys.unraisablehook = _unraisable
+
+
+def _unraisable(unraisable: Any) -> None:
+    """sys.unraisablehook: a signal's exception raised where Python cannot pass it on (a
+    weakref callback or a __del__ the garbage collector ran, an atexit handler) was printed
+    as "Exception ignored in ..." with its traceback, and lost. It is remembered already:
+    it is sent again to be raised in the code that runs next. Anything else as Python
+    prints it."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt | Terminated) and _received:
+        _again_soon(_received[0])
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def finish() -> None:
@@ -198,9 +212,6 @@ def done(code: int | str | None) -> NoReturn:
     one): the interpreter's teardown of torch took 0.3 to 0.9 s after the command's last
     line, and a signal inside it ended the process by the signal, with no line. Elsewhere a
     plain exit: CUDA's own exit handlers (CUPTI's, under Nsight) must run."""
-    import sys
-    import threading
-
     if _cuda_initialised() or any(t is not threading.main_thread() and not t.daemon
                                   for t in threading.enumerate()):
         raise SystemExit(code)
@@ -215,8 +226,6 @@ def done(code: int | str | None) -> NoReturn:
 def _cuda_initialised() -> bool:
     """Whether this process initialised CUDA (torch imported it); True when that cannot be
     told, so that the plain exit is kept."""
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None:
         return False
@@ -230,8 +239,6 @@ def _leave(status: int, every_file: bool = False) -> NoReturn:
     """The atexit handlers run and the output flushed (`every_file`: every file object
     still open, not only stdout and stderr), then os._exit(status)."""
     import atexit
-    import os
-    import sys
 
     atexit._run_exitfuncs()
     streams: list[Any] = [sys.stdout, sys.stderr]
