@@ -5,6 +5,7 @@ and stores are, and the Hopper instructions in it.
     python benchmarks/sm90_compile.py [--only attention,atomic-dq,forward,warp-specialize,
                                        adamw,ce] [--json]
                                       [--head-dims 64,128]   # atomic-dq's, warp-specialize's
+                                      [--rotate N]   # atomic-dq: a variant per config
     PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
 
 Each kernel is specialised as its launcher would be at a large shape (pointers and the
@@ -165,19 +166,24 @@ def _attention(kernel, pointers: list[str], constexprs: dict, warps: int, stages
     return _try(kernel, types, constexprs, aligned, warps, stages)
 
 
-def atomic_dq_builds(head_dims=(64, 128)):
+def atomic_dq_builds(head_dims=(64, 128), rotate: int | None = None):
     """The dK/dV kernels with ATOMIC_DQ at every 16-bit config their pruner keeps (bf16,
     causal, long sequences), pointer and TMA variants, the TMA one with pointer atomics and
-    with TMA reductions (DQ_TMA): the list is meant to be spill-free."""
+    with TMA reductions (DQ_TMA): the list is meant to be spill-free. With `rotate`, each
+    config in one variant only, the n-th config in variant (n + rotate) mod 3: every config
+    and every variant compiles, a third of the builds, the pairs changing with `rotate`."""
     from cs336sys.attention import flash_triton_tuning as tuning
 
+    variants = (*((v, t, False) for v, t in VARIANTS), ("tma-reduce", True, True))
+    n = 0
     for d in head_dims:
         for cfg in tuning.kept_configs("dkdv_atomic", tuning.call_args(d, 16384)):
             tiles = cfg.kwargs
             c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32", UPCAST_DOT=False,
                      ROUND_BF16=False, ATOMIC_DQ=True, **tiles)
-            for variant, tma, dq_tma in (*((v, t, False) for v, t in VARIANTS),
-                                         ("tma-reduce", True, True)):
+            chosen = variants if rotate is None else (variants[(n + rotate) % len(variants)],)
+            n += 1
+            for variant, tma, dq_tma in chosen:
                 label = (f"{variant} d{d} {tiles['Q_TILE']}x{tiles['K_TILE']} w{cfg.num_warps} "
                          f"s{cfg.num_stages}")
                 yield label, _attention(ATTENTION_KERNELS["dkdv+dq"], DKDV_DQ,
@@ -292,6 +298,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per kernel build")
     parser.add_argument("--head-dims", default="64,128",
                         help="the atomic-dq and warp-specialize candidates' head dims")
+    parser.add_argument("--rotate", type=int, default=None,
+                        help="atomic-dq: each config in one variant, rotated by this number")
     args = parser.parse_args()
     groups = args.only.split(",")
     if not set(groups) <= set(GROUPS):
@@ -306,7 +314,7 @@ def main() -> int:
         return 2
     if not args.json:
         print(f"triton {triton.__version__}, sm_90")
-    builds = {**GROUPS, "atomic-dq": lambda: atomic_dq_builds(head_dims),
+    builds = {**GROUPS, "atomic-dq": lambda: atomic_dq_builds(head_dims, args.rotate),
               "warp-specialize": lambda: warp_specialize_builds(head_dims)}
     failed = 0
     for group in groups:

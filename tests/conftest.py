@@ -41,6 +41,17 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
+def commit_seed() -> int:
+    """A number from the checked-out commit (0 outside a checkout): what the suite samples
+    (signal moments, sm_90 build pairs) is the same on every xdist worker and whenever a
+    commit's failure is rerun, and new with each commit."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__),
+                          capture_output=True, text=True).stdout.strip()
+    return int(head[:12], 16) if head else 0
+
+
 def _patch_the_language_once_per_launch() -> bool:
     """Triton's interpreter swaps triton.language's functions for interpreted ones when a
     kernel launches, and swaps them again, walking every member of triton.language (inspect.

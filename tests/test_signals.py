@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import query
+from tests.conftest import commit_seed, query
 from tests.promises import RANKS, SIGNALS
 
 pytestmark = [
@@ -236,9 +236,7 @@ def signal_seed() -> int:
     worker and whenever a commit's failure is rerun, new ones with each commit."""
     if os.environ.get("CS336SYS_SIGNAL_SEED"):
         return int(os.environ["CS336SYS_SIGNAL_SEED"])
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                          capture_output=True, text=True).stdout.strip()
-    return int(head[:12], 16) if head else 0
+    return commit_seed()
 
 
 def moments(seed: int, strata=STRATA_S) -> list[tuple[str, list[str], int, float]]:

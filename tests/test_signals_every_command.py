@@ -1,10 +1,11 @@
 """A signal at a random moment of every command (docs/bad-input.md#failures-while-running):
 tests/test_signals.py draws four moments for each command that starts ranks, and two for
-`handout run`; here every other command of the app gets one, Ctrl-C or SIGTERM, drawn
-from the same seed (new with each commit). The command ends with 0 (done before the signal,
-or noted after its last line) or 130/143 and a last line that says what it left, which the
-store and the folder agree with; no traceback, no staged file, no process left. Commands
-are read from the app, so a new one fails here until it has a moment."""
+`handout run`; here every other command of the app gets one, Ctrl-C or SIGTERM, drawn from
+the same seed (new with each commit), half of the commands in each run. The command ends
+with 0 (done before the signal, or noted after its last line) or 130/143 and a last line
+that says what it left, which the store and the folder agree with; no traceback, no staged
+file, no process left. Commands are read from the app, so a new one fails here until it has
+a moment."""
 
 from __future__ import annotations
 
@@ -72,8 +73,13 @@ def fixture_store(tmp_path_factory) -> Path:
     return build(tmp_path_factory.mktemp("signals") / "fixture.db")
 
 
+# Half of them in each run, the halves changing with the commit (the seed): each command
+# is reached within a few commits, for half the time in `make test`.
+DRAWN = [c for i, c in enumerate(sorted(EVERY_OTHER)) if (i + SEED) % 2 == 0]
+
+
 @pytest.mark.promise(SIGNALS)
-@pytest.mark.parametrize("command", sorted(EVERY_OTHER))
+@pytest.mark.parametrize("command", DRAWN)
 def test_a_signal_at_a_random_moment_of_every_other_command(tmp_path, fixture_store, command):
     args, on_fixture, _ = EVERY_OTHER[command]
     sig, after_s = moment(command)
