@@ -189,15 +189,15 @@ def run(
                 line = [*args, "--label", problem.name, "--db", str(db),
                         *(["--dry-run"] if dry_run else ["--resume"])]
             code = _invoke(root, line)
-            _stop_if_signalled(code, stopped_at(problem.name))
+            stopping.check()  # a command the signal stopped: the run stops below
             if code not in (0, None):
                 typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}",
                            err=True)
                 worst = max(worst, code if isinstance(code, int) else 1)
         if not dry_run:
             typer.echo(f"\nDone: `cs336sys handout --db {db}` shows where each problem stands.")
-    except (KeyboardInterrupt, stopping.Terminated):  # between two commands
-        _stop_if_signalled(None, stopped_at(at))
+    except (KeyboardInterrupt, stopping.Terminated):  # in a command, or between two
+        _stop_if_signalled(stopped_at(at))
         raise
     # what a signal from here to the exit ends with (not the last command's own line)
     stopping.stored(f"handout run stored {stored_here() - before} point(s) in {db}")
@@ -219,7 +219,7 @@ def _refusals(root: Any, todo: list, db: Path) -> list[str]:
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             code = _invoke(root, [*args, "--label", problem.name, "--db", str(db), "--dry-run"])
-        _stop_if_signalled(code, f"handout run stopped at {problem.name}, while checking the "
+        _stop_if_signalled(f"handout run stopped at {problem.name}, while checking the "
                            "commands: nothing was stored")
         if code == 2:
             lines = err.getvalue().strip().splitlines() or ["refused"]
@@ -227,14 +227,14 @@ def _refusals(root: Any, todo: list, db: Path) -> list[str]:
     return refused
 
 
-def _stop_if_signalled(code: int | None, line: str) -> None:
-    """After a command: where Ctrl-C or SIGTERM stopped it, end the run with `line` (what
-    the run stored) as its last word, and the command's exit code (130 or 143)."""
+def _stop_if_signalled(line: str) -> None:
+    """Where Ctrl-C or SIGTERM stopped the run, end it with `line` (what the run stored) as
+    its last word, and the signal's exit code (130 or 143)."""
     if stopping.pending() is None:
         return
     typer.echo(line, err=True)
     stopping.told()
-    raise typer.Exit(code if isinstance(code, int) and code else stopping.exit_code())
+    raise typer.Exit(stopping.exit_code())
 
 
 def _invoke(root: Any, args: list[str]) -> int | None:
