@@ -226,8 +226,8 @@ def recording(
     finally:
         with held():  # a signal from here on ends the command with the line below
             rec.close(status)
-            global _stored
-            _stored += rec.added
+            global _points_stored
+            _points_stored += rec.added
             line = f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})"
             stopping.stored(line)
     typer.echo(line, err=True)
@@ -235,12 +235,12 @@ def recording(
         raise typer.Exit(1)
 
 
-_stored = 0  # points this process stored, over every command it ran (handout run runs several)
+_points_stored = 0  # points stored by every command this process ran (handout run runs several)
 
 
 def stored_here() -> int:
     """How many points the commands this process ran have stored, so far."""
-    return _stored
+    return _points_stored
 
 
 def cannot_write(out: Path, exc: OSError) -> NoReturn:
