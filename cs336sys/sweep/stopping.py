@@ -21,9 +21,9 @@ thrown there can escape as a C++ exception and abort the process ("terminate cal
 throwing an instance of 'pybind11::error_already_set'", exit -6, seen in
 tests/test_signals.py under load). The signal is sent again every 50 ms from a helper
 thread until it finds the import done, and then raises at once: torch imports
-`torch._dynamo` (0.9 s) inside the first point, as the model's first nn.Embedding is
-built, and a Ctrl-C there waited for the whole point (2 s for `memory` at tiny size; a
-first point on a GPU can take minutes). `check()`, before each point, and cli.main's end
+`torch._dynamo` inside the first point, as the model's first nn.Embedding is built, and a
+Ctrl-C there waited for the whole point (a first point on a GPU can take minutes;
+tests/test_stopping.py holds the import case). `check()`, before each point, and cli.main's end
 still raise one that an import swallowed.
 
 A signal raised inside a backward pass under autograd's anomaly mode (which torch.compile's
@@ -209,9 +209,10 @@ def done(code: int | str | None) -> NoReturn:
 
     Where CUDA was never initialised and no other thread must be waited for, the way end()
     does, after every file still open for writing is flushed (the user's code may leave
-    one): the interpreter's teardown of torch took 0.3 to 0.9 s after the command's last
-    line, and a signal inside it ended the process by the signal, with no line. Elsewhere a
-    plain exit: CUDA's own exit handlers (CUPTI's, under Nsight) must run."""
+    one): the interpreter's teardown of torch took about half a second after the command's
+    last line (benchmarks/rank_start.py), and a signal inside it ended the process by the
+    signal, with no line. Elsewhere a plain exit: CUDA's own exit handlers (CUPTI's,
+    under Nsight) must run."""
     if _cuda_initialised() or any(t is not threading.main_thread() and not t.daemon
                                   for t in threading.enumerate()):
         raise SystemExit(code)
