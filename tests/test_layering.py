@@ -9,8 +9,9 @@ code (yours/) is reached through attention's registry and the experiments; measu
 measuring machinery, imports no other package; store/ has no import cycle. Every import
 counts, also those inside functions (the lazy ones that keep `cs336sys --help` fast). No
 hidden edges: the package root imports nothing, and no module imports another by a name
-in a string (importlib), except yours/, whose job is importing the user's code by name, and
-the experiments' catalog, whose KINDS the graph reads as its imports.
+in a string (importlib), except yours/, whose job is importing the user's code by name, the
+experiments' catalog, whose KINDS the graph reads as its imports, and measure/lazy.py, whose
+`attach` calls the graph reads as the imports of the packages that make them.
 """
 
 from __future__ import annotations
@@ -108,17 +109,35 @@ def catalog_kinds(source: str) -> set[str]:
     raise AssertionError("experiments/catalog.py declares no KINDS")
 
 
+LAZY = "cs336sys.measure.lazy"
+
+
+def attached(source: str) -> set[str]:
+    """The modules a package's `__init__` gives names from on first use: the keys of its
+    `attach(__name__, {module: names})` (measure/lazy.py), which must be written out."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "attach":
+            assert isinstance(node.args[1], ast.Dict), "attach's modules must be a literal dict"
+            found |= {ast.literal_eval(key) for key in node.args[1].keys}
+    return found
+
+
 def graph(root: Path = ROOT, at_import: bool = False) -> dict[str, set[str]]:
     """Each module's imports of the package's modules: all of them, or (at_import) those
     that run when it is imported, `if TYPE_CHECKING:` blocks left out. All of them include
-    the kinds the catalog imports by name (not at import: on first use of EXPERIMENTS)."""
+    the kinds the catalog imports by name and the modules a package attaches its names from
+    (not at import: on first use)."""
     files = {module_name(p, root): p for p in root.rglob("*.py")}
     known = set(files)
     edges = {m: imports(_runtime(p.read_text()) if at_import else p.read_text(), m,
                         p.name == "__init__.py", known, at_import) - {m}
              for m, p in files.items()}
-    if not at_import and CATALOG in files:
-        edges[CATALOG] |= catalog_kinds(files[CATALOG].read_text())
+    if not at_import:
+        for m, p in files.items():
+            edges[m] |= attached(p.read_text())
+        if CATALOG in files:
+            edges[CATALOG] |= catalog_kinds(files[CATALOG].read_text())
     return edges
 
 
@@ -173,9 +192,8 @@ def test_no_package_has_an_import_cycle_imports_in_functions_counted():
 # heavy -- it imports one of HEAVY when imported (or imports such a module, or lives in a
 # package that does) -- or when it keeps a module out of what `--help` loads: the import is
 # in a module the command line loads and its target is not (a command loads its experiment
-# when it runs). Every other import of the package's own modules is at the top, but for a
-# package's names given on first use (PEP 562 `__getattr__` in its __init__): its modules
-# import their siblings, and importing a sibling imports the package.
+# when it runs). Every other import of the package's own modules is at the top; a package's
+# names given on first use are attached (measure/lazy.py), not imported in a function.
 # (sqlite-utils imports numpy.)
 HEAVY = ("torch", "triton", "matplotlib", "datasette", "numpy", "sqlite_utils")
 # The places that import a light module inside a function anyway, each with its reason.
@@ -229,9 +247,6 @@ def lazy_light_imports(root: Path = ROOT) -> list[str]:
         source = p.read_text()
         tree = ast.parse(source)
         at_import = {id(n) for n in _nodes(tree, at_import=True)}
-        if p.name == "__init__.py":
-            at_import |= {id(n) for f in tree.body if isinstance(f, ast.FunctionDef)
-                          and f.name == "__getattr__" for n in ast.walk(f)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in at_import:
                 segment = ast.get_source_segment(source, node) or ""
@@ -267,7 +282,8 @@ def test_the_lazy_import_checker_tells_heavy_from_light(tmp_path):
 
 
 def test_the_checker_sees_a_forbidden_edge(tmp_path):
-    """The checker itself: an upward import inside a function, a relative one, and a cycle."""
+    """The checker itself: an upward import inside a function, a relative one, an attached
+    one, and a cycle."""
     pkg = tmp_path / "cs336sys"
     for sub in ("store", "measure", "experiments", "models", "attention"):
         (pkg / sub).mkdir(parents=True)
@@ -279,10 +295,14 @@ def test_the_checker_sees_a_forbidden_edge(tmp_path):
     (pkg / "measure" / "clock.py").write_text("")
     (pkg / "store" / "db.py").write_text("from cs336sys.store import views\n")
     (pkg / "store" / "views.py").write_text("def lazy():\n    from . import db\n")
+    (pkg / "models" / "__init__.py").write_text(
+        "__getattr__, __dir__, _ = attach(__name__, {'cs336sys.experiments.run': ['f']})\n")
     assert forbidden(graph(pkg)) == [
         "cs336sys.attention.k imports cs336sys.models.cfg (attention -> models)",
         "cs336sys.experiments.run imports cs336sys.store.db (experiments -> store)",
+        "cs336sys.models imports cs336sys.experiments.run (models -> experiments)",
     ]
+    assert "cs336sys.experiments.run" not in graph(pkg, at_import=True)["cs336sys.models"]
     assert cycles(graph(pkg, at_import=True), "cs336sys.store") == []  # views imports db lazily
     # a package whose __init__ imports a submodule that imports from the package
     (pkg / "store" / "__init__.py").write_text("from cs336sys.store.db import views\n")
@@ -311,7 +331,7 @@ def _by_name(tree: ast.AST) -> list[int]:
 def test_no_module_imports_another_by_a_string():
     found = {module_name(p): _by_name(ast.parse(p.read_text())) for p in ROOT.rglob("*.py")}
     assert {m: lines for m, lines in found.items()
-            if lines and layer(m) != "yours" and m != CATALOG} == {}
+            if lines and layer(m) != "yours" and m not in (CATALOG, LAZY)} == {}
     assert _by_name(ast.parse("import importlib\nimportlib.import_module('x')\n")) == [2]
 
 

@@ -7,23 +7,13 @@ only when `get(name)` is called or a FlashAttention class is first accessed:
     o = FlashAttention2Triton.apply(q, k, v, True)   # q, k, v: (B, T, D) or (B, H, T, D)
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from cs336sys.attention.registry import get, names, register
+from cs336sys.measure.lazy import attach
 
-__all__ = ["FlashAttention2Torch", "FlashAttention2Triton", "get", "names", "register"]
+# The FlashAttention classes import torch.
+__getattr__, __dir__, _ON_FIRST_USE = attach(__name__, {
+    "cs336sys.attention.flash_torch": ("FlashAttention2Torch",),
+    "cs336sys.attention.flash_triton": ("FlashAttention2Triton",),
+})
 
-
-def __getattr__(name: str) -> Any:
-    """The FlashAttention classes, imported on first use: they import torch (PEP 562)."""
-    if name == "FlashAttention2Torch":
-        from cs336sys.attention.flash_torch import FlashAttention2Torch
-
-        return FlashAttention2Torch
-    if name == "FlashAttention2Triton":
-        from cs336sys.attention.flash_triton import FlashAttention2Triton
-
-        return FlashAttention2Triton
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [*_ON_FIRST_USE, "get", "names", "register"]

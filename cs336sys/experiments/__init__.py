@@ -10,14 +10,6 @@ Importing this package imports neither torch nor the sweep runner (`cs336sys --h
 the catalog below it): `run_sweep` and `Point` are imported on first use (PEP 562).
 """
 
-from typing import Any
+from cs336sys.measure.lazy import attach
 
-__all__ = ["Point", "run_sweep"]
-
-
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from cs336sys.sweep import runner
-
-        return getattr(runner, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__, __all__ = attach(__name__, {"cs336sys.sweep.runner": ("Point", "run_sweep")})

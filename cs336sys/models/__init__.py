@@ -7,8 +7,9 @@ imported on first attribute access.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from cs336sys.measure.lazy import attach
 from cs336sys.models.config import PRESETS, ModelConfig, from_preset, param_count
 from cs336sys.models.flops import STEP_MODES, forward_flops, step_flops
 
@@ -16,31 +17,11 @@ if TYPE_CHECKING:
     from cs336sys.models.adamw import AdamW
     from cs336sys.models.transformer import TransformerLM
 
-__all__ = [
-    "PRESETS",
-    "STEP_MODES",
-    "AdamW",
-    "ModelConfig",
-    "TransformerLM",
-    "forward_flops",
-    "from_preset",
-    "param_count",
-    "step_flops",
-]
+# TransformerLM and AdamW import torch.
+__getattr__, __dir__, _ = attach(__name__, {
+    "cs336sys.models.transformer": ("TransformerLM",),
+    "cs336sys.models.adamw": ("AdamW",),
+})
 
-
-def __getattr__(name: str) -> Any:
-    """TransformerLM and AdamW, imported on first use: they import torch (PEP 562)."""
-    if name == "TransformerLM":
-        from cs336sys.models.transformer import TransformerLM
-
-        return TransformerLM
-    if name == "AdamW":
-        from cs336sys.models.adamw import AdamW
-
-        return AdamW
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"TransformerLM", "AdamW"})
+__all__ = ["PRESETS", "STEP_MODES", "AdamW", "ModelConfig", "TransformerLM", "forward_flops",
+           "from_preset", "param_count", "step_flops"]

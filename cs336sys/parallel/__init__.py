@@ -5,39 +5,16 @@ Importing this package does not import torch: the launcher imports it when it ru
 DDP names below load on first use. The CLI still imports it inside commands only.
 """
 
+from cs336sys.measure.lazy import attach
 from cs336sys.parallel.launcher import RankContext, WorkerError, launch, under_torchrun
 
-# Lazy (PEP 562) because importing `cs336sys.parallel.launcher` runs this file, and the CLI
-# relies on that import being torch-free (a rank of torchrun's imports it as it starts).
-_DDP_NAMES = (
-    "IMPLS",
-    "DDPBucketed",
-    "DDPIndividualParameters",
-    "FlatDDP",
-    "NaiveDDP",
-    "TorchDDP",
-    "make_ddp",
-)
+# Given on first use because importing `cs336sys.parallel.launcher` runs this file, and the
+# CLI relies on that import being torch-free (a rank of torchrun's imports it as it starts).
+__getattr__, __dir__, _ON_FIRST_USE = attach(__name__, {
+    "cs336sys.parallel.ddp": ("IMPLS", "DDPBucketed", "DDPIndividualParameters", "FlatDDP",
+                              "NaiveDDP", "TorchDDP", "make_ddp"),
+    "cs336sys.parallel.sharded_optimizer": ("ShardedOptimizer",),
+    "cs336sys.parallel.fsdp": ("FSDP",),
+})
 
-
-_SHARDING_NAMES = ("ShardedOptimizer", "FSDP")
-
-
-def __getattr__(name: str):
-    if name in _DDP_NAMES:
-        from cs336sys.parallel import ddp
-
-        return getattr(ddp, name)
-    if name == "ShardedOptimizer":
-        from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
-
-        return ShardedOptimizer
-    if name == "FSDP":
-        from cs336sys.parallel.fsdp import FSDP
-
-        return FSDP
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["RankContext", "WorkerError", "launch", "under_torchrun", *_DDP_NAMES,
-           *_SHARDING_NAMES]
+__all__ = ["RankContext", "WorkerError", "launch", "under_torchrun", *_ON_FIRST_USE]
