@@ -261,7 +261,8 @@ BAD = [
     (["memory", *MICRO, "--snapshot", "/proc/cs336sys-snapshot"], "cannot write in /proc"),
     (["memory", "--size", "tiny", "--seq", "100000"], "maximum context length"),
     (["memory", "residuals", "--size", "tiny", "--seq", "100000"], "maximum context"),
-    (["memory", "--size", "xl", "residuals"], "belongs after the subcommand"),
+    (["memory", "--size", "xl", "residuals"],
+     "--size belongs after the subcommand: cs336sys memory residuals --size ..."),
     (["memory", "residuals", "--impl", "eager"], "No such option: --impl"),
     (["memory", "residuals", "--size", "huge"], "unknown size"),
 ]

@@ -100,11 +100,12 @@ def residuals(**options: Any) -> None:
 def _refuse_options_before_subcommand(ctx: typer.Context) -> None:
     """`memory --size xl residuals` would silently drop --size: say where it belongs."""
     # By name: typer may bring its own copy of click, whose ParameterSource is another enum.
-    given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
+    given = [n for n in ctx.params
+             if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
     if given:
         flag = "--" + given[0].replace("_", "-")
         fail(f"{flag} belongs after the subcommand: cs336sys memory {ctx.invoked_subcommand} "
-              "{flag} ...")
+             f"{flag} ...")
 
 
 def _label(spec) -> str:
