@@ -28,7 +28,7 @@ def test_the_memory_estimate_is_within_a_factor_of_the_measured_peak(size, seq, 
                            checkpoint=[checkpoint], device="cpu", warmup=0, iters=1)
     result = memory.run(spec)
     assert result.status == "ok", result.error
-    ratio = preflight.model_estimate(spec.model).bytes / result.metrics["peak_bytes"]
+    ratio = preflight.model_estimate(spec.point).bytes / result.metrics["peak_bytes"]
     assert 1.0 <= ratio <= 1.5, ratio
 
 

@@ -109,5 +109,5 @@ def _refuse_options_before_subcommand(ctx: typer.Context) -> None:
 
 
 def _label(spec) -> str:
-    m = spec.model
+    m = spec.point
     return f"{m.size} T={m.seq} {m.mode} {m.precision} {m.checkpoint}"

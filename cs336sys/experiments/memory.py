@@ -42,6 +42,7 @@ from cs336sys.models.config import checkpoint_group
 from cs336sys.models.saved import model_saved_bytes
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
+    AroundPoint,
     Column,
     Experiment,
     Ratio,
@@ -60,20 +61,12 @@ MODES = ("forward", "train")
 
 
 @dataclass(frozen=True)
-class MemorySpec:
-    model: ModelSpec
+class MemorySpec(AroundPoint):
+    point: ModelSpec
     snapshot: str | None = None  # directory for the timeline PNG (and the CUDA pickle)
 
-    @property
-    def device(self) -> str:
-        return self.model.device
-
-    @property
-    def precision(self) -> str:
-        return self.model.precision
-
     def settings(self) -> dict[str, Any]:
-        s = self.model.settings()
+        s = self.point.settings()
         for unused in _UNUSED:  # always off here: not part of the point
             s.pop(unused, None)
         s["snapshot"] = self.snapshot
@@ -81,7 +74,7 @@ class MemorySpec:
 
     def label(self) -> str:
         """A file-name-safe name for this point's snapshot files."""
-        m = self.model
+        m = self.point
         parts = [m.size, f"T{m.seq}", f"B{m.batch}", m.mode, m.precision,
                  m.model or m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]
         return "memory-" + "-".join(parts)
@@ -122,7 +115,7 @@ def run(spec: MemorySpec) -> Result:
     from cs336sys.measure.live_tensors import LiveTensorTracker
     from cs336sys.measure.saved_tensors import saved_bytes_excluding
 
-    m = spec.model
+    m = spec.point
     device = torch.device(m.device)
     on_cuda = device.type == "cuda"
     config = m.config()
@@ -354,7 +347,7 @@ EXPERIMENT = Experiment(
         *launch(("fwd", "bwd", "opt")),
         *preflight.METRICS,
     ),
-    estimate=lambda spec: preflight.model_estimate(spec.model),
+    estimate=lambda spec: preflight.model_estimate(spec.point),
     tables=(TABLE,),
     compare="peak_bytes",
     section=memory_section.section,

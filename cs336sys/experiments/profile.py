@@ -46,6 +46,7 @@ from cs336sys.measure.stats import flatten
 from cs336sys.report.plots import Ranked
 from cs336sys.report.sections import FilledTable, add_plot, num, pct
 from cs336sys.sweep.declaration import (
+    AroundPoint,
     Column,
     Experiment,
     Metric,
@@ -67,20 +68,12 @@ _NOT_SETTINGS = ("nvtx", "timer")
 
 
 @dataclass(frozen=True)
-class ProfileSpec:
+class ProfileSpec(AroundPoint):
     target: str  # model | attention
     point: ModelSpec | AttentionSpec
     top: int  # names kept per phase in kernel_stats; the rest become one (other) row
     nvtx: bool = False  # NVTX ranges for nsys instead of torch.profiler
     trace: str | None = None  # Chrome trace file to write (an output, not a setting)
-
-    @property
-    def device(self) -> str:
-        return self.point.device
-
-    @property
-    def precision(self) -> str:
-        return self.point.precision
 
     def settings(self) -> dict[str, Any]:
         base = {k: v for k, v in self.point.settings().items() if k not in _NOT_SETTINGS}

@@ -295,6 +295,20 @@ class Experiment:
         return f"{self.compare.removesuffix(f'_{unit}')} {unit}", self.compare, unit, None, None
 
 
+class AroundPoint:
+    """A Spec built around another kind's point, its `point` field (memory's and profile's
+    around a model or attention point): it runs on that point's device, at its precision,
+    which the runner, the estimates and the progress line read from every Spec."""
+
+    @property
+    def device(self) -> str:
+        return self.point.device  # type: ignore[attr-defined]
+
+    @property
+    def precision(self) -> str:
+        return self.point.precision  # type: ignore[attr-defined]
+
+
 def settings_keys(spec: type, drop: tuple[str, ...] = (), rename: Mapping[str, str] = ()) -> tuple[str, ...]:
     """The settings keys of a Spec dataclass: its field names, `rename`d, without `drop`."""
     rename = dict(rename)
