@@ -54,6 +54,7 @@ def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path):
     from cs336sys.experiments import model
     from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store import Store
+    from cs336sys.store.views import column_meanings
 
     Store(db_path, EXPERIMENTS).close()
     listing = invoke("sql", "--schema", "--db", db_path)
@@ -68,6 +69,11 @@ def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path):
     median = model.EXPERIMENT.metric("step_ms_median")
     assert described["step_ms_median"].split(None, 2)[1:] == ["ms", median.meaning]
     assert "setting (int)" in described["seq"] and "GPU" in described["gpu"]
+    # a Spec around a point (memory's, profile's) types the point's settings too
+    for kind in ("memory", "profile"):
+        meanings = column_meanings(next(e for e in EXPERIMENTS if e.kind == kind))
+        assert meanings["seq"] == ("", "setting (int)")
+        assert meanings["model"] == ("", "setting (str | None)")
     bad = invoke("sql", "--schema", "model_run", "--db", db_path)
     assert bad.exit_code == 2 and "did you mean 'model_runs'?" in bad.stderr
 

@@ -22,8 +22,8 @@ it: whoever calls them (the CLI, a notebook) passes the declarations down. No to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, get_args, get_type_hints
 
 from cs336sys.measure.stats import STATS
 
@@ -266,11 +266,17 @@ class Experiment:
             object.__setattr__(self, "settings", settings_keys(self.spec))
 
     def setting_types(self) -> dict[str, str]:
-        """Each Spec field -> its type as written (`int`, `str | None`)."""
-        specs = self.spec if isinstance(self.spec, tuple) else (self.spec,)
+        """Each Spec field -> its type as written (`int`, `str | None`); a Spec around a
+        point (AroundPoint) gives the fields of the point's Spec(s)."""
+        specs = list(self.spec if isinstance(self.spec, tuple) else (self.spec,))
         types: dict[str, str] = {}
-        for spec in specs:
+        while specs:
+            spec = specs.pop(0)
             for f in fields(spec):
+                if f.name == "point" and issubclass(spec, AroundPoint):
+                    point = get_type_hints(spec)["point"]
+                    specs += [t for t in get_args(point) or (point,) if is_dataclass(t)]
+                    continue
                 types.setdefault(f.name, f.type if isinstance(f.type, str) else f.type.__name__)
         return types
 
