@@ -46,9 +46,19 @@ def test_a_second_signal_after_the_command_ends_the_process_as_by_default():
 
 
 def test_done_flushes_what_the_users_code_left_open_and_exits_with_the_code(tmp_path):
+    """...and reads no object's __class__ as it looks for files: torch.distributed's
+    deprecated `reduce_op` warned when read, after the command's last line."""
     log = tmp_path / "log.txt"
     out = run(f"""
-        import atexit
+        import atexit, warnings
+
+        class Deprecated:
+            @property
+            def __class__(self):
+                warnings.warn("read", FutureWarning)
+                return Deprecated
+
+        deprecated = Deprecated()
         left_open = open({str(log)!r}, "w")
         left_open.write("a line the user's code never flushed\\n")
         atexit.register(lambda: print("atexit ran", file=sys.stderr))
