@@ -64,6 +64,24 @@ def test_every_command_that_measures_takes_resume():
         assert "--resume" in invoke(*path, "--help").stdout, path
 
 
+def test_every_command_that_can_run_your_code_takes_adapters():
+    """An --attention or --impl may name yours-torch (your adapters'): the command takes the
+    --adapters that the refusal of a missing adapters file tells the user to give.
+    `memory residuals` did not."""
+    import typer.main
+
+    root = typer.main.get_command(app)
+    lacking = []
+    for path in _command_paths():
+        cmd = root
+        for name in path:
+            cmd = cmd.commands[name]
+        opts = {o for param in cmd.params for o in getattr(param, "opts", [])}
+        if opts & {"--attention", "--impl"} and "--adapters" not in opts:
+            lacking.append(" ".join(path))
+    assert lacking == []
+
+
 def test_hand_written_defaults_reach_the_help():
     """A default written into a help text survives rendering (Rich markup used to eat
     "[default: ...]" as a style tag)."""

@@ -76,8 +76,7 @@ def _residuals_only(
 
 @memory_app.command()
 @model_command(_residuals_only,
-               drop=("optimizer", "checkpoint", "warmup", "iters", "num_layers", "vocab_size",
-                     "adapters"))
+               drop=("optimizer", "checkpoint", "warmup", "iters", "num_layers", "vocab_size"))
 def residuals(**options: Any) -> None:
     """Bytes one TransformerBlock (ours, or your model's with --model) saves for backward, eager and compiled, and the top 5 operations by saved bytes.
 
