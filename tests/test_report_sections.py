@@ -138,6 +138,31 @@ def test_checkpointing_groups_never_mix_settings_or_gpus():
     ]
 
 
+def test_memory_tables_name_the_users_model_beside_ours():
+    """The trade-off and the optimizer-step tables of the user's model and of cs336sys's at
+    the same size: each row says whose model it measured."""
+
+    def row(model, ckpt, fwd):
+        s = {"size": "tiny", "seq": 32, "batch": 2, "mode": "train", "precision": "fp32",
+             "checkpoint": ckpt, "model": model}
+        return {**s, "_settings": s, "status": "ok", "gpu": "cpu", "peak_bytes": 300 * 2**20,
+                "fwd_peak_bytes": fwd * 2**20, "bwd_peak_bytes": 2 * fwd * 2**20,
+                "opt_peak_bytes": 300 * 2**20, "saved_bytes": fwd * 2**20, "step_ms_mean": 1.0,
+                "init_bytes": 2**20, "before_opt_bytes": 2**21, "after_opt_bytes": 2**21}
+
+    sec = Section("memory", "m")
+    memory_section.section(sec, latest([row(None, "none", 100.0), row(None, "every:1", 50.0),
+                                        row("cs336_basics", "none", 90.0),
+                                        row("cs336_basics", "every:1", 40.0)]))
+    points = [r[0] for r in table(sec, "Checkpointing trade-off").rows]
+    assert points == ["tiny T=32 B=2 train fp32"] * 2 + [
+        "tiny T=32 B=2 train fp32 model=cs336_basics"] * 2
+    around = [r[0] for r in table(sec, "Memory around the optimizer step").rows]
+    assert around == ["tiny T=32 B=2 fp32 ckpt=none", "tiny T=32 B=2 fp32 ckpt=every:1",
+                      "tiny T=32 B=2 fp32 ckpt=none model=cs336_basics",
+                      "tiny T=32 B=2 fp32 ckpt=every:1 model=cs336_basics"]
+
+
 # -- attention ---------------------------------------------------------------------------------
 
 
@@ -244,6 +269,25 @@ def test_the_model_chart_stacks_the_phases_per_size_and_precision(rendered):
     assert width > height and width <= 1240  # beside each other, within the page
     assert 'alt="Step time by phase, tokens/s and MFU"' in html
     assert "![Step time by phase, tokens/s and MFU](report_files/model-steps.png)" in md
+
+
+def test_the_users_model_beside_ours_is_named_on_its_bar():
+    """Unset `model` is cs336sys's model, not "does not apply": a bar of the user's model
+    beside ours says whose it is (it said only `fp32 checkpoint=every:1`)."""
+    from cs336sys.report.sections import Section
+
+    def row(model, attention, ckpt):
+        s = {"size": "tiny", "seq": 32, "batch": 2, "mode": "train", "precision": "fp32",
+             "model": model, "attention": attention, "checkpoint": ckpt, "warmup": 1}
+        return {**s, "_settings": s, "status": "ok", "step_ms_mean": 100.0, "fwd_ms_mean": 30.0,
+                "bwd_ms_mean": 60.0, "opt_ms_mean": 10.0, "tokens_per_s": 640.0}
+
+    sec = Section("model", "Model")
+    model_section.section(sec, [row(None, "naive", "none"),
+                                row("cs336_basics", None, "every:1")])
+    (fig,) = [f for f in sec.figures if f.name.startswith("model-steps")]
+    assert [b.label for b in fig.plot.bars] == [
+        "fp32 checkpoint=none", "fp32 checkpoint=every:1 model=cs336_basics"]
 
 
 def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():

@@ -46,6 +46,8 @@ def section(sec: Section, pts: list[Row]) -> None:
             continue
         s = r["_settings"]
         what = f"checkpoint={text(s.get('checkpoint') or 'none')}"
+        if s.get("model"):
+            what += f" model={text(s['model'])}"
         if s.get("attention") not in (None, "naive"):
             what += f" attention={text(s['attention'])}"
         sec.figures.append(Figure(
@@ -76,7 +78,8 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
         if r.get("status") != "ok" or s.get("mode") != "train" or r.get("before_opt_bytes") is None:
             continue
         body.append([f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
-                     f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}",
+                     f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}"
+                     + (f" model={text(s['model'])}" if s.get("model") else ""),
                      *(mib(r.get(k)) for k in ("init_bytes", "before_opt_bytes",
                                                "after_opt_bytes", "param_bytes", "grad_bytes",
                                                "optim_bytes", "peak_bytes"))])

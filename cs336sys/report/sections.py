@@ -24,6 +24,8 @@ Row = dict[str, Any]
 QUIET = frozenset({"device", "seed", "steps", "iters", "snapshot"})
 # Model dimensions that a size preset fixes: worth naming only when overridden.
 _BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+# Settings whose unset value is a value: `model` unset is cs336sys's TransformerLM.
+_UNSET_IS_A_VALUE = frozenset({"model"})
 
 
 @dataclass
@@ -212,7 +214,8 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
     """Setting keys (QUIET and `shown` aside) whose value differs between rows, sorted.
 
     Unset (None) is "does not apply", not a value: sdpa_backend, set for sdpa rows only,
-    does not differ between naive and sdpa rows; the impl column tells them apart.
+    does not differ between naive and sdpa rows; the impl column tells them apart. But for
+    `model`: the user's model beside cs336sys's (unset) differs from it.
     """
     skip = QUIET | set(shown)
     keys = sorted({k for r in rows for k in r["_settings"]} - skip)
@@ -221,9 +224,9 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
         seen: dict[Any, set[str]] = {}
         for r in rows:
             s = r["_settings"]
-            if s.get(k) is not None:
+            if s.get(k) is not None or k in _UNSET_IS_A_VALUE:
                 seen.setdefault(s.get(within) if within else None, set()).add(
-                    json.dumps(s[k], default=str)
+                    json.dumps(s.get(k), default=str)
                 )
         return any(len(v) > 1 for v in seen.values())
 
