@@ -188,3 +188,26 @@ def test_sharded_variants_run_and_store_their_memory(sharded):
     losses = {round(r["loss_first"], 4) for r in got.values()}  # one model, one batch
     assert len(losses) == 1, losses
     assert "+sharded opt" in result.stdout and "+ZeRO" in result.stdout
+
+
+def test_rank0s_share_is_uneven_where_the_ranks_hold_one_copy_and_not_sharded_where_more():
+    """Known byte counts per rank (rank 0 first) of a 100-byte model, AdamW's state 200."""
+    from cs336sys.experiments.ddp_setup import shares, shares_cell
+
+    def point(params, opt, impl="naive", sharding="yours"):
+        out = shares(impl, sharding, params, opt, 100)
+        return out, shares_cell({"impl": impl, "shard_optimizer": sharding, **out})
+
+    even, cell = point([100, 100], [100, 100])  # one copy, halved
+    assert (even["opt_state_rank0_share"], even["not_sharded"], even["uneven"]) == (0.5, None, None)
+    assert cell == "opt 50%"
+    robin, cell = point([100, 100], [190, 10])  # one copy, rank 0 has 95 %
+    assert robin["not_sharded"] is None and cell == "opt 95% UNEVEN"
+    assert robin["uneven"] == ("rank 0 holds optimizer state 95% of the whole, more than 1/2 + "
+                               "10%; the other ranks the rest")
+    whole, cell = point([100, 100], [200, 200], impl="fsdp", sharding=None)  # nothing sharded
+    assert whole["uneven"] is None and cell == "params 100%, opt 100% NOT SHARDED"
+    assert whole["not_sharded"].endswith("the ranks hold 2.0 copies of the parameters, 2.0 "
+                                         "copies of the optimizer state")
+    unsharded, cell = point([100, 100], [200, 200], sharding="none")  # not meant to shard
+    assert (unsharded["not_sharded"], unsharded["uneven"], cell) == (None, None, None)

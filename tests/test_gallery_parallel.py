@@ -68,11 +68,14 @@ def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
     robin = got["naive", "yours"]
     assert (robin["status"], robin["check"]) == ("ok", "pass"), robin["error"]
     assert robin["opt_state_rank0_share"] > 0.9
-    assert robin["not_sharded"].startswith("rank 0 holds optimizer state 9")
+    # split, if unevenly: uneven, not "not sharded"
+    assert robin["uneven"].startswith("rank 0 holds optimizer state 9")
+    assert robin["uneven"].endswith("; the other ranks the rest") and not robin["not_sharded"]
     row = got["naive", "yours-count"]
     assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
     # split by element count: rank 0 holds about half of AdamW's state, and it says so
-    assert 0.4 < row["opt_state_rank0_share"] < 0.6 and row["not_sharded"] is None
+    assert 0.4 < row["opt_state_rank0_share"] < 0.6
+    assert row["not_sharded"] is None and row["uneven"] is None
     assert row["param_rank0_share"] == 1.0  # a sharded optimizer leaves the weights whole
     lazy = got["naive", "yours-lazy"]
     assert lazy["status"] == "wrong"
@@ -96,8 +99,10 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
         assert 0.45 < row["param_rank0_share"] < 0.55 and row["not_sharded"] is None
     else:  # right, but it shards nothing, and the row says so
         assert row["param_rank0_share"] == 1.0
-        assert row["not_sharded"] == ("rank 0 holds parameters 100%, optimizer state 100% of "
-                                      "the whole, more than 1/2 + 10%")
+        assert row["not_sharded"] == (
+            "rank 0 holds parameters 100%, optimizer state 100% of the whole, more than 1/2 + "
+            "10%; the ranks hold 2.0 copies of the parameters, 2.0 copies of the optimizer state")
+        assert row["uneven"] is None
     forgets = got["yours-fsdp-forgets", None]
     assert forgets["status"] == "wrong"
     assert "match rank 0's own slice of the batch: never all-reduced" in forgets["error"]

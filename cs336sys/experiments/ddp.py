@@ -348,9 +348,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics["mem_peak_bytes"] = memory["peak"]
     metrics["mem_peak_bytes_max_rank"] = max(r["peak"] for r in per_rank)
     metrics["mem_per_rank"] = json.dumps([r["memory"] for r in per_rank])
-    metrics.update(ddp_setup.shares(spec.impl, spec.shard_optimizer, ctx.world_size,
-                                    memory["before_opt_params"], memory["after_opt_opt_state"],
-                                    whole_bytes))
+    metrics.update(ddp_setup.shares(
+        spec.impl, spec.shard_optimizer, [r["memory"]["before_opt_params"] for r in per_rank],
+        [r["memory"]["after_opt_opt_state"] for r in per_rank], whole_bytes))
     world = ctx.world_size
     shard = spec.shard_optimizer
     for k, v in ddp_setup.expected(spec.impl, shard, world, n_params, n_1d).items():
@@ -457,7 +457,10 @@ EXPERIMENT = Experiment(
             opt_state_rank0_share     -         rank 0's optimizer-state bytes over AdamW's whole
                                                   state (two moments per parameter)
             not_sharded               -         where the point shards: what rank 0 holds past
-                                                  1/N + 10 % of the whole
+                                                  1/N + 10 % of the whole, the ranks more
+                                                  than one copy
+            uneven                    -         the same, the ranks holding one copy between
+                                                  them (split, rank 0 the most)
             buckets                   -         gradient buckets (bucketed)
             params                    -         trainable parameters of the model
             tokens_per_s              tokens/s  global batch tokens / mean step time

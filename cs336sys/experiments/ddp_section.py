@@ -158,7 +158,8 @@ TABLE = Table(
                                        speedup=False)),
         Column("rank 0 holds", cell=shares_cell, optional=True,
                note="rank 0 holds: its share of one whole copy of the parameters and of "
-               "AdamW's state, where the point shards them; NOT SHARDED past 1/N + 10 %."),
+               "AdamW's state, where the point shards them; past 1/N + 10 %: UNEVEN where "
+               "the ranks hold one copy between them, NOT SHARDED where they hold more."),
         HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "

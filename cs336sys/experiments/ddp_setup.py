@@ -195,37 +195,48 @@ def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: i
 
 
 # A sharded rank holds 1/N of the whole, give or take what is left replicated (our FSDP's
-# norms) or unevenly split; past this much more, it is not sharded.
+# norms) or unevenly split; past this much more, rank 0 holds too much of it.
 SHARE_SLACK = 0.10
 
 
-def shares(impl: str, sharding: str | None, world: int, params: int, opt_state: int,
+def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[int],
            whole: int) -> dict[str, Any]:
     """Rank 0's share of one whole copy of the parameters (`whole` bytes) and of AdamW's
-    whole state (two moments per parameter), and, where the point is meant to shard them
-    (an FSDP: both; a sharded optimizer: the state), which one rank 0 holds too much of."""
+    whole state (two moments per parameter), from each rank's bytes (rank 0 first); where
+    the point is meant to shard them (an FSDP: both; a sharded optimizer: the state), what
+    rank 0 holds past 1/N + SHARE_SLACK: `not_sharded` where the ranks together hold more
+    than one copy (each holds it whole), else `uneven` (split, rank 0 has the most)."""
+    world = len(params)
     fsdp = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
+    wholes = {"parameters": whole, "optimizer state": 2 * whole}
+    held = {"parameters": params, "optimizer state": opt_state}
     out: dict[str, Any] = {
-        "param_rank0_share": params / whole if whole else None,
-        "opt_state_rank0_share": opt_state / (2 * whole) if whole else None,
+        "param_rank0_share": params[0] / whole if whole else None,
+        "opt_state_rank0_share": opt_state[0] / (2 * whole) if whole else None,
     }
     meant = (["parameters"] if fsdp else []) + (
         ["optimizer state"] if fsdp or sharding not in (None, "none") else [])
-    keys = {"parameters": "param_rank0_share", "optimizer state": "opt_state_rank0_share"}
-    over = [f"{what} {out[keys[what]]:.0%}" for what in meant
-            if out[keys[what]] is not None and out[keys[what]] > 1 / world + SHARE_SLACK]
-    out["not_sharded"] = (f"rank 0 holds {', '.join(over)} of the whole, more than 1/{world} "
-                          f"+ {SHARE_SLACK:.0%}") if over else None
+    over = {what: held[what][0] / wholes[what] for what in meant
+            if whole and held[what][0] / wholes[what] > 1 / world + SHARE_SLACK}
+    copies = {what: sum(held[what]) / wholes[what] for what in over}
+    said = (f"rank 0 holds {', '.join(f'{w} {share:.0%}' for w, share in over.items())} of the "
+            f"whole, more than 1/{world} + {SHARE_SLACK:.0%}")
+    replicated = any(c > 1 + SHARE_SLACK for c in copies.values())
+    out["not_sharded"] = said + "; the ranks hold " + ", ".join(
+        f"{c:.1f} copies of the {w}" for w, c in copies.items()) if replicated else None
+    out["uneven"] = said + "; the other ranks the rest" if over and not replicated else None
     return out
 
 
 def shares_cell(row: Any) -> str | None:
     """`params 50 %, opt 50 %` where the point shards (FSDP: both; a sharded optimizer: the
-    state), with NOT SHARDED when rank 0 holds more than 1/N + 10 % of either."""
+    state), with NOT SHARDED when rank 0 holds more than 1/N + 10 % of either and the ranks
+    more than one copy of it, UNEVEN when they hold one copy between them."""
     fsdp = row.get("impl") in FSDP_IMPLS or "fsdp" in str(row.get("impl"))
     sharded = row.get("shard_optimizer") not in (None, "none", "")
     if not (fsdp or sharded) or row.get("opt_state_rank0_share") is None:
         return None
     parts = ([f"params {row['param_rank0_share']:.0%}"] if fsdp else []) + \
         [f"opt {row['opt_state_rank0_share']:.0%}"]
-    return ", ".join(parts) + (" NOT SHARDED" if row.get("not_sharded") else "")
+    flag = " NOT SHARDED" if row.get("not_sharded") else " UNEVEN" if row.get("uneven") else ""
+    return ", ".join(parts) + flag
