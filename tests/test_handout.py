@@ -370,3 +370,19 @@ def test_every_plan_command_computes(db_path, year):
     for args in commands:
         r = invoke(*args, "--db", db_path)
         assert r.exit_code == 0, (args, r.output)
+
+
+def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected(
+        db_path, tmp_path):
+    """The starter of an empty store: no `Runs by status: (in 0 invocations)`, and each
+    measured problem's commands, to copy."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    Store(db_path, EXPERIMENTS).close()
+    r = invoke("handout", "report", "benchmarking_script", "--format", "md", "--out",
+               tmp_path / "w", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "w" / "writeup.md").read_text()
+    assert "- **Runs by status:** none selected\n" in md
+    assert "Not yet measured: " in md and "cs336sys model --size tiny" in md

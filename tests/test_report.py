@@ -124,7 +124,7 @@ def test_where_with_quotes_and_semicolons_is_only_a_value(store, tmp_path):
     assert md.count("## ") == 1 and "## Precision" in md
     body = [ln for ln in md.splitlines() if ln.startswith("| accumulate")]
     assert len(body) == 1 and "DROP TABLE runs" in body[0]
-    assert "ok 1 (in 1 invocations)" in md
+    assert "ok 1 (in 1 invocation)" in md
     assert sha(store) == before
 
 
@@ -145,7 +145,7 @@ def test_filters_select_exactly_the_matching_runs(store, tmp_path):
                     "--format", "md")
     md = (tmp_path / "b" / "report.md").read_text()
     assert result.exit_code == 0
-    assert "- **Runs by status:** ok 2, error 1, skipped 1 (in 1 invocations)" in md
+    assert "- **Runs by status:** ok 2, error 1, skipped 1 (in 1 invocation)" in md
     assert "- **Commits:** bbbb2222bbbb (dirty)" in md
     # experiments as a list; until a day means the end of that day
     result = report(store, tmp_path / "c", "--experiment", "comm,ddp", "--until", "2026-01-06",
@@ -154,7 +154,7 @@ def test_filters_select_exactly_the_matching_runs(store, tmp_path):
     assert re.findall(r"^## (\w+)", md, re.M) == ["Collectives", "DDP"]
     result = report(store, tmp_path / "d", "--until", "2026-01-05", "--format", "md")
     md = (tmp_path / "d" / "report.md").read_text()
-    assert "ok 3, oom 1 (in 1 invocations)" in md  # only inv-a's rows
+    assert "ok 3, oom 1 (in 1 invocation)" in md  # only inv-a's rows
 
 
 def test_parse_time_against_hand_computed_instants():

@@ -259,12 +259,12 @@ def test_compare_and_since_take_git_refs_of_your_repository(tmp_path, monkeypatc
     assert "2 points compared" in result.stdout
     result = invoke("report", "--since", "HEAD", "--db", db, "--out", tmp_path / "s")
     assert result.exit_code == 0, result.output
-    assert "**Runs by status:** ok 2 (in 1 invocations)" in (tmp_path / "s" / "report.md").read_text()
+    assert "**Runs by status:** ok 2 (in 1 invocation)" in (tmp_path / "s" / "report.md").read_text()
     assert second[:10] in (tmp_path / "s" / "report.md").read_text()  # the runs of HEAD
     assert first[:10] not in (tmp_path / "s" / "report.md").read_text()
     result = invoke("report", "--commit", "HEAD~1", "--db", db, "--out", tmp_path / "h")
     assert result.exit_code == 0
-    assert "**Runs by status:** ok 2 (in 1 invocations)" in (tmp_path / "h" / "report.md").read_text()
+    assert "**Runs by status:** ok 2 (in 1 invocation)" in (tmp_path / "h" / "report.md").read_text()
     assert first[:10] in (tmp_path / "h" / "report.md").read_text()  # the runs of HEAD~1
     assert second[:10] not in (tmp_path / "h" / "report.md").read_text()
     result = invoke("report", "--since", "no-such-ref", "--db", db, "--out", tmp_path / "x")

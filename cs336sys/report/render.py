@@ -114,7 +114,8 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
             + (f", adapters {Path(adapters).name}" if adapters else "")
             for (repo, commit, adapters), dirty in sorted(yours.items())))] if yours else []),
         ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
-                                     if status[s]) + f" (in {len(ids)} invocations)"),
+                                     if status[s]) + f" (in {len(ids)} invocation{'s' * (len(ids) != 1)})"
+         if ids else "none selected"),
     ]
     return out
 
