@@ -424,3 +424,16 @@ def test_precision_draws_each_accumulation_error_on_a_log_axis():
     assert drawn == {r["variant"]: r["abs_error"] for r in rows if r["abs_error"]}
     assert fig.plot.logx and max(drawn.values()) / min(drawn.values()) > 100  # decades apart
     assert fig.plot.draw()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_lone_point_is_named_by_its_settings_but_the_dimensions_of_its_size():
+    """A comparison of one point named it by every setting, d_ff=1344 ... vocab_size=10000
+    included, which its size preset already says."""
+    from cs336sys.report.sections import point_labels
+
+    s = {"size": "tiny", "d_model": 512, "d_ff": 1344, "num_layers": 4, "num_heads": 16,
+         "vocab_size": 10000, "seq": 32, "precision": "fp32", "seed": 0}
+    assert point_labels([{"_settings": s}]) == ["precision=fp32 seq=32 size=tiny"]
+    shape = {k: v for k, v in s.items() if k != "size"}  # no preset: the shape is the name
+    assert point_labels([{"_settings": shape}]) == [
+        "d_ff=1344 d_model=512 num_heads=16 num_layers=4 precision=fp32 seq=32 vocab_size=10000"]

@@ -163,8 +163,12 @@ def status_or(row: Row, value: str) -> str:
 
 def point_labels(heads: list[Row]) -> list[str]:
     """Each point named by the settings that tell it apart from the others (all its settings
-    when alone), and its GPU when they are on several."""
-    keys = varying(heads) or (sorted(set(heads[0]["_settings"]) - QUIET) if heads else [])
+    when alone, but the dimensions its size preset names), and its GPU when they are on
+    several."""
+    alone = set(heads[0]["_settings"]) - QUIET if heads else set()
+    if "size" in alone:
+        alone -= set(_BY_SIZE)
+    keys = varying(heads) or sorted(alone)
     many = len({r.get("gpu") for r in heads}) > 1
     return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
                       if r["_settings"].get(k) is not None]
