@@ -30,6 +30,7 @@ def test_the_memory_estimate_is_within_a_factor_of_the_measured_peak(size, seq, 
     assert result.status == "ok", result.error
     ratio = preflight.model_estimate(spec.point).bytes / result.metrics["peak_bytes"]
     assert 1.0 <= ratio <= 1.5, ratio
+    assert spec.model is spec.point  # its name until 0.3, kept for a release
 
 
 def test_a_point_that_cannot_fit_is_skipped_with_its_estimate_and_force_runs_it(

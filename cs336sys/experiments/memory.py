@@ -65,6 +65,11 @@ class MemorySpec(AroundPoint):
     point: ModelSpec
     snapshot: str | None = None  # directory for the timeline PNG (and the CUDA pickle)
 
+    @property
+    def model(self) -> ModelSpec:
+        """`point`, by its name until 0.3 (CHANGELOG); it goes in the next release."""
+        return self.point
+
     def settings(self) -> dict[str, Any]:
         s = self.point.settings()
         for unused in _UNUSED:  # always off here: not part of the point
