@@ -386,3 +386,22 @@ def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected
     md = (tmp_path / "w" / "writeup.md").read_text()
     assert "- **Runs by status:** none selected\n" in md
     assert "Not yet measured: " in md and "cs336sys model --size tiny" in md
+
+
+def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels(
+        db_path, tmp_path):
+    """nsys_profile asks for the kernels that take the most and the attention's parts: the
+    writeup has the tables the report has (kernel_stats included), not only the points'."""
+    r = invoke("profile", "attention", "--impl", "naive", "--seq", "16", "--d-head", "16",
+               "--batch", "1", "--warmup", "1", "--iters", "1", "--label", "nsys_profile",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    r = invoke("handout", "report", "nsys_profile", "--format", "md", "--out", tmp_path / "w",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "w" / "writeup.md").read_text()
+    top = "Top kernels: attention naive seq=16 d=16 fp32 (cpu time)"
+    for title in ("Profiled points", "Naive attention's parts in the forward", top):
+        assert f"**{title}" in md
+    assert f"![{top}](writeup_files/nsys_profile-profile-top-0.png)" in md
+    assert "| forward | 1 | aten::" in md  # the top kernel's row

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cs336sys.handout.problem import Pivot
+from cs336sys.handout.problem import AsReported, Pivot
 from cs336sys.measure.units import format_size
+from cs336sys.report.experiment_section import build_section
 from cs336sys.report.sections import FilledTable, Row, latest, text, varying
 from cs336sys.report.tables import cell, point_tables
 from cs336sys.sweep.declaration import model_size
@@ -112,14 +113,20 @@ def pivot(p: Pivot, rows: list[Row]) -> FilledTable | None:
     return FilledTable(p.title, headers, body, note=p.note)
 
 
-def tables(entry: Pivot | str | Callable, rows: dict[str, list[Row]],
-           catalog: Any) -> list[FilledTable]:
+def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]],
+           catalog: Any, linked: dict[str, list[dict[str, Any]]] | None = None
+           ) -> list[FilledTable]:
     """A problem's table entry over its rows by experiment: a Pivot, an experiment kind (its
-    declared tables, settings every row shares lifted out), or a function of all the rows
+    declared tables, settings every row shares lifted out), AsReported (its report section's
+    tables, with the rows `linked` to its runs: kernel_stats), or a function of all the rows
     that returns a FilledTable or None (plan's closed forms)."""
     if isinstance(entry, Pivot):
         found = pivot(entry, rows.get(entry.experiment, []))
         return [found] if found else []
+    if isinstance(entry, AsReported):
+        experiment = next(e for e in catalog if e.kind == entry.experiment)
+        kind_rows = rows.get(entry.experiment, [])
+        return build_section(experiment, kind_rows, linked).tables if kind_rows else []
     if callable(entry):
         found = entry(latest([r for kind_rows in rows.values() for r in kind_rows]))
         return [found] if found else []

@@ -79,6 +79,14 @@ class Pivot:
 
 
 @dataclass(frozen=True)
+class AsReported:
+    """An experiment's tables as its report section has them: those it declares and those
+    its `section` adds (profile's attention parts and top kernels per point)."""
+
+    experiment: str
+
+
+@dataclass(frozen=True)
 class Problem:
     """A problem of the handout: its name as the handout spells it, its points, what it asks
     to measure (one line), how it is answered (KINDS), the runs that answer it, its tables,
@@ -89,8 +97,9 @@ class Problem:
     asks: str
     kind: str = MEASURE
     runs: tuple[Run, ...] = ()
-    # a Pivot, an experiment kind (its own tables) or a function of the rows (handout/pivot.py)
-    tables: tuple[Pivot | str | Callable, ...] = ()
+    # a Pivot, an experiment kind (its declared tables), AsReported or a function of the
+    # rows (handout/pivot.py)
+    tables: tuple[Pivot | str | AsReported | Callable, ...] = ()
     check: str = ""  # IMPLEMENT: the command that checks the user's code
     section: str = ""  # the handout's section, "2.1.3"
 

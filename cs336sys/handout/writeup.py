@@ -16,7 +16,7 @@ from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import IMPLEMENT, WRITTEN, Problem
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
-from cs336sys.report.render import Report, provenance
+from cs336sys.report.render import Report, kernel_stats, provenance
 from cs336sys.report.sections import Section
 from cs336sys.report.select import Selection, invocations, load
 
@@ -44,10 +44,12 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
 
 
 def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
-            catalog: Sequence[Any], commands: list[str]) -> Section:
-    """The problem's section from its runs (`rows` by experiment, their invocations): what
-    it asks, the commands, the method line, its tables and its experiments' figures and
-    failures (every one empty where nothing is stored)."""
+            catalog: Sequence[Any], commands: list[str],
+            linked: dict[str, list[dict[str, Any]]] | None = None) -> Section:
+    """The problem's section from its runs (`rows` by experiment, their invocations, the
+    rows `linked` to them: kernel_stats): what it asks, the commands, the method line, its
+    tables and its experiments' figures and failures (every one empty where nothing is
+    stored)."""
     sec = Section(problem.name, f"{problem.name} ({problem.points} "
                                 f"point{'s' * (problem.points != 1)})")
     sec.notes.append(f"Asks: {problem.asks}")
@@ -63,11 +65,11 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
         return sec
     sec.notes.append(method(invs, rows))
     for entry in problem.tables:
-        sec.tables.extend(tables(entry, rows, catalog))
+        sec.tables.extend(tables(entry, rows, catalog, linked))
     by_kind = {e.kind: e for e in catalog}
     for kind in problem.experiments or tuple(rows):
         if rows.get(kind):
-            drawn = build_section(by_kind[kind], rows[kind])
+            drawn = build_section(by_kind[kind], rows[kind], linked)
             for fig in drawn.figures:
                 fig.name = f"{problem.name}-{fig.name}"
             sec.figures.extend(drawn.figures)
@@ -85,7 +87,8 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
         for p in problems:  # each problem's runs: the invocations labelled with its name
             sel = Selection(label=p.name)
             rows, invs = load(conn, sel, catalog), invocations(conn, sel)
-            sections.append(section(p, rows, invs, catalog, commands.get(p.name, [])))
+            linked = kernel_stats(conn, [r["run_id"] for rs in rows.values() for r in rs])
+            sections.append(section(p, rows, invs, catalog, commands.get(p.name, []), linked))
             every_inv += invs
             for kind, kind_rows in rows.items():
                 every_row.setdefault(kind, []).extend(kind_rows)

@@ -13,7 +13,7 @@ import dataclasses
 from cs336sys.experiments.ddp_section import memory_by_moment
 from cs336sys.experiments.plan_section import inequalities, mesh
 from cs336sys.handout import y2026
-from cs336sys.handout.problem import COMPUTE, IMPLEMENT, Pivot, Problem, Run
+from cs336sys.handout.problem import COMPUTE, IMPLEMENT, AsReported, Pivot, Problem, Run
 from cs336sys.handout.y2026 import (
     BWD,
     DDP_CPU,
@@ -71,7 +71,7 @@ PROBLEMS = (
         "attention's parts.",
         runs=(Run(f"profile model --size {SIZES} --seq 128,256,512,1024 --mode forward,train {OLD}",
                   cpu=PROFILE_CPU),),
-        tables=("profile",),
+        tables=(AsReported("profile"),),
     ),
     _same("mixed_precision_accumulation", "1.1.5"),
     _same("benchmarking_mixed_precision", "1.1.5", runs=(

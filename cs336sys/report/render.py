@@ -64,7 +64,9 @@ class Report:
     history: History | None = None  # with --history; its sections lead report.sections
 
 
-def _kernels(conn: sqlite3.Connection, run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+def kernel_stats(conn: sqlite3.Connection,
+                 run_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The kernel_stats rows of `run_ids`, by run id (phase, then rank order)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for i in range(0, len(run_ids), 500):  # SQLite caps the number of parameters
         chunk = run_ids[i : i + 500]
@@ -144,7 +146,7 @@ def build(
         # in the declared order, the analytic ones (plan) after every measured one
         for experiment in sorted(catalog, key=lambda e: e.analytic):
             if rows.get(experiment.kind):
-                linked = _kernels(conn, [r["run_id"] for r in rows[experiment.kind]])
+                linked = kernel_stats(conn, [r["run_id"] for r in rows[experiment.kind]])
                 if both:  # each side's latest rows: together, B's would hide A's
                     report.sections.extend(_side_sections(experiment, both, linked))
                 else:
