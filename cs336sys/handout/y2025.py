@@ -86,7 +86,7 @@ PROBLEMS = (
         runs=(Run("memory --size 2.7B --seq 128,256,512 --mode forward,train --precision "
                   f"fp32,bf16 --snapshot reports/handout/memory_profiling {OLD}",
                   cpu="memory --size tiny --seq 64,128 --mode forward,train --precision "
-                  "fp32,bf16 --warmup 0 --iters 1"),),
+                  "fp32,bf16 --warmup 0 --iters 1 --snapshot reports/handout/memory_profiling"),),
         tables=(
             Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),
                   across="mode", where={"precision": "fp32"}),

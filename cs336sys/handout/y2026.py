@@ -136,7 +136,7 @@ PROBLEMS = (
             Run("memory --size xl --seq 128,2048 --mode forward,train --precision fp32,bf16 "
                 "--snapshot reports/handout/memory_profiling",
                 cpu="memory --size tiny --seq 64,128 --mode forward,train --precision fp32,bf16 "
-                "--warmup 0 --iters 1",
+                "--warmup 0 --iters 1 --snapshot reports/handout/memory_profiling",
                 part="(a)-(c)"),
             Run("memory residuals --size xl --seq 2048",
                 cpu="memory residuals --size tiny --seq 128 --no-compile",
