@@ -411,6 +411,31 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     assert last["check_optimizer_err"] < 1e-5
 
 
+@pytest.mark.slow  # starts ranks
+def test_the_step_takes_your_adamw_as_its_baseline_checked_on_one_rank_and_two(
+        tmp_path, monkeypatch):
+    """step --optimizer yours=...: the optimizer fused-adamw replaces, checked against
+    torch's AdamW before the point is stored, on one rank and on two."""
+    repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    step = ["step", *MICRO, "--seq", "16", "--warmup", "0", "--iters", "1", "--db", db]
+    result = invoke(*step, "--optimizer", "yours=my_opt.adamw:CourseAdamW",
+                    "--switches", "none,fused-adamw")
+    assert result.exit_code == 0, result.output
+    result = invoke(*step, "--optimizer", "yours-nobias=my_opt.adamw:NoBiasCorrection",
+                    "--switches", "none", "--world-size", "2")
+    assert result.exit_code == 0, result.output
+    rows = query(db, 'SELECT switches, optimizer, world_size, status, "check", '
+                 "check_optimizer_err, error FROM step_runs ORDER BY created")
+    assert [(r["switches"], r["optimizer"], r["world_size"], r["status"]) for r in rows] == [
+        ("none", "yours", 1, "ok"), ("fused-adamw", "adamw-foreach", 1, "ok"),
+        ("none", "yours-nobias", 2, "wrong")]
+    assert rows[0]["check"] == "pass" and rows[0]["check_optimizer_err"] < 1e-5
+    assert rows[1]["check"] is None  # ours: nothing of the user's to check
+    assert rows[2]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[2]["error"]
+
+
 def test_memory_residuals_of_your_block(tmp_path, monkeypatch):
     """`memory residuals --model cs336_basics`: one block of the course's model (forward(x),
     no positions) measured as ours is; no analytic count, which is ours alone."""

@@ -243,7 +243,6 @@ def run(spec: ModelSpec) -> Result:
     config = spec.config()
     checked = None
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
-
         checked = model_check(config, spec.device, spec.seed, spec.batch)
     if yours.is_yours(spec.optimizer):
         checked = both(checked, optimizer_check(spec.optimizer))

@@ -40,7 +40,7 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import preflight, step_command, step_section
-from cs336sys.experiments.checks import model_check
+from cs336sys.experiments.checks import both, model_check, optimizer_check
 from cs336sys.experiments.model import (
     CHECK_NOTE,
     check_blocks,
@@ -99,6 +99,7 @@ SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
 ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
 CE_IMPLS = ("torch", "triton")  # what fused-ce runs
 BASELINE_OPTIMIZER = "adamw"  # the reference loop: 7 elementwise kernels per parameter
+BASELINE_OPTIMIZERS = ("adamw", "torch-adamw")  # what --optimizer takes beside the user's
 OPT_CALLS = 3  # optimizer steps timed alone after the timed steps
 PARAM_DTYPES = ("fp32", "bf16")
 
@@ -192,6 +193,7 @@ def specs(
     switches: Iterable[str] | None = None,
     checkpoint: Iterable[str] | None = None,
     attention: str | None = None,
+    optimizer: str | None = None,
     adamw: str | None = None,
     ce: str | None = None,
     warm_cache: bool = False,
@@ -269,6 +271,8 @@ def specs(
     else:
         attention = named_impls([defaults["attention"] if attention is None else attention],
                                 "attention", "--attention", registry.names())[0]
+    baseline = named_impls([BASELINE_OPTIMIZER if optimizer is None else optimizer.strip()],
+                           "adamw", "--optimizer", list(BASELINE_OPTIMIZERS))[0]
     if "flash" in on or attention == "triton":
         check_triton(on_cuda, "--switches flash")
     if "fused-adamw" in on and adamw == "triton":
@@ -303,7 +307,7 @@ def specs(
             **ModelShape.of(p["size"], cfg), batch=p["batch"],
             precision=p["precision"], param_dtype=p["param_dtype"],
             switches="+".join(on) or "none",
-            optimizer=f"adamw-{adamw}" if "fused-adamw" in on else BASELINE_OPTIMIZER,
+            optimizer=f"adamw-{adamw}" if "fused-adamw" in on else baseline,
             loss=f"fused-{ce}" if "fused-ce" in on else "materialised",
             attention="triton" if "flash" in on else attention,
             compile="compile" in on, checkpoint=p["checkpoint"],
@@ -332,8 +336,9 @@ def run(spec: StepSpec) -> Result:
     checked = None
     config = dataclasses.replace(spec.config(), attention=spec.attention)
     if config.model is not None or yours.is_yours(config.attention):  # checked first, small
-
         checked = model_check(config, spec.device, spec.seed, spec.batch)
+    if yours.is_yours(spec.optimizer):
+        checked = both(checked, optimizer_check(spec.optimizer))
     with empty_compile_cache(spec.compile and not spec.warm_cache):
         model, optimizer, train_step = build(spec)
         if on_cuda:
@@ -458,11 +463,13 @@ EXPERIMENT = Experiment(
         *metric_table("""
             loss_first       -  loss of the first step (summed over the batch's tokens)
             loss_last        -  loss of the last timed step
-            check            -  the user's model or attention kernel: pass, or fail (the point is
-                                  `wrong`; experiments/checks.py)
+            check            -  the user's model, attention kernel or AdamW: pass, or fail (the
+                                  point is `wrong`; experiments/checks.py)
             check_detail     -  what the check compared
             check_loss       -  the user's loss in the check (two layers at most)
             check_loss_ours  -  the reference's loss with the same weights
+            check_optimizer_err -  the user's AdamW against torch's: its move's largest
+                                  difference over the largest move, 3 steps
         """),
         *preflight.METRICS,
     ),

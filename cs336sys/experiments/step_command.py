@@ -28,6 +28,10 @@ def options(
                              "weights, fp32 optimizer state). [default: fp32]") = None,
     attention: option("The baseline attention that flash replaces (yours-torch, yours-triton: your "
                       "adapters'). [default: sdpa]", str | None) = None,
+    optimizer: option("The baseline optimizer that fused-adamw replaces: adamw (ours, the "
+                      "reference loop), torch-adamw, or yours (yours-adamw: your adapters' "
+                      "get_adamw_cls; NAME=package.module:Class), checked against torch's AdamW "
+                      "first. [default: adamw]", str | None) = None,
     adamw: option("What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
                   "[default: triton on CUDA, foreach on CPU]", str | None) = None,
     ce: option("What fused-ce runs: torch (chunked) or triton. "
@@ -112,7 +116,6 @@ COMMAND = Command(
     help=HELP,
     examples=EXAMPLES,
     groups=("model", "estimate", "nsys"),
-    drop=("optimizer",),
     describe=point_name,
     ranks=True,
     starts_ranks=starts_ranks,

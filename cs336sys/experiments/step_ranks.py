@@ -17,7 +17,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.experiments import ddp_setup, ddp_yours
+from cs336sys.experiments.checks import optimizer_check
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.step_build import LIMIT_S, build
 from cs336sys.experiments.training_step import throughput
@@ -154,7 +156,13 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
         loss_last=float(losses[-1]),
     )
     del model
-    return Result("ok", metrics=metrics,
+    # the user's AdamW against torch's, on every rank alike (float64 on the CPU: no GPU time)
+    checked = optimizer_check(spec.optimizer) if yours.is_yours(spec.optimizer) else None
+    if checked is not None:
+        metrics.update(checked.metrics)
+    passed = checked is None or checked.passed
+    return Result("ok" if passed else "wrong", metrics=metrics,
+                  error=None if passed else checked.why,
                   samples={"step_ms": slowest, "warmup": {"step_ms": warm},
                            "loss": [float(v) for v in losses]})
 
