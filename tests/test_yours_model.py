@@ -412,10 +412,9 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # starts ranks
-def test_the_step_takes_your_adamw_as_its_baseline_checked_on_one_rank_and_two(
-        tmp_path, monkeypatch):
-    """step --optimizer yours=...: the optimizer fused-adamw replaces, checked against
-    torch's AdamW before the point is stored, on one rank and on two."""
+def test_step_and_ddp_take_your_adamw_checked_on_one_rank_and_two(tmp_path, monkeypatch):
+    """step --optimizer yours=...: the optimizer fused-adamw replaces; ddp --optimizer: every
+    rank's; each checked against torch's AdamW before the point is stored."""
     repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW})
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
@@ -434,6 +433,17 @@ def test_the_step_takes_your_adamw_as_its_baseline_checked_on_one_rank_and_two(
     assert rows[0]["check"] == "pass" and rows[0]["check_optimizer_err"] < 1e-5
     assert rows[1]["check"] is None  # ours: nothing of the user's to check
     assert rows[2]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[2]["error"]
+    # ddp: every rank's AdamW, replicated or sharded by ours, is the user's class
+    result = invoke("ddp", *MICRO, "--seq", "16", "--batch", "2", "--warmup", "0", "--iters",
+                    "1", "--impl", "naive", "--shard-optimizer", "--optimizer",
+                    "yours-nobias=my_opt.adamw:NoBiasCorrection", "--db", db)
+    assert result.exit_code == 0, result.output
+    rows = query(db, "SELECT shard_optimizer, optimizer, status, check_optimizer_err, code "
+                 "FROM ddp_runs ORDER BY created")
+    assert [(r["shard_optimizer"], r["optimizer"], r["status"]) for r in rows] == [
+        ("none", "yours-nobias", "wrong"), ("ours", "yours-nobias", "wrong")]
+    assert all(r["check_optimizer_err"] > 1 for r in rows)
+    assert "my_opt/adamw.py" in rows[0]["code"]  # what the ranks stepped
 
 
 def test_memory_residuals_of_your_block(tmp_path, monkeypatch):

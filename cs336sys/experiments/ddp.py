@@ -38,12 +38,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
+from cs336sys.experiments.checks import both, optimizer_check
 from cs336sys.experiments.ddp_section import TABLE
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
-from cs336sys.experiments.training_step import Step, make_batch, make_model
+from cs336sys.experiments.training_step import Step, make_batch, make_model, optimizer_class
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import CudaProbe, TrackerProbe
 from cs336sys.measure.progress import step_done
@@ -97,6 +99,7 @@ class DDPSpec(ModelShape):
     iters: int
     seed: int
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
+    optimizer: str = "adamw"  # what every rank's AdamW is, sharded or not: ours, torch's, yours
 
     @classmethod
     def of(cls, config: ModelConfig, size: str, **point: Any) -> DDPSpec:
@@ -126,6 +129,7 @@ def specs(
     num_heads: int | None = None,
     vocab_size: int | None = None,
     model: str | None = None,
+    optimizer: str | None = None,
 ) -> list[DDPSpec]:
     """The points of a data-parallel sweep, world size slowest. SpecError names a bad option.
 
@@ -140,6 +144,8 @@ def specs(
     sharded_by = named_impls(listed(shard_optimizer or None, "--shard-optimizer", []), "optimizer",
                              "--shard-optimizer", ["ours"])
     shardings = ["none", *sharded_by, *["zero"] * zero]
+    adamw = named_impls(["adamw" if optimizer is None else optimizer.strip()], "adamw",
+                        "--optimizer", ["adamw", "torch-adamw"])[0]
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:
@@ -182,7 +188,7 @@ def specs(
     return [
         DDPSpec.of(configs[s, t], s, impl=name, bucket_mb=b, shard_optimizer=sharding,
                    world_size=n, backend=be, device=dev, batch=gb, precision=prec,
-                   warmup=warmup, iters=iters, seed=seed)
+                   warmup=warmup, iters=iters, seed=seed, optimizer=adamw)
         for n in worlds
         for s in sizes
         for t in ctx_lens
@@ -243,7 +249,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
                                        spec.precision, spec.warmup + 1 + spec.iters,
-                                       ctx.world_size)
+                                       ctx.world_size, optimizer_class(spec.optimizer))
         del x_all, y_all
         free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
@@ -260,8 +266,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         try:
             setup = ddp_setup.build(spec.impl, spec.shard_optimizer, spec.bucket_mb,
-                                    spec.precision, model, device,
-                                    num_layers=spec.num_layers)
+                                    spec.precision, model, device, num_layers=spec.num_layers,
+                                    optimizer_cls=optimizer_class(spec.optimizer))
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
             return Result("skipped", error=str(exc))
         del model
@@ -334,6 +340,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         if reference is not None:
             checked = training_check(full, reference, spec.precision, first_grads)
         del full
+    if yours.is_yours(spec.optimizer):  # float64 on the CPU, every rank alike
+        checked = both(checked, optimizer_check(spec.optimizer))
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
     # Per step, the slowest rank's time: the others wait for it at the next collective.
@@ -473,6 +481,7 @@ EXPERIMENT = Experiment(
             check_detail              -         what the check compared, and the worst parameter
             check_worst               -         the largest |p - p_ref| / |p_ref - p_0| over
                                                   parameters
+            check_optimizer_err       -         the user's AdamW against torch's (--optimizer)
             code                      -         the user's code measured: its files and their sha256
                                                   (JSON)
         """),

@@ -72,10 +72,11 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
 
 def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device,
           make_optimizer: Callable[[list], Any] | None = None, num_layers: int = 0,
-          blocks: str | None = None):
+          blocks: str | None = None, optimizer_cls: Any = None):
     """Wrap `model` (built on `device`) as `impl` with an AdamW over what this rank holds
-    (`make_optimizer(params)` where given and the optimizer is not sharded); the user's
-    wrappers and sharded optimizer (experiments/ddp_yours.py) too. torch-fsdp makes a unit of
+    (`optimizer_cls`, ours by default, or `make_optimizer(params)` where given and the
+    optimizer is not sharded); the user's wrappers and sharded optimizer
+    (experiments/ddp_yours.py) too. torch-fsdp makes a unit of
     each of the model's `num_layers` blocks before the root, found as --checkpoint finds them
     (at the dotted path `blocks` where given); the whole model is one unit without them."""
     import torch
@@ -85,11 +86,12 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
 
     low = autocast_dtype(precision)  # None for fp32
     kind = ddp_yours.kind_of(impl)
+    adamw_cls = optimizer_cls or AdamW
 
     def adamw(params: list) -> Any:
         if make_optimizer is not None:
             return make_optimizer(params)
-        return AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        return adamw_cls(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
     if impl in REPLICA_IMPLS or kind == "ddp":
         start = None
@@ -100,16 +102,16 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
             finish_with, start_with = (lambda opt: wrapper.finish_gradient_synchronization()), None
         params = list(model.parameters())
         if yours.is_yours(sharding):
-            opt = holder = ddp_yours.optimizer(sharding, params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
+            opt = holder = ddp_yours.optimizer(sharding, params, adamw_cls, lr=LR, weight_decay=WEIGHT_DECAY)
         elif sharding == "ours":
             from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 
-            opt = ShardedOptimizer(params, AdamW, lr=LR, weight_decay=WEIGHT_DECAY)
+            opt = ShardedOptimizer(params, adamw_cls, lr=LR, weight_decay=WEIGHT_DECAY)
             holder = opt.local
         elif sharding == "zero":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            opt = ZeroRedundancyOptimizer(params, optimizer_class=AdamW, lr=LR,
+            opt = ZeroRedundancyOptimizer(params, optimizer_class=adamw_cls, lr=LR,
                                           weight_decay=WEIGHT_DECAY)
             holder = opt.optim
         else:

@@ -49,9 +49,11 @@ class TrainingReference:
 
 
 def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, precision: str,
-                       iters: int, world_size: int) -> TrainingReference:
+                       iters: int, world_size: int, optimizer_cls: Any = None
+                       ) -> TrainingReference:
     """`iters` steps of single-process training on the whole batch (x, y): the model with
-    rank 0's weights, the same AdamW, autocast in `precision` as the replicas train."""
+    rank 0's weights, the same AdamW (`optimizer_cls`, ours by default), autocast in
+    `precision` as the replicas train."""
     import torch
 
     from cs336sys.models.adamw import AdamW
@@ -71,7 +73,7 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     local_grads = backward(x[:local], y[:local])  # (B / world, T): rank 0's slice
     model.zero_grad(set_to_none=True)
     initial = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
-    opt = AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    opt = (optimizer_cls or AdamW)(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     grads: dict = {}
     for i in range(iters):
         step_grads = backward(x, y)

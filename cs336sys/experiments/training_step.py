@@ -83,9 +83,7 @@ def make_optimizer(name: str, params: Any) -> Any:
     import torch
 
     if yours.is_yours(name):
-        where = yours.target("adamw", name)
-        cls = load_target(where) if where else call_adapter(yours.entries("adamw")[name], 0)
-        return cls(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        return optimizer_class(name)(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
     from cs336sys.models.adamw import AdamW
     from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
@@ -97,6 +95,23 @@ def make_optimizer(name: str, params: Any) -> Any:
         fused = name == "torch-adamw-fused" or None  # None: torch's default for the device
         return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
+
+
+def optimizer_class(name: str) -> Any:
+    """The class of `name`, for what builds its own optimizers from one (the sharded ones):
+    ours (adamw), torch's (torch-adamw) or the user's (as make_optimizer finds it)."""
+    if yours.is_yours(name):
+        where = yours.target("adamw", name)
+        return load_target(where) if where else call_adapter(yours.entries("adamw")[name], 0)
+    if name == "torch-adamw":
+        import torch
+
+        return torch.optim.AdamW
+    if name == "adamw":
+        from cs336sys.models.adamw import AdamW
+
+        return AdamW
+    raise ValueError(f"optimizer class must be adamw, torch-adamw or yours, not {name!r}")
 
 
 def make_batch(seed: int, batch: int, seq: int, vocab_size: int) -> tuple:
