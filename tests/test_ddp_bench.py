@@ -39,6 +39,8 @@ def test_every_variant_runs_and_ranks_agree(swept):
     ]
     for r in got:
         assert r["status"] == "ok" and r["world_size"] == 2 and r["backend"] == "gloo"
+        # our AdamW is unset, as in the points stored before --optimizer: the same points
+        assert r["optimizer"] is None
         assert r["param_max_diff"] == 0.0  # every rank holds the same weights after training
         assert 0 <= r["comm_fraction"] < 1
         assert r["step_ms_mean"] > 0 and r["comm_ms_mean"] >= 0

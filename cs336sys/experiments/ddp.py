@@ -99,7 +99,9 @@ class DDPSpec(ModelShape):
     iters: int
     seed: int
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
-    optimizer: str = "adamw"  # what every rank's AdamW is, sharded or not: ours, torch's, yours
+    # every rank's AdamW, sharded or not: None for ours (the points stored before it was a
+    # setting stay the same points), torch-adamw or the user's
+    optimizer: str | None = None
 
     @classmethod
     def of(cls, config: ModelConfig, size: str, **point: Any) -> DDPSpec:
@@ -146,6 +148,7 @@ def specs(
     shardings = ["none", *sharded_by, *["zero"] * zero]
     adamw = named_impls(["adamw" if optimizer is None else optimizer.strip()], "adamw",
                         "--optimizer", ["adamw", "torch-adamw"])[0]
+    adamw = None if adamw == "adamw" else adamw
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:
@@ -249,7 +252,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
                                        spec.precision, spec.warmup + 1 + spec.iters,
-                                       ctx.world_size, optimizer_class(spec.optimizer))
+                                       ctx.world_size, optimizer_class(spec.optimizer or "adamw"))
         del x_all, y_all
         free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
@@ -267,7 +270,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         try:
             setup = ddp_setup.build(spec.impl, spec.shard_optimizer, spec.bucket_mb,
                                     spec.precision, model, device, num_layers=spec.num_layers,
-                                    optimizer_cls=optimizer_class(spec.optimizer))
+                                    optimizer_cls=optimizer_class(spec.optimizer or "adamw"))
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
             return Result("skipped", error=str(exc))
         del model
