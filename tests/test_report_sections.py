@@ -437,3 +437,17 @@ def test_a_lone_point_is_named_by_its_settings_but_the_dimensions_of_its_size():
     shape = {k: v for k, v in s.items() if k != "size"}  # no preset: the shape is the name
     assert point_labels([{"_settings": shape}]) == [
         "d_ff=1344 d_model=512 num_heads=16 num_layers=4 precision=fp32 seq=32 vocab_size=10000"]
+
+
+def test_a_ratio_below_a_hundredth_keeps_two_significant_digits():
+    """An interpreted Triton kernel against naive read `0.00×` in the attention table."""
+    from cs336sys.report.tables import _ratios
+    from cs336sys.sweep.declaration import Ratio
+
+    def row(impl, ms):
+        s = {"impl": impl, "seq": 64}
+        return {"_settings": s, "status": "ok", "ms": ms}
+
+    ratio = Ratio(lambda r: r.get("ms"), {"impl": "naive"}, ("impl",))
+    rows = [row("naive", 1.0), row("slow", 600.0), row("half", 2.0)]
+    assert _ratios(ratio, rows) == ["1.00×", "0.0017×", "0.50×"]

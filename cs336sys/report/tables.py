@@ -133,7 +133,9 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         ref_row = base.get((r.get("gpu"), skey(r, drop=ratio.vary)))
         ref, mine = (ratio.metric(ref_row) if ref_row else None), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None
-        text = "" if value is None else f"{value:.2f}×"
+        # two decimals, or two significant digits below 0.01 (an interpreted kernel's 0.0017×
+        # read 0.00×)
+        text = "" if value is None else f"{value:.2f}×" if value >= 0.01 else f"{value:.2g}×"
         if value is not None and ref_row is not r:
             text += _interval(ratio, ref_row, r)
             why = ratio.impossible(ref_row, r) if ratio.impossible else None
