@@ -65,9 +65,9 @@ def test_every_command_that_measures_takes_resume():
 
 
 def test_every_command_that_can_run_your_code_takes_adapters():
-    """An --attention or --impl may name yours-torch (your adapters'): the command takes the
-    --adapters that the refusal of a missing adapters file tells the user to give.
-    `memory residuals` did not."""
+    """An --attention or --impl may name yours-torch (your adapters'), and `handout run
+    --yours` runs them: the command takes the --adapters that the refusal of a missing
+    adapters file tells the user to give. `memory residuals` and `handout run` did not."""
     import typer.main
 
     root = typer.main.get_command(app)
@@ -77,7 +77,7 @@ def test_every_command_that_can_run_your_code_takes_adapters():
         for name in path:
             cmd = cmd.commands[name]
         opts = {o for param in cmd.params for o in getattr(param, "opts", [])}
-        if opts & {"--attention", "--impl"} and "--adapters" not in opts:
+        if opts & {"--attention", "--impl", "--yours"} and "--adapters" not in opts:
             lacking.append(" ".join(path))
     assert lacking == []
 

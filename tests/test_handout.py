@@ -4,6 +4,7 @@ end and resumed, and the writeup starter's tables checked cell by cell against t
 rows, with its LaTeX and Typst compiled where an engine is present."""
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -405,3 +406,23 @@ def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels
         assert f"**{title}" in md
     assert f"![{top}](writeup_files/nsys_profile-profile-top-0.png)" in md
     assert "| forward | 1 | aten::" in md  # the top kernel's row
+
+
+def test_run_yours_takes_the_adapters_file_for_every_command_it_runs(db_path, tmp_path,
+                                                                     monkeypatch):
+    """`handout run --yours --adapters PATH` from outside the course checkout: each command
+    it runs reads the file as its own --adapters (it said "give --adapters PATH", an option
+    handout run did not take); the environment is as it was afterwards."""
+    from tests.user_repos import course_repo
+
+    adapters = course_repo(tmp_path / "repo") / "tests" / "adapters.py"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("CS336SYS_ADAPTERS", raising=False)
+    args = ["handout", "run", "flash_benchmarking", "--yours", "--dry-run", "--db", db_path]
+    assert invoke(*args).exit_code != 0  # no adapters file found from here
+    r = invoke(*args, "--adapters", adapters)
+    assert r.exit_code == 0, r.output
+    assert "yours-torch" in r.output and "dry run: 8 point(s)" in r.output
+    assert "CS336SYS_ADAPTERS" not in os.environ

@@ -4,6 +4,7 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -22,8 +23,9 @@ from cs336sys.cli.common import (
     user_errors,
     wrote,
 )
-from cs336sys.cli.options import Replace, list_option, option
+from cs336sys.cli.options import Adapters, Replace, list_option, option
 from cs336sys.sweep import stopping
+from cs336sys.yours.adapters import ENV as ADAPTERS_ENV
 
 handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
 
@@ -139,6 +141,7 @@ def run(
                   bool, "--yours") = False,
     dry_run: option("Print each command and its points' estimated time; measure nothing.",
                     bool, "--dry-run") = False,
+    adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
     """Run the commands that answer the problems, each labelled with its problem's name and
@@ -157,6 +160,10 @@ def run(
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
     check_db(db)
+    if adapters is not None:  # every command the run starts reads it as its own --adapters
+        given = os.environ.get(ADAPTERS_ENV)
+        os.environ[ADAPTERS_ENV] = str(adapters)
+        ctx.call_on_close(lambda: _restore(ADAPTERS_ENV, given))
     on_gpu = _on_gpu()
     todo = [(p, args) for p in problems for args in _commands(p, on_gpu, yours)]
     if not todo:
@@ -202,6 +209,14 @@ def run(
     # what a signal from here to the exit ends with (not the last command's own line)
     stopping.stored(f"handout run stored {stored_here() - before} point(s) in {db}")
     raise typer.Exit(min(worst, 1))
+
+
+def _restore(name: str, value: str | None) -> None:
+    """The environment variable `name` as it was (unset where it was None)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _refusals(root: Any, todo: list, db: Path) -> list[str]:
