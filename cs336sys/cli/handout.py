@@ -20,12 +20,12 @@ from cs336sys.cli.common import (
     choices,
     fail,
     stored_here,
+    user_code,
     user_errors,
     wrote,
 )
 from cs336sys.cli.options import Adapters, Replace, list_option, option
 from cs336sys.sweep import stopping
-from cs336sys.yours.adapters import ENV as ADAPTERS_ENV
 
 handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
 
@@ -156,14 +156,17 @@ def run(
 
         cs336sys handout run flash_benchmarking --yours
     """
+    if adapters is not None:  # every command the run starts reads it as its own --adapters
+        from cs336sys.yours.adapters import ENV
+
+        user_code(adapters)  # a missing or broken file: one line, before anything else
+        given = os.environ.get(ENV)
+        os.environ[ENV] = str(adapters)
+        ctx.call_on_close(lambda: _restore(ENV, given))
     problems = _problems(names, year)  # --year and the names checked first
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
     check_db(db)
-    if adapters is not None:  # every command the run starts reads it as its own --adapters
-        given = os.environ.get(ADAPTERS_ENV)
-        os.environ[ADAPTERS_ENV] = str(adapters)
-        ctx.call_on_close(lambda: _restore(ADAPTERS_ENV, given))
     on_gpu = _on_gpu()
     todo = [(p, args) for p in problems for args in _commands(p, on_gpu, yours)]
     if not todo:
