@@ -451,3 +451,20 @@ def test_a_ratio_below_a_hundredth_keeps_two_significant_digits():
     ratio = Ratio(lambda r: r.get("ms"), {"impl": "naive"}, ("impl",))
     rows = [row("naive", 1.0), row("slow", 600.0), row("half", 2.0)]
     assert _ratios(ratio, rows) == ["1.00×", "0.0017×", "0.50×"]
+
+
+def test_a_baseline_row_is_its_own_baseline():
+    """Two `none` steps that differ in a setting the ratio varies over (step --optimizer
+    torch-adamw beside the user's): each is 1.00×; the torch-adamw one read `0.90× slower`,
+    measured against the other."""
+    from cs336sys.report.tables import _ratios
+    from cs336sys.sweep.declaration import Ratio
+
+    def row(switches, optimizer, ms):
+        s = {"switches": switches, "optimizer": optimizer, "seq": 16}
+        return {"_settings": s, "status": "ok", "ms": ms}
+
+    ratio = Ratio(lambda r: r.get("ms"), {"switches": "none"}, ("switches", "optimizer"))
+    rows = [row("none", "yours", 100.0), row("fused-adamw", "adamw-foreach", 80.0),
+            row("none", "torch-adamw", 110.0)]
+    assert _ratios(ratio, rows) == ["1.00×", "1.25×", "1.00×"]

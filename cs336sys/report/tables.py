@@ -114,13 +114,18 @@ def cell(column: Column, row: Row, spread: bool = True) -> str:
 
 def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     """Each row's metric against its baseline's: the baseline is the ok row of the same
-    point (settings but `vary` equal, same GPU) whose settings match `against`. With
+    point (settings but `vary` equal, same GPU) whose settings match `against`, and a row
+    that matches `against` is its own. With
     `ratio.samples`, the cell carries the ratio's interval and what it says, `2.27× faster
     (1.65–2.58)`, and `ratio.impossible` may flag it."""
+    def is_baseline(r: Row) -> bool:
+        s = r["_settings"]
+        return compared(r) and all(s.get(k) == v for k, v in ratio.against.items()) \
+            and bool(ratio.metric(r))
+
     base: dict[tuple, Row] = {}
     for r in rows:
-        s = r["_settings"]
-        if compared(r) and all(s.get(k) == v for k, v in ratio.against.items()) and ratio.metric(r):
+        if is_baseline(r):
             base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), r)
     out = []
     for r in rows:
@@ -130,7 +135,8 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         if r.get("status") == "ok" and not compared(r):
             out.append("not compared")
             continue
-        ref_row = base.get((r.get("gpu"), skey(r, drop=ratio.vary)))
+        # a baseline is its own (two `none` steps of different optimizers: each 1.00×)
+        ref_row = r if is_baseline(r) else base.get((r.get("gpu"), skey(r, drop=ratio.vary)))
         ref, mine = (ratio.metric(ref_row) if ref_row else None), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None
         # two decimals, or two significant digits below 0.01 (an interpreted kernel's 0.0017×
