@@ -4,7 +4,6 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from cs336sys.cli.common import (
     wrote,
 )
 from cs336sys.cli.options import Adapters, Replace, list_option, option
+from cs336sys.measure.environ import environ
 from cs336sys.sweep import stopping
 
 handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
@@ -160,9 +160,7 @@ def run(
         from cs336sys.yours.adapters import ENV
 
         user_code(adapters)  # a missing or broken file: one line, before anything else
-        given = os.environ.get(ENV)
-        os.environ[ENV] = str(adapters)
-        ctx.call_on_close(lambda: _restore(ENV, given))
+        ctx.with_resource(environ(**{ENV: str(adapters)}))  # as it was once the run ends
     problems = _problems(names, year)  # --year and the names checked first
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
@@ -212,14 +210,6 @@ def run(
     # what a signal from here to the exit ends with (not the last command's own line)
     stopping.stored(f"handout run stored {stored_here() - before} point(s) in {db}")
     raise typer.Exit(min(worst, 1))
-
-
-def _restore(name: str, value: str | None) -> None:
-    """The environment variable `name` as it was (unset where it was None)."""
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 def _refusals(root: Any, todo: list, db: Path) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
 from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
+from cs336sys.measure.environ import environ
 from cs336sys.measure.memory import optimizer_tensors
 
 LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
@@ -107,20 +108,13 @@ def empty_compile_cache(enabled: bool) -> Iterator[None]:
         return
     import torch
 
-    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-    before = {n: os.environ.get(n) for n in names}
-    with tempfile.TemporaryDirectory(prefix="cs336sys-compile-") as tmp:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+    with tempfile.TemporaryDirectory(prefix="cs336sys-compile-") as tmp, environ(
+            TORCHINDUCTOR_CACHE_DIR=os.path.join(tmp, "inductor"),
+            TRITON_CACHE_DIR=os.path.join(tmp, "triton")):
         torch._dynamo.reset()
         try:
             yield
         finally:
-            for name, value in before.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
             torch._dynamo.reset()
 
 

@@ -1,0 +1,23 @@
+"""Environment variables set for a while and put back as they were: what a child process,
+or a library that reads its settings from the environment when it starts work, sees."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """Each NAME=value set inside the block; afterwards each as it was (unset where it was)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
