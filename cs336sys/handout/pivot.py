@@ -12,8 +12,7 @@ from typing import Any
 
 from cs336sys.handout.problem import AsReported, Pivot
 from cs336sys.measure.units import format_size
-from cs336sys.report.experiment_section import build_section
-from cs336sys.report.sections import FilledTable, Row, latest, text, varying
+from cs336sys.report.sections import FilledTable, Row, Section, latest, text, varying
 from cs336sys.report.tables import cell, point_tables
 from cs336sys.sweep.declaration import model_size
 
@@ -114,19 +113,17 @@ def pivot(p: Pivot, rows: list[Row]) -> FilledTable | None:
 
 
 def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]],
-           catalog: Any, linked: dict[str, list[dict[str, Any]]] | None = None
-           ) -> list[FilledTable]:
+           catalog: Any, sections: dict[str, Section] | None = None) -> list[FilledTable]:
     """A problem's table entry over its rows by experiment: a Pivot, an experiment kind (its
-    declared tables, settings every row shares lifted out), AsReported (its report section's
-    tables, with the rows `linked` to its runs: kernel_stats), or a function of all the rows
-    that returns a FilledTable or None (plan's closed forms)."""
+    declared tables, settings every row shares lifted out), AsReported (the tables of its
+    report section, as built in `sections` by kind), or a function of all the rows that
+    returns a FilledTable or None (plan's closed forms)."""
     if isinstance(entry, Pivot):
         found = pivot(entry, rows.get(entry.experiment, []))
         return [found] if found else []
     if isinstance(entry, AsReported):
-        experiment = next(e for e in catalog if e.kind == entry.experiment)
-        kind_rows = rows.get(entry.experiment, [])
-        return build_section(experiment, kind_rows, linked).tables if kind_rows else []
+        built = (sections or {}).get(entry.experiment)
+        return built.tables if built is not None else []
     if callable(entry):
         found = entry(latest([r for kind_rows in rows.values() for r in kind_rows]))
         return [found] if found else []

@@ -64,16 +64,16 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             sec.notes.append("Not yet measured: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
     sec.notes.append(method(invs, rows))
-    for entry in problem.tables:
-        sec.tables.extend(tables(entry, rows, catalog, linked))
     by_kind = {e.kind: e for e in catalog}
-    for kind in problem.experiments or tuple(rows):
-        if rows.get(kind):
-            drawn = build_section(by_kind[kind], rows[kind], linked)
-            for fig in drawn.figures:
-                fig.name = f"{problem.name}-{fig.name}"
-            sec.figures.extend(drawn.figures)
-            sec.failures.extend(drawn.failures)
+    drawn = {kind: build_section(by_kind[kind], rows[kind], linked)
+             for kind in problem.experiments or tuple(rows) if rows.get(kind)}
+    for entry in problem.tables:
+        sec.tables.extend(tables(entry, rows, catalog, drawn))
+    for part in drawn.values():
+        for fig in part.figures:
+            fig.name = f"{problem.name}-{fig.name}"
+        sec.figures.extend(part.figures)
+        sec.failures.extend(part.failures)
     return sec
 
 
