@@ -332,11 +332,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         no_optimizer = replace(step, optimizer=None, finish=None, mode="forward-backward")
         nosync = []
         for _ in range(spec.iters):
-            with _no_grad_sync(spec.impl, setup.module):
+            with ddp_setup.no_grad_sync(spec.impl, setup.module):
                 nosync.append(no_optimizer()["bwd_ms"])
         times["comm"] = [max(0.0, b - c) for b, c in zip(times["bwd"], nosync, strict=True)]
 
-    diff = _param_spread(setup)
+    diff = ddp_setup.param_spread(setup)
     checked = None
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
@@ -391,42 +391,6 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
 def _prefixed(when: str, split: dict[str, int]) -> dict[str, int]:
     return {f"{when}_{k}": v for k, v in split.items()}
-
-
-def _no_grad_sync(impl: str, module):
-    """Backward without the gradient reduction: torch DDP's no_sync(), FSDP2's switch."""
-    import contextlib
-
-    if impl == "torch":
-        return module.no_sync()
-
-    @contextlib.contextmanager
-    def fsdp2():
-        module.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            module.set_requires_gradient_sync(True)
-
-    return fsdp2()
-
-
-def _param_spread(setup) -> float | None:
-    """Largest difference of any replicated parameter element between ranks: 0 when the
-    wrapper did its job (None when every parameter is sharded). One parameter at a time:
-    the check costs two copies of the largest."""
-    import torch.distributed as dist
-
-    if not setup.replicated:
-        return None
-    spread = 0.0
-    for p in setup.replicated:
-        hi = p.detach().float().clone()
-        lo = hi.clone()
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-        spread = max(spread, float((hi - lo).max()))
-    return spread
 
 
 # -- the declaration ------------------------------------------------------------------------

@@ -155,6 +155,42 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     raise ValueError(f"impl must be one of {IMPLS}, not {impl!r}")
 
 
+def no_grad_sync(impl: str, module):
+    """Backward without the gradient reduction: torch DDP's no_sync(), FSDP2's switch."""
+    import contextlib
+
+    if impl == "torch":
+        return module.no_sync()
+
+    @contextlib.contextmanager
+    def fsdp2():
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    return fsdp2()
+
+
+def param_spread(setup) -> float | None:
+    """Largest difference of any replicated parameter element between ranks: 0 when the
+    wrapper did its job (None when every parameter is sharded). One parameter at a time:
+    the check costs two copies of the largest."""
+    import torch.distributed as dist
+
+    if not setup.replicated:
+        return None
+    spread = 0.0
+    for p in setup.replicated:
+        hi = p.detach().float().clone()
+        lo = hi.clone()
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        spread = max(spread, float((hi - lo).max()))
+    return spread
+
+
 def _local(t):
     """A DTensor's local shard (FSDP2), or the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
