@@ -45,7 +45,13 @@ from cs336sys.experiments.ddp_section import TABLE
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
-from cs336sys.experiments.training_step import Step, make_batch, make_model, optimizer_class
+from cs336sys.experiments.training_step import (
+    Step,
+    make_batch,
+    make_model,
+    optimizer_class,
+    optimizer_option,
+)
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import CudaProbe, TrackerProbe
 from cs336sys.measure.progress import step_done
@@ -146,8 +152,7 @@ def specs(
     sharded_by = named_impls(listed(shard_optimizer or None, "--shard-optimizer", []), "optimizer",
                              "--shard-optimizer", ["ours"])
     shardings = ["none", *sharded_by, *["zero"] * zero]
-    adamw = named_impls(["adamw" if optimizer is None else optimizer.strip()], "adamw",
-                        "--optimizer", ["adamw", "torch-adamw"])[0]
+    adamw = optimizer_option(optimizer)
     adamw = None if adamw == "adamw" else adamw
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
@@ -240,6 +245,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
 
     device = torch.device(ctx.device)
     on_cuda = device.type == "cuda"
+    adamw_cls = optimizer_class(spec.optimizer or "adamw")
     user = ddp_yours.uses_user_code(spec)
     if user:
         unfinished = ddp_yours.not_implemented(spec)
@@ -252,7 +258,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         x_all, y_all = _batch(spec, None, device)
         reference = training_reference(spec.config(), ctx.device, spec.seed, x_all, y_all,
                                        spec.precision, spec.warmup + 1 + spec.iters,
-                                       ctx.world_size, optimizer_class(spec.optimizer or "adamw"))
+                                       ctx.world_size, adamw_cls)
         del x_all, y_all
         free_memory()
     tracker = None if on_cuda else LiveTensorTracker()
@@ -270,7 +276,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         try:
             setup = ddp_setup.build(spec.impl, spec.shard_optimizer, spec.bucket_mb,
                                     spec.precision, model, device, num_layers=spec.num_layers,
-                                    optimizer_cls=optimizer_class(spec.optimizer or "adamw"))
+                                    optimizer_cls=adamw_cls)
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
             return Result("skipped", error=str(exc))
         del model

@@ -59,7 +59,7 @@ from cs336sys.experiments.step_build import (
     tensor_peak_bytes,
 )
 from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
-from cs336sys.experiments.training_step import throughput, throughput_metrics
+from cs336sys.experiments.training_step import optimizer_option, throughput, throughput_metrics
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import time_do_bench, time_loop
@@ -98,8 +98,6 @@ from cs336sys.yours.implementations import named_impls
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
 ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
 CE_IMPLS = ("torch", "triton")  # what fused-ce runs
-BASELINE_OPTIMIZER = "adamw"  # the reference loop: 7 elementwise kernels per parameter
-BASELINE_OPTIMIZERS = ("adamw", "torch-adamw")  # what --optimizer takes beside the user's
 OPT_CALLS = 3  # optimizer steps timed alone after the timed steps
 PARAM_DTYPES = ("fp32", "bf16")
 
@@ -271,8 +269,7 @@ def specs(
     else:
         attention = named_impls([defaults["attention"] if attention is None else attention],
                                 "attention", "--attention", registry.names())[0]
-    baseline = named_impls([BASELINE_OPTIMIZER if optimizer is None else optimizer.strip()],
-                           "adamw", "--optimizer", list(BASELINE_OPTIMIZERS))[0]
+    baseline = optimizer_option(optimizer)
     if "flash" in on or attention == "triton":
         check_triton(on_cuda, "--switches flash")
     if "fused-adamw" in on and adamw == "triton":

@@ -38,7 +38,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.models.config import checkpoint_groups
 from cs336sys.models.flops import step_flops
 from cs336sys.sweep.declaration import Metric
-from cs336sys.yours.implementations import build_model, call_adapter, load_target
+from cs336sys.yours.implementations import build_model, call_adapter, load_target, named_impls
 
 MODES = ("forward", "forward-backward", "train")
 # ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
@@ -95,6 +95,19 @@ def make_optimizer(name: str, params: Any) -> Any:
         fused = name == "torch-adamw-fused" or None  # None: torch's default for the device
         return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
+
+
+# What an optimizer class is named by (optimizer_class), beside the user's: `step` and `ddp`
+# take one with --optimizer.
+OPTIMIZER_CLASSES = ("adamw", "torch-adamw")
+
+
+def optimizer_option(value: str | None) -> str:
+    """An --optimizer of one class (`step`'s baseline, `ddp`'s on every rank): adamw when not
+    given; SpecError for a name that is neither one of OPTIMIZER_CLASSES nor the user's that
+    can be found."""
+    given = "adamw" if value is None else value.strip()
+    return named_impls([given], "adamw", "--optimizer", list(OPTIMIZER_CLASSES))[0]
 
 
 def optimizer_class(name: str) -> Any:
