@@ -22,6 +22,7 @@ from typing import Any
 
 from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model, make_optimizer
 from cs336sys.measure.check import Verdict
+from cs336sys.sweep.result import Result
 
 # fp32 losses of the same weights computed by two implementations of the same math: the sums
 # run in another order, nothing more (measured: |Δ| about 1e-6 on a loss of 5.5).
@@ -112,6 +113,16 @@ def both(first: Verdict | None, second: Verdict) -> Verdict:
     passed = first.passed and second.passed
     metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
     return Verdict(passed, metrics, first.why if not first.passed else second.why)
+
+
+def judged(checked: Verdict | None, metrics: dict[str, Any], **result: Any) -> Result:
+    """A measured point's Result once its checks are done: ok, or `wrong` with the failed
+    check's reason; the checks' metrics join the measured ones."""
+    if checked is not None:
+        metrics.update(checked.metrics)
+    passed = checked is None or checked.passed
+    return Result("ok" if passed else "wrong", metrics=metrics,
+                  error=None if passed else checked.why, **result)
 
 
 def _same_loss(loss: float, reference: float, what: str) -> Verdict:

@@ -40,7 +40,7 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import preflight, step_command, step_section
-from cs336sys.experiments.checks import both, model_check, optimizer_check
+from cs336sys.experiments.checks import both, judged, model_check, optimizer_check
 from cs336sys.experiments.model import (
     CHECK_NOTE,
     check_blocks,
@@ -382,10 +382,7 @@ def run(spec: StepSpec) -> Result:
         loss_last=float(losses[-1]),
         course_ms=course,
     )
-    if checked is not None:
-        metrics.update(checked.metrics)
-    passed = checked is None or checked.passed
-    return Result("ok" if passed else "wrong", metrics=metrics, error=None if passed else checked.why,
+    return judged(checked, metrics,
                   samples={"step_ms": samples, "opt_ms": opt, "warmup": {"step_ms": warm},
                            "loss": [float(v) for v in losses]})
 

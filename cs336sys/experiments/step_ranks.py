@@ -19,7 +19,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.experiments import ddp_setup, ddp_yours
-from cs336sys.experiments.checks import optimizer_check
+from cs336sys.experiments.checks import judged, optimizer_check
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.step_build import LIMIT_S, build
 from cs336sys.experiments.training_step import throughput
@@ -158,11 +158,6 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     del model
     # the user's AdamW against torch's, on every rank alike (float64 on the CPU: no GPU time)
     checked = optimizer_check(spec.optimizer) if yours.is_yours(spec.optimizer) else None
-    if checked is not None:
-        metrics.update(checked.metrics)
-    passed = checked is None or checked.passed
-    return Result("ok" if passed else "wrong", metrics=metrics,
-                  error=None if passed else checked.why,
-                  samples={"step_ms": slowest, "warmup": {"step_ms": warm},
-                           "loss": [float(v) for v in losses]})
+    return judged(checked, metrics, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
+                                             "loss": [float(v) for v in losses]})
 
