@@ -210,7 +210,8 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
     assert got == [("memory", "ok", "cs336_basics"), ("profile", "ok", "cs336_basics"),
                    ("step", "ok", "cs336_basics"), ("step", "ok", "cs336_basics"),
                    ("step", "ok", None)]
-    assert all(json.loads(r["metrics"]).get("check") == "pass" for r in rows if r["experiment"] == "step")
+    # each checked before it is measured, memory and profile as the step is
+    assert [json.loads(r["metrics"]).get("check") for r in rows] == ["pass"] * 5
     # the profile splits the course's attention function into QKᵀ, softmax and PV, with the
     # FLOPs of naive attention over both layers
     profiled = json.loads(rows[1]["metrics"])
@@ -381,7 +382,8 @@ class NoBiasCorrection(CourseAdamW):
 
 def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     """--optimizer yours=package.module:Class: the course's algorithm passes (its eps and
-    weight decay placed otherwise than torch's), one without bias correction is wrong."""
+    weight decay placed otherwise than torch's), one without bias correction is wrong; in
+    model, memory and profile alike."""
     repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW})
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
@@ -395,6 +397,14 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
         ("adamw", "ok"), ("yours", "ok"), ("adamw", "ok"), ("yours", "wrong")]
     assert rows[1]["check_optimizer_err"] < 1e-5  # the tolerance is 1e-3
     assert rows[3]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[3]["error"]
+    nobias = ["--seq", "16", "--mode", "train", "--optimizer",
+              "yours=my_opt.adamw:NoBiasCorrection", "--db", db]
+    for command in (["memory", "--warmup", "0", "--iters", "1"], ["profile", "model", "--top", "2"]):
+        result = invoke(*command, *MICRO, *nobias)
+        assert result.exit_code == 0, result.output
+        (row,) = query(db, f"SELECT status, check_optimizer_err, error FROM {command[0]}_runs")
+        assert row["status"] == "wrong" and row["check_optimizer_err"] > 1, (command, row)
+        assert "torch.optim.AdamW" in row["error"]
     result = invoke("model", *MICRO, "--optimizer", "yours-unregistered", "--db", db)
     assert result.exit_code == 2 and "--optimizer" in result.stderr
     # assignment 1's adapters getter: --optimizer yours-adamw is the class get_adamw_cls() gives
@@ -414,8 +424,10 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
 @pytest.mark.slow  # starts ranks
 def test_step_and_ddp_take_your_adamw_checked_on_one_rank_and_two(tmp_path, monkeypatch):
     """step --optimizer yours=...: the optimizer fused-adamw replaces; ddp --optimizer: every
-    rank's; each checked against torch's AdamW before the point is stored."""
-    repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW})
+    rank's; each checked against torch's AdamW before it is timed, on ranks as on one
+    process, and so is the user's model (--model)."""
+    repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW,
+                                        "my_models/__init__.py": "", "my_models/lm.py": OTHER_MODEL})
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     step = ["step", *MICRO, "--seq", "16", "--warmup", "0", "--iters", "1", "--db", db]
@@ -423,7 +435,7 @@ def test_step_and_ddp_take_your_adamw_checked_on_one_rank_and_two(tmp_path, monk
                     "--switches", "none,fused-adamw")
     assert result.exit_code == 0, result.output
     result = invoke(*step, "--optimizer", "yours-nobias=my_opt.adamw:NoBiasCorrection",
-                    "--switches", "none", "--world-size", "2")
+                    "--switches", "none", "--world-size", "2", "--model", "my_models.lm:NanLM")
     assert result.exit_code == 0, result.output
     rows = query(db, 'SELECT switches, optimizer, world_size, status, "check", '
                  "check_optimizer_err, error FROM step_runs ORDER BY created")
@@ -432,7 +444,9 @@ def test_step_and_ddp_take_your_adamw_checked_on_one_rank_and_two(tmp_path, monk
         ("none", "yours-nobias", 2, "wrong")]
     assert rows[0]["check"] == "pass" and rows[0]["check_optimizer_err"] < 1e-5
     assert rows[1]["check"] is None  # ours: nothing of the user's to check
-    assert rows[2]["check_optimizer_err"] > 1 and "torch.optim.AdamW" in rows[2]["error"]
+    # both checks ran on the ranks; the first to fail, the model's, names the cause
+    assert rows[2]["check_optimizer_err"] > 1 and rows[2]["check"] == "fail"
+    assert rows[2]["error"] == "wrong: the loss of my_models.lm:NanLM is nan"
     # ddp: every rank's AdamW, replicated or sharded by ours, is the user's class
     result = invoke("ddp", *MICRO, "--seq", "16", "--batch", "2", "--warmup", "0", "--iters",
                     "1", "--impl", "naive", "--shard-optimizer", "--optimizer",

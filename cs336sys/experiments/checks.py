@@ -20,8 +20,10 @@ import dataclasses
 import math
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model, make_optimizer
 from cs336sys.measure.check import Verdict
+from cs336sys.sweep.declaration import metric_table
 from cs336sys.sweep.result import Result
 
 # fp32 losses of the same weights computed by two implementations of the same math: the sums
@@ -68,6 +70,18 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     return _same_loss(loss, reference, "the same weights in cs336sys's TransformerLM")
 
 
+# What before_timing's checks store, declared once for every experiment that runs them.
+CHECK_METRICS = metric_table("""
+    check               -  the user's code (model, attention kernel, AdamW, DDP or FSDP): pass,
+                             or fail (the point is `wrong`; experiments/checks.py)
+    check_detail        -  what the check compared (the same loss as cs336sys's model, or naive
+                             attention, with the same weights; or a finite loss only)
+    check_loss          -  the user's loss in the check (two layers at most)
+    check_loss_ours     -  the reference's loss with the same weights
+    check_optimizer_err -  the user's AdamW against torch's: its move's largest difference over
+                             the largest move, 3 steps
+""")
+
 OPTIMIZER_STEPS = 3
 OPTIMIZER_RTOL = 1e-3
 
@@ -103,6 +117,19 @@ def optimizer_check(name: str) -> Verdict:
     return Verdict(False, metrics, f"wrong: {name} moves the parameters {err:.3g} of the largest "
                    f"move away from torch.optim.AdamW's after {OPTIMIZER_STEPS} steps with its "
                    f"own hyperparameters (at most {OPTIMIZER_RTOL:g})")
+
+
+def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
+                  batch: int) -> Verdict | None:
+    """Every check of the user's code in a training step, run before the model that is
+    measured exists: their model or attention kernel (model_check, on `device`), their AdamW
+    (optimizer_check, on the CPU); None where the step runs only cs336sys's code."""
+    checked = None
+    if config.model is not None or yours.is_yours(config.attention):
+        checked = model_check(config, device, seed, batch)
+    if yours.is_yours(optimizer):
+        checked = both(checked, optimizer_check(optimizer))
+    return checked
 
 
 def both(first: Verdict | None, second: Verdict) -> Verdict:

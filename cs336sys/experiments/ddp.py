@@ -38,9 +38,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cs336sys import yours
 from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
-from cs336sys.experiments.checks import both, optimizer_check
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, both
 from cs336sys.experiments.ddp_section import TABLE
 from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes
@@ -251,6 +250,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         unfinished = ddp_yours.not_implemented(spec)
         if unfinished:  # known from the adapters file: every rank skips alike, nothing runs
             return Result("skipped", error=unfinished)
+    # their model (--model) and AdamW first, every rank alike, before the point's model exists
+    checked = before_timing(spec.config(), spec.optimizer, ctx.device, spec.seed, spec.batch)
     # The user's code is checked against single-process training of the same steps: rank 0
     # trains the reference first, alone, so that it never shares memory with the point.
     reference = None
@@ -343,14 +344,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         times["comm"] = [max(0.0, b - c) for b, c in zip(times["bwd"], nosync, strict=True)]
 
     diff = ddp_setup.param_spread(setup)
-    checked = None
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         if reference is not None:
-            checked = training_check(full, reference, spec.precision, first_grads)
+            checked = both(checked, training_check(full, reference, spec.precision, first_grads))
         del full
-    if yours.is_yours(spec.optimizer):  # float64 on the CPU, every rank alike
-        checked = both(checked, optimizer_check(spec.optimizer))
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
     # Per step, the slowest rank's time: the others wait for it at the next collective.
@@ -449,15 +447,12 @@ EXPERIMENT = Experiment(
                                                   ranks
             loss_first                -         loss of the first step (rank 0)
             loss_last                 -         loss of the last timed step (rank 0)
-            check                     -         the user's code: pass, or fail (the point is
-                                                  `wrong`)
-            check_detail              -         what the check compared, and the worst parameter
             check_worst               -         the largest |p - p_ref| / |p_ref - p_0| over
                                                   parameters
-            check_optimizer_err       -         the user's AdamW against torch's (--optimizer)
             code                      -         the user's code measured: its files and their sha256
                                                   (JSON)
         """),
+        *CHECK_METRICS,
         *launch(("fwd", "bwd", "comm", "opt")),
     ),
     tables=(TABLE,),

@@ -31,6 +31,7 @@ from typing import Any
 
 from cs336sys.experiments import memory_section, preflight
 from cs336sys.experiments import model as model_exp
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.training_step import make_model, make_step, run_steps
 from cs336sys.measure.memory import CudaProbe, TrackerProbe, optimizer_tensors
@@ -126,6 +127,9 @@ def run(spec: MemorySpec) -> Result:
     config = m.config()
     training = m.mode == "train"
     snapshot = Path(spec.snapshot) if spec.snapshot else None
+    # the user's model or kernel and AdamW, before the probe's baseline: nothing of the
+    # check's is counted
+    checked = before_timing(config, m.optimizer, m.device, m.seed, m.batch)
 
     # -- 1. the model, measured as it is made ---------------------------------------------
     tracker = None
@@ -243,7 +247,7 @@ def run(spec: MemorySpec) -> Result:
         snapshot_pickle=str(pickle) if pickle else None,
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
-    return Result("ok", metrics=metrics, samples={**timed, "warmup": warm})
+    return judged(checked, metrics, samples={**timed, "warmup": warm})
 
 
 def last_block(model: Any, config: Any) -> Any:
@@ -349,6 +353,7 @@ EXPERIMENT = Experiment(
             snapshot_png     -  the timeline PNG written with --snapshot
             snapshot_pickle  -  CUDA: the memory_viz pickle written with --snapshot
         """),
+        *CHECK_METRICS,
         *launch(("fwd", "bwd", "opt")),
         *preflight.METRICS,
     ),

@@ -18,7 +18,7 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import model_command, model_section, preflight
-from cs336sys.experiments.checks import both, model_check, optimizer_check
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing
 from cs336sys.experiments.training_step import (
     MODES,
     OPTIMIZERS,
@@ -241,11 +241,7 @@ def run(spec: ModelSpec) -> Result:
     from cs336sys.measure.nvtx import nvtx_enabled
 
     config = spec.config()
-    checked = None
-    if config.model is not None or yours.is_yours(config.attention):  # checked first, small
-        checked = model_check(config, spec.device, spec.seed, spec.batch)
-    if yours.is_yours(spec.optimizer):
-        checked = both(checked, optimizer_check(spec.optimizer))
+    checked = before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch)
     model = make_model(config, spec.device, spec.seed)
     step = make_step(model, vocab_size=config.vocab_size, batch=spec.batch, seq=spec.seq,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
@@ -333,16 +329,9 @@ EXPERIMENT = Experiment(
             peak_reserved_mb   MiB  CUDA: peak bytes held by the caching allocator
             loss_first         -    loss of the first (warm-up) step
             loss_last          -    loss of the last timed step
-            check              -    the user's model, attention kernel or AdamW: pass, or fail (the point
-                                      is `wrong`)
-            check_detail       -    what the check compared (the same loss as cs336sys's model, or
-                                      naive attention, with the same weights; or a finite loss only)
-            check_loss         -    the user's loss in the check (two layers at most)
-            check_loss_ours    -    the reference's loss with the same weights
-            check_optimizer_err -   the user's AdamW against torch's: its move's largest difference
-                                      over the largest move, 3 steps (experiments/checks.py)
             code               -    the user's code measured: its files and their sha256 (JSON)
         """),
+        *CHECK_METRICS,
         *launch(("fwd", "bwd", "opt")),
         *preflight.METRICS,
     ),

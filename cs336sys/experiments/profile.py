@@ -36,9 +36,11 @@ from typing import Any
 from cs336sys.attention import registry
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import USER_ATTENTION, matmul_shares, summarize
 from cs336sys.experiments.training_step import make_model, make_step, timed_phase
+from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import torch_dtype
 from cs336sys.measure.landing import staged
 from cs336sys.measure.progress import step_done
@@ -122,6 +124,7 @@ class _Steps:
     context: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
     part_flops: dict[str, float] = field(default_factory=dict)  # per step, naive attention
     losses: list = field(default_factory=list)  # model steps: each step's loss
+    checked: Verdict | None = None  # model steps: the user's model or kernel and AdamW
 
 
 def run(spec: ProfileSpec) -> Result:
@@ -196,7 +199,7 @@ def run(spec: ProfileSpec) -> Result:
         metrics.update(loss_first=losses[0], loss_last=losses[-1])
     samples: dict[str, Any] = dict(timed)
     samples["warmup"] = warm
-    return Result("ok", metrics=metrics, samples=samples, tables={"kernel_stats": kernels})
+    return judged(built.checked, metrics, samples=samples, tables={"kernel_stats": kernels})
 
 
 def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[str, float]:
@@ -208,6 +211,7 @@ def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[
 def _model(spec: ModelSpec) -> _Steps:
     """The training step as every model experiment takes it (experiments/training_step.py)."""
     config = spec.config()
+    checked = before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch)
     step = make_step(make_model(config, spec.device, spec.seed), vocab_size=config.vocab_size,
                      batch=spec.batch, seq=spec.seq, mode=spec.mode,
                      precision=spec.precision, optimizer=spec.optimizer, compile=spec.compile,
@@ -227,7 +231,7 @@ def _model(spec: ModelSpec) -> _Steps:
         per_call = attention_part_flops(spec.batch, config.num_heads, spec.seq,
                                         config.d_head)
         parts = {k: v * config.num_layers for k, v in per_call.items()}
-    return _Steps(one_step, context=context, part_flops=parts, losses=losses)
+    return _Steps(one_step, context=context, part_flops=parts, losses=losses, checked=checked)
 
 
 # What the course's model calls for attention, a function of the module its class is in.
@@ -421,6 +425,7 @@ EXPERIMENT = Experiment(
             loss_first  -  model: loss of the first step
             loss_last   -  model: loss of the last profiled step
         """),
+        *CHECK_METRICS,
     ),
     tables=(TABLE,),
     compare="step_ms",

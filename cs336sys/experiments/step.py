@@ -37,10 +37,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import preflight, step_command, step_section
-from cs336sys.experiments.checks import both, judged, model_check, optimizer_check
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
 from cs336sys.experiments.model import (
     CHECK_NOTE,
     check_blocks,
@@ -330,12 +329,8 @@ def run(spec: StepSpec) -> Result:
     t_start = time.perf_counter()
     on_cuda = spec.device.startswith("cuda")
     losses: list[Any] = []
-    checked = None
     config = dataclasses.replace(spec.config(), attention=spec.attention)
-    if config.model is not None or yours.is_yours(config.attention):  # checked first, small
-        checked = model_check(config, spec.device, spec.seed, spec.batch)
-    if yours.is_yours(spec.optimizer):
-        checked = both(checked, optimizer_check(spec.optimizer))
+    checked = before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch)
     with empty_compile_cache(spec.compile and not spec.warm_cache):
         model, optimizer, train_step = build(spec)
         if on_cuda:
@@ -457,14 +452,8 @@ EXPERIMENT = Experiment(
         *metric_table("""
             loss_first       -  loss of the first step (summed over the batch's tokens)
             loss_last        -  loss of the last timed step
-            check            -  the user's model, attention kernel or AdamW: pass, or fail (the
-                                  point is `wrong`; experiments/checks.py)
-            check_detail     -  what the check compared
-            check_loss       -  the user's loss in the check (two layers at most)
-            check_loss_ours  -  the reference's loss with the same weights
-            check_optimizer_err -  the user's AdamW against torch's: its move's largest
-                                  difference over the largest move, 3 steps
         """),
+        *CHECK_METRICS,
         *preflight.METRICS,
     ),
     estimate=preflight.model_estimate,

@@ -14,12 +14,12 @@ each rank by its own estimate and would leave the ranks' collectives unmatched.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
-from cs336sys import yours
 from cs336sys.experiments import ddp_setup, ddp_yours
-from cs336sys.experiments.checks import judged, optimizer_check
+from cs336sys.experiments.checks import before_timing, judged
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.step_build import LIMIT_S, build
 from cs336sys.experiments.training_step import throughput
@@ -87,6 +87,10 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
 
     from cs336sys.measure.nvtx import measured
 
+    # the user's model or attention kernel (on this rank's device) and AdamW, on every rank
+    # alike and before anything is built: the cold-cache wall time starts after them
+    config = dataclasses.replace(spec.config(), attention=spec.attention)
+    checked = before_timing(config, spec.optimizer, ctx.device, spec.seed, spec.batch)
     t_start = time.perf_counter()
     device = torch.device(ctx.device)
     on_cuda = device.type == "cuda"
@@ -140,7 +144,6 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     slowest = [max(r["times"][i] for r in per_rank) for i in range(spec.iters)]
     metrics: dict[str, Any] = flatten("step_ms", slowest)
     # one step of the whole model on the global batch: tokens and FLOPs across the ranks
-    config = spec.config()
     metrics.update(throughput(model, config, spec.batch, spec.seq, "train",
                               metrics["step_ms_median"], ctx.device, spec.precision))
     metrics["params"] = whole["params"]
@@ -156,8 +159,6 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
         loss_last=float(losses[-1]),
     )
     del model
-    # the user's AdamW against torch's, on every rank alike (float64 on the CPU: no GPU time)
-    checked = optimizer_check(spec.optimizer) if yours.is_yours(spec.optimizer) else None
     return judged(checked, metrics, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
                                              "loss": [float(v) for v in losses]})
 
