@@ -115,7 +115,9 @@ def cell(column: Column, row: Row, spread: bool = True) -> str:
 def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     """Each row's metric against its baseline's: the baseline is the ok row of the same
     point (settings but `vary` equal, same GPU) whose settings match `against`, and a row
-    that matches `against` is its own. With
+    that matches `against` is its own. Where several baselines differ only in settings the
+    ratio varies over (step's `none` of two --optimizer), the first is taken and the cell
+    names it, `1.39× against optimizer=adamw`. With
     `ratio.samples`, the cell carries the ratio's interval and what it says, `2.27× faster
     (1.65–2.58)`, and `ratio.impossible` may flag it."""
     def is_baseline(r: Row) -> bool:
@@ -123,10 +125,10 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         return compared(r) and all(s.get(k) == v for k, v in ratio.against.items()) \
             and bool(ratio.metric(r))
 
-    base: dict[tuple, Row] = {}
+    base: dict[tuple, list[Row]] = {}
     for r in rows:
         if is_baseline(r):
-            base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), r)
+            base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), []).append(r)
     out = []
     for r in rows:
         if r.get("status") == "wrong":  # a wrong point is never a speed-up, nor a baseline
@@ -136,7 +138,8 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
             out.append("not compared")
             continue
         # a baseline is its own (two `none` steps of different optimizers: each 1.00×)
-        ref_row = r if is_baseline(r) else base.get((r.get("gpu"), skey(r, drop=ratio.vary)))
+        candidates = [r] if is_baseline(r) else base.get((r.get("gpu"), skey(r, drop=ratio.vary)), [])
+        ref_row = candidates[0] if candidates else None
         ref, mine = (ratio.metric(ref_row) if ref_row else None), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None
         # two decimals, or two significant digits below 0.01 (an interpreted kernel's 0.0017×
@@ -144,11 +147,20 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         text = "" if value is None else f"{value:.2f}×" if value >= 0.01 else f"{value:.2g}×"
         if value is not None and ref_row is not r:
             text += _interval(ratio, ref_row, r)
+            if len(candidates) > 1:
+                text += " against " + _which(ref_row, candidates, ratio.vary)
             why = ratio.impossible(ref_row, r) if ratio.impossible else None
             if why:
                 text += f" IMPOSSIBLE: {why}"
         out.append(status_or(r, text))
     return out
+
+
+def _which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
+    """`optimizer=adamw`: the settings that tell the chosen baseline from the others."""
+    settings = [c["_settings"] for c in candidates]
+    keys = [k for k in vary if len({str(s.get(k)) for s in settings}) > 1]
+    return " ".join(f"{k}={chosen['_settings'].get(k)}" for k in keys)
 
 
 def _interval(ratio: Ratio, base: Row, row: Row) -> str:
