@@ -376,17 +376,22 @@ def test_every_plan_command_computes(db_path, year):
 def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected(
         db_path, tmp_path):
     """The starter of an empty store: no `Runs by status: (in 0 invocations)`, and each
-    measured problem's commands, to copy."""
+    measured problem's commands, to copy: code in every format, not escaped backticks
+    (markdown), literal ones (HTML) or quotes and en dashes (LaTeX)."""
     from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store import Store
 
     Store(db_path, EXPERIMENTS).close()
-    r = invoke("handout", "report", "benchmarking_script", "--format", "md", "--out",
-               tmp_path / "w", "--db", db_path)
+    r = invoke("handout", "report", "benchmarking_script", "--format", "md,html,tex,typst",
+               "--out", tmp_path / "w", "--db", db_path)
     assert r.exit_code == 0, r.output
-    md = (tmp_path / "w" / "writeup.md").read_text()
-    assert "- **Runs by status:** none selected\n" in md
-    assert "Not yet measured: " in md and "cs336sys model --size tiny" in md
+    written = {ext: (tmp_path / "w" / f"writeup.{ext}").read_text() for ext in ("md", "html", "tex", "typ")}
+    assert "- **Runs by status:** none selected\n" in written["md"]
+    assert "_Not yet measured: `cs336sys model --size tiny " in written["md"]
+    assert "Not yet measured: <code>cs336sys model --size tiny " in written["html"]
+    assert "Not yet measured: \\texttt{cs336sys model --size tiny " in written["tex"]
+    assert '#par[#"Not yet measured: "#raw("cs336sys model --size tiny ' in written["typ"]
+    assert "`" not in written["tex"] and "`" not in written["typ"]
 
 
 def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels(

@@ -470,3 +470,19 @@ def test_a_baseline_row_is_its_own_baseline():
     # the fused point could be read against either `none`: the cell names the one it took
     assert _ratios(ratio, rows) == ["1.00×", "1.25× against optimizer=yours", "1.00×"]
     assert _ratios(ratio, rows[:2]) == ["1.00×", "1.25×"]
+
+
+def test_a_notes_code_spans_are_code_and_the_rest_plain_text():
+    from cs336sys.report.render import _html_note, _md_note
+    from cs336sys.report.sections import code_spans
+    from cs336sys.report.typeset import latex_note, typst_note
+
+    note = "Run `cs336sys model --seq 64` then `a<b` for [x]; a lone ` stays"
+    assert code_spans(note) == [("Run ", False), ("cs336sys model --seq 64", True),
+                                (" then ", False), ("a<b", True),
+                                (" for [x]; a lone ` stays", False)]
+    assert _md_note(note) == r"Run `cs336sys model --seq 64` then `a<b` for \[x\]; a lone \` stays"
+    assert _html_note(note) == ("Run <code>cs336sys model --seq 64</code> then <code>a&lt;b</code>"
+                                " for [x]; a lone ` stays")
+    assert latex_note("`a_b` c") == r"\texttt{a\_b} c"
+    assert typst_note('`x` "y"') == '#par[#raw("x")#" \\"y\\""]'

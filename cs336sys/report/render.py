@@ -28,7 +28,7 @@ from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
-from cs336sys.report.sections import WRONG, FilledTable, Section
+from cs336sys.report.sections import WRONG, FilledTable, Section, code_spans
 from cs336sys.report.select import Selection, invocations, load, present
 
 
@@ -208,6 +208,7 @@ def _env(markdown: bool = False):
     )
     env.filters["md_row"] = _md_row
     env.filters["html_cells"] = _html_cells
+    env.filters["note"] = _md_note if markdown else _html_note
     env.filters["data_uri"] = data_uri
     return env
 
@@ -237,6 +238,17 @@ def md_inert(value: object) -> Markup:
 # time spent in the templates.
 def _md_row(cells: list[str]) -> Markup:
     return Markup("| " + " | ".join(md_inert(c) for c in cells) + " |")
+
+
+def _md_note(note: str) -> Markup:
+    """A section note: its code spans kept as code, the rest made inert."""
+    return Markup("".join(f"`{text}`" if code else md_inert(text)
+                          for text, code in code_spans(note)))
+
+
+def _html_note(note: str) -> Markup:
+    return Markup("".join(f"<code>{escape(text)}</code>" if code else str(escape(text))
+                          for text, code in code_spans(note)))
 
 
 def _html_cells(cells: list[str]) -> Markup:

@@ -11,6 +11,7 @@ holds the containers and shared helpers.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,21 @@ QUIET = frozenset({"device", "seed", "steps", "iters", "snapshot"})
 _BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 # Settings whose unset value is a value: `model` unset is cs336sys's TransformerLM.
 _UNSET_IS_A_VALUE = frozenset({"model"})
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def code_spans(note: str) -> list[tuple[str, bool]]:
+    """A section note in pieces, (text, is_code): the spans its author put in backticks (a
+    command to copy) are code in every format, the rest plain text; a lone backtick is text."""
+    pieces, at = [], 0
+    for m in _CODE_SPAN.finditer(note):
+        if m.start() > at:
+            pieces.append((note[at:m.start()], False))
+        pieces.append((m.group(1), True))
+        at = m.end()
+    if at < len(note):
+        pieces.append((note[at:], False))
+    return pieces
 
 
 @dataclass

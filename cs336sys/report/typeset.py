@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.measure.landing import Stage
-from cs336sys.report.sections import FilledTable
+from cs336sys.report.sections import FilledTable, code_spans
 
 # Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
 # pdflatex's default fonts lack, as LaTeX writes them.
@@ -37,6 +37,18 @@ def latex(value: str) -> str:
 def typst(value: str) -> str:
     """`value` as a Typst string literal (shown as written, no markup)."""
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def latex_note(note: str) -> str:
+    """A section note as LaTeX, its code spans typewriter (no `--` ligature, no quotes)."""
+    return "".join(rf"\texttt{{{latex(text)}}}" if code else latex(text)
+                   for text, code in code_spans(note))
+
+
+def typst_note(note: str) -> str:
+    """A section note as a Typst paragraph, its code spans raw text."""
+    return "#par[" + "".join(f"#raw({typst(text)})" if code else f"#{typst(text)}"
+                             for text, code in code_spans(note)) + "]"
 
 
 _NUMERIC = re.compile(r"^(OOM|error|skipped|wrong|[-+]?[\d,.]+)")
@@ -94,7 +106,7 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
         body.append(rf"\section{{{latex(section.title)}}}" if ext == "tex"
                     else f"#heading(level: 1, {typst(section.title)})")
         for note in section.notes:
-            body.append(latex(note) + "\n" if ext == "tex" else f"#par({typst(note)})")
+            body.append(latex_note(note) + "\n" if ext == "tex" else typst_note(note))
         for i, t in enumerate(section.tables, start=1):
             path = table_dir / f"{section.id}-{i}.{ext}"
             stage.path(path).write_text(latex_table(t) if ext == "tex" else typst_table(t),
