@@ -286,7 +286,7 @@ PROBLEMS = (
     Problem(
         "ddp_overlap_individual_parameters_benchmarking", 1, section="5.3.2",
         asks="(a) The overlapped DDP's step beside the naive and flat ones (2 GPUs, xl); (b) "
-        "Nsight screenshots of the overlap (not measured here).",
+        "Nsight screenshots of the overlap: `--nsys` on the command writes the report.",
         runs=(_ddp("naive,flat,overlap", "naive,flat,yours", part="(a)"),),
         tables=(Pivot("DDP step (ms, mean ± std)", "ddp", ("impl",), DDP_TIME),),
     ),
@@ -311,7 +311,7 @@ PROBLEMS = (
     Problem(
         "fsdp_accounting", 5, section="7",
         asks="(a) The memory FSDP saves against DDP and optimizer sharding; (b) whether the "
-        "all-gathers finish in time (the Nsight part is not measured here).",
+        "all-gathers finish in time: `--nsys` on the command writes the Nsight report.",
         runs=(_ddp("overlap,fsdp --shard-optimizer", "overlap,yours-fsdp --shard-optimizer yours"),),
         tables=(Pivot("Memory per rank and step time, replicated and sharded", "ddp",
                       ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment),
