@@ -84,6 +84,11 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
     # the sharded state: each rank holds part of AdamW's moments, not all of them
     assert got["yours", "yours"]["mem_after_opt_opt_state_bytes"] < got["yours", "none"]["mem_after_opt_opt_state_bytes"]
     assert got["yours", "none"]["not_sharded"] is None  # not meant to shard: no verdict
+    # a replica holds the same bytes on every rank: the check's copy of rank 0's first
+    # gradients is the tool's memory, not the user's DDP's (it made rank 0's 86.6 MiB larger)
+    ranks = json.loads(got["yours", "none"]["mem_per_rank"])
+    for moment in ("init", "before_opt", "after_opt"):
+        assert ranks[0][moment] == ranks[1][moment], (moment, ranks)
     assert got["naive", "none"]["check"] is None  # ours: not checked against one process
     skipped = got["yours-fsdp", None]
     assert skipped["status"] == "skipped"

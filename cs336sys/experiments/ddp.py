@@ -32,6 +32,7 @@ per rank: the row has rank 0's, and the max over ranks of the step's peak.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections.abc import Iterable
@@ -293,7 +294,12 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
         # rank 0's gradients after the first step's synchronization, for the check
         first_grads: dict[str, Any] = {}
-        keep_grads = first_step_grads(setup.module, first_grads) if reference is not None else lambda: None
+        copy_grads = first_step_grads(setup.module, first_grads) if reference is not None else None
+
+        def keep_grads() -> None:  # the check's copy: not the point's memory (CUDA: on the CPU)
+            if copy_grads is not None:
+                with tracker.aside() if tracker is not None else contextlib.nullcontext():
+                    copy_grads()
         for i in range(spec.warmup):
             step(before_optimizer=keep_grads if i == 0 else lambda: None)
             losses.append(step.last_loss)

@@ -102,6 +102,7 @@ class LiveTensorTracker(TorchDispatchMode):
         self.phases: list[tuple[str, int, int]] = []  # (label, first event, end event)
         self._live: dict[int, int] = {}  # storage id -> bytes counted for it
         self._phase = ""
+        self._aside = 0  # inside aside(): nothing is counted
         self._t0 = time.perf_counter()
         self._count = 0
         # Finalizers may run on the autograd engine's thread; RLock, since a free can fire
@@ -171,7 +172,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
         def tracked_resize(storage, size):
             out = resize(storage, size)
-            tracker._track(storage, "storage.resize_")
+            if not tracker._aside:
+                tracker._track(storage, "storage.resize_")
             return out
 
         self._resize = resize
@@ -184,6 +186,8 @@ class LiveTensorTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self._aside:
+            return out
         inputs = {
             k[0]
             for t in tree_flatten((args, kwargs))[0]
@@ -196,6 +200,16 @@ class LiveTensorTracker(TorchDispatchMode):
                 if k[0] not in inputs or k[0] in self._live:
                     self._track(_storage(t), str(func.overloadpacket))
         return out
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Tensors made inside are not counted, now or when freed: what a check keeps (a
+        copy of the gradients) is the tool's memory, not the measured code's."""
+        self._aside += 1
+        try:
+            yield
+        finally:
+            self._aside -= 1
 
     # -- phases and peaks ---------------------------------------------------------------------
 
