@@ -238,13 +238,15 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     heads = [c.header for c in columns] + (["n"] if counts else [])
     t = with_gpu(rows, heads, cells, shown=shown(declared))
     notes = [declared.note, *(c.note for c in columns if c.note)]
+    at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
+    notes += [sentence for i, c in enumerate(columns) for word, sentence in c.notes_if
+              if any(word in row[at + i] for row in t.rows)]
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(DRIFT_NOTE)
     t.title, t.note = declared.title, " ".join(n for n in notes if n)
     if lift and len(t.rows) > 1:
-        at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
         same = [at + i for i, c in enumerate(columns) if c.setting
                 and len({row[at + i] for row in t.rows}) == 1]
         t.constant = ", ".join(f"{t.headers[i]}={t.rows[0][i]}" for i in same if t.rows[0][i])

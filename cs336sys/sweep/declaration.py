@@ -100,6 +100,8 @@ class Column:
     covers: tuple[str, ...] = ()  # further settings this column shows (a label of several)
     optional: bool = False  # left out of a table where no row has a value for it
     note: str = ""  # added to the table's note where the column is shown
+    # (word, sentence): the sentence joins the note only where a shown cell has the word
+    notes_if: tuple[tuple[str, str], ...] = ()
 
 
 def model_size(row: Mapping[str, Any]) -> str:
