@@ -486,3 +486,18 @@ def test_a_notes_code_spans_are_code_and_the_rest_plain_text():
                                 " for [x]; a lone ` stays")
     assert latex_note("`a_b` c") == r"\texttt{a\_b} c"
     assert typst_note('`x` "y"') == '#par[#raw("x")#" \\"y\\""]'
+
+
+def test_a_log_axis_under_two_decades_labels_more_than_one_tick():
+    """Attention latencies of 0.37 to 1.94 ms on a log axis showed one label, `1`."""
+    from matplotlib.ticker import LogLocator
+
+    from cs336sys.report.plots import log_subs
+
+    def inside(lo, hi):
+        ticks = LogLocator(10, subs=log_subs(hi / lo)).tick_values(lo, hi)
+        return [round(float(t), 3) for t in ticks if lo <= t <= hi]
+
+    assert inside(0.37, 1.94) == [0.5, 1.0]
+    assert inside(0.9, 2.5) == [0.9, 1.0, 2.0]
+    assert len(inside(1.1, 2.9)) >= 2  # no power of ten inside

@@ -272,7 +272,7 @@ def section(sec: Any, pts: list) -> None:
                    first=("op", "placement", "backend", "world_size"))
     add_plot(sec, "Bus bandwidth against message size", "comm-busbw",
              Plot.lines(lines, "message size (bytes)", "bus bandwidth (GB/s)", "Bus bandwidth",
-                        logx=True), note=" ".join(average_lines(pts)))
+                        logx=True), note="; ".join(average_lines(pts)))
 
 
 # -- the declaration ------------------------------------------------------------------------

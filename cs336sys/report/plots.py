@@ -200,9 +200,20 @@ def import_matplotlib() -> None:
     font_manager.fontManager.findfont("DejaVu Sans")
 
 
-def _spans_decades(values: Sequence[float]) -> bool:
+def _span(values: Sequence[float]) -> float:
+    """The largest positive value over the smallest (1 where there are none)."""
     pos = [v for v in values if v is not None and v > 0]
-    return bool(pos) and max(pos) / min(pos) > 100
+    return max(pos) / min(pos) if pos else 1.0
+
+
+def log_subs(span: float) -> tuple[float, ...]:
+    """The labelled ticks of each decade of a log axis whose values span `span` (max/min)
+    under two decades: 1, 2 and 5, or every integer under half a decade."""
+    return (1.0, 2.0, 5.0) if span > 3 else tuple(float(s) for s in range(1, 10))
+
+
+def _spans_decades(values: Sequence[float]) -> bool:
+    return _span(values) > 100
 
 
 def short(v: float, _pos: object = None) -> str:
@@ -230,7 +241,7 @@ def panel_plot(
     """One panel per key (its title), side by side, sharing axes scales and one legend."""
     import_matplotlib()
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
     all_pts = [p for series in panels.values() for pts in series.values() for p in pts]
     xs, ys = [p[0] for p in all_pts], [p[1] for p in all_pts if p[1] is not None]
@@ -290,6 +301,8 @@ def panel_plot(
         ax0.xaxis.set_major_locator(MaxNLocator(integer=True))
     if logy:
         ax0.set_yscale("log")
+        if _span(ys) < 100:  # one power of ten falls inside, or none: more labelled ticks
+            ax0.yaxis.set_major_locator(LogLocator(10, subs=log_subs(_span(ys))))
     for axis, is_log in ((ax0.xaxis, logx), (ax0.yaxis, logy)):
         axis.set_major_formatter(FuncFormatter(short))
         if is_log:  # majors only: minor ticks on log axes cost a quarter of a plot's time
