@@ -324,7 +324,7 @@ def section(sec: Any, pts: list) -> None:
         sec.tables.append(FilledTable(
             title, ["phase", "rank", "name", "calls", "calls/step", "total ms", "mean ms",
                     "share"],
-            [[k["phase"], str(k["rank"]), k["name"], str(k["calls"]), num(k["calls"] / steps),
+            [[k["phase"], str(k["rank"]), k["name"], f"{k['calls']:,}", num(k["calls"] / steps),
               num(k["total_ms"]), num(k["mean_ms"]), pct(k["share"])] for k in ks],
             note=f"calls: over the {steps} profiled step(s); calls/step: per step.",
         ))
