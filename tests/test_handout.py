@@ -392,6 +392,9 @@ def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected
     assert "Not yet measured: \\texttt{cs336sys model --size tiny " in written["tex"]
     assert '#par[#"Not yet measured: "#raw("cs336sys model --size tiny ' in written["typ"]
     assert "`" not in written["tex"] and "`" not in written["typ"]
+    r = invoke("handout", "report", "data_parallel_calcs", "--format", "md", "--out",
+               tmp_path / "c", "--db", db_path)
+    assert "_Not yet computed: `cs336sys plan " in (tmp_path / "c" / "writeup.md").read_text()
 
 
 def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels(

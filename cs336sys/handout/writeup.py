@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cs336sys.handout.pivot import tables
-from cs336sys.handout.problem import IMPLEMENT, WRITTEN, Problem
+from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import Report, kernel_stats, provenance
@@ -61,7 +61,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
                          f"with `{problem.check}`.")
     if not rows:
         if problem.kind != IMPLEMENT:
-            sec.notes.append("Not yet measured: " + "; ".join(f"`{c}`" for c in commands) + ".")
+            left = "Not yet computed" if problem.kind == COMPUTE else "Not yet measured"
+            sec.notes.append(f"{left}: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
     sec.notes.append(method(invs, rows))
     by_kind = {e.kind: e for e in catalog}
