@@ -290,6 +290,21 @@ def test_the_users_model_beside_ours_is_named_on_its_bar():
         "fp32 checkpoint=none", "fp32 checkpoint=every:1 model=cs336_basics"]
 
 
+def test_bars_that_differ_in_a_number_are_in_its_order():
+    """benchmarking_script's warm-up study run after the 5-warm-up point: the bars read
+    warmup=0, 1, 2, 5, not warmup=5, 0, 1, 2 (the order they were stored in)."""
+    def row(warmup):
+        s = {"size": "tiny", "seq": 64, "batch": 4, "mode": "train", "precision": "fp32",
+             "warmup": warmup}
+        return {**s, "_settings": s, "status": "ok", "step_ms_mean": 100.0, "fwd_ms_mean": 30.0,
+                "bwd_ms_mean": 60.0, "opt_ms_mean": 10.0, "tokens_per_s": 640.0}
+
+    sec = Section("model", "Model")
+    model_section.section(sec, [row(5), row(0), row(1), row(2)])
+    (fig,) = [f for f in sec.figures if f.name.startswith("model-steps")]
+    assert [b.label for b in fig.plot.bars] == [f"fp32 warmup={w}" for w in (0, 1, 2, 5)]
+
+
 def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
     """The committed H100 store: train, then forward-backward, then forward; sizes small to
     2.7B by parameter count; naive fp32 and bf16 at every size, SDPA and Triton bf16 at small

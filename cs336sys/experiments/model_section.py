@@ -129,8 +129,11 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
             size_rank.setdefault(r["_settings"].get("size"), (r.get("params") or 0, len(size_rank)))
         within = [k for k in varying(g, shown=(*SIZE, *_CHART)) if k != "precision"]
         within = ["precision", *within]
+        # then by the other settings' numbers (warmup=0, 1, 2, 5, not the order they ran in);
+        # names keep that order (checkpoint none before every:1)
         g = sorted(g, key=lambda r: (size_rank[r["_settings"].get("size")],
-                                     _rank(r["_settings"].get("precision"), _PRECISIONS)))
+                                     _rank(r["_settings"].get("precision"), _PRECISIONS),
+                                     *(_by_number(r["_settings"].get(k)) for k in within[1:])))
         bars = [Bar(text(r["_settings"].get("size")), _bar_label(r["_settings"], within),
                     tuple(r.get(k) for k, _ in _PHASES), r["step_ms_mean"], r.get("tokens_per_s"),
                     pct(r["mfu"]) if r.get("mfu") is not None else "")
@@ -148,6 +151,10 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
                    side_title="MFU above each bar" if any(b.side_note for b in shown) else ""),
               note=" ".join(n for n in [*notes, "MFU is shown where the GPU's peak is known."]
                             if n))
+
+
+def _by_number(v: Any) -> tuple:
+    return (0, v) if isinstance(v, (int, float)) else (1, 0)
 
 
 def _rank(v: Any, order: tuple) -> int:
