@@ -516,3 +516,17 @@ def test_a_log_axis_under_two_decades_labels_more_than_one_tick():
     assert inside(0.37, 1.94) == [0.5, 1.0]
     assert inside(0.9, 2.5) == [0.9, 1.0, 2.0]
     assert len(inside(1.1, 2.9)) >= 2  # no power of ten inside
+
+
+def test_each_html_header_is_aligned_as_its_column():
+    """Headers over words (kernel names, other settings) are left-aligned as their cells; a
+    lone sample's `440 (n=1)` is a number, right-aligned with its header."""
+    from cs336sys.report.render import _cell_class, _html_heads
+    from cs336sys.report.sections import FilledTable
+
+    t = FilledTable("", ["phase", "name", "calls", "step ms", "other settings"],
+                    [["forward", "aten::mm", "1,938", "440 (n=1)", "optimizer=adamw"],
+                     ["backward", "(other)", "58", "", ""]])
+    assert _html_heads(t) == ('<th class="t">phase</th><th class="t">name</th><th>calls</th>'
+                              '<th>step ms</th><th class="t">other settings</th>')
+    assert _cell_class("440 (n=1)") == ""

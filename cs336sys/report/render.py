@@ -208,6 +208,7 @@ def _env(markdown: bool = False):
     )
     env.filters["md_row"] = _md_row
     env.filters["html_cells"] = _html_cells
+    env.filters["html_heads"] = _html_heads
     env.filters["note"] = _md_note if markdown else _html_note
     env.filters["data_uri"] = data_uri
     return env
@@ -255,6 +256,16 @@ def _html_cells(cells: list[str]) -> Markup:
     return Markup("".join(f"<td{_cell_class(c)}>{escape(c)}</td>" for c in cells))
 
 
+def _html_heads(t: FilledTable) -> Markup:
+    """The header row, each header aligned as its column's cells: left over a column of
+    words (kernel names, other settings), right over numbers."""
+    words = [bool(col) and all(_cell_class(c).startswith(' class="t') for c in col)
+             for col in ([c for c in column if c] for column in zip(*t.rows, strict=True))]
+    left = ' class="t"'
+    return Markup("".join(f"<th{left if i < len(words) and words[i] else ''}>{escape(h)}</th>"
+                          for i, h in enumerate(t.headers)))
+
+
 def _cell_class(cell: str) -> str:
     """Cells that say a point did not finish, and flagged comparisons, stand out; numbers
     are right-aligned (the default), text such as kernel names left-aligned."""
@@ -276,10 +287,10 @@ _LONG = 32
 
 _VERDICT = re.compile(r"^[\d.]+x (slower|bigger|faster|smaller)$")
 
-# 1,234  0.5 ± 0.01  1.2e-05  2.35×  21.0%  98–102  0.4 (0.4): what num(), mean_std(), pct()
-# and the ratio, range and measured-(expected) cells write.
+# 1,234  0.5 ± 0.01  1.2e-05  2.35×  21.0%  98–102  0.4 (0.4)  440 (n=1): what num(),
+# mean_std(), pct() and the ratio, range, measured-(expected) and lone-sample cells write.
 _NUMBER = re.compile(
-    r"^[-+]?[\d,.]+(e[-+]?\d+)?( ± [\d,.e+-]+)?[×%]?(–[\d,.e+-]+)?( \([\d,.e+-]+\))?$"
+    r"^[-+]?[\d,.]+(e[-+]?\d+)?( ± [\d,.e+-]+)?[×%]?(–[\d,.e+-]+)?( \((n=)?[\d,.e+-]+\))?$"
 )
 
 
