@@ -201,6 +201,10 @@ def test_profile_model_rows_and_kernel_stats(db_path):
         )
     assert run["qk_ms_mean"] + run["softmax_ms_mean"] + run["pv_ms_mean"] < run["fwd_profiled_ms_mean"]
     assert "aten::mm" in result.stdout and "QKᵀ" in result.stdout
+    # the printout answers per step: 15 mm calls a forward, not the 45 of the 3 steps
+    line = next(ln for ln in result.stdout.splitlines() if " aten::mm " in ln)
+    assert line.split()[2] == "15", line
+    assert "calls/step" in result.stdout and "ms/step" in result.stdout
 
 
 def test_profile_attention_breakdown_and_sdpa(db_path):

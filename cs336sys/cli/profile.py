@@ -179,11 +179,14 @@ def _details(points) -> str:
             if not ops:
                 continue
             what = "kernel time" if ops[0]["time_basis"] == "cuda" else "CPU self time"
-            head = f"{_label(p.spec)} | {phase} | {what} over {m.get('profiled_steps')} steps"
+            steps = m.get("profiled_steps") or 1
+            head = (f"{_label(p.spec)} | {phase} | {what} per step, the mean of {steps} "
+                    "profiled")
             body = table(
-                [[k["rank"], _short(k["name"]), k["calls"], _f(k["total_ms"]),
-                  _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")] for k in ops],
-                ["#", "name", "calls", "total ms", "mean ms", "share"], numparse=False,
+                [[k["rank"], _short(k["name"]), _f(k["calls"] / steps, ".4g"),
+                  _f(k["total_ms"] / steps), _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")]
+                 for k in ops],
+                ["#", "name", "calls/step", "ms/step", "ms/call", "share"], numparse=False,
             )
             blocks.append(f"{head}\n{body}")
     out = []

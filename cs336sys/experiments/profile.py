@@ -322,15 +322,15 @@ def section(sec: Any, pts: list) -> None:
         title = f"Top kernels: {r['target']} {label(r)} ({ks[0]['time_basis']} time)"
         steps = r.get("profiled_steps") or 1
         sec.tables.append(FilledTable(
-            title, ["phase", "rank", "name", "calls", "calls/step", "total ms", "mean ms",
-                    "share"],
-            [[k["phase"], str(k["rank"]), k["name"], f"{k['calls']:,}", num(k["calls"] / steps),
-              num(k["total_ms"]), num(k["mean_ms"]), pct(k["share"])] for k in ks],
-            note=f"calls: over the {steps} profiled step(s); calls/step: per step.",
+            title, ["phase", "rank", "name", "calls/step", "ms/step", "ms/call", "share"],
+            [[k["phase"], str(k["rank"]), k["name"], num(k["calls"] / steps),
+              num(k["total_ms"] / steps), num(k["mean_ms"]), pct(k["share"])] for k in ks],
+            note=f"Per step: the mean over the {steps} profiled step(s) (kernel_stats keeps "
+            "the totals); ms/call: the mean of one call; share: of the phase's time.",
         ))
         add_plot(sec, title, f"profile-top-{i}", Ranked(
-            tuple((k["name"], k["total_ms"], k["phase"]) for k in ks if k["total_ms"]),
-            f"total time in the phase ({ks[0]['time_basis']}, ms)", title))
+            tuple((k["name"], k["total_ms"] / steps, k["phase"]) for k in ks if k["total_ms"]),
+            f"time per step in the phase ({ks[0]['time_basis']}, ms)", title))
 
 
 def attention_parts(pts: list) -> Any:
