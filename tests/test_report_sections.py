@@ -530,3 +530,15 @@ def test_each_html_header_is_aligned_as_its_column():
     assert _html_heads(t) == ('<th class="t">phase</th><th class="t">name</th><th>calls</th>'
                               '<th>step ms</th><th class="t">other settings</th>')
     assert _cell_class("440 (n=1)") == ""
+
+
+def test_a_size_names_its_parameters_below_a_million_too():
+    """A micro model (d 64, 2 layers: 215k parameters) read `tiny (64×2, 0M)`."""
+    from cs336sys.sweep.declaration import model_size
+
+    def row(params):
+        return {"size": "tiny", "d_model": 64, "num_layers": 2, "params": params}
+
+    assert model_size(row(215_296)) == "tiny (64×2, 215k)"
+    assert model_size(row(22_700_000)) == "tiny (64×2, 23M)"
+    assert model_size(row(3_400_000_000)) == "tiny (64×2, 3.4B)"

@@ -113,7 +113,8 @@ def model_size(row: Mapping[str, Any]) -> str:
         return "" if size is None else str(size)
     shape = f"{d_model}×{layers}"
     if isinstance(params, (int, float)) and not isinstance(params, bool) and params > 0:
-        shape += ", " + (f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M")
+        shape += ", " + (f"{params / 1e9:.1f}B" if params >= 1e9 else
+                         f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params / 1e3:.0f}k")
     return f"{size} ({shape})"
 
 
