@@ -233,10 +233,10 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     header = out.splitlines()[1].split()
     assert header == ["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"]
     fp32 = _table_line(out, "model", "precision=fp32")
-    assert re.search(r"1\.\d+x slower\s+p<0\.001$", fp32) and "step ms" in fp32
-    assert re.search(r"unchanged\s+p=0\.\d+$", _table_line(out, "precision=bf16"))
-    assert re.search(r"1\.2\dx faster\s+p<0\.001$", _table_line(out, "precision=tf32"))
-    assert "too few samples to tell  p=0.100" in _table_line(out, "precision=fp16")
+    assert re.search(r"1\.\d+x slower\s+p<0\.001 \(1 vs 1 run\)$", fp32) and "step ms" in fp32
+    assert re.search(r"unchanged\s+p=0\.\d+ \(1 vs 1 run\)$", _table_line(out, "precision=bf16"))
+    assert re.search(r"1\.2\dx faster\s+p<0\.001 \(1 vs 1 run\)$", _table_line(out, "precision=tf32"))
+    assert "too few samples to tell  p=0.100 (1 vs 1 run)" in _table_line(out, "precision=fp16")
     assert re.search(r"1\.20x bigger\s+one reading$", _table_line(out, "memory ", "peak bytes"))
     summary = ("5 points compared: 1 faster, 1 slower, 1 bigger, 1 unchanged, "
                "1 undecided (too few or no samples)")
@@ -245,8 +245,12 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     assert lines[at - 1].startswith("One run a side: the test sees the scatter within a run")
     assert lines[at + 1 : at + 3] == [str(tmp_path / "report.html"), str(tmp_path / "report.md")]
     assert all(Path(p).is_file() for p in lines[at + 1 :])
+    # the report carries the caveat too: its reader never sees the terminal
+    assert "- **Note:** One run a side: the test sees the scatter within a run" in \
+        (tmp_path / "report.md").read_text()
+    assert '<p class="warning">One run a side' in (tmp_path / "report.html").read_text()
     # the 30% slower point: B/A is the ratio of the medians, near 1.3
-    assert 1.25 < float(fp32.split()[-4]) < 1.35
+    assert 1.25 < float(fp32.split()[-8]) < 1.35
 
 
 @pytest.mark.slow
@@ -349,8 +353,8 @@ def test_fixture_change_with_three_samples_a_side_is_too_few_to_tell(tmp_path):
     result = report(db, tmp_path / "out", "--compare", "aaaa", "bbbb", "--format", "md")
     assert result.exit_code == 0, result.output
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| precision=fp32 | 100 | 120 | 1.200 | too few samples to tell | p=0.100 | 3/3 |" in md
-    assert "| precision=bf16 | 50 | 51 | 1.020 | unchanged | p=0.200 | 3/3 |" in md
+    assert "| precision=fp32 | 100 | 120 | 1.200 | too few samples to tell | p=0.100 (1 vs 1 run) | 3/3 |" in md
+    assert "| precision=bf16 | 50 | 51 | 1.020 | unchanged | p=0.200 (1 vs 1 run) | 3/3 |" in md
     assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 undecided" in md
 
 
@@ -383,8 +387,8 @@ def test_history_marks_steps_in_commit_time_order(history_db, tmp_path):
                           "(1 regression, 1 improvement)\n")
     up = _table_line(out, "a1a1a1a → d4d4d4d")
     down = _table_line(out, "b2b2b2b → c3c3c3c")
-    assert "precision=fp32" in up and re.search(r"1\.\d+x slower\s+p<0\.001$", up)
-    assert "precision=fp32" in down and re.search(r"1\.\d+x faster\s+p<0\.001$", down)
+    assert "precision=fp32" in up and re.search(r"1\.\d+x slower\s+p<0\.001 \(1 vs 1 run\)$", up)
+    assert "precision=fp32" in down and re.search(r"1\.\d+x faster\s+p<0\.001 \(1 vs 1 run\)$", down)
     assert "bf16" not in out
     md = (tmp_path / "report.md").read_text()
     assert md.index("## History: model, step ms by commit") < md.index("## Model")

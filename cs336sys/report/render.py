@@ -157,7 +157,8 @@ def build(
             report.compare_kind, report.comparison = both.kind, report.compared.tables
             report.compare_ab, report.compare_note = both.names, method(threshold)
             report.compare_summary = report.compared.summary()
-            report.compare_notes = report.compared.notes
+            # the caveat the terminal prints above the summary heads the report's notes
+            report.compare_notes = [*report.compared.caveats(), *report.compared.notes]
             if report.compared.figures:
                 report.sections.insert(0, Section(
                     "compare-samples", "Comparison: the samples of each point, A and B",
