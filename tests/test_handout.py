@@ -414,6 +414,9 @@ def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels
         assert f"**{title}" in md
     assert f"![{top}](writeup_files/nsys_profile-profile-top-0.png)" in md
     assert "| forward | 1 | aten::" in md  # the top kernel's row
+    # as the writeup's other tables, no `n` (how often the point was stored)
+    points = next(ln for ln in md.splitlines() if ln.startswith("| point | basis |"))
+    assert "| n |" not in points
 
 
 def test_run_yours_takes_the_adapters_file_for_every_command_it_runs(db_path, tmp_path,

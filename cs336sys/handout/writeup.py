@@ -66,7 +66,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
         return sec
     sec.notes.append(method(invs, rows))
     by_kind = {e.kind: e for e in catalog}
-    drawn = {kind: build_section(by_kind[kind], rows[kind], linked)
+    # as the writeup's other tables: no `n` column (how often a point was stored)
+    drawn = {kind: build_section(by_kind[kind], rows[kind], linked, counts=False)
              for kind in problem.experiments or tuple(rows) if rows.get(kind)}
     for entry in problem.tables:
         sec.tables.extend(tables(entry, rows, catalog, drawn))
