@@ -114,6 +114,25 @@ def test_a_triton_kernel_with_block_pointers_passes(repo, tmp_path):
     assert [(r["status"], r["check"]) for r in rows] == [("ok", "pass")], rows[0]["error"]
 
 
+@pytest.mark.skipif(_has_block_pointers(), reason="this Triton still has tl.make_block_ptr")
+def test_a_block_pointer_kernel_where_triton_has_none_is_an_error_that_says_why(repo, tmp_path):
+    """Triton 3.9 removed block pointers, which the course teaches: the stored error says
+    so and which Triton runs the kernel, not only "removed in favor of the tensor descriptor
+    API"."""
+    from importlib.metadata import version
+
+    db = tmp_path / "r.db"
+    result = invoke("attention", *SMALL, "--impl", f"yours-block={TRITON}:BlockPointers",
+                    "--seq", "32", "--db", db)
+    assert result.exit_code == 1  # a point failed
+    (row,) = query(db, "SELECT status, error FROM attention_runs")
+    assert row["status"] == "error" and "gallery_triton_flash.py" in row["error"]
+    first = row["error"].splitlines()[0]
+    assert first.endswith(f"tl.make_block_ptr is gone from Triton {version('triton')}: a kernel "
+                          "built on block pointers runs under Triton 3.6 or older, the course's "
+                          "version")
+
+
 def test_an_unimplemented_triton_adapter_is_not_implemented_before_any_device_question(
         repo, tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU that could not run a kernel

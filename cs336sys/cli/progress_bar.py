@@ -111,8 +111,10 @@ class Bar:
         self.done += 1
         result = point.result
         if result.status == "error" and self.on:
-            brief = " ".join(f"{k}={v}" for k, v in point.spec.settings().items()
-                             if k not in ("device", "seed"))
+            # as the closing lines name a point: sorted, unset settings left out, yes/no
+            brief = " ".join(f"{k}={'yes' if v is True else 'no' if v is False else v}"
+                             for k, v in sorted(point.spec.settings().items())
+                             if k not in ("device", "seed") and v is not None)
             typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
         self.step, self.current = "", None
         if self.bar is not None:

@@ -46,6 +46,28 @@ def first_line(exc: BaseException) -> str:
     return lines[0] if lines else ""
 
 
+# Failures whose message names a symptom, not its cause: the cause, said after the message.
+# Triton 3.9 dropped block pointers (the course teaches them; its hosts pin Triton <= 3.6).
+_CAUSES = {
+    "Block pointers have been removed": "tl.make_block_ptr is gone from Triton {triton}: a "
+    "kernel built on block pointers runs under Triton 3.6 or older, the course's version",
+}
+
+
+def cause(said: str) -> str:
+    """`said` with the cause of a known symptom after it (_CAUSES), else as it is."""
+    for symptom, why in _CAUSES.items():
+        if symptom in said:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                triton = version("triton")
+            except PackageNotFoundError:
+                triton = "(not installed)"
+            return f"{said}; {why.format(triton=triton)}"
+    return said
+
+
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
@@ -144,7 +166,7 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     except Unfinished as exc:
         result = Result("skipped", error=str(exc))
     except Exception as exc:  # every failure becomes a stored row
-        said = f"{type(exc).__name__}: {first_line(exc)}"
+        said = cause(f"{type(exc).__name__}: {first_line(exc)}")
         where = user_frame(exc)
         if where is not None:
             said = f"{where}: {said}"
