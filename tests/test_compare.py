@@ -288,6 +288,7 @@ def test_fail_on_regression_exits_1_after_writing(regress_db, tmp_path):
     err = result.stderr.strip()
     assert err.startswith("Regression: 2 points worse than 10%: ")
     assert "precision=fp32" in err and "1.20x bigger" in err and "tf32" not in err
+    assert "slower, p<0.001 (1 vs 1 run)" in err  # the test and its unit, unnested
     # 30% and 20% are not worse than 50 (and an improvement never fails)
     result = report(regress_db, tmp_path / "b", "--compare", "a1a1", "b2b2",
                     "--fail-on-regression", "50", "--format", "md")

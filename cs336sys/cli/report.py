@@ -133,10 +133,10 @@ def report(
         typer.echo(str(path))
     if fail_on_regression is not None:
         worse = [] if rep.compared is None else [
-            f"{c.experiment} {c.point} {c.verdict} ({c.how})"
+            f"{c.experiment} {c.point} {c.verdict}, {c.how}"
             for c in rep.compared.regressions(fail_on_regression)]
         if rep.history is not None:
-            worse += [f"{t.experiment} {t.point} {c.verdict} at {t.commits[i].title()} ({c.how})"
+            worse += [f"{t.experiment} {t.point} {c.verdict} at {t.commits[i].title()}, {c.how}"
                       for t, i, c in rep.history.latest_regressions(fail_on_regression)]
         if worse:
             typer.echo(f"Regression: {len(worse)} point{'s' * (len(worse) != 1)} worse than "
