@@ -151,11 +151,17 @@ def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     fwd, none, every1 = got
     assert fwd["saved_bytes"] == 0 and fwd["before_opt_bytes"] is None
     assert fwd["grad_bytes"] == 0 and fwd["lowest_peak"] is None  # nothing to compare with
+    assert fwd["after_opt_params_bytes"] is None  # no optimizer step in a forward
     for r in (none, every1):
         # params, grads, AdamW's two moments, RoPE tables, token ids and targets, the loss
         assert r["before_opt_bytes"] == 16 * P + rope + 2 * B * T * 8 + 4
         assert r["after_opt_bytes"] == r["before_opt_bytes"]  # AdamW updates in place
         assert (r["grad_bytes"], r["optim_bytes"]) == (4 * P, 8 * P)
+        # the parts held at the two moments, by inspection: the accounting's bytes exactly
+        # (AdamW's state exists only once it has stepped: a warm-up step came before)
+        for when in ("before_opt", "after_opt"):
+            held = [r[f"{when}_{part}_bytes"] for part in ("params", "grads", "opt_state")]
+            assert held == [4 * P, 4 * P, 8 * P], when
         assert r["saved_bytes"] == r["act_bytes_analytic"]  # fp32, naive: counted exactly
         assert r["peak_bytes"] >= r["before_opt_bytes"]
     assert none["checkpoint_group"] is None and every1["checkpoint_group"] == 1

@@ -542,3 +542,28 @@ def test_a_size_names_its_parameters_below_a_million_too():
     assert model_size(row(215_296)) == "tiny (64×2, 215k)"
     assert model_size(row(22_700_000)) == "tiny (64×2, 23M)"
     assert model_size(row(3_400_000_000)) == "tiny (64×2, 3.4B)"
+
+
+def test_memory_around_the_step_shows_the_held_parts_beside_the_accounting():
+    """Each part as held after the step, by inspection, beside the accounting's bytes; a row
+    stored before the parts were measured keeps the accounting alone; the user's AdamW is
+    named on its row (two rows read alike)."""
+    MiB = 2**20
+
+    def row(optimizer, held):
+        s = {"size": "tiny", "seq": 32, "batch": 2, "mode": "train", "precision": "fp32",
+             "checkpoint": "none", "optimizer": optimizer}
+        r = {"_settings": s, "size": "tiny", "status": "ok", "init_bytes": MiB,
+             "before_opt_bytes": 4 * MiB, "after_opt_bytes": 4 * MiB, "param_bytes": MiB,
+             "grad_bytes": MiB, "optim_bytes": 2 * MiB, "peak_bytes": 5 * MiB}
+        if held:
+            r.update(after_opt_params_bytes=MiB, after_opt_grads_bytes=MiB,
+                     after_opt_opt_state_bytes=3 * MiB)
+        return r
+
+    t = memory_section.around_the_step([row("adamw", False), row("yours", True)])
+    assert t.headers[4:7] == ["parameters", "gradients", "optimizer state"]
+    old, mine = t.rows
+    assert old[4:7] == ["(1.0)", "(1.0)", "(2.0)"]
+    assert mine[4:7] == ["1.0 (1.0)", "1.0 (1.0)", "3.0 (2.0)"]
+    assert mine[0].endswith("optimizer=yours") and "optimizer" not in old[0]

@@ -35,7 +35,7 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.experiments import ddp_yours
 from cs336sys.measure.dtypes import autocast_dtype
-from cs336sys.measure.memory import optimizer_tensors
+from cs336sys.measure.memory import held
 
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
@@ -191,30 +191,9 @@ def param_spread(setup) -> float | None:
     return spread
 
 
-def _local(t):
-    """A DTensor's local shard (FSDP2), or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _bytes(tensors) -> int:
-    """Bytes of the storages behind `tensors`, each storage once."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t is None or t.device.type == "meta":
-            continue
-        storage = _local(t).untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
 def split(setup: Setup) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state, by inspection."""
-    state = optimizer_tensors(setup.state_holder) if setup.state_holder is not None else []
-    return {
-        "params": _bytes(setup.params),
-        "grads": _bytes(p.grad for p in setup.params),
-        "opt_state": _bytes(t for t in state if _local(t).dim() > 0),  # not step counters
-    }
+    return held(setup.params, setup.state_holder)
 
 
 def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:

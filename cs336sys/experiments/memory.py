@@ -24,7 +24,7 @@ B·T·d·bytes that each checkpointed group keeps.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from cs336sys.experiments import model as model_exp
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.training_step import make_model, make_step, run_steps
-from cs336sys.measure.memory import CudaProbe, TrackerProbe, optimizer_tensors
+from cs336sys.measure.memory import CudaProbe, TrackerProbe, held, optimizer_tensors
 from cs336sys.measure.paths import why_unwritable
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.timeline import cuda_memory_history, draw_timeline
@@ -150,6 +150,14 @@ def run(spec: MemorySpec) -> Result:
     B, T = m.batch, m.seq
     no_phase = contextlib.nullcontext
     live: dict[str, float] = {}
+    parts: dict[str, int] = {}  # by inspection at the two moments: <moment>_<part>
+
+    def moment(when: str) -> Callable[[], None]:
+        def read() -> None:
+            live[when] = probe.current()
+            parts.update({f"{when}_{k}_bytes": v
+                          for k, v in held(params, step.optimizer).items()})
+        return read
 
     # -- 2. warm-up and timed steps, untracked --------------------------------------------
     warm, timed, losses = run_steps(step, m.warmup, m.iters)
@@ -196,8 +204,7 @@ def run(spec: MemorySpec) -> Result:
         snapshot.mkdir(parents=True, exist_ok=True)
     with cuda_memory_history(pickle), tracker if tracker is not None else no_phase():
         step(phase, forward=measured_forward,
-             before_optimizer=lambda: live.update(before_opt=probe.current()),
-             after_optimizer=lambda: live.update(after_opt=probe.current()))
+             before_optimizer=moment("before_opt"), after_optimizer=moment("after_opt"))
     if hook is not None:
         hook.remove()
     live["loss"] = float(step.last_loss)
@@ -232,6 +239,7 @@ def run(spec: MemorySpec) -> Result:
         opt_peak_bytes=peaks.get("optimizer"),
         before_opt_bytes=live.get("before_opt") if training else None,
         after_opt_bytes=live.get("after_opt") if training else None,
+        **parts,
         saved_bytes=saved[0],
         # the analytic breakdown
         params=n_params,
@@ -334,6 +342,13 @@ EXPERIMENT = Experiment(
             opt_peak_bytes       bytes  peak of the optimizer phase
             before_opt_bytes     bytes  live just before optimizer.step()
             after_opt_bytes      bytes  live just after optimizer.step()
+            before_opt_params_bytes     bytes  held in parameters just before optimizer.step(),
+                                                 by inspection
+            before_opt_grads_bytes      bytes  held in gradients just before optimizer.step()
+            before_opt_opt_state_bytes  bytes  held in the optimizer's state just before its step
+            after_opt_params_bytes      bytes  held in parameters just after optimizer.step()
+            after_opt_grads_bytes       bytes  held in gradients just after optimizer.step()
+            after_opt_opt_state_bytes   bytes  held in the optimizer's state just after its step
             saved_bytes          bytes  saved for backward, parameters excluded
             params               -      parameters of the model
             param_bytes          bytes  analytic: 4P

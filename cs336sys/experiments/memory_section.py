@@ -68,10 +68,17 @@ def memory_viz_line(pickle: str | None) -> str:
             "of every allocation.")
 
 
+# The parts held just after the optimizer step, each beside the accounting's bytes for it.
+_PARTS_AFTER_STEP = (("after_opt_params_bytes", "param_bytes"),
+                     ("after_opt_grads_bytes", "grad_bytes"),
+                     ("after_opt_opt_state_bytes", "optim_bytes"))
+
+
 def around_the_step(pts: list[Row]) -> FilledTable | None:
     """Per training point, the bytes in use after the model was built, just before and just
-    after the optimizer step, beside the parts the accounting gives them (parameters,
-    gradients, AdamW's state): optimizer_state_sharding_accounting (a) asks for this."""
+    after the optimizer step, and what parameters, gradients and the optimizer's state hold
+    after it, measured beside the accounting: optimizer_state_sharding_accounting (a) asks
+    for this."""
     body = []
     for r in pts:
         s = r["_settings"]
@@ -79,18 +86,26 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
             continue
         body.append([f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
                      f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}"
-                     + (f" model={text(s['model'])}" if s.get("model") else ""),
+                     + (f" model={text(s['model'])}" if s.get("model") else "")
+                     + (f" attention={text(s['attention'])}"
+                        if s.get("attention") not in (None, "naive") else "")
+                     + (f" optimizer={text(s['optimizer'])}"
+                        if s.get("optimizer") not in (None, "adamw") else ""),
                      *(mib(r.get(k)) for k in ("init_bytes", "before_opt_bytes",
-                                               "after_opt_bytes", "param_bytes", "grad_bytes",
-                                               "optim_bytes", "peak_bytes"))])
+                                               "after_opt_bytes")),
+                     # rows stored before the parts were measured: the accounting alone
+                     *(f"{mib(r[held])} ({mib(r.get(want))})" if r.get(held) is not None
+                       else f"({mib(r.get(want))})" for held, want in _PARTS_AFTER_STEP),
+                     mib(r.get("peak_bytes"))])
     if not body:
         return None
-    return FilledTable("Memory around the optimizer step (MiB)",
+    return FilledTable("Memory around the optimizer step (MiB): measured (accounting)",
                  ["point", "after init", "before step", "after step", "parameters",
-                  "gradients", "AdamW state", "peak"], body,
+                  "gradients", "optimizer state", "peak"], body,
                  note="after init, before step, after step: the bytes in use at those moments "
-                 "(CUDA: allocated; CPU: live tensors); parameters, gradients, AdamW state: "
-                 "the accounting (4, 4 and 8 bytes a parameter in fp32).")
+                 "(CUDA: allocated; CPU: live tensors); parameters, gradients, optimizer "
+                 "state: what they hold just after the step, by inspection, and in brackets "
+                 "the accounting (4, 4 and 8 bytes a parameter in fp32, AdamW's two moments).")
 
 
 # The analytic parts of a point's memory (experiments/memory.py), bottom first.

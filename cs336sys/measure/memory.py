@@ -81,3 +81,30 @@ def optimizer_tensors(optimizer) -> list:
         if value is not optimizer and hasattr(value, "param_groups") and hasattr(inner, "values"):
             states += list(inner.values())
     return [v for state in states for v in state.values() if hasattr(v, "untyped_storage")]
+
+
+def _local(t):
+    """A DTensor's local shard (FSDP2), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the storages behind `tensors`, each storage once."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or t.device.type == "meta":
+            continue
+        storage = _local(t).untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def held(params: list, optimizer) -> dict[str, int]:
+    """Bytes held in parameters, their gradients and the optimizer's state, by inspection:
+    what the accounting's 4P, 4P and 8P are measured against (a sharded rank's own share)."""
+    return {
+        "params": storage_bytes(params),
+        "grads": storage_bytes(p.grad for p in params),
+        # step counters held as 0-d tensors are not state the accounting counts
+        "opt_state": storage_bytes(t for t in optimizer_tensors(optimizer) if _local(t).dim() > 0),
+    }
