@@ -406,3 +406,48 @@ def test_the_users_attention_function_is_marked_while_profiled_and_put_back(monk
             assert module.scaled_dot_product_attention(1, 2, 3, None) == 1
     assert module.scaled_dot_product_attention is original
     assert any(e.name == "cs336sys::attention (yours)" for e in prof.events())
+
+
+# Names as the CUDA profiler gave them on the H200 (reports/nvidia-h200): the op sits deep in
+# the template arguments; the first 48 characters of all three were the same.
+MUL = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"
+       "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
+       "<float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<float, float, float, "
+       "at::native::binary_internal::MulFunctor<float> > const&)::{lambda(int)#1}>(int, "
+       "at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float, float, float, "
+       "at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&, "
+       "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
+       "<float> > const&)::{lambda(int)#1})")
+MASK = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
+        "at::native::(anonymous namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar "
+        "const&)::{lambda()#1}::operator()() const::{lambda()#12}::operator()() const::{lambda("
+        "c10::BFloat16, bool)#1}>(at::TensorIteratorBase&, at::native::(anonymous namespace)::"
+        "masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() "
+        "const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16, bool)#1} const&)::"
+        "{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast<at::native::(anonymous "
+        "namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::"
+        "operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16, bool)#1}>"
+        "(at::TensorIteratorBase&, int const&)::{lambda(int)#1})")
+COPY = ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda("
+        "at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::"
+        "bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, "
+        "2ul>)")
+
+
+def test_a_kernels_name_keeps_what_tells_it_apart():
+    from cs336sys.report.kernel_names import cut_middle, readable, readable_all
+
+    assert readable(MUL) == ("elementwise_kernel<128, 2, gpu_kernel_impl_nocast<"
+                                  "BinaryFunctor<float, float, float, MulFunctor<float>>>>")
+    assert readable(MASK) == "elementwise_kernel<128, 4, gpu_kernel_impl_nocast<masked_fill_kernel>>"
+    assert readable(COPY) == "vectorized_elementwise_kernel<8, bfloat16_copy_kernel_cuda>"
+    for plain in ("aten::mm", "nvjet_sm90_tst_96x128_64x7_2x1_v_bz_TNN", "_attn_fwd", "(other)"):
+        assert readable(plain) == plain  # CPU ops and plain kernel names as they are
+    assert readable(MUL, 40) == "elementwise_kernel<…MulFunctor<float>>>>"  # its op kept
+    # one op in two dtypes reads alike once shortened: told apart by order, not merged
+    bf16 = MASK.replace("c10::BFloat16, bool", "float, bool")
+    assert readable_all([MASK, bf16, MASK, "aten::mm"]) == [
+        readable(MASK), readable(MASK) + " #2", readable(MASK), "aten::mm"]
+    # a plot's axis keeps the op, at the name's end
+    assert cut_middle(readable(MUL), 52).endswith("MulFunctor<float>>>>")
+    assert len(cut_middle(readable(MUL), 52)) == 52

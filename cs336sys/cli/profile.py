@@ -20,6 +20,7 @@ from cs336sys.cli.declared import with_options
 from cs336sys.cli.options import option
 from cs336sys.experiments import attention_command, model_command
 from cs336sys.measure.nsys import nvtx_asked
+from cs336sys.report.kernel_names import readable_all
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
 
@@ -183,9 +184,10 @@ def _details(points) -> str:
             head = (f"{_label(p.spec)} | {phase} | {what} per step, the mean of {steps} "
                     "profiled")
             body = table(
-                [[k["rank"], _short(k["name"]), _f(k["calls"] / steps, ".4g"),
+                [[k["rank"], name, _f(k["calls"] / steps, ".4g"),
                   _f(k["total_ms"] / steps), _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")]
-                 for k in ops],
+                 for k, name in zip(ops, readable_all([k["name"] for k in ops], 72),
+                                    strict=True)],
                 ["#", "name", "calls/step", "ms/step", "ms/call", "share"], numparse=False,
             )
             blocks.append(f"{head}\n{body}")
@@ -194,7 +196,3 @@ def _details(points) -> str:
         out.append("attention (naive, or your model's), forward, per step:\n" + table(
             parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))
     return "\n\n".join(out + blocks)
-
-
-def _short(name: str, width: int = 72) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"

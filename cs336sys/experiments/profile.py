@@ -45,6 +45,7 @@ from cs336sys.measure.dtypes import torch_dtype
 from cs336sys.measure.landing import staged
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
+from cs336sys.report.kernel_names import readable_all
 from cs336sys.report.plots import Ranked
 from cs336sys.report.sections import FilledTable, add_plot, num, pct
 from cs336sys.sweep.declaration import (
@@ -321,15 +322,18 @@ def section(sec: Any, pts: list) -> None:
             continue
         title = f"Top kernels: {r['target']} {label(r)} ({ks[0]['time_basis']} time)"
         steps = r.get("profiled_steps") or 1
+        names = readable_all([k["name"] for k in ks])  # the store keeps them whole
         sec.tables.append(FilledTable(
             title, ["phase", "rank", "name", "calls/step", "ms/step", "ms/call", "share"],
-            [[k["phase"], str(k["rank"]), k["name"], num(k["calls"] / steps),
-              num(k["total_ms"] / steps), num(k["mean_ms"]), pct(k["share"])] for k in ks],
+            [[k["phase"], str(k["rank"]), name, num(k["calls"] / steps),
+              num(k["total_ms"] / steps), num(k["mean_ms"]), pct(k["share"])]
+             for k, name in zip(ks, names, strict=True)],
             note=f"Per step: the mean over the {steps} profiled step(s) (kernel_stats keeps "
             "the totals); ms/call: the mean of one call; share: of the phase's time.",
         ))
         add_plot(sec, title, f"profile-top-{i}", Ranked(
-            tuple((k["name"], k["total_ms"] / steps, k["phase"]) for k in ks if k["total_ms"]),
+            tuple((name, k["total_ms"] / steps, k["phase"])
+                  for k, name in zip(ks, names, strict=True) if k["total_ms"]),
             f"time per step in the phase ({ks[0]['time_basis']}, ms)", title))
 
 

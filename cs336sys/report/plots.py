@@ -16,6 +16,8 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cs336sys.report.kernel_names import cut_middle
+
 Series = dict[str, list[tuple[float, float]]]
 _MAX_COLS = 4
 _MARKERS = ("o", "s", "^", "D", "v", "P", "<", ">", "*", "h")
@@ -152,7 +154,9 @@ def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -
                   ncol=2)
     else:
         ax.legend(fontsize=7, frameon=False, loc=legend)
-    ax.set_title(title, fontsize=10)
+    # over the whole figure, not the axes: long tick labels (kernel names) leave the axes
+    # narrow, and a title centred on them ran off the image
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
@@ -185,8 +189,7 @@ class Ranked:
             at = [i for i, t in enumerate(items) if t[2] == group]
             ax.barh(at, [items[i][1] for i in at], color=f"C{group_index % 10}", label=group)
         ax.set_yticks(range(len(items)))
-        ax.set_yticklabels([n if len(n) <= 48 else n[:47] + "…" for n, _, _ in items],
-                           fontsize=7)
+        ax.set_yticklabels([cut_middle(n, 52) for n, _, _ in items], fontsize=7)
         return _value_axis_png(fig, ax, self.xlabel, self.title, self.logx, "lower right")
 
 
