@@ -391,9 +391,12 @@ def test_history_marks_steps_in_commit_time_order(history_db, tmp_path):
     assert "precision=fp32" in up and re.search(r"1\.\d+x slower\s+p<0\.001 \(1 vs 1 run\)$", up)
     assert "precision=fp32" in down and re.search(r"1\.\d+x faster\s+p<0\.001 \(1 vs 1 run\)$", down)
     assert "bf16" not in out
+    # the steps were judged on one run a commit: the terminal and the report say so
+    assert "\nOne run a side: the test sees the scatter within a run" in out
     md = (tmp_path / "report.md").read_text()
     assert md.index("## History: model, step ms by commit") < md.index("## Model")
     assert "**Steps detected**" in md and "| precision=fp32 | a1a1a1a → d4d4d4d |" in md
+    assert "_One run a side: the test sees the scatter within a run" in md
     images = re.findall(r"!\[([^\]]*)\]\((report_files/history-[^)]+)\)", md)
     assert [t for t, _ in images] == [
         "precision=bf16: median step ms per commit",

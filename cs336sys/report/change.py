@@ -154,6 +154,18 @@ class Change:
         return 100 * (self.factor - 1)
 
 
+def one_run_caveat(changes: list[Change]) -> list[str]:
+    """What a reader must know before trusting a verdict: a change judged on the samples of
+    one run a side (see assess), in one line, or nothing."""
+    if any(c.one_run_a_side and c.kind in ("regression", "improvement", "changed")
+           for c in changes):
+        return ["One run a side: the test sees the scatter within a run, not the drift "
+                "between runs, which alone can read as a change. Run each side more than "
+                "once (the command again at the same commit, or with the same --label), and "
+                "the runs' medians are compared."]
+    return []
+
+
 def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
            threshold: float = THRESHOLD) -> Change:
     """B against A for one point: the verdict and whether it is a regression.

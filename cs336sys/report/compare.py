@@ -46,7 +46,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
-from cs336sys.report.change import Change, Metric, Side, aggregate, assess, metrics
+from cs336sys.report.change import (
+    Change,
+    Metric,
+    Side,
+    aggregate,
+    assess,
+    metrics,
+    one_run_caveat,
+)
 from cs336sys.report.plots import Strips
 from cs336sys.report.refs import resolve as resolve_ref
 from cs336sys.report.sections import Figure, FilledTable, Row, num, point_labels
@@ -280,12 +288,7 @@ class Comparison:
     def caveats(self) -> list[str]:
         """What a reader must know before trusting a verdict: a change judged on one run a
         side (see method())."""
-        if any(c.one_run_a_side and c.kind in ("regression", "improvement", "changed")
-               for c in self.changes):
-            return ["One run a side: the test sees the scatter within a run, not the drift "
-                    "between runs, which alone can read as a change. Run each side more than "
-                    "once (the same --label), and the runs' medians are compared."]
-        return []
+        return one_run_caveat(self.changes)
 
 
 def _ratio(r: float | None) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
-from cs336sys.report.change import Change, Metric, Side, assess, metrics
+from cs336sys.report.change import Change, Metric, Side, assess, metrics, one_run_caveat
 from cs336sys.report.compare import text_table
 from cs336sys.report.plots import short
 from cs336sys.report.refs import describe
@@ -143,6 +143,7 @@ class History:
                                      "after", "after/before", "verdict", "p"], rows))
             if len(self.steps) > MAX_STEPS:
                 lines.append(f"(the first {MAX_STEPS} of {len(self.steps)} steps)")
+            lines += one_run_caveat([c for _, _, c in self.steps])
         return "\n".join(lines)
 
 
@@ -215,7 +216,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
 
 def _sections(h: History, draw: bool) -> list[Section]:
     left = [t for t in h.tracks if t not in h.plotted]
-    general = []
+    general = one_run_caveat([c for t in h.tracks for _, c in t.steps])
     if h.one_commit:
         general.append(f"{h.one_commit} point{'s' * (h.one_commit != 1)} measured at one commit "
                        "only ha" + ("ve" if h.one_commit != 1 else "s") + " no history.")
