@@ -150,6 +150,22 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message
     assert not db_path.exists()
 
 
+@pytest.mark.parametrize("args, quoted", [
+    (["--switches", "ablation"], "--switches ablation (it holds flash) needs CUDA"),
+    (["--switches", "none,flash+fused-ce"], "--switches flash needs CUDA"),
+    (["--switches", "all", "--ce", "triton"], "--switches all (it holds flash) needs CUDA"),
+    (["--switches", "fused-ce", "--ce", "triton"], "--switches fused-ce with --ce triton needs"),
+    (["--switches", "none", "--attention", "triton"], "--attention triton needs CUDA"),
+])
+def test_a_triton_refusal_quotes_what_was_typed(db_path, monkeypatch, args, quoted):
+    """On a CPU without the interpreter: `--switches ablation` was refused as `--switches
+    flash needs CUDA`, a switch the user never typed."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    out = invoke("step", *MICRO, *args, "--db", db_path)
+    assert out.exit_code == 2 and quoted in out.stderr, out.output
+    assert not db_path.exists()
+
+
 def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path, monkeypatch):
     """--num-layers 2,3,4 finds the largest model that fits: 3 runs out of memory, so 4 is
     stored as skipped without running (a real OOM needs a GPU; the run raises one here)."""

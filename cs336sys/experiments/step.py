@@ -180,6 +180,16 @@ def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str
     return out
 
 
+def asked_as(values: Iterable[str] | None, default: str, switch: str) -> str:
+    """How the command line asked for `switch`: `--switches flash`, or `--switches ablation
+    (it holds flash)` where only a preset named it, for a refusal to quote."""
+    items = listed(values, "--switches", default.split(","))
+    if any(switch in [n.strip() for n in item.split("+")] for item in items):
+        return f"--switches {switch}"
+    preset = next((i for i in items if i in ("ablation", "all")), None)
+    return f"--switches {preset} (it holds {switch})" if preset else f"--switches {switch}"
+
+
 def specs(
     *,
     size: Iterable[str] | None = None,
@@ -269,12 +279,16 @@ def specs(
         attention = named_impls([defaults["attention"] if attention is None else attention],
                                 "attention", "--attention", registry.names())[0]
     baseline = optimizer_option(optimizer)
-    if "flash" in on or attention == "triton":
-        check_triton(on_cuda, "--switches flash")
+    if "flash" in on:
+        check_triton(on_cuda, asked_as(switches, defaults["switches"], "flash"))
+    elif attention == "triton":
+        check_triton(on_cuda, "--attention triton")
     if "fused-adamw" in on and adamw == "triton":
-        check_triton(on_cuda, "--switches fused-adamw (--adamw triton)")
+        check_triton(on_cuda, asked_as(switches, defaults["switches"], "fused-adamw")
+                     + " with --adamw triton")
     if "fused-ce" in on and ce == "triton":
-        check_triton(on_cuda, "--switches fused-ce (--ce triton)")
+        check_triton(on_cuda, asked_as(switches, defaults["switches"], "fused-ce")
+                     + " with --ce triton")
     if "fused-adamw" in on and adamw == "torch-fused" and not on_cuda:
         raise SpecError("--adamw torch-fused: torch's fused AdamW is benchmarked on CUDA only")
     seqs = positive_ints(seq, "--seq", default=[defaults["seq"]])
