@@ -437,3 +437,24 @@ def test_run_yours_takes_the_adapters_file_for_every_command_it_runs(db_path, tm
     assert r.exit_code == 0, r.output
     assert "yours-torch" in r.output and "dry run: 8 point(s)" in r.output
     assert "CS336SYS_ADAPTERS" not in os.environ
+
+
+def test_an_implementation_problems_writeup_has_the_verdicts_of_your_code(db_path, tmp_path,
+                                                                          monkeypatch):
+    """flash_forward checked by cs336sys: the writeup shows each checked point, its verdict
+    and the figure it was judged by, not only a method line."""
+    from tests.user_repos import course_repo
+
+    monkeypatch.chdir(course_repo(tmp_path / "repo"))
+    r = invoke("attention", "--impl", "yours-torch,naive", "--pass", "forward", "--seq", "16",
+               "--d-head", "16", "--batch", "1", "--warmup", "0", "--iters", "1", "--label",
+               "flash_forward", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    r = invoke("handout", "report", "flash_forward", "--format", "md", "--out", tmp_path / "w",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "w" / "writeup.md").read_text()
+    assert "**Checks of your code**" in md
+    (row,) = [ln for ln in md.splitlines() if ln.startswith("| attention |")]
+    assert "| ok | pass | max err " in row and "float64 reference" in row
+    assert "naive" not in row  # ours is the reference, not a verdict on the user's code

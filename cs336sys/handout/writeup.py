@@ -17,7 +17,7 @@ from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import Report, kernel_stats, provenance
-from cs336sys.report.sections import Section
+from cs336sys.report.sections import FilledTable, Row, Section, latest, point_labels
 from cs336sys.report.select import Selection, invocations, load
 
 
@@ -43,6 +43,34 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     return "Method: " + "; ".join(p for p in parts if p) + "."
 
 
+# A check's figure, by experiment: how far the user's code is from the reference.
+_FIGURES = (("max_err", "max err"), ("check_worst", "worst parameter"),
+            ("check_optimizer_err", "AdamW move"))
+
+
+def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
+    """An implementation problem's verdicts: each checked point of the user's code, its
+    check, the figure it was judged by and what was compared (None where none was checked)."""
+    body = []
+    for kind, kind_rows in rows.items():
+        # the user's code (`code` names its files), not ours beside it: ours is checked too
+        pts = [r for r in latest(kind_rows) if r.get("check") is not None and r.get("code")]
+        for r, label in zip(pts, point_labels(pts) if pts else [], strict=True):
+            figure = next((f"{name} {r[key]:.2g}" for key, name in _FIGURES
+                           if isinstance(r.get(key), (int, float))), "")
+            what = r.get("check_detail") or (
+                f"every element within {r['check_atol']:g} + {r['check_rtol']:g}·|ref| of a "
+                "float64 reference" if r.get("check_rtol") is not None else "")
+            body.append([kind, label, str(r.get("status")), str(r["check"]), figure,
+                         what[:160]])
+    if not body:
+        return None
+    return FilledTable("Checks of your code", ["experiment", "point", "status", "check",
+                                               "figure", "what was compared"], body,
+                       note="Each point of your code against its reference, as the course's "
+                       "tests check it (docs/yours.md has the tolerances).")
+
+
 def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             catalog: Sequence[Any], commands: list[str],
             linked: dict[str, list[dict[str, Any]]] | None = None) -> Section:
@@ -65,6 +93,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             sec.notes.append(f"{left}: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
     sec.notes.append(method(invs, rows))
+    if problem.kind == IMPLEMENT and (verdicts := checks(rows)) is not None:
+        sec.tables.append(verdicts)
     by_kind = {e.kind: e for e in catalog}
     # as the writeup's other tables: no `n` column (how often a point was stored)
     drawn = {kind: build_section(by_kind[kind], rows[kind], linked, counts=False)
