@@ -567,3 +567,21 @@ def test_memory_around_the_step_shows_the_held_parts_beside_the_accounting():
     assert old[4:7] == ["(1.0)", "(1.0)", "(2.0)"]
     assert mine[4:7] == ["1.0 (1.0)", "1.0 (1.0)", "3.0 (2.0)"]
     assert mine[0].endswith("optimizer=yours") and "optimizer" not in old[0]
+
+
+def test_latex_escapes_what_pdflatex_would_misprint_or_refuse():
+    """In pdflatex's default encoding < > | print as inverted ! and ? and a dash, and it has no
+    glyph for QKᵀ's ᵀ or |Δ| (the writeup of nsys_profile did not compile): each is written
+    as LaTeX says it. Every character outside ASCII in cs336sys's sources is one LaTeX is
+    told how to write, so a new one in a table or note cannot slip through."""
+    import re
+    from pathlib import Path
+
+    from cs336sys.report.typeset import _LATEX, latex
+
+    assert latex("p<0.001 |Δ| QKᵀ a·b") == (r"p\textless{}0.001 \textbar{}$\Delta$\textbar{} "
+                                             r"QK$^{\top}$ a$\cdot$b")
+    known = set(_LATEX) | {"§"}  # § is in pdflatex's UTF-8 input as it is
+    package = Path(__file__).resolve().parents[1] / "cs336sys"
+    found = {c for f in package.rglob("*.py") for c in re.findall(r"[^\x00-\x7f]", f.read_text())}
+    assert found <= known, sorted(found - known)

@@ -25,6 +25,10 @@ _LATEX = {
     "±": r"$\pm$", "×": r"$\times$", "≤": r"$\leq$", "≥": r"$\geq$", "→": r"$\rightarrow$",
     "µ": r"$\mu$", "−": "-", "–": "--", "—": "---", "…": r"\dots{}", "²": r"\textsuperscript{2}",
     "√": r"$\surd$", "⌈": r"$\lceil$", "⌉": r"$\rceil$", "₂": r"$_2$",
+    # the default (OT1) encoding prints < > | as inverted ! and ? and a dash: p<0.001, |ref|
+    "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+    # pdflatex knows no glyph for these (QKᵀ, |Δ|): math mode has them
+    "ᵀ": r"$^{\top}$", "Δ": r"$\Delta$", "∘": r"$\circ$", "Ψ": r"$\Psi$", "·": r"$\cdot$",
 }
 _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX))
 
