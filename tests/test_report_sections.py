@@ -585,3 +585,25 @@ def test_latex_escapes_what_pdflatex_would_misprint_or_refuse():
     package = Path(__file__).resolve().parents[1] / "cs336sys"
     found = {c for f in package.rglob("*.py") for c in re.findall(r"[^\x00-\x7f]", f.read_text())}
     assert found <= known, sorted(found - known)
+
+
+@pytest.mark.parametrize("fmt, ext", [("tex", "tex"), ("typst", "typ")])
+def test_latex_and_typst_carry_the_comparison_and_the_points_that_failed(tmp_path, fmt, ext):
+    """Both wrote the sections' tables and figures only: a comparison's verdicts, summary and
+    caveat, and a section's list of points not measured, were in the HTML and markdown alone."""
+    from cs336sys.report.render import Report, write
+    from cs336sys.report.sections import Failure, FilledTable, Section
+
+    verdicts = FilledTable("model: step ms", ["point", "B/A", "verdict", "p"],
+                           [["seq=16", "1.616", "1.62x slower", "p=0.008 (1 vs 1 run)"]])
+    rep = Report("r", [], [], sections=[Section("model", "Model", failures=[
+        Failure("oom", "seq=4096", "out of memory: CUDA out of memory")])],
+        compare_kind="commit", compare_ab=("HEAD~1", "HEAD"), comparison=[verdicts],
+        compare_note="How a change is decided.", compare_summary="1 point compared: 1 slower",
+        compare_notes=["One run a side: the test sees the scatter within a run."])
+    paths = write(rep, tmp_path, [fmt], stem="r")
+    text = (tmp_path / f"r.{ext}").read_text()
+    for said in ("Comparison: HEAD", "1 point compared: 1 slower", "One run a side",
+                 "Not measured, or measured wrong", "seq=4096", "out of memory"):
+        assert said in text, said
+    assert any(p.name == "compare-1." + ext for p in paths)  # the verdicts' own table file

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.measure.landing import Stage
-from cs336sys.report.sections import FilledTable, code_spans
+from cs336sys.report.sections import FilledTable, Section, code_spans
 
 # Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
 # pdflatex's default fonts lack, as LaTeX writes them.
@@ -106,7 +106,7 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
     table_dir = out / f"{stem}_tables"
     written: list[Path] = []
     body: list[str] = []
-    for section in report.sections:
+    for section in _sections(report):
         body.append(rf"\section{{{latex(section.title)}}}" if ext == "tex"
                     else f"#heading(level: 1, {typst(section.title)})")
         for note in section.notes:
@@ -138,11 +138,34 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
             else:
                 body.append(f"#figure(image({typst(images[fig.name])}, width: 100%), "
                             f"caption: {typst(fig.title)})")
+        if section.failures:  # as the HTML and markdown list them
+            failed = [(f.status, f"{f.point}: {f.why}") for f in section.failures]
+            if ext == "tex":
+                body += [r"\paragraph{Not measured, or measured wrong}", r"\begin{itemize}",
+                         *(rf"\item \textbf{{{latex(s)}}} {latex(what)}" for s, what in failed),
+                         r"\end{itemize}", ""]
+            else:
+                body += ["#strong[Not measured, or measured wrong]",
+                         *(f"- #strong({typst(s)}) #{typst(what)}" for s, what in failed), ""]
     head = _head(report, ext)
     document = out / f"{stem}.{ext}"
     tail = "\n\\end{document}\n" if ext == "tex" else "\n"
     stage.path(document).write_text(head + "\n".join(body) + tail, encoding="utf-8")
     return [document, *written]
+
+
+def _sections(report: Any) -> list[Section]:
+    """The report's sections, after a comparison's own (its verdicts, summary and notes),
+    which the HTML and markdown templates write apart from the sections."""
+    if not getattr(report, "compare_ab", None):
+        return list(report.sections)
+    a, b = report.compare_ab
+    notes = [report.compare_note, report.compare_summary, *report.compare_notes]
+    if not report.comparison:
+        notes.append("No point was measured on both sides.")
+    return [Section("compare", f"Comparison: {a} (A) against {b} (B), by {report.compare_kind}",
+                    tables=list(report.comparison), notes=[n for n in notes if n]),
+            *report.sections]
 
 
 def _head(report: Any, ext: str) -> str:
