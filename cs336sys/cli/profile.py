@@ -182,7 +182,7 @@ def _details(points) -> str:
             what = "kernel time" if ops[0]["time_basis"] == "cuda" else "CPU self time"
             steps = m.get("profiled_steps") or 1
             head = (f"{_label(p.spec)} | {phase} | {what} per step, the mean of {steps} "
-                    "profiled")
+                    f"profiled step{'s' * (steps != 1)}")
             body = table(
                 [[k["rank"], name, _f(k["calls"] / steps, ".4g"),
                   _f(k["total_ms"] / steps), _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")]
