@@ -561,12 +561,15 @@ def test_memory_around_the_step_shows_the_held_parts_beside_the_accounting():
                      after_opt_opt_state_bytes=3 * MiB)
         return r
 
-    t = memory_section.around_the_step([row("adamw", False), row("yours", True)])
+    wrong = {**row("yours-nobias", True), "status": "wrong"}
+    t = memory_section.around_the_step([row("adamw", False), row("yours", True), wrong])
     assert t.headers[4:7] == ["parameters", "gradients", "optimizer state"]
-    old, mine = t.rows
+    old, mine, failed = t.rows
     assert old[4:7] == ["(1.0)", "(1.0)", "(2.0)"]
     assert mine[4:7] == ["1.0 (1.0)", "1.0 (1.0)", "3.0 (2.0)"]
     assert mine[0].endswith("optimizer=yours") and "optimizer" not in old[0]
+    # a user's AdamW that failed its check: shown, its values marked, as the peaks table does
+    assert failed[6] == "3.0 (2.0) (wrong)" and failed[7] == "5.0 (wrong)"
 
 
 def test_latex_escapes_what_pdflatex_would_misprint_or_refuse():

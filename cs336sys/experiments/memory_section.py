@@ -17,6 +17,7 @@ from cs336sys.report.sections import (
     mib,
     series,
     skey,
+    status_or,
     text,
     varying,
 )
@@ -82,7 +83,10 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
     body = []
     for r in pts:
         s = r["_settings"]
-        if r.get("status") != "ok" or s.get("mode") != "train" or r.get("before_opt_bytes") is None:
+        # a point whose check failed (the user's AdamW) is shown, its values marked, as the
+        # other tables show it
+        if r.get("status") not in ("ok", "wrong") or s.get("mode") != "train" \
+                or r.get("before_opt_bytes") is None:
             continue
         body.append([f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
                      f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}"
@@ -91,12 +95,13 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
                         if s.get("attention") not in (None, "naive") else "")
                      + (f" optimizer={text(s['optimizer'])}"
                         if s.get("optimizer") not in (None, "adamw") else ""),
-                     *(mib(r.get(k)) for k in ("init_bytes", "before_opt_bytes",
-                                               "after_opt_bytes")),
-                     # rows stored before the parts were measured: the accounting alone
-                     *(f"{mib(r[held])} ({mib(r.get(want))})" if r.get(held) is not None
-                       else f"({mib(r.get(want))})" for held, want in _PARTS_AFTER_STEP),
-                     mib(r.get("peak_bytes"))])
+                     *(status_or(r, cell) for cell in (
+                         *(mib(r.get(k)) for k in ("init_bytes", "before_opt_bytes",
+                                                   "after_opt_bytes")),
+                         # rows stored before the parts were measured: the accounting alone
+                         *(f"{mib(r[held])} ({mib(r.get(want))})" if r.get(held) is not None
+                           else f"({mib(r.get(want))})" for held, want in _PARTS_AFTER_STEP),
+                         mib(r.get("peak_bytes"))))])
     if not body:
         return None
     return FilledTable("Memory around the optimizer step (MiB): measured (accounting)",
