@@ -610,3 +610,22 @@ def test_latex_and_typst_carry_the_comparison_and_the_points_that_failed(tmp_pat
                  "Not measured, or measured wrong", "seq=4096", "out of memory"):
         assert said in text, said
     assert any(p.name == "compare-1." + ext for p in paths)  # the verdicts' own table file
+
+
+def test_ddp_memory_by_moment_marks_a_point_whose_check_failed():
+    """A user's DDP that failed its check keeps its memory rows, each value marked, as the
+    point's other tables mark them."""
+    from cs336sys.experiments.ddp_section import memory_by_moment
+
+    MiB = 2**20
+    memory = {"init": MiB, "init_params": MiB, "before_opt": 4 * MiB, "before_opt_params": MiB,
+              "before_opt_grads": MiB, "before_opt_opt_state": 2 * MiB, "after_opt": 4 * MiB,
+              "after_opt_params": MiB, "after_opt_grads": MiB, "after_opt_opt_state": 2 * MiB}
+    s = {"impl": "yours", "world_size": 2, "size": "tiny"}
+    row = {"_settings": s, **s, "status": "wrong", "mem_before_opt_params_bytes": MiB,
+           "mem_per_rank": json.dumps([memory]), "expected_params_bytes": MiB,
+           "expected_grads_bytes": MiB, "expected_opt_state_bytes": 2 * MiB}
+    t = memory_by_moment([row])
+    after = next(r for r in t.rows if "after the step" in r)
+    assert after[-4:] == ["4.0 (wrong)", "1.0 (1.0) (wrong)", "1.0 (1.0) (wrong)",
+                          "2.0 (2.0) (wrong)"]

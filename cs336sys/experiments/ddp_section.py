@@ -18,6 +18,7 @@ from cs336sys.report.sections import (
     left_out,
     mib,
     series,
+    status_or,
     text,
     varying,
 )
@@ -73,7 +74,9 @@ def memory_by_moment(pts: list[Row]) -> FilledTable | None:
                     value = mib(memory.get(f"{moment}_{part}"))
                     analytic = r.get(f"expected_{part}_bytes") if part in expected else 0
                     cells.append(f"{value} ({mib(analytic)})" if value else "")
-                body.append([*point, text(rank), words, *cells, *other])
+                # a point whose check failed (the user's DDP): its values marked
+                body.append([*point, text(rank), words, *(status_or(r, c) for c in cells),
+                             *other])
     return FilledTable("Memory by moment, per rank: measured (analytic)",
                  [*(["gpu"] if many else []), "impl", "ranks", "rank", "moment", "live MiB",
                   "parameters MiB", "gradients MiB", "optimizer state MiB",
