@@ -80,21 +80,13 @@ def make_optimizer(name: str, params: Any) -> Any:
     AdamW and its fused versions), torch.optim.AdamW, default or fused=True, or the user's
     (`--optimizer yours=package.module:AdamW`, or `yours-adamw`: the class assignment 1's
     adapters getter `get_adamw_cls()` returns), built with lr and weight_decay alone."""
-    import torch
+    if name == "torch-adamw-fused":
+        import torch
 
-    if yours.is_yours(name):
-        return optimizer_class(name)(params, lr=LR, weight_decay=WEIGHT_DECAY)
-
-    from cs336sys.models.adamw import AdamW
-    from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
-
-    ours = {"adamw": AdamW, "adamw-foreach": AdamWForeach, "adamw-triton": AdamWTriton}
-    if name in ours:
-        return ours[name](params, lr=LR, weight_decay=WEIGHT_DECAY)
-    if name in ("torch-adamw", "torch-adamw-fused"):
-        fused = name == "torch-adamw-fused" or None  # None: torch's default for the device
-        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=fused)
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
+        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+    if name not in OPTIMIZERS and not yours.is_yours(name):
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
+    return optimizer_class(name)(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
 
 # What an optimizer class is named by (optimizer_class), beside the user's: `step` and `ddp`
@@ -111,8 +103,9 @@ def optimizer_option(value: str | None) -> str:
 
 
 def optimizer_class(name: str) -> Any:
-    """The class of `name`, for what builds its own optimizers from one (the sharded ones):
-    ours (adamw), torch's (torch-adamw) or the user's (as make_optimizer finds it)."""
+    """The class of `name`, for make_optimizer and for what builds its own optimizers from one
+    (the sharded ones): ours and its fused versions, torch's (its default for the device) or
+    the user's."""
     if yours.is_yours(name):
         where = yours.target("adamw", name)
         return load_target(where) if where else call_adapter(yours.entries("adamw")[name], 0)
@@ -120,11 +113,14 @@ def optimizer_class(name: str) -> Any:
         import torch
 
         return torch.optim.AdamW
-    if name == "adamw":
-        from cs336sys.models.adamw import AdamW
+    from cs336sys.models.adamw import AdamW
+    from cs336sys.models.adamw_fused import AdamWForeach, AdamWTriton
 
-        return AdamW
-    raise ValueError(f"optimizer class must be adamw, torch-adamw or yours, not {name!r}")
+    ours = {"adamw": AdamW, "adamw-foreach": AdamWForeach, "adamw-triton": AdamWTriton}
+    if name in ours:
+        return ours[name]
+    raise ValueError(f"optimizer class must be one of {tuple(ours)}, torch-adamw or yours, "
+                     f"not {name!r}")
 
 
 def make_batch(seed: int, batch: int, seq: int, vocab_size: int) -> tuple:
