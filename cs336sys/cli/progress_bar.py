@@ -111,9 +111,10 @@ class Bar:
         self.done += 1
         result = point.result
         if result.status == "error" and self.on:
+            from cs336sys.report.sections import text
+
             # as the closing lines name a point: sorted, unset settings left out, yes/no
-            brief = " ".join(f"{k}={'yes' if v is True else 'no' if v is False else v}"
-                             for k, v in sorted(point.spec.settings().items())
+            brief = " ".join(f"{k}={text(v)}" for k, v in sorted(point.spec.settings().items())
                              if k not in ("device", "seed") and v is not None)
             typer.echo(f"\nerror at {brief}: {result.error.splitlines()[0]}", err=True)
         self.step, self.current = "", None

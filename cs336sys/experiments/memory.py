@@ -212,10 +212,9 @@ def run(spec: MemorySpec) -> Result:
 
     png = None
     if snapshot is not None and tracker is not None:
-        whose = (f" model={m.model}" if m.model else "") + (
-            f" attention={m.attention}" if m.attention not in (None, "naive") else "")
         title = (f"{m.size} T={T} B={B} {m.mode} {m.precision} checkpoint={m.checkpoint}"
-                 f"{whose} on {m.device}: live tensor bytes in one step")
+                 f"{memory_section.whose(m.settings())} on {m.device}: live tensor bytes in "
+                 "one step")
         png = draw_timeline(tracker.events, tracker.phases, snapshot / f"{spec.label()}.png", title)
 
     # -- metrics -----------------------------------------------------------------------------

@@ -46,11 +46,7 @@ def section(sec: Section, pts: list[Row]) -> None:
             left_out += 1
             continue
         s = r["_settings"]
-        what = f"checkpoint={text(s.get('checkpoint') or 'none')}"
-        if s.get("model"):
-            what += f" model={text(s['model'])}"
-        if s.get("attention") not in (None, "naive"):
-            what += f" attention={text(s['attention'])}"
+        what = f"checkpoint={text(s.get('checkpoint') or 'none')}{whose(s)}"
         sec.figures.append(Figure(
             f"Memory timeline: {model_size(r)} T={r['seq']} B={s.get('batch')} {s.get('mode')} "
             f"{s.get('precision')} {what}", f"memory-timeline-{i}", png=png,
@@ -58,6 +54,17 @@ def section(sec: Section, pts: list[Row]) -> None:
     if left_out:
         sec.notes.append(f"{left_out} memory timeline(s) left out: the stored path is not a PNG "
                          "that cs336sys wrote into the point's --snapshot folder on this machine.")
+
+
+# Settings that say whose code a point ran, and each one's value where it is cs336sys's own.
+_OURS = {"model": None, "attention": "naive", "optimizer": "adamw"}
+
+
+def whose(settings: dict[str, Any], keys: tuple[str, ...] = ("model", "attention")) -> str:
+    """` model=cs336_basics attention=yours-torch`: those of `keys` that are not cs336sys's
+    own, for a caption or a row to tell the user's points from ours."""
+    return "".join(f" {k}={text(settings[k])}" for k in keys
+                   if settings.get(k) not in (None, _OURS[k]))
 
 
 def memory_viz_line(pickle: str | None) -> str:
@@ -90,11 +97,7 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
             continue
         body.append([f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
                      f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}"
-                     + (f" model={text(s['model'])}" if s.get("model") else "")
-                     + (f" attention={text(s['attention'])}"
-                        if s.get("attention") not in (None, "naive") else "")
-                     + (f" optimizer={text(s['optimizer'])}"
-                        if s.get("optimizer") not in (None, "adamw") else ""),
+                     + whose(s, ("model", "attention", "optimizer")),
                      *(status_or(r, cell) for cell in (
                          *(mib(r.get(k)) for k in ("init_bytes", "before_opt_bytes",
                                                    "after_opt_bytes")),
