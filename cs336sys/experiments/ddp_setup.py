@@ -226,16 +226,15 @@ def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[i
     world = len(params)
     fsdp = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
     wholes = {"parameters": whole, "optimizer state": 2 * whole}
-    held = {"parameters": params, "optimizer state": opt_state}
-    out: dict[str, Any] = {
-        "param_rank0_share": params[0] / whole if whole else None,
-        "opt_state_rank0_share": opt_state[0] / (2 * whole) if whole else None,
-    }
+    by_rank = {"parameters": params, "optimizer state": opt_state}
+    rank0 = {what: by_rank[what][0] / wholes[what] if whole else None for what in wholes}
+    out: dict[str, Any] = {"param_rank0_share": rank0["parameters"],
+                           "opt_state_rank0_share": rank0["optimizer state"]}
     meant = (["parameters"] if fsdp else []) + (
         ["optimizer state"] if fsdp or sharding not in (None, "none") else [])
-    over = {what: held[what][0] / wholes[what] for what in meant
-            if whole and held[what][0] / wholes[what] > 1 / world + SHARE_SLACK}
-    copies = {what: sum(held[what]) / wholes[what] for what in over}
+    over = {what: rank0[what] for what in meant
+            if rank0[what] is not None and rank0[what] > 1 / world + SHARE_SLACK}
+    copies = {what: sum(by_rank[what]) / wholes[what] for what in over}
     said = (f"rank 0 holds {', '.join(f'{w} {share:.0%}' for w, share in over.items())} of the "
             f"whole, more than 1/{world} + {SHARE_SLACK:.0%}")
     replicated = any(c > 1 + SHARE_SLACK for c in copies.values())

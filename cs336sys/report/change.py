@@ -185,7 +185,7 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
     if tested:
         how = "p<0.001" if j.p < 0.001 else f"p={j.p:.3f}"
         # the unit the test took: runs, or the samples of one run a side (which cannot see
-        # the drift between runs: Compared.caveats says so wherever such a verdict is shown)
+        # the drift between runs: one_run_caveat says so wherever such a verdict is shown)
         how += f" ({len(xa)} vs {len(xb)} runs)" if by_runs else " (1 vs 1 run)"
     else:
         how = "no samples" if metric.timed else "one reading"

@@ -304,8 +304,9 @@ def panel_plot(
         ax0.xaxis.set_major_locator(MaxNLocator(integer=True))
     if logy:
         ax0.set_yscale("log")
-        if _span(ys) < 100:  # one power of ten falls inside, or none: more labelled ticks
-            ax0.yaxis.set_major_locator(LogLocator(10, subs=log_subs(_span(ys))))
+        span = _span(ys)
+        if span < 100:  # one power of ten falls inside, or none: more labelled ticks
+            ax0.yaxis.set_major_locator(LogLocator(10, subs=log_subs(span)))
     for axis, is_log in ((ax0.xaxis, logx), (ax0.yaxis, logy)):
         axis.set_major_formatter(FuncFormatter(short))
         if is_log:  # majors only: minor ticks on log axes cost a quarter of a plot's time

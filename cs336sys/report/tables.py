@@ -125,12 +125,13 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         return compared(r) and all(s.get(k) == v for k, v in ratio.against.items()) \
             and bool(ratio.metric(r))
 
+    baselines = [is_baseline(r) for r in rows]
     base: dict[tuple, list[Row]] = {}
-    for r in rows:
-        if is_baseline(r):
+    for r, baseline in zip(rows, baselines, strict=True):
+        if baseline:
             base.setdefault((r.get("gpu"), skey(r, drop=ratio.vary)), []).append(r)
     out = []
-    for r in rows:
+    for r, baseline in zip(rows, baselines, strict=True):
         if r.get("status") == "wrong":  # a wrong point is never a speed-up, nor a baseline
             out.append("wrong")
             continue
@@ -138,7 +139,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
             out.append("not compared")
             continue
         # a baseline is its own (two `none` steps of different optimizers: each 1.00×)
-        candidates = [r] if is_baseline(r) else base.get((r.get("gpu"), skey(r, drop=ratio.vary)), [])
+        candidates = [r] if baseline else base.get((r.get("gpu"), skey(r, drop=ratio.vary)), [])
         ref_row = candidates[0] if candidates else None
         ref, mine = (ratio.metric(ref_row) if ref_row else None), ratio.metric(r)
         value = (ref / mine if ratio.speedup else mine / ref) if ref and mine else None

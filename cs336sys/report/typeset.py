@@ -157,7 +157,7 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
 def _sections(report: Any) -> list[Section]:
     """The report's sections, after a comparison's own (its verdicts, summary and notes),
     which the HTML and markdown templates write apart from the sections."""
-    if not getattr(report, "compare_ab", None):
+    if not report.compare_ab:
         return list(report.sections)
     a, b = report.compare_ab
     notes = [report.compare_note, report.compare_summary, *report.compare_notes]
