@@ -408,8 +408,8 @@ def test_the_users_attention_function_is_marked_while_profiled_and_put_back(monk
     assert any(e.name == "cs336sys::attention (yours)" for e in prof.events())
 
 
-# Names as the CUDA profiler gave them on the H200 (reports/nvidia-h200): the op sits deep in
-# the template arguments; the first 48 characters of all three were the same.
+# Names as the CUDA profiler gave them on the H200 (reports/nvidia-h200/results.db): the op
+# sits deep in the template arguments, past the 48 characters the plot used to keep.
 MUL = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<"
        "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
        "<float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<float, float, float, "
@@ -418,16 +418,18 @@ MUL = ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_
        "at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&, "
        "at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor"
        "<float> > const&)::{lambda(int)#1})")
-MASK = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
-        "at::native::(anonymous namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar "
-        "const&)::{lambda()#1}::operator()() const::{lambda()#12}::operator()() const::{lambda("
-        "c10::BFloat16, bool)#1}>(at::TensorIteratorBase&, at::native::(anonymous namespace)::"
-        "masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() "
-        "const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16, bool)#1} const&)::"
-        "{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast<at::native::(anonymous "
-        "namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::"
-        "operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16, bool)#1}>"
-        "(at::TensorIteratorBase&, int const&)::{lambda(int)#1})")
+MASK = ('void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::nat'
+        'ive::(anonymous namespace)::masked_fill_kernel(at::TensorIterator&, c10::Scalar const&'
+        ')::{lambda()#1}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::B'
+        'Float16, bool)#1}>(at::TensorIteratorBase&, at::native::(anonymous namespace)::masked_'
+        'fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() const'
+        '::{lambda()#12}::operator()() const::{lambda(c10::BFloat16, bool)#1} const&)::{lambda('
+        'int)#1}>(int, at::native::gpu_kernel_impl_nocast<at::native::(anonymous namespace)::ma'
+        'sked_fill_kernel(at::TensorIterator&, c10::Scalar const&)::{lambda()#1}::operator()() '
+        'const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16, bool)#1}>(at::TensorI'
+        'teratorBase&, at::native::(anonymous namespace)::masked_fill_kernel(at::TensorIterator'
+        '&, c10::Scalar const&)::{lambda()#1}::operator()() const::{lambda()#12}::operator()() '
+        'const::{lambda(c10::BFloat16, bool)#1} const&)::{lambda(int)#1})')
 COPY = ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda("
         "at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::"
         "bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, "

@@ -533,13 +533,17 @@ def test_each_html_header_is_aligned_as_its_column():
 
 
 def test_a_size_names_its_parameters_below_a_million_too():
-    """A micro model (d 64, 2 layers: 215k parameters) read `tiny (64×2, 0M)`."""
+    """The tests' micro model (d 64, 2 layers, vocabulary 256) read `tiny (64×2, 0M)`."""
+    from cs336sys.models.config import ModelConfig, param_count
     from cs336sys.sweep.declaration import model_size
+
+    micro = param_count(ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4,
+                                    vocab_size=256, context_length=16))
 
     def row(params):
         return {"size": "tiny", "d_model": 64, "num_layers": 2, "params": params}
 
-    assert model_size(row(215_296)) == "tiny (64×2, 215k)"
+    assert micro == 115_008 and model_size(row(micro)) == "tiny (64×2, 115k)"
     assert model_size(row(22_700_000)) == "tiny (64×2, 23M)"
     assert model_size(row(3_400_000_000)) == "tiny (64×2, 3.4B)"
 
