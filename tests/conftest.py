@@ -2,6 +2,7 @@ import atexit
 import gc
 import os
 import shutil
+import signal
 import sqlite3
 import tempfile
 import time
@@ -13,6 +14,14 @@ import pytest
 # another zone sets TZ itself).
 os.environ["TZ"] = "UTC"
 time.tzset()
+
+# The suite sends Ctrl-C to commands it starts (tests/test_signals*.py). A shell starts a
+# background job (`make test &`) with SIGINT ignored; every process below inherits that, and
+# cs336sys honours it as it honours nohup's: each signalled command ran on, its ranks
+# spinning, and every later test slowed. The suite's processes take Python's own handler
+# back, so that the commands they start get the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # pytest-xdist (`make test` runs `pytest -n auto`): this process is one of several workers.
 _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")

@@ -137,12 +137,30 @@ def gone_within(pids: set[int], seconds: float) -> float:
     return time.time() - t0
 
 
+STARTED: list[subprocess.Popen] = []
+
+
 def start(args: list[str], db: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("CS336SYS_DB", None)
-    return subprocess.Popen([sys.executable, "-m", "cs336sys", *args, "--db", str(db)],
+    proc = subprocess.Popen([sys.executable, "-m", "cs336sys", *args, "--db", str(db)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             **popen)
+    STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _no_command_outlives_its_test():
+    """A command a failed test left running (a signal it did not end on) is killed with its
+    ranks (they end with it: test_sigkill_of_the_command_ends_every_rank), so that it does
+    not take the cores of every test after it."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def fork_server_below(root: int, timeout: float = 60.0) -> int:

@@ -20,7 +20,14 @@ import pytest
 from tests.promises import SIGNALS
 from tests.report_fixture import build
 from tests.test_hostile import _commands
-from tests.test_signals import SEED, descendants, gone_within, start, stored_runs
+from tests.test_signals import (  # noqa: F401 (the fixture kills what a failed test left)
+    SEED,
+    _no_command_outlives_its_test,
+    descendants,
+    gone_within,
+    start,
+    stored_runs,
+)
 
 pytestmark = [
     pytest.mark.slow,
