@@ -298,8 +298,8 @@ def report(
     out = Path(out)
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} exists and is not a folder")
-    refuse_to_replace([out / f"writeup.{EXTENSIONS[f]}" for f in formats], "writeup", "--out",
-                      force)
+    for f in formats:
+        refuse_to_replace([out / f"writeup.{EXTENSIONS[f]}"], f, "--out", force)
     problem = why_unwritable(out)
     if problem:
         fail(f"--out {out}: {problem}")
