@@ -188,6 +188,22 @@ def test_a_setting_the_shape_leaves_out_joins_the_rows():
     assert t.rows == [["tiny (512×4)", "fp32", "1", "2"], ["tiny (512×4)", "bf16", "3", ""]]
 
 
+
+@pytest.mark.parametrize("year, mode, phases", [("2026", "train", ["forward", "backward", "optimizer"]),
+                                               ("2025", "forward-backward", ["forward", "backward"])])
+def test_the_warmup_table_repeats_every_phase_the_handout_times(year, mode, phases):
+    """benchmarking_script (c) repeats (b) without warm-up: the 2026 handout times the
+    optimizer step too, so the table by warm-up steps has it beside forward and backward."""
+    after_five, by_warmup = named(["benchmarking_script"], year)[0].tables
+    rows = [_row(size="tiny", d_model=512, num_layers=4, mode=mode, warmup=w,
+                 metrics={f"{k}_ms_{stat}": w + 1.0 if stat == "mean" else 0.1
+                          for k in ("fwd", "bwd", "opt") for stat in ("mean", "std")})
+            for w in (0, 5)]
+    t = pivot(by_warmup, rows)
+    assert t.headers == ["size", *(f"{w} warm-up: {phase} ms" for w in (0, 5) for phase in phases)]
+    assert t.rows == [["tiny (512×4)", *(f"{w + 1} ± 0.1" for w in (0, 5) for _ in phases)]]
+    assert by_warmup.values == after_five.values
+
 # -- end to end -------------------------------------------------------------------------------
 
 # One problem of each kind of run that starts no model: precision, attention, ranks (comm),

@@ -47,10 +47,10 @@ DDP_MEMORY = (
 
 def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str) -> tuple:
     """benchmarking_script's tables: `phases` after 5 warm-up steps, by size and mode; then
-    the forward and backward of `mode` by the number of warm-up steps."""
+    the same phases of `mode` by the number of warm-up steps (the handout's (c) repeats (b))."""
     return (Pivot(f"{after} after 5 warm-up steps (ms, mean ± std)", "model", ("size", "mode"),
                   phases, where={"warmup": 5}),
-            Pivot(f"{by} by warm-up steps (ms, mean ± std)", "model", ("size",), (FWD, BWD),
+            Pivot(f"{by} by warm-up steps (ms, mean ± std)", "model", ("size",), phases,
                   across="warmup", where={"mode": mode}))
 
 
