@@ -225,6 +225,29 @@ def test_the_warmup_plot_says_which_series_it_leaves_out():
     assert next(f for f in sec.figures if f.name == "model-warmup").note == ""
 
 
+
+def test_the_warmup_effect_has_the_point_without_warm_up():
+    """benchmarking_script (c): without warm-up the first step is a timed one, in the table
+    and the plot beside the points that warmed up; a point that warmed up and kept no
+    warm-up samples (an older store) is left out, not read as one without."""
+    def row(warmup, warm, timed):
+        s = {"size": "small", "seq": 128, "batch": 4, "mode": "train", "precision": "fp32",
+             "compile": False, "warmup": warmup}
+        smp = {"step_ms": timed, **({"warmup": {"step_ms": warm}} if warm is not None else {})}
+        return {**s, "_settings": s, "status": "ok", "gpu": "H100", "_samples": json.dumps(smp),
+                "step_ms_mean": sum(timed) / len(timed)}
+
+    rows = [row(0, [], [40.0, 10.0, 10.0]), row(1, [30.0], [10.0, 10.0, 10.0]),
+            row(5, None, [10.0, 10.0, 10.0])]
+    sec = Section("model", "m")
+    model_section.section(sec, latest(rows))
+    assert table(sec, "Warm-up effect").rows == [
+        ["small T=128 B=4 train fp32 warmup=0", "40", "20", "2.00×"],
+        ["small T=128 B=4 train fp32 warmup=1", "30", "10", "3.00×"]]
+    lines = next(f for f in sec.figures if f.name == "model-warmup").plot.panels[""]
+    assert lines["small T=128 B=4 train fp32 warmup=0"] == [(1, 40.0), (2, 10.0), (3, 10.0)]
+    assert len(lines["small T=128 B=4 train fp32 warmup=1"]) == 4
+
 def test_the_bucket_plot_is_in_mib_and_names_the_series_it_leaves_out(rendered):
     rep, html, _ = rendered
     fig = next(f for f in section(rep, "ddp").figures if f.name == "ddp-buckets")
