@@ -204,6 +204,19 @@ def test_the_warmup_table_repeats_every_phase_the_handout_times(year, mode, phas
     assert t.rows == [["tiny (512×4)", *(f"{w + 1} ± 0.1" for w in (0, 5) for _ in phases)]]
     assert by_warmup.values == after_five.values
 
+
+def test_fsdp_rows_say_their_optimizer_state_is_sharded_with_the_parameters():
+    """An FSDP point runs no sharded optimizer (its setting is none) yet holds 1/N of the
+    state: "not sharded" beside its halved optimizer-state column read as a contradiction."""
+    opt = Column("optimizer state MiB", "opt_mib", "num")
+    rows = [_row(impl=impl, shard_optimizer=shard, metrics={"opt_mib": mib})
+            for impl, shard, mib in (("overlap", "none", 2.0), ("overlap", "ours", 1.0),
+                                     ("fsdp", "none", 1.0), ("yours-fsdp", "none", 1.0))]
+    t = pivot(Pivot("t", "ddp", ("impl", "shard_optimizer"), (opt,)), rows)
+    assert [r[:2] for r in t.rows] == [["overlap", "not sharded"], ["overlap", "sharded (ours)"],
+                                       ["fsdp", "sharded (FSDP)"],
+                                       ["yours-fsdp", "sharded (FSDP)"]]
+
 # -- end to end -------------------------------------------------------------------------------
 
 # One problem of each kind of run that starts no model: precision, attention, ranks (comm),

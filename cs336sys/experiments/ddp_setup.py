@@ -244,11 +244,17 @@ def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[i
     return out
 
 
+def stored_as_fsdp(impl: Any) -> bool:
+    """Whether a stored point's `impl` shards parameters, gradients and optimizer state (ours,
+    torch's, or a user's FSDP, whose names say fsdp), read from the row alone."""
+    return impl in FSDP_IMPLS or "fsdp" in str(impl)
+
+
 def shares_cell(row: Any) -> str | None:
     """`params 50 %, opt 50 %` where the point shards (FSDP: both; a sharded optimizer: the
     state), with NOT SHARDED when rank 0 holds more than 1/N + 10 % of either and the ranks
     more than one copy of it, UNEVEN when they hold one copy between them."""
-    fsdp = row.get("impl") in FSDP_IMPLS or "fsdp" in str(row.get("impl"))
+    fsdp = stored_as_fsdp(row.get("impl"))
     sharded = row.get("shard_optimizer") not in (None, "none", "")
     if not (fsdp or sharded) or row.get("opt_state_rank0_share") is None:
         return None

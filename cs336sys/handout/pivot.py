@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cs336sys.experiments.ddp_setup import stored_as_fsdp
 from cs336sys.handout.problem import AsReported, Pivot
 from cs336sys.measure.units import format_size
 from cs336sys.report.sections import FilledTable, Row, Section, latest, text, varying
@@ -38,6 +39,9 @@ def _row_cell(key: str, row: Row) -> str:
         return model_size({**row, **row["_settings"]})
     if key == "bytes" and value is not None:
         return format_size(int(value))
+    if key == "shard_optimizer" and value in (None, "none") and stored_as_fsdp(
+            row["_settings"].get("impl", row.get("impl"))):
+        return "sharded (FSDP)"  # with the parameters: no sharded optimizer on top
     if key in ("compile", "shard_optimizer"):
         return _WORDS[key](value)
     return text(value)
