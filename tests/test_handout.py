@@ -247,8 +247,9 @@ def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
                               if x.startswith("data_parallel_calcs"))
     # the writeup starter
     out = tmp_path / "writeup"
-    r = invoke("handout", "report", *SUBSET, "--format", "md,tex,typst", "--out", out,
-               "--db", db_path)
+    # with two implementation problems: their notes hold a long identifier and a command
+    r = invoke("handout", "report", *SUBSET, "flash_forward", "naive_ddp", "--format",
+               "md,tex,typst", "--out", out, "--db", db_path)
     assert r.exit_code == 0, r.output
     md = (out / "writeup.md").read_text()
     for name in SUBSET:
@@ -284,6 +285,8 @@ def _compiles(out):
                                "writeup.tex"], cwd=out, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stdout[-2000:]
+        # nothing runs into the margin (a long identifier, a typewriter command in a note)
+        assert "Overfull \\hbox" not in done.stdout, done.stdout[-2000:]
     if typst is None and not shutil.which("pdflatex"):
         pytest.skip("neither Typst nor pdflatex to compile the writeup with")
 

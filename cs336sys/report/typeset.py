@@ -20,7 +20,10 @@ from cs336sys.report.sections import FilledTable, Section, code_spans
 # Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
 # pdflatex's default fonts lack, as LaTeX writes them.
 _LATEX = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+    # a line may break after an underscore: get_flashattention_autograd_function_pytorch ran
+    # 86 pt into the margin as one word
+    "_": r"\_\allowbreak{}",
     "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
     "±": r"$\pm$", "×": r"$\times$", "≤": r"$\leq$", "≥": r"$\geq$", "→": r"$\rightarrow$",
     "µ": r"$\mu$", "−": "-", "–": "--", "—": "---", "…": r"\dots{}", "²": r"\textsuperscript{2}",
@@ -177,6 +180,8 @@ def _head(report: Any, ext: str) -> str:
                 "\\documentclass[10pt]{article}\n"
                 "\\usepackage[margin=2cm]{geometry}\n\\usepackage{booktabs}\n"
                 "\\usepackage{graphicx}\n\\usepackage{adjustbox}\n"
+                # typewriter spaces do not stretch: a command in a note ran into the margin
+                "\\emergencystretch=3em\n"
                 f"\\title{{{latex(report.title)}}}\n\\date{{}}\n"
                 "\\begin{document}\n\\maketitle\n"
                 + (f"\\begin{{itemize}}\n{items}\\end{{itemize}}\n" if facts else ""))
