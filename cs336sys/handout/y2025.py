@@ -148,8 +148,11 @@ PROBLEMS = (
         asks="The XXL model (d 16384, ff 53248, 126 two-matrix blocks, fp32 state, bf16 "
         "activations) on TPU v5p: its memory on one device and sharded N_FSDP ways, and the "
         "batch at which FSDP 16 x TP 4 on a 3D mesh (M_X = 2, M_Y = 1) is compute-bound.",
-        runs=(Run("plan --size xxl --hardware tpu-v5p --strategy fsdp,fsdp-tp "
-                  "--n 1,16,32,64 --split 16x4 --mesh-axes 2,1 --batch 64 --seq 512"),),
+        # FSDP alone at each degree; FSDP x TP 16x4 only where it is 64 devices
+        runs=(Run("plan --size xxl --hardware tpu-v5p --strategy fsdp --n 1,16,32,64 "
+                  "--batch 64 --seq 512"),
+              Run("plan --size xxl --hardware tpu-v5p --strategy fsdp-tp --n 64 --split 16x4 "
+                  "--mesh-axes 2,1 --batch 64 --seq 512")),
         tables=("plan", inequalities, mesh),
     ),
     _same("optimizer_state_sharding", "3"),
