@@ -156,6 +156,21 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     assert "yours=cs336_basics.model:scaled_dot_product_attention" in compiled.args(True, True)
 
 
+
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_every_run_of_a_model_measures_theirs_under_yours(year):
+    """Each problem that times, profiles or measures the memory of "your model" runs the
+    user's assignment-1 model under --yours (nsys_profile, memory_profiling's peaks and
+    torch_compile's whole model ran cs336sys's), and ours without it."""
+    for p in problems(year):
+        for run in p.runs:
+            for on_gpu in (False, True):
+                ours, yours = run.args(on_gpu), run.args(on_gpu, yours=True)
+                if yours and yours[0] in ("model", "memory", "profile"):
+                    assert yours[yours.index("--model") + 1] == "cs336_basics", (p.name, yours)
+                    assert ours[0] == yours[0] and "--model" not in ours, (p.name, ours)
+
+
 # -- pivots --------------------------------------------------------------------------------------
 
 
@@ -446,7 +461,7 @@ def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels
     assert r.exit_code == 0, r.output
     md = (tmp_path / "w" / "writeup.md").read_text()
     top = "Top kernels: attention naive seq=16 d=16 fp32 (cpu time)"
-    for title in ("Profiled points", "Naive attention's parts in the forward", top):
+    for title in ("Profiled points", "Attention's parts in the forward", top):
         assert f"**{title}" in md
     assert f"![{top}](writeup_files/nsys_profile-profile-top-0.png)" in md
     assert "| forward | 1 | aten::" in md  # the top kernel's row

@@ -163,7 +163,7 @@ def _f(value: float | None, fmt: str = ".3f") -> str:
 
 
 def _details(points) -> str:
-    """Naive attention's parts against their FLOPs, then each point's top ops per phase."""
+    """Attention's parts against their FLOPs, then each point's top ops per phase."""
     parts, blocks = [], []
     for p in points:
         m = p.result.metrics

@@ -310,7 +310,7 @@ def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
 
 
 def section(sec: Any, pts: list) -> None:
-    """Naive attention's parts, then the top kernels (or ops) of each phase of each profiled
+    """Attention's parts, then the top kernels (or ops) of each phase of each profiled
     point (kernel_stats): a table, calls per step beside the totals, and a plot of them by
     total time, one colour per phase."""
     split = attention_parts(pts)
@@ -338,19 +338,22 @@ def section(sec: Any, pts: list) -> None:
 
 
 def attention_parts(pts: list) -> Any:
-    """Naive attention's QKᵀ, softmax and PV in the forward, per point that measured them:
-    time per step, FLOPs and achieved GFLOP/s (None when no point did)."""
+    """Attention's QKᵀ, softmax and PV in the forward (naive attention's, or the user's
+    model's), per point that measured them: time per step, FLOPs and achieved GFLOP/s (None
+    when no point did)."""
     body = [[label(r), *(x for part in ("qk", "softmax", "pv")
                          for x in (num(r.get(f"{part}_ms_mean")), num(r.get(f"{part}_gflops"))))]
             for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
     if not body:
         return None
-    return FilledTable("Naive attention's parts in the forward (per step)",
+    return FilledTable("Attention's parts in the forward (per step)",
                  ["point", "QKᵀ ms", "QKᵀ GFLOP/s", "softmax ms", "softmax GFLOP/s", "PV ms",
                   "PV GFLOP/s"], body,
-                 note="Inside the ranges naive attention opens (scores, softmax, final matmul); "
-                 "FLOPs: 2·T·T·d per (batch, head) for each matmul, 5 a score for the softmax "
-                 "(experiments/profile.py). A model point sums them over its layers.")
+                 note="Inside the ranges naive attention opens (scores, softmax, final matmul), "
+                 "or, in your model (--model), inside each call of its "
+                 f"{ATTENTION_FUNCTION}, split at its softmax; FLOPs: 2·T·T·d per (batch, "
+                 "head) for each matmul, 5 a score for the softmax (experiments/profile.py). "
+                 "A model point sums them over its layers.")
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -361,8 +364,9 @@ def label(row: Mapping[str, Any]) -> str:
     def named(key: str, value: Any) -> str | None:
         return None if value is None else f"{key}={value}"
 
-    if row.get("target") == "model":
-        words = [model_size(row), named("T", row.get("seq")), row.get("mode"), row.get("precision")]
+    if row.get("target") == "model":  # the user's model by its name (--model)
+        words = [row.get("model"), model_size(row), named("T", row.get("seq")), row.get("mode"),
+                 row.get("precision")]
     else:
         words = [row.get("impl"), named("seq", row.get("seq")), named("d", row.get("d_head")),
                  row.get("precision")]

@@ -23,6 +23,7 @@ from cs336sys.handout.y2026 import (
     PEAK,
     PROFILE_CPU,
     TINY,
+    on_their_model,
     warmup_tables,
 )
 
@@ -52,14 +53,10 @@ PROBLEMS = (
         asks="Forward and backward of every size (5 warm-up, 10 timed steps, mean ± std); the "
         "same without warm-up, and with 1 or 2 steps.",
         runs=(
-            Run(f"model --size {SIZES} --mode forward,forward-backward --warmup 0,1,2,5 "
-                f"--iters 10 {OLD}",
-                cpu="model --size tiny --seq 64 --mode forward,forward-backward "
-                "--warmup 0,1,2,5 --iters 3",
-                yours=f"model --model cs336_basics --size {SIZES} --mode forward,forward-backward "
-                f"--warmup 0,1,2,5 --iters 10 {OLD}",
-                yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode forward,"
-                "forward-backward --warmup 0,1,2,5 --iters 3"),
+            on_their_model(f"model --size {SIZES} --mode forward,forward-backward --warmup "
+                           f"0,1,2,5 --iters 10 {OLD}",
+                           cpu="model --size tiny --seq 64 --mode forward,forward-backward "
+                           "--warmup 0,1,2,5 --iters 3"),
         ),
         tables=warmup_tables("Forward and backward", (FWD, BWD), "Forward and backward",
                              "forward-backward"),
@@ -69,24 +66,26 @@ PROBLEMS = (
         asks="Profile forward, backward and optimizer step of every size at context 128, 256, "
         "512 and 1024: the forward's time, the top kernels, the non-matmul share, the "
         "attention's parts.",
-        runs=(Run(f"profile model --size {SIZES} --seq 128,256,512,1024 --mode forward,train {OLD}",
-                  cpu=PROFILE_CPU),),
+        runs=(on_their_model(f"profile model --size {SIZES} --seq 128,256,512,1024 --mode "
+                             f"forward,train {OLD}", PROFILE_CPU),),
         tables=(AsReported("profile"),),
     ),
     _same("mixed_precision_accumulation", "1.1.5"),
     _same("benchmarking_mixed_precision", "1.1.5", runs=(
         Run("precision autocast --precision fp16,bf16", part="(a)"),
-        Run(f"model --size {SIZES} --mode forward-backward --precision fp32,bf16 {OLD}",
-            cpu=f"model {TINY} --mode forward-backward --precision fp32,bf16", part="(c)"),
+        on_their_model(f"model --size {SIZES} --mode forward-backward --precision fp32,bf16 {OLD}",
+                       cpu=f"model {TINY} --mode forward-backward --precision fp32,bf16",
+                       part="(c)"),
     )),
     Problem(
         "memory_profiling", 4, section="1.1.6",
         asks="Peak memory of the 2.7B model, forward pass and full training step, at context "
         "128, 256 and 512, in fp32 and bf16, with the memory timelines.",
-        runs=(Run("memory --size 2.7B --seq 128,256,512 --mode forward,train --precision "
-                  f"fp32,bf16 --snapshot reports/handout/memory_profiling {OLD}",
-                  cpu="memory --size tiny --seq 64,128 --mode forward,train --precision "
-                  "fp32,bf16 --warmup 0 --iters 1 --snapshot reports/handout/memory_profiling"),),
+        runs=(on_their_model("memory --size 2.7B --seq 128,256,512 --mode forward,train "
+                             f"--precision fp32,bf16 --snapshot reports/handout/memory_profiling "
+                             f"{OLD}", cpu="memory --size tiny --seq 64,128 --mode forward,train "
+                             "--precision fp32,bf16 --warmup 0 --iters 1 --snapshot "
+                             "reports/handout/memory_profiling"),),
         tables=(
             Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),
                   across="mode", where={"precision": "fp32"}),
@@ -97,10 +96,10 @@ PROBLEMS = (
     _same("pytorch_attention", "1.2.1"),
     _same("torch_compile", "1.2.2", runs=(
         *_2026["torch_compile"].runs[:2],
-        Run(f"model --size {SIZES} --mode forward,forward-backward,train {OLD}",
-            cpu=f"model {TINY} --mode forward,train", part="(b)"),
-        Run(f"model --size {SIZES} --mode forward,forward-backward,train --compile {OLD}",
-            cpu=f"model {TINY} --mode forward,train --compile", part="(b)"),
+        on_their_model(f"model --size {SIZES} --mode forward,forward-backward,train {OLD}",
+                       cpu=f"model {TINY} --mode forward,train", part="(b)"),
+        on_their_model(f"model --size {SIZES} --mode forward,forward-backward,train --compile "
+                       f"{OLD}", cpu=f"model {TINY} --mode forward,train --compile", part="(b)"),
     )),
     _same("flash_forward", "1.3.2"),
     _same("flash_backward", "1.3.2"),

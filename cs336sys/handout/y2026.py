@@ -54,6 +54,20 @@ def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str) ->
                   across="warmup", where={"mode": mode}))
 
 
+def theirs(line: str) -> str:
+    """`line` measuring the user's assignment-1 model: `--model cs336_basics` after the
+    command's name (`model`, `memory`, `memory residuals`, `profile model`)."""
+    words = line.split(" ")
+    name = 2 if words[0] == "profile" or words[:2] == ["memory", "residuals"] else 1
+    return " ".join([*words[:name], "--model", "cs336_basics", *words[name:]])
+
+
+def on_their_model(gpu: str, cpu: str | None = None, part: str = "") -> Run:
+    """A run of cs336sys's model whose `--yours` runs the same on the user's model."""
+    return Run(gpu, cpu=cpu, yours=theirs(gpu), yours_cpu=theirs(cpu) if cpu else None,
+               part=part)
+
+
 def _ddp(impls: str, yours: str, part: str = "") -> Run:
     """A ddp run on two GPUs (the handout's xl, batch 4, context 512: ddp's CUDA defaults),
     or two CPU processes with Gloo."""
@@ -78,19 +92,13 @@ PROBLEMS = (
         asks="Forward, backward and optimizer step of every size (5 warm-up, 10 timed steps, "
         "mean ± std); the same after 0, 1 and 2 warm-up steps.",
         runs=(
-            Run(f"model --size {SIZES} --mode forward,forward-backward,train --warmup 5 --iters 10",
-                cpu="model --size tiny --seq 64 --mode forward,forward-backward,train --warmup 5 "
-                "--iters 3",
-                yours=f"model --model cs336_basics --size {SIZES} --mode forward,forward-backward,"
-                "train --warmup 5 --iters 10",
-                yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode forward,"
-                "forward-backward,train --warmup 5 --iters 3", part="(b)"),
-            Run(f"model --size {SIZES} --mode train --warmup 0,1,2 --iters 10",
-                cpu="model --size tiny --seq 64 --mode train --warmup 0,1,2 --iters 3",
-                yours=f"model --model cs336_basics --size {SIZES} --mode train --warmup 0,1,2 "
-                "--iters 10",
-                yours_cpu="model --model cs336_basics --size tiny --seq 64 --mode train "
-                "--warmup 0,1,2 --iters 3", part="(c)"),
+            on_their_model(f"model --size {SIZES} --mode forward,forward-backward,train "
+                           "--warmup 5 --iters 10",
+                           cpu="model --size tiny --seq 64 --mode forward,forward-backward,train "
+                           "--warmup 5 --iters 3", part="(b)"),
+            on_their_model(f"model --size {SIZES} --mode train --warmup 0,1,2 --iters 10",
+                           cpu="model --size tiny --seq 64 --mode train --warmup 0,1,2 --iters 3",
+                           part="(c)"),
         ),
         tables=warmup_tables("Time per phase", (FWD, BWD, OPT), "Training step", "train"),
     ),
@@ -99,8 +107,8 @@ PROBLEMS = (
         asks="Profile forward, backward and optimizer step of two sizes at three context "
         "lengths above 128: the forward's time, the kernels that take the most, the share "
         "beside the matmuls, the attention's parts.",
-        runs=(Run("profile model --size small,large --seq 256,512,1024 --mode forward,train",
-                  cpu=PROFILE_CPU),),
+        runs=(on_their_model("profile model --size small,large --seq 256,512,1024 --mode "
+                             "forward,train", PROFILE_CPU),),
         tables=(AsReported("profile"),),
     ),
     Problem(
@@ -116,12 +124,9 @@ PROBLEMS = (
         "backward of every size with and without bf16 autocast.",
         runs=(
             Run("precision autocast --precision fp16,bf16", part="(a)"),
-            Run(f"model --size {SIZES} --mode forward-backward --precision fp32,bf16",
-                cpu=f"model {TINY} --mode forward-backward --precision fp32,bf16",
-                yours=f"model --model cs336_basics --size {SIZES} --mode forward-backward "
-                "--precision fp32,bf16",
-                yours_cpu=f"model --model cs336_basics {TINY} --mode forward-backward "
-                "--precision fp32,bf16", part="(c)"),
+            on_their_model(f"model --size {SIZES} --mode forward-backward --precision fp32,bf16",
+                           cpu=f"model {TINY} --mode forward-backward --precision fp32,bf16",
+                           part="(c)"),
         ),
         tables=("precision",
                 Pivot("Forward and backward, full and mixed precision (ms, mean ± std)", "model",
@@ -133,16 +138,13 @@ PROBLEMS = (
         asks="Peak memory of the xl model, forward pass and full training step, at context "
         "128 and 2048, in fp32 and bf16, with the memory timelines; one block's residuals.",
         runs=(
-            Run("memory --size xl --seq 128,2048 --mode forward,train --precision fp32,bf16 "
-                "--snapshot reports/handout/memory_profiling",
-                cpu="memory --size tiny --seq 64,128 --mode forward,train --precision fp32,bf16 "
-                "--warmup 0 --iters 1 --snapshot reports/handout/memory_profiling",
-                part="(a)-(c)"),
-            Run("memory residuals --size xl --seq 2048",
-                cpu="memory residuals --size tiny --seq 128 --no-compile",
-                yours="memory residuals --model cs336_basics --size xl --seq 2048",
-                yours_cpu="memory residuals --model cs336_basics --size tiny --seq 128 "
-                "--no-compile", part="(f)"),
+            on_their_model("memory --size xl --seq 128,2048 --mode forward,train --precision "
+                           "fp32,bf16 --snapshot reports/handout/memory_profiling",
+                           cpu="memory --size tiny --seq 64,128 --mode forward,train --precision "
+                           "fp32,bf16 --warmup 0 --iters 1 --snapshot "
+                           "reports/handout/memory_profiling", part="(a)-(c)"),
+            on_their_model("memory residuals --size xl --seq 2048",
+                           cpu="memory residuals --size tiny --seq 128 --no-compile", part="(f)"),
         ),
         tables=(
             Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),
@@ -156,14 +158,10 @@ PROBLEMS = (
         "gradient_checkpointing", 4, section="3",
         asks="(b) Peak memory of the xl model at batch 4, context 2048, with one level of "
         "checkpointing: the best block size and the next smaller and larger.",
-        runs=(Run("memory --size xl --seq 2048 --batch 4 --mode train "
-                  "--checkpoint none,every:1,every:2,every:4,sqrt,every:8,every:16",
-                  cpu="memory --size tiny --seq 128 --mode train --warmup 0 --iters 1 "
-                  "--checkpoint none,every:1,every:2,every:4",
-                  yours="memory --model cs336_basics --size xl --seq 2048 --batch 4 --mode train "
-                  "--checkpoint none,every:1,every:2,every:4,sqrt,every:8,every:16",
-                  yours_cpu="memory --model cs336_basics --size tiny --seq 128 --mode train "
-                  "--warmup 0 --iters 1 --checkpoint none,every:1,every:2,every:4", part="(b)"),),
+        runs=(on_their_model("memory --size xl --seq 2048 --batch 4 --mode train --checkpoint "
+                             "none,every:1,every:2,every:4,sqrt,every:8,every:16",
+                             cpu="memory --size tiny --seq 128 --mode train --warmup 0 --iters 1 "
+                             "--checkpoint none,every:1,every:2,every:4", part="(b)"),),
         tables=(Pivot("Peak memory of a training step by checkpointing", "memory",
                       ("checkpoint",), (PEAK, STEP), where={"mode": "train"}),),
     ),
@@ -211,10 +209,10 @@ PROBLEMS = (
                 "--compile --seq 128 --d-head 16 --warmup 1 --iters 3", part="(a)",
                 yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
                 "--compile", yours_only=True),
-            Run(f"model --size {SIZES} --mode forward,train",
-                cpu=f"model {TINY} --mode forward,train", part="(b)"),
-            Run(f"model --size {SIZES} --mode forward,train --compile",
-                cpu=f"model {TINY} --mode forward,train --compile", part="(b)"),
+            on_their_model(f"model --size {SIZES} --mode forward,train",
+                           cpu=f"model {TINY} --mode forward,train", part="(b)"),
+            on_their_model(f"model --size {SIZES} --mode forward,train --compile",
+                           cpu=f"model {TINY} --mode forward,train --compile", part="(b)"),
         ),
         tables=(
             Pivot("Attention, eager and compiled (ms, mean ± std)", "attention",
