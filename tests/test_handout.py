@@ -107,6 +107,28 @@ def test_listing_names_every_problem_and_its_status(db_path):
     assert "2025 handout: 21 problems" in r.stdout and "--handout 2025" not in r.stdout
 
 
+
+def test_listing_prints_the_commands_that_measured_what_is_stored(db_path):
+    """After `handout run --yours`, a problem measured on the user's model lists the commands
+    on their model (to rerun it, at the handout's sizes, by hand); the others list ours."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    with Store(db_path, EXPERIMENTS) as store:
+        for label, settings in (("benchmarking_script", {"model": "cs336_basics"}),
+                                ("nsys_profile", {"target": "model"})):
+            inv = store.begin_invocation({"gpu": "cpu"}, [], "model", label=label)
+            store.add_run(inv, "model", "ok", {"size": "tiny", **settings}, {})
+    lines = invoke("handout", "--db", db_path).stdout.splitlines()
+
+    def commands(name):
+        at = next(i for i, line in enumerate(lines) if line.startswith(name + " "))
+        return [line for line in lines[at + 2:] if line.startswith("  $ ")][:1]
+
+    assert "(your code)" in next(x for x in lines if x.startswith("benchmarking_script "))
+    assert commands("benchmarking_script")[0].startswith("  $ cs336sys model --model cs336_basics ")
+    assert commands("nsys_profile")[0].startswith("  $ cs336sys profile model --size ")
+
 @pytest.mark.parametrize("args, says", [
     (["handout", "run"], "give --all"),
     (["handout", "run", "benchmarking_scrpt"], "did you mean 'benchmarking_script'"),

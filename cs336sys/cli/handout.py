@@ -89,7 +89,8 @@ def _statuses(db: Path, problems: list) -> list:
 @handout_app.callback(invoke_without_command=True)
 def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) -> None:
     """Every problem of the assignment's handout with its points, what it asks to measure,
-    its status in this store, and the commands that answer it on this machine.
+    its status in this store, and the commands that answer it on this machine (those of
+    `handout run --yours` where the store holds your code's runs of it).
 
     A problem's runs are the invocations labelled with its name: `handout run` labels them
     so. The 2026 release has 27 problems, the 2025 one 21 (--year 2025).
@@ -121,7 +122,8 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         typer.echo(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): "
                    f"{status.line()}")
         typer.echo(f"  {p.asks}")
-        for args in _commands(p, on_gpu):
+        # the commands that measured what the store holds: the user's code's where it does
+        for args in _commands(p, on_gpu, yours=status.yours):
             typer.echo(f"  $ {_line(args)}")
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
