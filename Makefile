@@ -198,7 +198,7 @@ gpu-check:
 	$(GPU_WHEELS_INSTALL)
 	@PYTHONPATH=$(CURDIR):$(GPU_SITE) $(GPU_PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
-# `make gpu-owed`: the GPU figures issues 15-17 still owe (benchmarks/gpu_owed.py --list),
+# `make gpu-owed`: the GPU figures the issues still owe (benchmarks/gpu_owed.py --list),
 # cheapest first, into reports/<gpu>/owed/; same setup as gpu-check.
 gpu-owed:
 	$(GPU_WHEELS_INSTALL)

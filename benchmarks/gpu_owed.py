@@ -1,5 +1,6 @@
-"""`make gpu-owed`: the GPU figures issues 15-17 still owe, in one command, for a session
-that is lent a GPU for minutes (after `make gpu-check`, or instead of it when time is short).
+"""`make gpu-owed`: the GPU figures issues 15-17, 38 and 41 still owe, in one command, for a
+session that is lent a GPU for minutes (after `make gpu-check`, or instead of it when time is
+short).
 
 Each step is a command; its output goes to owed.log and its figures into the store
 (cs336sys commands) or the log (benchmarks/ scripts), under reports/<gpu>/owed/:
@@ -11,6 +12,7 @@ Each step is a command; its output goes to owed.log and its figures into the sto
 - issue 17: the AdamW step over xl's parameters (ours against torch fused), the fused LM head
   + cross-entropy at the leaderboard's size, the xl step with each switch (45 % MFU target),
   the 8B at 8 layers, and the largest 8B that fits at context 8192 with checkpointing;
+- issue 38: the leaderboard's own timing (do_bench) of the 8B step beside ours;
 
 then the report of the stored rows, and one .tar.gz of the folder. Steps run in this order,
 cheapest first, so that a session cut short still has the first figures; `--only` picks some
@@ -84,6 +86,9 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
      [*CLI, "step", "--size", "8b", "--seq", "8192", "--batch", "2", "--param-dtype", "bf16",
       "--num-layers", "8,12,16,20,24,28,34", "--checkpoint", "sqrt", "--switches", "all",
       "--iters", "3", "--db", "{db}"], {}),
+    ("issue 38: the 8B at 8 layers, all switches, timed the leaderboard's way (do_bench, 30 s "
+     "after 10 s of warm-up) beside ours",
+     [*CLI, "step", "--switches", "all", "--course-timing", "--db", "{db}"], {}),
 ]
 
 

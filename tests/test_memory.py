@@ -242,6 +242,9 @@ def test_memory_on_cuda_uses_the_allocator_and_writes_the_pickle(db_path, tmp_pa
     (r,) = rows(db_path, "SELECT * FROM memory_runs")
     assert r["peak_source"] == "cuda_allocator" and r["peak_reserved_bytes"] is not None
     assert r["peak_bytes"] >= r["before_opt_bytes"] >= 16 * r["params"]
+    # the parts by inspection on the GPU too: fp32 weights and gradients, AdamW's two moments
+    assert (r["after_opt_params_bytes"], r["after_opt_grads_bytes"],
+            r["after_opt_opt_state_bytes"]) == (4 * r["params"], 4 * r["params"], 8 * r["params"])
     assert r["snapshot_pickle"].endswith(".pickle") and r["snapshot_png"].endswith(".png")
     with open(r["snapshot_pickle"], "rb") as f:
         assert f.read(1) == b"\x80"  # a pickle

@@ -340,6 +340,14 @@ def test_profile_on_cuda_ranks_kernels_by_device_time(db_path):
     assert {s["time_basis"] for s in stats} == {"cuda"}
     assert {s["phase"] for s in stats} == {"forward", "backward", "optimizer"}
     assert not any(s["name"].startswith("aten::") for s in stats)  # kernels, not ops
+    # as the report names them: no namespaces, signatures or lambdas (the H200's profile of
+    # 2026-11: 32 kernels, the longest 105 characters), and no two alike
+    from cs336sys.report.kernel_names import readable_all
+
+    names = readable_all(sorted({s["name"] for s in stats}))
+    assert len(set(names)) == len(names)
+    assert all("at::native::" not in n and not n.startswith("void ") and len(n) <= 160
+               for n in names), names
     for phase in ("forward", "backward", "optimizer"):
         shares = [s["share"] for s in stats if s["phase"] == phase]
         assert sum(shares) == pytest.approx(1.0)

@@ -421,6 +421,29 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     assert last["check_optimizer_err"] < 1e-5
 
 
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_on_the_device_your_model_and_adamw_are_checked_before_they_are_timed(
+        tmp_path, monkeypatch, device):
+    """The checks before timing on a GPU (the CPU's are the tests above): the course's model
+    computes our model's loss there too, within the check's tolerance; the course's AdamW
+    passes and one without bias correction is wrong."""
+    repo = course_repo(tmp_path, files={"my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    on_device = [a if a != "cpu" else device for a in MICRO]
+    result = invoke("model", *on_device, "--seq", "16", "--model", "cs336_basics", "--optimizer",
+                    "yours=my_opt.adamw:CourseAdamW,yours-nobias=my_opt.adamw:NoBiasCorrection",
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    rows = query(db, "SELECT optimizer, status, check_loss, check_loss_ours, "
+                 "check_optimizer_err FROM model_runs ORDER BY created")
+    assert [(r["optimizer"], r["status"]) for r in rows] == [("yours", "ok"),
+                                                             ("yours-nobias", "wrong")]
+    for r in rows:
+        assert abs(r["check_loss"] - r["check_loss_ours"]) <= 1e-4 * r["check_loss_ours"]
+    assert rows[0]["check_optimizer_err"] < 1e-5 < 1 < rows[1]["check_optimizer_err"]
+
 @pytest.mark.slow  # starts ranks
 def test_step_and_ddp_take_your_adamw_checked_on_one_rank_and_two(tmp_path, monkeypatch):
     """step --optimizer yours=...: the optimizer fused-adamw replaces; ddp --optimizer: every
