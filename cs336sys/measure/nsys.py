@@ -28,7 +28,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 POINT_ENV = "CS336SYS_NSYS_POINT"  # which point (0-based) the command under nsys runs
@@ -76,7 +76,7 @@ def file_name(index: int, point: str) -> str:
 
 def folder(command: str, now: datetime | None = None) -> Path:
     """The folder of one invocation's reports: nsys/<command>-<UTC time>."""
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
     return FOLDER / f"{command.replace(' ', '-')}-{stamp}"
 
 
