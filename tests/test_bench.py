@@ -97,6 +97,26 @@ def test_guarded_turns_exceptions_into_results_and_frees_the_failed_points_tenso
         guarded(interrupted)
 
 
+def test_a_signal_wrapped_by_what_it_interrupted_stops_the_sweep_not_a_row():
+    """SIGTERM while a point imports a module that makes a dataclass: Python 3.10 and 3.11
+    raise "RuntimeError: Error calling __set_name__" from the stop. The point is the
+    signal's, raised as itself (the runner stores it as stopped), not an error row; the same
+    RuntimeError without a signal received is an error row."""
+    from cs336sys.sweep import stopping
+
+    def wrapped():
+        try:
+            raise stopping.Terminated("terminated by signal 15 (SIGTERM)")
+        except stopping.Terminated as stop:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance") from stop
+
+    assert guarded(wrapped).status == "error"  # no signal received: a failure like any
+    stopping._received.append(15)  # the handler's record (conftest forgets it after)
+    with pytest.raises(stopping.Terminated):
+        guarded(wrapped)
+    assert guarded(lambda: 1 / 0).status == "error"  # no stop in its chain
+
+
 def test_peak_table():
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0

@@ -33,6 +33,34 @@ def test_a_signal_in_an_atexit_handler_after_the_command_is_noted_not_raised():
     assert (out.returncode, out.stderr) == (0, "the handler ran to its end\n")
 
 
+
+def test_a_signal_while_a_class_is_made_at_start_up_ends_the_command_by_it():
+    """SIGTERM while the command line's modules load, inside a dataclass field's
+    __set_name__: Python 3.10 and 3.11 wrap the stop in a RuntimeError, which ended the
+    command with that traceback and exit 1 (tests/test_signals.py, at 0.13 s under load)."""
+    source = textwrap.dedent("""
+        import os, signal, sys, time, types
+        import cs336sys.__main__ as entry
+
+        class Field:
+            def __set_name__(self, owner, name):
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in here
+                time.sleep(5)
+
+        def load(name):  # `from cs336sys.cli import main` makes a class as it loads
+            class Table:
+                where = Field()
+
+        cli = types.ModuleType("cs336sys.cli")
+        cli.__getattr__ = load
+        sys.modules["cs336sys.cli"] = cli
+        entry.main()
+    """)
+    out = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 143, out.stderr
+    assert out.stderr == "Terminated (SIGTERM): this command stored nothing\n", out.stderr
+
 def test_a_second_signal_after_the_command_ends_the_process_as_by_default():
     """In case the exit hangs: the first signal is noted, the next one ends it."""
     out = run("""

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.sweep import stopping
+
 
 @dataclass
 class Result:
@@ -154,6 +156,20 @@ def _raised_by_user(exc: BaseException) -> bool:
     return bool(frames) and not is_library_file(frames[-1].filename)
 
 
+def _stopped_by_signal(exc: BaseException) -> bool:
+    """Whether `exc` wraps a signal's stop: what the signal interrupted turned its
+    KeyboardInterrupt or Terminated into another exception (Python 3.10 and 3.11 raise
+    "RuntimeError: Error calling __set_name__" for one raised as a dataclass is made, in a
+    module a point imports)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt | stopping.Terminated):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     """Run one point; never raises except KeyboardInterrupt, Terminated and SystemExit.
 
@@ -166,6 +182,8 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     except Unfinished as exc:
         result = Result("skipped", error=str(exc))
     except Exception as exc:  # every failure becomes a stored row
+        if stopping.pending() is not None and _stopped_by_signal(exc):
+            stopping.check()  # raises the signal as itself: the runner stores the stop
         said = cause(f"{type(exc).__name__}: {first_line(exc)}")
         where = user_frame(exc)
         if where is not None:
