@@ -639,6 +639,33 @@ def test_latex_and_typst_carry_the_comparison_and_the_points_that_failed(tmp_pat
     assert any(p.name == "compare-1." + ext for p in paths)  # the verdicts' own table file
 
 
+
+def test_long_headers_stack_so_a_wide_table_stays_legible(tmp_path):
+    """The writeup's table by warm-up steps has 13 columns headed like "0 warm-up: optimizer
+    ms". On one line each, LaTeX's adjustbox shrank it to a sliver and Typst ran the headers
+    into each other. Long headers now break at spaces, in the column's alignment, and the
+    Typst document scales a table wider than the page down to it, as adjustbox does."""
+    from cs336sys.report.render import Report, write
+    from cs336sys.report.sections import FilledTable, Section
+    from cs336sys.report.typeset import header_lines, latex_table, typst_table
+
+    assert header_lines("0 warm-up: optimizer ms") == ["0 warm-up:", "optimizer ms"]
+    assert header_lines("optimizer ms") == ["optimizer ms"] and header_lines("") == [""]
+    assert header_lines("check_optimizer_err of x") == ["check_optimizer_err", "of x"]
+    wide = FilledTable("by warm-up steps", ["size", *(f"{w} warm-up: {phase} ms" for w in (0, 1, 2, 5)
+                                                      for phase in ("forward", "backward", "optimizer"))],
+                       [["tiny (512×4, 23M)", *["74.6 ± 23"] * 12]])
+    assert (r"\begin{tabular}[b]{@{}r@{}}0 warm-up: \\ forward ms\end{tabular}"
+            in latex_table(wide))
+    assert '[*#"0 warm-up:"*#linebreak()*#"forward ms"*]' in typst_table(wide)
+    write(Report("r", [], [], sections=[Section("model", "Model", tables=[wide])]), tmp_path,
+          ["typst"], stem="r")
+    document = (tmp_path / "r.typ").read_text()
+    assert "#let fit(body)" in document and 'fit(include "r_tables/model-1.typ")' in document
+    import typst  # a dev requirement (pyproject.toml)
+
+    assert typst.compile(str(tmp_path / "r.typ"))[:4] == b"%PDF"
+
 def test_ddp_memory_by_moment_marks_a_point_whose_check_failed():
     """A user's DDP that failed its check keeps its memory rows, each value marked, as the
     point's other tables mark them."""
