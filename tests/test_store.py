@@ -65,6 +65,23 @@ def test_git_info_commit_and_dirty_flag(tmp_path):
     assert provenance.git_info(tmp_path) == {"git_commit": head, "git_dirty": 1}
 
 
+
+def test_git_info_never_writes_the_index(tmp_path):
+    """`git status` refreshes a stale index and writes it back under .git/index.lock; a
+    Ctrl-C meanwhile had subprocess.run kill git, which left the lock in the user's checkout
+    and their next git command refused. The user's repository is read, never written."""
+    import os
+
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one")
+    _git(tmp_path, "add", "a.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    index = tmp_path / ".git" / "index"
+    os.utime(tmp_path / "a.txt", (1, 1))  # its stat no longer matches the index: stale
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    assert provenance.git_info(tmp_path)["git_dirty"] == 0
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
 def test_git_info_outside_a_checkout_is_null(tmp_path):
     assert provenance.git_info(tmp_path) == {"git_commit": None, "git_dirty": None}
 

@@ -39,7 +39,11 @@ def git_info(path: str | Path = _PACKAGE_DIR) -> dict[str, Any]:
     commit = command_output(["git", "rev-parse", "HEAD"], cwd=Path(path))
     if not commit:
         return {"git_commit": None, "git_dirty": None}
-    status = command_output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=Path(path))
+    # --no-optional-locks: status would refresh the index and write it back under
+    # .git/index.lock; a Ctrl-C meanwhile has subprocess.run kill git, which leaves the lock
+    # behind, and the user's next git command refuses ("index.lock: File exists")
+    status = command_output(["git", "--no-optional-locks", "status", "--porcelain",
+                             "--untracked-files=no"], cwd=Path(path))
     return {"git_commit": commit, "git_dirty": None if status is None else int(bool(status))}
 
 
