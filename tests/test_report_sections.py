@@ -643,21 +643,27 @@ def test_latex_and_typst_carry_the_comparison_and_the_points_that_failed(tmp_pat
 def test_long_headers_stack_so_a_wide_table_stays_legible(tmp_path):
     """The writeup's table by warm-up steps has 13 columns headed like "0 warm-up: optimizer
     ms". On one line each, LaTeX's adjustbox shrank it to a sliver and Typst ran the headers
-    into each other. Long headers now break at spaces, in the column's alignment, and the
-    Typst document scales a table wider than the page down to it, as adjustbox does."""
+    into each other; a noisy point's annotated cell widened its table the same way. Long
+    headers and cells now break at spaces, in the column's alignment, and the Typst document
+    scales a table wider than the page down to it, as adjustbox does."""
     from cs336sys.report.render import Report, write
     from cs336sys.report.sections import FilledTable, Section
-    from cs336sys.report.typeset import header_lines, latex_table, typst_table
+    from cs336sys.report.typeset import latex_table, typst_table, wrapped
 
-    assert header_lines("0 warm-up: optimizer ms") == ["0 warm-up:", "optimizer ms"]
-    assert header_lines("optimizer ms") == ["optimizer ms"] and header_lines("") == [""]
-    assert header_lines("check_optimizer_err of x") == ["check_optimizer_err", "of x"]
+    assert wrapped("0 warm-up: optimizer ms", 14) == ["0 warm-up:", "optimizer ms"]
+    assert wrapped("optimizer ms", 14) == ["optimizer ms"] and wrapped("", 14) == [""]
+    assert wrapped("check_optimizer_err of x", 14) == ["check_optimizer_err", "of x"]
     wide = FilledTable("by warm-up steps", ["size", *(f"{w} warm-up: {phase} ms" for w in (0, 1, 2, 5)
                                                       for phase in ("forward", "backward", "optimizer"))],
-                       [["tiny (512×4, 23M)", *["74.6 ± 23"] * 12]])
+                       [["tiny (512×4, 23M)", "0.893 ± 0.17 (drift +22%) (median 0.876, noisy)",
+                         *["74.6 ± 23"] * 11]])
     assert (r"\begin{tabular}[b]{@{}r@{}}0 warm-up: \\ forward ms\end{tabular}"
             in latex_table(wide))
     assert '[*#"0 warm-up:"*#linebreak()*#"forward ms"*]' in typst_table(wide)
+    # a long cell too, top-aligned in its row: the row's height, not the table's width
+    assert (r"\begin{tabular}[t]{@{}r@{}}0.893 $\pm$ 0.17 (drift +22\%) \\ (median 0.876, "
+            r"noisy)\end{tabular}" in latex_table(wide))
+    assert '[#"0.893 ± 0.17 (drift +22%)"#linebreak()#"(median 0.876, noisy)"]' in typst_table(wide)
     write(Report("r", [], [], sections=[Section("model", "Model", tables=[wide])]), tmp_path,
           ["typst"], stem="r")
     document = (tmp_path / "r.typ").read_text()

@@ -67,60 +67,69 @@ def _right(column: list[str]) -> bool:
     return bool(filled) and all(_NUMERIC.match(c) for c in filled)
 
 
-# A header longer than this is set on several lines, broken at spaces: a pivot's "0 warm-up:
-# optimizer ms" on one line made its 13-column table so wide that fitting it to the page
-# shrank it to a sliver, in LaTeX and Typst alike.
-HEADER_CHARS = 14
+# A header or cell longer than these is set on several lines, broken at spaces: a pivot's "0
+# warm-up: optimizer ms" on one line made its 13-column table so wide that fitting it to the
+# page shrank it to a sliver, in LaTeX and Typst alike; a noisy point's "0.893 ± 0.17 (drift
+# +22%) (median 0.876, p10-p90 0.722–0.99, IQR 0.235, noisy)" did the same to its row.
+HEADER_CHARS, CELL_CHARS = 14, 28
 
 
-def header_lines(header: str, most: int = HEADER_CHARS) -> list[str]:
-    """`header` in lines of at most `most` characters where its words allow (a longer word
-    is a line of its own), first line first."""
+def wrapped(text: str, most: int) -> list[str]:
+    """`text` in lines of at most `most` characters where its words allow (a longer word is
+    a line of its own), first line first."""
     lines: list[str] = []
-    for word in header.split():
+    for word in text.split():
         if lines and len(lines[-1]) + 1 + len(word) <= most:
             lines[-1] += " " + word
         else:
             lines.append(word)
-    return lines or [header]
+    return lines or [text]
 
 
 def latex_table(t: FilledTable) -> str:
     """A booktabs tabular of the table (the title and note are the document's), each long
-    header on lines of its own in the column's alignment."""
+    header or cell on lines of its own in the column's alignment."""
     columns = list(zip(*t.rows, strict=True)) if t.rows else [() for _ in t.headers]
     spec = "".join("r" if _right(list(c)) else "l" for c in columns)
 
-    def head(h: str, align: str) -> str:
-        lines = [latex(x) for x in header_lines(h)]
-        if len(lines) == 1:
-            return lines[0]
-        return rf"\begin{{tabular}}[b]{{@{{}}{align}@{{}}}}" + r" \\ ".join(lines) + r"\end{tabular}"
+    def lines(text: str, most: int, align: str, anchor: str) -> str:
+        parts = [latex(x) for x in wrapped(text, most)]
+        if len(parts) == 1:
+            return parts[0]
+        return (rf"\begin{{tabular}}[{anchor}]{{@{{}}{align}@{{}}}}" + r" \\ ".join(parts)
+                + r"\end{tabular}")
 
-    lines = [f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(head(h, a) for h, a in zip(t.headers, spec, strict=True)) + r" \\",
-             r"\midrule"]
-    lines += [" & ".join(latex(c) for c in row) + r" \\" for row in t.rows]
-    lines += [r"\bottomrule", r"\end{tabular}", ""]
-    return "\n".join(lines)
+    out = [f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
+           " & ".join(lines(h, HEADER_CHARS, a, "b") for h, a in zip(t.headers, spec, strict=True))
+           + r" \\", r"\midrule"]
+    out += [" & ".join(lines(c, CELL_CHARS, a, "t") for c, a in zip(row, spec, strict=True))
+            + r" \\" for row in t.rows]
+    out += [r"\bottomrule", r"\end{tabular}", ""]
+    return "\n".join(out)
 
 
 def typst_table(t: FilledTable) -> str:
     """A Typst `#table(...)` of the table, its header row repeated across pages, each long
-    header on lines of its own."""
+    header or cell on lines of its own."""
     columns = list(zip(*t.rows, strict=True)) if t.rows else [() for _ in t.headers]
     align = ", ".join("right" if _right(list(c)) else "left" for c in columns)
 
     def head(h: str) -> str:
-        return "[" + "#linebreak()".join(f"*#{typst(x)}*" for x in header_lines(h)) + "]"
+        return "[" + "#linebreak()".join(f"*#{typst(x)}*" for x in wrapped(h, HEADER_CHARS)) + "]"
 
-    lines = ["#table(", f"  columns: {len(t.headers)},", f"  align: ({align},),",
-             "  stroke: none,", "  table.hline(),",
-             "  table.header(" + ", ".join(head(h) for h in t.headers) + "),",
-             "  table.hline(stroke: 0.5pt),"]
-    lines += ["  " + ", ".join(typst(c) for c in row) + "," for row in t.rows]
-    lines += ["  table.hline(),", ")", ""]
-    return "\n".join(lines)
+    def cell(c: str) -> str:
+        parts = wrapped(c, CELL_CHARS)
+        if len(parts) == 1:
+            return typst(c)
+        return "[" + "#linebreak()".join(f"#{typst(x)}" for x in parts) + "]"
+
+    out = ["#table(", f"  columns: {len(t.headers)},", f"  align: ({align},),",
+           "  stroke: none,", "  table.hline(),",
+           "  table.header(" + ", ".join(head(h) for h in t.headers) + "),",
+           "  table.hline(stroke: 0.5pt),"]
+    out += ["  " + ", ".join(cell(c) for c in row) + "," for row in t.rows]
+    out += ["  table.hline(),", ")", ""]
+    return "\n".join(out)
 
 
 def _sentences(section: Any, t: FilledTable) -> tuple[str, str]:
