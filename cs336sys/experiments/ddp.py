@@ -42,7 +42,7 @@ from typing import Any
 from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, both
 from cs336sys.experiments.ddp_section import TABLE
-from cs336sys.experiments.ddp_setup import FSDP_IMPLS, IMPLS, REPLICA_IMPLS
+from cs336sys.experiments.ddp_setup import IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.model import check_model, preset_sizes
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
 from cs336sys.experiments.training_step import (
@@ -218,7 +218,7 @@ def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
     and the user's yours-bucketed (torch DDP's own cap recorded for torch), each sharding for
     the replica impls; the FSDPs have neither (they shard the optimizer state anyway)."""
-    if impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp":
+    if ddp_setup.fully_sharded(impl):
         return [(None, None)]
     caps = (buckets if impl in ("bucketed", "yours-bucketed") else [TORCH_BUCKET_MB] if impl == "torch"
             else [None])

@@ -59,6 +59,12 @@ class Setup:
     full_params: Callable[[], dict] | None = None
 
 
+def fully_sharded(impl: str) -> bool:
+    """Whether `impl` shards parameters, gradients and optimizer state: ours or torch's FSDP,
+    or the user's (as their adapters or a one-off name register it)."""
+    return impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
+
+
 def init_seed(impl: str, seed: int, rank: int) -> int:
     """The seed of this rank's model. The replicas start from distinct weights on purpose:
     the handout has a DDP broadcast rank 0's, and the course's DDP tests seed each rank
@@ -66,8 +72,7 @@ def init_seed(impl: str, seed: int, rank: int) -> int:
     FSDP test builds them: the handout asks an FSDP to shard, not to broadcast, so an FSDP
     that shards what each rank was given is right (measured: such an FSDP, passing the
     course's FSDP test, was 1.1 off with distinct weights per rank)."""
-    sharded = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
-    return seed if sharded else seed + 1000 * rank
+    return seed if fully_sharded(impl) else seed + 1000 * rank
 
 
 def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: str, model, device,
@@ -199,15 +204,15 @@ def split(setup: Setup) -> dict[str, int]:
 def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:
     """The bytes per rank of the table in the module docstring. The user's FSDP is held to
     the fully sharded ideal (as torch-fsdp), the user's sharded optimizer to 8P / n."""
-    fully_sharded = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
+    sharded = fully_sharded(impl)
     if impl == "fsdp":
         params = 4 * (n_params - n_1d) / world + 4 * n_1d
-    elif fully_sharded:
+    elif sharded:
         params = 4 * n_params / world
     else:
         params = 4 * n_params
     shards_state = sharding in ("ours", "zero") or yours.is_yours(sharding)
-    state = 2 * params if fully_sharded else 8 * n_params / (world if shards_state else 1)
+    state = 2 * params if sharded else 8 * n_params / (world if shards_state else 1)
     return {"params": params, "grads": params, "opt_state": state}
 
 
@@ -224,7 +229,7 @@ def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[i
     rank 0 holds past 1/N + SHARE_SLACK: `not_sharded` where the ranks together hold more
     than one copy (each holds it whole), else `uneven` (split, rank 0 has the most)."""
     world = len(params)
-    fsdp = impl in FSDP_IMPLS or ddp_yours.kind_of(impl) == "fsdp"
+    fsdp = fully_sharded(impl)
     wholes = {"parameters": whole, "optimizer state": 2 * whole}
     by_rank = {"parameters": params, "optimizer state": opt_state}
     rank0 = {what: by_rank[what][0] / wholes[what] if whole else None for what in wholes}

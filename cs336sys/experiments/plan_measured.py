@@ -11,8 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")  # experiments/ddp_setup.py
-FSDP_IMPLS = ("fsdp", "torch-fsdp")
+from cs336sys.experiments.ddp_setup import FSDP_IMPLS, REPLICA_IMPLS
 
 
 class NoMeasurement(LookupError):
