@@ -104,7 +104,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
+    """The installed version of the distribution `dist`, or None where it is not installed."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -133,7 +134,7 @@ def collect(device: str = "cpu") -> dict[str, Any]:
         "device": device,
         "cpu": cpu_model(),
         "torch_version": torch.__version__,
-        "triton_version": _version("triton"),
+        "triton_version": package_version("triton"),
         "python_version": platform.python_version(),
         "cs336sys_version": cs336sys.__version__,
         "cuda_version": torch.version.cuda,
@@ -178,8 +179,8 @@ def _without_torch() -> dict[str, Any]:
         "host": socket.gethostname(),
         "device": "none",
         "cpu": cpu_model(),
-        "torch_version": _version("torch"),
-        "triton_version": _version("triton"),
+        "torch_version": package_version("torch"),
+        "triton_version": package_version("triton"),
         "python_version": platform.python_version(),
         "cs336sys_version": cs336sys.__version__,
         "cuda_version": None,

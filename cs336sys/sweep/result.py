@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.measure.provenance import package_version
 from cs336sys.sweep import stopping
 
 
@@ -60,12 +61,7 @@ def cause(said: str) -> str:
     """`said` with the cause of a known symptom after it (_CAUSES), else as it is."""
     for symptom, why in _CAUSES.items():
         if symptom in said:
-            from importlib.metadata import PackageNotFoundError, version
-
-            try:
-                triton = version("triton")
-            except PackageNotFoundError:
-                triton = "(not installed)"
+            triton = package_version("triton") or "(not installed)"
             return f"{said}; {why.format(triton=triton)}"
     return said
 
