@@ -7,13 +7,15 @@ signatures of the lambdas and functors they were instantiated with:
     at::native::BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor
     <float> > >(at::TensorIteratorBase&, ...)::{lambda(int)#1}>(int, ...)
 
-and cut to their first 48 characters, 11 of the 31 kernels of the H200's profile
-(reports/nvidia-h200) read `void at::native::vectorized_elementwise_kernel<…`, and three
-more `void at::native::elementwise_kernel<128, 2, at:…`. What tells them apart is the template's arguments: the op (MulFunctor,
-direct_copy_kernel_cuda, masked_fill_kernel). `readable` keeps those and drops the rest, as
-Nsight Systems' "short names" do for the function itself: the return type, parameter lists,
-namespaces, lambdas and `operator()` hops, and the indexing, load and store arguments every
-elementwise kernel has. The store keeps the name as the profiler gave it.
+and cut to their first 48 characters, 11 of the 32 kernels of the H200's two profiled
+points (reports/nvidia-h200, `SELECT DISTINCT name FROM kernel_stats`) read
+`void at::native::vectorized_elementwise_kernel<…`, and three more
+`void at::native::elementwise_kernel<128, 2, at:…`. What tells them apart is the
+template's arguments: the op (MulFunctor, direct_copy_kernel_cuda, masked_fill_kernel).
+`readable` keeps those and drops the rest, as Nsight Systems' "short names" do for the
+function itself: the return type, parameter lists, namespaces, lambdas and `operator()`
+hops, and the indexing, load and store arguments every elementwise kernel has. The store
+keeps the name as the profiler gave it.
 """
 
 from __future__ import annotations
