@@ -397,7 +397,6 @@ def test_the_users_attention_is_split_at_its_softmax():
     assert user_parts([[Item("aten::bmm", 1, 10)]]) == {}
 
 
-
 def test_a_profiled_point_of_the_users_model_is_named_by_it():
     """The user's model (--model) and ours at one size read alike in every title and row of
     the profile's tables but for the model's name."""
@@ -410,6 +409,7 @@ def test_a_profiled_point_of_the_users_model_is_named_by_it():
     parts = attention_parts([{**row, "model": "cs336_basics"}])
     assert parts.title == "Attention's parts in the forward (per step)"
     assert parts.rows[0][0].startswith("cs336_basics ")
+
 
 def test_the_users_attention_function_is_marked_while_profiled_and_put_back(monkeypatch):
     import sys
