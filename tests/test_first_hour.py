@@ -182,6 +182,21 @@ def test_progress_moves_per_step_in_plain_lines_when_not_a_terminal(db_path, mon
     assert "\x1b" not in result.stderr and "\r" not in result.stderr  # no bar drawing in a log
 
 
+def test_progress_names_the_phase_each_attention_step_belongs_to(db_path, monkeypatch):
+    """Attention times its forward, backward and both in turn: without the phase, the step
+    count ran 1..N three times and read as going backwards."""
+    from cs336sys.cli.common import Bar
+
+    monkeypatch.setattr(Bar, "EVERY_S", 0.0)
+    result = invoke("attention", "--seq", "16", "--d-head", "8", "--attention", "naive",
+                    "--warmup", "1", "--iters", "2", "--device", "cpu", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    steps = [line.split(": ", 1)[1] for line in result.stderr.splitlines()
+             if line.startswith("attention [1/1]") and " step " in line]
+    assert steps == [f"{phase} step {i}/3" for phase in ("forward", "backward", "forward+backward")
+                     for i in (1, 2, 3)]
+
+
 @pytest.mark.slow
 def test_progress_reaches_the_parent_from_distributed_ranks(db_path, monkeypatch):
     from cs336sys.cli.common import Bar

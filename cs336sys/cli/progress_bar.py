@@ -31,7 +31,7 @@ class Bar:
         self.bar: Any = None
         self.total = self.done = 0
         self.current: Any = None  # the spec of the point now running
-        self.step = ""  # "step 3/15" inside it
+        self.step = ""  # "step 3/15" (or "backward step 3/15") inside it
         self._last = self._began = 0.0
         self._hook: Any = None
         self._stop: Any = None  # ends the heartbeat thread (off a terminal)
@@ -97,7 +97,9 @@ class Bar:
         now = time.monotonic()
         if point is not None and point is not self.current:
             self.current, self._last = point, now
-        self.step = f"step {done}/{total}"
+        from cs336sys.measure.progress import current_phase
+
+        self.step = f"{current_phase()} step {done}/{total}".lstrip()
         if self.bar is not None:
             if now - self._last >= 0.1 or done == total:
                 self._last = now

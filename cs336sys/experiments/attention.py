@@ -25,6 +25,7 @@ from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
 from cs336sys.measure.dtypes import PRECISIONS, torch_dtype
 from cs336sys.measure.memory import saved_tensor_bytes
+from cs336sys.measure.progress import phase
 from cs336sys.measure.timing import time_do_bench, time_loop
 from cs336sys.models.flops import attention_forward_flops
 from cs336sys.sweep import points
@@ -344,25 +345,17 @@ def run(spec: AttentionSpec) -> Result:
             # flag: from the loop timer's own calls, or from a few more after do_bench.
             host: dict[str, list[float]] = {}
             if spec.passes in ("forward", "both"):
-                samples["fwd_ms"] = _time(spec, forward, (q, k, v), host.setdefault("fwd_host_ms", []))
+                with phase("forward"):
+                    samples["fwd_ms"] = _time(spec, forward, (q, k, v),
+                                              host.setdefault("fwd_host_ms", []))
             if backward:
-                if spec.timer == "do-bench":
-                    out = fresh_forward()
-                    samples["bwd_ms"] = time_do_bench(
-                        lambda: out.backward(dout, retain_graph=True), grad_to_none=[q, k, v],
-                        host=host.setdefault("bwd_host_ms", []), min_count=spec.iters,
-                        min_seconds=spec.min_time,
-                    )
-                    del out
-                else:
-                    samples["bwd_ms"] = time_loop(
-                        lambda out: out.backward(dout), spec.warmup, spec.iters, device,
-                        setup=fresh_forward, host=host.setdefault("bwd_host_ms", []),
-                        min_seconds=spec.min_time,
-                    )
+                with phase("backward"):
+                    samples["bwd_ms"] = _time_backward(spec, fresh_forward, dout, (q, k, v),
+                                                       host.setdefault("bwd_host_ms", []))
             if spec.passes == "both":
-                samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout), (q, k, v),
-                                          host.setdefault("e2e_host_ms", []))
+                with phase("forward+backward"):
+                    samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout),
+                                              (q, k, v), host.setdefault("e2e_host_ms", []))
 
     # the work done: a kernel that ignored is_causal computed every score
     fwd = flops_forward(replace(spec, causal=metrics.get("computed_causal", spec.causal)))
@@ -372,6 +365,18 @@ def run(spec: AttentionSpec) -> Result:
         metrics["code"] = sources(impl_fn)
     return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
                   samples={**samples, **{k: v for k, v in host.items() if v}})
+
+
+def _time_backward(spec, fresh_forward, dout, grads, host: list[float]) -> list[float]:
+    """The backward alone: each timed call is the backward of a fresh untimed forward
+    (do_bench, which cannot run a setup between calls, retains one forward's graph)."""
+    if spec.timer == "do-bench":
+        out = fresh_forward()
+        return time_do_bench(lambda: out.backward(dout, retain_graph=True),
+                             grad_to_none=list(grads), host=host, min_count=spec.iters,
+                             min_seconds=spec.min_time)
+    return time_loop(lambda out: out.backward(dout), spec.warmup, spec.iters, spec.device,
+                     setup=fresh_forward, host=host, min_seconds=spec.min_time)
 
 
 def _time(spec, fn, grads, host: list[float]) -> list[float]:

@@ -60,6 +60,7 @@ from cs336sys.experiments.step_build import (
 from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
 from cs336sys.experiments.training_step import optimizer_option, throughput, throughput_metrics
 from cs336sys.measure.device import synchronize
+from cs336sys.measure.progress import phase
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import time_do_bench, time_loop
 from cs336sys.models.config import ModelShape
@@ -359,8 +360,9 @@ def run(spec: StepSpec) -> Result:
         step()
         synchronize(spec.device)
         first_s = time.perf_counter() - t0
-        warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
-        with measured():  # what --nsys records: the timed steps
+        with phase("warm-up"):
+            warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
+        with measured(), phase("timed"):  # what --nsys records: the timed steps
             if spec.timer == "do_bench":
                 estimate = sorted(warm)[len(warm) // 2] if warm else first_s * 1e3
                 samples = time_do_bench(step, calls=spec.iters, call_ms=estimate,
@@ -371,7 +373,8 @@ def run(spec: StepSpec) -> Result:
         wall_s = time.perf_counter() - t_start
         # the optimizer phase alone (the last step left its gradients): a switch cannot save
         # more than the phase it acts on (the table flags fused-adamw saving more)
-        opt = time_loop(optimizer.step, 0, OPT_CALLS, spec.device)
+        with phase("optimizer alone"):
+            opt = time_loop(optimizer.step, 0, OPT_CALLS, spec.device)
         course = course_ms(step) if spec.course_timing else None
     peak_cpu = None if on_cuda or spec.compile else tensor_peak_bytes(model, optimizer, train_step)
 

@@ -5,6 +5,9 @@ a report costs one ContextVar lookup.
     with on_step(lambda done, total, point: print(done, total)):
         run_steps(step, warmup=2, iters=5)     # prints 1 7, 2 7, ... 7 7
 
+A point that times several phases in turn (attention's forward, backward and both) names
+each with `phase(...)`, so that "step 4/6" says which loop it counts.
+
 Distributed ranks have no hook of their own: rank 0 forwards its steps to the parent
 (sweep/ranks.py), which reports them here with the point they belong to.
 """
@@ -18,6 +21,7 @@ from typing import Any
 
 Hook = Callable[[int, int, Any], None]
 _hook: ContextVar[Hook | None] = ContextVar("cs336sys_step_hook", default=None)
+_phase: ContextVar[str] = ContextVar("cs336sys_step_phase", default="")
 
 
 def step_done(done: int, total: int, point: Any = None) -> None:
@@ -41,3 +45,18 @@ def on_step(hook: Hook | None) -> Iterator[None]:
         yield
     finally:
         _hook.reset(token)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """The steps reported inside this block are those of `name` ("forward", "backward")."""
+    token = _phase.set(name)
+    try:
+        yield
+    finally:
+        _phase.reset(token)
+
+
+def current_phase() -> str:
+    """The phase named by the innermost `phase(...)` block ("" outside any)."""
+    return _phase.get()
