@@ -446,6 +446,28 @@ def test_sql_errors_and_missing_store(filled_db, tmp_path):
     assert not missing.exists()
 
 
+def test_an_unknown_column_or_table_says_where_it_is(filled_db):
+    """A setting asked of the runs table (which keeps settings as JSON) names the views that
+    have it; a misspelt view gets the closest name; anything else is the error alone."""
+    def said(query: str) -> str:
+        result = invoke("sql", query, "--db", filled_db)
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        (line,) = result.stderr.strip().splitlines()
+        return line
+
+    assert said("SELECT r.mode FROM runs r") == (
+        "Error: SQL error: no such column: r.mode (mode is a column of memory_runs, model_runs, "
+        "profile_runs; the runs table keeps settings and metrics as JSON)")
+    assert said("SELECT world_size FROM attention_runs") == (
+        "Error: SQL error: no such column: world_size (world_size is a column of comm_runs, "
+        "ddp_runs, step_runs)")
+    assert said("SELECT * FROM model_run") == (
+        "Error: SQL error: no such table: model_run (did you mean 'model_runs'? "
+        "cs336sys sql --schema lists them)")
+    assert said("SELECT nothing_like_it FROM runs") == (
+        "Error: SQL error: no such column: nothing_like_it")
+
+
 def test_env_prints_what_would_be_recorded():
     result = invoke("env", "--json", "--device", "cpu")
     assert result.exit_code == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import sqlite3
 from typing import Annotated
 
@@ -66,7 +67,7 @@ def sql(
     except sqlite3.DatabaseError as exc:
         if any(w in str(exc) for w in ("readonly", "query_only", "not authorized", "denied")):
             fail(f"refused: `cs336sys sql` is read-only and creates nothing ({exc})")
-        fail(f"SQL error: {exc}")
+        fail(f"SQL error: {exc}{_hint(conn, str(exc), query)}")
     except sqlite3.Error as exc:
         fail(f"SQL error: {exc}")
     finally:
@@ -85,6 +86,35 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+def _hint(conn: sqlite3.Connection, error: str, query: str) -> str:
+    """Where the error's unknown column is found, or the table it may have meant: settings
+    and metrics are columns of the experiments' views, not of the runs table (which keeps
+    them as JSON)."""
+    try:
+        return _where(conn, error, query)
+    except sqlite3.Error:  # a store too broken to say more: the error alone
+        return ""
+
+
+def _where(conn: sqlite3.Connection, error: str, query: str) -> str:
+    objects = [name for (name,) in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite_%' ORDER BY type DESC, name")]
+    if error.startswith("no such column: "):
+        column = error.removeprefix("no such column: ").rsplit(".", 1)[-1]
+        holding = [name for name in objects if column in
+                   {c for (c,) in conn.execute("SELECT name FROM pragma_table_info(?)", (name,))}]
+        if holding:
+            runs = ("; the runs table keeps settings and metrics as JSON"
+                    if re.search(r"\bruns\b", query, re.IGNORECASE) else "")
+            return f" ({column} is a column of {', '.join(holding)}{runs})"
+    elif error.startswith("no such table: "):
+        near = closest(error.removeprefix("no such table: "), objects)
+        if near:
+            return f" (did you mean {near!r}? cs336sys sql --schema lists them)"
+    return ""
 
 
 def _schema(db, view: str | None) -> None:
