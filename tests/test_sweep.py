@@ -302,6 +302,39 @@ def test_specs_take_only_the_options_names():
             specs(**{old: [8]}, device="cpu")
 
 
+def test_specs_read_a_string_or_one_value_as_the_command_line_would():
+    """A list option given as "128,256" is split at commas as the command line splits it,
+    and one value is a list of one: "128" once swept seq 1, 2 and 8 (its characters)."""
+    from cs336sys.experiments import attention
+
+    def seqs(**given):
+        return sorted({s.seq for s in attention.specs(**given, device="cpu")})
+
+    assert seqs(seq="128") == seqs(seq=128) == seqs(seq=["128"]) == [128]
+    assert seqs(seq="128,256") == seqs(seq=[128, 256]) == [128, 256]
+    assert {s.impl for s in attention.specs(impl="naive,sdpa", device="cpu")} == {"naive", "sdpa"}
+    assert {s.size for s in model.specs(size="tiny", device="cpu")} == {"tiny"}
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"iters": [2]}, "--iters takes one integer, got [2]"),
+    ({"warmup": "1"}, "--warmup takes one integer, got '1'"),
+    ({"iters": 2.0}, "--iters takes one integer, got 2.0"),
+    ({"seed": True}, "--seed takes one integer, got True"),
+    ({"rounds": [1]}, "--rounds takes one integer, got [1]"),
+    ({"min_time": "1"}, "--min-time takes one number of seconds, got '1'"),
+])
+def test_a_list_or_a_string_for_a_one_value_option_is_a_spec_error(given, said):
+    """A scalar option given a list (as the list options are) raises SpecError with the
+    command line's words, not a TypeError from inside a comparison."""
+    from cs336sys.experiments import attention
+    from cs336sys.sweep.points import SpecError
+
+    with pytest.raises(SpecError) as caught:
+        attention.specs(**given, device="cpu")
+    assert str(caught.value) == said
+
+
 def test_metric_table_reads_rows_units_and_continued_meanings():
     from cs336sys.sweep.declaration import Metric, metric_table, setting_columns
 

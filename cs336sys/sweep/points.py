@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,9 +51,17 @@ MAX_STEPS = 10**6
 MAX_SIZE = 2**62
 
 
+def one_integer(n: Any, option: str) -> int:
+    """A count or size option's one value, from Python as from the command line: an integer,
+    not a list (`iters=[2]`), a string or a bool (SpecError naming the option)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise SpecError(f"{option} takes one integer, got {n!r}")
+    return int(n)
+
+
 def check_size(n: int, option: str) -> None:
     """Refuse a count or size above MAX_SIZE (SpecError naming the option)."""
-    if n > MAX_SIZE:
+    if one_integer(n, option) > MAX_SIZE:
         raise SpecError(f"{option}: {n} is too large (at most 2^62)")
 
 
@@ -63,7 +72,7 @@ def positive_sizes(**given: int | None) -> dict[str, int | None]:
         option = "--" + name.replace("_", "-")
         if n is None:
             continue
-        if n <= 0:
+        if one_integer(n, option) <= 0:
             raise SpecError(f"{option} must be positive, got {n}")
         check_size(n, option)
     return given
@@ -72,11 +81,15 @@ def positive_sizes(**given: int | None) -> dict[str, int | None]:
 MAX_SEED = 2**62  # seeds are offset per rank and for the data: stay inside torch's 64 bits
 
 
-def listed(values: Iterable[Any] | None, option: str, default: Iterable[Any] = ()) -> list[Any]:
+def listed(values: Iterable[Any] | Any, option: str, default: Iterable[Any] = ()) -> list[Any]:
     """A list option's items; `default` when it was not given. Given but empty (`--size ""`)
-    is a SpecError: an empty value must not quietly mean the default."""
+    is a SpecError: an empty value must not quietly mean the default. From Python, one value
+    is a list of one and a string is split as the command line splits it: `seq="128,256"`
+    and `seq=128` are `seq=[128, 256]` and `seq=[128]`, never the characters of "128"."""
     if values is None:
         return list(default)
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        values = [values]
     values = list(values)
     # str.strip: any Unicode space (a non-breaking one pasted from a web page, say) is blank
     if not values or any(not str(v).replace(",", " ").strip() for v in values):
@@ -171,6 +184,7 @@ def warmups(values: Iterable[Any] | int | None, default: int) -> list[int]:
 def counts(warmup: int, steps: int, steps_option: str = "--iters") -> None:
     """Refuse a non-positive number of timed steps, a negative warm-up, and either above
     MAX_STEPS."""
+    steps, warmup = one_integer(steps, steps_option), one_integer(warmup, "--warmup")
     if steps <= 0:
         raise SpecError(f"{steps_option} must be positive, got {steps}")
     if warmup < 0:
@@ -189,6 +203,8 @@ def min_time(value: float | None, on_cuda: bool) -> float:
     0 on a CPU (where a point's samples are its --iters); refused outside [0, MAX_MIN_TIME]."""
     if value is None:
         return 1.0 if on_cuda else 0.0
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SpecError(f"--min-time takes one number of seconds, got {value!r}")
     if not 0 <= value <= MAX_MIN_TIME:  # NaN too
         raise SpecError(f"--min-time must be from 0 to {MAX_MIN_TIME:g} seconds, got {value}")
     return float(value)
@@ -197,7 +213,7 @@ def min_time(value: float | None, on_cuda: bool) -> float:
 def rounds(value: int | None, on_cuda: bool, iters: int) -> int:
     """--rounds: what was given, else 3 on CUDA (where clocks drift) and 1 on a CPU; from
     1 to --iters, since each round takes its share of the timed calls."""
-    value = (3 if on_cuda else 1) if value is None else value
+    value = (3 if on_cuda else 1) if value is None else one_integer(value, "--rounds")
     if not 1 <= value <= iters:
         raise SpecError(f"--rounds must be from 1 to --iters ({iters}), got {value}")
     return value
@@ -205,7 +221,7 @@ def rounds(value: int | None, on_cuda: bool, iters: int) -> int:
 
 def check_seed(seed: int) -> None:
     """Seeds are torch's 64-bit integers, offset per rank and for the data."""
-    if not 0 <= seed <= MAX_SEED:
+    if not 0 <= one_integer(seed, "--seed") <= MAX_SEED:
         raise SpecError(f"--seed must be from 0 to 2**62 ({MAX_SEED}), got {seed}")
 
 
