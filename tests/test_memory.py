@@ -2,6 +2,7 @@
 timeline, the CLI's rows and its refusals. Expected bytes are counted by hand from shapes."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,7 +148,7 @@ def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
         assert r["peak_bytes"] == max(p for p in phases if p is not None)
         assert r["peak_bytes"] >= r["init_bytes"] + r["saved_bytes"]
         assert r["snapshot_png"].endswith(".png") and r["snapshot_pickle"] is None
-        assert open(r["snapshot_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+        assert Path(r["snapshot_png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     fwd, none, every1 = got
     assert fwd["saved_bytes"] == 0 and fwd["before_opt_bytes"] is None
     assert fwd["grad_bytes"] == 0 and fwd["lowest_peak"] is None  # nothing to compare with

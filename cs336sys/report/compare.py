@@ -97,7 +97,7 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
         "label": "SELECT 1 FROM invocations WHERE label = ? LIMIT 1",
         "gpu": "SELECT 1 FROM invocations WHERE gpu = ? LIMIT 1",
         "commit": "SELECT 1 FROM invocations WHERE (git_commit LIKE ? ESCAPE '\\' "
-                  "OR user_commit LIKE ?1 ESCAPE '\\') LIMIT 1",
+                  "OR user_commit LIKE ? ESCAPE '\\') LIMIT 1",
         "invocation": "SELECT 1 FROM invocations WHERE id LIKE ? ESCAPE '\\' LIMIT 1",
     }
 
@@ -105,7 +105,9 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
 
     def matches(k: str, value: str) -> bool:
         pat = value if k in ("gpu", "label") else like_prefix(value)
-        return conn.execute(probes[k], (pat,)).fetchone() is not None
+        # one `?` per place the value goes: a numbered `?1` with a sequence is an error from
+        # Python 3.14 (a DeprecationWarning before)
+        return conn.execute(probes[k], (pat,) * probes[k].count("?")).fetchone() is not None
 
     def kinds(token: str) -> list[str]:
         found = []
