@@ -335,6 +335,22 @@ def test_a_list_or_a_string_for_a_one_value_option_is_a_spec_error(given, said):
     assert str(caught.value) == said
 
 
+def test_run_sweep_refuses_points_of_another_experiment_before_storing_anything(tmp_path):
+    """Attention's points handed to model's experiment failed inside the first point with
+    "'AttentionSpec' object has no attribute 'config'", after the store had been opened."""
+    from cs336sys.experiments import attention
+
+    db = tmp_path / "r.db"
+    with pytest.raises(TypeError, match="run_sweep\\('model'\\) takes points of ModelSpec, "
+                                        "not AttentionSpec"):
+        run_sweep(model.EXPERIMENT, attention.specs(impl="naive", seq=[16], d_head=[8],
+                                                    device="cpu"))
+    with Recorder(db, command="notebook", device="cpu") as rec, pytest.raises(TypeError):
+        run_sweep(model.EXPERIMENT, [*model.specs(size=["tiny"], seq=[8], device="cpu"),
+                                     *attention.specs(impl="naive", seq=[16], device="cpu")], rec)
+    assert query(db, "SELECT * FROM runs") == []
+
+
 def test_metric_table_reads_rows_units_and_continued_meanings():
     from cs336sys.sweep.declaration import Metric, metric_table, setting_columns
 

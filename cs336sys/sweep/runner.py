@@ -116,6 +116,12 @@ def run_sweep(
     memory is stored as skipped with the estimate, not started, unless `force`."""
     progress = progress or Quiet()
     specs = list(specs)
+    for spec in specs:  # before anything runs or is stored: a row of one kind under another
+        if not isinstance(spec, experiment.spec):
+            kinds = experiment.spec if isinstance(experiment.spec, tuple) else (experiment.spec,)
+            raise TypeError(f"run_sweep({experiment.kind!r}) takes points of "
+                            f"{' or '.join(k.__name__ for k in kinds)}, not "
+                            f"{type(spec).__name__}: build them with that experiment's specs()")
     if resume:
         if sink is None or not hasattr(sink, "done"):
             raise ValueError("resume needs a sink that knows what it holds (a Recorder)")
