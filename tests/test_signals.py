@@ -219,6 +219,28 @@ def test_ranks_end_with_torchruns_agent(tmp_path):
     assert all(port_free(p) for p in ports)
 
 
+def signal_command(proc: subprocess.Popen, sig: int) -> bool:
+    """Send `sig` to the command; whether cs336sys's handlers were installed by then
+    (stopping.install, its first line: SIGTERM caught, per /proc/PID/status). Before, in the
+    interpreter's own start, a signal is Python's and ends the process by it (docs/
+    bad-input.md); under a loaded `make test` that start took more than 60 ms."""
+    caught = 0
+    try:
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                caught = int(line.split()[1], 16)
+    except OSError:
+        pass
+    proc.send_signal(sig)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def before_cs336sys(proc: subprocess.Popen, sig: int, db: Path, again: str) -> None:
+    """A signal sent before cs336sys's first line: the process ended by it, nothing stored."""
+    assert proc.returncode in (-sig, 128 + sig), (again, proc.returncode)
+    assert not stored_runs(db), again
+
+
 def stored_runs(db: Path) -> list:
     """The runs in `db`: none where there is no file, or only the empty one a store being
     created leaves when a signal stops it before its schema (the next command makes it a
@@ -287,9 +309,13 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     proc = start(args, db)
     time.sleep(after_s)
     below = descendants(proc.pid)
-    proc.send_signal(sig)
+    ours = signal_command(proc, sig)
     _, err = proc.communicate(timeout=60)
     again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
+    if not ours:
+        before_cs336sys(proc, sig, db, again)
+        gone_within(below | descendants(proc.pid), 10.0)
+        return
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err and "leaked semaphore" not in err, (again, err)
     last = err.strip().splitlines()[-1]
@@ -323,9 +349,12 @@ def test_a_signal_at_any_moment_ends_handout_run_with_what_it_stored(tmp_path, s
     db = tmp_path / "r.db"
     proc = start(HANDOUT, db)
     time.sleep(after_s)
-    proc.send_signal(sig)
+    ours = signal_command(proc, sig)
     _, err = proc.communicate(timeout=60)
     again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
+    if not ours:
+        before_cs336sys(proc, sig, db, again)
+        return
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err, (again, err)
     last = err.strip().splitlines()[-1]
@@ -337,6 +366,26 @@ def test_a_signal_at_any_moment_ends_handout_run_with_what_it_stored(tmp_path, s
     else:
         assert last.startswith("handout run stopped at ") and "by this run" in last, (again, err)
         assert int(last.split(": ", 1)[1].split()[0]) == stored, (again, err)
+
+
+def test_a_signal_is_told_apart_before_and_after_cs336sys_installs_its_handlers(tmp_path):
+    """The moments' tests excuse a signal that came before cs336sys's first line: the excuse
+    must hold only there. A process that catches nothing reads as before; `precision
+    accumulate` once it has opened its store, as after (and it ends with 143, or 0 when it
+    had finished)."""
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    time.sleep(0.5)
+    assert signal_command(plain, signal.SIGTERM) is False
+    assert plain.wait(timeout=10) == -signal.SIGTERM
+    db = tmp_path / "r.db"
+    proc = start(["precision", "accumulate"], db)
+    deadline = time.time() + 30
+    while not (tmp_path / "r.db").exists():  # its store opened: past the first line
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    assert signal_command(proc, signal.SIGTERM) is True
+    proc.communicate(timeout=60)
+    assert proc.returncode in (0, 128 + signal.SIGTERM)
 
 
 def test_the_moments_fall_in_their_strata_and_come_again_from_their_seed():
