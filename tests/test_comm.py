@@ -202,5 +202,7 @@ def test_backends_are_a_list_each_with_its_device():
 def test_durations_read_as_people_say_them():
     from cs336sys.measure.units import format_duration
 
-    assert [format_duration(s) for s in (40, 89.4, 90, 719, 7199, 7200, 12600)] == [
-        "40 s", "89 s", "2 min", "12 min", "120 min", "2.0 h", "3.5 h"]
+    assert [format_duration(s) for s in (40, 89.4, 90, 719, 7199, 7200, 12600, 172_799, 172_800,
+                                         7_696_440)] == [
+        "40 s", "89 s", "2 min", "12 min", "120 min", "2.0 h", "3.5 h", "48.0 h", "2 days",
+        "89 days"]

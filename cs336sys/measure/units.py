@@ -71,10 +71,13 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def format_duration(seconds: float) -> str:
-    """A duration as people say it: '40 s', '12 min', '3.5 h'."""
+    """A duration as people say it: '40 s', '12 min', '3.5 h', '89 days' (a sweep no one
+    should start, read at a glance)."""
     if seconds < 90:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 2 * 3600 else f"{seconds / 3600:.1f} h"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 48 * 3600 else f"{seconds / 86400:,.0f} days"
 
 
 def format_size(n: float) -> str:
