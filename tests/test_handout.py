@@ -470,6 +470,22 @@ def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected
     assert "_Not yet computed: `cs336sys plan " in (tmp_path / "c" / "writeup.md").read_text()
 
 
+@pytest.mark.parametrize("year", ["2025", "2026"])
+def test_every_problems_notes_fit_the_page_before_any_run(db_path, tmp_path, year):
+    """Each problem's commands and the checks of the implementation problems, typeset:
+    the 2025 starter's `cs336sys ddp --impl yours-individual --world-size 2` ran 13 pt into
+    the margin of an indented paragraph."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    Store(db_path, EXPERIMENTS).close()
+    r = invoke("handout", "report", "--year", year, "--format", "tex,typst", "--out",
+               tmp_path / "w", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert "--impl yours" in (tmp_path / "w" / "writeup.tex").read_text()
+    _compiles(tmp_path / "w")
+
+
 def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels(
         db_path, tmp_path):
     """nsys_profile asks for the kernels that take the most and the attention's parts: the

@@ -523,6 +523,10 @@ def test_a_notes_code_spans_are_code_and_the_rest_plain_text():
     assert _html_note(note) == ("Run <code>cs336sys model --seq 64</code> then <code>a&lt;b</code>"
                                 " for [x]; a lone ` stays")
     assert latex_note("`a_b` c") == r"\texttt{a\_\allowbreak{}b} c"  # may break after _
+    # ... and after a hyphen inside a word or a comma, never inside an option's dashes: an
+    # indented note ending in this command ran 13 pt into the margin of the 2025 writeup
+    assert latex_note("`ddp --impl yours-individual,x`") == (
+        r"\texttt{ddp --impl yours-\allowbreak{}individual,\allowbreak{}x}")
     assert typst_note('`x` "y"') == '#par[#raw("x")#" \\"y\\""]'
 
 

@@ -46,10 +46,19 @@ def typst(value: str) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# Inside a code span, a line may also break after a hyphen between two word characters and
+# after a comma: LaTeX's typewriter font hyphenates nothing, and an indented paragraph ending
+# in `cs336sys ddp --impl yours-individual --world-size 2` ran 13 pt into the margin. The
+# dashes of an option (`--impl`) stay whole.
+_CODE_BREAKS = re.compile(r"(?<=\w)-(?=\w)|,")
+
+
 def latex_note(note: str) -> str:
     """A section note as LaTeX, its code spans typewriter (no `--` ligature, no quotes)."""
-    return "".join(rf"\texttt{{{latex(text)}}}" if code else latex(text)
-                   for text, code in code_spans(note))
+    def code(text: str) -> str:
+        return r"\texttt{" + _CODE_BREAKS.sub(r"\g<0>\\allowbreak{}", latex(text)) + "}"
+
+    return "".join(code(text) if is_code else latex(text) for text, is_code in code_spans(note))
 
 
 def typst_note(note: str) -> str:
