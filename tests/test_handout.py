@@ -178,6 +178,32 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     assert "yours=cs336_basics.model:scaled_dot_product_attention" in compiled.args(True, True)
 
 
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_pytorch_attention_times_your_attention_under_yours(year, db_path, tmp_path,
+                                                            monkeypatch):
+    """"Benchmark your attention implementation": --yours times the user's assignment-1
+    attention (cs336sys's naive one ran, in both releases), and the writeup's tables hold
+    its rows, the implementation named where both were measured."""
+    from tests.user_repos import course_repo
+
+    (run,) = {p.name: p for p in problems(year)}["pytorch_attention"].runs
+    for on_gpu in (False, True):
+        yours = run.args(on_gpu, yours=True)
+        assert yours[yours.index("--attention") + 1] == (
+            "yours=cs336_basics.model:scaled_dot_product_attention")
+        assert "naive" in run.args(on_gpu)
+    monkeypatch.chdir(course_repo(tmp_path))
+    for yours in ([], ["--yours"]):
+        done = invoke("handout", "run", "pytorch_attention", "--year", year, *yours,
+                      "--db", db_path)
+        assert done.exit_code == 0, done.output
+    out = tmp_path / "w"
+    done = invoke("handout", "report", "pytorch_attention", "--year", year, "--format", "md",
+                  "--out", out, "--db", db_path)
+    assert done.exit_code == 0, done.output
+    md = (out / "writeup.md").read_text()
+    assert "| naive |" in md and "| yours |" in md, md
+
 
 @pytest.mark.parametrize("year", ["2026", "2025"])
 def test_every_run_of_a_model_measures_theirs_under_yours(year):

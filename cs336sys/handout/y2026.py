@@ -167,13 +167,17 @@ PROBLEMS = (
     ),
     Problem(
         "pytorch_attention", 2, section="4.1.1",
-        asks="Naive attention at batch 8 without heads, d 16..128 x seq 256..16384, 100 calls: "
-        "forward, backward, memory held before backward, and where it runs out of memory.",
+        asks="Your attention (assignment 1's under --yours; else naive attention) at batch 8 "
+        "without heads, d 16..128 x seq 256..16384, 100 calls: forward, backward, memory held "
+        "before backward, and where it runs out of memory.",
         runs=(Run("attention --preset pytorch-attention --attention naive",
-                  cpu=f"attention --preset pytorch-attention --attention naive {ATTENTION_CPU}"),),
+                  cpu=f"attention --preset pytorch-attention --attention naive {ATTENTION_CPU}",
+                  yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION}",
+                  yours_cpu=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
+                  f"{ATTENTION_CPU}"),),
+        # naive or yours (the implementation joins the rows where the store holds both)
         tables=(
-            *(Pivot(title, "attention", ("d_head",), (value,), across="seq",
-                    where={"impl": "naive"})
+            *(Pivot(title, "attention", ("d_head",), (value,), across="seq")
               for title, value in (
                   ("Forward (ms, mean ± std), by head dimension and sequence length", FWD),
                   ("Backward (ms, mean ± std)", BWD),
@@ -186,7 +190,6 @@ PROBLEMS = (
                       peak                peak_bytes            mib
                       accounted peak      est_peak_bytes        mib
                   """),
-                  where={"impl": "naive"},
                   note="accounted peak: q, k, v, the output and their gradients, and three "
                   "T x T matrices (scores, probabilities and their gradient), +10 %: the "
                   "estimate a point is skipped on only when it exceeds the device's free "
