@@ -179,29 +179,32 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
 
 
 @pytest.mark.parametrize("year", ["2026", "2025"])
-def test_pytorch_attention_times_your_attention_under_yours(year, db_path, tmp_path,
-                                                            monkeypatch):
+def test_pytorch_attention_times_your_attention_under_yours(year):
     """"Benchmark your attention implementation": --yours times the user's assignment-1
-    attention (cs336sys's naive one ran, in both releases), and the writeup's tables hold
-    its rows, the implementation named where both were measured."""
-    from tests.user_repos import course_repo
-
+    attention (cs336sys's naive one ran, in both releases); without it, naive attention."""
     (run,) = {p.name: p for p in problems(year)}["pytorch_attention"].runs
     for on_gpu in (False, True):
         yours = run.args(on_gpu, yours=True)
         assert yours[yours.index("--attention") + 1] == (
             "yours=cs336_basics.model:scaled_dot_product_attention")
-        assert "naive" in run.args(on_gpu)
+        assert run.args(on_gpu)[run.args(on_gpu).index("--attention") + 1] == "naive"
+
+
+def test_pytorch_attentions_tables_hold_yours_and_naive(db_path, tmp_path, monkeypatch):
+    """The writeup's pytorch_attention tables took naive rows only: your attention's rows are
+    there too, the implementation naming each row where both were measured."""
+    from tests.user_repos import course_repo
+
     monkeypatch.chdir(course_repo(tmp_path))
     for yours in ([], ["--yours"]):
-        done = invoke("handout", "run", "pytorch_attention", "--year", year, *yours,
-                      "--db", db_path)
+        done = invoke("handout", "run", "pytorch_attention", *yours, "--db", db_path)
         assert done.exit_code == 0, done.output
     out = tmp_path / "w"
-    done = invoke("handout", "report", "pytorch_attention", "--year", year, "--format", "md",
-                  "--out", out, "--db", db_path)
+    done = invoke("handout", "report", "pytorch_attention", "--format", "md", "--out", out,
+                  "--db", db_path)
     assert done.exit_code == 0, done.output
     md = (out / "writeup.md").read_text()
+    assert "| d | impl | seq 128 | seq 256 |" in md, md
     assert "| naive |" in md and "| yours |" in md, md
 
 
