@@ -351,6 +351,37 @@ def test_run_sweep_refuses_points_of_another_experiment_before_storing_anything(
     assert query(db, "SELECT * FROM runs") == []
 
 
+def test_profile_specs_take_only_points_of_their_target():
+    """profile.specs("attention", model.specs(...)) was accepted: a model point to be run as
+    attention's. Each target takes its own experiment's points, in the command's words."""
+    from cs336sys.experiments import attention, profile
+    from cs336sys.sweep.points import SpecError
+
+    with pytest.raises(SpecError, match="profile 'attention' takes points of attention.specs"
+                                        r"\(\), not ModelSpec"):
+        profile.specs("attention", model.specs(size=["tiny"], seq=[8], device="cpu"))
+    with pytest.raises(SpecError, match="not AttentionSpec"):
+        profile.specs("model", attention.specs(impl="naive", seq=[16], device="cpu"))
+    (spec,) = profile.specs("model", model.specs(size=["tiny"], seq=[8], device="cpu"))
+    assert spec.point.size == "tiny"
+
+
+def test_plan_specs_take_the_command_lines_hardware_default_and_a_string():
+    """From Python, plan.specs without hardware refused ("give a preset or --measured")
+    where the command line plans an H100, and hardware="h100" looked up "h", "1", ..."""
+    from cs336sys.experiments import plan
+    from cs336sys.sweep.points import SpecError
+
+    def keys(**given):
+        return sorted({s.hardware for s in plan.specs(size="xl", strategy=["dp"], n=[4],
+                                                      **given)})
+
+    assert keys() == ["h100"]
+    assert keys(hardware="h100,b200") == keys(hardware=["b200", "h100"]) == ["b200", "h100"]
+    with pytest.raises(SpecError, match="did you mean 'h100'"):
+        keys(hardware="h10")
+
+
 def test_metric_table_reads_rows_units_and_continued_meanings():
     from cs336sys.sweep.declaration import Metric, metric_table, setting_columns
 

@@ -92,7 +92,7 @@ def specs(
     tokens: int | None = None,
     strategy: Iterable[str] | None = None,
     n: Iterable[Any] | None = None,
-    hardware: Iterable[Hardware] = (),
+    hardware: Iterable[Hardware | str] | str | None = None,
     d_model: int | None = None,
     d_ff: int | None = None,
     num_layers: int | None = None,

@@ -48,12 +48,20 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def listed_hardware(hardware: Iterable[Any]) -> list[tuple[str, Hardware]]:
-    """(key, Hardware) pairs: a preset key, or a Hardware (measured) keyed 'measured'."""
+def listed_hardware(hardware: Iterable[Any] | Any | None) -> list[tuple[str, Hardware]]:
+    """(key, Hardware) pairs: a preset key ("h100", or "h100,b200" as the command line
+    splits it; none given: h100, the command line's default), or a Hardware (measured) keyed
+    'measured'. An unknown key is a SpecError naming the presets."""
+    if hardware is None:
+        hardware = hardware_presets(None)
+    elif isinstance(hardware, str | Hardware):
+        hardware = [hardware]
     out = []
     for h in hardware:
-        out.append((h, HARDWARE[h]) if isinstance(h, str) else
-                   ("by-hand" if h.source.startswith("given by hand") else "measured", h))
+        if isinstance(h, str):
+            out += [(key, HARDWARE[key]) for key in hardware_presets([h])]
+        else:
+            out.append(("by-hand" if h.source.startswith("given by hand") else "measured", h))
     if not out:
         raise SpecError("--hardware: give a preset or --measured")
     return out

@@ -104,6 +104,11 @@ def specs(target: str, points: Iterable[ModelSpec | AttentionSpec], *, top: int 
     if top <= 0:
         raise SpecError(f"--top must be positive, got {top}")
     points = list(points)
+    takes = ModelSpec if target == "model" else AttentionSpec
+    for p in points:  # a model point profiled as attention ran neither as asked
+        if not isinstance(p, takes):
+            raise SpecError(f"profile {target!r} takes points of {target}.specs(), "
+                            f"not {type(p).__name__}")
 
     def trace_path(index: int) -> str | None:
         if trace is None:
