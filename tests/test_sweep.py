@@ -314,6 +314,11 @@ def test_specs_read_a_string_or_one_value_as_the_command_line_would():
     assert seqs(seq="128,256") == seqs(seq=[128, 256]) == [128, 256]
     assert {s.impl for s in attention.specs(impl="naive,sdpa", device="cpu")} == {"naive", "sdpa"}
     assert {s.size for s in model.specs(size="tiny", device="cpu")} == {"tiny"}
+    # a checkpoint list keeps groups:A,B whole; one string was read letter by letter
+    assert [s.checkpoint for s in model.specs(size="tiny", checkpoint="none,groups:2,2",
+                                              device="cpu")] == ["none", "groups:2,2"]
+    assert [s.checkpoint for s in model.specs(size="tiny", checkpoint="every:1",
+                                              device="cpu")] == ["every:1"]
 
 
 @pytest.mark.parametrize("given, said", [

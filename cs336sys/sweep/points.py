@@ -99,7 +99,10 @@ def listed(values: Iterable[Any] | Any, option: str, default: Iterable[Any] = ()
 
 def checkpoint_list(values: Iterable[Any] | None, option: str = "--checkpoint") -> list[str]:
     """`--checkpoint none,groups:14,14,6,sqrt` -> ['none', 'groups:14,14,6', 'sqrt']: the
-    block counts after `groups:` belong to it, not to the list."""
+    block counts after `groups:` belong to it, not to the list. From Python, one string is
+    a list of one (`checkpoint="every:1"`)."""
+    if isinstance(values, str):
+        values = [values]
     listed(values, option, ["none"])  # refuses an empty value
     out: list[str] = []
     tokens = [t.strip() for v in values or ["none"] for t in str(v).split(",") if t.strip()]
