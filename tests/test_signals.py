@@ -368,24 +368,24 @@ def test_a_signal_at_any_moment_ends_handout_run_with_what_it_stored(tmp_path, s
         assert int(last.split(": ", 1)[1].split()[0]) == stored, (again, err)
 
 
-def test_a_signal_is_told_apart_before_and_after_cs336sys_installs_its_handlers(tmp_path):
+def test_a_signal_is_told_apart_before_and_after_cs336sys_installs_its_handlers():
     """The moments' tests excuse a signal that came before cs336sys's first line: the excuse
-    must hold only there. A process that catches nothing reads as before; `precision
-    accumulate` once it has opened its store, as after (and it ends with 143, or 0 when it
-    had finished)."""
-    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    time.sleep(0.5)
+    must hold only there. A process that catches nothing reads as before; one past
+    stopping.install(), cs336sys's first line, as after."""
+    def ready(code: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", code + "\nprint('ready', flush=True)"
+                                 "\nimport time; time.sleep(30)"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL,
+                                text=True)
+        assert proc.stdout.readline() == "ready\n"
+        return proc
+
+    plain = ready("")
     assert signal_command(plain, signal.SIGTERM) is False
     assert plain.wait(timeout=10) == -signal.SIGTERM
-    db = tmp_path / "r.db"
-    proc = start(["precision", "accumulate"], db)
-    deadline = time.time() + 30
-    while not (tmp_path / "r.db").exists():  # its store opened: past the first line
-        assert time.time() < deadline and proc.poll() is None
-        time.sleep(0.01)
-    assert signal_command(proc, signal.SIGTERM) is True
-    proc.communicate(timeout=60)
-    assert proc.returncode in (0, 128 + signal.SIGTERM)
+    ours = ready("from cs336sys.sweep import stopping; stopping.install()")
+    assert signal_command(ours, signal.SIGTERM) is True
+    assert ours.wait(timeout=10) != 0  # Terminated raised (no command line around it)
 
 
 def test_the_moments_fall_in_their_strata_and_come_again_from_their_seed():
