@@ -98,14 +98,23 @@ def _hint(conn: sqlite3.Connection, error: str, query: str) -> str:
         return ""
 
 
+def _objects(conn: sqlite3.Connection) -> dict[str, str]:
+    """The store's tables and views, name -> 'table' or 'view', views first."""
+    return dict(conn.execute(
+        "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite_%' ORDER BY type DESC, name"))
+
+
+def _columns(conn: sqlite3.Connection, name: str) -> list[tuple[str, str]]:
+    """(column, declared type) of the table or view `name`."""
+    return list(conn.execute("SELECT name, type FROM pragma_table_info(?)", (name,)))
+
+
 def _where(conn: sqlite3.Connection, error: str, query: str) -> str:
-    objects = [name for (name,) in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-        "AND name NOT LIKE 'sqlite_%' ORDER BY type DESC, name")]
+    objects = _objects(conn)
     if error.startswith("no such column: "):
         column = error.removeprefix("no such column: ").rsplit(".", 1)[-1]
-        holding = [name for name in objects if column in
-                   {c for (c,) in conn.execute("SELECT name FROM pragma_table_info(?)", (name,))}]
+        holding = [name for name in objects if column in dict(_columns(conn, name))]
         if holding:
             runs = ("; the runs table keeps settings and metrics as JSON"
                     if re.search(r"\bruns\b", query, re.IGNORECASE) else "")
@@ -126,19 +135,14 @@ def _schema(db, view: str | None) -> None:
     except StoreError as exc:
         fail(exc)
     try:
-        def columns(name: str) -> list[tuple[str, str]]:
-            return [(c[1], c[2]) for c in conn.execute(f'PRAGMA table_info("{name}")')]
-
-        objects = dict(conn.execute(
-            "SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') "
-            "AND name NOT LIKE 'sqlite_%' ORDER BY type DESC, name"))
+        objects = _objects(conn)
         experiments = {e.view: e for e in catalog()}
         if view is None:
             rows = []
             for name, kind in objects.items():
                 exp = experiments.get(name)
                 what = f"experiment {exp.kind}" if exp else kind
-                rows.append((name, what, len(columns(name))))
+                rows.append((name, what, len(_columns(conn, name))))
             typer.echo(table(rows, ["name", "what", "columns"]))
             typer.echo("cs336sys sql --schema NAME lists the columns of one.", err=True)
             return
@@ -148,7 +152,7 @@ def _schema(db, view: str | None) -> None:
             fail(f"--schema: no view or table {view!r} in {db}{hint}; see cs336sys sql --schema")
         meanings = column_meanings(experiments[view]) if view in experiments else {}
         rows = [(name, meanings.get(name, ("", ""))[0], meanings.get(name, ("", ""))[1] or sqltype)
-                for name, sqltype in columns(view)]
+                for name, sqltype in _columns(conn, view)]
         typer.echo(table(rows, ["column", "unit", "meaning"]))
     finally:
         conn.close()
