@@ -34,6 +34,7 @@ class Bar:
         self.step = ""  # "step 3/15" (or "backward step 3/15") inside it
         self._last = self._began = 0.0
         self._hook: Any = None
+        self._phase: Callable[[], str] = str  # measure/progress.current_phase, from start()
         self._stop: Any = None  # ends the heartbeat thread (off a terminal)
 
     def _name(self, spec: Any) -> str:
@@ -42,8 +43,9 @@ class Bar:
     def start(self, experiment: Any, total: int) -> None:
         if not self.on:
             return
-        from cs336sys.measure.progress import on_step
+        from cs336sys.measure.progress import current_phase, on_step
 
+        self._phase = current_phase
         self.total = total
         if self.tty:
             self.bar = typer.progressbar(
@@ -97,9 +99,7 @@ class Bar:
         now = time.monotonic()
         if point is not None and point is not self.current:
             self.current, self._last = point, now
-        from cs336sys.measure.progress import current_phase
-
-        self.step = f"{current_phase()} step {done}/{total}".lstrip()
+        self.step = f"{self._phase()} step {done}/{total}".lstrip()
         if self.bar is not None:
             if now - self._last >= 0.1 or done == total:
                 self._last = now

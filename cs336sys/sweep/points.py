@@ -81,16 +81,22 @@ def positive_sizes(**given: int | None) -> dict[str, int | None]:
 MAX_SEED = 2**62  # seeds are offset per rank and for the data: stay inside torch's 64 bits
 
 
+def _given(values: Iterable[Any] | Any) -> list[Any]:
+    """A list option's values as given from Python: one value (a string included) is a
+    list of one, never the characters of "128"."""
+    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
+        return [values]
+    return list(values)
+
+
 def listed(values: Iterable[Any] | Any, option: str, default: Iterable[Any] = ()) -> list[Any]:
     """A list option's items; `default` when it was not given. Given but empty (`--size ""`)
     is a SpecError: an empty value must not quietly mean the default. From Python, one value
     is a list of one and a string is split as the command line splits it: `seq="128,256"`
-    and `seq=128` are `seq=[128, 256]` and `seq=[128]`, never the characters of "128"."""
+    and `seq=128` are `seq=[128, 256]` and `seq=[128]`."""
     if values is None:
         return list(default)
-    if isinstance(values, str | bytes) or not isinstance(values, Iterable):
-        values = [values]
-    values = list(values)
+    values = _given(values)
     # str.strip: any Unicode space (a non-breaking one pasted from a web page, say) is blank
     if not values or any(not str(v).replace(",", " ").strip() for v in values):
         raise SpecError(f"{option}: empty value; give at least one")
@@ -101,11 +107,10 @@ def checkpoint_list(values: Iterable[Any] | None, option: str = "--checkpoint") 
     """`--checkpoint none,groups:14,14,6,sqrt` -> ['none', 'groups:14,14,6', 'sqrt']: the
     block counts after `groups:` belong to it, not to the list. From Python, one string is
     a list of one (`checkpoint="every:1"`)."""
-    if isinstance(values, str):
-        values = [values]
-    listed(values, option, ["none"])  # refuses an empty value
+    values = ["none"] if values is None else _given(values)
+    listed(values, option)  # refuses an empty value
     out: list[str] = []
-    tokens = [t.strip() for v in values or ["none"] for t in str(v).split(",") if t.strip()]
+    tokens = [t.strip() for v in values for t in str(v).split(",") if t.strip()]
     for token in tokens:
         if token.isdigit() and out and out[-1].startswith("groups:"):
             out[-1] += "," + token
