@@ -176,6 +176,7 @@ def pytest_configure(config):
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
         torch.set_num_threads(max(1, (cores or 1) // workers))
 
+
 # A model small enough that a CLI sweep point takes milliseconds on a CPU.
 MICRO = [
     "--size",

@@ -20,8 +20,6 @@ pytestmark = pytest.mark.unrasterized
 rows = view_rows('model_runs')
 
 
-
-
 def test_version():
     result = invoke("--version")
     assert result.exit_code == 0 and result.stdout.strip() == f"cs336sys {__version__}"

@@ -21,7 +21,6 @@ runner = CliRunner()
 rows = view_rows('comm_runs')
 
 
-
 @pytest.mark.parametrize(
     "text, n",
     [("1MB", 10**6), ("10MB", 10**7), ("1GB", 10**9), ("1.5KB", 1500), ("4KiB", 4096),

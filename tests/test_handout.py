@@ -107,7 +107,6 @@ def test_listing_names_every_problem_and_its_status(db_path):
     assert "2025 handout: 21 problems" in r.stdout and "--handout 2025" not in r.stdout
 
 
-
 def test_listing_prints_the_commands_that_measured_what_is_stored(db_path):
     """After `handout run --yours`, a problem measured on the user's model lists the commands
     on their model (to rerun it, at the handout's sizes, by hand); the others list ours."""
@@ -128,6 +127,7 @@ def test_listing_prints_the_commands_that_measured_what_is_stored(db_path):
     assert "(your code)" in next(x for x in lines if x.startswith("benchmarking_script "))
     assert commands("benchmarking_script")[0].startswith("  $ cs336sys model --model cs336_basics ")
     assert commands("nsys_profile")[0].startswith("  $ cs336sys profile model --size ")
+
 
 @pytest.mark.parametrize("args, says", [
     (["handout", "run"], "give --all"),
@@ -254,7 +254,6 @@ def test_a_setting_the_shape_leaves_out_joins_the_rows():
     assert t.rows == [["tiny (512×4)", "fp32", "1", "2"], ["tiny (512×4)", "bf16", "3", ""]]
 
 
-
 @pytest.mark.parametrize("year, mode, phases", [("2026", "train", ["forward", "backward", "optimizer"]),
                                                ("2025", "forward-backward", ["forward", "backward"])])
 def test_the_warmup_table_repeats_every_phase_the_handout_times(year, mode, phases):
@@ -282,6 +281,7 @@ def test_fsdp_rows_say_their_optimizer_state_is_sharded_with_the_parameters():
     assert [r[:2] for r in t.rows] == [["overlap", "not sharded"], ["overlap", "sharded (ours)"],
                                        ["fsdp", "sharded (FSDP)"],
                                        ["yours-fsdp", "sharded (FSDP)"]]
+
 
 # -- end to end -------------------------------------------------------------------------------
 
@@ -471,8 +471,8 @@ def test_every_plan_command_computes(db_path, year):
     for args in commands:
         r = invoke(*args, "--db", db_path)
         assert r.exit_code == 0, (args, r.output)
-    assert query(db_path, "SELECT status, count(*) AS n FROM runs GROUP BY status") == [
-        {"status": "ok", "n": sum(1 for _ in query(db_path, "SELECT id FROM runs"))}]
+    statuses = [r["status"] for r in query(db_path, "SELECT status FROM runs")]
+    assert statuses and set(statuses) == {"ok"}, statuses
 
 
 def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected(

@@ -20,8 +20,6 @@ pytestmark = pytest.mark.unrasterized
 rows = view_rows('memory_runs')
 
 
-
-
 # -- the tracker ---------------------------------------------------------------------------
 
 

@@ -4,12 +4,19 @@ what a later Python added. vermin reads the sources for it; `from datetime impor
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_trees() -> list[tuple[str, ast.Module]]:
+    """(path from the root, parsed module) of every module of the package."""
+    return [(str(path.relative_to(ROOT)), ast.parse(path.read_text()))
+            for path in sorted((ROOT / "cs336sys").rglob("*.py"))]
 
 
 def test_no_module_needs_a_newer_python_than_requires_python():
@@ -27,24 +34,17 @@ def test_no_sql_binds_a_sequence_to_numbered_placeholders():
     """The newest Pythons too: sqlite3 warns from 3.12 and refuses from 3.14 a sequence bound
     to numbered placeholders (`?1`), which `report --compare` had; plain `?` it binds in
     order on every version."""
-    import ast
-
     numbered = re.compile(r"\?\d")
-    found = []
-    for path in sorted((ROOT / "cs336sys").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                    and re.search(r"\b(SELECT|INSERT|UPDATE|DELETE)\b", node.value)
-                    and numbered.search(node.value)):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    found = [f"{path}:{node.lineno}" for path, tree in package_trees() for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and re.search(r"\b(SELECT|INSERT|UPDATE|DELETE)\b", node.value)
+             and numbered.search(node.value)]
     assert found == []
 
 
 def _loops_in_handled_blocks(tree) -> list[int]:
     """Lines of `while cond:` loops (not `while True:`) inside a try or with block of their
     own function."""
-    import ast
-
     found = []
 
     def walk(node, handled: bool) -> None:
@@ -76,12 +76,8 @@ def test_no_loop_tests_its_condition_inside_a_try_of_its_own_frame():
     (or with) around the loop in the same function, its except, finally or __exit__ skipped
     (CPython issue 130279: 15 of 30 runs under load on 3.13.0 with a one-call body). Such a
     loop is written `while True:` with `if not cond: break`, which 3.13 handles."""
-    import ast
-
-    found = []
-    for path in sorted((ROOT / "cs336sys").rglob("*.py")):
-        found += [f"{path.relative_to(ROOT)}:{line}"
-                  for line in _loops_in_handled_blocks(ast.parse(path.read_text()))]
+    found = [f"{path}:{line}" for path, tree in package_trees()
+             for line in _loops_in_handled_blocks(tree)]
     assert found == []
     sample = ast.parse("def f():\n    try:\n        while x:\n            y()\n    finally:\n"
                        "        z()\n    with a:\n        while True:\n            break\n")

@@ -225,7 +225,6 @@ def test_the_warmup_plot_says_which_series_it_leaves_out():
     assert next(f for f in sec.figures if f.name == "model-warmup").note == ""
 
 
-
 def test_the_warmup_effect_has_the_point_without_warm_up():
     """benchmarking_script (c): without warm-up the first step is a timed one, in the table
     and the plot beside the points that warmed up; a point that warmed up and kept no
@@ -247,6 +246,7 @@ def test_the_warmup_effect_has_the_point_without_warm_up():
     lines = next(f for f in sec.figures if f.name == "model-warmup").plot.panels[""]
     assert lines["small T=128 B=4 train fp32 warmup=0"] == [(1, 40.0), (2, 10.0), (3, 10.0)]
     assert len(lines["small T=128 B=4 train fp32 warmup=1"]) == 4
+
 
 def test_the_bucket_plot_is_in_mib_and_names_the_series_it_leaves_out(rendered):
     rep, html, _ = rendered
@@ -643,7 +643,6 @@ def test_latex_and_typst_carry_the_comparison_and_the_points_that_failed(tmp_pat
     assert any(p.name == "compare-1." + ext for p in paths)  # the verdicts' own table file
 
 
-
 def test_long_headers_stack_so_a_wide_table_stays_legible(tmp_path):
     """The writeup's table by warm-up steps has 13 columns headed like "0 warm-up: optimizer
     ms". On one line each, LaTeX's adjustbox shrank it to a sliver and Typst ran the headers
@@ -675,6 +674,7 @@ def test_long_headers_stack_so_a_wide_table_stays_legible(tmp_path):
     import typst  # a dev requirement (pyproject.toml)
 
     assert typst.compile(str(tmp_path / "r.typ"))[:4] == b"%PDF"
+
 
 def test_ddp_memory_by_moment_marks_a_point_whose_check_failed():
     """A user's DDP that failed its check keeps its memory rows, each value marked, as the

@@ -235,10 +235,13 @@ def signal_command(proc: subprocess.Popen, sig: int) -> bool:
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
-def before_cs336sys(proc: subprocess.Popen, sig: int, db: Path, again: str) -> None:
-    """A signal sent before cs336sys's first line: the process ended by it, nothing stored."""
+def before_cs336sys(proc: subprocess.Popen, sig: int, db: Path, again: str,
+                    below: set[int] = frozenset()) -> None:
+    """A signal sent before cs336sys's first line: the process ended by it, nothing stored,
+    nothing left running (`below`: its processes when the signal was sent)."""
     assert proc.returncode in (-sig, 128 + sig), (again, proc.returncode)
     assert not stored_runs(db), again
+    gone_within(set(below) | descendants(proc.pid), 10.0)
 
 
 def stored_runs(db: Path) -> list:
@@ -313,8 +316,7 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     _, err = proc.communicate(timeout=60)
     again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
     if not ours:
-        before_cs336sys(proc, sig, db, again)
-        gone_within(below | descendants(proc.pid), 10.0)
+        before_cs336sys(proc, sig, db, again, below)
         return
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err and "leaked semaphore" not in err, (again, err)

@@ -13,13 +13,12 @@ import pytest
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 
-# The loops that spin until a signal test their condition inside the body: on Python 3.13
-# a KeyboardInterrupt raised as `while cond: pass` tests `cond` escapes the try around it
-# (CPython issue 130279; 22 of 30 runs under load on 3.13.0, none on 3.12).
-
-
 def run(body: str) -> subprocess.CompletedProcess:
-    """`body` in a fresh Python with cs336sys's handlers installed, as cs336sys runs."""
+    """`body` in a fresh Python with cs336sys's handlers installed, as cs336sys runs.
+
+    A body that spins until a signal tests its condition inside the loop: on Python 3.13 a
+    KeyboardInterrupt raised as `while cond: pass` tests `cond` escapes the try around it
+    (CPython issue 130279; 22 of 30 runs under load on 3.13.0, none on 3.12)."""
     source = "import os, signal, sys\nfrom cs336sys.sweep import stopping\nstopping.install()\n"
     return subprocess.run([sys.executable, "-c", source + textwrap.dedent(body)],
                           capture_output=True, text=True, timeout=60)
@@ -36,7 +35,6 @@ def test_a_signal_in_an_atexit_handler_after_the_command_is_noted_not_raised():
         stopping.done(0)
     """)
     assert (out.returncode, out.stderr) == (0, "the handler ran to its end\n")
-
 
 
 def test_a_signal_while_a_class_is_made_at_start_up_ends_the_command_by_it():
@@ -65,6 +63,7 @@ def test_a_signal_while_a_class_is_made_at_start_up_ends_the_command_by_it():
                          timeout=60)
     assert out.returncode == 143, out.stderr
     assert out.stderr == "Terminated (SIGTERM): this command stored nothing\n", out.stderr
+
 
 def test_a_second_signal_after_the_command_ends_the_process_as_by_default():
     """In case the exit hangs: the first signal is noted, the next one ends it."""
@@ -181,7 +180,7 @@ def test_a_signal_inside_a_native_import_raises_once_the_import_is_done(tmp_path
         t0 = time.monotonic()
         try:
             import slow_part
-            while True:  # the rest of a point: no check() in it (a spin: see above run())
+            while True:  # the rest of a point: no check() in it (a spin: see run())
                 if time.monotonic() - t0 >= 8:
                     break
             print("ran to the end")
@@ -208,7 +207,7 @@ def test_a_signal_in_a_callback_the_collector_runs_is_raised_again_not_printed()
         t0 = time.monotonic()
         try:
             del thing  # the callback runs here, and the handler raises inside it
-            while True:  # a spin (see above run())
+            while True:  # a spin (see run())
                 if time.monotonic() - t0 >= 8:
                     break
             print("ran on")

@@ -65,7 +65,6 @@ def test_git_info_commit_and_dirty_flag(tmp_path):
     assert provenance.git_info(tmp_path) == {"git_commit": head, "git_dirty": 1}
 
 
-
 def test_git_info_never_writes_the_index(tmp_path):
     """`git status` refreshes a stale index and writes it back under .git/index.lock; a
     Ctrl-C meanwhile had subprocess.run kill git, which left the lock in the user's checkout
@@ -81,6 +80,7 @@ def test_git_info_never_writes_the_index(tmp_path):
     before = (index.read_bytes(), index.stat().st_mtime_ns)
     assert provenance.git_info(tmp_path)["git_dirty"] == 0
     assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
 
 def test_git_info_outside_a_checkout_is_null(tmp_path):
     assert provenance.git_info(tmp_path) == {"git_commit": None, "git_dirty": None}

@@ -421,7 +421,6 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     assert last["check_optimizer_err"] < 1e-5
 
 
-
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_on_the_device_your_model_and_adamw_are_checked_before_they_are_timed(
         tmp_path, monkeypatch, device):
@@ -443,6 +442,7 @@ def test_on_the_device_your_model_and_adamw_are_checked_before_they_are_timed(
     for r in rows:
         assert abs(r["check_loss"] - r["check_loss_ours"]) <= 1e-4 * r["check_loss_ours"]
     assert rows[0]["check_optimizer_err"] < 1e-5 < 1 < rows[1]["check_optimizer_err"]
+
 
 @pytest.mark.slow  # starts ranks
 def test_step_and_ddp_take_your_adamw_checked_on_one_rank_and_two(tmp_path, monkeypatch):

@@ -70,7 +70,6 @@ from cs336sys.report.select import (
 __all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "method", "sides"]
 
 
-
 def method(threshold: float = THRESHOLD) -> str:
     """The rule, in words, for the report."""
     pct = f"{100 * threshold:g}%"
@@ -82,7 +81,6 @@ def method(threshold: float = THRESHOLD) -> str:
         f"run a side it takes the raw samples, which cannot see that drift. Memory in bytes "
         f"is one reading per run: the {pct} threshold alone decides."
     )
-
 
 
 def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
