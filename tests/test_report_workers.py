@@ -72,3 +72,27 @@ def test_a_report_stopped_while_its_workers_start_leaves_none(tmp_path, fixture_
     assert proc.returncode in (0, 130 if to_the_job else 143), err
     assert "Traceback" not in err, err
     gone_within(workers, 10.0)
+
+
+# A worker whose start is slow: the command's SIGTERM (Pool.terminate) reaches it before its
+# own handlers are set, as it did when a Ctrl-C came just after the workers were forked.
+_SLOW_START = """
+import time
+from cs336sys.report import drawer
+
+start = drawer._start_worker
+drawer._start_worker = lambda command: (time.sleep(1.0), start(command))
+drawer.Drawer(start=True)._stop()
+print("stopped")
+"""
+
+
+@pytest.mark.promise(SIGNALS)
+def test_a_worker_told_to_end_before_its_handlers_are_set_still_ends():
+    """Pool.terminate's SIGTERM met the handler a worker inherits, which only notes it (the
+    command's, held while it forks): the worker lived on idle, and the command stopped by a
+    Ctrl-C waited for it for ever (2 runs in 25 of the test above). Each worker now starts
+    with both signals blocked, and one sent early ends it once its handlers are set."""
+    out = subprocess.run([sys.executable, "-c", _SLOW_START], capture_output=True, text=True,
+                         timeout=20)
+    assert out.returncode == 0 and out.stdout.strip() == "stopped", out.stderr

@@ -30,6 +30,8 @@ from cs336sys.measure.landing import held
 from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.report.plots import Bars, Plot, Ranked, Strips, import_matplotlib
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
 
 class Drawer:
     """Draws plots in a pool of forked workers, or here (see the module)."""
@@ -42,9 +44,17 @@ class Drawer:
 
             context = multiprocessing.get_context("fork")
             try:
-                with held():  # a worker starts with a handler that only notes a signal
-                    self._pool = context.Pool(cores, initializer=_start_worker,
-                                              initargs=(os.getpid(),))
+                # A worker starts with the command's handlers, and one that only notes a
+                # signal: Pool.terminate's SIGTERM, sent before the worker set its own, was
+                # noted and lost, and the command waited for it for ever. So each worker
+                # starts with both signals blocked, pending until _start_worker has set them.
+                with held():
+                    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+                    try:
+                        self._pool = context.Pool(cores, initializer=_start_worker,
+                                                  initargs=(os.getpid(),))
+                    finally:
+                        signal.pthread_sigmask(signal.SIG_SETMASK, before)
             except BaseException:  # a signal, delivered as the workers started
                 self._stop()
                 raise
@@ -80,6 +90,7 @@ def _start_worker(command: int) -> None:
     (Pool.terminate sends it), and ended with the command (see the module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # a SIGTERM already sent ends it here
     end_with_parent()
     if os.getppid() != command:  # the command ended before the line above
         os._exit(1)
