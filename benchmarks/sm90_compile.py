@@ -5,7 +5,8 @@ and stores are, and the Hopper instructions in it.
     python benchmarks/sm90_compile.py [--only attention,atomic-dq,forward,warp-specialize,
                                        adamw,ce] [--json]
                                       [--head-dims 64,128]   # atomic-dq's, warp-specialize's
-                                      [--rotate N]   # atomic-dq: a variant per config
+                                      [--rotate N]   # atomic-dq: a variant per config;
+                                                     # warp-specialize: a config per kernel
     PYTHONPATH=<a Triton 3.6 install> python benchmarks/sm90_compile.py   # the GPU hosts'
 
 Each kernel is specialised as its launcher would be at a large shape (pointers and the
@@ -208,15 +209,17 @@ def forward_opt_in_builds():
                               warps, stages))
 
 
-def warp_specialize_builds(head_dims=(64, 128)):
+def warp_specialize_builds(head_dims=(64, 128), rotate: int | None = None):
     """The warp-specialised kernels (WARP_SPECIALIZE, TMA build: forward, dK/dV) at every
     config their pruners keep (bf16, causal, long sequences): meant to split into warp groups
-    (more warps than asked, setmaxnreg) without a spill."""
+    (more warps than asked, setmaxnreg) without a spill. With `rotate`, one config of each
+    kernel and head dim, the n-th kept one for n = rotate (modulo their number)."""
     from cs336sys.attention import flash_triton_tuning as tuning
 
     for name, pointers in (("fwd", FWD), ("dkdv", DKDV)):
         for d in head_dims:
-            for cfg in tuning.kept_configs(f"{name}_ws_tma", tuning.call_args(d, 16384)):
+            kept = list(tuning.kept_configs(f"{name}_ws_tma", tuning.call_args(d, 16384)))
+            for cfg in kept if rotate is None else kept[rotate % len(kept):][:1]:
                 tiles = cfg.kwargs
                 c = dict(HEAD_DIM=d, BLOCK_D=d, IS_CAUSAL=True, PRECISION="tf32",
                          UPCAST_DOT=False, ROUND_BF16=False, TMA=True, WARP_SPECIALIZE=True,
@@ -299,7 +302,8 @@ def main() -> int:
     parser.add_argument("--head-dims", default="64,128",
                         help="the atomic-dq and warp-specialize candidates' head dims")
     parser.add_argument("--rotate", type=int, default=None,
-                        help="atomic-dq: each config in one variant, rotated by this number")
+                        help="atomic-dq: each config in one variant, rotated by this number; "
+                             "warp-specialize: one config of each kernel, the one this picks")
     args = parser.parse_args()
     groups = args.only.split(",")
     if not set(groups) <= set(GROUPS):
@@ -315,7 +319,7 @@ def main() -> int:
     if not args.json:
         print(f"triton {triton.__version__}, sm_90")
     builds = {**GROUPS, "atomic-dq": lambda: atomic_dq_builds(head_dims, args.rotate),
-              "warp-specialize": lambda: warp_specialize_builds(head_dims)}
+              "warp-specialize": lambda: warp_specialize_builds(head_dims, args.rotate)}
     failed = 0
     for group in groups:
         for label, build in builds[group]():
