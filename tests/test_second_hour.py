@@ -109,9 +109,12 @@ def test_every_help_example_is_one_line_that_its_command_parses(monkeypatch):
 
 
 def test_the_printed_table_fits_the_terminal_and_wide_keeps_every_column(db_path, monkeypatch):
+    """Cut to fit, every part of a table is led by the settings that tell its rows apart:
+    the parts after the first were led by the first column only, so that two rows of one
+    batch size and two sequence lengths read as the same point twice."""
     monkeypatch.setenv("COLUMNS", "60")
-    args = ["model", *micro(warmup=0), "--seq", "8,16", "--mode", "forward", "--iters",
-            "2"]
+    args = ["model", *micro(warmup=0, batch=1), "--batch", "1,2", "--seq", "8,16", "--mode",
+            "forward", "--iters", "2"]
     narrow = invoke(*args, "--db", db_path)
     assert narrow.exit_code == 0, narrow.output
     lines = narrow.stdout.splitlines()
@@ -119,8 +122,13 @@ def test_the_printed_table_fits_the_terminal_and_wide_keeps_every_column(db_path
     at = next(i for i, x in enumerate(lines) if x.startswith("Same in every row: "))
     same = " ".join(lines[at:at + 3])
     assert "size=tiny" in same and "mode=forward" in same and "status=ok" in same
-    headers = [x.split() for x in lines if x.startswith("seq ")]
-    assert len(headers) > 1  # cut between columns, each part led by the column telling rows apart
+    starts = [i for i, x in enumerate(lines) if lines[i + 1:i + 2] and lines[i + 1].startswith("---")]
+    headers = [lines[i].split() for i in starts]
+    assert len(headers) > 1  # cut between columns, each part led by the columns telling rows apart
+    for i in starts:
+        assert lines[i].split()[:2] == ["seq", "batch"], lines[i]
+        keys = [tuple(row.split()[:2]) for row in lines[i + 2:i + 6]]
+        assert sorted(keys) == [("16", "1"), ("16", "2"), ("8", "1"), ("8", "2")], lines[i:i + 6]
     wide = invoke(*args, "--wide", "--db", db_path)
     assert wide.exit_code == 0, wide.output
     assert "Same in every row" not in wide.stdout

@@ -57,6 +57,9 @@ class FilledTable:
     # Settings that are the same in every row, lifted out of the columns into one line
     # above the table ("ctx=512, batch=4"), so a wide table keeps only what tells rows apart.
     constant: str = ""
+    # The columns that tell rows apart (GPU, settings): a table cut to fit a terminal repeats
+    # them in every part. Empty: the first column.
+    key: list[int] = field(default_factory=list)
 
 
 @dataclass

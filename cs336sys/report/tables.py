@@ -247,12 +247,17 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(DRIFT_NOTE)
     t.title, t.note = declared.title, " ".join(n for n in notes if n)
+    # gpu, the settings (not the status) and "other settings" tell the rows apart
+    identifies = ([True] * at + [c.setting and c is not _STATUS for c in columns]
+                  + [False] * counts + [True] * (len(t.headers) - at - len(heads)))
     if lift and len(t.rows) > 1:
         same = [at + i for i, c in enumerate(columns) if c.setting
                 and len({row[at + i] for row in t.rows}) == 1]
         t.constant = ", ".join(f"{t.headers[i]}={t.rows[0][i]}" for i in same if t.rows[0][i])
         t.headers = [h for i, h in enumerate(t.headers) if i not in same]
         t.rows = [[c for i, c in enumerate(row) if i not in same] for row in t.rows]
+        identifies = [k for i, k in enumerate(identifies) if i not in same]
+    t.key = [i for i, k in enumerate(identifies) if k]
     return t
 
 
@@ -272,14 +277,14 @@ def as_text(tables: list[FilledTable], width: int | None = None) -> str:
     """Tables as aligned text for a terminal: the title above each, then the settings every
     row shares (`constant`), the table, its note. With `width`, a table wider than that is
     cut between columns, never inside a cell, into parts that each fit, every part starting
-    with the table's first column so its rows can be told apart."""
+    with the columns that tell its rows apart (`key`: impl and seq, not impl alone)."""
     parts = []
     for t in tables:
         lines = [t.title] if t.title else []
         if t.constant:
             same = f"Same in every row: {t.constant}"
             lines.append(textwrap.fill(same, width, break_on_hyphens=False) if width else same)
-        lines.append("\n\n".join(_blocks(t.headers, t.rows, width)))
+        lines.append("\n\n".join(_blocks(t.headers, t.rows, width, t.key)))
         if t.note:
             lines.append(textwrap.fill(t.note, width, break_on_hyphens=False) if width else t.note)
         parts.append("\n".join(lines))
@@ -292,19 +297,23 @@ def _render(headers: list[str], rows: list[list[str]]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-def _blocks(headers: list[str], rows: list[list[str]], width: int | None) -> list[str]:
-    """The table as one text block, or as several of at most `width` columns (of text)."""
+def _blocks(headers: list[str], rows: list[list[str]], width: int | None,
+            key: list[int]) -> list[str]:
+    """The table as one text block, or as several of at most `width` columns (of text), each
+    led by the `key` columns (the first column where there are none)."""
     whole = _render(headers, rows)
     if width is None or len(headers) < 2 or max(map(len, whole.splitlines())) <= width:
         return [whole]
+    key = [i for i in key if i < len(headers)] or [0]
 
     def fits(columns: list[int]) -> bool:
         block = _render([headers[i] for i in columns], [[r[i] for i in columns] for r in rows])
         return max(map(len, block.splitlines())) <= width
 
-    groups: list[list[int]] = [[0]]
-    for i in range(1, len(headers)):
-        if len(groups[-1]) > 1 and not fits([*groups[-1], i]):
-            groups.append([0])
+    groups: list[list[int]] = [[]]
+    for i in (i for i in range(len(headers)) if i not in key):
+        if groups[-1] and not fits([*key, *groups[-1], i]):
+            groups.append([])
         groups[-1].append(i)
-    return [_render([headers[i] for i in g], [[r[i] for i in g] for r in rows]) for g in groups]
+    return [_render([headers[i] for i in key + g], [[r[i] for i in key + g] for r in rows])
+            for g in groups]
