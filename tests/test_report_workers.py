@@ -82,7 +82,9 @@ from cs336sys.report import drawer
 
 start = drawer._start_worker
 drawer._start_worker = lambda command: (time.sleep(1.0), start(command))
-drawer.Drawer(start=True)._stop()
+pool = drawer.Drawer(start=True)
+assert pool._pool is not None, "no workers forked (one core?)"
+pool._stop()
 print("stopped")
 """
 
