@@ -222,7 +222,10 @@ def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
     assert inv["user_commit"] == git(repo, "rev-parse", "HEAD") and inv["adapters"] is None
     for bad, why in (("mine=cs336_systems.flash_attention:F", "named yours or yours-"),
                      ("yours=cs336_systems.flash_attention", "package.module:Object"),
-                     ("yours=cs336_systems.nothing:F", "No module named 'cs336_systems.nothing'")):
+                     ("yours=cs336_systems.nothing:F", "No module named 'cs336_systems.nothing'"),
+                     # the second replaced the first, which was never measured
+                     (f"{target},yours=cs336_systems.flash_attention:FlashAttentionTriton",
+                      "yours is given two targets")):
         result = invoke("attention", "--impl", bad, *SMALL, "--db", tmp_path / "other.db")
         assert result.exit_code == 2 and why in result.stderr, (bad, result.stderr)
     assert not (tmp_path / "other.db").exists()

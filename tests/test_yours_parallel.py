@@ -149,3 +149,8 @@ def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
     assert "RuntimeError: rank 1 lost its gradients" in failed["error"]
     assert "cs336_systems/ddp.py" in failed["error"]  # the traceback names the user's file
     assert (ours["impl"], ours["status"]) == ("flat", "ok")
+    # one name, two targets: the second replaced the first, which was never measured
+    twice = "yours=cs336_systems.ddp:NaiveDDP,yours=cs336_systems.ddp:BucketedDDP"
+    result = invoke("ddp", "--impl", twice, *SMALL, "--db", tmp_path / "other.db")
+    assert result.exit_code == 2 and "yours is given two targets" in result.stderr, result.output
+    assert not (tmp_path / "other.db").exists()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.sweep.points import SpecError
 from cs336sys.yours.implementations import call_adapter, load_target, named_impls
 
 
@@ -86,6 +87,10 @@ def user_impls(given: list[str], ours: list[str], option: str = "--impl") -> lis
     """The --impl list with the user's implementations: a one-off `NAME=package.module:Class`
     is an FSDP when NAME has `fsdp` in it, else a DDP wrapper; `ours` are the built-in
     implementations' names; `option` is the one a refusal names."""
+    try:
+        yours.one_target_each(given, option)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     out: list[str] = []
     for value in given:
         name, sep, _ = value.partition("=")

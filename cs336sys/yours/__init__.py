@@ -117,9 +117,23 @@ def names(kind: str) -> list[str]:
     return [*entries(kind), *(n for n in _targets().get(kind, {}) if n not in entries(kind))]
 
 
+def one_target_each(values: Iterable[str], option: str) -> None:
+    """ValueError (naming `option`) where one list gives a NAME two targets: the second
+    registration replaced the first, whose point was never measured."""
+    seen: dict[str, str] = {}
+    for value in values:
+        name, sep, where = (part.strip() for part in value.partition("="))
+        if sep and seen.setdefault(name, where) != where:
+            raise ValueError(f"{option}: {name} is given two targets, {seen[name]} and {where}; "
+                             f"give each a name of its own ({PREFIX}-NAME=package.module:Object)")
+
+
 def user_names(values: Iterable[str], kind: str, option: str) -> list[str]:
     """A list option's items with `NAME=package.module:Object` items registered for `kind`
-    and replaced by NAME; ValueError (naming `option`) for a malformed one."""
+    and replaced by NAME; ValueError (naming `option`) for a malformed one, or for a NAME
+    given two targets."""
+    values = list(values)
+    one_target_each(values, option)
     out = []
     for value in values:
         name, sep, where = value.partition("=")
