@@ -407,6 +407,33 @@ def test_report_has_the_plan_section(db_path, tmp_path):
     assert "Step time against degree" in md
 
 
+def test_the_printout_fits_the_terminal_each_part_led_by_what_tells_rows_apart(db_path,
+                                                                              monkeypatch):
+    """plan printed every table in one piece, 200 columns wide on an 80-column terminal, and
+    its shared settings twice (in the title and on the line under it). Cut, each part of
+    the all-reduce table is led by GPU, model and N: three rows of one GPU read alike
+    under GPU alone. --wide keeps one piece, as on the measuring commands."""
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["plan", "--strategy", "dp,tp", "--n", "2,4"]
+    r = invoke(*args, "--hardware", "h100,b200", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert r.stdout.count("hardware=") == 0  # two GPUs: a column, not a shared setting
+    heads = [lines[i] for i in range(len(lines) - 1) if lines[i + 1].startswith("---")]
+    by_algorithm = [h for h in heads if h.startswith("GPU ")]
+    assert len(by_algorithm) > 1
+    assert all(h.split()[:3] == ["GPU", "model", "N"] for h in by_algorithm)
+    planned = [h for h in heads if h.startswith("hardware ")]  # the time and memory tables
+    assert len(planned) > 2 and all(len(h) <= 80 for h in planned)
+    assert all(h.split()[:3] == ["hardware", "strategy", "N"] for h in planned)
+    one = invoke(*args, "--hardware", "h100", "--db", db_path)
+    assert one.stdout.count("hardware=H100 SXM 80GB") == 2  # time and memory, once each
+    wide = invoke(*args, "--hardware", "h100,b200", "--wide", "--db", db_path)
+    assert wide.exit_code == 0, wide.output
+    (time_head,) = [x for x in wide.stdout.splitlines() if "compute ms" in x]
+    assert "all-reduce ms" in time_head and "N max (FFN)" in time_head
+
+
 # -- the 2025 handout's XXL and the Scaling Book's mesh ---------------------------------------
 
 

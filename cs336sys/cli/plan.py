@@ -17,10 +17,12 @@ from cs336sys.cli.common import (
     check_db,
     fail,
     run_experiment,
+    terminal_width,
 )
 from cs336sys.cli.options import (
     Handout,
     Label,
+    Wide,
     list_option,
     option,
     options_of,
@@ -77,6 +79,7 @@ def plan(
                       "--mesh-axes") = None,
     handout: Handout = None,
     label: Label = None,
+    wide: Wide = False,
     db: DbOption = DEFAULT_DB,
     **shape: Any,
 ) -> None:
@@ -103,7 +106,7 @@ def plan(
                    **shape)
     run_experiment(exp.EXPERIMENT, specs, options, command="plan", recorded_device="none",
                    emulation=False, quiet=True, sink=lambda rec: _beside(rec, db),
-                   shown=lambda points: _show(exp, points), executor=exp.arithmetic)
+                   shown=lambda points: _show(exp, points, wide), executor=exp.arithmetic)
 
 
 def _boxes(db, hardware, flops, bandwidth, memory_gib, measured, gpu) -> list:
@@ -179,8 +182,9 @@ def _measured(db, gpu: str | None):
     return Hardware(m.gpu, m.flops, m.egress, m.memory_bytes, m.source)
 
 
-def _show(exp, points) -> None:
-    """The time and memory tables, the closed forms, the plan beside measured runs."""
+def _show(exp, points, wide: bool) -> None:
+    """The time and memory tables, the closed forms, the plan beside measured runs: each cut
+    to the terminal's width as a measuring command's are, or in one piece with `wide`."""
     from cs336sys.experiments.plan_section import (
         MEASURED,
         all_reduces,
@@ -192,12 +196,10 @@ def _show(exp, points) -> None:
 
     rows = [row_of(p.spec, p.result) for p in points]
     ok = [r for r in rows if r["status"] == "ok"]
-    tables = point_tables(exp.EXPERIMENT.tables, ok, lift=True)
+    tables = point_tables(exp.EXPERIMENT.tables, ok, lift=not wide)
     extra = [t for t in (inequalities(ok), all_reduces(ok), mesh(ok)) if t]
     extra += point_tables([MEASURED], measured_rows(ok), lift=False)
-    for t in tables:  # the settings every row shares, lifted out of the columns
-        t.title += f" ({t.constant})" if t.constant else ""
-    typer.echo(as_text(tables + extra))
+    typer.echo(as_text(tables + extra, width=None if wide else terminal_width()))
     for source in dict.fromkeys(p.spec.source for p in points):
         typer.echo(f"source: {source}")
     for p in points:

@@ -179,7 +179,8 @@ def inequalities(pts: list[Row]) -> FilledTable | None:
                  ["strategy", "condition (single FFN layer)", "GPU", "model, batch",
                   "N max, whole model", "N max, FFN"], rows,
                  note="C dense bf16 FLOP/s, W egress bytes/s per device, B batch tokens, "
-                 "F d_ff; X, Y the FSDP and TP degrees (docs/experiments/plan.md).")
+                 "F d_ff; X, Y the FSDP and TP degrees (docs/experiments/plan.md).",
+                 key=[0, 2, 3])
 
 
 # The all-reduce algorithms, each (name, seconds of S bytes over N devices at W bytes/s).
@@ -211,7 +212,7 @@ def all_reduces(pts: list[Row]) -> FilledTable | None:
                  [seen[k] for k in sorted(seen)],
                  note="ring: 2(N-1)/N S/W; alternate ring: (N-1) S/W, every step sends a whole "
                  "input; through one root: 2(N-1) S/W; binary tree: 2 ceil(log2 N) S/W "
-                 "(parallel/plan_math.py).")
+                 "(parallel/plan_math.py).", key=[0, 1, 2])
 
 
 def mesh(pts: list[Row]) -> FilledTable | None:
@@ -233,4 +234,5 @@ def mesh(pts: list[Row]) -> FilledTable | None:
                   "batch above", "TP hides"], body,
                  note="T_FSDP = 4DF/(Y W M_X), T_TP = 4BD/(X W M_Y), T_math = 4BDF/(N C), the "
                  "axes overlapped: compute-bound iff B/N > (C/W)/(Y M_X) and F/Y > (C/W)/M_Y "
-                 "(Austin et al. 2025, part 5; parallel/plan_math.py). Batches in tokens.")
+                 "(Austin et al. 2025, part 5; parallel/plan_math.py). Batches in tokens.",
+                 key=[0, 1, 2])
