@@ -389,3 +389,44 @@ def test_compile_wraps_the_users_attention_and_is_stored_as_its_own_setting(tmp_
     refused = invoke("attention", "--impl", "compiled", "--compile", "--db", tmp_path / "no.db")
     assert refused.exit_code == 2 and "list naive" in refused.output
     assert not (tmp_path / "no.db").exists()
+
+
+FORWARD_ONLY = '''
+import torch
+
+
+class Flash(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if is_causal:
+            n = q.shape[-2]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return s.softmax(-1) @ v
+
+    @staticmethod
+    def backward(ctx, do):
+        raise NotImplementedError
+'''
+
+
+def test_a_forward_without_its_backward_is_skipped_with_the_way_to_time_it(tmp_path,
+                                                                         monkeypatch):
+    """The handout's order: the forward first, the backward later. Under --pass both the
+    point is skipped, and the reason says the backward raised and --pass forward times the
+    forward alone; with it the forward is timed and checked."""
+    (tmp_path / "forward_only.py").write_text(FORWARD_ONLY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    db = tmp_path / "r.db"
+    args = ["attention", "--impl", "yours=forward_only:Flash", *SMALL, "--seq", "32"]
+    result = invoke(*args, "--db", db)
+    assert result.exit_code == 0, result.output
+    ((status, error),) = {(r["status"], r["error"]) for r in runs(db)}
+    assert status == "skipped" and error.startswith("not implemented: "), error
+    line = FORWARD_ONLY.splitlines().index("        raise NotImplementedError") + 1
+    assert f"forward_only.py:{line}: NotImplementedError; raised in the backward: " in error
+    assert "--pass forward times the forward alone" in error
+    result = invoke(*args, "--pass", "forward", "--db", db)
+    assert result.exit_code == 0, result.output
+    forward = runs(db)[-1]
+    assert (forward["status"], forward["check"]) == ("ok", "pass") and forward["fwd_ms_median"] > 0

@@ -37,7 +37,7 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.points import SpecError
-from cs336sys.sweep.result import Result, first_line
+from cs336sys.sweep.result import Result, first_line, hint
 from cs336sys.yours.implementations import named_impls, sources
 
 DTYPES = tuple(PRECISIONS)
@@ -327,7 +327,12 @@ def run(spec: AttentionSpec) -> Result:
             metrics["mem_before_bwd_bytes"] = (
                 torch.cuda.memory_allocated(device) if on_cuda else saved
             )
-            out.backward(dout)
+            try:
+                out.backward(dout)
+            except NotImplementedError as exc:  # a forward written, its backward not yet
+                if spec.passes == "both":
+                    hint(exc, "raised in the backward: --pass forward times the forward alone")
+                raise
         if spec.impl == "triton":  # what the checked pass ran (the opt-ins may fall back)
             from cs336sys.attention.flash_triton import kernels_ran
 

@@ -57,6 +57,13 @@ _CAUSES = {
 }
 
 
+def hint(exc: BaseException, text: str) -> BaseException:
+    """`exc` with what to do about it, said after its stored reason (guarded); the exception
+    itself, its message and traceback, stay the user's."""
+    exc.cs336sys_hint = text  # type: ignore[attr-defined]
+    return exc
+
+
 def cause(said: str) -> str:
     """`said` with the cause of a known symptom after it (_CAUSES), else as it is."""
     for symptom, why in _CAUSES.items():
@@ -180,10 +187,12 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     except Exception as exc:  # every failure becomes a stored row
         if stopping.pending() is not None and _stopped_by_signal(exc):
             stopping.check()  # raises the signal as itself: the runner stores the stop
-        said = cause(f"{type(exc).__name__}: {first_line(exc)}")
+        said = cause(": ".join(part for part in (type(exc).__name__, first_line(exc)) if part))
         where = user_frame(exc)
         if where is not None:
             said = f"{where}: {said}"
+        if getattr(exc, "cs336sys_hint", None):
+            said = f"{said}; {exc.cs336sys_hint}"
         if isinstance(exc, NotImplementedError) and where is not None and _raised_by_user(exc):
             # the user's own "not written yet", not a library's missing kernel
             result = Result("skipped", error=f"not implemented: {said}")
