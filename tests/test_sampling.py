@@ -11,7 +11,7 @@ import pytest
 
 from cs336sys.measure import timing
 from cs336sys.measure.sampling import Enough, drift, ratio_interval, verdict
-from cs336sys.report.tables import _ratios
+from cs336sys.report.tables import _ratios, speedups
 from cs336sys.sweep.declaration import Experiment, Ratio
 from cs336sys.sweep.result import Result
 from cs336sys.sweep.runner import run_sweep
@@ -201,3 +201,23 @@ def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypa
         == [("naive", 2, 2, 4, "pass"), ("sdpa", 2, 2, 4, "pass")]
     samples = json.loads(query(db, "SELECT samples FROM runs LIMIT 1")[0]["samples"])
     assert len(samples["e2e_ms"]) == 4 and len(samples["round_medians"]["e2e_ms"]) == 2
+
+
+def test_a_speedup_table_compares_medians_and_calls_a_change_only_when_it_can():
+    """The model section's fp32 -> bf16 table divided means: one slow bf16 step (120 ms of
+    six) read 0.81x, bf16 slower by a fifth, where its median step is 5 % slower. It now
+    divides medians, gives the interval, and with 3 samples a side gives no verdict (no test
+    can call 3 against 3; a bootstrap of one sample a side read `faster (1.32–1.32)`)."""
+    def run(precision, samples):
+        return {"status": "ok", "gpu": None, "_settings": {"size": "small", "precision": precision},
+                "step_ms_mean": sum(samples) / len(samples),
+                "step_ms_median": sorted(samples)[len(samples) // 2], "_samples": {"step_ms": samples}}
+
+    fp32 = run("fp32", [55.0, 55.3, 55.5, 55.2, 55.4, 55.1])
+    bf16 = run("bf16", [58.0, 57.0, 59.0, 120.0, 58.5, 57.5])
+    ((_, a, b, ratio),) = speedups([fp32, bf16], "precision", "fp32", "bf16", "step_ms",
+                                   lambda r: "small")
+    assert (a, b) == ("55.3", "58.5") and ratio.startswith("0.95× slower (")
+    few = speedups([run("fp32", [55.0, 55.3, 55.5]), run("bf16", [41.0, 40.5, 40.8])],
+                   "precision", "fp32", "bf16", "step_ms", lambda r: "small")
+    assert few[0][3] == "1.36×"

@@ -333,22 +333,3 @@ def series(rows: list[Row], x: str, y: str, scale: float = 1.0, first: Sequence[
 def _order(v: Any) -> tuple:
     """Numbers before text, numbers by value: panels d=16, 32, 64, 128 in that order."""
     return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
-
-
-def speedups(
-    rows: list[Row], key: str, a: Any, b: Any, metric: str, label: Callable[[Row], str]
-) -> list[list[str]]:
-    """Points differing only in `key` (a vs b): metric at a, at b, and a/b (>1: b faster)."""
-    groups: dict[tuple, dict[Any, Row]] = {}
-    for r in rows:
-        if not compared(r) or r.get(metric) is None:
-            continue
-        groups.setdefault((r.get("gpu"), skey(r, drop=(key,))), {})[r["_settings"].get(key)] = r
-    out = []
-    for pair in groups.values():
-        if a in pair and b in pair:
-            ra, rb = pair[a], pair[b]
-            out.append(
-                [label(ra), num(ra[metric]), num(rb[metric]), f"{ra[metric] / rb[metric]:.2f}×"]
-            )
-    return out
