@@ -15,6 +15,7 @@ import pytest
 
 from cs336sys.experiments import memory_section, model_section
 from cs336sys.experiments.catalog import EXPERIMENTS, by_kind
+from cs336sys.measure.device import MFU_NOTE
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.plots import Bars, Plot
 from cs336sys.report.render import build, write
@@ -349,7 +350,7 @@ def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
     big = next(b for b in charts[0].plot.bars if (b.group, b.label) == ("2.7B", "fp32 naive"))
     assert [round(p) for p in big.parts] == [327, 680, 95] and round(big.total) == 1102
     assert big.side_note == "57.7%"
-    assert all(f.note == "MFU is shown where the GPU's peak is known." for f in charts)  # nothing capped
+    assert all(f.note == MFU_NOTE for f in charts)  # nothing capped
 
 
 # -- tables ------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from cs336sys.experiments.training_step import (
     throughput,
     throughput_metrics,
 )
+from cs336sys.measure.device import MFU_NOTE
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import launch_metrics
@@ -310,7 +311,7 @@ TABLE = Table(
         HOST_BOUND,
         Column("check", "check", optional=True, note=CHECK_NOTE),
     ),
-    note="MFU is shown only where the GPU's peak is known.",
+    note=MFU_NOTE,
 )
 
 EXPERIMENT = Experiment(

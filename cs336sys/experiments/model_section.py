@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cs336sys.measure.device import MFU_NOTE
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
     FilledTable,
@@ -156,8 +157,7 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
               Bars(tuple(shown), tuple(p for _, p in _PHASES), "step time (ms, mean)", "tokens/s",
                    "Step time by phase per size and precision" + (f" ({name})" if name else ""),
                    side_title="MFU above each bar" if any(b.side_note for b in shown) else ""),
-              note=" ".join(n for n in [*notes, "MFU is shown where the GPU's peak is known."]
-                            if n))
+              note=" ".join(n for n in [*notes, MFU_NOTE] if n))
 
 
 def _by_number(v: Any) -> tuple:
