@@ -148,6 +148,14 @@ def test_one_sample_reads_n_1_and_noisy_needs_five():
     assert [noisy({**spiky, "iters": n}, "t") for n in (2, 4, 5, 20)] == [False, False, True, True]
     assert noisy(spiky, "t")  # a row that does not say how many samples it has
     assert mean_std({**spiky, "iters": 3}, "t_mean", "t_std") == "10 ± 5"
+    # rows stored before counts were: the raw samples say how many there are, not `iters`
+    # (0.1 kept one sample of a 100-iteration point past its time budget: `60 ± 0`)
+    old = {"status": "ok", "iters": 100, "e2e_ms_mean": 60.0, "e2e_ms_std": 0.0}
+    assert mean_std({**old, "_samples": {"e2e_ms": [60.0]}}, "e2e_ms_mean", "e2e_ms_std") \
+        == "60 (n=1)"
+    two = {**old, "e2e_ms_std": 1.1, "_samples": '{"e2e_ms": [59.0, 61.0]}'}  # as stored
+    assert mean_std(two, "e2e_ms_mean", "e2e_ms_std") == "60 ± 1.1 (n=2)"
+    assert mean_std(old, "e2e_ms_mean", "e2e_ms_std") == "60 ± 0"  # nothing says otherwise
 
 
 def test_a_size_range_as_nccl_tests_takes_it():

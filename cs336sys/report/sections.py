@@ -197,8 +197,19 @@ def point_labels(heads: list[Row]) -> list[str]:
 
 def sample_count(row: Row, base: str | None = None) -> int | None:
     """How many timed samples a row's statistics of `base` come from: the count stored
-    with them (`<base>_n`), else (rows stored before counts were) its `iters` setting."""
+    with them (`<base>_n`), else (rows stored before counts were) the raw samples' count,
+    else its `iters` setting. Runs of 0.1 asked for 100 iterations and, past their time
+    budget, kept one sample: `60 ± 0` on iters' word, `60 (n=1)` on the samples'."""
     n = row.get(f"{base}_n") if base else None
+    if n is None and base:
+        samples = row.get("_samples")
+        if isinstance(samples, (str, bytes)):
+            try:
+                samples = json.loads(samples)
+            except ValueError:
+                samples = None
+        if isinstance(samples, dict) and isinstance(samples.get(base), list):
+            n = len(samples[base])
     if n is None:
         n = row.get("iters")
     return n if isinstance(n, int) and not isinstance(n, bool) else None
