@@ -94,7 +94,8 @@ def test_a_row_of_either_xl_shows_its_shape(db_path, monkeypatch):
 # -- the listing and bad input -----------------------------------------------------------------
 
 
-def test_listing_names_every_problem_and_its_status(db_path):
+def test_listing_names_every_problem_and_its_status(db_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a problem's status on one line
     r = invoke("handout", "--db", db_path)
     assert r.exit_code == 0, r.output
     for name, points in PROBLEMS_2026:
@@ -107,11 +108,13 @@ def test_listing_names_every_problem_and_its_status(db_path):
     assert "2025 handout: 21 problems" in r.stdout and "--handout 2025" not in r.stdout
 
 
-def test_listing_prints_the_commands_that_measured_what_is_stored(db_path):
+def test_listing_prints_the_commands_that_measured_what_is_stored(db_path, monkeypatch):
     """After `handout run --yours`, a problem measured on the user's model lists the commands
     on their model (to rerun it, at the handout's sizes, by hand); the others list ours."""
     from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store import Store
+
+    monkeypatch.setenv("COLUMNS", "200")  # a problem's status on one line
 
     with Store(db_path, EXPERIMENTS) as store:
         for label, settings in (("benchmarking_script", {"model": "cs336_basics"}),
@@ -122,11 +125,26 @@ def test_listing_prints_the_commands_that_measured_what_is_stored(db_path):
 
     def commands(name):
         at = next(i for i, line in enumerate(lines) if line.startswith(name + " "))
-        return [line for line in lines[at + 2:] if line.startswith("  $ ")][:1]
+        return [line for line in lines[at + 1:] if line.startswith("  $ ")][:1]
 
     assert "(your code)" in next(x for x in lines if x.startswith("benchmarking_script "))
     assert commands("benchmarking_script")[0].startswith("  $ cs336sys model --model cs336_basics ")
     assert commands("nsys_profile")[0].startswith("  $ cs336sys profile model --size ")
+
+
+def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, monkeypatch):
+    """At 60 columns the prose wraps, indented under its problem; a command, after `$` or
+    in backquotes inside the prose, is never cut, so that it can be copied whole (the 80
+    columns of a terminal soft-wrapped 150-column lines, and a wrapped backquoted command
+    would have copied with a line break in it)."""
+    monkeypatch.setenv("COLUMNS", "60")
+    lines = invoke("handout", "--db", db_path).stdout.splitlines()
+    assert all(line.count("`") % 2 == 0 for line in lines)  # each backquoted span whole
+    assert any("`cs336sys attention --attention yours-torch,yours-triton" in x for x in lines)
+    long = [x for x in lines if len(x) > 60]
+    assert long and all(x.startswith("  $ cs336sys ") or x.strip().startswith("`") for x in long)
+    for name, _ in PROBLEMS_2026:  # each problem heads a paragraph; the rest is indented
+        assert sum(x.startswith(name + " (") for x in lines) == 1
 
 
 @pytest.mark.parametrize("args, says", [
@@ -294,6 +312,7 @@ SUBSET = ["mixed_precision_accumulation", "pytorch_attention",
 @pytest.mark.slow
 def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")  # a problem's status on one line
     r = invoke("handout", "run", *SUBSET, "--db", db_path)
     assert r.exit_code == 0, r.output
     runs = query(db_path, "SELECT i.label, count(*) AS n FROM runs r JOIN invocations i "

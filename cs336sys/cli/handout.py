@@ -4,8 +4,10 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +21,7 @@ from cs336sys.cli.common import (
     choices,
     fail,
     stored_here,
+    terminal_width,
     user_code,
     user_errors,
     wrote,
@@ -114,21 +117,32 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         every = list(problems(year))
         chosen = year or release()
     on_gpu = _on_gpu()
-    typer.echo(f"CS336 assignment 2, {chosen} handout: {len(every)} problems, "
-               f"{sum(p.points for p in every)} points; commands "
-               f"{GPU_NOTE if on_gpu else CPU_NOTE}.\n")
+    width = terminal_width()
+
+    def say(text: str, indent: str = "") -> None:
+        """Prose to the terminal's width, each line after the first indented; a command
+        (`$ ...`, or one in backquotes inside the prose) stays on one line, to be copied
+        whole."""
+        whole = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+        typer.echo(textwrap.fill(whole, width, initial_indent=indent, subsequent_indent=indent
+                                 or "  ", break_on_hyphens=False, break_long_words=False)
+                   .replace("\0", " "))
+
+    say(f"CS336 assignment 2, {chosen} handout: {len(every)} problems, "
+        f"{sum(p.points for p in every)} points; commands {GPU_NOTE if on_gpu else CPU_NOTE}.")
+    typer.echo()
     for status in _statuses(db, every):
         p = status.problem
-        typer.echo(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): "
-                   f"{status.line()}")
-        typer.echo(f"  {p.asks}")
+        say(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): {status.line()}")
+        say(p.asks, "  ")
         # the commands that measured what the store holds: the user's code's where it does
         for args in _commands(p, on_gpu, yours=status.yours):
             typer.echo(f"  $ {_line(args)}")
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
-    typer.echo("\nRun them: cs336sys handout run PROBLEM... (or --all); the writeup starter: "
-               "cs336sys handout report.")
+    typer.echo()
+    say("Run them: cs336sys handout run PROBLEM... (or --all); the writeup starter: "
+        "cs336sys handout report.")
 
 
 @handout_app.command("run")
