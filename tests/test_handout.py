@@ -132,6 +132,31 @@ def test_listing_prints_the_commands_that_measured_what_is_stored(db_path, monke
     assert commands("nsys_profile")[0].startswith("  $ cs336sys profile model --size ")
 
 
+def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
+    """Runs measured by hand, without a problem's label (or with a label of the user's own),
+    answer no problem: the listing said `not yet measured` beside 79 such runs of the
+    shared H100 store, without a word. It now counts them and names the way to label."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with Store(db_path, EXPERIMENTS) as store:
+        for experiment, label, n in (("model", "benchmarking_script", 1), ("model", None, 2),
+                                     ("attention", "mine", 1)):
+            inv = store.begin_invocation({"gpu": "cpu"}, [], experiment, label=label)
+            for _ in range(n):
+                store.add_run(inv, experiment, "ok", {"size": "tiny"}, {})
+    out = invoke("handout", "--db", db_path).stdout
+    assert "1 attention and 2 model run(s) in this store count for no problem" in out
+    assert "give `--label PROBLEM`" in out
+    assert "benchmarking_script (4 pts, §2.1.3): measured" in out
+    labelled = db_path.with_name("labelled.db")
+    with Store(labelled, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, [], "model", label="benchmarking_script")
+        store.add_run(inv, "model", "ok", {"size": "tiny"}, {})
+    assert "count for no problem" not in invoke("handout", "--db", labelled).stdout
+
+
 def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, monkeypatch):
     """At 60 columns the prose wraps, indented under its problem; a command, after `$` or
     in backquotes inside the prose, is never cut, so that it can be copied whole (the 80

@@ -71,20 +71,20 @@ def _line(args: list[str]) -> str:
     return "cs336sys " + shlex.join(args)
 
 
-def _statuses(db: Path, problems: list) -> list:
-    """Each problem's status; a store that does not exist holds none (one that cannot be
-    read is one line and exit 2)."""
-    from cs336sys.handout.status import statuses
+def _statuses(db: Path, problems: list) -> tuple[list, Any]:
+    """Each problem's status, and the runs per experiment that carry no problem's label; a
+    store that does not exist holds none (one that cannot be read is one line and exit 2)."""
+    from cs336sys.handout.status import statuses, unlabelled
     from cs336sys.store.db import StoreError, connect_readonly
 
     if not db.exists():
-        return statuses(None, problems)
+        return statuses(None, problems), unlabelled(None, problems)
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
     try:
-        return statuses(conn, problems)
+        return statuses(conn, problems), unlabelled(conn, problems)
     finally:
         conn.close()
 
@@ -131,7 +131,15 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
     say(f"CS336 assignment 2, {chosen} handout: {len(every)} problems, "
         f"{sum(p.points for p in every)} points; commands {GPU_NOTE if on_gpu else CPU_NOTE}.")
     typer.echo()
-    for status in _statuses(db, every):
+    found, others = _statuses(db, every)
+    if others:  # measured by hand: they answer no problem until labelled
+        runs = [f"{n} {experiment}" for experiment, n in sorted(others.items())]
+        runs = ", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]
+        say(f"{runs} run(s) in this store count for no problem: a problem's runs are those "
+            f"labelled with its name (`handout run` labels them; by hand, give `--label "
+            f"PROBLEM`).")
+        typer.echo()
+    for status in found:
         p = status.problem
         say(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): {status.line()}")
         say(p.asks, "  ")

@@ -78,3 +78,16 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem]) -> list[S
             s.gpus.append(gpu)
         s.yours = s.yours or yours(json.loads(settings or "{}"))
     return list(out.values())
+
+
+def unlabelled(conn: sqlite3.Connection | None, problems: list[Problem]) -> Counter:
+    """Runs per experiment whose invocation carries no problem's label: measured by hand,
+    they count for no problem until run again with `--label PROBLEM`."""
+    if conn is None:
+        return Counter()
+    marks = ", ".join("?" * len(problems))
+    rows = conn.execute(
+        "SELECT r.experiment, count(*) FROM runs r JOIN invocations i ON i.id = r.invocation_id "
+        f"WHERE i.label IS NULL OR i.label NOT IN ({marks}) GROUP BY r.experiment",
+        [p.name for p in problems])
+    return Counter(dict(rows))
