@@ -221,3 +221,25 @@ def test_a_speedup_table_compares_medians_and_calls_a_change_only_when_it_can():
     few = speedups([run("fp32", [55.0, 55.3, 55.5]), run("bf16", [41.0, 40.5, 40.8])],
                    "precision", "fp32", "bf16", "step_ms", lambda r: "small")
     assert few[0][3] == "1.36×"
+
+
+def test_ddp_against_torch_gives_its_interval_from_the_ranks_steps():
+    """`vs torch` divided mean step times with no interval: 1.21x on 3 noisy steps read as a
+    finding. It divides medians of the slowest rank's steps, with the interval and verdict
+    where each side has 4 steps or more."""
+    from cs336sys.experiments.ddp_section import TABLE
+
+    ratio = next(c.ratio for c in TABLE.columns if c.header == "vs torch")
+
+    def run(impl, steps):
+        ranks = [{"step": steps}, {"step": [t - 1.0 for t in steps]}]  # rank 0 the slower
+        return {"status": "ok", "gpu": None, "step_ms_median": sorted(steps)[len(steps) // 2],
+                "_settings": {"impl": impl, "shard_optimizer": "none", "size": "tiny"},
+                "_samples": {"ranks": ranks}}
+
+    torch_ddp = run("torch", [290.0, 288.0, 292.0, 291.0, 289.0, 290.5])
+    naive = run("naive", [350.0, 352.0, 349.0, 351.0, 353.0, 350.5])
+    cells = _ratios(ratio, [torch_ddp, naive])
+    assert cells[0] == "1.00×" and cells[1].startswith("1.21× slower (")
+    few = _ratios(ratio, [run("torch", [290.0, 288.0, 292.0]), run("naive", [350.0, 352.0, 349.0])])
+    assert few[1] == "1.21×"
