@@ -243,3 +243,27 @@ def test_ddp_against_torch_gives_its_interval_from_the_ranks_steps():
     assert cells[0] == "1.00×" and cells[1].startswith("1.21× slower (")
     few = _ratios(ratio, [run("torch", [290.0, 288.0, 292.0]), run("naive", [350.0, 352.0, 349.0])])
     assert few[1] == "1.21×"
+
+
+def test_attention_against_naive_gives_its_interval_from_end_to_end_samples():
+    """`vs naive` divided means with no interval: on a CPU, sdpa at 1.08x of naive read as a
+    speed-up. It divides medians (means where a row has none) with the interval and verdict
+    of the end-to-end samples."""
+    from cs336sys.experiments.attention_section import TABLE
+
+    ratio = next(c.ratio for c in TABLE.columns if c.header == "vs naive")
+
+    def run(impl, e2e):
+        return {"status": "ok", "gpu": None, "e2e_ms_median": sorted(e2e)[len(e2e) // 2],
+                "_settings": {"impl": impl, "seq": 64}, "_samples": {"e2e_ms": e2e}}
+
+    naive = run("naive", [0.30, 0.25, 0.33, 0.24, 0.31, 0.27])
+    sdpa = run("sdpa", [0.26, 0.29, 0.24, 0.30, 0.25, 0.28])
+    cells = _ratios(ratio, [naive, sdpa])
+    assert cells[1].startswith("1.07× no difference (")
+    fast = run("flash-torch", [0.10, 0.11, 0.10, 0.12, 0.11, 0.10])
+    assert _ratios(ratio, [naive, fast])[1].startswith("2.73× faster (")
+    mean_only = {"status": "ok", "gpu": None, "e2e_ms_mean": 0.2, "_settings": {"impl": "sdpa",
+                                                                               "seq": 64}}
+    assert _ratios(ratio, [{**naive, "e2e_ms_mean": 0.3, "e2e_ms_median": None}, mean_only]) \
+        == ["1.00×", "1.50×"]  # rows stored without medians: their means, no interval
