@@ -98,3 +98,37 @@ def test_a_worker_told_to_end_before_its_handlers_are_set_still_ends():
     out = subprocess.run([sys.executable, "-c", _SLOW_START], capture_output=True, text=True,
                          timeout=20)
     assert out.returncode == 0 and out.stdout.strip() == "stopped", out.stderr
+
+
+# A plot whose drawing kills the worker that draws it (as the OOM killer would), and that
+# draws here, in the command's own process.
+_KILLED_WORKER = """
+import os
+import signal
+
+from cs336sys.report import drawer
+
+COMMAND = os.getpid()
+
+
+class Deadly:
+    def draw(self):
+        if os.getpid() != COMMAND:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return b"drawn here"
+
+
+with drawer.Drawer(start=True) as pool:
+    assert pool._pool is not None, "no workers forked (one core?)"
+    print(pool.draw([Deadly(), Deadly(), Deadly()]))
+"""
+
+
+def test_a_worker_killed_while_drawing_leaves_the_plots_to_the_command():
+    """Pool.map waits for ever for the plot of a worker that died: `report` hung when the
+    OOM killer (or a SIGKILL to that worker) ended one. The pool is ended and the plots
+    drawn in the command instead."""
+    out = subprocess.run([sys.executable, "-c", _KILLED_WORKER], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([b"drawn here"] * 3)

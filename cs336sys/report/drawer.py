@@ -75,10 +75,19 @@ class Drawer:
             self._pool = None
 
     def draw(self, plots: list[Plot | Bars | Strips | Ranked]) -> list[bytes]:
-        """PNG bytes of every plot, in order."""
+        """PNG bytes of every plot, in order. A worker that dies while they are drawn (the
+        kernel's OOM killer, a SIGKILL to it alone) takes its plot with it, and Pool.map
+        waits for that plot for ever: the pool is ended then, and every plot drawn here."""
         if self._pool is None or len(plots) < 2:
             return [p.draw() for p in plots]
-        return self._pool.map(_draw, plots, chunksize=1)
+        workers = list(getattr(self._pool, "_pool", ()))  # the processes forked at the start
+        pending = self._pool.map_async(_draw, plots, chunksize=1)
+        while not pending.ready():
+            pending.wait(0.2)
+            if any(w.exitcode not in (None, 0) for w in workers):
+                self._stop()
+                return [p.draw() for p in plots]
+        return pending.get()
 
 
 def _draw(plot: Plot | Bars | Strips | Ranked) -> bytes:
