@@ -150,6 +150,13 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     assert "1 attention and 2 model run(s) in this store count for no problem" in out
     assert "give `--label PROBLEM`" in out
     assert "benchmarking_script (4 pts, §2.1.3): measured" in out
+    # the writeup starter says so at its head, for the student to label them before handing in
+    out_dir = db_path.with_name("writeup")
+    done = invoke("handout", "report", "benchmarking_script", "--format", "md", "--out", out_dir,
+                  "--db", db_path)
+    assert done.exit_code == 0, done.output
+    assert ("**Not counted:** 1 attention and 2 model run(s) without a problem's label (a run "
+            "counts for a problem under --label PROBLEM)") in (out_dir / "writeup.md").read_text()
     labelled = db_path.with_name("labelled.db")
     with Store(labelled, EXPERIMENTS) as store:
         inv = store.begin_invocation({"gpu": "cpu"}, [], "model", label="benchmarking_script")

@@ -528,6 +528,8 @@ def test_a_notes_code_spans_are_code_and_the_rest_plain_text():
     # indented note ending in this command ran 13 pt into the margin of the 2025 writeup
     assert latex_note("`ddp --impl yours-individual,x`") == (
         r"\texttt{ddp --impl yours-\allowbreak{}individual,\allowbreak{}x}")
+    # an option in plain text: LaTeX read its two hyphens as an en dash (–label)
+    assert latex_note("give --label PROBLEM, 1.65–2.58") == r"give -{}-label PROBLEM, 1.65--2.58"
     assert typst_note('`x` "y"') == '#par[#raw("x")#" \\"y\\""]'
 
 

@@ -111,6 +111,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
     if ctx.invoked_subcommand is not None:
         return
     from cs336sys.handout import problems
+    from cs336sys.handout.status import in_words
     from cs336sys.models.config import handout as release
 
     with user_errors():
@@ -133,10 +134,8 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
     typer.echo()
     found, others = _statuses(db, every)
     if others:  # measured by hand: they answer no problem until labelled
-        runs = [f"{n} {experiment}" for experiment, n in sorted(others.items())]
-        runs = ", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]
-        say(f"{runs} run(s) in this store count for no problem: a problem's runs are those "
-            f"labelled with its name (`handout run` labels them; by hand, give `--label "
+        say(f"{in_words(others)} in this store count for no problem: a problem's runs are "
+            f"those labelled with its name (`handout run` labels them; by hand, give `--label "
             f"PROBLEM`).")
         typer.echo()
     for status in found:

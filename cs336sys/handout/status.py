@@ -91,3 +91,12 @@ def unlabelled(conn: sqlite3.Connection | None, problems: list[Problem]) -> Coun
         f"WHERE i.label IS NULL OR i.label NOT IN ({marks}) GROUP BY r.experiment",
         [p.name for p in problems])
     return Counter(dict(rows))
+
+
+def in_words(counts: Counter) -> str:
+    """`35 attention and 36 model run(s)`: runs per experiment (`unlabelled`), in words;
+    '' for none."""
+    runs = [f"{n} {experiment}" for experiment, n in sorted(counts.items()) if n]
+    if not runs:
+        return ""
+    return (", ".join(runs[:-1]) + " and " + runs[-1] if len(runs) > 1 else runs[0]) + " run(s)"

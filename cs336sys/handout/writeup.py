@@ -14,6 +14,7 @@ from typing import Any
 
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
+from cs336sys.handout.status import in_words, unlabelled
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import Report, kernel_stats, provenance
@@ -124,9 +125,13 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
             every_inv += invs
             for kind, kind_rows in rows.items():
                 every_row.setdefault(kind, []).extend(kind_rows)
+        others = in_words(unlabelled(conn, problems))
+        facts = [(k, v) for k, v in provenance(every_inv, every_row) if v]
+        if others:  # measured by hand: the student's to label, before handing the writeup in
+            facts.append(("Not counted", f"{others} without a problem's label (a run counts "
+                                         f"for a problem under --label PROBLEM)"))
         report = Report(f"CS336 assignment 2 ({year} handout): writeup starter",
-                        [f"problems {', '.join(p.name for p in problems)}"],
-                        [(k, v) for k, v in provenance(every_inv, every_row) if v])
+                        [f"problems {', '.join(p.name for p in problems)}"], facts)
         report.sections = sections
         figures = [f for s in report.sections for f in s.figures if f.plot is not None]
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):

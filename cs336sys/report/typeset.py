@@ -30,6 +30,8 @@ _LATEX = {
     "√": r"$\surd$", "⌈": r"$\lceil$", "⌉": r"$\rceil$", "₂": r"$_2$",
     # the default (OT1) encoding prints < > | as inverted ! and ? and a dash: p<0.001, |ref|
     "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}",
+    # an option in plain text (`--label`): two hyphens are an en dash to LaTeX
+    "--": "-{}-",
     # pdflatex knows no glyph for these (QKᵀ, |Δ|): math mode has them
     "ᵀ": r"$^{\top}$", "Δ": r"$\Delta$", "∘": r"$\circ$", "Ψ": r"$\Psi$", "·": r"$\cdot$",
 }
@@ -55,8 +57,9 @@ _CODE_BREAKS = re.compile(r"(?<=\w)-(?=\w)|,")
 
 def latex_note(note: str) -> str:
     """A section note as LaTeX, its code spans typewriter (no `--` ligature, no quotes)."""
-    def code(text: str) -> str:
-        return r"\texttt{" + _CODE_BREAKS.sub(r"\g<0>\\allowbreak{}", latex(text)) + "}"
+    def code(text: str) -> str:  # the typewriter font has no en-dash ligature: -- stays
+        return (r"\texttt{" + _CODE_BREAKS.sub(r"\g<0>\\allowbreak{}", latex(text)) + "}").replace(
+            "-{}-", "--")
 
     return "".join(code(text) if is_code else latex(text) for text, is_code in code_spans(note))
 
