@@ -45,9 +45,10 @@ class Drawer:
             context = multiprocessing.get_context("fork")
             try:
                 # A worker starts with the command's handlers, and one that only notes a
-                # signal: Pool.terminate's SIGTERM, sent before the worker set its own, was
-                # noted and lost, and the command waited for it for ever. So each worker
-                # starts with both signals blocked, pending until _start_worker has set them.
+                # signal: Pool.terminate's SIGTERM, sent before the worker sets its own,
+                # would be noted and lost, and the command would wait for it for ever. So
+                # each worker starts with both signals blocked, pending until _start_worker
+                # has set them.
                 with held():
                     before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
                     try:

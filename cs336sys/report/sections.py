@@ -198,8 +198,8 @@ def point_labels(heads: list[Row]) -> list[str]:
 def sample_count(row: Row, base: str | None = None) -> int | None:
     """How many timed samples a row's statistics of `base` come from: the count stored
     with them (`<base>_n`), else (rows stored before counts were) the raw samples' count,
-    else its `iters` setting. Runs of 0.1 asked for 100 iterations and, past their time
-    budget, kept one sample: `60 ± 0` on iters' word, `60 (n=1)` on the samples'."""
+    else its `iters` setting, which a point past its time budget may not have reached (one
+    sample of 100 asked: `60 (n=1)`, not `60 ± 0`)."""
     n = row.get(f"{base}_n") if base else None
     if n is None and base:
         samples = row.get("_samples")

@@ -174,8 +174,8 @@ def _interval(ratio: Ratio, base: Row, row: Row) -> str:
 def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
     """` faster (1.65–2.58)`: the bootstrap interval of row's median of the samples `name`
     over base's (base's over row's when `speedup`) and its verdict; '' without samples, or
-    with too few a side for any test to tell (3 against 3: measure/significance.py), where a
-    bootstrap of one sample a side read `faster (1.32–1.32)`."""
+    with too few a side for any test to tell (3 against 3: measure/significance.py): a
+    bootstrap of one sample a side has an interval of zero width, a certainty it lacks."""
     if not name:
         return ""
     a = timed_samples(base.get("_samples"), name)
@@ -191,8 +191,8 @@ def speedups(rows: list[Row], key: str, a: Any, b: Any, samples: str,
              label: Callable[[Row], str]) -> list[list[str]]:
     """Points differing only in `key` (a vs b): the median of `samples` (`step_ms`) at a,
     at b, and a/b (>1: b faster) with its interval and verdict from the raw samples where
-    the runs stored them. Means read a noisy bf16 step (63.9 ± 29 ms, median 58) as slower
-    than fp32's 55.4."""
+    the runs stored them. Medians, not means: one slow step in six moves a mean by a fifth
+    (63.9 ± 29 ms against a median of 58)."""
     def median(r: Row) -> float | None:
         return r.get(f"{samples}_median") or r.get(f"{samples}_mean")
 
