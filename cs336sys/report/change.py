@@ -6,15 +6,13 @@ run's figure, a side's runs of a point, and the judgement of B against A
 
 from __future__ import annotations
 
-import json
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import THRESHOLD, judge
-from cs336sys.report.sections import Row, compared, skey
+from cs336sys.report.sections import Row, compared, skey, timed_samples
 
 
 @dataclass(frozen=True)
@@ -57,38 +55,6 @@ def direction(unit: str) -> tuple[int, str, str]:
     if unit.endswith("/s"):
         return 1, "faster", "slower"
     return 0, "higher", "lower"
-
-
-def timed_samples(samples: Any, name: str) -> list[float]:
-    """The timed samples of the metric `name` in a run's samples JSON (report/compare.py's
-    docstring for the layouts); [] when there are none."""
-    if isinstance(samples, (str, bytes)):
-        try:
-            samples = json.loads(samples)
-        except ValueError:
-            return []
-    if not isinstance(samples, dict):
-        return []
-    if _numbers(samples.get(name)):
-        return [float(v) for v in samples[name]]
-    ranks = samples.get("ranks")
-    if isinstance(ranks, list) and ranks and all(isinstance(r, dict) for r in ranks):
-        base = name.removesuffix("_ms")
-        per = [r.get(base, r.get(name)) for r in ranks]
-        if all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
-            return [float(max(step)) for step in zip(*per, strict=True)]
-    per = [v for k, v in samples.items() if re.fullmatch(r"rank\d+", k)]
-    if per and all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
-        return [sum(step) / len(step) for step in zip(*per, strict=True)]
-    return []
-
-
-def _numbers(v: Any) -> bool:
-    return (
-        isinstance(v, list)
-        and bool(v)
-        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-    )
 
 
 @dataclass

@@ -195,6 +195,38 @@ def point_labels(heads: list[Row]) -> list[str]:
             for r in heads]
 
 
+def timed_samples(samples: Any, name: str) -> list[float]:
+    """The timed samples of the metric `name` in a run's samples JSON (report/compare.py's
+    docstring for the layouts); [] when there are none."""
+    if isinstance(samples, (str, bytes)):
+        try:
+            samples = json.loads(samples)
+        except ValueError:
+            return []
+    if not isinstance(samples, dict):
+        return []
+    if _numbers(samples.get(name)):
+        return [float(v) for v in samples[name]]
+    ranks = samples.get("ranks")
+    if isinstance(ranks, list) and ranks and all(isinstance(r, dict) for r in ranks):
+        base = name.removesuffix("_ms")
+        per = [r.get(base, r.get(name)) for r in ranks]
+        if all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
+            return [float(max(step)) for step in zip(*per, strict=True)]
+    per = [v for k, v in samples.items() if re.fullmatch(r"rank\d+", k)]
+    if per and all(_numbers(p) for p in per) and len({len(p) for p in per}) == 1:
+        return [sum(step) / len(step) for step in zip(*per, strict=True)]
+    return []
+
+
+def _numbers(v: Any) -> bool:
+    return (
+        isinstance(v, list)
+        and bool(v)
+        and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    )
+
+
 def sample_count(row: Row, base: str | None = None) -> int | None:
     """How many timed samples a row's statistics of `base` come from: the count stored
     with them (`<base>_n`), else (rows stored before counts were) the raw samples' count,
@@ -202,14 +234,7 @@ def sample_count(row: Row, base: str | None = None) -> int | None:
     sample of 100 asked: `60 (n=1)`, not `60 ± 0`)."""
     n = row.get(f"{base}_n") if base else None
     if n is None and base:
-        samples = row.get("_samples")
-        if isinstance(samples, (str, bytes)):
-            try:
-                samples = json.loads(samples)
-            except ValueError:
-                samples = None
-        if isinstance(samples, dict) and isinstance(samples.get(base), list):
-            n = len(samples[base])
+        n = len(timed_samples(row.get("_samples"), base)) or None
     if n is None:
         n = row.get("iters")
     return n if isinstance(n, int) and not isinstance(n, bool) else None

@@ -17,7 +17,6 @@ from typing import Any
 from cs336sys.measure.sampling import drifted, ratio_interval, verdict
 from cs336sys.measure.significance import ALPHA, min_p
 from cs336sys.measure.units import format_size
-from cs336sys.report.change import timed_samples
 from cs336sys.report.sections import (
     FilledTable,
     Row,
@@ -30,6 +29,7 @@ from cs336sys.report.sections import (
     skey,
     status_or,
     text,
+    timed_samples,
     with_gpu,
 )
 from cs336sys.sweep.declaration import Column, Ratio, Table
