@@ -22,8 +22,10 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 # Under every table and chart that shows MFU: fp32 MFU of 42 % beside bf16's 3 % reads as
 # fp32 using the GPU better, unless the reader knows each is against its own peak.
 MFU_NOTE = ("MFU: TFLOP/s over the GPU's dense peak in the precision the matmuls ran in (H100 "
-            "SXM: fp32 67, TF32 495, bf16 989), so fp32 and bf16 are each against their own "
-            "peak; shown only where the GPU's peak is known.")
+            "SXM: " + ", ".join(f"{p.replace('tf32', 'TF32')} {PEAK_TFLOPS['H100'][p]:.0f}"
+                                for p in ("fp32", "tf32", "bf16"))
+            + "), so fp32 and bf16 are each against their own peak; shown only where the GPU's "
+            "peak is known.")
 
 
 def peak_tflops(device_name: str | None, precision: str, tf32: bool = False) -> float | None:
