@@ -38,9 +38,13 @@ _LATEX = {
 _LATEX_RE = re.compile("|".join(re.escape(k) for k in _LATEX))
 
 
-def latex(value: str) -> str:
-    """`value` as LaTeX text: its special characters escaped."""
-    return _LATEX_RE.sub(lambda m: _LATEX[m.group(0)], str(value))
+def latex(value: str, code: bool = False) -> str:
+    """`value` as LaTeX text: its special characters escaped. `code`: for a typewriter span,
+    whose font has no en-dash ligature, so `--` stays as written."""
+    def escaped(m: re.Match) -> str:
+        return m.group(0) if code and m.group(0) == "--" else _LATEX[m.group(0)]
+
+    return _LATEX_RE.sub(escaped, str(value))
 
 
 def typst(value: str) -> str:
@@ -57,9 +61,8 @@ _CODE_BREAKS = re.compile(r"(?<=\w)-(?=\w)|,")
 
 def latex_note(note: str) -> str:
     """A section note as LaTeX, its code spans typewriter (no `--` ligature, no quotes)."""
-    def code(text: str) -> str:  # the typewriter font has no en-dash ligature: -- stays
-        return (r"\texttt{" + _CODE_BREAKS.sub(r"\g<0>\\allowbreak{}", latex(text)) + "}").replace(
-            "-{}-", "--")
+    def code(text: str) -> str:
+        return r"\texttt{" + _CODE_BREAKS.sub(r"\g<0>\\allowbreak{}", latex(text, code=True)) + "}"
 
     return "".join(code(text) if is_code else latex(text) for text, is_code in code_spans(note))
 
