@@ -180,8 +180,10 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
         return ""
     a = timed_samples(base.get("_samples"), name)
     b = timed_samples(row.get("_samples"), name)
+    if min_p(len(a), len(b)) >= ALPHA:  # (no sample a side included)
+        return ""
     found = ratio_interval(a, b)  # row over base: a time ratio
-    if found is None or min_p(len(a), len(b)) >= ALPHA:
+    if found is None:
         return ""
     low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
     return f" {verdict(found)} ({low:.2f}–{high:.2f})"
