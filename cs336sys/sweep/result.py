@@ -57,11 +57,10 @@ _CAUSES = {
 }
 
 
-def hint(exc: BaseException, text: str) -> BaseException:
-    """`exc` with what to do about it, said after its stored reason (guarded); the exception
+def hint(exc: BaseException, text: str) -> None:
+    """Give `exc` what to do about it, said after its stored reason (guarded); the exception
     itself, its message and traceback, stay the user's."""
     exc.cs336sys_hint = text  # type: ignore[attr-defined]
-    return exc
 
 
 def cause(said: str) -> str:
