@@ -227,6 +227,12 @@ def _numbers(v: Any) -> bool:
     )
 
 
+def median_or_mean(row: Row, base: str) -> float | None:
+    """The point's median of `base` (`step_ms`), what ratios compare; its mean where a row
+    was stored without one."""
+    return row.get(f"{base}_median") or row.get(f"{base}_mean")
+
+
 def sample_count(row: Row, base: str | None = None) -> int | None:
     """How many timed samples a row's statistics of `base` come from: the count stored
     with them (`<base>_n`), else (rows stored before counts were) the raw samples' count,

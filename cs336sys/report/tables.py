@@ -22,6 +22,7 @@ from cs336sys.report.sections import (
     Row,
     compared,
     mean_std,
+    median_or_mean,
     mib,
     num,
     pct,
@@ -195,20 +196,18 @@ def speedups(rows: list[Row], key: str, a: Any, b: Any, samples: str,
     at b, and a/b (>1: b faster) with its interval and verdict from the raw samples where
     the runs stored them. Medians, not means: one slow step in six moves a mean by a fifth
     (63.9 ± 29 ms against a median of 58)."""
-    def median(r: Row) -> float | None:
-        return r.get(f"{samples}_median") or r.get(f"{samples}_mean")
-
     groups: dict[tuple, dict[Any, Row]] = {}
     for r in rows:
-        if not compared(r) or median(r) is None:
+        if not compared(r) or median_or_mean(r, samples) is None:
             continue
         groups.setdefault((r.get("gpu"), skey(r, drop=(key,))), {})[r["_settings"].get(key)] = r
     out = []
     for pair in groups.values():
         if a in pair and b in pair:
             ra, rb = pair[a], pair[b]
-            ratio = f"{median(ra) / median(rb):.2f}×" + sample_interval(samples, ra, rb, True)
-            out.append([label(ra), num(median(ra)), num(median(rb)), ratio])
+            ta, tb = median_or_mean(ra, samples), median_or_mean(rb, samples)
+            ratio = f"{ta / tb:.2f}×" + sample_interval(samples, ra, rb, True)
+            out.append([label(ra), num(ta), num(tb), ratio])
     return out
 
 
