@@ -207,7 +207,7 @@ def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switch
     starts from them on every rank, a DDP broadcasts rank 0's). The fused loss, computed
     inside the LM head's forward where an FSDP unit has gathered its weight, gives the
     materialised one. (Compiled blocks on two ranks, against the eager step's losses:
-    test_gallery_parallel's leaderboard test; with flat here they cost 15 s of make test.)"""
+    test_gallery_parallel's leaderboard test; with flat here they cost 18 s of make test.)"""
     out = invoke("step", *MICRO, "--seq", "16", "--switches", switches, "--world-size", "2",
                  "--ddp", ddp, "--db", db_path)
     assert out.exit_code == 0, out.output
