@@ -167,6 +167,28 @@ def test_memory_tables_name_the_users_model_beside_ours():
 # -- attention ---------------------------------------------------------------------------------
 
 
+def test_a_ratio_column_stands_only_where_its_baseline_was_measured():
+    """`vs naive` of a run that measured no naive would be empty in every row (or say
+    `wrong` where the check column already does): it is left out, with its note; with a
+    naive point beside it, it stands."""
+    from cs336sys.experiments.attention_section import TABLE
+
+    def row(impl, ms, status="ok"):
+        s = {"impl": impl, "d_head": 32, "seq": 128, "heads": 4, "batch": 4,
+             "precision": "fp32", "pass": "both"}
+        return {**s, "_settings": s, "status": status, "gpu": "cpu", "e2e_ms_mean": ms,
+                "e2e_ms_median": ms, "e2e_ms_std": 0.1, "fwd_ms_mean": ms / 3,
+                "bwd_ms_mean": 2 * ms / 3}
+
+    theirs = [row("yours-torch", 3.0), row("flash-torch", 2.0, status="wrong")]
+    alone = point_table(TABLE, theirs)
+    assert "vs naive" not in alone.headers and "vs naive" not in alone.note
+    beside = point_table(TABLE, [*theirs, row("naive", 6.0)])
+    assert column(beside, "vs naive") == ["2.00×", "wrong", "1.00×"]
+    assert "vs naive: naive's median time" in beside.note
+
+
+
 @pytest.mark.slow
 def test_interpreted_points_have_their_own_table_and_stay_off_the_plots(rendered):
     rep, html, md = rendered

@@ -160,7 +160,10 @@ TABLE = Table(
         Column("vs torch", ratio=Ratio(partial(median_or_mean, base="step_ms"),
                                        {"impl": "torch", "shard_optimizer": "none"},
                                        ("impl", "bucket_mb", "shard_optimizer"),
-                                       speedup=False, samples="step_ms")),
+                                       speedup=False, samples="step_ms"),
+               note="vs torch: median step time over torch DDP's at the same world size and "
+               "precision (above 1: slower), with its 95 % interval and verdict where each "
+               "side has 4 steps or more."),
         Column("rank 0 holds", cell=shares_cell, optional=True,
                note="rank 0 holds: its share of one whole copy of the parameters and of "
                "AdamW's state, where the point shards them; past 1/N + 10 %: UNEVEN where "
@@ -168,8 +171,5 @@ TABLE = Table(
         HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "
-    "its collectives is in flight, overlapped with compute or not. Memory is rank 0's. "
-    "vs torch: median step time over torch DDP's at the same world size and precision "
-    "(above 1: slower), with its 95 % interval and verdict where each side has 4 steps or "
-    "more.",
+    "its collectives is in flight, overlapped with compute or not. Memory is rank 0's.",
 )

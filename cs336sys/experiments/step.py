@@ -420,6 +420,11 @@ TABLE = Table(
                 samples="step_ms",
                 impossible=impossible,
             ),
+            note="vs none: the median step time with no switch over this one's, at the same "
+            "settings (2.00x = twice as fast), with the 95 % bootstrap interval of that ratio "
+            "from both points' samples: faster or slower only when the interval excludes 1, "
+            "else no difference. IMPOSSIBLE: fused-adamw saved more than the optimizer step "
+            "takes (noise or drift, not the switch).",
         ),
         *column_table("""
             tokens/s         tokens_per_s       num
@@ -434,11 +439,7 @@ TABLE = Table(
                "repetitions after 10 s of warm-up), beside ours (--course-timing)."),
         Column("check", "check", optional=True, note=CHECK_NOTE),
     ),
-    note="vs none: the median step time with no switch over this one's, at the same settings "
-    "(2.00x = twice as fast), with the 95 % bootstrap interval of that ratio from both points' "
-    "samples: faster or slower only when the interval excludes 1, else no difference. "
-    "IMPOSSIBLE: fused-adamw saved more than the optimizer step takes (noise or drift, not "
-    "the switch). wall s: the point from model build to its last timed step, "
+    note="wall s: the point from model build to its last timed step, "
     f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
 )
 

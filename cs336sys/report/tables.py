@@ -122,12 +122,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     names it, `1.39× against optimizer=adamw`. With
     `ratio.samples`, the cell carries the ratio's interval and what it says, `2.27× faster
     (1.65–2.58)`, and `ratio.impossible` may flag it."""
-    def is_baseline(r: Row) -> bool:
-        s = r["_settings"]
-        return compared(r) and all(s.get(k) == v for k, v in ratio.against.items()) \
-            and bool(ratio.metric(r))
-
-    baselines = [is_baseline(r) for r in rows]
+    baselines = [_has_baseline(ratio, [r]) for r in rows]
     base: dict[tuple, list[Row]] = {}
     for r, baseline in zip(rows, baselines, strict=True):
         if baseline:
@@ -157,6 +152,21 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
                 text += f" IMPOSSIBLE: {why}"
         out.append(status_or(r, text))
     return out
+
+
+def _has_baseline(ratio: Ratio, rows: list[Row]) -> bool:
+    """Whether any row can be a baseline of `ratio` (see `_ratios`)."""
+    return any(compared(r) and all(r["_settings"].get(k) == v for k, v in ratio.against.items())
+               and bool(ratio.metric(r)) for r in rows)
+
+
+def _shown(column: Column, rows: list[Row]) -> bool:
+    """An optional column where a row has a value for it; a ratio column where a row is its
+    baseline: `vs naive` of a run without naive would be empty in every row, with its note
+    saying what it is not."""
+    if column.optional and not any(value(column, r) is not None for r in rows):
+        return False
+    return column.ratio is None or column.cell is not None or _has_baseline(column.ratio, rows)
 
 
 def _which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
@@ -254,8 +264,7 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     columns whose cell is the same in every row (two rows or more) leave the table for its
     `constant` line, so a wide table keeps only the columns that tell its rows apart."""
     rows = matching(declared, rows)
-    columns = [c for c in declared.columns
-               if not c.optional or any(value(c, r) is not None for r in rows)]
+    columns = [c for c in declared.columns if _shown(c, rows)]
     if status:
         at = max((i + 1 for i, c in enumerate(columns) if c.setting), default=0)
         columns.insert(at, _STATUS)
