@@ -260,3 +260,19 @@ def test_leaderboard_preset_runs_with_do_bench_and_sdpa_backends_by_name(tmp_pat
             n, mean = r[f"{phase}_ms_n"], r[f"{phase}_ms_mean"]
             assert n >= r["iters"] and n * mean >= 0.2e3 * 0.999, (phase, n, mean)
         assert r["host_us"] > 0
+
+
+@pytest.mark.parametrize("order", ["naive,triton", "triton,naive"])
+def test_memory_counts_the_points_own_tensors_whichever_ran_before(tmp_path, order):
+    """Before backward a Triton point holds Q, K, V, dO, O and the fp32 logsumexp, exactly,
+    first in a sweep or after naive's matmuls (whose cuBLAS workspace, 32 MiB on an H100,
+    stays); its peak is one pass's, without do_bench's 256 MB L2-flush buffer."""
+    db = tmp_path / "r.db"
+    b, t, d = 2, 1024, 64
+    result = runner.invoke(app, ["attention", "--impl", order, "--seq", str(t), "--d-head",
+                                 str(d), "--batch", str(b), "--precision", "bf16", "--timer",
+                                 "do-bench", "--iters", "5", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    triton = next(r for r in rows(db) if r["impl"] == "triton")
+    assert triton["mem_before_bwd_bytes"] == 5 * b * t * d * 2 + b * t * 4
+    assert triton["peak_bytes"] < 256e6 / 4
