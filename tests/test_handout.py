@@ -142,7 +142,7 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     with Store(db_path, EXPERIMENTS) as store:
         for experiment, label, n in (("model", "benchmarking_script", 1), ("model", None, 2),
-                                     ("attention", "mine", 1)):
+                                     ("attention", "mine", 1), ("memory", "memory_profiling", 3)):
             inv = store.begin_invocation({"gpu": "cpu"}, [], experiment, label=label)
             for _ in range(n):
                 store.add_run(inv, experiment, "ok", {"size": "tiny"}, {})
@@ -150,7 +150,8 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     assert "1 attention and 2 model run(s) in this store count for no problem" in out
     assert "give `--label PROBLEM`" in out
     assert "benchmarking_script (4 pts, §2.1.3): measured" in out
-    # the writeup starter says so at its head, for the student to label them before handing in
+    # the writeup starter says so at its head, for the student to label them before handing
+    # in: a writeup of one problem counts the runs of another (memory_profiling's) as labelled
     out_dir = db_path.with_name("writeup")
     done = invoke("handout", "report", "benchmarking_script", "--format", "md", "--out", out_dir,
                   "--db", db_path)

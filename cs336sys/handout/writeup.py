@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from cs336sys.handout import problems as every_problem
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
 from cs336sys.handout.status import in_words, unlabelled
@@ -125,7 +126,8 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
             every_inv += invs
             for kind, kind_rows in rows.items():
                 every_row.setdefault(kind, []).extend(kind_rows)
-        others = in_words(unlabelled(conn, problems))
+        # runs labelled for a problem this writeup leaves out count for that problem
+        others = in_words(unlabelled(conn, list(every_problem(year))))
         facts = [(k, v) for k, v in provenance(every_inv, every_row) if v]
         if others:  # measured by hand: the student's to label, before handing the writeup in
             facts.append(("Not counted", f"{others} without a problem's label (a run counts "
