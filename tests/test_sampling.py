@@ -3,6 +3,7 @@ with a fake clock and a fake do_bench; and how tables show them."""
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from dataclasses import dataclass, replace
@@ -11,7 +12,7 @@ import pytest
 
 from cs336sys.measure import timing
 from cs336sys.measure.sampling import Enough, drift, ratio_interval, verdict
-from cs336sys.report.tables import _ratios, speedups
+from cs336sys.report.tables import RUNS_APART_NOTE, _ratios, point_table, speedups
 from cs336sys.sweep.declaration import Experiment, Ratio
 from cs336sys.sweep.result import Result
 from cs336sys.sweep.runner import run_sweep
@@ -267,3 +268,38 @@ def test_attention_against_naive_gives_its_interval_from_end_to_end_samples():
                                                                                "seq": 64}}
     assert _ratios(ratio, [{**naive, "e2e_ms_mean": 0.3, "e2e_ms_median": None}, mean_only]) \
         == ["1.00×", "1.50×"]  # rows stored without medians: their means, no interval
+
+
+def test_points_of_different_commands_get_an_interval_but_no_verdict():
+    """Resampling steps within each run cannot see how far runs drift apart: on the shared
+    H100 store two runs of one bf16 point had medians 23 % apart, and fp32 -> bf16 paired
+    with the faster of them read `1.06× faster (1.02–1.33)` (0.86×, no difference, beside
+    the bf16 run of the fp32 point's own command). Rows of different invocations keep the
+    interval and say `runs apart`, with the note that says why."""
+    from cs336sys.experiments.attention_section import TABLE
+
+    def run(precision, samples, invocation):
+        return {"status": "ok", "gpu": None, "invocation_id": invocation,
+                "_settings": {"size": "small", "precision": precision},
+                "step_ms_median": sorted(samples)[len(samples) // 2],
+                "_samples": {"step_ms": samples}}
+
+    fp32 = run("fp32", [67.0, 67.2, 67.5, 67.1, 67.4, 66.9], "a")
+    bf16 = [63.4, 63.6, 63.9, 63.5, 63.8, 63.2]
+    ((*_, apart),) = speedups([fp32, run("bf16", bf16, "b")], "precision", "fp32", "bf16",
+                              "step_ms", lambda r: "small")
+    assert re.fullmatch(r"1\.06× \(1\.\d\d–1\.\d\d, runs apart\)", apart), apart
+    ((*_, together),) = speedups([fp32, run("bf16", bf16, "a")], "precision", "fp32", "bf16",
+                                 "step_ms", lambda r: "small")
+    assert together.startswith("1.06× faster (")
+
+    def attention(impl, e2e, invocation):
+        s = {"impl": impl, "seq": 64, "d_head": 16}
+        return {**s, "status": "ok", "gpu": None, "invocation_id": invocation, "_settings": s,
+                "e2e_ms_mean": sum(e2e) / len(e2e), "e2e_ms_median": sorted(e2e)[len(e2e) // 2],
+                "_samples": {"e2e_ms": e2e}}
+
+    t = point_table(TABLE, [attention("naive", [0.30, 0.31, 0.29, 0.30, 0.32, 0.30], "a"),
+                            attention("sdpa", [0.10, 0.11, 0.10, 0.12, 0.11, 0.10], "b")])
+    assert t.rows[1][t.headers.index("vs naive")].endswith("runs apart)")
+    assert RUNS_APART_NOTE in t.note

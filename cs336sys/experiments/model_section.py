@@ -20,7 +20,7 @@ from cs336sys.report.sections import (
     text,
     varying,
 )
-from cs336sys.report.tables import speedups
+from cs336sys.report.tables import RUNS_APART, RUNS_APART_NOTE, speedups
 
 SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second faster) comes with its 95 % "
                 "bootstrap interval from the raw samples, and says faster or slower only when the "
@@ -83,7 +83,8 @@ def section(sec: Section, pts: list[Row]) -> None:
             sec.tables.append(FilledTable(
                 f"Speedup {a_name} → {b_name} (median step time)",
                 [f"point ({a_name})", f"{a_name} ms", f"{b_name} ms", f"{a_name}/{b_name}"], body,
-                note=SPEEDUP_NOTE))
+                note=" ".join([SPEEDUP_NOTE] + [RUNS_APART_NOTE for row in body
+                                                if RUNS_APART in row[-1]][:1])))
 
 
 # Steps per size and precision drawn as stacked bars: the parts, bottom first.

@@ -182,11 +182,21 @@ def _interval(ratio: Ratio, base: Row, row: Row) -> str:
     return sample_interval(ratio.samples, base, row, ratio.speedup)
 
 
+# Ratio cells of two points stored by different commands: the interval, no verdict.
+RUNS_APART = "runs apart"
+RUNS_APART_NOTE = (
+    "runs apart: the two points were stored by different commands; the interval sees the "
+    "spread within each run, not the drift between runs (two runs of one model point "
+    "differed by 23 % on an H100), so it gives no verdict: measure both in one command.")
+
+
 def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
     """` faster (1.65–2.58)`: the bootstrap interval of row's median of the samples `name`
     over base's (base's over row's when `speedup`) and its verdict; '' without samples, or
     with too few a side for any test to tell (3 against 3: measure/significance.py): a
-    bootstrap of one sample a side has an interval of zero width, a certainty it lacks."""
+    bootstrap of one sample a side has an interval of zero width, a certainty it lacks.
+    Two rows of different invocations get the interval and RUNS_APART instead of a verdict:
+    resampling steps within each run cannot see how far runs drift apart."""
     if not name:
         return ""
     a = timed_samples(base.get("_samples"), name)
@@ -197,6 +207,8 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     if found is None:
         return ""
     low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
+    if base.get("invocation_id") != row.get("invocation_id"):
+        return f" ({low:.2f}–{high:.2f}, {RUNS_APART})"
     return f" {verdict(found)} ({low:.2f}–{high:.2f})"
 
 
@@ -284,6 +296,9 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
     notes += [sentence for i, c in enumerate(columns) for word, sentence in c.notes_if
               if any(word in row[at + i] for row in t.rows)]
+    if any(RUNS_APART in row[at + i] for i, c in enumerate(columns) if c.ratio
+           for row in t.rows):
+        notes.append(RUNS_APART_NOTE)
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
