@@ -334,6 +334,31 @@ def test_fsdp_rows_say_their_optimizer_state_is_sharded_with_the_parameters():
                                        ["yours-fsdp", "sharded (FSDP)"]]
 
 
+def test_a_pivot_names_what_its_rows_share_and_the_sdpa_backend_that_ran():
+    """The writeup's tables dropped what every row shared: memory_profiling's never named
+    the model (the 2025 xl, 1600×48, under an `Asks` line naming the 2026 one), and
+    pytorch_attention's batch 1 with 16 heads stood under `batch 8 without heads`. They get
+    the report's `Same in every row` line; an SDPA column is named by the backend that ran
+    (`sdpa[cudnn]`), as the report's table names it."""
+    peak = Column("peak MiB", "peak_bytes", "mib")
+    rows = [_row(size="xl", d_model=1600, num_layers=48, seq=s, batch=4, mode=m,
+                 precision="fp32", checkpoint="none", metrics={"peak_bytes": 2**20 * s})
+            for s in (128, 256) for m in ("forward", "train")]
+    t = pivot(Pivot("t", "memory", ("seq",), (peak,), across="mode",
+                    where={"precision": "fp32"}), rows,
+              ["size", "seq", "batch", "mode", "precision", "checkpoint", "d_model"])
+    assert t.constant == "size=xl (1600×48), batch=4, checkpoint=none"
+    fwd = Column("forward ms", "fwd_ms", "num")
+    rows = [_row(impl=impl, d_head=64, seq=1024, heads=16, batch=1, sdpa_backend=backend,
+                 metrics={"fwd_ms": ms, "sdpa_backend_used": used})
+            for impl, backend, used, ms in (("triton", None, None, 1.0),
+                                            ("sdpa", "auto", "cudnn", 2.0))]
+    t = pivot(Pivot("t", "attention", ("d_head", "seq"), (fwd,), across="impl"), rows,
+              ["impl", "d_head", "seq", "heads", "batch"])
+    assert t.headers == ["d", "seq", "triton", "sdpa[cudnn]"]
+    assert t.constant == "heads=16, batch=1"
+
+
 # -- end to end -------------------------------------------------------------------------------
 
 # One problem of each kind of run that starts no model: precision, attention, ranks (comm),

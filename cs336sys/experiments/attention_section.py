@@ -53,7 +53,7 @@ APART = (interpreted, " — Triton interpreted (TRITON_INTERPRET=1): the CPU emu
          "so these times are not comparable to native ones")
 
 
-def _impl(row: Mapping[str, Any]) -> str:
+def impl_label(row: Mapping[str, Any]) -> str:
     """The implementation, with the SDPA backend or the opt-in Triton kernels that ran, and an
     interpreter mark."""
     impl = str(row.get("impl"))
@@ -114,7 +114,7 @@ def _impossible(row: Mapping[str, Any]) -> str | None:
 TABLE = Table(
     "Latency (mean ± std), memory held before backward, throughput, error",
     (
-        Column("impl", "impl", cell=_impl, setting=True),
+        Column("impl", "impl", cell=impl_label, setting=True),
         *setting_columns("d=d_head seq heads batch precision pass"),
         *column_table("""
             fwd ms              fwd_ms                mean_std

@@ -10,11 +10,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cs336sys.experiments.attention_section import impl_label
 from cs336sys.experiments.ddp_setup import stored_as_fsdp
 from cs336sys.handout.problem import AsReported, Pivot
 from cs336sys.measure.units import format_size
-from cs336sys.report.sections import FilledTable, Row, Section, latest, text, varying
-from cs336sys.report.tables import cell, point_tables
+from cs336sys.report.sections import (
+    BY_SIZE,
+    QUIET,
+    FilledTable,
+    Row,
+    Section,
+    latest,
+    text,
+    varying,
+)
+from cs336sys.report.tables import cell, point_tables, shown
 from cs336sys.sweep.declaration import model_size
 
 # How a setting's value reads as a column group or a row cell, where its bare value would not.
@@ -32,11 +42,14 @@ _HEADERS = {"d_head": "d", "bytes": "size", "world_size": "processes",
 
 
 def _row_cell(key: str, row: Row) -> str:
-    """A row-naming cell: the size with its shape, a byte count with its unit, or the
-    setting's value."""
+    """A row-naming cell: the size with its shape, a byte count with its unit, an attention
+    implementation with the SDPA backend that ran (`sdpa[cudnn]`, as the report has it), or
+    the setting's value."""
     value = row["_settings"].get(key, row.get(key))
     if key == "size":
         return model_size({**row, **row["_settings"]})
+    if key == "impl" and "sdpa_backend_used" in row:  # an attention row
+        return impl_label({**row, **row["_settings"]})
     if key == "bytes" and value is not None:
         return format_size(int(value))
     if key == "shard_optimizer" and value in (None, "none") and stored_as_fsdp(
@@ -84,10 +97,33 @@ def _keys(p: Pivot, rows: list[Row]) -> list[str]:
     return keys
 
 
-def pivot(p: Pivot, rows: list[Row]) -> FilledTable | None:
+def _group(p: Pivot, value: Any, rows: list[Row]) -> str:
+    """A column group's name: the rows' own cell where they agree on it (`sdpa[cudnn]`),
+    else the setting's value in words."""
+    if p.across in _WORDS:
+        return _WORDS[p.across](value)
+    named = {_row_cell(p.across, r) for r in rows if r["_settings"].get(p.across) == value}
+    return named.pop() if len(named) == 1 else text(value)
+
+
+def _constant(shows: list[str], named: set[str], rows: list[Row]) -> str:
+    """`size=xl (1600×48, 2.0B), batch=4`: the settings of `shows` (those the experiment's
+    own table shows) that every row shares and no row key, column group or `where` of the
+    table names. Without it a pivot hid the model and the shape it was measured at."""
+    same = [k for k in shows if k not in named and k not in QUIET
+            and rows[0]["_settings"].get(k) is not None
+            and len({repr(r["_settings"].get(k)) for r in rows}) == 1]
+    if "size" in same or "size" in named:  # its cell has the shape
+        same = [k for k in same if k not in BY_SIZE]
+    return ", ".join(f"{_HEADERS.get(k, k)}={_row_cell(k, rows[0])}" for k in same)
+
+
+def pivot(p: Pivot, rows: list[Row], shows: list[str] = ()) -> FilledTable | None:
     """The Pivot over `rows` (one experiment's view rows of the problem; the latest of each
     point), or None where no row matches. A setting that tells rows apart beyond `rows` and
-    `across` (a second GPU, a dimension overridden) joins the row keys."""
+    `across` (a second GPU, a dimension overridden) joins the row keys; those of `shows`
+    (the settings the experiment's table shows) that every row shares are the table's
+    `constant` line."""
     rows = latest([r for r in rows
                    if all(r["_settings"].get(k) == v for k, v in p.where.items())])
     if not rows:
@@ -107,13 +143,15 @@ def pivot(p: Pivot, rows: list[Row]) -> FilledTable | None:
     headers = [_HEADERS.get(k, k) for k in keys] + (["GPU"] if gpus else [])
     for g in groups:
         for c in p.values:
-            group = _WORDS.get(p.across, text)(g) if p.across else ""
+            group = _group(p, g, rows) if p.across else ""
             headers.append(c.header if not group else
                            group if len(p.values) == 1 else f"{group}: {c.header}")
     body = [[*name, *(cell(c, by[g], spread=False) if g in by else ""
                       for g in groups for c in p.values)]
             for name, by in table.items()]
-    return FilledTable(p.title, headers, body, note=p.note)
+    named = {*keys, *([p.across] if p.across else []), *p.where}
+    return FilledTable(p.title, headers, body, note=p.note,
+                       constant=_constant(list(shows), named, rows))
 
 
 def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]],
@@ -123,7 +161,8 @@ def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]
     report section, as built in `sections` by kind), or a function of all the rows that
     returns a FilledTable or None (plan's closed forms)."""
     if isinstance(entry, Pivot):
-        found = pivot(entry, rows.get(entry.experiment, []))
+        declared = next(e for e in catalog if e.kind == entry.experiment).tables
+        found = pivot(entry, rows.get(entry.experiment, []), shown(declared[0]))
         return [found] if found else []
     if isinstance(entry, AsReported):
         built = (sections or {}).get(entry.experiment)

@@ -24,7 +24,7 @@ Row = dict[str, Any]
 # of them: it changes what is measured (the warm-up study compares points that differ in it).
 QUIET = frozenset({"device", "seed", "steps", "iters", "snapshot"})
 # Model dimensions that a size preset fixes: worth naming only when overridden.
-_BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
+BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 # Settings whose unset value is a value: `model` unset is cs336sys's TransformerLM.
 _UNSET_IS_A_VALUE = frozenset({"model"})
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -186,7 +186,7 @@ def point_labels(heads: list[Row]) -> list[str]:
     several."""
     alone = set(heads[0]["_settings"]) - QUIET if heads else set()
     if "size" in alone:
-        alone -= set(_BY_SIZE)
+        alone -= set(BY_SIZE)
     keys = varying(heads) or sorted(alone)
     many = len({r.get("gpu") for r in heads}) > 1
     return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
@@ -295,7 +295,7 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
                 )
         return any(len(v) > 1 for v in seen.values())
 
-    return [k for k in keys if differs(k, "size" if k in _BY_SIZE else None)]
+    return [k for k in keys if differs(k, "size" if k in BY_SIZE else None)]
 
 
 def with_gpu(
