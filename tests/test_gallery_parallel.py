@@ -87,11 +87,19 @@ def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
 @pytest.mark.parametrize("model", ["cs336_basics", None], ids=["basics-model", "our-model"])
 def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     """With the course's model it shards Linear and Embedding and replicates the norms;
-    with cs336sys's it shards nothing (none of its modules are cs336_basics classes)."""
+    with cs336sys's it shards nothing (none of its modules are cs336_basics classes). One
+    that sums its shards' gradients is wrong where it shards: AdamW hid it in the
+    parameters, and the shards' gradients were not compared."""
     more = ["--model", model] if model else []
     got = ddp(tmp_path / "r.db", "--impl",
-              f"yours-fsdp-basics={FSDP}:FSDP,yours-fsdp-forgets={FSDP}:ForgetsReplicated",
-              *more)
+              f"yours-fsdp-basics={FSDP}:FSDP,yours-fsdp-forgets={FSDP}:ForgetsReplicated,"
+              f"yours-fsdp-sums={FSDP}:SumsShards", *more)
+    sums = got["yours-fsdp-sums", None]
+    if model:
+        assert sums["status"] == "wrong"
+        assert "match world_size (2) x the reference: summed, not averaged" in sums["error"]
+    else:  # nothing sharded: nothing summed
+        assert (sums["status"], sums["check"]) == ("ok", "pass"), sums["error"]
     row = got["yours-fsdp-basics", None]
     assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
     assert row["check_worst"] < 1e-3

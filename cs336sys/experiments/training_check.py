@@ -116,25 +116,46 @@ def _relative(x: Any, ref: Any) -> float:
     return diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
 
 
+def _part(got: Any, ref: Any) -> Any:
+    """What of `ref` rank 0's tensor `got` holds: all of it, or for a shard the first
+    got.numel() elements of ref flattened, rank 0's part under a flat split or a split along
+    dim 0 (the layouts FSDPs use); None where a shard is no smaller than the whole."""
+    if tuple(got.shape) == tuple(ref.shape):
+        return ref
+    if got.numel() == 0 or got.numel() >= ref.numel():
+        return None
+    return ref.reshape(-1)[:got.numel()]
+
+
 def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> str | None:
     """What rank 0's first-step gradients (by the reference's names) do wrong, in words, or
-    None when every tensor it holds whole is the mean over the global batch within `tol`."""
+    None when every tensor it holds is the mean over the global batch within `tol`.
+
+    An FSDP's shard is compared as rank 0's part of the whole (`_part`): AdamW moves the
+    parameters of a summed gradient as it moves those of the mean, so only the gradient
+    shows it. A shard that matches none of the mean, the sum or rank 0's own slice there is
+    laid out some other way and is left to the parameters' comparison."""
     world = reference.world_size
     off: list[tuple[str, float, float, float]] = []  # name, against mean, sum, own slice
+    compared = 0
     for name, ref in reference.grads.items():
         got = grads.get(name)
-        if got is None or tuple(got.shape) != tuple(ref.shape):
-            continue  # not held whole here (an FSDP's shard): the parameters check it
-        got = got.detach().float().cpu()
-        mean = _relative(got, ref)
+        part = _part(got, ref) if got is not None else None
+        if part is None:
+            continue
+        got = got.detach().float().cpu().reshape(part.shape)
+        local = reference.local_grads.get(name)
+        mean = _relative(got, part)
+        summed = _relative(got, world * part)
+        own = _relative(got, _part(got, local)) if local is not None else float("inf")
+        whole = part is ref
+        if not whole and not (mean <= tol or summed <= tol or own <= tol):
+            continue  # another layout
+        compared += 1
         if not mean <= tol:  # NaN too
-            local = reference.local_grads.get(name)
-            off.append((name, mean, _relative(got, world * ref),
-                        _relative(got, local) if local is not None else float("inf")))
+            off.append((name, mean, summed, own))
     if not off:
         return None
-    compared = sum(1 for n, r in reference.grads.items()
-                   if n in grads and tuple(grads[n].shape) == tuple(r.shape))
     count = f"{len(off)} of {compared} gradient tensors"
     if all(s <= tol for _, _, s, _ in off):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match "
