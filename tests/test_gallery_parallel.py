@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import invoke, query
 from tests.test_yours_parallel import SMALL
-from tests.user_repos import course_repo, with_gallery
+from tests.user_repos import course_repo, edit, with_gallery
 
 
 @pytest.fixture
@@ -115,6 +115,29 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     assert forgets["status"] == "wrong"
     assert "match rank 0's own slice of the batch: never all-reduced" in forgets["error"]
     assert ".ln1.weight" in forgets["error"]
+
+
+@pytest.mark.slow  # starts ranks
+def test_your_adapters_fsdp_shards_the_course_model_from_the_first_point(repo, tmp_path):
+    """`--impl yours-fsdp --model cs336_basics`: the model was built before the adapters
+    file was imported, and that import forgot the repository's modules, so the first
+    point's FSDP tested isinstance against a second copy of cs336_basics' Linear: it
+    sharded nothing (params 100 %), and its bf16 point was stored wrong, uncast."""
+    for function, body in (("get_fsdp", "    from cs336_systems.gallery_fsdp import FSDP\n\n"
+                                        "    return FSDP(module, compute_dtype=compute_dtype)"),
+                           ("fsdp_on_after_backward",
+                            "    fsdp_model.finish_gradient_synchronization()"),
+                           ("fsdp_gather_full_params", "    return fsdp_model.full_state_dict()")):
+        text = (repo / "tests" / "adapters.py").read_text()
+        start = text.index(f"def {function}(")
+        old = text[start:text.index("    raise NotImplementedError", start)]
+        edit(repo, "tests/adapters.py", old + "    raise NotImplementedError", old + body)
+    db = tmp_path / "r.db"
+    ddp(db, "--impl", "yours-fsdp", "--model", "cs336_basics", "--precision", "bf16,fp32")
+    rows = query(db, "SELECT * FROM ddp_runs ORDER BY created")
+    assert [(r["precision"], r["status"], r["check"]) for r in rows] == [
+        ("bf16", "ok", "pass"), ("fp32", "ok", "pass")], [r["error"] for r in rows]
+    assert all(0.45 < r["param_rank0_share"] < 0.55 for r in rows)
 
 
 @pytest.mark.slow  # starts ranks

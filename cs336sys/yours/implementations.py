@@ -83,7 +83,17 @@ def search_path() -> list[Path]:
 
 def load_target(spec: str) -> Any:
     """The object at "package.module:Object" (UserCodeError naming the file and line when it
-    does not import)."""
+    does not import).
+
+    The adapters file in use is imported first: its import forgets the repository's modules
+    (Adapters.module), and after this one it would make a second cs336_basics beside the
+    one `--model cs336_basics` built from, whose Linear an FSDP's isinstance never matches."""
+    adapters = engaged()
+    if adapters is not None:
+        try:
+            _ = adapters.module
+        except AdaptersError:
+            pass  # said where the adapters' own implementations are asked for
     importable_from(search_path())
     module_name, _, attr = spec.partition(":")
     try:
