@@ -44,10 +44,14 @@ FSDP = "cs336_systems.gallery_fsdp"
 def test_ddps_right_and_wrong(repo, tmp_path):
     got = ddp(tmp_path / "r.db", "--impl",
               f"yours-hooks={DDP}:AverageInHooks,yours-after={DDP}:AverageAfter,"
+              f"yours-copy={DDP}:TrainsACopy,yours-count={DDP}:CountsBuckets,"
               f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket")
-    for name in ("yours-hooks", "yours-after"):
+    # a copy of the module trained (its parameters were not the optimizer's), a count of
+    # buckets (read as a list of them, after every step was timed) passed the course, too
+    for name in ("yours-hooks", "yours-after", "yours-copy", "yours-count"):
         row = got[name, "none"]
         assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    assert got["yours-count", "none"]["buckets"] == 1
     summed = got["yours-summed", "none"]
     assert summed["status"] == "wrong"
     assert "match world_size (2) x the reference: summed, not averaged" in summed["error"]
@@ -63,8 +67,15 @@ def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
     # two layers and a large vocabulary: the example's round robin by count (`yours`) gives
     # rank 0 both the embedding and the LM head, most of the state
     got = ddp(tmp_path / "r.db", "--impl", "naive", "--shard-optimizer",
-              f"yours,yours-count={DDP}:ShardedByCount,yours-lazy={DDP}:NeverStepsLastShard",
+              f"yours,yours-count={DDP}:ShardedByCount,yours-lazy={DDP}:NeverStepsLastShard,"
+              f"yours-own={DDP}:ZeroGradOfItsOwn,yours-duck={DDP}:NoTorchOptimizer",
               "--num-layers", "2", "--vocab-size", "4096")
+    # zero_grad(self) alone, and no torch Optimizer (its inner one in a list), as the
+    # course's tests allow: they ended as errors, and the list's state counted 0 bytes
+    for name in ("yours-own", "yours-duck"):
+        row = got["naive", name]
+        assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+        assert row["opt_state_rank0_share"] > 0.3, name
     robin = got["naive", "yours"]
     assert (robin["status"], robin["check"]) == ("ok", "pass"), robin["error"]
     assert robin["opt_state_rank0_share"] > 0.9

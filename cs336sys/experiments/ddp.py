@@ -214,6 +214,20 @@ def _items(value: Any) -> list[Any] | None:
     return [value]
 
 
+def _bucket_count(module: Any) -> int | None:
+    """How many gradient buckets a bucketed DDP holds: ours keeps them in a list `buckets`;
+    a user's may keep a count there instead, or anything else."""
+    found = getattr(module, "buckets", None)
+    if isinstance(found, bool):
+        return None
+    if isinstance(found, int):
+        return found or None
+    try:
+        return len(found) or None
+    except TypeError:
+        return None
+
+
 def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
     and the user's yours-bucketed (torch DDP's own cap recorded for torch), each sharding for
@@ -382,7 +396,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics.update(
         comm_fraction=metrics["comm_ms_mean"] / metrics["step_ms_mean"],
         comm_bytes=sum(comm.bytes.values()),
-        buckets=len(getattr(setup.module, "buckets", ())) or None,
+        buckets=_bucket_count(setup.module),
         params=n_params,
         tokens_per_s=spec.batch * spec.seq / (metrics["step_ms_mean"] / 1e3),
         param_max_diff=diff,

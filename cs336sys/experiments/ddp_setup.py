@@ -105,7 +105,8 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         else:
             wrapper = make_ddp(impl, model, bucket_size_mb=bucket_mb)
             finish_with, start_with = (lambda opt: wrapper.finish_gradient_synchronization()), None
-        params = list(model.parameters())
+        # the wrapper's, as the course's tests take them: a DDP may train a copy of the module
+        params = list(wrapper.parameters())
         if yours.is_yours(sharding):
             opt = holder = ddp_yours.optimizer(sharding, params, adamw_cls, lr=LR, weight_decay=WEIGHT_DECAY)
         elif sharding == "ours":
@@ -124,7 +125,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         if start_with is not None:
             start = lambda: start_with(opt)  # noqa: E731
         return Setup(wrapper, opt, holder, lambda: finish_with(opt), True, params, params,
-                     start=start, full_params=lambda: dict(model.named_parameters()))
+                     start=start, full_params=lambda: dict(wrapper.named_parameters()))
     if kind == "fsdp":
         wrapper, finish_with, full = ddp_yours.sharded(impl, model, low)
         params = list(wrapper.parameters())

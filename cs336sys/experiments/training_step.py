@@ -207,7 +207,9 @@ class Step:
                     else:
                         self.optimizer.step()
                     after_optimizer()
-                    self.optimizer.zero_grad(set_to_none=True)
+                    # as the course's tests call it: a sharded optimizer of the user's may
+                    # define zero_grad(self) alone (None is torch's default since 2.0)
+                    self.optimizer.zero_grad()
         times["step_ms"] = (time.perf_counter() - t0) * 1e3
         if self.mode == "forward-backward":
             self.model.zero_grad(set_to_none=True)  # untimed: this mode has no optimizer

@@ -2,6 +2,8 @@
 course-layout repository as cs336_systems/gallery_ddp.py by tests/test_gallery_parallel.py).
 Each wrapper broadcasts rank 0's weights, as the handout asks of a DDP."""
 
+import copy
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -49,6 +51,21 @@ class AverageAfter(_Hooked):
         for p in self.module.parameters():
             if p.grad is not None:
                 p.grad.div_(self.world)
+
+
+class TrainsACopy(AverageInHooks):
+    """Right: wraps a copy of the module; the course's tests step ddp_model.parameters()."""
+
+    def __init__(self, module):
+        super().__init__(copy.deepcopy(module))
+
+
+class CountsBuckets(AverageInHooks):
+    """Right: keeps how many buckets it has in `buckets`, a number."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.buckets = 1
 
 
 class Summed(_Hooked):
@@ -131,3 +148,32 @@ class NeverStepsLastShard(ShardedByCount):
 
     def stepping(self):
         return self.rank != self.world - 1
+
+
+class ZeroGradOfItsOwn(ShardedByCount):
+    """Right: zero_grad(self), taking no argument, as the course's tests call it."""
+
+    def zero_grad(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+
+class NoTorchOptimizer:
+    """Right: step() and zero_grad() alone, all the course's tests ask; no torch Optimizer,
+    its inner one kept in a list."""
+
+    def __init__(self, params, optimizer_cls, **kwargs):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.owner = [(p, i % world) for i, p in enumerate(params)]
+        self.inners = [optimizer_cls([p for p, o in self.owner if o == rank], **kwargs)]
+
+    def zero_grad(self):
+        for p, _ in self.owner:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.inners[0].step()
+        for p, owner in self.owner:
+            dist.broadcast(p.data, src=owner)
