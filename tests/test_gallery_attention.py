@@ -41,9 +41,18 @@ def by_impl(rows):
 def test_torch_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",
                         f"yours-right={TORCH}:Right,yours-nocausal={TORCH}:IgnoresCausal,"
-                        f"yours-noscale={TORCH}:NoScale", *SEQS)
+                        f"yours-noscale={TORCH}:NoScale,yours-instance={TORCH}:AnInstance",
+                        *SEQS)
     got = by_impl(rows)
     assert [(r["status"], r["check"]) for r in got["yours-right"]] == [("ok", "pass")] * 2
+    # an instance of the Function: the course's tests call its .apply, which works
+    assert [(r["status"], r["check"]) for r in got["yours-instance"]] == [("ok", "pass")] * 2
+    # (O, L) where O is due: an error that says so, not "'tuple' has no attribute 'backward'"
+    db = tmp_path / "tuple.db"
+    assert invoke("attention", *SMALL, "--impl", f"yours-tuple={TORCH}:ReturnsL", "--seq", "32",
+                  "--db", db).exit_code == 1
+    (row,) = query(db, "SELECT * FROM attention_runs")
+    assert row["status"] == "error" and "returned a tuple of 2, not the output O" in row["error"]
     for r in got["yours-nocausal"]:  # a one-off kernel is not the handout's PyTorch part
         assert r["status"] == "wrong"
         assert "it computes non-causal attention: the causal mask is missing" in r["error"]

@@ -4,6 +4,7 @@ tests/test_gallery_attention.py). The PyTorch ones compute with whole score matr
 is judged is what they compute, not how they tile it."""
 
 import math
+import warnings
 
 import torch
 
@@ -51,3 +52,11 @@ def _function(mask: bool, scale: float | None):
 Right = _function(mask=True, scale=None)
 IgnoresCausal = _function(mask=False, scale=None)  # right for the PyTorch part, per the handout
 NoScale = _function(mask=True, scale=1.0)  # wrong: scores never divided by sqrt(d)
+with warnings.catch_warnings():  # torch deprecates instances; the course's tests still pass one
+    warnings.simplefilter("ignore", DeprecationWarning)
+    AnInstance = Right()  # right: the getter returns an instance; .apply works on it as well
+
+
+def ReturnsL(q, k, v, is_causal=False):  # wrong: O and its logsumexp, where O alone is due
+    o = Right.apply(q, k, v, is_causal)
+    return o, o.float().sum(-1)
