@@ -207,6 +207,25 @@ def test_a_kernel_that_raises_is_an_error_row_with_its_file_and_line(tmp_path, m
     assert "<details><summary><strong>error</strong>" in html and "Traceback" in html
 
 
+def test_a_kernel_that_calls_sys_exit_is_an_error_row_not_the_commands_end(tmp_path,
+                                                                         monkeypatch):
+    """sys.exit(3) in the user's forward ended the command with 3, its points unstored and
+    no line; it is that point's error, and the sweep goes on."""
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "        o = torch.empty_like(q)\n",
+         "        o = torch.empty_like(q)\n        import sys; sys.exit(3)\n")
+    line = line_of(repo, FLASH, "import sys; sys.exit(3)")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch,naive", *SMALL, "--db", db)
+    assert result.exit_code == 1, result.output
+    rows = runs(db)
+    assert [r["status"] for r in rows if r["impl"] == "naive"] == ["ok", "ok"]
+    errors = [r["error"] for r in rows if r["impl"] == "yours-torch"]
+    assert errors == [f"{FLASH}:{line}: SystemExit: it called sys.exit(3), which would have "
+                      "ended the command"] * 2
+
+
 def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     (repo / "tests" / "adapters.py").unlink()

@@ -173,7 +173,9 @@ def _stopped_by_signal(exc: BaseException) -> bool:
 
 
 def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
-    """Run one point; never raises except KeyboardInterrupt, Terminated and SystemExit.
+    """Run one point; never raises except KeyboardInterrupt, Terminated and cs336sys's own
+    SystemExit (the user's code calling sys.exit() is that point's error: exiting there
+    ended the whole command, with nothing stored and no line).
 
     An error's first line names the exception and, when it was raised in the user's code
     (not cs336sys, the standard library or site-packages), the file and line it came from:
@@ -183,6 +185,11 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
         result = fn(*args, **kwargs)
     except Unfinished as exc:
         result = Result("skipped", error=str(exc))
+    except SystemExit as exc:
+        if not _raised_by_user(exc):
+            raise
+        result = Result("error", error=f"{user_frame(exc) or 'your code'}: SystemExit: it called "
+                        f"sys.exit({exc.code!r}), which would have ended the command")
     except Exception as exc:  # every failure becomes a stored row
         if stopping.pending() is not None and _stopped_by_signal(exc):
             stopping.check()  # raises the signal as itself: the runner stores the stop
