@@ -45,7 +45,8 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     got = ddp(tmp_path / "r.db", "--impl",
               f"yours-hooks={DDP}:AverageInHooks,yours-after={DDP}:AverageAfter,"
               f"yours-copy={DDP}:TrainsACopy,yours-count={DDP}:CountsBuckets,"
-              f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket")
+              f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket,"
+              f"yours-alone={DDP}:NeverBroadcasts")
     # a copy of the module trained (its parameters were not the optimizer's), a count of
     # buckets (read as a list of them, after every step was timed) passed the course, too
     for name in ("yours-hooks", "yours-after", "yours-copy", "yours-count"):
@@ -60,6 +61,10 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     early = got["yours-early", "none"]
     assert early["status"] == "wrong"
     assert "differ from the mean over the global batch" in early["error"]
+    alone = got["yours-alone", "none"]  # said as what it does, not only as gradients off
+    assert alone["status"] == "wrong" and alone["error"].startswith(
+        "wrong: the ranks ended with different parameters (largest difference ")
+    assert "rank 0's weights never broadcast to the others at the start" in alone["error"]
 
 
 @pytest.mark.slow  # starts ranks

@@ -367,7 +367,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         if reference is not None:
-            checked = both(checked, training_check(full, reference, spec.precision, first_grads))
+            checked = both(checked, training_check(full, reference, spec.precision, first_grads,
+                                                   spread=diff))
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})

@@ -189,10 +189,12 @@ def _course_verdict(mine: Any, ref: Any, precision: str) -> str:
 
 
 def training_check(full: dict, reference: TrainingReference, precision: str,
-                   grads: dict | None = None) -> Verdict:
+                   grads: dict | None = None, spread: float | None = None) -> Verdict:
     """The user's parameters after training (`full`, by the unwrapped model's names) and
     rank 0's first-step gradients (`grads`, by any names that end in the model's) against
-    the single-process reference (see TRAINING_TOLERANCE)."""
+    the single-process reference (see TRAINING_TOLERANCE). `spread`, the largest difference
+    of a replicated parameter between the ranks after training, names the cause of a
+    failure where the ranks ended apart."""
     tol = TRAINING_TOLERANCE[precision]
     worst, where, problems, frozen = 0.0, None, [], []
     full = by_reference_names(full, reference.final)
@@ -224,7 +226,12 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
         causes.append(f"{len(frozen)} of {len(reference.final)} parameter tensors never left "
                       f"their initial values ({', '.join(frozen[:3])}"
                       f"{', ...' if len(frozen) > 3 else ''}): their optimizer step never ran "
-                      f"(a shard no rank steps?)")
+                      f"here, or its result never reached rank 0 (a shard no rank steps, or "
+                      f"one its owner never broadcasts?)")
+    if spread and not passed:
+        causes.append(f"the ranks ended with different parameters (largest difference "
+                      f"{spread:.2g}): rank 0's weights never broadcast to the others at the "
+                      f"start, or their updates differ")
     if gradients:
         causes.append(gradients)
     if causes:

@@ -12,12 +12,14 @@ from torch import nn
 class _Hooked(nn.Module):
     """Rank 0's weights, then a post-accumulate hook on every parameter."""
 
+    BROADCAST = True
+
     def __init__(self, module):
         super().__init__()
         self.module = module
         self.world = dist.get_world_size()
         self.handles = []
-        for t in [*module.parameters(), *module.buffers()]:
+        for t in [*module.parameters(), *module.buffers()] if self.BROADCAST else ():
             dist.broadcast(t.data, src=0)
         for p in module.parameters():
             if p.requires_grad:
@@ -66,6 +68,12 @@ class CountsBuckets(AverageInHooks):
     def __init__(self, module):
         super().__init__(module)
         self.buckets = 1
+
+
+class NeverBroadcasts(AverageInHooks):
+    """Wrong: each rank trains from the weights it built (the handout has rank 0's sent)."""
+
+    BROADCAST = False
 
 
 class Summed(_Hooked):
