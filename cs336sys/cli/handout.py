@@ -307,7 +307,7 @@ def report(
 
         cs336sys handout report benchmarking_script pytorch_attention --format tex
     """
-    from cs336sys.cli.outputs import refuse_to_replace
+    from cs336sys.cli.outputs import refuse_to_replace, refuse_to_replace_any
     from cs336sys.handout import writeup
     from cs336sys.measure.paths import why_unwritable
     from cs336sys.models.config import handout as release
@@ -338,6 +338,7 @@ def report(
         rep = writeup.build(conn, problems, chosen, catalog(), commands)
     finally:
         conn.close()
+    refuse_to_replace_any(rep, out, formats, "writeup", force)
     written = write(rep, out, formats, stem="writeup", landed=wrote)
     for path in written:
         if path.parent == out:

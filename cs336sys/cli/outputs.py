@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from cs336sys.cli.common import fail
+from cs336sys.report.render import PNG_SIGNATURE, files
 from cs336sys.store.db import SQLITE_HEADER
 
 # How a file cs336sys wrote starts (its first bytes), or a mark within its first HEAD bytes.
@@ -76,3 +78,45 @@ def refuse_to_replace(paths: Iterable[Path], kind: str, option: str, force: bool
         what = foreign(Path(path), kind)
         if what is not None:
             fail(f"{option}: {path} is {what}; writing would replace it (--force replaces it)")
+
+
+# The kind of output each file of a report or writeup is, by its suffix: a
+# table file starts as its document does, and a PNG carries the text chunk Software=cs336sys
+# (report/render.py's `signed`), as memory --snapshot's timelines do.
+_KINDS = {".html": "html", ".md": "md", ".tex": "tex", ".typ": "typst", ".png": "timeline"}
+_DOCUMENTS = (("md", "md"), ("tex", "tex"), ("typ", "typst"))
+
+
+def refuse_to_replace_any(rep: Any, out: Path, formats: list[str], stem: str,
+                          force: bool) -> None:
+    """Exit 2 naming the first file that writing the report (`report` or `writeup`: its
+    documents, tables and images) would replace and cs336sys did not write, unless `force`:
+    before anything is written. A PNG without the text chunk (a 0.2 report's) is
+    cs336sys's where a document of cs336sys's beside its folder shows it."""
+    if force:
+        return
+    shown: bytes | None = None
+    for path in files(rep, out, formats, stem):
+        kind = _KINDS[path.suffix]
+        if kind == "timeline" and foreign(path, kind) is not None:
+            shown = _shown_by_ours(out, stem) if shown is None else shown
+            with open(path, "rb") as f:  # (foreign found a regular file there)
+                png = f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+            if png and f"{path.parent.name}/{path.name}".encode() in shown:
+                continue
+        refuse_to_replace([path], kind, "--out", force)
+
+
+def _shown_by_ours(out: Path, stem: str) -> bytes:
+    """The documents of `stem` in `out` that cs336sys wrote, together: where its images are
+    named."""
+    found = []
+    for ext, kind in _DOCUMENTS:
+        document = out / f"{stem}.{ext}"
+        try:
+            data = document.read_bytes() if document.is_file() else b""  # (never a FIFO)
+        except OSError:  # one this process may not read shows nothing
+            continue
+        if ours(data[:HEAD], kind):
+            found.append(data)
+    return b"\n".join(found)

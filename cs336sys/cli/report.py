@@ -121,6 +121,9 @@ def report(
         conn.close()
     if not rep.sections:
         typer.echo("No stored runs match this selection; the report says so.", err=True)
+    from cs336sys.cli.outputs import refuse_to_replace_any
+
+    refuse_to_replace_any(rep, out, formats, "report", force)
     try:
         written = write(rep, out, formats, landed=wrote)
     except OSError as exc:

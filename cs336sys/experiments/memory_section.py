@@ -125,13 +125,25 @@ def _parts(pts: list[Row]) -> Bars:
     """Per measured point, the analytic parts stacked with the measured peak written above,
     beside its step time: what checkpointing saves in memory and what it costs in time, even
     for one sequence length (the line plot needs two)."""
+    measured = [r for r in pts if r.get("status") == "ok" and r.get("peak_bytes") is not None]
+    # Where bars share size, T, mode and checkpointing, the settings that tell them apart
+    # (precision, batch, the user's model, ...) and the GPU go into every label: no two bars
+    # read as one point, and none carries a setting that its mode already says.
+    shown = ("size", "seq", "mode", "checkpoint")
+    alike: dict[tuple, list[Row]] = {}
+    for r in measured:
+        alike.setdefault(tuple(text(r["_settings"].get(k)) for k in shown), []).append(r)
+    clashes = [rows for rows in alike.values() if len(rows) > 1]
+    extra = sorted({k for rows in clashes for k in varying(rows, shown=shown)})
+    gpus = any(len({r.get("gpu") for r in rows}) > 1 for rows in clashes)
     bars = []
-    for r in pts:
-        if r.get("status") != "ok" or r.get("peak_bytes") is None:
-            continue
+    for r in measured:
         s = r["_settings"]
-        bars.append(Bar(text(s.get("size")),
-                        f"T={text(s.get('seq'))} {text(s.get('mode'))} {text(s.get('checkpoint'))}",
+        label = f"T={text(s.get('seq'))} {text(s.get('mode'))} {text(s.get('checkpoint'))}"
+        label += "".join(f" {text(s[k])}" if k == "precision" else f" {k}={text(s[k])}"
+                         for k in extra if s.get(k) is not None)
+        label += f" [{r.get('gpu')}]" if gpus else ""
+        bars.append(Bar(text(s.get("size")), label,
                         tuple(None if r.get(k) is None else r[k] / 2**20 for k, _ in PARTS),
                         total=r["peak_bytes"] / 2**20, side=r.get("step_ms_mean")))
     return Bars(tuple(bars), tuple(name for _, name in PARTS),

@@ -434,7 +434,10 @@ def bar_plot(plot: Bars) -> bytes:
     fig.subplots_adjust(left=0.08, right=0.99, top=1 - 0.45 / height,
                         bottom=(drop_pt + 24) / 72 / height, wspace=0.22)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
+    # the margins above are guesses: an axis label beside wide tick labels (50,000 MiB) or
+    # a long bar label would fall off the edge; the image grows to hold all of them
+    fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight",
+                pad_inches=0.1)
     return buf.getvalue()
 
 

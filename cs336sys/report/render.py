@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -295,6 +296,41 @@ _NUMBER = re.compile(
 )
 
 
+def _images(report: Report, out: Path, stem: str) -> list[tuple[Any, Path]]:
+    """Each figure with the PNG file the markdown, LaTeX and Typst show it from."""
+    return [(fig, out / f"{stem}_files" / f"{fig.name}.png")
+            for sec in report.sections for fig in sec.figures]
+
+
+def files(report: Report, out: Path, formats: list[str], stem: str = "report") -> list[Path]:
+    """Every file `write` writes for `formats`: a command checks each one that is there
+    before it writes any (cli/outputs.py)."""
+    paths = [out / f"{stem}.{EXTENSIONS[f]}" for f in FORMATS if f in formats]
+    if any(f in formats for f in ("md", "tex", "typst")):
+        paths += [path for _, path in _images(report, out, stem)]
+    for fmt in ("tex", "typst"):
+        if fmt in formats:
+            paths += typeset.table_paths(report, out, fmt, stem)
+    return paths
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# A PNG text chunk, Software=cs336sys (as memory --snapshot's timelines carry), by which a
+# later run knows a PNG in the images folder for its own (cli/outputs.py).
+_SOFTWARE = b"tEXt" + b"Software\x00cs336sys"
+_SOFTWARE_CHUNK = ((len(_SOFTWARE) - 4).to_bytes(4, "big") + _SOFTWARE
+                   + zlib.crc32(_SOFTWARE).to_bytes(4, "big"))
+
+
+def signed(png: bytes) -> bytes:
+    """`png` with the Software=cs336sys text chunk right after its header chunk, where a
+    reader of the file's first bytes finds it; anything else as it is."""
+    if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
+        return png
+    end = 8 + 12 + int.from_bytes(png[8:12], "big")  # length, type, data, CRC
+    return png[:end] + _SOFTWARE_CHUNK + png[end:]
+
+
 def write(report: Report, out: Path, formats: list[str], stem: str = "report",
           landed: Callable[[list[Path]], Any] | None = None) -> list[Path]:
     """Render the report into `out`; returns the paths written (the images and, for tex and
@@ -312,12 +348,10 @@ def write(report: Report, out: Path, formats: list[str], stem: str = "report",
         images: dict[str, str] = {}
         pngs = []
         if any(f in formats for f in ("md", "tex", "typst")):
-            img_dir = out / f"{stem}_files"
-            for sec in report.sections:
-                for fig in sec.figures:
-                    stage.path(img_dir / f"{fig.name}.png").write_bytes(fig.png)
-                    images[fig.name] = f"{img_dir.name}/{fig.name}.png"
-                    pngs.append(img_dir / f"{fig.name}.png")
+            for fig, path in _images(report, out, stem):
+                stage.path(path).write_bytes(signed(fig.png))
+                images[fig.name] = f"{path.parent.name}/{path.name}"
+                pngs.append(path)
         if "md" in formats:
             path = out / f"{stem}.md"
             md = md_env.get_template("report.md.j2").render(r=report, images=images)
