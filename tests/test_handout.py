@@ -359,6 +359,21 @@ def test_a_pivot_names_what_its_rows_share_and_the_sdpa_backend_that_ran():
     assert t.constant == "heads=16, batch=1"
 
 
+def test_the_method_line_counts_the_samples_the_tables_come_from():
+    """`at least 100 timed samples a point` (the --iters asked) stood above cells marked
+    (n=1) of the H100 store: do_bench picks its own count, and a point past its budget
+    stops short. The line gives the stored counts' range and what was asked."""
+    from cs336sys.handout.writeup import method
+
+    inv = {"id": "i", "_status": "ok", "_n": 2, "gpu": "cpu", "gpu_count": 0,
+           "git_commit": "abc", "git_dirty": 0}
+    rows = [{"created": "2026-12-06", "_settings": {"iters": 100, "warmup": 10},
+             "fwd_ms_mean": 1.0, "fwd_ms_n": n, "bwd_ms_mean": None} for n in (1, 66)]
+    line = method([inv], {"attention": rows})
+    assert "1 to 66 timed samples a point (--iters 100)" in line
+    assert "at least" not in line
+
+
 # -- end to end -------------------------------------------------------------------------------
 
 # One problem of each kind of run that starts no model: precision, attention, ranks (comm),

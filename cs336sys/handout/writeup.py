@@ -19,7 +19,14 @@ from cs336sys.handout.status import in_words, unlabelled
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import Report, kernel_stats, provenance
-from cs336sys.report.sections import FilledTable, Row, Section, latest, point_labels
+from cs336sys.report.sections import (
+    FilledTable,
+    Row,
+    Section,
+    latest,
+    point_labels,
+    sample_count,
+)
 from cs336sys.report.select import Selection, invocations, load
 
 
@@ -34,13 +41,22 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     settings = [r["_settings"] for kind_rows in rows.values() for r in kind_rows]
     warm = sorted({s["warmup"] for s in settings if isinstance(s.get("warmup"), int)})
     iters = sorted({s["iters"] for s in settings if isinstance(s.get("iters"), int)})
+    # the samples the statistics come from (report/sections.sample_count): do_bench chooses
+    # its own count and a point past its time budget stops short of --iters
+    counts = sorted({n for kind_rows in rows.values() for r in kind_rows for k in r
+                     if k.endswith("_ms_mean") and r[k] is not None
+                     for n in [sample_count(r, k.removesuffix("_mean"))] if n is not None})
     parts = [f"GPU {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
     if "Your code" in facts:
         parts.append(f"your code {facts['Your code']}")
     if warm:
         parts.append(_counts(warm, "warm-up step"))
-    if iters:
-        parts.append(f"at least {_counts(iters, 'timed sample')} a point")
+    if counts:
+        span = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+        asked = f" (--iters {', '.join(map(str, iters))})" if iters else ""
+        parts.append(f"{span} timed sample{'' if counts == [1] else 's'} a point{asked}")
+    elif iters:
+        parts.append(f"{_counts(iters, 'timed sample')} asked a point")
     parts.append(f"runs: {facts['Runs by status']}")
     return "Method: " + "; ".join(p for p in parts if p) + "."
 
