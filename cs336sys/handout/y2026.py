@@ -143,8 +143,10 @@ PROBLEMS = (
                            cpu="memory --size tiny --seq 64,128 --mode forward,train --precision "
                            "fp32,bf16 --warmup 0 --iters 1 --snapshot "
                            "reports/handout/memory_profiling", part="(a)-(c)"),
-            on_their_model("memory residuals --size xl --seq 2048",
-                           cpu="memory residuals --size tiny --seq 128 --no-compile", part="(f)"),
+            # the block of the profiled step: section 2.1.2's batch 4 (residuals' default is 1)
+            on_their_model("memory residuals --size xl --seq 2048 --batch 4",
+                           cpu="memory residuals --size tiny --seq 128 --batch 4 --no-compile",
+                           part="(f)"),
         ),
         tables=(
             Pivot("Peak memory by context length (MiB), fp32", "memory", ("seq",), (PEAK,),
