@@ -167,6 +167,28 @@ def test_the_memory_charts_axis_labels_stay_inside_the_image():
     assert ink[:, : pixels.shape[1] // 20].any()  # the axis label, close to the left edge
 
 
+def test_a_history_plot_keeps_its_title_on_the_image():
+    """A memory point's settings made a title wider than the figure, cut at both edges
+    (`h=4 checkpoint=none ... precisio`): it wraps, and no ink touches a side of the image."""
+    from matplotlib.image import imread
+
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.report import history
+
+    def row(commit, day):
+        s = {"size": "tiny", "seq": 128, "batch": 4, "mode": "train", "precision": "fp32",
+             "checkpoint": "none", "optimizer": "adamw", "attention": "naive", "warmup": 0}
+        return {"status": "ok", "git_commit": commit, "git_dirty": 0, "gpu": "cpu",
+                "created": f"2026-04-0{day} 00:00:00.000000", "_settings": s,
+                "peak_bytes": 440_000_000 + day}
+
+    h = history.build({"memory": [row("a" * 40, 1), row("b" * 40, 2)]}, EXPERIMENTS, draw=False)
+    (track,) = h.tracks
+    pixels = imread(io.BytesIO(history.plot(track)), format="png")[..., :3]
+    ink = pixels.min(axis=2) < 0.9
+    assert not ink[:, 0].any() and not ink[:, -1].any()
+
+
 # -- LaTeX ---------------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import statistics
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -275,10 +276,14 @@ def plot(t: Track) -> bytes:
     from matplotlib.ticker import FuncFormatter
 
     xs = list(range(len(t.commits)))
-    med = t.medians()
-    lo = [min(_values(t.metric, s)) for s in t.sides]
-    hi = [max(_values(t.metric, s)) for s in t.sides]
-    fig = MplFigure(figsize=(max(4.5, 0.45 * len(xs) + 2.5), 3.2), dpi=100)
+    # bytes in MiB, as the tables give them (440M read as another figure than 419.6 MiB)
+    scale, label = (2**20, t.metric.label.replace("bytes", "MiB")) \
+        if t.metric.unit == "bytes" else (1, t.metric.label)
+    med = [m / scale for m in t.medians()]
+    lo = [min(_values(t.metric, s)) / scale for s in t.sides]
+    hi = [max(_values(t.metric, s)) / scale for s in t.sides]
+    width = max(4.5, 0.45 * len(xs) + 2.5)
+    fig = MplFigure(figsize=(width, 3.2), dpi=100)
     ax = fig.subplots()
     ax.fill_between(xs, lo, hi, color="C0", alpha=0.15, linewidth=0, label="min–max")
     ax.plot(xs, med, marker="o", markersize=3, color="C0", label="median")
@@ -296,10 +301,12 @@ def plot(t: Track) -> bytes:
     ax.yaxis.set_major_formatter(FuncFormatter(short))
     ax.tick_params(axis="y", labelsize=8)
     ax.set_xlabel("commit (in the order of its first run)", fontsize=9)
-    ax.set_ylabel(t.metric.label, fontsize=9)
+    ax.set_ylabel(label, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, frameon=False)
-    ax.set_title(f"{t.experiment} {t.point}", fontsize=10)
+    # a point's settings run long: wrapped to the figure (about 10 characters an inch at
+    # this size), or the title ran off both edges
+    ax.set_title(textwrap.fill(f"{t.experiment} {t.point}", int(width * 10)), fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
