@@ -465,6 +465,10 @@ def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch
                       {"size": "tiny", "seq": seq, "mode": "train", "snapshot": "snaps"},
                       {"peak_bytes": 2**20, "snapshot_png": str(where),
                        "snapshot_pickle": "snaps/tiny-T64.pickle" if seq == 64 else None})
+        # a later run of the first point without --snapshot (another problem's) is its
+        # latest: its timeline still shows, from the run that drew it
+        s.add_run(inv, "memory", "ok", {"size": "tiny", "seq": 64, "mode": "train"},
+                  {"peak_bytes": 2**20})
     result = invoke("report", "--db", db, "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
     html = (tmp_path / "out" / "report.html").read_text()
@@ -473,7 +477,7 @@ def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch
     assert "3 memory timeline(s) left out" in html
     assert html.count("<figcaption>Memory timeline:") == 1
     # the caption names the point's checkpointing too; the CUDA pickle gets its one line
-    assert "T=64 B=None train None checkpoint=none" in html
+    assert "T=64 B=None train None checkpoint=none (the run of " in html
     assert "snaps/tiny-T64.pickle. Drag it onto https://pytorch.org/memory_viz" in html
 
 

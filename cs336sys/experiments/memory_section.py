@@ -38,8 +38,11 @@ def section(sec: Section, pts: list[Row]) -> None:
              "above each bar is the measured peak, and grey the part of it the accounting "
              "leaves out. Beside it, the step time: what checkpointing costs for what it saves.")
     left_out = 0
-    for i, r in enumerate(pts):
-        if not r.get("snapshot_png"):
+    for i, point in enumerate(pts):
+        # a later run of the point without --snapshot (another problem's) keeps its timeline
+        r = next((run for run in [point, *reversed(point.get("_earlier", []))]
+                  if run.get("snapshot_png")), None)
+        if r is None:
             continue
         png = timeline_png(r)
         if png is None:
@@ -49,7 +52,9 @@ def section(sec: Section, pts: list[Row]) -> None:
         what = f"checkpoint={text(s.get('checkpoint') or 'none')}{whose(s)}"
         sec.figures.append(Figure(
             f"Memory timeline: {model_size(r)} T={r['seq']} B={s.get('batch')} {s.get('mode')} "
-            f"{s.get('precision')} {what}", f"memory-timeline-{i}", png=png,
+            f"{s.get('precision')} {what}"
+            + (f" (the run of {str(r.get('created'))[:16]})" if r is not point else ""),
+            f"memory-timeline-{i}", png=png,
             note=memory_viz_line(r.get("snapshot_pickle"))))
     if left_out:
         sec.notes.append(f"{left_out} memory timeline(s) left out: the stored path is not a PNG "

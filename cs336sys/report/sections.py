@@ -133,15 +133,18 @@ def skey(row: Row, drop: Iterable[str] = ()) -> str:
 
 
 def latest(rows: list[Row]) -> list[Row]:
-    """The last row per (GPU, settings), in first-seen order, with `_n` = rows of that point."""
+    """The last row per (GPU, settings), in first-seen order, with `_n` = rows of that point
+    and `_earlier` = its older rows, oldest first (what a newer run leaves out, such as a
+    memory timeline that only a --snapshot run drew)."""
     out: dict[tuple, Row] = {}
-    counts: dict[tuple, int] = {}
+    every: dict[tuple, list[Row]] = {}
     for r in rows:  # oldest first, so the last one wins
         k = (r.get("gpu"), skey(r))
-        counts[k] = counts.get(k, 0) + 1
+        every.setdefault(k, []).append(r)
         out[k] = r
     for k, r in out.items():
-        r["_n"] = counts[k]
+        r["_n"] = len(every[k])
+        r["_earlier"] = every[k][:-1]
     return list(out.values())
 
 
