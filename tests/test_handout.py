@@ -165,6 +165,26 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     assert "count for no problem" not in invoke("handout", "--db", labelled).stdout
 
 
+def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch):
+    """memory_profiling with its memory runs stored and its residuals not read `measured`,
+    in the listing and the writeup alike: it is `partly measured`, naming the part left."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with Store(db_path, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, [], "memory", label="memory_profiling")
+        store.add_run(inv, "memory", "ok", {"size": "tiny", "seq": 64}, {"peak_bytes": 2**20})
+    out = invoke("handout", "--db", db_path).stdout
+    assert "memory_profiling (4 pts, §2.1.6): partly measured " in out
+    assert "1 ok; not yet: (f) memory residuals" in out
+    writeup = tmp_path / "writeup"
+    assert invoke("handout", "report", "memory_profiling", "--format", "md", "--out", writeup,
+                  "--db", db_path).exit_code == 0
+    assert ("Not yet measured: (f) memory residuals (`cs336sys handout run memory_profiling` "
+            "measures what is missing)") in (writeup / "writeup.md").read_text()
+
+
 def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, monkeypatch):
     """At 60 columns the prose wraps, indented under its problem; a command, after `$` or
     in backquotes inside the prose, is never cut, so that it can be copied whole (the 80

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ class Status:
     last: str | None = None  # UTC, as the store writes it
     gpus: list[str] = field(default_factory=list)
     yours: bool = False
+    experiments: set[str] = field(default_factory=set)  # the kinds of its stored runs
 
     @property
     def done(self) -> bool:
@@ -43,7 +45,25 @@ class Status:
         counts = ", ".join(f"{self.statuses[s]} {s}" for s in _ORDER if self.statuses[s])
         whose = "your code" if self.yours else "cs336sys's code"
         where = f" on {', '.join(self.gpus)}" if self.gpus and p.kind != COMPUTE else ""
+        left = self.left()
+        if left:
+            verb = f"partly {verb}"
+            counts += f"; not yet: {', '.join(left)}"
         return f"{verb} {_when(self.last)}{where} ({whose}): {counts}"
+
+    def left(self) -> list[str]:
+        """The parts of the problem whose experiment holds no run of it (`(f) memory
+        residuals`): a problem with one part stored read `measured` as a whole."""
+        out: list[str] = []
+        for run in self.problem.runs:
+            if run.yours_only or run.experiment in self.experiments:
+                continue
+            words = shlex.split(run.gpu)[:2]  # the command's name, `memory residuals`
+            what = " ".join(w for w in words if not w.startswith("-"))
+            named = f"{run.part} {what}".strip()
+            if named not in out:
+                out.append(named)
+        return out
 
 
 def _when(created: str | None) -> str:
@@ -67,12 +87,13 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem]) -> list[S
         return list(out.values())
     marks = ", ".join("?" * len(out))
     rows = conn.execute(
-        "SELECT i.label, r.status, r.created, i.gpu, r.settings FROM runs r "
+        "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment FROM runs r "
         f"JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN ({marks}) "
         "ORDER BY r.created", list(out))
-    for label, status, created, gpu, settings in rows:
+    for label, status, created, gpu, settings, experiment in rows:
         s = out[label]
         s.statuses[status] += 1
+        s.experiments.add(experiment)
         s.last = created
         if gpu and gpu not in s.gpus:
             s.gpus.append(gpu)

@@ -15,7 +15,7 @@ from typing import Any
 from cs336sys.handout import problems as every_problem
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
-from cs336sys.handout.status import in_words, unlabelled
+from cs336sys.handout.status import Status, in_words, unlabelled
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import Report, kernel_stats, provenance
@@ -111,6 +111,10 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             sec.notes.append(f"{left}: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
     sec.notes.append(method(invs, rows))
+    left = Status(problem, experiments={k for k, v in rows.items() if v}).left()
+    if left and problem.kind != IMPLEMENT:
+        sec.notes.append(f"Not yet measured: {', '.join(left)} (`cs336sys handout run "
+                         f"{problem.name}` measures what is missing).")
     if problem.kind == IMPLEMENT and (verdicts := checks(rows)) is not None:
         sec.tables.append(verdicts)
     by_kind = {e.kind: e for e in catalog}
