@@ -215,3 +215,27 @@ def test_a_double_quote_prints_straight_in_latex(tmp_path):
     for said in ('x "q" y', 'Model "m"', 'a note "n" with --label "l"', 'cell "c"'):
         assert said in text, text
     assert "\u201d" not in text
+
+
+def test_typst_never_breaks_a_line_inside_an_option(tmp_path):
+    """Typst breaks after a hyphen, in raw text too: a writeup's command printed `--warmup
+    1 --` on one line and `iters 2` on the next. On a page narrow enough to wrap the
+    command at every space, each option stays whole."""
+    import typst  # a dev requirement (pyproject.toml)
+
+    from cs336sys.report.typeset import typst_note
+
+    if not shutil.which("pdftotext"):
+        pytest.skip("pdftotext is needed to read the printed lines")
+    command = ("cs336sys model --size small --warmup 1 --iters 2 --impl yours-individual "
+               "--world-size 2 -p x")
+    (tmp_path / "n.typ").write_text("#set page(width: 4cm, height: auto, margin: 2mm)\n"
+                                    + typst_note(f"Run `{command}` again.") + "\n")
+    (tmp_path / "n.pdf").write_bytes(typst.compile(str(tmp_path / "n.typ")))
+    text = subprocess.run(["pdftotext", "n.pdf", "-"], cwd=tmp_path, capture_output=True,
+                          text=True, check=True).stdout
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert len(lines) >= 3  # it did wrap
+    # (pdftotext joins a word broken after a hyphen and drops that hyphen: `-warmup`)
+    for option in ("--size", "--warmup", "--iters", "--impl", "--world-size", "-p"):
+        assert any(option in line.split() for line in lines), (option, lines)

@@ -71,9 +71,20 @@ def latex_note(note: str) -> str:
     return "".join(code(text) if is_code else latex(text) for text, is_code in code_spans(note))
 
 
+# An option in a code span (`--iters`, `-p`): Typst breaks a line after a hyphen, in raw
+# text too, and printed `--` at the end of one line and `iters 2` on the next.
+_OPTION = re.compile(r"(?<!\S)(--?[A-Za-z][\w-]*)")
+
+
+def _typst_code(text: str) -> str:
+    """A code span as raw text, each option in a box of its own: unbroken."""
+    return "".join(f"#box(raw({typst(part)}))" if i % 2 else f"#raw({typst(part)})"
+                   for i, part in enumerate(_OPTION.split(text)) if part)
+
+
 def typst_note(note: str) -> str:
     """A section note as a Typst paragraph, its code spans raw text."""
-    return "#par[" + "".join(f"#raw({typst(text)})" if code else f"#{typst(text)}"
+    return "#par[" + "".join(_typst_code(text) if code else f"#{typst(text)}"
                              for text, code in code_spans(note)) + "]"
 
 
