@@ -184,18 +184,24 @@ def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     assert rows and all(line.count("wrong") >= 2 and "×" not in line for line in rows)
 
 
-def test_a_kernel_that_raises_is_an_error_row_with_its_file_and_line(tmp_path, monkeypatch):
+def _failing_forward(tmp_path, monkeypatch, statement: str):
+    """`statement` in the example's forward, run beside naive: its line, the command's
+    result (exit 1: a point failed, the sweep went on) and the stored yours-torch rows."""
     repo = course_repo(tmp_path)
     edit(repo, FLASH, "        o = torch.empty_like(q)\n",
-         "        o = torch.empty_like(q)\n        ratio = 1 / (n_q - n_q)\n")
-    line = line_of(repo, FLASH, "ratio = 1 / (n_q - n_q)")
+         f"        o = torch.empty_like(q)\n        {statement}\n")
+    line = line_of(repo, FLASH, statement)
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("attention", "--impl", "yours-torch,naive", *SMALL, "--db", db)
-    assert result.exit_code == 1  # a point failed; the sweep went on
+    assert result.exit_code == 1, result.output
     rows = runs(db)
     assert [r["status"] for r in rows if r["impl"] == "naive"] == ["ok", "ok"]
-    errors = [r for r in rows if r["impl"] == "yours-torch"]
+    return line, result, db, [r for r in rows if r["impl"] == "yours-torch"]
+
+
+def test_a_kernel_that_raises_is_an_error_row_with_its_file_and_line(tmp_path, monkeypatch):
+    line, result, db, errors = _failing_forward(tmp_path, monkeypatch, "ratio = 1 / (n_q - n_q)")
     assert len(errors) == 2 and {r["status"] for r in errors} == {"error"}
     first, _, traceback = errors[0]["error"].partition("\n")
     assert first == f"{FLASH}:{line}: ZeroDivisionError: division by zero"
@@ -211,18 +217,8 @@ def test_a_kernel_that_calls_sys_exit_is_an_error_row_not_the_commands_end(tmp_p
                                                                          monkeypatch):
     """sys.exit(3) in the user's forward ended the command with 3, its points unstored and
     no line; it is that point's error, and the sweep goes on."""
-    repo = course_repo(tmp_path)
-    edit(repo, FLASH, "        o = torch.empty_like(q)\n",
-         "        o = torch.empty_like(q)\n        import sys; sys.exit(3)\n")
-    line = line_of(repo, FLASH, "import sys; sys.exit(3)")
-    monkeypatch.chdir(repo)
-    db = tmp_path / "r.db"
-    result = invoke("attention", "--impl", "yours-torch,naive", *SMALL, "--db", db)
-    assert result.exit_code == 1, result.output
-    rows = runs(db)
-    assert [r["status"] for r in rows if r["impl"] == "naive"] == ["ok", "ok"]
-    errors = [r["error"] for r in rows if r["impl"] == "yours-torch"]
-    assert errors == [f"{FLASH}:{line}: SystemExit: it called sys.exit(3), which would have "
+    line, _, _, rows = _failing_forward(tmp_path, monkeypatch, "import sys; sys.exit(3)")
+    assert [r["error"] for r in rows] == [f"{FLASH}:{line}: SystemExit: it called sys.exit(3), which would have "
                       "ended the command"] * 2
 
 
