@@ -94,7 +94,7 @@ PROBLEMS = (
         ),
     ),
     _same("pytorch_attention", "1.2.1"),
-    _same("torch_compile", "1.2.2", runs=(
+    _same("torch_compile", "1.3", runs=(
         *_2026["torch_compile"].runs[:2],
         on_their_model(f"model --size {SIZES} --mode forward,forward-backward,train {OLD}",
                        cpu=f"model {TINY} --mode forward,train", part="(b)"),
@@ -104,7 +104,7 @@ PROBLEMS = (
     _same("flash_forward", "1.3.2"),
     _same("flash_backward", "1.3.2"),
     _same("flash_benchmarking", "1.3.2"),
-    _same("distributed_communication_single_node", "2.1", asks=(
+    _same("distributed_communication_single_node", "2.1.1", asks=(
         "All-reduce of float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB over 2, 4 and 6 "
         "processes, Gloo on CPU and NCCL on GPU."), runs=(
         Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 "
@@ -117,7 +117,7 @@ PROBLEMS = (
         check="cs336sys ddp --impl yours-individual --world-size 2",
     ),
     _same("naive_ddp_benchmarking", "2.2", runs=(_ddp("naive", "naive --model cs336_basics"),)),
-    _same("minimal_ddp_flat_benchmarking", "2.2",
+    _same("minimal_ddp_flat_benchmarking", "2.3.1",
           runs=(_ddp("naive,flat", "naive,flat --model cs336_basics"),)),
     Problem(
         "ddp_overlap_individual_parameters", 5, section="2.3.2", kind=IMPLEMENT,

@@ -227,7 +227,7 @@ PROBLEMS = (
         ),
     ),
     Problem(
-        "flash_forward", 15, section="4.2.1", kind=IMPLEMENT,
+        "flash_forward", 15, section="4.2.2", kind=IMPLEMENT,
         asks="FlashAttention-2's forward as a PyTorch autograd.Function, then as a Triton "
         "kernel (get_flashattention_autograd_function_pytorch and _triton).",
         check="cs336sys attention --attention yours-torch,yours-triton --pass forward --seq 128",
@@ -253,7 +253,7 @@ PROBLEMS = (
                       ("precision", "d_head", "seq"), (FWD, BWD, E2E), across="impl"),),
     ),
     Problem(
-        "distributed_communication_single_node", 5, section="5.1",
+        "distributed_communication_single_node", 5, section="5.1.1",
         asks="All-reduce of float32 tensors of 1 MB, 10 MB, 100 MB and 1 GB over 2, 4 and 6 "
         "processes.",
         runs=(Run("comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6",
