@@ -31,8 +31,7 @@ def options(
     size: list_option("Model size preset(s). [default: xl on CUDA, tiny on CPU]") = None,
     seq: list_option("Sequence length(s). [default: 512 on CUDA, 128 on CPU]") = None,
     batch: list_option("Sequences per step over all ranks (the global batch), split evenly. "
-                       "[default: 8 "
-                       "on CUDA, 4 on CPU]") = None,
+                       "[default: 4 on CUDA, 4 on CPU]") = None,
     world_size: list_option("Ranks. [default: 2]") = None,
     backend: option("gloo or nccl. [default: nccl on CUDA, else gloo]", str | None) = None,
     precision: list_option("fp32, bf16 (autocast; an FSDP's compute dtype) and/or fp16 (an "
