@@ -341,6 +341,22 @@ def test_the_warmup_table_repeats_every_phase_the_handout_times(year, mode, phas
     assert by_warmup.values == after_five.values
 
 
+def test_the_checkpointing_table_tells_the_block_sizes_apart():
+    """The step's peak was the only memory column, and where the optimizer step sets it
+    every policy read the same (385.5 MiB for every:1 and every:2): the backward peak and
+    the bytes saved for backward, which checkpointing changes, stand beside it."""
+    (table,) = named(["gradient_checkpointing"])[0].tables
+    rows = [_row(size="tiny", mode="train", checkpoint=c, metrics={
+        "peak_bytes": 385.5 * 2**20, "opt_peak_bytes": 385.5 * 2**20,
+        "bwd_peak_bytes": bwd * 2**20, "saved_bytes": saved * 2**20})
+        for c, bwd, saved in (("every:1", 348.4, 26.5), ("every:2", 361.1, 24.5))]
+    t = pivot(table, rows)
+    assert t.headers[:5] == ["checkpoint", "peak MiB", "backward peak MiB",
+                             "saved for backward MiB", "optimizer step peak MiB"]
+    assert [r[:4] for r in t.rows] == [["every:1", "385.5", "348.4", "26.5"],
+                                       ["every:2", "385.5", "361.1", "24.5"]]
+
+
 def test_fsdp_rows_say_their_optimizer_state_is_sharded_with_the_parameters():
     """An FSDP point runs no sharded optimizer (its setting is none) yet holds 1/N of the
     state: "not sharded" beside its halved optimizer-state column read as a contradiction."""
