@@ -301,3 +301,17 @@ def test_db_that_is_not_sqlite_is_bad_input_and_untouched(tmp_path):
         result = invoke("precision", sub, "--device", "cpu", "--db", path)
         assert result.exit_code == 2 and "not a SQLite database" in result.stderr
     assert path.read_bytes() == b"precious\n"
+
+
+def test_a_16_bit_layernorm_says_a_gpu_gives_float32():
+    """On a CPU autocast returns LayerNorm's output in float16, where the handout's question
+    (a GPU) expects float32: the table says so beside it, and only then."""
+    from cs336sys.experiments.precision import AUTOCAST
+    from cs336sys.report.tables import point_table
+
+    def row(ln):
+        s = {"kind": "autocast", "precision": "fp16", "device": "cpu"}
+        return {**s, "_settings": s, "status": "ok", "gpu": "cpu", "ln_dtype": ln}
+
+    assert "returns float32, what the handout" in point_table(AUTOCAST, [row("float16")]).note
+    assert "layernorm in a 16-bit" not in point_table(AUTOCAST, [row("float32")]).note

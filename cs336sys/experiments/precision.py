@@ -369,7 +369,10 @@ AUTOCAST = Table(
         Column("params", "param_dtype"),
         Column("fc1", "fc1_dtype"),
         Column("relu", "relu_dtype"),
-        Column("layernorm", "ln_dtype"),
+        Column("layernorm", "ln_dtype", notes_if=(("float16", (
+            "layernorm in a 16-bit dtype: on a CPU autocast runs layer_norm in its input's "
+            "dtype; on CUDA layer_norm is on autocast's float32 list and returns float32, "
+            "what the handout, which asks about a GPU, expects.")),)),
         Column("logits", "logits_dtype"),
         Column("loss", "loss_dtype"),
         Column("grads", "grad_dtype"),
