@@ -215,7 +215,9 @@ def regress_db(tmp_path_factory):
 
 
 def report(db, out, *args):
-    return invoke("report", "--db", db, "--out", out, *args)
+    """`cs336sys report` on a terminal wide enough for every table in one piece and every
+    line whole (test_terminal_width.py checks the cut to a narrow one)."""
+    return invoke("report", "--db", db, "--out", out, *args, env={"COLUMNS": "200"})
 
 
 def _table_line(stdout: str, *cells: str) -> str:
@@ -242,7 +244,8 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
                "1 undecided (too few or no samples)")
     lines = out.splitlines()
     at = lines.index(summary)  # the table, its caveat, its summary, then the paths written
-    assert lines[at - 1].startswith("One run a side: the test sees the scatter within a run")
+    caveat = next(i for i, x in enumerate(lines) if x.startswith("One run a side: the test "))
+    assert " ".join(lines[caveat:at]).endswith("and the runs' medians are compared.")
     assert lines[at + 1 : at + 3] == [str(tmp_path / "report.html"), str(tmp_path / "report.md")]
     assert all(Path(p).is_file() for p in lines[at + 1 :])
     # the report carries the caveat too: its reader never sees the terminal

@@ -265,6 +265,15 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 
 
+def say(text: str, indent: str = "", then: str | None = None) -> None:
+    """Prose to stdout in lines that fit the terminal (`terminal_width`), broken at spaces,
+    never inside a word or a backquoted command, which is copied whole (tables.fill);
+    `indent` leads the first line, `then` (else `indent`) the others."""
+    from cs336sys.report.tables import fill
+
+    typer.echo(fill(text, terminal_width(), indent, then))
+
+
 def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
     """Print the experiment's declared tables over the finished points, then why each point
     that is not ok is so (skipped, error with its file and line, wrong with its figures).
@@ -376,7 +385,7 @@ def run_experiment(
         except NsysRefused as exc:
             fail(exc)
         if dry:
-            typer.echo(dry_run(experiment, points))
+            say(dry_run(experiment, points))
             return
         # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
         device = recorded_device or next(

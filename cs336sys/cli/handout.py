@@ -4,10 +4,8 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
-import textwrap
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,8 +18,8 @@ from cs336sys.cli.common import (
     check_db,
     choices,
     fail,
+    say,
     stored_here,
-    terminal_width,
     user_code,
     user_errors,
     wrote,
@@ -111,6 +109,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
     if ctx.invoked_subcommand is not None:
         return
     from cs336sys.handout import problems
+    from cs336sys.handout.problem import IMPLEMENT
     from cs336sys.handout.status import in_words
     from cs336sys.models.config import handout as release
 
@@ -118,38 +117,32 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         every = list(problems(year))
         chosen = year or release()
     on_gpu = _on_gpu()
-    width = terminal_width()
-
-    def say(text: str, indent: str = "") -> None:
-        """Prose to the terminal's width, each line after the first indented; a command
-        (`$ ...`, or one in backquotes inside the prose) stays on one line, to be copied
-        whole."""
-        whole = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
-        typer.echo(textwrap.fill(whole, width, initial_indent=indent, subsequent_indent=indent
-                                 or "  ", break_on_hyphens=False, break_long_words=False)
-                   .replace("\0", " "))
-
+    # Prose fits the terminal, each line after the first indented under its problem; a
+    # command stays whole on a `  $ ` line of its own, to be copied.
     say(f"CS336 assignment 2, {chosen} handout: {len(every)} problems, "
-        f"{sum(p.points for p in every)} points; commands {GPU_NOTE if on_gpu else CPU_NOTE}.")
+        f"{sum(p.points for p in every)} points; commands {GPU_NOTE if on_gpu else CPU_NOTE}.",
+        then="  ")
     typer.echo()
     found, others = _statuses(db, every)
     if others:  # measured by hand: they answer no problem until labelled
         say(f"{in_words(others)} in this store count for no problem: a problem's runs are "
             f"those labelled with its name (`handout run` labels them; by hand, give `--label "
-            f"PROBLEM`).")
+            f"PROBLEM`).", then="  ")
         typer.echo()
     for status in found:
         p = status.problem
-        say(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): {status.line()}")
+        say(f"{p.name} ({p.points} pt{'s' * (p.points != 1)}, §{p.section}): {status.line()}",
+            then="  ")
         say(p.asks, "  ")
-        # the commands that measured what the store holds: the user's code's where it does
-        for args in _commands(p, on_gpu, yours=status.yours):
+        # the commands that measured what the store holds: the user's code's where it does;
+        # an implementation's check, which runs the user's code
+        for args in _commands(p, on_gpu, yours=status.yours or p.kind == IMPLEMENT):
             typer.echo(f"  $ {_line(args)}")
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
     typer.echo()
     say("Run them: cs336sys handout run PROBLEM... (or --all); the writeup starter: "
-        "cs336sys handout report.")
+        "cs336sys handout report.", then="  ")
 
 
 @handout_app.command("run")
@@ -199,7 +192,7 @@ def run(
         if refused:
             more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
             fail(f"nothing was run: {refused[0]}{more}")
-    typer.echo(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
+    say(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
     worst, before, at = 0, stored_here(), todo[0][0].name
 
     def stopped_at(name: str) -> str:
@@ -210,7 +203,7 @@ def run(
     try:
         for i, (problem, args) in enumerate(todo, start=1):
             at = problem.name
-            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}: {_line(args)}")
+            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}:\n  $ {_line(args)}")
             if args[0] == "plan":
                 if dry_run:
                     typer.echo("arithmetic: answers in under a second")
@@ -226,7 +219,8 @@ def run(
                            err=True)
                 worst = max(worst, code if isinstance(code, int) else 1)
         if not dry_run:
-            typer.echo(f"\nDone: `cs336sys handout --db {db}` shows where each problem stands.")
+            typer.echo()
+            say(f"Done: `cs336sys handout --db {db}` shows where each problem stands.")
     except (KeyboardInterrupt, stopping.Terminated):  # in a command, or between two
         _stop_if_signalled(stopped_at(at))
         raise

@@ -15,6 +15,7 @@ from cs336sys.cli.common import (
     catalog,
     choices,
     fail,
+    terminal_width,
     wrote,
 )
 from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, list_option, option
@@ -129,9 +130,9 @@ def report(
     except OSError as exc:
         cannot_write(out, exc)
     if rep.compared is not None:
-        typer.echo(rep.compared.text())
+        typer.echo(rep.compared.text(terminal_width()))
     if rep.history is not None:
-        typer.echo(rep.history.text())
+        typer.echo(rep.history.text(terminal_width()))
     for path in written:
         typer.echo(str(path))
     if fail_on_regression is not None:

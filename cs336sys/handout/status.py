@@ -38,8 +38,8 @@ class Status:
             return "a written answer: nothing to measure"
         if not self.done:
             if p.kind == IMPLEMENT:
-                return (f"your implementation: the course's tests check it; cs336sys checks it "
-                        f"with `{p.check}`")
+                return ("your implementation: the course's tests check it; cs336sys checks it "
+                        "with the command below")
             return "not yet computed" if p.kind == COMPUTE else "not yet measured"
         verb = {MEASURE: "measured", COMPUTE: "computed", IMPLEMENT: "checked"}[p.kind]
         counts = ", ".join(f"{self.statuses[s]} {s}" for s in _ORDER if self.statuses[s])

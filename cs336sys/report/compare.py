@@ -66,6 +66,7 @@ from cs336sys.report.select import (
     load,
     present,
 )
+from cs336sys.report.tables import blocks, fill
 
 __all__ = ["ALPHA", "THRESHOLD", "Comparison", "compare", "method", "sides"]
 
@@ -274,16 +275,20 @@ class Comparison:
         """The regressions worse than `percent` (1.12x slower is 12 percent worse)."""
         return [c for c in self.changes if c.kind == "regression" and c.percent > percent]
 
-    def text(self) -> str:
-        """The compared points as a plain-text table and the summary line, for a terminal."""
-        head = "\n".join([f"Comparison by {self.kind}: {self.a} (A) against {self.b} (B)",
-                          *self.notes])
+    def text(self, width: int | None = None) -> str:
+        """The compared points as a plain-text table and the summary line, for a terminal of
+        `width` columns: the prose filled to it, the table cut between columns into parts
+        that each start with the experiment, point and metric (tables.blocks)."""
+        head = [f"Comparison by {self.kind}: {self.a} (A) against {self.b} (B)", *self.notes]
         if not self.changes:
-            return f"{head}\nNo point was measured on both sides.\n{self.summary()}"
+            head += ["No point was measured on both sides.", self.summary()]
+            return "\n".join(fill(line, width) for line in head)
         rows = [[c.experiment, c.point, c.metric.label, num(c.a), num(c.b), _ratio(c.ratio),
                  c.verdict, c.how] for c in self.changes]
-        table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"], rows)
-        return "\n".join([head, table, *self.caveats(), self.summary()])
+        table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"],
+                           rows, width, key=(0, 1, 2))
+        return "\n".join([*(fill(line, width) for line in head), table,
+                          *(fill(line, width) for line in [*self.caveats(), self.summary()])])
 
     def caveats(self) -> list[str]:
         """What a reader must know before trusting a verdict: a change judged on one run a
@@ -295,12 +300,23 @@ def _ratio(r: float | None) -> str:
     return "" if r is None else f"{r:.3f}"
 
 
-def text_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Columns padded to their widest cell, two spaces apart."""
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
+def text_table(headers: list[str], rows: list[list[str]], width: int | None = None,
+               key: tuple[int, ...] = (0,)) -> str:
+    """Columns padded to their widest cell, two spaces apart; with `width`, a table wider
+    than that cut between columns into parts, each led by the `key` columns, a cell too
+    long for any part set on several lines (tables.blocks)."""
+    return "\n\n".join(blocks(headers, rows, width, list(key), render=_plain))
+
+
+def _plain(headers: list[str], rows: list[list[str]]) -> str:
+    """`text_table`'s one block: a cell of several lines makes its row as many lines tall."""
+    cells = [[str(x).split("\n") for x in line] for line in (headers, *rows)]
+    widths = [max(len(s) for cell in column for s in cell)
+              for column in zip(*cells, strict=True)]
     return "\n".join(
-        "  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
-        for line in (headers, *rows)
+        "  ".join((cell[k] if k < len(cell) else "").ljust(w)
+                  for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in cells for k in range(max(len(cell) for cell in line))
     )
 
 

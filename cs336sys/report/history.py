@@ -43,6 +43,7 @@ from cs336sys.report.sections import (
     point_labels,
     skey,
 )
+from cs336sys.report.tables import fill
 
 MAX_PLOTS = 12
 MAX_STEPS = 100
@@ -134,17 +135,20 @@ class History:
                 f"{len(steps)} step{'s' * (len(steps) != 1)} detected ({worse} "
                 f"regression{'s' * (worse != 1)}, {better} improvement{'s' * (better != 1)})")
 
-    def text(self) -> str:
-        """The steps as a plain-text table under a summary line, for a terminal."""
-        lines = [self.summary()]
+    def text(self, width: int | None = None) -> str:
+        """The steps as a plain-text table under a summary line, for a terminal of `width`
+        columns: the prose filled to it, the table cut between columns into parts that each
+        start with the experiment and point (tables.blocks)."""
+        lines = [fill(self.summary(), width)]
         if self.steps:
             rows = [[t.experiment, *_step_row(t, i, c, metric=True)]
                     for t, i, c in self.steps[:MAX_STEPS]]
             lines.append(text_table(["experiment", "point", "commits", "metric", "before",
-                                     "after", "after/before", "verdict", "p"], rows))
+                                     "after", "after/before", "verdict", "p"], rows, width,
+                                    key=(0, 1)))
             if len(self.steps) > MAX_STEPS:
                 lines.append(f"(the first {MAX_STEPS} of {len(self.steps)} steps)")
-            lines += one_run_caveat([c for _, _, c in self.steps])
+            lines += [fill(x, width) for x in one_run_caveat([c for _, _, c in self.steps])]
         return "\n".join(lines)
 
 

@@ -334,18 +334,45 @@ def as_text(tables: list[FilledTable], width: int | None = None) -> str:
     """Tables as aligned text for a terminal: the title above each, then the settings every
     row shares (`constant`), the table, its note. With `width`, a table wider than that is
     cut between columns, never inside a cell, into parts that each fit, every part starting
-    with the columns that tell its rows apart (`key`: impl and seq, not impl alone)."""
+    with the columns that tell its rows apart (`key`: impl and seq, not impl alone); a
+    column too wide for any part has its cells set on several lines (`blocks`), and the
+    prose is filled to the width (`fill`)."""
     parts = []
     for t in tables:
-        lines = [t.title] if t.title else []
+        lines = [fill(t.title, width)] if t.title else []
         if t.constant:
-            same = f"Same in every row: {t.constant}"
-            lines.append(textwrap.fill(same, width, break_on_hyphens=False) if width else same)
-        lines.append("\n\n".join(_blocks(t.headers, t.rows, width, t.key)))
+            lines.append(fill(f"Same in every row: {t.constant}", width))
+        lines.append("\n\n".join(blocks(t.headers, t.rows, width, t.key)))
         if t.note:
-            lines.append(textwrap.fill(t.note, width, break_on_hyphens=False) if width else t.note)
+            lines.append(fill(t.note, width))
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+# A space inside a backquoted span, while the text around it is filled: not a place to break.
+_HELD = "\0"
+
+
+def _hold(text: str) -> str:
+    return re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", _HELD), text)
+
+
+def fill(text: str, width: int | None, indent: str = "", then: str | None = None) -> str:
+    """`text` in lines of at most `width` columns, each of its lines a paragraph, broken at
+    spaces only: never inside a word nor inside a backquoted span (a command, copied whole),
+    which stand on a line of their own where they are longer than that. `indent` leads the
+    first line, `then` (else `indent`) the others; without `width`, the text as it is."""
+    if width is None:
+        return indent + text
+    filled = [textwrap.fill(line, width, initial_indent=indent,
+                            subsequent_indent=indent if then is None else then,
+                            break_on_hyphens=False, break_long_words=False)
+              for line in _hold(text).split("\n")]
+    return "\n".join(filled).replace(_HELD, " ")
+
+
+# A table's headers and rows (of text cells, a cell of several lines as several rows) as text.
+Render = Callable[[list[str], list[list[str]]], str]
 
 
 def _render(headers: list[str], rows: list[list[str]]) -> str:
@@ -354,23 +381,90 @@ def _render(headers: list[str], rows: list[list[str]]) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
-def _blocks(headers: list[str], rows: list[list[str]], width: int | None,
-            key: list[int]) -> list[str]:
-    """The table as one text block, or as several of at most `width` columns (of text), each
-    led by the `key` columns (the first column where there are none)."""
-    whole = _render(headers, rows)
-    if width is None or len(headers) < 2 or max(map(len, whole.splitlines())) <= width:
+def _widest(block: str) -> int:
+    return max(map(len, block.splitlines()), default=0)
+
+
+def blocks(headers: list[str], rows: list[list[str]], width: int | None, key: list[int],
+           render: Render = _render) -> list[str]:
+    """The table as one text block (`render`), or as several of at most `width` columns (of
+    text), each led by the `key` columns (the first column where there are none). Key
+    columns too wide to leave the others room get their cells set on several lines first
+    (`_keys_fitted`), and a part still wider than `width`, one column too long beside the
+    key columns (a cell of whole sentences), that column's (`_narrowed`)."""
+    whole = render(headers, rows)
+    if width is None or _widest(whole) <= width:
         return [whole]
     key = [i for i in key if i < len(headers)] or [0]
+    headers, rows = _keys_fitted(headers, rows, key, width, render)
 
-    def fits(columns: list[int]) -> bool:
-        block = _render([headers[i] for i in columns], [[r[i] for i in columns] for r in rows])
-        return max(map(len, block.splitlines())) <= width
+    def part(columns: list[int]) -> tuple[list[str], list[list[str]]]:
+        return [headers[i] for i in columns], [[r[i] for i in columns] for r in rows]
 
     groups: list[list[int]] = [[]]
     for i in (i for i in range(len(headers)) if i not in key):
-        if groups[-1] and not fits([*key, *groups[-1], i]):
+        if groups[-1] and _widest(render(*part([*key, *groups[-1], i]))) > width:
             groups.append([])
         groups[-1].append(i)
-    return [_render([headers[i] for i in key + g], [[r[i] for i in key + g] for r in rows])
-            for g in groups]
+    return [_narrowed(*part(key + g), width, render, len(key)) for g in groups]
+
+
+def _keys_fitted(headers: list[str], rows: list[list[str]], key: list[int], width: int,
+                 render: Render) -> tuple[list[str], list[list[str]]]:
+    """The table, its key columns' cells filled to at most half of `width` (as far as their
+    words allow) where whole they leave the other columns less than a quarter of it and
+    filled they leave more: a comparison's one point, named by all its settings, takes 52
+    of 80 columns whole, which leaves a single column to each part beside it. Ten settings
+    of one word each stay as they are, as no filling leaves the others room. A table of key
+    columns only has the whole width."""
+    others = len(headers) > len(key)
+    h, r = [headers[i] for i in key], [[row[i] for i in key] for row in rows]
+    room = width - width // 4 if others else width
+    if _widest(render(h, r)) <= room:
+        return headers, rows
+    h, r = _filled(h, r, width // 2 if others else width, render, list(range(len(key))))
+    if _widest(render(h, r)) > room:
+        return headers, rows
+    at = {i: j for j, i in enumerate(key)}
+    return ([h[at[i]] if i in at else x for i, x in enumerate(headers)],
+            [[kr[at[i]] if i in at else x for i, x in enumerate(row)]
+             for row, kr in zip(rows, r, strict=True)])
+
+
+def _narrowed(headers: list[str], rows: list[list[str]], width: int, render: Render,
+              keys: int) -> str:
+    """The block, the cells of its columns after the first `keys` filled to fewer columns
+    until it fits `width` (as far as their words allow): a cut between columns cannot
+    shorten a row whose one cell is wider than the terminal. Where the key columns alone
+    are wider than `width`, the block stays as it is: no filling makes it fit."""
+    block = render(headers, rows)
+    keyed = render(headers[:keys], [r[:keys] for r in rows])
+    if _widest(block) <= width or _widest(keyed) > width:
+        return block
+    return render(*_filled(headers, rows, width, render, list(range(keys, len(headers)))))
+
+
+def _filled(headers: list[str], rows: list[list[str]], width: int, render: Render,
+            columns: list[int]) -> tuple[list[str], list[list[str]]]:
+    """The table, the widest of `columns` filled to fewer columns, again, until it renders
+    within `width` or none is wider than its longest word (or backquoted span)."""
+    texts = {i: [headers[i], *(r[i] for r in rows)] for i in columns}
+    word = {i: max((len(w) for x in t for w in _hold(x).split()), default=0)
+            for i, t in texts.items()}
+    wide = {i: max(map(_widest, t)) for i, t in texts.items()}
+    over = _widest(render(headers, rows)) - width
+    while over > 0:
+        shrinkable = [i for i in columns if wide[i] > word[i]]
+        if not shrinkable:
+            break
+        i = max(shrinkable, key=lambda i: wide[i])
+        filled = [fill(x, max(word[i], wide[i] - over)) for x in texts[i]]  # whole texts
+        if max(map(_widest, filled)) >= wide[i]:  # a space that is no place to break (NBSP)
+            word[i] = wide[i]
+            continue
+        wide[i] = max(map(_widest, filled))
+        headers = [filled[0] if j == i else h for j, h in enumerate(headers)]
+        rows = [[filled[1 + k] if j == i else c for j, c in enumerate(r)]
+                for k, r in enumerate(rows)]
+        over = _widest(render(headers, rows)) - width
+    return headers, rows
