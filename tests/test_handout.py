@@ -149,7 +149,8 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     out = invoke("handout", "--db", db_path).stdout
     assert "1 attention and 2 model run(s) in this store count for no problem" in out
     assert "give `--label PROBLEM`" in out
-    assert "benchmarking_script (4 pts, §2.1.3): measured" in out
+    # (its one run, of none of the warm-ups and modes the commands ask for, is part of it)
+    assert "benchmarking_script (4 pts, §2.1.3): partly measured" in out
     # the writeup starter says so at its head, for the student to label them before handing
     # in: a writeup of one problem counts the runs of another (memory_profiling's) as labelled
     out_dir = db_path.with_name("writeup")
@@ -174,10 +175,19 @@ def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch
     monkeypatch.setenv("COLUMNS", "200")
     with Store(db_path, EXPERIMENTS) as store:
         inv = store.begin_invocation({"gpu": "cpu"}, [], "memory", label="memory_profiling")
-        store.add_run(inv, "memory", "ok", {"size": "tiny", "seq": 64}, {"peak_bytes": 2**20})
+        for mode in ("forward", "train"):
+            for precision in ("fp32", "bf16"):
+                store.add_run(inv, "memory", "ok", {"size": "tiny", "seq": 64, "mode": mode,
+                                                    "precision": precision}, {})
+        # two parts of one experiment: (b) after 5 warm-up steps, (c) after 0, 1 and 2
+        inv = store.begin_invocation({"gpu": "cpu"}, [], "model", label="benchmarking_script")
+        for mode in ("forward", "forward-backward", "train"):
+            store.add_run(inv, "model", "ok", {"size": "tiny", "mode": mode, "warmup": 5}, {})
+        store.add_run(inv, "model", "ok", {"size": "tiny", "mode": "train", "warmup": 1}, {})
     out = invoke("handout", "--db", db_path).stdout
     assert "memory_profiling (4 pts, §2.1.6): partly measured " in out
-    assert "1 ok; not yet: (f) memory residuals" in out
+    assert "4 ok; not yet: (f) memory residuals\n" in out
+    assert "4 ok; not yet: (c) model (warmup=0,2)\n" in out
     writeup = tmp_path / "writeup"
     assert invoke("handout", "report", "memory_profiling", "--format", "md", "--out", writeup,
                   "--db", db_path).exit_code == 0

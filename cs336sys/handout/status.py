@@ -8,6 +8,7 @@ import shlex
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem
 from cs336sys.yours import is_yours
@@ -25,7 +26,7 @@ class Status:
     last: str | None = None  # UTC, as the store writes it
     gpus: list[str] = field(default_factory=list)
     yours: bool = False
-    experiments: set[str] = field(default_factory=set)  # the kinds of its stored runs
+    stored: list[tuple[str, dict]] = field(default_factory=list)  # (experiment, settings)
 
     @property
     def done(self) -> bool:
@@ -52,18 +53,59 @@ class Status:
         return f"{verb} {_when(self.last)}{where} ({whose}): {counts}"
 
     def left(self) -> list[str]:
-        """The parts of the problem whose experiment holds no run of it (`(f) memory
-        residuals`): a problem with one part stored read `measured` as a whole."""
+        """The parts of the problem not yet run: those whose experiment holds no run of it
+        (`(f) memory residuals`), and those where a value its command asks for (`marks`)
+        is in none of its experiment's runs (`(c) model (warmup=0,1,2)`: the warm-up
+        steps of benchmarking_script's (c), beside (b)'s runs of the same experiment). A
+        problem with one part stored read `measured` as a whole."""
         out: list[str] = []
         for run in self.problem.runs:
-            if run.yours_only or run.experiment in self.experiments:
+            if run.yours_only:
                 continue
             words = shlex.split(run.gpu)[:2]  # the command's name, `memory residuals`
-            what = " ".join(w for w in words if not w.startswith("-"))
-            named = f"{run.part} {what}".strip()
+            named = " ".join([run.part, *(w for w in words if not w.startswith("-"))]).strip()
+            settings = [s for experiment, s in self.stored if experiment == run.experiment]
+            missing = {k: sorted(v - {str(s.get(k)) for s in settings})
+                       for k, v in marks(run).items()}
+            shown = ", ".join(f"{k}={','.join(v)}" for k, v in missing.items() if v)
+            if settings and shown:
+                named += f" ({shown})"
+            elif settings:
+                continue
             if named not in out:
                 out.append(named)
         return out
+
+
+# The options of a problem's command whose values say which part of it a stored run is, by
+# the setting each becomes (`--attention` is attention's `impl`, the model's `attention`).
+_MARKS = {"--warmup": "warmup", "--mode": "mode", "--precision": "precision",
+          "--checkpoint": "checkpoint", "--world-size": "world_size", "--impl": "impl",
+          "--switches": "switches", "--compile": "compile"}
+
+
+def _options(line: str, experiment: str) -> dict[str, set[str]]:
+    words = shlex.split(line)
+    out: dict[str, set[str]] = {}
+    for i, word in enumerate(words):
+        key = "impl" if word == "--attention" and experiment == "attention" else \
+            "attention" if word == "--attention" else _MARKS.get(word)
+        if key == "compile":  # a flag
+            out[key] = {"True"}
+        elif key and i + 1 < len(words) and not words[i + 1].startswith("-"):
+            out[key] = set(words[i + 1].split(","))
+    return out
+
+
+def marks(run: Any) -> dict[str, set[str]]:
+    """The settings a run's points take whatever the machine: the values of `_MARKS`'
+    options that its GPU and CPU commands give alike (`--warmup 0,1,2`; not `--size`, which
+    a CPU cuts down). Every value must be in some stored run of the part."""
+    gpu = _options(run.gpu, run.experiment)
+    if run.cpu == "":  # GPU only
+        return gpu
+    cpu = gpu if run.cpu is None else _options(run.cpu, run.experiment)
+    return {k: v for k, v in gpu.items() if cpu.get(k) == v}
 
 
 def _when(created: str | None) -> str:
@@ -93,11 +135,11 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem]) -> list[S
     for label, status, created, gpu, settings, experiment in rows:
         s = out[label]
         s.statuses[status] += 1
-        s.experiments.add(experiment)
         s.last = created
         if gpu and gpu not in s.gpus:
             s.gpus.append(gpu)
-        s.yours = s.yours or yours(json.loads(settings or "{}"))
+        s.stored.append((experiment, json.loads(settings or "{}")))
+        s.yours = s.yours or yours(s.stored[-1][1])
     return list(out.values())
 
 

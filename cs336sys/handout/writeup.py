@@ -111,7 +111,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             sec.notes.append(f"{left}: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
     sec.notes.append(method(invs, rows))
-    left = Status(problem, experiments={k for k, v in rows.items() if v}).left()
+    left = Status(problem, stored=[(kind, r["_settings"]) for kind, kind_rows in rows.items()
+                                   for r in kind_rows]).left()
     if left and problem.kind != IMPLEMENT:
         sec.notes.append(f"Not yet measured: {', '.join(left)} (`cs336sys handout run "
                          f"{problem.name}` measures what is missing).")
