@@ -33,21 +33,23 @@ def _files(folder: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
-# (command, the file of someone's it would replace, --format)
+TEXT, PICTURE = b"my table\n", PNG_SIGNATURE + b"my own picture"
+# (command, the file of someone's it would replace, --format, what the file holds): each
+# kind of file once with text and once with a PNG's first bytes, between the two commands
 WRITERS = [
-    (["report", "--experiment", "memory"], "report_tables/memory-1.tex", "tex"),
-    (["report", "--experiment", "memory"], "report_tables/memory-2.typ", "typst"),
-    (["report", "--experiment", "memory"], "report_files/memory-parts.png", "md"),
-    (["handout", "report", "memory_profiling"], "writeup_tables/memory_profiling-1.tex", "tex"),
+    (["report", "--experiment", "memory"], "report_tables/memory-1.tex", "tex", TEXT),
+    (["report", "--experiment", "memory"], "report_tables/memory-2.typ", "typst", PICTURE),
+    (["report", "--experiment", "memory"], "report_files/memory-parts.png", "md", TEXT),
+    (["handout", "report", "memory_profiling"], "writeup_tables/memory_profiling-1.tex", "tex",
+     PICTURE),
     (["handout", "report", "memory_profiling"], "writeup_tables/memory_profiling-2.typ",
-     "typst"),
+     "typst", TEXT),
     (["handout", "report", "memory_profiling"], "writeup_files/memory_profiling-memory-parts.png",
-     "md"),
+     "md", PICTURE),
 ]
 
 
-@pytest.mark.parametrize("command, mine, fmt", WRITERS)
-@pytest.mark.parametrize("content", [b"my table\n", PNG_SIGNATURE + b"my own picture"])
+@pytest.mark.parametrize("command, mine, fmt, content", WRITERS)
 def test_a_table_or_image_cs336sys_did_not_write_is_refused_unless_forced(
         store, tmp_path, command, mine, fmt, content):
     """A file of someone's in the tables or images folder, where the command would write one
