@@ -180,10 +180,13 @@ STEP = ["--model", "cs336_basics", "--size", "tiny", "--d-model", "32", "--d-ff"
 
 
 @pytest.mark.slow  # starts ranks, compiles
-def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp_path):
+def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp_path,
+                                                                     monkeypatch):
     """Compiled blocks under the user's FSDP: hooks run eager (torch.compiler.disable) train
     as the plain step does; hooks traced into the block's graph fail, and the stored error
-    says so in words."""
+    says so in words. What is checked is tracing, not generated code: aot_eager traces as
+    inductor does, in 14 s of this test where inductor took 33."""
+    monkeypatch.setenv("CS336SYS_COMPILE_BACKEND", "aot_eager")
     db = tmp_path / "r.db"
     for name, cls, switches, exit_code in [("yours-fsdp", "FSDP", "compile", 1),
                                            ("yours-fsdp-ready", "CompileReady", "none,compile", 0)]:
@@ -199,3 +202,5 @@ def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp
     assert [(r["switches"], r["status"]) for r in (plain, ready)] == [("none", "ok"),
                                                                       ("compile", "ok")]
     assert json.loads(ready["loss"]) == pytest.approx(json.loads(plain["loss"]), rel=1e-5)
+    (env,) = {r["env"] for r in query(db, "SELECT env FROM invocations")}
+    assert json.loads(env)["CS336SYS_COMPILE_BACKEND"] == "aot_eager"  # stored with the runs

@@ -12,11 +12,12 @@ import functools
 import torch
 
 from cs336sys.attention.reference import naive_attention
+from cs336sys.measure.compile_backend import compile_backend
 
 
 @functools.cache
 def _compiled():
-    return torch.compile(naive_attention)
+    return torch.compile(naive_attention, backend=compile_backend())
 
 
 def compiled_attention(

@@ -23,6 +23,7 @@ from cs336sys.attention.diagnosis import checked
 from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
+from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.dtypes import PRECISIONS, torch_dtype
 from cs336sys.measure.memory import CudaProbe, saved_tensor_bytes
 from cs336sys.measure.progress import phase
@@ -297,7 +298,7 @@ def run(spec: AttentionSpec) -> Result:
         t.requires_grad_(backward)
     impl_fn = registry.get(spec.impl)
     # compiled here, on the checked pass below, which is also the first warm-up
-    fn = torch.compile(impl_fn) if spec.compile else impl_fn
+    fn = torch.compile(impl_fn, backend=compile_backend()) if spec.compile else impl_fn
 
     def forward():
         return fn(q, k, v, is_causal=spec.causal)

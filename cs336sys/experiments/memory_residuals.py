@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cs336sys.experiments import model as model_exp
+from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.models.config import ModelConfig
@@ -117,7 +118,7 @@ def run(spec: ResidualsSpec) -> Result:
     B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
     positions = torch.arange(T, device=device)  # (T,)
-    fn = torch.compile(block) if spec.compile else block
+    fn = torch.compile(block, backend=compile_backend()) if spec.compile else block
     amp_dtype = autocast_dtype(spec.precision)
 
     args = (x, positions) if _takes_positions(block) else (x,)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from cs336sys.experiments.training_step import make_batch, make_model, make_optimizer
+from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
 from cs336sys.measure.environ import environ
 from cs336sys.measure.memory import optimizer_tensors
@@ -58,7 +59,7 @@ def build(spec: Any, *, seed: int | None = None,
         model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
     if spec.compile:
         for unit in compiled_units(model, config):
-            unit.forward = torch.compile(unit.forward)
+            unit.forward = torch.compile(unit.forward, backend=compile_backend())
 
     def make(params: Any) -> Any:
         return make_optimizer(optimizer_name(spec), params)

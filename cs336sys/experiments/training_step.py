@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.device import device_name, peak_tflops, synchronize
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.progress import step_done
@@ -256,7 +257,7 @@ def make_step(
     training = mode != "forward"
     return Step(
         model=model,
-        forward_module=torch.compile(model) if compile else model,
+        forward_module=torch.compile(model, backend=compile_backend()) if compile else model,
         x=x.to(device),
         y=y.to(device),
         mode=mode,
