@@ -205,3 +205,21 @@ def test_durations_read_as_people_say_them():
                                          7_696_440)] == [
         "40 s", "89 s", "2 min", "12 min", "120 min", "2.0 h", "3.5 h", "48.0 h", "2 days",
         "89 days"]
+
+
+@pytest.mark.parametrize("command", [["comm", "--bytes", "1KB"],  # ddp's batch splits over them
+                                     ["ddp", "--impl", "naive", "--size", "tiny", "--batch", "{n}"]])
+def test_more_local_ranks_than_the_host_starts_are_refused_in_one_line(tmp_path, command):
+    """A million Gloo ranks ran the command out of open files: a 65-line traceback, exit 1,
+    an empty store left behind. They are refused up front, naming the cap and why."""
+    from cs336sys.parallel.launcher import local_gloo_cap
+
+    cap, _ = local_gloo_cap()
+    db = tmp_path / "r.db"
+    args = [a.format(n=cap + 1) for a in command]
+    result = CliRunner().invoke(app, [*args, "--world-size", str(cap + 1), "--device", "cpu",
+                                      "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    assert f"world size {cap + 1} is more local Gloo ranks than this host starts: at most " \
+        f"{cap}" in result.output
+    assert "Traceback" not in result.output and not db.exists()
