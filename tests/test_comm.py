@@ -212,7 +212,7 @@ def test_durations_read_as_people_say_them():
 def test_more_local_ranks_than_the_host_starts_are_refused_in_one_line(tmp_path, command):
     """A million Gloo ranks ran the command out of open files: a 65-line traceback, exit 1,
     an empty store left behind. They are refused up front, naming the cap and why."""
-    from cs336sys.parallel.launcher import local_gloo_cap
+    from cs336sys.parallel.world_size import local_gloo_cap
 
     cap, _ = local_gloo_cap()
     db = tmp_path / "r.db"

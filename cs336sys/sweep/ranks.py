@@ -19,14 +19,8 @@ from typing import Any
 
 from cs336sys.measure.clock import now
 from cs336sys.measure.progress import hooked, on_step
-from cs336sys.parallel.launcher import (
-    BACKENDS,
-    check_world_size,
-    default_backend,
-    max_local_world_size,
-    timeout_s,
-    under_torchrun,
-)
+from cs336sys.parallel.launcher import BACKENDS, default_backend, timeout_s, under_torchrun
+from cs336sys.parallel.world_size import check_world_size, max_local_world_size
 from cs336sys.sweep.points import SpecError, device_choice, positive_ints, unknown
 from cs336sys.sweep.result import Result
 
