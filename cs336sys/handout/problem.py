@@ -61,6 +61,12 @@ class Run:
         words = tuple(shlex.split(self.gpu)[:2])
         return _EXPERIMENT_OF.get(words, words[0])
 
+    @property
+    def name(self) -> str:
+        """The command's name: `memory residuals`, `attention`."""
+        words = shlex.split(self.gpu)[:2]
+        return " ".join(words if tuple(words) in _EXPERIMENT_OF else words[:1])
+
 
 @dataclass(frozen=True)
 class Pivot:

@@ -62,8 +62,7 @@ class Status:
         for run in self.problem.runs:
             if run.yours_only:
                 continue
-            words = shlex.split(run.gpu)[:2]  # the command's name, `memory residuals`
-            named = " ".join([run.part, *(w for w in words if not w.startswith("-"))]).strip()
+            named = f"{run.part} {run.name}".strip()
             settings = [s for experiment, s in self.stored if experiment == run.experiment]
             missing = {k: sorted(v - {str(s.get(k)) for s in settings})
                        for k, v in marks(run).items()}
@@ -127,10 +126,10 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem]) -> list[S
     out = {p.name: Status(p) for p in problems}
     if conn is None or not problems:
         return list(out.values())
-    marks = ", ".join("?" * len(out))
+    placeholders = ", ".join("?" * len(out))
     rows = conn.execute(
         "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment FROM runs r "
-        f"JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN ({marks}) "
+        f"JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN ({placeholders}) "
         "ORDER BY r.created", list(out))
     for label, status, created, gpu, settings, experiment in rows:
         s = out[label]
@@ -148,10 +147,10 @@ def unlabelled(conn: sqlite3.Connection | None, problems: list[Problem]) -> Coun
     they count for no problem until run again with `--label PROBLEM`."""
     if conn is None:
         return Counter()
-    marks = ", ".join("?" * len(problems))
+    placeholders = ", ".join("?" * len(problems))
     rows = conn.execute(
         "SELECT r.experiment, count(*) FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-        f"WHERE i.label IS NULL OR i.label NOT IN ({marks}) GROUP BY r.experiment",
+        f"WHERE i.label IS NULL OR i.label NOT IN ({placeholders}) GROUP BY r.experiment",
         [p.name for p in problems])
     return Counter(dict(rows))
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import statistics
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -310,7 +309,7 @@ def plot(t: Track) -> bytes:
     ax.legend(fontsize=7, frameon=False)
     # a point's settings run long: wrapped to the figure (about 10 characters an inch at
     # this size), or the title ran off both edges
-    ax.set_title(textwrap.fill(f"{t.experiment} {t.point}", int(width * 10)), fontsize=10)
+    ax.set_title(fill(f"{t.experiment} {t.point}", int(width * 10)), fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})

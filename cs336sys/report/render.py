@@ -315,11 +315,11 @@ def files(report: Report, out: Path, formats: list[str], stem: str = "report") -
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# A PNG text chunk, Software=cs336sys (as memory --snapshot's timelines carry), by which a
-# later run knows a PNG in the images folder for its own (cli/outputs.py).
-_SOFTWARE = b"tEXt" + b"Software\x00cs336sys"
-_SOFTWARE_CHUNK = ((len(_SOFTWARE) - 4).to_bytes(4, "big") + _SOFTWARE
-                   + zlib.crc32(_SOFTWARE).to_bytes(4, "big"))
+# A PNG text chunk's type and text, Software=cs336sys (matplotlib writes the same for memory
+# --snapshot's timelines), by which a later run knows a PNG for its own (cli/outputs.py).
+SOFTWARE_TEXT = b"tEXtSoftware\x00cs336sys"
+_SOFTWARE_CHUNK = ((len(SOFTWARE_TEXT) - 4).to_bytes(4, "big") + SOFTWARE_TEXT
+                   + zlib.crc32(SOFTWARE_TEXT).to_bytes(4, "big"))
 
 
 def signed(png: bytes) -> bytes:

@@ -122,7 +122,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     names it, `1.39× against optimizer=adamw`. With
     `ratio.samples`, the cell carries the ratio's interval and what it says, `2.27× faster
     (1.65–2.58)`, and `ratio.impossible` may flag it."""
-    baselines = [_has_baseline(ratio, [r]) for r in rows]
+    baselines = [_is_baseline(ratio, r) for r in rows]
     base: dict[tuple, list[Row]] = {}
     for r, baseline in zip(rows, baselines, strict=True):
         if baseline:
@@ -144,7 +144,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         # read 0.00×)
         text = "" if value is None else f"{value:.2f}×" if value >= 0.01 else f"{value:.2g}×"
         if value is not None and ref_row is not r:
-            text += _interval(ratio, ref_row, r)
+            text += sample_interval(ratio.samples, ref_row, r, ratio.speedup)
             if len(candidates) > 1:
                 text += " against " + _which(ref_row, candidates, ratio.vary)
             why = ratio.impossible(ref_row, r) if ratio.impossible else None
@@ -154,10 +154,10 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
     return out
 
 
-def _has_baseline(ratio: Ratio, rows: list[Row]) -> bool:
-    """Whether any row can be a baseline of `ratio` (see `_ratios`)."""
-    return any(compared(r) and all(r["_settings"].get(k) == v for k, v in ratio.against.items())
-               and bool(ratio.metric(r)) for r in rows)
+def _is_baseline(ratio: Ratio, row: Row) -> bool:
+    """Whether `row` can be a baseline of `ratio` (see `_ratios`)."""
+    return compared(row) and all(row["_settings"].get(k) == v for k, v in ratio.against.items()) \
+        and bool(ratio.metric(row))
 
 
 def _shown(column: Column, rows: list[Row]) -> bool:
@@ -166,7 +166,8 @@ def _shown(column: Column, rows: list[Row]) -> bool:
     saying what it is not."""
     if column.optional and not any(value(column, r) is not None for r in rows):
         return False
-    return column.ratio is None or column.cell is not None or _has_baseline(column.ratio, rows)
+    return column.ratio is None or column.cell is not None or any(
+        _is_baseline(column.ratio, r) for r in rows)
 
 
 def _which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
@@ -174,12 +175,6 @@ def _which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
     settings = [c["_settings"] for c in candidates]
     keys = [k for k in vary if len({str(s.get(k)) for s in settings}) > 1]
     return " ".join(f"{k}={chosen['_settings'].get(k)}" for k in keys)
-
-
-def _interval(ratio: Ratio, base: Row, row: Row) -> str:
-    """` faster (1.65–2.58)`: the ratio's bootstrap interval and its verdict, from the two
-    rows' raw samples of `ratio.samples`; '' without them."""
-    return sample_interval(ratio.samples, base, row, ratio.speedup)
 
 
 # Ratio cells of two points stored by different commands: the interval, no verdict.

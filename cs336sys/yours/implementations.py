@@ -153,9 +153,8 @@ def attention_function(name: str) -> Callable[..., Any]:
 
     where = target("attention", name)
     obj = load_target(where) if where is not None else call_adapter(entries("attention")[name], 0)
-    if isinstance(obj, type) and hasattr(obj, "apply"):  # a torch.autograd.Function subclass
-        call = obj.apply
-    elif isinstance(obj, torch.autograd.Function):  # an instance: the course calls its .apply
+    # a torch.autograd.Function subclass, or an instance of one: the course calls its .apply
+    if (isinstance(obj, type) and hasattr(obj, "apply")) or isinstance(obj, torch.autograd.Function):
         call = obj.apply
     elif callable(obj) and _takes_a_mask(obj):
         call = _with_mask(obj)
