@@ -12,6 +12,7 @@ import pytest
 from cs336sys.experiments import plan as exp
 from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.experiments.plan_model import ACCOUNTING
+from cs336sys.measure.device import peak_tflops
 from cs336sys.models.config import from_preset, param_count
 from cs336sys.parallel import plan_math as pm
 from cs336sys.store.db import Store, point_key
@@ -249,6 +250,14 @@ def test_the_8b_on_two_b200():
     m = exp.run(_spec("dp", 2, size="8b", seq=4096, batch=4096 * 256, hardware="b200")).metrics
     assert 16 * 8_125_698_048 == m["mem_params_bytes"] + m["mem_grads_bytes"] + m["mem_opt_state_bytes"]
     assert m["fit_seqs"] == 2
+    # C is the 2026 handout's B200 bf16 figure, 2,500 TFLOPS: DP hides up to N = 1 + B W /
+    # (C e) x (forward FLOPs per token / P), 402.6 (2,250 TFLOPS gave 447)
+    assert math.floor(exp.n_max(_spec("dp", 2, size="8b", seq=4096, batch=4096 * 256,
+                                      hardware="b200"))) == 402
+
+
+def test_mfu_on_a_b200_is_against_the_handouts_peaks():
+    assert peak_tflops("NVIDIA B200", "bf16") == 2500 and peak_tflops("NVIDIA B200", "fp32") == 80
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -464,8 +473,13 @@ def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
         4 * params // 16, 4 * params // 16, 8 * params // 16)
     # forward 2 FLOPs per parameter and token, backward twice that: 6 x 32,768 tokens x P
     assert fsdp["flops_per_step"] == 6 * 64 * 512 * params
-    # bf16 activations: W1's and W2's inputs, 2 (D + F) bytes a token and block
-    assert fsdp["mem_act_bytes"] == 64 * 512 // 16 * 126 * 2 * (16384 + 53248)
+    # bf16 activations: W1's and W2's inputs, 2 (D + F) bytes a token and block; under FSDP
+    # the handout's (b): half of the whole batch's sharded over the 16, half whole on each
+    tokens = 64 * 512
+    assert fsdp["mem_act_bytes"] == (tokens / 2 / 16 + tokens / 2) * 126 * 2 * (16384 + 53248)
+    # its (b) counts the state and the activations, no gathered weights, against "95GB"
+    assert fsdp["mem_gathered_bytes"] == 0 and fsdp["memory_bytes"] == 95 * 10**9
+    assert fsdp["mem_total_bytes"] == 16 * params / 16 + fsdp["mem_act_bytes"]
     mesh = got["fsdp-tp", 64]
     assert (mesh["fsdp_degree"], mesh["tp_degree"]) == (16, 4)
     assert mesh["mesh_batch_per_device_min"] == pytest.approx(4.6e14 / 1.8e11 / 8)

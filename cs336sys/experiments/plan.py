@@ -242,13 +242,18 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     # memory per device
     shard = sharded(local, x) if spec.strategy in ("fsdp", "fsdp-tp") else sum(local)
     mem = {k: per * shard for k, per in model.bytes_per_param}
-    # FSDP: a unit gathered for compute and the next one prefetched, in bf16
-    gathered = 2 * E * model.unit(local) if x > 1 and spec.strategy != "dp" else 0
+    fsdp = x > 1 and spec.strategy != "dp"
+    gathered = model.gathered_units * E * model.unit(local) if fsdp else 0  # bf16 units
     layer, kept, head = model.activation_bytes(cfg, y)
     tokens = b // x  # tokens one device's forward sees
     static = sum(mem.values()) + gathered
-    act = tokens * (cfg.num_layers * layer + head)
-    act_ckpt = tokens * (cfg.num_layers * kept + layer + head)
+    # the tokens whose activations a device keeps: FSDP shards this share of all b tokens'
+    # activations over the x devices and every device keeps the rest whole (share 1: each
+    # keeps those of its own b/x tokens)
+    share = model.fsdp_activation_share if fsdp else 1
+    kept_tokens = share * tokens + (1 - share) * b
+    act = kept_tokens * (cfg.num_layers * layer + head)
+    act_ckpt = kept_tokens * (cfg.num_layers * kept + layer + head)
     per_seq, per_seq_ckpt = act / (tokens / spec.seq), act_ckpt / (tokens / spec.seq)
     cap = spec.memory_bytes
     return dict(
@@ -404,9 +409,10 @@ MEMORY = Table(
     note="params 2, grads 2, optimizer 12 bytes a parameter (bf16 weights and gradients, fp32 "
     "AdamW state; xxl: 4, 4, 8, the 2025 handout's fp32 master weights, gradients and state), "
     "sharded N ways by FSDP (each tensor padded to a multiple of N), Y ways by TP. gathered: "
-    "two FSDP units in bf16. activations: the tokens one device sees x (L (16D + 8F + 4H) + 4D "
-    "+ 6V) bytes (xxl: L (2D + 2F)), with TP's split; ckpt: 2D a token a layer plus one layer "
-    "recomputed. seqs that fit: whole sequences per device that fit beside the rest.",
+    "two FSDP units in bf16 (xxl: none). activations: the tokens one device sees x (L (16D + 8F "
+    "+ 4H) + 4D + 6V) bytes (xxl: L (2D + 2F), and under FSDP the handout's half of all B "
+    "tokens' sharded N ways, half whole), with TP's split; ckpt: 2D a token a layer plus one "
+    "layer recomputed. seqs that fit: whole sequences per device that fit beside the rest.",
 )
 EXPERIMENT = Experiment(
     kind="plan",

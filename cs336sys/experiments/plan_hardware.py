@@ -37,13 +37,15 @@ HARDWARE: dict[str, Hardware] = {
     # NVIDIA H200 Tensor Core GPU data sheet (2024), SXM: BF16 1,979 TFLOPS with sparsity,
     # 141 GB HBM3e, NVLink 900 GB/s.
     "h200": Hardware("H200 SXM 141GB", 989.4e12, 450e9, 141 * GiB, "NVIDIA H200 data sheet"),
-    # NVIDIA HGX B200 data sheet (2024), per GPU of eight: FP16/BF16 36 PFLOPS with sparsity
-    # for the eight (2.25 PFLOPS dense each), 1.44 TB HBM3e for the eight (180 GB each),
-    # NVLink 5 1.8 TB/s per GPU.
-    "b200": Hardware("B200 180GB", 2.25e15, 900e9, 180 * GiB, "NVIDIA HGX B200 data sheet"),
+    # The CS336 2026 handout's B200 (section 2.1.5, "the NVIDIA B200 spec sheet"): BF16 2,500
+    # TFLOPS. NVIDIA HGX B200 data sheet (2024), per GPU of eight: 1.44 TB HBM3e for the eight
+    # (180 GB each), NVLink 5 1.8 TB/s per GPU.
+    "b200": Hardware("B200 180GB", 2.5e15, 900e9, 180 * GiB,
+                     "CS336 2026 handout (C), NVIDIA HGX B200 data sheet (W, memory)"),
     # The CS336 2025 handout's TPU v5p (communication_accounting, after Austin et al. 2025,
-    # "How to Scale Your Model"): C = 4.6e14 FLOP/s, W_ici = 2 x 9e10 bytes/s, 95 GB.
-    "tpu-v5p": Hardware("TPU v5p", 4.6e14, 2 * 9e10, 95 * GiB,
+    # "How to Scale Your Model"): C = 4.6e14 FLOP/s, W_ici = 2 x 9e10 bytes/s, and "95GB per
+    # device", which its question (b) compares against in bytes: 95e9.
+    "tpu-v5p": Hardware("TPU v5p", 4.6e14, 2 * 9e10, 95 * 10**9,
                         "CS336 2025 handout (How to Scale Your Model)"),
 }
 

@@ -10,7 +10,9 @@ what a parameter costs in memory, and what FSDP gathers at once. Two models:
   embeddings and no output layer; master weights, accumulated gradients and AdamW state in
   fp32 (4 + 4 + 8 bytes a parameter), activations and gradient communication in bf16; with
   TP, W1 split by columns and W2 by rows (one all-reduce of the output per block in forward,
-  one of the input's gradient in backward).
+  one of the input's gradient in backward). Under FSDP its memory is the handout's (b):
+  weights, gradients, optimizer state and half the activations ("in practice every second
+  layer") sharded over the N devices, the other half whole on each, and no gathered weights.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Transformer:
 
     matrices: int = 3  # in each FFN: SwiGLU's w1, w2, w3
     bytes_per_param: tuple[tuple[str, int], ...] = (("params", 2), ("grads", 2), ("opt_state", 12))
+    # FSDP splits the batch: every activation a device keeps is of its own B/N tokens
+    fsdp_activation_share: float = 1.0
+    gathered_units: int = 2  # FSDP: the unit computing and the next one, prefetched
 
     def tensors(self, cfg: ModelConfig, y: int = 1) -> list[int]:
         """Elements of each parameter tensor on one device of a TP group of `y` (y=1: the
@@ -67,6 +72,10 @@ class TwoMatrixFFN:
 
     matrices: int = 2
     bytes_per_param: tuple[tuple[str, int], ...] = (("params", 4), ("grads", 4), ("opt_state", 8))
+    # the handout's (b): half the activations sharded over the FSDP degree, half whole on each
+    # device, and only the state and those activations counted (no gathered weights)
+    fsdp_activation_share: float = 0.5
+    gathered_units: int = 0
 
     def tensors(self, cfg: ModelConfig, y: int = 1) -> list[int]:
         split_f = math.ceil(cfg.d_ff / y) * cfg.d_model

@@ -8,6 +8,9 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 # "fp32" is plain FP32 on CUDA cores; "tf32" is used instead when torch allows TF32 matmuls.
 # Order matters: the first key contained in the device name wins ("H100 PCIe" before "H100").
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    # the CS336 2026 handout's B200 figures (its section 2.1.5): FP32 80, BF16/FP16 2,500;
+    # TF32 half of BF16, as on NVIDIA's Blackwell data sheets
+    "B200": {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0},
     "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0},
