@@ -227,7 +227,7 @@ def test_other_exceptions_are_error_rows(db_path, monkeypatch):
 BAD_INPUTS = [
     (["--size", "huge"], "unknown size"),
     (["--attention", "magic"], "unknown value 'magic'"),
-    (["--d-model", "66", "--num-heads", "4"], "divisible"),
+    (["--d-model", "66", "--num-heads", "4"], "--d-model 66 is not divisible by --num-heads 4"),
     (["--iters", "0"], "--iters must be positive"),
     (["--iters", "-3"], "--iters must be positive"),
     (["--warmup", "-1"], "--warmup"),
@@ -235,7 +235,7 @@ BAD_INPUTS = [
     (["--precision", "fp8"], "--precision"),
     (["--seq", "abc"], "not an integer"),
     (["--seq", "0"], "must be positive"),
-    (["--seq", "65537"], "above the model's maximum context length 65536"),
+    (["--seq", "65537"], "--seq 65537 is above the model's maximum context length 65536"),
     (["--batch", "-2"], "must be positive"),
     (["--device", "tpu"], "unknown device"),
 ]

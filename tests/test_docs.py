@@ -123,3 +123,13 @@ def test_nothing_cites_files_or_headings_outside_the_docs():
         text = path.read_text(encoding="utf-8")
         assert design not in text, path.relative_to(ROOT)
         assert not re.search(r"README[,]? \"", text), path.relative_to(ROOT)
+
+
+def test_the_store_page_names_every_status_a_run_can_have():
+    """A query filtering on the statuses docs/store.md lists must miss no stored point (it
+    left out `wrong`, the status of a user's code that failed its check)."""
+    from cs336sys.store.db import STATUSES
+
+    runs = next(line for line in (DOCS / "store.md").read_text().split("\n- ")
+                if line.startswith("`runs`"))
+    assert [s for s in STATUSES if f"`{s}`" not in runs] == []

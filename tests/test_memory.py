@@ -270,7 +270,7 @@ BAD = [
     # os.access says yes to root here; the write is tried
     (["memory", *MICRO, "--snapshot", "/proc/cs336sys-snapshot"], "cannot write in /proc"),
     (["memory", "--size", "tiny", "--seq", "100000"], "maximum context length"),
-    (["memory", "residuals", "--size", "tiny", "--seq", "100000"], "maximum context"),
+    (["memory", "residuals", "--size", "tiny", "--seq", "100000"], "--seq 100000 is above"),
     (["memory", "--size", "xl", "residuals"],
      "--size belongs after the subcommand: cs336sys memory residuals --size ..."),
     (["memory", "residuals", "--impl", "eager"], "No such option: --impl"),

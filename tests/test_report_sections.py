@@ -391,7 +391,7 @@ def test_settings_the_same_in_every_row_go_above_the_table(rendered):
     two = [_model_row("small", 10.0, 1), _model_row("medium", 20.0, 1)]
     printed = point_table(model, two, status=True)
     assert printed.constant == "" and "seq" in printed.headers
-    lifted = point_table(model, two, lift=True)
+    lifted = point_table(model, two, lift=2)
     assert lifted.constant == "seq=128, batch=4, mode=train, precision=fp32, compile=no"
     assert lifted.headers[0] == "size" and [r[0] for r in lifted.rows] == ["small", "medium"]
 

@@ -138,6 +138,19 @@ def test_the_printed_table_fits_the_terminal_and_wide_keeps_every_column(db_path
     assert len(header) > 60
 
 
+def test_a_one_point_table_lifts_its_settings_too(db_path, monkeypatch):
+    """The README's first `model` on a CPU is one point: its table came in parts at 80
+    columns, each repeating the ten setting columns in front of one metric."""
+    monkeypatch.setenv("COLUMNS", "80")
+    one = invoke("model", *micro(warmup=0, batch=1), "--seq", "8", "--iters", "2", "--db", db_path)
+    assert one.exit_code == 0, one.output
+    lines = one.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("Same in every row: "))
+    assert "size=tiny" in " ".join(lines[at:at + 3])
+    headers = [lines[i] for i in range(len(lines) - 1) if lines[i + 1].startswith("---")]
+    assert headers and not any(h.startswith("size ") for h in headers), headers
+
+
 def test_one_sample_reads_n_1_and_noisy_needs_five():
     from cs336sys.report.sections import mean_std
     from cs336sys.report.tables import noisy

@@ -132,7 +132,7 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--d-model", "100", "--num-heads", "3"], "not divisible by num_heads"),
+        (["--d-model", "100", "--num-heads", "3"], "--d-model 100 is not divisible by --num-heads 3"),
         (["--switches", "turbo"], "unknown switch 'turbo'"),
         (["--checkpoint", "groups:1,2"], "sum to 3, not num_layers=2"),
         (["--adamw", "fastest"], "--adamw: unknown value"),

@@ -285,7 +285,7 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
     rows = [row_of(p.spec, p.result) for p in points]
     for r, p in zip(rows, points, strict=True):
         r["error"] = p.result.error
-    tables = point_tables(experiment.tables, rows, status=True, lift=not wide)
+    tables = point_tables(experiment.tables, rows, status=True, lift=0 if wide else 1)
     typer.echo(as_text(tables, width=None if wide else terminal_width()))
     for f in failures(rows):
         typer.echo(f"{f.status}: {f.point}: {f.why}")

@@ -73,6 +73,7 @@ from cs336sys.sweep.points import (
     listed,
     positive_ints,
     positive_sizes,
+    shape_error,
 )
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result, Unfinished, free_memory
@@ -192,7 +193,7 @@ def specs(
             try:
                 configs[s, t] = from_preset(s, context_length=t, model=model, **overrides)
             except ValueError as exc:
-                raise SpecError(str(exc)) from None
+                raise shape_error(exc) from None
     return [
         DDPSpec.of(configs[s, t], s, impl=name, bucket_mb=b, shard_optimizer=sharding,
                    world_size=n, backend=be, device=dev, batch=gb, precision=prec,

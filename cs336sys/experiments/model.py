@@ -62,6 +62,7 @@ from cs336sys.sweep.points import (
     listed,
     positive_ints,
     positive_sizes,
+    shape_error,
     warmups,
 )
 from cs336sys.sweep.result import Result
@@ -233,7 +234,9 @@ def preset_config(size: str, **fields: Any) -> ModelConfig:
     try:
         return from_preset(size, **fields)
     except ValueError as exc:
-        raise SpecError(f"--checkpoint: {exc}" if "checkpoint" in str(exc) else str(exc)) from None
+        if "checkpoint" in str(exc):
+            raise SpecError(f"--checkpoint: {exc}") from None
+        raise shape_error(exc) from None
 
 
 def run(spec: ModelSpec) -> Result:

@@ -56,7 +56,14 @@ from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, column_table, metric_table
-from cs336sys.sweep.points import SpecError, check_size, choices, positive_ints, positive_sizes
+from cs336sys.sweep.points import (
+    SpecError,
+    check_size,
+    choices,
+    positive_ints,
+    positive_sizes,
+    shape_error,
+)
 from cs336sys.sweep.result import Result
 
 STRATEGIES = pm.STRATEGIES
@@ -131,7 +138,7 @@ def specs(
             cfg = from_preset(size, **given, context_length=seq,
                               max_context_length=max(seq, 65_536))
     except ValueError as exc:
-        raise SpecError(str(exc)) from None
+        raise shape_error(exc) from None
     strategies = choices(strategy, STRATEGIES, "--strategy", default=list(STRATEGIES))
     degrees = positive_ints(n, "--n", default=[1, 2, 4, 8])
     units = cfg.d_ff if blocks == "ffn2" else cfg.num_heads

@@ -259,7 +259,7 @@ _STATUS = Column("status", cell=_status, setting=True)
 
 def point_table(declared: Table, rows: list[Row], counts: bool = False,
                 status: bool = False, keep: Callable[[Row], bool] | None = None,
-                lift: bool = False) -> FilledTable:
+                lift: int = 0) -> FilledTable:
     """The declared table over `rows`: a GPU column when they come from several GPUs, an
     "other settings" column naming what else tells them apart, with `counts` the number
     of stored runs per point (`_n`, see sections.latest) and with `status` a status column
@@ -267,9 +267,11 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     kept narrow for a terminal).
 
     `keep` shows only the rows it accepts, while ratio columns still find their baseline
-    among all rows (interpreted Triton points against native naive). With `lift`, setting
-    columns whose cell is the same in every row (two rows or more) leave the table for its
-    `constant` line, so a wide table keeps only the columns that tell its rows apart."""
+    among all rows (interpreted Triton points against native naive). In a table of `lift`
+    rows or more (0: never), setting columns whose cell is the same in every row leave the
+    table for its `constant` line, so a wide table keeps only the columns that tell its rows
+    apart: 2 in a report, 1 in a terminal, where a point's ten settings beside its metrics
+    cut its one row into parts."""
     rows = matching(declared, rows)
     columns = [c for c in declared.columns if _shown(c, rows)]
     if status:
@@ -302,7 +304,7 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     # gpu, the settings (not the status) and "other settings" tell the rows apart
     identifies = ([True] * at + [c.setting and c is not _STATUS for c in columns]
                   + [False] * counts + [True] * (len(t.headers) - at - len(heads)))
-    if lift and len(t.rows) > 1:
+    if lift and len(t.rows) >= lift:
         same = [at + i for i, c in enumerate(columns) if c.setting
                 and len({row[at + i] for row in t.rows}) == 1]
         t.constant = ", ".join(f"{t.headers[i]}={t.rows[0][i]}" for i in same if t.rows[0][i])
@@ -315,7 +317,7 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
 
 def point_tables(tables: Iterable[Table], rows: list[Row], counts: bool = False,
                  status: bool = False, keep: Callable[[Row], bool] | None = None,
-                 lift: bool = False) -> list[FilledTable]:
+                 lift: int = 0) -> list[FilledTable]:
     """Every declared table that has rows (see point_table for `keep` and `lift`)."""
     out = []
     for declared in tables:

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import numbers
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +17,24 @@ from cs336sys.measure.device import resolve_device
 class SpecError(ValueError):
     """A sweep option that cannot be turned into points; the message names the option the
     way the command line spells it (`--size: unknown size 'huge'; ...`)."""
+
+
+# ModelConfig's fields as the command line spells them: its ValueErrors name the fields
+# (the Python API's words), a refusal on the command line names the options typed.
+SHAPE_OPTIONS = {"max_context_length": "the model's maximum context length",
+                 "context_length": "--seq", "d_model": "--d-model", "d_ff": "--d-ff",
+                 "num_layers": "--num-layers", "num_heads": "--num-heads",
+                 "vocab_size": "--vocab-size"}
+
+
+def shape_error(exc: ValueError) -> SpecError:
+    """A ModelConfig's ValueError as a refusal naming options (`context_length=70000 is
+    above ...` -> `--seq 70000 is above ...`)."""
+    message = str(exc)
+    for field, option in SHAPE_OPTIONS.items():
+        message = re.sub(rf"\b{field}=(\S+?)(?=[\s.,;]|$)", rf"{option} \1", message)
+        message = re.sub(rf"\b{field}\b", option, message)
+    return SpecError(message)
 
 
 def split_list(values: Iterable[str] | None) -> list[str]:
