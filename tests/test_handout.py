@@ -94,6 +94,30 @@ def test_a_row_of_either_xl_shows_its_shape(db_path, monkeypatch):
 # -- the listing and bad input -----------------------------------------------------------------
 
 
+def test_the_groups_year_and_store_hold_for_run_and_report(db_path, tmp_path, monkeypatch):
+    """`handout --year 2025 --db X run ...`, as the listing's own last lines read: the
+    subcommands took 2026 and the default store, so a 2025 student's runs went under the
+    2026 problems into a store the writeup never read."""
+    monkeypatch.chdir(tmp_path)  # the default store would land here
+    listing = invoke("handout", "--year", "2025", "--db", db_path).stdout
+    assert f"$ cs336sys handout run --year 2025 --db {db_path} PROBLEM..." in listing
+    r = invoke("handout", "--year", "2025", "--db", db_path, "run", "--all", "--dry-run")
+    assert r.exit_code == 0 and "[1/19] benchmarking_script" in r.stdout, r.output
+    r = invoke("handout", "--year", "2025", "--db", db_path, "run", "mixed_precision_accumulation")
+    assert r.exit_code == 0, r.output
+    assert len(query(db_path, "SELECT id FROM runs")) == 4 and not (tmp_path / "db").exists()
+    r = invoke("handout", "--year", "2025", "--db", db_path, "report", "--format", "md", "--out",
+               tmp_path / "w")
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "w" / "writeup.md").read_text()
+    assert "(2025 handout)" in md and "communication_accounting" in md
+    assert "Not yet computed" in md and "9.953125" in md
+    # the subcommand's own value wins over the group's
+    r = invoke("handout", "--year", "2025", "run", "--year", "2026", "--all", "--dry-run",
+               "--db", db_path)
+    assert "[1/19]" not in r.stdout and r.exit_code == 0, r.output
+
+
 def test_listing_names_every_problem_and_its_status(db_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # a problem's status on one line
     r = invoke("handout", "--db", db_path)
@@ -296,12 +320,13 @@ def test_pytorch_attentions_tables_hold_yours_and_naive(db_path, tmp_path, monke
 def test_every_run_of_a_model_measures_theirs_under_yours(year):
     """Each problem that times, profiles or measures the memory of "your model" runs the
     user's assignment-1 model under --yours (nsys_profile, memory_profiling's peaks and
-    torch_compile's whole model ran cs336sys's), and ours without it."""
+    torch_compile's whole model ran cs336sys's), and ours without it; so does every DDP
+    problem's (from 2.3.2 on they ran cs336sys's model, beside naive and flat on theirs)."""
     for p in problems(year):
         for run in p.runs:
             for on_gpu in (False, True):
                 ours, yours = run.args(on_gpu), run.args(on_gpu, yours=True)
-                if yours and yours[0] in ("model", "memory", "profile"):
+                if yours and yours[0] in ("model", "memory", "profile", "ddp"):
                     assert yours[yours.index("--model") + 1] == "cs336_basics", (p.name, yours)
                     assert ours[0] == yours[0] and "--model" not in ours, (p.name, ours)
 

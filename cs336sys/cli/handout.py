@@ -87,6 +87,27 @@ def _statuses(db: Path, problems: list) -> tuple[list, Any]:
         conn.close()
 
 
+def _given(ctx: Any, name: str) -> bool:
+    """Whether option `name` was given to this command (typed, or from its variable)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def _or_group(ctx: Any, name: str, value: Any) -> Any:
+    """The subcommand's `name`, else the one given to `handout` before it: `cs336sys handout
+    --year 2025 run ...` runs the 2025 problems (they fell back to 2026), `handout --db X
+    report` reads X."""
+    parent = ctx.parent
+    if not _given(ctx, name) and parent is not None and _given(parent, name):
+        return parent.params[name]
+    return value
+
+
+def _again(year: str | None, db: Path) -> str:
+    """The options a printed `cs336sys handout ...` line needs to mean this release and store."""
+    return (f" --year {year}" if year else "") + (f" --db {db}" if db != DEFAULT_DB else "")
+
+
 @handout_app.callback(invoke_without_command=True)
 def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) -> None:
     """Every problem of the assignment's handout with its points, what it asks to measure,
@@ -141,8 +162,9 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
     typer.echo()
-    say("Run them: cs336sys handout run PROBLEM... (or --all); the writeup starter: "
-        "cs336sys handout report.", then="  ")
+    say("Run them (PROBLEM... or --all), then write the writeup starter:")
+    typer.echo(f"  $ cs336sys handout run{_again(year, db)} PROBLEM...")
+    typer.echo(f"  $ cs336sys handout report{_again(year, db)}")
 
 
 @handout_app.command("run")
@@ -177,6 +199,7 @@ def run(
 
         user_code(adapters)  # a missing or broken file: one line, before anything else
         ctx.with_resource(environ(**{ENV: str(adapters)}))  # as it was once the run ends
+    year, db = _or_group(ctx, "year", year), _or_group(ctx, "db", db)
     problems = _problems(names, year)  # --year and the names checked first
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
@@ -220,7 +243,8 @@ def run(
                 worst = max(worst, code if isinstance(code, int) else 1)
         if not dry_run:
             typer.echo()
-            say(f"Done: `cs336sys handout --db {db}` shows where each problem stands.")
+            again = f" --year {year}" if year else ""
+            say(f"Done: `cs336sys handout{again} --db {db}` shows where each problem stands.")
     except (KeyboardInterrupt, stopping.Terminated):  # in a command, or between two
         _stop_if_signalled(stopped_at(at))
         raise
@@ -281,6 +305,7 @@ def _invoke(root: Any, args: list[str]) -> int | None:
 
 @handout_app.command("report")
 def report(
+    ctx: typer.Context,
     names: Names = None,
     year: Year = None,
     fmt: list_option("html, md, tex and/or typst. [default: md,tex,typst]", "--format") = None,
@@ -308,6 +333,7 @@ def report(
     from cs336sys.report.render import EXTENSIONS, FORMATS, write
     from cs336sys.store.db import StoreError, connect_readonly
 
+    year, db = _or_group(ctx, "year", year), _or_group(ctx, "db", db)
     problems = _problems(names, year)
     formats = choices(fmt, FORMATS, "--format", default=("md", "tex", "typst"))
     if not out.strip():  # (Path("") is ".": an empty value would mean this folder)

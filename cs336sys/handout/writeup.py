@@ -16,6 +16,7 @@ from cs336sys.handout import problems as every_problem
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
 from cs336sys.handout.status import Status, in_words, unlabelled
+from cs336sys.models.config import HANDOUTS
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import Report, kernel_stats, provenance
@@ -91,7 +92,7 @@ def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
 
 def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             catalog: Sequence[Any], commands: list[str],
-            linked: dict[str, list[dict[str, Any]]] | None = None) -> Section:
+            linked: dict[str, list[dict[str, Any]]] | None = None, year: str = "") -> Section:
     """The problem's section from its runs (`rows` by experiment, their invocations, the
     rows `linked` to them: kernel_stats): what it asks, the commands, the method line, its
     tables and its experiments' figures and failures (every one empty where nothing is
@@ -114,7 +115,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
     left = Status(problem, stored=[(kind, r["_settings"]) for kind, kind_rows in rows.items()
                                    for r in kind_rows]).left()
     if left and problem.kind != IMPLEMENT:
-        sec.notes.append(f"Not yet measured: {', '.join(left)} (`cs336sys handout run "
+        again = f"--year {year} " if year and year != HANDOUTS[0] else ""
+        sec.notes.append(f"Not yet measured: {', '.join(left)} (`cs336sys handout run {again}"
                          f"{problem.name}` measures what is missing).")
     if problem.kind == IMPLEMENT and (verdicts := checks(rows)) is not None:
         sec.tables.append(verdicts)
@@ -143,7 +145,8 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
             sel = Selection(label=p.name)
             rows, invs = load(conn, sel, catalog), invocations(conn, sel)
             linked = kernel_stats(conn, [r["run_id"] for rs in rows.values() for r in rs])
-            sections.append(section(p, rows, invs, catalog, commands.get(p.name, []), linked))
+            sections.append(section(p, rows, invs, catalog, commands.get(p.name, []), linked,
+                                    year))
             every_inv += invs
             for kind, kind_rows in rows.items():
                 every_row.setdefault(kind, []).extend(kind_rows)

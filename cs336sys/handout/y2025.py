@@ -24,6 +24,7 @@ from cs336sys.handout.y2026 import (
     PROFILE_CPU,
     TINY,
     on_their_model,
+    theirs,
     warmup_tables,
 )
 
@@ -41,10 +42,11 @@ def _same(name: str, section: str, **changes: object) -> Problem:
 
 
 def _ddp(impls: str, yours: str, part: str = "") -> Run:
-    """ddp on two GPUs with the 2025 xl (1600 x 48), or two CPU processes with Gloo."""
+    """ddp on two GPUs with the 2025 xl (1600 x 48), or two CPU processes with Gloo; with
+    `--yours`, on the user's model (y2026._ddp)."""
     return Run(f"ddp --impl {impls} {OLD}", cpu=f"ddp --impl {impls} {DDP_CPU}",
-               yours=f"ddp --impl {yours} {OLD}", yours_cpu=f"ddp --impl {yours} {DDP_CPU}",
-               part=part)
+               yours=theirs(f"ddp --impl {yours} {OLD}"),
+               yours_cpu=theirs(f"ddp --impl {yours} {DDP_CPU}"), part=part)
 
 
 PROBLEMS = (
@@ -116,9 +118,9 @@ PROBLEMS = (
         asks="A DDP that all-reduces each parameter's gradient after the backward.",
         check="cs336sys ddp --impl yours-individual --world-size 2",
     ),
-    _same("naive_ddp_benchmarking", "2.2", runs=(_ddp("naive", "naive --model cs336_basics"),)),
+    _same("naive_ddp_benchmarking", "2.2", runs=(_ddp("naive", "naive"),)),
     _same("minimal_ddp_flat_benchmarking", "2.3.1",
-          runs=(_ddp("naive,flat", "naive,flat --model cs336_basics"),)),
+          runs=(_ddp("naive,flat", "naive,flat"),)),
     Problem(
         "ddp_overlap_individual_parameters", 5, section="2.3.2", kind=IMPLEMENT,
         asks="A DDP class that overlaps each gradient's all-reduce with the backward "
@@ -138,7 +140,8 @@ PROBLEMS = (
         asks="(a) The bucketed DDP's step with buckets of 1, 10, 100 and 1000 MB (2 GPUs, xl), "
         "beside the unbucketed ones; (b) a model of its overhead (written).",
         runs=(_ddp("naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000",
-                   "overlap,yours-bucketed --bucket-mb 1,10,100,1000", part="(a)"),),
+                   "naive,flat,yours-individual,yours-bucketed --bucket-mb 1,10,100,1000",
+                   part="(a)"),),
         tables=(Pivot("DDP step by bucket size (ms, mean ± std)", "ddp", ("impl", "bucket_mb"),
                       DDP_TIME),),
     ),

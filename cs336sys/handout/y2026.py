@@ -56,7 +56,7 @@ def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str) ->
 
 def theirs(line: str) -> str:
     """`line` measuring the user's assignment-1 model: `--model cs336_basics` after the
-    command's name (`model`, `memory`, `memory residuals`, `profile model`)."""
+    command's name (`model`, `memory`, `memory residuals`, `profile model`, `ddp`)."""
     words = line.split(" ")
     name = 2 if words[0] == "profile" or words[:2] == ["memory", "residuals"] else 1
     return " ".join([*words[:name], "--model", "cs336_basics", *words[name:]])
@@ -70,9 +70,11 @@ def on_their_model(gpu: str, cpu: str | None = None, part: str = "") -> Run:
 
 def _ddp(impls: str, yours: str, part: str = "") -> Run:
     """A ddp run on two GPUs (the handout's xl, batch 4, context 512: ddp's CUDA defaults),
-    or two CPU processes with Gloo."""
+    or two CPU processes with Gloo; with `--yours`, `yours` on the user's model, as every
+    DDP problem's runs before it, so that their tables compare one model."""
     return Run(f"ddp --impl {impls}", cpu=f"ddp --impl {impls} {DDP_CPU}",
-               yours=f"ddp --impl {yours}", yours_cpu=f"ddp --impl {yours} {DDP_CPU}", part=part)
+               yours=theirs(f"ddp --impl {yours}"),
+               yours_cpu=theirs(f"ddp --impl {yours} {DDP_CPU}"), part=part)
 
 
 def _plan(strategy: str, degrees: str) -> Run:
@@ -281,13 +283,13 @@ PROBLEMS = (
     Problem(
         "naive_ddp_benchmarking", 3, section="5.2",
         asks="Time per training step and the share spent communicating, one node x 2 GPUs, xl.",
-        runs=(_ddp("naive", "naive --model cs336_basics"),),
+        runs=(_ddp("naive", "naive"),),
         tables=(Pivot("DDP step (ms, mean ± std)", "ddp", ("impl",), DDP_TIME),),
     ),
     Problem(
         "minimal_ddp_flat_benchmarking", 2, section="5.3.1",
         asks="The same with one all-reduce of the flattened gradients, beside the naive one.",
-        runs=(_ddp("naive,flat", "naive,flat --model cs336_basics"),),
+        runs=(_ddp("naive,flat", "naive,flat"),),
         tables=(Pivot("DDP step (ms, mean ± std)", "ddp", ("impl",), DDP_TIME),),
     ),
     Problem(
