@@ -219,6 +219,26 @@ def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch
             "measures what is missing)") in (writeup / "writeup.md").read_text()
 
 
+def test_an_accounting_problem_with_one_of_its_two_plans_is_partly_computed(db_path, tmp_path,
+                                                                            monkeypatch):
+    """2025's communication_accounting has two plans, FSDP alone and FSDP x TP on a mesh
+    (its (c)): with only the first stored it read `computed`, and its writeup had neither
+    the mesh table nor a word that it was missing."""
+    monkeypatch.setenv("COLUMNS", "200")
+    r = invoke("plan", "--size", "xxl", "--hardware", "tpu-v5p", "--strategy", "fsdp", "--n",
+               "1,16", "--batch", "64", "--seq", "512", "--label", "communication_accounting",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    out = invoke("handout", "--year", "2025", "--db", db_path).stdout
+    assert "partly computed" in out and "not yet: plan (strategy=fsdp-tp)" in out, out
+    writeup = tmp_path / "writeup"
+    assert invoke("handout", "--year", "2025", "report", "communication_accounting", "--format",
+                  "md", "--out", writeup, "--db", db_path).exit_code == 0
+    assert ("Not yet computed: plan (strategy=fsdp-tp) (`cs336sys handout run --year 2025 "
+            "communication_accounting` computes what is missing)") in (
+        writeup / "writeup.md").read_text()
+
+
 def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, monkeypatch):
     """At 60 columns the prose wraps, indented under its problem; a command, after `$` or
     in backquotes inside the prose, is never cut, so that it can be copied whole (the 80

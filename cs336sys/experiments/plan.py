@@ -392,8 +392,9 @@ TIME = Table(
     note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
     "all-reduce: 2(N-1)/N S/W, summed over the step. step: max(compute, comm) per phase, "
     "forward plus backward. hides: communication no longer than compute in both phases. "
-    "N max: the largest degree that still hides, for the whole model (and for one SwiGLU FFN "
-    "layer; for fsdp-tp with the two axes' collectives overlapped, and sharing the links).",
+    "N max: the largest degree that still hides, for the whole model (and for one FFN layer, "
+    "SwiGLU or xxl's two matrices; for fsdp-tp with the two axes' collectives overlapped, and "
+    "sharing the links).",
 )
 MEMORY = Table(
     "Memory per device (GiB)",
@@ -447,7 +448,7 @@ EXPERIMENT = Experiment(
             hides              -       communication no longer than compute in both phases
             comm_bound         -       not hides
             n_max              -       largest degree that still hides, whole model
-            n_max_ffn          -       largest degree that still hides, one SwiGLU FFN layer (closed form; fsdp-tp: the axes overlapped)
+            n_max_ffn          -       largest degree that still hides, one FFN layer (SwiGLU; xxl: two matrices) (closed form; fsdp-tp: the axes overlapped)
             n_max_ffn_shared   -       fsdp-tp: the same with the two axes' collectives sharing the links (times add)
             mesh_batch_per_device_min  tokens  fsdp-tp with --mesh-axes: the per-device batch above which the forward is compute-bound (Scaling Book)
             mesh_batch_min     tokens  the same over the N devices

@@ -34,11 +34,11 @@ _WORDS: dict[str, Callable[[Any], str]] = {
     "world_size": lambda v: f"{v} processes",
     "seq": lambda v: f"seq {v}",
     "d_head": lambda v: f"d {v}",
-    "bucket_mb": lambda v: "" if v is None else f"{text(v)} MB buckets",
+    "bucket_mb": lambda v: "" if v is None else f"{text(v)} MiB buckets",
     "shard_optimizer": lambda v: "not sharded" if v in (None, "none") else f"sharded ({v})",
 }
 _HEADERS = {"d_head": "d", "bytes": "size", "world_size": "processes",
-            "shard_optimizer": "optimizer state", "bucket_mb": "bucket MB"}
+            "shard_optimizer": "optimizer state", "bucket_mb": "bucket MiB"}
 
 
 def _row_cell(key: str, row: Row) -> str:

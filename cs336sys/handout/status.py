@@ -80,7 +80,7 @@ class Status:
 # the setting each becomes (`--attention` is attention's `impl`, the model's `attention`).
 _MARKS = {"--warmup": "warmup", "--mode": "mode", "--precision": "precision",
           "--checkpoint": "checkpoint", "--world-size": "world_size", "--impl": "impl",
-          "--switches": "switches", "--compile": "compile"}
+          "--switches": "switches", "--compile": "compile", "--strategy": "strategy"}
 
 
 def _options(line: str, experiment: str) -> dict[str, set[str]]:

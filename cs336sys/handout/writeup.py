@@ -116,8 +116,9 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
                                    for r in kind_rows]).left()
     if left and problem.kind != IMPLEMENT:
         again = f"--year {year} " if year and year != HANDOUTS[0] else ""
-        sec.notes.append(f"Not yet measured: {', '.join(left)} (`cs336sys handout run {again}"
-                         f"{problem.name}` measures what is missing).")
+        verb = ("computed", "computes") if problem.kind == COMPUTE else ("measured", "measures")
+        sec.notes.append(f"Not yet {verb[0]}: {', '.join(left)} (`cs336sys handout run {again}"
+                         f"{problem.name}` {verb[1]} what is missing).")
     if problem.kind == IMPLEMENT and (verdicts := checks(rows)) is not None:
         sec.tables.append(verdicts)
     by_kind = {e.kind: e for e in catalog}
