@@ -9,6 +9,7 @@ every report is: HTML, markdown, LaTeX and Typst (report/typeset.py).
 from __future__ import annotations
 
 import sqlite3
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,7 +82,7 @@ def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
                 f"every element within {r['check_atol']:g} + {r['check_rtol']:g}·|ref| of a "
                 "float64 reference" if r.get("check_rtol") is not None else "")
             body.append([kind, label, str(r.get("status")), str(r["check"]), figure,
-                         what[:160]])
+                         textwrap.shorten(what, 160, placeholder=" …")])
     if not body:
         return None
     return FilledTable("Checks of your code", ["experiment", "point", "status", "check",
