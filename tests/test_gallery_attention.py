@@ -91,6 +91,30 @@ def test_a_pytorch_flashattention_that_ignores_is_causal_passes_as_the_handout_a
     assert "ignores is_causal" not in " ".join(result.stdout.split())
 
 
+@pytest.mark.parametrize("edits, says", [
+    ([("logsumexp[..., i : i + rows] = m + torch.log(row_sum)",
+       "logsumexp[..., i : i + rows] = (m + torch.log(row_sum)) * math.log2(math.e)"),
+      ("p = torch.exp(s - logsumexp[..., None])",
+       "p = torch.exp(s - logsumexp[..., None] / math.log2(math.e))")],
+     "L, the logsumexp its forward saves, is in base 2"),
+    ([("ctx.save_for_backward(q, k, v, o, logsumexp)",
+       "ctx.save_for_backward(q, k, v, o)\n        ctx.lse = logsumexp"),
+      ("q, k, v, o, logsumexp = ctx.saved_tensors",
+       "q, k, v, o = ctx.saved_tensors\n        logsumexp = ctx.lse")],
+     "its forward saves no tensor of L's shape (2, 32) for backward"),
+], ids=["base-2", "kept-on-ctx"])
+def test_a_flashattention_whose_saved_logsumexp_the_course_fails_is_wrong(repo, tmp_path, edits,
+                                                                          says):
+    """Its O and gradients are right, but the course's forward test reads L from the saved
+    tensors and fails it: a log2 L, or one kept on ctx instead of saved, passed here."""
+    for old, new in edits:
+        edit(repo, FLASH, old, new)
+    _, rows = attention(tmp_path / "r.db", "--impl", "yours-torch", "--seq", "32")
+    (row,) = rows
+    assert (row["status"], row["check"]) == ("wrong", "fail"), row["error"]
+    assert says in row["error"] and "O off" not in row["error"], row["error"]
+
+
 @pytest.mark.slow  # Triton's interpreter
 def test_triton_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",

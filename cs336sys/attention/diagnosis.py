@@ -7,6 +7,10 @@ what the code does, not only that it differs.
     no scale       scores not divided by √d
     scale 1/d      scores divided by d instead of √d
 
+The user's FlashAttention is also checked where the course's forward test reads it: the
+logsumexp L its forward saves for backward, the one saved tensor of shape (batch, queries),
+against the float64 logsumexp of the scaled scores (`lse_checked`).
+
 The handout lets the PyTorch FlashAttention ignore is_causal ("You can ignore the is_causal
 flag for this task"), so for `yours-torch` the non-causal match is a pass, judged against
 non-causal attention, with its times kept apart from causal points (`not_compared`).
@@ -34,6 +38,12 @@ MAY_IGNORE_CAUSAL = ("yours-torch",)
 IGNORES_CAUSAL = ("ignores is_causal, as the handout allows for the PyTorch implementation: "
                   "checked against non-causal attention, and its times, of non-causal work, "
                   "are not compared with causal points; --no-causal measures it")
+
+
+# The implementations whose L is checked: the user's FlashAttention autograd.Functions, as
+# the course's forward test checks them (its L: the output's grad_fn.saved_tensors of shape
+# (batch, queries), exactly one, within 1e-2 of the logsumexp).
+SAVES_L = ("yours-torch", "yours-triton")
 
 
 @dataclass(frozen=True)
@@ -91,12 +101,58 @@ def judged(impl: str, causal: bool, verdict: Verdict, found: tuple[Alternative, 
     return Verdict(False, {**verdict.metrics, "check_detail": detail}, why), {}
 
 
+def saved_logsumexps(out: Any, q: Any) -> list[Any] | None:
+    """The tensors the output's autograd.Function saved for backward with L's shape,
+    q.shape[:-1], as the course's forward test finds them (None where its node saves none
+    that can be read: a built-in op's node, no graph)."""
+    try:
+        saved = out.grad_fn.saved_tensors
+    except (AttributeError, RuntimeError):
+        return None
+    return [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
+
+
+def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
+                tolerance: tuple[float, float]) -> Verdict:
+    """The verdict of the L a FlashAttention forward saved (`saved_logsumexps`): one tensor,
+    the natural-log logsumexp of the scaled scores (either mask's for an implementation that
+    may ignore is_causal), or what it is instead, in words."""
+    import math
+
+    from cs336sys.attention.reference import logsumexp_reference
+
+    shape = tuple(q.shape[:-1])
+    if len(saved) != 1:
+        found = f"{len(saved)} tensors" if saved else "no tensor"
+        return Verdict(False, why=f"wrong: its forward saves {found} of L's shape {shape} for "
+                       "backward; the course's forward test takes L, the logsumexp, as the one "
+                       "saved tensor of that shape (ctx.save_for_backward)")
+    (got,) = saved
+    ref = logsumexp_reference(q, k, causal)
+    masks = [causal] + ([False] if causal and impl in MAY_IGNORE_CAUSAL else [])
+    if any(check({"L": got}, {"L": logsumexp_reference(q, k, c) if c != causal else ref},
+                 *tolerance).passed for c in masks):
+        return Verdict(True)
+    instead = (("in base 2 (m log2 e + log2 l); the course compares the natural log",
+                ref / math.log(2)),
+               ("the logsumexp of scores without the 1/√d scale",
+                logsumexp_reference(q, k, causal, scale=1.0)))
+    for words, alt in instead:
+        if check({"L": got}, {"L": alt}, *tolerance).passed:
+            return Verdict(False, why=f"wrong: L, the logsumexp its forward saves, is {words}")
+    off = check({"L": got}, {"L": ref}, *tolerance).why.removeprefix("wrong: ")
+    return Verdict(False, why=f"wrong: L, the logsumexp its forward saves for backward, is not "
+                   f"m + log l of the scaled scores: {off}")
+
+
 def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
-            metrics: dict[str, Any]) -> Verdict:
+            metrics: dict[str, Any], lse: list[Any] | None = None) -> Verdict:
     """The verdict of an attention point (experiments/attention.AttentionSpec): O, and the
     gradients q, k, v hold when `dout` is given, against a float64 reference, with what a
-    failing kernel computes instead (`judged`); its figures go into `metrics`. A later round of an interleaved point is not checked
-    again: its first round's verdict stands (a passing Verdict here, no metrics)."""
+    failing kernel computes instead (`judged`), and the saved L (`lse`, saved_logsumexps) of
+    the user's FlashAttention; its figures go into `metrics`. A later round of an
+    interleaved point is not checked again: its first round's verdict stands (a passing
+    Verdict here, no metrics)."""
     import torch
 
     from cs336sys.attention.reference import attention_reference
@@ -111,5 +167,10 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
         found = diagnose(got, q, k, v, dout, spec.causal, CHECK_TOLERANCE[spec.precision])
         verdict, computed = judged(spec.impl, spec.causal, verdict, found)
         metrics.update(computed)
+    if lse is not None and spec.impl in SAVES_L:
+        of_l = lse_checked(spec.impl, spec.causal, lse, q, k, CHECK_TOLERANCE[spec.precision])
+        if not of_l.passed:
+            why = of_l.why if verdict.passed else f"{verdict.why}; {of_l.why[len('wrong: '):]}"
+            verdict = Verdict(False, {**verdict.metrics, "check": "fail"}, why)
     metrics.update(verdict.metrics)
     return verdict

@@ -73,23 +73,13 @@ def attention_reference(
     """
     q32, k32, v32 = (t.detach().to(dtype) for t in (q, k, v))
     do32 = None if do is None else do.detach().to(dtype)
-    n_queries, d = q32.shape[-2:]
-    n_keys = k32.shape[-2]
-    rows = max(1, q32.numel() // (n_queries * d))  # batch (x heads)
-    chunk = max(1, min(n_queries, max_elements // max(1, rows * n_keys)))
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scale = 1.0 / math.sqrt(q32.shape[-1]) if scale is None else scale
 
     o = torch.empty_like(q32)
     if do32 is not None:
         dq, dk, dv = torch.empty_like(q32), torch.zeros_like(k32), torch.zeros_like(v32)
-    for start in range(0, n_queries, chunk):
-        end = min(start + chunk, n_queries)
+    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements):
         q_c = q32[..., start:end, :]  # (..., c, D)
-        s = q_c @ k32.transpose(-2, -1) * scale  # (..., c, Tk)
-        if is_causal:  # top-left aligned, like naive_attention and SDPA
-            i = torch.arange(start, end, device=q.device)[:, None]
-            j = torch.arange(n_keys, device=q.device)[None, :]
-            s = s.masked_fill(j > i, float("-inf"))
         p = torch.softmax(s, dim=-1)  # (..., c, Tk)
         o_c = p @ v32  # (..., c, D)
         o[..., start:end, :] = o_c
@@ -101,3 +91,35 @@ def attention_reference(
             dq[..., start:end, :] = ds @ k32 * scale
             dk += ds.transpose(-2, -1) @ q_c * scale
     return o, (None if do32 is None else (dq, dk, dv))
+
+
+def logsumexp_reference(q: torch.Tensor, k: torch.Tensor, is_causal: bool = False,
+                        max_elements: int = 2**26, dtype: torch.dtype = torch.float64,
+                        scale: float | None = None) -> torch.Tensor:
+    """L = logsumexp over the keys of the scaled (and masked) scores, (..., T_q): what a
+    FlashAttention forward saves for its backward (Dao 2023, Alg. 1, L_i = m_i + log l_i),
+    natural log; chunked as attention_reference."""
+    q32, k32 = (t.detach().to(dtype) for t in (q, k))
+    scale = 1.0 / math.sqrt(q32.shape[-1]) if scale is None else scale
+    lse = torch.empty(q32.shape[:-1], dtype=dtype, device=q32.device)  # (..., T_q)
+    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements):
+        lse[..., start:end] = torch.logsumexp(s, dim=-1)
+    return lse
+
+
+def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
+                  max_elements: int):
+    """(start, end, scores of queries start..end) with at most `max_elements` scores at
+    once, the causal mask top-left aligned, like naive_attention and SDPA."""
+    n_queries, d = q.shape[-2:]
+    n_keys = k.shape[-2]
+    rows = max(1, q.numel() // (n_queries * d))  # batch (x heads)
+    chunk = max(1, min(n_queries, max_elements // max(1, rows * n_keys)))
+    for start in range(0, n_queries, chunk):
+        end = min(start + chunk, n_queries)
+        s = q[..., start:end, :] @ k.transpose(-2, -1) * scale  # (..., c, Tk)
+        if is_causal:
+            i = torch.arange(start, end, device=q.device)[:, None]
+            j = torch.arange(n_keys, device=q.device)[None, :]
+            s = s.masked_fill(j > i, float("-inf"))
+        yield start, end, s
