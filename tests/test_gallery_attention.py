@@ -115,6 +115,28 @@ def test_a_flashattention_whose_saved_logsumexp_the_course_fails_is_wrong(repo, 
     assert says in row["error"] and "O off" not in row["error"], row["error"]
 
 
+def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course_passes_it(
+        repo, tmp_path):
+    """The course runs the PyTorch FlashAttention non-causal only: a backward that leaves out
+    the mask its forward applies, or a mask one key off, passes its tests and was `wrong`
+    here, the first with no word of why. Each now passes as checked non-causal, saying what
+    is off at the causal point; a dQ without its 1/√d, off non-causal too, stays wrong and
+    says so."""
+    edit(repo, FLASH, "        if ctx.is_causal:\n", "        if False:\n", commit="bwd")
+    _, rows = attention(tmp_path / "b.db", "--impl", "yours-torch", "--seq", "32")
+    (row,) = rows
+    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    assert row["not_compared"].startswith("checked non-causal, as the course's tests check")
+    assert row["check_detail"].startswith("at this causal point dQ off by up to")
+    edit(repo, FLASH, "        if False:\n", "        if ctx.is_causal:\n")
+    edit(repo, FLASH, "dq = ds @ kf * scale", "dq = ds @ kf", commit="no dq scale")
+    _, rows = attention(tmp_path / "s.db", "--impl", "yours-torch", "--seq", "32")
+    (row,) = rows
+    assert row["status"] == "wrong", row
+    assert row["error"].startswith("wrong: its dQ is √d times the right one"), row["error"]
+    assert "non-causal too, as the course's tests run it: dQ off" in row["error"]
+
+
 @pytest.mark.slow  # Triton's interpreter
 def test_triton_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",

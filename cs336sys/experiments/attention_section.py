@@ -128,9 +128,10 @@ TABLE = Table(
                note="check: pass when every element is within atol + rtol·|ref| (1e-2 in fp32 "
                "and fp16, 5e-2 in bf16), else the point is wrong (timed, never compared).",
                notes_if=(("non-causal", "pass (non-causal): your PyTorch FlashAttention "
-                          "ignores is_causal, as the handout allows; it is checked against "
-                          "non-causal attention and its times are not compared with causal "
-                          "points (--no-causal measures it)."),)),
+                          "ignores is_causal, as the handout allows, or is off at causal points "
+                          "(check_detail says which) and right non-causal, where the course's "
+                          "tests check it; its times are not compared with causal points "
+                          "(--no-causal measures it)."),)),
         Column("impossible", cell=_impossible, optional=True,
                note="impossible: a part (fwd, bwd), timed apart, took longer than forward and "
                "backward together beyond the spread of both samples: the machine was busy "
