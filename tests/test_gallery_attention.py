@@ -149,6 +149,22 @@ def test_triton_kernels_right_and_wrong(repo, tmp_path):
     assert "it computes non-causal attention: the causal mask is missing" in nomask["error"]
 
 
+@pytest.mark.slow  # Triton's interpreter
+def test_a_bf16_triton_kernel_in_the_interpreter_is_not_judged(repo, tmp_path, monkeypatch):
+    """Triton's interpreter returns garbage from tl.dot on bfloat16 (3.6 and 3.9), so a right
+    bf16 kernel of the user's read `wrong: O off by up to 8e+08`; fp16 still judges it."""
+    getter = "def get_flashattention_autograd_function_triton() -> type:\n"
+    edit(repo, "tests/adapters.py", f"{getter}    raise NotImplementedError\n",
+         f"{getter}    from {TRITON} import Pointers\n\n    return Pointers\n", commit="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    _, rows = attention(tmp_path / "r.db", "--impl", "yours-triton", "--seq", "32",
+                        "--precision", "bf16,fp16")
+    got = {r["precision"]: r for r in rows}
+    assert got["bf16"]["status"] == "skipped", got["bf16"]["error"]
+    assert got["bf16"]["error"].startswith("not judged: Triton's CPU interpreter computes tl.dot")
+    assert (got["fp16"]["status"], got["fp16"]["check"]) == ("ok", "pass"), got["fp16"]["error"]
+
+
 def _has_block_pointers() -> bool:
     """Whether this Triton still has block pointers (3.9 keeps a stub that raises)."""
     import inspect

@@ -217,6 +217,21 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
                    f"m + log l of the scaled scores: {off}")
 
 
+def status_of(spec: Any, interpreted: bool, verdict: Verdict) -> tuple[str, str | None]:
+    """The point's status and its reason: ok or wrong by `verdict`, except a bf16 Triton
+    kernel of the user's that failed in Triton's CPU interpreter, whose tl.dot on bfloat16
+    returns garbage (Triton 3.6 and 3.9: a 16 x 16 product off by 2e10; ours upcasts there,
+    flash_triton_kernels.py): that failure says nothing of the kernel, so it is skipped."""
+    if verdict.passed:
+        return "ok", None
+    if interpreted and spec.precision == "bf16" and spec.impl == "yours-triton":
+        return "skipped", ("not judged: Triton's CPU interpreter computes tl.dot on bfloat16 "
+                           "inputs wrongly, so a bf16 Triton kernel cannot be checked here "
+                           "(fp16 or fp32 checks it on a CPU; bf16 needs a GPU); it read "
+                           + verdict.why.removeprefix("wrong: "))
+    return "wrong", verdict.why
+
+
 def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
             metrics: dict[str, Any], lse: list[Any] | None = None, fn: Any = None) -> Verdict:
     """The verdict of an attention point (experiments/attention.AttentionSpec): O, and the

@@ -19,7 +19,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in, registry
-from cs336sys.attention.diagnosis import SAVES_L, checked, saved_logsumexps
+from cs336sys.attention.diagnosis import SAVES_L, checked, saved_logsumexps, status_of
 from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
@@ -381,7 +381,8 @@ def run(spec: AttentionSpec) -> Result:
     metrics.update(timed_metrics(samples, host, fwd, device))
     if yours.is_yours(spec.impl):
         metrics["code"] = sources(impl_fn)
-    return Result("ok" if verdict.passed else "wrong", metrics=metrics, error=verdict.why,
+    status, why = status_of(spec, metrics["interpreted"], verdict)
+    return Result(status, metrics=metrics, error=why,
                   samples={**samples, **{k: v for k, v in host.items() if v}})
 
 
