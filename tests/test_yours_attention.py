@@ -173,7 +173,7 @@ def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     table = [line for line in result.stdout.splitlines() if line.startswith("yours-torch")]
     # every cell of it marked, its status with why (shortened; the whole line is under it)
     assert table and all("(wrong)" in line and "wrong: it computes" in line for line in table)
-    assert "wrong: impl=yours-torch seq=32: wrong: it computes attention without" in result.stdout
+    assert "wrong: impl=yours-torch seq=32: it computes attention without" in result.stdout
     # the report: red cells, the reason listed, no speed-up
     out = tmp_path / "report"
     assert invoke("report", "--db", db, "--out", out).exit_code == 0

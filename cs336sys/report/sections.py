@@ -110,6 +110,7 @@ def failures(rows: list[Row]) -> list[Failure]:
         if r.get("status") in (None, "ok"):
             continue
         why, _, detail = (r.get("error") or "").strip().partition("\n")
+        why = why.removeprefix(f"{r['status']}: ")  # shown after the status already
         out.append(Failure(r["status"], label, why or r["status"], detail.strip()))
     return out
 
