@@ -3,6 +3,7 @@ Gloo ranks with no wrong element, nccl-tests' bandwidth formulas, and bad input.
 
 import json
 import sqlite3
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -113,7 +114,7 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
         app,
         ["comm", "--db", str(db_path), "--op", "all-reduce,all-gather,reduce-scatter,broadcast",
          "--bytes", "4KB,1MB", "--precision", "fp32,bf16", "--world-size", "2", "--warmup", "1",
-         "--iters", "3"],
+         "--iters", "4"],
     )
     assert result.exit_code == 0, result.output
     got = rows(db_path)
@@ -130,6 +131,10 @@ def test_every_op_on_two_gloo_ranks_is_exact(db_path):
         assert r["algbw_gbps"] == pytest.approx(algbw)
         assert r["busbw_gbps"] == pytest.approx(algbw * exp.busbw_factor(r["op"], 2))
     assert {r["bytes"] for r in got} == {4000, 10**6}
+    # rank 0's median of an even count is the mean of the middle two (it was the upper one)
+    for r in rows(db_path, "SELECT r.samples, c.time_ms_median FROM runs r JOIN comm_runs c "
+                           "ON c.run_id = r.id"):
+        assert r["time_ms_median"] == statistics.median(json.loads(r["samples"])["rank0"])
     assert "busbw GB/s" in result.stdout
     assert "Avg bus bandwidth: " in result.stdout and "(reduce-scatter in-place gloo 2 ranks" \
         in result.stdout

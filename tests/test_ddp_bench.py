@@ -47,7 +47,10 @@ def test_every_variant_runs_and_ranks_agree(swept):
         # each rank's own mean lies under the mean of the per-step slowest rank
         assert r["step_ms_rank_min"] <= r["step_ms_rank_mean"] <= r["step_ms_rank_max"]
         assert r["step_ms_rank_max"] <= r["step_ms_mean"] * (1 + 1e-12)
-        assert r["comm_ms_rank_min"] <= r["comm_ms_rank_max"] <= r["comm_ms_mean"] * (1 + 1e-12)
+        # communication is the least rank's each step: a rank that reached the collective
+        # first also waited there for the other's backward
+        assert r["comm_ms_mean"] <= r["comm_ms_rank_min"] * (1 + 1e-12)
+        assert r["comm_ms_rank_min"] <= r["comm_ms_rank_max"]
     assert "vs torch" in result.stdout
 
 

@@ -36,8 +36,8 @@ Names = Annotated[list[str] | None, typer.Argument(
     help="Problems, as the handout names them (benchmarking_script, flash_benchmarking, ...).",
     show_default=False, metavar="[PROBLEM]...")]
 GPU_NOTE = "sized as the handout says (a GPU)"
-CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences (the handout's sizes need a "
-            "GPU)")
+CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences and fewer timed steps than "
+            "the handout's 5 warm-up and 10 timed (its sizes need a GPU)")
 
 
 def _on_gpu() -> bool:

@@ -19,6 +19,7 @@ values and the number of wrong elements is stored.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -253,7 +254,7 @@ def run(ctx: Any, spec: CommSpec) -> Result:
     t_s = metrics["time_ms_mean"] / 1e3
     algbw = spec.bytes / t_s / 1e9
     metrics.update(
-        time_ms_median=sorted(times)[len(times) // 2],  # rank 0's, for a robust look
+        time_ms_median=statistics.median(times),  # rank 0's, for a robust look
         algbw_gbps=algbw,
         busbw_gbps=algbw * busbw_factor(spec.op, n),
         wrong=sum(r["wrong"] for r in per_rank),
