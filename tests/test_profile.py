@@ -71,11 +71,13 @@ def test_cpu_attribution_uses_op_self_time_by_phase():
 
 def test_matmul_share_by_phase_from_the_same_attribution():
     """CPU: forward mm 22 of 36 µs, backward mm 20 of 25 (MmBackward0 is not an aten mm:
-    its time is its children's, here none); CUDA: gemm kernels 10 of 13, 10 of 11."""
+    its time is its children's, here none); CUDA: gemm kernels 10 of 13, 10 of 11. The
+    step's, every phase's time together, is what nsys_profile (d) asks of a training step:
+    it was left to the reader, who took the phases' shares for it."""
     assert profile_events.matmul_shares(EVENTS, on_cuda=False) == {
-        "forward": 22 / 36, "backward": 20 / 25}
+        "forward": 22 / 36, "backward": 20 / 25, "step": 42 / 61}
     assert profile_events.matmul_shares(EVENTS, on_cuda=True) == {
-        "forward": 10 / 13, "backward": 10 / 11}
+        "forward": 10 / 13, "backward": 10 / 11, "step": 20 / 24}
     for name in ("sm90_xmma_gemm_bf16", "nvjet_tst_128x256", "cutlass_80_wmma",
                  "triton_tem_fused_mm_0", "aten::addmm", "aten::bmm"):
         assert profile_events.MATMUL.search(name), name

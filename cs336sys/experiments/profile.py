@@ -64,7 +64,7 @@ from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result, first_line
 
 TARGETS = ("model", "attention")
-SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
+SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 # Settings of the profiled point that say nothing about the profile: the model's own NVTX
 # switch (`profiler` says what ran) and the attention benchmark's timer (unused here).
 _NOT_SETTINGS = ("nvtx", "timer")
@@ -399,6 +399,7 @@ TABLE = Table(
             opt prof. ms  opt_profiled_ms_mean  num
             fwd matmul    fwd_matmul_share      pct       optional
             bwd matmul    bwd_matmul_share      pct       optional
+            step matmul   step_matmul_share     pct       optional
         """),
     ),
     note="basis cuda: kernel time on the GPU; cpu: op self time. Phase times are taken under "
@@ -428,6 +429,8 @@ EXPERIMENT = Experiment(
                  "mean per step") for p in ("fwd", "bwd", "opt")),
         *(Metric(f"{p}_matmul_share", "", f"share of the {p} phase's op/kernel time in matrix "
                  "multiplications (profile_events.MATMUL)") for p in ("fwd", "bwd", "opt")),
+        Metric("step_matmul_share", "", "share of the whole step's op/kernel time, every phase, "
+               "in matrix multiplications"),
         *(m for part in ("qk", "softmax", "pv") for m in (
             Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step"),
             Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),
