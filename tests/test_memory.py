@@ -228,6 +228,7 @@ def test_residuals_compiled_is_one_node(db_path, monkeypatch):
                     "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
     eager, compiled = rows(db_path, "SELECT * FROM memory_residuals_runs ORDER BY created")
+    assert eager["batch"] == compiled["batch"] == 4  # the handout's batch (it was 1)
     assert compiled["status"] == "ok" and compiled["top1_op"] == "CompiledFunctionBackward"
     assert compiled["top1_share"] == 1.0 and compiled["top2_op"] is None
     assert compiled["analytic_bytes"] is None and compiled["compile_s"] > 0

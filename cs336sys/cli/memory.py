@@ -67,7 +67,7 @@ def _snapshots(points: list) -> None:
 
 def _residuals_only(
     size: list_option("Size preset(s) of the block. [default: small]") = None,
-    batch: list_option("Batch size(s). [default: 1]") = None,
+    batch: list_option("Batch size(s). [default: 4, the handout's]") = None,
     compile: option("Only the block under torch.compile (--compile), or only eager "
                     "(--no-compile). [default: both]", bool | None, "--compile/--no-compile") = None,
 ) -> None:

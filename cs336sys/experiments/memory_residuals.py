@@ -79,7 +79,7 @@ def specs(
     model options (layers play no part: one block; `model`: the user's model's block)."""
     compiles = [False, True] if compile is None else [bool(compile)]  # None: both
     points = model_exp.specs(
-        size=["small"] if size is None else size, seq=seq, batch=["1"] if batch is None else batch,
+        size=["small"] if size is None else size, seq=seq, batch=["4"] if batch is None else batch,
         mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads, model=model,
         blocks=blocks,
