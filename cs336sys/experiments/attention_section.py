@@ -115,7 +115,9 @@ TABLE = Table(
     "Latency (mean ± std), memory held before backward, throughput, error",
     (
         Column("impl", "impl", cell=impl_label, setting=True),
-        *setting_columns("d=d_head seq heads batch precision pass"),
+        *setting_columns("d=d_head seq heads batch precision"),
+        Column("causal", "causal", "yes_no", setting=True),
+        *setting_columns("pass"),
         *column_table("""
             fwd ms              fwd_ms                mean_std
             bwd ms              bwd_ms                mean_std
