@@ -13,6 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from tests.conftest import MICRO, invoke, query
 from tests.user_repos import course_repo, edit
 
+MODEL = "cs336-basics/cs336_basics/model.py"  # the example's assignment-1 model
+
 SHAPE = dict(vocab_size=256, context_length=16, d_model=64, num_layers=2, num_heads=4, d_ff=128,
              rope_theta=10000.0)
 BATCH = 2
@@ -219,6 +221,25 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
     assert profiled["qk_flops"] == 2 * (2 * 4 * 16 * 16 * 16) * 2  # 2·B·H·T²·d, 2 layers
     result = invoke("step", *small, "--model", "cs336_basics", "--switches", "fused-ce", "--db", db)
     assert result.exit_code == 2 and "takes fused-adamw and compile" in result.stderr
+
+
+def test_the_profile_splits_your_attention_around_your_own_softmax(tmp_path, monkeypatch):
+    """Assignment 1 has students write their softmax (max, sub, exp, sum, div): with no op
+    named softmax in its calls, the attention was left unsplit without a word."""
+    repo = course_repo(tmp_path)
+    edit(repo, MODEL, "    return torch.softmax(scores, dim=-1) @ v\n",
+         "    return softmax(scores, dim=-1) @ v\n\n\n"
+         "def softmax(x, dim):\n"
+         "    e = torch.exp(x - x.amax(dim=dim, keepdim=True))\n"
+         "    return e / e.sum(dim=dim, keepdim=True)\n", commit="own softmax")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("profile", "model", *MICRO, "--seq", "16", "--model", "cs336_basics",
+                    "--top", "3", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT metrics FROM runs")
+    profiled = json.loads(row["metrics"])
+    assert all(profiled[f"{part}_ms_mean"] > 0 for part in ("qk", "softmax", "pv")), profiled
 
 
 def test_checkpointing_groups_your_blocks_and_keeps_your_loss(tmp_path, monkeypatch):

@@ -38,7 +38,12 @@ from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
 from cs336sys.experiments.model import ModelSpec
-from cs336sys.experiments.profile_events import USER_ATTENTION, matmul_shares, summarize
+from cs336sys.experiments.profile_events import (
+    USER_ATTENTION,
+    USER_SOFTMAX,
+    matmul_shares,
+    summarize,
+)
 from cs336sys.experiments.training_step import make_model, make_step, timed_phase
 from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import torch_dtype
@@ -247,9 +252,10 @@ ATTENTION_FUNCTION = "scaled_dot_product_attention"
 @contextlib.contextmanager
 def user_attention_marked(model: Any) -> Iterator[None]:
     """Inside, each call of the attention function of the user's model (ATTENTION_FUNCTION
-    in its class's module, the course's layout) runs in the range USER_ATTENTION, which
-    profile_events splits into QKᵀ, softmax and PV; the function is put back after. A
-    model without that function is profiled without the split."""
+    in its class's module, the course's layout) runs in the range USER_ATTENTION, and each
+    call of the `softmax` it calls by that name in USER_SOFTMAX, which profile_events
+    splits into QKᵀ, softmax and PV; the functions are put back after. A model without
+    that function is profiled without the split."""
     import functools
 
     from cs336sys.measure.nvtx import nvtx_range
@@ -260,16 +266,26 @@ def user_attention_marked(model: Any) -> Iterator[None]:
         yield
         return
 
-    @functools.wraps(original)
-    def marked(*args: Any, **kwargs: Any) -> Any:
-        with nvtx_range(USER_ATTENTION):
-            return original(*args, **kwargs)
+    def marked(fn: Any, name: str) -> Any:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with nvtx_range(name):
+                return fn(*args, **kwargs)
 
-    setattr(module, ATTENTION_FUNCTION, marked)
+        return call
+
+    # the names the function looks up when it runs: its module's, or the one it was defined in
+    names = getattr(original, "__globals__", {})
+    softmax = names.get("softmax")
+    setattr(module, ATTENTION_FUNCTION, marked(original, USER_ATTENTION))
+    if callable(softmax):
+        names["softmax"] = marked(softmax, USER_SOFTMAX)
     try:
         yield
     finally:
         setattr(module, ATTENTION_FUNCTION, original)
+        if callable(softmax):
+            names["softmax"] = softmax
 
 
 def _attention(spec: AttentionSpec) -> _Steps:
