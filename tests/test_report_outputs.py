@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import PNG_SIGNATURE, invoke
@@ -167,6 +168,36 @@ def test_the_memory_charts_axis_labels_stay_inside_the_image():
     for edge in (ink[:, 0], ink[:, -1], ink[0, :], ink[-1, :]):
         assert not edge.any()
     assert ink[:, : pixels.shape[1] // 20].any()  # the axis label, close to the left edge
+
+
+def test_the_measured_peak_is_a_line_across_a_memory_bar_that_its_parts_outgrow():
+    """A training step's parts (parameters, gradients, AdamW, activations) add up to more
+    than its peak, as they are never all live at once: the bar's height read as the peak,
+    with a smaller number on top. The peak is a black line across each bar."""
+    from matplotlib.image import imread
+
+    from cs336sys.experiments import memory_section
+    from cs336sys.report.plots import bar_plot
+    from cs336sys.report.sections import Section
+
+    rows = []
+    for precision in ("fp32", "bf16"):
+        r = _memory_row(precision, peak=60)
+        r.update(grad_bytes=10 * 2**20, optim_bytes=20 * 2**20, act_bytes_analytic=40 * 2**20)
+        rows.append(r)
+    sec = Section("memory", "Memory")
+    memory_section.section(sec, rows)
+    (fig,) = [f for f in sec.figures if f.name == "memory-parts"]
+    pixels = imread(io.BytesIO(bar_plot(fig.plot)), format="png")[..., :3]
+    black = pixels.max(axis=2) < 0.15
+    width = black.shape[1]
+    # horizontal black runs longer than a glyph and shorter than an axis (the spines)
+    runs = 0
+    for row in black:
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], row.astype(int), [0]))))
+        runs += sum(1 for a, b in zip(edges[::2], edges[1::2], strict=True)
+                    if 15 <= b - a < 0.3 * width)
+    assert runs >= 2 * 2  # a line of about 2 px across each of the two bars (the legend's too)
 
 
 def test_a_history_plot_keeps_its_title_on_the_image():

@@ -34,9 +34,11 @@ def section(sec: Section, pts: list[Row]) -> None:
           Plot.lines(lines, "context length (tokens)", "peak memory (MiB)", "Peak memory"))
     add_plot(sec, "Peak memory, its parts and the step time, point by point", "memory-parts",
              _parts(pts), note="The stacked parts are the accounting (parameters, gradients, "
-             "AdamW's moments, the activations saved for backward where modelled); the number "
-             "above each bar is the measured peak, and grey the part of it the accounting "
-             "leaves out. Beside it, the step time: what checkpointing costs for what it saves.")
+             "AdamW's moments, the activations saved for backward where modelled); the black "
+             "line across each bar is the measured peak, its number above, and grey the part of "
+             "it the accounting leaves out. Parts stacked above the line are never all live at "
+             "once (a training step frees the activations as its backward makes the "
+             "gradients). Beside it, the step time: what checkpointing costs for what it saves.")
     left_out = 0
     for i, point in enumerate(pts):
         # a later run of the point without --snapshot (another problem's) keeps its timeline
@@ -154,7 +156,7 @@ def _parts(pts: list[Row]) -> Bars:
     return Bars(tuple(bars), tuple(name for _, name in PARTS),
                 "memory (MiB)",
                 "step time (ms, mean)", "Memory: accounted parts against the measured peak",
-                "Step time", rest="not in the accounting")
+                "Step time", rest="not in the accounting", total_mark="measured peak")
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -78,6 +78,9 @@ class Bars:
     title: str
     side_title: str = ""
     rest: str = "rest of step"  # what the part of the total beyond the stacked parts is
+    # Where the parts may add up to more than the total (memory's parts are never all live at
+    # once), the total is also a mark across its bar, in the legend by this name.
+    total_mark: str = ""
 
     @property
     def informative(self) -> bool:
@@ -389,9 +392,15 @@ def bar_plot(plot: Bars) -> bytes:
         ax.bar(xs, heights, 0.8, bottom=bottom, color="C7" if i >= len(plot.parts) else f"C{i}",
                label=name, edgecolor="white", linewidth=0.5)
         bottom = [a + h for a, h in zip(bottom, heights, strict=True)]
+    totals = [b.total if b.total is not None else h for b, h in zip(plot.bars, bottom, strict=True)]
+    if plot.total_mark:
+        ax.hlines([b.total for b in plot.bars if b.total is not None],
+                  [xi - 0.45 for xi, b in zip(xs, plot.bars, strict=True) if b.total is not None],
+                  [xi + 0.45 for xi, b in zip(xs, plot.bars, strict=True) if b.total is not None],
+                  colors="black", linewidth=1.4, label=plot.total_mark)
+        bottom = [max(h, t) for h, t in zip(bottom, totals, strict=True)]
     top = max(bottom, default=0.0) or 1.0
-    for xi, b, h in zip(xs, plot.bars, bottom, strict=True):
-        total = b.total if b.total is not None else h
+    for xi, total, h in zip(xs, totals, bottom, strict=True):
         ax.text(xi, h + 0.01 * top, short_num(total), ha="center", va="bottom", fontsize=6.5)
     # headroom for the legend's rows (one per phase), so it never sits on a bar's total
     ax.set_ylim(0, top * (1.1 + 0.07 * len(parts)))
