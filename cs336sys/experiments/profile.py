@@ -362,14 +362,16 @@ def attention_parts(pts: list) -> Any:
     """Attention's QKᵀ, softmax and PV in the forward (naive attention's, or the user's
     model's), per point that measured them: time per step, FLOPs and achieved GFLOP/s (None
     when no point did)."""
-    body = [[label(r), *(x for part in ("qk", "softmax", "pv")
-                         for x in (num(r.get(f"{part}_ms_mean")), num(r.get(f"{part}_gflops"))))]
+    body = [[label(r), *(num(r.get(f"{part}_{key}")) for part in ("qk", "softmax", "pv")
+                         for key in ("ms_mean", "flops", "gflops"))]
             for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
     if not body:
         return None
+    # the FLOPs beside the times: the handout sets the parts' runtime gap against their
+    # FLOPs gap (softmax: few FLOPs, much time)
     return FilledTable("Attention's parts in the forward (per step)",
-                 ["point", "QKᵀ ms", "QKᵀ GFLOP/s", "softmax ms", "softmax GFLOP/s", "PV ms",
-                  "PV GFLOP/s"], body,
+                 ["point", *(f"{part} {unit}" for part in ("QKᵀ", "softmax", "PV")
+                             for unit in ("ms", "FLOPs", "GFLOP/s"))], body,
                  note="Inside the ranges naive attention opens (scores, softmax, final matmul), "
                  "or, in your model (--model), inside each call of its "
                  f"{ATTENTION_FUNCTION}, split at its softmax; FLOPs: 2·T·T·d per (batch, "
