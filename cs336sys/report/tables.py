@@ -185,13 +185,32 @@ RUNS_APART_NOTE = (
     "differed by 23 % on an H100), so it gives no verdict: measure both in one command.")
 
 
+NOT_INTERLEAVED = "not interleaved"
+NOT_INTERLEAVED_NOTE = (
+    "not interleaved: the two points ran one after the other, so the interval sees the spread "
+    "within each, not how the machine's load changed between them (on a loaded CPU two runs "
+    "of one step read 6.22x and 1.29x faster); it gives no verdict: --rounds 2 or more "
+    "(the default on CUDA) interleaves the points' timed steps.")
+
+
+def _interleaved(row: Row) -> bool | None:
+    """Whether the point's timed steps came in interleaved rounds (None: its experiment has
+    no rounds)."""
+    settings = row.get("_settings") or {}
+    if "rounds" not in settings:
+        return None
+    return (row.get("rounds_done") or settings.get("rounds") or 1) >= 2
+
+
 def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
     """` faster (1.65–2.58)`: the bootstrap interval of row's median of the samples `name`
     over base's (base's over row's when `speedup`) and its verdict; '' without samples, or
     with too few a side for any test to tell (3 against 3: measure/significance.py): a
     bootstrap of one sample a side has an interval of zero width, a certainty it lacks.
     Two rows of different invocations get the interval and RUNS_APART instead of a verdict:
-    resampling steps within each run cannot see how far runs drift apart."""
+    resampling steps within each run cannot see how far runs drift apart; nor, in one run,
+    between points that did not interleave their steps where their experiment can
+    (NOT_INTERLEAVED)."""
     if not name:
         return ""
     a = timed_samples(base.get("_samples"), name)
@@ -204,6 +223,8 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
     if base.get("invocation_id") != row.get("invocation_id"):
         return f" ({low:.2f}–{high:.2f}, {RUNS_APART})"
+    if False in (_interleaved(base), _interleaved(row)):
+        return f" ({low:.2f}–{high:.2f}, {NOT_INTERLEAVED})"
     return f" {verdict(found)} ({low:.2f}–{high:.2f})"
 
 
@@ -293,9 +314,9 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
     notes += [sentence for i, c in enumerate(columns) for word, sentence in c.notes_if
               if any(word in row[at + i] for row in t.rows)]
-    if any(RUNS_APART in row[at + i] for i, c in enumerate(columns) if c.ratio
-           for row in t.rows):
-        notes.append(RUNS_APART_NOTE)
+    for mark, note in ((RUNS_APART, RUNS_APART_NOTE), (NOT_INTERLEAVED, NOT_INTERLEAVED_NOTE)):
+        if any(mark in row[at + i] for i, c in enumerate(columns) if c.ratio for row in t.rows):
+            notes.append(note)
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
