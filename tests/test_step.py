@@ -199,15 +199,28 @@ def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():
     assert "course_timing" not in small.settings()
 
 
+def test_a_point_on_ranks_this_host_cannot_hold_is_skipped_before_its_ranks_start(db_path):
+    """`--preset leaderboard` on a CPU started the 8B on both ranks, 30 GiB each, where the
+    one-rank point is refused by its memory estimate: ranks on one host share its memory,
+    which that estimate bounds from below."""
+    out = invoke("step", "--size", "xl", "--seq", "32768", "--batch", "2", "--world-size", "2",
+                 "--switches", "none", "--device", "cpu", "--db", db_path)
+    assert out.exit_code == 0, out.output
+    (row,) = query(db_path, "select status, world_size, error from step_runs")
+    assert (row["status"], row["world_size"]) == ("skipped", 2)
+    assert row["error"].startswith("skipped: needs ~") and "--force runs it" in row["error"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("ddp, switches", [
     ("fsdp", "fused-ce"), ("flat", "fused-ce"),
     ("yours-fsdp=cs336sys.parallel:FSDP", "fused-ce"),  # a user's FSDP that passes keywords on
 ])
 def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switches):
-    """--world-size 2: the step on two Gloo ranks, each its half of the global batch; rank
-    0's first loss is the single-process model's on that half, the same weights (an FSDP
-    starts from them on every rank, a DDP broadcasts rank 0's). The fused loss, computed
+    """--world-size 2: the step on two Gloo ranks, each its half of the global batch; the
+    stored first loss, the ranks' summed, is the single-process model's on the whole batch,
+    the same weights (an FSDP starts from them on every rank, a DDP broadcasts rank 0's);
+    rank 0's alone, stored before, read half the one-rank step's. The fused loss, computed
     inside the LM head's forward where an FSDP unit has gathered its weight, gives the
     materialised one. (Compiled blocks on two ranks, against the eager step's losses:
     test_gallery_parallel's leaderboard test; with flat here they cost 18 s of make test.)"""
@@ -219,7 +232,7 @@ def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switch
         "ok", 2, ddp.partition("=")[0], switches)  # a one-off target is stored by its name
     assert row["tokens_per_step"] == 2 * 16 and row["step_ms_median"] > 0
     (spec,) = step_exp.specs(**{**SHAPE, "seq": [16]}, switches=["none"])
-    model, _, train_step = step_exp.build(spec, rows=slice(0, 1))
+    model, _, train_step = step_exp.build(spec)
     assert row["params"] == sum(p.numel() for p in model.parameters())
     assert row["loss_first"] == pytest.approx(float(train_step()), rel=1e-5)
 

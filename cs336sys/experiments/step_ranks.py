@@ -140,8 +140,12 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
         mine = [timed(1 + spec.warmup + i) for i in range(spec.iters)]
     wall_s = time.perf_counter() - t_start
     peak = torch.cuda.max_memory_allocated(device) if on_cuda else None
-    per_rank = gather({"times": mine, "peak": peak, "wall_s": wall_s})
+    per_rank = gather({"times": mine, "peak": peak, "wall_s": wall_s, "first_ms": first_ms,
+                       "losses": [float(v) for v in losses]})
     slowest = [max(r["times"][i] for r in per_rank) for i in range(spec.iters)]
+    # each rank's loss is summed over its slice's tokens: their sum is the global batch's,
+    # what the one-process step stores (rank 0's alone read half of it on two ranks)
+    summed = [sum(r["losses"][i] for r in per_rank) for i in range(len(losses))]
     metrics: dict[str, Any] = flatten("step_ms", slowest)
     # one step of the whole model on the global batch: tokens and FLOPs across the ranks
     metrics.update(throughput(model, config, spec.batch, spec.seq, "train",
@@ -152,13 +156,13 @@ def run_on_ranks(ctx: Any, spec: Any) -> Result:
     walls = [r["wall_s"] for r in per_rank]
     metrics.update(
         peak_allocated_mb=max(r["peak"] for r in per_rank) / 2**20 if on_cuda else None,
-        first_step_s=first_ms / 1e3,
+        first_step_s=max(r["first_ms"] for r in per_rank) / 1e3,
         wall_s=max(walls),
         within_limit=max(walls) <= LIMIT_S,
-        loss_first=float(losses[0]),
-        loss_last=float(losses[-1]),
+        loss_first=summed[0],
+        loss_last=summed[-1],
     )
     del model
     return judged(checked, metrics, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
-                                             "loss": [float(v) for v in losses]})
+                                             "loss": summed})
 

@@ -94,7 +94,7 @@ class Quiet:
         pass
 
 
-Skip = Callable[[Any], Result | None]
+Skip = Callable[..., Result | None]  # skip(spec, announce=True)
 Emit = Callable[[Any, Result], None]
 Executor = Callable[[Experiment, list, Skip, Emit], None]
 
@@ -148,9 +148,10 @@ def run_sweep(
     if seconds and hasattr(progress, "estimated"):
         progress.estimated(sum(seconds), len(specs))
 
-    def skip(spec: Any) -> Result | None:
-        """What to store instead of running `spec` (None: run it); asked just before."""
-        if begin is not None:
+    def skip(spec: Any, announce: bool = True) -> Result | None:
+        """What to store instead of running `spec` (None: run it); asked just before (with
+        `announce`, the progress is told that it runs next)."""
+        if begin is not None and announce:
             begin(spec)
         estimate = estimates.get(id(spec))
         why = None if estimate is None or force else estimate.refusal(spec.device)
@@ -291,7 +292,18 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
     for spec in specs:
         by_world.setdefault((spec.world_size, spec.backend), []).append(spec)
     for (world, _), group in by_world.items():
-        todo = list(group)
+        todo = []
+        for spec in group:
+            # On a CPU the ranks share the host's memory, which the whole model's estimate
+            # bounds from below whatever the wrapper shards: a point it refuses is stored
+            # skipped, not started on every rank (the leaderboard's 8B on a laptop). A GPU
+            # per rank holds a sharded wrapper's share, which that estimate does not give.
+            decided = skip(spec, announce=False) \
+                if not str(getattr(spec, "device", "cpu")).startswith("cuda") else None
+            if decided is not None:
+                emit(spec, decided)
+            else:
+                todo.append(spec)
         while todo:
             check()  # as in `local`: before ranks start
             finished: list[int] = []
