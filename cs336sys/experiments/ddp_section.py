@@ -33,8 +33,10 @@ def section(sec: Section, pts: list[Row]) -> None:
     if by_moment is not None:  # rows stored before the sharding release have no memory figures
         sec.tables.append(by_moment)
     add_plot(sec, "Step time split into waiting on communication and the rest", "ddp-steps",
-             _steps(pts), note="The step's mean time, the part rank 0 was blocked on gradient "
-             "communication at the top (fsdp: its gathers and reduce-scatters); beside it, "
+             _steps(pts), note="The step's mean time, the part spent waiting on gradient "
+             "communication at the top (the least rank's: the others also waited there for "
+             "its backward); for fsdp, the time with one of its gathers or reduce-scatters in "
+             "flight, hidden behind compute or not, so not the others' waiting. Beside it, "
              "tokens per second across the ranks.")
     every = series(pts, "bucket_mb", "step_ms_mean", first=("impl", "world_size"))
     lines = {k: v for k, v in every.items() if len(v) > 1}  # the bucketed sweeps only
@@ -109,10 +111,14 @@ def _steps(pts: list[Row]) -> Bars:
         s = r["_settings"]
         label = " ".join(x for x in (text(s.get("impl")), _bucket(s), _sharded(s)) if x)
         wait = min(comm, step) if comm is not None else None
-        bars.append(Bar(f"{text(s.get('world_size'))} ranks", label,
-                        (None if wait is None else step - wait, wait), total=step,
+        rest = None if wait is None else step - wait
+        # fsdp's comm_ms is the time with a collective in flight, hidden behind compute or
+        # not: a part of its own, not the waiting of the others
+        parts = (rest, None, wait) if s.get("impl") == "fsdp" else (rest, wait, None)
+        bars.append(Bar(f"{text(s.get('world_size'))} ranks", label, parts, total=step,
                         side=r.get("tokens_per_s")))
-    return Bars(tuple(bars), ("compute and the rest", "waiting on communication"),
+    return Bars(tuple(bars), ("compute and the rest", "waiting on communication",
+                              "fsdp: a collective in flight"),
                 "step time (ms, mean)", "tokens/s", "DDP: step time and what it waits on",
                 "Throughput")
 
