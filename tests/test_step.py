@@ -134,6 +134,8 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
     [
         (["--d-model", "100", "--num-heads", "3"], "--d-model 100 is not divisible by --num-heads 3"),
         (["--switches", "turbo"], "unknown switch 'turbo'"),
+        # it said "unknown switch 'none' (did you mean 'none'?)"
+        (["--switches", "none+fused-ce"], "--switches: none stands alone, not joined with +"),
         (["--checkpoint", "groups:1,2"], "sum to 3, not num_layers=2"),
         (["--adamw", "fastest"], "--adamw: unknown value"),
         (["--num-layers", "0"], "--num-layers must be positive"),

@@ -173,6 +173,10 @@ def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str
         else:
             names = [n.strip() for n in item.split("+")]
             for n in names:
+                if n in ("none", "all", "ablation"):  # a set, not a switch to join
+                    raise SpecError(f"--switches: {n} stands alone, not joined with + "
+                                    f"({item}); list it beside the others: --switches "
+                                    f"{','.join(names)}")
                 if n not in SWITCHES:
                     raise unknown("--switches", n, [*SWITCHES, "none", "all", "ablation"],
                                   "switch")
