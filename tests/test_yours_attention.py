@@ -222,6 +222,30 @@ def test_a_kernel_that_calls_sys_exit_is_an_error_row_not_the_commands_end(tmp_p
                       "ended the command"] * 2
 
 
+def test_an_exit_from_the_standard_library_under_the_users_code_is_theirs(tmp_path,
+                                                                           monkeypatch):
+    """argparse's parse_args() in the user's forward (as benchmarking files have at their
+    top) exits from the standard library: it was taken for cs336sys's own exit and ended
+    the command with argparse's usage line as if cs336sys's."""
+    statement = "import argparse; argparse.ArgumentParser().parse_args(['--bogus'])"
+    line, _, _, rows = _failing_forward(tmp_path, monkeypatch, statement)
+    assert [r["error"] for r in rows] == [f"{FLASH}:{line}: SystemExit: it called sys.exit(2), "
+                                          "which would have ended the command"] * 2
+
+
+def test_an_exit_at_the_top_of_the_adapters_file_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    """exit() where the adapters file is imported ended the command with 0 and not a word."""
+    repo = course_repo(tmp_path)
+    (repo / "tests" / "adapters.py").write_text(
+        (repo / "tests" / "adapters.py").read_text() + "\nexit()\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().endswith(": SystemExit: None") and not db.exists()
+    assert "cannot import tests/adapters.py: tests/adapters.py:" in result.stderr
+
+
 def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     (repo / "tests" / "adapters.py").unlink()

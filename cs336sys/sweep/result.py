@@ -186,9 +186,11 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     except Unfinished as exc:
         result = Result("skipped", error=str(exc))
     except SystemExit as exc:
-        if not _raised_by_user(exc):
+        # the user's, wherever their code is on the way down: argparse's parse_args() at the
+        # top of a module of theirs exits from the standard library
+        if user_frame(exc) is None:
             raise
-        result = Result("error", error=f"{user_frame(exc) or 'your code'}: SystemExit: it called "
+        result = Result("error", error=f"{user_frame(exc)}: SystemExit: it called "
                         f"sys.exit({exc.code!r}), which would have ended the command")
     except Exception as exc:  # every failure becomes a stored row
         if stopping.pending() is not None and _stopped_by_signal(exc):

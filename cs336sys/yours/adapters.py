@@ -196,7 +196,9 @@ class Adapters:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as exc:  # any failure in the user's import is theirs
+        # any failure in the user's import is theirs, exit() at its top level too (which
+        # ended the command with exit code 0 and not a word)
+        except (Exception, SystemExit) as exc:
             del sys.modules[name]
             where = user_frame(exc, self.root) or self.shown
             raise AdaptersError(f"cannot import {self.shown}: {where}: "

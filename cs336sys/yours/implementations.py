@@ -100,7 +100,7 @@ def load_target(spec: str) -> Any:
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except Exception as exc:  # whatever the user's import raises
+    except (Exception, SystemExit) as exc:  # whatever the user's import raises, exit too
         where = user_frame(exc)
         raise UserCodeError(f"cannot import {spec}: {where + ': ' if where else ''}"
                             f"{type(exc).__name__}: {exc}") from None
