@@ -246,6 +246,20 @@ def test_an_exit_at_the_top_of_the_adapters_file_is_one_line_and_exit_2(tmp_path
     assert "cannot import tests/adapters.py: tests/adapters.py:" in result.stderr
 
 
+def test_a_getter_that_returns_an_nn_module_class_says_so(tmp_path, monkeypatch):
+    """Every nn.Module class has an .apply, so one was taken for an autograd.Function and
+    failed with `Module.apply() takes 2 positional arguments but 4 were given`."""
+    repo = course_repo(tmp_path)
+    getter = "def get_flashattention_autograd_function_pytorch() -> type:\n"
+    edit(repo, "tests/adapters.py", getter, f"{getter}    return torch.nn.Linear\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert {r["status"] for r in runs(db)} == {"error"}
+    assert ("get_flashattention_autograd_function_pytorch() of the adapters file gave the "
+            "nn.Module class Linear; expected an autograd.Function subclass") in runs(db)[0]["error"]
+
+
 def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     (repo / "tests" / "adapters.py").unlink()

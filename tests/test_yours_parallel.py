@@ -114,6 +114,20 @@ def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
     assert "wrong" in result.stdout and "(wrong)" in result.stdout
 
 
+def test_a_getter_that_returns_its_class_uncalled_says_so(tmp_path, monkeypatch):
+    """get_ddp returning NaiveDDP instead of NaiveDDP(module) read `Module.parameters()
+    missing 1 required positional argument: 'self'`, from deep in torch."""
+    repo = course_repo(tmp_path)
+    edit(repo, "tests/adapters.py", "    return NaiveDDP(module)\n", "    return NaiveDDP\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    invoke("ddp", "--impl", "yours", *SMALL, "--db", db)
+    (row,) = ddp_runs(db)
+    assert row["status"] == "error", row
+    assert ("get_ddp() of the adapters file gave the class NaiveDDP, not an object made from "
+            "it; expected the module wrapped in your DDP") in row["error"]
+
+
 @pytest.mark.slow  # starts ranks
 def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     repo = course_repo(tmp_path, files={"tests/adapters.py": ADAPTERS_2025 + ADAPTERS_FSDP,

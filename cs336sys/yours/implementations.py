@@ -152,17 +152,23 @@ def attention_function(name: str) -> Callable[..., Any]:
     import torch
 
     where = target("attention", name)
-    obj = load_target(where) if where is not None else call_adapter(entries("attention")[name], 0)
+    entry = entries("attention").get(name) if where is None else None
+    obj = load_target(where) if where is not None else call_adapter(entry, 0)
+    source = where or f"{entry.functions[0]}() of the adapters file"
+    module = isinstance(obj, type) and issubclass(obj, torch.nn.Module)
     # a torch.autograd.Function subclass, or an instance of one: the course calls its .apply
-    if (isinstance(obj, type) and hasattr(obj, "apply")) or isinstance(obj, torch.autograd.Function):
+    # (every nn.Module class has an .apply too, which takes a function to call on each child)
+    if (isinstance(obj, type) and hasattr(obj, "apply") and not module) \
+            or isinstance(obj, torch.autograd.Function):
         call = obj.apply
-    elif callable(obj) and _takes_a_mask(obj):
+    elif callable(obj) and not module and _takes_a_mask(obj):
         call = _with_mask(obj)
-    elif callable(obj):
+    elif callable(obj) and not module:
         call = obj
     else:
-        raise TypeError(f"{name}: expected an autograd.Function subclass or a function, got "
-                        f"{type(obj).__name__}")
+        got = f"the nn.Module class {obj.__name__}" if module else type(obj).__name__
+        raise TypeError(f"{name}: {source} gave {got}; expected an autograd.Function subclass "
+                        "(whose .apply(q, k, v, is_causal) returns O) or a function")
 
     def checked(*args: Any) -> Any:
         out = call(*args)
