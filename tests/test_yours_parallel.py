@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import invoke, query
-from tests.user_repos import ADAPTERS_2025, course_repo, edit
+from tests.user_repos import ADAPTERS_2025, course_repo, edit, line_of
 
 SMALL = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-layers", "1",
          "--num-heads", "2", "--vocab-size", "64", "--seq", "16", "--batch", "4",
@@ -160,8 +160,11 @@ def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
     assert result.exit_code == 1  # a point failed; a fresh group ran the next one
     failed, ours = ddp_runs(db)
     assert (failed["impl"], failed["status"]) == ("yours", "error")
-    assert "RuntimeError: rank 1 lost its gradients" in failed["error"]
-    assert "cs336_systems/ddp.py" in failed["error"]  # the traceback names the user's file
+    # its first line names the user's file and line, as a point's error in one process
+    # does (it was deep in the traceback only)
+    line = line_of(repo, "cs336_systems/ddp.py", "raise RuntimeError('rank 1 lost")
+    assert failed["error"].startswith(
+        f"rank 1 failed: cs336_systems/ddp.py:{line}: RuntimeError: rank 1 lost its gradients")
     assert (ours["impl"], ours["status"]) == ("flat", "ok")
     # one name, two targets: the second replaced the first, which was never measured
     twice = "yours=cs336_systems.ddp:NaiveDDP,yours=cs336_systems.ddp:BucketedDDP"

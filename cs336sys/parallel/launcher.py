@@ -260,7 +260,9 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
         conn.send(("done", value))
     except BaseException as exc:  # report everything, Ctrl-C included, then die
         try:
-            conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+            where = getattr(exc, "cs336sys_where", None)  # the user's file:line (sweep/ranks)
+            said = f"{type(exc).__name__}: {exc}"
+            conn.send(("error", (f"{where}: {said}" if where else said, traceback.format_exc())))
         except OSError:  # the parent is gone
             pass
         return
