@@ -380,10 +380,41 @@ def compiled_training(ctx, steps: int = 3) -> dict:
     return dict(eager=eager, compiled=compiled, graphs=counters["stats"]["unique_graphs"])
 
 
+class MixedToy(nn.Module):
+    """fc1 in float64, fc2 in float32: one owner holds parameters of two dtypes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 9).double()
+        self.fc2 = nn.Linear(9, 5)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)).float())
+
+
+def mixed_dtypes(ctx, steps: int = 3) -> dict:
+    """ShardedOptimizer over a model of two dtypes (it sorted its broadcasts by dtype, which
+    torch cannot order, and raised TypeError in step), against AdamW unsharded."""
+    torch.manual_seed(7)
+    model = MixedToy()
+    initial = np_state(model.state_dict())
+    opt = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=0.01, weight_decay=0.1)
+    for step in range(steps):
+        x, y = opt_batch(0, step)
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(model(x), y.float()).backward()
+        opt.step()
+    names = {id(p): n for n, p in model.named_parameters()}
+    dtypes = {str(p.dtype) for p, r in opt.owner.items() if r == ctx.rank}
+    return dict(initial=initial, final=np_state(model.state_dict()), owned_dtypes=sorted(dtypes),
+                owned=sorted(names[id(p)] for p, r in opt.owner.items() if r == ctx.rank))
+
+
 def run_all(ctx) -> dict:
     """Everything the test module needs, in one launch (spawning ranks costs seconds)."""
     return {
         "sharded": {k: [train_sharded(ctx, k, r) for r in range(ROUNDS)] for k in ("adamw", "sgd")},
+        "mixed_dtypes": mixed_dtypes(ctx),
         "fsdp": {c: [train_fsdp(ctx, c, r) for r in range(ROUNDS)] for c in FSDP_CASES},
         "gathers": gathers_and_memory(ctx),
         "backward_gathers": backward_gathers(ctx),

@@ -93,6 +93,23 @@ def test_each_rank_holds_state_only_for_its_shard(runs, kind):
             assert abs(sum(sizes[n] for n in r["owned"]) - total / 2) <= max(sizes.values())
 
 
+def test_sharded_optimizer_takes_parameters_of_two_dtypes(runs):
+    r0, r1 = (rank["mixed_dtypes"] for rank in runs)
+    assert ["torch.float32", "torch.float64"] in (r0["owned_dtypes"], r1["owned_dtypes"])
+    model = w.MixedToy()
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in r0["initial"].items()})
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    for step in range(3):
+        x, y = w.opt_batch(0, step)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y.float()).backward()
+        opt.step()
+    for k, v in model.state_dict().items():
+        for r in (r0, r1):
+            np.testing.assert_allclose(r["final"][k], v.detach().float().numpy(), rtol=1e-6,
+                                       atol=1e-7, err_msg=k)
+
+
 def test_sharded_optimizer_needs_a_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         ShardedOptimizer([torch.nn.Parameter(torch.zeros(2))], torch.optim.SGD, lr=0.1)

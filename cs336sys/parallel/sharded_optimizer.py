@@ -115,7 +115,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 by_owner.setdefault((self.owner[p], p.dtype, str(p.device)), []).append(p)
-        for (src, _, _), params in sorted(by_owner.items()):
+        # in the same order on every rank; torch cannot order dtypes, their names it can
+        for (src, _, _), params in sorted(by_owner.items(),
+                                          key=lambda kv: (kv[0][0], str(kv[0][1]), kv[0][2])):
             for bucket in _buckets(params, BUCKET_BYTES):
                 if len(bucket) == 1 and bucket[0].is_contiguous():
                     dist.broadcast(bucket[0].detach(), src=src)
