@@ -93,6 +93,11 @@ def test_an_adapters_file_that_does_not_import_is_one_line_and_exit_2(tmp_path, 
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert not db.exists()
+    # found, not named, it stops only what asks for its implementations: a student halfway
+    # through editing it still measures cs336sys's (the syntax error stopped every command)
+    yours.forget()  # as a new process: the refused command named it for its ranks
+    result = invoke("attention", "--impl", "naive", *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
 
 
 def test_a_missing_adapters_path_and_a_missing_function_are_refused(tmp_path, monkeypatch):

@@ -81,6 +81,9 @@ def entries(kind: str) -> dict[str, Entry]:
     return {e.impl: e for e in ENTRIES if e.kind == kind}
 
 
+FOUND = "found at the top of this checkout"  # how a file nobody named was found
+
+
 def find(given: str | Path | None = None, start: str | Path | None = None) -> tuple[Path, str] | None:
     """The adapters file to use and how it was found: `given` (--adapters), else the
     CS336SYS_ADAPTERS variable, else `tests/adapters.py` at the top of the git checkout of
@@ -94,7 +97,7 @@ def find(given: str | Path | None = None, start: str | Path | None = None) -> tu
             return path.resolve(), how
     top = git_top(start)
     if top is not None and (top / "tests" / "adapters.py").is_file():
-        return (top / "tests" / "adapters.py").resolve(), "found at the top of this checkout"
+        return (top / "tests" / "adapters.py").resolve(), FOUND
     return None
 
 
@@ -133,7 +136,15 @@ class Adapters:
             self.source = self.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise AdaptersError(f"cannot read {self.path}: {exc}") from None
-        self.functions = implemented_functions(self.source, self.shown)
+        self.unparsed: str | None = None
+        try:
+            self.functions = implemented_functions(self.source, self.shown)
+        except AdaptersError as exc:
+            if how != FOUND:  # named: refused at once
+                raise
+            # found, not named: a file being edited stops only the commands that ask for
+            # its implementations (`attention --impl sdpa` ran into its SyntaxError)
+            self.functions, self.unparsed = {}, str(exc)
 
     @property
     def shown(self) -> str:
@@ -207,6 +218,8 @@ class Adapters:
 
     def function(self, name: str):
         """The adapters function `name` (importing the file), or None when it has none."""
+        if self.unparsed is not None:
+            raise AdaptersError(self.unparsed)
         return getattr(self.module, name, None)
 
 
