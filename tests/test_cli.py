@@ -601,6 +601,12 @@ def test_dry_run_says_the_points_and_writes_nothing(db_path):
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("dry run: 2 point(s), estimated ")
     assert "nothing measured" in result.stdout and not db_path.exists()
+    # one the memory estimate refuses is said to be skipped, not timed (28 days of it)
+    result = invoke("model", "--size", "xl", "--seq", "32768", "--batch", "64", "--dry-run",
+                    "--device", "cpu", "--db", db_path)
+    said = " ".join(result.stdout.split())
+    assert said.startswith("dry run: 1 point(s); 1 would be skipped (the first needs ~"), said
+    assert not db_path.exists()
 
 
 def test_a_warmup_list_is_a_point_per_count_and_a_column(db_path):

@@ -294,14 +294,21 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
 def dry_run(experiment: Any, points: list) -> str:
     """--dry-run's line: the points and their estimated time (experiments/preflight.py, for
     the experiments that estimate); nothing is measured or written."""
-    estimates = [experiment.estimate(p) for p in points] if experiment.estimate else []
-    seconds = [e.seconds for e in estimates if e is not None and e.seconds is not None]
+    estimates = [experiment.estimate(p) if experiment.estimate else None for p in points]
+    # what the run would store skipped, by the same memory estimate, is no work to wait for
+    # (the leaderboard's 8B on a laptop read as 28 days, and nothing said it would not run)
+    refused = [why for e, p in zip(estimates, points, strict=True)
+               if e is not None and (why := e.refusal(p.device))]
+    seconds = [e.seconds for e, p in zip(estimates, points, strict=True)
+               if e is not None and e.seconds is not None and not e.refusal(p.device)]
     line = f"dry run: {len(points)} point(s)"
     if seconds:
         line += (f", estimated {format_duration(sum(seconds))} from their FLOPs and this device's rate"
                  + (f" ({len(seconds)} of them)" if len(seconds) < len(points) else ""))
-    else:
+    elif not refused:
         line += ", no time estimate for this experiment"
+    if refused:
+        line += f"; {len(refused)} would be skipped (the first {refused[0]})"
     return line + "; nothing measured"
 
 

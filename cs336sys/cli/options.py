@@ -128,8 +128,9 @@ def estimate_options(force: Force = False) -> None:
     (experiments/preflight.py)."""
 
 
-DryRun = option("Print the points and their estimated time, and stop: nothing is measured or "
-                "written.", bool, "--dry-run")
+DryRun = option("Print how many points the command would run, their estimated time and how "
+                "many its memory estimate would skip, and stop: nothing is measured or written.",
+                bool, "--dry-run")
 
 
 Nsys = option("Record each point with Nsight Systems instead of measuring it here: the same "
