@@ -104,7 +104,14 @@ def test_a_missing_adapters_path_and_a_missing_function_are_refused(tmp_path, mo
     db = tmp_path / "r.db"
     result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db,
                     "--adapters", tmp_path / "nope.py")
-    assert result.exit_code == 2 and "nope.py: no such file" in result.stderr
+    assert result.exit_code == 2 and "--adapters " in result.stderr \
+        and "nope.py: no such file" in result.stderr
+    # set in the environment, the variable is named: the user may not know it is set
+    monkeypatch.setenv("CS336SYS_ADAPTERS", str(tmp_path / "nope.py"))
+    result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert result.exit_code == 2 and f"CS336SYS_ADAPTERS={tmp_path / 'nope.py'}: no such file" \
+        in result.stderr, result.stderr
+    monkeypatch.delenv("CS336SYS_ADAPTERS")
     monkeypatch.chdir(tmp_path)  # no checkout, no adapters: the name cannot run
     result = invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
     assert result.exit_code == 2 and "needs an adapters file" in result.stderr

@@ -89,11 +89,14 @@ def find(given: str | Path | None = None, start: str | Path | None = None) -> tu
     CS336SYS_ADAPTERS variable, else `tests/adapters.py` at the top of the git checkout of
     `start` (the current folder) when it exists; None when there is none. A path that is
     given but missing is an AdaptersError."""
-    for path, how in ((given, "--adapters"), (os.environ.get(ENV) or None, ENV)):
+    # --adapters takes CS336SYS_ADAPTERS as its value when not typed: a missing file named
+    # there is said to be the variable's, which the user may not know is set
+    said = ENV if given is not None and str(given) == os.environ.get(ENV) else "--adapters"
+    for path, how in ((given, said), (os.environ.get(ENV) or None, ENV)):
         if path is not None:
             path = Path(path).expanduser()
             if not path.is_file():
-                raise AdaptersError(f"{how} {path}: no such file")
+                raise AdaptersError(f"{how}{'=' if how == ENV else ' '}{path}: no such file")
             return path.resolve(), how
     top = git_top(start)
     if top is not None and (top / "tests" / "adapters.py").is_file():
