@@ -41,7 +41,8 @@ def by_impl(rows):
 def test_torch_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",
                         f"yours-right={TORCH}:Right,yours-nocausal={TORCH}:IgnoresCausal,"
-                        f"yours-noscale={TORCH}:NoScale,yours-instance={TORCH}:AnInstance",
+                        f"yours-noscale={TORCH}:NoScale,yours-instance={TORCH}:AnInstance,"
+                        f"yours-late={TORCH}:OneKeyLate",
                         *SEQS)
     got = by_impl(rows)
     assert [(r["status"], r["check"]) for r in got["yours-right"]] == [("ok", "pass")] * 2
@@ -59,6 +60,9 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
     for r in got["yours-noscale"]:
         assert r["status"] == "wrong"
         assert "it computes attention without the 1/√d scale" in r["error"]
+    for r in got["yours-late"]:  # its figures alone said it was off, not how
+        assert r["status"] == "wrong"
+        assert "it computes causal attention with the mask one key late" in r["error"]
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ class Alternative:
     name: str  # what the kernel computes, in words
     causal: bool
     scale: float | None  # None: 1/√d
+    diagonal: int = 0  # causal: query i sees keys j <= i + diagonal
 
 
 def alternatives(causal: bool, d: int) -> list[Alternative]:
@@ -58,9 +59,12 @@ def alternatives(causal: bool, d: int) -> list[Alternative]:
     flipped = (Alternative("non-causal attention: the causal mask is missing (is_causal "
                            "ignored)", False, None) if causal else
                Alternative("causal attention: a causal mask that was not asked for", True, None))
+    late = ([Alternative("causal attention with the mask one key late: each query also sees "
+                         "the next key (j <= i + 1)", True, None, 1)] if causal else [])
     return [flipped,
             Alternative("attention without the 1/√d scale", causal, 1.0),
-            Alternative(f"attention scaled by 1/d (1/{d}) instead of 1/√d", causal, 1.0 / d)]
+            Alternative(f"attention scaled by 1/d (1/{d}) instead of 1/√d", causal, 1.0 / d),
+            *late]
 
 
 def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, causal: bool,
@@ -73,7 +77,7 @@ def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, c
 
     for alt in alternatives(causal, q.shape[-1]):
         o, grads = attention_reference(q, k, v, alt.causal, do=dout, dtype=torch.float64,
-                                       scale=alt.scale)
+                                       scale=alt.scale, diagonal=alt.diagonal)
         if not check({"O": got["O"]}, {"O": o}, *tolerance).passed:
             continue
         want = {"O": o, **dict(zip(("dQ", "dK", "dV"), grads or (), strict=False))}

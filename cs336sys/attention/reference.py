@@ -60,10 +60,13 @@ def attention_reference(
     max_elements: int = 2**26,
     dtype: torch.dtype = torch.float32,
     scale: float | None = None,
+    diagonal: int = 0,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """O in `dtype` (float32, or float64 for the benchmark's check), and (dQ, dK, dV) when
     the upstream gradient `do` is given. `scale` multiplies the scores (1/√d unless given:
-    another one is what a wrong kernel computes, attention/diagnosis.py).
+    another one is what a wrong kernel computes, attention/diagnosis.py), and with
+    `is_causal` query i sees keys j <= i + `diagonal` (0; 1: the off-by-one mask of a wrong
+    kernel).
 
     The benchmark's per-point correctness check. It walks over chunks of queries so that at
     most `max_elements` scores exist at once: checking a 65536-long sequence must not need
@@ -78,7 +81,7 @@ def attention_reference(
     o = torch.empty_like(q32)
     if do32 is not None:
         dq, dk, dv = torch.empty_like(q32), torch.zeros_like(k32), torch.zeros_like(v32)
-    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements):
+    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements, diagonal):
         q_c = q32[..., start:end, :]  # (..., c, D)
         p = torch.softmax(s, dim=-1)  # (..., c, Tk)
         o_c = p @ v32  # (..., c, D)
@@ -108,9 +111,10 @@ def logsumexp_reference(q: torch.Tensor, k: torch.Tensor, is_causal: bool = Fals
 
 
 def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
-                  max_elements: int):
+                  max_elements: int, diagonal: int = 0):
     """(start, end, scores of queries start..end) with at most `max_elements` scores at
-    once, the causal mask top-left aligned, like naive_attention and SDPA."""
+    once, the causal mask top-left aligned, like naive_attention and SDPA (query i sees keys
+    j <= i + `diagonal`)."""
     n_queries, d = q.shape[-2:]
     n_keys = k.shape[-2]
     rows = max(1, q.numel() // (n_queries * d))  # batch (x heads)
@@ -121,5 +125,5 @@ def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: floa
         if is_causal:
             i = torch.arange(start, end, device=q.device)[:, None]
             j = torch.arange(n_keys, device=q.device)[None, :]
-            s = s.masked_fill(j > i, float("-inf"))
+            s = s.masked_fill(j > i + diagonal, float("-inf"))
         yield start, end, s
