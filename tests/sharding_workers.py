@@ -410,11 +410,35 @@ def mixed_dtypes(ctx, steps: int = 3) -> dict:
                 owned=sorted(names[id(p)] for p, r in opt.owner.items() if r == ctx.rank))
 
 
+class TiedByReading(nn.Module):
+    """An LM head tied by reading the embedding's weight, outside the embedding's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lin = nn.Embedding(VOCAB, D), nn.Linear(D, D)
+
+    def forward(self, x):
+        return torch.relu(self.lin(self.emb(x))) @ self.emb.weight.T
+
+
+def weight_read_outside_its_forward(ctx) -> str:
+    """What FSDP says when a sharded weight is read outside its module's forward (a meta
+    placeholder was read: garbage on a CPU, and training went on)."""
+    torch.manual_seed(0)
+    fsdp = FSDP(TiedByReading())
+    try:
+        fsdp(torch.randint(0, VOCAB, (2, 5)))
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
 def run_all(ctx) -> dict:
     """Everything the test module needs, in one launch (spawning ranks costs seconds)."""
     return {
         "sharded": {k: [train_sharded(ctx, k, r) for r in range(ROUNDS)] for k in ("adamw", "sgd")},
         "mixed_dtypes": mixed_dtypes(ctx),
+        "read_outside": weight_read_outside_its_forward(ctx),
         "fsdp": {c: [train_fsdp(ctx, c, r) for r in range(ROUNDS)] for c in FSDP_CASES},
         "gathers": gathers_and_memory(ctx),
         "backward_gathers": backward_gathers(ctx),

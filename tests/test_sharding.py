@@ -262,6 +262,15 @@ def test_fsdp_comm_ms_covers_gathers_in_forward_and_backward(runs):
                 assert step["finish_ms"] < c["delay_ms"] / 2, step
 
 
+def test_fsdp_refuses_a_weight_read_outside_its_modules_forward(runs):
+    """A tied head written `x @ self.emb.weight.T` read FSDP's meta placeholder, for which
+    torch 2.13 on a CPU computes uninitialised memory: the loss was ln(vocabulary), the
+    gradients changed from run to run, and nothing said so."""
+    for rank in runs:
+        assert rank["read_outside"].startswith("FSDP: a sharded weight was used outside its "
+                                               "own module's forward"), rank["read_outside"]
+
+
 def test_fsdp_needs_a_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         FSDP(torch.nn.Linear(2, 2))

@@ -77,6 +77,34 @@ from cs336sys.parallel.in_flight import InFlight
 PREFETCH = 2  # units whose gathers may run ahead of the unit computing (forward and backward)
 
 
+class Released(torch.Tensor):
+    """A sharded weight's stand-in on its module between forwards: the weight's shape and
+    dtype on the meta device, no memory. Computing with it is an error that says why: with
+    a plain meta tensor a tied weight read outside its module's forward (`x @
+    self.emb.weight.T`) trained on garbage, as torch 2.13 returns uninitialised memory for
+    a CPU tensor times a meta one."""
+
+    METADATA = frozenset({"shape", "dtype", "device", "ndim", "layout", "is_meta", "is_cuda",
+                          "requires_grad", "is_leaf", "grad_fn", "grad", "names"})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # what it is may be read (.shape, .device); a view of it (.T) would compute
+        attribute = getattr(getattr(func, "__self__", None), "__name__", None)
+        if getattr(func, "__name__", "") == "__get__" and attribute in cls.METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        raise RuntimeError(
+            "FSDP: a sharded weight was used outside its own module's forward, where only "
+            "this rank's shard of it exists (a weight tied by reading `module.weight` "
+            "directly, as `x @ self.embedding.weight.T`): call the module that owns it, or "
+            "tie the two modules to one parameter, which FSDP gathers for each")
+
+    @staticmethod
+    def of(shape: torch.Size, dtype: torch.dtype) -> Released:
+        return torch.empty(shape, dtype=dtype, device="meta").as_subclass(Released)
+
+
 @dataclass
 class Sharded:
     """One sharded weight: this rank's fp32 slice of it, and how to rebuild the whole."""
@@ -162,10 +190,10 @@ class FSDP(nn.Module):
                 if id(p) not in by_param:
                     by_param[id(p)] = self._shard(p, names[id(p)])
                 attrs.append((attr, by_param[id(p)]))
-                # The module no longer owns the weight: between forwards it holds a meta
+                # The module no longer owns the weight: between forwards it holds a
                 # placeholder (shape and dtype, no memory); in its forward, the full weight.
                 del module._parameters[attr]
-                setattr(module, attr, torch.empty(p.shape, dtype=self._dtype(), device="meta"))
+                setattr(module, attr, Released.of(p.shape, self._dtype()))
             if attrs:
                 self.units.append(Unit(len(self.units), module, attrs, module_names[id(module)]))
         self.sharded = list(by_param.values())
@@ -300,7 +328,7 @@ class FSDP(nn.Module):
             if stack is not None:
                 stack.close()
             for attr, s in unit.attrs:  # off the module: back to placeholders
-                setattr(module, attr, torch.empty(s.shape, dtype=self._dtype(), device="meta"))
+                setattr(module, attr, Released.of(s.shape, self._dtype()))
             # The full weights die here, but for the unit that finished last, until the
             # next one starts: if none does, the forward is over and this is the root.
             fulls, saved = self._running.pop(unit.index)
