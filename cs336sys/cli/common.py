@@ -31,16 +31,20 @@ from cs336sys.sweep.points import choices as checked
 DEFAULT_DB = Path("db/results.db")
 
 
+def given(ctx: typer.Context, name: str) -> bool:
+    """Whether the command's option `name` was given (typed, or from its variable), not
+    left at its default."""
+    source = ctx.get_parameter_source(name)
+    # By name: typer may bring its own copy of click, whose ParameterSource is another enum.
+    return source is not None and getattr(source, "name", "") not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def _default_store(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
     """--db as given, CS336SYS_DB, else db/results.db at the top of this git checkout (or the
     user's data folder outside one)."""
     from cs336sys.measure.paths import default_store
 
-    source = ctx.get_parameter_source(param.name)
-    # By name: typer may bring its own copy of click, whose ParameterSource is another enum.
-    if getattr(source, "name", "") in ("DEFAULT", "DEFAULT_MAP"):
-        return default_store()
-    return value
+    return value if given(ctx, param.name) else default_store()
 
 
 DbOption = Annotated[
@@ -294,13 +298,13 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
 def dry_run(experiment: Any, points: list) -> str:
     """--dry-run's line: the points and their estimated time (experiments/preflight.py, for
     the experiments that estimate); nothing is measured or written."""
-    estimates = [experiment.estimate(p) if experiment.estimate else None for p in points]
+    estimates = [(experiment.estimate(p), p.device) for p in points] if experiment.estimate \
+        else []
     # what the run would store skipped, by the same memory estimate, is no work to wait for
     # (the leaderboard's 8B on a laptop read as 28 days, and nothing said it would not run)
-    refused = [why for e, p in zip(estimates, points, strict=True)
-               if e is not None and (why := e.refusal(p.device))]
-    seconds = [e.seconds for e, p in zip(estimates, points, strict=True)
-               if e is not None and e.seconds is not None and not e.refusal(p.device)]
+    judged = [(e, e.refusal(device)) for e, device in estimates if e is not None]
+    refused = [why for _, why in judged if why]
+    seconds = [e.seconds for e, why in judged if e.seconds is not None and not why]
     line = f"dry run: {len(points)} point(s)"
     if seconds:
         line += (f", estimated {format_duration(sum(seconds))} from their FLOPs and this device's rate"

@@ -18,6 +18,7 @@ from cs336sys.cli.common import (
     check_db,
     choices,
     fail,
+    given,
     say,
     stored_here,
     user_code,
@@ -87,18 +88,12 @@ def _statuses(db: Path, problems: list) -> tuple[list, Any]:
         conn.close()
 
 
-def _given(ctx: Any, name: str) -> bool:
-    """Whether option `name` was given to this command (typed, or from its variable)."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
-
-
 def _or_group(ctx: Any, name: str, value: Any) -> Any:
     """The subcommand's `name`, else the one given to `handout` before it: `cs336sys handout
     --year 2025 run ...` runs the 2025 problems (they fell back to 2026), `handout --db X
     report` reads X."""
     parent = ctx.parent
-    if not _given(ctx, name) and parent is not None and _given(parent, name):
+    if not given(ctx, name) and parent is not None and given(parent, name):
         return parent.params[name]
     return value
 
