@@ -41,11 +41,11 @@ def one_off_kind(name: str) -> str:
     return "fsdp" if "fsdp" in name else "ddp"
 
 
-def built(got: Any, source: str, wanted: str) -> Any:
-    """`got`, what an adapters getter returned, if it is an object that trains: a class (the
-    getter returned it uncalled), None (no return) or anything else is a TypeError saying
-    which, where torch's own errors read `parameters() missing 1 required positional
-    argument: 'self'` or `'NoneType' object has no attribute 'parameters'`."""
+def built(got: Any, entry: Any, wanted: str) -> Any:
+    """`got`, what `entry`'s adapters getter returned, if it is an object that trains: a
+    class (the getter returned it uncalled), None (no return) or anything else is a
+    TypeError saying which, where torch's own errors read `parameters() missing 1 required
+    positional argument: 'self'` or `'NoneType' object has no attribute 'parameters'`."""
     if isinstance(got, type):
         what = f"the class {got.__name__}, not an object made from it"
     elif got is None:
@@ -54,7 +54,7 @@ def built(got: Any, source: str, wanted: str) -> Any:
         return got
     else:
         what = f"a {type(got).__name__}"
-    raise TypeError(f"{source} gave {what}; expected {wanted}")
+    raise TypeError(f"{entry.getter} gave {what}; expected {wanted}")
 
 
 def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callable, Callable, Callable | None]:
@@ -65,8 +65,7 @@ def replica(impl: str, model: Any, bucket_mb: float | None) -> tuple[Any, Callab
         return wrapper, lambda opt: wrapper.finish_gradient_synchronization(), None
     entry = yours.entries("ddp")[impl]
     args = (model, bucket_mb) if impl == "yours-bucketed" else (model,)
-    wrapper = built(call_adapter(entry, 0, *args), f"{entry.functions[0]}() of the adapters "
-                    "file", "the module wrapped in your DDP")
+    wrapper = built(call_adapter(entry, 0, *args), entry, "the module wrapped in your DDP")
 
     def finish(opt: Any) -> None:
         call_adapter(entry, 1, wrapper, opt)
@@ -87,8 +86,8 @@ def sharded(impl: str, model: Any, compute_dtype: Any) -> tuple[Any, Callable, C
         return (wrapper, lambda opt: wrapper.finish_gradient_synchronization(),
                 wrapper.full_state_dict)
     entry = yours.entries("fsdp")[impl]
-    wrapper = built(call_adapter(entry, 0, model, compute_dtype),
-                    f"{entry.functions[0]}() of the adapters file", "the module wrapped in your FSDP")
+    wrapper = built(call_adapter(entry, 0, model, compute_dtype), entry,
+                    "the module wrapped in your FSDP")
     return (wrapper, lambda opt: call_adapter(entry, 1, wrapper, opt),
             lambda: call_adapter(entry, 2, wrapper))
 
@@ -99,8 +98,8 @@ def optimizer(name: str, params: list, optimizer_cls: type, **kwargs: Any) -> An
     if where is not None:
         return load_target(where)(params, optimizer_cls, **kwargs)
     entry = yours.entries("optimizer")["yours"]
-    return built(call_adapter(entry, 0, params, optimizer_cls, **kwargs),
-                 f"{entry.functions[0]}() of the adapters file", "your sharded optimizer")
+    return built(call_adapter(entry, 0, params, optimizer_cls, **kwargs), entry,
+                 "your sharded optimizer")
 
 
 def user_impls(given: list[str], ours: list[str], option: str = "--impl") -> list[str]:

@@ -55,6 +55,11 @@ class Entry:
     functions: tuple[str, ...]  # the getter first, then its hooks
     what: str  # in words, for the summary line
 
+    @property
+    def getter(self) -> str:
+        """The getter as a message names it: `get_ddp() of the adapters file`."""
+        return f"{self.functions[0]}() of the adapters file"
+
 
 ENTRIES = (
     Entry("yours-torch", "attention", ("get_flashattention_autograd_function_pytorch",),

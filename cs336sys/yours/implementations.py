@@ -154,7 +154,7 @@ def attention_function(name: str) -> Callable[..., Any]:
     where = target("attention", name)
     entry = entries("attention").get(name) if where is None else None
     obj = load_target(where) if where is not None else call_adapter(entry, 0)
-    source = where or f"{entry.functions[0]}() of the adapters file"
+    source = where or entry.getter
     module = isinstance(obj, type) and issubclass(obj, torch.nn.Module)
     # a torch.autograd.Function subclass, or an instance of one: the course calls its .apply
     # (every nn.Module class has an .apply too, which takes a function to call on each child)
