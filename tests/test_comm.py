@@ -101,6 +101,41 @@ def test_placements_expand_where_the_op_has_both():
         exp.specs(op=["broadcast"], placement=["out-of-place"], device="cpu")
 
 
+def test_sizes_that_round_to_one_buffer_are_one_point():
+    """1B, 2B and 4B are all one fp32 element per rank (8 B at 2 ranks); nccl-tests measures
+    such a size once, and so the closing average counts it once."""
+    got = exp.specs(bytes=["1B,2B,4B,16B"], world_size=[2], device="cpu")
+    assert [s.bytes for s in got] == [8, 16]
+    three = exp.specs(bytes=["8B:64B:x2"], world_size=[3], device="cpu")
+    assert [s.bytes for s in three] == [12, 24, 60]
+
+
+def test_a_collective_that_returns_wrong_values_is_stored_wrong(monkeypatch, tmp_path):
+    """A point whose output differs from the exact values is `wrong`, not `ok`: it must not
+    count towards the problem, nor be skipped by --resume."""
+    import types
+
+    import torch.distributed as dist
+
+    made = exp._make_op
+
+    def off_by_one(*args, **kwargs):
+        source, op, output, expected_at = made(*args, **kwargs)
+        return source, (lambda: (op(), output.add_(1))), output, expected_at
+
+    monkeypatch.setattr(exp, "_make_op", off_by_one)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    try:
+        spec = exp.specs(bytes=["64B"], world_size=[1], device="cpu", warmup=0, iters=1)[0]
+        got = exp.run(types.SimpleNamespace(world_size=1, rank=0, device="cpu"), spec)
+    finally:
+        dist.destroy_process_group()
+    assert got.status == "wrong" and got.metrics["wrong"] == 16
+    assert got.error == "wrong: 16 elements of the all-reduce output differ from the exact " \
+        "values, on rank 0"
+
+
 def test_busbw_factors_follow_nccl_tests():
     assert exp.busbw_factor("all-reduce", 4) == pytest.approx(1.5)
     assert exp.busbw_factor("all-gather", 4) == pytest.approx(0.75)
