@@ -627,6 +627,68 @@ def test_a_command_that_would_refuse_stops_the_run_before_anything_is_measured(
     assert "[1/1]" not in r.stdout and not db_path.exists()
 
 
+def _gpus(monkeypatch, n: int) -> None:
+    """This process sees `n` GPUs: nvidia-smi's answer and torch's count (nothing runs on
+    them: the tests below stop at the dry run or at the commands' checks)."""
+    import torch
+
+    from cs336sys.cli import handout as cli_handout
+
+    monkeypatch.setattr(cli_handout, "_on_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def test_world_sizes_are_cut_to_the_gpus_and_the_rest_named(db_path, monkeypatch):
+    """The handout's 2, 4 and 6 processes on a host with 4 GPUs: the all-reduce runs at 2 and
+    4, and world size 6 is named as owed. It refused the whole run before."""
+    _gpus(monkeypatch, 4)
+    r = invoke("handout", "run", "distributed_communication_single_node", "--dry-run",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert "$ cs336sys comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4\n" \
+        in r.stdout
+    assert " ".join(r.stdout.split()).startswith(
+        "Left for a host with more GPUs: distributed_communication_single_node: world size 6 "
+        "needs as many GPUs, one per rank; this host has 4 (run at 2,4).")
+    assert "dry run: 8 point(s)" in r.stdout and not db_path.exists()
+
+
+def test_a_command_this_host_has_too_few_gpus_for_is_left_out_not_fatal(db_path, monkeypatch):
+    """One GPU: the two-GPU DDP step cannot run, and the all-reduce at 2, 4 and 6 processes
+    neither; the accumulation problem still runs, and the two left out are named first."""
+    from cs336sys.cli import handout as cli_handout
+
+    _gpus(monkeypatch, 1)
+    checked, ran = [], []
+    real = cli_handout._invoke
+
+    def invoked(root, args):
+        if "--dry-run" in args:
+            checked.append(args[0])
+            return real(root, args)
+        ran.append(args[0])
+        return 0
+
+    monkeypatch.setattr(cli_handout, "_invoke", invoked)
+    r = invoke("handout", "run", "mixed_precision_accumulation", "naive_ddp_benchmarking",
+               "distributed_communication_single_node", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert checked == ["precision", "ddp"] and ran == ["precision"]
+    said = " ".join(r.stdout.split())
+    assert "Left for a host with more GPUs: distributed_communication_single_node: world size " \
+        "2,4,6 needs as many GPUs, one per rank; this host has 1." in said
+    assert "Left for a host with more GPUs: naive_ddp_benchmarking: --world-size: world size 2 " \
+        "needs 2 GPUs for NCCL (one per rank); this host has 1." in said
+    # with nothing left that this host runs, nothing runs: one line, exit 2
+    r = invoke("handout", "run", "naive_ddp_benchmarking", "distributed_communication_single_node",
+               "--db", db_path)
+    assert r.exit_code == 2 and ran == ["precision"]
+    assert r.stderr.strip().splitlines() == [
+        "Error: nothing was run: distributed_communication_single_node: world size 2,4,6 needs "
+        "as many GPUs, one per rank; this host has 1 (and 1 more)"]
+
+
 def test_a_signal_while_the_commands_are_checked_stops_before_any_is_measured(db_path,
                                                                               monkeypatch):
     import signal

@@ -205,11 +205,19 @@ def run(
         fail("nothing to run: the problems chosen have nothing to measure here"
              + ("" if yours else " (implementations are checked with --yours)"))
     root = ctx.find_root().command
+    todo, short = _fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not dry_run:  # (a dry run is that check, printed)
-        refused = _refusals(root, todo, db)
+        refused, needs_gpus = _refusals(root, todo, db)
         if refused:
             more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
             fail(f"nothing was run: {refused[0]}{more}")
+        short += [line for _, line in needs_gpus]
+        todo = [t for t in todo if t not in [t for t, _ in needs_gpus]]
+        if not todo:
+            more = f" (and {len(short) - 1} more)" if len(short) > 1 else ""
+            fail(f"nothing was run: {short[0]}{more}")
+    for line in short:  # what this host leaves owed, before anything is measured
+        say(f"Left for a host with more GPUs: {line}.", then="  ")
     say(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
     worst, before, at = 0, stored_here(), todo[0][0].name
 
@@ -248,15 +256,46 @@ def run(
     raise typer.Exit(min(worst, 1))
 
 
-def _refusals(root: Any, todo: list, db: Path) -> list[str]:
+def _gpu_count() -> int:
+    """The GPUs this process's ranks may use (CUDA_VISIBLE_DEVICES counts, as for NCCL)."""
+    from cs336sys.parallel.world_size import max_local_world_size
+
+    return max_local_world_size("cuda")
+
+
+def _fitted(todo: list, gpus: int) -> tuple[list, list[str]]:
+    """Each command's --world-size list cut to the sizes this host's GPUs run (NCCL puts one
+    rank on each): the handout's 2,4,6 processes are 2,4 on four GPUs, and the rest is
+    named, not a refusal of the whole run. A command none of whose sizes fits is left out."""
+    fitted, short = [], []
+    for problem, args in todo:
+        at = args.index("--world-size") + 1 if "--world-size" in args else None
+        sizes = args[at].split(",") if at is not None else []
+        kept = [s for s in sizes if not s.isdigit() or int(s) <= gpus]
+        if kept == sizes:
+            fitted.append((problem, args))
+            continue
+        if kept:
+            fitted.append((problem, [*args[:at], ",".join(kept), *args[at + 1:]]))
+        left = ",".join(s for s in sizes if s not in kept)
+        short.append(f"{problem.name}: world size {left} needs as many GPUs, one per rank; "
+                     f"this host has {gpus}" + (f" (run at {','.join(kept)})" if kept
+                                                else ""))
+    return fitted, short
+
+
+def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
     """Every command's points built first, as its --dry-run builds them, with its output
     held back: a command that would refuse (exit 2: no adapters file for --yours, an option
     this machine cannot run) is found before anything is measured, not after the ones
-    before it. Its problem and its line, for each."""
+    before it. Its problem and its line, for each; apart, each command refused only because
+    this host has too few GPUs for its ranks, with its line (it is left out, not fatal)."""
     import contextlib
     import io
 
-    refused = []
+    from cs336sys.parallel.world_size import NCCL_RANK_PER_GPU
+
+    refused, needs_gpus = [], []
     for problem, args in todo:
         if args[0] == "plan":  # arithmetic: it checks and answers at once
             continue
@@ -267,8 +306,12 @@ def _refusals(root: Any, todo: list, db: Path) -> list[str]:
                            "commands: nothing was stored")
         if code == 2:
             lines = err.getvalue().strip().splitlines() or ["refused"]
-            refused.append(f"{problem.name}: {lines[-1].removeprefix('Error: ')}")
-    return refused
+            line = f"{problem.name}: {lines[-1].removeprefix('Error: ')}"
+            if NCCL_RANK_PER_GPU in line:
+                needs_gpus.append(((problem, args), line))
+            else:
+                refused.append(line)
+    return refused, needs_gpus
 
 
 def _stop_if_signalled(line: str) -> None:

@@ -35,6 +35,10 @@ def local_gloo_cap() -> tuple[int, str]:
     return by_cores, f"{GLOO_RANKS_PER_CORE} a core on {cores} core(s)"
 
 
+# What a refusal for too few GPUs says: `handout run` tells it from the user's mistakes by it.
+NCCL_RANK_PER_GPU = "GPUs for NCCL (one per rank)"
+
+
 def check_world_size(world_size: int, backend: str) -> None:
     """Raise ValueError with one sentence if this host cannot run `world_size` local ranks."""
     if world_size < 1:
@@ -51,6 +55,6 @@ def check_world_size(world_size: int, backend: str) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if world_size > gpus:
             raise ValueError(
-                f"world size {world_size} needs {world_size} GPUs for NCCL (one per rank); "
+                f"world size {world_size} needs {world_size} {NCCL_RANK_PER_GPU}; "
                 f"this host has {gpus}"
             )
