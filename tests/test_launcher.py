@@ -32,8 +32,10 @@ def _raise_on_rank1(ctx):
     return "unreachable"
 
 
-def _die_on_rank1(ctx):
+def _die_on_rank1(ctx, killed=False):
     if ctx.rank == 1:
+        if killed:  # as the kernel's OOM killer ends a process
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(3)
     dist.barrier()
 
@@ -187,9 +189,13 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback():
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_silently_is_reported():
-    with pytest.raises(WorkerError, match="exited with code 3") as info:
-        launch(_die_on_rank1, 2)
+@pytest.mark.parametrize("killed, said", [
+    (False, "exited with code 3"),
+    # the ranks share the host's memory: SIGKILL is most often the OOM killer, said so
+    (True, "was killed by SIGKILL, most often the operating system's OOM killer")])
+def test_a_rank_that_dies_silently_is_reported(killed, said):
+    with pytest.raises(WorkerError, match=said) as info:
+        launch(_die_on_rank1, 2, args=(killed,))
     assert info.value.rank == 1 and _pids_gone(info.value.pids)
 
 

@@ -383,7 +383,7 @@ def _collect(procs, conns, on_emit) -> list[Any]:
                     procs[rank].join(timeout=1.0)
                     raise WorkerError(
                         rank,
-                        f"process exited with code {procs[rank].exitcode} without reporting",
+                        f"process {_ended(procs[rank].exitcode)} without reporting",
                         "",
                         pids,
                     ) from None
@@ -405,13 +405,22 @@ def _collect(procs, conns, on_emit) -> list[Any]:
                     # A peer that vanished is the cause; this rank only saw its connection drop.
                     raise WorkerError(
                         dead,
-                        f"process exited with code {procs[dead].exitcode} without reporting "
+                        f"process {_ended(procs[dead].exitcode)} without reporting "
                         f"(rank {rank} then failed: {message})",
                         tb,
                         pids,
                     )
                 raise WorkerError(rank, message, tb, pids)
     return [results[r] for r in range(len(procs))]
+
+
+def _ended(exitcode: int | None) -> str:
+    """How a rank's process ended, in words: a SIGKILL is named with its usual cause here,
+    the kernel's OOM killer (every local rank's buffers share this host's memory)."""
+    if exitcode == -9:
+        return ("was killed by SIGKILL, most often the operating system's OOM killer: the "
+                "ranks together needed more of this host's memory than it has")
+    return f"exited with code {exitcode}"
 
 
 def _drain(conn, on_emit, quiet_s: float = 0.3, limit_s: float = 3.0) -> None:
