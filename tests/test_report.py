@@ -238,9 +238,29 @@ def test_where_values_are_bound_never_spliced():
     sql, params = Selection(where=tuple(parse_where(["size=a'b;--", "seq=16"], EXPERIMENTS))).clause()
     assert "a'b" not in sql and "size" not in sql and params == ["size", "a'b;--", "size",
                                                                  "a'b;--", "seq", 16, "seq", "16"]
+    # a switch as the report prints it (`compile=no`) selects as true/false does
+    for said, stored in (("no", 0), ("yes", 1), ("False", 0), ("true", 1)):
+        _, params = Selection(where=tuple(parse_where([f"compile={said}"], EXPERIMENTS))).clause()
+        assert params[:3] == ["compile", stored, "compile"]
     for bad in ("novalue", "=x", "a.b=1", "x') OR 1=1 --=y"):
         with pytest.raises(SelectionError):
             parse_where([bad], EXPERIMENTS)
+
+
+def test_a_commit_ref_outside_a_checkout_is_refused_not_read_as_a_prefix(tmp_path, monkeypatch):
+    """--commit HEAD where there is no git repository selected nothing, silently: it was taken
+    as the hash prefix 'HEAD'. A hash prefix stays a prefix (commits of other machines)."""
+    from cs336sys.report.select import selected
+
+    monkeypatch.chdir(tmp_path)
+    now = datetime.now(timezone.utc)
+    with pytest.raises(SelectionError, match="--commit HEAD: not a commit hash or prefix, nor a "
+                                             "git ref of this folder's repository"):
+        selected(since=None, until=None, gpu=None, commit="HEAD", where=None,
+                 catalog=EXPERIMENTS, now=now)
+    sel = selected(since=None, until=None, gpu=None, commit="bbbb2222", where=None,
+                   catalog=EXPERIMENTS, now=now)
+    assert sel.commit == "bbbb2222"
 
 
 @pytest.mark.parametrize(
@@ -250,6 +270,8 @@ def test_where_values_are_bound_never_spliced():
         (["--since", "last tuesday"], "cannot read time 'last tuesday'"),
         (["--where", "size"], "expected KEY=VALUE"),
         (["--where", "precison=bf16"], "no experiment has a setting 'precison'; did you mean 'precision'?"),
+        # the report's tables head checkpoint `ckpt`: the setting is named
+        (["--where", "ckpt=none"], "no experiment has a setting 'ckpt'; did you mean 'checkpoint'?"),
         (["--format", "pdf"], "--format: unknown value 'pdf'"),
         (["--compare", "aaaa", "zzzz"], "'zzzz' matches no commit"),
         (["--compare", "aaaa", "cpu"], "'aaaa' is a commit but 'cpu' is a gpu"),

@@ -228,6 +228,24 @@ def test_compare_names_what_differs_between_the_sides(db_path, tmp_path, monkeyp
             "B 32; batch: A 2, B 2, 3") in " ".join(result.stdout.split())  # filled to width
 
 
+def test_no_common_point_names_the_gpu_not_the_timed_steps():
+    """Two commits on two GPUs, the same point with 10 and 30 timed steps: the steps never
+    tell points apart, the GPU does; the note blamed `iters` and kept quiet on the GPU."""
+    from cs336sys.report.compare import Sides, unmatched
+
+    def row(gpu: str, iters: int) -> dict:
+        return {"gpu": gpu, "_settings": {"size": "xl", "iters": iters, "precision": "bf16"}}
+
+    s = Sides("commit", {"model": [row("H100", 10)]}, {"model": [row("A100", 30)]}, {}, [])
+    assert unmatched(s, "model") == (
+        "model: no point measured on both sides; the settings that differ: gpu: A H100, B A100 "
+        "(points are compared on one GPU; `--compare GPU_A GPU_B` compares two)")
+    s.b["model"] = [row("H100", 30) | {"_settings": {"size": "xl", "iters": 30,
+                                                      "precision": "fp32"}}]
+    assert unmatched(s, "model") == ("model: no point measured on both sides; the settings that "
+                                     "differ: precision: A bf16, B fp32")
+
+
 def test_a_part_slower_than_its_whole_is_flagged_as_impossible():
     """As seen on a busy CPU: sdpa's backward median 42.7 ms, its forward+backward 0.41 ms."""
     from cs336sys.experiments import attention

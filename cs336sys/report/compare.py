@@ -57,7 +57,7 @@ from cs336sys.report.change import (
 )
 from cs336sys.report.plots import Strips
 from cs336sys.report.refs import resolve as resolve_ref
-from cs336sys.report.sections import Figure, FilledTable, Row, num, point_labels
+from cs336sys.report.sections import QUIET, Figure, FilledTable, Row, num, point_labels
 from cs336sys.report.select import (
     Selection,
     SelectionError,
@@ -221,16 +221,22 @@ def environment_differences(s: Sides) -> list[str]:
 
 def unmatched(s: Sides, exp: str) -> str:
     """For an experiment both sides ran with no point in common: the settings whose values
-    differ (`seq: A 128, B 256`), so the user sees what to run again."""
+    differ (`seq: A 128, B 256`), so the user sees what to run again. Those that never tell
+    two points apart (QUIET: more timed steps measure the same point) are left out; the GPU
+    is named where the sides' GPUs differ and points are matched on one GPU."""
     def values(rows: list[Row], key: str) -> str:
         return ", ".join(sorted({str(r["_settings"].get(key)) for r in rows}, key=_natural))
 
     ra, rb = s.a.get(exp, []), s.b.get(exp, [])
-    keys = dict.fromkeys(k for r in (*ra, *rb) for k in r["_settings"])
+    keys = dict.fromkeys(k for r in (*ra, *rb) for k in r["_settings"] if k not in QUIET)
     differ = [f"{k}: A {values(ra, k)}, B {values(rb, k)}" for k in keys
               if values(ra, k) != values(rb, k)]
+    gpus = [", ".join(sorted({str(r.get("gpu")) for r in side})) for side in (ra, rb)]
+    if s.kind != "gpu" and gpus[0] != gpus[1]:
+        differ.append(f"gpu: A {gpus[0]}, B {gpus[1]} (points are compared on one GPU; "
+                      "`--compare GPU_A GPU_B` compares two)")
     return (f"{exp}: no point measured on both sides; the settings that differ: "
-            + ("; ".join(differ) if differ else "none (the GPUs do)"))
+            + ("; ".join(differ) if differ else "none"))
 
 
 def _natural(text: str) -> tuple:

@@ -25,6 +25,7 @@ FMT = "%Y-%m-%d %H:%M:%S.%f"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGO = re.compile(r"^(\d+)\s*([dhw])$")
 _CLOCK = re.compile(r"^(\d{1,2}):(\d{2})$")
+_HEX = re.compile(r"[0-9a-fA-F]{1,40}")  # a commit hash or its prefix, as stored
 
 
 def views_of(catalog: Sequence[Any]) -> dict[str, str]:
@@ -128,7 +129,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
         if key not in known:
             valid = sorted(known - set(INVOCATION_KEYS))
-            near = closest(key, sorted(known))
+            near = _headed(catalog).get(key) or closest(key, sorted(known))
             hint = f"; did you mean {near!r}?" if near else ""
             raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
                                  f"(the settings: {', '.join(valid)}; of the invocation: "
@@ -214,12 +215,16 @@ def selected(*, since: str | None, until: str | None, gpu: str | None, commit: s
                 raise SelectionError(
                     f"--since: {exc}; nor is it a git ref of this folder's repository") from None
     start, stop = time_range(None if since_commits else since, until, now)
+    resolved = refs.resolve(commit) if commit else None
+    if commit and resolved is None and not _HEX.fullmatch(commit):
+        raise SelectionError(f"--commit {commit}: not a commit hash or prefix, nor a git ref "
+                             "of this folder's repository")
     return Selection(
         since=start,
         until=stop,
         experiments=tuple(experiments),
         gpu=gpu,
-        commit=(refs.resolve(commit) or commit) if commit else None,
+        commit=(resolved or commit) if commit else None,
         commits=tuple(since_commits) if since_commits is not None else None,
         where=tuple(parse_where(where or [], catalog)),
     )
@@ -230,11 +235,19 @@ def like_prefix(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
+def _headed(catalog: Sequence[Any]) -> dict[str, str]:
+    """The setting under each column header that differs from its name (`ckpt`:
+    `checkpoint`), as the report's tables print them."""
+    return {c.header: c.key for e in catalog for t in e.tables for c in t.columns
+            if getattr(c, "setting", False) and isinstance(c.key, str) and c.key != c.header}
+
+
 def _typed(value: str) -> Any:
-    """As the settings JSON holds it: numbers as numbers, true/false as SQLite's 1/0."""
+    """As the settings JSON holds it: numbers as numbers, true/false as SQLite's 1/0, and
+    yes/no too, as the report's tables print a switch (`compile=no`)."""
     low = value.strip().lower()
-    if low in ("true", "false"):
-        return 1 if low == "true" else 0
+    if low in ("true", "false", "yes", "no"):
+        return 1 if low in ("true", "yes") else 0
     return typed(value)
 
 
