@@ -214,5 +214,16 @@ def test_rank0s_share_is_uneven_where_the_ranks_hold_one_copy_and_not_sharded_wh
     assert whole["uneven"] is None and cell == "params 100%, opt 100% NOT SHARDED"
     assert whole["not_sharded"].endswith("the ranks hold 2.0 copies of the parameters, 2.0 "
                                          "copies of the optimizer state")
+    # a user's FSDP that shards none of cs336sys's model's layers (it wraps the course's
+    # cs336_basics classes): said why, and where it would shard; on their model, not said
+    from cs336sys.experiments.ddp_setup import NOT_OUR_LAYERS
+
+    theirs = shares("yours-fsdp", None, [100, 100], [200, 200], 100)
+    assert theirs["not_sharded"].endswith("copies of the optimizer state" + NOT_OUR_LAYERS)
+    assert "--model cs336_basics" in NOT_OUR_LAYERS
+    on_theirs = shares("yours-fsdp", None, [100, 100], [200, 200], 100, model="cs336_basics")
+    assert on_theirs["not_sharded"] == whole["not_sharded"]
+    half = shares("yours-fsdp", None, [50, 50], [100, 100], 100)  # it shards
+    assert half["not_sharded"] is None
     unsharded, cell = point([100, 100], [200, 200], sharding="none")  # not meant to shard
     assert (unsharded["not_sharded"], unsharded["uneven"], cell) == (None, None, None)

@@ -297,6 +297,9 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     for p in problems("2026"):
         if p.kind == "implement":
             assert p.check.startswith("cs336sys ") and "yours" in p.check
+    # the course's FSDP wraps cs336_basics.model's layers, none of which cs336sys's model has
+    assert by_name["fsdp"].check == "cs336sys ddp --model cs336_basics --impl yours-fsdp " \
+        "--world-size 2"
     # torch_compile (a): the user's assignment-1 attention eager, then compiled (a run of
     # theirs alone: without --yours, `compiled` already measures ours)
     eager, compiled = by_name["torch_compile"].runs[:2]

@@ -393,7 +393,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics["mem_per_rank"] = json.dumps([r["memory"] for r in per_rank])
     metrics.update(ddp_setup.shares(
         spec.impl, spec.shard_optimizer, [r["memory"]["before_opt_params"] for r in per_rank],
-        [r["memory"]["after_opt_opt_state"] for r in per_rank], whole_bytes))
+        [r["memory"]["after_opt_opt_state"] for r in per_rank], whole_bytes, spec.model))
     world = ctx.world_size
     shard = spec.shard_optimizer
     for k, v in ddp_setup.expected(spec.impl, shard, world, n_params, n_1d).items():

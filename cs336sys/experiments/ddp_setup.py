@@ -222,8 +222,16 @@ def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: i
 SHARE_SLACK = 0.10
 
 
+# A user's FSDP that shards no weight of cs336sys's model most likely wraps the classes of
+# their own (the course's tests wrap cs336_basics.model's Linear and Embedding).
+NOT_OUR_LAYERS = ("; your FSDP sharded no weight of cs336sys's model, which is built of "
+                  "torch.nn.Linear and torch.nn.Embedding: an FSDP that wraps "
+                  "cs336_basics.model's Linear and Embedding, as the course's tests do, shards "
+                  "on your model (--model cs336_basics)")
+
+
 def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[int],
-           whole: int) -> dict[str, Any]:
+           whole: int, model: str | None = None) -> dict[str, Any]:
     """Rank 0's share of one whole copy of the parameters (`whole` bytes) and of AdamW's
     whole state (two moments per parameter), from each rank's bytes (rank 0 first); where
     the point is meant to shard them (an FSDP: both; a sharded optimizer: the state), what
@@ -246,6 +254,9 @@ def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[i
     replicated = any(c > 1 + SHARE_SLACK for c in copies.values())
     out["not_sharded"] = said + "; the ranks hold " + ", ".join(
         f"{c:.1f} copies of the {w}" for w, c in copies.items()) if replicated else None
+    if replicated and fsdp and model is None and yours.is_yours(impl) \
+            and copies.get("parameters", 0) >= world - SHARE_SLACK:  # every rank all of them
+        out["not_sharded"] += NOT_OUR_LAYERS
     out["uneven"] = said + "; the other ranks the rest" if over and not replicated else None
     return out
 

@@ -320,7 +320,9 @@ PROBLEMS = (
     Problem(
         "fsdp", 15, section="7", kind=IMPLEMENT,
         asks="An FSDP wrapper that shards Linear and Embedding weights (get_fsdp).",
-        check="cs336sys ddp --impl yours-fsdp --world-size 2",
+        # on the user's model: the course's FSDP wraps cs336_basics.model's Linear and
+        # Embedding, of which cs336sys's model has none
+        check="cs336sys " + theirs("ddp --impl yours-fsdp --world-size 2"),
     ),
     Problem(
         "fsdp_accounting", 5, section="7",
