@@ -107,9 +107,10 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     that sums its shards' gradients is wrong where it shards: AdamW hid it in the
     parameters, and the shards' gradients were not compared."""
     more = ["--model", model] if model else []
+    stale = f",yours-fsdp-stale={FSDP}:StaleShards" if model else ""
     got = ddp(tmp_path / "r.db", "--impl",
               f"yours-fsdp-basics={FSDP}:FSDP,yours-fsdp-forgets={FSDP}:ForgetsReplicated,"
-              f"yours-fsdp-sums={FSDP}:SumsShards", *more)
+              f"yours-fsdp-sums={FSDP}:SumsShards{stale}", *more)
     sums = got["yours-fsdp-sums", None]
     if model:
         assert sums["status"] == "wrong"
@@ -125,12 +126,22 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
         assert row["param_rank0_share"] == 1.0
         assert row["not_sharded"] == (
             "rank 0 holds parameters 100%, optimizer state 100% of the whole, more than 1/2 + "
-            "10%; the ranks hold 2.0 copies of the parameters, 2.0 copies of the optimizer state")
+            "10%; the ranks hold 2.0 copies of the parameters, 2.0 copies of the optimizer state"
+            "; your FSDP sharded no weight of cs336sys's model, which is built of "
+            "torch.nn.Linear and torch.nn.Embedding: an FSDP that wraps cs336_basics.model's "
+            "Linear and Embedding, as the course's tests do, shards on your model (--model "
+            "cs336_basics)")
         assert row["uneven"] is None
     forgets = got["yours-fsdp-forgets", None]
     assert forgets["status"] == "wrong"
     assert "match rank 0's own slice of the batch: never all-reduced" in forgets["error"]
     assert ".ln1.weight" in forgets["error"]
+    if model:  # zero gradients on every shard at the first step: said, not only figures
+        late = got["yours-fsdp-stale", None]
+        assert late["status"] == "wrong"
+        assert "gradient tensors rank 0 holds after the first step's finish_gradient_" \
+            "synchronization() are all zero (" in late["error"]
+        assert "no gradient had reached them yet (reduced a step late" in late["error"]
 
 
 @pytest.mark.slow  # starts ranks

@@ -171,6 +171,19 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
             f"{tol:g}); they match neither the sum nor rank 0's own slice")
 
 
+def zero_gradients(grads: dict, reference: TrainingReference) -> list[str]:
+    """The tensors (by the reference's names) rank 0 holds all zero after the first step's
+    finish_gradient_synchronization() where the reference's gradient is not: a cause to name
+    once the check fails (a correct FSDP may keep its gradients in tensors of its own)."""
+    out = []
+    for name, ref in reference.grads.items():
+        got = grads.get(name)
+        part = _part(got, ref) if got is not None else None
+        if part is not None and not bool(got.detach().any()) and bool(part.any()):
+            out.append(name)
+    return out
+
+
 # The course's tests compare parameters elementwise, torch.allclose(p_ref, p, atol, rtol):
 # fp32 atol 1e-6 rtol 1e-4; with a 16-bit compute dtype 1e-4 and 1e-4 (their FSDP test).
 COURSE_TOLERANCE = {"fp32": (1e-6, 1e-4), "bf16": (1e-4, 1e-4), "fp16": (1e-4, 1e-4)}
@@ -218,10 +231,17 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
     if where is not None and where in full:
         detail += ", " + _course_verdict(full[where], reference.final[where], precision)
     detail += ")"
-    gradients = gradient_problem(by_reference_names(grads, reference.grads), reference, tol) \
-        if grads is not None else None
+    named = by_reference_names(grads, reference.grads) if grads is not None else None
+    gradients = gradient_problem(named, reference, tol) if named is not None else None
     passed = not problems and worst <= tol and gradients is None
     causes = []
+    zeros = zero_gradients(named, reference) if named is not None and not passed else []
+    if zeros:
+        causes.append(f"{len(zeros)} gradient tensors rank 0 holds after the first step's "
+                      f"finish_gradient_synchronization() are all zero ({', '.join(zeros[:3])}"
+                      f"{', ...' if len(zeros) > 3 else ''}): no gradient had reached them yet "
+                      f"(reduced a step late, or into other tensors than the ones the "
+                      f"optimizer steps?)")
     if frozen and not passed:
         causes.append(f"{len(frozen)} of {len(reference.final)} parameter tensors never left "
                       f"their initial values ({', '.join(frozen[:3])}"

@@ -11,6 +11,9 @@ tests/test_fsdp.py in fp32 and fp16.
 
 `ForgetsReplicated`: the same, with the replicated parameters' all-reduce forgotten.
 
+`StaleShards`: the same, each shard handed the gradient reduced at the step before (zeros at
+the first); the course's test fails it at step 0.
+
 `CompileReady`: the same, its gathering hooks registered under torch.compiler.disable, so that
 a compiled block runs them eager (the step's compile switch) instead of tracing them.
 """
@@ -127,6 +130,19 @@ class ForgetsReplicated(FSDP):
 
     def finish_gradient_synchronization(self):
         pass
+
+
+class StaleShards(FSDP):
+    def _reduce_sharded(self, m):
+        average = super()._reduce_sharded(m)
+
+        def hook(p):
+            average(p)
+            fresh = p.grad
+            p.grad = getattr(m, "stale", torch.zeros_like(fresh))
+            m.stale = fresh.clone()
+
+        return hook
 
 
 class CompileReady(FSDP):
