@@ -360,7 +360,12 @@ def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):
         writer.finish_invocation(inv, 0)
         finished = merge(db_path, live)
     assert (counts.invocations_added, counts.runs_added, counts.runs_present) == (1, 1, 5)
-    assert (finished.invocations_added, finished.invocations_differing) == (0, 1)
+    # running when first merged, finished since: its end is taken, nothing else differs
+    assert (finished.invocations_added, finished.invocations_finished,
+            finished.invocations_differing) == (0, 1, 0)
+    ended = [r for r in table_rows(db_path, "invocations") if r["id"] == inv]
+    assert ended[0]["exit_status"] == 0 and ended[0]["finished"] is not None
+    assert merge(db_path, live).invocations_finished == 0
     (late,) = [r for r in table_rows(db_path, "runs") if '"late"' in r["settings"]]
     assert late["status"] == "ok"
 

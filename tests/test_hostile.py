@@ -227,6 +227,10 @@ def test_sql_creates_no_file(files, tmp_path):
     for statement in (f"ATTACH '{tmp_path / 'new.db'}' AS n", f"VACUUM INTO '{tmp_path / 'copy.db'}'"):
         _check(here, names, ["sql", statement], "read-only")
     assert not (tmp_path / "new.db").exists() and not (tmp_path / "copy.db").exists()
+    # a PRAGMA that sets a value answered as if it had (`delete`) and changed nothing
+    for statement in ("PRAGMA journal_mode = DELETE", "PRAGMA query_only = 0",
+                      "PRAGMA writable_schema = 1"):
+        _check(here, names, ["sql", statement], "read-only")
 
 
 @pytest.mark.promise(STORE)

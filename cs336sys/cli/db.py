@@ -168,6 +168,9 @@ def merge(
     ]
     typer.echo(f"merged {other} (schema v{counts.other_version}) into {db}")
     typer.echo(table(rows, ["table", "added", "already present"]))
+    if counts.invocations_finished:
+        typer.echo(f"{counts.invocations_finished} invocation(s) running in {db} had finished "
+                   f"in {other}: their end and exit status taken from it")
     differing = counts.invocations_differing + counts.runs_differing
     if differing:
         typer.echo(

@@ -471,9 +471,21 @@ def _migrated_copy(conn: sqlite3.Connection,
     return copy
 
 
+# PRAGMAs that take an argument and only read (https://sqlite.org/pragma.html); any other
+# given a value sets something, which a read-only connection would answer as if it had.
+_READING_PRAGMAS = frozenset({
+    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+    "foreign_key_list", "foreign_key_check", "quick_check", "integrity_check",
+})
+
+
 def _read_only(action: int, *args: object) -> int:
     # ATTACH (and VACUUM INTO, which attaches its target) would create files; DETACH is
-    # refused with it. Everything else a read-only, query_only connection may do.
+    # refused with it; so is a PRAGMA that sets a value (`journal_mode = DELETE` answered
+    # `delete` and changed nothing). Everything else a read-only, query_only connection may do.
     if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_PRAGMA and args[1] is not None \
+            and str(args[0]).lower() not in _READING_PRAGMAS:
         return sqlite3.SQLITE_DENY
     return sqlite3.SQLITE_OK

@@ -175,12 +175,14 @@ def export(
 @dataclass(frozen=True)
 class MergeCounts:
     """What a merge did. `*_differing`: ids present in both stores with different content
-    (this store's row was kept; e.g. an invocation still running when OTHER was copied)."""
+    (this store's row was kept; e.g. an invocation still running when OTHER was copied);
+    `invocations_finished`: those running here and finished in OTHER, given OTHER's end."""
 
     other_version: int
     invocations_added: int
     invocations_present: int
     invocations_differing: int
+    invocations_finished: int  # running here, finished in OTHER: their end copied
     runs_added: int
     runs_present: int
     runs_differing: int
@@ -269,6 +271,14 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path,
     counts: dict[str, int] = {}
     try:
         with immediate(conn, committed=lambda: committed(counts)):
+            # An invocation still running when THIS copied it and finished in OTHER takes
+            # its end from OTHER: filled in, nothing this store holds is replaced.
+            counts["invocations_finished"] = conn.execute(
+                "UPDATE main.invocations SET (finished, exit_status) = (SELECT o.finished, "
+                "o.exit_status FROM other.invocations o WHERE o.id = main.invocations.id) "
+                "WHERE finished IS NULL AND exit_status IS NULL AND id IN (SELECT id FROM "
+                "other.invocations WHERE finished IS NOT NULL)"
+            ).rowcount
             for table in ("invocations", "runs"):
                 cols = _columns(conn, table)
                 total = conn.execute(f"SELECT count(*) FROM other.{table}").fetchone()[0]
