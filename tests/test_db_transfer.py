@@ -332,6 +332,9 @@ def test_export_refuses_bad_input(tmp_path, db_path):
         invoke("db", "export", "--format", "xml", "--db", db_path, "--out", out), out
     )
     assert "--format" in err
+    err = assert_refused(invoke("db", "export", "--gpu", "H100", "--db", db_path, "--out", out),
+                         out)
+    assert "--gpu 'H100': no stored run is on that GPU" in err
     err = assert_refused(
         invoke("db", "export", "--experiment", "model,nope", "--db", db_path, "--out", out), out
     )
@@ -343,6 +346,21 @@ def test_export_refuses_bad_input(tmp_path, db_path):
     # an experiment with a view but no rows is not an error: just a header
     res = invoke("db", "export", "--experiment", "comm", "--db", db_path)
     assert res.exit_code == 0 and len(res.stdout.splitlines()) == 1
+
+
+def test_export_into_a_pipe_its_reader_closed_ends_quietly(db_path):
+    """`cs336sys db export | head -1`: the reader stops reading; the export ends as cat does,
+    exit 0 and nothing on stderr (it said `--out None: cannot write there`, exit 2)."""
+    import subprocess
+    import sys
+
+    fill(db_path, "A")
+    proc = subprocess.Popen([sys.executable, "-m", "cs336sys", "db", "export", "--samples",
+                             "--db", str(db_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # before a byte is read
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == "", err
 
 
 def test_merge_reads_a_store_another_process_has_open(tmp_path, db_path):

@@ -273,6 +273,10 @@ def test_a_commit_ref_outside_a_checkout_is_refused_not_read_as_a_prefix(tmp_pat
         # the report's tables head checkpoint `ckpt`: the setting is named
         (["--where", "ckpt=none"], "no experiment has a setting 'ckpt'; did you mean 'checkpoint'?"),
         (["--format", "pdf"], "--format: unknown value 'pdf'"),
+        # a GPU's name is matched whole: a part of it selected nothing, silently
+        (["--gpu", "H100"], "--gpu 'H100': no stored run is on that GPU (the name must be "
+                            "whole; did you mean 'NVIDIA H100 80GB HBM3'?); stored: "),
+        (["--threshold", "3"], "--threshold needs --compare A B or --history"),
         (["--compare", "aaaa", "zzzz"], "'zzzz' matches no commit"),
         (["--compare", "aaaa", "cpu"], "'aaaa' is a commit but 'cpu' is a gpu"),
     ],

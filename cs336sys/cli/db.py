@@ -71,7 +71,7 @@ def export(
     """
     from datetime import datetime, timezone
 
-    from cs336sys.report.select import SelectionError, selected
+    from cs336sys.report.select import SelectionError, check_gpu, selected
     from cs336sys.store.db import StoreError, connect_readonly
     from cs336sys.store.transfer import FORMATS, export, known_experiments
 
@@ -96,7 +96,8 @@ def export(
     try:
         conn = connect_readonly(db, catalog)
         known = known_experiments(conn, experiments)
-    except StoreError as exc:
+        check_gpu(conn, gpu)
+    except (StoreError, SelectionError) as exc:
         fail(exc)
     except sqlite3.DatabaseError as exc:
         fail(f"cannot read {db} as a results store: {exc}")
@@ -107,7 +108,12 @@ def export(
             if name not in known:
                 fail(f"--experiment: unknown value {name!r}; choose from {', '.join(known)}")
         if out is None:
-            n = export(conn, sys.stdout, fmt, wanted, samples, condition)
+            try:
+                n = export(conn, sys.stdout, fmt, wanted, samples, condition)
+                sys.stdout.flush()
+            except BrokenPipeError:  # `| head`: the reader has what it wanted, as with cat
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise typer.Exit(0) from None
         else:
             n = _export_to_file(conn, out, fmt, wanted, samples, condition)
     except OSError as exc:  # --out where nothing can be written

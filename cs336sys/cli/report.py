@@ -15,6 +15,7 @@ from cs336sys.cli.common import (
     catalog,
     choices,
     fail,
+    given,
     terminal_width,
     wrote,
 )
@@ -22,6 +23,7 @@ from cs336sys.cli.options import Commit, Gpu, Replace, Since, Until, Where, list
 
 
 def report(
+    ctx: typer.Context,
     since: Since = None,
     until: Until = None,
     experiment: list_option("Only these experiments (model, attention, comm, ...).") = None,
@@ -70,7 +72,7 @@ def report(
     """
     from cs336sys.measure.paths import why_unwritable
     from cs336sys.report.render import DEFAULT_FORMATS, EXTENSIONS, FORMATS, build, write
-    from cs336sys.report.select import SelectionError, selected, views_of
+    from cs336sys.report.select import SelectionError, check_gpu, selected, views_of
     from cs336sys.store.db import StoreError, connect_readonly
 
     experiments = catalog()
@@ -83,6 +85,8 @@ def report(
         fail("--fail-on-regression needs --compare A B or --history")
     if fail_on_regression is not None and not fail_on_regression >= 0:
         fail(f"--fail-on-regression must be a percentage of 0 or more, got {fail_on_regression}")
+    if given(ctx, "threshold") and not compare and not history:
+        fail("--threshold needs --compare A B or --history")
     if not 0 <= threshold < 1000:
         fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
     formats = choices(fmt, FORMATS, "--format", default=DEFAULT_FORMATS)
@@ -101,6 +105,11 @@ def report(
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
+        fail(exc)
+    try:
+        check_gpu(conn, gpu)
+    except SelectionError as exc:
+        conn.close()
         fail(exc)
     problem = why_unwritable(out)
     if problem:

@@ -230,6 +230,20 @@ def selected(*, since: str | None, until: str | None, gpu: str | None, commit: s
     )
 
 
+def check_gpu(conn: sqlite3.Connection, gpu: str | None) -> None:
+    """SelectionError where --gpu names no GPU of the store: the name is matched whole (as
+    --compare takes one), so `H100` selected nothing, silently; the stored names are given."""
+    if gpu is None:
+        return
+    stored = [g for (g,) in conn.execute(
+        "SELECT DISTINCT gpu FROM invocations WHERE gpu IS NOT NULL ORDER BY gpu")]
+    if gpu not in stored:
+        near = [g for g in stored if gpu.lower() in g.lower()]
+        raise SelectionError(f"--gpu {gpu!r}: no stored run is on that GPU (the name must be "
+                             f"whole{f'; did you mean {near[0]!r}?' if near else ''}); "
+                             f"stored: {', '.join(stored) or 'none'}")
+
+
 def like_prefix(value: str) -> str:
     """`value` as a LIKE pattern for the strings that start with it (wildcards escaped)."""
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
