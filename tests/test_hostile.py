@@ -221,6 +221,26 @@ def test_a_foreign_database_keeps_its_journal_mode_and_bytes(files):
         Store(foreign, EXPERIMENTS)
 
 
+@pytest.mark.promise(STORE)
+def test_a_store_this_user_cannot_write_is_refused_and_stays_readable(files, monkeypatch):
+    """Someone else's store (mode 444 on a shared cluster): SQLite opened it read-only, left a
+    -wal and -shm beside it that stopped every later reader, and the first write ended in a
+    traceback. The permission is asked first (root passes any, so it is faked here)."""
+    import os
+
+    here, names = files
+    store = str(names["store"])
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: not (
+        str(p) == store and mode & os.W_OK) and real(p, mode, *a, **k))
+    for command in (["precision", "accumulate"], ["model", *MICRO],
+                    ["db", "merge", str(here / "store.db")]):
+        _check(here, names, [*command, "--db", store],
+               f"{store} is read-only for this user: nothing can be stored in it")
+    assert sorted(p.name for p in here.glob("store.db*")) == ["store.db"]
+    assert invoke("sql", "SELECT count(*) FROM runs", "--db", store).exit_code == 0
+
+
 @pytest.mark.promise(READ_ONLY)
 def test_sql_creates_no_file(files, tmp_path):
     here, names = files

@@ -8,6 +8,7 @@ processes can write, and rows written as each point finishes.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 import uuid
@@ -96,6 +97,11 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
             if not parent.is_dir():
                 raise StoreError(f"{path}: {parent} is a file, not a directory")
             break
+    if writing and path.exists() and not os.access(path, os.W_OK):
+        # SQLite would open it read-only, create its -wal and -shm beside it (which then
+        # stop every later reader), and fail at the first write with a traceback
+        raise StoreError(f"{path} is read-only for this user: nothing can be stored in it; "
+                         f"give another --db, or read it (report, sql) as it is")
     if path.exists() and path.stat().st_size > 0:
         with open(path, "rb") as f:
             if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
