@@ -69,3 +69,26 @@ def test_a_point_stored_as_the_signal_lands_is_a_point_counted(tmp_path):
     assert counted == [1]
     assert real.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
     store.close()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path, capsys):
+    """Another program holds the write lock (a SQLite browser with unsaved edits) for longer
+    than the connection's busy timeout: the write waits, says why once, and lands; it ended
+    the sweep with "database is locked" and lost the point just measured."""
+    import threading
+    import time
+
+    path = tmp_path / "x.db"
+    conn = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (x)")
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.6, lambda: other.execute("ROLLBACK")).start()
+    started = time.monotonic()
+    with immediate(conn):
+        conn.execute("INSERT INTO t VALUES (1)")
+    assert time.monotonic() - started >= 0.5  # it waited out the other writer
+    assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
+    err = capsys.readouterr().err
+    assert err.count("another program holds the store's write lock") == 1

@@ -11,11 +11,18 @@ sweep/stopping.py's Terminated) whose handler was already on its way can still s
 after the COMMIT's C call: the rows are then written, the exception goes on as itself (not
 as "cannot rollback - no transaction is active"), and `committed` is still called first.
 `conn` is in autocommit mode (isolation_level=None).
+
+BEGIN IMMEDIATE waits for another writer through the connection's busy timeout, and then
+again for as long as it takes: a program that holds the store's write lock (a SQLite browser
+with unsaved edits) would otherwise end a sweep with "database is locked" and lose the point
+it had just measured. Nothing is written before BEGIN, so waiting is safe; a line on stderr
+says why the command waits.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,13 +34,29 @@ from cs336sys.measure.landing import held
 def immediate(conn: sqlite3.Connection,
               committed: Callable[[], Any] | None = None) -> Iterator[None]:
     """The block in one write transaction; rolled back if it raises (see the module)."""
-    conn.execute("BEGIN IMMEDIATE")
+    _begin(conn)
     try:
         yield
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     _commit(conn, committed or (lambda: None))
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    told = False
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if not told:
+                print("cs336sys: another program holds the store's write lock (a SQLite "
+                      "browser with unsaved changes?); waiting for it to let go (Ctrl-C "
+                      "stops, keeping what is stored)", file=sys.stderr, flush=True)
+                told = True
 
 
 def _commit(conn: sqlite3.Connection, then: Callable[[], Any]) -> None:
