@@ -609,6 +609,22 @@ def test_dry_run_says_the_points_and_writes_nothing(db_path):
     assert not db_path.exists()
 
 
+def test_a_dry_run_with_resume_counts_only_what_is_left(db_path):
+    """--resume --dry-run estimated every point, stored or not: a resumed sweep's (or a
+    handout run's) time was its whole time. It counts those --resume would measure, and
+    writes nothing."""
+    args = ["model", *micro(), "--mode", "forward", "--iters", "1", "--db", db_path]
+    assert invoke(*args, "--seq", "8,16").exit_code == 0
+    before = db_path.read_bytes()
+    result = invoke(*args, "--seq", "8,16,32", "--resume", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("--resume: skipping 2/3 point(s) stored ok\n"
+                                    "dry run: 1 point(s), estimated ")
+    result = invoke(*args, "--seq", "8,16", "--resume", "--dry-run")
+    assert "dry run: every point is stored ok already; nothing to measure" in result.stdout
+    assert db_path.read_bytes() == before
+
+
 def test_a_warmup_list_is_a_point_per_count_and_a_column(db_path):
     """The warm-up study in one run: the counts are points of their own, never merged."""
     result = invoke("model", *micro(warmup=0), "--seq", "8", "--mode", "forward", "--warmup",

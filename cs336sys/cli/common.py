@@ -305,6 +305,8 @@ def dry_run(experiment: Any, points: list) -> str:
     judged = [(e, e.refusal(device)) for e, device in estimates if e is not None]
     refused = [why for _, why in judged if why]
     seconds = [e.seconds for e, why in judged if e.seconds is not None and not why]
+    if not points:  # --resume: all stored
+        return "dry run: every point is stored ok already; nothing to measure"
     line = f"dry run: {len(points)} point(s)"
     if seconds:
         line += (f", estimated {format_duration(sum(seconds))} from their FLOPs and this device's rate"
@@ -314,6 +316,30 @@ def dry_run(experiment: Any, points: list) -> str:
     if refused:
         line += f"; {len(refused)} would be skipped (the first {refused[0]})"
     return line + "; nothing measured"
+
+
+def _not_stored(experiment: Any, points: list, db: Path, device: str,
+                label: str | None) -> list:
+    """The points --resume would measure, read from the store without writing to it (a dry
+    run counts and estimates those, not every point)."""
+    from cs336sys.measure.provenance import collect
+    from cs336sys.store.db import StoreError, connect_readonly, done_points
+    from cs336sys.sweep.points import point_key
+
+    if not db.exists():
+        return points
+    try:
+        conn = connect_readonly(db)
+        try:
+            done = done_points(conn, experiment.kind, collect(device), label)
+        finally:
+            conn.close()
+    except StoreError as exc:
+        fail(exc)
+    todo = [p for p in points if point_key(experiment.kind, p.settings()) not in done]
+    if len(todo) < len(points):
+        say(f"--resume: skipping {len(points) - len(todo)}/{len(points)} point(s) stored ok")
+    return todo
 
 
 def with_handout(specs: Callable[..., list], options: dict[str, Any]) -> list:
@@ -395,12 +421,14 @@ def run_experiment(
                 raise typer.Exit(record(ctx, points, command, describe, ranks=ranks, dry=dry))
         except NsysRefused as exc:
             fail(exc)
-        if dry:
-            say(dry_run(experiment, points))
-            return
         # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
         device = recorded_device or next(
             (p.device for p in points if str(p.device).startswith("cuda")), points[0].device)
+        if dry:
+            if resume:
+                points = _not_stored(experiment, points, db, device, label)
+            say(dry_run(experiment, points))
+            return
         # a process group's invocation is stored with rank 0's device
         stored_on = ("cuda:0" if device == "cuda" else "cpu") if ranks else device
         # opening the store checks --db first: a refusal is its one line, before any warning

@@ -236,8 +236,8 @@ def run(
                     continue
                 line = [*args, "--label", problem.name, "--db", str(db)]
             else:
-                line = [*args, "--label", problem.name, "--db", str(db),
-                        *(["--dry-run"] if dry_run else ["--resume"])]
+                line = [*args, "--label", problem.name, "--db", str(db), "--resume",
+                        *(["--dry-run"] if dry_run else [])]  # a dry run counts what is left
             code = _invoke(root, line)
             stopping.check()  # a command the signal stopped: the run stops below
             if code not in (0, None):

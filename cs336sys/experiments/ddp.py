@@ -162,8 +162,8 @@ def specs(
             buckets.append(float(b))
         except ValueError:
             raise SpecError(f"--bucket-mb: {b!r} is not a number") from None
-        if buckets[-1] <= 0:
-            raise SpecError(f"--bucket-mb must be positive, got {b}")
+        if not 0 < buckets[-1] < float("inf"):  # nan too: it reached the ranks
+            raise SpecError(f"--bucket-mb must be a positive number of MB, got {b}")
     precisions = choices(precision, (*PRECISIONS, "fp16"), "--precision", default=["fp32"])
     replicas = [i for i in impls if i in REPLICA_IMPLS or ddp_yours.kind_of(i) == "ddp"]
     if "fp16" in precisions and replicas:

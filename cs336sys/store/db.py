@@ -395,20 +395,26 @@ class Store:
         only those stored under it (a labelled run resumes itself: `handout run` measures
         each problem's points under its name). A point merged from another machine, or run
         with other switches, is run again."""
-        if provenance.get("git_commit") is None and provenance.get("cs336sys_version") is None:
-            return set()
-        same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
-        rows = self.conn.execute(
-            "SELECT r.point_key FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-            f"WHERE r.experiment = ? AND r.status = 'ok' AND {same}"
-            + (" AND i.label = ?" if label is not None else ""),
-            (experiment, *(provenance.get(c) for c in MACHINE),
-             *((label,) if label is not None else ())),
-        )
-        return {r[0] for r in rows}
+        return done_points(self.conn, experiment, provenance, label)
 
     def query(self, sql: str, params: tuple | dict = ()) -> list[dict[str, Any]]:
         return list(self.db.query(sql, params))
+
+
+def done_points(conn: sqlite3.Connection, experiment: str, provenance: dict[str, Any],
+                label: str | None = None) -> set[str]:
+    """Store.done_points on any connection to a store (a read-only one for --dry-run)."""
+    if provenance.get("git_commit") is None and provenance.get("cs336sys_version") is None:
+        return set()
+    same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
+    rows = conn.execute(
+        "SELECT r.point_key FROM runs r JOIN invocations i ON i.id = r.invocation_id "
+        f"WHERE r.experiment = ? AND r.status = 'ok' AND {same}"
+        + (" AND i.label = ?" if label is not None else ""),
+        (experiment, *(provenance.get(c) for c in MACHINE),
+         *((label,) if label is not None else ())),
+    )
+    return {r[0] for r in rows}
 
 
 _LINKED_TABLES = ("kernel_stats",)
