@@ -537,3 +537,24 @@ def test_the_analytic_plan_comes_after_the_measured_sections_folded(store, tmp_p
     assert plan.index("</table>") < plan.index("</details>")
     md = (tmp_path / "report.md").read_text()
     assert re.findall(r"^## (.+)$", md, re.M)[-1].startswith("Plan")
+
+
+def test_the_header_says_which_invocations_stopped_before_their_end():
+    """A sweep stopped by Ctrl-C (exit 130) or killed (never finished) read as complete:
+    `Runs by status: ok 4`. The header says so, and how to measure the rest."""
+    from cs336sys.report.render import STOPPED_EARLY, provenance
+
+    def inv(i, exit_status, finished="2026-12-06 10:00:00.000000"):
+        return {"id": i, "_status": "ok", "_n": 2, "gpu": "cpu", "gpu_count": 0,
+                "git_commit": "c", "git_dirty": 0, "exit_status": exit_status,
+                "finished": finished}
+
+    assert STOPPED_EARLY not in dict(provenance([inv("a", 0), inv("b", 1)], {}))
+    facts = dict(provenance([inv("a", 0), inv("b", 130), inv("c", 143), inv("d", None, None)],
+                            {}))
+    assert facts[STOPPED_EARLY] == (
+        "2 invocations stopped by Ctrl-C or SIGTERM; 1 invocation never finished (killed, or "
+        "still running): their sweeps may lack points; the same command with --resume "
+        "measures the rest")
+    assert dict(provenance([inv("b", 130)], {}))[STOPPED_EARLY].startswith(
+        "1 invocation stopped by Ctrl-C or SIGTERM: its sweep may lack points")

@@ -20,7 +20,7 @@ from cs336sys.handout.status import Status, in_words, unlabelled
 from cs336sys.models.config import HANDOUTS
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
-from cs336sys.report.render import Report, kernel_stats, provenance
+from cs336sys.report.render import STOPPED_EARLY, Report, kernel_stats, provenance
 from cs336sys.report.sections import (
     FilledTable,
     Row,
@@ -60,6 +60,8 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     elif iters:
         parts.append(f"{_counts(iters, 'timed sample')} asked a point")
     parts.append(f"runs: {facts['Runs by status']}")
+    if STOPPED_EARLY in facts:
+        parts.append(f"{STOPPED_EARLY.lower()}: {facts[STOPPED_EARLY]}")
     return "Method: " + "; ".join(p for p in parts if p) + "."
 
 

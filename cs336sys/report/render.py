@@ -84,6 +84,9 @@ def kernel_stats(conn: sqlite3.Connection,
     return out
 
 
+STOPPED_EARLY = "Stopped early"
+
+
 def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[str, str]]:
     gpus: Counter = Counter()
     commits: dict[str, bool] = {}
@@ -91,11 +94,16 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
     status: Counter = Counter()
     ids = set()
     yours: dict[tuple, bool] = {}  # (repo, commit, adapters) -> dirty
+    ended: Counter = Counter()  # invocations that did not run to their end, by how
     for inv in invs:
         status[inv["_status"]] += inv["_n"]
         if inv["id"] in ids:
             continue
         ids.add(inv["id"])
+        if inv.get("exit_status") in (130, 143):
+            ended["stopped by Ctrl-C or SIGTERM"] += 1
+        elif inv.get("id") is not None and inv.get("finished") is None:
+            ended["never finished (killed, or still running)"] += 1
         if inv.get("user_repo"):
             k = (inv["user_repo"], inv.get("user_commit") or "(no git)", inv.get("adapters") or "")
             yours[k] = yours.get(k, False) or bool(inv.get("user_dirty"))
@@ -120,6 +128,12 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
                                      if status[s]) + f" (in {len(ids)} invocation{'s' * (len(ids) != 1)})"
          if ids else "none selected"),
     ]
+    if ended:  # their sweeps may lack points: said, so a half-run does not read as whole
+        out.append((STOPPED_EARLY, "; ".join(f"{n} invocation{'s' * (n != 1)} {how}"
+                                             for how, n in ended.items())
+                    + (": its sweep may lack points" if sum(ended.values()) == 1 else
+                       ": their sweeps may lack points")
+                    + "; the same command with --resume measures the rest"))
     return out
 
 
