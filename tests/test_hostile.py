@@ -91,6 +91,8 @@ INPUT_CASES = [
     ("step --attention ''", ["step", *MICRO, "--attention", ""], "--attention: empty"),
     ("export --experiment ''", ["db", "export", "--experiment", ""], "--experiment: empty"),
     ("sql ''", ["sql", ""], "empty"),
+    ("model --db ' '", ["model", *MICRO, "--db", " "], "--db: empty value"),
+    ("export --gpu ''", ["db", "export", "--gpu", ""], "--gpu: empty value"),
     # a non-breaking space (pasted from a web page) is blank, like a space
     ("model --size nbsp", ["model", *MICRO[2:], "--size", "\xa0"], "--size: empty"),
     ("comm --precision nbsp", [*COMM, "--precision", "\xa0"], "--precision: empty"),

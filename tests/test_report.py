@@ -277,6 +277,8 @@ def test_a_commit_ref_outside_a_checkout_is_refused_not_read_as_a_prefix(tmp_pat
         (["--gpu", "H100"], "--gpu 'H100': no stored run is on that GPU (the name must be "
                             "whole; did you mean 'NVIDIA H100 80GB HBM3'?); stored: "),
         (["--threshold", "3"], "--threshold needs --compare A B or --history"),
+        (["--gpu", ""], "--gpu: empty value; give one, or leave --gpu out"),
+        (["--commit", " "], "--commit: empty value; give one, or leave --commit out"),
         (["--compare", "aaaa", "zzzz"], "'zzzz' matches no commit"),
         (["--compare", "aaaa", "cpu"], "'aaaa' is a commit but 'cpu' is a gpu"),
     ],

@@ -394,6 +394,25 @@ def test_a_store_being_created_by_another_process_is_not_refused(db_path):
         Store(foreign, EXPERIMENTS)
 
 
+def test_a_store_copied_by_dump_is_told_why_and_how_to_mend_it(db_path, tmp_path):
+    """`sqlite3 old.db .dump | sqlite3 new.db` keeps every table and drops PRAGMA
+    user_version: it was refused as lacking cs336sys's tables. It is still refused (its
+    version is unknown), for the right reason; with the version set, it is a store again."""
+    with Store(db_path, EXPERIMENTS) as s:
+        s.add_run(s.begin_invocation({"gpu": "cpu"}, [], "model"), "model", "ok",
+                  {"size": "tiny"}, {"step_ms_mean": 1.0})
+    dumped = tmp_path / "dumped.db"
+    copy = sqlite3.connect(dumped)
+    copy.executescript("\n".join(sqlite3.connect(db_path).iterdump()))
+    copy.close()
+    with pytest.raises(StoreError, match=r"has cs336sys's tables but no schema version "
+                                         r"\(PRAGMA user_version is 0, as after `sqlite3 "
+                                         r"old.db .dump"):
+        connect_readonly(dumped)
+    sqlite3.connect(dumped).execute(f"PRAGMA user_version = {SCHEMA_VERSION}").connection.close()
+    assert connect_readonly(dumped).execute("SELECT count(*) FROM runs").fetchone() == (1,)
+
+
 STORE_6 = Path(__file__).parent / "stores" / "schema6.db"  # tests/stores/make_schema6.py
 
 

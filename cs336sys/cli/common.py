@@ -44,7 +44,12 @@ def _default_store(ctx: typer.Context, param: typer.CallbackParam, value: Path) 
     user's data folder outside one)."""
     from cs336sys.measure.paths import default_store
 
-    return value if given(ctx, param.name) else default_store()
+    if not given(ctx, param.name):
+        return default_store()
+    if not value.name.strip():  # ' ' (a pasted blank, an empty CS336SYS_DB='  ') made a store
+        fail("--db: empty value; give a file name, or leave --db (and CS336SYS_DB) out for "
+             "the default store")
+    return value
 
 
 DbOption = Annotated[

@@ -205,6 +205,9 @@ def selected(*, since: str | None, until: str | None, gpu: str | None, commit: s
     """The runs that report's and db export's filters select. --since is a time, or a git ref
     of this folder's repository: that commit and the later ones up to HEAD, cs336sys's or the
     user's code's; --commit a prefix or a git ref. SelectionError names a bad filter."""
+    for name, value in (("--gpu", gpu), ("--commit", commit)):
+        if value is not None and not value.strip():  # empty never quietly means "all"
+            raise SelectionError(f"{name}: empty value; give one, or leave {name} out")
     since_commits = None
     if since is not None:
         try:

@@ -137,8 +137,14 @@ def store_problem(conn: sqlite3.Connection) -> str | None:
     """Why the database behind `conn` is not a results store, or None when it is one: a
     schema version and the tables and columns that version has."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not {"meta", "invocations", "runs"} <= tables or schema.version(conn) == 0:
+    if not {"meta", "invocations", "runs"} <= tables:
         return "is a SQLite database but not a results store (it lacks cs336sys's tables)"
+    if schema.version(conn) == 0:  # the tables, and no version: `.dump` does not keep it
+        return ("has cs336sys's tables but no schema version (PRAGMA user_version is 0, as "
+                "after `sqlite3 old.db .dump | sqlite3 new.db`); copy a store with `sqlite3 "
+                "old.db '.backup new.db'` or `cs336sys db merge`, or set the version it was "
+                f"dumped at (`PRAGMA user_version = {schema.SCHEMA_VERSION}` for this "
+                "cs336sys's stores)")
     lacks = schema.lacking(conn)
     if lacks:
         return f"is not the results store it claims to be: {lacks}"
