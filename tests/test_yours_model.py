@@ -5,6 +5,7 @@ before they are timed, their FLOPs right for them, in model, step, memory and pr
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -399,6 +400,93 @@ class NoBiasCorrection(CourseAdamW):
                 p -= group["lr"] * m / (torch.sqrt(v) + group["eps"])
                 state.update(m=m, v=v)
 '''
+
+
+def test_a_persistent_rope_table_keeps_the_loss_comparison():
+    """A RoPE table registered persistent (register_buffer's default) is in the user's
+    state_dict and not ours: the whole load failed, and the model lost its loss comparison
+    (a RoPE bug then passed). Buffers are no weights; a parameter or shape that differs is
+    said in words."""
+    from torch import nn
+
+    from cs336sys.experiments.checks import _loaded
+
+    class Ours(nn.Module):
+        def __init__(self, out=2, extra=False):
+            super().__init__()
+            self.lin = nn.Linear(2, out)
+            self.register_buffer("cos", torch.zeros(2), persistent=False)
+            if extra:
+                self.gain = nn.Parameter(torch.ones(2))
+
+    class Theirs(Ours):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.register_buffer("rope_cos", torch.ones(3))  # persistent
+
+    ours, theirs = Ours(), Theirs()
+    assert _loaded(ours, theirs) is None
+    assert torch.equal(ours.lin.weight, theirs.lin.weight)
+    assert _loaded(Ours(), Theirs(extra=True)) == "ours lacks: gain"
+    assert _loaded(Ours(extra=True), Theirs()) == "theirs lacks: gain"
+    assert _loaded(Ours(), Theirs(out=3)).startswith("size mismatch for lin.weight")
+
+
+class Beta1Beta2AdamW(torch.optim.Optimizer):
+    """Assignment 1's AdamW keeping beta1 and beta2 in its group, beta2 0.95 by default."""
+
+    def __init__(self, params, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                                      weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            b1, b2 = group["beta1"], group["beta2"]
+            for p in group["params"]:
+                state = self.state[p]
+                t = state.get("t", 0) + 1
+                m = b1 * state.get("m", torch.zeros_like(p)) + (1 - b1) * p.grad
+                v = b2 * state.get("v", torch.zeros_like(p)) + (1 - b2) * p.grad ** 2
+                lr_t = group["lr"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                p -= lr_t * m / (torch.sqrt(v) + group["eps"])
+                p -= group["lr"] * group["weight_decay"] * p
+                state.update(t=t, m=m, v=v)
+
+
+def test_an_adamw_keeping_beta1_and_beta2_is_checked_with_its_own(monkeypatch):
+    """Its betas are not torch's `betas` key: the check read torch's defaults (0.9, 0.999) in
+    their place and called this right AdamW wrong (0.0088 of the largest move off)."""
+    from cs336sys.experiments import checks
+
+    monkeypatch.setattr(checks, "make_optimizer",
+                        lambda name, params: Beta1Beta2AdamW(params, lr=1e-4))
+    verdict = checks.optimizer_check("yours=my_opt:Beta1Beta2AdamW")
+    assert verdict.passed, verdict.why
+    assert verdict.metrics["check_optimizer_err"] < 1e-5
+    hyper, unread = checks.their_hyperparameters(Beta1Beta2AdamW([torch.zeros(1)], lr=1e-4))
+    assert (hyper, unread) == ({"lr": 1e-4, "betas": (0.9, 0.95), "eps": 1e-8,
+                                "weight_decay": 0.01}, [])
+
+    class Unreadable(Beta1Beta2AdamW):  # betas kept under names no one guesses: said
+        def __init__(self, params, lr=1e-4):
+            torch.optim.Optimizer.__init__(self, params, dict(lr=lr, beta1=0.9, beta2=0.95,
+                                                              epsilon=1e-8, weight_decay=0.01))
+            for group in self.param_groups:
+                group["momentum_decay"] = (group.pop("beta1"), group.pop("beta2"))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                group["beta1"], group["beta2"] = group["momentum_decay"]
+                group["eps"] = group["epsilon"]
+            super().step()
+
+    monkeypatch.setattr(checks, "make_optimizer", lambda name, params: Unreadable(params))
+    verdict = checks.optimizer_check("yours=my_opt:Unreadable")
+    assert not verdict.passed
+    assert verdict.why.endswith("its betas could not be read from its param_groups or "
+                                "constructor, so torch's defaults stood in")
 
 
 def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):

@@ -21,7 +21,14 @@ import math
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.experiments.training_step import cross_entropy, make_batch, make_model, make_optimizer
+from cs336sys.experiments.training_step import (
+    LR,
+    WEIGHT_DECAY,
+    cross_entropy,
+    make_batch,
+    make_model,
+    make_optimizer,
+)
 from cs336sys.measure.check import Verdict
 from cs336sys.sweep.declaration import metric_table
 from cs336sys.sweep.result import Result
@@ -58,16 +65,37 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
         return Verdict(False, {**metrics, "check": "fail"},
                        f"wrong: the loss of {config.model} is {loss}")
     ours = make_model(dataclasses.replace(small, model=None, attention="naive"), device, seed)
-    try:
-        ours.load_state_dict(theirs.state_dict(), strict=True)
-    except (RuntimeError, ValueError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    why = _loaded(ours, theirs)
+    if why is not None:
         detail = (f"architecture differs from cs336sys's TransformerLM ({why[:200]}): only "
                   f"a finite loss is checked")
         return Verdict(True, {**metrics, "check": "pass", "check_detail": detail})
     with torch.no_grad():
         reference = float(cross_entropy(ours(x), y))
     return _same_loss(loss, reference, "the same weights in cs336sys's TransformerLM")
+
+
+def _loaded(ours: Any, theirs: Any) -> str | None:
+    """Load the user's weights into ours; None when every parameter found its place, else
+    why not, in one line. Buffers are no weights: a RoPE table registered persistent (the
+    default of register_buffer) is in their state_dict and not ours, and cost the model its
+    loss comparison."""
+    state = theirs.state_dict()
+    ours_keys = set(ours.state_dict())
+    buffers = {name for name, _ in theirs.named_buffers()}
+    ours_buffers = {name for name, _ in ours.named_buffers()}
+    try:
+        found = ours.load_state_dict(
+            {k: v for k, v in state.items() if k in ours_keys or k not in buffers}, strict=False)
+    except (RuntimeError, ValueError) as exc:  # a shape that differs: torch says which
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return (lines[1] if len(lines) > 1 else lines[0]) if lines else type(exc).__name__
+    missing = [k for k in found.missing_keys if k not in ours_buffers]
+    if missing or found.unexpected_keys:
+        return "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+                         for what, keys in (("theirs lacks", missing),
+                                            ("ours lacks", found.unexpected_keys)) if keys)
+    return None
 
 
 # What before_timing's checks store, declared once for every experiment that runs them.
@@ -99,11 +127,9 @@ def optimizer_check(name: str) -> Verdict:
              for _ in range(OPTIMIZER_STEPS)]
     theirs = torch.nn.Parameter(start.clone())
     optimizer = make_optimizer(name, [theirs])
-    group = optimizer.param_groups[0]
+    hyper, unread = their_hyperparameters(optimizer)
     reference = torch.nn.Parameter(start.clone())
-    torch_adamw = torch.optim.AdamW(
-        [reference], lr=group.get("lr", 1e-4), betas=group.get("betas", (0.9, 0.999)),
-        eps=group.get("eps", 1e-8), weight_decay=group.get("weight_decay", 0.01))
+    torch_adamw = torch.optim.AdamW([reference], **hyper)
     for grad in grads:
         for p, opt in ((theirs, optimizer), (reference, torch_adamw)):
             p.grad = grad.clone()
@@ -114,9 +140,48 @@ def optimizer_check(name: str) -> Verdict:
     metrics = {"check_optimizer_err": err, "check": "pass" if passed else "fail"}
     if passed:
         return Verdict(True, metrics)
+    said = ", ".join(f"{k} {v}" for k, v in hyper.items())
     return Verdict(False, metrics, f"wrong: {name} moves the parameters {err:.3g} of the largest "
                    f"move away from torch.optim.AdamW's after {OPTIMIZER_STEPS} steps with its "
-                   f"own hyperparameters (at most {OPTIMIZER_RTOL:g})")
+                   f"hyperparameters ({said}; at most {OPTIMIZER_RTOL:g})"
+                   + (f"; its {' and '.join(unread)} could not be read from its param_groups "
+                      f"or constructor, so torch's defaults stood in" if unread else ""))
+
+
+# Where an AdamW keeps its hyperparameters, as students name them: torch's `betas` tuple or
+# two numbers (assignment 1 names them beta1 and beta2).
+_BETAS = (("betas",), ("beta1", "beta2"), ("b1", "b2"), ("beta_1", "beta_2"))
+_EPS = ("eps", "epsilon")
+# Where none is found: what make_optimizer built it with, else torch's defaults.
+_STAND_INS = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": WEIGHT_DECAY}
+
+
+def their_hyperparameters(optimizer: Any) -> tuple[dict[str, Any], list[str]]:
+    """The user's AdamW's lr, betas, eps and weight decay as torch.optim.AdamW takes them,
+    read from its first param group, else from its constructor's defaults; and the names of
+    those found in neither (torch's default stands in)."""
+    import inspect
+
+    group = optimizer.param_groups[0]
+    try:
+        defaults = {k: p.default for k, p in inspect.signature(type(optimizer)).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+    except (TypeError, ValueError):
+        defaults = {}
+
+    def read(*names: str) -> Any:
+        for where in (group, defaults):
+            if all(n in where for n in names):
+                values = tuple(where[n] for n in names)
+                return values if len(values) > 1 else values[0]
+        return None
+
+    found = {"lr": read("lr"), "betas": next((b for b in map(lambda n: read(*n), _BETAS)
+                                             if b is not None), None),
+             "eps": next((e for e in map(read, _EPS) if e is not None), None),
+             "weight_decay": read("weight_decay")}
+    unread = [k for k, v in found.items() if v is None]
+    return {k: _STAND_INS[k] if v is None else v for k, v in found.items()}, unread
 
 
 def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
