@@ -341,6 +341,41 @@ def test_checkpointed_blocks_give_the_same_loss_and_gradients():
     assert blocks_of(reference, 2, "probes") is reference.probes
 
 
+def test_blocks_whose_forward_is_never_called_are_refused_even_one_by_one():
+    """A model that calls its blocks' parts itself (`l["ffn"](h)` on a ModuleDict) never runs a
+    block's forward, which is what is wrapped: every:1 measured nothing checkpointed, stored
+    ok at 1.00x. It is refused, saying why, for every policy."""
+    from torch import nn
+
+    from cs336sys.models.checkpointing import NotChained, checkpoint_blocks
+
+    class Parts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 4), nn.Linear(4, 10)
+            self.layers = nn.ModuleList(nn.ModuleDict({"ffn": nn.Linear(4, 4)}) for _ in range(2))
+
+        def forward(self, x):
+            h = self.emb(x)
+            for layer in self.layers:
+                h = h + layer["ffn"](h)
+            return self.head(h)
+
+    for groups in ([1, 1], [2]):
+        with pytest.raises(NotChained, match=r"called its 2 blocks' forward 0 times, not once "
+                                             r"each \(it calls their parts itself\?\)"):
+            checkpoint_blocks(Parts(), 2, groups)
+
+    class Chained(nn.Module):  # blocks in an nn.Sequential: taken when named, and said so
+        def __init__(self):
+            super().__init__()
+            self.stack = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+
+    with pytest.raises(ValueError, match=r"found 0 such lists; an nn.Sequential of 2 \(stack\) "
+                                         r"is taken when named: --blocks stack"):
+        checkpoint_blocks(Chained(), 2, [1, 1])
+
+
 def test_found_blocks_are_the_units_that_compile_and_torch_fsdp_take():
     """found_blocks: what --checkpoint finds (or --blocks names), as a list; none where no
     list of blocks exists, so that compile takes the whole model and torch-fsdp makes the

@@ -213,9 +213,10 @@ def check_blocks(config: ModelConfig) -> None:
         blocks = blocks_of(users, config.num_layers, config.blocks)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
-    if max(checkpoint_groups(config.checkpoint, config.num_layers) or [1]) > 1:
+    groups = checkpoint_groups(config.checkpoint, config.num_layers)
+    if groups:  # (--blocks alone wraps nothing)
         try:
-            check_chained(users, blocks)
+            check_chained(users, blocks, grouped=max(groups) > 1)
         except NotChained as exc:
             raise SpecError(str(exc)) from None
         except Exception:  # not runnable on the meta device: the run checks it again

@@ -44,6 +44,11 @@ def blocks_of(model: nn.Module, num_layers: int, where: str | None = None) -> nn
     if len(lists) == 1:
         return lists[0][1]
     named = f" ({', '.join(path for path, _ in lists)}): name one with --blocks" if lists else ""
+    sequential = [path for path, m in model.named_modules()
+                  if isinstance(m, nn.Sequential) and len(m) == num_layers and path]
+    if not lists and sequential:  # taken when named, never guessed
+        named = (f"; an nn.Sequential of {num_layers} ({', '.join(sequential)}) is taken when "
+                 f"named: --blocks {sequential[0]}")
     raise ValueError(
         f"--checkpoint on {name}: checkpointing needs its {num_layers} blocks in one "
         "nn.ModuleList that its forward calls one after another (the course's `self.layers`); "
@@ -65,8 +70,7 @@ def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
     sizes (summing to num_layers), in place; returns the model. ValueError when a group of
     several blocks would change what the model computes (check_chained)."""
     blocks = blocks_of(model, num_layers, where)
-    if max(groups) > 1:
-        check_chained(model, blocks)
+    check_chained(model, blocks, grouped=max(groups) > 1)
     start = 0
     for size in groups:
         group = list(blocks)[start:start + size]
@@ -78,11 +82,13 @@ def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
 
 
 class NotChained(ValueError):
-    """A model whose blocks cannot be checkpointed in groups of several."""
+    """A model whose blocks cannot be checkpointed in groups of several, or at all."""
 
 
-def check_chained(model: nn.Module, blocks: nn.Module) -> None:
-    """NotChained unless the model's forward hands each block's output, unchanged, to the
+def check_chained(model: nn.Module, blocks: nn.Module, grouped: bool = True) -> None:
+    """NotChained unless the model's forward calls each block once (a block's forward is what
+    is wrapped: a model that calls its blocks' parts itself, `l["attn"](x)`, would run with
+    nothing checkpointed) and, where `grouped`, hands each block's output, unchanged, to the
     next block: what running a group of blocks as one function needs. A model that adds the
     residual between blocks (`h = h + block(h)`) can only be checkpointed block by block.
 
@@ -107,7 +113,13 @@ def check_chained(model: nn.Module, blocks: nn.Module) -> None:
         model.train(was_training)
         for hook in hooks:
             hook.remove()
-    if not all(handed_on) or len(last) != len(blocks):
+    if len(last) != len(blocks):
+        raise NotChained(
+            f"--checkpoint on {type(model).__name__}: its forward called its {len(blocks)} "
+            f"blocks' forward {len(last)} times, not once each (it calls their parts itself?), "
+            "so checkpointing a block's forward would leave its activations as they are; have "
+            "the forward call each block")
+    if grouped and not all(handed_on):
         raise NotChained(
             f"--checkpoint on {type(model).__name__}: its forward does not hand each block's "
             "output straight to the next block (it changes it in between, as a residual added "
