@@ -560,3 +560,21 @@ def test_the_header_says_which_invocations_stopped_before_their_end():
         "measures the rest")
     assert dict(provenance([inv("b", 130)], {}))[STOPPED_EARLY].startswith(
         "1 invocation stopped by Ctrl-C or SIGTERM: its sweep may lack points")
+
+
+def test_a_point_sigterm_stopped_hides_no_measurement_of_it():
+    """A re-run stopped by SIGTERM stores its interrupted point as `error` ("terminated by
+    signal 15"): it replaced the ok row of the same point in reports and the writeup. It
+    shows only where nothing else of the point is stored; a real error still replaces."""
+    from cs336sys.report.sections import latest
+
+    def row(status, error=None):
+        return {"gpu": "cpu", "status": status, "error": error, "_settings": {"seq": 8}}
+
+    ok, term = row("ok"), row("error", "terminated by signal 15 (SIGTERM)")
+    (shown,) = latest([ok, term])
+    assert shown is ok and shown["_n"] == 2 and shown["_earlier"] == [term]
+    assert latest([term, ok]) == [ok]
+    assert latest([term]) == [term]
+    broken = row("error", "RuntimeError: boom")
+    assert latest([ok, broken]) == [broken]

@@ -26,6 +26,7 @@ from cs336sys.cli.common import (
     wrote,
 )
 from cs336sys.cli.options import Adapters, Replace, list_option, option
+from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
 from cs336sys.measure.environ import environ
 from cs336sys.sweep import stopping
 
@@ -36,9 +37,6 @@ Year = option("The handout release: 2026 or 2025 (or set CS336SYS_HANDOUT).", st
 Names = Annotated[list[str] | None, typer.Argument(
     help="Problems, as the handout names them (benchmarking_script, flash_benchmarking, ...).",
     show_default=False, metavar="[PROBLEM]...")]
-GPU_NOTE = "sized as the handout says (a GPU)"
-CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences and fewer timed steps than "
-            "the handout's 5 warm-up and 10 timed (its sizes need a GPU)")
 
 
 def _on_gpu() -> bool:

@@ -31,6 +31,13 @@ _EXPERIMENT_OF = {
 }
 
 
+# How a problem's commands are sized, on a GPU and on a CPU: said by `handout`, `handout run`
+# and, for runs measured on a CPU, by the writeup.
+GPU_NOTE = "sized as the handout says (a GPU)"
+CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences and fewer timed steps than "
+            "the handout's 5 warm-up and 10 timed (its sizes need a GPU)")
+
+
 @dataclass(frozen=True)
 class Run:
     """One cs336sys command that answers a problem (or one of its parts): its arguments on a
@@ -43,6 +50,7 @@ class Run:
     yours_cpu: str | None = None
     part: str = ""  # which part of the problem, "(b)"
     yours_only: bool = False  # a run of the user's code alone (`gpu` names its experiment)
+    cpu_note: str = ""  # what its CPU command measures in place of what the handout asks
 
     def args(self, on_gpu: bool, yours: bool = False) -> list[str] | None:
         """The arguments after `cs336sys`, for a GPU or a CPU (None where it cannot run, or

@@ -15,8 +15,8 @@ from typing import Any
 
 from cs336sys.handout import problems as every_problem
 from cs336sys.handout.pivot import tables
-from cs336sys.handout.problem import COMPUTE, IMPLEMENT, WRITTEN, Problem
-from cs336sys.handout.status import Status, in_words, unlabelled
+from cs336sys.handout.problem import COMPUTE, CPU_NOTE, IMPLEMENT, MEASURE, WRITTEN, Problem
+from cs336sys.handout.status import Status, in_words, unlabelled, yours
 from cs336sys.models.config import HANDOUTS
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
@@ -65,9 +65,10 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     return "Method: " + "; ".join(p for p in parts if p) + "."
 
 
-# A check's figure, by experiment: how far the user's code is from the reference.
-_FIGURES = (("max_err", "max err"), ("check_worst", "worst parameter"),
-            ("check_optimizer_err", "AdamW move"))
+# A check's figures: how far the user's code is from the reference (an attention point's
+# output and, where it ran the backward, its gradients, which the course's backward tests check).
+_FIGURES = (("max_err", "max err"), ("max_err_grad", "max grad err"),
+            ("check_worst", "worst parameter"), ("check_optimizer_err", "AdamW move"))
 
 
 def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
@@ -78,8 +79,8 @@ def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
         # the user's code (`code` names its files), not ours beside it: ours is checked too
         pts = [r for r in latest(kind_rows) if r.get("check") is not None and r.get("code")]
         for r, label in zip(pts, point_labels(pts) if pts else [], strict=True):
-            figure = next((f"{name} {r[key]:.2g}" for key, name in _FIGURES
-                           if isinstance(r.get(key), (int, float))), "")
+            figure = ", ".join(f"{name} {r[key]:.2g}" for key, name in _FIGURES
+                               if isinstance(r.get(key), (int, float)))
             what = r.get("check_detail") or (
                 f"every element within {r['check_atol']:g} + {r['check_rtol']:g}·|ref| of a "
                 "float64 reference" if r.get("check_rtol") is not None else "")
@@ -115,13 +116,22 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             sec.notes.append(f"{left}: " + "; ".join(f"`{c}`" for c in commands) + ".")
         return sec
     sec.notes.append(method(invs, rows))
-    left = Status(problem, stored=[(kind, r["_settings"]) for kind, kind_rows in rows.items()
-                                   for r in kind_rows]).left()
+    stored = [(kind, r["_settings"]) for kind, kind_rows in rows.items() for r in kind_rows]
+    on_cpu = problem.kind == MEASURE and all(
+        r.get("gpu") == "cpu" for kind_rows in rows.values() for r in kind_rows)
+    if on_cpu:  # the handout's figures are owed: said where they would be read
+        sec.notes.append("; ".join(
+            ["Measured on a CPU at cut-down sizes (the head of this writeup says which): the "
+             "handout's figures still need a GPU"]
+            + [f"{run.part} {run.cpu_note}".strip() for run in problem.runs if run.cpu_note])
+            + ".")
+    left = Status(problem, stored=stored).left()
     if left and problem.kind != IMPLEMENT:
         again = f"--year {year} " if year and year != HANDOUTS[0] else ""
+        theirs = " --yours" if any(yours(s) for _, s in stored) else ""
         verb = ("computed", "computes") if problem.kind == COMPUTE else ("measured", "measures")
         sec.notes.append(f"Not yet {verb[0]}: {', '.join(left)} (`cs336sys handout run {again}"
-                         f"{problem.name}` {verb[1]} what is missing).")
+                         f"{problem.name}{theirs}` {verb[1]} what is missing).")
     if problem.kind == IMPLEMENT and (verdicts := checks(rows)) is not None:
         sec.tables.append(verdicts)
     by_kind = {e.kind: e for e in catalog}
@@ -157,6 +167,9 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
         # runs labelled for a problem this writeup leaves out count for that problem
         others = in_words(unlabelled(conn, list(every_problem(year))))
         facts = [(k, v) for k, v in provenance(every_inv, every_row) if v]
+        if every_inv and all(i.get("gpu") == "cpu" for i in every_inv):
+            facts.append(("Sizes", f"{CPU_NOTE}; these figures fill the tables and answer "
+                                   "nothing the handout asks about a GPU"))
         if others:  # measured by hand: the student's to label, before handing the writeup in
             facts.append(("Not counted", f"{others} without a problem's label (a run counts "
                                          f"for a problem under --label PROBLEM)"))

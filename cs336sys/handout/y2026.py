@@ -54,6 +54,11 @@ def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str) ->
                   across="warmup", where={"mode": mode}))
 
 
+# flash_benchmarking on a CPU: Triton runs there only in its interpreter, far too slow to time.
+FLASH_ON_CPU = ("the PyTorch FlashAttention-2 (flash-torch; yours-torch under --yours) stands "
+                "in for the Triton kernel the problem times, whose timings need a GPU")
+
+
 def theirs(line: str) -> str:
     """`line` measuring the user's assignment-1 model: `--model cs336_basics` after the
     command's name (`model`, `memory`, `memory residuals`, `profile model`, `ddp`)."""
@@ -259,7 +264,7 @@ PROBLEMS = (
                   yours="attention --preset flash-benchmarking --attention naive,yours-triton "
                   "--timer do-bench",
                   yours_cpu=f"attention --preset flash-benchmarking --attention naive,yours-torch "
-                  f"--precision fp32 {ATTENTION_CPU}"),),
+                  f"--precision fp32 {ATTENTION_CPU}", cpu_note=FLASH_ON_CPU),),
         tables=(Pivot("Latency by implementation (ms, mean ± std)", "attention",
                       ("precision", "d_head", "seq"), (FWD, BWD, E2E), across="impl"),),
     ),

@@ -18,6 +18,7 @@ from typing import Any
 
 from cs336sys.measure.sampling import drifted
 from cs336sys.report.plots import Bars, Plot, Ranked, Series, Strips
+from cs336sys.sweep.stopping import TERMINATED
 
 Row = dict[str, Any]
 # Settings that say how a point was measured, not which point it is. The warm-up is not one
@@ -135,18 +136,25 @@ def skey(row: Row, drop: Iterable[str] = ()) -> str:
 
 def latest(rows: list[Row]) -> list[Row]:
     """The last row per (GPU, settings), in first-seen order, with `_n` = rows of that point
-    and `_earlier` = its older rows, oldest first (what a newer run leaves out, such as a
-    memory timeline that only a --snapshot run drew)."""
+    and `_earlier` = its other rows, oldest first (what a newer run leaves out, such as a
+    memory timeline that only a --snapshot run drew). A point SIGTERM stopped measured
+    nothing: it hides no earlier row of the point."""
     out: dict[tuple, Row] = {}
     every: dict[tuple, list[Row]] = {}
     for r in rows:  # oldest first, so the last one wins
         k = (r.get("gpu"), skey(r))
         every.setdefault(k, []).append(r)
-        out[k] = r
+        if k not in out or not stopped(r):
+            out[k] = r
     for k, r in out.items():
         r["_n"] = len(every[k])
-        r["_earlier"] = every[k][:-1]
+        r["_earlier"] = [e for e in every[k] if e is not r]
     return list(out.values())
+
+
+def stopped(row: Row) -> bool:
+    """Whether the row is a point SIGTERM stopped before it was measured."""
+    return row.get("status") == "error" and str(row.get("error") or "").startswith(TERMINATED)
 
 
 def num(x: Any, digits: int = 3) -> str:

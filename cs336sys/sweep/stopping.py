@@ -56,10 +56,14 @@ _told: list[bool] = []  # whether the user was told what the stop left (told())
 _stored: list[str] = []  # what the command stored, where no recording says it (stored())
 
 
+# How a point SIGTERM stopped reads in the store (its `error`): no measurement of the point.
+TERMINATED = "terminated by signal"
+
+
 def _raise(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+    raise Terminated(f"{TERMINATED} {signum} (SIGTERM)")
 
 
 # The packages whose imports run Python called from C++: a signal there is remembered only.
