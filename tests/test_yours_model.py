@@ -165,6 +165,11 @@ def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_pat
         (["--model", "cs336_basics", "--attention", "sdpa"], "brings its own attention"),
         (["--model", "nowhere.at_all:LM"], "No module named 'nowhere'"),
         (["--model", "just_a_name"], "give cs336_basics or package.module:Class"),
+        # a constructor of other keywords: refused at once, not an error stored at each point
+        (["--model", "cs336_basics.model:Linear"],
+         "is built with the course's keywords (vocab_size, context_length, d_model, num_layers, "
+         "num_heads, d_ff, rope_theta), and its constructor says: missing a required argument: "
+         "'d_in'; a subclass"),
     ],
 )
 def test_a_model_that_cannot_run_is_refused_before_anything_is_written(tmp_path, monkeypatch, args, why):
@@ -465,6 +470,22 @@ def test_a_persistent_rope_table_keeps_the_loss_comparison():
     assert _loaded(Ours(), Theirs(extra=True)) == "ours lacks: gain"
     assert _loaded(Ours(extra=True), Theirs()) == "theirs lacks: gain"
     assert _loaded(Ours(), Theirs(out=3)).startswith("size mismatch for lin.weight")
+
+
+def test_a_forward_that_returns_no_logits_tensor_is_told_what_is_needed():
+    """A model returning (logits, loss) was stored as "AttributeError: 'tuple' object has no
+    attribute 'flatten'", cs336sys's line, with nothing to change named."""
+    from cs336sys.experiments.training_step import cross_entropy
+
+    logits, y = torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long)
+    assert float(cross_entropy(logits, y)) == pytest.approx(math.log(5))
+    with pytest.raises(TypeError, match=r"^the model's forward returned a tuple of 2, not the "
+                                        r"logits: cs336sys needs forward\(x\) to return the "
+                                        r"logits \(batch, seq, vocab\) alone$"):
+        cross_entropy((logits, None), y)
+    with pytest.raises(ValueError, match=r"returned a tensor of shape \(6, 5\); cs336sys needs "
+                                         r"the logits \(batch, seq, vocab\) for tokens \(2, 3\)"):
+        cross_entropy(logits.flatten(0, 1), y)
 
 
 class Beta1Beta2AdamW(torch.optim.Optimizer):

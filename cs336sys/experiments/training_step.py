@@ -50,9 +50,21 @@ PHASES = {"fwd": "forward", "bwd": "backward", "comm": "comm", "opt": "optimizer
 
 
 def cross_entropy(logits: Any, targets: Any) -> Any:
-    """The loss of every step: float32 logits (B, T, V) against targets (B, T), mean."""
+    """The loss of every step: float32 logits (B, T, V) against targets (B, T), mean. A
+    model that returns something else (a tuple of logits and a loss, as Hugging Face's do)
+    is told what is needed, not met with a tensor method missing."""
+    import torch
     import torch.nn.functional as F
 
+    if not isinstance(logits, torch.Tensor):
+        what = (f"a {type(logits).__name__} of {len(logits)}"
+                if isinstance(logits, (tuple, list, dict)) else f"a {type(logits).__name__}")
+        raise TypeError(f"the model's forward returned {what}, not the logits: cs336sys needs "
+                        f"forward(x) to return the logits (batch, seq, vocab) alone")
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(targets.shape):
+        raise ValueError(f"the model's forward returned a tensor of shape {tuple(logits.shape)}; "
+                         f"cs336sys needs the logits (batch, seq, vocab) for tokens "
+                         f"{tuple(targets.shape)}")
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 

@@ -126,6 +126,17 @@ def model_class(source: str) -> Any:
     cls = load_target(where)
     if not callable(cls):
         raise UserCodeError(f"--model {source}: {where} is not a class")
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to read: its build says what is wrong
+        return cls
+    try:
+        signature.bind(**dict.fromkeys(MODEL_ARGUMENTS))
+    except TypeError as exc:  # refused before any point, not an error stored at each
+        raise UserCodeError(
+            f"--model {source}: {where} is built with the course's keywords "
+            f"({', '.join(MODEL_ARGUMENTS)}), and its constructor says: {exc}; a subclass "
+            "whose __init__ takes them and hands them to yours under its names measures it") from None
     return cls
 
 
