@@ -340,6 +340,8 @@ def test_measured_without_rows_says_what_to_run(db_path):
     _store(db_path.with_name("b.db"), model=MODEL[:2], comm=COMM[3:4])
     r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path.with_name("b.db"))
     assert r.exit_code == 2 and "cs336sys comm" in r.stderr
+    # the GPUs named are those with the comm rows it lacks, not itself (it has model rows)
+    assert f"(it has rows of: {H100}; --gpu picks one)" in r.stderr
     assert _plans(db_path) == []
 
 
@@ -356,6 +358,12 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--n", 0], "positive"),
     (["--d-model", 0], "positive"),
     (["--size", "huge"], "--size: unknown size"),
+    # an option that shapes another, given without it, was ignored (80 GiB judged the fit)
+    (["--memory-gib", 10], "--memory-gib is the memory of a device given by hand"),
+    (["--gpu", "cpu"], "--gpu picks the stored GPU whose runs --measured reads"),
+    (["--strategy", "dp", "--split", "2x2"], "--split is a setting of fsdp-tp, which --strategy "
+                                             "dp leaves out"),
+    (["--strategy", "tp", "--mesh-axes", "2,1"], "--mesh-axes is a setting of fsdp-tp"),
 ])
 def test_bad_input_exits_2_with_one_line(db_path, args, says):
     r = invoke("plan", *args, "--db", db_path)

@@ -97,6 +97,13 @@ def plan(
     """
     from cs336sys.experiments import plan as exp
 
+    # options that only shape another one: given without it, they would be ignored
+    if memory_gib != 80.0 and flops is None and bandwidth is None:
+        fail("--memory-gib is the memory of a device given by hand: give it with --flops and "
+             "--bandwidth (a preset's and a measured GPU's memory are their own)")
+    if gpu is not None and not measured:
+        fail("--gpu picks the stored GPU whose runs --measured reads: give --measured")
+
     def specs(**options: Any) -> list:
         return exp.specs(hardware=_boxes(db, hardware, flops, bandwidth, memory_gib, measured,
                                          gpu), **options)

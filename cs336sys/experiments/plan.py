@@ -140,6 +140,9 @@ def specs(
     except ValueError as exc:
         raise shape_error(exc) from None
     strategies = choices(strategy, STRATEGIES, "--strategy", default=list(STRATEGIES))
+    if "fsdp-tp" not in strategies and (split or mesh_axes):  # it would be ignored
+        raise SpecError(f"{'--split' if split else '--mesh-axes'} is a setting of fsdp-tp, "
+                        f"which --strategy {','.join(strategies)} leaves out")
     degrees = positive_ints(n, "--n", default=[1, 2, 4, 8])
     units = cfg.d_ff if blocks == "ffn2" else cfg.num_heads
     for d in degrees:  # a degree no strategy asked for can take is a typo

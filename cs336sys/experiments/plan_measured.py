@@ -68,12 +68,14 @@ def measured(conn: sqlite3.Connection, gpu: str, host_memory: int | None = None)
          ORDER BY op IN ('all-reduce', 'all-gather', 'reduce-scatter') DESC, busbw DESC,
                   r.created DESC LIMIT 1""", (gpu,))
     if not model or not comm:
-        stored = [r[0] for r in conn.execute(
-            "SELECT DISTINCT i.gpu FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-            "WHERE r.experiment IN ('model', 'comm') AND r.status = 'ok' ORDER BY 1")]
         first = ("cs336sys model --precision bf16" if not model else
                  "cs336sys comm --op all-reduce,all-gather,reduce-scatter")
         what = "model" if not model else "comm"
+        # the other GPUs that have what this one lacks (not this one: it has none)
+        stored = [r[0] for r in conn.execute(
+            "SELECT DISTINCT i.gpu FROM runs r JOIN invocations i ON i.id = r.invocation_id "
+            "WHERE r.experiment = ? AND r.status = 'ok' AND i.gpu IS NOT ? ORDER BY 1",
+            (what, gpu))]
         others = (
             f" (it has rows of: {', '.join(map(str, stored))}; --gpu picks one)" if stored else ""
         )
