@@ -189,6 +189,11 @@ BAD = [
     (["--iters", "0"], "--iters must be positive"),
     (["--seq", "-4"], "must be positive"),
     (["--heads", "0"], "--heads must be positive"),
+    # a setting of an implementation the list leaves out would be ignored
+    (["--impl", "naive", "--sdpa-backend", "cudnn"],
+     "--sdpa-backend is a setting of sdpa, which --attention naive leaves out"),
+    (["--impl", "naive,sdpa", "--triton-opt-in", "tma"],
+     "--triton-opt-in is a setting of triton, which --attention naive,sdpa leaves out"),
 ]
 
 

@@ -238,6 +238,8 @@ BAD_INPUTS = [
     (["--seq", "65537"], "--seq 65537 is above the model's maximum context length 65536"),
     (["--batch", "-2"], "must be positive"),
     (["--device", "tpu"], "unknown device"),
+    (["--mode", "forward,forward-backward", "--optimizer", "torch-adamw"],
+     "--optimizer is the training step's, which --mode forward,forward-backward leaves out"),
 ]
 
 

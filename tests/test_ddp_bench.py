@@ -101,6 +101,8 @@ def test_same_seed_same_first_loss_for_every_variant(swept):
         (["--bucket-mb", "0"], "--bucket-mb must be a positive number of MB, got 0"),
         (["--bucket-mb", "nan"], "--bucket-mb must be a positive number of MB, got nan"),
         (["--bucket-mb", "inf"], "--bucket-mb must be a positive number of MB, got inf"),
+        (["--impl", "naive,flat", "--bucket-mb", "5"],
+         "--bucket-mb is a setting of the bucketed DDPs, which --impl naive,flat leaves out"),
         (["--bucket-mb", "big"], "not a number"),
         (["--size", "huge"], "--size"),
         (["--precision", "fp8"], "--precision"),

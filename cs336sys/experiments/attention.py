@@ -202,6 +202,10 @@ def specs(
         raise SpecError("--timer do-bench needs CUDA (triton.testing.do_bench times with CUDA events)")
     if sdpa_backend not in SDPA_BACKENDS:
         raise points.unknown("--sdpa-backend", sdpa_backend, SDPA_BACKENDS)
+    for given, only in ((sdpa_backend != "auto", "sdpa"), (triton_opt_in is not None, "triton")):
+        if given and only not in impls:  # it would be ignored
+            raise SpecError(f"--{'sdpa-backend' if only == 'sdpa' else 'triton-opt-in'} is a "
+                            f"setting of {only}, which --attention {','.join(impls)} leaves out")
     if any(i in FLASH_IMPLS for i in impls):
         lo, hi = FLASH_D_RANGE
         for d in d_heads:

@@ -156,6 +156,9 @@ def specs(
     shardings = ["none", *sharded_by, *["zero"] * zero]
     adamw = optimizer_option(optimizer)
     adamw = None if adamw == "adamw" else adamw
+    if bucket_mb is not None and not {"bucketed", "yours-bucketed"} & set(impls):
+        raise SpecError(f"--bucket-mb is a setting of the bucketed DDPs, which --impl "
+                        f"{','.join(impls)} leaves out")
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:

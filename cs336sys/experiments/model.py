@@ -140,6 +140,9 @@ def specs(
     precisions = choices(precision, PRECISIONS, "--precision", default=["fp32"])
     optimizers = named_impls(listed(optimizer, "--optimizer", ["adamw"]), "adamw", "--optimizer",
                              list(OPTIMIZERS))
+    if optimizer is not None and "train" not in modes:  # it would be ignored
+        raise SpecError(f"--optimizer is the training step's, which --mode {','.join(modes)} "
+                        f"leaves out")
     batches = positive_ints(batch, "--batch", default=[4])
     for warmup in warmup_counts:
         counts(warmup, iters)
