@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,12 +16,6 @@ from cs336sys.experiments import model
 from tests.conftest import invoke, query
 from tests.promises import READ_ONLY
 from tests.report_fixture import build
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, deadline: float) -> object:
@@ -42,12 +35,17 @@ def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path
     db = build(tmp_path / "results.db")
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     files = sorted(p.name for p in tmp_path.iterdir())
-    port = _free_port()
+    # --port 0: any free port, the one printed (it printed :0, which served nothing)
     proc = subprocess.Popen([sys.executable, "-m", "cs336sys", "browse", "--db", str(db),
-                             "--port", str(port)], stdout=subprocess.PIPE,
+                             "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        base, deadline = f"http://127.0.0.1:{port}/results", time.monotonic() + 60
+        said = proc.stderr.readline()
+        assert said.startswith(f"serving {db} at http://127.0.0.1:"), said
+        base = said.split(" at ")[1].split()[0]
+        port = int(base.split(":")[2].split("/")[0])
+        assert port > 0 and base == f"http://127.0.0.1:{port}/results"
+        deadline = time.monotonic() + 60
         rows = _get(f"{base}/model_runs.json?_shape=array&_size=max", deadline)
         assert len(rows) == len(query(db, "SELECT * FROM model_runs"))
         assert {r["run_id"] for r in rows} == {r["run_id"] for r in query(
