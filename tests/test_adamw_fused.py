@@ -236,8 +236,12 @@ def test_the_optimizer_option_builds_each_version_and_refuses_triton_without_its
         monkeypatch.delenv("TRITON_INTERPRET")
         with pytest.raises(SpecError, match="--optimizer adamw-triton needs CUDA"):
             model.specs(optimizer=["adamw,adamw-triton"], device="cpu")
-        # forward-only points have no optimizer, so nothing to refuse
-        assert model.specs(optimizer=["adamw-triton"], mode=["forward"], device="cpu")
+        # beside a train mode: the train points need Triton
+        with pytest.raises(SpecError, match="--optimizer adamw-triton needs CUDA"):
+            model.specs(optimizer=["adamw-triton"], mode=["forward", "train"], device="cpu")
+        # forward alone has no optimizer step: the option would be ignored, so it is refused
+        with pytest.raises(SpecError, match="--optimizer is the training step's"):
+            model.specs(optimizer=["adamw-triton"], mode=["forward"], device="cpu")
     with pytest.raises(SpecError, match="--optimizer"):
         model.specs(optimizer=["adamw-fast"], device="cpu")
 

@@ -23,7 +23,7 @@ from cs336sys.experiments import catalog as kinds
 from cs336sys.measure.landing import held
 from cs336sys.measure.units import format_duration
 from cs336sys.sweep import stopping
-from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import SpecError, point_key
 from cs336sys.sweep.points import choices as checked
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
@@ -329,7 +329,6 @@ def _not_stored(experiment: Any, points: list, db: Path, device: str,
     run counts and estimates those, not every point)."""
     from cs336sys.measure.provenance import collect
     from cs336sys.store.db import StoreError, connect_readonly, done_points
-    from cs336sys.sweep.points import point_key
 
     if not db.exists():
         return points

@@ -26,7 +26,6 @@ from cs336sys.cli.common import (
     wrote,
 )
 from cs336sys.cli.options import Adapters, Replace, list_option, option
-from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
 from cs336sys.measure.environ import environ
 from cs336sys.sweep import stopping
 
@@ -123,7 +122,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
     if ctx.invoked_subcommand is not None:
         return
     from cs336sys.handout import problems
-    from cs336sys.handout.problem import IMPLEMENT
+    from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE, IMPLEMENT
     from cs336sys.handout.status import in_words
     from cs336sys.models.config import handout as release
 
@@ -216,6 +215,8 @@ def run(
             fail(f"nothing was run: {short[0]}{more}")
     for line in short:  # what this host leaves owed, before anything is measured
         say(f"Left for a host with more GPUs: {line}.", then="  ")
+    from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
+
     say(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
     worst, before, at = 0, stored_here(), todo[0][0].name
 

@@ -15,7 +15,7 @@ from typing import Any
 from cs336sys.cli.common import fail
 from cs336sys.report.render import PNG_SIGNATURE, SOFTWARE_TEXT, files
 from cs336sys.report.typeset import MARK
-from cs336sys.store.db import SQLITE_HEADER
+from cs336sys.store.guard import SIDE_FILES, SQLITE_HEADER
 
 # How a file cs336sys wrote starts (its first bytes), or a mark within its first HEAD bytes.
 HEAD = 64 * 1024
@@ -28,8 +28,6 @@ LATEX_MARK, TYPST_MARK = MARK["tex"].encode(), MARK["typ"].encode()
 _OLD_HTML, _OLD_MARKDOWN = b"body { font: 14px/1.45 system-ui", b"- **GPUs:** "
 CHROME_TRACE = b'"schemaVersion"'  # torch.profiler's export_chrome_trace, near the top
 TIMELINE_PNG = SOFTWARE_TEXT  # measure/timeline.py's PNGs and the reports' carry it
-
-_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 def ours(head: bytes, kind: str) -> bool:
@@ -64,7 +62,7 @@ def foreign(path: Path, kind: str) -> str | None:
         return None
     if head.startswith(SQLITE_HEADER):
         return "a SQLite database"
-    side = next((end for end in _SIDE_FILES if path.name.endswith(end)), None)
+    side = next((end for end in SIDE_FILES if path.name.endswith(end)), None)
     if side is not None:
         return f"a SQLite database's {side[1:]} file"
     return "a file cs336sys did not write"

@@ -1,0 +1,218 @@
+"""What may be opened as a results store, checked before anything is written or created:
+a path that is no store (a folder, a device, someone's own SQLite, a damaged or newer one,
+one this user may not write) is refused untouched, and a store is read without leaving a
+trace beside it (docs/store.md, docs/bad-input.md)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from cs336sys.store import schema
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+# How long a writer waits for another process's write lock before giving up.
+BUSY_TIMEOUT_S = 60.0
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used; the message is meant for the user."""
+
+
+def _kind_of(path: Path) -> str:
+    """What a path that exists but is no regular file or directory is, in words."""
+    import stat
+
+    mode = path.stat().st_mode
+    for test, words in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+# The files SQLite keeps beside a database (https://sqlite.org/tempfiles.html): it opens them
+# by name, so one that is a directory, a FIFO or a link made it fail mid-command (a directory
+# as `-wal`: IsADirectoryError out of sql, report, db export, plan).
+SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _check_side_files(path: Path) -> None:
+    """Refuse a store whose side file exists and is not a regular file this process may read
+    and write (a symlink too: SQLite would write through it wherever it points)."""
+    import os
+
+    for end in SIDE_FILES:
+        side = path.with_name(path.name + end)
+        if not os.path.lexists(side):
+            continue
+        if side.is_symlink():
+            what = "a symbolic link"
+        elif side.is_dir():
+            what = "a directory"
+        elif not side.is_file():
+            what = _kind_of(side)
+        elif not os.access(side, os.R_OK | os.W_OK):
+            what = "a file this process may not read and write"
+        else:
+            continue
+        raise StoreError(f"{side} is {what}, not the regular file SQLite keeps beside {path.name}: "
+                         "move it away")
+
+
+def check_path(path: str | Path, writing: bool = False) -> Path:
+    """Refuse, before anything is written or created, a path that cannot be a results store:
+    a directory, a device, pipe or socket, a path under a file, a file that is not SQLite, and a
+    SQLite database that is not a results store (someone's own database, or a file that
+    claims a schema version whose tables it lacks: never written into, not even its journal
+    mode). A missing or empty file, or a SQLite database with nothing in it, is fine: it
+    becomes a store. `writing`: the caller will write, so a store of a newer schema than
+    this code's, or one whose pages are damaged (SQLite's quick_check), is refused too,
+    before the first write switches it to WAL."""
+    path = Path(path)
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a SQLite database")
+    _check_side_files(path)
+    if path.exists() and not path.is_file():  # stat follows a symlink to what it names
+        # /dev/null read as an empty store and took writes into nothing; a FIFO hung
+        raise StoreError(f"{path} is {_kind_of(path)}, not a file: a results store is a file")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise StoreError(f"{path}: {parent} is a file, not a directory")
+            break
+    if writing and path.exists() and not os.access(path, os.W_OK):
+        # SQLite would open it read-only, create its -wal and -shm beside it (which then
+        # stop every later reader), and fail at the first write with a traceback
+        raise StoreError(f"{path} is read-only for this user: nothing can be stored in it; "
+                         f"give another --db, or read it (report, sql) as it is")
+    if path.exists() and path.stat().st_size > 0:
+        with open(path, "rb") as f:
+            if f.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise StoreError(f"{path} is not a SQLite database")
+        try:
+            conn = open_untouched(path)
+            try:
+                problem = None if _no_tables(conn) else store_problem(conn)
+                if problem is None and schema.version(conn):  # tables or none, it claims some
+                    problem = (store_problem(conn) and
+                               f"claims cs336sys's schema version {schema.version(conn)} but "
+                               f"lacks its tables")
+                if writing and problem is None:
+                    problem = _unwritable(conn)
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        if problem:
+            raise StoreError(f"{path} {problem}; refusing to touch it")
+    return path
+
+
+def _no_tables(conn: sqlite3.Connection) -> bool:
+    """An empty database, or a store another process is creating right now: it switched the
+    new file to WAL, and its migration (one transaction) has not committed yet. Either way
+    it becomes a store, like an empty file; refusing it made one of two processes that open a
+    new store at once fail (a flaky test_store test)."""
+    return conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def store_problem(conn: sqlite3.Connection) -> str | None:
+    """Why the database behind `conn` is not a results store, or None when it is one: a
+    schema version and the tables and columns that version has."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if not {"meta", "invocations", "runs"} <= tables:
+        return "is a SQLite database but not a results store (it lacks cs336sys's tables)"
+    if schema.version(conn) == 0:  # the tables, and no version: `.dump` does not keep it
+        return ("has cs336sys's tables but no schema version (PRAGMA user_version is 0, as "
+                "after `sqlite3 old.db .dump | sqlite3 new.db`); copy a store with `sqlite3 "
+                "old.db '.backup new.db'` or `cs336sys db merge`, or set the version it was "
+                f"dumped at (`PRAGMA user_version = {schema.SCHEMA_VERSION}` for this "
+                "cs336sys's stores)")
+    lacks = schema.lacking(conn)
+    if lacks:
+        return f"is not the results store it claims to be: {lacks}"
+    return None
+
+
+def _unwritable(conn: sqlite3.Connection) -> str | None:
+    """Why a results store must not be written by this code: a newer schema (refused before
+    anything, where migrate would refuse it after the switch to WAL), or damaged pages.
+    quick_check reads every page once (https://sqlite.org/pragma.html#pragma_quick_check):
+    19 ms for a store of 10,000 runs (benchmarks/store_check.py)."""
+    found = schema.version(conn)
+    if found > schema.SCHEMA_VERSION:
+        return (f"has schema version {found}, newer than this cs336sys knows "
+                f"({schema.SCHEMA_VERSION}); upgrade cs336sys")
+    return damage(conn)
+
+
+def damage(conn: sqlite3.Connection) -> str | None:
+    """'is damaged (...)' with the first fault SQLite's quick_check finds, on one line; None
+    when the pages read back whole. A store whose pages were cut or overwritten still opens,
+    and copies, without complaint: it fails at the first query that reads a broken page."""
+    verdict = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+    if verdict == "ok":
+        return None
+    fault = [line for line in verdict.splitlines() if not line.startswith("***")]
+    return f"is damaged (SQLite's quick_check: {' '.join(fault) or verdict})"
+
+
+def open_untouched(path: str | Path) -> sqlite3.Connection:
+    """Open a store for reading without leaving any trace beside it.
+
+    A read-only open of a WAL-mode database creates `-wal`/`-shm` files beside it and
+    leaves them there (https://sqlite.org/wal.html, "Read-Only Databases"). When the store
+    has no `-wal` file no connection has it open in WAL mode (SQLite keeps the file while
+    one does), so it is read with `immutable=1`, which creates nothing and also reads from
+    read-only media; with both a `-wal` and a `-shm` (a writer has it open, or was killed)
+    plain `mode=ro` reads the live WAL consistently. A `-wal` without its `-shm` (a writer
+    killed, the `-shm` removed) holds committed rows that only a WAL recovery reads, and the
+    recovery writes a new `-shm`: that store is read from a copy (see _read_a_copy). (A
+    writer that opens the store during an immutable read is not seen by it.)
+    """
+    path = Path(path)
+    uri = path.resolve().as_uri()
+    wal, shm = (path.with_name(path.name + end) for end in ("-wal", "-shm"))
+    if wal.exists() and not shm.exists():
+        conn = _read_a_copy(path, wal)
+        if conn is not None:
+            return conn
+    uri += "?mode=ro&immutable=1" if readable_immutable(path) else "?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def readable_immutable(path: str | Path) -> bool:
+    """Whether the store can be read with `immutable=1`, which leaves nothing beside it: it
+    has no `-wal`, so no connection has it open in WAL mode (see open_untouched)."""
+    path = Path(path)
+    return not path.with_name(path.name + "-wal").exists()
+
+
+def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
+    """The store and its WAL copied to a temporary folder, recovered there and read into
+    memory; None when a writer opened the store meanwhile (its `-shm` is back: read the
+    live file instead)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cs336sys-read-") as tmp:
+        copy = Path(tmp) / path.name
+        shutil.copyfile(path, copy)
+        try:
+            shutil.copyfile(wal, Path(tmp) / wal.name)
+        except FileNotFoundError:  # checkpointed and removed since: the copy has it all
+            pass
+        if path.with_name(path.name + "-shm").exists():
+            return None
+        source = sqlite3.connect(copy)
+        try:
+            memory = sqlite3.connect(":memory:", timeout=BUSY_TIMEOUT_S)
+            source.backup(memory)
+        finally:
+            source.close()
+    memory.execute("PRAGMA query_only = ON")
+    return memory
