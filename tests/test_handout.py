@@ -402,6 +402,19 @@ def test_the_warmup_table_repeats_every_phase_the_handout_times(year, mode, phas
     assert by_warmup.values == after_five.values
 
 
+def test_a_failed_point_of_a_size_shares_its_row():
+    """A point that failed before counting its parameters read `tiny (512×4)`, the others
+    `tiny (512×4, 23M)`: one size made two rows of the warm-up table."""
+    by_warmup = named(["benchmarking_script"], "2026")[0].tables[1]
+    ok = _row(size="tiny", d_model=512, num_layers=4, mode="train", warmup=0,
+              metrics={"params": 22_696_448, "fwd_ms_mean": 1.0, "fwd_ms_std": 0.1})
+    failed = _row(size="tiny", d_model=512, num_layers=4, mode="train", warmup=5,
+                  status="error")
+    t = pivot(by_warmup, [ok, failed])
+    assert [r[0] for r in t.rows] == ["tiny (512×4, 23M)"]
+    assert "error" in t.rows[0]
+
+
 def test_the_checkpointing_table_tells_the_block_sizes_apart():
     """The step's peak was the only memory column, and where the optimizer step sets it
     every policy read the same (385.5 MiB for every:1 and every:2): the backward peak and
