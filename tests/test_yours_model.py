@@ -557,6 +557,22 @@ def test_an_adamw_keeping_beta1_and_beta2_is_checked_with_its_own(monkeypatch):
                 group["eps"] = group["epsilon"]
             super().step()
 
+    class AdamL2(Beta1Beta2AdamW):  # the decay in the gradient: Adam with L2, named
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad = p.grad + group["weight_decay"] * p
+                decay, group["weight_decay"] = group["weight_decay"], 0.0
+                super().step()
+                group["weight_decay"] = decay
+
+    monkeypatch.setattr(checks, "make_optimizer", lambda name, params: AdamL2(params, lr=1e-4,
+                                                                              beta2=0.999))
+    verdict = checks.optimizer_check("yours=my_opt:AdamL2")
+    assert not verdict.passed and verdict.why.endswith(
+        "it moves as torch.optim.Adam with weight_decay does: the decay added to the gradient "
+        "(L2), not subtracted from the parameters apart as AdamW does")
     monkeypatch.setattr(checks, "make_optimizer", lambda name, params: Unreadable(params))
     verdict = checks.optimizer_check("yours=my_opt:Unreadable")
     assert not verdict.passed
