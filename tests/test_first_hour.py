@@ -305,3 +305,23 @@ def test_compare_two_labelled_runs_of_the_same_code(db_path, tmp_path):
     assert "ok 4" in md and "ok 6" not in md
     bad = invoke("report", "--compare", "a", "nope", "--out", out, "--db", db_path)
     assert bad.exit_code == 2 and "matches no commit, invocation id, label or GPU" in bad.stderr
+
+
+def test_the_heartbeat_counts_seconds_from_the_points_start(monkeypatch, capsys):
+    """Off a terminal, a point whose ranks report steps (ddp, step on ranks) said
+    `60520 s in`: the time since the machine started, since nothing set the point's start."""
+    import re
+    import time
+
+    from cs336sys.cli.progress_bar import Bar
+
+    monkeypatch.setattr(Bar, "EVERY_S", 0.2)
+    bar = Bar("ddp", show=str, tty=False)
+    bar.start(None, 1)
+    try:
+        bar.tick(1, 5, point="naive")  # a rank's first step of the point, from its pipe
+        time.sleep(0.8)
+    finally:
+        bar.finish()
+    beats = re.findall(r"ddp \[1/1\] naive: step 1/5, (\d+) s in", capsys.readouterr().err)
+    assert beats and all(int(s) <= 1 for s in beats), beats

@@ -97,8 +97,8 @@ class Bar:
     def tick(self, done: int, total: int, point: Any = None) -> None:
         """A step of the running point finished (`point` given by distributed runs)."""
         now = time.monotonic()
-        if point is not None and point is not self.current:
-            self.current, self._last = point, now
+        if point is not None and point is not self.current:  # a rank's first step of it
+            self.current, self._last, self._began = point, now, now
         self.step = f"{self._phase()} step {done}/{total}".lstrip()
         if self.bar is not None:
             if now - self._last >= 0.1 or done == total:
