@@ -42,8 +42,11 @@ def test_every_variant_runs_and_ranks_agree(swept):
         # our AdamW is unset, as in the points stored before --optimizer: the same points
         assert r["optimizer"] is None
         assert r["param_max_diff"] == 0.0  # every rank holds the same weights after training
-        assert 0 <= r["comm_fraction"] < 1
-        assert r["step_ms_mean"] > 0 and r["comm_ms_mean"] >= 0
+        assert r["comm_fraction"] < 1 and r["step_ms_mean"] > 0
+        if r["impl"] not in ("torch", "torch-fsdp"):  # measured directly, never below 0
+            assert r["comm_fraction"] >= 0 and r["comm_ms_mean"] >= 0
+        else:  # a difference of two backwards, not clipped: noise may take it below 0
+            assert -r["bwd_ms_mean"] < r["comm_ms_mean"] < r["bwd_ms_mean"]
         # each rank's own mean lies under the mean of the per-step slowest rank
         assert r["step_ms_rank_min"] <= r["step_ms_rank_mean"] <= r["step_ms_rank_max"]
         assert r["step_ms_rank_max"] <= r["step_ms_mean"] * (1 + 1e-12)

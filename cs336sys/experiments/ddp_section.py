@@ -117,8 +117,8 @@ def _steps(pts: list[Row]) -> Bars:
         parts = (rest, None, wait) if s.get("impl") == "fsdp" else (rest, wait, None)
         bars.append(Bar(f"{text(s.get('world_size'))} ranks", label, parts, total=step,
                         side=r.get("tokens_per_s")))
-    return Bars(tuple(bars), ("compute and the rest", "waiting on communication",
-                              "fsdp: a collective in flight"),
+    return Bars(tuple(bars), ("the rest (fsdp: no collective in flight)",
+                              "waiting on communication", "fsdp: a collective in flight"),
                 "step time (ms, mean)", "tokens/s", "DDP: step time and what it waits on",
                 "Throughput")
 
@@ -176,6 +176,9 @@ TABLE = Table(
                "the ranks hold one copy between them, NOT SHARDED where they hold more."),
         HOST_BOUND,
     ),
-    note="comm ms: the time a step waits on gradient communication; fsdp: the time any of "
-    "its collectives is in flight, overlapped with compute or not. Memory is rank 0's.",
+    note="comm ms: the time a step waits on gradient communication (a sharded optimizer's "
+    "parameter broadcast is in its optimizer step, its bytes in comm MiB/step); torch and "
+    "torch-fsdp: backward less backward without the gradients' reduction (torch-fsdp's "
+    "all-gathers run in both); fsdp: the time any of its collectives is in flight, overlapped "
+    "with compute or not. Memory is rank 0's.",
 )
