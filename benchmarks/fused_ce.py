@@ -25,12 +25,16 @@ which is slow: it is left out of the CPU default.
 
 The baseline's logits are also counted from the shapes: rows x V in the autocast dtype, their
 float32 copy, and the float32 log-softmax F.cross_entropy keeps for backward.
+
+Stopped by SIGTERM (make gpu-owed's budget), it prints the table of the rounds done, so a
+step cut short on a lent GPU keeps its figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 
@@ -148,6 +152,27 @@ def measure(variants_: list, args, inputs, amp) -> dict:
     from cs336sys.measure.timing import time_loop
 
     results = {v: {"status": "ok", "times": []} for v in variants_}
+    try:
+        _rounds(results, variants_, args, inputs, amp, time_loop)
+    except Stopped:  # what the finished calls measured is kept and printed
+        print(f"(stopped by SIGTERM: medians of the rounds done, at most {args.rounds})")
+    for r in results.values():
+        if r["status"] == "ok" and not r["times"]:
+            r["status"] = "not measured (stopped)"
+        elif r["status"] == "ok":
+            r["ms"] = statistics.median(r["times"])
+    return results
+
+
+class Stopped(Exception):
+    """SIGTERM, raised between two calls: the rounds end and the table is printed."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped
+
+
+def _rounds(results: dict, variants_: list, args, inputs, amp, time_loop) -> None:
     for round_ in range(args.rounds):
         for v in variants_:
             r = results[v]
@@ -167,10 +192,6 @@ def measure(variants_: list, args, inputs, amp) -> dict:
                 inputs[0].grad = inputs[1].grad = None
                 if args.device.startswith("cuda"):
                     torch.cuda.empty_cache()
-    for r in results.values():
-        if r["status"] == "ok":
-            r["ms"] = statistics.median(r["times"])
-    return results
 
 
 def main() -> int:
@@ -196,10 +217,13 @@ def main() -> int:
     print()
 
     inputs = make_inputs(args)
+    signal.signal(signal.SIGTERM, _stop)
     results = measure(variants(args), args, inputs, amp)
     base = results.get(("baseline", None, "add"))
     base = base if base and base["status"] == "ok" else None
-    samples = args.iters * args.rounds
+    # the samples each median is of: --iters x --rounds, fewer where SIGTERM stopped the rounds
+    taken = sorted({len(r["times"]) for r in results.values() if r["status"] == "ok"})
+    samples = "-".join(map(str, dict.fromkeys([taken[0], taken[-1]]))) if taken else "0"
     print(f"| impl | chunk rows | grad_W sum | peak (above inputs) | peak vs baseline | "
           f"ms (median of {samples}) | time vs baseline |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")

@@ -89,6 +89,21 @@ TERM_GRACE_S, STOPPED = 30.0, 124
 RESERVE_S, MIN_STEP_S = 45.0, 20.0
 
 
+def archive_for(given: Path | None, out: Path) -> Path:
+    """Where the call's .tar.gz goes: --archive, else $OUT/<out's name>.tar.gz where the
+    device machine sets OUT (what it copies back), else beside `out`. Its folder is made,
+    and checked writable, before any step runs: a missing one lost a whole call's figures
+    at its end. OSError where it cannot be."""
+    if given is None:
+        given = (Path(os.environ["OUT"]) / f"{out.name}.tar.gz" if os.environ.get("OUT")
+                 else out.with_suffix(".tar.gz"))
+    archive = given.resolve()
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(archive.parent, os.W_OK):
+        raise PermissionError(f"{archive.parent} is not writable")
+    return archive
+
+
 class Budget:
     """The seconds left for steps under --budget (None: no limit)."""
 
@@ -332,7 +347,8 @@ def preflight() -> str | None:
 def main() -> int:
     parser = arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="report folder [default: reports/<gpu>]")
-    parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
+    parser.add_argument("--archive", type=Path,
+                        help="the .tar.gz [default: $OUT/<gpu>.tar.gz, else <out>.tar.gz]")
     parser.add_argument("--skip-tests", action="store_true", help="only the reference set")
     parser.add_argument("--budget", type=positive_seconds, metavar="S",
                         help="end within about S seconds, report included")
@@ -346,6 +362,11 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0)
     out = args.out or ROOT / "reports" / slug(gpu)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        archive = archive_for(args.archive, out)
+    except OSError as exc:
+        print(f"Error: --archive: {exc}", file=sys.stderr)
+        return 2
     db = out / "results.db"  # an earlier check's rows stay; the report covers this one only
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     py, t0, failed, not_run = sys.executable, time.monotonic(), [], []
@@ -364,22 +385,24 @@ def main() -> int:
                 continue
             rc, secs = run(argv, log, budget.left())
             print(f"{what}: exit {rc}, {secs:.0f} s", flush=True)
-            if what == "gpu tests":
+            if what == "gpu tests" and rc != STOPPED:  # a stopped run meets no time target
                 tests_s = secs
+            if what == "gpu tests" and rc == STOPPED:
+                not_run.append("gpu tests (stopped)")
             if step_failed(argv, rc):
                 failed.append(what)
         title = f"{gpu}: make gpu-check"
-        rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since", f"{since}Z", "--out",
-                     str(out), "--title", title], log)
-        if rc != 0:
-            failed.append("report")
+        if db.exists():  # no step stored a row: no report to write, and none failed
+            rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since",
+                         f"{since}Z", "--out", str(out), "--title", title], log)
+            if rc != 0:
+                failed.append("report")
     total = time.monotonic() - t0
     rows = verdict(db, tests_s, total, since, not_run)
     rows.append(host_overhead(out / "host-overhead.json", "attention host overhead" not in not_run))
     table = ["| target | measured | |", "| --- | --- | --- |", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
     text = "\n".join([f"# make gpu-check on {gpu}", "", *table, ""])
     (out / "verdict.md").write_text(text)
-    archive = args.archive or out.with_suffix(".tar.gz")
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(out, arcname=out.name)
     print(text)

@@ -40,6 +40,7 @@ from gpu_check import (
     ROOT,
     STOPPED,
     Budget,
+    archive_for,
     arg_parser,
     positive_seconds,
     preflight,
@@ -95,7 +96,8 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
 def main() -> int:
     parser = arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder [default: reports/<gpu>/owed]")
-    parser.add_argument("--archive", type=Path, help="the .tar.gz [default: <out>.tar.gz]")
+    parser.add_argument("--archive", type=Path,
+                        help="the .tar.gz [default: $OUT/owed.tar.gz, else <out>.tar.gz]")
     parser.add_argument("--budget", type=positive_seconds, metavar="S",
                         help="end within about S seconds, report included")
     parser.add_argument("--only", help="comma list of step numbers (see --list)")
@@ -123,6 +125,11 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0)
     out = args.out or ROOT / "reports" / slug(gpu) / "owed"
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        archive = archive_for(args.archive, out)
+    except OSError as exc:
+        print(f"Error: --archive: {exc}", file=sys.stderr)
+        return 2
     db = out / "results.db"
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     failed, not_run, t0, budget = [], [], time.monotonic(), Budget(args.budget)
@@ -144,12 +151,13 @@ def main() -> int:
             print(f"{i}. {what}: exit {rc}, {secs:.0f} s{stopped}", flush=True)
             if step_failed(argv, rc):
                 failed.append(str(i))
+            if rc == STOPPED:  # cut short: run again with the steps not started
+                not_run.append(str(i))
         if db.exists():
             rc, _ = run([*CLI, "report", "--db", str(db), "--since", f"{since}Z", "--out", str(out),
                          "--title", f"{gpu}: what issues 15-17 owed"], log)
             if rc != 0:
                 failed.append("report")
-    archive = args.archive or out.with_suffix(".tar.gz")
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(out, arcname=out.name)
     print(f"{time.monotonic() - t0:.0f} s; log: {out / 'owed.log'}; report: {out}/report.html; "
@@ -157,7 +165,7 @@ def main() -> int:
     if failed:
         print(f"failed: {', '.join(failed)} (see the log)", file=sys.stderr)
     if not_run:
-        print(f"not run, for the budget: steps {','.join(not_run)}; run them with "
+        print(f"not run, or stopped, for the budget: steps {','.join(not_run)}; run them with "
               f"--only {','.join(not_run)}", file=sys.stderr)
     return 1 if failed or not_run else 0
 
