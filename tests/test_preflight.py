@@ -110,3 +110,17 @@ def test_sdpa_counts_the_scores_only_for_its_math_backend(monkeypatch, backend, 
     scores = 3 * 16 * 65536**2 * 2
     assert estimate.bytes == int(1.1 * (inputs + scores * skipped))
     assert (estimate.refusal("cpu") is not None) == skipped
+
+
+def test_a_models_sdpa_holds_no_scores_as_the_fused_kernels():
+    """The step's baseline attention is SDPA: its 8B points were skipped on an H200 as
+    needing ~245 GiB (180 of activations), counting 34 layers of T x T scores that SDPA's
+    backends never hold. SDPA is counted as flash-torch is; naive still holds them."""
+    from cs336sys.experiments import step
+
+    def activations(attention: str) -> str:
+        (spec,) = step.specs(size="tiny", seq=[16384], batch=[1], switches=["none"],
+                             attention=attention, device="cpu")
+        return preflight.model_estimate(spec).bytes
+
+    assert activations("sdpa") == activations("flash-torch") < activations("naive") / 10

@@ -81,6 +81,13 @@ def _gib(n: float) -> str:
     return f"{n / 2**10:.3g} KiB"
 
 
+def _fused(attention: str | None) -> bool:
+    """Whether a model's attention holds no T x T scores: the fused kernels, and SDPA, whose
+    `auto` picks a backend that keeps O(T) statistics (SDPA_MATERIALISING): the step's
+    baseline, whose 8B points were skipped as needing ~245 GiB on an H200."""
+    return (attention or "naive") in (*FUSED, "sdpa")
+
+
 def model_estimate(spec: Any) -> Estimate:
     """The estimate of a ModelShape point (model, memory's model, step): its `batch`,
     `mode` (step: train), `precision`, `attention`, `checkpoint` and `param_dtype`."""
@@ -94,11 +101,12 @@ def model_estimate(spec: Any) -> Estimate:
     if mode in ("forward-backward", "train"):
         parts["gradients"] = weight * p
         acts = model_saved_bytes(config, B, T)
-        if (getattr(spec, "attention", None) or "naive") in FUSED:
+        if _fused(getattr(spec, "attention", None)):
             acts -= config.num_layers * (4 * B * config.num_heads * T * T + T * T)
         parts["activations"] = acts
     else:  # no grad: one block's largest buffers at a time, then the logits
-        block = 4 * B * (config.num_heads * T * T + 3 * T * config.d_ff + 4 * T * config.d_model)
+        scores = 0 if _fused(getattr(spec, "attention", None)) else config.num_heads * T * T
+        block = 4 * B * (scores + 3 * T * config.d_ff + 4 * T * config.d_model)
         parts["activations"] = block + 2 * 4 * B * T * config.vocab_size
     if mode == "train":
         parts["AdamW"] = 8 * p
