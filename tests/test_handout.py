@@ -501,6 +501,9 @@ def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
     runs = query(db_path, "SELECT i.label, count(*) AS n FROM runs r JOIN invocations i "
                  "ON i.id = r.invocation_id GROUP BY i.label")
     assert {row["label"] for row in runs} == set(SUBSET)
+    # each run records its release, which the listing and the writeup of a year read
+    assert query(db_path, "SELECT DISTINCT json_extract(env, '$.CS336SYS_HANDOUT') AS h "
+                          "FROM invocations") == [{"h": "2026"}]
     before = sum(row["n"] for row in runs)
     # resumed: every measured point is stored ok under its label, so nothing runs again
     r = invoke("handout", "run", *SUBSET[:-1], "--db", db_path)
@@ -877,3 +880,27 @@ def test_an_implementation_problems_writeup_has_the_verdicts_of_your_code(db_pat
     (row,) = [ln for ln in md.splitlines() if ln.startswith("| attention |")]
     assert "| ok | pass | max err " in row and "float64 reference" in row
     assert "naive" not in row  # ours is the reference, not a verdict on the user's code
+
+
+def test_each_release_counts_its_own_runs_of_a_problem_both_name(db_path):
+    """benchmarking_script is a problem of 2025 and of 2026: the 2025 listing and writeup
+    counted (and tabled) the 2026 runs, and the other way round. A run records its release
+    (handout run sets CS336SYS_HANDOUT); one that records none counts for either."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.handout.status import statuses
+    from cs336sys.report.select import Selection, load
+    from cs336sys.store import Store
+    from cs336sys.store.db import connect_readonly
+
+    with Store(db_path, EXPERIMENTS) as s:
+        for env, seq in (('{"CS336SYS_HANDOUT": "2025"}', 8), ('{"CS336SYS_HANDOUT": "2026"}', 16),
+                         (None, 32)):
+            inv = s.begin_invocation({"gpu": "cpu", "env": env}, [], "model",
+                                     label="benchmarking_script")
+            s.add_run(inv, "model", "ok", {"size": "tiny", "seq": seq}, {"fwd_ms_mean": 1.0})
+    conn = connect_readonly(db_path, lambda: EXPERIMENTS)
+    for year, seqs in (("2025", {8, 32}), ("2026", {16, 32})):
+        (status,) = statuses(conn, named(["benchmarking_script"], year), year)
+        assert {s["seq"] for _, s in status.stored} == seqs, year
+        rows = load(conn, Selection(label="benchmarking_script", handout=year), EXPERIMENTS)
+        assert {r["_settings"]["seq"] for r in rows["model"]} == seqs, year

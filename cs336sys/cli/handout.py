@@ -67,9 +67,10 @@ def _line(args: list[str]) -> str:
     return "cs336sys " + shlex.join(args)
 
 
-def _statuses(db: Path, problems: list) -> tuple[list, Any]:
-    """Each problem's status, and the runs per experiment that carry no problem's label; a
-    store that does not exist holds none (one that cannot be read is one line and exit 2)."""
+def _statuses(db: Path, problems: list, release: str) -> tuple[list, Any]:
+    """Each problem's status in the handout `release`, and the runs per experiment that carry
+    no problem's label; a store that does not exist holds none (one that cannot be read is
+    one line and exit 2)."""
     from cs336sys.handout.status import statuses, unlabelled
     from cs336sys.store.db import StoreError, connect_readonly
 
@@ -80,7 +81,7 @@ def _statuses(db: Path, problems: list) -> tuple[list, Any]:
     except StoreError as exc:
         fail(exc)
     try:
-        return statuses(conn, problems), unlabelled(conn, problems)
+        return statuses(conn, problems, release), unlabelled(conn, problems)
     finally:
         conn.close()
 
@@ -136,7 +137,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         f"{sum(p.points for p in every)} points; commands {GPU_NOTE if on_gpu else CPU_NOTE}.",
         then="  ")
     typer.echo()
-    found, others = _statuses(db, every)
+    found, others = _statuses(db, every, chosen)
     if others:  # measured by hand: they answer no problem until labelled
         say(f"{in_words(others)} in this store count for no problem: a problem's runs are "
             f"those labelled with its name (`handout run` labels them; by hand, give `--label "
@@ -193,6 +194,12 @@ def run(
         ctx.with_resource(environ(**{ENV: str(adapters)}))  # as it was once the run ends
     year, db = _or_group(ctx, "year", year), _or_group(ctx, "db", db)
     problems = _problems(names, year)  # --year and the names checked first
+    # every command sizes its models as this release does (a 2025 check's xl is 1600x48),
+    # and its invocation records the release, which the listing and the writeup read
+    from cs336sys.models.config import HANDOUT_ENV
+    from cs336sys.models.config import handout as release
+
+    ctx.with_resource(environ(**{HANDOUT_ENV: year or release()}))
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
     check_db(db)

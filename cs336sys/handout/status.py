@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem
+from cs336sys.report.select import of_handout
 from cs336sys.yours import is_yours
 
 _ORDER = ("ok", "wrong", "oom", "error", "skipped")
@@ -130,17 +131,20 @@ def yours(settings: dict) -> bool:
     return any(isinstance(v, str) and is_yours(v) for v in settings.values())
 
 
-def statuses(conn: sqlite3.Connection | None, problems: list[Problem]) -> list[Status]:
-    """Each problem's Status from the runs of the invocations labelled with its name (every
-    one empty without a store)."""
+def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
+             release: str | None = None) -> list[Status]:
+    """Each problem's Status from the runs of the invocations labelled with its name, of the
+    handout `release` where given (report/select.of_handout; every one empty without a
+    store)."""
     out = {p.name: Status(p) for p in problems}
     if conn is None or not problems:
         return list(out.values())
     placeholders = ", ".join("?" * len(out))
+    year, values = of_handout(release) if release is not None else ("1", [])
     rows = conn.execute(
         "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment FROM runs r "
         f"JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN ({placeholders}) "
-        "ORDER BY r.created", list(out))
+        f"AND {year} ORDER BY r.created", [*out, *values])
     for label, status, created, gpu, settings, experiment in rows:
         s = out[label]
         s.statuses[status] += 1

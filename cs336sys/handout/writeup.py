@@ -156,7 +156,7 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
     with Drawer(start=True) as drawer:
         sections, every_inv, every_row = [], [], {}
         for p in problems:  # each problem's runs: the invocations labelled with its name
-            sel = Selection(label=p.name)
+            sel = Selection(label=p.name, handout=year)
             rows, invs = load(conn, sel, catalog), invocations(conn, sel)
             linked = kernel_stats(conn, [r["run_id"] for rs in rows.values() for r in rs])
             sections.append(section(p, rows, invs, catalog, commands.get(p.name, []), linked,

@@ -152,6 +152,7 @@ class Selection:
     commits: tuple[str, ...] | None = None  # exactly these commits (`--since REF`), either column
     invocation: str | None = None
     label: str | None = None  # the invocation's --label, exactly
+    handout: str | None = None  # runs of this handout release, or of none recorded
     where: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def clause(self) -> tuple[str, list[Any]]:
@@ -185,6 +186,10 @@ class Selection:
         if self.label is not None:
             conds.append("i.label = ?")
             params.append(self.label)
+        if self.handout is not None:
+            cond, values = of_handout(self.handout)
+            conds.append(cond)
+            params.extend(values)
         for key, value in self.where:
             if key in INVOCATION_KEYS:  # the invocation's own column; never a setting name
                 conds.append(f"i.{key} = ?")
@@ -245,6 +250,13 @@ def check_gpu(conn: sqlite3.Connection, gpu: str | None) -> None:
         raise SelectionError(f"--gpu {gpu!r}: no stored run is on that GPU (the name must be "
                              f"whole{f'; did you mean {near[0]!r}?' if near else ''}); "
                              f"stored: {', '.join(stored) or 'none'}")
+
+
+def of_handout(release: str) -> tuple[str, list[str]]:
+    """SQL condition on `invocations i`: a run of the handout `release`, as `handout run`
+    records it (CS336SYS_HANDOUT in the invocation's env), or of none recorded (a run by
+    hand, or stored before it was): a problem's 2025 runs are not the 2026 one's."""
+    return "coalesce(json_extract(i.env, '$.CS336SYS_HANDOUT'), ?) = ?", [release, release]
 
 
 def like_prefix(value: str) -> str:
