@@ -792,15 +792,20 @@ def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected
     assert r.exit_code == 0, r.output
     written = {ext: (tmp_path / "w" / f"writeup.{ext}").read_text() for ext in ("md", "html", "tex", "typ")}
     assert "- **Runs by status:** none selected\n" in written["md"]
-    assert "_Not yet measured: `cs336sys model --size tiny " in written["md"]
-    assert "Not yet measured: <code>cs336sys model --size tiny " in written["html"]
-    assert "Not yet measured: \\texttt{cs336sys model --size tiny " in written["tex"]
-    assert ('#par[#"Not yet measured: "#raw("cs336sys model ")#box(raw("--size"))#raw(" tiny '
+    # the commands as handout run runs them, labelled, so that they count for the problem
+    assert ("_Not yet measured: `cs336sys handout run benchmarking_script` runs "
+            "`cs336sys model --size tiny ") in written["md"]
+    assert "(by hand, each with `--label benchmarking_script`)._" in written["md"]
+    assert "runs <code>cs336sys model --size tiny " in written["html"]
+    assert "{\\raggedright Not yet measured: \\texttt{cs336sys handout run benchmarking" in \
+        written["tex"] and " runs \\texttt{cs336sys model --size tiny " in written["tex"]
+    assert ('#raw("cs336sys model ")#box(raw("--size"))#raw(" tiny '
             in written["typ"])  # each option a box: Typst breaks after a hyphen
     assert "`" not in written["tex"] and "`" not in written["typ"]
     r = invoke("handout", "report", "data_parallel_calcs", "--format", "md", "--out",
                tmp_path / "c", "--db", db_path)
-    assert "_Not yet computed: `cs336sys plan " in (tmp_path / "c" / "writeup.md").read_text()
+    assert "_Not yet computed: `cs336sys handout run data_parallel_calcs` runs `cs336sys plan " \
+        in (tmp_path / "c" / "writeup.md").read_text()
 
 
 @pytest.mark.parametrize("year", ["2025", "2026"])

@@ -110,10 +110,13 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
     if problem.kind == IMPLEMENT:
         sec.notes.append(f"Your implementation: the course's tests check it; cs336sys checks it "
                          f"with `{problem.check}`.")
+    again = f"--year {year} " if year and year != HANDOUTS[0] else ""
     if not rows:
-        if problem.kind != IMPLEMENT:
+        if problem.kind != IMPLEMENT:  # the commands, run so that they count for it
             left = "Not yet computed" if problem.kind == COMPUTE else "Not yet measured"
-            sec.notes.append(f"{left}: " + "; ".join(f"`{c}`" for c in commands) + ".")
+            sec.notes.append(f"{left}: `cs336sys handout run {again}{problem.name}` runs "
+                             + "; ".join(f"`{c}`" for c in commands)
+                             + " (by hand, each with `--label " + problem.name + "`).")
         return sec
     sec.notes.append(method(invs, rows))
     stored = [(kind, r["_settings"]) for kind, kind_rows in rows.items() for r in kind_rows]
@@ -127,7 +130,6 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             + ".")
     left = Status(problem, stored=stored).left()
     if left and problem.kind != IMPLEMENT:
-        again = f"--year {year} " if year and year != HANDOUTS[0] else ""
         theirs = " --yours" if any(yours(s) for _, s in stored) else ""
         verb = ("computed", "computes") if problem.kind == COMPUTE else ("measured", "measures")
         sec.notes.append(f"Not yet {verb[0]}: {', '.join(left)} (`cs336sys handout run {again}"

@@ -198,8 +198,9 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
     for section in _sections(report):
         body.append(rf"\section{{{latex(section.title)}}}" if ext == "tex"
                     else f"#heading(level: 1, {typst(section.title)})")
-        for note in section.notes:
-            body.append(latex_note(note) + "\n" if ext == "tex" else typst_note(note))
+        for note in section.notes:  # ragged right: a note's long commands need no stretch
+            body.append("{\\raggedright " + latex_note(note) + "\\par}\n" if ext == "tex"
+                        else typst_note(note))
         for i, t in enumerate(section.tables, start=1):
             path = _table_path(out, stem, ext, section, i)
             stage.path(path).write_text(MARK[ext] + (latex_table(t) if ext == "tex"
