@@ -297,6 +297,14 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     for p in problems("2026"):
         if p.kind == "implement":
             assert p.check.startswith("cs336sys ") and "yours" in p.check
+    # 2025's naive_ddp is a script with no adapters function: nothing checks it, and saying
+    # "checked, ok" after running get_ddp_individual_parameters (2.3.2's class) misled
+    from cs336sys.cli.handout import _commands
+    from cs336sys.handout.status import UNTESTED, Status
+
+    (naive_2025,) = named(["naive_ddp"], "2025")
+    assert not naive_2025.check and _commands(naive_2025, False, yours=True) == []
+    assert Status(naive_2025).line() == f"your implementation: {UNTESTED}"
     # the course's FSDP wraps cs336_basics.model's layers, none of which cs336sys's model has
     assert by_name["fsdp"].check == "cs336sys ddp --model cs336_basics --impl yours-fsdp " \
         "--world-size 2"

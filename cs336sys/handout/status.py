@@ -15,6 +15,8 @@ from cs336sys.report.select import of_handout
 from cs336sys.yours import is_yours
 
 _ORDER = ("ok", "wrong", "oom", "error", "skipped")
+# An implementation problem with nothing to run it by (2025's naive_ddp is a script).
+UNTESTED = "no test of the course's checks it, nor a command of cs336sys's (what it asks says how)"
 
 
 @dataclass
@@ -41,7 +43,7 @@ class Status:
         if not self.done:
             if p.kind == IMPLEMENT:
                 return ("your implementation: the course's tests check it; cs336sys checks it "
-                        "with the command below")
+                        "with the command below" if p.check else f"your implementation: {UNTESTED}")
             return "not yet computed" if p.kind == COMPUTE else "not yet measured"
         verb = {MEASURE: "measured", COMPUTE: "computed", IMPLEMENT: "checked"}[p.kind]
         counts = ", ".join(f"{self.statuses[s]} {s}" for s in _ORDER if self.statuses[s])

@@ -16,7 +16,7 @@ from typing import Any
 from cs336sys.handout import problems as every_problem
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import COMPUTE, CPU_NOTE, IMPLEMENT, MEASURE, WRITTEN, Problem
-from cs336sys.handout.status import Status, in_words, unlabelled, yours
+from cs336sys.handout.status import UNTESTED, Status, in_words, unlabelled, yours
 from cs336sys.models.config import HANDOUTS
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
@@ -109,7 +109,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
         return sec
     if problem.kind == IMPLEMENT:
         sec.notes.append(f"Your implementation: the course's tests check it; cs336sys checks it "
-                         f"with `{problem.check}`.")
+                         f"with `{problem.check}`." if problem.check else
+                         f"Your implementation: {UNTESTED}.")
     again = f"--year {year} " if year and year != HANDOUTS[0] else ""
     if not rows:
         if problem.kind != IMPLEMENT:  # the commands, run so that they count for it

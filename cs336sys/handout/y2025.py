@@ -113,10 +113,13 @@ PROBLEMS = (
             "--backend gloo,nccl",
             cpu="comm --op all-reduce --bytes 1MB,10MB --world-size 2 --warmup 1 --iters 5"),
     )),
-    Problem(
+    Problem(  # a script: no adapters function, no course test (get_ddp_individual_parameters
+        # is 2.3.2's overlapping class, checked there)
         "naive_ddp", 5, section="2.2", kind=IMPLEMENT,
-        asks="A DDP that all-reduces each parameter's gradient after the backward.",
-        check="cs336sys ddp --impl yours-individual --world-size 2",
+        asks="A script that all-reduces each parameter's gradient after the backward and "
+        "checks its weights against single-process training. cs336sys's `ddp --impl naive` is "
+        "that algorithm; a DDP class of yours (finish_gradient_synchronization()) is checked "
+        "by `cs336sys ddp --impl yours=package.module:Class`.",
     ),
     _same("naive_ddp_benchmarking", "2.2", runs=(_ddp("naive", "naive"),)),
     _same("minimal_ddp_flat_benchmarking", "2.3.1",
