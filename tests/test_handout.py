@@ -263,6 +263,10 @@ def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, m
     (["handout", "run", "flash_forward"], "nothing to run"),
     (["handout", "--year", "2024"], "--year: unknown handout release"),
     (["handout", "report", "--format", "pdf"], "--format"),
+    # a problem of the other release: which one, not only the closest name of this one
+    (["handout", "run", "ddp_bucketed_benchmarking"],
+     "ddp_bucketed_benchmarking is a problem of the 2025 handout, not of the 2026 one: give "
+     "--year 2025"),
 ])
 def test_bad_input_is_one_line(db_path, args, says):
     r = invoke(*args, "--db", db_path)
@@ -917,3 +921,21 @@ def test_each_release_counts_its_own_runs_of_a_problem_both_name(db_path):
         assert {s["seq"] for _, s in status.stored} == seqs, year
         rows = load(conn, Selection(label="benchmarking_script", handout=year), EXPERIMENTS)
         assert {r["_settings"]["seq"] for r in rows["model"]} == seqs, year
+
+
+def test_a_2025_adapters_file_under_the_2026_problems_is_told_the_year(db_path, tmp_path,
+                                                                       monkeypatch):
+    """A 2025 checkout ran `handout run --all --yours` without --year: refused for "has no
+    get_ddp()", a function its handout never asked for. It is told to give --year 2025."""
+    from tests.user_repos import course_repo
+
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    adapters = repo / "tests" / "adapters.py"
+    text = adapters.read_text().replace("def get_ddp(", "def get_ddp_individual_parameters(")
+    adapters.write_text(text.replace("def get_fsdp(", "def get_fsdp_unused("))
+    r = invoke("handout", "run", "--all", "--yours", "--db", db_path)
+    assert r.exit_code == 2 and not db_path.exists()
+    assert r.stderr.strip().splitlines() == [
+        f"Error: --yours: {adapters.resolve()} has the 2025 handout's DDP functions, and these "
+        "are the 2026 handout's problems: give --year 2025"]

@@ -200,6 +200,8 @@ def run(
     from cs336sys.models.config import handout as release
 
     ctx.with_resource(environ(**{HANDOUT_ENV: year or release()}))
+    if yours:
+        _same_release(adapters, year or release())
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
     check_db(db)
@@ -260,6 +262,21 @@ def run(
     # what a signal from here to the exit ends with (not the last command's own line)
     stopping.stored(f"handout run stored {stored_here() - before} point(s) in {db}")
     raise typer.Exit(min(worst, 1))
+
+
+def _same_release(given: Path | None, release: str) -> None:
+    """Exit 2 where the adapters file has the DDP functions of the other release only: its
+    checks would each be refused for a function it was never meant to have."""
+    from cs336sys.yours.adapters import Adapters, AdaptersError, find
+
+    try:
+        found = find(given)
+        generation = Adapters(*found).generation if found is not None else ""
+    except (AdaptersError, OSError, SyntaxError):  # said by the commands that read it
+        return
+    if generation in ("2025", "2026") and generation != release:
+        fail(f"--yours: {found[0]} has the {generation} handout's DDP functions, and these are "
+             f"the {release} handout's problems: give --year {generation}")
 
 
 def _gpu_count() -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from cs336sys.handout import y2025, y2026
 from cs336sys.handout.problem import Problem
 from cs336sys.models.config import HANDOUTS, handout, handout_release
-from cs336sys.sweep.points import unknown
+from cs336sys.sweep.points import SpecError, unknown
 
 
 def problems(year: object | None = None) -> tuple[Problem, ...]:
@@ -28,6 +28,11 @@ def named(names: list[str], year: object | None = None) -> list[Problem]:
     by_name = {p.name: p for p in every}
     for name in names:
         if name not in by_name:
+            other = next((r for r in HANDOUTS if r != (year or handout())
+                          and name in {p.name for p in problems(r)}), None)
+            if other is not None:  # a problem of the other release: say which
+                raise SpecError(f"PROBLEM: {name} is a problem of the {other} handout, not of "
+                                f"the {year or handout()} one: give --year {other}")
             raise unknown("PROBLEM", name, by_name, "problem")
     return [p for p in every if p.name in names]
 
