@@ -404,6 +404,21 @@ def test_plan_meets_measurement(db_path):
     assert "Plan meets measurement" in r.stdout
 
 
+def test_an_overlapping_ddps_exposed_comm_is_no_ratio_to_the_plans_whole():
+    """A bucketed run's comm ms is what the step still waited for: over the plan's whole
+    all-reduce it read as half the time planned. Its bucket is named; the ratio is given
+    only where the run's comm is all of it (naive, flat, fsdp)."""
+    from cs336sys.experiments.plan_measured import beside
+
+    plan = {"step_ms": 100.0, "comm_ms": 60.0}
+    run = {"id": "r", "impl": "bucketed", "bucket_mb": 10.0, "precision": "fp32",
+           "step_ms": 90.0, "comm_ms": 30.0, "comm_bytes": 1e8}
+    got = beside(plan, run)
+    assert got["measured_impl"] == "bucketed 10MiB fp32" and got["measured_comm_ratio"] is None
+    assert got["measured_step_ratio"] == pytest.approx(0.9)
+    assert beside(plan, {**run, "impl": "flat", "bucket_mb": None})["measured_comm_ratio"] == 0.5
+
+
 def test_plan_imports_no_torch(tmp_path):
     """The command answers at once: torch (seconds to import) is never loaded."""
     code = ("import sys; from typer.testing import CliRunner; from cs336sys.cli import app; "

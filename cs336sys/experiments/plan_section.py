@@ -134,7 +134,8 @@ MEASURED = Table(
     "length, batch tokens and world size (dp: the replica impls, fsdp: fsdp and torch-fsdp; "
     "bf16 first, then the fastest). Measured step includes the optimizer step, which the "
     "plan leaves out; measured comm is what the step waited for (exposed) for the replicas and "
-    "torch-fsdp, the time any collective was in flight for fsdp, and the plan's all of it; "
+    "torch-fsdp, the time any collective was in flight for fsdp, and the plan's all of it "
+    "(so comm measured/plan is given for naive, flat and fsdp alone); "
     "bytes: S of every collective in one step (the replicas reduce fp32 gradients, the "
     "plan bf16 ones).",
 )
