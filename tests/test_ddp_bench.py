@@ -156,6 +156,12 @@ def test_sharded_variants_run_and_store_their_memory(sharded):
         parts = [r[f"mem_before_opt_{k}_bytes"] for k in ("params", "grads", "opt_state")]
         assert r["mem_before_opt_bytes"] >= sum(parts) > 0  # the live total holds the parts
         assert r["mem_peak_bytes"] >= r["mem_before_opt_bytes"]
+        # the peak up to each moment: at least what is live then, never falling in the step,
+        # and after the optimizer step the step's peak
+        for moment in ("init", "before_opt", "after_opt"):
+            assert r[f"mem_{moment}_peak_bytes"] >= r[f"mem_{moment}_bytes"] > 0
+        assert r["mem_before_opt_peak_bytes"] <= r["mem_after_opt_peak_bytes"]
+        assert r["mem_after_opt_peak_bytes"] <= r["mem_peak_bytes"]
         assert r["mem_init_opt_state_bytes"] == 0 and r["mem_init_grads_bytes"] == 0
         # every rank's memory by moment: rank 0's is the row's; the halves of a sharded
         # AdamW state add up to the whole (8 bytes per parameter)

@@ -714,12 +714,14 @@ def test_ddp_memory_by_moment_marks_a_point_whose_check_failed():
     MiB = 2**20
     memory = {"init": MiB, "init_params": MiB, "before_opt": 4 * MiB, "before_opt_params": MiB,
               "before_opt_grads": MiB, "before_opt_opt_state": 2 * MiB, "after_opt": 4 * MiB,
-              "after_opt_params": MiB, "after_opt_grads": MiB, "after_opt_opt_state": 2 * MiB}
+              "after_opt_params": MiB, "after_opt_grads": MiB, "after_opt_opt_state": 2 * MiB,
+              "after_opt_peak": 5 * MiB}
     s = {"impl": "yours", "world_size": 2, "size": "tiny"}
     row = {"_settings": s, **s, "status": "wrong", "mem_before_opt_params_bytes": MiB,
            "mem_per_rank": json.dumps([memory]), "expected_params_bytes": MiB,
            "expected_grads_bytes": MiB, "expected_opt_state_bytes": 2 * MiB}
     t = memory_by_moment([row])
     after = next(r for r in t.rows if "after the step" in r)
-    assert after[-4:] == ["4.0 (wrong)", "1.0 (1.0) (wrong)", "1.0 (1.0) (wrong)",
+    # live, the peak up to that moment (the handout's "peak ... after the step"), the parts
+    assert after[-5:] == ["4.0 (wrong)", "5.0 (wrong)", "1.0 (1.0) (wrong)", "1.0 (1.0) (wrong)",
                           "2.0 (2.0) (wrong)"]

@@ -304,7 +304,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         except Unfinished as exc:  # the getter raised NotImplementedError on every rank
             return Result("skipped", error=str(exc))
         del model
-        memory = {"init": probe.current(), **_prefixed("init", ddp_setup.split(setup))}
+        memory = {"init": probe.current(), "init_peak": probe.peak(),
+                  **_prefixed("init", ddp_setup.split(setup))}
         x, y = _batch(spec, ctx.rank, device)
         step = Step(
             model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
@@ -328,8 +329,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             step_done(i + 1, total)
 
         # The measured step: memory at the optimizer step, and every collective of a step.
-        def read(when):
-            return lambda: memory.update({when: probe.current(), **_prefixed(when, ddp_setup.split(setup))})
+        def read(when):  # live, the step's peak so far (the handout's "peak ... before")
+            return lambda: memory.update({when: probe.current(), f"{when}_peak": probe.peak(),
+                                          **_prefixed(when, ddp_setup.split(setup))})
 
         def before_opt():
             read("before_opt")()
@@ -384,9 +386,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
     # Per step, the slowest rank's time: the others wait for it at the next collective. The
     # communication is the least rank's: a rank that reached the gradients' collective first
-    # also waited there for the others' backward, which is not communication (the handout's
-    # "proportion of time spent on communicating gradients"; with the slowest rank's, the
-    # phases of a two-rank CPU step added up to 1.15x the step).
+    # also waited there for the others' backward, which is not communication.
     per_step = {p: [(min if p == "comm" else max)(r["times"][p][s] for r in per_rank)
                     for s in range(spec.iters)] for p in PHASES}
     metrics: dict[str, Any] = {}
@@ -459,7 +459,7 @@ EXPERIMENT = Experiment(
         *(Metric(f"mem_{w}{part}_bytes", "bytes", f"rank 0, {w.replace('_', ' ')}: "
                  f"{part.strip('_').replace('_', ' ') or 'live'}")
           for w in ("init", "before_opt", "after_opt")
-          for part in ("", "_params", "_grads", "_opt_state")),
+          for part in ("", "_peak", "_params", "_grads", "_opt_state")),
         *metric_table("""
             mem_peak_bytes            bytes     rank 0's peak in the measured step
             mem_peak_bytes_max_rank   bytes     the highest peak over ranks

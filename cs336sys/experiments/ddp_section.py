@@ -73,7 +73,7 @@ def memory_by_moment(pts: list[Row]) -> FilledTable | None:
                           if r["_settings"].get(k) is not None)] if extra else []
         for rank, memory in enumerate(_per_rank(r)):
             for moment, words, expected in MOMENTS:
-                cells = [mib(memory.get(moment))]
+                cells = [mib(memory.get(moment)), mib(memory.get(f"{moment}_peak"))]
                 for part in PARTS:
                     value = mib(memory.get(f"{moment}_{part}"))
                     analytic = r.get(f"expected_{part}_bytes") if part in expected else 0
@@ -83,12 +83,14 @@ def memory_by_moment(pts: list[Row]) -> FilledTable | None:
                              *other])
     return FilledTable("Memory by moment, per rank: measured (analytic)",
                  [*(["gpu"] if many else []), "impl", "ranks", "rank", "moment", "live MiB",
-                  "parameters MiB", "gradients MiB", "optimizer state MiB",
+                  "peak so far MiB", "parameters MiB", "gradients MiB", "optimizer state MiB",
                   *(["other settings"] if extra else [])], body,
                  note="In the step after warm-up; in brackets the accounting's bytes for that "
                  "moment (after init only the parameters: AdamW's state appears at the first "
-                 "step). 'live' counts every tensor the rank holds. Rows stored before the "
-                 "per-rank figures have rank 0's only.")
+                 "step). 'live' counts every tensor the rank holds; 'peak so far' the most it "
+                 "held up to that moment (after init: while the model and wrapper were built; "
+                 "then since the step began), the handout's peak at each moment. Rows stored "
+                 "before the per-rank figures have rank 0's only.")
 
 
 def _per_rank(r: Row) -> list[dict[str, Any]]:
@@ -97,7 +99,7 @@ def _per_rank(r: Row) -> list[dict[str, Any]]:
     if stored:
         return json.loads(stored) if isinstance(stored, str) else stored
     return [{f"{m}{'_' + p if p else ''}": r.get(f"mem_{m}{'_' + p if p else ''}_bytes")
-             for m, _, _ in MOMENTS for p in ("", *PARTS)}]
+             for m, _, _ in MOMENTS for p in ("", "peak", *PARTS)}]
 
 
 def _steps(pts: list[Row]) -> Bars:
