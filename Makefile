@@ -152,7 +152,7 @@ demo-full: $(STAMP)
 	$(CLI) plan --db $(DEMO_DB) --size 8b --hardware a100,h100,h200,b200 \
 		--strategy dp,fsdp,tp,fsdp-tp --n 2,4,8,16,64
 	$(CLI) sql --db $(DEMO_DB) \
-		"SELECT size, context_length AS ctx, mode, precision, status, \
+		"SELECT size, seq AS ctx, mode, precision, status, \
 		        round(fwd_ms_mean, 1) AS fwd_ms, round(bwd_ms_mean, 1) AS bwd_ms, \
 		        round(opt_ms_mean, 1) AS opt_ms, round(step_ms_mean, 1) AS step_ms, \
 		        round(tokens_per_s) AS tokens_per_s, round(tflops, 4) AS tflops \

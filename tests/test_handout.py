@@ -719,6 +719,30 @@ def test_world_sizes_are_cut_to_the_gpus_and_the_rest_named(db_path, monkeypatch
     assert "dry run: 8 point(s)" in r.stdout and not db_path.exists()
 
 
+def test_gloo_keeps_its_processes_where_nccl_is_cut_to_the_gpus(db_path, monkeypatch):
+    """2025's all-reduce runs Gloo on the CPU and NCCL on the GPUs, at 2, 4 and 6 processes:
+    on 4 GPUs Gloo keeps 6 (it was cut with NCCL, and its 6 went unmeasured). A run whose
+    every command needs more GPUs is one line, dry or not (a dry one was a traceback)."""
+    from cs336sys.cli import handout as cli_handout
+
+    (problem,) = named(["distributed_communication_single_node"], "2025")
+    todo = [(problem, a) for a in cli_handout._commands(problem, on_gpu=True)]
+    fitted, short = cli_handout._fitted(todo, 4)
+    assert [(a[a.index("--backend") + 1], a[a.index("--world-size") + 1]) for _, a in fitted] \
+        == [("gloo", "2,4,6"), ("nccl", "2,4")]
+    assert short == ["distributed_communication_single_node: world size 6 needs as many GPUs, "
+                     "one per rank; this host has 4 (run at 2,4)"]
+    fitted, _ = cli_handout._fitted(todo, 1)
+    assert [a[a.index("--backend") + 1] for _, a in fitted] == ["gloo"]
+    _gpus(monkeypatch, 1)
+    r = invoke("handout", "run", "distributed_communication_single_node", "--dry-run",
+               "--db", db_path)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.strip().splitlines() == [
+        "Error: nothing was run: distributed_communication_single_node: world size 2,4,6 needs "
+        "as many GPUs, one per rank; this host has 1"]
+
+
 def test_a_command_this_host_has_too_few_gpus_for_is_left_out_not_fatal(db_path, monkeypatch):
     """One GPU: the two-GPU DDP step cannot run, and the all-reduce at 2, 4 and 6 processes
     neither; the accumulation problem still runs, and the two left out are named first."""

@@ -360,6 +360,7 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--size", "huge"], "--size: unknown size"),
     # an option that shapes another, given without it, was ignored (80 GiB judged the fit)
     (["--memory-gib", 10], "--memory-gib is the memory of a device given by hand"),
+    (["--memory-gib", 80, "--hardware", "b200"], "--memory-gib is the memory"),  # its default
     (["--gpu", "cpu"], "--gpu picks the stored GPU whose runs --measured reads"),
     (["--strategy", "dp", "--split", "2x2"], "--split is a setting of fsdp-tp, which --strategy "
                                              "dp leaves out"),

@@ -212,6 +212,9 @@ def run(
              + ("" if yours else " (implementations are checked with --yours)"))
     root = ctx.find_root().command
     todo, short = _fitted(todo, _gpu_count()) if on_gpu else (todo, [])
+    if not todo:  # every command needs more GPUs than this host has
+        more = f" (and {len(short) - 1} more)" if len(short) > 1 else ""
+        fail(f"nothing was run: {short[0]}{more}")
     if not dry_run:  # (a dry run is that check, printed)
         refused, needs_gpus = _refusals(root, todo, db)
         if refused:
@@ -291,8 +294,9 @@ def _fitted(todo: list, gpus: int) -> tuple[list, list[str]]:
     rank on each): the handout's 2,4,6 processes are 2,4 on four GPUs, and the rest is
     named, not a refusal of the whole run. A command none of whose sizes fits is left out."""
     fitted, short = [], []
-    for problem, args in todo:
-        at = args.index("--world-size") + 1 if "--world-size" in args else None
+    for problem, args in _one_backend_each(todo):
+        gloo = "--backend" in args and args[args.index("--backend") + 1] == "gloo"
+        at = args.index("--world-size") + 1 if "--world-size" in args and not gloo else None
         sizes = args[at].split(",") if at is not None else []
         kept = [s for s in sizes if not s.isdigit() or int(s) <= gpus]
         if kept == sizes:
@@ -305,6 +309,22 @@ def _fitted(todo: list, gpus: int) -> tuple[list, list[str]]:
                      f"this host has {gpus}" + (f" (run at {','.join(kept)})" if kept
                                                 else ""))
     return fitted, short
+
+
+def _one_backend_each(todo: list) -> list:
+    """A command of `--backend gloo,nccl` as two, Gloo's and NCCL's: Gloo's ranks run on the
+    CPU (the 2025 handout's 6 Gloo processes on a host of 4 GPUs), NCCL's one per GPU."""
+    out = []
+    for problem, args in todo:
+        at = args.index("--backend") + 1 if "--backend" in args else None
+        backends = args[at].split(",") if at is not None else []
+        if len(backends) < 2 or "gloo" not in backends:
+            out.append((problem, args))
+            continue
+        out += [(problem, [*args[:at], "gloo", *args[at + 1:]]),
+                (problem, [*args[:at], ",".join(b for b in backends if b != "gloo"),
+                           *args[at + 1:]])]
+    return out
 
 
 def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:

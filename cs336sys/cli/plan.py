@@ -16,6 +16,7 @@ from cs336sys.cli.common import (
     catalog,
     check_db,
     fail,
+    given,
     run_experiment,
     terminal_width,
 )
@@ -50,6 +51,7 @@ class Beside:
 @options_of(shape_options)
 def plan(
     *,
+    ctx: typer.Context,
     size: option("Model size preset: tiny, small, ..., xl, 10B, 8b (the CS336 2026 leaderboard "
                  "model), or xxl (the 2025 handout's blocks of two linear layers, "
                  "communication_accounting).", str) = "8b",
@@ -98,7 +100,7 @@ def plan(
     from cs336sys.experiments import plan as exp
 
     # options that only shape another one: given without it, they would be ignored
-    if memory_gib != 80.0 and flops is None and bandwidth is None:
+    if given(ctx, "memory_gib") and flops is None and bandwidth is None:
         fail("--memory-gib is the memory of a device given by hand: give it with --flops and "
              "--bandwidth (a preset's and a measured GPU's memory are their own)")
     if gpu is not None and not measured:
