@@ -451,3 +451,26 @@ def test_a_committed_schema_6_store_reads_and_reports_in_todays_names(tmp_path):
     with Store(db, EXPERIMENTS) as s:
         assert schema.version(s.conn) == SCHEMA_VERSION
         assert s.query("SELECT count(*) AS n FROM runs") == [{"n": 6}]
+
+
+def test_a_journal_that_vanishes_while_it_is_checked_is_no_refusal(tmp_path, monkeypatch):
+    """Another process creating the store leaves a -journal for an instant: seen, then gone
+    before its permissions were read, it was 'a file this process may not read and write'
+    and a writer failed (two writers at once, once in a few hundred runs)."""
+    import os
+
+    from cs336sys.store.guard import check_path
+
+    path = tmp_path / "results.db"
+    journal = tmp_path / "results.db-journal"
+    journal.write_bytes(b"")
+    real = os.access
+
+    def committed_meanwhile(p, mode, *args, **kwargs):
+        if str(p) == str(journal):
+            journal.unlink()
+            return False
+        return real(p, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", committed_meanwhile)
+    assert check_path(path, writing=True) == path

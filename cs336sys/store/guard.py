@@ -57,6 +57,8 @@ def _check_side_files(path: Path) -> None:
             what = "a file this process may not read and write"
         else:
             continue
+        if not os.path.lexists(side):  # a journal another writer's commit removed meanwhile
+            continue
         raise StoreError(f"{side} is {what}, not the regular file SQLite keeps beside {path.name}: "
                          "move it away")
 
