@@ -102,7 +102,7 @@ def test_the_groups_year_and_store_hold_for_run_and_report(db_path, tmp_path, mo
     listing = invoke("handout", "--year", "2025", "--db", db_path).stdout
     assert f"$ cs336sys handout run --year 2025 --db {db_path} PROBLEM..." in listing
     r = invoke("handout", "--year", "2025", "--db", db_path, "run", "--all", "--dry-run")
-    assert r.exit_code == 0 and "[1/19] benchmarking_script" in r.stdout, r.output
+    assert r.exit_code == 0 and "[1/20] benchmarking_script" in r.stdout, r.output
     r = invoke("handout", "--year", "2025", "--db", db_path, "run", "mixed_precision_accumulation")
     assert r.exit_code == 0, r.output
     assert len(query(db_path, "SELECT id FROM runs")) == 4 and not (tmp_path / "db").exists()

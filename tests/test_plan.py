@@ -522,3 +522,18 @@ def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
 def test_bad_split_and_mesh_exit_2(db_path, args, says):
     r = invoke("plan", "--strategy", "fsdp-tp", "--n", "4", *args, "--db", db_path)
     assert r.exit_code == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_xxl_on_one_h100_says_how_many_h100s_worth_it_is(db_path):
+    """2025 communication_accounting (a): "How many H100 80GB GPUs worth of memory is this?"
+    16 bytes a parameter of 126 x 2 x 16384 x 53248 and L (2D + 2F) bf16 bytes a token of
+    64 x 512 tokens, over 80 GiB: 47.6."""
+    params = 126 * 2 * 16384 * 53248
+    total = 16 * params + 126 * (2 * 16384 + 2 * 53248) * 64 * 512
+    r = invoke("plan", "--size", "xxl", "--hardware", "h100", "--strategy", "fsdp", "--n", 1,
+               "--batch", 64, "--seq", 512, "--handout", "2025", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert f"{total / (80 * 2**30):.1f}" == "47.6"
+    worth = next(line for line in r.stdout.splitlines() if line.startswith("819.0 ")
+                 and "80.0" in line)
+    assert "47.6" in worth.split()

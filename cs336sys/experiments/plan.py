@@ -371,6 +371,10 @@ def gib(x: Any) -> str:
     return "" if x is None else f"{x / GiB:,.1f}"
 
 
+def _worth(total: Any, device: Any) -> str:  # 2025: "How many H100 80GB GPUs worth"
+    return "" if total is None or not device else f"{total / device:,.1f}"
+
+
 def _split(r: Any) -> str:
     return f"{r.get('fsdp_degree')}x{r.get('tp_degree')}" if r.get("strategy") == "fsdp-tp" else ""
 
@@ -412,6 +416,7 @@ MEMORY = Table(
         Column("total", cell=lambda r: gib(r.get("mem_total_bytes"))),
         Column("total ckpt", cell=lambda r: gib(r.get("mem_total_ckpt_bytes"))),
         Column("GPU", cell=lambda r: gib(r.get("memory_bytes"))),
+        Column("GPUs' worth", cell=lambda r: _worth(r.get("mem_total_bytes"), r.get("memory_bytes"))),
         Column("fits", "fits", "yes_no"),
         Column("fits ckpt", "fits_ckpt", "yes_no"),
         Column("seqs that fit", "fit_seqs"),
@@ -423,7 +428,8 @@ MEMORY = Table(
     "two FSDP units in bf16 (xxl: none). activations: the tokens one device sees x (L (16D + 8F "
     "+ 4H) + 4D + 6V) bytes (xxl: L (2D + 2F), and under FSDP the handout's half of all B "
     "tokens' sharded N ways, half whole), with TP's split; ckpt: 2D a token a layer plus one "
-    "layer recomputed. seqs that fit: whole sequences per device that fit beside the rest.",
+    "layer recomputed. GPUs' worth: total over the GPU's memory. seqs that fit: whole "
+    "sequences per device that fit beside the rest.",
 )
 EXPERIMENT = Experiment(
     kind="plan",

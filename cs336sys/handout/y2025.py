@@ -153,9 +153,12 @@ PROBLEMS = (
         asks="The XXL model (d 16384, ff 53248, 126 two-matrix blocks, fp32 state, bf16 "
         "activations) on TPU v5p: its memory on one device and sharded N_FSDP ways, and the "
         "batch at which FSDP 16 x TP 4 on a 3D mesh (M_X = 2, M_Y = 1) is compute-bound.",
-        # FSDP alone at each degree; FSDP x TP 16x4 only where it is 64 devices
+        # FSDP alone at each degree; FSDP x TP 16x4 only where it is 64 devices; (a)'s
+        # "how many H100 80GB GPUs worth" on one H100
         runs=(Run("plan --size xxl --hardware tpu-v5p --strategy fsdp --n 1,16,32,64 "
                   "--batch 64 --seq 512"),
+              Run("plan --size xxl --hardware h100 --strategy fsdp --n 1 --batch 64 --seq 512",
+                  part="(a)"),
               Run("plan --size xxl --hardware tpu-v5p --strategy fsdp-tp --n 64 --split 16x4 "
                   "--mesh-axes 2,1 --batch 64 --seq 512")),
         tables=("plan", inequalities, mesh),
