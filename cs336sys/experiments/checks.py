@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.experiments.training_check import few
 from cs336sys.experiments.training_step import (
     LR,
     WEIGHT_DECAY,
@@ -96,9 +97,8 @@ def _loaded(ours: Any, theirs: Any) -> str | None:
         return (lines[1] if len(lines) > 1 else lines[0]) if lines else type(exc).__name__
     missing = [k for k in found.missing_keys if k not in ours_buffers]
     if missing or found.unexpected_keys:
-        return "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
-                         for what, keys in (("theirs lacks", missing),
-                                            ("ours lacks", found.unexpected_keys)) if keys)
+        return "; ".join(f"{what}: {few(keys)}" for what, keys in
+                         (("theirs lacks", missing), ("ours lacks", found.unexpected_keys)) if keys)
     return None
 
 

@@ -34,13 +34,13 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.experiments import ddp_yours
+from cs336sys.experiments.training_step import LR, WEIGHT_DECAY
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import held
 
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
 IMPLS = REPLICA_IMPLS + FSDP_IMPLS
-LR, WEIGHT_DECAY = 1e-4, 0.01
 
 
 @dataclass

@@ -23,8 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cs336sys.experiments.ddp_setup import LR, WEIGHT_DECAY
-from cs336sys.experiments.training_step import cross_entropy, make_model
+from cs336sys.experiments.training_step import LR, WEIGHT_DECAY, cross_entropy, make_model
 from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import autocast_dtype
 
@@ -163,12 +162,16 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
                 f"in the parameters, SGD would not)")
     if all(loc <= tol for _, _, _, loc in off):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match rank 0's "
-                f"own slice of the batch: never all-reduced ({', '.join(n for n, *_ in off[:3])}"
-                f"{', ...' if len(off) > 3 else ''})")
+                f"own slice of the batch: never all-reduced ({few([n for n, *_ in off])})")
     name, mean, _, _ = max(off, key=lambda o: o[1] if o[1] == o[1] else float("inf"))
     return (f"{count} rank 0 holds after finish_gradient_synchronization() differ from the "
             f"mean over the global batch (worst {name}: relative error {mean:.2g}, allowed "
             f"{tol:g}); they match neither the sum nor rank 0's own slice")
+
+
+def few(names: list[str], shown: int = 3) -> str:
+    """`a, b, c, ...`: the first names of a list a failure points at, and whether more follow."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
 
 
 def zero_gradients(grads: dict, reference: TrainingReference) -> list[str]:
@@ -238,14 +241,13 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
     zeros = zero_gradients(named, reference) if named is not None and not passed else []
     if zeros:
         causes.append(f"{len(zeros)} gradient tensors rank 0 holds after the first step's "
-                      f"finish_gradient_synchronization() are all zero ({', '.join(zeros[:3])}"
-                      f"{', ...' if len(zeros) > 3 else ''}): no gradient had reached them yet "
+                      f"finish_gradient_synchronization() are all zero ({few(zeros)}): no gradient "
+                      f"had reached them yet "
                       f"(reduced a step late, or into other tensors than the ones the "
                       f"optimizer steps?)")
     if frozen and not passed:
         causes.append(f"{len(frozen)} of {len(reference.final)} parameter tensors never left "
-                      f"their initial values ({', '.join(frozen[:3])}"
-                      f"{', ...' if len(frozen) > 3 else ''}): their optimizer step never ran "
+                      f"their initial values ({few(frozen)}): their optimizer step never ran "
                       f"here, or its result never reached rank 0 (a shard no rank steps, or "
                       f"one its owner never broadcasts?)")
     if spread and not passed:
