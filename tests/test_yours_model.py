@@ -491,17 +491,17 @@ def test_a_forward_that_returns_no_logits_tensor_is_told_what_is_needed():
 def test_logits_apart_fail_the_model_check_where_the_loss_hides_it():
     """Near ln V, a narrow model with a RoPE rotating the wrong pairs kept its loss within
     1e-4 (|Δ| 5.5e-4 of 9.2) while its logits were 0.26 off: the logits are compared too."""
-    from cs336sys.experiments.checks import _same_loss
+    from cs336sys.experiments.checks import _same_output
 
     g = torch.Generator().manual_seed(0)
     reference = 0.1 * torch.randn(2, 16, 1000, generator=g)
     y = torch.randint(0, 1000, (2, 16), generator=g)
-    assert _same_loss(reference + 1e-6, reference, y, "same").passed  # sums in another order
+    assert _same_output(reference + 1e-6, reference, y, "same").passed  # sums in another order
     off = reference.clone()
     order = [i for i in torch.argsort(off[0, 3]).tolist() if i != int(y[0, 3])]
     a, b = order[0], order[-1]  # the lowest and highest logits but the target's, swapped:
     off[0, 3, [a, b]] = off[0, 3, [b, a]]  # the same loss, logits 0.6 apart
-    verdict = _same_loss(off, reference, y, "the same weights")
+    verdict = _same_output(off, reference, y, "the same weights")
     assert verdict.metrics["check_loss"] == pytest.approx(verdict.metrics["check_loss_ours"],
                                                           rel=1e-6)
     assert not verdict.passed and "logits at most" in verdict.why

@@ -61,7 +61,7 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
         ours = make_model(dataclasses.replace(small, attention="naive"), device, seed)
         with torch.no_grad():
             mine, reference = theirs(x), ours(x)
-        return _same_loss(mine, reference, y, f"naive attention in place of {config.attention}")
+        return _same_output(mine, reference, y, f"naive attention in place of {config.attention}")
     with torch.no_grad():
         logits = theirs(x)
         loss = float(cross_entropy(logits, y))
@@ -77,7 +77,7 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
         return Verdict(True, {**metrics, "check": "pass", "check_detail": detail})
     with torch.no_grad():
         reference = ours(x)
-    return _same_loss(logits, reference, y, "the same weights in cs336sys's TransformerLM")
+    return _same_output(logits, reference, y, "the same weights in cs336sys's TransformerLM")
 
 
 def _loaded(ours: Any, theirs: Any) -> str | None:
@@ -165,7 +165,7 @@ def optimizer_check(name: str) -> Verdict:
 # Where an AdamW keeps its hyperparameters, as students name them: torch's `betas` tuple or
 # two numbers (assignment 1 names them beta1 and beta2).
 _BETAS = (("betas",), ("beta1", "beta2"), ("b1", "b2"), ("beta_1", "beta_2"))
-_EPS = ("eps", "epsilon")
+_EPS = (("eps",), ("epsilon",))
 # Where none is found: what make_optimizer built it with, else torch's defaults.
 _STAND_INS = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": WEIGHT_DECAY}
 
@@ -183,17 +183,17 @@ def their_hyperparameters(optimizer: Any) -> tuple[dict[str, Any], list[str]]:
     except (TypeError, ValueError):
         defaults = {}
 
-    def read(*names: str) -> Any:
+    def read(*spellings: tuple[str, ...]) -> Any:
+        """The first spelling the group (else the constructor) has: one value, or a tuple."""
         for where in (group, defaults):
-            if all(n in where for n in names):
-                values = tuple(where[n] for n in names)
-                return values if len(values) > 1 else values[0]
+            for names in spellings:
+                if all(n in where for n in names):
+                    values = tuple(where[n] for n in names)
+                    return values if len(values) > 1 else values[0]
         return None
 
-    found = {"lr": read("lr"), "betas": next((b for b in map(lambda n: read(*n), _BETAS)
-                                             if b is not None), None),
-             "eps": next((e for e in map(read, _EPS) if e is not None), None),
-             "weight_decay": read("weight_decay")}
+    found = {"lr": read(("lr",)), "betas": read(*_BETAS), "eps": read(*_EPS),
+             "weight_decay": read(("weight_decay",))}
     unread = [k for k, v in found.items() if v is None]
     return {k: _STAND_INS[k] if v is None else v for k, v in found.items()}, unread
 
@@ -231,7 +231,7 @@ def judged(checked: Verdict | None, metrics: dict[str, Any], **result: Any) -> R
                   error=None if passed else checked.why, **result)
 
 
-def _same_loss(logits: Any, reference_logits: Any, y: Any, what: str) -> Verdict:
+def _same_output(logits: Any, reference_logits: Any, y: Any, what: str) -> Verdict:
     """The user's loss against the reference loss, within LOSS_RTOL, and their logits against
     the reference's, within LOGITS_TOL: a loss near ln V hides a RoPE rotating the wrong
     pairs in a narrow model (|Δ loss| 5.5e-4 at d 64, its logits 0.26 off)."""
