@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -199,9 +199,10 @@ def run(
     from cs336sys.models.config import HANDOUT_ENV
     from cs336sys.models.config import handout as release
 
-    ctx.with_resource(environ(**{HANDOUT_ENV: year or release()}))
+    chosen = year or release()
+    ctx.with_resource(environ(**{HANDOUT_ENV: chosen}))
     if yours:
-        _same_release(adapters, year or release())
+        _same_release(adapters, chosen)
     if bool(names) == every:
         fail("name the problems to run, or give --all (not both)")
     check_db(db)
@@ -213,18 +214,16 @@ def run(
     root = ctx.find_root().command
     todo, short = _fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not todo:  # every command needs more GPUs than this host has
-        more = f" (and {len(short) - 1} more)" if len(short) > 1 else ""
-        fail(f"nothing was run: {short[0]}{more}")
+        _nothing_run(short)
     if not dry_run:  # (a dry run is that check, printed)
         refused, needs_gpus = _refusals(root, todo, db)
         if refused:
-            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-            fail(f"nothing was run: {refused[0]}{more}")
+            _nothing_run(refused)
+        left_out = [t for t, _ in needs_gpus]
         short += [line for _, line in needs_gpus]
-        todo = [t for t in todo if t not in [t for t, _ in needs_gpus]]
+        todo = [t for t in todo if t not in left_out]
         if not todo:
-            more = f" (and {len(short) - 1} more)" if len(short) > 1 else ""
-            fail(f"nothing was run: {short[0]}{more}")
+            _nothing_run(short)
     for line in short:  # what this host leaves owed, before anything is measured
         say(f"Left for a host with more GPUs: {line}.", then="  ")
     from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
@@ -265,6 +264,12 @@ def run(
     # what a signal from here to the exit ends with (not the last command's own line)
     stopping.stored(f"handout run stored {stored_here() - before} point(s) in {db}")
     raise typer.Exit(min(worst, 1))
+
+
+def _nothing_run(why: list[str]) -> NoReturn:
+    """Exit 2 with the first reason no command of the run can run, and how many more."""
+    more = f" (and {len(why) - 1} more)" if len(why) > 1 else ""
+    fail(f"nothing was run: {why[0]}{more}")
 
 
 def _same_release(given: Path | None, release: str) -> None:
