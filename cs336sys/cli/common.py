@@ -23,7 +23,7 @@ from cs336sys.experiments import catalog as kinds
 from cs336sys.measure.landing import held
 from cs336sys.measure.units import format_duration
 from cs336sys.sweep import stopping
-from cs336sys.sweep.points import SpecError, point_key
+from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.points import choices as checked
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
@@ -303,6 +303,8 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
 def dry_run(experiment: Any, points: list) -> str:
     """--dry-run's line: the points and their estimated time (experiments/preflight.py, for
     the experiments that estimate); nothing is measured or written."""
+    if not points:  # --resume: all stored
+        return "dry run: every point is stored ok already; nothing to measure"
     estimates = [(experiment.estimate(p), p.device) for p in points] if experiment.estimate \
         else []
     # what the run would store skipped, by the same memory estimate, is no work to wait for
@@ -310,8 +312,6 @@ def dry_run(experiment: Any, points: list) -> str:
     judged = [(e, e.refusal(device)) for e, device in estimates if e is not None]
     refused = [why for _, why in judged if why]
     seconds = [e.seconds for e, why in judged if e.seconds is not None and not why]
-    if not points:  # --resume: all stored
-        return "dry run: every point is stored ok already; nothing to measure"
     line = f"dry run: {len(points)} point(s)"
     if seconds:
         line += (f", estimated {format_duration(sum(seconds))} from their FLOPs and this device's rate"
@@ -329,6 +329,7 @@ def _not_stored(experiment: Any, points: list, db: Path, device: str,
     run counts and estimates those, not every point)."""
     from cs336sys.measure.provenance import collect
     from cs336sys.store.db import StoreError, connect_readonly, done_points
+    from cs336sys.sweep.runner import not_done
 
     if not db.exists():
         return points
@@ -340,7 +341,7 @@ def _not_stored(experiment: Any, points: list, db: Path, device: str,
             conn.close()
     except StoreError as exc:
         fail(exc)
-    todo = [p for p in points if point_key(experiment.kind, p.settings()) not in done]
+    todo = not_done(experiment, points, done)
     if len(todo) < len(points):
         say(f"--resume: skipping {len(points) - len(todo)}/{len(points)} point(s) stored ok")
     return todo

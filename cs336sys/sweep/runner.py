@@ -125,8 +125,7 @@ def run_sweep(
     if resume:
         if sink is None or not hasattr(sink, "done"):
             raise ValueError("resume needs a sink that knows what it holds (a Recorder)")
-        done = sink.done(experiment)
-        todo = [s for s in specs if point_key(experiment.kind, s.settings()) not in done]
+        todo = not_done(experiment, specs, sink.done(experiment))
         if len(todo) < len(specs):
             progress.resumed(len(specs) - len(todo))
         specs = todo
@@ -220,6 +219,12 @@ def both_ways(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
             process_groups(on_ranks, list(run), skip, emit)
         else:
             local(experiment, list(run), skip, emit)
+
+
+def not_done(experiment: Experiment, specs: list, done: set[str]) -> list:
+    """The points of `specs` --resume measures: those whose key is not in `done`, the keys
+    stored ok by this code on this machine (Store.done_points)."""
+    return [s for s in specs if point_key(experiment.kind, s.settings()) not in done]
 
 
 def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
