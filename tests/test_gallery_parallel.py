@@ -188,10 +188,20 @@ def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp
     says so in words. What is checked is tracing, not generated code: aot_eager traces as
     inductor does, in 14 s of this test where inductor took 33."""
     monkeypatch.setenv("CS336SYS_COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "warm"))
+    # each rank records the inductor cache it builds under: the leaderboard's empty one
+    (repo / "cs336_systems" / "probe.py").write_text(
+        f"import os\nfrom {FSDP} import CompileReady\n\n\nclass Probe(CompileReady):\n"
+        "    def __init__(self, *args, **kwargs):\n"
+        "        super().__init__(*args, **kwargs)\n"
+        f"        with open({str(tmp_path / 'caches')!r}, 'a') as f:\n"
+        "            print(os.environ['TORCHINDUCTOR_CACHE_DIR'], file=f)\n")
     db = tmp_path / "r.db"
-    for name, cls, switches, exit_code in [("yours-fsdp", "FSDP", "compile", 1),
-                                           ("yours-fsdp-ready", "CompileReady", "none,compile", 0)]:
-        out = invoke("step", *STEP, "--ddp", f"{name}={FSDP}:{cls}", "--switches", switches,
+    for name, target, switches, exit_code in [
+            ("yours-fsdp", f"{FSDP}:FSDP", "compile", 1),
+            ("yours-fsdp-ready", f"{FSDP}:CompileReady", "none", 0),
+            ("yours-fsdp-ready", "cs336_systems.probe:Probe", "compile", 0)]:
+        out = invoke("step", *STEP, "--ddp", f"{name}={target}", "--switches", switches,
                      "--db", db)
         assert out.exit_code == exit_code, out.output
     rows = query(db, "SELECT json_extract(settings, '$.switches') AS switches, status, error, "
@@ -205,3 +215,8 @@ def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp
     assert json.loads(ready["loss"]) == pytest.approx(json.loads(plain["loss"]), rel=1e-5)
     (env,) = {r["env"] for r in query(db, "SELECT env FROM invocations")}
     assert json.loads(env)["CS336SYS_COMPILE_BACKEND"] == "aot_eager"  # stored with the runs
+    caches = (tmp_path / "caches").read_text().split()
+    assert len(set(caches)) == 2 and all("cs336sys-compile-" in c for c in caches), caches
+    (compile_s,) = query(db, "SELECT compile_s FROM step_runs WHERE switches = 'compile' "
+                             "AND status = 'ok'")
+    assert compile_s["compile_s"] is not None
