@@ -109,7 +109,7 @@ def test_sdpa_counts_the_scores_only_for_its_math_backend(monkeypatch, backend, 
     inputs = 8 * 16 * 65536 * 64 * 2
     scores = 3 * 16 * 65536**2 * 2
     assert estimate.bytes == int(1.1 * (inputs + scores * skipped))
-    assert (estimate.refusal("cpu") is not None) == skipped
+    assert (estimate.refusal(spec) is not None) == skipped
 
 
 def test_a_models_sdpa_holds_no_scores_as_the_fused_kernels():
@@ -124,3 +124,29 @@ def test_a_models_sdpa_holds_no_scores_as_the_fused_kernels():
         return preflight.model_estimate(spec).bytes
 
     assert activations("sdpa") == activations("flash-torch") < activations("naive") / 10
+
+
+def test_ranks_on_gpus_are_not_refused_on_one_gpus_memory(monkeypatch):
+    """Each rank of a ranked CUDA point has a GPU holding its wrapper's share, which the whole
+    model's estimate does not give: the run starts them, so --dry-run must not say they would
+    be skipped (it said all six of the leaderboard's ablation would be, on a B200), and their
+    FLOPs are split over the GPUs. One GPU alone is still refused the same model."""
+    from cs336sys.cli.common import dry_run
+    from cs336sys.experiments import step
+    from cs336sys.models.flops import step_flops
+
+    rate = 400e12
+    monkeypatch.setattr(step, "device_choice", lambda device: "cuda")
+    monkeypatch.setattr(step, "check_triton", lambda *a, **k: None)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 178 * 2**30)
+    monkeypatch.setattr(preflight, "flops_per_second", lambda device: rate)
+    ranked = step.specs(preset="leaderboard", switches=["ablation"])
+    assert {s.world_size for s in ranked} == {2}
+    line = dry_run(step.EXPERIMENT, ranked)
+    assert f"dry run: {len(ranked)} point(s), estimated" in line and "skipped" not in line
+    first = ranked[0]
+    steps = first.warmup + first.iters + 1
+    flops = step_flops(first.config(), first.batch, first.seq, "train")
+    assert preflight.model_estimate(first).seconds == pytest.approx(steps * flops / (2 * rate))
+    (alone,) = step.specs(preset="leaderboard", world_size=[1], switches=["none"])
+    assert "would be skipped" in dry_run(step.EXPERIMENT, [alone])

@@ -305,11 +305,10 @@ def dry_run(experiment: Any, points: list) -> str:
     the experiments that estimate); nothing is measured or written."""
     if not points:  # --resume: all stored
         return "dry run: every point is stored ok already; nothing to measure"
-    estimates = [(experiment.estimate(p), p.device) for p in points] if experiment.estimate \
-        else []
+    estimates = [(experiment.estimate(p), p) for p in points] if experiment.estimate else []
     # what the run would store skipped, by the same memory estimate, is no work to wait for
     # (the leaderboard's 8B on a laptop read as 28 days, and nothing said it would not run)
-    judged = [(e, e.refusal(device)) for e, device in estimates if e is not None]
+    judged = [(e, e.refusal(p)) for e, p in estimates if e is not None]
     refused = [why for _, why in judged if why]
     seconds = [e.seconds for e, why in judged if e.seconds is not None and not why]
     line = f"dry run: {len(points)} point(s)"

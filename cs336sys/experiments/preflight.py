@@ -51,11 +51,17 @@ class Estimate:
     seconds: float | None = None
     too_long: str = ""  # why the point would run too long to start (interpreted kernels)
 
-    def refusal(self, device: str) -> str | None:
-        """Why the point would not fit on `device` now, or run far too long (stored with
-        it as skipped), or None."""
+    def refusal(self, spec: Any) -> str | None:
+        """Why the point `spec` would not fit on its device now, or run far too long (stored
+        with it as skipped), or None. On CPU ranks share the host's memory, which the whole
+        model's estimate bounds from below whatever a wrapper shards (the leaderboard's 8B
+        on a laptop); on CUDA each rank has a GPU that holds a sharded wrapper's share,
+        which the estimate does not give, so ranked CUDA points are not refused on memory."""
         if self.too_long:
             return self.too_long
+        device = str(spec.device)
+        if device.startswith("cuda") and getattr(spec, "world_size", 1) > 1:
+            return None
         free = available_bytes(device)
         if free is None or self.bytes <= free:
             return None
@@ -120,7 +126,9 @@ def _seconds(spec: Any, config: Any, mode: str) -> float | None:
     if not rate:
         return None
     steps = getattr(spec, "warmup", 0) + getattr(spec, "iters", 1) + 1  # + the first call
-    return steps * step_flops(config, spec.batch, spec.seq, mode) / rate
+    # ranks on GPUs split the global batch's FLOPs; on a CPU they share its cores
+    gpus = getattr(spec, "world_size", 1) if str(spec.device).startswith("cuda") else 1
+    return steps * step_flops(config, spec.batch, spec.seq, mode) / (rate * gpus)
 
 
 @functools.cache

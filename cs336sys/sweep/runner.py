@@ -143,7 +143,7 @@ def run_sweep(
     begin = getattr(progress, "begin", None)  # optional: told which point runs next
     estimates = {id(s): experiment.estimate(s) for s in specs} if experiment.estimate else {}
     seconds = [e.seconds for s in specs if (e := estimates.get(id(s))) and e.seconds is not None
-               and (force or not e.refusal(s.device))]  # the points that will run
+               and (force or not e.refusal(s))]  # the points that will run
     if seconds and hasattr(progress, "estimated"):
         progress.estimated(sum(seconds), len(specs))
 
@@ -153,7 +153,7 @@ def run_sweep(
         if begin is not None and announce:
             begin(spec)
         estimate = estimates.get(id(spec))
-        why = None if estimate is None or force else estimate.refusal(spec.device)
+        why = None if estimate is None or force else estimate.refusal(spec)
         if why:
             return Result("skipped", error=f"skipped: {why}", metrics=estimate.metrics())
         if axis is None:
@@ -299,12 +299,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
     for (world, _), group in by_world.items():
         todo = []
         for spec in group:
-            # On a CPU the ranks share the host's memory, which the whole model's estimate
-            # bounds from below whatever the wrapper shards: a point it refuses is stored
-            # skipped, not started on every rank (the leaderboard's 8B on a laptop). A GPU
-            # per rank holds a sharded wrapper's share, which that estimate does not give.
-            decided = skip(spec, announce=False) \
-                if not str(getattr(spec, "device", "cpu")).startswith("cuda") else None
+            decided = skip(spec, announce=False)  # a refused point is not started on every rank
             if decided is not None:
                 emit(spec, decided)
             else:
