@@ -24,8 +24,8 @@ def options(
     zero: option("Also run each replica impl with torch's "
                  "ZeroRedundancyOptimizer.", bool, "--zero") = False,
     optimizer: option("The AdamW every rank steps, sharded or not: adamw (ours), torch-adamw, "
-                      "or yours (yours-adamw: your adapters' get_adamw_cls; "
-                      "NAME=package.module:Class), checked against torch's AdamW first. "
+                      "or your own: yours-adamw (your adapters' get_adamw_cls) or "
+                      "NAME=package.module:Class, checked against torch's AdamW first. "
                       "[default: adamw]", str | None) = None,
     bucket_mb: list_option("Bucket caps in MiB, for bucketed. [default: 1,10,100,1000]") = None,
     size: list_option("Model size preset(s). [default: xl on CUDA, tiny on CPU]") = None,

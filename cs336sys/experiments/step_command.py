@@ -29,8 +29,8 @@ def options(
     attention: option("The baseline attention that flash replaces (yours-torch, yours-triton: your "
                       "adapters'). [default: sdpa]", str | None) = None,
     optimizer: option("The baseline optimizer that fused-adamw replaces: adamw (ours, the "
-                      "reference loop), torch-adamw, or yours (yours-adamw: your adapters' "
-                      "get_adamw_cls; NAME=package.module:Class), checked against torch's AdamW "
+                      "reference loop), torch-adamw, or your own: yours-adamw (your adapters' "
+                      "get_adamw_cls) or NAME=package.module:Class, checked against torch's AdamW "
                       "first. [default: adamw]", str | None) = None,
     adamw: option("What fused-adamw runs: triton, foreach or torch-fused (torch's, CUDA). "
                   "[default: triton on CUDA, foreach on CPU]", str | None) = None,
