@@ -24,7 +24,8 @@ from cs336sys.report.tables import RUNS_APART, RUNS_APART_NOTE, speedups
 
 SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second faster) comes with its 95 % "
                 "bootstrap interval from the raw samples, and says faster or slower only when the "
-                "interval excludes 1; without it, too few samples (4 a side at least) or none stored.")
+                "interval excludes 1; too few samples to tell where no test can (3 against 3 "
+                "cannot, 4 against 4 can).")
 WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table has them all)
 SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 

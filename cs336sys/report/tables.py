@@ -185,6 +185,8 @@ RUNS_APART_NOTE = (
     "differed by 23 % on an H100), so it gives no verdict: measure both in one command.")
 
 
+TOO_FEW = "too few samples to tell"  # measure/significance.py's judge says the same
+
 NOT_INTERLEAVED = "not interleaved"
 NOT_INTERLEAVED_NOTE = (
     "not interleaved: the two points ran one after the other, so the interval sees the spread "
@@ -204,9 +206,10 @@ def _interleaved(row: Row) -> bool | None:
 
 def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
     """` faster (1.65–2.58)`: the bootstrap interval of row's median of the samples `name`
-    over base's (base's over row's when `speedup`) and its verdict; '' without samples, or
-    with too few a side for any test to tell (3 against 3: measure/significance.py): a
-    bootstrap of one sample a side has an interval of zero width, a certainty it lacks.
+    over base's (base's over row's when `speedup`) and its verdict; '' without samples, and
+    TOO_FEW with too few a side for any test to tell (3 against 3: measure/significance.py):
+    a bootstrap of one sample a side has an interval of zero width, a certainty it lacks,
+    and a bare ratio read as a change (0.74x of 2.5 ± 1.5 s against 2.7 ± 1.5).
     Two rows of different invocations get the interval and RUNS_APART instead of a verdict:
     resampling steps within each run cannot see how far runs drift apart; nor, in one run,
     between points that did not interleave their steps where their experiment can
@@ -215,8 +218,10 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
         return ""
     a = timed_samples(base.get("_samples"), name)
     b = timed_samples(row.get("_samples"), name)
-    if min_p(len(a), len(b)) >= ALPHA:  # (no sample a side included)
+    if not a or not b:
         return ""
+    if min_p(len(a), len(b)) >= ALPHA:
+        return f" ({TOO_FEW})"
     found = ratio_interval(a, b)  # row over base: a time ratio
     if found is None:
         return ""
