@@ -42,7 +42,7 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",
                         f"yours-right={TORCH}:Right,yours-nocausal={TORCH}:IgnoresCausal,"
                         f"yours-noscale={TORCH}:NoScale,yours-instance={TORCH}:AnInstance,"
-                        f"yours-late={TORCH}:OneKeyLate",
+                        f"yours-late={TORCH}:OneKeyLate,yours-bwd={TORCH}:BackwardUnmasked",
                         *SEQS)
     got = by_impl(rows)
     assert [(r["status"], r["check"]) for r in got["yours-right"]] == [("ok", "pass")] * 2
@@ -63,6 +63,10 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
     for r in got["yours-late"]:  # its figures alone said it was off, not how
         assert r["status"] == "wrong"
         assert "it computes causal attention with the mask one key late" in r["error"]
+    for r in got["yours-bwd"]:  # exp(S - L) over every key, with the causal L: neither mask's
+        assert r["status"] == "wrong"
+        assert "its backward recomputes P = exp(S - L) without the causal mask, with the " \
+            "causal forward's L: is_causal is not kept for the backward" in r["error"]
 
 
 @pytest.mark.slow
@@ -110,13 +114,19 @@ def test_a_pytorch_flashattention_that_ignores_is_causal_passes_as_the_handout_a
 def test_a_flashattention_whose_saved_logsumexp_the_course_fails_is_wrong(repo, tmp_path, edits,
                                                                           says):
     """Its O and gradients are right, but the course's forward test reads L from the saved
-    tensors and fails it: a log2 L, or one kept on ctx instead of saved, passed here."""
+    tensors and fails it: a log2 L, or one kept on ctx instead of saved, passed here; so
+    did either with the forward timed alone (no input needed a gradient, so nothing was
+    saved: where cs336sys sends a kernel whose backward is not written yet), or with heads
+    (flattened into the batch, the output shaped back by a view that saves nothing)."""
     for old, new in edits:
         edit(repo, FLASH, old, new)
-    _, rows = attention(tmp_path / "r.db", "--impl", "yours-torch", "--seq", "32")
-    (row,) = rows
-    assert (row["status"], row["check"]) == ("wrong", "fail"), row["error"]
-    assert says in row["error"] and "O off" not in row["error"], row["error"]
+    for name, more, shape in [("r", [], "(2, 32)"), ("f", ["--pass", "forward"], "(2, 32)"),
+                              ("h", ["--heads", "2"], "(2, 2, 32)")]:
+        _, rows = attention(tmp_path / f"{name}.db", "--impl", "yours-torch", "--seq", "32", *more)
+        (row,) = rows
+        assert (row["status"], row["check"]) == ("wrong", "fail"), (more, row["error"])
+        assert says.replace("(2, 32)", shape) in row["error"], row["error"]
+        assert "O off" not in row["error"], row["error"]
 
 
 def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course_passes_it(
@@ -131,8 +141,22 @@ def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course
     (row,) = rows
     assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
     assert row["not_compared"].startswith("checked non-causal, as the course's tests check")
-    assert row["check_detail"].startswith("at this causal point dQ off by up to")
+    assert row["check_detail"].startswith("at this causal point its backward recomputes P")
     edit(repo, FLASH, "        if False:\n", "        if ctx.is_causal:\n")
+    # a mask one key late in both passes: its causal L is the late mask's, which the course
+    # never reads; the L of the non-causal run it checks is right (it read `wrong: L ...`)
+    late = [("s.masked_fill(kj > qi,", "s.masked_fill(kj > qi + 1,"),
+            ("[None, :] > torch.arange(n_q, device=q.device)[:, None]",
+             "[None, :] > torch.arange(n_q, device=q.device)[:, None] + 1")]
+    for old, new in late:
+        edit(repo, FLASH, old, new)
+    _, rows = attention(tmp_path / "l.db", "--impl", "yours-torch", "--seq", "32")
+    (row,) = rows
+    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+    assert row["check_detail"].startswith("at this causal point it computes causal attention "
+                                          "with the mask one key late")
+    for old, new in late:
+        edit(repo, FLASH, new, old)
     edit(repo, FLASH, "dq = ds @ kf * scale", "dq = ds @ kf", commit="no dq scale")
     _, rows = attention(tmp_path / "s.db", "--impl", "yours-torch", "--seq", "32")
     (row,) = rows

@@ -139,12 +139,20 @@ def backward_diagnosed(causal: bool, got: Mapping[str, Any], q: Any, k: Any, v: 
     from cs336sys.attention.reference import attention_reference
 
     detail = None
-    if causal:
-        _, grads = attention_reference(q, k, v, False, do=dout, dtype=torch.float64)
+    # a backward without the mask: non-causal attention's, or (the handout's warning: "save
+    # the mask flag for backward using ctx.is_causal") P = exp(S - L) unmasked with the
+    # causal forward's L
+    for unmasked in ((False, True) if causal else ()):
+        _, grads = attention_reference(q, k, v, unmasked, do=dout, dtype=torch.float64,
+                                       backward_unmasked=unmasked)
         if check({n: got[n] for n in GRADS}, dict(zip(GRADS, grads, strict=True)),
                  *tolerance).passed:
             detail = ("its backward computes the gradients of non-causal attention: it ignores "
-                      "is_causal where its forward does not")
+                      "is_causal where its forward does not" if not unmasked else
+                      "its backward recomputes P = exp(S - L) without the causal mask, with "
+                      "the causal forward's L: is_causal is not kept for the backward "
+                      "(ctx.is_causal)")
+            break
     d = q.shape[-1]
     factors = ((math.sqrt(d), "√d"), (1 / math.sqrt(d), "1/√d"), (d, "d"), (1 / d, "1/d"))
     for name in GRADS if detail is None else ():
@@ -162,17 +170,20 @@ def backward_diagnosed(causal: bool, got: Mapping[str, Any], q: Any, k: Any, v: 
 
 
 def as_the_course_checks(fn: Any, q: Any, k: Any, v: Any, dout: Any | None, verdict: Verdict,
-                         tolerance: tuple[float, float]) -> tuple[Verdict, dict[str, Any]]:
+                         tolerance: tuple[float, float]
+                         ) -> tuple[Verdict, dict[str, Any], list[Any] | None]:
     """A `yours-torch` that failed at a causal point, run again non-causal on the same inputs
     and checked as the course's tests check it: a pass (saying what was off at the causal
     point) with its times kept apart from causal points, or `verdict` with what is off
-    non-causal too."""
+    non-causal too; and the L that run saved (saved_logsumexps), which the course checks."""
     import torch
 
     from cs336sys.attention.reference import attention_reference
 
-    q2, k2, v2 = (t.detach().clone().requires_grad_(dout is not None) for t in (q, k, v))
-    out = fn(q2, k2, v2, is_causal=False)
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        out = fn(q2, k2, v2, is_causal=False)
+    lse = saved_logsumexps(out, q2)  # before the backward frees what the forward saved
     if dout is not None:
         out.backward(dout)
     got, want = _compared(out, (q2.grad, k2.grad, v2.grad) if dout is not None else None,
@@ -181,21 +192,52 @@ def as_the_course_checks(fn: Any, q: Any, k: Any, v: Any, dout: Any | None, verd
     off = verdict.metrics.get("check_detail") or _reason(verdict.why)
     if not course.passed:
         why = f"{verdict.why}; non-causal too, as the course's tests run it: {_reason(course.why)}"
-        return Verdict(False, verdict.metrics, why), {}
+        return Verdict(False, verdict.metrics, why), {}, lse
     detail = f"at this causal point {off}; {CHECKED_AS_THE_COURSE}"
     return (Verdict(True, {**course.metrics, "check_detail": detail}),
-            {"not_compared": CHECKED_AS_THE_COURSE})
+            {"not_compared": CHECKED_AS_THE_COURSE}, lse)
+
+
+# The nodes of the view that shapes a flattened (B·H, T, D) output back to (B, H, T, D)
+# (yours/implementations.attention_function): L is saved by the user's Function under it.
+_RESHAPES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
 
 
 def saved_logsumexps(out: Any, q: Any) -> list[Any] | None:
     """The tensors the output's autograd.Function saved for backward with L's shape,
-    q.shape[:-1], as the course's forward test finds them (None where its node saves none
-    that can be read: a built-in op's node, no graph)."""
+    q.shape[:-1], as the course's forward test finds them, or (batch·heads, queries) under
+    the view that shaped a flattened output back, read as L's shape (None where its node
+    saves none that can be read: a built-in op's node, no graph)."""
+    import math
+
+    shape = tuple(q.shape[:-1])
+    flat = (math.prod(shape[:-1]), shape[-1])
+    node = getattr(out, "grad_fn", None)
+    while node is not None and type(node).__name__.startswith(_RESHAPES) and node.next_functions:
+        node = node.next_functions[0][0]
     try:
-        saved = out.grad_fn.saved_tensors
+        saved = node.saved_tensors
     except (AttributeError, RuntimeError):
         return None
-    return [t for t in saved if tuple(t.shape) == tuple(q.shape[:-1])]
+    return [t.reshape(shape) for t in saved if tuple(t.shape) in (shape, flat)]
+
+
+def forward_logsumexps(spec: Any, out: Any, fn: Any, q: Any, k: Any, v: Any
+                       ) -> list[Any] | None:
+    """The L to check of a point of the user's FlashAttention (saved_logsumexps), read
+    before the backward frees it; None where none is checked (compiled: the graph's node
+    saves what inductor chose). A forward-only point's inputs need no gradient, so nothing
+    was saved: its forward runs once more with inputs that do, as the course's forward test
+    runs it (a kernel whose backward is not written yet is measured so, and its L counts)."""
+    if spec.impl not in SAVES_L or spec.compile or not spec.check_round:
+        return None
+    if getattr(out, "grad_fn", None) is not None:
+        return saved_logsumexps(out, q)
+    import torch
+
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        return saved_logsumexps(fn(q2, k2, v2, is_causal=spec.causal), q2)
 
 
 def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
@@ -274,11 +316,14 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
         found = diagnose(got, q, k, v, dout, spec.causal, tolerance)
         verdict, computed = judged(spec.impl, spec.causal, verdict, found)
         metrics.update(computed)
+    causal_l = spec.causal
     if not verdict.passed and spec.causal and spec.impl in MAY_IGNORE_CAUSAL and fn is not None:
-        verdict, computed = as_the_course_checks(fn, q, k, v, dout, verdict, tolerance)
+        verdict, computed, rerun_l = as_the_course_checks(fn, q, k, v, dout, verdict, tolerance)
         metrics.update(computed)
+        if verdict.passed and lse is not None:  # the course checks the L of that run
+            lse, causal_l = rerun_l or [], False
     if lse is not None and spec.impl in SAVES_L:
-        of_l = lse_checked(spec.impl, spec.causal, lse, q, k, tolerance)
+        of_l = lse_checked(spec.impl, causal_l, lse, q, k, tolerance)
         if not of_l.passed:
             why = of_l.why if verdict.passed else f"{verdict.why}; {_reason(of_l.why)}"
             verdict = Verdict(False, {**verdict.metrics, "check": "fail"}, why)

@@ -61,12 +61,14 @@ def attention_reference(
     dtype: torch.dtype = torch.float32,
     scale: float | None = None,
     diagonal: int = 0,
+    backward_unmasked: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """O in `dtype` (float32, or float64 for the benchmark's check), and (dQ, dK, dV) when
     the upstream gradient `do` is given. `scale` multiplies the scores (1/√d unless given:
     another one is what a wrong kernel computes, attention/diagnosis.py), and with
     `is_causal` query i sees keys j <= i + `diagonal` (0; 1: the off-by-one mask of a wrong
-    kernel).
+    kernel). `backward_unmasked`: the gradients of a wrong backward that recomputes
+    P = exp(S − L) over every key with the causal forward's L (is_causal not kept for it).
 
     The benchmark's per-point correctness check. It walks over chunks of queries so that at
     most `max_elements` scores exist at once: checking a 65536-long sequence must not need
@@ -87,6 +89,9 @@ def attention_reference(
         o_c = p @ v32  # (..., c, D)
         o[..., start:end, :] = o_c
         if do32 is not None:
+            if backward_unmasked and is_causal:  # the causal L, the scores unmasked
+                lse = torch.logsumexp(s, dim=-1, keepdim=True)  # (..., c, 1)
+                p = torch.exp(q_c @ k32.transpose(-2, -1) * scale - lse)  # (..., c, Tk)
             do_c = do32[..., start:end, :]  # (..., c, D)
             dv += p.transpose(-2, -1) @ do_c
             dp = do_c @ v32.transpose(-2, -1)  # (..., c, Tk)

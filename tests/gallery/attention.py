@@ -30,9 +30,10 @@ def backward(q, k, v, o, lse, do, is_causal, scale=None, late=0):
     return (ds @ kf * s).to(q.dtype), (ds.transpose(-1, -2) @ qf * s).to(k.dtype), dv.to(v.dtype)
 
 
-def _function(mask: bool, scale: float | None, late: int = 0):
+def _function(mask: bool, scale: float | None, late: int = 0, backward_mask: bool = True):
     """An autograd.Function computing softmax(s·QKᵀ)V, masked causally when asked and
-    `mask` (False: is_causal ignored), the mask `late` keys late."""
+    `mask` (False: is_causal ignored), the mask `late` keys late; `backward_mask` False:
+    the backward recomputes P unmasked (ctx.is_causal never set, the handout's warning)."""
 
     class Attention(torch.autograd.Function):
         @staticmethod
@@ -41,7 +42,7 @@ def _function(mask: bool, scale: float | None, late: int = 0):
             lse = torch.logsumexp(s, dim=-1)
             o = (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.is_causal = is_causal and mask
+            ctx.is_causal = is_causal and mask and backward_mask
             return o
 
         @staticmethod
@@ -55,6 +56,7 @@ Right = _function(mask=True, scale=None)
 IgnoresCausal = _function(mask=False, scale=None)  # right for the PyTorch part, per the handout
 NoScale = _function(mask=True, scale=1.0)  # wrong: scores never divided by sqrt(d)
 OneKeyLate = _function(mask=True, scale=None, late=1)  # wrong: `triu(2)` for `triu(1)`
+BackwardUnmasked = _function(mask=True, scale=None, backward_mask=False)  # wrong, causal
 with warnings.catch_warnings():  # torch deprecates instances; the course's tests still pass one
     warnings.simplefilter("ignore", DeprecationWarning)
     AnInstance = Right()  # right: the getter returns an instance; .apply works on it as well
