@@ -290,3 +290,14 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, a
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], result.stderr
     assert not db_path.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_points_of_one_size_name_but_other_shapes_draw_their_own_timelines(tmp_path):
+    """The file name named the size alone: `--d-model 64` and `--d-model 32` (or 2025's and
+    2026's xl) wrote one PNG, and the report showed the last run's under the other's
+    caption. Each shape has its own file."""
+    from cs336sys.experiments import memory as memory_exp
+
+    a, b = (memory_exp.specs(size=["tiny"], d_model=d, seq=[32], snapshot=tmp_path,
+                             device="cpu")[0] for d in (64, 32))
+    assert a.label() != b.label() and "d64-" in a.label() and "d32-" in b.label()

@@ -507,6 +507,15 @@ def test_a_report_embeds_only_the_timelines_cs336sys_wrote(tmp_path, monkeypatch
     # the caption names the point's checkpointing too; the CUDA pickle gets its one line
     assert "T=64 B=None train None checkpoint=none (the run of " in html
     assert "snaps/tiny-T64.pickle. Drag it onto https://pytorch.org/memory_viz" in html
+    # from another folder (a handout report from a subfolder of the checkout): the relative
+    # --snapshot's timeline is found by its stored absolute path, the others still refused
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    result = invoke("report", "--db", db, "--out", tmp_path / "out2")
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "out2" / "report.html").read_text()
+    assert base64.b64encode(own.read_bytes()).decode() in html
+    assert "3 memory timeline(s) left out" in html
 
 
 def test_db_export_selects_by_gpu_and_commit_as_report_does(store):

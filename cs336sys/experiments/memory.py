@@ -79,9 +79,12 @@ class MemorySpec(AroundPoint):
         return s
 
     def label(self) -> str:
-        """A file-name-safe name for this point's snapshot files."""
+        """A file-name-safe name for this point's snapshot files, with the model's shape: a
+        size's name alone gave an overridden dimension, or the other handout's xl, the same
+        file as the preset, and a report showed one run's timeline under the other's caption."""
         m = self.point
-        parts = [m.size, f"T{m.seq}", f"B{m.batch}", m.mode, m.precision,
+        shape = f"d{m.d_model}-ff{m.d_ff}-L{m.num_layers}-H{m.num_heads}-V{m.vocab_size}"
+        parts = [m.size, shape, f"T{m.seq}", f"B{m.batch}", m.mode, m.precision,
                  m.model or m.attention, m.optimizer, f"ck-{m.checkpoint.replace(':', '')}"]
         return "memory-" + "-".join(parts)
 
@@ -252,8 +255,9 @@ def run(spec: MemorySpec) -> Result:
         lowest_peak=None,  # set by mark_lowest once every checkpoint setting of the group ran
         loss=live.get("loss"),
         loss_first=losses[0] if losses else live.get("loss"),
-        snapshot_png=str(png) if png else None,
-        snapshot_pickle=str(pickle) if pickle else None,
+        # absolute: a report run from another folder than a relative --snapshot's finds them
+        snapshot_png=str(png.resolve()) if png else None,
+        snapshot_pickle=str(pickle.resolve()) if pickle else None,
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
     return judged(checked, metrics, samples={**timed, "warmup": warm})

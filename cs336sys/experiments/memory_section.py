@@ -3,6 +3,7 @@ trade-off (Chen et al. 2016), peaks against context length, and the memory timel
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +168,16 @@ def timeline_png(row: Row) -> bytes | None:
     """The timeline PNG a memory point wrote, or None. A stored run names the file, and a
     store merged from elsewhere could name any file on this machine, which the report would
     then publish: only a regular file (no symlink) directly in the point's own `snapshot`
-    folder, named .png, of a plausible size and starting with PNG's signature, is read."""
+    folder, named .png, of a plausible size and starting with PNG's signature, is read. A
+    relative `snapshot` was the folder of the run's working directory, which the stored
+    absolute path ends with."""
     where, folder = row.get("snapshot_png"), row.get("snapshot")
     if not where or not folder:
         return None
     path = Path(where)
     try:
         if (path.suffix != ".png" or path.is_symlink() or not path.is_file()
-                or path.parent.resolve() != Path(folder).resolve()
+                or not _in_folder(path, Path(folder))
                 or path.stat().st_size > MAX_PNG_BYTES):
             return None
         with open(path, "rb") as f:
@@ -183,6 +186,16 @@ def timeline_png(row: Row) -> bytes | None:
         return None
     return data if data.startswith(PNG_MAGIC) else None
 
+
+
+def _in_folder(path: Path, folder: Path) -> bool:
+    """Whether `path` lies directly in `folder` (a relative one: in the folder of that name
+    under the run's working directory, which an absolute `path` names)."""
+    parent = path.parent.resolve()
+    tail = Path(os.path.normpath(folder)).parts
+    if folder.is_absolute() or not path.is_absolute() or not tail or ".." in tail:
+        return parent == folder.resolve()
+    return parent.parts[len(parent.parts) - len(tail):] == tail
 
 
 _PHASE_NAMES = {"fwd_peak_bytes": "forward", "bwd_peak_bytes": "backward",
