@@ -91,7 +91,9 @@ def test_dry_run_prints_one_command_per_point_with_the_handouts_flags(tmp_path, 
         assert argv[:2] == [str(fake_nsys), "profile"]
         for flag in (*nsys.FLAGS, "--trace-fork-before-exec=true"):
             assert flag in argv, flag
-        assert "--pytorch=autograd-shapes-nvtx" in argv and "--python-backtrace=cuda" in argv
+        # the handout's: module calls and autograd ranges with shapes
+        assert "--pytorch=functions-trace,autograd-shapes-nvtx" in argv
+        assert "--python-backtrace=cuda" in argv and "--cuda-memory-usage=true" not in argv
         env = next(a for a in argv if a.startswith("--env-var="))
         assert f"{nsys.POINT_ENV}={i}" in env and f"{nsys.NVTX_ENV}=1" in env
         output = next(a for a in argv if a.startswith("--output="))
@@ -115,6 +117,9 @@ def test_every_command_prints_what_it_would_record(tmp_path, fake_nsys, command)
     assert result.exit_code == 0, result.output
     lines = [shlex.split(line) for line in result.stdout.splitlines() if " profile --" in line]
     assert lines and all(argv[argv.index(sys.executable) + 3] == command[0] for argv in lines)
+    # memory's reports track CUDA memory (memory_profiling (f)), the others' do not
+    assert all(("--cuda-memory-usage=true" in argv) == (command[0] == "memory")
+               for argv in lines)
     assert not (tmp_path / "r.db").exists() and not (tmp_path / "nsys").exists()
 
 

@@ -10,9 +10,9 @@ command is printed before it runs, so that it can be run again by hand. The poin
 stored by the command nsys runs, as any other.
 
 The flags are the handout's "more comprehensive profiling run": CUDA, cuDNN, cuBLAS, OS
-runtime and NVTX traced, PyTorch's autograd ranges with shapes, and the Python and CUDA
-backtraces of each kernel launch (their cost is the handout's warning: the times in an nsys
-report are not the benchmark's). `--gpu-metrics-devices` is left out: it needs
+runtime and NVTX traced, PyTorch's module calls and autograd ranges with shapes, and the
+Python and CUDA backtraces of each kernel launch (their cost is the handout's warning: the
+times in an nsys report are not the benchmark's). `--gpu-metrics-devices` is left out: it needs
 administrator rights on most machines. Ranges pushed by name are unregistered NVTX strings,
 which nsys matches only with NSYS_NVTX_PROFILER_REGISTER_ONLY=0 (Nsight Systems user guide,
 "NVTX capture range"). Ranks forked without exec (the launcher's fork server) are traced
@@ -38,7 +38,8 @@ FOLDER = Path("nsys")  # where each invocation's folder of reports goes
 
 TRACE = "--trace=cuda,cudnn,cublas,osrt,nvtx"
 FLAGS = (
-    TRACE, "--pytorch=autograd-shapes-nvtx", "--cudabacktrace=all", "--python-backtrace=cuda",
+    TRACE, "--pytorch=functions-trace,autograd-shapes-nvtx", "--cudabacktrace=all",
+    "--python-backtrace=cuda",
     "--capture-range=nvtx", f"--nvtx-capture={MEASURED_RANGE}", "--capture-range-end=stop",
     "--force-overwrite=true",
 )
@@ -80,12 +81,18 @@ def folder(command: str, now: datetime | None = None) -> Path:
     return FOLDER / f"{command.replace(' ', '-')}-{stamp}"
 
 
+# `memory`'s reports also track CUDA memory ("Nsight Systems also has flags for memory
+# profiling", the handout's memory_profiling (f)): the allocations in the timeline.
+MEMORY_FLAGS = ("--cuda-memory-usage=true",)
+
+
 def command(nsys: str, args: list[str], index: int, report: Path,
             ranks: bool = False) -> list[str]:
     """The nsys command line that records point `index` of `cs336sys ARGS`."""
     env = f"{POINT_ENV}={index},{NVTX_ENV}=1,NSYS_NVTX_PROFILER_REGISTER_ONLY=0"
     fork = ["--trace-fork-before-exec=true"] if ranks else []
-    return [nsys, "profile", *FLAGS, *fork, f"--env-var={env}", f"--output={report}",
+    memory = MEMORY_FLAGS if args[:1] == ["memory"] else ()
+    return [nsys, "profile", *FLAGS, *memory, *fork, f"--env-var={env}", f"--output={report}",
             sys.executable, "-m", "cs336sys", *args]
 
 
