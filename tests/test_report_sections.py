@@ -605,6 +605,19 @@ def test_a_size_names_its_parameters_below_a_million_too():
     assert model_size(row(3_400_000_000)) == "tiny (64×2, 3.4B)"
 
 
+def test_one_blocks_points_of_one_size_name_tell_their_width_apart():
+    """`memory residuals` rows have no layers: their size column read `tiny` for d_model 512
+    and 256 (the column covers d_model, so nothing else showed it), two rows of one name."""
+    from cs336sys.experiments.memory_residuals import TABLE
+    from cs336sys.report.tables import as_text, point_table
+
+    rows = [{"status": "ok", "size": "tiny", "d_model": d, "seq": 32, "batch": 2,
+             "precision": "fp32", "compile": 0, "saved_bytes": b, "_settings": {}}
+            for d, b in ((512, 2_800_000), (256, 2_200_000))]
+    text = as_text([point_table(TABLE, rows)], width=200)
+    assert "tiny (d_model 512)" in text and "tiny (d_model 256)" in text
+
+
 def test_memory_around_the_step_shows_the_held_parts_beside_the_accounting():
     """Each part as held after the step, by inspection, beside the accounting's bytes; a row
     stored before the parts were measured keeps the accounting alone; the user's AdamW is

@@ -74,6 +74,14 @@ class NestedLM(GeluLM):
         return self.head(h)
 
 
+class HeadInAList(GeluLM):
+    """A head kept in a one-module ModuleList: one layer's model has two lists of one."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.heads = nn.ModuleList([self.head])
+
+
 class Residual(nn.Module):
     def __init__(self, inner):
         super().__init__()
@@ -700,3 +708,26 @@ def test_memory_residuals_of_your_block(tmp_path, monkeypatch):
     assert theirs["residual_bytes"] == ours["residual_bytes"] == 2 * 16 * 64 * 4
     # the same kind of block (pre-norm attention + SwiGLU): several residuals' worth saved
     assert theirs["saved_bytes"] > 4 * theirs["residual_bytes"] and theirs["top1_op"]
+
+
+def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first(tmp_path,
+                                                                               monkeypatch):
+    """Its block came from the model built with one layer, where a head kept in a list of one
+    is a second candidate: an error row that spoke of --checkpoint, never given. Built with
+    two layers, the block is found; a model without a list of blocks is refused before
+    anything runs, in one line naming the command."""
+    monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                                   "my_models/lm.py": OTHER_MODEL}))
+    db = tmp_path / "r.db"
+    shape = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "4",
+             "--seq", "16", "--batch", "2", "--no-compile", "--device", "cpu", "--db", db]
+    result = invoke("memory", "residuals", *shape, "--model", "my_models.lm:HeadInAList")
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, saved_bytes FROM memory_residuals_runs")
+    assert row["status"] == "ok" and row["saved_bytes"] > 0
+    result = invoke("memory", "residuals", *shape, "--model", "my_models.lm:FlatLM")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("Error: memory residuals --model: measuring one block of FlatLM "
+                           "needs its 2 blocks in one nn.ModuleList"), line
+    assert len(query(db, "SELECT * FROM runs")) == 1

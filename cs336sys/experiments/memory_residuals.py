@@ -33,6 +33,7 @@ from cs336sys.sweep.declaration import (
     metric_table,
     setting_columns,
 )
+from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import build_model
 
@@ -84,7 +85,7 @@ def specs(
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads, model=model,
         blocks=blocks,
     )
-    return [
+    out = [
         ResidualsSpec(
             size=p.size, d_model=p.d_model, d_ff=p.d_ff, num_heads=p.num_heads,
             seq=p.seq, batch=p.batch, precision=p.precision,
@@ -94,6 +95,9 @@ def specs(
         for p in points
         for c in compiles
     ]
+    if model is not None and out:
+        _check_users_block(out[0])  # the same model at every point's width
+    return out
 
 
 def run(spec: ResidualsSpec) -> Result:
@@ -104,16 +108,10 @@ def run(spec: ResidualsSpec) -> Result:
 
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
-    config = ModelConfig(
-        d_model=spec.d_model,
-        d_ff=spec.d_ff,
-        num_layers=1,
-        num_heads=spec.num_heads,
-        context_length=spec.seq,
-        attention=spec.attention,
-    )
+    config = _config(spec)
     with device:
-        block = TransformerBlock(config) if spec.model is None else _users_block(config, spec.model, spec.blocks)
+        block = (TransformerBlock(config) if spec.model is None
+                 else _block_of(_users_model(config, spec.model), spec.blocks))
     params = list(block.parameters())
     B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
@@ -170,13 +168,47 @@ def run(spec: ResidualsSpec) -> Result:
     return Result("ok", metrics=metrics, samples=samples)
 
 
-def _users_block(config: Any, model: str, blocks: str | None) -> Any:
-    """The first block of the user's model built with one layer (models/checkpointing.py
-    finds the blocks as --checkpoint does, or at `blocks`)."""
+# The user's model is built with two layers: with one, every one-module ModuleList (an
+# output head kept in one) looked like its blocks.
+USERS_LAYERS = 2
+
+
+def _users_model(config: Any, model: str) -> Any:
+    """The user's model `model` built at `config`'s width with USERS_LAYERS layers."""
+    return build_model(replace(config, model=model, attention="naive", num_layers=USERS_LAYERS))
+
+
+def _block_of(users: Any, blocks: str | None) -> Any:
+    """The first of the user's blocks (models/checkpointing.py finds them as --checkpoint
+    does, or at `blocks`); ValueError saying what is missing."""
     from cs336sys.models.checkpointing import blocks_of
 
-    users = build_model(replace(config, model=model, attention="naive"))
-    return blocks_of(users, 1, blocks)[0]
+    return blocks_of(users, USERS_LAYERS, blocks,
+                     needs="memory residuals --model: measuring one block of {name}")[0]
+
+
+def _check_users_block(spec: ResidualsSpec) -> None:
+    """Refuse, before anything runs, a user's model whose block cannot be found (SpecError),
+    built on the meta device; one that cannot be built there is left to its run, which
+    stores what goes wrong."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            users = _users_model(_config(spec), spec.model)
+    except Exception:  # the user's code
+        return
+    try:
+        _block_of(users, spec.blocks)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _config(spec: ResidualsSpec) -> ModelConfig:
+    """One block's model config of the point."""
+    return ModelConfig(d_model=spec.d_model, d_ff=spec.d_ff, num_layers=1,
+                       num_heads=spec.num_heads, context_length=spec.seq,
+                       attention=spec.attention)
 
 
 def _takes_positions(block: Any) -> bool:

@@ -20,10 +20,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 
-def blocks_of(model: nn.Module, num_layers: int, where: str | None = None) -> nn.Module:
+def blocks_of(model: nn.Module, num_layers: int, where: str | None = None,
+              needs: str = "--checkpoint on {name}: checkpointing") -> nn.Module:
     """The model's blocks: the module at the dotted path `where` (`--blocks`), else its
     `layers` ModuleList, else its only ModuleList (at any depth: GPT-2's `transformer.h`) of
-    `num_layers` modules; ValueError saying what checkpointing needs when there is none."""
+    `num_layers` modules; ValueError saying what `needs` them (checkpointing) when there is
+    none."""
     name = type(model).__name__
     if where is not None:
         try:
@@ -50,7 +52,7 @@ def blocks_of(model: nn.Module, num_layers: int, where: str | None = None) -> nn
         named = (f"; an nn.Sequential of {num_layers} ({', '.join(sequential)}) is taken when "
                  f"named: --blocks {sequential[0]}")
     raise ValueError(
-        f"--checkpoint on {name}: checkpointing needs its {num_layers} blocks in one "
+        f"{needs.format(name=name)} needs its {num_layers} blocks in one "
         "nn.ModuleList that its forward calls one after another (the course's `self.layers`); "
         f"found {len(lists)} such lists{named}")
 

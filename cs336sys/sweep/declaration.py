@@ -107,11 +107,12 @@ class Column:
 def model_size(row: Mapping[str, Any]) -> str:
     """A size preset's name with its shape, d_model × layers and the parameters where known:
     `xl (2560×32, 3.4B)`. One name has meant two models (the 2025 and 2026 handouts' xl);
-    the shape tells their rows apart."""
+    the shape tells their rows apart. A point of one block (`memory residuals`) has no
+    layers: `small (d_model 768)`."""
     size, d_model, layers, params = (row.get(k) for k in ("size", "d_model", "num_layers", "params"))
-    if size is None or d_model is None or layers is None:
+    if size is None or d_model is None:
         return "" if size is None else str(size)
-    shape = f"{d_model}×{layers}"
+    shape = f"{d_model}×{layers}" if layers is not None else f"d_model {d_model}"
     if isinstance(params, (int, float)) and not isinstance(params, bool) and params > 0:
         shape += ", " + (f"{params / 1e9:.1f}B" if params >= 1e9 else
                          f"{params / 1e6:.0f}M" if params >= 1e6 else f"{params / 1e3:.0f}k")
