@@ -151,7 +151,7 @@ def section(sec: Section, pts: list[Row]) -> None:
     for table in (inequalities(pts), all_reduces(pts), mesh(pts)):
         if table:
             sec.tables.append(table)
-    sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=2))
+    sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=1))
     plot = step_plot(pts)
     if plot.informative:
         sec.figures.append(Figure(

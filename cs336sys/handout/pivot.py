@@ -186,4 +186,4 @@ def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]
         found = entry(latest([r for kind_rows in rows.values() for r in kind_rows]))
         return [found] if found else []
     experiment = next(e for e in catalog if e.kind == entry)
-    return point_tables(experiment.tables, latest(rows.get(entry, [])), lift=2)
+    return point_tables(experiment.tables, latest(rows.get(entry, [])), lift=1)

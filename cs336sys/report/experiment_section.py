@@ -21,9 +21,9 @@ def build_section(experiment: Any, rows: list[Row],
                   collapsed=experiment.analytic)
     pts = latest(rows)
     which, suffix = experiment.apart or (lambda r: False, "")
-    sec.tables.extend(point_tables(experiment.tables, pts, counts=counts, lift=2,
+    sec.tables.extend(point_tables(experiment.tables, pts, counts=counts, lift=1,
                                    keep=lambda r: not which(r)))
-    for t in point_tables(experiment.tables, pts, counts=counts, lift=2, keep=which):
+    for t in point_tables(experiment.tables, pts, counts=counts, lift=1, keep=which):
         t.title += suffix
         sec.tables.append(t)
     if experiment.section is not None:

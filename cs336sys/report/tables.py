@@ -296,8 +296,8 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     among all rows (interpreted Triton points against native naive). In a table of `lift`
     rows or more (0: never), setting columns whose cell is the same in every row leave the
     table for its `constant` line, so a wide table keeps only the columns that tell its rows
-    apart: 2 in a report, 1 in a terminal, where a point's ten settings beside its metrics
-    cut its one row into parts."""
+    apart: 1 (a point's ten settings beside its metrics cut a terminal's one row into parts,
+    and pushed a report's `check` off a 1280-px screen)."""
     rows = matching(declared, rows)
     columns = [c for c in declared.columns if _shown(c, rows)]
     if status:
