@@ -351,6 +351,24 @@ def test_bars_that_differ_in_a_number_are_in_its_order():
     assert [b.label for b in fig.plot.bars] == [f"fp32 warmup={w}" for w in (0, 1, 2, 5)]
 
 
+def test_one_size_over_several_contexts_gets_its_chart_too():
+    """A laptop's sweep (`make demo`: tiny fp32, seq 32 and 64, forward and train) made a
+    chart per mode, context and batch, each of one bar, and a chart of one bar is dropped:
+    the report had no step-time chart. One chart per mode holds them, a bar per context."""
+    def row(mode, seq):
+        s = {"size": "tiny", "seq": seq, "batch": 2, "mode": mode, "precision": "fp32"}
+        return {**s, "_settings": s, "status": "ok", "step_ms_mean": seq * 1.0,
+                "fwd_ms_mean": seq / 2, "bwd_ms_mean": seq / 2, "tokens_per_s": 640.0}
+
+    sec = Section("model", "Model")
+    model_section.section(sec, [row(m, t) for m in ("forward", "train") for t in (32, 64)])
+    charts = [f for f in sec.figures if f.name.startswith("model-steps")]
+    assert [f.title for f in charts] == [f"Step time by phase, tokens/s and MFU: mode={m}"
+                                         for m in ("train", "forward")]
+    assert [b.label for b in charts[0].plot.bars] == ["fp32 seq=32", "fp32 seq=64"]
+    assert all(f.plot.informative for f in charts)
+
+
 def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():
     """The committed H100 store: train, then forward-backward, then forward; sizes small to
     2.7B by parameter count; naive fp32 and bf16 at every size, SDPA and Triton bf16 at small

@@ -116,15 +116,21 @@ def _bar_label(s: dict[str, Any], keys: list[str]) -> str:
 def _step_bars(sec: Section, pts: list[Row]) -> None:
     """Step time per size and precision, stacked by phase (forward, backward, optimizer),
     beside tokens/s with the MFU above each bar: one chart per mode (train first), context
-    length and batch size; within one, a group of bars per size."""
+    length and batch size; within one, a group of bars per size. Where that leaves every
+    chart one bar (one size and precision over several contexts: a laptop's sweep), one
+    chart per mode holds them all, a bar per context and batch."""
     ok = [r for r in pts if r.get("status") == "ok" and r.get("step_ms_mean")]
-    charts: dict[tuple, list[Row]] = {}
-    for r in ok:
-        s = r["_settings"]
-        charts.setdefault((r.get("gpu"), *(json.dumps(s.get(k)) for k in _CHART)), []).append(r)
+    for chart_keys in (_CHART, _CHART[:1]):
+        charts: dict[tuple, list[Row]] = {}
+        for r in ok:
+            s = r["_settings"]
+            charts.setdefault((r.get("gpu"), *(json.dumps(s.get(k)) for k in chart_keys)),
+                              []).append(r)
+        if any(len(g) > 1 for g in charts.values()):
+            break
     heads = [g[0] for g in charts.values()]
     many = len({r.get("gpu") for r in heads}) > 1
-    keys = [k for k in _CHART if k in varying(heads)]
+    keys = [k for k in chart_keys if k in varying(heads)]
 
     def title(r: Row) -> str:
         s = r["_settings"]
@@ -137,7 +143,7 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
         size_rank: dict[Any, Any] = {}
         for r in g:  # smallest model first, by parameters where stored
             size_rank.setdefault(r["_settings"].get("size"), (r.get("params") or 0, len(size_rank)))
-        within = [k for k in varying(g, shown=(*SIZE, *_CHART)) if k != "precision"]
+        within = [k for k in varying(g, shown=(*SIZE, *chart_keys)) if k != "precision"]
         within = ["precision", *within]
         # then by the other settings' numbers (warmup=0, 1, 2, 5, not the order they ran in);
         # names keep that order (checkpoint none before every:1)
