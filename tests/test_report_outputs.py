@@ -222,6 +222,24 @@ def test_a_history_plot_keeps_its_title_on_the_image():
     assert not ink[:, 0].any() and not ink[:, -1].any()
 
 
+def test_a_one_point_comparison_keeps_its_legend_off_the_axis_label():
+    """The legend sat at an offset in axes units under the axis: under one point's short
+    axes it was printed over "step ms". Below the axes' bottom line come three bands of
+    ink, apart: the tick labels, the axis label, the legend."""
+    from matplotlib.image import imread
+
+    from cs336sys.report.plots import Strips, strip_plot
+
+    plot = Strips((("tiny T=32 train fp32", (10.0, 11.0, 10.5), (9.0, 9.5, 9.2)),),
+                  "step ms", "Compare: model step ms", ("A: baseline", "B: fused"))
+    pixels = imread(io.BytesIO(strip_plot(plot)), format="png")[..., :3]
+    ink = pixels.min(axis=2) < 0.9
+    long = np.flatnonzero((pixels.max(axis=2) < 0.15).sum(axis=1) > 0.5 * ink.shape[1])
+    rows = ink[long.max() + 6:].any(axis=1)  # under the bottom spine and its ticks
+    bands = np.count_nonzero(np.diff(rows.astype(int)) == 1) + bool(rows[0])
+    assert bands == 3, bands
+
+
 # -- LaTeX ---------------------------------------------------------------------------------
 
 

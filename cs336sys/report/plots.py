@@ -110,6 +110,9 @@ class Strips:
         return strip_plot(self)
 
 
+LEGEND_BELOW_IN = 0.3  # inches under the axis label for a legend "below" it
+
+
 def strip_plot(plot: Strips) -> bytes:
     """Strips as PNG bytes: one row per point, A above B."""
     import_matplotlib()
@@ -118,7 +121,7 @@ def strip_plot(plot: Strips) -> bytes:
     from matplotlib.figure import Figure
 
     n = len(plot.points)
-    fig = Figure(figsize=(7.0, 0.55 * n + 1.3), dpi=100)
+    fig = Figure(figsize=(7.0, 0.55 * n + 1.3 + LEGEND_BELOW_IN), dpi=100)
     ax = fig.subplots()
     values = [v for _, a, b in plot.points for v in (*a, *b)]
     for i, (_, a, b) in enumerate(plot.points):
@@ -152,15 +155,19 @@ def _value_axis_png(fig, ax, xlabel: str, title: str, logx: bool, legend: str) -
     ax.tick_params(axis="x", labelsize=8)
     ax.set_xlabel(xlabel, fontsize=9)
     ax.grid(True, axis="x", alpha=0.3)
+    below = 0.0  # the figure's share kept for a legend under the axis label
     if legend == "below":
-        ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.36),
-                  ncol=2)
+        # in the figure's bottom strip, not at an offset in axes units: under one point's
+        # short axes that offset put the legend over the axis label
+        below = LEGEND_BELOW_IN / fig.get_figheight()
+        fig.legend(*ax.get_legend_handles_labels(), fontsize=7, frameon=False,
+                   loc="lower center", ncol=2)
     else:
         ax.legend(fontsize=7, frameon=False, loc=legend)
     # over the whole figure, not the axes: long tick labels (kernel names) leave the axes
     # narrow, and a title centred on them ran off the image
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, below, 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
