@@ -200,6 +200,35 @@ def test_the_measured_peak_is_a_line_across_a_memory_bar_that_its_parts_outgrow(
     assert runs >= 2 * 2  # a line of about 2 px across each of the two bars (the legend's too)
 
 
+def test_a_memory_charts_legend_stays_above_two_bars_and_their_totals():
+    """Six legend rows (five parts and the peak mark) over two bars: the headroom, counted
+    per part, not per row drawn, left the last rows on the first bar's top and its total.
+    Between the axes' top and the peak line across that bar come six legend rows and the
+    total, each its own band of ink."""
+    from matplotlib.image import imread
+
+    from cs336sys.experiments import memory_section
+    from cs336sys.report.plots import bar_plot
+    from cs336sys.report.sections import Section
+
+    rows = []
+    for precision in ("fp32", "bf16"):
+        r = _memory_row(precision, peak=385)
+        r.update(grad_bytes=86 * 2**20, optim_bytes=172 * 2**20, act_bytes_analytic=60 * 2**20)
+        rows.append(r)
+    sec = Section("memory", "Memory")
+    memory_section.section(sec, rows)
+    (fig,) = [f for f in sec.figures if f.name == "memory-parts"]
+    pixels = imread(io.BytesIO(bar_plot(fig.plot)), format="png")[..., :3]
+    black = pixels.max(axis=2) < 0.15
+    cols = slice(int(0.12 * black.shape[1]), int(0.28 * black.shape[1]))  # the first bar
+    across = np.flatnonzero(black[:, cols].all(axis=1))
+    top = across.min()
+    peak = across[across > top + 5].min()
+    ink = (pixels[top + 2:peak - 1, cols].min(axis=2) < 0.9).any(axis=1)
+    assert np.count_nonzero(np.diff(ink.astype(int)) == 1) + bool(ink[0]) == 6 + 1
+
+
 def test_a_history_plot_keeps_its_title_on_the_image():
     """A memory point's settings made a title wider than the figure, cut at both edges
     (`h=4 checkpoint=none ... precisio`): it wraps, and no ink touches a side of the image."""

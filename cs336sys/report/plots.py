@@ -354,6 +354,9 @@ def _handles(axes, labels: list[str]) -> tuple[list, list[str]]:
 _REST = 0.02
 
 
+LEGEND_ROW, LEGEND_PAD = 0.055, 0.06  # a bar plot's legend: its rows' share of the axes
+
+
 def bar_plot(plot: Bars) -> bytes:
     """Stacked bars on the left (a colour per part, the total above each bar), plain bars at
     the same positions on the right (their note above each); bars of one group side by side,
@@ -391,11 +394,13 @@ def bar_plot(plot: Bars) -> bytes:
                         gridspec_kw={"width_ratios": [3, 2]} if side else None)[0]
     ax = axes[0]
     bottom = [0.0] * n
+    legend_rows = bool(plot.total_mark)
     for i, name in enumerate(parts):
         heights = [((b.parts[i] if i < len(b.parts) else rests[j]) or 0.0)
                    for j, b in enumerate(plot.bars)]
         if not any(heights):
             continue
+        legend_rows += 1
         ax.bar(xs, heights, 0.8, bottom=bottom, color="C7" if i >= len(plot.parts) else f"C{i}",
                label=name, edgecolor="white", linewidth=0.5)
         bottom = [a + h for a, h in zip(bottom, heights, strict=True)]
@@ -409,8 +414,11 @@ def bar_plot(plot: Bars) -> bytes:
     top = max(bottom, default=0.0) or 1.0
     for xi, total, h in zip(xs, totals, bottom, strict=True):
         ax.text(xi, h + 0.01 * top, short_num(total), ha="center", va="bottom", fontsize=6.5)
-    # headroom for the legend's rows (one per phase), so it never sits on a bar's total
-    ax.set_ylim(0, top * (1.1 + 0.07 * len(parts)))
+    # headroom for the legend's rows (a part's each, the mark's), so it never sits on a bar's
+    # total: the legend takes LEGEND_ROW of the axes' height a row (7 pt type on axes about
+    # 2.9 in tall), the bars and their totals the rest
+    legend = LEGEND_PAD + LEGEND_ROW * legend_rows
+    ax.set_ylim(0, top * 1.06 / (1 - legend))
     ax.set_ylabel(plot.ylabel, fontsize=9)
     ax.legend(fontsize=7, frameon=False, loc="upper left")
     if side:
