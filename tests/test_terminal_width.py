@@ -53,6 +53,19 @@ def test_a_cell_too_long_for_any_part_is_set_on_several_lines_beside_whole_keys(
                                                                        wide_keys, None, [0])
 
 
+def test_a_lone_rows_parts_repeat_no_metric_as_if_it_told_rows_apart():
+    """One point, its settings on the line above: no column tells rows apart, and each part
+    after the first began again with `fwd ms`, a metric read as a key. Several rows without
+    a key still lead each part with the first column, so a row can be followed across."""
+    headers = ["fwd ms", "bwd ms", "opt ms", "step ms", "tokens/s", "TFLOP/s", "MFU"]
+    cells = ["911 ± 161", "853 ± 231", "2,722 ± 3,129", "4,486 ± 3,199", "28.5", "0.00303", ""]
+    parts = blocks(headers, [cells], 60, key=[])
+    assert len(parts) == 2 and [p.split()[0] for p in parts] == ["fwd", "tokens/s"]
+    assert all(max(map(len, p.splitlines())) <= 60 for p in parts)
+    two = blocks(headers, [cells, cells], 60, key=[])
+    assert len(two) > 1 and all(p.startswith("fwd ms") for p in two)
+
+
 @pytest.fixture(scope="module")
 def one_run_a_side(tmp_path_factory):
     """Commits A, B and C, one run each, B 30% slower than A and C as fast again: every

@@ -411,15 +411,17 @@ def _widest(block: str) -> int:
 def blocks(headers: list[str], rows: list[list[str]], width: int | None, key: list[int],
            render: Render = _render) -> list[str]:
     """The table as one text block (`render`), or as several of at most `width` columns (of
-    text), each led by the `key` columns (the first column where there are none). Key
+    text), each led by the `key` columns (the first column where there are none and several
+    rows; a lone row's parts need no column repeated to be read together). Key
     columns too wide to leave the others room get their cells set on several lines first
     (`_keys_fitted`), and a part still wider than `width`, one column too long beside the
     key columns (a cell of whole sentences), that column's (`_narrowed`)."""
     whole = render(headers, rows)
     if width is None or _widest(whole) <= width:
         return [whole]
-    key = [i for i in key if i < len(headers)] or [0]
-    headers, rows = _keys_fitted(headers, rows, key, width, render)
+    key = [i for i in key if i < len(headers)] or ([0] if len(rows) > 1 else [])
+    if key:
+        headers, rows = _keys_fitted(headers, rows, key, width, render)
 
     def part(columns: list[int]) -> tuple[list[str], list[list[str]]]:
         return [headers[i] for i in columns], [[r[i] for i in columns] for r in rows]
@@ -461,8 +463,8 @@ def _narrowed(headers: list[str], rows: list[list[str]], width: int, render: Ren
     shorten a row whose one cell is wider than the terminal. Where the key columns alone
     are wider than `width`, the block stays as it is: no filling makes it fit."""
     block = render(headers, rows)
-    keyed = render(headers[:keys], [r[:keys] for r in rows])
-    if _widest(block) <= width or _widest(keyed) > width:
+    if _widest(block) <= width or (keys and _widest(
+            render(headers[:keys], [r[:keys] for r in rows])) > width):
         return block
     return render(*_filled(headers, rows, width, render, list(range(keys, len(headers)))))
 
