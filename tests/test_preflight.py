@@ -150,3 +150,23 @@ def test_ranks_on_gpus_are_not_refused_on_one_gpus_memory(monkeypatch):
     assert preflight.model_estimate(first).seconds == pytest.approx(steps * flops / (2 * rate))
     (alone,) = step.specs(preset="leaderboard", world_size=[1], switches=["none"])
     assert "would be skipped" in dry_run(step.EXPERIMENT, [alone])
+
+
+def test_a_16_bit_step_on_cuda_counts_half_the_activations_and_fits_an_h100(monkeypatch):
+    """The estimate ignored the precision: the default step (8 layers of the 8B, context
+    8192, bf16) needed ~104 GiB and every point would be skipped on an 80 GB H100. On CUDA
+    a 16-bit step counts half the fp32 activations, still above what the H200's xl bf16 step
+    peaked at (38,263 MiB, reports/nvidia-h200); on a CPU the count stays whole."""
+    from cs336sys.experiments import step
+
+    monkeypatch.setattr(step, "check_triton", lambda *a, **k: None)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 79 * 2**30)
+    cpu = {p: step.specs(size=["tiny"], precision=[p], switches=["none"], device="cpu")[0]
+           for p in ("fp32", "bf16")}
+    assert preflight.model_estimate(cpu["bf16"]).bytes == preflight.model_estimate(cpu["fp32"]).bytes
+    monkeypatch.setattr(step, "device_choice", lambda device: "cuda")
+    monkeypatch.setattr(preflight, "flops_per_second", lambda device: 300e12)
+    assert all(preflight.model_estimate(s).refusal(s) is None for s in step.specs())
+    (xl,) = step.specs(size=["xl"], seq=[512], batch=[4], switches=["none"], d_model=1600,
+                       d_ff=6400, num_layers=[48], num_heads=25, vocab_size=10000)
+    assert preflight.model_estimate(xl).bytes > 38_263 * 2**20
