@@ -170,10 +170,9 @@ def test_the_memory_charts_axis_labels_stay_inside_the_image():
     assert ink[:, : pixels.shape[1] // 20].any()  # the axis label, close to the left edge
 
 
-def test_the_measured_peak_is_a_line_across_a_memory_bar_that_its_parts_outgrow():
-    """A training step's parts (parameters, gradients, AdamW, activations) add up to more
-    than its peak, as they are never all live at once: the bar's height read as the peak,
-    with a smaller number on top. The peak is a black line across each bar."""
+def _parts_chart(peak: int, grads: int, optim: int, acts: int):
+    """The pixels of the memory chart of an fp32 and a bf16 training point with these parts
+    (MiB) and measured peak."""
     from matplotlib.image import imread
 
     from cs336sys.experiments import memory_section
@@ -182,13 +181,21 @@ def test_the_measured_peak_is_a_line_across_a_memory_bar_that_its_parts_outgrow(
 
     rows = []
     for precision in ("fp32", "bf16"):
-        r = _memory_row(precision, peak=60)
-        r.update(grad_bytes=10 * 2**20, optim_bytes=20 * 2**20, act_bytes_analytic=40 * 2**20)
+        r = _memory_row(precision, peak=peak)
+        r.update(grad_bytes=grads * 2**20, optim_bytes=optim * 2**20,
+                 act_bytes_analytic=acts * 2**20)
         rows.append(r)
     sec = Section("memory", "Memory")
     memory_section.section(sec, rows)
     (fig,) = [f for f in sec.figures if f.name == "memory-parts"]
-    pixels = imread(io.BytesIO(bar_plot(fig.plot)), format="png")[..., :3]
+    return imread(io.BytesIO(bar_plot(fig.plot)), format="png")[..., :3]
+
+
+def test_the_measured_peak_is_a_line_across_a_memory_bar_that_its_parts_outgrow():
+    """A training step's parts (parameters, gradients, AdamW, activations) add up to more
+    than its peak, as they are never all live at once: the bar's height read as the peak,
+    with a smaller number on top. The peak is a black line across each bar."""
+    pixels = _parts_chart(peak=60, grads=10, optim=20, acts=40)
     black = pixels.max(axis=2) < 0.15
     width = black.shape[1]
     # horizontal black runs longer than a glyph and shorter than an axis (the spines)
@@ -205,21 +212,7 @@ def test_a_memory_charts_legend_stays_above_two_bars_and_their_totals():
     per part, not per row drawn, left the last rows on the first bar's top and its total.
     Between the axes' top and the peak line across that bar come six legend rows and the
     total, each its own band of ink."""
-    from matplotlib.image import imread
-
-    from cs336sys.experiments import memory_section
-    from cs336sys.report.plots import bar_plot
-    from cs336sys.report.sections import Section
-
-    rows = []
-    for precision in ("fp32", "bf16"):
-        r = _memory_row(precision, peak=385)
-        r.update(grad_bytes=86 * 2**20, optim_bytes=172 * 2**20, act_bytes_analytic=60 * 2**20)
-        rows.append(r)
-    sec = Section("memory", "Memory")
-    memory_section.section(sec, rows)
-    (fig,) = [f for f in sec.figures if f.name == "memory-parts"]
-    pixels = imread(io.BytesIO(bar_plot(fig.plot)), format="png")[..., :3]
+    pixels = _parts_chart(peak=385, grads=86, optim=172, acts=60)
     black = pixels.max(axis=2) < 0.15
     cols = slice(int(0.12 * black.shape[1]), int(0.28 * black.shape[1]))  # the first bar
     across = np.flatnonzero(black[:, cols].all(axis=1))
