@@ -75,11 +75,13 @@ class NestedLM(GeluLM):
 
 
 class HeadInAList(GeluLM):
-    """A head kept in a one-module ModuleList: one layer's model has two lists of one."""
+    """A head kept in a one-module ModuleList, a final norm and head in a list of two: a
+    model of one layer, or of two, has two lists of its blocks' length."""
 
     def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
         super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
         self.heads = nn.ModuleList([self.head])
+        self.out = nn.ModuleList([nn.LayerNorm(d_model), self.head])
 
 
 class Residual(nn.Module):
@@ -713,9 +715,10 @@ def test_memory_residuals_of_your_block(tmp_path, monkeypatch):
 def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first(tmp_path,
                                                                                monkeypatch):
     """Its block came from the model built with one layer, where a head kept in a list of one
-    is a second candidate: an error row that spoke of --checkpoint, never given. Built with
-    two layers, the block is found; a model without a list of blocks is refused before
-    anything runs, in one line naming the command."""
+    is a second candidate: an error row that spoke of --checkpoint, never given. The blocks
+    are the list whose length follows the layer count (a final norm and head in a list of
+    two do not); a model without a list of blocks is refused before anything runs, in one
+    line naming the command."""
     monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
                                                    "my_models/lm.py": OTHER_MODEL}))
     db = tmp_path / "r.db"
@@ -729,5 +732,5 @@ def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("Error: memory residuals --model: measuring one block of FlatLM "
-                           "needs its 2 blocks in one nn.ModuleList"), line
+                           "(built with 2 layers) needs its 2 blocks in one nn.ModuleList"), line
     assert len(query(db, "SELECT * FROM runs")) == 1

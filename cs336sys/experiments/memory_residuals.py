@@ -109,9 +109,10 @@ def run(spec: ResidualsSpec) -> Result:
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     config = _config(spec)
+    path = None if spec.model is None else _blocks_path(config, spec.model, spec.blocks)
     with device:
         block = (TransformerBlock(config) if spec.model is None
-                 else _block_of(_users_model(config, spec.model), spec.blocks))
+                 else _block_of(_users_model(config, spec.model), path))
     params = list(block.parameters())
     B, T, d = spec.batch, spec.seq, spec.d_model
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
@@ -168,23 +169,48 @@ def run(spec: ResidualsSpec) -> Result:
     return Result("ok", metrics=metrics, samples=samples)
 
 
-# The user's model is built with two layers: with one, every one-module ModuleList (an
-# output head kept in one) looked like its blocks.
+# The user's model is built with two layers, and its blocks are the one ModuleList whose
+# length follows the layer count (two layers, then three, on the meta device): with one
+# layer every one-module ModuleList (a head kept in one) looked like the blocks, with two
+# every pair (a final norm and head).
 USERS_LAYERS = 2
 
 
-def _users_model(config: Any, model: str) -> Any:
-    """The user's model `model` built at `config`'s width with USERS_LAYERS layers."""
-    return build_model(replace(config, model=model, attention="naive", num_layers=USERS_LAYERS))
+def _users_model(config: Any, model: str, layers: int = USERS_LAYERS) -> Any:
+    """The user's model `model` built at `config`'s width with `layers` layers."""
+    return build_model(replace(config, model=model, attention="naive", num_layers=layers))
 
 
-def _block_of(users: Any, blocks: str | None) -> Any:
-    """The first of the user's blocks (models/checkpointing.py finds them as --checkpoint
-    does, or at `blocks`); ValueError saying what is missing."""
+def _blocks_path(config: Any, model: str, blocks: str | None) -> str | None:
+    """Where the user's model keeps its blocks: `blocks`, else the one ModuleList whose
+    length follows the layer count; None where none or several do, or the model cannot be
+    built on the meta device (blocks_of then decides, or says what is missing)."""
+    if blocks is not None:
+        return blocks
+    import torch
+    from torch import nn
+
+    try:
+        with torch.device("meta"):
+            two, three = (_users_model(config, model, n) for n in (2, 3))
+    except Exception:  # the user's code: the run builds it again and stores what fails
+        return None
+
+    def lists(users: Any, n: int) -> set[str]:
+        return {path for path, m in users.named_modules()
+                if isinstance(m, nn.ModuleList) and len(m) == n}
+
+    follows = lists(two, 2) & lists(three, 3)
+    return follows.pop() if len(follows) == 1 else None
+
+
+def _block_of(users: Any, path: str | None) -> Any:
+    """The first of the user's blocks, at `path` or found as --checkpoint finds them
+    (models/checkpointing.py); ValueError saying what is missing."""
     from cs336sys.models.checkpointing import blocks_of
 
-    return blocks_of(users, USERS_LAYERS, blocks,
-                     needs="memory residuals --model: measuring one block of {name}")[0]
+    return blocks_of(users, USERS_LAYERS, path, needs="memory residuals --model: measuring "
+                     f"one block of {{name}} (built with {USERS_LAYERS} layers)")[0]
 
 
 def _check_users_block(spec: ResidualsSpec) -> None:
@@ -193,13 +219,15 @@ def _check_users_block(spec: ResidualsSpec) -> None:
     stores what goes wrong."""
     import torch
 
+    config = _config(spec)
+    path = _blocks_path(config, spec.model, spec.blocks)
     try:
         with torch.device("meta"):
-            users = _users_model(_config(spec), spec.model)
+            users = _users_model(config, spec.model)
     except Exception:  # the user's code
         return
     try:
-        _block_of(users, spec.blocks)
+        _block_of(users, path)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
 
