@@ -301,3 +301,25 @@ def test_points_of_one_size_name_but_other_shapes_draw_their_own_timelines(tmp_p
     a, b = (memory_exp.specs(size=["tiny"], d_model=d, seq=[32], snapshot=tmp_path,
                              device="cpu")[0] for d in (64, 32))
     assert a.label() != b.label() and "d64-" in a.label() and "d32-" in b.label()
+
+
+def test_timelines_of_relative_snapshot_folders_show_from_any_folder(tmp_path, monkeypatch):
+    """`--snapshot link` (a symlink to scratch space), `.` and `../x`: each run's timeline
+    is in the report made from another folder; the stored path was resolved through the
+    link (no longer ending with the folder given), and `.` or `..` were read against the
+    report's folder."""
+    run = tmp_path / "run"
+    (tmp_path / "scratch").mkdir()
+    run.mkdir()
+    (run / "link").symlink_to(tmp_path / "scratch")
+    monkeypatch.chdir(run)
+    db = tmp_path / "r.db"
+    for i, folder in enumerate(("link", ".", "../x")):
+        result = invoke("memory", *MICRO, "--seq", str(8 * (i + 1)), "--mode", "forward",
+                        "--iters", "1", "--snapshot", folder, "--db", db)
+        assert result.exit_code == 0, result.output
+    monkeypatch.chdir(tmp_path)
+    result = invoke("report", "--db", db, "--format", "md", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.count("![Memory timeline:") == 3 and "left out" not in md

@@ -255,9 +255,10 @@ def run(spec: MemorySpec) -> Result:
         lowest_peak=None,  # set by mark_lowest once every checkpoint setting of the group ran
         loss=live.get("loss"),
         loss_first=losses[0] if losses else live.get("loss"),
-        # absolute: a report run from another folder than a relative --snapshot's finds them
-        snapshot_png=str(png.resolve()) if png else None,
-        snapshot_pickle=str(pickle.resolve()) if pickle else None,
+        # absolute: a report run from another folder than a relative --snapshot's finds them;
+        # not resolved, so that the path still ends with the folder as given (a symlink)
+        snapshot_png=str(png.absolute()) if png else None,
+        snapshot_pickle=str(pickle.absolute()) if pickle else None,
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
     return judged(checked, metrics, samples={**timed, "warmup": warm})

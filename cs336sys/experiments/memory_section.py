@@ -3,7 +3,6 @@ trade-off (Chen et al. 2016), peaks against context length, and the memory timel
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -189,13 +188,13 @@ def timeline_png(row: Row) -> bytes | None:
 
 
 def _in_folder(path: Path, folder: Path) -> bool:
-    """Whether `path` lies directly in `folder` (a relative one: in the folder of that name
-    under the run's working directory, which an absolute `path` names)."""
-    parent = path.parent.resolve()
-    tail = Path(os.path.normpath(folder)).parts
-    if folder.is_absolute() or not path.is_absolute() or not tail or ".." in tail:
-        return parent == folder.resolve()
-    return parent.parts[len(parent.parts) - len(tail):] == tail
+    """Whether `path` lies directly in `folder`. A relative folder was given under the
+    run's working directory, which the stored absolute (unresolved) `path` names: its
+    parent ends with the folder as given (`.`: any parent; `../x`: `..`, then `x`)."""
+    if folder.is_absolute() or not path.is_absolute():
+        return path.parent.resolve() == folder.resolve()
+    tail, parent = folder.parts, path.parent.parts
+    return parent[len(parent) - len(tail):] == tail
 
 
 _PHASE_NAMES = {"fwd_peak_bytes": "forward", "bwd_peak_bytes": "backward",
