@@ -3,6 +3,7 @@ later run replaces only where cs336sys wrote them (docs/bad-input.md), the memor
 labels and margins, and a double quote as LaTeX prints it."""
 
 import io
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -288,6 +289,39 @@ def test_a_double_quote_prints_straight_in_latex(tmp_path):
     for said in ('x "q" y', 'Model "m"', 'a note "n" with --label "l"', 'cell "c"'):
         assert said in text, text
     assert "\u201d" not in text
+
+
+def test_a_figure_taller_than_the_page_is_scaled_to_fit_it(tmp_path):
+    """A profile's 33 top kernels make a PNG 700 x 978: at the text's width it was 24.6 cm
+    tall on a page of 23.9, `Float too large for page`, its caption in the footer. LaTeX
+    keeps it within 3/4 of the text's height; Typst sets a tall figure by its height, and
+    one page holds it with its caption."""
+    from matplotlib.figure import Figure as MplFigure
+
+    from cs336sys.report.render import Report, write
+    from cs336sys.report.sections import Figure, Section
+
+    fig = MplFigure(figsize=(7.0, 9.78), dpi=100)
+    fig.subplots().barh(range(33), range(33))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    rep = Report("tall", [], [], sections=[Section(
+        "profile", "Profile", figures=[Figure("Top kernels", "profile-top-0", png=buf.getvalue())])])
+    write(rep, tmp_path, ["tex", "typst"], stem="r")
+    try:
+        import typst
+    except ImportError:
+        typst = None
+    if typst is not None:
+        pdf = typst.compile(str(tmp_path / "r.typ"))
+        assert len(re.findall(rb"/Type\s*/Page\b", pdf)) == 1  # the heading, figure, caption
+    if shutil.which("pdflatex"):
+        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "r.tex"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:]
+        assert "Float too large" not in done.stdout, done.stdout[-2000:]
+    if typst is None and not shutil.which("pdflatex"):
+        pytest.skip("neither Typst nor pdflatex to compile the report with")
 
 
 def test_typst_never_breaks_a_line_inside_an_option(tmp_path):

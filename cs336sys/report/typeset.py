@@ -11,6 +11,7 @@ shows. The documents compile with pdflatex (booktabs, graphicx, adjustbox, geome
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -223,10 +224,14 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
                 continue
             if ext == "tex":
                 body += [r"\begin{figure}[htbp]\centering",
-                         rf"\includegraphics[width=\linewidth]{{{images[fig.name]}}}",
+                         # a profile's 33 kernels: a figure taller than the page ran
+                         # into its footer ("Float too large for page")
+                         r"\includegraphics[width=\linewidth,height=0.75\textheight,"
+                         rf"keepaspectratio]{{{images[fig.name]}}}",
                          rf"\caption{{{latex(fig.title)}}}", r"\end{figure}", ""]
             else:
-                body.append(f"#figure(image({typst(images[fig.name])}, width: 100%), "
+                size = "height: 75%" if _tall(fig.png) else "width: 100%"
+                body.append(f"#figure(image({typst(images[fig.name])}, {size}), "
                             f"caption: {typst(fig.title)})")
         if section.failures:  # as the HTML and markdown list them
             failed = [(f.status, f"{f.point}: {f.why}") for f in section.failures]
@@ -242,6 +247,15 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
     tail = "\n\\end{document}\n" if ext == "tex" else "\n"
     stage.path(document).write_text(head + "\n".join(body) + tail, encoding="utf-8")
     return [document, *written]
+
+
+def _tall(png: bytes | None) -> bool:
+    """Whether a PNG at the text's width would be taller than 3/4 of the page's text (about
+    6.5 by 9 inches): Typst has no largest height, so such a figure is set by its height."""
+    if not png or len(png) < 24:
+        return False
+    width, height = struct.unpack(">II", png[16:24])  # IHDR, after the 8-byte signature
+    return height > 1.04 * width
 
 
 def _sections(report: Any) -> list[Section]:
