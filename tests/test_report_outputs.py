@@ -223,6 +223,24 @@ def test_a_memory_charts_legend_stays_above_two_bars_and_their_totals():
     assert np.count_nonzero(np.diff(ink.astype(int)) == 1) + bool(ink[0]) == 6 + 1
 
 
+def test_a_plan_of_one_gpu_keeps_its_title_and_axis_labels_on_the_image():
+    """One panel (a student's plan of one GPU) was 4.2 in wide with a fixed 10 % left margin:
+    the title read "lanned step time ... (× communication-bound", the y ticks lost their
+    first digit and the y label was cut. No ink touches a side of the image, and the y
+    label is there, near the left edge."""
+    from matplotlib.image import imread
+
+    from cs336sys.experiments.plan_section import StepPlot
+
+    pts = tuple((n, 3000.0 / n ** 0.9 + 300, n >= 8) for n in (1, 2, 4, 8, 16, 32))
+    plot = StepPlot((("H100 SXM 80GB: xl (2560×32, 3.4B) B=131,072", (("tp", pts, 5.0),)),),
+                    "Planned step time against degree (× communication-bound)")
+    pixels = imread(io.BytesIO(plot.draw()), format="png")[..., :3]
+    ink = pixels.min(axis=2) < 0.9
+    assert not ink[:, 0].any() and not ink[:, -1].any() and not ink[0, :].any()
+    assert ink[:, 1: pixels.shape[1] // 25].any()  # the y label, close to the left edge
+
+
 def test_a_history_plot_keeps_its_title_on_the_image():
     """A memory point's settings made a title wider than the figure, cut at both edges
     (`h=4 checkpoint=none ... precisio`): it wraps, and no ink touches a side of the image."""

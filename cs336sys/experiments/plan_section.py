@@ -39,7 +39,10 @@ class StepPlot:
         from matplotlib.ticker import FuncFormatter
 
         n = len(self.panels)
-        fig = Figure(figsize=(min(4, n) * 3.6 + 0.6, 3.6 * -(-n // 4) + 0.6), dpi=100)
+        # at least the report's 7 in: one panel of 4.2 in cut its title, tick labels and the
+        # y label (a student's plan of one GPU); margins in inches, whatever the width
+        width = max(7.0, min(4, n) * 3.6 + 0.6)
+        fig = Figure(figsize=(width, 3.6 * -(-n // 4) + 0.6), dpi=100)
         axes = fig.subplots(-(-n // 4), min(4, n), squeeze=False, sharey=True)
         for ax, (name, lines) in zip(axes.flat, self.panels, strict=False):
             xs = [x for _, pts, _ in lines for x, _, _ in pts]
@@ -61,6 +64,8 @@ class StepPlot:
             ax.set_xlabel("degree N (devices)", fontsize=9)
             ax.grid(True, alpha=0.3)
             ax.xaxis.set_major_formatter(FuncFormatter(short))
+            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis(FuncFormatter(short))  # 4k, not mathtext's 4 × 10³
             ax.tick_params(labelsize=8)
         for ax in axes.flat[n:]:
             ax.set_visible(False)
@@ -71,7 +76,8 @@ class StepPlot:
         labels += ["communication-bound", "N max (last degree that hides)"]
         fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
         fig.suptitle(self.title, fontsize=10)
-        fig.subplots_adjust(left=0.1, right=0.98, top=0.86, bottom=0.26, wspace=0.08)
+        fig.subplots_adjust(left=0.75 / width, right=1 - 0.15 / width, top=0.86, bottom=0.26,
+                            wspace=0.08)
         buf = io.BytesIO()
         fig.savefig(buf, format="png", metadata={"Software": None})
         return buf.getvalue()
