@@ -65,7 +65,7 @@ class StepPlot:
             ax.grid(True, alpha=0.3)
             ax.xaxis.set_major_formatter(FuncFormatter(short))
             for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(FuncFormatter(short))  # 4k, not mathtext's 4 × 10³
+                axis(FuncFormatter(short))  # 4k, not mathtext's 4 x 10^3
             ax.tick_params(labelsize=8)
         for ax in axes.flat[n:]:
             ax.set_visible(False)
