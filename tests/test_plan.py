@@ -533,6 +533,9 @@ def test_the_xxl_on_one_h100_says_how_many_h100s_worth_it_is(db_path):
     r = invoke("plan", "--size", "xxl", "--hardware", "h100", "--strategy", "fsdp", "--n", 1,
                "--batch", 64, "--seq", 512, "--handout", "2025", "--db", db_path)
     assert r.exit_code == 0, r.output
-    worth = next(line for line in r.stdout.splitlines() if line.startswith("819.0 ")
-                 and "80.0" in line)
-    assert f"{total / (80 * 2**30):.1f}" in worth.split()  # 47.6
+    lines = r.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "GPUs' worth" in line)
+    worth = lines[at + 2]  # the values under the header and its rule
+    column = lines[at].index("GPUs' worth")
+    assert worth[column:].split()[0] == f"{total / (80 * 2**30):.1f}"  # 47.6
+    assert "80.0" in worth.split()  # the GPU's memory, GiB
