@@ -444,8 +444,11 @@ def test_a_committed_schema_6_store_reads_and_reports_in_todays_names(tmp_path):
     result = invoke("report", "--format", "md", "--out", out, "--db", db)
     assert result.exit_code == 0, result.output
     md = (out / "report.md").read_text()
-    assert "| small | 256 | 4 | train | bf16 |" in md and "41.5" in md
-    assert "| sdpa | 64 | 1024 |" in md and "| 0.25 | 0.5 | 0.75 |" in md
+    # one point each: its settings on the line above its table (under today's names)
+    assert "Same in every row: size=small, seq=256, batch=4, mode=train, precision=bf16" in md
+    assert "41.5" in md
+    assert "Same in every row: impl=sdpa, d=64, seq=1024, precision=bf16" in md
+    assert "| 0.25 | 0.5 | 0.75 |" in md
     assert "flat +sharded opt" in md  # stored as 0.2 did, `own`
     assert db.read_bytes() == STORE_6.read_bytes()  # read through a migrated copy
     with Store(db, EXPERIMENTS) as s:
