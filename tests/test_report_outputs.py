@@ -342,6 +342,33 @@ def test_a_figure_taller_than_the_page_is_scaled_to_fit_it(tmp_path):
         pytest.skip("neither Typst nor pdflatex to compile the report with")
 
 
+def test_a_table_file_says_the_settings_its_rows_share(tmp_path):
+    """The settings lifted out of a table's columns were a line of the document only: the
+    table file a student \\inputs (one point: a plan of 8 GPUs) held a row of numbers and
+    nothing saying what was measured. The file heads its table with them, and compiles."""
+    from cs336sys.report.render import Report, write
+    from cs336sys.report.sections import FilledTable, Section
+
+    shared = "hardware=H100 SXM 80GB, strategy=dp, N=8, size=xl (2560×32, 3.4B), batch=256"
+    rep = Report("r", [], [], sections=[Section("plan", "Plan", tables=[FilledTable(
+        "Step time", ["compute ms", "all-reduce ms"], [["21.5", "0.8"]], constant=shared)])])
+    write(rep, tmp_path, ["tex", "typst"], stem="r")
+    for ext in ("tex", "typ"):
+        text = (tmp_path / "r_tables" / f"plan-1.{ext}").read_text()
+        assert "Same in every row: hardware=H100 SXM 80GB" in text and "batch=256" in text
+        assert "Same in every row" not in (tmp_path / f"r.{ext}").read_text()  # not twice
+    try:
+        import typst
+    except ImportError:
+        typst = None
+    if typst is not None:
+        assert typst.compile(str(tmp_path / "r.typ"))[:4] == b"%PDF"
+    if shutil.which("pdflatex"):
+        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "r.tex"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:]
+
+
 def test_typst_never_breaks_a_line_inside_an_option(tmp_path):
     """Typst breaks after a hyphen, in raw text too: a writeup's command printed `--warmup
     1 --` on one line and `iters 2` on the next. On a page narrow enough to wrap the

@@ -103,6 +103,7 @@ def _right(column: list[str]) -> bool:
 # page shrank it to a sliver, in LaTeX and Typst alike; a noisy point's "0.893 ± 0.17 (drift
 # +22%) (median 0.876, p10-p90 0.722–0.99, IQR 0.235, noisy)" did the same to its row.
 HEADER_CHARS, CELL_CHARS = 14, 28
+CONSTANT_CHARS = 70  # a table's line of shared settings, on lines of at most this
 
 
 def wrapped(text: str, most: int) -> list[str]:
@@ -130,9 +131,12 @@ def latex_table(t: FilledTable) -> str:
         return (rf"\begin{{tabular}}[{anchor}]{{@{{}}{align}@{{}}}}" + r" \\ ".join(parts)
                 + r"\end{tabular}")
 
-    out = [f"\\begin{{tabular}}{{{spec}}}", r"\toprule",
-           " & ".join(lines(h, HEADER_CHARS, a, "b") for h, a in zip(t.headers, spec, strict=True))
-           + r" \\", r"\midrule"]
+    out = [f"\\begin{{tabular}}{{{spec}}}", r"\toprule"]
+    if t.constant:  # in the file, which is \input alone: its one row says what was measured
+        out += [rf"\multicolumn{{{len(t.headers)}}}{{l}}{{"
+                + lines(constant_line(t), CONSTANT_CHARS, "l", "t") + r"} \\", r"\midrule"]
+    out += [" & ".join(lines(h, HEADER_CHARS, a, "b") for h, a in zip(t.headers, spec, strict=True))
+            + r" \\", r"\midrule"]
     out += [" & ".join(lines(c, CELL_CHARS, a, "t") for c, a in zip(row, spec, strict=True))
             + r" \\" for row in t.rows]
     out += [r"\bottomrule", r"\end{tabular}", ""]
@@ -154,21 +158,27 @@ def typst_table(t: FilledTable) -> str:
             return typst(c)
         return "[" + "#linebreak()".join(f"#{typst(x)}" for x in parts) + "]"
 
+    # the settings every row shares head the table, in its file (#include'd alone)
+    constant = ([f"table.cell(colspan: {len(t.headers)}, align: left, {typst(constant_line(t))})"]
+                if t.constant else [])
     out = ["#table(", f"  columns: {len(t.headers)},", f"  align: ({align},),",
            "  stroke: none,", "  table.hline(),",
-           "  table.header(" + ", ".join(head(h) for h in t.headers) + "),",
+           "  table.header(" + ", ".join([*constant, *(head(h) for h in t.headers)]) + "),",
            "  table.hline(stroke: 0.5pt),"]
     out += ["  " + ", ".join(cell(c) for c in row) + "," for row in t.rows]
     out += ["  table.hline(),", ")", ""]
     return "\n".join(out)
 
 
+def constant_line(t: FilledTable) -> str:
+    """`Same in every row: size=tiny, seq=32`: the settings lifted out of the columns."""
+    return f"Same in every row: {t.constant}"
+
+
 def _sentences(section: Any, t: FilledTable) -> tuple[str, str]:
-    """The table's caption and the line under it."""
-    caption = t.title or section.title
-    under = " ".join(x for x in ((f"Same in every row: {t.constant}." if t.constant else ""),
-                                 t.note) if x)
-    return caption, under
+    """The table's caption and the line under it (the settings every row shares are in the
+    table's own file: constant_line)."""
+    return t.title or section.title, t.note
 
 
 # The first line of every LaTeX and Typst file cs336sys writes: a later run replaces a file
