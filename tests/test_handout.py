@@ -456,6 +456,24 @@ def test_fsdp_rows_say_their_optimizer_state_is_sharded_with_the_parameters():
                                        ["yours-fsdp", "sharded (FSDP)"]]
 
 
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_the_sharding_accounting_table_gives_the_peak_at_each_moment(year):
+    """optimizer_state_sharding_accounting (a): "report the peak memory usage after model
+    initialization, directly before the optimizer step, and directly after". Its table gave
+    the bytes live at each moment (86.6 MiB after init where the peak was 150.1)."""
+    from cs336sys.handout import problems
+
+    (problem,) = [p for p in problems(year) if p.name == "optimizer_state_sharding_accounting"]
+    table = problem.tables[0]
+    moments = ("init", "before_opt", "after_opt")
+    metrics = {**{f"mem_{m}_bytes": 86 * 2**20 for m in moments},
+               **{f"mem_{m}_peak_bytes": 150 * 2**20 for m in moments}}
+    t = pivot(table, [_row(impl="overlap", shard_optimizer="none", metrics=metrics)])
+    at = [t.headers.index(h) for h in ("peak after init MiB", "peak before step MiB",
+                                        "peak after step MiB")]
+    assert [t.rows[0][i] for i in at] == ["150.0"] * 3
+
+
 def test_a_pivot_names_what_its_rows_share_and_the_sdpa_backend_that_ran():
     """The writeup's tables dropped what every row shared: memory_profiling's never named
     the model (the 2025 xl, 1600×48, under an `Asks` line naming the 2026 one), and

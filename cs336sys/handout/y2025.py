@@ -166,6 +166,6 @@ PROBLEMS = (
     _same("optimizer_state_sharding", "3"),
     _same("optimizer_state_sharding_accounting", "3", runs=(
         _ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
-        tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
+        tables=(Pivot("Memory of rank 0 and step time, with and without sharding", "ddp",
                       ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment)),
 )

@@ -31,11 +31,14 @@ E2E = Column("end-to-end ms", "e2e_ms", "mean_std")
 PEAK = Column("peak MiB", "peak_bytes", "mib")
 DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std"),
             Column("communication share", "comm_fraction", "pct"))
+# optimizer_state_sharding_accounting (a): "the peak memory usage after model initialization,
+# directly before the optimizer step, and directly after": the peak up to each moment (the
+# live bytes are in memory_by_moment, beside it), rank 0's
 DDP_MEMORY = (
     *column_table("""
-        after init MiB       mem_init_bytes                 mib
-        before step MiB      mem_before_opt_bytes           mib
-        after step MiB       mem_after_opt_bytes            mib
+        peak after init MiB    mem_init_peak_bytes            mib
+        peak before step MiB   mem_before_opt_peak_bytes      mib
+        peak after step MiB    mem_after_opt_peak_bytes       mib
         parameters MiB       mem_after_opt_params_bytes     mib
         gradients MiB        mem_before_opt_grads_bytes     mib
         optimizer state MiB  mem_after_opt_opt_state_bytes  mib
@@ -319,7 +322,7 @@ PROBLEMS = (
         asks="(a) Peak memory after init, before and after the optimizer step, by part, with "
         "and without sharding; (b) the step time of each (2 GPUs, xl).",
         runs=(_ddp("overlap --shard-optimizer", "overlap --shard-optimizer yours"),),
-        tables=(Pivot("Memory per rank and step time, with and without sharding", "ddp",
+        tables=(Pivot("Memory of rank 0 and step time, with and without sharding", "ddp",
                       ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment),
     ),
     Problem(
@@ -334,7 +337,7 @@ PROBLEMS = (
         asks="(a) The memory FSDP saves against DDP and optimizer sharding; (b) whether the "
         "all-gathers finish in time: `--nsys` on the command writes the Nsight report.",
         runs=(_ddp("overlap,fsdp --shard-optimizer", "overlap,yours-fsdp --shard-optimizer yours"),),
-        tables=(Pivot("Memory per rank and step time, replicated and sharded", "ddp",
+        tables=(Pivot("Memory of rank 0 and step time, replicated and sharded", "ddp",
                       ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment),
     ),
     Problem(
