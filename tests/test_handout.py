@@ -190,6 +190,34 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     assert "count for no problem" not in invoke("handout", "--db", labelled).stdout
 
 
+def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, monkeypatch):
+    """`handout run` stopped by SIGTERM stored its second point as an error; run again, it
+    measured it. The listing still said `2 ok, 1 error`, and the writeup's method line
+    `error 1` and `stopped early: ... --resume measures the rest`, though nothing was left."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["cs336sys", "handout", "run", "minimal_ddp_flat_benchmarking"]
+    with Store(db_path, EXPERIMENTS) as store:
+        for exit_status, points in ((143, (("naive", "ok"), ("flat", "error"))),
+                                    (0, (("flat", "ok"),))):
+            inv = store.begin_invocation({"gpu": "cpu"}, argv, "ddp",
+                                         label="minimal_ddp_flat_benchmarking")
+            for impl, status in points:
+                store.add_run(inv, "ddp", status, {"impl": impl, "world_size": 2}, {})
+            store.finish_invocation(inv, exit_status)
+    out = invoke("handout", "--db", db_path).stdout
+    line = next(x for x in out.splitlines() if x.startswith("minimal_ddp_flat_benchmarking "))
+    assert line.endswith("(cs336sys's code): 2 ok"), line
+    done = invoke("handout", "report", "minimal_ddp_flat_benchmarking", "--format", "md",
+                  "--out", tmp_path / "w", "--db", db_path)
+    assert done.exit_code == 0, done.output
+    md = (tmp_path / "w" / "writeup.md").read_text()
+    assert "points by their latest run: ok 2." in md and "**Points by their latest run:** ok 2" in md
+    assert "error 1" not in md and "stopped early" not in md.lower()
+
+
 def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch):
     """memory_profiling with its memory runs stored and its residuals not read `measured`,
     in the listing and the writeup alike: it is `partly measured`, naming the part left."""

@@ -21,8 +21,9 @@ UNTESTED = "no test of the course's checks it, nor a command of cs336sys's (what
 
 @dataclass
 class Status:
-    """A problem's stored runs: how many of each status, the last one's time, the GPUs, and
-    whose code they measured."""
+    """A problem's stored runs: how many points' latest run has each status (an error a
+    rerun measured since is not counted), the last one's time, the GPUs, and whose code
+    they measured."""
 
     problem: Problem
     statuses: Counter = field(default_factory=Counter)
@@ -144,12 +145,14 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
     placeholders = ", ".join("?" * len(out))
     year, values = of_handout(release) if release is not None else ("1", [])
     rows = conn.execute(
-        "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment FROM runs r "
-        f"JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN ({placeholders}) "
-        f"AND {year} ORDER BY r.created", [*out, *values])
-    for label, status, created, gpu, settings, experiment in rows:
+        "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment, r.point_key "
+        f"FROM runs r JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN "
+        f"({placeholders}) AND {year} ORDER BY r.created", [*out, *values])
+    latest: dict[str, dict[tuple, str]] = {name: {} for name in out}
+    for label, status, created, gpu, settings, experiment, point in rows:
         s = out[label]
-        s.statuses[status] += 1
+        latest[label][experiment, gpu, point or settings] = status
+        s.statuses = Counter(latest[label].values())
         s.last = created
         if gpu and gpu not in s.gpus:
             s.gpus.append(gpu)

@@ -8,8 +8,10 @@ every report is: HTML, markdown, LaTeX and Typst (report/typeset.py).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,9 +39,41 @@ def _counts(values: list[int], what: str) -> str:
     return f"{', '.join(map(str, values))} {what}{'' if values == [1] else 's'}"
 
 
+def _rerun(inv: dict[str, Any]) -> tuple:
+    """What running `inv` again is: its label and its command line without --resume."""
+    argv = inv.get("argv")
+    words = json.loads(argv) if isinstance(argv, str) else list(argv or [])
+    return inv.get("label"), tuple(w for w in words if w != "--resume")
+
+
+def _not_rerun(invs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The invocations but those stopped early whose command later ran to its end (a
+    problem's `handout run` again, which resumes: it stored what the first left out)."""
+    ended = {}
+    for inv in invs:
+        if inv.get("exit_status") == 0 and inv.get("finished"):
+            ended[_rerun(inv)] = max(ended.get(_rerun(inv), ""), str(inv.get("started") or ""))
+    return [inv for inv in invs if inv.get("exit_status") == 0 and inv.get("finished")
+            or ended.get(_rerun(inv), "") <= str(inv.get("started") or "")]
+
+
+def _latest_statuses(rows: dict[str, list]) -> str:
+    """`ok 3, error 1`: the status of each point's latest run (an error a rerun measured
+    since is not counted)."""
+    latest: dict[tuple, str] = {}
+    for kind, kind_rows in rows.items():
+        for r in sorted(kind_rows, key=lambda r: str(r.get("created") or "")):
+            point = r.get("point_key") or json.dumps(r["_settings"], sort_keys=True, default=str)
+            latest[kind, r.get("gpu"), point] = r.get("status")
+    counts = Counter(latest.values())
+    return ", ".join(f"{s} {counts[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
+                     if counts[s])
+
+
 def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     """One line: where and how the problem's runs were measured."""
     facts = dict(provenance(invs, rows))
+    stopped = dict(provenance(_not_rerun(invs), rows)).get(STOPPED_EARLY)
     settings = [r["_settings"] for kind_rows in rows.values() for r in kind_rows]
     warm = sorted({s["warmup"] for s in settings if isinstance(s.get("warmup"), int)})
     iters = sorted({s["iters"] for s in settings if isinstance(s.get("iters"), int)})
@@ -59,9 +93,9 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
         parts.append(f"{span} timed sample{'' if counts == [1] else 's'} a point{asked}")
     elif iters:
         parts.append(f"{_counts(iters, 'timed sample')} asked a point")
-    parts.append(f"runs: {facts['Runs by status']}")
-    if STOPPED_EARLY in facts:
-        parts.append(f"{STOPPED_EARLY.lower()}: {facts[STOPPED_EARLY]}")
+    parts.append(f"points by their latest run: {_latest_statuses(rows)}")
+    if stopped:
+        parts.append(f"{STOPPED_EARLY.lower()}: {stopped}")
     return "Method: " + "; ".join(p for p in parts if p) + "."
 
 
@@ -169,7 +203,14 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
                 every_row.setdefault(kind, []).extend(kind_rows)
         # runs labelled for a problem this writeup leaves out count for that problem
         others = in_words(unlabelled(conn, list(every_problem(year))))
-        facts = [(k, v) for k, v in provenance(every_inv, every_row) if v]
+        # a point's latest run counts, and an invocation stopped early counts until its
+        # command ran again to the end (as in each problem's method line)
+        stopped = dict(provenance(_not_rerun(every_inv), every_row)).get(STOPPED_EARLY)
+        facts = [(k, v) for k, v in provenance(every_inv, every_row) if v
+                 and k != STOPPED_EARLY]
+        facts = [("Points by their latest run", _latest_statuses(every_row))
+                 if k == "Runs by status" and any(every_row.values()) else (k, v)
+                 for k, v in facts] + ([(STOPPED_EARLY, stopped)] if stopped else [])
         if every_inv and all(i.get("gpu") == "cpu" for i in every_inv):
             facts.append(("Sizes", f"{CPU_NOTE}; these figures fill the tables and answer "
                                    "nothing the handout asks about a GPU"))
