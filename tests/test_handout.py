@@ -190,6 +190,25 @@ def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):
     assert "count for no problem" not in invoke("handout", "--db", labelled).stdout
 
 
+def test_a_command_of_cs336sys_code_after_one_of_yours_records_no_code_of_yours(
+        db_path, tmp_path, monkeypatch):
+    """`handout run --yours pytorch_attention distributed_communication_single_node`: the
+    attention command engaged the user's adapters in this process, and the all-reduce
+    benchmark after it, cs336sys's own script, was stored with the user's commit."""
+    from tests.user_repos import course_repo
+
+    monkeypatch.chdir(course_repo(tmp_path))
+    monkeypatch.delenv("CS336SYS_ADAPTERS", raising=False)
+    monkeypatch.delenv("CS336SYS_YOURS", raising=False)
+    r = invoke("handout", "run", "--yours", "pytorch_attention",
+               "distributed_communication_single_node", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    got = {row["label"]: row["user_commit"] for row in query(
+        db_path, "SELECT label, user_commit FROM invocations")}
+    assert got["pytorch_attention"] and got["distributed_communication_single_node"] is None
+    assert "CS336SYS_ADAPTERS" not in os.environ
+
+
 def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, monkeypatch):
     """`handout run` stopped by SIGTERM stored its second point as an error; run again, it
     measured it. The listing still said `2 ok, 1 error`, and the writeup's method line

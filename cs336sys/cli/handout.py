@@ -377,9 +377,12 @@ def _invoke(root: Any, args: list[str]) -> int | None:
     or SIGTERM stops the whole run, once the command's own handling has ended it (its exit
     code, 130 or 143, and the signal pending: the run then says what it stored)."""
     # click's classes, wherever this typer takes click from (vendored since typer 0.2x)
+    from cs336sys import yours
+
     click_exception = {c.__name__: c for c in typer.BadParameter.__mro__}["ClickException"]
     try:
-        return root.main(args=args, prog_name="cs336sys", standalone_mode=False)
+        with yours.kept():  # what one command engages is not the next one's code
+            return root.main(args=args, prog_name="cs336sys", standalone_mode=False)
     except stopping.Terminated:  # the command stored its point and said so; SIGTERM is pending
         return stopping.exit_code()
     except typer.Exit as exc:

@@ -25,15 +25,16 @@ No torch here (the CLI imports this to validate option values).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from cs336sys.yours.adapters import ENTRIES, ENV, Adapters, AdaptersError, Entry, entries, find
 
 __all__ = ["ENTRIES", "ENV", "Adapters", "AdaptersError", "Entry", "active", "engage",
-           "engaged", "forget", "is_yours", "names", "register", "target", "use", "user_names"]
+           "engaged", "forget", "is_yours", "kept", "names", "register", "target", "use", "user_names"]
 
 TARGETS_ENV = "CS336SYS_YOURS"  # {kind: {name: target}} of the one-off targets, as JSON
 PREFIX = "yours"
@@ -72,6 +73,25 @@ def engage() -> Adapters | None:
 def engaged() -> Adapters | None:
     """The adapters file if one of its implementations is in use, else None."""
     return active() if os.environ.get(ENV) else None
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """The adapters decision and the one-off targets as they are, put back after the block:
+    a command `handout run` runs in this process engages what it measures, and the next
+    one, measuring cs336sys's code, recorded the user's commit as its own."""
+    global _adapters
+    decided = _adapters
+    before = {name: os.environ.get(name) for name in (ENV, TARGETS_ENV)}
+    try:
+        yield
+    finally:
+        _adapters = decided
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def forget() -> None:
