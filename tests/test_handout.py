@@ -656,6 +656,22 @@ def test_the_backward_problems_check_shows_the_gradients_error():
     assert line[4] == "max err 4.2e-07, max grad err 2.8e-06"
 
 
+def test_a_check_says_which_of_your_code_passed_and_what_its_points_share():
+    """flash_forward's verdicts read `d_head=32 pass`, `d_head=64 pass`: which kernel passed
+    (yours-torch; yours-triton was skipped) and at which sequence and pass were left out."""
+    from cs336sys.handout.writeup import checks
+
+    def row(d):
+        return {"check": "pass", "code": "[]", "status": "ok", "max_err": 4.2e-7, "gpu": "cpu",
+                "_settings": {"impl": "yours-torch", "seq": 128, "d_head": d, "batch": 4,
+                              "causal": True, "passes": "forward", "iters": 3}}
+
+    t = checks({"attention": [row(32), row(64)]})
+    assert [line[1] for line in t.rows] == ["impl=yours-torch d_head=32",
+                                            "impl=yours-torch d_head=64"]
+    assert t.constant == "seq=128, batch=4, causal=yes, passes=forward"
+
+
 def _compiles(out):
     """writeup.typ through Typst and writeup.tex through pdflatex, where present."""
     try:

@@ -24,12 +24,14 @@ from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.render import STOPPED_EARLY, Report, kernel_stats, provenance
 from cs336sys.report.sections import (
+    QUIET,
     FilledTable,
     Row,
     Section,
     latest,
     point_labels,
     sample_count,
+    text,
 )
 from cs336sys.report.select import Selection, invocations, load
 
@@ -105,14 +107,40 @@ _FIGURES = (("max_err", "max err"), ("max_err_grad", "max grad err"),
             ("check_worst", "worst parameter"), ("check_optimizer_err", "AdamW move"))
 
 
+# The settings that name which of the user's code a point ran (yours-torch, their model).
+_WHOSE = ("impl", "attention", "model", "ddp", "shard_optimizer", "optimizer")
+
+
+def _whose(settings: dict[str, Any], label: str) -> str:
+    """`impl=yours-torch`: the settings naming the user's code, where the label has none (a
+    label names only what tells points apart: two d_head of one kernel read `d_head=32`)."""
+    return " ".join(f"{k}={text(v)}" for k in _WHOSE if (v := settings.get(k)) is not None
+                    and (k == "model" or str(v).startswith("yours"))
+                    and f"{k}={text(v)}" not in label)
+
+
+def _shared(points: list[Row]) -> str:
+    """`seq=128, causal=True`: the settings every checked point has alike (none of _WHOSE,
+    which each row names), as a table's constant line."""
+    if not points:
+        return ""
+    first = points[0]["_settings"]
+    return ", ".join(f"{k}={text(v)}" for k, v in first.items()
+                     if k not in QUIET and k not in _WHOSE and v is not None
+                     and all(p["_settings"].get(k) == v for p in points))
+
+
 def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
-    """An implementation problem's verdicts: each checked point of the user's code, its
-    check, the figure it was judged by and what was compared (None where none was checked)."""
-    body = []
+    """An implementation problem's verdicts: each checked point of the user's code (which
+    code, and what tells it apart), its check, the figure it was judged by and what was
+    compared (None where none was checked); the settings all share above it."""
+    body, checked = [], []
     for kind, kind_rows in rows.items():
         # the user's code (`code` names its files), not ours beside it: ours is checked too
         pts = [r for r in latest(kind_rows) if r.get("check") is not None and r.get("code")]
+        checked += pts
         for r, label in zip(pts, point_labels(pts) if pts else [], strict=True):
+            label = " ".join(x for x in (_whose(r["_settings"], label), label) if x)
             figure = ", ".join(f"{name} {r[key]:.2g}" for key, name in _FIGURES
                                if isinstance(r.get(key), (int, float)))
             what = r.get("check_detail") or (
@@ -125,7 +153,8 @@ def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
     return FilledTable("Checks of your code", ["experiment", "point", "status", "check",
                                                "figure", "what was compared"], body,
                        note="Each point of your code against its reference, as the course's "
-                       "tests check it (docs/yours.md has the tolerances).")
+                       "tests check it (docs/yours.md has the tolerances).",
+                       constant=_shared(checked))
 
 
 def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
