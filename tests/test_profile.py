@@ -477,3 +477,13 @@ def test_a_kernels_name_keeps_what_tells_it_apart():
     # a plot's axis keeps the op, at the name's end
     assert cut_middle(readable(MUL), 52).endswith("MulFunctor<float>>>>")
     assert len(cut_middle(readable(MUL), 52)) == 52
+    # two names the middle's cut reads alike (the H200's A- and BUnaryFunctor of one Mul,
+    # two bars of one label) keep where they differ; others keep the middle's cut
+    from cs336sys.report.kernel_names import cut_apart
+
+    a, b = (f"vectorized_elementwise_kernel<4, {x}UnaryFunctor<float, float, float, "
+            "MulFunctor<float>>>" for x in "AB")
+    cut = cut_apart([a, b, readable(MUL), "aten::mm"], 52)
+    assert cut[0] != cut[1] and "AUnaryFunctor" in cut[0] and "BUnaryFunctor" in cut[1]
+    assert all(len(c) <= 52 for c in cut) and cut[2:] == [cut_middle(readable(MUL), 52),
+                                                           "aten::mm"]

@@ -61,6 +61,36 @@ def cut_middle(label: str, most: int) -> str:
     return label[:head] + "…" + label[len(label) - (most - 1 - head):]
 
 
+def cut_apart(labels: list[str], most: int) -> list[str]:
+    """Each label in at most `most` characters (cut_middle), where two different labels
+    would read alike, each keeps where it differs from the others instead of its middle:
+    the H200's `vectorized_elementwise_kernel<4, AUnaryFunctor<…MulFunctor<float>>>` and its
+    `BUnaryFunctor` twin read as one name on two bars."""
+    cut = [cut_middle(x, most) for x in labels]
+    for shown in set(cut):
+        alike = [i for i, c in enumerate(cut) if c == shown]
+        if len({labels[i] for i in alike}) < 2:
+            continue
+        for i in alike:
+            full = labels[i]
+            at = min(_common(full, labels[j]) for j in alike if labels[j] != full)
+            ends = (most - 2) // 4  # the head and the tail each; the window the rest
+            window = most - 2 - 2 * ends
+            start = max(ends, min(at - window // 3, len(full) - ends - window))
+            if start <= ends or start + window >= len(full) - ends:
+                continue  # short enough that the middle's cut already kept it
+            cut[i] = full[:ends] + "…" + full[start:start + window] + "…" + full[-ends:]
+    return cut
+
+
+def _common(a: str, b: str) -> int:
+    """The length of the prefix `a` and `b` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 def readable(name: str, width: int | None = None) -> str:
     """`name` without what does not tell one kernel from another; with `width`, at most
     that many characters (its middle cut: a terminal's table). A name that is no C++

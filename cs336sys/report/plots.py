@@ -16,7 +16,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cs336sys.report.kernel_names import cut_middle
+from cs336sys.report.kernel_names import cut_apart
 
 Series = dict[str, list[tuple[float, float]]]
 _MAX_COLS = 4
@@ -136,8 +136,9 @@ def strip_plot(plot: Strips) -> bytes:
             ax.plot([statistics.median(samples)], [y + dy], linestyle="none", marker="|",
                     markersize=12, markeredgewidth=2, color=colour)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([label if len(label) <= 40 else label[:39] + "…"
-                        for label, _, _ in reversed(plot.points)], fontsize=7)
+    # settings that differ at the end (seq=32, seq=64) read alike cut at it
+    ax.set_yticklabels(cut_apart([label for label, _, _ in reversed(plot.points)], 40),
+                       fontsize=7)
     ax.set_ylim(-0.6, n - 0.4)
     # Below the axis: strips fill the whole width, so no corner inside it is free.
     return _value_axis_png(fig, ax, plot.xlabel, plot.title, _spans_decades(values), "below")
@@ -199,7 +200,7 @@ class Ranked:
             at = [i for i, t in enumerate(items) if t[2] == group]
             ax.barh(at, [items[i][1] for i in at], color=f"C{group_index % 10}", label=group)
         ax.set_yticks(range(len(items)))
-        ax.set_yticklabels([cut_middle(n, 52) for n, _, _ in items], fontsize=7)
+        ax.set_yticklabels(cut_apart([n for n, _, _ in items], 52), fontsize=7)
         return _value_axis_png(fig, ax, self.xlabel, self.title, self.logx, "lower right")
 
 
