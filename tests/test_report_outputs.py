@@ -241,6 +241,16 @@ def test_a_plan_of_one_gpu_keeps_its_title_and_axis_labels_on_the_image():
     assert ink[:, 1: pixels.shape[1] // 25].any()  # the y label, close to the left edge
 
 
+def test_no_two_lines_of_a_plot_share_colour_and_marker():
+    """18 series of an attention sweep (3 implementations x 3 precisions x 2 batches): the
+    first and the eleventh were both blue circles, a dash apart."""
+    from cs336sys.report.plots import line_styles
+
+    labels = [f"series {i}" for i in range(40)]
+    colours, markers, _ = line_styles(labels)
+    assert len({(colours[k], markers[k]) for k in labels}) == len(labels)
+
+
 def test_a_history_plot_keeps_its_title_on_the_image():
     """A memory point's settings made a title wider than the figure, cut at both edges
     (`h=4 checkpoint=none ... precisio`): it wraps, and no ink touches a side of the image."""

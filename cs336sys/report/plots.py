@@ -244,6 +244,16 @@ def short(v: float, _pos: object = None) -> str:
     return f"{v:.4g}"
 
 
+def line_styles(labels: list[str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Each series' colour, marker and line style: ten colours, then the next ten with the
+    next line style, and the markers shifted by one each round, so that no two series share
+    colour and marker (series 0 and 10 did, told apart by a dash alone)."""
+    colours = {k: f"C{i % 10}" for i, k in enumerate(labels)}
+    markers = {k: _MARKERS[(i + i // 10) % len(_MARKERS)] for i, k in enumerate(labels)}
+    styles = {k: ("-", "--", ":", "-.")[(i // 10) % 4] for i, k in enumerate(labels)}
+    return colours, markers, styles
+
+
 def panel_plot(
     panels: dict[str, Series],
     xlabel: str,
@@ -269,8 +279,7 @@ def panel_plot(
         labels_with_oom = [*labels, "out of memory"]
     else:
         labels_with_oom = labels
-    colours = {k: f"C{i % 10}" for i, k in enumerate(labels)}
-    styles = {k: ("-", "--", ":", "-.")[(i // 10) % 4] for i, k in enumerate(labels)}
+    colours, markers, styles = line_styles(labels)
 
     n = len(panels)
     cols = min(n, _MAX_COLS)
@@ -287,7 +296,6 @@ def panel_plot(
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     # Series that coincide (triton on sdpa, fp32 on bf16) stay visible: each has its own
     # marker shape, hollow, the first ones largest, so markers drawn later sit inside them.
-    markers = {k: _MARKERS[i % len(_MARKERS)] for i, k in enumerate(labels)}
     sizes = {k: max(3.0, 8.0 - 1.0 * (i % 6)) for i, k in enumerate(labels)}
     oom_drawn = False
     for ax, (name, series) in zip(axes.flat, panels.items(), strict=False):
