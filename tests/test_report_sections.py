@@ -485,11 +485,18 @@ def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
     # read as waiting, 46 % of its step, beside the others' exposed waiting)
     assert [(b.group, b.label, b.parts, b.total, b.side) for b in fig.plot.bars] == [
         ("2 ranks", "flat", (70.0, 30.0, None), 100.0, 50.0),
-        ("2 ranks", "bucketed 25 MiB", (70.0, 10.0, None), 80.0, 60.0),
-        ("2 ranks", "torch opt zero", (70.0, 20.0, None), 90.0, 55.0),
+        ("2 ranks", "bucketed 25MiB", (70.0, 10.0, None), 80.0, 60.0),
+        ("2 ranks", "torch +ZeRO", (70.0, 20.0, None), 90.0, 55.0),
         ("2 ranks", "fsdp", (70.0, None, 50.0), 120.0, 40.0),
     ]
     assert fig.plot.parts[2] == "fsdp: a collective in flight"
+    # each bar as the table names its row (a bar read `overlap opt ours`, the row
+    # `overlap +sharded opt`; `torch`, the row `torch 25MiB`)
+    t = point_table(ddp_section.TABLE, [row("flat", 100.0, 30.0, 50.0),
+                                        row("bucketed", 80.0, 10.0, 60.0, bucket=25),
+                                        row("torch", 90.0, 20.0, 55.0, sharding="zero"),
+                                        row("fsdp", 120.0, 50.0, 40.0)])
+    assert [b.label for b in fig.plot.bars] == [line[0] for line in t.rows]
 
 
 def test_precision_draws_each_accumulation_error_on_a_log_axis():

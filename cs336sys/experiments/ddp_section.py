@@ -111,27 +111,18 @@ def _steps(pts: list[Row]) -> Bars:
         if r.get("status") != "ok" or step is None:
             continue
         s = r["_settings"]
-        label = " ".join(x for x in (text(s.get("impl")), _bucket(s), _sharded(s)) if x)
         wait = min(comm, step) if comm is not None else None
         rest = None if wait is None else step - wait
         # fsdp's comm_ms is the time with a collective in flight, hidden behind compute or
         # not: a part of its own, not the waiting of the others
         parts = (rest, None, wait) if s.get("impl") == "fsdp" else (rest, wait, None)
-        bars.append(Bar(f"{text(s.get('world_size'))} ranks", label, parts, total=step,
+        # named as the table names it (`torch 25MiB`, `overlap +sharded opt`)
+        bars.append(Bar(f"{text(s.get('world_size'))} ranks", label(r), parts, total=step,
                         side=r.get("tokens_per_s")))
     return Bars(tuple(bars), ("the rest (fsdp: no collective in flight)",
                               "waiting on communication", "fsdp: a collective in flight"),
                 "step time (ms, mean)", "tokens/s", "DDP: step time and what it waits on",
                 "Throughput")
-
-
-def _bucket(s: dict) -> str:
-    return f"{text(s['bucket_mb'])} MiB" if s.get("impl") == "bucketed" and s.get("bucket_mb") else ""
-
-
-def _sharded(s: dict) -> str:
-    sharding = s.get("shard_optimizer")
-    return f"opt {text(sharding)}" if sharding not in (None, "none", "") else ""
 
 
 def label(row: Mapping[str, Any]) -> str:
