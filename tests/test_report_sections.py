@@ -367,6 +367,8 @@ def test_one_size_over_several_contexts_gets_its_chart_too():
                                          for m in ("train", "forward")]
     assert [b.label for b in charts[0].plot.bars] == ["fp32 seq=32", "fp32 seq=64"]
     assert all(f.plot.informative for f in charts)
+    # no MFU on a CPU (its peak is unknown): no note explaining one under the chart
+    assert all("MFU:" not in f.note for f in charts)
 
 
 def test_the_h100_sweep_gets_a_chart_per_mode_sizes_in_order():

@@ -165,7 +165,9 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
               Bars(tuple(shown), tuple(p for _, p in _PHASES), "step time (ms, mean)", "tokens/s",
                    "Step time by phase per size and precision" + (f" ({name})" if name else ""),
                    side_title="MFU above each bar" if any(b.side_note for b in shown) else ""),
-              note=" ".join(n for n in [*notes, MFU_NOTE] if n))
+              # the MFU's note where a bar has one (none on a CPU, whose peak is unknown)
+              note=" ".join(n for n in [*notes, MFU_NOTE if any(b.side_note for b in shown)
+                                        else ""] if n))
 
 
 def _by_number(v: Any) -> tuple:
