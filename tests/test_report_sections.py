@@ -266,9 +266,17 @@ def test_the_warmup_effect_has_the_point_without_warm_up():
     assert table(sec, "Warm-up effect").rows == [
         ["small T=128 B=4 train fp32 warmup=0", "40", "20", "2.00×"],
         ["small T=128 B=4 train fp32 warmup=1", "30", "10", "3.00×"]]
-    lines = next(f for f in sec.figures if f.name == "model-warmup").plot.panels[""]
+    plot = next(f for f in sec.figures if f.name == "model-warmup").plot
+    lines = plot.panels[""]
     assert lines["small T=128 B=4 train fp32 warmup=0"] == [(1, 40.0), (2, 10.0), (3, 10.0)]
     assert len(lines["small T=128 B=4 train fp32 warmup=1"]) == 4
+    assert plot.logy is False  # 4x: the timed steps stand apart on a linear axis
+    # a first step 76x the timed ones (an H100's compile): on a linear axis every timed step
+    # lay in one band at the bottom; a log axis keeps them apart
+    sec = Section("model", "m")
+    model_section.section(sec, latest([row(0, [], [3659.0, 48.0, 50.0]),
+                                       row(1, [1402.0], [49.0, 51.0, 50.0])]))
+    assert next(f for f in sec.figures if f.name == "model-warmup").plot.logy is True
 
 
 def test_the_bucket_plot_is_in_mib_and_names_the_series_it_leaves_out(rendered):

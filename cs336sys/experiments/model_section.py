@@ -27,6 +27,7 @@ SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second fast
                 "interval excludes 1; too few samples to tell where no test can (3 against 3 "
                 "cannot, 4 against 4 can).")
 WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table has them all)
+WARMUP_LOG = 10  # a first step this many times the fastest: the warm-up plot's y axis is log
 SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
@@ -71,9 +72,13 @@ def section(sec: Section, pts: list[Row]) -> None:
     if warm:
         sec.tables.append(FilledTable("Warm-up effect: first step against timed mean",
                                 ["point", "first step ms", "timed mean ms", "first/mean"], warm))
+        # a first step 10x the rest (3,659 ms before steps of 48 on an H100) flattens every
+        # timed step into one band on a linear axis: a log one keeps them apart
+        ys = [y for pts in lines.values() for _, y in pts if y]
         add_plot(sec, "Step time per step, warm-up included", "model-warmup",
               Plot.lines(lines, "step (1 = the first, warm-up or timed)", "step time (ms)",
-                         "Warm-up effect", logx=False),
+                         "Warm-up effect", logx=False,
+                         logy=bool(ys) and max(ys) > WARMUP_LOG * min(ys)),
               note=left_out(list(lines), every, "series (the table above has every point)"))
     for key, (a, a_name), (b, b_name) in (
         ("precision", ("fp32", "fp32"), ("bf16", "bf16")),
