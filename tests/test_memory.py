@@ -268,6 +268,10 @@ BAD = [
     (["memory", *MICRO, "--checkpoint", "all"], "--checkpoint"),
     (["memory", *MICRO, "--snapshot", "{file}"], "not a directory"),
     (["memory", *MICRO, "--snapshot", "{file}/sub"], "not a directory"),
+    # the folder made through a link that leads nowhere failed once the point had run
+    (["memory", *MICRO, "--snapshot", "{loop}"], "is a symbolic link to a missing path or a loop"),
+    (["memory", *MICRO, "--snapshot", "{loop}/sub"], "symbolic link to a missing path or a loop"),
+    (["memory", *MICRO, "--snapshot", "{dangling}"], "symbolic link to a missing path"),
     # os.access says yes to root here; the write is tried
     (["memory", *MICRO, "--snapshot", "/proc/cs336sys-snapshot"], "cannot write in /proc"),
     (["memory", "--size", "tiny", "--seq", "100000"], "maximum context length"),
@@ -283,13 +287,18 @@ BAD = [
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, args, message):
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    args = [a.replace("{file}", str(afile)) for a in args]
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    args = [a.replace("{file}", str(afile)).replace("{loop}", str(tmp_path / "loop1"))
+            .replace("{dangling}", str(tmp_path / "dangling")) for a in args]
     result = invoke(*args, "--db", db_path)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], result.stderr
     assert not db_path.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "dangling", "loop1", "loop2"]
+    assert not (tmp_path / "missing").exists()
 
 
 def test_points_of_one_size_name_but_other_shapes_draw_their_own_timelines(tmp_path):

@@ -18,6 +18,10 @@ def why_unwritable(folder: str | Path) -> str | None:
         return "exists and is not a directory"
     existing = folder
     while not existing.exists():
+        # a link to a missing path, or a loop, does not exist either: its parent may well
+        # be writable, and making the folder through it failed after the point had run
+        if existing.is_symlink():
+            return f"{existing} is a symbolic link to a missing path or a loop"
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is not a directory"
