@@ -84,6 +84,14 @@ class HeadInAList(GeluLM):
         self.out = nn.ModuleList([nn.LayerNorm(d_model), self.head])
 
 
+class WrongVocab(GeluLM):
+    """A head of 7 outputs where the vocabulary is larger."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.head = nn.Linear(d_model, 7, bias=False)
+
+
 class Residual(nn.Module):
     def __init__(self, inner):
         super().__init__()
@@ -147,6 +155,19 @@ def test_the_course_model_is_measured_checked_and_its_flops_are_right(tmp_path, 
     assert query(db, "SELECT user_commit FROM invocations")[0]["user_commit"]
 
 
+def test_a_model_of_another_vocabulary_is_an_error_that_says_so(tmp_path, monkeypatch):
+    """Logits (B, T, 7) against targets of a vocabulary of 256 read `Target 141 is out of
+    bounds` (on CUDA a device-side assert): the stored error names the shape and the size."""
+    monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                                   "my_models/lm.py": OTHER_MODEL}))
+    db = tmp_path / "r.db"
+    invoke("model", *MICRO, "--seq", "16", "--model", "my_models.lm:WrongVocab", "--db", db)
+    (row,) = model_runs(db)
+    assert row["status"] == "error"
+    assert ("the model's forward returned logits of shape (2, 16, 7); cs336sys needs (batch, "
+            "seq, vocab) with the vocabulary of 256 tokens") in row["error"], row["error"]
+
+
 def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_path, monkeypatch):
     repo = course_repo(tmp_path, files={"my_models/__init__.py": "", "my_models/lm.py": OTHER_MODEL})
     monkeypatch.chdir(repo)
@@ -175,6 +196,9 @@ def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_pat
         (["--model", "cs336_basics", "--attention", "sdpa"], "brings its own attention"),
         (["--model", "nowhere.at_all:LM"], "No module named 'nowhere'"),
         (["--model", "just_a_name"], "give cs336_basics or package.module:Class"),
+        # a class that takes the keywords but is no Module: with --checkpoint a traceback
+        (["--model", "types:SimpleNamespace", "--checkpoint", "every:1"],
+         "types:SimpleNamespace is a class but not a torch.nn.Module"),
         # a constructor of other keywords: refused at once, not an error stored at each point
         (["--model", "cs336_basics.model:Linear"],
          "is built with the course's keywords (vocab_size, context_length, d_model, num_layers, "

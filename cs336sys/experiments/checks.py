@@ -64,7 +64,7 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
         return _same_output(mine, reference, y, f"naive attention in place of {config.attention}")
     with torch.no_grad():
         logits = theirs(x)
-        loss = float(cross_entropy(logits, y))
+        loss = float(cross_entropy(logits, y, vocab=small.vocab_size))
     metrics: dict[str, Any] = {"check_loss": loss}
     if not math.isfinite(loss):
         return Verdict(False, {**metrics, "check": "fail"},

@@ -49,10 +49,12 @@ LR, WEIGHT_DECAY = 1e-4, 0.01
 PHASES = {"fwd": "forward", "bwd": "backward", "comm": "comm", "opt": "optimizer"}
 
 
-def cross_entropy(logits: Any, targets: Any) -> Any:
+def cross_entropy(logits: Any, targets: Any, vocab: int | None = None) -> Any:
     """The loss of every step: float32 logits (B, T, V) against targets (B, T), mean. A
-    model that returns something else (a tuple of logits and a loss, as Hugging Face's do)
-    is told what is needed, not met with a tensor method missing."""
+    model that returns something else (a tuple of logits and a loss, as Hugging Face's do),
+    or, where `vocab` is given (the check before timing), logits of another vocabulary, is
+    told what is needed, not met with a tensor method missing or `Target 3302 is out of
+    bounds` (on CUDA a device-side assert that ends the process's later points too)."""
     import torch
     import torch.nn.functional as F
 
@@ -65,6 +67,10 @@ def cross_entropy(logits: Any, targets: Any) -> Any:
         raise ValueError(f"the model's forward returned a tensor of shape {tuple(logits.shape)}; "
                          f"cs336sys needs the logits (batch, seq, vocab) for tokens "
                          f"{tuple(targets.shape)}")
+    if vocab is not None and logits.shape[-1] != vocab:
+        raise ValueError(f"the model's forward returned logits of shape {tuple(logits.shape)}; "
+                         f"cs336sys needs (batch, seq, vocab) with the vocabulary of "
+                         f"{vocab:,} tokens it was built with (--vocab-size)")
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 

@@ -126,6 +126,11 @@ def model_class(source: str) -> Any:
     cls = load_target(where)
     if not callable(cls):
         raise UserCodeError(f"--model {source}: {where} is not a class")
+    import torch
+
+    if isinstance(cls, type) and not issubclass(cls, torch.nn.Module):  # (a factory may be)
+        raise UserCodeError(f"--model {source}: {where} is a class but not a torch.nn.Module: "
+                            "cs336sys trains, checkpoints and shards it as one")
     try:
         signature = inspect.signature(cls)
     except (TypeError, ValueError):  # no signature to read: its build says what is wrong
