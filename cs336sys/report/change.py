@@ -116,19 +116,24 @@ class Change:
 
     @property
     def percent(self) -> float:
-        """How much worse or better, in percent of the label's factor: 1.12x slower is 12."""
-        return 100 * (self.factor - 1)
+        """How much worse or better, in percent of the label's factor as printed: 1.12x
+        slower is 12 (a B/A of 1.124 failed a gate of 12 %, though its label read 12)."""
+        return 100 * (round(self.factor, 2) - 1)
+
+
+ONE_RUN = "one run a side"  # the verdict of a change the samples of one run cannot tell
 
 
 def one_run_caveat(changes: list[Change]) -> list[str]:
-    """What a reader must know before trusting a verdict: a change judged on the samples of
-    one run a side (see assess), in one line, or nothing."""
-    if any(c.one_run_a_side and c.kind in ("regression", "improvement", "changed")
-           for c in changes):
-        return ["One run a side: the test sees the scatter within a run, not the drift "
-                "between runs, which alone can read as a change. Run each side more than "
-                "once (the command again at the same commit, or with the same --label), and "
-                "the runs' medians are compared."]
+    """Why a change beyond the threshold on one run a side is not decided (see assess), in
+    one line, or nothing."""
+    if any(c.verdict == ONE_RUN for c in changes):
+        return [f"{ONE_RUN.capitalize()}: the samples of one run see the scatter within it, "
+                "not the drift between runs, which alone reads as a change (two runs of one "
+                "command on a shared CPU: 1.14x to 50x apart, p<0.05 in half the points), so "
+                "such a difference is not decided. Run each side 4 times or more (the command "
+                "again at the same commit, or with the same --label): the runs' medians are "
+                "then compared."]
     return []
 
 
@@ -138,8 +143,11 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
 
     The test's unit: where either side ran the point more than once, each run's median (a
     second run of the same code drifts by more than its steps scatter within a run: 8-18 %
-    between single runs on a shared 2-core VM, all p < 0.01 on the pooled samples); else the
-    pooled timed samples of the one run a side."""
+    between single runs on a shared 2-core VM, all p < 0.01 on the pooled samples). With one
+    run a side only a difference within the threshold is decided (unchanged); a larger one
+    is ONE_RUN, undecided: the pooled samples' test, shown, cannot tell it from drift. A
+    difference beyond the threshold that the test does not find significant is undecided
+    too, never `unchanged`."""
     sign, up, down = metric.words
     tested = metric.timed and bool(a.samples) and bool(b.samples)
     by_runs = tested and max(len(a.runs), len(b.runs)) > 1
@@ -158,6 +166,10 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
     outcome, reason = j.outcome, j.reason
     if by_runs and reason == "too few samples to tell":
         reason = "too few runs to tell"
+    if tested and not by_runs and (outcome in ("up", "down") or reason == "not significant"):
+        outcome, reason = "unknown", ONE_RUN
+    if outcome == "same" and reason == "not significant":  # beyond the threshold, untold
+        outcome = "unknown"
     if metric.timed and not tested and outcome in ("up", "down"):
         outcome, reason = "unknown", "no samples to tell"
     if outcome in ("up", "down"):

@@ -115,6 +115,8 @@ class History:
     one_commit: int = 0  # points measured at a single commit (no history)
     no_commit: int = 0  # ok runs without a git commit (left out)
     threshold: float = THRESHOLD
+    # why a difference beyond the threshold was no step: one run a side (one_run_caveat)
+    caveat: list[str] = field(default_factory=list)
 
     @property
     def steps(self) -> list[tuple[Track, int, Change]]:
@@ -147,7 +149,7 @@ class History:
                                     key=(0, 1)))
             if len(self.steps) > MAX_STEPS:
                 lines.append(f"(the first {MAX_STEPS} of {len(self.steps)} steps)")
-            lines += [fill(x, width) for x in one_run_caveat([c for _, _, c in self.steps])]
+        lines += [fill(x, width) for x in self.caveat]
         return "\n".join(lines)
 
 
@@ -188,6 +190,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
 
     tracks: list[Track] = []
     one_commit = 0
+    assessed: list[Change] = []  # every change between consecutive commits, steps or not
     for exp, metric in metrics(catalog).items():
         groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
         for r in rows.get(exp, []):
@@ -207,20 +210,22 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
             t = Track(exp, label, metric, [commits[c] for c in ck], [at[c] for c in ck])
             for i in range(1, len(ck)):
                 change = assess(exp, label, metric, t.sides[i - 1], t.sides[i], threshold)
+                assessed.append(change)
                 if change.kind in STEP_KINDS:
                     t.steps.append((i, change))
             tracks.append(t)
 
     chosen = sorted(tracks, key=lambda t: (not t.steps, -len(t.commits)))[:MAX_PLOTS]
     plotted = [t for t in tracks if t in chosen]  # in report order
-    history = History(tracks, plotted, [], one_commit, no_commit, threshold)
+    history = History(tracks, plotted, [], one_commit, no_commit, threshold,
+                      one_run_caveat(assessed))
     history.sections = _sections(history, draw)
     return history
 
 
 def _sections(h: History, draw: bool) -> list[Section]:
     left = [t for t in h.tracks if t not in h.plotted]
-    general = one_run_caveat([c for t in h.tracks for _, c in t.steps])
+    general = list(h.caveat)
     if h.one_commit:
         general.append(f"{h.one_commit} point{'s' * (h.one_commit != 1)} measured at one commit "
                        "only ha" + ("ve" if h.one_commit != 1 else "s") + " no history.")
