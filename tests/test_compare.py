@@ -247,7 +247,7 @@ def test_compare_labels_every_change_and_prints_the_table_then_the_paths(regress
     assert "too few samples to tell  p=0.100 (1 vs 1 run)" in _table_line(out, "precision=fp16")
     assert re.search(r"1\.20x bigger\s+one reading$", _table_line(out, "memory ", "peak bytes"))
     summary = ("5 points compared: 1 faster, 1 slower, 1 bigger, 1 unchanged, "
-               "1 undecided (too few or no samples)")
+               "1 undecided (too few samples to tell)")
     lines = out.splitlines()
     at = lines.index(summary)  # the table, its summary, then the paths written
     assert lines[at + 1 : at + 3] == [str(tmp_path / "report.html"), str(tmp_path / "report.md")]
@@ -498,7 +498,8 @@ def test_one_run_a_side_decides_no_change(tmp_path):
     fp32 = _table_line(result.stdout, "precision=fp32")
     assert re.search(r"1\.\d+\s+one run a side\s+p<0\.001 \(1 vs 1 run\)$", fp32), fp32
     assert "unchanged" in _table_line(result.stdout, "precision=bf16")
-    assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 undecided" in result.stdout
+    assert ("2 points compared: 0 faster, 0 slower, 1 unchanged, 1 undecided (one run a side)"
+            in result.stdout)
     said = " ".join(result.stdout.split())
     assert "One run a side: the samples of one run see the scatter within it" in said
     assert "Run each side 4 times or more" in said

@@ -272,8 +272,11 @@ class Comparison:
         parts = [f"{c['faster']} faster", f"{c['slower']} slower"]
         parts += [f"{c[w]} {w}" for w in ("bigger", "smaller", "higher", "lower") if c[w]]
         parts.append(f"{c['unchanged']} unchanged")
-        if c["undecided"]:
-            parts.append(f"{c['undecided']} undecided (too few or no samples)")
+        if c["undecided"]:  # by why: too few samples or runs, one run a side, ...
+            why = Counter(ch.verdict for ch in self.changes if ch.kind == "undecided")
+            parts.append(f"{c['undecided']} undecided ("
+                         + ", ".join(f"{n} {w}" if len(why) > 1 else w
+                                     for w, n in why.most_common()) + ")")
         n = len(self.changes)
         return f"{n} point{'s' * (n != 1)} compared: " + ", ".join(parts)
 
