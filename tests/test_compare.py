@@ -528,6 +528,37 @@ def test_a_change_past_the_threshold_is_decided_both_ways_alike():
     assert twelve.verdict == "1.12x slower" and twelve.percent == pytest.approx(12)
 
 
+def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
+    """A point ok in A whose latest run in B ran out of memory (or was wrong) was left out:
+    `1 point compared: 1 unchanged`, exit 0 under --fail-on-regression. It is listed as
+    failed in B, with why, and fails the gate; an older ok run in B does not hide it."""
+    b = Builder(tmp_path / "results.db")
+    b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
+    b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
+    for run in range(RUNS):
+        for precision, t in (("fp32", 1), ("bf16", 2)):
+            b.model("inv-a", f"2026-02-01 10:{t}{run}:00.000000", precision, noisy(100, 10, run))
+    for run in range(RUNS):
+        b.model("inv-b", f"2026-02-02 10:2{run}:00.000000", "bf16", noisy(100, 10, 10 + run))
+    b.model("inv-b", "2026-02-02 10:10:00.000000", "fp32", noisy(100, 10, 20))  # ok, then
+    s = {"size": "small", "seq": 128, "batch": 4, "mode": "train", "precision": "fp32",
+         "compile": False, "device": "cuda", "seed": 0}
+    b.store.db["runs"].insert({
+        "id": "run-oom", "invocation_id": "inv-b", "experiment": "model", "status": "oom",
+        "settings": json.dumps(s), "metrics": "{}", "samples": None,
+        "error": "oom: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "created": "2026-02-02 10:30:00.000000", "started": "2026-02-02 10:30:00.000000",
+        "duration_s": 1.0, "point_key": "k"})
+    result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6],
+                    "--fail-on-regression", "10", "--format", "html,md")
+    assert result.exit_code == 1, result.output
+    line = _table_line(result.stdout, "precision=fp32")
+    assert "oom in B" in line and "CUDA out of memory" in line
+    assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 failed in B" in result.stdout
+    assert "Regression: 1 point worse than 10%" in result.stderr
+    assert '<td class="worse">oom in B</td>' in (tmp_path / "out" / "report.html").read_text()
+
+
 def test_two_runs_a_side_are_too_few_runs_to_tell(tmp_path):
     b = Builder(tmp_path / "results.db")
     b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")

@@ -89,6 +89,21 @@ def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tupl
     return out
 
 
+FAILED = "failed"  # a Change's kind: ok in A, its latest run in B not (oom, wrong, ...)
+
+
+def failed_in_b(a_rows: list[Row], b_rows: list[Row], metric: Metric,
+                by_gpu: bool = True) -> dict[tuple, Row]:
+    """Per point (as aggregate keys it) that A measured ok: B's latest run of it, where that
+    run is not ok (oom, wrong, error, skipped). Such a point has no B to compare and was
+    left out, the worst regression of all passing the gate unseen."""
+    ok_in_a = set(aggregate(a_rows, metric, by_gpu))
+    latest: dict[tuple, Row] = {}
+    for r in sorted(b_rows, key=lambda r: str(r.get("created") or "")):
+        latest[r.get("gpu") if by_gpu else None, skey(r)] = r
+    return {k: r for k, r in latest.items() if k in ok_in_a and r.get("status") != "ok"}
+
+
 @dataclass(frozen=True)
 class Change:
     """One point, A against B."""
@@ -103,7 +118,8 @@ class Change:
     n_a: int  # samples (or runs, for single readings)
     n_b: int
     verdict: str  # "1.23x slower", "unchanged", "too few samples to tell", ...
-    kind: str  # "regression", "improvement", "unchanged", "undecided"; "changed" (no direction)
+    kind: str  # "regression", "improvement", "unchanged", "undecided"; "changed" (no
+    # direction); FAILED (ok in A, not in B)
     how: str  # "p=0.002", "p<0.001", "one reading", "no samples"
     one_run_a_side: bool = False  # tested on the pooled samples of a single run per side
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,11 +48,13 @@ from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.change import (
+    FAILED,
     Change,
     Metric,
     Side,
     aggregate,
     assess,
+    failed_in_b,
     metrics,
     one_run_caveat,
 )
@@ -272,6 +275,8 @@ class Comparison:
         parts = [f"{c['faster']} faster", f"{c['slower']} slower"]
         parts += [f"{c[w]} {w}" for w in ("bigger", "smaller", "higher", "lower") if c[w]]
         parts.append(f"{c['unchanged']} unchanged")
+        if c[FAILED]:
+            parts.append(f"{c[FAILED]} {FAILED} in B")
         if c["undecided"]:  # by why: too few samples or runs, one run a side, ...
             why = Counter(ch.verdict for ch in self.changes if ch.kind == "undecided")
             parts.append(f"{c['undecided']} undecided ("
@@ -281,8 +286,10 @@ class Comparison:
         return f"{n} point{'s' * (n != 1)} compared: " + ", ".join(parts)
 
     def regressions(self, percent: float) -> list[Change]:
-        """The regressions worse than `percent` (1.12x slower is 12 percent worse)."""
-        return [c for c in self.changes if c.kind == "regression" and c.percent > percent]
+        """The regressions worse than `percent` (1.12x slower is 12 percent worse), and the
+        points that failed in B, worse than any."""
+        return [c for c in self.changes if c.kind == FAILED
+                or c.kind == "regression" and c.percent > percent]
 
     def text(self, width: int | None = None) -> str:
         """The compared points as a plain-text table and the summary line, for a terminal of
@@ -338,27 +345,41 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
     for exp, metric in declared.items():
         pa = aggregate(s.a.get(exp, []), metric, by_gpu)
         pb = aggregate(s.b.get(exp, []), metric, by_gpu)
-        both = sorted(set(pa) & set(pb), key=lambda k: (str(k[0]), k[1]))
-        if not both:
+        # a point ok in A whose latest run in B failed: listed, a regression, not left out
+        failed = failed_in_b(s.a.get(exp, []), s.b.get(exp, []), metric, by_gpu)
+        both = sorted(set(pa) & set(pb) - set(failed), key=lambda k: (str(k[0]), k[1]))
+        if not both and not failed:
             if s.a.get(exp) and s.b.get(exp):
                 notes.append(unmatched(s, exp))
             continue
-        names = point_labels([pb[k].row for k in both])
+        keys = [*both, *sorted(failed, key=lambda k: (str(k[0]), k[1]))]
+        names = point_labels([pb[k].row if k in pb and k not in failed else failed[k]
+                              for k in keys])
         found = [
-            assess(exp, name, metric, pa[k], pb[k], threshold)
-            for k, name in zip(both, names, strict=True)
+            assess(exp, name, metric, pa[k], pb[k], threshold) if k not in failed
+            else _failed(exp, name, metric, pa[k], failed[k])
+            for k, name in zip(keys, names, strict=True)
         ]
         changes += found
         figures.append(_strips(exp, metric, [(c.point, pa[k], pb[k])
-                                             for c, k in zip(found, both, strict=True)], s.names))
+                                             for c, k in zip(found, keys, strict=True)
+                                             if k in both], s.names))
         what = "median of the timed samples" if metric.timed else "one reading per run"
         tables.append(FilledTable(
             f"{exp}: {metric.label} ({what})",
             ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
-            [[c.point, num(c.a), num(c.b), _ratio(c.ratio), c.verdict, c.how,
-              f"{c.n_a}/{c.n_b}"] for c in found],
+            [[c.point, num(c.a), num(c.b) if c.kind != FAILED else c.verdict.split()[0],
+              _ratio(c.ratio), c.verdict, c.how, f"{c.n_a}/{c.n_b}"] for c in found],
         ))
     return Comparison(s.kind, a, b, changes, tables, notes, figures)
+
+
+def _failed(exp: str, point: str, metric: Metric, a: Side, b: Row) -> Change:
+    """A point A measured ok and B's latest run did not: `oom in B` (why: its first line)."""
+    why = (b.get("error") or "").strip().splitlines()[:1]
+    return Change(exp, point, metric, statistics.median(a.values), float("nan"), None, None,
+                  len(a.values), 0, f"{b.get('status')} in B", FAILED,
+                  why[0][:80] if why else "no run ok")
 
 
 # At most this many points in one strip plot (the first ones; the table has every point).

@@ -289,6 +289,8 @@ def _cell_class(cell: str) -> str:
         return ' class="wrong"'
     if cell in ("OOM", "error", "skipped"):
         return ' class="oom"'
+    if cell.endswith(" in B"):  # compare.py's FAILED: ok in A, `oom in B`
+        return ' class="worse"'
     verdict = _VERDICT.match(cell)  # compare.py's "1.23x slower": regressions red, gains green
     if verdict:
         return ' class="worse"' if verdict.group(1) in ("slower", "bigger") else ' class="better"'
