@@ -265,6 +265,9 @@ def test_help_has_examples():
 BAD = [
     (["memory", *MICRO, "--checkpoint", "every:3"], "larger than num_layers"),
     (["memory", *MICRO, "--mode", "forward-backward"], "--mode"),
+    # a forward saves nothing for backward: every point was stored `none`, the option dropped
+    (["memory", *MICRO, "--mode", "forward", "--checkpoint", "every:1"],
+     "--checkpoint trades what a forward saves for backward, which --mode forward leaves out"),
     (["memory", *MICRO, "--checkpoint", "all"], "--checkpoint"),
     (["memory", *MICRO, "--snapshot", "{file}"], "not a directory"),
     (["memory", *MICRO, "--snapshot", "{file}/sub"], "not a directory"),

@@ -143,6 +143,10 @@ def specs(
     if optimizer is not None and "train" not in modes:  # it would be ignored
         raise SpecError(f"--optimizer is the training step's, which --mode {','.join(modes)} "
                         f"leaves out")
+    if modes == ["forward"] and any(c != "none" for c in checkpoint_list(checkpoint)):
+        # a forward without grad saves nothing for backward: every point stored `none`
+        raise SpecError("--checkpoint trades what a forward saves for backward, which --mode "
+                        "forward leaves out")
     batches = positive_ints(batch, "--batch", default=[4])
     for warmup in warmup_counts:
         counts(warmup, iters)
