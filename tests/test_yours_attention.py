@@ -98,6 +98,13 @@ def test_an_adapters_file_that_does_not_import_is_one_line_and_exit_2(tmp_path, 
     yours.forget()  # as a new process: the refused command named it for its ranks
     result = invoke("attention", "--impl", "naive", *SMALL, "--db", db)
     assert result.exit_code == 0, result.output
+    # named with --adapters, it is refused whatever the command measures (it was ignored,
+    # the point stored ok, the adapters column empty)
+    yours.forget()
+    result = invoke("attention", "--impl", "naive", *SMALL, "--db", tmp_path / "named.db",
+                    "--adapters", repo / "tests" / "adapters.py")
+    assert result.exit_code == 2 and expected in result.stderr, result.output
+    assert not (tmp_path / "named.db").exists()
 
 
 def test_a_missing_adapters_path_and_a_missing_function_are_refused(tmp_path, monkeypatch):

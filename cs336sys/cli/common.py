@@ -102,11 +102,15 @@ def user_errors() -> Iterator[None]:
 def user_code(adapters: Path | None) -> None:
     """Decide the adapters file before the specs are built: --adapters (or
     CS336SYS_ADAPTERS), else tests/adapters.py at the top of this checkout. A path that
-    does not exist or a file that does not parse is one line and exit 2."""
+    does not exist or a file that does not parse is one line and exit 2; so is a file named
+    with --adapters that does not import (docs/yours.md: one found, not named, stops only
+    what asks for its implementations)."""
     from cs336sys import yours
 
     try:
-        yours.use(adapters)
+        found = yours.use(adapters)
+        if adapters is not None and found is not None:
+            _ = found.module  # (imported once: what asks for it later takes this one)
     except yours.AdaptersError as exc:
         fail(exc)
 
