@@ -401,7 +401,9 @@ def test_checkpoint_group_sizes(spec, layers, want):
 @pytest.mark.parametrize(
     "spec",
     ["every:0", "every:13", "every", "all", "every:-1", "groups:", "groups:6,5", "groups:6,6,1",
-     "groups:12,0", "groups:a,b", "groups:6,-6,12"],
+     "groups:12,0", "groups:a,b", "groups:6,-6,12",
+     # digits to str.isdigit: ² fails int() without naming the option, ٢ and ６ were taken
+     "every:²", "every:٢", "groups:６,６"],
 )
 def test_checkpoint_specs_refused(spec):
     from cs336sys.models.config import checkpoint_group, checkpoint_groups

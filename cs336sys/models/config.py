@@ -168,7 +168,8 @@ def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
     head, _, rest = spec.partition(":")
     if head == "groups":
         sizes = rest.split(",")
-        if not rest or not all(s.strip().isdigit() and int(s) >= 1 for s in sizes):
+        # ASCII digits: '²'.isdigit() holds, and int('²') raises a message without the option
+        if not rest or not all(_count(s) >= 1 for s in sizes):
             raise ValueError(
                 f"checkpoint {spec}: groups:A,B,... takes positive block counts, e.g. groups:2,2,1."
             )
@@ -182,6 +183,13 @@ def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
     return [k] * (num_layers // k) + ([num_layers % k] if num_layers % k else [])
 
 
+def _count(text: str) -> int:
+    """`text` as a count written in ASCII digits, else 0 (`²`, `٢`, `２` are digits to
+    str.isdigit, and the last two to int())."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
 def checkpoint_group(spec: str, num_layers: int) -> int | None:
     """Blocks per checkpointed group for `spec` (none -> None; the largest group for uneven
     groups:A,B,...); ValueError if it is invalid."""
@@ -192,7 +200,7 @@ def checkpoint_group(spec: str, num_layers: int) -> int | None:
     if spec.startswith("groups:"):
         return max(checkpoint_groups(spec, num_layers))
     head, _, k = spec.partition(":")
-    if head != "every" or not k.isdigit() or int(k) < 1:
+    if head != "every" or _count(k) < 1:
         raise ValueError(
             f"checkpoint must be none, every:K (K >= 1), sqrt or groups:A,B,..., got {spec!r}."
         )
