@@ -168,7 +168,8 @@ def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
     head, _, rest = spec.partition(":")
     if head == "groups":
         sizes = rest.split(",")
-        # ASCII digits: '²'.isdigit() holds, and int('²') raises a message without the option
+        # ASCII digits: a superscript two is a digit to isdigit(), and int() of it raises a
+        # message naming no option
         if not rest or not all(_count(s) >= 1 for s in sizes):
             raise ValueError(
                 f"checkpoint {spec}: groups:A,B,... takes positive block counts, e.g. groups:2,2,1."
@@ -184,8 +185,8 @@ def checkpoint_groups(spec: str, num_layers: int) -> list[int] | None:
 
 
 def _count(text: str) -> int:
-    """`text` as a count written in ASCII digits, else 0 (`²`, `٢`, `２` are digits to
-    str.isdigit, and the last two to int())."""
+    """`text` as a count written in ASCII digits, else 0 (a superscript two, an
+    Arabic-Indic or a full-width digit are digits to str.isdigit, the last two to int())."""
     text = text.strip()
     return int(text) if text.isascii() and text.isdigit() else 0
 
