@@ -153,7 +153,7 @@ TABLE = Table(
                "the same shape, in the same run (2.00x = twice as fast), with the 95 % "
                "bootstrap interval of that ratio from both points' end-to-end samples: faster "
                "or slower only when the interval excludes 1, else no difference; too few "
-               "samples to tell where no test can (3 against 3)."),
+               "samples to tell under 5 a side."),
         HOST_BOUND,
     ),
     note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "

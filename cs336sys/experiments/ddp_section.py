@@ -162,7 +162,7 @@ TABLE = Table(
                                        speedup=False, samples="step_ms"),
                note="vs torch: median step time over torch DDP's at the same world size and "
                "precision (above 1: slower), with its 95 % interval and verdict where each "
-               "side has 4 steps or more; with fewer, too few samples to tell."),
+               "side has 5 steps or more; with fewer, too few samples to tell."),
         Column("rank 0 holds", cell=shares_cell, optional=True,
                note="rank 0 holds: its share of one whole copy of the parameters and of "
                "AdamW's state, where the point shards them; past 1/N + 10 %: UNEVEN where "

@@ -427,7 +427,7 @@ TABLE = Table(
             note="vs none: the median step time with no switch over this one's, at the same "
             "settings (2.00x = twice as fast), with the 95 % bootstrap interval of that ratio "
             "from both points' samples: faster or slower only when the interval excludes 1, "
-            "else no difference; too few samples to tell where no test can (3 against 3). "
+            "else no difference; too few samples to tell under 5 a side. "
             "IMPOSSIBLE: fused-adamw saved more than the optimizer step takes (noise or drift, "
             "not the switch).",
         ),

@@ -14,8 +14,7 @@ import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cs336sys.measure.sampling import drifted, ratio_interval, verdict
-from cs336sys.measure.significance import ALPHA, min_p
+from cs336sys.measure.sampling import BOOTSTRAP_MIN, drifted, ratio_interval, verdict
 from cs336sys.measure.units import format_size
 from cs336sys.report.sections import (
     FilledTable,
@@ -207,7 +206,7 @@ def _interleaved(row: Row) -> bool | None:
 def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
     """` faster (1.65–2.58)`: the bootstrap interval of row's median of the samples `name`
     over base's (base's over row's when `speedup`) and its verdict; '' without samples, and
-    TOO_FEW with too few a side for any test to tell (3 against 3: measure/significance.py):
+    TOO_FEW with too few a side to tell (under BOOTSTRAP_MIN: measure/sampling.py):
     a bootstrap of one sample a side has an interval of zero width, a certainty it lacks,
     and a bare ratio read as a change (0.74x of 2.5 ± 1.5 s against 2.7 ± 1.5).
     Two rows of different invocations get the interval and RUNS_APART instead of a verdict:
@@ -220,7 +219,7 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     b = timed_samples(row.get("_samples"), name)
     if not a or not b:
         return ""
-    if min_p(len(a), len(b)) >= ALPHA:
+    if min(len(a), len(b)) < BOOTSTRAP_MIN:
         return f" ({TOO_FEW})"
     found = ratio_interval(a, b)  # row over base: a time ratio
     if found is None:
