@@ -773,3 +773,21 @@ def test_ddp_memory_by_moment_marks_a_point_whose_check_failed():
     # live, the peak up to that moment (the handout's "peak ... after the step"), the parts
     assert after[-5:] == ["4.0 (wrong)", "5.0 (wrong)", "1.0 (1.0) (wrong)", "1.0 (1.0) (wrong)",
                           "2.0 (2.0) (wrong)"]
+
+
+def test_an_attention_line_names_the_backend_that_ran_as_its_table_does():
+    """The latency plot's legend read `impl=sdpa` (and `sdpa_backend=auto`) where the table
+    beside it read `sdpa[cudnn]`: the backend that ran, which the setting leaves to torch."""
+    from cs336sys.experiments import attention_section
+
+    def row(impl, seq, backend=None):
+        s = {"impl": impl, "seq": seq, "d_head": 64, "precision": "bf16"}
+        return {**s, "_settings": s, "status": "ok", "gpu": "H100", "e2e_ms_mean": seq / 1e3,
+                "fwd_ms_mean": None, "mem_before_bwd_bytes": seq * 2**20,
+                "sdpa_backend_used": backend, "interpreted": 0}
+
+    sec = Section("attention", "Attention")
+    attention_section.section(sec, [row("sdpa", t, "cudnn") for t in (1024, 2048)]
+                              + [row("naive", t) for t in (1024, 2048)])
+    latency = next(f for f in sec.figures if f.name == "attention-latency")
+    assert sorted(latency.plot.panels["d_head=64"]) == ["impl=naive", "impl=sdpa[cudnn]"]

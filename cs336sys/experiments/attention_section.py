@@ -33,9 +33,10 @@ def section(sec: Section, pts: list[Row]) -> None:
     native = [r for r in pts if not interpreted(r)]
     for r in native:  # forward-only sweeps have no e2e time: plot what was measured
         r["_ms"] = r["e2e_ms_mean"] if r["e2e_ms_mean"] is not None else r["fwd_ms_mean"]
-    first = ("impl", "precision")
-    lat = panels(native, "seq", "_ms", facet="d_head", first=first)
-    mem = panels(native, "seq", "mem_before_bwd_bytes", facet="d_head", scale=2**-20, first=first)
+    first, named = ("impl", "precision"), {"impl": impl_label}  # as the table names them
+    lat = panels(native, "seq", "_ms", facet="d_head", first=first, named=named)
+    mem = panels(native, "seq", "mem_before_bwd_bytes", facet="d_head", scale=2**-20,
+                 first=first, named=named)
     n = len(pts) - len(native)
     note = (f"Left out: {n} interpreted point{'s' * (n != 1)} (Triton under TRITON_INTERPRET=1, "
             "in their own table above): their times are the CPU emulator's.") if n else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,6 +348,7 @@ def panels(
     facet: str | None = None,
     scale: float = 1.0,
     first: Sequence[str] = (),
+    named: Mapping[str, Callable[[Row], str]] | None = None,
 ) -> dict[str, Series]:
     """The ok rows as lines of (x, y): one line per point identity without `x` (GPU included),
     in one panel per value of `facet` (one panel titled "" without it). An out-of-memory
@@ -355,7 +356,8 @@ def panels(
 
     A line's label names only what tells it apart from the other lines (`impl=triton
     dtype=bf16`, plus the GPU when there are several), `first` keys leading; the same line
-    has the same label in every panel.
+    has the same label in every panel. `named` gives a key's value as its table shows it
+    (`impl=sdpa[cudnn]`: the backend that ran, where the setting says auto).
     """
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
@@ -371,7 +373,8 @@ def panels(
     out: dict[str, Series] = {}
     for g in sorted(groups.values(), key=lambda g: _order(g[0]["_settings"].get(facet))):
         s = g[0]["_settings"]
-        label = " ".join([f"{k}={text(s[k])}" for k in keys if s.get(k) is not None]
+        label = " ".join([f"{k}={(named or {})[k](g[0]) if k in (named or {}) else text(s[k])}"
+                          for k in keys if s.get(k) is not None]
                          + ([text(g[0].get("gpu"))] if many_gpus else [])) or y
         panel = f"{facet}={text(s.get(facet))}" if facet else ""
         out.setdefault(panel, {})[label] = [
