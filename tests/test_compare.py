@@ -525,7 +525,7 @@ def test_a_change_past_the_threshold_is_decided_both_ways_alike():
     assert wide.kind == "undecided" and wide.verdict == "not significant", wide
     twelve = assess("model", "p", metric, side([100, 100.5, 99.5, 100.2]),
                     side([112.4, 112.9, 111.9, 112.6]))
-    assert twelve.verdict == "1.12x slower" and twelve.percent == pytest.approx(12)
+    assert twelve.verdict == "1.12x slower" and twelve.percent == 12  # not 12.000000000000011
 
 
 def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
@@ -549,11 +549,21 @@ def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
         "error": "oom: CUDA out of memory. Tried to allocate 2.00 GiB",
         "created": "2026-02-02 10:30:00.000000", "started": "2026-02-02 10:30:00.000000",
         "duration_s": 1.0, "point_key": "k"})
+    # a point SIGTERM stopped in B measured nothing: its earlier ok run is compared
+    from cs336sys.sweep.stopping import TERMINATED
+
+    stopped = {**s, "precision": "bf16"}
+    b.store.db["runs"].insert({
+        "id": "run-term", "invocation_id": "inv-b", "experiment": "model", "status": "error",
+        "settings": json.dumps(stopped), "metrics": "{}", "samples": None,
+        "error": f"{TERMINATED} (SIGTERM)", "created": "2026-02-02 10:40:00.000000",
+        "started": "2026-02-02 10:40:00.000000", "duration_s": 1.0, "point_key": "t"})
     result = report(b.close(), tmp_path / "out", "--compare", A[:6], B[:6],
                     "--fail-on-regression", "10", "--format", "html,md")
     assert result.exit_code == 1, result.output
     line = _table_line(result.stdout, "precision=fp32")
-    assert "oom in B" in line and "CUDA out of memory" in line
+    assert "oom in B" in line and "CUDA out of memory" in line and "nan" not in line
+    assert "unchanged" in _table_line(result.stdout, "precision=bf16")
     assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 failed in B" in result.stdout
     assert "Regression: 1 point worse than 10%" in result.stderr
     assert '<td class="worse">oom in B</td>' in (tmp_path / "out" / "report.html").read_text()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import THRESHOLD, judge
-from cs336sys.report.sections import Row, compared, skey, timed_samples
+from cs336sys.report.sections import Row, compared, skey, stopped, timed_samples
 
 
 @dataclass(frozen=True)
@@ -92,16 +92,23 @@ def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tupl
 FAILED = "failed"  # a Change's kind: ok in A, its latest run in B not (oom, wrong, ...)
 
 
+# What B's latest run of a point A measured ok may be to count as its failure: what the code
+# did (not `skipped`: the memory estimate of that machine, or a sweep's choice).
+FAILURES = ("oom", "wrong", "error")
+
+
 def failed_in_b(a_rows: list[Row], b_rows: list[Row], metric: Metric,
                 by_gpu: bool = True) -> dict[tuple, Row]:
     """Per point (as aggregate keys it) that A measured ok: B's latest run of it, where that
-    run is not ok (oom, wrong, error, skipped). Such a point has no B to compare and was
-    left out, the worst regression of all passing the gate unseen."""
+    run failed (FAILURES). Such a point has no B to compare and was left out, the worst
+    regression of all passing the gate unseen. A point SIGTERM stopped measured nothing and
+    hides no earlier run of it (sections.stopped)."""
     ok_in_a = set(aggregate(a_rows, metric, by_gpu))
     latest: dict[tuple, Row] = {}
     for r in sorted(b_rows, key=lambda r: str(r.get("created") or "")):
-        latest[r.get("gpu") if by_gpu else None, skey(r)] = r
-    return {k: r for k, r in latest.items() if k in ok_in_a and r.get("status") != "ok"}
+        if not stopped(r):
+            latest[r.get("gpu") if by_gpu else None, skey(r)] = r
+    return {k: r for k, r in latest.items() if k in ok_in_a and r.get("status") in FAILURES}
 
 
 @dataclass(frozen=True)
@@ -134,7 +141,7 @@ class Change:
     def percent(self) -> float:
         """How much worse or better, in percent of the label's factor as printed: 1.12x
         slower is 12 (a B/A of 1.124 failed a gate of 12 %, though its label read 12)."""
-        return 100 * (round(self.factor, 2) - 1)
+        return round(100 * (round(self.factor, 2) - 1), 6)  # 1.12 - 1 is 0.12000000000000011
 
 
 ONE_RUN = "one run a side"  # the verdict of a change the samples of one run cannot tell

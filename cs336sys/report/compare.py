@@ -299,7 +299,8 @@ class Comparison:
         if not self.changes:
             head += ["No point was measured on both sides.", self.summary()]
             return "\n".join(fill(line, width) for line in head)
-        rows = [[c.experiment, c.point, c.metric.label, num(c.a), num(c.b), _ratio(c.ratio),
+        rows = [[c.experiment, c.point, c.metric.label, num(c.a),
+                 num(c.b) if c.kind != FAILED else c.verdict.split()[0], _ratio(c.ratio),
                  c.verdict, c.how] for c in self.changes]
         table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"],
                            rows, width, key=(0, 1, 2))
