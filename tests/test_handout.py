@@ -235,6 +235,30 @@ def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, mo
     md = (tmp_path / "w" / "writeup.md").read_text()
     assert "points by their latest run: ok 2." in md and "**Points by their latest run:** ok 2" in md
     assert "error 1" not in md and "stopped early" not in md.lower()
+    # stopped again, its point stopped over an ok run of it, then rerun to an end with a
+    # point in error (exit 1, as a sweep with an error ends): the stopped point measured
+    # nothing and hides no ok run; the rerun ran to its end, so nothing stopped early
+    from cs336sys.sweep.stopping import TERMINATED
+
+    with Store(db_path, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, argv, "ddp",
+                                     label="minimal_ddp_flat_benchmarking")
+        store.add_run(inv, "ddp", "error", {"impl": "naive", "world_size": 2}, {},
+                      error=f"{TERMINATED} 15 (SIGTERM)")
+        store.finish_invocation(inv, 143)
+        inv = store.begin_invocation({"gpu": "cpu"}, argv, "ddp",
+                                     label="minimal_ddp_flat_benchmarking")
+        store.add_run(inv, "ddp", "error", {"impl": "bucketed", "world_size": 2}, {},
+                      error="RuntimeError: boom")
+        store.finish_invocation(inv, 1)
+    line = next(x for x in invoke("handout", "--db", db_path).stdout.splitlines()
+                if x.startswith("minimal_ddp_flat_benchmarking "))
+    assert line.endswith("(cs336sys's code): 2 ok, 1 error"), line
+    assert invoke("handout", "report", "minimal_ddp_flat_benchmarking", "--format", "md",
+                  "--out", tmp_path / "w2", "--db", db_path).exit_code == 0
+    md = (tmp_path / "w2" / "writeup.md").read_text()
+    assert "points by their latest run: ok 2, error 1." in md
+    assert "stopped early" not in md.lower()
 
 
 def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem
+from cs336sys.report.sections import stopped
 from cs336sys.report.select import of_handout
 from cs336sys.yours import is_yours
 
@@ -145,13 +146,15 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
     placeholders = ", ".join("?" * len(out))
     year, values = of_handout(release) if release is not None else ("1", [])
     rows = conn.execute(
-        "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment, r.point_key "
+        "SELECT i.label, r.status, r.created, i.gpu, r.settings, r.experiment, r.point_key, "
+        "r.error "
         f"FROM runs r JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN "
         f"({placeholders}) AND {year} ORDER BY r.created", [*out, *values])
     latest: dict[str, dict[tuple, str]] = {name: {} for name in out}
-    for label, status, created, gpu, settings, experiment, point in rows:
+    for label, status, created, gpu, settings, experiment, point, error in rows:
         s = out[label]
-        latest[label][experiment, gpu, point or settings] = status
+        if not stopped({"status": status, "error": error}):  # it measured nothing
+            latest[label][experiment, gpu, point or settings] = status
         s.statuses = Counter(latest[label].values())
         s.last = created
         if gpu and gpu not in s.gpus:

@@ -31,6 +31,7 @@ from cs336sys.report.sections import (
     latest,
     point_labels,
     sample_count,
+    stopped,
     text,
 )
 from cs336sys.report.select import Selection, invocations, load
@@ -48,14 +49,20 @@ def _rerun(inv: dict[str, Any]) -> tuple:
     return inv.get("label"), tuple(w for w in words if w != "--resume")
 
 
+def _ran_to_its_end(inv: dict[str, Any]) -> bool:
+    """Whether the invocation finished, not stopped by a signal (exit 1 included: a sweep
+    with a point in error still ran every point)."""
+    return bool(inv.get("finished")) and inv.get("exit_status") not in (130, 143)
+
+
 def _not_rerun(invs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The invocations but those stopped early whose command later ran to its end (a
     problem's `handout run` again, which resumes: it stored what the first left out)."""
     ended = {}
     for inv in invs:
-        if inv.get("exit_status") == 0 and inv.get("finished"):
+        if _ran_to_its_end(inv):
             ended[_rerun(inv)] = max(ended.get(_rerun(inv), ""), str(inv.get("started") or ""))
-    return [inv for inv in invs if inv.get("exit_status") == 0 and inv.get("finished")
+    return [inv for inv in invs if _ran_to_its_end(inv)
             or ended.get(_rerun(inv), "") <= str(inv.get("started") or "")]
 
 
@@ -64,7 +71,9 @@ def _latest_statuses(rows: dict[str, list]) -> str:
     since is not counted)."""
     latest: dict[tuple, str] = {}
     for kind, kind_rows in rows.items():
-        for r in sorted(kind_rows, key=lambda r: str(r.get("created") or "")):
+        # a point SIGTERM stopped measured nothing: an earlier run of it counts (stopped)
+        for r in sorted((r for r in kind_rows if not stopped(r)),
+                        key=lambda r: str(r.get("created") or "")):
             point = r.get("point_key") or json.dumps(r["_settings"], sort_keys=True, default=str)
             latest[kind, r.get("gpu"), point] = r.get("status")
     counts = Counter(latest.values())
