@@ -170,3 +170,15 @@ def test_a_16_bit_step_on_cuda_counts_half_the_activations_and_fits_an_h100(monk
     (xl,) = step.specs(size=["xl"], seq=[512], batch=[4], switches=["none"], d_model=1600,
                        d_ff=6400, num_layers=[48], num_heads=25, vocab_size=10000)
     assert preflight.model_estimate(xl).bytes > 38_263 * 2**20
+
+
+def test_a_checkpointed_fused_point_counts_no_scores_it_never_counted():
+    """With every:1 only each block's input is counted; subtracting a fused kernel's T x T
+    scores from that made the xl at 2048 need -11.4 GiB, and a point that cannot fit was
+    let through. The checkpointed estimate is the same with sdpa as with naive attention."""
+    from cs336sys.experiments import model as model_exp
+
+    sdpa, naive = (model_exp.specs(size=["xl"], seq=[2048], batch=[4], attention=[a],
+                                   checkpoint=["every:1"], device="cpu")[0]
+                   for a in ("sdpa", "naive"))
+    assert preflight.model_estimate(sdpa).bytes == preflight.model_estimate(naive).bytes > 0
