@@ -367,6 +367,8 @@ def test_a_table_file_says_the_settings_its_rows_share(tmp_path):
         text = (tmp_path / "r_tables" / f"plan-1.{ext}").read_text()
         assert "Same in every row: hardware=H100 SXM 80GB" in text and "batch=256" in text
         assert "Same in every row" not in (tmp_path / f"r.{ext}").read_text()  # not twice
+        # on lines of at most 70 characters: whole, it set a one-row table's width
+        assert ("#linebreak()" if ext == "typ" else r" \\ ") in text.split("Same in every")[1]
     try:
         import typst
     except ImportError:

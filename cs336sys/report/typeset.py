@@ -158,9 +158,12 @@ def typst_table(t: FilledTable) -> str:
             return typst(c)
         return "[" + "#linebreak()".join(f"#{typst(x)}" for x in parts) + "]"
 
-    # the settings every row shares head the table, in its file (#include'd alone)
-    constant = ([f"table.cell(colspan: {len(t.headers)}, align: left, {typst(constant_line(t))})"]
-                if t.constant else [])
+    # the settings every row shares head the table, in its file (#include'd alone), on lines
+    # of CONSTANT_CHARS as in LaTeX: whole, 150 characters scaled a one-row table to 65 %
+    constant = ([f"table.cell(colspan: {len(t.headers)}, align: left, ["
+                 + "#linebreak()".join(f"#{typst(x)}" for x in wrapped(constant_line(t),
+                                                                        CONSTANT_CHARS))
+                 + "])"] if t.constant else [])
     out = ["#table(", f"  columns: {len(t.headers)},", f"  align: ({align},),",
            "  stroke: none,", "  table.hline(),",
            "  table.header(" + ", ".join([*constant, *(head(h) for h in t.headers)]) + "),",
