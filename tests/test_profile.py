@@ -232,6 +232,16 @@ def test_profile_attention_breakdown_and_sdpa(db_path):
     calls = rows(db_path, "SELECT calls FROM kernel_stats WHERE phase = 'forward' "
                  f"AND name = 'aten::bmm' AND run_id = '{naive['run_id']}'")
     assert calls == [{"calls": 2 * 2}]  # QKᵀ and PV, in each of the 2 measured calls
+    # a step is its forward and backward: the phases' host times summed in made it twice that
+    for r in got:
+        samples = json.loads(query_samples(db_path, r["run_id"]))
+        for fwd, bwd, step in zip(samples["fwd_ms"], samples["bwd_ms"], samples["step_ms"],
+                                  strict=True):
+            assert step == pytest.approx(fwd + bwd)
+
+
+def query_samples(db_path, run_id):
+    return rows(db_path, f"SELECT samples FROM runs WHERE id = '{run_id}'")[0]["samples"]
 
 
 def test_trace_writes_valid_chrome_json(db_path, tmp_path):

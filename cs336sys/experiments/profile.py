@@ -310,7 +310,9 @@ def _attention(spec: AttentionSpec) -> _Steps:
         if backward:
             with timed_phase(spec.device, "bwd", times, phase):
                 out.backward(dout)
-        times["step_ms"] = sum(times.values())
+        # the phases' wall times (timed_phase also records each one's host time, *_host_ms,
+        # which summed in made the step twice its phases)
+        times["step_ms"] = sum(times.get(f"{p}_ms", 0.0) for p in ("fwd", "bwd"))
         return times
 
     parts = attention_part_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head)
