@@ -571,7 +571,7 @@ def test_a_kind_without_a_command_and_a_name_taken_twice_are_said_in_words():
 def test_profile_takes_every_option_of_the_command_it_profiles():
     """Declared once (experiments/model_command.py, attention_command.py): profile model has
     model's options, with its own help where it counts steps differently, and profile
-    attention attention's less the timer's."""
+    attention attention's less the timer's (its --rounds and --min-time too)."""
     import typer.main
 
     from cs336sys.cli.profile import profile_attention, profile_model
@@ -587,8 +587,8 @@ def test_profile_takes_every_option_of_the_command_it_profiles():
         return set(inspect.signature(function).parameters)
 
     assert names(root.commands["model"]) <= arguments(profile_model)
-    assert names(root.commands["attention"]) - {"timer", "skip_after_oom"} <= \
-        arguments(profile_attention)
+    assert names(root.commands["attention"]) - {"timer", "skip_after_oom", "rounds",
+                                                "min_time"} <= arguments(profile_attention)
     assert {"top", "trace", "nsys", "exec_", "nvtx"} <= \
         arguments(profile_model) & arguments(profile_attention)
     import inspect

@@ -497,3 +497,16 @@ def test_a_kernels_name_keeps_what_tells_it_apart():
     assert cut[0] != cut[1] and "AUnaryFunctor" in cut[0] and "BUnaryFunctor" in cut[1]
     assert all(len(c) <= 52 for c in cut) and cut[2:] == [cut_middle(readable(MUL), 52),
                                                            "aten::mm"]
+
+
+def test_profile_attention_takes_no_timer_options_it_would_not_use(db_path):
+    """The profiler times --iters calls in one round: --rounds and --min-time were taken,
+    stored as the point's settings and never used (and CUDA's default of 3 rounds refused
+    --iters 2). They are no options of profile attention; its points store one round."""
+    out = invoke("profile", "attention", *ATTN, "--impl", "naive", "--rounds", "2",
+                 "--db", db_path)
+    assert out.exit_code == 2 and "No such option: --rounds" in out.stderr
+    out = invoke("profile", "attention", *ATTN, "--impl", "naive", "--db", db_path)
+    assert out.exit_code == 0, out.output
+    (row,) = rows(db_path, "SELECT rounds, min_time FROM profile_runs")
+    assert (row["rounds"], row["min_time"]) == (1, 0.0)
