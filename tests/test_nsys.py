@@ -245,3 +245,24 @@ def test_one_real_nsys_report_per_point(tmp_path, monkeypatch, command, points):
     assert result.exit_code == 0, result.output
     (folder,) = (tmp_path / "nsys").iterdir()
     assert len(list(folder.glob("*.nsys-rep"))) == points
+
+
+@pytest.mark.parametrize("script, why", [
+    ("#!/bin/sh\nexit 3\n", "(nsys exited 3)"),
+    ("#!/bin/sh\nexit 0\n", "(nsys exited 0 but wrote no 01-"),
+])
+def test_a_recording_that_failed_says_why_on_stderr(tmp_path, monkeypatch, script, why):
+    """nsys failing, or exiting 0 without a report, read `not recorded: ... (exit 0)`: the
+    missing report was not named. Exit 1, and one line naming each point and why."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsys").write_text(script)
+    (bin_dir / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setattr(cli_nsys, "on_cuda", lambda device: True)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("model", *MICRO, "--seq", "8", "--mode", "forward", "--nsys",
+                    "--db", tmp_path / "r.db")
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("not recorded: ")]
+    assert why in line, line

@@ -65,8 +65,10 @@ def command_line(ctx: typer.Context) -> list[str]:
 def record(ctx: typer.Context, points: list, command: str, describe: Callable[[Any], str] | None, *,
            ranks: bool, dry: bool) -> int:
     """Record each point under nsys, one report per point in a folder of this invocation;
-    print every command first. The exit code: 0 when every recording ended well, else 1
-    (each point's row says what happened to it). `dry`: print the commands, run nothing."""
+    print every command first. The exit code: 0 when every recording ended well, else 1,
+    with one line on stderr naming each point not recorded and why (nsys's exit code, or no
+    report written); a point's row, if the command under nsys stored one, says how its
+    measuring went, not the recording. `dry`: print the commands, run nothing."""
     path = shutil.which("nsys")
     if path is None:
         raise NsysRefused("--nsys: Nsight Systems (nsys) is not installed or not on PATH")
@@ -93,8 +95,10 @@ def record(ctx: typer.Context, points: list, command: str, describe: Callable[[A
         if code in (130, -2):  # Ctrl-C: the command under nsys said what it stored
             typer.echo("interrupted: the reports above this line are complete", err=True)
             return 130
-        if code != 0 or not _written(rec.report):
-            failed.append(f"{rec.point} (exit {code})")
+        if code != 0:
+            failed.append(f"{rec.point} (nsys exited {code})")
+        elif not _written(rec.report):
+            failed.append(f"{rec.point} (nsys exited 0 but wrote no {rec.report.name}.nsys-rep)")
     typer.echo(f"{len(recs) - len(failed)} of {len(recs)} report(s) in {where}/; open them "
                "with nsys-ui (Nsight Systems)")
     if failed:
