@@ -569,6 +569,31 @@ def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
     assert '<td class="worse">oom in B</td>' in (tmp_path / "out" / "report.html").read_text()
 
 
+def test_a_history_whose_latest_commit_failed_a_point_fails_the_gate(tmp_path):
+    """Every point of the newest commit out of memory: `0 points measured at two commits or
+    more`, exit 0 under --fail-on-regression, as if nothing had happened. The point is named
+    as failed at that commit, and the gate fails."""
+    b = Builder(tmp_path / "results.db")
+    b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
+    b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
+    for run in range(RUNS):
+        b.model("inv-a", f"2026-02-01 10:0{run}:00.000000", "fp32", noisy(100, 10, run))
+    s = {"size": "small", "seq": 128, "batch": 4, "mode": "train", "precision": "fp32",
+         "compile": False, "device": "cuda", "seed": 0}
+    b.store.db["runs"].insert({
+        "id": "run-oom", "invocation_id": "inv-b", "experiment": "model", "status": "oom",
+        "settings": json.dumps(s), "metrics": "{}", "samples": None,
+        "error": "oom: CUDA out of memory", "created": "2026-02-02 10:30:00.000000",
+        "started": "2026-02-02 10:30:00.000000", "duration_s": 1.0, "point_key": "k"})
+    result = report(b.close(), tmp_path / "out", "--history", "--experiment", "model",
+                    "--fail-on-regression", "10", "--format", "md")
+    assert result.exit_code == 1, result.output
+    assert "1 point failed at the latest commit" in result.stdout
+    assert "Failed: model " in result.stdout and f"oom at {B[:7]}" in result.stdout
+    assert f"oom at {B[:7]}" in result.stderr
+    assert "Failed at the latest commit: model " in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_two_runs_a_side_are_too_few_runs_to_tell(tmp_path):
     b = Builder(tmp_path / "results.db")
     b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")

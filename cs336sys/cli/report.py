@@ -151,6 +151,7 @@ def report(
         if rep.history is not None:
             worse += [f"{t.experiment} {t.point} {c.verdict} at {t.commits[i].title()}, {c.how}"
                       for t, i, c in rep.history.latest_regressions(fail_on_regression)]
+            worse += [f"{e} {p} {status} at {c.title()}" for e, p, c, status in rep.history.failed]
         if worse:
             typer.echo(f"Regression: {len(worse)} point{'s' * (len(worse) != 1)} worse than "
                        f"{fail_on_regression:g}%: " + "; ".join(worse), err=True)

@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
-from cs336sys.report.change import Change, Metric, Side, assess, metrics, one_run_caveat
+from cs336sys.report.change import (
+    FAILURES,
+    Change,
+    Metric,
+    Side,
+    assess,
+    metrics,
+    one_run_caveat,
+)
 from cs336sys.report.compare import text_table
 from cs336sys.report.plots import short
 from cs336sys.report.refs import describe
@@ -41,6 +49,7 @@ from cs336sys.report.sections import (
     num,
     point_labels,
     skey,
+    stopped,
 )
 from cs336sys.report.tables import fill
 
@@ -117,6 +126,10 @@ class History:
     threshold: float = THRESHOLD
     # why a difference beyond the threshold was no step: one run a side (one_run_caveat)
     caveat: list[str] = field(default_factory=list)
+    # points measured ok at an earlier commit whose latest run, at their latest commit,
+    # failed (change.FAILURES): (experiment, point, that commit, its status), what a CI
+    # job gates on beside the regressions
+    failed: list[tuple[str, str, Commit, str]] = field(default_factory=list)
 
     @property
     def steps(self) -> list[tuple[Track, int, Change]]:
@@ -132,9 +145,12 @@ class History:
         n, steps = len(self.tracks), self.steps
         kinds = [c.kind for _, _, c in steps]
         worse, better = kinds.count("regression"), kinds.count("improvement")
+        failed = (f"; {len(self.failed)} point{'s' * (len(self.failed) != 1)} failed at "
+                  "the latest commit" if self.failed else "")
         return (f"History: {n} point{'s' * (n != 1)} measured at two commits or more; "
                 f"{len(steps)} step{'s' * (len(steps) != 1)} detected ({worse} "
-                f"regression{'s' * (worse != 1)}, {better} improvement{'s' * (better != 1)})")
+                f"regression{'s' * (worse != 1)}, {better} improvement{'s' * (better != 1)})"
+                + failed)
 
     def text(self, width: int | None = None) -> str:
         """The steps as a plain-text table under a summary line, for a terminal of `width`
@@ -149,6 +165,8 @@ class History:
                                     key=(0, 1)))
             if len(self.steps) > MAX_STEPS:
                 lines.append(f"(the first {MAX_STEPS} of {len(self.steps)} steps)")
+        lines += [fill(f"Failed: {e} {p}: {status} at {c.title()}", width)
+                  for e, p, c, status in self.failed]
         lines += [fill(x, width) for x in self.caveat]
         return "\n".join(lines)
 
@@ -158,6 +176,12 @@ def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
     return [t.point, f"{t.commits[i - 1].label} → {t.commits[i].title()}",
             *([t.metric.label] if metric else []), num(c.a), num(c.b),
             "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]
+
+
+def _failure(r: Row) -> bool:
+    """A run that failed in its code's doing (change.FAILURES; a point SIGTERM stopped
+    measured nothing)."""
+    return r.get("status") in FAILURES and not stopped(r)
 
 
 def commit_of(r: Row) -> tuple[str, bool] | None:
@@ -178,11 +202,11 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     no_commit = 0
     for exp_rows in rows.values():
         for r in exp_rows:
-            if r.get("status") != "ok":
+            if r.get("status") != "ok" and not _failure(r):
                 continue
             k = commit_of(r)
             if k is None:
-                no_commit += 1
+                no_commit += int(r.get("status") == "ok")
                 continue
             order[k] = min(order.get(k, r["created"] or ""), r["created"] or "")
     rank = {k: i for i, k in enumerate(sorted(order, key=lambda k: (order[k], k)))}
@@ -191,13 +215,22 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     tracks: list[Track] = []
     one_commit = 0
     assessed: list[Change] = []  # every change between consecutive commits, steps or not
+    failed: list[tuple[str, str, Commit, str]] = []
     for exp, metric in metrics(catalog).items():
         groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
-        for r in rows.get(exp, []):
+        last: dict[tuple, Row] = {}  # per point, its latest run that was ok or failed
+        for r in sorted(rows.get(exp, []), key=lambda r: (str(r.get("created") or ""))):
+            if commit_of(r) is not None and (r.get("status") == "ok" or _failure(r)):
+                key = (r.get("gpu"), skey(r))
+                if key not in last or rank[commit_of(r)] >= rank[commit_of(last[key])]:
+                    last[key] = r
             if not compared(r) or r.get(metric.column) is None or commit_of(r) is None:
                 continue
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
             at.setdefault(commit_of(r), Side(r)).add(r, metric)
+        for key, r in last.items():  # ok before, failed at its latest commit
+            if _failure(r) and key in groups:
+                failed.append((exp, point_labels([r])[0], commits[commit_of(r)], r["status"]))
         many = {k: at for k, at in groups.items() if len(at) > 1}
         one_commit += len(groups) - len(many)
         if not many:
@@ -218,14 +251,15 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     chosen = sorted(tracks, key=lambda t: (not t.steps, -len(t.commits)))[:MAX_PLOTS]
     plotted = [t for t in tracks if t in chosen]  # in report order
     history = History(tracks, plotted, [], one_commit, no_commit, threshold,
-                      one_run_caveat(assessed))
+                      one_run_caveat(assessed), failed)
     history.sections = _sections(history, draw)
     return history
 
 
 def _sections(h: History, draw: bool) -> list[Section]:
     left = [t for t in h.tracks if t not in h.plotted]
-    general = list(h.caveat)
+    general = [f"Failed at the latest commit: {e} {p}: {status} at {c.title()}."
+               for e, p, c, status in h.failed] + list(h.caveat)
     if h.one_commit:
         general.append(f"{h.one_commit} point{'s' * (h.one_commit != 1)} measured at one commit "
                        "only ha" + ("ve" if h.one_commit != 1 else "s") + " no history.")
