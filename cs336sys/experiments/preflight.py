@@ -27,7 +27,7 @@ from cs336sys.measure.device import peak_tflops
 from cs336sys.measure.units import format_duration
 from cs336sys.models.config import checkpoint_groups, param_count
 from cs336sys.models.flops import attention_forward_flops, step_flops
-from cs336sys.models.saved import model_saved_bytes
+from cs336sys.models.saved import block_saved_bytes, model_saved_bytes
 from cs336sys.sweep.declaration import metric_table
 
 # Workspaces, the allocator's rounding, the optimizer's temporaries: on top of the accounting.
@@ -118,12 +118,18 @@ def model_estimate(spec: Any) -> Estimate:
     if mode in ("forward-backward", "train"):
         parts["gradients"] = weight * p
         acts = model_saved_bytes(config, B, T)
-        # the T x T scores a fused kernel never holds: counted in every block's saved bytes,
-        # but not where checkpointing counts only each group's input (the estimate of the
-        # xl at 2048 with sdpa and every:1 went to -11.4 GiB, and the point was let through)
-        if _fused(getattr(spec, "attention", None)) and \
-                checkpoint_groups(config.checkpoint, config.num_layers) is None:
-            acts -= config.num_layers * (4 * B * config.num_heads * T * T + T * T)
+        # the T x T scores a fused kernel never holds, in every block's saved bytes
+        scores = (4 * B * config.num_heads * T * T + T * T
+                  if _fused(getattr(spec, "attention", None)) else 0)
+        groups = checkpoint_groups(config.checkpoint, config.num_layers)
+        if groups is None:
+            acts -= config.num_layers * scores
+        else:
+            # checkpointing saves each group's input; the group backward recomputes holds its
+            # blocks' saved tensors again (tiny at 256, every:4 peaked at 764 MiB where the
+            # group inputs alone gave 485)
+            acts += max(groups) * (block_saved_bytes(B, T, config.d_model, config.d_ff,
+                                                     config.num_heads) - scores)
         if str(spec.device).startswith("cuda") and getattr(spec, "precision", "fp32") != "fp32":
             acts = int(acts * HALF_ACTIVATIONS)
         parts["activations"] = acts
