@@ -261,6 +261,34 @@ def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, mo
     assert "stopped early" not in md.lower()
 
 
+def test_a_stopped_point_runs_no_part_and_a_crashed_rerun_ends_nothing(db_path, tmp_path,
+                                                                        monkeypatch):
+    """A point SIGTERM stopped measured nothing: the listing read `measured` as if its part
+    had run. A rerun that exits 1 having stored no failed point crashed part-way: it hid
+    the stopped run's `stopped early` though the flat point was never measured."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+    from cs336sys.sweep.stopping import TERMINATED
+
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["cs336sys", "handout", "run", "minimal_ddp_flat_benchmarking"]
+    with Store(db_path, EXPERIMENTS) as store:
+        for exit_status in (143, 1):
+            inv = store.begin_invocation({"gpu": "cpu"}, argv, "ddp",
+                                         label="minimal_ddp_flat_benchmarking")
+            store.add_run(inv, "ddp", "ok", {"impl": "naive", "world_size": 2}, {})
+            if exit_status == 143:
+                store.add_run(inv, "ddp", "error", {"impl": "flat", "world_size": 2}, {},
+                              error=f"{TERMINATED} 15 (SIGTERM)")
+            store.finish_invocation(inv, exit_status)
+    line = next(x for x in invoke("handout", "--db", db_path).stdout.splitlines()
+                if x.startswith("minimal_ddp_flat_benchmarking "))
+    assert "partly measured" in line and "not yet: ddp (impl=flat)" in line, line
+    assert invoke("handout", "report", "minimal_ddp_flat_benchmarking", "--format", "md",
+                  "--out", tmp_path / "w", "--db", db_path).exit_code == 0
+    assert "stopped early" in (tmp_path / "w" / "writeup.md").read_text().lower()
+
+
 def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch):
     """memory_profiling with its memory runs stored and its residuals not read `measured`,
     in the listing and the writeup alike: it is `partly measured`, naming the part left."""

@@ -152,9 +152,10 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
         f"({placeholders}) AND {year} ORDER BY r.created", [*out, *values])
     latest: dict[str, dict[tuple, str]] = {name: {} for name in out}
     for label, status, created, gpu, settings, experiment, point, error in rows:
+        if stopped({"status": status, "error": error}):  # it measured nothing, ran no part
+            continue
         s = out[label]
-        if not stopped({"status": status, "error": error}):  # it measured nothing
-            latest[label][experiment, gpu, point or settings] = status
+        latest[label][experiment, gpu, point or settings] = status
         s.statuses = Counter(latest[label].values())
         s.last = created
         if gpu and gpu not in s.gpus:

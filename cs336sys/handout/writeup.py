@@ -49,20 +49,22 @@ def _rerun(inv: dict[str, Any]) -> tuple:
     return inv.get("label"), tuple(w for w in words if w != "--resume")
 
 
-def _ran_to_its_end(inv: dict[str, Any]) -> bool:
-    """Whether the invocation finished, not stopped by a signal (exit 1 included: a sweep
-    with a point in error still ran every point)."""
-    return bool(inv.get("finished")) and inv.get("exit_status") not in (130, 143)
-
-
 def _not_rerun(invs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The invocations but those stopped early whose command later ran to its end (a
-    problem's `handout run` again, which resumes: it stored what the first left out)."""
+    problem's `handout run` again, which resumes: it stored what the first left out). To
+    its end: exit 0, or exit 1 with a point stored failed (a sweep goes on past one); an
+    exit 1 without one crashed part-way. `invs` has a row per invocation and status."""
+    failed = {inv.get("id") for inv in invs if inv.get("_status") in ("error", "oom", "wrong")}
+
+    def ran_to_its_end(inv: dict[str, Any]) -> bool:
+        return bool(inv.get("finished")) and (
+            inv.get("exit_status") == 0 or inv.get("exit_status") == 1 and inv.get("id") in failed)
+
     ended = {}
     for inv in invs:
-        if _ran_to_its_end(inv):
+        if ran_to_its_end(inv):
             ended[_rerun(inv)] = max(ended.get(_rerun(inv), ""), str(inv.get("started") or ""))
-    return [inv for inv in invs if _ran_to_its_end(inv)
+    return [inv for inv in invs if ran_to_its_end(inv)
             or ended.get(_rerun(inv), "") <= str(inv.get("started") or "")]
 
 
