@@ -77,6 +77,8 @@ def test_a_new_kind_is_stored_viewed_and_reported(package, tmp_path):
     assert "## Matmul" in md and "Matmul time" in md
     # the filter kept n=16 only; the table holds the one point, its setting above it
     assert "Same in every row: n=16" in md and "n=8" not in md
+    # the runs stored of each point beside a setting named n: not a second `n`
+    assert "| ms | runs |" in md
 
     again = cli(package, "matmul", "--n", "8,16", "--iters", "2", "--resume", "--db", db)
     assert again.returncode == 0 and "skipping 2 point(s)" in again.stderr + again.stdout

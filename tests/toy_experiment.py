@@ -23,18 +23,17 @@ class MatmulSpec:
     n: int  # the matrices are n x n
     warmup: int
     iters: int
-    device: str = "cpu"
 
     def settings(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def specs(*, n: list[str] | None = None, warmup: int | None = None, iters: int | None = None,
-          device: str = "cpu") -> list[MatmulSpec]:
+def specs(*, n: list[str] | None = None, warmup: int | None = None,
+          iters: int | None = None) -> list[MatmulSpec]:
     sizes = [int(v) for v in listed(n, "--n", default=[16, 32])]
     if any(v <= 0 for v in sizes):
         raise SpecError("--n: sizes must be positive")
-    return [MatmulSpec(v, 1 if warmup is None else warmup, 3 if iters is None else iters, device)
+    return [MatmulSpec(v, 1 if warmup is None else warmup, 3 if iters is None else iters)
             for v in sizes]
 
 
@@ -58,7 +57,6 @@ def options(
     n: list_option("Matrix size(s). [default: 16,32]") = None,
     warmup: option("Untimed matmuls per point. [default: 1]", int | None) = None,
     iters: option("Timed matmuls per point. [default: 3]", int | None) = None,
-    device: option("cpu.", str) = "cpu",
 ) -> None:
     """The options of `matmul`, named as `specs` names its keywords."""
 
@@ -71,7 +69,7 @@ EXPERIMENT = Experiment(
                                   Column("ms", "matmul_ms", "num"))),),
     compare="matmul_ms",
     command=Command(
-        options=options, describe=lambda s: f"n={s.n}", emulation=False,
+        options=options, describe=lambda s: f"n={s.n}",
         help="Each point multiplies two random n x n matrices and keeps the fastest time.",
         examples=("cs336sys matmul --n 16,32",),
     ),

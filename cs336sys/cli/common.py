@@ -431,7 +431,8 @@ def run_experiment(
             fail(exc)
         # the device the invocation measured on: a GPU if any point ran there (comm's gloo,nccl)
         device = recorded_device or next(
-            (p.device for p in points if str(p.device).startswith("cuda")), points[0].device)
+            (p.device for p in points if str(getattr(p, "device", "")).startswith("cuda")),
+            getattr(points[0], "device", "cpu"))  # a new kind's Spec may have no device
         if dry:
             if resume:
                 points = _not_stored(experiment, points, db, device, label)
@@ -448,7 +449,7 @@ def run_experiment(
                 if ranks:
                     oversubscribed(points)
                 if emulation:
-                    emulated(device, [s.precision for s in points])
+                    emulated(device, [s.precision for s in points if hasattr(s, "precision")])
             done = run_sweep(experiment, points, target, resume=resume, force=force,
                              progress=Bar(command, describe, on=not (rank or quiet)), **run_options)
             if not rank:

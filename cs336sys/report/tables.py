@@ -312,7 +312,10 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
                for i, c in enumerate(columns)]
         return out + ([str(r["_n"])] if counts else [])
 
-    heads = [c.header for c in columns] + (["n"] if counts else [])
+    # how often the point was stored: `n`, or `runs` beside a column of that name (a
+    # setting `n`, a matrix size, read `| n | ... | n |`)
+    stored = "runs" if "n" in (c.header for c in columns) else "n"
+    heads = [c.header for c in columns] + ([stored] if counts else [])
     t = with_gpu(rows, heads, cells, shown=shown(declared))
     notes = [declared.note, *(c.note for c in columns if c.note)]
     at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
