@@ -261,6 +261,15 @@ def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, mo
     assert "stopped early" not in md.lower()
 
 
+def test_a_problem_whose_every_run_was_stopped_says_none_was_measured():
+    """Its points, all stopped, left `points by their latest run: ;` blank."""
+    from cs336sys.handout.writeup import _latest_statuses
+    from cs336sys.sweep.stopping import TERMINATED
+
+    row = {"status": "error", "error": f"{TERMINATED} 15 (SIGTERM)", "_settings": {"impl": "x"}}
+    assert _latest_statuses({"ddp": [row]}) == "none measured (every run was stopped)"
+
+
 def test_a_stopped_point_runs_no_part_and_a_crashed_rerun_ends_nothing(db_path, tmp_path,
                                                                         monkeypatch):
     """A point SIGTERM stopped measured nothing: the listing read `measured` as if its part

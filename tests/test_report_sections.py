@@ -791,3 +791,13 @@ def test_an_attention_line_names_the_backend_that_ran_as_its_table_does():
                               + [row("naive", t) for t in (1024, 2048)])
     latency = next(f for f in sec.figures if f.name == "attention-latency")
     assert sorted(latency.plot.panels["d_head=64"]) == ["impl=naive", "impl=sdpa[cudnn]"]
+
+
+def test_the_runs_count_is_not_headed_as_a_setting_named_n():
+    """plan's device count is the setting `n`, headed `N`: beside it the count of stored runs
+    read `| N | ... | n |`. The count is `runs` beside any column of that name."""
+    from cs336sys.sweep.declaration import Column, Table
+
+    declared = Table("t", (Column("N", "n", setting=True), Column("ms", "ms", "num")))
+    rows = [{"status": "ok", "n": n, "ms": 1.0, "_n": 2, "_settings": {"n": n}} for n in (2, 4)]
+    assert point_table(declared, rows, counts=True).headers == ["N", "ms", "runs"]

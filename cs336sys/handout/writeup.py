@@ -80,7 +80,7 @@ def _latest_statuses(rows: dict[str, list]) -> str:
             latest[kind, r.get("gpu"), point] = r.get("status")
     counts = Counter(latest.values())
     return ", ".join(f"{s} {counts[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
-                     if counts[s])
+                     if counts[s]) or "none measured (every run was stopped)"
 
 
 def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:

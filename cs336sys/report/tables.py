@@ -314,7 +314,7 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
 
     # how often the point was stored: `n`, or `runs` beside a column of that name (a
     # setting `n`, a matrix size, read `| n | ... | n |`)
-    stored = "runs" if "n" in (c.header for c in columns) else "n"
+    stored = "runs" if any(c.header.lower() == "n" or c.key == "n" for c in columns) else "n"
     heads = [c.header for c in columns] + ([stored] if counts else [])
     t = with_gpu(rows, heads, cells, shown=shown(declared))
     notes = [declared.note, *(c.note for c in columns if c.note)]
