@@ -336,20 +336,11 @@ def test_a_figure_taller_than_the_page_is_scaled_to_fit_it(tmp_path):
     rep = Report("tall", [], [], sections=[Section(
         "profile", "Profile", figures=[Figure("Top kernels", "profile-top-0", png=buf.getvalue())])])
     write(rep, tmp_path, ["tex", "typst"], stem="r")
-    try:
-        import typst
-    except ImportError:
-        typst = None
-    if typst is not None:
-        pdf = typst.compile(str(tmp_path / "r.typ"))
+    pdf, log = _compiled(tmp_path)
+    if pdf is not None:
         assert len(re.findall(rb"/Type\s*/Page\b", pdf)) == 1  # the heading, figure, caption
-    if shutil.which("pdflatex"):
-        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "r.tex"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stdout[-2000:]
-        assert "Float too large" not in done.stdout, done.stdout[-2000:]
-    if typst is None and not shutil.which("pdflatex"):
-        pytest.skip("neither Typst nor pdflatex to compile the report with")
+    if log is not None:
+        assert "Float too large" not in log, log[-2000:]
 
 
 def test_a_table_file_says_the_settings_its_rows_share(tmp_path):
@@ -369,16 +360,27 @@ def test_a_table_file_says_the_settings_its_rows_share(tmp_path):
         assert "Same in every row" not in (tmp_path / f"r.{ext}").read_text()  # not twice
         # on lines of at most 70 characters: whole, it set a one-row table's width
         assert ("#linebreak()" if ext == "typ" else r" \\ ") in text.split("Same in every")[1]
+    _compiled(tmp_path)
+
+
+def _compiled(folder: Path) -> tuple[bytes | None, str | None]:
+    """r.typ through Typst and r.tex through pdflatex in `folder`, each where present: the
+    PDF's bytes and pdflatex's log (None for a compiler missing; skipped without both)."""
     try:
         import typst
     except ImportError:
         typst = None
-    if typst is not None:
-        assert typst.compile(str(tmp_path / "r.typ"))[:4] == b"%PDF"
+    pdf = typst.compile(str(folder / "r.typ")) if typst is not None else None
+    assert pdf is None or pdf[:4] == b"%PDF"
+    log = None
     if shutil.which("pdflatex"):
         done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "r.tex"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                              cwd=folder, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:]
+        log = done.stdout
+    if pdf is None and log is None:
+        pytest.skip("neither Typst nor pdflatex to compile the report with")
+    return pdf, log
 
 
 def test_typst_never_breaks_a_line_inside_an_option(tmp_path):
