@@ -18,7 +18,7 @@ from tests.conftest import invoke, micro, query
     [("tiny", 64, 2, "train", "none"), ("tiny", 128, 4, "train", "every:1"),
      ("tiny", 128, 4, "forward", "none"),
      # the group backward recomputes: every:4 peaked 37 % above an estimate without it
-     ("tiny", 256, 8, "train", "every:4")],
+     ("tiny", 256, 4, "train", "every:4")],
 )
 @pytest.mark.slow
 def test_the_memory_estimate_is_within_a_factor_of_the_measured_peak(size, seq, batch, mode,
