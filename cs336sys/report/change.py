@@ -97,6 +97,12 @@ FAILED = "failed"  # a Change's kind: ok in A, its latest run in B not (oom, wro
 FAILURES = ("oom", "wrong", "error")
 
 
+def failure(r: Row) -> bool:
+    """A run that failed in its code's doing (FAILURES; a point SIGTERM stopped measured
+    nothing, sections.stopped)."""
+    return r.get("status") in FAILURES and not stopped(r)
+
+
 def failed_in_b(a_rows: list[Row], b_rows: list[Row], metric: Metric,
                 by_gpu: bool = True) -> dict[tuple, Row]:
     """Per point (as aggregate keys it) that A measured ok: B's latest run of it, where that
@@ -108,7 +114,7 @@ def failed_in_b(a_rows: list[Row], b_rows: list[Row], metric: Metric,
     for r in sorted(b_rows, key=lambda r: str(r.get("created") or "")):
         if not stopped(r):
             latest[r.get("gpu") if by_gpu else None, skey(r)] = r
-    return {k: r for k, r in latest.items() if k in ok_in_a and r.get("status") in FAILURES}
+    return {k: r for k, r in latest.items() if k in ok_in_a and failure(r)}
 
 
 @dataclass(frozen=True)

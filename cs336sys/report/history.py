@@ -29,11 +29,11 @@ from typing import Any
 
 from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.change import (
-    FAILURES,
     Change,
     Metric,
     Side,
     assess,
+    failure,
     metrics,
     one_run_caveat,
 )
@@ -49,7 +49,6 @@ from cs336sys.report.sections import (
     num,
     point_labels,
     skey,
-    stopped,
 )
 from cs336sys.report.tables import fill
 
@@ -178,12 +177,6 @@ def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
             "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]
 
 
-def _failure(r: Row) -> bool:
-    """A run that failed in its code's doing (change.FAILURES; a point SIGTERM stopped
-    measured nothing)."""
-    return r.get("status") in FAILURES and not stopped(r)
-
-
 def commit_of(r: Row) -> tuple[str, bool] | None:
     """(commit, dirty) of the code a run measured: the user's, when it measured theirs,
     else cs336sys's; None without git."""
@@ -202,7 +195,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     no_commit = 0
     for exp_rows in rows.values():
         for r in exp_rows:
-            if r.get("status") != "ok" and not _failure(r):
+            if r.get("status") != "ok" and not failure(r):
                 continue
             k = commit_of(r)
             if k is None:
@@ -220,7 +213,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
         groups: dict[tuple, dict[tuple[str, bool], Side]] = {}
         last: dict[tuple, Row] = {}  # per point, its latest run that was ok or failed
         for r in sorted(rows.get(exp, []), key=lambda r: (str(r.get("created") or ""))):
-            if commit_of(r) is not None and (r.get("status") == "ok" or _failure(r)):
+            if commit_of(r) is not None and (r.get("status") == "ok" or failure(r)):
                 key = (r.get("gpu"), skey(r))
                 if key not in last or rank[commit_of(r)] >= rank[commit_of(last[key])]:
                     last[key] = r
@@ -229,7 +222,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
             at.setdefault(commit_of(r), Side(r)).add(r, metric)
         for key, r in last.items():  # ok before, failed at its latest commit
-            if _failure(r) and key in groups:
+            if failure(r) and key in groups:
                 failed.append((exp, point_labels([r])[0], commits[commit_of(r)], r["status"]))
         many = {k: at for k, at in groups.items() if len(at) > 1}
         one_commit += len(groups) - len(many)
