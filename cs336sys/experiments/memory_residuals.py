@@ -181,10 +181,11 @@ def _users_model(config: Any, model: str, layers: int = USERS_LAYERS) -> Any:
     return build_model(replace(config, model=model, attention="naive", num_layers=layers))
 
 
-def _blocks_path(config: Any, model: str, blocks: str | None) -> str | None:
+def _blocks_path(config: Any, model: str, blocks: str | None, two: Any = None) -> str | None:
     """Where the user's model keeps its blocks: `blocks`, else the one ModuleList whose
-    length follows the layer count; None where none or several do, or the model cannot be
-    built on the meta device (blocks_of then decides, or says what is missing)."""
+    length follows the layer count (`two`: the model of USERS_LAYERS already built on the
+    meta device); None where none or several do, or the model cannot be built on the meta
+    device (blocks_of then decides, or says what is missing)."""
     if blocks is not None:
         return blocks
     import torch
@@ -192,7 +193,8 @@ def _blocks_path(config: Any, model: str, blocks: str | None) -> str | None:
 
     try:
         with torch.device("meta"):
-            two, three = (_users_model(config, model, n) for n in (2, 3))
+            two = _users_model(config, model) if two is None else two
+            three = _users_model(config, model, USERS_LAYERS + 1)
     except Exception:  # the user's code: the run builds it again and stores what fails
         return None
 
@@ -200,7 +202,7 @@ def _blocks_path(config: Any, model: str, blocks: str | None) -> str | None:
         return {path for path, m in users.named_modules()
                 if isinstance(m, nn.ModuleList) and len(m) == n}
 
-    follows = lists(two, 2) & lists(three, 3)
+    follows = lists(two, USERS_LAYERS) & lists(three, USERS_LAYERS + 1)
     return follows.pop() if len(follows) == 1 else None
 
 
@@ -220,14 +222,13 @@ def _check_users_block(spec: ResidualsSpec) -> None:
     import torch
 
     config = _config(spec)
-    path = _blocks_path(config, spec.model, spec.blocks)
     try:
         with torch.device("meta"):
             users = _users_model(config, spec.model)
     except Exception:  # the user's code
         return
     try:
-        _block_of(users, path)
+        _block_of(users, _blocks_path(config, spec.model, spec.blocks, users))
     except ValueError as exc:
         raise SpecError(str(exc)) from None
 
