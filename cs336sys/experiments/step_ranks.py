@@ -161,11 +161,11 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     if metrics.get("mfu") is not None:
         metrics["mfu"] /= ctx.world_size  # the peak is one GPU's; the step used all of them
     walls = [r["wall_s"] for r in per_rank]
+    first_ms = max(r["first_ms"] for r in per_rank)  # the slowest rank's first step
     metrics.update(
         peak_allocated_mb=max(r["peak"] for r in per_rank) / 2**20 if on_cuda else None,
-        first_step_s=max(r["first_ms"] for r in per_rank) / 1e3,
-        compile_s=(max(max(r["first_ms"] for r in per_rank) - metrics["step_ms_median"], 0.0)
-                   / 1e3 if spec.compile else None),
+        first_step_s=first_ms / 1e3,
+        compile_s=max(first_ms - metrics["step_ms_median"], 0.0) / 1e3 if spec.compile else None,
         wall_s=max(walls),
         within_limit=max(walls) <= LIMIT_S,
         loss_first=summed[0],
