@@ -119,7 +119,8 @@ def test_the_ratio_cell_gives_the_interval_and_flags_an_impossible_saving():
     few = _ratios(ratio, [_row("none", [2516.0, 1010.0, 4022.0]),
                           _row("fused-ce", [2734.0, 1251.0, 4217.0])])
     assert few[1] == "0.92× (too few samples to tell)"
-    # four a side: a bootstrap of the medians calls 7 % of equal pairs a change (5 a side: 3-4 %)
+    # four a side: a bootstrap of the medians calls 8 % of equal pairs a change (5 a side: 3.5 %;
+    # benchmarks/bootstrap_false_rate.py)
     four = _ratios(ratio, [_row("none", [100.0, 101.0, 99.0, 100.5]),
                            _row("fused-ce", [80.0, 81.0, 79.0, 80.5])])
     assert four[1] == "1.25× (too few samples to tell)"

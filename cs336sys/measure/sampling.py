@@ -31,8 +31,9 @@ DRIFT_MIN_SAMPLES = 6  # two thirds of at least two samples each
 CONFIDENCE = 0.95
 RESAMPLES = 1000
 # The fewest samples a side for the interval's verdict: on equal lognormal samples the 95 %
-# percentile bootstrap of the medians' ratio excluded 1 in 6.9 % of 4-against-4 pairs and
-# 7.1 % of 3-against-5 (5,000 trials each), 3-4 % from 5 a side.
+# percentile bootstrap of the medians' ratio excluded 1 in 7.8 % of 4-against-4 pairs and
+# 6.8 % of 3-against-5, 3.5-4.4 % from 5 a side (5,000 pairs each:
+# python benchmarks/bootstrap_false_rate.py).
 BOOTSTRAP_MIN = 5
 # The most samples a point keeps: 1 s of 25 us calls would be 40,000 floats in the store.
 MAX_SAMPLES = 1000
