@@ -126,8 +126,8 @@ def model_estimate(spec: Any) -> Estimate:
             acts -= config.num_layers * scores
         else:
             # checkpointing saves each group's input; the group backward recomputes holds its
-            # blocks' saved tensors again (tiny at 256, every:4 peaked at 764 MiB where the
-            # group inputs alone gave 485)
+            # blocks' saved tensors again (`memory --size tiny --seq 256 --batch 8 --checkpoint
+            # every:4 --device cpu` peaked at 764 MiB where the group inputs alone gave 485)
             acts += max(groups) * (block_saved_bytes(B, T, config.d_model, config.d_ff,
                                                      config.num_heads) - scores)
         if str(spec.device).startswith("cuda") and getattr(spec, "precision", "fp32") != "fp32":
