@@ -11,8 +11,16 @@ from collections.abc import Iterator
 @contextlib.contextmanager
 def environ(**values: str) -> Iterator[None]:
     """Each NAME=value set inside the block; afterwards each as it was (unset where it was)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
+    with kept(*values):
+        os.environ.update(values)
+        yield
+
+
+@contextlib.contextmanager
+def kept(*names: str) -> Iterator[None]:
+    """The variables `names` as they are now, put back after the block whatever it set or
+    unset (unset where they were)."""
+    before = {name: os.environ.get(name) for name in names}
     try:
         yield
     finally:

@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from cs336sys.measure.environ import kept as environ_kept
 from cs336sys.yours.adapters import ENTRIES, ENV, Adapters, AdaptersError, Entry, entries, find
 
 __all__ = ["ENTRIES", "ENV", "Adapters", "AdaptersError", "Entry", "active", "engage",
@@ -82,16 +83,11 @@ def kept() -> Iterator[None]:
     one, measuring cs336sys's code, recorded the user's commit as its own."""
     global _adapters
     decided = _adapters
-    before = {name: os.environ.get(name) for name in (ENV, TARGETS_ENV)}
     try:
-        yield
+        with environ_kept(ENV, TARGETS_ENV):
+            yield
     finally:
         _adapters = decided
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def forget() -> None:
