@@ -91,7 +91,9 @@ def browse(
     except StoreError as exc:
         fail(exc)
     if port == 0:  # chosen here, so that the address printed (and --open's) is the one served
-        port = _free_port(host)
+        from cs336sys.parallel.launcher import free_port
+
+        port = free_port(host)
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
         # Immutable where open_untouched reads so (nothing is left beside the store); a
         # store a writer has open, live.
@@ -119,12 +121,3 @@ def browse(
             stopping.reset()
             code = 0
     raise typer.Exit(code)
-
-
-def _free_port(host: str) -> int:
-    """A port free on `host` now (the OS's choice for port 0)."""
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]

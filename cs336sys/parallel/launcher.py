@@ -78,10 +78,12 @@ def default_backend(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of `host` (IPv4, or IPv6 with a colon) that was free a moment ago (the
+    OS picks it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
