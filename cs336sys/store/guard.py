@@ -41,8 +41,6 @@ SIDE_FILES = ("-wal", "-shm", "-journal")
 def _check_side_files(path: Path) -> None:
     """Refuse a store whose side file exists and is not a regular file this process may read
     and write (a symlink too: SQLite would write through it wherever it points)."""
-    import os
-
     for end in SIDE_FILES:
         side = path.with_name(path.name + end)
         if not os.path.lexists(side):
@@ -96,11 +94,13 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
         try:
             conn = open_untouched(path)
             try:
-                problem = None if _no_tables(conn) else store_problem(conn)
-                if problem is None and schema.version(conn):  # tables or none, it claims some
-                    problem = (store_problem(conn) and
-                               f"claims cs336sys's schema version {schema.version(conn)} but "
-                               f"lacks its tables")
+                if not _no_tables(conn):
+                    problem = store_problem(conn)
+                elif version := schema.version(conn):  # no tables, yet it claims some
+                    problem = (store_problem(conn) and f"claims cs336sys's schema version "
+                               f"{version} but lacks its tables")
+                else:
+                    problem = None
                 if writing and problem is None:
                     problem = _unwritable(conn)
             finally:
