@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -57,6 +58,9 @@ def _begin(conn: sqlite3.Connection) -> None:
                       "browser with unsaved changes?); waiting for it to let go (Ctrl-C "
                       "stops, keeping what is stored)", file=sys.stderr, flush=True)
                 told = True
+            # the connection's busy timeout waits first; an answer of `locked` at once (which
+            # _wal's docstring says SQLite may give) must not make this loop spin a core
+            time.sleep(0.05)
 
 
 def _commit(conn: sqlite3.Connection, then: Callable[[], Any]) -> None:
