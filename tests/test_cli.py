@@ -1,6 +1,7 @@
 """The CLI through typer's CliRunner against a temporary database."""
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -49,6 +50,9 @@ def test_every_command_has_help_with_an_example():
         assert "Example" in result.stdout, name
         # the example shows this command (for a group: one of its subcommands)
         assert f"cs336sys {name}" in " ".join(result.stdout.split()), name
+        # one default per option: a help text's own "[default: 80]" beside Typer's 80.0
+        for option in re.split(r"\n\s{0,4}(?=-)", result.stdout):
+            assert option.count("[default:") <= 1, (name, " ".join(option.split()))
 
 
 def test_every_command_that_measures_takes_resume():

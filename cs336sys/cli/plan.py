@@ -68,7 +68,7 @@ def plan(
                   float | None, "--flops") = None,
     bandwidth: option("W by hand: egress bytes/s of one device (e.g. 1.8e11), with --flops.",
                       float | None, "--bandwidth") = None,
-    memory_gib: option("With --flops: the device's memory in GiB. [default: 80]", float,
+    memory_gib: option("With --flops: the device's memory in GiB.", float,
                        "--memory-gib") = 80.0,
     measured: option("C and W as this GPU measured them: the best stored model TFLOP/s and comm "
                      "busbw.", bool, "--measured") = False,
