@@ -614,6 +614,29 @@ def test_an_adamw_keeping_beta1_and_beta2_is_checked_with_its_own(monkeypatch):
                                 "constructor, so torch's defaults stood in")
 
 
+class NoDefaultsAdamW(Beta1Beta2AdamW):
+    """The course's AdamW built as assignment 1's test_adamw builds it: lr, weight_decay,
+    betas and eps all given, none with a default."""
+
+    def __init__(self, params, lr, weight_decay, betas, eps):
+        super().__init__(params, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps,
+                         weight_decay=weight_decay)
+
+
+def test_an_adamw_without_defaults_is_built_as_the_course_builds_it(monkeypatch):
+    """Built with lr and weight_decay alone, it was stored `error` (missing 'betas' and
+    'eps'), where the course's test passes it; a class naming them beta1 and beta2 is
+    still built without them."""
+    from cs336sys.experiments import checks, training_step
+
+    monkeypatch.setattr(training_step, "optimizer_class", lambda name: NoDefaultsAdamW)
+    verdict = checks.optimizer_check("adamw")  # the name is looked up by optimizer_class
+    assert verdict.passed, verdict.why
+    assert verdict.metrics["check_optimizer_err"] < 1e-5
+    assert training_step.adamw_kwargs(Beta1Beta2AdamW) == {"lr": 1e-4, "weight_decay": 0.01,
+                                                            "eps": 1e-8}
+
+
 def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     """--optimizer yours=package.module:Class: the course's algorithm passes (its eps and
     weight decay placed otherwise than torch's), one without bias correction is wrong; in

@@ -23,6 +23,8 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.experiments.training_check import few
 from cs336sys.experiments.training_step import (
+    BETAS,
+    EPS,
     LR,
     WEIGHT_DECAY,
     cross_entropy,
@@ -167,7 +169,7 @@ def optimizer_check(name: str) -> Verdict:
 _BETAS = (("betas",), ("beta1", "beta2"), ("b1", "b2"), ("beta_1", "beta_2"))
 _EPS = (("eps",), ("epsilon",))
 # Where none is found: what make_optimizer built it with, else torch's defaults.
-_STAND_INS = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": WEIGHT_DECAY}
+_STAND_INS = {"lr": LR, "betas": BETAS, "eps": EPS, "weight_decay": WEIGHT_DECAY}
 
 
 def their_hyperparameters(optimizer: Any) -> tuple[dict[str, Any], list[str]]:

@@ -34,7 +34,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.experiments import ddp_yours
-from cs336sys.experiments.training_step import LR, WEIGHT_DECAY
+from cs336sys.experiments.training_step import adamw_kwargs
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import held
 
@@ -96,7 +96,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
     def adamw(params: list) -> Any:
         if make_optimizer is not None:
             return make_optimizer(params)
-        return adamw_cls(params, lr=LR, weight_decay=WEIGHT_DECAY)
+        return adamw_cls(params, **adamw_kwargs(adamw_cls))
 
     if impl in REPLICA_IMPLS or kind == "ddp":
         start = None
@@ -108,17 +108,18 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         # the wrapper's, as the course's tests take them: a DDP may train a copy of the module
         params = list(wrapper.parameters())
         if yours.is_yours(sharding):
-            opt = holder = ddp_yours.optimizer(sharding, params, adamw_cls, lr=LR, weight_decay=WEIGHT_DECAY)
+            opt = holder = ddp_yours.optimizer(sharding, params, adamw_cls,
+                                                      **adamw_kwargs(adamw_cls))
         elif sharding == "ours":
             from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 
-            opt = ShardedOptimizer(params, adamw_cls, lr=LR, weight_decay=WEIGHT_DECAY)
+            opt = ShardedOptimizer(params, adamw_cls, **adamw_kwargs(adamw_cls))
             holder = opt.local
         elif sharding == "zero":
             from torch.distributed.optim import ZeroRedundancyOptimizer
 
-            opt = ZeroRedundancyOptimizer(params, optimizer_class=adamw_cls, lr=LR,
-                                          weight_decay=WEIGHT_DECAY)
+            opt = ZeroRedundancyOptimizer(params, optimizer_class=adamw_cls,
+                                          **adamw_kwargs(adamw_cls))
             holder = opt.optim
         else:
             opt = holder = adamw(params)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cs336sys.experiments.training_step import LR, WEIGHT_DECAY, cross_entropy, make_model
+from cs336sys.experiments.training_step import adamw_kwargs, cross_entropy, make_model
 from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import autocast_dtype
 
@@ -72,7 +72,8 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     local_grads = backward(x[:local], y[:local])  # (B / world, T): rank 0's slice
     model.zero_grad(set_to_none=True)
     initial = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
-    opt = (optimizer_cls or AdamW)(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    cls = optimizer_cls or AdamW
+    opt = cls(model.parameters(), **adamw_kwargs(cls))
     grads: dict = {}
     for i in range(iters):
         step_grads = backward(x, y)

@@ -46,6 +46,9 @@ MODES = ("forward", "forward-backward", "train")
 # its default (foreach on CUDA, a loop on CPU) and fused=True, the production baseline.
 OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-triton", "torch-adamw", "torch-adamw-fused")
 LR, WEIGHT_DECAY = 1e-4, 0.01
+# betas and eps as torch.optim.AdamW's defaults; given too, as assignment 1's test_adamw builds
+# the user's class (lr, weight_decay, betas, eps), so a class with no defaults of its own works
+BETAS, EPS = (0.9, 0.999), 1e-8
 PHASES = {"fwd": "forward", "bwd": "backward", "comm": "comm", "opt": "optimizer"}
 
 
@@ -94,18 +97,35 @@ def make_model(config: Any, device: str, seed: int) -> Any:
         return TransformerLM(config)
 
 
+def adamw_kwargs(cls: Any) -> dict[str, Any]:
+    """What an AdamW class is built with: lr 1e-4, weight decay 0.01, and betas and eps where
+    its constructor takes them by those names (a student's that names them beta1 and beta2,
+    with defaults, is built without)."""
+    import inspect
+
+    kwargs = {"lr": LR, "weight_decay": WEIGHT_DECAY}
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    extra = {"betas": BETAS, "eps": EPS}
+    return kwargs | {k: v for k, v in extra.items() if takes_any or k in params}
+
+
 def make_optimizer(name: str, params: Any) -> Any:
-    """One of OPTIMIZERS over `params`, lr 1e-4, weight decay 0.01: ours (cs336sys.models
-    AdamW and its fused versions), torch.optim.AdamW, default or fused=True, or the user's
-    (`--optimizer yours=package.module:AdamW`, or `yours-adamw`: the class assignment 1's
-    adapters getter `get_adamw_cls()` returns), built with lr and weight_decay alone."""
+    """One of OPTIMIZERS over `params` (adamw_kwargs): ours (cs336sys.models AdamW and its
+    fused versions), torch.optim.AdamW, default or fused=True, or the user's (`--optimizer
+    yours=package.module:AdamW`, or `yours-adamw`: the class assignment 1's adapters getter
+    `get_adamw_cls()` returns)."""
     if name == "torch-adamw-fused":
         import torch
 
-        return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+        return torch.optim.AdamW(params, **adamw_kwargs(torch.optim.AdamW), fused=True)
     if name not in OPTIMIZERS and not yours.is_yours(name):
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, not {name!r}")
-    return optimizer_class(name)(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    cls = optimizer_class(name)
+    return cls(params, **adamw_kwargs(cls))
 
 
 # What an optimizer class is named by (optimizer_class), beside the user's: `step` and `ddp`
