@@ -14,7 +14,7 @@ import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 from cs336sys.report import refs
@@ -41,26 +41,27 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
     """`today`, `yesterday`, `HH:MM` (today), `7d`/`12h`/`2w` (ago), an ISO date or datetime
     -> the store's format (UTC).
 
-    Words, clock times, dates and datetimes without an offset are the machine's local time
-    (`now`'s zone): `--since today` at 4 pm in California covers that morning, which the UTC
-    day does not. A datetime with an offset (`Z`, `+02:00`) is taken as it says. With end=True
-    (for --until) a whole day (`today`, `2026-01-05`) means the end of that day, so `--since
-    2026-01-05 --until 2026-01-05` is that one day.
+    Words, clock times, dates and datetimes without an offset are the machine's local time,
+    with the offset in force on that date (summer time or not): `--since today` at 4 pm in
+    California covers that morning, which the UTC day does not, and `2026-07-01` there starts
+    at 07:00 UTC in July, 08:00 in January. A datetime with an offset (`Z`, `+02:00`) is taken
+    as it says. With end=True (for --until) a whole day (`today`, `2026-01-05`, `20260105`,
+    `2026-01-05Z`) means the end of that day, so `--since 2026-01-05 --until 2026-01-05` is
+    that one day.
     """
     s = text.strip().lower()
-    local = now.astimezone()  # the machine's zone unless `now` carries another
-    midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
-    bump = timedelta(days=1) if end else timedelta(0)
+    today = now.astimezone().date()  # the machine's local day
+    days = timedelta(days=1) if end else timedelta(0)
     if s == "today":
-        return _utc(midnight + bump)
+        return _utc(_local(datetime.combine(today + days, time())))
     if s == "yesterday":
-        return _utc(midnight - timedelta(days=1) + bump)
+        return _utc(_local(datetime.combine(today - timedelta(days=1) + days, time())))
     m = _CLOCK.match(s)
     if m:
         hour, minute = int(m.group(1)), int(m.group(2))
         if hour > 23 or minute > 59:
             raise SelectionError(f"time {text!r}: no such time of day")
-        return _utc(midnight.replace(hour=hour, minute=minute))
+        return _utc(_local(datetime.combine(today, time(hour, minute))))
     m = _AGO.match(s)
     if m:
         n, unit = int(m.group(1)), m.group(2)
@@ -70,15 +71,45 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
         except OverflowError:
             raise SelectionError(f"time {text!r} is further back than dates go") from None
     try:
-        if re.match(r"^\d{4}-\d{2}-\d{2}$", s):
-            return _utc(datetime.fromisoformat(s).replace(tzinfo=local.tzinfo) + bump)
+        m = _DAY.fullmatch(s)
+        day = _whole_day(m.group(1)) if m else None
+        if day is not None:  # a whole day, in the offset it carries, else local
+            if m.group(2):
+                zone = datetime.fromisoformat("2000-01-01T00:00" + m.group(2).replace(
+                    "z", "+00:00")).tzinfo
+                return _utc(datetime.combine(day + days, time(), zone))
+            return _utc(_local(datetime.combine(day + days, time())))
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+        return _utc(t if t.tzinfo is not None else _local(t))
+    except SelectionError:
+        raise
     except (ValueError, OverflowError):
         raise SelectionError(
             f"cannot read time {text!r}: use today, yesterday, 13:30, 7d, 12h, 2026-01-05 or "
             "2026-01-05T13:00 (local time unless it carries an offset such as Z)"
         ) from None
-    return _utc(t if t.tzinfo is not None else t.replace(tzinfo=local.tzinfo))
+
+
+_DAY = re.compile(r"(.+?)(z|[+-]\d{2}:?\d{2})?")  # an ISO date and the offset it may carry
+
+
+def _whole_day(text: str) -> date | None:
+    """The day an ISO date names (`2026-01-05`, `20260105`, `2026-W02-1`), None for text that
+    is not a date alone."""
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _local(naive: datetime) -> datetime:
+    """A wall-clock time of this machine's zone, with the offset in force at that time (the
+    zone's rules, not today's offset: summer time starts and ends)."""
+    try:
+        return naive.astimezone()
+    except (OverflowError, OSError, ValueError):
+        raise SelectionError(f"time {naive.isoformat()} is beyond the dates the store can hold"
+                             ) from None
 
 
 def _utc(t: datetime) -> str:
