@@ -700,6 +700,16 @@ def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch
     assert f"→ {second.title()}" in h.text()
     assert history_mod._tick(first) == f"{hashes[0][:7]} 05-04\nPlain step"
 
+    # the child measured first, its parent after (a bisection, a base measured last): the
+    # steps follow git's order, or a regression read as an improvement and passed the gate
+    h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
+                                     for commit, day, center in ((hashes[1], 1, 150),
+                                                                 (C, 2, 150), (hashes[0], 3, 100))
+                                     for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+    (track,) = h.tracks
+    assert [c.key[0] for c in track.commits] == [hashes[0], C, hashes[1]]
+    assert [c.verdict[-6:] for _, c in track.steps] == ["slower"]
+
 
 def test_the_compare_report_draws_every_sample_of_both_sides(regress_db, tmp_path):
     """Per experiment a strip plot: each compared point's samples on side A and on side B,

@@ -3,8 +3,11 @@
 A point (experiment, GPU, settings) measured at two commits or more has a history: per
 commit, the median of the experiment's compared metric (report/change.py: step time for
 model, end-to-end time for attention, ...) over the raw timed samples of the point's runs
-at that commit. Commits go in the time order of their first run in the selection; a dirty
-checkout is a commit of its own (`abc1234-dirty`), since it measured other code. A run of
+at that commit. Commits go in git's order, a parent before its children, where the repository
+of the current folder has them (the order they were measured in may be any: a bisection, a
+base measured after its branch), else in the time order of their first run in the selection;
+a dirty checkout is a commit of its own (`abc1234-dirty`, after its commit), since it
+measured other code. A run of
 the user's code (cs336sys.yours) counts at the user's commit, the code that changed.
 
 A step is a pair of consecutive commits of a point whose samples differ by the rule of
@@ -39,7 +42,7 @@ from cs336sys.report.change import (
 )
 from cs336sys.report.compare import text_table
 from cs336sys.report.plots import short
-from cs336sys.report.refs import describe
+from cs336sys.report.refs import ancestry, describe
 from cs336sys.report.sections import (
     Figure,
     FilledTable,
@@ -61,8 +64,9 @@ def method(threshold: float = THRESHOLD) -> str:
     """The rule, in words, for the report."""
     return (
         "Each commit's value is the median of the point's timed samples at that commit "
-        "(memory in bytes: one reading per run); commits are in the time order of their "
-        "first run. A step is a pair of consecutive commits that differ significantly "
+        "(memory in bytes: one reading per run); commits are in git's order (a parent "
+        "before its children) where this repository has them, else in the time order of "
+        "their first run. A step is a pair of consecutive commits that differ significantly "
         f"(Mann-Whitney U, p < {ALPHA:g}: over each run's median where a commit ran the point "
         f"more than once, else over the raw samples) and whose medians are more than "
         f"{100 * threshold:g}% apart (memory: the threshold alone)."
@@ -187,6 +191,17 @@ def commit_of(r: Row) -> tuple[str, bool] | None:
     return None
 
 
+def ranked(first: dict[tuple[str, bool], str]) -> dict[tuple[str, bool], int]:
+    """Each (commit, dirty)'s place in the history, from the time of its first run (`first`):
+    in the time order, except that the commits the repository here has take their places in
+    git's order (refs.ancestry), a dirty checkout right after its commit; those it lacks keep
+    their places in time."""
+    by_time = sorted(first, key=lambda k: (first[k], k))
+    place = ancestry(c for c, _ in first)
+    in_git = iter(sorted((k for k in by_time if k[0] in place), key=lambda k: (place[k[0]], k[1])))
+    return {k: i for i, k in enumerate(next(in_git) if k[0] in place else k for k in by_time)}
+
+
 def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
           threshold: float = THRESHOLD) -> History:
     """The history of every point in `rows` (experiment -> view rows with `_settings` and
@@ -202,7 +217,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
                 no_commit += int(r.get("status") == "ok")
                 continue
             order[k] = min(order.get(k, r["created"] or ""), r["created"] or "")
-    rank = {k: i for i, k in enumerate(sorted(order, key=lambda k: (order[k], k)))}
+    rank = ranked(order)
     commits = {k: described(k, first) for k, first in order.items()}
 
     tracks: list[Track] = []
@@ -335,7 +350,7 @@ def plot(t: Track) -> bytes:
                        ha="right" if len(xs) > 6 else "center", fontsize=7)
     ax.yaxis.set_major_formatter(FuncFormatter(short))
     ax.tick_params(axis="y", labelsize=8)
-    ax.set_xlabel("commit (in the order of its first run)", fontsize=9)
+    ax.set_xlabel("commit (in git's order, else of its first run)", fontsize=9)
     ax.set_ylabel(label, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, frameon=False)

@@ -7,6 +7,7 @@ code it measured, cs336sys.yours).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from cs336sys.measure.provenance import command_output
@@ -45,3 +46,14 @@ def describe(commit: str, cwd: str | Path | None = None) -> tuple[str, str] | No
         return None
     date, subject = out.splitlines()[0].split("\t", 1)
     return date, subject
+
+
+def ancestry(commits: Iterable[str], cwd: str | Path | None = None) -> dict[str, int]:
+    """The place of each of `commits` that the repository of `cwd` has in git's topological
+    order, a parent before its children (oldest first); those it lacks are left out."""
+    known = {c: full for c in set(commits) if (full := resolve(c, cwd))}
+    if len(set(known.values())) < 2:
+        return {c: 0 for c in known}
+    out = _git("rev-list", "--topo-order", "--reverse", *sorted(set(known.values())), cwd=cwd)
+    place = {h: i for i, h in enumerate(out.splitlines())} if out else {}
+    return {c: place[full] for c, full in known.items() if full in place}
