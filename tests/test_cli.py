@@ -417,6 +417,13 @@ def test_sql_prints_table_json_and_csv(filled_db):
         filled_db,
     )
     assert json.loads(param.stdout) == [{"n": 1}]
+    # a join's two `mode` columns are two keys (one was lost), an infinity is text (JSON has
+    # none), and a parameter that is not written as a number binds as text ('007' bound 7)
+    joined = invoke("sql", "SELECT a.mode, b.mode, 1e308 * 10 AS big, ? AS label, ? AS n "
+                    "FROM model_runs a JOIN model_runs b ON a.seq = 8 AND b.seq = 16",
+                    "-p", "007", "-p", "16", "--json", "--db", filled_db)
+    assert json.loads(joined.stdout) == [{"mode": "forward", "mode_2": "forward", "big": "inf",
+                                          "label": "007", "n": 16}]
 
 
 @pytest.mark.parametrize(

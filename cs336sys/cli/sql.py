@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import sqlite3
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,9 +75,9 @@ def sql(
         conn.close()
 
     if as_json:
-        typer.echo(
-            json.dumps([dict(zip(headers, r, strict=True)) for r in rows], indent=2, default=str)
-        )
+        names = _unique(headers)
+        typer.echo(json.dumps([dict(zip(names, map(_json_value, r), strict=True)) for r in rows],
+                              indent=2, default=str))
     elif as_csv:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -86,6 +87,25 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+def _unique(headers: list[str]) -> list[str]:
+    """The columns' names as JSON keys, each once: a join's second `mode` is `mode_2` (an
+    object keeps one value per key, so the first was lost)."""
+    out: list[str] = []
+    for header in headers:
+        name, n = header, 1
+        while name in out:
+            n += 1
+            name = f"{header}_{n}"
+        out.append(name)
+    return out
+
+
+def _json_value(value: Any) -> Any:
+    """A value as JSON can hold it: an infinite or NaN float (computed in the query) as the
+    text 'inf', '-inf' or 'nan', which JSON has no number for."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _hint(conn: sqlite3.Connection, error: str, query: str) -> str:

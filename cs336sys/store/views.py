@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -111,10 +113,17 @@ def _meta(conn: sqlite3.Connection, key: str) -> str | None:
     return row[0] if row else None
 
 
+# A number as it is written to be read as one: no leading zeros ('007' is a label), no '+',
+# no '_' and no nan or inf, which Python's int() and float() would take
+_NUMBER = re.compile(r"-?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def typed(value: str) -> int | float | str:
     """A value typed on the command line, as a view column holds it: '16' -> 16, '0.5' ->
-    0.5, anything else as text. View columns come from json_extract, so they are typed, and
-    the text '16' would never equal the integer 16."""
+    0.5, anything else as text ('007', 'nan'). View columns come from json_extract, so they
+    are typed, and the text '16' would never equal the integer 16."""
+    if not _NUMBER.fullmatch(value.strip()):
+        return value
     for kind in (int, float):
         try:
             number = kind(value)
@@ -122,5 +131,5 @@ def typed(value: str) -> int | float | str:
             continue
         if kind is int and not -(2**63) <= number < 2**63:
             raise ValueError(f"{value} is outside SQLite's 64-bit integer range")
-        return number
+        return number if math.isfinite(number) else value
     return value
