@@ -597,6 +597,10 @@ def test_the_header_says_which_invocations_stopped_before_their_end():
         "measures the rest")
     assert dict(provenance([inv("b", 130)], {}))[STOPPED_EARLY].startswith(
         "1 invocation stopped by Ctrl-C or SIGTERM: its sweep may lack points")
+    # a commit measured clean and dirty is two: the whole commit read `(dirty)`
+    dirty = {**inv("e", 0), "git_dirty": 1, "git_commit": "aaaa2222bbbb3333"}
+    clean = {**inv("f", 0), "git_commit": "aaaa2222bbbb3333"}
+    assert dict(provenance([dirty, clean], {}))["Commits"] == "aaaa2222bbbb, aaaa2222bbbb (dirty)"
 
 
 def test_a_point_sigterm_stopped_hides_no_measurement_of_it():

@@ -89,11 +89,11 @@ STOPPED_EARLY = "Stopped early"
 
 def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[str, str]]:
     gpus: Counter = Counter()
-    commits: dict[str, bool] = {}
+    commits: set[tuple[str, bool]] = set()  # (commit, dirty): a dirty checkout measured other code
     versions: dict[str, set] = {k: set() for k in _VERSIONS}
     status: Counter = Counter()
     ids = set()
-    yours: dict[tuple, bool] = {}  # (repo, commit, adapters) -> dirty
+    yours: set[tuple] = set()  # (repo, commit, adapters, dirty)
     ended: Counter = Counter()  # invocations that did not run to their end, by how
     for inv in invs:
         status[inv["_status"]] += inv["_n"]
@@ -106,24 +106,24 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
             ended["never finished (killed, or still running)"] += 1
         if inv.get("user_repo"):
             k = (inv["user_repo"], inv.get("user_commit") or "(no git)", inv.get("adapters") or "")
-            yours[k] = yours.get(k, False) or bool(inv.get("user_dirty"))
+            yours.add((*k, bool(inv.get("user_dirty"))))
         gpus[f"{inv['gpu']} ×{inv['gpu_count']}" if inv["gpu_count"] else str(inv["gpu"])] += 1
         c = inv["git_commit"] or "(no git)"
-        commits[c] = commits.get(c, False) or bool(inv["git_dirty"])
+        commits.add((c, bool(inv["git_dirty"])))
         for k in _VERSIONS:
             if inv.get(k):
                 versions[k].add(inv[k])
     created = [r["created"] for rs in rows.values() for r in rs if r["created"]]
     out = [
         ("GPUs", ", ".join(f"{g} ({n} invocation{'s' * (n != 1)})" for g, n in sorted(gpus.items()))),
-        ("Commits", ", ".join(c[:12] + (" (dirty)" if d else "") for c, d in sorted(commits.items()))),
+        ("Commits", ", ".join(c[:12] + (" (dirty)" if d else "") for c, d in sorted(commits))),
         ("Versions", "; ".join(f"{k.removesuffix('_version')} {', '.join(sorted(v))}"
                                for k, v in versions.items() if v)),
         ("Time range (UTC)", f"{min(created)[:19]} – {max(created)[:19]}" if created else ""),
         *([("Your code", "; ".join(
             f"{repo} at {commit[:12]}{' (dirty)' if dirty else ''}"
             + (f", adapters {Path(adapters).name}" if adapters else "")
-            for (repo, commit, adapters), dirty in sorted(yours.items())))] if yours else []),
+            for repo, commit, adapters, dirty in sorted(yours)))] if yours else []),
         ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
                                      if status[s]) + f" (in {len(ids)} invocation{'s' * (len(ids) != 1)})"
          if ids else "none selected"),
