@@ -171,3 +171,32 @@ def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
     result = invoke("ddp", "--impl", twice, *SMALL, "--db", tmp_path / "other.db")
     assert result.exit_code == 2 and "yours is given two targets" in result.stderr, result.output
     assert not (tmp_path / "other.db").exists()
+
+
+def test_a_wrapper_holding_a_handle_on_a_parameter_keeps_its_models_names():
+    """A right DDP that keeps `self.first = next(module.parameters())` (it passes the course's
+    tests) was wrong: `0.weight is missing`, since named_parameters() gave that tensor once,
+    under the wrapper's name for it."""
+    import torch
+
+    from cs336sys.experiments.training_check import (
+        by_reference_names,
+        every_name,
+        first_step_grads,
+    )
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+
+    class Handle(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.first = next(module.parameters())
+            self.module = module
+
+    wrapper = Handle(model)
+    wrapper.module(torch.ones(1, 3)).sum().backward()
+    grads: dict = {}
+    first_step_grads(wrapper, grads)()
+    reference = dict(model.named_parameters())
+    assert set(by_reference_names(grads, reference)) == set(reference)
+    assert set(by_reference_names(every_name(wrapper), reference)) == set(reference)

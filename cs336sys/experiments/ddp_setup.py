@@ -34,6 +34,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.experiments import ddp_yours
+from cs336sys.experiments.training_check import every_name
 from cs336sys.experiments.training_step import adamw_kwargs
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import held
@@ -126,7 +127,7 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         if start_with is not None:
             start = lambda: start_with(opt)  # noqa: E731
         return Setup(wrapper, opt, holder, lambda: finish_with(opt), True, params, params,
-                     start=start, full_params=lambda: dict(wrapper.named_parameters()))
+                     start=start, full_params=lambda: every_name(wrapper))
     if kind == "fsdp":
         wrapper, finish_with, full = ddp_yours.sharded(impl, model, low)
         params = list(wrapper.parameters())

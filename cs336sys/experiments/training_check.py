@@ -92,9 +92,16 @@ def first_step_grads(module: Any, into: dict) -> Any:
     def keep() -> None:
         if not into:
             into.update({name: p.grad.detach().float().cpu().clone()
-                         for name, p in module.named_parameters() if p.grad is not None})
+                         for name, p in every_name(module).items() if p.grad is not None})
 
     return keep
+
+
+def every_name(module: Any) -> dict:
+    """{name: parameter} of `module` under every name it has: a wrapper that keeps a handle
+    on a parameter (`self.first = next(module.parameters())`) has it under that name first,
+    and named_parameters() yields each tensor once, so its model's name went missing."""
+    return dict(module.named_parameters(remove_duplicate=False))
 
 
 def by_reference_names(named: dict, reference: dict) -> dict:
