@@ -200,3 +200,18 @@ def test_a_wrapper_holding_a_handle_on_a_parameter_keeps_its_models_names():
     reference = dict(model.named_parameters())
     assert set(by_reference_names(grads, reference)) == set(reference)
     assert set(by_reference_names(every_name(wrapper), reference)) == set(reference)
+
+
+def test_two_checks_of_one_point_keep_both_details():
+    """With --model, the model's check and the training check each said what they compared;
+    the stored check_detail kept the model's alone, losing the worst tensor and the course's
+    allclose verdict."""
+    from cs336sys.experiments.checks import both
+    from cs336sys.measure.check import Verdict
+
+    model = Verdict(True, {"check_detail": "the same weights in cs336sys's TransformerLM"})
+    training = Verdict(True, {"check_detail": "worst 3.2e-06 (layers.1.w)", "check_worst": 3e-6})
+    joined = both(model, training)
+    assert joined.passed and joined.metrics["check_worst"] == 3e-6
+    assert joined.metrics["check_detail"] == ("the same weights in cs336sys's TransformerLM; "
+                                              "worst 3.2e-06 (layers.1.w)")

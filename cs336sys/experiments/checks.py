@@ -215,11 +215,15 @@ def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
 
 def both(first: Verdict | None, second: Verdict) -> Verdict:
     """Two checks of one point as one verdict: passed when both did, the first failure's
-    reason, the metrics of both ("check" pass only when both pass)."""
+    reason, the metrics of both ("check" pass only when both pass; `check_detail` of both,
+    joined: the model's check and the training check each say what they compared)."""
     if first is None:
         return second
     passed = first.passed and second.passed
     metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
+    details = [v.metrics["check_detail"] for v in (first, second) if v.metrics.get("check_detail")]
+    if details:
+        metrics["check_detail"] = "; ".join(dict.fromkeys(details))
     return Verdict(passed, metrics, first.why if not first.passed else second.why)
 
 
