@@ -1,12 +1,13 @@
 """Time data-parallel training steps; store step time and the exposed gradient communication.
 
 How much gradient communication each DDP variant exposes. One DDPSpec is one point: every
-rank builds the Transformer LM from its own seed (the wrapper broadcasts rank 0's weights), takes its equal slice of one global batch, and runs `warmup`
-untimed and `iters` timed steps of the training step (experiments/training_step.py): forward,
-backward, finish_gradient_synchronization and optimizer, each phase ending with a device
-sync. A phase's time per step is the slowest
-rank's (every rank waits for it at the next collective), but for `comm_ms`, the least rank's
-(the others also waited there for the last rank's backward); mean and std are over steps.
+rank builds the Transformer LM from its own seed (the wrapper broadcasts rank 0's weights),
+takes its equal slice of one global batch, and runs `warmup` untimed and `iters` timed steps
+of the training step (experiments/training_step.py): forward, backward,
+finish_gradient_synchronization and optimizer, each phase ending with a device sync. A
+phase's time per step is the slowest rank's (every rank waits for it at the next
+collective), but for `comm_ms`, the least rank's (the others also waited there for the last
+rank's backward); mean and std are over steps.
 
 `comm_ms` is the time a step is blocked on gradient communication, except for fsdp:
 - naive, flat, overlap, bucketed: the time in finish_gradient_synchronization (all of the
@@ -379,8 +380,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         if reference is not None:
+            tests = ddp_yours.course_tests(spec.impl, spec.shard_optimizer)
             checked = both(checked, training_check(full, reference, spec.precision, first_grads,
-                                                   spread=diff))
+                                                   spread=diff, tests=tests))
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
@@ -402,9 +404,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics.update(ddp_setup.shares(
         spec.impl, spec.shard_optimizer, [r["memory"]["before_opt_params"] for r in per_rank],
         [r["memory"]["after_opt_opt_state"] for r in per_rank], whole_bytes, spec.model))
-    world = ctx.world_size
-    shard = spec.shard_optimizer
-    for k, v in ddp_setup.expected(spec.impl, shard, world, n_params, n_1d).items():
+    expected = ddp_setup.expected(spec.impl, spec.shard_optimizer, ctx.world_size, n_params, n_1d)
+    for k, v in expected.items():
         metrics[f"expected_{k}_bytes"] = v
     for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
         metrics[f"{kind.replace('_', '')}_bytes"] = comm.bytes[kind]
@@ -423,7 +424,6 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     samples = {"ranks": [r["times"] for r in per_rank], "loss": [float(v) for v in losses]}
     if checked is None:
         return Result("ok", metrics=metrics, samples=samples)
-
     metrics.update(checked.metrics, code=sources(type(setup.module), type(setup.optimizer)))
     return Result("ok" if checked.passed else "wrong", metrics=metrics, samples=samples,
                   error=checked.why)

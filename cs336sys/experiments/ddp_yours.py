@@ -36,6 +36,14 @@ def kind_of(impl: str) -> str | None:
     return "ddp"
 
 
+def course_tests(impl: str, sharding: str | None) -> tuple[str, ...]:
+    """The course's tests that judge the user's code in a point: test_ddp.py their DDP,
+    test_fsdp.py their FSDP, test_sharded_optimizer.py their sharded optimizer."""
+    kind = kind_of(impl)
+    tests = {"ddp": ("test_ddp.py",), "fsdp": ("test_fsdp.py",)}.get(kind or "", ())
+    return tests + (("test_sharded_optimizer.py",) if sharding and yours.is_yours(sharding) else ())
+
+
 def one_off_kind(name: str) -> str:
     """The kind a one-off `--impl NAME=...` is registered as."""
     return "fsdp" if "fsdp" in name else "ddp"
