@@ -216,3 +216,22 @@ def test_two_checks_of_one_point_keep_both_details():
     assert joined.passed and joined.metrics["check_worst"] == 3e-6
     assert joined.metrics["check_detail"] == ("the same weights in cs336sys's TransformerLM; "
                                               "worst 3.2e-06 (layers.1.w)")
+
+
+def test_a_summed_shard_is_found_whatever_its_layout():
+    """An FSDP whose rank r holds flat[r::world] and sums its shards' gradients passed: its
+    shard matched no contiguous slice, so it was left to the parameters, where AdamW hides
+    a sum. Strided and column shards are compared as laid out."""
+    import torch
+
+    from cs336sys.experiments.training_check import TrainingReference, gradient_problem
+
+    g = torch.Generator().manual_seed(0)
+    mean, local = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    reference = TrainingReference({}, {}, {"w": mean}, {"w": local}, world_size=2)
+    for shard in (mean.reshape(-1)[::2], mean[:, :3]):  # rank 0's, strided or by columns
+        assert gradient_problem({"w": shard.clone()}, reference, 1e-3) is None
+        summed = gradient_problem({"w": 2 * shard}, reference, 1e-3)
+        assert summed is not None and "summed, not averaged" in summed
+    unreduced = gradient_problem({"w": local.reshape(-1)[::2].clone()}, reference, 1e-3)
+    assert unreduced is not None and "never all-reduced" in unreduced

@@ -126,7 +126,7 @@ def _relative(x: Any, ref: Any) -> float:
 def _part(got: Any, ref: Any) -> Any:
     """What of `ref` rank 0's tensor `got` holds: all of it, or for a shard the first
     got.numel() elements of ref flattened, rank 0's part under a flat split or a split along
-    dim 0 (the layouts FSDPs use); None where a shard is no smaller than the whole."""
+    dim 0 (the layouts FSDPs use most); None where a shard is no smaller than the whole."""
     if tuple(got.shape) == tuple(ref.shape):
         return ref
     if got.numel() == 0 or got.numel() >= ref.numel():
@@ -134,29 +134,45 @@ def _part(got: Any, ref: Any) -> Any:
     return ref.reshape(-1)[:got.numel()]
 
 
+def _layouts(n: int, ref: Any, world: int) -> list[Any]:
+    """Rank 0's part of a whole tensor shaped as `ref`, flattened, under each layout of a
+    shard of n elements an FSDP may use: the first n elements (a flat split, or one along
+    dim 0), every world-th element from the first (`flat[rank::world]`), the first columns
+    (a split along the last dim)."""
+    out = [lambda t: t.reshape(-1)[:n], lambda t: t.reshape(-1)[::world][:n]]
+    rows = ref.numel() // ref.shape[-1] if ref.dim() >= 2 else 0
+    if rows and n % rows == 0:
+        out.append(lambda t: t[..., :n // rows].reshape(-1))
+    return out
+
+
 def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> str | None:
     """What rank 0's first-step gradients (by the reference's names) do wrong, in words, or
     None when every tensor it holds is the mean over the global batch within `tol`.
 
-    An FSDP's shard is compared as rank 0's part of the whole (`_part`): AdamW moves the
-    parameters of a summed gradient as it moves those of the mean, so only the gradient
-    shows it. A shard that matches none of the mean, the sum or rank 0's own slice there is
-    laid out some other way and is left to the parameters' comparison."""
+    An FSDP's shard is compared as rank 0's part of the whole under the layout (`_layouts`)
+    where it matches the mean, the sum or rank 0's own slice: AdamW moves the parameters of a
+    summed gradient as it moves those of the mean, so only the gradient shows it. A shard that
+    matches none of them under any of those layouts is laid out some other way and is left
+    to the parameters' comparison."""
     world = reference.world_size
     off: list[tuple[str, float, float, float]] = []  # name, against mean, sum, own slice
     compared = 0
     for name, ref in reference.grads.items():
         got = grads.get(name)
-        part = _part(got, ref) if got is not None else None
-        if part is None:
+        if got is None or _part(got, ref) is None:
             continue
-        got = got.detach().float().cpu().reshape(part.shape)
+        got = got.detach().float().cpu().reshape(-1)
         local = reference.local_grads.get(name)
-        mean = _relative(got, part)
-        summed = _relative(got, world * part)
-        own = _relative(got, _part(got, local)) if local is not None else float("inf")
-        whole = part is ref
-        if not whole and not (mean <= tol or summed <= tol or own <= tol):
+        whole = got.numel() == ref.numel()
+        for layout in [lambda t: t.reshape(-1)] if whole else _layouts(got.numel(), ref, world):
+            part = layout(ref)
+            mean = _relative(got, part)
+            summed = _relative(got, world * part)
+            own = _relative(got, layout(local)) if local is not None else float("inf")
+            if whole or mean <= tol or summed <= tol or own <= tol:
+                break
+        else:
             continue  # another layout
         compared += 1
         if not mean <= tol:  # NaN too
