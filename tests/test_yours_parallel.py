@@ -115,6 +115,27 @@ def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
     assert "wrong" in result.stdout and "(wrong)" in result.stdout
 
 
+@pytest.mark.slow  # starts ranks
+def test_a_ddp_that_leaves_frozen_weights_unbroadcast_fails_the_courses_toy_model(
+        tmp_path, monkeypatch):
+    """cs336sys's model has no parameter that needs no gradient: a DDP broadcasting only
+    those that do passed its check, where the course's test_ddp.py fails it. The course's
+    toy models run first."""
+    repo = course_repo(tmp_path)
+    edit(repo, "cs336_systems/ddp.py", "for tensor in [*module.parameters(), *module.buffers()]:",
+         "for tensor in [p for p in module.parameters() if p.requires_grad]:")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("ddp", "--impl", "yours", *SMALL, "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = ddp_runs(db)
+    assert row["status"] == "wrong" and row["check"] == "fail", row
+    assert ("as the course's test_ddp.py runs it, on a model with parameters that need no "
+            "gradient (the course's ToyModel): after wrapping, rank 1's fc2.bias (it needs no "
+            "gradient) is not rank 0's: rank 0's weights were not broadcast to it"
+            in row["error"]), row["error"]
+
+
 def test_a_getter_that_returns_its_class_uncalled_says_so(tmp_path, monkeypatch):
     """get_ddp returning NaiveDDP instead of NaiveDDP(module) read `Module.parameters()
     missing 1 required positional argument: 'self'`, from deep in torch."""

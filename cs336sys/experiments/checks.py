@@ -213,12 +213,12 @@ def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
     return checked
 
 
-def both(first: Verdict | None, second: Verdict) -> Verdict:
+def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
     """Two checks of one point as one verdict: passed when both did, the first failure's
     reason, the metrics of both ("check" pass only when both pass; `check_detail` of both,
     joined: the model's check and the training check each say what they compared)."""
-    if first is None:
-        return second
+    if first is None or second is None:
+        return second or first
     passed = first.passed and second.passed
     metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
     details = [v.metrics["check_detail"] for v in (first, second) if v.metrics.get("check_detail")]

@@ -47,6 +47,7 @@ from typing import Any
 from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, both
 from cs336sys.experiments.ddp_setup import IMPLS, REPLICA_IMPLS
+from cs336sys.experiments.ddp_toy_check import checked as toy_check
 from cs336sys.experiments.model import check_model, preset_sizes
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
 from cs336sys.experiments.training_step import (
@@ -222,20 +223,6 @@ def _items(value: Any) -> list[Any] | None:
     return [value]
 
 
-def _bucket_count(module: Any) -> int | None:
-    """How many gradient buckets a bucketed DDP holds: ours keeps them in a list `buckets`;
-    a user's may keep a count there instead, or anything else."""
-    found = getattr(module, "buckets", None)
-    if isinstance(found, bool):
-        return None
-    if isinstance(found, int):
-        return found or None
-    try:
-        return len(found) or None
-    except TypeError:
-        return None
-
-
 def _points(impl: str, buckets: list[float], shardings: list[str]) -> list:
     """(bucket cap, optimizer sharding) pairs to sweep for `impl`: bucket caps for bucketed
     and the user's yours-bucketed (torch DDP's own cap recorded for torch), each sharding for
@@ -275,6 +262,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             return Result("skipped", error=unfinished)
     # their model (--model) and AdamW first, every rank alike, before the point's model exists
     checked = before_timing(spec.config(), spec.optimizer, ctx.device, spec.seed, spec.batch)
+    # the course's own DDP test, on every rank alike; said after the training check's cause
+    toy = toy_check(spec.impl, spec.bucket_mb, ctx.rank, ctx.world_size, device)
     # The user's code is checked against single-process training of the same steps: rank 0
     # trains the reference first, alone, so that it never shares memory with the point.
     reference = None
@@ -381,8 +370,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         if reference is not None:
             tests = ddp_yours.course_tests(spec.impl, spec.shard_optimizer)
-            checked = both(checked, training_check(full, reference, spec.precision, first_grads,
-                                                   spread=diff, tests=tests))
+            checked = both(both(checked, training_check(full, reference, spec.precision,
+                                                        first_grads, spread=diff, tests=tests)),
+                           toy)
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
@@ -413,7 +403,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     metrics.update(
         comm_fraction=metrics["comm_ms_mean"] / metrics["step_ms_mean"],
         comm_bytes=sum(comm.bytes.values()),
-        buckets=_bucket_count(setup.module),
+        buckets=ddp_yours.bucket_count(setup.module),
         params=n_params,
         tokens_per_s=spec.batch * spec.seq / (metrics["step_ms_mean"] / 1e3),
         param_max_diff=diff,

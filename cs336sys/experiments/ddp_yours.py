@@ -146,3 +146,17 @@ def not_implemented(spec: Any) -> str | None:
         if adapters.unfinished(entry):
             return f"{entry.functions[0]} is not implemented in {adapters.shown}"
     return None
+
+
+def bucket_count(module: Any) -> int | None:
+    """How many gradient buckets a bucketed DDP holds: ours keeps them in a list `buckets`;
+    a user's may keep a count there instead, or anything else."""
+    found = getattr(module, "buckets", None)
+    if isinstance(found, bool):
+        return None
+    if isinstance(found, int):
+        return found or None
+    try:
+        return len(found) or None
+    except TypeError:
+        return None

@@ -1,0 +1,129 @@
+"""The course's DDP test, run on the user's DDP before it is timed (its test_ddp.py): two toy
+models, one with parameters that need no gradient and one with two layers sharing a weight,
+each rank starting from its own weights; five SGD steps (lr 0.1, MSE) on each rank's half of
+a batch of 20, shuffled alike between steps, against one process training rank 0's initial
+model on the whole batch; every parameter within torch.allclose's defaults, as that test
+compares them.
+
+The Transformer LM that the rest of the check trains has neither a frozen parameter nor a
+shared one, so a DDP whose bucket never launches for want of a frozen parameter's gradient,
+or that reduces a tied weight twice, passed it while the course's test fails it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cs336sys.experiments import ddp_yours
+from cs336sys.experiments.training_check import by_reference_names, every_name
+from cs336sys.measure.check import Verdict
+from cs336sys.sweep.ranks import gather
+
+STEPS, LR, BATCH = 5, 0.1, 20
+# torch.allclose's defaults, as the course's test_ddp.py compares the parameters
+ATOL, RTOL = 1e-8, 1e-5
+
+
+def _toy_models() -> dict[str, Any]:
+    """The course's two toy models by what they test, in words."""
+    import torch
+    from torch import nn
+
+    class Frozen(nn.Module):  # the course's ToyModel
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(10, 10, bias=False)
+            self.fc2 = nn.Linear(10, 50)
+            self.fc2.bias.requires_grad = False
+            self.fc3 = nn.Linear(50, 10, bias=False)
+            self.no_grad_fixed_param = nn.Parameter(torch.tensor([2.0, 2.0]), requires_grad=False)
+
+        def forward(self, x: Any) -> Any:  # (B, 10) -> (B, 10)
+            return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+    class Tied(nn.Module):  # the course's ToyModelWithTiedWeights
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(10, 10, bias=False)
+            self.fc2 = nn.Linear(10, 50, bias=False)
+            self.fc3 = nn.Linear(50, 10, bias=False)
+            self.fc4 = nn.Linear(10, 50, bias=False)
+            self.fc5 = nn.Linear(50, 10, bias=False)
+            self.fc4.weight = self.fc2.weight
+
+        def forward(self, x: Any) -> Any:  # (B, 10) -> (B, 10)
+            for layer in (self.fc1, self.fc2, self.fc3, self.fc4):
+                x = torch.relu(layer(x))
+            return self.fc5(x)
+
+    return {"parameters that need no gradient (the course's ToyModel)": Frozen,
+            "two layers sharing one weight (the course's ToyModelWithTiedWeights)": Tied}
+
+
+def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int,
+             device: Any) -> str | None:
+    """What this rank's DDP of `toy` does otherwise than one process, in words; None when
+    its parameters end as that process's."""
+    import torch
+
+    torch.manual_seed(0)  # rank 0's initial weights: what the ranks must start from
+    reference = toy().to(device)
+    torch.manual_seed(rank)  # each rank its own, as the course's test starts them
+    wrapper, finish, start = ddp_yours.replica(impl, toy().to(device), bucket_mb)
+    want = dict(reference.named_parameters())
+    got = by_reference_names(every_name(wrapper), want)
+    unsent = [name for name, p in want.items()
+              if name in got and not torch.allclose(got[name].detach(), p.detach())]
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(BATCH, 10, generator=g), torch.randn(BATCH, 10, generator=g)
+    theirs = torch.optim.SGD(wrapper.parameters(), lr=LR)
+    ours = torch.optim.SGD(reference.parameters(), lr=LR)
+    local = BATCH // world
+    for _ in range(STEPS):
+        if start is not None:
+            start(theirs)
+        for opt in (theirs, ours):
+            opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x.to(device)), y.to(device)).backward()
+        ours.step()
+        part = slice(rank * local, (rank + 1) * local)
+        torch.nn.functional.mse_loss(wrapper(x[part].to(device)), y[part].to(device)).backward()
+        finish(theirs)
+        theirs.step()
+        order = torch.randperm(BATCH, generator=g)  # the same on every rank
+        x, y = x[order], y[order]
+    if unsent:  # said once every rank has run the same collectives
+        frozen = " (it needs no gradient)" if not want[unsent[0]].requires_grad else ""
+        return (f"after wrapping, rank {rank}'s {unsent[0]}{frozen} is not rank 0's: rank 0's "
+                "weights were not broadcast to it")
+    got = by_reference_names(every_name(wrapper), want)
+    for name, p in want.items():
+        if name not in got:
+            return f"its wrapper holds no parameter {name}"
+        mine = got[name].detach()
+        if not torch.allclose(mine, p.detach(), atol=ATOL, rtol=RTOL):
+            off = float((mine - p.detach()).abs().max())
+            return (f"after {STEPS} SGD steps rank {rank}'s {name} is not one process's "
+                    f"(max |p - p_ref| {off:.2g}; torch.allclose's defaults, as test_ddp.py)")
+    return None
+
+
+def checked(impl: str, bucket_mb: float | None, rank: int, world: int,
+            device: Any) -> Verdict | None:
+    """The verdict of the course's DDP test on the user's DDP `impl`, the same on every rank
+    (None for an implementation that is not the user's DDP)."""
+    if ddp_yours.kind_of(impl) != "ddp":
+        return None
+    found = []
+    # both on every rank, so that their collectives match; an exception in the user's code
+    # ends the point as one anywhere in it does (a rank's error, its file and line)
+    for words, toy in _toy_models().items():
+        off = _trained(impl, bucket_mb, toy, rank, world, device)
+        if off is not None:
+            found.append(f"on a model with {words}: {off}")
+    # a rank's weights never broadcast first: what the other failures follow from
+    failures = sorted((f for on_rank in gather(found) for f in on_rank),
+                      key=lambda f: "after wrapping" not in f)
+    if not failures:
+        return Verdict(True, {})
+    return Verdict(False, {"check": "fail", "check_detail": failures[0]},
+                   f"wrong: as the course's test_ddp.py runs it, {failures[0]}")
