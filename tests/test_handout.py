@@ -408,7 +408,11 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
         "precision", "accumulate"]
     for p in problems("2026"):
         if p.kind == "implement":
-            assert p.check.startswith("cs336sys ") and "yours" in p.check
+            assert p.checks and all(c.startswith("cs336sys ") and "yours" in c for c in p.checks)
+    # the Triton kernel checked with both masks, as the course's tests run it: one that
+    # ignores is_causal=False passed a causal check alone
+    for name in ("flash_forward", "flash_backward"):
+        assert [c.endswith("--no-causal") for c in by_name[name].checks] == [False, True]
     # 2025's naive_ddp is a script with no adapters function: nothing checks it, and saying
     # "checked, ok" after running get_ddp_individual_parameters (2.3.2's class) misled
     from cs336sys.cli.handout import _commands

@@ -58,7 +58,7 @@ def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]
     """The argument lists of a problem's runs on this machine (its check, with --yours, for
     an implementation)."""
     if problem.kind == "implement":  # the check's words after `cs336sys`
-        return [shlex.split(problem.check)[1:]] if yours and problem.check else []
+        return [shlex.split(check)[1:] for check in problem.checks] if yours else []
     found = (run.args(on_gpu, yours) for run in problem.runs)
     return [args for args in found if args is not None]
 

@@ -114,7 +114,8 @@ class Problem:
     # a Pivot, an experiment kind (its declared tables), AsReported or a function of the
     # rows (handout/pivot.py)
     tables: tuple[Pivot | str | AsReported | Callable, ...] = ()
-    check: str = ""  # IMPLEMENT: the command that checks the user's code
+    # IMPLEMENT: the command that checks the user's code, or the commands, run in order
+    check: str | tuple[str, ...] = ""
     section: str = ""  # the handout's section, "2.1.3"
 
     def __post_init__(self) -> None:
@@ -122,6 +123,11 @@ class Problem:
             raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {KINDS}")
         if self.kind in (MEASURE, COMPUTE) and not self.runs:
             raise ValueError(f"{self.name}: a problem to {self.kind} needs its runs")
+
+    @property
+    def checks(self) -> tuple[str, ...]:
+        """The commands that check the user's code (none where nothing checks it)."""
+        return (self.check,) if isinstance(self.check, str) and self.check else tuple(self.check)
 
     @property
     def experiments(self) -> tuple[str, ...]:

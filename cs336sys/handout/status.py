@@ -45,7 +45,8 @@ class Status:
         if not self.done:
             if p.kind == IMPLEMENT:
                 return ("your implementation: the course's tests check it; cs336sys checks it "
-                        "with the command below" if p.check else f"your implementation: {UNTESTED}")
+                        "with the commands below" if len(p.checks) > 1 else "with the command below"
+                        if p.checks else f"your implementation: {UNTESTED}")
             return "not yet computed" if p.kind == COMPUTE else "not yet measured"
         verb = {MEASURE: "measured", COMPUTE: "computed", IMPLEMENT: "checked"}[p.kind]
         counts = ", ".join(f"{self.statuses[s]} {s}" for s in _ORDER if self.statuses[s])

@@ -183,7 +183,7 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
         return sec
     if problem.kind == IMPLEMENT:
         sec.notes.append(f"Your implementation: the course's tests check it; cs336sys checks it "
-                         f"with `{problem.check}`." if problem.check else
+                         f"with {' and '.join(f'`{c}`' for c in problem.checks)}." if problem.checks else
                          f"Your implementation: {UNTESTED}.")
     again = f"--year {year} " if year and year != HANDOUTS[0] else ""
     if not rows:

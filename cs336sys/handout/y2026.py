@@ -249,12 +249,16 @@ PROBLEMS = (
         "flash_forward", 15, section="4.2.2", kind=IMPLEMENT,
         asks="FlashAttention-2's forward as a PyTorch autograd.Function, then as a Triton "
         "kernel (get_flashattention_autograd_function_pytorch and _triton).",
-        check="cs336sys attention --attention yours-torch,yours-triton --pass forward --seq 128",
+        # both masks, as the course's tests run the Triton kernel (is_causal False and True)
+        check=("cs336sys attention --attention yours-torch,yours-triton --pass forward --seq 128",
+               "cs336sys attention --attention yours-torch,yours-triton --pass forward --seq 128 "
+               "--no-causal"),
     ),
     Problem(
         "flash_backward", 5, section="4.2.2", kind=IMPLEMENT,
         asks="Its backward in PyTorch (torch.compile), from Q, K, V, O, dO and L.",
-        check="cs336sys attention --attention yours-torch,yours-triton --seq 128",
+        check=("cs336sys attention --attention yours-torch,yours-triton --seq 128",
+               "cs336sys attention --attention yours-torch,yours-triton --seq 128 --no-causal"),
     ),
     Problem(
         "flash_benchmarking", 5, section="4.2.2",
