@@ -17,7 +17,7 @@ from cs336sys.models.config import from_preset, param_count, using_handout
 from cs336sys.report.sections import mean_std
 from cs336sys.sweep.declaration import Column
 from cs336sys.sweep.points import SpecError
-from tests.conftest import invoke, query
+from tests.conftest import MICRO, invoke, query
 
 # The problems as the handouts name them, in their order, with their points (read off the
 # 2026 release 26.1.4 and the spring 2025 release by hand).
@@ -1109,3 +1109,22 @@ def test_a_2025_adapters_file_under_the_2026_problems_is_told_the_year(db_path, 
     assert r.stderr.strip().splitlines() == [
         f"Error: --yours: {adapters.resolve()} has the 2025 handout's DDP functions, and these "
         "are the 2026 handout's problems: give --year 2025"]
+
+
+def test_a_run_by_hand_with_handout_2025_counts_for_2025_alone(tmp_path, monkeypatch):
+    """`model --handout 2025 --label benchmarking_script`, as the 2025 listing prints it,
+    recorded no release: it counted for 2026's benchmarking_script too."""
+    monkeypatch.delenv("CS336SYS_HANDOUT", raising=False)
+    db = tmp_path / "r.db"
+    result = invoke("model", *MICRO, "--seq", "8", "--mode", "forward", "--warmup", "0",
+                    "--iters", "1", "--handout", "2025", "--label", "benchmarking_script",
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "CS336SYS_HANDOUT" not in os.environ  # for the command alone
+    listing = {year: invoke("handout", "--year", year, "--db", db).stdout
+               for year in ("2025", "2026")}
+    assert "benchmarking_script (4 pts" in listing["2026"]
+    line = next(ln for ln in listing["2026"].splitlines() if ln.startswith("benchmarking_script"))
+    assert "not yet measured" in line, line
+    line = next(ln for ln in listing["2025"].splitlines() if ln.startswith("benchmarking_script"))
+    assert "not yet measured" not in line, line

@@ -9,6 +9,7 @@ Nothing here imports torch; commands import heavy modules inside their bodies.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -20,6 +21,7 @@ import typer
 from cs336sys.cli.nsys import NsysRefused, record, under_nsys
 from cs336sys.cli.progress_bar import Bar
 from cs336sys.experiments import catalog as kinds
+from cs336sys.measure.environ import kept
 from cs336sys.measure.landing import held
 from cs336sys.measure.units import format_duration
 from cs336sys.sweep import stopping
@@ -414,11 +416,14 @@ def run_experiment(
         from cs336sys.parallel.launcher import started_early
 
         early = started_early(experiment.rank_preload)
-    with early:
+    release = options.get("handout")
+    with early, kept("CS336SYS_HANDOUT"):  # models/config.HANDOUT_ENV, read by the ranks too
         if takes_user_code:
             user_code(adapters)
         with user_errors():
             points = with_handout(specs, options)
+        if release is not None:  # the invocation's release, as `handout run` records it
+            os.environ["CS336SYS_HANDOUT"] = str(release).strip()
         if not points:
             fail("nothing to measure: the options select no point")
         command = command or experiment.kind
