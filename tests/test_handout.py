@@ -670,7 +670,10 @@ def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
     assert "Method: GPU cpu" in md and "Asks: " in md
     # measured on a CPU: the head and every measured problem say the handout's sizes are owed
     assert "- **Sizes:** cut down for a CPU: the tiny model" in md
-    assert md.count("_Measured on a CPU at cut-down sizes") == len(SUBSET) - 1  # not a plan
+    # not a plan, nor the accumulation, whose loops have no size and give one answer anywhere
+    assert md.count("_Measured on a CPU at cut-down sizes") == len(SUBSET) - 2
+    accumulation = md.split("## mixed_precision_accumulation (")[1].split("\n## ")[0]
+    assert "cut-down sizes" not in accumulation
     # the forward table of pytorch_attention, cell by cell against the stored rows
     stored = query(db_path, "SELECT v.*, r.settings FROM attention_runs v JOIN runs r "
                    "ON r.id = v.run_id WHERE v.label = 'pytorch_attention'")

@@ -51,6 +51,8 @@ class Run:
     part: str = ""  # which part of the problem, "(b)"
     yours_only: bool = False  # a run of the user's code alone (`gpu` names its experiment)
     cpu_note: str = ""  # what its CPU command measures in place of what the handout asks
+    # what it measures is the same on any device (no sizes, no time): a CPU owes no GPU run
+    anywhere: bool = False
 
     def args(self, on_gpu: bool, yours: bool = False) -> list[str] | None:
         """The arguments after `cs336sys`, for a GPU or a CPU (None where it cannot run, or

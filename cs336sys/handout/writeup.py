@@ -195,7 +195,7 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
         return sec
     sec.notes.append(method(invs, rows))
     stored = [(kind, r["_settings"]) for kind, kind_rows in rows.items() for r in kind_rows]
-    on_cpu = problem.kind == MEASURE and all(
+    on_cpu = problem.kind == MEASURE and not all(run.anywhere for run in problem.runs) and all(
         r.get("gpu") == "cpu" for kind_rows in rows.values() for r in kind_rows)
     if on_cpu:  # the handout's figures are owed: said where they would be read
         sec.notes.append("; ".join(

@@ -125,7 +125,7 @@ PROBLEMS = (
         "mixed_precision_accumulation", 1, section="2.1.5",
         asks="The handout's four loops adding 0.01 a thousand times: float32, float16, and "
         "float16 values into a float32 sum (cast or not).",
-        runs=(Run("precision accumulate"),),
+        runs=(Run("precision accumulate", anywhere=True),),
         tables=("precision",),
     ),
     Problem(
