@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cs336sys.experiments import precision as exp
-from tests.conftest import invoke, view_rows
+from tests.conftest import invoke, query, view_rows
 
 rows = view_rows('precision_runs')
 
@@ -109,6 +109,33 @@ def test_accumulate_other_counts_and_values_match_numpy():
     assert (
         m["target"] == 30.0 and exp.exact_target(3, 0.1) == 0.3
     )  # decimal, not 0.30000000000000004
+
+
+def test_accumulate_errors_are_exact_and_an_overflow_is_kept(db_path):
+    """0.1 x 3 in float32 is 0.300000011920928955078125: its error is 2^-23 x 0.1 exactly,
+    not result - 0.3 in float64 (1.1920928966e-08). A float16 sum past 65504 is inf: it
+    was stored as NULL, losing the overflow; it is kept, and reads back as inf."""
+    from fractions import Fraction
+
+    from cs336sys.report.select import Selection, load
+    from cs336sys.store.db import connect_readonly
+
+    m = exp.run(exp.AccumulateSpec.of("fp32", additions=3, value=0.1, device="cpu")).metrics
+    exact = Fraction(m["result"]) - Fraction(3, 10)
+    assert m["error_vs_target"] == float(exact) and m["abs_error"] == float(exact)
+    result = invoke("precision", "accumulate", "--value", "100", "--variant", "fp16,fp32",
+                    "--db", db_path)
+    assert result.exit_code == 0, result.output
+    conn = connect_readonly(db_path)
+    try:
+        rows = load(conn, Selection(), [exp.EXPERIMENT])["precision"]
+    finally:
+        conn.close()
+    by = {r["variant"]: r for r in rows}
+    assert by["fp16"]["result"] == float("inf") and by["fp16"]["abs_error"] == float("inf")
+    assert by["fp32"]["result"] == 100000.0
+    (stored,) = query(db_path, "SELECT result FROM precision_runs WHERE variant = 'fp16'")
+    assert stored["result"] is None  # the column stays a number: the value is kept apart
 
 
 # -- autocast -----------------------------------------------------------------------------

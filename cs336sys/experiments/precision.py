@@ -18,15 +18,18 @@ Two cases, both from CS336 assignment 2 (§"Mixed precision", problems
 Which ops autocast casts is device-specific (torch docs, "Automatic Mixed Precision
 package", op lists for CUDA and CPU): on CUDA `layer_norm` is in the float32 list, so the
 LayerNorm output is float32; on CPU it is in neither list and runs in its input's dtype.
-`nll_loss` is in the float32 list on both, so the cross-entropy loss is float32.
+Cross-entropy is in the float32 list on both (on CPU its bfloat16 logits are cast to float32
+before the log-softmax), so the loss is float32.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from cs336sys.measure.dtypes import TORCH_NAMES as _TORCH_DTYPE
@@ -152,24 +155,34 @@ def run_accumulate(spec: AccumulateSpec) -> Result:
     result = s.item()  # a Python float holds any float16/float32 value exactly
     addend = torch.tensor(spec.value, dtype=val).item()  # what 0.01 becomes in value_dtype
     target = exact_target(spec.additions, spec.value)
-    # additions · addend in float64 is exact here (an 11- or 24-bit significand times a
-    # small integer), so it is the sum with no rounding of the running total.
-    ideal = addend * spec.additions
+    # The errors in exact rational arithmetic, rounded once: 0.1 x 3 is 0.3 in decimal, and
+    # result - 0.3 in float64 is off in its last digits (1.1920928966e-08 for 1.1920928955e-08)
+    exact = Fraction(Decimal(repr(spec.value))) * spec.additions
+    ideal = Fraction(addend) * spec.additions if math.isfinite(addend) else addend
+    error = _minus(result, exact)
     return Result(
         "ok",
         metrics={
             "result_dtype": str(s.dtype).removeprefix("torch."),
             "target": target,
             "result": result,
-            "error_vs_target": result - target,
-            "abs_error": abs(result - target),
-            "rel_error": abs(result - target) / abs(target) if target else None,
+            "error_vs_target": error,
+            "abs_error": abs(error),
+            "rel_error": abs(error) / abs(target) if target else None,
             "addend": addend,
             # error from representing `value` in value_dtype, and from rounding the sum
-            "addend_error_total": ideal - target,
-            "sum_rounding_error": result - ideal,
+            "addend_error_total": float(ideal - exact) if math.isfinite(addend) else addend,
+            "sum_rounding_error": _minus(result, ideal),
         },
     )
+
+
+def _minus(x: float, y: Fraction | float) -> float:
+    """x - y, computed exactly and rounded once; inf or NaN where x or y is (a float16 sum
+    past 65504 is inf)."""
+    if not math.isfinite(x) or not isinstance(y, Fraction):
+        return x - float(y)
+    return float(Fraction(x) - y)
 
 
 # -- autocast -----------------------------------------------------------------------------
@@ -386,12 +399,17 @@ def section(sec: Any, pts: list) -> None:
     decades. A variant that came out exact has no bar (a log axis has no zero)."""
     rows = [r for r in pts if r["_settings"].get("kind") == "accumulate"
             and r.get("status") == "ok" and r.get("abs_error") is not None]
-    exact = [r["variant"] for r in rows if not r["abs_error"]]
+    drawn = [r for r in rows if r["abs_error"] and math.isfinite(r["abs_error"])]
+    # a sum past float16's largest value (65504) is inf: the finding, with no bar to draw
+    undrawn = (("Exact", [r for r in rows if not r["abs_error"]]),
+               ("Overflowed to inf", [r for r in rows if not math.isfinite(r["abs_error"])]))
+    note = " ".join(f"{why}, so not drawn: {', '.join(dict.fromkeys(r['variant'] for r in some))}."
+                    for why, some in undrawn if some)
     add_plot(sec, "Accumulation error by variant", "precision-accumulate", Ranked(
         tuple((f"{r['variant']} ({r['additions']} additions)", r["abs_error"],
-               f"accumulator {r['accumulator_dtype']}") for r in rows if r["abs_error"]),
+               f"accumulator {r['accumulator_dtype']}") for r in drawn),
         "|result - exact sum| (log scale)", "Accumulating in low precision: the error",
-        logx=True), note=f"Exact, so not drawn: {', '.join(exact)}." if exact else "")
+        logx=True), note=note)
 
 
 EXPERIMENT = Experiment(

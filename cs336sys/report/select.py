@@ -18,6 +18,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 from cs336sys.report import refs
+from cs336sys.store.db import NONFINITE
 from cs336sys.store.views import typed
 from cs336sys.sweep.points import closest
 
@@ -335,7 +336,8 @@ def load(
         if view is None:
             continue  # an experiment this version has no view for
         sql = (
-            f'SELECT v.*, r.settings AS _settings, r.samples AS _samples FROM "{view}" v '
+            f'SELECT v.*, r.settings AS _settings, r.samples AS _samples, '
+            f"json_extract(r.metrics, '$.{NONFINITE}') AS _nonfinite FROM \"{view}\" v "
             "JOIN runs r ON r.id = v.run_id LEFT JOIN invocations i ON i.id = r.invocation_id "
             f"WHERE {where} ORDER BY r.created, r.id"
         )
@@ -345,6 +347,10 @@ def load(
         for values in cur:
             row = dict(zip(names, values, strict=True))
             row["_settings"] = json.loads(row["_settings"] or "{}")
+            # a metric that came out inf or NaN: null in its column, its value kept apart
+            for name, value in json.loads(row.pop("_nonfinite") or "{}").items():
+                if name in row and row[name] is None:
+                    row[name] = float(value)
             rows.append(row)
         out[exp] = rows
     return out

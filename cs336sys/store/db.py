@@ -8,6 +8,7 @@ processes can write, and rows written as each point finishes.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 import uuid
@@ -34,11 +35,22 @@ __all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", 
            "open_untouched", "point_key", "readable_immutable", "store_problem"]
 
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
+NONFINITE = "nonfinite"  # the metrics key of those that came out inf or NaN (_metrics_json)
 
 
 def _dumps(obj: Any) -> str:
     # NaN/inf are not JSON; store them as null rather than produce unreadable JSON.
     return json.dumps(_finite(obj), default=str)
+
+
+def _metrics_json(metrics: dict[str, Any]) -> str:
+    """A run's metrics as JSON: a metric that came out infinite or NaN (an fp16 sum past
+    65504, a diverged loss) is null in its column, which stays a number, and kept by name
+    under `nonfinite` ({"result": "inf"}): the overflow is the finding, not a lost value."""
+    odd = {k: str(v) for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    if odd:
+        metrics = {**metrics, NONFINITE: {**(metrics.get(NONFINITE) or {}), **odd}}
+    return _dumps(metrics)
 
 
 def _finite(obj: Any) -> Any:
@@ -156,7 +168,7 @@ class Store:
             "status": status,
             "error": error,
             "settings": _dumps(settings),
-            "metrics": _dumps(metrics or {}),
+            "metrics": _metrics_json(metrics or {}),
             "samples": None if samples is None else _dumps(samples),
             "started": started,
             "created": now(),
@@ -185,7 +197,7 @@ class Store:
         """Set metrics of a stored run (a value derived once its sweep group had run)."""
         metrics = json.loads(self.db["runs"].get(run_id)["metrics"])
         metrics.update(updates)
-        self.db["runs"].update(run_id, {"metrics": _dumps(metrics)})
+        self.db["runs"].update(run_id, {"metrics": _metrics_json(metrics)})
 
     def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> int:
         """Write a profiled run's op/kernel summary (`kernel_stats`, linked to runs.id)."""
