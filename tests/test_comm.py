@@ -86,6 +86,18 @@ def test_expected_values_match_a_hand_simulation(op, rank, in_place):
     assert exp._count_wrong(out, expected_at) == 2
 
 
+@pytest.mark.parametrize("n", [85, 86, 128, 1000])
+def test_a_right_bf16_all_reduce_over_many_ranks_is_right(n):
+    """The sum of every rank's pattern, rounded to bf16 as a right all-reduce returns it,
+    is the expected value: past 85 ranks it went over 256 and was rounded, and every point
+    was `wrong`."""
+    numel = 6
+    _, _, out, expected_at = exp._make_op("all-reduce", numel, n, 0, torch.bfloat16, "cpu")
+    exact = [sum(float(exp._pattern(r, i)) for r in range(n)) for i in range(numel)]
+    out.copy_(torch.tensor(exact, dtype=torch.float64).to(torch.bfloat16))
+    assert exp._count_wrong(out, expected_at) == 0
+
+
 def test_placements_expand_where_the_op_has_both():
     got = [(s.op, s.placement) for s in exp.specs(op=["all-reduce", "all-gather",
                                                        "reduce-scatter"],

@@ -151,9 +151,16 @@ def specs(
 _CHUNK = 1 << 24
 
 
+# Ranks whose buffers hold the pattern; the others hold zeros. A sum over every rank is then
+# at most 2·64 + 63 = 191, an integer bf16 holds exactly (it has 8 significant bits: 256),
+# however many ranks there are (at 86 ranks of the pattern, 258 rounded, and a right
+# all-reduce read wrong).
+PATTERN_RANKS = 64
+
+
 def _pattern(rank: int, index):
     """Small exact integers, rank-dependent, so sums over ranks are exact even in bf16."""
-    return (index % 3) + (rank % 3)
+    return ((index % 3) + (rank % 3)) * (rank < PATTERN_RANKS)  # rank: an int or a tensor
 
 
 def _fill(buf, rank: int) -> None:
@@ -187,10 +194,11 @@ def _make_op(op: str, numel: int, n: int, rank: int, dtype, device, in_place: bo
     from cs336sys.parallel.collectives import reduce_scatter_flat as reduce_scatter
 
     shard = numel // n
-    rank_sum = sum(r % 3 for r in range(n))  # sum over ranks of the rank term of _pattern
+    holding = min(n, PATTERN_RANKS)  # the ranks whose buffers hold the pattern
+    rank_sum = sum(r % 3 for r in range(holding))  # sum over ranks of the rank term of _pattern
 
     def summed(index):  # the pattern summed over all ranks
-        return n * (index % 3) + rank_sum
+        return holding * (index % 3) + rank_sum
 
     if op in ("all-reduce", "broadcast"):
         buf = torch.empty(numel, dtype=dtype, device=device)
@@ -321,8 +329,8 @@ TABLE = Table(
         Column("wrong", "wrong"),
     ),
     note="time: each rank's mean over iterations, averaged over ranks (max: the slowest "
-    "rank). busbw = algbw × 2(n-1)/n for all-reduce, (n-1)/n for all-gather and "
-    "reduce-scatter, 1 for broadcast.",
+    "rank). busbw = algbw × 2(ranks-1)/ranks for all-reduce, (ranks-1)/ranks for "
+    "all-gather and reduce-scatter, 1 for broadcast.",
 )
 
 
