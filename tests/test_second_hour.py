@@ -22,6 +22,10 @@ from tests.conftest import invoke, micro, query
          "Error: --attention: unknown value 'trition' (did you mean 'triton'?); choose from"),
         (["attention", "--impl=naive,trition"], "Error: --impl: unknown value 'trition'"),
         (["ddp", "--impl", "fdsp"], "Error: --impl: unknown value 'fdsp' (did you mean 'fsdp'?)"),
+        (["ddp", "--impl", "nope"],  # every name it takes, and the one-off form
+         "Error: --impl: unknown value 'nope'; give one of naive, flat, overlap, bucketed, torch, "
+         "fsdp, torch-fsdp, yours, yours-individual, yours-bucketed, yours-fsdp, or "
+         "NAME=package.module:Class"),
         (["model", "--size", "smal"], "Error: --size: unknown size 'smal' (did you mean 'small'?)"),
         (["model", "--seq", "0"], "Error: --seq must be positive, got 0"),
         (["step", "--switches", "fused-adam"],

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import SpecError, unknown
 from cs336sys.yours.implementations import call_adapter, load_target, named_impls
 
 
@@ -118,9 +118,13 @@ def user_impls(given: list[str], ours: list[str], option: str = "--impl") -> lis
         yours.one_target_each(given, option)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
+    known = [*ours, *(n for kind in ("ddp", "fsdp") for n in yours.names(kind) if n not in ours)]
     out: list[str] = []
     for value in given:
         name, sep, _ = value.partition("=")
+        if not sep and name.strip() not in known:  # every name, an FSDP's too, and the form
+            raise unknown(option, name.strip(), known,
+                          rule=f"one of {', '.join(known)}, or NAME=package.module:Class")
         kind = one_off_kind(name) if sep else "fsdp" if name in yours.names("fsdp") else "ddp"
         out += [n for n in named_impls([value], kind, option, ours) if n not in out]
     return out
