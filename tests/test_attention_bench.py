@@ -177,6 +177,21 @@ def test_preset_fills_in_and_explicit_options_win(db_path):
     )
 
 
+def test_the_pytorch_attention_preset_runs_without_a_mask_as_the_handout_does():
+    """Random Q, K, V, as pytorch_attention asks: the preset ran causal, so a T x T mask and
+    a masked copy of the scores sat in the memory measured against the accounting's three
+    T x T matrices. --causal still wins."""
+    from cs336sys.experiments import attention
+
+    (spec,) = attention.specs(preset="pytorch-attention", impl=["naive"], seq=[64], d_head=[16],
+                              device="cpu")
+    assert (spec.causal, spec.batch, spec.heads, spec.iters) == (False, 8, None, 100)
+    (spec,) = attention.specs(preset="pytorch-attention", impl=["naive"], seq=[64], d_head=[16],
+                              causal=True,
+                              device="cpu")
+    assert spec.causal is True
+
+
 BAD = [
     (["--impl", "magic"], "unknown value 'magic'"),
     (["--preset", "fastest"], "--preset"),

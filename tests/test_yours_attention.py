@@ -437,6 +437,31 @@ def test_assignment_1s_attention_with_a_mask_is_measured_as_it_is(tmp_path, monk
     assert {(r["impl"], r["status"], r["check"]) for r in runs(db)} == {("yours", "ok", "pass")}
 
 
+def test_an_assignment_1_attention_without_a_default_mask_gets_one_without_a_mask():
+    """The preset's non-causal points gave a function that must be given a mask None, and
+    the example's `~mask` raised; one whose mask defaults to None still gets None."""
+    import torch
+
+    from cs336sys.yours.implementations import _with_mask
+
+    given = []
+
+    def required(q, k, v, mask):
+        given.append(mask)
+        return v
+
+    def optional(q, k, v, mask=None):
+        given.append(mask)
+        return v
+
+    q = torch.zeros(2, 3, 4)
+    _with_mask(required)(q, q, q, False)
+    _with_mask(optional)(q, q, q, False)
+    _with_mask(optional)(q, q, q, True)
+    assert given[0].all() and given[0].shape == (3, 3) and given[1] is None
+    assert torch.equal(given[2], torch.ones(3, 3, dtype=torch.bool).tril())
+
+
 def test_compile_wraps_the_users_attention_and_is_stored_as_its_own_setting(tmp_path,
                                                                            monkeypatch):
     """--compile: the student's assignment-1 attention under torch.compile, checked against

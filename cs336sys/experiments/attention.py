@@ -102,10 +102,11 @@ _NOT_SETTINGS = ("check_round",)
 
 # Presets fill in what the user did not give; an explicit option always wins.
 PRESETS: dict[str, dict[str, Any]] = {
-    # CS336 assignment 2, "pytorch_attention": where naive attention's memory goes.
+    # CS336 assignment 2, "pytorch_attention": where naive attention's memory goes. No mask,
+    # as the handout has it (a causal one adds a T x T mask and a masked copy of the scores).
     "pytorch-attention": dict(
         batch=[8], heads=None, d_head=[16, 32, 64, 128], seq=[256, 1024, 4096, 8192, 16384],
-        iters=100, passes="both",
+        iters=100, passes="both", causal=False,
     ),
     # CS336 assignment 2, "flash_benchmarking": Triton FlashAttention-2 against naive.
     "flash-benchmarking": dict(

@@ -53,9 +53,10 @@ class RotaryEmbedding(nn.Module):
         return rotated.flatten(-2).to(x.dtype)
 
 
-def scaled_dot_product_attention(q, k, v, mask):
+def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
