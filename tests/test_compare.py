@@ -701,14 +701,26 @@ def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch
     assert history_mod._tick(first) == f"{hashes[0][:7]} 05-04\nPlain step"
 
     # the child measured first, its parent after (a bisection, a base measured last): the
-    # steps follow git's order, or a regression read as an improvement and passed the gate
+    # parent comes first, or a regression read as an improvement and passed the gate
     h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
                                      for commit, day, center in ((hashes[1], 1, 150),
-                                                                 (C, 2, 150), (hashes[0], 3, 100))
+                                                                 (hashes[0], 2, 100), (C, 3, 150))
                                      for run in range(RUNS)]}, EXPERIMENTS, draw=False)
     (track,) = h.tracks
-    assert [c.key[0] for c in track.commits] == [hashes[0], C, hashes[1]]
+    assert [c.key[0] for c in track.commits] == [hashes[0], hashes[1], C]
     assert [c.verdict[-6:] for _, c in track.steps] == ["slower"]
+    # a side branch off the first commit, measured before the main line's head: commits
+    # apart keep the time order (git's order between them is none), so the head stays last
+    git("checkout", "-q", "-b", "side", hashes[0])
+    git("commit", "-q", "--allow-empty", "-m", "Side1")  # one git lists after the head
+    side = git("rev-parse", "HEAD")
+    h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
+                                     for commit, day, center in ((hashes[0], 1, 100),
+                                                                 (side, 2, 100), (hashes[1], 3, 150))
+                                     for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+    (track,) = h.tracks
+    assert [c.key[0] for c in track.commits] == [hashes[0], side, hashes[1]]
+    assert [(i, c.verdict[-6:]) for i, c in track.steps] == [(2, "slower")]
 
 
 def test_the_compare_report_draws_every_sample_of_both_sides(regress_db, tmp_path):

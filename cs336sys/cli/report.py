@@ -43,7 +43,8 @@ def report(
     threshold: option("With --compare or --history: the smallest change in percent that counts "
                       "(beside p < 0.05). Raise it where runs of the same code drift further "
                       "apart.", float, metavar="PCT") = 5.0,
-    history: option("Plot each point's median across commits, in time order, and list the steps "
+    history: option("Plot each point's median across commits, in the time order of their runs with a "
+                    "commit after its ancestors, and list the steps "
                     "(regressions and improvements) found in the raw samples; steps are also "
                     "printed.", bool, "--history") = False,
     fmt: list_option("html, md, tex (booktabs tables, a LaTeX document) and/or typst (#table "

@@ -3,12 +3,12 @@
 A point (experiment, GPU, settings) measured at two commits or more has a history: per
 commit, the median of the experiment's compared metric (report/change.py: step time for
 model, end-to-end time for attention, ...) over the raw timed samples of the point's runs
-at that commit. Commits go in git's order, a parent before its children, where the repository
-of the current folder has them (the order they were measured in may be any: a bisection, a
-base measured after its branch), else in the time order of their first run in the selection;
+at that commit. Commits go in the time order of their first run in the selection, except
+that a commit the current folder's repository has comes after its ancestors (a parent
+measured after its child, in a bisection or a base measured last, still comes first);
 a dirty checkout is a commit of its own (`abc1234-dirty`, after its commit), since it
-measured other code. A run of
-the user's code (cs336sys.yours) counts at the user's commit, the code that changed.
+measured other code. A run of the user's code (cs336sys.yours) counts at the user's commit,
+the code that changed.
 
 A step is a pair of consecutive commits of a point whose samples differ by the rule of
 `--compare` (measure/significance.py): Mann-Whitney U p < 0.05 on the raw samples *and*
@@ -42,7 +42,7 @@ from cs336sys.report.change import (
 )
 from cs336sys.report.compare import text_table
 from cs336sys.report.plots import short
-from cs336sys.report.refs import ancestry, describe
+from cs336sys.report.refs import ancestors, describe
 from cs336sys.report.sections import (
     Figure,
     FilledTable,
@@ -64,9 +64,8 @@ def method(threshold: float = THRESHOLD) -> str:
     """The rule, in words, for the report."""
     return (
         "Each commit's value is the median of the point's timed samples at that commit "
-        "(memory in bytes: one reading per run); commits are in git's order (a parent "
-        "before its children) where this repository has them, else in the time order of "
-        "their first run. A step is a pair of consecutive commits that differ significantly "
+        "(memory in bytes: one reading per run); commits are in the time order of their "
+        "first run, each after its ancestors in git's history. A step is a pair of consecutive commits that differ significantly "
         f"(Mann-Whitney U, p < {ALPHA:g}: over each run's median where a commit ran the point "
         f"more than once, else over the raw samples) and whose medians are more than "
         f"{100 * threshold:g}% apart (memory: the threshold alone)."
@@ -193,13 +192,28 @@ def commit_of(r: Row) -> tuple[str, bool] | None:
 
 def ranked(first: dict[tuple[str, bool], str]) -> dict[tuple[str, bool], int]:
     """Each (commit, dirty)'s place in the history, from the time of its first run (`first`):
-    in the time order, except that the commits the repository here has take their places in
-    git's order (refs.ancestry), a dirty checkout right after its commit; those it lacks keep
-    their places in time."""
+    in the time order, except that a commit the repository here has comes after its
+    ancestors (refs.ancestors: a parent measured after its child still comes first), and a
+    dirty checkout after its commit. Commits on branches apart, and those the repository
+    lacks, keep the time order."""
     by_time = sorted(first, key=lambda k: (first[k], k))
-    place = ancestry(c for c, _ in first)
-    in_git = iter(sorted((k for k in by_time if k[0] in place), key=lambda k: (place[k[0]], k[1])))
-    return {k: i for i, k in enumerate(next(in_git) if k[0] in place else k for k in by_time)}
+    older = ancestors(c for c, _ in first)
+    order: list[tuple[str, bool]] = []
+    placed: set[tuple[str, bool]] = set()
+
+    def ready(key: tuple[str, bool]) -> bool:
+        commit, dirty = key
+        waits = {k for k in first if k[0] in older.get(commit, ())}
+        if dirty:
+            waits.add((commit, False))
+        return waits & set(first) <= placed
+
+    while len(order) < len(by_time):
+        left = [k for k in by_time if k not in placed]
+        key = next((k for k in left if ready(k)), left[0])  # the earliest whose turn it is
+        order.append(key)
+        placed.add(key)
+    return {k: i for i, k in enumerate(order)}
 
 
 def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
@@ -350,7 +364,7 @@ def plot(t: Track) -> bytes:
                        ha="right" if len(xs) > 6 else "center", fontsize=7)
     ax.yaxis.set_major_formatter(FuncFormatter(short))
     ax.tick_params(axis="y", labelsize=8)
-    ax.set_xlabel("commit (in git's order, else of its first run)", fontsize=9)
+    ax.set_xlabel("commit (in the order of its first run, after its ancestors)", fontsize=9)
     ax.set_ylabel(label, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, frameon=False)

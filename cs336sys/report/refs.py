@@ -48,12 +48,18 @@ def describe(commit: str, cwd: str | Path | None = None) -> tuple[str, str] | No
     return date, subject
 
 
-def ancestry(commits: Iterable[str], cwd: str | Path | None = None) -> dict[str, int]:
-    """The place of each of `commits` that the repository of `cwd` has in git's topological
-    order, a parent before its children (oldest first); those it lacks are left out."""
+def ancestors(commits: Iterable[str], cwd: str | Path | None = None) -> dict[str, set[str]]:
+    """For each of `commits` that the repository of `cwd` has, those of `commits` that are
+    its ancestors (git's history: a commit's parents, theirs, ...); those it lacks are left
+    out. Commits on branches apart are ancestors of neither."""
     known = {c: full for c in set(commits) if (full := resolve(c, cwd))}
-    if len(set(known.values())) < 2:
-        return {c: 0 for c in known}
-    out = _git("rev-list", "--topo-order", "--reverse", *sorted(set(known.values())), cwd=cwd)
-    place = {h: i for i, h in enumerate(out.splitlines())} if out else {}
-    return {c: place[full] for c, full in known.items() if full in place}
+    bit = {full: 1 << i for i, full in enumerate(sorted(set(known.values())))}
+    out = _git("rev-list", "--parents", "--topo-order", "--reverse", *bit, cwd=cwd) if bit else ""
+    below: dict[str, int] = {}  # each commit's ancestors among `commits`, as a bit mask
+    for line in (out or "").splitlines():  # parents before their children
+        commit, *parents = line.split()
+        below[commit] = 0
+        for parent in parents:
+            below[commit] |= below.get(parent, 0) | bit.get(parent, 0)
+    return {c: {other for other, of in known.items() if below.get(full, 0) & bit[of]}
+            for c, full in known.items()}
