@@ -657,6 +657,22 @@ def test_history_fails_on_a_regression_only_at_the_last_step(history_db, tmp_pat
     assert result.exit_code == 0, result.output
 
 
+def test_a_compared_metric_that_came_out_nan_or_inf_is_no_measurement():
+    """A metric stored as NaN or inf (kept apart by the store, read back by the report) was
+    compared: `nan nan nanx faster`, and a regression's gate passed."""
+    from cs336sys.report.change import aggregate, metrics
+
+    metric = metrics(EXPERIMENTS)["model"]
+
+    def row(value):
+        return {"status": "ok", "gpu": H100, "created": "2026-05-01 00:00:00.000000",
+                "_settings": {"size": "small"}, metric.column: value, "_samples": {}}
+
+    assert aggregate([row(float("nan")), row(float("inf"))], metric) == {}
+    (side,) = aggregate([row(float("nan")), row(12.0)], metric).values()
+    assert side.values == [12.0]
+
+
 def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch):
     """Commits of the repository the report runs in are labelled `abc1234 (date: subject)`
     in the step table and on the plot's axis; others keep their bare hash."""

@@ -6,6 +6,7 @@ run's figure, a side's runs of a point, and the judgement of B against A
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,11 +79,18 @@ class Side:
                 self.runs.append(statistics.median(mine))
 
 
+def measured(r: Row, metric: Metric) -> bool:
+    """Whether the run holds a value of the compared metric: not null, and not inf or NaN
+    (stored apart, store/db.py), which is no time nor size to compare."""
+    value = r.get(metric.column)
+    return value is not None and math.isfinite(value)
+
+
 def aggregate(rows: list[Row], metric: Metric, by_gpu: bool = True) -> dict[tuple, Side]:
     """Per point (GPU unless by_gpu=False, settings): the ok runs' values and samples."""
     out: dict[tuple, Side] = {}
     for r in rows:
-        if not compared(r) or r.get(metric.column) is None:
+        if not compared(r) or not measured(r, metric):
             continue
         key = (r.get("gpu") if by_gpu else None, skey(r))
         out.setdefault(key, Side(r)).add(r, metric)

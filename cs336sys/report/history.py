@@ -37,6 +37,7 @@ from cs336sys.report.change import (
     Side,
     assess,
     failure,
+    measured,
     metrics,
     one_run_caveat,
 )
@@ -246,7 +247,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
                 key = (r.get("gpu"), skey(r))
                 if key not in last or rank[commit_of(r)] >= rank[commit_of(last[key])]:
                     last[key] = r
-            if not compared(r) or r.get(metric.column) is None or commit_of(r) is None:
+            if not compared(r) or not measured(r, metric) or commit_of(r) is None:
                 continue
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
             at.setdefault(commit_of(r), Side(r)).add(r, metric)
