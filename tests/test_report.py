@@ -224,6 +224,14 @@ def test_dates_take_the_offset_in_force_on_that_date(monkeypatch):
         assert parse_time("20260701", now, end=True) == "2026-07-02 07:00:00.000000"
         assert parse_time("2026-07-01Z", now, end=True) == "2026-07-02 00:00:00.000000"
         assert parse_time("2026-07-01+02:00", now) == "2026-06-30 22:00:00.000000"
+        assert parse_time("2026-07-01+02", now, end=True) == "2026-07-01 22:00:00.000000"
+        assert parse_time("2026-w27-3", now) == parse_time("2026-07-01", now)  # a week date
+        # Santiago's rule: summer time starts at a midnight, which the clocks skip; the day
+        # starts at 01:00 (-03), 04:00 UTC, not at 23:00 the day before
+        monkeypatch.setenv("TZ", "CLT4CLST3,M9.1.0/0,M4.1.0/0")
+        time.tzset()
+        assert parse_time("2026-09-06", now) == "2026-09-06 04:00:00.000000"
+        assert parse_time("2026-09-05", now, end=True) == "2026-09-06 04:00:00.000000"
     finally:
         monkeypatch.undo()
         time.tzset()

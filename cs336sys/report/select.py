@@ -72,14 +72,15 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
         except OverflowError:
             raise SelectionError(f"time {text!r} is further back than dates go") from None
     try:
-        m = _DAY.fullmatch(s)
-        day = _whole_day(m.group(1)) if m else None
-        if day is not None:  # a whole day, in the offset it carries, else local
-            if m.group(2):
-                zone = datetime.fromisoformat("2000-01-01T00:00" + m.group(2).replace(
-                    "z", "+00:00")).tzinfo
-                return _utc(datetime.combine(day + days, time(), zone))
+        day = _whole_day(s)
+        if day is not None:  # a whole day, local
             return _utc(_local(datetime.combine(day + days, time())))
+        m = _DAY_IN.fullmatch(s)
+        day = _whole_day(m.group(1)) if m else None
+        if day is not None:  # a whole day in the offset it carries
+            zone = datetime.fromisoformat("2000-01-01T00:00" + m.group(2).replace(
+                "z", "+00:00")).tzinfo
+            return _utc(datetime.combine(day + days, time(), zone))
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
         return _utc(t if t.tzinfo is not None else _local(t))
     except SelectionError:
@@ -91,23 +92,27 @@ def parse_time(text: str, now: datetime, end: bool = False) -> str:
         ) from None
 
 
-_DAY = re.compile(r"(.+?)(z|[+-]\d{2}:?\d{2})?")  # an ISO date and the offset it may carry
+_DAY_IN = re.compile(r"(.+?)(z|[+-]\d{2}(?::?\d{2})?)")  # an ISO date and an offset after it
 
 
 def _whole_day(text: str) -> date | None:
     """The day an ISO date names (`2026-01-05`, `20260105`, `2026-W02-1`), None for text that
     is not a date alone."""
     try:
-        return date.fromisoformat(text)
+        return date.fromisoformat(text.upper())  # the week's W in any case
     except ValueError:
         return None
 
 
 def _local(naive: datetime) -> datetime:
     """A wall-clock time of this machine's zone, with the offset in force at that time (the
-    zone's rules, not today's offset: summer time starts and ends)."""
+    zone's rules, not today's offset: summer time starts and ends). A time the clocks show
+    twice is its first instant; one they skip (a midnight where summer time starts at 00:00,
+    as in Santiago) the instant they jump at, so that a day starts when its first hour does."""
     try:
-        return naive.astimezone()
+        both = [naive.replace(fold=fold).astimezone() for fold in (0, 1)]
+        shown = [t for t in both if t.astimezone().replace(tzinfo=None) == naive]
+        return min(shown) if shown else max(both)
     except (OverflowError, OSError, ValueError):
         raise SelectionError(f"time {naive.isoformat()} is beyond the dates the store can hold"
                              ) from None
