@@ -424,6 +424,9 @@ def test_sql_prints_table_json_and_csv(filled_db):
                     "-p", "007", "-p", "16", "--json", "--db", filled_db)
     assert json.loads(joined.stdout) == [{"mode": "forward", "mode_2": "forward", "big": "inf",
                                           "label": "007", "n": 16}]
+    # a real column keeps its name: the second `a` takes one no column has
+    named = invoke("sql", "SELECT 1 AS a, 2 AS a, 3 AS a_2", "--json", "--db", filled_db)
+    assert json.loads(named.stdout) == [{"a": 1, "a_3": 2, "a_2": 3}]
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,9 @@ def test_accumulate_errors_are_exact_and_an_overflow_is_kept(db_path):
     m = exp.run(exp.AccumulateSpec.of("fp32", additions=3, value=0.1, device="cpu")).metrics
     exact = Fraction(m["result"]) - Fraction(3, 10)
     assert m["error_vs_target"] == float(exact) and m["abs_error"] == float(exact)
+    # past float64's range the exact difference is an infinity, not an OverflowError
+    m = exp.run(exp.AccumulateSpec.of("fp32", additions=1000, value=1e308, device="cpu")).metrics
+    assert m["result"] == m["error_vs_target"] == float("inf")
     result = invoke("precision", "accumulate", "--value", "100", "--variant", "fp16,fp32",
                     "--db", db_path)
     assert result.exit_code == 0, result.output

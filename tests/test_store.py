@@ -110,6 +110,16 @@ def test_views_flatten_settings_and_metrics(db_path):
     )
     assert row["tflops"] is None  # NaN is stored as null, the JSON stays valid
     assert (row["gpu"], row["git_commit"], row["status"]) == ("cpu", "abc", "ok")
+    (stored,) = sqlite3.connect(db_path).execute("SELECT metrics FROM runs WHERE experiment = "
+                                                 "'model'").fetchone()
+    assert json.loads(stored)["nonfinite"] == {"tflops": "nan"}  # and kept apart, by name
+    # an update that sets it finite leaves no trace of the NaN (the report read it back)
+    with Store(db_path, EXPERIMENTS) as s:
+        s.update_metrics(row["run_id"], {"tflops": 3.0, "mfu": float("inf")})
+    (stored,) = sqlite3.connect(db_path).execute("SELECT metrics FROM runs WHERE experiment = "
+                                                 "'model'").fetchone()
+    assert json.loads(stored)["nonfinite"] == {"mfu": "inf"}
+    assert json.loads(stored)["tflops"] == 3.0
     conn = sqlite3.connect(db_path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     inv_row = conn.execute("SELECT exit_status, finished, argv FROM invocations").fetchone()

@@ -95,7 +95,7 @@ def _unique(headers: list[str]) -> list[str]:
     out: list[str] = []
     for header in headers:
         name, n = header, 1
-        while name in out:
+        while name in out or (name != header and name in headers):  # a real name stays its own
             n += 1
             name = f"{header}_{n}"
         out.append(name)

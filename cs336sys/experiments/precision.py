@@ -171,7 +171,7 @@ def run_accumulate(spec: AccumulateSpec) -> Result:
             "rel_error": abs(error) / abs(target) if target else None,
             "addend": addend,
             # error from representing `value` in value_dtype, and from rounding the sum
-            "addend_error_total": float(ideal - exact) if math.isfinite(addend) else addend,
+            "addend_error_total": _rounded(ideal - exact) if math.isfinite(addend) else addend,
             "sum_rounding_error": _minus(result, ideal),
         },
     )
@@ -179,10 +179,19 @@ def run_accumulate(spec: AccumulateSpec) -> Result:
 
 def _minus(x: float, y: Fraction | float) -> float:
     """x - y, computed exactly and rounded once; inf or NaN where x or y is (a float16 sum
-    past 65504 is inf)."""
-    if not math.isfinite(x) or not isinstance(y, Fraction):
-        return x - float(y)
-    return float(Fraction(x) - y)
+    past 65504 is inf, less any exact number still inf)."""
+    if not isinstance(y, Fraction):
+        return x - y
+    return _rounded(Fraction(x) - y) if math.isfinite(x) else x
+
+
+def _rounded(exact: Fraction) -> float:
+    """An exact value as the nearest float, or an infinity of its sign past float64's range
+    (1e308 x 1000)."""
+    try:
+        return float(exact)
+    except OverflowError:
+        return math.copysign(math.inf, exact)
 
 
 # -- autocast -----------------------------------------------------------------------------

@@ -196,7 +196,9 @@ class Store:
     def update_metrics(self, run_id: str, updates: dict[str, Any]) -> None:
         """Set metrics of a stored run (a value derived once its sweep group had run)."""
         metrics = json.loads(self.db["runs"].get(run_id)["metrics"])
-        metrics.update(updates)
+        # what the update sets is what it is now: no longer inf or NaN where it was
+        gone = {k: v for k, v in (metrics.pop(NONFINITE, None) or {}).items() if k not in updates}
+        metrics.update(updates, **({NONFINITE: gone} if gone else {}))
         self.db["runs"].update(run_id, {"metrics": _metrics_json(metrics)})
 
     def add_kernel_stats(self, run_id: str, rows: list[dict[str, Any]]) -> int:
