@@ -801,3 +801,11 @@ def test_the_runs_count_is_not_headed_as_a_setting_named_n():
     declared = Table("t", (Column("N", "n", setting=True), Column("ms", "ms", "num")))
     rows = [{"status": "ok", "n": n, "ms": 1.0, "_n": 2, "_settings": {"n": n}} for n in (2, 4)]
     assert point_table(declared, rows, counts=True).headers == ["N", "ms", "runs"]
+
+
+def test_a_column_of_numbers_with_an_overflow_stays_right_aligned():
+    """An inf (an fp16 sum past 65504, read back from the store) left a column of numbers
+    aligned as text in the LaTeX and Typst tables."""
+    from cs336sys.report.typeset import _right
+
+    assert _right(["1.5", "inf", "-inf", "nan", "3"]) and not _right(["info", "2"])

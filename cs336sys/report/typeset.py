@@ -89,7 +89,7 @@ def typst_note(note: str) -> str:
                              for text, code in code_spans(note)) + "]"
 
 
-_NUMERIC = re.compile(r"^(OOM|error|skipped|wrong|[-+]?[\d,.]+)")
+_NUMERIC = re.compile(r"^(OOM|error|skipped|wrong|[-+]?inf\b|nan\b|[-+]?[\d,.]+)")
 
 
 def _right(column: list[str]) -> bool:
