@@ -215,3 +215,29 @@ def run_all(ctx) -> dict:
         "train": {name: train_all(ctx, name) for name in MODELS},
         "second_backward": second_backward(ctx),
     }
+
+
+def toy_check(ctx, rank_zero_only_broadcast: bool) -> list:
+    """The course's toy-model DDP check (experiments/ddp_toy_check.py) on ours, as if it were
+    the user's: the naive DDP, or one that broadcasts only parameters needing a gradient."""
+    from cs336sys.experiments import ddp_toy_check, ddp_yours
+    from cs336sys.parallel.ddp import NaiveDDP
+
+    class TrainableOnly(NaiveDDP):
+        def __init__(self, module):
+            frozen = [p for p in module.parameters() if not p.requires_grad]
+            before = [p.detach().clone() for p in frozen]
+            super().__init__(module)
+            with torch.no_grad():  # undo the broadcast of what needs no gradient
+                for p, mine in zip(frozen, before, strict=True):
+                    p.copy_(mine)
+
+    wrapper = TrainableOnly if rank_zero_only_broadcast else NaiveDDP
+
+    def replica(impl, model, bucket_mb):
+        ddp = wrapper(model)
+        return ddp, (lambda opt: ddp.finish_gradient_synchronization()), None
+
+    ddp_yours.replica, ddp_yours.kind_of = replica, (lambda impl: "ddp")
+    verdict = ddp_toy_check.checked("yours", None, ctx.rank, ctx.world_size, "cpu")
+    return [verdict.passed, verdict.why]

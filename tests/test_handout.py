@@ -1114,6 +1114,16 @@ def test_a_2025_adapters_file_under_the_2026_problems_is_told_the_year(db_path, 
         "are the 2026 handout's problems: give --year 2025"]
 
 
+def test_an_implementation_with_one_check_or_two_says_so_in_the_listing():
+    from cs336sys.handout.status import Status
+
+    by_name = {p.name: p for p in problems("2026")}
+    assert Status(by_name["naive_ddp"], stored=[]).line() == (
+        "your implementation: the course's tests check it; cs336sys checks it with the "
+        "command below")
+    assert Status(by_name["flash_forward"], stored=[]).line().endswith("with the commands below")
+
+
 def test_a_run_by_hand_with_handout_2025_counts_for_2025_alone(tmp_path, monkeypatch):
     """`model --handout 2025 --label benchmarking_script`, as the 2025 listing prints it,
     recorded no release: it counted for 2026's benchmarking_script too."""

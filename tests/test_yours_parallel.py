@@ -223,6 +223,12 @@ def test_a_wrapper_holding_a_handle_on_a_parameter_keeps_its_models_names():
     assert set(by_reference_names(grads, reference)) == set(reference)
     assert set(by_reference_names(every_name(wrapper), reference)) == set(reference)
 
+    class Plain:  # a wrapper that is no nn.Module: its named_parameters() takes no argument
+        def named_parameters(self):
+            return model.named_parameters()
+
+    assert set(by_reference_names(every_name(Plain()), reference)) == set(reference)
+
 
 def test_two_checks_of_one_point_keep_both_details():
     """With --model, the model's check and the training check each said what they compared;
@@ -256,3 +262,17 @@ def test_a_summed_shard_is_found_whatever_its_layout():
         assert summed is not None and "summed, not averaged" in summed
     unreduced = gradient_problem({"w": local.reshape(-1)[::2].clone()}, reference, 1e-3)
     assert unreduced is not None and "never all-reduced" in unreduced
+    # a padded shard of 2 of 5 columns at 3 ranks (8 elements) is longer than the strided
+    # layout's part (7): that layout is passed over, it raised a size mismatch
+    reference = TrainingReference({}, {}, {"w": mean[:, :5]}, {"w": local[:, :5]}, world_size=3)
+    assert gradient_problem({"w": mean[:, :2].clone()}, reference, 1e-3) is None
+
+
+@pytest.mark.slow  # starts ranks
+def test_the_toy_model_check_passes_a_right_ddp_where_the_world_size_does_not_divide_20():
+    """At 3 ranks each took 20 // 3 = 6 samples, 18 of the 20 the one process trained on,
+    and a right DDP was called wrong; the batch is rounded up to a multiple of the ranks."""
+    from cs336sys.parallel import launch
+    from tests import ddp_workers
+
+    assert launch(ddp_workers.toy_check, 3, args=(False,)) == [[True, None]] * 3

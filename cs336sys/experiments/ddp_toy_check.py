@@ -1,9 +1,10 @@
-"""The course's DDP test, run on the user's DDP before it is timed (its test_ddp.py): two toy
-models, one with parameters that need no gradient and one with two layers sharing a weight,
-each rank starting from its own weights; five SGD steps (lr 0.1, MSE) on each rank's half of
-a batch of 20, shuffled alike between steps, against one process training rank 0's initial
-model on the whole batch; every parameter within torch.allclose's defaults, as that test
-compares them.
+"""The course's DDP test, run on the user's DDP before it is timed (its test_ddp.py; 2025's
+test_ddp_individual_parameters.py is the same): two toy models, one with parameters that
+need no gradient and one with two layers sharing a weight, each rank starting from its own
+weights; five SGD steps (lr 0.1, MSE) on each rank's equal share of a batch of 20 (rounded up
+to a multiple of the world size, which the course's test asserts divides 20), shuffled alike
+between steps, against one process training rank 0's initial model on the whole batch; every
+parameter within torch.allclose's defaults, as that test compares them.
 
 The Transformer LM that the rest of the check trains has neither a frozen parameter nor a
 shared one, so a DDP whose bucket never launches for want of a frozen parameter's gradient,
@@ -18,7 +19,7 @@ from cs336sys.experiments.training_check import by_reference_names, every_name
 from cs336sys.measure.check import Verdict
 from cs336sys.sweep.ranks import gather
 
-STEPS, LR, BATCH = 5, 0.1, 20
+STEPS, LR, BATCH = 5, 0.1, 20  # the course's batch of 20, cut into equal halves
 # torch.allclose's defaults, as the course's test_ddp.py compares the parameters
 ATOL, RTOL = 1e-8, 1e-5
 
@@ -74,10 +75,10 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
     unsent = [name for name, p in want.items()
               if name in got and not torch.allclose(got[name].detach(), p.detach())]
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(BATCH, 10, generator=g), torch.randn(BATCH, 10, generator=g)
+    local = -(-BATCH // world)  # the course asserts world | 20; past it, 20 rounded up
+    x, y = (torch.randn(local * world, 10, generator=g) for _ in range(2))
     theirs = torch.optim.SGD(wrapper.parameters(), lr=LR)
     ours = torch.optim.SGD(reference.parameters(), lr=LR)
-    local = BATCH // world
     for _ in range(STEPS):
         if start is not None:
             start(theirs)
@@ -89,7 +90,7 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
         torch.nn.functional.mse_loss(wrapper(x[part].to(device)), y[part].to(device)).backward()
         finish(theirs)
         theirs.step()
-        order = torch.randperm(BATCH, generator=g)  # the same on every rank
+        order = torch.randperm(len(x), generator=g)  # the same on every rank
         x, y = x[order], y[order]
     if unsent:  # said once every rank has run the same collectives
         frozen = " (it needs no gradient)" if not want[unsent[0]].requires_grad else ""
@@ -103,7 +104,7 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
         if not torch.allclose(mine, p.detach(), atol=ATOL, rtol=RTOL):
             off = float((mine - p.detach()).abs().max())
             return (f"after {STEPS} SGD steps rank {rank}'s {name} is not one process's "
-                    f"(max |p - p_ref| {off:.2g}; torch.allclose's defaults, as test_ddp.py)")
+                    f"(max |p - p_ref| {off:.2g}; torch.allclose's defaults, as the test)")
     return None
 
 
@@ -126,4 +127,5 @@ def checked(impl: str, bucket_mb: float | None, rank: int, world: int,
     if not failures:
         return Verdict(True, {})
     return Verdict(False, {"check": "fail", "check_detail": failures[0]},
-                   f"wrong: as the course's test_ddp.py runs it, {failures[0]}")
+                   f"wrong: as the course's {ddp_yours.course_tests(impl, None)[0]} runs it, "
+                   f"{failures[0]}")

@@ -37,10 +37,12 @@ def kind_of(impl: str) -> str | None:
 
 
 def course_tests(impl: str, sharding: str | None) -> tuple[str, ...]:
-    """The course's tests that judge the user's code in a point: test_ddp.py their DDP,
-    test_fsdp.py their FSDP, test_sharded_optimizer.py their sharded optimizer."""
+    """The course's tests that judge the user's code in a point: test_ddp.py their DDP
+    (2025's individual-parameters one test_ddp_individual_parameters.py), test_fsdp.py
+    their FSDP, test_sharded_optimizer.py their sharded optimizer."""
     kind = kind_of(impl)
-    tests = {"ddp": ("test_ddp.py",), "fsdp": ("test_fsdp.py",)}.get(kind or "", ())
+    ddp = ("test_ddp_individual_parameters.py" if impl == "yours-individual" else "test_ddp.py",)
+    tests = {"ddp": ddp, "fsdp": ("test_fsdp.py",)}.get(kind or "", ())
     return tests + (("test_sharded_optimizer.py",) if sharding and yours.is_yours(sharding) else ())
 
 

@@ -100,8 +100,12 @@ def first_step_grads(module: Any, into: dict) -> Any:
 def every_name(module: Any) -> dict:
     """{name: parameter} of `module` under every name it has: a wrapper that keeps a handle
     on a parameter (`self.first = next(module.parameters())`) has it under that name first,
-    and named_parameters() yields each tensor once, so its model's name went missing."""
-    return dict(module.named_parameters(remove_duplicate=False))
+    and named_parameters() yields each tensor once, so its model's name went missing. A
+    wrapper of the user's that is no nn.Module has a named_parameters() of its own."""
+    try:
+        return dict(module.named_parameters(remove_duplicate=False))
+    except TypeError:
+        return dict(module.named_parameters())
 
 
 def by_reference_names(named: dict, reference: dict) -> dict:
@@ -167,6 +171,8 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
         whole = got.numel() == ref.numel()
         for layout in [lambda t: t.reshape(-1)] if whole else _layouts(got.numel(), ref, world):
             part = layout(ref)
+            if part.numel() != got.numel():  # a padded shard longer than this layout's part
+                continue
             mean = _relative(got, part)
             summed = _relative(got, world * part)
             own = _relative(got, layout(local)) if local is not None else float("inf")
@@ -216,8 +222,9 @@ def zero_gradients(grads: dict, reference: TrainingReference) -> list[str]:
 # numpy's assert_allclose's (rtol 1e-7, atol 0); test_fsdp.py fp32 atol 1e-6 rtol 1e-4, with
 # a 16-bit compute dtype 1e-4 and 1e-4.
 COURSE_TOLERANCE = {
-    "test_ddp.py": {"fp32": (1e-8, 1e-5), "bf16": (1e-8, 1e-5), "fp16": (1e-8, 1e-5)},
-    "test_sharded_optimizer.py": {"fp32": (0.0, 1e-7), "bf16": (0.0, 1e-7), "fp16": (0.0, 1e-7)},
+    "test_ddp.py": {"fp32": (1e-8, 1e-5)},  # fp32 alone: the DDP tests run no other
+    "test_ddp_individual_parameters.py": {"fp32": (1e-8, 1e-5)},  # 2025's
+    "test_sharded_optimizer.py": {"fp32": (0.0, 1e-7)},
     "test_fsdp.py": {"fp32": (1e-6, 1e-4), "bf16": (1e-4, 1e-4), "fp16": (1e-4, 1e-4)},
 }
 
@@ -230,7 +237,7 @@ def _course_verdict(mine: Any, ref: Any, precision: str, tests: tuple[str, ...])
 
     mine, ref = mine.detach().float().cpu(), ref.float()
     verdicts = []
-    for test in tests:
+    for test in (t for t in tests if precision in COURSE_TOLERANCE[t]):  # tests of this dtype
         atol, rtol = COURSE_TOLERANCE[test][precision]
         passes = bool(torch.allclose(mine, ref, atol=atol, rtol=rtol))
         verdicts.append(f"the course's {test} tolerance (atol={atol:g}, rtol={rtol:g}) would "

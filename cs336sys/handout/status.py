@@ -44,9 +44,10 @@ class Status:
             return "a written answer: nothing to measure"
         if not self.done:
             if p.kind == IMPLEMENT:
+                if not p.checks:
+                    return f"your implementation: {UNTESTED}"
                 return ("your implementation: the course's tests check it; cs336sys checks it "
-                        "with the commands below" if len(p.checks) > 1 else "with the command below"
-                        if p.checks else f"your implementation: {UNTESTED}")
+                        f"with the command{'s' if len(p.checks) > 1 else ''} below")
             return "not yet computed" if p.kind == COMPUTE else "not yet measured"
         verb = {MEASURE: "measured", COMPUTE: "computed", IMPLEMENT: "checked"}[p.kind]
         counts = ", ".join(f"{self.statuses[s]} {s}" for s in _ORDER if self.statuses[s])
