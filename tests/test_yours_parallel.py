@@ -95,16 +95,24 @@ def test_your_ddp_and_sharded_optimizer_run_beside_ours_and_are_checked(tmp_path
     assert skipped["error"] == "get_fsdp is not implemented in tests/adapters.py"
 
 
-@pytest.mark.slow  # starts ranks
-def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
+def _edited_ddp_run(tmp_path, monkeypatch, old: str, new: str) -> tuple:
+    """`ddp --impl yours` on the example with its DDP edited (`old` -> `new`): the command's
+    result and its one stored row."""
     repo = course_repo(tmp_path)
-    edit(repo, "cs336_systems/ddp.py", "                dist.all_reduce(p.grad)\n                p.grad /= world\n",
-         "                pass\n")
+    edit(repo, "cs336_systems/ddp.py", old, new)
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     result = invoke("ddp", "--impl", "yours", *SMALL, "--db", db)
     assert result.exit_code == 0, result.output
     (row,) = ddp_runs(db)
+    return result, row
+
+
+@pytest.mark.slow  # starts ranks
+def test_a_ddp_that_does_not_average_gradients_is_wrong(tmp_path, monkeypatch):
+    result, row = _edited_ddp_run(
+        tmp_path, monkeypatch, "                dist.all_reduce(p.grad)\n                p.grad /= world\n",
+        "                pass\n")
     assert row["status"] == "wrong" and row["check"] == "fail" and row["check_worst"] > 0.1
     assert "match rank 0's own slice of the batch: never all-reduced" in row["error"]
     assert "per parameter |p - p_ref| / |p_ref - p_0|" in row["error"]
@@ -121,14 +129,9 @@ def test_a_ddp_that_leaves_frozen_weights_unbroadcast_fails_the_courses_toy_mode
     """cs336sys's model has no parameter that needs no gradient: a DDP broadcasting only
     those that do passed its check, where the course's test_ddp.py fails it. The course's
     toy models run first."""
-    repo = course_repo(tmp_path)
-    edit(repo, "cs336_systems/ddp.py", "for tensor in [*module.parameters(), *module.buffers()]:",
-         "for tensor in [p for p in module.parameters() if p.requires_grad]:")
-    monkeypatch.chdir(repo)
-    db = tmp_path / "r.db"
-    result = invoke("ddp", "--impl", "yours", *SMALL, "--db", db)
-    assert result.exit_code == 0, result.output
-    (row,) = ddp_runs(db)
+    _, row = _edited_ddp_run(
+        tmp_path, monkeypatch, "for tensor in [*module.parameters(), *module.buffers()]:",
+        "for tensor in [p for p in module.parameters() if p.requires_grad]:")
     assert row["status"] == "wrong" and row["check"] == "fail", row
     assert ("as the course's test_ddp.py runs it, on a model with parameters that need no "
             "gradient (the course's ToyModel): after wrapping, rank 1's fc2.bias (it needs no "
