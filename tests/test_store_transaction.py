@@ -71,12 +71,16 @@ def test_a_point_stored_as_the_signal_lands_is_a_point_counted(tmp_path):
     store.close()
 
 
-def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path, capsys):
+def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path, capsys, monkeypatch):
     """Another program holds the write lock (a SQLite browser with unsaved edits) for longer
     than the connection's busy timeout: the write waits, says why once, and lands; it ended
     the sweep with "database is locked" and lost the point just measured."""
     import threading
     import time
+
+    from cs336sys.store import transaction
+
+    monkeypatch.setattr(transaction, "_TELL_AFTER_S", 0.2)
 
     path = tmp_path / "x.db"
     conn = sqlite3.connect(path, timeout=0.05, isolation_level=None)
@@ -92,3 +96,35 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path, capsys)
     assert conn.execute("SELECT x FROM t").fetchall() == [(1,)]
     err = capsys.readouterr().err
     assert err.count("another program holds the store's write lock") == 1
+
+
+def test_a_signal_ends_the_wait_for_the_write_lock_at_once(tmp_path):
+    """SQLite's busy handler sleeps in C, where no signal handler runs: with the store's 60 s
+    busy timeout a Ctrl-C waited a minute while another program held the write lock."""
+    import signal
+    import time
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_):
+        raise Stop
+
+    path = tmp_path / "x.db"
+    conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("CREATE TABLE t (x)")
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    before = signal.signal(signal.SIGALRM, stop)
+    try:
+        started = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Stop), immediate(conn):
+            conn.execute("INSERT INTO t VALUES (1)")
+        assert time.monotonic() - started < 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+        other.execute("ROLLBACK")
+    assert conn.execute("PRAGMA busy_timeout").fetchone() == (60000,)  # put back

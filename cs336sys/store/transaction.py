@@ -44,8 +44,23 @@ def immediate(conn: sqlite3.Connection,
     _commit(conn, committed or (lambda: None))
 
 
+# SQLite's busy handler sleeps in C, where no signal handler runs: each try waits this long
+# at most, so that Ctrl-C is answered within it (the connection's 60 s held it a minute)
+_TRY_MS = 100
+_TELL_AFTER_S = 2.0  # another cs336sys writer holds the lock for milliseconds: not worth a line
+
+
 def _begin(conn: sqlite3.Connection) -> None:
-    told = False
+    (busy_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    conn.execute(f"PRAGMA busy_timeout = {min(busy_ms, _TRY_MS)}")
+    try:
+        _begin_waiting(conn)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+
+
+def _begin_waiting(conn: sqlite3.Connection) -> None:
+    told, start = False, time.monotonic()
     while True:
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -53,13 +68,13 @@ def _begin(conn: sqlite3.Connection) -> None:
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
-            if not told:
+            if not told and time.monotonic() - start > _TELL_AFTER_S:
                 print("cs336sys: another program holds the store's write lock (a SQLite "
                       "browser with unsaved changes?); waiting for it to let go (Ctrl-C "
                       "stops, keeping what is stored)", file=sys.stderr, flush=True)
                 told = True
-            # the connection's busy timeout waits first; an answer of `locked` at once (which
-            # _wal's docstring says SQLite may give) must not make this loop spin a core
+            # an answer of `locked` at once (which _wal's docstring says SQLite may give)
+            # must not make this loop spin a core
             time.sleep(0.05)
 
 
