@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from cs336sys.experiments import model
-from tests.conftest import invoke, query
+from tests.conftest import MICRO, invoke, query
 from tests.promises import READ_ONLY
 from tests.report_fixture import build
 
@@ -40,6 +40,8 @@ def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path
                              "--port", "0"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
+        copy = proc.stderr.readline()  # served from a copy taken now (no writer has it open)
+        assert copy.startswith(f"serving a copy of {db} as it is now"), copy
         said = proc.stderr.readline()
         assert said.startswith(f"serving {db} at http://127.0.0.1:"), said
         base = said.split(" at ")[1].split()[0]
@@ -59,11 +61,20 @@ def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path
                        "WHERE status = 'ok' AND e2e_ms_median IS NOT NULL GROUP BY seq")
         assert {(r["seq"], r["e2e_ms_median"]) for r in fastest} <= {(r["seq"], r["m"]) for r in ok}
         assert fastest and _get(f"{base}/latest_per_point.json?_shape=array", deadline)
+        # a sweep writes the store meanwhile: the snapshot is served as it was ("database
+        # disk image is malformed" from an immutable read of the live file)
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # read-only
+        stored = len(rows)
+        result = invoke("model", *MICRO, "--seq", "8,16", "--mode", "forward", "--warmup", "0",
+                        "--iters", "1", "--db", db)
+        assert result.exit_code == 0, result.output
+        assert len(_get(f"{base}/model_runs.json?_shape=array&_size=max", deadline)) == stored
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
-    assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # read-only
-    # and no trace beside it: a WAL store opened read-only gets -wal and -shm files
+    # read-only: the rows stored are the sweep's alone, and nothing is left beside the store
+    # (a WAL store opened read-only gets -wal and -shm files) once the sweep is done
+    assert len(query(db, "SELECT * FROM model_runs")) > stored
     assert sorted(p.name for p in tmp_path.iterdir()) == files
 
 

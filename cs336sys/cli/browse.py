@@ -95,17 +95,22 @@ def browse(
 
         port = free_port(host)
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
-        # Immutable where open_untouched reads so (nothing is left beside the store); a
-        # store a writer has open, live.
+        # A store no writer has open is served as a copy, taken now: Datasette keeps its
+        # connections, and an immutable one over the live file, which a sweep started later
+        # writes, read torn pages ("database disk image is malformed"); nor would a live
+        # read leave nothing beside it. A store a writer has open, live.
         served, immutable = Path(db), readable_immutable(db)
-        if conn.execute("PRAGMA database_list").fetchone()[2] == "":  # read from a copy
+        copied = conn.execute("PRAGMA database_list").fetchone()[2] == ""
+        if copied or immutable:
             served, immutable = Path(tmp) / served.name, True
             out = sqlite3.connect(served)
             conn.backup(out)
             out.close()
             typer.echo(f"{db} was read into a copy (an older schema, migrated, or the log a "
                        "killed writer left, recovered): serving that snapshot (the store "
-                       "itself is left as it is)", err=True)
+                       "itself is left as it is)" if copied else
+                       f"serving a copy of {db} as it is now: rows stored later show after a "
+                       "restart", err=True)
         conn.close()
         meta = Path(tmp) / "metadata.json"
         meta.write_text(json.dumps(metadata(served.stem)))
