@@ -13,7 +13,7 @@ from cs336sys import __version__
 from cs336sys.cli import app
 from cs336sys.models.flops import step_flops
 from cs336sys.models.transformer import TransformerLM
-from tests.conftest import MICRO, invoke, micro, view_rows
+from tests.conftest import MICRO, invoke, micro, query, view_rows
 
 # Commands and what they store are the subject; the report's pixels are not (conftest).
 pytestmark = pytest.mark.unrasterized
@@ -662,3 +662,29 @@ def test_resume_under_a_label_skips_only_that_labels_points(db_path):
     assert invoke(*args, "--resume").exit_code == 0  # no label: any stored point counts
     assert rows(db_path, "SELECT label, count(*) AS n FROM model_runs GROUP BY label") == [
         {"label": "a", "n": 1}, {"label": "b", "n": 1}]
+
+
+def test_a_store_that_cannot_be_written_mid_sweep_is_one_line_and_keeps_what_it_has(
+        db_path, monkeypatch):
+    """A full disk after the first point ended in a 30-line traceback ("disk I/O error"),
+    with no count and no way on; it is one line, exit 1, and the invocation's end recorded."""
+    from cs336sys.store.db import Store
+
+    real, calls = Store.add_run, []
+
+    def full(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "add_run", full)
+    result = invoke("model", *MICRO, "--seq", "8,16", "--mode", "forward", "--db", db_path)
+    assert result.exit_code == 1, result.output
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("Error")]
+    assert line == (f"Error: cannot write to {db_path}: database or disk is full (is its disk "
+                    "full?); 1 point(s) stored before; run the same command with --resume to "
+                    "measure the rest")
+    assert "Traceback" not in result.output
+    (inv,) = query(db_path, "SELECT exit_status FROM invocations")
+    assert inv["exit_status"] == 1 and len(rows(db_path)) == 1

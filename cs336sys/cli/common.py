@@ -10,9 +10,10 @@ Nothing here imports torch; commands import heavy modules inside their bodies.
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -238,9 +239,15 @@ def recording(
     except typer.Exit as exc:
         status = exc.exit_code
         raise
+    except sqlite3.Error as exc:  # a point could not be written: a full disk, an I/O error
+        typer.echo(f"Error: cannot write to {db}: {exc} (is its disk full?); {rec.added} "
+                   "point(s) stored before; run the same command with --resume to measure the "
+                   "rest", err=True)
+        raise typer.Exit(1) from None
     finally:
         with held():  # a signal from here on ends the command with the line below
-            rec.close(status)
+            with suppress(sqlite3.Error):  # a store that cannot be written: its end unrecorded
+                rec.close(status)
             global _points_stored
             _points_stored += rec.added
             line = f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})"
