@@ -454,12 +454,23 @@ def test_an_assignment_1_attention_without_a_default_mask_gets_one_without_a_mas
         given.append(mask)
         return v
 
+    def other_default(q, k, v, mask=True):  # its own default: not None, which it cannot take
+        given.append(mask)
+        return v
+
+    def keyword_only(q, k, v, *, mask=None):
+        given.append(mask)
+        return v
+
     q = torch.zeros(2, 3, 4)
     _with_mask(required)(q, q, q, False)
     _with_mask(optional)(q, q, q, False)
     _with_mask(optional)(q, q, q, True)
+    _with_mask(other_default)(q, q, q, False)
+    _with_mask(keyword_only)(q, q, q, True)
     assert given[0].all() and given[0].shape == (3, 3) and given[1] is None
     assert torch.equal(given[2], torch.ones(3, 3, dtype=torch.bool).tril())
+    assert given[3] is True and torch.equal(given[4], given[2])
 
 
 def test_compile_wraps_the_users_attention_and_is_stored_as_its_own_setting(tmp_path,

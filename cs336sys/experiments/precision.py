@@ -191,7 +191,7 @@ def _rounded(exact: Fraction) -> float:
     try:
         return float(exact)
     except OverflowError:
-        return math.copysign(math.inf, exact)
+        return math.inf if exact > 0 else -math.inf
 
 
 # -- autocast -----------------------------------------------------------------------------

@@ -220,22 +220,24 @@ def _takes_a_mask(fn: Callable[..., Any]) -> bool:
 
 def _with_mask(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn(q, k, v, mask)` called as `(q, k, v, is_causal)`: the causal mask, True on and
-    below the diagonal (a query attends to itself and the keys before it), or no mask: None
-    where the mask has a default (assignment 1's adapter declares `mask=None`), else one
-    True everywhere, since a function that must be given a mask may not take None."""
+    below the diagonal (a query attends to itself and the keys before it), or no mask: the
+    function's own default where it has one (assignment 1's adapter declares `mask=None`),
+    else one True everywhere, since a function that must be given a mask may not take None.
+    A keyword-only mask is given by its name."""
     import inspect
 
     import torch
 
     mask_param = list(inspect.signature(fn).parameters.values())[3]
     optional = mask_param.default is not inspect.Parameter.empty
+    by_name = mask_param.kind is inspect.Parameter.KEYWORD_ONLY  # `(q, k, v, *, mask=None)`
 
     def call(q: Any, k: Any, v: Any, is_causal: bool) -> Any:
-        mask = None
-        if is_causal or not optional:
-            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
-            mask = mask.tril() if is_causal else mask
-        return fn(q, k, v, mask)
+        if not is_causal and optional:  # no mask: its own default (None in assignment 1's)
+            return fn(q, k, v)
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
+        mask = mask.tril() if is_causal else mask
+        return fn(q, k, v, mask=mask) if by_name else fn(q, k, v, mask)
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
     return call
