@@ -38,7 +38,8 @@ def report(
     fail_on_regression: option("With --compare: exit 1 (after writing the report) when a "
                                "significant regression is worse than PCT percent (1.12x slower is "
                                "12), for CI; with --history, when a point's last step (into its "
-                               "latest commit) is such a regression.", float | None,
+                               "latest commit, of each branch measured) is such a regression.",
+                               float | None,
                                metavar="PCT") = None,
     threshold: option("With --compare or --history: the smallest change in percent that counts "
                       "(beside p < 0.05). Raise it where runs of the same code drift further "

@@ -24,6 +24,7 @@ capped at MAX_STEPS rows.
 
 from __future__ import annotations
 
+import heapq
 import io
 import statistics
 from collections.abc import Sequence
@@ -110,6 +111,13 @@ class Track:
     commits: list[Commit]
     sides: list[Side]  # per commit
     steps: list[tuple[int, Change]] = field(default_factory=list)  # (index of `after`, change)
+    # per commit, the index of the one it is compared with (predecessors): its nearest
+    # measured ancestor, else the one before it
+    before: list[int] = field(default_factory=list)
+
+    def tips(self) -> set[int]:
+        """The commits no later one is compared with: the latest of each branch measured."""
+        return set(range(len(self.commits))) - set(self.before[1:])
 
     def medians(self) -> list[float]:
         return [statistics.median(_values(self.metric, s)) for s in self.sides]
@@ -139,9 +147,10 @@ class History:
         return [(t, i, c) for t in self.tracks for i, c in t.steps]
 
     def latest_regressions(self, percent: float) -> list[tuple[Track, int, Change]]:
-        """The regressions worse than `percent` at each point's last commit (the step into
-        it): what a CI job gates on, whatever came before."""
-        return [(t, i, c) for t, i, c in self.steps if i == len(t.commits) - 1
+        """The regressions worse than `percent` into each point's latest commit of each
+        branch (a tip: Track.tips): what a CI job gates on, whatever came before; a side
+        branch measured after the head hides no regression of the head's."""
+        return [(t, i, c) for t, i, c in self.steps if i in t.tips()
                 and c.kind == "regression" and c.percent > percent]
 
     def summary(self) -> str:
@@ -176,7 +185,7 @@ class History:
 
 def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
     """point, commits (before → after), (metric,) before, after, after/before, verdict, p."""
-    return [t.point, f"{t.commits[i - 1].label} → {t.commits[i].title()}",
+    return [t.point, f"{t.commits[t.before[i]].label} → {t.commits[i].title()}",
             *([t.metric.label] if metric else []), num(c.a), num(c.b),
             "" if c.ratio is None else f"{c.ratio:.3f}", c.verdict, c.how]
 
@@ -191,30 +200,52 @@ def commit_of(r: Row) -> tuple[str, bool] | None:
     return None
 
 
-def ranked(first: dict[tuple[str, bool], str]) -> dict[tuple[str, bool], int]:
+def ranked(first: dict[tuple[str, bool], str],
+           older: dict[str, set[str]]) -> dict[tuple[str, bool], int]:
     """Each (commit, dirty)'s place in the history, from the time of its first run (`first`):
     in the time order, except that a commit the repository here has comes after its
-    ancestors (refs.ancestors: a parent measured after its child still comes first), and a
-    dirty checkout after its commit. Commits on branches apart, and those the repository
-    lacks, keep the time order."""
+    ancestors (`older`: refs.ancestors; a parent measured after its child still comes
+    first), and a dirty checkout after its commit. Commits on branches apart, and those the
+    repository lacks, keep the time order (a topological sort, the earliest first)."""
     by_time = sorted(first, key=lambda k: (first[k], k))
-    older = ancestors(c for c, _ in first)
-    order: list[tuple[str, bool]] = []
-    placed: set[tuple[str, bool]] = set()
-
-    def ready(key: tuple[str, bool]) -> bool:
+    when = {k: i for i, k in enumerate(by_time)}
+    keys_of: dict[str, list[tuple[str, bool]]] = {}
+    for key in by_time:
+        keys_of.setdefault(key[0], []).append(key)
+    after: dict[tuple[str, bool], list[tuple[str, bool]]] = {k: [] for k in by_time}
+    waits = dict.fromkeys(by_time, 0)
+    for key in by_time:
         commit, dirty = key
-        waits = {k for k in first if k[0] in older.get(commit, ())}
-        if dirty:
-            waits.add((commit, False))
-        return waits & set(first) <= placed
-
-    while len(order) < len(by_time):
-        left = [k for k in by_time if k not in placed]
-        key = next((k for k in left if ready(k)), left[0])  # the earliest whose turn it is
+        before = [k for c in older.get(commit, ()) for k in keys_of.get(c, ())]
+        before += [(commit, False)] if dirty and (commit, False) in first else []
+        for k in before:
+            after[k].append(key)
+            waits[key] += 1
+    ready = [(when[k], k) for k in by_time if not waits[k]]
+    heapq.heapify(ready)
+    order: list[tuple[str, bool]] = []
+    while ready:
+        _, key = heapq.heappop(ready)
         order.append(key)
-        placed.add(key)
+        for k in after[key]:
+            waits[k] -= 1
+            if not waits[k]:
+                heapq.heappush(ready, (when[k], k))
     return {k: i for i, k in enumerate(order)}
+
+
+def predecessors(keys: list[tuple[str, bool]], older: dict[str, set[str]]) -> list[int]:
+    """For each of a point's commits in history order, the index of the one it is compared
+    with: its nearest ancestor among them (for a dirty checkout, its commit), else the one
+    before it (commits the repository lacks). A commit on a side branch is so compared with
+    where it branched off, not with the other branch's head measured just before it."""
+    out = [0]
+    for i in range(1, len(keys)):
+        commit, dirty = keys[i]
+        found = [j for j in range(i) if keys[j][0] in older.get(commit, ())
+                 or (dirty and keys[j] == (commit, False))]
+        out.append(found[-1] if found else i - 1)
+    return out
 
 
 def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
@@ -232,7 +263,8 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
                 no_commit += int(r.get("status") == "ok")
                 continue
             order[k] = min(order.get(k, r["created"] or ""), r["created"] or "")
-    rank = ranked(order)
+    older = ancestors(c for c, _ in order)
+    rank = ranked(order, older)
     commits = {k: described(k, first) for k, first in order.items()}
 
     tracks: list[Track] = []
@@ -263,9 +295,10 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
         for key, label in zip(keys, point_labels(heads), strict=True):
             at = many[key]
             ck = sorted(at, key=lambda c: rank[c])
-            t = Track(exp, label, metric, [commits[c] for c in ck], [at[c] for c in ck])
+            t = Track(exp, label, metric, [commits[c] for c in ck], [at[c] for c in ck],
+                      before=predecessors(ck, older))
             for i in range(1, len(ck)):
-                change = assess(exp, label, metric, t.sides[i - 1], t.sides[i], threshold)
+                change = assess(exp, label, metric, t.sides[t.before[i]], t.sides[i], threshold)
                 assessed.append(change)
                 if change.kind in STEP_KINDS:
                     t.steps.append((i, change))
