@@ -552,6 +552,12 @@ def test_a_ratio_below_a_hundredth_keeps_two_significant_digits():
     ratio = Ratio(lambda r: r.get("ms"), {"impl": "naive"}, ("impl",))
     rows = [row("naive", 1.0), row("slow", 600.0), row("half", 2.0)]
     assert _ratios(ratio, rows) == ["1.00×", "0.0017×", "0.50×"]
+    # a time that came out NaN or inf (kept apart by the store, read back) has no ratio, nor
+    # is it a baseline: `nan×` and `inf×` were printed
+    nan = float("nan")
+    assert _ratios(ratio, [row("naive", 1.0), row("slow", nan), row("x", float("inf"))]) == [
+        "1.00×", "", ""]
+    assert _ratios(ratio, [row("naive", nan), row("half", 2.0)]) == ["", ""]
 
 
 def test_a_baseline_row_is_its_own_baseline():
