@@ -232,6 +232,8 @@ def test_dates_take_the_offset_in_force_on_that_date(monkeypatch):
         time.tzset()
         assert parse_time("2026-09-06", now) == "2026-09-06 04:00:00.000000"
         assert parse_time("2026-09-05", now, end=True) == "2026-09-06 04:00:00.000000"
+        # a time within the skipped hour: the instant the clocks jump at, 01:00 (-03)
+        assert parse_time("2026-09-06T00:30", now) == "2026-09-06 04:00:00.000000"
     finally:
         monkeypatch.undo()
         time.tzset()

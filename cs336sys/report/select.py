@@ -112,7 +112,17 @@ def _local(naive: datetime) -> datetime:
     try:
         both = [naive.replace(fold=fold).astimezone() for fold in (0, 1)]
         shown = [t for t in both if t.astimezone().replace(tzinfo=None) == naive]
-        return min(shown) if shown else max(both)
+        if shown:
+            return min(shown)
+        # skipped: the first wall-clock minute after it that the clocks show (gaps are whole
+        # quarter hours, at most a few hours), its instant the one they jump at
+        later = naive.replace(second=0, microsecond=0)
+        for _ in range(24 * 60):
+            later += timedelta(minutes=1)
+            t = later.astimezone()
+            if t.astimezone().replace(tzinfo=None) == later:
+                return t
+        return max(both)
     except (OverflowError, OSError, ValueError):
         raise SelectionError(f"time {naive.isoformat()} is beyond the dates the store can hold"
                              ) from None
