@@ -279,3 +279,51 @@ def test_the_toy_model_check_passes_a_right_ddp_where_the_world_size_does_not_di
     from tests import ddp_workers
 
     assert launch(ddp_workers.toy_check, 3, args=(False,)) == [[True, None]] * 3
+
+
+def test_the_users_sharded_optimizer_gets_the_parameters_as_the_course_gives_them(monkeypatch):
+    """The course's test passes model.parameters(), a generator: a sharded optimizer that
+    reads its parameters twice, or takes len() of them, fails there; given a list it passed."""
+    import torch
+    import torch.distributed as dist
+
+    from cs336sys.experiments import ddp_setup, ddp_yours
+    from cs336sys.parallel.launcher import free_port
+
+    given = []
+
+    def optimizer(name, params, cls, **kwargs):
+        given.append(params)
+        return torch.optim.SGD(list(params), lr=0.1)
+
+    monkeypatch.setattr(ddp_yours, "optimizer", optimizer)
+    monkeypatch.setattr(ddp_setup.yours, "is_yours", lambda name: name == "yours")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
+                            rank=0, world_size=1)
+    try:
+        ddp_setup.build("naive", "yours", None, "fp32", torch.nn.Linear(2, 2), "cpu")
+    finally:
+        dist.destroy_process_group()
+    (params,) = given
+    assert not isinstance(params, (list, tuple)) and iter(params) is params
+
+
+def test_an_fsdps_full_parameters_are_named_and_judged_as_the_courses_test_does():
+    """test_fsdp.py looks each full parameter up by the model's name (a prefixed one is a
+    KeyError there, and passed here by its suffix); a right FSDP's own 16-bit compute is not
+    the reference's autocast, and its barely-moving norm weights reached 0.11 against 0.1."""
+    import torch
+
+    from cs336sys.experiments.training_check import TrainingReference, training_check
+
+    start = {"w": torch.zeros(4), "ln": torch.ones(4)}
+    final = {"w": torch.full((4,), 1.0), "ln": torch.full((4,), 1.1)}
+    reference = TrainingReference(start, final, {}, {}, world_size=2)
+    prefixed = {f"module.{k}": v.clone() for k, v in final.items()}
+    assert training_check(prefixed, reference, "fp32", tests=("test_ddp.py",)).passed
+    verdict = training_check(prefixed, reference, "fp32", tests=("test_fsdp.py",))
+    assert not verdict.passed and "(module.w for w): the course's test_fsdp.py looks them up by " \
+        "the model's names" in verdict.why
+    off = {"w": final["w"].clone(), "ln": final["ln"] + 0.015}  # 0.15 of the norm's move
+    assert training_check(off, reference, "bf16", tests=("test_fsdp.py",)).passed
+    assert not training_check(off, reference, "bf16", tests=("test_ddp.py",)).passed

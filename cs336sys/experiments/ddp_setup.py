@@ -109,8 +109,10 @@ def build(impl: str, sharding: str | None, bucket_mb: float | None, precision: s
         # the wrapper's, as the course's tests take them: a DDP may train a copy of the module
         params = list(wrapper.parameters())
         if yours.is_yours(sharding):
-            opt = holder = ddp_yours.optimizer(sharding, params, adamw_cls,
-                                                      **adamw_kwargs(adamw_cls))
+            # a generator, as the course's test passes model.parameters(): a sharded optimizer
+            # that reads them twice, or takes len() of them, fails there and so here
+            opt = holder = ddp_yours.optimizer(sharding, iter(params), adamw_cls,
+                                               **adamw_kwargs(adamw_cls))
         elif sharding == "ours":
             from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 

@@ -32,6 +32,11 @@ from cs336sys.measure.dtypes import autocast_dtype
 # half-batch activations); a DDP that does not all-reduce is at 1.0. The same bounds hold for
 # the first step's gradients (relative L2 error per tensor).
 TRAINING_TOLERANCE = {"fp32": 1e-3, "bf16": 0.1, "fp16": 0.1}
+# An FSDP's own 16-bit compute (the course's: Linear and Embedding weights cast to it) is not
+# the reference's autocast, and RMSNorm weights barely move, so their ratio is the largest:
+# right FSDPs reached 0.11 (bf16 at seeds 5-7, fp16 with the norms cast too), which the
+# course's tests pass; one that sums or never reduces is at 1 or more.
+FSDP_16_BIT_TOLERANCE = 0.25
 
 
 @dataclass
@@ -218,13 +223,14 @@ def zero_gradients(grads: dict, reference: TrainingReference) -> list[str]:
 
 
 # The course's tests compare parameters elementwise, |p - p_ref| <= atol + rtol |p_ref|, each
-# with its own (atol, rtol): test_ddp.py torch.allclose's defaults; test_sharded_optimizer.py
-# numpy's assert_allclose's (rtol 1e-7, atol 0); test_fsdp.py fp32 atol 1e-6 rtol 1e-4, with
-# a 16-bit compute dtype 1e-4 and 1e-4.
+# with its own (atol, rtol): test_ddp.py torch.allclose's defaults; test_fsdp.py fp32 atol
+# 1e-6 rtol 1e-4, with a 16-bit compute dtype 1e-4 and 1e-4. test_sharded_optimizer.py's
+# numpy assert_allclose (rtol 1e-7) is said of none: a right sharded optimizer differs from
+# one process by more than that over this model's steps (its rounding), which its test
+# (a toy model, one process's order of sums) does not see.
 COURSE_TOLERANCE = {
     "test_ddp.py": {"fp32": (1e-8, 1e-5)},  # fp32 alone: the DDP tests run no other
     "test_ddp_individual_parameters.py": {"fp32": (1e-8, 1e-5)},  # 2025's
-    "test_sharded_optimizer.py": {"fp32": (0.0, 1e-7)},
     "test_fsdp.py": {"fp32": (1e-6, 1e-4), "bf16": (1e-4, 1e-4), "fp16": (1e-4, 1e-4)},
 }
 
@@ -237,7 +243,7 @@ def _course_verdict(mine: Any, ref: Any, precision: str, tests: tuple[str, ...])
 
     mine, ref = mine.detach().float().cpu(), ref.float()
     verdicts = []
-    for test in (t for t in tests if precision in COURSE_TOLERANCE[t]):  # tests of this dtype
+    for test in (t for t in tests if precision in COURSE_TOLERANCE.get(t, {})):  # of this dtype
         atol, rtol = COURSE_TOLERANCE[test][precision]
         passes = bool(torch.allclose(mine, ref, atol=atol, rtol=rtol))
         verdicts.append(f"the course's {test} tolerance (atol={atol:g}, rtol={rtol:g}) would "
@@ -255,8 +261,17 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
     of a replicated parameter between the ranks after training, names the cause of a
     failure where the ranks ended apart; `tests`, the course's tests of the user's code
     here, whose tolerances are said of the worst tensor (COURSE_TOLERANCE)."""
-    tol = TRAINING_TOLERANCE[precision]
+    fsdp = "test_fsdp.py" in tests
+    tol = FSDP_16_BIT_TOLERANCE if fsdp and precision != "fp32" else TRAINING_TOLERANCE[precision]
     worst, where, problems, frozen = 0.0, None, [], []
+    if fsdp:  # the course's test_fsdp.py looks each parameter up by the model's own name
+        prefixed = [n for n in reference.final if n not in full
+                    and any(k.endswith("." + n) for k in full)]
+        if prefixed:
+            theirs = next(k for k in full if k.endswith("." + prefixed[0]))
+            problems.append(f"the full parameters are named otherwise than the model names them "
+                            f"({theirs} for {prefixed[0]}): the course's test_fsdp.py looks "
+                            f"them up by the model's names")
     full = by_reference_names(full, reference.final)
     for name, ref in reference.final.items():
         mine = full.get(name)
