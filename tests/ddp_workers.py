@@ -241,3 +241,26 @@ def toy_check(ctx, rank_zero_only_broadcast: bool) -> list:
     ddp_yours.replica, ddp_yours.kind_of = replica, (lambda impl: "ddp")
     verdict = ddp_toy_check.checked("yours", None, ctx.rank, ctx.world_size, "cpu")
     return [verdict.passed, verdict.why]
+
+
+def sharded_toy_check(ctx, decays_frozen: bool) -> list:
+    """The course's sharded-optimizer test on its toy models (experiments/ddp_toy_check.py),
+    on our ShardedOptimizer as if it were the user's, or on one that gives every parameter
+    a zero gradient before stepping, so that AdamW's weight decay moves the frozen ones."""
+    from cs336sys.experiments import ddp_toy_check, ddp_yours
+    from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
+
+    class DecaysFrozen(ShardedOptimizer):
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+            return super().step(closure)
+
+    cls = DecaysFrozen if decays_frozen else ShardedOptimizer
+    ddp_yours.optimizer = lambda name, params, optimizer_cls, **kw: cls(params, optimizer_cls, **kw)
+    ddp_yours.kind_of = lambda impl: None
+    ddp_toy_check.yours.is_yours = lambda name: name == "yours"
+    verdict = ddp_toy_check.checked("naive", None, ctx.rank, ctx.world_size, "cpu", "yours")
+    return [verdict.passed, verdict.why]

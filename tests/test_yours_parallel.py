@@ -327,3 +327,17 @@ def test_an_fsdps_full_parameters_are_named_and_judged_as_the_courses_test_does(
     off = {"w": final["w"].clone(), "ln": final["ln"] + 0.015}  # 0.15 of the norm's move
     assert training_check(off, reference, "bf16", tests=("test_fsdp.py",)).passed
     assert not training_check(off, reference, "bf16", tests=("test_ddp.py",)).passed
+
+
+@pytest.mark.slow  # starts ranks
+def test_the_courses_sharded_optimizer_test_runs_on_its_toy_models():
+    """cs336sys's model has no parameter that needs no gradient: a sharded optimizer that
+    moved frozen ones passed, where the course's test_sharded_optimizer.py fails it."""
+    from cs336sys.parallel import launch
+    from tests import ddp_workers
+
+    assert launch(ddp_workers.sharded_toy_check, 2, args=(False,)) == [[True, None]] * 2
+    (passed, why), _ = launch(ddp_workers.sharded_toy_check, 2, args=(True,))
+    assert not passed and why.startswith(
+        "wrong: as the course's test_sharded_optimizer.py runs it, on a model with parameters "
+        "that need no gradient (the course's ToyModel): after 10 AdamW steps"), why

@@ -263,7 +263,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     # their model (--model) and AdamW first, every rank alike, before the point's model exists
     checked = before_timing(spec.config(), spec.optimizer, ctx.device, spec.seed, spec.batch)
     # the course's own DDP test, on every rank alike; said after the training check's cause
-    toy = toy_check(spec.impl, spec.bucket_mb, ctx.rank, ctx.world_size, device)
+    toy = toy_check(spec.impl, spec.bucket_mb, ctx.rank, ctx.world_size, device,
+                    spec.shard_optimizer)
     # The user's code is checked against single-process training of the same steps: rank 0
     # trains the reference first, alone, so that it never shares memory with the point.
     reference = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.experiments import ddp_yours
 from cs336sys.experiments.training_check import by_reference_names, every_name
 from cs336sys.measure.check import Verdict
@@ -108,24 +109,62 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
     return None
 
 
-def checked(impl: str, bucket_mb: float | None, rank: int, world: int,
-            device: Any) -> Verdict | None:
-    """The verdict of the course's DDP test on the user's DDP `impl`, the same on every rank
-    (None for an implementation that is not the user's DDP)."""
-    if ddp_yours.kind_of(impl) != "ddp":
+def _sharded(sharding: str, toy: Any, device: Any) -> str | None:
+    """What the user's sharded optimizer `sharding` does to `toy` otherwise than one AdamW,
+    as the course's test_sharded_optimizer.py runs it: the same weights on every rank (seed
+    42), torch.optim.AdamW inside (lr 0.1, weight decay 0.1), ten steps of a summed squared
+    error on the same random batch of 32 everywhere; None when every parameter ends within
+    numpy's assert_allclose (rtol 1e-7), as that test compares them."""
+    import copy
+
+    import torch
+
+    torch.manual_seed(42)
+    model = toy().to(device)
+    theirs_model = copy.deepcopy(model)
+    settings = dict(lr=0.1, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8)
+    ours = torch.optim.AdamW(model.parameters(), **settings)
+    theirs = ddp_yours.optimizer(sharding, theirs_model.parameters(), torch.optim.AdamW,
+                                 **settings)
+    for _ in range(10):
+        x, y = torch.rand(32, 10).to(device), torch.rand(32, 10).to(device)
+        for net, opt in ((model, ours), (theirs_model, theirs)):
+            opt.zero_grad()
+            ((y - net(x)) ** 2).sum().backward()
+            opt.step()
+    mine = dict(theirs_model.named_parameters())
+    for name, p in model.named_parameters():
+        if not torch.allclose(mine[name].detach(), p.detach(), atol=0.0, rtol=1e-7):
+            off = float((mine[name] - p).abs().max())
+            return (f"after 10 AdamW steps {name} is not one AdamW's (max |p - p_ref| "
+                    f"{off:.2g}; numpy's assert_allclose, as the test)")
+    return None
+
+
+def checked(impl: str, bucket_mb: float | None, rank: int, world: int, device: Any,
+            sharding: str | None = None) -> Verdict | None:
+    """The verdict of the course's tests on the user's DDP `impl` (test_ddp.py) and sharded
+    optimizer `sharding` (test_sharded_optimizer.py), run on their toy models, the same on
+    every rank (None where neither is the user's)."""
+    runs = []
+    if ddp_yours.kind_of(impl) == "ddp":
+        runs.append((ddp_yours.course_tests(impl, None)[0],
+                     lambda toy: _trained(impl, bucket_mb, toy, rank, world, device)))
+    if sharding and yours.is_yours(sharding):
+        runs.append(("test_sharded_optimizer.py", lambda toy: _sharded(sharding, toy, device)))
+    if not runs:
         return None
     found = []
-    # both on every rank, so that their collectives match; an exception in the user's code
+    # all on every rank, so that their collectives match; an exception in the user's code
     # ends the point as one anywhere in it does (a rank's error, its file and line)
-    for words, toy in _toy_models().items():
-        off = _trained(impl, bucket_mb, toy, rank, world, device)
-        if off is not None:
-            found.append(f"on a model with {words}: {off}")
+    for test, run in runs:
+        for words, toy in _toy_models().items():
+            off = run(toy)
+            if off is not None:
+                found.append(f"as the course's {test} runs it, on a model with {words}: {off}")
     # a rank's weights never broadcast first: what the other failures follow from
     failures = sorted((f for on_rank in gather(found) for f in on_rank),
                       key=lambda f: "after wrapping" not in f)
     if not failures:
         return Verdict(True, {})
-    return Verdict(False, {"check": "fail", "check_detail": failures[0]},
-                   f"wrong: as the course's {ddp_yours.course_tests(impl, None)[0]} runs it, "
-                   f"{failures[0]}")
+    return Verdict(False, {"check": "fail", "check_detail": failures[0]}, f"wrong: {failures[0]}")
