@@ -11,6 +11,7 @@ holds the containers and shared helpers.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -155,6 +156,12 @@ def latest(rows: list[Row]) -> list[Row]:
 def stopped(row: Row) -> bool:
     """Whether the row is a point SIGTERM stopped before it was measured."""
     return row.get("status") == "error" and str(row.get("error") or "").startswith(TERMINATED)
+
+
+def ratio_side(value: Any) -> bool:
+    """A value a ratio can be taken of: a nonzero finite number (an inf or NaN metric read
+    back from the store is none, nor is 0)."""
+    return bool(value) and math.isfinite(value)
 
 
 def num(x: Any, digits: int = 3) -> str:

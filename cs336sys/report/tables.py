@@ -9,7 +9,6 @@ report; `row_of(spec, result)` after a sweep), plus `status` and the settings JS
 
 from __future__ import annotations
 
-import math
 import re
 import textwrap
 from collections.abc import Callable, Iterable
@@ -26,6 +25,7 @@ from cs336sys.report.sections import (
     mib,
     num,
     pct,
+    ratio_side,
     sample_count,
     skey,
     status_or,
@@ -139,8 +139,8 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         candidates = [r] if baseline else base.get((r.get("gpu"), skey(r, drop=ratio.vary)), [])
         ref_row = candidates[0] if candidates else None
         ref, mine = (ratio.metric(ref_row) if ref_row else None), ratio.metric(r)
-        value = (ref / mine if ratio.speedup else mine / ref) if _finite(ref) and _finite(mine) \
-            else None
+        value = (ref / mine if ratio.speedup else mine / ref) if ratio_side(ref) and \
+            ratio_side(mine) else None
         # two decimals, or two significant digits below 0.01 (an interpreted kernel's 0.0017×
         # read 0.00×)
         text = "" if value is None else f"{value:.2f}×" if value >= 0.01 else f"{value:.2g}×"
@@ -158,13 +158,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
 def _is_baseline(ratio: Ratio, row: Row) -> bool:
     """Whether `row` can be a baseline of `ratio` (see `_ratios`)."""
     return compared(row) and all(row["_settings"].get(k) == v for k, v in ratio.against.items()) \
-        and _finite(ratio.metric(row))
-
-
-def _finite(value: Any) -> bool:
-    """A value a ratio can be taken of: a nonzero finite number (an inf or NaN metric read
-    back from the store is none, nor is 0)."""
-    return bool(value) and math.isfinite(value)
+        and ratio_side(ratio.metric(row))
 
 
 def _shown(column: Column, rows: list[Row]) -> bool:
@@ -248,7 +242,7 @@ def speedups(rows: list[Row], key: str, a: Any, b: Any, samples: str,
     (63.9 ± 29 ms against a median of 58)."""
     groups: dict[tuple, dict[Any, Row]] = {}
     for r in rows:
-        if not compared(r) or median_or_mean(r, samples) is None:
+        if not compared(r) or not ratio_side(median_or_mean(r, samples)):
             continue
         groups.setdefault((r.get("gpu"), skey(r, drop=(key,))), {})[r["_settings"].get(key)] = r
     out = []
@@ -256,8 +250,6 @@ def speedups(rows: list[Row], key: str, a: Any, b: Any, samples: str,
         if a in pair and b in pair:
             ra, rb = pair[a], pair[b]
             ta, tb = median_or_mean(ra, samples), median_or_mean(rb, samples)
-            if not (_finite(ta) and _finite(tb)):
-                continue
             ratio = f"{ta / tb:.2f}×" + sample_interval(samples, ra, rb, True)
             out.append([label(ra), num(ta), num(tb), ratio])
     return out
