@@ -218,10 +218,12 @@ def run_all(ctx) -> dict:
 
 
 def toy_check(ctx) -> list:
-    """The course's toy-model DDP check (experiments/ddp_toy_check.py) on ours, as if it were
-    the user's: the naive DDP, then one that broadcasts only parameters needing a gradient;
-    [passed, why] of each."""
-    return [_toy_check(ctx, False), _toy_check(ctx, True)]
+    """The course's toy-model checks (experiments/ddp_toy_check.py) on ours, as if they were
+    the user's: the naive DDP, one that broadcasts only parameters needing a gradient, our
+    sharded optimizer, one that moves frozen parameters; [passed, why] of each (one launch:
+    starting ranks costs seconds)."""
+    return [_toy_check(ctx, False), _toy_check(ctx, True),
+            _sharded_toy_check(ctx, False), _sharded_toy_check(ctx, True)]
 
 
 def _toy_check(ctx, rank_zero_only_broadcast: bool) -> list:
@@ -248,15 +250,10 @@ def _toy_check(ctx, rank_zero_only_broadcast: bool) -> list:
     return [verdict.passed, verdict.why]
 
 
-def sharded_toy_check(ctx) -> list:
-    """The course's sharded-optimizer test on its toy models (experiments/ddp_toy_check.py),
-    on our ShardedOptimizer as if it were the user's, then on one that gives every parameter
-    a zero gradient before stepping, so that AdamW's weight decay moves the frozen ones;
-    [passed, why] of each."""
-    return [_sharded_toy_check(ctx, False), _sharded_toy_check(ctx, True)]
-
-
 def _sharded_toy_check(ctx, decays_frozen: bool) -> list:
+    """The course's sharded-optimizer test on its toy models, on our ShardedOptimizer as if
+    it were the user's, or on one that gives every parameter a zero gradient before
+    stepping, so that AdamW's weight decay moves the frozen ones."""
     from cs336sys.experiments import ddp_toy_check, ddp_yours
     from cs336sys.parallel.sharded_optimizer import ShardedOptimizer
 

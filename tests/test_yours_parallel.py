@@ -259,19 +259,24 @@ def test_a_summed_shard_is_found_whatever_its_layout():
 def test_the_toy_model_check_passes_a_right_ddp_where_the_world_size_does_not_divide_20():
     """At 3 ranks each took 20 // 3 = 6 samples, 18 of the 20 the one process trained on,
     and a right DDP was called wrong; the batch is rounded up to a multiple of the ranks. A
-    wrong one (frozen weights left unbroadcast) is named, on the rank where it shows."""
+    wrong one (frozen weights left unbroadcast) is named, on the rank where it shows; the
+    sharded optimizer's toy-model run in the same launch, right and wrong."""
     from cs336sys.parallel import launch
     from tests import ddp_workers
 
     ranks = launch(ddp_workers.toy_check, 3)
-    assert [right for right, _ in ranks] == [[True, None]] * 3
+    assert [(ddp, sharded) for ddp, _, sharded, _ in ranks] == [([True, None], [True, None])] * 3
     # cs336sys's model has no parameter that needs no gradient: a DDP broadcasting only those
-    # that do passed its check, where the course's test_ddp.py fails it
-    (passed, why), *_ = [wrong for _, wrong in ranks]
+    # that do, and a sharded optimizer that moves them, passed its check, where the course's
+    # test_ddp.py and test_sharded_optimizer.py fail them
+    (_, (passed, why), _, (sharded_passed, sharded_why)), *_ = ranks
     assert not passed and why == (
         "wrong: as the course's test_ddp.py runs it, on a model with parameters that need no "
         "gradient (the course's ToyModel): after wrapping, rank 1's fc2.bias (it needs no "
         "gradient) is not rank 0's: rank 0's weights were not broadcast to it"), why
+    assert not sharded_passed and sharded_why.startswith(
+        "wrong: as the course's test_sharded_optimizer.py runs it, on a model with parameters "
+        "that need no gradient (the course's ToyModel): after 10 AdamW steps"), sharded_why
 
 
 def test_the_users_sharded_optimizer_gets_the_parameters_as_the_course_gives_them(monkeypatch):
@@ -320,18 +325,3 @@ def test_an_fsdps_full_parameters_are_named_and_judged_as_the_courses_test_does(
     off = {"w": final["w"].clone(), "ln": final["ln"] + 0.015}  # 0.15 of the norm's move
     assert training_check(off, reference, "bf16", tests=("test_fsdp.py",)).passed
     assert not training_check(off, reference, "bf16", tests=("test_ddp.py",)).passed
-
-
-@pytest.mark.slow  # starts ranks
-def test_the_courses_sharded_optimizer_test_runs_on_its_toy_models():
-    """cs336sys's model has no parameter that needs no gradient: a sharded optimizer that
-    moved frozen ones passed, where the course's test_sharded_optimizer.py fails it."""
-    from cs336sys.parallel import launch
-    from tests import ddp_workers
-
-    ranks = launch(ddp_workers.sharded_toy_check, 2)
-    assert [right for right, _ in ranks] == [[True, None]] * 2
-    (passed, why), _ = [wrong for _, wrong in ranks]
-    assert not passed and why.startswith(
-        "wrong: as the course's test_sharded_optimizer.py runs it, on a model with parameters "
-        "that need no gradient (the course's ToyModel): after 10 AdamW steps"), why
