@@ -685,6 +685,24 @@ def test_a_compared_metric_that_came_out_nan_or_inf_is_no_measurement():
     assert aggregate([row(float("nan")), row(float("inf"))], metric) == {}
     (side,) = aggregate([row(float("nan")), row(12.0)], metric).values()
     assert side.values == [12.0]
+    # NaN at B, after ok runs at A: listed as failed in B (it left the point out unseen, the
+    # gate passing), and so at the latest commit of a history
+    from cs336sys.report.change import failed_in_b
+
+    a = [row(10.0 + i / 10) for i in range(4)]
+    (b,) = failed_in_b(a, [row(float("nan"))], metric).values()
+    assert b[metric.column] != b[metric.column]
+    from cs336sys.report.compare import _failed
+
+    (side,) = aggregate(a, metric).values()
+    change = _failed("model", "size=small", metric, side, b)
+    assert (change.verdict, change.how) == ("nan in B", f"its {metric.label} came out nan")
+    h = history_mod.build({"model": [dict(r, git_commit=c, git_dirty=0) for c, r in
+                                     (("a" * 40, a[0]), ("a" * 40, a[1]), ("b" * 40, row(11.0)),
+                                      ("c" * 40, dict(row(float("nan")),
+                                                      created="2026-05-02 00:00:00.000000")))]},
+                          EXPERIMENTS, draw=False)
+    assert [status for *_, status in h.failed] == [f"{metric.label} nan"]
 
 
 def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch):

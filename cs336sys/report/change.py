@@ -111,18 +111,29 @@ def failure(r: Row) -> bool:
     return r.get("status") in FAILURES and not stopped(r)
 
 
+def unmeasured(r: Row, metric: Metric) -> str | None:
+    """What an ok run's compared metric came out as where that is no measurement (`nan`,
+    `inf`): a point whose time is NaN in B is no point to leave out unseen; else None."""
+    value = r.get(metric.column)
+    if r.get("status") != "ok" or value is None or math.isfinite(value):
+        return None
+    return str(value)
+
+
 def failed_in_b(a_rows: list[Row], b_rows: list[Row], metric: Metric,
                 by_gpu: bool = True) -> dict[tuple, Row]:
     """Per point (as aggregate keys it) that A measured ok: B's latest run of it, where that
     run failed (FAILURES). Such a point has no B to compare and was left out, the worst
     regression of all passing the gate unseen. A point SIGTERM stopped measured nothing and
-    hides no earlier run of it (sections.stopped)."""
+    hides no earlier run of it (sections.stopped). An ok run whose metric came out NaN or
+    inf (`unmeasured`) is listed so too."""
     ok_in_a = set(aggregate(a_rows, metric, by_gpu))
     latest: dict[tuple, Row] = {}
     for r in sorted(b_rows, key=lambda r: str(r.get("created") or "")):
         if not stopped(r):
             latest[r.get("gpu") if by_gpu else None, skey(r)] = r
-    return {k: r for k, r in latest.items() if k in ok_in_a and failure(r)}
+    return {k: r for k, r in latest.items()
+            if k in ok_in_a and (failure(r) or unmeasured(r, metric))}
 
 
 @dataclass(frozen=True)

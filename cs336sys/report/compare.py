@@ -57,6 +57,7 @@ from cs336sys.report.change import (
     failed_in_b,
     metrics,
     one_run_caveat,
+    unmeasured,
 )
 from cs336sys.report.plots import Strips
 from cs336sys.report.refs import resolve as resolve_ref
@@ -377,9 +378,11 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
 
 def _failed(exp: str, point: str, metric: Metric, a: Side, b: Row) -> Change:
     """A point A measured ok and B's latest run did not: `oom in B` (why: its first line)."""
-    why = (b.get("error") or "").strip().splitlines()[:1]
+    odd = unmeasured(b, metric)
+    why = ([f"its {metric.label} came out {odd}"] if odd else
+           (b.get("error") or "").strip().splitlines()[:1])
     return Change(exp, point, metric, statistics.median(a.values), float("nan"), None, None,
-                  len(a.values), 0, f"{b.get('status')} in B", FAILED,
+                  len(a.values), 0, f"{odd or b.get('status')} in B", FAILED,
                   why[0][:80] if why else "no run ok")
 
 

@@ -41,6 +41,7 @@ from cs336sys.report.change import (
     measured,
     metrics,
     one_run_caveat,
+    unmeasured,
 )
 from cs336sys.report.compare import text_table
 from cs336sys.report.plots import short
@@ -283,9 +284,11 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
                 continue
             at = groups.setdefault((r.get("gpu"), skey(r)), {})
             at.setdefault(commit_of(r), Side(r)).add(r, metric)
-        for key, r in last.items():  # ok before, failed at its latest commit
-            if failure(r) and key in groups:
-                failed.append((exp, point_labels([r])[0], commits[commit_of(r)], r["status"]))
+        for key, r in last.items():  # ok before, failed (or NaN) at its latest commit
+            if (failure(r) or unmeasured(r, metric)) and key in groups:
+                failed.append((exp, point_labels([r])[0], commits[commit_of(r)],
+                               r["status"] if failure(r) else
+                               f"{metric.label} {unmeasured(r, metric)}"))
         many = {k: at for k, at in groups.items() if len(at) > 1}
         one_commit += len(groups) - len(many)
         if not many:
