@@ -736,10 +736,13 @@ def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch
                 "_settings": {"size": "small", "precision": "fp32"},
                 "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}
 
-    h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
-                                     for commit, day, center in ((hashes[0], 1, 100),
-                                                                 (hashes[1], 2, 150), (C, 3, 150))
-                                     for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+    def history(*measured):
+        """The history of (commit, day, median) runs, RUNS runs each."""
+        return history_mod.build({"model": [row(commit, day, center, 10 * day + run)
+                                            for commit, day, center in measured
+                                            for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+
+    h = history((hashes[0], 1, 100), (hashes[1], 2, 150), (C, 3, 150))
     (track,) = h.tracks
     first, second, other = track.commits
     assert (first.date, first.subject) == ("2026-05-04", "Plain step")
@@ -750,10 +753,7 @@ def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch
 
     # the child measured first, its parent after (a bisection, a base measured last): the
     # parent comes first, or a regression read as an improvement and passed the gate
-    h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
-                                     for commit, day, center in ((hashes[1], 1, 150),
-                                                                 (hashes[0], 2, 100), (C, 3, 150))
-                                     for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+    h = history((hashes[1], 1, 150), (hashes[0], 2, 100), (C, 3, 150))
     (track,) = h.tracks
     assert [c.key[0] for c in track.commits] == [hashes[0], hashes[1], C]
     assert [c.verdict[-6:] for _, c in track.steps] == ["slower"]
@@ -762,20 +762,14 @@ def test_history_names_each_commit_by_its_subject_and_date(tmp_path, monkeypatch
     git("checkout", "-q", "-b", "side", hashes[0])
     git("commit", "-q", "--allow-empty", "-m", "Side1")  # one git lists after the head
     side = git("rev-parse", "HEAD")
-    h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
-                                     for commit, day, center in ((hashes[0], 1, 100),
-                                                                 (side, 2, 100), (hashes[1], 3, 150))
-                                     for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+    h = history((hashes[0], 1, 100), (side, 2, 100), (hashes[1], 3, 150))
     (track,) = h.tracks
     assert [c.key[0] for c in track.commits] == [hashes[0], side, hashes[1]]
     assert [(i, c.verdict[-6:]) for i, c in track.steps] == [(2, "slower")]
     assert track.before == [0, 0, 0]  # each compared with where it branched off
     # the side branch measured after the head: it is compared with the base, not with the
     # head, and the head's regression still fails the gate (it was the step before the last)
-    h = history_mod.build({"model": [row(commit, day, center, 10 * day + run)
-                                     for commit, day, center in ((hashes[0], 1, 100),
-                                                                 (hashes[1], 2, 150), (side, 3, 100))
-                                     for run in range(RUNS)]}, EXPERIMENTS, draw=False)
+    h = history((hashes[0], 1, 100), (hashes[1], 2, 150), (side, 3, 100))
     (track,) = h.tracks
     assert [c.key[0] for c in track.commits] == [hashes[0], hashes[1], side]
     assert [(i, c.verdict[-6:]) for i, c in track.steps] == [(1, "slower")]
