@@ -177,15 +177,24 @@ def test_parse_time_against_hand_computed_instants():
 
 
 @pytest.fixture
-def california(monkeypatch):
-    """This process in a zone 8 hours behind UTC (a POSIX TZ rule: no tz database needed)."""
+def zone(monkeypatch):
+    """zone(rule): this process's local time zone, a POSIX TZ rule (no tz database needed),
+    until the test ends."""
     import time
 
-    monkeypatch.setenv("TZ", "PST+08")
-    time.tzset()
-    yield
+    def put(rule: str) -> None:
+        monkeypatch.setenv("TZ", rule)
+        time.tzset()
+
+    yield put
     monkeypatch.undo()
     time.tzset()
+
+
+@pytest.fixture
+def california(zone):
+    """This process in a zone 8 hours behind UTC."""
+    zone("PST+08")
 
 
 def test_time_words_are_the_machines_local_time(california):
@@ -202,41 +211,33 @@ def test_time_words_are_the_machines_local_time(california):
     assert parse_time("12h", now) == "2026-01-06 12:00:00.000000"  # ago: no zone involved
 
 
-def test_dates_take_the_offset_in_force_on_that_date(monkeypatch):
+def test_dates_take_the_offset_in_force_on_that_date(zone):
     """California's summer time (a POSIX rule): 2026-07-01 starts at 07:00 UTC, not at
     today's 08:00, which left a run at 00:30 that morning out of --since 2026-07-01 and put
     one of the next day in; `today` on the day summer time ends starts at 07:00 UTC and ends
     at 08:00. A whole day in basic format or with an offset ends at its end under --until."""
-    import time
-
-    monkeypatch.setenv("TZ", "PST8PDT,M3.2.0,M11.1.0")
-    time.tzset()
-    try:
-        now = datetime(2026, 11, 2, 0, 0, tzinfo=timezone.utc)  # 2026-11-01 16:00 local
-        assert parse_time("2026-07-01", now) == "2026-07-01 07:00:00.000000"
-        assert parse_time("2026-07-01", now, end=True) == "2026-07-02 07:00:00.000000"
-        assert parse_time("2026-01-02", now) == "2026-01-02 08:00:00.000000"
-        assert parse_time("2026-07-01T12:00", now) == "2026-07-01 19:00:00.000000"
-        assert parse_time("today", now) == "2026-11-01 07:00:00.000000"
-        assert parse_time("today", now, end=True) == "2026-11-02 08:00:00.000000"
-        assert parse_time("yesterday", now) == "2026-10-31 07:00:00.000000"
-        assert parse_time("09:00", now) == "2026-11-01 17:00:00.000000"
-        assert parse_time("20260701", now, end=True) == "2026-07-02 07:00:00.000000"
-        assert parse_time("2026-07-01Z", now, end=True) == "2026-07-02 00:00:00.000000"
-        assert parse_time("2026-07-01+02:00", now) == "2026-06-30 22:00:00.000000"
-        assert parse_time("2026-07-01+02", now, end=True) == "2026-07-01 22:00:00.000000"
-        assert parse_time("2026-w27-3", now) == parse_time("2026-07-01", now)  # a week date
-        # Santiago's rule: summer time starts at a midnight, which the clocks skip; the day
-        # starts at 01:00 (-03), 04:00 UTC, not at 23:00 the day before
-        monkeypatch.setenv("TZ", "CLT4CLST3,M9.1.0/0,M4.1.0/0")
-        time.tzset()
-        assert parse_time("2026-09-06", now) == "2026-09-06 04:00:00.000000"
-        assert parse_time("2026-09-05", now, end=True) == "2026-09-06 04:00:00.000000"
-        # a time within the skipped hour: the instant the clocks jump at, 01:00 (-03)
-        assert parse_time("2026-09-06T00:30", now) == "2026-09-06 04:00:00.000000"
-    finally:
-        monkeypatch.undo()
-        time.tzset()
+    zone("PST8PDT,M3.2.0,M11.1.0")
+    now = datetime(2026, 11, 2, 0, 0, tzinfo=timezone.utc)  # 2026-11-01 16:00 local
+    assert parse_time("2026-07-01", now) == "2026-07-01 07:00:00.000000"
+    assert parse_time("2026-07-01", now, end=True) == "2026-07-02 07:00:00.000000"
+    assert parse_time("2026-01-02", now) == "2026-01-02 08:00:00.000000"
+    assert parse_time("2026-07-01T12:00", now) == "2026-07-01 19:00:00.000000"
+    assert parse_time("today", now) == "2026-11-01 07:00:00.000000"
+    assert parse_time("today", now, end=True) == "2026-11-02 08:00:00.000000"
+    assert parse_time("yesterday", now) == "2026-10-31 07:00:00.000000"
+    assert parse_time("09:00", now) == "2026-11-01 17:00:00.000000"
+    assert parse_time("20260701", now, end=True) == "2026-07-02 07:00:00.000000"
+    assert parse_time("2026-07-01Z", now, end=True) == "2026-07-02 00:00:00.000000"
+    assert parse_time("2026-07-01+02:00", now) == "2026-06-30 22:00:00.000000"
+    assert parse_time("2026-07-01+02", now, end=True) == "2026-07-01 22:00:00.000000"
+    assert parse_time("2026-w27-3", now) == parse_time("2026-07-01", now)  # a week date
+    # Santiago's rule: summer time starts at a midnight, which the clocks skip; the day
+    # starts at 01:00 (-03), 04:00 UTC, not at 23:00 the day before
+    zone("CLT4CLST3,M9.1.0/0,M4.1.0/0")
+    assert parse_time("2026-09-06", now) == "2026-09-06 04:00:00.000000"
+    assert parse_time("2026-09-05", now, end=True) == "2026-09-06 04:00:00.000000"
+    # a time within the skipped hour: the instant the clocks jump at, 01:00 (-03)
+    assert parse_time("2026-09-06T00:30", now) == "2026-09-06 04:00:00.000000"
 
 
 def test_a_morning_run_is_in_todays_report_in_california(california, tmp_path, db_path):
