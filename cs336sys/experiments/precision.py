@@ -136,9 +136,14 @@ def run(spec: AccumulateSpec | AutocastSpec) -> Result:
 # -- accumulate ------------------------------------------------------------------------------
 
 
+def exact_sum(additions: int, value: float) -> Fraction:
+    """additions · value in decimal arithmetic (1000 · 0.01 = 10 exactly), exactly."""
+    return Fraction(Decimal(repr(value))) * additions
+
+
 def exact_target(additions: int, value: float) -> float:
-    """additions · value in decimal arithmetic (1000 · 0.01 = 10 exactly), as a float."""
-    return float(Decimal(repr(value)) * additions)
+    """exact_sum as the nearest float."""
+    return _rounded(exact_sum(additions, value))
 
 
 def run_accumulate(spec: AccumulateSpec) -> Result:
@@ -154,10 +159,10 @@ def run_accumulate(spec: AccumulateSpec) -> Result:
         s += x.type(torch.float32) if spec.upcast else x
     result = s.item()  # a Python float holds any float16/float32 value exactly
     addend = torch.tensor(spec.value, dtype=val).item()  # what 0.01 becomes in value_dtype
-    target = exact_target(spec.additions, spec.value)
     # The errors in exact rational arithmetic, rounded once: 0.1 x 3 is 0.3 in decimal, and
     # result - 0.3 in float64 is off in its last digits (1.1920928966e-08 for 1.1920928955e-08)
-    exact = Fraction(Decimal(repr(spec.value))) * spec.additions
+    exact = exact_sum(spec.additions, spec.value)
+    target = _rounded(exact)
     ideal = Fraction(addend) * spec.additions if math.isfinite(addend) else addend
     error = _minus(result, exact)
     return Result(
