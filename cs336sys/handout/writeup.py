@@ -71,14 +71,10 @@ def _not_rerun(invs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _latest_statuses(rows: dict[str, list]) -> str:
     """`ok 3, error 1`: the status of each point's latest run (an error a rerun measured
     since is not counted)."""
-    latest: dict[tuple, str] = {}
-    for kind, kind_rows in rows.items():
-        # a point SIGTERM stopped measured nothing: an earlier run of it counts (stopped)
-        for r in sorted((r for r in kind_rows if not stopped(r)),
-                        key=lambda r: str(r.get("created") or "")):
-            point = r.get("point_key") or json.dumps(r["_settings"], sort_keys=True, default=str)
-            latest[kind, r.get("gpu"), point] = r.get("status")
-    counts = Counter(latest.values())
+    # a point SIGTERM stopped measured nothing: an earlier run of it counts (latest), and
+    # one that has no other run is none measured
+    counts = Counter(r.get("status") for kind_rows in rows.values()
+                     for r in latest(kind_rows) if not stopped(r))
     return ", ".join(f"{s} {counts[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
                      if counts[s]) or "none measured (every run was stopped)"
 
