@@ -145,6 +145,29 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
 
 
 @pytest.mark.slow  # starts ranks
+def test_an_fsdp_the_course_fails_besides_training_is_wrong_here(repo, tmp_path):
+    """Three FSDPs that train right, which the course's test_fsdp.py fails: one keeps its
+    model as `.model`, one shards the norms (their gradients differ between ranks), one
+    gathers the full parameters to rank 0 alone. Each is wrong here, its cause in words."""
+    got = ddp(tmp_path / "r.db", "--model", "cs336_basics", "--impl",
+              f"yours-fsdp-elsewhere={FSDP}:KeepsModelElsewhere,"
+              f"yours-fsdp-norms={FSDP}:ShardsNorms,yours-fsdp-rank0={FSDP}:GathersToRankZero")
+    rows = {impl: got[impl, None] for impl in ("elsewhere", "norms", "rank0")
+            for impl in [f"yours-fsdp-{impl}"]}
+    assert all(r["status"] == "wrong" and r["check"] == "fail" for r in rows.values()), rows
+    assert all(r["check_worst"] < 1e-3 for r in rows.values())  # each trains right
+    assert "your FSDP keeps no `.module` (the model it wraps): the course's test_fsdp.py " \
+        "reads fsdp_model.module" in rows["yours-fsdp-elsewhere"]["error"]
+    norms = rows["yours-fsdp-norms"]["error"]
+    assert "(no Linear's or Embedding's) differ between the ranks after " \
+        "finish_gradient_synchronization() (largest difference" in norms
+    assert "; rank 0 holds (16,) of layers.0.ln1.weight's (32,): sharded, where the handout " \
+        "asks the norms left whole" in norms, norms
+    assert "fsdp_gather_full_params() on rank 1 gave " in rows["yours-fsdp-rank0"]["error"]
+    assert "shaped" in rows["yours-fsdp-rank0"]["error"]
+
+
+@pytest.mark.slow  # starts ranks
 def test_your_adapters_fsdp_computing_in_bf16_and_fp16_shards_and_passes(repo, tmp_path):
     """An FSDP computing in 16 bits, through the adapters file, passes. Its first point
     (bf16) once failed: the model was built before the adapters file was imported, and that

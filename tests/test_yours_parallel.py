@@ -325,3 +325,49 @@ def test_an_fsdps_full_parameters_are_named_and_judged_as_the_courses_test_does(
     off = {"w": final["w"].clone(), "ln": final["ln"] + 0.015}  # 0.15 of the norm's move
     assert training_check(off, reference, "bf16", tests=("test_fsdp.py",)).passed
     assert not training_check(off, reference, "bf16", tests=("test_ddp.py",)).passed
+
+
+def test_an_fsdps_gradients_and_full_parameters_are_read_as_the_courses_test_reads_them():
+    """test_fsdp.py asserts each gradient in its parameter's dtype and shape (a 16-bit one
+    fails there) and compares the full parameters with fp32 ones by torch.allclose, which
+    refuses a 16-bit tensor; a right one passes."""
+    import torch
+    import torch.distributed as dist
+
+    from cs336sys.experiments import fsdp_course_check
+    from cs336sys.parallel.launcher import free_port
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False),
+                                              torch.nn.LayerNorm(2))
+
+    def judged(wrapper, full):
+        record = fsdp_course_check.Record(wrapper)
+        record()
+        whole = {n: p.detach().clone() for n, p in wrapper.module.named_parameters()}
+        return fsdp_course_check.verdict(record, full, "cpu", "bf16", whole)
+
+    right = Wrapper()
+    right.module(torch.ones(1, 2)).sum().backward()
+    full = {n: p.detach().clone() for n, p in right.module.named_parameters()}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
+                            rank=0, world_size=1)
+    try:
+        assert judged(right, full) is None
+        half = {**full, "0.weight": full["0.weight"].half()}
+        assert "fsdp_gather_full_params() gave 0.weight in float16, the model's parameters in " \
+            "float32: the course's test_fsdp.py compares them with torch.allclose" \
+            in judged(right, half).why
+        norm = right.module[1].weight
+        if hasattr(norm, "grad_dtype"):  # torch >= 2.10 refuses another dtype unless told
+            norm.grad_dtype = None
+        norm.grad = norm.grad.bfloat16()
+        right.module[0].weight.grad = None
+        why = judged(right, full).why
+    finally:
+        dist.destroy_process_group()
+    assert "after finish_gradient_synchronization() on rank 0, 0.weight has no gradient, " \
+        "1.weight's gradient is bfloat16, the parameter float32: the course's test_fsdp.py " \
+        "asserts every parameter's gradient has the parameter's shape and dtype" in why, why

@@ -214,9 +214,10 @@ def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
 
 
 def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
-    """Two checks of one point as one verdict: passed when both did, the first failure's
-    reason, the metrics of both ("check" pass only when both pass; `check_detail` of both,
-    joined: the model's check and the training check each say what they compared)."""
+    """Two checks of one point as one verdict: passed when both did, the reasons of each that
+    failed (the first's first: one may explain the other), the metrics of both ("check" pass
+    only when both pass; `check_detail` of both, joined: the model's check and the training
+    check each say what they compared)."""
     if first is None or second is None:
         return second or first
     passed = first.passed and second.passed
@@ -224,7 +225,9 @@ def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
     details = [v.metrics["check_detail"] for v in (first, second) if v.metrics.get("check_detail")]
     if details:
         metrics["check_detail"] = "; ".join(dict.fromkeys(details))
-    return Verdict(passed, metrics, first.why if not first.passed else second.why)
+    whys = [v.why.removeprefix("wrong: ") for v in (first, second) if not v.passed and v.why]
+    why = "wrong: " + "; ".join(dict.fromkeys(whys)) if whys else None
+    return Verdict(passed, metrics, why)
 
 
 def judged(checked: Verdict | None, metrics: dict[str, Any], **result: Any) -> Result:

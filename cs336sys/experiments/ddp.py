@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours
+from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours, fsdp_course_check
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, both
 from cs336sys.experiments.ddp_setup import IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.ddp_toy_check import checked as toy_check
@@ -309,11 +309,15 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         # rank 0's gradients after the first step's synchronization, for the check
         first_grads: dict[str, Any] = {}
         copy_grads = first_step_grads(setup.module, first_grads) if reference is not None else None
+        # every rank's, for what the course's FSDP test asserts besides training
+        course = (fsdp_course_check.Record(setup.module)
+                  if user and ddp_setup.fully_sharded(spec.impl) else None)
 
         def keep_grads() -> None:  # the check's copy: not the point's memory (CUDA: on the CPU)
-            if copy_grads is not None:
-                with tracker.aside() if tracker is not None else contextlib.nullcontext():
-                    copy_grads()
+            with tracker.aside() if tracker is not None else contextlib.nullcontext():
+                for keep in (copy_grads, course):
+                    if keep is not None:
+                        keep()
         for i in range(spec.warmup):
             step(before_optimizer=keep_grads if i == 0 else lambda: None)
             losses.append(step.last_loss)
@@ -369,11 +373,13 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     diff = ddp_setup.param_spread(setup)
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
+        whole = reference.final if reference is not None else {}
+        course = course and fsdp_course_check.verdict(course, full, device, spec.precision, whole)
         if reference is not None:
             tests = ddp_yours.course_tests(spec.impl, spec.shard_optimizer)
-            checked = both(both(checked, training_check(full, reference, spec.precision,
-                                                        first_grads, spread=diff, tests=tests)),
-                           toy)
+            checked = both(both(both(checked, training_check(
+                full, reference, spec.precision, first_grads, spread=diff, tests=tests)),
+                course), toy)
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})

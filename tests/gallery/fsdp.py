@@ -14,17 +14,28 @@ tests/test_fsdp.py in fp32 and fp16.
 `StaleShards`: the same, each shard handed the gradient reduced at the step before (zeros at
 the first); the course's test fails it at step 0.
 
+`KeepsModelElsewhere`: right, but keeps the model as `.model`; the course's gradient-sync
+test reads `fsdp_model.module`.
+
+`ShardsNorms`: right in training, but shards the RMSNorm gains too, which the handout asks
+left whole; the course's test finds their gradients differ between ranks.
+
+`GathersToRankZero`: right, but gathers the full parameters to rank 0 alone (as for a
+checkpoint); the other ranks return their shards, which the course's test compares too.
+
 `CompileReady`: the same, its gathering hooks registered under torch.compiler.disable, so that
 a compiled block runs them eager (the step's compile switch) instead of tracing them.
 """
 
 import torch
 import torch.distributed as dist
-from cs336_basics.model import Embedding, Linear
+from cs336_basics.model import Embedding, Linear, RMSNorm
 from torch import nn
 
 
 class FSDP(nn.Module):
+    kinds = (Linear, Embedding)  # the modules whose weights are sharded
+
     def __init__(self, module, compute_dtype=None):
         super().__init__()
         self.module = module
@@ -34,7 +45,7 @@ class FSDP(nn.Module):
         self.replicated = []
         sharded = set()
         for m in module.modules():
-            if not isinstance(m, (Linear, Embedding)):
+            if not isinstance(m, self.kinds):
                 continue
             w = m.weight
             sharded.add(id(w))
@@ -101,7 +112,7 @@ class FSDP(nn.Module):
         modules = dict(self.module.named_modules())
         for name, p in self.module.named_parameters():
             owner = modules[name.rpartition(".")[0]]
-            if isinstance(owner, (Linear, Embedding)):
+            if isinstance(owner, self.kinds):
                 parts = [torch.empty_like(owner.shard) for _ in range(self.world)]
                 dist.all_gather(parts, owner.shard)
                 out[name] = torch.cat(parts)[: owner.full_shape[0]]
@@ -148,3 +159,38 @@ class StaleShards(FSDP):
 class CompileReady(FSDP):
     def _hook(self, fn):
         return torch.compiler.disable(fn)
+
+
+class KeepsModelElsewhere(FSDP):
+    def __init__(self, module, compute_dtype=None):
+        super().__init__(module, compute_dtype)
+        self.model = self._modules.pop("module")
+
+    def forward(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def full_state_dict(self):
+        self.module = self.model
+        try:
+            return super().full_state_dict()
+        finally:
+            del self.module
+
+
+class ShardsNorms(FSDP):
+    kinds = (Linear, Embedding, RMSNorm)
+
+
+class GathersToRankZero(FSDP):
+    def full_state_dict(self):
+        out = {}
+        modules = dict(self.module.named_modules())
+        for name, p in self.module.named_parameters():
+            owner = modules[name.rpartition(".")[0]]
+            if not isinstance(owner, self.kinds):
+                out[name] = p.data
+                continue
+            parts = [torch.empty_like(owner.shard) for _ in range(self.world)] if self.rank == 0 else None
+            dist.gather(owner.shard, parts, dst=0)
+            out[name] = torch.cat(parts)[: owner.full_shape[0]] if self.rank == 0 else owner.shard
+        return out
