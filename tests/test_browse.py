@@ -95,3 +95,40 @@ def test_browse_refuses_what_is_not_a_store(tmp_path):
     result = invoke("browse", "--db", tmp_path / "missing.db")
     assert result.exit_code == 2 and "no results store" in result.stderr
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_the_canned_queries_keep_each_gpu_and_shape_apart(tmp_path):
+    """A point is its settings on a machine, and device is cuda:0 on every GPU: the latest
+    run per point hid one GPU's runs behind the other's. The fastest attention compared a
+    batch of 8 with a batch of 1, and the Triton interpreter's times with compiled ones."""
+    import sqlite3
+
+    from cs336sys.cli.browse import QUERIES
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store.db import Store, point_key
+
+    store = Store(tmp_path / "r.db", EXPERIMENTS)
+    for inv, gpu in (("a", "NVIDIA H100 80GB HBM3"), ("b", "NVIDIA A100-SXM4-80GB")):
+        store.db["invocations"].insert({"id": inv, "gpu": gpu, "started": "2026-01-01"})
+    runs = [("a", "model", {"size": "small", "device": "cuda:0"}, {}),
+            ("b", "model", {"size": "small", "device": "cuda:0"}, {})]
+    shape = {"seq": 128, "d_head": 16, "precision": "fp32", "causal": True, "heads": 4,
+             "pass": "both", "device": "cuda:0"}
+    for impl, batch, ms, interpreted in (("naive", 8, 1.0, 0), ("flash-torch", 1, 1.5, 0),
+                                         ("naive", 1, 2.0, 0), ("flash-triton", 1, 0.5, 1)):
+        runs.append(("a", "attention", {**shape, "impl": impl, "batch": batch},
+                     {"e2e_ms_median": ms, "interpreted": interpreted}))
+    for i, (inv, exp, settings, metrics) in enumerate(runs):
+        store.db["runs"].insert({
+            "id": f"r{i}", "invocation_id": inv, "experiment": exp, "status": "ok",
+            "settings": json.dumps(settings), "metrics": json.dumps(metrics),
+            "created": f"2026-01-01 00:00:{i:02d}", "point_key": point_key(exp, settings)})
+    store.close()
+    conn = sqlite3.connect(tmp_path / "r.db")
+    conn.row_factory = sqlite3.Row
+    latest = [dict(r) for r in conn.execute(QUERIES["latest_per_point"][1])]
+    assert sorted(r["gpu"] for r in latest if r["experiment"] == "model") == [
+        "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]
+    fastest = [dict(r) for r in conn.execute(QUERIES["fastest_attention_per_seq"][1])]
+    assert [(r["batch"], r["impl"], r["e2e_ms_median"]) for r in fastest] == [
+        (1, "flash-torch", 1.5), (8, "naive", 1.0)]

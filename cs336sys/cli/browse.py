@@ -20,21 +20,27 @@ from cs336sys.sweep import stopping
 # Canned queries: name -> (title, SQL over the views and tables of the current schema).
 QUERIES = {
     "latest_per_point": (
-        "The latest run of every point",
-        "SELECT r.experiment, r.created, r.status, r.error, r.settings, r.invocation_id\n"
-        "  FROM runs r\n"
-        "  JOIN (SELECT experiment, point_key, max(created) AS created FROM runs\n"
-        "         GROUP BY experiment, point_key) latest\n"
+        "The latest run of every point on each GPU",
+        # a point is its settings on a machine: device is cuda:0 on every GPU
+        "SELECT r.experiment, i.gpu, r.created, r.status, r.error, r.settings, r.invocation_id\n"
+        "  FROM runs r JOIN invocations i ON i.id = r.invocation_id\n"
+        "  JOIN (SELECT r2.experiment, r2.point_key, i2.gpu, max(r2.created) AS created\n"
+        "         FROM runs r2 JOIN invocations i2 ON i2.id = r2.invocation_id\n"
+        "        GROUP BY r2.experiment, r2.point_key, i2.gpu) latest\n"
         "    ON latest.experiment = r.experiment AND latest.point_key = r.point_key\n"
-        "   AND latest.created = r.created\n"
-        " ORDER BY r.experiment, r.created DESC",
+        "   AND latest.gpu IS i.gpu AND latest.created = r.created\n"
+        " ORDER BY r.experiment, i.gpu, r.created DESC",
     ),
     "fastest_attention_per_seq": (
-        "The fastest attention implementation at each sequence length (end to end, median)",
+        "The fastest attention implementation at each shape (end to end, median; compiled "
+        "Triton only, not the interpreter)",
         # SQLite: the bare columns of a min() aggregate come from the row that has the min
-        "SELECT seq, precision, d_head, gpu, impl, min(e2e_ms_median) AS e2e_ms_median\n"
+        "SELECT gpu, precision, causal, batch, heads, d_head, seq, impl, compile, sdpa_backend,\n"
+        "       min(e2e_ms_median) AS e2e_ms_median\n"
         "  FROM attention_runs WHERE status = 'ok' AND e2e_ms_median IS NOT NULL\n"
-        " GROUP BY seq, precision, d_head, gpu ORDER BY gpu, precision, d_head, seq",
+        "   AND NOT coalesce(interpreted, 0)\n"
+        " GROUP BY gpu, precision, causal, batch, heads, d_head, seq\n"
+        " ORDER BY gpu, precision, causal, batch, heads, d_head, seq",
     ),
 }
 
@@ -68,7 +74,7 @@ def browse(
 ) -> None:
     """Serve the results store in a browser with Datasette: browse, facet and filter every view, and run read-only SQL. Needs the browse extra (pip install 'cs336sys[browse]').
 
-    Each view's columns carry their unit and meaning; canned queries give the latest run of every point and the fastest attention per sequence length. The store is opened read-only and nothing is written beside it: a store no sweep has open is served as it is at the start (rows stored later show after a restart); one a sweep is writing, live; one of an older schema, as a migrated snapshot. Ctrl-C stops it.
+    Each view's columns carry their unit and meaning; canned queries give the latest run of every point on each GPU and the fastest attention at each shape. The store is opened read-only and nothing is written beside it: a store no sweep has open is served as it is at the start (rows stored later show after a restart); one a sweep is writing, live; one of an older schema, as a migrated snapshot. Ctrl-C stops it.
 
     Example:
 
