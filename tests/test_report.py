@@ -589,6 +589,34 @@ def test_the_analytic_plan_comes_after_the_measured_sections_folded(store, tmp_p
     assert re.findall(r"^## (.+)$", md, re.M)[-1].startswith("Plan")
 
 
+def test_the_header_says_a_sweep_stopped_before_its_first_point(tmp_path):
+    """A sweep killed before it stored a point has no run, and the header reached
+    invocations through their runs alone: `ok 6 (in 1 invocation)` of 2, no word of it.
+    One that ended normally with nothing stored (every point resumed) is left out, as is one
+    outside the selection's time or experiments."""
+    import sqlite3
+
+    from cs336sys.report.render import STOPPED_EARLY, provenance
+    from cs336sys.report.select import Selection, invocations
+
+    db = build(tmp_path / "r.db")
+    conn = sqlite3.connect(db)
+    for i, finished, started in (("killed", None, "2026-01-07 09:00:00.000000"),
+                                 ("resumed", "2026-01-07 09:01:00", "2026-01-07 09:00:30.0")):
+        conn.execute("INSERT INTO invocations (id, command, started, finished, gpu, gpu_count, "
+                     "git_commit, git_dirty) VALUES (?, 'model', ?, ?, 'cpu', 0, 'c', 0)",
+                     (i, started, finished))
+    conn.commit()
+    conn.row_factory = sqlite3.Row
+    got = invocations(conn, Selection())
+    assert [(i["id"], i["_n"]) for i in got if i["_n"] == 0] == [("killed", 0)]
+    assert dict(provenance(got, {}))[STOPPED_EARLY].startswith(
+        "1 invocation never finished (killed, or still running) before storing a point")
+    assert not [i for i in invocations(conn, Selection(until="2026-01-07")) if i["_n"] == 0]
+    assert not [i for i in invocations(conn, Selection(experiments=("ddp",))) if i["_n"] == 0]
+    assert not [i for i in invocations(conn, Selection(where=(("seq", "128"),))) if not i["_n"]]
+
+
 def test_the_header_says_which_invocations_stopped_before_their_end():
     """A sweep stopped by Ctrl-C (exit 130) or killed (never finished) read as complete:
     `Runs by status: ok 4`. The header says so, and how to measure the rest."""

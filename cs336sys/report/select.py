@@ -372,7 +372,8 @@ def load(
 
 
 def invocations(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
-    """The invocations behind the selected runs, with their run counts by status."""
+    """The invocations behind the selected runs, with their run counts by status; then those
+    that stored no run and never ended normally (`_n` 0), as `unstored` selects them."""
     where, params = sel.clause()
     cur = conn.execute(
         "SELECT i.*, r.status AS _status, count(*) AS _n FROM runs r "
@@ -380,5 +381,32 @@ def invocations(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]
         "GROUP BY r.invocation_id, r.status ORDER BY i.started, i.id",
         params,
     )
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, v, strict=True)) for v in cur] + unstored(conn, sel)
+
+
+def unstored(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
+    """The invocations that stored no run and never ended normally (killed or stopped before
+    their first point, or still running it) that the selection takes, by their start time,
+    command and their own columns: a sweep with every point missing. None where the
+    selection names a setting (no run of theirs has one)."""
+    if any(key not in INVOCATION_KEYS for key, _ in sel.where):
+        return []
+    own = Selection(gpu=sel.gpu, commit=sel.commit, commits=sel.commits, label=sel.label,
+                    handout=sel.handout, where=sel.where)
+    where, params = own.clause()
+    conds = [where, "NOT EXISTS (SELECT 1 FROM runs r WHERE r.invocation_id = i.id)",
+             "(i.finished IS NULL OR i.exit_status IN (130, 143))"]
+    for cond, value in (("i.started >= ?", sel.since), ("i.started < ?", sel.until),
+                        ("i.id LIKE ? ESCAPE '\\'",
+                         sel.invocation and like_prefix(sel.invocation))):
+        if value:
+            conds.append(cond)
+            params.append(value)
+    if sel.experiments:
+        conds.append(f"i.command IN ({', '.join('?' * len(sel.experiments))})")
+        params.extend(sel.experiments)
+    cur = conn.execute(f"SELECT i.*, NULL AS _status, 0 AS _n FROM invocations i "
+                       f"WHERE {' AND '.join(conds)} ORDER BY i.started, i.id", params)
     names = [d[0] for d in cur.description]
     return [dict(zip(names, v, strict=True)) for v in cur]
