@@ -611,6 +611,30 @@ def test_a_pivot_names_what_its_rows_share_and_the_sdpa_backend_that_ran():
     assert t.constant == "heads=16, batch=1"
 
 
+def test_pivot_says_a_setting_that_differs_between_rows_and_one_implementations_own():
+    """A seq that differed between rows without splitting a cell (32 forward, 64 forward-
+    backward) was neither a row key nor shared: unsaid. A second SDPA backend split every
+    shape into a triton line and an sdpa line, half empty each: the backend names the
+    column group, as the report names the implementation."""
+    fwd = Column("forward ms", "fwd_ms", "num")
+    rows = [_row(size="tiny", mode=mode, seq=seq, metrics={"fwd_ms": ms})
+            for mode, seq, ms in (("forward", 32, 1.0), ("forward-backward", 64, 2.0))]
+    t = pivot(Pivot("t", "model", ("size", "mode"), (fwd,)), rows, ["size", "mode", "seq"])
+    assert t.headers == ["size", "mode", "seq", "forward ms"]
+    assert [r[2] for r in t.rows] == ["32", "64"]
+    rows = [_row(impl=impl, d_head=64, seq=seq, sdpa_backend=backend, triton_opt_in=opt_in,
+                 metrics={"fwd_ms": ms, "sdpa_backend_used": used})
+            for seq in (1024, 2048)
+            for impl, backend, opt_in, used, ms in (
+                ("triton", None, "default", None, 1.0), ("sdpa", "auto", None, "flash", 2.0),
+                ("sdpa", "flash", None, "flash", 3.0), ("sdpa", "cudnn", None, "cudnn", 4.0))]
+    t = pivot(Pivot("t", "attention", ("d_head", "seq"), (fwd,), across="impl"), rows,
+              ["impl", "d_head", "seq"])
+    assert t.headers == ["d", "seq", "triton", "sdpa[flash] (sdpa_backend=auto)",
+                         "sdpa[flash] (sdpa_backend=flash)", "sdpa[cudnn]"]
+    assert t.rows == [["64", "1024", "1", "2", "3", "4"], ["64", "2048", "1", "2", "3", "4"]]
+
+
 def test_the_method_line_counts_the_samples_the_tables_come_from():
     """`at least 100 timed samples a point` (the --iters asked) stood above cells marked
     (n=1) of the H100 store: do_bench picks its own count, and a point past its budget

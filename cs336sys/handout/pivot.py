@@ -81,8 +81,8 @@ def _order(key: str, rows: list[Row]) -> Callable[[Row], Any]:
 def _keys(p: Pivot, rows: list[Row]) -> list[str]:
     """The settings that name a row: the pivot's, then each other setting that still tells
     two rows of one cell apart (a second precision the shape leaves out), in order, until
-    none do. A setting that follows from the others (the optimizer of a forward-only point)
-    never splits a row."""
+    none do, then any other that differs between rows. A setting that follows from the
+    others (the optimizer of a forward-only point) never splits a row."""
     keys = list(p.rows)
     shown = [*p.rows, *([p.across] if p.across else []), *p.where]
     for extra in varying(rows, shown):
@@ -94,7 +94,9 @@ def _keys(p: Pivot, rows: list[Row]) -> list[str]:
             cells.setdefault(cell, set()).add(repr(s.get(extra)))
         if any(len(values) > 1 for values in cells.values()):
             keys.append(extra)
-    return keys
+    # one that differs between rows without splitting a cell (seq 32 for the forward rows,
+    # 64 for the others) is a key too: else neither a key nor shared, it went unsaid
+    return keys + varying(rows, [*shown, *keys])
 
 
 def _group(p: Pivot, value: Any, rows: list[Row]) -> str:
@@ -104,6 +106,41 @@ def _group(p: Pivot, value: Any, rows: list[Row]) -> str:
         return _WORDS[p.across](value)
     named = {_row_cell(p.across, r) for r in rows if r["_settings"].get(p.across) == value}
     return named.pop() if len(named) == 1 else text(value)
+
+
+def _qualifiers(p: Pivot, keys: list[str], rows: list[Row]) -> list[str]:
+    """The keys past the pivot's own set on the rows of one column group alone (the SDPA
+    backend, the Triton opt-in kernels): they name a column group, not a row, or every row
+    of another implementation left its cells empty on a line of its own."""
+    if not p.across:
+        return []
+    out = []
+    for k in keys[len(p.rows):]:
+        owners = {repr(r["_settings"].get(p.across)) for r in rows
+                  if r["_settings"].get(k) is not None}
+        if len(owners) == 1:
+            out.append(k)
+    return out
+
+
+def _column(p: Pivot, qualifiers: list[str]) -> Callable[[Row], tuple]:
+    """A row's column group: its `across` value and those of the `qualifiers`."""
+    return lambda r: (r["_settings"].get(p.across) if p.across else None,
+                      *(r["_settings"].get(q) for q in qualifiers))
+
+
+def _group_names(p: Pivot, groups: list[tuple], qualifiers: list[str], rows: list[Row]
+                 ) -> list[str]:
+    """Each column group's name (`sdpa[flash]`), with its qualifiers' values where two
+    groups would read alike (`sdpa[flash] (sdpa_backend=auto)`)."""
+    members = [[r for r in rows if _column(p, qualifiers)(r) == g] for g in groups]
+    names = [_group(p, g[0], m) for g, m in zip(groups, members, strict=True)]
+    out = []
+    for name, g, m in zip(names, groups, members, strict=True):
+        said = [f"{_HEADERS.get(q, q)}={_row_cell(q, m[0])}"
+                for q, v in zip(qualifiers, g[1:], strict=True) if v is not None]
+        out.append(f"{name} ({', '.join(said)})" if said and names.count(name) > 1 else name)
+    return out
 
 
 def _constant(shows: list[str], named: set[str], rows: list[Row]) -> str:
@@ -144,27 +181,28 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = ()) -> FilledTable | Non
     if not rows:
         return None
     keys = _keys(p, rows)
+    qualifiers = _qualifiers(p, keys, rows)
+    keys = [k for k in keys if k not in qualifiers]
+    column = _column(p, qualifiers)
     gpus = len({r.get("gpu") for r in rows}) > 1
     for key in reversed(keys):  # a stable sort per key, the first key last
         rows.sort(key=_order(key, rows))
-    groups = [None]
+    groups = [column(rows[0])]
     if p.across:
-        groups = list(dict.fromkeys(r["_settings"].get(p.across)
-                                    for r in sorted(rows, key=_order(p.across, rows))))
+        groups = list(dict.fromkeys(column(r) for r in sorted(rows, key=_order(p.across, rows))))
     table: dict[tuple, dict[Any, Row]] = {}
     for r in rows:
         name = tuple(_row_cell(k, r) for k in keys) + ((text(r.get("gpu")),) if gpus else ())
-        table.setdefault(name, {})[r["_settings"].get(p.across) if p.across else None] = r
+        table.setdefault(name, {})[column(r)] = r
     headers = [_HEADERS.get(k, k) for k in keys] + (["GPU"] if gpus else [])
-    for g in groups:
+    for group in _group_names(p, groups, qualifiers, rows) if p.across else [""]:
         for c in p.values:
-            group = _group(p, g, rows) if p.across else ""
             headers.append(c.header if not group else
                            group if len(p.values) == 1 else f"{group}: {c.header}")
     body = [[*name, *(cell(c, by[g], spread=False) if g in by else ""
                       for g in groups for c in p.values)]
             for name, by in table.items()]
-    named = {*keys, *([p.across] if p.across else []), *p.where}
+    named = {*keys, *qualifiers, *([p.across] if p.across else []), *p.where}
     return FilledTable(p.title, headers, body, note=p.note,
                        constant=_constant(list(shows), named, rows))
 
