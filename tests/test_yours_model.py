@@ -230,7 +230,11 @@ def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path
     result = invoke("model", *MICRO, "--seq", "16", "--attention", "yours-torch", "--db", db)
     assert result.exit_code == 0, result.output
     wrong = model_runs(db)[-1]
-    assert wrong["status"] == "wrong" and wrong["error"].startswith("wrong: naive attention in place")
+    assert wrong["status"] == "wrong"
+    assert wrong["error"].startswith(  # its cause in words, found on the kernel alone
+        "wrong: yours-torch computes non-causal attention: the causal mask is missing "
+        "(is_causal ignored) (the handout lets the PyTorch FlashAttention ignore it in its "
+        "tests; a language model needs the mask); naive attention in place"), wrong["error"]
 
 
 @pytest.mark.slow
@@ -500,10 +504,59 @@ def test_a_persistent_rope_table_keeps_the_loss_comparison():
 
     ours, theirs = Ours(), Theirs()
     assert _loaded(ours, theirs) is None
+
+    class Shared(nn.Module):  # one persistent RoPE module in every block, as the course's
+        def __init__(self, rope_cls):
+            super().__init__()
+            rope = rope_cls()
+            self.blocks = nn.ModuleList(nn.Module() for _ in range(2))
+            for block in self.blocks:
+                block.lin, block.rope = nn.Linear(2, 2), rope
+
+    class Rope(nn.Module):
+        def __init__(self, persistent=True):
+            super().__init__()
+            self.register_buffer("cos", torch.ones(3), persistent=persistent)
+
+    # state_dict() names the shared table under each block; named_buffers() once
+    assert _loaded(Shared(lambda: Rope(persistent=False)), Shared(Rope)) is None
     assert torch.equal(ours.lin.weight, theirs.lin.weight)
     assert _loaded(Ours(), Theirs(extra=True)) == "ours lacks: gain"
     assert _loaded(Ours(extra=True), Theirs()) == "theirs lacks: gain"
     assert _loaded(Ours(), Theirs(out=3)).startswith("size mismatch for lin.weight")
+
+
+def test_a_model_with_dropout_is_checked_in_eval_mode(monkeypatch):
+    """A dropout of the user's drew masks ours (none) never does: its loss and logits were
+    apart, and a right model was wrong. The check's copy runs in eval mode."""
+    import dataclasses
+
+    from cs336sys.experiments import checks
+    from cs336sys.models.config import ModelConfig
+    from cs336sys.models.transformer import TransformerLM
+
+    class Dropping(TransformerLM):
+        def __init__(self, config):
+            super().__init__(config)
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(super().forward(x))  # (B, T, V)
+
+    built = checks.make_model
+
+    def make_model(config, device, seed):
+        if config.model is None:
+            return built(config, device, seed)
+        torch.manual_seed(seed)
+        return Dropping(dataclasses.replace(config, model=None))
+
+    monkeypatch.setattr(checks, "make_model", make_model)
+    config = ModelConfig(d_model=32, d_ff=64, num_layers=1, num_heads=2, vocab_size=64,
+                         context_length=16, model="my_models.lm:Dropping")
+    verdict = checks.model_check(config, "cpu", 0, 2)
+    assert verdict.passed, verdict.why
+    assert verdict.metrics["check_detail"].startswith("the same weights in cs336sys's")
 
 
 def test_a_forward_that_returns_no_logits_tensor_is_told_what_is_needed():

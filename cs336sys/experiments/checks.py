@@ -58,12 +58,20 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     )
     x, y = make_batch(seed, min(batch, 2), small.context_length, small.vocab_size)
     x, y = x.to(device), y.to(device)
-    theirs = make_model(small, device, seed)
+    # the check's own copy, in eval mode: a dropout of theirs would draw other masks than
+    # ours (none), and the timed model still trains
+    theirs = make_model(small, device, seed).eval()
     if config.model is None:  # their attention in our model: naive attention's loss
         ours = make_model(dataclasses.replace(small, attention="naive"), device, seed)
         with torch.no_grad():
             mine, reference = theirs(x), ours(x)
-        return _same_output(mine, reference, y, f"naive attention in place of {config.attention}")
+        verdict = _same_output(mine, reference, y,
+                               f"naive attention in place of {config.attention}")
+        computes = None if verdict.passed else _attention_computes(config.attention, device)
+        if computes is not None:
+            verdict = dataclasses.replace(verdict, why=f"wrong: {config.attention} computes "
+                                          f"{computes}; {verdict.why.removeprefix('wrong: ')}")
+        return verdict
     with torch.no_grad():
         logits = theirs(x)
         loss = float(cross_entropy(logits, y, vocab=small.vocab_size))
@@ -71,7 +79,7 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     if not math.isfinite(loss):
         return Verdict(False, {**metrics, "check": "fail"},
                        f"wrong: the loss of {config.model} is {loss}")
-    ours = make_model(dataclasses.replace(small, model=None, attention="naive"), device, seed)
+    ours = make_model(dataclasses.replace(small, model=None, attention="naive"), device, seed).eval()
     why = _loaded(ours, theirs)
     if why is not None:
         detail = (f"architecture differs from cs336sys's TransformerLM ({why[:200]}): only "
@@ -82,6 +90,31 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     return _same_output(logits, reference, y, "the same weights in cs336sys's TransformerLM")
 
 
+def _attention_computes(name: str, device: str) -> str | None:
+    """What the user's kernel `name` computes in place of causal attention, in words, on a
+    small head (attention/diagnosis.py's alternatives: the mask missing, no scale, ...):
+    where the model's loss differs, its cause. None where it matches none, or raises."""
+    import torch
+
+    from cs336sys.attention import registry
+    from cs336sys.attention.diagnosis import CHECK_TOLERANCE, diagnose
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 16, generator=g).to(device) for _ in range(3))  # (B, H, T, D)
+    try:
+        with torch.no_grad():
+            out = registry.get(name)(q, k, v, is_causal=True)
+    except Exception:  # its error is the point's, when the timed model runs it
+        return None
+    found = diagnose({"O": out}, q, k, v, None, True, CHECK_TOLERANCE["fp32"])
+    if found is None:
+        return None
+    alt, _ = found
+    allowed = (" (the handout lets the PyTorch FlashAttention ignore it in its tests; a "
+               "language model needs the mask)" if not alt.causal else "")
+    return alt.name + allowed
+
+
 def _loaded(ours: Any, theirs: Any) -> str | None:
     """Load the user's weights into ours; None when every parameter found its place, else
     why not, in one line. Buffers are no weights: a RoPE table registered persistent (the
@@ -89,8 +122,10 @@ def _loaded(ours: Any, theirs: Any) -> str | None:
     loss comparison."""
     state = theirs.state_dict()
     ours_keys = set(ours.state_dict())
-    buffers = {name for name, _ in theirs.named_buffers()}
-    ours_buffers = {name for name, _ in ours.named_buffers()}
+    # every name of a buffer, as state_dict() has it: one RoPE table shared by every block
+    # is under each block's name there, and named_buffers() gives it once
+    buffers = {name for name, _ in theirs.named_buffers(remove_duplicate=False)}
+    ours_buffers = {name for name, _ in ours.named_buffers(remove_duplicate=False)}
     try:
         found = ours.load_state_dict(
             {k: v for k, v in state.items() if k in ours_keys or k not in buffers}, strict=False)
