@@ -118,6 +118,22 @@ class ChainLM(GeluLM):
 class NanLM(GeluLM):
     def forward(self, x):
         return super().forward(x) * float("nan")
+
+
+class NanLater(GeluLM):
+    """Finite in its first forward (the check's copy has one), NaN after: a blow-up."""
+
+    def forward(self, x):
+        self.calls = getattr(self, "calls", 0) + 1
+        return super().forward(x) * (float("nan") if self.calls > 1 else 1.0)
+
+
+class LazyHead(GeluLM):
+    """Its head made lazily: no shape until the first forward."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.head = nn.LazyLinear(vocab_size, bias=False)
 '''
 
 
@@ -265,6 +281,34 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
     assert profiled["qk_flops"] == 2 * (2 * 4 * 16 * 16 * 16) * 2  # 2·B·H·T²·d, 2 layers
     result = invoke("step", *small, "--model", "cs336_basics", "--switches", "fused-ce", "--db", db)
     assert result.exit_code == 2 and "takes fused-adamw and compile" in result.stderr
+    # the default switches, less those that change cs336sys's model, were refused as asked
+    result = invoke("step", *small, "--model", "cs336_basics", "--dry-run", "--db", db)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("dry run: 2 point(s)"), result.output  # none, fused-adamw
+
+
+@pytest.mark.slow
+def test_a_loss_that_turns_nan_while_timed_is_wrong_in_every_command(tmp_path, monkeypatch):
+    """Past the check's one forward, a NaN in the timed steps was ok and pass for memory,
+    profile and step (model alone looked). A lazily made head is counted once made."""
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                        "my_models/lm.py": OTHER_MODEL})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    small = [*MICRO, "--seq", "16", "--warmup", "1", "--iters", "2", "--db", db]
+    for args in (["memory", "--model", "my_models.lm:NanLater"],
+                 ["profile", "model", "--model", "my_models.lm:NanLater", "--top", "1"],
+                 ["step", "--model", "my_models.lm:NanLater", "--switches", "none"],
+                 ["memory", "--model", "my_models.lm:LazyHead"]):
+        result = invoke(*args, *small)
+        assert result.exit_code == 0, (args, result.output)
+    rows = query(db, "SELECT experiment, status, error, metrics FROM runs ORDER BY created")
+    assert [(r["experiment"], r["status"]) for r in rows] == [
+        ("memory", "wrong"), ("profile", "wrong"), ("step", "wrong"), ("memory", "ok")], rows
+    assert all(r["error"].startswith("wrong: a non-finite loss (nan) at step 2 of the ")
+               for r in rows[:3]), [r["error"] for r in rows]
+    lazy, eager = json.loads(rows[3]["metrics"]), json.loads(rows[0]["metrics"])
+    assert lazy["params"] == eager["params"] > 0  # the same shapes, its head made late
 
 
 def test_the_profile_splits_your_attention_around_your_own_softmax(tmp_path, monkeypatch):

@@ -265,10 +265,25 @@ def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
     return Verdict(passed, metrics, why)
 
 
-def judged(checked: Verdict | None, metrics: dict[str, Any], **result: Any) -> Result:
+def finite_losses(losses: Any) -> Verdict:
+    """The losses of every step a point ran (warm-up included) finite: a NaN in training is
+    the user's model or kernel failing there, after the check's one forward passed."""
+    bad = next((i for i, v in enumerate(losses) if not math.isfinite(float(v))), None)
+    if bad is None:
+        return Verdict(True, {})
+    return Verdict(False, {"check": "fail"},
+                   f"wrong: a non-finite loss ({float(losses[bad])}) at step {bad + 1} of the "
+                   f"{len(losses)} it ran, warm-up included")
+
+
+def judged(checked: Verdict | None, metrics: dict[str, Any], losses: Any = (),
+           **result: Any) -> Result:
     """A measured point's Result once its checks are done: ok, or `wrong` with the failed
-    check's reason; the checks' metrics join the measured ones."""
+    check's reason; the checks' metrics join the measured ones. Where the user's code ran
+    (`checked` is not None) and passed, its `losses`, every step's, must be finite too."""
     if checked is not None:
+        if checked.passed:  # a failed check's loss may be NaN already: its cause is said
+            checked = both(checked, finite_losses(losses))
         metrics.update(checked.metrics)
     passed = checked is None or checked.passed
     return Result("ok" if passed else "wrong", metrics=metrics,

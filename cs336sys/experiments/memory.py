@@ -145,8 +145,7 @@ def run(spec: MemorySpec) -> Result:
         with tracker:
             model = make_model(config, m.device, m.seed)
     init_bytes = probe.current()
-    params = list(model.parameters())
-    n_params = sum(p.numel() for p in params)
+    params = list(model.parameters())  # a lazy one is counted once a forward made it
     step = make_step(model, vocab_size=config.vocab_size, batch=m.batch, seq=m.seq,
                      mode=m.mode, precision=m.precision, optimizer=m.optimizer, compile=False,
                      device=m.device, seed=m.seed)
@@ -231,6 +230,7 @@ def run(spec: MemorySpec) -> Result:
         act_analytic = model_saved_bytes(config, B, T)
     else:  # mixed precision and other kernels keep other tensors: not modelled
         act_analytic = None
+    n_params = sum(p.numel() for p in params)
     metrics.update(
         peak_source="cuda_allocator" if on_cuda else "live_tensors",
         init_bytes=init_bytes,
@@ -261,7 +261,7 @@ def run(spec: MemorySpec) -> Result:
         snapshot_pickle=str(pickle.absolute()) if pickle else None,
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
-    return judged(checked, metrics, samples={**timed, "warmup": warm})
+    return judged(checked, metrics, losses, samples={**timed, "warmup": warm})
 
 
 def last_block(model: Any, config: Any) -> Any:

@@ -10,7 +10,6 @@ device sync, so the host timer measures the device's work (docs/methodology.md,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import model_command, model_section, preflight
-from cs336sys.experiments.checks import CHECK_METRICS, before_timing
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
 from cs336sys.experiments.training_step import (
     MODES,
     OPTIMIZERS,
@@ -279,18 +278,13 @@ def run(spec: ModelSpec) -> Result:
         loss_last=losses[-1],
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), spec.device))
-    status, why = "ok", None
     if checked is not None:
         user = [type(model)] if config.model is not None else (
             [registry.get(config.attention)] if yours.is_yours(config.attention) else [])
         if yours.is_yours(spec.optimizer):
             user.append(type(step.optimizer))
-        metrics.update(checked.metrics, code=sources(*user))
-        status, why = ("ok", None) if checked.passed else ("wrong", checked.why)
-        if status == "ok" and not all(math.isfinite(v) for v in losses):
-            status, why = "wrong", f"wrong: a non-finite loss in the timed steps ({losses})"
-            metrics["check"] = "fail"
-    return Result(status, metrics=metrics, error=why,
+        metrics["code"] = sources(*user)
+    return judged(checked, metrics, losses,
                   samples={**timed, "loss": losses, "warmup": warm})
 
 

@@ -210,7 +210,8 @@ def run(spec: ProfileSpec) -> Result:
         metrics.update(loss_first=losses[0], loss_last=losses[-1])
     samples: dict[str, Any] = dict(timed)
     samples["warmup"] = warm
-    return judged(built.checked, metrics, samples=samples, tables={"kernel_stats": kernels})
+    return judged(built.checked, metrics, built.losses, samples=samples,
+                  tables={"kernel_stats": kernels})
 
 
 def attention_part_flops(batch: int, heads: int, seq: int, d_head: int) -> dict[str, float]:

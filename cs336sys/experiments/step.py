@@ -159,6 +159,10 @@ class StepSpec(ModelShape):
         return "nccl" if self.device.startswith("cuda") else "gloo"
 
 
+# The switches that change cs336sys's model (its attention, its LM head): not the user's.
+MODEL_SWITCHES = ("flash", "fused-ce")
+
+
 def parse_switches(values: Iterable[str] | None, default: str) -> list[tuple[str, ...]]:
     """`--switches none,fused-ce,fused-adamw+fused-ce,all` -> the switch sets, in order.
     `ablation` is none, each switch alone, and all of them."""
@@ -271,10 +275,13 @@ def specs(
     if ce not in CE_IMPLS:
         raise unknown("--ce", ce, CE_IMPLS)
 
+    if model is not None and switches is None:  # the default's sets, less what changes ours
+        sets = list(dict.fromkeys(tuple(s for s in switch_set if s not in MODEL_SWITCHES)
+                                  for switch_set in sets))
     on = {s for switch_set in sets for s in switch_set}
     if model is not None:
         check_model(model, attention)
-        for switch in ("flash", "fused-ce"):
+        for switch in MODEL_SWITCHES:
             if switch in on:
                 raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
                                 f"LM head); --model {model} takes fused-adamw and compile")
@@ -398,7 +405,7 @@ def run(spec: StepSpec) -> Result:
         loss_last=float(losses[-1]),
         course_ms=course,
     )
-    return judged(checked, metrics,
+    return judged(checked, metrics, losses,
                   samples={"step_ms": samples, "opt_ms": opt, "warmup": {"step_ms": warm},
                            "loss": [float(v) for v in losses]})
 

@@ -172,6 +172,6 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         loss_last=summed[-1],
     )
     del model
-    return judged(checked, metrics, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
+    return judged(checked, metrics, summed, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
                                              "loss": summed})
 
