@@ -120,6 +120,14 @@ class NanLM(GeluLM):
         return super().forward(x) * float("nan")
 
 
+class Asserting(GeluLM):
+    """Checks its tokens' values, as a careful model does: it cannot run on meta tensors."""
+
+    def forward(self, x):
+        assert bool((x < self.head.out_features).all()), "a token id past the vocabulary"
+        return super().forward(x)
+
+
 class NanLater(GeluLM):
     """Finite in its first forward (the check's copy has one), NaN after: a blow-up."""
 
@@ -198,6 +206,13 @@ def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_pat
 
     assert row["flops_basis"] == "counted"
     assert row["flops_per_step"] == counted_train_flops(GeluLM)
+    # one that cannot run on the meta device is counted on its own, not given our formula
+    result = invoke("model", *MICRO, "--seq", "16", "--model", "my_models.lm:Asserting",
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    asserting = model_runs(db)[-1]
+    assert (asserting["flops_basis"], asserting["flops_per_step"]) == (
+        "counted", counted_train_flops(GeluLM))
 
     result = invoke("model", *MICRO, "--seq", "16", "--model", "my_models.lm:NanLM", "--db", db)
     assert result.exit_code == 0

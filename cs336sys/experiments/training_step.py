@@ -347,7 +347,8 @@ def throughput_metrics(stat: str) -> tuple:
         Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
         Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
         Metric("flops_basis", "", "formula (models/flops.py), or counted (FlopCounterMode) for "
-               "a user's model whose matmuls differ from the formula's"),
+               "a user's model whose matmuls differ from the formula's, or formula, uncounted "
+               "where a user's model could not be counted"),
     )
 
 
@@ -363,9 +364,11 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
     flops = step_flops(config, batch, seq, mode)
     basis = "formula"
     if config.model is not None:
-        counted = counted_forward_flops(config, batch, seq)
+        counted = counted_forward_flops(config, batch, seq, model)
         formula = step_flops(config, batch, seq, "forward")
-        if counted is not None and abs(counted - formula) > 0.01 * formula:
+        if counted is None:
+            basis = "formula, uncounted"
+        elif abs(counted - formula) > 0.01 * formula:
             flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
     tflops = flops / step_s / 1e12
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
@@ -382,18 +385,27 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
     )
 
 
-def counted_forward_flops(config: Any, batch: int, seq: int) -> int | None:
+def counted_forward_flops(config: Any, batch: int, seq: int, model: Any = None) -> int | None:
     """Matmul FLOPs of one forward of the model `config` describes, counted by torch's
-    FlopCounterMode on a copy built on the meta device (no memory, no compute); None when the
-    model cannot run there."""
+    FlopCounterMode on a copy built on the meta device (no memory, no compute); where the
+    model cannot run there (an assert on its input's values), on `model` itself, one
+    sequence, times `batch` (every matmul's FLOPs are linear in the batch); None when
+    neither runs."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
-        model = make_model(config, "meta", 0)
+        meta = make_model(config, "meta", 0)
         tokens = torch.zeros(batch, seq, dtype=torch.long, device="meta")
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(tokens)
+            meta(tokens)
         return int(counter.get_total_flops())
     except Exception:  # the user's code may not run on meta tensors
+        pass
+    try:
+        device = next(model.parameters()).device
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(torch.zeros(1, seq, dtype=torch.long, device=device))  # (1, T)
+        return batch * int(counter.get_total_flops())
+    except Exception:  # nor on its own device: the formula stands, said uncounted
         return None
