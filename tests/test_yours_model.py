@@ -287,8 +287,12 @@ def test_the_other_model_commands_take_your_model_and_your_kernel(tmp_path, monk
     assert got == [("memory", "ok", "cs336_basics"), ("profile", "ok", "cs336_basics"),
                    ("step", "ok", "cs336_basics"), ("step", "ok", "cs336_basics"),
                    ("step", "ok", None)]
-    # each checked before it is measured, memory and profile as the step is
+    # each checked before it is measured, memory and profile as the step is, and each
+    # records the code it measured: the model's file, or the kernel's
     assert [json.loads(r["metrics"]).get("check") for r in rows] == ["pass"] * 5
+    codes = [json.loads(r["metrics"]).get("code") or {} for r in rows]
+    assert all("cs336-basics/cs336_basics/model.py" in c for c in codes[:4]), codes
+    assert "cs336_systems/flash_attention.py" in codes[4], codes[4]
     # the profile splits the course's attention function into QKᵀ, softmax and PV, with the
     # FLOPs of naive attention over both layers
     profiled = json.loads(rows[1]["metrics"])

@@ -149,6 +149,7 @@ CHECK_METRICS = metric_table("""
     check_loss_ours     -  the reference's loss with the same weights
     check_optimizer_err -  the user's AdamW against torch's: its move's largest difference over
                              the largest move, 3 steps
+    code                -  the user's code measured: its files and their sha256 (JSON)
 """)
 
 OPTIMIZER_STEPS = 3
@@ -263,6 +264,17 @@ def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
     whys = [v.why.removeprefix("wrong: ") for v in (first, second) if not v.passed and v.why]
     why = "wrong: " + "; ".join(dict.fromkeys(whys)) if whys else None
     return Verdict(passed, metrics, why)
+
+
+def user_code(config: Any, *objects: Any) -> dict[str, str]:
+    """`code`: the files of the user's code a training step ran, each with its sha256 (the
+    adapters file in use too): their attention kernel in our model, and the class of each of
+    `objects` (the model, the AdamW, a DDP wrapper; cs336sys's and torch's are left out)."""
+    from cs336sys.attention import registry
+    from cs336sys.yours.implementations import sources
+
+    kernel = [registry.get(config.attention)] if yours.is_yours(config.attention) else []
+    return sources(*kernel, *(type(o) for o in objects if o is not None))
 
 
 def finite_losses(losses: Any) -> Verdict:

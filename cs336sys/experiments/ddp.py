@@ -482,8 +482,6 @@ EXPERIMENT = Experiment(
             loss_last                 -         loss of the last timed step (rank 0)
             check_worst               -         the largest |p - p_ref| / |p_ref - p_0| over
                                                   parameters
-            code                      -         the user's code measured: its files and their sha256
-                                                  (JSON)
         """),
         *CHECK_METRICS,
         *launch(("fwd", "bwd", "comm", "opt")),

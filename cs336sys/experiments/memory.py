@@ -31,7 +31,7 @@ from typing import Any
 
 from cs336sys.experiments import memory_section, preflight
 from cs336sys.experiments import model as model_exp
-from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.training_step import make_model, make_step, run_steps
 from cs336sys.measure.memory import CudaProbe, TrackerProbe, held, optimizer_tensors
@@ -261,6 +261,8 @@ def run(spec: MemorySpec) -> Result:
         snapshot_pickle=str(pickle.absolute()) if pickle else None,
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), m.device))
+    if checked is not None:
+        metrics["code"] = user_code(config, model, step.optimizer)
     return judged(checked, metrics, losses, samples={**timed, "warmup": warm})
 
 

@@ -14,10 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import model_command, model_section, preflight
-from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.training_step import (
     MODES,
     OPTIMIZERS,
@@ -70,7 +69,6 @@ from cs336sys.yours.implementations import (
     build_model,
     model_class,
     named_impls,
-    sources,
 )
 
 # Defaults by device: a GPU gets the course's `small` at 512 tokens; on a CPU a point (warm-up
@@ -279,11 +277,7 @@ def run(spec: ModelSpec) -> Result:
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), spec.device))
     if checked is not None:
-        user = [type(model)] if config.model is not None else (
-            [registry.get(config.attention)] if yours.is_yours(config.attention) else [])
-        if yours.is_yours(spec.optimizer):
-            user.append(type(step.optimizer))
-        metrics["code"] = sources(*user)
+        metrics["code"] = user_code(config, model, step.optimizer)
     return judged(checked, metrics, losses,
                   samples={**timed, "loss": losses, "warmup": warm})
 
@@ -335,7 +329,6 @@ EXPERIMENT = Experiment(
             peak_reserved_mb   MiB  CUDA: peak bytes held by the caching allocator
             loss_first         -    loss of the first (warm-up) step
             loss_last          -    loss of the last timed step
-            code               -    the user's code measured: its files and their sha256 (JSON)
         """),
         *CHECK_METRICS,
         *launch(("fwd", "bwd", "opt")),

@@ -36,7 +36,7 @@ from typing import Any
 from cs336sys.attention import registry
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context
-from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import (
     USER_ATTENTION,
@@ -135,6 +135,7 @@ class _Steps:
     context: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)
     part_flops: dict[str, float] = field(default_factory=dict)  # per step, naive attention
     losses: list = field(default_factory=list)  # model steps: each step's loss
+    code: dict = field(default_factory=dict)  # model steps: the user's code (checks.user_code)
     checked: Verdict | None = None  # model steps: the user's model or kernel and AdamW
 
 
@@ -210,6 +211,8 @@ def run(spec: ProfileSpec) -> Result:
         metrics.update(loss_first=losses[0], loss_last=losses[-1])
     samples: dict[str, Any] = dict(timed)
     samples["warmup"] = warm
+    if built.checked is not None:
+        metrics["code"] = built.code
     return judged(built.checked, metrics, built.losses, samples=samples,
                   tables={"kernel_stats": kernels})
 
@@ -243,7 +246,8 @@ def _model(spec: ModelSpec) -> _Steps:
         per_call = attention_part_flops(spec.batch, config.num_heads, spec.seq,
                                         config.d_head)
         parts = {k: v * config.num_layers for k, v in per_call.items()}
-    return _Steps(one_step, context=context, part_flops=parts, losses=losses, checked=checked)
+    return _Steps(one_step, context=context, part_flops=parts, losses=losses, checked=checked,
+                  code=user_code(config, step.model, step.optimizer))
 
 
 # What the course's model calls for attention, a function of the module its class is in.

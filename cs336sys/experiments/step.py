@@ -39,7 +39,7 @@ from typing import Any
 
 from cs336sys.attention import registry
 from cs336sys.experiments import preflight, step_command, step_section
-from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged
+from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import (
     CHECK_NOTE,
     check_blocks,
@@ -404,6 +404,7 @@ def run(spec: StepSpec) -> Result:
         loss_first=float(losses[0]),
         loss_last=float(losses[-1]),
         course_ms=course,
+        code=user_code(config, model, optimizer) if checked is not None else None,
     )
     return judged(checked, metrics, losses,
                   samples={"step_ms": samples, "opt_ms": opt, "warmup": {"step_ms": warm},

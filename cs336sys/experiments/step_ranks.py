@@ -18,8 +18,9 @@ import dataclasses
 import time
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.experiments import ddp_setup, ddp_yours
-from cs336sys.experiments.checks import before_timing, judged
+from cs336sys.experiments.checks import before_timing, judged, user_code
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache
 from cs336sys.experiments.training_step import throughput
@@ -114,7 +115,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
 
     at_rank = spec.__class__(**{**vars(spec), "device": ctx.device})
     try:
-        model, _, train_step = build(
+        model, optimizer, train_step = build(
             at_rank, seed=ddp_setup.init_seed(spec.ddp, spec.seed, ctx.rank), wrap=wrap, rows=rows)
     except Unfinished as exc:  # the user's getter raised NotImplementedError on every rank
         return Result("skipped", error=str(exc))
@@ -171,6 +172,8 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         loss_first=summed[0],
         loss_last=summed[-1],
     )
+    if checked is not None or yours.is_yours(spec.ddp):  # the wrapper, the model it wraps
+        metrics["code"] = user_code(config, model, getattr(model, "module", None), optimizer)
     del model
     return judged(checked, metrics, summed, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
                                              "loss": summed})
