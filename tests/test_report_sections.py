@@ -344,6 +344,27 @@ def test_the_users_model_beside_ours_is_named_on_its_bar():
         "fp32 checkpoint=none", "fp32 checkpoint=every:1 model=cs336_basics"]
 
 
+def test_one_size_name_over_two_shapes_is_two_groups_named_by_shape():
+    """`tiny` at d_model 512 and at 256 (or the 2025 and 2026 xl) made two bars labelled
+    fp32 under one group `tiny`: two models read as one. Each group says its shape."""
+    from cs336sys.report.sections import Section
+
+    def row(d_model, params, precision):
+        s = {"size": "tiny", "seq": 32, "batch": 2, "mode": "train", "precision": precision,
+             "d_model": d_model, "num_layers": 4}
+        return {**s, "_settings": s, "status": "ok", "step_ms_mean": 100.0, "fwd_ms_mean": 30.0,
+                "bwd_ms_mean": 60.0, "opt_ms_mean": 10.0, "tokens_per_s": 640.0,
+                "params": params}
+
+    sec = Section("model", "Model")
+    model_section.section(sec, [row(512, 23e6, "fp32"), row(256, 10e6, "fp32"),
+                                row(512, 23e6, "bf16")])
+    (fig,) = [f for f in sec.figures if f.name.startswith("model-steps")]
+    assert [(b.group, b.label) for b in fig.plot.bars] == [
+        ("tiny\n(256×4, 10M)", "fp32"), ("tiny\n(512×4, 23M)", "fp32"),
+        ("tiny\n(512×4, 23M)", "bf16")]
+
+
 def test_bars_that_differ_in_a_number_are_in_its_order():
     """benchmarking_script's warm-up study run after the 5-warm-up point: the bars read
     warmup=0, 1, 2, 5, not warmup=5, 0, 1, 2 (the order they were stored in)."""

@@ -21,6 +21,7 @@ from cs336sys.report.sections import (
     varying,
 )
 from cs336sys.report.tables import RUNS_APART, RUNS_APART_NOTE, speedups
+from cs336sys.sweep.declaration import model_size
 
 SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second faster) comes with its 95 % "
                 "bootstrap interval from the raw samples, and says faster or slower only when the "
@@ -145,23 +146,31 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
     ordered = sorted(charts.values(), key=lambda g: _rank(g[0]["_settings"].get("mode"), _MODES))
     names = [title(g[0]) for g in ordered]
     for i, g in enumerate(ordered[:MAX_BAR_CHARTS]):
+        def model(r: Row) -> tuple:  # its size preset and shape: one name held two models
+            return (r["_settings"].get("size"),
+                    json.dumps([r["_settings"].get(k) for k in SIZE[1:]]))
+
         size_rank: dict[Any, Any] = {}
         for r in g:  # smallest model first, by parameters where stored
-            size_rank.setdefault(r["_settings"].get("size"), (r.get("params") or 0, len(size_rank)))
+            size_rank.setdefault(model(r), (r.get("params") or 0, len(size_rank)))
         within = [k for k in varying(g, shown=(*SIZE, *chart_keys)) if k != "precision"]
         within = ["precision", *within]
         # then by the other settings' numbers (warmup=0, 1, 2, 5, not the order they ran in);
         # names keep that order (checkpoint none before every:1)
-        g = sorted(g, key=lambda r: (size_rank[r["_settings"].get("size")],
+        g = sorted(g, key=lambda r: (size_rank[model(r)],
                                      _rank(r["_settings"].get("precision"), _PRECISIONS),
                                      *(_by_number(r["_settings"].get(k)) for k in within[1:])))
-        bars = [Bar(text(r["_settings"].get("size")), _bar_label(r["_settings"], within),
+        # a size name over two shapes (the 2025 and 2026 xl, --d-model given) says its shape
+        shaped = len({model(r) for r in g}) > len({model(r)[0] for r in g})
+        bars = [Bar(model_size({**r, **r["_settings"]}).replace(" (", "\n(", 1) if shaped
+                    else text(r["_settings"].get("size")),
+                    _bar_label(r["_settings"], within),
                     tuple(r.get(k) for k, _ in _PHASES), r["step_ms_mean"], r.get("tokens_per_s"),
                     pct(r["mfu"]) if r.get("mfu") is not None else "")
                 for r in g]
         shown = bars[:MAX_BARS]
-        notes = [left_out([f"{b.group} {b.label}" for b in shown],
-                          [f"{b.group} {b.label}" for b in bars], "bars")]
+        said = [f"{b.group} {b.label}".replace("\n", " ") for b in bars]
+        notes = [left_out(said[:MAX_BARS], said, "bars")]
         if i == min(len(ordered), MAX_BAR_CHARTS) - 1:
             notes.append(left_out(names[:MAX_BAR_CHARTS], names, "charts"))
         name = names[i]
