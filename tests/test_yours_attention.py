@@ -279,6 +279,24 @@ def test_a_getter_that_returns_an_nn_module_class_says_so(tmp_path, monkeypatch)
             "nn.Module class Linear; expected an autograd.Function subclass") in runs(db)[0]["error"]
 
 
+def test_a_getter_that_returns_the_functions_apply_fails_as_the_course_does(tmp_path,
+                                                                            monkeypatch):
+    """`return FlashAttentionPytorch.apply` runs here as a function and passed, while the
+    course's tests call .apply on it and fail (AttributeError). An adapters getter must give
+    something with .apply; a one-off target may still be a plain function."""
+    repo = course_repo(tmp_path)
+    edit(repo, "tests/adapters.py", "    return FlashAttentionPytorch\n",
+         "    return FlashAttentionPytorch.apply\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert {r["status"] for r in runs(db)} == {"error"}
+    assert ("get_flashattention_autograd_function_pytorch() of the adapters file gave "
+            "FlashAttentionPytorch.apply, which has no .apply: the course's tests call "
+            "get_flashattention_autograd_function_pytorch().apply(q, k, v, is_causal), so "
+            "return the autograd.Function class itself") in runs(db)[0]["error"]
+
+
 def test_a_one_off_target_needs_no_adapters_file(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     (repo / "tests" / "adapters.py").unlink()
