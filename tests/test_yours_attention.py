@@ -427,6 +427,41 @@ def test_yours_triton_runs_compiled_on_a_gpu_and_interpreted_on_a_cpu(tmp_path, 
     assert {bool(r["interpreted"]) for r in rows} == {device == "cpu"}
 
 
+@pytest.mark.slow  # interpreted Triton through the CLI on a CPU
+def test_a_one_off_triton_kernel_is_marked_interpreted_and_its_bf16_not_judged(tmp_path,
+                                                                               monkeypatch):
+    """A one-off target that is Triton ran in the interpreter stored as native (no mark, in
+    the compiled table, a `vs naive`), and its bf16 failure from the interpreter's tl.dot
+    was `wrong`; as yours-triton, it is interpreted, and that failure not judged."""
+    from types import SimpleNamespace
+
+    from cs336sys.attention.diagnosis import status_of
+    from cs336sys.measure.check import Verdict
+
+    kernel = "import triton  # noqa: F401\nfrom cs336sys.attention import FlashAttention2Triton\n"
+    repo = course_repo(tmp_path, files={"my_kernels/__init__.py": "",
+                                        "my_kernels/tri.py": kernel})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-tri=my_kernels.tri:FlashAttention2Triton",
+                    "--seq", "32", "--d-head", "16", "--batch", "1", "--heads", "2",
+                    "--warmup", "1", "--iters", "2", "--device", "cpu", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = runs(db)
+    assert (row["status"], row["interpreted"]) == ("ok", 1)
+    failed = Verdict(False, {}, "wrong: O off by up to 8e+08")
+    bf16 = SimpleNamespace(precision="bf16", impl="yours-tri")
+    assert status_of(bf16, True, failed)[0] == "skipped"
+    assert status_of(bf16, False, failed)[0] == "wrong"  # compiled: judged
+    # Triton's launcher without a GPU (outside the interpreter, or @triton.autotune inside)
+    from cs336sys.sweep.result import cause
+
+    assert cause("RuntimeError: 0 active drivers ([]). There should only be one.").endswith(
+        "; Triton found no GPU: on a CPU its kernels run only in its interpreter "
+        "(TRITON_INTERPRET=1), and @triton.autotune, which times its configs on a GPU, not "
+        "even there (give the kernel one config on a CPU)")
+
+
 ASSIGNMENT_1 = '''
 import math
 

@@ -13,6 +13,7 @@ that for the backward.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,7 +40,7 @@ from cs336sys.sweep.declaration import (
 )
 from cs336sys.sweep.points import SpecError
 from cs336sys.sweep.result import Result, first_line, hint
-from cs336sys.yours.implementations import named_impls, sources
+from cs336sys.yours.implementations import named_impls, sources, uses_triton
 
 DTYPES = tuple(PRECISIONS)
 PASSES = ("forward", "backward", "both")
@@ -424,15 +425,13 @@ def _time(spec, fn, grads, host: list[float]) -> list[float]:
 
 
 def _interpreted(impl: str) -> bool:
-    if impl == "yours-triton":
-        import os
-
-        return os.environ.get("TRITON_INTERPRET") == "1"
-    if impl != "triton":
-        return False
+    """Whether the point's kernel ran in Triton's CPU interpreter: ours, or the user's
+    Triton code (yours-triton, or a one-off target that is Triton) under TRITON_INTERPRET."""
     from cs336sys.attention import flash_triton
 
-    return bool(flash_triton.INTERPRETED)
+    if yours.is_yours(impl):
+        return os.environ.get("TRITON_INTERPRET") == "1" and uses_triton(impl)
+    return impl == "triton" and bool(flash_triton.INTERPRETED)
 
 
 # -- the declaration ------------------------------------------------------------------------

@@ -21,6 +21,8 @@ import math
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.attention import registry
+from cs336sys.attention.diagnosis import CHECK_TOLERANCE, diagnose
 from cs336sys.experiments.training_check import few
 from cs336sys.experiments.training_step import (
     BETAS,
@@ -35,6 +37,7 @@ from cs336sys.experiments.training_step import (
 from cs336sys.measure.check import Verdict
 from cs336sys.sweep.declaration import metric_table
 from cs336sys.sweep.result import Result
+from cs336sys.yours.implementations import sources
 
 # fp32 losses of the same weights computed by two implementations of the same math: the sums
 # run in another order, nothing more (measured: |Δ| about 1e-6 on a loss of 5.5).
@@ -95,9 +98,6 @@ def _attention_computes(name: str, device: str) -> str | None:
     small head (attention/diagnosis.py's alternatives: the mask missing, no scale, ...):
     where the model's loss differs, its cause. None where it matches none, or raises."""
     import torch
-
-    from cs336sys.attention import registry
-    from cs336sys.attention.diagnosis import CHECK_TOLERANCE, diagnose
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 64, 16, generator=g).to(device) for _ in range(3))  # (B, H, T, D)
@@ -270,9 +270,6 @@ def user_code(config: Any, *objects: Any) -> dict[str, str]:
     """`code`: the files of the user's code a training step ran, each with its sha256 (the
     adapters file in use too): their attention kernel in our model, and the class of each of
     `objects` (the model, the AdamW, a DDP wrapper; cs336sys's and torch's are left out)."""
-    from cs336sys.attention import registry
-    from cs336sys.yours.implementations import sources
-
     kernel = [registry.get(config.attention)] if yours.is_yours(config.attention) else []
     return sources(*kernel, *(type(o) for o in objects if o is not None))
 

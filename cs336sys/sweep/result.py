@@ -54,6 +54,11 @@ def first_line(exc: BaseException) -> str:
 _CAUSES = {
     "Block pointers have been removed": "tl.make_block_ptr is gone from Triton {triton}: a "
     "kernel built on block pointers runs under Triton 3.6 or older, the course's version",
+    # Triton's launcher without a GPU: a kernel outside the interpreter, or @triton.autotune
+    # (it times its configs on a device) inside it
+    "0 active drivers": "Triton found no GPU: on a CPU its kernels run only in its "
+    "interpreter (TRITON_INTERPRET=1), and @triton.autotune, which times its configs on a "
+    "GPU, not even there (give the kernel one config on a CPU)",
 }
 
 

@@ -152,6 +152,21 @@ def build_model(config: Any) -> Any:
     return cls(**{name: getattr(config, name) for name in MODEL_ARGUMENTS})
 
 
+def uses_triton(name: str) -> bool:
+    """Whether the user's attention `name` is Triton code: yours-triton, or a one-off target
+    whose module imports triton or holds a Triton kernel (@triton.jit, @triton.autotune).
+    Its module is imported already where the point runs it."""
+    if name == "yours-triton":
+        return True
+    where = target("attention", name)
+    if where is None:
+        return False
+    module = importlib.import_module(where.partition(":")[0])
+    return any(str(getattr(v, "__name__", "")).split(".")[0] == "triton"
+               if inspect.ismodule(v) else type(v).__module__.split(".")[0] == "triton"
+               for v in vars(module).values())
+
+
 def attention_function(name: str) -> Callable[..., Any]:
     """`fn(q, k, v, is_causal=False)` for the user's attention `name`: an autograd.Function
     (the adapters' getters return one) through its `.apply`, a function called with the same
