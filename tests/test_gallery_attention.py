@@ -127,6 +127,8 @@ def test_a_flashattention_whose_saved_logsumexp_the_course_fails_is_wrong(repo, 
         assert (row["status"], row["check"]) == ("wrong", "fail"), (more, row["error"])
         assert says.replace("(2, 32)", shape) in row["error"], row["error"]
         assert "O off" not in row["error"], row["error"]
+        # what the writeup's checks table shows: L's fault, not O's pass
+        assert row["check_detail"].startswith(says.replace("(2, 32)", shape)), row
 
 
 def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course_passes_it(

@@ -324,8 +324,11 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
             lse, causal_l = rerun_l or [], False
     if lse is not None and spec.impl in SAVES_L:
         of_l = lse_checked(spec.impl, causal_l, lse, q, k, tolerance)
-        if not of_l.passed:
+        if not of_l.passed:  # said in the detail too: O's alone read as a pass there
             why = of_l.why if verdict.passed else f"{verdict.why}; {_reason(of_l.why)}"
-            verdict = Verdict(False, {**verdict.metrics, "check": "fail"}, why)
+            said = [] if verdict.passed else [verdict.metrics.get("check_detail")]
+            detail = "; ".join(d for d in [*said, _reason(of_l.why)] if d)
+            verdict = Verdict(False, {**verdict.metrics, "check": "fail",
+                                      "check_detail": detail}, why)
     metrics.update(verdict.metrics)
     return verdict
