@@ -266,6 +266,18 @@ def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path
         "wrong: yours-torch computes non-causal attention: the causal mask is missing "
         "(is_causal ignored) (the handout lets the PyTorch FlashAttention ignore it in its "
         "tests; a language model needs the mask); naive attention in place"), wrong["error"]
+    # a backward with a wrong D, its forward right: the loss alone passed it, timed ok
+    edit(repo, "cs336_systems/flash_attention.py", "                if False:\n                    qi",
+         "                if is_causal:\n                    qi")
+    edit(repo, "cs336_systems/flash_attention.py", "d_row = (of * do).sum(dim=-1, keepdim=True)",
+         "d_row = (of * do).sum(dim=-1, keepdim=True) * 0")
+    result = invoke("model", *MICRO, "--seq", "16", "--attention", "yours-torch", "--db", db)
+    assert result.exit_code == 0, result.output
+    late = model_runs(db)[-1]
+    assert late["status"] == "wrong", late["error"]
+    assert late["error"].startswith("wrong: yours-torch's backward: the gradients of "), late
+    assert "differ from naive attention's with the same weights, the loss the same" in \
+        late["error"]
 
 
 @pytest.mark.slow

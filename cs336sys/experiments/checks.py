@@ -66,14 +66,15 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     theirs = make_model(small, device, seed).eval()
     if config.model is None:  # their attention in our model: naive attention's loss
         ours = make_model(dataclasses.replace(small, attention="naive"), device, seed)
-        with torch.no_grad():
-            mine, reference = theirs(x), ours(x)
-        verdict = _same_output(mine, reference, y,
+        mine, reference = theirs(x), ours(x)
+        verdict = _same_output(mine.detach(), reference.detach(), y,
                                f"naive attention in place of {config.attention}")
         computes = None if verdict.passed else _attention_computes(config.attention, device)
         if computes is not None:
             verdict = dataclasses.replace(verdict, why=f"wrong: {config.attention} computes "
                                           f"{computes}; {verdict.why.removeprefix('wrong: ')}")
+        if verdict.passed:
+            verdict = _same_gradients(theirs, mine, ours, reference, y, config.attention, verdict)
         return verdict
     with torch.no_grad():
         logits = theirs(x)
@@ -91,6 +92,41 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     with torch.no_grad():
         reference = ours(x)
     return _same_output(logits, reference, y, "the same weights in cs336sys's TransformerLM")
+
+
+# Each parameter's gradient through the user's kernel against naive attention's, relative
+# L2: a kernel's TF32 products stay near 1e-3; a wrong D or dS is off by about 1.
+GRADS_RTOL = 1e-2
+
+
+def _same_gradients(theirs: Any, mine: Any, ours: Any, reference: Any, y: Any, name: str,
+                    verdict: Verdict) -> Verdict:
+    """`verdict` (the same loss) with the gradients of the user's kernel in our model against
+    naive attention's: a backward that is wrong while its forward is right (a wrong D) kept
+    the loss, and the training step was timed ok. A backward that raises is left to the
+    timed step, which runs it (a forward-only point has none)."""
+    try:
+        cross_entropy(mine, y).backward()
+    except Exception:  # its own error, where a point runs the backward
+        return verdict
+    cross_entropy(reference, y).backward()
+    ref = dict(ours.named_parameters())
+    off = {}
+    for n, p in theirs.named_parameters():
+        want = ref[n].grad
+        if p.grad is None or want is None:
+            continue
+        scale = float(want.norm()) or 1.0
+        off[n] = float((p.grad - want).norm()) / scale
+    worst = max(off, key=lambda n: off[n] if off[n] == off[n] else float("inf"), default=None)
+    if worst is None or off[worst] <= GRADS_RTOL:
+        return verdict
+    bad = [n for n, e in off.items() if not e <= GRADS_RTOL]
+    why = (f"wrong: {name}'s backward: the gradients of {len(bad)} of {len(off)} parameters "
+           f"differ from naive attention's with the same weights, the loss the same (worst "
+           f"{worst}: relative error {off[worst]:.2g}, allowed {GRADS_RTOL:g}; {few(bad)})")
+    return Verdict(False, {**verdict.metrics, "check": "fail",
+                           "check_detail": why.removeprefix("wrong: ")}, why)
 
 
 def _attention_computes(name: str, device: str) -> str | None:
