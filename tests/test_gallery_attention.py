@@ -165,6 +165,18 @@ def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course
     assert row["status"] == "wrong", row
     assert row["error"].startswith("wrong: its dQ is √d times the right one"), row["error"]
     assert "non-causal too, as the course's tests run it: dQ off" in row["error"]
+    # both scales left out: both named (dQ alone was); a wrong D: named by what it feeds
+    edit(repo, FLASH, "dk = ds.transpose(-1, -2) @ qf * scale", "dk = ds.transpose(-1, -2) @ qf",
+         commit="no dk scale")
+    _, (row,) = attention(tmp_path / "k.db", "--impl", "yours-torch", "--seq", "32")
+    assert row["error"].startswith("wrong: its dQ and dK are √d times the right ones"), row
+    edit(repo, FLASH, "dk = ds.transpose(-1, -2) @ qf", "dk = ds.transpose(-1, -2) @ qf * scale")
+    edit(repo, FLASH, "dq = ds @ kf", "dq = ds @ kf * scale")
+    edit(repo, FLASH, "d_row = (of * do).sum(dim=-1, keepdim=True)",
+         "d_row = (of * do).sum(dim=-1, keepdim=True) * 0", commit="no D")
+    _, (row,) = attention(tmp_path / "d.db", "--impl", "yours-torch", "--seq", "32")
+    assert row["error"].startswith("wrong: its dV is right and its dQ and dK are not: what "
+                                   "they share is off, dS = P ∘ (dP − D)"), row["error"]
 
 
 @pytest.mark.slow  # Triton's interpreter

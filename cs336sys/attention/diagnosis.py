@@ -155,18 +155,40 @@ def backward_diagnosed(causal: bool, got: Mapping[str, Any], q: Any, k: Any, v: 
             break
     d = q.shape[-1]
     factors = ((math.sqrt(d), "√d"), (1 / math.sqrt(d), "1/√d"), (d, "d"), (1 / d, "1/d"))
+    scaled: dict[str, list[str]] = {}  # by factor, the gradients that are that many times off
     for name in GRADS if detail is None else ():
         for factor, words in factors:
             if check({name: got[name]}, {name: want[name] * factor}, *tolerance).passed:
-                detail = (f"its {name} is {words} times the right one: a 1/√d scale in its "
-                          "backward is left out or applied twice")
+                scaled.setdefault(words, []).append(name)
                 break
-        if detail:
-            break
+    if scaled:
+        words, names = max(scaled.items(), key=lambda kv: len(kv[1]))
+        detail = (f"its {' and '.join(names)} {'is' if len(names) == 1 else 'are'} {words} "
+                  f"times the right one{'s' * (len(names) > 1)}: a 1/√d scale in its backward "
+                  "is left out or applied twice")
+    if detail is None:
+        detail = _which_gradients(
+            [n for n in GRADS if not check({n: got[n]}, {n: want[n]}, *tolerance).passed])
     if detail is None:
         return verdict
     why = f"wrong: {detail}; {_reason(verdict.why)}"
     return Verdict(False, {**verdict.metrics, "check_detail": detail}, why)
+
+
+# Where the FlashAttention-2 backward (Dao 2023, Algorithm 2) goes wrong, from which of its
+# gradients are off: dV = Pᵀ dO; dS = P ∘ (dP − D), D = rowsum(dO ∘ O); dQ = dS K, dK = dSᵀ Q.
+_SHARED_BY = {
+    ("dQ", "dK"): "its dV is right and its dQ and dK are not: what they share is off, "
+                  "dS = P ∘ (dP − D) with dP = dO Vᵀ and D = rowsum(dO ∘ O)",
+    ("dQ",): "its dQ alone is off: dQ = dS K / √d (its accumulation over the key tiles?)",
+    ("dK",): "its dK alone is off: dK = dSᵀ Q / √d",
+    ("dV",): "its dV alone is off: dV = Pᵀ dO, with P recomputed as exp(S − L)",
+}
+
+
+def _which_gradients(off: list[str]) -> str | None:
+    """What the gradients that are off (`off`, of dQ, dK, dV) point at in the backward."""
+    return _SHARED_BY.get(tuple(off))
 
 
 def as_the_course_checks(fn: Any, q: Any, k: Any, v: Any, dout: Any | None, verdict: Verdict,
