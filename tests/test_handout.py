@@ -394,6 +394,28 @@ def test_every_command_builds_its_points_at_cpu_size(db_path, year):
     assert "Error" not in r.output and not db_path.exists()
 
 
+def test_run_force_reaches_the_commands_that_estimate_their_points(tmp_path, monkeypatch):
+    """flash_backward's check of a Triton kernel on a CPU was skipped as too long for the
+    interpreter, and `handout run` had no --force to run it anyway (a deliverable to run by
+    hand). Its --force reaches each command that takes one; a dry run counts them as run."""
+    from tests.user_repos import course_repo, edit
+
+    repo = course_repo(tmp_path)
+    getter = "def get_flashattention_autograd_function_triton() -> type:\n"
+    edit(repo, "tests/adapters.py", getter + "    raise NotImplementedError\n",
+         getter + "    from cs336sys.attention import FlashAttention2Triton\n\n"
+         "    return FlashAttention2Triton\n")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    db = tmp_path / "r.db"
+    args = ("handout", "run", "flash_backward", "--yours", "--dry-run", "--db", db)
+    skipped = invoke(*args)
+    assert skipped.exit_code == 0 and "would be skipped" in skipped.stdout, skipped.output
+    forced = invoke(*args, "--force")
+    assert forced.exit_code == 0 and "would be skipped" not in forced.stdout, forced.output
+    assert forced.stdout.count("dry run: ") == 2 and not db.exists()
+
+
 def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     """--yours swaps in the user's implementations and model, at the CPU's sizes on a CPU,
     and checks the implementations; the other runs stay as they are."""

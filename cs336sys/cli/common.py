@@ -313,15 +313,16 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
         typer.echo(f"{f.status}: {f.point}: {f.why}")
 
 
-def dry_run(experiment: Any, points: list) -> str:
+def dry_run(experiment: Any, points: list, force: bool = False) -> str:
     """--dry-run's line: the points and their estimated time (experiments/preflight.py, for
-    the experiments that estimate); nothing is measured or written."""
+    the experiments that estimate), those --force would run counted as run; nothing is
+    measured or written."""
     if not points:  # --resume: all stored
         return "dry run: every point is stored ok already; nothing to measure"
     estimates = [(experiment.estimate(p), p) for p in points] if experiment.estimate else []
     # what the run would store skipped, by the same memory estimate, is no work to wait for
     # (the leaderboard's 8B on a laptop read as 28 days, and nothing said it would not run)
-    judged = [(e, e.refusal(p)) for e, p in estimates if e is not None]
+    judged = [(e, None if force else e.refusal(p)) for e, p in estimates if e is not None]
     refused = [why for _, why in judged if why]
     seconds = [e.seconds for e, why in judged if e.seconds is not None and not why]
     line = f"dry run: {len(points)} point(s)"
@@ -448,7 +449,7 @@ def run_experiment(
         if dry:
             if resume:
                 points = _not_stored(experiment, points, db, device, label)
-            say(dry_run(experiment, points))
+            say(dry_run(experiment, points, force))
             return
         # a process group's invocation is stored with rank 0's device
         stored_on = ("cuda:0" if device == "cuda" else "cpu") if ranks else device

@@ -172,6 +172,9 @@ def run(
                   bool, "--yours") = False,
     dry_run: option("Print each command and its points' estimated time; measure nothing.",
                     bool, "--dry-run") = False,
+    force: option("Run the points estimated not to fit in memory or to take too long "
+                  "(interpreted Triton) too: --force to each command that estimates them.",
+                  bool, "--force") = False,
     adapters: Adapters = None,
     db: DbOption = DEFAULT_DB,
 ) -> None:
@@ -247,7 +250,8 @@ def run(
                 line = [*args, "--label", problem.name, "--db", str(db)]
             else:
                 line = [*args, "--label", problem.name, "--db", str(db), "--resume",
-                        *(["--dry-run"] if dry_run else [])]  # a dry run counts what is left
+                        *(["--dry-run"] if dry_run else []),  # a dry run counts what is left
+                        *(["--force"] if force and _takes_force(root, args) else [])]
             code = _invoke(root, line)
             stopping.check()  # a command the signal stopped: the run stops below
             if code not in (0, None):
@@ -370,6 +374,18 @@ def _stop_if_signalled(line: str) -> None:
     typer.echo(line, err=True)
     stopping.told()
     raise typer.Exit(stopping.exit_code())
+
+
+def _takes_force(root: Any, args: list[str]) -> bool:
+    """Whether the command `args` names (`attention`, `profile model`) estimates its points
+    and so takes --force (cli/options.estimate_options)."""
+    command = root
+    for word in args:
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            break
+        command = sub
+    return any("--force" in getattr(p, "opts", ()) for p in command.params)
 
 
 def _invoke(root: Any, args: list[str]) -> int | None:

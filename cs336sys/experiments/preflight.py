@@ -23,12 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.measure.device import peak_tflops
 from cs336sys.measure.units import format_duration
 from cs336sys.models.config import checkpoint_groups, param_count
 from cs336sys.models.flops import attention_forward_flops, step_flops
 from cs336sys.models.saved import block_saved_bytes, model_saved_bytes
 from cs336sys.sweep.declaration import metric_table
+from cs336sys.yours.implementations import uses_triton
 
 # Workspaces, the allocator's rounding, the optimizer's temporaries: on top of the accounting.
 MARGIN = 1.10
@@ -197,6 +199,17 @@ INTERPRETED_FLOPS = 3e6
 INTERPRETED_LIMIT_S = 180.0
 
 
+def _triton(impl: str) -> bool:
+    """Whether `impl` is Triton code: ours, or the user's (a one-off that cannot be imported
+    is left to its point, which says why)."""
+    if not yours.is_yours(impl):
+        return impl == "triton"
+    try:
+        return uses_triton(impl)
+    except Exception:  # its import error is the point's to store
+        return False
+
+
 def attention_estimate(spec: Any) -> Estimate:
     """An attention point: q, k, v, the output and their gradients, and the T x T scores,
     probabilities and their gradient for the implementations that materialise them; time
@@ -213,18 +226,24 @@ def attention_estimate(spec: Any) -> Estimate:
         parts["T x T scores"] = 3 * rows * spec.seq * spec.seq * size
     fwd = attention_forward_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head, spec.causal)
     # each pass timed in its own loop: backward reruns the forward, end to end is both
+    forwards = {"forward": 1, "backward": 1, "both": 3}[spec.passes]
     flops = {"forward": fwd, "backward": 3.5 * fwd, "both": 8 * fwd}[spec.passes]
     runs = spec.warmup + spec.iters + 1  # + the check against float64
-    interpreted = (spec.impl in ("triton", "yours-triton") and not spec.device.startswith("cuda")
+    interpreted = (_triton(spec.impl) and not spec.device.startswith("cuda")
                    and os.environ.get("TRITON_INTERPRET") == "1")
-    rate = INTERPRETED_FLOPS if interpreted else flops_per_second(spec.device)
-    seconds = runs * flops / rate if rate else None
+    rate = flops_per_second(spec.device)
+    # the interpreter runs ours whole; of the user's, the forward: the handout's backward is
+    # PyTorch (measured: 49-60 s where the whole was priced at 5-10 min)
+    slow = flops if spec.impl == "triton" else forwards * fwd
+    seconds = (runs * (slow / INTERPRETED_FLOPS + (flops - slow) / rate) if interpreted
+               else runs * flops / rate if rate else None)
     too_long = ""
     if interpreted and seconds and seconds > INTERPRETED_LIMIT_S:
         too_long = (f"Triton interpreted on a CPU would take ~{format_duration(seconds)} "
-                    f"({flops:.3g} FLOPs a run, "
-                    f"{runs} runs, at ~{INTERPRETED_FLOPS / 1e6:g} MFLOP/s interpreted); a "
-                    "shorter --seq, or --force runs it")
+                    f"({slow:.3g} FLOPs a run interpreted, {runs} runs, at "
+                    f"~{INTERPRETED_FLOPS / 1e6:g} MFLOP/s"
+                    + ("" if spec.impl == "triton" else "; a Triton backward of yours adds more")
+                    + "); a shorter --seq, or --force runs it")
     total = int(MARGIN * sum(parts.values()))
     return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()), seconds,
                     too_long)
