@@ -836,3 +836,13 @@ def test_a_column_of_numbers_with_an_overflow_stays_right_aligned():
     from cs336sys.report.typeset import _right
 
     assert _right(["1.5", "inf", "-inf", "nan", "3"]) and not _right(["info", "2"])
+
+
+def test_a_wrong_point_leaves_the_columns_it_never_measured_empty():
+    """A forward-only point that failed read `wrong` under backward, end to end and memory
+    before backward, which it never measured; an ok one leaves them empty."""
+    from cs336sys.report.sections import WRONG, status_or
+
+    assert status_or({"status": "wrong"}, "") == ""
+    assert status_or({"status": "wrong"}, "1.5") == f"1.5 {WRONG}"
+    assert status_or({"status": "oom"}, "") == "OOM"

@@ -190,12 +190,13 @@ WRONG = "(wrong)"  # after a measured value of a point that failed its check
 
 def status_or(row: Row, value: str) -> str:
     """The value for an ok point; the value marked (wrong) for a point measured but failing
-    its check; OOM / error / skipped for one that did not finish."""
+    its check, nothing where it measured none (a forward-only point's backward); OOM /
+    error / skipped for one that did not finish."""
     st = row.get("status")
     if st == "ok":
         return value
     if st == "wrong":
-        return f"{value} {WRONG}" if value else "wrong"
+        return f"{value} {WRONG}" if value else ""  # a column it never measured
     return "OOM" if st == "oom" else st or ""
 
 
