@@ -179,6 +179,25 @@ def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course
                                    "they share is off, dS = P ∘ (dP − D)"), row["error"]
 
 
+def test_a_pytorch_flashattention_that_refuses_is_causal_is_skipped_not_an_error(repo,
+                                                                                  tmp_path):
+    """The handout lets the PyTorch FlashAttention ignore is_causal, and the course's tests
+    never pass it True: one that asserts it is False passes them, and its causal point was
+    an `error` (exit 1, a handout run --yours failed). It is skipped with its reason; its
+    non-causal point is measured."""
+    edit(repo, FLASH, "        # q: (..., Nq, d); k, v: (..., Nk, d)\n",
+         "        assert not is_causal, 'no causal mask yet'\n")
+    db = tmp_path / "r.db"
+    result = invoke("attention", *SMALL, "--impl", "yours-torch", "--seq", "32", "--db", db)
+    assert result.exit_code == 0, result.output
+    _, rows = attention(db, "--impl", "yours-torch", "--seq", "32", "--no-causal")
+    assert [(r["causal"], r["status"]) for r in rows] == [(1, "skipped"), (0, "ok")]
+    assert rows[0]["error"] == (
+        "yours-torch raised at is_causal=True (AssertionError: no causal mask yet): the "
+        "handout lets the PyTorch FlashAttention ignore is_causal, and the course's tests run "
+        "it non-causal; --no-causal measures it")
+
+
 @pytest.mark.slow  # Triton's interpreter
 def test_triton_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",

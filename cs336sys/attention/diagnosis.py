@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.measure.check import Verdict, check
+from cs336sys.sweep.result import first_line, is_oom
 
 # The check of every point, elementwise as torch.allclose: |x - ref| <= atol + rtol·|ref|,
 # against a float64 reference from the same (rounded) inputs. fp32: the course's tests'
@@ -294,6 +295,23 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
     off = _reason(check({"L": got}, {"L": ref}, *tolerance).why)
     return Verdict(False, why=f"wrong: L, the logsumexp its forward saves for backward, is not "
                    f"m + log l of the scaled scores: {off}")
+
+
+def cannot_run(spec: Any, exc: BaseException) -> str | None:
+    """Why a point whose first forward raised `exc` is skipped, not an error, or None: an
+    SDPA backend that cannot take these inputs (flash with 3-D inputs on a CPU), a fact of
+    the backend; or the user's PyTorch FlashAttention refusing is_causal=True, which the
+    handout lets it ignore and the course's tests never pass it (its error is the reason)."""
+    message = first_line(exc)
+    if spec.impl == "sdpa" and isinstance(exc, RuntimeError) and (
+            "No available kernel" in message or "No viable backend" in message):
+        return f"sdpa backend {spec.sdpa_backend!r} cannot run these inputs: {message}"
+    if spec.causal and spec.impl in MAY_IGNORE_CAUSAL and not is_oom(exc) \
+            and not isinstance(exc, NotImplementedError):  # unwritten: skipped as such
+        return (f"{spec.impl} raised at is_causal=True ({type(exc).__name__}: {message}): the "
+                "handout lets the PyTorch FlashAttention ignore is_causal, and the course's "
+                "tests run it non-causal; --no-causal measures it")
+    return None
 
 
 def status_of(spec: Any, interpreted: bool, verdict: Verdict) -> tuple[str, str | None]:

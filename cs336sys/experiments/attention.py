@@ -20,7 +20,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in, registry
-from cs336sys.attention.diagnosis import checked, forward_logsumexps, status_of
+from cs336sys.attention.diagnosis import cannot_run, checked, forward_logsumexps, status_of
 from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
@@ -39,7 +39,7 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.points import SpecError
-from cs336sys.sweep.result import Result, first_line, hint
+from cs336sys.sweep.result import Result, hint
 from cs336sys.yours.implementations import named_impls, sources, uses_triton
 
 DTYPES = tuple(PRECISIONS)
@@ -322,18 +322,11 @@ def run(spec: AttentionSpec) -> Result:
         # serves as the first warm-up (compilation, autotuning happen here).
         try:
             out, saved = saved_tensor_bytes(forward)
-        except RuntimeError as exc:
-            message = first_line(exc)
-            if spec.impl == "sdpa" and (
-                "No available kernel" in message or "No viable backend" in message
-            ):
-                # A backend that cannot take these inputs (e.g. flash with 3-D inputs on CPU)
-                # is a fact about the backend, not a failure of the benchmark.
-                return Result(
-                    "skipped",
-                    error=f"sdpa backend {spec.sdpa_backend!r} cannot run these inputs: {message}",
-                )
-            raise
+        except Exception as exc:
+            why = cannot_run(spec, exc)
+            if why is None:
+                raise
+            return Result("skipped", error=why)
         # L before the backward frees what the forward saved (the course's test reads it so)
         lse = forward_logsumexps(spec, out, impl_fn, q, k, v)
         if backward:
