@@ -297,17 +297,22 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
                    f"m + log l of the scaled scores: {off}")
 
 
-def cannot_run(spec: Any, exc: BaseException) -> str | None:
+def cannot_run(spec: Any, exc: BaseException, non_causal: Any) -> str | None:
     """Why a point whose first forward raised `exc` is skipped, not an error, or None: an
     SDPA backend that cannot take these inputs (flash with 3-D inputs on a CPU), a fact of
     the backend; or the user's PyTorch FlashAttention refusing is_causal=True, which the
-    handout lets it ignore and the course's tests never pass it (its error is the reason)."""
+    handout lets it ignore and the course's tests never pass it (its error is the reason),
+    where `non_causal()`, the same forward with is_causal=False, runs."""
     message = first_line(exc)
     if spec.impl == "sdpa" and isinstance(exc, RuntimeError) and (
             "No available kernel" in message or "No viable backend" in message):
         return f"sdpa backend {spec.sdpa_backend!r} cannot run these inputs: {message}"
     if spec.causal and spec.impl in MAY_IGNORE_CAUSAL and not is_oom(exc) \
             and not isinstance(exc, NotImplementedError):  # unwritten: skipped as such
+        try:
+            non_causal()
+        except Exception:  # it fails either way: a fault, the point's error
+            return None
         return (f"{spec.impl} raised at is_causal=True ({type(exc).__name__}: {message}): the "
                 "handout lets the PyTorch FlashAttention ignore is_causal, and the course's "
                 "tests run it non-causal; --no-causal measures it")

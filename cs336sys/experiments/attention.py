@@ -323,7 +323,7 @@ def run(spec: AttentionSpec) -> Result:
         try:
             out, saved = saved_tensor_bytes(forward)
         except Exception as exc:
-            why = cannot_run(spec, exc)
+            why = cannot_run(spec, exc, lambda: fn(q, k, v, is_causal=False))
             if why is None:
                 raise
             return Result("skipped", error=why)
