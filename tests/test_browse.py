@@ -114,10 +114,12 @@ def test_the_canned_queries_keep_each_gpu_and_shape_apart(tmp_path):
             ("b", "model", {"size": "small", "device": "cuda:0"}, {})]
     shape = {"seq": 128, "d_head": 16, "precision": "fp32", "causal": True, "heads": 4,
              "pass": "both", "device": "cuda:0"}
-    for impl, batch, ms, interpreted in (("naive", 8, 1.0, 0), ("flash-torch", 1, 1.5, 0),
-                                         ("naive", 1, 2.0, 0), ("flash-triton", 1, 0.5, 1)):
+    for impl, batch, ms, interpreted, apart in (
+            ("naive", 8, 1.0, 0, None), ("flash-torch", 1, 1.5, 0, None),
+            ("naive", 1, 2.0, 0, None), ("flash-triton", 1, 0.5, 1, None),
+            ("yours-torch", 1, 0.7, 0, "ignores is_causal")):  # non-causal work: kept apart
         runs.append(("a", "attention", {**shape, "impl": impl, "batch": batch},
-                     {"e2e_ms_median": ms, "interpreted": interpreted}))
+                     {"e2e_ms_median": ms, "interpreted": interpreted, "not_compared": apart}))
     for i, (inv, exp, settings, metrics) in enumerate(runs):
         store.db["runs"].insert({
             "id": f"r{i}", "invocation_id": inv, "experiment": exp, "status": "ok",

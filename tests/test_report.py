@@ -614,6 +614,12 @@ def test_the_header_says_a_sweep_stopped_before_its_first_point(tmp_path):
         "1 invocation never finished (killed, or still running) before storing a point")
     assert not [i for i in invocations(conn, Selection(until="2026-01-07")) if i["_n"] == 0]
     assert not [i for i in invocations(conn, Selection(experiments=("ddp",))) if i["_n"] == 0]
+    # a command of two words runs the experiment of its first: `profile model`, profile
+    conn.execute("INSERT INTO invocations (id, command, started, gpu, gpu_count, git_commit, "
+                 "git_dirty) VALUES ('prof', 'profile model', '2026-01-07 10:00', 'cpu', 0, "
+                 "'c', 0)")
+    assert [i["id"] for i in invocations(conn, Selection(experiments=("profile",)))
+            if i["_n"] == 0] == ["prof"]
     assert not [i for i in invocations(conn, Selection(where=(("seq", "128"),))) if not i["_n"]]
 
 

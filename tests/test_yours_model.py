@@ -221,6 +221,57 @@ def test_another_architecture_gets_counted_flops_and_a_finite_loss_check(tmp_pat
     assert wrong["error"] == "wrong: the loss of my_models.lm:NanLM is nan"
 
 
+UNSEEN_ATTENTION = '''
+import types
+
+import torch
+from cs336_basics import model as M
+
+
+def _attend(self, x):  # the course's, its attention in products FlopCounterMode cannot see
+    b, t, d = x.shape
+    heads = lambda y: y.view(b, t, self.num_heads, d // self.num_heads).transpose(1, 2)
+    q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+    positions = torch.arange(t, device=x.device)
+    q, k = self.positional_encoder(q, positions), self.positional_encoder(k, positions)
+    scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1) / q.shape[-1] ** 0.5
+    mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+    p = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    y = (p[..., :, :, None] * v[..., None, :, :]).sum(-2)
+    return self.output_proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class UnseenAttention(M.BasicsTransformerLM):
+    """As a Triton attention kernel: no FLOPs to count, and no run on meta tensors."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for layer in self.layers:
+            layer.attn.forward = types.MethodType(_attend, layer.attn)
+
+    def forward(self, x):
+        assert bool((x >= 0).all()), "a negative token id"
+        return super().forward(x)
+'''
+
+
+def test_a_model_whose_attention_torch_cannot_count_keeps_the_formula(tmp_path, monkeypatch):
+    """Its matmuls but the attention's counted on the model itself read as `counted` FLOPs
+    short of the attention term (MFU understated most at long sequences): a count that is
+    the formula less its attention is our architecture with an unseen kernel."""
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                        "my_models/unseen.py": UNSEEN_ATTENTION})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    for model in ("cs336_basics", "my_models.unseen:UnseenAttention"):
+        result = invoke("model", *MICRO, "--seq", "16", "--model", model, "--db", db)
+        assert result.exit_code == 0, result.output
+    ours, unseen = model_runs(db)
+    assert unseen["check"] == "pass", unseen["error"]
+    assert (unseen["flops_basis"], unseen["flops_per_step"]) == (
+        "formula", ours["flops_per_step"])
+
+
 @pytest.mark.parametrize(
     "args, why",
     [
@@ -330,16 +381,21 @@ def test_a_loss_that_turns_nan_while_timed_is_wrong_in_every_command(tmp_path, m
     for args in (["memory", "--model", "my_models.lm:NanLater"],
                  ["profile", "model", "--model", "my_models.lm:NanLater", "--top", "1"],
                  ["step", "--model", "my_models.lm:NanLater", "--switches", "none"],
-                 ["memory", "--model", "my_models.lm:LazyHead"]):
+                 ["memory", "--model", "my_models.lm:LazyHead"],
+                 ["ddp", "--model", "my_models.lm:NanLater", "--impl", "naive",
+                  "--world-size", "2"]):
         result = invoke(*args, *small)
         assert result.exit_code == 0, (args, result.output)
     rows = query(db, "SELECT experiment, status, error, metrics FROM runs ORDER BY created")
     assert [(r["experiment"], r["status"]) for r in rows] == [
-        ("memory", "wrong"), ("profile", "wrong"), ("step", "wrong"), ("memory", "ok")], rows
+        ("memory", "wrong"), ("profile", "wrong"), ("step", "wrong"), ("memory", "ok"),
+        ("ddp", "wrong")], rows
     assert all(r["error"].startswith("wrong: a non-finite loss (nan) at step 2 of the ")
-               for r in rows[:3]), [r["error"] for r in rows]
+               for r in [*rows[:3], rows[4]]), [r["error"] for r in rows]
     lazy, eager = json.loads(rows[3]["metrics"]), json.loads(rows[0]["metrics"])
     assert lazy["params"] == eager["params"] > 0  # the same shapes, its head made late
+    # each row records the model's file, ddp's too (it kept the wrapper's alone)
+    assert all("my_models/lm.py" in json.loads(r["metrics"])["code"] for r in rows), rows
 
 
 def test_the_profile_splits_your_attention_around_your_own_softmax(tmp_path, monkeypatch):
@@ -603,7 +659,8 @@ def test_a_persistent_rope_table_keeps_the_loss_comparison():
 
 def test_a_model_with_dropout_is_checked_in_eval_mode(monkeypatch):
     """A dropout of the user's drew masks ours (none) never does: its loss and logits were
-    apart, and a right model was wrong. The check's copy runs in eval mode."""
+    apart, and a right model was wrong. The check's copy runs in eval mode (the model, not
+    what its eval() returns)."""
     import dataclasses
 
     from cs336sys.experiments import checks
@@ -617,6 +674,9 @@ def test_a_model_with_dropout_is_checked_in_eval_mode(monkeypatch):
 
         def forward(self, x):
             return self.drop(super().forward(x))  # (B, T, V)
+
+        def train(self, mode=True):  # a model's own, returning nothing: eval() gives None
+            super().train(mode)
 
     built = checks.make_model
 

@@ -356,6 +356,9 @@ def test_an_fsdps_gradients_and_full_parameters_are_read_as_the_courses_test_rea
                             rank=0, world_size=1)
     try:
         assert judged(right, full) is None
+        # a gather to rank 0 alone that gives the others None, as checkpoint helpers do
+        assert "fsdp_gather_full_params() on rank 0 gave NoneType, not the full parameters by " \
+            "name" in judged(right, None).why
         half = {**full, "0.weight": full["0.weight"].half()}
         assert "fsdp_gather_full_params() gave 0.weight in float16, the model's parameters in " \
             "float32: the course's test_fsdp.py compares them with torch.allclose" \

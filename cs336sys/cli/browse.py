@@ -33,12 +33,13 @@ QUERIES = {
     ),
     "fastest_attention_per_seq": (
         "The fastest attention implementation at each shape (end to end, median; compiled "
-        "Triton only, not the interpreter)",
+        "Triton only, not the interpreter; no point kept apart from the others, such as a "
+        "kernel that ignored is_causal)",
         # SQLite: the bare columns of a min() aggregate come from the row that has the min
         "SELECT gpu, precision, causal, batch, heads, d_head, seq, impl, compile, sdpa_backend,\n"
         "       min(e2e_ms_median) AS e2e_ms_median\n"
         "  FROM attention_runs WHERE status = 'ok' AND e2e_ms_median IS NOT NULL\n"
-        "   AND NOT coalesce(interpreted, 0)\n"
+        "   AND NOT coalesce(interpreted, 0) AND not_compared IS NULL\n"
         " GROUP BY gpu, precision, causal, batch, heads, d_head, seq\n"
         " ORDER BY gpu, precision, causal, batch, heads, d_head, seq",
     ),

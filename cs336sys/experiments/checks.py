@@ -63,7 +63,8 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     x, y = x.to(device), y.to(device)
     # the check's own copy, in eval mode: a dropout of theirs would draw other masks than
     # ours (none), and the timed model still trains
-    theirs = make_model(small, device, seed).eval()
+    theirs = make_model(small, device, seed)
+    theirs.eval()  # not its return value: a model's own train() may return nothing
     if config.model is None:  # their attention in our model: naive attention's loss
         ours = make_model(dataclasses.replace(small, attention="naive"), device, seed)
         mine, reference = theirs(x), ours(x)
@@ -83,7 +84,7 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     if not math.isfinite(loss):
         return Verdict(False, {**metrics, "check": "fail"},
                        f"wrong: the loss of {config.model} is {loss}")
-    ours = make_model(dataclasses.replace(small, model=None, attention="naive"), device, seed).eval()
+    ours = make_model(dataclasses.replace(small, model=None, attention="naive"), device, seed)
     why = _loaded(ours, theirs)
     if why is not None:
         detail = (f"architecture differs from cs336sys's TransformerLM ({why[:200]}): only "
@@ -304,10 +305,13 @@ def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
 
 def user_code(config: Any, *objects: Any) -> dict[str, str]:
     """`code`: the files of the user's code a training step ran, each with its sha256 (the
-    adapters file in use too): their attention kernel in our model, and the class of each of
-    `objects` (the model, the AdamW, a DDP wrapper; cs336sys's and torch's are left out)."""
+    adapters file in use too): their attention kernel in our model, and the classes of each
+    of `objects` (the model, the AdamW, a DDP wrapper, the model it wraps), their bases
+    too (FSDP2 makes a model's class a subclass of its own; cs336sys's and torch's files
+    are left out)."""
     kernel = [registry.get(config.attention)] if yours.is_yours(config.attention) else []
-    return sources(*kernel, *(type(o) for o in objects if o is not None))
+    return sources(*kernel, *(c for o in objects if o is not None for c in type(o).__mro__
+                              if c is not object))
 
 
 def finite_losses(losses: Any) -> Verdict:

@@ -44,7 +44,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from cs336sys.experiments import ddp_command, ddp_section, ddp_setup, ddp_yours, fsdp_course_check
+from cs336sys.experiments import (
+    checks,
+    ddp_command,
+    ddp_section,
+    ddp_setup,
+    ddp_yours,
+    fsdp_course_check,
+)
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, both
 from cs336sys.experiments.ddp_setup import IMPLS, REPLICA_IMPLS
 from cs336sys.experiments.ddp_toy_check import checked as toy_check
@@ -82,7 +89,7 @@ from cs336sys.sweep.points import (
 )
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result, Unfinished, free_memory
-from cs336sys.yours.implementations import named_impls, sources
+from cs336sys.yours.implementations import named_impls
 
 PRECISIONS = ("fp32", "bf16")
 TORCH_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb, recorded as what ran
@@ -296,7 +303,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             return Result("skipped", error=str(exc))
         del model
         memory = {"init": probe.current(), "init_peak": probe.peak(),
-                  **_prefixed("init", ddp_setup.split(setup))}
+                  **ddp_setup.split(setup, "init")}
         x, y = _batch(spec, ctx.rank, device)
         step = Step(
             model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
@@ -326,7 +333,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         # The measured step: memory at the optimizer step, and every collective of a step.
         def read(when):  # live, the step's peak so far (the handout's "peak ... before")
             return lambda: memory.update({when: probe.current(), f"{when}_peak": probe.peak(),
-                                          **_prefixed(when, ddp_setup.split(setup))})
+                                          **ddp_setup.split(setup, when)})
 
         def before_opt():
             read("before_opt")()
@@ -419,15 +426,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     )
     metrics.update(host_bound)  # rank 0's
     samples = {"ranks": [r["times"] for r in per_rank], "loss": [float(v) for v in losses]}
-    if checked is None:
-        return Result("ok", metrics=metrics, samples=samples)
-    metrics.update(checked.metrics, code=sources(type(setup.module), type(setup.optimizer)))
-    return Result("ok" if checked.passed else "wrong", metrics=metrics, samples=samples,
-                  error=checked.why)
-
-
-def _prefixed(when: str, split: dict[str, int]) -> dict[str, int]:
-    return {f"{when}_{k}": v for k, v in split.items()}
+    if checked is not None:  # a NaN loss first: it explains any comparison after it
+        metrics["code"] = checks.user_code(spec.config(), setup.module, setup.optimizer,
+                                           getattr(setup.module, "module", None))
+    return checks.judged(checked and both(checks.finite_losses(losses), checked), metrics,
+                         samples=samples)
 
 
 # -- the declaration ------------------------------------------------------------------------

@@ -201,9 +201,10 @@ def param_spread(setup) -> float | None:
     return spread
 
 
-def split(setup: Setup) -> dict[str, int]:
-    """Bytes this rank holds in parameters, gradients and optimizer state, by inspection."""
-    return held(setup.params, setup.state_holder)
+def split(setup: Setup, when: str) -> dict[str, int]:
+    """Bytes this rank holds in parameters, gradients and optimizer state, by inspection, at
+    the moment `when` (`init_params`, ...)."""
+    return {f"{when}_{k}": v for k, v in held(setup.params, setup.state_holder).items()}
 
 
 def expected(impl: str, sharding: str | None, world: int, n_params: int, n_1d: int) -> dict[str, float]:

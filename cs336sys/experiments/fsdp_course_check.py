@@ -19,6 +19,7 @@ ranks (collectives: every rank calls it, at the same point) and names what fails
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from cs336sys.experiments.training_check import COURSE_TOLERANCE, by_reference_names, few
@@ -110,10 +111,12 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
     import torch.distributed as dist
 
     rank = dist.get_rank()
+    given = "" if isinstance(full, Mapping) else type(full).__name__  # None off rank 0
+    full = full if isinstance(full, Mapping) else {}
     grads = {n: _shape(g) for n, g in record.replicated.items()}
     fulls = {n: _shape(t) for n, t in full.items()}
     facts = gather({"module": record.module is not None, "wrong": record.wrong,
-                    "grads": grads, "full": fulls})
+                    "grads": grads, "full": fulls, "given": given})
     atol, rtol = COURSE_TOLERANCE["test_fsdp.py"][precision]
     grads_off = _off_from_rank0(record.replicated, _alike([f["grads"] for f in facts]), device,
                                 REPLICATED_ATOL, REPLICATED_RTOL)
@@ -153,6 +156,11 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
                       f"{_dtype(named[cast[0]])}, the model's parameters in "
                       f"{_dtype(whole[cast[0]])}: {SAID} compares them with torch.allclose, "
                       f"which refuses two dtypes")
+    for r, f in enumerate(facts):
+        if f["given"]:
+            causes.append(f"fsdp_gather_full_params() on rank {r} gave {f['given']}, not the "
+                          f"full parameters by name: {SAID} reads them on every rank")
+            break
     for r, f in enumerate(facts[1:], start=1):
         missing = [n for n, s in facts[0]["full"].items() if f["full"].get(n, ()) != s]
         far = offs[r][1]

@@ -274,6 +274,9 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
     fsdp = "test_fsdp.py" in tests
     tol = FSDP_16_BIT_TOLERANCE if fsdp and precision != "fp32" else TRAINING_TOLERANCE[precision]
     worst, where, problems, frozen = 0.0, None, [], []
+    if not isinstance(full, dict):  # a gather that returns nothing: every parameter missing
+        problems.append(f"the full parameters are {type(full).__name__}, not a dict by name")
+        full = {}
     if fsdp:  # the course's test_fsdp.py looks each parameter up by the model's own name
         prefixed = [n for n in reference.final if n not in full
                     and any(k.endswith("." + n) for k in full)]

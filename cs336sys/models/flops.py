@@ -24,13 +24,16 @@ def forward_flops(config: ModelConfig, batch: int, seq: int) -> int:
     """Matmul FLOPs of one forward pass over `batch` sequences of `seq` tokens."""
     b, t = batch, seq
     d, d_ff, n_layers, vocab = config.d_model, config.d_ff, config.num_layers, config.vocab_size
-    heads, d_head = config.num_heads, config.d_head
-
     # Per token: q, k, v, o projections (4 d x d), SwiGLU w1, w3, w2 (3 d x d_ff), LM head.
     dense = b * t * (n_layers * (2 * 4 * d * d + 2 * 3 * d * d_ff) + 2 * d * vocab)
-    # Per layer and head: QK^T is (T, D) @ (D, T) and PV is (T, T) @ (T, D), 2*T*T*D each.
-    attention = n_layers * b * heads * (2 * t * t * d_head) * 2
-    return dense + attention
+    return dense + attention_matmul_flops(config, batch, seq)
+
+
+def attention_matmul_flops(config: ModelConfig, batch: int, seq: int) -> int:
+    """The attention's part of forward_flops: per layer and head, QKᵀ is (T, D) @ (D, T) and
+    PV is (T, T) @ (T, D), 2·T·T·D each (full T x T, as PaLM counts)."""
+    t = seq
+    return config.num_layers * batch * config.num_heads * (2 * t * t * config.d_head) * 2
 
 
 def attention_forward_flops(batch: int, heads: int, seq: int, d_head: int, causal: bool) -> float:

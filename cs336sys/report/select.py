@@ -403,10 +403,19 @@ def unstored(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
         if value:
             conds.append(cond)
             params.append(value)
-    if sel.experiments:
-        conds.append(f"i.command IN ({', '.join('?' * len(sel.experiments))})")
-        params.extend(sel.experiments)
     cur = conn.execute(f"SELECT i.*, NULL AS _status, 0 AS _n FROM invocations i "
                        f"WHERE {' AND '.join(conds)} ORDER BY i.started, i.id", params)
     names = [d[0] for d in cur.description]
-    return [dict(zip(names, v, strict=True)) for v in cur]
+    found = [dict(zip(names, v, strict=True)) for v in cur]
+    if not sel.experiments:
+        return found
+    # the experiment a command runs: as the store's runs of that command have it (`memory
+    # residuals` runs memory-residuals), else its words (`profile model` runs profile)
+    seen = dict(conn.execute("SELECT i.command, min(r.experiment) FROM invocations i JOIN runs r "
+                             "ON r.invocation_id = i.id GROUP BY i.command").fetchall())
+
+    def kind(command: str | None) -> str:
+        words = (command or "").split()
+        return seen.get(command) or "-".join(words[:1] if len(words) > 1 else words)
+
+    return [i for i in found if kind(i.get("command")) in sel.experiments]
