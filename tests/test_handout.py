@@ -720,6 +720,12 @@ def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
     assert md.count("_Measured on a CPU at cut-down sizes") == len(SUBSET) - 2
     accumulation = md.split("## mixed_precision_accumulation (")[1].split("\n## ")[0]
     assert "cut-down sizes" not in accumulation
+    # the plan's answers are the handout's own sizes on its hardware: not a CPU's, computed
+    calcs = md.split("## data_parallel_calcs (")[1].split("\n## ")[0]
+    assert "_Method: computed, not measured (cs336sys plan: the hardware's data sheet)" in calcs
+    r = invoke("handout", "report", "data_parallel_calcs", "--format", "md", "--out",
+               tmp_path / "calcs", "--db", db_path)
+    assert r.exit_code == 0 and "**Sizes:**" not in (tmp_path / "calcs" / "writeup.md").read_text()
     # the forward table of pytorch_attention, cell by cell against the stored rows
     stored = query(db_path, "SELECT v.*, r.settings FROM attention_runs v JOIN runs r "
                    "ON r.id = v.run_id WHERE v.label = 'pytorch_attention'")

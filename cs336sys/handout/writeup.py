@@ -91,7 +91,10 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     counts = sorted({n for kind_rows in rows.values() for r in kind_rows for k in r
                      if k.endswith("_ms_mean") and r[k] is not None
                      for n in [sample_count(r, k.removesuffix("_mean"))] if n is not None})
-    parts = [f"GPU {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
+    # plan's points are arithmetic from a data sheet (its --hardware), on no device
+    computed = bool(invs) and all(i.get("device") == "none" for i in invs)
+    parts = ["computed, not measured (cs336sys plan: the hardware's data sheet)" if computed
+             else f"GPU {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
     if "Your code" in facts:
         parts.append(f"your code {facts['Your code']}")
     if warm:
@@ -247,7 +250,8 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
         facts = [("Points by their latest run", _latest_statuses(every_row))
                  if k == "Runs by status" and any(every_row.values()) else (k, v)
                  for k, v in facts] + ([(STOPPED_EARLY, stopped)] if stopped else [])
-        if every_inv and all(i.get("gpu") == "cpu" for i in every_inv):
+        measured = [i for i in every_inv if i.get("device") != "none"]  # not plan's arithmetic
+        if measured and all(i.get("gpu") == "cpu" for i in measured):
             facts.append(("Sizes", f"{CPU_NOTE}; these figures fill the tables and answer "
                                    "nothing the handout asks about a GPU"))
         if others:  # measured by hand: the student's to label, before handing the writeup in
