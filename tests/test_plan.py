@@ -356,6 +356,7 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--batch", 0], "positive"),
     (["--seq", -4], "positive"),
     (["--n", 0], "positive"),
+    (["--n", 10**12], "fits none of the strategies"),  # its fsdp-tp splits took minutes
     (["--d-model", 0], "positive"),
     (["--size", "huge"], "--size: unknown size"),
     # an option that shapes another, given without it, was ignored (80 GiB judged the fit)
