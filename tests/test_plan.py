@@ -540,3 +540,19 @@ def test_the_xxl_on_one_h100_says_how_many_h100s_worth_it_is(db_path):
     column = lines[at].index("GPUs' worth")
     assert worth[column:].split()[0] == f"{total / (80 * 2**30):.1f}"  # 47.6
     assert "80.0" in worth.split()  # the GPU's memory, GiB
+
+
+def test_fsdp_tp_closed_forms_say_which_assumption_each_n_max_takes():
+    """The whole model's N max (its two axes sharing the links) sat beside the FFN's
+    (overlapped) under bare headers: 108 against 484 read as model against FFN, where most
+    of it is the assumption. Each fsdp-tp cell says its own, the FFN's shared bound too."""
+    from cs336sys.experiments.plan_section import inequalities
+
+    row = {"status": "ok", "inequality": "...", "n_max": 108.4, "n_max_ffn": 484,
+           "n_max_ffn_shared": 140, "_settings": {
+               "strategy": "fsdp-tp", "device_name": "H100", "size": "xl",
+               "batch_tokens": 131072, "d_model": 2560, "num_layers": 32}}
+    (cells,) = inequalities([row]).rows
+    assert cells[-2:] == ["108 (shared links)", "484 (overlapped; 140 shared links)"]
+    fsdp = {**row, "_settings": {**row["_settings"], "strategy": "fsdp"}}
+    assert inequalities([fsdp]).rows[0][-2:] == ["108", "484"]

@@ -174,10 +174,16 @@ def inequalities(pts: list[Row]) -> FilledTable | None:
         if r.get("status") != "ok":
             continue
         s = r["_settings"]
+        # fsdp-tp's whole model shares the links between its axes; its FFN form overlaps
+        # them (the shared-links FFN bound beside it): said, or the gap reads as model vs FFN
+        both = s["strategy"] == "fsdp-tp"
+        shared = r.get("n_max_ffn_shared")
         seen[(s["strategy"], s["device_name"], s["size"], s["batch_tokens"])] = [
             s["strategy"], r.get("inequality") or "", s["device_name"],
             f"{_model(r)} B={s['batch_tokens']:,}",
-            num(r.get("n_max")), num(r.get("n_max_ffn")),
+            num(r.get("n_max")) + (" (shared links)" if both else ""),
+            num(r.get("n_max_ffn")) + (f" (overlapped; {num(shared)} shared links)"
+                                       if both and shared is not None else ""),
         ]
     if not seen:
         return None
