@@ -556,3 +556,32 @@ def test_fsdp_tp_closed_forms_say_which_assumption_each_n_max_takes():
     assert cells[-2:] == ["108 (shared links)", "484 (overlapped; 140 shared links)"]
     fsdp = {**row, "_settings": {**row["_settings"], "strategy": "fsdp"}}
     assert inequalities([fsdp]).rows[0][-2:] == ["108", "484"]
+
+
+def test_the_phases_table_gives_each_phases_flops_and_communication(db_path):
+    """Section 8 asks forward and backward apart, FLOPs and communication: the plan stored
+    them and showed compute for the whole step and each collective summed over it."""
+    r = invoke("plan", "--size", "xl", "--strategy", "fsdp", "--n", "2", "--batch", "256",
+               "--seq", "512", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    import sqlite3
+
+    from cs336sys.experiments.plan_section import phases
+    from cs336sys.report.select import Selection, load
+
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    from cs336sys.experiments.catalog import EXPERIMENTS
+
+    (row,) = load(conn, Selection(), EXPERIMENTS)["plan"]
+    (cells,) = phases([row]).rows
+    # B = 131,072 tokens of xl: forward 2·B·T·(...) FLOPs over 2 devices; the fsdp all-gather
+    # of bf16 weights, (N-1)/N · 2P / W, forward; and the reduce-scatter beside it backward
+    fwd = 2724931263528960 / 3 / 2
+    assert cells[:3] == ["fsdp", "2", "2x1"]
+    assert float(cells[3]) == pytest.approx(fwd, rel=1e-3)
+    assert float(cells[7]) == pytest.approx(2 * fwd, rel=1e-3)
+    gather_ms = 0.5 * 2 * 3406809600 / 450e9 * 1e3
+    assert float(cells[5]) == pytest.approx(gather_ms, rel=1e-2)
+    assert float(cells[9]) == pytest.approx(2 * gather_ms, rel=1e-2)
+    assert cells[6] == cells[10] == "yes"

@@ -154,7 +154,7 @@ def measured_rows(rows: list[Row]) -> list[Row]:
 def section(sec: Section, pts: list[Row]) -> None:
     """After the declared tables: the closed forms, the plan beside measured ddp runs, and
     step time against degree with the communication-bound region marked."""
-    for table in (inequalities(pts), all_reduces(pts), mesh(pts)):
+    for table in (phases(pts), inequalities(pts), all_reduces(pts), mesh(pts)):
         if table:
             sec.tables.append(table)
     sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=1))
@@ -165,6 +165,42 @@ def section(sec: Section, pts: list[Row]) -> None:
             note="Crosses: communication-bound points (the step waits on communication in "
             "forward or backward). Dotted lines: each strategy's N max, the largest degree "
             "whose communication still hides behind compute."))
+
+
+def phases(pts: list[Row]) -> FilledTable | None:
+    """Per point, forward and backward apart, as section 8's problems ask them: the FLOPs one
+    device computes (its compute time at the data sheet's C) and the time its communication
+    takes in that phase, and whether it hides behind the compute."""
+    ok = [r for r in pts if r.get("status") == "ok"]
+    # the GPU and the model where the points hold more than one
+    keys = [k for k in ("device_name", "size", "batch_tokens")
+            if len({r["_settings"].get(k) for r in ok}) > 1]
+    rows = []
+    for r in sorted(ok, key=lambda r: ((*_ORDER, r["_settings"]["strategy"]).index(
+            r["_settings"]["strategy"]), *(str(r["_settings"].get(k)) for k in keys),
+            r["_settings"]["n"])):
+        s, cells = r["_settings"], []
+        for phase in ("fwd", "bwd"):
+            compute, comm = r.get(f"compute_{phase}_ms"), r.get(f"comm_{phase}_ms")
+            if compute is None or comm is None:
+                break
+            cells += [f"{compute / 1e3 * s['flops']:.3g}", num(compute), num(comm),
+                      "yes" if comm <= compute else "no"]
+        if len(cells) == 8:
+            rows.append([s["strategy"], *(num(s.get(k)) if k == "batch_tokens" else
+                                          str(s.get(k)) for k in keys),
+                         str(s["n"]), f"{r.get('fsdp_degree')}x{r.get('tp_degree')}", *cells])
+    if not rows:
+        return None
+    return FilledTable(
+        "Forward and backward per device: FLOPs and communication",
+        ["strategy", *({"device_name": "GPU", "batch_tokens": "B"}.get(k, k) for k in keys),
+         "N", "X×Y", "fwd FLOPs", "fwd compute ms", "fwd comm ms", "fwd hides",
+         "bwd FLOPs", "bwd compute ms", "bwd comm ms", "bwd hides"], rows,
+        note="FLOPs one device computes in the phase (backward twice forward), its time at the "
+        "data sheet's dense bf16 C, and the phase's collectives at W (ring: all-gather and "
+        "reduce-scatter (N-1)/N S/W, all-reduce twice that); hides: comm <= compute.",
+        key=list(range(len(keys) + 2)))
 
 
 def inequalities(pts: list[Row]) -> FilledTable | None:
