@@ -213,8 +213,7 @@ def problem(strategy: str, n: int, heads: int, sequences: int, split: str | None
 
 
 def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
-    """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences (Y runs
-    over the heads' divisors: a loop to n took minutes at --n 10^12)."""
+    """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
     return [(n // y, y) for y in range(1, min(n, heads) + 1)
             if heads % y == 0 and n % y == 0 and sequences % (n // y) == 0]
 
