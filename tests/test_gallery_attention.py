@@ -273,3 +273,22 @@ def test_an_unimplemented_triton_adapter_is_not_implemented_before_any_device_qu
         ("skipped", "get_flashattention_autograd_function_triton is not implemented in "
                     "tests/adapters.py")]
     assert "needs CUDA" not in result.output
+
+
+def test_a_backward_that_returns_no_gradient_is_not_told_a_formula():
+    """A backward returning None for dV read "its dV alone is off: dV = Pᵀ dO ...; dV has
+    shape None": the cause is the missing gradient, said as such."""
+    import torch
+
+    from cs336sys.attention.diagnosis import GRADS, backward_diagnosed
+    from cs336sys.attention.reference import attention_reference
+    from cs336sys.measure.check import check
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 8, 4, generator=g, dtype=torch.float64) for _ in range(4))
+    o, grads = attention_reference(q, k, v, True, do=do, dtype=torch.float64)
+    want = {"O": o, **dict(zip(GRADS, grads, strict=True))}
+    got = {**want, "dV": None}
+    verdict = check(got, want, 1e-2, 1e-2)
+    said = backward_diagnosed(True, got, q, k, v, do, want, verdict, (1e-2, 1e-2))
+    assert "dV has shape None" in said.why and "alone is off" not in said.why

@@ -620,6 +620,11 @@ def test_the_header_says_a_sweep_stopped_before_its_first_point(tmp_path):
                  "'c', 0)")
     assert [i["id"] for i in invocations(conn, Selection(experiments=("profile",)))
             if i["_n"] == 0] == ["prof"]
+    # `memory residuals` stores memory-residuals, not memory (its first word)
+    conn.execute("UPDATE invocations SET command = 'memory residuals' WHERE id = 'prof'")
+    assert [i["id"] for i in invocations(conn, Selection(experiments=("memory-residuals",)))
+            if i["_n"] == 0] == ["prof"]
+    assert not [i for i in invocations(conn, Selection(experiments=("memory",))) if not i["_n"]]
     assert not [i for i in invocations(conn, Selection(where=(("seq", "128"),))) if not i["_n"]]
 
 

@@ -277,6 +277,17 @@ def test_a_getter_that_returns_an_nn_module_class_says_so(tmp_path, monkeypatch)
     assert {r["status"] for r in runs(db)} == {"error"}
     assert ("get_flashattention_autograd_function_pytorch() of the adapters file gave the "
             "nn.Module class Linear; expected an autograd.Function subclass") in runs(db)[0]["error"]
+    # an instance of one has that .apply too: the course's tests fail it, it passed here
+    edit(repo, "tests/adapters.py", "    return torch.nn.Linear\n", "    return torch.nn.Linear(2, 2)\n")
+    invoke("attention", "--impl", "yours-torch", *SMALL, "--db", db)
+    assert ("get_flashattention_autograd_function_pytorch() of the adapters file gave an "
+            "instance of the nn.Module Linear; expected an autograd.Function subclass") \
+        in runs(db)[-1]["error"]
+    # a one-off NAME that is not yours or yours-...: refused, not stored as errors
+    result = invoke("attention", "--impl", "yours2=cs336_systems.flash_attention:"
+                    "FlashAttentionPytorch", *SMALL, "--db", tmp_path / "n.db")
+    assert result.exit_code == 2 and "are named yours or yours-..." in result.stderr
+    assert not (tmp_path / "n.db").exists()
 
 
 def test_a_getter_that_returns_the_functions_apply_fails_as_the_course_does(tmp_path,
@@ -432,23 +443,36 @@ def test_a_one_off_triton_kernel_is_marked_interpreted_and_its_bf16_not_judged(t
                                                                                monkeypatch):
     """A one-off target that is Triton ran in the interpreter stored as native (no mark, in
     the compiled table, a `vs naive`), and its bf16 failure from the interpreter's tl.dot
-    was `wrong`; as yours-triton, it is interpreted, and that failure not judged."""
+    was `wrong`; as yours-triton, it is interpreted, and that failure not judged. Triton is
+    what its code launches: a PyTorch kernel in a file that also holds a Triton one is not,
+    a Triton kernel re-exported from another module is."""
     from types import SimpleNamespace
 
     from cs336sys.attention.diagnosis import status_of
     from cs336sys.measure.check import Verdict
+    from cs336sys.yours.implementations import _runs_triton
+    from tests.user_repos import with_gallery
 
-    kernel = "import triton  # noqa: F401\nfrom cs336sys.attention import FlashAttention2Triton\n"
-    repo = course_repo(tmp_path, files={"my_kernels/__init__.py": "",
-                                        "my_kernels/tri.py": kernel})
+    beside = ("import triton\n\n\n@triton.jit\ndef _unused(x):\n    return x\n\n\n"
+              "from cs336_systems.flash_attention import FlashAttentionPytorch  # noqa: E402\n"
+              "class Beside(FlashAttentionPytorch):\n    pass\n")
+    repo = with_gallery(course_repo(tmp_path, files={
+        "cs336_systems/beside.py": beside,
+        "cs336_systems/api.py": "from cs336_systems.gallery_triton_flash import Pointers\n"}),
+        "attention", "triton_flash")
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
-    result = invoke("attention", "--impl", "yours-tri=my_kernels.tri:FlashAttention2Triton",
+    result = invoke("attention", "--impl", "yours-tri=cs336_systems.api:Pointers,"
+                    "yours-beside=cs336_systems.beside:Beside",
                     "--seq", "32", "--d-head", "16", "--batch", "1", "--heads", "2",
                     "--warmup", "1", "--iters", "2", "--device", "cpu", "--db", db)
     assert result.exit_code == 0, result.output
-    (row,) = runs(db)
-    assert (row["status"], row["interpreted"]) == ("ok", 1)
+    assert [(r["impl"], r["status"], r["interpreted"]) for r in runs(db)] == [
+        ("yours-tri", "ok", 1), ("yours-beside", "ok", 0)]
+    monkeypatch.syspath_prepend(str(repo))
+    from cs336_systems.beside import Beside
+
+    assert not _runs_triton(Beside)  # its forward is the PyTorch one: nothing of Triton
     failed = Verdict(False, {}, "wrong: O off by up to 8e+08")
     bf16 = SimpleNamespace(precision="bf16", impl="yours-tri")
     assert status_of(bf16, True, failed)[0] == "skipped"

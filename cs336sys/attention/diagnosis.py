@@ -167,7 +167,7 @@ def backward_diagnosed(causal: bool, got: Mapping[str, Any], q: Any, k: Any, v: 
         detail = (f"its {' and '.join(names)} {'is' if len(names) == 1 else 'are'} {words} "
                   f"times the right one{'s' * (len(names) > 1)}: a 1/√d scale in its backward "
                   "is left out or applied twice")
-    if detail is None:
+    if detail is None and all(got[n] is not None for n in GRADS):  # a missing one: said
         detail = _which_gradients(
             [n for n in GRADS if not check({n: got[n]}, {n: want[n]}, *tolerance).passed])
     if detail is None:

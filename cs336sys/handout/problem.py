@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.sweep.declaration import Column
+from cs336sys.sweep.declaration import SUBCOMMANDS, Column, experiment_of
 
 # What a problem asks for, and so what its status can be.
 MEASURE = "measure"  # tables, plots or numbers from runs: `handout run` measures them
@@ -21,14 +21,6 @@ IMPLEMENT = "implement"  # the user's code: the course's tests check it, cs336sy
 WRITTEN = "written"  # a written answer: nothing to measure
 KINDS = (MEASURE, COMPUTE, IMPLEMENT, WRITTEN)
 
-# The command's first words -> the experiment kind whose rows it stores.
-_EXPERIMENT_OF = {
-    ("memory", "residuals"): "memory-residuals",
-    ("profile", "model"): "profile",
-    ("profile", "attention"): "profile",
-    ("precision", "accumulate"): "precision",
-    ("precision", "autocast"): "precision",
-}
 
 
 # How a problem's commands are sized, on a GPU and on a CPU: said by `handout`, `handout run`
@@ -68,14 +60,13 @@ class Run:
     @property
     def experiment(self) -> str:
         """The experiment kind whose rows this command stores."""
-        words = tuple(shlex.split(self.gpu)[:2])
-        return _EXPERIMENT_OF.get(words, words[0])
+        return experiment_of(" ".join(shlex.split(self.gpu)[:2]))
 
     @property
     def name(self) -> str:
         """The command's name: `memory residuals`, `attention`."""
         words = shlex.split(self.gpu)[:2]
-        return " ".join(words if tuple(words) in _EXPERIMENT_OF else words[:1])
+        return " ".join(words if tuple(words) in SUBCOMMANDS else words[:1])
 
 
 @dataclass(frozen=True)

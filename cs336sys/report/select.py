@@ -20,6 +20,7 @@ from typing import Any
 from cs336sys.report import refs
 from cs336sys.store.db import NONFINITE
 from cs336sys.store.views import typed
+from cs336sys.sweep.declaration import experiment_of
 from cs336sys.sweep.points import closest
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
@@ -409,13 +410,4 @@ def unstored(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
     found = [dict(zip(names, v, strict=True)) for v in cur]
     if not sel.experiments:
         return found
-    # the experiment a command runs: as the store's runs of that command have it (`memory
-    # residuals` runs memory-residuals), else its words (`profile model` runs profile)
-    seen = dict(conn.execute("SELECT i.command, min(r.experiment) FROM invocations i JOIN runs r "
-                             "ON r.invocation_id = i.id GROUP BY i.command").fetchall())
-
-    def kind(command: str | None) -> str:
-        words = (command or "").split()
-        return seen.get(command) or "-".join(words[:1] if len(words) > 1 else words)
-
-    return [i for i in found if kind(i.get("command")) in sel.experiments]
+    return [i for i in found if experiment_of(i.get("command") or "") in sel.experiments]

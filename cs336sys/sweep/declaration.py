@@ -104,6 +104,23 @@ class Column:
     notes_if: tuple[tuple[str, str], ...] = ()
 
 
+# The commands of two words -> the experiment kind whose rows each stores; any other command
+# stores rows of the kind it is named after (`cs336sys attention`: attention).
+SUBCOMMANDS = {
+    ("memory", "residuals"): "memory-residuals",
+    ("profile", "model"): "profile",
+    ("profile", "attention"): "profile",
+    ("precision", "accumulate"): "precision",
+    ("precision", "autocast"): "precision",
+}
+
+
+def experiment_of(command: str) -> str:
+    """The experiment kind the command (`memory residuals`, `model --size tiny`) stores."""
+    words = command.split()
+    return SUBCOMMANDS.get(tuple(words[:2]), words[0] if words else "")
+
+
 def model_size(row: Mapping[str, Any]) -> str:
     """A size preset's name with its shape, d_model × layers and the parameters where known:
     `xl (2560×32, 3.4B)`. One name has meant two models (the 2025 and 2026 handouts' xl);

@@ -111,7 +111,7 @@ def register(kind: str, name: str, target: str) -> None:
     fsdp, optimizer) found at `target`, "package.module:Object"; for kind "model", `name`
     is what --model said (models/config.ModelConfig.model). ValueError when the name or the
     target is malformed."""
-    if kind != "model" and not name.startswith(PREFIX):
+    if kind != "model" and not is_yours(name):  # yours2 or yours_v2 would be taken for ours
         raise ValueError(f"{name}={target}: your implementations are named yours or yours-..., "
                          f"so that tables tell them from ours")
     module, sep, attr = target.partition(":")

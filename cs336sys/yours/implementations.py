@@ -153,18 +153,38 @@ def build_model(config: Any) -> Any:
 
 
 def uses_triton(name: str) -> bool:
-    """Whether the user's attention `name` is Triton code: yours-triton, or a one-off target
-    whose module imports triton or holds a Triton kernel (@triton.jit, @triton.autotune).
-    Its module is imported already where the point runs it."""
+    """Whether the user's attention `name` runs Triton code: yours-triton, or a one-off
+    target whose code launches a Triton kernel (`_runs_triton`). Its module is imported
+    already where the point runs it."""
     if name == "yours-triton":
         return True
     where = target("attention", name)
-    if where is None:
+    return where is not None and _runs_triton(load_target(where))
+
+
+def _runs_triton(obj: Any, depth: int = 3) -> bool:
+    """Whether `obj` (a class or function of the user's) names a Triton kernel (@triton.jit,
+    @triton.autotune) in its source, or calls code of the user's that does, `depth` calls
+    deep. Not its module's imports: a PyTorch kernel beside a Triton one in one file runs no
+    Triton, and a Triton kernel re-exported from a package's __init__ does."""
+    import re
+
+    try:
+        source = inspect.getsource(obj)
+    except (OSError, TypeError):  # no source to read (a builtin)
         return False
-    module = importlib.import_module(where.partition(":")[0])
-    return any(str(getattr(v, "__name__", "")).split(".")[0] == "triton"
-               if inspect.ismodule(v) else type(v).__module__.split(".")[0] == "triton"
-               for v in vars(module).values())
+    found = vars(inspect.getmodule(obj) or object())
+    for word in dict.fromkeys(re.findall(r"[A-Za-z_]\w*", source)):
+        value = found.get(word)
+        if value is None or value is obj:
+            continue
+        if type(value).__module__.split(".")[0] == "triton":
+            return True
+        if depth and (inspect.isfunction(value) or inspect.isclass(value)) \
+                and not is_library_file(inspect.getsourcefile(value) or "") \
+                and _runs_triton(value, depth - 1):
+            return True
+    return False
 
 
 def attention_function(name: str) -> Callable[..., Any]:
@@ -193,6 +213,11 @@ def attention_function(name: str) -> Callable[..., Any]:
     if (isinstance(obj, type) and hasattr(obj, "apply") and not module) \
             or isinstance(obj, torch.autograd.Function):
         call = obj.apply
+    elif isinstance(obj, torch.nn.Module):  # its .apply maps a function over children
+        raise TypeError(f"{name}: {source} gave an instance of the nn.Module "
+                        f"{type(obj).__name__}; expected an autograd.Function subclass (whose "
+                        ".apply(q, k, v, is_causal) returns O)"
+                        + (" or a function" if entry is None else ""))
     elif entry is not None and not module and not hasattr(obj, "apply"):
         # the course's tests call .apply on what the getter returns: a function fails there
         owner = getattr(obj, "__self__", None)  # FlashFn.apply: a method bound to its class
