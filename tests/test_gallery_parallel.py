@@ -246,3 +246,19 @@ def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp
     (compile_s,) = query(db, "SELECT compile_s FROM step_runs WHERE switches = 'compile' "
                              "AND status = 'ok'")
     assert compile_s["compile_s"] is not None
+
+
+@pytest.mark.slow  # starts ranks
+def test_your_ddp_in_the_leaderboard_step_is_checked_as_the_course_checks_it(repo, tmp_path):
+    """step --ddp yours ran the user's DDP unchecked: one that sums its gradients was timed
+    ok (one that never all-reduces, faster for the work it skips). The course's test_ddp.py
+    runs on it first, as in ddp; a right one passes."""
+    db = tmp_path / "r.db"
+    for name, target in (("yours-right", "AverageInHooks"), ("yours-sums", "Summed")):
+        out = invoke("step", *STEP, "--ddp", f"{name}={DDP}:{target}", "--switches", "none",
+                     "--db", db)
+        assert out.exit_code == 0, out.output
+    rows = {r["ddp"]: r for r in query(db, "SELECT * FROM step_runs")}
+    assert (rows["yours-right"]["status"], rows["yours-right"]["check"]) == ("ok", "pass")
+    assert rows["yours-sums"]["status"] == "wrong"
+    assert rows["yours-sums"]["error"].startswith("wrong: as the course's test_ddp.py runs it")
