@@ -110,6 +110,25 @@ def test_bf16_weights_train_with_fp32_optimizer_state():
     assert {t.dtype for t in moments} == {torch.float32}
 
 
+def test_mfu_of_bf16_weights_is_against_the_bf16_peak(db_path, monkeypatch):
+    """--param-dtype bf16 without autocast (the leaderboard's bf16 model) runs every matmul
+    in bf16, and its MFU was against the fp32 peak: 15x too high on an H100."""
+    from cs336sys.experiments import training_step
+    from cs336sys.measure.device import peak_tflops
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(training_step, "device_name", lambda device: h100)
+    out = invoke("step", *MICRO, "--seq", "16", "--switches", "none", "--precision", "fp32",
+                 "--param-dtype", "fp32,bf16", "--db", db_path)
+    assert out.exit_code == 0, out.output
+    peaks = {r["param_dtype"]: r["peak_tflops"] for r in query(
+        db_path, "select param_dtype, peak_tflops from step_runs")}
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    assert peaks == {"fp32": peak_tflops(h100, "fp32", tf32=tf32),
+                     "bf16": peak_tflops(h100, "bf16", tf32=tf32)}
+    assert peaks["bf16"] > 2 * peaks["fp32"]
+
+
 def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
     out = invoke("step", *MICRO, "--seq", "16", "--switches", "none,fused-ce",
                  "--checkpoint", "none,groups:1,1", "--db", db_path)

@@ -2,12 +2,8 @@
 cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch set,
 so that each optimisation's gain shows alone and together.
 
-The leaderboard's step is
-
-    optimizer.zero_grad(); loss = cross_entropy(model(x), y) summed over the batch;
-    loss.backward(); optimizer.step()
-
-on the 8B config (d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936, context 32768,
+The leaderboard's step, `optimizer.zero_grad(); loss = cross_entropy(model(x), y) summed
+over the batch; loss.backward(); optimizer.step()`, runs on the 8B config (d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936, context 32768,
 batch 2, bf16, causal), timed with `triton.testing.do_bench`. Here the whole step is one
 function with no sync inside (unlike `cs336sys model`, which times each phase): do_bench on
 CUDA, the loop timer (a sync before and after each call) on a CPU. `--num-layers`, `--seq`,
@@ -60,6 +56,7 @@ from cs336sys.experiments.step_build import (
 from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
 from cs336sys.experiments.training_step import optimizer_option, throughput, throughput_metrics
 from cs336sys.measure.device import synchronize
+from cs336sys.measure.dtypes import matmul_precision
 from cs336sys.measure.progress import phase
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import time_do_bench, time_loop
@@ -392,7 +389,8 @@ def run(spec: StepSpec) -> Result:
     metrics: dict[str, Any] = {**flatten("step_ms", samples), **flatten("opt_ms", opt)}
     step_s = metrics["step_ms_median"] / 1e3
     metrics.update(throughput(model, spec.config(), spec.batch, spec.seq, "train",
-                              metrics["step_ms_median"], spec.device, spec.precision))
+                              metrics["step_ms_median"], spec.device,
+                              matmul_precision(spec.precision, spec.param_dtype)))
     metrics.update(
         peak_allocated_mb=torch.cuda.max_memory_allocated(spec.device) / 2**20 if on_cuda else None,
         peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,

@@ -26,6 +26,7 @@ from cs336sys.experiments.ddp_toy_check import checked as toy_check
 from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache
 from cs336sys.experiments.training_step import throughput
 from cs336sys.measure.device import synchronize
+from cs336sys.measure.dtypes import matmul_precision
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.points import SpecError
@@ -161,7 +162,8 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     metrics: dict[str, Any] = flatten("step_ms", slowest)
     # one step of the whole model on the global batch: tokens and FLOPs across the ranks
     metrics.update(throughput(model, config, spec.batch, spec.seq, "train",
-                              metrics["step_ms_median"], ctx.device, spec.precision))
+                              metrics["step_ms_median"], ctx.device,
+                              matmul_precision(spec.precision, spec.param_dtype)))
     metrics["params"] = whole["params"]
     if metrics.get("mfu") is not None:
         metrics["mfu"] /= ctx.world_size  # the peak is one GPU's; the step used all of them

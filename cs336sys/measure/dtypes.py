@@ -28,3 +28,9 @@ def autocast_dtype(precision: str) -> Any:
 def itemsize(precision: str) -> int:
     """Bytes per element: the bit width the dtype's name ends with, over 8."""
     return int(TORCH_NAMES[precision][-2:]) // 8
+
+
+def matmul_precision(precision: str, param_dtype: str = "fp32") -> str:
+    """The dtype a step's matmuls run in, whose peak its MFU is against: `precision`'s
+    autocast, or 16-bit weights (`--param-dtype bf16`) that run 16-bit without one."""
+    return precision if param_dtype == "fp32" else param_dtype
