@@ -158,6 +158,11 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--checkpoint", "groups:1,2"], "sum to 3, not num_layers=2"),
         (["--adamw", "fastest"], "--adamw: unknown value"),
         (["--num-layers", "0"], "--num-layers must be positive"),
+        # on ranks they were dropped without a word, and the table read "not interleaved"
+        (["--world-size", "2", "--ddp", "flat", "--rounds", "2"],
+         "--rounds times the points of one process; --world-size above 1 runs each point"),
+        (["--world-size", "2", "--ddp", "flat", "--rounds", "2", "--min-time", "1"],
+         "--rounds and --min-time time the points of one process"),
         (["--precision", "fp16"], "--precision: unknown value"),
         (["--ddp", "fsdp"], "--ddp shares the step between ranks"),
         (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),

@@ -246,6 +246,7 @@ def specs(
     warmup = defaults["warmup"] if warmup is None else warmup
     iters = defaults["iters"] if iters is None else iters
     counts(warmup, iters)
+    step_command.one_process_timing(ranked, rounds, min_time)
     least_s = points.min_time(min_time, on_cuda)
     rounds = points.rounds(rounds, on_cuda, iters)
     check_seed(seed)

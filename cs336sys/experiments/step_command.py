@@ -120,3 +120,15 @@ COMMAND = Command(
     ranks=True,
     starts_ranks=starts_ranks,
 )
+
+
+def one_process_timing(ranked: bool, rounds: Any, min_time: Any) -> None:
+    """--rounds and --min-time interleave and extend the points one process times; a point on
+    ranks runs fixed counts in its own ranks (every rank the same steps), so they were
+    dropped there without a word: refused beside --world-size above 1."""
+    given = [o for o, v in (("--rounds", rounds), ("--min-time", min_time)) if v is not None]
+    if ranked and given:
+        raise SpecError(f"{' and '.join(given)} {'time' if len(given) > 1 else 'times'} the "
+                        "points of one process; --world-size above 1 runs each point on its "
+                        "own ranks, every rank the same fixed steps (--iters): leave "
+                        f"{'them' if len(given) > 1 else 'it'} out")
