@@ -92,6 +92,10 @@ def test_the_cli_reference_has_every_command(hook):
         name = re.escape(" ".join(("cs336sys", *path)))
         assert re.search(rf"^#{{3,}} `{name}`$", text, re.M), path
     assert "--help" in text and "Example" in text
+    # click's no-rewrap marker (a backspace) drew a box before every example, and a help
+    # text's nsys/<command>-<time>/ read as tags: "in nsys/-/"
+    assert "\b" not in text
+    assert "nsys/&lt;command>-&lt;time>/" in text and "nsys/<command>" not in text
 
 
 def test_the_store_page_lists_every_view(hook):

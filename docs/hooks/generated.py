@@ -251,8 +251,11 @@ def _reference(text: str) -> str:
     """Typer's generated markdown with its headings one level below the page's (they start
     at `#`) and without click's no-rewrap markers before the examples
     (cli.examples_verbatim), which are not text."""
-    text = re.sub(r"^\\b\n", "", text, flags=re.M)
+    text = re.sub("^\b\n", "", text, flags=re.M)  # the marker is a backspace character
     text = re.sub(r"^(#+) ", lambda m: "#" + m[1] + " ", text, flags=re.M)
+    # outside code spans, a help text's `<command>` is no HTML tag (nsys/<command>-<time>/)
+    parts = text.split("`")
+    text = "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
     return text.strip() + "\n"
 
 
