@@ -311,3 +311,31 @@ def test_points_on_ranks_get_a_chart_of_their_own():
     titles = [f.title for f in sec.figures]
     assert len(titles) == 2 and titles[1].endswith("2 ranks fsdp")
     assert [b.label for b in sec.figures[0].plot.bars] == ["none", "fused-adamw"]
+
+
+def test_the_switch_chart_keeps_models_apart_and_marks_what_its_table_would_not_call():
+    """One chart held cs336sys's model and the user's, the user's fused-adamw set against
+    our `none`; two `none` of different optimizers read alike; and a bare 6.96x stood over
+    a bar whose table cell said too few samples to tell."""
+    from cs336sys.experiments import step_section
+    from cs336sys.report.sections import Section
+
+    def row(switches, ms, model=None, optimizer="adamw", samples=3, opt_ms=None):
+        settings = {"size": "tiny", "num_layers": 2, "seq": 16, "batch": 2, "precision": "fp32",
+                    "param_dtype": "fp32", "checkpoint": "none", "switches": switches,
+                    "model": model, "optimizer": optimizer}
+        return {"status": "ok", "step_ms_median": ms, "tokens_per_s": 1.0, "gpu": None,
+                "switches": switches, "opt_ms_median": opt_ms, "invocation_id": "i",
+                "_samples": {"step_ms": [ms] * samples}, "_settings": settings}
+
+    sec = Section("step", "step")
+    step_section.section(sec, [
+        row("none", 10.0, opt_ms=1.0), row("none", 12.0, optimizer="torch-adamw"),
+        row("fused-adamw", 5.0, optimizer="adamw-foreach"),  # saves 5 of a 1 ms phase
+        row("none", 30.0, model="cs336_basics"), row("fused-ce", 20.0, model="cs336_basics")])
+    first, theirs = sec.figures
+    assert "model=cs336_basics" in theirs.title and "model=" not in first.title
+    assert [(b.label, b.side_note) for b in first.plot.bars] == [
+        ("none optimizer=adamw", "1.00×"), ("none optimizer=torch-adamw", "0.83×?"),
+        ("fused-adamw", "2.00×!")]
+    assert [b.side_note for b in theirs.plot.bars] == ["1.00×", "1.50×?"]  # 3 samples a side
