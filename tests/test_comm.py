@@ -285,3 +285,21 @@ def test_more_local_ranks_than_the_host_starts_are_refused_in_one_line(tmp_path,
     assert f"world size {cap + 1} is more local Gloo ranks than this host starts: at most " \
         f"{cap}" in result.output
     assert "Traceback" not in result.output and not db.exists()
+
+
+def test_a_noisy_collective_is_flagged_as_every_timing_is():
+    """comm stored std, median and drift but showed its mean alone in µs: a broadcast whose
+    std was twice its mean read as a figure. Its time column is every timing's."""
+    from cs336sys.experiments import comm as exp
+    from cs336sys.report.tables import point_tables
+
+    row = {"status": "ok", "op": "broadcast", "placement": "in-place", "backend": "gloo",
+           "world_size": 2, "precision": "fp32", "bytes": 8, "iters": 10,
+           "time_ms_mean": 0.518, "time_ms_std": 1.07, "time_ms_median": 0.164,
+           "time_ms_p10": 0.15, "time_ms_p90": 2.9, "time_ms_iqr": 0.2, "time_ms_n": 10,
+           "time_ms_rank_max": 0.6, "algbw_gbps": 1e-5, "busbw_gbps": 1e-5, "wrong": 0,
+           "_settings": {"op": "broadcast", "bytes": 8}}
+    (table,) = point_tables(exp.EXPERIMENT.tables, [row])
+    cells = dict(zip(table.headers, table.rows[0], strict=True))
+    assert cells["time ms"].startswith("0.518 ± 1.1 (median 0.164")
+    assert "noisy" in cells["time ms"] and cells["slowest rank ms"] == "0.6"

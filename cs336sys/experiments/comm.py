@@ -299,11 +299,6 @@ def section(sec: Any, pts: list) -> None:
 
 # -- the declaration ------------------------------------------------------------------------
 
-def _us(ms: float | None) -> float | None:
-    """Microseconds, as nccl-tests prints a collective's time (small messages take a few)."""
-    return None if ms is None else ms * 1e3
-
-
 def average_busbw(rows: list) -> list[tuple[str, float, int]]:
     """nccl-tests' closing line per group of ok rows of one op, backend, world size and
     precision: (the group, the mean of its bus bandwidths over the sizes, how many sizes)."""
@@ -327,16 +322,18 @@ TABLE = Table(
     (
         *setting_columns("op placement backend ranks=world_size precision"),
         Column("size", "bytes", "size", setting=True),
-        Column("time µs", cell=lambda r: _us(r.get("time_ms_mean")), fmt="num"),
+        # mean ± std over iterations, a noisy or drifting one flagged as every timing is
+        Column("time ms", "time_ms", "mean_std"),
         # the slowest rank's mean; rows stored before it kept it as time_ms_max
-        Column("max µs", cell=lambda r: _us(r.get("time_ms_rank_max") or r.get("time_ms_max")),
+        Column("slowest rank ms", cell=lambda r: r.get("time_ms_rank_max") or r.get("time_ms_max"),
                fmt="num"),
         Column("algbw GB/s", "algbw_gbps", "num"),
         Column("busbw GB/s", "busbw_gbps", "num"),
         Column("wrong", "wrong"),
     ),
-    note="time: each rank's mean over iterations, averaged over ranks (max: the slowest "
-    "rank). busbw = algbw × 2(ranks-1)/ranks for all-reduce, (ranks-1)/ranks for "
+    note="time: each iteration's time averaged over the ranks, mean ± std over iterations "
+    "(the mean is each rank's mean averaged over ranks, as nccl-tests reports it); slowest "
+    "rank: that rank's mean. busbw = algbw × 2(ranks-1)/ranks for all-reduce, (ranks-1)/ranks for "
     "all-gather and reduce-scatter, 1 for broadcast.",
 )
 
