@@ -344,3 +344,17 @@ def test_points_that_could_interleave_and_did_not_get_an_interval_but_no_verdict
     t = point_table(TABLE, [attention("naive", naive, 3), attention("sdpa", fast, 3)])
     assert t.rows[1][t.headers.index("vs naive")].startswith("2.73× faster (")
     assert NOT_INTERLEAVED_NOTE not in t.note
+
+
+def test_the_impossible_footnote_joins_only_a_table_that_shows_one():
+    """A step table of one `none` point (no fused-adamw at all) ended with the note that
+    fused-adamw saved more than the optimizer step takes."""
+    from cs336sys.experiments.step import TABLE
+    from cs336sys.report.tables import point_tables
+
+    none = _row("none", [100.0, 101.0, 99.0, 100.5, 100.2, 99.8], opt_ms=5.0)
+    adamw = _row("fused-adamw", [90.0, 91.0, 89.0, 90.5, 90.2, 89.8])
+    (alone,) = point_tables([TABLE], [none])
+    assert "IMPOSSIBLE" not in alone.note
+    (both,) = point_tables([TABLE], [none, adamw])
+    assert "IMPOSSIBLE: fused-adamw saved more than the optimizer step takes" in both.note

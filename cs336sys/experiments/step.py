@@ -434,9 +434,9 @@ TABLE = Table(
             note="vs none: the median step time with no switch over this one's, at the same "
             "settings (2.00x = twice as fast), with the 95 % bootstrap interval of that ratio "
             "from both points' samples: faster or slower only when the interval excludes 1, "
-            "else no difference; too few samples to tell under 5 a side. "
-            "IMPOSSIBLE: fused-adamw saved more than the optimizer step takes (noise or drift, "
-            "not the switch).",
+            "else no difference; too few samples to tell under 5 a side.",
+            notes_if=(("IMPOSSIBLE", "IMPOSSIBLE: fused-adamw saved more than the optimizer "
+                       "step takes (noise or drift, not the switch)."),),
         ),
         *column_table("""
             tokens/s         tokens_per_s       num
@@ -449,7 +449,8 @@ TABLE = Table(
         Column("course ms", "course_ms", "num", optional=True,
                note="course ms: the leaderboard test's own timing (do_bench, 30 s of "
                "repetitions after 10 s of warm-up), beside ours (--course-timing)."),
-        Column("check", "check", optional=True, note=CHECK_NOTE),
+        Column("check", "check", optional=True, note=CHECK_NOTE + " On ranks, the user's DDP "
+               "first runs the course's test_ddp.py, as in ddp."),
     ),
     note="wall s: the point from model build to its last timed step, "
     f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
