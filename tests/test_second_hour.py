@@ -188,7 +188,7 @@ def test_a_size_range_as_nccl_tests_takes_it():
             parse_sizes(bad)
 
 
-def test_comm_closes_with_the_average_bus_bandwidth_in_microseconds(db_path):
+def test_comm_closes_with_the_average_bus_bandwidth(db_path):
     result = invoke("comm", "--bytes", "1KB:16KB:x4", "--world-size", "2", "--warmup", "0",
                     "--iters", "2", "--device", "cpu", "--db", db_path)
     assert result.exit_code == 0, result.output
@@ -197,13 +197,12 @@ def test_comm_closes_with_the_average_bus_bandwidth_in_microseconds(db_path):
     mean = sum(r["busbw_gbps"] for r in stored) / 3
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("Avg bus bandwidth")]
     assert line == f"Avg bus bandwidth: {mean:.3g} GB/s (all-reduce gloo 2 ranks fp32, 3 sizes)"
-    assert "time µs" in result.stdout
-    import re
-
+    # the time as every experiment's: mean ± std in ms, the median where it is noisy
+    assert "time ms" in result.stdout
     from cs336sys.report.sections import num
 
     first = next(x for x in result.stdout.splitlines() if x.startswith("1KB "))
-    assert num(stored[0]["time_ms_mean"] * 1e3) in re.split(r"\s{2,}", first)  # ms stored, µs shown
+    assert f"{num(stored[0]['time_ms_mean'])} ± " in first, first
 
 
 def test_compare_names_what_differs_between_the_sides(db_path, tmp_path, monkeypatch):
