@@ -193,6 +193,12 @@ def test_a_step_point_splits_into_rounds_that_compile_cold_once():
     rounds = split(spec)
     assert [(r.iters, r.min_time, r.warm_cache) for r in rounds] == [
         (4, pytest.approx(0.3), False), (4, pytest.approx(0.3), True), (4, pytest.approx(0.3), True)]
+    # the course's do_bench timing (40 s a point on CUDA) once, in the round whose figure
+    # merge keeps: it ran in every round, 120 s a point at the default 3
+    from dataclasses import replace
+
+    assert [r.course_timing for r in split(replace(spec, course_timing=True))] == [
+        True, False, False]
 
 
 def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypatch):
