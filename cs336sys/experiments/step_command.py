@@ -25,7 +25,8 @@ def options(
     precision: list_option("Autocast dtype: bf16 and/or fp32. [default: bf16 on CUDA, fp32 on "
                            "CPU]") = None,
     param_dtype: list_option("Weights: fp32 (master weights under autocast) and/or bf16 (16-bit "
-                             "weights, fp32 optimizer state). [default: fp32]") = None,
+                             "weights; cs336sys's AdamW keeps fp32 state, torch-adamw its "
+                             "weights' bf16). [default: fp32]") = None,
     attention: option("The baseline attention that flash replaces (yours-torch, yours-triton: your "
                       "adapters'). [default: sdpa]", str | None) = None,
     optimizer: option("The baseline optimizer that fused-adamw replaces: adamw (ours, the "
