@@ -311,6 +311,9 @@ def test_a_commit_ref_outside_a_checkout_is_refused_not_read_as_a_prefix(tmp_pat
         (["--where", "precison=bf16"], "no experiment has a setting 'precison'; did you mean 'precision'?"),
         # the report's tables head checkpoint `ckpt`: the setting is named
         (["--where", "ckpt=none"], "no experiment has a setting 'ckpt'; did you mean 'checkpoint'?"),
+        # a 0.2 name: its new one (dtype's hint was value_dtype, context_length's none)
+        (["--where", "dtype=bf16"], "no experiment has a setting 'dtype'; it is 'precision' now"),
+        (["--where", "context_length=512"], "setting 'context_length'; it is 'seq' now"),
         (["--format", "pdf"], "--format: unknown value 'pdf'"),
         # a GPU's name is matched whole: a part of it selected nothing, silently
         (["--gpu", "H100"], "--gpu 'H100': no stored run is on that GPU (the name must be "

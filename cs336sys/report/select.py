@@ -19,6 +19,7 @@ from typing import Any
 
 from cs336sys.report import refs
 from cs336sys.store.db import NONFINITE
+from cs336sys.store.schema import RENAMED_SETTINGS
 from cs336sys.store.views import typed
 from cs336sys.sweep.declaration import experiment_of
 from cs336sys.sweep.points import closest
@@ -177,8 +178,10 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
         if key not in known:
             valid = sorted(known - set(INVOCATION_KEYS))
+            renamed = RENAMED_SETTINGS.get(key)
             near = _headed(catalog).get(key) or closest(key, sorted(known))
-            hint = f"; did you mean {near!r}?" if near else ""
+            hint = (f"; it is {renamed!r} now (rows stored under the old name read as that)"
+                    if renamed else f"; did you mean {near!r}?" if near else "")
             raise SelectionError(f"--where {item!r}: no experiment has a setting {key!r}{hint} "
                                  f"(the settings: {', '.join(valid)}; of the invocation: "
                                  f"{', '.join(INVOCATION_KEYS)})")

@@ -82,6 +82,10 @@ _V7_RENAMES = {
 }
 
 
+# An old setting's name -> its name now, whatever the experiment (--where's hint).
+RENAMED_SETTINGS = {old: new for renames in _V7_RENAMES.values() for old, new in renames.items()}
+
+
 def _rewrite_settings(conn: sqlite3.Connection, kind: str, change: Any) -> None:
     """Each run of experiment `kind` whose settings `change(dict)` changes gets the new
     settings and the point key computed from them (what --resume matches)."""
