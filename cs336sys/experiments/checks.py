@@ -119,10 +119,10 @@ def _same_gradients(theirs: Any, mine: Any, ours: Any, reference: Any, y: Any, n
             continue
         scale = float(want.norm()) or 1.0
         off[n] = float((p.grad - want).norm()) / scale
-    worst = max(off, key=lambda n: off[n] if off[n] == off[n] else float("inf"), default=None)
-    if worst is None or off[worst] <= GRADS_RTOL:
+    bad = [n for n, e in off.items() if not e <= GRADS_RTOL]  # NaN too
+    if not bad:
         return verdict
-    bad = [n for n, e in off.items() if not e <= GRADS_RTOL]
+    worst = max(bad, key=lambda n: off[n] if off[n] == off[n] else float("inf"))
     why = (f"wrong: {name}'s backward: the gradients of {len(bad)} of {len(off)} parameters "
            f"differ from naive attention's with the same weights, the loss the same (worst "
            f"{worst}: relative error {off[worst]:.2g}, allowed {GRADS_RTOL:g}; {few(bad)})")

@@ -317,12 +317,12 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         first_grads: dict[str, Any] = {}
         copy_grads = first_step_grads(setup.module, first_grads) if reference is not None else None
         # every rank's, for what the course's FSDP test asserts besides training
-        course = (fsdp_course_check.Record(setup.module)
+        record = (fsdp_course_check.Record(setup.module)
                   if user and ddp_setup.fully_sharded(spec.impl) else None)
 
         def keep_grads() -> None:  # the check's copy: not the point's memory (CUDA: on the CPU)
             with tracker.aside() if tracker is not None else contextlib.nullcontext():
-                for keep in (copy_grads, course):
+                for keep in (copy_grads, record):
                     if keep is not None:
                         keep()
         for i in range(spec.warmup):
@@ -381,7 +381,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     if user:
         full = setup.full_params()  # on every rank: a collective for an FSDP
         whole = reference.final if reference is not None else {}
-        course = course and fsdp_course_check.verdict(course, full, device, spec.precision, whole)
+        course = record and fsdp_course_check.verdict(record, full, device, spec.precision, whole)
         if reference is not None:
             tests = ddp_yours.course_tests(spec.impl, spec.shard_optimizer)
             checked = both(both(both(checked, training_check(

@@ -118,8 +118,9 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
     facts = gather({"module": record.module is not None, "wrong": record.wrong,
                     "grads": grads, "full": fulls, "given": given})
     atol, rtol = COURSE_TOLERANCE["test_fsdp.py"][precision]
-    grads_off = _off_from_rank0(record.replicated, _alike([f["grads"] for f in facts]), device,
-                                REPLICATED_ATOL, REPLICATED_RTOL)
+    alike = _alike([f["grads"] for f in facts])  # the replicated gradients every rank holds
+    grads_off = _off_from_rank0(record.replicated, alike, device, REPLICATED_ATOL,
+                                REPLICATED_RTOL)
     full_off = _off_from_rank0(full, _alike([f["full"] for f in facts]), device, atol, rtol)
     offs = gather((grads_off, full_off))
     if rank != 0:
@@ -135,7 +136,7 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
                           f"has the parameter's shape and dtype (fp32 master weights)")
             break
     differ = {n: d for r, (g, _) in enumerate(offs) for n, d in g.items()}
-    unlike = [n for n in facts[0]["grads"] if n not in _alike([f["grads"] for f in facts])]
+    unlike = [n for n in facts[0]["grads"] if n not in alike]
     if differ or unlike:
         name = next(iter(differ), None) or unlike[0]
         held = facts[0]["grads"][name]

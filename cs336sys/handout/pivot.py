@@ -133,7 +133,8 @@ def _group_names(p: Pivot, groups: list[tuple], qualifiers: list[str], rows: lis
                  ) -> list[str]:
     """Each column group's name (`sdpa[flash]`), with its qualifiers' values where two
     groups would read alike (`sdpa[flash] (sdpa_backend=auto)`)."""
-    members = [[r for r in rows if _column(p, qualifiers)(r) == g] for g in groups]
+    column = _column(p, qualifiers)
+    members = [[r for r in rows if column(r) == g] for g in groups]
     names = [_group(p, g[0], m) for g, m in zip(groups, members, strict=True)]
     out = []
     for name, g, m in zip(names, groups, members, strict=True):

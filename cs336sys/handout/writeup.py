@@ -79,6 +79,12 @@ def _latest_statuses(rows: dict[str, list]) -> str:
                      if counts[s]) or "none measured (every run was stopped)"
 
 
+def computed_only(inv: dict[str, Any]) -> bool:
+    """An invocation that measured nothing: plan's arithmetic from a data sheet (its
+    --hardware), recorded on no device."""
+    return inv.get("device") == "none"
+
+
 def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     """One line: where and how the problem's runs were measured."""
     facts = dict(provenance(invs, rows))
@@ -91,8 +97,7 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     counts = sorted({n for kind_rows in rows.values() for r in kind_rows for k in r
                      if k.endswith("_ms_mean") and r[k] is not None
                      for n in [sample_count(r, k.removesuffix("_mean"))] if n is not None})
-    # plan's points are arithmetic from a data sheet (its --hardware), on no device
-    computed = bool(invs) and all(i.get("device") == "none" for i in invs)
+    computed = bool(invs) and all(map(computed_only, invs))
     parts = ["computed, not measured (cs336sys plan: the hardware's data sheet)" if computed
              else f"GPU {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
     if "Your code" in facts:
@@ -250,7 +255,7 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
         facts = [("Points by their latest run", _latest_statuses(every_row))
                  if k == "Runs by status" and any(every_row.values()) else (k, v)
                  for k, v in facts] + ([(STOPPED_EARLY, stopped)] if stopped else [])
-        measured = [i for i in every_inv if i.get("device") != "none"]  # not plan's arithmetic
+        measured = [i for i in every_inv if not computed_only(i)]
         if measured and all(i.get("gpu") == "cpu" for i in measured):
             facts.append(("Sizes", f"{CPU_NOTE}; these figures fill the tables and answer "
                                    "nothing the handout asks about a GPU"))
