@@ -105,6 +105,19 @@ def test_dry_run_prints_one_command_per_point_with_the_handouts_flags(tmp_path, 
     assert not db.exists() and not (tmp_path / "nsys").exists()
 
 
+def test_the_command_under_nsys_does_not_repeat_python_m(tmp_path, fake_nsys):
+    """Started as `python -m cs336sys` (the program's name three words), the command under
+    nsys still names `cs336sys profile model` once: it ran `-m cs336sys -m cs336sys`, which
+    failed every recording."""
+    result = invoke("profile", "model", *MICRO, "--nsys", "--dry-run", "--db",
+                    tmp_path / "r.db", prog_name="python -m cs336sys")
+    assert result.exit_code == 0, result.output
+    (argv,) = [shlex.split(line) for line in result.stdout.splitlines() if " profile --" in line]
+    rest = argv[argv.index(sys.executable):]
+    assert rest[:5] == [sys.executable, "-m", "cs336sys", "profile", "model"]
+    assert rest.count("-m") == 1
+
+
 @pytest.mark.parametrize("command", [
     ["model", *MICRO], ["attention", "--seq", "16", "--d-head", "16"], ["memory", *MICRO],
     ["step", *MICRO], ["comm", "--world-size", "2"], ["profile", "model", *MICRO],

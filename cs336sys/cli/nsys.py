@@ -44,7 +44,11 @@ def command_line(ctx: typer.Context) -> list[str]:
     """The words after `cs336sys` that run this command again with the options it was given
     (on the command line or from the environment; defaults stay defaults): lists joined by
     commas, flags for True (the negative flag for False where there is one)."""
-    out = ctx.command_path.split()[1:]  # the subcommand's words, without the program's name
+    out = []  # the subcommands' names, not the program's (`python -m cs336sys` is 3 words)
+    level = ctx
+    while level.parent is not None:
+        out.insert(0, level.info_name)
+        level = level.parent
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
         source = ctx.get_parameter_source(param.name)
