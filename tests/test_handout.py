@@ -1073,7 +1073,7 @@ def test_the_profile_writeup_has_the_attention_parts_and_each_points_top_kernels
                "--db", db_path)
     assert r.exit_code == 0, r.output
     md = (tmp_path / "w" / "writeup.md").read_text()
-    top = "Top kernels: attention naive seq=16 d=16 fp32 (cpu time)"
+    top = "Top ops: attention naive seq=16 d=16 fp32 (CPU self time)"
     for title in ("Profiled points", "Attention's parts in the forward", top):
         assert f"**{title}" in md
     assert f"![{top}](writeup_files/nsys_profile-profile-top-0.png)" in md

@@ -2,8 +2,10 @@
 nsys, bad input, and the v2 -> v3 store migration."""
 
 import json
+import re
 import sqlite3
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -57,7 +59,8 @@ def test_cpu_attribution_uses_op_self_time_by_phase():
     kernels, totals, parts = summarize(EVENTS, on_cuda=False, top=1)
     # forward: mm 10 + 12, div 6, softmax 8 (ranges, annotations, async, outside: left out)
     assert totals == {"forward": 36 / 1e3, "backward": 25 / 1e3}
-    assert parts == {"qk": 16 / 1e3, "softmax": 8 / 1e3}  # no PV range: no PV part
+    # the scores range: its matmul is QKᵀ, its scaling (div) the mask part; no PV range, no PV
+    assert parts == {"qk": 10 / 1e3, "mask": 6 / 1e3, "softmax": 8 / 1e3}
     got = [(k["phase"], k["rank"], k["name"], k["calls"], k["total_ms"], k["share"])
            for k in kernels]
     assert got == [
@@ -88,7 +91,7 @@ def test_matmul_share_by_phase_from_the_same_attribution():
 def test_cuda_attribution_uses_kernel_time_of_the_launching_event():
     kernels, totals, parts = summarize(EVENTS, on_cuda=True, top=10)
     assert totals == {"forward": 13 / 1e3, "backward": 11 / 1e3}
-    assert parts == {"qk": 5 / 1e3, "softmax": 2 / 1e3}
+    assert parts == {"qk": 4 / 1e3, "mask": 1 / 1e3, "softmax": 2 / 1e3}
     by = {(k["phase"], k["name"]): (k["calls"], k["total_ms"]) for k in kernels}
     assert by == {
         ("forward", "gemm"): (2, 10 / 1e3),
@@ -201,7 +204,10 @@ def test_profile_model_rows_and_kernel_stats(db_path):
         assert run[f"{part}_gflops"] == pytest.approx(
             run[f"{part}_flops"] / run[f"{part}_ms_mean"] / 1e6
         )
-    assert run["qk_ms_mean"] + run["softmax_ms_mean"] + run["pv_ms_mean"] < run["fwd_profiled_ms_mean"]
+    # the scaling and mask apart from QKᵀ's matmul, which is the layers' first bmm
+    assert run["mask_ms_mean"] > 0 and "mask_flops" not in run  # element-wise: no FLOPs
+    parts = sum(run[f"{part}_ms_mean"] for part in ("qk", "mask", "softmax", "pv"))
+    assert parts < run["fwd_profiled_ms_mean"]
     assert "aten::mm" in result.stdout and "QKᵀ" in result.stdout
     # the printout answers per step: 15 mm calls a forward, not the 45 of the 3 steps
     line = next(ln for ln in result.stdout.splitlines() if " aten::mm " in ln)
@@ -399,13 +405,14 @@ def test_a_trace_that_would_overwrite_a_store_is_refused(db_path, tmp_path):
 
 
 def test_the_users_attention_is_split_at_its_softmax():
-    """Each call of the user's attention: what runs before the softmax is QKᵀ (with scale and
-    mask), then the softmax, then PV; a call without a softmax is not split."""
+    """Each call of the user's attention: the matmuls before the softmax are QKᵀ, the other
+    ops before it the scale and mask, then the softmax, then PV; a call without a softmax is
+    not split."""
     from cs336sys.experiments.profile_events import Item, user_parts
 
     call = [Item("aten::bmm", 1, 10), Item("aten::div", 2, 1), Item("aten::masked_fill", 3, 2),
             Item("aten::_softmax", 4, 5), Item("aten::bmm", 5, 7)]
-    assert user_parts([call, call]) == {"qk": 26.0, "softmax": 10.0, "pv": 14.0}
+    assert user_parts([call, call]) == {"qk": 20.0, "mask": 6.0, "softmax": 10.0, "pv": 14.0}
     assert user_parts([[Item("aten::bmm", 1, 10)]]) == {}
 
 
@@ -510,3 +517,47 @@ def test_profile_attention_takes_no_timer_options_it_would_not_use(db_path):
     assert out.exit_code == 0, out.output
     (row,) = rows(db_path, "SELECT rounds, min_time FROM profile_runs")
     assert (row["rounds"], row["min_time"]) == (1, 0.0)
+
+
+def test_a_kernel_reads_the_same_in_every_table_of_the_profile():
+    """Two kernels that shorten alike (one copy in fp32 and bf16) are told apart by `#2`: the
+    same kernel gets the same label in each point's table and on the CPU's labels, whatever
+    its rank there (it went by rank: the bf16 copy read bare where it ranked first)."""
+    from cs336sys.experiments import profile
+    from cs336sys.report.kernel_names import readable
+    from cs336sys.report.sections import Section
+
+    copy = ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
+            "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::"
+            "operator()() const::{lambda(%s)#1}>(at::TensorIteratorBase&, %s const&)::"
+            "{lambda(int)#1}>(int, %s)")
+    fp32, bf16 = (copy % ((t,) * 3) for t in ("float", "c10::BFloat16"))
+    assert readable(fp32) == readable(bf16)
+
+    def kernel(phase, rank, name):
+        return {"phase": phase, "rank": rank, "name": name, "calls": 1, "total_ms": 3.0 - rank,
+                "mean_ms": 1.0, "share": 0.5, "time_basis": "cuda"}
+
+    rows = []
+    for run_id, seq in (("r1", 64), ("r2", 128)):
+        s = {"target": "model", "size": "small", "seq": seq, "mode": "train",
+             "precision": "bf16"}
+        rows.append({**s, "_settings": s, "status": "ok", "run_id": run_id})
+    linked = {"r1": [kernel("forward", 1, bf16)],
+              "r2": [kernel("forward", 1, fp32), kernel("backward", 1, bf16)]}
+    sec = Section("profile", "Profile", linked=linked)
+    profile.section(sec, rows)
+    short = readable(fp32)
+    assert [[row[2] for row in t.rows] for t in sec.tables] == [
+        [short], [f"{short} #2", short]]  # bf16's name sorts first
+    from cs336sys.cli.profile import _details
+
+    def point(run_id):
+        return SimpleNamespace(spec=SimpleNamespace(target="model"), result=SimpleNamespace(
+            metrics={}, tables={"kernel_stats": linked[run_id]}))
+
+    with mock.patch("cs336sys.cli.profile._label", lambda spec: "p"):
+        printed = _details([point("r1"), point("r2")])
+    labels = [re.split(r"\s{2,}", line)[1] for line in printed.splitlines()
+              if line.startswith("1 ")]
+    assert [label.endswith("#2") for label in labels] == [False, True, False], printed

@@ -170,10 +170,12 @@ def _f(value: float | None, fmt: str = ".3f") -> str:
 def _details(points) -> str:
     """Attention's parts against their FLOPs, then each point's top ops per phase."""
     parts, blocks = [], []
+    every = {k["name"] for p in points for k in p.result.tables.get("kernel_stats", [])}
     for p in points:
         m = p.result.metrics
         fwd = m.get("fwd_profiled_ms_mean")
-        for key, name in (("qk", "QKᵀ (+scale, mask)"), ("softmax", "softmax"), ("pv", "PV")):
+        for key, name in (("qk", "QKᵀ"), ("mask", "scale, mask"), ("softmax", "softmax"),
+                          ("pv", "PV")):
             if m.get(f"{key}_ms_mean") is not None:
                 share = m[f"{key}_ms_mean"] / fwd if fwd else None
                 parts.append([_label(p.spec), name, _f(m[f"{key}_ms_mean"]),
@@ -191,7 +193,7 @@ def _details(points) -> str:
             body = table(
                 [[k["rank"], name, _f(k["calls"] / steps, ".4g"),
                   _f(k["total_ms"] / steps), _f(k["mean_ms"], ".4f"), _f(k["share"], ".1%")]
-                 for k, name in zip(ops, readable_all([k["name"] for k in ops], 72),
+                 for k, name in zip(ops, readable_all([k["name"] for k in ops], 72, every),
                                     strict=True)],
                 ["#", "name", "calls/step", "ms/step", "ms/call", "share"], numparse=False,
             )

@@ -198,10 +198,11 @@ def run(spec: ProfileSpec) -> Result:
             per_step = ms / n_steps
             flops = built.part_flops.get(key)
             metrics[f"{key}_ms_mean"] = per_step
-            metrics[f"{key}_flops"] = flops
-            metrics[f"{key}_gflops"] = (
-                flops / (per_step / 1e3) / 1e9 if flops and per_step else None
-            )
+            if key != "mask":  # the scaling and masking: element-wise, no FLOPs counted
+                metrics[f"{key}_flops"] = flops
+                metrics[f"{key}_gflops"] = (
+                    flops / (per_step / 1e3) / 1e9 if flops and per_step else None
+                )
         if spec.trace:
             with staged() as stage:  # a Ctrl-C while it is written leaves no half trace
                 prof.export_chrome_trace(str(stage.path(spec.trace)))
@@ -344,46 +345,57 @@ def section(sec: Any, pts: list) -> None:
     split = attention_parts(pts)
     if split:
         sec.tables.append(split)
+    every = {k["name"] for r in pts for k in sec.linked.get(r["run_id"], [])}
     for i, r in enumerate(pts):
         ks = sec.linked.get(r["run_id"], [])
         if not ks:
             continue
-        title = f"Top kernels: {r['target']} {label(r)} ({ks[0]['time_basis']} time)"
+        # CPU: aten ops by their self time; CUDA: kernels by their device time
+        cuda = ks[0]["time_basis"] == "cuda"
+        what, basis = ("kernels", "kernel time") if cuda else ("ops", "CPU self time")
+        title = f"Top {what}: {r['target']} {label(r)} ({basis})"
         steps = r.get("profiled_steps") or 1
-        names = readable_all([k["name"] for k in ks])  # the store keeps them whole
+        names = readable_all([k["name"] for k in ks], among=every)  # stored whole
         sec.tables.append(FilledTable(
             title, ["phase", "rank", "name", "calls/step", "ms/step", "ms/call", "share"],
             [[k["phase"], str(k["rank"]), name, num(k["calls"] / steps),
               num(k["total_ms"] / steps), num(k["mean_ms"]), pct(k["share"])]
              for k, name in zip(ks, names, strict=True)],
             note=f"Per step: the mean over the {steps} profiled step(s) (kernel_stats keeps "
-            "the totals); ms/call: the mean of one call; share: of the phase's time.",
+            f"the totals); ms/call: the mean of one call; share: of the phase's summed "
+            f"{basis}, not its wall time.",
         ))
         add_plot(sec, title, f"profile-top-{i}", Ranked(
             tuple((name, k["total_ms"] / steps, k["phase"])
                   for k, name in zip(ks, names, strict=True) if k["total_ms"]),
-            f"time per step in the phase ({ks[0]['time_basis']}, ms)", title))
+            f"{basis} per step in the phase (ms)", title))
 
 
 def attention_parts(pts: list) -> Any:
     """Attention's QKᵀ, softmax and PV in the forward (naive attention's, or the user's
     model's), per point that measured them: time per step, FLOPs and achieved GFLOP/s (None
     when no point did)."""
-    body = [[label(r), *(num(r.get(f"{part}_{key}")) for part in ("qk", "softmax", "pv")
-                         for key in ("ms_mean", "flops", "gflops"))]
+    def cells(r: Mapping[str, Any], part: str) -> list[str]:
+        return [num(r.get(f"{part}_{key}")) for key in ("ms_mean", "flops", "gflops")]
+
+    body = [[label(r), *cells(r, "qk"), num(r.get("mask_ms_mean")), *cells(r, "softmax"),
+             *cells(r, "pv")]
             for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
     if not body:
         return None
     # the FLOPs beside the times: the handout sets the parts' runtime gap against their
     # FLOPs gap (softmax: few FLOPs, much time)
+    units = ("ms", "FLOPs", "GFLOP/s")
     return FilledTable("Attention's parts in the forward (per step)",
-                 ["point", *(f"{part} {unit}" for part in ("QKᵀ", "softmax", "PV")
-                             for unit in ("ms", "FLOPs", "GFLOP/s"))], body,
+                 ["point", *(f"QKᵀ {u}" for u in units), "scale, mask ms",
+                  *(f"{part} {u}" for part in ("softmax", "PV") for u in units)], body,
                  note="Inside the ranges naive attention opens (scores, softmax, final matmul), "
                  "or, in your model (--model), inside each call of its "
-                 f"{ATTENTION_FUNCTION}, split at its softmax; FLOPs: 2·T·T·d per (batch, "
+                 f"{ATTENTION_FUNCTION}, split at its softmax; QKᵀ: the matmuls before the "
+                 "softmax, scale, mask: the other ops before it. FLOPs: 2·T·T·d per (batch, "
                  "head) for each matmul, 5 a score for the softmax (experiments/profile.py). "
-                 "A model point sums them over its layers.")
+                 "A model point sums them over its layers. A row stored without a scale, mask "
+                 "time holds it in its QKᵀ time.")
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -439,7 +451,7 @@ _RENAMED_PROFILE = {
 
 EXPERIMENT = Experiment(
     kind="profile",
-    title="Profile: top kernels",
+    title="Profile: top kernels or ops",
     spec=ProfileSpec,
     run=run,
     settings=_SETTINGS,
@@ -461,6 +473,8 @@ EXPERIMENT = Experiment(
             Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),
             Metric(f"{part}_gflops", "GFLOP/s", f"naive attention's {part}, achieved"),
         )),
+        Metric("mask_ms_mean", "ms", "naive attention's scaling and masking of the scores "
+               "(the ops before the softmax other than QKᵀ's matmul), per step"),
         *metric_table("""
             trace_path  -  the Chrome trace written with --trace
             loss_first  -  model: loss of the first step

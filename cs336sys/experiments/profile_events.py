@@ -29,10 +29,14 @@ from typing import Any
 RANGE_PREFIX = "cs336sys::"  # the prefix of measure/nvtx.py, kept here torch-free
 PHASES = ("forward", "backward", "optimizer")
 # Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
+# The scores range holds the 1/√d scaling and the causal mask too: its matrix multiplications
+# are QKᵀ, its other ops "mask" (nsys_profile (e) sets the matmuls' time against the
+# softmax's; on a CPU the mask's ops took 3x the QKᵀ matmul's time).
 PARTS = {"qk": "scores", "softmax": "softmax", "pv": "final matmul"}
+PART_KEYS = ("qk", "mask", "softmax", "pv")
 # The range around each call of the user's attention function (experiments/profile.py wraps
-# it); its parts are told apart by order: what runs before the softmax is QKᵀ (with scale and
-# mask), the softmax, then what runs after it is PV.
+# it); its parts are told apart by order: the matmuls before the softmax are QKᵀ, the other
+# ops before it "mask", the softmax, then what runs after it is PV.
 USER_ATTENTION = "attention (yours)"
 # ... and around each call of the softmax function it calls, where it calls one by that name
 # (assignment 1 has students write their own, whose ops are max, sub, exp, sum and div): its
@@ -132,6 +136,8 @@ def summarize(
     basis = "cuda" if on_cuda else "cpu"
     per_phase: dict[str, dict[str, list[float]]] = {}  # phase -> name -> [calls, µs]
     parts = {key: 0.0 for key in PARTS if PARTS[key] in spans}
+    if "qk" in parts:
+        parts["mask"] = 0.0
     user_calls: dict[int, list[Item]] = {}  # forward items by the user's attention call
     for item in items(events, on_cuda):
         phase = next((p for p in PHASES if p in spans and spans[p].contains(item.start)), None)
@@ -141,9 +147,9 @@ def summarize(
         acc[0] += 1
         acc[1] += item.duration
         if phase == "forward":
-            for key in parts:
+            for key in PARTS.keys() & parts.keys():
                 if spans[PARTS[key]].contains(item.start):
-                    parts[key] += item.duration
+                    parts[_qk_or_mask(item) if key == "qk" else key] += item.duration
             call = spans[USER_ATTENTION].index(item.start) if USER_ATTENTION in spans else None
             if call is not None:
                 if USER_SOFTMAX in spans and spans[USER_SOFTMAX].contains(item.start):
@@ -180,10 +186,15 @@ def summarize(
     return rows, totals, {key: us / 1e3 for key, us in parts.items()}
 
 
+def _qk_or_mask(item: Item) -> str:
+    """Before the softmax: a matrix multiplication is QKᵀ, any other op the scale and mask."""
+    return "qk" if MATMUL.search(item.name) else "mask"
+
+
 def user_parts(calls: Iterable[list[Item]]) -> dict[str, float]:
-    """µs of QKᵀ (with scale and mask), softmax and PV over the user's attention calls, each
+    """µs of QKᵀ, its scale and mask, softmax and PV over the user's attention calls, each
     call's items split at its softmax; a call without a softmax op is not split."""
-    out = {"qk": 0.0, "softmax": 0.0, "pv": 0.0}
+    out = dict.fromkeys(PART_KEYS, 0.0)
     split = False
     for call in calls:
         ordered = sorted(call, key=lambda i: i.start)
@@ -192,7 +203,7 @@ def user_parts(calls: Iterable[list[Item]]) -> dict[str, float]:
             continue
         split = True
         for n, item in enumerate(ordered):
-            key = "qk" if n < soft[0] else "pv" if n > soft[-1] else "softmax"
+            key = _qk_or_mask(item) if n < soft[0] else "pv" if n > soft[-1] else "softmax"
             out[key] += item.duration
     return out if split else {}
 

@@ -21,6 +21,7 @@ keeps the name as the profiler gave it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 _LAMBDA_HOPS = re.compile(r"::\{lambda[^{}]*\}|::operator\(\)(?: const)?")
 _NAMESPACE = re.compile(r"(?:\(anonymous namespace\)|[A-Za-z_]\w*)::")
@@ -108,14 +109,20 @@ def readable(name: str, width: int | None = None) -> str:
     return short if width is None else cut_middle(short, width)
 
 
-def readable_all(names: list[str], width: int | None = None) -> list[str]:
+def readable_all(names: list[str], width: int | None = None,
+                 among: Iterable[str] = ()) -> list[str]:
     """`readable` of each of `names`; two kernels that read alike once shortened (the same
-    op in two dtypes) are told apart by their order, `… #2`."""
-    seen: dict[str, dict[str, int]] = {}  # short name -> {whole name: its order}
+    op in two dtypes) are told apart, `… #2`, by the order of their whole names among
+    `names` and `among` (the other tables that show them): one kernel reads the same in
+    every table, whatever its rank in each."""
+    order: dict[str, int] = {}  # whole name -> its number among those that read alike
+    counts: dict[str, int] = {}
+    for name in sorted({*names, *among}):
+        short = readable(name, width)
+        counts[short] = counts.get(short, 0) + 1
+        order[name] = counts[short]
     out = []
     for name in names:
         short = readable(name, width)
-        kin = seen.setdefault(short, {})
-        order = kin.setdefault(name, len(kin) + 1)
-        out.append(short if order == 1 else f"{short} #{order}")
+        out.append(short if order[name] == 1 else f"{short} #{order[name]}")
     return out
