@@ -68,6 +68,9 @@ def test_cpu_attribution_uses_op_self_time_by_phase():
         ("forward", 2, "(other)", 2, 14 / 1e3, 14 / 36),
         ("backward", 1, "aten::mm", 1, 20 / 1e3, 20 / 25),
         ("backward", 2, "(other)", 1, 5 / 1e3, 5 / 25),
+        # every phase together: which op leads forward and backward both (nsys_profile (b))
+        ("step", 1, "aten::mm", 3, 42 / 1e3, 42 / 61),
+        ("step", 2, "(other)", 3, 19 / 1e3, 19 / 61),
     ]
     assert kernels[0]["mean_ms"] == 11 / 1e3 and {k["time_basis"] for k in kernels} == {"cpu"}
 
@@ -99,6 +102,10 @@ def test_cuda_attribution_uses_kernel_time_of_the_launching_event():
         ("forward", "div_k"): (1, 1 / 1e3),
         ("backward", "gemm"): (2, 10 / 1e3),
         ("backward", "copy"): (1, 1 / 1e3),
+        ("step", "gemm"): (4, 20 / 1e3),
+        ("step", "softmax_k"): (1, 2 / 1e3),
+        ("step", "div_k"): (1, 1 / 1e3),
+        ("step", "copy"): (1, 1 / 1e3),
     }
     assert [k["rank"] for k in kernels if k["phase"] == "forward"] == [1, 2, 3]
     assert {k["time_basis"] for k in kernels} == {"cuda"}
@@ -138,6 +145,11 @@ def test_cuda_phases_come_from_host_ranges_and_backward_kernels_of_autograds_thr
         ("backward", "softmax_bwd_k"): (1, 15 / 1e3),
         ("backward", "fill"): (1, 1 / 1e3),
         ("optimizer", "adam_k"): (1, 20 / 1e3),
+        ("step", "gemm"): (3, 190 / 1e3),
+        ("step", "adam_k"): (1, 20 / 1e3),
+        ("step", "softmax_bwd_k"): (1, 15 / 1e3),
+        ("step", "softmax_k"): (1, 10 / 1e3),
+        ("step", "fill"): (1, 1 / 1e3),
     }
     assert totals == {"forward": 50 / 1e3, "backward": 166 / 1e3, "optimizer": 20 / 1e3}
     assert totals["backward"] > totals["forward"]
@@ -189,6 +201,12 @@ def test_profile_model_rows_and_kernel_stats(db_path):
         total = sum(s["total_ms"] for s in mine)
         assert run[f"{short}_profiled_ms_mean"] == pytest.approx(total / 3)
         assert 0 < run[f"{short}_profiled_ms_mean"] <= run[f"{short}_ms_mean"]
+    # every phase together: their op time and calls summed (nsys_profile (b))
+    step = {s["name"]: s for s in stats if s["phase"] == "step"}
+    assert sum(s["total_ms"] for s in step.values()) / 3 == pytest.approx(
+        sum(run[f"{p}_profiled_ms_mean"] for p in ("fwd", "bwd", "opt")))
+    assert sum(s["share"] for s in step.values()) == pytest.approx(1)
+    assert step["aten::mm"]["calls"] == 3 * (15 + 30)
     calls = {(s["phase"], s["name"]): s["calls"] for s in stats}
     # Only the 3 measured steps, warm-up excluded: 15 bias-free Linear layers per forward
     # (2 layers x q, k, v, o, w1, w2, w3, and the LM head) are one aten::mm each; backward
@@ -231,8 +249,8 @@ def test_profile_attention_breakdown_and_sdpa(db_path):
     assert sdpa["qk_ms_mean"] is None  # no naive ranges in the fused kernel
     for r in got:
         stats = rows(db_path, f"SELECT * FROM kernel_stats WHERE run_id = '{r['run_id']}'")
-        assert {s["phase"] for s in stats} == {"forward", "backward"}
-        for phase in ("forward", "backward"):
+        assert {s["phase"] for s in stats} == {"forward", "backward", "step"}
+        for phase in ("forward", "backward", "step"):
             shares = [s["share"] for s in stats if s["phase"] == phase]
             assert len(shares) <= 4 and sum(shares) == pytest.approx(1.0)
     calls = rows(db_path, "SELECT calls FROM kernel_stats WHERE phase = 'forward' "
@@ -356,7 +374,7 @@ def test_profile_on_cuda_ranks_kernels_by_device_time(db_path):
     assert run["time_basis"] == "cuda" and run["qk_ms_mean"] > 0 and run["fwd_profiled_ms_mean"] > 0
     stats = rows(db_path, "SELECT * FROM kernel_stats")
     assert {s["time_basis"] for s in stats} == {"cuda"}
-    assert {s["phase"] for s in stats} == {"forward", "backward", "optimizer"}
+    assert {s["phase"] for s in stats} == {"forward", "backward", "optimizer", "step"}
     assert not any(s["name"].startswith("aten::") for s in stats)  # kernels, not ops
     # as the report names them: no namespaces, signatures or lambdas (the H200's profile of
     # 2026-11: 32 kernels, the longest 105 characters), and no two alike

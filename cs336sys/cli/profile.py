@@ -182,13 +182,14 @@ def _details(points) -> str:
                               _f(m.get(f"{key}_flops"), ".4g"), _f(m.get(f"{key}_gflops"), ".4g"),
                               _f(share, ".1%")])
         kernels = p.result.tables.get("kernel_stats", [])
-        for phase in ("forward", "backward", "optimizer"):
+        for phase in ("forward", "backward", "optimizer", "step"):
             ops = [k for k in kernels if k["phase"] == phase]
             if not ops:
                 continue
             what = "kernel time" if ops[0]["time_basis"] == "cuda" else "CPU self time"
             steps = m.get("profiled_steps") or 1
-            head = (f"{_label(p.spec)} | {phase} | {what} per step, the mean of {steps} "
+            where = "every phase" if phase == "step" else phase
+            head = (f"{_label(p.spec)} | {where} | {what} per step, the mean of {steps} "
                     f"profiled step{'s' * (steps != 1)}")
             body = table(
                 [[k["rank"], name, _f(k["calls"] / steps, ".4g"),

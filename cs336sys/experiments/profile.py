@@ -39,6 +39,7 @@ from cs336sys.experiments.attention import AttentionSpec, _impl_context
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.profile_events import (
+    STEP,
     USER_ATTENTION,
     USER_SOFTMAX,
     matmul_shares,
@@ -363,11 +364,12 @@ def section(sec: Any, pts: list) -> None:
              for k, name in zip(ks, names, strict=True)],
             note=f"Per step: the mean over the {steps} profiled step(s) (kernel_stats keeps "
             f"the totals); ms/call: the mean of one call; share: of the phase's summed "
-            f"{basis}, not its wall time.",
+            f"{basis}, not its wall time; phase step: every phase together.",
         ))
         add_plot(sec, title, f"profile-top-{i}", Ranked(
             tuple((name, k["total_ms"] / steps, k["phase"])
-                  for k, name in zip(ks, names, strict=True) if k["total_ms"]),
+                  for k, name in zip(ks, names, strict=True)
+                  if k["total_ms"] and k["phase"] != STEP),
             f"{basis} per step in the phase (ms)", title))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 RANGE_PREFIX = "cs336sys::"  # the prefix of measure/nvtx.py, kept here torch-free
 PHASES = ("forward", "backward", "optimizer")
+STEP = "step"  # kernel_stats's rows of every phase together
 # Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
 # The scores range holds the 1/√d scaling and the causal mask too: its matrix multiplications
 # are QKᵀ, its other ops "mask" (nsys_profile (e) sets the matmuls' time against the
@@ -127,7 +128,8 @@ def summarize(
     """(kernel_stats rows, ms per phase, ms per attention part) over all profiled steps.
 
     Rows, per phase: the `top` names by total time (rank 1 = most), then one `(other)` row
-    for the rest, so the shares of a phase sum to 1. `share` is of the phase's total: the sum
+    for the rest, so the shares of a phase sum to 1; where more than one phase ran, the same
+    for every phase together under STEP. `share` is of the phase's total: the sum
     of the phase's op self times (CPU) or kernel times (CUDA), not of its wall time. Parts
     count only what ran inside the forward phase (a checkpointed recompute is backward).
     """
@@ -160,12 +162,21 @@ def summarize(
 
     rows: list[dict[str, Any]] = []
     totals: dict[str, float] = {}
-    for phase in PHASES:
+    if len(per_phase) > 1:  # nsys_profile (b): the top kernel of forward and backward together
+        every: dict[str, list[float]] = {}
+        for names in per_phase.values():
+            for name, (calls, us) in names.items():
+                acc = every.setdefault(name, [0, 0.0])
+                acc[0] += calls
+                acc[1] += us
+        per_phase[STEP] = every
+    for phase in (*PHASES, STEP):
         names = per_phase.get(phase)
         if not names:
             continue
         total = sum(us for _, us in names.values())
-        totals[phase] = total / 1e3
+        if phase != STEP:
+            totals[phase] = total / 1e3
         ranked = sorted(names.items(), key=lambda kv: (-kv[1][1], kv[0]))
         head, rest = ranked[:top], ranked[top:]
         if rest:
