@@ -73,7 +73,7 @@ def _attention_calls(
 def profile_model(ctx: typer.Context, **options: Any) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
 
-    Same options as `cs336sys model`. Warm-up steps run outside the profiler; each measured step's forward, backward and optimizer phases are summarised separately: name, calls, total and mean time, share of the phase (CUDA: kernel time; CPU: op self time). With naive attention the forward's QKᵀ, softmax and PV are also set against their FLOPs.
+    Same options as `cs336sys model`. Warm-up steps run outside the profiler; each measured step's forward, backward and optimizer phases are summarised separately, then together: name, calls, total and mean time, share of the phase (CUDA: kernel time; CPU: op self time). With naive attention the forward's QKᵀ matmul, its scale and mask, the softmax and PV are also set against their FLOPs.
 
     Example:
 
