@@ -315,6 +315,24 @@ def test_points_of_one_size_name_but_other_shapes_draw_their_own_timelines(tmp_p
     assert a.label() != b.label() and "d64-" in a.label() and "d32-" in b.label()
 
 
+def test_a_later_run_of_the_same_point_keeps_the_earlier_runs_timeline(tmp_path):
+    """Two runs of one point into one --snapshot folder (before and after a change, --label):
+    the second wrote over the first's PNG, which the first's row still named, and the report
+    showed the second's timeline under the first's numbers. Each row names its own file."""
+    db = tmp_path / "r.db"
+    for label in ("before", "after"):
+        result = invoke("memory", *MICRO, "--seq", "8", "--mode", "forward", "--iters", "1",
+                        "--snapshot", tmp_path / "snap", "--label", label, "--db", db)
+        assert result.exit_code == 0, result.output
+    first, second = rows(db)
+    assert first["snapshot_png"] != second["snapshot_png"]
+    assert second["snapshot_png"] == first["snapshot_png"].replace(".png", "-2.png")
+    for r in (first, second):
+        assert Path(r["snapshot_png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Path(first["snapshot_png"]).stat().st_mtime_ns < Path(
+        second["snapshot_png"]).stat().st_mtime_ns
+
+
 def test_timelines_of_relative_snapshot_folders_show_from_any_folder(tmp_path, monkeypatch):
     """`--snapshot link` (a symlink to scratch space), `.` and `../x`: each run's timeline
     is in the report made from another folder; the stored path was resolved through the

@@ -3,7 +3,6 @@ accounted; `cs336sys memory residuals`: what one block saves for backward, by op
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -43,16 +42,9 @@ def memory(ctx: typer.Context, **options: Any) -> None:
         return
     from cs336sys.experiments import memory as exp
 
-    def specs(**spec_options: Any) -> list:
-        from cs336sys.cli.outputs import refuse_to_replace
-
-        points = exp.specs(**spec_options)
-        # each point's timeline PNG (its CUDA pickle beside it is written with it)
-        refuse_to_replace([Path(p.snapshot) / f"{p.label()}.png" for p in points if p.snapshot],
-                          "timeline", "--snapshot", options.get("force", False))
-        return points
-
-    run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, describe=_label, after=_snapshots)
+    # (a point's timeline never replaces a file: experiments/memory.unused_name)
+    run_experiment(exp.EXPERIMENT, exp.specs, {**options, "ctx": ctx}, describe=_label,
+                   after=_snapshots)
 
 
 def _snapshots(points: list) -> None:

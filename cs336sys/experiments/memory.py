@@ -89,6 +89,17 @@ class MemorySpec(AroundPoint):
         return "memory-" + "-".join(parts)
 
 
+def unused_name(folder: Path, label: str) -> str:
+    """`label`, or `label-2`, `-3`, ...: the first name no earlier run's PNG or pickle in
+    `folder` has. A later run of the same point (another commit, --label) wrote over the
+    earlier one's timeline, which its stored row still named."""
+    name, n = label, 1
+    while any((folder / f"{name}{suffix}").exists() for suffix in (".png", ".pickle")):
+        n += 1
+        name = f"{label}-{n}"
+    return name
+
+
 _UNUSED = ("compile", "nvtx")
 
 
@@ -201,9 +212,11 @@ def run(spec: MemorySpec) -> Result:
             tracker.adopt(t for t in vars(step.scaler).values() if isinstance(t, torch.Tensor))
         if snapshot is not None:
             tracker.start_recording()
-    pickle = snapshot / f"{spec.label()}.pickle" if snapshot is not None and on_cuda else None
+    name = None
     if snapshot is not None:
         snapshot.mkdir(parents=True, exist_ok=True)
+        name = unused_name(snapshot, spec.label())
+    pickle = snapshot / f"{name}.pickle" if snapshot is not None and on_cuda else None
     with cuda_memory_history(pickle), tracker if tracker is not None else no_phase():
         step(phase, forward=measured_forward,
              before_optimizer=moment("before_opt"), after_optimizer=moment("after_opt"))
@@ -217,7 +230,7 @@ def run(spec: MemorySpec) -> Result:
         title = (f"{m.size} T={T} B={B} {m.mode} {m.precision} checkpoint={m.checkpoint}"
                  f"{memory_section.whose(m.settings())} on {m.device}: live tensor bytes in "
                  "one step")
-        png = draw_timeline(tracker.events, tracker.phases, snapshot / f"{spec.label()}.png", title)
+        png = draw_timeline(tracker.events, tracker.phases, snapshot / f"{name}.png", title)
 
     # -- metrics -----------------------------------------------------------------------------
     metrics: dict[str, Any] = {}
