@@ -657,6 +657,27 @@ def test_pivot_says_a_setting_that_differs_between_rows_and_one_implementations_
     assert t.rows == [["64", "1024", "1", "2", "3", "4"], ["64", "2048", "1", "2", "3", "4"]]
 
 
+def test_a_setting_that_goes_with_the_column_group_does_not_split_rows():
+    """memory_profiling (b), two numbers per context length: the forward's optimizer (none)
+    and the training step's (adamw) made the optimizer a row key, and each length two
+    lines, half empty. It is said per column group instead."""
+    peak = Column("peak MiB", "peak_bytes", "mib")
+    rows = [_row(size="tiny", seq=seq, mode=mode, optimizer=opt,
+                 metrics={"peak_bytes": 2**20 * (seq + (mode == "train"))})
+            for seq in (64, 128) for mode, opt in (("forward", "none"), ("train", "adamw"))]
+    t = pivot(Pivot("t", "memory", ("seq",), (peak,), across="mode"), rows,
+              ["size", "seq", "mode", "optimizer"])
+    assert t.headers == ["seq", "forward", "train"]
+    assert t.rows == [["64", "64.0", "65.0"], ["128", "128.0", "129.0"]]
+    assert t.constant.endswith("optimizer=none (forward), adamw (train)"), t.constant
+    # with the mode a row key, the optimizer goes with the row: a column, no row split
+    rows = [{**r, "_settings": {**r["_settings"], "precision": precision}}
+            for r in rows for precision in ("fp32", "bf16")]
+    t = pivot(Pivot("t", "memory", ("seq", "mode"), (peak,), across="precision"), rows,
+              ["size", "seq", "mode", "optimizer", "precision"])
+    assert t.headers == ["seq", "mode", "optimizer", "fp32", "bf16"] and len(t.rows) == 4
+
+
 def test_the_method_line_counts_the_samples_the_tables_come_from():
     """`at least 100 timed samples a point` (the --iters asked) stood above cells marked
     (n=1) of the H100 store: do_bench picks its own count, and a point past its budget

@@ -95,8 +95,40 @@ def _keys(p: Pivot, rows: list[Row]) -> list[str]:
         if any(len(values) > 1 for values in cells.values()):
             keys.append(extra)
     # one that differs between rows without splitting a cell (seq 32 for the forward rows,
-    # 64 for the others) is a key too: else neither a key nor shared, it went unsaid
-    return keys + varying(rows, [*shown, *keys])
+    # 64 for the others) is a key too: else neither a key nor shared, it went unsaid; but
+    # one that goes with the column group (the optimizer: none forward, adamw train) split
+    # each row in two, half empty: the constant line says it per group (_by_group)
+    return keys + [k for k in varying(rows, [*shown, *keys]) if not _with_group(p, k, keys, rows)]
+
+
+def _with_group(p: Pivot, key: str, keys: list[str], rows: list[Row]) -> bool:
+    """Whether `key`'s value goes with the column group and differs within a row: as a row
+    key it would split each row into one line per group."""
+    if not p.across:
+        return False
+    per_group: dict[str, set[str]] = {}
+    per_row: dict[str, set[str]] = {}
+    for r in rows:
+        s = r["_settings"]
+        per_group.setdefault(repr(s.get(p.across)), set()).add(repr(s.get(key)))
+        per_row.setdefault(repr((r.get("gpu"), [s.get(k) for k in keys])), set()).add(
+            repr(s.get(key)))
+    return (all(len(v) == 1 for v in per_group.values())
+            and any(len(v) > 1 for v in per_row.values()))
+
+
+def _by_group(p: Pivot, keys: list[str], named: set[str], rows: list[Row]) -> str:
+    """`optimizer=none (forward), adamw (train)`: the settings that go with the column group
+    (_with_group), each group's value."""
+    said = []
+    for k in varying(rows, named):
+        if not _with_group(p, k, keys, rows):
+            continue
+        values = {}
+        for r in sorted(rows, key=_order(p.across, rows)):
+            values.setdefault(_group(p, r["_settings"].get(p.across), rows), _row_cell(k, r))
+        said.append(f"{_HEADERS.get(k, k)}=" + ", ".join(f"{v} ({g})" for g, v in values.items()))
+    return ", ".join(said)
 
 
 def _group(p: Pivot, value: Any, rows: list[Row]) -> str:
@@ -204,8 +236,9 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = ()) -> FilledTable | Non
                       for g in groups for c in p.values)]
             for name, by in table.items()]
     named = {*keys, *qualifiers, *([p.across] if p.across else []), *p.where}
-    return FilledTable(p.title, headers, body, note=p.note,
-                       constant=_constant(list(shows), named, rows))
+    constant = ", ".join(c for c in (_constant(list(shows), named, rows),
+                                     _by_group(p, keys, named, rows)) if c)
+    return FilledTable(p.title, headers, body, note=p.note, constant=constant)
 
 
 def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]],
