@@ -327,6 +327,34 @@ def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch
             "measures what is missing)") in (writeup / "writeup.md").read_text()
 
 
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_memory_profiling_gives_two_numbers_per_length_and_the_residual_tensor(
+        db_path, tmp_path, year):
+    """(b) a table with two numbers per context length (forward, training step: each run
+    stores its own optimizer); (d) the residual-stream tensor B·T·d in fp32, which every
+    memory row stores and no table showed."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    with Store(db_path, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, [], "memory", label="memory_profiling")
+        for seq in (128, 2048):
+            for mode, optimizer in (("forward", "none"), ("train", "adamw")):
+                store.add_run(inv, "memory", "ok", {
+                    "size": "xl", "seq": seq, "batch": 4, "mode": mode, "precision": "fp32",
+                    "optimizer": optimizer}, {"peak_bytes": seq * 2**20,
+                                              "residual_bytes": 4 * seq * 2560 * 4})
+    out = tmp_path / "w"
+    assert invoke("handout", "report", "memory_profiling", "--format", "md", "--out", out,
+                  "--year", year, "--db", db_path).exit_code == 0
+    md = (out / "writeup.md").read_text()
+    peaks = md.split("**Peak memory by context length (MiB), fp32**", 1)[1]
+    assert "| seq | forward | train |" in peaks
+    assert "| 128 | 128.0 | 128.0 |" in peaks and "| 2048 | 2,048.0 | 2,048.0 |" in peaks
+    residual = md.split("**Residual-stream activation tensor B·T·d, fp32 (MiB)**", 1)[1]
+    assert "| 128 | 5.0 |" in residual and "| 2048 | 80.0 |" in residual  # xl: d = 2560
+
+
 def test_an_accounting_problem_with_one_of_its_two_plans_is_partly_computed(db_path, tmp_path,
                                                                             monkeypatch):
     """2025's communication_accounting has two plans, FSDP alone and FSDP x TP on a mesh

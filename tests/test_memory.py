@@ -175,6 +175,9 @@ def test_memory_sweep_rows_and_lowest_peak(db_path, tmp_path):
     table = result.stdout.splitlines()
     head = next(line for line in table if "bwd peak vs none" in line)
     assert "saved vs none" in head and "peak MiB" in head
+    # the attention kernel and the residual-stream tensor (memory_profiling (d)) are said
+    assert "attention" in head and "residual MiB" in head
+    assert any(line.split()[-1:] == ["naive"] or " naive " in line for line in table[2:])
     ratio = every1["saved_bytes"] / none["saved_bytes"]
     assert any(f"{ratio:.2f}×" in line and "every:1" in line for line in table)
     inv = rows(db_path, "SELECT command, exit_status FROM invocations")

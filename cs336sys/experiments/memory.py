@@ -322,6 +322,8 @@ TABLE = Table(
     "Peak memory by context length and mode",
     (
         *setting_columns("size seq batch mode precision ckpt=checkpoint optimizer"),
+        Column("model", "model", setting=True, optional=True),
+        Column("attention", "attention", setting=True),
         *column_table("""
             peak MiB                    peak_bytes          mib
             fwd peak MiB                fwd_peak_bytes      mib
@@ -329,6 +331,7 @@ TABLE = Table(
             opt peak MiB                opt_peak_bytes      mib
             saved MiB                   saved_bytes         mib
             activations MiB (analytic)  act_bytes_analytic  mib
+            residual MiB                residual_bytes      mib       optional
             step ms                     step_ms             mean_std
         """),
         # What checkpointing changes is the activations: the backward peak and the saved

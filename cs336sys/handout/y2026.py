@@ -29,6 +29,10 @@ OPT = Column("optimizer ms", "opt_ms", "mean_std")
 STEP = Column("step ms", "step_ms", "mean_std")
 E2E = Column("end-to-end ms", "e2e_ms", "mean_std")
 PEAK = Column("peak MiB", "peak_bytes", "mib")
+# memory_profiling (d): one residual-stream activation tensor, B·T·d single-precision floats
+RESIDUAL = Pivot("Residual-stream activation tensor B·T·d, fp32 (MiB)", "memory", ("seq",),
+                 (Column("residual MiB", "residual_bytes", "mib"),),
+                 where={"precision": "fp32", "mode": "train"})
 DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std"),
             Column("communication share", "comm_fraction", "pct"))
 # optimizer_state_sharding_accounting (a): "the peak memory usage after model initialization,
@@ -163,6 +167,7 @@ PROBLEMS = (
                   across="mode", where={"precision": "fp32"}),
             Pivot("Peak memory, full and mixed precision (MiB)", "memory", ("seq", "mode"),
                   (PEAK,), across="precision"),
+            RESIDUAL,
             "memory-residuals",
         ),
     ),
