@@ -141,6 +141,26 @@ def test_accumulate_errors_are_exact_and_an_overflow_is_kept(db_path):
     assert stored["result"] is None  # the column stays a number: the value is kept apart
 
 
+def test_the_accumulation_plot_names_each_sums_value():
+    """Runs with --value 0.01 and --value 100 in one report: the bars read `fp32 (1000
+    additions)` twice, and the note said fp16 overflowed beside the 0.01 run's fp16 bar."""
+    from cs336sys.report.sections import Section
+
+    rows = []
+    for value, errors in ((0.01, {"fp32": 1.3e-4, "fp16": 0.047}),
+                          (100.0, {"fp32": 0.0, "fp16": float("inf")})):
+        for variant, error in errors.items():
+            spec = exp.AccumulateSpec.of(variant, additions=1000, value=value, device="cpu")
+            settings = spec.settings()
+            rows.append({**settings, "_settings": settings, "status": "ok", "abs_error": error})
+    sec = Section("precision", "Precision")
+    exp.section(sec, rows)
+    (fig,) = sec.figures
+    assert [label for label, *_ in fig.plot.items] == ["fp32 (1000 × 0.01)", "fp16 (1000 × 0.01)"]
+    assert fig.note == ("Exact, so not drawn: fp32 (1000 × 100.0). Overflowed to inf, so not "
+                        "drawn: fp16 (1000 × 100.0).")
+
+
 # -- autocast -----------------------------------------------------------------------------
 
 

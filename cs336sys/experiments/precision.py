@@ -417,11 +417,15 @@ def section(sec: Any, pts: list) -> None:
     # a sum past float16's largest value (65504) is inf: the finding, with no bar to draw
     undrawn = (("Exact", [r for r in rows if not r["abs_error"]]),
                ("Overflowed to inf", [r for r in rows if not math.isfinite(r["abs_error"])]))
-    note = " ".join(f"{why}, so not drawn: {', '.join(dict.fromkeys(r['variant'] for r in some))}."
+    def named(r: Any) -> str:  # the sum it computed: a second --value or --additions reads apart
+        s = r["_settings"]
+        return f"{r['variant']} ({s.get('additions', r.get('additions'))} × {s.get('value')})"
+
+    note = " ".join(f"{why}, so not drawn: {', '.join(dict.fromkeys(map(named, some)))}."
                     for why, some in undrawn if some)
     add_plot(sec, "Accumulation error by variant", "precision-accumulate", Ranked(
-        tuple((f"{r['variant']} ({r['additions']} additions)", r["abs_error"],
-               f"accumulator {r['accumulator_dtype']}") for r in drawn),
+        tuple((named(r), r["abs_error"], f"accumulator {r['accumulator_dtype']}")
+              for r in drawn),
         "|result - exact sum| (log scale)", "Accumulating in low precision: the error",
         logx=True), note=note)
 
