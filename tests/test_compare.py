@@ -3,6 +3,7 @@ behind them (measure/significance.py), checked against exact values and textbook
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -66,21 +67,46 @@ def test_exact_test_reproduces_textbook_critical_values(sizes, critical):
     assert exact_p(critical, m, n) <= 0.05 < exact_p(critical + 1, m, n)
 
 
-def test_normal_approximation_with_ties_and_continuity_by_hand():
-    # pooled: 1(x) 2 2 2 (x,x,y) 3 3 (x,y) 4 4 (y,y) 5(y); ranks 1, 3,3,3, 5.5,5.5, 7.5,7.5, 9
+def _u_by_pairs(x, y):
+    """U of x counted pair by pair (x beats y: 1, a tie: 1/2): no ranks involved."""
+    return sum((a > b) + 0.5 * (a == b) for a in x for b in y)
+
+
+def test_exact_p_with_ties_over_every_arrangement_of_the_values():
+    """Few samples with ties: exact, over every way of splitting the pooled values (the
+    normal approximation gave 3 vs 3 with one tie p = 0.047, below the 0.1 that no split
+    of 6 values can go under, and called a change)."""
     x, y = [1, 2, 2, 3], [2, 3, 4, 4, 5]
     r = mann_whitney_u(x, y)
-    assert not r.exact and r.u == pytest.approx(1 + 3 + 3 + 5.5 - 10)  # 2.5
-    # var = n1 n2 / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1))), ties of 3, 2 and 2
-    var = 4 * 5 / 12 * (10 - (24 + 6 + 6) / (9 * 8))
-    z = (17.5 - 10 - 0.5) / math.sqrt(var)
+    assert r.exact and r.u == _u_by_pairs(x, y) == 2.5
+    pooled = x + y  # every 4 of the 9 as the first sample: U at least as far from 10
+    far = [abs(_u_by_pairs([pooled[i] for i in c],
+                           [v for i, v in enumerate(pooled) if i not in c]) - 10) >= 7.5
+           for c in itertools.combinations(range(len(pooled)), len(x))]
+    assert len(far) == 126 and r.p == pytest.approx(sum(far) / 126)
+    assert mann_whitney_u([1, 1, 1], [1.2, 1.2, 1.2]).p == pytest.approx(0.1)
+    j = judge([1, 1, 1], [1.2, 1.2, 1.2])
+    assert j.outcome == "unknown" and j.reason == "too few samples to tell"
+    # 4 vs 3, one tie: 0.057 at best, not 0.050
+    j = judge([10.0, 10.1, 10.2, 10.3], [12.0, 12.1, 12.1])
+    assert j.outcome == "unknown" and j.p == pytest.approx(2 / 35)
+    assert mann_whitney_u([2, 2, 2], [2, 2, 2, 2]).p == 1.0  # nothing to tell apart
+
+
+def test_normal_approximation_with_ties_and_continuity_by_hand():
+    # past 8 values a side: 9 vs 9 with ties of three 2s, two 3s and two 4s
+    x, y = [1, 2, 2, 3, 6, 7, 8, 9, 10], [2, 3, 4, 4, 5, 11, 12, 13, 14]
+    r = mann_whitney_u(x, y)
+    u = _u_by_pairs(x, y)
+    assert not r.exact and r.u == pytest.approx(u)
+    # var = n1 n2 / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1)))
+    var = 9 * 9 / 12 * (19 - (24 + 6 + 6) / (18 * 17))
+    z = (max(u, 81 - u) - 40.5 - 0.5) / math.sqrt(var)
     assert r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
-    assert r.p == pytest.approx(0.078546, abs=1e-6)
     # beyond 8 values: the normal approximation, here U = 0 of 10 vs 10
     r = mann_whitney_u(range(10), range(10, 20))
     z = (100 - 50 - 0.5) / math.sqrt(10 * 10 / 12 * 21)
     assert not r.exact and r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
-    assert mann_whitney_u([2, 2, 2], [2, 2, 2, 2]).p == 1.0  # nothing to tell apart
 
 
 def test_few_samples_can_never_be_significant():
