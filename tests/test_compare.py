@@ -482,6 +482,34 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
     assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]
 
 
+def test_history_calls_no_step_between_two_machines_and_names_a_library_change():
+    """Commits measured on two CPU machines (every CPU is GPU `cpu`, a store merged from a
+    laptop): a 25x step was the code's, with no word of the machine. It is no step; a torch
+    upgrade between commits on one machine stays one, the library named beside it."""
+    def row(commit, day, center, seed):
+        steps = noisy(center, 8, seed)
+        s = {"size": "small", "precision": "fp32"}
+        return {"status": "ok", "git_commit": commit, "git_dirty": 0, "gpu": "cpu",
+                "invocation_id": f"inv-{commit[:2]}", "created": f"2026-04-0{day} 00:00:00",
+                "_settings": s, "step_ms_mean": sum(steps) / len(steps),
+                "_samples": {"step_ms": steps}}
+
+    rows = [row(commit, day, center, 10 * day + run)
+            for commit, day, center in ((B, 1, 100), (A, 2, 25)) for run in range(RUNS)]
+    vm = {"host": "vm", "cpu": "Xeon", "torch_version": "2.13.0"}
+    machines = {"inv-b2": vm, "inv-a1": {**vm, "host": "laptop", "cpu": "Apple M2 Pro"}}
+    h = history_mod.build({"model": rows}, EXPERIMENTS, draw=False, invocations=machines)
+    (track,) = h.tracks
+    assert track.steps == [] and "1 regression" not in h.summary()
+    assert any(line.startswith("Another machine: 1 difference") and "host: A vm, B laptop"
+               in line for line in h.caveat), h.caveat
+    machines["inv-a1"] = {**vm, "torch_version": "2.14.0"}
+    h = history_mod.build({"model": rows}, EXPERIMENTS, draw=False, invocations=machines)
+    ((_, change),) = h.tracks[0].steps
+    assert change.verdict.endswith("x faster (torch_version changed too)")
+    assert change.kind == "improvement" and not h.caveat
+
+
 def test_reruns_make_the_runs_the_unit_so_run_to_run_drift_is_noise(tmp_path):
     """Four runs a side of the same code whose levels drift from run to run (as on a shared
     VM: each run's steps tight, the runs 10 % apart): pooled samples would call it, the

@@ -67,10 +67,13 @@ class Side:
     values: list[float] = field(default_factory=list)  # one per run: the column's value
     samples: list[float] = field(default_factory=list)  # raw timed samples, every run's
     runs: list[float] = field(default_factory=list)  # one per run with samples: its median
+    invocations: set[str] = field(default_factory=set)  # of its runs: where and with what
 
     def add(self, r: Row, metric: Metric) -> None:
         """One more ok run of the point (the latest names it)."""
         self.row = r
+        if r.get("invocation_id"):
+            self.invocations.add(r["invocation_id"])
         self.values.append(float(r[metric.column]))
         if metric.timed:
             mine = timed_samples(r.get("_samples"), metric.name)

@@ -203,21 +203,32 @@ def _env(invs: list[dict[str, Any]]) -> dict[str, str]:
     return {k: ", ".join(sorted(v)) for k, v in seen.items()}
 
 
-def environment_differences(s: Sides) -> list[str]:
-    """`OMP_NUM_THREADS: A unset, B 1`, one per difference between the sides' machines,
-    library versions and recorded environment variables (the GPU aside when the sides are
-    GPUs); a first line warns when they ran on different machines."""
+def differences(inv_a: list[dict[str, Any]], inv_b: list[dict[str, Any]],
+                gpu: bool = True) -> list[str]:
+    """`OMP_NUM_THREADS: A unset, B 1`, one per difference between two sets of invocations'
+    machines, library versions and recorded environment variables (`gpu`: the GPU too)."""
     out = []
     for key in ENVIRONMENT:
-        if key == "gpu" and s.kind == "gpu":
+        if key == "gpu" and not gpu:
             continue
-        va, vb = _values(s.inv_a, key), _values(s.inv_b, key)
+        va, vb = _values(inv_a, key), _values(inv_b, key)
         if va != vb:
             out.append(f"{key}: A {va}, B {vb}")
-    ea, eb = _env(s.inv_a), _env(s.inv_b)
-    out += [f"{k}: A {ea.get(k, 'unset')}, B {eb.get(k, 'unset')}"
-            for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
-    if out and any(line.startswith(("host:", "gpu:", "cpu:")) for line in out):
+    ea, eb = _env(inv_a), _env(inv_b)
+    return out + [f"{k}: A {ea.get(k, 'unset')}, B {eb.get(k, 'unset')}"
+                  for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]
+
+
+def other_machine(lines: list[str]) -> bool:
+    """Whether `differences` found another machine (host, GPU or CPU), not just versions."""
+    return any(line.startswith(("host:", "gpu:", "cpu:")) for line in lines)
+
+
+def environment_differences(s: Sides) -> list[str]:
+    """The sides' `differences` (the GPU aside when the sides are GPUs); a first line warns
+    when they ran on different machines."""
+    out = differences(s.inv_a, s.inv_b, gpu=s.kind != "gpu")
+    if other_machine(out):
         out.insert(0, "A and B ran on different machines: a change may be the machine's, not "
                       "the code's.")
     return out

@@ -24,6 +24,7 @@ capped at MAX_STEPS rows.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import io
 import statistics
@@ -43,7 +44,7 @@ from cs336sys.report.change import (
     one_run_caveat,
     unmeasured,
 )
-from cs336sys.report.compare import text_table
+from cs336sys.report.compare import differences, other_machine, text_table
 from cs336sys.report.plots import short
 from cs336sys.report.refs import ancestors, describe
 from cs336sys.report.sections import (
@@ -250,9 +251,13 @@ def predecessors(keys: list[tuple[str, bool]], older: dict[str, set[str]]) -> li
 
 
 def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
-          threshold: float = THRESHOLD) -> History:
+          threshold: float = THRESHOLD,
+          invocations: dict[str, dict[str, Any]] | None = None) -> History:
     """The history of every point in `rows` (experiment -> view rows with `_settings` and
-    `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty."""
+    `_samples`, as select.load gives them); draw=False leaves the figures' PNGs empty.
+    `invocations` (by id: where and with what the runs ran) keeps a step between commits
+    measured on two machines from being called the code's, and names a library that
+    changed beside a step."""
     order: dict[tuple[str, bool], str] = {}
     no_commit = 0
     for exp_rows in rows.values():
@@ -269,6 +274,7 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     commits = {k: described(k, first) for k, first in order.items()}
 
     tracks: list[Track] = []
+    moved: list[list[str]] = []  # per change between two machines, how they differ
     one_commit = 0
     assessed: list[Change] = []  # every change between consecutive commits, steps or not
     failed: list[tuple[str, str, Commit, str]] = []
@@ -302,6 +308,8 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
                       before=predecessors(ck, older))
             for i in range(1, len(ck)):
                 change = assess(exp, label, metric, t.sides[t.before[i]], t.sides[i], threshold)
+                change = _environment(change, t.sides[t.before[i]], t.sides[i],
+                                      invocations or {}, moved)
                 assessed.append(change)
                 if change.kind in STEP_KINDS:
                     t.steps.append((i, change))
@@ -310,9 +318,41 @@ def build(rows: dict[str, list[Row]], catalog: Sequence[Any], draw: bool = True,
     chosen = sorted(tracks, key=lambda t: (not t.steps, -len(t.commits)))[:MAX_PLOTS]
     plotted = [t for t in tracks if t in chosen]  # in report order
     history = History(tracks, plotted, [], one_commit, no_commit, threshold,
-                      one_run_caveat(assessed), failed)
+                      one_run_caveat(assessed) + _machine_caveat(moved), failed)
     history.sections = _sections(history, draw)
     return history
+
+
+OTHER_MACHINE = "another machine"  # the verdict of a change between two machines' runs
+
+
+def _environment(change: Change, a: Side, b: Side, invocations: dict[str, dict[str, Any]],
+                 moved: list[list[str]]) -> Change:
+    """A step between runs on two machines (a store merged from a laptop, every CPU stored as
+    GPU `cpu`) is no step: undecided, OTHER_MACHINE. One between two library versions (a torch
+    upgrade between commits) stays a step, the libraries named beside its verdict."""
+    if change.kind not in STEP_KINDS:
+        return change
+    lines = differences([invocations[i] for i in sorted(a.invocations) if i in invocations],
+                        [invocations[i] for i in sorted(b.invocations) if i in invocations],
+                        gpu=False)
+    if not lines:
+        return change
+    if other_machine(lines):
+        moved.append(lines)
+        return dataclasses.replace(change, verdict=OTHER_MACHINE, kind="undecided")
+    changed = ", ".join(line.split(":", 1)[0] for line in lines)
+    return dataclasses.replace(change, verdict=f"{change.verdict} ({changed} changed too)")
+
+
+def _machine_caveat(moved: list[list[str]]) -> list[str]:
+    if not moved:
+        return []
+    n = len(moved)
+    return [f"{OTHER_MACHINE.capitalize()}: {n} difference{'s' * (n != 1)} between commits "
+            "measured on different machines (" + "; ".join(moved[0]) + ") not called a step: "
+            "the machine changed with the code. Run both commits on one machine to compare "
+            "them."]
 
 
 def _sections(h: History, draw: bool) -> list[Section]:

@@ -181,7 +181,8 @@ def build(
                     figures=report.compared.figures))
         if history and rows:
             # its plots are drawn there, not by the Drawer
-            report.history = build_history(rows, catalog, threshold=threshold)
+            report.history = build_history(rows, catalog, threshold=threshold,
+                                           invocations={i["id"]: i for i in invs})
             report.sections[:0] = report.history.sections
         figures = [f for s in report.sections for f in s.figures if f.plot is not None]
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
