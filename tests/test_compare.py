@@ -482,6 +482,26 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
     assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]
 
 
+def test_compare_by_commit_keeps_a_dirty_checkouts_runs_apart(tmp_path):
+    """Runs at commit b with uncommitted changes (a sleep added: 3x slower) pooled with its
+    clean runs under b's name. `b` is its clean runs, `b-dirty` the others; a commit with
+    dirty runs only is its dirty checkout, named so."""
+    b = Builder(tmp_path / "results.db")
+    for inv, commit, dirty, center in (("i-a", A, 0, 100), ("i-b", B, 0, 100),
+                                       ("i-bd", B, 1, 300), ("i-c", C, 1, 300)):
+        b.invocation(inv, commit, "2026-03-01 10:00:00.000000", dirty=dirty)
+        for run in range(RUNS):
+            b.model(inv, f"2026-03-01 10:0{run}:00.000000", "fp32",
+                    noisy(center, 10, 10 * run + len(inv)))
+    db = b.close()
+    out = report(db, tmp_path, "--compare", A[:7], B[:7]).stdout
+    assert "1 unchanged" in out and "x slower" not in out, out
+    out = report(db, tmp_path, "--compare", A[:7], B[:7] + "-dirty").stdout
+    assert "x slower" in out and f"against {B[:7]}-dirty (B)" in out, out
+    result = report(db, tmp_path, "--compare", A[:7], C[:7])
+    assert "x slower" in result.stdout and f"{C[:7]}-dirty" in result.stdout, result.stdout
+
+
 def test_history_calls_no_step_between_two_machines_and_names_a_library_change():
     """Commits measured on two CPU machines (every CPU is GPU `cpu`, a store merged from a
     laptop): a 25x step was the code's, with no word of the machine. It is no step; a torch

@@ -119,7 +119,8 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
                 if matches(k, token):
                     found.append(k)
                 continue
-            for value in dict.fromkeys(v for v in (resolve_ref(token), token) if v):
+            bare = token.removesuffix(DIRTY)  # `abc1234-dirty`, as --history names it
+            for value in dict.fromkeys(v for v in (resolve_ref(bare), bare) if v):
                 if matches(k, value):
                     commits[token] = value
                     found.append(k)
@@ -140,8 +141,23 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
     return kind, a, b
 
 
+DIRTY = "-dirty"  # a commit side's suffix: the runs of a checkout of it with changes
+
+
 def _side(sel: Selection, kind: str, token: str) -> Selection:
     return dataclasses.replace(sel, **{kind: token})  # the fields are named like the kinds
+
+
+def _checkout(conn: sqlite3.Connection, side: Selection, typed: str) -> tuple[Selection, str]:
+    """A commit side as one checkout: `X-dirty` its runs with uncommitted changes, `X` its
+    clean runs, or the dirty ones where it has no clean run (then named `X-dirty`). A side
+    pooled both, and the dirty runs measured other code under the commit's name."""
+    if typed.endswith(DIRTY):
+        return dataclasses.replace(side, dirty=True), typed
+    clean = dataclasses.replace(side, dirty=False)
+    if present(conn, clean):
+        return clean, typed
+    return dataclasses.replace(side, dirty=True), typed + DIRTY
 
 
 @dataclass
@@ -163,6 +179,9 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
     typed = (a, b)
     kind, a, b = resolve(conn, a, b)
     sa, sb = _side(sel, kind, a), _side(sel, kind, b)
+    if kind == "commit":
+        (sa, ta), (sb, tb) = (_checkout(conn, s, t) for s, t in ((sa, typed[0]), (sb, typed[1])))
+        typed = (ta, tb)
     found = sorted(set(present(conn, sa)) | set(present(conn, sb)))
     rows_a, rows_b = load(conn, sa, catalog, found), load(conn, sb, catalog, found)
     rows: dict[str, list[Row]] = {}
@@ -175,7 +194,8 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
     inv_a, inv_b = invocations(conn, sa), invocations(conn, sb)
     invs = {(i["id"], i["_status"]): i for i in (*inv_a, *inv_b)}
     ordered = sorted(invs.values(), key=lambda i: (i["started"] or "", i["id"] or ""))
-    names = tuple(t if t == r or r.startswith(t) else f"{t} ({r[:10]})" for t, r in zip(typed, (a, b), strict=True))
+    names = tuple(t if t == r or r.startswith(t.removesuffix(DIRTY)) else f"{t} ({r[:10]})"
+                  for t, r in zip(typed, (a, b), strict=True))
     return Sides(kind, rows_a, rows_b, rows, ordered, names, inv_a, inv_b)  # type: ignore[arg-type]
 
 

@@ -200,6 +200,7 @@ class Selection:
     experiments: tuple[str, ...] = ()
     gpu: str | None = None
     commit: str | None = None  # a prefix of cs336sys's commit or of the user's (report/refs.py)
+    dirty: bool | None = None  # with `commit`: only runs of a dirty (or a clean) checkout of it
     commits: tuple[str, ...] | None = None  # exactly these commits (`--since REF`), either column
     invocation: str | None = None
     label: str | None = None  # the invocation's --label, exactly
@@ -225,8 +226,13 @@ class Selection:
         if self.commit:
             # A prefix, as people type short hashes; LIKE wildcards in the value are escaped.
             # The commit of cs336sys's code or of the user's code measured (cs336sys.yours).
-            conds.append("(i.git_commit LIKE ? ESCAPE '\\' OR i.user_commit LIKE ? ESCAPE '\\')")
-            params.extend([like_prefix(self.commit)] * 2)
+            if self.dirty is None:
+                conds.append("(i.git_commit LIKE ? ESCAPE '\\' OR i.user_commit LIKE ? ESCAPE '\\')")
+                params.extend([like_prefix(self.commit)] * 2)
+            else:  # the dirty flag of the checkout the commit matched
+                conds.append("((i.git_commit LIKE ? ESCAPE '\\' AND coalesce(i.git_dirty, 0) = ?) "
+                             "OR (i.user_commit LIKE ? ESCAPE '\\' AND coalesce(i.user_dirty, 0) = ?))")
+                params.extend([like_prefix(self.commit), int(self.dirty)] * 2)
         if self.commits is not None:
             marks = ", ".join("?" * len(self.commits)) or "NULL"
             conds.append(f"(i.git_commit IN ({marks}) OR i.user_commit IN ({marks}))")
