@@ -482,6 +482,23 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
     assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]
 
 
+def test_a_point_failed_in_b_shows_as_median_what_the_table_calls_median():
+    """`error in B` rows showed A as the median of its runs' means (step_ms_mean: 40.2 where
+    the samples' median was 23.1), under a heading of medians."""
+    from cs336sys.report.change import Side, metrics
+    from cs336sys.report.compare import _failed
+
+    metric = metrics(EXPERIMENTS)["model"]
+    steps = [20.0, 21.0, 23.0, 24.0, 100.0, 110.0]  # one run: mean 49.7, median 23.5
+    r = {"status": "ok", "step_ms_mean": sum(steps) / 6, "_samples": {"step_ms": steps}}
+    side = Side(r)
+    side.add(r, metric)
+    change = _failed("model", "p", metric, side, {"status": "error", "error": "boom"})
+    assert change.a == 23.5 and change.verdict == "error in B"
+    side.add({**r, "_samples": {"step_ms": [v + 10 for v in steps]}}, metric)
+    assert _failed("model", "p", metric, side, {"status": "error"}).a == 28.5  # of 23.5, 33.5
+
+
 def test_compare_by_commit_keeps_a_dirty_checkouts_runs_apart(tmp_path):
     """Runs at commit b with uncommitted changes (a sleep added: 3x slower) pooled with its
     clean runs under b's name. `b` is its clean runs, `b-dirty` the others; a commit with

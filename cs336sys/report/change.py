@@ -82,6 +82,12 @@ class Side:
                 self.runs.append(statistics.median(mine))
 
 
+def center(side: Side) -> float:
+    """The figure `assess` compares for a side: the median of its runs' medians where it ran
+    more than once, else of its one run's timed samples, else of its runs' values."""
+    return statistics.median(side.runs if len(side.runs) > 1 else side.samples or side.values)
+
+
 def measured(r: Row, metric: Metric) -> bool:
     """Whether the run holds a value of the compared metric: not null, and not inf or NaN
     (stored apart, store/db.py), which is no time nor size to compare."""

@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from cs336sys.report.change import (
     Side,
     aggregate,
     assess,
+    center,
     failed_in_b,
     metrics,
     one_run_caveat,
@@ -397,7 +397,8 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
         figures.append(_strips(exp, metric, [(c.point, pa[k], pb[k])
                                              for c, k in zip(found, keys, strict=True)
                                              if k in both], s.names))
-        what = "median of the timed samples" if metric.timed else "one reading per run"
+        what = ("median of the timed samples; of the runs' medians where a side ran a point "
+                "more than once" if metric.timed else "one reading per run")
         tables.append(FilledTable(
             f"{exp}: {metric.label} ({what})",
             ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
@@ -412,7 +413,7 @@ def _failed(exp: str, point: str, metric: Metric, a: Side, b: Row) -> Change:
     odd = unmeasured(b, metric)
     why = ([f"its {metric.label} came out {odd}"] if odd else
            (b.get("error") or "").strip().splitlines()[:1])
-    return Change(exp, point, metric, statistics.median(a.values), float("nan"), None, None,
+    return Change(exp, point, metric, center(a), float("nan"), None, None,
                   len(a.values), 0, f"{odd or b.get('status')} in B", FAILED,
                   why[0][:80] if why else "no run ok")
 
