@@ -338,6 +338,10 @@ def test_fail_on_regression_exits_1_after_writing(regress_db, tmp_path):
     [
         (["--fail-on-regression", "10"], "--fail-on-regression needs --compare A B"),
         (["--compare", "a1a1", "b2b2", "--fail-on-regression", "-5"], "0 or more"),
+        # A is stored, but the other filters keep none of its runs: it said the sides ran
+        # on different machines (A's host "unset") and exited 0
+        (["--compare", "a1a1", "b2b2", "--where", "precision=no-such"],
+         "'a1a1' has no run in this selection"),
     ],
 )
 def test_fail_on_regression_bad_input(regress_db, tmp_path, args, message):

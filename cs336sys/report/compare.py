@@ -154,10 +154,10 @@ def _checkout(conn: sqlite3.Connection, side: Selection, typed: str) -> tuple[Se
     pooled both, and the dirty runs measured other code under the commit's name."""
     if typed.endswith(DIRTY):
         return dataclasses.replace(side, dirty=True), typed
-    clean = dataclasses.replace(side, dirty=False)
-    if present(conn, clean):
+    clean, dirty = (dataclasses.replace(side, dirty=d) for d in (False, True))
+    if present(conn, clean) or not present(conn, dirty):
         return clean, typed
-    return dataclasses.replace(side, dirty=True), typed + DIRTY
+    return dirty, typed + DIRTY
 
 
 @dataclass
@@ -182,6 +182,10 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
     if kind == "commit":
         (sa, ta), (sb, tb) = (_checkout(conn, s, t) for s, t in ((sa, typed[0]), (sb, typed[1])))
         typed = (ta, tb)
+    for side, token in ((sa, typed[0]), (sb, typed[1])):  # stored, but not in this selection
+        if not present(conn, side):
+            raise SelectionError(f"--compare: {token!r} has no run in this selection (the "
+                                 "other filters leave none of its runs)")
     found = sorted(set(present(conn, sa)) | set(present(conn, sb)))
     rows_a, rows_b = load(conn, sa, catalog, found), load(conn, sb, catalog, found)
     rows: dict[str, list[Row]] = {}
