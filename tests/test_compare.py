@@ -503,6 +503,27 @@ def test_a_point_failed_in_b_shows_as_median_what_the_table_calls_median():
     assert _failed("model", "p", metric, side, {"status": "error"}).a == 28.5  # of 23.5, 33.5
 
 
+def test_a_point_that_failed_in_a_and_runs_in_b_is_listed(tmp_path):
+    """An OOM in A fixed in B vanished from the comparison (`1 point compared`), while the
+    reverse is listed as `error in B`: it is listed, `oom in A`, with B's median."""
+    b = Builder(tmp_path / "results.db")
+    for inv, commit in (("i-a", A), ("i-b", B)):
+        b.invocation(inv, commit, "2026-03-01 10:00:00.000000")
+        for run in range(RUNS):
+            b.model(inv, f"2026-03-01 10:0{run}:00.000000", "fp32", noisy(100, 10, run))
+    b.run("i-a", "model", {"size": "small", "seq": 4096, "batch": 4, "mode": "train",
+                           "precision": "fp32", "compile": False, "device": "cuda", "seed": 0},
+          {}, None, "2026-03-01 10:09:00.000000")
+    b.store.db.execute("UPDATE runs SET status = 'oom', error = 'CUDA out of memory' "
+                       "WHERE id = ?", [f"run-{b.n:04d}"])
+    b.model("i-b", "2026-03-01 10:09:00.000000", "fp32", [250.0, 251.0, 252.0], context=4096)
+    db = b.close()
+    out = report(db, tmp_path, "--compare", A[:7], B[:7]).stdout
+    line = _table_line(out, "seq=4096")
+    assert "oom in A" in line and "251" in line and "CUDA out of memory" in line, line
+    assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 failed in A, ok in B" in out
+
+
 def test_compare_by_commit_keeps_a_dirty_checkouts_runs_apart(tmp_path):
     """Runs at commit b with uncommitted changes (a sleep added: 3x slower) pooled with its
     clean runs under b's name. `b` is its clean runs, `b-dirty` the others; a commit with

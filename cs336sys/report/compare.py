@@ -313,6 +313,8 @@ class Comparison:
         parts.append(f"{c['unchanged']} unchanged")
         if c[FAILED]:
             parts.append(f"{c[FAILED]} {FAILED} in B")
+        if c[FIXED]:
+            parts.append(f"{c[FIXED]} failed in A, ok in B")
         if c["undecided"]:  # by why: too few samples or runs, one run a side, ...
             why = Counter(ch.verdict for ch in self.changes if ch.kind == "undecided")
             parts.append(f"{c['undecided']} undecided ("
@@ -335,7 +337,8 @@ class Comparison:
         if not self.changes:
             head += ["No point was measured on both sides.", self.summary()]
             return "\n".join(fill(line, width) for line in head)
-        rows = [[c.experiment, c.point, c.metric.label, num(c.a),
+        rows = [[c.experiment, c.point, c.metric.label,
+                 num(c.a) if c.kind != FIXED else c.verdict.split()[0],
                  num(c.b) if c.kind != FAILED else c.verdict.split()[0], _ratio(c.ratio),
                  c.verdict, c.how] for c in self.changes]
         table = text_table(["experiment", "point", "metric", "A", "B", "B/A", "verdict", "p"],
@@ -384,17 +387,22 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
         pb = aggregate(s.b.get(exp, []), metric, by_gpu)
         # a point ok in A whose latest run in B failed: listed, a regression, not left out
         failed = failed_in_b(s.a.get(exp, []), s.b.get(exp, []), metric, by_gpu)
+        # and one that failed in A, never ok there, and B measured: fixed, not left out
+        fixed = {k: r for k, r in failed_in_b(s.b.get(exp, []), s.a.get(exp, []), metric,
+                                              by_gpu).items() if k not in pa}
         both = sorted(set(pa) & set(pb) - set(failed), key=lambda k: (str(k[0]), k[1]))
-        if not both and not failed:
+        if not both and not failed and not fixed:
             if s.a.get(exp) and s.b.get(exp):
                 notes.append(unmatched(s, exp))
             continue
-        keys = [*both, *sorted(failed, key=lambda k: (str(k[0]), k[1]))]
+        keys = [*both, *sorted(failed, key=lambda k: (str(k[0]), k[1])),
+                *sorted(fixed, key=lambda k: (str(k[0]), k[1]))]
         names = point_labels([pb[k].row if k in pb and k not in failed else failed[k]
                               for k in keys])
         found = [
-            assess(exp, name, metric, pa[k], pb[k], threshold) if k not in failed
-            else _failed(exp, name, metric, pa[k], failed[k])
+            _failed(exp, name, metric, pa[k], failed[k]) if k in failed
+            else _fixed(exp, name, metric, fixed[k], pb[k]) if k in fixed
+            else assess(exp, name, metric, pa[k], pb[k], threshold)
             for k, name in zip(keys, names, strict=True)
         ]
         changes += found
@@ -406,7 +414,8 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
         tables.append(FilledTable(
             f"{exp}: {metric.label} ({what})",
             ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
-            [[c.point, num(c.a), num(c.b) if c.kind != FAILED else c.verdict.split()[0],
+            [[c.point, num(c.a) if c.kind != FIXED else c.verdict.split()[0],
+              num(c.b) if c.kind != FAILED else c.verdict.split()[0],
               _ratio(c.ratio), c.verdict, c.how, f"{c.n_a}/{c.n_b}"] for c in found],
         ))
     return Comparison(s.kind, a, b, changes, tables, notes, figures)
@@ -420,6 +429,16 @@ def _failed(exp: str, point: str, metric: Metric, a: Side, b: Row) -> Change:
     return Change(exp, point, metric, center(a), float("nan"), None, None,
                   len(a.values), 0, f"{odd or b.get('status')} in B", FAILED,
                   why[0][:80] if why else "no run ok")
+
+
+FIXED = "fixed"  # a Change's kind: failed in A (never ok there), ok in B
+
+
+def _fixed(exp: str, point: str, metric: Metric, a: Row, b: Side) -> Change:
+    """A point whose run in A failed and B measured: `oom in A` (why: A's first line)."""
+    why = (a.get("error") or "").strip().splitlines()[:1]
+    return Change(exp, point, metric, float("nan"), center(b), None, None, 0, len(b.values),
+                  f"{a.get('status')} in A", FIXED, why[0][:80] if why else "no run ok")
 
 
 # At most this many points in one strip plot (the first ones; the table has every point).
