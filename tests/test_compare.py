@@ -522,6 +522,15 @@ def test_a_point_that_failed_in_a_and_runs_in_b_is_listed(tmp_path):
     line = _table_line(out, "seq=4096")
     assert "oom in A" in line and "251" in line and "CUDA out of memory" in line, line
     assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 failed in A, ok in B" in out
+    # an ok run whose time came out NaN: said so, not "ok in A"
+    from cs336sys.report.change import Side, metrics
+    from cs336sys.report.compare import _fixed
+
+    metric = metrics(EXPERIMENTS)["model"]
+    side = Side({})
+    side.add({"step_ms_mean": 250.0, "_samples": {"step_ms": [250.0]}}, metric)
+    nan = _fixed("model", "p", metric, {"status": "ok", "step_ms_mean": float("nan")}, side)
+    assert (nan.verdict, nan.how) == ("nan in A", "its step ms came out nan")
 
 
 def test_compare_by_commit_keeps_a_dirty_checkouts_runs_apart(tmp_path):
@@ -542,6 +551,9 @@ def test_compare_by_commit_keeps_a_dirty_checkouts_runs_apart(tmp_path):
     assert "x slower" in out and f"against {B[:7]}-dirty (B)" in out, out
     result = report(db, tmp_path, "--compare", A[:7], C[:7])
     assert "x slower" in result.stdout and f"{C[:7]}-dirty" in result.stdout, result.stdout
+    # C has dirty runs only: `C C-dirty` is them against themselves (a gate that passed)
+    result = report(db, tmp_path / "same", "--compare", C[:7], C[:7] + "-dirty")
+    assert result.exit_code == 2 and "select the same runs" in result.stderr, result.output
 
 
 def test_history_calls_no_step_between_two_machines_and_names_a_library_change():

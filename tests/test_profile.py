@@ -568,6 +568,11 @@ def test_a_kernel_reads_the_same_in_every_table_of_the_profile():
     short = readable(fp32)
     assert [[row[2] for row in t.rows] for t in sec.tables] == [
         [short], [f"{short} #2", short]]  # bf16's name sorts first
+    # a --compare report builds each side's section apart: the other side's kernels count
+    sec = Section("profile", "Profile", linked={"r1": [kernel("forward", 1, bf16)],
+                                                "r2": [kernel("forward", 1, fp32)]})
+    profile.section(sec, rows[1:])
+    assert [row[2] for t in sec.tables for row in t.rows] == [f"{short} #2"]
     from cs336sys.cli.profile import _details
 
     def point(run_id):
@@ -579,3 +584,19 @@ def test_a_kernel_reads_the_same_in_every_table_of_the_profile():
     labels = [re.split(r"\s{2,}", line)[1] for line in printed.splitlines()
               if line.startswith("1 ")]
     assert [label.endswith("#2") for label in labels] == [False, True, False], printed
+
+
+def test_the_report_lists_each_phases_rows_together(tmp_path):
+    """The report read kernel_stats ordered forward, backward, then the rest by rank: the
+    optimizer's rows and those of every phase together (`step`) came interleaved."""
+    import sqlite3
+
+    from cs336sys.report.render import kernel_stats
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE kernel_stats (run_id TEXT, phase TEXT, rank INTEGER)")
+    phases = ("step", "optimizer", "backward", "forward")
+    conn.executemany("INSERT INTO kernel_stats VALUES ('r', ?, ?)",
+                     [(p, rank) for rank in (1, 2) for p in phases])
+    got = [(k["phase"], k["rank"]) for k in kernel_stats(conn, ["r"])["r"]]
+    assert got == [(p, rank) for p in reversed(phases) for rank in (1, 2)]

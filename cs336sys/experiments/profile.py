@@ -346,7 +346,8 @@ def section(sec: Any, pts: list) -> None:
     split = attention_parts(pts)
     if split:
         sec.tables.append(split)
-    every = {k["name"] for r in pts for k in sec.linked.get(r["run_id"], [])}
+    # every linked row: a --compare report's other side too, whose section is built apart
+    every = {k["name"] for ks in sec.linked.values() for k in ks}
     for i, r in enumerate(pts):
         ks = sec.linked.get(r["run_id"], [])
         if not ks:

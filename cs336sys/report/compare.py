@@ -182,6 +182,8 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
     if kind == "commit":
         (sa, ta), (sb, tb) = (_checkout(conn, s, t) for s, t in ((sa, typed[0]), (sb, typed[1])))
         typed = (ta, tb)
+    if sa == sb:  # `X X-dirty` where X has no clean run: the dirty runs against themselves
+        raise SelectionError(f"--compare: {typed[0]!r} and {typed[1]!r} select the same runs")
     for side, token in ((sa, typed[0]), (sb, typed[1])):  # stored, but not in this selection
         if not present(conn, side):
             raise SelectionError(f"--compare: {token!r} has no run in this selection (the "
@@ -435,10 +437,13 @@ FIXED = "fixed"  # a Change's kind: failed in A (never ok there), ok in B
 
 
 def _fixed(exp: str, point: str, metric: Metric, a: Row, b: Side) -> Change:
-    """A point whose run in A failed and B measured: `oom in A` (why: A's first line)."""
-    why = (a.get("error") or "").strip().splitlines()[:1]
+    """A point whose run in A failed (or came out NaN) and B measured: `oom in A` (why: A's
+    first line), as `_failed` words B's."""
+    odd = unmeasured(a, metric)
+    why = ([f"its {metric.label} came out {odd}"] if odd else
+           (a.get("error") or "").strip().splitlines()[:1])
     return Change(exp, point, metric, float("nan"), center(b), None, None, 0, len(b.values),
-                  f"{a.get('status')} in A", FIXED, why[0][:80] if why else "no run ok")
+                  f"{odd or a.get('status')} in A", FIXED, why[0][:80] if why else "no run ok")
 
 
 # At most this many points in one strip plot (the first ones; the table has every point).

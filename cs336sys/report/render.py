@@ -73,8 +73,8 @@ def kernel_stats(conn: sqlite3.Connection,
         chunk = run_ids[i : i + 500]
         cur = conn.execute(
             f"SELECT * FROM kernel_stats WHERE run_id IN ({', '.join('?' * len(chunk))}) "
-            "ORDER BY run_id, CASE phase WHEN 'forward' THEN 0 WHEN 'backward' THEN 1 ELSE 2 END, "
-            "rank",
+            "ORDER BY run_id, CASE phase WHEN 'forward' THEN 0 WHEN 'backward' THEN 1 "
+            "WHEN 'optimizer' THEN 2 ELSE 3 END, rank",
             chunk,
         )
         names = [d[0] for d in cur.description]

@@ -211,7 +211,7 @@ MIGRATIONS: list[list[str] | Any] = [
         CREATE TABLE kernel_stats (
             id INTEGER PRIMARY KEY,
             run_id TEXT NOT NULL REFERENCES runs(id),
-            phase TEXT NOT NULL,            -- forward | backward | optimizer
+            phase TEXT NOT NULL,            -- forward | backward | optimizer | step (all)
             rank INTEGER NOT NULL,          -- 1 = most time in the phase; '(other)' comes last
             name TEXT NOT NULL,             -- kernel name (CUDA) or op name (CPU)
             calls INTEGER NOT NULL,         -- over all profiled steps
