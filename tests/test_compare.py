@@ -582,6 +582,12 @@ def test_history_calls_no_step_between_two_machines_and_names_a_library_change()
     ((_, change),) = h.tracks[0].steps
     assert change.verdict.endswith("x faster (torch_version changed too)")
     assert change.kind == "improvement" and not h.caveat
+    # one GPU model on two hosts (a lent GPU's host is new each session): still a step
+    gpu_rows = [{**r, "gpu": H100} for r in rows]
+    machines["inv-a1"] = {**vm, "host": "node-7"}
+    h = history_mod.build({"model": gpu_rows}, EXPERIMENTS, draw=False, invocations=machines)
+    ((_, change),) = h.tracks[0].steps
+    assert change.verdict.endswith("x faster (host changed too)") and not h.caveat
 
 
 def test_reruns_make_the_runs_the_unit_so_run_to_run_drift_is_noise(tmp_path):

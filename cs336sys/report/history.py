@@ -328,9 +328,10 @@ OTHER_MACHINE = "another machine"  # the verdict of a change between two machine
 
 def _environment(change: Change, a: Side, b: Side, invocations: dict[str, dict[str, Any]],
                  moved: list[list[str]]) -> Change:
-    """A step between runs on two machines (a store merged from a laptop, every CPU stored as
-    GPU `cpu`) is no step: undecided, OTHER_MACHINE. One between two library versions (a torch
-    upgrade between commits) stays a step, the libraries named beside its verdict."""
+    """A step between CPU runs on two machines (a store merged from a laptop, every CPU stored
+    as GPU `cpu`) is no step: undecided, OTHER_MACHINE. One between two library versions (a
+    torch upgrade between commits), or between two hosts of one GPU model (a lent GPU's host
+    is new each time), stays a step, what changed named beside its verdict."""
     if change.kind not in STEP_KINDS:
         return change
     lines = differences([invocations[i] for i in sorted(a.invocations) if i in invocations],
@@ -338,7 +339,7 @@ def _environment(change: Change, a: Side, b: Side, invocations: dict[str, dict[s
                         gpu=False)
     if not lines:
         return change
-    if other_machine(lines):
+    if other_machine(lines) and a.row.get("gpu") == "cpu":
         moved.append(lines)
         return dataclasses.replace(change, verdict=OTHER_MACHINE, kind="undecided")
     changed = ", ".join(line.split(":", 1)[0] for line in lines)
