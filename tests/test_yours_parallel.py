@@ -279,6 +279,39 @@ def test_the_toy_model_check_passes_a_right_ddp_where_the_world_size_does_not_di
         "that need no gradient (the course's ToyModel): after 10 AdamW steps"), sharded_why
 
 
+def test_a_ddp_the_course_cannot_read_is_wrong_before_it_trains():
+    """A right DDP that keeps the model as `self.inner` passed cs336sys's check and failed the
+    course's (`'...' object has no attribute 'module'`: validate_ddp_net_equivalence reads
+    ddp_model.module); one whose parameters() start with one of its own fails the course's
+    zip of parameters() too. Both are named, in words, before anything trains."""
+    import torch
+
+    from cs336sys.experiments.ddp_toy_check import _course_contract
+
+    class Inner(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.inner = module
+
+    class ScaleFirst(torch.nn.Module):  # a module lists its own parameters first
+        def __init__(self, module):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(()))
+            self.module = module
+
+    class Plain(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+            self.handles = []
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    assert "no attribute `module`" in _course_contract(Inner(model))
+    assert "parameters() do not start with the wrapped model's" in _course_contract(
+        ScaleFirst(model))
+    assert _course_contract(Plain(model)) is None
+
+
 def test_the_users_sharded_optimizer_gets_the_parameters_as_the_course_gives_them(monkeypatch):
     """The course's test passes model.parameters(), a generator: a sharded optimizer that
     reads its parameters twice, or takes len() of them, fails there; given a list it passed."""

@@ -71,6 +71,9 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
     reference = toy().to(device)
     torch.manual_seed(rank)  # each rank its own, as the course's test starts them
     wrapper, finish, start = ddp_yours.replica(impl, toy().to(device), bucket_mb)
+    contract = _course_contract(wrapper)
+    if contract is not None:  # the same on every rank: none of them trains
+        return contract
     want = dict(reference.named_parameters())
     got = by_reference_names(every_name(wrapper), want)
     unsent = [name for name, p in want.items()
@@ -106,6 +109,23 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
             off = float((mine - p.detach()).abs().max())
             return (f"after {STEPS} SGD steps rank {rank}'s {name} is not one process's "
                     f"(max |p - p_ref| {off:.2g}; torch.allclose's defaults, as the test)")
+    return None
+
+
+def _course_contract(wrapper: Any) -> str | None:
+    """What of the course's test's reading of a DDP wrapper this one lacks, in words: it
+    reads the wrapped model as `ddp_model.module` (validate_ddp_net_equivalence, tests/
+    common.py) and zips `ddp_model.parameters()` with the model's, in order."""
+    import torch
+
+    module = getattr(wrapper, "module", None)
+    if not isinstance(module, torch.nn.Module):
+        return ("it keeps the wrapped model in no attribute `module` (the course's test reads "
+                "ddp_model.module.state_dict() in validate_ddp_net_equivalence, tests/common.py)")
+    mine = [id(p) for p in module.parameters()]
+    if [id(p) for p in wrapper.parameters()][: len(mine)] != mine:
+        return ("its parameters() do not start with the wrapped model's, in their order (the "
+                "course's test zips ddp_model.parameters() with the model's)")
     return None
 
 
