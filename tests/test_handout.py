@@ -706,6 +706,24 @@ def test_a_setting_that_goes_with_the_column_group_does_not_split_rows():
     assert t.headers == ["seq", "mode", "optimizer", "fp32", "bf16"] and len(t.rows) == 4
 
 
+def test_a_pivot_marks_the_points_the_report_calls_impossible():
+    """A point whose backward, timed apart, took longer than forward and backward together
+    (a busy machine) is flagged `impossible` in the report; the writeup's pivot showed its
+    times bare, a 50x speed-up beside them. Its first cell says so, the note why."""
+    from cs336sys.experiments.attention_section import TABLE
+
+    cols = tuple(Column(h, k, "mean_std") for h, k in (("fwd ms", "fwd_ms"), ("e2e ms", "e2e_ms")))
+    times = {"fwd_ms_mean": 1.0, "fwd_ms_std": 0.1, "e2e_ms_mean": 3.0, "e2e_ms_std": 0.1}
+    rows = [_row(impl="naive", seq=128, metrics={**times, "bwd_ms_p10": 9.0, "e2e_ms_p90": 3.1}),
+            _row(impl="naive", seq=256, metrics={**times, "bwd_ms_p10": 2.0, "e2e_ms_p90": 3.1})]
+    flags = [c for c in TABLE.columns if c.header == "impossible"]
+    t = pivot(Pivot("t", "attention", ("seq",), cols), rows, ["impl", "seq"], flags)
+    assert t.rows[0][1:] == ["1 ± 0.1 (impossible: bwd > e2e)", "3 ± 0.1"]
+    assert t.rows[1][1:] == ["1 ± 0.1", "3 ± 0.1"]
+    assert "the machine was busy" in t.note
+    assert "busy" not in pivot(Pivot("t", "attention", ("seq",), cols), rows[1:], [], flags).note
+
+
 def test_the_method_line_counts_the_samples_the_tables_come_from():
     """`at least 100 timed samples a point` (the --iters asked) stood above cells marked
     (n=1) of the H100 store: do_bench picks its own count, and a point past its budget

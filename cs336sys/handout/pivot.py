@@ -25,7 +25,7 @@ from cs336sys.report.sections import (
     varying,
 )
 from cs336sys.report.tables import cell, point_tables, shown
-from cs336sys.sweep.declaration import model_size
+from cs336sys.sweep.declaration import Column, model_size
 
 # How a setting's value reads as a column group or a row cell, where its bare value would not.
 _WORDS: dict[str, Callable[[Any], str]] = {
@@ -203,7 +203,8 @@ def _sized(rows: list[Row]) -> list[Row]:
             else r for r in rows]
 
 
-def pivot(p: Pivot, rows: list[Row], shows: list[str] = ()) -> FilledTable | None:
+def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] = ()
+          ) -> FilledTable | None:
     """The Pivot over `rows` (one experiment's view rows of the problem; the latest of each
     point), or None where no row matches. A setting that tells rows apart beyond `rows` and
     `across` (a second GPU, a dimension overridden) joins the row keys; those of `shows`
@@ -232,13 +233,21 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = ()) -> FilledTable | Non
         for c in p.values:
             headers.append(c.header if not group else
                            group if len(p.values) == 1 else f"{group}: {c.header}")
-    body = [[*name, *(cell(c, by[g], spread=False) if g in by else ""
-                      for g in groups for c in p.values)]
+    flagged: list[Column] = []
+
+    def marked(c: Column, r: Row) -> str:  # once a point: on its first value's cell
+        why = [(f, f.cell(r)) for f in flags
+               if c is p.values[0] and r.get("status") == "ok" and f.cell(r)]
+        flagged.extend(f for f, _ in why if f not in flagged)
+        return cell(c, r, spread=False) + "".join(f" ({f.header}: {w})" for f, w in why)
+
+    body = [[*name, *(marked(c, by[g]) if g in by else "" for g in groups for c in p.values)]
             for name, by in table.items()]
     named = {*keys, *qualifiers, *([p.across] if p.across else []), *p.where}
     constant = ", ".join(c for c in (_constant(list(shows), named, rows),
                                      _by_group(p, keys, named, rows)) if c)
-    return FilledTable(p.title, headers, body, note=p.note, constant=constant)
+    note = " ".join(n for n in (p.note, *(f.note for f in flagged)) if n)
+    return FilledTable(p.title, headers, body, note=note, constant=constant)
 
 
 def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]],
@@ -249,7 +258,10 @@ def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]
     returns a FilledTable or None (plan's closed forms)."""
     if isinstance(entry, Pivot):
         declared = next(e for e in catalog if e.kind == entry.experiment).tables
-        found = pivot(entry, rows.get(entry.experiment, []), shown(declared[0]))
+        # the experiment's flag of a point whose times do not hold (attention's
+        # `impossible`): a pivot shows no flag column, so it marks the point's cells
+        flags = [c for c in declared[0].columns if c.header == "impossible"]
+        found = pivot(entry, rows.get(entry.experiment, []), shown(declared[0]), flags)
         return [found] if found else []
     if isinstance(entry, AsReported):
         built = (sections or {}).get(entry.experiment)
