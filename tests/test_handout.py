@@ -444,6 +444,31 @@ def test_run_force_reaches_the_commands_that_estimate_their_points(tmp_path, mon
     assert forced.stdout.count("dry run: ") == 2 and not db.exists()
 
 
+def test_a_triton_kernel_on_a_cpu_without_the_interpreter_leaves_only_its_points(
+        tmp_path, monkeypatch):
+    """A student whose Triton adapter is written, on a laptop without TRITON_INTERPRET=1:
+    every --yours run ended `nothing was run` (exit 2), the PyTorch kernel's check and the
+    other problems' too. The Triton points are left for a host that can run them, said
+    once per command; the rest runs."""
+    from tests.user_repos import course_repo, edit
+
+    repo = course_repo(tmp_path)
+    getter = "def get_flashattention_autograd_function_triton() -> type:\n"
+    edit(repo, "tests/adapters.py", getter + "    raise NotImplementedError\n",
+         getter + "    from cs336sys.attention import FlashAttention2Triton\n\n"
+         "    return FlashAttention2Triton\n")
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    db = tmp_path / "r.db"
+    r = invoke("handout", "run", "flash_forward", "--yours", "--db", db)
+    assert r.exit_code == 0, r.output
+    said = "Left for a host with CUDA (or TRITON_INTERPRET=1): flash_forward's yours-triton"
+    assert r.stdout.count(said) == 2, r.stdout
+    assert "$ cs336sys attention --attention yours-torch --pass forward" in r.stdout
+    impls = {row["impl"] for row in query(db, "SELECT impl FROM attention_runs")}
+    assert impls == {"yours-torch"}
+
+
 def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     """--yours swaps in the user's implementations and model, at the CPU's sizes on a CPU,
     and checks the implementations; the other runs stay as they are."""

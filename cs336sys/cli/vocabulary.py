@@ -121,3 +121,18 @@ def with_bare_values(args: Sequence[str], path: Sequence[str], command: Any) -> 
         if i in named and _is_bare(args, i, bare):
             out.append(bare[token])
     return out
+
+
+def without_value(args: list[str], value: str) -> list[str]:
+    """`args` with `value` taken out of each comma list (an option left empty goes too)."""
+    out: list[str] = []
+    for word in args:
+        if "," in word or word == value:
+            kept = ",".join(v for v in word.split(",") if v != value)
+            if not kept:
+                if out and out[-1].startswith("--"):
+                    out.pop()
+                continue
+            word = kept
+        out.append(word)
+    return out
