@@ -5,6 +5,7 @@ rows, with its LaTeX and Typst compiled where an engine is present."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -353,6 +354,28 @@ def test_memory_profiling_gives_two_numbers_per_length_and_the_residual_tensor(
     assert "| 128 | 128.0 | 128.0 |" in peaks and "| 2048 | 2,048.0 | 2,048.0 |" in peaks
     residual = md.split("**Residual-stream activation tensor B·T·d, fp32 (MiB)**", 1)[1]
     assert "| 128 | 5.0 |" in residual and "| 2048 | 80.0 |" in residual  # xl: d = 2560
+
+
+def test_ddp_bucketed_benchmarking_shows_the_buckets_its_overhead_model_takes(db_path,
+                                                                              tmp_path):
+    """2025's (b) models the bucketed DDP's overhead by the number of buckets; the writeup
+    showed bucket caps alone, and a 1 MiB cap on the tiny model is one bucket per parameter,
+    the overlapped DDP's run under another name."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    with Store(db_path, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, [], "ddp",
+                                     label="ddp_bucketed_benchmarking")
+        for impl, mb, buckets in (("overlap", None, 39), ("bucketed", 1, 39), ("bucketed", 10, 7)):
+            store.add_run(inv, "ddp", "ok", {"impl": impl, "bucket_mb": mb, "size": "tiny"},
+                          {"step_ms_mean": 10.0, "buckets": buckets, "allreduce_calls": buckets})
+    out = tmp_path / "w"
+    assert invoke("handout", "report", "ddp_bucketed_benchmarking", "--year", "2025",
+                  "--format", "md", "--out", out, "--db", db_path).exit_code == 0
+    md = (out / "writeup.md").read_text()
+    assert "| buckets | all-reduces/step |" in md
+    assert re.search(r"^\| bucketed \| 10 \|.*\| 7 \| 7 \|$", md, re.M), md
 
 
 def test_an_accounting_problem_with_one_of_its_two_plans_is_partly_computed(db_path, tmp_path,

@@ -170,8 +170,11 @@ TABLE = Table(
         HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication (a sharded optimizer's "
-    "parameter broadcast is in its optimizer step, its bytes in comm MiB/step); torch and "
-    "torch-fsdp: backward less backward without the gradients' reduction (torch-fsdp's "
-    "all-gathers run in both); fsdp: the time any of its collectives is in flight, overlapped "
-    "with compute or not. Memory is rank 0's.",
+    "parameter broadcast is in its optimizer step, its bytes in comm MiB/step); overlap and "
+    "bucketed: the wait for their reductions after the backward, while what launching them "
+    "costs the backward (copies, a rank's threads) is in bwd ms; torch and torch-fsdp: "
+    "backward less backward without the gradients' reduction, that cost included (torch-fsdp's "
+    "all-gathers run in both), so compare their step ms, not comm ms, with the others'; fsdp: "
+    "the time any of its collectives is in flight, overlapped with compute or not. Memory is "
+    "rank 0's.",
 )

@@ -28,6 +28,7 @@ from cs336sys.handout.y2026 import (
     theirs,
     warmup_tables,
 )
+from cs336sys.sweep.declaration import Column
 
 YEAR = "2025"
 SIZES = "small,medium,large,xl,2.7B"
@@ -147,8 +148,11 @@ PROBLEMS = (
         runs=(_ddp("naive,flat,overlap,bucketed --bucket-mb 1,10,100,1000",
                    "naive,flat,yours-individual,yours-bucketed --bucket-mb 1,10,100,1000",
                    part="(a)"),),
+        # (b)'s model takes the number of buckets: a cap of 1 MiB on the tiny model's 1 MiB
+        # matrices is one bucket per parameter, the overlapped DDP's
         tables=(Pivot("DDP step by bucket size (ms, mean ± std)", "ddp", ("impl", "bucket_mb"),
-                      DDP_TIME),),
+                      (*DDP_TIME, Column("buckets", "buckets", "num"),
+                       Column("all-reduces/step", "allreduce_calls", "num"))),),
     ),
     Problem(
         "communication_accounting", 10, section="2.4", kind=COMPUTE,
