@@ -490,6 +490,8 @@ def test_a_triton_kernel_on_a_cpu_without_the_interpreter_leaves_only_its_points
     assert "$ cs336sys attention --attention yours-torch --pass forward" in r.stdout
     impls = {row["impl"] for row in query(db, "SELECT impl FROM attention_runs")}
     assert impls == {"yours-torch"}
+    dry = invoke("handout", "run", "flash_forward", "--yours", "--dry-run", "--db", db)
+    assert dry.exit_code == 0 and dry.stdout.count(said) == 2, dry.output  # as it will run
 
 
 def test_yours_measures_the_users_code_where_the_problem_is_about_it():

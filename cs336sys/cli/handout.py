@@ -4,6 +4,7 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -219,16 +220,16 @@ def run(
     todo, short = _fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not todo:  # every command needs more GPUs than this host has
         _nothing_run(short)
-    untriton: list[str] = []
+    todo, untriton = _without_triton(todo, on_gpu)
+    if not todo:
+        _nothing_run(untriton)
     if not dry_run:  # (a dry run is that check, printed)
-        refused, needs_gpus, without_triton = _refusals(root, todo, db)
+        refused, needs_gpus = _refusals(root, todo, db)
         if refused:
             _nothing_run(refused)
         left_out = [t for t, _ in needs_gpus]
         short += [line for _, line in needs_gpus]
-        todo = [(p, without_triton.get((p.name, tuple(args)), (args, ""))[0])
-                for p, args in todo if (p, args) not in left_out]
-        untriton = [line for _, line in without_triton.values()]
+        todo = [t for t in todo if t not in left_out]
         if not todo:
             _nothing_run(short)
     for line in short:  # what this host leaves owed, before anything is measured
@@ -342,48 +343,57 @@ def _one_backend_each(todo: list) -> list:
     return out
 
 
-def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list, dict]:
-    """Every command's points built first (its --dry-run, output held back): a command that
-    would refuse (exit 2) is found before anything is measured. Its problem and line, for
-    each; apart, those refused only for too few GPUs (left out, not fatal), and, by (problem
-    name, args), those refused only for the user's Triton kernel on a CPU without the
-    interpreter: the command without yours-triton, and the line (a Triton adapter written
-    mid-assignment stopped every problem's run)."""
+def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
+    """Every command's points built first, as its --dry-run builds them, with its output
+    held back: a command that would refuse (exit 2: no adapters file for --yours, an option
+    this machine cannot run) is found before anything is measured, not after the ones
+    before it. Its problem and its line, for each; apart, each command refused only because
+    this host has too few GPUs for its ranks, with its line (it is left out, not fatal)."""
     import contextlib
     import io
 
     from cs336sys.parallel.world_size import NCCL_RANK_PER_GPU
 
-    def refusal(problem: Any, args: list[str]) -> str | None:
+    refused, needs_gpus = [], []
+    for problem, args in todo:
+        if args[0] == "plan":  # arithmetic: it checks and answers at once
+            continue
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             code = _invoke(root, [*args, "--label", problem.name, "--db", str(db), "--dry-run"])
         _stop_if_signalled(f"handout run stopped at {problem.name}, while checking the "
                            "commands: nothing was stored")
-        lines = err.getvalue().strip().splitlines() or ["refused"]
-        return f"{problem.name}: {lines[-1].removeprefix('Error: ')}" if code == 2 else None
+        if code == 2:
+            lines = err.getvalue().strip().splitlines() or ["refused"]
+            line = f"{problem.name}: {lines[-1].removeprefix('Error: ')}"
+            if NCCL_RANK_PER_GPU in line:
+                needs_gpus.append(((problem, args), line))
+            else:
+                refused.append(line)
+    return refused, needs_gpus
 
-    refused, needs_gpus, without_triton = [], [], {}
+
+def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
+    """`todo` without the user's Triton kernel where check_triton refuses it (no CUDA, and no
+    interpreter or no triton), a line for each command it left: a Triton adapter written
+    mid-assignment stopped every problem's run, the PyTorch kernel's check included."""
+    import importlib.util
+
+    if on_gpu or (os.environ.get("TRITON_INTERPRET") == "1"
+                  and importlib.util.find_spec("triton") is not None):
+        return todo, []
+    kept, lines = [], []
     for problem, args in todo:
-        if args[0] == "plan":  # arithmetic: it checks and answers at once
+        if TRITON_YOURS not in ",".join(args).split(","):
+            kept.append((problem, args))
             continue
-        line = refusal(problem, args)
-        if line is None:
-            continue
-        if NCCL_RANK_PER_GPU in line:
-            needs_gpus.append(((problem, args), line))
-            continue
-        fewer = without_value(args, TRITON_YOURS)
-        if NEEDS_CUDA in line and fewer != args and refusal(problem, fewer) is None:
-            without_triton[problem.name, tuple(args)] = (
-                fewer, f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}`")
-            continue
-        refused.append(line)
-    return refused, needs_gpus, without_triton
+        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}`")
+        if TRITON_YOURS not in args:  # the kernel beside others: they still run
+            kept.append((problem, without_value(args, TRITON_YOURS)))
+    return kept, lines
 
 
 TRITON_YOURS = "yours-triton"
-NEEDS_CUDA = "needs CUDA, or TRITON_INTERPRET=1"  # (sweep/points.check_triton's refusal)
 
 
 def _stop_if_signalled(line: str) -> None:
