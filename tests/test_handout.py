@@ -445,10 +445,8 @@ def test_every_command_builds_its_points_at_cpu_size(db_path, year):
     assert "Error" not in r.output and not db_path.exists()
 
 
-def test_run_force_reaches_the_commands_that_estimate_their_points(tmp_path, monkeypatch):
-    """flash_backward's check of a Triton kernel on a CPU was skipped as too long for the
-    interpreter, and `handout run` had no --force to run it anyway (a deliverable to run by
-    hand). Its --force reaches each command that takes one; a dry run counts them as run."""
+def _with_a_triton_kernel(tmp_path, monkeypatch) -> None:
+    """In a course checkout whose Triton adapter is written (cs336sys's kernel)."""
     from tests.user_repos import course_repo, edit
 
     repo = course_repo(tmp_path)
@@ -457,6 +455,13 @@ def test_run_force_reaches_the_commands_that_estimate_their_points(tmp_path, mon
          getter + "    from cs336sys.attention import FlashAttention2Triton\n\n"
          "    return FlashAttention2Triton\n")
     monkeypatch.chdir(repo)
+
+
+def test_run_force_reaches_the_commands_that_estimate_their_points(tmp_path, monkeypatch):
+    """flash_backward's check of a Triton kernel on a CPU was skipped as too long for the
+    interpreter, and `handout run` had no --force to run it anyway (a deliverable to run by
+    hand). Its --force reaches each command that takes one; a dry run counts them as run."""
+    _with_a_triton_kernel(tmp_path, monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     db = tmp_path / "r.db"
     args = ("handout", "run", "flash_backward", "--yours", "--dry-run", "--db", db)
@@ -473,14 +478,7 @@ def test_a_triton_kernel_on_a_cpu_without_the_interpreter_leaves_only_its_points
     every --yours run ended `nothing was run` (exit 2), the PyTorch kernel's check and the
     other problems' too. The Triton points are left for a host that can run them, said
     once per command; the rest runs."""
-    from tests.user_repos import course_repo, edit
-
-    repo = course_repo(tmp_path)
-    getter = "def get_flashattention_autograd_function_triton() -> type:\n"
-    edit(repo, "tests/adapters.py", getter + "    raise NotImplementedError\n",
-         getter + "    from cs336sys.attention import FlashAttention2Triton\n\n"
-         "    return FlashAttention2Triton\n")
-    monkeypatch.chdir(repo)
+    _with_a_triton_kernel(tmp_path, monkeypatch)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     db = tmp_path / "r.db"
     r = invoke("handout", "run", "flash_forward", "--yours", "--db", db)
