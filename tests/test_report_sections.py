@@ -496,6 +496,23 @@ def test_profile_draws_each_points_top_kernels_by_phase():
     assert fig.plot.draw()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_ddp_table_shows_the_backward_its_note_points_to():
+    """The note says what launching overlap's reductions costs the backward is in bwd ms;
+    no table showed bwd ms (an optional timed column was read by its bare key, `bwd_ms`,
+    which no row has: always left out). Shown where a row has it, left out where none."""
+    from cs336sys.experiments import ddp_section
+    from cs336sys.report.tables import point_tables
+
+    s = {"impl": "overlap", "world_size": 2, "size": "tiny"}
+    row = {**s, "_settings": s, "status": "ok", "step_ms_mean": 100.0, "step_ms_std": 1.0,
+           "comm_ms_mean": 5.0, "comm_ms_std": 0.5}
+    (without,) = point_tables((ddp_section.TABLE,), [row])
+    (timed,) = point_tables((ddp_section.TABLE,), [{**row, "bwd_ms_mean": 60.0,
+                                                     "bwd_ms_std": 2.0}])
+    assert "bwd ms" not in without.headers and "bwd ms" in timed.headers
+    assert timed.rows[0][timed.headers.index("bwd ms")] == "60 ± 2"
+
+
 def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
     from cs336sys.experiments import ddp_section
     from cs336sys.report.sections import Section

@@ -143,6 +143,7 @@ TABLE = Table(
         Column("precision", "precision", setting=True),
         *column_table("""
             step ms        step_ms                        mean_std
+            bwd ms         bwd_ms                         mean_std  optional
             comm ms        comm_ms                        mean_std
             comm %         comm_fraction                  pct
             comm MiB/step  comm_bytes                     mib

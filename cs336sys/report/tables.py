@@ -1,10 +1,9 @@
 """An experiment's declared tables (sweep/declaration.py) as rows of text cells.
 
 One function draws them for the report's main table of each section and for the table a
-command prints when its sweep ends, so the two always show the same columns in the same
-format. A row is a dict of the point's settings and metrics by name (a view row in the
-report; `row_of(spec, result)` after a sweep), plus `status` and the settings JSON as
-`_settings` (what tells points apart).
+command prints when its sweep ends, so the two show the same columns in the same format. A
+row is a dict of the point's settings and metrics by name (a view row in the report;
+`row_of(spec, result)` after a sweep), plus `status` and `_settings` (the settings JSON).
 """
 
 from __future__ import annotations
@@ -94,8 +93,10 @@ def noisy(row: Row, base: str) -> bool:
     return row.get("status") == "ok" and bool(mean) and std is not None and std / mean > NOISY
 
 
-def value(column: Column, row: Row) -> Any:
-    return column.cell(row) if column.cell is not None else row.get(column.key)
+def value(column: Column, row: Row) -> Any:  # a mean_std column's key names its family
+    if column.cell is not None:
+        return column.cell(row)
+    return row.get(f"{column.key}_mean" if column.fmt == "mean_std" else column.key)
 
 
 def cell(column: Column, row: Row, spread: bool = True) -> str:
