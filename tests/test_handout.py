@@ -492,6 +492,25 @@ def test_a_triton_kernel_on_a_cpu_without_the_interpreter_leaves_only_its_points
     assert dry.exit_code == 0 and dry.stdout.count(said) == 2, dry.output  # as it will run
 
 
+def test_a_command_of_the_triton_kernel_alone_is_left_out_whole(monkeypatch):
+    """Without CUDA or the interpreter: `--attention yours-triton` alone would become a
+    command with no --attention (cs336sys's default kernels, not the user's); it is left out,
+    a line saying so, and one beside other kernels loses that kernel alone."""
+    from types import SimpleNamespace
+
+    from cs336sys.cli.handout import _without_triton
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    p = SimpleNamespace(name="flash_forward")
+    alone = ["attention", "--attention", "yours-triton", "--seq", "128"]
+    beside = ["attention", "--attention", "yours-torch,yours-triton", "--seq", "128"]
+    kept, lines = _without_triton([(p, alone), (p, beside)], on_gpu=False)
+    assert kept == [(p, ["attention", "--attention", "yours-torch", "--seq", "128"])]
+    assert lines == [f"flash_forward's yours-triton points of `cs336sys {' '.join(a)}`"
+                     for a in (alone, beside)]
+    assert _without_triton([(p, alone)], on_gpu=True) == ([(p, alone)], [])
+
+
 def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     """--yours swaps in the user's implementations and model, at the CPU's sizes on a CPU,
     and checks the implementations; the other runs stay as they are."""

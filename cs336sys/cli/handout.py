@@ -222,7 +222,8 @@ def run(
         _nothing_run(short)
     todo, untriton = _without_triton(todo, on_gpu)
     if not todo:
-        _nothing_run(untriton)
+        _nothing_run([f"{line}: your Triton kernel needs CUDA, or TRITON_INTERPRET=1"
+                      for line in untriton])
     if not dry_run:  # (a dry run is that check, printed)
         refused, needs_gpus = _refusals(root, todo, db)
         if refused:
@@ -374,9 +375,8 @@ def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
 
 
 def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
-    """`todo` without the user's Triton kernel where check_triton refuses it (no CUDA, and no
-    interpreter or no triton), a line for each command it left: a Triton adapter written
-    mid-assignment stopped every problem's run, the PyTorch kernel's check included."""
+    """`todo` without the user's Triton kernel where check_triton refuses it, a line per command
+    it left (a Triton adapter written mid-assignment stopped every problem's run)."""
     import importlib.util
 
     if on_gpu or (os.environ.get("TRITON_INTERPRET") == "1"
