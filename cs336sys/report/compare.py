@@ -425,25 +425,27 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
 
 def _failed(exp: str, point: str, metric: Metric, a: Side, b: Row) -> Change:
     """A point A measured ok and B's latest run did not: `oom in B` (why: its first line)."""
-    odd = unmeasured(b, metric)
-    why = ([f"its {metric.label} came out {odd}"] if odd else
-           (b.get("error") or "").strip().splitlines()[:1])
+    verdict, how = _how_it_failed(b, metric)
     return Change(exp, point, metric, center(a), float("nan"), None, None,
-                  len(a.values), 0, f"{odd or b.get('status')} in B", FAILED,
-                  why[0][:80] if why else "no run ok")
+                  len(a.values), 0, f"{verdict} in B", FAILED, how)
 
 
 FIXED = "fixed"  # a Change's kind: failed in A (never ok there), ok in B
 
 
 def _fixed(exp: str, point: str, metric: Metric, a: Row, b: Side) -> Change:
-    """A point whose run in A failed (or came out NaN) and B measured: `oom in A` (why: A's
-    first line), as `_failed` words B's."""
-    odd = unmeasured(a, metric)
-    why = ([f"its {metric.label} came out {odd}"] if odd else
-           (a.get("error") or "").strip().splitlines()[:1])
+    """A point whose run in A failed (or came out NaN) and B measured: `oom in A`."""
+    verdict, how = _how_it_failed(a, metric)
     return Change(exp, point, metric, float("nan"), center(b), None, None, 0, len(b.values),
-                  f"{odd or a.get('status')} in A", FIXED, why[0][:80] if why else "no run ok")
+                  f"{verdict} in A", FIXED, how)
+
+
+def _how_it_failed(r: Row, metric: Metric) -> tuple[str, str]:
+    """(its status, or `nan` where the metric came out so; why, in the error's first line)."""
+    odd = unmeasured(r, metric)
+    why = ([f"its {metric.label} came out {odd}"] if odd else
+           (r.get("error") or "").strip().splitlines()[:1])
+    return odd or str(r.get("status")), why[0][:80] if why else "no run ok"
 
 
 # At most this many points in one strip plot (the first ones; the table has every point).
