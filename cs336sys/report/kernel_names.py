@@ -115,14 +115,10 @@ def readable_all(names: list[str], width: int | None = None,
     op in two dtypes) are told apart, `… #2`, by the order of their whole names among
     `names` and `among` (the other tables that show them): one kernel reads the same in
     every table, whatever its rank in each."""
-    order: dict[str, int] = {}  # whole name -> its number among those that read alike
+    label: dict[str, str] = {}  # whole name -> its label
     counts: dict[str, int] = {}
     for name in sorted({*names, *among}):
         short = readable(name, width)
         counts[short] = counts.get(short, 0) + 1
-        order[name] = counts[short]
-    out = []
-    for name in names:
-        short = readable(name, width)
-        out.append(short if order[name] == 1 else f"{short} #{order[name]}")
-    return out
+        label[name] = short if counts[short] == 1 else f"{short} #{counts[short]}"
+    return [label[name] for name in names]
