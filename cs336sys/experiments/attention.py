@@ -420,11 +420,13 @@ def _time(spec, fn, grads, host: list[float]) -> list[float]:
 def _interpreted(impl: str) -> bool:
     """Whether the point's kernel ran in Triton's CPU interpreter: ours, or the user's
     Triton code (yours-triton, or a one-off target that is Triton) under TRITON_INTERPRET."""
-    from cs336sys.attention import flash_triton
-
     if yours.is_yours(impl):
         return os.environ.get("TRITON_INTERPRET") == "1" and uses_triton(impl)
-    return impl == "triton" and bool(flash_triton.INTERPRETED)
+    if impl != "triton":  # (flash_triton imports triton, which not every host has)
+        return False
+    from cs336sys.attention import flash_triton
+
+    return bool(flash_triton.INTERPRETED)
 
 
 # -- the declaration ------------------------------------------------------------------------
