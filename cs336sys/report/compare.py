@@ -184,11 +184,12 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
         typed = (ta, tb)
     if sa == sb:  # `X X-dirty` where X has no clean run: the dirty runs against themselves
         raise SelectionError(f"--compare: {typed[0]!r} and {typed[1]!r} select the same runs")
-    for side, token in ((sa, typed[0]), (sb, typed[1])):  # stored, but not in this selection
-        if not present(conn, side):
+    per_side = [present(conn, sa), present(conn, sb)]  # each side's experiments
+    for found, token in zip(per_side, typed, strict=True):  # stored, but not in this selection
+        if not found:
             raise SelectionError(f"--compare: {token!r} has no run in this selection (the "
                                  "other filters leave none of its runs)")
-    found = sorted(set(present(conn, sa)) | set(present(conn, sb)))
+    found = sorted({*per_side[0], *per_side[1]})
     rows_a, rows_b = load(conn, sa, catalog, found), load(conn, sb, catalog, found)
     rows: dict[str, list[Row]] = {}
     for exp in found:

@@ -9,6 +9,7 @@ which sorts like the instants it names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
@@ -402,8 +403,7 @@ def unstored(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
     selection names a setting (no run of theirs has one)."""
     if any(key not in INVOCATION_KEYS for key, _ in sel.where):
         return []
-    own = Selection(gpu=sel.gpu, commit=sel.commit, commits=sel.commits, label=sel.label,
-                    handout=sel.handout, where=sel.where)
+    own = dataclasses.replace(sel, since=None, until=None, experiments=(), invocation=None)
     where, params = own.clause()
     conds = [where, "NOT EXISTS (SELECT 1 FROM runs r WHERE r.invocation_id = i.id)",
              "(i.finished IS NULL OR i.exit_status IN (130, 143))"]
