@@ -29,7 +29,13 @@ from cs336sys.cli.precision import precision
 from cs336sys.cli.profile import profile_app
 from cs336sys.cli.report import report
 from cs336sys.cli.sql import sql
-from cs336sys.cli.vocabulary import BARE_VALUES, command_path, typed_spellings, with_bare_values
+from cs336sys.cli.vocabulary import (
+    BARE_VALUES,
+    command_at,
+    command_path,
+    typed_spellings,
+    with_bare_values,
+)
 from cs336sys.experiments.catalog import KINDS
 from cs336sys.sweep import stopping
 from cs336sys.sweep.points import MAX_SIZE
@@ -70,9 +76,7 @@ class Root(TyperGroup):
 
     def parse_args(self, ctx, args):  # click's signature
         path = command_path(self, args)
-        command = self
-        for name in path:
-            command = command.commands[name]
+        command = command_at(self, path)
         common.TYPED.clear()
         common.TYPED.update(typed_spellings(command, args[len(path):],
                                             BARE_VALUES.get(" ".join(path), {})))

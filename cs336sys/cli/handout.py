@@ -27,7 +27,7 @@ from cs336sys.cli.common import (
     wrote,
 )
 from cs336sys.cli.options import Adapters, Replace, list_option, option
-from cs336sys.cli.vocabulary import without_value
+from cs336sys.cli.vocabulary import command_at, command_path, without_value
 from cs336sys.measure.environ import environ
 from cs336sys.sweep import stopping
 
@@ -374,13 +374,17 @@ def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
     return refused, needs_gpus
 
 
+TRITON_YOURS = "yours-triton"
+
+
 def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
-    """`todo` without the user's Triton kernel where check_triton refuses it, a line per command
-    it left (a Triton adapter written mid-assignment stopped every problem's run)."""
+    """`todo` without the user's Triton kernel where sweep/points.check_triton refuses it for
+    want of triton or of CUDA and the interpreter, a line per command it left (a Triton
+    adapter written mid-assignment stopped every problem's run)."""
     import importlib.util
 
-    if on_gpu or (os.environ.get("TRITON_INTERPRET") == "1"
-                  and importlib.util.find_spec("triton") is not None):
+    if importlib.util.find_spec("triton") is not None and (
+            on_gpu or os.environ.get("TRITON_INTERPRET") == "1"):
         return todo, []
     kept, lines = [], []
     for problem, args in todo:
@@ -392,8 +396,6 @@ def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
             kept.append((problem, without_value(args, TRITON_YOURS)))
     return kept, lines
 
-
-TRITON_YOURS = "yours-triton"
 
 
 def _stop_if_signalled(line: str) -> None:
@@ -409,12 +411,7 @@ def _stop_if_signalled(line: str) -> None:
 def _takes_force(root: Any, args: list[str]) -> bool:
     """Whether the command `args` names (`attention`, `profile model`) estimates its points
     and so takes --force (cli/options.estimate_options)."""
-    command = root
-    for word in args:
-        sub = getattr(command, "commands", {}).get(word)
-        if sub is None:
-            break
-        command = sub
+    command = command_at(root, command_path(root, args))
     return any("--force" in getattr(p, "opts", ()) for p in command.params)
 
 

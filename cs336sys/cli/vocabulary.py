@@ -56,6 +56,14 @@ def command_path(group: Any, args: Sequence[str]) -> list[str]:
     return path
 
 
+def command_at(group: Any, path: Sequence[str]) -> Any:
+    """The command that the subcommand names `path` (command_path's) lead to from `group`."""
+    command = group
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
 def value_options(command: Any) -> dict[str, int]:
     """Every name of each option of `command` that takes values -> how many (its nargs):
     the token after such a name is a value, never an option's name."""
