@@ -783,7 +783,7 @@ def test_a_pivot_marks_the_points_the_report_calls_impossible():
     times = {"fwd_ms_mean": 1.0, "fwd_ms_std": 0.1, "e2e_ms_mean": 3.0, "e2e_ms_std": 0.1}
     rows = [_row(impl="naive", seq=128, metrics={**times, "bwd_ms_p10": 9.0, "e2e_ms_p90": 3.1}),
             _row(impl="naive", seq=256, metrics={**times, "bwd_ms_p10": 2.0, "e2e_ms_p90": 3.1})]
-    flags = [c for c in TABLE.columns if c.header == "impossible"]
+    flags = [c for c in TABLE.columns if c.flag]
     t = pivot(Pivot("t", "attention", ("seq",), cols), rows, ["impl", "seq"], flags)
     assert t.rows[0][1:] == ["1 ± 0.1 (impossible: bwd > e2e)", "3 ± 0.1"]
     assert t.rows[1][1:] == ["1 ± 0.1", "3 ± 0.1"]

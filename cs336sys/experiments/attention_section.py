@@ -135,7 +135,7 @@ TABLE = Table(
                           "(check_detail says which) and right non-causal, where the course's "
                           "tests check it; its times are not compared with causal points "
                           "(--no-causal measures it)."),)),
-        Column("impossible", cell=_impossible, optional=True,
+        Column("impossible", cell=_impossible, optional=True, flag=True,
                note="impossible: a part (fwd, bwd), timed apart, took longer than forward and "
                "backward together beyond the spread of both samples: the machine was busy "
                "while one ran; measure the point again."),

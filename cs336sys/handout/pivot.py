@@ -258,9 +258,8 @@ def tables(entry: Pivot | str | AsReported | Callable, rows: dict[str, list[Row]
     returns a FilledTable or None (plan's closed forms)."""
     if isinstance(entry, Pivot):
         declared = next(e for e in catalog if e.kind == entry.experiment).tables
-        # the experiment's flag of a point whose times do not hold (attention's
-        # `impossible`): a pivot shows no flag column, so it marks the point's cells
-        flags = [c for c in declared[0].columns if c.header == "impossible"]
+        # a pivot shows no flag column (Column.flag): it marks the point's cells
+        flags = [c for c in declared[0].columns if c.flag]
         found = pivot(entry, rows.get(entry.experiment, []), shown(declared[0]), flags)
         return [found] if found else []
     if isinstance(entry, AsReported):

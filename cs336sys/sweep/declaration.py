@@ -102,6 +102,9 @@ class Column:
     note: str = ""  # added to the table's note where the column is shown
     # (word, sentence): the sentence joins the note only where a shown cell has the word
     notes_if: tuple[tuple[str, str], ...] = ()
+    # its cell, where it has one, says the row's figures do not hold (attention's
+    # `impossible`): a table that leaves the column out marks the row's cells instead
+    flag: bool = False
 
 
 # The commands of two words -> the experiment kind whose rows each stores; any other command
