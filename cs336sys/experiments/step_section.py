@@ -13,7 +13,7 @@ from typing import Any
 from cs336sys.experiments.step_ablation import impossible
 from cs336sys.report.plots import Bar, Bars
 from cs336sys.report.sections import Figure, Row, Section, left_out, text
-from cs336sys.report.tables import sample_interval
+from cs336sys.report.tables import sample_interval, which
 
 MAX_CHARTS = 6
 # What makes two step points the same configuration (the switches vary within a chart).
@@ -53,10 +53,9 @@ def _title(s: dict[str, Any], gpu: Any) -> str:
 def _label(r: Row, g: list[Row]) -> str:
     """A bar's switches, with the baseline settings that tell it from a bar of the same
     switches (`none optimizer=torch-adamw`)."""
-    s = r["_settings"]
-    same = [o["_settings"] for o in g if o["_settings"].get("switches") == s.get("switches")]
-    apart = [k for k in _BASELINE if len({str(o.get(k)) for o in same}) > 1]
-    return " ".join([str(s.get("switches", "")), *(f"{k}={s.get(k)}" for k in apart)])
+    switches = r["_settings"].get("switches")
+    same = [o for o in g if o["_settings"].get("switches") == switches]
+    return " ".join(w for w in (str(switches or ""), which(r, same, _BASELINE)) if w)
 
 
 def _speedup(base: Row, r: Row) -> str:

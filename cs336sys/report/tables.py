@@ -148,7 +148,7 @@ def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:
         if value is not None and ref_row is not r:
             text += sample_interval(ratio.samples, ref_row, r, ratio.speedup)
             if len(candidates) > 1:
-                text += " against " + _which(ref_row, candidates, ratio.vary)
+                text += " against " + which(ref_row, candidates, ratio.vary)
             why = ratio.impossible(ref_row, r) if ratio.impossible else None
             if why:
                 text += f" IMPOSSIBLE: {why}"
@@ -172,7 +172,7 @@ def _shown(column: Column, rows: list[Row]) -> bool:
         _is_baseline(column.ratio, r) for r in rows)
 
 
-def _which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
+def which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
     """`optimizer=adamw`: the settings that tell the chosen baseline from the others."""
     settings = [c["_settings"] for c in candidates]
     keys = [k for k in vary if len({str(s.get(k)) for s in settings}) > 1]
