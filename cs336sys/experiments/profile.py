@@ -249,7 +249,7 @@ def _model(spec: ModelSpec) -> _Steps:
                                         config.d_head)
         parts = {k: v * config.num_layers for k, v in per_call.items()}
     return _Steps(one_step, context=context, part_flops=parts, losses=losses, checked=checked,
-                  code=user_code(config, step.model, step.optimizer))
+                  code=None if checked is None else user_code(config, step.model, step.optimizer))
 
 
 # What the course's model calls for attention, a function of the module its class is in.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from cs336sys.experiments.ddp_section import memory_by_moment
 from cs336sys.experiments.plan_section import all_reduces, inequalities, phases
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, AsReported, Pivot, Problem, Run
-from cs336sys.sweep.declaration import Column, column_table
+from cs336sys.sweep.declaration import SUBCOMMANDS, Column, column_table
 
 YEAR = "2026"
 SIZES = "small,medium,large,xl,10B"
@@ -70,7 +70,7 @@ def theirs(line: str) -> str:
     """`line` measuring the user's assignment-1 model: `--model cs336_basics` after the
     command's name (`model`, `memory`, `memory residuals`, `profile model`, `ddp`)."""
     words = line.split(" ")
-    name = 2 if words[0] == "profile" or words[:2] == ["memory", "residuals"] else 1
+    name = 2 if tuple(words[:2]) in SUBCOMMANDS else 1
     return " ".join([*words[:name], "--model", "cs336_basics", *words[name:]])
 
 
