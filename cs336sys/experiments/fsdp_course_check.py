@@ -140,8 +140,8 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
     if differ or unlike:
         name = next(iter(differ), None) or unlike[0]
         held = facts[0]["grads"][name]
-        own = next((tuple(t.shape) for n, t in whole.items()
-                    if name == n or name.endswith("." + n)), None)
+        ref = next(iter(by_reference_names({name: None}, whole)), None)
+        own = tuple(whole[ref].shape) if ref is not None else None
         sharded = (f"; rank 0 holds {held} of {name}'s {own}: sharded, where the handout asks "
                    f"the norms left whole" if own is not None and held != own else "")
         causes.append(f"the gradients of {few([*differ, *unlike], 2)} (no Linear's or "
