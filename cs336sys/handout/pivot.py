@@ -78,11 +78,12 @@ def _order(key: str, rows: list[Row]) -> Callable[[Row], Any]:
     return position
 
 
-def _keys(p: Pivot, rows: list[Row]) -> list[str]:
+def _keys(p: Pivot, rows: list[Row]) -> tuple[list[str], list[str]]:
     """The settings that name a row: the pivot's, then each other setting that still tells
     two rows of one cell apart (a second precision the shape leaves out), in order, until
-    none do, then any other that differs between rows. A setting that follows from the
-    others (the optimizer of a forward-only point) never splits a row."""
+    none do, then any other that differs between rows; and apart, those that go with the
+    column group (_with_group), which would split every row (the optimizer of a
+    forward-only point)."""
     keys = list(p.rows)
     shown = [*p.rows, *([p.across] if p.across else []), *p.where]
     for extra in varying(rows, shown):
@@ -98,7 +99,9 @@ def _keys(p: Pivot, rows: list[Row]) -> list[str]:
     # 64 for the others) is a key too: else neither a key nor shared, it went unsaid; but
     # one that goes with the column group (the optimizer: none forward, adamw train) split
     # each row in two, half empty: the constant line says it per group (_by_group)
-    return keys + [k for k in varying(rows, [*shown, *keys]) if not _with_group(p, k, keys, rows)]
+    rest = varying(rows, [*shown, *keys])
+    grouped = [k for k in rest if _with_group(p, k, keys, rows)]
+    return keys + [k for k in rest if k not in grouped], grouped
 
 
 def _with_group(p: Pivot, key: str, keys: list[str], rows: list[Row]) -> bool:
@@ -117,13 +120,11 @@ def _with_group(p: Pivot, key: str, keys: list[str], rows: list[Row]) -> bool:
             and any(len(v) > 1 for v in per_row.values()))
 
 
-def _by_group(p: Pivot, keys: list[str], named: set[str], rows: list[Row]) -> str:
+def _by_group(p: Pivot, grouped: list[str], rows: list[Row]) -> str:
     """`optimizer=none (forward), adamw (train)`: the settings that go with the column group
-    (_with_group), each group's value."""
+    (`_keys`'s second list), each group's value."""
     said = []
-    for k in varying(rows, named):
-        if not _with_group(p, k, keys, rows):
-            continue
+    for k in grouped:
         values = {}
         for r in sorted(rows, key=_order(p.across, rows)):
             values.setdefault(_group(p, r["_settings"].get(p.across), rows), _row_cell(k, r))
@@ -214,7 +215,7 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
                           if all(r["_settings"].get(k) == v for k, v in p.where.items())]))
     if not rows:
         return None
-    keys = _keys(p, rows)
+    keys, grouped = _keys(p, rows)
     qualifiers = _qualifiers(p, keys, rows)
     keys = [k for k in keys if k not in qualifiers]
     column = _column(p, qualifiers)
@@ -245,7 +246,7 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
             for name, by in table.items()]
     named = {*keys, *qualifiers, *([p.across] if p.across else []), *p.where}
     constant = ", ".join(c for c in (_constant(list(shows), named, rows),
-                                     _by_group(p, keys, named, rows)) if c)
+                                     _by_group(p, grouped, rows)) if c)
     note = " ".join(n for n in (p.note, *(f.note for f in flagged)) if n)
     return FilledTable(p.title, headers, body, note=note, constant=constant)
 
