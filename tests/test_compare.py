@@ -16,6 +16,7 @@ from cs336sys.experiments.catalog import EXPERIMENTS
 from cs336sys.measure.significance import (
     _counts,
     exact_p,
+    exact_p_tied,
     judge,
     mann_whitney_u,
     min_p,
@@ -93,19 +94,43 @@ def test_exact_p_with_ties_over_every_arrangement_of_the_values():
     assert mann_whitney_u([2, 2, 2], [2, 2, 2, 2]).p == 1.0  # nothing to tell apart
 
 
+def test_exact_p_with_ties_beyond_eight_a_side_counted_not_approximated():
+    """4 vs 10 runs whose medians tie: the normal approximation gave p = 0.047 and called a
+    regression that the exact p, 0.062, does not; the first 8 of B's runs alone read p = 0.089
+    (not significant), so two more tied runs flipped the verdict."""
+    a = [100, 100, 100, 101]
+    b = [120, 130, 100, 130, 100, 130, 120, 101, 130, 101]
+    r = mann_whitney_u(a, b)
+    pooled, n1 = a + b, len(a)
+    mean = n1 * len(b) / 2
+    far = [abs(_u_by_pairs([pooled[i] for i in c],
+                           [v for i, v in enumerate(pooled) if i not in c]) - mean)
+           >= abs(r.u - mean) for c in itertools.combinations(range(len(pooled)), n1)]
+    assert len(far) == 1001 and r.exact and r.p == pytest.approx(sum(far) / 1001)
+    assert r.p == pytest.approx(0.0619, abs=1e-4)
+    j = judge(a, b)
+    assert j.outcome == "same" and j.reason == "not significant" and j.ratio == pytest.approx(1.2)
+    # 20 vs 20 is still counted (n1·n2 = 400), and agrees with _counts where nothing ties
+    x, y = list(range(20)), [v + 0.5 for v in range(15, 35)]
+    r = mann_whitney_u(x, y)
+    assert r.exact and r.u == _u_by_pairs(x, y)
+    assert exact_p_tied(ranks(x + y), 20, r.u) == pytest.approx(exact_p(round(r.u), 20, 20))
+
+
 def test_normal_approximation_with_ties_and_continuity_by_hand():
-    # past 8 values a side: 9 vs 9 with ties of three 2s, two 3s and two 4s
-    x, y = [1, 2, 2, 3, 6, 7, 8, 9, 10], [2, 3, 4, 4, 5, 11, 12, 13, 14]
+    # past 400 pairs: 21 vs 21 with ties of three 2s, two 3s and two 4s
+    x = [1, 2, 2, 3, 6, 7, 8, 9, 10] + list(range(20, 32))
+    y = [2, 3, 4, 4, 5, 11, 12, 13, 14] + list(range(40, 52))
     r = mann_whitney_u(x, y)
     u = _u_by_pairs(x, y)
     assert not r.exact and r.u == pytest.approx(u)
     # var = n1 n2 / 12 * ((n + 1) - sum(t^3 - t) / (n (n - 1)))
-    var = 9 * 9 / 12 * (19 - (24 + 6 + 6) / (18 * 17))
-    z = (max(u, 81 - u) - 40.5 - 0.5) / math.sqrt(var)
+    var = 21 * 21 / 12 * (43 - (24 + 6 + 6) / (42 * 41))
+    z = (max(u, 441 - u) - 220.5 - 0.5) / math.sqrt(var)
     assert r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
-    # beyond 8 values: the normal approximation, here U = 0 of 10 vs 10
-    r = mann_whitney_u(range(10), range(10, 20))
-    z = (100 - 50 - 0.5) / math.sqrt(10 * 10 / 12 * 21)
+    # beyond 400 pairs: the normal approximation, here U = 0 of 21 vs 20
+    r = mann_whitney_u(range(21), range(21, 41))
+    z = (420 - 210 - 0.5) / math.sqrt(21 * 20 / 12 * 42)
     assert not r.exact and r.p == pytest.approx(math.erfc(z / math.sqrt(2)))
 
 
