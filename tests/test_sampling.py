@@ -91,10 +91,11 @@ def test_a_ratio_is_called_only_when_its_interval_excludes_one():
     assert ratio_interval(a, [80.0] * 3) == ratio_interval(a, [80.0] * 3)  # deterministic
 
 
-def _row(switches, samples, opt_ms=None):
+def _row(switches, samples, opt_ms=None, rounds=2):
     median = sorted(samples)[len(samples) // 2]
     return {"status": "ok", "gpu": None, "switches": switches, "step_ms_median": median,
-            "opt_ms_median": opt_ms, "_settings": {"switches": switches, "size": "xl"},
+            "opt_ms_median": opt_ms,
+            "_settings": {"switches": switches, "size": "xl", "rounds": rounds},
             "_samples": {"step_ms": samples}}
 
 
@@ -124,6 +125,24 @@ def test_the_ratio_cell_gives_the_interval_and_flags_an_impossible_saving():
     four = _ratios(ratio, [_row("none", [100.0, 101.0, 99.0, 100.5]),
                            _row("fused-ce", [80.0, 81.0, 79.0, 80.5])])
     assert four[1] == "1.25× (too few samples to tell)"
+
+
+def test_points_run_one_after_the_other_get_no_verdict():
+    """Two points of one command that ran one after the other, in an experiment that has no
+    rounds at all (ddp: torch's DDP against itself read 0.64x and 1.34x "faster"/"slower") or
+    with one round: the interval, no verdict."""
+    from cs336sys.report.tables import NOT_INTERLEAVED, sample_interval
+
+    a = [100.0, 101.0, 99.0, 100.5, 100.2, 99.8]
+    b = [90.0, 91.0, 89.0, 90.5, 90.2, 89.8]
+    ddp = [{"invocation_id": "x", "_settings": {"impl": i}, "_samples": {"step_ms": s}}
+           for i, s in (("torch", a), ("yours", b))]
+    said = sample_interval("step_ms", *ddp, True)
+    assert NOT_INTERLEAVED in said and "faster" not in said
+    one_round = [_row("none", a, rounds=1), _row("fused-adamw", b, rounds=1)]
+    assert NOT_INTERLEAVED in sample_interval("step_ms", *one_round, True)
+    assert sample_interval("step_ms", _row("none", a), _row("fused-adamw", b), True
+                           ).startswith(" faster (")
 
 
 @dataclass(frozen=True)
@@ -241,7 +260,9 @@ def test_a_speedup_table_compares_medians_and_calls_a_change_only_when_it_can():
     bf16 = run("bf16", [58.0, 57.0, 59.0, 120.0, 58.5, 57.5])
     ((_, a, b, ratio),) = speedups([fp32, bf16], "precision", "fp32", "bf16", "step_ms",
                                    lambda r: "small")
-    assert (a, b) == ("55.3", "58.5") and ratio.startswith("0.95× slower (")
+    # the model runs its points one after the other: the interval, no verdict
+    assert (a, b) == ("55.3", "58.5") and re.fullmatch(
+        r"0\.95× \(0\.\d\d–0\.\d\d, not interleaved\)", ratio), ratio
     few = speedups([run("fp32", [55.0, 55.3, 55.5]), run("bf16", [41.0, 40.5, 40.8])],
                    "precision", "fp32", "bf16", "step_ms", lambda r: "small")
     assert few[0][3] == "1.36× (too few samples to tell)"
@@ -250,7 +271,7 @@ def test_a_speedup_table_compares_medians_and_calls_a_change_only_when_it_can():
 def test_ddp_against_torch_gives_its_interval_from_the_ranks_steps():
     """`vs torch` divided mean step times with no interval: 1.21x on 3 noisy steps read as a
     finding. It divides medians of the slowest rank's steps, with the interval and verdict
-    where each side has 4 steps or more."""
+    where each side has 4 steps or more (no verdict: ddp runs its points one by one)."""
     from cs336sys.experiments.ddp_section import TABLE
 
     ratio = next(c.ratio for c in TABLE.columns if c.header == "vs torch")
@@ -264,7 +285,8 @@ def test_ddp_against_torch_gives_its_interval_from_the_ranks_steps():
     torch_ddp = run("torch", [290.0, 288.0, 292.0, 291.0, 289.0, 290.5])
     naive = run("naive", [350.0, 352.0, 349.0, 351.0, 353.0, 350.5])
     cells = _ratios(ratio, [torch_ddp, naive])
-    assert cells[0] == "1.00×" and cells[1].startswith("1.21× slower (")
+    assert cells[0] == "1.00×" and re.fullmatch(
+        r"1\.21× \(1\.\d\d–1\.\d\d, not interleaved\)", cells[1]), cells[1]
     few = _ratios(ratio, [run("torch", [290.0, 288.0, 292.0]), run("naive", [350.0, 352.0, 349.0])])
     assert few[1] == "1.21× (too few samples to tell)"
 
@@ -277,9 +299,10 @@ def test_attention_against_naive_gives_its_interval_from_end_to_end_samples():
 
     ratio = next(c.ratio for c in TABLE.columns if c.header == "vs naive")
 
-    def run(impl, e2e):
+    def run(impl, e2e):  # interleaved in three rounds
         return {"status": "ok", "gpu": None, "e2e_ms_median": sorted(e2e)[len(e2e) // 2],
-                "_settings": {"impl": impl, "seq": 64}, "_samples": {"e2e_ms": e2e}}
+                "_settings": {"impl": impl, "seq": 64, "rounds": 3},
+                "_samples": {"e2e_ms": e2e}}
 
     naive = run("naive", [0.30, 0.25, 0.33, 0.24, 0.31, 0.27])
     sdpa = run("sdpa", [0.26, 0.29, 0.24, 0.30, 0.25, 0.28])
@@ -287,8 +310,8 @@ def test_attention_against_naive_gives_its_interval_from_end_to_end_samples():
     assert cells[1].startswith("1.07× no difference (")
     fast = run("flash-torch", [0.10, 0.11, 0.10, 0.12, 0.11, 0.10])
     assert _ratios(ratio, [naive, fast])[1].startswith("2.73× faster (")
-    mean_only = {"status": "ok", "gpu": None, "e2e_ms_mean": 0.2, "_settings": {"impl": "sdpa",
-                                                                               "seq": 64}}
+    mean_only = {"status": "ok", "gpu": None, "e2e_ms_mean": 0.2,
+                 "_settings": {"impl": "sdpa", "seq": 64, "rounds": 3}}
     assert _ratios(ratio, [{**naive, "e2e_ms_mean": 0.3, "e2e_ms_median": None}, mean_only]) \
         == ["1.00×", "1.50×"]  # rows stored without medians: their means, no interval
 
@@ -314,7 +337,7 @@ def test_points_of_different_commands_get_an_interval_but_no_verdict():
     assert re.fullmatch(r"1\.06× \(1\.\d\d–1\.\d\d, runs apart\)", apart), apart
     ((*_, together),) = speedups([fp32, run("bf16", bf16, "a")], "precision", "fp32", "bf16",
                                  "step_ms", lambda r: "small")
-    assert together.startswith("1.06× faster (")
+    assert together.endswith(", not interleaved)")  # one command, one point at a time
 
     def attention(impl, e2e, invocation):
         s = {"impl": impl, "seq": 64, "d_head": 16}

@@ -162,8 +162,9 @@ TABLE = Table(
                                        ("impl", "bucket_mb", "shard_optimizer"),
                                        speedup=False, samples="step_ms"),
                note="vs torch: median step time over torch DDP's at the same world size and "
-               "precision (above 1: slower), with its 95 % interval and verdict where each "
-               "side has 5 steps or more; with fewer, too few samples to tell."),
+               "precision (above 1: slower), with its 95 % interval where each side has 5 "
+               "steps or more (with fewer, too few samples to tell), and no verdict: the "
+               "points run one after the other."),
         Column("rank 0 holds", cell=shares_cell, optional=True,
                note="rank 0 holds: its share of one whole copy of the parameters and of "
                "AdamW's state, where the point shards them; past 1/N + 10 %: UNEVEN where "

@@ -20,13 +20,18 @@ from cs336sys.report.sections import (
     text,
     varying,
 )
-from cs336sys.report.tables import RUNS_APART, RUNS_APART_NOTE, speedups
+from cs336sys.report.tables import (
+    NOT_INTERLEAVED,
+    NOT_INTERLEAVED_NOTE,
+    RUNS_APART,
+    RUNS_APART_NOTE,
+    speedups,
+)
 from cs336sys.sweep.declaration import model_size
 
-SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second faster) comes with its 95 % "
-                "bootstrap interval from the raw samples, and says faster or slower only when the "
-                "interval excludes 1; too few samples to tell under 5 a side (4 against 4 read "
-                "8 % of equal pairs as a change).")
+SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second faster) comes with "
+                "its 95 % bootstrap interval from the raw samples; too few samples to tell "
+                "under 5 a side (4 against 4 read 8 % of equal pairs as a change).")
 WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table has them all)
 WARMUP_LOG = 10  # a first step this many times the fastest: the warm-up plot's y axis is log
 SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
@@ -90,8 +95,10 @@ def section(sec: Section, pts: list[Row]) -> None:
             sec.tables.append(FilledTable(
                 f"Speedup {a_name} → {b_name} (median step time)",
                 [f"point ({a_name})", f"{a_name} ms", f"{b_name} ms", f"{a_name}/{b_name}"], body,
-                note=" ".join([SPEEDUP_NOTE] + [RUNS_APART_NOTE for row in body
-                                                if RUNS_APART in row[-1]][:1])))
+                note=" ".join([SPEEDUP_NOTE] + [
+                    note for mark, note in ((RUNS_APART, RUNS_APART_NOTE),
+                                            (NOT_INTERLEAVED, NOT_INTERLEAVED_NOTE))
+                    if any(mark in row[-1] for row in body)])))
 
 
 # Steps per size and precision drawn as stacked bars: the parts, bottom first.

@@ -193,17 +193,17 @@ NOT_INTERLEAVED = "not interleaved"
 NOT_INTERLEAVED_NOTE = (
     "not interleaved: the two points ran one after the other, so the interval sees the spread "
     "within each, not how the machine's load changed between them (on a loaded CPU two runs "
-    "of one step read 6.22x and 1.29x faster); it gives no verdict: --rounds 2 or more "
-    "(the default on CUDA) interleaves the points' timed steps.")
+    "of one step read 6.22x and 1.29x faster, and torch's DDP against itself 0.64x and 1.34x); "
+    "it gives no verdict: attention and step interleave the points' timed steps with --rounds "
+    "2 or more (the default on CUDA); model, memory, ddp and comm run one point at a time, "
+    "so repeat the command and compare the runs (report --compare).")
 
 
-def _interleaved(row: Row) -> bool | None:
-    """Whether the point's timed steps came in interleaved rounds (None: its experiment has
-    no rounds)."""
+def _interleaved(row: Row) -> bool:
+    """Whether the point's timed steps came in interleaved rounds with other points' (never,
+    where its experiment has no rounds: model, memory, ddp, comm run points one by one)."""
     settings = row.get("_settings") or {}
-    if "rounds" not in settings:
-        return None
-    return (row.get("rounds_done") or settings.get("rounds") or 1) >= 2
+    return "rounds" in settings and (row.get("rounds_done") or settings.get("rounds") or 1) >= 2
 
 
 def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
@@ -214,8 +214,8 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     and a bare ratio read as a change (0.74x of 2.5 ± 1.5 s against 2.7 ± 1.5).
     Two rows of different invocations get the interval and RUNS_APART instead of a verdict:
     resampling steps within each run cannot see how far runs drift apart; nor, in one run,
-    between points that did not interleave their steps where their experiment can
-    (NOT_INTERLEAVED)."""
+    between points that did not interleave their steps (NOT_INTERLEAVED: torch's DDP against
+    itself, one point after the other, read 0.64x and 1.34x)."""
     if not name:
         return ""
     a = timed_samples(base.get("_samples"), name)
@@ -230,7 +230,7 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
     if base.get("invocation_id") != row.get("invocation_id"):
         return f" ({low:.2f}–{high:.2f}, {RUNS_APART})"
-    if False in (_interleaved(base), _interleaved(row)):
+    if not (_interleaved(base) and _interleaved(row)):
         return f" ({low:.2f}–{high:.2f}, {NOT_INTERLEAVED})"
     return f" {verdict(found)} ({low:.2f}–{high:.2f})"
 
