@@ -579,6 +579,15 @@ def test_compare_by_commit_keeps_a_dirty_checkouts_runs_apart(tmp_path):
     # C has dirty runs only: `C C-dirty` is them against themselves (a gate that passed)
     result = report(db, tmp_path / "same", "--compare", C[:7], C[:7] + "-dirty")
     assert result.exit_code == 2 and "select the same runs" in result.stderr, result.output
+    # two spellings of one checkout (prefixes of two lengths, no git repository to resolve
+    # them by) selected the same runs and read `unchanged`, a gate that passed
+    for pair in ((C[:7], C[:8] + "-dirty"), (A[:7], A[:9])):
+        result = report(db, tmp_path / "same", "--compare", *pair)
+        assert result.exit_code == 2 and "select the same runs" in result.stderr, result.output
+    # A was measured clean only: its dirty checkout has no run, and no other filter was given
+    result = report(db, tmp_path / "same", "--compare", A[:7] + "-dirty", B[:7])
+    assert result.exit_code == 2 and "every run of its commit was of a clean checkout" \
+        in result.stderr, result.output
 
 
 def test_history_calls_no_step_between_two_machines_and_names_a_library_change():

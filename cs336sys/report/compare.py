@@ -160,6 +160,15 @@ def _checkout(conn: sqlite3.Connection, side: Selection, typed: str) -> tuple[Se
     return dirty, typed + DIRTY
 
 
+def _left_out(conn: sqlite3.Connection, side: Selection) -> str:
+    """Why a side that names stored runs has none: `X-dirty` of a commit measured clean only,
+    or the other filters."""
+    if side.commit is not None and side.dirty and not present(
+            conn, Selection(commit=side.commit, dirty=True)):
+        return "with uncommitted changes: every run of its commit was of a clean checkout"
+    return "in this selection (the other filters leave none of its runs)"
+
+
 @dataclass
 class Sides:
     """The runs of A and of B within a selection, and both together for the report."""
@@ -182,15 +191,16 @@ def sides(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Seq
     if kind == "commit":
         (sa, ta), (sb, tb) = (_checkout(conn, s, t) for s, t in ((sa, typed[0]), (sb, typed[1])))
         typed = (ta, tb)
-    if sa == sb:  # `X X-dirty` where X has no clean run: the dirty runs against themselves
-        raise SelectionError(f"--compare: {typed[0]!r} and {typed[1]!r} select the same runs")
     per_side = [present(conn, sa), present(conn, sb)]  # each side's experiments
-    for found, token in zip(per_side, typed, strict=True):  # stored, but not in this selection
-        if not found:
-            raise SelectionError(f"--compare: {token!r} has no run in this selection (the "
-                                 "other filters leave none of its runs)")
+    for found, side, token in zip(per_side, (sa, sb), typed, strict=True):
+        if not found:  # stored (resolve found it), but not in this selection
+            raise SelectionError(f"--compare: {token!r} has no run {_left_out(conn, side)}")
     found = sorted({*per_side[0], *per_side[1]})
     rows_a, rows_b = load(conn, sa, catalog, found), load(conn, sb, catalog, found)
+    ids_a, ids_b = ({r["run_id"] for rs in side.values() for r in rs} for side in (rows_a, rows_b))
+    if ids_a & ids_b:  # two spellings of one commit or invocation, `X X-dirty` with no clean X
+        said = "the same runs" if ids_a == ids_b else f"{len(ids_a & ids_b)} runs on both sides"
+        raise SelectionError(f"--compare: {typed[0]!r} and {typed[1]!r} select {said}")
     rows: dict[str, list[Row]] = {}
     for exp in found:
         seen: dict[str, Row] = {}
