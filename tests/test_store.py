@@ -329,6 +329,35 @@ def test_reading_an_older_store_reads_it_migrated_and_leaves_it_as_it_was(db_pat
         db_path.name]
 
 
+def test_views_an_older_cs336sys_rebuilt_are_read_as_this_ones(db_path, tmp_path):
+    """A store measured by this cs336sys, then by an older checkout of the same schema, which
+    rebuilt the views to its own columns: `sql` failed on a column the older view lacks
+    (`no such column: time_ms_rank_max`) and the report fell back to another statistic. A
+    reader reads the current views of a copy; the file stays as it was."""
+    import dataclasses
+
+    from cs336sys.experiments.catalog import by_kind
+    from cs336sys.store.views import ensure_views
+    from tests.conftest import invoke
+
+    comm = by_kind()["comm"]
+    with Store(db_path, EXPERIMENTS) as s:
+        inv = s.begin_invocation(PROV, [], "comm")
+        s.add_run(inv, "comm", "ok", {"op": "all-reduce", "bytes": 1000},
+                  {"time_ms_max": 4.7, "time_ms_rank_max": 3.5})
+    older = dataclasses.replace(comm, metrics=tuple(
+        m for m in comm.metrics if m.name != "time_ms_rank_max"))
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    ensure_views(conn, [older])  # what the older checkout's writer leaves behind
+    conn.close()
+    before = db_path.read_bytes()
+    got = invoke("sql", "SELECT time_ms_max, time_ms_rank_max FROM comm_runs", "--json",
+                 "--db", db_path)
+    assert got.exit_code == 0, got.output
+    assert json.loads(got.stdout) == [{"time_ms_max": 4.7, "time_ms_rank_max": 3.5}]
+    assert db_path.read_bytes() == before
+
+
 def test_newer_schema_is_refused(db_path):
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA user_version = 99")

@@ -71,7 +71,7 @@ DbOption = Annotated[
 
 def catalog() -> Any:
     """Every experiment's declaration (experiments/catalog.py), imported when first needed,
-    so that `--help` and `cs336sys sql` on a current store import no experiment."""
+    so that `--help` imports no experiment."""
     return kinds.EXPERIMENTS
 
 

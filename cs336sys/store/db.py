@@ -28,7 +28,7 @@ from cs336sys.store.guard import (
     store_problem,
 )
 from cs336sys.store.transaction import immediate
-from cs336sys.store.views import ensure_views
+from cs336sys.store.views import ensure_views, stale_views, view_sql
 from cs336sys.sweep.points import point_key
 
 __all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "damage", "now",
@@ -277,15 +277,21 @@ def connect_readonly(path: str | Path,
     (see open_untouched) and query_only, with an authorizer that refuses ATTACH (which
     would create the attached file) before SQLite touches the filesystem.
 
-    A store of an older schema is read as it would be after migrating: it is copied into
-    memory, the copy migrated and, with `experiments` (a function returning the catalog,
-    called only then), given the current views. The file stays as it is."""
+    A store of an older schema, or whose views another cs336sys made (an older checkout that
+    stored a point last rebuilds them to its own columns, and a reader of those would miss
+    columns or read another statistic), is read as it would be after migrating: it is
+    copied into memory, the copy migrated and given the current views of `experiments` (a
+    function returning the catalog). The file stays as it is."""
     path = check_path(path)
     if not path.exists():
         raise StoreError(f"no results store at {path} (run an experiment first, or pass --db)")
     try:
         conn = open_untouched(path)
-        if schema.version(conn) < schema.SCHEMA_VERSION and store_problem(conn) is None:
+        found = schema.version(conn)
+        if found <= schema.SCHEMA_VERSION and store_problem(conn) is None and (
+                found < schema.SCHEMA_VERSION
+                or (experiments is not None and stale_views(
+                    conn, {e.view: view_sql(e) for e in experiments()}))):
             conn = _migrated_copy(conn, experiments)
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open {path}: {exc}") from exc

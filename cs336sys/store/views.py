@@ -89,7 +89,7 @@ def ensure_views(conn: sqlite3.Connection, experiments: Sequence[Any], complete:
     views are never touched. Autocommit connection."""
     wanted = {e.view: view_sql(e) for e in experiments}
     ours = set(json.loads(_meta(conn, "view_names") or "[]"))
-    stale = {n for n, sql in wanted.items() if _meta(conn, f"view:{n}") != _digest(sql)}
+    stale = stale_views(conn, wanted)
     gone = (ours - set(wanted)) if complete else set()
     if not stale and not gone:
         return
@@ -102,6 +102,12 @@ def ensure_views(conn: sqlite3.Connection, experiments: Sequence[Any], complete:
         conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                          [(f"view:{n}", _digest(wanted[n])) for n in stale]
                          + [("view_names", json.dumps(sorted((ours - gone) | set(wanted))))])
+
+
+def stale_views(conn: sqlite3.Connection, wanted: dict[str, str]) -> set[str]:
+    """The views of `wanted` (name -> definition) that the store holds otherwise: made by
+    another cs336sys (an older checkout that wrote last rebuilt them to its own columns)."""
+    return {n for n, sql in wanted.items() if _meta(conn, f"view:{n}") != _digest(sql)}
 
 
 def _digest(sql: str) -> str:
