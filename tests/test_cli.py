@@ -480,6 +480,9 @@ def test_an_unknown_column_or_table_says_where_it_is(filled_db):
         "cs336sys sql --schema lists them)")
     assert said("SELECT nothing_like_it FROM runs") == (
         "Error: SQL error: no such column: nothing_like_it")
+    # a column named like a refusal is a typo, not a refused write
+    assert said("SELECT readonly FROM model_runs") == (
+        "Error: SQL error: no such column: readonly")
 
 
 def test_env_prints_what_would_be_recorded():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -131,3 +132,25 @@ def test_a_signal_at_a_random_moment_of_every_other_command(tmp_path, fixture_st
     assert not staged, (again, staged)
     gone_within(below | descendants(proc.pid), 10.0)
 
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_a_query_that_would_never_end(tmp_path, fixture_store, sig):
+    """A long query of `sql`: SQLite's loop runs no Python, so Ctrl-C and SIGTERM waited for
+    the query to end (a recursive one never does: only SIGKILL ended it). A signal
+    interrupts the query and the command ends by it, saying it stored nothing."""
+    db = tmp_path / "r.db"
+    shutil.copy(fixture_store, db)
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    proc = start(["sql", endless], db)
+    time.sleep(2.0)  # well into the query (the command starts in under a second)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the query went on after the signal")
+    assert time.monotonic() - sent < 5 and proc.returncode == 128 + sig, err
+    assert err.strip().endswith("this command stored nothing") and "Traceback" not in err, err

@@ -15,6 +15,7 @@ import typer
 from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table
 from cs336sys.cli.options import option
 from cs336sys.store.views import column_meanings, typed
+from cs336sys.sweep import stopping
 from cs336sys.sweep.points import closest
 
 
@@ -61,15 +62,21 @@ def sql(
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
+    # Ctrl-C or SIGTERM while SQLite runs the query: Python's handler runs only between
+    # bytecodes, so a long query ran on to its end; SQLite calls this every _PROGRESS_OPS
+    # instructions, and a signal received (sweep/stopping.py) interrupts the query.
+    conn.set_progress_handler(lambda: stopping.pending() is not None, _PROGRESS_OPS)
     try:
         cursor = conn.execute(query, params)
         headers = [d[0] for d in cursor.description or ()]
         rows = cursor.fetchall()
     except sqlite3.DatabaseError as exc:
-        if any(w in str(exc) for w in ("readonly", "query_only", "not authorized", "denied")):
+        stopping.check()  # the signal that interrupted it ends the command (130, 143)
+        if str(exc) in _REFUSALS:
             fail(f"refused: `cs336sys sql` is read-only and creates nothing ({exc})")
         fail(f"SQL error: {exc}{_hint(conn, str(exc), query)}")
     except sqlite3.Error as exc:
+        stopping.check()
         fail(f"SQL error: {exc}")
     finally:
         conn.close()
@@ -87,6 +94,13 @@ def sql(
     elif headers:
         typer.echo(table(rows, headers))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+# SQLite's words for a statement the read-only connection refused (store/db.py's
+# connect_readonly: query_only, and its authorizer); a typo of a column named `readonly`
+# read as a refused write where any message holding the word was one.
+_REFUSALS = ("attempt to write a readonly database", "not authorized", "authorization denied")
+_PROGRESS_OPS = 100_000  # SQLite VM instructions between checks for a signal: ~1 ms
 
 
 def _unique(headers: list[str]) -> list[str]:
