@@ -412,7 +412,7 @@ def test_a_trace_that_would_overwrite_a_store_is_refused(db_path, tmp_path):
     for path in (db_path, other):
         Store(path, EXPERIMENTS).close()
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (db_path, other)}
-    for trace, said in ((db_path, "is the results store (--db); the trace would overwrite it"),
+    for trace, said in ((db_path, "is the results store (--db); writing would overwrite it"),
                         (other, "is a SQLite database; writing would replace it")):
         result = invoke("profile", "model", *MICRO, "--seq", "8", "--trace", trace,
                         "--db", db_path)

@@ -78,6 +78,31 @@ def test_a_table_or_image_cs336sys_did_not_write_is_refused_unless_forced(
     assert again.exit_code == 0, again.output
 
 
+@pytest.mark.parametrize("command, written", [
+    (["report", "--format", "md"], "report.md"),
+    (["handout", "report", "memory_profiling", "--format", "md"], "writeup.md"),
+    (["db", "export"], None),
+])
+def test_the_store_itself_is_never_written_over_forced_or_not(store, tmp_path, command,
+                                                              written):
+    """A store named like the output (`--db out/report.md`): refused, but --force wrote the
+    report over the store it had read, and neither was left. Never replaced, --force or
+    not; its -wal neither."""
+    out = tmp_path / "out"
+    out.mkdir()
+    db = out / (written or "runs.csv")
+    shutil.copy(store, db)
+    before = db.read_bytes()
+    target = ["--out", out] if written else ["--out", db]
+    for force in ([], ["--force"]):
+        refused = invoke(*command, "--db", db, *target, *force)
+        assert refused.exit_code == 2, refused.output
+        (line,) = refused.stderr.strip().splitlines()
+        assert line == (f"Error: --out: {db} is the results store (--db); writing would "
+                        "overwrite it")
+        assert db.read_bytes() == before and _files(out) == {db.name: before}
+
+
 def test_a_png_its_own_report_shows_is_replaced_though_written_without_the_chunk(store,
                                                                                  tmp_path):
     """A PNG without the Software chunk (a report of 0.2 draws none) is cs336sys's where

@@ -87,12 +87,10 @@ def export(
         fail("--out: empty value; give a file name, or leave --out out for stdout")
     if out is not None and out.is_dir():
         fail(f"--out: {out} is a directory")
-    if out is not None and out.exists() and db.exists() and os.path.samefile(out, db):
-        fail("--out would overwrite the store itself")
     if out is not None:
         from cs336sys.cli.outputs import refuse_to_replace
 
-        refuse_to_replace([out], "export", "--out", force)
+        refuse_to_replace([out], "export", "--out", force, db)
     try:
         conn = connect_readonly(db, catalog)
         known = known_experiments(conn, experiments)

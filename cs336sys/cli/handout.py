@@ -474,7 +474,7 @@ def report(
     if out.exists() and not out.is_dir():
         fail(f"--out: {out} exists and is not a folder")
     for f in formats:
-        refuse_to_replace([out / f"writeup.{EXTENSIONS[f]}"], f, "--out", force)
+        refuse_to_replace([out / f"writeup.{EXTENSIONS[f]}"], f, "--out", force, db)
     problem = why_unwritable(out)
     if problem:
         fail(f"--out {out}: {problem}")
@@ -490,7 +490,7 @@ def report(
         rep = writeup.build(conn, problems, chosen, catalog(), commands)
     finally:
         conn.close()
-    refuse_to_replace_any(rep, out, formats, "writeup", force)
+    refuse_to_replace_any(rep, out, formats, "writeup", force, db)
     written = write(rep, out, formats, stem="writeup", landed=wrote)
     for path in written:
         if path.parent == out:

@@ -8,6 +8,7 @@ someone's notes) is refused in one line, exit 2, before anything runs, unless `-
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -68,9 +69,27 @@ def foreign(path: Path, kind: str) -> str | None:
     return "a file cs336sys did not write"
 
 
-def refuse_to_replace(paths: Iterable[Path], kind: str, option: str, force: bool) -> None:
-    """Exit 2 naming the first of `paths` that writing would replace and cs336sys did not
-    write, unless `force`."""
+def _the_store(path: Path, store: Path) -> bool:
+    """Whether `path` is the results store `store` or one of its -wal, -shm, -journal files
+    (by the file, not the name: a link or another spelling of it too)."""
+    return any(Path(path).is_file() and Path(f).is_file() and os.path.samefile(path, f)
+               for f in (store, *(Path(f"{store}{end}") for end in SIDE_FILES)))
+
+
+def refuse_the_store(paths: Iterable[Path], option: str, store: Path) -> None:
+    """Exit 2 where one of `paths` is the command's own store (--db) or its side file: never
+    replaced, --force or not (a report written over the store it read left neither)."""
+    for path in paths:
+        if _the_store(Path(path), Path(store)):
+            fail(f"{option}: {path} is the results store (--db); writing would overwrite it")
+
+
+def refuse_to_replace(paths: Iterable[Path], kind: str, option: str, force: bool,
+                      store: Path) -> None:
+    """Exit 2 naming the first of `paths` that is the store (refuse_the_store), or that
+    writing would replace and cs336sys did not write, unless `force`."""
+    paths = list(paths)
+    refuse_the_store(paths, option, store)
     if force:
         return
     for path in paths:
@@ -90,15 +109,17 @@ _KINDS = {".html": "html", ".md": "md", ".tex": "tex", ".typ": "typst", ".png": 
 
 
 def refuse_to_replace_any(rep: Any, out: Path, formats: list[str], stem: str,
-                          force: bool) -> None:
+                          force: bool, store: Path) -> None:
     """Exit 2 naming the first file that writing the report (`report` or `writeup`: its
-    documents, tables and images) would replace and cs336sys did not write, unless `force`:
-    before anything is written. A PNG without the text chunk (a 0.2 report's) is
-    cs336sys's where a document of cs336sys's beside its folder shows it."""
+    documents, tables and images) would replace and that is the store, or that cs336sys
+    did not write, unless `force`: before anything is written. A PNG without the text chunk
+    (a 0.2 report's) is cs336sys's where a document of cs336sys's beside its folder shows it."""
+    written = list(files(rep, out, formats, stem))
+    refuse_the_store(written, "--out", store)
     if force:
         return
     shown: bytes | None = None
-    for path in files(rep, out, formats, stem):
+    for path in written:
         kind = _KINDS[path.suffix]
         what = foreign(path, kind)
         if what is None:

@@ -133,7 +133,7 @@ def _profile_points(ctx, target, point_specs, options):
 
         points = exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
         refuse_to_replace([Path(p.trace) for p in points if p.trace], "trace", "--trace",
-                          options["force"])
+                          options["force"], options["db"])
         return points
 
     run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
@@ -143,13 +143,14 @@ def _profile_points(ctx, target, point_specs, options):
 
 def _check_writable(path: Path, db: Path) -> None:
     """Refuse a --trace that cannot be written, or that is this command's store (--db)."""
+    from cs336sys.cli.outputs import refuse_the_store
+
     parent = path.parent if str(path.parent) else Path(".")
     if not path.name.strip():  # a name of spaces (a pasted non-breaking one): blank
         fail("--trace: empty value; give a file name")
     if path.is_dir():
         fail(f"--trace: {path} is a directory")
-    if path.is_file() and Path(db).exists() and os.path.samefile(path, db):
-        fail(f"--trace: {path} is the results store (--db); the trace would overwrite it")
+    refuse_the_store([path], "--trace", db)
     if not parent.is_dir():
         fail(f"--trace: directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

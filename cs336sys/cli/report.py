@@ -103,7 +103,7 @@ def report(
     from cs336sys.cli.outputs import refuse_to_replace
 
     for f in formats:
-        refuse_to_replace([out / f"report.{EXTENSIONS[f]}"], f, "--out", force)
+        refuse_to_replace([out / f"report.{EXTENSIONS[f]}"], f, "--out", force, db)
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
@@ -135,7 +135,7 @@ def report(
         typer.echo("No stored runs match this selection; the report says so.", err=True)
     from cs336sys.cli.outputs import refuse_to_replace_any
 
-    refuse_to_replace_any(rep, out, formats, "report", force)
+    refuse_to_replace_any(rep, out, formats, "report", force, db)
     try:
         written = write(rep, out, formats, landed=wrote)
     except OSError as exc:
