@@ -358,6 +358,24 @@ def test_views_an_older_cs336sys_rebuilt_are_read_as_this_ones(db_path, tmp_path
     assert db_path.read_bytes() == before
 
 
+def test_a_closed_store_holds_its_runs_though_a_reader_keeps_it_open(db_path, tmp_path):
+    """browse's Datasette keeps the store open while a sweep writes it: the WAL outlived the
+    sweep, and a copy of the .db alone (scp of results.db) lacked its runs."""
+    import shutil
+
+    Store(db_path, EXPERIMENTS).close()
+    reader = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    reader.execute("SELECT count(*) FROM runs").fetchone()
+    with Store(db_path, EXPERIMENTS) as s:
+        inv = s.begin_invocation(PROV, [], "model")
+        for i in range(3):
+            s.add_run(inv, "model", "ok", {"size": "tiny", "seq": i}, {"step_ms_mean": 1.0})
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(db_path, copy)  # the .db alone, its -wal left behind
+    reader.close()
+    assert sqlite3.connect(copy).execute("SELECT count(*) FROM runs").fetchone() == (3,)
+
+
 def test_newer_schema_is_refused(db_path):
     conn = sqlite3.connect(db_path)
     conn.execute("PRAGMA user_version = 99")

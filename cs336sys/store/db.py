@@ -111,6 +111,14 @@ class Store:
             raise StoreError(f"cannot update the views of {self.path}: {exc}") from exc
 
     def close(self) -> None:
+        # The last connection to close folds the WAL into the store and deletes it; while a
+        # reader (browse's Datasette) holds the store open, it stays, and a copy of the .db
+        # alone (scp of results.db) lacked the runs in it. A passive checkpoint copies them
+        # in without waiting on anyone (https://sqlite.org/wal.html#checkpointing).
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error:  # a store that cannot take it now: the next writer's turn
+            pass
         self.conn.close()
 
     def __enter__(self) -> Store:
