@@ -97,6 +97,22 @@ def test_browse_refuses_what_is_not_a_store(tmp_path):
     assert not (tmp_path / "missing.db").exists()
 
 
+def test_a_port_another_server_listens_on_is_bad_input(tmp_path):
+    """browse printed "serving ... at http://127.0.0.1:PORT" for someone else's server, then
+    Datasette failed to bind (exit 3; --open sent the browser there): one line, exit 2."""
+    import socket
+
+    db = build(tmp_path / "results.db")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        result = invoke("browse", "--db", db, "--port", str(port))
+    assert result.exit_code == 2 and "serving" not in result.output, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"Error: --port: cannot serve at 127.0.0.1:{port}: "), line
+
+
 def test_the_canned_queries_keep_each_gpu_and_shape_apart(tmp_path):
     """A point is its settings on a machine, and device is cuda:0 on every GPU: the latest
     run per point hid one GPU's runs behind the other's. The fastest attention compared a

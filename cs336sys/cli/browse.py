@@ -5,6 +5,7 @@ few canned queries."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -101,6 +102,12 @@ def browse(
         from cs336sys.parallel.launcher import free_port
 
         port = free_port(host)
+    else:  # a taken port: Datasette said so after the address line (exit 3), and --open
+        # sent the browser to whatever served there
+        problem = _unbindable(host, port)
+        if problem:
+            conn.close()
+            fail(f"--port: cannot serve at {host}:{port}: {problem}")
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
         # A store no writer has open is served as a copy, taken now: Datasette keeps its
         # connections, and an immutable one over the live file, which a sweep started later
@@ -133,3 +140,17 @@ def browse(
             stopping.reset()
             code = 0
     raise typer.Exit(code)
+
+
+def _unbindable(host: str, port: int) -> str | None:
+    """Why a server cannot listen at host:port (in use, not this machine's address), or
+    None: bound and let go at once, with SO_REUSEADDR as uvicorn binds, so a port left in
+    TIME_WAIT by the last server counts as free and one another server listens on does not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
