@@ -69,7 +69,8 @@ TIMES = ("today, yesterday, 13:30 (today), 7d / 12h / 2w ago, 2026-01-05 or 2026
 Since = option(f"Runs created since: {TIMES}; or a git ref of this folder's repository (HEAD~3, a "
                "branch, a tag): the runs of that commit and the later ones up to HEAD, "
                "cs336sys's or your code's.", str | None)
-Until = option("Runs created before this (the same forms; a day means its end).", str | None)
+Until = option(f"Runs created before this: {TIMES} (a day means its end); a time only, not a "
+               "git ref.", str | None)
 Gpu = option("Only runs on this GPU (its name, as `cs336sys env` prints it).", str | None)
 Commit = option("Only runs at this git commit, cs336sys's or your code's: a prefix, or a git ref "
                 "of this folder's repository (HEAD, a branch).", str | None)
