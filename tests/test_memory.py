@@ -336,6 +336,20 @@ def test_a_later_run_of_the_same_point_keeps_the_earlier_runs_timeline(tmp_path)
         second["snapshot_png"]).stat().st_mtime_ns
 
 
+def test_runs_started_together_hold_a_timeline_name_each(tmp_path):
+    """Two memory runs of one point started together into one --snapshot folder: both chose
+    the first free name (nothing was written yet) and wrote one file that both rows named.
+    A name is held from the moment it is chosen; one that a failed run held is let go."""
+    from cs336sys.experiments.memory import unused_name
+
+    with unused_name(tmp_path, "point") as first, unused_name(tmp_path, "point") as second:
+        assert (first, second) == ("point", "point-2")
+        (tmp_path / f"{second}.png").write_bytes(b"\x89PNG drawn")  # the second one drew
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["point-2.png"]  # the first failed
+    with unused_name(tmp_path, "point") as third:
+        assert third == "point"
+
+
 def test_timelines_of_relative_snapshot_folders_show_from_any_folder(tmp_path, monkeypatch):
     """`--snapshot link` (a symlink to scratch space), `.` and `../x`: each run's timeline
     is in the report made from another folder; the stored path was resolved through the

@@ -24,7 +24,7 @@ B·T·d·bytes that each checkpointed group keeps.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,15 +89,30 @@ class MemorySpec(AroundPoint):
         return "memory-" + "-".join(parts)
 
 
-def unused_name(folder: Path, label: str) -> str:
+@contextlib.contextmanager
+def unused_name(folder: Path, label: str) -> Iterator[str]:
     """`label`, or `label-2`, `-3`, ...: the first name no earlier run's PNG or pickle in
-    `folder` has. A later run of the same point (another commit, --label) wrote over the
-    earlier one's timeline, which its stored row still named."""
+    `folder` has, held for the run by creating its PNG empty, exclusively (O_EXCL), so that
+    two runs started together do not take one name (they wrote one file and both rows named
+    it); the empty file goes where the run leaves it empty (it failed). A later run of the
+    same point (another commit, --label) wrote over the earlier one's timeline, which its
+    stored row still named."""
     name, n = label, 1
-    while any((folder / f"{name}{suffix}").exists() for suffix in (".png", ".pickle")):
+    while True:
+        if not (folder / f"{name}.pickle").exists():
+            try:
+                (folder / f"{name}.png").open("x").close()
+                break
+            except FileExistsError:
+                pass
         n += 1
         name = f"{label}-{n}"
-    return name
+    held = folder / f"{name}.png"
+    try:
+        yield name
+    finally:
+        if held.is_file() and held.stat().st_size == 0:
+            held.unlink()
 
 
 _UNUSED = ("compile", "nvtx")
@@ -212,25 +227,24 @@ def run(spec: MemorySpec) -> Result:
             tracker.adopt(t for t in vars(step.scaler).values() if isinstance(t, torch.Tensor))
         if snapshot is not None:
             tracker.start_recording()
-    name = None
-    if snapshot is not None:
-        snapshot.mkdir(parents=True, exist_ok=True)
-        name = unused_name(snapshot, spec.label())
-    pickle = snapshot / f"{name}.pickle" if snapshot is not None and on_cuda else None
-    with cuda_memory_history(pickle), tracker if tracker is not None else no_phase():
-        step(phase, forward=measured_forward,
-             before_optimizer=moment("before_opt"), after_optimizer=moment("after_opt"))
-    if hook is not None:
-        hook.remove()
-    live["loss"] = float(step.last_loss)
-    peak = max(peaks.values())
-
-    png = None
-    if snapshot is not None and tracker is not None:
-        title = (f"{m.size} T={T} B={B} {m.mode} {m.precision} checkpoint={m.checkpoint}"
-                 f"{memory_section.whose(m.settings())} on {m.device}: live tensor bytes in "
-                 "one step")
-        png = draw_timeline(tracker.events, tracker.phases, snapshot / f"{name}.png", title)
+    png = pickle = None
+    with contextlib.ExitStack() as hold:
+        if snapshot is not None:
+            snapshot.mkdir(parents=True, exist_ok=True)
+            name = hold.enter_context(unused_name(snapshot, spec.label()))
+            pickle = snapshot / f"{name}.pickle" if on_cuda else None
+        with cuda_memory_history(pickle), tracker if tracker is not None else no_phase():
+            step(phase, forward=measured_forward,
+                 before_optimizer=moment("before_opt"), after_optimizer=moment("after_opt"))
+        if hook is not None:
+            hook.remove()
+        live["loss"] = float(step.last_loss)
+        peak = max(peaks.values())
+        if snapshot is not None and tracker is not None:
+            title = (f"{m.size} T={T} B={B} {m.mode} {m.precision} checkpoint={m.checkpoint}"
+                     f"{memory_section.whose(m.settings())} on {m.device}: live tensor bytes "
+                     "in one step")
+            png = draw_timeline(tracker.events, tracker.phases, snapshot / f"{name}.png", title)
 
     # -- metrics -----------------------------------------------------------------------------
     metrics: dict[str, Any] = {}
