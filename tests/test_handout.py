@@ -483,7 +483,7 @@ def test_a_triton_kernel_on_a_cpu_without_the_interpreter_leaves_only_its_points
     db = tmp_path / "r.db"
     r = invoke("handout", "run", "flash_forward", "--yours", "--db", db)
     assert r.exit_code == 0, r.output
-    said = "Left for a host with CUDA (or TRITON_INTERPRET=1): flash_forward's yours-triton"
+    said = "Left out: flash_forward's yours-triton"
     assert r.stdout.count(said) == 2, r.stdout
     assert "$ cs336sys attention --attention yours-torch --pass forward" in r.stdout
     impls = {row["impl"] for row in query(db, "SELECT impl FROM attention_runs")}
@@ -506,9 +506,22 @@ def test_a_command_of_the_triton_kernel_alone_is_left_out_whole(monkeypatch):
     beside = ["attention", "--attention", "yours-torch,yours-triton", "--seq", "128"]
     kept, lines = _without_triton([(p, alone), (p, beside)], on_gpu=False)
     assert kept == [(p, ["attention", "--attention", "yours-torch", "--seq", "128"])]
-    assert lines == [f"flash_forward's yours-triton points of `cs336sys {' '.join(a)}`"
+    assert lines == [f"flash_forward's yours-triton points of `cs336sys {' '.join(a)}` "
+                     "(your Triton kernel needs CUDA, or TRITON_INTERPRET=1)"
                      for a in (alone, beside)]
     assert _without_triton([(p, alone)], on_gpu=True) == ([(p, alone)], [])
+    # a host without the triton package (a GPU host too): that is the reason given, not
+    # CUDA or the interpreter the host has
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else find(name, *a))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for on_gpu in (True, False):
+        _, (line,) = _without_triton([(p, alone)], on_gpu=on_gpu)
+        assert line.endswith("(your Triton kernel needs the triton package (pip install "
+                             "triton))"), line
 
 
 def test_yours_measures_the_users_code_where_the_problem_is_about_it():

@@ -4,7 +4,6 @@ writeup starter (handout/)."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from cs336sys.cli.options import Adapters, Replace, list_option, option
 from cs336sys.cli.vocabulary import command_at, command_path, without_value
 from cs336sys.measure.environ import environ
 from cs336sys.sweep import stopping
+from cs336sys.sweep.points import SpecError, check_triton
 
 handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
 
@@ -222,8 +222,7 @@ def run(
         _nothing_run(short)
     todo, untriton = _without_triton(todo, on_gpu)
     if not todo:
-        _nothing_run([f"{line}: your Triton kernel needs CUDA, or TRITON_INTERPRET=1"
-                      for line in untriton])
+        _nothing_run(untriton)
     if not dry_run:  # (a dry run is that check, printed)
         refused, needs_gpus = _refusals(root, todo, db)
         if refused:
@@ -236,7 +235,7 @@ def run(
     for line in short:  # what this host leaves owed, before anything is measured
         say(f"Left for a host with more GPUs: {line}.", then="  ")
     for line in untriton:
-        say(f"Left for a host with CUDA (or TRITON_INTERPRET=1): {line}.", then="  ")
+        say(f"Left out: {line}.", then="  ")
     from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
 
     say(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
@@ -379,19 +378,19 @@ TRITON_YOURS = "yours-triton"
 
 def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
     """`todo` without the user's Triton kernel where sweep/points.check_triton refuses it for
-    want of triton or of CUDA and the interpreter, a line per command it left (a Triton
-    adapter written mid-assignment stopped every problem's run)."""
-    import importlib.util
-
-    if importlib.util.find_spec("triton") is not None and (
-            on_gpu or os.environ.get("TRITON_INTERPRET") == "1"):
+    want of triton or of CUDA and the interpreter, a line per command it left, with why (a
+    Triton adapter written mid-assignment stopped every problem's run)."""
+    try:
+        check_triton(on_gpu, "your Triton kernel")
         return todo, []
+    except SpecError as exc:
+        why = str(exc).split(" to run the kernels", 1)[0]  # (the interpreter's words follow)
     kept, lines = [], []
     for problem, args in todo:
         if TRITON_YOURS not in ",".join(args).split(","):
             kept.append((problem, args))
             continue
-        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}`")
+        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}` ({why})")
         if TRITON_YOURS not in args:  # the kernel beside others: they still run
             kept.append((problem, without_value(args, TRITON_YOURS)))
     return kept, lines
