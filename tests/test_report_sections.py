@@ -545,6 +545,12 @@ def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
                                         row("torch", 90.0, 20.0, 55.0, sharding="zero"),
                                         row("fsdp", 120.0, 50.0, 40.0)])
     assert [b.label for b in fig.plot.bars] == [line[0] for line in t.rows]
+    # torch's comm ms below 0 (not clipped in the row): no wait, and the bar is the step
+    # (a wait of -60.7 drawn stacked made a 941 ms bar 1001 ms tall)
+    sec = Section("ddp", "DDP")
+    ddp_section.section(sec, [row("torch", 941.0, -60.7, 50.0), row("flat", 100.0, 30.0, 50.0)])
+    (fig,) = [f for f in sec.figures if f.name == "ddp-steps"]
+    assert fig.plot.bars[0].parts == (941.0, 0.0, None)
 
 
 def test_precision_draws_each_accumulation_error_on_a_log_axis():

@@ -8,6 +8,9 @@ table spells them.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import invoke, micro, query
@@ -182,6 +185,11 @@ def test_a_size_range_as_nccl_tests_takes_it():
     assert parse_sizes("1MB:4MB") == [10**6, 2 * 10**6, 4 * 10**6]  # x2 unless given
     assert parse_sizes("1KiB:1MiB:x32") == [2**10, 2**15, 2**20]
     assert parse_sizes("64MB") == [64 * 10**6]
+    # the docs' nccl-tests `-b 8 -e 1G -f 2`: its G is 2^30, 28 sizes up to 1,073,741,824
+    # (the docs wrote 8B:1GB:x2, which stops at 512 MiB)
+    page = (Path(__file__).parents[1] / "docs" / "experiments" / "comm.md").read_text()
+    (example,) = re.findall(r"--bytes (\S+) .*# a range, as nccl-tests' -b 8 -e 1G -f 2", page)
+    assert parse_sizes(example) == [8 * 2**k for k in range(28)]
     for bad, said in (("1GB:1MB", "ends"), ("1KB:1MB:x1", "more than 1"),
                       ("1B:1TB:x1.1", "more than 64 sizes"), ("1KB:zz", "not a size")):
         with pytest.raises(ValueError, match=said):

@@ -342,7 +342,7 @@ def _options(
     op: list_option("all-reduce, all-gather, reduce-scatter, broadcast. [default: "
                     "all-reduce]") = None,
     bytes: list_option("Buffer size(s): B, KB, MB, GB (10^3..) or KiB, MiB, GiB (2^10..); or "
-                       "a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. 8B:1GB:x2. "
+                       "a range START:END:xFACTOR as nccl-tests' -b -e -f, e.g. 8B:1GiB:x2 (nccl-tests' -b 8 -e 1G -f 2: its G is 2^30). "
                        "[default: 1MB,10MB,100MB,1GB on CUDA, 1MB,10MB,100MB on CPU]",
                        "--bytes") = None,
     placement: list_option("out-of-place and/or in-place, as nccl-tests times all-gather and "

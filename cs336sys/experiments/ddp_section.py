@@ -111,7 +111,9 @@ def _steps(pts: list[Row]) -> Bars:
         if r.get("status") != "ok" or step is None:
             continue
         s = r["_settings"]
-        wait = min(comm, step) if comm is not None else None
+        # torch's comm_ms (backward less backward without the reduction) is not clipped
+        # and comes out below 0 now and then: no wait, not a bar drawn down into the step
+        wait = min(max(comm, 0.0), step) if comm is not None else None
         rest = None if wait is None else step - wait
         # fsdp's comm_ms is the time with a collective in flight, hidden behind compute or
         # not: a part of its own, not the waiting of the others

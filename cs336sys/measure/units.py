@@ -1,8 +1,9 @@
 """Byte sizes with units, as users type them: `1MB`, `512KiB`, `1.5GB`, `4096`, and ranges
-of them as nccl-tests takes (`8B:1GB:x2`).
+of them as nccl-tests takes (`8B:1GiB:x2`).
 
-Decimal units (KB, MB, GB = 10^3, 10^6, 10^9) as nccl-tests and network people count;
-binary units (KiB, MiB, GiB = 2^10, 2^20, 2^30) when written with the `i`. No torch here:
+Decimal units (KB, MB, GB = 10^3, 10^6, 10^9) as network people count; binary units
+(KiB, MiB, GiB = 2^10, 2^20, 2^30) when written with the `i`, as nccl-tests reads its own
+K, M, G (its `-e 1G` is 1,073,741,824 bytes: `1GiB` here). No torch here:
 the CLI parses sizes before anything heavy is imported.
 """
 
@@ -49,8 +50,8 @@ MAX_RANGE_POINTS = 64
 
 
 def parse_sizes(text: str) -> list[int]:
-    """'1MB' -> [1_000_000]; '8B:1GB:x2' (nccl-tests' -b 8 -e 1G -f 2) -> 8, 16, ..., the
-    largest power-of-two multiple of 8 up to 1GB. ValueError with one sentence otherwise."""
+    """'1MB' -> [1_000_000]; '8B:1GiB:x2' (nccl-tests' -b 8 -e 1G -f 2) -> 8, 16, ..., 2^30:
+    28 sizes, the largest multiple of 8 by a power of two up to the end. ValueError with one sentence otherwise."""
     m = _RANGE.match(str(text))
     if m is None:
         return [parse_size(text)]
