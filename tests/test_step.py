@@ -335,7 +335,43 @@ def test_the_switch_chart_keeps_models_apart_and_marks_what_its_table_would_not_
         row("none", 30.0, model="cs336_basics"), row("fused-ce", 20.0, model="cs336_basics")])
     first, theirs = sec.figures
     assert "model=cs336_basics" in theirs.title and "model=" not in first.title
+    # each `none` is its own baseline, as in the table (`none` of torch-adamw read 0.83x)
     assert [(b.label, b.side_note) for b in first.plot.bars] == [
-        ("none optimizer=adamw", "1.00×"), ("none optimizer=torch-adamw", "0.83×?"),
+        ("none optimizer=adamw", "1.00×"), ("none optimizer=torch-adamw", "1.00×"),
         ("fused-adamw", "2.00×!")]
     assert [b.side_note for b in theirs.plot.bars] == ["1.00×", "1.50×?"]  # 3 samples a side
+
+
+def test_the_switch_chart_pairs_points_as_its_table_does():
+    """A `none` of another d_ff and fused-adamw of the default shared one chart and read
+    `1.56×?` (the table gave no ratio: another model); fused-ce of --ce torch and of --ce
+    triton were two bars both named `fused-ce`. A chart holds the points its table
+    compares, titled by what tells it from the others; a bar is named as its row is."""
+    from cs336sys.experiments import step_section
+    from cs336sys.experiments.step import TABLE
+    from cs336sys.report.sections import Section
+    from cs336sys.report.tables import point_table
+
+    def row(switches, ms, d_ff=1344, loss="torch"):
+        settings = {"size": "tiny", "num_layers": 1, "seq": 32, "batch": 2, "precision": "fp32",
+                    "param_dtype": "fp32", "checkpoint": "none", "switches": switches,
+                    "d_ff": d_ff, "loss": loss, "optimizer": "adamw", "world_size": 1}
+        return {**settings, "status": "ok", "step_ms_median": ms, "tokens_per_s": 1.0,
+                "gpu": None, "_settings": settings}
+
+    rows = [row("none", 30.0, d_ff=4096), row("fused-adamw", 19.0),
+            row("none", 20.0), row("fused-ce", 16.0, loss="fused-torch"),
+            row("fused-ce", 18.0, loss="fused-triton")]
+    sec = Section("step", "step")
+    step_section.section(sec, rows)
+    by_title = {f.title: f.plot for f in sec.figures}
+    # (the d_ff=4096 chart, a `none` alone, shows nothing to compare: not drawn)
+    assert list(by_title) == ["What each switch buys: tiny L=1 T=32 B=2 fp32 d_ff=1344"]
+    plot = by_title["What each switch buys: tiny L=1 T=32 B=2 fp32 d_ff=1344"]
+    assert [(b.label, b.side_note) for b in plot.bars] == [
+        ("none", "1.00×"), ("fused-adamw", "1.05×?"), ("fused-ce loss=fused-torch", "1.25×?"),
+        ("fused-ce loss=fused-triton", "1.11×?")]  # (no samples: no verdict)
+    t = point_table(TABLE, rows)
+    ratios = {(line[t.headers.index("switches")], line[t.headers.index("vs none")])
+              for line in t.rows}
+    assert ("fused-adamw", "1.05×") in ratios and ("fused-ce", "1.25×") in ratios

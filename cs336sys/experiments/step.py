@@ -43,7 +43,7 @@ from cs336sys.experiments.model import (
     preset_config,
     preset_sizes,
 )
-from cs336sys.experiments.step_ablation import impossible, merge, split
+from cs336sys.experiments.step_ablation import VARY, impossible, merge, split
 from cs336sys.experiments.step_build import (
     COURSE_REP_MS,
     COURSE_WARMUP_MS,
@@ -427,7 +427,7 @@ TABLE = Table(
             ratio=Ratio(
                 lambda r: r.get("step_ms_median"),
                 {"switches": "none"},
-                ("switches", "optimizer", "loss", "attention", "compile", "warm_cache"),
+                VARY,
                 samples="step_ms",
                 impossible=impossible,
             ),

@@ -12,6 +12,10 @@ from cs336sys.measure.stats import flatten
 from cs336sys.sweep import rounds
 from cs336sys.sweep.result import Result
 
+# The settings a switch set's speed-up varies over: a point's baseline is the `none` whose
+# other settings are all its own (the table's ratio, the chart's bars).
+VARY = ("switches", "optimizer", "loss", "attention", "compile", "warm_cache")
+
 
 def split(spec: Any) -> list[Any]:
     """The spec of each round (sweep/rounds.share), after its own build, first step and

@@ -10,24 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336sys.experiments.step_ablation import impossible
+from cs336sys.experiments.step_ablation import VARY, impossible
 from cs336sys.report.plots import Bar, Bars
-from cs336sys.report.sections import Figure, Row, Section, left_out, text
+from cs336sys.report.sections import Figure, Row, Section, left_out, skey, text, varying
 from cs336sys.report.tables import sample_interval, which
 
 MAX_CHARTS = 6
-# What makes two step points the same configuration (the switches vary within a chart).
-_CONFIG = ("size", "num_layers", "seq", "batch", "precision", "param_dtype",
-           "checkpoint", "d_model", "vocab_size", "world_size", "ddp", "model")
+# The settings the chart's title names; a chart holds the points the table compares with one
+# another (every setting equal but VARY's), and a setting that tells two charts apart beyond
+# these is named after them (`d_ff=4096`).
+_TITLED = ("size", "num_layers", "seq", "batch", "precision", "param_dtype", "checkpoint",
+           "world_size", "ddp", "model")
 # what a switch set's bar is named by, beyond its switches, where two bars share them (two
-# `none` of different --optimizer or --attention, in one configuration)
-_BASELINE = ("optimizer", "attention")
-
-
-def _setting(s: dict[str, Any], key: str) -> str:
-    """A configuration setting; rows stored before steps ran on ranks ran on one."""
-    value = s.get(key)
-    return "1" if key == "world_size" and value is None else str(value)
+# `none` of different --optimizer, fused-ce of --ce torch and triton)
+_BASELINE = tuple(k for k in VARY if k != "switches")
 
 
 def _order(switches: str) -> int:
@@ -75,19 +71,26 @@ def section(sec: Section, pts: list[Row]) -> None:
     """A bar chart of step time per switch set, one per configuration."""
     ok = [r for r in pts if r.get("status") == "ok" and r.get("step_ms_median")]
     charts: dict[tuple, list[Row]] = {}
-    for r in ok:
-        s = r["_settings"]
-        charts.setdefault((r.get("gpu"), *(_setting(s, k) for k in _CONFIG)), []).append(r)
-    titles = [_title(g[0]["_settings"], g[0].get("gpu")) for g in charts.values()]
+    for r in ok:  # as the table pairs a row with its `none` (step.TABLE's Ratio); a row
+        # stored before steps ran on ranks ran on one
+        point = {"_settings": {**r["_settings"], "world_size": r["_settings"].get("world_size")
+                               or 1}}
+        charts.setdefault((r.get("gpu"), skey(point, drop=VARY)), []).append(r)
+    apart = varying([g[0] for g in charts.values()], shown=(*_TITLED, *VARY))
+    titles = [" ".join([_title(g[0]["_settings"], g[0].get("gpu")),
+                        *(f"{k}={g[0]['_settings'].get(k)}" for k in apart)])
+              for g in charts.values()]
     for i, g in enumerate(list(charts.values())[:MAX_CHARTS]):
         g = sorted(g, key=lambda r: _order(r["_settings"].get("switches", "")))
         first = next((r for r in g if r["_settings"].get("switches") == "none"), None)
-        base = first["step_ms_median"] if first else None
         bars = tuple(
             Bar("", _label(r, g), (r["step_ms_median"],), r["step_ms_median"],
-                r.get("tokens_per_s"), _speedup(first, r) if base else "")
+                r.get("tokens_per_s"),
+                _speedup(r if r["_settings"].get("switches") == "none" else first, r)
+                if first else "")
             for r in g
         )
+        base = first
         plot = Bars(bars, ("step",), "step time (ms, median)", "tokens/s",
                     f"Step time per switch set ({titles[i]})",
                     side_title="speed-up (? no verdict, ! impossible)"
