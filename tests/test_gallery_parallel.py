@@ -249,6 +249,33 @@ def test_the_leaderboard_step_compiles_under_your_fsdp_or_says_why_not(repo, tmp
 
 
 @pytest.mark.slow  # starts ranks
+def test_the_leaderboard_step_says_where_your_fsdp_shards_nothing(repo, tmp_path):
+    """handout run leaderboard --yours runs the user's FSDP on cs336sys's model, of which a
+    course FSDP (it wraps cs336_basics' Linear and Embedding) shards nothing: each rank held
+    it whole and the step was stored ok without a word (ddp said NOT SHARDED). The step
+    stores what rank 0 holds, as ddp does, and the table flags it."""
+    from cs336sys.experiments.ddp_setup import NOT_OUR_LAYERS
+    from cs336sys.experiments.step import TABLE
+    from cs336sys.report.tables import point_table
+
+    db = tmp_path / "r.db"
+    ours = STEP[2:]  # (STEP starts with --model cs336_basics)
+    for more in (STEP[:2], []):
+        out = invoke("step", *ours, *more, "--ddp", f"yours-fsdp={FSDP}:FSDP", "--switches",
+                     "none", "--db", db)
+        assert out.exit_code == 0, out.output
+    basics, mine = query(db, "SELECT * FROM step_runs ORDER BY created")
+    assert 0.45 < basics["param_rank0_share"] < 0.55 and basics["not_sharded"] is None
+    assert mine["status"] == "ok" and mine["param_rank0_share"] == 1.0
+    assert mine["not_sharded"].endswith(NOT_OUR_LAYERS)
+    rows = query(db, "SELECT r.*, r.ddp AS ddp FROM step_runs r ORDER BY created")
+    t = point_table(TABLE, [{**r, "_settings": {"ddp": r["ddp"], "model": r["model"]}}
+                            for r in rows])
+    held = [line[t.headers.index("rank 0 holds")] for line in t.rows]
+    assert held[1] == "params 100%, opt 100% NOT SHARDED" and "NOT" not in held[0], held
+
+
+@pytest.mark.slow  # starts ranks
 def test_your_ddp_in_the_leaderboard_step_is_checked_as_the_course_checks_it(repo, tmp_path):
     """step --ddp yours ran the user's DDP unchecked: one that sums its gradients was timed
     ok (one that never all-reduces, faster for the work it skips). The course's test_ddp.py

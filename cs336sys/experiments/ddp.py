@@ -468,14 +468,6 @@ EXPERIMENT = Experiment(
             expected_params_bytes     bytes     analytic parameter bytes per rank
             expected_grads_bytes      bytes     analytic gradient bytes per rank
             expected_opt_state_bytes  bytes     analytic optimizer-state bytes per rank
-            param_rank0_share         -         rank 0's parameter bytes over one whole copy's
-            opt_state_rank0_share     -         rank 0's optimizer-state bytes over AdamW's whole
-                                                  state (two moments per parameter)
-            not_sharded               -         where the point shards: what rank 0 holds past
-                                                  1/N + 10 % of the whole, the ranks more
-                                                  than one copy
-            uneven                    -         the same, the ranks holding one copy between
-                                                  them (split, rank 0 the most)
             buckets                   -         gradient buckets (bucketed)
             params                    -         trainable parameters of the model
             tokens_per_s              tokens/s  global batch tokens / mean step time
@@ -486,6 +478,7 @@ EXPERIMENT = Experiment(
             check_worst               -         the largest |p - p_ref| / |p_ref - p_0| over
                                                   parameters
         """),
+        *ddp_setup.SHARE_METRICS,
         *CHECK_METRICS,
         *launch(("fwd", "bwd", "comm", "opt")),
     ),

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from cs336sys.experiments.ddp_setup import shares_cell
+from cs336sys.experiments.ddp_setup import SHARES_COLUMN
 from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
@@ -167,10 +167,7 @@ TABLE = Table(
                "precision (above 1: slower), with its 95 % interval where each side has 5 "
                "steps or more (with fewer, too few samples to tell), and no verdict: the "
                "points run one after the other."),
-        Column("rank 0 holds", cell=shares_cell, optional=True,
-               note="rank 0 holds: its share of one whole copy of the parameters and of "
-               "AdamW's state, where the point shards them; past 1/N + 10 %: UNEVEN where "
-               "the ranks hold one copy between them, NOT SHARDED where they hold more."),
+        SHARES_COLUMN,
         HOST_BOUND,
     ),
     note="comm ms: the time a step waits on gradient communication (a sharded optimizer's "

@@ -38,6 +38,7 @@ from cs336sys.experiments.training_check import every_name
 from cs336sys.experiments.training_step import adamw_kwargs
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import held
+from cs336sys.sweep.declaration import Column, metric_table
 
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
@@ -276,7 +277,7 @@ def shares_cell(row: Any) -> str | None:
     """`params 50 %, opt 50 %` where the point shards (FSDP: both; a sharded optimizer: the
     state), with NOT SHARDED when rank 0 holds more than 1/N + 10 % of either and the ranks
     more than one copy of it, UNEVEN when they hold one copy between them."""
-    fsdp = stored_as_fsdp(row.get("impl"))
+    fsdp = stored_as_fsdp(row.get("impl") or row.get("ddp"))  # a ddp point's, or a step's
     sharded = row.get("shard_optimizer") not in (None, "none", "")
     if not (fsdp or sharded) or row.get("opt_state_rank0_share") is None:
         return None
@@ -284,3 +285,21 @@ def shares_cell(row: Any) -> str | None:
         [f"opt {row['opt_state_rank0_share']:.0%}"]
     flag = " NOT SHARDED" if row.get("not_sharded") else " UNEVEN" if row.get("uneven") else ""
     return ", ".join(parts) + flag
+
+
+# What rank 0 holds of the whole (`shares`), stored by ddp and by step on ranks.
+SHARE_METRICS = metric_table("""
+    param_rank0_share         -         rank 0's parameter bytes over one whole copy's
+    opt_state_rank0_share     -         rank 0's optimizer-state bytes over AdamW's whole
+                                          state (two moments per parameter)
+    not_sharded               -         where the point shards: what rank 0 holds past
+                                          1/N + 10 % of the whole, the ranks more
+                                          than one copy
+    uneven                    -         the same, the ranks holding one copy between
+                                          them (split, rank 0 the most)
+""")
+SHARES_COLUMN = Column(
+    "rank 0 holds", cell=shares_cell, optional=True,
+    note="rank 0 holds: its share of one whole copy of the parameters and of AdamW's state, "
+    "where the point shards them; past 1/N + 10 %: UNEVEN where the ranks hold one copy "
+    "between them, NOT SHARDED where they hold more.")

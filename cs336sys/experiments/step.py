@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.attention import registry
-from cs336sys.experiments import preflight, step_command, step_section
+from cs336sys.experiments import ddp_setup, preflight, step_command, step_section
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import (
     CHECK_NOTE,
@@ -449,6 +449,7 @@ TABLE = Table(
         Column("course ms", "course_ms", "num", optional=True,
                note="course ms: the leaderboard test's own timing (do_bench, 30 s of "
                "repetitions after 10 s of warm-up), beside ours (--course-timing)."),
+        ddp_setup.SHARES_COLUMN,
         Column("check", "check", optional=True, note=CHECK_NOTE + " On ranks, the user's DDP "
                "first runs the course's test_ddp.py, as in ddp."),
     ),
@@ -474,16 +475,15 @@ EXPERIMENT = Experiment(
             first_step_s       s    the first step: compile, autotuning and first allocations
             compile_s          s    compile: the first step's time beyond a median step
             wall_s             s    the point's wall time, model build to the last timed step
+            loss_first         -    loss of the first step (summed over the batch's tokens)
+            loss_last          -    loss of the last timed step
         """),
         Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
         Metric("course_ms", "ms", "the step timed as the leaderboard's test does: do_bench's "
                f"mean over {COURSE_REP_MS} ms after {COURSE_WARMUP_MS} ms of warm-up "
                "(--course-timing)"),
         Metric("rounds_done", "", "interleaved rounds the timed steps came from (--rounds)"),
-        *metric_table("""
-            loss_first       -  loss of the first step (summed over the batch's tokens)
-            loss_last        -  loss of the last timed step
-        """),
+        *ddp_setup.SHARE_METRICS,  # on ranks
         *CHECK_METRICS,
         *preflight.METRICS,
     ),

@@ -27,6 +27,7 @@ from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache
 from cs336sys.experiments.training_step import throughput
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import matmul_precision
+from cs336sys.measure.memory import held
 from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep.points import SpecError
@@ -117,6 +118,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
 
     def wrap(model: Any, make_optimizer: Any) -> Any:
         whole["params"] = sum(p.numel() for p in model.parameters())  # before any sharding
+        whole["bytes"] = held(list(model.parameters()), None)["params"]
         return ddp_setup.build(spec.ddp, None, None, spec.precision, model, device,
                                make_optimizer=make_optimizer,
                                num_layers=spec.num_layers, blocks=spec.blocks)
@@ -156,8 +158,11 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         mine = [timed(1 + spec.warmup + i) for i in range(spec.iters)]
     wall_s = time.perf_counter() - t_start
     peak = torch.cuda.max_memory_allocated(device) if on_cuda else None
+    # what each rank holds after its steps: an FSDP that shards none of this model's layers
+    # (the course's wraps cs336_basics' Linear, not torch's) ran as replicas, unsaid
+    holds = held(list(model.parameters()), optimizer)
     per_rank = gather({"times": mine, "peak": peak, "wall_s": wall_s, "first_ms": first_ms,
-                       "losses": [float(v) for v in losses]})
+                       "losses": [float(v) for v in losses], "holds": holds})
     slowest = [max(r["times"][i] for r in per_rank) for i in range(spec.iters)]
     # each rank's loss is summed over its slice's tokens: their sum is the global batch's,
     # what the one-process step stores (rank 0's alone read half of it on two ranks)
@@ -168,6 +173,9 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
                               metrics["step_ms_median"], ctx.device,
                               matmul_precision(spec.precision, spec.param_dtype)))
     metrics["params"] = whole["params"]
+    metrics.update(ddp_setup.shares(spec.ddp, None, [r["holds"]["params"] for r in per_rank],
+                                    [r["holds"]["opt_state"] for r in per_rank], whole["bytes"],
+                                    spec.model))
     if metrics.get("mfu") is not None:
         metrics["mfu"] /= ctx.world_size  # the peak is one GPU's; the step used all of them
     walls = [r["wall_s"] for r in per_rank]

@@ -374,10 +374,12 @@ PROBLEMS = (
               Run("step --preset leaderboard --switches none,fused-adamw+flash",
                   cpu="step --preset leaderboard --size tiny --seq 64 --precision fp32 "
                   "--switches none --warmup 1 --iters 2",
-                  yours="step --preset leaderboard --ddp yours-fsdp --switches "
-                  "none,fused-adamw+flash",
-                  yours_cpu="step --preset leaderboard --ddp yours-fsdp --size tiny --seq 64 "
-                  "--precision fp32 --switches none --warmup 1 --iters 2")),
+                  # the user's FSDP on the user's model: the course's shards cs336_basics'
+                  # layers, none of cs336sys's (whose flash switch --model leaves out)
+                  yours="step --preset leaderboard --model cs336_basics --ddp yours-fsdp "
+                  "--switches none,fused-adamw",
+                  yours_cpu="step --preset leaderboard --model cs336_basics --ddp yours-fsdp "
+                  "--size tiny --seq 64 --precision fp32 --switches none --warmup 1 --iters 2")),
         tables=("step",),
     ),
 )
