@@ -12,13 +12,8 @@ import pytest
 
 from cs336sys.measure import timing
 from cs336sys.measure.sampling import Enough, drift, ratio_interval, verdict
-from cs336sys.report.tables import (
-    NOT_INTERLEAVED_NOTE,
-    RUNS_APART_NOTE,
-    _ratios,
-    point_table,
-    speedups,
-)
+from cs336sys.report.intervals import NOT_INTERLEAVED_NOTE, RUNS_APART_NOTE, speedups
+from cs336sys.report.tables import _ratios, point_table
 from cs336sys.sweep.declaration import Experiment, Ratio
 from cs336sys.sweep.result import Result
 from cs336sys.sweep.runner import run_sweep
@@ -131,7 +126,7 @@ def test_points_run_one_after_the_other_get_no_verdict():
     """Two points of one command that ran one after the other, in an experiment that has no
     rounds at all (ddp: torch's DDP against itself read 0.64x and 1.34x "faster"/"slower") or
     with one round: the interval, no verdict."""
-    from cs336sys.report.tables import NOT_INTERLEAVED, sample_interval
+    from cs336sys.report.intervals import NOT_INTERLEAVED, sample_interval
 
     a = [100.0, 101.0, 99.0, 100.5, 100.2, 99.8]
     b = [90.0, 91.0, 89.0, 90.5, 90.2, 89.8]

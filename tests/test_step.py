@@ -4,6 +4,7 @@ losses, step after step."""
 
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -375,3 +376,47 @@ def test_the_switch_chart_pairs_points_as_its_table_does():
     ratios = {(line[t.headers.index("switches")], line[t.headers.index("vs none")])
               for line in t.rows}
     assert ("fused-adamw", "1.05×") in ratios and ("fused-ce", "1.25×") in ratios
+
+
+def test_points_whose_triton_kernels_ran_interpreted_stand_apart(monkeypatch):
+    """Under TRITON_INTERPRET=1 on a CPU, fused-ce with --ce triton read `0.10× slower` and
+    flash `0.0068× slower` than `none`, unmarked: the emulator's time, not the kernel's. A
+    point whose Triton kernel ran interpreted says so, stands in a table of its own with no
+    verdict against the native `none`, and out of the chart."""
+    from cs336sys.experiments import step_section
+    from cs336sys.experiments.step import EXPERIMENT
+    from cs336sys.experiments.step_build import interpreted
+    from cs336sys.report.experiment_section import build_section
+
+    def spec(**kw):
+        return SimpleNamespace(**{"optimizer": "adamw", "loss": "materialised",
+                                  "attention": "naive", **kw})
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    triton = [spec(loss="fused-triton"), spec(attention="triton"),
+              spec(optimizer="adamw-triton")]
+    assert all(interpreted(s) for s in triton)
+    assert not any(interpreted(s) for s in (spec(), spec(loss="fused-torch"),
+                                            spec(optimizer="adamw-foreach")))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not any(interpreted(s) for s in triton)  # on a GPU: the kernel itself
+
+    def row(switches, ms, run, loss="materialised"):
+        s = {"size": "tiny", "num_layers": 1, "seq": 32, "batch": 2, "precision": "fp32",
+             "switches": switches, "loss": loss, "optimizer": "adamw", "world_size": 1}
+        return {**s, "status": "ok", "step_ms_median": ms, "step_ms_mean": ms,
+                "tokens_per_s": 1.0, "gpu": None, "interpreted": run, "_settings": s,
+                "created": "2026-12-07", "run_id": switches, "invocation_id": "i",
+                "_samples": {"step_ms": [ms * (1 + i / 100) for i in range(6)]}}
+
+    rows = [row("none", 20.0, False), row("fused-adamw", 19.0, False),
+            row("fused-ce", 200.0, True, loss="fused-triton")]
+    sec = build_section(EXPERIMENT, rows)
+    native, apart = sec.tables[:2]
+    assert apart.title.endswith(step_section.APART[1]) and len(apart.rows) == 1
+    # its ratio to the native `none`, with no verdict: the emulator against the machine
+    cell = apart.rows[0][apart.headers.index("vs none")]
+    assert cell.startswith("0.10× (") and cell.endswith(", one side interpreted)"), cell
+    assert len(native.rows) == 2
+    (chart,) = [f for f in sec.figures if f.name == "step-switches"]
+    assert [b.label for b in chart.plot.bars] == ["none", "fused-adamw"]

@@ -8,6 +8,13 @@ import json
 from typing import Any
 
 from cs336sys.measure.device import MFU_NOTE
+from cs336sys.report.intervals import (
+    NOT_INTERLEAVED,
+    NOT_INTERLEAVED_NOTE,
+    RUNS_APART,
+    RUNS_APART_NOTE,
+    speedups,
+)
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
     FilledTable,
@@ -19,13 +26,6 @@ from cs336sys.report.sections import (
     pct,
     text,
     varying,
-)
-from cs336sys.report.tables import (
-    NOT_INTERLEAVED,
-    NOT_INTERLEAVED_NOTE,
-    RUNS_APART,
-    RUNS_APART_NOTE,
-    speedups,
 )
 from cs336sys.sweep.declaration import model_size
 

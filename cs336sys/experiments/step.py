@@ -37,13 +37,12 @@ from cs336sys.attention import registry
 from cs336sys.experiments import ddp_setup, preflight, step_command, step_section
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import (
-    CHECK_NOTE,
     check_blocks,
     check_model,
     preset_config,
     preset_sizes,
 )
-from cs336sys.experiments.step_ablation import VARY, impossible, merge, split
+from cs336sys.experiments.step_ablation import merge, split
 from cs336sys.experiments.step_build import (
     COURSE_REP_MS,
     COURSE_WARMUP_MS,
@@ -51,6 +50,7 @@ from cs336sys.experiments.step_build import (
     build,
     course_ms,
     empty_compile_cache,
+    interpreted,
     tensor_peak_bytes,
 )
 from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
@@ -63,15 +63,9 @@ from cs336sys.measure.timing import time_do_bench, time_loop
 from cs336sys.models.config import ModelShape
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import (
-    SIZE_COLUMN,
-    Column,
     Experiment,
     Metric,
-    Ratio,
-    Table,
-    column_table,
     metric_table,
-    setting_columns,
     settings_keys,
     timing,
 )
@@ -404,6 +398,7 @@ def run(spec: StepSpec) -> Result:
         loss_last=float(losses[-1]),
         course_ms=course,
         code=user_code(config, model, optimizer) if checked is not None else None,
+        interpreted=interpreted(spec),
     )
     return judged(checked, metrics, losses,
                   samples={"step_ms": samples, "opt_ms": opt, "warmup": {"step_ms": warm},
@@ -413,49 +408,7 @@ def run(spec: StepSpec) -> Result:
 # -- the declaration ------------------------------------------------------------------------
 
 
-TABLE = Table(
-    "One training step, each optimisation switched on",
-    (
-        SIZE_COLUMN,
-        Column("model", "model", setting=True, optional=True),
-        *setting_columns("layers=num_layers seq batch precision params=param_dtype ckpt=checkpoint "
-                         "switches ranks=world_size ddp"),
-        Column("step ms", "step_ms", "mean_std"),
-        Column("median ms", "step_ms_median", "num"),
-        Column(
-            "vs none",
-            ratio=Ratio(
-                lambda r: r.get("step_ms_median"),
-                {"switches": "none"},
-                VARY,
-                samples="step_ms",
-                impossible=impossible,
-            ),
-            note="vs none: the median step time with no switch over this one's, at the same "
-            "settings (2.00x = twice as fast), with the 95 % bootstrap interval of that ratio "
-            "from both points' samples: faster or slower only when the interval excludes 1, "
-            "else no difference; too few samples to tell under 5 a side.",
-            notes_if=(("IMPOSSIBLE", "IMPOSSIBLE: fused-adamw saved more than the optimizer "
-                       "step takes (noise or drift, not the switch)."),),
-        ),
-        *column_table("""
-            tokens/s         tokens_per_s       num
-            MFU              mfu                pct
-            peak MiB         peak_allocated_mb  num  optional
-            tensor peak MiB  peak_tensor_mb     num  optional
-            compile s        compile_s          num  optional
-            wall s           wall_s             num
-        """),
-        Column("course ms", "course_ms", "num", optional=True,
-               note="course ms: the leaderboard test's own timing (do_bench, 30 s of "
-               "repetitions after 10 s of warm-up), beside ours (--course-timing)."),
-        ddp_setup.SHARES_COLUMN,
-        Column("check", "check", optional=True, note=CHECK_NOTE + " On ranks, the user's DDP "
-               "first runs the course's test_ddp.py, as in ddp."),
-    ),
-    note="wall s: the point from model build to its last timed step, "
-    f"compile included; the leaderboard allows {LIMIT_S} s from an empty cache.",
-)
+TABLE = step_section.TABLE  # (the name tests and the catalog's readers know)
 
 EXPERIMENT = Experiment(
     kind="step",
@@ -483,6 +436,8 @@ EXPERIMENT = Experiment(
                f"mean over {COURSE_REP_MS} ms after {COURSE_WARMUP_MS} ms of warm-up "
                "(--course-timing)"),
         Metric("rounds_done", "", "interleaved rounds the timed steps came from (--rounds)"),
+        Metric("interpreted", "", "a Triton kernel ran in Triton's CPU interpreter "
+               "(TRITON_INTERPRET=1): the time is the emulator's"),
         *ddp_setup.SHARE_METRICS,  # on ranks
         *CHECK_METRICS,
         *preflight.METRICS,
@@ -495,6 +450,7 @@ EXPERIMENT = Experiment(
     merge=merge,
     run_on_ranks=run_on_ranks,
     section=step_section.section,
+    apart=step_section.APART,
     draws=True,
     command=step_command.COMMAND,
 )

@@ -23,7 +23,7 @@ from cs336sys.experiments import ddp_setup, ddp_yours
 from cs336sys.experiments.checks import before_timing, both, judged, user_code
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.ddp_toy_check import checked as toy_check
-from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache
+from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache, interpreted
 from cs336sys.experiments.training_step import throughput
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import matmul_precision
@@ -188,6 +188,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         within_limit=max(walls) <= LIMIT_S,
         loss_first=summed[0],
         loss_last=summed[-1],
+        interpreted=interpreted(spec),
     )
     if checked is not None or yours.is_yours(spec.ddp):  # the wrapper, the model it wraps
         metrics["code"] = user_code(config, model, getattr(model, "module", None), optimizer)

@@ -13,14 +13,22 @@ import textwrap
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cs336sys.measure.sampling import BOOTSTRAP_MIN, drifted, ratio_interval, verdict
+from cs336sys.measure.sampling import drifted
 from cs336sys.measure.units import format_size
+from cs336sys.report.intervals import (
+    NOT_INTERLEAVED,
+    NOT_INTERLEAVED_NOTE,
+    ONE_INTERPRETED,
+    ONE_INTERPRETED_NOTE,
+    RUNS_APART,
+    RUNS_APART_NOTE,
+    sample_interval,
+)
 from cs336sys.report.sections import (
     FilledTable,
     Row,
     compared,
     mean_std,
-    median_or_mean,
     mib,
     num,
     pct,
@@ -29,7 +37,6 @@ from cs336sys.report.sections import (
     skey,
     status_or,
     text,
-    timed_samples,
     with_gpu,
 )
 from cs336sys.sweep.declaration import Column, Ratio, Table
@@ -179,83 +186,6 @@ def which(chosen: Row, candidates: list[Row], vary: tuple[str, ...]) -> str:
     return " ".join(f"{k}={chosen['_settings'].get(k)}" for k in keys)
 
 
-# Ratio cells of two points stored by different commands: the interval, no verdict.
-RUNS_APART = "runs apart"
-RUNS_APART_NOTE = (
-    "runs apart: the two points were stored by different commands; the interval sees the "
-    "spread within each run, not the drift between runs (two runs of one model point "
-    "differed by 23 % on an H100), so it gives no verdict: measure both in one command.")
-
-
-TOO_FEW = "too few samples to tell"  # measure/significance.py's judge says the same
-
-NOT_INTERLEAVED = "not interleaved"
-NOT_INTERLEAVED_NOTE = (
-    "not interleaved: the two points ran one after the other, so the interval sees the spread "
-    "within each, not how the machine's load changed between them (on a loaded CPU two runs "
-    "of one step read 6.22x and 1.29x faster, and torch's DDP against itself 0.64x and 1.34x); "
-    "it gives no verdict: attention and step interleave the points' timed steps with --rounds "
-    "2 or more (the default on CUDA); model, memory, ddp and comm run one point at a time, "
-    "so repeat the command and compare the runs (report --compare).")
-
-
-def _interleaved(row: Row) -> bool:
-    """Whether the point's timed steps came in interleaved rounds with other points' (never,
-    where its experiment has no rounds: model, memory, ddp, comm run points one by one)."""
-    settings = row.get("_settings") or {}
-    return "rounds" in settings and (row.get("rounds_done") or settings.get("rounds") or 1) >= 2
-
-
-def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str:
-    """` faster (1.65–2.58)`: the bootstrap interval of row's median of the samples `name`
-    over base's (base's over row's when `speedup`) and its verdict; '' without samples, and
-    TOO_FEW with too few a side to tell (under BOOTSTRAP_MIN: measure/sampling.py):
-    a bootstrap of one sample a side has an interval of zero width, a certainty it lacks,
-    and a bare ratio read as a change (0.74x of 2.5 ± 1.5 s against 2.7 ± 1.5).
-    Two rows of different invocations get the interval and RUNS_APART instead of a verdict:
-    resampling steps within each run cannot see how far runs drift apart; nor, in one run,
-    between points that did not interleave their steps (NOT_INTERLEAVED: torch's DDP against
-    itself, one point after the other, read 0.64x and 1.34x)."""
-    if not name:
-        return ""
-    a = timed_samples(base.get("_samples"), name)
-    b = timed_samples(row.get("_samples"), name)
-    if not a or not b:
-        return ""
-    if min(len(a), len(b)) < BOOTSTRAP_MIN:
-        return f" ({TOO_FEW})"
-    found = ratio_interval(a, b)  # row over base: a time ratio
-    if found is None:
-        return ""
-    low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
-    if base.get("invocation_id") != row.get("invocation_id"):
-        return f" ({low:.2f}–{high:.2f}, {RUNS_APART})"
-    if not (_interleaved(base) and _interleaved(row)):
-        return f" ({low:.2f}–{high:.2f}, {NOT_INTERLEAVED})"
-    return f" {verdict(found)} ({low:.2f}–{high:.2f})"
-
-
-def speedups(rows: list[Row], key: str, a: Any, b: Any, samples: str,
-             label: Callable[[Row], str]) -> list[list[str]]:
-    """Points differing only in `key` (a vs b): the median of `samples` (`step_ms`) at a,
-    at b, and a/b (>1: b faster) with its interval and verdict from the raw samples where
-    the runs stored them. Medians, not means: one slow step in six moves a mean by a fifth
-    (63.9 ± 29 ms against a median of 58)."""
-    groups: dict[tuple, dict[Any, Row]] = {}
-    for r in rows:
-        if not compared(r) or not ratio_side(median_or_mean(r, samples)):
-            continue
-        groups.setdefault((r.get("gpu"), skey(r, drop=(key,))), {})[r["_settings"].get(key)] = r
-    out = []
-    for pair in groups.values():
-        if a in pair and b in pair:
-            ra, rb = pair[a], pair[b]
-            ta, tb = median_or_mean(ra, samples), median_or_mean(rb, samples)
-            ratio = f"{ta / tb:.2f}×" + sample_interval(samples, ra, rb, True)
-            out.append([label(ra), num(ta), num(tb), ratio])
-    return out
-
-
 def matching(declared: Table, rows: Iterable[Row]) -> list[Row]:
     """The rows the declared table is about (its `where` on the settings)."""
     return [r for r in rows if all(r["_settings"].get(k) == v for k, v in declared.where.items())]
@@ -324,7 +254,8 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     at = len(t.headers) - len(heads) - (t.headers[-1] == "other settings")  # gpu column
     notes += [sentence for i, c in enumerate(columns) for word, sentence in c.notes_if
               if any(word in row[at + i] for row in t.rows)]
-    for mark, note in ((RUNS_APART, RUNS_APART_NOTE), (NOT_INTERLEAVED, NOT_INTERLEAVED_NOTE)):
+    for mark, note in ((RUNS_APART, RUNS_APART_NOTE), (NOT_INTERLEAVED, NOT_INTERLEAVED_NOTE),
+                       (ONE_INTERPRETED, ONE_INTERPRETED_NOTE)):
         if any(mark in row[at + i] for i, c in enumerate(columns) if c.ratio for row in t.rows):
             notes.append(note)
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
