@@ -289,6 +289,14 @@ def test_your_ddp_in_the_leaderboard_step_is_checked_as_the_course_checks_it(rep
     assert (rows["yours-right"]["status"], rows["yours-right"]["check"]) == ("ok", "pass")
     assert rows["yours-sums"]["status"] == "wrong"
     assert rows["yours-sums"]["error"].startswith("wrong: as the course's test_ddp.py runs it")
+    # a right DDP whose forward takes x alone, under the fused loss (computed in cs336sys's
+    # LM head, called with targets=): a rank's TypeError was stored as error; skipped, why
+    out = invoke("step", *STEP[2:], "--ddp", f"yours-x={DDP}:TakesX", "--switches",
+                 "fused-ce", "--db", db)
+    assert out.exit_code == 0, out.output
+    (x,) = query(db, "SELECT status, error FROM step_runs WHERE ddp = 'yours-x'")
+    assert x["status"] == "skipped" and "TakesX.forward takes no keywords to pass on to the " \
+        "model (targets=, ce_impl=)" in x["error"], x["error"]
     # an adapters getter not written yet: skipped as ddp skips it, not a rank's traceback
     edit(repo, "tests/adapters.py", "    from cs336_systems.ddp import NaiveDDP\n",
          "    raise NotImplementedError\n    from cs336_systems.ddp import NaiveDDP\n")

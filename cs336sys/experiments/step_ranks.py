@@ -65,7 +65,8 @@ def compiled_under_yours(wrapper: str, exc: Exception) -> CompiledUnderYourFSDP:
 
 
 def fused_loss_refusal(wrapped: Any) -> str | None:
-    """Why the model the user's FSDP returned cannot take the fused loss, or None. The step
+    """Why the model the user's DDP or FSDP returned cannot take the fused loss, or None
+    (a DDP whose forward takes x alone raised TypeError on a rank). The step
     calls it as `wrapped(x, targets=y, ce_impl=...)` and the loss is computed inside
     cs336sys's LM head (models/transformer.py, LMHead), where the wrapper has gathered the
     head's weight: its forward must pass keywords on, and the head must still be there."""
@@ -129,7 +130,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
             at_rank, seed=ddp_setup.init_seed(spec.ddp, spec.seed, ctx.rank), wrap=wrap, rows=rows)
     except Unfinished as exc:  # the user's getter raised NotImplementedError on every rank
         return Result("skipped", error=str(exc))
-    if spec.loss != "materialised" and ddp_yours.kind_of(spec.ddp) == "fsdp":
+    if spec.loss != "materialised" and yours.is_yours(spec.ddp):  # a DDP's forward(x) too
         why = fused_loss_refusal(model)  # the same on every rank: the same code wrapped it
         if why is not None:
             return Result("skipped", error=f"fused-ce under --ddp {spec.ddp}: {why}")

@@ -42,6 +42,14 @@ class AverageInHooks(_Hooked):
         self.handles.append(dist.all_reduce(p.grad, async_op=True))
 
 
+class TakesX(AverageInHooks):
+    """Right, its forward written for the model's input alone, as many are: the course's
+    tests call it so; the step's fused loss passes targets= on to the model."""
+
+    def forward(self, x):
+        return self.module(x)
+
+
 class AverageAfter(_Hooked):
     """Right: summed (async) in the hooks, divided once all have arrived."""
 
