@@ -245,7 +245,7 @@ def test_a_point_on_ranks_this_host_cannot_hold_is_skipped_before_its_ranks_star
 ])
 def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switches):
     """--world-size 2: the step on two Gloo ranks, each its half of the global batch; the
-    stored first loss, the ranks' summed, is the single-process model's on the whole batch,
+    stored first loss, the ranks' mean, is the single-process model's on the whole batch,
     the same weights (an FSDP starts from them on every rank, a DDP broadcasts rank 0's);
     rank 0's alone, stored before, read half the one-rank step's. The fused loss, computed
     inside the LM head's forward where an FSDP unit has gathered its weight, gives the
@@ -420,3 +420,21 @@ def test_points_whose_triton_kernels_ran_interpreted_stand_apart(monkeypatch):
     assert len(native.rows) == 2
     (chart,) = [f for f in sec.figures if f.name == "step-switches"]
     assert [b.label for b in chart.plot.bars] == ["none", "fused-adamw"]
+
+
+def test_the_step_loss_is_the_mean_over_tokens_as_the_leaderboards():
+    """The leaderboard's `cross_entropy(res, targets).sum()` is cs336_basics' cross_entropy,
+    the mean over the tokens (a scalar: `.sum()` leaves it); the step summed the B·T
+    tokens' losses, B·T times the leaderboard's loss and gradient. Both losses, the
+    materialised and the fused, are the mean, as F.cross_entropy computes it."""
+    import torch.nn.functional as F
+
+    from cs336sys.experiments.training_step import make_batch
+
+    for switches in ("none", "fused-ce"):
+        (spec,) = step_exp.specs(**{**SHAPE, "seq": [16]}, switches=[switches])
+        model, _, train_step = step_exp.build(spec)
+        x, y = make_batch(spec.seed, spec.batch, spec.seq, model.lm_head.out_features)
+        with torch.no_grad():
+            want = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        assert float(train_step()) == pytest.approx(float(want), rel=1e-5), switches

@@ -1,9 +1,10 @@
 """Time one full training step as the CS336 2026 leaderboard does (zero_grad, forward,
-cross-entropy summed over the batch, backward, AdamW; do_bench on CUDA), once per switch set,
+cross-entropy's mean over the batch, backward, AdamW; do_bench on CUDA), once per switch set,
 so that each optimisation's gain shows alone and together.
 
-The leaderboard's step, `optimizer.zero_grad(); loss = cross_entropy(model(x), y) summed
-over the batch; loss.backward(); optimizer.step()`, runs on the 8B config (d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936, context 32768,
+The leaderboard's step, `optimizer.zero_grad(); loss = cross_entropy(model(x), y).sum();
+loss.backward(); optimizer.step()` (cs336_basics' cross_entropy is the mean over the tokens,
+a scalar, which `.sum()` leaves as it is), runs on the 8B config (d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab 151936, context 32768,
 batch 2, bf16, causal), timed with `triton.testing.do_bench`. Here the whole step is one
 function with no sync inside (unlike `cs336sys model`, which times each phase): do_bench on
 CUDA, the loop timer (a sync before and after each call) on a CPU. `--num-layers`, `--seq`,
@@ -417,7 +418,7 @@ EXPERIMENT = Experiment(
     settings=settings_keys(StepSpec, drop=("course_timing",)),
     metrics=(
         *timing(
-            "step_ms", "one leaderboard step: zero_grad, forward, summed loss, backward, AdamW"
+            "step_ms", "one leaderboard step: zero_grad, forward, mean loss, backward, AdamW"
         ),
         *timing("opt_ms", "the optimizer step alone, after the timed steps"),
         *throughput_metrics("median"),
@@ -428,7 +429,7 @@ EXPERIMENT = Experiment(
             first_step_s       s    the first step: compile, autotuning and first allocations
             compile_s          s    compile: the first step's time beyond a median step
             wall_s             s    the point's wall time, model build to the last timed step
-            loss_first         -    loss of the first step (summed over the batch's tokens)
+            loss_first         -    loss of the first step (the mean over the batch's tokens)
             loss_last          -    loss of the last timed step
         """),
         Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),

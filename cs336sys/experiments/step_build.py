@@ -95,13 +95,16 @@ def build(spec: Any, *, seed: int | None = None,
             start()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
+            # the mean over the tokens, as the leaderboard's cs336_basics cross_entropy
+            # (its `.sum()` of that scalar is the mean itself)
             if fused_impl is None:
                 logits = module(x)  # (B, T, V), materialised
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
             else:
                 # through the wrapper, as the materialised loss: the logits are made a chunk
-                # of rows at a time inside the LM head's forward (models/transformer.py)
-                loss = module(x, targets=y, ce_impl=fused_impl)
+                # of rows at a time inside the LM head's forward (models/transformer.py),
+                # which sums the tokens' losses
+                loss = module(x, targets=y, ce_impl=fused_impl) / y.numel()
         loss.backward()
         if finish is not None:
             finish()  # the wrapper's gradient synchronisation

@@ -165,9 +165,10 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     per_rank = gather({"times": mine, "peak": peak, "wall_s": wall_s, "first_ms": first_ms,
                        "losses": [float(v) for v in losses], "holds": holds})
     slowest = [max(r["times"][i] for r in per_rank) for i in range(spec.iters)]
-    # each rank's loss is summed over its slice's tokens: their sum is the global batch's,
-    # what the one-process step stores (rank 0's alone read half of it on two ranks)
-    summed = [sum(r["losses"][i] for r in per_rank) for i in range(len(losses))]
+    # each rank's loss is the mean over its slice's tokens: the slices are equal, so their
+    # mean is the global batch's, what the one-process step stores (rank 0's alone was one
+    # slice's)
+    summed = [sum(r["losses"][i] for r in per_rank) / len(per_rank) for i in range(len(losses))]
     metrics: dict[str, Any] = flatten("step_ms", slowest)
     # one step of the whole model on the global batch: tokens and FLOPs across the ranks
     metrics.update(throughput(model, config, spec.batch, spec.seq, "train",
