@@ -817,6 +817,12 @@ def test_the_method_line_counts_the_samples_the_tables_come_from():
     line = method([inv], {"attention": rows})
     assert "1 to 66 timed samples a point (--iters 100)" in line
     assert "at least" not in line
+    # a step's 3 optimizer calls timed alone (opt_ms) beside its 2 timed steps read "2 to 3
+    # timed samples a point (--iters 2)": the compared metric's count is the point's
+    step = [{"created": "2026-12-07", "_settings": {"iters": 2, "warmup": 1},
+             "step_ms_mean": 5.0, "step_ms_n": 2, "opt_ms_mean": 1.0, "opt_ms_n": 3}]
+    line = method([inv], {"step": step}, {"step": "step_ms"})
+    assert "2 timed samples a point (--iters 2)" in line and "2 to 3" not in line, line
 
 
 # -- end to end -------------------------------------------------------------------------------

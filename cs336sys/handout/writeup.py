@@ -85,8 +85,11 @@ def computed_only(inv: dict[str, Any]) -> bool:
     return inv.get("device") == "none"
 
 
-def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
-    """One line: where and how the problem's runs were measured."""
+def method(invs: list[dict[str, Any]], rows: dict[str, list],
+           compared: dict[str, str] | None = None) -> str:
+    """One line: where and how the problem's runs were measured; `compared`, each
+    experiment's compared metric (step_ms), names the samples counted where a row has it (a
+    step's 3 optimizer calls timed alone read as its `--iters 2`)."""
     facts = dict(provenance(invs, rows))
     stopped = dict(provenance(_not_rerun(invs), rows)).get(STOPPED_EARLY)
     settings = [r["_settings"] for kind_rows in rows.values() for r in kind_rows]
@@ -94,8 +97,13 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list]) -> str:
     iters = sorted({s["iters"] for s in settings if isinstance(s.get("iters"), int)})
     # the samples the statistics come from (report/sections.sample_count): do_bench chooses
     # its own count and a point past its time budget stops short of --iters
-    counts = sorted({n for kind_rows in rows.values() for r in kind_rows for k in r
-                     if k.endswith("_ms_mean") and r[k] is not None
+    def timed(kind: str, r: dict[str, Any]) -> list[str]:
+        main = f"{(compared or {}).get(kind)}_mean"
+        return [main] if r.get(main) is not None else [
+            k for k in r if k.endswith("_ms_mean") and r[k] is not None]
+
+    counts = sorted({n for kind, kind_rows in rows.items() for r in kind_rows
+                     for k in timed(kind, r)
                      for n in [sample_count(r, k.removesuffix("_mean"))] if n is not None})
     computed = bool(invs) and all(map(computed_only, invs))
     parts = ["computed, not measured (cs336sys plan: the hardware's data sheet)" if computed
@@ -197,7 +205,7 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
                              + "; ".join(f"`{c}`" for c in commands)
                              + " (by hand, each with `--label " + problem.name + "`).")
         return sec
-    sec.notes.append(method(invs, rows))
+    sec.notes.append(method(invs, rows, {e.kind: e.compare for e in catalog}))
     stored = [(kind, r["_settings"]) for kind, kind_rows in rows.items() for r in kind_rows]
     on_cpu = problem.kind == MEASURE and not all(run.anywhere for run in problem.runs) and all(
         r.get("gpu") == "cpu" for kind_rows in rows.values() for r in kind_rows)
