@@ -296,6 +296,18 @@ def test_a_model_that_cannot_run_is_refused_before_anything_is_written(tmp_path,
     assert not db.exists()
 
 
+def test_a_switch_your_model_cannot_take_is_quoted_as_typed(tmp_path, monkeypatch):
+    """`step --model cs336_basics --switches ablation` was refused as "--switches flash
+    changes cs336sys's model": an option nobody typed. It names the preset that holds it."""
+    monkeypatch.chdir(course_repo(tmp_path))
+    db = tmp_path / "r.db"
+    result = invoke("step", *MICRO, "--seq", "16", "--model", "cs336_basics", "--switches",
+                    "ablation", "--db", db)
+    assert result.exit_code == 2 and not db.exists(), result.output
+    assert "--switches ablation (it holds flash) changes cs336sys's model" in result.stderr, \
+        result.stderr
+
+
 def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     monkeypatch.chdir(repo)

@@ -276,8 +276,9 @@ def specs(
         check_model(model, attention)
         for switch in MODEL_SWITCHES:
             if switch in on:
-                raise SpecError(f"--switches {switch} changes cs336sys's model (its attention, its "
-                                f"LM head); --model {model} takes fused-adamw and compile")
+                raise SpecError(f"{asked_as(switches, defaults['switches'], switch)} changes "
+                                "cs336sys's model (its attention, its LM head); --model "
+                                f"{model} takes fused-adamw and compile")
     elif blocks is not None:
         raise SpecError("--blocks names where your model keeps its blocks: give it with --model")
     else:
