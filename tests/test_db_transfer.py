@@ -297,8 +297,12 @@ def test_failed_merge_writes_nothing(tmp_path, db_path):
     conn.close()
     fill(db_path, "A")
     before = {t: table_rows(db_path, t) for t in ("invocations", "runs", "kernel_stats")}
-    assert_refused(invoke("db", "merge", bad, "--db", db_path))
+    err = assert_refused(invoke("db", "merge", bad, "--db", db_path))
     assert {t: table_rows(db_path, t) for t in before} == before
+    # the cause in words, the run named (it read "FOREIGN KEY constraint failed" alone)
+    (orphan,) = [r["id"] for r in table_rows(bad, "runs")
+                 if r["experiment"] == "profile"][:1]
+    assert f"has rows that name a row of invocations it does not hold: runs {orphan!r}" in err
 
 
 def test_a_ctrl_c_once_the_merge_is_written_ends_with_what_it_added(tmp_path, db_path,

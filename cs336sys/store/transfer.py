@@ -225,6 +225,9 @@ def snapshot(other: Path, dest: Path) -> int:
                 if problem:
                     raise StoreError(f"{other} {problem}")
                 schema.migrate(dst)  # refuses a newer version; migrates an older one
+                orphan = _orphans(dst)
+                if orphan:
+                    raise StoreError(f"{other} {orphan}; nothing merged")
             finally:
                 dst.close()
         finally:
@@ -234,6 +237,20 @@ def snapshot(other: Path, dest: Path) -> int:
     except schema.SchemaError as exc:
         raise StoreError(f"{other}: {exc}") from exc
     return found
+
+
+def _orphans(conn: sqlite3.Connection) -> str | None:
+    """What in the store behind `conn` names a row it lacks (a run of an invocation it does
+    not hold: a store edited or cut by hand), in words, or None; the merge failed on it with
+    SQLite's "FOREIGN KEY constraint failed" alone."""
+    found = conn.execute("PRAGMA foreign_key_check").fetchall()  # (table, rowid, parent, fk)
+    if not found:
+        return None
+    table, rowid, parent, _ = found[0]
+    key = conn.execute(f"SELECT * FROM {table} WHERE rowid = ?", (rowid,)).fetchone()
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (f"has rows that name a row of {parent} it does not hold: {table} {key[0]!r}"
+            f"{more}")
 
 
 def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None = None,
