@@ -4,6 +4,7 @@ few canned queries."""
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import sys
@@ -107,7 +108,8 @@ def browse(
         problem = _unbindable(host, port)
         if problem:
             conn.close()
-            fail(f"--port: cannot serve at {host}:{port}: {problem}")
+            option, why = problem
+            fail(f"{option}: cannot serve at {host}:{port}: {why}")
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
         # A store no writer has open is served as a copy, taken now: Datasette keeps its
         # connections, and an immutable one over the live file, which a sweep started later
@@ -142,15 +144,20 @@ def browse(
     raise typer.Exit(code)
 
 
-def _unbindable(host: str, port: int) -> str | None:
-    """Why a server cannot listen at host:port (in use, not this machine's address), or
-    None: bound and let go at once, with SO_REUSEADDR as uvicorn binds, so a port left in
-    TIME_WAIT by the last server counts as free and one another server listens on does not."""
+def _unbindable(host: str, port: int) -> tuple[str, str] | None:
+    """The option at fault and why a server cannot listen at host:port (`--port`: in use;
+    `--host`: no such name or not this machine's address), or None: bound and let go at
+    once, with SO_REUSEADDR as uvicorn binds, so a port left in TIME_WAIT by the last server
+    counts as free and one another server listens on does not."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
     except OSError as exc:
-        return exc.strerror or str(exc)
+        why = exc.strerror or str(exc)
+        taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)
+        return ("--port" if taken else "--host", why)
+    except (UnicodeError, ValueError) as exc:  # a name IDNA cannot encode, a NUL in it
+        return ("--host", str(exc))
     return None
