@@ -61,6 +61,11 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     early = got["yours-early", "none"]
     assert early["status"] == "wrong"
     assert "differ from the mean over the global batch" in early["error"]
+    # a hook left as the stub: skipped, as in one process, not a rank's error (exit 1)
+    stub = ddp(tmp_path / "stub.db", "--impl", f"yours-stub={DDP}:FinishNotWritten")
+    row = stub["yours-stub", "none"]
+    assert row["status"] == "skipped" and row["error"].startswith("not implemented: "), row
+    assert "gallery_ddp.py" in row["error"] and "NotImplementedError" in row["error"]
     alone = got["yours-alone", "none"]  # said as what it does, not only as gradients off
     assert alone["status"] == "wrong" and alone["error"].startswith(
         "wrong: the ranks ended with different parameters (largest difference ")

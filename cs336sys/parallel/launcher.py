@@ -45,11 +45,14 @@ _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 class WorkerError(RuntimeError):
     """A rank failed. `rank` is the first rank that reported, `traceback` its traceback."""
 
-    def __init__(self, rank: int, message: str, tb: str, pids: list[int] | None = None):
+    def __init__(self, rank: int, message: str, tb: str, pids: list[int] | None = None,
+                 status: str | None = None):
         super().__init__(f"rank {rank} failed: {message}")
         self.rank = rank
         self.traceback = tb
         self.pids = pids or []
+        self.message = message
+        self.status = status  # how the rank's code says to store the point (sweep/ranks)
 
 
 @dataclass
@@ -264,7 +267,8 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> Non
         try:
             where = getattr(exc, "cs336sys_where", None)  # the user's file:line (sweep/ranks)
             said = f"{type(exc).__name__}: {exc}"
-            conn.send(("error", (f"{where}: {said}" if where else said, traceback.format_exc())))
+            conn.send(("error", (f"{where}: {said}" if where else said, traceback.format_exc(),
+                                 getattr(exc, "cs336sys_status", None))))
         except OSError:  # the parent is gone
             pass
         return
@@ -396,7 +400,7 @@ def _collect(procs, conns, on_emit) -> list[Any]:
             elif kind == "done":
                 results[rank] = payload
             else:
-                message, tb = payload
+                message, tb, status = payload
                 # Rank 0 may have finished (and emitted) the point before this one after this
                 # rank already failed: pipes of different ranks are not ordered. Deliver what
                 # rank 0 still has on its way before reporting the failure.
@@ -412,7 +416,7 @@ def _collect(procs, conns, on_emit) -> list[Any]:
                         tb,
                         pids,
                     )
-                raise WorkerError(rank, message, tb, pids)
+                raise WorkerError(rank, message, tb, pids, status)
     return [results[r] for r in range(len(procs))]
 
 

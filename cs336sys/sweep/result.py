@@ -157,6 +157,14 @@ def user_frame(exc: BaseException, root: Any = None) -> str | None:
     return f"{path}:{found[1]}"
 
 
+def unwritten(exc: BaseException) -> bool:
+    """Whether `exc` is the user's own "not written yet": a NotImplementedError raised in
+    their code (a stub of the handout's), not a library's missing kernel. Such a point is
+    skipped, in one process or on ranks (sweep/ranks.serve marks it for the launcher)."""
+    return isinstance(exc, NotImplementedError) and user_frame(exc) is not None \
+        and _raised_by_user(exc)
+
+
 def _raised_by_user(exc: BaseException) -> bool:
     """The innermost frame of the traceback, where `exc` was raised, is the user's code."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
@@ -206,8 +214,7 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
             said = f"{where}: {said}"
         if getattr(exc, "cs336sys_hint", None):
             said = f"{said}; {exc.cs336sys_hint}"
-        if isinstance(exc, NotImplementedError) and where is not None and _raised_by_user(exc):
-            # the user's own "not written yet", not a library's missing kernel
+        if unwritten(exc):
             result = Result("skipped", error=f"not implemented: {said}")
         elif is_oom(exc):
             result = Result("oom", error=said)

@@ -339,8 +339,11 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                                   RuntimeWarning, stacklevel=2)
                     break
                 failed = todo[len(finished)]
-                emit(failed, failure("oom" if is_oom(exc) else "error",
-                                     f"{exc}\n{exc.traceback}".strip()))
+                if exc.status == "skipped":  # the user's stub, raised on a rank
+                    emit(failed, failure("skipped", f"not implemented: {exc.message}"))
+                else:
+                    emit(failed, failure("oom" if is_oom(exc) else "error",
+                                         f"{exc}\n{exc.traceback}".strip()))
                 todo = todo[len(finished) + 1 :]
             except Exception as exc:
                 if not under_torchrun():
@@ -349,5 +352,9 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 # it failed on, then end the run with the failure.
                 failed = todo[len(finished)]
                 text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".strip()
-                emit(failed, failure("oom" if is_oom(exc) else "error", text))
+                if getattr(exc, "cs336sys_status", None) == "skipped":  # the user's stub
+                    text = f"not implemented: {exc.cs336sys_where}: {type(exc).__name__}: {exc}"
+                    emit(failed, failure("skipped", text))
+                else:
+                    emit(failed, failure("oom" if is_oom(exc) else "error", text))
                 raise

@@ -50,6 +50,13 @@ class TakesX(AverageInHooks):
         return self.module(x)
 
 
+class FinishNotWritten(AverageInHooks):
+    """Not finished: the handout's (optional) hook left as the stub."""
+
+    def finish_gradient_synchronization(self):
+        raise NotImplementedError
+
+
 class AverageAfter(_Hooked):
     """Right: summed (async) in the hooks, divided once all have arrived."""
 
