@@ -163,6 +163,16 @@ def test_an_fsdp_the_course_fails_besides_training_is_wrong_here(repo, tmp_path)
     assert all(r["check_worst"] < 1e-3 for r in rows.values())  # each trains right
     assert "your FSDP keeps no `.module` (the model it wraps): the course's test_fsdp.py " \
         "reads fsdp_model.module" in rows["yours-fsdp-elsewhere"]["error"]
+    # a full-size gradient left on the shard: AdamW failed on it with a bare size mismatch;
+    # the error says first what the course's test says
+    out = invoke("ddp", *SMALL, "--model", "cs336_basics", "--impl",
+                 f"yours-fsdp-full={FSDP}:LeavesGradFull", "--db", tmp_path / "full.db")
+    assert out.exit_code == 1, out.output  # an error row
+    full = verdicts(tmp_path / "full.db")["yours-fsdp-full", None]
+    assert full["status"] == "error" and "after the first step's finish_gradient_" \
+        "synchronization(), " in full["error"], full["error"]
+    assert "'s gradient is shaped (" in full["error"] and "the course's test_fsdp.py asserts " \
+        "every parameter's gradient has the parameter's shape" in full["error"]
     norms = rows["yours-fsdp-norms"]["error"]
     assert "(no Linear's or Embedding's) differ between the ranks after " \
         "finish_gradient_synchronization() (largest difference" in norms

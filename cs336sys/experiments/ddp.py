@@ -287,6 +287,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     probe.reset_peak()  # the check's reference above is no part of init's peak
     if tracker is not None:
         tracker.__enter__()  # watches from before the model exists; left before timing
+    record = None  # the user's FSDP's gradients after the first step (fsdp_course_check)
     try:
         model = make_model(spec.config(), ctx.device, ddp_setup.init_seed(spec.impl, spec.seed, ctx.rank))
         # Counted, not kept: a list of the parameters would keep the full weights alive
@@ -345,6 +346,11 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             step(before_optimizer=before_opt, after_optimizer=read("after_opt"))
             losses.append(step.last_loss)
         memory["peak"] = probe.peak()
+    except Exception as exc:  # a misshapen gradient the record kept: its cause said first
+        named = fsdp_course_check.why_failed(record, exc)
+        if named is None:
+            raise
+        raise named from exc
     finally:
         if tracker is not None:
             tracker.__exit__(None, None, None)

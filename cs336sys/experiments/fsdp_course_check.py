@@ -25,6 +25,7 @@ from typing import Any
 from cs336sys.experiments.training_check import COURSE_TOLERANCE, by_reference_names, few
 from cs336sys.measure.check import Verdict
 from cs336sys.sweep.ranks import gather
+from cs336sys.sweep.result import first_line
 
 # test_fsdp.py's comparison of the replicated gradients between ranks
 REPLICATED_ATOL = REPLICATED_RTOL = 1e-4
@@ -67,6 +68,19 @@ class Record:
                 self.wrong.append(f"{name}'s gradient is {_dtype(g)}, the parameter {_dtype(p)}")
             if g is not None and not _sharded_kind(modules[name.rpartition(".")[0]]):
                 self.replicated[name] = g.detach().cpu().clone()
+
+
+def why_failed(record: Record | None, exc: Exception) -> Exception | None:
+    """Where the first step's synchronization left a gradient misshapen (`record`, kept
+    before the optimizer step), an error for `exc` that says so first, else None: AdamW then
+    failed on it with "The size of tensor a (5000) must match the size of tensor b (10000)"
+    alone, the cause the course's test names lost with the point."""
+    if record is None or not record.wrong:
+        return None
+    return RuntimeError(f"after the first step's finish_gradient_synchronization(), "
+                        f"{few(record.wrong, 2)}: {SAID} asserts every parameter's gradient "
+                        f"has the parameter's shape and dtype; the optimizer step then "
+                        f"failed: {type(exc).__name__}: {first_line(exc)}")
 
 
 def _dtype(t: Any) -> str:

@@ -9,6 +9,9 @@ shards. Like the handout's FSDP it broadcasts nothing: each rank shards the mode
 given, which the course's test builds alike on every rank. It passes the course's
 tests/test_fsdp.py in fp32 and fp16.
 
+`LeavesGradFull`: each sharded weight's gradient reduced but left full-size on its shard;
+the course's test names the shapes, and AdamW fails on them.
+
 `ForgetsReplicated`: the same, with the replicated parameters' all-reduce forgotten.
 
 `StaleShards`: the same, each shard handed the gradient reduced at the step before (zeros at
@@ -119,6 +122,19 @@ class FSDP(nn.Module):
             else:
                 out[name] = p.data
         return out
+
+
+class LeavesGradFull(FSDP):
+    """Reduces each sharded gradient, but leaves the full-size gradient on the shard: the
+    course's gradient-sync test names the shapes; AdamW then fails on them."""
+
+    def _reduce_sharded(self, m):
+        def hook(p):
+            dist.all_reduce(p.grad)
+            p.grad /= self.world
+            p.data = m.shard
+
+        return hook
 
 
 class SumsShards(FSDP):
