@@ -232,6 +232,23 @@ def test_two_checks_of_one_point_keep_both_details():
                                               "worst 3.2e-06 (layers.1.w)")
 
 
+def test_two_checks_joined_say_the_failing_ones_words_first():
+    """A wrong DDP checked with --model: the model check (passed) came first in the joined
+    detail, and a writeup, which cuts it at 160 characters, showed only that comparison."""
+    from cs336sys.experiments.checks import both
+    from cs336sys.measure.check import Verdict
+
+    model = Verdict(True, {"check": "pass", "check_detail": "the same weights: loss 9.27"})
+    ddp = Verdict(False, {"check": "fail", "check_detail": "gradients summed, not averaged"},
+                  "wrong: summed, not averaged")
+    joined = both(model, ddp)
+    assert not joined.passed and joined.metrics["check"] == "fail"
+    assert joined.metrics["check_detail"] == ("gradients summed, not averaged; the same "
+                                              "weights: loss 9.27")
+    assert joined.why == "wrong: summed, not averaged"
+    assert both(ddp, model).metrics["check_detail"] == joined.metrics["check_detail"]
+
+
 def test_a_summed_shard_is_found_whatever_its_layout():
     """An FSDP whose rank r holds flat[r::world] and sums its shards' gradients passed: its
     shard matched no contiguous slice, so it was left to the parameters, where AdamW hides

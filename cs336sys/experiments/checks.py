@@ -289,13 +289,16 @@ def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
 def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
     """Two checks of one point as one verdict: passed when both did, the reasons of each that
     failed (the first's first: one may explain the other), the metrics of both ("check" pass
-    only when both pass; `check_detail` of both, joined: the model's check and the training
-    check each say what they compared)."""
+    only when both pass; `check_detail` of both, joined, a failing one's first: the model's
+    check and the training check each say what they compared)."""
     if first is None or second is None:
         return second or first
     passed = first.passed and second.passed
     metrics = {**second.metrics, **first.metrics, "check": "pass" if passed else "fail"}
-    details = [v.metrics["check_detail"] for v in (first, second) if v.metrics.get("check_detail")]
+    # a failing check's words first: a writeup cuts the detail short, and a wrong DDP's
+    # cell read the passing model check's comparison
+    ordered = sorted((first, second), key=lambda v: v.passed)
+    details = [v.metrics["check_detail"] for v in ordered if v.metrics.get("check_detail")]
     if details:
         metrics["check_detail"] = "; ".join(dict.fromkeys(details))
     whys = [v.why.removeprefix("wrong: ") for v in (first, second) if not v.passed and v.why]
