@@ -264,6 +264,23 @@ def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switch
     assert row["loss_first"] == pytest.approx(float(train_step()), rel=1e-5)
 
 
+@pytest.mark.slow
+def test_bf16_weights_sharded_read_as_half_of_the_whole(db_path):
+    """--param-dtype bf16 under our FSDP: each rank holds half the weights as fp32 master
+    shards and AdamW's fp32 state for them, which in bytes is one whole bf16 copy: the row
+    said `params 100%, opt 100% NOT SHARDED`. Shares are of the whole's elements."""
+    from cs336sys.measure.memory import held
+
+    p = torch.nn.Parameter(torch.ones(10, dtype=torch.bfloat16))
+    assert (held([p], None)["params"], held([p], None, elements=True)["params"]) == (20, 10)
+    out = invoke("step", *MICRO, "--seq", "16", "--switches", "none", "--world-size", "2",
+                 "--ddp", "fsdp", "--param-dtype", "bf16", "--db", db_path)
+    assert out.exit_code == 0, out.output
+    (row,) = query(db_path, "select * from step_runs")
+    assert 0.45 < row["param_rank0_share"] < 0.55 and 0.45 < row["opt_state_rank0_share"] < 0.55
+    assert row["not_sharded"] is None
+
+
 def test_a_users_fsdp_takes_the_fused_loss_only_where_it_can_reach_the_head():
     """The fused loss is `wrapped(x, targets=y, ce_impl=...)`, computed inside cs336sys's LM
     head: a wrapper whose forward passes keywords on and keeps the head takes it; one whose

@@ -238,8 +238,9 @@ NOT_OUR_LAYERS = ("; your FSDP sharded no weight of cs336sys's model, which is b
 
 def shares(impl: str, sharding: str | None, params: list[int], opt_state: list[int],
            whole: int, model: str | None = None) -> dict[str, Any]:
-    """Rank 0's share of one whole copy of the parameters (`whole` bytes) and of AdamW's
-    whole state (two moments per parameter), from each rank's bytes (rank 0 first); where
+    """Rank 0's share of one whole copy of the parameters (`whole` bytes, or elements) and
+    of AdamW's whole state (two moments per parameter), from each rank's bytes (elements
+    where `whole` counts them: the step's bf16 weights) (rank 0 first); where
     the point is meant to shard them (an FSDP: both; a sharded optimizer: the state), what
     rank 0 holds past 1/N + SHARE_SLACK: `not_sharded` where the ranks together hold more
     than one copy (each holds it whole), else `uneven` (split, rank 0 has the most)."""

@@ -119,7 +119,6 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
 
     def wrap(model: Any, make_optimizer: Any) -> Any:
         whole["params"] = sum(p.numel() for p in model.parameters())  # before any sharding
-        whole["bytes"] = held(list(model.parameters()), None)["params"]
         return ddp_setup.build(spec.ddp, None, None, spec.precision, model, device,
                                make_optimizer=make_optimizer,
                                num_layers=spec.num_layers, blocks=spec.blocks)
@@ -160,8 +159,10 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     wall_s = time.perf_counter() - t_start
     peak = torch.cuda.max_memory_allocated(device) if on_cuda else None
     # what each rank holds after its steps: an FSDP that shards none of this model's layers
-    # (the course's wraps cs336_basics' Linear, not torch's) ran as replicas, unsaid
-    holds = held(list(model.parameters()), optimizer)
+    # (the course's wraps cs336_basics' Linear, not torch's) ran as replicas, unsaid. In
+    # elements: with bf16 weights an FSDP keeps fp32 master shards and AdamW fp32 state,
+    # which in bytes read as two bf16 copies
+    holds = held(list(model.parameters()), optimizer, elements=True)
     per_rank = gather({"times": mine, "peak": peak, "wall_s": wall_s, "first_ms": first_ms,
                        "losses": [float(v) for v in losses], "holds": holds})
     slowest = [max(r["times"][i] for r in per_rank) for i in range(spec.iters)]
@@ -176,7 +177,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
                               matmul_precision(spec.precision, spec.param_dtype)))
     metrics["params"] = whole["params"]
     metrics.update(ddp_setup.shares(spec.ddp, None, [r["holds"]["params"] for r in per_rank],
-                                    [r["holds"]["opt_state"] for r in per_rank], whole["bytes"],
+                                    [r["holds"]["opt_state"] for r in per_rank], whole["params"],
                                     spec.model))
     if metrics.get("mfu") is not None:
         metrics["mfu"] /= ctx.world_size  # the peak is one GPU's; the step used all of them

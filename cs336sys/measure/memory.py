@@ -97,23 +97,27 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def storage_bytes(tensors) -> int:
-    """Bytes of the storages behind `tensors`, each storage once."""
+def storage_bytes(tensors, elements: bool = False) -> int:
+    """Bytes of the storages behind `tensors`, each storage once; with `elements`, their
+    elements (a share of the whole where dtypes differ: bf16 weights, fp32 master shards)."""
     seen: dict[int, int] = {}
     for t in tensors:
         if t is None or t.device.type == "meta":
             continue
-        storage = _local(t).untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+        local = _local(t)
+        storage = local.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes() // (local.element_size() if elements else 1)
     return sum(seen.values())
 
 
-def held(params: list, optimizer) -> dict[str, int]:
-    """Bytes held in parameters, their gradients and the optimizer's state, by inspection:
-    what the accounting's 4P, 4P and 8P are measured against (a sharded rank's own share)."""
+def held(params: list, optimizer, elements: bool = False) -> dict[str, int]:
+    """Bytes (with `elements`, elements) held in parameters, their gradients and the
+    optimizer's state, by inspection: what the accounting's 4P, 4P and 8P are measured
+    against (a sharded rank's own share)."""
     return {
-        "params": storage_bytes(params),
-        "grads": storage_bytes(p.grad for p in params),
+        "params": storage_bytes(params, elements),
+        "grads": storage_bytes((p.grad for p in params), elements),
         # step counters held as 0-d tensors are not state the accounting counts
-        "opt_state": storage_bytes(t for t in optimizer_tensors(optimizer) if _local(t).dim() > 0),
+        "opt_state": storage_bytes((t for t in optimizer_tensors(optimizer)
+                                    if _local(t).dim() > 0), elements),
     }
