@@ -111,6 +111,13 @@ def test_a_port_another_server_listens_on_is_bad_input(tmp_path):
     assert result.exit_code == 2 and "serving" not in result.output, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"Error: --port: cannot serve at 127.0.0.1:{port}: "), line
+    # a host that is no address of this machine, with any free port: the host's fault (it
+    # was a traceback from choosing the port)
+    for port in ("0", "8001"):
+        result = invoke("browse", "--db", db, "--port", port, "--host", "no.such.host.invalid")
+        assert result.exit_code == 2, result.output
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"Error: --host: cannot serve at no.such.host.invalid:{port}: ")
 
 
 def test_the_canned_queries_keep_each_gpu_and_shape_apart(tmp_path):

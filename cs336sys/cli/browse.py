@@ -99,17 +99,17 @@ def browse(
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
+    # a taken port or a host not this machine's: Datasette said so after the address line
+    # (exit 3), and --open sent the browser to whatever served there (port 0: any free one)
+    problem = _unbindable(host, port)
+    if problem:
+        conn.close()
+        option, why = problem
+        fail(f"{option}: cannot serve at {host}:{port}: {why}")
     if port == 0:  # chosen here, so that the address printed (and --open's) is the one served
         from cs336sys.parallel.launcher import free_port
 
         port = free_port(host)
-    else:  # a taken port: Datasette said so after the address line (exit 3), and --open
-        # sent the browser to whatever served there
-        problem = _unbindable(host, port)
-        if problem:
-            conn.close()
-            option, why = problem
-            fail(f"{option}: cannot serve at {host}:{port}: {why}")
     with tempfile.TemporaryDirectory(prefix="cs336sys-browse-") as tmp:
         # A store no writer has open is served as a copy, taken now: Datasette keeps its
         # connections, and an immutable one over the live file, which a sweep started later
@@ -122,8 +122,9 @@ def browse(
             out = sqlite3.connect(served)
             conn.backup(out)
             out.close()
-            typer.echo(f"{db} was read into a copy (an older schema, migrated, or the log a "
-                       "killed writer left, recovered): serving that snapshot (the store "
+            typer.echo(f"{db} was read into a copy (an older schema, migrated; views another "
+                       "cs336sys version made, rebuilt; or the log a killed writer left, "
+                       "recovered): serving that snapshot (the store "
                        "itself is left as it is)" if copied else
                        f"serving a copy of {db} as it is now: rows stored later show after a "
                        "restart", err=True)
@@ -134,7 +135,8 @@ def browse(
                 *(["--immutable", str(served)] if immutable else [str(served)]),
                 "--metadata", str(meta), "--host", host, "--port", str(port),
                 "--setting", "sql_time_limit_ms", "5000", *(["--open"] if open_browser else [])]
-        typer.echo(f"serving {db} at http://{host}:{port}/{served.stem} (Ctrl-C stops it)",
+        address = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL: RFC 3986
+        typer.echo(f"serving {db} at http://{address}:{port}/{served.stem} (Ctrl-C stops it)",
                    err=True)
         try:
             code = subprocess.call(argv)
