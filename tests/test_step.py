@@ -168,6 +168,8 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--ddp", "fsdp"], "--ddp shares the step between ranks"),
         (["--world-size", "2", "--batch", "3"], "give a multiple of 2"),
         (["--world-size", "2", "--ddp", "zero3"], "--ddp: unknown value 'zero3'"),
+        # its rows said bf16 weights where our FSDP's shards are fp32
+        (["--world-size", "2", "--param-dtype", "bf16"], "it keeps fp32 master shards"),
         (["--course-timing"], "--course-timing is triton.testing.do_bench's"),
         (["--preset", "fastest"], "--preset: unknown value"),
     ],
@@ -266,15 +268,16 @@ def test_two_ranks_share_the_step_and_each_trains_its_slice(db_path, ddp, switch
 
 @pytest.mark.slow
 def test_bf16_weights_sharded_read_as_half_of_the_whole(db_path):
-    """--param-dtype bf16 under our FSDP: each rank holds half the weights as fp32 master
-    shards and AdamW's fp32 state for them, which in bytes is one whole bf16 copy: the row
-    said `params 100%, opt 100% NOT SHARDED`. Shares are of the whole's elements."""
+    """--param-dtype bf16 under FSDP2: each rank holds half the bf16 weights and AdamW's
+    fp32 state for them, which in bytes is one whole bf16 copy of the state: the row said
+    `opt 100% NOT SHARDED` (our FSDP, fp32 master shards: `params 100%` too; it now refuses
+    bf16 weights). Shares are of the whole's elements."""
     from cs336sys.measure.memory import held
 
     p = torch.nn.Parameter(torch.ones(10, dtype=torch.bfloat16))
     assert (held([p], None)["params"], held([p], None, elements=True)["params"]) == (20, 10)
     out = invoke("step", *MICRO, "--seq", "16", "--switches", "none", "--world-size", "2",
-                 "--ddp", "fsdp", "--param-dtype", "bf16", "--db", db_path)
+                 "--ddp", "torch-fsdp", "--param-dtype", "bf16", "--db", db_path)
     assert out.exit_code == 0, out.output
     (row,) = query(db_path, "select * from step_runs")
     assert 0.45 < row["param_rank0_share"] < 0.55 and 0.45 < row["opt_state_rank0_share"] < 0.55

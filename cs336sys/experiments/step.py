@@ -304,6 +304,10 @@ def specs(
         wrapper = ranks_wrapper(wrapper_asked, worlds, batches)
     elif ddp is not None:
         raise SpecError("--ddp shares the step between ranks: give --world-size 2 or more")
+    if wrapper == "fsdp" and "bf16" in param_dtypes:  # its rows said bf16 weights
+        raise SpecError("--param-dtype bf16 under cs336sys's FSDP (--ddp fsdp, the default on "
+                        "ranks): it keeps fp32 master shards, so the weights would be fp32; "
+                        "--precision bf16 computes in bf16, --ddp torch-fsdp keeps bf16 weights")
     if course_timing and not on_cuda:
         raise SpecError("--course-timing is triton.testing.do_bench's, which times with CUDA "
                         "events: it needs CUDA")
