@@ -46,8 +46,10 @@ def _both(ctx, sizes: list[int], warmup: int, iters: int, rounds: int, backend: 
 
     out = []
     for size in sizes:
-        spec = exp.CommSpec("all-reduce", size, ctx.world_size, backend, "fp32", warmup, iters,
-                            "cuda" if backend == "nccl" else "cpu")
+        spec = exp.CommSpec(op="all-reduce", placement="in-place", bytes=size,
+                            world_size=ctx.world_size, backend=backend, precision="fp32",
+                            warmup=warmup, iters=iters,
+                            device="cuda" if backend == "nccl" else "cpu")
         for _ in range(rounds):
             t = max(gather(_minimal(ctx, size, warmup, iters)))  # the slowest rank's loop
             r = exp.run(ctx, spec)

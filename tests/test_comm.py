@@ -303,3 +303,16 @@ def test_a_noisy_collective_is_flagged_as_every_timing_is():
     cells = dict(zip(table.headers, table.rows[0], strict=True))
     assert cells["time ms"].startswith("0.518 ± 1.1 (median 0.164")
     assert "noisy" in cells["time ms"] and cells["slowest rank ms"] == "0.6"
+
+
+@pytest.mark.slow  # starts ranks
+def test_the_overhead_benchmark_runs_comms_own_point():
+    """benchmarks/comm_overhead.py (the figures of docs/experiments/comm.md, `make bench`)
+    built its CommSpec by position and broke when `placement` was added: TypeError on rank
+    0. It runs, and prints its table."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "comm_overhead.py"
+    out = subprocess.run([sys.executable, str(script), "--bytes", "1KB", "--rounds", "1",
+                          "--warmup", "0", "--iters", "2"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr
+    assert "comm/minimal" in out.stdout and ("PASS" in out.stdout or "FAIL" in out.stdout)

@@ -144,7 +144,7 @@ TABLE = Table(
                                        ("impl", "sdpa_backend", "triton_opt_in"),
                                        samples="e2e_ms"),
                note="vs naive: naive's median time over this one's at the same shape, with "
-               "the interval and verdict of end-to-end samples where each side has 4 or "
+               "the interval and verdict of end-to-end samples where each side has 5 or "
                "more."),
         Column("vs default", cell=_opt_in, optional=True,
                ratio=Ratio(partial(_main_ms, stat="median"),
