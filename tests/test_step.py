@@ -440,6 +440,12 @@ def test_points_whose_triton_kernels_ran_interpreted_stand_apart(monkeypatch):
     assert len(native.rows) == 2
     (chart,) = [f for f in sec.figures if f.name == "step-switches"]
     assert [b.label for b in chart.plot.bars] == ["none", "fused-adamw"]
+    # the command's printout too (a 13.8 s emulated step printed as a figure among others)
+    from cs336sys.report.tables import declared_tables
+
+    printed = declared_tables(EXPERIMENT, rows, status=True)
+    assert [len(t.rows) for t in printed] == [2, 1]
+    assert printed[1].title.endswith(step_section.APART[1])
 
 
 def test_the_step_loss_is_the_mean_over_tokens_as_the_leaderboards():

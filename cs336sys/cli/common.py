@@ -302,12 +302,12 @@ def show(experiment: Any, points: Iterable[Any], wide: bool = False) -> None:
     The settings every row shares are one line above a table and a table wider than the
     terminal is cut between columns; `wide` prints every column in one piece."""
     from cs336sys.report.sections import failures
-    from cs336sys.report.tables import as_text, point_tables, row_of
+    from cs336sys.report.tables import as_text, declared_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]
     for r, p in zip(rows, points, strict=True):
         r["error"] = p.result.error
-    tables = point_tables(experiment.tables, rows, status=True, lift=0 if wide else 1)
+    tables = declared_tables(experiment, rows, status=True, lift=0 if wide else 1)
     typer.echo(as_text(tables, width=None if wide else terminal_width()))
     for f in failures(rows):
         typer.echo(f"{f.status}: {f.point}: {f.why}")

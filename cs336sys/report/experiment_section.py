@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cs336sys.report.sections import Row, Section, failures, latest
-from cs336sys.report.tables import point_tables
+from cs336sys.report.tables import declared_tables
 
 
 def build_section(experiment: Any, rows: list[Row],
@@ -20,12 +20,7 @@ def build_section(experiment: Any, rows: list[Row],
     sec = Section(experiment.kind, experiment.title, linked=dict(linked or {}),
                   collapsed=experiment.analytic)
     pts = latest(rows)
-    which, suffix = experiment.apart or (lambda r: False, "")
-    sec.tables.extend(point_tables(experiment.tables, pts, counts=counts, lift=1,
-                                   keep=lambda r: not which(r)))
-    for t in point_tables(experiment.tables, pts, counts=counts, lift=1, keep=which):
-        t.title += suffix
-        sec.tables.append(t)
+    sec.tables.extend(declared_tables(experiment, pts, counts=counts, lift=1))
     if experiment.section is not None:
         experiment.section(sec, pts)
     sec.failures = failures(pts)

@@ -289,6 +289,19 @@ def point_tables(tables: Iterable[Table], rows: list[Row], counts: bool = False,
     return out
 
 
+def declared_tables(experiment: Any, rows: list[Row], counts: bool = False,
+                    status: bool = False, lift: int = 0) -> list[FilledTable]:
+    """An experiment's declared tables over `rows`, those its `apart` names (interpreted
+    Triton points) in tables of their own after the others, titled so: in the report and in
+    the command's printout alike (a step's 13.8 s emulated step printed as a figure)."""
+    which, suffix = experiment.apart or (lambda r: False, "")
+    out = point_tables(experiment.tables, rows, counts, status, lambda r: not which(r), lift)
+    for t in point_tables(experiment.tables, rows, counts, status, which, lift):
+        t.title += suffix
+        out.append(t)
+    return out
+
+
 def as_text(tables: list[FilledTable], width: int | None = None) -> str:
     """Tables as aligned text for a terminal: the title above each, then the settings every
     row shares (`constant`), the table, its note. With `width`, a table wider than that is
