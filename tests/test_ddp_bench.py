@@ -109,6 +109,10 @@ def test_same_seed_same_first_loss_for_every_variant(swept):
         (["--impl", "naive,flat", "--bucket-mb", "5"],
          "--bucket-mb is a setting of the bucketed DDPs, which --impl naive,flat leaves out"),
         (["--bucket-mb", "big"], "not a number"),
+        # measured plain FSDPs, said nothing of the sharding asked for
+        (["--impl", "fsdp", "--shard-optimizer"], "--shard-optimizer shards a replica's "
+         "optimizer state; the FSDPs of --impl fsdp shard theirs"),
+        (["--impl", "torch-fsdp", "--zero"], "--zero shards a replica's optimizer state"),
         (["--size", "huge"], "--size"),
         (["--precision", "fp8"], "--precision"),
         (["--iters", "0"], "--iters"),

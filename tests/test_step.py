@@ -158,6 +158,11 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--switches", "none+fused-ce"], "--switches: none stands alone, not joined with +"),
         (["--checkpoint", "groups:1,2"], "sum to 3, not num_layers=2"),
         (["--adamw", "fastest"], "--adamw: unknown value"),
+        # settings of a switch the list leaves out ran without a word
+        (["--switches", "none", "--adamw", "foreach"],
+         "--adamw sets what the fused-adamw switch runs, which --switches none leaves out"),
+        (["--switches", "none,fused-adamw", "--ce", "torch"], "--ce sets what the fused-ce"),
+        (["--switches", "fused-ce", "--warm-cache"], "--warm-cache sets what the compile"),
         (["--num-layers", "0"], "--num-layers must be positive"),
         # on ranks they were dropped without a word, and the table read "not interleaved"
         (["--world-size", "2", "--ddp", "flat", "--rounds", "2"],

@@ -170,6 +170,9 @@ def specs(
     if bucket_mb is not None and not {"bucketed", "yours-bucketed"} & set(impls):
         raise SpecError(f"--bucket-mb is a setting of the bucketed DDPs, which --impl "
                         f"{','.join(impls)} leaves out")
+    if len(shardings) > 1 and all(ddp_setup.fully_sharded(i) for i in impls):  # ignored
+        raise SpecError(f"--{'shard-optimizer' if sharded_by else 'zero'} shards a replica's "
+                        f"optimizer state; the FSDPs of --impl {','.join(impls)} shard theirs")
     buckets = []
     for b in listed(bucket_mb, "--bucket-mb", DEFAULT_BUCKETS):
         try:

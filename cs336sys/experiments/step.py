@@ -261,12 +261,18 @@ def specs(
     param_dtypes = choices(param_dtype, PARAM_DTYPES, "--param-dtype", default=["fp32"])
     sets = parse_switches(switches, defaults["switches"])
     wrapper_asked = (ddp if ddp is not None else chosen.get("ddp", DEFAULT_DDP)).strip()
+    given = {"--adamw": ("fused-adamw", adamw), "--ce": ("fused-ce", ce),
+             "--warm-cache": ("compile", warm_cache or None)}
     adamw = defaults["adamw"] if adamw is None else adamw.strip()  # '' is not the default
     if adamw not in ADAMW_IMPLS:
         raise unknown("--adamw", adamw, ADAMW_IMPLS)
     ce = defaults["ce"] if ce is None else ce.strip()
     if ce not in CE_IMPLS:
         raise unknown("--ce", ce, CE_IMPLS)
+    for option, (switch, value) in given.items():  # a setting of a switch not run: ignored
+        if value is not None and not any(switch in switch_set for switch_set in sets):
+            raise SpecError(f"{option} sets what the {switch} switch runs, which --switches "
+                            f"{','.join('+'.join(x) or 'none' for x in sets)} leaves out")
 
     if model is not None and switches is None:  # the default's sets, less what changes ours
         sets = list(dict.fromkeys(tuple(s for s in switch_set if s not in MODEL_SWITCHES)
