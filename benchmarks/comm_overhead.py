@@ -40,16 +40,20 @@ def _minimal(ctx, size_bytes: int, warmup: int, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def comm_point(size: int, world_size: int, backend: str, warmup: int, iters: int):
+    """comm's own all-reduce point of `size` bytes, as `cs336sys comm` builds it."""
+    return exp.CommSpec(op="all-reduce", placement="in-place", bytes=size,
+                        world_size=world_size, backend=backend, precision="fp32",
+                        warmup=warmup, iters=iters, device="cuda" if backend == "nccl" else "cpu")
+
+
 def _both(ctx, sizes: list[int], warmup: int, iters: int, rounds: int, backend: str):
     """On every rank: alternate the minimal loop and comm's own point, `rounds` times."""
     from cs336sys.sweep.ranks import gather
 
     out = []
     for size in sizes:
-        spec = exp.CommSpec(op="all-reduce", placement="in-place", bytes=size,
-                            world_size=ctx.world_size, backend=backend, precision="fp32",
-                            warmup=warmup, iters=iters,
-                            device="cuda" if backend == "nccl" else "cpu")
+        spec = comm_point(size, ctx.world_size, backend, warmup, iters)
         for _ in range(rounds):
             t = max(gather(_minimal(ctx, size, warmup, iters)))  # the slowest rank's loop
             r = exp.run(ctx, spec)

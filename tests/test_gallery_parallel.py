@@ -46,7 +46,7 @@ def test_ddps_right_and_wrong(repo, tmp_path):
               f"yours-hooks={DDP}:AverageInHooks,yours-after={DDP}:AverageAfter,"
               f"yours-copy={DDP}:TrainsACopy,yours-count={DDP}:CountsBuckets,"
               f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket,"
-              f"yours-alone={DDP}:NeverBroadcasts")
+              f"yours-alone={DDP}:NeverBroadcasts,yours-stub={DDP}:FinishNotWritten")
     # a copy of the module trained (its parameters were not the optimizer's), a count of
     # buckets (read as a list of them, after every step was timed) passed the course, too
     for name in ("yours-hooks", "yours-after", "yours-copy", "yours-count"):
@@ -62,8 +62,7 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     assert early["status"] == "wrong"
     assert "differ from the mean over the global batch" in early["error"]
     # a hook left as the stub: skipped, as in one process, not a rank's error (exit 1)
-    stub = ddp(tmp_path / "stub.db", "--impl", f"yours-stub={DDP}:FinishNotWritten")
-    row = stub["yours-stub", "none"]
+    row = got["yours-stub", "none"]
     assert row["status"] == "skipped" and row["error"].startswith("not implemented: "), row
     assert "gallery_ddp.py" in row["error"] and "NotImplementedError" in row["error"]
     alone = got["yours-alone", "none"]  # said as what it does, not only as gradients off
@@ -154,9 +153,13 @@ def test_an_fsdp_the_course_fails_besides_training_is_wrong_here(repo, tmp_path)
     """Three FSDPs that train right, which the course's test_fsdp.py fails: one keeps its
     model as `.model`, one shards the norms (their gradients differ between ranks), one
     gathers the full parameters to rank 0 alone. Each is wrong here, its cause in words."""
-    got = ddp(tmp_path / "r.db", "--model", "cs336_basics", "--impl",
-              f"yours-fsdp-elsewhere={FSDP}:KeepsModelElsewhere,"
-              f"yours-fsdp-norms={FSDP}:ShardsNorms,yours-fsdp-rank0={FSDP}:GathersToRankZero")
+    # (the full-gradient one last: its rank's error ends the launch, the others stored)
+    out = invoke("ddp", *SMALL, "--model", "cs336_basics", "--impl",
+                 f"yours-fsdp-elsewhere={FSDP}:KeepsModelElsewhere,"
+                 f"yours-fsdp-norms={FSDP}:ShardsNorms,yours-fsdp-rank0={FSDP}:GathersToRankZero,"
+                 f"yours-fsdp-full={FSDP}:LeavesGradFull", "--db", tmp_path / "r.db")
+    assert out.exit_code == 1, out.output  # the error row
+    got = verdicts(tmp_path / "r.db")
     rows = {impl: got[impl, None] for impl in ("elsewhere", "norms", "rank0")
             for impl in [f"yours-fsdp-{impl}"]}
     assert all(r["status"] == "wrong" and r["check"] == "fail" for r in rows.values()), rows
@@ -165,10 +168,7 @@ def test_an_fsdp_the_course_fails_besides_training_is_wrong_here(repo, tmp_path)
         "reads fsdp_model.module" in rows["yours-fsdp-elsewhere"]["error"]
     # a full-size gradient left on the shard: AdamW failed on it with a bare size mismatch;
     # the error says first what the course's test says
-    out = invoke("ddp", *SMALL, "--model", "cs336_basics", "--impl",
-                 f"yours-fsdp-full={FSDP}:LeavesGradFull", "--db", tmp_path / "full.db")
-    assert out.exit_code == 1, out.output  # an error row
-    full = verdicts(tmp_path / "full.db")["yours-fsdp-full", None]
+    full = got["yours-fsdp-full", None]
     assert full["status"] == "error" and "after the first step's finish_gradient_" \
         "synchronization(), " in full["error"], full["error"]
     assert "'s gradient is shaped (" in full["error"] and "the course's test_fsdp.py asserts " \
