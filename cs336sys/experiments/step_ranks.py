@@ -169,7 +169,8 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     # each rank's loss is the mean over its slice's tokens: the slices are equal, so their
     # mean is the global batch's, what the one-process step stores (rank 0's alone was one
     # slice's)
-    summed = [sum(r["losses"][i] for r in per_rank) / len(per_rank) for i in range(len(losses))]
+    batch_losses = [sum(r["losses"][i] for r in per_rank) / len(per_rank)
+                    for i in range(len(losses))]
     metrics: dict[str, Any] = flatten("step_ms", slowest)
     # one step of the whole model on the global batch: tokens and FLOPs across the ranks
     metrics.update(throughput(model, config, spec.batch, spec.seq, "train",
@@ -189,13 +190,13 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         compile_s=max(first_ms - metrics["step_ms_median"], 0.0) / 1e3 if spec.compile else None,
         wall_s=max(walls),
         within_limit=max(walls) <= LIMIT_S,
-        loss_first=summed[0],
-        loss_last=summed[-1],
+        loss_first=batch_losses[0],
+        loss_last=batch_losses[-1],
         interpreted=interpreted(spec),
     )
     if checked is not None or yours.is_yours(spec.ddp):  # the wrapper, the model it wraps
         metrics["code"] = user_code(config, model, getattr(model, "module", None), optimizer)
     del model
-    return judged(checked, metrics, summed, samples={"step_ms": slowest, "warmup": {"step_ms": warm},
-                                             "loss": summed})
+    return judged(checked, metrics, batch_losses,
+                  samples={"step_ms": slowest, "warmup": {"step_ms": warm}, "loss": batch_losses})
 

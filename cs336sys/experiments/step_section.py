@@ -109,11 +109,10 @@ def section(sec: Section, pts: list[Row]) -> None:
                 if first else "")
             for r in g
         )
-        base = first
         plot = Bars(bars, ("step",), "step time (ms, median)", "tokens/s",
                     f"Step time per switch set ({titles[i]})",
                     side_title="speed-up (? no verdict, ! impossible)"
-                    if base else "")
+                    if first else "")
         if not plot.informative:
             continue
         note = (

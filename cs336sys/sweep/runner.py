@@ -48,7 +48,7 @@ from cs336sys.parallel.launcher import WorkerError, under_torchrun
 from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
 from cs336sys.sweep.ranks import serve
-from cs336sys.sweep.result import Result, guarded, is_oom
+from cs336sys.sweep.result import Result, guarded, is_oom, unwritten
 from cs336sys.sweep.stopping import Terminated, check
 
 
@@ -352,7 +352,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 # it failed on, then end the run with the failure.
                 failed = todo[len(finished)]
                 text = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}".strip()
-                if getattr(exc, "cs336sys_status", None) == "skipped":  # the user's stub
+                if unwritten(exc):  # the user's stub, raised here (sweep/ranks.serve marks it)
                     text = f"not implemented: {exc.cs336sys_where}: {type(exc).__name__}: {exc}"
                     emit(failed, failure("skipped", text))
                 else:
