@@ -240,6 +240,70 @@ def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypa
     assert len(samples["e2e_ms"]) == 4 and len(samples["round_medians"]["e2e_ms"]) == 2
 
 
+def test_model_points_run_in_rounds_and_their_speedup_gets_a_verdict(tmp_path, monkeypatch):
+    """`model --rounds 2`: fp32 and bf16 build, warm up and time their share in round 1, then
+    in round 2; each point's figures are those of all its timed steps, and the fp32 -> bf16
+    ratio, whose steps interleaved, gets a verdict."""
+    import json
+    import statistics
+
+    from cs336sys.experiments import model
+    from tests.conftest import invoke, micro, query
+
+    built, checked = [], []
+    make_step, before_timing = model.make_step, model.before_timing
+    monkeypatch.setattr(model, "make_step",
+                        lambda *a, **kw: built.append(kw["precision"]) or make_step(*a, **kw))
+    monkeypatch.setattr(model, "before_timing",
+                        lambda *a: checked.append(a[1]) or before_timing(*a))
+    db = tmp_path / "r.db"
+    args = ["model", *micro(iters=6, num_layers=1), "--seq", "16", "--precision", "fp32,bf16",
+            "--db", db]
+    result = invoke(*args, "--rounds", "2")
+    assert result.exit_code == 0, result.output
+    assert built == ["fp32", "bf16", "fp32", "bf16"]
+    assert checked == ["adamw", "adamw"]  # round 1 of each point only
+    rows = query(db, "SELECT * FROM model_runs ORDER BY created")
+    assert [(r["precision"], r["rounds"], r["rounds_done"], r["step_ms_n"]) for r in rows] == [
+        ("fp32", 2, 2, 6), ("bf16", 2, 2, 6)]
+    for row in query(db, "SELECT samples, metrics FROM runs"):
+        samples, metrics = json.loads(row["samples"]), json.loads(row["metrics"])
+        steps = samples["step_ms"]
+        assert len(samples["round_medians"]) == 2 and len(samples["loss"]) == 2 * (1 + 3)
+        assert metrics["step_ms_median"] == pytest.approx(statistics.median(steps))
+        assert metrics["tokens_per_s"] == pytest.approx(
+            metrics["tokens_per_step"] / (statistics.mean(steps) / 1e3))
+        assert metrics["loss_last"] == samples["loss"][-1] and len(samples["warmup"]["step_ms"]) == 1
+    # (one round: `not interleaved`, test_points_run_one_after_the_other_get_no_verdict)
+    out = tmp_path / "report"
+    assert invoke("report", "--db", db, "--out", out, "--format", "md").exit_code == 0
+    text = (out / "report.md").read_text()
+    (line,) = [x for x in text[text.index("**Speedup fp32 → bf16"):].splitlines()[2:6]
+               if x.startswith("| tiny T=16")]
+    assert "not interleaved" not in line, line
+    assert any(w in line for w in ("faster", "slower", "no difference")), line
+    bad = invoke(*args, "--rounds", "7", "--db", tmp_path / "x.db")
+    assert bad.exit_code == 2 and "--rounds must be from 1 to --iters (6), got 7" in bad.output
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_rounds_say_how_a_point_was_measured_not_which_it_is():
+    """A point measured in 3 rounds is the point measured in 1, or before its command had
+    --rounds (the report's latest row, --compare's pairs); memory and profile, which time
+    nothing side by side, store no rounds, and no point stores whether it checked."""
+    from cs336sys.experiments import memory, model
+    from cs336sys.report.sections import skey
+
+    before = {"_settings": {"size": "small", "precision": "bf16", "iters": 10}}
+    after = {"_settings": {"size": "small", "precision": "bf16", "iters": 12, "rounds": 3}}
+    assert skey(before) == skey(after)
+    (point,) = model.specs(size=["tiny"], seq=[16], iters=4, rounds=2, device="cpu")
+    assert point.settings()["rounds"] == 2 and "check_round" not in point.settings()
+    assert "check_round" not in model.EXPERIMENT.settings
+    (kept,) = memory.specs(size=["tiny"], seq=[16], iters=1, device="cpu")
+    assert "rounds" not in kept.settings() and "rounds" not in memory.EXPERIMENT.settings
+
+
 def test_a_speedup_table_compares_medians_and_calls_a_change_only_when_it_can():
     """The model section's fp32 -> bf16 table divided means: one slow bf16 step (120 ms of
     six) read 0.81x, bf16 slower by a fifth, where its median step is 5 % slower. It now

@@ -410,6 +410,24 @@ def test_a_loss_that_turns_nan_while_timed_is_wrong_in_every_command(tmp_path, m
     assert all("my_models/lm.py" in json.loads(r["metrics"])["code"] for r in rows), rows
 
 
+def test_a_later_round_times_your_model_unchecked_but_not_its_nan(tmp_path, monkeypatch):
+    """`model --rounds`: the user's model is checked in a point's first round; a later round
+    builds it again and times it without the check, and a NaN in its steps is still wrong."""
+    from cs336sys.experiments import model
+
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                        "my_models/lm.py": OTHER_MODEL})
+    monkeypatch.chdir(repo)
+    (spec,) = model.specs(model="my_models.lm:NanLater", size=["tiny"], d_model=64, d_ff=128,
+                          num_layers=1, num_heads=4, vocab_size=256, seq=[16], batch=[2],
+                          warmup=1, iters=4, rounds=2, device="cpu")
+    first, later = model.split(spec)
+    assert (first.check_round, later.check_round, later.iters) == (True, False, 2)
+    result = model.run(later)
+    assert result.status == "wrong" and result.metrics["check"] == "fail"
+    assert result.error.startswith("wrong: a non-finite loss (nan) at step 2 of the 3"), result.error
+
+
 def test_the_profile_splits_your_attention_around_your_own_softmax(tmp_path, monkeypatch):
     """Assignment 1 has students write their softmax (max, sub, exp, sum, div): with no op
     named softmax in its calls, the attention was left unsplit without a word."""

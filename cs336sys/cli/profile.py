@@ -9,6 +9,7 @@ rows of `kernel_stats` linked to it.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def _attention_calls(
     """What `profile attention` counts as warm-up and measured."""
 
 
-@with_options(model_command.COMMAND, _model_steps, _profiling)
+@with_options(model_command.COMMAND, _model_steps, _profiling, drop=("rounds",))
 def profile_model(ctx: typer.Context, **options: Any) -> None:
     """Profile model steps: ops (CPU) or kernels (CUDA) per phase, stored in kernel_stats.
 
@@ -81,7 +82,8 @@ def profile_model(ctx: typer.Context, **options: Any) -> None:
     """
     from cs336sys.experiments import model as model_exp
 
-    _profile_points(ctx, "model", model_exp.specs, options)
+    # the profiler records --iters steps in one round
+    _profile_points(ctx, "model", functools.partial(model_exp.specs, rounds=1), options)
 
 
 @with_options(attention_command.COMMAND, _attention_calls, _profiling,
@@ -95,8 +97,6 @@ def profile_attention(ctx: typer.Context, **options: Any) -> None:
 
         cs336sys profile attention --attention naive,sdpa --seq 1024 --d-head 64 --iters 20
     """
-    import functools
-
     from cs336sys.experiments import attention as attention_exp
 
     # what the profiler runs: --iters calls in one round (CUDA's default of 3 rounds refused

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cs336sys import yours
@@ -38,8 +38,9 @@ from cs336sys.sweep.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import NOT_A_SETTING, SpecError, settings_of
 from cs336sys.sweep.result import Result, hint
+from cs336sys.sweep.rounds import ROUNDS_DONE
 from cs336sys.yours.implementations import named_impls, sources, uses_triton
 
 DTYPES = tuple(PRECISIONS)
@@ -83,13 +84,13 @@ class AttentionSpec:
     min_time: float = 0.0
     # the timed calls in this many interleaved rounds (experiments/attention_rounds.py)
     rounds: int = 1
-    # whether this run checks against float64: every point's first round (not a setting)
-    check_round: bool = True
+    # whether this run checks against float64: every point's first round
+    check_round: bool = field(default=True, metadata=NOT_A_SETTING)
     # the implementation wrapped in torch.compile (--compile), whoever wrote it
     compile: bool = False
 
     def settings(self) -> dict[str, Any]:
-        return {_RENAMED.get(k, k): v for k, v in vars(self).items() if k not in _NOT_SETTINGS}
+        return {_RENAMED.get(k, k): v for k, v in settings_of(self).items()}
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -99,7 +100,6 @@ class AttentionSpec:
 
 
 _RENAMED = {"passes": "pass"}  # `pass` is a Python keyword
-_NOT_SETTINGS = ("check_round",)
 
 # Presets fill in what the user did not give; an explicit option always wins.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -435,7 +435,7 @@ EXPERIMENT = Experiment(
     kind="attention",
     title="Attention: implementations by sequence length",
     spec=AttentionSpec, specs=specs, run=run,
-    settings=settings_keys(AttentionSpec, drop=_NOT_SETTINGS, rename=_RENAMED),
+    settings=settings_keys(AttentionSpec, rename=_RENAMED),
     metrics=(
         *timing("fwd_ms", "forward call"),
         *timing("bwd_ms", "backward call"),
@@ -470,12 +470,12 @@ EXPERIMENT = Experiment(
                                              (JSON)
             host_us               us       host time per call of the main pass (end to end, else
                                              forward), until the call returned, before the sync
-            rounds_done           -        interleaved rounds the timed calls came from (--rounds)
             interpreted           -        Triton ran in its CPU interpreter
             sdpa_backend_used     -        the SDPA backend torch's dispatcher chose
             triton_kernels        -        triton: the kernels that ran (pointer or tma, +atomic-dq
                                              for the atomic-dQ backward)
         """),
+        ROUNDS_DONE,
         *launch(("fwd", "bwd", "e2e")),
         *preflight.METRICS,
     ),

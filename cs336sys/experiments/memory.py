@@ -115,7 +115,7 @@ def unused_name(folder: Path, label: str) -> Iterator[str]:
             held.unlink()
 
 
-_UNUSED = ("compile", "nvtx")
+_UNUSED = ("compile", "nvtx", "rounds")
 
 
 def specs(*, mode: Iterable[str] | None = None, snapshot: str | Path | None = None,
@@ -124,7 +124,7 @@ def specs(*, mode: Iterable[str] | None = None, snapshot: str | Path | None = No
     with `mode` forward or train, each writing its timeline into `snapshot` (a directory,
     created if missing) when given. SpecError names the first bad option."""
     modes = choices(mode, MODES, "--mode", default=["train"])
-    points = model_exp.specs(mode=modes, compile=False, **model_options)
+    points = model_exp.specs(mode=modes, compile=False, rounds=1, **model_options)
     where = check_snapshot(snapshot)
     return [MemorySpec(p, snapshot=where) for p in points]
 

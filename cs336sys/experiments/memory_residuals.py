@@ -83,7 +83,7 @@ def specs(
         size=["small"] if size is None else size, seq=seq, batch=["4"] if batch is None else batch,
         mode=["forward"], precision=precision, attention=attention, warmup=0, iters=1,
         device=device, seed=seed, d_model=d_model, d_ff=d_ff, num_heads=num_heads, model=model,
-        blocks=blocks,
+        blocks=blocks, rounds=1,
     )
     out = [
         ResidualsSpec(

@@ -10,10 +10,12 @@ device sync, so the host timer measures the device's work (docs/methodology.md,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import model_command, model_section, preflight
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
@@ -22,10 +24,12 @@ from cs336sys.experiments.training_step import (
     OPTIMIZERS,
     make_model,
     make_step,
+    rates,
     run_steps,
     throughput,
     throughput_metrics,
 )
+from cs336sys.measure.check import Verdict
 from cs336sys.measure.device import MFU_NOTE
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
@@ -37,6 +41,8 @@ from cs336sys.models.config import (
     from_preset,
     preset_name,
 )
+from cs336sys.sweep import points
+from cs336sys.sweep import rounds as in_rounds
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
     Column,
@@ -46,9 +52,11 @@ from cs336sys.sweep.declaration import (
     launch,
     metric_table,
     setting_columns,
+    settings_keys,
     timing,
 )
 from cs336sys.sweep.points import (
+    NOT_A_SETTING,
     SpecError,
     check_seed,
     check_triton,
@@ -95,6 +103,11 @@ class ModelSpec(ModelShape):
     nvtx: bool = False
     model: str | None = None  # None: cs336sys's TransformerLM; else the user's (--model)
     blocks: str | None = None  # where the user's model keeps its blocks (--blocks)
+    # the timed steps in this many interleaved rounds (sweep/runner.in_rounds): each round
+    # builds the model again, warms it up and times its share of `iters`
+    rounds: int = 1
+    # whether this run checks the user's code: every point's first round
+    check_round: bool = dataclasses.field(default=True, metadata=NOT_A_SETTING)
 
 
 def specs(
@@ -120,11 +133,13 @@ def specs(
     nvtx: bool = False,
     model: str | None = None,
     blocks: str | None = None,
+    rounds: int | None = None,
 ) -> list[ModelSpec]:
     """The points of a model sweep: the cartesian product of the list options (each a list,
     comma lists allowed), validated. SpecError names the first bad option. What is not
     given takes the device's default (DEFAULTS). `warmup` is one count or a list of them
-    (the warm-up study: a point per count).
+    (the warm-up study: a point per count). `rounds`: the timed steps in interleaved rounds
+    (1 unless given; `memory` and `profile model` share these points and always take 1).
 
     Shared by every command that runs the model (`model`, `memory`, `profile model`).
     """
@@ -147,6 +162,9 @@ def specs(
     batches = positive_ints(batch, "--batch", default=[4])
     for warmup in warmup_counts:
         counts(warmup, iters)
+    # one round unless asked, on CUDA too: the handout's method, each point's warm-up and
+    # timed steps in a row (its mean ± std over 10 steps after 5)
+    rounds = points.rounds(1 if rounds is None else rounds, dev.startswith("cuda"), iters)
     check_seed(seed)
 
     if model is not None:
@@ -179,7 +197,7 @@ def specs(
             # Forward-only passes save nothing for backward: checkpointing changes nothing.
             checkpoint=p["checkpoint"] if p["mode"] != "forward" else "none",
             warmup=p["warmup"], iters=iters, device=dev, seed=seed, nvtx=nvtx, model=model,
-            blocks=blocks,
+            blocks=blocks, rounds=rounds,
         ))
     # the optimizer and checkpoint axes collapse for the modes they do not apply to
     return list(dict.fromkeys(out))
@@ -250,7 +268,9 @@ def run(spec: ModelSpec) -> Result:
     from cs336sys.measure.nvtx import nvtx_enabled
 
     config = spec.config()
-    checked = before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch)
+    # later rounds time what the first checked; a NaN in their steps is still caught (judged)
+    checked = (before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch)
+               if spec.check_round else later_round(config, spec.optimizer))
     model = make_model(config, spec.device, spec.seed)
     step = make_step(model, vocab_size=config.vocab_size, batch=spec.batch, seq=spec.seq,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
@@ -280,6 +300,41 @@ def run(spec: ModelSpec) -> Result:
         metrics["code"] = user_code(config, model, step.optimizer)
     return judged(checked, metrics, losses,
                   samples={**timed, "loss": losses, "warmup": warm})
+
+
+def later_round(config: ModelConfig, optimizer: str) -> Verdict | None:
+    """A later round's check of the user's code: none, but a passed one where the user's code
+    runs, so that its losses must be finite (judged)."""
+    mine = config.model is not None or yours.is_yours(config.attention) or yours.is_yours(optimizer)
+    return Verdict(True, {}) if mine else None
+
+
+def split(spec: ModelSpec) -> list[ModelSpec]:
+    """The spec of each round (sweep/rounds.share): each builds the model, runs its warm-up
+    steps and times its share of `iters`; the first also checks the user's code."""
+    first = in_rounds.share(spec)
+    return [first, *[dataclasses.replace(first, check_round=False)] * (spec.rounds - 1)]
+
+
+def merge(spec: ModelSpec, results: list[Result]) -> Result:
+    """One point from its rounds: every round's timed samples in the order taken, their
+    statistics and the rates from the merged mean; the first round's warm-up samples, check
+    and first loss, the last round's last loss, the highest CUDA peaks."""
+    samples = in_rounds.joined(results)
+    metrics = dict(results[0].metrics)
+    for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
+        metrics.update(flatten(phase, samples.get(phase, [])))
+    metrics.update(rates(metrics, metrics["step_ms_mean"]),
+                   **launch_metrics(samples, ("fwd", "bwd", "opt"), spec.device),
+                   loss_last=results[-1].metrics["loss_last"])
+    for peak in ("peak_allocated_mb", "peak_reserved_mb"):
+        metrics[peak] = in_rounds.highest(results, peak)
+    wrong = [r for r in results if r.status == "wrong"]
+    if wrong:
+        metrics["check"] = "fail"
+    return in_rounds.merged(results, "wrong" if wrong else "ok", metrics, {
+        **results[0].samples, **samples,
+        "round_medians": [r.metrics["step_ms_median"] for r in results]})
 
 
 # -- the declaration ------------------------------------------------------------------------
@@ -331,12 +386,15 @@ EXPERIMENT = Experiment(
             loss_last          -    loss of the last timed step
         """),
         *CHECK_METRICS,
+        in_rounds.ROUNDS_DONE,
         *launch(("fwd", "bwd", "opt")),
         *preflight.METRICS,
     ),
     estimate=preflight.model_estimate,
     tables=(TABLE,),
     compare="step_ms",
+    settings=settings_keys(ModelSpec),
+    split=split, merge=merge,
     section=model_section.section,
     draws=True,
     command=model_command.COMMAND,

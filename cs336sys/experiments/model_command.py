@@ -18,6 +18,11 @@ def options(
                         "(0,1,2,5). [default: 5 on CUDA, 2 on CPU]") = None,
     compile: option("Wrap the model in torch.compile.", bool, "--compile/--no-compile") = False,
     nvtx: option("Emit NVTX ranges (for nsys); no-op without CUDA.", bool, "--nvtx") = False,
+    rounds: option("Interleaved rounds: every point builds its model, warms it up and times its "
+                   "share of --iters, then the next round, so that drift falls on every point "
+                   "alike (fp32 against bf16 gets a verdict). [default: 1, the handout's "
+                   "method]",
+                   int | None) = None,
 ) -> None:
     """The options of `model` beyond the model's (cli/options.py, model_options)."""
 

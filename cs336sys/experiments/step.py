@@ -85,6 +85,7 @@ from cs336sys.sweep.points import (
     unknown,
 )
 from cs336sys.sweep.result import Result
+from cs336sys.sweep.rounds import ROUNDS_DONE
 from cs336sys.yours.implementations import named_impls
 
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
@@ -447,7 +448,7 @@ EXPERIMENT = Experiment(
         Metric("course_ms", "ms", "the step timed as the leaderboard's test does: do_bench's "
                f"mean over {COURSE_REP_MS} ms after {COURSE_WARMUP_MS} ms of warm-up "
                "(--course-timing)"),
-        Metric("rounds_done", "", "interleaved rounds the timed steps came from (--rounds)"),
+        ROUNDS_DONE,
         Metric("interpreted", "", "a Triton kernel ran in Triton's CPU interpreter "
                "(TRITON_INTERPRET=1): the time is the emulator's"),
         *ddp_setup.SHARE_METRICS,  # on ranks

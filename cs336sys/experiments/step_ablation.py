@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from cs336sys.experiments.training_step import rates
 from cs336sys.measure.stats import flatten
 from cs336sys.sweep import rounds
 from cs336sys.sweep.result import Result
@@ -35,11 +36,8 @@ def merge(spec: Any, results: list[Result]) -> Result:
     samples = rounds.joined(results)
     metrics = {**results[0].metrics, **flatten("step_ms", samples["step_ms"]),
                **flatten("opt_ms", samples.get("opt_ms", []))}
-    step_s = metrics["step_ms_median"] / 1e3
-    metrics.update(tokens_per_s=metrics["tokens_per_step"] / step_s,
-                   tflops=metrics["flops_per_step"] / step_s / 1e12,
+    metrics.update(rates(metrics, metrics["step_ms_median"]),
                    loss_last=results[-1].metrics["loss_last"])
-    metrics["mfu"] = metrics["tflops"] / metrics["peak_tflops"] if metrics.get("peak_tflops") else None
     for peak in ("peak_allocated_mb", "peak_reserved_mb", "peak_tensor_mb"):
         metrics[peak] = rounds.highest(results, peak)
     status = "wrong" if any(r.status == "wrong" for r in results) else "ok"

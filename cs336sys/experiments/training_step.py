@@ -360,7 +360,7 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
     where its counted matmuls differ from the formula, the count (flops_basis says which)."""
     import torch
 
-    tokens, step_s = batch * seq, step_ms / 1e3
+    tokens = batch * seq
     flops = step_flops(config, batch, seq, mode)
     basis = "formula"
     if config.model is not None:
@@ -373,19 +373,20 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
             basis = "formula, uncounted"
         elif abs(counted - formula) > 0.01 * formula and abs(counted - dense) > 0.01 * dense:
             flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
-    tflops = flops / step_s / 1e12
     tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-    peak = peak_tflops(device_name(device), precision, tf32=tf32)
-    return dict(
-        params=sum(p.numel() for p in model.parameters()),
-        tokens_per_step=tokens,
-        tokens_per_s=tokens / step_s,
-        flops_per_step=flops,
-        tflops=tflops,
-        peak_tflops=peak,
-        mfu=tflops / peak if peak else None,
-        flops_basis=basis,
-    )
+    counts = dict(params=sum(p.numel() for p in model.parameters()), tokens_per_step=tokens,
+                  flops_per_step=flops, peak_tflops=peak_tflops(device_name(device), precision,
+                                                                tf32=tf32), flops_basis=basis)
+    return {**counts, **rates(counts, step_ms)}
+
+
+def rates(counts: dict[str, Any], step_ms: float) -> dict[str, Any]:
+    """tokens_per_s, tflops and mfu of a step of `counts`' tokens and FLOPs (throughput's)
+    that took `step_ms`: a point timed in rounds recomputes them from all its rounds' samples."""
+    step_s = step_ms / 1e3
+    tflops = counts["flops_per_step"] / step_s / 1e12
+    return dict(tokens_per_s=counts["tokens_per_step"] / step_s, tflops=tflops,
+                mfu=tflops / counts["peak_tflops"] if counts.get("peak_tflops") else None)
 
 
 def counted_forward_flops(config: Any, batch: int, seq: int, model: Any = None) -> int | None:

@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from cs336sys.attention import registry
-from cs336sys.sweep.points import unknown
+from cs336sys.sweep.points import settings_of, unknown
 
 # The handout releases whose size tables cs336sys knows, newest (the default) first.
 HANDOUTS = ("2026", "2025")
@@ -143,8 +143,8 @@ class ModelShape:
         return ModelConfig.of(self)
 
     def settings(self) -> dict[str, object]:
-        """Every field: what the store keeps as the point's settings."""
-        return dataclasses.asdict(self)
+        """Every field but those NOT_A_SETTING: what the store keeps as the point's settings."""
+        return settings_of(self)
 
     @staticmethod
     def of(size: str, config: ModelConfig) -> dict[str, object]:

@@ -42,13 +42,14 @@ NOT_INTERLEAVED_NOTE = (
     "within each, not how the machine's load changed between them (on a loaded CPU two runs "
     "of one step read 6.22x and 1.29x faster, and torch's DDP against itself 0.64x and 1.34x); "
     "it gives no verdict: attention and step interleave the points' timed steps with --rounds "
-    "2 or more (the default on CUDA); model, memory, ddp and comm run one point at a time, "
+    "2 or more (the default on CUDA), model with --rounds 2 or more; memory, ddp and comm run "
+    "one point at a time, "
     "so repeat the command and compare the runs (report --compare).")
 
 
 def _interleaved(row: Row) -> bool:
     """Whether the point's timed steps came in interleaved rounds with other points' (never,
-    where its experiment has no rounds: model, memory, ddp, comm run points one by one)."""
+    where its experiment has no rounds: memory, ddp, comm run points one by one)."""
     settings = row.get("_settings") or {}
     return "rounds" in settings and (row.get("rounds_done") or settings.get("rounds") or 1) >= 2
 

@@ -22,9 +22,11 @@ from cs336sys.report.plots import Bars, Plot, Ranked, Series, Strips
 from cs336sys.sweep.stopping import TERMINATED
 
 Row = dict[str, Any]
-# Settings that say how a point was measured, not which point it is. The warm-up is not one
-# of them: it changes what is measured (the warm-up study compares points that differ in it).
-QUIET = frozenset({"device", "seed", "steps", "iters", "snapshot"})
+# Settings that say how a point was measured, not which point it is: more timed steps, or
+# the same steps in more interleaved rounds, measure the same point (and rows stored before
+# a command had --rounds are the points of rows stored after). The warm-up is not one of
+# them: it changes what is measured (the warm-up study compares points that differ in it).
+QUIET = frozenset({"device", "seed", "steps", "iters", "rounds", "snapshot"})
 # Model dimensions that a size preset fixes: worth naming only when overridden.
 BY_SIZE = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 # Settings whose unset value is a value: `model` unset is cs336sys's TransformerLM.

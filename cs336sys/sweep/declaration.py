@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, get_args, get_type_hints
 
 from cs336sys.measure.stats import STATS
+from cs336sys.sweep.points import is_setting
 
 
 @dataclass(frozen=True)
@@ -340,9 +341,11 @@ class AroundPoint:
 
 
 def settings_keys(spec: type, drop: tuple[str, ...] = (), rename: Mapping[str, str] = ()) -> tuple[str, ...]:
-    """The settings keys of a Spec dataclass: its field names, `rename`d, without `drop`."""
+    """The settings keys of a Spec dataclass: its field names, `rename`d, without `drop` and
+    those NOT_A_SETTING (sweep/points.py)."""
     rename = dict(rename)
-    return tuple(rename.get(f.name, f.name) for f in fields(spec) if f.name not in drop)
+    return tuple(rename.get(f.name, f.name) for f in fields(spec)
+                 if f.name not in drop and is_setting(f))
 
 
 HOST_BOUND = Column(

@@ -3,6 +3,7 @@ point has a key, and a point that cannot be built is a SpecError."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -55,6 +56,22 @@ def expand(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
         dict(zip(names, combo, strict=True))
         for combo in itertools.product(*(axes[n] for n in names))
     ]
+
+
+# A Spec field that says how a run is made, not which point it measures (whether this round
+# checks the user's code): `dataclasses.field(default=..., metadata=NOT_A_SETTING)`. It is
+# left out of the point's settings (`settings_of`) and of its view's columns (settings_keys).
+NOT_A_SETTING = {"setting": False}
+
+
+def is_setting(field: dataclasses.Field) -> bool:
+    """Whether a Spec's field is one of its point's settings (not NOT_A_SETTING)."""
+    return field.metadata.get("setting", True)
+
+
+def settings_of(spec: Any) -> dict[str, Any]:
+    """A Spec dataclass's settings: every field but those NOT_A_SETTING, by name."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if is_setting(f)}
 
 
 def point_key(experiment: str, settings: dict[str, Any]) -> str:

@@ -6,14 +6,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from cs336sys.sweep.declaration import Metric
 from cs336sys.sweep.result import Result
+
+ROUNDS_DONE = Metric("rounds_done", "", "interleaved rounds the timed steps came from (--rounds)")
 
 
 def share(spec: Any) -> Any:
     """One round's spec: its share of the point's timed samples (`iters`, rounded up) and of
-    its minimum time."""
-    return dataclasses.replace(spec, iters=-(-spec.iters // spec.rounds),
-                               min_time=spec.min_time / spec.rounds)
+    its minimum time, where it has one (the model's points have none)."""
+    shares: dict[str, Any] = {"iters": -(-spec.iters // spec.rounds)}
+    if hasattr(spec, "min_time"):
+        shares["min_time"] = spec.min_time / spec.rounds
+    return dataclasses.replace(spec, **shares)
 
 
 def joined(results: list[Result]) -> dict[str, list]:
