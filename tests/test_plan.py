@@ -359,6 +359,11 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--n", 10**12], "fits none of the strategies"),  # its fsdp-tp splits took minutes
     (["--d-model", 0], "positive"),
     (["--size", "huge"], "--size: unknown size"),
+    (["--size", "xxxl"], "(did you mean 'xxl'?); choose from tiny, small, medium, large, xl, "
+                         "2.7B, 10B, 8b, xxl"),
+    # the xxl has neither: each was stored as a setting and changed nothing
+    (["--size", "xxl", "--num-heads", 7], "--num-heads: the 2025 handout's xxl is blocks"),
+    (["--size", "xxl", "--vocab-size", 5], "--vocab-size: the 2025 handout's xxl is blocks"),
     # an option that shapes another, given without it, was ignored (80 GiB judged the fit)
     (["--memory-gib", 10], "--memory-gib is the memory of a device given by hand"),
     (["--memory-gib", 80, "--hardware", "b200"], "--memory-gib is the memory"),  # its default
@@ -540,6 +545,10 @@ def test_the_xxl_on_one_h100_says_how_many_h100s_worth_it_is(db_path):
     column = lines[at].index("GPUs' worth")
     assert worth[column:].split()[0] == f"{total / (80 * 2**30):.1f}"  # 47.6
     assert "80.0" in worth.split()  # the GPU's memory, GiB
+    # the reading of "80GB" is said, and the other one's answer follows from it: 51.2
+    note = " ".join(" ".join(lines[at:]).split())
+    assert "an H100's 80GB is 80 GiB" in note and "a GPU's worth is 7.4 % more" in note, note
+    assert round(total / 80e9, 1) == round(47.64 * 2**30 / 1e9, 1) == 51.2
 
 
 def test_fsdp_tp_closed_forms_say_which_assumption_each_n_max_takes():
@@ -585,3 +594,16 @@ def test_the_phases_table_gives_each_phases_flops_and_communication(db_path):
     assert float(cells[5]) == pytest.approx(gather_ms, rel=1e-2)
     assert float(cells[9]) == pytest.approx(2 * gather_ms, rel=1e-2)
     assert cells[6] == cells[10] == "yes"
+
+
+def test_the_tp_closed_form_names_the_models_own_matrix_count(db_path):
+    """The TP condition read `m = 3 matrices (m = 2)` for the 2025 handout's xxl, whose FFN
+    has two matrices: the 3 was SwiGLU's, written into the formula."""
+    for size in ("xxl", "8b"):
+        r = invoke("plan", "--size", size, "--hardware", "tpu-v5p", "--strategy", "tp", "--n", 4,
+                   "--db", db_path)
+        assert r.exit_code == 0, r.output
+    said = [json.loads(row["metrics"])["inequality"]
+            for row in query(db_path, "SELECT metrics FROM runs ORDER BY created")]
+    assert [s.endswith(f"(m = {m})") for s, m in zip(said, (2, 3), strict=True)] == [True, True]
+    assert not any("m = 3 matrices" in s for s in said), said

@@ -53,7 +53,7 @@ from cs336sys.experiments import plan_section
 from cs336sys.experiments.plan_hardware import GiB, Hardware, listed_hardware
 from cs336sys.experiments.plan_model import ACCOUNTING, XXL, sharded
 from cs336sys.measure.clock import now
-from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name
+from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name, presets
 from cs336sys.parallel import plan_math as pm
 from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, column_table, metric_table
 from cs336sys.sweep.points import (
@@ -63,6 +63,7 @@ from cs336sys.sweep.points import (
     positive_ints,
     positive_sizes,
     shape_error,
+    unknown,
 )
 from cs336sys.sweep.result import Result
 
@@ -117,6 +118,8 @@ def specs(
     not whole sequences, a TP degree that does not divide the heads, a DP or FSDP degree that
     does not divide the batch's sequences."""
     blocks = "ffn2" if size.strip().lower() == "xxl" else "transformer"
+    if blocks != "ffn2" and size.strip().lower() not in {p.lower() for p in presets()}:
+        raise unknown("--size", size, [*presets(), "xxl"], "size")
     size = "xxl" if blocks == "ffn2" else preset_name(size)
     split = None if split is None else "x".join(map(str, split_of(split)))
     mesh_axes = None if mesh_axes is None else mesh_of(mesh_axes)
@@ -130,6 +133,10 @@ def specs(
         raise SpecError(f"--tokens {tokens} is not a whole number of --seq {seq} token sequences")
     batch = tokens if tokens is not None else (batch or 256) * seq  # 1M tokens at 4096
     check_size(batch, "--batch x --seq")
+    unused = [k for k in ("num_heads", "vocab_size") if given.get(k) is not None]
+    if blocks == "ffn2" and unused:  # it would be stored and ignored
+        raise SpecError(f"--{unused[0].replace('_', '-')}: the 2025 handout's xxl is blocks of "
+                        "two matrices, with no heads and no vocabulary")
     try:
         if blocks == "ffn2":  # not a Transformer: no heads to check, no vocabulary
             cfg = ModelConfig(**{**XXL, **{k: v for k, v in given.items() if v is not None}},
@@ -349,6 +356,7 @@ def run(spec: PlanSpec) -> Result:
         params=sum(model.tensors(cfg)),
         n_max=math.floor(limit),
         n_max_ffn=math.floor(ffn),
+        # m: the FFN's weight matrices, 3 for SwiGLU, 2 for the 2025 handout's xxl
         inequality=pm.INEQUALITY[spec.strategy] + f" (m = {model.matrices})",
     )
     if spec.strategy == "fsdp-tp":  # the handout asks both: axes overlapped, then sharing links
@@ -428,8 +436,10 @@ MEMORY = Table(
     "two FSDP units in bf16 (xxl: none). activations: the tokens one device sees x (L (16D + 8F "
     "+ 4H) + 4D + 6V) bytes (xxl: L (2D + 2F), and under FSDP the handout's half of all B "
     "tokens' sharded N ways, half whole), with TP's split; ckpt: 2D a token a layer plus one "
-    "layer recomputed. GPUs' worth: total over the GPU's memory. seqs that fit: whole "
-    "sequences per device that fit beside the rest.",
+    "layer recomputed. GPUs' worth: total over the GPU's memory, both in GiB (a GPU data "
+    "sheet's GB read as GiB: an H100's 80GB is 80 GiB, 79.6 usable); with its GB as 10^9 bytes "
+    "a GPU's worth is 7.4 % more. seqs that fit: whole sequences per device that fit beside "
+    "the rest.",
 )
 EXPERIMENT = Experiment(
     kind="plan",

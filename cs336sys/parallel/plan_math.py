@@ -214,7 +214,7 @@ INEQUALITY = {
     "dp": "compute-bound iff B/N >= (N-1)/N * C/W, i.e. N <= 1 + B*W/C",
     "fsdp": "compute-bound iff B/N >= (N-1)/N * C/W, i.e. N <= 1 + B*W/C (forward and backward)",
     "tp": "compute-bound iff m*F/N >= 2(N-1)/N * C/W, i.e. N <= 1 + m*F*W/(2C) (forward; "
-    "backward N <= 1 + m*F*W/C); m = 3 matrices",
+    "backward N <= 1 + m*F*W/C)",
     "fsdp-tp": "overlapped axes: X <= 1 + B*W/C and Y <= 1 + m*F*W/(2C), N <= their product; "
     "sharing the links: (X-1)/B + (Y-1)*2/(m*F) <= W/C, best N <= (mBF/8)(W/C + 1/B + 2/(mF))^2",
 }
