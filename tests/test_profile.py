@@ -432,6 +432,29 @@ def test_the_users_attention_is_split_at_its_softmax():
             Item("aten::_softmax", 4, 5), Item("aten::bmm", 5, 7)]
     assert user_parts([call, call]) == {"qk": 20.0, "mask": 6.0, "softmax": 10.0, "pv": 14.0}
     assert user_parts([[Item("aten::bmm", 1, 10)]]) == {}
+    # a copy of PV's operand is no part, as QKᵀ's is not QKᵀ: PV read as slow as QKᵀ for it
+    copied = [*call[:4], Item("aten::copy_", 4.5, 4), Item("aten::bmm", 5, 7)]
+    assert user_parts([copied])["pv"] == 7.0
+
+
+def test_pv_is_its_ranges_matrix_multiplications_as_qk_is():
+    """The final matmul range of naive attention: on a CPU torch's matmul copies its operands
+    there (0.26 of PV's 0.64 ms a step), which PV counted and QKᵀ, whose copies fall under
+    scale, mask, did not: their GFLOP/s read alike for a PV matmul 1.7x faster."""
+    events = [
+        _event("cs336sys::forward", 0, 100),
+        _event("cs336sys::scores", 10, 30),
+        _event("aten::copy_", 11, 12, self_us=3),
+        _event("aten::bmm", 13, 20, self_us=10),
+        _event("cs336sys::softmax", 31, 40),
+        _event("aten::_softmax", 32, 39, self_us=4),
+        _event("cs336sys::final matmul", 41, 60),
+        _event("aten::copy_", 42, 44, self_us=5),
+        _event("aten::bmm", 45, 50, self_us=6),
+    ]
+    _, totals, parts = summarize(events, on_cuda=False, top=5)
+    assert parts == {"qk": 10 / 1e3, "mask": 3 / 1e3, "softmax": 4 / 1e3, "pv": 6 / 1e3}
+    assert totals == {"forward": 28 / 1e3}  # the copies still count in the phase
 
 
 def test_a_profiled_point_of_the_users_model_is_named_by_it():

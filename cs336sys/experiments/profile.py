@@ -395,7 +395,8 @@ def attention_parts(pts: list) -> Any:
                  note="Inside the ranges naive attention opens (scores, softmax, final matmul), "
                  "or, in your model (--model), inside each call of its "
                  f"{ATTENTION_FUNCTION}, split at its softmax; QKᵀ: the matmuls before the "
-                 "softmax, scale, mask: the other ops before it. FLOPs: 2·T·T·d per (batch, "
+                 "softmax, scale, mask: the other ops before it; PV: the matmuls after it (the "
+                 "copies of their operands left out, as QKᵀ's are). FLOPs: 2·T·T·d per (batch, "
                  "head) for each matmul, 5 a score for the softmax (experiments/profile.py). "
                  "A model point sums them over its layers. A row stored without a scale, mask "
                  "time holds it in its QKᵀ time.")
@@ -472,7 +473,8 @@ EXPERIMENT = Experiment(
         Metric("step_matmul_share", "", "share of the whole step's op/kernel time, every phase, "
                "in matrix multiplications"),
         *(m for part in ("qk", "softmax", "pv") for m in (
-            Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step"),
+            Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step (QKᵀ, PV: "
+                   "their matrix multiplications)"),
             Metric(f"{part}_flops", "FLOP", f"naive attention's {part} FLOPs per step"),
             Metric(f"{part}_gflops", "GFLOP/s", f"naive attention's {part}, achieved"),
         )),

@@ -32,7 +32,10 @@ STEP = "step"  # kernel_stats's rows of every phase together
 # Breakdown key -> the range naive_attention opens around that part (attention/reference.py).
 # The scores range holds the 1/√d scaling and the causal mask too: its matrix multiplications
 # are QKᵀ, its other ops "mask" (nsys_profile (e) sets the matmuls' time against the
-# softmax's; on a CPU the mask's ops took 3x the QKᵀ matmul's time).
+# softmax's; on a CPU the mask's ops took 3x the QKᵀ matmul's time). PV is the final range's
+# matrix multiplications alone, as QKᵀ is: the copies torch's matmul makes of its operands
+# there (on a CPU 0.26 of PV's 0.64 ms a step) made PV read as slow as QKᵀ, whose copies
+# counted under "mask".
 PARTS = {"qk": "scores", "softmax": "softmax", "pv": "final matmul"}
 PART_KEYS = ("qk", "mask", "softmax", "pv")
 # The range around each call of the user's attention function (experiments/profile.py wraps
@@ -151,7 +154,9 @@ def summarize(
         if phase == "forward":
             for key in PARTS.keys() & parts.keys():
                 if spans[PARTS[key]].contains(item.start):
-                    parts[_qk_or_mask(item) if key == "qk" else key] += item.duration
+                    part = _qk_or_mask(item) if key == "qk" else _pv(item) if key == "pv" else key
+                    if part is not None:
+                        parts[part] += item.duration
             call = spans[USER_ATTENTION].index(item.start) if USER_ATTENTION in spans else None
             if call is not None:
                 if USER_SOFTMAX in spans and spans[USER_SOFTMAX].contains(item.start):
@@ -202,9 +207,15 @@ def _qk_or_mask(item: Item) -> str:
     return "qk" if MATMUL.search(item.name) else "mask"
 
 
+def _pv(item: Item) -> str | None:
+    """After the softmax: a matrix multiplication is PV; other ops (copies) are no part."""
+    return "pv" if MATMUL.search(item.name) else None
+
+
 def user_parts(calls: Iterable[list[Item]]) -> dict[str, float]:
     """µs of QKᵀ, its scale and mask, softmax and PV over the user's attention calls, each
-    call's items split at its softmax; a call without a softmax op is not split."""
+    call's items split at its softmax; a call without a softmax op is not split. After the
+    softmax only the matrix multiplications count (PV), as for naive attention."""
     out = dict.fromkeys(PART_KEYS, 0.0)
     split = False
     for call in calls:
@@ -214,8 +225,9 @@ def user_parts(calls: Iterable[list[Item]]) -> dict[str, float]:
             continue
         split = True
         for n, item in enumerate(ordered):
-            key = _qk_or_mask(item) if n < soft[0] else "pv" if n > soft[-1] else "softmax"
-            out[key] += item.duration
+            key = _qk_or_mask(item) if n < soft[0] else _pv(item) if n > soft[-1] else "softmax"
+            if key is not None:
+                out[key] += item.duration
     return out if split else {}
 
 
