@@ -29,10 +29,15 @@ _XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 # torch.compile's cache (inductor's C++ and Triton files) in a folder of this session: two
 # test runs on one machine sharing /tmp/torchinductor_$USER raced on a half-written .so
 # ("file too short"). Under xdist each worker has a folder of its own, for the same reason
-# (the workers inherit the folder the controlling process made). Subprocesses inherit it.
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ or _XDIST_WORKER:
+# (the workers inherit the folder the controlling process made). Subprocesses inherit it,
+# and so do the ranks that import a test module: each made a folder of its own, which its
+# os._exit left behind (20 to 40 empty folders in /tmp a run), hence the owner's mark.
+_OWNER = "PYTEST_INDUCTOR_CACHE_OWNER"  # not a variable the store records
+if ("TORCHINDUCTOR_CACHE_DIR" not in os.environ
+        or (_XDIST_WORKER and os.environ.get(_OWNER) != _XDIST_WORKER)):
     _cache = tempfile.mkdtemp(prefix=f"cs336sys-inductor-{_XDIST_WORKER or ''}")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache
+    os.environ[_OWNER] = _XDIST_WORKER or ""
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 # Before its first CPU build, inductor probes which vector instructions the compiler can
 # build and load (a C++ build and a subprocess per ISA the CPU reports), in every process
