@@ -692,3 +692,25 @@ def test_a_store_that_cannot_be_written_mid_sweep_is_one_line_and_keeps_what_it_
     assert "Traceback" not in result.output
     (inv,) = query(db_path, "SELECT exit_status FROM invocations")
     assert inv["exit_status"] == 1 and len(rows(db_path)) == 1
+
+
+def test_tf32_set_the_new_way_by_your_code_is_measured(db_path):
+    """torch 2.9's `fp32_precision = "tf32"`, set by the user's code (their adapters, say):
+    the legacy `allow_tf32` getter cs336sys read raises once the new setting is used, and
+    every model point was an error, its timings lost."""
+    import torch
+
+    from cs336sys.measure.device import tf32_matmuls
+
+    matmul = torch.backends.cuda.matmul
+    assert not tf32_matmuls()
+    matmul.fp32_precision = "tf32"
+    try:
+        assert tf32_matmuls()
+        result = invoke("model", *micro(iters=1, warmup=0, num_layers=1), "--seq", "16",
+                        "--db", db_path)
+    finally:
+        matmul.fp32_precision = "none"
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in query(db_path, "SELECT status FROM runs")] == ["ok"]
+    assert not tf32_matmuls() and matmul.allow_tf32 is False  # the legacy getter again

@@ -33,7 +33,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.measure.compile_backend import compile_backend
-from cs336sys.measure.device import device_name, peak_tflops, synchronize
+from cs336sys.measure.device import device_name, peak_tflops, synchronize, tf32_matmuls
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.progress import step_done
 from cs336sys.models.config import checkpoint_groups
@@ -358,7 +358,6 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
     the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
     formula's (models/flops.py), for the user's model too when it is the same architecture;
     where its counted matmuls differ from the formula, the count (flops_basis says which)."""
-    import torch
 
     tokens = batch * seq
     flops = step_flops(config, batch, seq, mode)
@@ -373,10 +372,10 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
             basis = "formula, uncounted"
         elif abs(counted - formula) > 0.01 * formula and abs(counted - dense) > 0.01 * dense:
             flops, basis = (counted if mode == "forward" else 3 * counted), "counted"
-    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
     counts = dict(params=sum(p.numel() for p in model.parameters()), tokens_per_step=tokens,
                   flops_per_step=flops, peak_tflops=peak_tflops(device_name(device), precision,
-                                                                tf32=tf32), flops_basis=basis)
+                                                                tf32=tf32_matmuls()),
+                  flops_basis=basis)
     return {**counts, **rates(counts, step_ms)}
 
 

@@ -43,6 +43,19 @@ def peak_tflops(device_name: str | None, precision: str, tf32: bool = False) -> 
     return None
 
 
+def tf32_matmuls() -> bool:
+    """Whether float32 matmuls on CUDA run in TF32, as the user's code may have set it: torch
+    2.9's `fp32_precision` (set, or inherited from torch.backends.fp32_precision), else the
+    legacy `allow_tf32`. The legacy getter raises once code has used the new setting (the
+    course's adapters setting `fp32_precision = "tf32"` made every model point an error)."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
 def validate_device(name: str) -> None:
     """Raise ValueError (user-facing) for a device that is unknown or not present."""
     base = name.split(":", 1)[0]
