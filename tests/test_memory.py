@@ -272,6 +272,9 @@ BAD = [
     (["memory", *MICRO, "--mode", "forward", "--checkpoint", "every:1"],
      "--checkpoint trades what a forward saves for backward, which --mode forward leaves out"),
     (["memory", *MICRO, "--checkpoint", "all"], "--checkpoint"),
+    # the tracker's dispatch mode runs compiled code uncompiled: naive's bytes, to the byte
+    (["memory", *MICRO, "--attention", "naive,compiled"],
+     "--attention compiled: memory counts tensors with a dispatch mode on a CPU"),
     (["memory", *MICRO, "--snapshot", "{file}"], "not a directory"),
     (["memory", *MICRO, "--snapshot", "{file}/sub"], "not a directory"),
     # the folder made through a link that leads nowhere failed once the point had run

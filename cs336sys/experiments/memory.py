@@ -126,6 +126,15 @@ def specs(*, mode: Iterable[str] | None = None, snapshot: str | Path | None = No
     modes = choices(mode, MODES, "--mode", default=["train"])
     points = model_exp.specs(mode=modes, compile=False, rounds=1, **model_options)
     where = check_snapshot(snapshot)
+    tracked = where is not None or not points[0].device.startswith("cuda")
+    if tracked and any(p.attention == "compiled" for p in points):
+        # torch.compile runs no compiled code under a TorchDispatchMode: the bytes were naive
+        # attention's, to the byte, stored as compiled's
+        raise SpecError(
+            "--attention compiled: memory counts tensors with a dispatch mode on a CPU and for "
+            "--snapshot, under which torch.compile runs the attention uncompiled; measure it on "
+            "CUDA without --snapshot (the allocator's peaks), or a compiled block with "
+            "`cs336sys memory residuals --compile`")
     return [MemorySpec(p, snapshot=where) for p in points]
 
 
