@@ -78,6 +78,31 @@ def test_precision_shows_every_digit_of_the_sum(rendered):
 # -- checkpointing -----------------------------------------------------------------------------
 
 
+def test_checkpointings_step_time_is_a_ratio_of_medians_with_its_interval():
+    """`step time vs none` divided means: two steps a side, 6,337 and 1,843 ms against 1,865
+    and 4,849, read every:1 0.82x, checkpointing faster. It divides medians and says what
+    their samples can carry: too few to tell, or the interval without a verdict (memory runs
+    its points one after the other)."""
+    import json
+    import statistics
+
+    from cs336sys.experiments.memory_section import _step_ratio
+
+    def row(steps):
+        return {"invocation_id": "one", "_settings": {"checkpoint": "x"},
+                "step_ms_mean": statistics.mean(steps), "step_ms_median": statistics.median(steps),
+                "_samples": json.dumps({"step_ms": steps})}
+
+    none, every = row([1865.0, 4849.0]), row([6337.0, 1843.0])
+    assert _step_ratio(none, none) == "1.00×"
+    assert _step_ratio(every, none) == "1.22× (too few samples to tell)"
+    none = row([200.0, 201.0, 199.0, 200.5, 200.2, 199.8])
+    every = row([320.0, 321.0, 900.0, 319.0, 320.5, 320.2])
+    # one slow step: the means' 2.08x, the medians' 1.60x
+    assert re.fullmatch(r"1\.60× \(1\.\d\d–\d\.\d\d, not interleaved\)", _step_ratio(every, none)), \
+        _step_ratio(every, none)
+
+
 def test_checkpointing_compares_activation_peaks_and_shows_the_optimizer_apart(rendered):
     """The fixture's medium group: the optimizer step (1100 MiB) sets every point's step
     peak, so the step peaks are all equal; the forward and backward peaks and the saved
