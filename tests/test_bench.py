@@ -123,6 +123,7 @@ def test_peak_table():
     assert peak_tflops("NVIDIA H200", "fp32") == 67.0
     assert peak_tflops("NVIDIA H200", "fp32", tf32=True) == 494.7
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
+    assert peak_tflops("NVIDIA L40S", "bf16") == 362.05  # its data sheet, dense (not 366)
     assert peak_tflops(None, "bf16") is None and peak_tflops("Some CPU", "fp32") is None
 
 
