@@ -155,6 +155,8 @@ def test_listing_prints_the_commands_that_measured_what_is_stored(db_path, monke
     assert "(your code)" in next(x for x in lines if x.startswith("benchmarking_script "))
     assert commands("benchmarking_script")[0].startswith("  $ cs336sys model --model cs336_basics ")
     assert commands("nsys_profile")[0].startswith("  $ cs336sys profile model --size ")
+    # (b)'s "both forward and backward passes": a train point's every phase has the optimizer
+    assert "--mode forward,forward-backward,train" in commands("nsys_profile")[0]
 
 
 def test_listing_counts_the_runs_no_problem_counts(db_path, monkeypatch):

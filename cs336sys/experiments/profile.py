@@ -365,7 +365,9 @@ def section(sec: Any, pts: list) -> None:
              for k, name in zip(ks, names, strict=True)],
             note=f"Per step: the mean over the {steps} profiled step(s) (kernel_stats keeps "
             f"the totals); ms/call: the mean of one call; share: of the phase's summed "
-            f"{basis}, not its wall time; phase step: every phase together.",
+            f"{basis}, not its wall time; phase step: every phase together (a "
+            f"forward-backward point's: forward and backward alone; a train point's has the "
+            f"optimizer's kernels too).",
         ))
         add_plot(sec, title, f"profile-top-{i}", Ranked(
             tuple((name, k["total_ms"] / steps, k["phase"])

@@ -167,7 +167,9 @@ def summarize(
 
     rows: list[dict[str, Any]] = []
     totals: dict[str, float] = {}
-    if len(per_phase) > 1:  # nsys_profile (b): the top kernel of forward and backward together
+    # every phase together: of a forward-backward point, what nsys_profile (b) asks of
+    # "both forward and backward passes" (a train point's has the optimizer's too)
+    if len(per_phase) > 1:
         every: dict[str, list[float]] = {}
         for names in per_phase.values():
             for name, (calls, us) in names.items():

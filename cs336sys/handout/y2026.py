@@ -22,7 +22,8 @@ ATTENTION_CPU = "--seq 128,256 --d-head 16,32 --warmup 1 --iters 3"
 # The model's attention of assignment 1, where the handout names it (its annotation example)
 A1_ATTENTION = "yours=cs336_basics.model:scaled_dot_product_attention"
 DDP_CPU = "--size tiny --seq 64 --warmup 1 --iters 2"
-PROFILE_CPU = "profile model --size tiny --seq 64,128 --mode forward,train --warmup 1 --iters 2"
+PROFILE_CPU = ("profile model --size tiny --seq 64,128 --mode forward,forward-backward,train "
+               "--warmup 1 --iters 2")
 
 FWD, BWD = Column("forward ms", "fwd_ms", "mean_std"), Column("backward ms", "bwd_ms", "mean_std")
 OPT = Column("optimizer ms", "opt_ms", "mean_std")
@@ -121,8 +122,10 @@ PROBLEMS = (
         asks="Profile forward, backward and optimizer step of two sizes at three context "
         "lengths above 128: the forward's time, the kernels that take the most, the share "
         "beside the matmuls, the attention's parts.",
+        # forward-backward: nsys_profile (b)'s "both forward and backward passes", whose
+        # every-phase table in train mode holds the optimizer's kernels too
         runs=(on_their_model("profile model --size small,large --seq 256,512,1024 --mode "
-                             "forward,train", PROFILE_CPU),),
+                             "forward,forward-backward,train", PROFILE_CPU),),
         tables=(AsReported("profile"),),
     ),
     Problem(
