@@ -119,8 +119,9 @@ def test_the_command_under_nsys_does_not_repeat_python_m(tmp_path, fake_nsys):
 
 
 @pytest.mark.parametrize("command", [
-    ["model", *MICRO], ["attention", "--seq", "16", "--d-head", "16"], ["memory", *MICRO],
-    ["step", *MICRO], ["comm", "--world-size", "2"], ["profile", "model", *MICRO],
+    ["model", *MICRO, "--rounds", "3"], ["attention", "--seq", "16", "--d-head", "16"],
+    ["memory", *MICRO], ["step", *MICRO], ["comm", "--world-size", "2"],
+    ["profile", "model", *MICRO],
     ["profile", "attention", "--seq", "16", "--d-head", "16"],
 ])
 def test_every_command_prints_what_it_would_record(tmp_path, fake_nsys, command):
@@ -130,6 +131,9 @@ def test_every_command_prints_what_it_would_record(tmp_path, fake_nsys, command)
     assert result.exit_code == 0, result.output
     lines = [shlex.split(line) for line in result.stdout.splitlines() if " profile --" in line]
     assert lines and all(argv[argv.index(sys.executable) + 3] == command[0] for argv in lines)
+    # one round: nsys records the first measured range alone (--capture-range-end=stop)
+    rounds = [argv[i + 1] for argv in lines for i, a in enumerate(argv) if a == "--rounds"]
+    assert rounds == (["1"] * len(lines) if command[0] in ("model", "attention", "step") else [])
     # memory's reports track CUDA memory (memory_profiling (f)), the others' do not
     assert all(("--cuda-memory-usage=true" in argv) == (command[0] == "memory")
                for argv in lines)

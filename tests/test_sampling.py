@@ -178,6 +178,45 @@ def test_points_in_rounds_run_interleaved_and_are_merged():
     assert [p.spec.name for p in points] == ["c", "d", "a", "b"]  # each stored once, when done
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "sigterm"])
+def test_a_signal_keeps_the_rounds_done_as_errors_resume_measures_again(stop):
+    """Ctrl-C in a sweep of rounds threw every finished round away (0 points stored: only
+    SIGTERM was caught); SIGTERM stored a point with one round of three `ok`, which --resume
+    then skipped. Each point with rounds done is stored with its samples, as an error that
+    says how many rounds ran; under SIGTERM the point it stopped, with none, too."""
+    from cs336sys.report.sections import stopped
+    from cs336sys.sweep import rounds as in_rounds
+    from cs336sys.sweep.stopping import INTERRUPTED, TERMINATED, Terminated
+
+    stop = Terminated(f"{TERMINATED} 15 (SIGTERM)") if stop == "sigterm" else stop()
+    order, emitted = [], []
+
+    def run(spec):
+        order.append(spec.name)
+        if len(order) == 6:  # round 2 of b, after a's
+            raise stop
+        return Result("ok", samples={"t": [1.0] * spec.iters})
+
+    toy = Experiment(kind="toy", title="toy", spec=Toy, run=run, metrics=(),
+                     merge=lambda spec, results: in_rounds.merged(
+                         results, "ok", {}, in_rounds.joined(results)),
+                     split=lambda s: [replace(s, iters=s.iters // s.rounds)] * s.rounds)
+    from cs336sys.sweep.runner import in_rounds as runner
+
+    with pytest.raises(type(stop)):
+        runner(toy, [Toy("a", 6, 3), Toy("b", 6, 3), Toy("c", 6, 3), Toy("d", 6, 3)],
+               lambda spec: None, lambda spec, result: emitted.append((spec.name, result)))
+    got = {name: r for name, r in emitted}
+    assert sorted(got) == ["a", "b", "c", "d"]  # b stopped in its second round
+    assert [got[n].metrics["rounds_done"] for n in "abcd"] == [2, 1, 1, 1]
+    assert got["a"].samples["t"] == [1.0] * 4  # what it measured is kept
+    why = INTERRUPTED if isinstance(stop, KeyboardInterrupt) else TERMINATED
+    for r in got.values():
+        assert r.status == "error" and r.error.startswith(why), r.error
+        assert "of its 3 rounds" in r.error and "--resume" in r.error
+        assert stopped({"status": r.status, "error": r.error})  # hides no earlier row
+
+
 @pytest.mark.slow  # three step points, twice each
 def test_the_step_ablation_runs_in_rounds(tmp_path):
     from tests.conftest import invoke, query
@@ -284,6 +323,11 @@ def test_model_points_run_in_rounds_and_their_speedup_gets_a_verdict(tmp_path, m
     assert any(w in line for w in ("faster", "slower", "no difference")), line
     bad = invoke(*args, "--rounds", "7", "--db", tmp_path / "x.db")
     assert bad.exit_code == 2 and "--rounds must be from 1 to --iters (6), got 7" in bad.output
+    # each round builds the model again: with no warm-up, a cold step heads every round's
+    # samples, where the warm-up study reads one (a +300 ms first forward read 1.46x, not 20x)
+    cold = invoke(*args, "--rounds", "2", "--warmup", "0,1", "--db", tmp_path / "x.db")
+    assert cold.exit_code == 2 and "with --warmup 0 every round's first timed step is a " \
+        "cold one" in cold.output, cold.output
     assert not (tmp_path / "x.db").exists()
 
 
@@ -302,6 +346,11 @@ def test_rounds_say_how_a_point_was_measured_not_which_it_is():
     assert "check_round" not in model.EXPERIMENT.settings
     (kept,) = memory.specs(size=["tiny"], seq=[16], iters=1, device="cpu")
     assert "rounds" not in kept.settings() and "rounds" not in memory.EXPERIMENT.settings
+    from cs336sys.experiments import profile
+
+    (profiled,) = profile.specs("model", model.specs(size=["tiny"], seq=[16], rounds=1,
+                                                     device="cpu"), top=3)
+    assert "rounds" not in profiled.settings() and "rounds" not in profile.EXPERIMENT.settings
 
 
 def test_a_speedup_table_compares_medians_and_calls_a_change_only_when_it_can():

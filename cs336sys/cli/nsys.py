@@ -18,9 +18,11 @@ import typer
 
 from cs336sys.measure import nsys
 
-# What the command under nsys leaves out of this command's options: --nsys itself, and the
-# dry run (which would print instead of recording).
-_NOT_PASSED_ON = ("nsys", "dry_run", "exec_")
+# What the command under nsys leaves out of this command's options: --nsys itself, the
+# dry run (which would print instead of recording), and --rounds, which it takes as 1: nsys
+# stops at the end of the first measured range (--capture-range-end=stop), so of 3 rounds
+# (attention's and step's CUDA default) it recorded the first round's timed steps alone.
+_NOT_PASSED_ON = ("nsys", "dry_run", "exec_", "rounds")
 
 
 class NsysRefused(Exception):
@@ -43,7 +45,8 @@ def under_nsys(points: list) -> list:
 def command_line(ctx: typer.Context) -> list[str]:
     """The words after `cs336sys` that run this command again with the options it was given
     (on the command line or from the environment; defaults stay defaults): lists joined by
-    commas, flags for True (the negative flag for False where there is one)."""
+    commas, flags for True (the negative flag for False where there is one); `--rounds 1`
+    where the command has rounds."""
     out = []  # the subcommands' names, not the program's (`python -m cs336sys` is 3 words)
     level = ctx
     while level.parent is not None:
@@ -63,6 +66,8 @@ def command_line(ctx: typer.Context) -> list[str]:
         else:
             out += [param.opts[0],
                     ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)]
+    if any(param.name == "rounds" for param in ctx.command.params):
+        out += ["--rounds", "1"]
     return out
 
 

@@ -165,6 +165,12 @@ def specs(
     # one round unless asked, on CUDA too: the handout's method, each point's warm-up and
     # timed steps in a row (its mean ± std over 10 steps after 5)
     rounds = points.rounds(1 if rounds is None else rounds, dev.startswith("cuda"), iters)
+    if rounds > 1 and 0 in warmup_counts:
+        # each round builds the model again: R cold first steps among the timed ones, where
+        # the warm-up study reads one
+        raise SpecError(f"--rounds {rounds} builds the model again each round, so with "
+                        "--warmup 0 every round's first timed step is a cold one: measure the "
+                        "warm-up study in one round")
     check_seed(seed)
 
     if model is not None:

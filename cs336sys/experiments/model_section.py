@@ -71,10 +71,13 @@ def section(sec: Section, pts: list[Row]) -> None:
         if not timed or (not w and r["_settings"].get("warmup") != 0):
             continue
         steps, mean = w + timed, sum(timed) / len(timed)
+        # in rounds, the first round's steps in a row: a later round warmed up a model of its
+        # own, untimed, before its timed steps
+        in_a_row = w + timed[:len(timed) // (r.get("rounds_done") or 1)]
         warm.append([label(r), num(steps[0]), num(mean), f"{steps[0] / mean:.2f}×"])
         every.append(label(r))
         if len(lines) < WARMUP_LINES:  # more are unreadable; the table has them all
-            lines[label(r)] = list(enumerate(steps, start=1))
+            lines[label(r)] = list(enumerate(in_a_row, start=1))
     if warm:
         sec.tables.append(FilledTable("Warm-up effect: first step against timed mean",
                                 ["point", "first step ms", "timed mean ms", "first/mean"], warm))

@@ -72,8 +72,9 @@ from cs336sys.sweep.result import Result, first_line
 TARGETS = ("model", "attention")
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 # Settings of the profiled point that say nothing about the profile: the model's own NVTX
-# switch (`profiler` says what ran) and the attention benchmark's timer (unused here).
-_NOT_SETTINGS = ("nvtx", "timer")
+# switch (`profiler` says what ran), the attention benchmark's timer (unused here) and the
+# rounds of either (the profiler records its steps in one round).
+_NOT_SETTINGS = ("nvtx", "timer", "rounds")
 
 
 @dataclass(frozen=True)

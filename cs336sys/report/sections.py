@@ -19,7 +19,7 @@ from typing import Any
 
 from cs336sys.measure.sampling import drifted
 from cs336sys.report.plots import Bars, Plot, Ranked, Series, Strips
-from cs336sys.sweep.stopping import TERMINATED
+from cs336sys.sweep.stopping import INTERRUPTED, TERMINATED
 
 Row = dict[str, Any]
 # Settings that say how a point was measured, not which point it is: more timed steps, or
@@ -156,8 +156,10 @@ def latest(rows: list[Row]) -> list[Row]:
 
 
 def stopped(row: Row) -> bool:
-    """Whether the row is a point SIGTERM stopped before it was measured."""
-    return row.get("status") == "error" and str(row.get("error") or "").startswith(TERMINATED)
+    """Whether the row is a point a signal stopped before it was measured (SIGTERM), or
+    before its last round (either signal)."""
+    return row.get("status") == "error" and str(row.get("error") or "").startswith(
+        (TERMINATED, INTERRUPTED))
 
 
 def ratio_side(value: Any) -> bool:

@@ -49,7 +49,7 @@ from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
 from cs336sys.sweep.ranks import serve
 from cs336sys.sweep.result import Result, guarded, is_oom, unwritten
-from cs336sys.sweep.stopping import Terminated, check
+from cs336sys.sweep.stopping import INTERRUPTED, Terminated, check
 
 
 @dataclass
@@ -252,9 +252,10 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
     """Round 1 of every point, then round 2 of every point, ...: each round runs the spec
     `experiment.split` gives for it, and once a point's last round has run its Results are
     merged (`experiment.merge`) and emitted. A round that is not ok (oom, error) is the
-    point's result and ends its rounds. Stopped by a signal, the points with rounds done are
-    merged and emitted from what they have (the interrupted one too), and an interrupted
-    point with no round done is stored as an error."""
+    point's result and ends its rounds. Stopped by a signal (Ctrl-C too), the points with
+    rounds done are merged and emitted from what they have, those short of their rounds as
+    errors that keep their samples (`short_of_rounds`: --resume measures them again); under
+    SIGTERM an interrupted point with no round done is stored as an error."""
     plan = [experiment.split(s) for s in specs]
     done: dict[int, list[Result]] = {}
     ended: set[int] = set()
@@ -268,11 +269,12 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
             try:
                 decided = skip(spec) if round_ == 0 else None
                 result = decided or guarded(experiment.run, one)
-            except Terminated as exc:
+            except (Terminated, KeyboardInterrupt) as exc:
                 for j, results in done.items():  # the interrupted point too, if it has any
                     if j not in ended and results:
-                        emit(specs[j], experiment.merge(specs[j], results))
-                if not done.get(i):
+                        emit(specs[j], short_of_rounds(experiment.merge(specs[j], results),
+                                                       len(plan[j]), exc))
+                if isinstance(exc, Terminated) and not done.get(i):
                     emit(spec, Result("error", error=str(exc), started=started,
                                       duration_s=time.perf_counter() - t0))
                 raise
@@ -287,6 +289,19 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
             if round_ == len(rounds) - 1:
                 ended.add(i)
                 emit(spec, experiment.merge(spec, done[i]))
+
+
+def short_of_rounds(result: Result, rounds: int, stop: BaseException) -> Result:
+    """A point a signal stopped before its last round: an error that keeps what its rounds
+    measured. Stored ok, its third of the samples passed for the point, and --resume, which
+    measures what is not ok, skipped it."""
+    done = result.metrics.get("rounds_done", rounds)
+    if done >= rounds or result.status != "ok":
+        return result
+    why = str(stop) if isinstance(stop, Terminated) else INTERRUPTED
+    return dataclasses.replace(result, status="error", error=(
+        f"{why} after {done} of its {rounds} rounds: the samples are those rounds' alone; "
+        "--resume measures the point again"))
 
 
 def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:

@@ -58,6 +58,8 @@ _stored: list[str] = []  # what the command stored, where no recording says it (
 
 # How a point SIGTERM stopped reads in the store (its `error`): no measurement of the point.
 TERMINATED = "terminated by signal"
+# ... and a point in rounds that Ctrl-C stopped short of its last one (sweep/runner.py)
+INTERRUPTED = "interrupted by Ctrl-C (SIGINT)"
 
 
 def _raise(signum: int) -> None:
