@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -969,6 +970,12 @@ def test_the_compare_report_draws_every_sample_of_both_sides(regress_db, tmp_pat
     every_b = sorted(v for _, _, b in strips for v in b)
     # every model point ran on both sides: A's strips hold all of A's stored samples
     assert every_a == sorted(stored[A]) and every_b == sorted(stored[B])
+    # the bars mark the table's figures, the medians of the runs' medians: the pooled
+    # samples' medians put a bar at 619 ms where the table read 876
+    found = [c for c in cmp.changes if c.experiment == "model"]
+    assert model_fig.plot.bars == tuple((c.a, c.b) for c in found[:len(strips)])
+    pooled = [(statistics.median(a), statistics.median(b)) for _, a, b in strips]
+    assert pooled != list(model_fig.plot.bars)  # RUNS runs a side: not the same figure
     assert len(every_a) == 3 * 10 * RUNS + 3  # three points of 10 steps a run, one of 3
     result = report(regress_db, tmp_path, "--compare", "a1a1", "b2b2", "--format", "md")
     assert result.exit_code == 0, result.output

@@ -6,8 +6,8 @@ table, in that order. The report
 then covers the runs of A and of B only (`sides`), within the rest of the selection.
 
 Points match when experiment and settings are equal, and the GPU too unless A and B are
-GPUs. Each side's value is the median of the point's raw timed samples (pooled over re-runs
-of the point on that side), B/A the ratio of the medians. Whether B differs from A is
+GPUs. Each side's value is the median of the point's raw timed samples, or of its runs'
+medians where that side ran the point more than once (change.center), B/A their ratio. Whether B differs from A is
 decided by the Mann-Whitney U test (measure/significance.py): a change counts only when it
 gives p < 0.05 *and* the medians are more than 5% apart (THRESHOLD, or --threshold). The
 test's unit is the run (each run's median) where either side ran the point more than once,
@@ -79,7 +79,8 @@ def method(threshold: float = THRESHOLD) -> str:
     """The rule, in words, for the report."""
     pct = f"{100 * threshold:g}%"
     return (
-        f"Each value is the median of the point's timed samples; a change is labelled only "
+        f"Each value is the median of the point's timed samples (of its runs' medians where a "
+        f"side ran it more than once); a change is labelled only "
         f"when the Mann-Whitney U test gives p < {ALPHA:g} and the medians differ by more "
         f"than {pct}. The test takes the runs as its unit (each run's median) where a side "
         f"ran the point more than once, so that run-to-run drift counts as noise; with one "
@@ -473,11 +474,15 @@ def _strips(exp: str, metric: Metric, points: list[tuple[str, Side, Side]],
     shown = points[:MAX_STRIPS]
     note = (f"The first {MAX_STRIPS} of {len(points)} points." if len(points) > MAX_STRIPS
             else "")
+    # the bars at the table's figures: pooled, two runs of 149 and 1,604 ms and their
+    # samples put A's bar at 619 where the table read 876
     plot = Strips(tuple((label, samples(a), samples(b)) for label, a, b in shown),
                   metric.label, f"{exp}: every sample of each point",
-                  (f"A: {names[0]}", f"B: {names[1]}"))
-    return Figure(f"{exp}: {metric.label}, every sample of A and of B (the bar: the median)",
-                  f"compare-{exp}", plot=plot, note=note)
+                  (f"A: {names[0]}", f"B: {names[1]}"),
+                  bars=tuple((center(a), center(b)) for _, a, b in shown))
+    return Figure(f"{exp}: {metric.label}, every sample of A and of B (the bar: the table's "
+                  "figure, the median, of the runs' medians where a side ran a point more than "
+                  "once)", f"compare-{exp}", plot=plot, note=note)
 
 
 def compare(conn: sqlite3.Connection, sel: Selection, a: str, b: str, catalog: Sequence[Any],

@@ -101,6 +101,9 @@ class Strips:
     xlabel: str
     title: str
     names: tuple[str, str] = ("A", "B")
+    # per point, the (A, B) figures the bars mark where not the samples' medians: what the
+    # comparison's table compares (the median of the runs' medians, for a side run twice)
+    bars: tuple[tuple[float, float], ...] | None = None
 
     @property
     def informative(self) -> bool:
@@ -126,15 +129,18 @@ def strip_plot(plot: Strips) -> bytes:
     values = [v for _, a, b in plot.points for v in (*a, *b)]
     for i, (_, a, b) in enumerate(plot.points):
         y = n - 1 - i
-        for samples, dy, colour, marker, side in ((a, 0.15, "C0", "o", plot.names[0]),
-                                                  (b, -0.15, "C1", "s", plot.names[1])):
+        bars = plot.bars[i] if plot.bars else (None, None)
+        for samples, bar, dy, colour, marker, side in (
+                (a, bars[0], 0.15, "C0", "o", plot.names[0]),
+                (b, bars[1], -0.15, "C1", "s", plot.names[1])):
             if not samples:
                 continue
             ax.plot(samples, [y + dy] * len(samples), linestyle="none", marker=marker,
                     markersize=4, markerfacecolor="none", color=colour,
                     label=side if i == 0 else None)
-            ax.plot([statistics.median(samples)], [y + dy], linestyle="none", marker="|",
-                    markersize=12, markeredgewidth=2, color=colour)
+            ax.plot([statistics.median(samples) if bar is None else bar], [y + dy],
+                    linestyle="none", marker="|", markersize=12, markeredgewidth=2,
+                    color=colour)
     ax.set_yticks(range(n))
     # settings that differ at the end (seq=32, seq=64) read alike cut at it
     ax.set_yticklabels(cut_apart([label for label, _, _ in reversed(plot.points)], 40),
