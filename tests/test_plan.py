@@ -607,3 +607,22 @@ def test_the_tp_closed_form_names_the_models_own_matrix_count(db_path):
             for row in query(db_path, "SELECT metrics FROM runs ORDER BY created")]
     assert [s.endswith(f"(m = {m})") for s, m in zip(said, (2, 3), strict=True)] == [True, True]
     assert not any("m = 3 matrices" in s for s in said), said
+
+
+def test_the_step_plot_names_every_strategy_and_no_minor_tick_across_decades(monkeypatch):
+    """The legend took the first panel's strategies alone (a TPU panel of fsdp left dp and tp
+    of the next panels unnamed), and across decades every minor tick was labelled, 900, 800
+    and 700 printed over one another."""
+    from matplotlib.figure import Figure
+
+    from cs336sys.experiments.plan_section import StepPlot
+
+    drawn, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(fig) or save(fig, *a, **k))
+    StepPlot((("TPU", (("fsdp", ((1, 90000.0, False), (16, 7000.0, True)), 13.0),)),
+              ("H100", (("dp", ((1, 350.0, False), (8, 45.0, False)), 5.0),
+                        ("tp", ((1, 350.0, False), (8, 50.0, True)), 5.0)))), "plan").draw()
+    (fig,) = drawn
+    assert [t.get_text() for t in fig.legends[0].texts][:3] == ["fsdp", "dp", "tp"]
+    assert [t.get_text() for t in fig.axes[0].yaxis.get_minorticklabels() if t.get_text()] == []
+    assert [t.get_text() for t in fig.axes[0].yaxis.get_majorticklabels() if t.get_text()]

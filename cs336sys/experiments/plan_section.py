@@ -36,7 +36,7 @@ class StepPlot:
         matplotlib.use("Agg")
         from matplotlib.figure import Figure
         from matplotlib.lines import Line2D
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, NullFormatter
 
         n = len(self.panels)
         # at least the report's 7 in: one panel of 4.2 in cut its title, tick labels and the
@@ -44,6 +44,10 @@ class StepPlot:
         width = max(7.0, min(4, n) * 3.6 + 0.6)
         fig = Figure(figsize=(width, 3.6 * -(-n // 4) + 0.6), dpi=100)
         axes = fig.subplots(-(-n // 4), min(4, n), squeeze=False, sharey=True)
+        ys = [y for _, lines in self.panels for _, pts, _ in lines for _, y, _ in pts if y > 0]
+        # minor ticks labelled only within a decade: across several, 900, 800 and 700 were
+        # printed over one another
+        within_a_decade = bool(ys) and max(ys) < 10 * min(ys)
         for ax, (name, lines) in zip(axes.flat, self.panels, strict=False):
             xs = [x for _, pts, _ in lines for x, _, _ in pts]
             for i, (label, pts, limit) in enumerate(lines):
@@ -64,13 +68,17 @@ class StepPlot:
             ax.set_xlabel("degree N (devices)", fontsize=9)
             ax.grid(True, alpha=0.3)
             ax.xaxis.set_major_formatter(FuncFormatter(short))
-            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(FuncFormatter(short))  # 4k, not mathtext's 4 x 10^3
+            ax.yaxis.set_major_formatter(FuncFormatter(short))  # 4k, not mathtext's 4 x 10^3
+            ax.yaxis.set_minor_formatter(FuncFormatter(short) if within_a_decade
+                                         else NullFormatter())
             ax.tick_params(labelsize=8)
         for ax in axes.flat[n:]:
             ax.set_visible(False)
         axes[0][0].set_ylabel("step time (ms, planned)", fontsize=9)
-        handles, labels = axes.flat[0].get_legend_handles_labels()
+        # every panel's strategies: the first panel's alone left out those it did not plan
+        legend = {label: handle for ax in axes.flat[:n]
+                  for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+        handles, labels = list(legend.values()), list(legend)
         handles += [Line2D([], [], color="k", marker="x", linestyle=""),
                     Line2D([], [], color="k", linestyle=":", linewidth=1)]
         labels += ["communication-bound", "N max (last degree that hides)"]
@@ -164,7 +172,8 @@ def section(sec: Section, pts: list[Row]) -> None:
             "Step time against degree", "plan-steps", plot=plot,
             note="Crosses: communication-bound points (the step waits on communication in "
             "forward or backward). Dotted lines: each strategy's N max, the largest degree "
-            "whose communication still hides behind compute."))
+            "whose communication still hides behind compute, where it lies within twice the "
+            "largest degree planned (the table has every N max)."))
 
 
 def phases(pts: list[Row]) -> FilledTable | None:
