@@ -430,3 +430,31 @@ def test_typst_never_breaks_a_line_inside_an_option(tmp_path):
     # (pdftotext joins a word broken after a hyphen and drops that hyphen: `-warmup`)
     for option in ("--size", "--warmup", "--iters", "--impl", "--world-size", "-p"):
         assert any(option in line.split() for line in lines), (option, lines)
+
+
+def test_every_format_says_the_cause_a_failures_summary_line_hides(tmp_path):
+    """A step under inductor failed with `InductorError: SubprocException: An exception
+    occurred in a subprocess:` and its cause, a Triton CompilationError, further down the
+    traceback. The HTML folds the whole; the markdown, LaTeX and Typst kept the summary line
+    alone. Markdown has the traceback in a fence no backtick inside closes; the printed
+    formats its last exception's lines."""
+    from cs336sys.report.render import Report, write
+    from cs336sys.report.sections import Failure, Section
+
+    detail = "\n".join([
+        "Traceback (most recent call last):", '  File "x.py", line 3, in f', "    g(```)",
+        "triton.compiler.errors.CompilationError: at 33:20:", "    acc = _inner(",
+        "          ^", *(f"    line {i}" for i in range(20)),
+        "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace"])
+    failure = Failure("error", "switches=compile", "InductorError: SubprocException: An "
+                      "exception occurred in a subprocess:", detail)
+    rep = Report("failures", [], [], sections=[Section("step", "Step", failures=[failure])])
+    write(rep, tmp_path, ["md", "tex", "typst", "html"], stem="r")
+    for ext in ("md", "tex", "typ", "html"):
+        text = (tmp_path / f"r.{ext}").read_text()
+        assert "CompilationError" in text and "at 33:20" in text, ext
+    md = (tmp_path / "r.md").read_text()
+    assert "  ````\n  Traceback (most recent call last):" in md  # longer than ``` inside
+    assert failure.tail()[0].startswith("triton.compiler.errors.CompilationError")
+    assert len(failure.tail()) == 12
+    _compiled(tmp_path)  # Typst (and pdflatex, where installed) take the traceback's lines

@@ -225,6 +225,7 @@ def _env(markdown: bool = False):
         finalize=(lambda v: v if isinstance(v, Markup) else md_inert(v)) if markdown else None,
     )
     env.filters["md_row"] = _md_row
+    env.filters["md_detail"] = _md_detail
     env.filters["html_cells"] = _html_cells
     env.filters["html_heads"] = _html_heads
     env.filters["note"] = _md_note if markdown else _html_note
@@ -257,6 +258,14 @@ def md_inert(value: object) -> Markup:
 # time spent in the templates.
 def _md_row(cells: list[str]) -> Markup:
     return Markup("| " + " | ".join(md_inert(c) for c in cells) + " |")
+
+
+def _md_detail(detail: str) -> Markup:
+    """A failure's traceback under its list item, as a code block fenced longer than any run
+    of backticks in it: the markdown kept the summary line alone, which names no cause."""
+    fence = "`" * max(3, 1 + max((len(r) for r in re.findall(r"`+", detail)), default=0))
+    return Markup("\n".join(f"  {line}".rstrip() for line in
+                             [fence, *detail.splitlines(), fence]))
 
 
 def _md_note(note: str) -> Markup:

@@ -85,6 +85,19 @@ class Failure:
     why: str  # the first line of runs.error
     detail: str = ""  # the rest of it: an error's traceback
 
+    def tail(self, lines: int = 12, width: int = 110) -> list[str]:
+        """For a printed page, which has no room for the whole traceback: `lines` lines from
+        its last exception's (a Triton CompilationError under inductor's summary line, then
+        the kernel source it points into), else its last lines, each cut to `width`."""
+        every = [line.rstrip() for line in self.detail.splitlines() if line.strip()]
+        last = max((i for i, line in enumerate(every) if _RAISED.match(line)), default=None)
+        kept = every[last:last + lines] if last is not None else every[-lines:]
+        return [line if len(line) <= width else line[:width - 3] + "..." for line in kept]
+
+
+# A traceback's exception line: `triton.compiler.errors.CompilationError: at 33:20:`
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)\b")
+
 
 @dataclass
 class Section:

@@ -246,15 +246,18 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
                 size = "height: 75%" if _tall(fig.png) else "width: 100%"
                 body.append(f"#figure(image({typst(images[fig.name])}, {size}), "
                             f"caption: {typst(fig.title)})")
-        if section.failures:  # as the HTML and markdown list them
-            failed = [(f.status, f"{f.point}: {f.why}") for f in section.failures]
+        if section.failures:  # as the HTML and markdown list them, a traceback's end too
             if ext == "tex":
                 body += [r"\paragraph{Not measured, or measured wrong}", r"\begin{itemize}",
-                         *(rf"\item \textbf{{{latex(s)}}} {latex(what)}" for s, what in failed),
+                         *(rf"\item \textbf{{{latex(f.status)}}} {latex(f'{f.point}: {f.why}')}"
+                           + "".join(rf"\\{{\scriptsize\ttfamily {latex(line, code=True)}}}"
+                                     for line in f.tail()) for f in section.failures),
                          r"\end{itemize}", ""]
             else:
                 body += ["#strong[Not measured, or measured wrong]",
-                         *(f"- #strong({typst(s)}) #{typst(what)}" for s, what in failed), ""]
+                         *(f"- #strong({typst(f.status)}) #{typst(f'{f.point}: {f.why}')}"
+                           + (f" #text(size: 7pt, raw(block: true, {typst(chr(10).join(f.tail()))}))"
+                              if f.detail else "") for f in section.failures), ""]
     head = _head(report, ext)
     document = out / f"{stem}.{ext}"
     tail = "\n\\end{document}\n" if ext == "tex" else "\n"
