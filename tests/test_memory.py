@@ -373,3 +373,25 @@ def test_timelines_of_relative_snapshot_folders_show_from_any_folder(tmp_path, m
     assert result.exit_code == 0, result.output
     md = (tmp_path / "out" / "report.md").read_text()
     assert md.count("![Memory timeline:") == 3 and "left out" not in md
+
+
+def test_a_late_peaks_label_stays_inside_the_timeline(tmp_path, monkeypatch):
+    """The peak's label sat right of the peak: a peak near the last event ran it past the
+    axes' right edge, across the spike it named."""
+    import matplotlib.pyplot as plt
+
+    from cs336sys.measure.live_tensors import Event
+    from cs336sys.measure.timeline import draw_timeline
+
+    kept, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: kept.append(fig))
+    live = [10, 20, 30, 25, 40, 35, 45, 60]  # the peak the last event
+    events = [Event(i, i * 0.1, 1, v * 2**20, "backward", "aten::mm", None)
+              for i, v in enumerate(live)]
+    draw_timeline(events, [("backward", 0, 7)], tmp_path / "t.png", "late peak")
+    (fig,) = kept
+    ax = fig.axes[0]
+    (label,) = [t for t in ax.texts if t.get_text().startswith("peak 60.00 MiB")]
+    box, axes_box = label.get_window_extent(), ax.get_window_extent()
+    assert axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1, (box, axes_box)
+    close(fig)

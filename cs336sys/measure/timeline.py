@@ -62,8 +62,11 @@ def draw_timeline(
                 fontsize=9, color=colour)
     if events:
         peak = max(events, key=lambda e: e.live)
+        # on the side of the peak with room: to its right it ran past a late peak's axes
+        left = peak.index > (events[0].index + events[-1].index) / 2
         ax.annotate(f"peak {peak.live / mib:.2f} MiB", (peak.index, peak.live / mib),
-                    xytext=(5, -12), textcoords="offset points", fontsize=8)
+                    xytext=(-5 if left else 5, -12), textcoords="offset points", fontsize=8,
+                    ha="right" if left else "left")
     ax.set_ylim(0, top * 1.12)
     ax.set_xlabel("allocation / free event")
     ax.set_ylabel("MiB")
