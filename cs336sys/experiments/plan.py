@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.experiments import plan_section
+from cs336sys.experiments.plan_degrees import mesh_of, problem, split_of, splits, tp_units
 from cs336sys.experiments.plan_hardware import GiB, Hardware, listed_hardware
 from cs336sys.experiments.plan_model import ACCOUNTING, XXL, sharded
 from cs336sys.measure.clock import now
@@ -166,63 +167,6 @@ def specs(
                  mesh_axes=mesh_axes if s == "fsdp-tp" else None)
         for key, hw in listed_hardware(hardware) for s in strategies for d in degrees
     ]
-
-
-def tp_units(spec: Any) -> int:
-    """What TP splits evenly: the heads of a Transformer, d_ff of two-matrix blocks."""
-    return spec.d_ff if spec.blocks == "ffn2" else spec.num_heads
-
-
-def split_of(text: str) -> tuple[int, int]:
-    """"16x4" -> (16, 4), the FSDP and TP degrees of --split; SpecError otherwise."""
-    x, sep, y = text.lower().partition("x")
-    if not (sep and x.strip().isdigit() and y.strip().isdigit() and int(x) > 0 and int(y) > 0):
-        raise SpecError(f"--split: {text!r} is not XxY, the FSDP and TP degrees (16x4)")
-    return int(x), int(y)
-
-
-def mesh_of(text: str) -> str:
-    """--mesh-axes "2,1" as stored: two positive numbers, M_X and M_Y; SpecError otherwise."""
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        values = []
-    if len(values) != 2 or not all(math.isfinite(v) and v > 0 for v in values):
-        raise SpecError(f"--mesh-axes: {text!r} is not MX,MY, the mesh axes of FSDP and of TP "
-                        "(2,1 on a 3D TPU mesh)")
-    return ",".join(parts)
-
-
-def problem(strategy: str, n: int, heads: int, sequences: int, split: str | None = None,
-            unit: str = "heads") -> str | None:
-    """Why `strategy` cannot run at degree `n` (None if it can): TP splits the heads (or
-    d_ff) evenly, DP and FSDP give each device whole sequences, FSDP+TP needs a split of
-    both (the one given, with --split)."""
-    if strategy == "fsdp-tp" and split:
-        x, y = split_of(split)
-        if x * y != n:
-            return f"fsdp-tp --split {split} is {x * y} devices, not {n}"
-        if heads % y or sequences % x:
-            return (f"fsdp-tp --split {split}: {y} must divide the {heads} {unit} and {x} the "
-                    f"batch's {sequences} sequences")
-        return None
-    if strategy == "tp" and heads % n:
-        return f"tp splits the {heads} {unit} evenly; {n} does not divide {heads}"
-    if strategy in ("dp", "fsdp") and sequences % n:
-        return (
-            f"{strategy} gives each device whole sequences; {n} does not divide the "
-            f"batch's {sequences} sequences"
-        )
-    if strategy == "fsdp-tp" and not splits(n, heads, sequences):
-        return f"fsdp-tp finds no split X*Y = {n} with Y dividing {heads} heads and X {sequences} sequences"
-    return None
-
-
-def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
-    """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
-    return [(n // y, y) for y in range(1, min(n, heads) + 1)
-            if heads % y == 0 and n % y == 0 and sequences % (n // y) == 0]
 
 
 # -- the whole model ----------------------------------------------------------------------------
