@@ -424,3 +424,23 @@ def test_an_fsdps_gradients_and_full_parameters_are_read_as_the_courses_test_rea
     assert "after finish_gradient_synchronization() on rank 0, 0.weight has no gradient, " \
         "1.weight's gradient is bfloat16, the parameter float32: the course's test_fsdp.py " \
         "asserts every parameter's gradient has the parameter's shape and dtype" in why, why
+
+
+def test_a_bucketed_ddp_is_checked_at_the_courses_bucket_sizes(monkeypatch):
+    """The course's test_ddp.py trains its toy models with buckets of 0.0016, 0.0001 and 0.01
+    MB (two buckets, three, one); the check took the point's 100 or 1,000 MB, one bucket,
+    and a DDP that registered its hooks again each step, which the course fails, passed."""
+    from cs336sys.experiments import ddp_toy_check as check
+
+    sizes: list = []
+    monkeypatch.setattr(check.ddp_yours, "kind_of", lambda impl: "ddp")
+    monkeypatch.setattr(check.ddp_yours, "course_tests", lambda impl, _: ["test_ddp.py"])
+    monkeypatch.setattr(check, "gather", lambda found: [found])  # one process, no group
+    monkeypatch.setattr(check, "_trained", lambda impl, size, toy, *rest: sizes.append(size)
+                        or ("gradients off" if size == 0.0001 else None))
+    verdict = check.checked("yours-bucketed", 1000.0, 0, 2, "cpu")
+    assert sorted(set(sizes)) == [0.0001, 0.0016, 0.01]
+    assert not verdict.passed and verdict.why.startswith(
+        "wrong: as the course's test_ddp.py runs it with buckets of 0.0001 MB, on a model with")
+    sizes.clear()
+    assert check.checked("yours-individual", None, 0, 2, "cpu").passed and set(sizes) == {None}

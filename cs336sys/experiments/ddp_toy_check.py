@@ -21,6 +21,10 @@ from cs336sys.measure.check import Verdict
 from cs336sys.sweep.ranks import gather
 
 STEPS, LR, BATCH = 5, 0.1, 20  # the course's batch of 20, cut into equal halves
+# The course's bucket sizes (test_ddp.py): two buckets, three (a parameter each), one. The
+# point's own size, 100 or 1,000 MB, put the toy models in one bucket, and a DDP that
+# registered its hooks again each step failed the course's test and passed here.
+COURSE_BUCKETS_MB = (0.0016, 0.0001, 0.01)
 # torch.allclose's defaults, as the course's test_ddp.py compares the parameters
 ATOL, RTOL = 1e-8, 1e-5
 
@@ -163,25 +167,30 @@ def _sharded(sharding: str, toy: Any, device: Any) -> str | None:
 
 def checked(impl: str, bucket_mb: float | None, rank: int, world: int, device: Any,
             sharding: str | None = None) -> Verdict | None:
-    """The verdict of the course's tests on the user's DDP `impl` (test_ddp.py) and sharded
+    """The verdict of the course's tests on the user's DDP `impl` (test_ddp.py, a bucketed
+    one at the test's three bucket sizes whatever the point's `bucket_mb`) and sharded
     optimizer `sharding` (test_sharded_optimizer.py), run on their toy models, the same on
     every rank (None where neither is the user's)."""
     runs = []
     if ddp_yours.kind_of(impl) == "ddp":
-        runs.append((ddp_yours.course_tests(impl, None)[0],
-                     lambda toy: _trained(impl, bucket_mb, toy, rank, world, device)))
+        test = ddp_yours.course_tests(impl, None)[0]
+        for size in COURSE_BUCKETS_MB if bucket_mb is not None else (None,):
+            runs.append((test, "" if size is None else f" with buckets of {size:g} MB",
+                         lambda toy, size=size: _trained(impl, size, toy, rank, world, device)))
     if sharding and yours.is_yours(sharding):
-        runs.append(("test_sharded_optimizer.py", lambda toy: _sharded(sharding, toy, device)))
+        runs.append(("test_sharded_optimizer.py", "",
+                     lambda toy: _sharded(sharding, toy, device)))
     if not runs:
         return None
     found = []
     # all on every rank, so that their collectives match; an exception in the user's code
     # ends the point as one anywhere in it does (a rank's error, its file and line)
-    for test, run in runs:
+    for test, at, run in runs:
         for words, toy in _toy_models().items():
             off = run(toy)
             if off is not None:
-                found.append(f"as the course's {test} runs it, on a model with {words}: {off}")
+                found.append(f"as the course's {test} runs it{at}, on a model with {words}: "
+                             f"{off}")
     # a rank's weights never broadcast first: what the other failures follow from
     failures = sorted((f for on_rank in gather(found) for f in on_rank),
                       key=lambda f: "after wrapping" not in f)
