@@ -1348,3 +1348,20 @@ def test_a_run_by_hand_with_handout_2025_counts_for_2025_alone(tmp_path, monkeyp
     assert "not yet measured" in line, line
     line = next(ln for ln in listing["2025"].splitlines() if ln.startswith("benchmarking_script"))
     assert "not yet measured" not in line, line
+
+
+def test_a_pass_against_non_causal_attention_says_so_in_the_writeup():
+    """A PyTorch FlashAttention checked non-causal (the handout lets it ignore is_causal):
+    the command's table read `pass (non-causal)`, the writeup a bare `pass` beside "at this
+    causal point O off by up to 2.82", its explanation cut at 160 characters."""
+    from cs336sys.attention.diagnosis import CHECKED_AS_THE_COURSE
+    from cs336sys.handout.writeup import checks
+
+    row = {"status": "ok", "check": "pass", "code": '{"flash.py": "0f"}', "gpu": None,
+           "not_compared": CHECKED_AS_THE_COURSE, "max_err": 2.6e-07, "error": None,
+           "check_detail": "at this causal point O off by up to 2.82 " + "x" * 200,
+           "_settings": {"impl": "yours-torch", "causal": True, "seq": 128}}
+    table = checks({"attention": [row]})
+    ((_, _, status, verdict, _, what),) = table.rows
+    assert (status, verdict) == ("ok", "pass (non-causal)")
+    assert what.startswith("checked non-causal, as the course's tests check"), what
