@@ -1365,3 +1365,14 @@ def test_a_pass_against_non_causal_attention_says_so_in_the_writeup():
     ((_, _, status, verdict, _, what),) = table.rows
     assert (status, verdict) == ("ok", "pass (non-causal)")
     assert what.startswith("checked non-causal, as the course's tests check"), what
+
+
+def test_an_optimizer_that_shards_nothing_is_not_called_sharded_in_the_writeup():
+    """Every rank stepping every parameter passes the course's sharded-optimizer test; ddp's
+    table flags it NOT SHARDED, the writeup's accounting row read `sharded (yours)`."""
+    from cs336sys.handout.pivot import _row_cell
+
+    row = {"_settings": {"shard_optimizer": "yours", "impl": "overlap"}}
+    assert _row_cell("shard_optimizer", row) == "sharded (yours)"
+    row["not_sharded"] = "rank 0 holds 100 % of the optimizer state"
+    assert _row_cell("shard_optimizer", row) == "sharded (yours): NOT SHARDED"
