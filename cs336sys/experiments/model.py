@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments import model_command, model_section, preflight
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
@@ -24,12 +23,11 @@ from cs336sys.experiments.training_step import (
     OPTIMIZERS,
     make_model,
     make_step,
-    rates,
+    merged_rounds,
     run_steps,
     throughput,
     throughput_metrics,
 )
-from cs336sys.measure.check import Verdict
 from cs336sys.measure.device import MFU_NOTE
 from cs336sys.measure.dtypes import PRECISIONS
 from cs336sys.measure.stats import flatten
@@ -274,9 +272,8 @@ def run(spec: ModelSpec) -> Result:
     from cs336sys.measure.nvtx import nvtx_enabled
 
     config = spec.config()
-    # later rounds time what the first checked; a NaN in their steps is still caught (judged)
-    checked = (before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch)
-               if spec.check_round else later_round(config, spec.optimizer))
+    checked = before_timing(config, spec.optimizer, spec.device, spec.seed, spec.batch,
+                            first_round=spec.check_round)
     model = make_model(config, spec.device, spec.seed)
     step = make_step(model, vocab_size=config.vocab_size, batch=spec.batch, seq=spec.seq,
                      mode=spec.mode, precision=spec.precision, optimizer=spec.optimizer,
@@ -308,13 +305,6 @@ def run(spec: ModelSpec) -> Result:
                   samples={**timed, "loss": losses, "warmup": warm})
 
 
-def later_round(config: ModelConfig, optimizer: str) -> Verdict | None:
-    """A later round's check of the user's code: none, but a passed one where the user's code
-    runs, so that its losses must be finite (judged)."""
-    mine = config.model is not None or yours.is_yours(config.attention) or yours.is_yours(optimizer)
-    return Verdict(True, {}) if mine else None
-
-
 def split(spec: ModelSpec) -> list[ModelSpec]:
     """The spec of each round (sweep/rounds.share): each builds the model, runs its warm-up
     steps and times its share of `iters`; the first also checks the user's code."""
@@ -323,24 +313,15 @@ def split(spec: ModelSpec) -> list[ModelSpec]:
 
 
 def merge(spec: ModelSpec, results: list[Result]) -> Result:
-    """One point from its rounds: every round's timed samples in the order taken, their
-    statistics and the rates from the merged mean; the first round's warm-up samples, check
-    and first loss, the last round's last loss, the highest CUDA peaks."""
-    samples = in_rounds.joined(results)
-    metrics = dict(results[0].metrics)
-    for phase in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
-        metrics.update(flatten(phase, samples.get(phase, [])))
-    metrics.update(rates(metrics, metrics["step_ms_mean"]),
-                   **launch_metrics(samples, ("fwd", "bwd", "opt"), spec.device),
-                   loss_last=results[-1].metrics["loss_last"])
-    for peak in ("peak_allocated_mb", "peak_reserved_mb"):
-        metrics[peak] = in_rounds.highest(results, peak)
-    wrong = [r for r in results if r.status == "wrong"]
-    if wrong:
-        metrics["check"] = "fail"
-    return in_rounds.merged(results, "wrong" if wrong else "ok", metrics, {
-        **results[0].samples, **samples,
-        "round_medians": [r.metrics["step_ms_median"] for r in results]})
+    """One point from its rounds (training_step.merged_rounds): the rates from the merged
+    mean, as the table's; the first round's warm-up samples and check, a failed check where
+    a later round's losses were not finite; the host-bound flags of every round's steps."""
+    point = merged_rounds(results, ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"), "mean",
+                          ("peak_allocated_mb", "peak_reserved_mb"))
+    point.metrics.update(launch_metrics(point.samples, ("fwd", "bwd", "opt"), spec.device))
+    if point.status == "wrong":
+        point.metrics["check"] = "fail"
+    return point
 
 
 # -- the declaration ------------------------------------------------------------------------

@@ -8,8 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cs336sys.experiments.training_step import rates
-from cs336sys.measure.stats import flatten
+from cs336sys.experiments.training_step import merged_rounds
 from cs336sys.sweep import rounds
 from cs336sys.sweep.result import Result
 
@@ -30,20 +29,10 @@ def split(spec: Any) -> list[Any]:
 
 
 def merge(spec: Any, results: list[Result]) -> Result:
-    """One point from its rounds: the timed samples of every round in the order they were
-    taken (their statistics, and the rates from the merged median), the first round's build
-    and compile figures (the cold one), the highest peaks, the last round's last loss."""
-    samples = rounds.joined(results)
-    metrics = {**results[0].metrics, **flatten("step_ms", samples["step_ms"]),
-               **flatten("opt_ms", samples.get("opt_ms", []))}
-    metrics.update(rates(metrics, metrics["step_ms_median"]),
-                   loss_last=results[-1].metrics["loss_last"])
-    for peak in ("peak_allocated_mb", "peak_reserved_mb", "peak_tensor_mb"):
-        metrics[peak] = rounds.highest(results, peak)
-    status = "wrong" if any(r.status == "wrong" for r in results) else "ok"
-    return rounds.merged(results, status, metrics, {
-        **results[0].samples, **samples,
-        "round_medians": [r.metrics["step_ms_median"] for r in results]})
+    """One point from its rounds (training_step.merged_rounds): the rates from the merged
+    median, the first round's build and compile figures (the cold one)."""
+    return merged_rounds(results, ("step_ms", "opt_ms"), "median",
+                         ("peak_allocated_mb", "peak_reserved_mb", "peak_tensor_mb"))
 
 
 def impossible(none: Any, row: Any) -> str | None:

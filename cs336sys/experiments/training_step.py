@@ -36,8 +36,10 @@ from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.device import device_name, peak_tflops, synchronize, tf32_matmuls
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.progress import step_done
+from cs336sys.measure.stats import flatten
 from cs336sys.models.config import checkpoint_groups
 from cs336sys.models.flops import attention_matmul_flops, step_flops
+from cs336sys.sweep import rounds
 from cs336sys.sweep.declaration import Metric
 from cs336sys.yours.implementations import build_model, call_adapter, load_target, named_impls
 
@@ -386,6 +388,27 @@ def rates(counts: dict[str, Any], step_ms: float) -> dict[str, Any]:
     tflops = counts["flops_per_step"] / step_s / 1e12
     return dict(tokens_per_s=counts["tokens_per_step"] / step_s, tflops=tflops,
                 mfu=tflops / counts["peak_tflops"] if counts.get("peak_tflops") else None)
+
+
+def merged_rounds(results: list[Any], phases: tuple[str, ...], stat: str,
+                  peaks: tuple[str, ...]) -> Any:
+    """A training-step point from its rounds (model's and step's merge): every round's timed
+    samples in the order taken and the statistics of `phases` over them, the rates from the
+    merged `stat` of the step time, the first round's other metrics and samples (its warm-up,
+    check and build), the last round's last loss, the highest of each of `peaks`, and
+    `wrong` where a round was; each round's median step in `round_medians`."""
+    samples = rounds.joined(results)
+    metrics = dict(results[0].metrics)
+    for phase in phases:
+        metrics.update(flatten(phase, samples.get(phase, [])))
+    metrics.update(rates(metrics, metrics[f"step_ms_{stat}"]),
+                   loss_last=results[-1].metrics["loss_last"])
+    for peak in peaks:
+        metrics[peak] = rounds.highest(results, peak)
+    status = "wrong" if any(r.status == "wrong" for r in results) else "ok"
+    return rounds.merged(results, status, metrics, {
+        **results[0].samples, **samples,
+        "round_medians": [r.metrics["step_ms_median"] for r in results]})
 
 
 def counted_forward_flops(config: Any, batch: int, seq: int, model: Any = None) -> int | None:
