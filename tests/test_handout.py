@@ -212,6 +212,53 @@ def test_a_command_of_cs336sys_code_after_one_of_yours_records_no_code_of_yours(
     assert "CS336SYS_ADAPTERS" not in os.environ
 
 
+def _stored(db_path, label, experiment, impls):
+    """One invocation labelled `label` that stored an ok point of each of `impls`, the
+    first at seq 128, the next at 256..."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    with Store(db_path, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, ["cs336sys", "handout", "run", label],
+                                     experiment, label=label)
+        for i, impl in enumerate(impls):
+            store.add_run(inv, experiment, "ok", {"impl": impl, "seq": 128 << i}, {})
+        store.finish_invocation(inv, 0)
+
+
+def _listed(db_path, name):
+    return next(x for x in invoke("handout", "--db", db_path).stdout.splitlines()
+                if x.startswith(name + " "))
+
+
+def test_a_baseline_of_ours_beside_their_code_is_counted_apart(db_path, monkeypatch):
+    """flash_benchmarking times naive attention beside the user's kernel: its line read
+    `(your code): 4 ok`, the naive points counted as theirs."""
+    monkeypatch.setenv("COLUMNS", "200")
+    _stored(db_path, "flash_benchmarking", "attention", ["naive", "yours-torch", "yours-torch"])
+    line = _listed(db_path, "flash_benchmarking")
+    assert line.endswith("on cpu: 2 ok (your code), 1 ok (cs336sys's code)"), line
+
+
+def test_a_check_whose_triton_points_were_left_out_is_partly_checked(db_path, tmp_path,
+                                                                       monkeypatch):
+    """`handout run flash_forward` without Triton ran the check's yours-torch points alone
+    (cli/handout._without_triton); the listing read `checked ...: 2 ok` and the writeup
+    said nothing of the kernel never checked."""
+    monkeypatch.setenv("COLUMNS", "200")
+    _stored(db_path, "flash_forward", "attention", ["yours-torch"])
+    line = _listed(db_path, "flash_forward")
+    assert line.startswith("flash_forward (15 pts, §4.2.2): partly checked ") and line.endswith(
+        "(your code): 1 ok; not yet: attention (impl=yours-triton)"), line
+    assert invoke("handout", "report", "flash_forward", "--format", "md", "--out",
+                  tmp_path / "w", "--db", db_path).exit_code == 0
+    assert ("Not yet checked: attention (impl=yours-triton) (`cs336sys handout run "
+            "flash_forward` checks what is missing)") in (tmp_path / "w" / "writeup.md").read_text()
+    _stored(db_path, "flash_forward", "attention", ["yours-triton"])
+    line = _listed(db_path, "flash_forward")
+    assert "partly" not in line and line.endswith("(your code): 2 ok"), line
+
+
 def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, monkeypatch):
     """`handout run` stopped by SIGTERM stored its second point as an error; run again, it
     measured it. The listing still said `2 ok, 1 error`, and the writeup's method line

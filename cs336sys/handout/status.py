@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem
+from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem, Run
 from cs336sys.report.sections import stopped
 from cs336sys.report.select import of_handout
 from cs336sys.yours import is_yours
@@ -28,6 +28,7 @@ class Status:
 
     problem: Problem
     statuses: Counter = field(default_factory=Counter)
+    theirs: Counter = field(default_factory=Counter)  # of `statuses`, the user's code's
     last: str | None = None  # UTC, as the store writes it
     gpus: list[str] = field(default_factory=list)
     yours: bool = False
@@ -50,14 +51,19 @@ class Status:
                         f"with the command{'s' if len(p.checks) > 1 else ''} below")
             return "not yet computed" if p.kind == COMPUTE else "not yet measured"
         verb = {MEASURE: "measured", COMPUTE: "computed", IMPLEMENT: "checked"}[p.kind]
-        counts = ", ".join(f"{self.statuses[s]} {s}" for s in _ORDER if self.statuses[s])
-        whose = "your code" if self.yours else "cs336sys's code"
         where = f" on {', '.join(self.gpus)}" if self.gpus and p.kind != COMPUTE else ""
+        ours = self.statuses - self.theirs
+        if self.theirs and ours:  # a baseline of ours beside their code: each counted apart
+            where += ":"
+            counts = f"{_counts(self.theirs)} (your code), {_counts(ours)} (cs336sys's code)"
+        else:
+            where += " (your code):" if self.theirs else " (cs336sys's code):"
+            counts = _counts(self.statuses)
         left = self.left()
         if left:
             verb = f"partly {verb}"
             counts += f"; not yet: {', '.join(left)}"
-        return f"{verb} {_when(self.last)}{where} ({whose}): {counts}"
+        return f"{verb} {_when(self.last)}{where} {counts}"
 
     def left(self) -> list[str]:
         """The parts of the problem not yet run: those whose experiment holds no run of it
@@ -66,7 +72,7 @@ class Status:
         steps of benchmarking_script's (c), beside (b)'s runs of the same experiment). A
         problem with one part stored read `measured` as a whole."""
         out: list[str] = []
-        for run in self.problem.runs:
+        for run in self.problem.runs + checked(self.problem):
             if run.yours_only:
                 continue
             named = f"{run.part} {run.name}".strip()
@@ -88,6 +94,21 @@ class Status:
             if named not in out:
                 out.append(named)
         return out
+
+
+def _counts(statuses: Counter) -> str:
+    """`2 ok, 1 error`, in _ORDER."""
+    return ", ".join(f"{statuses[s]} {s}" for s in _ORDER if statuses[s])
+
+
+def checked(problem: Problem) -> tuple[Run, ...]:
+    """An implementation's checks as the runs whose points they store: a check that
+    `handout run` cut short (the Triton kernel's points left out where Triton cannot run)
+    leaves its part not yet checked."""
+    if problem.kind != IMPLEMENT:
+        return ()
+    return tuple(Run(c.removeprefix("cs336sys ")) for c in problem.checks
+                 if c.startswith("cs336sys "))
 
 
 # The options of a problem's command whose values say which part of it a stored run is, by
@@ -152,18 +173,20 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
         "r.error "
         f"FROM runs r JOIN invocations i ON i.id = r.invocation_id WHERE i.label IN "
         f"({placeholders}) AND {year} ORDER BY r.created", [*out, *values])
-    latest: dict[str, dict[tuple, str]] = {name: {} for name in out}
+    latest: dict[str, dict[tuple, tuple[str, bool]]] = {name: {} for name in out}
     for label, status, created, gpu, settings, experiment, point, error in rows:
         if stopped({"status": status, "error": error}):  # it measured nothing, ran no part
             continue
         s = out[label]
-        latest[label][experiment, gpu, point or settings] = status
-        s.statuses = Counter(latest[label].values())
+        s.stored.append((experiment, json.loads(settings or "{}")))
+        theirs = yours(s.stored[-1][1])
+        latest[label][experiment, gpu, point or settings] = status, theirs
+        s.statuses = Counter(st for st, _ in latest[label].values())
+        s.theirs = Counter(st for st, mine in latest[label].values() if mine)
         s.last = created
         if gpu and gpu not in s.gpus:
             s.gpus.append(gpu)
-        s.stored.append((experiment, json.loads(settings or "{}")))
-        s.yours = s.yours or yours(s.stored[-1][1])
+        s.yours = s.yours or theirs
     return list(out.values())
 
 

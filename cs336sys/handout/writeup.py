@@ -221,9 +221,11 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             + [f"{run.part} {run.cpu_note}".strip() for run in problem.runs if run.cpu_note])
             + ".")
     left = Status(problem, stored=stored).left()
-    if left and problem.kind != IMPLEMENT:
-        theirs = " --yours" if any(yours(s) for _, s in stored) else ""
-        verb = ("computed", "computes") if problem.kind == COMPUTE else ("measured", "measures")
+    if left:
+        theirs = " --yours" if problem.kind != IMPLEMENT and any(yours(s) for _, s in stored) \
+            else ""
+        verb = {COMPUTE: ("computed", "computes"), IMPLEMENT: ("checked", "checks")}.get(
+            problem.kind, ("measured", "measures"))
         sec.notes.append(f"Not yet {verb[0]}: {', '.join(left)} (`cs336sys handout run {again}"
                          f"{problem.name}{theirs}` {verb[1]} what is missing).")
     if problem.kind == IMPLEMENT and (verdicts := checks(rows)) is not None:
