@@ -40,6 +40,21 @@ def _die_on_rank1(ctx, killed=False):
     dist.barrier()
 
 
+# What Gloo writes before it aborts a rank whose peer sent a tensor of another size.
+GLOO_ABORT = (b"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+              b"  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 500 "
+              b"vs 4. Received data size doesn't match expected size. Is there a distributed "
+              b"collective mismatch in your code?\n")
+
+
+def _abort_on_rank1(ctx):
+    if ctx.rank == 1:
+        print("a warning of the user's code", file=sys.stderr, flush=True)
+        os.write(2, GLOO_ABORT)
+        os.abort()
+    dist.barrier()
+
+
 def _hang_on_rank1(ctx):
     if ctx.rank == 1:
         time.sleep(600)
@@ -197,6 +212,25 @@ def test_a_rank_that_dies_silently_is_reported(killed, said):
     with pytest.raises(WorkerError, match=said) as info:
         launch(_die_on_rank1, 2, args=(killed,))
     assert info.value.rank == 1 and _pids_gone(info.value.pids)
+
+
+def test_a_rank_that_aborts_is_reported_with_its_last_words_on_stderr(capfd):
+    """A rank Gloo aborted (a collective mismatch in the user's DDP) was stored as `process
+    exited with code -6 without reporting`: why was only on the terminal. Its stderr's
+    telling line is now in the failure, its last lines in the traceback, and what it
+    wrote still reaches the command's stderr."""
+    with pytest.raises(WorkerError) as info:
+        launch(_abort_on_rank1, 2)
+    err = info.value
+    assert err.rank == 1 and _pids_gone(err.pids)
+    assert str(err).startswith(
+        "rank 1 failed: process aborted (SIGABRT: a C++ exception nothing caught, or a failed "
+        "check) without reporting; its last words on stderr: [enforce fail at pair.cc:456] "
+        "op.preamble.length <= op.nbytes. 500 vs 4. Received data size doesn't match "
+        "expected size. Is there a distributed collective mismatch in your code?"), str(err)
+    assert err.traceback.startswith("a warning of the user's code\nterminate called after")
+    shown = capfd.readouterr().err
+    assert "a warning of the user's code" in shown and "collective mismatch" in shown
 
 
 @pytest.mark.slow

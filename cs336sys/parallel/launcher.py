@@ -10,7 +10,8 @@ runs the function in this very process: the same command works on a laptop and a
 
 Failure is loud and fast: the first rank that raises ends the run with a WorkerError that
 carries that rank's traceback; the other ranks, probably blocked in a collective, are killed
-rather than left to time out, and every worker is reaped, also on Ctrl-C. The process-group
+rather than left to time out, and every worker is reaped, also on Ctrl-C. A rank that dies
+without reporting (an abort) is reported with its last words on stderr (rank_stderr.py). The process-group
 timeout is the backstop where nothing can kill the peers (ranks on other nodes).
 
 Rank 0 streams results to the caller with `ctx.emit(obj)` while the run goes on, so rows can
@@ -33,6 +34,7 @@ from typing import Any
 
 from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.parallel import fork_server
+from cs336sys.parallel.rank_stderr import RankStderr, redirect
 from cs336sys.parallel.world_size import check_world_size
 
 # How long a collective may block before the group gives up. Generous, because a 1 GB
@@ -236,8 +238,9 @@ def _name_process(name: str) -> None:
         pass
 
 
-def _worker(fn, rank, world_size, backend, port, args, conn, parent, env) -> None:
+def _worker(fn, rank, world_size, backend, port, args, conn, parent, env, stderr) -> None:
     """Entry point of a started rank: set up the group, run, report, tear down."""
+    redirect(stderr)  # first: an abort's message is all a rank that dies of one leaves
     # The parent's environment as it is now: a rank forked from the fork server would have
     # the server's, from when the server started (the user code's variables, say).
     os.environ.clear()
@@ -338,11 +341,12 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
     _launches += 1
     port = free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (parent's end, rank's end)
+    stderr = RankStderr(world_size)
     procs = [
         ctx.Process(
             target=_worker,
             args=(fn, rank, world_size, backend, port, args, pipes[rank][1], os.getpid(),
-                  dict(os.environ)),
+                  dict(os.environ), stderr.paths[rank]),
             daemon=True,
             name=f"cs336sys-rank{rank}",
         )
@@ -355,7 +359,7 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
         for p, (_, end) in zip(procs, pipes, strict=True):
             p.start()
             end.close()  # the rank holds it now: its death closes the pipe
-        results = _collect(procs, [r for r, _ in pipes], on_emit)
+        results = _collect(procs, [r for r, _ in pipes], on_emit, stderr)
         finished = True
         return results
     except BaseException as exc:
@@ -367,11 +371,12 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
         _reap(procs, grace_s=10.0 if finished else 0.0)
         for r, _ in pipes:
             r.close()
+        stderr.close()
         if stopped:
             fork_server.stop()
 
 
-def _collect(procs, conns, on_emit) -> list[Any]:
+def _collect(procs, conns, on_emit, stderr: RankStderr) -> list[Any]:
     from multiprocessing.connection import wait
 
     results: dict[int, Any] = {}
@@ -379,7 +384,9 @@ def _collect(procs, conns, on_emit) -> list[Any]:
     rank_of = {id(c): rank for rank, c in enumerate(conns)}
     open_ = list(conns)
     while len(results) < len(procs):
-        for conn in wait(open_, timeout=0.5):
+        ready = wait(open_, timeout=0.5)
+        stderr.copy()
+        for conn in ready:
             rank = rank_of[id(conn)]
             try:
                 kind, payload = conn.recv()
@@ -387,12 +394,8 @@ def _collect(procs, conns, on_emit) -> list[Any]:
                 open_.remove(conn)
                 if rank not in results:
                     procs[rank].join(timeout=1.0)
-                    raise WorkerError(
-                        rank,
-                        f"process {_ended(procs[rank].exitcode)} without reporting",
-                        "",
-                        pids,
-                    ) from None
+                    said, tail = _unreported(procs, rank, stderr)
+                    raise WorkerError(rank, said, tail, pids) from None
                 continue
             if kind == "emit":
                 if on_emit is not None and rank == 0:
@@ -409,23 +412,36 @@ def _collect(procs, conns, on_emit) -> list[Any]:
                 dead = _silently_dead(procs, reported={*results, rank})
                 if dead is not None:
                     # A peer that vanished is the cause; this rank only saw its connection drop.
-                    raise WorkerError(
-                        dead,
-                        f"process {_ended(procs[dead].exitcode)} without reporting "
-                        f"(rank {rank} then failed: {message})",
-                        tb,
-                        pids,
-                    )
+                    said, tail = _unreported(procs, dead, stderr)
+                    raise WorkerError(dead, f"{said} (rank {rank} then failed: {message})",
+                                      tail or tb, pids)
                 raise WorkerError(rank, message, tb, pids, status)
     return [results[r] for r in range(len(procs))]
 
 
+def _unreported(procs, rank: int, stderr: RankStderr) -> tuple[str, str]:
+    """Why rank `rank` ended without reporting, in one line, and its stderr's last lines."""
+    line, tail = stderr.last_words(rank)
+    said = f"process {_ended(procs[rank].exitcode)} without reporting"
+    return (f"{said}; its last words on stderr: {line}" if line else said), tail
+
+
 def _ended(exitcode: int | None) -> str:
     """How a rank's process ended, in words: a SIGKILL is named with its usual cause here,
-    the kernel's OOM killer (every local rank's buffers share this host's memory)."""
+    the kernel's OOM killer (every local rank's buffers share this host's memory), a
+    SIGABRT with its own (Gloo's checks and NCCL's watchdog end a process so)."""
     if exitcode == -9:
         return ("was killed by SIGKILL, most often the operating system's OOM killer: the "
                 "ranks together needed more of this host's memory than it has")
+    if exitcode == -6:
+        return "aborted (SIGABRT: a C++ exception nothing caught, or a failed check)"
+    if exitcode is not None and exitcode < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            pass
     return f"exited with code {exitcode}"
 
 
