@@ -1,8 +1,9 @@
 """The pre-flight estimates (docs/methodology.md#memory) against what a CPU measures.
 
 For a few shapes of the tiny LM, the memory estimate of `experiments/preflight.py` over the
-peak the memory experiment measures (live tensor bytes); then the rate of Triton's CPU
-interpreter on one attention point, the figure `preflight.INTERPRETED_FLOPS` stands for:
+peak the memory experiment measures (live tensor bytes); then what Triton's CPU interpreter
+takes a pair of tiles, forward and backward, on cs336sys's kernel at a few shapes, the
+figures `preflight.INTERPRETED_PAIR_S` stand for:
 
     python benchmarks/preflight_estimate.py [--no-triton]
 
@@ -30,7 +31,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
-    from cs336sys.experiments import attention, memory, preflight
+    from cs336sys.experiments import memory, preflight
 
     low = False
     print("| size | seq | batch | mode | checkpoint | measured peak MiB | estimate MiB | ratio |")
@@ -44,14 +45,31 @@ def main() -> int:
         print(f"| {size} | {seq} | {batch} | {mode} | {ckpt} | {peak / 2**20:,.1f} | "
               f"{est / 2**20:,.1f} | {est / peak:.2f}x |")
     if not args.no_triton:
-        (spec,) = attention.specs(impl=["triton"], seq=[256], d_head=[32], batch=[1], heads=1,
-                                  warmup=0, iters=1, device="cpu")
-        e2e = attention.run(spec).metrics
-        rate = e2e["flops_e2e"] / (e2e["e2e_ms_median"] / 1e3)
-        print(f"\nTriton interpreted, seq 256 d 32, forward+backward: {e2e['flops_e2e']:.3g} "
-              f"FLOPs in {e2e['e2e_ms_median'] / 1e3:.2f} s = {rate / 1e6:.2f} MFLOP/s "
-              f"(preflight.INTERPRETED_FLOPS: {preflight.INTERPRETED_FLOPS / 1e6:g} MFLOP/s)")
+        _interpreted(preflight)
     return 1 if low else 0
+
+
+def _interpreted(preflight) -> None:
+    import time
+
+    import torch
+
+    from cs336sys.attention import FlashAttention2Triton
+
+    print("\n| batch | seq | d | forward ms a pair | backward ms a pair |\n|---|---|---|---|---|")
+    for batch, seq, d in ((1, 256, 32), (4, 128, 64), (1, 256, 128)):
+        q, k, v = (torch.randn(batch, seq, d, requires_grad=True) for _ in range(3))
+        FlashAttention2Triton.apply(q, k, v, False)  # the interpreter's first call
+        t0 = time.perf_counter()
+        out = FlashAttention2Triton.apply(q, k, v, False)
+        t1 = time.perf_counter()
+        out.sum().backward()
+        t2 = time.perf_counter()
+        pairs = batch * preflight._tile_pairs(seq, causal=False)
+        print(f"| {batch} | {seq} | {d} | {(t1 - t0) / pairs * 1e3:.1f} | "
+              f"{(t2 - t1) / pairs * 1e3:.1f} |")
+    print("\npreflight.INTERPRETED_PAIR_S: "
+          + ", ".join(f"{k} {v * 1e3:g} ms" for k, v in preflight.INTERPRETED_PAIR_S.items()))
 
 
 if __name__ == "__main__":

@@ -510,8 +510,12 @@ def test_run_force_reaches_the_commands_that_estimate_their_points(tmp_path, mon
     """flash_backward's check of a Triton kernel on a CPU was skipped as too long for the
     interpreter, and `handout run` had no --force to run it anyway (a deliverable to run by
     hand). Its --force reaches each command that takes one; a dry run counts them as run."""
+    from cs336sys.experiments import preflight
+
     _with_a_triton_kernel(tmp_path, monkeypatch)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # the course's shape takes about a minute interpreted: a slower machine's limit
+    monkeypatch.setattr(preflight, "INTERPRETED_LIMIT_S", 10.0)
     db = tmp_path / "r.db"
     args = ("handout", "run", "flash_backward", "--yours", "--dry-run", "--db", db)
     skipped = invoke(*args)

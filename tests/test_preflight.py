@@ -89,6 +89,28 @@ def test_interpreted_triton_that_would_run_for_hours_is_not_started(db_path, mon
     assert row["error"].endswith("a shorter --seq, or --force runs it")
 
 
+def test_the_course_check_of_a_triton_forward_of_yours_is_started_interpreted(monkeypatch):
+    """flash_backward's check, at the course tests' shape (batch 4, seq 128, d 64, not
+    causal, forward and backward): priced at 3 MFLOP/s it was estimated at ~4 min and
+    skipped, where a student's 16 x 16 forward kernel runs it in under a minute; the
+    interpreter's cost is per pair of tiles (256 here), not per FLOP. Ours interpreted
+    whole, its backward kernels too, is still held back."""
+    import dataclasses
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(preflight, "flops_per_second", lambda device: None)  # Triton alone
+    (ours,) = attention.specs(impl=["triton"], seq=[128], d_head=[64], batch=[4],
+                              causal=False, device="cpu", warmup=3, iters=10)
+    theirs = dataclasses.replace(ours, impl="yours-triton")
+    monkeypatch.setattr(preflight, "_triton", lambda impl: True)
+    runs, pairs = 3 + 10 + 1, 4 * 8 * 8  # warm-up, timed, the check against float64
+    est = preflight.attention_estimate(theirs)
+    assert est.seconds == pytest.approx(runs * 3 * pairs * 8e-3) and est.too_long == ""
+    est = preflight.attention_estimate(ours)  # 3 forwards and 2 backwards a run
+    assert est.seconds == pytest.approx(runs * pairs * (3 * 8e-3 + 2 * 20e-3))
+    assert "(256 pairs of 16 x 16 tiles a pass, 14 runs" in est.too_long
+
+
 def test_naive_attention_whose_scores_cannot_fit_is_not_started(db_path, monkeypatch):
     """seq 16384 with 16 heads: 3 x 16 x 16384^2 fp32 scores, 48 GiB."""
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 16 * 2**30)

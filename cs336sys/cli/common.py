@@ -327,7 +327,7 @@ def dry_run(experiment: Any, points: list, force: bool = False) -> str:
     seconds = [e.seconds for e, why in judged if e.seconds is not None and not why]
     line = f"dry run: {len(points)} point(s)"
     if seconds:
-        line += (f", estimated {format_duration(sum(seconds))} from their FLOPs and this device's rate"
+        line += (f", estimated {format_duration(sum(seconds))} from their size and this device's speed"
                  + (f" ({len(seconds)} of them)" if len(seconds) < len(points) else ""))
     elif not refused:
         line += ", no time estimate for this experiment"

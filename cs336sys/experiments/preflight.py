@@ -191,12 +191,22 @@ def available_bytes(device: str) -> int | None:
     return None
 
 
-# Triton's interpreter on a CPU (TRITON_INTERPRET=1) runs a kernel's every program in Python:
-# on this project's 2-core box fwd+bwd of seq 256, d 32 (1.5e7 FLOPs) took 4.5-4.8 s
-# (benchmarks/preflight_estimate.py measures it).
-INTERPRETED_FLOPS = 3e6
+# Triton's interpreter on a CPU (TRITON_INTERPRET=1) runs a kernel's every program in Python,
+# at a cost per pair of tiles (a Q tile against a K tile) that hardly moves with the head
+# width: on this project's 2-core box, with 16 x 16 tiles (the handout's smallest, and so
+# the most pairs), 2.4-7.9 ms a pair forward and 12-19 ms backward from d 16 to 128, where
+# a rate in FLOP/s moved 3x (benchmarks/preflight_estimate.py measures them).
+INTERPRETED_PAIR_S = {"forward": 8e-3, "backward": 20e-3}
+INTERPRETED_TILE = 16
 # An interpreted point estimated above this is not started unless forced.
 INTERPRETED_LIMIT_S = 180.0
+
+
+def _tile_pairs(seq: int, causal: bool) -> int:
+    """The (Q tile, K tile) pairs of one head at INTERPRETED_TILE: those on or below the
+    diagonal where a causal kernel skips the rest."""
+    n = -(-seq // INTERPRETED_TILE)
+    return n * (n + 1) // 2 if causal else n * n
 
 
 def _triton(impl: str) -> bool:
@@ -213,7 +223,8 @@ def _triton(impl: str) -> bool:
 def attention_estimate(spec: Any) -> Estimate:
     """An attention point: q, k, v, the output and their gradients, and the T x T scores,
     probabilities and their gradient for the implementations that materialise them; time
-    from its FLOPs, with Triton under the interpreter at INTERPRETED_FLOPS."""
+    from its FLOPs, with Triton under the interpreter from its pairs of tiles
+    (INTERPRETED_PAIR_S)."""
     import os
 
     size = 4 if spec.precision == "fp32" else 2
@@ -232,18 +243,26 @@ def attention_estimate(spec: Any) -> Estimate:
     interpreted = (_triton(spec.impl) and not spec.device.startswith("cuda")
                    and os.environ.get("TRITON_INTERPRET") == "1")
     rate = flops_per_second(spec.device)
-    # the interpreter runs ours whole; of the user's, the forward: the handout's backward is
-    # PyTorch (measured: 49-60 s where the whole was priced at 5-10 min)
-    slow = flops if spec.impl == "triton" else forwards * fwd
-    seconds = (runs * (slow / INTERPRETED_FLOPS + (flops - slow) / rate) if interpreted
-               else runs * flops / rate if rate else None)
+    seconds = runs * flops / rate if rate else None
     too_long = ""
-    if interpreted and seconds and seconds > INTERPRETED_LIMIT_S:
-        too_long = (f"Triton interpreted on a CPU would take ~{format_duration(seconds)} "
-                    f"({slow:.3g} FLOPs a run interpreted, {runs} runs, at "
-                    f"~{INTERPRETED_FLOPS / 1e6:g} MFLOP/s"
-                    + ("" if spec.impl == "triton" else "; a Triton backward of yours adds more")
-                    + "); a shorter --seq, or --force runs it")
+    if interpreted:
+        # the interpreter runs ours whole; of the user's, the forward: the handout's backward
+        # is PyTorch (a Triton backward of theirs adds to it)
+        ours = spec.impl == "triton"
+        backwards = {"forward": 0, "backward": 1, "both": 2}[spec.passes] if ours else 0
+        pairs = rows * _tile_pairs(spec.seq, spec.causal and ours)  # ours skips masked tiles
+        interpreted_s = pairs * (forwards * INTERPRETED_PAIR_S["forward"]
+                                 + backwards * INTERPRETED_PAIR_S["backward"])
+        rest = flops - (flops if ours else forwards * fwd)
+        seconds = runs * (interpreted_s + (rest / rate if rate else 0.0))
+        if seconds > INTERPRETED_LIMIT_S:
+            too_long = (f"Triton interpreted on a CPU would take ~{format_duration(seconds)} "
+                        f"({pairs:,} pairs of {INTERPRETED_TILE} x {INTERPRETED_TILE} tiles a "
+                        f"pass, {runs} runs, at ~{INTERPRETED_PAIR_S['forward'] * 1e3:g} ms a "
+                        f"pair forward" + (f", {INTERPRETED_PAIR_S['backward'] * 1e3:g} "
+                                           "backward" if backwards else "")
+                        + ("" if ours else "; a Triton backward of yours adds more")
+                        + "); a shorter --seq, or --force runs it")
     total = int(MARGIN * sum(parts.values()))
     return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()), seconds,
                     too_long)
