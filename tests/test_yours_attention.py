@@ -486,6 +486,34 @@ def test_a_one_off_triton_kernel_is_marked_interpreted_and_its_bf16_not_judged(t
         "even there (give the kernel one config on a CPU)")
 
 
+@pytest.mark.slow  # Dynamo's attempt, then the kernel interpreted
+def test_a_triton_kernel_of_yours_compiled_in_the_interpreter_is_skipped_not_blamed(
+        tmp_path, monkeypatch):
+    """`--compile` of a student's Triton kernel on a CPU failed inside Triton's interpreter
+    (Dynamo traced its uint64 pointer arithmetic) and was stored as an error at the
+    student's launch line, though the same call uncompiled runs; a kernel that fails
+    uncompiled too is still its error."""
+    from tests.user_repos import with_gallery
+
+    repo = with_gallery(course_repo(tmp_path), "attention", "triton_flash")
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    db = tmp_path / "r.db"
+    args = ("attention", "--impl", "yours-tri=cs336_systems.gallery_triton_flash:Pointers",
+            "--compile", "--seq", "32", "--d-head", "16", "--batch", "1", "--heads", "2",
+            "--warmup", "1", "--iters", "2", "--device", "cpu", "--db", db)
+    assert invoke(*args).exit_code == 0
+    (row,) = runs(db)
+    assert row["status"] == "skipped" and row["error"] == (
+        "torch.compile cannot trace a Triton kernel that Triton's CPU interpreter runs "
+        "(TRITON_INTERPRET=1): it failed inside the interpreter (InterpreterError), while the "
+        "same call without --compile runs; compiling a Triton kernel needs a GPU"), row["error"]
+    edit(repo, "cs336_systems/gallery_triton_flash.py", "            o = torch.empty_like(q)\n",
+         "            o = torch.empty_like(q)\n            raise ValueError('broken')\n")
+    assert invoke(*args).exit_code == 1
+    assert "ValueError: broken" in runs(db)[-1]["error"]
+
+
 ASSIGNMENT_1 = '''
 import math
 

@@ -297,13 +297,27 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
                    f"m + log l of the scaled scores: {off}")
 
 
-def cannot_run(spec: Any, exc: BaseException, non_causal: Any) -> str | None:
+def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None,
+               interpreted: bool = False) -> str | None:
     """Why a point whose first forward raised `exc` is skipped, not an error, or None: an
     SDPA backend that cannot take these inputs (flash with 3-D inputs on a CPU), a fact of
-    the backend; or the user's PyTorch FlashAttention refusing is_causal=True, which the
+    the backend; the user's PyTorch FlashAttention refusing is_causal=True, which the
     handout lets it ignore and the course's tests never pass it (its error is the reason),
-    where `non_causal()`, the same forward with is_causal=False, runs."""
+    where `non_causal()`, the same forward with is_causal=False, runs; or, for a Triton
+    kernel of the user's `interpreted` in Triton's CPU interpreter, torch.compile failing
+    where `eager()`, the forward uncompiled, runs: Dynamo traces the interpreter's Python
+    (its uint64 pointer arithmetic), not a kernel, and the student's launch line was
+    blamed. (Ours is a custom op, which Dynamo does not trace into.)"""
     message = first_line(exc)
+    if spec.compile and interpreted and spec.impl != "triton" and not is_oom(exc):
+        try:
+            eager()
+        except Exception:  # it fails uncompiled too: a fault, the point's error
+            return None
+        return ("torch.compile cannot trace a Triton kernel that Triton's CPU interpreter "
+                f"runs (TRITON_INTERPRET=1): it failed inside the interpreter "
+                f"({type(exc).__name__}), while the same call without --compile runs; "
+                "compiling a Triton kernel needs a GPU")
     if spec.impl == "sdpa" and isinstance(exc, RuntimeError) and (
             "No available kernel" in message or "No viable backend" in message):
         return f"sdpa backend {spec.sdpa_backend!r} cannot run these inputs: {message}"

@@ -323,7 +323,9 @@ def run(spec: AttentionSpec) -> Result:
         try:
             out, saved = saved_tensor_bytes(forward)
         except Exception as exc:
-            why = cannot_run(spec, exc, lambda: fn(q, k, v, is_causal=False))
+            why = cannot_run(spec, exc, lambda: fn(q, k, v, is_causal=False),
+                             lambda: impl_fn(q, k, v, is_causal=spec.causal),
+                             metrics["interpreted"])
             if why is None:
                 raise
             return Result("skipped", error=why)
