@@ -3,7 +3,9 @@ with a fake clock and a fake do_bench; and how tables show them."""
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 import sys
 import types
 from dataclasses import dataclass, replace
@@ -152,8 +154,9 @@ class Toy:
 
 
 def test_points_in_rounds_run_interleaved_and_are_merged():
-    """Round 1 of every point, then round 2: drift falls on every point alike. A round that
-    is not ok ends its point's rounds and is its result."""
+    """Round 1 of every point, then round 2 in reverse order, then round 3 as the first:
+    drift, and what a point's place in a round does to it, fall on every point alike. A
+    round that is not ok ends its point's rounds and is its result."""
     order, rounds_run = [], {}
 
     def run(spec):
@@ -170,11 +173,11 @@ def test_points_in_rounds_run_interleaved_and_are_merged():
     toy = Experiment(kind="toy", title="toy", spec=Toy, run=run, metrics=(), merge=merge,
                      split=lambda s: [replace(s, iters=s.iters // s.rounds)] * s.rounds)
     points = run_sweep(toy, [Toy("a", 6, 3), Toy("b", 6, 3), Toy("c", 2, 1), Toy("d", 6, 3, 2)])
-    assert order == ["a", "b", "c", "d", "a", "b", "d", "a", "b"]
+    assert order == ["a", "b", "c", "d", "d", "b", "a", "a", "b"]
     got = {p.spec.name: p.result for p in points}
-    assert got["a"].samples["t"] == [1.0, 1.0, 5.0, 5.0, 8.0, 8.0] and got["a"].metrics["rounds"] == 3
+    assert got["a"].samples["t"] == [1.0, 1.0, 7.0, 7.0, 8.0, 8.0] and got["a"].metrics["rounds"] == 3
     assert got["c"].metrics["rounds"] == 1
-    assert got["d"].status == "oom" and "d" not in order[7:]  # its oom ended its rounds
+    assert got["d"].status == "oom" and "d" not in order[5:]  # its oom ended its rounds
     assert [p.spec.name for p in points] == ["c", "d", "a", "b"]  # each stored once, when done
 
 
@@ -193,7 +196,7 @@ def test_a_signal_keeps_the_rounds_done_as_errors_resume_measures_again(stop):
 
     def run(spec):
         order.append(spec.name)
-        if len(order) == 6:  # round 2 of b, after a's
+        if len(order) == 6:  # round 2 of c, after d's (round 2 runs in reverse)
             raise stop
         return Result("ok", samples={"t": [1.0] * spec.iters})
 
@@ -207,9 +210,9 @@ def test_a_signal_keeps_the_rounds_done_as_errors_resume_measures_again(stop):
         runner(toy, [Toy("a", 6, 3), Toy("b", 6, 3), Toy("c", 6, 3), Toy("d", 6, 3)],
                lambda spec: None, lambda spec, result: emitted.append((spec.name, result)))
     got = {name: r for name, r in emitted}
-    assert sorted(got) == ["a", "b", "c", "d"]  # b stopped in its second round
-    assert [got[n].metrics["rounds_done"] for n in "abcd"] == [2, 1, 1, 1]
-    assert got["a"].samples["t"] == [1.0] * 4  # what it measured is kept
+    assert sorted(got) == ["a", "b", "c", "d"]  # c stopped in its second round
+    assert [got[n].metrics["rounds_done"] for n in "abcd"] == [1, 1, 1, 2]
+    assert got["d"].samples["t"] == [1.0] * 4  # what it measured is kept
     why = INTERRUPTED if isinstance(stop, KeyboardInterrupt) else TERMINATED
     for r in got.values():
         assert r.status == "error" and r.error.startswith(why), r.error
@@ -226,9 +229,9 @@ def test_the_step_ablation_runs_in_rounds(tmp_path):
                     "1", "--num-heads", "2", "--vocab-size", "64", "--seq", "16", "--iters", "4",
                     "--rounds", "2", "--switches", "none,fused-adamw", "--db", db)
     assert result.exit_code == 0, result.output
-    rows = query(db, "SELECT * FROM step_runs ORDER BY created")
+    rows = query(db, "SELECT * FROM step_runs ORDER BY created")  # round 2 ran in reverse
     assert [(r["switches"], r["rounds"], r["rounds_done"], r["step_ms_n"]) for r in rows] == [
-        ("none", 2, 2, 4), ("fused-adamw", 2, 2, 4)]
+        ("fused-adamw", 2, 2, 4), ("none", 2, 2, 4)]
     import json
 
     samples = json.loads(query(db, "SELECT samples FROM runs LIMIT 1")[0]["samples"])
@@ -272,9 +275,9 @@ def test_attention_implementations_run_in_rounds_checked_once(tmp_path, monkeypa
                     "--device", "cpu", "--db", db)
     assert result.exit_code == 0, result.output
     assert checked == [True, True, False, False]  # round 1 of each, then round 2 of each
-    rows = query(db, "SELECT * FROM attention_runs ORDER BY created")
+    rows = query(db, "SELECT * FROM attention_runs ORDER BY created")  # round 2 in reverse
     assert [(r["impl"], r["rounds"], r["rounds_done"], r["e2e_ms_n"], r["check"]) for r in rows] \
-        == [("naive", 2, 2, 4, "pass"), ("sdpa", 2, 2, 4, "pass")]
+        == [("sdpa", 2, 2, 4, "pass"), ("naive", 2, 2, 4, "pass")]
     samples = json.loads(query(db, "SELECT samples FROM runs LIMIT 1")[0]["samples"])
     assert len(samples["e2e_ms"]) == 4 and len(samples["round_medians"]["e2e_ms"]) == 2
 
@@ -300,11 +303,11 @@ def test_model_points_run_in_rounds_and_their_speedup_gets_a_verdict(tmp_path, m
             "--db", db]
     result = invoke(*args, "--rounds", "2")
     assert result.exit_code == 0, result.output
-    assert built == ["fp32", "bf16", "fp32", "bf16"]
+    assert built == ["fp32", "bf16", "bf16", "fp32"]  # round 2 in reverse
     assert checked == ["adamw", "adamw"]  # round 1 of each point only
     rows = query(db, "SELECT * FROM model_runs ORDER BY created")
     assert [(r["precision"], r["rounds"], r["rounds_done"], r["step_ms_n"]) for r in rows] == [
-        ("fp32", 2, 2, 6), ("bf16", 2, 2, 6)]
+        ("bf16", 2, 2, 6), ("fp32", 2, 2, 6)]
     for row in query(db, "SELECT samples, metrics FROM runs"):
         samples, metrics = json.loads(row["samples"]), json.loads(row["metrics"])
         steps = samples["step_ms"]
@@ -481,6 +484,45 @@ def test_points_that_could_interleave_and_did_not_get_an_interval_but_no_verdict
     t = point_table(TABLE, [attention("naive", naive, 3), attention("sdpa", fast, 3)])
     assert t.rows[1][t.headers.index("vs naive")].startswith("2.73× faster (")
     assert NOT_INTERLEAVED_NOTE not in t.note
+
+
+def test_interleaved_points_are_judged_round_by_round():
+    """On a loaded 2-core CPU, `attention --impl naive,yours=...:naive_attention --rounds 3`
+    (a function against itself) read `189.34× faster`: one round of naive that load slowed
+    gave ten slow samples, which the bootstrap took for ten independent ones. The rounds
+    are paired (round i of both ran in one pass) and the t interval of their ratios joins
+    the samples': a loaded round widens it to no verdict, and steady rounds still decide."""
+    from cs336sys.measure.sampling import rounds_interval
+    from cs336sys.report.intervals import sample_interval
+
+    def attention(impl, rounds):
+        e2e = [m * (1 + 0.01 * (i % 5)) for m in rounds for i in range(10)]
+        s = {"impl": impl, "seq": 128, "d_head": 32, "rounds": len(rounds)}
+        return {**s, "status": "ok", "gpu": None, "invocation_id": "a", "_settings": s,
+                "rounds_done": len(rounds), "e2e_ms_median": sorted(e2e)[len(e2e) // 2],
+                "_samples": {"e2e_ms": e2e, "round_medians": {"e2e_ms": rounds}}}
+
+    naive = attention("naive", [7.69, 182.0, 0.89])  # the hunt's round medians
+    same = attention("yours", [1.18, 0.81, 0.67])
+    said = sample_interval("e2e_ms", naive, same, True)
+    assert said.startswith(" no difference ("), said
+    steady = sample_interval("e2e_ms", attention("naive", [2.0, 2.1, 1.9]),
+                             attention("flash", [1.0, 1.04, 0.96]), True)
+    assert steady.startswith(" faster (1.9"), steady
+    # the interval itself: paired by round, on the log scale, t with k - 1 degrees of freedom
+    found = rounds_interval([1.0, 2.0], [0.5, 1.0])
+    assert (found.ratio, found.low, found.high) == pytest.approx((0.5, 0.5, 0.5))
+    found = rounds_interval([1.0, 1.0, 1.0], [0.9, 1.0, 1.1])
+    logs = [math.log(x) for x in (0.9, 1.0, 1.1)]
+    half = 4.303 * statistics.stdev(logs) / math.sqrt(3)
+    assert found.low == pytest.approx(math.exp(statistics.fmean(logs) - half))
+    assert rounds_interval([1.0], [2.0]) is None and rounds_interval([1.0, 2.0], [1.0]) is None
+    # the step's and model's rows keep the step's round medians as a plain list
+    none = {**_row("none", [100.0, 101.0, 99.0, 100.5, 100.2, 99.8]), "invocation_id": "a"}
+    adamw = {**_row("fused-adamw", [90.0, 91.0, 89.0, 90.5, 90.2, 89.8]), "invocation_id": "a"}
+    none["_samples"]["round_medians"], adamw["_samples"]["round_medians"] = [100.0, 100.0], \
+        [60.0, 95.0]
+    assert sample_interval("step_ms", none, adamw, True).startswith(" no difference (")
 
 
 def test_the_impossible_footnote_joins_only_a_table_that_shows_one():

@@ -5,10 +5,17 @@ the points' timed steps interleaved, both native or both in Triton's interpreter
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
-from cs336sys.measure.sampling import BOOTSTRAP_MIN, ratio_interval, verdict
+from cs336sys.measure.sampling import (
+    BOOTSTRAP_MIN,
+    ratio_interval,
+    rounds_interval,
+    verdict,
+    wider,
+)
 from cs336sys.report.sections import (
     Row,
     compared,
@@ -75,14 +82,40 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     found = ratio_interval(a, b)  # row over base: a time ratio
     if found is None:
         return ""
-    low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
     if bool(base.get("interpreted")) != bool(row.get("interpreted")):  # the emulator's time
-        return f" ({low:.2f}–{high:.2f}, {ONE_INTERPRETED})"
-    if base.get("invocation_id") != row.get("invocation_id"):
-        return f" ({low:.2f}–{high:.2f}, {RUNS_APART})"
-    if not (_interleaved(base) and _interleaved(row)):
-        return f" ({low:.2f}–{high:.2f}, {NOT_INTERLEAVED})"
+        apart = ONE_INTERPRETED
+    elif base.get("invocation_id") != row.get("invocation_id"):
+        apart = RUNS_APART
+    elif not (_interleaved(base) and _interleaved(row)):
+        apart = NOT_INTERLEAVED
+    else:  # paired round by round: a round that load slowed widens it
+        apart = ""
+        found = wider(found, rounds_interval(_round_medians(base, name),
+                                             _round_medians(row, name)))
+    low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
+    if apart:
+        return f" ({low:.2f}–{high:.2f}, {apart})"
     return f" {verdict(found)} ({low:.2f}–{high:.2f})"
+
+
+def _round_medians(row: Row, name: str) -> list[float]:
+    """Each round's median of the samples `name`, in the order the rounds ran: attention
+    keeps them by name, a training step (model, step) those of `step_ms`; [] for rows
+    stored without them."""
+    samples = row.get("_samples")
+    if isinstance(samples, (str, bytes)):
+        try:
+            samples = json.loads(samples)
+        except ValueError:
+            return []
+    kept = samples.get("round_medians") if isinstance(samples, dict) else None
+    if isinstance(kept, dict):
+        kept = kept.get(name)
+    elif name != "step_ms":
+        kept = None
+    if not isinstance(kept, list) or not all(isinstance(v, (int, float)) for v in kept):
+        return []
+    return [float(v) for v in kept]
 
 
 def speedups(rows: list[Row], key: str, a: Any, b: Any, samples: str,

@@ -249,18 +249,23 @@ def local(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
 
 
 def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> None:
-    """Round 1 of every point, then round 2 of every point, ...: each round runs the spec
-    `experiment.split` gives for it, and once a point's last round has run its Results are
-    merged (`experiment.merge`) and emitted. A round that is not ok (oom, error) is the
-    point's result and ends its rounds. Stopped by a signal (Ctrl-C too), the points with
+    """Round 1 of every point, then round 2 of every point in reverse order, ...: each round
+    runs the spec `experiment.split` gives for it, and once a point's last round has run
+    its Results are merged (`experiment.merge`) and emitted. A round that is not ok (oom,
+    error) is the point's result and ends its rounds. Stopped by a signal (Ctrl-C too), the points with
     rounds done are merged and emitted from what they have, those short of their rounds as
     errors that keep their samples (`short_of_rounds`: --resume measures them again); under
     SIGTERM an interrupted point with no round done is stored as an error."""
     plan = [experiment.split(s) for s in specs]
     done: dict[int, list[Result]] = {}
     ended: set[int] = set()
+    order = list(enumerate(zip(specs, plan, strict=True)))
     for round_ in range(max(len(rounds) for rounds in plan)):
-        for i, (spec, rounds) in enumerate(zip(specs, plan, strict=True)):
+        # every other round in reverse (A B, B A): what a point's place in a round does to
+        # it (the caches the point before it left) falls on each point alike, not always
+        # on the same one, where the rounds' interval (report/intervals.py) would read it
+        # as a steady difference
+        for i, (spec, rounds) in order if round_ % 2 == 0 else reversed(order):
             if i in ended or round_ >= len(rounds):
                 continue
             one = rounds[round_]
