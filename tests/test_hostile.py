@@ -288,6 +288,28 @@ def test_a_store_that_is_not_a_file_is_refused(tmp_path, command, kind):
     assert not (tmp_path / "r.db").exists()
 
 
+@pytest.mark.promise(STORE)
+@pytest.mark.parametrize("name, said", [
+    (":memory:", "its in-memory database, which keeps nothing"),
+    ("file:{tmp}/other.db", "a URI, not a file name")])
+def test_sqlites_own_names_are_refused(tmp_path, monkeypatch, name, said):
+    """`--db :memory:` stored 16 points in memory and kept none; `--db file:PATH` reached
+    someone's own SQLite database past every check (refused by its plain path) and wrote
+    the store's tables into it, with stray `file:` folders in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE users (name TEXT)")
+    db = name.replace("{tmp}", str(tmp_path))
+    result = invoke("model", "--size", "tiny", "--db", db)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line == f"Error: {db}: SQLite reads this as {said}; a results store is a file: " \
+        "give its path"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+    tables = sqlite3.connect(other).execute("SELECT name FROM sqlite_master").fetchall()
+    assert tables == [("users",)]
+
+
 @pytest.mark.promise(READ_ONLY)
 def test_reading_a_store_a_killed_writer_left_creates_nothing_beside_it(files, tmp_path):
     """A writer killed after its commit leaves rows in the `-wal` only; without the `-shm`

@@ -199,7 +199,9 @@ def test_older_schema_is_migrated_and_keeps_its_rows(db_path):
 
 def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
     """v6 rebuilds `runs` (SQLite cannot change its CHECK) under a store that has views, a
-    user's own view and kernel_stats pointing at runs: every row, link and view survives."""
+    user's own view and kernel_stats pointing at runs: every row, link and view survives,
+    and so does a column the user added, with its index (the copy of cs336sys's columns
+    dropped a column of notes)."""
     conn = sqlite3.connect(db_path, isolation_level=None)
     schema.migrate(conn, target=5)
     conn.execute("INSERT INTO invocations (id, command, gpu) VALUES ('i1', 'profile', 'cpu')")
@@ -214,6 +216,9 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
     conn.execute("CREATE VIEW profile_runs AS SELECT id AS run_id FROM runs")  # as an old version made it
     conn.execute("INSERT INTO meta (key, value) VALUES ('views', 'old'), ('view_names', '[\"profile_runs\"]')")
     conn.execute("CREATE VIEW mine AS SELECT id, status FROM runs")  # the user's own
+    conn.execute('ALTER TABLE runs ADD COLUMN "my note" TEXT')
+    conn.execute('CREATE INDEX runs_my_note ON runs ("my note")')
+    conn.execute("""UPDATE runs SET "my note" = 'reran after reboot' WHERE id = 'r1'""")
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute("UPDATE runs SET status = 'wrong'")
     conn.close()
@@ -223,6 +228,9 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
         assert s.query("SELECT id, status FROM mine ORDER BY id") == [
             {"id": "r1", "status": "ok"}, {"id": "r2", "status": "oom"}]
         assert s.query("SELECT run_id, name FROM kernel_stats") == [{"run_id": "r1", "name": "mm"}]
+        assert s.query('SELECT id, "my note" AS note FROM runs ORDER BY id') == [
+            {"id": "r1", "note": "reran after reboot"}, {"id": "r2", "note": None}]
+        assert s.query("SELECT name FROM sqlite_master WHERE name = 'runs_my_note'")
         assert s.query("SELECT run_id, step_ms_mean, user_commit FROM profile_runs") == [
             {"run_id": "r1", "step_ms_mean": 2.0, "user_commit": None}]
         inv = s.begin_invocation({**PROV, "user_commit": "abc", "user_dirty": 1}, [], "t")

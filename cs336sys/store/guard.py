@@ -71,6 +71,13 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
     this code's, or one whose pages are damaged (SQLite's quick_check), is refused too,
     before the first write switches it to WAL."""
     path = Path(path)
+    if str(path) == ":memory:" or str(path).startswith("file:"):
+        # SQLite's in-memory database and its URIs: a run "stored" in :memory: kept nothing,
+        # and a URI reached someone's own database past every check below
+        raise StoreError(f"{path}: SQLite reads this as "
+                         + ("its in-memory database, which keeps nothing" if str(path) ==
+                            ":memory:" else "a URI, not a file name")
+                         + "; a results store is a file: give its path")
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
     _check_side_files(path)

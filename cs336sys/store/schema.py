@@ -17,6 +17,12 @@ from cs336sys.sweep.points import point_key
 
 _RUNS_COLUMNS = ("id, invocation_id, experiment, status, error, settings, metrics, samples, "
                  "started, created, duration_s, point_key")
+_RUNS_INDEXES = ("runs_point_key", "runs_experiment_created", "runs_invocation")
+
+
+def _quoted(name: str) -> str:
+    """An SQL identifier, quoted: a column someone named `check` or `my note`."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
@@ -24,7 +30,16 @@ def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
     each invocation records the user's code it measured. SQLite cannot change a CHECK
     constraint, so `runs` is rebuilt (same columns, same rows); `legacy_alter_table` keeps
     the rename from rewriting or re-checking the views and kernel_stats' reference, which
-    name `runs` again once it is done. The views are re-created (meta 'views' forgotten)."""
+    name `runs` again once it is done. The views are re-created (meta 'views' forgotten).
+    Columns, indexes and triggers someone added to `runs` are kept: the copy of the 12
+    columns alone dropped a column of notes with the table."""
+    ours = {c.strip() for c in _RUNS_COLUMNS.split(",")}
+    added = [(name, kind) for _, name, kind, *_ in conn.execute("PRAGMA table_info(runs)")
+             if name not in ours]
+    theirs = [sql for (sql,) in conn.execute(
+        "SELECT sql FROM sqlite_master WHERE tbl_name = 'runs' AND type IN ('index', 'trigger') "
+        "AND sql IS NOT NULL AND name NOT IN (?, ?, ?)", _RUNS_INDEXES)]
+    columns = ", ".join([_RUNS_COLUMNS, *(_quoted(name) for name, _ in added)])
     conn.execute("PRAGMA legacy_alter_table = ON")
     try:
         conn.execute(
@@ -41,11 +56,9 @@ def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
                 started TEXT,
                 created TEXT,
                 duration_s REAL,
-                point_key TEXT
-            )
-            """
-        )
-        conn.execute(f"INSERT INTO runs_v6 ({_RUNS_COLUMNS}) SELECT {_RUNS_COLUMNS} FROM runs")
+                point_key TEXT"""
+            + "".join(f", {_quoted(name)} {kind}" for name, kind in added) + ")")
+        conn.execute(f"INSERT INTO runs_v6 ({columns}) SELECT {columns} FROM runs")
         conn.execute("DROP TABLE runs")
         conn.execute("ALTER TABLE runs_v6 RENAME TO runs")
     finally:
@@ -54,6 +67,7 @@ def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
         "CREATE INDEX runs_point_key ON runs (point_key)",
         "CREATE INDEX runs_experiment_created ON runs (experiment, created)",
         "CREATE INDEX runs_invocation ON runs (invocation_id)",
+        *theirs,
         # the user's repository (the folder its adapters file or one-off code came from),
         # its commit and whether its tracked files differed from it, and the adapters file
         "ALTER TABLE invocations ADD COLUMN user_repo TEXT",
