@@ -258,6 +258,9 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
                        (ONE_INTERPRETED, ONE_INTERPRETED_NOTE)):
         if any(mark in row[at + i] for i, c in enumerate(columns) if c.ratio for row in t.rows):
             notes.append(note)
+    if counts and any(r.get("_n", 1) > 1 for r in rows):  # its figures are one run's
+        notes.append(f"{stored}: how often the point was stored; its row shows the latest "
+                     "run (`report --compare`, `cs336sys sql` read the others).")
     if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
