@@ -46,6 +46,7 @@ def test_ddps_right_and_wrong(repo, tmp_path):
               f"yours-hooks={DDP}:AverageInHooks,yours-after={DDP}:AverageAfter,"
               f"yours-copy={DDP}:TrainsACopy,yours-count={DDP}:CountsBuckets,"
               f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket,"
+              f"yours-twice={DDP}:DividedTwice,"
               f"yours-alone={DDP}:NeverBroadcasts,yours-stub={DDP}:FinishNotWritten")
     # a copy of the module trained (its parameters were not the optimizer's), a count of
     # buckets (read as a list of them, after every step was timed) passed the course, too
@@ -58,6 +59,9 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     assert "match world_size (2) x the reference: summed, not averaged" in summed["error"]
     # AdamW moves the parameters alike for a gradient twice as large: only the gradients tell
     assert summed["check_worst"] < 1e-3
+    twice = got["yours-twice", "none"]  # it read `they match neither the sum nor ...`
+    assert twice["status"] == "wrong" and "match the reference / world_size (2): divided " \
+        "by the world size twice" in twice["error"], twice["error"]
     early = got["yours-early", "none"]
     assert early["status"] == "wrong"
     assert "differ from the mean over the global batch" in early["error"]
@@ -152,11 +156,14 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
 def test_an_fsdp_the_course_fails_besides_training_is_wrong_here(repo, tmp_path):
     """Three FSDPs that train right, which the course's test_fsdp.py fails: one keeps its
     model as `.model`, one shards the norms (their gradients differ between ranks), one
-    gathers the full parameters to rank 0 alone. Each is wrong here, its cause in words."""
+    gathers the full parameters to rank 0 alone. Each is wrong here, its cause in words.
+    One whose gather keeps the full weights passed, gathering once, last; the course's
+    test gathers after every step and trains on, as the point now does: its error says so."""
     # (the full-gradient one last: its rank's error ends the launch, the others stored)
     out = invoke("ddp", *SMALL, "--model", "cs336_basics", "--impl",
                  f"yours-fsdp-elsewhere={FSDP}:KeepsModelElsewhere,"
                  f"yours-fsdp-norms={FSDP}:ShardsNorms,yours-fsdp-rank0={FSDP}:GathersToRankZero,"
+                 f"yours-fsdp-keeps={FSDP}:GatherKeepsFull,"
                  f"yours-fsdp-full={FSDP}:LeavesGradFull", "--db", tmp_path / "r.db")
     assert out.exit_code == 1, out.output  # the error row
     got = verdicts(tmp_path / "r.db")
@@ -179,6 +186,11 @@ def test_an_fsdp_the_course_fails_besides_training_is_wrong_here(repo, tmp_path)
     assert "; rank 0 holds (16,) of layers.0.ln1.weight's (32,): sharded, where the handout " \
         "asks the norms left whole" in norms, norms
     assert "fsdp_gather_full_params() on rank 1 gave " in rows["yours-fsdp-rank0"]["error"]
+    keeps = got["yours-fsdp-keeps", None]
+    assert keeps["status"] == "error" and "fsdp_gather_full_params() changed the model on " \
+        "rank 0 (module.token_embeddings.weight went from [" in keeps["error"], keeps["error"]
+    assert "where the course's test_fsdp.py gathers after every step and trains on; the next " \
+        "step failed: " in keeps["error"]
     assert "shaped" in rows["yours-fsdp-rank0"]["error"]
 
 

@@ -604,9 +604,13 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     (naive_2025,) = named(["naive_ddp"], "2025")
     assert not naive_2025.check and _commands(naive_2025, False, yours=True) == []
     assert Status(naive_2025).line() == f"your implementation: {UNTESTED}"
-    # the course's FSDP wraps cs336_basics.model's layers, none of which cs336sys's model has
+    # the course's FSDP wraps cs336_basics.model's layers, none of which cs336sys's model has;
+    # its test runs fp32 and fp16 (an fp16 gradient on an fp32 master read `checked, 1 ok`)
     assert by_name["fsdp"].check == "cs336sys ddp --model cs336_basics --impl yours-fsdp " \
-        "--world-size 2"
+        "--world-size 2 --precision fp32,fp16"
+    fp32_only = Status(by_name["fsdp"], stored=[("ddp", {
+        "impl": "yours-fsdp", "precision": "fp32", "world_size": 2})])
+    assert fp32_only.left() == ["ddp (precision=fp16)"]
     # torch_compile (a): the user's assignment-1 attention eager, then compiled (a run of
     # theirs alone: without --yours, `compiled` already measures ours)
     eager, compiled = by_name["torch_compile"].runs[:2]

@@ -41,7 +41,7 @@ import contextlib
 import json
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.experiments import (
@@ -64,6 +64,7 @@ from cs336sys.experiments.training_step import (
     optimizer_class,
     optimizer_option,
 )
+from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import CudaProbe, TrackerProbe
 from cs336sys.measure.progress import step_done
@@ -88,7 +89,7 @@ from cs336sys.sweep.points import (
     shape_error,
 )
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
-from cs336sys.sweep.result import Result, Unfinished, free_memory
+from cs336sys.sweep.result import Result, Unfinished, first_line, free_memory
 from cs336sys.yours.implementations import named_impls
 
 PRECISIONS = ("fp32", "bf16")
@@ -357,34 +358,32 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     finally:
         if tracker is not None:
             tracker.__exit__(None, None, None)
-
+    # the course's test gathers after every step and trains on: so does the point, once
+    changed = record and fsdp_course_check.gather_changes(setup.module, setup.full_params)
     times: dict[str, list[float]] = {p: [] for p in PHASES}  # and <phase>_host
     in_flight = []  # fsdp: each step's time with a collective in flight
     with measured():  # what --nsys records: the timed steps, on every rank
-        for i in range(spec.iters):
-            for phase, ms in step().items():
-                times.setdefault(phase.removesuffix("_ms"), []).append(ms)
-            if spec.impl == "fsdp":
-                in_flight.append(setup.module.comm_ms)
-            losses.append(step.last_loss)
-            step_done(spec.warmup + 2 + i, total)
-    # this rank's host time per phase against its wall time (measure/timing.py), before the
-    # exposed communication of torch's DDP and FSDP2 replaces the comm phase below
-    host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},
-                                ("fwd", "bwd", "comm", "opt"), ctx.device)
+        try:
+            for i in range(spec.iters):
+                for phase, ms in step().items():
+                    times.setdefault(phase.removesuffix("_ms"), []).append(ms)
+                if spec.impl == "fsdp":
+                    in_flight.append(setup.module.comm_ms)
+                losses.append(step.last_loss)
+                step_done(spec.warmup + 2 + i, total)
+        except Exception as exc:
+            if not changed:
+                raise
+            raise RuntimeError(f"{changed}; the next step failed: {type(exc).__name__}: "
+                               f"{first_line(exc)}") from exc
+    host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},  # this rank's,
+                                ("fwd", "bwd", "comm", "opt"), ctx.device)  # comm as timed
 
     if spec.impl == "fsdp":
         times["comm"] = in_flight
-    if spec.impl in ("torch", "torch-fsdp"):
-        # Backward without gradient reduction, to see how much of backward was waiting on it.
-        no_optimizer = replace(step, optimizer=None, finish=None, mode="forward-backward")
-        nosync = []
-        for _ in range(spec.iters):
-            with ddp_setup.no_grad_sync(spec.impl, setup.module):
-                nosync.append(no_optimizer()["bwd_ms"])
-        # each timed backward less the typical one without the reduction: not clipped at 0
-        # per step (a noisy pairing read 0 ± 0, or a mean raised by the clipping)
-        times["comm"] = [b - statistics.median(nosync) for b in times["bwd"]]
+    if spec.impl in ("torch", "torch-fsdp"):  # how much of backward waited on the reduction
+        times["comm"] = ddp_setup.exposed_comm(spec.impl, step, setup.module, spec.iters,
+                                               times["bwd"])
 
     diff = ddp_setup.param_spread(setup)
     if user:
@@ -396,12 +395,13 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             checked = both(both(both(checked, training_check(
                 full, reference, spec.precision, first_grads, spread=diff, tests=tests)),
                 course), toy)
+            if changed and not checked.passed:  # the gather's change, a likely cause
+                checked = both(checked, Verdict(False, {}, f"wrong: {changed}"))
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
-    # Per step, the slowest rank's time: the others wait for it at the next collective. The
-    # communication is the least rank's: a rank that reached the gradients' collective first
-    # also waited there for the others' backward, which is not communication.
+    # Per step, the slowest rank's time (the others wait for it); the communication the least
+    # rank's: one that reached the collective first also waited for the others' backward.
     per_step = {p: [(min if p == "comm" else max)(r["times"][p][s] for r in per_rank)
                     for s in range(spec.iters)] for p in PHASES}
     metrics: dict[str, Any] = {}

@@ -304,3 +304,19 @@ SHARES_COLUMN = Column(
     note="rank 0 holds: its share of one whole copy of the parameters and of AdamW's state, "
     "where the point shards them; past 1/N + 10 %: UNEVEN where the ranks hold one copy "
     "between them, NOT SHARDED where they hold more.")
+
+
+def exposed_comm(impl: str, step: Any, module: Any, iters: int,
+                 bwd_ms: list[float]) -> list[float]:
+    """torch's DDP and FSDP2 reduce inside the backward: each timed backward (`bwd_ms`) less
+    the typical one without the gradients' reduction, `iters` of them. Not clipped at 0 per
+    step (a noisy pairing read 0 ± 0, or a mean raised by the clipping)."""
+    import statistics
+    from dataclasses import replace
+
+    no_optimizer = replace(step, optimizer=None, finish=None, mode="forward-backward")
+    nosync = []
+    for _ in range(iters):
+        with no_grad_sync(impl, module):
+            nosync.append(no_optimizer()["bwd_ms"])
+    return [b - statistics.median(nosync) for b in bwd_ms]

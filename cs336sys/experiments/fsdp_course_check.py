@@ -192,3 +192,36 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
         return None
     text = "; ".join(causes)
     return Verdict(False, {"check": "fail", "check_detail": text}, "wrong: " + text)
+
+
+def gather_changes(module: Any, gather_full: Any) -> str | None:
+    """What fsdp_gather_full_params() (`gather_full`) changed of the model it gathered from,
+    on any rank, in words (None: nothing): the course's test_fsdp.py calls it after every
+    step and trains on, and a gather that kept the full weights as the parameters failed
+    its next step there (`The size of tensor a (256) must match ... (128)`), which passed
+    here, where it was called once, last. The point trains on after it too; this says why
+    where it then fails. Every rank calls it, at the same point (collectives)."""
+    import torch
+
+    with torch.no_grad():
+        before = {n: (tuple(p.shape), p.dtype, p.detach().clone())
+                  for n, p in module.named_parameters()}
+        gather_full()  # (its result is not kept)
+        after = dict(module.named_parameters())
+        said = None
+        for name in [*(n for n in after if n not in before), *before]:
+            now, was = after.get(name), before.get(name)
+            if was is None or now is None:
+                said = f"{name} is {'new' if was is None else 'gone'}"
+            elif (tuple(now.shape), now.dtype) != was[:2]:
+                said = f"{name} went from {list(was[0])} {_dtype(was[2])} to " \
+                       f"{list(now.shape)} {_dtype(now)}"
+            elif not torch.equal(now.detach(), was[2]):
+                said = f"{name} changed its values"
+            if said:
+                break
+    rank, said = next(((r, s) for r, s in enumerate(gather(said)) if s), (None, None))
+    if said is None:
+        return None
+    return (f"fsdp_gather_full_params() changed the model on rank {rank} ({said}), where "
+            f"{SAID} gathers after every step and trains on")

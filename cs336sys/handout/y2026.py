@@ -341,8 +341,10 @@ PROBLEMS = (
         "fsdp", 15, section="7", kind=IMPLEMENT,
         asks="An FSDP wrapper that shards Linear and Embedding weights (get_fsdp).",
         # on the user's model: the course's FSDP wraps cs336_basics.model's Linear and
-        # Embedding, of which cs336sys's model has none
-        check="cs336sys " + theirs("ddp --impl yours-fsdp --world-size 2"),
+        # Embedding, of which cs336sys's model has none; in fp32 and with fp16 as the
+        # compute dtype, as the course's test_fsdp.py runs it (an fp16 gradient left on an
+        # fp32 master weight passed fp32 alone)
+        check="cs336sys " + theirs("ddp --impl yours-fsdp --world-size 2 --precision fp32,fp16"),
     ),
     Problem(
         "fsdp_accounting", 5, section="7",
