@@ -156,17 +156,19 @@ def _layouts(n: int, ref: Any, world: int) -> list[Any]:
 
 
 def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float
-                 ) -> tuple[float, float, float] | None:
-    """Rank 0's flattened tensor `got` against the mean `ref`, world x the mean, and rank 0's
-    own slice `local`: the whole tensors, or for a shard under the first layout (`_layouts`)
-    where it matches one of them within `tol`; None where it matches none."""
+                 ) -> tuple[float, float, float, float] | None:
+    """Rank 0's flattened tensor `got` against the mean `ref`, world x the mean, rank 0's
+    own slice `local` and the mean / world (divided twice): the whole tensors, or for a
+    shard under the first layout (`_layouts`) where it matches one of them within `tol`;
+    None where it matches none."""
     whole = got.numel() == ref.numel()
     for layout in [lambda t: t.reshape(-1)] if whole else _layouts(got.numel(), ref, world):
         part = layout(ref)
         if part.numel() != got.numel():  # a padded shard longer than this layout's part
             continue
         found = (_relative(got, part), _relative(got, world * part),
-                 _relative(got, layout(local)) if local is not None else float("inf"))
+                 _relative(got, layout(local)) if local is not None else float("inf"),
+                 _relative(got, part / world))
         if whole or any(x <= tol for x in found):
             return found
     return None
@@ -182,7 +184,7 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
     matches none of them under any of those layouts is laid out some other way and is left
     to the parameters' comparison."""
     world = reference.world_size
-    off: list[tuple[str, float, float, float]] = []  # name, against mean, sum, own slice
+    off: list[tuple] = []  # name, against the mean, the sum, the own slice, the mean / world
     compared = 0
     for name, ref in reference.grads.items():
         got = grads.get(name)
@@ -192,24 +194,28 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
                              reference.local_grads.get(name), world, tol)
         if found is None:
             continue  # another layout
-        mean, summed, own = found
         compared += 1
-        if not mean <= tol:  # NaN too
-            off.append((name, mean, summed, own))
+        if not found[0] <= tol:  # NaN too
+            off.append((name, *found))
     if not off:
         return None
     count = f"{len(off)} of {compared} gradient tensors"
-    if all(s <= tol for _, _, s, _ in off):
+    if all(o[2] <= tol for o in off):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match "
                 f"world_size ({world}) x the reference: summed, not averaged (AdamW hides it "
                 f"in the parameters, SGD would not)")
-    if all(loc <= tol for _, _, _, loc in off):
+    if all(o[4] <= tol for o in off):
+        return (f"{count} rank 0 holds after finish_gradient_synchronization() match the "
+                f"reference / world_size ({world}): divided by the world size twice (AdamW "
+                f"hides it in the parameters, SGD would not)")
+    if all(o[3] <= tol for o in off):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match rank 0's "
                 f"own slice of the batch: never all-reduced ({few([n for n, *_ in off])})")
-    name, mean, _, _ = max(off, key=lambda o: o[1] if o[1] == o[1] else float("inf"))
+    name, mean = max(off, key=lambda o: o[1] if o[1] == o[1] else float("inf"))[:2]
     return (f"{count} rank 0 holds after finish_gradient_synchronization() differ from the "
             f"mean over the global batch (worst {name}: relative error {mean:.2g}, allowed "
-            f"{tol:g}); they match neither the sum nor rank 0's own slice")
+            f"{tol:g}); they match neither the sum, the mean / world_size nor rank 0's own "
+            f"slice")
 
 
 def few(names: list[str], shown: int = 3) -> str:

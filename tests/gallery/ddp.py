@@ -98,6 +98,16 @@ class Summed(_Hooked):
         self.handles.append(dist.all_reduce(p.grad, async_op=True))
 
 
+class DividedTwice(AverageAfter):
+    """Wrong: divides in the hooks' wait and again after them."""
+
+    def finish_gradient_synchronization(self):
+        super().finish_gradient_synchronization()
+        for p in self.module.parameters():
+            if p.grad is not None:
+                p.grad.div_(self.world)
+
+
 class EarlyBucket(nn.Module):
     """Wrong: one bucket of every gradient, all-reduced as soon as its first gradient
     arrives, with the ones not yet computed counted as zero."""
