@@ -115,7 +115,8 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     that sums its shards' gradients is wrong where it shards: AdamW hid it in the
     parameters, and the shards' gradients were not compared."""
     more = ["--model", model] if model else []
-    stale = f",yours-fsdp-stale={FSDP}:StaleShards" if model else ""
+    stale = (f",yours-fsdp-stale={FSDP}:StaleShards,yours-fsdp-rev={FSDP}:Reversed,"
+             f"yours-fsdp-revsums={FSDP}:ReversedSums") if model else ""
     got = ddp(tmp_path / "r.db", "--impl",
               f"yours-fsdp-basics={FSDP}:FSDP,yours-fsdp-forgets={FSDP}:ForgetsReplicated,"
               f"yours-fsdp-sums={FSDP}:SumsShards{stale}", *more)
@@ -123,6 +124,11 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     if model:
         assert sums["status"] == "wrong"
         assert "match world_size (2) x the reference: summed, not averaged" in sums["error"]
+        # rank 0 holding each weight's last chunk: right, and summed (which passed, unseen)
+        rev = got["yours-fsdp-rev", None]
+        assert (rev["status"], rev["check"]) == ("ok", "pass"), rev["error"]
+        revsums = got["yours-fsdp-revsums", None]
+        assert revsums["status"] == "wrong" and "summed, not averaged" in revsums["error"]
     else:  # nothing sharded: nothing summed
         assert (sums["status"], sums["check"]) == ("ok", "pass"), sums["error"]
     row = got["yours-fsdp-basics", None]
@@ -215,6 +221,9 @@ def test_your_adapters_fsdp_computing_in_bf16_and_fp16_shards_and_passes(repo, t
     assert [(r["precision"], r["status"], r["check"]) for r in rows] == [
         ("bf16", "ok", "pass"), ("fp16", "ok", "pass")], [r["error"] for r in rows]
     assert all(0.45 < r["param_rank0_share"] < 0.55 for r in rows)
+    # the course's 16-bit reference casts the weights, ours autocasts: its tolerance said of
+    # ours read `would fail` on every right FSDP, which passes the course's test
+    assert not any("test_fsdp.py" in r["check_detail"] for r in rows), rows[0]["check_detail"]
 
 
 def test_fp16_is_refused_for_replicas_in_one_line(repo, tmp_path):

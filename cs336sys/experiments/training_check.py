@@ -147,8 +147,10 @@ def _layouts(n: int, ref: Any, world: int) -> list[Any]:
     """Rank 0's part of a whole tensor shaped as `ref`, flattened, under each layout of a
     shard of n elements an FSDP may use: the first n elements (a flat split, or one along
     dim 0), every world-th element from the first (`flat[rank::world]`), the first columns
-    (a split along the last dim)."""
-    out = [lambda t: t.reshape(-1)[:n], lambda t: t.reshape(-1)[::world][:n]]
+    (a split along the last dim), and a later chunk of n (rank 0 holding the last: a summed
+    gradient there passed, unseen)."""
+    out = [lambda t: t.reshape(-1)[:n], lambda t: t.reshape(-1)[::world][:n],
+           *(lambda t, i=i: t.reshape(-1)[i * n:(i + 1) * n] for i in range(1, world))]
     rows = ref.numel() // ref.shape[-1] if ref.dim() >= 2 else 0
     if rows and n % rows == 0:
         out.append(lambda t: t[..., :n // rows].reshape(-1))
@@ -260,6 +262,8 @@ def _course_verdict(mine: Any, ref: Any, precision: str, tests: tuple[str, ...])
     for test in tests:
         if precision not in COURSE_TOLERANCE.get(test, {}):  # that test runs no such dtype
             continue
+        if test == "test_fsdp.py" and precision != "fp32":  # its reference casts weights,
+            continue  # ours autocasts: right FSDPs read `would fail` at 16 bits
         atol, rtol = COURSE_TOLERANCE[test][precision]
         passes = bool(torch.allclose(mine, ref, atol=atol, rtol=rtol))
         verdicts.append(f"the course's {test} tolerance (atol={atol:g}, rtol={rtol:g}) would "

@@ -44,6 +44,7 @@ class FSDP(nn.Module):
         self.module = module
         self.compute_dtype = compute_dtype
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.chunk = self._chunk()
         self.handles = []
         self.replicated = []
         sharded = set()
@@ -56,7 +57,7 @@ class FSDP(nn.Module):
             m.rows = -(-w.shape[0] // self.world)
             padded = torch.zeros(m.rows * self.world, *w.shape[1:], dtype=w.dtype, device=w.device)
             padded[: w.shape[0]] = w.data
-            m.shard = padded[self.rank * m.rows : (self.rank + 1) * m.rows].clone()
+            m.shard = padded[self.chunk * m.rows : (self.chunk + 1) * m.rows].clone()
             w.data = m.shard
             m.register_forward_pre_hook(self._hook(self._gather))
             m.register_forward_hook(self._hook(self._release))
@@ -70,10 +71,18 @@ class FSDP(nn.Module):
     def _hook(self, fn):
         return fn
 
+    def _chunk(self):
+        """Which chunk of each weight this rank holds."""
+        return self.rank
+
+    def _in_order(self, parts):
+        """The ranks' shards, gathered in rank order, in the order of their chunks."""
+        return parts
+
     def _full(self, m):
         parts = [torch.empty_like(m.shard) for _ in range(self.world)]
         dist.all_gather(parts, m.shard)
-        full = torch.cat(parts)[: m.full_shape[0]]
+        full = torch.cat(self._in_order(parts))[: m.full_shape[0]]
         return full if self.compute_dtype is None else full.to(self.compute_dtype)
 
     def _gather(self, m, args):
@@ -92,7 +101,7 @@ class FSDP(nn.Module):
             padded[: grad.shape[0]] = grad
             dist.all_reduce(padded)
             p.data = m.shard
-            p.grad = padded[self.rank * m.rows : (self.rank + 1) * m.rows] / self.world
+            p.grad = padded[self.chunk * m.rows : (self.chunk + 1) * m.rows] / self.world
 
         return hook
 
@@ -118,7 +127,7 @@ class FSDP(nn.Module):
             if isinstance(owner, self.kinds):
                 parts = [torch.empty_like(owner.shard) for _ in range(self.world)]
                 dist.all_gather(parts, owner.shard)
-                out[name] = torch.cat(parts)[: owner.full_shape[0]]
+                out[name] = torch.cat(self._in_order(parts))[: owner.full_shape[0]]
             else:
                 out[name] = p.data
         return out
@@ -224,3 +233,27 @@ class GatherKeepsFull(FSDP):
             if isinstance(owner, self.kinds):
                 owner.shard = p.data = out[name].clone()
         return out
+
+
+class Reversed(FSDP):
+    """Right: rank r holds chunk world - 1 - r of each weight."""
+
+    def _chunk(self):
+        return self.world - 1 - self.rank
+
+    def _in_order(self, parts):
+        return parts[::-1]
+
+
+class ReversedSums(Reversed):
+    """Sums the sharded gradients, rank 0 holding the last chunk: the gradients' check
+    compared only shards laid out as a first chunk, and AdamW hid it in the parameters."""
+
+    def _reduce_sharded(self, m):
+        average = super()._reduce_sharded(m)
+
+        def hook(p):
+            average(p)
+            p.grad *= self.world
+
+        return hook
