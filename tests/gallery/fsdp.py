@@ -245,15 +245,6 @@ class Reversed(FSDP):
         return parts[::-1]
 
 
-class ReversedSums(Reversed):
+class ReversedSums(Reversed, SumsShards):
     """Sums the sharded gradients, rank 0 holding the last chunk: the gradients' check
     compared only shards laid out as a first chunk, and AdamW hid it in the parameters."""
-
-    def _reduce_sharded(self, m):
-        average = super()._reduce_sharded(m)
-
-        def hook(p):
-            average(p)
-            p.grad *= self.world
-
-        return hook
