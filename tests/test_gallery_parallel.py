@@ -81,7 +81,8 @@ def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
     # rank 0 both the embedding and the LM head, most of the state
     got = ddp(tmp_path / "r.db", "--impl", "naive", "--shard-optimizer",
               f"yours,yours-count={DDP}:ShardedByCount,yours-lazy={DDP}:NeverStepsLastShard,"
-              f"yours-own={DDP}:ZeroGradOfItsOwn,yours-duck={DDP}:NoTorchOptimizer",
+              f"yours-own={DDP}:ZeroGradOfItsOwn,yours-duck={DDP}:NoTorchOptimizer,"
+              f"yours-alone={DDP}:ZeroesItsShardAlone",
               "--num-layers", "2", "--vocab-size", "4096")
     # zero_grad(self) alone, and no torch Optimizer (its inner one in a list), as the
     # course's tests allow: they ended as errors, and the list's state counted 0 bytes
@@ -101,6 +102,9 @@ def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
     assert 0.4 < row["opt_state_rank0_share"] < 0.6
     assert row["not_sharded"] is None and row["uneven"] is None
     assert row["param_rank0_share"] == 1.0  # a sharded optimizer leaves the weights whole
+    alone = got["naive", "yours-alone"]  # it read `worst 0.047 (...)`, no cause
+    assert alone["status"] == "wrong" and "your sharded optimizer's zero_grad() leaves the " \
+        "gradients of " in alone["error"], alone["error"]
     lazy = got["naive", "yours-lazy"]
     assert lazy["status"] == "wrong"
     assert "never left their initial values" in lazy["error"]

@@ -64,7 +64,6 @@ from cs336sys.experiments.training_step import (
     optimizer_class,
     optimizer_option,
 )
-from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import CudaProbe, TrackerProbe
 from cs336sys.measure.progress import step_done
@@ -395,8 +394,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             checked = both(both(both(checked, training_check(
                 full, reference, spec.precision, first_grads, spread=diff, tests=tests)),
                 course), toy)
-            if changed and not checked.passed:  # the gather's change, a likely cause
-                checked = both(checked, Verdict(False, {}, f"wrong: {changed}"))
+            checked = ddp_yours.with_causes(checked, changed, spec.shard_optimizer, setup)
         del full
     per_rank = gather({"times": times, "peak": memory["peak"],
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})

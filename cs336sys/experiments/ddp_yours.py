@@ -23,6 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.experiments.checks import both
+from cs336sys.experiments.training_check import few
+from cs336sys.measure.check import Verdict
 from cs336sys.sweep.points import SpecError, unknown
 from cs336sys.yours.implementations import call_adapter, load_target, named_impls
 
@@ -166,3 +169,42 @@ def bucket_count(module: Any) -> int | None:
         return len(found) or None
     except TypeError:
         return None
+
+
+def with_causes(checked: Any, changed: str | None, shard_optimizer: str, setup: Any) -> Any:
+    """A failed check of the user's code with the likely causes found after it: what their
+    FSDP's gather changed (`changed`, fsdp_course_check.gather_changes), and the parameters
+    their sharded optimizer's zero_grad() leaves a gradient on (`zero_grad_leaves`)."""
+    if checked is None or checked.passed:
+        return checked
+    left = zero_grad_leaves(setup.optimizer, setup.module) \
+        if yours.is_yours(shard_optimizer) else None
+    for cause in (changed, left):
+        if cause:
+            checked = both(checked, Verdict(False, {}, f"wrong: {cause}"))
+    return checked
+
+
+def zero_grad_leaves(optimizer: Any, module: Any) -> str | None:
+    """The parameters the user's sharded optimizer's zero_grad() leaves a gradient on, each
+    given a gradient of ones first, in words (None: it clears them all). Without DDP, as
+    the course's test_sharded_optimizer.py trains, a gradient left on a parameter another
+    rank steps does nothing; under DDP the next backward adds to it and the all-reduce
+    spreads it (a zero_grad of the rank's own shard alone read `worst 0.047` and no cause)."""
+    import torch
+
+    held = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    with torch.no_grad():
+        for _, p in held:
+            p.grad = torch.ones_like(p)
+    try:
+        optimizer.zero_grad()
+    except Exception:  # its own fault, said by the check already
+        return None
+    left = [n for n, p in held if p.grad is not None and bool(p.grad.any())]
+    if not left:
+        return None
+    return (f"your sharded optimizer's zero_grad() leaves the gradients of {len(left)} of "
+            f"{len(held)} parameters ({few(left, 2)}), those another rank steps, it seems: "
+            f"the next backward adds to them and the DDP's all-reduce spreads them (the "
+            f"course's test_sharded_optimizer.py trains without DDP, where it does not show)")

@@ -192,6 +192,14 @@ class ZeroGradOfItsOwn(ShardedByCount):
                 p.grad = None
 
 
+class ZeroesItsShardAlone(ShardedByCount):
+    """Wrong under DDP: zero_grad() clears its own shard's gradients alone; the others add
+    up over the steps (the course's sharded-optimizer test, without DDP, passes it)."""
+
+    def zero_grad(self, set_to_none=True):
+        self.local.zero_grad(set_to_none=set_to_none)
+
+
 class NoTorchOptimizer:
     """Right: step() and zero_grad() alone, all the course's tests ask; no torch Optimizer,
     its inner one kept in a list."""
