@@ -679,3 +679,21 @@ def test_a_point_sigterm_stopped_hides_no_measurement_of_it():
     assert latest([term]) == [term]
     broken = row("error", "RuntimeError: boom")
     assert latest([ok, broken]) == [broken]
+
+
+def test_runs_of_an_experiment_this_version_does_not_know_are_said(tmp_path):
+    """A store holding runs of an experiment kind no declaration names (a newer cs336sys's)
+    counted them in the report's header and showed them in no section, nor said why."""
+    from cs336sys.store import Store
+
+    db = tmp_path / "r.db"
+    with Store(db, EXPERIMENTS) as s:
+        inv = s.begin_invocation({"gpu": "cpu"}, ["cs336sys", "futurething"], "futurething")
+        for seq in (1, 2):
+            s.add_run(inv, "futurething", "ok", {"seq": seq}, {"x_ms": 1.0})
+        s.finish_invocation(inv, 0)
+    result = report(db, tmp_path, "--format", "md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "report.md").read_text()
+    assert "## Experiments this cs336sys does not know" in md
+    assert "has no section for (2 of `futurething`): stored by a newer version, or by hand" in md

@@ -168,6 +168,9 @@ def build(
                 else:
                     report.sections.append(build_section(experiment, rows[experiment.kind],
                                                          linked))
+        if strangers := sorted(set(found) - {e.kind for e in catalog}):  # counted above too
+            report.sections.append(Section("unknown", "Experiments this cs336sys does not know",
+                                           notes=[_strangers(conn, sel, strangers)]))
         if both and compare_ab:
             report.compared = compare_sides(both, *both.names, catalog, threshold=threshold)
             report.compare_kind, report.comparison = both.kind, report.compared.tables
@@ -188,6 +191,20 @@ def build(
         for fig, png in zip(figures, drawer.draw([f.plot for f in figures]), strict=True):
             fig.png = png
     return report
+
+
+def _strangers(conn: sqlite3.Connection, sel: Selection, kinds: list[str]) -> str:
+    """What the selection holds of experiment kinds no declaration of this version names
+    (stored by a newer cs336sys, or by hand): kept in the store, shown by no section."""
+    where, params = sel.clause()
+    counts = dict(conn.execute(
+        "SELECT r.experiment, count(*) FROM runs r LEFT JOIN invocations i ON i.id = "
+        f"r.invocation_id WHERE {where} AND r.experiment IN ({', '.join('?' * len(kinds))}) "
+        "GROUP BY r.experiment", [*params, *kinds]))
+    listed = ", ".join(f"{counts.get(k, 0)} of `{k}`" for k in kinds)
+    return (f"The selection holds runs of experiments this version of cs336sys has no section "
+            f"for ({listed}): stored by a newer version, or by hand. They are kept in the "
+            f"store; `cs336sys sql` reads them.")
 
 
 def _side_sections(experiment: Any, both: Any, linked: dict) -> list[Section]:
