@@ -212,9 +212,9 @@ def test_a_command_of_cs336sys_code_after_one_of_yours_records_no_code_of_yours(
     assert "CS336SYS_ADAPTERS" not in os.environ
 
 
-def _stored(db_path, label, experiment, impls):
+def _stored(db_path, label, experiment, impls, **settings):
     """One invocation labelled `label` that stored an ok point of each of `impls`, the
-    first at seq 128, the next at 256..."""
+    first at seq 128, the next at 256..., with `settings`."""
     from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store import Store
 
@@ -222,7 +222,7 @@ def _stored(db_path, label, experiment, impls):
         inv = store.begin_invocation({"gpu": "cpu"}, ["cs336sys", "handout", "run", label],
                                      experiment, label=label)
         for i, impl in enumerate(impls):
-            store.add_run(inv, experiment, "ok", {"impl": impl, "seq": 128 << i}, {})
+            store.add_run(inv, experiment, "ok", {"impl": impl, "seq": 128 << i, **settings}, {})
         store.finish_invocation(inv, 0)
 
 
@@ -244,19 +244,26 @@ def test_a_check_whose_triton_points_were_left_out_is_partly_checked(db_path, tm
                                                                        monkeypatch):
     """`handout run flash_forward` without Triton ran the check's yours-torch points alone
     (cli/handout._without_triton); the listing read `checked ...: 2 ok` and the writeup
-    said nothing of the kernel never checked."""
+    said nothing of the kernel never checked. Its second check, `--no-causal`, is a part
+    too: the course's PyTorch forward test runs non-causal alone."""
     monkeypatch.setenv("COLUMNS", "200")
-    _stored(db_path, "flash_forward", "attention", ["yours-torch"])
+    _stored(db_path, "flash_forward", "attention", ["yours-torch"], causal=True)
     line = _listed(db_path, "flash_forward")
     assert line.startswith("flash_forward (15 pts, §4.2.2): partly checked ") and line.endswith(
-        "(your code): 1 ok; not yet: attention (impl=yours-triton)"), line
+        "(your code): 1 ok; not yet: attention (impl=yours-triton), attention "
+        "(impl=yours-triton, causal=False)"), line
     assert invoke("handout", "report", "flash_forward", "--format", "md", "--out",
                   tmp_path / "w", "--db", db_path).exit_code == 0
-    assert ("Not yet checked: attention (impl=yours-triton) (`cs336sys handout run "
-            "flash_forward` checks what is missing)") in (tmp_path / "w" / "writeup.md").read_text()
-    _stored(db_path, "flash_forward", "attention", ["yours-triton"])
+    assert ("Not yet checked: attention (impl=yours-triton), attention (impl=yours-triton, "
+            "causal=False) (`cs336sys handout run flash_forward --yours` checks what is "
+            "missing)") in (tmp_path / "w" / "writeup.md").read_text()
+    _stored(db_path, "flash_forward", "attention", ["yours-triton"], causal=True)
     line = _listed(db_path, "flash_forward")
-    assert "partly" not in line and line.endswith("(your code): 2 ok"), line
+    assert line.endswith("(your code): 2 ok; not yet: attention (causal=False)"), line
+    _stored(db_path, "flash_forward", "attention", ["yours-torch", "yours-triton"],
+            causal=False)
+    line = _listed(db_path, "flash_forward")
+    assert "partly" not in line and line.endswith("(your code): 4 ok"), line
 
 
 def test_a_point_a_rerun_measured_counts_by_its_latest_run(db_path, tmp_path, monkeypatch):

@@ -305,6 +305,8 @@ def test_sqlites_own_names_are_refused(tmp_path, monkeypatch, name, said):
     (line,) = result.stderr.strip().splitlines()
     assert line == f"Error: {db}: SQLite reads this as {said}; a results store is a file: " \
         "give its path"
+    listed = invoke("handout", "--db", db)  # read as no store, it advised `--db :memory:`
+    assert listed.exit_code == 2 and "SQLite reads this as" in listed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
     tables = sqlite3.connect(other).execute("SELECT name FROM sqlite_master").fetchall()
     assert tables == [("users",)]

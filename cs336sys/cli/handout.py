@@ -75,13 +75,14 @@ def _statuses(db: Path, problems: list, release: str) -> tuple[list, Any]:
     one line and exit 2)."""
     from cs336sys.handout.status import statuses, unlabelled
     from cs336sys.store.db import StoreError, connect_readonly
+    from cs336sys.store.guard import check_path
 
-    if not db.exists():
-        return statuses(None, problems), unlabelled(None, problems)
-    try:
-        conn = connect_readonly(db, catalog)
+    try:  # (`:memory:`, which exists as no file, read as no store)
+        conn = connect_readonly(db, catalog) if check_path(db).exists() else None
     except StoreError as exc:
         fail(exc)
+    if conn is None:
+        return statuses(None, problems), unlabelled(None, problems)
     try:
         return statuses(conn, problems, release), unlabelled(conn, problems)
     finally:

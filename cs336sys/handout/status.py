@@ -126,6 +126,8 @@ def _options(line: str, experiment: str) -> dict[str, set[str]]:
             "attention" if word == "--attention" else _MARKS.get(word)
         if key == "compile":  # a flag
             out[key] = {"True"}
+        elif word in ("--causal", "--no-causal"):  # flags: a check of each is a part
+            out["causal"] = {str(word == "--causal")}
         elif key and i + 1 < len(words) and not words[i + 1].startswith("-"):
             # a one-off target is stored by its name: `yours=pkg.module:fn` as `yours`
             out[key] = {v.partition("=")[0] for v in words[i + 1].split(",")}

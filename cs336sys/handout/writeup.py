@@ -222,7 +222,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
             + ".")
     left = Status(problem, stored=stored).left()
     if left:
-        theirs = " --yours" if problem.kind != IMPLEMENT and any(yours(s) for _, s in stored) \
+        # an implementation's check runs under --yours alone (`handout run` refuses it else)
+        theirs = " --yours" if problem.kind == IMPLEMENT or any(yours(s) for _, s in stored) \
             else ""
         verb = {COMPUTE: ("computed", "computes"), IMPLEMENT: ("checked", "checks")}.get(
             problem.kind, ("measured", "measures"))
