@@ -218,6 +218,11 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
     conn.execute("CREATE VIEW mine AS SELECT id, status FROM runs")  # the user's own
     conn.execute('ALTER TABLE runs ADD COLUMN "my note" TEXT')
     conn.execute('CREATE INDEX runs_my_note ON runs ("my note")')
+    # a generated column with an index (the store would not open), a NOT NULL default
+    conn.execute("ALTER TABLE runs ADD COLUMN minutes REAL GENERATED ALWAYS AS "
+                 "(duration_s / 60) VIRTUAL")
+    conn.execute("CREATE INDEX runs_minutes ON runs (minutes)")
+    conn.execute("ALTER TABLE runs ADD COLUMN reviewed INTEGER NOT NULL DEFAULT 0")
     conn.execute("""UPDATE runs SET "my note" = 'reran after reboot' WHERE id = 'r1'""")
     with pytest.raises(sqlite3.IntegrityError):
         conn.execute("UPDATE runs SET status = 'wrong'")
@@ -231,10 +236,13 @@ def test_version_5_store_is_rebuilt_for_wrong_without_losing_a_row(db_path):
         assert s.query('SELECT id, "my note" AS note FROM runs ORDER BY id') == [
             {"id": "r1", "note": "reran after reboot"}, {"id": "r2", "note": None}]
         assert s.query("SELECT name FROM sqlite_master WHERE name = 'runs_my_note'")
+        assert s.query("SELECT minutes, reviewed FROM runs WHERE id = 'r1'") == [
+            {"minutes": None, "reviewed": 0}]
         assert s.query("SELECT run_id, step_ms_mean, user_commit FROM profile_runs") == [
             {"run_id": "r1", "step_ms_mean": 2.0, "user_commit": None}]
         inv = s.begin_invocation({**PROV, "user_commit": "abc", "user_dirty": 1}, [], "t")
         s.add_run(inv, "attention", "wrong", {"impl": "yours"}, {"check": "fail"})
+        assert s.query("SELECT count(*) AS n FROM runs WHERE reviewed = 0") == [{"n": 3}]
         assert s.query('SELECT status, "check", user_commit, user_dirty FROM attention_runs') == [
             {"status": "wrong", "check": "fail", "user_commit": "abc", "user_dirty": 1}]
         with pytest.raises(sqlite3.IntegrityError):  # the foreign key is still enforced

@@ -9,15 +9,17 @@ Views are derived, not migrated: see views.py.
 from __future__ import annotations
 
 import functools
+import re
 import sqlite3
 from typing import Any
 
 from cs336sys.store.transaction import immediate
 from cs336sys.sweep.points import point_key
 
-_RUNS_COLUMNS = ("id, invocation_id, experiment, status, error, settings, metrics, samples, "
-                 "started, created, duration_s, point_key")
 _RUNS_INDEXES = ("runs_point_key", "runs_experiment_created", "runs_invocation")
+# runs.status's CHECK as v1 made it, and as v6 widens it
+_STATUSES_V1 = "CHECK (status IN ('ok', 'oom', 'error', 'skipped'))"
+_STATUSES_V6 = "CHECK (status IN ('ok', 'wrong', 'oom', 'error', 'skipped'))"
 
 
 def _quoted(name: str) -> str:
@@ -31,33 +33,27 @@ def _wrong_and_user_code(conn: sqlite3.Connection) -> None:
     constraint, so `runs` is rebuilt (same columns, same rows); `legacy_alter_table` keeps
     the rename from rewriting or re-checking the views and kernel_stats' reference, which
     name `runs` again once it is done. The views are re-created (meta 'views' forgotten).
-    Columns, indexes and triggers someone added to `runs` are kept: the copy of the 12
-    columns alone dropped a column of notes with the table."""
-    ours = {c.strip() for c in _RUNS_COLUMNS.split(",")}
-    added = [(name, kind) for _, name, kind, *_ in conn.execute("PRAGMA table_info(runs)")
-             if name not in ours]
+    The table is rebuilt from its own CREATE statement, the status CHECK widened, so that
+    columns someone added keep their definitions (NOT NULL, a default, a generated
+    column), and their indexes and triggers are made again: a copy of the 12 columns
+    alone dropped a column of notes, and an index on a generated column then named a
+    column the table no longer had."""
+    (table,) = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'runs'").fetchone()
+    widened = re.sub(r"^\s*CREATE\s+TABLE\s+(\"runs\"|runs)\b", "CREATE TABLE runs_v6",
+                     table.replace(_STATUSES_V1, _STATUSES_V6), count=1, flags=re.I)
+    if _STATUSES_V6 not in widened or "runs_v6" not in widened:
+        raise sqlite3.DatabaseError("runs is not the table cs336sys made: its CREATE "
+                                    "statement lacks the status check or its name")
+    # stored columns only: a generated one (hidden 2 or 3) is computed again, not copied
+    columns = ", ".join(_quoted(name) for _, name, *_, hidden in
+                        conn.execute("PRAGMA table_xinfo(runs)") if hidden == 0)
     theirs = [sql for (sql,) in conn.execute(
         "SELECT sql FROM sqlite_master WHERE tbl_name = 'runs' AND type IN ('index', 'trigger') "
         "AND sql IS NOT NULL AND name NOT IN (?, ?, ?)", _RUNS_INDEXES)]
-    columns = ", ".join([_RUNS_COLUMNS, *(_quoted(name) for name, _ in added)])
     conn.execute("PRAGMA legacy_alter_table = ON")
     try:
-        conn.execute(
-            """
-            CREATE TABLE runs_v6 (
-                id TEXT PRIMARY KEY,
-                invocation_id TEXT REFERENCES invocations(id),
-                experiment TEXT NOT NULL,
-                status TEXT NOT NULL CHECK (status IN ('ok', 'wrong', 'oom', 'error', 'skipped')),
-                error TEXT,
-                settings TEXT NOT NULL,
-                metrics TEXT NOT NULL,
-                samples TEXT,
-                started TEXT,
-                created TEXT,
-                duration_s REAL,
-                point_key TEXT"""
-            + "".join(f", {_quoted(name)} {kind}" for name, kind in added) + ")")
+        conn.execute(widened)
         conn.execute(f"INSERT INTO runs_v6 ({columns}) SELECT {columns} FROM runs")
         conn.execute("DROP TABLE runs")
         conn.execute("ALTER TABLE runs_v6 RENAME TO runs")
