@@ -144,17 +144,18 @@ TABLE = Table(
                                        ("impl", "sdpa_backend", "triton_opt_in"),
                                        samples="e2e_ms"),
                note="vs naive: naive's median time over this one's at the same shape, with "
-               "the interval and verdict of end-to-end samples where each side has 5 or "
-               "more."),
+               "the 95 % bootstrap interval of the end-to-end samples where each side has 5 "
+               "or more, widened to the rounds' t interval where the points interleaved in "
+               "rounds, and its verdict."),
         Column("vs default", cell=_opt_in, optional=True,
                ratio=Ratio(partial(_main_ms, stat="median"),
                            {"impl": "triton", "triton_opt_in": "default"},
                            ("triton_opt_in",), samples="e2e_ms"),
                note="vs default: the default Triton kernels' median time over this opt-in's at "
                "the same shape, in the same run (2.00x = twice as fast), with the 95 % "
-               "bootstrap interval of that ratio from both points' end-to-end samples: faster "
-               "or slower only when the interval excludes 1, else no difference; too few "
-               "samples to tell under 5 a side."),
+               "bootstrap interval of that ratio from both points' end-to-end samples, "
+               "widened to the rounds' t interval: faster or slower only when the interval "
+               "excludes 1, else no difference; too few samples to tell under 5 a side."),
         HOST_BOUND,
     ),
     note="TFLOP/s from the median time. max err: largest error of O (and dQ, dK, dV) against "

@@ -30,8 +30,9 @@ from cs336sys.report.sections import (
 from cs336sys.sweep.declaration import model_size
 
 SPEEDUP_NOTE = ("Medians of the timed steps. The ratio (above 1: the second faster) comes with "
-                "its 95 % bootstrap interval from the raw samples; too few samples to tell "
-                "under 5 a side (4 against 4 read 8 % of equal pairs as a change).")
+                "its 95 % bootstrap interval from the raw samples, widened to the rounds' t "
+                "interval with --rounds; too few samples to tell under 5 a side (4 against "
+                "4 read 8 % of equal pairs as a change).")
 WARMUP_LINES = 8  # lines on the warm-up plot; more are unreadable (the table has them all)
 WARMUP_LOG = 10  # a first step this many times the fastest: the warm-up plot's y axis is log
 SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")

@@ -143,8 +143,9 @@ TABLE = Table(
             ),
             note="vs none: the median step time with no switch over this one's, at the same "
             "settings (2.00x = twice as fast), with the 95 % bootstrap interval of that ratio "
-            "from both points' samples: faster or slower only when the interval excludes 1, "
-            "else no difference; too few samples to tell under 5 a side.",
+            "from both points' samples, widened to the rounds' t interval: faster or slower "
+            "only when the interval excludes 1, else no difference; too few samples to tell "
+            "under 5 a side.",
             notes_if=(("IMPOSSIBLE", "IMPOSSIBLE: fused-adamw saved more than the optimizer "
                        "step takes (noise or drift, not the switch)."),),
         ),

@@ -109,8 +109,10 @@ def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = C
 
 
 # Student's t, 97.5th percentile, by degrees of freedom 1, 2, ...: the rounds' interval
-# (past the table, which covers the rounds a command takes, the normal's 1.96 is near).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+# (past the table, 1.96 + 2.4 / df, within 0.3 % of t from df 30).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201,
+         2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069,
+         2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def rounds_interval(a: Sequence[float], b: Sequence[float]) -> Interval | None:
@@ -122,7 +124,8 @@ def rounds_interval(a: Sequence[float], b: Sequence[float]) -> Interval | None:
         return None
     logs = [math.log(y / x) for x, y in zip(a, b, strict=True)]
     mean = statistics.fmean(logs)
-    t = _T975[len(logs) - 2] if len(logs) - 2 < len(_T975) else 1.96
+    df = len(logs) - 1
+    t = _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
     half = t * statistics.stdev(logs) / math.sqrt(len(logs))
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half))
 
