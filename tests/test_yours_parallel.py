@@ -444,3 +444,41 @@ def test_a_bucketed_ddp_is_checked_at_the_courses_bucket_sizes(monkeypatch):
         "wrong: as the course's test_ddp.py runs it with buckets of 0.0001 MB, on a model with")
     sizes.clear()
     assert check.checked("yours-individual", None, 0, 2, "cpu").passed and set(sizes) == {None}
+
+
+def test_a_gather_is_blamed_only_for_what_it_changed(monkeypatch):
+    """fsdp_course_check.gather_changes compared with torch.equal, for which NaN is not NaN:
+    a model whose training went NaN read `fsdp_gather_full_params() changed the model ...
+    changed its values`, a false cause beside the true one."""
+    import torch
+
+    from cs336sys.experiments import fsdp_course_check
+
+    monkeypatch.setattr(fsdp_course_check, "gather", lambda value: [value])  # one rank
+    model = torch.nn.Linear(2, 2)
+    model.weight.data[0, 0] = float("nan")
+    assert fsdp_course_check.gather_changes(model, lambda: {}) is None
+
+    def keeps_full():
+        model.weight.data = torch.zeros(4, 2)
+        return {}
+
+    said = fsdp_course_check.gather_changes(model, keeps_full)
+    assert said == ("fsdp_gather_full_params() changed the model on rank 0 (weight went from "
+                    "[2, 2] float32 to [4, 2] float32), where the course's test_fsdp.py gathers "
+                    "after every step and trains on")
+
+
+def test_a_padded_last_chunk_is_compared_without_its_padding():
+    """A weight of 5 rows split over 2 ranks pads the last chunk to 3 rows; rank 0 holding
+    that chunk (shards reversed) was never compared, so a summed gradient there passed."""
+    import torch
+
+    from cs336sys.experiments.training_check import _as_laid_out
+
+    ref = torch.arange(1.0, 11.0).reshape(5, 2)  # the mean gradient
+    summed = torch.cat([2 * ref[3:].reshape(-1), torch.zeros(2)])  # rows 3-4 and padding
+    mean, against_sum, _, _ = _as_laid_out(summed, ref, None, 2, 1e-3)
+    assert against_sum == 0.0 and mean > 0.1
+    padded_wrong = torch.cat([ref[3:].reshape(-1), torch.ones(2)])  # padding not empty
+    assert _as_laid_out(padded_wrong, ref, None, 2, 1e-3) is None

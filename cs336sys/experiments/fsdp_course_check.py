@@ -216,7 +216,7 @@ def gather_changes(module: Any, gather_full: Any) -> str | None:
             elif (tuple(now.shape), now.dtype) != was[:2]:
                 said = f"{name} went from {list(was[0])} {_dtype(was[2])} to " \
                        f"{list(now.shape)} {_dtype(now)}"
-            elif not torch.equal(now.detach(), was[2]):
+            elif not torch.allclose(now.detach(), was[2], rtol=0, atol=0, equal_nan=True):
                 said = f"{name} changed its values"
             if said:
                 break

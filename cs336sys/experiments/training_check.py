@@ -166,11 +166,14 @@ def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float
     whole = got.numel() == ref.numel()
     for layout in [lambda t: t.reshape(-1)] if whole else _layouts(got.numel(), ref, world):
         part = layout(ref)
-        if part.numel() != got.numel():  # a padded shard longer than this layout's part
+        # the last chunk of a padded split is shorter than the shard: its padding holds no
+        # gradient (a shard whose tail is not zero is not this layout)
+        if part.numel() > got.numel() or bool(got[part.numel():].any()):
             continue
-        found = (_relative(got, part), _relative(got, world * part),
-                 _relative(got, layout(local)) if local is not None else float("inf"),
-                 _relative(got, part / world))
+        mine = got[:part.numel()]
+        found = (_relative(mine, part), _relative(mine, world * part),
+                 _relative(mine, layout(local)) if local is not None else float("inf"),
+                 _relative(mine, part / world))
         if whole or any(x <= tol for x in found):
             return found
     return None
