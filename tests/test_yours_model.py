@@ -421,7 +421,7 @@ def test_a_later_round_times_your_model_unchecked_but_not_its_nan(tmp_path, monk
     (spec,) = model.specs(model="my_models.lm:NanLater", size=["tiny"], d_model=64, d_ff=128,
                           num_layers=1, num_heads=4, vocab_size=256, seq=[16], batch=[2],
                           warmup=1, iters=4, rounds=2, device="cpu")
-    first, later = model.split(spec)
+    first, later = model.EXPERIMENT.split(spec)
     assert (first.check_round, later.check_round, later.iters) == (True, False, 2)
     result = model.run(later)
     assert result.status == "wrong" and result.metrics["check"] == "fail"

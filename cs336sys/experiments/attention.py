@@ -40,7 +40,7 @@ from cs336sys.sweep.declaration import (
 )
 from cs336sys.sweep.points import NOT_A_SETTING, SpecError, settings_of
 from cs336sys.sweep.result import Result, hint
-from cs336sys.sweep.rounds import ROUNDS_DONE
+from cs336sys.sweep.rounds import ROUNDS_DONE, checked_first
 from cs336sys.yours.implementations import named_impls, sources, uses_triton
 
 DTYPES = tuple(PRECISIONS)
@@ -482,7 +482,7 @@ EXPERIMENT = Experiment(
         *preflight.METRICS,
     ),
     estimate=preflight.attention_estimate,
-    split=attention_rounds.split,
+    split=checked_first,
     merge=attention_rounds.merge,
     tables=(TABLE,),
     compare="e2e_ms",

@@ -1,12 +1,11 @@
 """Attention points in interleaved rounds (sweep/runner.in_rounds, docs/methodology.md): the
 implementations of one command at one shape run round 1 each, then round 2 each, so that a
-GPU's drift falls on all of them alike. How one round's spec is cut from the point's, how
-the rounds' Results become the point's, and the figures both compute from timed samples.
+GPU's drift falls on all of them alike. How the rounds' Results become the point's (a
+round's spec: sweep/rounds.checked_first), and the figures both compute from timed samples.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from cs336sys.measure.stats import STATS, summarize
@@ -35,13 +34,6 @@ def timed_metrics(samples: dict[str, list[float]], host: dict[str, list[float]],
     main = next((p for p in ("e2e", "fwd", "bwd") if host.get(f"{p}_host_ms")), None)
     out["host_us"] = 1e3 * sum(host[f"{main}_host_ms"]) / len(host[f"{main}_host_ms"]) if main else None
     return out
-
-
-def split(spec: Any) -> list[Any]:
-    """The spec of each round (sweep/rounds.share). The first round checks the
-    implementation against float64; later rounds time it only."""
-    first = rounds.share(spec)
-    return [first, *[dataclasses.replace(first, check_round=False)] * (spec.rounds - 1)]
 
 
 def merge(spec: Any, results: list[Result]) -> Result:

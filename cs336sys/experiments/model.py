@@ -305,13 +305,6 @@ def run(spec: ModelSpec) -> Result:
                   samples={**timed, "loss": losses, "warmup": warm})
 
 
-def split(spec: ModelSpec) -> list[ModelSpec]:
-    """The spec of each round (sweep/rounds.share): each builds the model, runs its warm-up
-    steps and times its share of `iters`; the first also checks the user's code."""
-    first = in_rounds.share(spec)
-    return [first, *[dataclasses.replace(first, check_round=False)] * (spec.rounds - 1)]
-
-
 def merge(spec: ModelSpec, results: list[Result]) -> Result:
     """One point from its rounds (training_step.merged_rounds): the rates from the merged
     mean, as the table's; the first round's warm-up samples and check, a failed check where
@@ -381,7 +374,7 @@ EXPERIMENT = Experiment(
     tables=(TABLE,),
     compare="step_ms",
     settings=settings_keys(ModelSpec),
-    split=split, merge=merge,
+    split=in_rounds.checked_first, merge=merge,  # each round builds and warms up its model
     section=model_section.section,
     draws=True,
     command=model_command.COMMAND,

@@ -21,6 +21,13 @@ def share(spec: Any) -> Any:
     return dataclasses.replace(spec, **shares)
 
 
+def checked_first(spec: Any) -> list[Any]:
+    """The spec of each of a point's rounds (`share`): the first checks the user's code (or
+    the implementation against float64), the later ones only time it (`check_round`)."""
+    first = share(spec)
+    return [first, *[dataclasses.replace(first, check_round=False)] * (spec.rounds - 1)]
+
+
 def joined(results: list[Result]) -> dict[str, list]:
     """Every list of samples the rounds kept, each round's in the order taken, by key."""
     keys = dict.fromkeys(k for r in results for k, v in r.samples.items() if isinstance(v, list))
