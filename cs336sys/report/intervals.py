@@ -5,7 +5,6 @@ the points' timed steps interleaved, both native or both in Triton's interpreter
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from cs336sys.report.sections import (
     median_or_mean,
     num,
     ratio_side,
+    samples_of,
     skey,
     timed_samples,
 )
@@ -102,13 +102,7 @@ def _round_medians(row: Row, name: str) -> list[float]:
     """Each round's median of the samples `name`, in the order the rounds ran: attention
     keeps them by name, a training step (model, step) those of `step_ms`; [] for rows
     stored without them."""
-    samples = row.get("_samples")
-    if isinstance(samples, (str, bytes)):
-        try:
-            samples = json.loads(samples)
-        except ValueError:
-            return []
-    kept = samples.get("round_medians") if isinstance(samples, dict) else None
+    kept = samples_of(row.get("_samples")).get("round_medians")
     if isinstance(kept, dict):
         kept = kept.get(name)
     elif name != "step_ms":

@@ -232,16 +232,20 @@ def point_labels(heads: list[Row]) -> list[str]:
             for r in heads]
 
 
-def timed_samples(samples: Any, name: str) -> list[float]:
-    """The timed samples of the metric `name` in a run's samples JSON (report/compare.py's
-    docstring for the layouts); [] when there are none."""
+def samples_of(samples: Any) -> dict[str, Any]:
+    """A run's samples, from their JSON where a row keeps it so; {} for none or bad JSON."""
     if isinstance(samples, (str, bytes)):
         try:
             samples = json.loads(samples)
         except ValueError:
-            return []
-    if not isinstance(samples, dict):
-        return []
+            return {}
+    return samples if isinstance(samples, dict) else {}
+
+
+def timed_samples(samples: Any, name: str) -> list[float]:
+    """The timed samples of the metric `name` in a run's samples JSON (report/compare.py's
+    docstring for the layouts); [] when there are none."""
+    samples = samples_of(samples)
     if _numbers(samples.get(name)):
         return [float(v) for v in samples[name]]
     ranks = samples.get("ranks")
