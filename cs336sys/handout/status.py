@@ -31,8 +31,12 @@ class Status:
     theirs: Counter = field(default_factory=Counter)  # of `statuses`, the user's code's
     last: str | None = None  # UTC, as the store writes it
     gpus: list[str] = field(default_factory=list)
-    yours: bool = False
     stored: list[tuple[str, dict]] = field(default_factory=list)  # (experiment, settings)
+
+    @property
+    def yours(self) -> bool:
+        """Whether any of its points measured the user's code."""
+        return bool(self.theirs)
 
     @property
     def done(self) -> bool:
@@ -188,7 +192,6 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
         s.last = created
         if gpu and gpu not in s.gpus:
             s.gpus.append(gpu)
-        s.yours = s.yours or theirs
     return list(out.values())
 
 
