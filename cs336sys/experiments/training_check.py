@@ -21,7 +21,7 @@ never left their initial values (a shard whose optimizer never stepped).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cs336sys.experiments.training_step import adamw_kwargs, cross_entropy, make_model
 from cs336sys.measure.check import Verdict
@@ -157,8 +157,17 @@ def _layouts(n: int, ref: Any, world: int) -> list[Any]:
     return out
 
 
-def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float
-                 ) -> tuple[float, float, float, float] | None:
+class Against(NamedTuple):
+    """How far a gradient is (relative error) from each thing it may be: the mean over the
+    global batch, world x the mean, rank 0's own slice, the mean / world (divided twice)."""
+
+    mean: float
+    summed: float
+    own: float
+    twice: float
+
+
+def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float) -> Against | None:
     """Rank 0's flattened tensor `got` against the mean `ref`, world x the mean, rank 0's
     own slice `local` and the mean / world (divided twice): the whole tensors, or for a
     shard under the first layout (`_layouts`) where it matches one of them within `tol`;
@@ -171,9 +180,9 @@ def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float
         if part.numel() > got.numel() or bool(got[part.numel():].any()):
             continue
         mine = got[:part.numel()]
-        found = (_relative(mine, part), _relative(mine, world * part),
-                 _relative(mine, layout(local)) if local is not None else float("inf"),
-                 _relative(mine, part / world))
+        found = Against(_relative(mine, part), _relative(mine, world * part),
+                        _relative(mine, layout(local)) if local is not None else float("inf"),
+                        _relative(mine, part / world))
         if whole or any(x <= tol for x in found):
             return found
     return None
@@ -189,7 +198,7 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
     matches none of them under any of those layouts is laid out some other way and is left
     to the parameters' comparison."""
     world = reference.world_size
-    off: list[tuple] = []  # name, against the mean, the sum, the own slice, the mean / world
+    off: dict[str, Against] = {}  # the tensors that are not the mean
     compared = 0
     for name, ref in reference.grads.items():
         got = grads.get(name)
@@ -200,23 +209,24 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> s
         if found is None:
             continue  # another layout
         compared += 1
-        if not found[0] <= tol:  # NaN too
-            off.append((name, *found))
+        if not found.mean <= tol:  # NaN too
+            off[name] = found
     if not off:
         return None
     count = f"{len(off)} of {compared} gradient tensors"
-    if all(o[2] <= tol for o in off):
+    if all(o.summed <= tol for o in off.values()):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match "
                 f"world_size ({world}) x the reference: summed, not averaged (AdamW hides it "
                 f"in the parameters, SGD would not)")
-    if all(o[4] <= tol for o in off):
+    if all(o.twice <= tol for o in off.values()):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match the "
                 f"reference / world_size ({world}): divided by the world size twice (AdamW "
                 f"hides it in the parameters, SGD would not)")
-    if all(o[3] <= tol for o in off):
+    if all(o.own <= tol for o in off.values()):
         return (f"{count} rank 0 holds after finish_gradient_synchronization() match rank 0's "
-                f"own slice of the batch: never all-reduced ({few([n for n, *_ in off])})")
-    name, mean = max(off, key=lambda o: o[1] if o[1] == o[1] else float("inf"))[:2]
+                f"own slice of the batch: never all-reduced ({few(list(off))})")
+    name = max(off, key=lambda n: off[n].mean if off[n].mean == off[n].mean else float("inf"))
+    mean = off[name].mean
     return (f"{count} rank 0 holds after finish_gradient_synchronization() differ from the "
             f"mean over the global batch (worst {name}: relative error {mean:.2g}, allowed "
             f"{tol:g}); they match neither the sum, the mean / world_size nor rank 0's own "
