@@ -375,8 +375,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
                 raise
             raise RuntimeError(f"{changed}; the next step failed: {type(exc).__name__}: "
                                f"{first_line(exc)}") from exc
-    host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},  # this rank's,
-                                ("fwd", "bwd", "comm", "opt"), ctx.device)  # comm as timed
+    # this rank's host time per phase (measure/timing.py), before comm is replaced below
+    host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},
+                                ("fwd", "bwd", "comm", "opt"), ctx.device)
 
     if spec.impl == "fsdp":
         times["comm"] = in_flight

@@ -360,7 +360,6 @@ def throughput(model: Any, config: Any, batch: int, seq: int, mode: str,
     the GPU's peak is known) of a step of `mode` that took `step_ms`. The FLOPs are the
     formula's (models/flops.py), for the user's model too when it is the same architecture;
     where its counted matmuls differ from the formula, the count (flops_basis says which)."""
-
     tokens = batch * seq
     flops = step_flops(config, batch, seq, mode)
     basis = "formula"

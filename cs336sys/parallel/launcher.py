@@ -11,8 +11,9 @@ runs the function in this very process: the same command works on a laptop and a
 Failure is loud and fast: the first rank that raises ends the run with a WorkerError that
 carries that rank's traceback; the other ranks, probably blocked in a collective, are killed
 rather than left to time out, and every worker is reaped, also on Ctrl-C. A rank that dies
-without reporting (an abort) is reported with its last words on stderr (rank_stderr.py). The process-group
-timeout is the backstop where nothing can kill the peers (ranks on other nodes).
+without reporting (an abort) is reported with its last words on stderr (rank_stderr.py).
+The process-group timeout is the backstop where nothing can kill the peers (ranks on other
+nodes).
 
 Rank 0 streams results to the caller with `ctx.emit(obj)` while the run goes on, so rows can
 be stored as each point finishes (docs/architecture.md); `on_emit` receives them in the parent.

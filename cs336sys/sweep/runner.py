@@ -252,10 +252,10 @@ def in_rounds(experiment: Experiment, specs: list, skip: Skip, emit: Emit) -> No
     """Round 1 of every point, then round 2 of every point in reverse order, ...: each round
     runs the spec `experiment.split` gives for it, and once a point's last round has run
     its Results are merged (`experiment.merge`) and emitted. A round that is not ok (oom,
-    error) is the point's result and ends its rounds. Stopped by a signal (Ctrl-C too), the points with
-    rounds done are merged and emitted from what they have, those short of their rounds as
-    errors that keep their samples (`short_of_rounds`: --resume measures them again); under
-    SIGTERM an interrupted point with no round done is stored as an error."""
+    error) is the point's result and ends its rounds. Stopped by a signal (Ctrl-C too), the
+    points with rounds done are merged and emitted from what they have, those short of their
+    rounds as errors that keep their samples (`short_of_rounds`: --resume measures them
+    again); under SIGTERM an interrupted point with no round done is stored as an error."""
     plan = [experiment.split(s) for s in specs]
     done: dict[int, list[Result]] = {}
     ended: set[int] = set()
