@@ -478,7 +478,7 @@ def test_a_padded_last_chunk_is_compared_without_its_padding():
 
     ref = torch.arange(1.0, 11.0).reshape(5, 2)  # the mean gradient
     summed = torch.cat([2 * ref[3:].reshape(-1), torch.zeros(2)])  # rows 3-4 and padding
-    mean, against_sum, _, _ = _as_laid_out(summed, ref, None, 2, 1e-3)
-    assert against_sum == 0.0 and mean > 0.1
+    found = _as_laid_out(summed, ref, None, 2, 1e-3)
+    assert found.summed == 0.0 and found.mean > 0.1
     padded_wrong = torch.cat([ref[3:].reshape(-1), torch.ones(2)])  # padding not empty
     assert _as_laid_out(padded_wrong, ref, None, 2, 1e-3) is None

@@ -317,9 +317,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         )
         losses = []
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
-        # rank 0's gradients after the first step's synchronization, for the check
-        first_grads: dict[str, Any] = {}
-        copy_grads = first_step_grads(setup.module, first_grads) if reference is not None else None
+        # rank 0's gradients after the first step's synchronization, and their parameters
+        first: tuple[dict, dict] = ({}, {})
+        copy_grads = first_step_grads(setup.module, *first) if reference is not None else None
         # every rank's, for what the course's FSDP test asserts besides training
         record = (fsdp_course_check.Record(setup.module)
                   if user and ddp_setup.fully_sharded(spec.impl) else None)
@@ -393,7 +393,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         if reference is not None:
             tests = ddp_yours.course_tests(spec.impl, spec.shard_optimizer)
             checked = both(both(both(checked, training_check(
-                full, reference, spec.precision, first_grads, spread=diff, tests=tests)),
+                full, reference, spec.precision, *first, spread=diff, tests=tests)),
                 course), toy)
             checked = ddp_yours.with_causes(checked, changed, spec.shard_optimizer, setup)
         del full

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from cs336sys.experiments.shard_locate import WholeModel
 from cs336sys.experiments.training_step import adamw_kwargs, cross_entropy, make_model
 from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import autocast_dtype
@@ -90,14 +91,19 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     return TrainingReference(initial, final, grads, local_grads, world_size)
 
 
-def first_step_grads(module: Any, into: dict) -> Any:
+def first_step_grads(module: Any, into: dict, values: dict | None = None) -> Any:
     """A hook that copies the gradients `module` holds on this rank, by its parameter names,
-    into `into` (to the CPU, once: the first step's)."""
+    into `into` (to the CPU, once: the first step's), and those parameters' values, before
+    the step, into `values` (what places a shard in the model: shard_locate.py)."""
 
     def keep() -> None:
         if not into:
+            held = {name: p for name, p in every_name(module).items() if p.grad is not None}
             into.update({name: p.grad.detach().float().cpu().clone()
-                         for name, p in every_name(module).items() if p.grad is not None})
+                         for name, p in held.items()})
+            if values is not None:
+                values.update({name: p.detach().float().cpu().clone()
+                               for name, p in held.items()})
 
     return keep
 
@@ -113,16 +119,22 @@ def every_name(module: Any) -> dict:
         return dict(module.named_parameters())
 
 
+def _reference_name(name: str, reference: dict) -> str | None:
+    """The longest dotted suffix of a wrapper's `name` (`module.layers.0...`) that the
+    reference has, or None."""
+    parts = name.split(".")
+    return next((".".join(parts[i:]) for i in range(len(parts))
+                 if ".".join(parts[i:]) in reference), None)
+
+
 def by_reference_names(named: dict, reference: dict) -> dict:
-    """`named` ({name: tensor} of a wrapper: `module.layers.0...`) keyed by the reference's
-    names: the shortest dotted suffix of each name that the reference has."""
+    """`named` ({name: tensor} of a wrapper) keyed by the reference's names
+    (`_reference_name`); a tensor under no such name is left out."""
     out = {}
     for name, tensor in named.items():
-        parts = name.split(".")
-        for i in range(len(parts)):
-            if ".".join(parts[i:]) in reference:
-                out.setdefault(".".join(parts[i:]), tensor)
-                break
+        key = _reference_name(name, reference)
+        if key is not None:
+            out.setdefault(key, tensor)
     return out
 
 
@@ -159,19 +171,28 @@ def _layouts(n: int, ref: Any, world: int) -> list[Any]:
 
 class Against(NamedTuple):
     """How far a gradient is (relative error) from each thing it may be: the mean over the
-    global batch, world x the mean, rank 0's own slice, the mean / world (divided twice)."""
+    global batch, world x the mean, rank 0's own slice, the mean / world (divided twice),
+    and the mean of another part of the same weight than the shard holds (another rank's)."""
 
     mean: float
     summed: float
     own: float
     twice: float
+    elsewhere: float = float("inf")
+
+
+def _against(mine: Any, part: Any, local: Any, world: int) -> Against:
+    return Against(_relative(mine, part), _relative(mine, world * part),
+                   _relative(mine, local) if local is not None else float("inf"),
+                   _relative(mine, part / world))
 
 
 def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float) -> Against | None:
     """Rank 0's flattened tensor `got` against the mean `ref`, world x the mean, rank 0's
     own slice `local` and the mean / world (divided twice): the whole tensors, or for a
     shard under the first layout (`_layouts`) where it matches one of them within `tol`;
-    None where it matches none."""
+    None where it matches none. For a shard whose place in the model its values could not
+    tell (`_as_located`)."""
     whole = got.numel() == ref.numel()
     for layout in [lambda t: t.reshape(-1)] if whole else _layouts(got.numel(), ref, world):
         part = layout(ref)
@@ -179,58 +200,100 @@ def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float) -> Agai
         # gradient (a shard whose tail is not zero is not this layout)
         if part.numel() > got.numel() or bool(got[part.numel():].any()):
             continue
-        mine = got[:part.numel()]
-        found = Against(_relative(mine, part), _relative(mine, world * part),
-                        _relative(mine, layout(local)) if local is not None else float("inf"),
-                        _relative(mine, part / world))
+        found = _against(got[:part.numel()], part,
+                         layout(local) if local is not None else None, world)
         if whole or any(x <= tol for x in found):
             return found
     return None
 
 
-def gradient_problem(grads: dict, reference: TrainingReference, tol: float) -> str | None:
-    """What rank 0's first-step gradients (by the reference's names) do wrong, in words, or
-    None when every tensor it holds is the mean over the global batch within `tol`.
+class _Located:
+    """The reference's model flattened (shard_locate.WholeModel) with its gradients, built
+    once the first tensor that no name and shape place is met."""
 
-    An FSDP's shard is compared as rank 0's part of the whole under the layout (`_layouts`)
-    where it matches the mean, the sum or rank 0's own slice: AdamW moves the parameters of a
-    summed gradient as it moves those of the mean, so only the gradient shows it. A shard that
-    matches none of them under any of those layouts is laid out some other way and is left
-    to the parameters' comparison."""
+    def __init__(self, reference: TrainingReference) -> None:
+        self.model = WholeModel(reference.initial)
+        self.mean = self.model.flatten(reference.grads)
+        self.local = self.model.flatten(reference.local_grads)
+
+    def against(self, raw: str, got: Any, value: Any, world: int, tol: float
+                ) -> tuple[str, Against] | None:
+        """Rank 0's flattened gradient `got` (named `raw` by the wrapper) against the
+        reference's at the places the parameter's values `value` were found, with the name
+        of the weight they fall in (or `raw` and how many), or None where they were not."""
+        located = self.model.locate(value)
+        if located is None:
+            return None
+        mine, where = got[located.at], located.where
+        found = _against(mine, self.mean[where], self.local[where], world)
+        names = self.model.names_at(where)
+        if not found.mean <= tol and len(names) == 1:  # another rank's part of one weight?
+            n = got.numel()
+            shifts = {k * s for k in range(1, world) for s in (n, 1)}
+            found = found._replace(elsewhere=min(
+                _relative(mine, self.mean[self.model.shifted(where, names[0], by)])
+                for by in shifts))
+        return (names[0] if len(names) == 1 else f"{raw} (parts of {len(names)} weights)"), found
+
+
+def gradient_problem(grads: dict, reference: TrainingReference, tol: float,
+                     values: dict | None = None) -> str | None:
+    """What rank 0's first-step gradients do wrong, in words, or None when every tensor it
+    holds is the mean over the global batch within `tol`.
+
+    `grads` is keyed by the wrapper's names (or the model's). A tensor whose name ends in a
+    model's name and has its shape is compared whole. Any other (an FSDP's shard, or a flat
+    buffer under a name of its own) is placed by its parameter's values before the first
+    step (`values`, by the same names; shard_locate.py) and compared there; failing that,
+    by name under the layouts of `_layouts`. AdamW moves the parameters of a summed
+    gradient as it moves those of the mean, so only the gradient shows it. A shard placed
+    neither way is left to the parameters' comparison."""
     world = reference.world_size
     off: dict[str, Against] = {}  # the tensors that are not the mean
-    compared = 0
-    for name, ref in reference.grads.items():
-        got = grads.get(name)
-        if got is None or _part(got, ref) is None:
+    compared: set[str] = set()
+    located: _Located | None = None
+    for raw, got in sorted(grads.items(), key=lambda kv: _reference_name(kv[0],
+                                                                         reference.grads) is None):
+        name = _reference_name(raw, reference.grads)
+        ref = reference.grads.get(name) if name is not None else None
+        flat = got.detach().float().cpu().reshape(-1)
+        value = (values or {}).get(raw)
+        found = None
+        if ref is not None and tuple(got.shape) == tuple(ref.shape):
+            found = _as_laid_out(flat, ref, reference.local_grads.get(name), world, tol)
+        elif value is not None and value.numel() == got.numel() and reference.initial:
+            located = located or _Located(reference)
+            placed = located.against(raw, flat, value, world, tol)
+            if placed is not None:
+                name, found = placed
+        if found is None and ref is not None and _part(got, ref) is not None:
+            found = _as_laid_out(flat, ref, reference.local_grads.get(name), world, tol)
+        if found is None or name in compared:  # another layout, or a second handle on it
             continue
-        found = _as_laid_out(got.detach().float().cpu().reshape(-1), ref,
-                             reference.local_grads.get(name), world, tol)
-        if found is None:
-            continue  # another layout
-        compared += 1
+        compared.add(name)
         if not found.mean <= tol:  # NaN too
             off[name] = found
     if not off:
         return None
-    count = f"{len(off)} of {compared} gradient tensors"
+    count = f"{len(off)} of {len(compared)} gradient tensors"
+    held = f"{count} rank 0 holds after finish_gradient_synchronization()"
     if all(o.summed <= tol for o in off.values()):
-        return (f"{count} rank 0 holds after finish_gradient_synchronization() match "
-                f"world_size ({world}) x the reference: summed, not averaged (AdamW hides it "
-                f"in the parameters, SGD would not)")
+        return (f"{held} match world_size ({world}) x the reference: summed, not averaged "
+                f"(AdamW hides it in the parameters, SGD would not)")
     if all(o.twice <= tol for o in off.values()):
-        return (f"{count} rank 0 holds after finish_gradient_synchronization() match the "
-                f"reference / world_size ({world}): divided by the world size twice (AdamW "
-                f"hides it in the parameters, SGD would not)")
+        return (f"{held} match the reference / world_size ({world}): divided by the world "
+                f"size twice (AdamW hides it in the parameters, SGD would not)")
     if all(o.own <= tol for o in off.values()):
-        return (f"{count} rank 0 holds after finish_gradient_synchronization() match rank 0's "
-                f"own slice of the batch: never all-reduced ({few(list(off))})")
+        return f"{held} match rank 0's own slice of the batch: never all-reduced ({few(list(off))})"
+    if all(o.elsewhere <= tol for o in off.values()):
+        return (f"{held} are the mean gradient of another part of their weight than the one "
+                f"rank 0's shard holds ({few(list(off))}): each rank kept the reduced "
+                f"gradient of another rank's shard")
     name = max(off, key=lambda n: off[n].mean if off[n].mean == off[n].mean else float("inf"))
     mean = off[name].mean
-    return (f"{count} rank 0 holds after finish_gradient_synchronization() differ from the "
-            f"mean over the global batch (worst {name}: relative error {mean:.2g}, allowed "
-            f"{tol:g}); they match neither the sum, the mean / world_size nor rank 0's own "
-            f"slice")
+    return (f"{held} differ from the mean over the global batch (worst {name}: relative error "
+            f"{mean:.2g}, allowed {tol:g}); they match neither the sum, the mean / world_size "
+            f"nor rank 0's own slice")
 
 
 def few(names: list[str], shown: int = 3) -> str:
@@ -286,11 +349,13 @@ def _course_verdict(mine: Any, ref: Any, precision: str, tests: tuple[str, ...])
 
 
 def training_check(full: dict, reference: TrainingReference, precision: str,
-                   grads: dict | None = None, spread: float | None = None,
-                   tests: tuple[str, ...] = ("test_fsdp.py",)) -> Verdict:
+                   grads: dict | None = None, values: dict | None = None,
+                   spread: float | None = None, tests: tuple[str, ...] = ("test_fsdp.py",)
+                   ) -> Verdict:
     """The user's parameters after training (`full`, by the unwrapped model's names) and
-    rank 0's first-step gradients (`grads`, by any names that end in the model's) against
-    the single-process reference (see TRAINING_TOLERANCE). `spread`, the largest difference
+    rank 0's first-step gradients (`grads`, by the wrapper's names; `values`, the
+    parameters they belong to, before the step: gradient_problem) against the
+    single-process reference (see TRAINING_TOLERANCE). `spread`, the largest difference
     of a replicated parameter between the ranks after training, names the cause of a
     failure where the ranks ended apart; `tests`, the course's tests of the user's code
     here, whose tolerances are said of the worst tensor (COURSE_TOLERANCE)."""
@@ -330,7 +395,7 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
         detail += ", " + _course_verdict(full[where], reference.final[where], precision, tests)
     detail += ")"
     named = by_reference_names(grads, reference.grads) if grads is not None else None
-    gradients = gradient_problem(named, reference, tol) if named is not None else None
+    gradients = gradient_problem(grads, reference, tol, values) if grads is not None else None
     passed = not problems and worst <= tol and gradients is None
     causes = []
     zeros = zero_gradients(named, reference) if named is not None and not passed else []
