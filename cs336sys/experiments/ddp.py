@@ -393,7 +393,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         if reference is not None:
             tests = ddp_yours.course_tests(spec.impl, spec.shard_optimizer)
             checked = both(both(both(checked, training_check(
-                full, reference, spec.precision, *first, spread=diff, tests=tests)),
+                full, reference, spec.precision, *first, diff, tests, losses)),
                 course), toy)
             checked = ddp_yours.with_causes(checked, changed, spec.shard_optimizer, setup)
         del full

@@ -20,7 +20,7 @@ never left their initial values (a shard whose optimizer never stepped).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from cs336sys.experiments.shard_locate import WholeModel
@@ -44,13 +44,15 @@ FSDP_16_BIT_TOLERANCE = 0.25
 class TrainingReference:
     """Single-process training of the global batch, on the CPU: the parameters before and
     after, the first step's gradients (the mean over the batch), and the gradients of rank
-    0's slice alone at the same weights (what a DDP that never all-reduces holds)."""
+    0's slice alone at the same weights (what a DDP that never all-reduces holds); the loss
+    of rank 0's slice at each step's weights (what rank 0's training step reports)."""
 
     initial: dict
     final: dict
     grads: dict
     local_grads: dict
     world_size: int
+    local_losses: list = field(default_factory=list)
 
 
 def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, precision: str,
@@ -67,10 +69,12 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     low = autocast_dtype(precision)
     x, y = x.to(device), y.to(device)
 
-    def backward(x_part, y_part) -> dict:
+    def loss_of(x_part, y_part) -> Any:
         with torch.autocast(torch.device(device).type, dtype=low, enabled=low is not None):
-            loss = cross_entropy(model(x_part), y_part)
-        loss.backward()
+            return cross_entropy(model(x_part), y_part)
+
+    def backward(x_part, y_part) -> dict:
+        loss_of(x_part, y_part).backward()
         return {k: v.grad.detach().float().cpu().clone() for k, v in model.named_parameters()
                 if v.grad is not None}
 
@@ -81,14 +85,17 @@ def training_reference(config: Any, device: str, seed: int, x: Any, y: Any, prec
     cls = optimizer_cls or AdamW
     opt = cls(model.parameters(), **adamw_kwargs(cls))
     grads: dict = {}
+    losses = []
     for i in range(iters):
+        with torch.no_grad():
+            losses.append(float(loss_of(x[:local], y[:local])))
         step_grads = backward(x, y)
         if i == 0:
             grads = step_grads
         opt.step()
         opt.zero_grad(set_to_none=True)
     final = {k: v.detach().cpu().clone() for k, v in model.named_parameters()}
-    return TrainingReference(initial, final, grads, local_grads, world_size)
+    return TrainingReference(initial, final, grads, local_grads, world_size, losses)
 
 
 def first_step_grads(module: Any, into: dict, values: dict | None = None) -> Any:
@@ -314,6 +321,38 @@ def zero_gradients(grads: dict, reference: TrainingReference) -> list[str]:
     return out
 
 
+# How close rank 0's loss must be to the reference's on the same slice at the same step:
+# fp32 differs by the order of sums (~1e-7 relative); 16-bit by an FSDP's own casts against
+# the reference's autocast.
+LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
+
+
+def loss_problem(losses: list, reference: TrainingReference, precision: str,
+                 frozen: bool = False) -> tuple[str, bool] | None:
+    """Where rank 0's per-step loss left single-process training's on rank 0's slice, in
+    words, and whether it then stayed at the first step's while the reference's fell (the
+    forward ran on the first step's weights; not said where parameters never moved,
+    `frozen`, whose own cause it is). None where they agree throughout, or differ from the
+    first step on (the forward itself, which the model check compares)."""
+    ref = reference.local_losses
+    n = min(len(losses), len(ref))
+    rel = LOSS_TOLERANCE[precision]
+    apart = [i for i in range(n) if not abs(losses[i] - ref[i]) <= rel * abs(ref[i])]
+    if n < 2 or not apart or apart[0] == 0:
+        return None
+    k = apart[0]
+    said = (f"rank 0's loss followed single-process training's on its slice for {k} "
+            f"step{'s' if k > 1 else ''} and left it at step {k + 1} ({losses[k]:.6g} against "
+            f"{ref[k]:.6g})")
+    stayed = not frozen and abs(losses[n - 1] - losses[0]) < 0.1 * abs(ref[n - 1] - ref[0])
+    if stayed:
+        said += (f", then stayed at the first step's ({losses[0]:.6g} to {losses[n - 1]:.6g} "
+                 f"in {n} steps, against {ref[0]:.6g} to {ref[n - 1]:.6g}): the forward kept "
+                 f"running on the first step's weights (full weights gathered once and "
+                 f"reused?)")
+    return said, stayed
+
+
 # The course's tests compare parameters elementwise, |p - p_ref| <= atol + rtol |p_ref|, each
 # with its own (atol, rtol): test_ddp.py torch.allclose's defaults; test_fsdp.py fp32 atol
 # 1e-6 rtol 1e-4, with a 16-bit compute dtype 1e-4 and 1e-4. test_sharded_optimizer.py's
@@ -350,15 +389,16 @@ def _course_verdict(mine: Any, ref: Any, precision: str, tests: tuple[str, ...])
 
 def training_check(full: dict, reference: TrainingReference, precision: str,
                    grads: dict | None = None, values: dict | None = None,
-                   spread: float | None = None, tests: tuple[str, ...] = ("test_fsdp.py",)
-                   ) -> Verdict:
+                   spread: float | None = None, tests: tuple[str, ...] = ("test_fsdp.py",),
+                   losses: list | None = None) -> Verdict:
     """The user's parameters after training (`full`, by the unwrapped model's names) and
     rank 0's first-step gradients (`grads`, by the wrapper's names; `values`, the
     parameters they belong to, before the step: gradient_problem) against the
     single-process reference (see TRAINING_TOLERANCE). `spread`, the largest difference
     of a replicated parameter between the ranks after training, names the cause of a
     failure where the ranks ended apart; `tests`, the course's tests of the user's code
-    here, whose tolerances are said of the worst tensor (COURSE_TOLERANCE)."""
+    here, whose tolerances are said of the worst tensor (COURSE_TOLERANCE); `losses`, rank
+    0's loss at each step, where it left the reference's (`loss_problem`)."""
     fsdp = "test_fsdp.py" in tests
     tol = FSDP_16_BIT_TOLERANCE if fsdp and precision != "fp32" else TRAINING_TOLERANCE[precision]
     worst, where, problems, frozen = 0.0, None, [], []
@@ -416,6 +456,9 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
                       f"start, or their updates differ")
     if gradients:
         causes.append(gradients)
+    left = loss_problem(losses, reference, precision, bool(frozen)) if losses and not passed else None
+    if left is not None and (left[1] or not causes):  # a departure alone: where, not why
+        causes.append(left[0])
     if causes:
         detail = "; ".join(causes) + "; " + detail
     metrics.update(check="pass" if passed else "fail", check_detail=detail)
