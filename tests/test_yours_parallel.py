@@ -482,3 +482,47 @@ def test_a_padded_last_chunk_is_compared_without_its_padding():
     assert found.summed == 0.0 and found.mean > 0.1
     padded_wrong = torch.cat([ref[3:].reshape(-1), torch.ones(2)])  # padding not empty
     assert _as_laid_out(padded_wrong, ref, None, 2, 1e-3) is None
+
+
+def test_an_fsdp_that_ignores_its_compute_dtype_passes_and_its_point_says_fp32():
+    """An FSDP that never casts to compute_dtype passes the course's test_fsdp.py (its 16-bit
+    tolerance holds fp32 too); its bf16 point timed fp32 and was labelled bf16."""
+    import torch
+    import torch.distributed as dist
+
+    from cs336sys.experiments import ddp_section, fsdp_course_check
+    from cs336sys.parallel.launcher import free_port
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = torch.nn.Sequential(torch.nn.Embedding(5, 2), torch.nn.Linear(2, 2),
+                                              torch.nn.LayerNorm(2))
+
+    def first_step(low):
+        wrapper = Wrapper()
+        record = fsdp_course_check.Record(wrapper)
+        with torch.autocast("cpu", dtype=low or torch.bfloat16, enabled=low is not None):
+            out = wrapper.module(torch.tensor([[1, 2]]))
+        out.float().sum().backward()
+        record()
+        wrapper.module(torch.tensor([[1, 2]]))  # a timed step: the hooks are gone
+        full = {n: p.detach().clone() for n, p in wrapper.module.named_parameters()}
+        whole = {n: p.detach().clone() for n, p in wrapper.module.named_parameters()}
+        return record, fsdp_course_check.verdict(record, full, "cpu", "bf16", whole)
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
+                            rank=0, world_size=1)
+    try:
+        record, ignored = first_step(None)
+        _, cast = first_step(torch.bfloat16)
+    finally:
+        dist.destroy_process_group()
+    assert record.outputs == {"float32"} and not record._hooks
+    assert ignored.passed and ignored.metrics["forward_dtype"] == "fp32"
+    assert "your FSDP ignores compute_dtype" in ignored.metrics["check_detail"]
+    # under autocast the Linear computes in bf16 (the Embedding does not): no note
+    assert cast.passed and cast.metrics == {"forward_dtype": "bf16/fp32"}
+    assert ddp_section.precision({"precision": "bf16", "forward_dtype": "fp32"}) == "bf16 (ran fp32)"
+    assert ddp_section.precision({"precision": "bf16", "forward_dtype": "bf16/fp32"}) == "bf16"
+    assert ddp_section.precision({"precision": "fp32", "forward_dtype": "fp32"}) == "fp32"

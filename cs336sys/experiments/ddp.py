@@ -487,7 +487,7 @@ EXPERIMENT = Experiment(
                                                   parameters
         """),
         *ddp_setup.SHARE_METRICS,
-        *CHECK_METRICS,
+        *CHECK_METRICS, *fsdp_course_check.METRICS,
         *launch(("fwd", "bwd", "comm", "opt")),
     ),
     tables=(ddp_section.TABLE,),

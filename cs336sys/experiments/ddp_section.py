@@ -136,13 +136,21 @@ def label(row: Mapping[str, Any]) -> str:
     return out + named.get(sharding, f" +{sharding} sharded opt")
 
 
+def precision(row: Mapping[str, Any]) -> str:
+    """The point's precision, and `(ran fp32)` where the user's FSDP computed in fp32 at a
+    16-bit point (it ignored compute_dtype: fsdp_course_check)."""
+    asked = str(row.get("precision"))
+    ran = row.get("forward_dtype")
+    return f"{asked} (ran {ran})" if ran == "fp32" and asked != "fp32" else asked
+
+
 TABLE = Table(
     "Step time, exposed communication and memory per rank",
     (
         Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "shard_optimizer")),
         SIZE_COLUMN,
         Column("ranks", "world_size", setting=True),
-        Column("precision", "precision", setting=True),
+        Column("precision", cell=precision, setting=True, covers=("precision",)),
         *column_table("""
             step ms        step_ms                        mean_std
             bwd ms         bwd_ms                         mean_std  optional

@@ -15,6 +15,10 @@ compares rank 0's full parameters and gradients, and a sharded norm trains right
 
 `Record` keeps this rank's side after the first synchronization; `verdict()` compares the
 ranks (collectives: every rank calls it, at the same point) and names what fails, in words.
+
+`Record` also notes the dtype the first step's Linear and Embedding layers computed in
+(`forward_dtype`): an FSDP that ignores a 16-bit compute_dtype passes the course's test (its
+16-bit tolerance holds fp32 too), and its point, stored as bf16, timed fp32.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 from cs336sys.experiments.training_check import COURSE_TOLERANCE, by_reference_names, few
 from cs336sys.measure.check import Verdict
+from cs336sys.measure.dtypes import autocast_dtype
+from cs336sys.sweep.declaration import metric_table
 from cs336sys.sweep.ranks import gather
 from cs336sys.sweep.result import first_line
 
@@ -31,6 +37,12 @@ from cs336sys.sweep.result import first_line
 REPLICATED_ATOL = REPLICATED_RTOL = 1e-4
 SHARDED_KINDS = ("Linear", "Embedding")  # the course's test skips their parameters' gradients
 SAID = "the course's test_fsdp.py"
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+METRICS = metric_table("""
+    forward_dtype  -  the user's FSDP: the dtype its Linear and Embedding layers' outputs had in
+                        the first step (fp32 at a 16-bit point: compute_dtype ignored)
+""")
 
 
 def _sharded_kind(module: Any) -> bool:
@@ -49,8 +61,19 @@ class Record:
         self.kept = False
         self.wrong: list[str] = []  # parameters whose gradient is missing or misshapen
         self.replicated: dict[str, Any] = {}  # name: gradient (CPU)
+        self.outputs: set[str] = set()  # the dtypes of the first step's Linear/Embedding outputs
+        self._hooks = [m.register_forward_hook(self._seen) for m in
+                       (self.module.modules() if self.module is not None else ())
+                       if _sharded_kind(m) and hasattr(m, "register_forward_hook")]
+
+    def _seen(self, module: Any, args: Any, output: Any) -> None:
+        if getattr(output, "is_floating_point", lambda: False)():
+            self.outputs.add(_dtype(output))
 
     def __call__(self) -> None:
+        for hook in self._hooks:  # the first step's forward alone: none in the timed steps
+            hook.remove()
+        self._hooks = []
         if self.kept or self.module is None:
             return
         self.kept = True
@@ -118,8 +141,9 @@ def _alike(shapes: list[dict]) -> list[str]:
 def verdict(record: Record, full: dict, device: Any, precision: str,
             whole: dict[str, Any]) -> Verdict | None:
     """The failures of `record` (this rank's) and `full` (this rank's full parameters) on
-    every rank, against rank 0's, as a failing Verdict with its causes in words; None where
-    the course's test would find nothing. `whole` is the model's own parameters (rank 0's
+    every rank, against rank 0's, as a failing Verdict with its causes in words; where the
+    course's test would find nothing, a passing one with the dtype the forward computed in
+    (and, where it ignored a 16-bit compute_dtype, a note that says so), or None. `whole` is the model's own parameters (rank 0's
     reference; empty on the others), to say a replicated parameter is sharded and a full
     one is in another dtype. Every rank calls it."""
     import torch.distributed as dist
@@ -188,10 +212,21 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
             causes.append(f"fsdp_gather_full_params() on rank {r} {what}: {SAID} compares the "
                           f"full parameters with one process on every rank")
             break
+    seen = {"forward_dtype": "/".join(sorted(SHORT.get(d, d) for d in record.outputs))} \
+        if record.outputs else {}
+    low = autocast_dtype(precision)
+    if low is not None and record.outputs == {"float32"}:
+        note = (f"every Linear and Embedding of the first step computed in float32 at a "
+                f"compute_dtype of {str(low).removeprefix('torch.')}: your FSDP ignores "
+                f"compute_dtype ({SAID} passes it: its 16-bit tolerance holds fp32 too), and "
+                f"this point timed fp32")
+        if not causes:
+            return Verdict(True, {**seen, "check": "pass", "check_detail": note})
+        causes.append(note)
     if not causes:
-        return None
+        return Verdict(True, seen) if seen else None
     text = "; ".join(causes)
-    return Verdict(False, {"check": "fail", "check_detail": text}, "wrong: " + text)
+    return Verdict(False, {**seen, "check": "fail", "check_detail": text}, "wrong: " + text)
 
 
 def gather_changes(module: Any, gather_full: Any) -> str | None:
