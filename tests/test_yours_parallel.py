@@ -526,3 +526,4 @@ def test_an_fsdp_that_ignores_its_compute_dtype_passes_and_its_point_says_fp32()
     assert ddp_section.precision({"precision": "bf16", "forward_dtype": "fp32"}) == "bf16 (ran fp32)"
     assert ddp_section.precision({"precision": "bf16", "forward_dtype": "bf16/fp32"}) == "bf16"
     assert ddp_section.precision({"precision": "fp32", "forward_dtype": "fp32"}) == "fp32"
+    assert ddp_section.precision({"forward_dtype": "fp32"}) is None  # a store without one

@@ -136,12 +136,12 @@ def label(row: Mapping[str, Any]) -> str:
     return out + named.get(sharding, f" +{sharding} sharded opt")
 
 
-def precision(row: Mapping[str, Any]) -> str:
-    """The point's precision, and `(ran fp32)` where the user's FSDP computed in fp32 at a
-    16-bit point (it ignored compute_dtype: fsdp_course_check)."""
-    asked = str(row.get("precision"))
-    ran = row.get("forward_dtype")
-    return f"{asked} (ran {ran})" if ran == "fp32" and asked != "fp32" else asked
+def precision(row: Mapping[str, Any]) -> Any:
+    """The point's precision (as stored: None where a store has none), and `(ran fp32)`
+    where the user's FSDP computed in fp32 at a 16-bit point (it ignored compute_dtype:
+    fsdp_course_check)."""
+    asked, ran = row.get("precision"), row.get("forward_dtype")
+    return f"{asked} (ran {ran})" if ran == "fp32" and asked not in (None, "fp32") else asked
 
 
 TABLE = Table(
