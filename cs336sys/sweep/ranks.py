@@ -21,6 +21,7 @@ from cs336sys.measure.clock import now
 from cs336sys.measure.progress import hooked, on_step
 from cs336sys.parallel.launcher import BACKENDS, default_backend, timeout_s, under_torchrun
 from cs336sys.parallel.world_size import check_world_size, max_local_world_size
+from cs336sys.sweep import torch_state
 from cs336sys.sweep.points import SpecError, device_choice, positive_ints, unknown
 from cs336sys.sweep.result import Result, unwritten, user_frame
 
@@ -44,7 +45,8 @@ def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> 
         started = now()
         t0 = time.perf_counter()
         try:
-            with on_step(step) if forward else contextlib.nullcontext():
+            # a switch of torch's the code under test turned is not the next point's
+            with on_step(step) if forward else contextlib.nullcontext(), torch_state.kept():
                 result = run(ctx, spec)
         except Exception as exc:
             # the rank's failure names the user's file and line first, as a point's error

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.measure.provenance import package_version
-from cs336sys.sweep import stopping
+from cs336sys.sweep import stopping, torch_state
 
 
 @dataclass
@@ -185,26 +186,19 @@ def _stopped_by_signal(exc: BaseException) -> bool:
     return False
 
 
-def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
-    """Run one point; never raises except KeyboardInterrupt, Terminated and cs336sys's own
-    SystemExit (the user's code calling sys.exit() is that point's error: exiting there
-    ended the whole command, with nothing stored and no line).
-
-    An error's first line names the exception and, when it was raised in the user's code
-    (not cs336sys, the standard library or site-packages), the file and line it came from:
-    `cs336_systems/flash.py:42: ZeroDivisionError: division by zero`."""
-    t0 = time.perf_counter()
+def _caught(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+    """`fn(*args, **kwargs)`, or the Result its exception makes (guarded)."""
     try:
-        result = fn(*args, **kwargs)
+        return fn(*args, **kwargs)
     except Unfinished as exc:
-        result = Result("skipped", error=str(exc))
+        return Result("skipped", error=str(exc))
     except SystemExit as exc:
         # the user's, wherever their code is on the way down: argparse's parse_args() at the
         # top of a module of theirs exits from the standard library
         if user_frame(exc) is None:
             raise
-        result = Result("error", error=f"{user_frame(exc)}: SystemExit: it called "
-                        f"sys.exit({exc.code!r}), which would have ended the command")
+        return Result("error", error=f"{user_frame(exc)}: SystemExit: it called "
+                      f"sys.exit({exc.code!r}), which would have ended the command")
     except Exception as exc:  # every failure becomes a stored row
         if stopping.pending() is not None and _stopped_by_signal(exc):
             stopping.check()  # raises the signal as itself: the runner stores the stop
@@ -215,15 +209,29 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
         if getattr(exc, "cs336sys_hint", None):
             said = f"{said}; {exc.cs336sys_hint}"
         if unwritten(exc):
-            result = Result("skipped", error=f"not implemented: {said}")
-        elif is_oom(exc):
-            result = Result("oom", error=said)
-        else:
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            result = Result("error", error=said + "\n\n" + tb)
+            return Result("skipped", error=f"not implemented: {said}")
+        if is_oom(exc):
+            return Result("oom", error=said)
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return Result("error", error=said + "\n\n" + tb)
+
+
+def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
+    """Run one point; never raises except KeyboardInterrupt, Terminated and cs336sys's own
+    SystemExit (the user's code calling sys.exit() is that point's error: exiting there
+    ended the whole command, with nothing stored and no line).
+
+    An error's first line names the exception and, when it was raised in the user's code
+    (not cs336sys, the standard library or site-packages), the file and line it came from:
+    `cs336_systems/flash.py:42: ZeroDivisionError: division by zero`."""
+    t0 = time.perf_counter()
+    with torch_state.kept() as changed:  # a switch the code under test turned: not the next's
+        result = _caught(fn, *args, **kwargs)
+    if changed:
+        print(f"cs336sys: the point left {'; '.join(changed)}", file=sys.stderr)
     # Every point hands its memory back so the next one starts from an empty cache (a large
-    # point after a small one must not OOM on the small one's leftovers). Only here, after the
-    # except block, are a failed point's exception, traceback, frames and tensors gone.
+    # point after a small one must not OOM on the small one's leftovers). Only here, once
+    # _caught has returned, are a failed point's exception, traceback, frames and tensors gone.
     free_memory()
     result.duration_s = time.perf_counter() - t0
     return result
