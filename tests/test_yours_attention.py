@@ -643,3 +643,23 @@ def test_a_forward_without_its_backward_is_skipped_with_the_way_to_time_it(tmp_p
     assert result.exit_code == 0, result.output
     forward = runs(db)[-1]
     assert (forward["status"], forward["check"]) == ("ok", "pass") and forward["fwd_ms_median"] > 0
+
+
+def test_an_output_in_another_dtype_than_the_inputs_is_wrong_as_the_course_says(tmp_path,
+                                                                                monkeypatch):
+    """A FlashAttention returning O in float64 for float32 inputs passed: the check cast O
+    to the reference's dtype first. The course's forward test fails it (assert_close checks
+    the dtype); it says so. Where the course's test runs no such dtype (bf16) it stands."""
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "        ctx.is_causal = is_causal\n        return o\n",
+         "        ctx.is_causal = is_causal\n        return o.double()\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", "--precision", "fp32,bf16",
+                    "--no-causal", *SMALL[:2], *SMALL[4:], "--db", db)
+    assert result.exit_code == 0, result.output
+    by = {r["precision"]: r for r in runs(db)}
+    assert by["fp32"]["status"] == "wrong"
+    assert "O is float64 for float32 inputs: the course's forward test compares them with " \
+        "torch.testing.assert_close, which checks the dtype" in by["fp32"]["error"]
+    assert by["bf16"]["status"] == "ok", by["bf16"]["error"]

@@ -382,12 +382,32 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
         if verdict.passed and lse is not None:  # the course checks the L of that run
             lse, causal_l = rerun_l or [], False
     if lse is not None and spec.impl in SAVES_L:
-        of_l = lse_checked(spec.impl, causal_l, lse, q, k, tolerance)
-        if not of_l.passed:  # said in the detail too: O's alone read as a pass there
-            why = of_l.why if verdict.passed else f"{verdict.why}; {_reason(of_l.why)}"
-            said = [] if verdict.passed else [verdict.metrics.get("check_detail")]
-            detail = "; ".join(d for d in [*said, _reason(of_l.why)] if d)
-            verdict = Verdict(False, {**verdict.metrics, "check": "fail",
-                                      "check_detail": detail}, why)
+        verdict = _also(verdict, lse_checked(spec.impl, causal_l, lse, q, k, tolerance))
+    if spec.impl in SAVES_L and spec.precision == "fp32":
+        verdict = _also(verdict, dtypes_checked(out, lse if lse and len(lse) == 1 else [], q))
     metrics.update(verdict.metrics)
     return verdict
+
+
+def _also(verdict: Verdict, other: Verdict) -> Verdict:
+    """`verdict` failed where `other` fails, its reason said in the detail too (O's alone
+    read as a pass there)."""
+    if other.passed:
+        return verdict
+    why = other.why if verdict.passed else f"{verdict.why}; {_reason(other.why)}"
+    said = [] if verdict.passed else [verdict.metrics.get("check_detail")]
+    detail = "; ".join(d for d in [*said, _reason(other.why)] if d)
+    return Verdict(False, {**verdict.metrics, "check": "fail", "check_detail": detail}, why)
+
+
+def dtypes_checked(out: Any, lse: list[Any], q: Any) -> Verdict:
+    """O (and the saved L) in the inputs' dtype: the course's forward test compares them
+    with torch.testing.assert_close, which checks the dtype too (float32 inputs there), so
+    an O returned in float64 fails it, whatever its values."""
+    off = [f"{name} is {str(t.dtype).removeprefix('torch.')}"
+           for name, t in (("O", out), *(("L", t) for t in lse)) if t.dtype != q.dtype]
+    if not off:
+        return Verdict(True)
+    return Verdict(False, why=f"wrong: {' and '.join(off)} for "
+                   f"{str(q.dtype).removeprefix('torch.')} inputs: the course's forward test "
+                   f"compares them with torch.testing.assert_close, which checks the dtype")
