@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from cs336sys.parallel import fork_server
-from cs336sys.parallel.launcher import WorkerError, check_world_size, launch
+from cs336sys.parallel.launcher import check_world_size, launch
+from cs336sys.parallel.rank_results import WorkerError
 from tests.conftest import invoke
 
 
@@ -30,6 +31,17 @@ def _raise_on_rank1(ctx):
     t = torch.ones(1)
     dist.all_reduce(t)  # rank 0 blocks here until it is killed
     return "unreachable"
+
+
+def _secondary_first(ctx):
+    """Rank 1 fails first with what rank 0's failure does to a peer; rank 0 then reports
+    the cause, raised in the user's code (sweep/ranks marks its file and line so)."""
+    if ctx.rank == 1:
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
+    time.sleep(0.3)
+    exc = TimeoutError("Timed out waiting 20000ms for send")
+    exc.cs336sys_where = "brk/shard.py:22"
+    raise exc
 
 
 def _die_on_rank1(ctx, killed=False):
@@ -201,6 +213,18 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback():
     assert "_raise_on_rank1" in err.traceback  # the failing rank's own traceback
     assert time.perf_counter() - t0 < 30  # rank 0 was killed, not left to time out
     assert len(err.pids) == 2 and _pids_gone(err.pids)
+
+
+@pytest.mark.slow
+def test_the_rank_whose_error_names_the_users_code_is_blamed_over_an_earlier_one():
+    """Which of two ranks' errors was stored depended on which pipe was read first: often
+    rank 1's `Connection closed by peer`, raised in cs336sys's own collective, over rank 0's
+    timeout in the student's file."""
+    with pytest.raises(WorkerError) as info:
+        launch(_secondary_first, 2)
+    assert info.value.rank == 0
+    assert str(info.value) == ("rank 0 failed: brk/shard.py:22: TimeoutError: Timed out "
+                               "waiting 20000ms for send")
 
 
 @pytest.mark.slow

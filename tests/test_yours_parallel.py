@@ -182,6 +182,25 @@ def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
     assert not (tmp_path / "other.db").exists()
 
 
+@pytest.mark.slow  # starts ranks
+def test_a_rank_whose_code_calls_sys_exit_names_its_file_and_line(tmp_path, monkeypatch):
+    """On a rank, sys.exit(3) in the user's code was stored as `rank 1 failed: SystemExit:
+    3`, where one process names the file and line and says what it did."""
+    repo = course_repo(tmp_path)
+    edit(repo, "cs336_systems/ddp.py", "        world = dist.get_world_size()\n",
+         "        world = dist.get_world_size()\n        if dist.get_rank() == 1:\n"
+         "            raise SystemExit(3)\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("ddp", "--impl", "yours=cs336_systems.ddp:NaiveDDP", *SMALL, "--db", db)
+    assert result.exit_code == 1
+    (failed,) = ddp_runs(db)
+    line = line_of(repo, "cs336_systems/ddp.py", "raise SystemExit(3)")
+    assert failed["error"].startswith(
+        f"rank 1 failed: cs336_systems/ddp.py:{line}: SystemExit: it called sys.exit(3), "
+        "which would have ended the command"), failed["error"]
+
+
 def test_a_wrapper_holding_a_handle_on_a_parameter_keeps_its_models_names():
     """A right DDP that keeps `self.first = next(module.parameters())` (it passes the course's
     tests) was wrong: `0.weight is missing`, since named_parameters() gave that tensor once,

@@ -6,7 +6,8 @@ DDP names below load on first use. The CLI still imports it inside commands only
 """
 
 from cs336sys.measure.lazy import attach
-from cs336sys.parallel.launcher import RankContext, WorkerError, launch, under_torchrun
+from cs336sys.parallel.launcher import RankContext, launch, under_torchrun
+from cs336sys.parallel.rank_results import WorkerError
 
 # Given on first use because importing `cs336sys.parallel.launcher` runs this file, and the
 # CLI relies on that import being torch-free (a rank of torchrun's imports it as it starts).

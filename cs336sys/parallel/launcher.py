@@ -8,8 +8,9 @@ env:// rendezvous (Gloo on CPU; NCCL on CUDA with one GPU per rank). Under torch
 WORLD_SIZE and LOCAL_RANK set, see `under_torchrun`) it joins the existing group instead and
 runs the function in this very process: the same command works on a laptop and across nodes.
 
-Failure is loud and fast: the first rank that raises ends the run with a WorkerError that
-carries that rank's traceback; the other ranks, probably blocked in a collective, are killed
+Failure is loud and fast: a rank that raises ends the run with a WorkerError that carries
+its traceback (of ranks that raise within a second, the one whose error names the user's
+code: rank_results.py); the other ranks, probably blocked in a collective, are killed
 rather than left to time out, and every worker is reaped, also on Ctrl-C. A rank that dies
 without reporting (an abort) is reported with its last words on stderr (rank_stderr.py).
 The process-group timeout is the backstop where nothing can kill the peers (ranks on other
@@ -35,6 +36,7 @@ from typing import Any
 
 from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.parallel import fork_server
+from cs336sys.parallel.rank_results import collect
 from cs336sys.parallel.rank_stderr import RankStderr, redirect
 from cs336sys.parallel.world_size import check_world_size
 
@@ -43,19 +45,6 @@ from cs336sys.parallel.world_size import check_world_size
 DEFAULT_TIMEOUT_S = 300.0
 BACKENDS = ("gloo", "nccl")
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
-class WorkerError(RuntimeError):
-    """A rank failed. `rank` is the first rank that reported, `traceback` its traceback."""
-
-    def __init__(self, rank: int, message: str, tb: str, pids: list[int] | None = None,
-                 status: str | None = None):
-        super().__init__(f"rank {rank} failed: {message}")
-        self.rank = rank
-        self.traceback = tb
-        self.pids = pids or []
-        self.message = message
-        self.status = status  # how the rank's code says to store the point (sweep/ranks)
 
 
 @dataclass
@@ -272,7 +261,7 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env, stderr
             where = getattr(exc, "cs336sys_where", None)  # the user's file:line (sweep/ranks)
             said = f"{type(exc).__name__}: {exc}"
             conn.send(("error", (f"{where}: {said}" if where else said, traceback.format_exc(),
-                                 getattr(exc, "cs336sys_status", None))))
+                                 getattr(exc, "cs336sys_status", None), where)))
         except OSError:  # the parent is gone
             pass
         return
@@ -360,7 +349,7 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
         for p, (_, end) in zip(procs, pipes, strict=True):
             p.start()
             end.close()  # the rank holds it now: its death closes the pipe
-        results = _collect(procs, [r for r, _ in pipes], on_emit, stderr)
+        results = collect(procs, [r for r, _ in pipes], on_emit, stderr)
         finished = True
         return results
     except BaseException as exc:
@@ -375,101 +364,6 @@ def _spawn(fn, world_size, backend, args, on_emit, preload) -> list[Any]:
         stderr.close()
         if stopped:
             fork_server.stop()
-
-
-def _collect(procs, conns, on_emit, stderr: RankStderr) -> list[Any]:
-    from multiprocessing.connection import wait
-
-    results: dict[int, Any] = {}
-    pids = [p.pid for p in procs]
-    rank_of = {id(c): rank for rank, c in enumerate(conns)}
-    open_ = list(conns)
-    while len(results) < len(procs):
-        ready = wait(open_, timeout=0.5)
-        stderr.copy()
-        for conn in ready:
-            rank = rank_of[id(conn)]
-            try:
-                kind, payload = conn.recv()
-            except (EOFError, OSError):  # the rank ended
-                open_.remove(conn)
-                if rank not in results:
-                    procs[rank].join(timeout=1.0)
-                    said, tail = _unreported(procs, rank, stderr)
-                    raise WorkerError(rank, said, tail, pids) from None
-                continue
-            if kind == "emit":
-                if on_emit is not None and rank == 0:
-                    on_emit(payload)
-            elif kind == "done":
-                results[rank] = payload
-            else:
-                message, tb, status = payload
-                # Rank 0 may have finished (and emitted) the point before this one after this
-                # rank already failed: pipes of different ranks are not ordered. Deliver what
-                # rank 0 still has on its way before reporting the failure.
-                if rank != 0:
-                    _drain(conns[0], on_emit)
-                dead = _silently_dead(procs, reported={*results, rank})
-                if dead is not None:
-                    # A peer that vanished is the cause; this rank only saw its connection drop.
-                    said, tail = _unreported(procs, dead, stderr)
-                    raise WorkerError(dead, f"{said} (rank {rank} then failed: {message})",
-                                      tail or tb, pids)
-                raise WorkerError(rank, message, tb, pids, status)
-    return [results[r] for r in range(len(procs))]
-
-
-def _unreported(procs, rank: int, stderr: RankStderr) -> tuple[str, str]:
-    """Why rank `rank` ended without reporting, in one line, and its stderr's last lines."""
-    line, tail = stderr.last_words(rank)
-    said = f"process {_ended(procs[rank].exitcode)} without reporting"
-    return (f"{said}; its last words on stderr: {line}" if line else said), tail
-
-
-def _ended(exitcode: int | None) -> str:
-    """How a rank's process ended, in words: a SIGKILL is named with its usual cause here,
-    the kernel's OOM killer (every local rank's buffers share this host's memory), a
-    SIGABRT with its own (Gloo's checks and NCCL's watchdog end a process so)."""
-    if exitcode == -9:
-        return ("was killed by SIGKILL, most often the operating system's OOM killer: the "
-                "ranks together needed more of this host's memory than it has")
-    if exitcode == -6:
-        return "aborted (SIGABRT: a C++ exception nothing caught, or a failed check)"
-    if exitcode is not None and exitcode < 0:
-        import signal
-
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            pass
-    return f"exited with code {exitcode}"
-
-
-def _drain(conn, on_emit, quiet_s: float = 0.3, limit_s: float = 3.0) -> None:
-    """Hand rank 0's emits still in its pipe to `on_emit`, until it has been quiet for
-    `quiet_s` (at most `limit_s`)."""
-    import time
-
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        try:
-            if not conn.poll(quiet_s):
-                return
-            kind, payload = conn.recv()
-        except (EOFError, OSError):
-            return
-        if kind == "emit" and on_emit is not None:
-            on_emit(payload)
-
-
-def _silently_dead(procs, reported: set[int]) -> int | None:
-    for rank, p in enumerate(procs):
-        if rank not in reported:
-            p.join(timeout=0.2)
-            if p.exitcode not in (None, 0):
-                return rank
-    return None
 
 
 def _reap(procs, grace_s: float) -> None:

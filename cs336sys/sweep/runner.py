@@ -44,7 +44,8 @@ from typing import Any, Protocol
 from cs336sys.measure.clock import now
 from cs336sys.measure.progress import step_done
 from cs336sys.parallel import launcher
-from cs336sys.parallel.launcher import WorkerError, under_torchrun
+from cs336sys.parallel.launcher import under_torchrun
+from cs336sys.parallel.rank_results import WorkerError
 from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
 from cs336sys.sweep.ranks import serve
