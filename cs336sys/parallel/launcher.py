@@ -36,6 +36,7 @@ from typing import Any
 
 from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.parallel import fork_server
+from cs336sys.parallel.rank_results import WorkerError as WorkerError  # its name here too
 from cs336sys.parallel.rank_results import collect
 from cs336sys.parallel.rank_stderr import RankStderr, redirect
 from cs336sys.parallel.world_size import check_world_size

@@ -29,7 +29,16 @@ _PATCHED_MODULES = ("torch", "torch.nn.functional")  # whose functions code may 
 
 
 def _switches(torch: Any) -> dict[str, Any]:
-    return {name: getattr(torch, get)() for name, get, _ in _SWITCHES if hasattr(torch, get)}
+    """Each switch's value; one whose getter raises is not kept (torch 2.9's float32 matmul
+    precision, once set the new way, `fp32_precision = "tf32"`, refuses the legacy getter:
+    the point's TF32 is recorded as it ran, measure/device.tf32_matmuls)."""
+    out = {}
+    for name, get, _ in _SWITCHES:
+        try:
+            out[name] = getattr(torch, get)()
+        except (AttributeError, RuntimeError):
+            continue
+    return out
 
 
 def _functions() -> dict[str, dict[str, Any]]:
@@ -52,7 +61,7 @@ def kept() -> Iterator[list[str]]:
     finally:
         now = _switches(torch)
         for name, _, set_ in _SWITCHES:
-            if name in switches and now[name] != switches[name]:
+            if name in switches and name in now and now[name] != switches[name]:
                 getattr(torch, set_)(switches[name])
                 changed.append(f"{name} {now[name]} (put back to {switches[name]})")
         for module, before in functions.items():
