@@ -469,3 +469,30 @@ def test_the_step_loss_is_the_mean_over_tokens_as_the_leaderboards():
         with torch.no_grad():
             want = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
         assert float(train_step()) == pytest.approx(float(want), rel=1e-5), switches
+
+
+def test_more_ranks_than_the_host_starts_are_refused_before_they_start(db_path):
+    """A traceback once the ranks started, and an invocation row written, where ddp and
+    comm refuse it in one line."""
+    from cs336sys.parallel.world_size import GLOO_RANKS_PER_CORE, max_local_world_size
+
+    n = str(GLOO_RANKS_PER_CORE * max_local_world_size("cpu") + 1)
+    at = MICRO.index("--batch")
+    micro = MICRO[:at] + MICRO[at + 2:]
+    out = invoke("step", *micro, "--seq", "16", "--switches", "none", "--world-size", n,
+                 "--batch", n, "--db", db_path)
+    assert out.exit_code == 2, out.output
+    assert f"--world-size: world size {n} is more local Gloo ranks than this host starts" \
+        in out.output
+    assert len(out.output.strip().splitlines()) == 1 and not db_path.exists()
+
+
+def test_a_bad_dist_timeout_is_refused_before_the_ranks_start(db_path, monkeypatch):
+    """step --world-size 2 with CS336SYS_DIST_TIMEOUT=abc stored `rank 0 failed: ValueError`
+    where ddp and comm refuse it in one line."""
+    monkeypatch.setenv("CS336SYS_DIST_TIMEOUT", "abc")
+    out = invoke("step", *MICRO, "--seq", "16", "--switches", "none", "--world-size", "2",
+                 "--db", db_path)
+    assert out.exit_code == 2, out.output
+    assert "CS336SYS_DIST_TIMEOUT must be a positive number of seconds, got 'abc'" in out.output
+    assert not db_path.exists()

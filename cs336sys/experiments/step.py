@@ -237,7 +237,7 @@ def specs(
     size, seq, batch = (given if given is not None else chosen.get(name)
                         for name, given in (("size", size), ("seq", seq), ("batch", batch)))
     precision = precision if precision is not None else chosen.get("precision")
-    worlds = step_command.world_sizes(world_size, preset)
+    worlds = step_command.world_sizes(world_size, preset, dev)
     ranked = any(w > 1 for w in worlds)
     warmup = defaults["warmup"] if warmup is None else warmup
     iters = defaults["iters"] if iters is None else iters
