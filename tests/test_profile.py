@@ -624,3 +624,14 @@ def test_the_report_lists_each_phases_rows_together(tmp_path):
                      [(p, rank) for rank in (1, 2) for p in phases])
     got = [(k["phase"], k["rank"]) for k in kernel_stats(conn, ["r"])["r"]]
     assert got == [(p, rank) for p in reversed(phases) for rank in (1, 2)]
+
+
+def test_a_trace_where_nothing_can_be_written_is_refused_before_the_point_runs(db_path):
+    """As root os.access says yes to /proc: the point ran, then failed to write its trace
+    and was stored as an error. The folder is tried, as memory --snapshot tries it."""
+    result = invoke("profile", "model", *MICRO, "--seq", "8", "--trace", "/proc/x.json",
+                    "--db", db_path)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("Error: --trace /proc/x.json: cannot write in /proc")
+    assert not db_path.exists()

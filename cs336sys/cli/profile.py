@@ -144,6 +144,7 @@ def _profile_points(ctx, target, point_specs, options):
 def _check_writable(path: Path, db: Path) -> None:
     """Refuse a --trace that cannot be written, or that is this command's store (--db)."""
     from cs336sys.cli.outputs import refuse_the_store
+    from cs336sys.measure.paths import why_unwritable
 
     parent = path.parent if str(path.parent) else Path(".")
     if not path.name.strip():  # a name of spaces (a pasted non-breaking one): blank
@@ -153,7 +154,11 @@ def _check_writable(path: Path, db: Path) -> None:
     refuse_the_store([path], "--trace", db)
     if not parent.is_dir():
         fail(f"--trace: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    # tried, not asked: os.access says yes to root even on /proc or a read-only mount
+    problem = why_unwritable(parent)
+    if problem is not None:
+        fail(f"--trace {path}: {problem}")
+    if path.exists() and not os.access(path, os.W_OK):
         fail(f"--trace: {path} is not writable")
 
 
