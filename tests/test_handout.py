@@ -1101,13 +1101,15 @@ def test_a_command_that_would_refuse_stops_the_run_before_anything_is_measured(
     commands before it; nothing is written."""
     monkeypatch.chdir(tmp_path)  # no checkout here, so no tests/adapters.py
     monkeypatch.delenv("CS336SYS_ADAPTERS", raising=False)
-    r = invoke("handout", "run", "flash_benchmarking", "--yours", "--db", db_path)
-    assert r.exit_code == 2, r.output
-    assert r.stderr.strip().splitlines() == [
-        "Error: nothing was run: flash_benchmarking: --attention yours-torch: yours-torch needs "
-        "an adapters file: give --adapters PATH, set CS336SYS_ADAPTERS, or run from a checkout "
-        "with tests/adapters.py at its top"]
-    assert "[1/1]" not in r.stdout and not db_path.exists()
+    # a dry run too: it printed each command's refusal and went on (4 lines, exit 1)
+    for dry in ([], ["--dry-run"]):
+        r = invoke("handout", "run", "flash_benchmarking", "--yours", *dry, "--db", db_path)
+        assert r.exit_code == 2, r.output
+        assert r.stderr.strip().splitlines() == [
+            "Error: nothing was run: flash_benchmarking: --attention yours-torch: yours-torch "
+            "needs an adapters file: give --adapters PATH, set CS336SYS_ADAPTERS, or run from "
+            "a checkout with tests/adapters.py at its top"]
+        assert "[1/1]" not in r.stdout and not db_path.exists()
 
 
 def _gpus(monkeypatch, n: int) -> None:

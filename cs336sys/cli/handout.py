@@ -224,15 +224,14 @@ def run(
     todo, untriton = _without_triton(todo, on_gpu)
     if not todo:
         _nothing_run(untriton)
-    if not dry_run:  # (a dry run is that check, printed)
-        refused, needs_gpus = _refusals(root, todo, db)
-        if refused:
-            _nothing_run(refused)
-        left_out = [t for t, _ in needs_gpus]
-        short += [line for _, line in needs_gpus]
-        todo = [t for t in todo if t not in left_out]
-        if not todo:
-            _nothing_run(short)
+    refused, needs_gpus = _refusals(root, todo, db)  # a dry run too: one line, exit 2
+    if refused:
+        _nothing_run(refused)
+    left_out = [t for t, _ in needs_gpus]
+    short += [line for _, line in needs_gpus]
+    todo = [t for t in todo if t not in left_out]
+    if not todo:
+        _nothing_run(short)
     for line in short:  # what this host leaves owed, before anything is measured
         say(f"Left for a host with more GPUs: {line}.", then="  ")
     for line in untriton:
