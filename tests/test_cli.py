@@ -714,3 +714,21 @@ def test_tf32_set_the_new_way_by_your_code_is_measured(db_path):
     assert result.exit_code == 0, result.output
     assert [r["status"] for r in query(db_path, "SELECT status FROM runs")] == ["ok"]
     assert not tf32_matmuls() and matmul.allow_tf32 is False  # the legacy getter again
+
+
+@pytest.mark.parametrize("args", [
+    ["sql", "select 1", "--db", "{long}.db"],
+    ["report", "--db", "{db}", "--out", "{long}"],
+    ["model", "--size", "tiny", "--seq", "16", "--db", "{long}.db"],
+    ["attention", "--impl", "naive", "--adapters", "{long}.py", "--db", "{db}"],
+])
+def test_a_file_name_past_255_bytes_is_one_line_and_exit_2(tmp_path, db_path, args):
+    """Path.exists() raises ENAMETOOLONG (Python 3.11): every path option gave a traceback
+    and exit 1."""
+    long = str(tmp_path / ("a" * 300))
+    given = [a.format(long=long, db=db_path) for a in args]
+    result = invoke(*given)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("Error: File name too long: ")
+    assert not db_path.exists() and list(tmp_path.iterdir()) == []

@@ -6,6 +6,7 @@ answer at once; commands import what they need inside their bodies.
 
 from __future__ import annotations
 
+import errno
 import os
 import types
 import typing
@@ -103,6 +104,12 @@ def _one_line_errors():
     except UsageError as exc:
         line = ClickException(exc.format_message())
         line.exit_code = exc.exit_code
+        raise line from None
+    except OSError as exc:  # a name past the file system's 255 bytes, in any path option:
+        if exc.errno != errno.ENAMETOOLONG:  # Path.exists() raises it (Python 3.11)
+            raise
+        line = ClickException(f"{exc.strerror}: {exc.filename}")
+        line.exit_code = 2
         raise line from None
 
 
