@@ -118,6 +118,11 @@ def test_a_port_another_server_listens_on_is_bad_input(tmp_path):
         assert result.exit_code == 2, result.output
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith(f"Error: --host: cannot serve at no.such.host.invalid:{port}: ")
+    # an empty host listened on every interface (the opposite of the default) at http://:PORT
+    result = invoke("browse", "--db", db, "--port", "0", "--host", "")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == ("Error: --host: empty value; give an address (127.0.0.1, "
+                                     "or 0.0.0.0 to reach it from other machines)")
 
 
 def test_the_canned_queries_keep_each_gpu_and_shape_apart(tmp_path):

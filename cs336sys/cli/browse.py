@@ -95,6 +95,9 @@ def browse(
         fail("cs336sys browse needs Datasette, an optional extra: pip install 'cs336sys[browse]'")
     if not 0 <= port <= 65535:
         fail(f"--port must be from 0 to 65535, got {port}")
+    if not host.strip():  # '' binds every interface, the opposite of the default
+        fail("--host: empty value; give an address (127.0.0.1, or 0.0.0.0 to reach it from "
+             "other machines)")
     try:
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
