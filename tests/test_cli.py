@@ -732,3 +732,17 @@ def test_a_file_name_past_255_bytes_is_one_line_and_exit_2(tmp_path, db_path, ar
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("Error: File name too long: ")
     assert not db_path.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["model", "--size", "tiny", "--seq", "16", "--optimizer", "yours=os:path"],
+    ["attention", "--impl", "yours-x=os:path", "--seq", "16"],
+])
+def test_a_one_off_target_that_is_no_class_or_function_is_refused(db_path, args):
+    """`--optimizer yours=os:path` (a module) was stored as an error that said only
+    "'module' object is not callable"; `--model os:path` was refused."""
+    result = invoke(*args, "--db", db_path)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.endswith(": os:path is a module, not a class or function"), line
+    assert not db_path.exists()

@@ -45,7 +45,10 @@ def check(kind: str, name: str) -> None:
     no adapters file, a function the file does not define, a one-off target that does not
     import."""
     if target(kind, name) is not None:
-        load_target(target(kind, name))
+        found = load_target(target(kind, name))
+        if not callable(found):  # `yours=os:path`: stored as "'module' object is not callable"
+            raise UserCodeError(f"{target(kind, name)} is a {type(found).__name__}, not a "
+                                f"class or function")
         return
     entry = entries(kind).get(name)
     if entry is None:
