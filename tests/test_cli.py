@@ -242,6 +242,8 @@ BAD_INPUTS = [
     (["--seq", "65537"], "--seq 65537 is above the model's maximum context length 65536"),
     (["--batch", "-2"], "must be positive"),
     (["--device", "tpu"], "unknown device"),
+    # measured, and stored as a device of its own, which --resume and the report kept apart
+    (["--device", "cpu:0"], "unknown device 'cpu:0'; choose from auto, cpu, cuda, cuda:N"),
     (["--mode", "forward,forward-backward", "--optimizer", "torch-adamw"],
      "--optimizer is the training step's, which --mode forward,forward-backward leaves out"),
 ]

@@ -62,7 +62,7 @@ def validate_device(name: str) -> None:
     base = name.split(":", 1)[0]
     if not name.strip():
         raise ValueError("--device: empty value; choose from auto, cpu, cuda, cuda:N")
-    if base not in DEVICE_CHOICES:
+    if base not in DEVICE_CHOICES or (base != "cuda" and ":" in name):  # cpu:0 was its own
         raise ValueError(f"--device: unknown device {name!r}; choose from auto, cpu, cuda, cuda:N")
     if base == "cuda":
         import torch
