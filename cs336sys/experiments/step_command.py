@@ -10,7 +10,7 @@ from cs336sys.sweep import ranks
 from cs336sys.sweep.declaration import Command
 from cs336sys.sweep.options import list_option, option
 from cs336sys.sweep.points import SpecError, positive_ints
-from cs336sys.sweep.ranks import backend_and_device
+from cs336sys.sweep.ranks import timeout_s
 
 
 def options(
@@ -101,13 +101,18 @@ PRESETS = {"leaderboard": dict(size=["8b"], seq=[32768], batch=[2], precision=["
 
 def world_sizes(world_size: Any, preset: str | None, device: str | None = None) -> list[int]:
     """--world-size's values, else the preset's, else one rank (SpecError for a bad value).
-    With `device`, several ranks are checked as ddp checks them before any starts: no more
-    local ranks than this host runs, a CS336SYS_DIST_TIMEOUT that is a number of seconds."""
+    With `device` (resolved), several ranks are checked as ddp checks them before any
+    starts: a CS336SYS_DIST_TIMEOUT that is a number of seconds, and on a CPU no more local
+    Gloo ranks than this host runs (NCCL's, one a GPU, the launcher counts)."""
     worlds = (positive_ints(world_size, "--world-size")
               or PRESETS.get(preset or "", {}).get("world_size", [1]))
     if device is not None and any(w > 1 for w in worlds):
-        backend, _ = backend_and_device(None, device)
-        ranks.world_sizes([w for w in worlds if w > 1], backend, [])
+        try:
+            timeout_s()
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        if not device.startswith("cuda"):
+            ranks.world_sizes([w for w in worlds if w > 1], "gloo", [])
     return worlds
 
 
