@@ -663,3 +663,46 @@ def test_an_output_in_another_dtype_than_the_inputs_is_wrong_as_the_course_says(
     assert "O is float64 for float32 inputs: the course's forward test compares them with " \
         "torch.testing.assert_close, which checks the dtype" in by["fp32"]["error"]
     assert by["bf16"]["status"] == "ok", by["bf16"]["error"]
+
+
+def test_a_backward_that_refuses_is_causal_is_skipped_where_it_runs_without(tmp_path,
+                                                                           monkeypatch):
+    """The handout lets the PyTorch FlashAttention ignore is_causal, and the course's tests
+    never pass it True: one whose backward asserts it off passes them. Its causal point was
+    an error (exit 1), as a forward that refuses it is not."""
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "        q, k, v, o, logsumexp = ctx.saved_tensors\n",
+         "        assert not ctx.is_causal, 'causal backward not supported'\n"
+         "        q, k, v, o, logsumexp = ctx.saved_tensors\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", *SMALL[:2], *SMALL[4:], "--db", db)
+    assert result.exit_code == 0, result.output
+    for row in runs(db):
+        assert row["status"] == "skipped", row["error"]
+        assert row["error"].startswith("yours-torch's backward raised at is_causal=True "
+                                       "(AssertionError: causal backward not supported)")
+    result = invoke("attention", "--impl", "yours-torch", "--no-causal", *SMALL[:2], *SMALL[4:],
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    statuses = [r["status"] for r in runs(db) if not r["causal"]]
+    assert statuses and set(statuses) == {"ok"}
+
+
+def test_a_forward_that_saves_none_is_wrong_in_the_courses_words(tmp_path, monkeypatch):
+    """ctx.save_for_backward(..., None): the course's forward test reads each saved tensor's
+    shape and fails; cs336sys's own reader of L failed on it too, an error naming nobody's
+    file."""
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "ctx.save_for_backward(q, k, v, o, logsumexp)",
+         "ctx.save_for_backward(q, k, v, o, logsumexp, None)")
+    edit(repo, FLASH, "q, k, v, o, logsumexp = ctx.saved_tensors",
+         "q, k, v, o, logsumexp, _ = ctx.saved_tensors")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", "--no-causal", *SMALL[:2], *SMALL[4:],
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    for row in runs(db):
+        assert row["status"] == "wrong"
+        assert "its forward saves None among its tensors for backward" in row["error"]

@@ -242,6 +242,8 @@ def saved_logsumexps(out: Any, q: Any) -> list[Any] | None:
         saved = node.saved_tensors
     except (AttributeError, RuntimeError):
         return None
+    if any(t is None for t in saved):  # the course's test reads every one's .shape
+        return [None]  # lse_checked says so
     return [t.reshape(shape) for t in saved if tuple(t.shape) in (shape, flat)]
 
 
@@ -273,6 +275,10 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
     from cs336sys.attention.reference import logsumexp_reference
 
     shape = tuple(q.shape[:-1])
+    if None in saved:
+        return Verdict(False, why="wrong: its forward saves None among its tensors for backward "
+                       "(ctx.save_for_backward): the course's forward test reads the shape of "
+                       "each saved tensor, and fails on it with AttributeError")
     if len(saved) != 1:
         found = f"{len(saved)} tensors" if saved else "no tensor"
         return Verdict(False, why=f"wrong: its forward saves {found} of L's shape {shape} for "
@@ -321,8 +327,8 @@ def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None
     if spec.impl == "sdpa" and isinstance(exc, RuntimeError) and (
             "No available kernel" in message or "No viable backend" in message):
         return f"sdpa backend {spec.sdpa_backend!r} cannot run these inputs: {message}"
-    if spec.causal and spec.impl in MAY_IGNORE_CAUSAL and not is_oom(exc) \
-            and not isinstance(exc, NotImplementedError):  # unwritten: skipped as such
+    # (unwritten, NotImplementedError either way, fails non_causal too: skipped as such)
+    if spec.causal and spec.impl in MAY_IGNORE_CAUSAL and not is_oom(exc):
         try:
             non_causal()
         except Exception:  # it fails either way: a fault, the point's error
@@ -330,6 +336,27 @@ def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None
         return (f"{spec.impl} raised at is_causal=True ({type(exc).__name__}: {message}): the "
                 "handout lets the PyTorch FlashAttention ignore is_causal, and the course's "
                 "tests run it non-causal; --no-causal measures it")
+    return None
+
+
+def backward_cannot_run(spec: Any, exc: BaseException, fn: Any, q: Any, k: Any, v: Any,
+                        dout: Any) -> str | None:
+    """Why a point whose checked backward raised `exc` is skipped, or None (its error):
+    the user's PyTorch FlashAttention whose backward refuses is_causal=True where its
+    forward and backward run without it, as the course's tests run them (it was stored as
+    an error, and `handout run` exited 1 on code the course passes). A backward not written
+    at all is left to say `--pass forward` times the forward alone."""
+    from cs336sys.sweep.result import hint
+
+    def non_causal() -> None:
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fn(*leaves, is_causal=False).backward(dout)
+
+    why = cannot_run(spec, exc, non_causal)
+    if why is not None:
+        return why.replace(" raised at is_causal=True", "'s backward raised at is_causal=True")
+    if isinstance(exc, NotImplementedError) and spec.passes == "both":
+        hint(exc, "raised in the backward: --pass forward times the forward alone")
     return None
 
 
@@ -384,7 +411,8 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
     if lse is not None and spec.impl in SAVES_L:
         verdict = _also(verdict, lse_checked(spec.impl, causal_l, lse, q, k, tolerance))
     if spec.impl in SAVES_L and spec.precision == "fp32":
-        verdict = _also(verdict, dtypes_checked(out, lse if lse and len(lse) == 1 else [], q))
+        one = lse if lse and len(lse) == 1 and lse[0] is not None else []
+        verdict = _also(verdict, dtypes_checked(out, one, q))
     metrics.update(verdict.metrics)
     return verdict
 

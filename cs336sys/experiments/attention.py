@@ -20,7 +20,13 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in, registry
-from cs336sys.attention.diagnosis import cannot_run, checked, forward_logsumexps, status_of
+from cs336sys.attention.diagnosis import (
+    backward_cannot_run,
+    cannot_run,
+    checked,
+    forward_logsumexps,
+    status_of,
+)
 from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
@@ -31,15 +37,9 @@ from cs336sys.measure.progress import phase
 from cs336sys.measure.timing import time_do_bench, time_loop
 from cs336sys.models.flops import attention_forward_flops
 from cs336sys.sweep import points
-from cs336sys.sweep.declaration import (
-    Experiment,
-    launch,
-    metric_table,
-    settings_keys,
-    timing,
-)
+from cs336sys.sweep.declaration import Experiment, launch, metric_table, settings_keys, timing
 from cs336sys.sweep.points import NOT_A_SETTING, SpecError, settings_of
-from cs336sys.sweep.result import Result, hint
+from cs336sys.sweep.result import Result
 from cs336sys.sweep.rounds import ROUNDS_DONE, checked_first
 from cs336sys.yours.implementations import named_impls, sources, uses_triton
 
@@ -336,9 +336,10 @@ def run(spec: AttentionSpec) -> Result:
             metrics["mem_before_bwd_bytes"] = probe.current() if probe else saved
             try:
                 out.backward(dout)
-            except NotImplementedError as exc:  # a forward written, its backward not yet
-                if spec.passes == "both":
-                    hint(exc, "raised in the backward: --pass forward times the forward alone")
+            except Exception as exc:  # a backward refusing is_causal, or not written yet
+                why = backward_cannot_run(spec, exc, impl_fn, q, k, v, dout)
+                if why is not None:
+                    return Result("skipped", error=why)
                 raise
         if spec.impl == "triton":  # what the checked pass ran (the opt-ins may fall back)
             from cs336sys.attention.flash_triton import kernels_ran
