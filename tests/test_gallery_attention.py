@@ -42,7 +42,8 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
     _, rows = attention(tmp_path / "r.db", "--impl",
                         f"yours-right={TORCH}:Right,yours-nocausal={TORCH}:IgnoresCausal,"
                         f"yours-noscale={TORCH}:NoScale,yours-instance={TORCH}:AnInstance,"
-                        f"yours-late={TORCH}:OneKeyLate,yours-bwd={TORCH}:BackwardUnmasked",
+                        f"yours-late={TORCH}:OneKeyLate,yours-bwd={TORCH}:BackwardUnmasked,"
+                        f"yours-early={TORCH}:OneKeyEarly",
                         *SEQS)
     got = by_impl(rows)
     assert [(r["status"], r["check"]) for r in got["yours-right"]] == [("ok", "pass")] * 2
@@ -63,6 +64,9 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
     for r in got["yours-late"]:  # its figures alone said it was off, not how
         assert r["status"] == "wrong"
         assert "it computes causal attention with the mask one key late" in r["error"]
+    for r in got["yours-early"]:  # `q > k` for `q >= k`: figures alone, the detail L's
+        assert r["status"] == "wrong"
+        assert "it computes causal attention with the mask one key early" in r["error"]
     for r in got["yours-bwd"]:  # exp(S - L) over every key, with the causal L: neither mask's
         assert r["status"] == "wrong"
         assert "its backward recomputes P = exp(S - L) without the causal mask, with the " \
@@ -292,3 +296,17 @@ def test_a_backward_that_returns_no_gradient_is_not_told_a_formula():
     verdict = check(got, want, 1e-2, 1e-2)
     said = backward_diagnosed(True, got, q, k, v, do, want, verdict, (1e-2, 1e-2))
     assert "dV has shape None" in said.why and "alone is off" not in said.why
+
+
+def test_a_failure_nothing_explains_keeps_its_figures_before_ls_reason():
+    """A kernel dropping its last partial key tile: O's figures were the error's, and the
+    detail (what the writeup shows) held only L's reason, which sent students to their L."""
+    from cs336sys.attention.diagnosis import _also
+    from cs336sys.measure.check import Verdict
+
+    o = Verdict(False, {"check": "fail"}, "wrong: O off by up to 0.444 at 790 of 5,120 elements")
+    lse = Verdict(False, why="wrong: L, the logsumexp its forward saves, is not m + log l")
+    joined = _also(o, lse)
+    assert joined.metrics["check_detail"] == (
+        "O off by up to 0.444 at 790 of 5,120 elements; L, the logsumexp its forward saves, "
+        "is not m + log l")

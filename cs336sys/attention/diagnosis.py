@@ -74,7 +74,10 @@ def alternatives(causal: bool, d: int) -> list[Alternative]:
                            "ignored)", False, None) if causal else
                Alternative("causal attention: a causal mask that was not asked for", True, None))
     late = ([Alternative("causal attention with the mask one key late: each query also sees "
-                         "the next key (j <= i + 1)", True, None, 1)] if causal else [])
+                         "the next key (j <= i + 1)", True, None, 1),
+             Alternative("causal attention with the mask one key early: each query misses "
+                         "its own key (j < i; the first query sees none)", True, None, -1)]
+            if causal else [])
     return [flipped,
             Alternative("attention without the 1/√d scale", causal, 1.0),
             Alternative(f"attention scaled by 1/d (1/{d}) instead of 1/√d", causal, 1.0 / d),
@@ -92,9 +95,14 @@ def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, c
     for alt in alternatives(causal, q.shape[-1]):
         o, grads = attention_reference(q, k, v, alt.causal, do=dout, dtype=torch.float64,
                                        scale=alt.scale, diagonal=alt.diagonal)
-        if not check({"O": got["O"]}, {"O": o}, *tolerance).passed:
+        # a mask early leaves the first queries no key: their rows are whatever the kernel
+        # made of nothing (NaN, or the mean of V under a -1e6 fill), compared from the next
+        seen = slice(max(0, -alt.diagonal), None)
+        if not check({"O": got["O"][..., seen, :]}, {"O": o[..., seen, :]}, *tolerance).passed:
             continue
         _, want = _compared(None, None, o, grads)
+        if alt.diagonal < 0:
+            got, want = {**got, "O": got["O"][..., seen, :]}, {**want, "O": o[..., seen, :]}
         return alt, check({n: got[n] for n in want}, want, *tolerance,
                           against=f"a float64 reference of {alt.name.split(':')[0]}")
     return None
@@ -423,7 +431,9 @@ def _also(verdict: Verdict, other: Verdict) -> Verdict:
     if other.passed:
         return verdict
     why = other.why if verdict.passed else f"{verdict.why}; {_reason(other.why)}"
-    said = [] if verdict.passed else [verdict.metrics.get("check_detail")]
+    # a failure nothing explained said only L's reason in its detail: the figures come first
+    said = [] if verdict.passed else [verdict.metrics.get("check_detail")
+                                      or _reason(verdict.why or "")]
     detail = "; ".join(d for d in [*said, _reason(other.why)] if d)
     return Verdict(False, {**verdict.metrics, "check": "fail", "check_detail": detail}, why)
 

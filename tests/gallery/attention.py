@@ -56,6 +56,7 @@ Right = _function(mask=True, scale=None)
 IgnoresCausal = _function(mask=False, scale=None)  # right for the PyTorch part, per the handout
 NoScale = _function(mask=True, scale=1.0)  # wrong: scores never divided by sqrt(d)
 OneKeyLate = _function(mask=True, scale=None, late=1)  # wrong: `triu(2)` for `triu(1)`
+OneKeyEarly = _function(mask=True, scale=None, late=-1)  # wrong: `triu(0)`, its own key hidden
 BackwardUnmasked = _function(mask=True, scale=None, backward_mask=False)  # wrong, causal
 with warnings.catch_warnings():  # torch deprecates instances; the course's tests still pass one
     warnings.simplefilter("ignore", DeprecationWarning)
