@@ -410,7 +410,7 @@ def test_points_whose_triton_kernels_ran_interpreted_stand_apart(monkeypatch):
     verdict against the native `none`, and out of the chart."""
     from cs336sys.experiments import step_section
     from cs336sys.experiments.step import EXPERIMENT
-    from cs336sys.experiments.step_build import interpreted
+    from cs336sys.experiments.training_step import interpreted
     from cs336sys.report.experiment_section import build_section
 
     def spec(**kw):

@@ -706,3 +706,37 @@ def test_a_forward_that_saves_none_is_wrong_in_the_courses_words(tmp_path, monke
     for row in runs(db):
         assert row["status"] == "wrong"
         assert "its forward saves None among its tensors for backward" in row["error"]
+
+
+def test_model_points_with_an_interpreted_triton_kernel_stand_apart(monkeypatch):
+    """`model --attention naive,yours-triton` under TRITON_INTERPRET=1 set the emulator's
+    1,892 ms beside naive's 22 ms as tokens/s and bars, unmarked (attention and step keep
+    them apart). They now stand in a table of their own and out of the charts."""
+    from types import SimpleNamespace
+
+    from cs336sys.experiments import model_section
+    from cs336sys.experiments.model import EXPERIMENT
+    from cs336sys.experiments.training_step import interpreted
+    from cs336sys.report.experiment_section import build_section
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    model_spec = SimpleNamespace(optimizer="adamw", attention="triton")  # no `loss`: model's
+    assert interpreted(model_spec)
+    assert not interpreted(SimpleNamespace(optimizer="adamw", attention=None))  # their model
+
+    def row(attention, ms, run):
+        s = {"size": "tiny", "seq": 32, "batch": 1, "mode": "forward", "precision": "fp32",
+             "warmup": 1, "compile": False, "checkpoint": "none", "attention": attention,
+             "optimizer": "none"}
+        return {**s, "status": "ok", "step_ms_mean": ms, "step_ms_std": 0.1, "fwd_ms_mean": ms,
+                "tokens_per_s": 32e3 / ms, "gpu": None, "interpreted": run, "_settings": s,
+                "created": "2026-12-07", "run_id": attention, "invocation_id": "i",
+                "_samples": json.dumps({"step_ms": [ms] * 2, "warmup": {"step_ms": [ms]}})}
+
+    sec = build_section(EXPERIMENT, [row("naive", 22.0, False), row("triton", 1892.0, True)])
+    native, apart = sec.tables[:2]
+    assert apart.title.endswith(model_section.APART[1]) and len(apart.rows) == 1
+    assert len(native.rows) == 1
+    for figure in sec.figures:  # no chart draws the emulator's time
+        assert "triton" not in json.dumps([getattr(b, "label", "") for b in
+                                           getattr(figure.plot, "bars", [])])

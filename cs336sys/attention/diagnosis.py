@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.measure.check import Verdict, check
-from cs336sys.sweep.result import first_line, is_oom
+from cs336sys.sweep.result import first_line, hint, is_oom
 
 # The check of every point, elementwise as torch.allclose: |x - ref| <= atol + rtol·|ref|,
 # against a float64 reference from the same (rounded) inputs. fp32: the course's tests'
@@ -354,8 +354,6 @@ def backward_cannot_run(spec: Any, exc: BaseException, fn: Any, q: Any, k: Any, 
     forward and backward run without it, as the course's tests run them (it was stored as
     an error, and `handout run` exited 1 on code the course passes). A backward not written
     at all is left to say `--pass forward` times the forward alone."""
-    from cs336sys.sweep.result import hint
-
     def non_causal() -> None:
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         fn(*leaves, is_causal=False).backward(dout)

@@ -21,6 +21,7 @@ from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, us
 from cs336sys.experiments.training_step import (
     MODES,
     OPTIMIZERS,
+    interpreted,
     make_model,
     make_step,
     merged_rounds,
@@ -297,6 +298,7 @@ def run(spec: ModelSpec) -> Result:
         peak_reserved_mb=torch.cuda.max_memory_reserved(spec.device) / 2**20 if on_cuda else None,
         loss_first=losses[0],
         loss_last=losses[-1],
+        interpreted=interpreted(spec),
     )
     metrics.update(launch_metrics(timed, ("fwd", "bwd", "opt"), spec.device))
     if checked is not None:
@@ -364,6 +366,8 @@ EXPERIMENT = Experiment(
             peak_reserved_mb   MiB  CUDA: peak bytes held by the caching allocator
             loss_first         -    loss of the first (warm-up) step
             loss_last          -    loss of the last timed step
+            interpreted        -    a Triton kernel ran in Triton's CPU interpreter
+                                      (TRITON_INTERPRET=1): the emulator's time
         """),
         *CHECK_METRICS,
         in_rounds.ROUNDS_DONE,
@@ -376,6 +380,7 @@ EXPERIMENT = Experiment(
     settings=settings_keys(ModelSpec),
     split=in_rounds.checked_first, merge=merge,  # each round builds and warms up its model
     section=model_section.section,
+    apart=model_section.APART,
     draws=True,
     command=model_command.COMMAND,
 )

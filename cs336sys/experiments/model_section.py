@@ -50,8 +50,16 @@ def _model_label(r: Row, gpu: bool = False, warmup: bool = False) -> str:
     ])
 
 
+# Points shown in a table of their own (experiment_section): (which, title suffix).
+APART = (lambda r: bool(r.get("interpreted")),
+         " — Triton interpreted (TRITON_INTERPRET=1): the CPU emulates the kernels, so these "
+         "times are not comparable to native ones")
+
+
 def section(sec: Section, pts: list[Row]) -> None:
-    """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups."""
+    """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups, of native
+    points (an interpreted Triton kernel's time is the emulator's: APART)."""
+    pts = [r for r in pts if not APART[0](r)]
     many = len({r.get("gpu") for r in pts}) > 1
     warmups = len({r["_settings"].get("warmup") for r in pts}) > 1
 

@@ -51,11 +51,15 @@ from cs336sys.experiments.step_build import (
     build,
     course_ms,
     empty_compile_cache,
-    interpreted,
     tensor_peak_bytes,
 )
 from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
-from cs336sys.experiments.training_step import optimizer_option, throughput, throughput_metrics
+from cs336sys.experiments.training_step import (
+    interpreted,
+    optimizer_option,
+    throughput,
+    throughput_metrics,
+)
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import matmul_precision
 from cs336sys.measure.progress import phase

@@ -20,22 +20,11 @@ from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.dtypes import autocast_dtype, torch_dtype
 from cs336sys.measure.environ import environ
 from cs336sys.measure.memory import optimizer_tensors
-from cs336sys.yours.implementations import uses_triton
 
 LIMIT_S = 600  # the leaderboard: a finished run within 10 minutes from an empty cache
 # The leaderboard test's own timing: triton.testing.do_bench(train_step, rep=30_000,
 # warmup=10_000), its mean (do_bench's default return mode)
 COURSE_REP_MS, COURSE_WARMUP_MS = 30_000, 10_000
-
-
-def interpreted(spec: Any) -> bool:
-    """Whether a Triton kernel of the point ran in Triton's CPU interpreter
-    (TRITON_INTERPRET=1): the fused AdamW, the fused cross-entropy, our FlashAttention or the
-    user's Triton attention. Its time is the emulator's, not the kernel's (fused-ce read
-    0.10x, flash 0.0068x of `none`, "slower")."""
-    return os.environ.get("TRITON_INTERPRET") == "1" and (
-        spec.optimizer == "adamw-triton" or spec.loss == "fused-triton"
-        or spec.attention == "triton" or uses_triton(spec.attention))
 
 
 def optimizer_name(spec: Any) -> str:

@@ -23,8 +23,8 @@ from cs336sys.experiments import ddp_setup, ddp_yours
 from cs336sys.experiments.checks import before_timing, both, judged, user_code
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.ddp_toy_check import checked as toy_check
-from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache, interpreted
-from cs336sys.experiments.training_step import throughput
+from cs336sys.experiments.step_build import LIMIT_S, build, empty_compile_cache
+from cs336sys.experiments.training_step import interpreted, throughput
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import matmul_precision
 from cs336sys.measure.memory import held

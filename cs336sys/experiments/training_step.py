@@ -41,7 +41,13 @@ from cs336sys.models.config import checkpoint_groups
 from cs336sys.models.flops import attention_matmul_flops, step_flops
 from cs336sys.sweep import rounds
 from cs336sys.sweep.declaration import Metric
-from cs336sys.yours.implementations import build_model, call_adapter, load_target, named_impls
+from cs336sys.yours.implementations import (
+    build_model,
+    call_adapter,
+    load_target,
+    named_impls,
+    uses_triton,
+)
 
 MODES = ("forward", "forward-backward", "train")
 # ours: the reference, multi-tensor, one Triton kernel (models/adamw_fused.py); torch's:
@@ -162,6 +168,19 @@ def optimizer_class(name: str) -> Any:
         return ours[name]
     raise ValueError(f"optimizer class must be one of {tuple(ours)}, torch-adamw or yours, "
                      f"not {name!r}")
+
+
+def interpreted(spec: Any) -> bool:
+    """Whether a Triton kernel of the point ran in Triton's CPU interpreter
+    (TRITON_INTERPRET=1): the fused AdamW, the fused cross-entropy (step's), our
+    FlashAttention or the user's Triton attention (model's and step's). Its time is the
+    emulator's, not the kernel's (fused-ce read 0.10x, flash 0.0068x of `none`, "slower")."""
+    import os
+
+    attention = getattr(spec, "attention", None)
+    return os.environ.get("TRITON_INTERPRET") == "1" and (
+        spec.optimizer == "adamw-triton" or getattr(spec, "loss", None) == "fused-triton"
+        or attention == "triton" or (attention is not None and uses_triton(attention)))
 
 
 def make_batch(seed: int, batch: int, seq: int, vocab_size: int) -> tuple:
