@@ -55,6 +55,12 @@ def test_torch_kernels_right_and_wrong(repo, tmp_path):
                   "--db", db).exit_code == 1
     (row,) = query(db, "SELECT * FROM attention_runs")
     assert row["status"] == "error" and "returned a tuple of 2, not the output O" in row["error"]
+    # None: "'NoneType' object has no attribute 'backward'", naming no cause
+    db = tmp_path / "none.db"
+    assert invoke("attention", *SMALL, "--impl", f"yours-none={TORCH}:ReturnsNothing", "--seq",
+                  "32", "--db", db).exit_code == 1
+    (row,) = query(db, "SELECT * FROM attention_runs")
+    assert "yours-none returned NoneType, not the output O (a tensor)" in row["error"]
     for r in got["yours-nocausal"]:  # a one-off kernel is not the handout's PyTorch part
         assert r["status"] == "wrong"
         assert "it computes non-causal attention: the causal mask is missing" in r["error"]

@@ -244,6 +244,9 @@ def attention_function(name: str) -> Callable[..., Any]:
             raise TypeError(f"{name} returned a {type(out).__name__} of {len(out)}, not the "
                             f"output O: the course's .apply(q, k, v, is_causal) returns O "
                             f"alone (L is saved for backward with ctx.save_for_backward)")
+        if not hasattr(out, "reshape"):  # it said "'NoneType' has no attribute 'backward'"
+            raise TypeError(f"{name} returned {type(out).__name__}, not the output O (a "
+                            f"tensor): does its forward end without `return`?")
         return out
 
     def fn(q, k, v, is_causal=False):

@@ -66,3 +66,7 @@ with warnings.catch_warnings():  # torch deprecates instances; the course's test
 def ReturnsL(q, k, v, is_causal=False):  # wrong: O and its logsumexp, where O alone is due
     o = Right.apply(q, k, v, is_causal)
     return o, o.float().sum(-1)
+
+
+def ReturnsNothing(q, k, v, is_causal=False):  # wrong: the `return` forgotten
+    Right.apply(q, k, v, is_causal)
