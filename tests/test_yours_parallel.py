@@ -157,15 +157,23 @@ def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     assert fsdp["expected_params_bytes"] == fsdp["params"] * 4 / 2  # held to the sharded ideal
 
 
-@pytest.mark.slow  # starts ranks
-def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
+def _rank_1_runs(tmp_path, monkeypatch, statement: str, impls: str):
+    """The example's DDP with `statement` on rank 1 once it has the world size: the repo,
+    the result of `ddp --impl impls` in it, and its store."""
     repo = course_repo(tmp_path)
     edit(repo, "cs336_systems/ddp.py", "        world = dist.get_world_size()\n",
          "        world = dist.get_world_size()\n        if dist.get_rank() == 1:\n"
-         "            raise RuntimeError('rank 1 lost its gradients')\n")
+         f"            {statement}\n")
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
-    result = invoke("ddp", "--impl", "yours=cs336_systems.ddp:NaiveDDP,flat", *SMALL, "--db", db)
+    return repo, invoke("ddp", "--impl", impls, *SMALL, "--db", db), db
+
+
+@pytest.mark.slow  # starts ranks
+def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
+    repo, result, db = _rank_1_runs(tmp_path, monkeypatch,
+                                    "raise RuntimeError('rank 1 lost its gradients')",
+                                    "yours=cs336_systems.ddp:NaiveDDP,flat")
     assert result.exit_code == 1  # a point failed; a fresh group ran the next one
     failed, ours = ddp_runs(db)
     assert (failed["impl"], failed["status"]) == ("yours", "error")
@@ -186,13 +194,8 @@ def test_a_one_off_wrapper_and_a_rank_that_raises(tmp_path, monkeypatch):
 def test_a_rank_whose_code_calls_sys_exit_names_its_file_and_line(tmp_path, monkeypatch):
     """On a rank, sys.exit(3) in the user's code was stored as `rank 1 failed: SystemExit:
     3`, where one process names the file and line and says what it did."""
-    repo = course_repo(tmp_path)
-    edit(repo, "cs336_systems/ddp.py", "        world = dist.get_world_size()\n",
-         "        world = dist.get_world_size()\n        if dist.get_rank() == 1:\n"
-         "            raise SystemExit(3)\n")
-    monkeypatch.chdir(repo)
-    db = tmp_path / "r.db"
-    result = invoke("ddp", "--impl", "yours=cs336_systems.ddp:NaiveDDP", *SMALL, "--db", db)
+    repo, result, db = _rank_1_runs(tmp_path, monkeypatch, "raise SystemExit(3)",
+                                    "yours=cs336_systems.ddp:NaiveDDP")
     assert result.exit_code == 1
     (failed,) = ddp_runs(db)
     line = line_of(repo, "cs336_systems/ddp.py", "raise SystemExit(3)")
