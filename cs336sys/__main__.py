@@ -5,6 +5,7 @@ or started, so that Ctrl-C and SIGTERM stop the command the same way at any mome
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 
 from cs336sys.sweep import stopping
@@ -12,6 +13,10 @@ from cs336sys.sweep import stopping
 
 def main() -> None:
     stopping.install()
+    # A point's code that crashes the process (a segfault in a C extension, a Triton
+    # interpreter's wild load, an abort) ended the command without a word: Python's fault
+    # handler prints each thread's stack, the user's file and line in it, on the way down.
+    faulthandler.enable()
     try:
         from cs336sys.cli import main as command_line
     except BaseException:  # while the command line loads

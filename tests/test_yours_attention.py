@@ -740,3 +740,28 @@ def test_model_points_with_an_interpreted_triton_kernel_stand_apart(monkeypatch)
     for figure in sec.figures:  # no chart draws the emulator's time
         assert "triton" not in json.dumps([getattr(b, "label", "") for b in
                                            getattr(figure.plot, "bars", [])])
+
+
+CRASHES = '''
+import ctypes
+
+
+def attention(q, k, v, is_causal=False):
+    ctypes.string_at(0)  # a wild read, as a C extension's or the Triton interpreter's
+'''
+
+
+def test_code_that_crashes_the_process_leaves_its_file_and_line_on_stderr(tmp_path):
+    """A segfault in the user's code ended the command with nothing after `attention: 1
+    point(s)`: Python's fault handler now prints the stack on the way down."""
+    import subprocess
+    import sys
+
+    repo = course_repo(tmp_path, files={"wild/__init__.py": "", "wild/attn.py": CRASHES})
+    proc = subprocess.run([sys.executable, "-m", "cs336sys", "attention", "--impl",
+                           "yours-wild=wild.attn:attention", *SMALL, "--db",
+                           str(tmp_path / "r.db")], cwd=repo, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == -11, proc.stderr  # SIGSEGV: nothing could store the point
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert f'File "{repo / "wild" / "attn.py"}", line 6 in attention' in proc.stderr

@@ -104,7 +104,7 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
         if inv.get("exit_status") in (130, 143):
             ended["stopped by Ctrl-C or SIGTERM" + nothing] += 1
         elif inv.get("id") is not None and inv.get("finished") is None:
-            ended["never finished (killed, or still running)" + nothing] += 1
+            ended["never finished (killed, crashed, or still running)" + nothing] += 1
         if inv.get("user_repo"):
             k = (inv["user_repo"], inv.get("user_commit") or "(no git)", inv.get("adapters") or "")
             yours.add((*k, bool(inv.get("user_dirty"))))
