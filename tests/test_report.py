@@ -652,8 +652,8 @@ def test_the_header_says_which_invocations_stopped_before_their_end():
     facts = dict(provenance([inv("a", 0), inv("b", 130), inv("c", 143), inv("d", None, None)],
                             {}))
     assert facts[STOPPED_EARLY] == (
-        "2 invocations stopped by Ctrl-C or SIGTERM; 1 invocation never finished (killed, or "
-        "still running): their sweeps may lack points; the same command with --resume "
+        "2 invocations stopped by Ctrl-C or SIGTERM; 1 invocation never finished (killed, "
+        "crashed, or still running): their sweeps may lack points; the same command with --resume "
         "measures the rest")
     assert dict(provenance([inv("b", 130)], {}))[STOPPED_EARLY].startswith(
         "1 invocation stopped by Ctrl-C or SIGTERM: its sweep may lack points")
