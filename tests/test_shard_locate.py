@@ -77,3 +77,24 @@ def test_a_shard_whose_values_are_not_the_models_is_compared_by_its_name():
     values = {"emb.weight": ref.initial["emb.weight"][:2].to(torch.bfloat16)}
     summed = gradient_problem({"emb.weight": 2 * ref.grads["emb.weight"][:2]}, ref, 1e-3, values)
     assert summed is not None and "summed, not averaged" in summed
+
+
+def test_values_a_16_bit_master_meets_by_chance_are_no_place():
+    """A right FSDP whose fp32 master came through 16 bits (`shard.to(fp16).float()`) was
+    `wrong` at 22M parameters: its rounded values met the model's few exactly representable
+    ones elsewhere, 15-18 % of the shard "located", none where it belongs. Here another
+    weight holds every rounded value once: the shard's name says where it must be."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(8, 6, generator=g)
+    held = a[:4].to(torch.bfloat16).float()  # rank 0's master, rounded once
+    elsewhere = held.reshape(-1).unique()
+    initial = {"a.weight": a, "b.weight": elsewhere[torch.randperm(elsewhere.numel(),
+                                                                   generator=g)]}
+    mean = {k: torch.randn(v.shape, generator=g) for k, v in initial.items()}
+    ref = TrainingReference(initial, {}, mean, {k: torch.zeros_like(v) for k, v in mean.items()},
+                            2)
+    values = {"module.a.weight": held}
+    right = {"module.a.weight": mean["a.weight"][:4].clone()}
+    assert gradient_problem(right, ref, 1e-3, values) is None
+    summed = gradient_problem({"module.a.weight": 2 * mean["a.weight"][:4]}, ref, 1e-3, values)
+    assert summed is not None and "summed, not averaged" in summed

@@ -51,6 +51,14 @@ def test_the_check_names_a_stale_forward_where_the_parameters_fail():
                              losses=[6.97, 6.9699, 6.9698, 6.9697])
     assert not verdict.passed
     assert "the forward kept running on the first step's weights" in verdict.metrics["check_detail"]
+    # a cause found otherwise stands alone: another rank's gradient stalls the loss too
+    grads = {"w": torch.full((4,), 2.0)}
+    reference = TrainingReference(start, final, {"w": torch.ones(4)}, {"w": torch.ones(4)}, 2,
+                                  list(FALLING))
+    verdict = training_check({"w": torch.full((4,), 0.5)}, reference, "fp32", grads,
+                             losses=[6.97, 6.9699, 6.9698, 6.9697])
+    assert "summed, not averaged" in verdict.metrics["check_detail"]
+    assert "loss" not in verdict.metrics["check_detail"]
     # a passing check says nothing of the losses
     verdict = training_check(dict(final), reference, "fp32", losses=[6.97, 7.0, 7.1, 7.2])
     assert verdict.passed and "loss" not in verdict.metrics["check_detail"]

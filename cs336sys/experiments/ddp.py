@@ -317,8 +317,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         )
         losses = []
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
-        # rank 0's gradients after the first step's synchronization, and their parameters
-        first: tuple[dict, dict] = ({}, {})
+        # rank 0's gradients after the first step's synchronization, and an FSDP's shards
+        first: tuple[dict, dict | None] = ({}, {} if ddp_setup.fully_sharded(spec.impl) else None)
         copy_grads = first_step_grads(setup.module, *first) if reference is not None else None
         # every rank's, for what the course's FSDP test asserts besides training
         record = (fsdp_course_check.Record(setup.module)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from cs336sys.experiments.shard_locate import WholeModel
+from cs336sys.experiments.shard_locate import MAX_LOCATED, WholeModel
 from cs336sys.experiments.training_step import adamw_kwargs, cross_entropy, make_model
 from cs336sys.measure.check import Verdict
 from cs336sys.measure.dtypes import autocast_dtype
@@ -220,20 +220,24 @@ class _Located:
 
     def __init__(self, reference: TrainingReference) -> None:
         self.model = WholeModel(reference.initial)
-        self.mean = self.model.flatten(reference.grads)
-        self.local = self.model.flatten(reference.local_grads)
+        located = self.model.size <= MAX_LOCATED
+        self.mean = self.model.flatten(reference.grads) if located else None
+        self.local = self.model.flatten(reference.local_grads) if located else None
 
-    def against(self, raw: str, got: Any, value: Any, world: int, tol: float
-                ) -> tuple[str, Against] | None:
-        """Rank 0's flattened gradient `got` (named `raw` by the wrapper) against the
-        reference's at the places the parameter's values `value` were found, with the name
-        of the weight they fall in (or `raw` and how many), or None where they were not."""
+    def against(self, raw: str, got: Any, value: Any, world: int, tol: float,
+                name: str | None = None) -> tuple[str, Against] | None:
+        """Rank 0's flattened gradient `got` (named `raw` by the wrapper; `name`, the
+        model's weight that name ends in, if any) against the reference's at the places the
+        parameter's values `value` were found, with the name of the weight they fall in (or
+        `raw` and how many), or None where they were not, or fall outside `name`."""
         located = self.model.locate(value)
         if located is None:
             return None
         mine, where = got[located.at], located.where
-        found = _against(mine, self.mean[where], self.local[where], world)
         names = self.model.names_at(where)
+        if name is not None and names != [name]:  # values met by chance: not this shard's
+            return None
+        found = _against(mine, self.mean[where], self.local[where], world)
         if not found.mean <= tol and len(names) == 1:  # another rank's part of one weight?
             n = got.numel()
             shifts = {k * s for k in range(1, world) for s in (n, 1)}
@@ -270,7 +274,8 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float,
             found = _as_laid_out(flat, ref, reference.local_grads.get(name), world, tol)
         elif value is not None and value.numel() == got.numel() and reference.initial:
             located = located or _Located(reference)
-            placed = located.against(raw, flat, value, world, tol)
+            placed = located.against(raw, flat, value, world, tol,
+                                     name if name in reference.initial else None)
             if placed is not None:
                 name, found = placed
         if found is None and ref is not None and _part(got, ref) is not None:
@@ -456,8 +461,11 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
                       f"start, or their updates differ")
     if gradients:
         causes.append(gradients)
-    left = loss_problem(losses, reference, precision, bool(frozen)) if losses and not passed else None
-    if left is not None and (left[1] or not causes):  # a departure alone: where, not why
+    # where nothing else names the cause: any update that makes no progress (another rank's
+    # chunk's gradient) leaves the loss where it started, as a stale forward does
+    left = loss_problem(losses, reference, precision, bool(frozen)) \
+        if losses and not passed and not causes else None
+    if left is not None:
         causes.append(left[0])
     if causes:
         detail = "; ".join(causes) + "; " + detail
