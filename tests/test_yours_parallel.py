@@ -204,6 +204,23 @@ def test_a_rank_whose_code_calls_sys_exit_names_its_file_and_line(tmp_path, monk
         "which would have ended the command"), failed["error"]
 
 
+@pytest.mark.slow  # starts ranks
+def test_a_switch_a_rank_left_on_is_put_back_for_the_next_point(tmp_path, monkeypatch,
+                                                                capfd):
+    """A DDP that turns float64 on as it synchronizes (on every rank: the statement after
+    the rank-1 branch) left it on for the next point on the same ranks: cs336sys's naive DDP
+    then held its parameters in float64 (twice the bytes), stored as fp32 and ok."""
+    _, result, db = _rank_1_runs(tmp_path, monkeypatch, "pass\n"
+                                 "        torch.set_default_dtype(torch.float64)",
+                                 "yours=cs336_systems.ddp:NaiveDDP,naive")
+    assert result.exit_code == 0, result.output
+    # rank 0's stderr, copied to the command's by the launcher (file descriptor 2)
+    assert "cs336sys: the point left default dtype torch.float64 (put back to " \
+        "torch.float32)" in capfd.readouterr().err
+    naive = next(r for r in ddp_runs(db) if r["impl"] == "naive")
+    assert naive["mem_init_params_bytes"] == naive["expected_params_bytes"]
+
+
 def test_a_wrapper_holding_a_handle_on_a_parameter_keeps_its_models_names():
     """A right DDP that keeps `self.first = next(module.parameters())` (it passes the course's
     tests) was wrong: `0.weight is missing`, since named_parameters() gave that tensor once,

@@ -15,23 +15,23 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-# (name, getter, setter) of each switch kept; the getters and setters are torch's own
+# (name, getter, setter) of each switch kept; the getters and setters are torch's own. Not
+# the float32 matmul precision: code sets TF32 on purpose at import (once, in the first
+# point that imports it), a point's TF32 is recorded as it ran (measure/device.tf32_matmuls),
+# and put back after that point the user's later points ran without what they asked.
 _SWITCHES = (
     ("default dtype", "get_default_dtype", "set_default_dtype"),
     ("gradient mode", "is_grad_enabled", "set_grad_enabled"),
     ("anomaly detection", "is_anomaly_enabled", "set_anomaly_enabled"),
     ("deterministic algorithms", "are_deterministic_algorithms_enabled",
      "use_deterministic_algorithms"),
-    ("float32 matmul precision", "get_float32_matmul_precision", "set_float32_matmul_precision"),
     ("default device", "get_default_device", "set_default_device"),
 )
 _PATCHED_MODULES = ("torch", "torch.nn.functional")  # whose functions code may replace
 
 
 def _switches(torch: Any) -> dict[str, Any]:
-    """Each switch's value; one whose getter raises is not kept (torch 2.9's float32 matmul
-    precision, once set the new way, `fp32_precision = "tf32"`, refuses the legacy getter:
-    the point's TF32 is recorded as it ran, measure/device.tf32_matmuls)."""
+    """Each switch's value; one whose getter raises is not kept."""
     out = {}
     for name, get, _ in _SWITCHES:
         try:
