@@ -44,6 +44,14 @@ def _secondary_first(ctx):
     raise exc
 
 
+def _segv_on_rank1(ctx):
+    if ctx.rank == 1:
+        import ctypes
+
+        ctypes.string_at(0)  # a wild read, as a C extension's
+    dist.barrier()
+
+
 def _die_on_rank1(ctx, killed=False):
     if ctx.rank == 1:
         if killed:  # as the kernel's OOM killer ends a process
@@ -213,6 +221,18 @@ def test_a_rank_that_raises_fails_the_run_with_its_traceback():
     assert "_raise_on_rank1" in err.traceback  # the failing rank's own traceback
     assert time.perf_counter() - t0 < 30  # rank 0 was killed, not left to time out
     assert len(err.pids) == 2 and _pids_gone(err.pids)
+
+
+@pytest.mark.slow
+def test_a_rank_that_crashes_says_where_in_its_last_words():
+    """A segfault on a rank was stored as `killed by SIGSEGV without reporting`, no more:
+    the fault handler's stack is on the rank's stderr, the crashing frame in its last words."""
+    with pytest.raises(WorkerError) as info:
+        launch(_segv_on_rank1, 2)
+    said = str(info.value)
+    assert info.value.rank == 1 and "was killed by SIGSEGV without reporting" in said
+    assert "its last words on stderr: Fatal Python error: Segmentation fault (File " in said
+    assert 'test_launcher.py", line ' in said and " in _segv_on_rank1)" in said, said
 
 
 @pytest.mark.slow

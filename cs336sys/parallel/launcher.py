@@ -24,6 +24,7 @@ between processes through file descriptors that vanish when the rank exits.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import sys
@@ -232,6 +233,7 @@ def _name_process(name: str) -> None:
 def _worker(fn, rank, world_size, backend, port, args, conn, parent, env, stderr) -> None:
     """Entry point of a started rank: set up the group, run, report, tear down."""
     redirect(stderr)  # first: an abort's message is all a rank that dies of one leaves
+    faulthandler.enable()  # a crash's stack too, onto that file (its last words: rank_stderr)
     # The parent's environment as it is now: a rank forked from the fork server would have
     # the server's, from when the server started (the user code's variables, say).
     os.environ.clear()

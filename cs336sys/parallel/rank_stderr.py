@@ -62,6 +62,9 @@ class RankStderr:
             return "", ""
         said = [line for line in lines if "what():" in line]
         line = (said[-1].split("what():", 1)[1] if said else lines[-1]).strip()
+        fatal = [i for i, x in enumerate(lines) if x.startswith("Fatal Python error:")]
+        if fatal and not said:  # faulthandler's: the error, and where the crashing thread was
+            line = lines[fatal[-1]] + _crash_site(lines[fatal[-1]:])
         return line, "\n".join(lines[-_SHOWN_LINES:])
 
     def close(self) -> None:
@@ -69,3 +72,22 @@ class RankStderr:
         for f in self._files:
             f.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# Frames of these are not where the user's code crashed (the standard library, installed
+# packages, cs336sys): the first other frame of the crashing thread is.
+_NOT_THEIRS = ("/lib/python3", "site-packages", "/cs336sys/", "<frozen ", "<string>")
+
+
+def _crash_site(lines: list[str]) -> str:
+    """` (File "...", line N in fn)`: the innermost frame of faulthandler's "Current
+    thread" stack that is the user's (else its innermost), from the lines after its
+    "Fatal Python error"; '' where there is none."""
+    at = next((i for i, x in enumerate(lines) if x.startswith("Current thread")), None)
+    frames = []
+    for x in lines[at + 1:] if at is not None else []:
+        if not x.strip().startswith("File "):
+            break
+        frames.append(x.strip())
+    theirs = [f for f in frames if not any(mark in f for mark in _NOT_THEIRS)]
+    return f" ({(theirs or frames)[0]})" if frames else ""
