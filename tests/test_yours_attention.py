@@ -14,7 +14,7 @@ from tests.conftest import invoke, query
 from tests.user_repos import ADAPTERS_2025, course_repo, edit, git, line_of
 
 FLASH = "cs336_systems/flash_attention.py"
-SMALL = ["--seq", "32,48", "--d-head", "16", "--batch", "1", "--heads", "2", "--warmup", "1",
+SMALL = ["--seq", "32,64", "--d-head", "16", "--batch", "1", "--heads", "2", "--warmup", "1",
          "--iters", "2", "--device", "cpu"]
 
 
@@ -142,7 +142,7 @@ def test_your_kernel_is_measured_beside_ours_with_its_provenance(tmp_path, monke
     assert "adapters: tests/adapters.py (found at the top of this checkout" in result.stderr
     rows = runs(db)
     by = {(r["impl"], r["seq"]): r for r in rows}
-    for seq in (32, 48):
+    for seq in (32, 64):
         mine = by["yours-torch", seq]
         assert mine["status"] == "ok" and mine["check"] == "pass"
         assert mine["max_err"] < 1e-5 and mine["max_err_grad"] < 1e-5  # fp32 against float64
@@ -474,7 +474,7 @@ def test_a_one_off_triton_kernel_is_marked_interpreted_and_its_bf16_not_judged(t
 
     assert not _runs_triton(Beside)  # its forward is the PyTorch one: nothing of Triton
     failed = Verdict(False, {}, "wrong: O off by up to 8e+08")
-    bf16 = SimpleNamespace(precision="bf16", impl="yours-tri")
+    bf16 = SimpleNamespace(precision="bf16", impl="yours-tri", seq=32, d_head=16)
     assert status_of(bf16, True, failed)[0] == "skipped"
     assert status_of(bf16, False, failed)[0] == "wrong"  # compiled: judged
     # Triton's launcher without a GPU (outside the interpreter, or @triton.autotune inside)
@@ -765,3 +765,25 @@ def test_code_that_crashes_the_process_leaves_its_file_and_line_on_stderr(tmp_pa
     assert proc.returncode == -11, proc.stderr  # SIGSEGV: nothing could store the point
     assert "Fatal Python error: Segmentation fault" in proc.stderr
     assert f'File "{repo / "wild" / "attn.py"}", line 6 in attention' in proc.stderr
+
+
+def test_a_kernel_off_at_a_size_the_handout_never_tests_is_not_judged(tmp_path, monkeypatch):
+    """"We will always test your code with dimensions that are powers of 2 and at least 16,
+    so you don't need to worry about out-of-bounds accesses": a FlashAttention that drops
+    the last partial tile passes the course's tests and was `wrong` at seq 48. It is not
+    judged there, with what it read; at powers of 2 it is judged as ever."""
+    repo = course_repo(tmp_path)
+    # the key loop stops at the last whole tile, as a kernel without bounds checks does
+    edit(repo, FLASH, "for j in range(0, n_k, TILE_K)",
+         "for j in range(0, n_k - n_k % TILE_K, TILE_K)")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", "--seq", "48,64", "--no-causal",
+                    *SMALL[2:], "--db", db)
+    assert result.exit_code == 0, result.output
+    by = {r["seq"]: r for r in runs(db)}
+    assert by[64]["status"] == "ok"
+    assert by[48]["status"] == "skipped"
+    assert by[48]["error"].startswith(
+        "not judged: the handout tests your FlashAttention only with dimensions that are "
+        "powers of 2 and at least 16, so it need not handle seq 48; it read O off by up to ")
