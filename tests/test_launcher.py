@@ -331,3 +331,28 @@ def test_nccl_world_larger_than_the_gpus_is_refused():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(ValueError, match=f"needs {gpus + 1} GPUs"):
         check_world_size(gpus + 1, "nccl")
+
+
+def test_a_folder_whose_launcher_is_gone_is_removed_by_the_next_launch(tmp_path, monkeypatch):
+    """A command killed by SIGKILL never removed its ranks' stderr folder: one stayed in
+    /tmp for each. The next launch removes those whose process is gone, and no other."""
+    import subprocess
+    import tempfile
+
+    from cs336sys.parallel.rank_stderr import RankStderr
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = tmp_path / f"cs336sys-ranks-{gone.pid}-abc"
+    alive = tmp_path / f"cs336sys-ranks-{os.getppid()}-def"
+    older = tmp_path / "cs336sys-ranks-xyz"  # an older release's: whose, it does not say
+    for folder in (orphan, alive, older):
+        folder.mkdir()
+    mine = RankStderr(2)
+    try:
+        assert not orphan.exists() and alive.exists() and older.exists()
+        assert os.path.basename(mine.folder).startswith(f"cs336sys-ranks-{os.getpid()}-")
+    finally:
+        mine.close()
+    assert not os.path.exists(mine.folder)
