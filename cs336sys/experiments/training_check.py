@@ -5,17 +5,20 @@ Two things are compared, each against one process training the whole global batc
 rank 0's weights with the same AdamW (`TrainingReference`):
 
 - the gradients rank 0 holds after `finish_gradient_synchronization()` in the first step,
-  tensor by tensor, for every parameter rank 0 holds whole (an FSDP's shards are left to the
-  second comparison). They must be the mean over the global batch. This is the comparison
-  that sees gradients summed instead of averaged: AdamW divides the first moment by the root
-  of the second, so a gradient scaled by the world size moves the parameters exactly as the
-  mean does (to within eps), and the parameters alone would pass it. The course's tests train
-  with SGD, where it shows; here it shows in the gradients.
+  tensor by tensor: whole, or an FSDP's shard where its values place it in the model
+  (shard_locate.py), else under the layouts its name allows. They must be the mean over the
+  global batch. This is the comparison that sees gradients summed instead of averaged:
+  AdamW divides the first moment by the root of the second, so a gradient scaled by the
+  world size moves the parameters exactly as the mean does (to within eps), and the
+  parameters alone would pass it. The course's tests train with SGD, where it shows; here it
+  shows in the gradients.
 - every parameter after the timed steps, |p - p_ref| / |p_ref - p_0| (L2 norms).
 
 A failure is named by the alternative it matches: the gradients `world_size` times the mean
-(summed, not averaged); rank 0's own slice of the batch (never all-reduced); parameters that
-never left their initial values (a shard whose optimizer never stepped).
+(summed, not averaged), the mean / world_size (divided twice), rank 0's own slice of the
+batch (never all-reduced), the mean of another rank's part of the weight; parameters that
+never left their initial values (a shard whose optimizer never stepped); else where rank 0's
+loss left the reference's (`loss_problem`).
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float) -> Agai
     own slice `local` and the mean / world (divided twice): the whole tensors, or for a
     shard under the first layout (`_layouts`) where it matches one of them within `tol`;
     None where it matches none. For a shard whose place in the model its values could not
-    tell (`_as_located`)."""
+    tell (`_Located`)."""
     whole = got.numel() == ref.numel()
     for layout in [lambda t: t.reshape(-1)] if whole else _layouts(got.numel(), ref, world):
         part = layout(ref)
