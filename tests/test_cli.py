@@ -748,3 +748,15 @@ def test_a_one_off_target_that_is_no_class_or_function_is_refused(db_path, args)
     (line,) = result.stderr.strip().splitlines()
     assert line.endswith(": os:path is a module, not a class or function"), line
     assert not db_path.exists()
+
+
+@pytest.mark.parametrize("variable", ["CS336SYS_TRITON_TMA", "CS336SYS_FLASH_TORCH_COMPILE"])
+def test_a_switch_in_the_environment_that_is_no_0_or_1_is_refused(db_path, monkeypatch,
+                                                                   variable):
+    """CS336SYS_TRITON_TMA=yes read as on, without a word; CS336SYS_FLASH_TORCH_COMPILE=yes
+    made every flash-torch point an error. Both are one line, exit 2, nothing written."""
+    monkeypatch.setenv(variable, "yes")
+    result = invoke("attention", "--impl", "naive", "--seq", "16", "--db", db_path)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"Error: {variable} must be 0 or 1 (or unset), got 'yes'"
+    assert not db_path.exists()

@@ -33,6 +33,7 @@ import shutil
 
 import torch
 
+from cs336sys.attention.opt_in import FLASH_TORCH_COMPILE
 from cs336sys.measure.nvtx import nvtx_range
 
 # Tile sizes (rows of Q and rows of K/V per tile). 64 is the textbook choice for head dims up
@@ -45,7 +46,7 @@ Q_TILE = 64
 K_TILE = 64
 MIN_TILE = 16
 
-COMPILE_ENV = "CS336SYS_FLASH_TORCH_COMPILE"
+COMPILE_ENV = FLASH_TORCH_COMPILE
 
 
 def _tile_size(requested: int, seq_len: int) -> int:

@@ -401,8 +401,11 @@ def run_experiment(
     `sink(recorder)`: a context that gives the sweep's sink in place of the recorder;
     `recorded_device`: the device the invocation is stored with, where its points have none
     (plan computes); `quiet`: no progress bar. `run_options` go to `run_sweep`."""
+    from cs336sys.attention.opt_in import bad_variable
     from cs336sys.sweep.runner import run_sweep
 
+    if bad_variable():  # the environment's switches, read by value: one line, exit 2
+        fail(bad_variable())
     options = dict(options)
     db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
     wide, force = options.pop("wide", False), options.pop("force", False)
