@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+from cs336sys.report.intervals import interpreted
 from cs336sys.report.plots import Plot
 from cs336sys.report.sections import Row, Section, add_plot, panels
 from cs336sys.sweep.declaration import (
@@ -19,12 +20,6 @@ from cs336sys.sweep.declaration import (
     column_table,
     setting_columns,
 )
-
-
-def interpreted(r: Row) -> bool:
-    """A point timed under TRITON_INTERPRET=1: the CPU emulating the kernel (the stored
-    `interpreted` metric), not comparable to native timings."""
-    return bool(r.get("interpreted"))
 
 
 def section(sec: Section, pts: list[Row]) -> None:

@@ -9,10 +9,12 @@ from typing import Any
 
 from cs336sys.measure.device import MFU_NOTE
 from cs336sys.report.intervals import (
+    INTERPRETED_APART,
     NOT_INTERLEAVED,
     NOT_INTERLEAVED_NOTE,
     RUNS_APART,
     RUNS_APART_NOTE,
+    interpreted,
     speedups,
 )
 from cs336sys.report.plots import Bar, Bars, Plot
@@ -51,15 +53,13 @@ def _model_label(r: Row, gpu: bool = False, warmup: bool = False) -> str:
 
 
 # Points shown in a table of their own (experiment_section): (which, title suffix).
-APART = (lambda r: bool(r.get("interpreted")),
-         " — Triton interpreted (TRITON_INTERPRET=1): the CPU emulates the kernels, so these "
-         "times are not comparable to native ones")
+APART = INTERPRETED_APART
 
 
 def section(sec: Section, pts: list[Row]) -> None:
     """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups, of native
     points (an interpreted Triton kernel's time is the emulator's: APART)."""
-    pts = [r for r in pts if not APART[0](r)]
+    pts = [r for r in pts if not interpreted(r)]
     many = len({r.get("gpu") for r in pts}) > 1
     warmups = len({r["_settings"].get("warmup") for r in pts}) > 1
 

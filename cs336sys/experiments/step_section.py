@@ -13,7 +13,7 @@ from cs336sys.experiments import ddp_setup
 from cs336sys.experiments.model import CHECK_NOTE
 from cs336sys.experiments.step_ablation import VARY, impossible
 from cs336sys.experiments.step_build import LIMIT_S
-from cs336sys.report.intervals import sample_interval
+from cs336sys.report.intervals import INTERPRETED_APART, interpreted, sample_interval
 from cs336sys.report.plots import Bar, Bars
 from cs336sys.report.sections import Figure, Row, Section, left_out, skey, text, varying
 from cs336sys.report.tables import which
@@ -79,16 +79,14 @@ def _speedup(base: Row, r: Row) -> str:
 
 
 # Points shown in a table of their own (experiment_section): (which, title suffix).
-APART = (lambda r: bool(r.get("interpreted")),
-         " — Triton interpreted (TRITON_INTERPRET=1): the CPU emulates the kernels, so these "
-         "times are not comparable to native ones")
+APART = INTERPRETED_APART
 
 
 def section(sec: Section, pts: list[Row]) -> None:
     """A bar chart of step time per switch set, one per configuration (native points: an
     interpreted Triton kernel's time is the emulator's)."""
     ok = [r for r in pts if r.get("status") == "ok" and r.get("step_ms_median")
-          and not APART[0](r)]
+          and not interpreted(r)]
     charts: dict[tuple, list[Row]] = {}
     for r in ok:  # as the table pairs a row with its `none` (step.TABLE's Ratio); a row
         # stored before steps ran on ranks ran on one

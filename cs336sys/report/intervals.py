@@ -5,7 +5,7 @@ the points' timed steps interleaved, both native or both in Triton's interpreter
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cs336sys.measure.sampling import (
@@ -40,6 +40,18 @@ ONE_INTERPRETED = "one side interpreted"
 ONE_INTERPRETED_NOTE = (
     "one side interpreted: a Triton kernel of one point ran in Triton's CPU interpreter "
     "(TRITON_INTERPRET=1), whose time is the emulator's, not the kernel's; no verdict.")
+
+
+
+def interpreted(row: Mapping[str, Any]) -> bool:
+    """A point timed under TRITON_INTERPRET=1 (the stored `interpreted` metric): the CPU
+    emulating a Triton kernel, not comparable to native timings."""
+    return bool(row.get("interpreted"))
+
+
+# An experiment's `apart` for them: a table of their own, with this after its title.
+INTERPRETED_APART = (interpreted, " — Triton interpreted (TRITON_INTERPRET=1): the CPU "
+                     "emulates the kernels, so these times are not comparable to native ones")
 
 TOO_FEW = "too few samples to tell"  # measure/significance.py's judge says the same
 
@@ -82,7 +94,7 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     found = ratio_interval(a, b)  # row over base: a time ratio
     if found is None:
         return ""
-    if bool(base.get("interpreted")) != bool(row.get("interpreted")):  # the emulator's time
+    if interpreted(base) != interpreted(row):  # the emulator's time
         apart = ONE_INTERPRETED
     elif base.get("invocation_id") != row.get("invocation_id"):
         apart = RUNS_APART
