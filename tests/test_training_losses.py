@@ -23,14 +23,17 @@ def test_a_loss_that_stays_at_the_first_steps_says_the_forward_saw_stale_weights
     """An FSDP that gathers the full weights once and reuses them was `wrong` with the norm
     that moved most as its cause; its loss stays at the first step's."""
     stale = [6.97, 6.9699, 6.9698, 6.9697]
-    said, stayed = loss_problem(stale, _reference(), "fp32")
-    assert stayed
+    said = loss_problem(stale, _reference(), "fp32")
     assert said.startswith("rank 0's loss followed single-process training's on its slice "
-                           "for 1 step and left it at step 2 (6.9699 against 6.95)")
+                           "for 1 step and left it at step 2 (6.9699 against 6.95), then "
+                           "stayed at the first step's")
     assert "the forward kept running on the first step's weights" in said
-    # parameters that never moved have a cause of their own: the departure alone is said
-    said, stayed = loss_problem(stale, _reference(), "fp32", frozen=True)
-    assert not stayed and "first step's weights" not in said
+    # parameters that never moved have a cause of their own: no word of the loss
+    start, final = {"w": torch.zeros(4)}, {"w": torch.ones(4)}
+    reference = TrainingReference(start, final, {}, {}, 2, list(FALLING))
+    verdict = training_check({"w": torch.zeros(4)}, reference, "fp32", losses=stale)
+    assert "never left their initial values" in verdict.metrics["check_detail"]
+    assert "first step's weights" not in verdict.metrics["check_detail"]
 
 
 def test_a_loss_that_follows_or_never_matched_is_no_cause():
@@ -38,8 +41,8 @@ def test_a_loss_that_follows_or_never_matched_is_no_cause():
     assert loss_problem([7.5, 7.4, 7.3, 7.2], _reference(), "fp32") is None  # the forward's
     assert loss_problem([6.97, 6.95], _reference(), "fp32") is None  # fewer steps, agreeing
     # a departure at step 3 that keeps falling says where, not why
-    said, stayed = loss_problem([6.97, 6.95, 6.90, 6.85], _reference(), "fp32")
-    assert not stayed and "left it at step 3 (6.9 against 6.94)" in said
+    said = loss_problem([6.97, 6.95, 6.90, 6.85], _reference(), "fp32")
+    assert "then stayed" not in said and "left it at step 3 (6.9 against 6.94)" in said
     # 16-bit compute is judged at 1 %: 6.96 is within it of 6.95
     assert loss_problem([6.97, 6.96, 6.94, 6.93], _reference(), "bf16") is None
 

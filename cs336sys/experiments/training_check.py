@@ -335,13 +335,11 @@ def zero_gradients(grads: dict, reference: TrainingReference) -> list[str]:
 LOSS_TOLERANCE = {"fp32": 1e-4, "bf16": 1e-2, "fp16": 1e-2}
 
 
-def loss_problem(losses: list, reference: TrainingReference, precision: str,
-                 frozen: bool = False) -> tuple[str, bool] | None:
+def loss_problem(losses: list, reference: TrainingReference, precision: str) -> str | None:
     """Where rank 0's per-step loss left single-process training's on rank 0's slice, in
-    words, and whether it then stayed at the first step's while the reference's fell (the
-    forward ran on the first step's weights; not said where parameters never moved,
-    `frozen`, whose own cause it is). None where they agree throughout, or differ from the
-    first step on (the forward itself, which the model check compares)."""
+    words, and, where it then stayed at the first step's while the reference's fell, that
+    the forward ran on the first step's weights. None where they agree throughout, or differ
+    from the first step on (the forward itself, which the model check compares)."""
     ref = reference.local_losses
     n = min(len(losses), len(ref))
     rel = LOSS_TOLERANCE[precision]
@@ -352,13 +350,12 @@ def loss_problem(losses: list, reference: TrainingReference, precision: str,
     said = (f"rank 0's loss followed single-process training's on its slice for {k} "
             f"step{'s' if k > 1 else ''} and left it at step {k + 1} ({losses[k]:.6g} against "
             f"{ref[k]:.6g})")
-    stayed = not frozen and abs(losses[n - 1] - losses[0]) < 0.1 * abs(ref[n - 1] - ref[0])
-    if stayed:
+    if abs(losses[n - 1] - losses[0]) < 0.1 * abs(ref[n - 1] - ref[0]):
         said += (f", then stayed at the first step's ({losses[0]:.6g} to {losses[n - 1]:.6g} "
                  f"in {n} steps, against {ref[0]:.6g} to {ref[n - 1]:.6g}): the forward kept "
                  f"running on the first step's weights (full weights gathered once and "
                  f"reused?)")
-    return said, stayed
+    return said
 
 
 # The course's tests compare parameters elementwise, |p - p_ref| <= atol + rtol |p_ref|, each
@@ -465,11 +462,12 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
     if gradients:
         causes.append(gradients)
     # where nothing else names the cause: any update that makes no progress (another rank's
-    # chunk's gradient) leaves the loss where it started, as a stale forward does
-    left = loss_problem(losses, reference, precision, bool(frozen)) \
-        if losses and not passed and not causes else None
+    # chunk's gradient, parameters that never moved) leaves the loss where it started, as a
+    # stale forward does
+    left = loss_problem(losses, reference, precision) if losses and not passed and not causes \
+        else None
     if left is not None:
-        causes.append(left[0])
+        causes.append(left)
     if causes:
         detail = "; ".join(causes) + "; " + detail
     metrics.update(check="pass" if passed else "fail", check_detail=detail)
