@@ -61,7 +61,7 @@ def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> 
                 exc.cs336sys_status = "skipped"
             raise
         if changed and ctx.rank == 0:  # said once, as guarded says it in one process
-            print(f"cs336sys: the point left {'; '.join(changed)}", file=sys.stderr)
+            print(torch_state.said(changed), file=sys.stderr)
         result.started = started
         result.duration_s = time.perf_counter() - t0
         ctx.emit((index, result))

@@ -228,7 +228,7 @@ def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     with torch_state.kept() as changed:  # a switch the code under test turned: not the next's
         result = _caught(fn, *args, **kwargs)
     if changed:
-        print(f"cs336sys: the point left {'; '.join(changed)}", file=sys.stderr)
+        print(torch_state.said(changed), file=sys.stderr)
     # Every point hands its memory back so the next one starts from an empty cache (a large
     # point after a small one must not OOM on the small one's leftovers). Only here, once
     # _caught has returned, are a failed point's exception, traceback, frames and tensors gone.

@@ -5,7 +5,7 @@ measured under it, cs336sys's own implementations too (their float64 points were
 fp32 and `ok`; with gradients off, `adamw` failed for a kernel before it).
 
 `kept()` wraps one point; it yields a list that names, once the point is over, what it had
-changed (the runner says so on stderr).
+changed, which `said` puts in the runner's words for stderr.
 """
 
 from __future__ import annotations
@@ -71,3 +71,8 @@ def kept() -> Iterator[list[str]]:
                          and getattr(live.get(a), "__wrapped__", None) is not f]:
                 setattr(sys.modules[module], attr, before[attr])
                 changed.append(f"{module}.{attr} replaced (put back)")
+
+
+def said(changed: list[str]) -> str:
+    """The line on stderr for what `kept()` put back (one process and rank 0 alike)."""
+    return f"cs336sys: the point left {'; '.join(changed)}"
