@@ -176,6 +176,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/stop_time.py
 	$(PY) benchmarks/rank_start.py
 	$(PY) benchmarks/check_tolerances.py
+	$(PY) benchmarks/shard_locate.py
 
 # On a GPU host where torch and Triton are installed and nothing can be downloaded (docs/gpu.md,
 # "make gpu-check"): the checkout runs as it is, with the system's Python, and sqlite-utils and the
