@@ -28,7 +28,7 @@ from typing import Any
 
 from cs336sys.experiments.training_check import COURSE_TOLERANCE, by_reference_names, few
 from cs336sys.measure.check import Verdict
-from cs336sys.measure.dtypes import autocast_dtype
+from cs336sys.measure.dtypes import TORCH_NAMES
 from cs336sys.sweep.declaration import metric_table
 from cs336sys.sweep.ranks import gather
 from cs336sys.sweep.result import first_line
@@ -37,7 +37,7 @@ from cs336sys.sweep.result import first_line
 REPLICATED_ATOL = REPLICATED_RTOL = 1e-4
 SHARDED_KINDS = ("Linear", "Embedding")  # the course's test skips their parameters' gradients
 SAID = "the course's test_fsdp.py"
-SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+SHORT = {torch_name: name for name, torch_name in TORCH_NAMES.items()}  # float32 -> fp32
 
 METRICS = metric_table("""
     forward_dtype  -  the user's FSDP: the dtype its Linear and Embedding layers' outputs had in
@@ -143,9 +143,10 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
     """The failures of `record` (this rank's) and `full` (this rank's full parameters) on
     every rank, against rank 0's, as a failing Verdict with its causes in words; where the
     course's test would find nothing, a passing one with the dtype the forward computed in
-    (and, where it ignored a 16-bit compute_dtype, a note that says so), or None. `whole` is the model's own parameters (rank 0's
-    reference; empty on the others), to say a replicated parameter is sharded and a full
-    one is in another dtype. Every rank calls it."""
+    (and, where it ignored a 16-bit compute_dtype, a note that says so), or None. `whole`
+    is the model's own parameters (rank 0's reference; empty on the others), to say a
+    replicated parameter is sharded and a full one is in another dtype. Every rank calls
+    it."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -214,10 +215,9 @@ def verdict(record: Record, full: dict, device: Any, precision: str,
             break
     seen = {"forward_dtype": "/".join(sorted(SHORT.get(d, d) for d in record.outputs))} \
         if record.outputs else {}
-    low = autocast_dtype(precision)
-    if low is not None and record.outputs == {"float32"}:
+    if precision != "fp32" and record.outputs == {"float32"}:
         note = (f"every Linear and Embedding of the first step computed in float32 at a "
-                f"compute_dtype of {str(low).removeprefix('torch.')}: your FSDP ignores "
+                f"compute_dtype of {TORCH_NAMES[precision]}: your FSDP ignores "
                 f"compute_dtype ({SAID} passes it: its 16-bit tolerance holds fp32 too), and "
                 f"this point timed fp32")
         if not causes:
