@@ -312,7 +312,7 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
 
 
 def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None,
-               interpreted: bool = False) -> str | None:
+               interpreted: bool = False, raiser: str = "") -> str | None:
     """Why a point whose first forward raised `exc` is skipped, not an error, or None: an
     SDPA backend that cannot take these inputs (flash with 3-D inputs on a CPU), a fact of
     the backend; the user's PyTorch FlashAttention refusing is_causal=True, which the
@@ -321,7 +321,8 @@ def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None
     kernel of the user's `interpreted` in Triton's CPU interpreter, torch.compile failing
     where `eager()`, the forward uncompiled, runs: Dynamo traces the interpreter's Python
     (its uint64 pointer arithmetic), not a kernel, and the student's launch line was
-    blamed. (Ours is a custom op, which Dynamo does not trace into.)"""
+    blamed. (Ours is a custom op, which Dynamo does not trace into.) `raiser` follows the
+    implementation's name in the reason (`'s backward`, where the backward raised)."""
     message = first_line(exc)
     if spec.compile and interpreted and spec.impl != "triton" and not is_oom(exc):
         try:
@@ -341,9 +342,9 @@ def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None
             non_causal()
         except Exception:  # it fails either way: a fault, the point's error
             return None
-        return (f"{spec.impl} raised at is_causal=True ({type(exc).__name__}: {message}): the "
-                "handout lets the PyTorch FlashAttention ignore is_causal, and the course's "
-                "tests run it non-causal; --no-causal measures it")
+        return (f"{spec.impl}{raiser} raised at is_causal=True ({type(exc).__name__}: "
+                f"{message}): the handout lets the PyTorch FlashAttention ignore is_causal, "
+                "and the course's tests run it non-causal; --no-causal measures it")
     return None
 
 
@@ -358,9 +359,9 @@ def backward_cannot_run(spec: Any, exc: BaseException, fn: Any, q: Any, k: Any, 
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         fn(*leaves, is_causal=False).backward(dout)
 
-    why = cannot_run(spec, exc, non_causal)
+    why = cannot_run(spec, exc, non_causal, raiser="'s backward")
     if why is not None:
-        return why.replace(" raised at is_causal=True", "'s backward raised at is_causal=True")
+        return why
     if isinstance(exc, NotImplementedError) and spec.passes == "both":
         hint(exc, "raised in the backward: --pass forward times the forward alone")
     return None
