@@ -92,6 +92,11 @@ INPUT_CASES = [
     ("export --experiment ''", ["db", "export", "--experiment", ""], "--experiment: empty"),
     ("sql ''", ["sql", ""], "empty"),
     ("model --db ' '", ["model", *MICRO, "--db", " "], "--db: empty value"),
+    # '' reads as `.`: it was "file '' is a directory"
+    ("model --db ''", ["model", *MICRO, "--db", ""], "--db: empty value"),
+    ("merge ''", ["db", "merge", "", "--db", "{store}"], "OTHER: empty value"),
+    ("export --out ''", ["db", "export", "--out", ""], "--out: empty value"),
+    ("model --adapters ''", ["model", *MICRO, "--adapters", ""], "--adapters .: a folder"),
     ("export --gpu ''", ["db", "export", "--gpu", ""], "--gpu: empty value"),
     # a non-breaking space (pasted from a web page) is blank, like a space
     ("model --size nbsp", ["model", *MICRO[2:], "--size", "\xa0"], "--size: empty"),

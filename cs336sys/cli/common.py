@@ -61,7 +61,6 @@ DbOption = Annotated[
         "--db",
         envvar="CS336SYS_DB",
         help="SQLite results store (or set CS336SYS_DB).",
-        dir_okay=False,
         callback=_default_store,
         show_default="db/results.db at the top of this git checkout, else "
         "results.db in the user data folder",

@@ -47,7 +47,7 @@ def export(
     experiment: option("Only these experiments (repeatable or comma list). [default: all]",
                        list[str] | None) = None,
     out: option("Write to this file instead of stdout: a new file, or one an export wrote "
-                "(replaced whole).", Path | None, dir_okay=False) = None,
+                "(replaced whole).", Path | None) = None,
     samples: option("Include each run's raw samples (big).", bool, "--samples") = False,
     since: Since = None,
     until: Until = None,
@@ -139,7 +139,7 @@ def _export_to_file(conn, out: Path, fmt: str, wanted: list[str], samples: bool,
 @db_app.command()
 def merge(
     other: Annotated[
-        Path, typer.Argument(help="The store to take rows from; it is only read.", dir_okay=False)
+        Path, typer.Argument(help="The store to take rows from; it is only read.")
     ],
     db: DbOption = DEFAULT_DB,
 ) -> None:
@@ -158,6 +158,8 @@ def merge(
         stopping.stored(f"merged {other} into {db}: {counts.invocations_added} invocation(s) "
                         f"and {counts.runs_added} run(s) added")
 
+    if not other.name.strip():  # '' reads as `.`
+        fail("OTHER: empty value; give the store file to merge")
     experiments = catalog()
     try:
         check_path(db, writing=True)

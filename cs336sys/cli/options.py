@@ -53,7 +53,7 @@ Resume = option("Skip points stored ok by this commit on this machine (with --la
 Adapters = option("Your course-layout tests/adapters.py, whose functions become the yours-... "
                   "implementations (or set CS336SYS_ADAPTERS). [default: tests/adapters.py at the "
                   "top of this git checkout, when there is one]",
-                  Path | None, "--adapters", envvar="CS336SYS_ADAPTERS", dir_okay=False)
+                  Path | None, "--adapters", envvar="CS336SYS_ADAPTERS")
 UserModel = option("Your Transformer LM instead of cs336sys's: cs336_basics (the course's "
                    "BasicsTransformerLM, from cs336-basics/ in a course-layout checkout) or "
                    "package.module:Class taking the course's constructor (vocab_size, "

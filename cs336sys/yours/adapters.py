@@ -100,6 +100,9 @@ def find(given: str | Path | None = None, start: str | Path | None = None) -> tu
     for path, how in ((given, said), (os.environ.get(ENV) or None, ENV)):
         if path is not None:
             path = Path(path).expanduser()
+            if path.is_dir():  # (an empty --adapters too, read as `.`)
+                raise AdaptersError(f"{how}{'=' if how == ENV else ' '}{path}: a folder; give "
+                                    "the adapters file (tests/adapters.py)")
             if not path.is_file():
                 raise AdaptersError(f"{how}{'=' if how == ENV else ' '}{path}: no such file")
             return path.resolve(), how
