@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -655,6 +656,60 @@ def test_pytorch_attentions_tables_hold_yours_and_naive(db_path, tmp_path, monke
     md = (out / "writeup.md").read_text()
     assert "| d | impl | seq 128 | seq 256 |" in md, md
     assert "| naive |" in md and "| yours |" in md, md
+
+
+@pytest.mark.parametrize("year", ["2026", "2025"])
+def test_nsys_profile_steps_with_your_adamw_under_yours(year, db_path, tmp_path, monkeypatch):
+    """nsys_profile (d) profiles "one complete training step with your implementation of
+    AdamW": --yours trains with the adapters' get_adamw_cls where the file implements it,
+    else the AdamW of cs336_basics/optimizer.py (the course layout's; it ran cs336sys's
+    adamw); where neither is found, the run says so and runs ours."""
+    from tests.user_repos import course_repo, edit
+
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("CS336SYS_ADAPTERS", raising=False)
+    # where earlier tests' commands put their repositories' cs336-basics/
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not p.endswith("cs336-basics")])
+    (run,) = named(["nsys_profile"], year)[0].runs
+
+    def optimizer() -> str | None:
+        args = run.args(False, yours=True)
+        return args[args.index("--optimizer") + 1] if "--optimizer" in args else None
+
+    assert optimizer() == "yours=cs336_basics.optimizer:AdamW"
+    assert "--optimizer" not in run.args(False) and "--optimizer" not in run.args(True)
+    with open(repo / "tests" / "adapters.py", "a") as f:
+        f.write("\n\ndef get_adamw_cls():\n    raise NotImplementedError\n")
+    assert optimizer() == "yours=cs336_basics.optimizer:AdamW"  # a getter left to do
+    edit(repo, "tests/adapters.py", "    raise NotImplementedError\n",
+         "    from cs336_basics.optimizer import AdamW\n\n    return AdamW\n")
+    assert optimizer() == "yours-adamw"
+    edit(repo, "tests/adapters.py", "def get_adamw_cls", "def _get_adamw_cls")
+    (repo / "cs336-basics" / "cs336_basics" / "optimizer.py").unlink()
+    assert optimizer() is None
+    if year == "2025":  # the example's adapters are 2026's: a 2025 run refuses them
+        return
+    r = invoke("handout", "run", "nsys_profile", "--year", year, "--yours", "--dry-run",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert "your AdamW was not found" in r.output and "--optimizer" not in r.output.split(
+        "[1/1]")[1]
+
+
+def test_the_example_adamw_passes_the_check_and_names_its_profile(db_path, tmp_path,
+                                                                   monkeypatch):
+    """The course layout's AdamW (assignment 1's order: the update, then the decay) passes
+    the check against torch's before it is timed, and the profile's points name it."""
+    from tests.user_repos import course_repo
+
+    monkeypatch.chdir(course_repo(tmp_path))
+    r = invoke("profile", "model", "--model", "cs336_basics", *MICRO, "--seq", "16", "--mode",
+               "train", "--optimizer", "yours=cs336_basics.optimizer:AdamW", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    (row,) = query(db_path, "select status, json_extract(settings, '$.optimizer') o from runs")
+    assert (row["status"], row["o"]) == ("ok", "yours")
+    assert "train fp32 optimizer=yours | optimizer |" in r.output, r.output
 
 
 @pytest.mark.parametrize("year", ["2026", "2025"])

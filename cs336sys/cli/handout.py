@@ -236,6 +236,10 @@ def run(
         say(f"Left for a host with more GPUs: {line}.", then="  ")
     for line in untriton:
         say(f"Left out: {line}.", then="  ")
+    from cs336sys.handout.your_adamw import unfound
+
+    for line in unfound([p for p, _ in todo]) if yours else ():
+        say(line, then="  ")
     from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
 
     say(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
@@ -394,7 +398,6 @@ def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
         if TRITON_YOURS not in args:  # the kernel beside others: they still run
             kept.append((problem, without_value(args, TRITON_YOURS)))
     return kept, lines
-
 
 
 def _stop_if_signalled(line: str) -> None:

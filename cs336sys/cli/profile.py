@@ -165,7 +165,9 @@ def _check_writable(path: Path, db: Path) -> None:
 def _label(spec) -> str:
     p = spec.point
     if spec.target == "model":
-        return f"{p.size} T={p.seq} {p.mode} {p.precision}"
+        opt = model_command.optimizer_word(p.mode, p.optimizer)
+        words = [p.size, f"T={p.seq}", p.mode, p.precision, opt]
+        return " ".join(w for w in words if w)
     return f"{p.impl} seq={p.seq} d={p.d_head} {p.precision}"
 
 

@@ -32,6 +32,11 @@ def point_name(spec: Any) -> str:
     return f"{spec.model or spec.size} T={spec.seq} {spec.mode} {spec.precision}"
 
 
+def optimizer_word(mode: str | None, optimizer: str | None) -> str | None:
+    """A training step's optimizer where it is not ours (nsys_profile (d)'s, the user's)."""
+    return f"optimizer={optimizer}" if mode == "train" and optimizer not in (None, "adamw") else None
+
+
 COMMAND = Command(
     options=options,
     help=(

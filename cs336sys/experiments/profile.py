@@ -38,6 +38,7 @@ from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import ModelSpec
+from cs336sys.experiments.model_command import optimizer_word
 from cs336sys.experiments.profile_events import (
     STEP,
     USER_ATTENTION,
@@ -416,6 +417,7 @@ def label(row: Mapping[str, Any]) -> str:
     if row.get("target") == "model":  # the user's model by its name (--model)
         words = [row.get("model"), model_size(row), named("T", row.get("seq")), row.get("mode"),
                  row.get("precision")]
+        words.append(optimizer_word(row.get("mode"), row.get("optimizer")))
     else:
         words = [row.get("impl"), named("seq", row.get("seq")), named("d", row.get("d_head")),
                  row.get("precision")]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.handout import your_adamw
 from cs336sys.sweep.declaration import SUBCOMMANDS, Column, experiment_of
 
 # What a problem asks for, and so what its status can be.
@@ -45,6 +46,8 @@ class Run:
     cpu_note: str = ""  # what its CPU command measures in place of what the handout asks
     # what it measures is the same on any device (no sizes, no time): a CPU owes no GPU run
     anywhere: bool = False
+    # its training steps are to run the user's AdamW (handout/your_adamw.py) with `yours`
+    your_adamw: bool = False
 
     def args(self, on_gpu: bool, yours: bool = False) -> list[str] | None:
         """The arguments after `cs336sys`, for a GPU or a CPU (None where it cannot run, or
@@ -55,7 +58,12 @@ class Run:
             line = self.yours if on_gpu or self.yours_cpu is None else self.yours_cpu
         else:
             line = self.gpu if on_gpu or self.cpu is None else self.cpu
-        return shlex.split(line) if line else None
+        if not line:
+            return None
+        if yours and self.your_adamw:
+            found = your_adamw.option()
+            return shlex.split(line) + (["--optimizer", found] if found else [])
+        return shlex.split(line)
 
     @property
     def experiment(self) -> str:

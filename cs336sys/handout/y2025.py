@@ -71,7 +71,8 @@ PROBLEMS = (
         "512 and 1024: the forward's time, the top kernels, the non-matmul share, the "
         "attention's parts.",
         runs=(on_their_model(f"profile model --size {SIZES} --seq 128,256,512,1024 --mode "
-                             f"forward,forward-backward,train {OLD}", PROFILE_CPU),),
+                             f"forward,forward-backward,train {OLD}", PROFILE_CPU,
+                             your_adamw=True),),
         tables=(AsReported("profile"),),
     ),
     _same("mixed_precision_accumulation", "1.1.5"),

@@ -75,10 +75,12 @@ def theirs(line: str) -> str:
     return " ".join([*words[:name], "--model", "cs336_basics", *words[name:]])
 
 
-def on_their_model(gpu: str, cpu: str | None = None, part: str = "") -> Run:
-    """A run of cs336sys's model whose `--yours` runs the same on the user's model."""
+def on_their_model(gpu: str, cpu: str | None = None, part: str = "",
+                   your_adamw: bool = False) -> Run:
+    """A run of cs336sys's model whose `--yours` runs the same on the user's model (and,
+    with `your_adamw`, their AdamW in its training steps)."""
     return Run(gpu, cpu=cpu, yours=theirs(gpu), yours_cpu=theirs(cpu) if cpu else None,
-               part=part)
+               part=part, your_adamw=your_adamw)
 
 
 def _ddp(impls: str, yours: str, part: str = "") -> Run:
@@ -124,8 +126,9 @@ PROBLEMS = (
         "beside the matmuls, the attention's parts.",
         # forward-backward: nsys_profile (b)'s "both forward and backward passes", whose
         # every-phase table in train mode holds the optimizer's kernels too
+        # (d): "one complete training step with your implementation of AdamW"
         runs=(on_their_model("profile model --size small,large --seq 256,512,1024 --mode "
-                             "forward,forward-backward,train", PROFILE_CPU),),
+                             "forward,forward-backward,train", PROFILE_CPU, your_adamw=True),),
         tables=(AsReported("profile"),),
     ),
     Problem(
