@@ -18,7 +18,7 @@ from tests.promises import STORE
 from tests.test_hostile import _commands as every_command
 
 ENDS = ("-wal", "-shm", "-journal")
-UNREADABLE = "a file this process may not read and write"
+UNREADABLE = "not readable by this user"
 
 
 def _unreadable(path: Path) -> None:
@@ -107,6 +107,10 @@ def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_p
     before = _digest(store.parent)
     expected = (f"Error: {side} is {kind}, not the regular file SQLite keeps beside "
                 f"{store.name}: move it away")
+    if kind == UNREADABLE:  # someone else's: moved away, its runs would be lost
+        expected = (f"Error: {side} (SQLite's, beside {store.name}) is {UNREADABLE}: the "
+                    "store cannot be read as it is; ask its owner for read access, or read a "
+                    "copy they make")
     merges = [["db", "merge", store, "--db", tmp_path / "into.db"],  # from it
               ["db", "merge", tmp_path / "from.db", "--db", store]]  # into it
     invoke("plan", "--size", "tiny", "--strategy", "dp", "--n", "2", "--db", tmp_path / "from.db")
@@ -120,6 +124,64 @@ def test_a_side_file_that_is_not_a_file_is_refused_by_every_command(store, tmp_p
     assert not (tmp_path / "into.db").exists()
     # `env` names the store and leaves it alone
     assert invoke("env", "--db", store).exit_code == 0 and _digest(store.parent) == before
+
+
+def _a_writer_holds(store: Path, tmp_path: Path):
+    """A second point stored in `store` while another connection holds it open in WAL mode,
+    as a sweep still writing (or killed) does: the point stays in the `-wal`."""
+    import sqlite3
+
+    holder = sqlite3.connect(store, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    # a read open on the store: the writer's checkpoint cannot copy the new point past it
+    holder.execute("BEGIN")
+    holder.execute("SELECT count(*) FROM runs").fetchone()
+    result = invoke("plan", "--size", "tiny", "--strategy", "fsdp", "--n", "2", "--db", store)
+    assert result.exit_code == 0, result.output
+    assert Path(f"{store}-wal").stat().st_size > 0
+    return holder
+
+
+def _runs(db: Path) -> str:
+    result = invoke("sql", "SELECT count(*) AS n FROM runs", "--csv", "--db", db)
+    assert result.exit_code == 0, result.output
+    return result.stdout.split()[-1]
+
+
+@pytest.mark.promise(STORE)
+def test_a_store_read_through_a_link_reads_the_runs_in_its_wal(store, tmp_path):
+    """SQLite keeps the side files beside the file a link names: read through the link, the
+    store's `-wal` went unseen, and its runs were left out of sql, report, export and merge."""
+    link = tmp_path / "link.db"
+    link.symlink_to(store)
+    holder = _a_writer_holds(store, tmp_path)
+    try:
+        assert _runs(store) == _runs(link) == "2"
+    finally:
+        holder.close()
+
+
+@pytest.mark.promise(STORE)
+def test_someone_elses_store_with_a_wal_is_read_and_not_written(store, tmp_path, monkeypatch):
+    """Another user's store while their sweep has it open (its files theirs, mode 444 to this
+    user): a reader reads it, the runs in its WAL too; it was refused, told to move the
+    `-wal` away, which would have lost them. A command that would write is refused."""
+    holder = _a_writer_holds(store, tmp_path)
+    try:
+        for path in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
+            path.chmod(0o444)
+        if os.geteuid() == 0:
+            monkeypatch.setattr(os, "access", _as_its_owner(os.access))
+        assert _runs(store) == "2"
+        result = invoke("plan", "--size", "tiny", "--strategy", "dp", "--n", "4", "--db", store)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == (
+            f"Error: {store}-wal (SQLite's, beside s.db) is read-only for this user: nothing "
+            "can be stored in s.db; give another --db, or read it (report, sql) as it is")
+    finally:
+        for path in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
+            path.chmod(0o644)
+        holder.close()
 
 
 def test_the_generated_commands_are_every_command_that_opens_a_store():

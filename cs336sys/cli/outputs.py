@@ -16,7 +16,7 @@ from typing import Any
 from cs336sys.cli.common import fail
 from cs336sys.report.render import PNG_SIGNATURE, SOFTWARE_TEXT, files
 from cs336sys.report.typeset import MARK
-from cs336sys.store.guard import SIDE_FILES, SQLITE_HEADER
+from cs336sys.store.guard import SIDE_FILES, SQLITE_HEADER, side_file
 
 # How a file cs336sys wrote starts (its first bytes), or a mark within its first HEAD bytes.
 HEAD = 64 * 1024
@@ -71,9 +71,11 @@ def foreign(path: Path, kind: str) -> str | None:
 
 def _the_store(path: Path, store: Path) -> bool:
     """Whether `path` is the results store `store` or one of its -wal, -shm, -journal files
-    (by the file, not the name: a link or another spelling of it too)."""
+    (by the file, not the name: a link or another spelling of it too; a side file not there
+    yet by where SQLite would make it)."""
+    sides = [side_file(store, end) for end in SIDE_FILES]
     return any(Path(path).is_file() and Path(f).is_file() and os.path.samefile(path, f)
-               for f in (store, *(Path(f"{store}{end}") for end in SIDE_FILES)))
+               for f in (store, *sides)) or Path(os.path.realpath(path)) in sides
 
 
 def refuse_the_store(paths: Iterable[Path], option: str, store: Path) -> None:

@@ -38,11 +38,20 @@ def _kind_of(path: Path) -> str:
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-def _check_side_files(path: Path) -> None:
+def side_file(path: str | Path, end: str) -> Path:
+    """The store's `-wal`, `-shm` or `-journal`: beside the file a symbolic link names, where
+    SQLite keeps them (it resolves the link; read beside the link, a store's `-wal` was missed
+    and its newest runs left out)."""
+    real = Path(os.path.realpath(path))
+    return real.with_name(real.name + end)
+
+
+def _check_side_files(path: Path, writing: bool) -> None:
     """Refuse a store whose side file exists and is not a regular file this process may read
-    and write (a symlink too: SQLite would write through it wherever it points)."""
+    (and, `writing`, write; a reader of someone else's store reads them as they are), or is
+    a symlink: SQLite would write through it wherever it points."""
     for end in SIDE_FILES:
-        side = path.with_name(path.name + end)
+        side = side_file(path, end)
         if not os.path.lexists(side):
             continue
         if side.is_symlink():
@@ -51,14 +60,27 @@ def _check_side_files(path: Path) -> None:
             what = "a directory"
         elif not side.is_file():
             what = _kind_of(side)
-        elif not os.access(side, os.R_OK | os.W_OK):
-            what = "a file this process may not read and write"
+        elif not os.access(side, os.R_OK):  # someone else's: it may hold their newest runs
+            _permission(side, path, "not readable by this user: the store cannot be read as it "
+                        "is; ask its owner for read access, or read a copy they make")
+            continue
+        elif writing and not os.access(side, os.W_OK):
+            _permission(side, path, "read-only for this user: nothing can be stored in "
+                        f"{path.name}; give another --db, or read it (report, sql) as it is")
+            continue
         else:
             continue
         if not os.path.lexists(side):  # a journal another writer's commit removed meanwhile
             continue
         raise StoreError(f"{side} is {what}, not the regular file SQLite keeps beside {path.name}: "
                          "move it away")
+
+
+def _permission(side: Path, path: Path, why: str) -> None:
+    """Refuse a store whose side file this user may not read or write: not "move it away",
+    which would lose the committed runs a `-wal` holds."""
+    if os.path.lexists(side):  # (a journal another writer's commit removed meanwhile)
+        raise StoreError(f"{side} (SQLite's, beside {path.name}) is {why}")
 
 
 def check_path(path: str | Path, writing: bool = False) -> Path:
@@ -80,7 +102,7 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
                          + "; a results store is a file: give its path")
     if path.is_dir():
         raise StoreError(f"{path} is a directory, not a SQLite database")
-    _check_side_files(path)
+    _check_side_files(path, writing)
     if path.exists() and not path.is_file():  # stat follows a symlink to what it names
         # /dev/null read as an empty store and took writes into nothing; a FIFO hung
         raise StoreError(f"{path} is {_kind_of(path)}, not a file: a results store is a file")
@@ -183,7 +205,7 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
     """
     path = Path(path)
     uri = path.resolve().as_uri()
-    wal, shm = (path.with_name(path.name + end) for end in ("-wal", "-shm"))
+    wal, shm = side_file(path, "-wal"), side_file(path, "-shm")
     if wal.exists() and not shm.exists():
         conn = _read_a_copy(path, wal)
         if conn is not None:
@@ -197,8 +219,7 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
 def readable_immutable(path: str | Path) -> bool:
     """Whether the store can be read with `immutable=1`, which leaves nothing beside it: it
     has no `-wal`, so no connection has it open in WAL mode (see open_untouched)."""
-    path = Path(path)
-    return not path.with_name(path.name + "-wal").exists()
+    return not side_file(path, "-wal").exists()
 
 
 def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
@@ -215,7 +236,7 @@ def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
             shutil.copyfile(wal, Path(tmp) / wal.name)
         except FileNotFoundError:  # checkpointed and removed since: the copy has it all
             pass
-        if path.with_name(path.name + "-shm").exists():
+        if side_file(path, "-shm").exists():
             return None
         source = sqlite3.connect(copy)
         try:
