@@ -128,6 +128,30 @@ def test_merging_the_same_store_twice_adds_nothing(tmp_path, db_path):
     assert {t: table_rows(db_path, t) for t in snapshot} == snapshot
 
 
+def test_a_column_the_user_added_to_either_store_does_not_stop_a_merge(tmp_path):
+    """docs/store.md keeps the columns a user adds: one in --db is left empty in the rows a
+    merge adds (it was `no such column: o.note` and a traceback), one in OTHER alone is not
+    copied; the rest of every row is."""
+    here, there = tmp_path / "here.db", tmp_path / "there.db"
+    fill(there, "B")
+    with Store(here, EXPERIMENTS):
+        pass
+    for path, column in ((here, "note"), (there, "mine")):
+        conn = sqlite3.connect(path)
+        for table in ("invocations", "runs"):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+        conn.execute(f"UPDATE runs SET {column} = 'x'")
+        conn.commit()
+        conn.close()
+    result = invoke("db", "merge", there, "--db", here)
+    assert result.exit_code == 0, result.output
+    for table in ("invocations", "runs"):
+        ours, theirs = table_rows(here, table), table_rows(there, table)
+        assert [r.pop("note") for r in ours] == [None] * len(theirs), table
+        assert [{k: v for k, v in r.items() if k != "mine"} for r in theirs] == ours, table
+    assert invoke("db", "merge", there, "--db", here).exit_code == 0  # again: nothing added
+
+
 def test_two_machines_merge_to_the_union(tmp_path, db_path):
     a, c = tmp_path / "a.db", tmp_path / "c.db"
     fill(a, "A")

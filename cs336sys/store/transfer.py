@@ -277,8 +277,11 @@ def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    """The columns of `table` in both stores: a column the user added to one (docs/store.md
+    keeps them) is left at its default in this store's new rows, or not copied."""
     # PRAGMA takes no parameters; `table` is one of our own table names.
-    return [r[1] for r in conn.execute(f"PRAGMA main.table_info({table})")]
+    there = {r[1] for r in conn.execute(f"PRAGMA other.table_info({table})")}
+    return [r[1] for r in conn.execute(f"PRAGMA main.table_info({table})") if r[1] in there]
 
 
 def _merge_attached(conn: sqlite3.Connection, copy: Path,
