@@ -32,7 +32,8 @@ def _get(url: str, deadline: float) -> object:
 @pytest.mark.slow  # a Python that starts Datasette
 @pytest.mark.promise(READ_ONLY)
 def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path):
-    db = build(tmp_path / "results.db")
+    # a name with a dot, whose path Datasette tilde-encodes (the one printed was a 404)
+    db = build(tmp_path / "results.h100.db")
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     files = sorted(p.name for p in tmp_path.iterdir())
     # --port 0: any free port, the one printed (it printed :0, which served nothing)
@@ -46,14 +47,14 @@ def test_browse_serves_the_views_with_their_meanings_and_canned_queries(tmp_path
         assert said.startswith(f"serving {db} at http://127.0.0.1:"), said
         base = said.split(" at ")[1].split()[0]
         port = int(base.split(":")[2].split("/")[0])
-        assert port > 0 and base == f"http://127.0.0.1:{port}/results"
+        assert port > 0 and base == f"http://127.0.0.1:{port}/results~2Eh100"
         deadline = time.monotonic() + 60
         rows = _get(f"{base}/model_runs.json?_shape=array&_size=max", deadline)
         assert len(rows) == len(query(db, "SELECT * FROM model_runs"))
         assert {r["run_id"] for r in rows} == {r["run_id"] for r in query(
             db, "SELECT run_id FROM model_runs")}
         meta = _get(f"http://127.0.0.1:{port}/-/metadata.json", deadline)
-        columns = meta["databases"]["results"]["tables"]["model_runs"]["columns"]
+        columns = meta["databases"]["results.h100"]["tables"]["model_runs"]["columns"]
         median = model.EXPERIMENT.metric("step_ms_median")
         assert columns["step_ms_median"] == f"{median.meaning} (ms)"
         fastest = _get(f"{base}/fastest_attention_per_seq.json?_shape=array", deadline)

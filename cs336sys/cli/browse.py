@@ -139,8 +139,11 @@ def browse(
                 "--metadata", str(meta), "--host", host, "--port", str(port),
                 "--setting", "sql_time_limit_ms", "5000", *(["--open"] if open_browser else [])]
         address = f"[{host}]" if ":" in host else host  # an IPv6 address in a URL: RFC 3986
-        typer.echo(f"serving {db} at http://{address}:{port}/{served.stem} (Ctrl-C stops it)",
-                   err=True)
+        # Datasette's path of a database tilde-encodes its name (`results.h100`: a 404)
+        from datasette.utils import tilde_encode
+
+        typer.echo(f"serving {db} at http://{address}:{port}/{tilde_encode(served.stem)} "
+                   "(Ctrl-C stops it)", err=True)
         try:
             code = subprocess.call(argv)
         except KeyboardInterrupt:  # how a server is stopped: not an interrupted command
