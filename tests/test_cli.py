@@ -429,6 +429,11 @@ def test_sql_prints_table_json_and_csv(filled_db):
     # a real column keeps its name: the second `a` takes one no column has
     named = invoke("sql", "SELECT 1 AS a, 2 AS a, 3 AS a_2", "--json", "--db", filled_db)
     assert json.loads(named.stdout) == [{"a": 1, "a_3": 2, "a_2": 3}]
+    # the table shows what is stored: text that reads as a number kept as it is ('1.10' was
+    # 1.1, '1e3' 1000), a float whole (10.000133514404297 was 10.0001)
+    exact = invoke("sql", "SELECT '1.10' AS label, 10.000133514404297 AS w, '1e3' AS y",
+                   "--db", filled_db)
+    assert exact.stdout.split("\n")[2].split() == ["1.10", "10.000133514404297", "1e3"]
 
 
 @pytest.mark.parametrize(

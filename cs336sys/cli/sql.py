@@ -34,7 +34,7 @@ def sql(
 
     The store is opened read-only: a statement that would write is refused.
 
-    Views, one per experiment, one column per setting and metric: model_runs, attention_runs, memory_runs, memory_residuals_runs, comm_runs, ddp_runs, plan_runs, profile_runs, precision_runs, step_runs. Every view starts with run_id, invocation_id, created, gpu, host, git_commit, git_dirty, label, status and error. Tables: runs (settings, metrics and raw samples as JSON), invocations (one per command: argv, provenance, label, exit status), kernel_stats (profile summaries, by run_id).
+    Views, one per experiment, one column per setting and metric: model_runs, attention_runs, memory_runs, memory_residuals_runs, comm_runs, ddp_runs, plan_runs, profile_runs, precision_runs, step_runs. Every view starts with run_id, invocation_id, created, gpu, host, git_commit, git_dirty, user_commit, user_dirty, label, env, status and error. Tables: runs (settings, metrics and raw samples as JSON), invocations (one per command: argv, provenance, label, exit status), kernel_stats (profile summaries, by run_id).
 
     Examples:
 
@@ -92,7 +92,9 @@ def sql(
         writer.writerows(rows)
         typer.echo(buf.getvalue(), nl=False)
     elif headers:
-        typer.echo(table(rows, headers))
+        # the stored values as they are: tabulate's numbers read the text '1.10' as 1.1
+        # and cut floats to 6 digits
+        typer.echo(table(rows, headers, numparse=False))
         typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
 
 
