@@ -622,6 +622,9 @@ def test_the_header_says_a_sweep_stopped_before_its_first_point(tmp_path):
     assert [(i["id"], i["_n"]) for i in got if i["_n"] == 0] == [("killed", 0)]
     assert dict(provenance(got, {}))[STOPPED_EARLY].startswith(
         "1 invocation never finished (killed, crashed, or still running) before storing a point")
+    # the runs' count names the invocations that stored them (it read "(in 2 invocations)")
+    assert dict(provenance(got, {}))["Runs by status"].endswith(
+        " (in 3 invocations; 1 invocation stored none)")
     assert not [i for i in invocations(conn, Selection(until="2026-01-07")) if i["_n"] == 0]
     assert not [i for i in invocations(conn, Selection(experiments=("ddp",))) if i["_n"] == 0]
     # a command of two words runs the experiment of its first: `profile model`, profile

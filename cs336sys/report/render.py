@@ -87,6 +87,10 @@ def kernel_stats(conn: sqlite3.Connection,
 STOPPED_EARLY = "Stopped early"
 
 
+def _invocations(n: int) -> str:
+    return f"{n} invocation{'s' * (n != 1)}"
+
+
 def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[str, str]]:
     gpus: Counter = Counter()
     commits: set[tuple[str, bool]] = set()  # (commit, dirty): a dirty checkout measured other code
@@ -95,8 +99,11 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
     ids = set()
     yours: set[tuple] = set()  # (repo, commit, adapters, dirty)
     ended: Counter = Counter()  # invocations that did not run to their end, by how
+    stored = set()  # the invocations that stored a selected run
     for inv in invs:
         status[inv["_status"]] += inv["_n"]
+        if inv["_n"]:
+            stored.add(inv["id"])
         if inv["id"] in ids:
             continue
         ids.add(inv["id"])
@@ -126,8 +133,9 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
             + (f", adapters {Path(adapters).name}" if adapters else "")
             for repo, commit, adapters, dirty in sorted(yours)))] if yours else []),
         ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
-                                     if status[s]) + f" (in {len(ids)} invocation{'s' * (len(ids) != 1)})"
-         if ids else "none selected"),
+                                     if status[s]) + f" (in {_invocations(len(stored))}"
+         + (f"; {_invocations(len(ids - stored))} stored none" if ids - stored else "") + ")"
+         if stored else f"none ({_invocations(len(ids))} stored none)" if ids else "none selected"),
     ]
     if ended:  # their sweeps may lack points: said, so a half-run does not read as whole
         out.append((STOPPED_EARLY, "; ".join(f"{n} invocation{'s' * (n != 1)} {how}"
