@@ -115,6 +115,34 @@ class ChainLM(GeluLM):
         return self.head(h)
 
 
+class TableBlock(nn.Module):
+    """Handed the model's rotation table, (x, cos, sin); returns (x, None), as Hugging Face's
+    blocks return (hidden, cache)."""
+
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.up, self.down = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x, cos, sin):
+        return x + self.down(torch.relu(self.up(x * cos + x.roll(1, -1) * sin))), None
+
+
+class TableLM(GeluLM):
+    """The rotation table kept by the model and its slice handed to each block."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.blocks = nn.ModuleList(TableBlock(d_model, d_ff) for _ in range(num_layers))
+        self.register_buffer("angle", torch.arange(context_length)[:, None] * 0.01,
+                             persistent=False)
+
+    def forward(self, x):
+        h, angle = self.embed(x), self.angle[: x.shape[1]]
+        for block in self.blocks:
+            h, _ = block(h, angle.cos(), angle.sin())
+        return self.head(h)
+
+
 class NanLM(GeluLM):
     def forward(self, x):
         return super().forward(x) * float("nan")
@@ -976,6 +1004,30 @@ def test_memory_residuals_of_your_block(tmp_path, monkeypatch):
     assert theirs["residual_bytes"] == ours["residual_bytes"] == 2 * 16 * 64 * 4
     # the same kind of block (pre-norm attention + SwiGLU): several residuals' worth saved
     assert theirs["saved_bytes"] > 4 * theirs["residual_bytes"] and theirs["top1_op"]
+
+
+def test_memory_measures_your_block_as_your_model_calls_it(tmp_path, monkeypatch):
+    """A block that takes the model's rotation table (x, cos, sin) and returns (x, None):
+    `memory residuals` called it with (x, positions), and `memory`'s hook read the tuple's
+    dtype, each an error blamed on the user's file. The block gets what the model's forward
+    hands it, and is measured on its output's first element."""
+    monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                                   "my_models/lm.py": OTHER_MODEL}))
+    db = tmp_path / "r.db"
+    shape = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "4",
+             "--seq", "16", "--batch", "2", "--device", "cpu", "--db", db]
+    result = invoke("memory", "residuals", *shape, "--no-compile", "--model",
+                    "my_models.lm:TableLM")
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, error, saved_bytes FROM memory_residuals_runs")
+    assert row["status"] == "ok", row["error"]
+    # relu's output, the two linears' inputs, and x·cos, x·sin's operands: several (B, T, d)
+    assert row["saved_bytes"] > 2 * 2 * 16 * 32 * 4
+    result = invoke("memory", *shape, "--num-layers", "2", "--warmup", "0", "--iters", "1",
+                    "--model", "my_models.lm:TableLM")
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, error, residual_dtype FROM memory_runs")
+    assert (row["status"], row["residual_dtype"]) == ("ok", "float32"), row["error"]
 
 
 def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first(tmp_path,

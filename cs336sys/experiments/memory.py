@@ -213,9 +213,12 @@ def run(spec: MemorySpec) -> Result:
         if (r := probe.peak_reserved()) is not None:
             reserved.append(r)
 
+    from cs336sys.models.checkpointing import block_output
+
     residual: list[torch.dtype] = []
     block = last_block(model, config)
-    hook = block.register_forward_hook(lambda mod, args, out: residual.append(out.dtype)) \
+    hook = block.register_forward_hook(  # (a block may return a tuple: Hugging Face's)
+        lambda mod, args, out: residual.append(getattr(block_output(out), "dtype", None))) \
         if block is not None else None
     saved: list[int] = []
 
@@ -259,7 +262,8 @@ def run(spec: MemorySpec) -> Result:
     metrics: dict[str, Any] = {}
     for name in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         metrics.update(flatten(name, timed.get(name, [])))
-    residual_dtype = residual[0] if residual else None  # a model whose blocks are not found
+    # None: a model whose blocks are not found, or whose last block's output is no tensor
+    residual_dtype = next((dtype for dtype in residual if dtype is not None), None)
     if not training:
         act_analytic: int | None = 0  # nothing is saved without grad
     elif m.precision == "fp32" and m.attention == "naive":
@@ -285,8 +289,9 @@ def run(spec: MemorySpec) -> Result:
         grad_bytes=4 * n_params if training else 0,
         optim_bytes=8 * n_params if training else 0,  # AdamW: exp_avg and exp_avg_sq, fp32
         act_bytes_analytic=act_analytic,
-        residual_bytes=B * T * config.d_model * residual_dtype.itemsize if residual else None,
-        residual_dtype=str(residual_dtype).removeprefix("torch.") if residual else None,
+        residual_bytes=(B * T * config.d_model * residual_dtype.itemsize
+                        if residual_dtype is not None else None),
+        residual_dtype=str(residual_dtype).removeprefix("torch.") if residual_dtype else None,
         checkpoint_group=checkpoint_group(m.checkpoint, m.num_layers),
         lowest_peak=None,  # set by mark_lowest once every checkpoint setting of the group ran
         loss=live.get("loss"),

@@ -12,7 +12,6 @@ AOTAutograd's min-cut partitioner chose to keep rather than recompute (Ansel et 
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -104,28 +103,30 @@ def run(spec: ResidualsSpec) -> Result:
     import torch
 
     from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding
+    from cs336sys.models.checkpointing import block_output
     from cs336sys.models.transformer import TransformerBlock
 
     torch.manual_seed(spec.seed)
     device = torch.device(spec.device)
     config = _config(spec)
     path = None if spec.model is None else _blocks_path(config, spec.model, spec.blocks)
-    with device:
-        block = (TransformerBlock(config) if spec.model is None
-                 else _block_of(_users_model(config, spec.model), path))
-    params = list(block.parameters())
     B, T, d = spec.batch, spec.seq, spec.d_model
+    with device:
+        users = None if spec.model is None else _users_model(config, spec.model)
+        block = TransformerBlock(config) if users is None else _block_of(users, path)
+    params = list(block.parameters())
     x = torch.randn(B, T, d, device=device, requires_grad=True)  # (B, T, d): the residual stream
-    positions = torch.arange(T, device=device)  # (T,)
+    if users is None:  # ours: x and the token positions
+        args, kwargs = (x, torch.arange(T, device=device)), {}  # positions: (T,)
+    else:
+        args, kwargs = _inputs_of(users, block, x, config.vocab_size)
     fn = torch.compile(block, backend=compile_backend()) if spec.compile else block
     amp_dtype = autocast_dtype(spec.precision)
-
-    args = (x, positions) if _takes_positions(block) else (x,)
 
     def forward() -> torch.Tensor:
         autocast = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
         with autocast:
-            return fn(*args)  # (B, T, d)
+            return block_output(fn(*args, **kwargs))  # (B, T, d)
 
     compile_s = None
     if spec.compile:  # compile outside the measurement: it allocates for itself
@@ -240,12 +241,36 @@ def _config(spec: ResidualsSpec) -> ModelConfig:
                        attention=spec.attention)
 
 
-def _takes_positions(block: Any) -> bool:
-    """Whether the block's forward wants the token positions after x (ours does; the
-    course's block takes x alone)."""
-    wanted = [p for p in inspect.signature(block.forward).parameters.values()
-              if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(wanted) >= 2
+class _Seen(Exception):
+    """Raised by the hook that has recorded a block's inputs: the model's forward stops."""
+
+
+def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, dict]:
+    """The arguments the user's model hands `block`, `x` in place of the residual stream:
+    the others (token positions, a RoPE table's slice, a mask: whatever its forward passes,
+    `block(x)`, `block(x, positions)`, `block(x, cos, sin)`) recorded as the model's own
+    forward calls the block, on random tokens, without gradients."""
+    import torch
+
+    seen: dict[str, Any] = {}
+
+    def record(module: Any, args: tuple, kwargs: dict) -> None:
+        seen.update(args=args, kwargs=kwargs)
+        raise _Seen
+
+    hook = block.register_forward_pre_hook(record, with_kwargs=True)
+    tokens = torch.randint(vocab_size, tuple(x.shape[:2]), device=x.device)  # (B, T)
+    try:
+        with torch.no_grad():
+            users(tokens)
+    except _Seen:
+        pass
+    finally:
+        hook.remove()
+    if not seen.get("args"):
+        raise ValueError(f"{type(users).__name__}'s forward did not call its first block with "
+                         "the residual stream as its first argument")
+    return (x, *seen["args"][1:]), seen["kwargs"]
 
 
 # -- the declaration ------------------------------------------------------------------------

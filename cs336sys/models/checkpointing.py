@@ -83,6 +83,12 @@ def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
     return model
 
 
+def block_output(out: Any) -> Any:
+    """A block's output as the residual stream: the tensor, or the first of a tuple or list
+    (a block that returns `(hidden, cache)`, as Hugging Face's do)."""
+    return out[0] if isinstance(out, tuple | list) and out else out
+
+
 class NotChained(ValueError):
     """A model whose blocks cannot be checkpointed in groups of several, or at all."""
 
