@@ -143,6 +143,14 @@ class TableLM(GeluLM):
         return self.head(h)
 
 
+class FrozenPositions(GeluLM):
+    """A position table that takes no gradient (a fixed RoPE table kept as a parameter)."""
+
+    def __init__(self, vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):
+        super().__init__(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta)
+        self.pos.requires_grad_(False)
+
+
 class NanLM(GeluLM):
     def forward(self, x):
         return super().forward(x) * float("nan")
@@ -1028,6 +1036,25 @@ def test_memory_measures_your_block_as_your_model_calls_it(tmp_path, monkeypatch
     assert result.exit_code == 0, result.output
     (row,) = query(db, "SELECT status, error, residual_dtype FROM memory_runs")
     assert (row["status"], row["residual_dtype"]) == ("ok", "float32"), row["error"]
+
+
+def test_memorys_analytic_gradients_and_state_leave_out_frozen_parameters(tmp_path,
+                                                                         monkeypatch):
+    """A parameter that takes no gradient has neither a gradient nor AdamW state: the
+    analytic 4P and 8P counted it, above what the step held by inspection."""
+    monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                                   "my_models/lm.py": OTHER_MODEL}))
+    db = tmp_path / "r.db"
+    result = invoke("memory", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+                    "--num-heads", "4", "--num-layers", "2", "--seq", "16", "--batch", "2",
+                    "--warmup", "0", "--iters", "1", "--device", "cpu", "--model",
+                    "my_models.lm:FrozenPositions", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, params, grad_bytes, optim_bytes, before_opt_grads_bytes, "
+                   "after_opt_opt_state_bytes FROM memory_runs")
+    assert row["status"] == "ok"
+    assert row["grad_bytes"] == row["before_opt_grads_bytes"] < 4 * row["params"]
+    assert row["optim_bytes"] == row["after_opt_opt_state_bytes"] == 2 * row["grad_bytes"]
 
 
 def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first(tmp_path,

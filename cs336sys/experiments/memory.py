@@ -271,6 +271,7 @@ def run(spec: MemorySpec) -> Result:
     else:  # mixed precision and other kernels keep other tensors: not modelled
         act_analytic = None
     n_params = sum(p.numel() for p in params)
+    trained = sum(p.numel() for p in params if p.requires_grad)  # (a frozen table: no grad)
     metrics.update(
         peak_source="cuda_allocator" if on_cuda else "live_tensors",
         init_bytes=init_bytes,
@@ -286,8 +287,8 @@ def run(spec: MemorySpec) -> Result:
         # the analytic breakdown
         params=n_params,
         param_bytes=4 * n_params,
-        grad_bytes=4 * n_params if training else 0,
-        optim_bytes=8 * n_params if training else 0,  # AdamW: exp_avg and exp_avg_sq, fp32
+        grad_bytes=4 * trained if training else 0,
+        optim_bytes=8 * trained if training else 0,  # AdamW: exp_avg and exp_avg_sq, fp32
         act_bytes_analytic=act_analytic,
         residual_bytes=(B * T * config.d_model * residual_dtype.itemsize
                         if residual_dtype is not None else None),
@@ -403,8 +404,8 @@ EXPERIMENT = Experiment(
             saved_bytes          bytes  saved for backward, parameters excluded
             params               -      parameters of the model
             param_bytes          bytes  analytic: 4P
-            grad_bytes           bytes  analytic: 4P when training
-            optim_bytes          bytes  analytic: AdamW's two moments, 8P
+            grad_bytes           bytes  analytic: 4P when training, P the parameters that require grad
+            optim_bytes          bytes  analytic: AdamW's two moments, 8P of those
             act_bytes_analytic   bytes  analytic activations (fp32, naive attention)
             residual_bytes       bytes  the residual stream B·T·d, what a checkpointed group keeps
             residual_dtype       -      dtype of the residual stream
