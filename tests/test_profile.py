@@ -472,21 +472,31 @@ def test_a_profiled_point_of_the_users_model_is_named_by_it():
 
 
 def test_the_users_attention_function_is_marked_while_profiled_and_put_back(monkeypatch):
+    """The function is found in the module of the model's class or of any submodule's: a
+    model subclassed in a file of its own, or whose attention class lives in another file,
+    was profiled without the split and without a word."""
     import sys
     import types
+
+    from torch import nn
 
     from cs336sys.experiments.profile import user_attention_marked
     from cs336sys.measure import nvtx as nvtx_module
 
-    module = types.ModuleType("their_model")
+    module = types.ModuleType("their_attention")
     module.scaled_dot_product_attention = lambda q, k, v, mask: q
-    Model = type("Model", (), {"__module__": "their_model"})
-    monkeypatch.setitem(sys.modules, "their_model", module)
+    monkeypatch.setitem(sys.modules, "their_attention", module)
+    monkeypatch.setitem(sys.modules, "their_model", types.ModuleType("their_model"))
+    Attention = type("Attention", (nn.Module,), {"__module__": "their_attention"})
+    Model = type("Model", (nn.Module,), {"__module__": "their_model"})
+    model = Model()
+    model.attn = Attention()
     original = module.scaled_dot_product_attention
     with nvtx_module.profiler_ranges(True), torch.profiler.profile() as prof:
-        with user_attention_marked(Model()):
+        with user_attention_marked(model):
             assert module.scaled_dot_product_attention(1, 2, 3, None) == 1
     assert module.scaled_dot_product_attention is original
+    assert not hasattr(sys.modules["their_model"], "scaled_dot_product_attention")
     assert any(e.name == "cs336sys::attention (yours)" for e in prof.events())
 
 
@@ -600,8 +610,10 @@ def test_a_kernel_reads_the_same_in_every_table_of_the_profile():
     from cs336sys.cli.profile import _details
 
     def point(run_id):
-        return SimpleNamespace(spec=SimpleNamespace(target="model"), result=SimpleNamespace(
-            metrics={}, tables={"kernel_stats": linked[run_id]}))
+        return SimpleNamespace(
+            spec=SimpleNamespace(target="model", point=SimpleNamespace(model=None)),
+            result=SimpleNamespace(status="ok", metrics={},
+                                   tables={"kernel_stats": linked[run_id]}))
 
     with mock.patch("cs336sys.cli.profile._label", lambda spec: "p"):
         printed = _details([point("r1"), point("r2")])

@@ -1038,6 +1038,25 @@ def test_memory_measures_your_block_as_your_model_calls_it(tmp_path, monkeypatch
     assert (row["status"], row["residual_dtype"]) == ("ok", "float32"), row["error"]
 
 
+def test_profile_says_where_your_models_attention_is_not_split(tmp_path, monkeypatch):
+    """nsys_profile (e)'s QKᵀ, softmax and PV split needs the course's attention function in
+    a module of the model's classes: where none is called, the command says so (the columns
+    were left empty without a word); the course's model is split."""
+    monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                                   "my_models/lm.py": OTHER_MODEL}))
+    db = tmp_path / "r.db"
+    args = ["profile", "model", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+            "--num-heads", "4", "--num-layers", "2", "--seq", "16", "--batch", "2", "--mode",
+            "forward", "--warmup", "0", "--iters", "1", "--device", "cpu", "--db", db]
+    said = "no call of scaled_dot_product_attention was seen in the modules of your model's"
+    result = invoke(*args, "--model", "my_models.lm:GeluLM")
+    assert result.exit_code == 0 and said in result.output, result.output
+    result = invoke(*args, "--model", "cs336_basics")
+    assert result.exit_code == 0 and said not in result.output, result.output
+    assert [r["qk"] is None for r in query(
+        db, "SELECT qk_ms_mean AS qk FROM profile_runs ORDER BY created")] == [True, False]
+
+
 def test_memorys_analytic_gradients_and_state_leave_out_frozen_parameters(tmp_path,
                                                                          monkeypatch):
     """A parameter that takes no gradient has neither a gradient nor AdamW state: the

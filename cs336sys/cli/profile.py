@@ -211,4 +211,10 @@ def _details(points) -> str:
     if parts:
         out.append("attention (naive, or your model's), forward, per step:\n" + table(
             parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))
+    unsplit = [p for p in points if getattr(p.spec.point, "model", None) and p.result.status ==
+               "ok" and not p.spec.point.compile and p.result.metrics.get("qk_ms_mean") is None]
+    if unsplit:  # nsys_profile (e)'s split, missing: said, not left blank
+        out.append(f"no call of {model_command.ATTENTION_FUNCTION} was seen in the modules of your model's "
+                   f"classes at {len(unsplit)} point(s): the attention's parts (QKᵀ, softmax, "
+                   "PV) are left out there")
     return "\n\n".join(out + blocks)

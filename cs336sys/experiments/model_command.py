@@ -32,6 +32,11 @@ def point_name(spec: Any) -> str:
     return f"{spec.model or spec.size} T={spec.seq} {spec.mode} {spec.precision}"
 
 
+# What the course's model calls for attention, a function of the module its class is in
+# (profile splits it into QKᵀ, softmax and PV).
+ATTENTION_FUNCTION = "scaled_dot_product_attention"
+
+
 def optimizer_word(mode: str | None, optimizer: str | None) -> str | None:
     """A training step's optimizer where it is not ours (nsys_profile (d)'s, the user's)."""
     return f"optimizer={optimizer}" if mode == "train" and optimizer not in (None, "adamw") else None

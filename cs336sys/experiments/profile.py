@@ -17,7 +17,7 @@ FLOPs. Convention (per call, B batch, H heads, T queries = keys, d head dim):
     PV:      2·B·H·T²·d
 
 In a model step the parts are summed over the layers. The user's model (`--model`) gets the
-same split where its class's module has the course's `scaled_dot_product_attention`: each
+same split where a module of its classes has the course's `scaled_dot_product_attention`: each
 call runs in a range of its own, and its ops are split at the softmax (what runs before it
 is QKᵀ with scale and mask, what runs after it PV). With `nvtx=True` torch.profiler is
 not used (Nsight Systems cannot share CUPTI with it): the phases become NVTX ranges and the
@@ -38,7 +38,7 @@ from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import ModelSpec
-from cs336sys.experiments.model_command import optimizer_word
+from cs336sys.experiments.model_command import ATTENTION_FUNCTION, optimizer_word
 from cs336sys.experiments.profile_events import (
     STEP,
     USER_ATTENTION,
@@ -254,26 +254,17 @@ def _model(spec: ModelSpec) -> _Steps:
                   code=None if checked is None else user_code(config, step.model, step.optimizer))
 
 
-# What the course's model calls for attention, a function of the module its class is in.
-ATTENTION_FUNCTION = "scaled_dot_product_attention"
-
 
 @contextlib.contextmanager
 def user_attention_marked(model: Any) -> Iterator[None]:
     """Inside, each call of the attention function of the user's model (ATTENTION_FUNCTION
-    in its class's module, the course's layout) runs in the range USER_ATTENTION, and each
-    call of the `softmax` it calls by that name in USER_SOFTMAX, which profile_events
-    splits into QKᵀ, softmax and PV; the functions are put back after. A model without
-    that function is profiled without the split."""
+    in the module of its class or of a submodule's class: a subclass in a module of its own,
+    an attention class in another file) runs in the range USER_ATTENTION, and each call of
+    the `softmax` it calls by that name in USER_SOFTMAX, which profile_events splits into
+    QKᵀ, softmax and PV; all are put back after. Without that function, no split."""
     import functools
 
     from cs336sys.measure.nvtx import nvtx_range
-
-    module = sys.modules.get(type(model).__module__)
-    original = getattr(module, ATTENTION_FUNCTION, None)
-    if not callable(original):
-        yield
-        return
 
     def marked(fn: Any, name: str) -> Any:
         @functools.wraps(fn)
@@ -283,18 +274,24 @@ def user_attention_marked(model: Any) -> Iterator[None]:
 
         return call
 
-    # the names the function looks up when it runs: its module's, or the one it was defined in
-    names = getattr(original, "__globals__", {})
-    softmax = names.get("softmax")
-    setattr(module, ATTENTION_FUNCTION, marked(original, USER_ATTENTION))
-    if callable(softmax):
-        names["softmax"] = marked(softmax, USER_SOFTMAX)
+    modules = {type(m).__module__: sys.modules.get(type(m).__module__) for m in model.modules()}
+    put_back: list[tuple[Any, str, Any]] = []  # (namespace, name, original)
+    softmaxes: dict[int, dict] = {}  # the names each function looks up when it runs
+    for module in modules.values():
+        original = getattr(module, ATTENTION_FUNCTION, None)
+        if callable(original):
+            put_back.append((vars(module), ATTENTION_FUNCTION, original))
+            softmaxes.setdefault(id(names := getattr(original, "__globals__", {})), names)
+    for names in softmaxes.values():
+        if callable(names.get("softmax")):
+            put_back.append((names, "softmax", names["softmax"]))
+    for namespace, name, original in put_back:
+        namespace[name] = marked(original, USER_SOFTMAX if name == "softmax" else USER_ATTENTION)
     try:
         yield
     finally:
-        setattr(module, ATTENTION_FUNCTION, original)
-        if callable(softmax):
-            names["softmax"] = softmax
+        for namespace, name, original in reversed(put_back):
+            namespace[name] = original
 
 
 def _attention(spec: AttentionSpec) -> _Steps:
