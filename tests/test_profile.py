@@ -469,6 +469,19 @@ def test_a_profiled_point_of_the_users_model_is_named_by_it():
     parts = attention_parts([{**row, "model": "cs336_basics"}])
     assert parts.title == "Attention's parts in the forward (per step)"
     assert parts.rows[0][0].startswith("cs336_basics ")
+    # the same point on two GPUs: a GPU column, and each point's top kernels titled by it
+    from cs336sys.experiments.profile import section
+    from cs336sys.report.sections import Section
+
+    two = [{**row, "run_id": "a", "gpu": "cpu"}, {**row, "run_id": "b", "gpu": "H100"}]
+    parts = attention_parts(two)
+    assert parts.headers[:2] == ["gpu", "point"] and [r[0] for r in parts.rows] == ["cpu", "H100"]
+    kernel = {"phase": "forward", "rank": 1, "name": "aten::mm", "calls": 2, "total_ms": 1.0,
+              "mean_ms": 0.5, "share": 1.0, "time_basis": "cpu"}
+    sec = Section("profile", "Profile", linked={"a": [kernel], "b": [kernel]})
+    section(sec, two)
+    assert [t.title.split(" fp32 ")[1] for t in sec.tables[1:]] == [
+        "[cpu] (CPU self time)", "[H100] (CPU self time)"]
 
 
 def test_the_users_attention_function_is_marked_while_profiled_and_put_back(monkeypatch):

@@ -754,6 +754,11 @@ def test_memory_around_the_step_shows_the_held_parts_beside_the_accounting():
     assert mine[0].endswith("optimizer=yours") and "optimizer" not in old[0]
     # a user's AdamW that failed its check: shown, its values marked, as the peaks table does
     assert failed[6] == "3.0 (2.0) (wrong)" and failed[7] == "5.0 (wrong)"
+    # the same point on two GPUs: a GPU column (two rows read as one), none for one GPU
+    h100 = {**row("adamw", True), "gpu": "NVIDIA H100 80GB HBM3"}
+    t = memory_section.around_the_step([{**row("adamw", True), "gpu": "cpu"}, h100])
+    assert t.headers[:2] == ["gpu", "point"] and [r[0] for r in t.rows] == ["cpu", h100["gpu"]]
+    assert memory_section.around_the_step([h100]).headers[0] == "point"
 
 
 def test_latex_escapes_what_pdflatex_would_misprint_or_refuse():

@@ -41,7 +41,7 @@ def section(sec: Section, pts: list[Row]) -> None:
              "it the accounting leaves out. Parts stacked above the line are never all live at "
              "once (a training step frees the activations as its backward makes the "
              "gradients). Beside it, the step time: what checkpointing costs for what it saves.")
-    left_out = 0
+    left_out, gpus = 0, len({r.get("gpu") for r in pts}) > 1
     for i, point in enumerate(pts):
         # a later run of the point without --snapshot (another problem's) keeps its timeline
         r = next((run for run in [point, *reversed(point.get("_earlier", []))]
@@ -56,7 +56,7 @@ def section(sec: Section, pts: list[Row]) -> None:
         what = f"checkpoint={text(s.get('checkpoint') or 'none')}{whose(s)}"
         sec.figures.append(Figure(
             f"Memory timeline: {model_size(r)} T={r['seq']} B={s.get('batch')} {s.get('mode')} "
-            f"{s.get('precision')} {what}"
+            f"{s.get('precision')} {what}" + (f" [{r.get('gpu')}]" if gpus else "")
             + (f" (the run of {str(r.get('created'))[:16]})" if r is not point else ""),
             f"memory-timeline-{i}", png=png,
             note=memory_viz_line(r.get("snapshot_pickle"))))
@@ -96,15 +96,16 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
     after the optimizer step, and what parameters, gradients and the optimizer's state hold
     after it, measured beside the accounting: optimizer_state_sharding_accounting (a) asks
     for this."""
+    # a point whose check failed (the user's AdamW) is shown, its values marked, as the
+    # other tables show it
+    kept = [r for r in pts if r.get("status") in ("ok", "wrong") and r.get("before_opt_bytes")
+            is not None and r["_settings"].get("mode") == "train"]
+    gpus = ["gpu"] * (len({r.get("gpu") for r in kept}) > 1)  # a column where they differ
     body = []
-    for r in pts:
+    for r in kept:
         s = r["_settings"]
-        # a point whose check failed (the user's AdamW) is shown, its values marked, as the
-        # other tables show it
-        if r.get("status") not in ("ok", "wrong") or s.get("mode") != "train" \
-                or r.get("before_opt_bytes") is None:
-            continue
-        body.append([f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
+        body.append([*(text(r.get(g)) for g in gpus),
+                     f"{model_size(r)} T={text(s.get('seq'))} B={text(s.get('batch'))} "
                      f"{text(s.get('precision'))} ckpt={text(s.get('checkpoint'))}"
                      + whose(s, ("model", "attention", "optimizer")),
                      *(status_or(r, cell) for cell in (
@@ -117,7 +118,7 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
     if not body:
         return None
     return FilledTable("Memory around the optimizer step (MiB): measured (accounting)",
-                 ["point", "after init", "before step", "after step", "parameters",
+                 [*gpus, "point", "after init", "before step", "after step", "parameters",
                   "gradients", "optimizer state", "peak"], body,
                  note="after init, before step, after step: the bytes in use at those moments "
                  "(CUDA: allocated; CPU: live tensors); parameters, gradients, optimizer "

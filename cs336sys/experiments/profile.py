@@ -54,7 +54,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.report.kernel_names import readable_all
 from cs336sys.report.plots import Ranked
-from cs336sys.report.sections import FilledTable, add_plot, num, pct
+from cs336sys.report.sections import FilledTable, add_plot, num, pct, text
 from cs336sys.sweep.declaration import (
     AroundPoint,
     Column,
@@ -345,6 +345,7 @@ def section(sec: Any, pts: list) -> None:
     split = attention_parts(pts)
     if split:
         sec.tables.append(split)
+    gpus = len({r.get("gpu") for r in pts}) > 1  # the same point on two GPUs: two titles
     # every linked row: a --compare report's other side too, whose section is built apart
     every = {k["name"] for ks in sec.linked.values() for k in ks}
     for i, r in enumerate(pts):
@@ -354,7 +355,8 @@ def section(sec: Any, pts: list) -> None:
         # CPU: aten ops by their self time; CUDA: kernels by their device time
         cuda = ks[0]["time_basis"] == "cuda"
         what, basis = ("kernels", "kernel time") if cuda else ("ops", "CPU self time")
-        title = f"Top {what}: {r['target']} {label(r)} ({basis})"
+        on = f" [{r.get('gpu')}]" if gpus else ""
+        title = f"Top {what}: {r['target']} {label(r)}{on} ({basis})"
         steps = r.get("profiled_steps") or 1
         names = readable_all([k["name"] for k in ks], among=every)  # stored whole
         sec.tables.append(FilledTable(
@@ -377,21 +379,21 @@ def section(sec: Any, pts: list) -> None:
 
 def attention_parts(pts: list) -> Any:
     """Attention's QKᵀ, softmax and PV in the forward (naive attention's, or the user's
-    model's), per point that measured them: time per step, FLOPs and achieved GFLOP/s (None
-    when no point did)."""
+    model's) per point: time per step, FLOPs and GFLOP/s (None when no point has them)."""
     def cells(r: Mapping[str, Any], part: str) -> list[str]:
         return [num(r.get(f"{part}_{key}")) for key in ("ms_mean", "flops", "gflops")]
 
-    body = [[label(r), *cells(r, "qk"), num(r.get("mask_ms_mean")), *cells(r, "softmax"),
-             *cells(r, "pv")]
-            for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
+    split = [r for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
+    gpus = ["gpu"] * (len({r.get("gpu") for r in split}) > 1)  # a column where they differ
+    body = [[*(text(r.get(g)) for g in gpus), label(r), *cells(r, "qk"),
+             num(r.get("mask_ms_mean")), *cells(r, "softmax"), *cells(r, "pv")] for r in split]
     if not body:
         return None
     # the FLOPs beside the times: the handout sets the parts' runtime gap against their
     # FLOPs gap (softmax: few FLOPs, much time)
     units = ("ms", "FLOPs", "GFLOP/s")
     return FilledTable("Attention's parts in the forward (per step)",
-                 ["point", *(f"QKᵀ {u}" for u in units), "scale, mask ms",
+                 [*gpus, "point", *(f"QKᵀ {u}" for u in units), "scale, mask ms",
                   *(f"{part} {u}" for part in ("softmax", "PV") for u in units)], body,
                  note="Inside the ranges naive attention opens (scores, softmax, final matmul), "
                  "or, in your model (--model), inside each call of its "
