@@ -277,10 +277,16 @@ def test_trace_writes_valid_chrome_json(db_path, tmp_path):
     assert invoke(*args, "--seq", "16,32", "--trace", trace, "--db", db_path).exit_code == 0
     for name in ("trace-1.json", "trace-2.json"):
         assert "traceEvents" in json.loads((tmp_path / name).read_text())
+    # a folder not there yet is made, as --snapshot's is (docs/experiments/profile.md's
+    # `--trace traces/tiny.json` was refused)
+    inside = tmp_path / "traces" / "t.json"
+    assert invoke(*args, "--trace", inside, "--db", db_path).exit_code == 0
+    assert "traceEvents" in json.loads(inside.read_text())
     paths = rows(db_path, "SELECT trace_path FROM profile_runs ORDER BY created")
     assert [p["trace_path"] for p in paths] == [
         str(trace),
         *(str(tmp_path / f"trace-{i}.json") for i in (1, 2)),
+        str(inside),
     ]
 
 
@@ -308,7 +314,7 @@ def test_nsys_without_nsys_is_bad_input(db_path, tmp_path, monkeypatch):
     [
         (["--top", "0"], "--top must be positive"),
         (["--exec"], "--exec runs the Nsight Systems command"),
-        (["--trace", "{tmp}/missing/t.json"], "does not exist"),
+        (["--trace", "{tmp}/a-file/t.json"], "is not a directory"),
         (["--trace", "{tmp}"], "is a directory"),
         (["--nvtx", "--trace", "{tmp}/t.json"], "--nsys/--nvtx do not run"),
         (["--checkpoint", "every:9"], "--checkpoint"),
@@ -316,6 +322,7 @@ def test_nsys_without_nsys_is_bad_input(db_path, tmp_path, monkeypatch):
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(db_path, tmp_path, extra, message):
+    (tmp_path / "a-file").write_text("mine\n")
     extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
     result = invoke("profile", "model", *MICRO, "--seq", "8", *extra, "--db", db_path)
     assert result.exit_code == 2, result.output

@@ -152,9 +152,7 @@ def _check_writable(path: Path, db: Path) -> None:
     if path.is_dir():
         fail(f"--trace: {path} is a directory")
     refuse_the_store([path], "--trace", db)
-    if not parent.is_dir():
-        fail(f"--trace: directory {parent} does not exist")
-    # tried, not asked: os.access says yes to root even on /proc or a read-only mount
+    # made if missing, as --snapshot's folder is; tried, not asked: os.access says yes to root even on /proc or a read-only mount
     problem = why_unwritable(parent)
     if problem is not None:
         fail(f"--trace {path}: {problem}")
