@@ -174,6 +174,18 @@ def h100_report(tmp_path_factory) -> Path:
     return _html_report(H100_STORE, tmp_path_factory.mktemp("h100"), "H100")
 
 
+@pytest.fixture(scope="module")
+def mixed_report(tmp_path_factory) -> Path:
+    """The fixture's store with the H100 one merged in: tables whose settings vary across
+    GPUs, with a GPU column, were 1,301 to 1,434 px wide before they were set dense."""
+    from cs336sys.store.transfer import merge
+
+    tmp = tmp_path_factory.mktemp("mixed")
+    store = build(tmp / "results.db")
+    merge(store, H100_STORE)
+    return _html_report(store, tmp / "out", "mixed")
+
+
 def _long_names_report(tmp: Path) -> Path:
     """A profile whose kernel names are longer than a printed page is wide, without a space
     (cutlass and Triton names are like this), and a setting value as long."""
@@ -208,7 +220,7 @@ def test_long_kernel_names_break_rather_than_widen_the_page(tmp_path):
         _fits(_measure(exe, page, tmp_path, width), width)
 
 
-@pytest.mark.parametrize("which", ["fixture", "h100"])
+@pytest.mark.parametrize("which", ["fixture", "h100", "mixed"])
 def test_tables_and_the_model_chart_fit_a_1280_px_page(tmp_path, which, request):
     """Numbers with a note (`1.47 ± 0.023 (n=64)`) kept on one line made the H100 store's
     attention table 1,428 px wide; they wrap before the note."""

@@ -255,7 +255,13 @@ def _env(markdown: bool = False):
     env.filters["html_heads"] = _html_heads
     env.filters["note"] = _md_note if markdown else _html_note
     env.filters["data_uri"] = data_uri
+    env.globals["DENSE"] = DENSE
     return env
+
+
+# Columns past which an HTML table is set in smaller type (`table.dense`): a two-GPU store's
+# model, attention and memory tables (17 to 19 columns) were 1,301 to 1,434 px wide.
+DENSE = 14
 
 
 # What a value could do in markdown, and what undoes it (CommonMark, GitHub's autolinks):
