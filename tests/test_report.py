@@ -431,11 +431,18 @@ def test_noisy_points_show_the_median_and_host_bound_is_a_column_only_where_meas
     step = t.headers.index("step ms")
     assert t.rows[0][step] == "20 ± 1"
     assert t.rows[1][step] == "20 ± 5 (median 19, noisy)"  # stored before p10/p90/IQR
+    # the note says what the cell shows (it promised percentiles the cell lacked)
+    assert t.note.endswith("noisy: the std is more than 10 % of the mean (spikes in the "
+                           "samples); the median stands beside the mean.")
+    other = {**spiky, "step_ms_p10": 18.0, "step_ms_p90": 27.5, "step_ms_iqr": 2.25, "batch": 1,
+             "_settings": {**spiky["_settings"], "batch": 1}}
+    assert "the median stands beside the mean (and, where stored, the 10th-90th " in \
+        point_table(model.TABLE, [spiky, other]).note
     spiky.update(step_ms_p10=18.0, step_ms_p90=27.5, step_ms_iqr=2.25)
     t = point_table(model.TABLE, [steady, spiky])
     assert t.rows[1][step] == "20 ± 5 (median 19, p10–p90 18–27.5, IQR 2.25, noisy)"
     assert t.rows[1][t.headers.index("host-bound")] == "fwd,bwd"
-    assert "noisy: the std is more than 10 % of the mean" in t.note
+    assert "the median, the 10th-90th percentiles and the interquartile range stand" in t.note
     assert "host-bound: the phases whose host time" in t.note
     t = point_table(model.TABLE, [steady])
     assert "host-bound" not in t.headers and "noisy" not in t.note and "host-bound" not in t.note

@@ -76,6 +76,8 @@ NOISY = 0.10
 NOISY_NOTE = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
               "median, the 10th-90th percentiles and the interquartile range stand beside the "
               "mean.")
+NOISY_NOTE_MEDIAN = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
+                     "median stands beside the mean")
 NOISY_NOTE_SHORT = ("noisy: the std is more than 10 % of the mean (spikes in the samples); the "
                     "median stands beside the mean (p10, p90 and IQR are stored).")
 
@@ -261,8 +263,12 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
     if counts and any(r.get("_n", 1) > 1 for r in rows):  # its figures are one run's
         notes.append(f"{stored}: how often the point was stored; its row shows the latest "
                      "run (`report --compare`, `cs336sys sql` read the others).")
-    if any(noisy(r, c.key) for c in columns if c.fmt == "mean_std" for r in rows):
-        notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE)
+    spread = [None not in (r.get(f"{c.key}_{s}") for s in ("p10", "p90", "iqr"))
+              for c in columns if c.fmt == "mean_std" for r in rows if noisy(r, c.key)]
+    if spread:  # the note says what the cells show: rows stored before 0.2.1 lack the spread
+        notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE if all(spread) else
+                     NOISY_NOTE_MEDIAN + (" (and, where stored, the 10th-90th percentiles "
+                                          "and the interquartile range)." if any(spread) else "."))
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(DRIFT_NOTE)
     t.title, t.note = declared.title, " ".join(n for n in notes if n)
