@@ -375,8 +375,8 @@ COMMAND = Command(
     "checked once (`wrong` counts bad elements).",
     examples=(
         "cs336sys comm --op all-reduce,all-gather --bytes 1MB,100MB --world-size 2",
-        "cs336sys comm --op reduce-scatter --placement in-place --bytes 8B:64MB:x4",
-        "cs336sys comm --bytes 8B:64MB:x4 --world-size 2",
+        "cs336sys comm --op reduce-scatter --placement in-place --bytes 8B:32MiB:x4",
+        "cs336sys comm --bytes 8B:32MiB:x4 --world-size 2",
         "torchrun --nnodes 2 --nproc-per-node 8 -m cs336sys comm --bytes 1GB",
     ),
     groups=("nsys",),
