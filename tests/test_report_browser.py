@@ -243,13 +243,13 @@ def test_tables_and_the_model_chart_fit_a_1280_px_page(tmp_path, which, request)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">I", png[16:20])[0] == WIDTH
 
 
-def test_printed_tables_keep_every_column(tmp_path, fixture_report, h100_report):
+def test_printed_tables_keep_every_column(tmp_path, fixture_report, h100_report, mixed_report):
     """On paper (the print rules, a page's width) no table is wider than the page and none
     scrolls; and where poppler's pdftotext is installed, Chromium's PDF of the report holds
     every header of every table."""
     exe = _chromium()
     pages = (fixture_report, h100_report)  # the H100 one lost 3 columns before
-    for page in (*pages, _long_names_report(tmp_path)):
+    for page in (*pages, mixed_report, _long_names_report(tmp_path)):
         _fits(_measure(exe, page, tmp_path, PRINT_WIDTH, print_css=True), PRINT_WIDTH)
     if not shutil.which("pdftotext"):
         pytest.skip("pdftotext (poppler-utils) not installed: the PDF's text is not checked")
