@@ -1319,6 +1319,37 @@ def test_a_writeup_before_any_run_says_what_is_left_and_that_nothing_is_selected
         in (tmp_path / "c" / "writeup.md").read_text()
 
 
+def test_a_writeup_the_student_has_written_in_is_not_replaced(db_path, tmp_path):
+    """The starter is for the student's answers: a second `handout report` replaced a
+    writeup.md with an answer appended, and a writeup.tex edited inside, without a word.
+    Each document ends with the sha256 of its text; one that no longer matches (or has text
+    after it) is refused as a file cs336sys did not write, unless --force; an untouched one,
+    and a table file beside it, are replaced as before."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    Store(db_path, EXPERIMENTS).close()
+    out = tmp_path / "w"
+    args = ["handout", "report", "benchmarking_script", "--format", "md,tex,typst,html",
+            "--out", out, "--db", db_path]
+    assert invoke(*args).exit_code == 0
+    assert invoke(*args).exit_code == 0  # untouched: replaced
+    for name, edit in (("writeup.md", lambda t: t + "\nMy answer: the backward is 2x.\n"),
+                       ("writeup.tex", lambda t: t.replace("\\maketitle", "\\maketitle\nMine.")),
+                       ("writeup.typ", lambda t: t.replace("#set text", "Mine.\n#set text")),
+                       ("writeup.html", lambda t: t.replace("<h1>", "<p>Mine.</p><h1>"))):
+        path = out / name
+        before = path.read_text()
+        path.write_text(edit(before))
+        r = invoke(*args)
+        assert r.exit_code == 2, (name, r.output)
+        assert r.stderr.strip() == (f"Error: --out: {path} is a file cs336sys wrote and someone "
+                                    "has edited since; writing would replace it (--force "
+                                    "replaces it)"), r.stderr
+        assert path.read_text() == edit(before)  # nothing written
+        assert invoke(*args, "--force").exit_code == 0 and path.read_text() == before
+
+
 @pytest.mark.parametrize("year", ["2025", "2026"])
 def test_every_problems_notes_fit_the_page_before_any_run(db_path, tmp_path, year):
     """Each problem's commands and the checks of the implementation problems, typeset:

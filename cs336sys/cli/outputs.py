@@ -3,7 +3,9 @@
 timelines) replace only what cs336sys wrote there before,
 or an empty file; anything else (a SQLite database, a store's `-wal`, `-shm` or `-journal`,
 someone's notes) is refused in one line, exit 2, before anything runs, unless `--force`
-(docs/bad-input.md). What cs336sys wrote is told by how the file starts: each kind below.
+(docs/bad-input.md). What cs336sys wrote is told by how the file starts: each kind below;
+a document whose seal (report/seal.py) its text no longer matches was edited since, and is
+refused too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from cs336sys.cli.common import fail
 from cs336sys.report.render import PNG_SIGNATURE, SOFTWARE_TEXT, files
+from cs336sys.report.seal import edited
 from cs336sys.report.typeset import MARK
 from cs336sys.store.guard import SIDE_FILES, SQLITE_HEADER, side_file
 
@@ -29,6 +32,9 @@ LATEX_MARK, TYPST_MARK = MARK["tex"].encode(), MARK["typ"].encode()
 _OLD_HTML, _OLD_MARKDOWN = b"body { font: 14px/1.45 system-ui", b"- **GPUs:** "
 CHROME_TRACE = b'"schemaVersion"'  # torch.profiler's export_chrome_trace, near the top
 TIMELINE_PNG = SOFTWARE_TEXT  # measure/timeline.py's PNGs and the reports' carry it
+
+
+_SEALED = ("html", "md", "tex", "typst")  # the kinds whose files end with a seal
 
 
 def ours(head: bytes, kind: str) -> bool:
@@ -60,6 +66,10 @@ def foreign(path: Path, kind: str) -> str | None:
     with open(path, "rb") as f:
         head = f.read(HEAD)
     if not head or ours(head, kind):
+        # a document of cs336sys's that someone has written in since (the answers typed
+        # into the writeup starter): its seal no longer matches (report/seal.py)
+        if kind in _SEALED and edited(path.read_bytes()):
+            return "a file cs336sys wrote and someone has edited since"
         return None
     if head.startswith(SQLITE_HEADER):
         return "a SQLite database"

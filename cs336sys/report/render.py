@@ -29,6 +29,7 @@ from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
 from cs336sys.report.history import build as build_history
+from cs336sys.report.seal import sealed
 from cs336sys.report.sections import WRONG, FilledTable, Section, code_spans
 from cs336sys.report.select import Selection, invocations, load, present
 
@@ -413,7 +414,7 @@ def write(report: Report, out: Path, formats: list[str], stem: str = "report",
         if "html" in formats:
             path = out / f"{stem}.html"
             html = env.get_template("report.html.j2").render(r=report)
-            stage.path(path).write_text(html, encoding="utf-8")
+            stage.path(path).write_text(sealed(html, "html"), encoding="utf-8")
             written.append(path)
         images: dict[str, str] = {}
         pngs = []
@@ -425,7 +426,7 @@ def write(report: Report, out: Path, formats: list[str], stem: str = "report",
         if "md" in formats:
             path = out / f"{stem}.md"
             md = md_env.get_template("report.md.j2").render(r=report, images=images)
-            stage.path(path).write_text(md, encoding="utf-8")
+            stage.path(path).write_text(sealed(md, "md"), encoding="utf-8")
             written.append(path)
         written += pngs
         for fmt in ("tex", "typst"):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cs336sys.measure.landing import Stage
+from cs336sys.report.seal import sealed
 from cs336sys.report.sections import FilledTable, Section, code_spans
 
 # Characters LaTeX reads as commands, and the report's few symbols outside ASCII that
@@ -217,8 +218,8 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
                         else typst_note(note))
         for i, t in enumerate(section.tables, start=1):
             path = _table_path(out, stem, ext, section, i)
-            stage.path(path).write_text(MARK[ext] + (latex_table(t) if ext == "tex"
-                                                     else typst_table(t)), encoding="utf-8")
+            table = MARK[ext] + (latex_table(t) if ext == "tex" else typst_table(t))
+            stage.path(path).write_text(sealed(table, ext), encoding="utf-8")
             written.append(path)
             caption, under = _sentences(section, t)
             rel = f"{path.parent.name}/{path.name}"
@@ -261,7 +262,7 @@ def write(report: Any, out: Path, fmt: str, stem: str, images: dict[str, str],
     head = _head(report, ext)
     document = out / f"{stem}.{ext}"
     tail = "\n\\end{document}\n" if ext == "tex" else "\n"
-    stage.path(document).write_text(head + "\n".join(body) + tail, encoding="utf-8")
+    stage.path(document).write_text(sealed(head + "\n".join(body) + tail, ext), encoding="utf-8")
     return [document, *written]
 
 
