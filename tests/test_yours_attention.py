@@ -174,6 +174,32 @@ def test_a_dirty_tree_is_recorded(tmp_path, monkeypatch):
     assert {r["user_dirty"] for r in runs(db)} == {1}
 
 
+def test_resume_measures_again_after_an_edit_not_committed(tmp_path, monkeypatch):
+    """`handout run` always resumes: a kernel edited and not committed kept its earlier `ok`
+    (a scale of 1/d read "4 ok" while the course's test failed it). The uncommitted Python
+    code's sha256 is part of what --resume matches; the same edit again is skipped, and a
+    store or report written inside the checkout changes nothing."""
+    repo = course_repo(tmp_path)
+    monkeypatch.chdir(repo)
+    db = repo / "db" / "results.db"  # inside the checkout, untracked: not code
+    args = ["attention", "--impl", "yours-torch", *SMALL, "--pass", "forward", "--resume",
+            "--db", db]
+    assert invoke(*args).exit_code == 0
+    assert "skipping 2 point(s)" in invoke(*args).stderr
+    edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0 / d")  # not committed
+    result = invoke(*args)
+    assert "skipping" not in result.stderr, result.stderr
+    assert [r["status"] for r in runs(db)][-2:] == ["wrong", "wrong"]
+    edit(repo, FLASH, "scale = 1.0 / d", "scale = 1.0 / math.sqrt(d) + 0.0")
+    assert "skipping" not in invoke(*args).stderr
+    assert "skipping 2 point(s)" in invoke(*args).stderr  # the same uncommitted code
+    (repo / "notes.py").write_text("x = 1\n")  # a new file of code, not committed
+    assert "skipping" not in invoke(*args).stderr
+    changes = [i["user_changes"] for i in query(
+        db, "SELECT user_changes FROM invocations ORDER BY started")]
+    assert changes[0] is None and len({*changes[2:]}) == 3, changes
+
+
 def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0")  # forgets 1/sqrt(d)

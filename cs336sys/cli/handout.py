@@ -183,7 +183,8 @@ def run(
 ) -> None:
     """Run the commands that answer the problems, each labelled with its problem's name and
     run with --resume: points already stored ok under that label, at this commit on this
-    machine, are not measured again, so an interrupted run picks up where it stopped.
+    machine and your code as it is, are not measured again, so an interrupted run picks up
+    where it stopped.
 
     Example:
 

@@ -48,8 +48,9 @@ DFF = option("Override the preset's d_ff.", int | None)
 NumLayers = option("Override the preset's num_layers.", int | None)
 NumHeads = option("Override the preset's num_heads.", int | None)
 VocabSize = option("Override the vocabulary size (10000; 151936 for 8b).", int | None)
-Resume = option("Skip points stored ok by this commit on this machine (with --label, those stored "
-                "under that label).", bool, "--resume")
+Resume = option("Skip points stored ok by this commit on this machine, with your code as it is "
+                "now, committed or not (with --label, those stored under that label).", bool,
+                "--resume")
 Adapters = option("Your course-layout tests/adapters.py, whose functions become the yours-... "
                   "implementations (or set CS336SYS_ADAPTERS). [default: tests/adapters.py at the "
                   "top of this git checkout, when there is one]",

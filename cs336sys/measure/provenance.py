@@ -91,7 +91,36 @@ def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
         except OSError:
             pass
     return {"user_repo": str(root), "user_commit": git["git_commit"], "user_dirty": git["git_dirty"],
+            "user_changes": uncommitted(root) if git["git_commit"] else None,
             "adapters": adapters, "adapters_sha256": digest}
+
+
+def uncommitted(root: str | Path) -> str | None:
+    """The sha256 of a checkout's uncommitted Python code: its tracked .py files' diff
+    against HEAD and its untracked .py files that git does not ignore, by name and content;
+    None when there is none, or git cannot say. Not its other files: the store and reports
+    cs336sys writes inside it change with every command."""
+    import hashlib
+
+    git = ["git", "--no-optional-locks"]
+    try:
+        diff = subprocess.run([*git, "diff", "HEAD", "--binary", "--", "*.py"], cwd=root,
+                              capture_output=True, timeout=10)
+        others = subprocess.run([*git, "ls-files", "--others", "--exclude-standard", "-z",
+                                 "--", "*.py"], cwd=root, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = sorted(n for n in others.stdout.split(b"\0") if n)
+    if diff.returncode or others.returncode or not (diff.stdout or names):
+        return None
+    digest = hashlib.sha256(diff.stdout)
+    for name in names:
+        try:
+            content = (Path(root) / os.fsdecode(name)).read_bytes()
+        except OSError:  # removed meanwhile
+            content = b""
+        digest.update(b"\0" + name + b"\0" + hashlib.sha256(content).digest())
+    return digest.hexdigest()
 
 
 def cpu_model() -> str:

@@ -250,11 +250,12 @@ def done_points(conn: sqlite3.Connection, experiment: str, provenance: dict[str,
 
 _LINKED_TABLES = ("kernel_stats",)
 # What makes two stored points the same measurement besides their settings (--resume).
-# The user's code is part of it: their commit and adapters file (a dirty tree is not told
-# apart, as cs336sys's own is not). cs336sys's version stands for its code where there is
-# no commit (a package installed from a wheel).
+# The user's code is part of it: their commit, their uncommitted Python code and adapters
+# file (cs336sys's own dirty tree is not told apart). cs336sys's version stands for its code
+# where there is no commit (a package installed from a wheel).
 MACHINE = ("git_commit", "cs336sys_version", "host", "gpu", "gpu_count", "cpu", "torch_version",
-           "triton_version", "cuda_version", "env", "user_commit", "adapters_sha256")
+           "triton_version", "cuda_version", "env", "user_commit", "user_changes",
+           "adapters_sha256")
 _PROVENANCE_COLUMNS = (
     "host",
     "device",
@@ -274,6 +275,7 @@ _PROVENANCE_COLUMNS = (
     "user_repo",
     "user_commit",
     "user_dirty",
+    "user_changes",
     "adapters",
     "adapters_sha256",
 )

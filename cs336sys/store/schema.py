@@ -247,6 +247,9 @@ MIGRATIONS: list[list[str] | Any] = [
     _the_options_words,
     # v9: the last stored value renamed to its option's word
     _ours,
+    # v10: the sha256 of the user's uncommitted Python code (measure/provenance.uncommitted),
+    # NULL when none: part of what --resume matches, so an edit not committed is measured
+    ["ALTER TABLE invocations ADD COLUMN user_changes TEXT"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
