@@ -81,3 +81,14 @@ def test_the_reference_records_the_loss_of_rank_0s_slice_before_each_step():
     assert len(reference.local_losses) == 3
     assert abs(reference.local_losses[0] - float(first)) < 1e-5
     assert reference.local_losses[2] < reference.local_losses[0]  # it trains
+
+
+def test_a_bit_exact_match_names_its_worst_parameter():
+    """Every parameter equal to single-process training's to the bit: the detail read
+    `worst 0 (None)`; it names the first parameter, as any other worst."""
+    start, final = {"w": torch.zeros(4), "b": torch.zeros(2)}, {"w": torch.ones(4),
+                                                                 "b": torch.ones(2)}
+    reference = TrainingReference(start, final, {}, {}, 2, list(FALLING))
+    verdict = training_check({k: v.clone() for k, v in final.items()}, reference, "fp32")
+    assert verdict.passed
+    assert "worst 0 (w" in verdict.metrics["check_detail"], verdict.metrics["check_detail"]

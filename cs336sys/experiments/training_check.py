@@ -431,7 +431,7 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
         ratio = diff / moved if moved > 0 else (0.0 if diff == 0 else float("inf"))
         if moved > 0 and bool((mine == start).all()):
             frozen.append(name)
-        if not ratio <= worst:  # NaN too
+        if where is None or not ratio <= worst:  # NaN too; the first (a bit-exact match)
             worst, where = ratio, name
     metrics: dict[str, Any] = {"check_worst": worst}
     detail = (f"per parameter |p - p_ref| / |p_ref - p_0| against single-process training, at "
