@@ -159,7 +159,7 @@ def _sharded(sharding: str, toy: Any, device: Any) -> str | None:
     mine = dict(theirs_model.named_parameters())
     for name, p in model.named_parameters():
         if not torch.allclose(mine[name].detach(), p.detach(), atol=0.0, rtol=1e-7):
-            off = float((mine[name] - p).abs().max())
+            off = float((mine[name].detach() - p.detach()).abs().max())
             return (f"after 10 AdamW steps {name} is not one AdamW's (max |p - p_ref| "
                     f"{off:.2g}; numpy's assert_allclose, as the test)")
     return None
