@@ -477,6 +477,11 @@ def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, m
     (["handout", "run"], "give --all"),
     (["handout", "run", "benchmarking_scrpt"], "did you mean 'benchmarking_script'"),
     (["handout", "run", "flash_forward"], "nothing to run"),
+    # a script of the user's that no adapters function holds: how it is checked, not a
+    # --yours that runs nothing either
+    (["handout", "--year", "2025", "run", "naive_ddp"], "checked by `cs336sys ddp --impl "
+     "yours=package.module:Class`, with `--label naive_ddp` to count for it"),
+    (["handout", "--year", "2025", "run", "naive_ddp", "--yours"], "--label naive_ddp"),
     (["handout", "--year", "2024"], "--year: unknown handout release"),
     (["handout", "report", "--format", "pdf"], "--format"),
     # a problem of the other release: which one, not only the closest name of this one

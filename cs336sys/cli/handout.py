@@ -215,9 +215,10 @@ def run(
     check_db(db)
     on_gpu = _on_gpu()
     todo = [(p, args) for p in problems for args in _commands(p, on_gpu, yours)]
+    from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE, nothing_to_run
+
     if not todo:
-        fail("nothing to run: the problems chosen have nothing to measure here"
-             + ("" if yours else " (implementations are checked with --yours)"))
+        fail(nothing_to_run(problems, yours))
     root = ctx.find_root().command
     todo, short = _fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not todo:  # every command needs more GPUs than this host has
@@ -241,8 +242,6 @@ def run(
 
     for line in unfound([p for p, _ in todo]) if yours else ():
         say(line, then="  ")
-    from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE
-
     say(f"{len(todo)} command(s), {GPU_NOTE if on_gpu else CPU_NOTE}.")
     worst, before, at = 0, stored_here(), todo[0][0].name
 

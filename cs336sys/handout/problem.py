@@ -134,3 +134,18 @@ class Problem:
     def experiments(self) -> tuple[str, ...]:
         """The experiment kinds whose rows answer it, in the order its runs store them."""
         return tuple(dict.fromkeys(r.experiment for r in self.runs))
+
+
+def nothing_to_run(problems: list[Problem], yours: bool) -> str:
+    """Why `handout run` has nothing to run for `problems`, and what would: --yours, where
+    one of them is checked with it, else the way an implementation of the user's own script
+    is checked by hand (2025's naive_ddp: no adapters function, so no command of the run)."""
+    checked = any(p.checks for p in problems if p.kind == IMPLEMENT)
+    unchecked = [p for p in problems if p.kind == IMPLEMENT and not p.checks]
+    if unchecked and (yours or not checked):
+        p = unchecked[0]
+        return (f"nothing to run: {p.name} is checked by no command handout run gives (no "
+                f"adapters function holds it): {p.asks.rstrip('.')}, with `--label {p.name}` "
+                "to count for it")
+    return ("nothing to run: the problems chosen have nothing to measure here"
+            + ("" if yours else " (implementations are checked with --yours)"))
