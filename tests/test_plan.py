@@ -241,6 +241,24 @@ def test_n_max_is_where_the_step_stops_hiding(strategy):
         assert exp.evaluate(point, x, y)["hides"] is hides
 
 
+def test_fsdp_tp_overlaps_the_two_axes_collectives_as_the_handout_assumes():
+    """fsdp_tp_calcs (b): "the collectives along the FSDP axis can be overlapped with the
+    collectives along the TP axis", the time "a max between two quantities": a point's
+    phase took their sum, and called compute-bound points communication-bound."""
+    for split in ((16, 4), (32, 4), (8, 8)):
+        spec = _spec("fsdp-tp", split[0] * split[1], size="xl", seq=512, batch=256 * 512)
+        m = exp.evaluate(spec, *split)
+        fsdp_f, tp = m["allgather_ms"] / 2, m["allreduce_ms"] / 2  # per phase
+        assert m["comm_fwd_ms"] == pytest.approx(max(fsdp_f, tp))
+        assert m["comm_fwd_ms"] < fsdp_f + tp
+        assert m["comm_bwd_ms"] == pytest.approx(max(fsdp_f + m["reducescatter_ms"], tp))
+        assert m["hides"] == (m["comm_fwd_ms"] <= m["compute_fwd_ms"]
+                              and m["comm_bwd_ms"] <= m["compute_bwd_ms"])
+    # the hunt's point, 32 x 4 of the xl: 4.54 ms of TP against 7.17 of compute hides
+    m = exp.evaluate(_spec("fsdp-tp", 128, size="xl", seq=512, batch=256 * 512), 32, 4)
+    assert m["hides"] and m["comm_fwd_ms"] == pytest.approx(m["allreduce_ms"] / 2)
+
+
 def test_the_8b_on_two_b200():
     """The plan's headline case: on 2 x B200 every strategy hides its
     communication; DP's 16 bytes a parameter (121 GiB) leave room for 2 sequences of 4096."""
@@ -516,6 +534,18 @@ def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
     assert mesh["mesh_batch_min"] == pytest.approx(64 * 4.6e14 / 1.8e11 / 8)
     assert mesh["mesh_tp_hides"] == 1
     assert "Scaling Book" in r.stdout and "xxl (16384×126, 219.8B)" in r.stdout
+    # the step table counts the mesh too: the FSDP collectives over M_X = 2 axes take half
+    # the time (it said communication-bound where the mesh table, at 32,768 tokens above
+    # 20,444, says compute-bound), TP's over M_Y = 1 as they were
+    r = invoke("plan", "--size", "xxl", "--hardware", "tpu-v5p", "--strategy", "fsdp-tp", "--n",
+               "64", "--split", "16x4", "--batch", "64", "--seq", "512", "--label", "flat",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    (flat,) = query(db_path, "SELECT * FROM plan_runs r JOIN invocations i ON i.id = "
+                    "r.invocation_id WHERE i.label = 'flat'")
+    assert mesh["allgather_ms"] == pytest.approx(flat["allgather_ms"] / 2)
+    assert mesh["allreduce_ms"] == pytest.approx(flat["allreduce_ms"])
+    assert 64 * 512 > mesh["mesh_batch_min"] and mesh["hides"] == 1 and flat["hides"] == 0
     skipped = query(db_path, "SELECT error FROM runs WHERE status = 'skipped'")
     assert skipped == [{"error": "skipped: fsdp-tp --split 16x4 is 64 devices, not 16"}]
 

@@ -183,21 +183,26 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     acts = E * (b // x) * cfg.d_model  # one all-reduce of the activations a device sees
     tp_reduces = model.tp_reduces(cfg)  # per phase
     ag = rs = ar = 0.0  # seconds per step of each kind of collective
+    # --mesh-axes M_X,M_Y: the FSDP collectives run over M_X mesh axes, TP's over M_Y, each
+    # at W (How to Scale Your Model, part 5), as the mesh table counts them
+    mx, my = (float(a) for a in spec.mesh_axes.split(",")) if spec.mesh_axes else (1.0, 1.0)
     comm_f = comm_b = 0.0
     moved = 0  # bytes: S of every collective of the step, summed (as ddp's comm_bytes)
     if spec.strategy == "dp" and n > 1:
         ar = comm_b = pm.all_reduce_s(tp_bytes, n, w)
         moved = tp_bytes
     elif spec.strategy in ("fsdp", "fsdp-tp") and x > 1:
-        ag1 = pm.all_gather_s(tp_bytes, x, w)
-        rs = pm.reduce_scatter_s(tp_bytes, x, w)
+        ag1 = pm.all_gather_s(tp_bytes, x, w * mx)
+        rs = pm.reduce_scatter_s(tp_bytes, x, w * mx)
         ag = 2 * ag1
         comm_f, comm_b = ag1, ag1 + rs
         moved = 3 * tp_bytes
     if spec.strategy in ("tp", "fsdp-tp") and y > 1:
-        tp = tp_reduces * pm.all_reduce_s(acts, y, w)
+        tp = tp_reduces * pm.all_reduce_s(acts, y, w * my)
         ar = 2 * tp
-        comm_f, comm_b = comm_f + tp, comm_b + tp
+        # FSDP+TP: the two axes' collectives overlap, as fsdp_tp_calcs (b) and (c) assume (the
+        # time is the larger); sharing the links, (d), they add: N max (FFN, shared links)
+        comm_f, comm_b = max(comm_f, tp), max(comm_b, tp)
         moved += 2 * tp_reduces * acts
     hides = comm_f <= comp_f and comm_b <= comp_b
     # memory per device

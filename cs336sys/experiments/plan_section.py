@@ -208,7 +208,9 @@ def phases(pts: list[Row]) -> FilledTable | None:
          "bwd FLOPs", "bwd compute ms", "bwd comm ms", "bwd hides"], rows,
         note="FLOPs one device computes in the phase (backward twice forward), its time at the "
         "data sheet's dense bf16 C, and the phase's collectives at W (ring: all-gather and "
-        "reduce-scatter (N-1)/N S/W, all-reduce twice that); hides: comm <= compute.",
+        "reduce-scatter (N-1)/N S/W, all-reduce twice that); FSDP+TP: the larger of the two "
+        "axes' times, overlapped as fsdp_tp_calcs (b) assumes (with --mesh-axes, each axis at "
+        "M W); hides: comm <= compute.",
         key=list(range(len(keys) + 2)))
 
 
