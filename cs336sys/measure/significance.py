@@ -182,10 +182,12 @@ def judge(
         return Judgement(ma, mb, ratio, None, ("up" if ratio > 1 else "down") if big else "same",
                          "threshold only")
     p = mann_whitney_u(a, b).p
+    # no p these sizes can give is below alpha: neither a change nor its absence is told
+    # (3 samples over 24 to 716 ms against 3 over 37 to 138 read `unchanged`)
+    if min_p(len(a), len(b)) >= alpha:
+        return Judgement(ma, mb, ratio, p, "unknown", "too few samples to tell")
     if not big:
         return Judgement(ma, mb, ratio, p, "same")
-    if min_p(len(a), len(b)) >= alpha:  # no p these sizes can give is below alpha
-        return Judgement(ma, mb, ratio, p, "unknown", "too few samples to tell")
     if p < alpha:
         return Judgement(ma, mb, ratio, p, "up" if ratio > 1 else "down")
     return Judgement(ma, mb, ratio, p, "same", "not significant")
