@@ -85,6 +85,21 @@ def test_every_switch_on_gives_the_plain_steps_losses(monkeypatch):
     m = result.metrics
     assert m["compile_s"] > 0 and m["first_step_s"] > m["compile_s"]
     assert m["within_limit"] is True and m["wall_s"] <= step_exp.LIMIT_S
+    # the 10 minutes bound the leaderboard's own run: do_bench's 5 calls and 40 s after the
+    # first step (they were left out), more than this run's own steps take
+    step_s = m["step_ms_median"] / 1e3
+    assert m["leaderboard_s"] > 40 + 5 * step_s + m["first_step_s"]
+    assert m["leaderboard_s"] - m["wall_s"] > 40 - 3 * step_s
+
+
+def test_the_leaderboards_run_is_its_first_step_then_do_bench():
+    """do_bench: the first (cold) call, 5 to estimate, 10 s of warm-up and 30 s of
+    repetitions, each at least one call."""
+    from cs336sys.experiments.step_build import leaderboard_s
+
+    assert leaderboard_s(100.0, 0.2) == pytest.approx(100 + 1.0 + 10 + 30)
+    assert leaderboard_s(100.0, 20.0) == pytest.approx(100 + 100 + 20 + 30)
+    assert leaderboard_s(500.0, 40.0) == pytest.approx(500 + 200 + 40 + 40)  # 780 s: over
 
 
 @pytest.mark.slow

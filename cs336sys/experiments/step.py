@@ -51,6 +51,7 @@ from cs336sys.experiments.step_build import (
     build,
     course_ms,
     empty_compile_cache,
+    leaderboard_s,
     tensor_peak_bytes,
 )
 from cs336sys.experiments.step_ranks import ranks_wrapper, run_on_ranks
@@ -380,6 +381,7 @@ def run(spec: StepSpec) -> Result:
         step()
         synchronize(spec.device)
         first_s = time.perf_counter() - t0
+        to_first_s = time.perf_counter() - t_start
         with phase("warm-up"):
             warm = time_loop(step, 0, spec.warmup, spec.device) if spec.warmup else []
         with measured(), phase("timed"):  # what --nsys records: the timed steps
@@ -400,6 +402,7 @@ def run(spec: StepSpec) -> Result:
 
     metrics: dict[str, Any] = {**flatten("step_ms", samples), **flatten("opt_ms", opt)}
     step_s = metrics["step_ms_median"] / 1e3
+    course_run = leaderboard_s(to_first_s, step_s)  # what the 10 minutes bound
     metrics.update(throughput(model, spec.config(), spec.batch, spec.seq, "train",
                               metrics["step_ms_median"], spec.device,
                               matmul_precision(spec.precision, spec.param_dtype)))
@@ -410,7 +413,8 @@ def run(spec: StepSpec) -> Result:
         first_step_s=first_s,
         compile_s=max(first_s - step_s, 0.0) if spec.compile else None,
         wall_s=wall_s,
-        within_limit=wall_s <= LIMIT_S,
+        leaderboard_s=course_run,
+        within_limit=course_run <= LIMIT_S,
         loss_first=float(losses[0]),
         loss_last=float(losses[-1]),
         course_ms=course,
@@ -445,10 +449,11 @@ EXPERIMENT = Experiment(
             first_step_s       s    the first step: compile, autotuning and first allocations
             compile_s          s    compile: the first step's time beyond a median step
             wall_s             s    the point's wall time, model build to the last timed step
+            leaderboard_s      s    the leaderboard's timing run: model build, the first step, do_bench's 40 s
             loss_first         -    loss of the first step (the mean over the batch's tokens)
             loss_last          -    loss of the last timed step
         """),
-        Metric("within_limit", "", f"wall_s within the leaderboard's {LIMIT_S} s"),
+        Metric("within_limit", "", f"leaderboard_s within the leaderboard's {LIMIT_S} s"),
         Metric("course_ms", "ms", "the step timed as the leaderboard's test does: do_bench's "
                f"mean over {COURSE_REP_MS} ms after {COURSE_WARMUP_MS} ms of warm-up "
                "(--course-timing)"),
