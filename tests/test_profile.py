@@ -358,7 +358,7 @@ def test_v2_store_is_migrated_and_keeps_its_rows(db_path):
     )
     conn.close()
     with Store(db_path, EXPERIMENTS) as s:
-        assert schema.version(s.conn) == schema.SCHEMA_VERSION == 9
+        assert schema.version(s.conn) == schema.SCHEMA_VERSION == 10
         assert s.query("SELECT run_id, size, step_ms_mean FROM model_runs") == [
             {"run_id": "r1", "size": "small", "step_ms_mean": 3.0}
         ]
