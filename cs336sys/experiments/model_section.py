@@ -193,7 +193,8 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
         if i == min(len(ordered), MAX_BAR_CHARTS) - 1:
             notes.append(left_out(names[:MAX_BAR_CHARTS], names, "charts"))
         name = names[i]
-        add_plot(sec, "Step time by phase, tokens/s and MFU" + (f": {name}" if name else ""),
+        mfu = " and MFU" if any(b.side_note for b in shown) else ""  # none on a CPU
+        add_plot(sec, f"Step time by phase, tokens/s{mfu}" + (f": {name}" if name else ""),
               "model-steps" + (f"-{i + 1}" if i else ""),
               Bars(tuple(shown), tuple(p for _, p in _PHASES), "step time (ms, mean)", "tokens/s",
                    "Step time by phase per size and precision" + (f" ({name})" if name else ""),
