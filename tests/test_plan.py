@@ -241,6 +241,23 @@ def test_n_max_is_where_the_step_stops_hiding(strategy):
         assert exp.evaluate(point, x, y)["hides"] is hides
 
 
+@pytest.mark.parametrize("size, hardware, seq, batch", [("8b", "b200", 4096, 4096 * 256),
+                                                         ("xl", "h100", 512, 256 * 512)])
+def test_fsdp_tp_n_max_is_each_axis_hiding_alone(size, hardware, seq, batch):
+    """Overlapped, as a point's phases are: the largest N is FSDP's largest degree times
+    TP's, and the split at their floors hides while one more on either axis does not (N max
+    added the axes, and read 3,143 of the xxl where 4,096 devices hid)."""
+    def spec(strategy):
+        return _spec(strategy, 1, size=size, seq=seq, batch=batch, hardware=hardware)
+
+    x_max, y_max = exp.n_max(spec("fsdp")), exp.n_max(spec("tp"))
+    assert exp.n_max(spec("fsdp-tp")) == pytest.approx(x_max * y_max)
+    x, y = math.floor(x_max), math.floor(y_max)
+    for split, hides in (((x, y), True), ((x + 1, y), False), ((x, y + 1), False)):
+        point = exp.PlanSpec(**{**spec("fsdp-tp").settings(), "n": split[0] * split[1]})
+        assert exp.evaluate(point, *split)["hides"] is hides, split
+
+
 def test_fsdp_tp_overlaps_the_two_axes_collectives_as_the_handout_assumes():
     """fsdp_tp_calcs (b): "the collectives along the FSDP axis can be overlapped with the
     collectives along the TP axis", the time "a max between two quantities": a point's
@@ -546,6 +563,7 @@ def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
     assert mesh["allgather_ms"] == pytest.approx(flat["allgather_ms"] / 2)
     assert mesh["allreduce_ms"] == pytest.approx(flat["allreduce_ms"])
     assert 64 * 512 > mesh["mesh_batch_min"] and mesh["hides"] == 1 and flat["hides"] == 0
+    assert mesh["n_max"] > flat["n_max"]  # the largest N moves with the mesh too
     skipped = query(db_path, "SELECT error FROM runs WHERE status = 'skipped'")
     assert skipped == [{"error": "skipped: fsdp-tp --split 16x4 is 64 devices, not 16"}]
 

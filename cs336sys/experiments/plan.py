@@ -249,8 +249,10 @@ def n_max(spec: PlanSpec) -> float:
     padding of FSDP shards and TP's rounding of the vocabulary left out):
     DP, FSDP  N <= 1 + F_fwd W / (C P e)  (forward and backward give the same bound);
     TP        N <= 1 + F_fwd W / (C (2L+1) 2 B D e)  (forward binds);
-    FSDP+TP   plan_math.best_split_n_max with a = P e/W, k = (2L+1) 2 B D e/W, budget
-              F_fwd/C in forward and twice each in backward but k."""
+    FSDP+TP   the two axes overlapped, as in `evaluate` (fsdp_tp_calcs (b), (c)): each axis
+              hides alone, so N <= (1 + M_X F_fwd W / (C P e)) (1 + M_Y F_fwd W / (C (2L+1)
+              2 B D e)), M_X, M_Y the mesh axes of --mesh-axes (1 without); the links shared,
+              (d), is N max (FFN, shared links)."""
     cfg, model = spec.config(), ACCOUNTING[spec.blocks or "transformer"]
     fwd = model.forward_flops(cfg, spec.batch_tokens // spec.seq, spec.seq) / spec.flops
     weights = E * sum(model.tensors(cfg)) / spec.egress
@@ -259,9 +261,8 @@ def n_max(spec: PlanSpec) -> float:
         return 1 + fwd / weights
     if spec.strategy == "tp":
         return 1 + fwd / acts
-    return min(
-        pm.best_split_n_max(weights, acts, fwd), pm.best_split_n_max(2 * weights, acts, 2 * fwd)
-    )
+    mx, my = (float(a) for a in spec.mesh_axes.split(",")) if spec.mesh_axes else (1.0, 1.0)
+    return (1 + mx * fwd / weights) * (1 + my * fwd / acts)
 
 
 def arithmetic(experiment: Experiment, specs: list, skip: Any, emit: Any) -> None:
@@ -354,11 +355,12 @@ TIME = Table(
         """),
     ),
     note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
-    "all-reduce: 2(N-1)/N S/W, summed over the step. step: max(compute, comm) per phase, "
-    "forward plus backward. hides: communication no longer than compute in both phases. "
-    "N max: the largest degree that still hides, for the whole model (and for one FFN layer, "
-    "SwiGLU or xxl's two matrices; for fsdp-tp with the two axes' collectives overlapped, and "
-    "sharing the links).",
+    "all-reduce: 2(N-1)/N S/W, summed over the step (fsdp-tp with --mesh-axes M_X,M_Y: FSDP's "
+    "at M_X W, TP's at M_Y W). step: max(compute, comm) per phase, forward plus backward; "
+    "fsdp-tp's comm in a phase is the larger of its two axes', overlapped. hides: "
+    "communication no longer than compute in both phases. N max: the largest degree that "
+    "still hides, for the whole model (and for one FFN layer, SwiGLU or xxl's two matrices; "
+    "for fsdp-tp with the two axes' collectives overlapped, and sharing the links).",
 )
 MEMORY = Table(
     "Memory per device (GiB)",
