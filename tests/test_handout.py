@@ -1342,7 +1342,11 @@ def test_a_writeup_the_student_has_written_in_is_not_replaced(db_path, tmp_path)
     for name, edit in (("writeup.md", lambda t: t + "\nMy answer: the backward is 2x.\n"),
                        ("writeup.tex", lambda t: t.replace("\\maketitle", "\\maketitle\nMine.")),
                        ("writeup.typ", lambda t: t.replace("#set text", "Mine.\n#set text")),
-                       ("writeup.html", lambda t: t.replace("<h1>", "<p>Mine.</p><h1>"))):
+                       ("writeup.html", lambda t: t.replace("<h1>", "<p>Mine.</p><h1>")),
+                       # saved by an editor that writes CRLF, or drops the last newline
+                       ("writeup.md", lambda t: (t + "Mine.\n").replace("\n", "\r\n")),
+                       ("writeup.tex", lambda t: (t + "Mine.").rstrip("\n")),
+                       ("writeup.typ", lambda t: t.rstrip("\n") + " Mine.")):
         path = out / name
         before = path.read_text()
         path.write_text(edit(before))
@@ -1351,7 +1355,7 @@ def test_a_writeup_the_student_has_written_in_is_not_replaced(db_path, tmp_path)
         assert r.stderr.strip() == (f"Error: --out: {path} is a file cs336sys wrote and someone "
                                     "has edited since; writing would replace it (--force "
                                     "replaces it)"), r.stderr
-        assert path.read_text() == edit(before)  # nothing written
+        assert path.read_bytes() == edit(before).encode()  # nothing written
         assert invoke(*args, "--force").exit_code == 0 and path.read_text() == before
 
 

@@ -16,7 +16,9 @@ import re
 # The comment a document's seal sits in, by its suffix's format.
 _COMMENT = {"html": "<!-- {} -->", "md": "<!-- {} -->", "tex": "% {}", "typst": "// {}",
             "typ": "// {}"}
-_SEAL = re.compile(rb"(?:<!-- |% |// )cs336sys sha256 ([0-9a-f]{64})(?: -->)?\n")
+# Found whatever an editor did to its line's end (CRLF, the file's last newline removed);
+# anything after it but white space is an edit.
+_SEAL = re.compile(rb"(?:<!-- |% |// )cs336sys sha256 ([0-9a-f]{64})(?: -->)?")
 
 
 def sealed(text: str, fmt: str) -> str:
