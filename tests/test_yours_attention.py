@@ -200,6 +200,31 @@ def test_resume_measures_again_after_an_edit_not_committed(tmp_path, monkeypatch
     assert changes[0] is None and len({*changes[2:]}) == 3, changes
 
 
+@pytest.mark.parametrize("where", ["no git", "no commit"])
+def test_resume_measures_again_after_an_edit_without_a_commit_to_compare(tmp_path, monkeypatch,
+                                                                       where):
+    """Outside git, or in a checkout with no commit yet, there is no diff to fingerprint:
+    each stored point's files (its `code`, with their sha256) are read again, and a point
+    whose kernel file changed is measured again (it kept its `ok`)."""
+    import shutil
+
+    from tests.user_repos import EXAMPLE
+
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    if where == "no commit":
+        git(repo, "init", "-q")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    args = ["attention", "--impl", "yours-torch", *SMALL, "--pass", "forward", "--resume",
+            "--adapters", repo / "tests" / "adapters.py", "--db", db]
+    assert invoke(*args).exit_code == 0
+    assert "skipping 2 point(s)" in invoke(*args).stderr
+    edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0 / d")
+    assert "skipping" not in invoke(*args).stderr
+    assert [r["status"] for r in runs(db)][-2:] == ["wrong", "wrong"]
+
+
 def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0")  # forgets 1/sqrt(d)

@@ -239,13 +239,38 @@ def done_points(conn: sqlite3.Connection, experiment: str, provenance: dict[str,
         return set()
     same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
     rows = conn.execute(
-        "SELECT r.point_key FROM runs r JOIN invocations i ON i.id = r.invocation_id "
-        f"WHERE r.experiment = ? AND r.status = 'ok' AND {same}"
-        + (" AND i.label = ?" if label is not None else ""),
+        "SELECT r.point_key, json_extract(r.metrics, '$.code'), i.user_repo FROM runs r "
+        f"JOIN invocations i ON i.id = r.invocation_id WHERE r.experiment = ? AND "
+        f"r.status = 'ok' AND {same}" + (" AND i.label = ?" if label is not None else ""),
         (experiment, *(provenance.get(c) for c in MACHINE),
          *((label,) if label is not None else ())),
     )
-    return {r[0] for r in rows}
+    now_digest: dict[Path, str | None] = {}
+    return {key for key, code, repo in rows
+            if code is None or _same_code(code, repo, now_digest)}
+
+
+def _same_code(code: str, repo: str | None, digests: dict[Path, str | None]) -> bool:
+    """Whether every file a stored point's user code came from (its `code`: path, relative
+    to the user's repository, -> sha256) still holds that content: an edit to it is measured
+    again by --resume, committed or not, in a checkout without commits or outside git.
+    `digests` keeps each file's sha256 across the points of one call."""
+    import hashlib
+
+    try:
+        files = json.loads(code)
+    except ValueError:
+        return False
+    for shown, digest in files.items() if isinstance(files, dict) else ():
+        path = Path(shown) if Path(shown).is_absolute() or repo is None else Path(repo) / shown
+        if path not in digests:
+            try:
+                digests[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError:
+                digests[path] = None
+        if digests[path] != digest:
+            return False
+    return True
 
 
 _LINKED_TABLES = ("kernel_stats",)
