@@ -157,6 +157,17 @@ def test_a_store_read_through_a_link_reads_the_runs_in_its_wal(store, tmp_path):
     holder = _a_writer_holds(store, tmp_path)
     try:
         assert _runs(store) == _runs(link) == "2"
+        # a writer killed and its -shm gone: read from a copy, whose WAL must sit beside the
+        # copy under the name the link names (it was copied beside the link's name)
+        import shutil
+
+        killed = tmp_path / "killed"
+        killed.mkdir()
+        for end in ("", "-wal"):
+            shutil.copyfile(f"{store}{end}", killed / f"s.db{end}")
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "named.db").symlink_to(Path("..") / "killed" / "s.db")
+        assert _runs(tmp_path / "other" / "named.db") == _runs(killed / "s.db") == "2"
     finally:
         holder.close()
 

@@ -230,7 +230,8 @@ def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="cs336sys-read-") as tmp:
-        copy = Path(tmp) / path.name
+        # named as the file a link names: SQLite looks for the copy's WAL beside that name
+        copy = Path(tmp) / Path(os.path.realpath(path)).name
         shutil.copyfile(path, copy)
         try:
             shutil.copyfile(wal, Path(tmp) / wal.name)
