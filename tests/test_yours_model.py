@@ -143,6 +143,16 @@ class TableLM(GeluLM):
         return self.head(h)
 
 
+class KeywordLM(TableLM):
+    """Its blocks called with keywords only, the residual stream too."""
+
+    def forward(self, x):
+        h, angle = self.embed(x), self.angle[: x.shape[1]]
+        for block in self.blocks:
+            h, _ = block(x=h, cos=angle.cos(), sin=angle.sin())
+        return self.head(h)
+
+
 class FrozenPositions(GeluLM):
     """A position table that takes no gradient (a fixed RoPE table kept as a parameter)."""
 
@@ -1024,13 +1034,14 @@ def test_memory_measures_your_block_as_your_model_calls_it(tmp_path, monkeypatch
     db = tmp_path / "r.db"
     shape = ["--size", "tiny", "--d-model", "32", "--d-ff", "64", "--num-heads", "4",
              "--seq", "16", "--batch", "2", "--device", "cpu", "--db", db]
-    result = invoke("memory", "residuals", *shape, "--no-compile", "--model",
-                    "my_models.lm:TableLM")
-    assert result.exit_code == 0, result.output
-    (row,) = query(db, "SELECT status, error, saved_bytes FROM memory_residuals_runs")
-    assert row["status"] == "ok", row["error"]
+    for model in ("TableLM", "KeywordLM"):  # (x, cos, sin), then x=, cos=, sin=
+        result = invoke("memory", "residuals", *shape, "--no-compile", "--model",
+                        f"my_models.lm:{model}")
+        assert result.exit_code == 0, result.output
+    rows = query(db, "SELECT status, error, saved_bytes FROM memory_residuals_runs")
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r["error"] for r in rows]
     # relu's output, the two linears' inputs, and x·cos, x·sin's operands: several (B, T, d)
-    assert row["saved_bytes"] > 2 * 2 * 16 * 32 * 4
+    assert rows[0]["saved_bytes"] == rows[1]["saved_bytes"] > 2 * 2 * 16 * 32 * 4
     result = invoke("memory", *shape, "--num-layers", "2", "--warmup", "0", "--iters", "1",
                     "--model", "my_models.lm:TableLM")
     assert result.exit_code == 0, result.output

@@ -267,10 +267,18 @@ def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, 
         pass
     finally:
         hook.remove()
-    if not seen.get("args"):
-        raise ValueError(f"{type(users).__name__}'s forward did not call its first block with "
-                         "the residual stream as its first argument")
-    return (x, *seen["args"][1:]), seen["kwargs"]
+    if "args" not in seen:
+        raise ValueError(f"{type(users).__name__}'s forward did not call its first block")
+    args, kwargs = seen["args"], dict(seen["kwargs"])
+    if args:
+        return (x, *args[1:]), kwargs
+    # `block(x=h)`: the residual stream is the keyword whose tensor has its shape
+    name = next((k for k, v in kwargs.items()
+                 if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(x.shape)), None)
+    if name is None:
+        raise ValueError(f"{type(users).__name__}'s forward called its first block with no "
+                         f"tensor of the residual stream's shape {tuple(x.shape)}")
+    return (), {**kwargs, name: x}
 
 
 # -- the declaration ------------------------------------------------------------------------
