@@ -92,6 +92,21 @@ def test_every_switch_on_gives_the_plain_steps_losses(monkeypatch):
     assert m["leaderboard_s"] - m["wall_s"] > 40 - 3 * step_s
 
 
+@pytest.mark.slow
+def test_the_check_of_your_code_is_not_the_leaderboards_time(monkeypatch):
+    """The leaderboard's run checks nothing: the check of the user's code before timing is
+    left out of wall_s and leaderboard_s, as on ranks (it counted 10 of 14 s once)."""
+    import time
+
+    def slow_check(*args):
+        time.sleep(5)
+
+    monkeypatch.setattr(step_exp, "before_timing", slow_check)
+    _, result = _losses("none", ONE_BLOCK)
+    m = result.metrics
+    assert m["wall_s"] - m["first_step_s"] < 5 and m["leaderboard_s"] < 45 + m["wall_s"]
+
+
 def test_the_leaderboards_run_is_its_first_step_then_do_bench():
     """do_bench: the first (cold) call, 5 to estimate, 10 s of warm-up and 30 s of
     repetitions, each at least one call."""
