@@ -145,6 +145,8 @@ def test_a_column_the_user_added_to_either_store_does_not_stop_a_merge(tmp_path)
         conn.close()
     result = invoke("db", "merge", there, "--db", here)
     assert result.exit_code == 0, result.output
+    assert f"note: {here} has no column invocations.mine, runs.mine of {there}'s: its values " \
+        "were not copied" in result.stderr  # said, not dropped unsaid
     for table in ("invocations", "runs"):
         ours, theirs = table_rows(here, table), table_rows(there, table)
         assert [r.pop("note") for r in ours] == [None] * len(theirs), table

@@ -177,6 +177,9 @@ def merge(
     if counts.invocations_finished:
         typer.echo(f"{counts.invocations_finished} invocation(s) running in {db} had finished "
                    f"in {other}: their end and exit status taken from it")
+    if counts.columns_left:  # a column a user added to OTHER: said, not dropped unsaid
+        typer.echo(f"note: {db} has no column {', '.join(counts.columns_left)} of {other}'s: "
+                   "its values were not copied", err=True)
     differing = counts.invocations_differing + counts.runs_differing
     if differing:
         typer.echo(

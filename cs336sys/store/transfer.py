@@ -187,6 +187,8 @@ class MergeCounts:
     runs_present: int
     runs_differing: int
     kernel_stats_added: int
+    # "table.column" of OTHER's that --db lacks (a column a user added there): not copied
+    columns_left: tuple[str, ...] = ()
 
 
 def check_other(other: str | Path, this: str | Path) -> Path:
@@ -284,6 +286,13 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in conn.execute(f"PRAGMA main.table_info({table})") if r[1] in there]
 
 
+def _only_other(conn: sqlite3.Connection, table: str) -> list[str]:
+    """OTHER's columns of `table` that this store lacks (a column a user added there): what
+    a merge does not copy, and says so."""
+    here = set(_columns(conn, table))
+    return [r[1] for r in conn.execute(f"PRAGMA other.table_info({table})") if r[1] not in here]
+
+
 def _merge_attached(conn: sqlite3.Connection, copy: Path,
                     committed: Callable[[dict[str, int]], Any]) -> dict[str, int]:
     """INSERT OR IGNORE from the attached snapshot. `conn` is in autocommit mode."""
@@ -299,6 +308,8 @@ def _merge_attached(conn: sqlite3.Connection, copy: Path,
                 "WHERE finished IS NULL AND exit_status IS NULL AND id IN (SELECT id FROM "
                 "other.invocations WHERE finished IS NOT NULL)"
             ).rowcount
+            counts["columns_left"] = tuple(f"{table}.{c}" for table in ("invocations", "runs")
+                                           for c in _only_other(conn, table))
             for table in ("invocations", "runs"):
                 cols = _columns(conn, table)
                 total = conn.execute(f"SELECT count(*) FROM other.{table}").fetchone()[0]
