@@ -271,6 +271,10 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env, stderr
     try:
         import torch.distributed as dist
 
+        # every rank past its set-up before any leaves: a rank that exits while another is
+        # still connecting Gloo's mesh failed that one ("connectFullMesh failed ... Connection
+        # closed by peer", seen on a loaded machine); a peer gone already ends it at once
+        dist.barrier()
         dist.destroy_process_group()
     except Exception:  # the parent has the result already; teardown noise is not news
         pass
