@@ -238,16 +238,24 @@ def done_points(conn: sqlite3.Connection, experiment: str, provenance: dict[str,
     if provenance.get("git_commit") is None and provenance.get("cs336sys_version") is None:
         return set()
     same = " AND ".join(f"i.{c} IS ?" for c in MACHINE)
+    labelled = (" AND i.label = ?" if label is not None else "", (label,) if label is not None else ())
     rows = conn.execute(
-        "SELECT r.point_key, json_extract(r.metrics, '$.code'), i.user_repo FROM runs r "
+        "SELECT r.point_key, r.id, json_extract(r.metrics, '$.code'), i.user_repo FROM runs r "
         f"JOIN invocations i ON i.id = r.invocation_id WHERE r.experiment = ? AND "
-        f"r.status = 'ok' AND {same}" + (" AND i.label = ?" if label is not None else ""),
-        (experiment, *(provenance.get(c) for c in MACHINE),
-         *((label,) if label is not None else ())),
+        f"r.status = 'ok' AND {same}" + labelled[0],
+        (experiment, *(provenance.get(c) for c in MACHINE), *labelled[1]),
     )
     now_digest: dict[Path, str | None] = {}
-    return {key for key, code, repo in rows
+    done = {(key, run) for key, run, code, repo in rows
             if code is None or _same_code(code, repo, now_digest)}
+    # the point's latest run on this GPU, what `handout` and the writeup show, must be one of
+    # those: code edited (stored wrong), then put back, is measured again, not left reading
+    # the edit's verdict
+    latest = dict(conn.execute(
+        "SELECT r.point_key, r.id FROM runs r JOIN invocations i ON i.id = r.invocation_id "
+        "WHERE r.experiment = ? AND i.gpu IS ?" + labelled[0] + " ORDER BY r.created, r.rowid",
+        (experiment, provenance.get("gpu"), *labelled[1])).fetchall())
+    return {key for key, run in done if latest.get(key) == run}
 
 
 def _same_code(code: str, repo: str | None, digests: dict[Path, str | None]) -> bool:
