@@ -342,6 +342,25 @@ def test_a_model_that_cannot_run_is_refused_before_anything_is_written(tmp_path,
     assert not db.exists()
 
 
+def test_the_course_model_from_outside_the_checkout_says_where_to_run(tmp_path):
+    """A newcomer's first mistake: `--model cs336_basics` from another folder read only
+    "No module named 'cs336_basics'"; the line says where to run, or what to give."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CS336SYS_ADAPTERS", "PYTHONPATH")}
+    proc = subprocess.run([sys.executable, "-m", "cs336sys", "model", "--model", "cs336_basics",
+                           "--db", str(tmp_path / "r.db")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.endswith("No module named 'cs336_basics'; run from your assignment checkout "
+                         "(the one with cs336-basics/), or give --adapters PATH of its "
+                         "tests/adapters.py"), line
+    assert not (tmp_path / "r.db").exists()
+
+
 def test_a_switch_your_model_cannot_take_is_quoted_as_typed(tmp_path, monkeypatch):
     """`step --model cs336_basics --switches ablation` was refused as "--switches flash
     changes cs336sys's model": an option nobody typed. It names the preset that holds it."""

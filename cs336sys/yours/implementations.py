@@ -126,7 +126,14 @@ def model_class(source: str) -> Any:
         register("model", source, where)
     except ValueError:
         raise UserCodeError(f"--model {source}: give cs336_basics or package.module:Class") from None
-    cls = load_target(where)
+    try:
+        cls = load_target(where)
+    except UserCodeError as exc:  # the newcomer's case: run from outside their checkout
+        if source == "cs336_basics" and "No module named 'cs336_basics'" in str(exc):
+            raise UserCodeError(f"--model cs336_basics: {exc}; run from your assignment "
+                                "checkout (the one with cs336-basics/), or give --adapters "
+                                "PATH of its tests/adapters.py") from None
+        raise
     if not callable(cls):
         raise UserCodeError(f"--model {source}: {where} is not a class")
     import torch
