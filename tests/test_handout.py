@@ -466,11 +466,20 @@ def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, m
     lines = invoke("handout", "--db", db_path).stdout.splitlines()
     assert all(line.count("`") % 2 == 0 for line in lines)  # each backquoted span whole
     assert ("  $ cs336sys attention --attention yours-torch,yours-triton --pass forward "
-            "--seq 128") in lines
+            f"--seq 128 --db {db_path}") in lines
     long = [x for x in lines if len(x) > 60]
     assert long and all(x.startswith("  $ cs336sys ") for x in long)
     for name, _ in PROBLEMS_2026:  # each problem heads a paragraph; the rest is indented
         assert sum(x.startswith(name + " (") for x in lines) == 1
+
+
+def test_the_listings_commands_go_to_the_store_it_reads(db_path):
+    """`cs336sys handout --db X` printed each problem's command without --db X: copied, it
+    stored its rows elsewhere than the store the listing reads."""
+    r = invoke("handout", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    commands = [line for line in r.stdout.splitlines() if line.startswith("  $ cs336sys model ")]
+    assert commands and all(line.endswith(f" --db {db_path}") for line in commands)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -150,4 +150,4 @@ def test_handout_listing_fits_the_terminal(db_path):
     out = run(80, "handout", "--db", db_path).stdout
     assert too_wide(out, 80) == []
     assert ("  $ cs336sys attention --attention yours-torch,yours-triton --pass forward "
-            "--seq 128") in out.splitlines()
+            f"--seq 128 --db {db_path}") in out.splitlines()

@@ -154,7 +154,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         # the commands that measured what the store holds: the user's code's where it does;
         # an implementation's check, which runs the user's code
         for args in _commands(p, on_gpu, yours=status.yours or p.kind == IMPLEMENT):
-            typer.echo(f"  $ {_line(args)}")
+            typer.echo(f"  $ {_line(args)}" + (f" --db {db}" if given(ctx, "db") else ""))
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
     typer.echo()
