@@ -54,33 +54,24 @@ def _check_side_files(path: Path, writing: bool) -> None:
         side = side_file(path, end)
         if not os.path.lexists(side):
             continue
-        if side.is_symlink():
-            what = "a symbolic link"
-        elif side.is_dir():
-            what = "a directory"
-        elif not side.is_file():
-            what = _kind_of(side)
-        elif not os.access(side, os.R_OK):  # someone else's: it may hold their newest runs
-            _permission(side, path, "not readable by this user: the store cannot be read as it "
-                        "is; ask its owner for read access, or read a copy they make")
-            continue
+        kind = ("a symbolic link" if side.is_symlink() else "a directory" if side.is_dir()
+                else None if side.is_file() else _kind_of(side))
+        # a file this user may not read or write is someone else's, which may hold their
+        # newest runs: never to be moved away
+        theirs = f"{side} (SQLite's, beside {path.name}) is"
+        if kind is not None:
+            problem = (f"{side} is {kind}, not the regular file SQLite keeps beside "
+                       f"{path.name}: move it away")
+        elif not os.access(side, os.R_OK):
+            problem = (f"{theirs} not readable by this user: the store cannot be read as it is; "
+                       "ask its owner for read access, or read a copy they make")
         elif writing and not os.access(side, os.W_OK):
-            _permission(side, path, "read-only for this user: nothing can be stored in "
-                        f"{path.name}; give another --db, or read it (report, sql) as it is")
-            continue
+            problem = (f"{theirs} read-only for this user: nothing can be stored in {path.name}; "
+                       "give another --db, or read it (report, sql) as it is")
         else:
             continue
-        if not os.path.lexists(side):  # a journal another writer's commit removed meanwhile
-            continue
-        raise StoreError(f"{side} is {what}, not the regular file SQLite keeps beside {path.name}: "
-                         "move it away")
-
-
-def _permission(side: Path, path: Path, why: str) -> None:
-    """Refuse a store whose side file this user may not read or write: not "move it away",
-    which would lose the committed runs a `-wal` holds."""
-    if os.path.lexists(side):  # (a journal another writer's commit removed meanwhile)
-        raise StoreError(f"{side} (SQLite's, beside {path.name}) is {why}")
+        if os.path.lexists(side):  # (a journal another writer's commit removed meanwhile)
+            raise StoreError(problem)
 
 
 def check_path(path: str | Path, writing: bool = False) -> Path:
@@ -230,8 +221,8 @@ def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="cs336sys-read-") as tmp:
-        # named as the file a link names: SQLite looks for the copy's WAL beside that name
-        copy = Path(tmp) / Path(os.path.realpath(path)).name
+        # named as its WAL is (the file a link names): SQLite looks for it beside that name
+        copy = Path(tmp) / wal.name.removesuffix("-wal")
         shutil.copyfile(path, copy)
         try:
             shutil.copyfile(wal, Path(tmp) / wal.name)
