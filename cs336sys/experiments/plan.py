@@ -87,6 +87,15 @@ class PlanSpec(ModelShape):
     split: str | None = None  # fsdp-tp: the split XxY given by hand (--split), else the best
     mesh_axes: str | None = None  # "MX,MY": the Scaling Book's mesh axes (--mesh-axes)
 
+    @property
+    def mesh(self) -> tuple[float, float]:
+        """(M_X, M_Y): the mesh axes the FSDP and TP collectives run over, each at W (1, 1
+        without --mesh-axes)."""
+        if not self.mesh_axes:
+            return 1.0, 1.0
+        mx, my = (float(a) for a in self.mesh_axes.split(","))
+        return mx, my
+
     def config(self) -> ModelConfig:
         return ModelConfig(d_model=self.d_model, d_ff=self.d_ff, num_layers=self.num_layers,
                            num_heads=self.num_heads, vocab_size=self.vocab_size,
@@ -185,7 +194,7 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     ag = rs = ar = 0.0  # seconds per step of each kind of collective
     # --mesh-axes M_X,M_Y: the FSDP collectives run over M_X mesh axes, TP's over M_Y, each
     # at W (How to Scale Your Model, part 5), as the mesh table counts them
-    mx, my = (float(a) for a in spec.mesh_axes.split(",")) if spec.mesh_axes else (1.0, 1.0)
+    mx, my = spec.mesh
     comm_f = comm_b = 0.0
     moved = 0  # bytes: S of every collective of the step, summed (as ddp's comm_bytes)
     if spec.strategy == "dp" and n > 1:
@@ -261,7 +270,7 @@ def n_max(spec: PlanSpec) -> float:
         return 1 + fwd / weights
     if spec.strategy == "tp":
         return 1 + fwd / acts
-    mx, my = (float(a) for a in spec.mesh_axes.split(",")) if spec.mesh_axes else (1.0, 1.0)
+    mx, my = spec.mesh
     return (1 + mx * fwd / weights) * (1 + my * fwd / acts)
 
 
@@ -314,9 +323,8 @@ def run(spec: PlanSpec) -> Result:
                               spec.egress, m=model.matrices, overlap=False)
         metrics["n_max_ffn_shared"] = math.floor(shared)
         if spec.mesh_axes:
-            mx, my = (float(a) for a in spec.mesh_axes.split(","))
             per_device, tp_hides = pm.mesh_batch_per_device(
-                spec.d_ff, best["tp_degree"], spec.flops, spec.egress, mx, my)
+                spec.d_ff, best["tp_degree"], spec.flops, spec.egress, *spec.mesh)
             metrics.update(mesh_batch_per_device_min=per_device,
                            mesh_batch_min=per_device * spec.n, mesh_tp_hides=tp_hides)
     return Result("ok", metrics=metrics)
