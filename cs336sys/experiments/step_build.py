@@ -122,6 +122,12 @@ def empty_compile_cache(enabled: bool) -> Iterator[None]:
             torch._dynamo.reset()
 
 
+def within_limit(to_first_s: float, step_s: float) -> dict[str, float | bool]:
+    """A row's `leaderboard_s` and whether it is within LIMIT_S (`within_limit`)."""
+    run = leaderboard_s(to_first_s, step_s)
+    return {"leaderboard_s": run, "within_limit": run <= LIMIT_S}
+
+
 def leaderboard_s(to_first_s: float, step_s: float) -> float:
     """How long the leaderboard's timing run takes from an empty cache, what its 10 minutes
     bound: the model built and its first, cold step (`to_first_s`, as measured here: the
