@@ -20,6 +20,7 @@ from cs336sys.report.sections import (
     median_or_mean,
     mib,
     series,
+    several_gpus,
     status_or,
     text,
     varying,
@@ -64,7 +65,7 @@ def memory_by_moment(pts: list[Row]) -> FilledTable | None:
     if not measured:
         return None
     shown = ("impl", "shard_optimizer", "world_size", "bucket_mb", *SIZE)
-    many = len({r.get("gpu") for r in measured}) > 1
+    many = several_gpus(measured)
     extra = varying(measured, shown)
     body = []
     for r in measured:

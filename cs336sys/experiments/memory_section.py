@@ -18,6 +18,7 @@ from cs336sys.report.sections import (
     median_or_mean,
     mib,
     series,
+    several_gpus,
     skey,
     status_or,
     text,
@@ -41,7 +42,7 @@ def section(sec: Section, pts: list[Row]) -> None:
              "it the accounting leaves out. Parts stacked above the line are never all live at "
              "once (a training step frees the activations as its backward makes the "
              "gradients). Beside it, the step time: what checkpointing costs for what it saves.")
-    left_out, gpus = 0, len({r.get("gpu") for r in pts}) > 1
+    left_out, gpus = 0, several_gpus(pts)
     for i, point in enumerate(pts):
         # a later run of the point without --snapshot (another problem's) keeps its timeline
         r = next((run for run in [point, *reversed(point.get("_earlier", []))]
@@ -100,7 +101,7 @@ def around_the_step(pts: list[Row]) -> FilledTable | None:
     # other tables show it
     kept = [r for r in pts if r.get("status") in ("ok", "wrong") and r.get("before_opt_bytes")
             is not None and r["_settings"].get("mode") == "train"]
-    gpus = ["gpu"] * (len({r.get("gpu") for r in kept}) > 1)  # a column where they differ
+    gpus = ["gpu"] * several_gpus(kept)  # a column where they differ
     body = []
     for r in kept:
         s = r["_settings"]
@@ -145,7 +146,7 @@ def _parts(pts: list[Row]) -> Bars:
         alike.setdefault(tuple(text(r["_settings"].get(k)) for k in shown), []).append(r)
     clashes = [rows for rows in alike.values() if len(rows) > 1]
     extra = sorted({k for rows in clashes for k in varying(rows, shown=shown)})
-    gpus = any(len({r.get("gpu") for r in rows}) > 1 for rows in clashes)
+    gpus = any(several_gpus(rows) for rows in clashes)
     bars = []
     for r in measured:
         s = r["_settings"]
@@ -227,7 +228,7 @@ def _checkpoint_tradeoff(pts: list[Row]) -> FilledTable | None:
     2016), the step time (what it costs), and apart from them the optimizer step's peak and
     the optimizer state, which checkpointing does not touch: where the optimizer step sets
     the step's peak, checkpointing lowers the activation peaks but not the step's."""
-    many = len({r.get("gpu") for r in pts}) > 1
+    many = several_gpus(pts)
     groups: dict[tuple, list[Row]] = {}
     for r in pts:
         if r["status"] == "ok" and r["peak_bytes"]:

@@ -26,6 +26,7 @@ from cs336sys.report.sections import (
     left_out,
     num,
     pct,
+    several_gpus,
     text,
     varying,
 )
@@ -60,7 +61,7 @@ def section(sec: Section, pts: list[Row]) -> None:
     """The warm-up effect and the fp32 -> bf16 and eager -> compiled speedups, of native
     points (an interpreted Triton kernel's time is the emulator's: APART)."""
     pts = [r for r in pts if not interpreted(r)]
-    many = len({r.get("gpu") for r in pts}) > 1
+    many = several_gpus(pts)
     warmups = len({r["_settings"].get("warmup") for r in pts}) > 1
 
     def label(r: Row) -> str:
@@ -154,7 +155,7 @@ def _step_bars(sec: Section, pts: list[Row]) -> None:
         if any(len(g) > 1 for g in charts.values()):
             break
     heads = [g[0] for g in charts.values()]
-    many = len({r.get("gpu") for r in heads}) > 1
+    many = several_gpus(heads)
     keys = [k for k in chart_keys if k in varying(heads)]
 
     def title(r: Row) -> str:

@@ -54,7 +54,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.report.kernel_names import readable_all
 from cs336sys.report.plots import Ranked
-from cs336sys.report.sections import FilledTable, add_plot, num, pct, text
+from cs336sys.report.sections import FilledTable, add_plot, num, pct, several_gpus, text
 from cs336sys.sweep.declaration import (
     AroundPoint,
     Column,
@@ -345,7 +345,7 @@ def section(sec: Any, pts: list) -> None:
     split = attention_parts(pts)
     if split:
         sec.tables.append(split)
-    gpus = len({r.get("gpu") for r in pts}) > 1  # the same point on two GPUs: two titles
+    gpus = several_gpus(pts)  # the same point on two GPUs: two titles
     # every linked row: a --compare report's other side too, whose section is built apart
     every = {k["name"] for ks in sec.linked.values() for k in ks}
     for i, r in enumerate(pts):
@@ -384,7 +384,7 @@ def attention_parts(pts: list) -> Any:
         return [num(r.get(f"{part}_{key}")) for key in ("ms_mean", "flops", "gflops")]
 
     split = [r for r in pts if r.get("status") == "ok" and r.get("qk_ms_mean") is not None]
-    gpus = ["gpu"] * (len({r.get("gpu") for r in split}) > 1)  # a column where they differ
+    gpus = ["gpu"] * several_gpus(split)  # a column where they differ
     body = [[*(text(r.get(g)) for g in gpus), label(r), *cells(r, "qk"),
              num(r.get("mask_ms_mean")), *cells(r, "softmax"), *cells(r, "pv")] for r in split]
     if not body:

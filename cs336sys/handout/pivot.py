@@ -21,6 +21,7 @@ from cs336sys.report.sections import (
     Row,
     Section,
     latest,
+    several_gpus,
     text,
     varying,
 )
@@ -223,7 +224,7 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
     qualifiers = _qualifiers(p, keys, rows)
     keys = [k for k in keys if k not in qualifiers]
     column = _column(p, qualifiers)
-    gpus = len({r.get("gpu") for r in rows}) > 1
+    gpus = several_gpus(rows)
     for key in reversed(keys):  # a stable sort per key, the first key last
         rows.sort(key=_order(key, rows))
     groups = [column(rows[0])]

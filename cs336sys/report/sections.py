@@ -225,7 +225,7 @@ def point_labels(heads: list[Row]) -> list[str]:
     if "size" in alone:
         alone -= set(BY_SIZE)
     keys = varying(heads) or sorted(alone)
-    many = len({r.get("gpu") for r in heads}) > 1
+    many = several_gpus(heads)
     return [" ".join([f"{k}={text(r['_settings'].get(k))}" for k in keys
                       if r["_settings"].get(k) is not None]
                      + ([f"on {text(r.get('gpu'))}"] if many else []))
@@ -339,13 +339,18 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
     return [k for k in keys if differs(k, "size" if k in BY_SIZE else None)]
 
 
+def several_gpus(rows: Iterable[Row]) -> bool:
+    """Whether `rows` come from more than one GPU: where a table or title must name it."""
+    return len({r.get("gpu") for r in rows}) > 1
+
+
 def with_gpu(
     rows: list[Row], headers: list[str], cells: Callable[[Row], list[str]], shown: Iterable[str]
 ) -> FilledTable:
     """A table, with a leading GPU column only when the rows come from more than one GPU,
     and a trailing "other settings" column naming the settings outside `shown` that differ
     between rows (e.g. `attention=flash-torch`), so two lines never look like one point."""
-    many = len({r.get("gpu") for r in rows}) > 1
+    many = several_gpus(rows)
     extra = varying(rows, shown)
     body = [
         ([text(r.get("gpu"))] if many else [])
@@ -398,7 +403,7 @@ def panels(
     keys = [k for k in first if k in keys] + [k for k in keys if k not in first]
     if not keys:  # one line: name it by its leading settings
         keys = [k for k in first if heads and k in heads[0]["_settings"]]
-    many_gpus = len({r.get("gpu") for r in heads}) > 1
+    many_gpus = several_gpus(heads)
     out: dict[str, Series] = {}
     for g in sorted(groups.values(), key=lambda g: _order(g[0]["_settings"].get(facet))):
         s = g[0]["_settings"]
