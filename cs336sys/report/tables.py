@@ -265,10 +265,14 @@ def point_table(declared: Table, rows: list[Row], counts: bool = False,
                      "run (`report --compare`, `cs336sys sql` read the others).")
     spread = [None not in (r.get(f"{c.key}_{s}") for s in ("p10", "p90", "iqr"))
               for c in columns if c.fmt == "mean_std" for r in rows if noisy(r, c.key)]
-    if spread:  # the note says what the cells show: rows stored before 0.2.1 lack the spread
-        notes.append(NOISY_NOTE_SHORT if status else NOISY_NOTE if all(spread) else
-                     NOISY_NOTE_MEDIAN + (" (and, where stored, the 10th-90th percentiles "
-                                          "and the interquartile range)." if any(spread) else "."))
+    # the note says what the noisy cells show: rows stored before 0.2.1 lack the spread
+    if spread and status:
+        notes.append(NOISY_NOTE_SHORT)
+    elif spread and all(spread):
+        notes.append(NOISY_NOTE)
+    elif spread:
+        notes.append(NOISY_NOTE_MEDIAN + (" (and, where stored, the 10th-90th percentiles and "
+                                          "the interquartile range)." if any(spread) else "."))
     if any(drifted(r.get(f"{c.key}_drift")) for c in columns if c.fmt == "mean_std" for r in rows):
         notes.append(DRIFT_NOTE)
     t.title, t.note = declared.title, " ".join(n for n in notes if n)
