@@ -152,7 +152,8 @@ def _check_writable(path: Path, db: Path) -> None:
     if path.is_dir():
         fail(f"--trace: {path} is a directory")
     refuse_the_store([path], "--trace", db)
-    # made if missing, as --snapshot's folder is; tried, not asked: os.access says yes to root even on /proc or a read-only mount
+    # made if missing, as --snapshot's folder is; tried, not asked: os.access says yes to
+    # root even on /proc or a read-only mount
     problem = why_unwritable(parent)
     if problem is not None:
         fail(f"--trace {path}: {problem}")
@@ -209,10 +210,11 @@ def _details(points) -> str:
     if parts:
         out.append("attention (naive, or your model's), forward, per step:\n" + table(
             parts, ["point", "part", "ms", "FLOPs", "GFLOP/s", "of fwd"], numparse=False))
-    unsplit = [p for p in points if getattr(p.spec.point, "model", None) and p.result.status ==
-               "ok" and not p.spec.point.compile and p.result.metrics.get("qk_ms_mean") is None]
+    unsplit = [p for p in points if getattr(p.spec.point, "model", None)
+               and p.result.status == "ok" and not p.spec.point.compile
+               and p.result.metrics.get("qk_ms_mean") is None]
     if unsplit:  # nsys_profile (e)'s split, missing: said, not left blank
-        out.append(f"no call of {model_command.ATTENTION_FUNCTION} was seen in the modules of your model's "
-                   f"classes at {len(unsplit)} point(s): the attention's parts (QKᵀ, softmax, "
-                   "PV) are left out there")
+        out.append(f"no call of {model_command.ATTENTION_FUNCTION} was seen in the modules of "
+                   f"your model's classes at {len(unsplit)} point(s): the attention's parts "
+                   "(QKᵀ, softmax, PV) are left out there")
     return "\n\n".join(out + blocks)

@@ -39,7 +39,8 @@ ATTENTION_FUNCTION = "scaled_dot_product_attention"
 
 def optimizer_word(mode: str | None, optimizer: str | None) -> str | None:
     """A training step's optimizer where it is not ours (nsys_profile (d)'s, the user's)."""
-    return f"optimizer={optimizer}" if mode == "train" and optimizer not in (None, "adamw") else None
+    ours = optimizer in (None, "adamw")
+    return f"optimizer={optimizer}" if mode == "train" and not ours else None
 
 
 COMMAND = Command(

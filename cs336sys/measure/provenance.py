@@ -7,6 +7,7 @@ without git, or an install outside any checkout still records what it can.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -73,8 +74,6 @@ def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
     its adapters file's `tests/`, else the top of the git checkout of the current folder),
     its commit and dirty flag, and the adapters file with its sha256. {} when no user code
     is in use."""
-    import hashlib
-
     environ = os.environ if environ is None else environ
     adapters = environ.get("CS336SYS_ADAPTERS") or None
     if adapters is not None:
@@ -100,8 +99,6 @@ def uncommitted(root: str | Path) -> str | None:
     against HEAD and its untracked .py files that git does not ignore, by name and content;
     None when there is none, or git cannot say. Not its other files: the store and reports
     cs336sys writes inside it change with every command."""
-    import hashlib
-
     git = ["git", "--no-optional-locks"]
     try:
         diff = subprocess.run([*git, "diff", "HEAD", "--binary", "--", "*.py"], cwd=root,

@@ -139,7 +139,7 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
          if stored else f"none ({_invocations(len(ids))} stored none)" if ids else "none selected"),
     ]
     if ended:  # their sweeps may lack points: said, so a half-run does not read as whole
-        out.append((STOPPED_EARLY, "; ".join(f"{n} invocation{'s' * (n != 1)} {how}"
+        out.append((STOPPED_EARLY, "; ".join(f"{_invocations(n)} {how}"
                                              for how, n in ended.items())
                     + (": its sweep may lack points" if sum(ended.values()) == 1 else
                        ": their sweeps may lack points")

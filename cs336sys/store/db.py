@@ -7,6 +7,7 @@ processes can write, and rows written as each point finishes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sqlite3
@@ -263,8 +264,6 @@ def _same_code(code: str, repo: str | None, digests: dict[Path, str | None]) -> 
     to the user's repository, -> sha256) still holds that content: an edit to it is measured
     again by --resume, committed or not, in a checkout without commits or outside git.
     `digests` keeps each file's sha256 across the points of one call."""
-    import hashlib
-
     try:
         files = json.loads(code)
     except ValueError:
