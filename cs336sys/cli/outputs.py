@@ -63,12 +63,13 @@ def foreign(path: Path, kind: str) -> str | None:
     cs336sys did not write; None when nothing is there, it is empty, or it is ours."""
     if not path.is_file():
         return None
-    with open(path, "rb") as f:
-        head = f.read(HEAD)
+    with open(path, "rb") as f:  # a document whole: its seal is its last line
+        data = f.read() if kind in _SEALED else f.read(HEAD)
+    head = data[:HEAD]
     if not head or ours(head, kind):
         # a document of cs336sys's that someone has written in since (the answers typed
         # into the writeup starter): its seal no longer matches (report/seal.py)
-        if kind in _SEALED and edited(path.read_bytes()):
+        if kind in _SEALED and edited(data):
             return "a file cs336sys wrote and someone has edited since"
         return None
     if head.startswith(SQLITE_HEADER):
