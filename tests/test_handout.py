@@ -465,12 +465,32 @@ def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, m
     monkeypatch.setenv("COLUMNS", "60")
     lines = invoke("handout", "--db", db_path).stdout.splitlines()
     assert all(line.count("`") % 2 == 0 for line in lines)  # each backquoted span whole
-    assert ("  $ cs336sys attention --attention yours-torch,yours-triton --pass forward "
-            f"--seq 128 --db {db_path}") in lines
+    assert ("  $ TRITON_INTERPRET=1 cs336sys attention --attention yours-torch,yours-triton "
+            f"--pass forward --seq 128 --db {db_path}") in lines
     long = [x for x in lines if len(x) > 60]
-    assert long and all(x.startswith("  $ cs336sys ") for x in long)
+    assert long and all(x.startswith(("  $ cs336sys ", "  $ TRITON_INTERPRET=1 cs336sys "))
+                        for x in long)
     for name, _ in PROBLEMS_2026:  # each problem heads a paragraph; the rest is indented
         assert sum(x.startswith(name + " (") for x in lines) == 1
+
+
+def test_listing_runs_your_triton_kernel_in_the_interpreter_only_on_a_cpu(db_path,
+                                                                         monkeypatch):
+    """On a CPU your Triton kernel runs only in Triton's interpreter: its commands are
+    listed with TRITON_INTERPRET=1, so that a copied line runs instead of being refused; on
+    a GPU they are not (the interpreter there runs on CPU tensors only)."""
+    from cs336sys.cli import handout as cli_handout
+
+    def triton_lines() -> list[str]:
+        out = invoke("handout", "--db", db_path).stdout.splitlines()
+        return [x for x in out if x.startswith("  $ ") and "yours-triton" in x]
+
+    on_cpu = triton_lines()
+    assert on_cpu and all(x.startswith("  $ TRITON_INTERPRET=1 cs336sys attention ")
+                          for x in on_cpu)
+    monkeypatch.setattr(cli_handout, "_on_gpu", lambda: True)
+    on_gpu = triton_lines()
+    assert on_gpu and all(x.startswith("  $ cs336sys attention ") for x in on_gpu)
 
 
 def test_the_listings_commands_go_to_the_store_it_reads(db_path):

@@ -38,6 +38,7 @@ Year = option("The handout release: 2026 or 2025 (or set CS336SYS_HANDOUT).", st
 Names = Annotated[list[str] | None, typer.Argument(
     help="Problems, as the handout names them (benchmarking_script, flash_benchmarking, ...).",
     show_default=False, metavar="[PROBLEM]...")]
+TRITON_YOURS = "yours-triton"
 
 
 def _on_gpu() -> bool:
@@ -65,8 +66,10 @@ def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]
     return [args for args in found if args is not None]
 
 
-def _line(args: list[str]) -> str:
-    return "cs336sys " + shlex.join(args)
+def _line(args: list[str], on_gpu: bool = True) -> str:
+    """The command as typed; on a CPU, your Triton kernel's under the interpreter it needs."""
+    interpret = not on_gpu and TRITON_YOURS in ",".join(args).split(",")
+    return "TRITON_INTERPRET=1 " * interpret + "cs336sys " + shlex.join(args)
 
 
 def _statuses(db: Path, problems: list, release: str) -> tuple[list, Any]:
@@ -154,7 +157,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         # the commands that measured what the store holds: the user's code's where it does;
         # an implementation's check, which runs the user's code
         for args in _commands(p, on_gpu, yours=status.yours or p.kind == IMPLEMENT):
-            typer.echo(f"  $ {_line(args)}" + (f" --db {db}" if given(ctx, "db") else ""))
+            typer.echo(f"  $ {_line(args, on_gpu)}" + (f" --db {db}" if given(ctx, "db") else ""))
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
     typer.echo()
@@ -253,7 +256,7 @@ def run(
     try:
         for i, (problem, args) in enumerate(todo, start=1):
             at = problem.name
-            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}:\n  $ {_line(args)}")
+            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}:\n  $ {_line(args, on_gpu)}")
             if args[0] == "plan":
                 if dry_run:
                     typer.echo("arithmetic: answers in under a second")
@@ -266,7 +269,7 @@ def run(
             code = _invoke(root, line)
             stopping.check()  # a command the signal stopped: the run stops below
             if code not in (0, None):
-                typer.echo(f"{problem.name}: `{_line(args)}` ended with exit code {code}",
+                typer.echo(f"{problem.name}: `{_line(args, on_gpu)}` ended with exit code {code}",
                            err=True)
                 worst = max(worst, code if isinstance(code, int) else 1)
         if not dry_run:
@@ -375,9 +378,6 @@ def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
             else:
                 refused.append(line)
     return refused, needs_gpus
-
-
-TRITON_YOURS = "yours-triton"
 
 
 def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
