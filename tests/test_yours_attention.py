@@ -229,6 +229,10 @@ def test_resume_measures_again_after_an_edit_without_a_commit_to_compare(tmp_pat
     edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0 / d")
     assert "skipping" not in invoke(*args).stderr
     assert [r["status"] for r in runs(db)][-2:] == ["wrong", "wrong"]
+    # the report's header says the code had no commit, not "at (no git)"
+    assert invoke("report", "--db", db, "--out", tmp_path / "rep").exit_code == 0
+    header = (tmp_path / "rep" / "report.md").read_text()
+    assert f"{repo}, not committed, adapters adapters.py" in header, header[:2000]
 
 
 def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):

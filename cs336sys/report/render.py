@@ -114,7 +114,7 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
         elif inv.get("id") is not None and inv.get("finished") is None:
             ended["never finished (killed, crashed, or still running)" + nothing] += 1
         if inv.get("user_repo"):
-            k = (inv["user_repo"], inv.get("user_commit") or "(no git)", inv.get("adapters") or "")
+            k = (inv["user_repo"], inv.get("user_commit") or "", inv.get("adapters") or "")
             yours.add((*k, bool(inv.get("user_dirty"))))
         gpus[f"{inv['gpu']} ×{inv['gpu_count']}" if inv["gpu_count"] else str(inv["gpu"])] += 1
         c = inv["git_commit"] or "(no git)"
@@ -130,7 +130,9 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
                                for k, v in versions.items() if v)),
         ("Time range (UTC)", f"{min(created)[:19]} – {max(created)[:19]}" if created else ""),
         *([("Your code", "; ".join(
-            f"{repo} at {commit[:12]}{' (dirty)' if dirty else ''}"
+            # outside git, or before the first commit: the files' sha256s identify the code
+            f"{repo}{f' at {commit[:12]}' if commit else ', not committed'}"
+            f"{' (dirty)' if dirty else ''}"
             + (f", adapters {Path(adapters).name}" if adapters else "")
             for repo, commit, adapters, dirty in sorted(yours)))] if yours else []),
         ("Runs by status", ", ".join(f"{s} {status[s]}" for s in ("ok", "wrong", "oom", "error", "skipped")
