@@ -402,7 +402,7 @@ MEMORY = Table(
 )
 EXPERIMENT = Experiment(
     kind="plan",
-    title="Plan: parallelism from first principles against measured numbers",
+    title="Plan: parallelism from first principles",
     analytic=True,
     spec=PlanSpec,
     run=run,
