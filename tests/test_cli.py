@@ -636,6 +636,20 @@ def test_dry_run_says_the_points_and_writes_nothing(db_path):
     assert not db_path.exists()
 
 
+@pytest.mark.parametrize("args", [
+    ["attention", "--attention", "naive", "--seq", "128,0128", "--d-head", "16", "--pass",
+     "forward"],
+    ["ddp", "--impl", "bucketed", "--bucket-mb", "1,1.0", "--world-size", "2"],
+    ["ddp", "--impl", "naive", "--batch", "4,04", "--world-size", "2"],
+])
+def test_two_spellings_of_one_value_are_one_point(db_path, args):
+    """`--bucket-mb 1,1.0` ran the same point twice: two rows under one heading whose step
+    times differed 2x for no reason the table said. Values are compared as parsed."""
+    result = invoke(*args, "--dry-run", "--db", db_path)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("dry run: 1 point(s)"), result.stdout
+
+
 def test_a_dry_run_with_resume_counts_only_what_is_left(db_path):
     """--resume --dry-run estimated every point, stored or not: a resumed sweep's (or a
     handout run's) time was its whole time. It counts those --resume would measure, and

@@ -26,7 +26,7 @@ from cs336sys.measure.environ import kept
 from cs336sys.measure.landing import held
 from cs336sys.measure.units import format_duration
 from cs336sys.sweep import stopping
-from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import SpecError, distinct
 from cs336sys.sweep.points import choices as checked
 
 # Stands for "not given": resolved by `_default_store` when the command runs, so that the
@@ -431,7 +431,7 @@ def run_experiment(
         if takes_user_code:
             user_code(adapters)
         with user_errors():
-            points = with_handout(specs, options)
+            points = distinct(experiment.kind, with_handout(specs, options))
         if release is not None:  # the invocation's release, as `handout run` records it
             os.environ["CS336SYS_HANDOUT"] = str(release).strip()
         if not points:

@@ -80,6 +80,15 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def distinct(experiment: str, specs: list) -> list:
+    """`specs` in order, each point once: two spellings of one value (`--seq 64,064`,
+    `--bucket-mb 1,1.0`) make one point, measured once, not two rows that read the same."""
+    first: dict[str, Any] = {}
+    for spec in specs:
+        first.setdefault(point_key(experiment, spec.settings()), spec)
+    return list(first.values())
+
+
 # Upper bounds where a typo would run for days (docs/bad-input.md).
 MAX_STEPS = 10**6
 # Any count or size: torch takes sizes as 64-bit integers and SQLite stores 64-bit integers,
