@@ -557,13 +557,16 @@ def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
     (fig,) = [f for f in sec.figures if f.name == "ddp-steps"]
     # fsdp's is the time with a collective in flight, hidden or not: a part of its own (it
     # read as waiting, 46 % of its step, beside the others' exposed waiting)
+    # torch's, backward less backward without the reduction, is a part of its own too (it
+    # read as "waiting on communication" beside the wrappers' exposed wait)
     assert [(b.group, b.label, b.parts, b.total, b.side) for b in fig.plot.bars] == [
-        ("2 ranks", "flat", (70.0, 30.0, None), 100.0, 50.0),
-        ("2 ranks", "bucketed 25MiB", (70.0, 10.0, None), 80.0, 60.0),
-        ("2 ranks", "torch +ZeRO", (70.0, 20.0, None), 90.0, 55.0),
-        ("2 ranks", "fsdp", (70.0, None, 50.0), 120.0, 40.0),
+        ("2 ranks", "flat", (70.0, 30.0, None, None), 100.0, 50.0),
+        ("2 ranks", "bucketed 25MiB", (70.0, 10.0, None, None), 80.0, 60.0),
+        ("2 ranks", "torch +ZeRO", (70.0, None, None, 20.0), 90.0, 55.0),
+        ("2 ranks", "fsdp", (70.0, None, 50.0, None), 120.0, 40.0),
     ]
-    assert fig.plot.parts[2] == "fsdp: a collective in flight"
+    assert fig.plot.parts[1:] == ("waiting on communication", "fsdp: a collective in flight",
+                                  "torch: backward beyond its no-reduction backward")
     # each bar as the table names its row (a bar read `overlap opt ours`, the row
     # `overlap +sharded opt`; `torch`, the row `torch 25MiB`)
     t = point_table(ddp_section.TABLE, [row("flat", 100.0, 30.0, 50.0),
@@ -576,7 +579,7 @@ def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():
     sec = Section("ddp", "DDP")
     ddp_section.section(sec, [row("torch", 941.0, -60.7, 50.0), row("flat", 100.0, 30.0, 50.0)])
     (fig,) = [f for f in sec.figures if f.name == "ddp-steps"]
-    assert fig.plot.bars[0].parts == (941.0, 0.0, None)
+    assert fig.plot.bars[0].parts == (941.0, None, None, 0.0)
 
 
 def test_precision_draws_each_accumulation_error_on_a_log_axis():

@@ -37,8 +37,10 @@ def section(sec: Section, pts: list[Row]) -> None:
              _steps(pts), note="The step's mean time, the part spent waiting on gradient "
              "communication at the top (the least rank's: the others also waited there for "
              "its backward); for fsdp, the time with one of its gathers or reduce-scatters in "
-             "flight, hidden behind compute or not, so not the others' waiting. Beside it, "
-             "tokens per second across the ranks.")
+             "flight, hidden behind compute or not, so not the others' waiting; for torch "
+             "and torch-fsdp, how much longer backward took than with the gradients' "
+             "reduction switched off, its overheads included. Beside it, tokens per second "
+             "across the ranks.")
     every = series(pts, "bucket_mb", "step_ms_mean", first=("impl", "world_size"))
     lines = {k: v for k, v in every.items() if len(v) > 1}  # the bucketed sweeps only
     add_plot(sec, "Bucket-size sweep", "ddp-buckets",
@@ -117,13 +119,16 @@ def _steps(pts: list[Row]) -> Bars:
         wait = min(max(comm, 0.0), step) if comm is not None else None
         rest = None if wait is None else step - wait
         # fsdp's comm_ms is the time with a collective in flight, hidden behind compute or
-        # not: a part of its own, not the waiting of the others
-        parts = (rest, None, wait) if s.get("impl") == "fsdp" else (rest, wait, None)
+        # not; torch's, backward less backward without the reduction, overheads included:
+        # each a part of its own, not the waiting of the others
+        at = {"fsdp": 2, "torch": 3, "torch-fsdp": 3}.get(s.get("impl"), 1)
+        parts = tuple(rest if i == 0 else wait if i == at else None for i in range(4))
         # named as the table names it (`torch 25MiB`, `overlap +sharded opt`)
         bars.append(Bar(f"{text(s.get('world_size'))} ranks", label(r), parts, total=step,
                         side=r.get("tokens_per_s")))
     return Bars(tuple(bars), ("the rest (fsdp: no collective in flight)",
-                              "waiting on communication", "fsdp: a collective in flight"),
+                              "waiting on communication", "fsdp: a collective in flight",
+                              "torch: backward beyond its no-reduction backward"),
                 "step time (ms, mean)", "tokens/s", "DDP: step time and what it waits on",
                 "Throughput")
 
