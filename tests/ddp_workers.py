@@ -209,11 +209,37 @@ def second_backward(ctx) -> dict[str, tuple[str | None, bool]]:
     return out
 
 
+LATE_S = 1.0  # how much later rank 1 starts its backward in allreduce_in_flight
+
+
+def allreduce_in_flight(ctx) -> dict[str, list[tuple[float, float]]]:
+    """Per wrapper, two steps: the first with rank 1 starting its backward LATE_S after rank
+    0, the second not; each step's (allreduce_ms, ms from the start of backward to the end
+    of finish_gradient_synchronization) on this rank."""
+    import time
+
+    out = {}
+    for impl in ("naive", "flat", "overlap", "bucketed"):
+        ddp = make_ddp(impl, new_model("frozen", seed=5), 1e-4 if impl == "bucketed" else None)
+        x, y = global_batch("frozen", 0, 0)
+        steps = []
+        for late in (True, False):
+            if late and ctx.rank == 1:
+                time.sleep(LATE_S)
+            t0 = time.perf_counter()
+            local_loss("frozen", ddp, x, y, True).backward()
+            ddp.finish_gradient_synchronization()
+            steps.append((ddp.allreduce_ms, (time.perf_counter() - t0) * 1e3))
+        out[impl] = steps
+    return out
+
+
 def run_all(ctx) -> dict:
     """Everything the test module needs, in one launch (spawning a rank costs seconds)."""
     return {
         "train": {name: train_all(ctx, name) for name in MODELS},
         "second_backward": second_backward(ctx),
+        "in_flight": allreduce_in_flight(ctx),
     }
 
 

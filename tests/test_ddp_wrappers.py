@@ -176,3 +176,17 @@ def test_make_ddp_rejects_bad_arguments():
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="process group"):
         NaiveDDP(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("impl", ["naive", "flat", "overlap", "bucketed"])
+def test_allreduce_ms_is_each_all_reduce_from_launch_to_completion(runs, impl):
+    """allreduce_ms, the collectives alone (flat's comm_ms was mostly its copies into and
+    out of one buffer): rank 0, whose all-reduces wait for rank 1's backward, a second
+    late, has one in flight that long; rank 1, which arrives last, has it in flight
+    briefly; each within the time from backward to the end of the synchronisation; and
+    the next step, with no rank late, is measured afresh."""
+    (late0, next0), (late1, next1) = (rank["in_flight"][impl] for rank in runs)
+    late_ms = w.LATE_S * 1e3
+    assert 0.8 * late_ms <= late0[0] <= late0[1], late0
+    assert 0 < late1[0] <= min(late1[1], 0.5 * late_ms), late1
+    assert 0 < next0[0] <= min(next0[1], 0.5 * late_ms), next0

@@ -782,6 +782,29 @@ def test_pivot_puts_each_value_under_its_group_and_names_the_groups():
                       ["32", "32.1 ± 0.5", "32.3 ± 0.5", ""]]
 
 
+def test_the_ddp_pivot_shows_the_all_reduces_alone_where_the_rows_have_them():
+    """minimal_ddp_flat_benchmarking's table: flat's communication ms held its copies into
+    and out of one buffer (477 ms of which the all-reduce was 127 on 2 CPU ranks); the
+    all-reduce's own time stands beside it, said what it is, and rows stored before it was
+    measured get no empty column."""
+    from cs336sys.handout.y2026 import DDP_TIME
+
+    table = Pivot("t", "ddp", ("impl",), DDP_TIME)
+
+    def ddp_row(impl, allreduce=None):
+        metrics = {"step_ms_mean": 1900.0, "step_ms_std": 400.0, "comm_ms_mean": 477.0,
+                   "comm_ms_std": 116.0, "comm_fraction": 0.25}
+        if allreduce is not None:
+            metrics.update(allreduce_ms_mean=allreduce, allreduce_ms_std=16.0)
+        return _row(impl=impl, metrics=metrics)
+
+    t = pivot(table, [ddp_row("flat", 127.0), ddp_row("torch")])
+    assert t.headers[-1] == "all-reduce ms" and [r[-1] for r in t.rows] == ["127 ± 16", ""]
+    assert "launch to completion" in t.note and "flat's copying" in t.note
+    old = pivot(table, [ddp_row("flat"), ddp_row("naive")])
+    assert "all-reduce ms" not in old.headers and "launch to completion" not in old.note
+
+
 def test_a_setting_the_shape_leaves_out_joins_the_rows():
     """Two precisions the pivot does not name would land in one cell: they become a column."""
     step = Column("step ms", "step_ms", "num")

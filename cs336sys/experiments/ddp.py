@@ -10,19 +10,17 @@ collective), but for `comm_ms`, the least rank's (the others also waited there f
 rank's backward); mean and std are over steps.
 
 `comm_ms` is the time a step is blocked on gradient communication, except for fsdp:
-- naive, flat, overlap, bucketed: the time in finish_gradient_synchronization (all of the
-  all-reduce for naive and flat; only the part not hidden behind backward for the others);
-- torch: DistributedDataParallel reduces inside backward, so its exposed communication is
-  each timed backward less the median backward of as many steps under `no_sync()` (measured
-  after the timed steps, with no optimizer step), not clipped: a mean near 0 with a wide std
-  is noise;
-- fsdp: the time with at least one of its collectives in flight, from launch to completion
-  (the union of their intervals, parallel/in_flight.py): the all-gathers of forward and
-  backward, the reduce-scatters and the all-reduce of the replicated gradients, hidden
-  behind compute or not (the launch-bound check reads finish_gradient_synchronization).
-- torch-fsdp: FSDP2 reduce-scatters inside backward: backward time less that with
-  set_requires_gradient_sync(False), as for torch: the reduce-scatters alone (its all-gathers
-  run in both).
+- naive, flat, overlap, bucketed: the time in finish_gradient_synchronization (for naive and
+  flat all of the all-reduce, and flat's flattening and copying back; for the others only
+  what backward did not hide); `allreduce_ms`, the time with one of their all-reduces in
+  flight (parallel/in_flight.py), is the collectives alone, hidden or not;
+- torch: each timed backward less the median backward of as many steps under `no_sync()`
+  (after the timed steps, no optimizer step), not clipped: a mean near 0 with a wide std is
+  noise; torch-fsdp: the same with set_requires_gradient_sync(False): its reduce-scatters;
+- fsdp: the time with at least one of its collectives in flight, launch to completion (the
+  union of their intervals): all-gathers, reduce-scatters and the all-reduce of the
+  replicated gradients, hidden behind compute or not (the launch-bound check reads
+  finish_gradient_synchronization).
 A sharded optimizer's broadcast of the updated parameters runs in the optimizer step: its
 bytes are in comm_bytes, its time in opt_ms, not comm_ms.
 
@@ -53,7 +51,7 @@ from cs336sys.experiments import (
     fsdp_course_check,
 )
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, both
-from cs336sys.experiments.ddp_setup import IMPLS, REPLICA_IMPLS
+from cs336sys.experiments.ddp_setup import IMPLS, IN_FLIGHT, REPLICA_IMPLS
 from cs336sys.experiments.ddp_toy_check import checked as toy_check
 from cs336sys.experiments.model import check_model, preset_sizes
 from cs336sys.experiments.training_check import first_step_grads, training_check, training_reference
@@ -360,14 +358,14 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     # the course's test gathers after every step and trains on: so does the point, once
     changed = record and fsdp_course_check.gather_changes(setup.module, setup.full_params)
     times: dict[str, list[float]] = {p: [] for p in PHASES}  # and <phase>_host
-    in_flight = []  # fsdp: each step's time with a collective in flight
+    in_flight = []  # ours: each step's time with a collective in flight
     with measured():  # what --nsys records: the timed steps, on every rank
         try:
             for i in range(spec.iters):
                 for phase, ms in step().items():
                     times.setdefault(phase.removesuffix("_ms"), []).append(ms)
-                if spec.impl == "fsdp":
-                    in_flight.append(setup.module.comm_ms)
+                if spec.impl in IN_FLIGHT:
+                    in_flight.append(getattr(setup.module, IN_FLIGHT[spec.impl]))
                 losses.append(step.last_loss)
                 step_done(spec.warmup + 2 + i, total)
         except Exception as exc:
@@ -379,8 +377,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     host_bound = launch_metrics({f"{k}_ms": v for k, v in times.items()},
                                 ("fwd", "bwd", "comm", "opt"), ctx.device)
 
-    if spec.impl == "fsdp":
-        times["comm"] = in_flight
+    if in_flight:
+        times["comm" if spec.impl == "fsdp" else "allreduce"] = in_flight
     if spec.impl in ("torch", "torch-fsdp"):  # how much of backward waited on the reduction
         times["comm"] = ddp_setup.exposed_comm(spec.impl, step, setup.module, spec.iters,
                                                times["bwd"])
@@ -401,11 +399,12 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
                        "memory": {k: v for k, v in memory.items() if k != "peak"}})
     # Per step, the slowest rank's time (the others wait for it); the communication the least
     # rank's: one that reached the collective first also waited for the others' backward.
-    per_step = {p: [(min if p == "comm" else max)(r["times"][p][s] for r in per_rank)
-                    for s in range(spec.iters)] for p in PHASES}
+    per_step = {p: [(min if p in ("comm", "allreduce") else max)(r["times"][p][s]
+                                                                for r in per_rank)
+                    for s in range(spec.iters)] for p in (*PHASES, "allreduce") if p in times}
     metrics: dict[str, Any] = {}
-    for phase in PHASES:
-        metrics.update(flatten(f"{phase}_ms", per_step[phase]))
+    for phase, per in per_step.items():
+        metrics.update(flatten(f"{phase}_ms", per))
     for phase in ("step", "comm"):  # how far the ranks drift apart: each rank's own mean
         means = [statistics.fmean(r["times"][phase]) for r in per_rank]
         metrics.update(over_ranks(f"{phase}_ms_rank", means))
@@ -455,6 +454,8 @@ EXPERIMENT = Experiment(
         *timing("comm_ms", "time waiting on gradient communication, the least rank's "
                 "(fsdp: time with any of its collectives in flight)"),
         *timing("opt_ms", "optimizer step and zero_grad"),
+        *timing("allreduce_ms", "naive, flat, overlap, bucketed: time with an all-reduce of "
+                "the gradients in flight, launch to completion, the least rank's"),
         *(Metric(f"{p}_ms_rank_{s}", "ms", f"{s} over ranks of each rank's mean {p} time")
           for p in ("step", "comm") for s in ("mean", "min", "max")),
         Metric("comm_fraction", "", "comm_ms_mean / step_ms_mean"),

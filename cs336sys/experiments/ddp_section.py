@@ -161,6 +161,7 @@ TABLE = Table(
             step ms        step_ms                        mean_std
             bwd ms         bwd_ms                         mean_std  optional
             comm ms        comm_ms                        mean_std
+            all-reduce ms  allreduce_ms                   mean_std  optional
             comm %         comm_fraction                  pct
             comm MiB/step  comm_bytes                     mib
             params MiB     mem_before_opt_params_bytes    mib
@@ -190,6 +191,8 @@ TABLE = Table(
     "costs the backward (copies, a rank's threads) is in bwd ms; torch and torch-fsdp: "
     "backward less backward without the gradients' reduction, that cost included (torch-fsdp's "
     "all-gathers run in both), so compare their step ms, not comm ms, with the others'; fsdp: "
-    "the time any of its collectives is in flight, overlapped with compute or not. Memory is "
-    "rank 0's.",
+    "the time any of its collectives is in flight, overlapped with compute or not. all-reduce "
+    "ms (naive, flat, overlap, bucketed): the time one of the gradients' all-reduces is in "
+    "flight, launch to completion, hidden or not: the collectives alone, where comm ms also "
+    "holds flat's and bucketed's copies into and out of their buffers. Memory is rank 0's.",
 )

@@ -43,6 +43,9 @@ from cs336sys.sweep.declaration import Column, metric_table
 REPLICA_IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 FSDP_IMPLS = ("fsdp", "torch-fsdp")
 IMPLS = REPLICA_IMPLS + FSDP_IMPLS
+# the impls of ours that time their collectives in flight (parallel/in_flight.py), by property
+IN_FLIGHT = {"fsdp": "comm_ms", **dict.fromkeys(("naive", "flat", "overlap", "bucketed"),
+                                                "allreduce_ms")}
 
 
 @dataclass

@@ -25,7 +25,7 @@ from cs336sys.report.sections import (
     text,
     varying,
 )
-from cs336sys.report.tables import cell, point_tables, shown
+from cs336sys.report.tables import cell, point_tables, shown, value
 from cs336sys.sweep.declaration import Column, model_size
 
 # How a setting's value reads as a column group or a row cell, where its bare value would not.
@@ -220,6 +220,8 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
                           if all(r["_settings"].get(k) == v for k, v in p.where.items())]))
     if not rows:
         return None
+    # an optional column no row has a value for is left out (rows stored before it was)
+    values = [c for c in p.values if not c.optional or any(value(c, r) is not None for r in rows)]
     keys, grouped = _keys(p, rows)
     qualifiers = _qualifiers(p, keys, rows)
     keys = [k for k in keys if k not in qualifiers]
@@ -236,23 +238,24 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
         table.setdefault(name, {})[column(r)] = r
     headers = [_HEADERS.get(k, k) for k in keys] + (["GPU"] if gpus else [])
     for group in _group_names(p, groups, qualifiers, rows) if p.across else [""]:
-        for c in p.values:
+        for c in values:
             headers.append(c.header if not group else
-                           group if len(p.values) == 1 else f"{group}: {c.header}")
+                           group if len(values) == 1 else f"{group}: {c.header}")
     flagged: list[Column] = []
 
     def marked(c: Column, r: Row) -> str:  # once a point: on its first value's cell
         why = [(f, f.cell(r)) for f in flags
-               if c is p.values[0] and r.get("status") == "ok" and f.cell(r)]
+               if c is values[0] and r.get("status") == "ok" and f.cell(r)]
         flagged.extend(f for f, _ in why if f not in flagged)
         return cell(c, r, spread=False) + "".join(f" ({f.header}: {w})" for f, w in why)
 
-    body = [[*name, *(marked(c, by[g]) if g in by else "" for g in groups for c in p.values)]
+    body = [[*name, *(marked(c, by[g]) if g in by else "" for g in groups for c in values)]
             for name, by in table.items()]
     named = {*keys, *qualifiers, *([p.across] if p.across else []), *p.where}
     constant = ", ".join(c for c in (_constant(list(shows), named, rows),
                                      _by_group(p, grouped, rows)) if c)
-    note = " ".join(n for n in (p.note, *(f.note for f in flagged)) if n)
+    note = " ".join(n for n in (p.note, *(c.note for c in values), *(f.note for f in flagged))
+                    if n)
     return FilledTable(p.title, headers, body, note=note, constant=constant)
 
 

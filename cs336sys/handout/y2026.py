@@ -35,7 +35,12 @@ RESIDUAL = Pivot("Residual-stream activation tensor B·T·d, fp32 (MiB)", "memor
                  (Column("residual MiB", "residual_bytes", "mib"),),
                  where={"precision": "fp32", "mode": "train"})
 DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std"),
-            Column("communication share", "comm_fraction", "pct"))
+            Column("communication share", "comm_fraction", "pct"),
+            Column("all-reduce ms", "allreduce_ms", "mean_std", optional=True,
+                   note="all-reduce ms (cs336sys's DDPs): the time one of the gradients' "
+                   "all-reduces is in flight, launch to completion, hidden or not; "
+                   "communication ms also holds flat's copying of every gradient into one "
+                   "buffer and back."))
 # optimizer_state_sharding_accounting (a): "the peak memory usage after model initialization,
 # directly before the optimizer step, and directly after": the peak up to each moment (the
 # live bytes are in memory_by_moment, beside it), rank 0's

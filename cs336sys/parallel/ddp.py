@@ -27,7 +27,10 @@ Parameters with requires_grad=False are not communicated; a Parameter shared by 
 is reduced as zeros, because every rank must launch the same collectives in the same order;
 afterwards its .grad is the average (zeros where no rank used it), not None.
 `comm_calls` and `comm_bytes` count the all-reduces launched and the bytes they reduced,
-cumulatively, so a benchmark can take per-step differences.
+cumulatively, so a benchmark can take per-step differences; `allreduce_ms` is the last step's
+time with one of them in flight, launch to completion (parallel/in_flight.py): the
+collectives alone, without the flattening and copying back that finish_gradient_synchronization
+also does, and hidden behind backward or not.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from cs336sys.measure.nvtx import nvtx_range
+from cs336sys.parallel.in_flight import InFlight
 
 IMPLS = ("naive", "flat", "overlap", "bucketed", "torch")
 BUCKETED_IMPLS = ("bucketed", "torch")  # the impls that take a bucket size
@@ -88,6 +92,7 @@ class _DDPBase(nn.Module):
         self.world_size = dist.get_world_size()
         self.comm_calls = 0
         self.comm_bytes = 0
+        self._in_flight = InFlight()  # each all-reduce's launch-to-completion interval
         # named_parameters() yields each Parameter once, by identity, in registration order
         # (a tied weight under its first name), so tied weights are reduced exactly once.
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -103,6 +108,12 @@ class _DDPBase(nn.Module):
     def finish_gradient_synchronization(self) -> None:
         raise NotImplementedError
 
+    @property
+    def allreduce_ms(self) -> float:
+        """Milliseconds of the last step (ended by finish_gradient_synchronization) with at
+        least one of its all-reduces in flight: the union of their intervals."""
+        return self._in_flight.last_step_ms
+
     def _launch(self, params: list[nn.Parameter], async_op: bool) -> _Reduction:
         """Start summing the gradients of `params` (one dtype and device) across ranks."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -115,7 +126,12 @@ class _DDPBase(nn.Module):
         # Gloo has no ReduceOp.AVG: sum here, divide in _complete. The NVTX range (on under
         # --nsys) names the gradients, so that a timeline shows which launch overlaps what.
         with nvtx_range(f"all-reduce {self._named(params)}"):
-            work = dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=async_op)
+            interval = self._in_flight.start(buffer)
+            work = self._in_flight.track(
+                interval, dist.all_reduce(buffer, op=dist.ReduceOp.SUM, async_op=True))
+        if not async_op:  # blocking: waited for here, as all_reduce(async_op=False) does
+            work.wait()
+            work = None
         return _Reduction(params, grads, buffer, work)
 
     def _named(self, params: list[nn.Parameter]) -> str:
@@ -150,6 +166,7 @@ class NaiveDDP(_DDPBase):
     def finish_gradient_synchronization(self) -> None:
         for p in self._params:
             self._complete(self._launch([p], async_op=False))
+        self._in_flight.close_step()
 
 
 class FlatDDP(_DDPBase):
@@ -158,6 +175,7 @@ class FlatDDP(_DDPBase):
     def finish_gradient_synchronization(self) -> None:
         for group in _groups_by_dtype(self._params):
             self._complete(self._launch(group, async_op=False))
+        self._in_flight.close_step()
 
 
 class _OverlapDDP(_DDPBase):
@@ -222,6 +240,7 @@ class _OverlapDDP(_DDPBase):
         with nvtx_range("wait for the gradients' all-reduces"):
             for r in self._inflight:
                 self._complete(r)
+        self._in_flight.close_step()
         self._reset()
 
 
