@@ -6,6 +6,7 @@ or started, so that Ctrl-C and SIGTERM stop the command the same way at any mome
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 
 from cs336sys.sweep import stopping
@@ -13,6 +14,11 @@ from cs336sys.sweep import stopping
 
 def main() -> None:
     stopping.install()
+    # Started with stdout or stderr closed (a daemon, `2>&-`), Python holds None there, and
+    # the command failed before it ran: it runs, and says nothing.
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
     # A point's code that crashes the process (a segfault in a C extension, a Triton
     # interpreter's wild load, an abort) ended the command without a word: Python's fault
     # handler prints each thread's stack, the user's file and line in it, on the way down.

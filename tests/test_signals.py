@@ -445,3 +445,17 @@ def test_a_signal_during_torchs_import_is_remembered_not_raised(monkeypatch):
         stopping.check()
     with pytest.raises(KeyboardInterrupt):
         stopping._handler(signal.SIGINT, calling)
+
+
+@pytest.mark.parametrize("closed", [1, 2], ids=["stdout", "stderr"])
+def test_a_command_started_with_its_output_closed_runs_and_stores(tmp_path, closed):
+    """A daemon or `2>&-` starts the command with stderr (or stdout) closed: Python holds
+    None there, and every command exited 1 before it ran (faulthandler, the progress bar)."""
+    from tests.conftest import MICRO
+
+    db = tmp_path / "r.db"
+    r = subprocess.run([sys.executable, "-m", "cs336sys", "model", *MICRO, "--db", str(db)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
+                       preexec_fn=lambda: os.close(closed))
+    assert r.returncode == 0
+    assert [row["status"] for row in query(db, "SELECT status FROM runs")] == ["ok"]
