@@ -31,12 +31,17 @@ def run(spec: Toy) -> Result:
 
 
 def run_ranks(ctx, spec: Toy) -> Result:
-    """The sum of every rank's n + rank, by all-reduce; rank 1 fails at n = 2."""
+    """The sum of every rank's n + rank, by all-reduce; rank 1 fails at n = 2, runs out of
+    memory as numpy says it at n = 4, and raises KeyboardInterrupt (no key pressed) at 5."""
     import torch
     import torch.distributed as dist
 
     if spec.n == 2 and ctx.rank == 1:
         raise RuntimeError(f"rank {ctx.rank} gives up at n={spec.n}")
+    if spec.n == 4 and ctx.rank == 1:
+        raise MemoryError("Unable to allocate 1.00 EiB for an array with shape (2**60,)")
+    if spec.n == 5 and ctx.rank == 1:
+        raise KeyboardInterrupt
     x = torch.tensor([float(spec.n + ctx.rank)])
     dist.all_reduce(x)
     return Result("ok", metrics={"sum": x.item(), "ranks": ctx.world_size})

@@ -459,3 +459,28 @@ def test_a_command_started_with_its_output_closed_runs_and_stores(tmp_path, clos
                        preexec_fn=lambda: os.close(closed))
     assert r.returncode == 0
     assert [row["status"] for row in query(db, "SELECT status FROM runs")] == ["ok"]
+
+
+@pytest.mark.parametrize("raised", ["KeyboardInterrupt", "asyncio.CancelledError"])
+def test_an_interrupt_the_users_code_raises_is_its_error_not_a_stop(tmp_path, raised):
+    """With no key pressed, a KeyboardInterrupt from the user's code read as Ctrl-C (exit
+    130, "run the same command with --resume", which stopped at the same point again), and
+    a BaseException that is not an Exception (asyncio's CancelledError) ended the sweep with
+    a traceback. Each is its point's error, and the sweep goes on."""
+    from tests.user_repos import course_repo, edit
+
+    repo = course_repo(tmp_path)
+    edit(repo, "cs336_systems/flash_attention.py", "        scale = 1.0 / math.sqrt(d)\n",
+         "        if n_q == 64:\n            import asyncio\n\n"
+         f"            raise {raised}\n        scale = 1.0 / math.sqrt(d)\n")
+    db = tmp_path / "r.db"
+    r = subprocess.run([sys.executable, "-m", "cs336sys", "attention", "--impl", "yours-torch",
+                        "--seq", "32,64,128", "--d-head", "16", "--batch", "1", "--warmup", "1",
+                        "--iters", "2", "--pass", "forward", "--device", "cpu", "--db", str(db)],
+                       cwd=repo, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr  # a point's error, not 130
+    got = query(db, "SELECT seq, status, error FROM attention_runs ORDER BY seq")
+    assert [(x["seq"], x["status"]) for x in got] == [(32, "ok"), (64, "error"), (128, "ok")]
+    assert got[1]["error"].startswith("cs336_systems/flash_attention.py:"), got[1]["error"]
+    assert raised.split(".")[-1] in got[1]["error"].splitlines()[0]
+    assert "--resume" not in r.stderr

@@ -290,6 +290,20 @@ def test_a_failed_point_ends_its_process_group_and_a_fresh_one_runs_the_rest():
     assert [s.n for _, s, _ in sink.added] == [1, 2, 3]
 
 
+@pytest.mark.slow
+def test_a_ranks_memory_error_is_oom_and_an_interrupt_its_code_raised_is_its_error():
+    """On a rank, numpy's MemoryError was stored `error` (the parent sees it as text), and a
+    KeyboardInterrupt the code raised was blamed on the peer whose connection it closed."""
+    specs = [Toy(4, world_size=2), Toy(5, world_size=2), Toy(6, world_size=2)]
+    points = run_sweep(TOY_RANKS, specs, ListSink())
+    assert [(p.spec.n, p.result.status) for p in points] == [(4, "oom"), (5, "error"),
+                                                              (6, "ok")]
+    assert "MemoryError: Unable to allocate" in points[0].result.error
+    assert points[1].result.error.startswith("rank 1 failed: tests/sweep_workers.py:"), \
+        points[1].result.error
+    assert "KeyboardInterrupt" in points[1].result.error.splitlines()[0]
+
+
 def test_specs_take_only_the_options_names():
     """0.2's keyword names (context_length, batch_size, global_batch, steps, dtype) are gone:
     a TypeError names the one given, never a point built from it."""

@@ -24,7 +24,7 @@ from cs336sys.parallel.launcher import BACKENDS, default_backend, timeout_s, und
 from cs336sys.parallel.world_size import check_world_size, max_local_world_size
 from cs336sys.sweep import torch_state
 from cs336sys.sweep.points import SpecError, device_choice, positive_ints, unknown
-from cs336sys.sweep.result import Result, unwritten, user_frame
+from cs336sys.sweep.result import Result, is_oom, unwritten, user_frame
 
 # Rank 0 tells the parent how far a point has got at most this often (and at its last step).
 STEP_EVERY_S = 0.5
@@ -50,7 +50,7 @@ def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> 
             with on_step(step) if forward else contextlib.nullcontext(), \
                     torch_state.kept() as changed:
                 result = run(ctx, spec)
-        except (Exception, SystemExit) as exc:
+        except BaseException as exc:  # (a KeyboardInterrupt the code raised, a Cancelled...)
             # the rank's failure names the user's file and line first, as a point's error
             # does in one process (the launcher reads it: parallel must not import sweep)
             exc.cs336sys_where = user_frame(exc)
@@ -59,6 +59,8 @@ def serve(ctx: Any, specs: Sequence[Any], run: Callable[[Any, Any], Result]) -> 
                             f"command",)
             if unwritten(exc):  # a hook of the handout's left a stub: skipped, as in one process
                 exc.cs336sys_status = "skipped"
+            elif is_oom(exc):  # numpy's MemoryError too, which the parent sees only as text
+                exc.cs336sys_status = "oom"
             raise
         if changed and ctx.rank == 0:  # said once, as guarded says it in one process
             print(torch_state.said(changed), file=sys.stderr)

@@ -199,21 +199,41 @@ def _caught(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
             raise
         return Result("error", error=f"{user_frame(exc)}: SystemExit: it called "
                       f"sys.exit({exc.code!r}), which would have ended the command")
+    except KeyboardInterrupt as exc:
+        # Ctrl-C's stops the sweep; one the user's code raised with no key pressed is its
+        # error, or every --resume would stop at the same point, blamed on the user
+        if not stopping.raised_by_code(exc) or user_frame(exc) is None:
+            raise
+        return _failed(exc, "raised with no Ctrl-C pressed, which would have stopped the "
+                       "command")
+    except stopping.Terminated:
+        raise
     except Exception as exc:  # every failure becomes a stored row
         if stopping.pending() is not None and _stopped_by_signal(exc):
             stopping.check()  # raises the signal as itself: the runner stores the stop
-        said = cause(": ".join(part for part in (type(exc).__name__, first_line(exc)) if part))
-        where = user_frame(exc)
-        if where is not None:
-            said = f"{where}: {said}"
-        if getattr(exc, "cs336sys_hint", None):
-            said = f"{said}; {exc.cs336sys_hint}"
-        if unwritten(exc):
-            return Result("skipped", error=f"not implemented: {said}")
-        if is_oom(exc):
-            return Result("oom", error=said)
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return Result("error", error=said + "\n\n" + tb)
+        return _failed(exc)
+    except BaseException as exc:  # not an Exception (asyncio's CancelledError, a class of
+        if stopping.pending() is not None:  # the user's): a row too, not the sweep's end
+            stopping.check()
+        return _failed(exc)
+
+
+def _failed(exc: BaseException, why: str = "") -> Result:
+    """The Result of a point that raised `exc`: its type and first line (or `why`), the user's
+    file and line first where it came from there; skipped for a stub, oom, else error."""
+    said = cause(": ".join(part for part in (type(exc).__name__, why or first_line(exc))
+                           if part))
+    where = user_frame(exc)
+    if where is not None:
+        said = f"{where}: {said}"
+    if getattr(exc, "cs336sys_hint", None):
+        said = f"{said}; {exc.cs336sys_hint}"
+    if unwritten(exc):
+        return Result("skipped", error=f"not implemented: {said}")
+    if is_oom(exc):
+        return Result("oom", error=said)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return Result("error", error=said + "\n\n" + tb)
 
 
 def guarded(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:

@@ -362,8 +362,9 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 failed = todo[len(finished)]
                 if exc.status == "skipped":  # the user's stub, raised on a rank
                     emit(failed, failure("skipped", f"not implemented: {exc.message}"))
-                else:
-                    emit(failed, failure("oom" if is_oom(exc) else "error",
+                else:  # (a rank's status says an out-of-memory its text may not)
+                    oom = exc.status == "oom" or is_oom(exc)
+                    emit(failed, failure("oom" if oom else "error",
                                          f"{exc}\n{exc.traceback}".strip()))
                 todo = todo[len(finished) + 1 :]
             except Exception as exc:

@@ -162,6 +162,14 @@ def _after_finish(signum: int, frame: Any) -> None:
     _late.append(signum)
 
 
+def raised_by_code(exc: BaseException) -> bool:
+    """Whether the KeyboardInterrupt `exc` was raised by code, not Ctrl-C: this module's
+    handler (or SIG_IGN) has SIGINT and no signal is pending. Outside a command (run_sweep
+    from a notebook) Python's own handler raises it: Ctrl-C's, as far as anyone can tell."""
+    handled = signal.getsignal(signal.SIGINT) in (_handler, _after_finish, signal.SIG_IGN)
+    return isinstance(exc, KeyboardInterrupt) and handled and pending() is None
+
+
 def pending() -> int | None:
     """The first signal received since install() or reset(), or None."""
     return _received[0] if _received else None
