@@ -484,3 +484,33 @@ def test_an_interrupt_the_users_code_raises_is_its_error_not_a_stop(tmp_path, ra
     assert got[1]["error"].startswith("cs336_systems/flash_attention.py:"), got[1]["error"]
     assert raised.split(".")[-1] in got[1]["error"].splitlines()[0]
     assert "--resume" not in r.stderr
+
+
+def test_a_stop_while_another_program_holds_the_store_lock_ends_in_seconds(tmp_path):
+    """Ctrl-C while a SQLite browser held the store's write lock printed the stop line, then
+    waited the store's 60 s busy timeout to record the invocation's end, signals held."""
+    import sqlite3
+
+    from tests.conftest import MICRO
+
+    db = tmp_path / "r.db"
+    proc = subprocess.Popen([sys.executable, "-m", "cs336sys", "model", *MICRO, "--seq",
+                             "8,16,24,32", "--db", str(db)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while "point(s)" not in (line := proc.stderr.readline()):  # the sweep has begun
+            assert line, "the command ended before its sweep began"
+        browser = sqlite3.connect(db, timeout=60, isolation_level=None)
+        browser.execute("BEGIN IMMEDIATE")  # (waits for a write in progress, if any)
+        time.sleep(3)  # the next point is measured and waits for the lock
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+    browser.execute("ROLLBACK")
+    browser.close()
+    assert rc == 130
+    assert took < 20, took  # the 2 s it waits for the lock, on a loaded machine

@@ -190,6 +190,9 @@ class NullSink:
         return None
 
 
+STOPPED_BUSY_S = 2.0  # how long a stopped command waits to record its end
+
+
 @contextmanager
 def recording(
     db: Path, command: str, device: str, rank: int | None = None, label: str | None = None
@@ -246,7 +249,9 @@ def recording(
     finally:
         with held():  # a signal from here on ends the command with the line below
             with suppress(sqlite3.Error):  # a store that cannot be written: its end unrecorded
-                rec.close(status)
+                # stopped, it does not wait a minute, signals held, for a lock another
+                # program keeps (a SQLite browser's): the end goes unrecorded instead
+                rec.close(status, busy_s=STOPPED_BUSY_S if status in (130, 143) else None)
             global _points_stored
             _points_stored += rec.added
             line = f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})"

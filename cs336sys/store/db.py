@@ -139,10 +139,19 @@ class Store:
         self.db["invocations"].insert(row)
         return inv_id
 
-    def finish_invocation(self, invocation_id: str, exit_status: int) -> None:
-        self.db["invocations"].update(
-            invocation_id, {"finished": now(), "exit_status": int(exit_status)}
-        )
+    def finish_invocation(self, invocation_id: str, exit_status: int,
+                          busy_s: float | None = None) -> None:
+        """Record the invocation's end, waiting for another writer's lock at most `busy_s`
+        (default: the connection's busy timeout)."""
+        conn = self.db.conn
+        (busy_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+        if busy_s is not None:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_s * 1000)}")
+        try:
+            self.db["invocations"].update(
+                invocation_id, {"finished": now(), "exit_status": int(exit_status)})
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
 
     def add_run(
         self,

@@ -91,12 +91,13 @@ class Recorder:
 
     # -- the invocation -----------------------------------------------------------------------
 
-    def close(self, exit_status: int | None = None) -> None:
-        """Record how the invocation ended (default: 1 if a point failed, else 0)."""
+    def close(self, exit_status: int | None = None, busy_s: float | None = None) -> None:
+        """Record how the invocation ended (default: 1 if a point failed, else 0), waiting
+        for another program's write lock at most `busy_s` (default: the store's timeout)."""
         if exit_status is None:
             exit_status = 1 if self.errors else 0
         try:
-            self.store.finish_invocation(self.invocation_id, exit_status)
+            self.store.finish_invocation(self.invocation_id, exit_status, busy_s)
         finally:
             self.store.close()
 
