@@ -105,10 +105,10 @@ def test_the_course_check_of_a_triton_forward_of_yours_is_started_interpreted(mo
     monkeypatch.setattr(preflight, "_triton", lambda impl: True)
     runs, pairs = 3 + 10 + 1, 4 * 8 * 8  # warm-up, timed, the check against float64
     est = preflight.attention_estimate(theirs)
-    assert est.seconds == pytest.approx(runs * 3 * pairs * 8e-3) and est.too_long == ""
+    assert est.seconds == pytest.approx(runs * 3 * pairs * 8e-3) and est.not_started == ""
     est = preflight.attention_estimate(ours)  # 3 forwards and 2 backwards a run
     assert est.seconds == pytest.approx(runs * pairs * (3 * 8e-3 + 2 * 20e-3))
-    assert "(256 pairs of 16 x 16 tiles a pass, 14 runs" in est.too_long
+    assert "(256 pairs of 16 x 16 tiles a pass, 14 runs" in est.not_started
 
 
 def test_naive_attention_whose_scores_cannot_fit_is_not_started(db_path, monkeypatch):

@@ -534,6 +534,16 @@ def test_a_one_off_triton_kernel_is_marked_interpreted_and_its_bf16_not_judged(t
     from cs336_systems.beside import Beside
 
     assert not _runs_triton(Beside)  # its forward is the PyTorch one: nothing of Triton
+    # a kernel launched as a module's attribute (`kernels._fwd[grid](...)`) is Triton too; a
+    # library module's attribute (F.scaled_dot_product_attention) is not
+    (repo / "cs336_systems" / "via.py").write_text(
+        "import torch.nn.functional as F\n\n"
+        "from cs336_systems import gallery_triton_flash as kernels\n\n\n"
+        "def launch(q):\n    return kernels._fwd\n\n\n"
+        "def plain(q):\n    return F.scaled_dot_product_attention(q, q, q)\n")
+    from cs336_systems.via import launch, plain
+
+    assert _runs_triton(launch) and not _runs_triton(plain)
     failed = Verdict(False, {}, "wrong: O off by up to 8e+08")
     bf16 = SimpleNamespace(precision="bf16", impl="yours-tri", seq=32, d_head=16)
     assert status_of(bf16, True, failed)[0] == "skipped"
@@ -826,6 +836,50 @@ def test_code_that_crashes_the_process_leaves_its_file_and_line_on_stderr(tmp_pa
     assert proc.returncode == -11, proc.stderr  # SIGSEGV: nothing could store the point
     assert "Fatal Python error: Segmentation fault" in proc.stderr
     assert f'File "{repo / "wild" / "attn.py"}", line 6 in attention' in proc.stderr
+
+
+def test_a_kernel_that_raises_at_a_size_the_handout_never_tests_is_not_judged(tmp_path,
+                                                                             monkeypatch):
+    """A FlashAttention that reshapes by whole tiles passes the course's tests and raised
+    at seq 48 ("shape '[...]' is invalid"): stored `error`, the command exiting 1. Raising
+    there is as good as any answer: not judged."""
+    repo = course_repo(tmp_path)
+    edit(repo, FLASH, "        scale = 1.0 / math.sqrt(d)\n",
+         "        if n_q % 32:\n            raise RuntimeError(\"shape '[1, 32]' is invalid\")\n"
+         "        scale = 1.0 / math.sqrt(d)\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("attention", "--impl", "yours-torch", "--seq", "48,64", *SMALL[2:],
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    by = {r["seq"]: r for r in runs(db)}
+    assert by[64]["status"] == "ok" and by[48]["status"] == "skipped"
+    assert by[48]["error"].endswith("so it need not handle seq 48; yours-torch raised "
+                                    "RuntimeError: shape '[1, 32]' is invalid"), by[48]["error"]
+
+
+@pytest.mark.slow  # interpreted Triton through the CLI on a CPU
+def test_your_triton_kernel_is_not_started_at_a_size_the_handout_never_tests(tmp_path,
+                                                                           monkeypatch):
+    """A kernel without bounds checks, as the handout allows, passed the course's tests and
+    at seq 48 wrote past its tensors in Triton's interpreter: "double free or corruption",
+    and the sweep ended with the points after it unmeasured. It is not started there;
+    --force runs it (ours, standing in for the student's, has masks: ok)."""
+    repo = course_repo(tmp_path, files={"tests/adapters.py": TRITON_ADAPTERS})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    args = ["attention", "--impl", "yours-triton", "--d-head", "16", "--batch", "1",
+            "--warmup", "1", "--iters", "2", "--pass", "forward", "--device", "cpu", "--db", db]
+    assert invoke(*args, "--seq", "32,48").exit_code == 0
+    by = {r["seq"]: r for r in runs(db)}
+    assert by[32]["status"] == "ok" and by[48]["status"] == "skipped"
+    assert by[48]["error"].startswith("skipped: not judged: the handout tests your "
+                                      "FlashAttention only with dimensions that are powers "
+                                      "of 2 and at least 16, so it need not handle seq 48, "
+                                      "and without masks")
+    assert by[48]["error"].endswith("--force runs it")
+    assert invoke(*args, "--seq", "48", "--force").exit_code == 0
+    assert runs(db)[-1]["status"] == "ok"
 
 
 def test_a_kernel_off_at_a_size_the_handout_never_tests_is_not_judged(tmp_path, monkeypatch):

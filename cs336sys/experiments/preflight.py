@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
+from cs336sys.attention.diagnosis import NOT_JUDGED, untested
 from cs336sys.measure.device import peak_tflops
 from cs336sys.measure.units import format_duration
 from cs336sys.models.config import checkpoint_groups, param_count
@@ -51,7 +52,7 @@ class Estimate:
     bytes: int
     parts: str  # "weights 7.4 GiB, gradients 7.4 GiB, AdamW 15 GiB, activations 2.1 GiB"
     seconds: float | None = None
-    too_long: str = ""  # why the point would run too long to start (interpreted kernels)
+    not_started: str = ""  # why the point is not started (too long interpreted, unsafe)
 
     def refusal(self, spec: Any) -> str | None:
         """Why the point `spec` would not fit on its device now, or run far too long (stored
@@ -59,8 +60,8 @@ class Estimate:
         model's estimate bounds from below whatever a wrapper shards (the leaderboard's 8B
         on a laptop); on CUDA each rank has a GPU that holds a sharded wrapper's share,
         which the estimate does not give, so ranked CUDA points are not refused on memory."""
-        if self.too_long:
-            return self.too_long
+        if self.not_started:
+            return self.not_started
         device = str(spec.device)
         if device.startswith("cuda") and getattr(spec, "world_size", 1) > 1:
             return None
@@ -244,7 +245,7 @@ def attention_estimate(spec: Any) -> Estimate:
                    and os.environ.get("TRITON_INTERPRET") == "1")
     rate = flops_per_second(spec.device)
     seconds = runs * flops / rate if rate else None
-    too_long = ""
+    not_started = ""
     if interpreted:
         # the interpreter runs ours whole; of the user's, the forward: the handout's backward
         # is PyTorch (a Triton backward of theirs adds to it)
@@ -256,13 +257,21 @@ def attention_estimate(spec: Any) -> Estimate:
         rest = flops - (flops if ours else forwards * fwd)
         seconds = runs * (interpreted_s + (rest / rate if rate else 0.0))
         if seconds > INTERPRETED_LIMIT_S:
-            too_long = (f"Triton interpreted on a CPU would take ~{format_duration(seconds)} "
-                        f"({pairs:,} pairs of {INTERPRETED_TILE} x {INTERPRETED_TILE} tiles a "
-                        f"pass, {runs} runs, at ~{INTERPRETED_PAIR_S['forward'] * 1e3:g} ms a "
-                        f"pair forward" + (f", {INTERPRETED_PAIR_S['backward'] * 1e3:g} "
-                                           "backward" if backwards else "")
-                        + ("" if ours else "; a Triton backward of yours adds more")
-                        + "); a shorter --seq, or --force runs it")
+            not_started = (
+                f"Triton interpreted on a CPU would take ~{format_duration(seconds)} "
+                f"({pairs:,} pairs of {INTERPRETED_TILE} x {INTERPRETED_TILE} tiles a pass, "
+                f"{runs} runs, at ~{INTERPRETED_PAIR_S['forward'] * 1e3:g} ms a pair forward"
+                + (f", {INTERPRETED_PAIR_S['backward'] * 1e3:g} backward" if backwards else "")
+                + ("" if ours else "; a Triton backward of yours adds more")
+                + "); a shorter --seq, or --force runs it")
+    if _triton(spec.impl) and untested(spec):
+        # Without masks, as the handout allows, such a kernel reads and writes past its
+        # tensors: in the interpreter that corrupted this process's heap ("double free or
+        # corruption"), which ended the sweep with the points after it unmeasured.
+        not_started = (NOT_JUDGED.format(untested(spec)) + ", and without masks a kernel "
+                       "reads and writes past its tensors there (in Triton's CPU interpreter "
+                       "that corrupts this process's memory; on a GPU it may end its CUDA "
+                       "context); --force runs it")
     total = int(MARGIN * sum(parts.values()))
     return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()), seconds,
-                    too_long)
+                    not_started)

@@ -175,8 +175,9 @@ def uses_triton(name: str) -> bool:
 def _runs_triton(obj: Any, depth: int = 3) -> bool:
     """Whether `obj` (a class or function of the user's) names a Triton kernel (@triton.jit,
     @triton.autotune) in its source, or calls code of the user's that does, `depth` calls
-    deep. Not its module's imports: a PyTorch kernel beside a Triton one in one file runs no
-    Triton, and a Triton kernel re-exported from a package's __init__ does."""
+    deep, by name or as an attribute of a module of the user's. Not its module's imports: a
+    PyTorch kernel beside a Triton one in one file runs no Triton, and a Triton kernel
+    re-exported from a package's __init__ does."""
     import re
 
     try:
@@ -184,8 +185,15 @@ def _runs_triton(obj: Any, depth: int = 3) -> bool:
     except (OSError, TypeError):  # no source to read (a builtin)
         return False
     found = vars(inspect.getmodule(obj) or object())
-    for word in dict.fromkeys(re.findall(r"[A-Za-z_]\w*", source)):
-        value = found.get(word)
+    # a name, or a module's attribute (`kernels._fwd[grid](...)` of `import ... as kernels`)
+    for word in dict.fromkeys(re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", source)):
+        head, *attributes = word.split(".")
+        value = found.get(head)
+        for name in attributes:
+            if not inspect.ismodule(value) or is_library_file(getattr(value, "__file__", "")
+                                                              or ""):
+                break
+            value = getattr(value, name, None)
         if value is None or value is obj:
             continue
         if type(value).__module__.split(".")[0] == "triton":
