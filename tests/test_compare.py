@@ -514,6 +514,22 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
     assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]
 
 
+def test_history_follows_the_users_commits_for_their_code_and_ours_for_cs336syss():
+    """An invocation that ran the user's code records their commit on every row, cs336sys's
+    naive beside yours-torch too: naive followed the user's commits (a README edit read as
+    a step of naive), and a change of cs336sys's own merged into one commit."""
+    from cs336sys.report.history import commit_of
+
+    def row(impl, **s):
+        return {"git_commit": "ours1", "git_dirty": 0, "user_commit": "theirs1",
+                "user_dirty": 1, "_settings": {"impl": impl, **s}}
+
+    assert commit_of(row("yours-torch")) == ("theirs1", True)
+    assert commit_of(row("naive")) == ("ours1", False)
+    assert commit_of(row(None, size="tiny", model="cs336_basics")) == ("theirs1", True)
+    assert commit_of(row("naive", attention="yours-triton")) == ("theirs1", True)
+
+
 def test_a_point_failed_in_b_shows_as_median_what_the_table_calls_median():
     """`error in B` rows showed A as the median of its runs' means (step_ms_mean: 40.2 where
     the samples' median was 23.1), under a heading of medians."""

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, MEASURE, WRITTEN, Problem, Run
+from cs336sys.measure.provenance import measures_yours
 from cs336sys.report.sections import stopped
 from cs336sys.report.select import of_handout
-from cs336sys.yours import is_yours
 
 _ORDER = ("ok", "wrong", "oom", "error", "skipped")
 # An implementation problem with nothing to run it by (2025's naive_ddp is a script).
@@ -89,7 +89,7 @@ class Status:
             if any(not any(m.values()) for m in missed):
                 missing: dict[str, list[str]] = {}
             else:  # what is missing of the code the stored runs measured
-                missing = missed[-1 if any(map(yours, settings)) else 0]
+                missing = missed[-1 if any(map(measures_yours, settings)) else 0]
             shown = ", ".join(f"{k}={','.join(v)}" for k, v in missing.items() if v)
             if settings and shown:
                 named += f" ({shown})"
@@ -156,14 +156,6 @@ def _when(created: str | None) -> str:
     return f"{created[:16]} UTC" if created else ""
 
 
-def yours(settings: dict) -> bool:
-    """Whether a run measured the user's code: an implementation of theirs (`yours...`) or
-    their model (`--model`)."""
-    if settings.get("model"):
-        return True
-    return any(isinstance(v, str) and is_yours(v) for v in settings.values())
-
-
 def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
              release: str | None = None) -> list[Status]:
     """Each problem's Status from the runs of the invocations labelled with its name, of the
@@ -185,7 +177,7 @@ def statuses(conn: sqlite3.Connection | None, problems: list[Problem],
             continue
         s = out[label]
         s.stored.append((experiment, json.loads(settings or "{}")))
-        theirs = yours(s.stored[-1][1])
+        theirs = measures_yours(s.stored[-1][1])
         latest[label][experiment, gpu, point or settings] = status, theirs
         s.statuses = Counter(st for st, _ in latest[label].values())
         s.theirs = Counter(st for st, mine in latest[label].values() if mine)

@@ -18,7 +18,8 @@ from typing import Any
 from cs336sys.handout import problems as every_problem
 from cs336sys.handout.pivot import tables
 from cs336sys.handout.problem import COMPUTE, CPU_NOTE, IMPLEMENT, MEASURE, WRITTEN, Problem
-from cs336sys.handout.status import UNTESTED, Status, in_words, unlabelled, yours
+from cs336sys.handout.status import UNTESTED, Status, in_words, unlabelled
+from cs336sys.measure.provenance import measures_yours
 from cs336sys.models.config import HANDOUTS
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
@@ -223,8 +224,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
     left = Status(problem, stored=stored).left()
     if left:
         # an implementation's check runs under --yours alone (`handout run` refuses it else)
-        theirs = " --yours" if problem.kind == IMPLEMENT or any(yours(s) for _, s in stored) \
-            else ""
+        theirs = " --yours" if problem.kind == IMPLEMENT or any(
+            measures_yours(s) for _, s in stored) else ""
         verb = {COMPUTE: ("computed", "computes"), IMPLEMENT: ("checked", "checks")}.get(
             problem.kind, ("measured", "measures"))
         sec.notes.append(f"Not yet {verb[0]}: {', '.join(left)} (`cs336sys handout run {again}"

@@ -68,6 +68,22 @@ def measurement_env(environ: dict[str, str] | None = None) -> str | None:
     return json.dumps(dict(sorted(kept.items()))) if kept else None
 
 
+PREFIX = "yours"  # the user's implementations: yours, yours-torch, yours-v1=pkg.mod:Fn
+
+
+def is_yours(name: str | None) -> bool:
+    """Whether an implementation name is the user's (yours, yours-...)."""
+    return bool(name) and (name == PREFIX or name.startswith(PREFIX + "-"))  # type: ignore[union-attr]
+
+
+def measures_yours(settings: dict) -> bool:
+    """Whether a run of these settings measured the user's code: an implementation of
+    theirs (`yours...`) or their model (`--model`)."""
+    if settings.get("model"):
+        return True
+    return any(isinstance(v, str) and is_yours(v) for v in settings.values())
+
+
 def user_code(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Where the user's code being measured comes from (cs336sys.yours puts it in the
     environment, for this process and the ranks it starts): the repository (the folder of

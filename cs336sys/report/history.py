@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys.measure.provenance import measures_yours
 from cs336sys.measure.significance import ALPHA, THRESHOLD
 from cs336sys.report.change import (
     Change,
@@ -195,7 +196,9 @@ def _step_row(t: Track, i: int, c: Change, metric: bool = False) -> list[str]:
 def commit_of(r: Row) -> tuple[str, bool] | None:
     """(commit, dirty) of the code a run measured: the user's, when it measured theirs,
     else cs336sys's; None without git."""
-    if r.get("user_commit"):
+    # the user's commit is recorded on every row of an invocation that ran their code,
+    # cs336sys's baselines beside it (naive by yours-torch) too: those follow ours
+    if r.get("user_commit") and measures_yours(r.get("_settings") or {}):
         return r["user_commit"], bool(r.get("user_dirty"))
     if r.get("git_commit"):
         return r["git_commit"], bool(r.get("git_dirty"))

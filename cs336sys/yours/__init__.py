@@ -32,13 +32,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from cs336sys.measure.environ import kept as environ_kept
+from cs336sys.measure.provenance import PREFIX, is_yours
 from cs336sys.yours.adapters import ENTRIES, ENV, Adapters, AdaptersError, Entry, entries, find
 
 __all__ = ["ENTRIES", "ENV", "Adapters", "AdaptersError", "Entry", "active", "engage",
            "engaged", "forget", "is_yours", "kept", "names", "register", "target", "use", "user_names"]
 
 TARGETS_ENV = "CS336SYS_YOURS"  # {kind: {name: target}} of the one-off targets, as JSON
-PREFIX = "yours"
 
 _UNSET = object()
 _adapters: object = _UNSET  # Adapters | None once decided
@@ -163,6 +163,3 @@ def user_names(values: Iterable[str], kind: str, option: str) -> list[str]:
     return out
 
 
-def is_yours(name: str | None) -> bool:
-    """Whether an implementation name is the user's (yours, yours-...)."""
-    return bool(name) and (name == PREFIX or name.startswith(PREFIX + "-"))  # type: ignore[union-attr]
