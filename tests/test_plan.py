@@ -600,9 +600,9 @@ def test_the_xxl_on_one_h100_says_how_many_h100s_worth_it_is(db_path):
 
 
 def test_fsdp_tp_closed_forms_say_which_assumption_each_n_max_takes():
-    """The whole model's N max (its two axes sharing the links) sat beside the FFN's
-    (overlapped) under bare headers: 108 against 484 read as model against FFN, where most
-    of it is the assumption. Each fsdp-tp cell says its own, the FFN's shared bound too."""
+    """Each fsdp-tp cell says the assumption its N max takes, the FFN's shared-links bound
+    beside it. The whole model's overlaps its axes as the FFN's does (the product of the
+    two degrees' bounds), and was still labelled "(shared links)" once it did."""
     from cs336sys.experiments.plan_section import inequalities
 
     row = {"status": "ok", "inequality": "...", "n_max": 108.4, "n_max_ffn": 484,
@@ -610,7 +610,7 @@ def test_fsdp_tp_closed_forms_say_which_assumption_each_n_max_takes():
                "strategy": "fsdp-tp", "device_name": "H100", "size": "xl",
                "batch_tokens": 131072, "d_model": 2560, "num_layers": 32}}
     (cells,) = inequalities([row]).rows
-    assert cells[-2:] == ["108 (shared links)", "484 (overlapped; 140 shared links)"]
+    assert cells[-2:] == ["108 (overlapped)", "484 (overlapped; 140 shared links)"]
     fsdp = {**row, "_settings": {**row["_settings"], "strategy": "fsdp"}}
     assert inequalities([fsdp]).rows[0][-2:] == ["108", "484"]
 
