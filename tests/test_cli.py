@@ -769,7 +769,9 @@ def test_a_one_off_target_that_is_no_class_or_function_is_refused(db_path, args)
     assert not db_path.exists()
 
 
-@pytest.mark.parametrize("variable", ["CS336SYS_TRITON_TMA", "CS336SYS_FLASH_TORCH_COMPILE"])
+@pytest.mark.parametrize("variable", ["CS336SYS_TRITON_TMA", "CS336SYS_FLASH_TORCH_COMPILE",
+                                      "CS336SYS_TRITON_AUTOTUNE",
+                                      "CS336SYS_TRITON_DIRECT_LAUNCH"])
 def test_a_switch_in_the_environment_that_is_no_0_or_1_is_refused(db_path, monkeypatch,
                                                                    variable):
     """CS336SYS_TRITON_TMA=yes read as on, without a word; CS336SYS_FLASH_TORCH_COMPILE=yes

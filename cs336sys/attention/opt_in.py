@@ -56,13 +56,16 @@ VARIABLES = ("CS336SYS_TRITON_TMA", "CS336SYS_TRITON_HEAVY_FIRST", "CS336SYS_TRI
 
 # flash_torch.py's: 0 runs its backward eager, 1 compiled; unset, compiled where it can
 FLASH_TORCH_COMPILE = "CS336SYS_FLASH_TORCH_COMPILE"
+# The launch's switches, 0 turning each off (flash_triton_tuning.py, flash_triton.py)
+LAUNCH_VARIABLES = ("CS336SYS_TRITON_AUTOTUNE", "CS336SYS_TRITON_DIRECT_LAUNCH")
 
 
 def bad_variable() -> str | None:
     """Why a switch of these in the environment cannot be read, in one line, or None: each
-    is 0 or 1 (or unset). `CS336SYS_TRITON_TMA=yes` read as on and `..._COMPILE=yes` failed
-    every flash-torch point; every measuring command refuses them before it starts."""
-    for name in (*VARIABLES, FLASH_TORCH_COMPILE):
+    is 0 or 1 (or unset). `CS336SYS_TRITON_TMA=yes` read as on, `..._COMPILE=yes` failed
+    every flash-torch point, and `..._AUTOTUNE=false` left autotuning on; every measuring
+    command refuses them before it starts."""
+    for name in (*VARIABLES, FLASH_TORCH_COMPILE, *LAUNCH_VARIABLES):
         value = os.environ.get(name, "")
         if value not in ("", "0", "1"):
             return f"{name} must be 0 or 1 (or unset), got {value!r}"
