@@ -903,3 +903,12 @@ def test_a_wrong_point_leaves_the_columns_it_never_measured_empty():
     assert status_or({"status": "wrong"}, "") == ""
     assert status_or({"status": "wrong"}, "1.5") == f"1.5 {WRONG}"
     assert status_or({"status": "oom"}, "") == "OOM"
+
+
+def test_mib_cells_keep_a_small_figure_readable():
+    """flash_benchmarking's `mem before bwd MiB` read 0.0 for your kernel's 33 KB beside
+    naive's 0.1: under 0.1 MiB a cell keeps two significant figures."""
+    from cs336sys.report.sections import mib
+
+    assert [mib(b) for b in (None, 0, 33_000, 2**20 // 10, 2**20, 2**30)] == [
+        "", "0.0", "0.031", "0.1", "1.0", "1,024.0"]

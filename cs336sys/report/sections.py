@@ -309,7 +309,12 @@ def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
 
 
 def mib(x: Any) -> str:
-    return "" if x is None else f"{x / 2**20:,.1f}"
+    """MiB to one decimal; under 0.1, two significant figures (a point's 33 KB read `0.0`
+    beside another's `0.1`, and the comparison asked for could not be read)."""
+    if x is None:
+        return ""
+    v = x / 2**20
+    return f"{v:,.1f}" if v == 0 or abs(v) >= 0.095 else f"{v:.2g}"
 
 
 def pct(x: Any) -> str:
