@@ -235,6 +235,33 @@ def test_resume_measures_again_after_an_edit_without_a_commit_to_compare(tmp_pat
     assert f"{repo}, not committed, adapters adapters.py" in header, header[:2000]
 
 
+def test_a_mask_on_whole_tiles_is_named_and_its_consistent_l_not_blamed():
+    """A Triton kernel that walks the key tiles up to the diagonal and never masks inside
+    the diagonal one failed with figures alone, and its L, right for the mask it used, was
+    said not to be m + log l (as if L's formula were wrong). The mask is named, L is not;
+    an L wrong besides still is."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from cs336sys.attention.diagnosis import checked
+    from cs336sys.attention.reference import attention_reference, logsumexp_reference
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 64, 16, generator=gen) for _ in range(3))
+    o, _ = attention_reference(q, k, v, True, tile=32)  # what the kernel computes
+    lse = logsumexp_reference(q, k, True, tile=32).float()
+    spec = SimpleNamespace(impl="yours-triton", causal=True, precision="fp32", check_round=True)
+    verdict = checked(spec, o, q, k, v, None, {}, [lse])
+    assert not verdict.passed
+    assert verdict.why.startswith("wrong: it computes causal attention masked by whole tiles "
+                                  "of 32 keys: the tile on the diagonal is not masked inside"
+                                  ), verdict.why
+    assert "m + log l" not in verdict.why
+    verdict = checked(spec, o, q, k, v, None, {}, [lse + 1.0])
+    assert "L, the logsumexp its forward saves for backward, is not m + log l" in verdict.why
+
+
 def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
     repo = course_repo(tmp_path)
     edit(repo, FLASH, "scale = 1.0 / math.sqrt(d)", "scale = 1.0")  # forgets 1/sqrt(d)

@@ -77,17 +77,26 @@ class Alternative:
     causal: bool
     scale: float | None  # None: 1/√d
     diagonal: int = 0  # causal: query i sees keys j <= i + diagonal
+    tile: int = 0  # causal: query i sees the keys of its own `tile`-key tile and before
 
 
-def alternatives(causal: bool, d: int) -> list[Alternative]:
-    """The likely mistakes for a point with this mask and head dim, most likely first."""
+# The tile sizes a kernel that masks whole tiles is tried at (its query and key tiles alike)
+TILES = (16, 32, 64, 128)
+
+
+def alternatives(causal: bool, d: int, n: int = 0) -> list[Alternative]:
+    """The likely mistakes for a point with this mask, head dim and sequence length `n`,
+    most likely first."""
     flipped = (Alternative("non-causal attention: the causal mask is missing (is_causal "
                            "ignored)", False, None) if causal else
                Alternative("causal attention: a causal mask that was not asked for", True, None))
     late = ([Alternative("causal attention with the mask one key late: each query also sees "
                          "the next key (j <= i + 1)", True, None, 1),
              Alternative("causal attention with the mask one key early: each query misses "
-                         "its own key (j < i; the first query sees none)", True, None, -1)]
+                         "its own key (j < i; the first query sees none)", True, None, -1),
+             *(Alternative(f"causal attention masked by whole tiles of {t} keys: the tile on "
+                           "the diagonal is not masked inside (each query also sees the later "
+                           "keys of its own tile)", True, None, 0, t) for t in TILES if t < n)]
             if causal else [])
     return [flipped,
             Alternative("attention without the 1/√d scale", causal, 1.0),
@@ -103,9 +112,9 @@ def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, c
 
     from cs336sys.attention.reference import attention_reference
 
-    for alt in alternatives(causal, q.shape[-1]):
+    for alt in alternatives(causal, q.shape[-1], k.shape[-2]):
         o, grads = attention_reference(q, k, v, alt.causal, do=dout, dtype=torch.float64,
-                                       scale=alt.scale, diagonal=alt.diagonal)
+                                       scale=alt.scale, diagonal=alt.diagonal, tile=alt.tile)
         # a mask early leaves the first queries no key: their rows are whatever the kernel
         # made of nothing (NaN, or the mean of V under a -1e6 fill), compared from the next
         seen = slice(max(0, -alt.diagonal), None)
@@ -285,10 +294,12 @@ def forward_logsumexps(spec: Any, out: Any, fn: Any, q: Any, k: Any, v: Any
 
 
 def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
-                tolerance: tuple[float, float]) -> Verdict:
+                tolerance: tuple[float, float], computed: Alternative | None = None) -> Verdict:
     """The verdict of the L a FlashAttention forward saved (`saved_logsumexps`): one tensor,
     the natural-log logsumexp of the scaled scores (either mask's for an implementation that
-    may ignore is_causal), or what it is instead, in words."""
+    may ignore is_causal), or what it is instead, in words. An L that is the logsumexp of
+    what its O was found to compute instead (`computed`: another mask, another scale) is
+    that O's mistake, said already: not one of L's ("L is not m + log l" read as L's own)."""
     import math
 
     from cs336sys.attention.reference import logsumexp_reference
@@ -317,6 +328,12 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
     for words, alt in instead:
         if check({"L": got}, {"L": alt}, *tolerance).passed:
             return Verdict(False, why=f"wrong: L, the logsumexp its forward saves, is {words}")
+    if computed is not None:
+        alt = logsumexp_reference(q, k, computed.causal, scale=computed.scale,
+                                  diagonal=computed.diagonal, tile=computed.tile)
+        seen = slice(max(0, -computed.diagonal), None)  # (a query that sees no key: -inf)
+        if check({"L": got[..., seen]}, {"L": alt[..., seen]}, *tolerance).passed:
+            return Verdict(True)
     off = _reason(check({"L": got}, {"L": ref}, *tolerance).why)
     return Verdict(False, why=f"wrong: L, the logsumexp its forward saves for backward, is not "
                    f"m + log l of the scaled scores: {off}")
@@ -421,6 +438,7 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
                           ref_grads)
     tolerance = CHECK_TOLERANCE[spec.precision]
     verdict = check(got, want, *tolerance)
+    instead: Alternative | None = None  # what a failing O computes instead, where found
     if not verdict.passed and dout is not None and check({"O": out}, {"O": ref_o},
                                                          *tolerance).passed:
         verdict = backward_diagnosed(spec.causal, got, q, k, v, dout, want, verdict, tolerance)
@@ -428,6 +446,7 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
         found = diagnose(got, q, k, v, dout, spec.causal, tolerance)
         verdict, computed = judged(spec.impl, spec.causal, verdict, found)
         metrics.update(computed)
+        instead = found[0] if found is not None and not verdict.passed else None
     causal_l = spec.causal
     if not verdict.passed and spec.causal and spec.impl in MAY_IGNORE_CAUSAL and fn is not None:
         verdict, computed, rerun_l = as_the_course_checks(fn, q, k, v, dout, verdict, tolerance)
@@ -435,7 +454,8 @@ def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
         if verdict.passed and lse is not None:  # the course checks the L of that run
             lse, causal_l = rerun_l or [], False
     if lse is not None and spec.impl in SAVES_L:
-        verdict = _also(verdict, lse_checked(spec.impl, causal_l, lse, q, k, tolerance))
+        verdict = _also(verdict, lse_checked(spec.impl, causal_l, lse, q, k, tolerance,
+                                             instead))
     if spec.impl in SAVES_L and spec.precision == "fp32":
         one = lse if lse and len(lse) == 1 and lse[0] is not None else []
         verdict = _also(verdict, dtypes_checked(out, one, q))

@@ -62,12 +62,15 @@ def attention_reference(
     scale: float | None = None,
     diagonal: int = 0,
     backward_unmasked: bool = False,
+    tile: int = 0,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """O in `dtype` (float32, or float64 for the benchmark's check), and (dQ, dK, dV) when
     the upstream gradient `do` is given. `scale` multiplies the scores (1/√d unless given:
     another one is what a wrong kernel computes, attention/diagnosis.py), and with
     `is_causal` query i sees keys j <= i + `diagonal` (0; 1: the off-by-one mask of a wrong
-    kernel). `backward_unmasked`: the gradients of a wrong backward that recomputes
+    kernel; with `tile`, query i sees every key of its own `tile`-key tile and those before:
+    a kernel that masks whole tiles and not inside the diagonal one). `backward_unmasked`:
+    the gradients of a wrong backward that recomputes
     P = exp(S − L) over every key with the causal forward's L (is_causal not kept for it).
 
     The benchmark's per-point correctness check. It walks over chunks of queries so that at
@@ -83,7 +86,8 @@ def attention_reference(
     o = torch.empty_like(q32)
     if do32 is not None:
         dq, dk, dv = torch.empty_like(q32), torch.zeros_like(k32), torch.zeros_like(v32)
-    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements, diagonal):
+    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements, diagonal,
+                                       tile):
         q_c = q32[..., start:end, :]  # (..., c, D)
         p = torch.softmax(s, dim=-1)  # (..., c, Tk)
         o_c = p @ v32  # (..., c, D)
@@ -103,23 +107,25 @@ def attention_reference(
 
 def logsumexp_reference(q: torch.Tensor, k: torch.Tensor, is_causal: bool = False,
                         max_elements: int = 2**26, dtype: torch.dtype = torch.float64,
-                        scale: float | None = None) -> torch.Tensor:
+                        scale: float | None = None, diagonal: int = 0,
+                        tile: int = 0) -> torch.Tensor:
     """L = logsumexp over the keys of the scaled (and masked) scores, (..., T_q): what a
     FlashAttention forward saves for its backward (Dao 2023, Alg. 1, L_i = m_i + log l_i),
-    natural log; chunked as attention_reference."""
+    natural log; chunked and masked as attention_reference."""
     q32, k32 = (t.detach().to(dtype) for t in (q, k))
     scale = 1.0 / math.sqrt(q32.shape[-1]) if scale is None else scale
     lse = torch.empty(q32.shape[:-1], dtype=dtype, device=q32.device)  # (..., T_q)
-    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements):
+    for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements, diagonal,
+                                       tile):
         lse[..., start:end] = torch.logsumexp(s, dim=-1)
     return lse
 
 
 def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
-                  max_elements: int, diagonal: int = 0):
+                  max_elements: int, diagonal: int = 0, tile: int = 0):
     """(start, end, scores of queries start..end) with at most `max_elements` scores at
     once, the causal mask top-left aligned, like naive_attention and SDPA (query i sees keys
-    j <= i + `diagonal`)."""
+    j <= i + `diagonal`; with `tile`, keys j with j // tile <= i // tile)."""
     n_queries, d = q.shape[-2:]
     n_keys = k.shape[-2]
     rows = max(1, q.numel() // (n_queries * d))  # batch (x heads)
@@ -130,5 +136,6 @@ def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: floa
         if is_causal:
             i = torch.arange(start, end, device=q.device)[:, None]
             j = torch.arange(n_keys, device=q.device)[None, :]
-            s = s.masked_fill(j > i + diagonal, float("-inf"))
+            hidden = (j // tile > i // tile) if tile else (j > i + diagonal)
+            s = s.masked_fill(hidden, float("-inf"))
         yield start, end, s
