@@ -154,6 +154,30 @@ def test_a_column_the_user_added_to_either_store_does_not_stop_a_merge(tmp_path)
     assert invoke("db", "merge", there, "--db", here).exit_code == 0  # again: nothing added
 
 
+def test_the_copy_a_killed_merge_left_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A merge copies OTHER to a temporary folder; killed by SIGKILL it left the copy (43 MB
+    a time) in /tmp. The next merge removes the folders of merges whose process is gone,
+    and leaves none of its own."""
+    import os
+    import subprocess
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = tmp_path / "tmp" / f"cs336sys-merge-{gone.pid}-abc"
+    alive = tmp_path / "tmp" / f"cs336sys-merge-{os.getppid()}-def"
+    for folder in (orphan, alive):
+        folder.mkdir()
+        (folder / "other.db").write_bytes(b"x" * 1000)
+    here, there = tmp_path / "here.db", tmp_path / "there.db"
+    fill(there, "B")
+    result = invoke("db", "merge", there, "--db", here)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [alive.name]
+
+
 def test_two_machines_merge_to_the_union(tmp_path, db_path):
     a, c = tmp_path / "a.db", tmp_path / "c.db"
     fill(a, "A")

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+
+from cs336sys.measure.scratch import folder
 
 _TAIL_BYTES = 8192  # what is kept of each rank's stderr for its failure
 _PREFIX = "cs336sys-ranks-"  # then the launching process's id: whose folder it is
@@ -33,8 +34,7 @@ class RankStderr:
     `close` copies the rest and removes the folder."""
 
     def __init__(self, world_size: int):
-        _remove_orphans()
-        self.folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-")
+        self.folder = folder(_PREFIX)  # (and the folders of commands killed before)
         self.paths = [os.path.join(self.folder, f"rank{r}.stderr") for r in range(world_size)]
         for path in self.paths:
             open(path, "wb").close()
@@ -93,23 +93,3 @@ def _crash_site(lines: list[str]) -> str:
         frames.append(x.strip())
     theirs = [f for f in frames if not any(mark in f for mark in _NOT_THEIRS)]
     return f" ({(theirs or frames)[0]})" if frames else ""
-
-
-def _remove_orphans() -> None:
-    """Remove the folders of launching processes that are gone: one killed by SIGKILL (the
-    OOM killer's) never reached `close`, and its folder stayed in the temporary directory."""
-    root = tempfile.gettempdir()
-    try:
-        names = [n for n in os.listdir(root) if n.startswith(_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        pid = name[len(_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue  # (an older release's folder names no process: left alone)
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        except OSError:  # another user's process, alive
-            pass

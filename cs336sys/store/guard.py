@@ -9,6 +9,7 @@ import os
 import sqlite3
 from pathlib import Path
 
+from cs336sys.measure.scratch import scratch
 from cs336sys.store import schema
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -218,9 +219,8 @@ def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
     memory; None when a writer opened the store meanwhile (its `-shm` is back: read the
     live file instead)."""
     import shutil
-    import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="cs336sys-read-") as tmp:
+    with scratch("cs336sys-read-") as tmp:
         # named as its WAL is (the file a link names): SQLite looks for it beside that name
         copy = Path(tmp) / wal.name.removesuffix("-wal")
         shutil.copyfile(path, copy)

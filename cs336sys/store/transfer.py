@@ -20,12 +20,12 @@ import csv
 import json
 import os
 import sqlite3
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from cs336sys.measure.scratch import scratch
 from cs336sys.store import schema
 from cs336sys.store.db import (
     _PROVENANCE_COLUMNS,
@@ -265,7 +265,7 @@ def merge(this: str | Path, other: str | Path, experiments: Sequence[Any] | None
     reports a stop then reports the merge (the CLI's last line after a Ctrl-C).
     """
     other = check_other(other, this)
-    with tempfile.TemporaryDirectory(prefix="cs336sys-merge-") as tmp:
+    with scratch("cs336sys-merge-") as tmp:  # a killed merge's copy goes at the next
         copy = Path(tmp) / "other.db"
         found = snapshot(other, copy)
 
