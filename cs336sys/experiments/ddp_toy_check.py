@@ -116,6 +116,39 @@ def _trained(impl: str, bucket_mb: float | None, toy: Any, rank: int, world: int
     return None
 
 
+LATE_S = 0.3  # how much later rank 1 starts its backward in the probe below
+
+
+def _returns_early(impl: str, bucket_mb: float | None, rank: int, device: Any) -> bool:
+    """Whether the user's finish_gradient_synchronization returns before its all-reduces
+    have ended (a handle never waited for), on every rank: one step of the toy model with
+    rank 1 starting its backward LATE_S after rank 0, so that rank 0's all-reduces cannot
+    have ended when its finish returns unless it waits; rank 0's gradients are read then,
+    and again after a barrier, which waits for every collective launched before it (Gloo's
+    for the work before it, NCCL's on its stream). In the training itself the race is
+    often won, and the toy's result alone read as weights never broadcast."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    toy = next(iter(_toy_models().values()))
+    torch.manual_seed(0)
+    wrapper, finish, start = ddp_yours.replica(impl, toy().to(device), bucket_mb)
+    opt = torch.optim.SGD(wrapper.parameters(), lr=LR)
+    if start is not None:
+        start(opt)
+    x = torch.randn(4, 10).to(device)
+    if rank == 1:
+        time.sleep(LATE_S)
+    wrapper(x).square().mean().backward()
+    finish(opt)
+    grads = [(p, p.grad.detach().clone()) for p in wrapper.parameters() if p.grad is not None]
+    dist.barrier()
+    changed = any(not torch.equal(p.grad, g) for p, g in grads if p.grad is not None)
+    return any(gather(changed))
+
+
 def _course_contract(wrapper: Any) -> str | None:
     """What of the course's test's reading of a DDP wrapper this one lacks, in words: it
     reads the wrapped model as `ddp_model.module` (validate_ddp_net_equivalence, tests/
@@ -196,4 +229,6 @@ def checked(impl: str, bucket_mb: float | None, rank: int, world: int, device: A
                       key=lambda f: "after wrapping" not in f)
     if not failures:
         return Verdict(True, {})
+    if ddp_yours.kind_of(impl) == "ddp" and _returns_early(impl, bucket_mb, rank, device):
+        failures[0] = f"{ddp_yours.UNWAITED}; {failures[0]}"  # what the rest follows from
     return Verdict(False, {"check": "fail", "check_detail": failures[0]}, f"wrong: {failures[0]}")

@@ -171,12 +171,22 @@ def bucket_count(module: Any) -> int | None:
         return None
 
 
+# what the course's DDP test, run on the toy models, saw of a DDP that waits for nothing
+UNWAITED = ("its finish_gradient_synchronization returned while its all-reduces were still "
+            "running (the gradients changed after it returned: a handle not waited for?)")
+
+
 def with_causes(checked: Any, changed: str | None, shard_optimizer: str, setup: Any) -> Any:
     """A failed check of the user's code with the likely causes found after it: what their
     FSDP's gather changed (`changed`, fsdp_course_check.gather_changes), and the parameters
-    their sharded optimizer's zero_grad() leaves a gradient on (`zero_grad_leaves`)."""
+    their sharded optimizer's zero_grad() leaves a gradient on (`zero_grad_leaves`). An
+    all-reduce not waited for, which explains every other difference, is said first (its
+    gradients read as never broadcast weights)."""
     if checked is None or checked.passed:
         return checked
+    if UNWAITED in (checked.why or ""):
+        rest = checked.why.removeprefix("wrong: ").replace(f"; {UNWAITED}", "")
+        checked = Verdict(False, checked.metrics, f"wrong: {UNWAITED}; {rest}")
     left = zero_grad_leaves(setup.optimizer, setup.module) \
         if yours.is_yours(shard_optimizer) else None
     for cause in (changed, left):

@@ -57,6 +57,14 @@ class FinishNotWritten(AverageInHooks):
         raise NotImplementedError
 
 
+class NeverWaits(AverageInHooks):
+    """Wrong: its all-reduces launched in the hooks and never waited for; the optimizer may
+    step on gradients they have not reached yet (which the course's test fails)."""
+
+    def finish_gradient_synchronization(self):
+        self.handles.clear()
+
+
 class AverageAfter(_Hooked):
     """Right: summed (async) in the hooks, divided once all have arrived."""
 
