@@ -525,7 +525,8 @@ def test_a_padded_last_chunk_is_compared_without_its_padding():
 
 def test_an_fsdp_that_ignores_its_compute_dtype_passes_and_its_point_says_fp32():
     """An FSDP that never casts to compute_dtype passes the course's test_fsdp.py (its 16-bit
-    tolerance holds fp32 too); its bf16 point timed fp32 and was labelled bf16."""
+    tolerance holds fp32 too); its bf16 point timed fp32 and was labelled bf16. One that
+    computes in bf16 where fp16 is asked fails that test, and here too."""
     import torch
     import torch.distributed as dist
 
@@ -538,7 +539,7 @@ def test_an_fsdp_that_ignores_its_compute_dtype_passes_and_its_point_says_fp32()
             self.module = torch.nn.Sequential(torch.nn.Embedding(5, 2), torch.nn.Linear(2, 2),
                                               torch.nn.LayerNorm(2))
 
-    def first_step(low):
+    def first_step(low, precision="bf16"):
         wrapper = Wrapper()
         record = fsdp_course_check.Record(wrapper)
         with torch.autocast("cpu", dtype=low or torch.bfloat16, enabled=low is not None):
@@ -548,13 +549,14 @@ def test_an_fsdp_that_ignores_its_compute_dtype_passes_and_its_point_says_fp32()
         wrapper.module(torch.tensor([[1, 2]]))  # a timed step: the hooks are gone
         full = {n: p.detach().clone() for n, p in wrapper.module.named_parameters()}
         whole = {n: p.detach().clone() for n, p in wrapper.module.named_parameters()}
-        return record, fsdp_course_check.verdict(record, full, "cpu", "bf16", whole)
+        return record, fsdp_course_check.verdict(record, full, "cpu", precision, whole)
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port('127.0.0.1')}",
                             rank=0, world_size=1)
     try:
         record, ignored = first_step(None)
         _, cast = first_step(torch.bfloat16)
+        _, other = first_step(torch.bfloat16, "fp16")
     finally:
         dist.destroy_process_group()
     assert record.outputs == {"float32"} and not record._hooks
@@ -562,6 +564,8 @@ def test_an_fsdp_that_ignores_its_compute_dtype_passes_and_its_point_says_fp32()
     assert "your FSDP ignores compute_dtype" in ignored.metrics["check_detail"]
     # under autocast the Linear computes in bf16 (the Embedding does not): no note
     assert cast.passed and cast.metrics == {"forward_dtype": "bf16/fp32"}
+    # bf16 where fp16 was asked: the course's fp16 test fails it (it passed here, said nowhere)
+    assert not other.passed and "computed in bfloat16 at a compute_dtype of float16" in other.why
     assert ddp_section.precision({"precision": "bf16", "forward_dtype": "fp32"}) == "bf16 (ran fp32)"
     assert ddp_section.precision({"precision": "bf16", "forward_dtype": "bf16/fp32"}) == "bf16"
     assert ddp_section.precision({"precision": "fp32", "forward_dtype": "fp32"}) == "fp32"
