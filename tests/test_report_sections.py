@@ -537,6 +537,12 @@ def test_the_ddp_table_shows_the_backward_its_note_points_to():
                                                      "bwd_ms_std": 2.0}])
     assert "bwd ms" not in without.headers and "bwd ms" in timed.headers
     assert timed.rows[0][timed.headers.index("bwd ms")] == "60 ± 2"
+    # the user's DDP: what its comm ms holds is said where it is a row, and only there
+    assert "of your code" not in timed.note
+    theirs = {**row, "impl": "yours", "_settings": {**s, "impl": "yours"}}
+    (mixed,) = point_tables((ddp_section.TABLE,), [row, theirs])
+    assert "comm ms of your code (yours...): the time in its finish_gradient_synchronization " \
+        "alone" in mixed.note
 
 
 def test_ddp_draws_each_step_split_into_waiting_on_communication_and_the_rest():

@@ -254,8 +254,11 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
     named = {*keys, *qualifiers, *([p.across] if p.across else []), *p.where}
     constant = ", ".join(c for c in (_constant(list(shows), named, rows),
                                      _by_group(p, grouped, rows)) if c)
-    note = " ".join(n for n in (p.note, *(c.note for c in values), *(f.note for f in flagged))
-                    if n)
+    # a value column's sentences for a word in the table (`yours` of the user's rows) too
+    said = [sentence for c in values for word, sentence in c.notes_if
+            if any(word in str(x) for row in body for x in row)]
+    note = " ".join(n for n in (p.note, *(c.note for c in values), *said,
+                                *(f.note for f in flagged)) if n)
     return FilledTable(p.title, headers, body, note=note, constant=constant)
 
 

@@ -9,7 +9,7 @@ model on an H100 (data sheet); give C and W by hand with `plan --flops --bandwid
 
 from __future__ import annotations
 
-from cs336sys.experiments.ddp_section import memory_by_moment
+from cs336sys.experiments.ddp_section import YOURS_COMM, memory_by_moment
 from cs336sys.experiments.plan_section import all_reduces, inequalities, phases
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, AsReported, Pivot, Problem, Run
 from cs336sys.sweep.declaration import SUBCOMMANDS, Column, column_table
@@ -34,7 +34,8 @@ PEAK = Column("peak MiB", "peak_bytes", "mib")
 RESIDUAL = Pivot("Residual-stream activation tensor B·T·d, fp32 (MiB)", "memory", ("seq",),
                  (Column("residual MiB", "residual_bytes", "mib"),),
                  where={"precision": "fp32", "mode": "train"})
-DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std"),
+DDP_TIME = (STEP, Column("communication ms", "comm_ms", "mean_std", notes_if=(("yours", (
+                YOURS_COMM.format(ms="communication ms", share="communication share"))),)),
             Column("communication share", "comm_fraction", "pct"),
             Column("all-reduce ms", "allreduce_ms", "mean_std", optional=True,
                    note="all-reduce ms (cs336sys's DDPs): the time one of the gradients' "
