@@ -92,3 +92,17 @@ def test_a_bit_exact_match_names_its_worst_parameter():
     verdict = training_check({k: v.clone() for k, v in final.items()}, reference, "fp32")
     assert verdict.passed
     assert "worst 0 (w" in verdict.metrics["check_detail"], verdict.metrics["check_detail"]
+
+
+def test_a_gather_that_returned_the_shards_is_said_so():
+    """fsdp_gather_full_params() returning each rank's shard read `token_embeddings.weight
+    is (5000, 512)`, shapes alone: the model's shape and what the half most likely is are
+    said beside it."""
+    start, final = {"w": torch.zeros(8, 3), "b": torch.zeros(3)}, {"w": torch.ones(8, 3),
+                                                                   "b": torch.ones(3)}
+    reference = TrainingReference(start, final, {}, {}, 2, list(FALLING))
+    verdict = training_check({"w": torch.ones(4, 3), "b": torch.ones(2)}, reference, "fp32")
+    assert not verdict.passed
+    assert ("w is (4, 3), the model's (8, 3) (2x fewer elements: this rank's shard, not the "
+            "gathered weight?)") in verdict.why, verdict.why
+    assert "b is (2,), the model's (3,)" in verdict.why and "(1.5x" not in verdict.why

@@ -392,6 +392,16 @@ def _course_verdict(mine: Any, ref: Any, precision: str, tests: tuple[str, ...])
     return f"{largest}, which {', '.join(verdicts)}" if verdicts else largest
 
 
+def _misshapen(name: str, mine: Any, ref: Any) -> str:
+    """`w is (5000, 512), the model's (10000, 512) (2x fewer elements: ...)`: a full
+    parameter of another shape than the model's, and what a whole fraction of it most
+    likely is (a gather that returned each rank's shard read as bare shapes)."""
+    part = ref.numel() / max(1, mine.numel())
+    shard = (f" ({part:g}x fewer elements: this rank's shard, not the gathered weight?)"
+             if part > 1 and part.is_integer() else "")
+    return f"{name} is {tuple(mine.shape)}, the model's {tuple(ref.shape)}{shard}"
+
+
 def training_check(full: dict, reference: TrainingReference, precision: str,
                    grads: dict | None = None, values: dict | None = None,
                    spread: float | None = None, tests: tuple[str, ...] = ("test_fsdp.py",),
@@ -422,7 +432,7 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
     for name, ref in reference.final.items():
         mine = full.get(name)
         if mine is None or tuple(mine.shape) != tuple(ref.shape):
-            problems.append(f"{name} is {'missing' if mine is None else tuple(mine.shape)}")
+            problems.append(f"{name} is missing" if mine is None else _misshapen(name, mine, ref))
             continue
         mine = mine.detach().float().cpu()
         start = reference.initial[name].float()
