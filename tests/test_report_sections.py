@@ -918,3 +918,22 @@ def test_mib_cells_keep_a_small_figure_readable():
 
     assert [mib(b) for b in (None, 0, 33_000, 2**20 // 10, 2**20, 2**30)] == [
         "", "0.0", "0.031", "0.1", "1.0", "1,024.0"]
+
+
+def test_the_model_column_names_cs336syss_model_beside_yours_and_is_gone_without():
+    """The ddp tables never said the user's model ran (`Same in every row` named no model),
+    and beside it cs336sys's model read as a blank cell."""
+    from cs336sys.experiments import ddp_section
+    from cs336sys.report.tables import point_tables
+
+    def row(model):
+        s = {"impl": "naive", "world_size": 2, "size": "tiny", "model": model}
+        return {**s, "_settings": s, "status": "ok", "step_ms_mean": 100.0, "comm_ms_mean": 5.0}
+
+    (theirs,) = point_tables((ddp_section.TABLE,), [row("cs336_basics")])
+    assert theirs.rows[0][theirs.headers.index("model")] == "cs336_basics"
+    (both,) = point_tables((ddp_section.TABLE,), [row("cs336_basics"), row(None)])
+    at = both.headers.index("model")
+    assert sorted(r[at] for r in both.rows) == ["cs336_basics", "cs336sys's"]
+    (ours,) = point_tables((ddp_section.TABLE,), [row(None)])
+    assert "model" not in ours.headers

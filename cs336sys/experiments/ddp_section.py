@@ -25,7 +25,15 @@ from cs336sys.report.sections import (
     text,
     varying,
 )
-from cs336sys.sweep.declaration import HOST_BOUND, SIZE_COLUMN, Column, Ratio, Table, column_table
+from cs336sys.sweep.declaration import (
+    HOST_BOUND,
+    MODEL_COLUMN,
+    SIZE_COLUMN,
+    Column,
+    Ratio,
+    Table,
+    column_table,
+)
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -163,6 +171,7 @@ TABLE = Table(
         Column("impl", cell=label, setting=True, covers=("impl", "bucket_mb", "shard_optimizer"),
                notes_if=(("yours", YOURS_COMM.format(ms="comm ms", share="comm %")),)),
         SIZE_COLUMN,
+        MODEL_COLUMN,
         Column("ranks", "world_size", setting=True),
         Column("precision", cell=precision, setting=True, covers=("precision",)),
         *column_table("""

@@ -43,6 +43,7 @@ from cs336sys.models.config import checkpoint_group
 from cs336sys.models.saved import model_saved_bytes
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
+    MODEL_COLUMN,
     AroundPoint,
     Column,
     Experiment,
@@ -351,7 +352,7 @@ TABLE = Table(
     "Peak memory by context length and mode",
     (
         *setting_columns("size seq batch mode precision ckpt=checkpoint optimizer"),
-        Column("model", "model", setting=True, optional=True),
+        MODEL_COLUMN,
         Column("attention", "attention", setting=True),
         *column_table("""
             peak MiB                    peak_bytes          mib

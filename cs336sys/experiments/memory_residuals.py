@@ -24,6 +24,7 @@ from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.models.config import ModelConfig
 from cs336sys.models.saved import block_saved_bytes
 from cs336sys.sweep.declaration import (
+    MODEL_COLUMN,
     Column,
     Experiment,
     Metric,
@@ -299,7 +300,7 @@ TABLE = Table(
     (
         *setting_columns("size seq batch precision"),
         Column("compiled", "compile", "yes_no", setting=True),
-        Column("model", "model", setting=True, optional=True),
+        MODEL_COLUMN,
         *column_table("""
             saved MiB         saved_bytes         mib
             analytic MiB      analytic_bytes      mib

@@ -44,6 +44,7 @@ from cs336sys.sweep import points
 from cs336sys.sweep import rounds as in_rounds
 from cs336sys.sweep.declaration import (
     HOST_BOUND,
+    MODEL_COLUMN,
     Column,
     Experiment,
     Table,
@@ -332,7 +333,7 @@ TABLE = Table(
         *setting_columns("size seq batch mode precision warmup"),
         Column("compile", "compile", "yes_no", setting=True),
         Column("ckpt", "checkpoint", setting=True),
-        Column("model", "model", setting=True, optional=True),
+        MODEL_COLUMN,
         Column("attention", "attention", setting=True),
         Column("optimizer", "optimizer", setting=True),
         *column_table("""

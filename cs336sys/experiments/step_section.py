@@ -18,6 +18,7 @@ from cs336sys.report.plots import Bar, Bars
 from cs336sys.report.sections import Figure, Row, Section, left_out, skey, text, varying
 from cs336sys.report.tables import which
 from cs336sys.sweep.declaration import (
+    MODEL_COLUMN,
     SIZE_COLUMN,
     Column,
     Ratio,
@@ -125,7 +126,7 @@ TABLE = Table(
     "One training step, each optimisation switched on",
     (
         SIZE_COLUMN,
-        Column("model", "model", setting=True, optional=True),
+        MODEL_COLUMN,
         *setting_columns("layers=num_layers seq batch precision params=param_dtype ckpt=checkpoint "
                          "switches ranks=world_size ddp"),
         Column("step ms", "step_ms", "mean_std"),

@@ -31,6 +31,7 @@ from cs336sys.sweep.declaration import Column, model_size
 # How a setting's value reads as a column group or a row cell, where its bare value would not.
 _WORDS: dict[str, Callable[[Any], str]] = {
     "compile": lambda v: "compiled" if v else "eager",
+    "model": lambda v: v or "cs336sys's",  # unset: cs336sys's TransformerLM
     "warmup": lambda v: f"{v} warm-up",
     "world_size": lambda v: f"{v} processes",
     "seq": lambda v: f"seq {v}",
@@ -60,7 +61,7 @@ def _row_cell(key: str, row: Row) -> str:
         # ddp's table flags it; the writeup read `sharded (yours)` for an optimizer every
         # rank held whole (each stepping every parameter, which the course's test passes)
         return f"{_WORDS[key](value)}: NOT SHARDED"
-    if key in ("compile", "shard_optimizer"):
+    if key in ("compile", "shard_optimizer", "model"):
         return _WORDS[key](value)
     return text(value)
 

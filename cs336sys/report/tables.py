@@ -175,7 +175,10 @@ def _shown(column: Column, rows: list[Row]) -> bool:
     """An optional column where a row has a value for it; a ratio column where a row is its
     baseline: `vs naive` of a run without naive would be empty in every row, with its note
     saying what it is not."""
-    if column.optional and not any(value(column, r) is not None for r in rows):
+    # a setting's own value: the model column names cs336sys's model where it is unset
+    raw = (lambda r: (r.get("_settings") or {}).get(column.key, r.get(column.key))) \
+        if column.setting and column.key else (lambda r: value(column, r))
+    if column.optional and not any(raw(r) is not None for r in rows):
         return False
     return column.ratio is None or column.cell is not None or any(
         _is_baseline(column.ratio, r) for r in rows)

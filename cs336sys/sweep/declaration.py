@@ -164,6 +164,9 @@ def column_table(rows: str) -> tuple[Column, ...]:
 
 
 SIZE_COLUMN = Column("size", "size", cell=model_size, setting=True, covers=("d_model", "num_layers"))
+# Whose model ran (--model): shown where a row ran the user's, cs336sys's named beside it
+MODEL_COLUMN = Column("model", "model", cell=lambda r: r.get("model") or "cs336sys's",
+                      setting=True, optional=True)
 
 
 def setting_columns(names: str) -> tuple[Column, ...]:
