@@ -171,6 +171,7 @@ def test_the_copy_a_killed_merge_left_is_removed_by_the_next(tmp_path, monkeypat
     for folder in (orphan, alive):
         folder.mkdir()
         (folder / "other.db").write_bytes(b"x" * 1000)
+        (folder / ".cs336sys-lock").touch()  # as its maker left it, no longer locked
     here, there = tmp_path / "here.db", tmp_path / "there.db"
     fill(there, "B")
     result = invoke("db", "merge", there, "--db", here)
@@ -473,3 +474,33 @@ def test_merge_adds_the_kernel_stats_a_run_here_lacks(tmp_path):
     assert invoke("db", "merge", other, "--db", this).exit_code == 0  # and only once
     assert len(table_rows(this, "kernel_stats")) == 1
     assert table_rows(this, "runs")[0]["id"] == rid
+
+
+def test_a_folder_whose_maker_holds_its_lock_is_kept(tmp_path, monkeypatch):
+    """A maker in another PID namespace sharing /tmp (a container, a Slurm job) has a pid
+    that reads as gone here: its folder was removed under it, a merge in progress with it.
+    A folder is removed only where no process holds its lock."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from cs336sys.measure import scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    held = tmp_path / "cs336sys-merge-999999-abc"  # a pid that names no process here
+    held.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(held / scratch.LOCK)!r}, os.O_CREAT | os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with scratch.scratch("cs336sys-merge-") as mine:
+            assert held.exists() and os.path.exists(os.path.join(mine, scratch.LOCK))
+    finally:
+        holder.kill()
+        holder.wait()
+    scratch.remove_orphans("cs336sys-merge-")
+    assert not held.exists() and not os.path.exists(mine)

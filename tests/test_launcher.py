@@ -349,6 +349,7 @@ def test_a_folder_whose_launcher_is_gone_is_removed_by_the_next_launch(tmp_path,
     older = tmp_path / "cs336sys-ranks-xyz"  # an older release's: whose, it does not say
     for folder in (orphan, alive, older):
         folder.mkdir()
+    (orphan / ".cs336sys-lock").touch()  # as its maker left it, no longer locked
     mine = RankStderr(2)
     try:
         assert not orphan.exists() and alive.exists() and older.exists()

@@ -13,9 +13,8 @@ stderr while it waits, and keeps their last lines.
 from __future__ import annotations
 
 import os
-import shutil
 
-from cs336sys.measure.scratch import folder
+from cs336sys.measure.scratch import folder, remove
 
 _TAIL_BYTES = 8192  # what is kept of each rank's stderr for its failure
 _PREFIX = "cs336sys-ranks-"  # then the launching process's id: whose folder it is
@@ -73,7 +72,7 @@ class RankStderr:
         self.copy()
         for f in self._files:
             f.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove(self.folder)
 
 
 # Frames of these are not where the user's code crashed (the standard library, installed
