@@ -304,6 +304,32 @@ def test_a_ranks_memory_error_is_oom_and_an_interrupt_its_code_raised_is_its_err
     assert "KeyboardInterrupt" in points[1].result.error.splitlines()[0]
 
 
+def test_under_torchrun_an_interrupt_the_users_code_raises_is_its_points_error(monkeypatch):
+    """Under torchrun a rank's failure raises in its own process: a KeyboardInterrupt the
+    user's code raised (no key pressed) ended the run as Ctrl-C, storing nothing, and every
+    --resume stopped there again. It is the point's error; a real stop stays a stop."""
+    from cs336sys.sweep import runner, stopping
+
+    def raised(exc):
+        def launch(*args, **kwargs):
+            exc.cs336sys_where = "cs336_systems/ddp.py:19"  # as serve marks the user's
+            raise exc
+        return launch
+
+    monkeypatch.setattr(runner, "under_torchrun", lambda: True)
+    monkeypatch.setattr(stopping, "raised_by_code", lambda exc: True)  # no signal pending
+    monkeypatch.setattr(runner.launcher, "launch", raised(KeyboardInterrupt()))
+    sink = ListSink()
+    with pytest.raises(RuntimeError, match="your code raised KeyboardInterrupt on this rank"):
+        run_sweep(TOY_RANKS, [Toy(1, world_size=2)], sink)
+    assert [(s.n, status) for _, s, status in sink.added] == [(1, "error")]
+    monkeypatch.setattr(stopping, "raised_by_code", lambda exc: False)  # Ctrl-C's
+    sink = ListSink()
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(TOY_RANKS, [Toy(1, world_size=2)], sink)
+    assert sink.added == []
+
+
 def test_specs_take_only_the_options_names():
     """0.2's keyword names (context_length, batch_size, global_batch, steps, dtype) are gone:
     a TypeError names the one given, never a point built from it."""

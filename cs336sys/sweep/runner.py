@@ -46,6 +46,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.parallel import launcher
 from cs336sys.parallel.launcher import under_torchrun
 from cs336sys.parallel.rank_results import WorkerError
+from cs336sys.sweep import stopping
 from cs336sys.sweep.declaration import Experiment
 from cs336sys.sweep.points import point_key
 from cs336sys.sweep.ranks import serve
@@ -367,8 +368,14 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                     emit(failed, failure("oom" if oom else "error",
                                          f"{exc}\n{exc.traceback}".strip()))
                 todo = todo[len(finished) + 1 :]
-            except Exception as exc:
-                if not under_torchrun():
+            except BaseException as exc:
+                # under torchrun this rank's failure raises here: an Exception, or another
+                # the user's code raised (serve marks it), but a signal's stop
+                theirs = isinstance(exc, Exception) or bool(
+                    getattr(exc, "cs336sys_where", None) and (
+                        stopping.raised_by_code(exc) if isinstance(exc, KeyboardInterrupt)
+                        else not isinstance(exc, Terminated)))
+                if not under_torchrun() or not theirs:
                     raise
                 # torchrun's group cannot be rebuilt without the failed rank: store the point
                 # it failed on, then end the run with the failure.
@@ -379,4 +386,8 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                     emit(failed, failure("skipped", text))
                 else:
                     emit(failed, failure("oom" if is_oom(exc) else "error", text))
-                raise
+                if isinstance(exc, Exception):
+                    raise
+                # not a stop (exit 130, "--resume", which stopped there again): a failure
+                raise RuntimeError(f"your code raised {type(exc).__name__} on this rank; "
+                                   "the point is stored as its error") from exc
