@@ -186,7 +186,9 @@ def _runs_triton(obj: Any, depth: int = 3) -> bool:
         return False
     found = vars(inspect.getmodule(obj) or object())
     # a name, or a module's attribute (`kernels._fwd[grid](...)` of `import ... as kernels`)
-    for word in dict.fromkeys(re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", source)):
+    words = [*re.findall(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", source),  # and each part alone
+             *re.findall(r"[A-Za-z_]\w*", source)]  # (`self._kernel` of a global _kernel)
+    for word in dict.fromkeys(words):
         head, *attributes = word.split(".")
         value = found.get(head)
         for name in attributes:
