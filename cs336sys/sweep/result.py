@@ -202,7 +202,7 @@ def _caught(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
     except KeyboardInterrupt as exc:
         # Ctrl-C's stops the sweep; one the user's code raised with no key pressed is its
         # error, or every --resume would stop at the same point, blamed on the user
-        if not stopping.raised_by_code(exc) or user_frame(exc) is None:
+        if stopping.is_stop(exc) or user_frame(exc) is None:
             raise
         return _failed(exc, "raised with no Ctrl-C pressed, which would have stopped the "
                        "command")
@@ -213,8 +213,8 @@ def _caught(fn: Callable[..., Result], *args: Any, **kwargs: Any) -> Result:
             stopping.check()  # raises the signal as itself: the runner stores the stop
         return _failed(exc)
     except BaseException as exc:  # not an Exception (asyncio's CancelledError, a class of
-        if stopping.pending() is not None:  # the user's): a row too, not the sweep's end
-            stopping.check()
+        if stopping.is_stop(exc):  # the user's): a row too, not the sweep's end
+            stopping.check()  # (a signal pending: raised as itself)
         return _failed(exc)
 
 

@@ -372,9 +372,7 @@ def process_groups(experiment: Experiment, specs: list, skip: Skip, emit: Emit) 
                 # under torchrun this rank's failure raises here: an Exception, or another
                 # the user's code raised (serve marks it), but a signal's stop
                 theirs = isinstance(exc, Exception) or bool(
-                    getattr(exc, "cs336sys_where", None) and (
-                        stopping.raised_by_code(exc) if isinstance(exc, KeyboardInterrupt)
-                        else not isinstance(exc, Terminated)))
+                    getattr(exc, "cs336sys_where", None) and not stopping.is_stop(exc))
                 if not under_torchrun() or not theirs:
                     raise
                 # torchrun's group cannot be rebuilt without the failed rank: store the point

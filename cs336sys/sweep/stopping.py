@@ -170,6 +170,18 @@ def raised_by_code(exc: BaseException) -> bool:
     return isinstance(exc, KeyboardInterrupt) and handled and pending() is None
 
 
+def is_stop(exc: BaseException) -> bool:
+    """Whether `exc`, a BaseException that is not an Exception, out of the code under test,
+    is a stop asked from outside (SIGTERM's Terminated, Ctrl-C's KeyboardInterrupt, one
+    raised while a signal is pending), not that code's own failure to store as its point's:
+    a KeyboardInterrupt it raised with no key pressed, asyncio's CancelledError, ..."""
+    if isinstance(exc, Terminated):
+        return True
+    if isinstance(exc, KeyboardInterrupt):
+        return not raised_by_code(exc)
+    return pending() is not None
+
+
 def pending() -> int | None:
     """The first signal received since install() or reset(), or None."""
     return _received[0] if _received else None
