@@ -26,12 +26,12 @@ from cs336sys.report.sections import (
     varying,
 )
 from cs336sys.report.tables import cell, point_tables, shown, value
-from cs336sys.sweep.declaration import Column, model_size
+from cs336sys.sweep.declaration import Column, model_name, model_size
 
 # How a setting's value reads as a column group or a row cell, where its bare value would not.
 _WORDS: dict[str, Callable[[Any], str]] = {
     "compile": lambda v: "compiled" if v else "eager",
-    "model": lambda v: v or "cs336sys's",  # unset: cs336sys's TransformerLM
+    "model": model_name,
     "warmup": lambda v: f"{v} warm-up",
     "world_size": lambda v: f"{v} processes",
     "seq": lambda v: f"seq {v}",

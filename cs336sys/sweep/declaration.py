@@ -164,8 +164,13 @@ def column_table(rows: str) -> tuple[Column, ...]:
 
 
 SIZE_COLUMN = Column("size", "size", cell=model_size, setting=True, covers=("d_model", "num_layers"))
+def model_name(model: str | None) -> str:
+    """Whose model ran: the user's as --model named it, or (unset) cs336sys's."""
+    return model or "cs336sys's"
+
+
 # Whose model ran (--model): shown where a row ran the user's, cs336sys's named beside it
-MODEL_COLUMN = Column("model", "model", cell=lambda r: r.get("model") or "cs336sys's",
+MODEL_COLUMN = Column("model", "model", cell=lambda r: model_name(r.get("model")),
                       setting=True, optional=True)
 
 
