@@ -3,8 +3,9 @@ once that process is gone.
 
 A command killed by SIGKILL (the OOM killer's, `kill -9`) never reaches its clean-up: a
 `db merge` left a whole copy of the other store under /tmp each time, and a ranked command
-its ranks' stderr files. Each folder's name holds its maker's process id, and making one
-removes those whose maker no longer runs.
+its ranks' stderr files. Each folder's name holds its maker's process id, its maker holds a
+lock on a file in it while it lives (a maker in another PID namespace sharing /tmp has a pid
+that reads as gone here), and making one removes those whose maker is gone by both counts.
 
     with scratch("cs336sys-merge-") as tmp:   # /tmp/cs336sys-merge-<pid>-<random>
         ...
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 LOCK = ".cs336sys-lock"  # in each folder, locked (flock) by its maker while it lives
+FRESH_S = 60.0  # a folder without a lock younger than this is being made
 _held: dict[str, int] = {}  # folder -> the descriptor that holds its lock
 
 
@@ -72,9 +74,6 @@ def _in_use(path: str) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-FRESH_S = 60.0  # a folder without a lock younger than this is being made
 
 
 def remove_orphans(prefix: str) -> None:
