@@ -662,11 +662,11 @@ def test_the_header_says_which_invocations_stopped_before_their_end():
     facts = dict(provenance([inv("a", 0), inv("b", 130), inv("c", 143), inv("d", None, None)],
                             {}))
     assert facts[STOPPED_EARLY] == (
-        "2 invocations stopped by Ctrl-C or SIGTERM; 1 invocation never finished (killed, "
+        "2 invocations stopped by Ctrl-C, SIGTERM or SIGHUP; 1 invocation never finished (killed, "
         "crashed, or still running): their sweeps may lack points; the same command with --resume "
         "measures the rest")
     assert dict(provenance([inv("b", 130)], {}))[STOPPED_EARLY].startswith(
-        "1 invocation stopped by Ctrl-C or SIGTERM: its sweep may lack points")
+        "1 invocation stopped by Ctrl-C, SIGTERM or SIGHUP: its sweep may lack points")
     # a commit measured clean and dirty is two: the whole commit read `(dirty)`
     dirty = {**inv("e", 0), "git_dirty": 1, "git_commit": "aaaa2222bbbb3333"}
     clean = {**inv("f", 0), "git_commit": "aaaa2222bbbb3333"}

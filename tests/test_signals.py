@@ -140,12 +140,14 @@ def gone_within(pids: set[int], seconds: float) -> float:
 STARTED: list[subprocess.Popen] = []
 
 
-def start(args: list[str], db: Path, **popen) -> subprocess.Popen:
+def start(args: list[str], db: Path, own_session: bool = False, **popen) -> subprocess.Popen:
+    """`cs336sys ARGS --db DB`; `own_session`: in a session and process group of its own, as
+    a terminal starts a command."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("CS336SYS_DB", None)
     proc = subprocess.Popen([sys.executable, "-m", "cs336sys", *args, "--db", str(db)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            **popen)
+                            start_new_session=own_session, **popen)
     STARTED.append(proc)
     return proc
 
@@ -223,7 +225,9 @@ def signal_command(proc: subprocess.Popen, sig: int) -> bool:
     """Send `sig` to the command; whether cs336sys's handlers were installed by then
     (stopping.install, its first line: SIGTERM caught, per /proc/PID/status). Before, in the
     interpreter's own start, a signal is Python's and ends the process by it (docs/
-    bad-input.md); under a loaded `make test` that start took more than 60 ms."""
+    bad-input.md); under a loaded `make test` that start took more than 60 ms. SIGHUP goes
+    to the command's whole process group, its ranks included, as a closed terminal sends it
+    (the command started in a session of its own: start(own_session=True))."""
     caught = 0
     try:
         for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
@@ -231,7 +235,10 @@ def signal_command(proc: subprocess.Popen, sig: int) -> bool:
                 caught = int(line.split()[1], 16)
     except OSError:
         pass
-    proc.send_signal(sig)
+    if sig == signal.SIGHUP:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
@@ -278,7 +285,8 @@ SIGNALLED = {"model-int": (MODEL_SWEEP, signal.SIGINT, WIDE_STRATA_S),
              "comm-int": (LONG, signal.SIGINT, STRATA_S),
              "comm-term": (LONG, signal.SIGTERM, WIDE_STRATA_S),
              "ddp-int": (DDP_SWEEP, signal.SIGINT, STRATA_S),
-             "step-ranks-int": (STEP_RANKS, signal.SIGINT, STRATA_S)}
+             "step-ranks-int": (STEP_RANKS, signal.SIGINT, STRATA_S),
+             "ddp-hup": (DDP_SWEEP, signal.SIGHUP, WIDE_STRATA_S)}
 
 
 def signal_seed() -> int:
@@ -305,13 +313,13 @@ SEED = signal_seed()
 @pytest.mark.parametrize("args, sig, after_s",
                          [pytest.param(*m[1:], id=m[0]) for m in moments(SEED)])
 def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, after_s):
-    """Ctrl-C or SIGTERM while the command starts (typer, torch, the ranks) or sweeps: exit
-    130 or 143, no traceback, no process left, and a last line that says what was stored
+    """Ctrl-C, SIGTERM or SIGHUP while the command starts (typer, torch, the ranks) or
+    sweeps: exit 130, 143 or 129, no traceback, no process left, and a last line that says what was stored
     (nothing, or N points and --resume). A Ctrl-C that torch's import swallowed let the
     sweep run to the end with exit 0; one during comm's rank start-up killed it by the
-    signal."""
+    signal. A SIGHUP (a closed terminal) killed it where it stood, its end unrecorded."""
     db = tmp_path / "r.db"
-    proc = start(args, db)
+    proc = start(args, db, own_session=sig == signal.SIGHUP)
     time.sleep(after_s)
     below = descendants(proc.pid)
     ours = signal_command(proc, sig)
@@ -323,7 +331,7 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err and "leaked semaphore" not in err, (again, err)
     last = err.strip().splitlines()[-1]
-    word = "Interrupted" if sig == signal.SIGINT else "Terminated (SIGTERM)"
+    word = "Interrupted" if sig == signal.SIGINT else f"Terminated ({signal.Signals(sig).name})"
     if last == f"{word}: this command stored nothing":
         assert not stored_runs(db), again
     else:
@@ -409,7 +417,7 @@ def test_ctrl_c_while_the_fork_server_imports_ends_the_server_with_the_command(t
     traceback, and the server is gone by the time the command has exited. A server that
     took the group's Ctrl-C would end with a traceback out of torch's import; one left
     importing would hold the command's stderr for seconds after the command had ended."""
-    proc = start(LONG, tmp_path / "r.db", start_new_session=True)  # a group of its own
+    proc = start(LONG, tmp_path / "r.db", own_session=True)  # a group of its own
     server = fork_server_below(proc.pid)
     if to == "group":
         os.killpg(proc.pid, signal.SIGINT)

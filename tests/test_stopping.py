@@ -65,6 +65,32 @@ def test_a_signal_while_a_class_is_made_at_start_up_ends_the_command_by_it():
     assert out.stderr == "Terminated (SIGTERM): this command stored nothing\n", out.stderr
 
 
+@pytest.mark.parametrize("nohup", [False, True])
+def test_a_hangup_stops_the_command_unless_it_runs_under_nohup(nohup):
+    """A closed terminal's SIGHUP stops the command as SIGTERM does (it ended the process
+    by the signal, the point it was measuring and the invocation's end unrecorded); under
+    `nohup`, started with SIGHUP ignored, it stays ignored, and SIGTERM still stops it."""
+    ignored = "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" if nohup else ""
+    source = ignored + textwrap.dedent("""
+        import os, signal, time
+        from cs336sys.sweep import stopping
+        stopping.install()
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            print("went on", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except stopping.Terminated as exc:
+            print(exc, stopping.exit_code())
+    """)
+    out = subprocess.run([sys.executable, "-c", "import signal\n" + source],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    stop = "went on\nterminated by signal 15 (SIGTERM) 143" if nohup else \
+        "terminated by signal 1 (SIGHUP) 129"
+    assert out.stdout.strip() == stop, out.stdout
+
+
 def test_a_second_signal_after_the_command_ends_the_process_as_by_default():
     """In case the exit hangs: the first signal is noted, the next one ends it."""
     out = run("""

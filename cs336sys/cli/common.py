@@ -235,7 +235,7 @@ def recording(
         stopped("Interrupted")
         raise typer.Exit(130) from None  # not click's "Aborted!" with exit code 1
     except stopping.Terminated as exc:
-        status = 143  # 128 + SIGTERM, as a shell reports it
+        status = stopping.exit_code()  # 143 or 129, as a shell reports it
         stopped(str(exc))
         raise
     except typer.Exit as exc:
@@ -251,7 +251,7 @@ def recording(
             with suppress(sqlite3.Error):  # a store that cannot be written: its end unrecorded
                 # stopped, it does not wait a minute, signals held, for a lock another
                 # program keeps (a SQLite browser's): the end goes unrecorded instead
-                rec.close(status, busy_s=STOPPED_BUSY_S if status in (130, 143) else None)
+                rec.close(status, busy_s=STOPPED_BUSY_S if status in stopping.EXIT_CODES else None)
             global _points_stored
             _points_stored += rec.added
             line = f"{rec.added} point(s) stored in {db} (invocation {rec.invocation_id[:8]})"

@@ -1,11 +1,12 @@
 """Outputs that land whole, or not at all, when a command is stopped or fails part-way.
 
-A Ctrl-C (KeyboardInterrupt) or SIGTERM (sweep/stopping.py's Terminated) raises at the next
-check Python makes, which can fall between two writes of one output: a report with its HTML
-written and its markdown not, a truncated PNG, the old export replaced by half a new one.
+A Ctrl-C (KeyboardInterrupt), SIGTERM or SIGHUP (sweep/stopping.py's Terminated) raises at
+the next check Python makes, which can fall between two writes of one output: a report with
+its HTML written and its markdown not, a truncated PNG, the old export replaced by half a
+new one.
 
-- `held()`: SIGINT and SIGTERM are held back across a block that must not be cut, and
-  delivered as soon as it ends: the store's COMMIT and what it counts
+- `held()`: the signals that stop a command (STOPS) are held back across a block that must
+  not be cut, and delivered as soon as it ends: the store's COMMIT and what it counts
   (store/transaction.py), the renames below and the line that says what landed. Their
   handlers are swapped for one that only notes the signal, rather than blocked: a blocked
   signal is delivered to another of the process's threads (torch's, OpenBLAS's), whose
@@ -31,14 +32,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stage", "held", "staged"]
+__all__ = ["STOPS", "Stage", "held", "staged"]
 
-_HELD = (signal.SIGINT, signal.SIGTERM)
+# The signals that stop a command from outside: Ctrl-C, SIGTERM (`timeout`, `kill`, Slurm)
+# and SIGHUP (the terminal or SSH session that started it closed, without nohup or tmux).
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
 def held() -> Iterator[None]:
-    """The block runs with SIGINT and SIGTERM noted, not handled; the first one noted is
+    """The block runs with the STOPS signals noted, not handled; the first one noted is
     handled as the block ends, by the handler it would have met (the main thread only:
     Python runs handlers nowhere else). A handler already on its way when the block starts
     may still run first, before anything in the block has."""
@@ -48,7 +51,7 @@ def held() -> Iterator[None]:
     noted: list[int] = []
     before: dict[int, Any] = {}
     try:
-        for signum in _HELD:
+        for signum in STOPS:
             handler = signal.getsignal(signum)
             if handler in (signal.SIG_IGN, None):  # ignored, or set outside Python
                 continue
@@ -67,7 +70,7 @@ def _deliver(signum: int, handler: Any) -> None:
     under cs336sys's CLI), or end the process as the default action does."""
     if callable(handler):
         handler(signum, None)
-    else:  # SIG_DFL, back in place: SIGTERM's default ends the process
+    else:  # SIG_DFL, back in place: SIGTERM's and SIGHUP's default ends the process
         signal.raise_signal(signum)
 
 

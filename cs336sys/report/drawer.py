@@ -26,11 +26,9 @@ import signal
 import sys
 from typing import Any
 
-from cs336sys.measure.landing import held
+from cs336sys.measure.landing import STOPS, held
 from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.report.plots import Bars, Plot, Ranked, Strips, import_matplotlib
-
-_STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
 class Drawer:
@@ -50,7 +48,7 @@ class Drawer:
                 # each worker starts with both signals blocked, pending until _start_worker
                 # has set them.
                 with held():
-                    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+                    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
                     try:
                         self._pool = context.Pool(cores, initializer=_start_worker,
                                                   initargs=(os.getpid(),))
@@ -96,11 +94,13 @@ def _draw(plot: Plot | Bars | Strips | Ranked) -> bytes:
 
 
 def _start_worker(command: int) -> None:
-    """A worker, forked by the command: Ctrl-C ignored (the command's), SIGTERM its default
-    (Pool.terminate sends it), and ended with the command (see the module)."""
+    """A worker, forked by the command: Ctrl-C ignored (the command's), SIGTERM and SIGHUP
+    their default (Pool.terminate sends SIGTERM), and ended with the command (see the
+    module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # a SIGTERM already sent ends it here
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # a SIGTERM already sent ends it here
     end_with_parent()
     if os.getppid() != command:  # the command ended before the line above
         os._exit(1)

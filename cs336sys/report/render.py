@@ -32,6 +32,7 @@ from cs336sys.report.history import build as build_history
 from cs336sys.report.seal import sealed
 from cs336sys.report.sections import WRONG, FilledTable, Section, code_spans
 from cs336sys.report.select import Selection, invocations, load, present
+from cs336sys.sweep.stopping import EXIT_CODES
 
 
 def _templates() -> Path:
@@ -109,8 +110,8 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
             continue
         ids.add(inv["id"])
         nothing = " before storing a point" if inv["_n"] == 0 else ""
-        if inv.get("exit_status") in (130, 143):
-            ended["stopped by Ctrl-C or SIGTERM" + nothing] += 1
+        if inv.get("exit_status") in EXIT_CODES:
+            ended["stopped by Ctrl-C, SIGTERM or SIGHUP" + nothing] += 1
         elif inv.get("id") is not None and inv.get("finished") is None:
             ended["never finished (killed, crashed, or still running)" + nothing] += 1
         if inv.get("user_repo"):

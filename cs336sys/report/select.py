@@ -24,6 +24,7 @@ from cs336sys.store.schema import RENAMED_SETTINGS
 from cs336sys.store.views import typed
 from cs336sys.sweep.declaration import experiment_of
 from cs336sys.sweep.points import closest
+from cs336sys.sweep.stopping import EXIT_CODES
 
 FMT = "%Y-%m-%d %H:%M:%S.%f"
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -406,7 +407,7 @@ def unstored(conn: sqlite3.Connection, sel: Selection) -> list[dict[str, Any]]:
     own = dataclasses.replace(sel, since=None, until=None, experiments=(), invocation=None)
     where, params = own.clause()
     conds = [where, "NOT EXISTS (SELECT 1 FROM runs r WHERE r.invocation_id = i.id)",
-             "(i.finished IS NULL OR i.exit_status IN (130, 143))"]
+             f"(i.finished IS NULL OR i.exit_status IN {EXIT_CODES})"]
     for cond, value in (("i.started >= ?", sel.since), ("i.started < ?", sel.until),
                         ("i.id LIKE ? ESCAPE '\\'",
                          sel.invocation and like_prefix(sel.invocation))):

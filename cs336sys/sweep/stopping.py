@@ -1,13 +1,13 @@
-"""Stopping a command from outside: Ctrl-C (SIGINT) and SIGTERM (`timeout`, `kill`, Slurm,
-`docker stop`).
+"""Stopping a command from outside: Ctrl-C (SIGINT), SIGTERM (`timeout`, `kill`, Slurm,
+`docker stop`) and SIGHUP (the terminal or SSH session that started it closed).
 
 `install()` is the first thing `cs336sys` does (cs336sys/__main__.py), before typer, torch
-or any rank. From then on either signal raises in the main thread, at once where Python
-delivers it: KeyboardInterrupt for SIGINT, `Terminated` for SIGTERM. Neither is an
-Exception, so no point turns it into a row: it unwinds the sweep, whose executors store the
+or any rank. From then on each signal raises in the main thread, at once where Python
+delivers it: KeyboardInterrupt for SIGINT, `Terminated` for SIGTERM and SIGHUP. Neither is
+an Exception, so no point turns it into a row: it unwinds the sweep, whose executors store the
 interrupted point and reap the ranks, and the recording says how many points are stored
-and how to go on (cli/common.py, `recording`); the exit codes are 130 and 143, as a shell
-reports a process ended by those signals.
+and how to go on (cli/common.py, `recording`); the exit codes are 130, 143 and 129, as a
+shell reports a process ended by those signals.
 
 A signal is also remembered, because an import can swallow the exception: torch's C
 extension imports numpy while torch is imported and takes any exception from that import,
@@ -42,13 +42,18 @@ import time
 import warnings
 from typing import Any, NoReturn
 
-__all__ = ["Terminated", "check", "done", "end", "exit_code", "finish", "install", "pending",
-           "reset", "stored", "told", "untold"]
+from cs336sys.measure.landing import STOPS
+
+__all__ = ["EXIT_CODES", "Terminated", "check", "done", "end", "exit_code", "finish", "install",
+           "pending", "reset", "stored", "told", "untold"]
+
+# The exit codes of a command a signal stopped (128 + the signal, as a shell reports it).
+EXIT_CODES = tuple(128 + signum for signum in STOPS)
 
 
 class Terminated(BaseException):
-    """This process was asked to stop by SIGTERM. A BaseException like KeyboardInterrupt,
-    so that no point turns it into a row and the sweep goes on."""
+    """This process was asked to stop by SIGTERM or SIGHUP. A BaseException like
+    KeyboardInterrupt, so that no point turns it into a row and the sweep goes on."""
 
 
 _received: list[int] = []  # the signals received since install() or reset(), in order
@@ -56,7 +61,7 @@ _told: list[bool] = []  # whether the user was told what the stop left (told())
 _stored: list[str] = []  # what the command stored, where no recording says it (stored())
 
 
-# How a point SIGTERM stopped reads in the store (its `error`): no measurement of the point.
+# How a point SIGTERM or SIGHUP stopped reads in the store (its `error`): no measurement.
 TERMINATED = "terminated by signal"
 # ... and a point in rounds that Ctrl-C stopped short of its last one (sweep/runner.py)
 INTERRUPTED = "interrupted by Ctrl-C (SIGINT)"
@@ -65,7 +70,7 @@ INTERRUPTED = "interrupted by Ctrl-C (SIGINT)"
 def _raise(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated(f"{TERMINATED} {signum} (SIGTERM)")
+    raise Terminated(f"{TERMINATED} {signum} ({signal.Signals(signum).name})")
 
 
 # The packages whose imports run Python called from C++: a signal there is remembered only.
@@ -118,14 +123,15 @@ def _again_soon(signum: int) -> None:
 
 
 def install() -> None:
-    """SIGINT and SIGTERM raise (see above) from now on; call it in the main thread.
+    """SIGINT, SIGTERM and SIGHUP raise (see above) from now on; call it in the main thread.
 
-    A SIGINT that this process was started ignoring stays ignored: a non-interactive shell
-    starts `cmd &` so, as POSIX asks, so that the Ctrl-C meant for the script does not end
-    its background jobs. Python itself keeps that choice; SIGTERM stops such a job."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, _handler)
-    signal.signal(signal.SIGTERM, _handler)
+    A SIGINT or SIGHUP that this process was started ignoring stays ignored: a
+    non-interactive shell starts `cmd &` with SIGINT ignored, as POSIX asks, so that the
+    Ctrl-C meant for the script does not end its background jobs, and `nohup cmd` ignores
+    SIGHUP so that closing the terminal does not end it. SIGTERM stops either."""
+    for signum in STOPS:
+        if signum == signal.SIGTERM or signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _handler)
     sys.unraisablehook = _unraisable
 
 
@@ -147,7 +153,7 @@ def finish() -> None:
     ignored ... KeyboardInterrupt" with its traceback) and the exit status stays the
     command's; a second one ends the process at once, as it would by default, in case the
     exit hangs. Signals received before stay pending()."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOPS:
         if signal.getsignal(signum) is _handler:
             signal.signal(signum, _after_finish)
 
@@ -211,12 +217,14 @@ def untold() -> str | None:
     point (a report, a query), or after what `stored` says; None otherwise."""
     if not _received or _told:
         return None
-    what = "Interrupted" if _received[0] == signal.SIGINT else "Terminated (SIGTERM)"
+    first = _received[0]
+    what = "Interrupted" if first == signal.SIGINT else f"Terminated ({signal.Signals(first).name})"
     return f"{what}: {_stored[0] if _stored else 'this command stored nothing'}"
 
 
 def exit_code() -> int:
-    """130 after SIGINT, 143 after SIGTERM (128 + the signal, as a shell reports it)."""
+    """130 after SIGINT, 143 after SIGTERM, 129 after SIGHUP (128 + the signal, as a shell
+    reports it)."""
     return 128 + (_received[0] if _received else signal.SIGINT)
 
 
