@@ -242,13 +242,16 @@ def signal_command(proc: subprocess.Popen, sig: int) -> bool:
     return bool(caught >> (signal.SIGTERM - 1) & 1)
 
 
-def before_cs336sys(proc: subprocess.Popen, sig: int, db: Path, again: str,
+def before_cs336sys(proc: subprocess.Popen, sig: int, db: Path, again: str, err: str,
                     below: set[int] = frozenset(), had: int = 0) -> None:
     """A signal sent before cs336sys's first line: the process ended by it, nothing stored
     (the store holds the `had` runs it held before: a command that reads one, such as db
     export, is given a full store), nothing left running (`below`: its processes when the
-    signal was sent)."""
-    assert proc.returncode in (-sig, 128 + sig), (again, proc.returncode)
+    signal was sent). A Ctrl-C while the interpreter imports its `site` module (the
+    editable install's finder, under load at 0.05 s) is Python's own exit 1, "Failed to
+    import the site module"."""
+    in_site = proc.returncode == 1 and "Failed to import the site module" in err
+    assert proc.returncode in (-sig, 128 + sig) or in_site, (again, proc.returncode, err)
     assert len(stored_runs(db)) == had, again
     gone_within(set(below) | descendants(proc.pid), 10.0)
 
@@ -326,7 +329,7 @@ def test_a_signal_at_any_moment_ends_the_command_cleanly(tmp_path, args, sig, af
     _, err = proc.communicate(timeout=60)
     again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
     if not ours:
-        before_cs336sys(proc, sig, db, again, below)
+        before_cs336sys(proc, sig, db, again, err, below)
         return
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err and "leaked semaphore" not in err, (again, err)
@@ -365,7 +368,7 @@ def test_a_signal_at_any_moment_ends_handout_run_with_what_it_stored(tmp_path, s
     _, err = proc.communicate(timeout=60)
     again = f"at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws the same moments"
     if not ours:
-        before_cs336sys(proc, sig, db, again)
+        before_cs336sys(proc, sig, db, again, err)
         return
     assert proc.returncode == 128 + sig, (again, err)
     assert "Traceback" not in err, (again, err)

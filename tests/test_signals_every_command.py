@@ -107,7 +107,7 @@ def test_a_signal_at_a_random_moment_of_every_other_command(tmp_path, fixture_st
     again = (f"{signal.Signals(sig).name} at {after_s} s; CS336SYS_SIGNAL_SEED={SEED} draws "
              "the same moment")
     if not ours:
-        before_cs336sys(proc, sig, db, again, below, had=before)
+        before_cs336sys(proc, sig, db, again, err, below, had=before)
         return
     done = proc.returncode == 0
     assert done or proc.returncode == 128 + sig, (again, err)
