@@ -258,6 +258,41 @@ def test_fsdp_tp_n_max_is_each_axis_hiding_alone(size, hardware, seq, batch):
         assert exp.evaluate(point, *split)["hides"] is hides, split
 
 
+@pytest.mark.parametrize("strategy", ["dp", "tp", "fsdp-tp"])
+def test_n_max_whole_is_the_largest_degree_the_plan_can_run_that_hides(strategy):
+    """N max takes each axis's degree as a real number (the handout's fsdp_tp_calcs (c)):
+    the xl's fsdp-tp read 353 while its own 64x4 and 64x8 rows said `hides: no`, and tp's 5
+    was refused as a degree ("5 does not divide 32"). N max, whole is the largest degree
+    with a split the plan runs that hides: every runnable degree above it, up to twice N
+    max, does not hide in any split."""
+    spec = _spec(strategy, 1, size="xl", seq=512, batch=256 * 512)
+    m = exp.run(spec).metrics
+    whole, (x, y) = m["n_max_whole"], map(int, m["n_max_whole_split"].split("x"))
+    assert x * y == whole < m["n_max"]
+    assert exp.evaluate(exp.PlanSpec(**{**spec.settings(), "n": whole}), x, y)["hides"]
+    runnable = 0
+    for n in range(whole + 1, 2 * m["n_max"] + 1):
+        point = exp.PlanSpec(**{**spec.settings(), "n": n})
+        options = {"dp": [(n, 1)] if 256 % n == 0 else [], "tp": [(1, n)] if 32 % n == 0 else []
+                   }.get(strategy, exp.splits(n, 32, 256))
+        runnable += len(options)
+        assert not any(exp.evaluate(point, *split)["hides"] for split in options), n
+    assert runnable  # degrees above it that the plan can run, none hiding
+    assert {"dp": 32, "tp": 4, "fsdp-tp": 128}[strategy] == whole  # by hand: bounds 61.6, 5.7
+
+
+def test_the_ffn_closed_form_takes_the_mesh_axes_as_the_whole_model_does():
+    """The xxl is 126 copies of its two-matrix FFN, so with --mesh-axes 2,1 the FFN's
+    overlapped bound is the whole model's: it left M_X out and read 301 beside 581."""
+    spec = exp.specs(size="xxl", seq=512, tokens=64 * 512, strategy=["fsdp-tp"], n=["64"],
+                     hardware=["tpu-v5p"], split="16x4", mesh_axes="2,1")[0]
+    m = exp.run(spec).metrics
+    assert m["n_max_ffn"] == m["n_max"] == 581
+    b, f, c, w = 64 * 512, 53248, 4.6e14, 1.8e11
+    assert pm.ffn_n_max("fsdp-tp", b, f, c, w, m=2, overlap=True, mesh=(2, 1)) == \
+        pytest.approx((1 + 2 * b * w / c) * (1 + f * w / c))
+
+
 def test_fsdp_tp_overlaps_the_two_axes_collectives_as_the_handout_assumes():
     """fsdp_tp_calcs (b): "the collectives along the FSDP axis can be overlapped with the
     collectives along the TP axis", the time "a max between two quantities": a point's
@@ -595,7 +630,7 @@ def test_the_xxl_on_one_h100_says_how_many_h100s_worth_it_is(db_path):
     assert "80.0" in worth.split()  # the GPU's memory, GiB
     # the reading of "80GB" is said, and the other one's answer follows from it: 51.2
     note = " ".join(" ".join(lines[at:]).split())
-    assert "an H100's 80GB is 80 GiB" in note and "a GPU's worth is 7.4 % more" in note, note
+    assert "an H100's 80GB is 80 GiB" in note and "the GPUs' worth is 7.4 % more" in note, note
     assert round(total / 80e9, 1) == round(47.64 * 2**30 / 1e9, 1) == 51.2
 
 

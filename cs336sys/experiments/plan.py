@@ -50,13 +50,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys.experiments import plan_section
-from cs336sys.experiments.plan_degrees import mesh_of, problem, split_of, splits, tp_units
-from cs336sys.experiments.plan_hardware import GiB, Hardware, listed_hardware
+from cs336sys.experiments.plan_degrees import (
+    mesh_of,
+    problem,
+    split_of,
+    splits,
+    tp_units,
+    whole_split,
+)
+from cs336sys.experiments.plan_hardware import Hardware, listed_hardware
 from cs336sys.experiments.plan_model import ACCOUNTING, XXL, sharded
 from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name, presets
 from cs336sys.parallel import plan_math as pm
-from cs336sys.sweep.declaration import Column, Experiment, Metric, Table, column_table, metric_table
+from cs336sys.sweep.declaration import Experiment, Metric, metric_table
 from cs336sys.sweep.points import (
     SpecError,
     check_size,
@@ -253,9 +260,18 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
 
 
 def n_max(spec: PlanSpec) -> float:
-    """The largest degree at which the whole model's step still hides its communication,
-    from the same per-phase comparison as `evaluate`, solved for N (a real number; the
-    padding of FSDP shards and TP's rounding of the vocabulary left out):
+    """The largest degree at which the whole model's step still hides its communication:
+    the product of the two axes' bounds (axis_bounds)."""
+    x, y = axis_bounds(spec)
+    return x * y
+
+
+def axis_bounds(spec: PlanSpec) -> tuple[float, float]:
+    """The largest FSDP (or DP) degree X and TP degree Y at which each axis's collectives
+    still hide behind compute, from the same per-phase comparison as `evaluate`, solved
+    for the degree (real numbers, as fsdp_tp_calcs (c) takes them; the padding of FSDP
+    shards and TP's rounding of the vocabulary left out; 1 on an axis the strategy lacks).
+    The axis's bound holds whatever the other's degree is, so N max is their product:
     DP, FSDP  N <= 1 + F_fwd W / (C P e)  (forward and backward give the same bound);
     TP        N <= 1 + F_fwd W / (C (2L+1) 2 B D e)  (forward binds);
     FSDP+TP   the two axes overlapped, as in `evaluate` (fsdp_tp_calcs (b), (c)): each axis
@@ -267,11 +283,11 @@ def n_max(spec: PlanSpec) -> float:
     weights = E * sum(model.tensors(cfg)) / spec.egress
     acts = model.tp_reduces(cfg) * 2 * E * spec.batch_tokens * cfg.d_model / spec.egress
     if spec.strategy in ("dp", "fsdp"):
-        return 1 + fwd / weights
+        return 1 + fwd / weights, 1.0
     if spec.strategy == "tp":
-        return 1 + fwd / acts
+        return 1.0, 1 + fwd / acts
     mx, my = spec.mesh
-    return (1 + mx * fwd / weights) * (1 + my * fwd / acts)
+    return 1 + mx * fwd / weights, 1 + my * fwd / acts
 
 
 def arithmetic(experiment: Experiment, specs: list, skip: Any, emit: Any) -> None:
@@ -307,13 +323,16 @@ def run(spec: PlanSpec) -> Result:
         (evaluate(spec, x, y) for x, y in options), key=lambda m: (m["step_ms"], m["comm_ms"])
     )
     model = ACCOUNTING[spec.blocks or "transformer"]
-    limit = n_max(spec)
+    bounds = axis_bounds(spec)
+    whole_x, whole_y = whole_split(*bounds, tp_units(spec), sequences)
     ffn = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops, spec.egress,
-                       m=model.matrices, overlap=True)
+                       m=model.matrices, overlap=True, mesh=spec.mesh)
     metrics = dict(
         best,
         params=sum(model.tensors(cfg)),
-        n_max=math.floor(limit),
+        n_max=math.floor(bounds[0] * bounds[1]),
+        n_max_whole=whole_x * whole_y,
+        n_max_whole_split=f"{whole_x}x{whole_y}",
         n_max_ffn=math.floor(ffn),
         # m: the FFN's weight matrices, 3 for SwiGLU, 2 for the 2025 handout's xxl
         inequality=pm.INEQUALITY[spec.strategy] + f" (m = {model.matrices})",
@@ -333,73 +352,6 @@ def run(spec: PlanSpec) -> Result:
 # -- the report section and the declaration ------------------------------------------------
 
 
-def gib(x: Any) -> str:
-    return "" if x is None else f"{x / GiB:,.1f}"
-
-
-def _worth(total: Any, device: Any) -> str:  # 2025: "How many H100 80GB GPUs worth"
-    return "" if total is None or not device else f"{total / device:,.1f}"
-
-
-def _split(r: Any) -> str:
-    return f"{r.get('fsdp_degree')}x{r.get('tp_degree')}" if r.get("strategy") == "fsdp-tp" else ""
-
-
-TIME = Table(
-    "Step time and communication per device (bf16, ring collectives)",
-    (
-        *plan_section.POINT,
-        Column("X×Y", cell=_split, optional=True),
-        *column_table("""
-            compute ms                 compute_ms        num
-            all-gather ms              allgather_ms      num
-            reduce-scatter ms          reducescatter_ms  num
-            all-reduce ms              allreduce_ms      num
-            step ms                    step_ms           num
-            hides                      hides             yes_no
-            N max                      n_max             num
-            N max (FFN)                n_max_ffn         num
-            N max (FFN, shared links)  n_max_ffn_shared  num     optional
-        """),
-    ),
-    note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
-    "all-reduce: 2(N-1)/N S/W, summed over the step (fsdp-tp with --mesh-axes M_X,M_Y: FSDP's "
-    "at M_X W, TP's at M_Y W). step: max(compute, comm) per phase, forward plus backward; "
-    "fsdp-tp's comm in a phase is the larger of its two axes', overlapped. hides: "
-    "communication no longer than compute in both phases. N max: the largest degree that "
-    "still hides, for the whole model (and for one FFN layer, SwiGLU or xxl's two matrices; "
-    "for fsdp-tp with the two axes' collectives overlapped, and sharing the links).",
-)
-MEMORY = Table(
-    "Memory per device (GiB)",
-    (
-        *plan_section.POINT,
-        Column("params", cell=lambda r: gib(r.get("mem_params_bytes"))),
-        Column("grads", cell=lambda r: gib(r.get("mem_grads_bytes"))),
-        Column("optimizer", cell=lambda r: gib(r.get("mem_opt_state_bytes"))),
-        Column("gathered", cell=lambda r: gib(r.get("mem_gathered_bytes"))),
-        Column("activations", cell=lambda r: gib(r.get("mem_act_bytes"))),
-        Column("act. ckpt", cell=lambda r: gib(r.get("mem_act_ckpt_bytes"))),
-        Column("total", cell=lambda r: gib(r.get("mem_total_bytes"))),
-        Column("total ckpt", cell=lambda r: gib(r.get("mem_total_ckpt_bytes"))),
-        Column("GPU", cell=lambda r: gib(r.get("memory_bytes"))),
-        Column("GPUs' worth", cell=lambda r: _worth(r.get("mem_total_bytes"), r.get("memory_bytes"))),
-        Column("fits", "fits", "yes_no"),
-        Column("fits ckpt", "fits_ckpt", "yes_no"),
-        Column("seqs that fit", "fit_seqs"),
-        Column("seqs ckpt", "fit_seqs_ckpt"),
-    ),
-    note="params 2, grads 2, optimizer 12 bytes a parameter (bf16 weights and gradients, fp32 "
-    "AdamW state; xxl: 4, 4, 8, the 2025 handout's fp32 master weights, gradients and state), "
-    "sharded N ways by FSDP (each tensor padded to a multiple of N), Y ways by TP. gathered: "
-    "two FSDP units in bf16 (xxl: none). activations: the tokens one device sees x (L (16D + 8F "
-    "+ 4H) + 4D + 6V) bytes (xxl: L (2D + 2F), and under FSDP the handout's half of all B "
-    "tokens' sharded N ways, half whole), with TP's split; ckpt: 2D a token a layer plus one "
-    "layer recomputed. GPUs' worth: total over the GPU's memory, both in GiB (a GPU data "
-    "sheet's GB read as GiB: an H100's 80GB is 80 GiB, 79.6 usable); with its GB as 10^9 bytes "
-    "a GPU's worth is 7.4 % more. seqs that fit: whole sequences per device that fit beside "
-    "the rest.",
-)
 EXPERIMENT = Experiment(
     kind="plan",
     title="Plan: parallelism from first principles",
@@ -425,7 +377,9 @@ EXPERIMENT = Experiment(
             step_serial_ms     ms      compute + comm, nothing overlapped
             hides              -       communication no longer than compute in both phases
             comm_bound         -       not hides
-            n_max              -       largest degree that still hides, whole model
+            n_max              -       largest degree that still hides, whole model (each axis's degree a real number)
+            n_max_whole        -       largest degree that hides with whole degrees: X dividing the sequences, Y the heads (d_ff), each under its axis's bound
+            n_max_whole_split  -       its split XxY (FSDP or DP degree x TP degree)
             n_max_ffn          -       largest degree that still hides, one FFN layer (SwiGLU; xxl: two matrices) (closed form; fsdp-tp: the axes overlapped)
             n_max_ffn_shared   -       fsdp-tp: the same with the two axes' collectives sharing the links (times add)
             mesh_batch_per_device_min  tokens  fsdp-tp with --mesh-axes: the per-device batch above which the forward is compute-bound (Scaling Book)
@@ -462,7 +416,7 @@ EXPERIMENT = Experiment(
             measured_comm_ratio  -      measured / planned communication
         """),
     ),
-    tables=(TIME, MEMORY),
+    tables=(plan_section.TIME, plan_section.MEMORY),
     compare="step_ms",
     section=plan_section.section,
     draws=True,

@@ -65,3 +65,13 @@ def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
     """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
     return [(n // y, y) for y in range(1, min(n, heads) + 1)
             if heads % y == 0 and n % y == 0 and sequences % (n // y) == 0]
+
+
+def whole_split(x_bound: float, y_bound: float, units: int, sequences: int) -> tuple[int, int]:
+    """The split (X, Y) of the largest degree a plan can run that hides: X dividing the
+    batch's sequences and Y the heads (or d_ff), each at most its axis's bound (plan's
+    axis_bounds; 1 on an axis the strategy lacks). N max, the bounds' product, takes the
+    degrees as real numbers, as the handout does; a degree under it need not split so."""
+    xs = [x for x in range(1, min(math.floor(x_bound), sequences) + 1) if sequences % x == 0]
+    ys = [y for y in range(1, min(math.floor(y_bound), units) + 1) if units % y == 0]
+    return max(((x, y) for x in xs or [1] for y in ys or [1]), key=lambda s: (s[0] * s[1], s[1]))

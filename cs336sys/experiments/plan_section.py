@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Any
 
+from cs336sys.experiments.plan_hardware import GiB
 from cs336sys.parallel import plan_math as pm
 from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
 from cs336sys.report.plots import short
@@ -296,3 +298,87 @@ def mesh(pts: list[Row]) -> FilledTable | None:
                  "axes overlapped: compute-bound iff B/N > (C/W)/(Y M_X) and F/Y > (C/W)/M_Y "
                  "(Austin et al. 2025, part 5; parallel/plan_math.py). Batches in tokens.",
                  key=[0, 1, 2])
+
+
+def gib(x: Any) -> str:
+    return "" if x is None else f"{x / GiB:,.1f}"
+
+
+def _worth(total: Any, device: Any) -> str:  # 2025: "How many H100 80GB GPUs worth"
+    return "" if total is None or not device else f"{total / device:,.1f}"
+
+
+def _whole(r: Any) -> str:
+    n = r.get("n_max_whole")
+    if n is None:
+        return ""
+    return f"{n:,} ({r.get('n_max_whole_split')})" if r.get("strategy") == "fsdp-tp" else f"{n:,}"
+
+
+def _split(r: Any) -> str:
+    return f"{r.get('fsdp_degree')}x{r.get('tp_degree')}" if r.get("strategy") == "fsdp-tp" else ""
+
+
+TIME = Table(
+    "Step time and communication per device (bf16, ring collectives)",
+    (
+        *POINT,
+        Column("X×Y", cell=_split, optional=True),
+        *column_table("""
+            compute ms                 compute_ms        num
+            all-gather ms              allgather_ms      num
+            reduce-scatter ms          reducescatter_ms  num
+            all-reduce ms              allreduce_ms      num
+            step ms                    step_ms           num
+            hides                      hides             yes_no
+            N max                      n_max             num
+        """),
+        Column("N max, whole", cell=_whole, optional=True),
+        *column_table("""
+            N max (FFN)                n_max_ffn         num
+            N max (FFN, shared links)  n_max_ffn_shared  num     optional
+        """),
+    ),
+    note="compute: forward + backward FLOPs / (N C). all-gather, reduce-scatter: (N-1)/N S/W; "
+    "all-reduce: 2(N-1)/N S/W, summed over the step (fsdp-tp with --mesh-axes M_X,M_Y: FSDP's "
+    "at M_X W, TP's at M_Y W). step: max(compute, comm) per phase, forward plus backward; "
+    "fsdp-tp's comm in a phase is the larger of its two axes', overlapped. hides: "
+    "communication no longer than compute in both phases. N max: the largest degree that "
+    "still hides, for the whole model (and for one FFN layer, SwiGLU or xxl's two matrices; "
+    "for fsdp-tp with the two axes' collectives overlapped, and sharing the links), each "
+    "axis's degree a real number, as the handout takes them; N max, whole: the largest that "
+    "hides with whole degrees, the FSDP (DP) degree dividing the batch's sequences and TP's "
+    "the heads, each under its axis's bound (fsdp-tp: its split), the largest this plan can "
+    "run.",
+)
+MEMORY = Table(
+    "Memory per device (GiB)",
+    (
+        *POINT,
+        Column("params", cell=lambda r: gib(r.get("mem_params_bytes"))),
+        Column("grads", cell=lambda r: gib(r.get("mem_grads_bytes"))),
+        Column("optimizer", cell=lambda r: gib(r.get("mem_opt_state_bytes"))),
+        Column("gathered", cell=lambda r: gib(r.get("mem_gathered_bytes"))),
+        Column("activations", cell=lambda r: gib(r.get("mem_act_bytes"))),
+        Column("act. ckpt", cell=lambda r: gib(r.get("mem_act_ckpt_bytes"))),
+        Column("total", cell=lambda r: gib(r.get("mem_total_bytes"))),
+        Column("total ckpt", cell=lambda r: gib(r.get("mem_total_ckpt_bytes"))),
+        Column("GPU", cell=lambda r: gib(r.get("memory_bytes"))),
+        Column("GPUs' worth", cell=lambda r: _worth(r.get("mem_total_bytes"), r.get("memory_bytes"))),
+        Column("fits", "fits", "yes_no"),
+        Column("fits ckpt", "fits_ckpt", "yes_no"),
+        Column("seqs that fit", "fit_seqs"),
+        Column("seqs ckpt", "fit_seqs_ckpt"),
+    ),
+    note="params 2, grads 2, optimizer 12 bytes a parameter (bf16 weights and gradients, fp32 "
+    "AdamW state; xxl: 4, 4, 8, the 2025 handout's fp32 master weights, gradients and state), "
+    "sharded N ways by FSDP (each tensor padded to a multiple of N), Y ways by TP. gathered: "
+    "two FSDP units in bf16 (xxl: none). activations: the tokens one device sees x (L (16D + 8F "
+    "+ 4H) + 4D + 6V) bytes (xxl: L (2D + 2F), and under FSDP the handout's half of all B "
+    "tokens' sharded N ways, half whole), with TP's split; ckpt: 2D a token a layer plus one "
+    "layer recomputed. GPUs' worth: total over the device's memory, both in GiB; a GPU data "
+    "sheet's GB read as GiB (an H100's 80GB is 80 GiB, 79.6 usable), the TPU v5p's 95GB as "
+    "95 x 10^9 bytes, as the 2025 handout's (b) compares; with a GPU's GB read as 10^9 bytes "
+    "it holds 7.4 % less and the GPUs' worth is 7.4 % more. seqs that fit: whole sequences "
+    "per device that fit beside the rest.",
+)

@@ -154,18 +154,20 @@ def ffn_comm_s(strategy: str, b: float, d: float, f: float, n: int, w: float,
 
 
 def ffn_n_max(strategy: str, b: float, f: float, c: float, w: float, m: int = MATRICES,
-              overlap: bool = False) -> float:
+              overlap: bool = False, mesh: tuple[float, float] = (1, 1)) -> float:
     """The largest degree N at which one FFN layer of `m` matrices is still compute-bound in
     forward and in backward, as a real number (the module docstring's closed forms): DP,
     FSDP 1 + BW/C; TP 1 + mFW/(2C) (forward binds); FSDP+TP in forward, with `overlap`
-    (1 + BW/C)(1 + mFW/(2C)), without it the best split of (X-1)/B + (Y-1) 2/(mF) <= W/C."""
+    (1 + M_X BW/C)(1 + M_Y mFW/(2C)), each axis's collectives over its `mesh` axes (M_X,
+    M_Y) at W each, without it the best split of (X-1)/B + (Y-1) 2/(mF) <= W/C."""
     if strategy in ("dp", "fsdp"):
         return 1 + b * w / c
     if strategy == "tp":
         return 1 + m * f * w / (2 * c)
     if strategy == "fsdp-tp":
         if overlap:
-            return (1 + b * w / c) * (1 + m * f * w / (2 * c))
+            mx, my = mesh
+            return (1 + mx * b * w / c) * (1 + my * m * f * w / (2 * c))
         return best_split_n_max(1 / b, 2 / (m * f), w / c)
     raise ValueError(f"unknown strategy {strategy!r}")
 
@@ -215,6 +217,7 @@ INEQUALITY = {
     "fsdp": "compute-bound iff B/N >= (N-1)/N * C/W, i.e. N <= 1 + B*W/C (forward and backward)",
     "tp": "compute-bound iff m*F/N >= 2(N-1)/N * C/W, i.e. N <= 1 + m*F*W/(2C) (forward; "
     "backward N <= 1 + m*F*W/C)",
-    "fsdp-tp": "overlapped axes: X <= 1 + B*W/C and Y <= 1 + m*F*W/(2C), N <= their product; "
+    "fsdp-tp": "overlapped axes: X <= 1 + M_X*B*W/C and Y <= 1 + M_Y*m*F*W/(2C) (M_X, M_Y the "
+    "mesh axes, 1 without --mesh-axes), N <= their product; "
     "sharing the links: (X-1)/B + (Y-1)*2/(m*F) <= W/C, best N <= (mBF/8)(W/C + 1/B + 2/(mF))^2",
 }
