@@ -11,6 +11,7 @@ import contextlib
 import shlex
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,6 +104,28 @@ def test_dry_run_prints_one_command_per_point_with_the_handouts_flags(tmp_path, 
         assert "--nsys" not in rest and "--dry-run" not in rest
         assert rest[rest.index("--seq") + 1] == "16,32" and rest[rest.index("--db") + 1] == str(db)
     assert not db.exists() and not (tmp_path / "nsys").exists()
+
+
+def test_points_that_read_alike_are_named_apart(tmp_path, fake_nsys, monkeypatch):
+    """A report's name is the point in words: `profile model --attention naive,sdpa` named
+    both `01-tiny-T=16-train-fp32`, and a user's model at two sizes lost the size. The
+    settings that tell such points apart follow the words."""
+    def outputs(*args):
+        result = invoke(*args, "--nsys", "--dry-run", "--db", tmp_path / "r.db")
+        assert result.exit_code == 0, result.output
+        return [Path(a.split("=", 1)[1]).name for line in result.stdout.splitlines()
+                for a in shlex.split(line) if a.startswith("--output=")]
+
+    assert outputs("profile", "model", *MICRO, "--seq", "16", "--mode", "train",
+                   "--attention", "naive,sdpa") == [
+        "01-tiny-T=16-train-fp32-attention=naive", "02-tiny-T=16-train-fp32-attention=sdpa"]
+    from tests.user_repos import course_repo
+
+    monkeypatch.chdir(course_repo(tmp_path))
+    yours = outputs("model", "--model", "cs336_basics", "--size", "tiny,small", "--seq", "16",
+                    "--mode", "train", "--iters", "1")
+    assert [name.split("-T=")[0] for name in yours] == [
+        "01-cs336-basics-tiny", "02-cs336-basics-small"], yours
 
 
 def test_the_command_under_nsys_does_not_repeat_python_m(tmp_path, fake_nsys):

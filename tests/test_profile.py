@@ -467,7 +467,7 @@ def test_pv_is_its_ranges_matrix_multiplications_as_qk_is():
 def test_a_profiled_point_of_the_users_model_is_named_by_it():
     """The user's model (--model) and ours at one size read alike in every title and row of
     the profile's tables but for the model's name."""
-    from cs336sys.experiments.profile import attention_parts, label
+    from cs336sys.experiments.profile_section import attention_parts, label
 
     row = {"target": "model", "size": "tiny", "d_model": 512, "num_layers": 4, "seq": 64,
            "mode": "forward", "precision": "fp32", "status": "ok", "qk_ms_mean": 1.0}
@@ -477,7 +477,7 @@ def test_a_profiled_point_of_the_users_model_is_named_by_it():
     assert parts.title == "Attention's parts in the forward (per step)"
     assert parts.rows[0][0].startswith("cs336_basics ")
     # the same point on two GPUs: a GPU column, and each point's top kernels titled by it
-    from cs336sys.experiments.profile import section
+    from cs336sys.experiments.profile_section import section
     from cs336sys.report.sections import Section
 
     two = [{**row, "run_id": "a", "gpu": "cpu"}, {**row, "run_id": "b", "gpu": "H100"}]
@@ -631,7 +631,8 @@ def test_a_kernel_reads_the_same_in_every_table_of_the_profile():
 
     def point(run_id):
         return SimpleNamespace(
-            spec=SimpleNamespace(target="model", point=SimpleNamespace(model=None)),
+            spec=SimpleNamespace(target="model", point=SimpleNamespace(model=None),
+                                 settings=dict),
             result=SimpleNamespace(status="ok", metrics={},
                                    tables={"kernel_stats": linked[run_id]}))
 
@@ -640,6 +641,31 @@ def test_a_kernel_reads_the_same_in_every_table_of_the_profile():
     labels = [re.split(r"\s{2,}", line)[1] for line in printed.splitlines()
               if line.startswith("1 ")]
     assert [label.endswith("#2") for label in labels] == [False, True, False], printed
+
+
+def test_points_that_read_alike_get_titles_apart_in_the_report_and_the_table(db_path):
+    """`profile model --attention naive,sdpa`: two tables and two report sections were
+    headed `tiny T=32 forward fp32`; the setting that differs now follows the words."""
+    from cs336sys.experiments.profile_section import section
+    from cs336sys.report.sections import Section
+
+    rows = []
+    for i, attention in enumerate(("naive", "sdpa")):
+        s = {"target": "model", "size": "tiny", "seq": 32, "mode": "forward",
+             "precision": "fp32", "attention": attention, "top": 10}
+        rows.append({**s, "_settings": s, "status": "ok", "run_id": f"r{i}"})
+    kernel = {"phase": "forward", "rank": 1, "name": "aten::mm", "calls": 1, "total_ms": 1.0,
+              "mean_ms": 1.0, "share": 1.0, "time_basis": "cpu"}
+    sec = Section("profile", "Profile", linked={"r0": [kernel], "r1": [kernel]})
+    section(sec, rows)
+    assert [t.title for t in sec.tables] == [
+        f"Top ops: model tiny T=32 forward fp32 attention={a} (CPU self time)"
+        for a in ("naive", "sdpa")]
+    r = invoke("profile", "model", *MICRO, "--seq", "16", "--mode", "forward", "--attention",
+               "naive,sdpa", "--warmup", "0", "--iters", "1", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    heads = [line.split(" | ")[0] for line in r.stdout.splitlines() if " | forward | " in line]
+    assert heads == [f"tiny T=16 forward fp32 attention={a}" for a in ("naive", "sdpa")], heads
 
 
 def test_the_report_lists_each_phases_rows_together(tmp_path):

@@ -17,6 +17,7 @@ from typing import Any
 import typer
 
 from cs336sys.measure import nsys
+from cs336sys.sweep.points import told_apart
 
 # What the command under nsys leaves out of this command's options: --nsys itself, the
 # dry run (which would print instead of recording), and --rounds, which it takes as 1: nsys
@@ -88,8 +89,8 @@ def record(ctx: typer.Context, points: list, command: str, describe: Callable[[A
     if nsys.FOLDER.exists() and not nsys.FOLDER.is_dir():
         raise NsysRefused(f"--nsys: {nsys.FOLDER} is not a directory; the reports go in it")
     where = nsys.folder(command)
-    named = [describe(p) if describe else f"{command} point {i + 1}"
-             for i, p in enumerate(points)]
+    named = told_apart([describe(p) if describe else f"{command} point {i + 1}"
+                        for i, p in enumerate(points)], [p.settings() for p in points])
     recs = nsys.recordings(path, command_line(ctx), named, where, ranks)
     for rec in recs:
         typer.echo(nsys.shown(rec))

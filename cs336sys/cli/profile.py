@@ -22,6 +22,7 @@ from cs336sys.cli.options import option
 from cs336sys.experiments import attention_command, model_command
 from cs336sys.measure.nsys import nvtx_asked
 from cs336sys.report.kernel_names import readable_all
+from cs336sys.sweep.points import told_apart
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
 
@@ -165,9 +166,15 @@ def _label(spec) -> str:
     p = spec.point
     if spec.target == "model":
         opt = model_command.optimizer_word(p.mode, p.optimizer)
-        words = [p.size, f"T={p.seq}", p.mode, p.precision, opt]
+        words = [p.model, p.size, f"T={p.seq}", p.mode, p.precision, opt]
         return " ".join(w for w in words if w)
     return f"{p.impl} seq={p.seq} d={p.d_head} {p.precision}"
+
+
+def _labels(points) -> dict[int, str]:
+    """Each point's label by id(), told apart where two read the same."""
+    named = told_apart([_label(p.spec) for p in points], [p.spec.settings() for p in points])
+    return {id(p): name for p, name in zip(points, named, strict=True)}
 
 
 def _f(value: float | None, fmt: str = ".3f") -> str:
@@ -178,6 +185,7 @@ def _details(points) -> str:
     """Attention's parts against their FLOPs, then each point's top ops per phase."""
     parts, blocks = [], []
     every = {k["name"] for p in points for k in p.result.tables.get("kernel_stats", [])}
+    labels = _labels(points)
     for p in points:
         m = p.result.metrics
         fwd = m.get("fwd_profiled_ms_mean")
@@ -185,7 +193,7 @@ def _details(points) -> str:
                           ("pv", "PV")):
             if m.get(f"{key}_ms_mean") is not None:
                 share = m[f"{key}_ms_mean"] / fwd if fwd else None
-                parts.append([_label(p.spec), name, _f(m[f"{key}_ms_mean"]),
+                parts.append([labels[id(p)], name, _f(m[f"{key}_ms_mean"]),
                               _f(m.get(f"{key}_flops"), ".4g"), _f(m.get(f"{key}_gflops"), ".4g"),
                               _f(share, ".1%")])
         kernels = p.result.tables.get("kernel_stats", [])
@@ -196,7 +204,7 @@ def _details(points) -> str:
             what = "kernel time" if ops[0]["time_basis"] == "cuda" else "CPU self time"
             steps = m.get("profiled_steps") or 1
             where = "every phase" if phase == "step" else phase
-            head = (f"{_label(p.spec)} | {where} | {what} per step, the mean of {steps} "
+            head = (f"{labels[id(p)]} | {where} | {what} per step, the mean of {steps} "
                     f"profiled step{'s' * (steps != 1)}")
             body = table(
                 [[k["rank"], name, _f(k["calls"] / steps, ".4g"),

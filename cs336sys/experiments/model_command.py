@@ -29,7 +29,8 @@ def options(
 
 def point_name(spec: Any) -> str:
     """A point in a few words, for the progress bar."""
-    return f"{spec.model or spec.size} T={spec.seq} {spec.mode} {spec.precision}"
+    model = f"{spec.model} {spec.size}" if spec.model else spec.size  # the sizes of yours too
+    return f"{model} T={spec.seq} {spec.mode} {spec.precision}"
 
 
 # What the course's model calls for attention, a function of the module its class is in

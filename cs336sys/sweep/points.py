@@ -80,6 +80,24 @@ def point_key(experiment: str, settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def told_apart(names: list[str], settings: list[dict[str, Any]]) -> list[str]:
+    """Each point's name in words (`names`), with the settings that tell it from the
+    points whose names read the same after it, as key=value: a profile of naive and of
+    sdpa attention was two tables, report sections and nsys files named alike."""
+    out = list(names)
+    for name in set(names):
+        same = [i for i, n in enumerate(names) if n == name]
+        if len(same) < 2:
+            continue
+        keys = sorted({k for i in same for k in settings[i]})
+        differ = [k for k in keys if len({json.dumps(settings[i].get(k), sort_keys=True,
+                                                     default=str) for i in same}) > 1]
+        for i in same:
+            words = [f"{k}={settings[i][k]}" for k in differ if settings[i].get(k) is not None]
+            out[i] = " ".join([name, *words])
+    return out
+
+
 def distinct(experiment: str, specs: list) -> list:
     """`specs` in order, each point once: two spellings of one value (`--seq 64,064`,
     `--bucket-mb 1,1.0`) make one point, measured once, not two rows that read the same."""
