@@ -248,6 +248,41 @@ def test_fsdp_names_each_units_gather_and_each_weights_reduce_scatter(ranges, on
     assert "all-reduce the replicated gradients" in ranges
 
 
+@pytest.mark.parametrize("passes, timed", [("forward", 3), ("both", 9)])
+def test_attention_warms_up_outside_the_recorded_range(monkeypatch, passes, timed):
+    """docs/nsys.md: only the timed calls are recorded. attention timed each pass with its
+    warm-up inside `measured_steps`: --warmup 5 --iters 3 put 8 forwards in the report.
+    Under NVTX every pass warms up first; inside, 3 calls a pass (a backward's and an end
+    to end's each run one forward)."""
+    from cs336sys.attention import registry
+    from cs336sys.experiments import attention
+
+    inside, calls = [False], {True: 0, False: 0}
+
+    @contextlib.contextmanager
+    def fake(name):
+        was = inside[0]
+        inside[0] = was or name == nsys.MEASURED_RANGE
+        yield
+        inside[0] = was
+
+    monkeypatch.setattr(nvtx, "_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda.nvtx, "range", fake)
+    monkeypatch.setattr(nvtx, "_ASKED", True)
+    naive = registry.get("naive")
+
+    def counted(*args, **kwargs):
+        calls[inside[0]] += 1
+        return naive(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "get", lambda name: counted)
+    spec = attention.specs(impl=["naive"], seq=[32], d_head=[16], batch=[1], passes=passes,
+                           warmup=5, iters=3, device="cpu")[0]
+    assert attention.run(spec).status == "ok"
+    assert calls[True] == timed, calls
+    assert calls[False] >= 5 * (1 if passes == "forward" else 3), calls
+
+
 def test_the_timed_steps_sit_in_one_measured_range(ranges):
     """run_steps: warm-up outside, every timed step inside the one range nsys captures."""
     from cs336sys.experiments.training_step import run_steps

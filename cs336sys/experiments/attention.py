@@ -30,11 +30,10 @@ from cs336sys.attention.diagnosis import (
 from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
+from cs336sys.experiments.attention_timing import time_passes, warm_blas_and_probe
 from cs336sys.measure.compile_backend import compile_backend
 from cs336sys.measure.dtypes import PRECISIONS, torch_dtype
-from cs336sys.measure.memory import CudaProbe, saved_tensor_bytes
-from cs336sys.measure.progress import phase
-from cs336sys.measure.timing import time_do_bench, time_loop
+from cs336sys.measure.memory import saved_tensor_bytes
 from cs336sys.models.flops import attention_forward_flops
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import Experiment, launch, metric_table, settings_keys, timing
@@ -283,7 +282,6 @@ def sdpa_backend_used(q, k, v, is_causal: bool) -> str | None:
 def run(spec: AttentionSpec) -> Result:
     import torch
 
-    from cs336sys.measure.nvtx import measured
 
     device = spec.device
     on_cuda = device.startswith("cuda")
@@ -295,7 +293,7 @@ def run(spec: AttentionSpec) -> Result:
     # are: cuBLAS's workspace (32 MiB on an H100), allocated by a point's first matmul and
     # kept, made every later point of a sweep read 32 MiB more than the first. It is
     # allocated here, before the base is read.
-    probe = _warm_blas_and_probe(device, dtype) if on_cuda else None
+    probe = warm_blas_and_probe(device, dtype) if on_cuda else None
     gen = torch.Generator(device=device).manual_seed(spec.seed)
     q, k, v, dout = (
         torch.randn(spec.shape, generator=gen, device=device, dtype=dtype) for _ in range(4)
@@ -314,7 +312,6 @@ def run(spec: AttentionSpec) -> Result:
         return forward()
 
     metrics: dict[str, Any] = {"interpreted": _interpreted(spec.impl), "peak_bytes": None}
-    samples: dict[str, list[float]] = {}
     with _impl_context(spec):
         if spec.impl == "sdpa":
             metrics["sdpa_backend_used"] = sdpa_backend_used(q, k, v, spec.causal)
@@ -351,22 +348,7 @@ def run(spec: AttentionSpec) -> Result:
         del out, lse
         q.grad = k.grad = v.grad = None
 
-        with measured():  # what --nsys records: the timed passes
-            # Each call's host time (until it returned, before the sync), for the launch-bound
-            # flag: from the loop timer's own calls, or from a few more after do_bench.
-            host: dict[str, list[float]] = {}
-            if spec.passes in ("forward", "both"):
-                with phase("forward"):
-                    samples["fwd_ms"] = _time(spec, forward, (q, k, v),
-                                              host.setdefault("fwd_host_ms", []))
-            if backward:
-                with phase("backward"):
-                    samples["bwd_ms"] = _time_backward(spec, fresh_forward, dout, (q, k, v),
-                                                       host.setdefault("bwd_host_ms", []))
-            if spec.passes == "both":
-                with phase("forward+backward"):
-                    samples["e2e_ms"] = _time(spec, lambda: fresh_forward().backward(dout),
-                                              (q, k, v), host.setdefault("e2e_host_ms", []))
+        samples, host = time_passes(spec, forward, fresh_forward, dout, (q, k, v))
         if probe:
             # The peak of one more pass, not of the timed ones: do_bench flushes the L2 with
             # a 256 MB buffer of its own between its calls, which is not attention's memory.
@@ -386,38 +368,6 @@ def run(spec: AttentionSpec) -> Result:
     status, why = status_of(spec, metrics["interpreted"], verdict)
     return Result(status, metrics=metrics, error=why,
                   samples={**samples, **{k: v for k, v in host.items() if v}})
-
-
-def _time_backward(spec, fresh_forward, dout, grads, host: list[float]) -> list[float]:
-    """The backward alone: each timed call is the backward of a fresh untimed forward
-    (do_bench, which cannot run a setup between calls, retains one forward's graph)."""
-    if spec.timer == "do-bench":
-        out = fresh_forward()
-        return time_do_bench(lambda: out.backward(dout, retain_graph=True),
-                             grad_to_none=list(grads), host=host, min_count=spec.iters,
-                             min_seconds=spec.min_time)
-    return time_loop(lambda out: out.backward(dout), spec.warmup, spec.iters, spec.device,
-                     setup=fresh_forward, host=host, min_seconds=spec.min_time)
-
-
-def _warm_blas_and_probe(device: str, dtype) -> CudaProbe:
-    """A CudaProbe whose base holds cuBLAS's workspace: a matmul and a batched one in the
-    point's dtype allocate it (once per handle and stream) before the base is read."""
-    import torch
-
-    a = torch.ones(2, 16, 16, device=device, dtype=dtype)
-    products = (a[0] @ a[0], a @ a)  # run for what they allocate
-    torch.cuda.synchronize(device)
-    del a, products
-    return CudaProbe(device)
-
-
-def _time(spec, fn, grads, host: list[float]) -> list[float]:
-    if spec.timer == "do-bench":
-        return time_do_bench(fn, grad_to_none=list(grads), host=host, min_count=spec.iters,
-                             min_seconds=spec.min_time)
-    return time_loop(fn, spec.warmup, spec.iters, spec.device, host=host,
-                     min_seconds=spec.min_time)
 
 
 def _interpreted(impl: str) -> bool:
