@@ -12,7 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tests.conftest import MICRO, invoke, query
-from tests.user_repos import course_repo, edit
+from tests.user_repos import EXAMPLE, course_repo, edit
 
 MODEL = "cs336-basics/cs336_basics/model.py"  # the example's assignment-1 model
 
@@ -1085,6 +1085,27 @@ def test_profile_says_where_your_models_attention_is_not_split(tmp_path, monkeyp
     assert result.exit_code == 0 and said not in result.output, result.output
     assert [r["qk"] is None for r in query(
         db, "SELECT qk_ms_mean AS qk FROM profile_runs ORDER BY created")] == [True, False]
+
+
+def test_profile_says_your_attention_ran_fused_with_no_softmax_to_split_at(tmp_path,
+                                                                         monkeypatch):
+    """A scaled_dot_product_attention of yours that calls torch's fused one ran in every
+    layer, but with no softmax op to split at: the command said it was never seen."""
+    model = (EXAMPLE / "cs336-basics" / "cs336_basics" / "model.py").read_text()
+    naive = model[model.index("    scores = q @ k"):model.index("@ v\n") + len("@ v\n")]
+    fused = "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n"
+    monkeypatch.chdir(course_repo(tmp_path, files={
+        "cs336-basics/cs336_basics/model.py": model.replace(naive, fused)}))
+    db = tmp_path / "r.db"
+    result = invoke("profile", "model", "--model", "cs336_basics", "--size", "tiny",
+                    "--d-model", "32", "--d-ff", "64", "--num-heads", "4", "--num-layers", "2",
+                    "--seq", "16", "--batch", "2", "--mode", "forward", "--warmup", "0",
+                    "--iters", "1", "--device", "cpu", "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "your scaled_dot_product_attention ran, but no softmax op ran inside it" in \
+        result.output and "no call of" not in result.output, result.output
+    (row,) = query(db, "SELECT qk_ms_mean, attention_calls FROM profile_runs")
+    assert row["qk_ms_mean"] is None and row["attention_calls"] == 2  # a layer each
 
 
 def test_memorys_analytic_gradients_and_state_leave_out_frozen_parameters(tmp_path,

@@ -221,8 +221,15 @@ def _details(points) -> str:
     unsplit = [p for p in points if getattr(p.spec.point, "model", None)
                and p.result.status == "ok" and not p.spec.point.compile
                and p.result.metrics.get("qk_ms_mean") is None]
-    if unsplit:  # nsys_profile (e)'s split, missing: said, not left blank
+    # nsys_profile (e)'s split, missing: said, not left blank
+    unseen = [p for p in unsplit if not p.result.metrics.get("attention_calls")]
+    if unseen:
         out.append(f"no call of {model_command.ATTENTION_FUNCTION} was seen in the modules of "
-                   f"your model's classes at {len(unsplit)} point(s): the attention's parts "
+                   f"your model's classes at {len(unseen)} point(s): the attention's parts "
                    "(QKᵀ, softmax, PV) are left out there")
+    if len(unseen) < len(unsplit):
+        out.append(f"your {model_command.ATTENTION_FUNCTION} ran, but no softmax op ran inside "
+                   f"it at {len(unsplit) - len(unseen)} point(s) (a fused kernel, such as "
+                   "torch's scaled_dot_product_attention, computes the scores, softmax and PV "
+                   "in one): there is nothing to split into QKᵀ, softmax and PV")
     return "\n\n".join(out + blocks)

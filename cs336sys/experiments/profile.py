@@ -43,6 +43,7 @@ from cs336sys.experiments.profile_events import (
     USER_ATTENTION,
     USER_SOFTMAX,
     matmul_shares,
+    ranges,
     summarize,
 )
 from cs336sys.experiments.profile_section import label, section
@@ -193,6 +194,8 @@ def run(spec: ProfileSpec) -> Result:
             metrics[f"{SHORT[name]}_profiled_ms_mean"] = ms / n_steps
         for name, share in matmul_shares(prof.events(), on_cuda).items():
             metrics[f"{SHORT[name]}_matmul_share"] = share
+        if getattr(spec.point, "model", None):  # the calls of yours the split looked into
+            metrics["attention_calls"] = len(ranges(prof.events()).get(USER_ATTENTION, ())) / n_steps
         for key, ms in parts.items():
             per_step = ms / n_steps
             flops = built.part_flops.get(key)
@@ -248,7 +251,6 @@ def _model(spec: ModelSpec) -> _Steps:
         parts = {k: v * config.num_layers for k, v in per_call.items()}
     return _Steps(one_step, context=context, part_flops=parts, losses=losses, checked=checked,
                   code=None if checked is None else user_code(config, step.model, step.optimizer))
-
 
 
 @contextlib.contextmanager
@@ -387,6 +389,8 @@ EXPERIMENT = Experiment(
                  "multiplications (profile_events.MATMUL)") for p in ("fwd", "bwd", "opt")),
         Metric("step_matmul_share", "", "share of the whole step's op/kernel time, every phase, "
                "in matrix multiplications"),
+        Metric("attention_calls", "", "your model (--model): calls of its attention function "
+               "per profiled step, whose ops the attention's parts split at their softmax"),
         *(m for part in ("qk", "softmax", "pv") for m in (
             Metric(f"{part}_ms_mean", "ms", f"naive attention's {part}, per step (QKᵀ, PV: "
                    "their matrix multiplications)"),
