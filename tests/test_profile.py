@@ -668,6 +668,22 @@ def test_points_that_read_alike_get_titles_apart_in_the_report_and_the_table(db_
     assert heads == [f"tiny T=16 forward fp32 attention={a}" for a in ("naive", "sdpa")], heads
 
 
+def test_a_profiled_triton_point_is_marked_interpreted(db_path):
+    """Under TRITON_INTERPRET=1 the profile's times are the emulator's: attention's rows
+    said so and profile's did not, showing 17 ms a call as the kernel's."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine runs Triton on the GPU")
+    r = invoke("profile", "attention", "--attention", "triton,naive", "--seq", "16",
+               "--d-head", "16", "--batch", "1", "--pass", "forward", "--warmup", "0",
+               "--iters", "1", "--device", "cpu", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    got = {row["impl"]: row["interpreted"] for row in query(
+        db_path, "SELECT impl, interpreted FROM profile_runs")}
+    assert got == {"triton": 1, "naive": 0}
+    assert "triton seq=16 d=16 fp32 (Triton interpreted)" in r.stdout
+    assert "naive seq=16 d=16 fp32 (Triton" not in r.stdout
+
+
 def test_the_report_lists_each_phases_rows_together(tmp_path):
     """The report read kernel_stats ordered forward, backward, then the rest by rank: the
     optimizer's rows and those of every phase together (`step`) came interleaved."""

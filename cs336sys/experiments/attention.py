@@ -311,7 +311,7 @@ def run(spec: AttentionSpec) -> Result:
         q.grad = k.grad = v.grad = None
         return forward()
 
-    metrics: dict[str, Any] = {"interpreted": _interpreted(spec.impl), "peak_bytes": None}
+    metrics: dict[str, Any] = {"interpreted": interpreted(spec.impl), "peak_bytes": None}
     with _impl_context(spec):
         if spec.impl == "sdpa":
             metrics["sdpa_backend_used"] = sdpa_backend_used(q, k, v, spec.causal)
@@ -370,7 +370,7 @@ def run(spec: AttentionSpec) -> Result:
                   samples={**samples, **{k: v for k, v in host.items() if v}})
 
 
-def _interpreted(impl: str) -> bool:
+def interpreted(impl: str) -> bool:
     """Whether the point's kernel ran in Triton's CPU interpreter: ours, or the user's
     Triton code (yours-triton, or a one-off target that is Triton) under TRITON_INTERPRET."""
     if yours.is_yours(impl):

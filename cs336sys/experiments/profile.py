@@ -35,7 +35,7 @@ from typing import Any
 
 from cs336sys.attention import registry
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
-from cs336sys.experiments.attention import AttentionSpec, _impl_context
+from cs336sys.experiments.attention import AttentionSpec, _impl_context, interpreted
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
 from cs336sys.experiments.model import ModelSpec
 from cs336sys.experiments.model_command import ATTENTION_FUNCTION
@@ -184,6 +184,8 @@ def run(spec: ProfileSpec) -> Result:
         "time_basis": "cuda" if on_cuda else "cpu",
         "profiled_steps": n_steps,
     }
+    if isinstance(spec.point, AttentionSpec):  # Triton's CPU interpreter: not the kernel's time
+        metrics["interpreted"] = interpreted(spec.point.impl)
     for name in ("fwd_ms", "bwd_ms", "opt_ms", "step_ms"):
         if name in timed:
             metrics.update(flatten(name, timed[name]))
@@ -389,6 +391,8 @@ EXPERIMENT = Experiment(
                  "multiplications (profile_events.MATMUL)") for p in ("fwd", "bwd", "opt")),
         Metric("step_matmul_share", "", "share of the whole step's op/kernel time, every phase, "
                "in matrix multiplications"),
+        Metric("interpreted", "", "attention: a Triton kernel run by Triton's CPU interpreter "
+               "(TRITON_INTERPRET=1), whose times are the emulator's, not the kernel's"),
         Metric("attention_calls", "", "your model (--model): calls of its attention function "
                "per profiled step, whose ops the attention's parts split at their softmax"),
         *(m for part in ("qk", "softmax", "pv") for m in (

@@ -101,5 +101,5 @@ def label(row: Mapping[str, Any]) -> str:
         words.append(optimizer_word(row.get("mode"), row.get("optimizer")))
     else:
         words = [row.get("impl"), named("seq", row.get("seq")), named("d", row.get("d_head")),
-                 row.get("precision")]
+                 row.get("precision"), "(Triton interpreted)" if row.get("interpreted") else None]
     return " ".join(str(w) for w in words if w)
