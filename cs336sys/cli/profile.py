@@ -92,7 +92,7 @@ def profile_model(ctx: typer.Context, **options: Any) -> None:
 def profile_attention(ctx: typer.Context, **options: Any) -> None:
     """Profile attention calls: ops/kernels per phase, and naive attention's parts vs FLOPs.
 
-    Same options as `cs336sys attention` (but no --timer, --rounds or --min-time: the profiler times --iters calls, in one round). For naive attention the forward's QKᵀ (2·B·H·T²·d FLOPs, with scale and mask), softmax (5·B·H·T²) and PV (2·B·H·T²·d) get their time and achieved GFLOP/s.
+    Same options as `cs336sys attention` (but no --timer, --rounds or --min-time: the profiler times --iters calls, in one round). For naive attention the forward's QKᵀ (2·B·H·T²·d FLOPs), its scale and mask (no FLOPs counted), softmax (5·B·H·T²) and PV (2·B·H·T²·d) get their time and achieved GFLOP/s.
 
     Example:
 

@@ -18,8 +18,8 @@ FLOPs. Convention (per call, B batch, H heads, T queries = keys, d head dim):
 
 In a model step the parts are summed over the layers. The user's model (`--model`) gets the
 same split where a module of its classes has the course's `scaled_dot_product_attention`: each
-call runs in a range of its own, and its ops are split at the softmax (what runs before it
-is QKᵀ with scale and mask, what runs after it PV). With `nvtx=True` torch.profiler is
+call runs in a range of its own, and its ops are split at the softmax (the matmuls before it
+are QKᵀ, its other ops the scale and mask, the matmuls after it PV). With `nvtx=True` torch.profiler is
 not used (Nsight Systems cannot share CUPTI with it): the phases become NVTX ranges and the
 measured steps sit inside one range, MEASURED_RANGE, which `nsys --capture-range=nvtx`
 captures, so warm-up never enters the report.
