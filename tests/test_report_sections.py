@@ -937,3 +937,12 @@ def test_the_model_column_names_cs336syss_model_beside_yours_and_is_gone_without
     assert sorted(r[at] for r in both.rows) == ["cs336_basics", "cs336sys's"]
     (ours,) = point_tables((ddp_section.TABLE,), [row(None)])
     assert "model" not in ours.headers
+
+
+def test_a_number_that_rounds_up_to_the_next_power_of_ten_reads_as_a_number():
+    """Three significant figures of 999.6 are 1e+03 in Python's g format: a step read
+    "379 ± 1e+02" in a report."""
+    from cs336sys.report.sections import num
+
+    assert [num(x) for x in (999.6, -999.7, 99.96, 0.9996, 1234.5, 379.0, 1.23e-5)] == [
+        "1,000", "-1,000", "100", "1", "1,234", "379", "1.23e-05"]

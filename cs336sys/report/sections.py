@@ -192,9 +192,10 @@ def num(x: Any, digits: int = 3) -> str:
     if isinstance(x, float):
         if x == 0:
             return "0"
-        if abs(x) >= 10**digits:
+        short = f"{x:.{digits}g}"
+        if abs(x) >= 10**digits or ("e" in short and abs(x) >= 1):  # 999.6 rounds to 1e+03
             return f"{x:,.0f}"
-        return f"{x:.{digits}g}"
+        return short
     return str(x)
 
 
