@@ -294,3 +294,39 @@ def test_a_group_mixing_dtypes_and_a_misaligned_view(name):
             torch.testing.assert_close(p, r, atol=1e-6, rtol=0)
         else:
             assert bf16_ulps(p.detach(), r.detach()).max() <= 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["adamw-foreach", "adamw-triton", "adamw-triton-per-tensor"])
+def test_dtensor_parameters_as_torch_fsdp_shards_them(name, dtype):
+    """`step --ddp torch-fsdp` (FSDP2) hands the optimizer DTensors: the foreach version's
+    _foreach_copy_ of bf16 weights had no sharding rule (every point an error) and the
+    Triton kernel read the wrapper's address (a segfault under the interpreter). Each
+    rank's shard is updated as a plain tensor, exactly as the same plain parameters."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    dist.init_process_group("gloo" if DEVICE == "cpu" else "nccl", store=dist.HashStore(),
+                            rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(DEVICE, (1,))
+        gen = torch.Generator().manual_seed(0)
+        start = [torch.randn(shape, generator=gen).to(dtype) for shape in ((6, 5), (37,))]
+        plain = [torch.nn.Parameter(t.clone().to(DEVICE)) for t in start]
+        sharded = [torch.nn.Parameter(distribute_tensor(t.clone().to(DEVICE), mesh, [Shard(0)]))
+                   for t in start]
+        opts = [OURS[name](ps, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.1)
+                for ps in (plain, sharded)]
+        for _ in range(3):
+            grads = [torch.randn(t.shape, generator=gen).to(dtype) for t in start]
+            for p, q, g in zip(plain, sharded, grads, strict=True):
+                p.grad = g.clone().to(DEVICE)
+                q.grad = distribute_tensor(g.clone().to(DEVICE), mesh, [Shard(0)])
+            for opt in opts:
+                opt.step()
+        for p, q, t in zip(plain, sharded, start, strict=True):
+            assert not torch.equal(p.detach().cpu(), t)  # moved
+            assert torch.equal(q.detach().full_tensor().cpu(), p.detach().cpu())
+    finally:
+        dist.destroy_process_group()

@@ -29,6 +29,15 @@ import torch
 from cs336sys.models.adamw import LOW_PRECISION, AdamW
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (torch FSDP2 shards parameters, gradients and the state
+    made like them as DTensors), any other tensor as it is: the update is elementwise, so
+    updating each rank's shards is updating the whole. foreach ops and Triton kernels take
+    plain tensors (DTensor has no sharding rule for _foreach_copy_; the kernel read its
+    wrapper's address)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 class AdamWForeach(AdamW):
     """AdamW as multi-tensor ops: each of the reference's ops once per (device, dtype, step)
     bucket of a group instead of once per parameter."""
@@ -46,10 +55,10 @@ class AdamWForeach(AdamW):
     def _update(group: dict, dtype: torch.dtype, t: int, members: list) -> None:
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
-        params = [p for p, _ in members]
-        grads = [p.grad for p, _ in members]
-        exp_avgs = [s["exp_avg"] for _, s in members]
-        exp_avg_sqs = [s["exp_avg_sq"] for _, s in members]
+        params = [_local(p) for p, _ in members]
+        grads = [_local(p.grad) for p, _ in members]
+        exp_avgs = [_local(s["exp_avg"]) for _, s in members]
+        exp_avg_sqs = [_local(s["exp_avg_sq"]) for _, s in members]
         low = dtype in LOW_PRECISION
         # A 16-bit bucket is updated in float32 copies, rounded back once at the end.
         weights = [p.float() for p in params] if low else params
@@ -93,8 +102,9 @@ class AdamWTriton(AdamW):
                      weight_decay=group["weight_decay"])
         if not self.multi_tensor:
             for p, state in self._stepped(group):
-                self._kernels.adamw_update(p, p.grad, state["exp_avg"], state["exp_avg_sq"],
-                                           step=state["step"], **hyper)
+                self._kernels.adamw_update(_local(p), _local(p.grad), _local(state["exp_avg"]),
+                                           _local(state["exp_avg_sq"]), step=state["step"],
+                                           **hyper)
             return
         # one launch per device and step count (the kernel splits dtypes itself)
         buckets: dict[tuple, list[tuple[torch.Tensor, dict]]] = defaultdict(list)
@@ -102,7 +112,7 @@ class AdamWTriton(AdamW):
             buckets[(p.device, state["step"])].append((p, state))
         for (_, t), members in buckets.items():
             self._kernels.adamw_update_many(
-                [p for p, _ in members], [p.grad for p, _ in members],
-                [s["exp_avg"] for _, s in members], [s["exp_avg_sq"] for _, s in members],
-                step=t, **hyper,
+                [_local(p) for p, _ in members], [_local(p.grad) for p, _ in members],
+                [_local(s["exp_avg"]) for _, s in members],
+                [_local(s["exp_avg_sq"]) for _, s in members], step=t, **hyper,
             )
