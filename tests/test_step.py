@@ -107,6 +107,23 @@ def test_the_check_of_your_code_is_not_the_leaderboards_time(monkeypatch):
     assert m["wall_s"] - m["first_step_s"] < 5 and m["leaderboard_s"] < 45 + m["wall_s"]
 
 
+def test_the_course_timings_steps_are_not_the_runs_losses(monkeypatch):
+    """--course-timing runs do_bench's ~40 s of steps after the timed ones: the row's
+    loss_last (the last timed step's) and its loss samples took them in."""
+    def course(step):  # do_bench calling the step, a few times here
+        for _ in range(4):
+            step()
+        return 1.0
+
+    monkeypatch.setattr(step_exp, "course_ms", course)
+    (spec,) = step_exp.specs(**ONE_BLOCK, switches=["none"], warmup=1, iters=2)
+    plain = step_exp.run(spec)
+    timed = step_exp.run(replace(spec, course_timing=True))
+    assert timed.metrics["course_ms"] == 1.0
+    assert len(timed.samples["loss"]) == len(plain.samples["loss"]) == 1 + 1 + 2
+    assert timed.metrics["loss_last"] == plain.metrics["loss_last"] == timed.samples["loss"][-1]
+
+
 def test_the_leaderboards_run_is_its_first_step_then_do_bench():
     """do_bench: the first (cold) call, 5 to estimate, 10 s of warm-up and 30 s of
     repetitions, each at least one call."""
@@ -117,7 +134,6 @@ def test_the_leaderboards_run_is_its_first_step_then_do_bench():
     assert leaderboard_s(500.0, 40.0) == pytest.approx(500 + 200 + 40 + 40)  # 780 s: over
 
 
-@pytest.mark.slow
 @pytest.mark.slow  # two inductor compiles
 def test_a_compiled_point_starts_with_nothing_compiled_in_the_process():
     """The leaderboard counts a compile from an empty cache: fresh cache folders left what
@@ -139,6 +155,7 @@ def test_a_compiled_point_starts_with_nothing_compiled_in_the_process():
     assert not PyCodeCache.modules
 
 
+@pytest.mark.slow
 def test_bf16_switches_keep_the_trajectory_within_bf16_rounding():
     plain, _ = _losses("none", ONE_BLOCK, precision=["bf16"])
     fused, _ = _losses("fused-adamw+fused-ce+flash", ONE_BLOCK, precision=["bf16"])
