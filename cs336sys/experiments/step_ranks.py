@@ -110,6 +110,8 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         checked = both(checked, toy_check(spec.ddp, None, ctx.rank, ctx.world_size, device))
     except Unfinished as exc:  # its getter raised NotImplementedError, on every rank alike
         return Result("skipped", error=str(exc))
+    import torch._dynamo  # a first Optimizer imports it: 5 s that only the first point paid
+
     t_start = time.perf_counter()
     on_cuda = device.type == "cuda"
     local = spec.batch // ctx.world_size
