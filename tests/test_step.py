@@ -124,6 +124,23 @@ def test_the_course_timings_steps_are_not_the_runs_losses(monkeypatch):
     assert timed.metrics["loss_last"] == plain.metrics["loss_last"] == timed.samples["loss"][-1]
 
 
+def test_course_timing_on_the_leaderboard_preset_names_the_preset_for_its_ranks(monkeypatch):
+    """--preset leaderboard runs two ranks, which the user never typed: the refusal said
+    "runs on one GPU" and left them to find where the ranks came from."""
+    monkeypatch.setattr(step_exp, "device_choice", lambda device: "cuda")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SpecError) as raised:
+        step_exp.specs(preset="leaderboard", course_timing=True)
+    said = str(raised.value)
+    assert "(--preset leaderboard runs 2 ranks)" in said and "add --world-size 1" in said
+    with pytest.raises(SpecError) as raised:
+        step_exp.specs(world_size=[2], course_timing=True)
+    assert "--preset" not in str(raised.value)
+    (spec,) = step_exp.specs(preset="leaderboard", world_size=[1], course_timing=True,
+                             switches=["none"])
+    assert spec.course_timing and spec.world_size == 1
+
+
 def test_the_leaderboards_run_is_its_first_step_then_do_bench():
     """do_bench: the first (cold) call, 5 to estimate, 10 s of warm-up and 30 s of
     repetitions, each at least one call."""

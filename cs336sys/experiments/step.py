@@ -324,8 +324,9 @@ def specs(
         raise SpecError("--course-timing is triton.testing.do_bench's, which times with CUDA "
                         "events: it needs CUDA")
     if course_timing and ranked:
-        raise SpecError("--course-timing runs on one GPU: do_bench decides its count on each "
-                        "rank alone, and ranks must run the same steps")
+        given = "" if world_size is not None else f" (--preset {preset} runs {max(worlds)} ranks)"
+        raise SpecError(f"--course-timing runs on one GPU{given}: do_bench decides its count on "
+                        "each rank alone, and ranks must run the same steps; add --world-size 1")
     out = []
     for p in expand({"size": sizes, "num_layers": layers, "seq": seqs, "batch": batches,
                      "precision": precisions, "param_dtype": param_dtypes,
