@@ -946,3 +946,23 @@ def test_a_number_that_rounds_up_to_the_next_power_of_ten_reads_as_a_number():
 
     assert [num(x) for x in (999.6, -999.7, 99.96, 0.9996, 1234.5, 379.0, 1.23e-5)] == [
         "1,000", "-1,000", "100", "1", "1,234", "379", "1.23e-05"]
+
+
+def test_ddp_names_its_sequence_and_batch_and_tells_its_bars_apart():
+    """handout: "a description of your benchmarking setup": ddp's section never said the
+    sequence or batch, and two points that differed only in --seq were two bars both
+    labelled `naive` under `2 ranks`."""
+    from cs336sys.experiments import ddp_section
+
+    headers = [c.header for c in ddp_section.TABLE.columns]
+    assert {"seq", "batch"} <= set(headers)
+    rows = []
+    for seq in (32, 16):
+        s = {"impl": "naive", "world_size": 2, "seq": seq, "batch": 4, "size": "tiny"}
+        rows.append({**s, "_settings": s, "status": "ok", "step_ms_mean": 10.0,
+                     "comm_ms_mean": 2.0, "tokens_per_s": 100.0})
+    rows.append({**rows[0], "_settings": {**rows[0]["_settings"], "world_size": 4},
+                 "world_size": 4})
+    bars = ddp_section._steps(rows).bars
+    assert [(b.group, b.label) for b in bars] == [
+        ("2 ranks", "naive seq=32"), ("2 ranks", "naive seq=16"), ("4 ranks", "naive")]

@@ -34,6 +34,7 @@ from cs336sys.sweep.declaration import (
     Table,
     column_table,
 )
+from cs336sys.sweep.points import told_apart
 
 
 def section(sec: Section, pts: list[Row]) -> None:
@@ -117,10 +118,13 @@ def _steps(pts: list[Row]) -> Bars:
     """Per measured point: its step time, the communication it waited on stacked on the
     rest, grouped by world size; tokens per second beside."""
     bars = []
-    for r in pts:
+    drawn = [r for r in pts if r.get("status") == "ok" and r.get("step_ms_mean") is not None]
+    # named as the table names it (`torch 25MiB`, `overlap +sharded opt`), and by what else
+    # differs where two of one group would read alike (`naive seq=16`, `naive seq=32`)
+    names = told_apart([f"{r['_settings'].get('world_size')}|{label(r)}" for r in drawn],
+                       [r["_settings"] for r in drawn])
+    for r, name in zip(drawn, names, strict=True):
         step, comm = r.get("step_ms_mean"), r.get("comm_ms_mean")
-        if r.get("status") != "ok" or step is None:
-            continue
         s = r["_settings"]
         # torch's comm_ms (backward less backward without the reduction) is not clipped
         # and comes out below 0 now and then: no wait, not a bar drawn down into the step
@@ -131,9 +135,8 @@ def _steps(pts: list[Row]) -> Bars:
         # each a part of its own, not the waiting of the others
         at = {"fsdp": 2, "torch": 3, "torch-fsdp": 3}.get(s.get("impl"), 1)
         parts = tuple(rest if i == 0 else wait if i == at else None for i in range(4))
-        # named as the table names it (`torch 25MiB`, `overlap +sharded opt`)
-        bars.append(Bar(f"{text(s.get('world_size'))} ranks", label(r), parts, total=step,
-                        side=r.get("tokens_per_s")))
+        bars.append(Bar(f"{text(s.get('world_size'))} ranks", name.split("|", 1)[1], parts,
+                        total=step, side=r.get("tokens_per_s")))
     return Bars(tuple(bars), ("the rest (fsdp: no collective in flight)",
                               "waiting on communication", "fsdp: a collective in flight",
                               "torch: backward beyond its no-reduction backward"),
@@ -173,6 +176,8 @@ TABLE = Table(
         SIZE_COLUMN,
         MODEL_COLUMN,
         Column("ranks", "world_size", setting=True),
+        Column("seq", "seq", setting=True),
+        Column("batch", "batch", setting=True),
         Column("precision", cell=precision, setting=True, covers=("precision",)),
         *column_table("""
             step ms        step_ms                        mean_std
