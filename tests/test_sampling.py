@@ -124,6 +124,19 @@ def test_the_ratio_cell_gives_the_interval_and_flags_an_impossible_saving():
     assert four[1] == "1.25× (too few samples to tell)"
 
 
+def test_too_few_samples_still_say_the_sides_came_from_different_commands():
+    """fp32 from a later command against bf16 from the first read "4.53x (too few samples
+    to tell)" where, in the command that ran both, fp32 was the faster: with too few
+    samples the cell did not say its sides were runs apart, nor its note why."""
+    from cs336sys.report.intervals import RUNS_APART, TOO_FEW, sample_interval
+
+    few = [{"invocation_id": i, "_settings": {"precision": p}, "_samples": {"step_ms": s}}
+           for i, p, s in (("x", "fp32", [1125.0, 1130.0]), ("y", "bf16", [249.0, 250.0]))]
+    assert sample_interval("step_ms", *few, True) == f" ({TOO_FEW}; {RUNS_APART})"
+    same = [{**r, "invocation_id": "x"} for r in few]
+    assert sample_interval("step_ms", *same, True) == f" ({TOO_FEW})"
+
+
 def test_points_run_one_after_the_other_get_no_verdict():
     """Two points of one command that ran one after the other, in an experiment that has no
     rounds at all (ddp: torch's DDP against itself read 0.64x and 1.34x "faster"/"slower") or

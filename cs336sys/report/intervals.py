@@ -89,19 +89,19 @@ def sample_interval(name: str | None, base: Row, row: Row, speedup: bool) -> str
     b = timed_samples(row.get("_samples"), name)
     if not a or not b:
         return ""
-    if min(len(a), len(b)) < BOOTSTRAP_MIN:
-        return f" ({TOO_FEW})"
-    found = ratio_interval(a, b)  # row over base: a time ratio
-    if found is None:
-        return ""
+    apart = ""
     if interpreted(base) != interpreted(row):  # the emulator's time
         apart = ONE_INTERPRETED
     elif base.get("invocation_id") != row.get("invocation_id"):
         apart = RUNS_APART
-    elif not (_interleaved(base) and _interleaved(row)):
+    if min(len(a), len(b)) < BOOTSTRAP_MIN:  # with why its sides are apart, where they are
+        return f" ({TOO_FEW}; {apart})" if apart else f" ({TOO_FEW})"
+    found = ratio_interval(a, b)  # row over base: a time ratio
+    if found is None:
+        return ""
+    if not apart and not (_interleaved(base) and _interleaved(row)):
         apart = NOT_INTERLEAVED
-    else:  # paired round by round: a round that load slowed widens it
-        apart = ""
+    elif not apart:  # paired round by round: a round that load slowed widens it
         found = wider(found, rounds_interval(_round_medians(base, name),
                                              _round_medians(row, name)))
     low, high = (1 / found.high, 1 / found.low) if speedup else (found.low, found.high)
