@@ -1048,7 +1048,7 @@ def test_run_resume_status_and_writeup(db_path, tmp_path, monkeypatch):
     md = (out / "writeup.md").read_text()
     for name in SUBSET:
         assert f"## {name} (" in md
-    assert "Method: GPU cpu" in md and "Asks: " in md
+    assert "Method: on CPU, no GPU (" in md and "GPU cpu" not in md and "Asks: " in md
     # measured on a CPU: the head and every measured problem say the handout's sizes are owed
     assert "- **Sizes:** cut down for a CPU: the tiny model" in md
     # not a plan, nor the accumulation, whose loops have no size and give one answer anywhere

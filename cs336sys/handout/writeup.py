@@ -108,7 +108,7 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list],
                      for n in [sample_count(r, k.removesuffix("_mean"))] if n is not None})
     computed = bool(invs) and all(map(computed_only, invs))
     parts = ["computed, not measured (cs336sys plan: the hardware's data sheet)" if computed
-             else f"GPU {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
+             else f"on {facts['GPUs']}", f"commit {facts['Commits']}", facts["Versions"]]
     if "Your code" in facts:
         parts.append(f"your code {facts['Your code']}")
     if warm:

@@ -117,7 +117,8 @@ def provenance(invs: list[dict[str, Any]], rows: dict[str, list]) -> list[tuple[
         if inv.get("user_repo"):
             k = (inv["user_repo"], inv.get("user_commit") or "", inv.get("adapters") or "")
             yours.add((*k, bool(inv.get("user_dirty"))))
-        gpus[f"{inv['gpu']} ×{inv['gpu_count']}" if inv["gpu_count"] else str(inv["gpu"])] += 1
+        name = "CPU, no GPU" if str(inv["gpu"]) == "cpu" else str(inv["gpu"])  # not "GPU cpu"
+        gpus[f"{name} ×{inv['gpu_count']}" if inv["gpu_count"] else name] += 1
         c = inv["git_commit"] or "(no git)"
         commits.add((c, bool(inv["git_dirty"])))
         for k in _VERSIONS:
