@@ -966,3 +966,12 @@ def test_ddp_names_its_sequence_and_batch_and_tells_its_bars_apart():
     bars = ddp_section._steps(rows).bars
     assert [(b.group, b.label) for b in bars] == [
         ("2 ranks", "naive seq=32"), ("2 ranks", "naive seq=16"), ("4 ranks", "naive")]
+
+
+def test_gib_keeps_two_figures_under_a_tenth_as_mib_does():
+    """A tiny model's plan read 0.0 in every memory column."""
+    from cs336sys.report.sections import gib, mib
+
+    assert [gib(x) for x in (0, 45_000_000, 2**30 * 0.1, 2**30 * 80)] == [
+        "0.0", "0.042", "0.1", "80.0"]
+    assert mib(45_000) == "0.043" and gib(None) == mib(None) == ""

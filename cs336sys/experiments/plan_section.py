@@ -8,11 +8,10 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from cs336sys.experiments.plan_hardware import GiB
 from cs336sys.parallel import plan_math as pm
 from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
 from cs336sys.report.plots import short
-from cs336sys.report.sections import Figure, FilledTable, Row, Section, num
+from cs336sys.report.sections import Figure, FilledTable, Row, Section, gib, num
 from cs336sys.report.tables import point_tables
 from cs336sys.sweep.declaration import Column, Table, column_table, model_size
 
@@ -298,10 +297,6 @@ def mesh(pts: list[Row]) -> FilledTable | None:
                  "axes overlapped: compute-bound iff B/N > (C/W)/(Y M_X) and F/Y > (C/W)/M_Y "
                  "(Austin et al. 2025, part 5; parallel/plan_math.py). Batches in tokens.",
                  key=[0, 1, 2])
-
-
-def gib(x: Any) -> str:
-    return "" if x is None else f"{x / GiB:,.1f}"
 
 
 def _worth(total: Any, device: Any) -> str:  # 2025: "How many H100 80GB GPUs worth"

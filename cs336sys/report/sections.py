@@ -312,9 +312,15 @@ def mean_std(row: Row, mean: str, std: str, digits: int = 3) -> str:
 def mib(x: Any) -> str:
     """MiB to one decimal; under 0.1, two significant figures (a point's 33 KB read `0.0`
     beside another's `0.1`, and the comparison asked for could not be read)."""
-    if x is None:
-        return ""
-    v = x / 2**20
+    return "" if x is None else _one_decimal(x / 2**20)
+
+
+def gib(x: Any) -> str:
+    """GiB as `mib` gives MiB (a tiny model's plan read 0.0 in every memory column)."""
+    return "" if x is None else _one_decimal(x / 2**30)
+
+
+def _one_decimal(v: float) -> str:
     return f"{v:,.1f}" if v == 0 or abs(v) >= 0.095 else f"{v:.2g}"
 
 
