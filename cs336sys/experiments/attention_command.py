@@ -78,7 +78,7 @@ COMMAND = Command(
     help=(
         "Each point is checked once against a float64 reference (max_err; a point outside the "
         "tolerance is stored as wrong), and records the memory in use before backward (CUDA: "
-        "allocated bytes; CPU: bytes saved for backward), peak memory, FLOPs and TFLOP/s. Without "
+        "allocated bytes; CPU: bytes saved for backward), peak memory (CUDA), FLOPs and TFLOP/s. Without "
         "CUDA, --attention triton needs TRITON_INTERPRET=1 (rows are marked interpreted). --impl "
         "is another name for --attention here."
     ),

@@ -225,7 +225,7 @@ PROBLEMS = (
                   ("d_head", "seq"), column_table("""
                       before backward     mem_before_bwd_bytes  mib
                       saved for backward  saved_bytes           mib
-                      peak                peak_bytes            mib
+                      peak                peak_bytes            mib  optional
                       accounted peak      est_peak_bytes        mib
                   """),
                   note="accounted peak: q, k, v, the output and their gradients, and three "
