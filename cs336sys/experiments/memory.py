@@ -349,7 +349,7 @@ def _VS_NONE(metric: str) -> Ratio:  # reads as a constant in the table
 
 
 TABLE = Table(
-    "Peak memory by context length and mode",
+    "Peak memory of each point, measured beside its accounting",
     (
         *setting_columns("size seq batch mode precision ckpt=checkpoint optimizer"),
         MODEL_COLUMN,
