@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -608,6 +609,100 @@ def test_checkpointed_blocks_give_the_same_loss_and_gradients():
     with pytest.raises(ValueError, match=r"\(transformer.h, probes\): name one with --blocks"):
         blocks_of(reference, 2)
     assert blocks_of(reference, 2, "probes") is reference.probes
+
+
+def test_groups_that_would_change_what_the_model_computes_are_refused():
+    """every:2 ran a group's blocks with its first block's arguments and each block's
+    output handed to the next only: a model that gives each block a window of its own,
+    sums every layer's output, or calls its blocks in reverse was stored ok with another
+    loss (6.2873 against 6.2619). Each is refused, saying why; one by one they run, the
+    same. A model the probe refuses is left as it was."""
+    from torch import nn
+
+    from cs336sys.models.checkpointing import NotChained, checkpoint_blocks
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ffn = nn.Linear(4, 4)
+
+        def forward(self, h, scale=1.0):
+            return h + scale * torch.tanh(self.ffn(h))
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(10, 4), nn.Linear(4, 10)
+            self.layers = nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x):
+            h = self.emb(x)
+            for layer in self.layers:
+                h = layer(h)
+            return self.head(h)
+
+    class Windowed(Stack):  # each block its own argument
+        def forward(self, x):
+            h = self.emb(x)
+            for i, layer in enumerate(self.layers):
+                h = layer(h, 1.0 + i)
+            return self.head(h)
+
+    class Reversed(Stack):
+        def forward(self, x):
+            h = self.emb(x)
+            for layer in reversed(self.layers):
+                h = layer(h)
+            return self.head(h)
+
+    class Summed(Stack):  # every layer's output used beyond the next block
+        def forward(self, x):
+            h, outs = self.emb(x), []
+            for layer in self.layers:
+                h = layer(h)
+                outs.append(h)
+            return self.head(sum(outs))
+
+    class PairBlock(Block):  # Hugging Face's (hidden, cache)
+        def forward(self, h, scale=1.0):
+            return super().forward(h, scale), None
+
+    class Tupled(Stack):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(PairBlock() for _ in range(4))
+
+        def forward(self, x):
+            h = self.emb(x)
+            for layer in self.layers:
+                h = layer(h)[0]
+            return self.head(h)
+
+    class Keyword(Stack):
+        def forward(self, x):
+            h = self.emb(x)
+            for layer in self.layers:
+                h = layer(h=h)
+            return self.head(h)
+
+    x = torch.randint(0, 10, (2, 6))
+    for model, why in ((Windowed, "hands block 1 arguments of its own"),
+                       (Reversed, "calls its blocks in another order"),
+                       (Summed, "grouping its blocks changed its output"),
+                       (Tupled, "unpacks each block's output, a tuple"),
+                       (Keyword, "calls block 0 with its input by keyword (h=...)")):
+        torch.manual_seed(0)
+        built = model()
+        want = built(x)
+        with pytest.raises(NotChained, match=re.escape(why)):
+            checkpoint_blocks(built, 4, [2, 2])
+        assert torch.equal(built(x), want), model  # as it was
+        one_by_one = checkpoint_blocks(built, 4, [1, 1, 1, 1])
+        assert torch.equal(one_by_one(x), want), model
+    torch.manual_seed(0)
+    chained = Stack()
+    want = chained(x)
+    assert torch.equal(checkpoint_blocks(chained, 4, [2, 2])(x), want)
 
 
 def test_blocks_whose_forward_is_never_called_are_refused_even_one_by_one():

@@ -69,18 +69,48 @@ def found_blocks(model: nn.Module, num_layers: int, where: str | None = None) ->
 def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
                       where: str | None = None) -> nn.Module:
     """Checkpoint `model`'s blocks (at `where`, else found) in consecutive groups of `groups`
-    sizes (summing to num_layers), in place; returns the model. ValueError when a group of
-    several blocks would change what the model computes (check_chained)."""
+    sizes (summing to num_layers), in place; returns the model. NotChained when a group of
+    several blocks would change what the model computes: check_chained's reasons, or, where
+    it cannot see them (the forward uses a block's output beyond the next block), a probe
+    forward whose logits the grouping changed (the model is then left as it was)."""
     blocks = blocks_of(model, num_layers, where)
-    check_chained(model, blocks, grouped=max(groups) > 1)
+    grouped = max(groups) > 1
+    check_chained(model, blocks, grouped=grouped)
+    before = _probe(model) if grouped else None
+    replaced = []
     start = 0
     for size in groups:
         group = list(blocks)[start:start + size]
+        replaced += [(b, vars(b).get("forward")) for b in group]
         group[0].forward = types.MethodType(_group_forward([b.forward for b in group]), group[0])
         for block in group[1:]:
             block.forward = types.MethodType(_passes_through, block)
         start += size
+    if before is not None and not torch.equal(_probe(model), before):
+        for block, own in replaced:  # put back what the model had
+            if own is None:
+                del block.forward
+            else:
+                block.forward = own
+        raise NotChained(
+            f"--checkpoint on {type(model).__name__}: grouping its blocks changed its output "
+            "(its forward uses a block's output beyond the next block: a sum or a skip "
+            "over several layers), so a group of blocks cannot run as one; checkpoint them "
+            "one by one with every:1")
     return model
+
+
+def _probe(model: nn.Module) -> torch.Tensor:
+    """The model's output for two tokens, in eval mode and without gradients."""
+    param = next(model.parameters())
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            return block_output(model(torch.zeros((1, 2), dtype=torch.long,
+                                                  device=param.device))).clone()
+    finally:
+        model.train(was_training)
 
 
 def block_output(out: Any) -> Any:
@@ -96,21 +126,21 @@ class NotChained(ValueError):
 def check_chained(model: nn.Module, blocks: nn.Module, grouped: bool = True) -> None:
     """NotChained unless the model's forward calls each block once (a block's forward is what
     is wrapped: a model that calls its blocks' parts itself, `l["attn"](x)`, would run with
-    nothing checkpointed) and, where `grouped`, hands each block's output, unchanged, to the
-    next block: what running a group of blocks as one function needs. A model that adds the
-    residual between blocks (`h = h + block(h)`) can only be checkpointed block by block.
+    nothing checkpointed) and, where `grouped`, calls them in the list's order, each with its
+    input by position and the same other arguments as the first (a group runs every block
+    with its first block's), and hands each block's output, unchanged, to the next block:
+    what running a group of blocks as one function needs. A model that adds the residual
+    between blocks (`h = h + block(h)`) can only be checkpointed block by block.
 
     Probed with one forward of two tokens, in eval mode (no dropout draws a random number)
     and without gradients, on the model's device (the meta device costs nothing)."""
-    handed_on: list[bool] = []
-    last: list[torch.Tensor] = []
+    calls: list[tuple[int, tuple, dict, Any]] = []  # (block index, args, kwargs, output)
+    index = {id(block): i for i, block in enumerate(blocks)}
 
-    def record(module: nn.Module, args: tuple, out: Any) -> None:
-        if last:
-            handed_on.append(bool(args) and args[0] is last[-1])
-        last.append(out)
+    def record(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        calls.append((index[id(module)], args, kwargs, out))
 
-    hooks = [block.register_forward_hook(record) for block in blocks]
+    hooks = [block.register_forward_hook(record, with_kwargs=True) for block in blocks]
     param = next(model.parameters())
     was_training = model.training
     try:
@@ -121,18 +151,58 @@ def check_chained(model: nn.Module, blocks: nn.Module, grouped: bool = True) -> 
         model.train(was_training)
         for hook in hooks:
             hook.remove()
-    if len(last) != len(blocks):
+    name = type(model).__name__
+    if len(calls) != len(blocks):
         raise NotChained(
-            f"--checkpoint on {type(model).__name__}: its forward called its {len(blocks)} "
-            f"blocks' forward {len(last)} times, not once each (it calls their parts itself?), "
+            f"--checkpoint on {name}: its forward called its {len(blocks)} "
+            f"blocks' forward {len(calls)} times, not once each (it calls their parts itself?), "
             "so checkpointing a block's forward would leave its activations as they are; have "
             "the forward call each block")
-    if grouped and not all(handed_on):
-        raise NotChained(
-            f"--checkpoint on {type(model).__name__}: its forward does not hand each block's "
-            "output straight to the next block (it changes it in between, as a residual added "
-            "outside the block does), so a group of blocks cannot run as one; checkpoint them "
-            "one by one with every:1")
+    if grouped:
+        why = _why_not_grouped(calls)
+        if why is not None:
+            raise NotChained(f"--checkpoint on {name}: its forward {why}, so a group of blocks "
+                             "cannot run as one; checkpoint them one by one with every:1")
+
+
+def _why_not_grouped(calls: list[tuple[int, tuple, dict, Any]]) -> str | None:
+    """Why the recorded block calls cannot run in groups, in words; None where they can."""
+    if [i for i, *_ in calls] != list(range(len(calls))):
+        return "calls its blocks in another order than its list's"
+    _, args0, kwargs0, _ = calls[0]
+    for n, (i, args, kwargs, _) in enumerate(calls):
+        if not args:
+            return f"calls block {i} with its input by keyword ({', '.join(kwargs)}=...)"
+        if not _same(args[1:], args0[1:]) or not _same(kwargs, kwargs0):
+            return (f"hands block {i} arguments of its own beside its input (a group runs "
+                    "every block with its first block's)")
+        if n:
+            last = calls[n - 1][3]
+            if args[0] is not last:
+                return ("unpacks each block's output, a tuple, before the next block (a group "
+                        "hands a block's whole output on)" if args[0] is block_output(last)
+                        and last is not args[0] else
+                        "does not hand each block's output straight to the next block (it "
+                        "changes it in between, as a residual added outside the block does)")
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two calls' other arguments are the same: each tensor the same object (a mask
+    or the RoPE angles built once), anything else equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if torch.is_tensor(a) and torch.is_tensor(b):  # on the meta device values are unknown
+        return a is b or (a.shape == b.shape and a.dtype == b.dtype
+                          and (a.is_meta or torch.equal(a, b)))
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == raises or is ambiguous
+        return a is b
 
 
 def _group_forward(forwards: list[Any]) -> Any:
@@ -144,10 +214,13 @@ def _group_forward(forwards: list[Any]) -> Any:
             x = forward(x, *args, **kwargs)
         return x
 
-    def forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # a block alone is called as the model calls it (its input by keyword too: `layer(x=h)`)
+    fn = forwards[0] if len(forwards) == 1 else run
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
-            return run(x, *args, **kwargs)
-        return checkpoint(run, x, *args, use_reentrant=False, **kwargs)
+            return fn(*args, **kwargs)
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
 
     return forward
 
