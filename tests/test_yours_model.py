@@ -1163,6 +1163,29 @@ def test_memory_measures_your_block_as_your_model_calls_it(tmp_path, monkeypatch
     assert (row["status"], row["residual_dtype"]) == ("ok", "float32"), row["error"]
 
 
+def test_residuals_of_a_model_with_bf16_weights_take_its_streams_dtype(tmp_path, monkeypatch):
+    """memory residuals handed the user's block a float32 residual stream where the model
+    hands it bfloat16: the block's matmul failed, stored as an error at the student's line,
+    and the residual's bytes were counted at 4 a value."""
+    bf16 = ("import torch\nfrom cs336_basics.model import BasicsTransformerLM\n\n\n"
+            "class Bf16LM(BasicsTransformerLM):\n"
+            "    def __init__(self, *args, **kwargs):\n"
+            "        super().__init__(*args, **kwargs)\n"
+            "        self.to(torch.bfloat16)\n")
+    monkeypatch.chdir(course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                                   "my_models/bf16.py": bf16}))
+    db = tmp_path / "r.db"
+    result = invoke("memory", "residuals", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+                    "--num-heads", "4", "--seq", "16", "--batch", "2", "--no-compile",
+                    "--model", "my_models.bf16:Bf16LM", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, error, residual_bytes, saved_bytes "
+                       "FROM memory_residuals_runs")
+    assert row["status"] == "ok", row["error"]
+    assert row["residual_bytes"] == 2 * 16 * 32 * 2  # (B, T, d) in bf16
+    assert row["saved_bytes"] > row["residual_bytes"]
+
+
 def test_profile_says_where_your_models_attention_is_not_split(tmp_path, monkeypatch):
     """nsys_profile (e)'s QKᵀ, softmax and PV split needs the course's attention function in
     a module of the model's classes: where none is called, the command says so (the columns

@@ -120,7 +120,7 @@ def run(spec: ResidualsSpec) -> Result:
     if users is None:  # ours: x and the token positions
         args, kwargs = (x, torch.arange(T, device=device)), {}  # positions: (T,)
     else:
-        args, kwargs = _inputs_of(users, block, x, config.vocab_size)
+        args, kwargs, x = _inputs_of(users, block, x, config.vocab_size)
     fn = torch.compile(block, backend=compile_backend()) if spec.compile else block
     amp_dtype = autocast_dtype(spec.precision)
 
@@ -246,11 +246,12 @@ class _Seen(Exception):
     """Raised by the hook that has recorded a block's inputs: the model's forward stops."""
 
 
-def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, dict]:
+def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, dict, Any]:
     """The arguments the user's model hands `block`, `x` in place of the residual stream:
     the others (token positions, a RoPE table's slice, a mask: whatever its forward passes,
     `block(x)`, `block(x, positions)`, `block(x, cos, sin)`) recorded as the model's own
-    forward calls the block, on random tokens, without gradients."""
+    forward calls the block, on random tokens, without gradients; and `x` in the dtype of
+    the stream it stands for (a model with bf16 parameters hands its blocks bf16)."""
     import torch
 
     seen: dict[str, Any] = {}
@@ -271,15 +272,21 @@ def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, 
     if "args" not in seen:
         raise ValueError(f"{type(users).__name__}'s forward did not call its first block")
     args, kwargs = seen["args"], dict(seen["kwargs"])
+
+    def like(stream: Any) -> Any:
+        return x if stream.dtype == x.dtype else x.detach().to(stream.dtype).requires_grad_()
+
     if args:
-        return (x, *args[1:]), kwargs
+        x = like(args[0])
+        return (x, *args[1:]), kwargs, x
     # `block(x=h)`: the residual stream is the keyword whose tensor has its shape
     name = next((k for k, v in kwargs.items()
                  if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(x.shape)), None)
     if name is None:
         raise ValueError(f"{type(users).__name__}'s forward called its first block with no "
                          f"tensor of the residual stream's shape {tuple(x.shape)}")
-    return (), {**kwargs, name: x}
+    x = like(kwargs[name])
+    return (), {**kwargs, name: x}, x
 
 
 # -- the declaration ------------------------------------------------------------------------
