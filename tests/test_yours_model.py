@@ -1056,6 +1056,28 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
     assert last["check_optimizer_err"] < 1e-5
 
 
+def test_assignment_1s_adapters_leave_this_checkouts_own_code_importable(tmp_path,
+                                                                         monkeypatch):
+    """docs/yours.md gives `--adapters ../assignment1-basics/tests/adapters.py` for
+    yours-adamw; with it, a model or one-off target of the current checkout stopped with
+    "No module named 'my_models'": only the adapters' repository was on the path."""
+    first = course_repo(tmp_path, "assignment1-basics", files={
+        "my_opt/__init__.py": "", "my_opt/adamw.py": USER_ADAMW,
+        "tests/adapters.py": "def get_adamw_cls():\n    from my_opt.adamw import CourseAdamW"
+                             "\n\n    return CourseAdamW\n"})
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                        "my_models/lm.py": OTHER_MODEL})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("model", *MICRO, "--seq", "16", "--mode", "train", "--model",
+                    "my_models.lm:GeluLM", "--optimizer", "yours-adamw", "--adapters",
+                    first / "tests" / "adapters.py", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, error, optimizer, model FROM model_runs")
+    assert (row["status"], row["optimizer"], row["model"]) == (
+        "ok", "yours-adamw", "my_models.lm:GeluLM"), row["error"]
+
+
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_on_the_device_your_model_and_adamw_are_checked_before_they_are_timed(
         tmp_path, monkeypatch, device):

@@ -74,14 +74,16 @@ def call_adapter(entry: Entry, index: int, *args: Any, **kwargs: Any) -> Any:
 
 def search_path() -> list[Path]:
     """Where one-off targets and `--model` classes are imported from: the repository of the
-    adapters file in use, else the top of the git checkout of the current folder (else the
-    folder); with a `cs336-basics/` in it (the course layout)."""
-    adapters = engage()
-    if adapters is not None:
-        return adapters.search_path()
+    adapters file in use first, then the top of the git checkout of the current folder (else
+    the folder); each with its `cs336-basics/` (the course layout). An adapters file from
+    another repository (assignment 1's, for `yours-adamw`) puts its packages first; the
+    current checkout's others are still found."""
     root = git_top() or Path.cwd()
     basics = root / "cs336-basics"
-    return [root, *([basics] if basics.is_dir() else [])]
+    here = [root, *([basics] if basics.is_dir() else [])]
+    adapters = engage()
+    first = adapters.search_path() if adapters is not None else []
+    return [*first, *(p for p in here if p not in first)]
 
 
 def load_target(spec: str) -> Any:
