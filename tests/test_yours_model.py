@@ -941,6 +941,58 @@ class Beta1Beta2AdamW(torch.optim.Optimizer):
                 state.update(t=t, m=m, v=v)
 
 
+class SlipAdamW(torch.optim.Optimizer):
+    """The course's AdamW, written out, with one of the slips students make switched on."""
+
+    def __init__(self, params, slip=None, lr=1e-4, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.slip = slip
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        slip = self.slip
+        for group in self.param_groups:
+            b1, b2 = group["betas"][::-1] if slip == "swapped" else group["betas"]
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                state = self.state[p]
+                t = state.get("t", 0) + 1
+                m = b1 * state.get("m", torch.zeros_like(p)) + (1 - b1) * p.grad
+                v = b2 * state.get("v", torch.zeros_like(p)) + (1 - b2) * p.grad ** 2
+                c1 = 1.0 if slip == "uncorrected" else 1 - b1 ** t
+                c2 = 1.0 if slip in ("uncorrected", "v uncorrected") else 1 - b2 ** t
+                root = v if slip == "no sqrt" else torch.sqrt(v)
+                update = lr * math.sqrt(c2) / c1 * m / (root + group["eps"])
+                p += update if slip == "sign" else -update
+                if slip != "no decay":
+                    p -= (wd if slip == "decay without lr" else lr * wd) * p
+                state.update(t=t, m=m, v=v)
+
+
+@pytest.mark.parametrize("slip, named", [
+    ("uncorrected", "no bias correction"),
+    ("v uncorrected", "first moment alone is bias-corrected"),
+    ("no decay", "with no weight decay"),
+    ("decay without lr", "weight decay is not scaled by the learning rate"),
+    ("swapped", "beta1 and beta2 swapped"),
+    ("no sqrt", "dividing by v, not by its square root"),
+    ("sign", "adding the update instead of subtracting it"),
+])
+def test_a_wrong_adamw_is_told_what_it_does(monkeypatch, slip, named):
+    """Only Adam with L2 was named; the other slips of a written-out AdamW got a figure (a
+    missing bias correction "moves the parameters 3.08 of the largest move away") and no
+    cause. Each is named; the right one passes."""
+    from cs336sys.experiments import checks
+
+    monkeypatch.setattr(checks, "make_optimizer", lambda name, params: SlipAdamW(params, slip))
+    verdict = checks.optimizer_check("yours=my_opt:SlipAdamW")
+    cause = verdict.why.partition("; it moves as AdamW ")[2]
+    assert not verdict.passed and named in cause, verdict.why
+    monkeypatch.setattr(checks, "make_optimizer", lambda name, params: SlipAdamW(params))
+    assert checks.optimizer_check("yours=my_opt:SlipAdamW").passed
+
+
 def test_an_adamw_keeping_beta1_and_beta2_is_checked_with_its_own(monkeypatch):
     """Its betas are not torch's `betas` key: the check read torch's defaults (0.9, 0.999) in
     their place and called this right AdamW wrong (0.0088 of the largest move off)."""
