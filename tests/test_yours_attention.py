@@ -929,3 +929,29 @@ def test_a_kernel_off_at_a_size_the_handout_never_tests_is_not_judged(tmp_path, 
     assert by[48]["error"].startswith(
         "not judged: the handout tests your FlashAttention only with dimensions that are "
         "powers of 2 and at least 16, so it need not handle seq 48; it read O off by up to ")
+
+
+def test_a_mask_read_the_wrong_way_round_is_named():
+    """Assignment 1's attention with masked_fill(mask, -inf), its mask True where a key may
+    be seen: each query saw only the later keys, the last none, and the check said "O off by
+    up to nan" with no cause."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from cs336sys.attention.diagnosis import checked
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 32, 16, generator=gen, dtype=torch.float64,
+                                 requires_grad=True) for _ in range(4))
+    mask = torch.ones(32, 32, dtype=torch.bool).tril()  # True: may be seen
+    s = (q @ k.transpose(-1, -2) / math.sqrt(16)).masked_fill(mask, float("-inf"))
+    o = torch.softmax(s, -1) @ v  # (2, 32, 16); the last row NaN
+    o.backward(dout)
+    spec = SimpleNamespace(impl="yours", causal=True, precision="fp32", check_round=True)
+    verdict = checked(spec, o.detach().float(), q.detach().float(), k.detach().float(),
+                      v.detach().float(), dout.detach().float(), {}, None)
+    assert not verdict.passed
+    assert verdict.why.startswith("wrong: it computes causal attention with the mask inverted: "
+                                  "each query sees only the later keys"), verdict.why

@@ -382,7 +382,8 @@ def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path
     assert result.exit_code == 0, result.output
     mine, ours = model_runs(db)
     assert (mine["attention"], mine["status"], mine["check"]) == ("yours-torch", "ok", "pass")
-    assert mine["check_detail"].startswith("naive attention in place of yours-torch")
+    assert mine["check_detail"].startswith(
+        "yours-torch in cs336sys's model, naive attention in its place: loss ")
     assert ours["check"] is None  # ours is the reference, not checked
     # a kernel that drops the causal mask: the model's loss is not naive attention's
     edit(repo, "cs336_systems/flash_attention.py", "                if is_causal:\n                    qi",
@@ -394,7 +395,8 @@ def test_your_attention_kernel_in_our_model_gives_naive_attentions_loss(tmp_path
     assert wrong["error"].startswith(  # its cause in words, found on the kernel alone
         "wrong: yours-torch computes non-causal attention: the causal mask is missing "
         "(is_causal ignored) (the handout lets the PyTorch FlashAttention ignore it in its "
-        "tests; a language model needs the mask); naive attention in place"), wrong["error"]
+        "tests; a language model needs the mask); yours-torch in cs336sys's model, naive "
+        "attention in its place"), wrong["error"]
     # a backward with a wrong D, its forward right: the loss alone passed it, timed ok
     edit(repo, "cs336_systems/flash_attention.py", "                if False:\n                    qi",
          "                if is_causal:\n                    qi")

@@ -78,6 +78,7 @@ class Alternative:
     scale: float | None  # None: 1/√d
     diagonal: int = 0  # causal: query i sees keys j <= i + diagonal
     tile: int = 0  # causal: query i sees the keys of its own `tile`-key tile and before
+    inverted: bool = False  # causal: query i sees the keys j > i only (the last none)
 
 
 # The tile sizes a kernel that masks whole tiles is tried at (its query and key tiles alike)
@@ -96,7 +97,11 @@ def alternatives(causal: bool, d: int, n: int = 0) -> list[Alternative]:
                          "its own key (j < i; the first query sees none)", True, None, -1),
              *(Alternative(f"causal attention masked by whole tiles of {t} keys: the tile on "
                            "the diagonal is not masked inside (each query also sees the later "
-                           "keys of its own tile)", True, None, 0, t) for t in TILES if t < n)]
+                           "keys of its own tile)", True, None, 0, t) for t in TILES if t < n),
+             Alternative("causal attention with the mask inverted: each query sees only the "
+                         "later keys (j > i; the last query none), as masked_fill(mask, -inf) "
+                         "does with a mask that is True where a key may be seen", True, None,
+                         inverted=True)]
             if causal else [])
     return [flipped,
             Alternative("attention without the 1/√d scale", causal, 1.0),
@@ -114,14 +119,15 @@ def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, c
 
     for alt in alternatives(causal, q.shape[-1], k.shape[-2]):
         o, grads = attention_reference(q, k, v, alt.causal, do=dout, dtype=torch.float64,
-                                       scale=alt.scale, diagonal=alt.diagonal, tile=alt.tile)
-        # a mask early leaves the first queries no key: their rows are whatever the kernel
-        # made of nothing (NaN, or the mean of V under a -1e6 fill), compared from the next
-        seen = slice(max(0, -alt.diagonal), None)
+                                       scale=alt.scale, diagonal=alt.diagonal, tile=alt.tile,
+                                       inverted=alt.inverted)
+        # a mask early leaves the first queries no key (inverted, the last): their rows are
+        # whatever the kernel made of nothing (NaN, or the mean of V under a -1e6 fill)
+        seen = slice(None, -1) if alt.inverted else slice(max(0, -alt.diagonal), None)
         if not check({"O": got["O"][..., seen, :]}, {"O": o[..., seen, :]}, *tolerance).passed:
             continue
         _, want = _compared(None, None, o, grads)
-        if alt.diagonal < 0:  # O alone: the row that sees no key makes every dK, dV NaN
+        if alt.diagonal < 0 or alt.inverted:  # O alone: a row that sees no key makes dK NaN
             got, want = {"O": got["O"][..., seen, :]}, {"O": o[..., seen, :]}
         return alt, check({n: got[n] for n in want}, want, *tolerance,
                           against=f"a float64 reference of {alt.name.split(':')[0]}")

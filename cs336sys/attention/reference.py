@@ -63,13 +63,15 @@ def attention_reference(
     diagonal: int = 0,
     backward_unmasked: bool = False,
     tile: int = 0,
+    inverted: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
     """O in `dtype` (float32, or float64 for the benchmark's check), and (dQ, dK, dV) when
     the upstream gradient `do` is given. `scale` multiplies the scores (1/√d unless given:
     another one is what a wrong kernel computes, attention/diagnosis.py), and with
     `is_causal` query i sees keys j <= i + `diagonal` (0; 1: the off-by-one mask of a wrong
     kernel; with `tile`, query i sees every key of its own `tile`-key tile and those before:
-    a kernel that masks whole tiles and not inside the diagonal one). `backward_unmasked`:
+    a kernel that masks whole tiles and not inside the diagonal one; `inverted`: only the
+    keys j > i, a mask read the wrong way round). `backward_unmasked`:
     the gradients of a wrong backward that recomputes
     P = exp(S − L) over every key with the causal forward's L (is_causal not kept for it).
 
@@ -87,7 +89,7 @@ def attention_reference(
     if do32 is not None:
         dq, dk, dv = torch.empty_like(q32), torch.zeros_like(k32), torch.zeros_like(v32)
     for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements, diagonal,
-                                       tile):
+                                       tile, inverted):
         q_c = q32[..., start:end, :]  # (..., c, D)
         p = torch.softmax(s, dim=-1)  # (..., c, Tk)
         o_c = p @ v32  # (..., c, D)
@@ -122,10 +124,11 @@ def logsumexp_reference(q: torch.Tensor, k: torch.Tensor, is_causal: bool = Fals
 
 
 def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: float,
-                  max_elements: int, diagonal: int = 0, tile: int = 0):
+                  max_elements: int, diagonal: int = 0, tile: int = 0, inverted: bool = False):
     """(start, end, scores of queries start..end) with at most `max_elements` scores at
     once, the causal mask top-left aligned, like naive_attention and SDPA (query i sees keys
-    j <= i + `diagonal`; with `tile`, keys j with j // tile <= i // tile)."""
+    j <= i + `diagonal`; with `tile`, keys j with j // tile <= i // tile; `inverted`, the
+    keys j > i)."""
     n_queries, d = q.shape[-2:]
     n_keys = k.shape[-2]
     rows = max(1, q.numel() // (n_queries * d))  # batch (x heads)
@@ -137,5 +140,6 @@ def _score_chunks(q: torch.Tensor, k: torch.Tensor, is_causal: bool, scale: floa
             i = torch.arange(start, end, device=q.device)[:, None]
             j = torch.arange(n_keys, device=q.device)[None, :]
             hidden = (j // tile > i // tile) if tile else (j > i + diagonal)
+            hidden = ~hidden if inverted else hidden
             s = s.masked_fill(hidden, float("-inf"))
         yield start, end, s

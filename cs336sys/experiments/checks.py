@@ -70,7 +70,8 @@ def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
         ours = make_model(dataclasses.replace(small, attention="naive"), device, seed)
         mine, reference = theirs(x), ours(x)
         verdict = _same_output(mine.detach(), reference.detach(), y,
-                               f"naive attention in place of {config.attention}")
+                               f"{config.attention} in cs336sys's model, naive attention in its "
+                               "place")
         computes = None if verdict.passed else _attention_computes(config.attention, device)
         if computes is not None:
             verdict = dataclasses.replace(verdict, why=f"wrong: {config.attention} computes "
