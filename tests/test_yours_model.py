@@ -1242,7 +1242,8 @@ def test_memory_measures_your_block_as_your_model_calls_it(tmp_path, monkeypatch
 def test_residuals_of_a_model_with_bf16_weights_take_its_streams_dtype(tmp_path, monkeypatch):
     """memory residuals handed the user's block a float32 residual stream where the model
     hands it bfloat16: the block's matmul failed, stored as an error at the student's line,
-    and the residual's bytes were counted at 4 a value."""
+    and the residual's bytes were counted at 4 a value; memory counted its parameters at 4
+    bytes too."""
     bf16 = ("import torch\nfrom cs336_basics.model import BasicsTransformerLM\n\n\n"
             "class Bf16LM(BasicsTransformerLM):\n"
             "    def __init__(self, *args, **kwargs):\n"
@@ -1260,6 +1261,17 @@ def test_residuals_of_a_model_with_bf16_weights_take_its_streams_dtype(tmp_path,
     assert row["status"] == "ok", row["error"]
     assert row["residual_bytes"] == 2 * 16 * 32 * 2  # (B, T, d) in bf16
     assert row["saved_bytes"] > row["residual_bytes"]
+    # memory's accounting of its parameters and gradients: 2 bytes each, as measured (4P read
+    # twice the bytes the model holds)
+    result = invoke("memory", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
+                    "--num-heads", "4", "--num-layers", "2", "--seq", "16", "--batch", "2",
+                    "--warmup", "0", "--iters", "1", "--model", "my_models.bf16:Bf16LM",
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT params, param_bytes, grad_bytes, before_opt_params_bytes "
+                       "FROM memory_runs")
+    assert row["param_bytes"] == row["grad_bytes"] == 2 * row["params"]
+    assert row["param_bytes"] == row["before_opt_params_bytes"]
 
 
 def test_profile_says_where_your_models_attention_is_not_split(tmp_path, monkeypatch):

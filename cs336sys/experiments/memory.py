@@ -287,8 +287,10 @@ def run(spec: MemorySpec) -> Result:
         saved_bytes=saved[0],
         # the analytic breakdown
         params=n_params,
-        param_bytes=4 * n_params,
-        grad_bytes=4 * trained if training else 0,
+        # in the parameters' own dtype: a model of yours in bf16 holds 2P (4P read 2x)
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+        if training else 0,
         optim_bytes=8 * trained if training else 0,  # AdamW: exp_avg and exp_avg_sq, fp32
         act_bytes_analytic=act_analytic,
         residual_bytes=(B * T * config.d_model * residual_dtype.itemsize
@@ -404,8 +406,8 @@ EXPERIMENT = Experiment(
             after_opt_opt_state_bytes   bytes  held in the optimizer's state just after its step
             saved_bytes          bytes  saved for backward, parameters excluded
             params               -      parameters of the model
-            param_bytes          bytes  analytic: 4P
-            grad_bytes           bytes  analytic: 4P when training, P the parameters that require grad
+            param_bytes          bytes  analytic: the parameters in their dtype (4P in fp32)
+            grad_bytes           bytes  analytic: the same of those that require grad, when training
             optim_bytes          bytes  analytic: AdamW's two moments, 8P of those
             act_bytes_analytic   bytes  analytic activations (fp32, naive attention)
             residual_bytes       bytes  the residual stream B·T·d, what a checkpointed group keeps
