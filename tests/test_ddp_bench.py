@@ -87,6 +87,9 @@ def test_communication_counters_match_the_model(swept):
             assert r["broadcast_bytes"] == 0
         assert r["allgather_bytes"] == r["reducescatter_bytes"] == 0
         assert r["comm_bytes"] == r["allreduce_bytes"] + r["broadcast_bytes"]
+        # what each of the two ranks sends: half of 2 S for an all-reduce (the ring), half of
+        # S for a broadcast
+        assert r["sent_bytes"] == r["allreduce_bytes"] + r["broadcast_bytes"] / 2
         assert r["params"] == sum(p.numel() for p in params)
     assert by_impl["naive", None]["allreduce_calls"] == len(params)
     assert by_impl["overlap", None]["allreduce_calls"] == len(params)

@@ -190,3 +190,26 @@ def test_allreduce_ms_is_each_all_reduce_from_launch_to_completion(runs, impl):
     assert 0.8 * late_ms <= late0[0] <= late0[1], late0
     assert 0 < late1[0] <= min(late1[1], 0.5 * late_ms), late1
     assert 0 < next0[0] <= min(next0[1], 0.5 * late_ms), next0
+
+
+def test_what_a_rank_sends_compares_ddp_a_sharded_optimizer_and_zero():
+    """comm MiB/step sums nccl-tests' S, so the course's sharded optimizer (all-reduce plus
+    broadcast) read 2x DDP; per rank it sends 1.5x, and ZeRO's reduce-scatter plus
+    all-gather as much as DDP (Rajbhandari et al. 2020, §7)."""
+    from cs336sys.parallel.comm_counter import CommCounter
+
+    def counted(**sizes):
+        comm = CommCounter.__new__(CommCounter)  # the counts alone: no dispatch mode entered
+        comm.bytes = {k: sizes.get(k, 0) for k in ("all_reduce", "broadcast", "all_gather",
+                                                   "reduce_scatter")}
+        comm.calls = dict.fromkeys(comm.bytes, 1)
+        return comm
+
+    psi, n = 1000.0, 4
+    ddp = counted(all_reduce=psi).sent(n)
+    assert ddp == 2 * (n - 1) / n * psi
+    assert counted(all_reduce=psi, broadcast=psi).sent(n) == 1.5 * ddp
+    assert counted(reduce_scatter=psi, all_gather=psi).sent(n) == ddp
+    figures = counted(all_reduce=psi, broadcast=psi).figures(n)
+    assert figures["comm_bytes"] == 2 * psi and figures["sent_bytes"] == 1.5 * ddp
+    assert figures["allreduce_bytes"] == figures["broadcast_bytes"] == psi

@@ -418,12 +418,9 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
     expected = ddp_setup.expected(spec.impl, spec.shard_optimizer, ctx.world_size, n_params, n_1d)
     for k, v in expected.items():
         metrics[f"expected_{k}_bytes"] = v
-    for kind in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
-        metrics[f"{kind.replace('_', '')}_bytes"] = comm.bytes[kind]
-        metrics[f"{kind.replace('_', '')}_calls"] = comm.calls[kind]
+    metrics.update(comm.figures(ctx.world_size))
     metrics.update(
         comm_fraction=metrics["comm_ms_mean"] / metrics["step_ms_mean"],
-        comm_bytes=sum(comm.bytes.values()),
         buckets=ddp_yours.bucket_count(setup.module),
         params=n_params,
         tokens_per_s=spec.batch * spec.seq / (metrics["step_ms_mean"] / 1e3),
@@ -460,6 +457,7 @@ EXPERIMENT = Experiment(
           for p in ("step", "comm") for s in ("mean", "min", "max")),
         Metric("comm_fraction", "", "comm_ms_mean / step_ms_mean"),
         Metric("comm_bytes", "bytes", "bytes of every collective in one step (nccl-tests' S)"),
+        Metric("sent_bytes", "bytes", "bytes a rank sends in one step, the ranks' mean (ring)"),
         *(Metric(f"{k}_{u}", "bytes" if u == "bytes" else "", f"{k} {u} in one step")
           for k in ("allreduce", "broadcast", "allgather", "reducescatter")
           for u in ("calls", "bytes")),

@@ -186,6 +186,14 @@ TABLE = Table(
             all-reduce ms  allreduce_ms                   mean_std  optional
             comm %         comm_fraction                  pct
             comm MiB/step  comm_bytes                     mib
+        """),
+        Column("sent MiB/step", "sent_bytes", "mib", optional=True,
+               note="comm MiB/step: the size S of every collective of a step, summed "
+               "(nccl-tests' S); sent MiB/step: what a rank sends of them, the ranks' mean, in "
+               "ring algorithms (all-reduce 2(n-1)/n S, all-gather, reduce-scatter and "
+               "broadcast (n-1)/n S): the communication volume that compares DDP, a sharded "
+               "optimizer and FSDP."),
+        *column_table("""
             params MiB     mem_before_opt_params_bytes    mib
             grads MiB      mem_before_opt_grads_bytes     mib
             opt state MiB  mem_after_opt_opt_state_bytes  mib

@@ -11,6 +11,14 @@ reduce-scatter; coalesced forms add up their tensors.
     comm.bytes["all_gather"], comm.calls["reduce_scatter"]
 
 A dispatch mode sees every op, so it slows a step down: count in a step that is not timed.
+
+S is the size of each call, not what it moves: what a rank sends (`sent`) is what compares
+collectives of different kinds (the handout's "communication volume" of a sharded optimizer
+against DDP's). In the ring algorithms (and a broadcast's chain) an all-reduce of S bytes
+over n ranks sends 2(n-1)/n S from each rank, the others (n-1)/n S on average. With Ψ bytes
+of gradients, DDP sends 2(n-1)/n Ψ; the course's sharded optimizer adds a broadcast of the
+parameters, (n-1)/n Ψ more (1.5x DDP), where ZeRO's reduce-scatter and all-gather send as
+much as DDP (Rajbhandari et al. 2020, §7).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
+# what a rank sends of one call of S bytes, in units of (n-1)/n S (module docstring)
+SENT = {"all_reduce": 2, "broadcast": 1, "all_gather": 1, "reduce_scatter": 1}
 
 # c10d op name -> (kind, which argument holds the tensors whose size counts)
 _OPS = {
@@ -53,3 +63,17 @@ class CommCounter(TorchDispatchMode):
                 self.calls[kind] += 1
                 self.bytes[kind] += sum(t.numel() * t.element_size() for t in tensors)
         return func(*args, **(kwargs or {}))
+
+    def sent(self, world_size: int) -> float:
+        """Bytes a rank sends in the collectives counted, the ranks' mean (module docstring)."""
+        share = (world_size - 1) / world_size
+        return sum(SENT[kind] * share * n for kind, n in self.bytes.items())
+
+    def figures(self, world_size: int) -> dict[str, float]:
+        """What ddp stores of a step: each kind's calls and bytes (S), their sum
+        (comm_bytes) and what a rank sends (sent_bytes)."""
+        out: dict[str, float] = {}
+        for kind in KINDS:
+            out[f"{kind.replace('_', '')}_bytes"] = self.bytes[kind]
+            out[f"{kind.replace('_', '')}_calls"] = self.calls[kind]
+        return {**out, "comm_bytes": sum(self.bytes.values()), "sent_bytes": self.sent(world_size)}
