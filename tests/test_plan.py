@@ -187,6 +187,12 @@ def test_whole_model_dp_hand_worked():
     assert m["allreduce_ms"] == pytest.approx(2 * (1 / 2) * 2 * p / 450e9 * 1e3)
     assert m["comm_fwd_ms"] == 0 and m["allgather_ms"] == 0
     assert m["comm_bytes"] == 2 * p
+    # what a device sends: half of 2 S over 2 ranks (the ring); FSDP's two all-gathers and
+    # its reduce-scatter send half of 3 S, 1.5x DP (its S is 3x DP's)
+    assert m["sent_bytes"] == 2 * p
+    fsdp = exp.run(_spec("fsdp", 2)).metrics
+    assert fsdp["comm_bytes"] == 2 * fsdp["sent_bytes"]
+    assert fsdp["sent_bytes"] == pytest.approx(1.5 * m["sent_bytes"], rel=1e-3)  # (padding)
     # memory: 2 + 2 + 12 bytes a parameter, whole on each device
     assert (m["mem_params_bytes"], m["mem_grads_bytes"], m["mem_opt_state_bytes"]) == (2 * p, 2 * p, 12 * p)
     # activations of the 12 sequences one device sees: 128 x 12 tokens x
@@ -464,7 +470,8 @@ def test_plan_meets_measurement(db_path):
     ddp = {**tiny, "impl": "flat", "shard_optimizer": "none", "world_size": 2,
            "seq": 128, "batch": 8, "precision": "fp32"}
     runs = [
-        (CPU, "ok", ddp, {"step_ms_mean": 900.0, "comm_ms_mean": 30.0, "comm_bytes": 1e8}),
+        (CPU, "ok", ddp, {"step_ms_mean": 900.0, "comm_ms_mean": 30.0, "comm_bytes": 1e8,
+                          "sent_bytes": 1e8}),
         (CPU, "ok", {**ddp, "world_size": 4}, {"step_ms_mean": 1.0, "comm_ms_mean": 1.0}),
         (H100, "ok", ddp, {"step_ms_mean": 2.0, "comm_ms_mean": 1.0}),  # another GPU
     ]
@@ -477,6 +484,7 @@ def test_plan_meets_measurement(db_path):
     assert m["measured_run_id"] == "ddp-cpu-0" and m["measured_impl"] == "flat fp32"
     assert m["measured_step_ratio"] == pytest.approx(900.0 / m["step_ms"])
     assert m["measured_comm_ratio"] == pytest.approx(30.0 / m["comm_ms"])
+    assert m["measured_sent_bytes"] == 1e8 and m["sent_bytes"] == m["comm_bytes"]  # 2 ranks
     assert "measured_run_id" not in by["tp"]  # no ddp run is TP
     assert "Plan meets measurement" in r.stdout
 

@@ -204,15 +204,16 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     mx, my = spec.mesh
     comm_f = comm_b = 0.0
     moved = 0  # bytes: S of every collective of the step, summed (as ddp's comm_bytes)
+    sent = 0.0  # bytes a device sends in them, ring algorithms (as ddp's sent_bytes)
     if spec.strategy == "dp" and n > 1:
         ar = comm_b = pm.all_reduce_s(tp_bytes, n, w)
-        moved = tp_bytes
+        moved, sent = tp_bytes, 2 * (n - 1) / n * tp_bytes
     elif spec.strategy in ("fsdp", "fsdp-tp") and x > 1:
         ag1 = pm.all_gather_s(tp_bytes, x, w * mx)
         rs = pm.reduce_scatter_s(tp_bytes, x, w * mx)
         ag = 2 * ag1
         comm_f, comm_b = ag1, ag1 + rs
-        moved = 3 * tp_bytes
+        moved, sent = 3 * tp_bytes, 3 * (x - 1) / x * tp_bytes
     if spec.strategy in ("tp", "fsdp-tp") and y > 1:
         tp = tp_reduces * pm.all_reduce_s(acts, y, w * my)
         ar = 2 * tp
@@ -220,6 +221,7 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
         # time is the larger); sharing the links, (d), they add: N max (FFN, shared links)
         comm_f, comm_b = max(comm_f, tp), max(comm_b, tp)
         moved += 2 * tp_reduces * acts
+        sent += 2 * tp_reduces * 2 * (y - 1) / y * acts
     hides = comm_f <= comp_f and comm_b <= comp_b
     # memory per device
     shard = sharded(local, x) if spec.strategy in ("fsdp", "fsdp-tp") else sum(local)
@@ -244,7 +246,7 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
         compute_fwd_ms=comp_f * 1e3, compute_bwd_ms=comp_b * 1e3, compute_ms=(comp_f + comp_b) * 1e3,
         comm_fwd_ms=comm_f * 1e3, comm_bwd_ms=comm_b * 1e3, comm_ms=(comm_f + comm_b) * 1e3,
         allgather_ms=ag * 1e3, reducescatter_ms=rs * 1e3, allreduce_ms=ar * 1e3,
-        comm_bytes=moved,
+        comm_bytes=moved, sent_bytes=sent,
         step_ms=(max(comp_f, comm_f) + max(comp_b, comm_b)) * 1e3,
         step_serial_ms=(comp_f + comp_b + comm_f + comm_b) * 1e3,
         hides=hides, comm_bound=not hides,
@@ -407,11 +409,13 @@ EXPERIMENT = Experiment(
             fit_seqs             -      whole sequences per device that fit
             fit_seqs_ckpt        -      the same with checkpointing
             comm_bytes           bytes  the plan's bytes of every collective in one step (S)
+            sent_bytes           bytes  what a device sends in them (ring: all-reduce 2(N-1)/N S, the others (N-1)/N S)
             measured_run_id      -      the ddp run set beside this point
             measured_impl        -      its impl
             measured_step_ms     ms     its step time, mean
             measured_comm_ms     ms     its exposed communication, mean
             measured_comm_bytes  bytes  bytes its collectives moved in one step
+            measured_sent_bytes  bytes  what a rank sent in them, the ranks' mean
             measured_step_ratio  -      measured / planned step time
             measured_comm_ratio  -      measured / planned communication
         """),

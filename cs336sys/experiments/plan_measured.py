@@ -111,7 +111,8 @@ def ddp_match(conn: sqlite3.Connection, point: dict[str, Any]) -> dict[str, Any]
                {s('bucket_mb')} AS bucket_mb,
                json_extract(r.metrics, '$.step_ms_mean') AS step_ms,
                json_extract(r.metrics, '$.comm_ms_mean') AS comm_ms,
-               json_extract(r.metrics, '$.comm_bytes') AS comm_bytes
+               json_extract(r.metrics, '$.comm_bytes') AS comm_bytes,
+               json_extract(r.metrics, '$.sent_bytes') AS sent_bytes
           FROM runs r JOIN invocations i ON i.id = r.invocation_id
          WHERE r.experiment = 'ddp' AND r.status = 'ok'
            AND {' AND '.join(f"{s(k)} = ?" for k in keys)}
@@ -140,6 +141,7 @@ def beside(plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         "measured_step_ms": run["step_ms"],
         "measured_comm_ms": run["comm_ms"],
         "measured_comm_bytes": run["comm_bytes"],
+        "measured_sent_bytes": run.get("sent_bytes"),
         "measured_step_ratio": ratio(run["step_ms"], plan.get("step_ms")),
         # only where the run's comm ms is all of its collectives' time, as the plan's is: an
         # overlapping DDP's is the part left exposed, which over the whole is no error

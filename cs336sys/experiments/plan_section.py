@@ -143,6 +143,8 @@ MEASURED = Table(
             comm measured/plan  measured_comm_ratio  num
             bytes plan          comm_bytes           size
             bytes measured      measured_comm_bytes  size
+            sent plan           sent_bytes           size     optional
+            sent measured       measured_sent_bytes  size     optional
         """),
     ),
     note="Each dp or fsdp point beside the ddp run on its GPU with the same model, sequence "
@@ -152,7 +154,7 @@ MEASURED = Table(
     "torch-fsdp, the time any collective was in flight for fsdp, and the plan's all of it "
     "(so comm measured/plan is given for naive, flat and fsdp alone); "
     "bytes: S of every collective in one step (the replicas reduce fp32 gradients, the "
-    "plan bf16 ones).",
+    "plan bf16 ones); sent: what a device sends in them, ring algorithms.",
 )
 
 
