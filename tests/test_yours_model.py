@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 import re
 
 import pytest
@@ -1354,4 +1355,23 @@ def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("Error: memory residuals --model: measuring one block of FlatLM "
                            "(built with 2 layers) needs its 2 blocks in one nn.ModuleList"), line
+    # a forward that calls its blocks' parts itself: refused before it runs too (it was an
+    # error row and exit 1)
+    parts = ("import torch\nfrom torch import nn\n\n\nclass PartsLM(nn.Module):\n"
+             "    def __init__(self, vocab_size, d_model, num_layers, **_):\n"
+             "        super().__init__()\n"
+             "        self.emb, self.head = nn.Embedding(vocab_size, d_model), "
+             "nn.Linear(d_model, vocab_size)\n"
+             "        self.layers = nn.ModuleList(nn.ModuleDict({'ffn': nn.Linear(d_model, "
+             "d_model)}) for _ in range(num_layers))\n\n"
+             "    def forward(self, x):\n"
+             "        h = self.emb(x)\n"
+             "        for layer in self.layers:\n"
+             "            h = h + layer['ffn'](h)\n"
+             "        return self.head(h)\n")
+    (pathlib.Path.cwd() / "my_models" / "parts.py").write_text(parts)
+    result = invoke("memory", "residuals", *shape, "--model", "my_models.parts:PartsLM")
+    assert result.exit_code == 2, result.output
+    assert "PartsLM's forward did not call its first block's forward (it calls the block's " \
+        "parts itself?)" in result.stderr, result.stderr
     assert len(query(db, "SELECT * FROM runs")) == 1

@@ -230,9 +230,18 @@ def _check_users_block(spec: ResidualsSpec) -> None:
     except Exception:  # the user's code
         return
     try:
-        _block_of(users, _blocks_path(config, spec.model, spec.blocks, users))
+        block = _block_of(users, _blocks_path(config, spec.model, spec.blocks, users))
     except ValueError as exc:
         raise SpecError(str(exc)) from None
+    # the call the block is measured as, probed on the meta device too (a forward that calls
+    # the block's parts itself stored an error, exit 1, at run time)
+    try:
+        _inputs_of(users, block, torch.empty(1, 2, config.d_model, device="meta"),
+                   config.vocab_size)
+    except NotHanded as exc:
+        raise SpecError(str(exc)) from None
+    except Exception:  # not runnable on the meta device: its run says what goes wrong
+        return
 
 
 def _config(spec: ResidualsSpec) -> ModelConfig:
@@ -240,6 +249,10 @@ def _config(spec: ResidualsSpec) -> ModelConfig:
     return ModelConfig(d_model=spec.d_model, d_ff=spec.d_ff, num_layers=1,
                        num_heads=spec.num_heads, context_length=spec.seq,
                        attention=spec.attention)
+
+
+class NotHanded(ValueError):
+    """The user's model does not hand its first block the residual stream (_inputs_of)."""
 
 
 class _Seen(Exception):
@@ -270,7 +283,9 @@ def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, 
     finally:
         hook.remove()
     if "args" not in seen:
-        raise ValueError(f"{type(users).__name__}'s forward did not call its first block")
+        raise NotHanded(f"{type(users).__name__}'s forward did not call its first block's "
+                        "forward (it calls the block's parts itself?): memory residuals "
+                        "measures a block as the model calls it")
     args, kwargs = seen["args"], dict(seen["kwargs"])
 
     def like(stream: Any) -> Any:
@@ -283,7 +298,7 @@ def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, 
     name = next((k for k, v in kwargs.items()
                  if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(x.shape)), None)
     if name is None:
-        raise ValueError(f"{type(users).__name__}'s forward called its first block with no "
+        raise NotHanded(f"{type(users).__name__}'s forward called its first block with no "
                          f"tensor of the residual stream's shape {tuple(x.shape)}")
     x = like(kwargs[name])
     return (), {**kwargs, name: x}, x
