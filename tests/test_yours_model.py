@@ -1097,6 +1097,13 @@ def test_your_adamw_is_checked_against_torchs_then_timed(tmp_path, monkeypatch):
         assert "torch.optim.AdamW" in row["error"]
     result = invoke("model", *MICRO, "--optimizer", "yours-unregistered", "--db", db)
     assert result.exit_code == 2 and "--optimizer" in result.stderr
+    # a class that imports but is no optimizer: refused before it runs (every point was an
+    # error row, "unexpected keyword argument 'lr'")
+    runs = len(query(db, "SELECT id FROM runs"))
+    result = invoke("model", *MICRO, "--optimizer", "yours=json:JSONDecoder", "--db", db)
+    assert result.exit_code == 2 and "json:JSONDecoder is a class, not a torch.optim." \
+        "Optimizer" in result.stderr, result.output
+    assert len(query(db, "SELECT id FROM runs")) == runs
     # assignment 1's adapters getter: --optimizer yours-adamw is the class get_adamw_cls() gives
     result = invoke("model", *MICRO, "--optimizer", "yours-adamw", "--db", db)
     assert result.exit_code == 2 and "has no get_adamw_cls()" in result.stderr

@@ -49,11 +49,22 @@ def check(kind: str, name: str) -> None:
         if not callable(found):  # `yours=os:path`: stored as "'module' object is not callable"
             raise UserCodeError(f"{target(kind, name)} is a {type(found).__name__}, not a "
                                 f"class or function")
+        if kind == "adamw" and isinstance(found, type) and not _an_optimizer(found):
+            raise UserCodeError(f"{target(kind, name)} is a class, not a torch.optim.Optimizer "
+                                "(assignment 1's AdamW subclasses it)")
         return
     entry = entries(kind).get(name)
     if entry is None:
         raise UserCodeError(f"unknown {kind} implementation {name!r}")
     _adapters_for(entry)  # imports the file: an error here is exit 2
+
+
+def _an_optimizer(cls: type) -> bool:
+    """Whether the class is a torch optimizer (one that every run would fail to build, a
+    stored error on every point, is refused instead)."""
+    import torch
+
+    return issubclass(cls, torch.optim.Optimizer)
 
 
 def call_adapter(entry: Entry, index: int, *args: Any, **kwargs: Any) -> Any:
