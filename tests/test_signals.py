@@ -223,7 +223,7 @@ def test_ranks_end_with_torchruns_agent(tmp_path):
 
 def signal_command(proc: subprocess.Popen, sig: int) -> bool:
     """Send `sig` to the command; whether cs336sys's handlers were installed by then
-    (stopping.install, its first line: SIGTERM caught, per /proc/PID/status). Before, in the
+    (stopping.install, its first line: SIGTERM and `sig` caught, per /proc/PID/status). In the
     interpreter's own start, a signal is Python's and ends the process by it (docs/
     bad-input.md); under a loaded `make test` that start took more than 60 ms. SIGHUP goes
     to the command's whole process group, its ranks included, as a closed terminal sends it
@@ -239,7 +239,8 @@ def signal_command(proc: subprocess.Popen, sig: int) -> bool:
         os.killpg(proc.pid, sig)
     else:
         proc.send_signal(sig)
-    return bool(caught >> (signal.SIGTERM - 1) & 1)
+    # install() sets SIGINT's, SIGTERM's, then SIGHUP's: the one sent must be caught too
+    return bool(caught >> (signal.SIGTERM - 1) & 1 and caught >> (sig - 1) & 1)
 
 
 def before_cs336sys(proc: subprocess.Popen, sig: int, db: Path, again: str, err: str,

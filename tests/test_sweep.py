@@ -5,6 +5,7 @@ here, for every experiment."""
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import replace
 
 import pytest
@@ -459,3 +460,15 @@ def test_column_table_reads_headers_keys_formats_and_optional_columns():
     with pytest.raises(ValueError, match="a header, a key and a format"):
         column_table("step ms  step_ms  mean")  # a format the tables do not know
     assert set(FORMATS) == {*_FORMATS, "mean_std"}  # what the tables format, each declared
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_recorder_stopped_by_a_signal_records_its_exit_status(db_path, signum, status):
+    """`with Recorder(...)` recorded 143 for every Terminated; SIGHUP's is 129, as the
+    command's."""
+    from cs336sys.store.recorder import Recorder
+    from cs336sys.sweep.stopping import Terminated
+
+    with pytest.raises(Terminated), Recorder(db_path, command="notebook", device="cpu"):
+        raise Terminated("stop", signum)
+    assert query(db_path, "SELECT exit_status FROM invocations") == [{"exit_status": status}]

@@ -402,7 +402,7 @@ def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
 
 def _stop_if_signalled(line: str) -> None:
     """Where Ctrl-C or SIGTERM stopped the run, end it with `line` (what the run stored) as
-    its last word, and the signal's exit code (130 or 143)."""
+    its last word, and the signal's exit code (130, 143 or 129)."""
     if stopping.pending() is None:
         return
     typer.echo(line, err=True)
@@ -420,7 +420,7 @@ def _takes_force(root: Any, args: list[str]) -> bool:
 def _invoke(root: Any, args: list[str]) -> int | None:
     """Run `cs336sys ARGS` in this process through the root group; its exit code. A Ctrl-C
     or SIGTERM stops the whole run, once the command's own handling has ended it (its exit
-    code, 130 or 143, and the signal pending: the run then says what it stored)."""
+    code, 130, 143 or 129, and the signal pending: the run then says what it stored)."""
     # click's classes, wherever this typer takes click from (vendored since typer 0.2x)
     from cs336sys import yours
 

@@ -71,7 +71,7 @@ def sql(
         headers = [d[0] for d in cursor.description or ()]
         rows = cursor.fetchall()
     except sqlite3.DatabaseError as exc:
-        stopping.check()  # the signal that interrupted it ends the command (130, 143)
+        stopping.check()  # the signal that interrupted it ends the command (130, 143, 129)
         if str(exc) in _REFUSALS:
             fail(f"refused: `cs336sys sql` is read-only and creates nothing ({exc})")
         fail(f"SQL error: {exc}{_hint(conn, str(exc), query)}")

@@ -95,11 +95,12 @@ def _draw(plot: Plot | Bars | Strips | Ranked) -> bytes:
 
 def _start_worker(command: int) -> None:
     """A worker, forked by the command: Ctrl-C ignored (the command's), SIGTERM and SIGHUP
-    their default (Pool.terminate sends SIGTERM), and ended with the command (see the
-    module)."""
+    their default (Pool.terminate sends SIGTERM; SIGHUP stays ignored under nohup), and ended
+    with the command (see the module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # (nohup's choice kept)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # a SIGTERM already sent ends it here
     end_with_parent()
     if os.getppid() != command:  # the command ended before the line above

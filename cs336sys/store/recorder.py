@@ -12,8 +12,8 @@ Python:
 
 The rows are those the CLI writes for the same sweep: same experiment, settings, metrics,
 samples, provenance. The invocation records how the block ended: 0, 1 when a point was
-stored as `error`, 130 on Ctrl-C, 143 on SIGTERM (where the CLI's handler turns it into
-Terminated), 1 on any other exception (the rows already written stay).
+stored as `error`, 130 on Ctrl-C, 143 on SIGTERM and 129 on SIGHUP (where the CLI's handler
+turns them into Terminated), 1 on any other exception (the rows already written stay).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Recorder:
         elif issubclass(kind, KeyboardInterrupt):
             self.close(130)
         elif issubclass(kind, Terminated):
-            self.close(143)
+            self.close(128 + getattr(exc, "signum", 15))  # 143 for SIGTERM, 129 for SIGHUP
         elif issubclass(kind, SystemExit):
             code = exc.code if isinstance(exc, SystemExit) else 1
             self.close(code if isinstance(code, int) else 1)

@@ -52,8 +52,12 @@ EXIT_CODES = tuple(128 + signum for signum in STOPS)
 
 
 class Terminated(BaseException):
-    """This process was asked to stop by SIGTERM or SIGHUP. A BaseException like
+    """This process was asked to stop by SIGTERM or SIGHUP (`signum`). A BaseException like
     KeyboardInterrupt, so that no point turns it into a row and the sweep goes on."""
+
+    def __init__(self, message: str = "", signum: int = signal.SIGTERM) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 _received: list[int] = []  # the signals received since install() or reset(), in order
@@ -70,7 +74,7 @@ INTERRUPTED = "interrupted by Ctrl-C (SIGINT)"
 def _raise(signum: int) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
-    raise Terminated(f"{TERMINATED} {signum} ({signal.Signals(signum).name})")
+    raise Terminated(f"{TERMINATED} {signum} ({signal.Signals(signum).name})", signum)
 
 
 # The packages whose imports run Python called from C++: a signal there is remembered only.
