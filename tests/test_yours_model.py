@@ -706,6 +706,11 @@ def test_groups_that_would_change_what_the_model_computes_are_refused():
     chained = Stack()
     want = chained(x)
     assert torch.equal(checkpoint_blocks(chained, 4, [2, 2])(x), want)
+    # built on the meta device (to count its FLOPs) there is nothing to compare: the probe
+    # is not run there (torch.equal has no meta kernel, and every grouped policy failed)
+    with torch.device("meta"):
+        on_meta = Stack()
+    assert checkpoint_blocks(on_meta, 4, [2, 2]) is on_meta
 
 
 def test_blocks_whose_forward_is_never_called_are_refused_even_one_by_one():
