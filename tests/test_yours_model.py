@@ -1279,12 +1279,16 @@ def test_residuals_of_a_model_with_bf16_weights_take_its_streams_dtype(tmp_path,
     result = invoke("memory", "--size", "tiny", "--d-model", "32", "--d-ff", "64",
                     "--num-heads", "4", "--num-layers", "2", "--seq", "16", "--batch", "2",
                     "--warmup", "0", "--iters", "1", "--model", "my_models.bf16:Bf16LM",
-                    "--db", db)
+                    "--optimizer", "adamw,torch-adamw", "--db", db)
     assert result.exit_code == 0, result.output
-    (row,) = query(db, "SELECT params, param_bytes, grad_bytes, before_opt_params_bytes "
-                       "FROM memory_runs")
-    assert row["param_bytes"] == row["grad_bytes"] == 2 * row["params"]
-    assert row["param_bytes"] == row["before_opt_params_bytes"]
+    rows = query(db, "SELECT optimizer, params, param_bytes, grad_bytes, optim_bytes, "
+                     "before_opt_params_bytes, after_opt_opt_state_bytes FROM memory_runs")
+    for row in rows:
+        assert row["param_bytes"] == row["grad_bytes"] == 2 * row["params"]
+        assert row["param_bytes"] == row["before_opt_params_bytes"]
+        # ours keeps fp32 moments, torch's the parameter's bf16: as held
+        assert row["optim_bytes"] == {"adamw": 8, "torch-adamw": 4}[row["optimizer"]] * \
+            row["params"] == row["after_opt_opt_state_bytes"], row
 
 
 def test_profile_says_where_your_models_attention_is_not_split(tmp_path, monkeypatch):

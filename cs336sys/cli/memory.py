@@ -29,7 +29,7 @@ def _memory_only(
 def memory(ctx: typer.Context, **options: Any) -> None:
     """Peak memory of a forward pass or training step, next to its analytic breakdown; one row per point.
 
-    Per point: the bytes after model init, the peak of the step and of each phase, the bytes just before and after the optimizer step, and the bytes saved for backward (parameters excluded); beside them parameters, gradients and AdamW state (4P, 4P, 8P bytes; parameters and gradients in the parameters' dtype), the counted activations (fp32, naive attention) and the residual-stream tensor B·T·d·bytes. On CUDA the allocator's figures; elsewhere the live tensor bytes counted by a tracker (not RSS). A sweep over --checkpoint marks the setting with the lowest peak in each group. View: memory_runs.
+    Per point: the bytes after model init, the peak of the step and of each phase, the bytes just before and after the optimizer step, and the bytes saved for backward (parameters excluded); beside them parameters, gradients and AdamW state (4P, 4P, 8P bytes; in a bf16 model 2P, 2P, and 8P for our AdamW, 4P for torch's and yours), the counted activations (fp32, naive attention) and the residual-stream tensor B·T·d·bytes. On CUDA the allocator's figures; elsewhere the live tensor bytes counted by a tracker (not RSS). A sweep over --checkpoint marks the setting with the lowest peak in each group. View: memory_runs.
 
     Example:
 

@@ -154,6 +154,15 @@ def check_snapshot(path: str | Path | None) -> str | None:
 # -- measuring ------------------------------------------------------------------------------
 
 
+def moments_bytes(optimizer: str | None, params: list) -> int:
+    """AdamW's exp_avg and exp_avg_sq of the parameters that require grad: cs336sys's keep
+    them in float32 (models/adamw.state_dtype: 8 bytes an element); torch's, and an AdamW of
+    yours made with zeros_like(p), in the parameter's dtype (a bf16 model's: 4)."""
+    ours = optimizer is None or optimizer.startswith("adamw")
+    return sum(p.numel() * (8 if ours else 2 * p.element_size())
+               for p in params if p.requires_grad)
+
+
 def run(spec: MemorySpec) -> Result:
     import torch
 
@@ -272,7 +281,6 @@ def run(spec: MemorySpec) -> Result:
     else:  # mixed precision and other kernels keep other tensors: not modelled
         act_analytic = None
     n_params = sum(p.numel() for p in params)
-    trained = sum(p.numel() for p in params if p.requires_grad)  # (a frozen table: no grad)
     metrics.update(
         peak_source="cuda_allocator" if on_cuda else "live_tensors",
         init_bytes=init_bytes,
@@ -291,7 +299,7 @@ def run(spec: MemorySpec) -> Result:
         param_bytes=sum(p.numel() * p.element_size() for p in params),
         grad_bytes=sum(p.numel() * p.element_size() for p in params if p.requires_grad)
         if training else 0,
-        optim_bytes=8 * trained if training else 0,  # AdamW: exp_avg and exp_avg_sq, fp32
+        optim_bytes=moments_bytes(m.optimizer, params) if training else 0,
         act_bytes_analytic=act_analytic,
         residual_bytes=(B * T * config.d_model * residual_dtype.itemsize
                         if residual_dtype is not None else None),
@@ -408,7 +416,7 @@ EXPERIMENT = Experiment(
             params               -      parameters of the model
             param_bytes          bytes  analytic: the parameters in their dtype (4P in fp32)
             grad_bytes           bytes  analytic: the same of those that require grad, when training
-            optim_bytes          bytes  analytic: AdamW's two moments, 8P of those
+            optim_bytes          bytes  analytic: AdamW's two moments of those: 8P in cs336sys's (fp32), twice the parameters' bytes in torch's and yours
             act_bytes_analytic   bytes  analytic activations (fp32, naive attention)
             residual_bytes       bytes  the residual stream B·T·d, what a checkpointed group keeps
             residual_dtype       -      dtype of the residual stream
