@@ -23,7 +23,12 @@ from cs336sys.experiments import ddp_setup, ddp_yours
 from cs336sys.experiments.checks import before_timing, both, judged, user_code
 from cs336sys.experiments.ddp_setup import IMPLS
 from cs336sys.experiments.ddp_toy_check import checked as toy_check
-from cs336sys.experiments.step_build import build, empty_compile_cache, within_limit
+from cs336sys.experiments.step_build import (
+    build,
+    empty_compile_cache,
+    once_per_process,
+    within_limit,
+)
 from cs336sys.experiments.training_step import interpreted, throughput
 from cs336sys.measure.device import synchronize
 from cs336sys.measure.dtypes import matmul_precision
@@ -110,7 +115,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
         checked = both(checked, toy_check(spec.ddp, None, ctx.rank, ctx.world_size, device))
     except Unfinished as exc:  # its getter raised NotImplementedError, on every rank alike
         return Result("skipped", error=str(exc))
-    import torch._dynamo  # a first Optimizer imports it: 5 s that only the first point paid
+    once_per_process(spec.compile, ctx.device)  # (the process's one-time work: before the clock)
 
     t_start = time.perf_counter()
     on_cuda = device.type == "cuda"
