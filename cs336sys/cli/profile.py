@@ -22,7 +22,6 @@ from cs336sys.cli.options import option
 from cs336sys.experiments import attention_command, model_command
 from cs336sys.measure.nsys import nvtx_asked
 from cs336sys.report.kernel_names import readable_all
-from cs336sys.sweep.points import told_apart
 
 profile_app = typer.Typer(name="profile", no_args_is_help=True)
 
@@ -138,7 +137,7 @@ def _profile_points(ctx, target, point_specs, options):
         return points
 
     run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
-                   describe=_label,
+                   describe=_point_name,
                    emulation=False, after=lambda points: typer.echo(_details(points)))
 
 
@@ -162,19 +161,20 @@ def _check_writable(path: Path, db: Path) -> None:
         fail(f"--trace: {path} is not writable")
 
 
-def _label(spec) -> str:
-    p = spec.point
-    if spec.target == "model":
-        opt = model_command.optimizer_word(p.mode, p.optimizer)
-        words = [p.model, p.size, f"T={p.seq}", p.mode, p.precision, opt]
-        return " ".join(w for w in words if w)
-    return f"{p.impl} seq={p.seq} d={p.d_head} {p.precision}"
+def _point_name(spec) -> str:
+    """The profiled point in a few words, as its own command names it (progress, nsys)."""
+    command = model_command if spec.target == "model" else attention_command
+    return command.point_name(spec.point)
 
 
 def _labels(points) -> dict[int, str]:
-    """Each point's label by id(), told apart where two read the same."""
-    named = told_apart([_label(p.spec) for p in points], [p.spec.settings() for p in points])
-    return {id(p): name for p, name in zip(points, named, strict=True)}
+    """Each point's label by id(), as the report's section gives it (its settings and
+    what it measured: `(Triton interpreted)`), told apart where two read the same."""
+    from cs336sys.experiments.profile_section import labelled
+
+    rows = [{**p.result.metrics, **p.spec.settings(), "_settings": p.spec.settings()}
+            for p in points]
+    return {id(p): name for p, name in zip(points, labelled(rows), strict=True)}
 
 
 def _f(value: float | None, fmt: str = ".3f") -> str:

@@ -30,7 +30,8 @@ def options(
 def point_name(spec: Any) -> str:
     """A point in a few words, for the progress bar."""
     model = f"{spec.model} {spec.size}" if spec.model else spec.size  # the sizes of yours too
-    return f"{model} T={spec.seq} {spec.mode} {spec.precision}"
+    opt = optimizer_word(spec.mode, getattr(spec, "optimizer", None))
+    return f"{model} T={spec.seq} {spec.mode} {spec.precision}" + (f" {opt}" if opt else "")
 
 
 # What the course's model calls for attention, a function of the module its class is in
