@@ -782,6 +782,21 @@ def test_pivot_puts_each_value_under_its_group_and_names_the_groups():
                       ["32", "32.1 ± 0.5", "32.3 ± 0.5", ""]]
 
 
+def test_pytorch_attentions_accounting_shows_the_size_that_ran_out_of_memory():
+    """The handout asks for "the accounting for the memory usage of attention in one of the
+    smallest configurations you find that runs out of memory": the estimate made before the
+    point ran was stored, and the writeup's table read OOM over it."""
+    (p,) = [p for p in problems("2026") if p.name == "pytorch_attention"]
+    (table,) = [t for t in p.tables if t.title.startswith("Memory measured against")]
+    rows = [_row(impl="naive", d_head=16, seq=1024,
+                 metrics={"mem_before_bwd_bytes": 2**20, "saved_bytes": 2**20,
+                          "est_peak_bytes": 3 * 2**20}),
+            _row(impl="naive", d_head=16, seq=32768, status="oom",
+                 metrics={"est_peak_bytes": 105.7 * 2**30})]
+    t = pivot(table, rows)
+    assert t.rows[-1][-3:] == ["OOM", "OOM", f"{105.7 * 1024:,.1f}"], t.rows
+
+
 def test_the_ddp_pivot_shows_the_all_reduces_alone_where_the_rows_have_them():
     """minimal_ddp_flat_benchmarking's table: flat's communication ms held its copies into
     and out of one buffer (477 ms of which the all-reduce was 127 on 2 CPU ranks); the

@@ -222,12 +222,11 @@ PROBLEMS = (
                   ("Memory held before backward (MiB)",
                    Column("MiB", "mem_before_bwd_bytes", "mib")))),
             Pivot("Memory measured against the accounting (MiB)", "attention",
-                  ("d_head", "seq"), column_table("""
+                  ("d_head", "seq"), (*column_table("""
                       before backward     mem_before_bwd_bytes  mib
                       saved for backward  saved_bytes           mib
                       peak                peak_bytes            mib  optional
-                      accounted peak      est_peak_bytes        mib
-                  """),
+                  """), Column("accounted peak", "est_peak_bytes", "mib", before_run=True)),
                   note="accounted peak: q, k, v, the output and their gradients, and three "
                   "T x T matrices (scores, probabilities and their gradient), +10 %: the "
                   "estimate a point is skipped on only when it exceeds the device's free "

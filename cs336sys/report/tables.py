@@ -121,7 +121,7 @@ def cell(column: Column, row: Row, spread: bool = True) -> str:
             text += f" (median {num(median)}{extra}, noisy)"
         return text
     formatted = _FORMATS[column.fmt](value(column, row))
-    return formatted if column.setting else status_or(row, formatted)
+    return formatted if column.setting or column.before_run else status_or(row, formatted)
 
 
 def _ratios(ratio: Ratio, rows: list[Row]) -> list[str]:

@@ -106,6 +106,9 @@ class Column:
     # its cell, where it has one, says the row's figures do not hold (attention's
     # `impossible`): a table that leaves the column out marks the row's cells instead
     flag: bool = False
+    # a figure computed before the point ran (an accounting, an estimate): shown whatever
+    # the point's status, where a measured one reads OOM
+    before_run: bool = False
 
 
 # The commands of two words -> the experiment kind whose rows each stores; any other command
