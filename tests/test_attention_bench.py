@@ -192,6 +192,24 @@ def test_the_pytorch_attention_preset_runs_without_a_mask_as_the_handout_does():
     assert spec.causal is True
 
 
+def test_the_presets_time_as_their_handout_problems_do(monkeypatch):
+    """pytorch_attention: "Time 100 forward passes" of your (naive) attention; the preset ran
+    every implementation, in 3 rounds of 34 calls on CUDA, and more for --min-time.
+    flash_benchmarking: "using triton.testing.do_bench"; the preset timed with the loop."""
+    from cs336sys.experiments import attention
+
+    monkeypatch.setattr(attention.points, "device_choice", lambda device: "cuda")
+    specs = attention.specs(preset="pytorch-attention", seq=[64], d_head=[16])
+    assert [(s.impl, s.iters, s.rounds, s.min_time) for s in specs] == [("naive", 100, 1, 0.0)]
+    (spec,) = attention.specs(preset="pytorch-attention", seq=[64], d_head=[16], rounds=4,
+                              min_time=2.0)  # given: theirs
+    assert (spec.rounds, spec.min_time) == (4, 2.0)
+    monkeypatch.setattr(attention.points, "check_triton", lambda *args: None)
+    flash = attention.specs(preset="flash-benchmarking", seq=[128], d_head=[16])
+    assert {s.timer for s in flash} == {"do-bench"} and {s.impl for s in flash} == {
+        "naive", "triton"}
+
+
 BAD = [
     (["--impl", "magic"], "unknown value 'magic'"),
     (["--preset", "fastest"], "--preset"),
