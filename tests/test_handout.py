@@ -1020,6 +1020,11 @@ def test_the_method_line_counts_the_samples_the_tables_come_from():
              "step_ms_mean": 5.0, "step_ms_n": 2, "opt_ms_mean": 1.0, "opt_ms_n": 3}]
     line = method([inv], {"step": step}, {"step": "step_ms"})
     assert "2 timed samples a point (--iters 2)" in line and "2 to 3" not in line, line
+    # attention under do_bench never ran its --warmup (do_bench warms up itself): the line
+    # said "10 warm-up steps"
+    benched = [{**r, "_settings": {**r["_settings"], "timer": "do-bench"}} for r in rows]
+    line = method([inv], {"attention": benched})
+    assert "warm-up step" not in line and "do_bench's own warm-up" in line, line
 
 
 # -- end to end -------------------------------------------------------------------------------

@@ -94,7 +94,11 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list],
     facts = dict(provenance(invs, rows))
     stopped = dict(provenance(_not_rerun(invs), rows)).get(STOPPED_EARLY)
     settings = [r["_settings"] for kind_rows in rows.values() for r in kind_rows]
-    warm = sorted({s["warmup"] for s in settings if isinstance(s.get("warmup"), int)})
+    # attention under do_bench ignores --warmup: do_bench warms up itself (25 ms of calls)
+    benched = [r["_settings"] for r in rows.get("attention", [])
+               if r["_settings"].get("timer") == "do-bench"]
+    warm = sorted({s["warmup"] for s in settings
+                   if isinstance(s.get("warmup"), int) and s not in benched})
     iters = sorted({s["iters"] for s in settings if isinstance(s.get("iters"), int)})
     # the samples the statistics come from (report/sections.sample_count): do_bench chooses
     # its own count and a point past its time budget stops short of --iters
@@ -113,6 +117,8 @@ def method(invs: list[dict[str, Any]], rows: dict[str, list],
         parts.append(f"your code {facts['Your code']}")
     if warm:
         parts.append(_counts(warm, "warm-up step"))
+    if benched:
+        parts.append("do_bench's own warm-up where it timed attention")
     if counts:
         span = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
         asked = f" (--iters {', '.join(map(str, iters))})" if iters else ""
