@@ -121,6 +121,7 @@ def test_peak_table():
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
     assert peak_tflops("NVIDIA H200", "fp32") == 67.0
+    assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.5  # not the SXM's 989.4
     assert peak_tflops("NVIDIA H200", "fp32", tf32=True) == 494.7
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "bf16") == 312.0
     assert peak_tflops("NVIDIA L40S", "bf16") == 362.05  # its data sheet, dense (not 366)

@@ -11,6 +11,8 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     # the CS336 2026 handout's B200 figures (its section 2.1.5): FP32 80, BF16/FP16 2,500;
     # TF32 half of BF16, as on NVIDIA's Blackwell data sheets
     "B200": {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0},
+    # NVIDIA H200 NVL data sheet: BF16/FP16 1,671 with sparsity, TF32 835, FP32 60
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
     "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
     "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.0, "fp16": 835.0},
@@ -25,11 +27,12 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 # Under every table and chart that shows MFU: fp32 MFU of 42 % beside bf16's 3 % reads as
 # fp32 using the GPU better, unless the reader knows each is against its own peak.
-MFU_NOTE = ("MFU: TFLOP/s over the GPU's dense peak in the precision the matmuls ran in (H100 "
-            "SXM: " + ", ".join(f"{p.replace('tf32', 'TF32')} {PEAK_TFLOPS['H100'][p]:.0f}"
-                                for p in ("fp32", "tf32", "bf16"))
-            + "), so fp32 and bf16 are each against their own peak; shown only where the GPU's "
-            "peak is known.")
+MFU_NOTE = ("MFU: TFLOP/s over the GPU's dense peak in the precision the matmuls ran in (an "
+            "H100 SXM's: " + ", ".join(f"{p.replace('tf32', 'TF32')} {PEAK_TFLOPS['H100'][p]:.0f}"
+                                       for p in ("fp32", "tf32", "bf16"))
+            + f"; a B200's, the handout's: fp32 {PEAK_TFLOPS['B200']['fp32']:.0f}, bf16 "
+            f"{PEAK_TFLOPS['B200']['bf16']:,.0f}), so fp32 and bf16 are each "
+            "against their own peak; shown only where the GPU's peak is known.")
 
 
 def peak_tflops(device_name: str | None, precision: str, tf32: bool = False) -> float | None:
