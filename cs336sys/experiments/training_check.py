@@ -458,14 +458,15 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
         causes.append(f"{len(zeros)} gradient tensors rank 0 holds after the first step's "
                       f"finish_gradient_synchronization() are all zero ({few(zeros)}): no gradient "
                       f"had reached them yet "
-                      f"(reduced a step late, or into other tensors than the ones the "
-                      f"optimizer steps?)")
+                      f"(reduced a step late, into other tensors than the ones the optimizer "
+                      f"steps, or in a bucket all-reduced before this gradient had "
+                      f"arrived?)")
     if frozen and not passed:
         causes.append(f"{len(frozen)} of {len(reference.final)} parameter tensors never left "
                       f"their initial values ({few(frozen)}): their optimizer step never ran "
                       f"here, or its result never reached rank 0 (a shard no rank steps, or "
                       f"one its owner never broadcasts?)")
-    if spread and not passed:
+    if spread and not passed and not frozen:  # (parameters nobody stepped differ as well)
         causes.append(f"the ranks ended with different parameters (largest difference "
                       f"{spread:.2g}): rank 0's weights never broadcast to the others at the "
                       f"start, or their updates differ")
