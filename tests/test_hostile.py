@@ -27,6 +27,11 @@ PLAN = ["--size", "tiny", "--hardware", "h100", "--strategy", "dp", "--n", "2"]
 STORE_CASES = [
     # a --db that cannot be a store
     ("db under a file", ["model", *MICRO, "--db", "{file}/results.db"], "is a file, not a directory"),
+    # a folder linked to a disk that is not mounted, and one that cannot be made: a traceback
+    ("db under a dangling link", ["model", *MICRO, "--db", "{dangling}/results.db"],
+     "is a symbolic link to a missing path"),
+    ("db whose folder cannot be made", ["plan", *PLAN, "--db", "/proc/cs336sys-none/x.db"],
+     "cannot create the folder of /proc/cs336sys-none/x.db"),
     ("foreign SQLite for a command that writes", ["model", *MICRO, "--db", "{foreign}"], "not a results store"),
     ("foreign SQLite for sql", ["sql", "SELECT 1", "--db", "{foreign}"], "not a results store"),
     ("report on a foreign store", ["report", "--db", "{foreign}", "--out", "{out}"], "not a results store"),
@@ -148,6 +153,7 @@ def files(tmp_path, monkeypatch):
     foreign.commit()
     foreign.close()
     (here / "file").write_text("not a folder")
+    (here / "dangling").symlink_to(here / "unmounted")
     newer = here / "newer.db"
     newer.write_bytes(data)
     con = sqlite3.connect(newer)
@@ -171,7 +177,8 @@ def files(tmp_path, monkeypatch):
     for name in ("report.tex", "writeup.tex"):  # a LaTeX file of their own, comments first
         (here / "mine" / name).write_text("% my writeup\n\\documentclass{article}\n")
     (here / "mine" / "writeup.typ").write_text("// my writeup\n= Answers\n")
-    names = {"store": store, "file": here / "file", "foreign": here / "foreign.db",
+    names = {"store": store, "file": here / "file", "dangling": here / "dangling",
+             "foreign": here / "foreign.db",
              "wal": here / "other.db-wal", "mine": here / "mine",
              "truncated": here / "truncated.db", "corrupted": here / "corrupted.db",
              "newer": newer, "forged": forged, "out": tmp_path / "out"}

@@ -87,7 +87,11 @@ class Store:
 
     def __init__(self, path: str | Path, experiments: Sequence[Any] | None = None):
         self.path = check_path(path, writing=True)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only file system, /proc, a parent it may not write
+            raise StoreError(f"cannot create the folder of {self.path}: "
+                             f"{exc.strerror or exc}") from None
         try:
             conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             _wal(conn)

@@ -99,6 +99,9 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
         # /dev/null read as an empty store and took writes into nothing; a FIFO hung
         raise StoreError(f"{path} is {_kind_of(path)}, not a file: a results store is a file")
     for parent in path.parents:
+        if parent.is_symlink() and not parent.exists():  # (exists() follows the link)
+            raise StoreError(f"{path}: {parent} is a symbolic link to a missing path or a "
+                             "loop (a disk that is not mounted?)")
         if parent.exists():
             if not parent.is_dir():
                 raise StoreError(f"{path}: {parent} is a file, not a directory")
