@@ -504,3 +504,18 @@ def test_a_folder_whose_maker_holds_its_lock_is_kept(tmp_path, monkeypatch):
         holder.wait()
     scratch.remove_orphans("cs336sys-merge-")
     assert not held.exists() and not os.path.exists(mine)
+
+
+def test_export_of_a_run_edited_into_bad_json_is_one_line(tmp_path, db_path):
+    """A row whose metrics were edited by hand into something that is not JSON: report said
+    so in one line, db export ended with JSONDecodeError's traceback."""
+    fill(db_path, "a")
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE runs SET metrics = '{bad' WHERE rowid = (SELECT min(rowid) FROM runs)")
+    conn.commit()
+    conn.close()
+    out = tmp_path / "runs.jsonl"
+    result = invoke("db", "export", "--db", db_path, "--out", out)
+    assert result.exit_code == 2 and not out.exists(), result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert "its metrics is not JSON" in line and "Traceback" not in result.output, line

@@ -73,7 +73,7 @@ def export(
 
     from cs336sys.report.select import SelectionError, check_gpu, selected
     from cs336sys.store.db import StoreError, connect_readonly
-    from cs336sys.store.transfer import FORMATS, export, known_experiments
+    from cs336sys.store.transfer import FORMATS, MalformedRun, export, known_experiments
 
     experiments = catalog()
     if fmt not in FORMATS:
@@ -116,7 +116,7 @@ def export(
             n = _export_to_file(conn, out, fmt, wanted, samples, condition)
     except OSError as exc:  # --out where nothing can be written
         cannot_write(out, exc)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, MalformedRun) as exc:
         fail(f"cannot read {db} as a results store: {exc}")
     finally:
         conn.close()

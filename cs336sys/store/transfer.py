@@ -99,15 +99,23 @@ def records(
         row = dict(zip(names, values, strict=True))
         rec: dict[str, Any] = {c: row.get("id" if c == "run_id" else c) for c in RUN_COLUMNS}
         rec.update({c: row[f"inv_{c}"] for c in INVOCATION_COLUMNS})
-        rec["settings"] = _loads(row["settings"], {})
-        rec["metrics"] = _loads(row["metrics"], {})
+        rec["settings"] = _loads(row, "settings", {})
+        rec["metrics"] = _loads(row, "metrics", {})
         if samples:
-            rec["samples"] = _loads(row.get("samples"), None)
+            rec["samples"] = _loads(row, "samples", None)
         yield rec
 
 
-def _loads(text: str | None, default: Any) -> Any:
-    return default if text is None else json.loads(text)
+class MalformedRun(ValueError):
+    """A stored run whose JSON column does not parse (a row edited by hand)."""
+
+
+def _loads(row: dict[str, Any], column: str, default: Any) -> Any:
+    text = row.get(column)
+    try:
+        return default if text is None else json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MalformedRun(f"run {row.get('id')}: its {column} is not JSON ({exc.msg})") from None
 
 
 def write_jsonl(recs: Iterable[dict[str, Any]], out: IO[str]) -> int:
