@@ -519,3 +519,14 @@ def test_export_of_a_run_edited_into_bad_json_is_one_line(tmp_path, db_path):
     assert result.exit_code == 2 and not out.exists(), result.output
     (line,) = result.stderr.strip().splitlines()
     assert "its metrics is not JSON" in line and "Traceback" not in result.output, line
+
+
+def test_where_matches_a_setting_in_any_case_as_the_commands_read_it(db_path):
+    """`--size 8B` stores 8b: `db export --where size=8B` exported 0 runs and report said no
+    run matched. Text settings match in any case; numbers and booleans as before."""
+    fill(db_path, "a")
+    for where in ("size=small", "size=SMALL", "size=Small"):
+        got = [json.loads(line) for line in export_text(db_path, "jsonl", "--where", where)
+               .splitlines()]
+        assert [r["settings"]["size"] for r in got] == ["small"], where
+    assert export_text(db_path, "jsonl", "--where", "compile=true").count("\n") == 1

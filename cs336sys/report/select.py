@@ -254,10 +254,11 @@ class Selection:
                 conds.append(f"i.{key} = ?")
                 params.append(value)
                 continue
-            # Typed values (16, true) and text both match: the JSON value or its text form.
+            # Typed values (16, true) and text both match: the JSON value or its text form, in
+            # any case, as the commands read a size (`--size 8B` stores 8b)
             conds.append(
                 "(json_extract(r.settings, '$.' || ?) = ? "
-                "OR CAST(json_extract(r.settings, '$.' || ?) AS TEXT) = ?)"
+                "OR lower(CAST(json_extract(r.settings, '$.' || ?) AS TEXT)) = lower(?))"
             )
             params.extend([key, _typed(value), key, value])
         return (" AND ".join(conds) or "1"), params
