@@ -975,3 +975,16 @@ def test_gib_keeps_two_figures_under_a_tenth_as_mib_does():
     assert [gib(x) for x in (0, 45_000_000, 2**30 * 0.1, 2**30 * 80)] == [
         "0.0", "0.042", "0.1", "80.0"]
     assert mib(45_000) == "0.043" and gib(None) == mib(None) == ""
+
+
+def test_ddp_shows_what_rank_0_holds_beside_its_parameters_gradients_and_state():
+    """An FSDP that never freed its gathered weights passed with the same params, grads and
+    state MiB as one that does; the live bytes beyond those three hold the gathered copy."""
+    from cs336sys.experiments import ddp_section
+
+    (other,) = [c for c in ddp_section.TABLE.columns if c.header == "other MiB"]
+    frees = {"mem_before_opt_bytes": 1_687_048, "mem_before_opt_params_bytes": 421_120,
+             "mem_before_opt_grads_bytes": 421_120, "mem_before_opt_opt_state_bytes": 842_240}
+    keeps = {**frees, "mem_before_opt_bytes": 2_526_728}
+    assert other.cell(frees) == 2_568 and other.cell(keeps) == 842_248  # the whole weights
+    assert other.cell({**frees, "mem_before_opt_grads_bytes": None}) is None

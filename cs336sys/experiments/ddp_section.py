@@ -144,6 +144,13 @@ def _steps(pts: list[Row]) -> Bars:
                 "Throughput")
 
 
+def _other(row: Mapping[str, Any]) -> int | None:
+    """Rank 0's live bytes just before the optimizer step beyond its parameters, gradients
+    and optimizer state; None where a part was not stored."""
+    parts = [row.get(f"mem_before_opt{k}_bytes") for k in ("", "_params", "_grads", "_opt_state")]
+    return None if None in parts else parts[0] - sum(parts[1:])
+
+
 def label(row: Mapping[str, Any]) -> str:
     """`bucketed 10MiB +ZeRO`: the impl with its bucket cap and optimizer sharding (the
     user's: `+yours sharded opt`)."""
@@ -197,6 +204,13 @@ TABLE = Table(
             params MiB     mem_before_opt_params_bytes    mib
             grads MiB      mem_before_opt_grads_bytes     mib
             opt state MiB  mem_after_opt_opt_state_bytes  mib
+        """),
+        Column("other MiB", None, "mib", cell=_other, optional=True,
+               note="other MiB: what rank 0 holds just before the optimizer step beside its "
+               "parameters, gradients and optimizer state (the batch, buffers): an FSDP that "
+               "keeps its gathered weights after use (the handout: \"free the gathered "
+               "weights\") holds about the whole model's weights here."),
+        *column_table("""
             peak MiB       mem_peak_bytes                 mib
         """),
         Column("check", "check", optional=True,
