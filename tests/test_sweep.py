@@ -472,3 +472,21 @@ def test_a_recorder_stopped_by_a_signal_records_its_exit_status(db_path, signum,
     with pytest.raises(Terminated), Recorder(db_path, command="notebook", device="cpu"):
         raise Terminated("stop", signum)
     assert query(db_path, "SELECT exit_status FROM invocations") == [{"exit_status": status}]
+
+
+def test_a_known_symptom_below_a_messages_first_line_is_still_named():
+    """Triton compiling a block-pointer kernel for a GPU raises CompilationError, whose
+    message starts `at 14:18:` and says the symptom lines below: the stored reason kept the
+    first line alone and lost "make_block_ptr is gone from Triton ..." (the interpreter's
+    one-line error got it)."""
+    from cs336sys.sweep.result import _failed
+
+    class CompilationError(Exception):
+        pass
+
+    exc = CompilationError("at 14:18:\n    q_ptr = tl.make_block_ptr(Q, ...)\n              ^\n"
+                           "Block pointers have been removed in favor of the tensor "
+                           "descriptor API")
+    said = _failed(exc).error
+    assert said.startswith("CompilationError: at 14:18:; tl.make_block_ptr is gone from "
+                           "Triton "), said

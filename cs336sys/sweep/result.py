@@ -69,10 +69,12 @@ def hint(exc: BaseException, text: str) -> None:
     exc.cs336sys_hint = text  # type: ignore[attr-defined]
 
 
-def cause(said: str) -> str:
-    """`said` with the cause of a known symptom after it (_CAUSES), else as it is."""
+def cause(said: str, whole: str = "") -> str:
+    """`said` with the cause of a known symptom in it, or in `whole` (the exception's whole
+    message: Triton's CompilationError says `at 14:18:` first, the symptom lines below),
+    after it (_CAUSES); else `said` as it is."""
     for symptom, why in _CAUSES.items():
-        if symptom in said:
+        if symptom in said or symptom in whole:
             triton = package_version("triton") or "(not installed)"
             return f"{said}; {why.format(triton=triton)}"
     return said
@@ -222,7 +224,7 @@ def _failed(exc: BaseException, why: str = "") -> Result:
     """The Result of a point that raised `exc`: its type and first line (or `why`), the user's
     file and line first where it came from there; skipped for a stub, oom, else error."""
     said = cause(": ".join(part for part in (type(exc).__name__, why or first_line(exc))
-                           if part))
+                           if part), str(exc))
     where = user_frame(exc)
     if where is not None:
         said = f"{where}: {said}"
