@@ -955,3 +955,19 @@ def test_a_mask_read_the_wrong_way_round_is_named():
     assert not verdict.passed
     assert verdict.why.startswith("wrong: it computes causal attention with the mask inverted: "
                                   "each query sees only the later keys"), verdict.why
+
+
+def test_nan_outputs_are_counted_not_read_as_the_largest_error():
+    """A causal loop that stops a tile short leaves the first queries no key (0/0): the
+    check said "O off by up to nan" and not how many were NaN."""
+    import torch
+
+    from cs336sys.measure.check import check
+
+    want = torch.zeros(4, 8, dtype=torch.float64)
+    got = want.clone()
+    got[0] = float("nan")  # one row that saw no key
+    got[1, 0] = 0.5
+    verdict = check({"O": got}, {"O": want}, 1e-2, 1e-2)
+    assert not verdict.passed
+    assert "O off by up to 0.5 at 9 of 32 elements, 8 of them NaN" in verdict.why, verdict.why

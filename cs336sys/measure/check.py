@@ -44,8 +44,12 @@ def check(got: Mapping[str, Any], want: Mapping[str, Any], rtol: float, atol: fl
         excess = diff - rtol * ref.abs()
         if diff.numel() and not bool((excess <= atol).all()):  # NaN fails too
             bad = int((~(excess <= atol)).sum())
-            failures.append(f"{name} off by up to {worst[name]:.3g} at {bad:,} of "
-                            f"{diff.numel():,} elements")
+            nan = int(x.detach().isnan().sum()) - int(ref.isnan().sum())
+            finite = diff[~diff.isnan()]
+            # "off by up to nan" hid how many were NaN (a row that saw no key: 0/0)
+            off = (f"off by up to {float(finite.max()):.3g}" if finite.numel() else "off")
+            failures.append(f"{name} {off} at {bad:,} of {diff.numel():,} elements"
+                            + (f", {nan:,} of them NaN" if nan > 0 else ""))
     names = list(want)
     metrics: dict[str, Any] = {
         "max_err": worst.get(names[0]) if names else None,
