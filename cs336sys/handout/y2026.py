@@ -238,7 +238,9 @@ PROBLEMS = (
         asks="(a) Compiled against eager naive attention at pytorch_attention's sizes; (b) the "
         "whole model compiled against eager, forward and full training step.",
         runs=(
-            Run("attention --preset pytorch-attention --attention naive,compiled",
+            # (3 interleaved rounds: the preset's one round, pytorch_attention's 100 calls,
+            # leaves the compiled / eager ratio no verdict)
+            Run("attention --preset pytorch-attention --attention naive,compiled --rounds 3",
                 cpu="attention --preset pytorch-attention --attention naive,compiled "
                 "--seq 128 --d-head 16 --warmup 1 --iters 3",
                 yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION}",
