@@ -263,14 +263,15 @@ def _checkpoint_tradeoff(pts: list[Row]) -> FilledTable | None:
         "Checkpointing trade-off: activation peaks and saved bytes against no checkpointing",
         ["point", "checkpoint", "fwd peak MiB", "fwd peak vs none", "bwd peak MiB",
          "bwd peak vs none", "saved MiB", "saved vs none", "step time vs none",
-         "optimizer step peak MiB", "optimizer state MiB (AdamW, 8P)", "step peak set by"],
+         "optimizer step peak MiB", "optimizer state MiB (AdamW)", "step peak set by"],
         body,
         note="Checkpointing changes the forward and backward peaks and the bytes autograd "
         "saves for backward; each is compared with the same point without checkpointing "
         "(none = 1.00×), beside the step time it costs (medians, with the 95 % interval of the "
         "raw samples, too few to tell under 5 a side; no verdict, as the points ran one after "
         "the other). The optimizer step (its peak, and "
-        "AdamW's two fp32 moments, 8 bytes per parameter) is shown apart: checkpointing does "
+        "AdamW's two moments: 8 bytes per parameter in cs336sys's, fp32; twice the parameter's "
+        "bytes in torch's and yours) is shown apart: checkpointing does "
         "not change it, and where it sets the step's peak ('step peak set by: optimizer') "
         "checkpointing cannot lower the whole step's peak.",
     )
