@@ -530,3 +530,5 @@ def test_where_matches_a_setting_in_any_case_as_the_commands_read_it(db_path):
                .splitlines()]
         assert [r["settings"]["size"] for r in got] == ["small"], where
     assert export_text(db_path, "jsonl", "--where", "compile=true").count("\n") == 1
+    # the invocation's own columns too: `command=MODEL` the runs `cs336sys model` stored
+    assert export_text(db_path, "jsonl", "--where", "command=MODEL").count("\n") == 2

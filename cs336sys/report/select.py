@@ -251,7 +251,7 @@ class Selection:
             params.extend(values)
         for key, value in self.where:
             if key in INVOCATION_KEYS:  # the invocation's own column; never a setting name
-                conds.append(f"i.{key} = ?")
+                conds.append(f"lower(i.{key}) = lower(?)")  # in any case, as a setting
                 params.append(value)
                 continue
             # Typed values (16, true) and text both match: the JSON value or its text form, in
