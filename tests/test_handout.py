@@ -1613,3 +1613,18 @@ def test_an_optimizer_that_shards_nothing_is_not_called_sharded_in_the_writeup()
     assert _row_cell("shard_optimizer", row) == "sharded (yours)"
     row["not_sharded"] = "rank 0 holds 100 % of the optimizer state"
     assert _row_cell("shard_optimizer", row) == "sharded (yours): NOT SHARDED"
+
+
+def test_a_writeup_of_problems_measured_alike_anywhere_says_no_size_was_cut(db_path, tmp_path):
+    """mixed_precision_accumulation runs the handout's own four loops, on a CPU as on a GPU:
+    its writeup's head said the figures were cut down for a CPU and "answer nothing the
+    handout asks"."""
+    r = invoke("precision", "accumulate", "--label", "mixed_precision_accumulation",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "w"
+    r = invoke("handout", "report", "mixed_precision_accumulation", "--format", "md",
+               "--out", out, "--db", db_path)
+    assert r.exit_code == 0, r.output
+    md = (out / "writeup.md").read_text()
+    assert "mixed_precision_accumulation" in md and "cut down for a CPU" not in md, md[:1500]

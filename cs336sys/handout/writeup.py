@@ -279,7 +279,9 @@ def build(conn: sqlite3.Connection, problems: list[Problem], year: str, catalog:
                  if k == "Runs by status" and any(every_row.values()) else (k, v)
                  for k, v in facts] + ([(STOPPED_EARLY, stopped)] if stopped else [])
         measured = [i for i in every_inv if not computed_only(i)]
-        if measured and all(i.get("gpu") == "cpu" for i in measured):
+        # (a problem measured alike anywhere, the handout's accumulation loops, is no cut)
+        cut = [p for p in problems if p.kind == MEASURE and not all(r.anywhere for r in p.runs)]
+        if measured and cut and all(i.get("gpu") == "cpu" for i in measured):
             facts.append(("Sizes", f"{CPU_NOTE}; these figures fill the tables and answer "
                                    "nothing the handout asks about a GPU"))
         if others:  # measured by hand: the student's to label, before handing the writeup in
