@@ -971,3 +971,25 @@ def test_nan_outputs_are_counted_not_read_as_the_largest_error():
     verdict = check({"O": got}, {"O": want}, 1e-2, 1e-2)
     assert not verdict.passed
     assert "O off by up to 0.5 at 9 of 32 elements, 8 of them NaN" in verdict.why, verdict.why
+
+
+def test_an_unscaled_kernels_unscaled_l_is_not_blamed_besides():
+    """docs/yours.md: an L right for what its O computes is not blamed besides. A kernel
+    without the 1/√d scale had its L named too ("L ... is the logsumexp of scores without
+    the 1/√d scale"), where one scaled by 1/d had not: the scale check came first."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from cs336sys.attention.diagnosis import checked
+    from cs336sys.attention.reference import attention_reference, logsumexp_reference
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 64, 16, generator=gen) for _ in range(3))
+    o, _ = attention_reference(q, k, v, True, scale=1.0)
+    lse = logsumexp_reference(q, k, True, scale=1.0).float()
+    spec = SimpleNamespace(impl="yours-triton", causal=True, precision="fp32", check_round=True)
+    verdict = checked(spec, o, q, k, v, None, {}, [lse])
+    assert verdict.why.startswith("wrong: it computes attention without the 1/√d scale"), \
+        verdict.why
+    assert "L, the logsumexp" not in verdict.why, verdict.why

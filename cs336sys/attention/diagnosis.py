@@ -327,6 +327,14 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
             causal and impl in MAY_IGNORE_CAUSAL
             and check({"L": got}, {"L": logsumexp_reference(q, k, False)}, *tolerance).passed):
         return Verdict(True)
+    if computed is not None:  # first: an unscaled O's unscaled L is O's mistake, not L's
+        alt = logsumexp_reference(q, k, computed.causal, scale=computed.scale,
+                                  diagonal=computed.diagonal, tile=computed.tile,
+                                  inverted=computed.inverted)
+        # (a query that sees no key: -inf)
+        seen = slice(None, -1) if computed.inverted else slice(max(0, -computed.diagonal), None)
+        if check({"L": got[..., seen]}, {"L": alt[..., seen]}, *tolerance).passed:
+            return Verdict(True)
     instead = (("in base 2 (m log2 e + log2 l); the course compares the natural log",
                 ref / math.log(2)),
                ("the logsumexp of scores without the 1/√d scale",
@@ -334,12 +342,6 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
     for words, alt in instead:
         if check({"L": got}, {"L": alt}, *tolerance).passed:
             return Verdict(False, why=f"wrong: L, the logsumexp its forward saves, is {words}")
-    if computed is not None:
-        alt = logsumexp_reference(q, k, computed.causal, scale=computed.scale,
-                                  diagonal=computed.diagonal, tile=computed.tile)
-        seen = slice(max(0, -computed.diagonal), None)  # (a query that sees no key: -inf)
-        if check({"L": got[..., seen]}, {"L": alt[..., seen]}, *tolerance).passed:
-            return Verdict(True)
     off = _reason(check({"L": got}, {"L": ref}, *tolerance).why)
     return Verdict(False, why=f"wrong: L, the logsumexp its forward saves for backward, is not "
                    f"m + log l of the scaled scores: {off}")

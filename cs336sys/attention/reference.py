@@ -110,7 +110,7 @@ def attention_reference(
 def logsumexp_reference(q: torch.Tensor, k: torch.Tensor, is_causal: bool = False,
                         max_elements: int = 2**26, dtype: torch.dtype = torch.float64,
                         scale: float | None = None, diagonal: int = 0,
-                        tile: int = 0) -> torch.Tensor:
+                        tile: int = 0, inverted: bool = False) -> torch.Tensor:
     """L = logsumexp over the keys of the scaled (and masked) scores, (..., T_q): what a
     FlashAttention forward saves for its backward (Dao 2023, Alg. 1, L_i = m_i + log l_i),
     natural log; chunked and masked as attention_reference."""
@@ -118,7 +118,7 @@ def logsumexp_reference(q: torch.Tensor, k: torch.Tensor, is_causal: bool = Fals
     scale = 1.0 / math.sqrt(q32.shape[-1]) if scale is None else scale
     lse = torch.empty(q32.shape[:-1], dtype=dtype, device=q32.device)  # (..., T_q)
     for start, end, s in _score_chunks(q32, k32, is_causal, scale, max_elements, diagonal,
-                                       tile):
+                                       tile, inverted):
         lse[..., start:end] = torch.logsumexp(s, dim=-1)
     return lse
 
