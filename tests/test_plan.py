@@ -717,3 +717,16 @@ def test_the_step_plot_names_every_strategy_and_no_minor_tick_across_decades(mon
     assert [t.get_text() for t in fig.legends[0].texts][:3] == ["fsdp", "dp", "tp"]
     assert [t.get_text() for t in fig.axes[0].yaxis.get_minorticklabels() if t.get_text()] == []
     assert [t.get_text() for t in fig.axes[0].yaxis.get_majorticklabels() if t.get_text()]
+
+
+def test_every_plan_table_names_its_model_by_its_shape(db_path):
+    """The two handouts' xl differ (2025: 1600×48; 2026: 2560×32): the time and memory
+    tables said only the hardware, strategy and N, and the size appeared first in the closed
+    forms' table."""
+    r = invoke("plan", "--size", "xl", "--handout", "2025", "--strategy", "dp", "--n", 2,
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.stdout.split())
+    for title in ("Step time and communication per device", "Memory per device (GiB)"):
+        at = text.index(title)
+        assert "model=xl (1600×48, 2.0B)" in text[at:at + 200], text[at:at + 200]

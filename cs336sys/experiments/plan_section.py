@@ -126,6 +126,11 @@ POINT = (
         setting=True,
         covers=("hardware", "flops", "egress", "memory_bytes", "source"),
     ),
+    # the two handouts' xl differ: every table names the model by its shape (_model)
+    Column("model", cell=lambda r: _model({**r, "_settings": r.get("_settings") or r}),
+           setting=True, covers=("size", "d_model", "num_layers", "num_heads", "d_ff",
+                                  "vocab_size", "blocks")),
+    Column("tokens", "batch_tokens", setting=True),
     Column("strategy", "strategy", setting=True),
     Column("N", "n", setting=True),
 )
