@@ -988,3 +988,20 @@ def test_ddp_shows_what_rank_0_holds_beside_its_parameters_gradients_and_state()
     keeps = {**frees, "mem_before_opt_bytes": 2_526_728}
     assert other.cell(frees) == 2_568 and other.cell(keeps) == 842_248  # the whole weights
     assert other.cell({**frees, "mem_before_opt_grads_bytes": None}) is None
+
+
+def test_a_skipped_row_reads_its_size_as_the_measured_rows_of_its_shape():
+    """A skipped point stores no parameter count: its size read `tiny (512×4)` beside the
+    others' `tiny (512×4, 23M)`, and the size became a column of its own in every part of
+    the ddp table instead of one value of the "Same in every row" line."""
+    from cs336sys.experiments import ddp_section
+    from cs336sys.report.tables import point_tables
+
+    shape = {"size": "tiny", "d_model": 512, "num_layers": 4, "world_size": 2, "seq": 16,
+             "batch": 2, "precision": "fp32"}
+    ok = {**shape, "impl": "flat", "_settings": {**shape, "impl": "flat"}, "status": "ok",
+          "params": 23_000_000, "step_ms_mean": 10.0, "step_ms_std": 1.0}
+    skipped = {**shape, "impl": "yours-fsdp", "_settings": {**shape, "impl": "yours-fsdp"},
+               "status": "skipped", "error": "skipped: not implemented"}
+    (table,) = point_tables([ddp_section.TABLE], [ok, skipped], lift=1)
+    assert "size=tiny (512×4, 23M)" in table.constant and "size" not in table.headers

@@ -22,6 +22,7 @@ from cs336sys.report.sections import (
     Section,
     latest,
     several_gpus,
+    sized,
     text,
     varying,
 )
@@ -195,21 +196,6 @@ def _constant(shows: list[str], named: set[str], rows: list[Row]) -> str:
     return ", ".join(f"{_HEADERS.get(k, k)}={_row_cell(k, rows[0])}" for k in same)
 
 
-_SHAPE = ("size", "d_model", "num_layers", "num_heads", "d_ff", "vocab_size", "model")
-
-
-def _sized(rows: list[Row]) -> list[Row]:
-    """Rows without a parameter count (a point that failed before it counted them) given
-    that of a row of the same model and shape: the size cell then reads alike, and one size
-    is one row of the table, not two."""
-    def shape(r: Row) -> tuple:
-        return tuple(repr(r["_settings"].get(k)) for k in _SHAPE)
-
-    known = {shape(r): r["params"] for r in rows if r.get("params")}
-    return [{**r, "params": known[shape(r)]} if not r.get("params") and shape(r) in known
-            else r for r in rows]
-
-
 def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] = ()
           ) -> FilledTable | None:
     """The Pivot over `rows` (one experiment's view rows of the problem; the latest of each
@@ -217,7 +203,7 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
     `across` (a second GPU, a dimension overridden) joins the row keys; those of `shows`
     (the settings the experiment's table shows) that every row shares are the table's
     `constant` line."""
-    rows = _sized(latest([r for r in rows
+    rows = sized(latest([r for r in rows
                           if all(r["_settings"].get(k) == v for k, v in p.where.items())]))
     if not rows:
         return None

@@ -351,6 +351,23 @@ def varying(rows: list[Row], shown: Iterable[str] = ()) -> list[str]:
     return [k for k in keys if differs(k, "size" if k in BY_SIZE else None)]
 
 
+_SHAPE = ("size", "d_model", "num_layers", "num_heads", "d_ff", "vocab_size", "model")
+
+
+def sized(rows: list[Row]) -> list[Row]:
+    """Rows without a parameter count (a point that failed or was skipped before it counted
+    them) given that of a row of the same model and shape: the size cell then reads alike
+    (`tiny (512×4, 23M)`, not `tiny (512×4)` beside it), and one size is one row of a table
+    and one value of its "Same in every row" line, not two."""
+    def shape(r: Row) -> tuple:
+        settings = r.get("_settings") or {}
+        return tuple(repr(settings.get(k)) for k in _SHAPE)
+
+    known = {shape(r): r["params"] for r in rows if r.get("params")}
+    return [{**r, "params": known[shape(r)]} if not r.get("params") and shape(r) in known
+            else r for r in rows]
+
+
 def several_gpus(rows: Iterable[Row]) -> bool:
     """Whether `rows` come from more than one GPU: where a table or title must name it."""
     return len({r.get("gpu") for r in rows}) > 1

@@ -34,6 +34,7 @@ from cs336sys.report.sections import (
     pct,
     ratio_side,
     sample_count,
+    sized,
     skey,
     status_or,
     text,
@@ -298,6 +299,7 @@ def point_tables(tables: Iterable[Table], rows: list[Row], counts: bool = False,
                  lift: int = 0) -> list[FilledTable]:
     """Every declared table that has rows (see point_table for `keep` and `lift`)."""
     out = []
+    rows = sized(rows)
     for declared in tables:
         t = point_table(declared, rows, counts, status, keep, lift)
         if t.rows:
