@@ -218,12 +218,12 @@ def run(
     check_db(db)
     on_gpu = _on_gpu()
     todo = [(p, args) for p in problems for args in _commands(p, on_gpu, yours)]
-    from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE, nothing_to_run
+    from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE, fitted, nothing_to_run
 
     if not todo:
         fail(nothing_to_run(problems, yours))
     root = ctx.find_root().command
-    todo, short = _fitted(todo, _gpu_count()) if on_gpu else (todo, [])
+    todo, short = fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not todo:  # every command needs more GPUs than this host has
         _nothing_run(short)
     todo, untriton = _without_triton(todo, on_gpu)
@@ -312,44 +312,6 @@ def _gpu_count() -> int:
     return max_local_world_size("cuda")
 
 
-def _fitted(todo: list, gpus: int) -> tuple[list, list[str]]:
-    """Each command's --world-size list cut to the sizes this host's GPUs run (NCCL puts one
-    rank on each): the handout's 2,4,6 processes are 2,4 on four GPUs, and the rest is
-    named, not a refusal of the whole run. A command none of whose sizes fits is left out."""
-    fitted, short = [], []
-    for problem, args in _one_backend_each(todo):
-        gloo = "--backend" in args and args[args.index("--backend") + 1] == "gloo"
-        at = args.index("--world-size") + 1 if "--world-size" in args and not gloo else None
-        sizes = args[at].split(",") if at is not None else []
-        kept = [s for s in sizes if not s.isdigit() or int(s) <= gpus]
-        if kept == sizes:
-            fitted.append((problem, args))
-            continue
-        if kept:
-            fitted.append((problem, [*args[:at], ",".join(kept), *args[at + 1:]]))
-        left = ",".join(s for s in sizes if s not in kept)
-        short.append(f"{problem.name}: world size {left} needs as many GPUs, one per rank; "
-                     f"this host has {gpus}" + (f" (run at {','.join(kept)})" if kept
-                                                else ""))
-    return fitted, short
-
-
-def _one_backend_each(todo: list) -> list:
-    """A command of `--backend gloo,nccl` as two, Gloo's and NCCL's: Gloo's ranks run on the
-    CPU (the 2025 handout's 6 Gloo processes on a host of 4 GPUs), NCCL's one per GPU."""
-    out = []
-    for problem, args in todo:
-        at = args.index("--backend") + 1 if "--backend" in args else None
-        backends = args[at].split(",") if at is not None else []
-        if len(backends) < 2 or "gloo" not in backends:
-            out.append((problem, args))
-            continue
-        out += [(problem, [*args[:at], "gloo", *args[at + 1:]]),
-                (problem, [*args[:at], ",".join(b for b in backends if b != "gloo"),
-                           *args[at + 1:]])]
-    return out
-
-
 def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
     """Every command's points built first, as its --dry-run builds them, with its output
     held back: a command that would refuse (exit 2: no adapters file for --yours, an option
@@ -384,11 +346,18 @@ def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
     """`todo` without the user's Triton kernel where sweep/points.check_triton refuses it for
     want of triton or of CUDA and the interpreter, a line per command it left, with why (a
     Triton adapter written mid-assignment stopped every problem's run)."""
+    from cs336sys import yours
+
     try:
         check_triton(on_gpu, "your Triton kernel")
         return todo, []
     except SpecError as exc:
         why = str(exc).split(" to run the kernels", 1)[0]  # (the interpreter's words follow)
+    adapters, entry = yours.active(), yours.entries("attention").get(TRITON_YOURS)
+    if adapters is not None and entry is not None and adapters.unfinished(entry):
+        # not the device: the getter still raises NotImplementedError (its points would be
+        # `skipped` on any host)
+        why = f"{entry.functions[0]} is not implemented in {adapters.shown} yet"
     kept, lines = [], []
     for problem, args in todo:
         if TRITON_YOURS not in ",".join(args).split(","):

@@ -149,3 +149,41 @@ def nothing_to_run(problems: list[Problem], yours: bool) -> str:
                 "to count for it")
     return ("nothing to run: the problems chosen have nothing to measure here"
             + ("" if yours else " (implementations are checked with --yours)"))
+
+
+def fitted(todo: list, gpus: int) -> tuple[list, list[str]]:
+    """Each command's --world-size list cut to the sizes this host's GPUs run (NCCL puts one
+    rank on each): the handout's 2,4,6 processes are 2,4 on four GPUs, and the rest is
+    named, not a refusal of the whole run. A command none of whose sizes fits is left out."""
+    fitted, short = [], []
+    for problem, args in one_backend_each(todo):
+        gloo = "--backend" in args and args[args.index("--backend") + 1] == "gloo"
+        at = args.index("--world-size") + 1 if "--world-size" in args and not gloo else None
+        sizes = args[at].split(",") if at is not None else []
+        kept = [s for s in sizes if not s.isdigit() or int(s) <= gpus]
+        if kept == sizes:
+            fitted.append((problem, args))
+            continue
+        if kept:
+            fitted.append((problem, [*args[:at], ",".join(kept), *args[at + 1:]]))
+        left = ",".join(s for s in sizes if s not in kept)
+        short.append(f"{problem.name}: world size {left} needs as many GPUs, one per rank; "
+                     f"this host has {gpus}" + (f" (run at {','.join(kept)})" if kept
+                                                else ""))
+    return fitted, short
+
+
+def one_backend_each(todo: list) -> list:
+    """A command of `--backend gloo,nccl` as two, Gloo's and NCCL's: Gloo's ranks run on the
+    CPU (the 2025 handout's 6 Gloo processes on a host of 4 GPUs), NCCL's one per GPU."""
+    out = []
+    for problem, args in todo:
+        at = args.index("--backend") + 1 if "--backend" in args else None
+        backends = args[at].split(",") if at is not None else []
+        if len(backends) < 2 or "gloo" not in backends:
+            out.append((problem, args))
+            continue
+        out += [(problem, [*args[:at], "gloo", *args[at + 1:]]),
+                (problem, [*args[:at], ",".join(b for b in backends if b != "gloo"),
+                           *args[at + 1:]])]
+    return out
