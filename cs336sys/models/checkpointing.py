@@ -103,15 +103,16 @@ def checkpoint_blocks(model: nn.Module, num_layers: int, groups: list[int],
     return model
 
 
-def _probe(model: nn.Module) -> torch.Tensor:
-    """The model's output for two tokens, in eval mode and without gradients."""
+def _probe(model: nn.Module) -> Any:
+    """The model's output for two tokens, in eval mode (no dropout draws a random number)
+    and without gradients, on the model's device (the meta device costs nothing)."""
     param = next(model.parameters())
     was_training = model.training
     try:
         model.eval()
         with torch.no_grad():
             return block_output(model(torch.zeros((1, 2), dtype=torch.long,
-                                                  device=param.device))).clone()
+                                                  device=param.device)))
     finally:
         model.train(was_training)
 
@@ -135,8 +136,7 @@ def check_chained(model: nn.Module, blocks: nn.Module, grouped: bool = True) -> 
     what running a group of blocks as one function needs. A model that adds the residual
     between blocks (`h = h + block(h)`) can only be checkpointed block by block.
 
-    Probed with one forward of two tokens, in eval mode (no dropout draws a random number)
-    and without gradients, on the model's device (the meta device costs nothing)."""
+    Probed with one forward of two tokens (_probe)."""
     calls: list[tuple[int, tuple, dict, Any]] = []  # (block index, args, kwargs, output)
     index = {id(block): i for i, block in enumerate(blocks)}
 
@@ -144,14 +144,9 @@ def check_chained(model: nn.Module, blocks: nn.Module, grouped: bool = True) -> 
         calls.append((index[id(module)], args, kwargs, out))
 
     hooks = [block.register_forward_hook(record, with_kwargs=True) for block in blocks]
-    param = next(model.parameters())
-    was_training = model.training
     try:
-        model.eval()
-        with torch.no_grad():
-            model(torch.zeros((1, 2), dtype=torch.long, device=param.device))
+        _probe(model)
     finally:
-        model.train(was_training)
         for hook in hooks:
             hook.remove()
     name = type(model).__name__
