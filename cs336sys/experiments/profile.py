@@ -191,13 +191,14 @@ def run(spec: ProfileSpec) -> Result:
             metrics.update(flatten(name, timed[name]))
     kernels: list[dict[str, Any]] = []
     if prof is not None:
-        kernels, totals, parts = summarize(prof.events(), on_cuda, spec.top)
+        events = prof.events()
+        kernels, totals, parts = summarize(events, on_cuda, spec.top)
         for name, ms in totals.items():
             metrics[f"{SHORT[name]}_profiled_ms_mean"] = ms / n_steps
-        for name, share in matmul_shares(prof.events(), on_cuda).items():
+        for name, share in matmul_shares(events, on_cuda).items():
             metrics[f"{SHORT[name]}_matmul_share"] = share
         if getattr(spec.point, "model", None):  # the calls of yours the split looked into
-            metrics["attention_calls"] = len(ranges(prof.events()).get(USER_ATTENTION, ())) / n_steps
+            metrics["attention_calls"] = len(ranges(events).get(USER_ATTENTION, ())) / n_steps
         for key, ms in parts.items():
             per_step = ms / n_steps
             flops = built.part_flops.get(key)
