@@ -207,13 +207,14 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     sent = 0.0  # bytes a device sends in them, ring algorithms (as ddp's sent_bytes)
     if spec.strategy == "dp" and n > 1:
         ar = comm_b = pm.all_reduce_s(tp_bytes, n, w)
-        moved, sent = tp_bytes, 2 * (n - 1) / n * tp_bytes
+        moved, sent = tp_bytes, pm.sent_bytes("all_reduce", tp_bytes, n)
     elif spec.strategy in ("fsdp", "fsdp-tp") and x > 1:
         ag1 = pm.all_gather_s(tp_bytes, x, w * mx)
         rs = pm.reduce_scatter_s(tp_bytes, x, w * mx)
         ag = 2 * ag1
         comm_f, comm_b = ag1, ag1 + rs
-        moved, sent = 3 * tp_bytes, 3 * (x - 1) / x * tp_bytes
+        moved = 3 * tp_bytes  # two all-gathers and a reduce-scatter of the shard's S
+        sent = 3 * pm.sent_bytes("all_gather", tp_bytes, x)
     if spec.strategy in ("tp", "fsdp-tp") and y > 1:
         tp = tp_reduces * pm.all_reduce_s(acts, y, w * my)
         ar = 2 * tp
@@ -221,7 +222,7 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
         # time is the larger); sharing the links, (d), they add: N max (FFN, shared links)
         comm_f, comm_b = max(comm_f, tp), max(comm_b, tp)
         moved += 2 * tp_reduces * acts
-        sent += 2 * tp_reduces * 2 * (y - 1) / y * acts
+        sent += 2 * tp_reduces * pm.sent_bytes("all_reduce", acts, y)
     hides = comm_f <= comp_f and comm_b <= comp_b
     # memory per device
     shard = sharded(local, x) if spec.strategy in ("fsdp", "fsdp-tp") else sum(local)

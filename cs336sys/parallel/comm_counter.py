@@ -27,9 +27,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from cs336sys.parallel.plan_math import sent_bytes
+
 KINDS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter")
-# what a rank sends of one call of S bytes, in units of (n-1)/n S (module docstring)
-SENT = {"all_reduce": 2, "broadcast": 1, "all_gather": 1, "reduce_scatter": 1}
 
 # c10d op name -> (kind, which argument holds the tensors whose size counts)
 _OPS = {
@@ -66,8 +66,7 @@ class CommCounter(TorchDispatchMode):
 
     def sent(self, world_size: int) -> float:
         """Bytes a rank sends in the collectives counted, the ranks' mean (module docstring)."""
-        share = (world_size - 1) / world_size
-        return sum(SENT[kind] * share * n for kind, n in self.bytes.items())
+        return sum(sent_bytes(kind, n, world_size) for kind, n in self.bytes.items())
 
     def figures(self, world_size: int) -> dict[str, float]:
         """What ddp stores of a step: each kind's calls and bytes (S), their sum

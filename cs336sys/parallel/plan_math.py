@@ -68,23 +68,32 @@ STRATEGIES = ("dp", "fsdp", "tp", "fsdp-tp")
 
 # -- the ring collectives ---------------------------------------------------------------------
 
+# What a device sends of one collective of S bytes over n devices, in units of (n-1)/n S:
+# the ring's (a broadcast's chain: every device but the last forwards S, (n-1)/n S on average)
+RING_SENDS = {"all_reduce": 2, "broadcast": 1, "all_gather": 1, "reduce_scatter": 1}
+
+
+def sent_bytes(kind: str, size_bytes: float, n: int) -> float:
+    """Bytes one device sends (the devices' mean) in a ring `kind` collective of S bytes."""
+    return RING_SENDS[kind] * (n - 1) / n * size_bytes
+
 
 def all_gather_s(size_bytes: float, n: int, w: float) -> float:
     """Seconds of a ring all-gather of a `size_bytes` output over `n` devices at `w` bytes/s
     egress each: (n-1)/n * S / W. Each device forwards n-1 shards of S/n around the ring."""
-    return (n - 1) / n * size_bytes / w
+    return sent_bytes("all_gather", size_bytes, n) / w
 
 
 def reduce_scatter_s(size_bytes: float, n: int, w: float) -> float:
     """Seconds of a ring reduce-scatter of a `size_bytes` input: (n-1)/n * S / W (the
     all-gather's traffic run backwards, adding as it goes)."""
-    return (n - 1) / n * size_bytes / w
+    return sent_bytes("reduce_scatter", size_bytes, n) / w
 
 
 def all_reduce_s(size_bytes: float, n: int, w: float) -> float:
     """Seconds of a ring all-reduce of `size_bytes`: 2(n-1)/n * S / W (Patarasuk and Yuan
     2009, bandwidth-optimal: no algorithm sends less per device)."""
-    return 2 * (n - 1) / n * size_bytes / w
+    return sent_bytes("all_reduce", size_bytes, n) / w
 
 
 def all_reduce_two_step_s(size_bytes: float, n: int, w: float) -> float:
