@@ -240,6 +240,20 @@ def test_a_mask_on_whole_tiles_is_named_and_its_consistent_l_not_blamed():
     the diagonal one failed with figures alone, and its L, right for the mask it used, was
     said not to be m + log l (as if L's formula were wrong). The mask is named, L is not;
     an L wrong besides still is."""
+    verdict = _a_triton_kernels_verdict(tile=32)
+    assert not verdict.passed
+    assert verdict.why.startswith("wrong: it computes causal attention masked by whole tiles "
+                                  "of 32 keys: the tile on the diagonal is not masked inside"
+                                  ), verdict.why
+    assert "m + log l" not in verdict.why
+    verdict = _a_triton_kernels_verdict(tile=32, l_off=1.0)
+    assert "L, the logsumexp its forward saves for backward, is not m + log l" in verdict.why
+
+
+def _a_triton_kernels_verdict(l_off: float = 0.0, **computes):
+    """The check of a causal Triton FlashAttention of yours (2 x 64 x 16, fp32) whose O and
+    L are the float64 reference's with `computes` (attention_reference's mistake switches:
+    tile, scale), its L off by `l_off`."""
     from types import SimpleNamespace
 
     import torch
@@ -249,17 +263,10 @@ def test_a_mask_on_whole_tiles_is_named_and_its_consistent_l_not_blamed():
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 64, 16, generator=gen) for _ in range(3))
-    o, _ = attention_reference(q, k, v, True, tile=32)  # what the kernel computes
-    lse = logsumexp_reference(q, k, True, tile=32).float()
+    o, _ = attention_reference(q, k, v, True, **computes)  # what the kernel computes
+    lse = logsumexp_reference(q, k, True, **computes).float() + l_off
     spec = SimpleNamespace(impl="yours-triton", causal=True, precision="fp32", check_round=True)
-    verdict = checked(spec, o, q, k, v, None, {}, [lse])
-    assert not verdict.passed
-    assert verdict.why.startswith("wrong: it computes causal attention masked by whole tiles "
-                                  "of 32 keys: the tile on the diagonal is not masked inside"
-                                  ), verdict.why
-    assert "m + log l" not in verdict.why
-    verdict = checked(spec, o, q, k, v, None, {}, [lse + 1.0])
-    assert "L, the logsumexp its forward saves for backward, is not m + log l" in verdict.why
+    return checked(spec, o, q, k, v, None, {}, [lse])
 
 
 def test_a_wrong_kernel_is_stored_wrong_and_never_wins(tmp_path, monkeypatch):
@@ -977,19 +984,7 @@ def test_an_unscaled_kernels_unscaled_l_is_not_blamed_besides():
     """docs/yours.md: an L right for what its O computes is not blamed besides. A kernel
     without the 1/√d scale had its L named too ("L ... is the logsumexp of scores without
     the 1/√d scale"), where one scaled by 1/d had not: the scale check came first."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from cs336sys.attention.diagnosis import checked
-    from cs336sys.attention.reference import attention_reference, logsumexp_reference
-
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 64, 16, generator=gen) for _ in range(3))
-    o, _ = attention_reference(q, k, v, True, scale=1.0)
-    lse = logsumexp_reference(q, k, True, scale=1.0).float()
-    spec = SimpleNamespace(impl="yours-triton", causal=True, precision="fp32", check_round=True)
-    verdict = checked(spec, o, q, k, v, None, {}, [lse])
+    verdict = _a_triton_kernels_verdict(scale=1.0)
     assert verdict.why.startswith("wrong: it computes attention without the 1/√d scale"), \
         verdict.why
     assert "L, the logsumexp" not in verdict.why, verdict.why
