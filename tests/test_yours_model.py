@@ -927,41 +927,24 @@ def test_logits_apart_fail_the_model_check_where_the_loss_hides_it():
     assert not verdict.passed and "logits at most" in verdict.why
 
 
-class Beta1Beta2AdamW(torch.optim.Optimizer):
-    """Assignment 1's AdamW keeping beta1 and beta2 in its group, beta2 0.95 by default."""
-
-    def __init__(self, params, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01):
-        super().__init__(params, dict(lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                                      weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            b1, b2 = group["beta1"], group["beta2"]
-            for p in group["params"]:
-                state = self.state[p]
-                t = state.get("t", 0) + 1
-                m = b1 * state.get("m", torch.zeros_like(p)) + (1 - b1) * p.grad
-                v = b2 * state.get("v", torch.zeros_like(p)) + (1 - b2) * p.grad ** 2
-                lr_t = group["lr"] * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-                p -= lr_t * m / (torch.sqrt(v) + group["eps"])
-                p -= group["lr"] * group["weight_decay"] * p
-                state.update(t=t, m=m, v=v)
-
-
 class SlipAdamW(torch.optim.Optimizer):
     """The course's AdamW, written out, with one of the slips students make switched on."""
+
+    slip = None
 
     def __init__(self, params, slip=None, lr=1e-4, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.slip = slip
 
+    def betas(self, group):
+        return group["betas"]
+
     @torch.no_grad()
     def step(self, closure=None):
         slip = self.slip
         for group in self.param_groups:
-            b1, b2 = group["betas"][::-1] if slip == "swapped" else group["betas"]
+            b1, b2 = self.betas(group)[::-1] if slip == "swapped" else self.betas(group)
             lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
                 state = self.state[p]
@@ -976,6 +959,17 @@ class SlipAdamW(torch.optim.Optimizer):
                 if slip != "no decay":
                     p -= (wd if slip == "decay without lr" else lr * wd) * p
                 state.update(t=t, m=m, v=v)
+
+
+class Beta1Beta2AdamW(SlipAdamW):
+    """Assignment 1's AdamW keeping beta1 and beta2 in its group, beta2 0.95 by default."""
+
+    def __init__(self, params, lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01):
+        torch.optim.Optimizer.__init__(self, params, dict(lr=lr, beta1=beta1, beta2=beta2,
+                                                          eps=eps, weight_decay=weight_decay))
+
+    def betas(self, group):
+        return group["beta1"], group["beta2"]
 
 
 @pytest.mark.parametrize("slip, named", [
