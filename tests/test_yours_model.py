@@ -1046,6 +1046,41 @@ def test_an_adamw_keeping_beta1_and_beta2_is_checked_with_its_own(monkeypatch):
                                 "constructor, so torch's defaults stood in")
 
 
+class HandoutNamesAdamW(SlipAdamW):
+    """Assignment 1's AdamW keeping the handout's names (alpha, lambda) in its group, with
+    defaults unlike cs336sys's lr and weight decay: only the build says what it steps with."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        torch.optim.Optimizer.__init__(self, params, dict(alpha=lr, betas=betas, eps=eps,
+                                                          lam=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:  # SlipAdamW's step reads torch's names
+            group["lr"], group["weight_decay"] = group["alpha"], group["lam"]
+        super().step()
+        for group in self.param_groups:
+            del group["lr"], group["weight_decay"]
+
+
+def test_an_adamw_with_its_own_names_is_checked_with_what_it_was_built_with(monkeypatch):
+    """A group keeping `alpha` and `lam` was compared with torch's AdamW at the constructor's
+    defaults (lr 1e-3, weight decay 0), not at the lr 1e-4 and weight decay 0.01 it was built
+    with, and this right AdamW was stored wrong (0.9 of the largest move off)."""
+    from cs336sys.experiments import checks
+    from cs336sys.experiments.training_step import adamw_kwargs
+
+    def build(params):
+        return HandoutNamesAdamW(params, **adamw_kwargs(HandoutNamesAdamW))
+
+    monkeypatch.setattr(checks, "make_optimizer", lambda name, params: build(params))
+    verdict = checks.optimizer_check("yours=my_opt:HandoutNamesAdamW")
+    assert verdict.passed, verdict.why
+    assert verdict.metrics["check_optimizer_err"] < 1e-5
+    hyper, unread = checks.their_hyperparameters(build([torch.zeros(1)]))
+    assert (hyper["lr"], hyper["weight_decay"], unread) == (1e-4, 0.01, [])
+
+
 class NoDefaultsAdamW(Beta1Beta2AdamW):
     """The course's AdamW built as assignment 1's test_adamw builds it: lr, weight_decay,
     betas and eps all given, none with a default."""

@@ -30,6 +30,7 @@ from cs336sys.experiments.training_step import (
     EPS,
     LR,
     WEIGHT_DECAY,
+    adamw_kwargs,
     cross_entropy,
     make_batch,
     make_model,
@@ -235,17 +236,21 @@ def optimizer_check(name: str) -> Verdict:
 # two numbers (assignment 1 names them beta1 and beta2).
 _BETAS = (("betas",), ("beta1", "beta2"), ("b1", "b2"), ("beta_1", "beta_2"))
 _EPS = (("eps",), ("epsilon",))
-# Where none is found: what make_optimizer built it with, else torch's defaults.
+# Where none is found: torch's defaults at cs336sys's lr and weight decay.
 _STAND_INS = {"lr": LR, "betas": BETAS, "eps": EPS, "weight_decay": WEIGHT_DECAY}
 
 
 def their_hyperparameters(optimizer: Any) -> tuple[dict[str, Any], list[str]]:
     """The user's AdamW's lr, betas, eps and weight decay as torch.optim.AdamW takes them,
-    read from its first param group, else from its constructor's defaults; and the names of
-    those found in neither (torch's default stands in)."""
+    read from its first param group, else from what make_optimizer built it with, else from
+    its constructor's defaults; and the names of those found in none (torch's default stands
+    in)."""
     import inspect
 
     group = optimizer.param_groups[0]
+    # make_optimizer passes lr and weight_decay (betas, eps where taken): a group that keeps
+    # them under other names (`alpha`, `lam`) still steps with those, not the defaults
+    built = adamw_kwargs(type(optimizer))
     try:
         defaults = {k: p.default for k, p in inspect.signature(type(optimizer)).parameters.items()
                     if p.default is not inspect.Parameter.empty}
@@ -253,8 +258,9 @@ def their_hyperparameters(optimizer: Any) -> tuple[dict[str, Any], list[str]]:
         defaults = {}
 
     def read(*spellings: tuple[str, ...]) -> Any:
-        """The first spelling the group (else the constructor) has: one value, or a tuple."""
-        for where in (group, defaults):
+        """The first spelling the group (else the build, the constructor) has: one value,
+        or a tuple."""
+        for where in (group, built, defaults):
             for names in spellings:
                 if all(n in where for n in names):
                     values = tuple(where[n] for n in names)
