@@ -189,6 +189,32 @@ def test_memory_tables_name_the_users_model_beside_ours():
                       "tiny T=32 B=2 fp32 ckpt=every:1 model=cs336_basics"]
 
 
+def test_checkpointing_rows_of_two_shapes_of_one_size_name_their_shapes():
+    """`--d-model 64` and `--d-model 128` at size tiny, and a store of the user's model alone:
+    the trade-off's rows all read `tiny T=32 B=2 train fp32`, where the table beside it named
+    `tiny (64×2, 95k)`, `tiny (128×2, 256k)` and `model=cs336_basics`."""
+
+    def row(d_model, params, ckpt, model=None):
+        s = {"size": "tiny", "d_model": d_model, "num_layers": 2, "seq": 32, "batch": 2,
+             "mode": "train", "precision": "fp32", "checkpoint": ckpt, "model": model}
+        return {**s, "_settings": s, "status": "ok", "gpu": "cpu", "params": params,
+                "peak_bytes": 3 * 2**20, "fwd_peak_bytes": 2**20, "bwd_peak_bytes": 2**21,
+                "opt_peak_bytes": 3 * 2**20, "saved_bytes": 2**20, "step_ms_mean": 1.0}
+
+    sec = Section("memory", "m")
+    memory_section.section(sec, latest([row(64, 95_000, "none"), row(64, 95_000, "every:1"),
+                                        row(128, 256_000, "none"),
+                                        row(128, 256_000, "every:1")]))
+    assert [r[0] for r in table(sec, "Checkpointing trade-off").rows] == [
+        "tiny (64×2, 95k) T=32 B=2 train fp32"] * 2 + [
+        "tiny (128×2, 256k) T=32 B=2 train fp32"] * 2
+    sec = Section("memory", "m")
+    memory_section.section(sec, latest([row(64, 95_000, c, "cs336_basics")
+                                        for c in ("none", "every:1")]))
+    assert [r[0] for r in table(sec, "Checkpointing trade-off").rows] == [
+        "tiny (64×2, 95k) T=32 B=2 train fp32 model=cs336_basics"] * 2
+
+
 # -- attention ---------------------------------------------------------------------------------
 
 

@@ -236,13 +236,15 @@ def _checkpoint_tradeoff(pts: list[Row]) -> FilledTable | None:
     bases = {k: next((r for r in g if r["checkpoint"] in (None, "none")), None)
              for k, g in groups.items()}
     keep = {k: g for k, g in groups.items() if bases[k] is not None and len(g) > 1}
-    extra = varying([bases[k] for k in keep], shown=(*_POINT, *SIZE[1:]))
+    mine = ("model", "attention", "optimizer")  # named by `whose` where not ours
+    extra = varying([bases[k] for k in keep], shown=(*_POINT, *SIZE[1:], *mine))
     body = []
     for k, grp in keep.items():
         base = bases[k]
         s = base["_settings"]
-        where = (f"{base['size']} T={base['seq']} B={s.get('batch')} "
-                 f"{base['mode']} {base['precision']}")
+        # the shape as every memory table gives it: two models of one size name apart
+        where = (f"{model_size(base)} T={base['seq']} B={s.get('batch')} "
+                 f"{base['mode']} {base['precision']}") + whose(s, mine)
         where += "".join(f" {e}={text(s[e])}" for e in extra if s.get(e) is not None)
         where += f" [{base.get('gpu')}]" if many else ""
         grp = [base, *(r for r in grp if r is not base)]  # `none` first
