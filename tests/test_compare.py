@@ -514,6 +514,22 @@ def test_history_keeps_a_dirty_checkout_apart_and_leaves_out_runs_without_a_comm
     assert "precision=fp32 size=small  b2b2b2b → b2b2b2b-dirty" in h.text().splitlines()[2]
 
 
+def test_history_plots_each_commit_at_the_median_its_step_is_judged_on():
+    """A commit that ran a point twice, five samples of 1 ms and three of 30: the table gave
+    its runs' medians' median (15.5 ms), the plot its pooled samples' (1 ms)."""
+    def row(commit, day, steps):
+        s = {"size": "small", "precision": "fp32"}
+        return {"status": "ok", "git_commit": commit, "git_dirty": 0, "gpu": H100,
+                "created": f"2026-04-0{day} 00:00:00.000000", "_settings": s,
+                "step_ms_mean": sum(steps) / len(steps), "_samples": {"step_ms": steps}}
+
+    rows = [row(B, 1, [1.0, 1.1, 0.9, 1.0]), row(A, 2, [1.0] * 5),
+            row(A, 3, [30.0, 30.0, 30.0])]
+    (track,) = history_mod.build({"model": rows}, EXPERIMENTS, draw=False).tracks
+    # A's runs' medians 1.0 and 30.0: 15.5, where its eight samples' median is 1.0
+    assert track.medians() == [1.0, 15.5]
+
+
 def test_history_follows_the_users_commits_for_their_code_and_ours_for_cs336syss():
     """An invocation that ran the user's code records their commit on every row, cs336sys's
     naive beside yours-torch too: naive followed the user's commits (a README edit read as

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import io
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ from cs336sys.report.change import (
     Metric,
     Side,
     assess,
+    center,
     failure,
     measured,
     metrics,
@@ -68,8 +68,9 @@ STEP_KINDS = ("regression", "improvement", "changed")
 def method(threshold: float = THRESHOLD) -> str:
     """The rule, in words, for the report."""
     return (
-        "Each commit's value is the median of the point's timed samples at that commit "
-        "(memory in bytes: one reading per run); commits are in the time order of their "
+        "Each commit's value is the median of its runs' medians where it ran the point more "
+        "than once, else of its one run's timed samples (memory in bytes: one reading per "
+        "run); commits are in the time order of their "
         "first run, each after its ancestors in git's history. A step is a pair of consecutive commits that differ significantly "
         f"(Mann-Whitney U, p < {ALPHA:g}: over each run's median where a commit ran the point "
         f"more than once, else over the raw samples) and whose medians are more than "
@@ -123,7 +124,9 @@ class Track:
         return set(range(len(self.commits))) - set(self.before[1:])
 
     def medians(self) -> list[float]:
-        return [statistics.median(_values(self.metric, s)) for s in self.sides]
+        """Per commit, the figure its step is judged on (`center`): the median of its runs'
+        medians where it ran the point more than once, as the table gives it."""
+        return [center(s) for s in self.sides]
 
 
 def _values(metric: Metric, side: Side) -> list[float]:
