@@ -532,3 +532,29 @@ def test_where_matches_a_setting_in_any_case_as_the_commands_read_it(db_path):
     assert export_text(db_path, "jsonl", "--where", "compile=true").count("\n") == 1
     # the invocation's own columns too: `command=MODEL` the runs `cs336sys model` stored
     assert export_text(db_path, "jsonl", "--where", "command=MODEL").count("\n") == 2
+
+
+def test_where_takes_a_size_as_the_comm_table_prints_it(db_path):
+    """comm's table prints its `bytes` setting as `1MB` under the header `size`: `--where
+    bytes=1MB` and `--where size=1MB` both selected nothing, silently; the first selects the
+    1,000,000-byte rows, and a report the second leaves empty says what `size` also heads."""
+    from cs336sys.report.select import also_headers, parse_where
+
+    assert parse_where(["bytes=1MB", "bytes=1MiB", "bytes=8"], EXPERIMENTS) == [
+        ("bytes", "1000000"), ("bytes", "1048576"), ("bytes", "8")]
+    assert parse_where(["size=1MB"], EXPERIMENTS) == [("size", "1MB")]  # a model's size name
+    assert also_headers(["size=1MB", "bytes=1MB", "ckpt=none"], EXPERIMENTS) == [
+        "size is also the header of the setting bytes"]
+    with Store(db_path, EXPERIMENTS) as s:
+        inv = s.begin_invocation(prov("a"), ["cs336sys", "comm"], "comm")
+        for size in (1_000_000, 2_000_000):
+            s.add_run(inv, "comm", "ok", {"op": "all-reduce", "bytes": size}, {"time_ms_mean": 1.0})
+        s.finish_invocation(inv, 0)
+    got = [json.loads(line)["settings"]["bytes"]
+           for line in export_text(db_path, "jsonl", "--where", "bytes=1MB").splitlines()]
+    assert got == [1_000_000]
+    result = invoke("report", "--db", db_path, "--where", "size=1MB", "--format", "md",
+                    "--out", db_path.parent / "r")
+    assert result.exit_code == 0
+    assert "No stored runs match this selection (size is also the header of the setting " \
+           "bytes)" in result.stderr

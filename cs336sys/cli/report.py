@@ -132,7 +132,11 @@ def report(
     finally:
         conn.close()
     if not rep.sections:
-        typer.echo("No stored runs match this selection; the report says so.", err=True)
+        from cs336sys.report.select import also_headers
+
+        meant = "; ".join(also_headers(where or [], experiments))
+        typer.echo("No stored runs match this selection" + (f" ({meant})" if meant else "")
+                   + "; the report says so.", err=True)
     from cs336sys.cli.outputs import refuse_to_replace_any
 
     refuse_to_replace_any(rep, out, formats, "report", force, db)

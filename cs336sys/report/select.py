@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
+from cs336sys.measure.units import parse_size
 from cs336sys.report import refs
 from cs336sys.store.db import NONFINITE
 from cs336sys.store.schema import RENAMED_SETTINGS
@@ -191,8 +192,34 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             _typed(value)
         except ValueError as exc:
             raise SelectionError(f"--where {item!r}: {exc}") from None
-        out.append((key, value))
+        out.append((key, _in_bytes(value) if key in _sized(catalog) else value))
     return out
+
+
+def _sized(catalog: Sequence[Any]) -> set[str]:
+    """The settings the tables print as sizes (comm's `bytes`: `1MB`)."""
+    return {c.key for e in catalog for t in e.tables for c in t.columns
+            if getattr(c, "setting", False) and getattr(c, "fmt", None) == "size"
+            and isinstance(c.key, str)}
+
+
+def _in_bytes(value: str) -> str:
+    """A size as the command took it and the table prints it (`1MB`, `1MiB`) as the bytes
+    stored; anything else as typed."""
+    try:
+        return str(parse_size(value))
+    except ValueError:
+        return value
+
+
+def also_headers(where: Sequence[str], catalog: Sequence[Any]) -> list[str]:
+    """`size is also the header of the setting bytes`: the --where keys that are a setting
+    of one experiment and the column header of another's (what a selection that matched
+    nothing may have meant)."""
+    known, headed = known_keys(catalog), _headed(catalog)
+    keys = dict.fromkeys(w.partition("=")[0].strip() for w in where)
+    return [f"{k} is also the header of the setting {headed[k]}" for k in keys
+            if k in known and k in headed]
 
 
 @dataclass(frozen=True)
