@@ -829,7 +829,7 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     label wins (a fresh-clone CI run once compared "by invocation" this way)."""
     import sqlite3
 
-    from cs336sys.report.compare import resolve
+    from cs336sys.report.compare_sides import resolve
 
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, user_commit TEXT, "
@@ -839,6 +839,33 @@ def test_a_label_that_is_also_an_id_prefix_compares_by_label():
     assert resolve(conn, "a", "b") == ("label", "a", "b")
     assert resolve(conn, "a1", "b7") == ("invocation", "a1", "b7")
     assert resolve(conn, "b2", "a9") == ("commit", "b2", "a9")
+
+
+def test_a_prefix_of_two_invocations_or_commits_is_refused_naming_them():
+    """Labels `A` and `B` typed as `a` and `b`: `a` began two invocation ids (an attention
+    and a model run) and both were pooled into side A, unsaid. A prefix that names two is
+    refused, as git refuses an ambiguous short hash, with the label as stored."""
+    import sqlite3
+
+    from cs336sys.report.compare_sides import resolve
+    from cs336sys.report.select import SelectionError
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE invocations (id TEXT, git_commit TEXT, user_commit TEXT, "
+                 "label TEXT, gpu TEXT)")
+    conn.executemany("INSERT INTO invocations VALUES (?, ?, NULL, ?, ?)",
+                     [("aeb5e85e", "c0c0", "A", "cpu"), ("a551b2c0", "c0c0", "A", "cpu"),
+                      ("b7c3d2e1", "d1d1", "B", "cpu"), ("f0f0f0f0", "d1e2", None, "cpu")])
+    with pytest.raises(SelectionError, match=r"^--compare: 'a' is the start of 2 invocations "
+                       r"\(a551b2c0, aeb5e85e\); give more of it, or the label as stored "
+                       r"\('A': labels match exactly\)$"):
+        resolve(conn, "a", "b")
+    with pytest.raises(SelectionError, match=r"^--compare: 'd1' is the start of 2 commits "
+                       r"\(d1d1, d1e2\); give more of it$"):
+        resolve(conn, "c0", "d1")
+    assert resolve(conn, "A", "B") == ("label", "A", "B")
+    assert resolve(conn, "aeb", "b7") == ("invocation", "aeb", "b7")
+    assert resolve(conn, "c0", "d1d") == ("commit", "c0", "d1d")  # one commit, two runs
 
 
 @pytest.mark.slow

@@ -242,7 +242,8 @@ def test_compare_names_what_differs_between_the_sides(db_path, tmp_path, monkeyp
 def test_no_common_point_names_the_gpu_not_the_timed_steps():
     """Two commits on two GPUs, the same point with 10 and 30 timed steps: the steps never
     tell points apart, the GPU does; the note blamed `iters` and kept quiet on the GPU."""
-    from cs336sys.report.compare import Sides, unmatched
+    from cs336sys.report.compare import unmatched
+    from cs336sys.report.compare_sides import Sides
 
     def row(gpu: str, iters: int) -> dict:
         return {"gpu": gpu, "_settings": {"size": "xl", "iters": iters, "precision": "bf16"}}

@@ -24,7 +24,8 @@ import cs336sys
 from cs336sys.measure.landing import staged
 from cs336sys.measure.significance import THRESHOLD
 from cs336sys.report import typeset
-from cs336sys.report.compare import Comparison, compare_sides, method, sides
+from cs336sys.report.compare import Comparison, compare_sides, method
+from cs336sys.report.compare_sides import sides
 from cs336sys.report.drawer import Drawer
 from cs336sys.report.experiment_section import build_section
 from cs336sys.report.history import History
