@@ -415,10 +415,10 @@ def test_fixture_change_with_three_samples_a_side_is_too_few_to_tell(tmp_path):
     result = report(db, tmp_path / "out", "--compare", "aaaa", "bbbb", "--format", "md")
     assert result.exit_code == 0, result.output
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| precision=fp32 | 100 | 120 | 1.200 | too few samples to tell | p=0.100 (1 vs 1 run) | 3/3 |" in md
+    assert "| precision=fp32 | 100 | 120 | 1.200 | too few samples to tell | p=0.100 (1 vs 1 run) | 3/3 samples |" in md
     # nor its absence: 3 samples a side can give no p below 0.1 (it read `unchanged`)
     assert ("| precision=bf16 | 50 | 51 | 1.020 | too few samples to tell | p=0.200 (1 vs 1 "
-            "run) | 3/3 |") in md
+            "run) | 3/3 samples |") in md
     assert "2 points compared: 0 faster, 0 slower, 0 unchanged, 2 undecided (too few samples to tell)" in md
 
 
@@ -729,6 +729,15 @@ def test_a_change_past_the_threshold_is_decided_both_ways_alike():
     twelve = assess("model", "p", metric, side([100, 100.5, 99.5, 100.2]),
                     side([112.4, 112.9, 111.9, 112.6]))
     assert twelve.verdict == "1.12x slower" and twelve.percent == 12  # not 12.000000000000011
+    # n A/B says what it counts: four runs a side here, eight samples of one run a side there
+    # (the column read 4/4 and 5/5 alike)
+    assert (twelve.n_a, twelve.n_b, twelve.n_of) == (4, 4, "runs")
+    one = Side({"_settings": {}})
+    one.samples, one.runs = [100.0, 101.0, 99.0, 100.5, 99.5], [100.0]
+    other = Side({"_settings": {}})
+    other.samples, other.runs = [120.0, 121.0, 119.0, 120.5, 119.5], [120.0]
+    once = assess("model", "p", metric, one, other)
+    assert (once.n_a, once.n_b, once.n_of) == (5, 5, "samples")
 
 
 def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):

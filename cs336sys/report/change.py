@@ -156,13 +156,14 @@ class Change:
     b: float
     ratio: float | None  # b / a
     p: float | None
-    n_a: int  # samples (or runs, for single readings)
+    n_a: int  # what the verdict counted on A's side: `n_of`
     n_b: int
     verdict: str  # "1.23x slower", "unchanged", "too few samples to tell", ...
     kind: str  # "regression", "improvement", "unchanged", "undecided"; "changed" (no
     # direction); FAILED (ok in A, not in B)
     how: str  # "p=0.002", "p<0.001", "one reading", "no samples"
     one_run_a_side: bool = False  # tested on the pooled samples of a single run per side
+    n_of: str = "runs"  # what n_a and n_b count: the runs, or one run's timed samples
 
     @property
     def factor(self) -> float:
@@ -239,4 +240,5 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
     else:
         verdict, kind = reason, "undecided"
     return Change(experiment, point, metric, j.a, j.b, j.ratio, j.p,
-                  len(xa), len(xb), verdict, kind, how, one_run_a_side=tested and not by_runs)
+                  len(xa), len(xb), verdict, kind, how, one_run_a_side=tested and not by_runs,
+                  n_of="samples" if tested and not by_runs else "runs")

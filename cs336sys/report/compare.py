@@ -294,7 +294,7 @@ def compare_sides(s: Sides, a: str, b: str, catalog: Sequence[Any],
             ["point", f"A {metric.label}", f"B {metric.label}", "B/A", "verdict", "p", "n A/B"],
             [[c.point, num(c.a) if c.kind != FIXED else c.verdict.split()[0],
               num(c.b) if c.kind != FAILED else c.verdict.split()[0],
-              _ratio(c.ratio), c.verdict, c.how, f"{c.n_a}/{c.n_b}"] for c in found],
+              _ratio(c.ratio), c.verdict, c.how, f"{c.n_a}/{c.n_b} {c.n_of}"] for c in found],
         ))
     return Comparison(s.kind, a, b, changes, tables, notes, figures)
 
