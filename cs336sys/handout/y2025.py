@@ -62,8 +62,8 @@ PROBLEMS = (
                            cpu="model --size tiny --seq 64 --mode forward,forward-backward "
                            "--warmup 0,1,2,5 --iters 3"),
         ),
-        tables=warmup_tables("Forward and backward", (FWD, BWD), "Forward and backward",
-                             "forward-backward"),
+        # (c) repeats (b), whose runs time the forward alone and forward with backward
+        tables=warmup_tables("Forward and backward", (FWD, BWD), "Each mode", None),
     ),
     Problem(
         "nsys_profile", 5, section="1.1.4",

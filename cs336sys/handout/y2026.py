@@ -59,13 +59,15 @@ DDP_MEMORY = (
 )
 
 
-def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str) -> tuple:
+def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str | None) -> tuple:
     """benchmarking_script's tables: `phases` after 5 warm-up steps, by size and mode; then
-    the same phases of `mode` by the number of warm-up steps (the handout's (c) repeats (b))."""
+    the same phases of `mode` (None: of every mode, a row each) by the number of warm-up
+    steps (the handout's (c) repeats (b))."""
     return (Pivot(f"{after} after 5 warm-up steps (ms, mean ± std)", "model", ("size", "mode"),
                   phases, where={"warmup": 5}),
-            Pivot(f"{by} by warm-up steps (ms, mean ± std)", "model", ("size",), phases,
-                  across="warmup", where={"mode": mode}))
+            Pivot(f"{by} by warm-up steps (ms, mean ± std)", "model",
+                  ("size", "mode") if mode is None else ("size",), phases, across="warmup",
+                  where={} if mode is None else {"mode": mode}))
 
 
 # flash_benchmarking on a CPU: Triton runs there only in its interpreter, far too slow to time.
