@@ -71,33 +71,84 @@ class Status:
 
     def left(self) -> list[str]:
         """The parts of the problem not yet run: those whose experiment holds no run of it
-        (`(f) memory residuals`), and those where a value its command asks for (`marks`)
-        is in none of its experiment's runs (`(c) model (warmup=0,1,2)`: the warm-up
-        steps of benchmarking_script's (c), beside (b)'s runs of the same experiment). A
-        problem with one part stored read `measured` as a whole."""
+        (`(f) memory residuals`), and those where a combination of the values its command
+        asks for (`marks`) is in none of its experiment's runs (`(c) model (warmup=0,1,2)`:
+        the warm-up steps of benchmarking_script's (c), beside (b)'s runs of the same
+        experiment; `(b) model (mode=train, compile=True)`: a compiled forward and an eager
+        training step answer neither run of torch_compile's (b)). A problem with one part
+        stored read `measured` as a whole."""
         out: list[str] = []
-        for run in self.problem.runs + checked(self.problem):
+        runs = self.problem.runs + checked(self.problem)
+        for run in runs:
             if run.yours_only:
                 continue
             named = f"{run.part} {run.name}".strip()
             settings = [s for experiment, s in self.stored if experiment == run.experiment]
-            # what its command or, for the user's code, its --yours command asks: either
-            # answers the part (pytorch_attention times assignment 1's attention or naive)
-            asked = [marks(run)] + ([marks(run, yours=True)] if run.yours is not None else [])
-            missed = [{k: sorted(v - {str(s.get(k)) for s in settings}) for k, v in m.items()}
-                      for m in asked]
-            if any(not any(m.values()) for m in missed):
-                missing: dict[str, list[str]] = {}
-            else:  # what is missing of the code the stored runs measured
-                missing = missed[-1 if any(map(measures_yours, settings)) else 0]
-            shown = ", ".join(f"{k}={','.join(v)}" for k, v in missing.items() if v)
+            # what its command or, for the user's code, its --yours command asks (either
+            # answers the part: pytorch_attention times assignment 1's attention or naive),
+            # and what the other runs of its experiment ask, each flag at its default where
+            # another gives it
+            mine = [marks(run)] + ([marks(run, yours=True)] if run.yours is not None else [])
+            raw = [marks(r, yours) for r in runs if r is not run
+                   and r.experiment == run.experiment
+                   for yours in (False, True) if not yours or r.yours is not None]
+            asked = [_flagged(m, raw) for m in mine]
+            others = [_flagged(o, raw + mine) for o in raw]
+            missed = [_missing(m, settings) for m in asked]
+            if any(not m for m in missed):
+                continue
+            # what is missing of the code the stored runs measured
+            which = -1 if any(map(measures_yours, settings)) else 0
+            shown = _shown(asked[which], missed[which], others)
             if settings and shown:
                 named += f" ({shown})"
-            elif settings:
-                continue
             if named not in out:
                 out.append(named)
         return out
+
+
+# Flags of a command, each with its value when not given (`--compile` off, `--causal` on):
+# a run without one asks for that where another run of the problem's experiment gives the
+# flag (torch_compile's eager and compiled (b); flash_forward's causal and --no-causal checks).
+_FLAGS = {"compile": "False", "causal": "True"}
+
+
+def _flagged(asked: dict[str, set[str]], others: list[dict[str, set[str]]]) -> dict:
+    """`asked` with each flag another run gives and this one does not, at its default
+    (after the options it gives, as they are named)."""
+    return {**asked, **{k: {v} for k, v in _FLAGS.items()
+                        if k not in asked and any(k in o for o in others)}}
+
+
+def _value(settings: dict, key: str) -> str:
+    """A stored setting as marks spell it: a flag never stored is at its default."""
+    value = settings.get(key)
+    return _FLAGS[key] if value is None and key in _FLAGS else str(value)
+
+
+def _missing(asked: dict[str, set[str]], settings: list[dict]) -> list[tuple[str, ...]]:
+    """The combinations of the asked values (keys sorted) that no stored run holds at once."""
+    import itertools
+
+    keys = sorted(asked)
+    held = {tuple(_value(s, k) for k in keys) for s in settings}
+    return [c for c in itertools.product(*(sorted(asked[k]) for k in keys)) if c not in held]
+
+
+def _shown(asked: dict[str, set[str]], missing: list[tuple[str, ...]],
+           others: list[dict[str, set[str]]]) -> str:
+    """`mode=train, compile=True`: what is missing in words; a key is named where only some
+    of its values are missing or where it tells this run from another of the experiment.
+    Missing combinations that are no product of values are each named, `; ` apart."""
+    import itertools
+
+    keys = sorted(asked)  # as _missing orders them
+    values = {k: sorted({c[keys.index(k)] for c in missing}) for k in asked}
+    named = [k for k in asked if set(values[k]) != asked[k]
+             or any(o.get(k) not in (None, asked[k]) for o in others)]
+    if len(missing) == len(list(itertools.product(*values.values()))):  # a product
+        return ", ".join(f"{k}={','.join(values[k])}" for k in named)
+    return "; ".join(", ".join(f"{k}={c[keys.index(k)]}" for k in named) for c in missing)
 
 
 def _counts(statuses: Counter) -> str:
