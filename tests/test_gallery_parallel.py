@@ -322,6 +322,22 @@ def test_the_leaderboard_step_says_where_your_fsdp_shards_nothing(repo, tmp_path
 
 
 @pytest.mark.slow  # starts ranks
+def test_a_leaderboard_step_whose_fsdp_turns_the_loss_nan_is_wrong(repo, tmp_path):
+    """The user's FSDP is checked by `ddp` alone, not in the step: one whose shards turn NaN
+    after its first step was stored ok, its losses [5.7, null, null], timed and compared,
+    on cs336sys's model and AdamW (on the user's model, their model's check covered it)."""
+    db = tmp_path / "r.db"
+    for name, target in (("yours-fsdp-nan", "NaNGradients"), ("yours-fsdp-right", "FSDP")):
+        out = invoke("step", *STEP[2:], "--iters", "3", "--ddp", f"{name}={FSDP}:{target}",
+                     "--switches", "none", "--db", db)
+        assert out.exit_code == 0, out.output
+    rows = {r["ddp"]: r for r in query(db, "SELECT * FROM step_runs")}
+    assert rows["yours-fsdp-nan"]["status"] == "wrong"
+    assert rows["yours-fsdp-nan"]["error"].startswith(
+        "wrong: a non-finite loss (nan) at step 3 of the 4 it ran"), rows["yours-fsdp-nan"]
+    assert rows["yours-fsdp-right"]["status"] == "ok"
+
+
 def test_your_ddp_in_the_leaderboard_step_is_checked_as_the_course_checks_it(repo, tmp_path):
     """step --ddp yours ran the user's DDP unchecked: one that sums its gradients was timed
     ok (one that never all-reduces, faster for the work it skips). The course's test_ddp.py

@@ -157,6 +157,24 @@ def test_the_2025_generation_and_a_user_fsdp(tmp_path, monkeypatch):
     assert fsdp["expected_params_bytes"] == fsdp["params"] * 4 / 2  # held to the sharded ideal
 
 
+@pytest.mark.slow  # starts ranks
+def test_your_bucketed_ddp_in_the_step_gets_a_bucket_size(tmp_path, monkeypatch):
+    """step has no --bucket-mb: it called the 2025 adapters' get_ddp_bucketed(module, None),
+    and a DDP the course's tests pass was stored as its own line's TypeError. It takes
+    torch's 25 MB buckets, as ours does, checked at the course test's own sizes first."""
+    sized = ADAPTERS_2025.replace("    ddp.bucket_size_mb = bucket_size_mb\n",
+                                  "    ddp.bucket_bytes = int(bucket_size_mb * 2**20)\n")
+    assert sized != ADAPTERS_2025
+    repo = course_repo(tmp_path, files={"tests/adapters.py": sized})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("step", *SMALL, "--ddp", "yours-bucketed", "--switches", "none",
+                    "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, 'SELECT status, error, "check" FROM step_runs')
+    assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+
+
 def _rank_1_runs(tmp_path, monkeypatch, statement: str, impls: str):
     """The example's DDP with `statement` on rank 1 once it has the world size: the repo,
     the result of `ddp --impl impls` in it, and its store."""

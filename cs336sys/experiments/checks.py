@@ -332,13 +332,16 @@ def finite_losses(losses: Any) -> Verdict:
 
 
 def judged(checked: Verdict | None, metrics: dict[str, Any], losses: Any = (),
-           **result: Any) -> Result:
+           theirs: bool = False, **result: Any) -> Result:
     """A measured point's Result once its checks are done: ok, or `wrong` with the failed
     check's reason; the checks' metrics join the measured ones. Where the user's code ran
-    (`checked` is not None) and passed, its `losses`, every step's, must be finite too."""
+    (`checked` is not None, or `theirs`: code of theirs no check here covers, an FSDP in the
+    step) and passed, its `losses`, every step's, must be finite too."""
+    if checked is None and theirs:  # no check claimed: a pass adds no metric
+        checked = finite_losses(losses)
+    elif checked is not None and checked.passed:  # a failed check's loss may be NaN
+        checked = both(checked, finite_losses(losses))  # already: its cause is said
     if checked is not None:
-        if checked.passed:  # a failed check's loss may be NaN already: its cause is said
-            checked = both(checked, finite_losses(losses))
         metrics.update(checked.metrics)
     passed = checked is None or checked.passed
     return Result("ok" if passed else "wrong", metrics=metrics,

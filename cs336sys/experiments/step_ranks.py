@@ -103,6 +103,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     import torch.distributed as dist
 
     from cs336sys.measure.nvtx import measured
+    from cs336sys.parallel.ddp import DEFAULT_BUCKET_MB
 
     # the user's model or attention kernel (on this rank's device) and AdamW, on every rank
     # alike and before anything is built: the cold-cache wall time starts after them
@@ -111,8 +112,12 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     device = torch.device(ctx.device)
     # the user's DDP: the course's own test_ddp.py, as ddp runs it (docs/yours.md), or a
     # wrapper that never all-reduces is timed ok here, faster for the work it skips
+    # a bucketed DDP takes torch's 25 MB buckets, ours and yours alike (`step` has no
+    # --bucket-mb); yours is checked at the course test's own bucket sizes
+    bucket_mb = DEFAULT_BUCKET_MB if spec.ddp == "yours-bucketed" else None
     try:
-        checked = both(checked, toy_check(spec.ddp, None, ctx.rank, ctx.world_size, device))
+        checked = both(checked, toy_check(spec.ddp, bucket_mb, ctx.rank, ctx.world_size,
+                                          device))
     except Unfinished as exc:  # its getter raised NotImplementedError, on every rank alike
         return Result("skipped", error=str(exc))
     once_per_process(spec.compile, ctx.device)  # (the process's one-time work: before the clock)
@@ -126,7 +131,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
 
     def wrap(model: Any, make_optimizer: Any) -> Any:
         whole["params"] = sum(p.numel() for p in model.parameters())  # before any sharding
-        return ddp_setup.build(spec.ddp, None, None, spec.precision, model, device,
+        return ddp_setup.build(spec.ddp, None, bucket_mb, spec.precision, model, device,
                                make_optimizer=make_optimizer,
                                num_layers=spec.num_layers, blocks=spec.blocks)
 
@@ -206,6 +211,7 @@ def _on_rank(ctx: Any, spec: Any) -> Result:
     if checked is not None or yours.is_yours(spec.ddp):  # the wrapper, the model it wraps
         metrics["code"] = user_code(config, model, getattr(model, "module", None), optimizer)
     del model
-    return judged(checked, metrics, batch_losses,
+    # the user's FSDP, checked against one process by `ddp` alone: its losses finite here
+    return judged(checked, metrics, batch_losses, theirs=yours.is_yours(spec.ddp),
                   samples={"step_ms": slowest, "warmup": {"step_ms": warm}, "loss": batch_losses})
 
