@@ -142,13 +142,17 @@ def test_course_timing_on_the_leaderboard_preset_names_the_preset_for_its_ranks(
 
 
 def test_the_leaderboards_run_is_its_first_step_then_do_bench():
-    """do_bench: the first (cold) call, 5 to estimate, 10 s of warm-up and 30 s of
-    repetitions, each at least one call."""
-    from cs336sys.experiments.step_build import leaderboard_s
+    """do_bench: the first (cold) call, 5 to estimate, then the calls that fit whole in 10 s
+    of warm-up and in 30 s of repetitions, each at least one (`max(1, int(rep / estimate))`):
+    a 16 s step after 480 s read 606 s, over the limit, where do_bench takes 592."""
+    from cs336sys.experiments.step_build import leaderboard_s, within_limit
 
     assert leaderboard_s(100.0, 0.2) == pytest.approx(100 + 1.0 + 10 + 30)
-    assert leaderboard_s(100.0, 20.0) == pytest.approx(100 + 100 + 20 + 30)
+    assert leaderboard_s(0.0, 0.3) == pytest.approx(1.5 + 33 * 0.3 + 100 * 0.3)  # 9.9 s + 30 s
+    assert leaderboard_s(100.0, 20.0) == pytest.approx(100 + 100 + 20 + 20)
     assert leaderboard_s(500.0, 40.0) == pytest.approx(500 + 200 + 40 + 40)  # 780 s: over
+    assert within_limit(480.0, 16.0) == {"leaderboard_s": pytest.approx(592.0),
+                                         "within_limit": True}
 
 
 @pytest.mark.slow  # two inductor compiles

@@ -167,10 +167,13 @@ def leaderboard_s(to_first_s: float, step_s: float) -> float:
     """How long the leaderboard's timing run takes from an empty cache, what its 10 minutes
     bound: the model built and its first, cold step (`to_first_s`, as measured here: the
     first call of do_bench is that step), then do_bench's 5 calls to estimate a step
-    (`step_s`), COURSE_WARMUP_MS of warm-up and COURSE_REP_MS of repetitions, each at least
-    one call (triton.testing.do_bench). Its own ~40 s were left out of the limit's check."""
-    return (to_first_s + 5 * step_s + max(step_s, COURSE_WARMUP_MS / 1e3)
-            + max(step_s, COURSE_REP_MS / 1e3))
+    (`step_s`), and as many calls as fit whole in COURSE_WARMUP_MS of warm-up and in
+    COURSE_REP_MS of repetitions, each at least one (triton.testing.do_bench: `max(1,
+    int(warmup / estimate_ms))`). A 16 s step runs one call of each, 32 s, not 40; its own
+    ~40 s were left out of the limit's check."""
+    step_ms = max(step_s * 1e3, 1e-9)
+    calls = sum(max(1, int(budget / step_ms)) for budget in (COURSE_WARMUP_MS, COURSE_REP_MS))
+    return to_first_s + (5 + calls) * step_s
 
 
 def course_ms(step: Any) -> float:
