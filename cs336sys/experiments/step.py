@@ -453,7 +453,7 @@ EXPERIMENT = Experiment(
             first_step_s       s    the first step: compile, autotuning and first allocations
             compile_s          s    compile: the first step's time beyond a median step
             wall_s             s    the point's wall time, model build to the last timed step
-            leaderboard_s      s    the leaderboard's timing run: model build, the first step, do_bench's 40 s
+            leaderboard_s      s    the leaderboard's timing run: model build, the first step, do_bench's calls
             loss_first         -    loss of the first step (the mean over the batch's tokens)
             loss_last          -    loss of the last timed step
         """),

@@ -166,6 +166,7 @@ TABLE = Table(
     ),
     note="wall s: the point from model build to its last timed step, compile included; "
     "leaderboard s: the leaderboard's own timing run, the model built and its first step "
-    "as here, then do_bench's 5 calls, 10 s of warm-up and 30 s of repetitions, which "
+    "as here, then do_bench's 5 calls and the whole calls that fit in 10 s of warm-up "
+    "and in 30 s of repetitions (one at least), which "
     f"the leaderboard allows {LIMIT_S} s from an empty cache.",
 )
