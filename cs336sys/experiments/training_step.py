@@ -365,8 +365,8 @@ def throughput_metrics(stat: str) -> tuple:
         Metric("tokens_per_s", "tokens/s", f"tokens per step / {stat} step time"),
         Metric("flops_per_step", "FLOP", "model FLOPs of one step (PaLM convention)"),
         Metric("tflops", "TFLOP/s", f"achieved: FLOPs per step / {stat} step time"),
-        Metric("peak_tflops", "TFLOP/s", "the GPU's dense peak for this precision"),
-        Metric("mfu", "", "model FLOPs utilisation: tflops / peak_tflops"),
+        Metric("peak_tflops", "TFLOP/s", "one GPU's dense peak for this precision"),
+        Metric("mfu", "", "model FLOPs utilisation: tflops / (peak_tflops × the ranks, where several)"),
         Metric("flops_basis", "", "formula (models/flops.py), or counted (FlopCounterMode) for "
                "a user's model whose matmuls differ from the formula's, or formula, uncounted "
                "where a user's model could not be counted"),
