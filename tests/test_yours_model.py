@@ -991,6 +991,9 @@ def test_a_wrong_adamw_is_told_what_it_does(monkeypatch, slip, named):
     verdict = checks.optimizer_check("yours=my_opt:SlipAdamW")
     cause = verdict.why.partition("; it moves as AdamW ")[2]
     assert not verdict.passed and named in cause, verdict.why
+    # the table's check column says what was compared (it was empty for a failed AdamW)
+    assert verdict.metrics["check_detail"].startswith(
+        "its AdamW against torch.optim.AdamW after 3 steps: ")
     monkeypatch.setattr(checks, "make_optimizer", lambda name, params: SlipAdamW(params))
     assert checks.optimizer_check("yours=my_opt:SlipAdamW").passed
 
