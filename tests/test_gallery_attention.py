@@ -308,7 +308,7 @@ def test_a_backward_that_returns_no_gradient_is_not_told_a_formula():
 def test_a_failure_nothing_explains_keeps_its_figures_before_ls_reason():
     """A kernel dropping its last partial key tile: O's figures were the error's, and the
     detail (what the writeup shows) held only L's reason, which sent students to their L."""
-    from cs336sys.attention.diagnosis import _also
+    from cs336sys.attention.point_check import _also
     from cs336sys.measure.check import Verdict
 
     o = Verdict(False, {"check": "fail"}, "wrong: O off by up to 0.444 at 790 of 5,120 elements")

@@ -258,7 +258,7 @@ def _a_triton_kernels_verdict(l_off: float = 0.0, **computes):
 
     import torch
 
-    from cs336sys.attention.diagnosis import checked
+    from cs336sys.attention.point_check import checked
     from cs336sys.attention.reference import attention_reference, logsumexp_reference
 
     gen = torch.Generator().manual_seed(0)
@@ -947,7 +947,7 @@ def test_a_mask_read_the_wrong_way_round_is_named():
 
     import torch
 
-    from cs336sys.attention.diagnosis import checked
+    from cs336sys.attention.point_check import checked
 
     gen = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(2, 32, 16, generator=gen, dtype=torch.float64,

@@ -1,6 +1,6 @@
-"""The check of an attention point against float64, and what a wrong kernel computes
-instead: its output checked against the likely alternatives, so that a failed check says
-what the code does, not only that it differs.
+"""What a wrong attention kernel computes instead: its output checked against the likely
+alternatives, so that a failed check (point_check.py) says what the code does, not only
+that it differs.
 
     non-causal     the causal mask is missing (is_causal ignored)
     causal         a causal mask that was not asked for
@@ -9,7 +9,7 @@ what the code does, not only that it differs.
 
 The user's FlashAttention is also checked where the course's forward test reads it: the
 logsumexp L its forward saves for backward, the one saved tensor of shape (batch, queries),
-against the float64 logsumexp of the scaled scores (`lse_checked`).
+against the float64 logsumexp of the scaled scores (saved_lse.py).
 
 The handout lets the PyTorch FlashAttention ignore is_causal ("You can ignore the is_causal
 flag for this task"), so for `yours-torch` the non-causal match is a pass, judged against
@@ -42,12 +42,12 @@ IGNORES_CAUSAL = ("ignores is_causal, as the handout allows for the PyTorch impl
                   "are not compared with causal points; --no-causal measures it")
 
 
-def _reason(why: str) -> str:
+def reason(why: str) -> str:
     """A failure's reason without its status (`wrong: O off by ...` -> `O off by ...`)."""
     return why.removeprefix("wrong: ")
 
 
-def _compared(out: Any, grads: tuple | None, ref_o: Any, ref_grads: tuple | None
+def got_and_want(out: Any, grads: tuple | None, ref_o: Any, ref_grads: tuple | None
               ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(got, want): O, and dQ, dK, dV where the backward ran, beside their references."""
     got = {"O": out, **dict(zip(GRADS, grads or (), strict=False))}
@@ -126,7 +126,7 @@ def diagnose(got: Mapping[str, Any], q: Any, k: Any, v: Any, dout: Any | None, c
         seen = slice(None, -1) if alt.inverted else slice(max(0, -alt.diagonal), None)
         if not check({"O": got["O"][..., seen, :]}, {"O": o[..., seen, :]}, *tolerance).passed:
             continue
-        _, want = _compared(None, None, o, grads)
+        _, want = got_and_want(None, None, o, grads)
         if alt.diagonal < 0 or alt.inverted:  # O alone: a row that sees no key makes dK NaN
             got, want = {"O": got["O"][..., seen, :]}, {"O": o[..., seen, :]}
         return alt, check({n: got[n] for n in want}, want, *tolerance,
@@ -149,7 +149,7 @@ def judged(impl: str, causal: bool, verdict: Verdict, found: tuple[Alternative, 
     detail = f"it computes {alt.name}"
     if not against.passed:
         detail += " in the forward (its gradients match neither)"
-    why = f"wrong: {detail}; {_reason(verdict.why)}" if verdict.why else detail
+    why = f"wrong: {detail}; {reason(verdict.why)}" if verdict.why else detail
     return Verdict(False, {**verdict.metrics, "check_detail": detail}, why), {}
 
 
@@ -206,7 +206,7 @@ def backward_diagnosed(causal: bool, got: Mapping[str, Any], q: Any, k: Any, v: 
             [n for n in GRADS if not check({n: got[n]}, {n: want[n]}, *tolerance).passed])
     if detail is None:
         return verdict
-    why = f"wrong: {detail}; {_reason(verdict.why)}"
+    why = f"wrong: {detail}; {reason(verdict.why)}"
     return Verdict(False, {**verdict.metrics, "check_detail": detail}, why)
 
 
@@ -224,127 +224,6 @@ _SHARED_BY = {
 def _which_gradients(off: list[str]) -> str | None:
     """What the gradients that are off (`off`, of dQ, dK, dV) point at in the backward."""
     return _SHARED_BY.get(tuple(off))
-
-
-def as_the_course_checks(fn: Any, q: Any, k: Any, v: Any, dout: Any | None, verdict: Verdict,
-                         tolerance: tuple[float, float]
-                         ) -> tuple[Verdict, dict[str, Any], list[Any] | None]:
-    """A `yours-torch` that failed at a causal point, run again non-causal on the same inputs
-    and checked as the course's tests check it: a pass (saying what was off at the causal
-    point) with its times kept apart from causal points, or `verdict` with what is off
-    non-causal too; and the L that run saved (saved_logsumexps), which the course checks."""
-    import torch
-
-    from cs336sys.attention.reference import attention_reference
-
-    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    with torch.enable_grad():
-        out = fn(q2, k2, v2, is_causal=False)
-    lse = saved_logsumexps(out, q2)  # before the backward frees what the forward saved
-    if dout is not None:
-        out.backward(dout)
-    got, want = _compared(out, (q2.grad, k2.grad, v2.grad) if dout is not None else None,
-                          *attention_reference(q, k, v, False, do=dout, dtype=torch.float64))
-    course = check(got, want, *tolerance, against="a float64 reference of non-causal attention")
-    off = verdict.metrics.get("check_detail") or _reason(verdict.why)
-    if not course.passed:
-        why = f"{verdict.why}; non-causal too, as the course's tests run it: {_reason(course.why)}"
-        return Verdict(False, verdict.metrics, why), {}, lse
-    detail = f"at this causal point {off}; {CHECKED_AS_THE_COURSE}"
-    return (Verdict(True, {**course.metrics, "check_detail": detail}),
-            {"not_compared": CHECKED_AS_THE_COURSE}, lse)
-
-
-# The nodes of the view that shapes a flattened (B·H, T, D) output back to (B, H, T, D)
-# (yours/implementations.attention_function): L is saved by the user's Function under it.
-_RESHAPES = ("ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward")
-
-
-def saved_logsumexps(out: Any, q: Any) -> list[Any] | None:
-    """The tensors the output's autograd.Function saved for backward with L's shape,
-    q.shape[:-1], as the course's forward test finds them, or (batch·heads, queries) under
-    the view that shaped a flattened output back, read as L's shape (None where its node
-    saves none that can be read: a built-in op's node, no graph)."""
-    import math
-
-    shape = tuple(q.shape[:-1])
-    flat = (math.prod(shape[:-1]), shape[-1])
-    node = getattr(out, "grad_fn", None)
-    while node is not None and type(node).__name__.startswith(_RESHAPES) and node.next_functions:
-        node = node.next_functions[0][0]
-    try:
-        saved = node.saved_tensors
-    except (AttributeError, RuntimeError):
-        return None
-    if any(t is None for t in saved):  # the course's test reads every one's .shape
-        return [None]  # lse_checked says so
-    return [t.reshape(shape) for t in saved if tuple(t.shape) in (shape, flat)]
-
-
-def forward_logsumexps(spec: Any, out: Any, fn: Any, q: Any, k: Any, v: Any
-                       ) -> list[Any] | None:
-    """The L to check of a point of the user's FlashAttention (saved_logsumexps), read
-    before the backward frees it; None where none is checked (compiled: the graph's node
-    saves what inductor chose). A forward-only point's inputs need no gradient, so nothing
-    was saved: its forward runs once more with inputs that do, as the course's forward test
-    runs it (a kernel whose backward is not written yet is measured so, and its L counts)."""
-    if spec.impl not in SAVES_L or spec.compile or not spec.check_round:
-        return None
-    if getattr(out, "grad_fn", None) is not None:
-        return saved_logsumexps(out, q)
-    import torch
-
-    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    with torch.enable_grad():
-        return saved_logsumexps(fn(q2, k2, v2, is_causal=spec.causal), q2)
-
-
-def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
-                tolerance: tuple[float, float], computed: Alternative | None = None) -> Verdict:
-    """The verdict of the L a FlashAttention forward saved (`saved_logsumexps`): one tensor,
-    the natural-log logsumexp of the scaled scores (either mask's for an implementation that
-    may ignore is_causal), or what it is instead, in words. An L that is the logsumexp of
-    what its O was found to compute instead (`computed`: another mask, another scale) is
-    that O's mistake, said already: not one of L's ("L is not m + log l" read as L's own)."""
-    import math
-
-    from cs336sys.attention.reference import logsumexp_reference
-
-    shape = tuple(q.shape[:-1])
-    if None in saved:
-        return Verdict(False, why="wrong: its forward saves None among its tensors for backward "
-                       "(ctx.save_for_backward): the course's forward test reads the shape of "
-                       "each saved tensor, and fails on it with AttributeError")
-    if len(saved) != 1:
-        found = f"{len(saved)} tensors" if saved else "no tensor"
-        return Verdict(False, why=f"wrong: its forward saves {found} of L's shape {shape} for "
-                       "backward; the course's forward test takes L, the logsumexp, as the one "
-                       "saved tensor of that shape (ctx.save_for_backward)")
-    (got,) = saved
-    ref = logsumexp_reference(q, k, causal)
-    # either mask's L for an implementation that may ignore is_causal
-    if check({"L": got}, {"L": ref}, *tolerance).passed or (
-            causal and impl in MAY_IGNORE_CAUSAL
-            and check({"L": got}, {"L": logsumexp_reference(q, k, False)}, *tolerance).passed):
-        return Verdict(True)
-    if computed is not None:  # first: an unscaled O's unscaled L is O's mistake, not L's
-        alt = logsumexp_reference(q, k, computed.causal, scale=computed.scale,
-                                  diagonal=computed.diagonal, tile=computed.tile,
-                                  inverted=computed.inverted)
-        # (a query that sees no key: -inf)
-        seen = slice(None, -1) if computed.inverted else slice(max(0, -computed.diagonal), None)
-        if check({"L": got[..., seen]}, {"L": alt[..., seen]}, *tolerance).passed:
-            return Verdict(True)
-    instead = (("in base 2 (m log2 e + log2 l); the course compares the natural log",
-                ref / math.log(2)),
-               ("the logsumexp of scores without the 1/√d scale",
-                logsumexp_reference(q, k, causal, scale=1.0)))
-    for words, alt in instead:
-        if check({"L": got}, {"L": alt}, *tolerance).passed:
-            return Verdict(False, why=f"wrong: L, the logsumexp its forward saves, is {words}")
-    off = _reason(check({"L": got}, {"L": ref}, *tolerance).why)
-    return Verdict(False, why=f"wrong: L, the logsumexp its forward saves for backward, is not "
-                   f"m + log l of the scaled scores: {off}")
 
 
 def cannot_run(spec: Any, exc: BaseException, non_causal: Any, eager: Any = None,
@@ -416,82 +295,11 @@ def status_of(spec: Any, interpreted: bool, verdict: Verdict) -> tuple[str, str 
     if verdict.passed:
         return "ok", None
     if untested(spec):  # the handout: "you don't need to worry about" them
-        return "skipped", NOT_JUDGED.format(untested(spec)) + "; it read " + _reason(
+        return "skipped", NOT_JUDGED.format(untested(spec)) + "; it read " + reason(
             verdict.why)
     if interpreted and spec.precision == "bf16" and spec.impl != "triton":  # the user's
         return "skipped", ("not judged: Triton's CPU interpreter computes tl.dot on bfloat16 "
                            "inputs wrongly, so a bf16 Triton kernel cannot be checked here "
                            "(fp16 or fp32 checks it on a CPU; bf16 needs a GPU); it read "
-                           + _reason(verdict.why))
+                           + reason(verdict.why))
     return "wrong", verdict.why
-
-
-def checked(spec: Any, out: Any, q: Any, k: Any, v: Any, dout: Any | None,
-            metrics: dict[str, Any], lse: list[Any] | None = None, fn: Any = None) -> Verdict:
-    """The verdict of an attention point (experiments/attention.AttentionSpec): O, and the
-    gradients q, k, v hold when `dout` is given, against a float64 reference, with what a
-    failing kernel computes instead (`judged`), and the saved L (`lse`, saved_logsumexps) of
-    the user's FlashAttention; `fn`, the implementation, checks a failing `yours-torch` as
-    the course does (`as_the_course_checks`); its figures go into `metrics`. A later round of an
-    interleaved point is not checked again: its first round's verdict stands (a passing
-    Verdict here, no metrics)."""
-    import torch
-
-    from cs336sys.attention.reference import attention_reference
-
-    if not spec.check_round:
-        return Verdict(True)
-    ref_o, ref_grads = attention_reference(q, k, v, spec.causal, do=dout, dtype=torch.float64)
-    got, want = _compared(out, (q.grad, k.grad, v.grad) if dout is not None else None, ref_o,
-                          ref_grads)
-    tolerance = CHECK_TOLERANCE[spec.precision]
-    verdict = check(got, want, *tolerance)
-    instead: Alternative | None = None  # what a failing O computes instead, where found
-    if not verdict.passed and dout is not None and check({"O": out}, {"O": ref_o},
-                                                         *tolerance).passed:
-        verdict = backward_diagnosed(spec.causal, got, q, k, v, dout, want, verdict, tolerance)
-    elif not verdict.passed:
-        found = diagnose(got, q, k, v, dout, spec.causal, tolerance)
-        verdict, computed = judged(spec.impl, spec.causal, verdict, found)
-        metrics.update(computed)
-        instead = found[0] if found is not None and not verdict.passed else None
-    causal_l = spec.causal
-    if not verdict.passed and spec.causal and spec.impl in MAY_IGNORE_CAUSAL and fn is not None:
-        verdict, computed, rerun_l = as_the_course_checks(fn, q, k, v, dout, verdict, tolerance)
-        metrics.update(computed)
-        if verdict.passed and lse is not None:  # the course checks the L of that run
-            lse, causal_l = rerun_l or [], False
-    if lse is not None and spec.impl in SAVES_L:
-        verdict = _also(verdict, lse_checked(spec.impl, causal_l, lse, q, k, tolerance,
-                                             instead))
-    if spec.impl in SAVES_L and spec.precision == "fp32":
-        one = lse if lse and len(lse) == 1 and lse[0] is not None else []
-        verdict = _also(verdict, dtypes_checked(out, one, q))
-    metrics.update(verdict.metrics)
-    return verdict
-
-
-def _also(verdict: Verdict, other: Verdict) -> Verdict:
-    """`verdict` failed where `other` fails, its reason said in the detail too (O's alone
-    read as a pass there)."""
-    if other.passed:
-        return verdict
-    why = other.why if verdict.passed else f"{verdict.why}; {_reason(other.why)}"
-    # a failure nothing explained said only L's reason in its detail: the figures come first
-    said = [] if verdict.passed else [verdict.metrics.get("check_detail")
-                                      or _reason(verdict.why or "")]
-    detail = "; ".join(d for d in [*said, _reason(other.why)] if d)
-    return Verdict(False, {**verdict.metrics, "check": "fail", "check_detail": detail}, why)
-
-
-def dtypes_checked(out: Any, lse: list[Any], q: Any) -> Verdict:
-    """O (and the saved L) in the inputs' dtype: the course's forward test compares them
-    with torch.testing.assert_close, which checks the dtype too (float32 inputs there), so
-    an O returned in float64 fails it, whatever its values."""
-    off = [f"{name} is {str(t.dtype).removeprefix('torch.')}"
-           for name, t in (("O", out), *(("L", t) for t in lse)) if t.dtype != q.dtype]
-    if not off:
-        return Verdict(True)
-    return Verdict(False, why=f"wrong: {' and '.join(off)} for "
-                   f"{str(q.dtype).removeprefix('torch.')} inputs: the course's forward test "
-                   f"compares them with torch.testing.assert_close, which checks the dtype")

@@ -20,13 +20,9 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import opt_in, registry
-from cs336sys.attention.diagnosis import (
-    backward_cannot_run,
-    cannot_run,
-    checked,
-    forward_logsumexps,
-    status_of,
-)
+from cs336sys.attention.diagnosis import backward_cannot_run, cannot_run, status_of
+from cs336sys.attention.point_check import checked
+from cs336sys.attention.saved_lse import forward_logsumexps
 from cs336sys.experiments import attention_command, attention_rounds, attention_section, preflight
 from cs336sys.experiments.attention_rounds import timed_metrics
 from cs336sys.experiments.attention_section import TABLE
