@@ -988,3 +988,28 @@ def test_an_unscaled_kernels_unscaled_l_is_not_blamed_besides():
     assert verdict.why.startswith("wrong: it computes attention without the 1/√d scale"), \
         verdict.why
     assert "L, the logsumexp" not in verdict.why, verdict.why
+
+
+def test_a_mask_saved_beside_l_is_not_l_where_batch_equals_the_sequence():
+    """A correct FlashAttention saving its boolean (queries, keys) mask beside L passes the
+    course's test at batch 4 and 128 queries, where only L has the shape (batch, queries);
+    at batch 32 and 32 queries the mask has it too, and the point was `wrong` ("saves 2
+    tensors of L's shape"). There the one that is the logsumexp is L."""
+    import torch
+
+    from cs336sys.attention.reference import logsumexp_reference
+    from cs336sys.attention.saved_lse import lse_checked
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(32, 32, 16, generator=g) for _ in range(2))
+    lse = logsumexp_reference(q, k, True).float()
+    mask = torch.ones(32, 32, dtype=torch.bool).triu(1)
+    tol = (1e-2, 1e-2)
+    assert lse_checked("yours-torch", True, [mask, lse], q, k, tol).passed
+    assert lse_checked("yours-triton", True, [lse, mask.float()], q, k, tol).passed
+    # two of L's shape where neither is the mask of a square point: as the course says
+    q2, k2 = q[:4], k
+    two = lse_checked("yours-triton", True, [lse[:4], lse[:4].clone()], q2, k2, tol)
+    assert not two.passed and "saves 2 tensors of L's shape (4, 32)" in two.why
+    wrong = lse_checked("yours-triton", True, [mask.float(), lse + 1], q, k, tol)
+    assert not wrong.passed and "saves 2 tensors" in wrong.why  # neither is L: as before
