@@ -142,6 +142,32 @@ def test_a_flashattention_whose_saved_logsumexp_the_course_fails_is_wrong(repo, 
         assert row["check_detail"].startswith(says.replace("(2, 32)", shape)), row
 
 
+def test_a_pytorch_flashattention_whose_l_is_off_only_when_causal_passes_as_the_course_does(
+        repo, tmp_path):
+    """Its O and gradients right at every point and its L right non-causal, the only L the
+    course's forward test reads: an L off by 0.5 at causal points alone was `wrong` (only a
+    wrong O or gradient sent it to the non-causal run the course checks)."""
+    edit(repo, FLASH, "ctx.save_for_backward(q, k, v, o, logsumexp)",
+         "ctx.save_for_backward(q, k, v, o, logsumexp + 0.5 * is_causal)")
+    edit(repo, FLASH, "q, k, v, o, logsumexp = ctx.saved_tensors",
+         "q, k, v, o, logsumexp = ctx.saved_tensors\n        "
+         "logsumexp = logsumexp - 0.5 * ctx.is_causal")
+    for name, more in (("b", []), ("f", ["--pass", "forward"])):
+        _, rows = attention(tmp_path / f"{name}.db", "--impl", "yours-torch", "--seq", "32",
+                            *more)
+        (row,) = rows
+        assert (row["status"], row["check"]) == ("ok", "pass"), row["error"]
+        assert row["not_compared"].startswith("checked non-causal, as the course's tests check")
+        assert row["check_detail"].startswith("at this causal point L, the logsumexp its "
+                                              "forward saves"), row["check_detail"]
+    # off non-causal too: wrong, as the course finds it
+    edit(repo, FLASH, "logsumexp + 0.5 * is_causal)", "logsumexp + 0.5)")
+    edit(repo, FLASH, "logsumexp - 0.5 * ctx.is_causal", "logsumexp - 0.5")
+    _, rows = attention(tmp_path / "w.db", "--impl", "yours-torch", "--seq", "32")
+    (row,) = rows
+    assert row["status"] == "wrong" and "L, the logsumexp" in row["error"], row["error"]
+
+
 def test_a_pytorch_flashattention_off_only_at_causal_points_passes_as_the_course_passes_it(
         repo, tmp_path):
     """The course runs the PyTorch FlashAttention non-causal only: a backward that leaves out
