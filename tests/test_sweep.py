@@ -488,5 +488,18 @@ def test_a_known_symptom_below_a_messages_first_line_is_still_named():
                            "Block pointers have been removed in favor of the tensor "
                            "descriptor API")
     said = _failed(exc).error
-    assert said.startswith("CompilationError: at 14:18:; tl.make_block_ptr is gone from "
-                           "Triton "), said
+    # (the first line only introduces the next: both, the line of code that failed)
+    assert said.startswith("CompilationError: at 14:18: q_ptr = tl.make_block_ptr(Q, ...); "
+                           "tl.make_block_ptr is gone from Triton "), said
+
+
+def test_a_first_line_that_only_introduces_the_next_takes_it():
+    """Inductor's error reads `TypeError: ` and its cause on the line below: a point on the
+    user's correct attention was stored `InductorError: TypeError: ` and nothing more."""
+    from cs336sys.sweep.result import first_line
+
+    exc = RuntimeError("TypeError: \n  A Boolean argument can only be used in Eq and Ne\n\n"
+                       "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
+    assert first_line(exc) == "TypeError: A Boolean argument can only be used in Eq and Ne"
+    assert first_line(RuntimeError("boom\nmore")) == "boom"
+    assert first_line(RuntimeError("")) == ""

@@ -45,9 +45,13 @@ _OOM_MARKERS = (
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message; '' where it has none."""
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
+    """The first line of an exception's message, with the next one where the first only
+    introduces it (inductor's `TypeError:`, its cause on the line below); '' for none."""
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    first = lines[0] if lines else ""
+    if first.endswith(":"):
+        first = f"{first} {next((line for line in lines[1:] if line), '')}".strip()
+    return first
 
 
 # Failures whose message names a symptom, not its cause: the cause, said after the message.

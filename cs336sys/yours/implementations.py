@@ -316,11 +316,18 @@ def _with_mask(fn: Callable[..., Any]) -> Callable[..., Any]:
     optional = mask_param.default is not inspect.Parameter.empty
     by_name = mask_param.kind is inspect.Parameter.KEYWORD_ONLY  # `(q, k, v, *, mask=None)`
 
+    # built outside any compiled graph (`attention --compile`): the user's function gets it
+    # as an input, as their model gives it; inductor failed on `mask == False` of a mask it
+    # had folded into a constant ("A Boolean argument can only be used in Eq and Ne")
+    @torch.compiler.disable
+    def make_mask(n_q: int, n_k: int, device: Any, is_causal: bool) -> Any:
+        mask = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+        return mask.tril() if is_causal else mask
+
     def call(q: Any, k: Any, v: Any, is_causal: bool) -> Any:
         if not is_causal and optional:  # no mask: its own default (None in assignment 1's)
             return fn(q, k, v)
-        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device)
-        mask = mask.tril() if is_causal else mask
+        mask = make_mask(q.shape[-2], k.shape[-2], q.device, is_causal)
         return fn(q, k, v, mask=mask) if by_name else fn(q, k, v, mask)
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
