@@ -466,12 +466,27 @@ def test_listing_fits_the_terminal_and_keeps_each_command_on_one_line(db_path, m
     lines = invoke("handout", "--db", db_path).stdout.splitlines()
     assert all(line.count("`") % 2 == 0 for line in lines)  # each backquoted span whole
     assert ("  $ TRITON_INTERPRET=1 cs336sys attention --attention yours-torch,yours-triton "
-            f"--pass forward --seq 128 --db {db_path}") in lines
+            f"--pass forward --seq 128 --label flash_forward --db {db_path}") in lines
     long = [x for x in lines if len(x) > 60]
     assert long and all(x.startswith(("  $ cs336sys ", "  $ TRITON_INTERPRET=1 cs336sys "))
                         for x in long)
     for name, _ in PROBLEMS_2026:  # each problem heads a paragraph; the rest is indented
         assert sum(x.startswith(name + " (") for x in lines) == 1
+
+
+def test_a_listed_command_run_as_printed_counts_for_its_problem(db_path, monkeypatch):
+    """The listing's `$ cs336sys precision accumulate` run as printed was stored unlabelled:
+    mixed_precision_accumulation still read `not yet measured`, and the head said its runs
+    count for no problem. Each listed command carries its problem's --label."""
+    import shlex
+
+    line = next(x for x in invoke("handout", "--db", db_path).stdout.splitlines()
+                if x.startswith("  $ cs336sys precision accumulate"))
+    assert line.endswith(f"--label mixed_precision_accumulation --db {db_path}"), line
+    assert invoke(*shlex.split(line.removeprefix("  $ cs336sys "))).exit_code == 0
+    out = invoke("handout", "--db", db_path).stdout
+    assert "mixed_precision_accumulation (1 pt, §2.1.5): measured" in out, out
+    assert "count for no problem" not in out
 
 
 def test_listing_runs_your_triton_kernel_in_the_interpreter_only_on_a_cpu(db_path,

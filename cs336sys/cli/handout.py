@@ -155,9 +155,11 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
             then="  ")
         say(p.asks, "  ")
         # the commands that measured what the store holds: the user's code's where it does;
-        # an implementation's check, which runs the user's code
+        # an implementation's check, which runs the user's code; each labelled, so that run
+        # as printed it counts for the problem (`handout run` labels its own)
         for args in _commands(p, on_gpu, yours=status.yours or p.kind == IMPLEMENT):
-            typer.echo(f"  $ {_line(args, on_gpu)}" + (f" --db {db}" if given(ctx, "db") else ""))
+            typer.echo(f"  $ {_line([*args, '--label', p.name], on_gpu)}"
+                       + (f" --db {db}" if given(ctx, "db") else ""))
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
     typer.echo()
