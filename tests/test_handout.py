@@ -619,24 +619,52 @@ def test_a_triton_kernel_not_yet_written_is_left_out_as_unwritten_not_for_the_de
         "tests/adapters.py yet)" in text and "needs CUDA" not in text, r.stdout
 
 
+def test_an_fsdp_not_yet_written_is_left_out_not_run_and_read_checked(tmp_path, monkeypatch):
+    """The example's get_fsdp still raises NotImplementedError: `handout run fsdp --yours`
+    ran its check, stored two `skipped` points, and the listing read `checked ... 2
+    skipped`, where nothing was checked; the leaderboard's two-rank step with it was stored
+    skipped too. Their points are left out, saying why, as an unwritten Triton kernel's are."""
+    from types import SimpleNamespace
+
+    from cs336sys.cli.handout_todo import without_unfinished
+    from tests.user_repos import course_repo
+
+    monkeypatch.chdir(course_repo(tmp_path))
+    db = tmp_path / "r.db"
+    r = invoke("handout", "run", "fsdp", "--yours", "--db", db)
+    assert r.exit_code == 2, r.output  # nothing left to run: said in one line
+    assert "fsdp's yours-fsdp points of `cs336sys ddp --model cs336_basics --impl yours-fsdp" \
+        in " ".join(r.output.split()) and not db.exists()
+    assert "(get_fsdp is not implemented in tests/adapters.py yet)" in " ".join(r.output.split())
+    listed = invoke("handout", "--db", db).stdout
+    assert "fsdp (15 pts, §7): your implementation" in listed, listed
+    p = SimpleNamespace(name="x")
+    beside = ["ddp", "--impl", "naive,yours-fsdp", "--world-size", "2"]
+    step = ["step", "--ddp", "yours-fsdp", "--size", "tiny"]
+    kept, lines = without_unfinished([(p, beside), (p, step), (p, ["model", "--size", "tiny"])])
+    assert kept == [(p, ["ddp", "--impl", "naive", "--world-size", "2"]),
+                    (p, ["model", "--size", "tiny"])]
+    assert len(lines) == 2 and all("get_fsdp is not implemented" in x for x in lines)
+
+
 def test_a_command_of_the_triton_kernel_alone_is_left_out_whole(monkeypatch):
     """Without CUDA or the interpreter: `--attention yours-triton` alone would become a
     command with no --attention (cs336sys's default kernels, not the user's); it is left out,
     a line saying so, and one beside other kernels loses that kernel alone."""
     from types import SimpleNamespace
 
-    from cs336sys.cli.handout import _without_triton
+    from cs336sys.cli.handout_todo import without_triton
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     p = SimpleNamespace(name="flash_forward")
     alone = ["attention", "--attention", "yours-triton", "--seq", "128"]
     beside = ["attention", "--attention", "yours-torch,yours-triton", "--seq", "128"]
-    kept, lines = _without_triton([(p, alone), (p, beside)], on_gpu=False)
+    kept, lines = without_triton([(p, alone), (p, beside)], on_gpu=False)
     assert kept == [(p, ["attention", "--attention", "yours-torch", "--seq", "128"])]
     assert lines == [f"flash_forward's yours-triton points of `cs336sys {' '.join(a)}` "
                      "(your Triton kernel needs CUDA, or TRITON_INTERPRET=1)"
                      for a in (alone, beside)]
-    assert _without_triton([(p, alone)], on_gpu=True) == ([(p, alone)], [])
+    assert without_triton([(p, alone)], on_gpu=True) == ([(p, alone)], [])
     # a host without the triton package (a GPU host too): that is the reason given, not
     # CUDA or the interpreter the host has
     import importlib.util
@@ -646,7 +674,7 @@ def test_a_command_of_the_triton_kernel_alone_is_left_out_whole(monkeypatch):
                         lambda name, *a: None if name == "triton" else find(name, *a))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     for on_gpu in (True, False):
-        _, (line,) = _without_triton([(p, alone)], on_gpu=on_gpu)
+        _, (line,) = without_triton([(p, alone)], on_gpu=on_gpu)
         assert line.endswith("(your Triton kernel needs the triton package (pip install "
                              "triton))"), line
 

@@ -25,11 +25,11 @@ from cs336sys.cli.common import (
     user_errors,
     wrote,
 )
+from cs336sys.cli.handout_todo import _line, without_triton, without_unfinished
 from cs336sys.cli.options import Adapters, Replace, list_option, option
-from cs336sys.cli.vocabulary import command_at, command_path, without_value
+from cs336sys.cli.vocabulary import command_at, command_path
 from cs336sys.measure.environ import environ
 from cs336sys.sweep import stopping
-from cs336sys.sweep.points import SpecError, check_triton
 
 handout_app = typer.Typer(name="handout", add_completion=False, pretty_exceptions_enable=False)
 
@@ -38,7 +38,6 @@ Year = option("The handout release: 2026 or 2025 (or set CS336SYS_HANDOUT).", st
 Names = Annotated[list[str] | None, typer.Argument(
     help="Problems, as the handout names them (benchmarking_script, flash_benchmarking, ...).",
     show_default=False, metavar="[PROBLEM]...")]
-TRITON_YOURS = "yours-triton"
 
 
 def _on_gpu() -> bool:
@@ -64,12 +63,6 @@ def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]
         return [shlex.split(check)[1:] for check in problem.checks] if yours else []
     found = (run.args(on_gpu, yours) for run in problem.runs)
     return [args for args in found if args is not None]
-
-
-def _line(args: list[str], on_gpu: bool = True) -> str:
-    """The command as typed; on a CPU, your Triton kernel's under the interpreter it needs."""
-    interpret = not on_gpu and TRITON_YOURS in ",".join(args).split(",")
-    return "TRITON_INTERPRET=1 " * interpret + "cs336sys " + shlex.join(args)
 
 
 def _statuses(db: Path, problems: list, release: str) -> tuple[list, Any]:
@@ -228,7 +221,9 @@ def run(
     todo, short = fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not todo:  # every command needs more GPUs than this host has
         _nothing_run(short)
-    todo, untriton = _without_triton(todo, on_gpu)
+    todo, untriton = without_triton(todo, on_gpu)
+    todo, unwritten = without_unfinished(todo)
+    untriton += unwritten
     if not todo:
         _nothing_run(untriton)
     refused, needs_gpus = _refusals(root, todo, db)  # a dry run too: one line, exit 2
@@ -342,33 +337,6 @@ def _refusals(root: Any, todo: list, db: Path) -> tuple[list[str], list]:
             else:
                 refused.append(line)
     return refused, needs_gpus
-
-
-def _without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
-    """`todo` without the user's Triton kernel where sweep/points.check_triton refuses it for
-    want of triton or of CUDA and the interpreter, a line per command it left, with why (a
-    Triton adapter written mid-assignment stopped every problem's run)."""
-    from cs336sys import yours
-
-    try:
-        check_triton(on_gpu, "your Triton kernel")
-        return todo, []
-    except SpecError as exc:
-        why = str(exc).split(" to run the kernels", 1)[0]  # (the interpreter's words follow)
-    adapters, entry = yours.active(), yours.entries("attention").get(TRITON_YOURS)
-    if adapters is not None and entry is not None and adapters.unfinished(entry):
-        # not the device: the getter still raises NotImplementedError (its points would be
-        # `skipped` on any host)
-        why = f"{entry.functions[0]} is not implemented in {adapters.shown} yet"
-    kept, lines = [], []
-    for problem, args in todo:
-        if TRITON_YOURS not in ",".join(args).split(","):
-            kept.append((problem, args))
-            continue
-        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}` ({why})")
-        if TRITON_YOURS not in args:  # the kernel beside others: they still run
-            kept.append((problem, without_value(args, TRITON_YOURS)))
-    return kept, lines
 
 
 def _stop_if_signalled(line: str) -> None:

@@ -1,0 +1,82 @@
+"""What `handout run` leaves out before it runs anything, and how it prints a command: the
+user's Triton kernel where this host cannot run it, and the points of a getter of the
+adapters file that is not written yet (`raise NotImplementedError`)."""
+
+from __future__ import annotations
+
+import shlex
+
+from cs336sys.cli.vocabulary import without_value
+from cs336sys.sweep.points import SpecError, check_triton
+
+TRITON_YOURS = "yours-triton"
+
+
+def _line(args: list[str], on_gpu: bool = True) -> str:
+    """The command as typed; on a CPU, your Triton kernel's under the interpreter it needs."""
+    interpret = not on_gpu and TRITON_YOURS in ",".join(args).split(",")
+    return "TRITON_INTERPRET=1 " * interpret + "cs336sys " + shlex.join(args)
+
+
+def without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
+    """`todo` without the user's Triton kernel where sweep/points.check_triton refuses it for
+    want of triton or of CUDA and the interpreter, a line per command it left, with why (a
+    Triton adapter written mid-assignment stopped every problem's run)."""
+    from cs336sys import yours
+
+    try:
+        check_triton(on_gpu, "your Triton kernel")
+        return todo, []
+    except SpecError as exc:
+        why = str(exc).split(" to run the kernels", 1)[0]  # (the interpreter's words follow)
+    adapters, entry = yours.active(), yours.entries("attention").get(TRITON_YOURS)
+    if adapters is not None and entry is not None and adapters.unfinished(entry):
+        # not the device: the getter still raises NotImplementedError (its points would be
+        # `skipped` on any host)
+        why = f"{entry.functions[0]} is not implemented in {adapters.shown} yet"
+    kept, lines = [], []
+    for problem, args in todo:
+        if TRITON_YOURS not in ",".join(args).split(","):
+            kept.append((problem, args))
+            continue
+        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}` ({why})")
+        if TRITON_YOURS not in args:  # the kernel beside others: they still run
+            kept.append((problem, without_value(args, TRITON_YOURS)))
+    return kept, lines
+
+
+# The options whose values name an adapters entry, and the entries' kinds they take.
+_ENTRY_OPTIONS = {"--attention": ("attention",), "--impl": ("attention", "ddp", "fsdp"),
+                  "--ddp": ("ddp", "fsdp"), "--shard-optimizer": ("optimizer",),
+                  "--optimizer": ("adamw",)}
+
+
+def without_unfinished(todo: list) -> tuple[list, list[str]]:
+    """`todo` without the points of a getter the adapters file has but not yet written: a
+    line per command it cut, with why. An FSDP not written yet was run, its points stored
+    `skipped`, and the problem read `checked` (the leaderboard's step with it, skipped)."""
+    from cs336sys import yours
+
+    adapters = yours.active()
+    if adapters is None:
+        return todo, []
+    kept, lines = [], []
+    for problem, args in todo:
+        cut = []
+        for flag, value in zip(args, args[1:], strict=False):
+            for impl in value.split(",") if flag in _ENTRY_OPTIONS else ():
+                entry = next((yours.entries(k)[impl] for k in _ENTRY_OPTIONS[flag]
+                              if impl in yours.entries(k)), None)
+                if entry is not None and adapters.unfinished(entry):
+                    cut.append((flag, impl, entry.functions[0]))
+        for _, impl, getter in cut:
+            lines.append(f"{problem.name}'s {impl} points of `{_line(args)}` ({getter} is not "
+                         f"implemented in {adapters.shown} yet)")
+        left = args
+        for flag, impl, _ in cut:  # a list keeps its other values; a single value, nothing
+            left = without_value(left, impl) if flag in ("--attention", "--impl") else []
+        if not cut:
+            kept.append((problem, args))
+        elif left and all(f in left for f in ("--attention", "--impl") if f in args):
+            kept.append((problem, left))
+    return kept, lines
