@@ -1211,6 +1211,21 @@ def test_a_part_measured_on_your_code_is_not_owed_again():
         "(a) ddp (impl=flat,overlap)"]
 
 
+def test_a_checks_explanation_is_cut_at_a_clause_not_mid_sentence():
+    """A DDP's pass read `... max |p - p_ref| 1.2e-07, which …`: cut at 160 characters, the
+    reason it passed (the course's tolerance would pass it) was lost. A detail of up to 240
+    characters stands whole; a longer one loses whole clauses."""
+    from cs336sys.handout.writeup import _clipped
+
+    ddp = ("per parameter |p - p_ref| / |p_ref - p_0| against single-process training, at "
+           "most 0.001: worst 1.5e-05 (layers.0.ln2.weight, max |p - p_ref| 1.2e-07, which "
+           "the course's test_ddp.py tolerance (atol=1e-08, rtol=1e-05) would pass)")
+    assert _clipped(ddp) == ddp
+    two = "a" * 150 + "; " + "b" * 150
+    assert _clipped(two) == "a" * 150 + " …"
+    assert _clipped("word " * 100).endswith(" …") and len(_clipped("word " * 100)) <= 240
+
+
 def test_the_backward_problems_check_shows_the_gradients_error():
     """flash_backward's verdicts showed the forward's `max err` alone, the figure of
     flash_forward; the course's backward tests judge dQ, dK and dV."""

@@ -160,6 +160,22 @@ def _shared(points: list[Row]) -> str:
                      and all(p["_settings"].get(k) == v for p in points))
 
 
+def _clipped(text: str, most: int = 240) -> str:
+    """`text` cut to its whole clauses (`; ` apart) that fit in `most` characters, ` …` said
+    where it was cut; by words where its first clause alone is longer. (A cut at the 160th
+    character read `... max |p - p_ref| 1.2e-07, which …` for a DDP's check, 230 characters,
+    the reason it passed lost.)"""
+    if len(text) <= most:
+        return text
+    kept = ""
+    for clause in text.split("; "):
+        longer = f"{kept}; {clause}" if kept else clause
+        if len(longer) + 2 > most:
+            break
+        kept = longer
+    return f"{kept} …" if kept else textwrap.shorten(text, most, placeholder=" …")
+
+
 def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
     """An implementation problem's verdicts: each checked point of the user's code (which
     code, and what tells it apart), its check, the figure it was judged by and what was
@@ -181,8 +197,7 @@ def checks(rows: dict[str, list[Row]]) -> FilledTable | None:
             # characters left a bare `pass` beside "O off by up to 2.82" at the causal point
             verdict = str(r["check"]) + (" (non-causal)" if r.get("not_compared") else "")
             what = "; ".join(x for x in (r.get("not_compared"), what) if x)
-            body.append([kind, label, str(r.get("status")), verdict, figure,
-                         textwrap.shorten(what, 160, placeholder=" …")])
+            body.append([kind, label, str(r.get("status")), verdict, figure, _clipped(what)])
     if not body:
         return None
     return FilledTable("Checks of your code", ["experiment", "point", "status", "check",
