@@ -186,7 +186,7 @@ PROBLEMS = (
         ),
     ),
     Problem(
-        "gradient_checkpointing", 4, section="3",
+        "gradient_checkpointing", 4, section="3.2.1",
         asks="(b) Peak memory of the xl model at batch 4, context 2048, with one level of "
         "checkpointing: the best block size and the next smaller and larger.",
         runs=(on_their_model("memory --size xl --seq 2048 --batch 4 --mode train --checkpoint "
