@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cs336sys.measure.live_tensors import LiveTensorTracker
-from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding
+from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding, saving_nodes
 from cs336sys.models.config import ModelConfig, param_count
 from cs336sys.models.saved import block_saved_bytes
 from cs336sys.models.transformer import TransformerBlock, TransformerLM
@@ -112,6 +112,9 @@ def test_block_saved_bytes_match_the_analytic_count():
     assert sum(by_node.values()) == pytest.approx(saved, abs=16)  # + the scale's fp64 scalar
     assert by_node["SoftmaxBackward0"] == pytest.approx(B * H * T * T * 4 / 2)  # shared with bmm
     assert by_node["SiluBackward0"] == B * T * d_ff * 4
+    # a name's bytes are every node's of that name: the seven projections, the two bmms
+    nodes = saving_nodes(out, exclude=params)
+    assert (nodes["MmBackward0"], nodes["BmmBackward0"], nodes["SiluBackward0"]) == (7, 2, 1)
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -219,7 +222,8 @@ def test_residuals_rows(db_path):
         assert share == pytest.approx(nbytes / r["walked_bytes"], rel=1e-3)
     samples = json.loads(rows(db_path, "SELECT samples FROM runs")[0]["samples"])
     assert sum(samples["saved_by_node"].values()) == pytest.approx(r["walked_bytes"], abs=8)
-    assert "MulBackward0" in result.stdout
+    assert "MulBackward0 ×" in result.stdout  # the multiplications' count beside their share
+    assert {r[f"top{i}_op"]: r[f"top{i}_nodes"] for i in range(1, 6)}.get("MmBackward0") == 7
 
 
 @pytest.mark.slow

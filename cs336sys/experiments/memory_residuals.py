@@ -103,7 +103,7 @@ def specs(
 def run(spec: ResidualsSpec) -> Result:
     import torch
 
-    from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding
+    from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding, saving_nodes
     from cs336sys.models.checkpointing import block_output
     from cs336sys.models.transformer import TransformerBlock
 
@@ -141,6 +141,7 @@ def run(spec: ResidualsSpec) -> Result:
     synchronize(spec.device)
     fwd_ms = (time.perf_counter() - t0) * 1e3
     per_node = saved_by_node(out, exclude=params)
+    counts = saving_nodes(out, exclude=params)
     del out
 
     walked = sum(per_node.values())
@@ -165,6 +166,7 @@ def run(spec: ResidualsSpec) -> Result:
     for i in range(TOP):
         name, nbytes = top[i] if i < len(top) else (None, None)
         metrics[f"top{i + 1}_op"] = name
+        metrics[f"top{i + 1}_nodes"] = counts.get(name) if name is not None else None
         metrics[f"top{i + 1}_bytes"] = round(nbytes) if nbytes is not None else None
         metrics[f"top{i + 1}_share"] = nbytes / walked if nbytes is not None and walked else None
     samples = {"saved_by_node": {k: round(v) for k, v in per_node.items()}}
@@ -308,11 +310,13 @@ def _inputs_of(users: Any, block: Any, x: Any, vocab_size: int) -> tuple[tuple, 
 
 
 def _top(row: Mapping[str, Any]) -> str:
-    """`BmmBackward0 33%, SoftmaxBackward0 27%, ...`"""
+    """`MulBackward0 ×6 34%, BmmBackward0 ×2 16%, SoftmaxBackward0 12%, ...`: a name's share is
+    every node of that name's (the block's six multiplications), their count said."""
     out = []
     for i in range(1, TOP + 1):
-        op, share = row.get(f"top{i}_op"), row.get(f"top{i}_share")
+        op, share, nodes = (row.get(f"top{i}_{k}") for k in ("op", "share", "nodes"))
         if op is not None:
+            op += f" ×{nodes}" if isinstance(nodes, int) and nodes > 1 else ""
             out.append(op if share is None else f"{op} {share:.0%}")
     return ", ".join(out)
 
@@ -350,7 +354,8 @@ EXPERIMENT = Experiment(
         *(Metric(f"top{i}_{k}", u, f"the {i}. operation by saved bytes: {w}")
           for i in range(1, TOP + 1)
           for k, u, w in (("op", "", "its node name"), ("bytes", "bytes", "its bytes"),
-                          ("share", "", "its share"))),
+                          ("share", "", "its share"),
+                          ("nodes", "", "the nodes of that name whose bytes those are"))),
         Metric("fwd_ms", "ms", "the measured forward (one call)"),
         Metric("compile_s", "s", "torch.compile's first call"),
     ),

@@ -17,7 +17,7 @@ equally among them, so the per-node bytes add up to the total and the shares to 
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -75,6 +75,15 @@ def _saved_of(node: Any) -> list[torch.Tensor]:
         except RuntimeError:  # already freed by a backward
             pass
     return out
+
+
+def saving_nodes(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> Counter:
+    """How many nodes of each name in `output`'s graph save a tensor (`exclude` left out):
+    MulBackward0's bytes in saved_by_node are those of every multiplication of the block."""
+    skip = _keys(exclude)
+    return Counter(node.name() for node in _graph(output.grad_fn)
+                   if any((k := storage_key(t)) is not None and k[0] not in skip
+                          for t in _saved_of(node)))
 
 
 def saved_by_node(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> dict[str, float]:
