@@ -285,3 +285,54 @@ def test_fsdp_trains_alike_inside_a_compiled_forward(runs):
         np.testing.assert_allclose(got["compiled"], got["eager"], rtol=1e-6)
         assert got["eager"][0] != got["eager"][-1]  # it trained
         assert got["graphs"] > 0  # something was compiled
+
+
+def test_a_sharded_step_hands_the_closure_and_keywords_to_the_wrapped_optimizer():
+    """The handout's `step(self, closure, **kwargs)` calls the wrapped optimizer's step with
+    both: LBFGS, which must have its closure, failed (`missing 1 required positional
+    argument: 'closure'`), and a keyword was a TypeError. An optimizer whose step takes no
+    closure still has it called once."""
+    import torch.distributed as dist
+
+    class NoClosure(torch.optim.SGD):
+        def step(self):  # a student's, closure-less
+            return super().step()
+
+    class Keyword(torch.optim.SGD):
+        def step(self, closure=None, *, scale=1.0):  # a step of scale·lr
+            for group in self.param_groups:
+                group["lr"] *= scale
+            loss = super().step(closure)
+            for group in self.param_groups:
+                group["lr"] /= scale
+            return loss
+
+    def trained(make, steps=3, **kwargs):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(4))
+        opt = make([w])
+        calls = []
+
+        def closure():
+            calls.append(1)
+            opt.zero_grad()
+            loss = ((w - 1.0) ** 2).sum()
+            loss.backward()
+            return loss
+
+        losses = [float(opt.step(closure, **kwargs)) for _ in range(steps)]
+        return w.detach().clone(), losses, len(calls)
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for cls, kwargs in ((torch.optim.LBFGS, {"lr": 0.5, "max_iter": 4}),
+                            (NoClosure, {"lr": 0.1}), (Keyword, {"lr": 0.1})):
+            more = {"scale": 0.5} if cls is Keyword else {}
+            sharded = trained(lambda ps, cls=cls, kw=kwargs: ShardedOptimizer(ps, cls, **kw),
+                              **more)
+            plain = torch.optim.SGD if cls is NoClosure else cls  # (called with a closure)
+            alone = trained(lambda ps, cls=plain, kw=kwargs: cls(ps, **kw), **more)
+            assert torch.equal(sharded[0], alone[0]) and sharded[1:] == alone[1:], cls
+        assert trained(lambda ps: ShardedOptimizer(ps, torch.optim.LBFGS, max_iter=4))[2] > 3
+    finally:
+        dist.destroy_process_group()

@@ -95,14 +95,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 local.update({k: v for k, v in group.items() if k != "params"})
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, **kwargs):
+        """The wrapped optimizer's step over this rank's parameters with `closure` and
+        `kwargs` (the handout's `step(self, closure, **kwargs)`: LBFGS needs its closure),
+        then every parameter from its owner. A rank that owns none, or a wrapped step that
+        takes no closure, has the closure called here, once."""
+        self._sync_hyperparameters()
         loss = None
-        if closure is not None:
+        if closure is not None and (self.local is None or not _takes_closure(self.local)):
             with torch.enable_grad():
                 loss = closure()
-        self._sync_hyperparameters()
+            closure = None
         if self.local is not None:
-            self.local.step()
+            stepped = self.local.step(closure, **kwargs) if closure is not None \
+                else self.local.step(**kwargs)
+            loss = stepped if loss is None else loss
         self._broadcast_from_owners()
         return loss
 
@@ -138,3 +145,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.local.load_state_dict(state_dict)
         elif state_dict:
             raise ValueError("this rank owns no parameters, but the state dict is not empty")
+
+
+def _takes_closure(optimizer: Any) -> bool:
+    """Whether `optimizer.step` takes a closure (a student's AdamW may define step(self))."""
+    import inspect
+
+    try:
+        params = inspect.signature(optimizer.step).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+               for p in params)
