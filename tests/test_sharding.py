@@ -336,3 +336,21 @@ def test_a_sharded_step_hands_the_closure_and_keywords_to_the_wrapped_optimizer(
         assert trained(lambda ps: ShardedOptimizer(ps, torch.optim.LBFGS, max_iter=4))[2] > 3
     finally:
         dist.destroy_process_group()
+
+
+def test_a_bucketed_ddp_of_no_bucket_size_is_one_bucket():
+    """The course's 2025 adapter: "If None, use a single bucket of unbounded size";
+    DDPBucketed(module, None) raised `'>' not supported between NoneType and int`."""
+    import torch.distributed as dist
+
+    from cs336sys.parallel import DDPBucketed
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+        assert len(DDPBucketed(model, None)._buckets) == 1
+        assert len(DDPBucketed(model, 0.01)._buckets) == 4  # 16 KiB weights alone
+        with pytest.raises(ValueError, match="bucket size must be positive, got 0 MB"):
+            DDPBucketed(model, 0)
+    finally:
+        dist.destroy_process_group()

@@ -270,13 +270,15 @@ class DDPIndividualParameters(_OverlapDDP):
 
 class DDPBucketed(_OverlapDDP):
     """Gradients in buckets of at most `bucket_size_mb` MiB (2**20 bytes, like torch's
-    bucket_cap_mb); a bucket's async all-reduce starts when its last gradient is ready."""
+    bucket_cap_mb); a bucket's async all-reduce starts when its last gradient is ready.
+    None: one bucket of unbounded size, as the course's 2025 adapter defines it."""
 
-    def __init__(self, module: nn.Module, bucket_size_mb: float):
-        if not bucket_size_mb > 0:
+    def __init__(self, module: nn.Module, bucket_size_mb: float | None):
+        if bucket_size_mb is not None and not bucket_size_mb > 0:
             raise ValueError(f"bucket size must be positive, got {bucket_size_mb} MB")
-        super().__init__(module, bucket_size_bytes=bucket_size_mb * MIB)
-        self.bucket_size_mb = float(bucket_size_mb)
+        size = float("inf") if bucket_size_mb is None else float(bucket_size_mb)
+        super().__init__(module, bucket_size_bytes=size * MIB)
+        self.bucket_size_mb = size
 
 
 @dataclass
