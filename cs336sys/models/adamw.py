@@ -38,6 +38,12 @@ def state_dtype(p: torch.Tensor) -> torch.dtype:
 
 
 class AdamW(torch.optim.Optimizer):
+    """AdamW (Loshchilov & Hutter, 2019) in torch.optim.AdamW's order of operations: the
+    decoupled decay p·(1 - lr·wd) first, then the moments m and v, then the bias-corrected
+    step (the module's docstring has the formulas). A 16-bit parameter gets float32 moments
+    and a float32 update (`state_dtype`); the fused versions (adamw_fused.py) compute the
+    same update."""
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
