@@ -151,4 +151,4 @@ def test_handout_listing_fits_the_terminal(db_path):
     out = run(80, "handout", "--db", db_path).stdout
     assert too_wide(out, 80) == []
     assert ("  $ TRITON_INTERPRET=1 cs336sys attention --attention yours-torch,yours-triton "
-            f"--pass forward --seq 128 --db {db_path}") in out.splitlines()
+            f"--pass forward --seq 128 --label flash_forward --db {db_path}") in out.splitlines()
