@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -489,6 +490,29 @@ def test_a_listed_command_run_as_printed_counts_for_its_problem(db_path, monkeyp
     assert "count for no problem" not in out
 
 
+def test_a_labelled_run_counts_for_the_release_it_ran_under_alone(db_path, monkeypatch):
+    """A command the 2025 listing printed, run as printed, recorded no release: it counted
+    for 2026's benchmarking_script too (`partly measured ... 8 ok`, from 2025's runs). The
+    2025 listing's lines set CS336SYS_HANDOUT, and a labelled run records its release."""
+    import shlex
+
+    monkeypatch.delenv("CS336SYS_HANDOUT", raising=False)
+    line = next(x for x in invoke("handout", "--year", "2025", "--db", db_path).stdout
+                .splitlines() if x.startswith("  $ ") and "precision accumulate" in x)
+    assert line.startswith("  $ CS336SYS_HANDOUT=2025 cs336sys precision accumulate "), line
+    env, _, args = line.removeprefix("  $ ").partition(" cs336sys ")
+    monkeypatch.setenv(*env.split("="))
+    assert invoke(*shlex.split(args)).exit_code == 0
+    monkeypatch.delenv("CS336SYS_HANDOUT")
+    assert "mixed_precision_accumulation (1 pt, §2.1.5): not yet measured" in invoke(
+        "handout", "--db", db_path).stdout
+    assert invoke("precision", "accumulate", "--label", "mixed_precision_accumulation",
+                  "--db", db_path).exit_code == 0  # by hand, the default release: 2026's
+    (env2025, env2026) = (json.loads(r["env"])["CS336SYS_HANDOUT"] for r in query(
+        db_path, "SELECT env FROM invocations ORDER BY started"))
+    assert (env2025, env2026) == ("2025", "2026")
+
+
 def test_listing_runs_your_triton_kernel_in_the_interpreter_only_on_a_cpu(db_path,
                                                                          monkeypatch):
     """On a CPU your Triton kernel runs only in Triton's interpreter: its commands are
@@ -627,7 +651,7 @@ def test_an_fsdp_not_yet_written_is_left_out_not_run_and_read_checked(tmp_path, 
     from types import SimpleNamespace
 
     from cs336sys.cli.handout_todo import without_unfinished
-    from tests.user_repos import course_repo
+    from tests.user_repos import course_repo, edit
 
     monkeypatch.chdir(course_repo(tmp_path))
     db = tmp_path / "r.db"
@@ -640,11 +664,26 @@ def test_an_fsdp_not_yet_written_is_left_out_not_run_and_read_checked(tmp_path, 
     assert "fsdp (15 pts, §7): your implementation" in listed, listed
     p = SimpleNamespace(name="x")
     beside = ["ddp", "--impl", "naive,yours-fsdp", "--world-size", "2"]
+    alone = ["ddp", "--impl", "yours-fsdp", "--world-size", "2"]  # measures nothing else
+    # the leaderboard's step keeps cs336sys's FSDP, the default of --ddp
     step = ["step", "--ddp", "yours-fsdp", "--size", "tiny"]
-    kept, lines = without_unfinished([(p, beside), (p, step), (p, ["model", "--size", "tiny"])])
+    kept, lines = without_unfinished([(p, beside), (p, alone), (p, step),
+                                      (p, ["model", "--size", "tiny"])])
     assert kept == [(p, ["ddp", "--impl", "naive", "--world-size", "2"]),
-                    (p, ["model", "--size", "tiny"])]
-    assert len(lines) == 2 and all("get_fsdp is not implemented" in x for x in lines)
+                    (p, ["step", "--size", "tiny"]), (p, ["model", "--size", "tiny"])]
+    assert len(lines) == 3 and all("get_fsdp is not implemented" in x for x in lines)
+    # a hook written as `raise NotImplementedError` beside a written getter is unwritten too,
+    # and a value leaves its own option only (the sharded optimizer stays)
+    from cs336sys import yours
+
+    edit(Path.cwd(), "tests/adapters.py", "    ddp_model.finish_gradient_synchronization()\n",
+         "    raise NotImplementedError\n")
+    yours.use()  # the file read again
+    both = ["ddp", "--impl", "naive,yours", "--shard-optimizer", "yours", "--size", "tiny"]
+    kept, (line,) = without_unfinished([(p, both)])
+    assert kept == [(p, ["ddp", "--impl", "naive", "--shard-optimizer", "yours", "--size",
+                         "tiny"])]
+    assert "(ddp_on_after_backward is not implemented in tests/adapters.py yet)" in line
 
 
 def test_a_command_of_the_triton_kernel_alone_is_left_out_whole(monkeypatch):
@@ -1187,6 +1226,12 @@ def test_a_part_is_owed_until_the_combination_its_command_asks_for_is_stored():
     assert left(*({"mode": m, "compile": c} for m in ("forward", "train")
                   for c in (False, True))) == []
     assert left() == ["(b) model"]
+    # missing combinations that are no product of values: each named (they read `(; ; )`)
+    memory = Status(by_name["memory_profiling"], stored=[
+        ("memory", {"mode": "forward", "precision": "fp32"}),
+        ("memory", {"mode": "train", "precision": "bf16"})])
+    assert memory.left()[0] == ("(a)-(c) memory (mode=forward, precision=bf16; mode=train, "
+                                "precision=fp32)")
     forward = by_name["flash_forward"]  # a check run causal (the default) and --no-causal
     stored = [("attention", {"impl": i, "causal": True}) for i in ("yours-torch", "yours-triton")]
     assert Status(forward, stored=stored).left() == ["attention (causal=False)"]

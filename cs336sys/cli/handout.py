@@ -124,6 +124,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
     from cs336sys.handout import problems
     from cs336sys.handout.problem import CPU_NOTE, GPU_NOTE, IMPLEMENT
     from cs336sys.handout.status import in_words
+    from cs336sys.models.config import HANDOUT_ENV, HANDOUTS
     from cs336sys.models.config import handout as release
 
     with user_errors():
@@ -150,8 +151,11 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         # the commands that measured what the store holds: the user's code's where it does;
         # an implementation's check, which runs the user's code; each labelled, so that run
         # as printed it counts for the problem (`handout run` labels its own)
+        # (another release than the commands' default, in the variable they all read: a
+        # labelled run records the release it ran under and counts for its problems alone)
+        other = f"{HANDOUT_ENV}={chosen} " * (chosen != HANDOUTS[0])
         for args in _commands(p, on_gpu, yours=status.yours or p.kind == IMPLEMENT):
-            typer.echo(f"  $ {_line([*args, '--label', p.name], on_gpu)}"
+            typer.echo(f"  $ {other}{_line([*args, '--label', p.name], on_gpu)}"
                        + (f" --db {db}" if given(ctx, "db") else ""))
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")

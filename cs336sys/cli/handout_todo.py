@@ -52,9 +52,13 @@ _ENTRY_OPTIONS = {"--attention": ("attention",), "--impl": ("attention", "ddp", 
 
 
 def without_unfinished(todo: list) -> tuple[list, list[str]]:
-    """`todo` without the points of a getter the adapters file has but not yet written: a
-    line per command it cut, with why. An FSDP not written yet was run, its points stored
-    `skipped`, and the problem read `checked` (the leaderboard's step with it, skipped)."""
+    """`todo` without the points of an adapters entry whose getter or hook the file defines
+    but has not written yet (only `raise NotImplementedError`): a line per value it cut, with
+    why. An FSDP not written yet was run, its points stored `skipped`, and the problem read
+    `checked`. The value leaves its own option's list: the command keeps cs336sys's points
+    (the unsharded baseline beside `--shard-optimizer yours`; under `--ddp`, `--optimizer`,
+    cs336sys's own where the list empties), and goes only where its --attention or --impl,
+    the code it measures, is left empty."""
     from cs336sys import yours
 
     adapters = yours.active()
@@ -62,21 +66,35 @@ def without_unfinished(todo: list) -> tuple[list, list[str]]:
         return todo, []
     kept, lines = [], []
     for problem, args in todo:
-        cut = []
-        for flag, value in zip(args, args[1:], strict=False):
-            for impl in value.split(",") if flag in _ENTRY_OPTIONS else ():
+        left, subject = list(args), True
+        for i, (flag, value) in enumerate(zip(args, args[1:], strict=False)):
+            if flag not in _ENTRY_OPTIONS:
+                continue
+            stays = []
+            for impl in value.split(","):
                 entry = next((yours.entries(k)[impl] for k in _ENTRY_OPTIONS[flag]
                               if impl in yours.entries(k)), None)
-                if entry is not None and adapters.unfinished(entry):
-                    cut.append((flag, impl, entry.functions[0]))
-        for _, impl, getter in cut:
-            lines.append(f"{problem.name}'s {impl} points of `{_line(args)}` ({getter} is not "
-                         f"implemented in {adapters.shown} yet)")
-        left = args
-        for flag, impl, _ in cut:  # a list keeps its other values; a single value, nothing
-            left = without_value(left, impl) if flag in ("--attention", "--impl") else []
-        if not cut:
-            kept.append((problem, args))
-        elif left and all(f in left for f in ("--attention", "--impl") if f in args):
-            kept.append((problem, left))
+                unwritten = [f for f in entry.functions if adapters.functions.get(f) is False] \
+                    if entry is not None else []
+                if unwritten:
+                    lines.append(f"{problem.name}'s {impl} points of `{_line(args)}` "
+                                 f"({unwritten[0]} is not implemented in {adapters.shown} yet)")
+                else:
+                    stays.append(impl)
+            if len(stays) < len(value.split(",")):
+                left[i + 1] = ",".join(stays)
+                subject = subject and (bool(stays) or flag not in ("--attention", "--impl"))
+        if subject:
+            kept.append((problem, _emptied_out(left)))
     return kept, lines
+
+
+def _emptied_out(args: list[str]) -> list[str]:
+    """`args` without the options whose value was emptied (`--ddp ''`: cs336sys's default)."""
+    out: list[str] = []
+    for word in args:
+        if word == "" and out and out[-1].startswith("--"):
+            out.pop()
+            continue
+        out.append(word)
+    return out

@@ -148,6 +148,9 @@ def _shown(asked: dict[str, set[str]], missing: list[tuple[str, ...]],
              or any(o.get(k) not in (None, asked[k]) for o in others)]
     if len(missing) == len(list(itertools.product(*values.values()))):  # a product
         return ", ".join(f"{k}={','.join(values[k])}" for k in named)
+    # each combination by the keys whose values differ among them (and the telling ones):
+    # a forward fp32 stored of memory's four read `(; ; )`, every value of each key missing
+    named = [k for k in asked if k in named or len(values[k]) > 1] or list(asked)
     return "; ".join(", ".join(f"{k}={c[keys.index(k)]}" for k in named) for c in missing)
 
 
