@@ -488,9 +488,10 @@ def test_a_known_symptom_below_a_messages_first_line_is_still_named():
                            "Block pointers have been removed in favor of the tensor "
                            "descriptor API")
     said = _failed(exc).error
-    # (the first line only introduces the next: both, the line of code that failed)
-    assert said.startswith("CompilationError: at 14:18: q_ptr = tl.make_block_ptr(Q, ...); "
-                           "tl.make_block_ptr is gone from Triton "), said
+    # (the first line only introduces the source lines: its cause, on the last, is kept)
+    assert said.startswith("CompilationError: at 14:18: Block pointers have been removed in "
+                           "favor of the tensor descriptor API; tl.make_block_ptr is gone from "
+                           "Triton "), said
 
 
 def test_a_first_line_that_only_introduces_the_next_takes_it():
@@ -502,4 +503,9 @@ def test_a_first_line_that_only_introduces_the_next_takes_it():
                        "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
     assert first_line(exc) == "TypeError: A Boolean argument can only be used in Eq and Ne"
     assert first_line(RuntimeError("boom\nmore")) == "boom"
+    # Triton's: where, a dozen lines of the kernel, then the cause (the `def` line read as it)
+    triton = RuntimeError("at 5:8:\ndef kern2(X, Y, N: tl.constexpr):\n    x = tl.load(X)\n"
+                          "    z = tl.dot(x, x)\n        ^\ninput and other must have equal "
+                          "ranks >= 2")
+    assert first_line(triton) == "at 5:8: input and other must have equal ranks >= 2"
     assert first_line(RuntimeError("")) == ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import re
 import sys
 import time
 import traceback
@@ -45,12 +46,16 @@ _OOM_MARKERS = (
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, with the next one where the first only
-    introduces it (inductor's `TypeError:`, its cause on the line below); '' for none."""
+    """The first line of an exception's message, with the one it introduces where it only
+    introduces one: inductor's `TypeError:` has its cause on the next line; Triton's
+    `at 5:8:` a dozen lines of the kernel's source, then the cause on the last. '' for none."""
     lines = [line.strip() for line in str(exc).strip().splitlines()]
     first = lines[0] if lines else ""
     if first.endswith(":"):
-        first = f"{first} {next((line for line in lines[1:] if line), '')}".strip()
+        said = [line for line in lines[1:] if line]
+        cause = said[-1] if said and re.fullmatch(r"at \d+:\d+:", first) else \
+            next(iter(said), "")
+        first = f"{first} {cause}".strip()
     return first
 
 
