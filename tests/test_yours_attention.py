@@ -1014,5 +1014,12 @@ def test_a_mask_saved_beside_l_is_not_l_where_batch_equals_the_sequence():
     q2, k2 = q[:4], k
     two = lse_checked("yours-triton", True, [lse[:4], lse[:4].clone()], q2, k2, tol)
     assert not two.passed and "saves 2 tensors of L's shape (4, 32)" in two.why
+    additive = torch.zeros(32, 32).masked_fill(mask, float("-inf"))  # a float mask, 0 / -inf
+    assert lse_checked("yours-torch", True, [additive, lse], q, k, tol).passed
+    # the running max m saved beside L: two of L's shape, as the course counts them, whichever
+    # is the logsumexp (a false pass where only L's values were looked at)
+    m = lse - 0.5
+    two_here = lse_checked("yours-torch", True, [lse, m], q, k, tol)
+    assert not two_here.passed and "saves 2 tensors of L's shape (32, 32)" in two_here.why
     wrong = lse_checked("yours-triton", True, [mask.float(), lse + 1], q, k, tol)
-    assert not wrong.passed and "saves 2 tensors" in wrong.why  # neither is L: as before
+    assert not wrong.passed and "is not m + log l" in wrong.why  # the one that is not a mask

@@ -53,20 +53,20 @@ def forward_logsumexps(spec: Any, out: Any, fn: Any, q: Any, k: Any, v: Any
         return saved_logsumexps(fn(q2, k2, v2, is_causal=spec.causal), q2)
 
 
-def _one_of_the_course(saved: list[Any], q: Any, k: Any, causal: bool, impl: str,
-                       tolerance: tuple[float, float]) -> list[Any]:
-    """Where batch (times heads) equals the queries and the keys, a (queries, keys) tensor
-    saved beside L, a mask or the scores, has L's shape too, where at the course's sizes
-    (batch 4, 128 queries) it does not: the floating-point ones, and of those the one that is
-    the logsumexp, where exactly one is."""
-    from cs336sys.attention.reference import logsumexp_reference
+def _one_of_the_course(saved: list[Any]) -> list[Any]:
+    """Where batch (times heads) equals the queries and the keys, a (queries, keys) mask
+    saved beside L has L's shape too, where at the course's sizes (batch 4, 128 queries) it
+    does not: the masks (boolean, or of 0, 1 and ±inf alone) are not L. Two that are neither
+    (L and the running max m) stay two, as the course counts them."""
+    import torch
 
-    floats = [t for t in saved if t.is_floating_point()]
-    refs = [logsumexp_reference(q, k, c) for c in ((causal, False) if causal and impl in
-                                                   MAY_IGNORE_CAUSAL else (causal,))]
-    right = [t for t in floats if any(check({"L": t}, {"L": r}, *tolerance).passed
-                                      for r in refs)]
-    return right if len(right) == 1 else floats if len(floats) == 1 else saved
+    def mask(t: Any) -> bool:
+        if t.dtype == torch.bool:
+            return True
+        return t.is_floating_point() and bool(((t == 0) | (t == 1) | t.isinf()).all())
+
+    rest = [t for t in saved if not mask(t)]
+    return rest if len(rest) == 1 else saved
 
 
 def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
@@ -86,7 +86,7 @@ def lse_checked(impl: str, causal: bool, saved: list[Any], q: Any, k: Any,
                        "(ctx.save_for_backward): the course's forward test reads the shape of "
                        "each saved tensor, and fails on it with AttributeError")
     if len(saved) > 1 and math.prod(shape[:-1]) == shape[-1] == k.shape[-2]:
-        saved = _one_of_the_course(saved, q, k, causal, impl, tolerance)
+        saved = _one_of_the_course(saved)
     if len(saved) != 1:
         found = f"{len(saved)} tensors" if saved else "no tensor"
         return Verdict(False, why=f"wrong: its forward saves {found} of L's shape {shape} for "
