@@ -146,6 +146,9 @@ def test_an_fsdp_that_passes_the_course_passes_here(repo, tmp_path, model):
     assert row["check_worst"] < 1e-3
     if model:  # Linear and Embedding sharded: half of everything but the norms
         assert 0.45 < row["param_rank0_share"] < 0.55 and row["not_sharded"] is None
+        # the FSDP's own comparison before the model's check, which a writeup cut it for
+        assert row["check_detail"].startswith("per parameter"), row["check_detail"]
+        assert "the same weights in cs336sys's TransformerLM" in row["check_detail"]
     else:  # right, but it shards nothing, and the row says so
         assert row["param_rank0_share"] == 1.0
         assert row["not_sharded"] == (
