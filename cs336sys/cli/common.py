@@ -439,10 +439,6 @@ def run_experiment(
             points = distinct(experiment.kind, with_handout(specs, options))
         if release is not None:  # the invocation's release, as `handout run` records it
             os.environ["CS336SYS_HANDOUT"] = str(release).strip()
-        elif label is not None:  # a problem's run by hand: that release's problem alone
-            from cs336sys.handout import release_of
-
-            os.environ["CS336SYS_HANDOUT"] = release_of(label)
         if not points:
             fail("nothing to measure: the options select no point")
         command = command or experiment.kind

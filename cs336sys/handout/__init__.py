@@ -21,13 +21,6 @@ def problems(year: object | None = None) -> tuple[Problem, ...]:
     return {y2026.YEAR: y2026.PROBLEMS, y2025.YEAR: y2025.PROBLEMS}[release]
 
 
-def release_of(label: str) -> str:
-    """The release a run labelled `label` answers, which it records: the one whose problem it
-    names where only one has it (2025's communication_accounting), else the one in use."""
-    having = [r for r in HANDOUTS if label in {p.name for p in problems(r)}]
-    return having[0] if len(having) == 1 else handout()
-
-
 def named(names: list[str], year: object | None = None) -> list[Problem]:
     """The problems called `names` (in the handout's order); SpecError naming the closest
     for one that is not a problem of that release."""
@@ -44,4 +37,4 @@ def named(names: list[str], year: object | None = None) -> list[Problem]:
     return [p for p in every if p.name in names]
 
 
-__all__ = ["HANDOUTS", "Problem", "named", "problems", "release_of"]
+__all__ = ["HANDOUTS", "Problem", "named", "problems"]
