@@ -163,7 +163,11 @@ class Change:
     # direction); FAILED (ok in A, not in B)
     how: str  # "p=0.002", "p<0.001", "one reading", "no samples"
     one_run_a_side: bool = False  # tested on the pooled samples of a single run per side
-    n_of: str = "runs"  # what n_a and n_b count: the runs, or one run's timed samples
+
+    @property
+    def n_of(self) -> str:
+        """What n_a and n_b count: one run's timed samples a side, or the runs."""
+        return "samples" if self.one_run_a_side else "runs"
 
     @property
     def factor(self) -> float:
@@ -240,5 +244,4 @@ def assess(experiment: str, point: str, metric: Metric, a: Side, b: Side,
     else:
         verdict, kind = reason, "undecided"
     return Change(experiment, point, metric, j.a, j.b, j.ratio, j.p,
-                  len(xa), len(xb), verdict, kind, how, one_run_a_side=tested and not by_runs,
-                  n_of="samples" if tested and not by_runs else "runs")
+                  len(xa), len(xb), verdict, kind, how, one_run_a_side=tested and not by_runs)
