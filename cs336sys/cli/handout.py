@@ -25,7 +25,7 @@ from cs336sys.cli.common import (
     user_errors,
     wrote,
 )
-from cs336sys.cli.handout_todo import _line, without_triton, without_unfinished
+from cs336sys.cli.handout_todo import typed_line, without_triton, without_unfinished
 from cs336sys.cli.options import Adapters, Replace, list_option, option
 from cs336sys.cli.vocabulary import command_at, command_path
 from cs336sys.measure.environ import environ
@@ -155,7 +155,7 @@ def handout(ctx: typer.Context, year: Year = None, db: DbOption = DEFAULT_DB) ->
         # labelled run records the release it ran under and counts for its problems alone)
         other = f"{HANDOUT_ENV}={chosen} " * (chosen != HANDOUTS[0])
         for args in _commands(p, on_gpu, yours=status.yours or p.kind == IMPLEMENT):
-            typer.echo(f"  $ {other}{_line([*args, '--label', p.name], on_gpu)}"
+            typer.echo(f"  $ {other}{typed_line([*args, '--label', p.name], on_gpu)}"
                        + (f" --db {db}" if given(ctx, "db") else ""))
         if not on_gpu and any(r.cpu == "" for r in p.runs):
             typer.echo("  (part of it needs a GPU)")
@@ -225,9 +225,9 @@ def run(
     todo, short = fitted(todo, _gpu_count()) if on_gpu else (todo, [])
     if not todo:  # every command needs more GPUs than this host has
         _nothing_run(short)
-    todo, untriton = without_triton(todo, on_gpu)
-    todo, unwritten = without_unfinished(todo)
-    untriton += unwritten
+    todo, untriton = without_unfinished(todo)  # (a kernel not written: so said, not the host)
+    todo, unrunnable = without_triton(todo, on_gpu)
+    untriton += unrunnable
     if not todo:
         _nothing_run(untriton)
     refused, needs_gpus = _refusals(root, todo, db)  # a dry run too: one line, exit 2
@@ -257,7 +257,7 @@ def run(
     try:
         for i, (problem, args) in enumerate(todo, start=1):
             at = problem.name
-            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}:\n  $ {_line(args, on_gpu)}")
+            typer.echo(f"\n[{i}/{len(todo)}] {problem.name}:\n  $ {typed_line(args, on_gpu)}")
             if args[0] == "plan":
                 if dry_run:
                     typer.echo("arithmetic: answers in under a second")
@@ -270,7 +270,7 @@ def run(
             code = _invoke(root, line)
             stopping.check()  # a command the signal stopped: the run stops below
             if code not in (0, None):
-                typer.echo(f"{problem.name}: `{_line(args, on_gpu)}` ended with exit code {code}",
+                typer.echo(f"{problem.name}: `{typed_line(args, on_gpu)}` ended with exit code {code}",
                            err=True)
                 worst = max(worst, code if isinstance(code, int) else 1)
         if not dry_run:
@@ -428,7 +428,7 @@ def report(
     except StoreError as exc:
         fail(exc)
     on_gpu = _on_gpu()
-    commands = {p.name: [_line(a) for a in _commands(p, on_gpu)] for p in problems}
+    commands = {p.name: [typed_line(a) for a in _commands(p, on_gpu)] for p in problems}
     try:
         with user_errors():
             chosen = year or release()

@@ -12,7 +12,7 @@ from cs336sys.sweep.points import SpecError, check_triton
 TRITON_YOURS = "yours-triton"
 
 
-def _line(args: list[str], on_gpu: bool = True) -> str:
+def typed_line(args: list[str], on_gpu: bool = True) -> str:
     """The command as typed; on a CPU, your Triton kernel's under the interpreter it needs."""
     interpret = not on_gpu and TRITON_YOURS in ",".join(args).split(",")
     return "TRITON_INTERPRET=1 " * interpret + "cs336sys " + shlex.join(args)
@@ -21,25 +21,19 @@ def _line(args: list[str], on_gpu: bool = True) -> str:
 def without_triton(todo: list, on_gpu: bool) -> tuple[list, list[str]]:
     """`todo` without the user's Triton kernel where sweep/points.check_triton refuses it for
     want of triton or of CUDA and the interpreter, a line per command it left, with why (a
-    Triton adapter written mid-assignment stopped every problem's run)."""
-    from cs336sys import yours
-
+    Triton adapter written mid-assignment stopped every problem's run). A kernel not written
+    yet is left out before, by without_unfinished, for that reason."""
     try:
         check_triton(on_gpu, "your Triton kernel")
         return todo, []
     except SpecError as exc:
         why = str(exc).split(" to run the kernels", 1)[0]  # (the interpreter's words follow)
-    adapters, entry = yours.active(), yours.entries("attention").get(TRITON_YOURS)
-    if adapters is not None and entry is not None and adapters.unfinished(entry):
-        # not the device: the getter still raises NotImplementedError (its points would be
-        # `skipped` on any host)
-        why = f"{entry.functions[0]} is not implemented in {adapters.shown} yet"
     kept, lines = [], []
     for problem, args in todo:
         if TRITON_YOURS not in ",".join(args).split(","):
             kept.append((problem, args))
             continue
-        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{_line(args)}` ({why})")
+        lines.append(f"{problem.name}'s {TRITON_YOURS} points of `{typed_line(args)}` ({why})")
         if TRITON_YOURS not in args:  # the kernel beside others: they still run
             kept.append((problem, without_value(args, TRITON_YOURS)))
     return kept, lines
@@ -74,10 +68,9 @@ def without_unfinished(todo: list) -> tuple[list, list[str]]:
             for impl in value.split(","):
                 entry = next((yours.entries(k)[impl] for k in _ENTRY_OPTIONS[flag]
                               if impl in yours.entries(k)), None)
-                unwritten = [f for f in entry.functions if adapters.functions.get(f) is False] \
-                    if entry is not None else []
+                unwritten = adapters.unwritten(entry) if entry is not None else []
                 if unwritten:
-                    lines.append(f"{problem.name}'s {impl} points of `{_line(args)}` "
+                    lines.append(f"{problem.name}'s {impl} points of `{typed_line(args)}` "
                                  f"({unwritten[0]} is not implemented in {adapters.shown} yet)")
                 else:
                     stays.append(impl)

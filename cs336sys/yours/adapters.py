@@ -179,6 +179,11 @@ class Adapters:
         points are `skipped`, read from the file without running it)."""
         return self.has(entry) and not self.implements(entry)
 
+    def unwritten(self, entry: Entry) -> list[str]:
+        """The entry's functions (getter or hooks) the file defines as only `raise
+        NotImplementedError`: its points are skipped wherever one of them is called."""
+        return [f for f in entry.functions if self.functions.get(f) is False]
+
     @property
     def generation(self) -> str:
         """Which course generation's DDP functions the file has: 2026, 2025, both, or None."""
