@@ -18,7 +18,7 @@ equally among them, so the per-node bytes add up to the total and the shares to 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -77,28 +77,34 @@ def _saved_of(node: Any) -> list[torch.Tensor]:
     return out
 
 
+def _saved_storages(output: torch.Tensor, exclude: Iterable[torch.Tensor]
+                    ) -> Iterator[tuple[str, set[tuple[int, int]]]]:
+    """Each node of `output`'s graph that saves a storage outside `exclude`: its name and
+    those storages, (key, bytes)."""
+    skip = _keys(exclude)
+    for node in _graph(output.grad_fn):
+        keys = {k for t in _saved_of(node) if (k := storage_key(t)) is not None
+                and k[0] not in skip}
+        if keys:
+            yield node.name(), keys
+
+
 def saving_nodes(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> Counter:
     """How many nodes of each name in `output`'s graph save a tensor (`exclude` left out):
     MulBackward0's bytes in saved_by_node are those of every multiplication of the block."""
-    skip = _keys(exclude)
-    return Counter(node.name() for node in _graph(output.grad_fn)
-                   if any((k := storage_key(t)) is not None and k[0] not in skip
-                          for t in _saved_of(node)))
+    return Counter(name for name, _ in _saved_storages(output, exclude))
 
 
 def saved_by_node(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> dict[str, float]:
     """Bytes saved for backward in `output`'s graph, by autograd node name (e.g.
     'SoftmaxBackward0'), shared storages split equally; `exclude` left out. Sorted, largest
     first. Call before backward frees the saved tensors."""
-    skip = _keys(exclude)
     savers: dict[int, list[str]] = defaultdict(list)  # storage -> names of saving nodes
     sizes: dict[int, int] = {}
-    for node in _graph(output.grad_fn):
-        keys = {k for t in _saved_of(node) if (k := storage_key(t)) is not None}
+    for name, keys in _saved_storages(output, exclude):
         for key, nbytes in keys:
-            if key not in skip:
-                savers[key].append(node.name())
-                sizes[key] = nbytes
+            savers[key].append(name)
+            sizes[key] = nbytes
     per_node: dict[str, float] = defaultdict(float)
     for key, names in savers.items():
         for name in names:
