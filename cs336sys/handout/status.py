@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 import sqlite3
@@ -128,8 +129,6 @@ def _value(settings: dict, key: str) -> str:
 
 def _missing(asked: dict[str, set[str]], settings: list[dict]) -> list[tuple[str, ...]]:
     """The combinations of the asked values (keys sorted) that no stored run holds at once."""
-    import itertools
-
     keys = sorted(asked)
     held = {tuple(_value(s, k) for k in keys) for s in settings}
     return [c for c in itertools.product(*(sorted(asked[k]) for k in keys)) if c not in held]
@@ -140,8 +139,6 @@ def _shown(asked: dict[str, set[str]], missing: list[tuple[str, ...]],
     """`mode=train, compile=True`: what is missing in words; a key is named where only some
     of its values are missing or where it tells this run from another of the experiment.
     Missing combinations that are no product of values are each named, `; ` apart."""
-    import itertools
-
     keys = sorted(asked)  # as _missing orders them
     values = {k: sorted({c[keys.index(k)] for c in missing}) for k in asked}
     named = [k for k in asked if set(values[k]) != asked[k]
