@@ -2,7 +2,7 @@
 starts the command, waits a random 0.1 to 4 s (start-up, torch's import, the fork server,
 the ranks' start, the sweep), sends SIGINT, and checks what tests/test_signals.py checks:
 exit 130, no traceback, a last line that says what was stored (and the store agreeing), no
-process left. `make test` holds four random moments per command and signal (one in each of
+process left. `make test-slow` (and CI) holds four random moments per command and signal (one in each of
 four strata, new with each commit); this holds --runs per command, which take minutes.
 
 With --merge N it also sends Ctrl-C or SIGTERM (drawn) at N random moments of `cs336sys db

@@ -84,7 +84,7 @@ def fixture_store(tmp_path_factory) -> Path:
 
 
 # Half of them in each run, the halves changing with the commit (the seed): each command
-# is reached within a few commits, for half the time in `make test`.
+# is reached within a few commits, for half the time in `make test-slow`.
 DRAWN = [c for i, c in enumerate(sorted(EVERY_OTHER)) if (i + SEED) % 2 == 0]
 
 
