@@ -187,6 +187,9 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
     torch.manual_seed(100 * round_ + 7 * ctx.rank)  # differs per rank: FSDP broadcasts rank 0's
     model = TinyLM(tied, frozen)
     fsdp = FSDP(model, compute_dtype=dtype)
+    seen = {}  # the dtype of a norm's gain and of a Linear's bias, inside their forwards
+    model.norm.register_forward_pre_hook(lambda m, a: seen.update(norm=str(m.weight.dtype)))
+    model.fc1.register_forward_pre_hook(lambda m, a: seen.update(bias=str(m.bias.dtype)))
     initial = fsdp.full_state_dict()  # rank 0's weights, whole, as every rank now shards them
     opt = make_optimizer(kind, fsdp.parameters())
     part = slice(ctx.rank * LOCAL_BATCH, (ctx.rank + 1) * LOCAL_BATCH)
@@ -214,7 +217,7 @@ def train_fsdp(ctx, case: str, round_: int) -> dict:
         full_param_bytes=sum(p.numel() * 4 for p in model_params(tied, frozen)),
         frozen_left=frozen and type(fsdp.module.proj.weight) is nn.Parameter
         and not fsdp.module.proj.weight.requires_grad,
-        calls=dict(fsdp.comm_calls), gathered_bytes=gathered,
+        calls=dict(fsdp.comm_calls), gathered_bytes=gathered, seen=seen,
     )
 
 

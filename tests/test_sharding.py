@@ -119,8 +119,10 @@ def test_sharded_optimizer_needs_a_process_group():
 
 
 def fsdp_reference(case: str, initial: dict, round_: int) -> dict:
-    """One process, whole batch; with a compute dtype, every parameter cast to it for the
-    forward (as FSDP does) while the fp32 parameters are what the optimizer steps."""
+    """One process, whole batch; with a compute dtype, the parameters of the modules FSDP
+    shards (embedding, linear layers, head: weights and biases) cast to it for the forward,
+    the norms' left fp32 (the course's test_fsdp.py's mixed precision), while the fp32
+    parameters are what the optimizer steps."""
     tied, frozen, dtype, kind = w.FSDP_CASES[case]
     model = w.TinyLM(tied, frozen)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in initial.items()})
@@ -129,7 +131,10 @@ def fsdp_reference(case: str, initial: dict, round_: int) -> dict:
     def forward(tokens):
         if dtype is None:
             return model(tokens)
-        cast = {n: p.to(dtype) for n, p in model.named_parameters()}
+        sharded = [name for name, m in model.named_modules()
+                   if any(p.dim() >= 2 for p in m.parameters(recurse=False))]
+        cast = {f"{name}.{attr}": p.to(dtype) for name in sharded
+                for attr, p in model.get_submodule(name).named_parameters(recurse=False)}
         return torch.func.functional_call(model, cast, (tokens,))
 
     for step in range(w.FSDP_STEPS):
@@ -158,6 +163,8 @@ def test_fsdp_matches_single_process_training(runs, case):
         assert not np.allclose(r0["final"]["fc1.weight"], r0["initial"]["fc1.weight"])
         if tied:
             assert np.array_equal(r0["final"]["head.weight"], r0["final"]["emb.weight"])
+        if dtype is not None:  # the handout's FSDP: norms unsharded, in fp32
+            assert r0["seen"] == {"norm": "torch.float32", "bias": str(dtype)}
         if frozen:
             assert r0["frozen_left"] and r1["frozen_left"]
             assert np.array_equal(r0["final"]["proj.weight"], r0["initial"]["proj.weight"])

@@ -44,7 +44,8 @@ their intervals (parallel/in_flight.py). It counts communication hidden behind c
 
 With compute_dtype (bf16/fp16), slices are cast before the all-gather, so communication and
 compute run in that dtype, and gradients are reduce-scattered in it; the master slices, the
-gradients the optimizer sees and the optimizer state stay fp32.
+gradients the optimizer sees and the optimizer state stay fp32. A sharded layer's bias is cast
+with its weight; unsharded modules (norms) keep fp32 gains, as in the handout's FSDP.
 
     fsdp = FSDP(model, compute_dtype=torch.bfloat16)  # broadcasts rank 0's weights, shards
     opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)  # slices + replicated params
@@ -146,6 +147,12 @@ class FSDP(nn.Module):
         self._shard_module()
         self.shards = nn.ParameterList([s.shard for s in self.sharded])
         self.replicated = [p for p in module.parameters() if p.requires_grad]  # 1-D, left
+        # cast with their weights under a compute dtype: units' biases; norms stay fp32 (handout)
+        unit_modules = {id(unit.module) for unit in self.units}
+        self._unit_params = {
+            f"{name}.{attr}" if name else attr: p
+            for name, m in module.named_modules() if id(m) in unit_modules
+            for attr, p in m.named_parameters(recurse=False) if p.is_floating_point()}
         # forward
         self._gathered: dict[int, tuple[list[torch.Tensor], list]] = {}  # unit -> (fulls, works)
         self._hooks: dict[int, ExitStack] = {}
@@ -387,12 +394,11 @@ class FSDP(nn.Module):
         try:
             if self.compute_dtype is None:
                 return self.module(*args, **kwargs)
-            # Replicated parameters in the compute dtype too, through a differentiable cast:
-            # their gradients still reach the fp32 parameters. (functional_call swaps them in
-            # for this call only; tied names follow their first name.)
-            cast = {n: p.to(self.compute_dtype) for n, p in self.module.named_parameters()
-                    if p.is_floating_point()}
+            # A unit's replicated parameters (a Linear's bias) in the compute dtype too,
+            # through a differentiable cast: their gradients still reach the fp32 parameters.
+            # (functional_call swaps them in for this call only.)
             args = tuple(self._cast(a) for a in args)
+            cast = {n: p.to(self.compute_dtype) for n, p in self._unit_params.items()}
             return torch.func.functional_call(self.module, cast, args, kwargs)
         finally:
             # Gathers prefetched for units this forward did not run would be stale after
@@ -434,9 +440,8 @@ class FSDP(nn.Module):
         self._drop_gathers()  # backward prefetches of units whose backward did not run
         self._regathered.clear()
         self._done.clear()
-        params = [p for p in self.replicated]
         groups: dict[tuple, list[nn.Parameter]] = {}
-        for p in params:
+        for p in self.replicated:
             groups.setdefault((p.dtype, p.device), []).append(p)
         for group in groups.values():
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in group]
