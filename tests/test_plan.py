@@ -566,6 +566,23 @@ def test_mesh_batch_by_hand():
     assert not pm.mesh_batch_per_device(53248, 32, 4.6e14, 1.8e11, 2, 1)[1]  # F/Y = 1664
 
 
+def test_mesh_tp_hides_counts_the_ffn_matrices(db_path):
+    """SwiGLU (m = 3): T_TP = 4BD/(X W M_Y) against T_math = 6BDF/(N C) hides iff
+    3F/(2Y) > (C/W)/M_Y. The 8B on a B200 split 16x4 (F/Y = 2752, 3F/(2Y) = 4128, C/W
+    between them) hides, as the step table's own comparison says; the two-matrix F/Y > C/W
+    read `no` there."""
+    alpha = 3000.0
+    assert not pm.mesh_batch_per_device(9000, 4, alpha * 1e11, 1e11, 1, 1)[1]  # m = 2: 2250
+    assert pm.mesh_batch_per_device(9000, 4, alpha * 1e11, 1e11, 1, 1, m=3)[1]  # 3375
+    r = invoke("plan", "--size", "8b", "--hardware", "b200", "--strategy", "fsdp-tp", "--n",
+               "64", "--split", "16x4", "--mesh-axes", "1,1", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    (row,) = query(db_path, "SELECT * FROM plan_runs WHERE status = 'ok'")
+    alpha = row["flops"] / row["egress"]
+    assert 3 * row["d_ff"] / (2 * 4) > alpha > row["d_ff"] / 4  # the case the m decides
+    assert row["mesh_tp_hides"] == 1 and row["hides"] == 1
+
+
 def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
     r = invoke("plan", "--size", "xxl", "--hardware", "tpu-v5p", "--strategy", "fsdp,fsdp-tp",
                "--n", "16,64", "--split", "16x4", "--mesh-axes", "2,1", "--batch", "64",

@@ -346,7 +346,8 @@ def run(spec: PlanSpec) -> Result:
         metrics["n_max_ffn_shared"] = math.floor(shared)
         if spec.mesh_axes:
             per_device, tp_hides = pm.mesh_batch_per_device(
-                spec.d_ff, best["tp_degree"], spec.flops, spec.egress, *spec.mesh)
+                spec.d_ff, best["tp_degree"], spec.flops, spec.egress, *spec.mesh,
+                m=model.matrices)
             metrics.update(mesh_batch_per_device_min=per_device,
                            mesh_batch_min=per_device * spec.n, mesh_tp_hides=tp_hides)
     return Result("ok", metrics=metrics)
@@ -387,7 +388,7 @@ EXPERIMENT = Experiment(
             n_max_ffn_shared   -       fsdp-tp: the same with the two axes' collectives sharing the links (times add)
             mesh_batch_per_device_min  tokens  fsdp-tp with --mesh-axes: the per-device batch above which the forward is compute-bound (Scaling Book)
             mesh_batch_min     tokens  the same over the N devices
-            mesh_tp_hides      -       fsdp-tp with --mesh-axes: TP's collectives hide behind compute (F/Y > C/(W M_Y))
+            mesh_tp_hides      -       fsdp-tp with --mesh-axes: TP's collectives hide behind compute (mF/(2Y) > C/(W M_Y))
             inequality         -       the closed-form condition for hiding
             params             -       parameters of the model
         """),

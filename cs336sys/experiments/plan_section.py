@@ -300,8 +300,9 @@ def mesh(pts: list[Row]) -> FilledTable | None:
     return FilledTable("FSDP + TP on a mesh (forward, one FFN layer, the Scaling Book's accounting)",
                  ["GPU", "model", "X×Y", "M_X", "M_Y", "C/W", "batch per device above",
                   "batch above", "TP hides"], body,
-                 note="T_FSDP = 4DF/(Y W M_X), T_TP = 4BD/(X W M_Y), T_math = 4BDF/(N C), the "
-                 "axes overlapped: compute-bound iff B/N > (C/W)/(Y M_X) and F/Y > (C/W)/M_Y "
+                 note="T_FSDP = 2mDF/(Y W M_X), T_TP = 4BD/(X W M_Y), T_math = 2mBDF/(N C), m "
+                 "the FFN's matrices (xxl 2, SwiGLU 3), the axes overlapped: compute-bound iff "
+                 "B/N > (C/W)/(Y M_X) and mF/(2Y) > (C/W)/M_Y "
                  "(Austin et al. 2025, part 5; parallel/plan_math.py). Batches in tokens.",
                  key=[0, 1, 2])
 

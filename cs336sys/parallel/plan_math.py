@@ -191,19 +191,21 @@ def ffn_n_max_backward(strategy: str, b: float, f: float, c: float, w: float,
 
 
 def mesh_batch_per_device(f: float, y: float, c: float, w: float, mx: float,
-                          my: float) -> tuple[float, bool]:
+                          my: float, m: int = 2) -> tuple[float, bool]:
     """FSDP over X devices and TP over Y in the notation of "How to Scale Your Model"
     (Austin et al. 2025, part 5, "Combining FSDP and Tensor Parallelism"), as the CS336 2025
-    handout's `communication_accounting` (c) asks: the forward of one two-matrix FFN layer,
-    the FSDP collectives over M_X mesh axes and the TP ones over M_Y, each axis at W_ici,
-    overlapped with each other and with compute, the (X-1)/X of the ring left out:
+    handout's `communication_accounting` (c) asks: the forward of one FFN layer of `m`
+    matrices (2 there), the FSDP collectives over M_X mesh axes and the TP ones over M_Y,
+    each axis at W_ici, overlapped with each other and with compute, the (X-1)/X of the ring
+    left out:
 
-        T_FSDP = 4DF / (Y W M_X),  T_TP = 4BD / (X W M_Y),  T_math = 4BDF / (N C).
+        T_FSDP = 2mDF / (Y W M_X),  T_TP = 4BD / (X W M_Y),  T_math = 2mBDF / (N C).
 
     T_FSDP < T_math iff B/N > alpha / (Y M_X), alpha = C/W: the per-device batch (tokens)
-    returned. T_TP < T_math iff F/Y > alpha / M_Y, whatever B: whether TP can hide at all."""
+    returned. T_TP < T_math iff mF/(2Y) > alpha / M_Y (F/Y > alpha / M_Y for m = 2),
+    whatever B: whether TP can hide at all."""
     alpha = c / w
-    return alpha / (y * mx), f / y > alpha / my
+    return alpha / (y * mx), m * f / (2 * y) > alpha / my
 
 
 def best_split_n_max(a: float, k: float, budget: float) -> float:
