@@ -583,6 +583,34 @@ def test_mesh_tp_hides_counts_the_ffn_matrices(db_path):
     assert row["mesh_tp_hides"] == 1 and row["hides"] == 1
 
 
+def test_fsdp_degree_that_fits_answers_communication_accounting_b(db_path):
+    """2025 communication_accounting (b): per device 16P/N + A/(2N) + A/2 under 95 GB. At
+    one sequence of 512 tokens N >= 38.9; at 64 of them the whole half of the activations
+    (287.5 GB) exceeds 95 GB alone: no N fits, and at most 95e9 / (a/2) tokens do."""
+    for batch in ("1", "64"):
+        r = invoke("plan", "--size", "xxl", "--hardware", "tpu-v5p", "--strategy", "fsdp",
+                   "--n", "1", "--batch", batch, "--seq", "512", "--db", db_path)
+        assert r.exit_code == 0, r.output
+    got = {row["batch_tokens"]: row for row in query(db_path, "SELECT * FROM plan_runs")}
+    params, a = 126 * 2 * 16384 * 53248, 126 * 2 * (16384 + 53248)  # a: bytes a token keeps
+    threshold = (16 * params + 512 * a / 2) / (95e9 - 512 * a / 2)
+    assert threshold == pytest.approx(38.91, abs=0.01)
+    assert got[512]["fsdp_fit_n"] == math.ceil(threshold) == 39
+    assert got[32768]["fsdp_fit_n"] is None
+    for row in got.values():
+        assert row["fsdp_fit_tokens_max"] == math.floor(95e9 / (a / 2)) == 10827
+    assert "N_FSDP to fit" in r.stdout and "none (B <= 10,827)" in r.stdout
+    # the transformer (every activation sharded): the degree the memory table's own fits
+    # agrees with, and no batch limit
+    r = invoke("plan", "--size", "xl", "--hardware", "h100", "--strategy", "fsdp", "--n",
+               "1,2,4,8", "--batch", "64", "--seq", "2048", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    rows = query(db_path, "SELECT * FROM plan_runs WHERE size = 'xl' ORDER BY n")
+    (n_fit,) = {row["fsdp_fit_n"] for row in rows}
+    assert n_fit is not None and all(row["fsdp_fit_tokens_max"] is None for row in rows)
+    assert [row["fits"] for row in rows] == [int(row["n"] >= n_fit) for row in rows]
+
+
 def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):
     r = invoke("plan", "--size", "xxl", "--hardware", "tpu-v5p", "--strategy", "fsdp,fsdp-tp",
                "--n", "16,64", "--split", "16x4", "--mesh-axes", "2,1", "--batch", "64",

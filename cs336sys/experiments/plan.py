@@ -59,7 +59,7 @@ from cs336sys.experiments.plan_degrees import (
     whole_split,
 )
 from cs336sys.experiments.plan_hardware import Hardware, listed_hardware
-from cs336sys.experiments.plan_model import ACCOUNTING, XXL, sharded
+from cs336sys.experiments.plan_model import ACCOUNTING, XXL, fsdp_fit, sharded
 from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name, presets
 from cs336sys.parallel import plan_math as pm
@@ -340,6 +340,9 @@ def run(spec: PlanSpec) -> Result:
         # m: the FFN's weight matrices, 3 for SwiGLU, 2 for the 2025 handout's xxl
         inequality=pm.INEQUALITY[spec.strategy] + f" (m = {model.matrices})",
     )
+    if spec.strategy == "fsdp":  # 2025 communication_accounting (b): the N that fits
+        metrics["fsdp_fit_n"], metrics["fsdp_fit_tokens_max"] = fsdp_fit(
+            model, cfg, spec.batch_tokens, spec.memory_bytes)
     if spec.strategy == "fsdp-tp":  # the handout asks both: axes overlapped, then sharing links
         shared = pm.ffn_n_max(spec.strategy, spec.batch_tokens, spec.d_ff, spec.flops,
                               spec.egress, m=model.matrices, overlap=False)
@@ -410,6 +413,8 @@ EXPERIMENT = Experiment(
             fits_ckpt            -      total with checkpointing <= the GPU's memory
             fit_seqs             -      whole sequences per device that fit
             fit_seqs_ckpt        -      the same with checkpointing
+            fsdp_fit_n           -      fsdp: the smallest degree whose memory per device fits, (S + sBa)/N + G + (1-s)Ba (plan_model.fsdp_fit); none where the activations kept whole exceed it alone
+            fsdp_fit_tokens_max  tokens fsdp: the largest batch some degree fits (xxl: its whole half of the activations under the memory); none where any batch does
             comm_bytes           bytes  the plan's bytes of every collective in one step (S)
             sent_bytes           bytes  what a device sends in them (ring: all-reduce 2(N-1)/N S, the others (N-1)/N S)
             measured_run_id      -      the ddp run set beside this point

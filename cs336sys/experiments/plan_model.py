@@ -102,3 +102,27 @@ ACCOUNTING = {"transformer": Transformer(), "ffn2": TwoMatrixFFN()}
 def sharded(numels: list[int], x: int) -> int:
     """Elements one of `x` FSDP devices holds: each tensor padded to a multiple of x."""
     return sum(math.ceil(k / x) for k in numels)
+
+
+def fsdp_fit(model: Transformer | TwoMatrixFFN, cfg: ModelConfig, tokens: int,
+             cap: float) -> tuple[int | None, int | None]:
+    """(the smallest FSDP degree N whose memory per device fits `cap` bytes, the largest
+    batch in tokens that some N fits), each None where there is none (the second: every
+    batch fits at some N). Per device, S the state's bytes (params, grads, optimizer), a the
+    bytes a token keeps, s the share of the activations FSDP shards (xxl: the handout's half)
+    and G the gathered units: M(N) = (S + s B a)/N + G + (1 - s) B a, so N >= (S + s B a) /
+    (cap - G - (1 - s) B a) -- the 2025 communication_accounting (b)'s threshold. Real N,
+    each tensor's padding to a multiple of N left out; N = 1 holds no gathered unit."""
+    local = model.tensors(cfg)
+    state = sum(per for _, per in model.bytes_per_param) * sum(local)
+    layer, _, head = model.activation_bytes(cfg)
+    per_token = cfg.num_layers * layer + head
+    share, gathered = model.fsdp_activation_share, model.gathered_units * E * model.unit(local)
+    whole = (1 - share) * per_token  # bytes a token keeps on every device, whatever N
+    tokens_max = math.floor((cap - gathered) / whole) if whole else None
+    if state + tokens * per_token <= cap:
+        return 1, tokens_max
+    room = cap - gathered - whole * tokens
+    if room <= 0:
+        return None, tokens_max
+    return max(2, math.ceil((state + share * tokens * per_token) / room)), tokens_max

@@ -318,6 +318,15 @@ def _whole(r: Any) -> str:
     return f"{n:,} ({r.get('n_max_whole_split')})" if r.get("strategy") == "fsdp-tp" else f"{n:,}"
 
 
+def _fit(r: Any) -> str:
+    """fsdp's smallest degree that fits, or none and the largest batch some degree fits."""
+    if r.get("strategy") != "fsdp" or "fsdp_fit_n" not in r:
+        return ""
+    if r["fsdp_fit_n"] is not None:
+        return f"{r['fsdp_fit_n']:,}"
+    return f"none (B <= {r['fsdp_fit_tokens_max']:,})"
+
+
 def _split(r: Any) -> str:
     return f"{r.get('fsdp_degree')}x{r.get('tp_degree')}" if r.get("strategy") == "fsdp-tp" else ""
 
@@ -372,6 +381,7 @@ MEMORY = Table(
         Column("fits ckpt", "fits_ckpt", "yes_no"),
         Column("seqs that fit", "fit_seqs"),
         Column("seqs ckpt", "fit_seqs_ckpt"),
+        Column("N_FSDP to fit", cell=_fit, optional=True),
     ),
     note="params 2, grads 2, optimizer 12 bytes a parameter (bf16 weights and gradients, fp32 "
     "AdamW state; xxl: 4, 4, 8, the 2025 handout's fp32 master weights, gradients and state), "
@@ -383,5 +393,9 @@ MEMORY = Table(
     "sheet's GB read as GiB (an H100's 80GB is 80 GiB, 79.6 usable), the TPU v5p's 95GB as "
     "95 x 10^9 bytes, as the 2025 handout's (b) compares; with a GPU's GB read as 10^9 bytes "
     "it holds 7.4 % less and the GPUs' worth is 7.4 % more. seqs that fit: whole sequences "
-    "per device that fit beside the rest.",
+    "per device that fit beside the rest. N_FSDP to fit (fsdp): the smallest degree whose "
+    "memory per device, (S + sBa)/N + G + (1 - s)Ba, fits the device, S the state's bytes, a "
+    "a token's activations, s their share FSDP shards (xxl 1/2) and G the gathered units, "
+    "padding left out; none where the activations kept whole, (1 - s)Ba, exceed it alone, with "
+    "the largest batch B (tokens) some degree fits.",
 )
