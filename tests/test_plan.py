@@ -447,12 +447,38 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--strategy", "dp", "--split", "2x2"], "--split is a setting of fsdp-tp, which --strategy "
                                              "dp leaves out"),
     (["--strategy", "tp", "--mesh-axes", "2,1"], "--mesh-axes is a setting of fsdp-tp"),
+    # figures whose plan overflowed (a traceback) or hung walking every degree
+    (["--flops", "1e12", "--bandwidth", "1e9", "--memory-gib", "1e300"],
+     "--memory-gib must be between"),
+    (["--flops", "1e12", "--bandwidth", "1e9", "--memory-gib", "1e-12"],
+     "--memory-gib must be between"),
+    (["--flops", "1e-300", "--bandwidth", "1e300", "--strategy", "dp", "--n", 2],
+     "--flops must be between 1 and 1e30"),
+    (["--batch", 10**12, "--seq", 10**6], "too large for a plan (at most 2^40)"),
+    (["--strategy", "fsdp-tp", "--n", 4, "--mesh-axes", "1e300,1"], "each from 0 to 64"),
 ])
 def test_bad_input_exits_2_with_one_line(db_path, args, says):
     r = invoke("plan", *args, "--db", db_path)
     assert r.exit_code == 2, r.output
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not db_path.exists()
+
+
+def test_whole_degrees_of_a_large_batch_by_its_divisors(db_path):
+    """A billion sequences: N max, whole, is the largest divisor of them under the bound
+    (every integer up to the bound was walked: 22 s), as a walk of them finds it."""
+    from cs336sys.experiments.plan_degrees import divisors, whole_split
+
+    k = 2**5 * 3**3 * 5**2 * 7  # 151,200
+    assert divisors(k) == tuple(d for d in range(1, k + 1) if k % d == 0)
+    assert whole_split(1e3 + 0.5, 1, 32, k) == (max(d for d in divisors(k) if d <= 1e3), 1)
+    assert whole_split(float("inf"), 3.5, 12, 10) == (10, 3)
+    r = invoke("plan", "--batch", 10**9, "--seq", 512, "--n", 2, "--strategy", "dp",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    (row,) = query(db_path, "SELECT * FROM plan_runs")
+    bound = row["n_max"]
+    assert row["n_max_whole"] == max(d for d in divisors(10**9) if d <= bound)
 
 
 def test_a_degree_one_strategy_cannot_take_is_skipped_with_the_reason(db_path):

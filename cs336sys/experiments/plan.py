@@ -51,6 +51,7 @@ from typing import Any
 
 from cs336sys.experiments import plan_section
 from cs336sys.experiments.plan_degrees import (
+    MAX_SPLIT,
     mesh_of,
     problem,
     split_of,
@@ -150,6 +151,10 @@ def specs(
         raise SpecError(f"--tokens {tokens} is not a whole number of --seq {seq} token sequences")
     batch = tokens if tokens is not None else (batch or 256) * seq  # 1M tokens at 4096
     check_size(batch, "--batch x --seq")
+    for name, value in (("--batch x --seq", batch), ("--d-ff", given.get("d_ff")),
+                        ("--num-heads", given.get("num_heads"))):
+        if value is not None and value > MAX_SPLIT:  # the degrees must divide them
+            raise SpecError(f"{name}: {value} is too large for a plan (at most 2^40)")
     unused = [k for k in ("num_heads", "vocab_size") if given.get(k) is not None]
     if blocks == "ffn2" and unused:  # it would be stored and ignored
         raise SpecError(f"--{unused[0].replace('_', '-')}: the 2025 handout's xxl is blocks of "

@@ -5,6 +5,7 @@ X x Y of both; and the --split and --mesh-axes values, read and checked."""
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 from cs336sys.sweep.points import SpecError
@@ -30,9 +31,9 @@ def mesh_of(text: str) -> str:
         values = [float(p) for p in parts]
     except ValueError:
         values = []
-    if len(values) != 2 or not all(math.isfinite(v) and v > 0 for v in values):
-        raise SpecError(f"--mesh-axes: {text!r} is not MX,MY, the mesh axes of FSDP and of TP "
-                        "(2,1 on a 3D TPU mesh)")
+    if len(values) != 2 or not all(0 < v <= 64 for v in values):
+        raise SpecError(f"--mesh-axes: {text!r} is not MX,MY, the mesh axes of FSDP and of TP, "
+                        "each from 0 to 64 (2,1 on a 3D TPU mesh)")
     return ",".join(parts)
 
 
@@ -61,10 +62,21 @@ def problem(strategy: str, n: int, heads: int, sequences: int, split: str | None
     return None
 
 
+@lru_cache(maxsize=64)
+def divisors(k: int) -> tuple[int, ...]:
+    """Every divisor of k, ascending, by trial division up to sqrt(k): k is at most
+    MAX_SPLIT, a million steps, where a walk of every integer up to k hung on a large batch."""
+    small = [d for d in range(1, math.isqrt(k) + 1) if k % d == 0]
+    return tuple(sorted({*small, *(k // d for d in small)}))
+
+
+MAX_SPLIT = 2**40  # the batch's tokens, the heads or d_ff: what the degrees divide
+
+
 def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
     """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
-    return [(n // y, y) for y in range(1, min(n, heads) + 1)
-            if heads % y == 0 and n % y == 0 and sequences % (n // y) == 0]
+    return [(n // y, y) for y in divisors(heads)
+            if y <= n and n % y == 0 and sequences % (n // y) == 0]
 
 
 def whole_split(x_bound: float, y_bound: float, units: int, sequences: int) -> tuple[int, int]:
@@ -72,6 +84,6 @@ def whole_split(x_bound: float, y_bound: float, units: int, sequences: int) -> t
     batch's sequences and Y the heads (or d_ff), each at most its axis's bound (plan's
     axis_bounds; 1 on an axis the strategy lacks). N max, the bounds' product, takes the
     degrees as real numbers, as the handout does; a degree under it need not split so."""
-    xs = [x for x in range(1, min(math.floor(x_bound), sequences) + 1) if sequences % x == 0]
-    ys = [y for y in range(1, min(math.floor(y_bound), units) + 1) if units % y == 0]
+    xs = [x for x in divisors(sequences) if x <= x_bound]
+    ys = [y for y in divisors(units) if y <= y_bound]
     return max(((x, y) for x in xs or [1] for y in ys or [1]), key=lambda s: (s[0] * s[1], s[1]))

@@ -76,9 +76,15 @@ def by_hand(flops: float | None, bandwidth: float | None, memory_gib: float) -> 
         return None
     if flops is None or bandwidth is None:
         raise SpecError("--flops and --bandwidth go together: C and W of one device")
-    for name, value in (("--flops", flops), ("--bandwidth", bandwidth), ("--memory-gib", memory_gib)):
+    # within bounds that keep every figure of a plan finite (1e30 FLOP/s is 10^15 H100s)
+    for name, value, low, high, bounds in (
+            ("--flops", flops, 1, 1e30, "1 and 1e30"),
+            ("--bandwidth", bandwidth, 1, 1e30, "1 and 1e30"),
+            ("--memory-gib", memory_gib, 2**-10, 2**32, "1/1024 (1 MiB) and 2^32")):
         if not (math.isfinite(value) and value > 0):
             raise SpecError(f"{name} must be a positive number, got {value}")
+        if not low <= value <= high:
+            raise SpecError(f"{name} must be between {bounds}, got {value:g}")
     return Hardware(f"C={flops:.3g} W={bandwidth:.3g}", flops, bandwidth,
                     int(memory_gib * GiB), "given by hand (--flops, --bandwidth)")
 
