@@ -4,6 +4,7 @@ counts, --measured's choice of rows, the plan beside ddp runs, and bad input."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -590,6 +591,35 @@ def test_mesh_batch_by_hand():
     b, d, f, y = per_device * 64, 16384, 53248, 4  # X = 16, N = 64
     assert 4 * d * f / (y * 1.8e11 * 2) == pytest.approx(4 * b * d * f / (64 * 4.6e14))
     assert not pm.mesh_batch_per_device(53248, 32, 4.6e14, 1.8e11, 2, 1)[1]  # F/Y = 1664
+
+
+def _value(expr: str, **letters: float) -> float:
+    """A closed form as the table writes it ("2(N-1)/N * 6DF/(Y W)"), evaluated."""
+    python = re.sub(r"(?<=[0-9A-Z)])\s*(?=[A-Z(])", "*", expr)  # implicit products
+    return eval(python, {"max": max}, letters)
+
+
+@pytest.mark.parametrize("m", [3, 2])
+@pytest.mark.parametrize("strategy", pm.STRATEGIES)
+def test_closed_forms_are_the_ffn_accounting(strategy, m):
+    """Each expression of the closed-form table at B, D, F, N (X x Y) equals the single-FFN
+    accounting that `ffn_compute_s` and `ffn_comm_s` compute."""
+    b, d, f, c, w, x, y = 4096.0, 1024.0, 2816.0, 1e15, 4e11, 4, 2
+    n = x * y
+    fwd, bwd, comm_f, comm_b = pm.closed_forms(strategy, m)
+    letters = dict(B=b, D=d, F=f, N=n, W=w, X=x, Y=y)
+    flops = [t * c for t in pm.ffn_compute_s(b, d, f, n, c, m=m)]
+    assert [_value(fwd, **letters), _value(bwd, **letters)] == pytest.approx(flops)
+    comm = pm.ffn_comm_s(strategy, b, d, f, n, w, x=x, y=y, m=m, overlap=True)
+    assert [_value(comm_f, **letters), _value(comm_b, **letters)] == pytest.approx(comm)
+
+
+def test_closed_forms_table_and_tp_backward(db_path):
+    r = invoke("plan", "--size", "xl", "--strategy", "dp,tp", "--n", "2,4", "--wide",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    assert "One FFN layer in closed form" in r.stdout and "12BDF/N" in r.stdout
+    assert "dx = all-reduce({dx1(i) W1(i)^T + dx2(i) W2(i)^T})" in r.stdout
 
 
 def test_mesh_tp_hides_counts_the_ffn_matrices(db_path):

@@ -197,6 +197,7 @@ def _show(exp, points, wide: bool) -> None:
     from cs336sys.experiments.plan_section import (
         MEASURED,
         all_reduces,
+        closed_forms,
         inequalities,
         measured_rows,
         mesh,
@@ -206,7 +207,7 @@ def _show(exp, points, wide: bool) -> None:
     rows = [row_of(p.spec, p.result) for p in points]
     ok = [r for r in rows if r["status"] == "ok"]
     tables = point_tables(exp.EXPERIMENT.tables, ok, lift=0 if wide else 1)
-    extra = [t for t in (inequalities(ok), all_reduces(ok), mesh(ok)) if t]
+    extra = [t for t in (closed_forms(ok), inequalities(ok), all_reduces(ok), mesh(ok)) if t]
     extra += point_tables([MEASURED], measured_rows(ok), lift=0)
     typer.echo(as_text(tables + extra, width=None if wide else terminal_width()))
     for source in dict.fromkeys(p.spec.source for p in points):

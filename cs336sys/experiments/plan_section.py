@@ -8,6 +8,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from cs336sys.experiments.plan_model import ACCOUNTING
 from cs336sys.parallel import plan_math as pm
 from cs336sys.parallel.plan_math import STRATEGIES as _ORDER
 from cs336sys.report.plots import short
@@ -170,7 +171,7 @@ def measured_rows(rows: list[Row]) -> list[Row]:
 def section(sec: Section, pts: list[Row]) -> None:
     """After the declared tables: the closed forms, the plan beside measured ddp runs, and
     step time against degree with the communication-bound region marked."""
-    for table in (phases(pts), inequalities(pts), all_reduces(pts), mesh(pts)):
+    for table in (phases(pts), closed_forms(pts), inequalities(pts), all_reduces(pts), mesh(pts)):
         if table:
             sec.tables.append(table)
     sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=1))
@@ -220,6 +221,28 @@ def phases(pts: list[Row]) -> FilledTable | None:
         "axes' times, overlapped as fsdp_tp_calcs (b) assumes (with --mesh-axes, each axis at "
         "M W); hides: comm <= compute.",
         key=list(range(len(keys) + 2)))
+
+
+def closed_forms(pts: list[Row]) -> FilledTable | None:
+    """Per strategy planned, one FFN layer's FLOPs and communication in the handout's
+    letters: what section 8's (a) and (b) ask as expressions, beside the numbers of phases."""
+    seen = {(r["_settings"]["strategy"], ACCOUNTING[r["_settings"].get("blocks") or
+                                                   "transformer"].matrices)
+            for r in pts if r.get("status") == "ok"}
+    if not seen:
+        return None
+    rows = [[strategy, str(m), *pm.closed_forms(strategy, m)]
+            for strategy, m in sorted(seen, key=lambda k: ((*_ORDER, k[0]).index(k[0]), k[1]))]
+    tp = ("tp", 3) in seen  # the equations are the SwiGLU FFN's
+    return FilledTable(
+        "One FFN layer in closed form: FLOPs and communication per device",
+        ["strategy", "m", "fwd FLOPs", "bwd FLOPs", "fwd comm (s)", "bwd comm (s)"], rows,
+        note="m weight matrices of D x F (the 2026 handout's SwiGLU FFN 3, the 2025 xxl 2), "
+        "B tokens, N devices (fsdp-tp: X FSDP x Y TP), W egress bytes/s, weights and "
+        "activations in bf16 (2 bytes); ring collectives, matmuls alone (2 FLOPs a "
+        "multiply-add), backward twice forward." + (
+            f" TP's backward (tp_calcs (a)): {pm.TP_BACKWARD}." if tp else ""),
+        key=[0, 1])
 
 
 def inequalities(pts: list[Row]) -> FilledTable | None:

@@ -10,7 +10,7 @@ model on an H100 (data sheet); give C and W by hand with `plan --flops --bandwid
 from __future__ import annotations
 
 from cs336sys.experiments.ddp_section import YOURS_COMM, memory_by_moment
-from cs336sys.experiments.plan_section import all_reduces, inequalities, phases
+from cs336sys.experiments.plan_section import all_reduces, closed_forms, inequalities, phases
 from cs336sys.handout.problem import COMPUTE, IMPLEMENT, AsReported, Pivot, Problem, Run
 from cs336sys.sweep.declaration import SUBCOMMANDS, Column, column_table
 
@@ -108,7 +108,8 @@ def _calcs(name: str, points: int, section: str, strategy: str, degrees: str,
            asks: str) -> Problem:
     """An accounting problem of section 8: plan's figures and closed forms for a strategy."""
     return Problem(name, points, section=section, kind=COMPUTE, asks=asks,
-                   runs=(_plan(strategy, degrees),), tables=("plan", phases, inequalities))
+                   runs=(_plan(strategy, degrees),),
+                   tables=("plan", phases, closed_forms, inequalities))
 
 
 PROBLEMS = (

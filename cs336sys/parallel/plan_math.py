@@ -232,3 +232,27 @@ INEQUALITY = {
     "mesh axes, 1 without --mesh-axes), N <= their product; "
     "sharing the links: (X-1)/B + (Y-1)*2/(m*F) <= W/C, best N <= (mBF/8)(W/C + 1/B + 2/(mF))^2",
 }
+
+
+def closed_forms(strategy: str, m: int = MATRICES) -> tuple[str, str, str, str]:
+    """One FFN layer of `m` matrices per device, in the handout's letters (module docstring):
+    (forward FLOPs, backward FLOPs, forward communication time, backward communication time).
+    The m matrices are 2mDF bytes in bf16; the FLOPs of N devices' equal shares."""
+    fwd, bwd, size = f"{2 * m}BDF/N", f"{4 * m}BDF/N", f"{2 * m}DF"
+    if strategy == "dp":  # the gradients all-reduced once, in backward
+        return fwd, bwd, "0", f"2(N-1)/N * {size}/W"
+    if strategy == "fsdp":  # the weights gathered in each phase, the gradients reduce-scattered
+        return fwd, bwd, f"(N-1)/N * {size}/W", f"2(N-1)/N * {size}/W"
+    if strategy == "tp":  # y in forward, dx in backward: B x D, 2BD bytes
+        return fwd, bwd, "2(N-1)/N * 2BD/W", "2(N-1)/N * 2BD/W"
+    if strategy == "fsdp-tp":  # N = XY, the two axes overlapped
+        tp = "2(Y-1)/Y * 2BD/(X W)"
+        return (fwd, bwd, f"max((X-1)/X * {size}/(Y W), {tp})",
+                f"max(2(X-1)/X * {size}/(Y W), {tp})")
+    raise ValueError(f"unknown strategy {strategy!r}")
+
+
+# tp_calcs (a): TP's backward, W1 and W2 split by columns and W3 by rows (device i's shards).
+TP_BACKWARD = ("dz(i) = dy W3(i)^T; dx2(i) = dz(i) * f(x1(i)); dx1(i) = dz(i) * f'(x1(i)) * "
+               "x2(i); dW3(i) = z(i)^T dy; dW2(i) = x^T dx2(i); dW1(i) = x^T dx1(i); dx = "
+               "all-reduce({dx1(i) W1(i)^T + dx2(i) W2(i)^T})")
