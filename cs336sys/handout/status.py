@@ -170,7 +170,8 @@ def checked(problem: Problem) -> tuple[Run, ...]:
 # the setting each becomes (`--attention` is attention's `impl`, the model's `attention`).
 _MARKS = {"--warmup": "warmup", "--mode": "mode", "--precision": "precision",
           "--checkpoint": "checkpoint", "--world-size": "world_size", "--impl": "impl",
-          "--switches": "switches", "--compile": "compile", "--strategy": "strategy"}
+          "--switches": "switches", "--compile": "compile", "--strategy": "strategy",
+          "--variant": "variant", "--value": "value", "--additions": "additions"}
 
 
 def _options(line: str, experiment: str) -> dict[str, set[str]]:

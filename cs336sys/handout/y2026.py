@@ -144,7 +144,10 @@ PROBLEMS = (
         "mixed_precision_accumulation", 1, section="2.1.5",
         asks="The handout's four loops adding 0.01 a thousand times: float32, float16, and "
         "float16 values into a float32 sum (cast or not).",
-        runs=(Run("precision accumulate", anywhere=True),),
+        # every value spelled out: a status checks the values a command gives (a run of one
+        # variant, or of 0.5 three times, read `measured`)
+        runs=(Run("precision accumulate --variant fp32,fp16,fp16-into-fp32,fp16-upcast "
+                  "--value 0.01 --additions 1000", anywhere=True),),
         tables=("precision",),
     ),
     Problem(
