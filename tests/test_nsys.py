@@ -78,6 +78,21 @@ def test_without_nsys_or_cuda_nothing_runs(tmp_path, monkeypatch, command):
     assert not db.exists()
 
 
+def test_dry_run_prints_the_commands_without_nsys_or_cuda(tmp_path, monkeypatch):
+    """--dry-run runs nothing: it prints the commands on a laptop too, saying whom for."""
+    db = tmp_path / "r.db"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    result = invoke("profile", "model", *MICRO, "--nsys", "--dry-run", "--db", db)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("nsys profile --trace=cuda") and "--capture-range=nvtx" in lines[0]
+    assert lines[-1] == ("dry run: 1 nsys command(s) above; nothing recorded (here nsys is not "
+                         "on PATH and device cpu is no CUDA device: they are for a CUDA host "
+                         "with nsys)")
+    assert not db.exists() and not (tmp_path / "nsys").exists()
+
+
 def test_dry_run_prints_one_command_per_point_with_the_handouts_flags(tmp_path, fake_nsys):
     """Each point's command: the handout's flags, the capture limited to the timed steps,
     the point's number in the environment, its report named after it in one folder per

@@ -247,6 +247,8 @@ def test_profile_attention_breakdown_and_sdpa(db_path):
     for part in ("qk", "softmax", "pv"):
         assert naive[f"{part}_ms_mean"] > 0 and naive[f"{part}_gflops"] > 0
     assert sdpa["qk_ms_mean"] is None  # no naive ranges in the fused kernel
+    # the batch and heads the FLOPs count, which the points' labels leave out, are named
+    assert "Same in every row: batch=2, heads=2, causal=yes" in " ".join(result.stdout.split())
     for r in got:
         stats = rows(db_path, f"SELECT * FROM kernel_stats WHERE run_id = '{r['run_id']}'")
         assert {s["phase"] for s in stats} == {"forward", "backward", "step"}

@@ -78,14 +78,18 @@ def record(ctx: typer.Context, points: list, command: str, describe: Callable[[A
     print every command first. The exit code: 0 when every recording ended well, else 1,
     with one line on stderr naming each point not recorded and why (nsys's exit code, or no
     report written); a point's row, if the command under nsys stored one, says how its
-    measuring went, not the recording. `dry`: print the commands, run nothing."""
+    measuring went, not the recording. `dry`: print the commands, run nothing -- also where
+    nsys or CUDA is missing, to read them before a GPU host runs them."""
     path = shutil.which("nsys")
-    if path is None:
-        raise NsysRefused("--nsys: Nsight Systems (nsys) is not installed or not on PATH")
     device = str(points[0].device)
-    if not on_cuda(device):
+    lacks = " and ".join(([] if path else ["nsys is not on PATH"])
+                         + ([] if on_cuda(device) else [f"device {device} is no CUDA device"]))
+    if path is None and not dry:
+        raise NsysRefused("--nsys: Nsight Systems (nsys) is not installed or not on PATH")
+    if not on_cuda(device) and not dry:
         raise NsysRefused(f"--nsys needs a CUDA device: NVTX ranges and the kernels nsys "
                           f"records are CUDA's (device {device})")
+    path = path or "nsys"
     if nsys.FOLDER.exists() and not nsys.FOLDER.is_dir():
         raise NsysRefused(f"--nsys: {nsys.FOLDER} is not a directory; the reports go in it")
     where = nsys.folder(command)
@@ -95,7 +99,8 @@ def record(ctx: typer.Context, points: list, command: str, describe: Callable[[A
     for rec in recs:
         typer.echo(nsys.shown(rec))
     if dry:
-        typer.echo(f"dry run: {len(recs)} nsys command(s) above; nothing recorded")
+        typer.echo(f"dry run: {len(recs)} nsys command(s) above; nothing recorded"
+                   + (f" (here {lacks}: they are for a CUDA host with nsys)" if lacks else ""))
         return 0
     where.mkdir(parents=True, exist_ok=True)
     failed = []

@@ -350,6 +350,12 @@ TABLE = Table(
     (
         Column("point", cell=label, setting=True, covers=(
             "target", "size", "seq", "mode", "precision", "impl", "d_head")),
+        # what the point's label leaves out and its figures (FLOPs, times) depend on: named
+        # above the table where every row shares it, a column where they differ
+        Column("batch", "batch", setting=True),
+        Column("heads", "heads", setting=True, optional=True),
+        Column("causal", "causal", "yes_no", setting=True, optional=True),
+        Column("ckpt", "checkpoint", setting=True, optional=True),
         Column("basis", "time_basis"),
         *column_table("""
             fwd ms        fwd_ms                mean_std
