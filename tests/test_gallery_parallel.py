@@ -108,9 +108,13 @@ def test_sharded_optimizers_right_and_wrong(repo, tmp_path):
     assert 0.4 < row["opt_state_rank0_share"] < 0.6
     assert row["not_sharded"] is None and row["uneven"] is None
     assert row["param_rank0_share"] == 1.0  # a sharded optimizer leaves the weights whole
-    alone = got["naive", "yours-alone"]  # it read `worst 0.047 (...)`, no cause
-    assert alone["status"] == "wrong" and "your sharded optimizer's zero_grad() leaves the " \
-        "gradients of " in alone["error"], alone["error"]
+    # zero_grad of its own shard alone: the course's test passes it (it trains without DDP),
+    # so it passes, with a note of what a DDP loop that trusts its zero_grad would see (it
+    # read `wrong`, and before that `worst 0.047 (...)` and no cause)
+    alone = got["naive", "yours-alone"]
+    assert (alone["status"], alone["check"]) == ("ok", "pass"), alone["error"]
+    assert "note: your sharded optimizer's zero_grad() leaves the gradients of " in \
+        alone["check_detail"], alone["check_detail"]
     lazy = got["naive", "yours-lazy"]
     assert lazy["status"] == "wrong"
     assert "never left their initial values" in lazy["error"]

@@ -310,9 +310,8 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
         step = Step(
             model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
             device=ctx.device, optimizer=setup.optimizer, finish=setup.finish, start=setup.start,
-            # the replicas train under autocast; the FSDPs cast for themselves
-            amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,
-        )
+            amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,  # FSDPs: own
+            clear_grads=ddp_yours.yours.is_yours(spec.shard_optimizer))
         losses = []
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
         # rank 0's gradients after the first step's synchronization, and an FSDP's shards

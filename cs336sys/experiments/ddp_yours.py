@@ -178,20 +178,27 @@ UNWAITED = ("its finish_gradient_synchronization returned while its all-reduces 
 
 def with_causes(checked: Any, changed: str | None, shard_optimizer: str, setup: Any) -> Any:
     """A failed check of the user's code with the likely causes found after it: what their
-    FSDP's gather changed (`changed`, fsdp_course_check.gather_changes), and the parameters
-    their sharded optimizer's zero_grad() leaves a gradient on (`zero_grad_leaves`). An
-    all-reduce not waited for, which explains every other difference, is said first (its
-    gradients read as never broadcast weights)."""
-    if checked is None or checked.passed:
+    FSDP's gather changed (`changed`, fsdp_course_check.gather_changes). An all-reduce not
+    waited for, which explains every other difference, is said first (its gradients read as
+    never broadcast weights). The parameters their sharded optimizer's zero_grad() leaves a
+    gradient on (`zero_grad_leaves`) are a note, passed or not: the course's test passes such
+    an optimizer, and the step cleared the model's gradients after it (Step.clear_grads)."""
+    if checked is None:
         return checked
+    left = zero_grad_leaves(setup.optimizer, setup.module) \
+        if yours.is_yours(shard_optimizer) else None
+    if checked.passed:
+        if not left:
+            return checked
+        detail = "; ".join(filter(None, (checked.metrics.get("check_detail"), f"note: {left}")))
+        return Verdict(True, {**checked.metrics, "check_detail": detail}, checked.why)
     if UNWAITED in (checked.why or ""):
         rest = checked.why.removeprefix("wrong: ").replace(f"; {UNWAITED}", "")
         checked = Verdict(False, checked.metrics, f"wrong: {UNWAITED}; {rest}")
-    left = zero_grad_leaves(setup.optimizer, setup.module) \
-        if yours.is_yours(shard_optimizer) else None
-    for cause in (changed, left):
-        if cause:
-            checked = both(checked, Verdict(False, {}, f"wrong: {cause}"))
+    if changed:
+        checked = both(checked, Verdict(False, {}, f"wrong: {changed}"))
+    if left:
+        checked = both(checked, Verdict(False, {}, f"wrong: {left}"))
     return checked
 
 
@@ -216,5 +223,6 @@ def zero_grad_leaves(optimizer: Any, module: Any) -> str | None:
         return None
     return (f"your sharded optimizer's zero_grad() leaves the gradients of {len(left)} of "
             f"{len(held)} parameters ({few(left, 2)}), those another rank steps, it seems: "
-            f"the next backward adds to them and the DDP's all-reduce spreads them (the "
-            f"course's test_sharded_optimizer.py trains without DDP, where it does not show)")
+            f"in a DDP loop that clears gradients with it alone, the next backward adds to "
+            f"them and the all-reduce spreads them (this step cleared the model's gradients "
+            f"too; the course's test_sharded_optimizer.py trains without DDP and passes it)")
