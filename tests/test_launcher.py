@@ -44,6 +44,19 @@ def _secondary_first(ctx):
     raise exc
 
 
+def _both_in_users_code(ctx):
+    """Both ranks fail in the user's code: rank 1 first, with what rank 0's timeout (its
+    broadcast, which rank 1 never joined) did to its own wait."""
+    if ctx.rank == 1:
+        exc = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:7040")
+        exc.cs336sys_where = "cs336_systems/ddp.py:38"
+        raise exc
+    time.sleep(0.3)
+    exc = RuntimeError("[pair.cc:589] Timed out waiting 300000ms for send operation")
+    exc.cs336sys_where = "cs336_systems/ddp.py:21"
+    raise exc
+
+
 def _segv_on_rank1(ctx):
     if ctx.rank == 1:
         import ctypes
@@ -243,8 +256,21 @@ def test_the_rank_whose_error_names_the_users_code_is_blamed_over_an_earlier_one
     with pytest.raises(WorkerError) as info:
         launch(_secondary_first, 2)
     assert info.value.rank == 0
-    assert str(info.value) == ("rank 0 failed: brk/shard.py:22: TimeoutError: Timed out "
-                               "waiting 20000ms for send")
+    assert str(info.value).startswith("rank 0 failed: brk/shard.py:22: TimeoutError: Timed "
+                                      "out waiting 20000ms for send (a collective waited")
+
+
+def test_a_timeout_is_blamed_over_the_peers_lost_connection_and_explained():
+    """A DDP that broadcast on rank 0 alone was stored as rank 1's `Connection closed by
+    peer` in its wait, the consequence, after 300 s, with no word of the timeout."""
+    with pytest.raises(WorkerError) as info:
+        launch(_both_in_users_code, 2)
+    assert info.value.rank == 0
+    assert str(info.value).startswith(
+        "rank 0 failed: cs336_systems/ddp.py:21: RuntimeError: [pair.cc:589] Timed out "
+        "waiting 300000ms for send operation (a collective waited the process group's "
+        "timeout, CS336SYS_DIST_TIMEOUT seconds, 300 by default, for a rank that never joined "
+        "it: do all ranks call the same collectives, in the same order?)"), str(info.value)
 
 
 @pytest.mark.slow

@@ -30,13 +30,22 @@ class WorkerError(RuntimeError):
 # close (Gloo's "Connection closed by peer", raised in cs336sys's own collective), and
 # whichever pipe was read first was blamed.
 GRACE_S = 1.0
+# What a rank sees of a peer that failed or gave up: never the cause while another rank's
+# error is something else (a rank-0-only broadcast blamed the peer's wait, not the timeout).
+CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer")
+# A collective that timed out: said with its likely cause in the user's distributed code.
+TIMED_OUT = ("Timed out waiting", "collective operation timeout")
+TIMEOUT_HINT = (" (a collective waited the process group's timeout, CS336SYS_DIST_TIMEOUT "
+                "seconds, 300 by default, for a rank that never joined it: do all ranks call "
+                "the same collectives, in the same order?)")
 
 
 def collect(procs, conns, on_emit, stderr: RankStderr) -> list[Any]:
     """Every rank's returned value, in rank order, rank 0's emits handed to `on_emit` as they
     come. Where a rank fails, a WorkerError: a rank that ended without reporting, or, of the
     errors the ranks report within GRACE_S of the first, the first that names the user's
-    code (its file and line), else the first."""
+    code (its file and line) and is no peer's lost connection, else the first that names
+    it, else the first; a timeout with its likely cause."""
     import time
     from multiprocessing.connection import wait
 
@@ -84,8 +93,12 @@ def collect(procs, conns, on_emit, stderr: RankStderr) -> list[Any]:
         said, tail = _unreported(procs, dead, stderr)
         raise WorkerError(dead, f"{said} (rank {first} then failed: {errors[first][0]})",
                           tail or errors[first][1], pids)
-    chosen = next((r for r, e in errors.items() if e[3]), first)
+    named = [r for r, e in errors.items() if e[3]]  # in the user's code
+    causes = [r for r in named if not any(c in errors[r][0] for c in CONSEQUENCES)]
+    chosen = (causes or named or [first])[0]
     message, tb, status, _ = errors[chosen]
+    if any(t in message for t in TIMED_OUT):
+        message += TIMEOUT_HINT
     raise WorkerError(chosen, message, tb, pids, status)
 
 
