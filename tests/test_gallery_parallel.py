@@ -48,7 +48,7 @@ def test_ddps_right_and_wrong(repo, tmp_path):
               f"yours-summed={DDP}:Summed,yours-early={DDP}:EarlyBucket,"
               f"yours-twice={DDP}:DividedTwice,"
               f"yours-alone={DDP}:NeverBroadcasts,yours-stub={DDP}:FinishNotWritten,"
-              f"yours-nowait={DDP}:NeverWaits")
+              f"yours-nowait={DDP}:NeverWaits,yours-once={DDP}:SyncsOnce")
     # a copy of the module trained (its parameters were not the optimizer's), a count of
     # buckets (read as a list of them, after every step was timed) passed the course, too
     for name in ("yours-hooks", "yours-after", "yours-copy", "yours-count"):
@@ -74,6 +74,11 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     assert alone["status"] == "wrong" and alone["error"].startswith(
         "wrong: the ranks ended with different parameters (largest difference ")
     assert "rank 0's weights never broadcast to the others at the start" in alone["error"]
+    # the first step's gradients right, the later ones not averaged: not read as a broadcast
+    once = got["yours-once", "none"]
+    assert once["status"] == "wrong" and "the first step's gradients were right, so a later " \
+        "step's were not averaged over the ranks" in once["error"], once["error"]
+    assert "never broadcast" not in once["error"]
     # all-reduces never waited for: said first, not read as weights never broadcast
     nowait = got["yours-nowait", "none"]
     assert nowait["status"] == "wrong" and nowait["error"].startswith(

@@ -467,9 +467,15 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
                       f"here, or its result never reached rank 0 (a shard no rank steps, or "
                       f"one its owner never broadcasts?)")
     if spread and not passed and not frozen:  # (parameters nobody stepped differ as well)
+        # the first step's gradients matching the reference rule out weights never broadcast
+        # (the other ranks' gradients would have differed): a later step's sync went wrong
+        why = ("the first step's gradients were right, so a later step's were not averaged "
+               "over the ranks (a bucket or counter never reset between steps?)"
+               if grads is not None and gradients is None else
+               "rank 0's weights never broadcast to the others at the start, or their updates "
+               "differ")
         causes.append(f"the ranks ended with different parameters (largest difference "
-                      f"{spread:.2g}): rank 0's weights never broadcast to the others at the "
-                      f"start, or their updates differ")
+                      f"{spread:.2g}): {why}")
     if gradients:
         causes.append(gradients)
     # where nothing else names the cause: any update that makes no progress (another rank's

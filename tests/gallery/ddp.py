@@ -99,6 +99,20 @@ class NeverBroadcasts(AverageInHooks):
     BROADCAST = False
 
 
+class SyncsOnce(AverageInHooks):
+    """Wrong: a count of the gradients reduced, never reset, stops it after the first step
+    (the course's test, one step, passes it)."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.left = sum(p.requires_grad for p in module.parameters())
+
+    def hook(self, p):
+        if self.left > 0:
+            self.left -= 1
+            super().hook(p)
+
+
 class Summed(_Hooked):
     """Wrong: summed, never divided by the world size."""
 
