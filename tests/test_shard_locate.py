@@ -49,6 +49,13 @@ def test_a_flat_buffer_shard_under_a_name_of_its_own_is_checked():
     assert summed is not None and "summed, not averaged" in summed
     own = gradient_problem({"flat_shard": _flat_shard(ref.local_grads)}, ref, 1e-3, values)
     assert own is not None and "never all-reduced" in own
+    # not reduced, but divided by the world size: it read "they match neither ..."
+    halved = gradient_problem({"flat_shard": _flat_shard(ref.local_grads) / 2}, ref, 1e-3,
+                              values)
+    assert halved is not None and ("match rank 0's own slice of the batch / world_size (2): "
+                                   "divided by the world size but never all-reduced") in halved
+    whole = gradient_problem({"out.weight": ref.local_grads["out.weight"] / 2}, ref, 1e-3)
+    assert whole is not None and "divided by the world size but never all-reduced" in whole
     wrong = gradient_problem({"flat_shard": mean + 1}, ref, 1e-3, values)
     assert wrong is not None and "flat_shard (parts of 2 weights)" in wrong
 

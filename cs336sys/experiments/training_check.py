@@ -182,19 +182,22 @@ def _layouts(n: int, ref: Any, world: int) -> list[Any]:
 class Against(NamedTuple):
     """How far a gradient is (relative error) from each thing it may be: the mean over the
     global batch, world x the mean, rank 0's own slice, the mean / world (divided twice),
-    and the mean of another part of the same weight than the shard holds (another rank's)."""
+    the mean of another part of the same weight than the shard holds (another rank's), and
+    rank 0's own slice / world (divided, never reduced)."""
 
     mean: float
     summed: float
     own: float
     twice: float
     elsewhere: float = float("inf")
+    own_divided: float = float("inf")
 
 
 def _against(mine: Any, part: Any, local: Any, world: int) -> Against:
-    return Against(_relative(mine, part), _relative(mine, world * part),
-                   _relative(mine, local) if local is not None else float("inf"),
-                   _relative(mine, part / world))
+    own = (_relative(mine, local), _relative(mine, local / world)) if local is not None else (
+        float("inf"), float("inf"))
+    return Against(_relative(mine, part), _relative(mine, world * part), own[0],
+                   _relative(mine, part / world), float("inf"), own[1])
 
 
 def _as_laid_out(got: Any, ref: Any, local: Any, world: int, tol: float) -> Against | None:
@@ -300,6 +303,9 @@ def gradient_problem(grads: dict, reference: TrainingReference, tol: float,
                 f"size twice (AdamW hides it in the parameters, SGD would not)")
     if all(o.own <= tol for o in off.values()):
         return f"{held} match rank 0's own slice of the batch: never all-reduced ({few(list(off))})"
+    if all(o.own_divided <= tol for o in off.values()):
+        return (f"{held} match rank 0's own slice of the batch / world_size ({world}): divided "
+                f"by the world size but never all-reduced ({few(list(off))})")
     if all(o.elsewhere <= tol for o in off.values()):
         return (f"{held} are the mean gradient of another part of their weight than the one "
                 f"rank 0's shard holds ({few(list(off))}): each rank kept the reduced "
