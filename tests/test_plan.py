@@ -665,6 +665,15 @@ def test_fsdp_degree_that_fits_answers_communication_accounting_b(db_path):
     (n_fit,) = {row["fsdp_fit_n"] for row in rows}
     assert n_fit is not None and all(row["fsdp_fit_tokens_max"] is None for row in rows)
     assert [row["fits"] for row in rows] == [int(row["n"] >= n_fit) for row in rows]
+    # a device the two gathered units alone fill: no degree and no batch fits (it stored the
+    # point, then its table's cell raised, and every later report of the store too)
+    r = invoke("plan", "--size", "small", "--strategy", "fsdp", "--n", "2", "--flops", "1e14",
+               "--bandwidth", "1e11", "--memory-gib", "0.03", "--wide", "--db", db_path)
+    assert r.exit_code == 0, r.output
+    (row,) = query(db_path, "SELECT * FROM plan_runs WHERE size = 'small'")
+    assert row["mem_gathered_bytes"] > 0.03 * 2**30
+    assert (row["fsdp_fit_n"], row["fsdp_fit_tokens_max"]) == (None, 0)
+    assert "none (no batch)" in r.stdout
 
 
 def test_xxl_is_two_matrix_blocks_with_fp32_state(db_path):

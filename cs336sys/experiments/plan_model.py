@@ -112,14 +112,17 @@ def fsdp_fit(model: Transformer | TwoMatrixFFN, cfg: ModelConfig, tokens: int,
     bytes a token keeps, s the share of the activations FSDP shards (xxl: the handout's half)
     and G the gathered units: M(N) = (S + s B a)/N + G + (1 - s) B a, so N >= (S + s B a) /
     (cap - G - (1 - s) B a) -- the 2025 communication_accounting (b)'s threshold. Real N,
-    each tensor's padding to a multiple of N left out; N = 1 holds no gathered unit."""
+    each tensor's padding to a multiple of N left out; N = 1 holds no gathered unit (but
+    its state, 16 bytes a parameter, is more than G: where G fills the device, 0 tokens)."""
     local = model.tensors(cfg)
     state = sum(per for _, per in model.bytes_per_param) * sum(local)
     layer, _, head = model.activation_bytes(cfg)
     per_token = cfg.num_layers * layer + head
     share, gathered = model.fsdp_activation_share, model.gathered_units * E * model.unit(local)
     whole = (1 - share) * per_token  # bytes a token keeps on every device, whatever N
-    tokens_max = math.floor((cap - gathered) / whole) if whole else None
+    # no batch fits where the gathered units alone fill the device
+    tokens_max = max(0, math.floor((cap - gathered) / whole)) if whole else (
+        None if gathered < cap else 0)
     if state + tokens * per_token <= cap:
         return 1, tokens_max
     room = cap - gathered - whole * tokens

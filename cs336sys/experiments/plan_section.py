@@ -347,7 +347,9 @@ def _fit(r: Any) -> str:
         return ""
     if r["fsdp_fit_n"] is not None:
         return f"{r['fsdp_fit_n']:,}"
-    return f"none (B <= {r['fsdp_fit_tokens_max']:,})"
+    most = r.get("fsdp_fit_tokens_max")
+    return ("none" if most is None else "none (no batch)" if most == 0 else
+            f"none (B <= {most:,})")
 
 
 def _split(r: Any) -> str:
