@@ -152,6 +152,9 @@ FSDP_CASES = {  # name -> (tied, frozen, compute dtype, optimizer)
     # plain SGD: AdamW's m / sqrt(v) turns fp16 rounding of a near-zero gradient into an
     # update of +-lr, which would test AdamW rather than the casting
     "fp16": (False, False, torch.float16, "plain-sgd"),
+    # a frozen weight, left unsharded, computes in the compute dtype too (it stayed fp32 and
+    # its matmul met fp16 inputs)
+    "frozen-fp16": (False, True, torch.float16, "plain-sgd"),
     # the LM head's weight read by the fused loss inside the head's forward, where the unit
     # has gathered it; the reference trains on the materialised logits
     "fused-ce": (False, False, None, "adamw"),

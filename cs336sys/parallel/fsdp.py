@@ -44,8 +44,8 @@ their intervals (parallel/in_flight.py). It counts communication hidden behind c
 
 With compute_dtype (bf16/fp16), slices are cast before the all-gather, so communication and
 compute run in that dtype, and gradients are reduce-scattered in it; the master slices, the
-gradients the optimizer sees and the optimizer state stay fp32. A sharded layer's bias is cast
-with its weight; unsharded modules (norms) keep fp32 gains, as in the handout's FSDP.
+gradients the optimizer sees and the optimizer state stay fp32. Biases and frozen weights are
+cast with their layers; modules of 1-D parameters alone (norms) stay fp32, as the handout's.
 
     fsdp = FSDP(model, compute_dtype=torch.bfloat16)  # broadcasts rank 0's weights, shards
     opt = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)  # slices + replicated params
@@ -147,11 +147,11 @@ class FSDP(nn.Module):
         self._shard_module()
         self.shards = nn.ParameterList([s.shard for s in self.sharded])
         self.replicated = [p for p in module.parameters() if p.requires_grad]  # 1-D, left
-        # cast with their weights under a compute dtype: units' biases; norms stay fp32 (handout)
-        unit_modules = {id(unit.module) for unit in self.units}
+        # under a compute dtype: the units' biases, frozen weights' modules; norms stay fp32
+        units = {id(unit.module) for unit in self.units}
         self._unit_params = {
-            f"{name}.{attr}" if name else attr: p
-            for name, m in module.named_modules() if id(m) in unit_modules
+            f"{name}.{attr}" if name else attr: p for name, m in module.named_modules()
+            if id(m) in units or any(q.dim() > 1 for q in m.parameters(recurse=False))
             for attr, p in m.named_parameters(recurse=False) if p.is_floating_point()}
         # forward
         self._gathered: dict[int, tuple[list[torch.Tensor], list]] = {}  # unit -> (fulls, works)
