@@ -270,7 +270,7 @@ def query_samples(db_path, run_id):
     return rows(db_path, f"SELECT samples FROM runs WHERE id = '{run_id}'")[0]["samples"]
 
 
-def test_trace_writes_valid_chrome_json(db_path, tmp_path):
+def test_trace_writes_valid_chrome_json(db_path, tmp_path, monkeypatch):
     trace = tmp_path / "trace.json"
     args = ["profile", "attention", *ATTN, "--impl", "naive", "--pass", "forward"]
     assert invoke(*args, "--trace", trace, "--db", db_path).exit_code == 0
@@ -284,11 +284,15 @@ def test_trace_writes_valid_chrome_json(db_path, tmp_path):
     inside = tmp_path / "traces" / "t.json"
     assert invoke(*args, "--trace", inside, "--db", db_path).exit_code == 0
     assert "traceEvents" in json.loads(inside.read_text())
+    # a relative --trace is stored as the absolute path it wrote
+    monkeypatch.chdir(tmp_path)
+    assert invoke(*args, "--trace", "rel/t.json", "--db", db_path).exit_code == 0
     paths = rows(db_path, "SELECT trace_path FROM profile_runs ORDER BY created")
     assert [p["trace_path"] for p in paths] == [
         str(trace),
         *(str(tmp_path / f"trace-{i}.json") for i in (1, 2)),
         str(inside),
+        str(tmp_path / "rel" / "t.json"),
     ]
 
 

@@ -28,6 +28,7 @@ captures, so warm-up never enters the report.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -211,7 +212,8 @@ def run(spec: ProfileSpec) -> Result:
         if spec.trace:
             with staged() as stage:  # a Ctrl-C while it is written leaves no half trace
                 prof.export_chrome_trace(str(stage.path(spec.trace)))
-            metrics["trace_path"] = spec.trace
+            # absolute: a relative path read from the store names no file from elsewhere
+            metrics["trace_path"] = os.path.abspath(spec.trace)
     if built.losses:
         losses = [float(v) for v in built.losses]
         metrics.update(loss_first=losses[0], loss_last=losses[-1])
@@ -411,7 +413,7 @@ EXPERIMENT = Experiment(
         Metric("mask_ms_mean", "ms", "naive attention's scaling and masking of the scores "
                "(the ops before the softmax other than QKᵀ's matmul), per step"),
         *metric_table("""
-            trace_path  -  the Chrome trace written with --trace
+            trace_path  -  the Chrome trace written with --trace, its absolute path
             loss_first  -  model: loss of the first step
             loss_last   -  model: loss of the last profiled step
         """),
