@@ -177,28 +177,24 @@ UNWAITED = ("its finish_gradient_synchronization returned while its all-reduces 
 
 
 def with_causes(checked: Any, changed: str | None, shard_optimizer: str, setup: Any) -> Any:
-    """A failed check of the user's code with the likely causes found after it: what their
-    FSDP's gather changed (`changed`, fsdp_course_check.gather_changes). An all-reduce not
+    """A check of the user's code; a failed one with the likely causes found after it: what
+    their FSDP's gather changed (`changed`, fsdp_course_check.gather_changes). An all-reduce not
     waited for, which explains every other difference, is said first (its gradients read as
     never broadcast weights). The parameters their sharded optimizer's zero_grad() leaves a
     gradient on (`zero_grad_leaves`) are a note, passed or not: the course's test passes such
     an optimizer, and the step cleared the model's gradients after it (Step.clear_grads)."""
     if checked is None:
         return checked
-    left = zero_grad_leaves(setup.optimizer, setup.module) \
-        if yours.is_yours(shard_optimizer) else None
-    if checked.passed:
-        if not left:
-            return checked
-        detail = "; ".join(filter(None, (checked.metrics.get("check_detail"), f"note: {left}")))
-        return Verdict(True, {**checked.metrics, "check_detail": detail}, checked.why)
-    if UNWAITED in (checked.why or ""):
+    if not checked.passed and UNWAITED in (checked.why or ""):
         rest = checked.why.removeprefix("wrong: ").replace(f"; {UNWAITED}", "")
         checked = Verdict(False, checked.metrics, f"wrong: {UNWAITED}; {rest}")
-    if changed:
+    if not checked.passed and changed:
         checked = both(checked, Verdict(False, {}, f"wrong: {changed}"))
+    left = zero_grad_leaves(setup.optimizer, setup.module) \
+        if yours.is_yours(shard_optimizer) else None
     if left:
-        checked = both(checked, Verdict(False, {}, f"wrong: {left}"))
+        detail = "; ".join(filter(None, (checked.metrics.get("check_detail"), f"note: {left}")))
+        checked = Verdict(checked.passed, {**checked.metrics, "check_detail": detail}, checked.why)
     return checked
 
 
