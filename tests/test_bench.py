@@ -53,6 +53,8 @@ def test_summarize_matches_statistics_module():
                                            "n", "drift"))
     # a clock that slows: the last third's median (12) over the first third's (10)
     assert summarize([10.0, 10.0, 11.0, 11.0, 12.0, 12.0])["drift"] == pytest.approx(0.2)
+    # an even count: the median is the mean of the middle two
+    assert summarize([10.0, 1.0, 3.0, 2.0])["median"] == 2.5
 
 
 def test_oom_detection():

@@ -89,6 +89,9 @@ def test_exact_p_with_ties_over_every_arrangement_of_the_values():
     assert mann_whitney_u([1, 1, 1], [1.2, 1.2, 1.2]).p == pytest.approx(0.1)
     j = judge([1, 1, 1], [1.2, 1.2, 1.2])
     assert j.outcome == "unknown" and j.reason == "too few samples to tell"
+    # 1 sample against 39: the best p is 2/40, alpha itself, which tells nothing either
+    j = judge([1.0], [float(v) for v in range(2, 41)])
+    assert j.p == 2 / 40 and (j.outcome, j.reason) == ("unknown", "too few samples to tell")
     # 4 vs 3, one tie: 0.057 at best, not 0.050
     j = judge([10.0, 10.1, 10.2, 10.3], [12.0, 12.1, 12.1])
     assert j.outcome == "unknown" and j.p == pytest.approx(2 / 35)
@@ -740,10 +743,15 @@ def test_a_change_past_the_threshold_is_decided_both_ways_alike():
     assert (once.n_a, once.n_b, once.n_of) == (5, 5, "samples")
 
 
-def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
-    """A point ok in A whose latest run in B ran out of memory (or was wrong) was left out:
-    `1 point compared: 1 unchanged`, exit 0 under --fail-on-regression. It is listed as
-    failed in B, with why, and fails the gate; an older ok run in B does not hide it."""
+@pytest.mark.parametrize("status, error", [
+    ("oom", "oom: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ("wrong", "wrong: max err 0.5 above 1e-3"),
+    ("error", "error: cs336_systems/ddp.py:12: RuntimeError: boom")])
+def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path, status, error):
+    """A point ok in A whose latest run in B ran out of memory (or was wrong, or raised) was
+    left out: `1 point compared: 1 unchanged`, exit 0 under --fail-on-regression. It is
+    listed as failed in B, with why, and fails the gate; an older ok run in B does not hide
+    it."""
     b = Builder(tmp_path / "results.db")
     b.invocation("inv-a", A, "2026-02-01 10:00:00.000000")
     b.invocation("inv-b", B, "2026-02-02 10:00:00.000000")
@@ -756,9 +764,9 @@ def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
     s = {"size": "small", "seq": 128, "batch": 4, "mode": "train", "precision": "fp32",
          "compile": False, "device": "cuda", "seed": 0}
     b.store.db["runs"].insert({
-        "id": "run-oom", "invocation_id": "inv-b", "experiment": "model", "status": "oom",
+        "id": "run-oom", "invocation_id": "inv-b", "experiment": "model", "status": status,
         "settings": json.dumps(s), "metrics": "{}", "samples": None,
-        "error": "oom: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "error": error,
         "created": "2026-02-02 10:30:00.000000", "started": "2026-02-02 10:30:00.000000",
         "duration_s": 1.0, "point_key": "k"})
     # a point SIGTERM stopped in B measured nothing: its earlier ok run is compared
@@ -774,11 +782,12 @@ def test_a_point_that_failed_in_b_is_a_regression_the_gate_sees(tmp_path):
                     "--fail-on-regression", "10", "--format", "html,md")
     assert result.exit_code == 1, result.output
     line = _table_line(result.stdout, "precision=fp32")
-    assert "oom in B" in line and "CUDA out of memory" in line and "nan" not in line
+    assert f"{status} in B" in line and error.split(": ", 1)[1][:20] in line, line
+    assert "nan" not in line
     assert "unchanged" in _table_line(result.stdout, "precision=bf16")
     assert "2 points compared: 0 faster, 0 slower, 1 unchanged, 1 failed in B" in result.stdout
     assert "Regression: 1 point worse than 10%" in result.stderr
-    assert '<td class="worse">oom in B</td>' in (tmp_path / "out" / "report.html").read_text()
+    assert f'<td class="worse">{status} in B</td>' in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_a_history_whose_latest_commit_failed_a_point_fails_the_gate(tmp_path):

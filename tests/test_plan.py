@@ -38,6 +38,8 @@ def test_ring_collectives_hand_worked():
     assert pm.all_reduce_naive_s(S, 4, W) == pytest.approx(0.48)
     # binary tree, unpipelined: log2(4) = 2 levels up and 2 down of 8 GB: 0.32 s
     assert pm.all_reduce_tree_s(S, 4, W) == pytest.approx(0.32)
+    # at 5 devices, ceil(log2 5) = 3 levels each way: 0.48 s
+    assert pm.all_reduce_tree_s(S, 5, W) == pytest.approx(0.48)
     for f in (pm.all_gather_s, pm.reduce_scatter_s, pm.all_reduce_s, pm.all_reduce_two_step_s,
               pm.all_reduce_alternate_ring_s, pm.all_reduce_naive_s, pm.all_reduce_tree_s):
         assert f(S, 1, W) == 0  # alone, nothing moves
@@ -145,7 +147,9 @@ def test_fsdp_tp_bound_against_a_scan_of_splits(overlap):
 
 def test_best_split_against_brute_force():
     """The largest N = X*Y with (X-1)a + (Y-1)k <= budget, against a scan over real X."""
-    for a, k, budget in ((1 / 4096, 1 / 11008, 4e-4), (1e-3, 1e-6, 1e-3), (1e-6, 1e-3, 1e-3)):
+    # the last: the interior optimum would need Y < 1, so the best is a pure split
+    for a, k, budget in ((1 / 4096, 1 / 11008, 4e-4), (1e-3, 1e-6, 1e-3), (1e-6, 1e-3, 1e-3),
+                         (4.16e-5, 3.13e-3, 5.75e-4)):
         bound = pm.best_split_n_max(a, k, budget)
 
         def feasible(n, a=a, k=k, budget=budget):

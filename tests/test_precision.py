@@ -272,6 +272,8 @@ def test_autocast_on_cuda_matches_torch_op_lists(db_path):
     result = invoke("precision", "autocast", "--precision", "bf16,fp16", "--device", "cuda",
                     "--db", db_path)
     assert result.exit_code == 0, result.output
+    assert sorted(r["precision"] for r in rows(db_path)) == ["bf16", "fp16"]
+    assert any(r["status"] == "ok" for r in rows(db_path))  # fp16 runs on every CUDA GPU
     for r in rows(db_path):
         low = {"bf16": "bfloat16", "fp16": "float16"}[r["precision"]]
         if r["status"] == "skipped":  # bfloat16 before Ampere
@@ -287,6 +289,7 @@ def test_autocast_on_cuda_matches_torch_op_lists(db_path):
 def test_accumulate_on_cuda_equals_cpu_arithmetic(db_path):
     result = invoke("precision", "accumulate", "--device", "cuda", "--db", db_path)
     assert result.exit_code == 0, result.output
+    assert sorted(r["variant"] for r in rows(db_path)) == sorted(EXPECTED)
     for r in rows(db_path):
         assert r["result"] == EXPECTED[r["variant"]][2]
 

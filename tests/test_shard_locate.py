@@ -60,6 +60,18 @@ def test_a_flat_buffer_shard_under_a_name_of_its_own_is_checked():
     assert wrong is not None and "flat_shard (parts of 2 weights)" in wrong
 
 
+def test_summed_and_twice_divided_are_told_by_the_world_size():
+    """At 3 ranks a sum is 3 x the mean and a double division the mean / 3 (every case
+    above is at 2, where a factor of 2 would pass for the world size)."""
+    ref = _reference(world_size=3)
+    mean = ref.grads["out.weight"]
+    summed = gradient_problem({"out.weight": 3 * mean}, ref, 1e-3)
+    assert summed is not None and "match world_size (3) x the reference: summed" in summed
+    assert gradient_problem({"out.weight": 2 * mean}, ref, 1e-3).find("summed") == -1
+    twice = gradient_problem({"out.weight": mean / 3}, ref, 1e-3)
+    assert twice is not None and "match the reference / world_size (3): divided" in twice
+
+
 def test_a_shard_that_holds_another_ranks_gradient_is_named():
     """Rank r keeping the reduced gradient of chunk r + 1 was `wrong` with a number only:
     the gradient matched the mean under the later-chunk layout, so it looked right, and
