@@ -431,6 +431,29 @@ def test_memory_profiling_gives_two_numbers_per_length_and_the_residual_tensor(
     assert "| 128 | 5.0 |" in residual and "| 2048 | 80.0 |" in residual  # xl: d = 2560
 
 
+def test_fsdp_accounting_b_gives_the_forward_time_beside_the_all_gathers(db_path, tmp_path):
+    """(b) "Does the communication finish in time for the forward pass? ... with your
+    timings": the writeup had memory and step time only; it shows each impl's forward beside
+    the FSDP's all-gathers."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+
+    with Store(db_path, EXPERIMENTS) as store:
+        inv = store.begin_invocation({"gpu": "cpu"}, [], "ddp", label="fsdp_accounting")
+        for impl, fwd, calls in (("overlap", 40.0, 0), ("fsdp", 52.0, 58)):
+            store.add_run(inv, "ddp", "ok", {"impl": impl, "size": "tiny"},
+                          {"fwd_ms_mean": fwd, "step_ms_mean": 3 * fwd, "comm_ms_mean": 9.0,
+                           "allgather_calls": calls, "allgather_bytes": calls * 2**20})
+    out = tmp_path / "w"
+    assert invoke("handout", "report", "fsdp_accounting", "--format", "md", "--out", out,
+                  "--db", db_path).exit_code == 0
+    md = (out / "writeup.md").read_text()
+    table = md.split("**(b) Forward time beside the all-gathers**", 1)[1]
+    assert "| forward ms | step ms | communication ms | all-gathers/step | all-gathered MiB |" \
+        in table
+    assert "| 52 " in table and "| 58 | 58.0 |" in table, table[:800]
+
+
 def test_ddp_bucketed_benchmarking_shows_the_buckets_its_overhead_model_takes(db_path,
                                                                               tmp_path):
     """2025's (b) models the bucketed DDP's overhead by the number of buckets; the writeup

@@ -207,7 +207,10 @@ PROBLEMS = (
                       """), STEP), where={"mode": "train"},
                       note="Where the optimizer step sets the step's peak, every policy has "
                       "the same peak: the backward peak and the bytes saved for backward "
-                      "tell the block sizes apart."),),
+                      "tell the block sizes apart. every:1, a checkpoint per block, is the "
+                      "smallest block size cs336sys checkpoints: where it is the best, the next "
+                      "smaller would checkpoint a block's attention and feed-forward apart, "
+                      "which it does not measure."),),
     ),
     Problem(
         "pytorch_attention", 2, section="4.1.1",
@@ -368,7 +371,22 @@ PROBLEMS = (
         "all-gathers finish in time: `--nsys` on the command writes the Nsight report.",
         runs=(_ddp("overlap,fsdp --shard-optimizer", "overlap,yours-fsdp --shard-optimizer yours"),),
         tables=(Pivot("Memory of rank 0 and step time, replicated and sharded", "ddp",
-                      ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment),
+                      ("impl", "shard_optimizer"), DDP_MEMORY), memory_by_moment,
+                # (b)'s timings: a forward that waits on its all-gathers is longer than the
+                # replicas', which gather nothing
+                Pivot("(b) Forward time beside the all-gathers", "ddp", ("impl", "shard_optimizer"),
+                      column_table("""
+                          forward ms           fwd_ms             mean_std
+                          step ms              step_ms            mean_std
+                          communication ms     comm_ms            mean_std
+                          all-gathers/step     allgather_calls    num
+                          all-gathered MiB     allgather_bytes    mib
+                      """), note="forward ms: each rank's forward with the loss, the slowest "
+                      "rank's; where the FSDP's is no longer than the replicated DDP's, its "
+                      "all-gathers finished in time (prefetched behind the previous layers). "
+                      "communication ms: for an FSDP, the time any of its collectives was in "
+                      "flight, hidden or not; for the DDP, what the step waited for. "
+                      "`--nsys` on the command shows each gather against the kernels.")),
     ),
     Problem(
         "alternate_ring_all_reduce", 1, section="8.1", kind=COMPUTE,
