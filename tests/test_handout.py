@@ -781,7 +781,10 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
 
     (naive_2025,) = named(["naive_ddp"], "2025")
     assert not naive_2025.check and _commands(naive_2025, False, yours=True) == []
-    assert Status(naive_2025).line() == f"your implementation: {UNTESTED}"
+    assert Status(naive_2025).line() == f"your implementation: {UNTESTED.format(name='naive_ddp')}"
+    # which names the command that does check it, and the label that counts it here
+    assert "the command in what it asks checks it, with `--label naive_ddp`" in \
+        Status(naive_2025).line() and "`cs336sys ddp --impl yours=" in naive_2025.asks
     # the course's FSDP wraps cs336_basics.model's layers, none of which cs336sys's model has;
     # its test runs fp32 and fp16 (an fp16 gradient on an fp32 master read `checked, 1 ok`)
     assert by_name["fsdp"].check == "cs336sys ddp --model cs336_basics --impl yours-fsdp " \
@@ -789,6 +792,15 @@ def test_yours_measures_the_users_code_where_the_problem_is_about_it():
     fp32_only = Status(by_name["fsdp"], stored=[("ddp", {
         "impl": "yours-fsdp", "precision": "fp32", "world_size": 2})])
     assert fp32_only.left() == ["ddp (precision=fp16)"]
+    # torch_compile (a) "with the same configuration as the pytorch_attention problem": on a
+    # CPU too (it measured 1 of pytorch_attention's 4 cut-down points)
+    def sizes(args):
+        return [args[args.index(o) + 1] for o in ("--seq", "--d-head")]
+    base = by_name["pytorch_attention"].runs[0]
+    for run in by_name["torch_compile"].runs[:2]:
+        for yours in (False, True):
+            if run.args(False, yours=yours) is not None:
+                assert sizes(run.args(False, yours=yours)) == sizes(base.args(False, yours=yours))
     # torch_compile (a): the user's assignment-1 attention eager, then compiled (a run of
     # theirs alone: without --yours, `compiled` already measures ours)
     eager, compiled = by_name["torch_compile"].runs[:2]

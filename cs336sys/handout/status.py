@@ -18,7 +18,9 @@ from cs336sys.report.select import of_handout
 
 _ORDER = ("ok", "wrong", "oom", "error", "skipped")
 # An implementation problem with nothing to run it by (2025's naive_ddp is a script).
-UNTESTED = "no test of the course's checks it, nor a command of cs336sys's (what it asks says how)"
+UNTESTED = ("no test of the course's checks it and `handout run` has nothing to run (no adapters "
+            "function names your code): the command in what it asks checks it, with "
+            "`--label {name}` to count here")
 
 
 @dataclass
@@ -51,7 +53,7 @@ class Status:
         if not self.done:
             if p.kind == IMPLEMENT:
                 if not p.checks:
-                    return f"your implementation: {UNTESTED}"
+                    return f"your implementation: {UNTESTED.format(name=p.name)}"
                 return ("your implementation: the course's tests check it; cs336sys checks it "
                         f"with the command{'s' if len(p.checks) > 1 else ''} below")
             return "not yet computed" if p.kind == COMPUTE else "not yet measured"

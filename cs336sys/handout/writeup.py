@@ -223,7 +223,7 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
     if problem.kind == IMPLEMENT:
         sec.notes.append(f"Your implementation: the course's tests check it; cs336sys checks it "
                          f"with {' and '.join(f'`{c}`' for c in problem.checks)}." if problem.checks else
-                         f"Your implementation: {UNTESTED}.")
+                         f"Your implementation: {UNTESTED.format(name=problem.name)}.")
     again = f"--year {year} " if year and year != HANDOUTS[0] else ""
     if not rows:
         if problem.kind != IMPLEMENT:  # the commands, run so that they count for it

@@ -249,15 +249,16 @@ PROBLEMS = (
         runs=(
             # (3 interleaved rounds: the preset's one round, pytorch_attention's 100 calls,
             # leaves the compiled / eager ratio no verdict)
+            # on a CPU too at pytorch_attention's cut-down sizes: "with the same configuration"
             Run("attention --preset pytorch-attention --attention naive,compiled --rounds 3",
                 cpu="attention --preset pytorch-attention --attention naive,compiled "
-                "--seq 128 --d-head 16 --warmup 1 --iters 3",
+                f"{ATTENTION_CPU}",
                 yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION}",
                 yours_cpu=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
-                "--seq 128 --d-head 16 --warmup 1 --iters 3", part="(a)"),
+                f"{ATTENTION_CPU}", part="(a)"),
             Run(f"attention --preset pytorch-attention --attention {A1_ATTENTION} --compile",
                 yours_cpu=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
-                "--compile --seq 128 --d-head 16 --warmup 1 --iters 3", part="(a)",
+                f"--compile {ATTENTION_CPU}", part="(a)",
                 yours=f"attention --preset pytorch-attention --attention {A1_ATTENTION} "
                 "--compile", yours_only=True),
             on_their_model(f"model --size {SIZES} --mode forward,train",
