@@ -224,6 +224,11 @@ def test_residuals_rows(db_path):
     assert sum(samples["saved_by_node"].values()) == pytest.approx(r["walked_bytes"], abs=8)
     assert "MulBackward0 ×" in result.stdout  # the multiplications' count beside their share
     assert {r[f"top{i}_op"]: r[f"top{i}_nodes"] for i in range(1, 6)}.get("MmBackward0") == 7
+    # memory_profiling (f): the gradients a block's backward produces, by hand: two norms (d),
+    # q, k, v, o (d x d) and SwiGLU's three (d x d_ff), fp32; and the input's, B·T·d
+    params = 2 * 64 + 4 * 64 * 64 + 3 * 64 * 128
+    assert r["param_bytes"] == r["grad_bytes"] == 4 * params
+    assert r["input_grad_bytes"] == 2 * 32 * 64 * 4
 
 
 @pytest.mark.slow

@@ -142,7 +142,12 @@ def run(spec: ResidualsSpec) -> Result:
     fwd_ms = (time.perf_counter() - t0) * 1e3
     per_node = saved_by_node(out, exclude=params)
     counts = saving_nodes(out, exclude=params)
+    # memory_profiling (f): the gradient tensors the block's backward produces, its
+    # parameters' (as many bytes as they, fp32 under autocast too) and its input's
+    out.backward(torch.ones_like(out))
     del out
+    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+    input_grad = x.grad.numel() * x.grad.element_size() if x.grad is not None else None
 
     walked = sum(per_node.values())
     residual = B * T * d * x.element_size()
@@ -161,6 +166,9 @@ def run(spec: ResidualsSpec) -> Result:
         "nodes_saving": len(per_node),
         "fwd_ms": fwd_ms,
         "compile_s": compile_s,
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "grad_bytes": grad_bytes,
+        "input_grad_bytes": input_grad,
     }
     top = list(per_node.items())[:TOP]
     for i in range(TOP):
@@ -332,6 +340,9 @@ TABLE = Table(
             analytic MiB      analytic_bytes      mib
             residual MiB      residual_bytes      mib
             saved / residual  saved_per_residual  num
+            param grads MiB   grad_bytes          mib  optional
+            params MiB        param_bytes         mib  optional
+            input grad MiB    input_grad_bytes    mib  optional
         """),
         Column("top operations (share)", cell=_top),
     ),
@@ -350,6 +361,9 @@ EXPERIMENT = Experiment(
             residual_bytes      bytes  the block's input, B·T·d
             saved_per_residual  -      saved bytes in units of the residual stream
             nodes_saving        -      autograd nodes that save something
+            param_bytes         bytes  the block's parameters
+            grad_bytes          bytes  the gradients of its parameters its backward produces (measured)
+            input_grad_bytes    bytes  the gradient of its input its backward produces, B·T·d
         """),
         *(Metric(f"top{i}_{k}", u, f"the {i}. operation by saved bytes: {w}")
           for i in range(1, TOP + 1)
