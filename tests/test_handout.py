@@ -452,6 +452,9 @@ def test_fsdp_accounting_b_gives_the_forward_time_beside_the_all_gathers(db_path
     assert "| forward ms | step ms | communication ms | all-gathers/step | all-gathered MiB |" \
         in table
     assert "| 52 " in table and "| 58 | 58.0 |" in table, table[:800]
+    # measured on cs336sys's code alone, which the handout's "your implementation" is not
+    assert ("These are cs336sys's own implementations: `cs336sys handout run "
+            "fsdp_accounting --yours` measures yours.") in md
 
 
 def test_ddp_bucketed_benchmarking_shows_the_buckets_its_overhead_model_takes(db_path,

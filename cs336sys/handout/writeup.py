@@ -233,6 +233,12 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
                              + " (by hand, each with `--label " + problem.name + "`).")
         return sec
     sec.notes.append(method(invs, rows, {e.kind: e.compare for e in catalog}))
+    # a problem about the student's code, measured on cs336sys's alone: said, or a table's
+    # `ours` pasted into a writeup reads as theirs
+    if any(run.yours is not None or run.yours_only for run in problem.runs) and \
+            "your code" not in sec.notes[-1]:
+        sec.notes.append(f"These are cs336sys's own implementations: `cs336sys handout run "
+                         f"{again}{problem.name} --yours` measures yours.")
     stored = [(kind, r["_settings"]) for kind, kind_rows in rows.items() for r in kind_rows]
     on_cpu = problem.kind == MEASURE and not all(run.anywhere for run in problem.runs) and all(
         r.get("gpu") == "cpu" for kind_rows in rows.values() for r in kind_rows)
