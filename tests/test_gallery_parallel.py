@@ -76,8 +76,9 @@ def test_ddps_right_and_wrong(repo, tmp_path):
     assert "rank 0's weights never broadcast to the others at the start" in alone["error"]
     # the first step's gradients right, the later ones not averaged: not read as a broadcast
     once = got["yours-once", "none"]
-    assert once["status"] == "wrong" and "the first step's gradients were right, so a later " \
-        "step's were not averaged over the ranks" in once["error"], once["error"]
+    assert once["status"] == "wrong" and "rank 0's first-step gradients were the mean, so its " \
+        "weights reached the others, but their updates differ" in once["error"], once["error"]
+    assert "or not at a later step (a bucket or counter never reset?)" in once["error"]
     assert "never broadcast" not in once["error"]
     # all-reduces never waited for: said first, not read as weights never broadcast
     nowait = got["yours-nowait", "none"]

@@ -473,10 +473,10 @@ def training_check(full: dict, reference: TrainingReference, precision: str,
                       f"here, or its result never reached rank 0 (a shard no rank steps, or "
                       f"one its owner never broadcasts?)")
     if spread and not passed and not frozen:  # (parameters nobody stepped differ as well)
-        # the first step's gradients matching the reference rule out weights never broadcast
-        # (the other ranks' gradients would have differed): a later step's sync went wrong
-        why = ("the first step's gradients were right, so a later step's were not averaged "
-               "over the ranks (a bucket or counter never reset between steps?)"
+        # rank 0's first-step mean rules out weights never broadcast, not what the others did
+        why = ("rank 0's first-step gradients were the mean, so its weights reached the "
+               "others, but their updates differ from its: averaged on rank 0 alone (a reduce, "
+               "not an all-reduce?) or not at a later step (a bucket or counter never reset?)"
                if grads is not None and gradients is None else
                "rank 0's weights never broadcast to the others at the start, or their updates "
                "differ")
