@@ -303,6 +303,9 @@ def test_nvtx_mode_profiles_nothing_and_still_times(db_path):
     (run,) = rows(db_path, "SELECT * FROM profile_runs")
     assert run["profiler"] == "nvtx" and run["fwd_ms_mean"] > 0 and run["fwd_profiled_ms_mean"] is None
     assert rows(db_path, "SELECT count(*) AS n FROM kernel_stats") == [{"n": 0}]
+    # said once, on a CPU: the ranges are CUDA's
+    assert result.stderr.count("--nvtx without CUDA: its ranges are CUDA's, so nothing is "
+                               "profiled") == 1
 
 
 def test_nsys_without_nsys_is_bad_input(db_path, tmp_path, monkeypatch):

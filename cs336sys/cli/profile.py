@@ -132,6 +132,10 @@ def _profile_points(ctx, target, point_specs, options):
         from cs336sys.cli.outputs import refuse_to_replace
 
         points = exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
+        if nvtx and not nvtx_asked() and not any(
+                str(p.point.device).startswith("cuda") for p in points):
+            typer.echo("--nvtx without CUDA: its ranges are CUDA's, so nothing is profiled; "
+                       "each row keeps its phases' wall times alone", err=True)
         refuse_to_replace([Path(p.trace) for p in points if p.trace], "trace", "--trace",
                           options["force"], options["db"])
         return points
