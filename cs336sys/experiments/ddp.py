@@ -65,6 +65,7 @@ from cs336sys.experiments.training_step import (
 from cs336sys.measure.dtypes import autocast_dtype
 from cs336sys.measure.memory import CudaProbe, TrackerProbe
 from cs336sys.measure.progress import step_done
+from cs336sys.measure.provenance import is_yours
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.timing import launch_metrics
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset
@@ -311,7 +312,7 @@ def run(ctx: Any, spec: DDPSpec) -> Result:
             model=setup.module, forward_module=setup.module, x=x, y=y, mode="train",
             device=ctx.device, optimizer=setup.optimizer, finish=setup.finish, start=setup.start,
             amp_dtype=autocast_dtype(spec.precision) if setup.autocast else None,  # FSDPs: own
-            clear_grads=ddp_yours.yours.is_yours(spec.shard_optimizer))
+            clear_grads=is_yours(spec.shard_optimizer))
         losses = []
         total = spec.warmup + 1 + spec.iters  # warm-up, the measured step, the timed steps
         # rank 0's gradients after the first step's synchronization, and an FSDP's shards

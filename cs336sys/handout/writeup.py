@@ -235,8 +235,8 @@ def section(problem: Problem, rows: dict[str, list], invs: list[dict[str, Any]],
     sec.notes.append(method(invs, rows, {e.kind: e.compare for e in catalog}))
     # a problem about the student's code, measured on cs336sys's alone: said, or a table's
     # `ours` pasted into a writeup reads as theirs
-    if any(run.yours is not None or run.yours_only for run in problem.runs) and \
-            "your code" not in sec.notes[-1]:
+    if any(run.yours is not None or run.yours_only for run in problem.runs) and not any(
+            measures_yours(r["_settings"]) for kind_rows in rows.values() for r in kind_rows):
         sec.notes.append(f"These are cs336sys's own implementations: `cs336sys handout run "
                          f"{again}{problem.name} --yours` measures yours.")
     stored = [(kind, r["_settings"]) for kind, kind_rows in rows.items() for r in kind_rows]

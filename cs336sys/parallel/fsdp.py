@@ -149,7 +149,7 @@ class FSDP(nn.Module):
         self.replicated = [p for p in module.parameters() if p.requires_grad]  # 1-D, left
         # under a compute dtype: the units' biases, frozen weights' modules; norms stay fp32
         units = {id(unit.module) for unit in self.units}
-        self._unit_params = {
+        self._cast_params = {
             f"{name}.{attr}" if name else attr: p for name, m in module.named_modules()
             if id(m) in units or any(q.dim() > 1 for q in m.parameters(recurse=False))
             for attr, p in m.named_parameters(recurse=False) if p.is_floating_point()}
@@ -398,7 +398,7 @@ class FSDP(nn.Module):
             # through a differentiable cast: their gradients still reach the fp32 parameters.
             # (functional_call swaps them in for this call only.)
             args = tuple(self._cast(a) for a in args)
-            cast = {n: p.to(self.compute_dtype) for n, p in self._unit_params.items()}
+            cast = {n: p.to(self.compute_dtype) for n, p in self._cast_params.items()}
             return torch.func.functional_call(self.module, cast, args, kwargs)
         finally:
             # Gathers prefetched for units this forward did not run would be stale after
