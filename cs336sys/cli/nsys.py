@@ -82,11 +82,12 @@ def record(ctx: typer.Context, points: list, command: str, describe: Callable[[A
     nsys or CUDA is missing, to read them before a GPU host runs them."""
     path = shutil.which("nsys")
     device = str(points[0].device)
+    cuda = on_cuda(device)
     lacks = " and ".join(([] if path else ["nsys is not on PATH"])
-                         + ([] if on_cuda(device) else [f"device {device} is no CUDA device"]))
+                         + ([] if cuda else [f"device {device} is no CUDA device"]))
     if path is None and not dry:
         raise NsysRefused("--nsys: Nsight Systems (nsys) is not installed or not on PATH")
-    if not on_cuda(device) and not dry:
+    if not cuda and not dry:
         raise NsysRefused(f"--nsys needs a CUDA device: NVTX ranges and the kernels nsys "
                           f"records are CUDA's (device {device})")
     path = path or "nsys"

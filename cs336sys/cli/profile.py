@@ -18,6 +18,7 @@ import typer
 
 from cs336sys.cli.common import fail, run_experiment, table
 from cs336sys.cli.declared import with_options
+from cs336sys.cli.nsys import on_cuda
 from cs336sys.cli.options import option
 from cs336sys.experiments import attention_command, model_command
 from cs336sys.measure.nsys import nvtx_asked
@@ -132,8 +133,7 @@ def _profile_points(ctx, target, point_specs, options):
         from cs336sys.cli.outputs import refuse_to_replace
 
         points = exp.specs(target, point_specs(**point_options), top=top, nvtx=nvtx, trace=trace)
-        if nvtx and not nvtx_asked() and not any(
-                str(p.point.device).startswith("cuda") for p in points):
+        if nvtx and not nvtx_asked() and not any(on_cuda(str(p.point.device)) for p in points):
             typer.echo("--nvtx without CUDA: its ranges are CUDA's, so nothing is profiled; "
                        "each row keeps its phases' wall times alone", err=True)
         refuse_to_replace([Path(p.trace) for p in points if p.trace], "trace", "--trace",

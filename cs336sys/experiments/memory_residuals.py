@@ -103,7 +103,12 @@ def specs(
 def run(spec: ResidualsSpec) -> Result:
     import torch
 
-    from cs336sys.measure.saved_tensors import saved_by_node, saved_bytes_excluding, saving_nodes
+    from cs336sys.measure.saved_tensors import (
+        saved_by_node,
+        saved_bytes_excluding,
+        saved_storages,
+        saving_nodes,
+    )
     from cs336sys.models.checkpointing import block_output
     from cs336sys.models.transformer import TransformerBlock
 
@@ -140,8 +145,9 @@ def run(spec: ResidualsSpec) -> Result:
     out, saved = saved_bytes_excluding(forward, exclude=params)
     synchronize(spec.device)
     fwd_ms = (time.perf_counter() - t0) * 1e3
-    per_node = saved_by_node(out, exclude=params)
-    counts = saving_nodes(out, exclude=params)
+    walked = saved_storages(out, exclude=params)  # one walk of the graph for both
+    per_node = saved_by_node(out, walked=walked)
+    counts = saving_nodes(out, walked=walked)
     # memory_profiling (f): the gradient tensors the block's backward produces, its
     # parameters' (as many bytes as they, fp32 under autocast too) and its input's
     out.backward(torch.ones_like(out))

@@ -89,19 +89,29 @@ def _saved_storages(output: torch.Tensor, exclude: Iterable[torch.Tensor]
             yield node.name(), keys
 
 
-def saving_nodes(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> Counter:
+def saved_storages(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()
+                   ) -> list[tuple[str, set[tuple[int, int]]]]:
+    """One walk of `output`'s graph (_saved_storages), for saving_nodes and saved_by_node
+    to share (`walked=`)."""
+    return list(_saved_storages(output, exclude))
+
+
+def saving_nodes(output: torch.Tensor, exclude: Iterable[torch.Tensor] = (),
+                 walked: list | None = None) -> Counter:
     """How many nodes of each name in `output`'s graph save a tensor (`exclude` left out):
-    MulBackward0's bytes in saved_by_node are those of every multiplication of the block."""
-    return Counter(name for name, _ in _saved_storages(output, exclude))
+    MulBackward0's bytes in saved_by_node are those of every multiplication of the block.
+    `walked`: saved_storages' walk, taken instead of walking again."""
+    return Counter(name for name, _ in walked or _saved_storages(output, exclude))
 
 
-def saved_by_node(output: torch.Tensor, exclude: Iterable[torch.Tensor] = ()) -> dict[str, float]:
+def saved_by_node(output: torch.Tensor, exclude: Iterable[torch.Tensor] = (),
+                  walked: list | None = None) -> dict[str, float]:
     """Bytes saved for backward in `output`'s graph, by autograd node name (e.g.
     'SoftmaxBackward0'), shared storages split equally; `exclude` left out. Sorted, largest
-    first. Call before backward frees the saved tensors."""
+    first. Call before backward frees the saved tensors. `walked` as saving_nodes takes it."""
     savers: dict[int, list[str]] = defaultdict(list)  # storage -> names of saving nodes
     sizes: dict[int, int] = {}
-    for name, keys in _saved_storages(output, exclude):
+    for name, keys in walked or _saved_storages(output, exclude):
         for key, nbytes in keys:
             savers[key].append(name)
             sizes[key] = nbytes

@@ -173,7 +173,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
     typo would otherwise select nothing, silently) and a plain identifier (it enters a
     JSON path)."""
     out = []
-    known = known_keys(catalog)
+    known, sized = known_keys(catalog), _sized(catalog)
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -192,7 +192,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
             _typed(value)
         except ValueError as exc:
             raise SelectionError(f"--where {item!r}: {exc}") from None
-        out.append((key, _in_bytes(value) if key in _sized(catalog) else value))
+        out.append((key, _in_bytes(value) if key in sized else value))
     return out
 
 
