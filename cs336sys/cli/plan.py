@@ -194,21 +194,13 @@ def _measured(db, gpu: str | None):
 def _show(exp, points, wide: bool) -> None:
     """The time and memory tables, the closed forms, the plan beside measured runs: each cut
     to the terminal's width as a measuring command's are, or in one piece with `wide`."""
-    from cs336sys.experiments.plan_section import (
-        MEASURED,
-        all_reduces,
-        closed_forms,
-        inequalities,
-        measured_rows,
-        mesh,
-    )
+    from cs336sys.experiments.plan_section import MEASURED, formula_tables, measured_rows
     from cs336sys.report.tables import as_text, point_tables, row_of
 
     rows = [row_of(p.spec, p.result) for p in points]
     ok = [r for r in rows if r["status"] == "ok"]
     tables = point_tables(exp.EXPERIMENT.tables, ok, lift=0 if wide else 1)
-    extra = [t for t in (closed_forms(ok), inequalities(ok), all_reduces(ok), mesh(ok)) if t]
-    extra += point_tables([MEASURED], measured_rows(ok), lift=0)
+    extra = formula_tables(ok) + point_tables([MEASURED], measured_rows(ok), lift=0)
     typer.echo(as_text(tables + extra, width=None if wide else terminal_width()))
     for source in dict.fromkeys(p.spec.source for p in points):
         typer.echo(f"source: {source}")

@@ -51,7 +51,7 @@ from typing import Any
 
 from cs336sys.experiments import plan_section
 from cs336sys.experiments.plan_degrees import (
-    MAX_SPLIT,
+    check_splittable,
     mesh_of,
     problem,
     split_of,
@@ -60,7 +60,14 @@ from cs336sys.experiments.plan_degrees import (
     whole_split,
 )
 from cs336sys.experiments.plan_hardware import Hardware, listed_hardware
-from cs336sys.experiments.plan_model import ACCOUNTING, XXL, fsdp_fit, sharded
+from cs336sys.experiments.plan_model import (
+    ACCOUNTING,
+    XXL,
+    fsdp_fit,
+    gathered_bytes,
+    sharded,
+    token_bytes,
+)
 from cs336sys.measure.clock import now
 from cs336sys.models.config import ModelConfig, ModelShape, from_preset, preset_name, presets
 from cs336sys.parallel import plan_math as pm
@@ -153,8 +160,7 @@ def specs(
     check_size(batch, "--batch x --seq")
     for name, value in (("--batch x --seq", batch), ("--d-ff", given.get("d_ff")),
                         ("--num-heads", given.get("num_heads"))):
-        if value is not None and value > MAX_SPLIT:  # the degrees must divide them
-            raise SpecError(f"{name}: {value} is too large for a plan (at most 2^40)")
+        check_splittable(name, value)
     unused = [k for k in ("num_heads", "vocab_size") if given.get(k) is not None]
     if blocks == "ffn2" and unused:  # it would be stored and ignored
         raise SpecError(f"--{unused[0].replace('_', '-')}: the 2025 handout's xxl is blocks of "
@@ -233,8 +239,8 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     shard = sharded(local, x) if spec.strategy in ("fsdp", "fsdp-tp") else sum(local)
     mem = {k: per * shard for k, per in model.bytes_per_param}
     fsdp = x > 1 and spec.strategy != "dp"
-    gathered = model.gathered_units * E * model.unit(local) if fsdp else 0  # bf16 units
-    layer, kept, head = model.activation_bytes(cfg, y)
+    gathered = gathered_bytes(model, local) if fsdp else 0
+    per_token, per_token_ckpt = token_bytes(model, cfg, y)
     tokens = b // x  # tokens one device's forward sees
     static = sum(mem.values()) + gathered
     # the tokens whose activations a device keeps: FSDP shards this share of all b tokens'
@@ -242,8 +248,7 @@ def evaluate(spec: PlanSpec, x: int, y: int) -> dict[str, Any]:
     # keeps those of its own b/x tokens)
     share = model.fsdp_activation_share if fsdp else 1
     kept_tokens = share * tokens + (1 - share) * b
-    act = kept_tokens * (cfg.num_layers * layer + head)
-    act_ckpt = kept_tokens * (cfg.num_layers * kept + layer + head)
+    act, act_ckpt = kept_tokens * per_token, kept_tokens * per_token_ckpt
     per_seq, per_seq_ckpt = act / (tokens / spec.seq), act_ckpt / (tokens / spec.seq)
     cap = spec.memory_bytes
     return dict(

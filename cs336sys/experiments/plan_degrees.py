@@ -73,6 +73,14 @@ def divisors(k: int) -> tuple[int, ...]:
 MAX_SPLIT = 2**40  # the batch's tokens, the heads or d_ff: what the degrees divide
 
 
+def check_splittable(option: str, value: int | None) -> None:
+    """SpecError where `value` (of `option`) is more than MAX_SPLIT: divisors() of it would
+    take too long."""
+    if value is not None and value > MAX_SPLIT:
+        raise SpecError(f"{option}: {value} is too large for a plan "
+                        f"(at most 2^{MAX_SPLIT.bit_length() - 1})")
+
+
 def splits(n: int, heads: int, sequences: int) -> list[tuple[int, int]]:
     """FSDP+TP splits (X, Y) of n: X * Y == n, Y divides the heads, X the sequences."""
     return [(n // y, y) for y in divisors(heads)

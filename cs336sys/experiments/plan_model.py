@@ -104,6 +104,20 @@ def sharded(numels: list[int], x: int) -> int:
     return sum(math.ceil(k / x) for k in numels)
 
 
+def gathered_bytes(model: Transformer | TwoMatrixFFN, local: list[int]) -> int:
+    """What FSDP holds gathered at once beside the shards: its units, in bf16."""
+    return model.gathered_units * E * model.unit(local)
+
+
+def token_bytes(model: Transformer | TwoMatrixFFN, cfg: ModelConfig,
+                y: int = 1) -> tuple[float, float]:
+    """(without, with full checkpointing) the bytes one token keeps for backward under TP
+    `y`: every layer's and the head's; checkpointed, each layer's input and one layer
+    recomputed."""
+    layer, kept, head = model.activation_bytes(cfg, y)
+    return cfg.num_layers * layer + head, cfg.num_layers * kept + layer + head
+
+
 def fsdp_fit(model: Transformer | TwoMatrixFFN, cfg: ModelConfig, tokens: int,
              cap: float) -> tuple[int | None, int | None]:
     """(the smallest FSDP degree N whose memory per device fits `cap` bytes, the largest
@@ -116,9 +130,8 @@ def fsdp_fit(model: Transformer | TwoMatrixFFN, cfg: ModelConfig, tokens: int,
     its state, 16 bytes a parameter, is more than G: where G fills the device, 0 tokens)."""
     local = model.tensors(cfg)
     state = sum(per for _, per in model.bytes_per_param) * sum(local)
-    layer, _, head = model.activation_bytes(cfg)
-    per_token = cfg.num_layers * layer + head
-    share, gathered = model.fsdp_activation_share, model.gathered_units * E * model.unit(local)
+    per_token, _ = token_bytes(model, cfg)
+    share, gathered = model.fsdp_activation_share, gathered_bytes(model, local)
     whole = (1 - share) * per_token  # bytes a token keeps on every device, whatever N
     # no batch fits where the gathered units alone fill the device
     tokens_max = max(0, math.floor((cap - gathered) / whole)) if whole else (

@@ -168,12 +168,16 @@ def measured_rows(rows: list[Row]) -> list[Row]:
     return [r for r in rows if r.get("measured_run_id")]
 
 
+def formula_tables(pts: list[Row]) -> list[FilledTable]:
+    """The tables of closed forms that have rows, in order: the report's section and
+    `cs336sys plan`'s printout both show them."""
+    return [t for t in (closed_forms(pts), inequalities(pts), all_reduces(pts), mesh(pts)) if t]
+
+
 def section(sec: Section, pts: list[Row]) -> None:
     """After the declared tables: the closed forms, the plan beside measured ddp runs, and
     step time against degree with the communication-bound region marked."""
-    for table in (phases(pts), closed_forms(pts), inequalities(pts), all_reduces(pts), mesh(pts)):
-        if table:
-            sec.tables.append(table)
+    sec.tables.extend(t for t in (phases(pts), *formula_tables(pts)) if t)
     sec.tables.extend(point_tables([MEASURED], measured_rows(pts), counts=True, lift=1))
     plot = step_plot(pts)
     if plot.informative:

@@ -37,14 +37,11 @@ from typing import Any
 
 from cs336sys.measure.lifetime import end_with_parent
 from cs336sys.parallel import fork_server
+from cs336sys.parallel.rank_results import DEFAULT_TIMEOUT_S, collect
 from cs336sys.parallel.rank_results import WorkerError as WorkerError  # its name here too
-from cs336sys.parallel.rank_results import collect
 from cs336sys.parallel.rank_stderr import RankStderr, redirect
 from cs336sys.parallel.world_size import check_world_size
 
-# How long a collective may block before the group gives up. Generous, because a 1 GB
-# all-reduce over Gloo on a laptop takes seconds; override with CS336SYS_DIST_TIMEOUT.
-DEFAULT_TIMEOUT_S = 300.0
 BACKENDS = ("gloo", "nccl")
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 

@@ -33,11 +33,15 @@ GRACE_S = 1.0
 # What a rank sees of a peer that failed or gave up: never the cause while another rank's
 # error is something else (a rank-0-only broadcast blamed the peer's wait, not the timeout).
 CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer")
+# How long a collective may block before the group gives up (launcher.timeout_s).
+# Generous, because a 1 GB all-reduce over Gloo on a laptop takes seconds; override with
+# CS336SYS_DIST_TIMEOUT.
+DEFAULT_TIMEOUT_S = 300.0
 # A collective that timed out: said with its likely cause in the user's distributed code.
 TIMED_OUT = ("Timed out waiting", "collective operation timeout")
 TIMEOUT_HINT = (" (a collective waited the process group's timeout, CS336SYS_DIST_TIMEOUT "
-                "seconds, 300 by default, for a rank that never joined it: do all ranks call "
-                "the same collectives, in the same order?)")
+                f"seconds, {DEFAULT_TIMEOUT_S:g} by default, for a rank that never joined it: "
+                "do all ranks call the same collectives, in the same order?)")
 
 
 def collect(procs, conns, on_emit, stderr: RankStderr) -> list[Any]:
