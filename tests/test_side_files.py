@@ -254,3 +254,46 @@ def test_a_refusal_writes_nothing_whatever_schema_a_file_claims(tmp_path, versio
             assert _digest(folder) == before, command
         for p in folder.iterdir():
             p.unlink()
+
+
+def _killed_mid_transaction(store: Path) -> None:
+    """A writer in rollback mode (as an older cs336sys's stores, or the `sqlite3` shell's)
+    killed in a transaction that changed every run and spilled its pages into the store: a
+    hot `-journal` holds what was committed."""
+    import subprocess
+    import sys
+
+    script = f"""
+import os, sqlite3
+conn = sqlite3.connect({str(store)!r}, isolation_level=None)
+conn.execute("PRAGMA journal_mode = DELETE")
+conn.execute("PRAGMA cache_size = 1")
+conn.execute("BEGIN EXCLUSIVE")
+conn.execute("UPDATE runs SET status = 'error', error = 'UNCOMMITTED'")
+conn.execute("CREATE TABLE filler (x BLOB)")
+conn.executemany("INSERT INTO filler VALUES (?)", [(os.urandom(2000),)] * 50)
+os._exit(9)
+"""
+    subprocess.run([sys.executable, "-c", script], check=False)
+    assert Path(f"{store}-journal").stat().st_size > 0
+
+
+@pytest.mark.promise(STORE)
+def test_a_writer_killed_in_a_transaction_leaves_only_what_it_committed(store, tmp_path):
+    """A store with a hot journal was read immutable: its uncommitted rows were shown by sql
+    and report and merged into another store for good, and a command that would write
+    called the store damaged. Readers read the committed store and leave both files as they
+    are; a writer rolls the journal back, as SQLite does, and stores its point."""
+    _killed_mid_transaction(store)
+    before = _digest(store.parent)
+    query = "SELECT count(*) AS n, count(error) AS failed FROM runs"
+    result = invoke("sql", query, "--csv", "--db", store)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[-1] == "1,0"
+    into = tmp_path / "into.db"
+    assert invoke("db", "merge", store, "--db", into).exit_code == 0
+    assert invoke("sql", query, "--csv", "--db", into).stdout.split()[-1] == "1,0"
+    assert _digest(store.parent) == before
+    result = invoke("plan", "--size", "tiny", "--strategy", "fsdp", "--n", "2", "--db", store)
+    assert result.exit_code == 0, result.output
+    assert invoke("sql", query, "--csv", "--db", store).stdout.split()[-1] == "2,0"

@@ -197,6 +197,13 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
     killed, the `-shm` removed) holds committed rows that only a WAL recovery reads, and the
     recovery writes a new `-shm`: that store is read from a copy (see _read_a_copy). (A
     writer that opens the store during an immutable read is not seen by it.)
+
+    A `-journal` beside it (a store in rollback mode: an older cs336sys's, or one the
+    `sqlite3` shell wrote) belongs to a writer in a transaction, or to one killed in it (a
+    "hot" journal, https://sqlite.org/atomiccommit.html#hot_journals). Read immutable, the
+    pages that writer changed and never committed were read as stored, or as damaged. Plain
+    `mode=ro` takes SQLite's locks, so it waits out a live writer; a hot journal only a
+    writable connection can roll back: that store is read from a copy rolled back there.
     """
     path = Path(path)
     uri = path.resolve().as_uri()
@@ -208,30 +215,49 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
     uri += "?mode=ro&immutable=1" if readable_immutable(path) else "?mode=ro"
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA query_only = ON")
+    journal = side_file(path, "-journal")
+    if journal.exists():
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) != SQLITE_READONLY_ROLLBACK:
+                raise
+            conn.close()
+            copied = _read_a_copy(path, journal)
+            return copied if copied is not None else open_untouched(path)
     return conn
+
+
+# https://sqlite.org/rescode.html#readonly_rollback: a hot journal a read-only connection
+# cannot roll back
+SQLITE_READONLY_ROLLBACK = 776
 
 
 def readable_immutable(path: str | Path) -> bool:
     """Whether the store can be read with `immutable=1`, which leaves nothing beside it: it
-    has no `-wal`, so no connection has it open in WAL mode (see open_untouched)."""
-    return not side_file(path, "-wal").exists()
+    has no `-wal`, so no connection has it open in WAL mode, and no `-journal`, so no writer
+    is in a transaction or was killed in one (see open_untouched)."""
+    return not (side_file(path, "-wal").exists() or side_file(path, "-journal").exists())
 
 
-def _read_a_copy(path: Path, wal: Path) -> sqlite3.Connection | None:
-    """The store and its WAL copied to a temporary folder, recovered there and read into
-    memory; None when a writer opened the store meanwhile (its `-shm` is back: read the
-    live file instead)."""
+def _read_a_copy(path: Path, side: Path) -> sqlite3.Connection | None:
+    """The store and its `-wal` or `-journal` copied to a temporary folder, recovered (the
+    WAL replayed, the hot journal rolled back) there and read into memory; None when the
+    live file should be read instead: a writer opened the store meanwhile (its `-shm` is
+    back), or the journal is gone (rolled back or committed since the copy began)."""
     import shutil
 
+    end = "-wal" if side.name.endswith("-wal") else "-journal"
     with scratch("cs336sys-read-") as tmp:
-        # named as its WAL is (the file a link names): SQLite looks for it beside that name
-        copy = Path(tmp) / wal.name.removesuffix("-wal")
+        # named as its side file is (the file a link names): SQLite looks for it beside that
+        copy = Path(tmp) / side.name.removesuffix(end)
         shutil.copyfile(path, copy)
         try:
-            shutil.copyfile(wal, Path(tmp) / wal.name)
-        except FileNotFoundError:  # checkpointed and removed since: the copy has it all
-            pass
-        if side_file(path, "-shm").exists():
+            shutil.copyfile(side, Path(tmp) / side.name)
+        except FileNotFoundError:  # a WAL checkpointed and removed since: the copy has it all
+            if end == "-journal":
+                return None
+        if end == "-wal" and side_file(path, "-shm").exists():
             return None
         source = sqlite3.connect(copy)
         try:
