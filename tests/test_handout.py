@@ -121,6 +121,29 @@ def test_the_groups_year_and_store_hold_for_run_and_report(db_path, tmp_path, mo
     assert "[1/19]" not in r.stdout and r.exit_code == 0, r.output
 
 
+@pytest.mark.parametrize("kind", ["an empty file", "SQLite without tables"])
+def test_an_empty_store_lists_nothing_measured_and_has_no_writeup(tmp_path, kind):
+    """What a first command interrupted leaves (docs/bad-input.md: "an empty SQLite file,
+    with no tables, which the next command makes a store"): `handout` and `handout report`
+    ended in a traceback ("no such table: runs")."""
+    import sqlite3
+
+    db = tmp_path / "s.db"
+    if kind == "an empty file":
+        db.write_bytes(b"")
+    else:
+        sqlite3.connect(db).execute("VACUUM").connection.close()  # a header, no tables
+    before = db.read_bytes()
+    r = invoke("handout", "--db", db)
+    assert r.exit_code == 0, r.output
+    assert "not yet measured" in r.stdout
+    r = invoke("handout", "report", "--db", db, "--out", tmp_path / "w")
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == (f"Error: {db} holds no runs yet (an empty store): run an "
+                                "experiment first, or pass --db")
+    assert not (tmp_path / "w").exists() and db.read_bytes() == before
+
+
 def test_listing_names_every_problem_and_its_status(db_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # a problem's status on one line
     r = invoke("handout", "--db", db_path)

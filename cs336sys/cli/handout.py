@@ -68,15 +68,19 @@ def _commands(problem: Any, on_gpu: bool, yours: bool = False) -> list[list[str]
 def _statuses(db: Path, problems: list, release: str) -> tuple[list, Any]:
     """Each problem's status in the handout `release`, and the runs per experiment that carry
     no problem's label; a store that does not exist holds none (one that cannot be read is
-    one line and exit 2)."""
+    one line and exit 2). An empty file, or a SQLite file without tables (what a first
+    command interrupted leaves), is a store that holds none yet."""
     from cs336sys.handout.status import statuses, unlabelled
-    from cs336sys.store.db import StoreError, connect_readonly
+    from cs336sys.store.db import StoreError, connect_readonly, no_tables
     from cs336sys.store.guard import check_path
 
     try:  # (`:memory:`, which exists as no file, read as no store)
         conn = connect_readonly(db, catalog) if check_path(db).exists() else None
     except StoreError as exc:
         fail(exc)
+    if conn is not None and no_tables(conn):
+        conn.close()
+        conn = None
     if conn is None:
         return statuses(None, problems), unlabelled(None, problems)
     try:
@@ -408,7 +412,7 @@ def report(
     from cs336sys.measure.paths import why_unwritable
     from cs336sys.models.config import handout as release
     from cs336sys.report.render import EXTENSIONS, FORMATS, write
-    from cs336sys.store.db import StoreError, connect_readonly
+    from cs336sys.store.db import StoreError, connect_readonly, no_tables
 
     year, db = _or_group(ctx, "year", year), _or_group(ctx, "db", db)
     problems = _problems(names, year)
@@ -427,6 +431,9 @@ def report(
         conn = connect_readonly(db, catalog)
     except StoreError as exc:
         fail(exc)
+    if no_tables(conn):  # an empty file: what a first command interrupted leaves
+        conn.close()
+        fail(f"{db} holds no runs yet (an empty store): run an experiment first, or pass --db")
     on_gpu = _on_gpu()
     commands = {p.name: [typed_line(a) for a in _commands(p, on_gpu)] for p in problems}
     try:

@@ -24,6 +24,7 @@ from cs336sys.store.guard import (
     StoreError,
     check_path,
     damage,
+    no_tables,
     open_untouched,
     readable_immutable,
     store_problem,
@@ -32,8 +33,8 @@ from cs336sys.store.transaction import immediate
 from cs336sys.store.views import ensure_views, stale_views, view_sql
 from cs336sys.sweep.points import point_key
 
-__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "damage", "now",
-           "open_untouched", "point_key", "readable_immutable", "store_problem"]
+__all__ = ["STATUSES", "Store", "StoreError", "check_path", "connect_readonly", "damage", "no_tables",
+           "now", "open_untouched", "point_key", "readable_immutable", "store_problem"]
 
 STATUSES = ("ok", "wrong", "oom", "error", "skipped")
 NONFINITE = "nonfinite"  # the metrics key of those that came out inf or NaN (_metrics_json)

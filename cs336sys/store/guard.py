@@ -118,7 +118,7 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
         try:
             conn = open_untouched(path)
             try:
-                if not _no_tables(conn):
+                if not no_tables(conn):
                     problem = store_problem(conn)
                 elif version := schema.version(conn):  # no tables, yet it claims some
                     problem = (store_problem(conn) and f"claims cs336sys's schema version "
@@ -136,7 +136,7 @@ def check_path(path: str | Path, writing: bool = False) -> Path:
     return path
 
 
-def _no_tables(conn: sqlite3.Connection) -> bool:
+def no_tables(conn: sqlite3.Connection) -> bool:
     """An empty database, or a store another process is creating right now: it switched the
     new file to WAL, and its migration (one transaction) has not committed yet. Either way
     it becomes a store, like an empty file; refusing it made one of two processes that open a
