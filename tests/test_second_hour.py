@@ -8,6 +8,9 @@ table spells them.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import re
 from pathlib import Path
 
@@ -83,6 +86,15 @@ def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path):
         assert meanings["model"] == ("", "setting (str | None)")
     bad = invoke("sql", "--schema", "model_run", "--db", db_path)
     assert bad.exit_code == 2 and "did you mean 'model_runs'?" in bad.stderr
+    # --json and --csv print the same rows (they printed the table)
+    as_json = json.loads(invoke("sql", "--schema", "model_runs", "--json", "--db",
+                                db_path).stdout)
+    assert [r["column"] for r in as_json] == view_columns
+    assert as_json[view_columns.index("step_ms_median")]["meaning"] == median.meaning
+    as_csv = invoke("sql", "--schema", "--csv", "--db", db_path).stdout
+    listed = list(csv.DictReader(io.StringIO(as_csv)))
+    assert {r["name"] for r in listed} == names
+    assert {r["what"] for r in listed if r["name"] == "model_runs"} == {"experiment model"}
 
 
 def test_every_help_example_is_one_line_that_its_command_parses(monkeypatch):

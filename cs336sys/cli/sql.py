@@ -49,7 +49,7 @@ def sql(
     if as_json and as_csv:
         fail("choose one of --json and --csv")
     if schema:
-        return _schema(db, query)
+        return _schema(db, query, as_json, as_csv)
     if query is None:
         fail("give one SQL statement (or --schema to list the views and their columns)")
     if not query.strip():
@@ -81,6 +81,13 @@ def sql(
     finally:
         conn.close()
 
+    _print(headers, rows, as_json, as_csv)
+    if headers and not (as_json or as_csv):
+        typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
+
+
+def _print(headers: list[str], rows: list, as_json: bool, as_csv: bool) -> None:
+    """Rows as a JSON list of objects, CSV, or a table."""
     if as_json:
         names = _unique(headers)
         typer.echo(json.dumps([dict(zip(names, map(_json_value, r), strict=True)) for r in rows],
@@ -95,7 +102,6 @@ def sql(
         # the stored values as they are: tabulate's numbers read the text '1.10' as 1.1
         # and cut floats to 6 digits
         typer.echo(table(rows, headers, numparse=False))
-        typer.echo(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", err=True)
 
 
 # SQLite's words for a statement the read-only connection refused (store/db.py's
@@ -162,8 +168,9 @@ def _where(conn: sqlite3.Connection, error: str, query: str) -> str:
     return ""
 
 
-def _schema(db, view: str | None) -> None:
-    """`sql --schema [VIEW]`: what the store at `db` holds, as this version reads it."""
+def _schema(db, view: str | None, as_json: bool, as_csv: bool) -> None:
+    """`sql --schema [VIEW]`: what the store at `db` holds, as this version reads it (as JSON
+    or CSV where asked, as the rows of a query are)."""
     from cs336sys.store.db import StoreError, connect_readonly
 
     try:
@@ -179,7 +186,7 @@ def _schema(db, view: str | None) -> None:
                 exp = experiments.get(name)
                 what = f"experiment {exp.kind}" if exp else kind
                 rows.append((name, what, len(_columns(conn, name))))
-            typer.echo(table(rows, ["name", "what", "columns"]))
+            _print(["name", "what", "columns"], rows, as_json, as_csv)
             typer.echo("cs336sys sql --schema NAME lists the columns of one.", err=True)
             return
         if view not in objects:
@@ -189,6 +196,6 @@ def _schema(db, view: str | None) -> None:
         meanings = column_meanings(experiments[view]) if view in experiments else {}
         rows = [(name, meanings.get(name, ("", ""))[0], meanings.get(name, ("", ""))[1] or sqltype)
                 for name, sqltype in _columns(conn, view)]
-        typer.echo(table(rows, ["column", "unit", "meaning"]))
+        _print(["column", "unit", "meaning"], rows, as_json, as_csv)
     finally:
         conn.close()
