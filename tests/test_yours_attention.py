@@ -564,6 +564,18 @@ def test_a_one_off_triton_kernel_is_marked_interpreted_and_its_bf16_not_judged(t
     assert result.exit_code == 0, result.output
     assert [(r["impl"], r["status"], r["interpreted"]) for r in runs(db)] == [
         ("yours-tri", "ok", 1), ("yours-beside", "ok", 0)]
+    # at a size the handout never tests, the one-off Triton kernel is not started, as
+    # yours-triton is not (one without masks aborted the process: "malloc(): unaligned
+    # tcache chunk"); the PyTorch one runs
+    result = invoke("attention", "--impl", "yours-tri=cs336_systems.api:Pointers,"
+                    "yours-beside=cs336_systems.beside:Beside",
+                    "--seq", "40", "--d-head", "16", "--batch", "1", "--warmup", "0",
+                    "--iters", "1", "--device", "cpu", "--db", db)
+    assert result.exit_code == 0, result.output
+    tri, beside_40 = runs(db)[-2:]
+    assert tri["status"] == "skipped" and "need not handle seq 40" in tri["error"]
+    assert "without masks a kernel reads and writes past its tensors" in tri["error"]
+    assert beside_40["status"] == "ok"
     monkeypatch.syspath_prepend(str(repo))
     from cs336_systems.beside import Beside
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cs336sys import yours
-from cs336sys.attention.diagnosis import NOT_JUDGED, untested
+from cs336sys.attention.diagnosis import NOT_JUDGED, untested_dims
 from cs336sys.measure.device import peak_tflops
 from cs336sys.measure.units import format_duration
 from cs336sys.models.config import checkpoint_groups, param_count
@@ -264,11 +264,12 @@ def attention_estimate(spec: Any) -> Estimate:
                 + (f", {INTERPRETED_PAIR_S['backward'] * 1e3:g} backward" if backwards else "")
                 + ("" if ours else "; a Triton backward of yours adds more")
                 + "); a shorter --seq, or --force runs it")
-    if _triton(spec.impl) and untested(spec):
+    if yours.is_yours(spec.impl) and _triton(spec.impl) and untested_dims(spec):
         # Without masks, as the handout allows, such a kernel reads and writes past its
         # tensors: in the interpreter that corrupted this process's heap ("double free or
-        # corruption"), which ended the sweep with the points after it unmeasured.
-        not_started = (NOT_JUDGED.format(untested(spec)) + ", and without masks a kernel "
+        # corruption"), which ended the sweep with the points after it unmeasured. A one-off
+        # (`--impl NAME=module:attr`) whose code launches Triton is the user's kernel too.
+        not_started = (NOT_JUDGED.format(untested_dims(spec)) + ", and without masks a kernel "
                        "reads and writes past its tensors there (in Triton's CPU interpreter "
                        "that corrupts this process's memory; on a GPU it may end its CUDA "
                        "context); --force runs it")
