@@ -36,7 +36,8 @@ def section(sec: Section, pts: list[Row]) -> None:
                  first=first, named=named)
     n = len(pts) - len(native)
     note = (f"Left out: {n} interpreted point{'s' * (n != 1)} (Triton under TRITON_INTERPRET=1, "
-            "in their own table above): their times are the CPU emulator's.") if n else ""
+            "marked (interp.) in the tables): their times and memory are the CPU emulator's."
+            ) if n else ""
     add_plot(sec, "Latency against sequence length", "attention-latency",
           Plot(lat, "sequence length (tokens)", "median forward+backward (or forward) time (ms)",
                "Attention latency", logx=True, logy=True), note=note)

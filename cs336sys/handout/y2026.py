@@ -71,8 +71,9 @@ def warmup_tables(after: str, phases: tuple[Column, ...], by: str, mode: str | N
 
 
 # flash_benchmarking on a CPU: Triton runs there only in its interpreter, far too slow to time.
-FLASH_ON_CPU = ("the PyTorch FlashAttention-2 (flash-torch; yours-torch under --yours) stands "
-                "in for the Triton kernel the problem times, whose timings need a GPU")
+FLASH_ON_CPU = ("the command times the PyTorch FlashAttention-2 (flash-torch; yours-torch "
+                "under --yours) in place of the Triton kernel the problem times, whose timings "
+                "need a GPU (interpreted Triton times are the CPU emulator's)")
 
 
 def theirs(line: str) -> str:
