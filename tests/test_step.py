@@ -267,6 +267,11 @@ def test_cli_stores_a_row_per_switch_set_and_checkpoint_groups(db_path):
         (["--world-size", "2", "--param-dtype", "bf16"], "it keeps fp32 master shards"),
         (["--course-timing"], "--course-timing is triton.testing.do_bench's"),
         (["--preset", "fastest"], "--preset: unknown value"),
+        # a list kept its first name without a word
+        (["--switches", "none", "--optimizer", "adamw,torch-adamw"],
+         "--optimizer takes one implementation, not 2 (adamw, torch-adamw)"),
+        (["--switches", "none", "--attention", "naive,sdpa"],
+         "--attention takes one implementation, not 2 (naive, sdpa)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(db_path, args, message):
@@ -309,6 +314,15 @@ def test_a_list_of_layer_counts_stops_growing_at_the_first_out_of_memory(db_path
     assert out.exit_code == 0, out.output
     rows = query(db_path, "select num_layers, status from step_runs order by num_layers")
     assert [(r["num_layers"], r["status"]) for r in rows] == [(2, "ok"), (3, "oom"), (4, "skipped")]
+    # the skip names the option that runs it, which `step` had not
+    skipped = query(db_path, "select error from step_runs where num_layers = 4")[0]["error"]
+    assert skipped.endswith("(--no-skip-after-oom runs it)"), skipped
+    out = invoke("step", *MICRO, "--seq", "16", "--num-layers", "4,2,3", "--switches", "none",
+                 "--no-skip-after-oom", "--db", db_path)
+    assert out.exit_code == 0, out.output
+    rows = query(db_path, "select num_layers, status from step_runs order by created")
+    assert sorted((r["num_layers"], r["status"]) for r in rows[3:]) == [
+        (2, "ok"), (3, "oom"), (4, "oom")]
 
 
 def test_the_leaderboard_preset_is_its_run_unscaled_on_two_ranks():

@@ -92,7 +92,7 @@ from cs336sys.sweep.points import (
 )
 from cs336sys.sweep.result import Result
 from cs336sys.sweep.rounds import ROUNDS_DONE
-from cs336sys.yours.implementations import named_impls
+from cs336sys.yours.implementations import named_impl
 
 SWITCHES = ("fused-adamw", "fused-ce", "flash", "compile")
 ADAMW_IMPLS = ("triton", "foreach", "torch-fused")  # what fused-adamw runs
@@ -295,8 +295,8 @@ def specs(
     elif blocks is not None:
         raise SpecError("--blocks names where your model keeps its blocks: give it with --model")
     else:
-        attention = named_impls([defaults["attention"] if attention is None else attention],
-                                "attention", "--attention", registry.names())[0]
+        attention = named_impl(defaults["attention"] if attention is None else attention,
+                               "attention", "--attention", registry.names())
     baseline = optimizer_option(optimizer)
     if "flash" in on:
         check_triton(on_cuda, asked_as(switches, defaults["switches"], "flash"))

@@ -68,6 +68,9 @@ def options(
     preset: option("leaderboard: the leaderboard's run unscaled, 8b at context 32768, batch 2, "
                    "bf16, on 2 ranks with fsdp; an option given explicitly wins.",
                    str | None) = None,
+    skip_after_oom: option("After an out-of-memory, store the larger --num-layers of the same "
+                           "other settings as skipped.", bool,
+                           "--skip-after-oom/--no-skip-after-oom") = True,
 ) -> None:
     """The options of `step` beyond the model's (cli/options.py, model_options)."""
 
@@ -133,6 +136,7 @@ COMMAND = Command(
     describe=point_name,
     ranks=True,
     starts_ranks=starts_ranks,
+    run_options=("skip_after_oom",),
 )
 
 

@@ -45,7 +45,7 @@ from cs336sys.yours.implementations import (
     build_model,
     call_adapter,
     load_target,
-    named_impls,
+    named_impl,
     uses_triton,
 )
 
@@ -146,7 +146,7 @@ def optimizer_option(value: str | None) -> str:
     given; SpecError for a name that is neither one of OPTIMIZER_CLASSES nor the user's that
     can be found."""
     given = "adamw" if value is None else value.strip()
-    return named_impls([given], "adamw", "--optimizer", list(OPTIMIZER_CLASSES))[0]
+    return named_impl(given, "adamw", "--optimizer", list(OPTIMIZER_CLASSES))
 
 
 def optimizer_class(name: str) -> Any:

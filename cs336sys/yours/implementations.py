@@ -365,6 +365,16 @@ def sources(*objects: Any) -> dict[str, str]:
     return out
 
 
+def named_impl(value: str, kind: str, option: str, allowed: list[str]) -> str:
+    """An option that takes one implementation, as named_impls checks it; SpecError for a
+    list (its later names were dropped without a word)."""
+    given = named_impls([value], kind, option, allowed)
+    if len(given) != 1:
+        raise SpecError(f"{option} takes one implementation, not {len(given)} "
+                        f"({', '.join(given)}): run one command for each")
+    return given[0]
+
+
 def named_impls(values: list[str], kind: str, option: str, allowed: list[str]) -> list[str]:
     """A list option's implementations, the user's among them: `NAME=package.module:Object`
     items registered and named NAME, every name one of `allowed` or the user's, and the
