@@ -299,6 +299,26 @@ def test_the_warmup_plot_says_which_series_it_leaves_out():
     assert next(f for f in sec.figures if f.name == "model-warmup").note == ""
 
 
+def test_points_that_differ_in_an_unnamed_setting_get_labels_of_their_own():
+    """Two optimizers (or two --d-model overrides) at one size read as one label: the
+    warm-up table listed `small T=128 B=4 train fp32` twice and the plot kept one line of
+    the two."""
+    rows = []
+    for optimizer, d_model, step in (("adamw", 64, 10.0), ("torch-adamw", 64, 20.0),
+                                     ("adamw", 128, 30.0)):
+        row = _model_row("small", step, 1)
+        row["_settings"] = {**row["_settings"], "optimizer": optimizer, "d_model": d_model}
+        rows.append(row)
+    sec = Section("model", "m")
+    model_section.section(sec, latest(rows))
+    labels = [r[0] for r in table(sec, "Warm-up effect").rows]
+    assert labels == ["small T=128 B=4 train fp32 d_model=64 optimizer=adamw",
+                      "small T=128 B=4 train fp32 d_model=64 optimizer=torch-adamw",
+                      "small T=128 B=4 train fp32 d_model=128 optimizer=adamw"]
+    plot = next(f for f in sec.figures if f.name == "model-warmup").plot
+    assert sorted(plot.panels[""]) == sorted(labels)
+
+
 def test_the_warmup_effect_has_the_point_without_warm_up():
     """benchmarking_script (c): without warm-up the first step is a timed one, in the table
     and the plot beside the points that warmed up; a point that warmed up and kept no

@@ -41,11 +41,22 @@ WARMUP_LOG = 10  # a first step this many times the fastest: the warm-up plot's 
 SIZE = ("size", "d_model", "d_ff", "num_layers", "num_heads", "vocab_size")
 
 
-def _model_label(r: Row, gpu: bool = False, warmup: bool = False) -> str:
+# The settings a point's label names, in its own words (_model_label); any other that varies
+# between the section's points is named as key=value.
+LABELLED = ("size", "seq", "batch", "mode", "precision", "model", "attention", "checkpoint",
+            "compile", "warmup")
+
+
+def _model_label(r: Row, gpu: bool = False, warmup: bool = False,
+                 also: tuple[str, ...] = ()) -> str:
+    """`tiny T=32 B=2 train fp32`, with what else tells the point apart: `also`, the other
+    settings that vary between the points shown (the optimizer, a --d-model override); two
+    points read as one label, and the warm-up plot kept only one of their lines."""
     s = r["_settings"]
     extra = [f"{k}={s[k]}" for k in ("model", "attention", "checkpoint")
              if s.get(k) not in (None, "naive", "none")]
     extra += [f"warmup={s.get('warmup')}"] if warmup else []
+    extra += [f"{k}={s.get(k)}" for k in also]
     return " ".join([
         f"{s.get('size')} T={s.get('seq')} B={s.get('batch')}",
         f"{s.get('mode')} {s.get('precision')}", *extra,
@@ -63,9 +74,10 @@ def section(sec: Section, pts: list[Row]) -> None:
     pts = [r for r in pts if not interpreted(r)]
     many = several_gpus(pts)
     warmups = len({r["_settings"].get("warmup") for r in pts}) > 1
+    also = tuple(varying(pts, shown=LABELLED))
 
     def label(r: Row) -> str:
-        return _model_label(r, gpu=many, warmup=warmups)
+        return _model_label(r, gpu=many, warmup=warmups, also=also)
 
     _step_bars(sec, pts)
     warm, lines, every = [], {}, []
