@@ -1423,3 +1423,29 @@ def test_memory_residuals_finds_your_block_beside_a_list_of_one_or_refuses_first
     assert "PartsLM's forward did not call its first block's forward (it calls the block's " \
         "parts itself?)" in result.stderr, result.stderr
     assert len(query(db, "SELECT * FROM runs")) == 1
+
+
+@pytest.mark.slow
+def test_a_model_that_builds_bf16_weights_is_not_stored_as_fp32(tmp_path, monkeypatch):
+    """The 2026 leaderboard's Config builds the model in bf16: `step` without --param-dtype
+    stored its row as param_dtype fp32 (its MFU against the fp32 peak). It is an error that
+    says which option to give; with --param-dtype bf16 it runs."""
+    bf16 = ("import torch\n\nfrom cs336_basics.model import BasicsTransformerLM\n\n\n"
+            "class Bf16(BasicsTransformerLM):\n"
+            "    def __init__(self, *args, **kwargs):\n"
+            "        super().__init__(*args, **kwargs)\n"
+            "        self.to(torch.bfloat16)\n")
+    repo = course_repo(tmp_path, files={"my_models/__init__.py": "",
+                                        "my_models/bf16.py": bf16})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    args = ["step", *MICRO, "--seq", "16", "--model", "my_models.bf16:Bf16", "--switches",
+            "none", "--warmup", "0", "--iters", "1", "--db", db]
+    for extra, code in (([], 1), (["--param-dtype", "bf16"], 0)):  # 1: a point failed
+        result = invoke(*args, *extra)
+        assert result.exit_code == code, result.output
+    rows = query(db, "SELECT status, error FROM step_runs ORDER BY created")
+    assert [r["status"] for r in rows] == ["error", "ok"], rows
+    assert rows[0]["error"].startswith(
+        "ValueError: your model builds its weights in bfloat16, where this point's "
+        "--param-dtype is fp32 (the default): give --param-dtype bf16"), rows[0]["error"]

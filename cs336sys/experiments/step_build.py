@@ -41,6 +41,20 @@ def compiled_units(model: Any, config: Any) -> list:
     return found_blocks(model, config.num_layers, config.blocks) or [model]
 
 
+def _weights_are_fp32(model: Any) -> None:
+    """ValueError where the user's model builds its matrices in another dtype (the 2026
+    leaderboard's Config asks for bf16) while the point says fp32 weights: its row read
+    param_dtype fp32, and its MFU was taken against the fp32 peak."""
+    import torch
+
+    built = {p.dtype for p in model.parameters() if p.dim() >= 2 and p.is_floating_point()}
+    if built and built != {torch.float32}:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in built))
+        raise ValueError(f"your model builds its weights in {names}, where this point's "
+                         "--param-dtype is fp32 (the default): give --param-dtype bf16 so "
+                         "that its row and MFU say so, or build them in float32")
+
+
 def build(spec: Any, *, seed: int | None = None,
           wrap: Callable[[Any, Callable[[list], Any]], Any] | None = None,
           rows: slice | None = None) -> tuple[Any, Any, Any]:
@@ -57,6 +71,8 @@ def build(spec: Any, *, seed: int | None = None,
     model = make_model(config, spec.device, spec.seed if seed is None else seed)
     if spec.param_dtype != "fp32":
         model.to(torch_dtype(spec.param_dtype))  # pure 16-bit weights; optimizer state fp32
+    else:
+        _weights_are_fp32(model)
     if spec.compile:
         for unit in compiled_units(model, config):
             unit.forward = torch.compile(unit.forward, backend=compile_backend())
