@@ -884,6 +884,11 @@ def test_a_prefix_of_two_invocations_or_commits_is_refused_naming_them():
     assert resolve(conn, "A", "B") == ("label", "A", "B")
     assert resolve(conn, "aeb", "b7") == ("invocation", "aeb", "b7")
     assert resolve(conn, "c0", "d1d") == ("commit", "c0", "d1d")  # one commit, two runs
+    # `B` (upper case) read as the invocation `b7c3...` too (LIKE ignores case), and `b B`
+    # was refused as two sides that select the same runs
+    with pytest.raises(SelectionError, match=r"^--compare: 'b' is an invocation but 'B' is a "
+                       r"label; labels match exactly: as stored, 'B'$"):
+        resolve(conn, "b", "B")
 
 
 @pytest.mark.slow

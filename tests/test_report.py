@@ -284,6 +284,9 @@ def test_where_values_are_bound_never_spliced():
     for bad in ("novalue", "=x", "a.b=1", "x') OR 1=1 --=y"):
         with pytest.raises(SelectionError):
             parse_where([bad], EXPERIMENTS)
+    # spaces around `=` on either side: `impl= naive` selected nothing (the key was trimmed)
+    assert parse_where([" impl = naive "], EXPERIMENTS) == parse_where(["impl=naive"],
+                                                                      EXPERIMENTS)
 
 
 def test_a_commit_ref_outside_a_checkout_is_refused_not_read_as_a_prefix(tmp_path, monkeypatch):

@@ -90,7 +90,8 @@ def report(
     if given(ctx, "threshold") and not compare and not history:
         fail("--threshold needs --compare A B or --history")
     if not 0 <= threshold < 1000:
-        fail(f"--threshold must be a percentage from 0 to 1000, got {threshold}")
+        fail(f"--threshold must be a percentage from 0 up to (not including) 1000, got "
+             f"{threshold}")
     formats = choices(fmt, FORMATS, "--format", default=DEFAULT_FORMATS)
     exps = choices(experiment, sorted(views_of(experiments)), "--experiment")
     try:

@@ -41,6 +41,10 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
     commits: dict[str, str] = {}  # token -> the commit it matched: a ref's hash, or itself
 
     def matches(k: str, value: str) -> bool:
+        if k in ("commit", "invocation") and value != value.lower():
+            # hashes and ids are stored in lower case, as git prints them; LIKE ignores case,
+            # and the label `B` also read as the invocation `ba47a07d...`
+            return False
         pat = value if k in ("gpu", "label") else like_prefix(value)
         # one `?` per place the value goes: a numbered `?1` with a sequence is an error from
         # Python 3.14 (a DeprecationWarning before)
@@ -68,13 +72,23 @@ def resolve(conn: sqlite3.Connection, a: str, b: str) -> tuple[str, str, str]:
         raise SelectionError(f"--compare: {b!r} matches no commit, invocation id, label or GPU")
     common = [k for k in ka if k in kb]
     if not common:
-        raise SelectionError(f"--compare: {a!r} is a {ka[0]} but {b!r} is a {kb[0]}")
+        cased = [lab for token in (a, b) for (lab,) in conn.execute(
+            "SELECT DISTINCT label FROM invocations WHERE lower(label) = lower(?) AND "
+            "label != ?", (token, token))]
+        raise SelectionError(
+            f"--compare: {a!r} is {_a(ka[0])} but {b!r} is {_a(kb[0])}"
+            + (f"; labels match exactly: as stored, {', '.join(map(repr, cased))}"
+               if cased else ""))
     kind = common[0]
     for token in (a, b):
         _one(conn, kind, commits.get(token, token), token)
     if kind == "commit":
         return kind, commits[a], commits[b]
     return kind, a, b
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _one(conn: sqlite3.Connection, kind: str, value: str, typed: str) -> None:

@@ -176,7 +176,7 @@ def parse_where(items: list[str], catalog: Sequence[Any]) -> list[tuple[str, str
     known, sized = known_keys(catalog), _sized(catalog)
     for item in items:
         key, sep, value = item.partition("=")
-        key = key.strip()
+        key, value = key.strip(), value.strip()  # `impl= naive` selected nothing
         if not sep or not _KEY.match(key):
             raise SelectionError(f"--where {item!r}: expected KEY=VALUE with KEY a setting name")
         if key not in known:
