@@ -363,11 +363,11 @@ def test_specs_read_a_string_or_one_value_as_the_command_line_would():
 
 
 @pytest.mark.parametrize("given, said", [
-    ({"iters": [2]}, "--iters takes one integer, got [2]"),
+    ({"iters": [2]}, "--iters takes one value, got [2]"),
     ({"warmup": "1"}, "--warmup takes one integer, got '1'"),
     ({"iters": 2.0}, "--iters takes one integer, got 2.0"),
     ({"seed": True}, "--seed takes one integer, got True"),
-    ({"rounds": [1]}, "--rounds takes one integer, got [1]"),
+    ({"rounds": [1]}, "--rounds takes one value, got [1]"),
     ({"min_time": "1"}, "--min-time takes one number of seconds, got '1'"),
 ])
 def test_a_list_or_a_string_for_a_one_value_option_is_a_spec_error(given, said):
@@ -379,6 +379,25 @@ def test_a_list_or_a_string_for_a_one_value_option_is_a_spec_error(given, said):
     with pytest.raises(SpecError) as caught:
         attention.specs(**given, device="cpu")
     assert str(caught.value) == said
+
+
+@pytest.mark.parametrize("experiment, given", [
+    ("model", {"device": ["cpu"]}), ("model", {"compile": [True]}),
+    ("plan", {"size": ["8b", "xl"]}), ("ddp", {"optimizer": ["adamw"]}),
+    ("step", {"attention": ["sdpa"]}), ("memory", {"device": ["cpu"]}),
+])
+def test_every_experiments_one_value_option_refuses_a_list(experiment, given):
+    """docs/python-api.md: a list given to a one-value option raises SpecError; most ended
+    in an AttributeError from inside (`'list' object has no attribute 'split'`)."""
+    import importlib
+
+    from cs336sys.sweep.points import SpecError
+
+    specs = importlib.import_module(f"cs336sys.experiments.{experiment}").specs
+    ((name, value),) = given.items()
+    with pytest.raises(SpecError) as caught:
+        specs(**given)
+    assert str(caught.value) == f"--{name} takes one value, got {value!r}"
 
 
 def test_run_sweep_refuses_points_of_another_experiment_before_storing_anything(tmp_path):

@@ -33,7 +33,7 @@ from cs336sys.measure.memory import saved_tensor_bytes
 from cs336sys.models.flops import attention_forward_flops
 from cs336sys.sweep import points
 from cs336sys.sweep.declaration import Experiment, launch, metric_table, settings_keys, timing
-from cs336sys.sweep.points import NOT_A_SETTING, SpecError, settings_of
+from cs336sys.sweep.points import NOT_A_SETTING, SpecError, one_value_options, settings_of
 from cs336sys.sweep.result import Result
 from cs336sys.sweep.rounds import ROUNDS_DONE, checked_first
 from cs336sys.yours.implementations import named_impls, sources, uses_triton
@@ -132,6 +132,7 @@ CPU_DEFAULTS: dict[str, Any] = dict(
 )
 
 
+@one_value_options
 def specs(
     *,
     impl: Iterable[str] | None = None,

@@ -42,7 +42,7 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.options import list_option, option
-from cs336sys.sweep.points import SpecError, choices, counts, expand, listed
+from cs336sys.sweep.points import SpecError, choices, counts, expand, listed, one_value_options
 from cs336sys.sweep.ranks import backend_and_device, gather, over_ranks, world_sizes
 from cs336sys.sweep.result import Result
 
@@ -97,6 +97,7 @@ class CommSpec:
         return asdict(self)
 
 
+@one_value_options
 def specs(
     *,
     op: Iterable[str] | None = None,

@@ -1,13 +1,12 @@
 """Time data-parallel training steps; store step time and the exposed gradient communication.
 
-How much gradient communication each DDP variant exposes. One DDPSpec is one point: every
-rank builds the Transformer LM from its own seed (the wrapper broadcasts rank 0's weights),
-takes its equal slice of one global batch, and runs `warmup` untimed and `iters` timed steps
-of the training step (experiments/training_step.py): forward, backward,
-finish_gradient_synchronization and optimizer, each phase ending with a device sync. A
-phase's time per step is the slowest rank's (every rank waits for it at the next
-collective), but for `comm_ms`, the least rank's (the others also waited there for the last
-rank's backward); mean and std are over steps.
+How much gradient communication each DDP variant exposes. One DDPSpec is one point: every rank
+builds the Transformer LM from its own seed (the wrapper broadcasts rank 0's weights), takes its
+equal slice of one global batch, and runs `warmup` untimed and `iters` timed steps of the training
+step (experiments/training_step.py): forward, backward, finish_gradient_synchronization and
+optimizer, each phase ending with a device sync. A phase's time per step is the slowest rank's
+(every rank waits for it at the next collective), but for `comm_ms`, the least rank's (the others
+also waited there for the last rank's backward); mean and std are over steps.
 
 `comm_ms` is the time a step is blocked on gradient communication, except for fsdp:
 - naive, flat, overlap, bucketed: the time in finish_gradient_synchronization (for naive and
@@ -82,6 +81,7 @@ from cs336sys.sweep.points import (
     choices,
     counts,
     listed,
+    one_value_options,
     positive_ints,
     positive_sizes,
     shape_error,
@@ -127,6 +127,7 @@ class DDPSpec(ModelShape):
         return cls(**ModelShape.of(size, config), model=config.model, **point)
 
 
+@one_value_options
 def specs(
     *,
     impl: Iterable[str] | None = None,

@@ -56,7 +56,7 @@ from cs336sys.sweep.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.sweep.points import SpecError, choices
+from cs336sys.sweep.points import SpecError, choices, one_value_options
 from cs336sys.sweep.result import Result
 
 MODES = ("forward", "train")
@@ -119,6 +119,7 @@ def unused_name(folder: Path, label: str) -> Iterator[str]:
 _UNUSED = ("compile", "nvtx", "rounds")
 
 
+@one_value_options
 def specs(*, mode: Iterable[str] | None = None, snapshot: str | Path | None = None,
           **model_options: Any) -> list[MemorySpec]:
     """The points of a memory sweep: `model.specs(**model_options)` (no compile, no NVTX)

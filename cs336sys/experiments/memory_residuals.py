@@ -33,7 +33,7 @@ from cs336sys.sweep.declaration import (
     metric_table,
     setting_columns,
 )
-from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import SpecError, one_value_options
 from cs336sys.sweep.result import Result
 from cs336sys.yours.implementations import build_model
 
@@ -60,6 +60,7 @@ class ResidualsSpec:
         return asdict(self)
 
 
+@one_value_options
 def specs(
     *,
     compile: bool | None = None,

@@ -66,6 +66,7 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
+    one_value_options,
     positive_ints,
     positive_sizes,
     shape_error,
@@ -110,6 +111,7 @@ class ModelSpec(ModelShape):
     check_round: bool = dataclasses.field(default=True, metadata=NOT_A_SETTING)
 
 
+@one_value_options
 def specs(
     *,
     size: Iterable[str] | None = None,

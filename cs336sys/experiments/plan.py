@@ -76,6 +76,7 @@ from cs336sys.sweep.points import (
     SpecError,
     check_size,
     choices,
+    one_value_options,
     positive_ints,
     positive_sizes,
     shape_error,
@@ -117,6 +118,7 @@ class PlanSpec(ModelShape):
                            context_length=self.seq, max_context_length=max(self.seq, 65_536))
 
 
+@one_value_options
 def specs(
     *,
     size: str = "8b",

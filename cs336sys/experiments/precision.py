@@ -50,6 +50,7 @@ from cs336sys.sweep.points import (
     check_seed,
     choices,
     device_choice,
+    one_value_options,
     positive_ints,
     positive_sizes,
 )
@@ -99,6 +100,7 @@ class AutocastSpec:
         return {"kind": "autocast", **asdict(self)}
 
 
+@one_value_options
 def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1000,
                      value: float = 0.01, device: str = "auto") -> list[AccumulateSpec]:
     """One point per accumulation variant (default all four). SpecError for a bad option."""
@@ -113,6 +115,7 @@ def accumulate_specs(*, variant: Iterable[str] | None = None, additions: int = 1
     return [AccumulateSpec.of(v, additions, value, dev) for v in variants]
 
 
+@one_value_options
 def autocast_specs(*, precision: Iterable[str] | None = None, in_features: int = 16,
                    out_features: int = 4, batch: int | Iterable[Any] = 8,
                    device: str = "auto", seed: int = 0) -> list[AutocastSpec]:

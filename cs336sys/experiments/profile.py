@@ -65,7 +65,7 @@ from cs336sys.sweep.declaration import (
     settings_keys,
     timing,
 )
-from cs336sys.sweep.points import SpecError
+from cs336sys.sweep.points import SpecError, one_value_options
 from cs336sys.sweep.result import Result, first_line
 
 TARGETS = ("model", "attention")
@@ -99,6 +99,7 @@ class ProfileSpec(AroundPoint):
         return self.point.warmup, self.point.iters
 
 
+@one_value_options
 def specs(target: str, points: Iterable[ModelSpec | AttentionSpec], *, top: int = 10,
           nvtx: bool = False, trace: str | None = None) -> list[ProfileSpec]:
     """Profile each of `points` (from model.specs or attention.specs). With several points,

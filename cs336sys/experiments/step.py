@@ -86,6 +86,7 @@ from cs336sys.sweep.points import (
     device_choice,
     expand,
     listed,
+    one_value_options,
     positive_ints,
     positive_sizes,
     unknown,
@@ -198,6 +199,7 @@ def asked_as(values: Iterable[str] | None, default: str, switch: str) -> str:
     return f"--switches {preset} (it holds {switch})" if preset else f"--switches {switch}"
 
 
+@one_value_options
 def specs(
     *,
     size: Iterable[str] | None = None,

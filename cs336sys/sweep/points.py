@@ -9,7 +9,7 @@ import itertools
 import json
 import numbers
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cs336sys.measure.device import resolve_device
@@ -112,6 +112,28 @@ MAX_STEPS = 10**6
 # Any count or size: torch takes sizes as 64-bit integers and SQLite stores 64-bit integers,
 # so a larger one would fail deep inside a point (or the store) instead of at the option.
 MAX_SIZE = 2**62
+
+
+def one_value_options(specs: Callable[..., Any]) -> Callable[..., Any]:
+    """A `specs` function that refuses a list for an option that takes one value (SpecError,
+    as the command line refuses a second value): `device=["cpu"]`, `size=["8b", "xl"]` for
+    plan's one size ended in an AttributeError deep inside. An option takes a list where its
+    annotation says so (Iterable, Sequence or list)."""
+    import functools
+    import inspect
+
+    one = {name for name, p in inspect.signature(specs).parameters.items()
+           if p.kind == p.KEYWORD_ONLY
+           and not any(word in str(p.annotation) for word in ("Iterable", "Sequence", "list"))}
+
+    @functools.wraps(specs)
+    def checked(*args: Any, **options: Any) -> Any:
+        for name, value in options.items():
+            if name in one and isinstance(value, (list, tuple, set, frozenset)):
+                raise SpecError(f"--{name.replace('_', '-')} takes one value, got {value!r}")
+        return specs(*args, **options)
+
+    return checked
 
 
 def one_integer(n: Any, option: str) -> int:
