@@ -60,7 +60,7 @@ def test_size_presets_in_any_case_are_stored_as_the_table_spells_them(db_path):
     assert lower.stdout.replace("2.7b", "2.7B") == upper.stdout
 
 
-def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path):
+def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path, monkeypatch):
     from cs336sys.experiments import model
     from cs336sys.experiments.catalog import EXPERIMENTS
     from cs336sys.store import Store
@@ -71,6 +71,11 @@ def test_sql_schema_lists_the_views_and_describes_a_views_columns(db_path):
     assert listing.exit_code == 0, listing.output
     names = {line.split()[0] for line in listing.stdout.splitlines()[2:]}
     assert {e.view for e in EXPERIMENTS} | {"runs", "invocations", "kernel_stats"} <= names
+    # at 80 columns every meaning fits, on several lines where long (one ran to 210)
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = invoke("sql", "--schema", "model_runs", "--db", db_path).stdout.splitlines()
+    assert max(map(len, narrow)) <= 80 and any(line.startswith(" ") for line in narrow)
+    monkeypatch.setenv("COLUMNS", "1000")  # a line a column
     one = invoke("sql", "--schema", "model_runs", "--db", db_path)
     assert one.exit_code == 0, one.output
     described = {line.split()[0]: line for line in one.stdout.splitlines()[2:]}

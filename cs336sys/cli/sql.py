@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table
+from cs336sys.cli.common import DEFAULT_DB, DbOption, catalog, fail, table, terminal_width
 from cs336sys.cli.options import option
 from cs336sys.store.views import column_meanings, typed
 from cs336sys.sweep import stopping
@@ -196,6 +196,12 @@ def _schema(db, view: str | None, as_json: bool, as_csv: bool) -> None:
         meanings = column_meanings(experiments[view]) if view in experiments else {}
         rows = [(name, meanings.get(name, ("", ""))[0], meanings.get(name, ("", ""))[1] or sqltype)
                 for name, sqltype in _columns(conn, view)]
+        if not (as_json or as_csv):  # a meaning on several lines, the table the terminal's width
+            from cs336sys.report.tables import fill
+
+            room = terminal_width() - max(len(r[0]) for r in [*rows, ("column",)]) - max(
+                len(r[1]) for r in [*rows, ("", "unit")]) - 4  # tabulate's two gaps of 2
+            rows = [(name, unit, fill(meaning, max(room, 20))) for name, unit, meaning in rows]
         _print(["column", "unit", "meaning"], rows, as_json, as_csv)
     finally:
         conn.close()
