@@ -36,7 +36,8 @@ Label = option("Free text stored on this invocation, e.g. 'baseline' or 'after f
 Attention = list_option("Attention implementation(s) from the registry: naive, sdpa, compiled, "
                         "flash-torch, triton. [default: naive]")
 Optimizer = list_option("adamw (our own), adamw-foreach, adamw-triton (fused kernel), torch-adamw, "
-                        "torch-adamw-fused, or yours=package.module:Class (your AdamW, checked "
+                        "torch-adamw-fused, or your own: yours-adamw (your adapters' "
+                        "get_adamw_cls) or yours=package.module:Class (your AdamW, checked "
                         "against torch's first); train mode only. [default: adamw]")
 Compile = option("Wrap the model in torch.compile.", bool, "--compile/--no-compile")
 Checkpoint = list_option("Activation checkpointing: none, every:K (groups of K blocks), sqrt, or "
