@@ -333,3 +333,21 @@ def test_coincident_series_stay_visible_and_an_oom_is_marked_where_it_failed(mon
     assert list(oom.get_xdata()) == [2048] and oom.get_marker() == "X"
     legend = [t.get_text() for t in drawn[0].legends[0].get_texts()]
     assert "out of memory" in legend
+
+
+def test_the_average_bus_bandwidth_counts_each_size_of_a_sweep_once():
+    """Two sweeps of one collective that differ in --warmup: the report's line averaged their
+    rows together, 1MB counted twice in "3 sizes" of two, while its plot kept them apart."""
+    from cs336sys.experiments.comm import average_lines
+
+    def row(size, busbw, warmup):
+        s = {"op": "all-reduce", "placement": None, "backend": "gloo", "world_size": 2,
+             "precision": "fp32", "bytes": size, "warmup": warmup, "iters": 3}
+        return {**s, "_settings": s, "status": "ok", "busbw_gbps": busbw}
+
+    rows = [row(10**6, 0.8, 1), row(4 * 10**6, 0.6, 1), row(10**6, 0.3, 2)]
+    assert average_lines(rows) == [
+        "Avg bus bandwidth: 0.7 GB/s (all-reduce gloo 2 ranks fp32 warmup=1, 2 sizes)",
+        "Avg bus bandwidth: 0.3 GB/s (all-reduce gloo 2 ranks fp32 warmup=2, 1 size)"]
+    assert average_lines(rows[:2]) == [
+        "Avg bus bandwidth: 0.7 GB/s (all-reduce gloo 2 ranks fp32, 2 sizes)"]

@@ -31,7 +31,7 @@ from cs336sys.measure.progress import step_done
 from cs336sys.measure.stats import flatten
 from cs336sys.measure.units import format_size, parse_sizes
 from cs336sys.report.plots import Plot
-from cs336sys.report.sections import add_plot, series
+from cs336sys.report.sections import add_plot, series, varying
 from cs336sys.sweep.declaration import (
     Column,
     Command,
@@ -302,13 +302,18 @@ def section(sec: Any, pts: list) -> None:
 
 def average_busbw(rows: list) -> list[tuple[str, float, int]]:
     """nccl-tests' closing line per group of ok rows of one op, backend, world size and
-    precision: (the group, the mean of its bus bandwidths over the sizes, how many sizes)."""
+    precision, and of any other setting that varies between the rows (`warmup=2`, as the
+    plot's lines are kept apart; one size of two sweeps was counted twice): (the group, the
+    mean of its bus bandwidths over the sizes, how many sizes)."""
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("busbw_gbps") is not None]
+    others = varying(ok, shown=("op", "placement", "backend", "world_size", "precision",
+                                "bytes"))
     groups: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("status") == "ok" and r.get("busbw_gbps") is not None:
-            where = placement_words(r["op"], r.get("placement"))
-            key = (f"{r['op']}{where} {r['backend']} {r['world_size']} ranks {r['precision']}")
-            groups.setdefault(key, []).append(r["busbw_gbps"])
+    for r in ok:
+        where = placement_words(r["op"], r.get("placement"))
+        key = " ".join([f"{r['op']}{where} {r['backend']} {r['world_size']} ranks "
+                        f"{r['precision']}", *(f"{k}={r['_settings'].get(k)}" for k in others)])
+        groups.setdefault(key, []).append(r["busbw_gbps"])
     return [(k, sum(v) / len(v), len(v)) for k, v in groups.items()]
 
 
