@@ -45,6 +45,10 @@ def test_format_size_round_trips_the_defaults():
     assert [format_size(n) for n in (999, 1234, 999_400, 2 * 10**9)] == [
         "999B", "1.23KB", "999KB", "2GB"
     ]
+    # a computed count that is a multiple of 1,024 reads in the units of its column's other
+    # cells ('88658KiB' stood beside '68.1MB'); a whole binary unit still reads as one
+    assert [format_size(n) for n in (88658 * 1024, 1536 * 2**10, 2**40, 4 * 2**30)] == [
+        "90.8MB", "1.57MB", "1TiB", "4GiB"]
 
 
 def test_buffer_bytes_rounds_to_whole_shards():
