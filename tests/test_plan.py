@@ -423,6 +423,12 @@ def test_measured_without_rows_says_what_to_run(db_path):
     assert r.exit_code == 2 and "cs336sys comm" in r.stderr
     # the GPUs named are those with the comm rows it lacks, not itself (it has model rows)
     assert f"(it has rows of: {H100}; --gpu picks one)" in r.stderr
+    # comm rows of one rank (busbw 0: no link crossed) were called "no ok comm rows"
+    one_rank = (CPU, "ok", {"op": "all-reduce", "world_size": 1}, {"busbw_gbps": 0.0})
+    _store(db_path.with_name("c.db"), model=MODEL[:2], comm=[one_rank])
+    r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path.with_name("c.db"))
+    assert r.exit_code == 2 and "its comm rows ran on one rank, which crosses no link: give " \
+        "--world-size 2 or more" in r.stderr, r.stderr
     assert _plans(db_path) == []
 
 
@@ -460,7 +466,7 @@ def test_measured_without_rows_says_what_to_run(db_path):
     (["--flops", "1e-300", "--bandwidth", "1e300", "--strategy", "dp", "--n", 2],
      "--flops must be between 1 and 1e30"),
     (["--batch", 10**12, "--seq", 10**6], "too large for a plan (at most 2^40)"),
-    (["--strategy", "fsdp-tp", "--n", 4, "--mesh-axes", "1e300,1"], "each from 0 to 64"),
+    (["--strategy", "fsdp-tp", "--n", 4, "--mesh-axes", "1e300,1"], "each above 0 and at most 64"),
 ])
 def test_bad_input_exits_2_with_one_line(db_path, args, says):
     r = invoke("plan", *args, "--db", db_path)

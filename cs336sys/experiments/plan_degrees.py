@@ -33,7 +33,7 @@ def mesh_of(text: str) -> str:
         values = []
     if len(values) != 2 or not all(0 < v <= 64 for v in values):
         raise SpecError(f"--mesh-axes: {text!r} is not MX,MY, the mesh axes of FSDP and of TP, "
-                        "each from 0 to 64 (2,1 on a 3D TPU mesh)")
+                        "each above 0 and at most 64 (2,1 on a 3D TPU mesh)")
     return ",".join(parts)
 
 
