@@ -722,3 +722,22 @@ def test_a_trace_where_nothing_can_be_written_is_refused_before_the_point_runs(d
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("Error: --trace /proc/x.json: cannot write in /proc")
     assert not db_path.exists()
+
+
+def test_profile_attention_checks_your_kernel_as_attention_does(db_path, tmp_path, monkeypatch):
+    """`profile attention` ran the user's kernel unchecked: one without the 1/√d scale was
+    profiled and stored ok (profile model, and attention, store it wrong)."""
+    from tests.user_repos import course_repo, with_gallery
+
+    repo = with_gallery(course_repo(tmp_path), "attention")
+    monkeypatch.chdir(repo)
+    for impl in ("yours-torch", "yours-s=cs336_systems.gallery_attention:NoScale"):
+        r = invoke("profile", "attention", "--attention", impl, "--seq", "32", "--d-head", "16",
+                   "--batch", "1", "--heads", "2", "--warmup", "1", "--iters", "1",
+                   "--db", db_path)
+        assert r.exit_code in (0, 1), r.output
+    rows = query(db_path, "SELECT impl, status, error, code FROM profile_runs ORDER BY created")
+    assert [(r["impl"], r["status"]) for r in rows] == [("yours-torch", "ok"),
+                                                        ("yours-s", "wrong")], rows
+    assert rows[1]["error"].startswith("wrong: it computes attention without the 1/√d scale")
+    assert "cs336_systems/gallery_attention.py" in rows[1]["code"]  # what was profiled

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from cs336sys import yours
 from cs336sys.attention import registry
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context, interpreted
@@ -67,6 +68,7 @@ from cs336sys.sweep.declaration import (
 )
 from cs336sys.sweep.points import SpecError, one_value_options
 from cs336sys.sweep.result import Result, first_line
+from cs336sys.yours.implementations import sources
 
 TARGETS = ("model", "attention")
 SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
@@ -326,7 +328,35 @@ def _attention(spec: AttentionSpec) -> _Steps:
         return times
 
     parts = attention_part_flops(spec.batch, spec.heads or 1, spec.seq, spec.d_head)
-    return _Steps(one_step, context=_impl_context(spec), part_flops=parts)
+    checked = None
+    if yours.is_yours(spec.impl):
+        with _impl_context(spec):
+            checked = _attention_checked(spec, fn, q, k, v, dout if backward else None)
+    return _Steps(one_step, context=_impl_context(spec), part_flops=parts, checked=checked,
+                  code=sources(fn) if checked is not None else {})
+
+
+def _attention_checked(spec: AttentionSpec, fn: Any, q: Any, k: Any, v: Any,
+                       dout: Any | None) -> Verdict:
+    """The user's kernel checked as `attention` checks it (attention/point_check.py), on one
+    pass before the profiled ones: a kernel without the 1/√d scale was profiled and stored
+    ok. Where `attention` would not judge a failure (a size the handout never tests, bf16 in
+    Triton's interpreter), it passes with that said in its detail."""
+    from cs336sys.attention.diagnosis import status_of
+    from cs336sys.attention.point_check import checked
+    from cs336sys.attention.saved_lse import forward_logsumexps
+
+    out = fn(q, k, v, is_causal=spec.causal)
+    lse = forward_logsumexps(spec, out, fn, q, k, v)
+    if dout is not None:
+        out.backward(dout)
+    metrics: dict[str, Any] = {}
+    verdict = checked(spec, out.detach(), q, k, v, dout, metrics, lse, fn)
+    q.grad = k.grad = v.grad = None
+    status, why = status_of(spec, interpreted(spec.impl), verdict)
+    if status == "skipped":  # measured all the same: the profile is of the code as it runs
+        return Verdict(True, {**metrics, "check_detail": why})
+    return Verdict(status == "ok", metrics, why)
 
 
 def _unsupported_sdpa(spec: ProfileSpec, exc: RuntimeError) -> str | None:
