@@ -1449,3 +1449,28 @@ def test_a_model_that_builds_bf16_weights_is_not_stored_as_fp32(tmp_path, monkey
     assert rows[0]["error"].startswith(
         "ValueError: your model builds its weights in bfloat16, where this point's "
         "--param-dtype is fp32 (the default): give --param-dtype bf16"), rows[0]["error"]
+
+
+def test_your_flashattention_at_a_size_the_handout_never_tests_is_not_judged(tmp_path,
+                                                                            monkeypatch):
+    """A FlashAttention that asserts whole tiles passes the course's tests; at seq 48 it was
+    an `error` in `model` and `memory` (and `profile model`), where `attention` skips it:
+    "We will always test your code with dimensions that are powers of 2 and at least 16"."""
+    repo = course_repo(tmp_path)
+    edit(repo, "cs336_systems/flash_attention.py", "        scale = 1.0 / math.sqrt(d)\n",
+         "        assert n_q % 32 == 0, 'seq must be a multiple of the tile'\n"
+         "        scale = 1.0 / math.sqrt(d)\n")
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    for command in ("model", "memory"):
+        result = invoke(command, *MICRO, "--seq", "48,64", "--attention", "yours-torch",
+                        "--warmup", "0", "--iters", "1", "--db", db)
+        assert result.exit_code == 0, result.output
+    rows = query(db, "SELECT experiment, status, error, settings FROM runs ORDER BY created")
+    got = {(r["experiment"], json.loads(r["settings"])["seq"], r["status"]) for r in rows}
+    assert got == {("model", 48, "skipped"), ("model", 64, "ok"),
+                   ("memory", 48, "skipped"), ("memory", 64, "ok")}, rows
+    assert rows[0]["error"] == (
+        "not judged: the handout tests your FlashAttention only with dimensions that are "
+        "powers of 2 and at least 16, so it need not handle seq 48; yours-torch raised "
+        "AssertionError: seq must be a multiple of the tile")

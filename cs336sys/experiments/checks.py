@@ -22,7 +22,13 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import registry
-from cs336sys.attention.diagnosis import CHECK_TOLERANCE, diagnose
+from cs336sys.attention.diagnosis import (
+    CHECK_TOLERANCE,
+    NOT_JUDGED,
+    SAVES_L,
+    diagnose,
+    untested_dims,
+)
 from cs336sys.experiments.adamw_mistakes import named_mistake
 from cs336sys.experiments.training_check import few
 from cs336sys.experiments.training_step import (
@@ -38,7 +44,7 @@ from cs336sys.experiments.training_step import (
 )
 from cs336sys.measure.check import Verdict
 from cs336sys.sweep.declaration import metric_table
-from cs336sys.sweep.result import Result
+from cs336sys.sweep.result import Result, Unfinished, first_line, is_oom
 from cs336sys.yours.implementations import sources
 
 # fp32 losses of the same weights computed by two implementations of the same math: the sums
@@ -51,15 +57,16 @@ CHECK_LAYERS = 2  # the copy that is checked: at most this many layers
 CHECK_TOKENS = 128  # ... and this many tokens per sequence
 
 
-def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
+def model_check(config: Any, device: str, seed: int, batch: int,
+                tokens: int = CHECK_TOKENS) -> Verdict:
     """The user's code in a model step against cs336sys's, see the module docstring: their
     model (config.model), or their attention kernel in ours (config.attention), whose loss
-    must be naive attention's with the same weights."""
+    must be naive attention's with the same weights; on at most `tokens` per sequence."""
     import torch
 
     small = dataclasses.replace(
         config, num_layers=min(config.num_layers, CHECK_LAYERS),
-        context_length=min(config.context_length, CHECK_TOKENS), checkpoint="none",
+        context_length=min(config.context_length, tokens), checkpoint="none",
     )
     x, y = make_batch(seed, min(batch, 2), small.context_length, small.vocab_size)
     x, y = x.to(device), y.to(device)
@@ -286,10 +293,35 @@ def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
     model = config.model is not None or yours.is_yours(config.attention)
     if not first_round:
         return Verdict(True, {}) if model or yours.is_yours(optimizer) else None
-    checked = model_check(config, device, seed, batch) if model else None
+    checked = _judged_where_tested(config, device, seed, batch) if model else None
     if yours.is_yours(optimizer):
         checked = both(checked, optimizer_check(optimizer))
     return checked
+
+
+def _judged_where_tested(config: Any, device: str, seed: int, batch: int) -> Verdict:
+    """model_check, but the user's FlashAttention at a seq or head dim the handout never
+    tests it with (attention/diagnosis.py: "you don't need to worry about out-of-bounds
+    accesses") is checked at the point's own seq, and raising or wrong there is not judged:
+    the point is skipped, as `attention` skips it (a kernel that asserts whole tiles was an
+    error in `model`, `memory` and `profile model`)."""
+    from types import SimpleNamespace
+
+    dims = untested_dims(SimpleNamespace(seq=config.context_length, d_head=config.d_head)) \
+        if config.attention in SAVES_L else ""
+    if not dims:
+        return model_check(config, device, seed, batch)
+    try:
+        verdict = model_check(config, device, seed, batch, tokens=config.context_length)
+    except Exception as exc:
+        if is_oom(exc):
+            raise
+        raise Unfinished(NOT_JUDGED.format(dims) + f"; {config.attention} raised "
+                         f"{type(exc).__name__}: {first_line(exc)}") from exc
+    if not verdict.passed:
+        raise Unfinished(NOT_JUDGED.format(dims) + "; it read "
+                         + (verdict.why or "").removeprefix("wrong: "))
+    return verdict
 
 
 def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:
