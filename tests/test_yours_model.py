@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tests.conftest import MICRO, invoke, query
+from tests.conftest import MICRO, invoke, micro, query
 from tests.user_repos import EXAMPLE, course_repo, edit
 
 MODEL = "cs336-basics/cs336_basics/model.py"  # the example's assignment-1 model
@@ -1463,8 +1463,8 @@ def test_your_flashattention_at_a_size_the_handout_never_tests_is_not_judged(tmp
     monkeypatch.chdir(repo)
     db = tmp_path / "r.db"
     for command in ("model", "memory"):
-        result = invoke(command, *MICRO, "--seq", "48,64", "--attention", "yours-torch",
-                        "--warmup", "0", "--iters", "1", "--db", db)
+        result = invoke(command, *micro(warmup=0, iters=1), "--seq", "48,64", "--attention",
+                        "yours-torch", "--db", db)
         assert result.exit_code == 0, result.output
     rows = query(db, "SELECT experiment, status, error, settings FROM runs ORDER BY created")
     got = {(r["experiment"], json.loads(r["settings"])["seq"], r["status"]) for r in rows}
@@ -1474,3 +1474,21 @@ def test_your_flashattention_at_a_size_the_handout_never_tests_is_not_judged(tmp
         "not judged: the handout tests your FlashAttention only with dimensions that are "
         "powers of 2 and at least 16, so it need not handle seq 48; yours-torch raised "
         "AssertionError: seq must be a multiple of the tile")
+
+
+def test_your_attention_of_the_wrong_shape_is_said_so_in_the_model(tmp_path, monkeypatch):
+    """An attention returning O one column short failed deep in the model's reshape:
+    "shape '[2, 16, 64]' is invalid for input of size 1920", the kernel never named."""
+    repo = course_repo(tmp_path, files={
+        "my_models/__init__.py": "",
+        "my_models/short.py": "def attention(q, k, v, is_causal=False):\n"
+                              "    return q[..., :-1]\n"})
+    monkeypatch.chdir(repo)
+    db = tmp_path / "r.db"
+    result = invoke("model", *micro(warmup=0, iters=1), "--seq", "16", "--mode", "forward",
+                    "--attention", "yours-short=my_models.short:attention", "--db", db)
+    assert result.exit_code == 1, result.output
+    (row,) = query(db, "SELECT status, error FROM model_runs")
+    assert row["status"] == "error" and row["error"].startswith(
+        "ValueError: yours-short returned O of shape (2, 4, 16, 15), expected (B, H, T, D) = "
+        "(2, 4, 16, 16)"), row["error"]

@@ -115,6 +115,7 @@ class CausalSelfAttention(nn.Module):
         self.rope = RotaryEmbedding(config.d_head, config.context_length, config.rope_theta)
         # fn(q, k, v, is_causal=...) on (B, H, T, D); resolved once, not per call.
         self.attention_fn = registry.get(config.attention)
+        self.attention_name = config.attention
 
     def forward(self, x: torch.Tensor, token_positions: torch.Tensor) -> torch.Tensor:
         with nvtx_range("attention"):
@@ -131,6 +132,9 @@ class CausalSelfAttention(nn.Module):
             k = self.rope(k, token_positions)  # (B, H, T, D)
 
             y = self.attention_fn(q, k, v, is_causal=True)  # (B, H, T, D)
+            if y.shape != q.shape:  # a user's kernel: said so, not as the reshape's error
+                raise ValueError(f"{self.attention_name} returned O of shape {tuple(y.shape)}, "
+                                 f"expected (B, H, T, D) = {tuple(q.shape)}")
             y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, H, D) -> (B, T, C)
             return self.output_proj(y)
 
