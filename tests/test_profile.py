@@ -294,6 +294,15 @@ def test_trace_writes_valid_chrome_json(db_path, tmp_path, monkeypatch):
         str(inside),
         str(tmp_path / "rel" / "t.json"),
     ]
+    # profiled again into the same names: the stored rows' traces are kept, the next free
+    # names taken and said (a second run wrote over the first's, which its rows still named)
+    first = trace.read_bytes()
+    again = invoke(*args, "--seq", "16,32,64", "--trace", trace, "--db", db_path)
+    assert again.exit_code == 0 and trace.read_bytes() == first
+    written = [str(tmp_path / f"trace-{i}.json") for i in (3, 4, 5)]
+    assert f"traces written: {', '.join(written)}" in again.stdout
+    again = invoke(*args, "--trace", trace, "--db", db_path)
+    assert f"trace written: {tmp_path / 'trace-6.json'}" in again.stdout
 
 
 def test_nvtx_mode_profiles_nothing_and_still_times(db_path):

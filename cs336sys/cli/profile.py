@@ -136,6 +136,7 @@ def _profile_points(ctx, target, point_specs, options):
         if nvtx and not nvtx_asked() and not any(on_cuda(str(p.point.device)) for p in points):
             typer.echo("--nvtx without CUDA: its ranges are CUDA's, so nothing is profiled; "
                        "each row keeps its phases' wall times alone", err=True)
+        points = _past_earlier_traces(points, trace)
         refuse_to_replace([Path(p.trace) for p in points if p.trace], "trace", "--trace",
                           options["force"], options["db"])
         return points
@@ -143,6 +144,30 @@ def _profile_points(ctx, target, point_specs, options):
     run_experiment(exp.EXPERIMENT, specs, {**options, "ctx": ctx}, command=f"profile {target}",
                    describe=_point_name,
                    emulation=False, after=lambda points: typer.echo(_details(points)))
+
+
+def _past_earlier_traces(points: list, trace: Path | None) -> list:
+    """The points, each trace a name no trace cs336sys wrote has yet: `stem.json` taken, the
+    next of `stem-2.json`, `stem-3.json`, ... (`stem-N.json` taken by several points, the
+    next numbers), as memory's --snapshot does: a second profile into one --trace wrote
+    over the first's files, whose stored rows then named the other run's trace. A file
+    cs336sys did not write is left where it is, for refuse_to_replace to refuse."""
+    import dataclasses
+    import itertools
+
+    from cs336sys.cli.outputs import foreign
+
+    def ours_there(path: Path) -> bool:
+        return path.is_file() and path.stat().st_size > 0 and foreign(path, "trace") is None
+
+    if trace is None or not any(ours_there(Path(p.trace)) for p in points):
+        return points
+    t = Path(trace)
+    whole = [t] if len(points) == 1 else []
+    names = itertools.chain(whole, (t.with_name(f"{t.stem}-{n}{t.suffix}")
+                                    for n in itertools.count(2 if whole else 1)))
+    free = (p for p in names if not p.exists())
+    return [dataclasses.replace(p, trace=str(next(free))) for p in points]
 
 
 def _check_writable(path: Path, db: Path) -> None:
@@ -236,4 +261,8 @@ def _details(points) -> str:
                    f"it at {len(unsplit) - len(unseen)} point(s) (a fused kernel, such as "
                    "torch's scaled_dot_product_attention, computes the scores, softmax and PV "
                    "in one): there is nothing to split into QKᵀ, softmax and PV")
+    written = [p.result.metrics["trace_path"] for p in points
+               if p.result.metrics.get("trace_path")]
+    if written:  # a name taken by an earlier trace was passed over: say which were written
+        blocks.append("trace" + "s" * (len(written) > 1) + " written: " + ", ".join(written))
     return "\n\n".join(out + blocks)
