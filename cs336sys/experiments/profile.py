@@ -36,6 +36,9 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import registry
+from cs336sys.attention.diagnosis import status_of
+from cs336sys.attention.point_check import checked as attention_checked
+from cs336sys.attention.saved_lse import forward_logsumexps
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
 from cs336sys.experiments.attention import AttentionSpec, _impl_context, interpreted
 from cs336sys.experiments.checks import CHECK_METRICS, before_timing, judged, user_code
@@ -342,16 +345,12 @@ def _attention_checked(spec: AttentionSpec, fn: Any, q: Any, k: Any, v: Any,
     pass before the profiled ones: a kernel without the 1/√d scale was profiled and stored
     ok. Where `attention` would not judge a failure (a size the handout never tests, bf16 in
     Triton's interpreter), it passes with that said in its detail."""
-    from cs336sys.attention.diagnosis import status_of
-    from cs336sys.attention.point_check import checked
-    from cs336sys.attention.saved_lse import forward_logsumexps
-
     out = fn(q, k, v, is_causal=spec.causal)
     lse = forward_logsumexps(spec, out, fn, q, k, v)
     if dout is not None:
         out.backward(dout)
     metrics: dict[str, Any] = {}
-    verdict = checked(spec, out.detach(), q, k, v, dout, metrics, lse, fn)
+    verdict = attention_checked(spec, out.detach(), q, k, v, dout, metrics, lse, fn)
     q.grad = k.grad = v.grad = None
     status, why = status_of(spec, interpreted(spec.impl), verdict)
     if status == "skipped":  # measured all the same: the profile is of the code as it runs
