@@ -1862,3 +1862,14 @@ def test_a_writeup_of_problems_measured_alike_anywhere_says_no_size_was_cut(db_p
     assert r.exit_code == 0, r.output
     md = (out / "writeup.md").read_text()
     assert "mixed_precision_accumulation" in md and "cut down for a CPU" not in md, md[:1500]
+
+
+@pytest.mark.parametrize("year", ["2025", "2026"])
+def test_a_command_a_note_prints_counts_for_its_problem(year):
+    """docs/handout.md: printed commands carry `--label PROBLEM` "so that run as printed it
+    counts for the problem"; 2025's note on the Gloo half of the all-reduce benchmark gave
+    one without, whose runs counted for no problem."""
+    for problem in problems(year):
+        for run in problem.runs:
+            for command in re.findall(r"`(cs336sys [^`]+)`", run.cpu_note):
+                assert f"--label {problem.name}" in command, (problem.name, command)

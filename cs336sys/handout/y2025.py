@@ -118,7 +118,9 @@ PROBLEMS = (
             cpu="comm --op all-reduce --bytes 1MB,10MB --world-size 2 --warmup 1 --iters 5",
             cpu_note="its Gloo + CPU half runs on a CPU at the handout's sizes too, with "
             "`cs336sys comm --op all-reduce --bytes 1MB,10MB,100MB,1GB --world-size 2,4,6 "
-            "--backend gloo --warmup 5`; NCCL + GPU needs a GPU"),
+            "--backend gloo --warmup 5 --label "
+            "distributed_communication_single_node` (the label makes it count for this "
+            "problem); NCCL + GPU needs a GPU"),
     )),
     Problem(  # a script: no adapters function, no course test (get_ddp_individual_parameters
         # is 2.3.2's overlapping class, checked there)
