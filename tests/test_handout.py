@@ -1142,6 +1142,21 @@ def test_pivot_says_a_setting_that_differs_between_rows_and_one_implementations_
     assert t.rows == [["64", "1024", "1", "2", "3", "4"], ["64", "2048", "1", "2", "3", "4"]]
 
 
+def test_a_switch_on_for_one_implementation_names_its_column_not_a_row():
+    """torch_compile (a): the user's attention compiled (`--compile`, its run alone) made
+    `compile` a row key: ours `compiled` stood in rows that read `eager`, and the user's
+    compiled timings alone on the other lines."""
+    fwd = Column("forward ms", "fwd_ms", "num")
+    rows = [_row(impl=impl, d_head=16, seq=128, compile=compile,
+                 metrics={"fwd_ms": ms, "sdpa_backend_used": None})  # an attention row
+            for impl, compile, ms in (("naive", False, 1.0), ("compiled", False, 2.0),
+                                      ("yours", False, 3.0), ("yours", True, 4.0))]
+    t = pivot(Pivot("t", "attention", ("d_head", "seq"), (fwd,), across="impl"), rows,
+              ["impl", "d_head", "seq"])
+    assert t.headers == ["d", "seq", "naive", "compiled", "yours", "yours +compile"]
+    assert t.rows == [["16", "128", "1", "2", "3", "4"]]
+
+
 def test_a_setting_that_goes_with_the_column_group_does_not_split_rows():
     """memory_profiling (b), two numbers per context length: the forward's optimizer (none)
     and the training step's (adamw) made the optimizer a row key, and each length two

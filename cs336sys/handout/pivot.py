@@ -156,8 +156,10 @@ def _qualifiers(p: Pivot, keys: list[str], rows: list[Row]) -> list[str]:
         return []
     out = []
     for k in keys[len(p.rows):]:
+        # a switch counts where it is on: torch_compile's --compile run of the user's
+        # attention alone set compile, and a column read `eager` above ours compiled
         owners = {repr(r["_settings"].get(p.across)) for r in rows
-                  if r["_settings"].get(k) is not None}
+                  if r["_settings"].get(k) not in (None, False)}
         if len(owners) == 1:
             out.append(k)
     return out
