@@ -1194,6 +1194,12 @@ def test_a_pivot_marks_the_points_the_report_calls_impossible():
     assert t.rows[1][1:] == ["1 ± 0.1", "3 ± 0.1"]
     assert "the machine was busy" in t.note
     assert "busy" not in pivot(Pivot("t", "attention", ("seq",), cols), rows[1:], [], flags).note
+    # a table of memory alone: the times' flag marked its cells (`2.8 (impossible: ...)`)
+    mib = (Column("memory MiB", "mem_before_bwd_bytes", "mib"),)
+    for r in rows:
+        r["mem_before_bwd_bytes"] = 2**21
+    memory = pivot(Pivot("t", "attention", ("seq",), mib), rows, ["impl", "seq"], flags)
+    assert memory.rows[0][1:] == ["2.0"] and "busy" not in memory.note
 
 
 def test_the_method_line_counts_the_samples_the_tables_come_from():

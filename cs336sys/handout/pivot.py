@@ -232,9 +232,13 @@ def pivot(p: Pivot, rows: list[Row], shows: list[str] = (), flags: list[Column] 
                            group if len(values) == 1 else f"{group}: {c.header}")
     flagged: list[Column] = []
 
-    def marked(c: Column, r: Row) -> str:  # once a point: on its first value's cell
+    # a flag says a point's times do not hold (attention's `impossible`): marked once a
+    # point, on its first timed cell; a table of memory alone has none to mark
+    timed = next((c for c in values if c.fmt == "mean_std"), None)
+
+    def marked(c: Column, r: Row) -> str:
         why = [(f, f.cell(r)) for f in flags
-               if c is values[0] and r.get("status") == "ok" and f.cell(r)]
+               if c is timed and r.get("status") == "ok" and f.cell(r)]
         flagged.extend(f for f, _ in why if f not in flagged)
         return cell(c, r, spread=False) + "".join(f" ({f.header}: {w})" for f, w in why)
 
