@@ -27,8 +27,9 @@ KINDS = (MEASURE, COMPUTE, IMPLEMENT, WRITTEN)
 # How a problem's commands are sized, on a GPU and on a CPU: said by `handout`, `handout run`
 # and, for runs measured on a CPU, by the writeup.
 GPU_NOTE = "sized as the handout says (a GPU)"
-CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences and fewer timed steps than "
-            "the handout's 5 warm-up and 10 timed (its sizes need a GPU)")
+CPU_NOTE = ("cut down for a CPU: the tiny model, short sequences (attention: head dims 16 "
+            "and 32, fp32 alone where the handout adds bf16) and fewer timed steps than the "
+            "handout's 5 warm-up and 10 timed (its sizes need a GPU)")
 
 
 @dataclass(frozen=True)
