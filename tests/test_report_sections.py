@@ -1072,3 +1072,16 @@ def test_a_skipped_row_reads_its_size_as_the_measured_rows_of_its_shape():
                "status": "skipped", "error": "skipped: not implemented"}
     (table,) = point_tables([ddp_section.TABLE], [ok, skipped], lift=1)
     assert "size=tiny (512×4, 23M)" in table.constant and "size" not in table.headers
+
+
+def test_the_ddp_step_note_explains_the_implementations_it_shows():
+    """A 2025 writeup, which has no FSDP problem, explained FSDP's and torch-fsdp's
+    communication time under a plot of the DDP variants alone."""
+    from cs336sys.experiments.ddp_section import _steps_note
+
+    plain = _steps_note({"naive", "flat", "bucketed"})
+    assert "fsdp" not in plain and "torch" not in plain
+    assert plain.endswith("Beside it, tokens per second across the ranks.")
+    both = _steps_note({"yours-fsdp", "torch-fsdp"})
+    assert "for fsdp, the time with one of its gathers" in both
+    assert "for torch-fsdp, how much longer backward took" in both

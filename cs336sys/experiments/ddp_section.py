@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from cs336sys.experiments.ddp_setup import SHARES_COLUMN
+from cs336sys.experiments.ddp_setup import SHARES_COLUMN, stored_as_fsdp
 from cs336sys.experiments.model_section import SIZE
 from cs336sys.report.plots import Bar, Bars, Plot
 from cs336sys.report.sections import (
@@ -37,19 +37,28 @@ from cs336sys.sweep.declaration import (
 from cs336sys.sweep.points import told_apart
 
 
+def _steps_note(impls: set[str]) -> str:
+    """What the step plot's communication part is, for the implementations it shows (a
+    2025 writeup, which has no FSDP problem, explained FSDP's)."""
+    torch_ones = sorted(impls & {"torch", "torch-fsdp"})
+    sharded = any(stored_as_fsdp(i) for i in impls - {"torch-fsdp"})
+    return " ".join([
+        "The step's mean time, the part spent waiting on gradient communication at the top "
+        "(the least rank's: the others also waited there for its backward)"
+        + ("; for fsdp, the time with one of its gathers or reduce-scatters in flight, "
+           "hidden behind compute or not, so not the others' waiting" if sharded else "")
+        + (f"; for {' and '.join(torch_ones)}, how much longer backward took than with the "
+           "gradients' reduction switched off, its overheads included" if torch_ones else "")
+        + ".", "Beside it, tokens per second across the ranks."])
+
+
 def section(sec: Section, pts: list[Row]) -> None:
     """Memory per rank against the analytic figure, and the bucket-size sweep."""
     by_moment = memory_by_moment(pts)
     if by_moment is not None:  # rows stored before the sharding release have no memory figures
         sec.tables.append(by_moment)
     add_plot(sec, "Step time split into waiting on communication and the rest", "ddp-steps",
-             _steps(pts), note="The step's mean time, the part spent waiting on gradient "
-             "communication at the top (the least rank's: the others also waited there for "
-             "its backward); for fsdp, the time with one of its gathers or reduce-scatters in "
-             "flight, hidden behind compute or not, so not the others' waiting; for torch "
-             "and torch-fsdp, how much longer backward took than with the gradients' "
-             "reduction switched off, its overheads included. Beside it, tokens per second "
-             "across the ranks.")
+             _steps(pts), note=_steps_note({str(r["_settings"].get("impl")) for r in pts}))
     every = series(pts, "bucket_mb", "step_ms_mean", first=("impl", "world_size"))
     lines = {k: v for k, v in every.items() if len(v) > 1}  # the bucketed sweeps only
     add_plot(sec, "Bucket-size sweep", "ddp-buckets",
