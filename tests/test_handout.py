@@ -380,6 +380,38 @@ def test_a_stopped_point_runs_no_part_and_a_crashed_rerun_ends_nothing(db_path, 
     assert "stopped early" in (tmp_path / "w" / "writeup.md").read_text().lower()
 
 
+def test_a_stopped_handout_run_is_ended_by_a_narrower_one_that_ran_to_its_end(
+        db_path, tmp_path):
+    """`handout run --all` stopped in a problem, then `handout run PROBLEM` measured every
+    point: the writeup still said "stopped early" (a rerun had to be the same command
+    line). A rerun of the problem's command, --yours or not as it was, ends it; one with the
+    other --yours does not."""
+    from cs336sys.experiments.catalog import EXPERIMENTS
+    from cs336sys.store import Store
+    from cs336sys.sweep.stopping import TERMINATED
+
+    name = "minimal_ddp_flat_benchmarking"
+    runs = [(["cs336sys", "handout", "run", "--all", "--yours"], 143),
+            (["cs336sys", "handout", "run", name], 0)]
+
+    def writeup() -> str:
+        assert invoke("handout", "report", name, "--format", "md", "--out", tmp_path / "w",
+                      "--force", "--db", db_path).exit_code == 0
+        return (tmp_path / "w" / "writeup.md").read_text().lower()
+
+    for extra in ([], ["--yours"]):  # without --yours first: not the stopped run's rerun
+        with Store(db_path, EXPERIMENTS) as store:
+            for argv, exit_status in (runs if not extra else runs[1:]):
+                inv = store.begin_invocation({"gpu": "cpu"}, argv + extra * (exit_status == 0),
+                                             "ddp", label=name)
+                store.add_run(inv, "ddp", "ok", {"impl": "naive", "world_size": 2}, {})
+                store.add_run(inv, "ddp", "ok" if exit_status == 0 else "error",
+                              {"impl": "flat", "world_size": 2}, {},
+                              error=None if exit_status == 0 else f"{TERMINATED} 15 (SIGTERM)")
+                store.finish_invocation(inv, exit_status)
+        assert ("stopped early" in writeup()) == (not extra)
+
+
 def test_a_problem_with_a_part_not_run_says_which(db_path, tmp_path, monkeypatch):
     """memory_profiling with its memory runs stored and its residuals not read `measured`,
     in the listing and the writeup alike: it is `partly measured`, naming the part left."""

@@ -43,9 +43,15 @@ def _counts(values: list[int], what: str) -> str:
 
 
 def _rerun(inv: dict[str, Any]) -> tuple:
-    """What running `inv` again is: its label and its command line without --resume."""
+    """What running `inv` again is: its label and its command line without --resume; for a
+    run of `handout run` (whose command line is the handout run's, each problem's command a
+    run of it), the problem's command of that run with or without --yours, for the year:
+    `handout run PROBLEM` after a stopped `handout run --all` measured what it left out."""
     argv = inv.get("argv")
     words = json.loads(argv) if isinstance(argv, str) else list(argv or [])
+    if words[1:3] == ["handout", "run"]:
+        year = words[words.index("--year") + 1] if "--year" in words[:-1] else None
+        return inv.get("label"), inv.get("command"), "--yours" in words, year
     return inv.get("label"), tuple(w for w in words if w != "--resume")
 
 
