@@ -30,7 +30,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 MFU_NOTE = ("MFU: TFLOP/s over the GPU's dense peak in the precision the matmuls ran in (an "
             "H100 SXM's: " + ", ".join(f"{p.replace('tf32', 'TF32')} {PEAK_TFLOPS['H100'][p]:.0f}"
                                        for p in ("fp32", "tf32", "bf16"))
-            + f"; a B200's, the handout's: fp32 {PEAK_TFLOPS['B200']['fp32']:.0f}, bf16 "
+            + f"; a B200's, the 2026 handout's: fp32 {PEAK_TFLOPS['B200']['fp32']:.0f}, bf16 "
             f"{PEAK_TFLOPS['B200']['bf16']:,.0f}), so fp32 and bf16 are each "
             "against their own peak; shown only where the GPU's peak is known.")
 
