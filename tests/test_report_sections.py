@@ -317,6 +317,17 @@ def test_points_that_differ_in_an_unnamed_setting_get_labels_of_their_own():
                       "small T=128 B=4 train fp32 d_model=128 optimizer=adamw"]
     plot = next(f for f in sec.figures if f.name == "model-warmup").plot
     assert sorted(plot.panels[""]) == sorted(labels)
+    # a setting that goes with one already named (the optimizer with the mode: none
+    # forward, adamw train) is not said again
+    rows = []
+    for mode, optimizer in (("forward", "none"), ("train", "adamw")):
+        row = _model_row("small", 10.0, 1)
+        row["_settings"] = {**row["_settings"], "mode": mode, "optimizer": optimizer}
+        rows.append(row)
+    sec = Section("model", "m")
+    model_section.section(sec, latest(rows))
+    assert [r[0] for r in table(sec, "Warm-up effect").rows] == [
+        "small T=128 B=4 forward fp32", "small T=128 B=4 train fp32"]
 
 
 def test_the_warmup_effect_has_the_point_without_warm_up():

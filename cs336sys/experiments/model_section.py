@@ -74,7 +74,14 @@ def section(sec: Section, pts: list[Row]) -> None:
     pts = [r for r in pts if not interpreted(r)]
     many = several_gpus(pts)
     warmups = len({r["_settings"].get("warmup") for r in pts}) > 1
-    also = tuple(varying(pts, shown=LABELLED))
+    also: tuple[str, ...] = ()
+    for key in varying(pts, shown=LABELLED):  # those that split a label, in turn
+        values: dict[str, set[str]] = {}
+        for r in pts:  # (the optimizer goes with the mode: none forward, adamw train)
+            values.setdefault(_model_label(r, many, warmups, also), set()).add(
+                repr(r["_settings"].get(key)))
+        if any(len(v) > 1 for v in values.values()):
+            also += (key,)
 
     def label(r: Row) -> str:
         return _model_label(r, gpu=many, warmup=warmups, also=also)
