@@ -736,7 +736,7 @@ def test_a_trace_where_nothing_can_be_written_is_refused_before_the_point_runs(d
 def test_profile_attention_checks_your_kernel_as_attention_does(db_path, tmp_path, monkeypatch):
     """`profile attention` ran the user's kernel unchecked: one without the 1/√d scale was
     profiled and stored ok (profile model, and attention, store it wrong)."""
-    from tests.user_repos import course_repo, with_gallery
+    from tests.user_repos import course_repo, edit, with_gallery
 
     repo = with_gallery(course_repo(tmp_path), "attention")
     monkeypatch.chdir(repo)
@@ -750,3 +750,14 @@ def test_profile_attention_checks_your_kernel_as_attention_does(db_path, tmp_pat
                                                         ("yours-s", "wrong")], rows
     assert rows[1]["error"].startswith("wrong: it computes attention without the 1/√d scale")
     assert "cs336_systems/gallery_attention.py" in rows[1]["code"]  # what was profiled
+    # your FlashAttention raising at a size the handout never tests: not judged, as
+    # attention stores it (it was an error)
+    edit(repo, "cs336_systems/flash_attention.py", "        scale = 1.0 / math.sqrt(d)\n",
+         "        assert n_q % 32 == 0, 'whole tiles'\n        scale = 1.0 / math.sqrt(d)\n")
+    r = invoke("profile", "attention", "--attention", "yours-torch", "--seq", "48",
+               "--d-head", "16", "--batch", "1", "--warmup", "1", "--iters", "1",
+               "--db", db_path)
+    assert r.exit_code == 0, r.output
+    last = query(db_path, "SELECT status, error FROM profile_runs ORDER BY created")[-1]
+    assert last["status"] == "skipped" and last["error"].startswith("not judged: ") and \
+        last["error"].endswith("yours-torch raised AssertionError: whole tiles"), last

@@ -929,6 +929,16 @@ def test_your_triton_kernel_is_not_started_at_a_size_the_handout_never_tests(tmp
     assert by[48]["error"].endswith("--force runs it")
     assert invoke(*args, "--seq", "48", "--force").exit_code == 0
     assert runs(db)[-1]["status"] == "ok"
+    # in cs336sys's model too (`model --attention yours-triton --seq 48` aborted the
+    # process: "free(): invalid size", nothing stored)
+    model = invoke("model", "--size", "tiny", "--d-model", "64", "--num-heads", "4",
+                   "--num-layers", "1", "--vocab-size", "64", "--batch", "1", "--seq", "48",
+                   "--mode", "forward", "--attention", "yours-triton", "--warmup", "0",
+                   "--iters", "1", "--device", "cpu", "--db", db)
+    assert model.exit_code == 0, model.output
+    (row,) = query(db, "SELECT status, error FROM model_runs")
+    assert row["status"] == "skipped" and "without masks a kernel reads and writes past" in \
+        row["error"], row
 
 
 def test_a_kernel_off_at_a_size_the_handout_never_tests_is_not_judged(tmp_path, monkeypatch):

@@ -1474,6 +1474,20 @@ def test_your_flashattention_at_a_size_the_handout_never_tests_is_not_judged(tmp
         "not judged: the handout tests your FlashAttention only with dimensions that are "
         "powers of 2 and at least 16, so it need not handle seq 48; yours-torch raised "
         "AssertionError: seq must be a multiple of the tile")
+    # its backward alone asserting: the check's gradient comparison read that as no
+    # verdict, and the timed step stored an error
+    edit(repo, "cs336_systems/flash_attention.py",
+         "        assert n_q % 32 == 0, 'seq must be a multiple of the tile'\n", "")
+    edit(repo, "cs336_systems/flash_attention.py",
+         "        q, k, v, o, logsumexp = ctx.saved_tensors\n",
+         "        q, k, v, o, logsumexp = ctx.saved_tensors\n"
+         "        assert q.shape[-2] % 32 == 0, 'backward needs whole tiles'\n")
+    result = invoke("step", *micro(warmup=0, iters=1), "--seq", "48", "--attention",
+                    "yours-torch", "--switches", "none", "--db", db)
+    assert result.exit_code == 0, result.output
+    (row,) = query(db, "SELECT status, error FROM step_runs")
+    assert row["status"] == "skipped" and row["error"].endswith(
+        "yours-torch raised AssertionError: backward needs whole tiles"), row
 
 
 def test_your_attention_of_the_wrong_shape_is_said_so_in_the_model(tmp_path, monkeypatch):

@@ -57,16 +57,15 @@ CHECK_LAYERS = 2  # the copy that is checked: at most this many layers
 CHECK_TOKENS = 128  # ... and this many tokens per sequence
 
 
-def model_check(config: Any, device: str, seed: int, batch: int,
-                tokens: int = CHECK_TOKENS) -> Verdict:
+def model_check(config: Any, device: str, seed: int, batch: int) -> Verdict:
     """The user's code in a model step against cs336sys's, see the module docstring: their
     model (config.model), or their attention kernel in ours (config.attention), whose loss
-    must be naive attention's with the same weights; on at most `tokens` per sequence."""
+    must be naive attention's with the same weights."""
     import torch
 
     small = dataclasses.replace(
         config, num_layers=min(config.num_layers, CHECK_LAYERS),
-        context_length=min(config.context_length, tokens), checkpoint="none",
+        context_length=min(config.context_length, CHECK_TOKENS), checkpoint="none",
     )
     x, y = make_batch(seed, min(batch, 2), small.context_length, small.vocab_size)
     x, y = x.to(device), y.to(device)
@@ -302,9 +301,12 @@ def before_timing(config: Any, optimizer: str | None, device: str, seed: int,
 def _judged_where_tested(config: Any, device: str, seed: int, batch: int) -> Verdict:
     """model_check, but the user's FlashAttention at a seq or head dim the handout never
     tests it with (attention/diagnosis.py: "you don't need to worry about out-of-bounds
-    accesses") is checked at the point's own seq, and raising or wrong there is not judged:
-    the point is skipped, as `attention` skips it (a kernel that asserts whole tiles was an
-    error in `model`, `memory` and `profile model`)."""
+    accesses") is not judged there: raising or wrong, the point is skipped, as `attention`
+    skips it (a kernel that asserts whole tiles was an error in `model`, `memory` and
+    `profile model`). The kernel runs alone first, forward and backward on one sequence of
+    one head at the point's own seq and head dim: the check's model runs at most
+    CHECK_TOKENS, and its naive reference at the whole seq held the T x T scores the kernel
+    never does (a point that fits stored as out of memory)."""
     from types import SimpleNamespace
 
     dims = untested_dims(SimpleNamespace(seq=config.context_length, d_head=config.d_head)) \
@@ -312,7 +314,8 @@ def _judged_where_tested(config: Any, device: str, seed: int, batch: int) -> Ver
     if not dims:
         return model_check(config, device, seed, batch)
     try:
-        verdict = model_check(config, device, seed, batch, tokens=config.context_length)
+        _kernel_runs(config, device, seed)
+        verdict = model_check(config, device, seed, batch)
     except Exception as exc:
         if is_oom(exc):
             raise
@@ -322,6 +325,18 @@ def _judged_where_tested(config: Any, device: str, seed: int, batch: int) -> Ver
         raise Unfinished(NOT_JUDGED.format(dims) + "; it read "
                          + (verdict.why or "").removeprefix("wrong: "))
     return verdict
+
+
+def _kernel_runs(config: Any, device: str, seed: int) -> None:
+    """The user's attention kernel, forward and backward, on (1, 1, seq, d_head): what
+    raises at the point's shape raises here (a backward's too, which the check's gradient
+    comparison reads as no verdict)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, config.context_length, config.d_head, generator=gen,
+                           device=device, requires_grad=True) for _ in range(3))
+    registry.get(config.attention)(q, k, v, is_causal=True).sum().backward()
 
 
 def both(first: Verdict | None, second: Verdict | None) -> Verdict | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from cs336sys import yours
@@ -143,8 +144,22 @@ def model_estimate(spec: Any) -> Estimate:
     if mode == "train":
         parts["AdamW"] = 8 * p
     total = int(MARGIN * sum(parts.values()))
+    attention = getattr(spec, "attention", None) or "naive"
+    dims = untested_dims(SimpleNamespace(seq=T, d_head=config.d_head))
+    # the user's Triton kernel in cs336sys's model, at a size the handout never tests it
+    # with: not started, as attention does not start it (`model --attention yours-triton
+    # --seq 48` aborted the process: "free(): invalid size", nothing stored)
+    not_started = (_unmasked_there(dims) if config.model is None and yours.is_yours(attention)
+                   and _triton(attention) and dims else "")
     return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()),
-                    _seconds(spec, config, mode))
+                    _seconds(spec, config, mode), not_started)
+
+
+def _unmasked_there(dims: str) -> str:
+    """Why the user's Triton kernel is not started at `dims` (`seq 48`)."""
+    return (NOT_JUDGED.format(dims) + ", and without masks a kernel reads and writes past its "
+            "tensors there (in Triton's CPU interpreter that corrupts this process's memory; "
+            "on a GPU it may end its CUDA context); --force runs it")
 
 
 def _seconds(spec: Any, config: Any, mode: str) -> float | None:
@@ -269,10 +284,7 @@ def attention_estimate(spec: Any) -> Estimate:
         # tensors: in the interpreter that corrupted this process's heap ("double free or
         # corruption"), which ended the sweep with the points after it unmeasured. A one-off
         # (`--impl NAME=module:attr`) whose code launches Triton is the user's kernel too.
-        not_started = (NOT_JUDGED.format(untested_dims(spec)) + ", and without masks a kernel "
-                       "reads and writes past its tensors there (in Triton's CPU interpreter "
-                       "that corrupts this process's memory; on a GPU it may end its CUDA "
-                       "context); --force runs it")
+        not_started = _unmasked_there(untested_dims(spec))
     total = int(MARGIN * sum(parts.values()))
     return Estimate(total, ", ".join(f"{k} {_gib(v)}" for k, v in parts.items()), seconds,
                     not_started)

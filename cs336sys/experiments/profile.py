@@ -36,7 +36,7 @@ from typing import Any
 
 from cs336sys import yours
 from cs336sys.attention import registry
-from cs336sys.attention.diagnosis import status_of
+from cs336sys.attention.diagnosis import NOT_JUDGED, status_of, untested
 from cs336sys.attention.point_check import checked as attention_checked
 from cs336sys.attention.saved_lse import forward_logsumexps
 from cs336sys.experiments.attention import _RENAMED as _ATTENTION_RENAMED
@@ -70,7 +70,7 @@ from cs336sys.sweep.declaration import (
     timing,
 )
 from cs336sys.sweep.points import SpecError, one_value_options
-from cs336sys.sweep.result import Result, first_line
+from cs336sys.sweep.result import Result, Unfinished, first_line, is_oom
 from cs336sys.yours.implementations import sources
 
 TARGETS = ("model", "attention")
@@ -343,18 +343,24 @@ def _attention_checked(spec: AttentionSpec, fn: Any, q: Any, k: Any, v: Any,
                        dout: Any | None) -> Verdict:
     """The user's kernel checked as `attention` checks it (attention/point_check.py), on one
     pass before the profiled ones: a kernel without the 1/√d scale was profiled and stored
-    ok. Where `attention` would not judge a failure (a size the handout never tests, bf16 in
-    Triton's interpreter), it passes with that said in its detail."""
-    out = fn(q, k, v, is_causal=spec.causal)
-    lse = forward_logsumexps(spec, out, fn, q, k, v)
-    if dout is not None:
-        out.backward(dout)
+    ok. Where `attention` does not judge a failure (a size the handout never tests, bf16 in
+    Triton's interpreter), the point is skipped as there (Unfinished), raising or wrong."""
+    try:
+        out = fn(q, k, v, is_causal=spec.causal)
+        lse = forward_logsumexps(spec, out, fn, q, k, v)
+        if dout is not None:
+            out.backward(dout)
+    except Exception as exc:
+        if untested(spec) and not is_oom(exc):
+            raise Unfinished(NOT_JUDGED.format(untested(spec)) + f"; {spec.impl} raised "
+                             f"{type(exc).__name__}: {first_line(exc)}") from exc
+        raise
     metrics: dict[str, Any] = {}
     verdict = attention_checked(spec, out.detach(), q, k, v, dout, metrics, lse, fn)
     q.grad = k.grad = v.grad = None
     status, why = status_of(spec, interpreted(spec.impl), verdict)
-    if status == "skipped":  # measured all the same: the profile is of the code as it runs
-        return Verdict(True, {**metrics, "check_detail": why})
+    if status == "skipped":
+        raise Unfinished(why or "not judged")
     return Verdict(status == "ok", metrics, why)
 
 
