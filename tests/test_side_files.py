@@ -297,3 +297,33 @@ def test_a_writer_killed_in_a_transaction_leaves_only_what_it_committed(store, t
     result = invoke("plan", "--size", "tiny", "--strategy", "fsdp", "--n", "2", "--db", store)
     assert result.exit_code == 0, result.output
     assert invoke("sql", query, "--csv", "--db", store).stdout.split()[-1] == "2,0"
+
+
+@pytest.mark.promise(STORE)
+def test_a_rollback_writer_holding_its_lock_is_named_and_a_stray_journal_is_ignored(
+        store, tmp_path, monkeypatch):
+    """A writer in rollback mode inside an exclusive transaction: a reader waited out the
+    busy timeout and said only "database is locked". A `-journal` beside a store in WAL mode
+    (another tool's) made a read open it live, leaving a `-wal` and `-shm` beside it."""
+    import sqlite3
+
+    from cs336sys.store import guard
+
+    before = _digest(store.parent)
+    Path(f"{store}-journal").write_bytes(b"")  # a WAL store: the journal is none of its own
+    assert _runs(store) == "1"
+    after = _digest(store.parent)
+    assert set(after) == {"s.db", "s.db-journal"} and after["s.db"] == before["s.db"]
+    Path(f"{store}-journal").unlink()
+    writer = sqlite3.connect(store, isolation_level=None)
+    writer.execute("PRAGMA journal_mode = DELETE")
+    writer.execute("BEGIN EXCLUSIVE")
+    writer.execute("UPDATE runs SET status = 'error'")
+    try:
+        monkeypatch.setattr(guard, "BUSY_TIMEOUT_S", 0.2)
+        result = invoke("sql", "SELECT count(*) FROM runs", "--db", store)
+        assert result.exit_code == 2, result.output
+        assert "another process holds its write lock" in result.stderr, result.stderr
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()

@@ -216,16 +216,27 @@ def open_untouched(path: str | Path) -> sqlite3.Connection:
     conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA query_only = ON")
     journal = side_file(path, "-journal")
-    if journal.exists():
+    if journal.exists() and _rollback_mode(path):
         try:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
         except sqlite3.OperationalError as exc:
-            if getattr(exc, "sqlite_errorcode", None) != SQLITE_READONLY_ROLLBACK:
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code == SQLITE_BUSY:  # "database is locked", after BUSY_TIMEOUT_S
+                conn.close()
+                raise sqlite3.OperationalError(
+                    "another process holds its write lock (a writer in rollback mode, such as "
+                    "the sqlite3 shell in a transaction); run this again when it is done"
+                ) from exc
+            if code != SQLITE_READONLY_ROLLBACK:
                 raise
             conn.close()
             copied = _read_a_copy(path, journal)
             return copied if copied is not None else open_untouched(path)
     return conn
+
+
+# https://sqlite.org/rescode.html: another connection holds a lock this one waited out
+SQLITE_BUSY = 5
 
 
 # https://sqlite.org/rescode.html#readonly_rollback: a hot journal a read-only connection
@@ -235,9 +246,22 @@ SQLITE_READONLY_ROLLBACK = 776
 
 def readable_immutable(path: str | Path) -> bool:
     """Whether the store can be read with `immutable=1`, which leaves nothing beside it: it
-    has no `-wal`, so no connection has it open in WAL mode, and no `-journal`, so no writer
-    is in a transaction or was killed in one (see open_untouched)."""
-    return not (side_file(path, "-wal").exists() or side_file(path, "-journal").exists())
+    has no `-wal`, so no connection has it open in WAL mode, and, in rollback mode, no
+    `-journal`, so no writer is in a transaction or was killed in one (see open_untouched).
+    (A `-journal` beside a WAL store is none of its own: left by another tool.)"""
+    return not (side_file(path, "-wal").exists()
+                or side_file(path, "-journal").exists() and _rollback_mode(path))
+
+
+def _rollback_mode(path: str | Path) -> bool:
+    """Whether the database's header says rollback journal (its read and write versions, bytes
+    18 and 19: 1 legacy, 2 WAL; https://sqlite.org/fileformat.html#file_format_version_numbers)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return len(head) == 20 and head[18] == 1
 
 
 def _read_a_copy(path: Path, side: Path) -> sqlite3.Connection | None:
