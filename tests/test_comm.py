@@ -48,7 +48,10 @@ def test_format_size_round_trips_the_defaults():
     # a computed count that is a multiple of 1,024 reads in the units of its column's other
     # cells ('88658KiB' stood beside '68.1MB'); a whole binary unit still reads as one
     assert [format_size(n) for n in (88658 * 1024, 1536 * 2**10, 2**40, 4 * 2**30)] == [
-        "90.8MB", "1.57MB", "1TiB", "4GiB"]
+        "90.8MB", "1536KiB", "1TiB", "4GiB"]
+    # a size as typed reads back as typed, decimal first (`1024MB` read `1.02GB`)
+    for text in ("1024MB", "2048KB", "1500MiB", "3GiB"):
+        assert format_size(parse_size(text)) == text
 
 
 def test_buffer_bytes_rounds_to_whole_shards():

@@ -427,8 +427,8 @@ def test_measured_without_rows_says_what_to_run(db_path):
     one_rank = (CPU, "ok", {"op": "all-reduce", "world_size": 1}, {"busbw_gbps": 0.0})
     _store(db_path.with_name("c.db"), model=MODEL[:2], comm=[one_rank])
     r = invoke("plan", "--measured", "--gpu", CPU, "--db", db_path.with_name("c.db"))
-    assert r.exit_code == 2 and "its comm rows ran on one rank, which crosses no link: give " \
-        "--world-size 2 or more" in r.stderr, r.stderr
+    assert r.exit_code == 2 and "no ok comm rows for cpu with a bus bandwidth (its comm rows " \
+        "of one rank cross no link: give --world-size 2 or more)" in r.stderr, r.stderr
     assert _plans(db_path) == []
 
 

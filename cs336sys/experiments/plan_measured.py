@@ -81,10 +81,11 @@ def measured(conn: sqlite3.Connection, gpu: str, host_memory: int | None = None)
         )
         if what == "comm" and conn.execute(
                 "SELECT 1 FROM runs r JOIN invocations i ON i.id = r.invocation_id WHERE "
-                "r.experiment = 'comm' AND r.status = 'ok' AND i.gpu = ? LIMIT 1",
+                "r.experiment = 'comm' AND r.status = 'ok' AND i.gpu = ? AND "
+                "json_extract(r.settings, '$.world_size') = 1 LIMIT 1",
                 (gpu,)).fetchone():  # one rank's rows: no link crossed, no bus bandwidth
-            others += (" with a bus bandwidth (its comm rows ran on one rank, which crosses "
-                       "no link: give --world-size 2 or more)")
+            others = (" with a bus bandwidth (its comm rows of one rank cross no link: give "
+                      "--world-size 2 or more)" + others)
         raise NoMeasurement(f"--measured: the store has no ok {what} rows for {gpu}{others}; "
                             f"run `{first}` on this GPU first")
     m, c = model[0], comm[0]

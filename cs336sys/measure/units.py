@@ -82,15 +82,16 @@ def format_duration(seconds: float) -> str:
 
 
 def format_size(n: float) -> str:
-    """10_000_000 -> '10MB', 1_048_576 -> '1MiB', 1234 -> '1.23KB' (short, for tables); a
-    computed count that happens to be a multiple of 1,024 is '90.8MB', not '88658KiB' (one
-    column read KiB beside MB)."""
+    """10_000_000 -> '10MB', 1_048_576 -> '1MiB', 1234 -> '1.23KB' (short, for tables): an
+    exact unit, decimal first, as a size is typed (`1024MB`, `1500MiB`), where it takes
+    fewer than five digits; else three digits in decimal units (a computed count that
+    happens to be a multiple of 1,024 is '90.8MB', not '88658KiB', beside '68.1MB')."""
     decimal = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
     binary = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-    for unit, scale in (*decimal, *binary):
-        # exact: 2GB, not 1.86GiB; 1MiB, not 1.05MB
-        if n >= scale and n % scale == 0 and n // scale < 1024:
-            return f"{int(n // scale)}{unit}"
+    for units in (decimal, binary):  # `2048KB` as typed, not `2000KiB`
+        for unit, scale in units:
+            if n >= scale and n % scale == 0 and n // scale < 10_000:
+                return f"{int(n // scale)}{unit}"
     for unit, scale in decimal:
         if n >= scale * 0.9995:  # 999,996 B is '1MB', not '1e+03KB'
             return f"{n / scale:.3g}{unit}"
