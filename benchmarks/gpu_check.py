@@ -65,8 +65,9 @@ STEPS = [  # (what, cs336sys arguments)
     ("profile model: small and xl, bf16",
      ["profile", "model", "--size", "small,xl", "--precision", "bf16", "--seq", "512",
       "--warmup", "3", "--iters", "5"]),
-    ("step: xl at context 512, batch 4, each switch alone and all",
-     ["step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation"]),
+    ("step: xl at context 512, batch 4, bf16 weights, each switch alone and all",
+     ["step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation",
+      "--param-dtype", "bf16"]),
 ]
 # The host-overhead benchmark (not a cs336sys command, so not in STEPS), run with --json;
 # the tests add options that shorten it.
@@ -98,10 +99,43 @@ def archive_for(given: Path | None, out: Path) -> Path:
         given = (Path(os.environ["OUT"]) / f"{out.name}.tar.gz" if os.environ.get("OUT")
                  else out.with_suffix(".tar.gz"))
     archive = given.resolve()
+    if archive.is_dir():  # `--archive $OUT`: it failed at the end, every figure lost
+        raise IsADirectoryError(f"{archive} is a folder: give the file, "
+                                f"{archive / (out.name + '.tar.gz')}")
     archive.parent.mkdir(parents=True, exist_ok=True)
     if not os.access(archive.parent, os.W_OK):
         raise PermissionError(f"{archive.parent} is not writable")
     return archive
+
+
+def write_archive(archive: Path, out: Path) -> None:
+    """`out` as a .tar.gz at `archive`, replacing the last one whole (written beside, then
+    renamed): after every step, so that a call killed from outside (the device's limit, a
+    SIGKILL) still returns what its finished steps measured."""
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        tar.add(out, arcname=out.name)
+    partial.replace(archive)
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a limit reached outside) ends the call as Ctrl-C does: run() stops the step's
+    process group, which has a session of its own and would run on, and the caller still
+    writes its report and archive."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def out_folder(out: Path) -> str | None:
+    """Make --out; why it cannot be, in one line, else None."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--out {out}: " + ("a file, not a folder" if isinstance(exc, FileExistsError)
+                                   else str(exc))
+    return None
 
 
 class Budget:
@@ -340,7 +374,8 @@ def preflight() -> str | None:
     missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
     if missing:
         return (f"make gpu-check: {', '.join(missing)} missing; make wheels (where the "
-                "registry is reachable) puts sqlite-utils and its needs in .whl/")
+                "registry is reachable) puts sqlite-utils and its needs in .whl/, which git "
+                "ignores: carry it to the device (the device tool's carry: [\".whl\"])")
     return None
 
 
@@ -361,12 +396,16 @@ def main() -> int:
 
     gpu = torch.cuda.get_device_name(0)
     out = args.out or ROOT / "reports" / slug(gpu)
-    out.mkdir(parents=True, exist_ok=True)
+    problem = out_folder(out)
+    if problem:
+        print(f"Error: {problem}", file=sys.stderr)
+        return 2
     try:
         archive = archive_for(args.archive, out)
     except OSError as exc:
         print(f"Error: --archive: {exc}", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     db = out / "results.db"  # an earlier check's rows stay; the report covers this one only
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     py, t0, failed, not_run = sys.executable, time.monotonic(), [], []
@@ -379,18 +418,22 @@ def main() -> int:
     steps.append(("attention host overhead", [py, *HOST_OVERHEAD, "--json", str(host)]))
     with open(out / "gpu-check.log", "a") as log:
         tests_s = None
-        for what, argv in steps:
-            if not budget.allows_a_step():
-                not_run.append(what)
-                continue
-            rc, secs = run(argv, log, budget.left())
-            print(f"{what}: exit {rc}, {secs:.0f} s", flush=True)
-            if what == "gpu tests" and rc != STOPPED:  # a stopped run meets no time target
-                tests_s = secs
-            if what == "gpu tests" and rc == STOPPED:
-                not_run.append("gpu tests (stopped)")
-            if step_failed(argv, rc):
-                failed.append(what)
+        try:
+            for what, argv in steps:
+                if not budget.allows_a_step():
+                    not_run.append(what)
+                    continue
+                rc, secs = run(argv, log, budget.left())
+                print(f"{what}: exit {rc}, {secs:.0f} s", flush=True)
+                if what == "gpu tests" and rc != STOPPED:  # a stopped run meets no time target
+                    tests_s = secs
+                if what == "gpu tests" and rc == STOPPED:
+                    not_run.append("gpu tests (stopped)")
+                if step_failed(argv, rc):
+                    failed.append(what)
+                write_archive(archive, out)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what ran is reported and archived
+            not_run.append("the rest (interrupted)")
         title = f"{gpu}: make gpu-check"
         if db.exists():  # no step stored a row: no report to write, and none failed
             rc, _ = run([py, "-m", "cs336sys", "report", "--db", str(db), "--since",
@@ -403,8 +446,7 @@ def main() -> int:
     table = ["| target | measured | |", "| --- | --- | --- |", *(f"| {a} | {b} | {c} |" for a, b, c in rows)]
     text = "\n".join([f"# make gpu-check on {gpu}", "", *table, ""])
     (out / "verdict.md").write_text(text)
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(out, arcname=out.name)
+    write_archive(archive, out)
     print(text)
     print(f"report: {out}/report.html; store: {db}; archive: {archive}")
     if failed:

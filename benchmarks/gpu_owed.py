@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import tarfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,11 +41,14 @@ from gpu_check import (
     Budget,
     archive_for,
     arg_parser,
+    out_folder,
     positive_seconds,
     preflight,
     run,
     slug,
     step_failed,
+    stop_on_sigterm,
+    write_archive,
 )
 
 PY = sys.executable
@@ -78,9 +80,10 @@ STEPS: list[tuple[str, list[str], dict[str, str]]] = [  # (what, argv, extra env
      "grad_W is summed, beside the materialised baseline (target: faster than it)",
      [PY, "benchmarks/fused_ce.py", "--impls", "baseline,torch,triton", "--chunk-rows",
       "1024,4096,8192", "--grad-w-sum", "add,addmm"], {}),
-    ("issue 17: xl step at context 512, batch 4, each switch (target 45 % MFU with all)",
+    ("issue 17: xl step at context 512, batch 4, bf16 weights, each switch (target 45 % MFU "
+     "with all)",
      [*CLI, "step", "--size", "xl", "--seq", "512", "--batch", "4", "--switches", "ablation",
-      "--db", "{db}"], {}),
+      "--param-dtype", "bf16", "--db", "{db}"], {}),
     ("issue 17: the 8B at 8 layers, context 8192, batch 2, each switch",
      [*CLI, "step", "--db", "{db}"], {}),
     ("issue 17: the largest 8B that fits at context 8192, batch 2, all switches",
@@ -124,42 +127,53 @@ def main() -> int:
 
     gpu = torch.cuda.get_device_name(0)
     out = args.out or ROOT / "reports" / slug(gpu) / "owed"
-    out.mkdir(parents=True, exist_ok=True)
+    problem = out_folder(out)
+    if problem:
+        print(f"Error: {problem}", file=sys.stderr)
+        return 2
     try:
         archive = archive_for(args.archive, out)
     except OSError as exc:
         print(f"Error: --archive: {exc}", file=sys.stderr)
         return 2
+    stop_on_sigterm()
     db = out / "results.db"
     since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
     failed, not_run, t0, budget = [], [], time.monotonic(), Budget(args.budget)
     with open(out / "owed.log", "a") as log:
-        for i, (what, argv, env) in enumerate(STEPS, 1):
-            if i not in only:
-                continue
-            if not budget.allows_a_step():
-                not_run.append(str(i))
-                continue
-            print(f"\n## {i}. {what}", file=log, flush=True)
-            os.environ.update(env)
-            try:
-                rc, secs = run([a.replace("{db}", str(db)) for a in argv], log, budget.left())
-            finally:
-                for k in env:
-                    os.environ.pop(k, None)
-            stopped = " (stopped: the budget was spent)" if rc == STOPPED else ""
-            print(f"{i}. {what}: exit {rc}, {secs:.0f} s{stopped}", flush=True)
-            if step_failed(argv, rc):
-                failed.append(str(i))
-            if rc == STOPPED:  # cut short: run again with the steps not started
-                not_run.append(str(i))
+        todo = [i for i in range(1, len(STEPS) + 1) if i in only]
+        ended: list[int] = []  # the steps that ran to an end, stopped ones included
+        try:
+            for i in todo:
+                what, argv, env = STEPS[i - 1]
+                if not budget.allows_a_step():
+                    not_run.append(str(i))
+                    ended.append(i)
+                    continue
+                print(f"\n## {i}. {what}", file=log, flush=True)
+                os.environ.update(env)
+                try:
+                    rc, secs = run([a.replace("{db}", str(db)) for a in argv], log,
+                                   budget.left())
+                finally:
+                    for k in env:
+                        os.environ.pop(k, None)
+                stopped = " (stopped: the budget was spent)" if rc == STOPPED else ""
+                print(f"{i}. {what}: exit {rc}, {secs:.0f} s{stopped}", flush=True)
+                if step_failed(argv, rc):
+                    failed.append(str(i))
+                if rc == STOPPED:  # cut short: run again with the steps not started
+                    not_run.append(str(i))
+                ended.append(i)
+                write_archive(archive, out)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what ran is reported and archived
+            not_run += [str(i) for i in todo if i not in ended]
         if db.exists():
             rc, _ = run([*CLI, "report", "--db", str(db), "--since", f"{since}Z", "--out", str(out),
                          "--title", f"{gpu}: what issues 15-17 owed"], log)
             if rc != 0:
                 failed.append("report")
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(out, arcname=out.name)
+    write_archive(archive, out)
     print(f"{time.monotonic() - t0:.0f} s; log: {out / 'owed.log'}; report: {out}/report.html; "
           f"archive: {archive}")
     if failed:

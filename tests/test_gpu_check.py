@@ -332,3 +332,67 @@ def test_gpu_check_end_to_end_writes_its_verdict_and_archive(tmp_path, monkeypat
     else:  # no store: no report to write, and no failure for it
         assert rc == 0 and "failed" not in printed.err, printed.err
         assert "check/report.html" not in names
+
+
+def _owed_module(monkeypatch):
+    """benchmarks/gpu_owed.py as a module, its CUDA check passed and its GPU named."""
+    monkeypatch.syspath_prepend(str(OWED.parent))  # gpu_owed imports gpu_check by name
+    spec = importlib.util.spec_from_file_location("gpu_owed_io", OWED)
+    owed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(owed)
+    monkeypatch.setattr(owed, "preflight", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Fake GPU")
+    return owed
+
+
+def test_an_archive_that_is_a_folder_or_an_out_that_is_a_file_is_refused_first(
+        tmp_path, monkeypatch, capsys):
+    """`--archive $OUT` passed the early check and failed after every step
+    (IsADirectoryError: the call's figures lost); an --out that is a file was a traceback."""
+    owed = _owed_module(monkeypatch)
+    folder, afile = tmp_path / "device-out", tmp_path / "afile"
+    folder.mkdir()
+    afile.write_text("x")
+    for args, said in ((["--out", str(tmp_path / "o"), "--archive", str(folder)],
+                        f"Error: --archive: {folder} is a folder: give the file, "
+                        f"{folder / 'o.tar.gz'}"),
+                       (["--out", str(afile)], f"Error: --out {afile}: a file, not a folder")):
+        monkeypatch.setattr(sys, "argv", ["gpu_owed.py", *args, "--only", "1"])
+        assert owed.main() == 2
+        assert capsys.readouterr().err.strip() == said
+    assert not (tmp_path / "o" / "owed.log").exists()
+
+
+@pytest.mark.slow  # a CLI process
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_a_call_stopped_from_outside_returns_what_its_finished_steps_measured(
+        tmp_path, monkeypatch, capsys):
+    """The device's limit ends a command with SIGTERM: the archive was written only at the
+    end, so the whole call's figures were lost, and the running step, in a session of its
+    own, ran on. The archive follows every step, and SIGTERM stops the step and still
+    reports, archives and names the steps to run again."""
+    import signal
+    import tarfile
+
+    owed = _owed_module(monkeypatch)
+    plan = ["plan", "--strategy", "dp", "--n", "2"]
+    kill = "import os, signal, time; os.kill(os.getppid(), signal.SIGTERM); time.sleep(60)"
+    monkeypatch.setattr(owed, "STEPS", [
+        ("stores a point", [*owed.CLI, *plan, "--db", "{db}"], {}),
+        ("the limit is reached", [sys.executable, "-c", kill], {}),
+        ("never starts", [sys.executable, "-c", "pass"], {}),
+    ])
+    out, archive = tmp_path / "owed", tmp_path / "device-out" / "owed-1.tar.gz"
+    monkeypatch.setattr(sys, "argv", ["gpu_owed.py", "--out", str(out), "--archive",
+                                      str(archive)])
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        t0 = time.monotonic()
+        assert owed.main() == 1
+        assert time.monotonic() - t0 < 40  # the sleeping step was stopped, not waited out
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert "run them with --only 2,3" in capsys.readouterr().err
+    with tarfile.open(archive) as tar:
+        assert {"owed/results.db", "owed/owed.log"} <= set(tar.getnames())
+    assert query(out / "results.db", "SELECT status FROM runs") == [{"status": "ok"}]
