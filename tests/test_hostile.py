@@ -118,7 +118,7 @@ INPUT_CASES = [
     ("comm --iters 10M", [*COMM, "--iters", "10000000"], "at most 1,000,000"),
     ("accumulate --additions 10M", ["precision", "accumulate", "--additions", "10000000"], "at most 1,000,000"),
 ]
-TIMEOUTS = ["abc", "0", "-1", "nan", "inf", ""]
+TIMEOUTS = ["abc", "0", "-1", "nan", "inf", "", "1e15"]  # 1e15: OverflowError in each point
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -217,6 +217,22 @@ def test_a_bad_dist_timeout_is_refused_before_any_rank_starts(files, monkeypatch
     monkeypatch.setenv("CS336SYS_DIST_TIMEOUT", value)
     for args in (COMM, DDP):
         _check(here, names, args, "CS336SYS_DIST_TIMEOUT must be a positive number")
+
+
+@pytest.mark.promise(INPUT)
+@pytest.mark.parametrize("name, value, args, message", [
+    # a traceback from the sweep, invocation rows left behind
+    ("CS336SYS_START_METHOD", "fork", COMM, "CS336SYS_START_METHOD must be forkserver or "
+     "spawn (or unset), got 'fork'"),
+    # every compiled point stored an error (InvalidBackend)
+    ("CS336SYS_COMPILE_BACKEND", "bogus", [*ATTN, "--impl", "compiled"],
+     "CS336SYS_COMPILE_BACKEND must name a torch.compile backend ("),
+])
+def test_a_bad_switch_in_the_environment_is_refused_before_anything_runs(
+        files, monkeypatch, name, value, args, message):
+    here, names = files
+    monkeypatch.setenv(name, value)
+    _check(here, names, args, message)
 
 
 @pytest.mark.promise(STORE)
@@ -511,3 +527,15 @@ def test_a_memory_timeline_replaces_nothing(tmp_path):
                                                      "SELECT snapshot_png FROM memory_runs")]
     assert [p.name for p in stored] == [f"{spec.label()}-2.png", f"{spec.label()}-3.png"]
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in stored)
+
+
+def test_a_store_named_from_home_is_there_not_in_a_folder_named_tilde(tmp_path, monkeypatch):
+    """CS336SYS_DB='~/x.db' (quoted: no shell expands it) stored into ./~/x.db, and a later
+    `--db ~/x.db` typed in a shell found no store there: the runs looked lost."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CS336SYS_DB", "~/x.db")
+    result = invoke("plan", "--size", "tiny", "--strategy", "dp", "--n", "2")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "home" / "x.db").is_file() and not (tmp_path / "~").exists()

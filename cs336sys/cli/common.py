@@ -52,7 +52,7 @@ def _default_store(ctx: typer.Context, param: typer.CallbackParam, value: Path) 
     if not value.name.strip():  # ' ' (a pasted blank, an empty CS336SYS_DB='  ') made a store
         fail("--db: empty value; give a file name, or leave --db (and CS336SYS_DB) out for "
              "the default store")
-    return value
+    return value.expanduser()  # CS336SYS_DB='~/x.db' made a folder named `~` here
 
 
 DbOption = Annotated[
@@ -406,10 +406,14 @@ def run_experiment(
     `recorded_device`: the device the invocation is stored with, where its points have none
     (plan computes); `quiet`: no progress bar. `run_options` go to `run_sweep`."""
     from cs336sys.attention.opt_in import bad_variable
+    from cs336sys.measure.compile_backend import backend_problem
+    from cs336sys.parallel.launcher import start_method_problem
     from cs336sys.sweep.runner import run_sweep
 
-    if bad_variable():  # the environment's switches, read by value: one line, exit 2
-        fail(bad_variable())
+    # the environment's switches by value: one line, exit 2 (a bad backend failed each point)
+    for problem in (bad_variable(), backend_problem(), start_method_problem()):
+        if problem:
+            fail(problem)
     options = dict(options)
     db, resume, label = options.pop("db"), options.pop("resume", False), options.pop("label", None)
     wide, force = options.pop("wide", False), options.pop("force", False)

@@ -91,9 +91,14 @@ def timeout_s() -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not (value > 0 and value != float("inf")):
-        raise ValueError(f"CS336SYS_DIST_TIMEOUT must be a positive number of seconds, got {text!r}")
+    # at most a year: 1e15 passed and every point failed (OverflowError inside torch)
+    if not (0 < value <= MAX_TIMEOUT_S):
+        raise ValueError(f"CS336SYS_DIST_TIMEOUT must be a positive number of seconds (at most "
+                         f"{MAX_TIMEOUT_S:,}), got {text!r}")
     return value
+
+
+MAX_TIMEOUT_S = 365 * 24 * 3600
 
 
 def launch(
@@ -285,13 +290,23 @@ def _worker(fn, rank, world_size, backend, port, args, conn, parent, env, stderr
 START_METHODS = ("forkserver", "spawn")
 
 
+def start_method_problem() -> str | None:
+    """Why CS336SYS_START_METHOD cannot be used, in one line, or None; checked before any
+    point runs (it was a traceback from the sweep, invocations left behind)."""
+    method = os.environ.get("CS336SYS_START_METHOD", "forkserver")
+    if method not in START_METHODS:
+        return (f"CS336SYS_START_METHOD must be {' or '.join(START_METHODS)} (or unset), "
+                f"got {method!r}")
+    return None
+
+
 def _context():
     import multiprocessing as mp
 
-    method = os.environ.get("CS336SYS_START_METHOD", "forkserver")
-    if method not in START_METHODS:
-        raise ValueError(f"CS336SYS_START_METHOD must be one of {START_METHODS}, not {method!r}")
-    return mp.get_context(method)
+    problem = start_method_problem()
+    if problem:
+        raise ValueError(problem)
+    return mp.get_context(os.environ.get("CS336SYS_START_METHOD", "forkserver"))
 
 
 @contextmanager
