@@ -598,5 +598,6 @@ def test_a_bad_dist_timeout_is_refused_before_the_ranks_start(db_path, monkeypat
     out = invoke("step", *MICRO, "--seq", "16", "--switches", "none", "--world-size", "2",
                  "--db", db_path)
     assert out.exit_code == 2, out.output
-    assert "CS336SYS_DIST_TIMEOUT must be a positive number of seconds, got 'abc'" in out.output
+    assert "CS336SYS_DIST_TIMEOUT must be a positive number of seconds (at most 31,536,000), " \
+        "got 'abc'" in out.output
     assert not db_path.exists()
